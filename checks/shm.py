@@ -1,0 +1,299 @@
+"""/dev/shm: mounted, big enough, writable, and really backed by memory.
+
+NCCL's SHM transport and PyTorch's DataLoader workers put their buffers in
+/dev/shm. Too small (Docker's 64 MiB default) and NCCL dies creating segments
+or takes SIGBUS later; disabled (NCCL_SHM_DISABLE=1) and intra-node traffic
+falls back to sockets, which made one real job 14x slower.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from preflight.check import Check, Context, Finding, Measurement, Result, Status
+from preflight.host import Host
+from preflight.units import fmt_bytes
+
+SHM = "/dev/shm"
+CHUNK = 1 << 20
+
+FIX_SIZE = (
+    "give /dev/shm at least {floor}: `docker run --shm-size={gib}g` (or --ipc=host); in Kubernetes mount an "
+    "emptyDir with medium: Memory and sizeLimit: {gib}Gi at /dev/shm; on a host `mount -o remount,size={gib}G /dev/shm` "
+    "and the same size in /etc/fstab"
+)
+
+
+@dataclass
+class Mount:
+    mount_point: str
+    fstype: str
+    source: str
+    options: list[str]
+
+
+@dataclass
+class ShmFacts:
+    path: str
+    exists: bool
+    mount: Mount | None = None
+    size_bytes: int | None = None
+    free_bytes: int | None = None
+    free_inodes: int | None = None
+    mem_total_bytes: int | None = None
+    cgroup_headroom_bytes: int | None = None  # memory.max - memory.current; tmpfs pages count there
+    write_error: str | None = None
+    segment_bytes: int = 0
+    segment_error: str | None = None
+    segment_seconds: float | None = None
+    largest_files: list[tuple[str, int]] = field(default_factory=list)
+    shm_disabled_by: list[str] = field(default_factory=list)  # "environment", "/etc/nccl.conf"
+
+
+def _unescape(s: str) -> str:
+    """mountinfo writes space, tab, newline and backslash as octal escapes."""
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        s = s.replace(code, char)
+    return s
+
+
+def parse_mountinfo(text: str) -> list[Mount]:
+    mounts = []
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if not sep or len(fields) < 6 or len(tail) < 2:
+            continue
+        options = fields[5].split(",") + (tail[2].split(",") if len(tail) > 2 else [])
+        mounts.append(Mount(_unescape(fields[4]), tail[0], _unescape(tail[1]), options))
+    return mounts
+
+
+def mount_of(path: str, mounts: list[Mount]) -> Mount | None:
+    """The mount that holds ``path``: the longest mount point above it, the
+    last one listed where several stack on the same point."""
+    best: Mount | None = None
+    for m in mounts:
+        mp = m.mount_point
+        if mp == "/" or path == mp or path.startswith(mp + "/"):
+            if best is None or len(mp) >= len(best.mount_point):
+                best = m
+    return best
+
+
+def _mem_total(host: Host) -> int | None:
+    try:
+        for line in host.read_text("/proc/meminfo").splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_headroom(host: Host) -> int | None:
+    """Bytes this process's cgroup (v2) may still charge; None if unlimited or unknown."""
+    try:
+        for line in host.read_text("/proc/self/cgroup").splitlines():
+            if line.startswith("0::"):
+                base = host.path("/sys/fs/cgroup") / line[3:].strip().lstrip("/")
+                limit = (base / "memory.max").read_text().strip()
+                if limit == "max":
+                    return None
+                return int(limit) - int((base / "memory.current").read_text().strip())
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _nccl_conf_files(host: Host) -> list[str]:
+    # NCCL reads NCCL_CONF_FILE (else ~/.nccl.conf) and then /etc/nccl.conf; the environment wins over both.
+    user = host.environ.get("NCCL_CONF_FILE") or os.path.expanduser("~/.nccl.conf")
+    return [user, "/etc/nccl.conf"]
+
+
+def _shm_disabled_by(host: Host) -> list[str]:
+    where = []
+    if host.environ.get("NCCL_SHM_DISABLE", "").strip() == "1":
+        where.append("the environment")
+    for conf in _nccl_conf_files(host):
+        try:
+            text = host.read_text(conf)
+        except OSError:
+            continue
+        for line in text.splitlines():
+            key, _, value = line.split("#", 1)[0].partition("=")
+            if key.strip() == "NCCL_SHM_DISABLE" and value.strip() == "1":
+                where.append(conf)
+    return where
+
+
+def _largest_files(directory: Path, n: int = 3) -> list[tuple[str, int]]:
+    sizes = []
+    try:
+        for entry in os.scandir(directory):
+            try:
+                if entry.is_file(follow_symlinks=False):
+                    sizes.append((entry.name, entry.stat(follow_symlinks=False).st_blocks * 512))
+            except OSError:
+                continue
+    except OSError:
+        return []
+    return sorted(sizes, key=lambda kv: kv[1], reverse=True)[:n]
+
+
+def touch_segment(directory: Path, size: int) -> tuple[str | None, float]:
+    """Create a segment of ``size`` bytes and write every page of it.
+
+    fallocate first, so a tmpfs that cannot back the size answers ENOSPC here
+    instead of SIGBUS on a page fault, as it would inside NCCL. The file is
+    unlinked at once: the memory is freed when the fd closes, even if this
+    process is killed mid-way, so no stale segment is ever left behind.
+    """
+    name = directory / f"preflight-shm-{os.getpid()}-{secrets.token_hex(4)}"
+    start = time.monotonic()
+    try:
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        return f"cannot create {name}: {e.strerror}", 0.0
+    try:
+        os.unlink(name)
+        os.posix_fallocate(fd, 0, size)
+        pattern = (b"preflight" * (CHUNK // 9 + 1))[:CHUNK]
+        for offset in range(0, size, CHUNK):
+            os.pwrite(fd, pattern[: min(CHUNK, size - offset)], offset)
+        for offset in (0, size // 2, max(0, size - 9)):
+            want = pattern[offset % CHUNK : offset % CHUNK + 9][: size - offset]
+            if os.pread(fd, len(want), offset) != want:
+                return f"data written at offset {offset} did not read back", time.monotonic() - start
+        return None, time.monotonic() - start
+    except OSError as e:
+        return f"could not reserve and write {fmt_bytes(size)}: {e.strerror}", time.monotonic() - start
+    finally:
+        os.close(fd)
+
+
+def gather(host: Host, segment_bytes: int) -> ShmFacts:
+    path = host.path(SHM)
+    facts = ShmFacts(path=SHM, exists=path.is_dir(), shm_disabled_by=_shm_disabled_by(host))
+    facts.mem_total_bytes = _mem_total(host)
+    facts.cgroup_headroom_bytes = _cgroup_headroom(host)
+    if not facts.exists:
+        return facts
+    try:
+        mounts = parse_mountinfo(host.read_text("/proc/self/mountinfo"))
+        real = "/" + os.path.relpath(os.path.realpath(path), os.path.realpath(host.root))
+        facts.mount = mount_of(real, mounts)
+    except OSError:
+        pass
+    st = os.statvfs(path)
+    facts.size_bytes = st.f_blocks * st.f_frsize
+    facts.free_bytes = st.f_bavail * st.f_frsize
+    facts.free_inodes = st.f_favail
+    if not os.access(path, os.W_OK | os.X_OK) or (facts.mount and "ro" in facts.mount.options):
+        facts.write_error = "read-only" if facts.mount and "ro" in facts.mount.options else "permission denied"
+        return facts
+    facts.largest_files = _largest_files(path)
+    if facts.free_bytes < segment_bytes:
+        return facts  # it could only fail with ENOSPC; the judge already names the size
+    headroom = facts.cgroup_headroom_bytes
+    if headroom is not None and headroom < segment_bytes:
+        return facts  # writing would summon the OOM killer; the judge reports the limit instead
+    facts.segment_bytes = segment_bytes
+    facts.segment_error, facts.segment_seconds = touch_segment(path, segment_bytes)
+    if facts.segment_error and facts.segment_error.startswith("cannot create"):
+        facts.write_error = facts.segment_error
+    return facts
+
+
+def judge(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurement]]:
+    """Pure: what is wrong with these facts, against a floor in bytes."""
+    gib = max(1, int(-(-floor // 2**30)))
+    fix_size = FIX_SIZE.format(floor=fmt_bytes(floor), gib=gib)
+    found: list[Finding] = []
+    measurements: list[Measurement] = []
+    if not f.exists:
+        found.append(Finding(Status.FAIL, f"{f.path} does not exist", f"{f.path} is missing: NCCL and DataLoader workers cannot create shared memory", fix_size))
+        return found, measurements
+    m = f.mount
+    if m is not None and m.fstype != "tmpfs":
+        found.append(Finding(
+            Status.FAIL, f"{f.path} is {m.fstype}, not tmpfs",
+            f"{f.path} is on {m.fstype} ({m.source}, mounted at {m.mount_point}), so NCCL's shared-memory buffers would not be backed by RAM",
+            "mount a tmpfs on /dev/shm (`mount -t tmpfs -o size=...g tmpfs /dev/shm`, or Docker's --shm-size)",
+        ))
+    if f.size_bytes is not None:
+        measurements.append(Measurement(name="shm_size", unit="bytes", value=f.size_bytes, floor=floor))
+        if f.size_bytes < floor:
+            docker = " (Docker's default --shm-size)" if f.size_bytes == 64 * 2**20 else ""
+            found.append(Finding(
+                Status.FAIL, f"{f.path} is {fmt_bytes(f.size_bytes)}, below the {fmt_bytes(floor)} floor",
+                f"{f.path} is {fmt_bytes(f.size_bytes)}{docker}; NCCL fails creating its shared-memory segments "
+                "or dies of SIGBUS, and DataLoader workers crash", fix_size,
+            ))
+    if f.free_bytes is not None:
+        measurements.append(Measurement(name="shm_free", unit="bytes", value=f.free_bytes, floor=floor))
+        if f.size_bytes is not None and f.size_bytes >= floor > f.free_bytes:
+            stale = ", ".join(f"{name} ({fmt_bytes(size)})" for name, size in f.largest_files)
+            found.append(Finding(
+                Status.FAIL, f"only {fmt_bytes(f.free_bytes)} of {f.path} is free, below the {fmt_bytes(floor)} floor",
+                f"{fmt_bytes(f.size_bytes - f.free_bytes)} of {f.path} is in use" + (f"; largest files: {stale}" if stale else ""),
+                f"remove stale segments left by crashed jobs (`ls -laS {f.path}`), or make /dev/shm bigger",
+            ))
+    if f.free_inodes == 0:
+        found.append(Finding(Status.FAIL, f"{f.path} has no free inodes", f"{f.path} cannot hold another file", f"remove stale files from {f.path}"))
+    if f.write_error:
+        found.append(Finding(
+            Status.FAIL, f"{f.path} is not writable ({f.write_error})",
+            f"creating a file in {f.path} failed ({f.write_error}); NCCL's shm_open fails the same way",
+            "remount it read-write (`mount -o remount,rw /dev/shm`); in Kubernetes do not mount it readOnly",
+        ))
+    if f.cgroup_headroom_bytes is not None and f.cgroup_headroom_bytes < floor:
+        found.append(Finding(
+            Status.FAIL, f"the container's memory limit leaves {fmt_bytes(max(0, f.cgroup_headroom_bytes))}, below the {fmt_bytes(floor)} floor",
+            "pages in /dev/shm are charged to the container's memory cgroup, so a segment of the floor's size would be OOM-killed",
+            "raise the container's memory limit by at least the /dev/shm floor",
+        ))
+    if f.segment_bytes:
+        if f.segment_error and not f.write_error:
+            found.append(Finding(
+                Status.FAIL, f"a {fmt_bytes(f.segment_bytes)} segment in {f.path} could not be used",
+                f"{f.segment_error}: the tmpfs promises more memory than it can back, and NCCL would die of SIGBUS", fix_size,
+            ))
+        elif f.segment_seconds:
+            measurements.append(Measurement(name="shm_segment_duration", unit="seconds", value=f.segment_seconds))
+            measurements.append(Measurement(name="shm_write_bandwidth", unit="bytes_per_second", value=f.segment_bytes / f.segment_seconds))
+    if m is not None and m.fstype == "tmpfs" and f.mem_total_bytes and f.size_bytes and f.size_bytes > f.mem_total_bytes:
+        found.append(Finding(
+            Status.WARN, f"{f.path} ({fmt_bytes(f.size_bytes)}) is larger than physical memory ({fmt_bytes(f.mem_total_bytes)})",
+            "a tmpfs larger than RAM cannot back what it promises; large segments would be swapped out or OOM-killed",
+            "size /dev/shm below physical memory (half of RAM is the kernel's default)",
+        ))
+    if f.shm_disabled_by:
+        found.append(Finding(
+            Status.WARN, f"NCCL_SHM_DISABLE=1 is set ({', '.join(f.shm_disabled_by)})",
+            f"NCCL_SHM_DISABLE=1 in {', '.join(f.shm_disabled_by)} turns off NCCL's shared-memory transport; "
+            "traffic between GPUs that lack P2P falls back to sockets, which made one real job's NCCL 14x slower",
+            "unset NCCL_SHM_DISABLE (it is a debugging switch) and remove it from nccl.conf",
+        ))
+    return found, measurements
+
+
+class Shm(Check):
+    name = "shm"
+    description = "/dev/shm is a tmpfs, big enough, writable, backed by memory; NCCL_SHM_DISABLE is not set"
+    floors = ("shm_min_bytes",)
+    timeout_seconds = 60.0
+    order = 30
+
+    def run(self, ctx: Context) -> Result:
+        floor = ctx.floor("shm_min_bytes")
+        facts = gather(ctx.host, int(floor))
+        findings, measurements = judge(facts, floor)
+        size = f"{fmt_bytes(facts.size_bytes or 0)} tmpfs, {fmt_bytes(facts.free_bytes or 0)} free"
+        ok = f"{facts.path}: {size}; a {fmt_bytes(facts.segment_bytes)} segment was created and written"
+        return self.conclude(findings, ok, measurements=measurements, details=asdict(facts))

@@ -1,0 +1,3 @@
+from preflight.cli import main
+
+main()

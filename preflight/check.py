@@ -1,0 +1,146 @@
+"""The interface every check implements, and the values it returns.
+
+A check gathers facts through ``ctx.host`` and judges them against the
+profile's floors in a pure function. A finding is a FAIL *result*; an
+exception escaping ``run`` is turned into ERROR by the runner.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, Field, field_validator
+
+if TYPE_CHECKING:
+    from preflight.host import Host
+    from preflight.profiles import ResolvedProfile
+    from preflight.settings import Settings
+
+
+class Status(str, Enum):
+    PASS = "PASS"
+    WARN = "WARN"
+    FAIL = "FAIL"
+    SKIP = "SKIP"
+    ERROR = "ERROR"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def ok(self) -> bool:
+        """True where the node may take the job."""
+        return self in (Status.PASS, Status.WARN, Status.SKIP)
+
+
+_SNAKE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class Measurement(BaseModel):
+    """One number in base units, as Prometheus wants it.
+
+    ``name`` carries no unit: the metric becomes ``preflight_{name}_{unit}``.
+    """
+
+    name: str  # "shm_size", "allreduce_bus_bandwidth"
+    unit: str  # "bytes", "seconds", "bytes_per_second", "ratio", "count", ...
+    value: float
+    labels: dict[str, str] = Field(default_factory=dict)
+    floor: float | None = None
+    ceiling: float | None = None
+
+    @field_validator("name", "unit")
+    @classmethod
+    def _snake_case(cls, v: str) -> str:
+        if not _SNAKE.match(v):
+            raise ValueError(f"{v!r} must be snake_case (it becomes a metric name)")
+        return v
+
+
+class Result(BaseModel):
+    check: str
+    status: Status
+    summary: str
+    cause: str | None = None
+    remedy: str | None = None
+    measurements: list[Measurement] = Field(default_factory=list)
+    details: dict[str, Any] = Field(default_factory=dict)
+    duration_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing a judge found wrong (or worth a warning) on the node."""
+
+    status: Status  # WARN or FAIL
+    summary: str
+    cause: str
+    remedy: str
+
+
+_SEVERITY = [Status.PASS, Status.SKIP, Status.WARN, Status.FAIL, Status.ERROR]
+
+
+@dataclass
+class Context:
+    """What a check may look at: the profile, the settings, the machine, and
+    the results of the checks that ran before it (bandwidth reads topology)."""
+
+    profile: ResolvedProfile
+    settings: Settings
+    host: Host
+    results: dict[str, Result] = field(default_factory=dict)
+    deadline: float = math.inf  # time.monotonic() by which the running check must be done
+
+    def remaining(self) -> float:
+        """Seconds left for the running check: the bound for any child it starts."""
+        return max(0.0, self.deadline - time.monotonic())
+
+    def floor(self, name: str) -> float:
+        return self.profile.floors[name].value
+
+
+class Check(ABC):
+    """Base class: one subclass per file in checks/.
+
+    ``name`` must equal the file name, the entry-point name, the CLI name and
+    the metric label, so a person can grep one word and find everything.
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str]  # what it verifies, one line, for `preflight list`
+    requires: ClassVar[tuple[str, ...]] = ()  # checks that must pass first, if they run
+    floors: ClassVar[tuple[str, ...]] = ()  # floor names the profile must define
+    timeout_seconds: ClassVar[float] = 60.0
+    order: ClassVar[int] = 100  # default position, cheapest first
+
+    def applies(self, ctx: Context) -> str | None:
+        """A reason to SKIP on this node, or None to run."""
+        return None
+
+    @abstractmethod
+    def run(self, ctx: Context) -> Result:
+        """Gather facts, judge them, return the verdict."""
+
+    def result(self, status: Status, summary: str, **kw: Any) -> Result:
+        return Result(check=self.name, status=status, summary=summary, **kw)
+
+    def conclude(self, findings: list[Finding], ok_summary: str, **kw: Any) -> Result:
+        """PASS with ``ok_summary`` if nothing was found; otherwise the worst
+        status, led by the worst finding's summary, with every cause and remedy."""
+        if not findings:
+            return self.result(Status.PASS, ok_summary, **kw)
+        ranked = sorted(findings, key=lambda f: _SEVERITY.index(f.status), reverse=True)
+        return self.result(
+            ranked[0].status,
+            ranked[0].summary + (f" (+{len(ranked) - 1} more)" if len(ranked) > 1 else ""),
+            cause="; ".join(f.cause for f in ranked),
+            remedy="; ".join(dict.fromkeys(f.remedy for f in ranked)),
+            **kw,
+        )

@@ -1,0 +1,112 @@
+"""From settings to a Report: pick the profile, select the checks, run them.
+
+Everything that can be wrong with the input is found in ``plan`` and raised
+as UsageError before a single check runs or a single file is written.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from preflight import __version__, profiles, registry
+from preflight.check import Check, Context, Result, Status
+from preflight.console import Console
+from preflight.errors import UsageError
+from preflight.host import Host
+from preflight.profiles import DetectionFailed, ResolvedProfile
+from preflight.report import EXIT_CODES, Report, verdict_of
+from preflight.runner import run_checks
+from preflight.settings import Settings
+
+
+@dataclass
+class Plan:
+    profile: ResolvedProfile | None  # None when `auto` found nothing to pick
+    checks: list[Check]
+    detection_failure: DetectionFailed | None = None
+
+
+def resolve_profile(settings: Settings) -> ResolvedProfile:
+    """The profile named by the settings, with the site's floor overrides applied.
+
+    Raises DetectionFailed when `auto` finds no driver or no matching profile.
+    """
+    if settings.profile == "auto":
+        name, why = profiles.detect(settings.profiles_dir)
+    else:
+        name, why = settings.profile, f"--profile {settings.profile}"
+    path = profiles.find(name, settings.profiles_dir)
+    return profiles.resolve(profiles.load(path), path, settings.floor_overrides, why)
+
+
+def plan(settings: Settings) -> Plan:
+    registry.check_names(settings.only, "--only")
+    registry.check_names(settings.skip, "--skip")
+    both = sorted(set(settings.only) & set(settings.skip))
+    if both:
+        raise UsageError(f"--only and --skip both name {', '.join(both)}; name each check in one of them")
+    try:
+        profile = resolve_profile(settings)
+    except DetectionFailed as e:
+        return Plan(None, [], e)
+    registry.check_names(profile.checks, f"profile {profile.name} ({profile.path}) lists check")
+    outside = [c for c in settings.only if c not in profile.checks]
+    if outside:
+        raise UsageError(
+            f"--only {', '.join(outside)}: not in profile {profile.name} (its checks: {', '.join(profile.checks)})"
+        )
+    selected = [c for c in profile.checks if (not settings.only or c in settings.only) and c not in settings.skip]
+    checks = [registry.load(name) for name in selected]
+    for check in checks:
+        missing = [f for f in check.floors if f not in profile.floors]
+        if missing:
+            raise UsageError(
+                f"profile {profile.name} ({profile.path}) has no floor {missing[0]!r}, which check {check.name} needs; "
+                "add it to the profile"
+            )
+    return Plan(profile, checks)
+
+
+def _detection_result(e: DetectionFailed) -> Result:
+    return Result(check="profile", status=Status.FAIL, summary=f"no profile chosen: {e.cause}", cause=e.cause, remedy=e.remedy)
+
+
+def execute(plan: Plan, settings: Settings, console: Console, host: Host | None = None) -> Report:
+    host = host or Host()
+    started = datetime.now(timezone.utc)
+    interrupted = None
+    if plan.detection_failure is not None:
+        results = [_detection_result(plan.detection_failure)]
+        console.finish(results[0])
+    else:
+        assert plan.profile is not None
+        ctx = Context(profile=plan.profile, settings=settings, host=host)
+        outcome = run_checks(
+            plan.checks,
+            ctx,
+            keep_going=settings.keep_going,
+            timeouts=plan.profile.timeouts,
+            on_start=console.start,
+            on_finish=console.finish,
+        )
+        results, interrupted = outcome.results, outcome.interrupted_by
+    finished = datetime.now(timezone.utc)
+    verdict = verdict_of(results)
+    return Report(
+        version=__version__,
+        hostname=socket.gethostname(),
+        boot_id=host.boot_id(),
+        profile=plan.profile.name if plan.profile else None,
+        profile_chosen_because=plan.profile.chosen_because if plan.profile else None,
+        config=str(settings.config) if settings.config else None,
+        started_at=started,
+        finished_at=finished,
+        duration_seconds=round((finished - started).total_seconds(), 6),
+        verdict=verdict,
+        exit_code=128 + interrupted if interrupted else EXIT_CODES[verdict],
+        keep_going=settings.keep_going,
+        interrupted_by_signal=interrupted,
+        checks=results,
+    )

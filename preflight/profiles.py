@@ -1,0 +1,177 @@
+"""Profiles: hardware truth for one GPU SKU, one TOML file each.
+
+A profile fixes the check order, the expected GPU count, and every floor with
+the source its number came from. A site config may override any floor; the
+resolved profile remembers where each value came from, so `show-profile`
+can answer "why 1 GiB?".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, field_validator
+
+from preflight import tomlfile
+from preflight.errors import UsageError
+
+BUILTIN_DIR = Path(__file__).parent / "profiles"
+
+
+class Floor(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    value: float = Field(ge=0)
+    unit: str
+    source: str = Field(min_length=1)  # where the number came from, for the next person
+    # "min": a measurement must reach the value; "max": stay under it (latency).
+    bound: Literal["min", "max"] = "min"
+
+
+class Profile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str
+    # Case-insensitive substrings of the NVML product name that select this profile under `auto`.
+    match: list[str] = Field(default_factory=list)
+    gpu_count: int = Field(ge=0)
+    checks: list[str] = Field(min_length=1)
+    floors: dict[str, Floor] = Field(default_factory=dict)
+    timeouts: dict[str, PositiveFloat] = Field(default_factory=dict)  # per check, seconds
+
+    @field_validator("checks")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        dup = sorted({c for c in v if v.count(c) > 1})
+        if dup:
+            raise ValueError(f"lists {', '.join(dup)} more than once")
+        return v
+
+
+class ResolvedFloor(Floor):
+    origin: str  # "profile /…/cpu.toml" or "config /etc/preflight/config.toml line 7"
+
+
+class ResolvedProfile(BaseModel):
+    name: str
+    description: str
+    path: str
+    gpu_count: int
+    checks: list[str]
+    floors: dict[str, ResolvedFloor]
+    timeouts: dict[str, float]
+    chosen_because: str  # "--profile cpu" or the detection that picked it
+
+
+class DetectionFailed(Exception):
+    """`auto` could not pick a profile; the run FAILs with this cause and remedy."""
+
+    def __init__(self, cause: str, remedy: str):
+        super().__init__(cause)
+        self.cause = cause
+        self.remedy = remedy
+
+
+def available(site_dir: Path | None) -> dict[str, Path]:
+    """Profile name -> file; a site profile of the same name wins over a built-in."""
+    found = {p.stem: p for p in sorted(BUILTIN_DIR.glob("*.toml"))}
+    if site_dir is not None and site_dir.is_dir():
+        found.update({p.stem: p for p in sorted(site_dir.glob("*.toml"))})
+    return found
+
+
+def load(path: Path) -> Profile:
+    data, text = tomlfile.load(path, "profile")
+    try:
+        profile = Profile.model_validate(data)
+    except ValidationError as e:
+        raise UsageError(tomlfile.validation_message(e, path, text, "profile")) from None
+    if profile.name != path.stem:
+        raise UsageError(f"profile {path}: name {profile.name!r} must match the file name {path.stem!r}")
+    return profile
+
+
+def find(name: str, site_dir: Path | None) -> Path:
+    profiles = available(site_dir)
+    if name not in profiles:
+        known = ", ".join(["auto", *sorted(profiles)])
+        raise UsageError(f"unknown profile {name!r}; choose one of: {known} (see 'preflight show-profile NAME')")
+    return profiles[name]
+
+
+def resolve(
+    profile: Profile,
+    path: Path,
+    overrides: dict[str, tuple[float, str]],
+    chosen_because: str,
+) -> ResolvedProfile:
+    """Apply site overrides ``{floor: (value, origin)}`` to the profile's floors."""
+    unknown = sorted(set(overrides) - set(profile.floors))
+    if unknown:
+        value, origin = overrides[unknown[0]]
+        known = ", ".join(sorted(profile.floors)) or "none"
+        raise UsageError(
+            f"{origin}: floor {unknown[0]!r} is not a floor of profile {profile.name} (its floors: {known})"
+        )
+    floors = {}
+    for name, floor in profile.floors.items():
+        value, origin = overrides.get(name, (floor.value, f"profile {path}"))
+        floors[name] = ResolvedFloor(**{**floor.model_dump(), "value": value}, origin=origin)
+    return ResolvedProfile(
+        name=profile.name,
+        description=profile.description,
+        path=str(path),
+        gpu_count=profile.gpu_count,
+        checks=profile.checks,
+        floors=floors,
+        timeouts=profile.timeouts,
+        chosen_because=chosen_because,
+    )
+
+
+def pick(gpu_names: list[str], profiles: dict[str, Profile]) -> str:
+    """The profile whose ``match`` fits every GPU's product name (pure, for tests).
+
+    The longest matching pattern wins, so "H100 NVL" beats "H100".
+    """
+    if not gpu_names:
+        raise DetectionFailed(
+            "the NVIDIA driver is loaded but NVML reports no GPU",
+            "check `nvidia-smi`, the PCI devices (`lspci -d 10de:`) and dmesg for Xid errors; "
+            "drain the node until the GPUs are back",
+        )
+    if len(set(gpu_names)) > 1:
+        raise DetectionFailed(
+            f"mixed GPU models on one node: {', '.join(sorted(set(gpu_names)))}",
+            "pass --profile explicitly if this mix is intended; otherwise drain the node",
+        )
+    gpu = gpu_names[0]
+    best: tuple[int, str] | None = None
+    for name, profile in profiles.items():
+        for pattern in profile.match:
+            if pattern.lower() in gpu.lower() and (best is None or len(pattern) > best[0]):
+                best = (len(pattern), name)
+    if best is None:
+        raise DetectionFailed(
+            f"no profile matches GPU model {gpu!r}",
+            "pass --profile NAME (see 'preflight show-profile'), or add a profile for this SKU "
+            "to /etc/preflight/profiles/",
+        )
+    return best[1]
+
+
+def detect(site_dir: Path | None) -> tuple[str, str]:
+    """Pick a profile by the NVML product name: (name, why)."""
+    from preflight import nvml
+
+    try:
+        names = nvml.gpu_names()
+    except nvml.NvmlUnavailable as e:
+        raise DetectionFailed(
+            e.cause, "install or load the NVIDIA driver; on a machine with no GPU use --profile cpu for a dry run"
+        ) from None
+    profiles = {name: load(path) for name, path in available(site_dir).items()}
+    chosen = pick(names, profiles)
+    return chosen, f"auto: {len(names)} x {names[0]} matched profile {chosen}"

@@ -1,0 +1,144 @@
+"""Deployment choices, layered: CLI flags > PREFLIGHT_* env > config TOML > defaults.
+
+Settings say *how* to run here (which profile, where the report goes, lock
+behaviour). Hardware truth lives in profiles; the config file's ``[floors]``
+table may override a profile's floors for this site.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+
+from preflight import tomlfile
+from preflight.errors import UsageError
+
+DEFAULT_CONFIG = Path("/etc/preflight/config.toml")
+ENV_PREFIX = "PREFLIGHT_"
+
+CheckList = Annotated[list[str], NoDecode]
+
+
+def _split(v: Any) -> Any:
+    """``"shm,nccl"`` (env) and ``["shm,nccl"]`` (repeated flags) both mean two checks."""
+    if isinstance(v, str):
+        v = [v]
+    if isinstance(v, list):
+        return [part.strip() for item in v for part in str(item).split(",") if part.strip()]
+    return v
+
+
+class _Common(BaseModel):
+    """Fields shared by the settings and the config file (which forbids other keys)."""
+
+    profile: str = "auto"
+    only: CheckList = Field(default_factory=list)
+    skip: CheckList = Field(default_factory=list)
+    keep_going: bool = False
+    report: Path | None = None
+    lock_file: Path = Path("/run/lock/preflight.lock")
+    lock_timeout: float = Field(default=60.0, ge=0)
+    profiles_dir: Path = Path("/etc/preflight/profiles")
+
+    _split_lists = field_validator("only", "skip", mode="before")(_split)
+
+
+def _floor_value(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"a floor must be a number, not {type(v).__name__} {v!r}")
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"a floor must be a finite number >= 0, not {v!r}")
+    return float(v)
+
+
+class ConfigFile(_Common):
+    model_config = ConfigDict(extra="forbid")
+
+    floors: dict[str, Annotated[float, BeforeValidator(_floor_value)]] = Field(default_factory=dict)
+
+
+_file_data: ContextVar[dict[str, Any]] = ContextVar("preflight_config_file", default={})
+
+
+class _ConfigFileSource(PydanticBaseSettingsSource):
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ returns the whole file
+
+    def __call__(self) -> dict[str, Any]:
+        return {k: v for k, v in _file_data.get().items() if k != "floors"}
+
+
+class Settings(_Common, BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
+
+    config: Path | None = None  # the file that was read, for the report
+    # floor name -> (value, "config FILE line N"); only the config file sets floors.
+    floor_overrides: dict[str, tuple[float, str]] = Field(default_factory=dict, exclude=True)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _ConfigFileSource(settings_cls))
+
+
+def _config_path(flag: Path | None, environ: dict[str, str]) -> Path | None:
+    if flag is not None:
+        return flag
+    if env := environ.get(ENV_PREFIX + "CONFIG"):
+        return Path(env)
+    return DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None
+
+
+def _read_config(path: Path) -> tuple[dict[str, Any], dict[str, tuple[float, str]]]:
+    data, text = tomlfile.load(path, "config")
+    try:
+        ConfigFile.model_validate(data)
+    except ValidationError as e:
+        raise UsageError(tomlfile.validation_message(e, path, text, "config")) from None
+    origins = {
+        name: (float(value), f"config {path} line {tomlfile.line_of(text, ('floors', name))}")
+        for name, value in data.get("floors", {}).items()
+    }
+    return data, origins
+
+
+def load(flags: dict[str, Any], config: Path | None = None, environ: dict[str, str] | None = None) -> Settings:
+    """Settings from CLI ``flags`` (only those the person gave), env, and config file."""
+    environ = dict(os.environ if environ is None else environ)
+    path = _config_path(config, environ)
+    data, origins = _read_config(path) if path else ({}, {})
+    given = {k: v for k, v in flags.items() if v is not None and v != []}
+    token = _file_data.set(data)
+    try:
+        settings = Settings(**given, config=path, floor_overrides=origins)
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        field = str(first["loc"][0]) if first["loc"] else "?"
+        if field in given:
+            where = "--" + field.replace("_", "-")
+        else:
+            env = ENV_PREFIX + field.upper()
+            where = f"{env}={environ.get(env, '')!r}"
+        raise UsageError(f"{where}: {first['msg']}") from None
+    finally:
+        _file_data.reset(token)
+    return settings
+
+
+def unknown_env(environ: dict[str, str] | None = None) -> list[str]:
+    """PREFLIGHT_* variables that set nothing: a typo silently ignored is worse than a warning."""
+    environ = os.environ if environ is None else environ
+    known = {ENV_PREFIX + f.upper() for f in Settings.model_fields if f != "floor_overrides"}
+    return sorted(k for k in environ if k.upper().startswith(ENV_PREFIX) and k.upper() not in known)
