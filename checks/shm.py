@@ -95,18 +95,42 @@ def _mem_total(host: Host) -> int | None:
     return None
 
 
+UNLIMITED = 2**60  # cgroup v1 writes "no limit" as a number near 2**63
+
+
 def _cgroup_headroom(host: Host) -> int | None:
-    """Bytes this process's cgroup (v2) may still charge; None if unlimited or unknown."""
+    """Bytes this process's memory cgroup may still charge; None if unlimited or unknown.
+
+    Pages written to /dev/shm are charged to the writer's memory cgroup, so a
+    container's limit bounds /dev/shm whatever the tmpfs size says.
+    """
+    candidates = []
     try:
-        for line in host.read_text("/proc/self/cgroup").splitlines():
-            if line.startswith("0::"):
-                base = host.path("/sys/fs/cgroup") / line[3:].strip().lstrip("/")
-                limit = (base / "memory.max").read_text().strip()
-                if limit == "max":
-                    return None
-                return int(limit) - int((base / "memory.current").read_text().strip())
-    except (OSError, ValueError):
-        pass
+        lines = host.read_text("/proc/self/cgroup").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        rel = path.strip().lstrip("/")
+        if controllers == "":  # v2 unified hierarchy
+            for base in (host.path("/sys/fs/cgroup") / rel, host.path("/sys/fs/cgroup")):
+                candidates.append((base / "memory.max", base / "memory.current"))
+        elif "memory" in controllers.split(","):  # v1
+            root = host.path("/sys/fs/cgroup/memory")
+            for base in (root / rel, root):
+                candidates.append((base / "memory.limit_in_bytes", base / "memory.usage_in_bytes"))
+    for limit_file, usage_file in candidates:
+        try:
+            limit = limit_file.read_text().strip()
+            usage = int(usage_file.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or int(limit) >= UNLIMITED:
+            return None
+        return int(limit) - usage
     return None
 
 
@@ -198,8 +222,8 @@ def gather(host: Host, segment_bytes: int) -> ShmFacts:
         facts.write_error = "read-only" if facts.mount and "ro" in facts.mount.options else "permission denied"
         return facts
     facts.largest_files = _largest_files(path)
-    if facts.free_bytes < segment_bytes:
-        return facts  # it could only fail with ENOSPC; the judge already names the size
+    if facts.free_bytes < segment_bytes or (facts.mount and facts.mount.fstype != "tmpfs"):
+        return facts  # known to fail already: ENOSPC, or a disk says nothing about memory
     headroom = facts.cgroup_headroom_bytes
     if headroom is not None and headroom < segment_bytes:
         return facts  # writing would summon the OOM killer; the judge reports the limit instead

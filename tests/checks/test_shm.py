@@ -1,0 +1,242 @@
+"""The shm check: the judge on recorded facts, the gatherer on recorded files
+and on real tmpfs mounts in a private mount namespace."""
+
+import json
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, make_ctx, needs_root, run_preflight
+
+import fakes
+from preflight.check import Status
+from preflight.checks import shm
+from preflight.checks.shm import Mount, ShmFacts, judge
+from preflight.host import Host
+from preflight.report import Report
+
+GiB, MiB = 2**30, 2**20
+
+
+def healthy(**kw) -> ShmFacts:
+    base = dict(
+        path="/dev/shm", exists=True, mount=Mount("/dev/shm", "tmpfs", "tmpfs", ["rw", "size=32g"]),
+        size_bytes=32 * GiB, free_bytes=32 * GiB, free_inodes=1000, mem_total_bytes=64 * GiB,
+        segment_bytes=GiB, segment_seconds=0.5,
+    )
+    return ShmFacts(**{**base, **kw})
+
+
+def statuses(findings):
+    return [f.status for f in findings]
+
+
+# --- the judge, on recorded facts ---------------------------------------------
+
+def test_healthy_tmpfs_has_no_findings_and_reports_its_figures():
+    findings, ms = judge(healthy(), GiB)
+    assert findings == []
+    by_name = {m.name: m for m in ms}
+    assert by_name["shm_size"].value == 32 * GiB and by_name["shm_size"].floor == GiB
+    assert by_name["shm_write_bandwidth"].value == 2 * GiB and by_name["shm_write_bandwidth"].unit == "bytes_per_second"
+
+
+def test_docker_default_64m_from_a_real_container_fails_naming_size_and_fix():
+    # df -h inside a Docker container on a GH200 host (tests/fixtures/df/SOURCE.md)
+    text = (FIXTURES / "df" / "shm_01_docker-default-64M_df-h_gh200-container.txt").read_text()
+    source, size = next(line.split()[:2] for line in text.splitlines() if line.endswith(" /dev/shm"))
+    assert (source, size) == ("shm", "64M")
+    facts = healthy(mount=Mount("/dev/shm", "tmpfs", source, ["rw", "size=65536k"]), size_bytes=64 * MiB, free_bytes=64 * MiB, segment_bytes=0)
+    findings, _ = judge(facts, GiB)
+    assert statuses(findings) == [Status.FAIL]
+    f = findings[0]
+    assert f.summary == "/dev/shm is 64 MiB, below the 1 GiB floor"
+    assert "Docker's default" in f.cause and "SIGBUS" in f.cause
+    assert "--shm-size=1g" in f.remedy and "medium: Memory" in f.remedy
+
+
+def test_full_tmpfs_fails_and_names_the_largest_files():
+    facts = healthy(free_bytes=100 * MiB, largest_files=[("nccl-LEFTOVER", 30 * GiB)], segment_bytes=0)
+    (f,), _ = judge(facts, GiB)
+    assert f.status is Status.FAIL and "only 100 MiB of /dev/shm is free" in f.summary
+    assert "nccl-LEFTOVER (30 GiB)" in f.cause and "stale segments" in f.remedy
+
+
+def test_disk_backed_dev_shm_fails():
+    facts = healthy(mount=Mount("/dev/shm", "ext4", "/dev/vda", ["rw"]))
+    (f,), _ = judge(facts, GiB)
+    assert f.status is Status.FAIL and f.summary == "/dev/shm is ext4, not tmpfs"
+
+
+def test_read_only_fails():
+    facts = healthy(mount=Mount("/dev/shm", "tmpfs", "tmpfs", ["ro"]), write_error="read-only", segment_bytes=0)
+    (f,), _ = judge(facts, GiB)
+    assert f.status is Status.FAIL and "not writable (read-only)" in f.summary and "remount" in f.remedy
+
+
+def test_missing_dev_shm_fails():
+    (f,), _ = judge(ShmFacts(path="/dev/shm", exists=False), GiB)
+    assert f.status is Status.FAIL and f.summary == "/dev/shm does not exist"
+
+
+def test_tmpfs_that_cannot_back_its_size_fails():
+    facts = healthy(segment_error="could not reserve and write 1 GiB: No space left on device", segment_seconds=None)
+    (f,), _ = judge(facts, GiB)
+    assert f.status is Status.FAIL and "SIGBUS" in f.cause
+
+
+def test_container_memory_limit_below_the_floor_fails():
+    facts = healthy(cgroup_headroom_bytes=200 * MiB, segment_bytes=0)
+    (f,), _ = judge(facts, GiB)
+    assert f.status is Status.FAIL and "memory limit leaves 200 MiB" in f.summary
+
+
+def test_tmpfs_bigger_than_ram_warns():
+    (f,), _ = judge(healthy(size_bytes=128 * GiB), GiB)
+    assert f.status is Status.WARN and "larger than physical memory" in f.summary
+
+
+def test_nccl_shm_disable_warns_with_the_cost():
+    (f,), _ = judge(healthy(shm_disabled_by=["the environment", "/etc/nccl.conf"]), GiB)
+    assert f.status is Status.WARN
+    assert "14x slower" in f.cause and "/etc/nccl.conf" in f.summary
+
+
+# --- gatherer pieces, on recorded files ---------------------------------------
+
+def mounts(name):
+    return shm.parse_mountinfo((FIXTURES / "mountinfo" / name).read_text())
+
+
+def test_stacked_mounts_the_last_one_wins():
+    ms = mounts("host_stacked-dev-shm.txt")
+    assert sum(m.mount_point == "/dev/shm" for m in ms) == 2
+    m = shm.mount_of("/dev/shm", ms)
+    assert (m.fstype, m.options[-1]) == ("tmpfs", "size=24684084k")
+    assert m is [x for x in ms if x.mount_point == "/dev/shm"][-1]
+    assert shm.mount_of("/etc/hosts", ms).mount_point == "/"
+
+
+def test_64m_tmpfs_capture():
+    m = shm.mount_of("/dev/shm", mounts("unshare_64m-tmpfs.txt"))
+    assert m.fstype == "tmpfs" and "size=65536k" in m.options
+
+
+def test_bind_mounted_disk_and_escaped_spaces():
+    ms = mounts("unshare_bind-disk_ro-space.txt")
+    assert (shm.mount_of("/dev/shm", ms).fstype, shm.mount_of("/dev/shm", ms).source) == ("ext4", "/dev/vda")
+    spaced = shm.mount_of("/tmp/with space/file", ms)
+    assert spaced.mount_point == "/tmp/with space" and "ro" in spaced.options
+
+
+def test_nccl_shm_disable_found_in_env_and_nccl_conf(tmp_path):
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "nccl.conf").write_text("# site\nNCCL_DEBUG=WARN\nNCCL_SHM_DISABLE = 1  # debugging\n")
+    host = Host(root=tmp_path, environ={"NCCL_SHM_DISABLE": "1", "NCCL_CONF_FILE": "/nonexistent.conf"})
+    assert shm._shm_disabled_by(host) == ["the environment", "/etc/nccl.conf"]
+    assert shm._shm_disabled_by(Host(root=tmp_path, environ={"NCCL_SHM_DISABLE": "0", "NCCL_CONF_FILE": "/x"})) == ["/etc/nccl.conf"]
+
+
+def _tree(root: Path, files: dict[str, str]) -> Host:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return Host(root=root)
+
+
+def test_cgroup_v2_headroom(tmp_path):
+    host = _tree(tmp_path, {
+        "proc/self/cgroup": "0::/kubepods/pod1\n",
+        "sys/fs/cgroup/kubepods/pod1/memory.max": str(2 * GiB),
+        "sys/fs/cgroup/kubepods/pod1/memory.current": str(GiB + 5),
+    })
+    assert shm._cgroup_headroom(host) == GiB - 5
+
+
+def test_cgroup_v1_headroom_and_unlimited(tmp_path):
+    files = {
+        "proc/self/cgroup": "9:name=systemd:/\n4:memory:/docker/abc\n0::/\n",
+        "sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes": str(4 * GiB),
+        "sys/fs/cgroup/memory/docker/abc/memory.usage_in_bytes": str(GiB),
+    }
+    assert shm._cgroup_headroom(_tree(tmp_path / "a", files)) == 3 * GiB
+    files["sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes"] = "9223372036854771712"
+    assert shm._cgroup_headroom(_tree(tmp_path / "b", files)) is None
+
+
+# --- real runs ------------------------------------------------------------------
+
+def test_passes_on_this_hosts_dev_shm_and_leaves_nothing_behind():
+    before = set(os.listdir("/dev/shm"))
+    r = shm.Shm().run(make_ctx({"shm_min_bytes": 64 * MiB}))
+    assert r.status in (Status.PASS, Status.WARN), r
+    assert {m.name for m in r.measurements} >= {"shm_size", "shm_free", "shm_segment_duration"}
+    assert set(os.listdir("/dev/shm")) == before
+
+
+@needs_root
+def test_touch_segment_reports_enospc_instead_of_sigbus():
+    # A small private tmpfs: the write must fail with ENOSPC, and the process
+    # that asked must survive to say so (an mmap'd write would die of SIGBUS).
+    code = (
+        "from pathlib import Path; from preflight.checks.shm import touch_segment; "
+        "print(touch_segment(Path('/dev/shm'), 128 << 20)[0]); import os; print(os.listdir('/dev/shm'))"
+    )
+    p = subprocess.run(
+        ["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=64m tmpfs /dev/shm && exec {shlex.quote(fakes.PREFLIGHT[0])} -c {shlex.quote(code)}"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == ["could not reserve and write 128 MiB: No space left on device", "[]"]
+
+
+def in_private_shm(setup: str, args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run preflight in its own mount namespace after ``setup`` remounts /dev/shm."""
+    cmd = f"{setup} && exec {' '.join(map(shlex.quote, fakes.PREFLIGHT))} {args}"
+    return subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, timeout=120, env=env)
+
+
+@needs_root
+def test_docker_sized_64m_dev_shm_exits_1_naming_the_size_and_the_fix():
+    p = in_private_shm("mount -t tmpfs -o size=64m tmpfs /dev/shm", "run --profile cpu --only shm")
+    assert p.returncode == 1, p.stderr
+    assert "/dev/shm is 64 MiB, below the 1 GiB floor" in p.stderr
+    assert "--shm-size=1g" in p.stderr
+
+
+@needs_root
+def test_read_only_dev_shm_fails():
+    p = in_private_shm("mount -t tmpfs -o ro,size=2g tmpfs /dev/shm", "run --profile cpu --only shm --json")
+    assert p.returncode == 1
+    (r,) = Report.model_validate_json(p.stdout).checks
+    assert r.status is Status.FAIL and "not writable (read-only)" in r.summary
+
+
+@needs_root
+def test_nearly_full_dev_shm_fails_naming_the_leftover():
+    setup = "mount -t tmpfs -o size=1200m tmpfs /dev/shm && head -c 700M /dev/zero > /dev/shm/nccl-stale-segment"
+    p = in_private_shm(setup, "run --profile cpu --only shm --json")
+    assert p.returncode == 1
+    (r,) = Report.model_validate_json(p.stdout).checks
+    assert "of /dev/shm is free, below the 1 GiB floor" in r.summary
+    assert "nccl-stale-segment (700 MiB)" in r.cause
+
+
+@needs_root
+def test_disk_directory_bind_mounted_on_dev_shm_fails(tmp_path):
+    p = in_private_shm(f"mount --bind {tmp_path} /dev/shm", "run --profile cpu --only shm --json")
+    assert p.returncode == 1
+    (r,) = Report.model_validate_json(p.stdout).checks
+    assert "not tmpfs" in r.summary
+
+
+@needs_root
+def test_big_enough_private_tmpfs_passes_and_nccl_shm_disable_warns():
+    env = {**os.environ, "NCCL_SHM_DISABLE": "1"}
+    p = in_private_shm("mount -t tmpfs -o size=2g tmpfs /dev/shm", "run --profile cpu --only shm --json", env=env)
+    assert p.returncode == 0, p.stderr
+    (r,) = json.loads(p.stdout)["checks"]
+    assert r["status"] == "WARN" and "NCCL_SHM_DISABLE=1" in r["summary"]
+    assert "14x slower" in r["cause"]

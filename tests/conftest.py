@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fakes
+from preflight import settings as settings_mod
+from preflight.check import Context
+from preflight.host import Host
+from preflight.profiles import ResolvedFloor, ResolvedProfile
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _can_unshare() -> bool:
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return False
+    return subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode == 0
+
+
+needs_root = pytest.mark.skipif(not _can_unshare(), reason="needs root and `unshare -m` for a private mount namespace")
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """No PREFLIGHT_* from the caller, no site config, a private lock file."""
+    for key in list(os.environ):
+        if key.startswith("PREFLIGHT_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setattr(settings_mod, "DEFAULT_CONFIG", Path("/nonexistent/preflight/config.toml"))
+    monkeypatch.setenv("PREFLIGHT_LOCK_FILE", str(tmp_path_factory.mktemp("lock") / "preflight.lock"))
+
+
+@pytest.fixture
+def plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The fakes installed as a real entry-point plugin, visible in-process."""
+    root = fakes.install_plugin(tmp_path / "plugin")
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.setenv("PREFLIGHT_PROFILES_DIR", str(root / "profiles"))
+    return root
+
+
+def make_ctx(floors: dict[str, float] | None = None, host: Host | None = None) -> Context:
+    profile = ResolvedProfile(
+        name="test",
+        description="test",
+        path="(test)",
+        gpu_count=0,
+        checks=[],
+        floors={
+            k: ResolvedFloor(value=v, unit="bytes", source="test", origin="test") for k, v in (floors or {}).items()
+        },
+        timeouts={},
+        chosen_because="test",
+    )
+    return Context(profile=profile, settings=settings_mod.Settings(), host=host or Host())
+
+
+def run_preflight(args: list[str], env: dict[str, str] | None = None, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    """`python -m preflight ARGS` as a real process, as a person or systemd runs it."""
+    if env is None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PREFLIGHT_") or k == "PREFLIGHT_LOCK_FILE"}
+    return subprocess.run([*fakes.PREFLIGHT, *args], env=env, capture_output=True, text=True, timeout=timeout, **kw)

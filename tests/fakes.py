@@ -1,0 +1,177 @@
+"""Every fake the tests use, in one place.
+
+Small checks with known behaviour, for the runner's semantics, and a helper
+that installs them as a real entry-point plugin (a dist-info directory on
+sys.path), exactly as a third-party check would be installed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from preflight.check import Check, Context, Result, Status
+
+HERE = Path(__file__).parent
+
+
+class Passing(Check):
+    name = "passing"
+    description = "always passes"
+
+    def run(self, ctx: Context) -> Result:
+        return self.result(Status.PASS, "fine")
+
+
+class Warning_(Check):
+    name = "warning"
+    description = "always warns"
+
+    def run(self, ctx: Context) -> Result:
+        return self.result(Status.WARN, "a little slow", cause="because", remedy="wait")
+
+
+class Failing(Check):
+    name = "failing"
+    description = "always fails"
+
+    def run(self, ctx: Context) -> Result:
+        return self.result(Status.FAIL, "broken", cause="the fake is broken", remedy="replace the fake")
+
+
+class Raising(Check):
+    name = "raising"
+    description = "raises"
+
+    def run(self, ctx: Context) -> Result:
+        raise RuntimeError("boom inside the check")
+
+
+class NotApplicable(Check):
+    name = "notapplicable"
+    description = "never applies"
+
+    def applies(self, ctx: Context) -> str | None:
+        return "no such hardware here"
+
+    def run(self, ctx: Context) -> Result:
+        raise AssertionError("run() must not be called when applies() gives a reason")
+
+
+class NeedsFailing(Check):
+    name = "needsfailing"
+    description = "requires the failing check"
+    requires = ("failing",)
+
+    def run(self, ctx: Context) -> Result:
+        return self.result(Status.PASS, "ran")
+
+
+class Hanging(Check):
+    """Hangs in a child process of its own session, as a wedged worker would."""
+
+    name = "hanging"
+    description = "hangs"
+    timeout_seconds = 1.0
+
+    def run(self, ctx: Context) -> Result:
+        proc = subprocess.Popen(["sleep", "300"], start_new_session=True)
+        Path(os.environ.get("FAKE_PID_FILE", os.devnull)).write_text(str(proc.pid))
+        proc.wait()
+        return self.result(Status.PASS, "woke up")
+
+
+class LeavesChild(Check):
+    """Returns while a child it started is still running."""
+
+    name = "leaveschild"
+    description = "leaves a child behind"
+
+    def run(self, ctx: Context) -> Result:
+        proc = subprocess.Popen(["sleep", "300"])
+        return self.result(Status.PASS, f"left pid {proc.pid}", details={"pid": proc.pid})
+
+
+class WrongReturn(Check):
+    name = "wrongreturn"
+    description = "returns something that is not a Result"
+
+    def run(self, ctx: Context) -> Result:
+        return "PASS"  # type: ignore[return-value]
+
+
+class Slow(Check):
+    """Sleeps in-process, for lock and signal tests."""
+
+    name = "slow"
+    description = "sleeps for FAKE_SLOW_SECONDS"
+    timeout_seconds = 120.0
+
+    def run(self, ctx: Context) -> Result:
+        time.sleep(float(os.environ.get("FAKE_SLOW_SECONDS", "5")))
+        return self.result(Status.PASS, "slept")
+
+
+class Crashing(Check):
+    """Kills the whole agent, as an OOM kill or a segfault in a driver would."""
+
+    name = "crashing"
+    description = "SIGKILLs its own process"
+
+    def run(self, ctx: Context) -> Result:
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(10)
+        return self.result(Status.PASS, "unreachable")
+
+
+class Misnamed(Check):
+    name = "somethingelse"
+    description = "registered under another name"
+
+    def run(self, ctx: Context) -> Result:
+        return self.result(Status.PASS, "fine")
+
+
+FAKES = [Passing, Warning_, Failing, Raising, NotApplicable, NeedsFailing, Hanging, LeavesChild, WrongReturn, Slow, Crashing]
+
+
+def install_plugin(root: Path, broken: bool = True) -> Path:
+    """Write a dist-info that registers the fakes under ``preflight.checks``.
+
+    With ``broken``, also one entry point whose module does not import and one
+    registered under the wrong name. Returns the directory to put on sys.path.
+    """
+    dist = root / "preflight_fakes-0.0.dist-info"
+    dist.mkdir(parents=True, exist_ok=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: preflight-fakes\nVersion: 0.0\n")
+    lines = [f"{cls.name} = fakes:{cls.__name__}" for cls in FAKES]
+    if broken:
+        lines += ["broken = fakes_missing_module:Nothing", "misnamed = fakes:Misnamed"]
+    (dist / "entry_points.txt").write_text("[preflight.checks]\n" + "\n".join(lines) + "\n")
+    return root
+
+
+def write_profile(directory: Path, name: str, checks: list[str], extra: str = "") -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.toml"
+    path.write_text(
+        f'name = "{name}"\ndescription = "test profile"\ngpu_count = 0\n'
+        f"checks = {checks!r}\n".replace("'", '"') + extra
+    )
+    return path
+
+
+def plugin_env(root: Path) -> dict[str, str]:
+    """Environment for a real `preflight` subprocess that sees the fakes."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFLIGHT_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), str(HERE), env.get("PYTHONPATH", "")])
+    env["PREFLIGHT_PROFILES_DIR"] = str(root / "profiles")
+    env["PREFLIGHT_LOCK_FILE"] = str(root / "preflight.lock")
+    return env
+
+
+PREFLIGHT = [sys.executable, "-m", "preflight"]

@@ -1,0 +1,105 @@
+from pathlib import Path
+
+import pytest
+
+from preflight import profiles
+from preflight.errors import UsageError
+from preflight.profiles import DetectionFailed, Profile
+
+
+def test_builtin_cpu_profile_loads_and_cites_every_floor():
+    p = profiles.load(profiles.find("cpu", None))
+    assert p.gpu_count == 0 and p.checks[0] == "shm"
+    assert p.floors["shm_min_bytes"].value == 2**30
+    assert all(f.source.strip() for f in p.floors.values())
+
+
+def test_every_builtin_profile_is_valid_and_cited():
+    for name, path in profiles.available(None).items():
+        p = profiles.load(path)
+        assert p.name == name
+        assert all(f.source.strip() for f in p.floors.values()), name
+
+
+def test_unknown_profile_names_the_choices():
+    with pytest.raises(UsageError, match=r"unknown profile 'h900'; choose one of: auto, cpu"):
+        profiles.find("h900", None)
+
+
+def test_site_profile_overrides_a_builtin_of_the_same_name(tmp_path):
+    (tmp_path / "cpu.toml").write_text("")
+    assert profiles.available(tmp_path)["cpu"] == tmp_path / "cpu.toml"
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('name = "x"\ndescription = "d"\ngpu_count = 0\nchecks = ["shm"]\ncolor = "red"\n', r"x.toml line 5: color: unknown key"),
+        ('name = "x"\ndescription = "d"\ngpu_count = -1\nchecks = ["shm"]\n', r"line 3: gpu_count: Input should be greater than or equal to 0"),
+        (
+            'name = "x"\ndescription = "d"\ngpu_count = 0\nchecks = ["shm"]\n\n[floors.shm_min_bytes]\nvalue = -5\nunit = "bytes"\nsource = "s"\n',
+            r"line 7: floors.shm_min_bytes.value: Input should be greater than or equal to 0",
+        ),
+        (
+            'name = "x"\ndescription = "d"\ngpu_count = 0\nchecks = ["shm"]\n\n[floors.shm_min_bytes]\nvalue = 5\nunit = "bytes"\n',
+            r"line 6: floors.shm_min_bytes.source: required key is missing",
+        ),
+        ('name = "x"\ndescription = "d"\ngpu_count = 0\nchecks = ["shm", "shm"]\n', r"line 4: checks: Value error, lists shm more than once"),
+        ('name = "y"\ndescription = "d"\ngpu_count = 0\nchecks = ["shm"]\n', r"name 'y' must match the file name 'x'"),
+        ('name = "x\n', r"invalid TOML: .*line 1"),
+    ],
+)
+def test_bad_profile_files_name_file_line_and_key(tmp_path, text, message):
+    path = tmp_path / "x.toml"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=message):
+        profiles.load(path)
+
+
+def test_site_overrides_replace_values_and_record_their_origin():
+    path = profiles.find("cpu", None)
+    r = profiles.resolve(profiles.load(path), path, {"shm_min_bytes": (2.0**31, "config /etc/x.toml line 3")}, "--profile cpu")
+    assert r.floors["shm_min_bytes"].value == 2**31
+    assert r.floors["shm_min_bytes"].origin == "config /etc/x.toml line 3"
+    assert r.floors["shm_min_bytes"].source.startswith("NGC")
+
+
+def test_an_override_of_a_floor_the_profile_lacks_is_refused():
+    path = profiles.find("cpu", None)
+    with pytest.raises(UsageError, match=r"config /etc/x.toml line 9: floor 'hbm_copy' is not a floor of profile cpu"):
+        profiles.resolve(profiles.load(path), path, {"hbm_copy": (1.0, "config /etc/x.toml line 9")}, "x")
+
+
+def _p(name: str, *match: str) -> Profile:
+    return Profile(name=name, description="", match=list(match), gpu_count=8, checks=["shm"])
+
+
+CANDIDATES = {"h100-sxm": _p("h100-sxm", "H100 80GB HBM3"), "h100-nvl": _p("h100-nvl", "H100 NVL"), "any-h100": _p("any-h100", "H100")}
+
+
+def test_pick_chooses_the_most_specific_match():
+    assert profiles.pick(["NVIDIA H100 NVL"] * 2, CANDIDATES) == "h100-nvl"
+    assert profiles.pick(["NVIDIA H100 80GB HBM3"] * 8, CANDIDATES) == "h100-sxm"
+    assert profiles.pick(["NVIDIA H100 PCIe"], CANDIDATES) == "any-h100"
+
+
+@pytest.mark.parametrize(
+    "names, cause",
+    [
+        ([], "NVML reports no GPU"),
+        (["NVIDIA H100 NVL", "NVIDIA A100-SXM4-80GB"], "mixed GPU models"),
+        (["Tesla T4"], "no profile matches GPU model 'Tesla T4'"),
+    ],
+)
+def test_pick_fails_with_a_cause(names, cause):
+    with pytest.raises(DetectionFailed, match=cause):
+        profiles.pick(names, CANDIDATES)
+
+
+def test_auto_on_a_machine_without_a_driver_fails_and_suggests_the_cpu_profile():
+    if Path("/dev/nvidiactl").exists():
+        pytest.skip("this machine has an NVIDIA driver")
+    with pytest.raises(DetectionFailed) as e:
+        profiles.detect(None)
+    assert "no NVIDIA driver" in e.value.cause
+    assert "--profile cpu" in e.value.remedy

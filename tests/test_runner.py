@@ -1,0 +1,93 @@
+import time
+
+import fakes
+import psutil
+from conftest import make_ctx
+
+from preflight.check import Status
+from preflight.runner import run_checks
+
+
+def statuses(outcome):
+    return [(r.check, r.status) for r in outcome.results]
+
+
+def test_checks_run_in_the_given_order():
+    order = []
+    outcome = run_checks([fakes.Warning_(), fakes.Passing()], make_ctx(), on_start=lambda c: order.append(c.name))
+    assert order == ["warning", "passing"]
+    assert statuses(outcome) == [("warning", Status.WARN), ("passing", Status.PASS)]
+
+
+def test_first_failure_skips_the_rest_naming_it():
+    outcome = run_checks([fakes.Passing(), fakes.Failing(), fakes.Warning_()], make_ctx())
+    assert statuses(outcome) == [("passing", Status.PASS), ("failing", Status.FAIL), ("warning", Status.SKIP)]
+    assert outcome.results[2].summary == "skipped: failing failed"
+
+
+def test_keep_going_runs_everything_after_a_failure():
+    outcome = run_checks([fakes.Failing(), fakes.Warning_(), fakes.Passing()], make_ctx(), keep_going=True)
+    assert statuses(outcome) == [("failing", Status.FAIL), ("warning", Status.WARN), ("passing", Status.PASS)]
+
+
+def test_an_error_also_stops_the_run():
+    outcome = run_checks([fakes.Raising(), fakes.Passing()], make_ctx())
+    assert outcome.results[1].summary == "skipped: raising errored"
+
+
+def test_requires_not_passed_skips_even_with_keep_going():
+    outcome = run_checks([fakes.Failing(), fakes.NeedsFailing()], make_ctx(), keep_going=True)
+    assert outcome.results[1].status is Status.SKIP
+    assert outcome.results[1].summary == "skipped: requires failing, which failed"
+
+
+def test_requires_a_check_that_did_not_run_in_this_run_runs():
+    # `--only nccl` must still run nccl: the requirement binds only when it ran.
+    outcome = run_checks([fakes.NeedsFailing()], make_ctx())
+    assert statuses(outcome) == [("needsfailing", Status.PASS)]
+
+
+def test_applies_reason_is_a_skip():
+    outcome = run_checks([fakes.NotApplicable(), fakes.Passing()], make_ctx())
+    assert statuses(outcome) == [("notapplicable", Status.SKIP), ("passing", Status.PASS)]
+    assert outcome.results[0].summary == "no such hardware here"
+
+
+def test_exception_becomes_error_with_traceback():
+    outcome = run_checks([fakes.Raising()], make_ctx())
+    r = outcome.results[0]
+    assert r.status is Status.ERROR
+    assert "RuntimeError: boom inside the check" in r.summary
+    assert "Traceback" in r.details["traceback"] and "boom inside the check" in r.details["traceback"]
+
+
+def test_wrong_return_type_is_an_error():
+    r = run_checks([fakes.WrongReturn()], make_ctx()).results[0]
+    assert r.status is Status.ERROR and "str instead of its own Result" in r.summary
+
+
+def test_timeout_fails_and_kills_the_process_group(tmp_path, monkeypatch):
+    pid_file = tmp_path / "pid"
+    monkeypatch.setenv("FAKE_PID_FILE", str(pid_file))
+    start = time.monotonic()
+    outcome = run_checks([fakes.Hanging(), fakes.Passing()], make_ctx(), timeouts={"hanging": 0.5})
+    elapsed = time.monotonic() - start
+    hung, after = outcome.results
+    assert hung.status is Status.FAIL and "did not finish within 0.5 s" in hung.summary
+    assert 0.5 <= hung.duration_seconds < 10 and elapsed < 10
+    sleeper = int(pid_file.read_text())
+    assert sleeper in hung.details["killed_processes"]
+    assert not psutil.pid_exists(sleeper) or psutil.Process(sleeper).status() == psutil.STATUS_ZOMBIE
+    assert after.status is Status.SKIP
+
+
+def test_children_left_behind_are_killed():
+    r = run_checks([fakes.LeavesChild()], make_ctx()).results[0]
+    assert r.status is Status.PASS
+    assert r.details["killed_processes"] == [r.details["pid"]]
+    assert not psutil.pid_exists(r.details["pid"]) or psutil.Process(r.details["pid"]).status() == psutil.STATUS_ZOMBIE
+
+
+def test_durations_are_recorded():
+    r = run_checks([fakes.Passing()], make_ctx()).results[0]
+    assert 0 <= r.duration_seconds < 5

@@ -1,0 +1,98 @@
+from pathlib import Path
+
+import pytest
+
+from preflight import settings
+from preflight.errors import UsageError
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults():
+    s = settings.load({})
+    assert (s.profile, s.only, s.keep_going, s.report, s.lock_timeout) == ("auto", [], False, None, 60.0)
+    assert s.config is None
+
+
+def test_precedence_flags_over_env_over_file_over_defaults(tmp_path, monkeypatch):
+    cfg = write(tmp_path, 'profile = "from-file"\nkeep_going = true\nlock_timeout = 7\nonly = ["shm"]\n')
+    s = settings.load({}, config=cfg)
+    assert (s.profile, s.keep_going, s.lock_timeout, s.only) == ("from-file", True, 7.0, ["shm"])
+    monkeypatch.setenv("PREFLIGHT_PROFILE", "from-env")
+    monkeypatch.setenv("PREFLIGHT_LOCK_TIMEOUT", "9")
+    s = settings.load({}, config=cfg)
+    assert (s.profile, s.lock_timeout, s.keep_going) == ("from-env", 9.0, True)
+    s = settings.load({"profile": "from-flag", "keep_going": False, "lock_timeout": None}, config=cfg)
+    assert (s.profile, s.keep_going, s.lock_timeout) == ("from-flag", False, 9.0)
+
+
+def test_config_comes_from_env_when_no_flag(tmp_path, monkeypatch):
+    cfg = write(tmp_path, 'profile = "cpu"\n')
+    monkeypatch.setenv("PREFLIGHT_CONFIG", str(cfg))
+    s = settings.load({})
+    assert s.profile == "cpu" and s.config == cfg
+
+
+def test_default_config_file_is_read_when_present(tmp_path, monkeypatch):
+    cfg = write(tmp_path, 'profile = "cpu"\n')
+    monkeypatch.setattr(settings, "DEFAULT_CONFIG", cfg)
+    assert settings.load({}).profile == "cpu"
+
+
+def test_check_lists_split_on_commas_from_env_and_flags(monkeypatch):
+    monkeypatch.setenv("PREFLIGHT_SKIP", "nccl, train")
+    s = settings.load({"only": ["shm,cuda", "topology"]})
+    assert s.only == ["shm", "cuda", "topology"] and s.skip == ["nccl", "train"]
+
+
+def test_floor_overrides_remember_their_line(tmp_path):
+    cfg = write(tmp_path, '# site\nprofile = "cpu"\n\n[floors]\nshm_min_bytes = 2147483648\n')
+    s = settings.load({}, config=cfg)
+    assert s.floor_overrides == {"shm_min_bytes": (2147483648.0, f"config {cfg} line 5")}
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('profile = "cpu"\nkeep_goin = true\n', r"config .*config.toml line 2: keep_goin: unknown key"),
+        ('profile = "cpu"\n[floors]\nshm_min_bytes = "1G"\n', r"line 3: floors.shm_min_bytes: Value error, a floor must be a number, not str '1G'"),
+        ('[floors]\nshm_min_bytes = -1\n', r"line 2: floors.shm_min_bytes: Value error, a floor must be a finite number >= 0, not -1"),
+        ('[floors]\nshm_min_bytes = true\n', r"line 2: floors.shm_min_bytes: Value error, a floor must be a number, not bool"),
+        ('[floors]\nshm_min_bytes = nan\n', r"a floor must be a finite number"),
+        ('lock_timeout = -3\n', r"line 1: lock_timeout: Input should be greater than or equal to 0"),
+        ('keep_going = "perhaps"\n', r"line 1: keep_going: Input should be a valid boolean"),
+        ('profile = "cpu\n', r"config .*config.toml: invalid TOML: .*line 1"),
+        ('[floors\n', r"invalid TOML"),
+    ],
+)
+def test_bad_config_names_file_line_and_key(tmp_path, text, message):
+    with pytest.raises(UsageError, match=message):
+        settings.load({}, config=write(tmp_path, text))
+
+
+def test_missing_or_binary_config_file(tmp_path):
+    with pytest.raises(UsageError, match=r"config file .*nope.toml does not exist"):
+        settings.load({}, config=tmp_path / "nope.toml")
+    (tmp_path / "bin.toml").write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(UsageError, match=r"is not UTF-8 text"):
+        settings.load({}, config=tmp_path / "bin.toml")
+    with pytest.raises(UsageError, match=r"is a directory"):
+        settings.load({}, config=tmp_path)
+
+
+def test_bad_env_and_flag_values_name_their_source(monkeypatch):
+    monkeypatch.setenv("PREFLIGHT_LOCK_TIMEOUT", "soon")
+    with pytest.raises(UsageError, match=r"PREFLIGHT_LOCK_TIMEOUT='soon': Input should be a valid number"):
+        settings.load({})
+    monkeypatch.delenv("PREFLIGHT_LOCK_TIMEOUT")
+    with pytest.raises(UsageError, match=r"--lock-timeout: Input should be greater than or equal to 0"):
+        settings.load({"lock_timeout": -1.0})
+
+
+def test_unknown_preflight_env_vars_are_reported():
+    env = {"PREFLIGHT_PROFILE": "cpu", "PREFLIGHT_PROFLE": "cpu", "PATH": "/bin"}
+    assert settings.unknown_env(env) == ["PREFLIGHT_PROFLE"]
