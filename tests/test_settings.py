@@ -96,3 +96,12 @@ def test_bad_env_and_flag_values_name_their_source(monkeypatch):
 def test_unknown_preflight_env_vars_are_reported():
     env = {"PREFLIGHT_PROFILE": "cpu", "PREFLIGHT_PROFLE": "cpu", "PATH": "/bin"}
     assert settings.unknown_env(env) == ["PREFLIGHT_PROFLE"]
+
+
+def test_the_example_config_is_valid_as_shipped():
+    from pathlib import Path
+
+    example = Path(__file__).parent.parent / "examples" / "config.toml"
+    s = settings.load({}, config=example)
+    assert (s.profile, s.keep_going, s.lock_timeout) == ("auto", False, 60.0)
+    assert str(s.report) == "/var/lib/preflight/report.json"

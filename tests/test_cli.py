@@ -1,0 +1,266 @@
+"""The CLI as a person uses it: through Typer's CliRunner, and as real processes."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from conftest import run_preflight
+from typer.testing import CliRunner
+
+import fakes
+from preflight.cli import app
+from preflight.report import Report
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, list(args))
+
+
+# --- run --------------------------------------------------------------------
+
+def test_cpu_profile_passes_and_prints_the_verdict():
+    r = invoke("run", "--profile", "cpu")
+    assert r.exit_code == 0, r.output
+    assert "[PASS] shm" in r.stderr and "preflight: PASS (profile cpu; 1 pass)" in r.stderr
+    assert r.stdout == ""  # data goes to stdout only with --json
+
+
+def test_json_report_validates_against_the_model_and_is_written_too(tmp_path):
+    path = tmp_path / "report.json"
+    r = invoke("run", "--profile", "cpu", "--json", "--report", str(path))
+    assert r.exit_code == 0
+    printed = Report.model_validate_json(r.stdout)
+    assert Report.model_validate_json(path.read_text()) == printed
+    assert printed.verdict == "pass" and printed.profile == "cpu" and printed.exit_code == 0
+    assert printed.schema_version == 1 and printed.boot_id and printed.hostname
+    assert printed.started_at.tzinfo is not None and printed.finished_at >= printed.started_at
+    assert [c.check for c in printed.checks] == ["shm"]
+    raw = json.loads(r.stdout)
+    assert raw["started_at"].endswith("Z")  # RFC 3339 in UTC
+
+
+def test_auto_without_a_driver_fails_with_the_cause_and_the_dry_run_hint(tmp_path):
+    if os.path.exists("/dev/nvidiactl"):
+        pytest.skip("this machine has an NVIDIA driver")
+    path = tmp_path / "r.json"
+    r = invoke("run", "--report", str(path))
+    assert r.exit_code == 1
+    assert "no NVIDIA driver" in r.stderr and "--profile cpu" in r.stderr
+    rep = Report.model_validate_json(path.read_text())
+    assert rep.verdict == "fail" and rep.profile is None and rep.checks[0].check == "profile"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--profile", "h900"], "unknown profile 'h900'; choose one of: auto, cpu"),
+        (["--profile", "cpu", "--only", "nosuch"], "--only nosuch: no such check; installed checks:"),
+        (["--profile", "cpu", "--skip", "nosuch"], "--skip nosuch: no such check"),
+        (["--profile", "cpu", "--only", "shm", "--skip", "shm"], "--only and --skip both name shm"),
+        (["--profile", "cpu", "--lock-timeout", "-1"], "--lock-timeout: Input should be greater than or equal to 0"),
+        (["--profile", "cpu", "--report", "/nonexistent/dir/r.json"], "directory /nonexistent/dir does not exist"),
+        (["--profile", "cpu", "--config", "/nonexistent/c.toml"], "config file /nonexistent/c.toml does not exist"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_runs_nothing(args, message):
+    r = invoke("run", *args)
+    assert r.exit_code == 2, r.output
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("preflight: error: ")
+    assert message in r.stderr
+    assert "[PASS]" not in r.stderr and "[FAIL]" not in r.stderr  # no check ran
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ('profile = "cpu"\n\n[floors]\nshm_min_bytes = "lots"\n', "line 4: floors.shm_min_bytes: Value error, a floor must be a number"),
+        ('profile = "cpu"\n[floors]\nshm_min_bytes = -1\n', "line 3: floors.shm_min_bytes: Value error, a floor must be a finite number >= 0"),
+        ('profile = "cpu"\n[floors]\nhbm = 5\n', "line 3: floor 'hbm' is not a floor of profile cpu"),
+        ('profile = "cpu"\nkeepgoing = true\n', "line 2: keepgoing: unknown key"),
+        ('profile = cpu\n', "invalid TOML"),
+    ],
+)
+def test_bad_config_exits_2_naming_file_line_and_key_and_writes_nothing(tmp_path, config, message):
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(config)
+    report = tmp_path / "report.json"
+    r = invoke("run", "--config", str(cfg), "--report", str(report))
+    assert r.exit_code == 2
+    assert str(cfg) in r.stderr and message in r.stderr
+    assert not report.exists()
+
+
+def test_a_site_floor_override_is_applied(tmp_path):
+    cfg = tmp_path / "config.toml"
+    cfg.write_text('profile = "cpu"\n[floors]\nshm_min_bytes = 1099511627776000\n')
+    r = invoke("run", "--config", str(cfg), "--json")
+    assert r.exit_code == 1
+    (check,) = Report.model_validate_json(r.stdout).checks
+    assert check.summary.endswith("below the 1000 TiB floor")
+
+
+def test_fail_fast_keep_going_timeout_and_error_through_the_cli(plugin):
+    fakes.write_profile(plugin / "profiles", "fakes", ["passing", "failing", "warning"])
+    r = invoke("run", "--profile", "fakes", "--json")
+    assert r.exit_code == 1
+    assert [c.status for c in Report.model_validate_json(r.stdout).checks] == ["PASS", "FAIL", "SKIP"]
+    r = invoke("run", "--profile", "fakes", "--json", "--keep-going")
+    assert [c.status for c in Report.model_validate_json(r.stdout).checks] == ["PASS", "FAIL", "WARN"]
+    r = invoke("run", "--profile", "fakes", "--json", "--skip", "failing")
+    assert r.exit_code == 0
+    assert [c.check for c in Report.model_validate_json(r.stdout).checks] == ["passing", "warning"]
+
+    fakes.write_profile(plugin / "profiles", "raises", ["raising"])
+    r = invoke("run", "--profile", "raises", "--json")
+    assert r.exit_code == 3  # the tool broke, not the node: still not a pass
+    (c,) = Report.model_validate_json(r.stdout).checks
+    assert c.status == "ERROR" and "boom inside the check" in c.details["traceback"]
+
+
+def test_only_a_check_outside_the_profile_is_refused(plugin):
+    fakes.write_profile(plugin / "profiles", "fakes", ["passing"])
+    r = invoke("run", "--profile", "fakes", "--only", "warning")
+    assert r.exit_code == 2 and "--only warning: not in profile fakes (its checks: passing)" in r.stderr
+
+
+def test_a_profile_missing_a_floor_its_check_needs_is_refused(plugin):
+    fakes.write_profile(plugin / "profiles", "noshmfloor", ["shm"])
+    r = invoke("run", "--profile", "noshmfloor")
+    assert r.exit_code == 2 and "has no floor 'shm_min_bytes', which check shm needs" in r.stderr
+
+
+# --- real processes ----------------------------------------------------------
+
+def test_real_process_cpu_profile_exits_0():
+    p = run_preflight(["run", "--profile", "cpu"])
+    assert p.returncode == 0, p.stderr
+    assert "preflight: PASS" in p.stderr and p.stdout == ""
+
+
+def test_plain_output_when_not_a_terminal_and_no_color():
+    p = run_preflight(["run", "--profile", "cpu", "-v"])
+    assert "\x1b[" not in p.stderr  # no escape codes in logs
+    assert "shm_size = " in p.stderr  # -v prints measurements
+
+
+def test_a_hung_check_fails_within_its_deadline_and_leaves_no_process(tmp_path):
+    root = fakes.install_plugin(tmp_path)
+    fakes.write_profile(root / "profiles", "hangs", ["hanging"], "[timeouts]\nhanging = 1.0\n")
+    pid_file = tmp_path / "sleeper.pid"
+    start = time.monotonic()
+    p = run_preflight(["run", "--profile", "hangs", "--json"], env={**fakes.plugin_env(root), "FAKE_PID_FILE": str(pid_file)})
+    assert time.monotonic() - start < 30
+    assert p.returncode == 1
+    (c,) = Report.model_validate_json(p.stdout).checks
+    assert c.status == "FAIL" and "did not finish within 1 s" in c.summary
+    assert not psutil.pid_exists(int(pid_file.read_text()))
+
+
+def test_sigterm_kills_the_checks_children_and_still_writes_the_report(tmp_path):
+    root = fakes.install_plugin(tmp_path)
+    fakes.write_profile(root / "profiles", "hangs", ["hanging", "passing"], "[timeouts]\nhanging = 300\n")
+    pid_file, report = tmp_path / "sleeper.pid", tmp_path / "report.json"
+    env = {**fakes.plugin_env(root), "FAKE_PID_FILE": str(pid_file)}
+    proc = subprocess.Popen([*fakes.PREFLIGHT, "run", "--profile", "hangs", "--report", str(report)], env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    rep = Report.model_validate_json(report.read_text())
+    assert rep.interrupted_by_signal == signal.SIGTERM and rep.exit_code == 143
+    assert [c.status for c in rep.checks] == ["ERROR", "SKIP"]
+    assert not psutil.pid_exists(int(pid_file.read_text()))
+
+
+def test_a_crash_mid_run_leaves_the_previous_report_intact(tmp_path):
+    root = fakes.install_plugin(tmp_path)
+    fakes.write_profile(root / "profiles", "ok", ["passing"])
+    fakes.write_profile(root / "profiles", "crash", ["passing", "crashing"])
+    out = tmp_path / "out"
+    out.mkdir()
+    report = out / "report.json"
+    env = fakes.plugin_env(root)
+    assert run_preflight(["run", "--profile", "ok", "--report", str(report)], env=env).returncode == 0
+    before = report.read_text()
+    p = run_preflight(["run", "--profile", "crash", "--report", str(report)], env=env)
+    assert p.returncode == -signal.SIGKILL
+    assert report.read_text() == before and os.listdir(out) == ["report.json"]
+
+
+def test_a_second_run_waits_for_the_lock_then_exits_2(tmp_path):
+    root = fakes.install_plugin(tmp_path)
+    fakes.write_profile(root / "profiles", "slow", ["slow"])
+    env = {**fakes.plugin_env(root), "FAKE_SLOW_SECONDS": "20"}
+    first = subprocess.Popen([*fakes.PREFLIGHT, "run", "--profile", "slow", "-q"], env=env)
+    try:
+        time.sleep(1.5)  # let the first one take the lock
+        report = tmp_path / "second.json"
+        p = run_preflight(["run", "--profile", "slow", "--lock-timeout", "0.5", "--report", str(report)], env=env)
+        assert p.returncode == 2
+        assert f"another preflight run (pid {first.pid}) holds" in p.stderr and "--lock-timeout" in p.stderr
+        assert not report.exists()
+    finally:
+        first.kill()
+        first.wait()
+
+
+HELP_IMPORTS = (
+    "import sys\n"
+    "sys.argv = ['preflight', *sys.argv[1:]]\n"
+    "from preflight.cli import main\n"
+    "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
+    "print('torch' in sys.modules, code, file=sys.stderr)\n"
+)
+
+
+@pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["run", "--profile", "cpu"], ["list"]])
+def test_the_cli_never_imports_torch(args):
+    p = subprocess.run([sys.executable, "-c", HELP_IMPORTS, *args], capture_output=True, text=True, timeout=60)
+    assert p.stderr.splitlines()[-1] == "False 0", p.stderr
+
+
+# --- the other commands ------------------------------------------------------
+
+def test_list_names_every_check_and_what_it_verifies():
+    r = invoke("list")
+    assert r.exit_code == 0 and r.stdout.startswith("shm  /dev/shm is a tmpfs")
+    rows = json.loads(invoke("list", "--json").stdout)
+    assert rows[0]["name"] == "shm" and rows[0]["timeout_seconds"] > 0
+
+
+def test_list_in_a_profiles_order(plugin):
+    fakes.write_profile(plugin / "profiles", "fakes", ["warning", "passing"])
+    r = invoke("list", "--profile", "fakes")
+    assert [line.split()[0] for line in r.stdout.splitlines()] == ["warning", "passing"]
+
+
+def test_show_profile_says_where_each_floor_came_from(tmp_path):
+    r = invoke("show-profile", "cpu")
+    assert r.exit_code == 0
+    assert "shm_min_bytes: at least 1073741824 bytes (1 GiB)" in r.stdout
+    assert "value from: profile" in r.stdout and "source: NGC" in r.stdout
+    cfg = tmp_path / "site.toml"
+    cfg.write_text("[floors]\nshm_min_bytes = 8589934592\n")
+    r = invoke("show-profile", "cpu", "--config", str(cfg))
+    assert "at least 8589934592 bytes (8 GiB)" in r.stdout and f"value from: config {cfg} line 2" in r.stdout
+    data = json.loads(invoke("show-profile", "cpu", "--json").stdout)
+    assert data["floors"]["shm_min_bytes"]["value"] == 2**30
+
+
+def test_show_profile_unknown_and_auto_without_driver():
+    r = invoke("show-profile", "h900")
+    assert r.exit_code == 2 and "unknown profile 'h900'" in r.stderr
+    if not os.path.exists("/dev/nvidiactl"):
+        r = invoke("show-profile")
+        assert r.exit_code == 1 and "no NVIDIA driver" in r.stderr
+
+
+def test_version():
+    r = invoke("version")
+    assert r.exit_code == 0 and r.stdout.startswith("preflight ") and "python 3." in r.stdout
