@@ -188,8 +188,9 @@ def touch_segment(directory: Path, size: int) -> tuple[str | None, float]:
         os.unlink(name)
         os.posix_fallocate(fd, 0, size)
         pattern = (b"preflight" * (CHUNK // 9 + 1))[:CHUNK]
+        view = memoryview(pattern)  # slices of a memoryview do not copy
         for offset in range(0, size, CHUNK):
-            os.pwrite(fd, pattern[: min(CHUNK, size - offset)], offset)
+            os.pwrite(fd, view[: min(CHUNK, size - offset)], offset)
         for offset in (0, size // 2, max(0, size - 9)):
             want = pattern[offset % CHUNK : offset % CHUNK + 9][: size - offset]
             if os.pread(fd, len(want), offset) != want:

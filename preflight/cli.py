@@ -51,6 +51,7 @@ def _exit_codes(command: Callable[..., int]) -> Callable[..., None]:
 
     @functools.wraps(command)
     def wrapper(*args: object, **kwargs: object) -> None:
+        from preflight.profiles import DetectionFailed
         from preflight.runner import Interrupted
 
         try:
@@ -58,6 +59,9 @@ def _exit_codes(command: Callable[..., int]) -> Callable[..., None]:
         except UsageError as e:
             _console().error(str(e))
             code = 2
+        except DetectionFailed as e:  # `auto` found no driver or no profile: a finding, not bad input
+            _console().error(f"{e.cause}; {e.remedy}")
+            code = 1
         except Interrupted as e:
             code = 128 + e.signum
         except Exception as e:  # the tool broke: one line, and the traceback for a bug report
@@ -161,14 +165,9 @@ def show_profile(
 ) -> int:
     """The resolved profile: checks, expected GPUs, and every floor with where its value came from."""
     from preflight import pipeline
-    from preflight.profiles import DetectionFailed
     from preflight.units import fmt_bytes
 
-    try:
-        p = pipeline.resolve_profile(_settings(config, profile=name))
-    except DetectionFailed as e:
-        _console().error(f"{e.cause}; {e.remedy}")
-        return 1
+    p = pipeline.resolve_profile(_settings(config, profile=name))
     if json_out:
         print(p.model_dump_json(indent=2))
         return 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, field_validator, model_validator
 
 from preflight import tomlfile
 from preflight.errors import UsageError
@@ -48,6 +48,13 @@ class Profile(BaseModel):
         if dup:
             raise ValueError(f"lists {', '.join(dup)} more than once")
         return v
+
+    @model_validator(mode="after")
+    def _timeouts_name_checks(self) -> Profile:
+        stray = sorted(set(self.timeouts) - set(self.checks))
+        if stray:
+            raise ValueError(f"[timeouts] names {', '.join(stray)}, not in checks ({', '.join(self.checks)})")
+        return self
 
 
 class ResolvedFloor(Floor):

@@ -39,27 +39,24 @@ class BrokenPlugin(Check):
         raise self.error
 
 
+def check_names(names_given: list[str], what: str) -> None:
+    """Exit 2 on a name no installed check has, before any check runs."""
+    known = _entry_points()
+    for name in names_given:
+        if name not in known:
+            raise UsageError(f"{what} {name}: no such check; installed checks: {', '.join(sorted(known)) or 'none'}")
+
+
 def load(name: str) -> Check:
-    """An instance of the check registered as ``name``."""
-    eps = _entry_points()
-    if name not in eps:
-        raise UsageError(f"unknown check {name!r}; installed checks: {', '.join(sorted(eps)) or 'none'} (see 'preflight list')")
+    """An instance of the check registered as ``name``; a stand-in if it is broken."""
+    check_names([name], "check")
+    ep = _entry_points()[name]
     try:
-        cls = eps[name].load()
+        cls = ep.load()
         if not (isinstance(cls, type) and issubclass(cls, Check)):
-            raise TypeError(f"entry point {eps[name].value} is not a preflight.check.Check subclass")
+            raise TypeError(f"entry point {ep.value} is not a preflight.check.Check subclass")
         if cls.name != name:
             raise TypeError(f"entry point {name!r} loads a check named {cls.name!r}; the two names must agree")
         return cls()
     except Exception as e:  # a broken plugin must not take the agent down
         return BrokenPlugin(name, e)
-
-
-def check_names(names_given: list[str], flag: str) -> None:
-    """Exit 2 on a name no installed check has, before any check runs."""
-    known = set(_entry_points())
-    for name in names_given:
-        if name not in known:
-            raise UsageError(
-                f"{flag} {name}: no such check; installed checks: {', '.join(sorted(known)) or 'none'}"
-            )

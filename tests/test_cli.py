@@ -257,8 +257,15 @@ def test_show_profile_unknown_and_auto_without_driver():
     r = invoke("show-profile", "h900")
     assert r.exit_code == 2 and "unknown profile 'h900'" in r.stderr
     if not os.path.exists("/dev/nvidiactl"):
-        r = invoke("show-profile")
-        assert r.exit_code == 1 and "no NVIDIA driver" in r.stderr
+        for args in (["show-profile"], ["list", "--profile", "auto"]):
+            r = invoke(*args)
+            assert r.exit_code == 1 and "no NVIDIA driver" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_profile_listing_a_check_that_is_not_installed_is_refused(plugin):
+    fakes.write_profile(plugin / "profiles", "typo", ["passing", "nccll"])
+    r = invoke("run", "--profile", "typo")
+    assert r.exit_code == 2 and "lists check nccll: no such check" in r.stderr
 
 
 def test_version():

@@ -47,6 +47,7 @@ def test_site_profile_overrides_a_builtin_of_the_same_name(tmp_path):
         ('name = "x"\ndescription = "d"\ngpu_count = 0\nchecks = ["shm", "shm"]\n', r"line 4: checks: Value error, lists shm more than once"),
         ('name = "y"\ndescription = "d"\ngpu_count = 0\nchecks = ["shm"]\n', r"name 'y' must match the file name 'x'"),
         ('name = "x\n', r"invalid TOML: .*line 1"),
+        ('name = "x"\ndescription = "d"\ngpu_count = 0\nchecks = ["shm"]\n[timeouts]\nshn = 5\n', r"\[timeouts\] names shn, not in checks \(shm\)"),
     ],
 )
 def test_bad_profile_files_name_file_line_and_key(tmp_path, text, message):

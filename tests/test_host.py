@@ -1,0 +1,28 @@
+import time
+
+import psutil
+
+from preflight.host import Host
+
+
+def test_run_returns_output_and_exit_code():
+    done = Host().run(["sh", "-c", "echo out; echo err >&2; exit 3"], timeout=10)
+    assert (done.returncode, done.stdout, done.stderr, done.timed_out) == (3, "out\n", "err\n", False)
+
+
+def test_run_kills_the_whole_group_at_the_deadline(tmp_path):
+    pid_file = tmp_path / "grandchild"
+    start = time.monotonic()
+    done = Host().run(["sh", "-c", f"sleep 300 & echo $! > {pid_file}; wait"], timeout=0.5)
+    assert done.timed_out and done.returncode is None
+    assert time.monotonic() - start < 10
+    assert not psutil.pid_exists(int(pid_file.read_text()))  # the grandchild went with its group
+
+
+def test_paths_live_under_the_root(tmp_path):
+    (tmp_path / "proc" / "sys" / "kernel" / "random").mkdir(parents=True)
+    (tmp_path / "proc" / "sys" / "kernel" / "random" / "boot_id").write_text("abc\n")
+    host = Host(root=tmp_path, environ={})
+    assert host.path("/dev/shm") == tmp_path / "dev" / "shm"
+    assert host.boot_id() == "abc"
+    assert Host(root=tmp_path / "empty").boot_id() is None
