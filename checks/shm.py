@@ -41,9 +41,10 @@ class ShmFacts:
     path: str
     exists: bool
     mount: Mount | None = None
-    size_bytes: int | None = None
+    size_bytes: int | None = None  # None: no limit (a tmpfs mounted with size=0)
     free_bytes: int | None = None
-    free_inodes: int | None = None
+    free_inodes: int | None = None  # None: no limit (nr_inodes=0)
+    mode: int | None = None  # permission bits of the directory
     mem_total_bytes: int | None = None
     cgroup_headroom_bytes: int | None = None  # memory.max - memory.current; tmpfs pages count there
     write_error: str | None = None
@@ -215,16 +216,23 @@ def gather(host: Host, segment_bytes: int) -> ShmFacts:
         facts.mount = mount_of(real, mounts)
     except OSError:
         pass
+    facts.mode = path.stat().st_mode & 0o7777
     st = os.statvfs(path)
-    facts.size_bytes = st.f_blocks * st.f_frsize
-    facts.free_bytes = st.f_bavail * st.f_frsize
-    facts.free_inodes = st.f_favail
-    if not os.access(path, os.W_OK | os.X_OK) or (facts.mount and "ro" in facts.mount.options):
-        facts.write_error = "read-only" if facts.mount and "ro" in facts.mount.options else "permission denied"
+    if st.f_blocks:  # a tmpfs mounted with size=0 has no limit and reports 0 blocks
+        facts.size_bytes = st.f_blocks * st.f_frsize
+        facts.free_bytes = st.f_bavail * st.f_frsize
+    if st.f_files:  # likewise nr_inodes=0
+        facts.free_inodes = st.f_favail
+    if st.f_flag & os.ST_RDONLY:
+        facts.write_error = "read-only"
+        return facts
+    if not os.access(path, os.W_OK | os.X_OK):
+        facts.write_error = "permission denied"
         return facts
     facts.largest_files = _largest_files(path)
-    if facts.free_bytes < segment_bytes or (facts.mount and facts.mount.fstype != "tmpfs"):
-        return facts  # known to fail already: ENOSPC, or a disk says nothing about memory
+    too_small = facts.free_bytes is not None and facts.free_bytes < segment_bytes
+    if segment_bytes <= 0 or too_small or (facts.mount and facts.mount.fstype != "tmpfs"):
+        return facts  # known already: ENOSPC, or a disk that says nothing about memory
     headroom = facts.cgroup_headroom_bytes
     if headroom is not None and headroom < segment_bytes:
         return facts  # writing would summon the OOM killer; the judge reports the limit instead
@@ -245,7 +253,13 @@ def judge(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurement]]:
         found.append(Finding(Status.FAIL, f"{f.path} does not exist", f"{f.path} is missing: NCCL and DataLoader workers cannot create shared memory", fix_size))
         return found, measurements
     m = f.mount
-    if m is not None and m.fstype != "tmpfs":
+    if m is None:
+        found.append(Finding(
+            Status.WARN, f"cannot tell which filesystem backs {f.path}",
+            f"{f.path} matched no mount in /proc/self/mountinfo, so it may not be a tmpfs",
+            "check `findmnt /dev/shm`; it should be a tmpfs",
+        ))
+    elif m.fstype != "tmpfs":
         found.append(Finding(
             Status.FAIL, f"{f.path} is {m.fstype}, not tmpfs",
             f"{f.path} is on {m.fstype} ({m.source}, mounted at {m.mount_point}), so NCCL's shared-memory buffers would not be backed by RAM",
@@ -269,13 +283,24 @@ def judge(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurement]]:
                 f"{fmt_bytes(f.size_bytes - f.free_bytes)} of {f.path} is in use" + (f"; largest files: {stale}" if stale else ""),
                 f"remove stale segments left by crashed jobs (`ls -laS {f.path}`), or make /dev/shm bigger",
             ))
+    if f.mode is not None and f.mode & 0o777 != 0o777:
+        found.append(Finding(
+            Status.FAIL, f"{f.path} has mode {f.mode:04o}, not world-writable",
+            f"only some users can create files in {f.path} (mode {f.mode:04o}); a job that does not run as root fails in shm_open",
+            "give /dev/shm mode 1777 (`chmod 1777 /dev/shm`), as every distribution ships it",
+        ))
     if f.free_inodes == 0:
         found.append(Finding(Status.FAIL, f"{f.path} has no free inodes", f"{f.path} cannot hold another file", f"remove stale files from {f.path}"))
     if f.write_error:
+        if f.write_error == "read-only":
+            fix = "remount it read-write (`mount -o remount,rw /dev/shm`); in Kubernetes do not mount it readOnly"
+        elif f.write_error == "permission denied":
+            fix = "give /dev/shm mode 1777 (`chmod 1777 /dev/shm`), as every distribution ships it"
+        else:
+            fix = f"free space and inodes in {f.path}: remove stale files left by crashed jobs"
         found.append(Finding(
             Status.FAIL, f"{f.path} is not writable ({f.write_error})",
-            f"creating a file in {f.path} failed ({f.write_error}); NCCL's shm_open fails the same way",
-            "remount it read-write (`mount -o remount,rw /dev/shm`); in Kubernetes do not mount it readOnly",
+            f"creating a file in {f.path} failed ({f.write_error}); NCCL's shm_open fails the same way", fix,
         ))
     if f.cgroup_headroom_bytes is not None and f.cgroup_headroom_bytes < floor:
         found.append(Finding(
@@ -319,6 +344,11 @@ class Shm(Check):
         floor = ctx.floor("shm_min_bytes")
         facts = gather(ctx.host, int(floor))
         findings, measurements = judge(facts, floor)
-        size = f"{fmt_bytes(facts.size_bytes or 0)} tmpfs, {fmt_bytes(facts.free_bytes or 0)} free"
-        ok = f"{facts.path}: {size}; a {fmt_bytes(facts.segment_bytes)} segment was created and written"
+        fs = facts.mount.fstype if facts.mount else "unknown filesystem"
+        if facts.size_bytes is None:
+            size = f"{fs} with no size limit"
+        else:
+            size = f"{fmt_bytes(facts.size_bytes)} {fs}, {fmt_bytes(facts.free_bytes or 0)} free"
+        segment = f"; a {fmt_bytes(facts.segment_bytes)} segment was created and written" if facts.segment_bytes else ""
+        ok = f"{facts.path}: {size}{segment}"
         return self.conclude(findings, ok, measurements=measurements, details=asdict(facts))

@@ -119,15 +119,21 @@ def run(
     if s.report is not None:
         reports.check_writable(s.report)
     the_plan = pipeline.plan(s)
+    code = None
     with _Signals(), run_lock(s.lock_file, s.lock_timeout, lambda who: console.note(f"waiting for {who} to release {s.lock_file}")):
         result = pipeline.execute(the_plan, s, console)
         text = result.model_dump_json(indent=2) + "\n"
         if s.report is not None:
-            reports.write_atomic(s.report, text)
+            try:
+                reports.write_atomic(s.report, text)
+            except OSError as e:
+                # The verdict still stands and is still printed; a failed gate stays failed.
+                console.error(f"could not write the report to {s.report}: {e.strerror or e}; the previous report is unchanged")
+                code = result.exit_code or reports.EXIT_CODES[reports.Verdict.ERROR]
     console.summary(result)
     if json_out:
         sys.stdout.write(text)
-    return result.exit_code
+    return result.exit_code if code is None else code
 
 
 @app.command("list")

@@ -63,25 +63,56 @@ class Host:
             out, err = proc.communicate(timeout=timeout)
             return Completed(tuple(argv), proc.returncode, out, err, False)
         except subprocess.TimeoutExpired:
-            kill_group(proc.pid)
-            out, err = proc.communicate()
-            return Completed(tuple(argv), None, out, err, True)
-
-
-def kill_group(pgid: int, grace: float = 2.0) -> None:
-    """SIGTERM a process group, then SIGKILL what is left after ``grace`` seconds."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
+            stop(proc)
             try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.02)
+                out, err = proc.communicate(timeout=1)
+            except subprocess.TimeoutExpired:
+                # Something we could not kill still holds the pipes: stop reading.
+                for stream in (proc.stdout, proc.stderr):
+                    if stream:
+                        stream.close()
+                out = err = ""
+            return Completed(tuple(argv), None, out or "", err or "", True)
+
+
+def stop(proc: subprocess.Popen, grace: float = 2.0) -> None:
+    """End a child that leads its own session, and everything below it.
+
+    SIGTERM to the group, up to ``grace`` seconds for the leader to exit, then
+    SIGKILL to the group and to every descendant seen before, including any
+    that moved to a session of their own (setsid) and so left the group.
+    """
+    try:
+        below = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        below = []
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.poll()
+    kill_processes(p.pid for p in below)
+
+
+def become_subreaper() -> None:
+    """Orphans of our children are re-parented to us instead of to init, so a
+    grandchild that daemonised (setsid + fork) is still found by descendants()
+    and killed with the check that started it. Linux only; a no-op elsewhere."""
+    try:
+        import ctypes
+
+        PR_SET_CHILD_SUBREAPER = 36
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def descendants() -> set[int]:

@@ -7,6 +7,7 @@ as UsageError before a single check runs or a single file is written.
 from __future__ import annotations
 
 import socket
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -26,6 +27,7 @@ class Plan:
     profile: ResolvedProfile | None  # None when `auto` found nothing to pick
     checks: list[Check]
     detection_failure: DetectionFailed | None = None
+    detection_seconds: float = 0.0
 
 
 def resolve_profile(settings: Settings) -> ResolvedProfile:
@@ -42,22 +44,25 @@ def resolve_profile(settings: Settings) -> ResolvedProfile:
 
 
 def plan(settings: Settings) -> Plan:
-    registry.check_names(settings.only, "--only")
-    registry.check_names(settings.skip, "--skip")
+    # These may come from flags, PREFLIGHT_ONLY/SKIP or the config file: name all three.
+    registry.check_names(settings.only, "only (--only, PREFLIGHT_ONLY or config):")
+    registry.check_names(settings.skip, "skip (--skip, PREFLIGHT_SKIP or config):")
     both = sorted(set(settings.only) & set(settings.skip))
     if both:
-        raise UsageError(f"--only and --skip both name {', '.join(both)}; name each check in one of them")
+        raise UsageError(f"only and skip both name {', '.join(both)}; name each check in one of them")
+    started = time.monotonic()
     try:
         profile = resolve_profile(settings)
     except DetectionFailed as e:
-        return Plan(None, [], e)
+        return Plan(None, [], e, time.monotonic() - started)
     registry.check_names(profile.checks, f"profile {profile.name} ({profile.path}) lists check")
     outside = [c for c in settings.only if c not in profile.checks]
     if outside:
-        raise UsageError(
-            f"--only {', '.join(outside)}: not in profile {profile.name} (its checks: {', '.join(profile.checks)})"
-        )
+        raise UsageError(f"only {', '.join(outside)}: not in profile {profile.name} (its checks: {', '.join(profile.checks)})")
     selected = [c for c in profile.checks if (not settings.only or c in settings.only) and c not in settings.skip]
+    if not selected:
+        # A gate that checks nothing must not pass: this is a config mistake.
+        raise UsageError(f"no check left to run: skip removes every check of profile {profile.name} ({', '.join(profile.checks)})")
     checks = [registry.load(name) for name in selected]
     for check in checks:
         missing = [f for f in check.floors if f not in profile.floors]
@@ -69,8 +74,15 @@ def plan(settings: Settings) -> Plan:
     return Plan(profile, checks)
 
 
-def _detection_result(e: DetectionFailed) -> Result:
-    return Result(check="profile", status=Status.FAIL, summary=f"no profile chosen: {e.cause}", cause=e.cause, remedy=e.remedy)
+def _detection_result(e: DetectionFailed, seconds: float) -> Result:
+    return Result(
+        check="profile",
+        status=Status.FAIL,
+        summary=f"no profile chosen: {e.cause}",
+        cause=e.cause,
+        remedy=e.remedy,
+        duration_seconds=round(seconds, 6),
+    )
 
 
 def execute(plan: Plan, settings: Settings, console: Console, host: Host | None = None) -> Report:
@@ -78,7 +90,7 @@ def execute(plan: Plan, settings: Settings, console: Console, host: Host | None 
     started = datetime.now(timezone.utc)
     interrupted = None
     if plan.detection_failure is not None:
-        results = [_detection_result(plan.detection_failure)]
+        results = [_detection_result(plan.detection_failure, plan.detection_seconds)]
         console.finish(results[0])
     else:
         assert plan.profile is not None

@@ -8,10 +8,11 @@ can answer "why 1 GiB?".
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from preflight import tomlfile
 from preflight.errors import UsageError
@@ -19,10 +20,24 @@ from preflight.errors import UsageError
 BUILTIN_DIR = Path(__file__).parent / "profiles"
 
 
+def _floor_value(v: Any) -> float:
+    """A number, finite and >= 0: a quoted "1G" or a `true` must not become a floor."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"a floor must be a number, not {type(v).__name__} {v!r}")
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"a floor must be a finite number >= 0, not {v!r}")
+    return float(v)
+
+
+FloorValue = Annotated[float, BeforeValidator(_floor_value)]
+# A day: longer than any check should take, and within what a thread join accepts.
+Timeout = Annotated[float, Field(gt=0, le=86400, allow_inf_nan=False)]
+
+
 class Floor(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    value: float = Field(ge=0)
+    value: FloorValue
     unit: str
     source: str = Field(min_length=1)  # where the number came from, for the next person
     # "min": a measurement must reach the value; "max": stay under it (latency).
@@ -39,7 +54,7 @@ class Profile(BaseModel):
     gpu_count: int = Field(ge=0)
     checks: list[str] = Field(min_length=1)
     floors: dict[str, Floor] = Field(default_factory=dict)
-    timeouts: dict[str, PositiveFloat] = Field(default_factory=dict)  # per check, seconds
+    timeouts: dict[str, Timeout] = Field(default_factory=dict)  # per check, seconds
 
     @field_validator("checks")
     @classmethod
@@ -176,9 +191,7 @@ def detect(site_dir: Path | None) -> tuple[str, str]:
     try:
         names = nvml.gpu_names()
     except nvml.NvmlUnavailable as e:
-        raise DetectionFailed(
-            e.cause, "install or load the NVIDIA driver; on a machine with no GPU use --profile cpu for a dry run"
-        ) from None
+        raise DetectionFailed(e.cause, e.remedy) from None
     profiles = {name: load(path) for name, path in available(site_dir).items()}
     chosen = pick(names, profiles)
     return chosen, f"auto: {len(names)} x {names[0]} matched profile {chosen}"

@@ -18,7 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from preflight.check import Check, Context, Result, Status
-from preflight.host import descendants, kill_processes
+from preflight.host import become_subreaper, descendants, kill_processes
+
+
+MAX_TIMEOUT = 86400.0  # a plugin's own timeout_seconds is capped like a profile's
 
 
 class Interrupted(BaseException):
@@ -63,7 +66,7 @@ def _timed_run(check: Check, ctx: Context, timeout: float) -> Result:
         try:
             reason = check.applies(ctx)
             box["result"] = check.result(Status.SKIP, reason) if reason else check.run(ctx)
-        except Exception as e:
+        except BaseException as e:  # SystemExit from a plugin too: only this thread ends
             box["error"] = e
             box["traceback"] = traceback.format_exc()
 
@@ -88,12 +91,21 @@ def _timed_run(check: Check, ctx: Context, timeout: float) -> Result:
             remedy="report it with the traceback in this report's details",
             details={"traceback": box["traceback"]},
         )
-    result = box["result"]
+    result = box.get("result")
     if not isinstance(result, Result) or result.check != check.name:
         return check.result(
             Status.ERROR,
             f"the check returned {type(result).__name__} instead of its own Result",
             cause="a bug in the check",
+        )
+    try:
+        result.model_dump_json()  # one bad value must not cost the whole report
+    except ValueError as e:
+        return check.result(
+            Status.ERROR,
+            f"the check's result cannot be written as JSON: {str(e).splitlines()[0]}",
+            cause="a bug in the check",
+            remedy="report it; the check's own summary was: " + result.summary,
         )
     return result
 
@@ -122,6 +134,7 @@ def run_checks(
     on_start: Hook = _noop,
     on_finish: FinishHook = _noop,
 ) -> Outcome:
+    become_subreaper()
     outcome = Outcome()
     stopped_by: Result | None = None
     for check in checks:
@@ -134,7 +147,7 @@ def run_checks(
             result = check.result(Status.SKIP, f"skipped: {reason}")
         else:
             on_start(check)
-            timeout = (timeouts or {}).get(check.name, check.timeout_seconds)
+            timeout = min((timeouts or {}).get(check.name, check.timeout_seconds), MAX_TIMEOUT)
             try:
                 result = run_check(check, ctx, timeout)
             except Interrupted as sig:

@@ -7,17 +7,17 @@ table may override a profile's floors for this site.
 
 from __future__ import annotations
 
-import math
 import os
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from preflight import tomlfile
 from preflight.errors import UsageError
+from preflight.profiles import FloorValue
 
 DEFAULT_CONFIG = Path("/etc/preflight/config.toml")
 ENV_PREFIX = "PREFLIGHT_"
@@ -49,18 +49,10 @@ class _Common(BaseModel):
     _split_lists = field_validator("only", "skip", mode="before")(_split)
 
 
-def _floor_value(v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValueError(f"a floor must be a number, not {type(v).__name__} {v!r}")
-    if not math.isfinite(v) or v < 0:
-        raise ValueError(f"a floor must be a finite number >= 0, not {v!r}")
-    return float(v)
-
-
 class ConfigFile(_Common):
     model_config = ConfigDict(extra="forbid")
 
-    floors: dict[str, Annotated[float, BeforeValidator(_floor_value)]] = Field(default_factory=dict)
+    floors: dict[str, FloorValue] = Field(default_factory=dict)
 
 
 _file_data: ContextVar[dict[str, Any]] = ContextVar("preflight_config_file", default={})

@@ -128,6 +128,26 @@ class Crashing(Check):
         return self.result(Status.PASS, "unreachable")
 
 
+class Exits(Check):
+    """Calls sys.exit, as a careless plugin might."""
+
+    name = "exits"
+    description = "raises SystemExit"
+
+    def run(self, ctx: Context) -> Result:
+        sys.exit(4)
+
+
+class BadDetails(Check):
+    """Puts something JSON cannot hold into its details."""
+
+    name = "baddetails"
+    description = "unserialisable details"
+
+    def run(self, ctx: Context) -> Result:
+        return self.result(Status.PASS, "fine", details={"handle": object()})
+
+
 class Misnamed(Check):
     name = "somethingelse"
     description = "registered under another name"
@@ -136,7 +156,83 @@ class Misnamed(Check):
         return self.result(Status.PASS, "fine")
 
 
-FAKES = [Passing, Warning_, Failing, Raising, NotApplicable, NeedsFailing, Hanging, LeavesChild, WrongReturn, Slow, Crashing]
+class Daemonizes(Check):
+    """Starts a grandchild that escapes into a session of its own and returns."""
+
+    name = "daemonizes"
+    description = "leaves a setsid grandchild"
+
+    def run(self, ctx: Context) -> Result:
+        pid_file = os.environ["FAKE_PID_FILE"]
+        subprocess.run(["sh", "-c", f"setsid sleep 300 & echo $! > {pid_file}"], check=True)
+        return self.result(Status.PASS, "daemonized")
+
+
+FAKES = [
+    Passing, Warning_, Failing, Raising, NotApplicable, NeedsFailing, Hanging, LeavesChild, WrongReturn, Slow,
+    Crashing, Exits, BadDetails, Daemonizes,
+]
+
+
+# A stand-in for nvidia-ml-py at the NVML seam, driven by FAKE_NVML:
+#   names:<name>,<name>  GPUs with these product names
+#   nodriver | noperm    nvmlInit fails as it does without a driver / without access
+#   lost:<i>:<names>     GPU i is lost after init
+#   hang                 nvmlInit never returns (a wedged driver)
+#   crash                the process dies of SIGSEGV inside NVML
+FAKE_PYNVML = """
+import os, signal, time
+
+class NVMLError(Exception):
+    pass
+
+class NVMLError_LibraryNotFound(NVMLError):
+    pass
+
+class NVMLError_DriverNotLoaded(NVMLError):
+    pass
+
+class NVMLError_NoPermission(NVMLError):
+    pass
+
+class NVMLError_GpuIsLost(NVMLError):
+    pass
+
+MODE, _, ARG = os.environ.get("FAKE_NVML", "").partition(":")
+LOST, NAMES = (ARG.split(":", 1) if MODE == "lost" else ("-1", ARG))
+NAMES = [n for n in NAMES.split(",") if n]
+
+def nvmlInit():
+    if MODE == "hang":
+        time.sleep(600)
+    if MODE == "crash":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if MODE == "nodriver":
+        raise NVMLError_LibraryNotFound("NVML Shared Library Not Found")
+    if MODE == "noperm":
+        raise NVMLError_NoPermission("Insufficient Permissions")
+
+def nvmlShutdown():
+    pass
+
+def nvmlDeviceGetCount():
+    return len(NAMES)
+
+def nvmlDeviceGetHandleByIndex(i):
+    if i == int(LOST):
+        raise NVMLError_GpuIsLost("GPU is lost")
+    return i
+
+def nvmlDeviceGetName(handle):
+    return NAMES[handle]
+"""
+
+
+def install_fake_pynvml(root: Path) -> Path:
+    """Write the fake `pynvml` into ``root``; put ``root`` first on PYTHONPATH to use it."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "pynvml.py").write_text(FAKE_PYNVML)
+    return root
 
 
 def install_plugin(root: Path, broken: bool = True) -> Path:

@@ -59,9 +59,10 @@ def test_auto_without_a_driver_fails_with_the_cause_and_the_dry_run_hint(tmp_pat
     "args, message",
     [
         (["--profile", "h900"], "unknown profile 'h900'; choose one of: auto, cpu"),
-        (["--profile", "cpu", "--only", "nosuch"], "--only nosuch: no such check; installed checks:"),
-        (["--profile", "cpu", "--skip", "nosuch"], "--skip nosuch: no such check"),
-        (["--profile", "cpu", "--only", "shm", "--skip", "shm"], "--only and --skip both name shm"),
+        (["--profile", "cpu", "--only", "nosuch"], "only (--only, PREFLIGHT_ONLY or config): nosuch: no such check; installed checks:"),
+        (["--profile", "cpu", "--skip", "nosuch"], "skip (--skip, PREFLIGHT_SKIP or config): nosuch: no such check"),
+        (["--profile", "cpu", "--only", "shm", "--skip", "shm"], "only and skip both name shm"),
+        (["--profile", "cpu", "--skip", "shm"], "no check left to run: skip removes every check of profile cpu (shm)"),
         (["--profile", "cpu", "--lock-timeout", "-1"], "--lock-timeout: Input should be greater than or equal to 0"),
         (["--profile", "cpu", "--report", "/nonexistent/dir/r.json"], "directory /nonexistent/dir does not exist"),
         (["--profile", "cpu", "--config", "/nonexistent/c.toml"], "config file /nonexistent/c.toml does not exist"),
@@ -125,7 +126,7 @@ def test_fail_fast_keep_going_timeout_and_error_through_the_cli(plugin):
 def test_only_a_check_outside_the_profile_is_refused(plugin):
     fakes.write_profile(plugin / "profiles", "fakes", ["passing"])
     r = invoke("run", "--profile", "fakes", "--only", "warning")
-    assert r.exit_code == 2 and "--only warning: not in profile fakes (its checks: passing)" in r.stderr
+    assert r.exit_code == 2 and "only warning: not in profile fakes (its checks: passing)" in r.stderr
 
 
 def test_a_profile_missing_a_floor_its_check_needs_is_refused(plugin):
@@ -142,7 +143,7 @@ def test_real_process_cpu_profile_exits_0():
     assert "preflight: PASS" in p.stderr and p.stdout == ""
 
 
-def test_plain_output_when_not_a_terminal_and_no_color():
+def test_plain_output_in_logs_with_measurements_when_verbose():
     p = run_preflight(["run", "--profile", "cpu", "-v"])
     assert "\x1b[" not in p.stderr  # no escape codes in logs
     assert "shm_size = " in p.stderr  # -v prints measurements
@@ -271,3 +272,40 @@ def test_a_profile_listing_a_check_that_is_not_installed_is_refused(plugin):
 def test_version():
     r = invoke("version")
     assert r.exit_code == 0 and r.stdout.startswith("preflight ") and "python 3." in r.stdout
+
+
+# --- auto, through a fake NVML -------------------------------------------------
+
+def test_auto_picks_a_site_profile_by_gpu_model(plugin, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(fakes.install_fake_pynvml(tmp_path / "nvml")))
+    monkeypatch.setenv("FAKE_NVML", "names:" + ",".join(["NVIDIA H200"] * 8))
+    fakes.write_profile(plugin / "profiles", "fake-h200", ["passing"], 'match = ["H200"]\n')
+    r = invoke("run", "--json")
+    assert r.exit_code == 0, r.stderr
+    rep = Report.model_validate_json(r.stdout)
+    assert rep.profile == "fake-h200" and rep.profile_chosen_because == "auto: 8 x NVIDIA H200 matched profile fake-h200"
+
+
+def test_auto_with_a_lost_gpu_fails_with_a_remedy_for_a_broken_gpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(fakes.install_fake_pynvml(tmp_path / "nvml")))
+    monkeypatch.setenv("FAKE_NVML", "lost:2:NVIDIA H200,NVIDIA H200,NVIDIA H200")
+    r = invoke("run", "--json")
+    assert r.exit_code == 1
+    (c,) = Report.model_validate_json(r.stdout).checks
+    assert c.check == "profile" and "GPU is lost" in c.cause and "reset the GPU" in c.remedy
+    assert "--profile cpu" not in c.remedy
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a tiny tmpfs")
+def test_a_report_that_cannot_be_written_keeps_the_verdict_and_the_old_report(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.json").write_text("previous\n")
+    # A full 4 KiB tmpfs: the writability probe (an empty file) passes, the write itself fails.
+    setup = f"mount -t tmpfs -o size=4k tmpfs {out} && echo previous > {out}/report.json && head -c 4096 /dev/zero > {out}/filler"
+    cmd = f"{setup}; {' '.join(fakes.PREFLIGHT)} run --profile cpu --report {out}/report.json; echo rc=$?; cat {out}/report.json; ls -A {out}"
+    p = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, timeout=120)
+    assert "could not write the report to" in p.stderr and "No space left on device" in p.stderr
+    assert "Traceback" not in p.stderr
+    assert "preflight: PASS" in p.stderr  # the verdict is still printed
+    assert p.stdout.splitlines() == ["rc=3", "previous", "filler", "report.json"]

@@ -38,8 +38,18 @@ def test_site_profile_overrides_a_builtin_of_the_same_name(tmp_path):
         ('name = "x"\ndescription = "d"\ngpu_count = -1\nchecks = ["shm"]\n', r"line 3: gpu_count: Input should be greater than or equal to 0"),
         (
             'name = "x"\ndescription = "d"\ngpu_count = 0\nchecks = ["shm"]\n\n[floors.shm_min_bytes]\nvalue = -5\nunit = "bytes"\nsource = "s"\n',
-            r"line 7: floors.shm_min_bytes.value: Input should be greater than or equal to 0",
+            r"line 7: floors.shm_min_bytes.value: Value error, a floor must be a finite number >= 0, not -5",
         ),
+        (
+            'name = "x"\ndescription = "d"\ngpu_count = 0\nchecks = ["shm"]\n\n[floors.shm_min_bytes]\nvalue = "1073741824"\nunit = "bytes"\nsource = "s"\n',
+            r"line 7: floors.shm_min_bytes.value: Value error, a floor must be a number, not str",
+        ),
+        (
+            'name = "x"\ndescription = "d"\ngpu_count = 0\nchecks = ["shm"]\n\n[floors.shm_min_bytes]\nvalue = inf\nunit = "bytes"\nsource = "s"\n',
+            r"line 7: floors.shm_min_bytes.value: Value error, a floor must be a finite number",
+        ),
+        ('name = "x"\ndescription = "d"\ngpu_count = 0\nchecks = ["shm"]\n[timeouts]\nshm = inf\n', r"line 6: timeouts.shm: Input should be a finite number"),
+        ('name = "x"\ndescription = "d"\ngpu_count = 0\nchecks = ["shm"]\n[timeouts]\nshm = 1e12\n', r"line 6: timeouts.shm: Input should be less than or equal to 86400"),
         (
             'name = "x"\ndescription = "d"\ngpu_count = 0\nchecks = ["shm"]\n\n[floors.shm_min_bytes]\nvalue = 5\nunit = "bytes"\n',
             r"line 6: floors.shm_min_bytes.source: required key is missing",

@@ -91,3 +91,30 @@ def test_children_left_behind_are_killed():
 def test_durations_are_recorded():
     r = run_checks([fakes.Passing()], make_ctx()).results[0]
     assert 0 <= r.duration_seconds < 5
+
+
+def test_sys_exit_inside_a_check_is_an_error_not_an_exit():
+    r = run_checks([fakes.Exits()], make_ctx()).results[0]
+    assert r.status is Status.ERROR and "SystemExit" in r.summary
+
+
+def test_details_json_cannot_hold_are_an_error_not_a_lost_report():
+    outcome = run_checks([fakes.BadDetails(), fakes.Passing()], make_ctx(), keep_going=True)
+    assert outcome.results[0].status is Status.ERROR and "cannot be written as JSON" in outcome.results[0].summary
+    assert outcome.results[1].status is Status.PASS
+
+
+def test_a_grandchild_that_escaped_with_setsid_is_killed_too(tmp_path, monkeypatch):
+    pid_file = tmp_path / "pid"
+    monkeypatch.setenv("FAKE_PID_FILE", str(pid_file))
+    r = run_checks([fakes.Daemonizes()], make_ctx()).results[0]
+    pid = int(pid_file.read_text())
+    assert pid in r.details["killed_processes"]
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_an_endless_plugin_timeout_is_capped():
+    class Endless(fakes.Passing):
+        timeout_seconds = float("inf")
+
+    assert run_checks([Endless()], make_ctx()).results[0].status is Status.PASS

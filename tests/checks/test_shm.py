@@ -23,7 +23,7 @@ GiB, MiB = 2**30, 2**20
 def healthy(**kw) -> ShmFacts:
     base = dict(
         path="/dev/shm", exists=True, mount=Mount("/dev/shm", "tmpfs", "tmpfs", ["rw", "size=32g"]),
-        size_bytes=32 * GiB, free_bytes=32 * GiB, free_inodes=1000, mem_total_bytes=64 * GiB,
+        size_bytes=32 * GiB, free_bytes=32 * GiB, free_inodes=1000, mode=0o1777, mem_total_bytes=64 * GiB,
         segment_bytes=GiB, segment_seconds=0.5,
     )
     return ShmFacts(**{**base, **kw})
@@ -74,6 +74,29 @@ def test_read_only_fails():
     facts = healthy(mount=Mount("/dev/shm", "tmpfs", "tmpfs", ["ro"]), write_error="read-only", segment_bytes=0)
     (f,), _ = judge(facts, GiB)
     assert f.status is Status.FAIL and "not writable (read-only)" in f.summary and "remount" in f.remedy
+
+
+def test_a_full_inode_table_is_not_told_to_remount():
+    facts = healthy(free_inodes=0, write_error="cannot create /dev/shm/x: No space left on device", segment_bytes=0)
+    findings, _ = judge(facts, GiB)
+    assert all("remount" not in f.remedy for f in findings)
+    assert any("remove stale files" in f.remedy for f in findings)
+
+
+def test_not_world_writable_fails_for_non_root_jobs():
+    (f,), _ = judge(healthy(mode=0o700), GiB)
+    assert f.status is Status.FAIL and "mode 0700" in f.summary and "chmod 1777" in f.remedy
+    assert judge(healthy(mode=0o777), GiB)[0] == []  # Kubernetes emptyDir: no sticky bit, still fine
+
+
+def test_unlimited_tmpfs_is_judged_by_the_segment_alone():
+    findings, ms = judge(healthy(size_bytes=None, free_bytes=None, free_inodes=None), GiB)
+    assert findings == [] and "shm_size" not in {m.name for m in ms}
+
+
+def test_unknown_filesystem_warns_rather_than_claiming_tmpfs():
+    (f,), _ = judge(healthy(mount=None), GiB)
+    assert f.status is Status.WARN and "cannot tell which filesystem" in f.summary
 
 
 def test_missing_dev_shm_fails():
@@ -168,6 +191,12 @@ def test_cgroup_v1_headroom_and_unlimited(tmp_path):
 
 # --- real runs ------------------------------------------------------------------
 
+def test_a_zero_floor_writes_no_segment():
+    r = shm.Shm().run(make_ctx({"shm_min_bytes": 0}))
+    assert r.status in (Status.PASS, Status.WARN) and "segment" not in r.summary
+    assert r.details["segment_bytes"] == 0
+
+
 def test_passes_on_this_hosts_dev_shm_and_leaves_nothing_behind():
     before = set(os.listdir("/dev/shm"))
     r = shm.Shm().run(make_ctx({"shm_min_bytes": 64 * MiB}))
@@ -230,6 +259,15 @@ def test_disk_directory_bind_mounted_on_dev_shm_fails(tmp_path):
     assert p.returncode == 1
     (r,) = Report.model_validate_json(p.stdout).checks
     assert "not tmpfs" in r.summary
+
+
+@needs_root
+@pytest.mark.parametrize("options", ["size=2g,nr_inodes=0", "size=0"])
+def test_unlimited_tmpfs_options_pass(options):
+    p = in_private_shm(f"mount -t tmpfs -o {options} tmpfs /dev/shm", "run --profile cpu --only shm --json")
+    assert p.returncode == 0, p.stderr
+    (r,) = Report.model_validate_json(p.stdout).checks
+    assert r.status is Status.PASS and "1 GiB segment was created and written" in r.summary
 
 
 @needs_root
