@@ -8,6 +8,7 @@ falls back to sockets, which made one real job 14x slower.
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import time
@@ -99,17 +100,13 @@ def _mem_total(host: Host) -> int | None:
 UNLIMITED = 2**60  # cgroup v1 writes "no limit" as a number near 2**63
 
 
-def _cgroup_headroom(host: Host) -> int | None:
-    """Bytes this process's memory cgroup may still charge; None if unlimited or unknown.
-
-    Pages written to /dev/shm are charged to the writer's memory cgroup, so a
-    container's limit bounds /dev/shm whatever the tmpfs size says.
-    """
-    candidates = []
+def _cgroup_dirs(host: Host) -> list[tuple[Path, str, str, str]]:
+    """(hierarchy root, our cgroup relative to it, limit file, usage file), for v2 and v1."""
     try:
         lines = host.read_text("/proc/self/cgroup").splitlines()
     except OSError:
-        return None
+        return []
+    found = []
     for line in lines:
         parts = line.split(":", 2)
         if len(parts) != 3:
@@ -117,21 +114,37 @@ def _cgroup_headroom(host: Host) -> int | None:
         _, controllers, path = parts
         rel = path.strip().lstrip("/")
         if controllers == "":  # v2 unified hierarchy
-            for base in (host.path("/sys/fs/cgroup") / rel, host.path("/sys/fs/cgroup")):
-                candidates.append((base / "memory.max", base / "memory.current"))
+            found.append((host.path("/sys/fs/cgroup"), rel, "memory.max", "memory.current"))
         elif "memory" in controllers.split(","):  # v1
-            root = host.path("/sys/fs/cgroup/memory")
-            for base in (root / rel, root):
-                candidates.append((base / "memory.limit_in_bytes", base / "memory.usage_in_bytes"))
-    for limit_file, usage_file in candidates:
-        try:
-            limit = limit_file.read_text().strip()
-            usage = int(usage_file.read_text().strip())
-        except (OSError, ValueError):
-            continue
-        if limit == "max" or int(limit) >= UNLIMITED:
-            return None
-        return int(limit) - usage
+            found.append((host.path("/sys/fs/cgroup/memory"), rel, "memory.limit_in_bytes", "memory.usage_in_bytes"))
+    return found
+
+
+def _cgroup_headroom(host: Host) -> int | None:
+    """Bytes this process's memory cgroup may still charge; None if unlimited or unknown.
+
+    Pages written to /dev/shm are charged to the writer's memory cgroup, and
+    every ancestor's limit applies too, so the tightest level along the path
+    from the leaf to the root bounds /dev/shm, whatever the tmpfs size says.
+    """
+    for root, rel, limit_name, usage_name in _cgroup_dirs(host):
+        if not (root / rel).is_dir():
+            rel = ""  # a cgroup namespace shows our own cgroup as the mount's root
+        levels = [root / rel]
+        while levels[-1] != root and levels[-1].parent != levels[-1]:
+            levels.append(levels[-1].parent)
+        headroom = None
+        for level in levels:
+            try:
+                limit = (level / limit_name).read_text().strip()
+                usage = int((level / usage_name).read_text().strip())
+            except (OSError, ValueError):
+                continue
+            if limit != "max" and int(limit) < UNLIMITED:
+                room = int(limit) - usage
+                headroom = room if headroom is None else min(headroom, room)
+        if headroom is not None:
+            return headroom
     return None
 
 
@@ -171,7 +184,7 @@ def _largest_files(directory: Path, n: int = 3) -> list[tuple[str, int]]:
     return sorted(sizes, key=lambda kv: kv[1], reverse=True)[:n]
 
 
-def touch_segment(directory: Path, size: int) -> tuple[str | None, float]:
+def touch_segment(directory: Path, size: int, deadline: float = math.inf) -> tuple[str | None, float]:
     """Create a segment of ``size`` bytes and write every page of it.
 
     fallocate first, so a tmpfs that cannot back the size answers ENOSPC here
@@ -191,6 +204,8 @@ def touch_segment(directory: Path, size: int) -> tuple[str | None, float]:
         pattern = (b"preflight" * (CHUNK // 9 + 1))[:CHUNK]
         view = memoryview(pattern)  # slices of a memoryview do not copy
         for offset in range(0, size, CHUNK):
+            if time.monotonic() > deadline:  # the runner gave up on us: stop writing into /dev/shm
+                return f"stopped after {fmt_bytes(offset)}: out of time", time.monotonic() - start
             os.pwrite(fd, view[: min(CHUNK, size - offset)], offset)
         for offset in (0, size // 2, max(0, size - 9)):
             want = pattern[offset % CHUNK : offset % CHUNK + 9][: size - offset]
@@ -203,7 +218,7 @@ def touch_segment(directory: Path, size: int) -> tuple[str | None, float]:
         os.close(fd)
 
 
-def gather(host: Host, segment_bytes: int) -> ShmFacts:
+def gather(host: Host, segment_bytes: int, deadline: float = math.inf) -> ShmFacts:
     path = host.path(SHM)
     facts = ShmFacts(path=SHM, exists=path.is_dir(), shm_disabled_by=_shm_disabled_by(host))
     facts.mem_total_bytes = _mem_total(host)
@@ -231,13 +246,14 @@ def gather(host: Host, segment_bytes: int) -> ShmFacts:
         return facts
     facts.largest_files = _largest_files(path)
     too_small = facts.free_bytes is not None and facts.free_bytes < segment_bytes
-    if segment_bytes <= 0 or too_small or (facts.mount and facts.mount.fstype != "tmpfs"):
+    on_disk = facts.mount is not None and facts.mount.fstype not in ("tmpfs", "ramfs", "devtmpfs")
+    if segment_bytes <= 0 or too_small or on_disk:
         return facts  # known already: ENOSPC, or a disk that says nothing about memory
     headroom = facts.cgroup_headroom_bytes
     if headroom is not None and headroom < segment_bytes:
         return facts  # writing would summon the OOM killer; the judge reports the limit instead
     facts.segment_bytes = segment_bytes
-    facts.segment_error, facts.segment_seconds = touch_segment(path, segment_bytes)
+    facts.segment_error, facts.segment_seconds = touch_segment(path, segment_bytes, deadline)
     if facts.segment_error and facts.segment_error.startswith("cannot create"):
         facts.write_error = facts.segment_error
     return facts
@@ -258,6 +274,13 @@ def judge(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurement]]:
             Status.WARN, f"cannot tell which filesystem backs {f.path}",
             f"{f.path} matched no mount in /proc/self/mountinfo, so it may not be a tmpfs",
             "check `findmnt /dev/shm`; it should be a tmpfs",
+        ))
+    elif m.fstype in ("ramfs", "devtmpfs"):
+        found.append(Finding(
+            Status.WARN, f"{f.path} is {m.fstype}, not its own tmpfs",
+            f"{f.path} is on {m.fstype} ({m.mount_point}): memory-backed, but without a size of its own, "
+            "so a runaway segment can take all of RAM",
+            "mount a tmpfs on /dev/shm (`mount -t tmpfs -o size=...g tmpfs /dev/shm`, or Docker's --shm-size)",
         ))
     elif m.fstype != "tmpfs":
         found.append(Finding(
@@ -342,7 +365,7 @@ class Shm(Check):
 
     def run(self, ctx: Context) -> Result:
         floor = ctx.floor("shm_min_bytes")
-        facts = gather(ctx.host, int(floor))
+        facts = gather(ctx.host, int(floor), ctx.deadline)
         findings, measurements = judge(facts, floor)
         fs = facts.mount.fstype if facts.mount else "unknown filesystem"
         if facts.size_bytes is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import signal
 import sys
 import traceback
@@ -62,7 +63,8 @@ def _exit_codes(command: Callable[..., int]) -> Callable[..., None]:
         except DetectionFailed as e:  # `auto` found no driver or no profile: a finding, not bad input
             _console().error(f"{e.cause}; {e.remedy}")
             code = 1
-        except Interrupted as e:
+        except Interrupted as e:  # outside a check (detection, lock wait): nothing ran, nothing written
+            _console().error(f"interrupted by signal {e.signum} before any check ran; no report written")
             code = 128 + e.signum
         except Exception as e:  # the tool broke: one line, and the traceback for a bug report
             _console().error(f"internal error: {type(e).__name__}: {e} (a bug in preflight; traceback follows)")
@@ -74,8 +76,8 @@ def _exit_codes(command: Callable[..., int]) -> Callable[..., None]:
 
 
 class _Signals:
-    """SIGTERM/SIGINT raise Interrupted in the main thread, so the runner can
-    kill what the running check started and still write the report."""
+    """SIGTERM/SIGINT/SIGHUP raise Interrupted in the main thread, so the runner
+    can kill what the running check started and still write the report."""
 
     def __enter__(self) -> None:
         from preflight.runner import Interrupted
@@ -83,7 +85,7 @@ class _Signals:
         def handler(signum: int, _frame: object) -> None:
             raise Interrupted(signum)
 
-        self.saved = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+        self.saved = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
 
     def __exit__(self, *_: object) -> None:
         for s, h in self.saved.items():
@@ -116,24 +118,32 @@ def run(
     )
     for name in settings_mod.unknown_env():
         console.note(f"warning: {name} is not a preflight setting and is ignored")
-    if s.report is not None:
-        reports.check_writable(s.report)
-    the_plan = pipeline.plan(s)
-    code = None
-    with _Signals(), run_lock(s.lock_file, s.lock_timeout, lambda who: console.note(f"waiting for {who} to release {s.lock_file}")):
-        result = pipeline.execute(the_plan, s, console)
-        text = result.model_dump_json(indent=2) + "\n"
-        if s.report is not None:
-            try:
-                reports.write_atomic(s.report, text)
-            except OSError as e:
-                # The verdict still stands and is still printed; a failed gate stays failed.
-                console.error(f"could not write the report to {s.report}: {e.strerror or e}; the previous report is unchanged")
-                code = result.exit_code or reports.EXIT_CODES[reports.Verdict.ERROR]
+    report_path = reports.check_writable(s.report) if s.report is not None else None
+    with _Signals():
+        the_plan = pipeline.plan(s)  # may ask NVML (bounded), so it runs under the handlers too
+        with run_lock(s.lock_file, s.lock_timeout, lambda who: console.note(f"waiting for {who} to release {s.lock_file}")):
+            result = pipeline.execute(the_plan, s, console)
+            if report_path is not None:
+                try:
+                    reports.write_atomic(report_path, result.model_dump_json(indent=2) + "\n")
+                except OSError as e:
+                    # The verdict still stands and is printed; a failed gate stays failed, a pass becomes 3.
+                    console.error(f"could not write the report to {s.report}: {e.strerror or e}; the previous report is unchanged")
+                    result.exit_code = result.exit_code or reports.EXIT_CODES[reports.Verdict.ERROR]
     console.summary(result)
     if json_out:
+        _emit(result.model_dump_json(indent=2) + "\n")
+    return result.exit_code
+
+
+def _emit(text: str) -> None:
+    """Data on stdout; a reader that went away (| head) must not change the exit code."""
+    try:
         sys.stdout.write(text)
-    return result.exit_code if code is None else code
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError, AttributeError):
+        # Point fd 1 at /dev/null so the interpreter's final flush cannot fail either.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
 
 
 @app.command("list")
@@ -142,10 +152,11 @@ def list_checks(profile: ProfileOpt = None, config: ConfigOpt = None, json_out: 
     """The installed checks, cheapest first, with what each verifies."""
     from preflight import pipeline, registry
 
+    settings = _settings(config, profile=profile)  # a bad config is refused here too
     checks = [registry.load(name) for name in registry.names()]
     checks.sort(key=lambda c: (c.order, c.name))
     if profile is not None:
-        resolved = pipeline.resolve_profile(_settings(config, profile=profile))
+        resolved = pipeline.resolve_profile(settings)
         by_name = {c.name: c for c in checks}
         checks = [by_name[name] for name in resolved.checks if name in by_name]
     rows = [

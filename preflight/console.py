@@ -6,6 +6,7 @@ NO_COLOR is honoured by rich itself. Data (--json) goes to stdout, never here.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TextIO
 
@@ -30,14 +31,19 @@ class Console:
     def __init__(self, quiet: bool = False, verbose: bool = False, stream: TextIO | None = None):
         self.quiet = quiet
         self.verbose = verbose
-        self.stream = stream or sys.stderr
+        # stderr closed (2>&-) is None: the run must still reach its verdict.
+        self.stream = stream or sys.stderr or open(os.devnull, "w")
         self.rich = RichConsole(file=self.stream, highlight=False) if self.stream.isatty() else None
 
     def line(self, text: str, style: str = "") -> None:
-        if self.rich:
-            self.rich.print(f"[{style}]{escape(text)}[/]" if style else escape(text))
-        else:
-            print(text, file=self.stream, flush=True)
+        try:
+            if self.rich:
+                self.rich.print(f"[{style}]{escape(text)}[/]" if style else escape(text))
+            else:
+                print(text, file=self.stream, flush=True)
+        except (BrokenPipeError, ValueError):
+            # Nobody reads stderr any more: keep going silently; the exit code and report still speak.
+            self.stream, self.rich = open(os.devnull, "w"), None
 
     def note(self, text: str) -> None:
         if not self.quiet:
@@ -78,7 +84,10 @@ class Console:
                 table.add_column(col)
             for r in report.checks:
                 table.add_row(r.check, f"[{_STYLE[r.status]}]{r.status}[/]", fmt_seconds(r.duration_seconds), escape(r.summary))
-            self.rich.print(table)
+            try:
+                self.rich.print(table)
+            except (BrokenPipeError, ValueError):
+                self.stream, self.rich = open(os.devnull, "w"), None
         style = {"pass": "bold green", "fail": "bold red"}.get(report.verdict.value, "bold magenta")
         self.line(
             f"preflight: {report.verdict.value.upper()} (profile {report.profile or 'none'}; {tally or 'no checks'}) "

@@ -48,10 +48,11 @@ class Host:
         except OSError:
             return None
 
-    def run(self, argv: Sequence[str], timeout: float) -> Completed:
+    def run(self, argv: Sequence[str], timeout: float, cwd: str | None = None) -> Completed:
         """Run a command in its own session; past the deadline kill its whole group."""
         proc = subprocess.Popen(
             list(argv),
+            cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -62,8 +63,10 @@ class Host:
         try:
             out, err = proc.communicate(timeout=timeout)
             return Completed(tuple(argv), proc.returncode, out, err, False)
-        except subprocess.TimeoutExpired:
-            stop(proc)
+        except BaseException as e:
+            stop(proc)  # the deadline, or a signal or error in this process: the child goes too
+            if not isinstance(e, subprocess.TimeoutExpired):
+                raise
             try:
                 out, err = proc.communicate(timeout=1)
             except subprocess.TimeoutExpired:

@@ -29,9 +29,9 @@ def _open(path: Path) -> int:
         try:
             return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
-            raise UsageError(f"--lock-file {path}: cannot open ({e.strerror}); choose a path you can write") from None
+            raise UsageError(f"lock file {path}: cannot open ({e.strerror}); choose a path you can write (--lock-file)") from None
     except OSError as e:
-        raise UsageError(f"--lock-file {path}: cannot open ({e.strerror}); choose a path you can write") from None
+        raise UsageError(f"lock file {path}: cannot open ({e.strerror}); choose a path you can write (--lock-file)") from None
 
 
 @contextmanager

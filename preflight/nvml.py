@@ -53,7 +53,9 @@ def gpu_names(timeout: float = 20.0) -> list[str]:
     """Product name of every GPU NVML sees, in NVML index order."""
     from preflight.host import Host
 
-    done = Host().run([sys.executable, "-m", "preflight.nvml"], timeout)
+    # cwd "/": `python -m` puts the working directory first on sys.path, and a
+    # pynvml.py lying there must not run as root.
+    done = Host().run([sys.executable, "-m", "preflight.nvml"], timeout, cwd="/")
     if done.timed_out:
         raise NvmlUnavailable(f"NVML did not answer within {timeout:g} s: the driver is wedged", BROKEN)
     try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from preflight import __version__, profiles, registry
@@ -28,6 +28,7 @@ class Plan:
     checks: list[Check]
     detection_failure: DetectionFailed | None = None
     detection_seconds: float = 0.0
+    started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))  # detection counts
 
 
 def resolve_profile(settings: Settings) -> ResolvedProfile:
@@ -50,11 +51,11 @@ def plan(settings: Settings) -> Plan:
     both = sorted(set(settings.only) & set(settings.skip))
     if both:
         raise UsageError(f"only and skip both name {', '.join(both)}; name each check in one of them")
-    started = time.monotonic()
+    started_at, started = datetime.now(timezone.utc), time.monotonic()
     try:
         profile = resolve_profile(settings)
     except DetectionFailed as e:
-        return Plan(None, [], e, time.monotonic() - started)
+        return Plan(None, [], e, time.monotonic() - started, started_at)
     registry.check_names(profile.checks, f"profile {profile.name} ({profile.path}) lists check")
     outside = [c for c in settings.only if c not in profile.checks]
     if outside:
@@ -64,14 +65,20 @@ def plan(settings: Settings) -> Plan:
         # A gate that checks nothing must not pass: this is a config mistake.
         raise UsageError(f"no check left to run: skip removes every check of profile {profile.name} ({', '.join(profile.checks)})")
     checks = [registry.load(name) for name in selected]
+    position = {name: i for i, name in enumerate(profile.checks)}
     for check in checks:
+        for req in check.requires:
+            if position.get(req, -1) > position[check.name]:
+                raise UsageError(
+                    f"profile {profile.name} ({profile.path}) lists {check.name} before {req}, which it requires; put {req} first"
+                )
         missing = [f for f in check.floors if f not in profile.floors]
         if missing:
             raise UsageError(
                 f"profile {profile.name} ({profile.path}) has no floor {missing[0]!r}, which check {check.name} needs; "
                 "add it to the profile"
             )
-    return Plan(profile, checks)
+    return Plan(profile, checks, started_at=started_at)
 
 
 def _detection_result(e: DetectionFailed, seconds: float) -> Result:
@@ -87,7 +94,7 @@ def _detection_result(e: DetectionFailed, seconds: float) -> Result:
 
 def execute(plan: Plan, settings: Settings, console: Console, host: Host | None = None) -> Report:
     host = host or Host()
-    started = datetime.now(timezone.utc)
+    started = plan.started_at
     interrupted = None
     if plan.detection_failure is not None:
         results = [_detection_result(plan.detection_failure, plan.detection_seconds)]

@@ -8,7 +8,7 @@ from datetime import datetime
 from enum import Enum
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from preflight.check import Result, Status
 from preflight.errors import UsageError
@@ -32,6 +32,8 @@ EXIT_USAGE = 2
 
 
 class Report(BaseModel):
+    model_config = ConfigDict(validate_assignment=True)
+
     schema_version: int = SCHEMA_VERSION
     tool: str = "preflight"
     version: str
@@ -61,19 +63,27 @@ def verdict_of(results: list[Result]) -> Verdict:
     return Verdict.PASS
 
 
-def check_writable(path: Path) -> None:
-    """Refuse, before any check runs, a report path that could not be written."""
-    parent = path.parent
-    if path.is_dir():
-        raise UsageError(f"--report {path}: is a directory; give a file path such as {path / 'report.json'}")
+def check_writable(path: Path) -> Path:
+    """Refuse, before any check runs, a report path that could not be written.
+
+    Returns the path to write: a symlink is followed to its target, so the
+    atomic rename replaces the file it points at, never the link itself.
+    """
+    target = path.resolve()
+    if target.is_dir():
+        raise UsageError(f"report {path}: is a directory; give a file path such as {path / 'report.json'}")
+    if target.exists() and not target.is_file():
+        raise UsageError(f"report {path}: is not a regular file (a device, pipe or socket would be replaced); give a file path")
+    parent = target.parent
     if not parent.is_dir():
-        raise UsageError(f"--report {path}: directory {parent} does not exist; create it (mkdir -p {parent}) or choose another path")
+        raise UsageError(f"report {path}: directory {parent} does not exist; create it (mkdir -p {parent}) or choose another path")
     try:
         # Trying is the only honest test: root passes os.access() on a read-only mount.
         with tempfile.NamedTemporaryFile(dir=parent, prefix=".preflight-probe-"):
             pass
     except OSError as e:
-        raise UsageError(f"--report {path}: cannot write in {parent} ({e.strerror}); choose a writable directory") from None
+        raise UsageError(f"report {path}: cannot write in {parent} ({e.strerror}); choose a writable directory") from None
+    return target
 
 
 def write_atomic(path: Path, text: str) -> None:

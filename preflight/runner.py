@@ -148,6 +148,7 @@ def run_checks(
         else:
             on_start(check)
             timeout = min((timeouts or {}).get(check.name, check.timeout_seconds), MAX_TIMEOUT)
+            started = time.monotonic()
             try:
                 result = run_check(check, ctx, timeout)
             except Interrupted as sig:
@@ -157,6 +158,7 @@ def run_checks(
                     f"interrupted by signal {sig.signum} while running",
                     cause="preflight was stopped (SIGTERM from systemd's TimeoutStartSec, or Ctrl-C)",
                     remedy="let the run finish; raise TimeoutStartSec if the unit's budget is too small",
+                    duration_seconds=round(time.monotonic() - started, 6),
                 )
         ctx.results[check.name] = result
         outcome.results.append(result)

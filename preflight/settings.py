@@ -12,7 +12,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from preflight import tomlfile
@@ -30,7 +30,16 @@ def _split(v: Any) -> Any:
     if isinstance(v, str):
         v = [v]
     if isinstance(v, list):
-        return [part.strip() for item in v for part in str(item).split(",") if part.strip()]
+        names = [part.strip() for item in v for part in str(item).split(",") if part.strip()]
+        if v and not names:
+            raise ValueError("names no check; leave it out to run every check")
+        return names
+    return v
+
+
+def _not_empty(v: Any) -> Any:
+    if isinstance(v, str) and not v.strip():
+        raise ValueError("must not be empty")
     return v
 
 
@@ -43,15 +52,21 @@ class _Common(BaseModel):
     keep_going: bool = False
     report: Path | None = None
     lock_file: Path = Path("/run/lock/preflight.lock")
-    lock_timeout: float = Field(default=60.0, ge=0)
+    lock_timeout: float = Field(default=60.0, ge=0, le=86400, allow_inf_nan=False)
     profiles_dir: Path = Path("/etc/preflight/profiles")
 
     _split_lists = field_validator("only", "skip", mode="before")(_split)
+    _paths = field_validator("profile", "report", "lock_file", "profiles_dir", mode="before")(_not_empty)
 
 
 class ConfigFile(_Common):
+    """The config file's schema. TOML has real booleans and numbers, so unlike
+    environment strings they are taken strictly: `keep_going = "yes"` is an error."""
+
     model_config = ConfigDict(extra="forbid")
 
+    keep_going: StrictBool = False
+    lock_timeout: float = Field(default=60.0, ge=0, le=86400, allow_inf_nan=False, strict=True)
     floors: dict[str, FloorValue] = Field(default_factory=dict)
 
 
@@ -69,9 +84,19 @@ class _ConfigFileSource(PydanticBaseSettingsSource):
 class Settings(_Common, BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
 
-    config: Path | None = None  # the file that was read, for the report
-    # floor name -> (value, "config FILE line N"); only the config file sets floors.
-    floor_overrides: dict[str, tuple[float, str]] = Field(default_factory=dict, exclude=True)
+    # Private, so no environment variable can set them: only the config file sets floors.
+    _config: Path | None = PrivateAttr(default=None)
+    _floor_overrides: dict[str, tuple[float, str]] = PrivateAttr(default_factory=dict)
+
+    @property
+    def config(self) -> Path | None:
+        """The config file that was read, for the report."""
+        return self._config
+
+    @property
+    def floor_overrides(self) -> dict[str, tuple[float, str]]:
+        """Floor name -> (value, "config FILE line N")."""
+        return self._floor_overrides
 
     @classmethod
     def settings_customise_sources(
@@ -114,7 +139,7 @@ def load(flags: dict[str, Any], config: Path | None = None, environ: dict[str, s
     given = {k: v for k, v in flags.items() if v is not None and v != []}
     token = _file_data.set(data)
     try:
-        settings = Settings(**given, config=path, floor_overrides=origins)
+        settings = Settings(**given)
     except ValidationError as e:
         first = e.errors(include_url=False)[0]
         field = str(first["loc"][0]) if first["loc"] else "?"
@@ -126,11 +151,15 @@ def load(flags: dict[str, Any], config: Path | None = None, environ: dict[str, s
         raise UsageError(f"{where}: {first['msg']}") from None
     finally:
         _file_data.reset(token)
+    settings._config, settings._floor_overrides = path, origins
+    if settings.profiles_dir.exists() and not settings.profiles_dir.is_dir():
+        # A missing directory only means no site profiles; a file there is a mistake.
+        raise UsageError(f"profiles_dir {settings.profiles_dir}: not a directory; point it at a directory of NAME.toml profiles")
     return settings
 
 
 def unknown_env(environ: dict[str, str] | None = None) -> list[str]:
     """PREFLIGHT_* variables that set nothing: a typo silently ignored is worse than a warning."""
     environ = os.environ if environ is None else environ
-    known = {ENV_PREFIX + f.upper() for f in Settings.model_fields if f != "floor_overrides"}
+    known = {ENV_PREFIX + f.upper() for f in Settings.model_fields} | {ENV_PREFIX + "CONFIG"}
     return sorted(k for k in environ if k.upper().startswith(ENV_PREFIX) and k.upper() not in known)

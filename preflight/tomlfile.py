@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+MAX_BYTES = 1 << 20  # far beyond any real config or profile
 _HEADER = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
 _KEY = re.compile(r"^\s*(\"[^\"]*\"|'[^']*'|[A-Za-z0-9_.\-\" ]+?)\s*=")
 
@@ -23,11 +25,16 @@ _KEY = re.compile(r"^\s*(\"[^\"]*\"|'[^']*'|[A-Za-z0-9_.\-\" ]+?)\s*=")
 def load(path: Path, what: str) -> tuple[dict[str, Any], str]:
     """Parse ``path``; ``what`` ("config", "profile") starts every error message."""
     try:
+        st = path.stat()  # before open(): opening a FIFO would block, /dev/zero never ends
+        if stat.S_ISDIR(st.st_mode):
+            raise UsageError(f"{what} file {path} is a directory, not a TOML file")
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"{what} file {path} is not a regular file")
+        if st.st_size > MAX_BYTES:
+            raise UsageError(f"{what} file {path} is {st.st_size} bytes; a {what} file is at most {MAX_BYTES // 1024} KiB")
         raw = path.read_bytes()
     except FileNotFoundError:
         raise UsageError(f"{what} file {path} does not exist") from None
-    except IsADirectoryError:
-        raise UsageError(f"{what} file {path} is a directory, not a TOML file") from None
     except OSError as e:
         raise UsageError(f"{what} file {path} cannot be read: {e.strerror}") from None
     try:

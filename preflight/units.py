@@ -1,12 +1,15 @@
 """Numbers for people: reports keep base units, messages use these."""
 
+import math
+
 
 def fmt_bytes(n: float) -> str:
-    """1073741824 -> '1 GiB'; 67108864 -> '64 MiB'; keeps one decimal where it matters."""
+    """1073741824 -> '1 GiB'; 67108864 -> '64 MiB'; otherwise one decimal, truncated."""
     for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(n) >= size:
             v = n / size
-            return f"{v:.0f} {unit}" if abs(v - round(v)) < 0.05 else f"{v:.1f} {unit}"
+            # Truncate, never round up: 4 KiB short of 1 GiB must not print as "1024 MiB".
+            return f"{v:.0f} {unit}" if v.is_integer() else f"{math.floor(v * 10) / 10:.1f} {unit}"
     return f"{n:.0f} B"
 
 

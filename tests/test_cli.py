@@ -129,6 +129,12 @@ def test_only_a_check_outside_the_profile_is_refused(plugin):
     assert r.exit_code == 2 and "only warning: not in profile fakes (its checks: passing)" in r.stderr
 
 
+def test_a_profile_that_lists_a_check_before_what_it_requires_is_refused(plugin):
+    fakes.write_profile(plugin / "profiles", "backwards", ["needsfailing", "failing"])
+    r = invoke("run", "--profile", "backwards")
+    assert r.exit_code == 2 and "lists needsfailing before failing, which it requires; put failing first" in r.stderr
+
+
 def test_a_profile_missing_a_floor_its_check_needs_is_refused(plugin):
     fakes.write_profile(plugin / "profiles", "noshmfloor", ["shm"])
     r = invoke("run", "--profile", "noshmfloor")
@@ -269,6 +275,20 @@ def test_a_profile_listing_a_check_that_is_not_installed_is_refused(plugin):
     assert r.exit_code == 2 and "lists check nccll: no such check" in r.stderr
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["list", "--config", "/nonexistent.toml"], "config file /nonexistent.toml does not exist"),
+        (["run", "--profile", "cpu", "--lock-timeout", "inf"], "--lock-timeout: Input should be a finite number"),
+        (["run", "--profile", "cpu", "--only", ""], "--only: Value error, names no check"),
+        (["run", "--profile", "cpu", "--report", "/dev/null"], "report /dev/null: is not a regular file"),
+    ],
+)
+def test_more_bad_input(args, message):
+    r = invoke(*args)
+    assert r.exit_code == 2 and message in r.stderr and r.stderr.count("\n") == 1
+
+
 def test_version():
     r = invoke("version")
     assert r.exit_code == 0 and r.stdout.startswith("preflight ") and "python 3." in r.stdout
@@ -307,5 +327,57 @@ def test_a_report_that_cannot_be_written_keeps_the_verdict_and_the_old_report(tm
     p = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, timeout=120)
     assert "could not write the report to" in p.stderr and "No space left on device" in p.stderr
     assert "Traceback" not in p.stderr
-    assert "preflight: PASS" in p.stderr  # the verdict is still printed
+    assert "preflight: PASS (profile cpu; 1 pass)" in p.stderr and "exit 3" in p.stderr  # the verdict, and the real code
     assert p.stdout.splitlines() == ["rc=3", "previous", "filler", "report.json"]
+
+
+def test_the_installed_console_script_works():
+    script = os.path.join(os.path.dirname(sys.executable), "preflight")
+    p = subprocess.run([script, "run", "--profile", "cpu", "-q"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stderr.startswith("preflight: PASS")
+
+
+def test_a_closed_stderr_or_a_reader_that_left_does_not_change_the_verdict(tmp_path):
+    report = tmp_path / "r.json"
+    cmd = f"{' '.join(fakes.PREFLIGHT)} run --profile cpu --report {report} 2>&-; echo rc=$?"
+    p = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
+    assert p.stdout.strip() == "rc=0" and Report.model_validate_json(report.read_text()).verdict == "pass"
+    cmd = f"{' '.join(fakes.PREFLIGHT)} run --profile cpu --json 2>/dev/null | head -c1 >/dev/null; echo rc=${{PIPESTATUS[0]}}"
+    p = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
+    assert p.stdout.strip() == "rc=0", p.stderr
+
+
+def test_sigterm_while_nvml_hangs_leaves_no_child_and_says_so(tmp_path):
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("PREFLIGHT_")},
+        "PYTHONPATH": str(fakes.install_fake_pynvml(tmp_path / "nvml")),
+        "FAKE_NVML": "hang",
+        "PREFLIGHT_LOCK_FILE": str(tmp_path / "lock"),
+    }
+    proc = subprocess.Popen([*fakes.PREFLIGHT, "run"], env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not psutil.Process(proc.pid).children(recursive=True):
+        time.sleep(0.05)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert children, "the NVML query never started"
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 143
+    assert "interrupted by signal 15 before any check ran" in proc.stderr.read()
+    assert not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children)
+
+
+def test_sighup_during_a_check_kills_its_children_and_writes_the_report(tmp_path):
+    root = fakes.install_plugin(tmp_path)
+    fakes.write_profile(root / "profiles", "hangs", ["hanging"], "[timeouts]\nhanging = 300\n")
+    pid_file, report = tmp_path / "sleeper.pid", tmp_path / "report.json"
+    env = {**fakes.plugin_env(root), "FAKE_PID_FILE": str(pid_file)}
+    proc = subprocess.Popen([*fakes.PREFLIGHT, "run", "--profile", "hangs", "--report", str(report)], env=env, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGHUP)
+    assert proc.wait(timeout=30) == 128 + signal.SIGHUP
+    rep = Report.model_validate_json(report.read_text())
+    assert rep.interrupted_by_signal == signal.SIGHUP and rep.checks[0].duration_seconds > 0
+    assert not psutil.pid_exists(int(pid_file.read_text()))

@@ -53,6 +53,6 @@ def test_a_killed_holder_leaves_no_stale_lock(tmp_path):
 
 def test_an_unusable_lock_path_is_a_usage_error(tmp_path):
     (tmp_path / "file").write_text("")
-    with pytest.raises(UsageError, match=r"--lock-file .*: cannot open"):
+    with pytest.raises(UsageError, match=r"lock file .*: cannot open"):
         with run_lock(tmp_path / "file" / "preflight.lock", 0):
             pass

@@ -51,3 +51,16 @@ def test_a_wedged_driver_cannot_hang_the_agent(fake_nvml):
         nvml.gpu_names(timeout=1.0)
     assert time.monotonic() - start < 5
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+
+
+def test_a_pynvml_in_the_working_directory_is_never_imported(tmp_path, monkeypatch):
+    # Running preflight as root from a directory someone else controls must not run their code.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pynvml.py").write_text("raise SystemExit('imported from the working directory')\n")
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    try:
+        names = nvml.gpu_names()
+    except NvmlUnavailable as e:
+        assert "working directory" not in e.cause
+    else:
+        assert isinstance(names, list)

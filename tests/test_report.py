@@ -77,3 +77,23 @@ def test_a_read_only_directory_is_refused_even_for_root(tmp_path):
         capture_output=True, text=True, timeout=60,
     )
     assert "cannot write in" in p.stderr and "Read-only file system" in p.stderr
+
+
+def test_a_device_or_pipe_is_never_replaced_by_a_report(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(UsageError, match=r"is not a regular file"):
+        report.check_writable(fifo)
+    with pytest.raises(UsageError, match=r"is not a regular file"):
+        report.check_writable(Path("/dev/null"))
+    assert Path("/dev/null").is_char_device()
+
+
+def test_a_symlinked_report_path_writes_through_the_link(tmp_path):
+    (tmp_path / "real").mkdir()
+    link = tmp_path / "report.json"
+    link.symlink_to(tmp_path / "real" / "report.json")
+    target = report.check_writable(link)
+    assert target == tmp_path / "real" / "report.json"
+    report.write_atomic(target, "new")
+    assert link.is_symlink() and link.read_text() == "new"

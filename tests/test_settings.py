@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,58 @@ def test_the_example_config_is_valid_as_shipped():
     s = settings.load({}, config=example)
     assert (s.profile, s.keep_going, s.lock_timeout) == ("auto", False, 60.0)
     assert str(s.report) == "/var/lib/preflight/report.json"
+
+
+def test_floors_cannot_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("PREFLIGHT_FLOOR_OVERRIDES", '{"shm_min_bytes": [1, "config /etc/x line 3"]}')
+    assert settings.load({}).floor_overrides == {}
+    assert "PREFLIGHT_FLOOR_OVERRIDES" in settings.unknown_env()
+
+
+@pytest.mark.parametrize(
+    "var, value, message",
+    [
+        ("PREFLIGHT_ONLY", "", "PREFLIGHT_ONLY='': Value error, names no check"),
+        ("PREFLIGHT_REPORT", "", "PREFLIGHT_REPORT='': Value error, must not be empty"),
+        ("PREFLIGHT_LOCK_FILE", " ", "PREFLIGHT_LOCK_FILE=' ': Value error, must not be empty"),
+        ("PREFLIGHT_KEEP_GOING", "perhaps", "PREFLIGHT_KEEP_GOING='perhaps': Input should be a valid boolean"),
+        ("PREFLIGHT_LOCK_TIMEOUT", "inf", "PREFLIGHT_LOCK_TIMEOUT='inf': Input should be a finite number"),
+    ],
+)
+def test_bad_environment_values_name_the_variable(monkeypatch, var, value, message):
+    monkeypatch.setenv(var, value)
+    with pytest.raises(UsageError) as e:
+        settings.load({})
+    assert str(e.value).startswith(message)
+
+
+def test_environment_booleans_read_as_people_write_them(monkeypatch):
+    for value, expected in (("1", True), ("true", True), ("yes", True), ("0", False), ("false", False)):
+        monkeypatch.setenv("PREFLIGHT_KEEP_GOING", value)
+        assert settings.load({}).keep_going is expected
+
+
+def test_config_values_are_taken_strictly(tmp_path):
+    with pytest.raises(UsageError, match=r"line 1: keep_going: Input should be a valid boolean"):
+        settings.load({}, config=write(tmp_path, 'keep_going = "yes"\n'))
+    with pytest.raises(UsageError, match=r"line 1: lock_timeout: Input should be a valid number"):
+        settings.load({}, config=write(tmp_path, 'lock_timeout = "inf"\n'))
+
+
+def test_non_regular_or_huge_config_files_are_refused_without_reading(tmp_path):
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)  # opening it would block forever
+    with pytest.raises(UsageError, match=r"is not a regular file"):
+        settings.load({}, config=fifo)
+    with pytest.raises(UsageError, match=r"/dev/zero is not a regular file"):
+        settings.load({}, config=Path("/dev/zero"))
+    big = tmp_path / "big.toml"
+    big.write_text("# " + "x" * (2 << 20))
+    with pytest.raises(UsageError, match=r"is 2097154 bytes; a config file is at most 1024 KiB"):
+        settings.load({}, config=big)
+
+
+def test_profiles_dir_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "notadir").write_text("")
+    with pytest.raises(UsageError, match=r"profiles_dir .*notadir: not a directory"):
+        settings.load({}, config=write(tmp_path, f'profiles_dir = "{tmp_path / "notadir"}"\n'))

@@ -94,6 +94,17 @@ def test_unlimited_tmpfs_is_judged_by_the_segment_alone():
     assert findings == [] and "shm_size" not in {m.name for m in ms}
 
 
+@pytest.mark.parametrize("fstype", ["ramfs", "devtmpfs"])
+def test_memory_backed_but_not_a_tmpfs_of_its_own_warns(fstype):
+    (f,), _ = judge(healthy(mount=Mount("/dev", fstype, fstype, ["rw"])), GiB)
+    assert f.status is Status.WARN and "memory-backed" in f.cause
+
+
+def test_a_shortfall_of_4k_is_not_rounded_away():
+    (f,), _ = judge(healthy(free_bytes=GiB - 4096, segment_bytes=0), GiB)
+    assert f.summary.startswith("only 1023.9 MiB of /dev/shm is free")
+
+
 def test_unknown_filesystem_warns_rather_than_claiming_tmpfs():
     (f,), _ = judge(healthy(mount=None), GiB)
     assert f.status is Status.WARN and "cannot tell which filesystem" in f.summary
@@ -178,6 +189,19 @@ def test_cgroup_v2_headroom(tmp_path):
     assert shm._cgroup_headroom(host) == GiB - 5
 
 
+def test_a_parent_cgroups_limit_binds_an_unlimited_leaf(tmp_path):
+    host = _tree(tmp_path, {
+        "proc/self/cgroup": "0::/slurm/job42/step0\n",
+        "sys/fs/cgroup/slurm/job42/step0/memory.max": "max",
+        "sys/fs/cgroup/slurm/job42/step0/memory.current": str(GiB),
+        "sys/fs/cgroup/slurm/job42/memory.max": str(600 * MiB + GiB),
+        "sys/fs/cgroup/slurm/job42/memory.current": str(GiB + 100 * MiB),
+        "sys/fs/cgroup/slurm/memory.max": "max",
+        "sys/fs/cgroup/slurm/memory.current": str(5 * GiB),
+    })
+    assert shm._cgroup_headroom(host) == 500 * MiB
+
+
 def test_cgroup_v1_headroom_and_unlimited(tmp_path):
     files = {
         "proc/self/cgroup": "9:name=systemd:/\n4:memory:/docker/abc\n0::/\n",
@@ -203,6 +227,13 @@ def test_passes_on_this_hosts_dev_shm_and_leaves_nothing_behind():
     assert r.status in (Status.PASS, Status.WARN), r
     assert {m.name for m in r.measurements} >= {"shm_size", "shm_free", "shm_segment_duration"}
     assert set(os.listdir("/dev/shm")) == before
+
+
+def test_touch_segment_stops_at_its_deadline():
+    import time as _time
+
+    error, seconds = shm.touch_segment(Path("/dev/shm"), 64 * MiB, deadline=_time.monotonic())
+    assert error == "stopped after 0 B: out of time" and seconds < 5
 
 
 @needs_root
