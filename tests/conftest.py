@@ -25,6 +25,7 @@ def _can_unshare() -> bool:
     return subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode == 0
 
 
+no_driver = pytest.mark.skipif(Path("/dev/nvidiactl").exists(), reason="this machine has an NVIDIA driver")
 needs_root = pytest.mark.skipif(not _can_unshare(), reason="needs root and `unshare -m` for a private mount namespace")
 
 

@@ -9,7 +9,7 @@ import time
 
 import psutil
 import pytest
-from conftest import run_preflight
+from conftest import no_driver, run_preflight
 from typer.testing import CliRunner
 
 import fakes
@@ -44,9 +44,8 @@ def test_json_report_validates_against_the_model_and_is_written_too(tmp_path):
     assert raw["started_at"].endswith("Z")  # RFC 3339 in UTC
 
 
+@no_driver
 def test_auto_without_a_driver_fails_with_the_cause_and_the_dry_run_hint(tmp_path):
-    if os.path.exists("/dev/nvidiactl"):
-        pytest.skip("this machine has an NVIDIA driver")
     path = tmp_path / "r.json"
     r = invoke("run", "--report", str(path))
     assert r.exit_code == 1
@@ -261,13 +260,16 @@ def test_show_profile_says_where_each_floor_came_from(tmp_path):
     assert data["floors"]["shm_min_bytes"]["value"] == 2**30
 
 
-def test_show_profile_unknown_and_auto_without_driver():
+def test_show_profile_of_an_unknown_name():
     r = invoke("show-profile", "h900")
     assert r.exit_code == 2 and "unknown profile 'h900'" in r.stderr
-    if not os.path.exists("/dev/nvidiactl"):
-        for args in (["show-profile"], ["list", "--profile", "auto"]):
-            r = invoke(*args)
-            assert r.exit_code == 1 and "no NVIDIA driver" in r.stderr and "Traceback" not in r.stderr
+
+
+@no_driver
+@pytest.mark.parametrize("args", [["show-profile"], ["list", "--profile", "auto"]])
+def test_auto_without_a_driver_elsewhere_in_the_cli(args):
+    r = invoke(*args)
+    assert r.exit_code == 1 and "no NVIDIA driver" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_a_profile_listing_a_check_that_is_not_installed_is_refused(plugin):

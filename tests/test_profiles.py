@@ -1,6 +1,6 @@
-from pathlib import Path
 
 import pytest
+from conftest import no_driver
 
 from preflight import profiles
 from preflight.errors import UsageError
@@ -107,9 +107,8 @@ def test_pick_fails_with_a_cause(names, cause):
         profiles.pick(names, CANDIDATES)
 
 
+@no_driver
 def test_auto_on_a_machine_without_a_driver_fails_and_suggests_the_cpu_profile():
-    if Path("/dev/nvidiactl").exists():
-        pytest.skip("this machine has an NVIDIA driver")
     with pytest.raises(DetectionFailed) as e:
         profiles.detect(None)
     assert "no NVIDIA driver" in e.value.cause
