@@ -10,7 +10,6 @@ import os
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path

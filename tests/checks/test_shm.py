@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, make_ctx, needs_root, run_preflight
+from conftest import FIXTURES, make_ctx, needs_root
 
 import fakes
 from preflight.check import Status
