@@ -6,7 +6,6 @@ as UsageError before a single check runs or a single file is written.
 
 from __future__ import annotations
 
-import socket
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -115,7 +114,7 @@ def execute(plan: Plan, settings: Settings, console: Console, host: Host | None 
     verdict = verdict_of(results)
     return Report(
         version=__version__,
-        hostname=socket.gethostname(),
+        hostname=host.hostname(),
         boot_id=host.boot_id(),
         profile=plan.profile.name if plan.profile else None,
         profile_chosen_because=plan.profile.chosen_because if plan.profile else None,
