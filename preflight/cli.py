@@ -33,6 +33,8 @@ app = typer.Typer(
 ProfileOpt = Annotated[Optional[str], typer.Option("--profile", "-p", help="Profile name, or 'auto' to pick by GPU model. [default: auto]")]
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="Config TOML. [default: $PREFLIGHT_CONFIG, else /etc/preflight/config.toml if present]")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
+# Facts from a JSON file instead of NVML: for tests and demos, so not in --help.
+FakeOpt = Annotated[Optional[Path], typer.Option("--nvml-fake", hidden=True)]
 
 
 def _console(quiet: bool = False, verbose: bool = False):  # noqa: ANN202
@@ -106,6 +108,8 @@ def run(
     lock_timeout: Annotated[Optional[float], typer.Option("--lock-timeout", help="Seconds to wait for another run to finish. [default: 60]")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only problems and the verdict.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every measurement and cause.")] = False,
+    python: Annotated[Optional[Path], typer.Option("--python", help="Interpreter for GPU workers: the training environment's, to validate its torch. [default: preflight's own]")] = None,
+    nvml_fake: FakeOpt = None,
 ) -> int:
     """Run the profile's checks in order and print the verdict."""
     from preflight import pipeline, report as reports, settings as settings_mod
@@ -114,7 +118,7 @@ def run(
     console = _console(quiet, verbose)
     s = _settings(
         config, profile=profile, only=only, skip=skip, keep_going=keep_going,
-        report=report, lock_file=lock_file, lock_timeout=lock_timeout,
+        report=report, lock_file=lock_file, lock_timeout=lock_timeout, python=python, nvml_fake=nvml_fake,
     )
     for name in settings_mod.unknown_env():
         console.note(f"warning: {name} is not a preflight setting and is ignored")
@@ -196,6 +200,67 @@ def show_profile(
         value = f"{f.value:.0f}" if f.value.is_integer() else f"{f.value:g}"
         print(f"    {fname}: {kind} {value} {f.unit}{human}\n      value from: {f.origin}\n      source: {f.source}")
     return 0
+
+
+@app.command()
+@_exit_codes
+def detect(config: ConfigOpt = None, json_out: JsonOpt = False, nvml_fake: FakeOpt = None) -> int:
+    """What NVML sees on this node, and which profile `auto` picks, and why."""
+    from preflight import nvml, pipeline, profiles
+
+    s = _settings(config, nvml_fake=nvml_fake)
+    pipeline.check_inputs(s)
+    try:
+        inventory = nvml.inventory(s.nvml_fake)
+    except nvml.NvmlUnavailable as e:
+        raise profiles.DetectionFailed(e.cause, e.remedy) from None
+    try:
+        chosen: dict[str, str | None] = dict(zip(("profile", "why"), profiles.choose(inventory, s.profiles_dir)))
+    except profiles.DetectionFailed as e:
+        chosen = {"profile": None, "why": f"{e.cause}; {e.remedy}"}
+    if json_out:
+        _emit(json.dumps({**inventory.model_dump(mode="json"), **chosen}, indent=2) + "\n")
+    else:
+        print(f"driver {inventory.driver_version}, CUDA {inventory.cuda_driver_version} (from {inventory.source})")
+        for g in inventory.gpus:
+            memory = f"{g.memory_total_bytes / 2**30:.0f} GiB" if g.memory_total_bytes else "memory n/a"
+            print(f"  GPU {g.index}  {g.name}  {nvml.short_pci(g.pci_bus_id)}  device {g.pci_device_id or '?'}  {memory}")
+        for lost in inventory.lost:
+            print(f"  GPU {lost.index}  LOST  {lost.pci_bus_id or 'PCI address unknown'}  {lost.error}")
+        print(f"profile: {chosen['profile'] or 'none'} ({chosen['why']})")
+    return 0 if chosen["profile"] else 1
+
+
+@app.command()
+@_exit_codes
+def xid(
+    from_file: Annotated[Optional[Path], typer.Option("--from", help="A saved kernel log (dmesg, journalctl, syslog) instead of this machine's.")] = None,
+    json_out: JsonOpt = False,
+) -> int:
+    """Explain the NVIDIA Xid/SXid errors in this machine's kernel log since boot, or in a saved log.
+
+    Exit 1 when a fatal event is listed, so scripts can act on it."""
+    from preflight import xid as xids
+    from preflight.host import Host
+
+    if from_file is not None:
+        text, source = xids.read_file(from_file), str(from_file)
+    else:
+        try:
+            text, source = xids.read_kernel_log(Host(), timeout=10.0)
+        except xids.KernelLogUnavailable as e:
+            raise UsageError(f"cannot read the kernel log: {e}; run as root, or save `dmesg` to a file and use --from FILE") from None
+    events = xids.parse(text)
+    rows = [{**e.model_dump(mode="json"), **xids.explain(e.kind, e.code).model_dump(mode="json")} for e in events]
+    if json_out:
+        _emit(json.dumps({"source": source, "events": rows}, indent=2) + "\n")
+    else:
+        print(f"{len(rows)} NVIDIA GPU event(s) in {source}")
+        for r in rows:
+            label = {"xid": f"Xid {r['code']}", "sxid": f"SXid {r['code']}"}.get(r["kind"], r["kind"])
+            when = r["time"] or (f"{r['uptime']:.0f} s after boot" if r["uptime"] is not None else "time unknown")
+            print(f"{r['severity'].upper():5}  {label:9}  {r['pci'] or '?':12}  {when}\n       {r['meaning']}\n       action: {r['action']}")
+    return 1 if any(r["severity"] == "fatal" for r in rows) else 0
 
 
 @app.command()

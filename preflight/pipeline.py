@@ -6,11 +6,12 @@ as UsageError before a single check runs or a single file is written.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from preflight import __version__, profiles, registry
+from preflight import __version__, nvml, profiles, registry
 from preflight.check import Check, Context, Result, Status
 from preflight.console import Console
 from preflight.errors import UsageError
@@ -36,14 +37,28 @@ def resolve_profile(settings: Settings) -> ResolvedProfile:
     Raises DetectionFailed when `auto` finds no driver or no matching profile.
     """
     if settings.profile == "auto":
-        name, why = profiles.detect(settings.profiles_dir)
+        name, why = profiles.detect(settings.profiles_dir, settings.nvml_fake)
     else:
         name, why = settings.profile, f"--profile {settings.profile}"
     path = profiles.find(name, settings.profiles_dir)
     return profiles.resolve(profiles.load(path), path, settings.floor_overrides, why)
 
 
+def check_inputs(settings: Settings) -> None:
+    """Paths the settings name must be usable before anything runs."""
+    if settings.python is not None:
+        p = settings.python
+        where = f"python {p} (--python, PREFLIGHT_PYTHON or config)"
+        if not p.exists():
+            raise UsageError(f"{where}: no such file; point it at the training environment's interpreter, e.g. /opt/venv/bin/python")
+        if p.is_dir() or not os.access(p, os.X_OK):
+            raise UsageError(f"{where}: not an executable file; point it at the training environment's interpreter")
+    if settings.nvml_fake is not None:
+        nvml.FakeNvml(settings.nvml_fake)  # a malformed file names its field and exits 2
+
+
 def plan(settings: Settings) -> Plan:
+    check_inputs(settings)
     # These may come from flags, PREFLIGHT_ONLY/SKIP or the config file: name all three.
     registry.check_names(settings.only, "only (--only, PREFLIGHT_ONLY or config):")
     registry.check_names(settings.skip, "skip (--skip, PREFLIGHT_SKIP or config):")

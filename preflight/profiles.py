@@ -16,6 +16,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from preflight import tomlfile
 from preflight.errors import UsageError
+from preflight.nvml import BROKEN, Inventory
 
 BUILTIN_DIR = Path(__file__).parent / "profiles"
 
@@ -44,6 +45,35 @@ class Floor(BaseModel):
     bound: Literal["min", "max"] = "min"
 
 
+_VERSION = r"^[0-9]+(\.[0-9]+)*$"
+
+
+class GpuExpect(BaseModel):
+    """What a healthy GPU of this SKU looks like beyond the numeric floors;
+    every expectation cites where it came from."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # PCI device ids ("0x2330") that confirm the product name where names are
+    # shared between boards (H200 SXM vs H200 NVL). Empty: the name decides.
+    pci_device_ids: list[Annotated[str, Field(pattern=r"^0x[0-9a-f]{4}$")]] = Field(default_factory=list)
+    driver_min: str = Field(pattern=_VERSION)  # oldest driver branch that supports the SKU
+    driver_source: str = Field(min_length=1)
+    nvlinks: int = Field(default=0, ge=0)  # active NVLink links per GPU; 0: none expected
+    nvlinks_source: str | None = None
+    whole_gpus: bool = True  # MIG must be off: the job wants whole GPUs
+    memory_min_bytes: int = Field(default=0, ge=0)  # NVML memory total at least this
+    memory_source: str | None = None
+
+    @model_validator(mode="after")
+    def _cited(self) -> GpuExpect:
+        if self.nvlinks and not self.nvlinks_source:
+            raise ValueError("nvlinks needs nvlinks_source: where the link count came from")
+        if self.memory_min_bytes and not self.memory_source:
+            raise ValueError("memory_min_bytes needs memory_source")
+        return self
+
+
 class Profile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -55,6 +85,7 @@ class Profile(BaseModel):
     checks: list[str] = Field(min_length=1)
     floors: dict[str, Floor] = Field(default_factory=dict)
     timeouts: dict[str, Timeout] = Field(default_factory=dict)  # per check, seconds
+    gpu: GpuExpect | None = None  # None: a profile without GPUs (cpu)
 
     @field_validator("checks")
     @classmethod
@@ -71,6 +102,12 @@ class Profile(BaseModel):
             raise ValueError(f"[timeouts] names {', '.join(stray)}, not in checks ({', '.join(self.checks)})")
         return self
 
+    @model_validator(mode="after")
+    def _gpu_table(self) -> Profile:
+        if self.gpu_count and self.gpu is None:
+            raise ValueError(f"gpu_count is {self.gpu_count} but the [gpu] table is missing")
+        return self
+
 
 class ResolvedFloor(Floor):
     origin: str  # "profile /…/cpu.toml" or "config /etc/preflight/config.toml line 7"
@@ -84,6 +121,7 @@ class ResolvedProfile(BaseModel):
     checks: list[str]
     floors: dict[str, ResolvedFloor]
     timeouts: dict[str, float]
+    gpu: GpuExpect | None = None
     chosen_because: str  # "--profile cpu" or the detection that picked it
 
 
@@ -149,49 +187,70 @@ def resolve(
         checks=profile.checks,
         floors=floors,
         timeouts=profile.timeouts,
+        gpu=profile.gpu,
         chosen_because=chosen_because,
     )
 
 
-def pick(gpu_names: list[str], profiles: dict[str, Profile]) -> str:
-    """The profile whose ``match`` fits every GPU's product name (pure, for tests).
+def pick(gpus: list[tuple[str, str | None]], profiles: dict[str, Profile]) -> tuple[str, str]:
+    """The profile that fits every GPU, and why (pure, for tests).
 
-    The longest matching pattern wins, so "H100 NVL" beats "H100".
+    ``gpus`` holds (NVML product name, PCI device id or None). A profile fits
+    when one of its ``match`` patterns is in the name and, where both sides
+    know it, the device id is one it lists: the name selects, the id confirms
+    (an "NVIDIA H200 NVL" must not run under the H200 SXM's floors). The
+    longest matching pattern wins, so "H100 NVL" beats "H100".
     """
-    if not gpu_names:
+    if not gpus:
         raise DetectionFailed(
             "the NVIDIA driver is loaded but NVML reports no GPU",
-            "check `nvidia-smi`, the PCI devices (`lspci -d 10de:`) and dmesg for Xid errors; "
+            "check `nvidia-smi`, the PCI devices (`lspci -d 10de:`) and `preflight xid` for errors; "
             "drain the node until the GPUs are back",
         )
-    if len(set(gpu_names)) > 1:
+    if len(set(gpus)) > 1:
+        kinds = sorted(f"{name} ({device or 'device id unknown'})" for name, device in set(gpus))
         raise DetectionFailed(
-            f"mixed GPU models on one node: {', '.join(sorted(set(gpu_names)))}",
+            f"mixed GPU models on one node: {', '.join(kinds)}",
             "pass --profile explicitly if this mix is intended; otherwise drain the node",
         )
-    gpu = gpu_names[0]
-    best: tuple[int, str] | None = None
+    gpu, device = gpus[0]
+    best: tuple[int, str, str] | None = None
     for name, profile in profiles.items():
+        ids = profile.gpu.pci_device_ids if profile.gpu else []
+        if device and ids and device not in ids:
+            continue
         for pattern in profile.match:
             if pattern.lower() in gpu.lower() and (best is None or len(pattern) > best[0]):
-                best = (len(pattern), name)
+                best = (len(pattern), name, pattern)
     if best is None:
         raise DetectionFailed(
-            f"no profile matches GPU model {gpu!r}",
+            f"no profile matches GPU model {gpu!r} (PCI device id {device or 'unknown'})",
             "pass --profile NAME (see 'preflight show-profile'), or add a profile for this SKU "
             "to /etc/preflight/profiles/",
         )
-    return best[1]
+    _, chosen, pattern = best
+    confirmed = f" and PCI device id {device}" if device and profiles[chosen].gpu and profiles[chosen].gpu.pci_device_ids else ""
+    return chosen, f"auto: {len(gpus)} x {gpu} matched profile {chosen} by name {pattern!r}{confirmed}"
 
 
-def detect(site_dir: Path | None) -> tuple[str, str]:
-    """Pick a profile by the NVML product name: (name, why)."""
+def detect(site_dir: Path | None, fake: Path | None = None) -> tuple[str, str]:
+    """Pick a profile from what NVML (or the ``--nvml-fake`` file) reports: (name, why)."""
     from preflight import nvml
 
     try:
-        names = nvml.gpu_names()
+        inventory = nvml.inventory(fake)
     except nvml.NvmlUnavailable as e:
         raise DetectionFailed(e.cause, e.remedy) from None
+    return choose(inventory, site_dir)
+
+
+def choose(inventory: Inventory, site_dir: Path | None) -> tuple[str, str]:
+    if not inventory.gpus and inventory.lost:
+        lost = inventory.lost[0]
+        raise DetectionFailed(
+            f"NVML counts {len(inventory.lost)} GPU(s) but cannot reach any: GPU {lost.index} "
+            f"({lost.pci_bus_id or 'PCI address unknown'}): {lost.error}",
+            BROKEN,
+        )
     profiles = {name: load(path) for name, path in available(site_dir).items()}
-    chosen = pick(names, profiles)
-    return chosen, f"auto: {len(names)} x {names[0]} matched profile {chosen}"
+    return pick([(g.name, g.pci_device_id) for g in inventory.gpus], profiles)

@@ -54,9 +54,14 @@ class _Common(BaseModel):
     lock_file: Path = Path("/run/lock/preflight.lock")
     lock_timeout: float = Field(default=60.0, ge=0, le=86400, allow_inf_nan=False)
     profiles_dir: Path = Path("/etc/preflight/profiles")
+    # The interpreter that runs GPU workers: the training environment's own, so
+    # preflight validates the torch, CUDA runtime and NCCL the job will use.
+    python: Path | None = None
+    # Pin the driver exactly (fleet uniformity); the profile only sets a minimum.
+    driver_version: str | None = Field(default=None, pattern=r"^[0-9]+(\.[0-9]+)*$")
 
     _split_lists = field_validator("only", "skip", mode="before")(_split)
-    _paths = field_validator("profile", "report", "lock_file", "profiles_dir", mode="before")(_not_empty)
+    _paths = field_validator("profile", "report", "lock_file", "profiles_dir", "python", mode="before")(_not_empty)
 
 
 class ConfigFile(_Common):
@@ -83,6 +88,10 @@ class _ConfigFileSource(PydanticBaseSettingsSource):
 
 class Settings(_Common, BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
+
+    # Facts from a JSON file instead of NVML, for tests and demos. Flag or
+    # environment only: a config file must never make a real node read fakes.
+    nvml_fake: Path | None = None
 
     # Private, so no environment variable can set them: only the config file sets floors.
     _config: Path | None = PrivateAttr(default=None)

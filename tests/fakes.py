@@ -181,26 +181,25 @@ FAKES = [
 #   hang                 nvmlInit never returns (a wedged driver)
 #   crash                the process dies of SIGSEGV inside NVML
 FAKE_PYNVML = """
-import os, signal, time
+# A stand-in for nvidia-ml-py, driven by FAKE_NVML (a failure mode) and
+# FAKE_NVML_FACTS (the FakeNvml JSON whose facts it serves), so the real
+# adapter in preflight/nvml.py runs against known answers.
+import json, os, signal, time
 
 class NVMLError(Exception):
     pass
 
-class NVMLError_LibraryNotFound(NVMLError):
-    pass
+for _name in ("LibraryNotFound", "DriverNotLoaded", "NoPermission", "GpuIsLost", "Unknown",
+              "NotSupported", "LibRmVersionMismatch", "InvalidArgument"):
+    globals()["NVMLError_" + _name] = type("NVMLError_" + _name, (NVMLError,), {})
 
-class NVMLError_DriverNotLoaded(NVMLError):
-    pass
-
-class NVMLError_NoPermission(NVMLError):
-    pass
-
-class NVMLError_GpuIsLost(NVMLError):
-    pass
-
-MODE, _, ARG = os.environ.get("FAKE_NVML", "").partition(":")
-LOST, NAMES = (ARG.split(":", 1) if MODE == "lost" else ("-1", ARG))
-NAMES = [n for n in NAMES.split(",") if n]
+MODE = os.environ.get("FAKE_NVML", "")
+FACTS = json.load(open(os.environ["FAKE_NVML_FACTS"])) if os.environ.get("FAKE_NVML_FACTS") else {
+    "driver_version": "550.54.15", "cuda_driver_version": "12.4", "gpus": [], "lost": []}
+DEVICES = {g["index"]: g for g in FACTS["gpus"]}
+LOST = {g["index"]: g for g in FACTS.get("lost", [])}
+BITS = {"gpu_idle": 0x1, "sw_power_cap": 0x4, "hw_slowdown": 0x8, "sw_thermal_slowdown": 0x20,
+        "hw_thermal_slowdown": 0x40, "hw_power_brake_slowdown": 0x80}
 
 def nvmlInit():
     if MODE == "hang":
@@ -211,20 +210,78 @@ def nvmlInit():
         raise NVMLError_LibraryNotFound("NVML Shared Library Not Found")
     if MODE == "noperm":
         raise NVMLError_NoPermission("Insufficient Permissions")
+    if MODE == "mismatch":
+        raise NVMLError_LibRmVersionMismatch("RM has detected an NVML/RM version mismatch.")
 
 def nvmlShutdown():
     pass
 
+def nvmlSystemGetDriverVersion():
+    return FACTS["driver_version"]
+
+def nvmlSystemGetCudaDriverVersion_v2():
+    major, minor = FACTS["cuda_driver_version"].split(".")
+    return int(major) * 1000 + int(minor) * 10
+
 def nvmlDeviceGetCount():
-    return len(NAMES)
+    return len(DEVICES) + len(LOST)
 
 def nvmlDeviceGetHandleByIndex(i):
-    if i == int(LOST):
-        raise NVMLError_GpuIsLost("GPU is lost")
+    if i in LOST and LOST[i]["pci_bus_id"] is None:
+        raise NVMLError_GpuIsLost(LOST[i]["error"])
     return i
 
-def nvmlDeviceGetName(handle):
-    return NAMES[handle]
+class _Pci:
+    def __init__(self, bus, device):
+        self.busId = bus.encode()  # older nvidia-ml-py returns bytes
+        self.pciDeviceId = (int(device, 16) << 16 | 0x10DE) if device else 0
+
+def nvmlDeviceGetPciInfo(h):
+    if h in LOST:
+        return _Pci(LOST[h]["pci_bus_id"], None)
+    return _Pci(DEVICES[h]["pci_bus_id"], DEVICES[h]["pci_device_id"])
+
+def _fact(h, *path):
+    if h in LOST:
+        raise NVMLError_GpuIsLost(LOST[h]["error"])
+    v = DEVICES[h]
+    for key in path:
+        v = v[key]
+    if v is None:
+        raise NVMLError_NotSupported("Not Supported")
+    return v
+
+class _Memory:
+    def __init__(self, total):
+        self.total, self.free, self.used = total, total, 0
+
+nvmlDeviceGetName = lambda h: _fact(h, "name")
+nvmlDeviceGetUUID = lambda h: _fact(h, "uuid")
+nvmlDeviceGetSerial = lambda h: _fact(h, "serial")
+nvmlDeviceGetVbiosVersion = lambda h: _fact(h, "vbios")
+nvmlDeviceGetPersistenceMode = lambda h: int(_fact(h, "persistence_mode"))
+nvmlDeviceGetMigMode = lambda h: [int(_fact(h, "mig_mode")), int(_fact(h, "mig_mode"))]
+nvmlDeviceGetMemoryInfo = lambda h: _Memory(_fact(h, "memory_total_bytes"))
+nvmlDeviceGetEccMode = lambda h: [int(_fact(h, "ecc_mode")), int(_fact(h, "ecc_mode"))]
+nvmlDeviceGetTotalEccErrors = lambda h, kind, counter: _fact(
+    h, "ecc_uncorrectable_volatile" if counter == 0 else "ecc_uncorrectable_aggregate")
+nvmlDeviceGetRetiredPagesPendingStatus = lambda h: int(_fact(h, "retired_pages_pending"))
+nvmlDeviceGetRemappedRows = lambda h: tuple(
+    int(_fact(h, "remapped_rows")[k]) for k in ("correctable", "uncorrectable", "pending", "failure"))
+nvmlDeviceGetCurrentClocksEventReasons = lambda h: sum(BITS[n] for n in _fact(h, "clocks_events"))
+nvmlDeviceGetEnforcedPowerLimit = lambda h: int(_fact(h, "power_limit_w") * 1000)
+nvmlDeviceGetPowerManagementDefaultLimit = lambda h: int(_fact(h, "power_default_limit_w") * 1000)
+nvmlDeviceGetTemperature = lambda h, sensor: _fact(h, "temperature_c")
+nvmlDeviceGetCurrPcieLinkGeneration = lambda h: _fact(h, "pcie", "gen")
+nvmlDeviceGetCurrPcieLinkWidth = lambda h: _fact(h, "pcie", "width")
+nvmlDeviceGetMaxPcieLinkGeneration = lambda h: _fact(h, "pcie", "gen_max")
+nvmlDeviceGetMaxPcieLinkWidth = lambda h: _fact(h, "pcie", "width_max")
+
+def nvmlDeviceGetNvLinkState(h, link):
+    active, down = _fact(h, "nvlinks_active"), DEVICES[h]["nvlinks_down"]
+    if link >= active + len(down):
+        raise NVMLError_InvalidArgument("Invalid Argument")
+    return 0 if link in down else 1
 """
 
 

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -57,7 +58,7 @@ def test_auto_without_a_driver_fails_with_the_cause_and_the_dry_run_hint(tmp_pat
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--profile", "h900"], "unknown profile 'h900'; choose one of: auto, cpu"),
+        (["--profile", "h900"], "unknown profile 'h900'; choose one of: auto, a100-pcie, a100-sxm4-80gb, cpu, gb10, h100-nvl"),
         (["--profile", "cpu", "--only", "nosuch"], "only (--only, PREFLIGHT_ONLY or config): nosuch: no such check; installed checks:"),
         (["--profile", "cpu", "--skip", "nosuch"], "skip (--skip, PREFLIGHT_SKIP or config): nosuch: no such check"),
         (["--profile", "cpu", "--only", "shm", "--skip", "shm"], "only and skip both name shm"),
@@ -236,9 +237,10 @@ def test_the_cli_never_imports_torch(args):
 
 def test_list_names_every_check_and_what_it_verifies():
     r = invoke("list")
-    assert r.exit_code == 0 and r.stdout.startswith("shm  /dev/shm is a tmpfs")
+    assert r.exit_code == 0 and r.stdout.startswith("cuda  driver and NVML health of every GPU")
+    assert "\nshm   /dev/shm is a tmpfs" in r.stdout  # cheapest first, names aligned
     rows = json.loads(invoke("list", "--json").stdout)
-    assert rows[0]["name"] == "shm" and rows[0]["timeout_seconds"] > 0
+    assert [row["name"] for row in rows] == ["cuda", "shm"] and rows[0]["timeout_seconds"] > 0
 
 
 def test_list_in_a_profiles_order(plugin):
@@ -299,24 +301,29 @@ def test_version():
 
 # --- auto, through a fake NVML -------------------------------------------------
 
+NVML_FIXTURES = Path(__file__).parent / "fixtures" / "nvml"
+
+
 def test_auto_picks_a_site_profile_by_gpu_model(plugin, tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(fakes.install_fake_pynvml(tmp_path / "nvml")))
-    monkeypatch.setenv("FAKE_NVML", "names:" + ",".join(["NVIDIA H200"] * 8))
-    fakes.write_profile(plugin / "profiles", "fake-h200", ["passing"], 'match = ["H200"]\n')
+    monkeypatch.setenv("FAKE_NVML_FACTS", str(NVML_FIXTURES / "h100-sxm-8x-healthy.json"))
+    fakes.write_profile(plugin / "profiles", "fake-h100", ["passing"], 'match = ["H100 80GB HBM3 "]\n')
+    fakes.write_profile(plugin / "profiles", "h100-sxm", ["passing"], 'match = ["NVIDIA H100 80GB HBM3"]\n')
     r = invoke("run", "--json")
     assert r.exit_code == 0, r.stderr
     rep = Report.model_validate_json(r.stdout)
-    assert rep.profile == "fake-h200" and rep.profile_chosen_because == "auto: 8 x NVIDIA H200 matched profile fake-h200"
+    assert rep.profile == "h100-sxm"  # a site profile replaces the built-in of the same name
+    assert rep.profile_chosen_because == "auto: 8 x NVIDIA H100 80GB HBM3 matched profile h100-sxm by name 'NVIDIA H100 80GB HBM3'"
 
 
-def test_auto_with_a_lost_gpu_fails_with_a_remedy_for_a_broken_gpu(tmp_path, monkeypatch):
+def test_auto_with_every_gpu_lost_fails_with_a_remedy_for_a_broken_gpu(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(fakes.install_fake_pynvml(tmp_path / "nvml")))
-    monkeypatch.setenv("FAKE_NVML", "lost:2:NVIDIA H200,NVIDIA H200,NVIDIA H200")
+    monkeypatch.setenv("FAKE_NVML_FACTS", str(NVML_FIXTURES / "all-lost.json"))
     r = invoke("run", "--json")
     assert r.exit_code == 1
     (c,) = Report.model_validate_json(r.stdout).checks
-    assert c.check == "profile" and "GPU is lost" in c.cause and "reset the GPU" in c.remedy
-    assert "--profile cpu" not in c.remedy
+    assert c.check == "profile" and "cannot reach any" in c.cause and "GPU is lost" in c.cause
+    assert "reset the GPU" in c.remedy and "--profile cpu" not in c.remedy
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a tiny tmpfs")

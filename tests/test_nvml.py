@@ -1,28 +1,55 @@
-"""The NVML seam, with a fake `pynvml` in a child process: causes, remedies, deadline."""
+"""The NVML seam: the real adapter against a fake `pynvml` in a child process
+(causes, remedies, deadline, every fact), and FakeNvml from JSON files."""
 
+import json
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
 import fakes
 from preflight import nvml
-from preflight.nvml import NvmlUnavailable
+from preflight.errors import UsageError
+from preflight.nvml import FakeNvml, NvmlUnavailable
+
+FIXTURES = Path(__file__).parent / "fixtures" / "nvml"
+ALL = sorted(FIXTURES.glob("*.json"))
 
 
 @pytest.fixture
 def fake_nvml(tmp_path, monkeypatch):
+    """Point the NVML child at the fake pynvml: ``fake_nvml(mode, facts_file)``."""
     monkeypatch.setenv("PYTHONPATH", str(fakes.install_fake_pynvml(tmp_path / "nvml")))
 
-    def mode(value: str) -> None:
-        monkeypatch.setenv("FAKE_NVML", value)
+    def use(mode: str = "", facts: Path | None = None) -> None:
+        monkeypatch.setenv("FAKE_NVML", mode)
+        if facts is not None:
+            monkeypatch.setenv("FAKE_NVML_FACTS", str(facts))
 
-    return mode
+    return use
 
 
-def test_names_in_index_order(fake_nvml):
-    fake_nvml("names:NVIDIA H100 80GB HBM3,NVIDIA H100 80GB HBM3")
-    assert nvml.gpu_names() == ["NVIDIA H100 80GB HBM3"] * 2
+@pytest.mark.parametrize("path", ALL, ids=[p.stem for p in ALL])
+def test_the_adapter_reads_every_fact_the_fake_file_holds(fake_nvml, path):
+    # The same facts two ways: through pynvml calls, and straight from JSON.
+    fake_nvml(facts=path)
+    assert nvml.inventory().model_dump(exclude={"source"}) == FakeNvml(path).model_dump(exclude={"source"})
+
+
+def test_a_gpu_lost_mid_query_is_named_by_its_pci_address(fake_nvml):
+    fake_nvml(facts=FIXTURES / "h100-sxm-gpu-lost.json")
+    inv = nvml.inventory()
+    assert [g.index for g in inv.gpus] == [0, 1, 2, 3, 5, 6, 7]
+    assert inv.lost == [nvml.LostGpu(index=4, pci_bus_id="00000000:9D:00.0", error="GPU is lost")]
+
+
+def test_device_ids_and_versions_are_decoded(fake_nvml):
+    fake_nvml(facts=FIXTURES / "h100-sxm-8x-healthy.json")
+    inv = nvml.inventory()
+    assert inv.driver_version == "550.54.15" and inv.cuda_driver_version == "12.4"
+    assert inv.gpus[0].pci_device_id == "0x2330" and inv.gpus[0].pci_bus_id == "00000000:1B:00.0"
+    assert nvml.pcie_links()["00000000:1B:00.0"] == nvml.PcieLink(gen=5, width=16, gen_max=5, width_max=16)
 
 
 @pytest.mark.parametrize(
@@ -30,16 +57,16 @@ def test_names_in_index_order(fake_nvml):
     [
         ("nodriver", "no NVIDIA driver", "--profile cpu for a dry run"),
         ("noperm", "no permission on /dev/nvidia*", "give its user access"),
-        ("lost:1:A,B,C", "NVML failed: GPU is lost", "reset the GPU"),
+        ("mismatch", "driver/library version mismatch", "reboot the node"),
         ("crash", "the NVML query died", "reset the GPU"),
     ],
 )
 def test_each_failure_has_its_own_cause_and_remedy(fake_nvml, mode, cause, remedy):
     fake_nvml(mode)
     with pytest.raises(NvmlUnavailable) as e:
-        nvml.gpu_names()
+        nvml.inventory()
     assert cause in e.value.cause and remedy in e.value.remedy
-    if not mode.startswith("nodriver"):
+    if mode != "nodriver":
         assert "--profile cpu" not in e.value.remedy  # never steer a broken GPU node to a dry run
 
 
@@ -48,7 +75,7 @@ def test_a_wedged_driver_cannot_hang_the_agent(fake_nvml):
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     start = time.monotonic()
     with pytest.raises(NvmlUnavailable, match=r"NVML did not answer within 1 s: the driver is wedged"):
-        nvml.gpu_names(timeout=1.0)
+        nvml.inventory(timeout=1.0)
     assert time.monotonic() - start < 5
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
 
@@ -59,8 +86,48 @@ def test_a_pynvml_in_the_working_directory_is_never_imported(tmp_path, monkeypat
     (tmp_path / "pynvml.py").write_text("raise SystemExit('imported from the working directory')\n")
     monkeypatch.delenv("PYTHONPATH", raising=False)
     try:
-        names = nvml.gpu_names()
+        inv = nvml.inventory()
     except NvmlUnavailable as e:
         assert "working directory" not in e.cause
     else:
-        assert isinstance(names, list)
+        assert isinstance(inv.gpus, list)
+
+
+def test_fake_file_is_marked_as_fake():
+    assert FakeNvml(FIXTURES / "h100-sxm-8x-healthy.json").source.startswith("fake ")
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("{not json", "not valid JSON"),
+        ('{"gpus": []}', "field driver_version: Field required"),
+        (json.dumps({"driver_version": "550", "gpus": [{"index": 0}]}), "field gpus.0.name: Field required"),
+        (json.dumps({"driver_version": "550", "gpus": [], "gpu": []}), "field gpu: Extra inputs are not permitted"),
+    ],
+)
+def test_a_malformed_fake_file_names_the_field(tmp_path, content, message):
+    path = tmp_path / "fake.json"
+    path.write_text(content)
+    with pytest.raises(UsageError, match=message) as e:
+        FakeNvml(path)
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_typo_in_a_fact_is_an_error_not_a_healthy_gpu(tmp_path):
+    data = json.loads((FIXTURES / "h100-sxm-8x-healthy.json").read_text())
+    data["gpus"][3]["ecc_uncorectable_volatile"] = 5
+    path = tmp_path / "typo.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(UsageError, match=r"field gpus\.3\.ecc_uncorectable_volatile"):
+        FakeNvml(path)
+
+
+def test_a_missing_fake_file_says_so(tmp_path):
+    with pytest.raises(UsageError, match=r"--nvml-fake .*missing.json: cannot read it"):
+        FakeNvml(tmp_path / "missing.json")
+
+
+def test_short_pci_matches_sysfs_form():
+    assert nvml.short_pci("00000000:1B:00.0") == "0000:1b:00.0"
+    assert nvml.short_pci("00000019:01:00.0") == "0019:01:00.0"

@@ -21,7 +21,7 @@ def test_every_builtin_profile_is_valid_and_cited():
 
 
 def test_unknown_profile_names_the_choices():
-    with pytest.raises(UsageError, match=r"unknown profile 'h900'; choose one of: auto, cpu"):
+    with pytest.raises(UsageError, match=r"unknown profile 'h900'; choose one of: auto, a100-pcie, a100-sxm4-80gb, cpu, gb10, h100-nvl, h100-pcie, h100-sxm, h200-sxm"):
         profiles.find("h900", None)
 
 
@@ -80,30 +80,79 @@ def test_an_override_of_a_floor_the_profile_lacks_is_refused():
         profiles.resolve(profiles.load(path), path, {"hbm_copy": (1.0, "config /etc/x.toml line 9")}, "x")
 
 
-def _p(name: str, *match: str) -> Profile:
-    return Profile(name=name, description="", match=list(match), gpu_count=8, checks=["shm"])
+def _p(name: str, *match: str, ids: tuple[str, ...] = ()) -> Profile:
+    gpu = {"driver_min": "525.60.13", "driver_source": "test", "pci_device_ids": list(ids)}
+    return Profile(name=name, description="", match=list(match), gpu_count=8, checks=["shm"], gpu=gpu)
 
 
-CANDIDATES = {"h100-sxm": _p("h100-sxm", "H100 80GB HBM3"), "h100-nvl": _p("h100-nvl", "H100 NVL"), "any-h100": _p("any-h100", "H100")}
+CANDIDATES = {
+    "h100-sxm": _p("h100-sxm", "H100 80GB HBM3", ids=("0x2330",)),
+    "h100-nvl": _p("h100-nvl", "H100 NVL"),
+    "any-h100": _p("any-h100", "H100"),
+    "h200-sxm": _p("h200-sxm", "H200", ids=("0x2335",)),
+}
 
 
 def test_pick_chooses_the_most_specific_match():
-    assert profiles.pick(["NVIDIA H100 NVL"] * 2, CANDIDATES) == "h100-nvl"
-    assert profiles.pick(["NVIDIA H100 80GB HBM3"] * 8, CANDIDATES) == "h100-sxm"
-    assert profiles.pick(["NVIDIA H100 PCIe"], CANDIDATES) == "any-h100"
+    assert profiles.pick([("NVIDIA H100 NVL", None)] * 2, CANDIDATES)[0] == "h100-nvl"
+    assert profiles.pick([("NVIDIA H100 80GB HBM3", "0x2330")] * 8, CANDIDATES) == (
+        "h100-sxm",
+        "auto: 8 x NVIDIA H100 80GB HBM3 matched profile h100-sxm by name 'H100 80GB HBM3' and PCI device id 0x2330",
+    )
+    assert profiles.pick([("NVIDIA H100 PCIe", "0x2331")], CANDIDATES)[0] == "any-h100"
+
+
+def test_the_device_id_confirms_the_name():
+    # "H200" is in "NVIDIA H200 NVL", but 0x233b is not the SXM board's id.
+    assert profiles.pick([("NVIDIA H200", "0x2335")], CANDIDATES)[0] == "h200-sxm"
+    with pytest.raises(DetectionFailed, match=r"no profile matches GPU model 'NVIDIA H200 NVL' \(PCI device id 0x233b\)"):
+        profiles.pick([("NVIDIA H200 NVL", "0x233b")], CANDIDATES)
+    assert profiles.pick([("NVIDIA H200", None)], CANDIDATES)[0] == "h200-sxm"  # the name alone, when the id is unknown
 
 
 @pytest.mark.parametrize(
-    "names, cause",
+    "gpus, cause",
     [
         ([], "NVML reports no GPU"),
-        (["NVIDIA H100 NVL", "NVIDIA A100-SXM4-80GB"], "mixed GPU models"),
-        (["Tesla T4"], "no profile matches GPU model 'Tesla T4'"),
+        ([("NVIDIA H100 NVL", "0x2321"), ("NVIDIA A100-SXM4-80GB", "0x20b2")], "mixed GPU models"),
+        ([("Tesla T4", "0x1eb8")], "no profile matches GPU model 'Tesla T4'"),
     ],
 )
-def test_pick_fails_with_a_cause(names, cause):
+def test_pick_fails_with_a_cause(gpus, cause):
     with pytest.raises(DetectionFailed, match=cause):
-        profiles.pick(names, CANDIDATES)
+        profiles.pick(gpus, CANDIDATES)
+
+
+BUILTIN_NAMES = [
+    ("NVIDIA H100 80GB HBM3", "0x2330", "h100-sxm"),
+    ("NVIDIA H100 PCIe", "0x2331", "h100-pcie"),
+    ("NVIDIA H100 NVL", "0x2321", "h100-nvl"),
+    ("NVIDIA H200", "0x2335", "h200-sxm"),
+    ("NVIDIA A100-SXM4-80GB", "0x20b2", "a100-sxm4-80gb"),
+    ("NVIDIA A100 80GB PCIe", "0x20b5", "a100-pcie"),
+    ("NVIDIA A100-PCIE-40GB", "0x20f1", "a100-pcie"),
+    ("NVIDIA GB10", None, "gb10"),
+]
+
+
+@pytest.mark.parametrize("name, device, expected", BUILTIN_NAMES)
+def test_builtin_profiles_pick_every_sku_by_its_nvml_name(name, device, expected):
+    builtin = {n: profiles.load(p) for n, p in profiles.available(None).items()}
+    assert profiles.pick([(name, device)], builtin)[0] == expected
+
+
+def test_builtin_profiles_refuse_a_sku_they_do_not_describe():
+    builtin = {n: profiles.load(p) for n, p in profiles.available(None).items()}
+    with pytest.raises(DetectionFailed, match="no profile matches"):
+        profiles.pick([("NVIDIA H200 NVL", "0x233b")], builtin)
+
+
+def test_every_gpu_profile_cites_its_expectations():
+    for name, path in profiles.available(None).items():
+        p = profiles.load(path)
+        if p.gpu_count:
+            assert p.gpu and p.gpu.driver_source and p.checks[0] == "cuda", name
+            assert all(f.source for f in p.floors.values()), name
 
 
 @no_driver

@@ -1,0 +1,149 @@
+"""CUDA init on every GPU, in a child process: proof that CUDA really works.
+
+``torch.cuda.init()``, then on every device a small random fp32 matmul checked
+against a float64 CPU reference, then (with --load-seconds) host-to-device
+copies on every GPU so the agent can read the PCIe links under load: idle
+links drop to Gen1 to save power, so an idle reading proves nothing.
+
+The report (rank0.json in --out) is rewritten at every stage, so after a hang
+the agent knows which GPU never answered. Standard library and torch only:
+this runs under the training environment's interpreter. By hand:
+
+    python cuda_init.py            # prints the report as JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="directory for rank0.json (default: print to stdout)")
+    parser.add_argument("--size", type=int, default=512, help="matmul size N (N x N)")
+    parser.add_argument("--load-seconds", type=float, default=0.0, help="copy to every GPU this long at most")
+    parser.add_argument("--stop", help="end the load early once this file exists")
+    args = parser.parse_args()
+
+    started = time.monotonic()
+    report: dict = {"python": sys.executable, "stage": "import", "error": None, "error_kind": None, "devices": []}
+    report["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+    save = lambda: _write(args.out, report)  # noqa: E731
+    save()
+
+    try:
+        import torch
+    except Exception as e:  # ImportError, or a torch whose CUDA libraries fail to load (OSError)
+        report.update(error=f"{type(e).__name__}: {e}", error_kind="no_torch")
+        save()
+        return 1
+    report.update(
+        torch_version=torch.__version__,
+        cuda_runtime=torch.version.cuda,
+        nccl_version=_nccl_version(torch),
+        import_seconds=round(time.monotonic() - started, 4),
+        stage="init",
+    )
+    save()
+    if torch.version.cuda is None:
+        report.update(error=f"torch {torch.__version__} is a CPU-only build (torch.version.cuda is None)", error_kind="cpu_build")
+        save()
+        return 1
+
+    t = time.monotonic()
+    try:
+        torch.cuda.init()  # raises the driver's own words ("CUDA unknown error"), which is_available() hides
+        count = torch.cuda.device_count()
+    except Exception as e:
+        report.update(error=f"{type(e).__name__}: {e}", error_kind="init", init_seconds=time.monotonic() - t)
+        save()
+        return 1
+    report.update(init_seconds=round(time.monotonic() - t, 4), device_count=count, stage="devices")
+    if count == 0:
+        report.update(error="torch.cuda.device_count() is 0", error_kind="no_device")
+        save()
+        return 1
+
+    torch.backends.cuda.matmul.allow_tf32 = False  # TF32 would fail an fp32 accuracy bound
+    for i in range(count):
+        report["current"] = i
+        save()
+        report["devices"].append(_probe(torch, i, args.size))
+    report["current"] = None
+    healthy = all(d["error"] is None and d["error_ratio"] <= 1.0 for d in report["devices"])
+
+    if healthy and args.load_seconds > 0:
+        report["stage"] = "load"
+        save()
+        _load(torch, count, args.load_seconds, args.stop)
+    report.update(stage="done", seconds=round(time.monotonic() - started, 4))
+    save()
+    return 0 if healthy else 1
+
+
+def _probe(torch, i: int, n: int) -> dict:
+    d = {"index": i, "name": None, "pci_bus_id": None, "uuid": None, "seconds": None, "error_ratio": None, "error": None}
+    t = time.monotonic()
+    try:
+        props = torch.cuda.get_device_properties(i)
+        d["name"] = props.name
+        d["uuid"] = str(getattr(props, "uuid", "")) or None
+        if hasattr(props, "pci_bus_id"):
+            d["pci_bus_id"] = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+        # Random data from a per-device seed: a GPU that returns stale or
+        # zeroed memory cannot match, and every run checks the same numbers.
+        g = torch.Generator().manual_seed(20261122 + i)
+        a = torch.randn(n, n, generator=g)
+        b = torch.randn(n, n, generator=g)
+        reference = a.double() @ b.double()
+        # The classic bound for an n-term fp32 dot product in any summation
+        # order: |error| <= n * u * sum|a_k * b_k|, u = 2^-24; doubled for
+        # the final rounding and split-K variants. Within it: ratio <= 1.
+        bound = (a.double().abs() @ b.double().abs()) * (2 * n * 2.0**-24)
+        got = (a.to(f"cuda:{i}") @ b.to(f"cuda:{i}")).cpu().double()  # .cpu() synchronizes
+        d["error_ratio"] = float(((got - reference).abs() / bound).max())
+        d["memory_free_bytes"], d["memory_total_bytes"] = torch.cuda.mem_get_info(i)
+    except Exception as e:
+        d["error"] = f"{type(e).__name__}: {e}"
+    d["seconds"] = round(time.monotonic() - t, 4)
+    return d
+
+
+def _load(torch, count: int, seconds: float, stop: str | None) -> None:
+    """Keep every GPU's PCIe link busy until ``stop`` appears or time is up."""
+    host = torch.empty(64 << 20, dtype=torch.uint8).pin_memory()
+    targets = [torch.empty_like(host, device=f"cuda:{i}") for i in range(count)]
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and not (stop and os.path.exists(stop)):
+        for t in targets:
+            t.copy_(host, non_blocking=True)
+        for i in range(count):
+            torch.cuda.synchronize(i)
+
+
+def _nccl_version(torch) -> str | None:
+    try:
+        v = torch.cuda.nccl.version()
+    except Exception:  # a CPU build has no NCCL
+        return None
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
+def _write(out: str | None, report: dict) -> None:
+    if out is None:
+        if report["stage"] == "done" or report["error"]:
+            print(json.dumps(report, indent=2))
+        return
+    # Atomic: the agent may read this file at any moment, and after a kill.
+    tmp = os.path.join(out, ".rank0.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(report, f)
+    os.replace(tmp, os.path.join(out, "rank0.json"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

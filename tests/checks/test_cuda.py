@@ -1,0 +1,302 @@
+"""The cuda check: the judge with recorded facts (FakeNvml files, worker
+reports, Xid logs), and the gatherer with the real worker on CPU torch and
+with interpreters made to hang, crash or talk nonsense."""
+
+import json
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from preflight import profiles, xid
+from preflight.check import Status
+from preflight.host import Host
+from preflight.nvml import FakeNvml, PcieLink
+from preflight.checks import cuda
+from preflight.checks.cuda import InitOutcome, InitReport
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+NVML = FIXTURES / "nvml"
+INIT = FIXTURES / "cuda_init"
+H100 = profiles.load(profiles.BUILTIN_DIR / "h100-sxm.toml")
+A100 = profiles.load(profiles.BUILTIN_DIR / "a100-sxm4-80gb.toml")
+
+
+def facts(nvml_file: str, init: str | None = "healthy-8x", **kw) -> cuda.CudaFacts:
+    outcome = None
+    if init is not None:
+        report = InitReport.model_validate_json((INIT / f"{init}.json").read_text())
+        outcome = InitOutcome(python=report.python, ended="exit 0", returncode=0, timed_out=False, seconds=4.6, report=report)
+    return cuda.CudaFacts(inventory=FakeNvml(NVML / nvml_file), kernel_log="/dev/kmsg", init=outcome, **kw)
+
+
+def judged(f: cuda.CudaFacts, profile=H100, pin=None):
+    parts, _ = cuda.judge(f, profile.gpu_count, profile.gpu, pin)
+    return [finding for found in parts.values() for finding in found]
+
+
+def only(findings, status=Status.FAIL):
+    return [f for f in findings if f.status == status]
+
+
+def test_a_healthy_h100_node_passes():
+    f = facts("h100-sxm-8x-healthy.json")
+    assert judged(f) == []
+    assert "8 x NVIDIA H100 80GB HBM3, driver 550.54.15" in cuda.summary(f)
+
+
+def test_healthy_node_exports_per_gpu_measurements_with_dcgm_labels():
+    _, values = cuda.judge(facts("h100-sxm-8x-healthy.json"), 8, H100.gpu, None)
+    width = [m for m in values if m.name == "gpu_pcie_link_width"]
+    assert len(width) == 8 and width[0].labels == {"gpu": "0", "UUID": "GPU-5c1b0c7e-8f2a-4d3b-9e6a-000000000000"}
+    assert {m.name for m in values} >= {"gpu_cuda_init_duration", "gpu_nvlinks_active", "gpu_temperature"}
+
+
+def test_seven_of_eight_names_the_missing_slot_from_sysfs():
+    sysfs = cuda.sysfs_gpus(Host(FIXTURES / "sysfs" / "hgx-h100"))
+    assert len(sysfs) == 8 and "0000:05:00.0" not in sysfs  # the NVSwitch is not a GPU
+    fails = only(judged(facts("h100-sxm-7of8.json", sysfs_gpus=sysfs)))
+    assert fails[0].summary == "7 of 8 GPUs visible"
+    assert "on the PCI bus but not in NVML: 0000:c3:00.0" in fails[0].cause
+
+
+def test_seven_of_eight_without_sysfs_still_fails():
+    fails = only(judged(facts("h100-sxm-7of8.json")))
+    assert [f.summary for f in fails][0] == "7 of 8 GPUs visible"
+
+
+def test_pending_row_remap_says_reset_required():
+    # GPU 00000000:10:1C.0 as captured in shared/fixtures/nvsmi/q_01.
+    fails = only(judged(facts("a100-sxm4-8x-remap-pending.json", init=None), A100))
+    assert len(fails) == 1
+    assert fails[0].summary == "GPU 2 (0000:10:1c.0): row remap pending"
+    assert "reset required" in fails[0].remedy and "nvidia-smi -r -i 2" in fails[0].remedy
+
+
+def test_volatile_uncorrectable_ecc_fails():
+    fails = only(judged(facts("h100-sxm-ecc-uncorrectable.json")))
+    assert [f.summary for f in fails] == ["GPU 3 (0000:61:00.0): uncorrectable ECC errors"]
+    assert "2 uncorrectable (volatile) ECC errors" in fails[0].cause
+
+
+def test_an_x8_link_fails_from_the_idle_reading():
+    fails = only(judged(facts("h100-sxm-pcie-x8.json")))
+    assert [f.summary for f in fails] == ["GPU 2 (0000:52:00.0): PCIe link x8 of x16"]
+    assert "50% speed" in fails[0].cause
+
+
+def test_an_idle_gen1_link_is_not_judged_but_a_loaded_one_is():
+    f = facts("h100-sxm-8x-healthy.json")
+    idle = f.inventory.gpus[0].model_copy(update={"pcie": PcieLink(gen=1, width=16, gen_max=5, width_max=16)})
+    assert cuda.judge_link(idle, None) == []  # idle links drop to Gen1 to save power
+    assert cuda.judge_link(idle, PcieLink(gen=5, width=16)) == []
+    (fail,) = cuda.judge_link(idle, PcieLink(gen=3, width=16))
+    assert fail.summary == "GPU 0 (0000:1b:00.0): PCIe Gen3 of Gen5 under load"
+
+
+def test_hw_slowdown_fails_thermal_warns_power_brake_fails():
+    assert [f.summary for f in only(judged(facts("h100-sxm-hw-slowdown.json")))] == ["GPU 6 (0000:d1:00.0): hardware slowdown active"]
+    g = facts("h100-sxm-8x-healthy.json").inventory.gpus[0]
+    thermal = cuda.judge_gpu(g.model_copy(update={"clocks_events": ["hw_slowdown", "hw_thermal_slowdown"]}), H100.gpu)
+    assert [(f.status, f.summary) for f in thermal] == [(Status.WARN, "GPU 0 (0000:1b:00.0): thermal slowdown")]
+    brake = cuda.judge_gpu(g.model_copy(update={"clocks_events": ["hw_slowdown", "hw_power_brake_slowdown"]}), H100.gpu)
+    assert [(f.status, f.summary) for f in brake] == [(Status.FAIL, "GPU 0 (0000:1b:00.0): power brake active")]
+
+
+def test_mig_on_fails_where_whole_gpus_are_expected():
+    fails = only(judged(facts("h100-sxm-mig.json")))
+    assert [f.summary for f in fails] == ["GPU 1 (0000:43:00.0): MIG enabled"]
+    assert "-mig 0" in fails[0].remedy
+
+
+def test_mixed_skus_fail():
+    summaries = [f.summary for f in only(judged(facts("h100-mixed-skus.json")))]
+    assert "mixed GPU models" in summaries
+    assert "NVIDIA H100 PCIe is not this profile's GPU" in summaries
+
+
+def test_a_lost_gpu_is_named_with_reset_or_drain():
+    f = facts("h100-sxm-gpu-lost.json", init=None)
+    fails = only(judged(f))
+    assert fails[0].summary == "GPU 4 (0000:9d:00.0) is lost"
+    assert "nvidia-smi -r -i 4" in fails[0].remedy and "drain" in fails[0].remedy
+
+
+def test_zero_gpus_fails():
+    assert only(judged(facts("zero-gpus.json", init=None)))[0].summary == "0 of 8 GPUs visible"
+
+
+def test_driver_below_the_profile_minimum_or_off_the_site_pin_fails():
+    f = facts("h100-sxm-8x-healthy.json")
+    old = f.model_copy(update={"inventory": f.inventory.model_copy(update={"driver_version": "470.82.01"})})
+    assert [x.summary for x in only(judged(old))] == ["driver 470.82.01 is too old"]
+    assert [x.summary for x in only(judged(f, pin="550.90.07"))] == ["driver 550.54.15, site pins 550.90.07"]
+    assert judged(f, pin="550.54.15") == []
+
+
+def test_warnings_persistence_ecc_off_power_cap():
+    g = facts("h100-sxm-8x-healthy.json").inventory.gpus[0]
+    slow = g.model_copy(update={"persistence_mode": False, "ecc_mode": False, "power_limit_w": 500.0})
+    warns = cuda.judge_gpu(slow, H100.gpu)
+    assert {f.status for f in warns} == {Status.WARN}
+    assert [f.summary.split(": ", 1)[1] for f in warns] == ["ECC is off", "persistence mode off", "power capped"]
+
+
+def test_a_missing_nvlink_fails_naming_the_link():
+    g = facts("h100-sxm-8x-healthy.json").inventory.gpus[3]
+    (fail,) = cuda.judge_gpu(g.model_copy(update={"nvlinks_active": 17, "nvlinks_down": [5]}), H100.gpu)
+    assert fail.summary == "GPU 3 (0000:61:00.0): 17 of 18 NVLinks active" and "link 5" in fail.cause
+
+
+def test_fatal_xid_fails_application_xid_warns():
+    events = xid.parse((FIXTURES / "xid" / "05_dmesg-ctime_xid13-SM-exceptions_xid109-CTX-SWITCH-TIMEOUT_nvidia-peermem_gpud-46.txt").read_text())
+    f = facts("h100-sxm-8x-healthy.json", xid_events=events)
+    found = {(x.status, x.summary.split(" on ")[0]) for x in judged(f)}
+    assert (Status.WARN, "Xid 13") in found
+    xid13 = next(x for x in judged(f) if x.summary.startswith("Xid 13"))
+    assert "3 times since boot" in xid13.cause
+
+
+def test_xid_on_a_known_gpu_names_its_index():
+    line = "NVRM: Xid (PCI:0000:9d:00): 79, pid=1234, name=python, GPU has fallen off the bus.\n"
+    f = facts("h100-sxm-8x-healthy.json", xid_events=xid.parse(line))
+    (fail,) = judged(f)
+    assert fail.status == Status.FAIL and fail.summary == "Xid 79 on GPU 4 (0000:9d:00)"
+
+
+def test_xid63_after_the_remap_was_activated_only_warns():
+    line = "NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: New row marked for remapping, reset gpu to activate.\n"
+    pending = facts("a100-sxm4-8x-remap-pending.json", init=None, xid_events=xid.parse(line))
+    assert any(x.status == Status.FAIL and x.summary.startswith("Xid 63") for x in judged(pending, A100))
+    inv = pending.inventory
+    gpus = [g.model_copy(update={"remapped_rows": None}) for g in inv.gpus]
+    done = pending.model_copy(update={"inventory": inv.model_copy(update={"gpus": gpus})})
+    assert [(x.status, x.summary) for x in judged(done, A100)] == [(Status.WARN, "Xid 63 on GPU 2 (0000:10:1c)")]
+
+
+def test_an_unreadable_kernel_log_warns():
+    f = facts("h100-sxm-8x-healthy.json", init=None).model_copy(update={"kernel_log": "unavailable: permission denied"})
+    assert [x.summary for x in judged(f)] == ["Xid scan impossible"]
+
+
+@pytest.mark.parametrize(
+    "report, summary, remedy",
+    [
+        ("unknown-error", "CUDA init failed: CUDA could not initialise a GPU (`CUDA unknown error`)", "CUDA_VISIBLE_DEVICES"),
+        ("fabric-manager-down", "CUDA init failed: the NVSwitch fabric is not up", "nvidia-fabricmanager"),
+        ("hung-on-3", "CUDA init hung on GPU 3 (0000:61:00.0)", "nvidia-smi -r -i 3"),
+        ("wrong-matmul-on-6", "GPU 6 (0000:d1:00.0) computes wrong results", "dcgmi diag"),
+        ("cuda-visible-4", "CUDA sees 4 GPUs, NVML 8", "unset CUDA_VISIBLE_DEVICES"),
+    ],
+)
+def test_cuda_init_failures_name_cause_and_remedy(report, summary, remedy):
+    f = facts("h100-sxm-8x-healthy.json", init=report)
+    if report.startswith("hung"):
+        f.init.timed_out, f.init.returncode, f.init.ended = True, None, "killed at the deadline after 55 s"
+    fails = only(judged(f))
+    assert fails[0].summary == summary
+    assert remedy in fails[0].remedy
+    if report == "cuda-visible-4":
+        assert "CUDA_VISIBLE_DEVICES=0,1,2,3" in fails[0].cause
+
+
+# ---- the gatherer, for real ------------------------------------------------
+
+
+def python_script(tmp_path: Path, body: str) -> str:
+    """An executable that stands in for the training environment's python."""
+    path = tmp_path / "python"
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def no_new_processes(before: set[int]) -> bool:
+    return {p.pid for p in psutil.Process().children(recursive=True)} <= before
+
+
+def test_the_real_worker_on_cpu_torch_reports_no_cuda_device():
+    outcome, loaded = cuda.run_init(sys.executable, timeout=60, read_links=False)
+    assert outcome.report is not None and outcome.report.error_kind == "cpu_build"
+    assert outcome.report.torch_version and outcome.report.torch_version.startswith("2.")
+    (fail,) = cuda.judge_init(outcome, FakeNvml(NVML / "h100-sxm-8x-healthy.json"))
+    assert fail.summary == "no CUDA device: torch is a CPU-only build"
+    assert sys.executable in fail.cause and loaded is None
+
+
+def test_an_interpreter_without_torch_fails_naming_it(tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    outcome, _ = cuda.run_init(python, timeout=30, read_links=False)
+    (fail,) = cuda.judge_init(outcome, FakeNvml(NVML / "h100-sxm-8x-healthy.json"))
+    assert fail.cause.startswith(f"torch not importable by {python}: ModuleNotFoundError")
+
+
+def test_a_hanging_worker_is_killed_at_its_deadline_with_everything_it_started(tmp_path):
+    # The stand-in starts a grandchild and hangs, as a wedged CUDA init would.
+    python = python_script(tmp_path, "sleep 300 &\nsleep 300\n")
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    start = time.monotonic()
+    outcome, _ = cuda.run_init(python, timeout=1.5, read_links=False)
+    assert time.monotonic() - start < 6
+    assert outcome.timed_out and outcome.report is None
+    assert no_new_processes(before)
+    (fail,) = cuda.judge_init(outcome, FakeNvml(NVML / "h100-sxm-8x-healthy.json"))
+    assert fail.summary == "CUDA init hung" and "killed at the deadline" in fail.cause
+
+
+def test_a_crashing_worker_fails_with_how_it_ended(tmp_path):
+    python = python_script(tmp_path, 'echo "Fatal Python error: Segmentation fault" >&2\nkill -SEGV $$\n')
+    outcome, _ = cuda.run_init(python, timeout=10, read_links=False)
+    (fail,) = cuda.judge_init(outcome, FakeNvml(NVML / "h100-sxm-8x-healthy.json"))
+    assert "killed by SIGSEGV" in fail.cause and "Segmentation fault" in fail.cause
+
+
+def test_a_worker_printing_garbage_fails_cleanly(tmp_path):
+    # Prints nonsense, writes nonsense where its report belongs, and exits 0.
+    python = python_script(tmp_path, 'echo "garbage \\x00\\x01 out"\nprintf "{not json" > "$3/rank0.json"\nexit 0\n')
+    outcome, _ = cuda.run_init(python, timeout=10, read_links=False)
+    (fail,) = cuda.judge_init(outcome, FakeNvml(NVML / "h100-sxm-8x-healthy.json"))
+    assert fail.summary == "the CUDA init worker failed"
+    assert "rank0.json is not JSON" in fail.cause and "exit 0" in fail.cause
+
+
+def test_a_worker_report_of_the_wrong_shape_fails_cleanly(tmp_path):
+    python = python_script(tmp_path, 'echo \'{"stage": 5}\' > "$3/rank0.json"\n')
+    outcome, _ = cuda.run_init(python, timeout=10, read_links=False)
+    (fail,) = cuda.judge_init(outcome, FakeNvml(NVML / "h100-sxm-8x-healthy.json"))
+    assert "does not fit the expected shape" in fail.cause
+
+
+def test_the_worker_runs_by_hand_and_prints_its_report():
+    done = subprocess.run([sys.executable, str(cuda.launch.WORKERS_DIR / "cuda_init.py")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert json.loads(done.stdout)["error_kind"] == "cpu_build"
+
+
+def test_no_torch_import_in_the_agent():
+    # Workers import torch; the agent must not (seconds of startup, and the user's CUDA build).
+    code = "import preflight.checks.cuda, sys; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_sysfs_gpus_without_a_pci_tree_is_empty(tmp_path):
+    assert cuda.sysfs_gpus(Host(tmp_path)) == []
+
+
+@pytest.mark.gpu
+def test_cuda_init_on_every_real_gpu():
+    from preflight import nvml
+
+    inv = nvml.inventory()
+    outcome, loaded = cuda.run_init(sys.executable, timeout=120, read_links=True)
+    assert outcome.report and outcome.report.stage == "done", outcome
+    assert cuda.judge_init(outcome, inv) == []
+    assert loaded and set(loaded) == {g.pci_bus_id for g in inv.gpus}
+    print({d.index: d.seconds for d in outcome.report.devices}, outcome.seconds, loaded)
+

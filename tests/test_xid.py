@@ -1,0 +1,382 @@
+"""Xid / SXid parsing on recorded kernel logs, the code table, and reading the
+kernel log: the real /dev/kmsg of this machine, a test root, and the fallbacks."""
+
+import json
+import os
+import random
+import stat
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES
+
+from preflight import xid
+from preflight.errors import UsageError
+from preflight.host import Completed, Host
+from preflight.xid import (
+    KernelLogUnavailable,
+    XidEvent,
+    explain,
+    parse,
+    read_file,
+    read_kernel_log,
+)
+
+XID = FIXTURES / "xid"
+
+
+def events(name: str) -> list[XidEvent]:
+    (path,) = XID.glob(name + "*")
+    return parse(path.read_text(encoding="utf-8"))
+
+
+def facts(e: XidEvent) -> tuple:
+    return e.kind, e.code, e.pci, e.pid, e.name
+
+
+# --- the shared captures: every fact INDEX.md lists ------------------------------
+
+def test_01_xid63_row_remapper_without_prefix():
+    (e,) = events("01_")
+    assert facts(e) == ("xid", 63, "0000:10:1c", 1896, None)
+    assert e.pci_raw == "PCI:0000:10:1c"
+    assert e.message == "Row Remapper: New row marked for remapping, reset gpu to activate."
+    assert (e.time, e.uptime, e.line) == (None, None, 1)
+    assert e.info.severity == "fatal"
+
+
+def test_03_xid79_one_liner_without_pid():
+    (e,) = events("03_")
+    assert facts(e) == ("xid", 79, "0000:44:00", None, None)
+    assert e.message == "GPU has fallen off the bus"
+    assert (e.time, e.uptime) == (None, None)
+    assert e.info.severity == "fatal" and "reboot" in e.info.action
+
+
+def test_05_dmesg_ctime_xid13_three_times_then_xid109_and_peermem_is_not_an_xid():
+    found = events("05_")
+    assert [facts(e) for e in found] == [("xid", 13, "0000:cb:00", None, None)] * 3 + [
+        ("xid", 109, "0000:cb:00", 1797828, "pt_main_thread")]
+    assert [e.line for e in found] == [2, 3, 4, 5]  # line 1 is the nvidia-peermem ERROR
+    assert found[0].message == "Graphics SM Warp Exception on (GPC 7, TPC 7, SM 0): Illegal Instruction Parameter"
+    assert found[1].message == "Graphics SM Global Exception on (GPC 7, TPC 7, SM 0): Multiple Warp Errors"
+    assert found[2].message.startswith("Graphics Exception: ESR 0x57c730=0xc04000b")
+    assert "errorString CTX SWITCH TIMEOUT, Info 0x58005" in found[3].message
+    assert found[0].time == "Fri Aug 30 11:43:09 2024" and found[3].time == "Fri Aug 30 11:43:14 2024"
+    assert [e.info.severity for e in found] == ["app"] * 3 + ["fatal"]
+
+
+def test_15_syslog_dbe_page_retirement_and_a_second_gpu_failing_init():
+    init, dbe, retire = events("15_")
+    assert facts(dbe) == ("xid", 48, "0000:07:00", None, None)  # pid='<unknown>', name=<unknown>
+    assert "physAddr 0x7fffa8860 partition 7, subpartition 1." in dbe.message
+    assert (dbe.time, dbe.uptime) == ("Dec  2 11:38:47", pytest.approx(219.470994))
+    assert facts(retire) == ("xid", 64, "0000:07:00", None, None)
+    assert retire.message == ("Dynamic Page Retirement: Blacklisting failed.  "
+                              "Page should have been blacklisted on boot(0x00000000007fffa8).")
+    assert (init.kind, init.pci, init.pci_raw) == ("init_failed", "0000:0a:00", "0000:0a:00.0")
+    assert init.message == "RmInitAdapter failed! (0x24:0x72:1568)"
+    # four failed attempts: each logs "rm_init_adapter failed, device minor number 5";
+    # the first attempt's RmInitAdapter line was cut from the excerpt
+    assert init.count == 4
+    assert (init.line, init.time, init.uptime) == (1, "Dec  2 11:38:27", pytest.approx(199.234935))
+    assert {e.info.severity for e in (init, dbe, retire)} == {"fatal"}
+
+
+# --- our own captures: every prefix style --------------------------------------
+
+def test_kmsg_records_give_uptime_and_skip_continuation_lines():
+    fell79, fell, recovery, sxid = events("kmsg_")
+    assert facts(fell79) == ("xid", 79, "0000:3b:00", None, None)
+    assert fell79.uptime == pytest.approx(219.470994) and fell79.time is None
+    assert (fell.kind, fell.code, fell.pci, fell.pci_raw) == ("fell_off_bus", None, "0000:3b:00", "0000:3b:00.0")
+    assert fell.uptime == pytest.approx(219.471002)
+    assert recovery.code == 154 and recovery.uptime == pytest.approx(219.47105)  # flags carry caller=T1946
+    assert recovery.info.severity == "fatal" and recovery.info.action.startswith("reboot the node")
+    assert (sxid.kind, sxid.code, sxid.pci, sxid.name) == ("sxid", 24007, "0000:c3:00", "nvidia-nvswitch2")
+    assert sxid.uptime == pytest.approx(301.0)
+
+
+def test_journalctl_short_iso_with_a_mig_suffix():
+    contained, fault = events("journalctl-short-iso_")
+    assert facts(contained) == ("xid", 94, "0000:01:00", 7194, None)
+    assert contained.pci_raw == "PCI:0000:01:00 GPU-I:05"
+    assert contained.message == "Contained: CE User Channel (0x9). RST: No, D-RST: No"
+    assert contained.time == "2024-08-30T11:43:09+0000" and contained.uptime is None
+    assert contained.info.severity == "app"  # NVIDIA: RESTART_APP
+    assert facts(fault) == ("xid", 31, "0000:2b:00", 1942, "llama-bench")
+    assert fault.message.startswith("channel 0x00000002, intr 00000000. MMU Fault")
+
+
+def test_journalctl_short_monotonic_has_uptime_but_no_wall_time():
+    gsp, nvlink = events("journalctl-short-monotonic_")
+    assert facts(gsp) == ("xid", 119, "0004:01:00", 430, "nv_queue")
+    assert (gsp.time, gsp.uptime, gsp.line) == (None, pytest.approx(219.470994), 3)
+    assert gsp.message == "Timeout waiting for RPC from GSP!"
+    assert facts(nvlink) == ("xid", 74, "0000:c1:00", None, None)
+    assert nvlink.message == "NVLink: fatal error detected on link 1"
+    assert gsp.info.severity == nvlink.info.severity == "fatal"
+
+
+def test_localized_month_names_are_kept_as_printed():
+    dbe, nonfatal, fatal = events("journalctl-localized-month_")
+    assert [e.time for e in (dbe, nonfatal, fatal)] == ["Dez  2 11:38:47", "déc. 02 11:38:49", "12月 02 11:38:50"]
+    assert facts(dbe) == ("xid", 48, "0000:07:00", None, None)
+    assert facts(nonfatal) == ("xid", 145, "0019:01:00", None, None)
+    assert nonfatal.message.startswith("RLW_SRC_TRACK Nonfatal XC1 i0 Link 12")
+    assert (nonfatal.info.severity, fatal.info.severity) == ("app", "fatal")  # as the NVLink 5 line says
+
+
+def test_dmesg_caller_tag_and_recovery_action_reset():
+    fault, recovery = events("dmesg-caller-tag_")
+    assert facts(fault) == ("xid", 31, "0000:2b:00", 1942, "llama-bench")
+    assert fault.uptime == pytest.approx(130.45625) and fault.time is None
+    assert recovery.code == 154 and recovery.info.severity == "fatal"
+    assert recovery.info.action.startswith("reset the GPU")
+
+
+def test_sxid_severity_is_what_the_line_prints():
+    fatal, nonfatal, nonfatal2, unmarked = events("sxid_")
+    assert (fatal.kind, fatal.code, fatal.pci, fatal.pci_raw, fatal.name) == (
+        "sxid", 24007, "0000:c3:00", "PCI:0000:c3:00.0", "nvidia-nvswitch0")
+    assert fatal.message == "Fatal, Link 28 sourcetrack timeout error (First)"
+    assert (nonfatal.code, nonfatal.message) == (20009, "Non-fatal, Link 04 RX Short Error Rate")
+    assert (nonfatal2.code, nonfatal2.name) == (28006, "nvidia-nvswitch3")
+    assert nonfatal2.uptime is None  # "[123]" has no fraction: not a dmesg time stamp
+    assert (unmarked.code, unmarked.pci, unmarked.message) == (26006, "0004:00:00", "SOE HALTED")
+    assert [e.info.severity for e in (fatal, nonfatal, nonfatal2, unmarked)] == ["fatal", "app", "app", "app"]
+    assert "Fabric Manager" in unmarked.info.meaning
+
+
+def test_fallen_off_the_bus_without_an_xid_counts_like_xid_79():
+    bare, no_host = events("fell-off-bus_")
+    assert (bare.kind, bare.pci, bare.time) == ("fell_off_bus", "0000:3b:00", None)
+    assert (no_host.pci, no_host.time) == ("0000:2b:00", "May 18 19:02:39")
+    assert bare.info == explain("xid", 79)
+
+
+def test_old_driver_wording_and_xid_without_pci_prefix():
+    fell, old = events("syslog_old-driver_")
+    assert (fell.kind, fell.pci, fell.time, fell.uptime) == (
+        "fell_off_bus", "0000:01:00", "Jan 18 11:38:05", pytest.approx(269.516977))
+    assert facts(old) == ("xid", 3, "0000:01:00", None, None) and old.pci_raw == "0000:01:00"
+    assert old.info.severity == "info" and "unknown Xid 3" in old.info.meaning
+
+
+def test_broken_lines_are_not_events_and_nothing_raises():
+    assert events("garbage_") == []
+
+
+def test_random_garbage_never_raises():
+    rng = random.Random(1)
+    pieces = ["NVRM: ", "Xid ", "(PCI:", "0000:", "3b:00", ".0", ")", ": ", "79", ", ", "pid=", "'<unknown>'",
+              "name=", "SXid ", "nvidia-nvswitch1: ", "[ 1.5] ", "kernel: ", "4,1,2,-;", "\n", "\x00", "é", "("]
+    for _ in range(2000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
+        for e in parse(text):
+            assert e.line >= 1 and e.raw in text.split("\n")
+
+
+def test_absurd_numbers_are_not_events():
+    assert parse("NVRM: Xid (PCI:0000:01:00): " + "9" * 5000 + ", x\n" + "4,1," + "9" * 5000 + ",-;NVRM: x") == []
+    (e,) = parse("NVRM: Xid (PCI:0000:01:00): 13, pid=" + "1" * 5000 + ", name=a, b")
+    assert e.pid is None
+
+
+def test_events_go_into_a_json_report():
+    found = events("15_") + events("kmsg_")
+    dumped = json.loads(json.dumps([e.model_dump(mode="json") for e in found]))
+    assert [XidEvent.model_validate(d) for d in dumped] == found
+    assert {e.info.model_dump()["severity"] for e in found} == {"fatal"}
+
+
+# --- the code table -------------------------------------------------------------
+
+@pytest.mark.parametrize("code, severity", [
+    (13, "app"), (31, "app"), (43, "app"), (45, "app"), (69, "app"), (92, "app"), (94, "app"),
+    (46, "fatal"), (48, "fatal"), (63, "fatal"), (64, "fatal"), (74, "fatal"), (79, "fatal"), (95, "fatal"),
+    (109, "fatal"), (110, "fatal"), (119, "fatal"), (120, "fatal"), (140, "fatal"), (143, "fatal"),
+    (144, "fatal"), (150, "fatal"), (158, "fatal"),
+])
+def test_severity_follows_the_catalog(code, severity):
+    info = explain("xid", code)
+    assert info.severity == severity and info.meaning and info.action
+
+
+def test_fatal_actions_say_reset_reboot_or_drain():
+    for code in (46, 48, 63, 64, 74, 79, 95, 109, 119, 140, 143, 145):
+        assert explain("xid", code).action.startswith(("reset the GPU", "reboot the node", "drain the node"))
+
+
+def test_unknown_codes_are_info_and_point_at_the_catalog():
+    info = explain("xid", 999)
+    assert info.severity == "info"
+    assert info.meaning.startswith("unknown Xid 999: look it up in NVIDIA's Xid catalog")
+
+
+@pytest.mark.parametrize("target, severity", [
+    ("0x0 (None)", "info"), ("0x3 (Drain P2P)", "app"), ("0x1 (GPU Reset Required)", "fatal"),
+    ("0x2 (Node Reboot Required)", "fatal"), ("0x4 (Drain and Reset)", "fatal"), ("", "fatal"),
+])
+def test_xid_154_is_judged_by_the_action_it_names(target, severity):
+    message = f"GPU recovery action changed from 0x1 (GPU Reset Required) to {target}" if target else "garbled"
+    assert explain("xid", 154, message).severity == severity
+
+
+def test_init_failure_is_fatal():
+    assert explain("init_failed", None).severity == "fatal"
+
+
+# --- reading the kernel log -----------------------------------------------------
+
+def test_the_real_dev_kmsg_is_read_quickly_and_parses():
+    start = time.monotonic()
+    try:
+        text, source = read_kernel_log(Host(), timeout=10)
+    except KernelLogUnavailable as e:  # a container without CAP_SYSLOG and no journal
+        assert time.monotonic() - start < 11
+        pytest.skip(f"no kernel log readable here: {e.cause}")
+    assert time.monotonic() - start < 5
+    assert source in ("/dev/kmsg", " ".join(xid.JOURNALCTL), " ".join(xid.DMESG))
+    assert text.strip()
+    parse(text)
+
+
+class FakeHost(Host):
+    """A test root, and commands answered from a table instead of run."""
+
+    def __init__(self, root: Path, answers: dict[str, Completed | Exception]):
+        super().__init__(root=root, environ={})
+        self.answers, self.asked = answers, []
+
+    def run(self, argv, timeout, cwd=None):
+        self.asked.append((argv[0], timeout))
+        answer = self.answers[argv[0]]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def ok(stdout: str) -> Completed:
+    return Completed((), 0, stdout, "", False)
+
+
+def test_kmsg_under_a_test_root(tmp_path):
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "kmsg").write_text((XID / "kmsg_xid79_fell-off-bus_xid154_sxid_handmade.txt").read_text())
+    text, source = read_kernel_log(FakeHost(tmp_path, {}), timeout=5)
+    assert source == str(tmp_path / "dev" / "kmsg")
+    assert [e.code for e in parse(text)] == [79, None, 154, 24007]
+
+
+def test_without_kmsg_journalctl_is_asked_with_the_time_left(tmp_path):
+    host = FakeHost(tmp_path, {"journalctl": ok((XID / "03_xid79_one-liner_no-pid_NVSentinel-155-comment.txt")
+                                                .read_text())})
+    text, source = read_kernel_log(host, timeout=5)
+    assert source == "journalctl -k -b --no-pager -o short-monotonic"
+    assert [e.code for e in parse(text)] == [79]
+    assert host.asked[0][0] == "journalctl" and 0 < host.asked[0][1] <= 5
+
+
+def test_an_empty_journal_is_not_a_clean_node(tmp_path):
+    host = FakeHost(tmp_path, {"journalctl": ok("-- No entries --\n"), "dmesg": ok("[ 1.0] NVRM: loading\n")})
+    text, source = read_kernel_log(host, timeout=5)
+    assert source == "dmesg" and "NVRM" in text
+
+
+def test_nothing_readable_names_every_source(tmp_path):
+    host = FakeHost(tmp_path, {
+        "journalctl": FileNotFoundError(2, "No such file or directory"),
+        "dmesg": Completed((), 1, "", "dmesg: read kernel buffer failed: Operation not permitted\n", False),
+    })
+    with pytest.raises(KernelLogUnavailable) as raised:
+        read_kernel_log(host, timeout=5)
+    cause = raised.value.cause
+    assert "kmsg: No such file or directory" in cause
+    assert "journalctl: No such file or directory" in cause
+    assert "dmesg: dmesg: read kernel buffer failed: Operation not permitted" in cause
+
+
+def test_an_empty_kmsg_falls_back_to_the_journal(tmp_path):
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "kmsg").write_text("")
+    host = FakeHost(tmp_path, {"journalctl": ok("[ 1.0] host kernel: Linux version\n")})
+    assert read_kernel_log(host, timeout=5)[1].startswith("journalctl")
+
+
+def test_a_command_past_its_deadline_is_a_failure(tmp_path):
+    late = Completed((), None, "", "", True)
+    with pytest.raises(KernelLogUnavailable, match="journalctl: timed out; dmesg: timed out"):
+        read_kernel_log(FakeHost(tmp_path, {"journalctl": late, "dmesg": late}), timeout=5)
+
+
+def test_kmsg_reading_survives_overwritten_records(tmp_path, monkeypatch):
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "kmsg").write_text("")  # opened for real, then read through the fake below
+    replies = [b"4,1,100,-;NVRM: Xid (PCI:0000:01:00): 13, a\n", BrokenPipeError(),
+               b"4,9,900,-;NVRM: Xid (PCI:0000:01:00): 79, b\n", BlockingIOError()]
+
+    def read(fd, n):
+        reply = replies.pop(0)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    monkeypatch.setattr(xid.os, "read", read)
+    text, _ = read_kernel_log(FakeHost(tmp_path, {}), timeout=5)
+    assert [e.code for e in parse(text)] == [13, 79]
+
+
+def test_kmsg_that_never_ends_stops_at_the_deadline(tmp_path, monkeypatch):
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "kmsg").write_text("")
+    monkeypatch.setattr(xid.os, "read", lambda fd, n: b"4,1,1,-;endless\n")
+    start = time.monotonic()
+    with pytest.raises(KernelLogUnavailable, match="deadline"):
+        read_kernel_log(FakeHost(tmp_path, {}), timeout=0.3)
+    assert time.monotonic() - start < 2
+
+
+# --- --from FILE -----------------------------------------------------------------
+
+def usage_error(path) -> str:
+    with pytest.raises(UsageError) as raised:
+        read_file(path)
+    message = str(raised.value)
+    assert "\n" not in message and str(path) in message
+    return message
+
+
+def test_read_file_returns_the_text():
+    assert "Xid (PCI:0000:10:1c): 63" in read_file(XID / "01_xid63_row-remapper-new-row-marked_a100.txt")
+
+
+def test_read_file_replaces_bytes_that_are_not_utf8(tmp_path):
+    (tmp_path / "latin1.log").write_bytes(b"Dez  2 kernel: NVRM: Xid (PCI:0000:01:00): 13, \xe9t\xe9\n")
+    assert [e.message for e in parse(read_file(tmp_path / "latin1.log"))] == ["\ufffdt\ufffd"]
+
+
+def test_read_file_errors_are_one_line_each(tmp_path):
+    assert "no such file" in usage_error(tmp_path / "missing.log")
+    assert "is a directory" in usage_error(tmp_path)
+    (tmp_path / "log.gz").write_bytes(b"\x1f\x8b\x08\x00\x00\x00\x00\x00")
+    assert "not text" in usage_error(tmp_path / "log.gz")
+    big = tmp_path / "huge.log"
+    with big.open("wb") as f:
+        f.truncate(64 * 2**20 + 1)  # sparse: costs no disk
+    assert "larger than 64 MiB" in usage_error(big)
+    assert "not a regular file" in usage_error(Path("/dev/null"))
+
+
+def test_read_file_accepts_a_pipe(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+    writer = threading.Thread(target=lambda: fifo.write_text("NVRM: Xid (PCI:0000:01:00): 79, gone\n"))
+    writer.start()
+    try:
+        assert [e.code for e in parse(read_file(fifo))] == [79]
+    finally:
+        writer.join(timeout=5)
