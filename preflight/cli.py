@@ -199,6 +199,13 @@ def show_profile(
         kind = "at least" if f.bound == "min" else "at most"
         value = f"{f.value:.0f}" if f.value.is_integer() else f"{f.value:g}"
         print(f"    {fname}: {kind} {value} {f.unit}{human}\n      value from: {f.origin}\n      source: {f.source}")
+    if g := p.gpu:
+        print(f"  GPU expectations:\n    PCI device ids: {', '.join(g.pci_device_ids) or 'any'}")
+        print(f"    driver at least {g.driver_min}\n      source: {g.driver_source}")
+        print(f"    NVLinks per GPU: {g.nvlinks}" + (f"\n      source: {g.nvlinks_source}" if g.nvlinks_source else ""))
+        if g.memory_min_bytes:
+            print(f"    memory at least {fmt_bytes(g.memory_min_bytes)}\n      source: {g.memory_source}")
+        print(f"    MIG: {'off (whole GPUs)' if g.whole_gpus else 'allowed'}")
     return 0
 
 

@@ -375,3 +375,64 @@ def test_sigterm_while_nvml_hangs_leaves_no_child_and_says_so(tmp_path):
     assert proc.wait(timeout=30) == 143
     assert "interrupted by signal 15 before any check ran" in proc.stderr.read()
     assert not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children)
+
+
+# --- detect and xid -------------------------------------------------------------
+
+XID_FIXTURES = Path(__file__).parent / "fixtures" / "xid"
+
+
+def test_detect_prints_the_gpus_and_the_profile_it_picks_and_why():
+    r = invoke("detect", "--nvml-fake", str(NVML_FIXTURES / "h100-sxm-8x-healthy.json"))
+    assert r.exit_code == 0, r.output
+    assert "driver 550.54.15, CUDA 12.4 (from fake " in r.stdout
+    assert "GPU 7  NVIDIA H100 80GB HBM3  0000:df:00.0  device 0x2330  80 GiB" in r.stdout
+    assert "profile: h100-sxm (auto: 8 x NVIDIA H100 80GB HBM3 matched profile h100-sxm by name" in r.stdout
+    data = json.loads(invoke("detect", "--json", "--nvml-fake", str(NVML_FIXTURES / "h100-sxm-8x-healthy.json")).stdout)
+    assert data["profile"] == "h100-sxm" and len(data["gpus"]) == 8
+
+
+def test_detect_names_what_it_cannot_pick():
+    r = invoke("detect", "--nvml-fake", str(NVML_FIXTURES / "h100-mixed-skus.json"))
+    assert r.exit_code == 1
+    assert "profile: none (mixed GPU models on one node: NVIDIA H100 80GB HBM3 (0x2330), NVIDIA H100 PCIe (0x2331)" in r.stdout
+
+
+@no_driver
+def test_detect_without_a_driver_says_so():
+    r = invoke("detect")
+    assert r.exit_code == 1 and "no NVIDIA driver" in r.stderr
+
+
+def test_detect_with_a_malformed_fake_is_a_usage_error(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"driver_version": 550, "gpus": []}')
+    r = invoke("detect", "--nvml-fake", str(bad))
+    assert r.exit_code == 2 and "field driver_version: Input should be a valid string" in r.stderr
+
+
+@pytest.mark.parametrize("path", sorted(XID_FIXTURES.glob("[0-9]*.txt")), ids=lambda p: p.name[:2])
+def test_xid_from_a_saved_log_explains_every_event(path):
+    r = invoke("xid", "--from", str(path), "--json")
+    data = json.loads(r.stdout)
+    assert data["source"] == str(path) and data["events"]
+    assert all(e["meaning"] and e["action"] and e["severity"] in ("fatal", "app", "info") for e in data["events"])
+    assert r.exit_code == (1 if any(e["severity"] == "fatal" for e in data["events"]) else 0)
+
+
+def test_xid_table_for_a_person():
+    r = invoke("xid", "--from", str(XID_FIXTURES / "15_syslog-kernel-prefix_xid48-DBE-physAddr-partition_xid64-page-retirement-blacklisting-failed_RmInitAdapter-failed_gpu-operator-1146.txt"))
+    assert r.exit_code == 1  # fatal events listed
+    assert "FATAL  Xid 48" in r.stdout and "0000:07:00" in r.stdout and "Dec  2 11:38:47" in r.stdout
+    assert "action: " in r.stdout
+
+
+def test_xid_on_this_machine_reads_the_kernel_log():
+    r = invoke("xid", "--json")
+    assert r.exit_code in (0, 1), r.output
+    assert json.loads(r.stdout)["source"]
+
+
+def test_xid_from_a_missing_file_is_a_usage_error(tmp_path):
+    r = invoke("xid", "--from", str(tmp_path / "nope.log"))
+    assert r.exit_code == 2 and "nope.log" in r.stderr and r.stderr.count("\n") == 1

@@ -5,10 +5,10 @@ import json
 import time
 from pathlib import Path
 
+import fakes
 import psutil
 import pytest
 
-import fakes
 from preflight import nvml
 from preflight.errors import UsageError
 from preflight.nvml import FakeNvml, NvmlUnavailable

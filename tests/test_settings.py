@@ -161,3 +161,25 @@ def test_profiles_dir_that_is_a_file_is_refused(tmp_path):
     (tmp_path / "notadir").write_text("")
     with pytest.raises(UsageError, match=r"profiles_dir .*notadir: not a directory"):
         settings.load({}, config=write(tmp_path, f'profiles_dir = "{tmp_path / "notadir"}"\n'))
+
+
+def test_worker_python_and_driver_pin_come_from_any_layer(tmp_path, monkeypatch):
+    cfg = write(tmp_path, 'python = "/opt/venv/bin/python"\ndriver_version = "550.54.15"\n')
+    s = settings.load({}, config=cfg)
+    assert (s.python, s.driver_version) == (Path("/opt/venv/bin/python"), "550.54.15")
+    monkeypatch.setenv("PREFLIGHT_PYTHON", "/usr/bin/python3")
+    assert settings.load({}, config=cfg).python == Path("/usr/bin/python3")
+
+
+def test_a_driver_pin_must_look_like_a_version(monkeypatch):
+    monkeypatch.setenv("PREFLIGHT_DRIVER_VERSION", "latest")
+    with pytest.raises(UsageError, match="PREFLIGHT_DRIVER_VERSION='latest': String should match pattern"):
+        settings.load({})
+
+
+def test_fake_nvml_never_comes_from_the_config_file(tmp_path, monkeypatch):
+    # A site config must not be able to make a real node read invented facts.
+    with pytest.raises(UsageError, match="nvml_fake"):
+        settings.load({}, config=write(tmp_path, 'nvml_fake = "/tmp/healthy.json"\n'))
+    monkeypatch.setenv("PREFLIGHT_NVML_FAKE", "/tmp/healthy.json")
+    assert settings.load({}).nvml_fake == Path("/tmp/healthy.json")

@@ -3,6 +3,7 @@ reports, Xid logs), and the gatherer with the real worker on CPU torch and
 with interpreters made to hang, crash or talk nonsense."""
 
 import json
+import os
 import stat
 import subprocess
 import sys
@@ -11,13 +12,13 @@ from pathlib import Path
 
 import psutil
 import pytest
+from preflight.checks import cuda
+from preflight.checks.cuda import InitOutcome, InitReport
 
 from preflight import profiles, xid
 from preflight.check import Status
 from preflight.host import Host
 from preflight.nvml import FakeNvml, PcieLink
-from preflight.checks import cuda
-from preflight.checks.cuda import InitOutcome, InitReport
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 NVML = FIXTURES / "nvml"
@@ -300,3 +301,76 @@ def test_cuda_init_on_every_real_gpu():
     assert loaded and set(loaded) == {g.pci_bus_id for g in inv.gpus}
     print({d.index: d.seconds for d in outcome.report.devices}, outcome.seconds, loaded)
 
+
+
+# ---- through the CLI, as the issue's "done when" reads -------------------------
+
+from conftest import no_driver, run_preflight  # noqa: E402
+
+from preflight.report import Report  # noqa: E402
+
+
+@no_driver
+def test_h100_profile_on_a_machine_without_a_driver_fails_with_the_cause():
+    p = run_preflight(["run", "--profile", "h100-sxm", "--only", "cuda", "--json"])
+    assert p.returncode == 1, p.stderr
+    (c,) = Report.model_validate_json(p.stdout).checks
+    assert c.check == "cuda" and c.status == Status.FAIL and c.cause.startswith("no NVIDIA driver")
+
+
+def test_fake_healthy_node_passes_the_inventory_and_fails_cuda_init_on_cpu_torch(tmp_path):
+    report = tmp_path / "r.json"
+    p = run_preflight(["run", "--profile", "h100-sxm", "--only", "cuda", "--report", str(report), "--nvml-fake", str(NVML / "h100-sxm-8x-healthy.json")])
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    (c,) = Report.model_validate_json(report.read_text()).checks
+    assert c.details["parts"] == {"inventory": "PASS", "xid": "PASS", "cuda_init": "FAIL"}
+    assert c.summary.startswith("no CUDA device: torch is a CPU-only build (inventory and xid passed) [FAKE NVML from ")
+    assert c.details["init"]["report"]["torch_version"].startswith("2.")
+
+
+def test_fake_x8_link_fails_the_inventory_naming_the_gpu(tmp_path):
+    p = run_preflight(["run", "--profile", "h100-sxm", "--only", "cuda", "--json", "--nvml-fake", str(NVML / "h100-sxm-pcie-x8.json")])
+    (c,) = Report.model_validate_json(p.stdout).checks
+    assert p.returncode == 1 and c.details["parts"]["inventory"] == "FAIL"
+    assert "GPU 2 (0000:52:00.0)'s PCIe link trained at x8" in c.cause
+
+
+def test_a_malformed_fake_exits_2_naming_the_field_and_writes_nothing(tmp_path):
+    bad = tmp_path / "bad.json"
+    data = json.loads((NVML / "h100-sxm-8x-healthy.json").read_text())
+    data["gpus"][1]["pcie"]["width"] = "sixteen"
+    bad.write_text(json.dumps(data))
+    report = tmp_path / "r.json"
+    p = run_preflight(["run", "--profile", "h100-sxm", "--report", str(report), "--nvml-fake", str(bad)])
+    assert p.returncode == 2
+    assert p.stderr.strip().endswith("field gpus.1.pcie.width: Input should be a valid integer, unable to parse string as an integer")
+    assert p.stderr.count("\n") == 1 and not report.exists()
+
+
+def test_python_that_does_not_exist_is_a_usage_error(tmp_path):
+    p = run_preflight(["run", "--profile", "h100-sxm", "--python", str(tmp_path / "nope" / "python")])
+    assert p.returncode == 2 and "no such file; point it at the training environment's interpreter" in p.stderr
+
+
+def test_python_without_torch_fails_naming_the_interpreter(tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    p = run_preflight(["run", "--profile", "h100-sxm", "--only", "cuda", "--json", "--python", python, "--nvml-fake", str(NVML / "h100-sxm-8x-healthy.json")])
+    (c,) = Report.model_validate_json(p.stdout).checks
+    assert p.returncode == 1 and c.cause.startswith(f"torch not importable by {python}")
+
+
+def test_a_hung_worker_fails_within_the_profiles_deadline_and_leaves_nothing(tmp_path):
+    site = tmp_path / "profiles"
+    site.mkdir()
+    text = (profiles.BUILTIN_DIR / "h100-sxm.toml").read_text()
+    (site / "h100-sxm.toml").write_text(text + "\n[timeouts]\ncuda = 8\n")
+    python = python_script(tmp_path, "sleep 3011 &\nexec sleep 3011\n")  # a child, then hang
+    env = {**os.environ, "PREFLIGHT_PROFILES_DIR": str(site)}
+    start = time.monotonic()
+    p = run_preflight(["run", "--profile", "h100-sxm", "--only", "cuda", "--json", "--python", python, "--nvml-fake", str(NVML / "h100-sxm-8x-healthy.json")], env=env, timeout=60)
+    assert time.monotonic() - start < 20
+    (c,) = Report.model_validate_json(p.stdout).checks
+    assert p.returncode == 1 and c.summary.startswith("CUDA init hung")
+    assert not [proc for proc in psutil.process_iter(["cmdline"]) if proc.info["cmdline"] == ["sleep", "3011"]]

@@ -1,0 +1,192 @@
+"""The NVML query that runs in a child process (see preflight/nvml.py).
+
+Standard library and pynvml only, so the child starts in a fraction of the
+agent's import time; it prints one JSON line, facts or a cause and remedy,
+and the parent validates it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+NO_DRIVER = "install or load the NVIDIA driver (`nvidia-smi` must answer); on a machine with no GPU use --profile cpu for a dry run"
+BROKEN = "look for Xid errors (`preflight xid`); reset the GPU (`nvidia-smi -r -i N`) or reboot, and drain the node until NVML answers"
+NO_ACCESS = "run preflight as root, or give its user access to /dev/nvidia* (the video group on most distributions)"
+MISMATCH = "reboot the node (or unload and reload the nvidia kernel modules) so the kernel module matches the installed driver"
+
+# nvml.h's clocks-event (formerly throttle) reason bits, by the name a report shows.
+CLOCKS_EVENTS = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}
+NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS
+
+
+def _child(what: str) -> dict[str, Any]:
+    try:
+        import pynvml
+    except ImportError:
+        return _failed("nvidia-ml-py is not installed", "pip install nvidia-ml-py")
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError_LibraryNotFound:
+        return _failed("no NVIDIA driver: the NVML library libnvidia-ml.so.1 was not found", NO_DRIVER)
+    except pynvml.NVMLError_DriverNotLoaded:
+        return _failed("no NVIDIA driver: the nvidia kernel module is not loaded", NO_DRIVER)
+    except pynvml.NVMLError_NoPermission:
+        return _failed("NVML refused access: no permission on /dev/nvidia*", NO_ACCESS)
+    except getattr(pynvml, "NVMLError_LibRmVersionMismatch", ()) as e:
+        return _failed(f"NVIDIA driver/library version mismatch ({e}): the driver was upgraded without a reboot", MISMATCH)
+    except pynvml.NVMLError as e:  # GPU lost, Unknown Error at init: the driver is there, a GPU is not well
+        return _failed(f"NVML failed to start: {e}", BROKEN)
+    try:
+        return {"facts": _inventory(pynvml) if what == "inventory" else _pcie(pynvml)}
+    except pynvml.NVMLError as e:
+        return _failed(f"NVML failed: {e}", BROKEN)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _failed(cause: str, remedy: str) -> dict[str, Any]:
+    return {"failed": {"cause": cause, "remedy": remedy}}
+
+
+def _text(v: Any) -> str:
+    return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+
+
+def _optional(pynvml: Any, fn: str, *args: Any) -> Any:
+    """A fact this GPU or driver may not have: None instead of an error. A GPU
+    that is lost raises on, so the caller records it as lost."""
+    f = getattr(pynvml, fn, None)
+    if f is None:  # an older nvidia-ml-py without the call
+        return None
+    try:
+        return f(*args)
+    except (pynvml.NVMLError_GpuIsLost, pynvml.NVMLError_Unknown):
+        raise
+    except pynvml.NVMLError:
+        return None
+
+
+def _inventory(pynvml: Any) -> dict[str, Any]:
+    cuda = _optional(pynvml, "nvmlSystemGetCudaDriverVersion_v2") or _optional(pynvml, "nvmlSystemGetCudaDriverVersion")
+    facts: dict[str, Any] = {
+        "driver_version": _text(pynvml.nvmlSystemGetDriverVersion()),
+        "cuda_driver_version": f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else None,
+        "gpus": [],
+        "lost": [],
+    }
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        bus = None
+        try:
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            pci = pynvml.nvmlDeviceGetPciInfo(h)
+            bus = _text(pci.busId)
+            facts["gpus"].append(_gpu(pynvml, i, h, bus, pci.pciDeviceId))
+        except pynvml.NVMLError as e:
+            # GPU_IS_LOST, Unknown Error, handle not found: name the slot when we got that far.
+            facts["lost"].append({"index": i, "pci_bus_id": bus, "error": str(e)})
+    return facts
+
+
+def _gpu(pynvml: Any, i: int, h: Any, bus: str, device_id: int) -> dict[str, Any]:
+    opt = lambda fn, *a: _optional(pynvml, fn, h, *a)  # noqa: E731
+    mig = opt("nvmlDeviceGetMigMode")
+    memory = opt("nvmlDeviceGetMemoryInfo")
+    ecc = opt("nvmlDeviceGetEccMode")
+    rows = opt("nvmlDeviceGetRemappedRows")  # (correctable, uncorrectable, pending, failure)
+    reasons = opt("nvmlDeviceGetCurrentClocksEventReasons")
+    if reasons is None:
+        reasons = opt("nvmlDeviceGetCurrentClocksThrottleReasons")
+    power = opt("nvmlDeviceGetEnforcedPowerLimit")
+    default_power = opt("nvmlDeviceGetPowerManagementDefaultLimit")
+    return {
+        "index": i,
+        "name": _text(pynvml.nvmlDeviceGetName(h)),
+        "uuid": _text(pynvml.nvmlDeviceGetUUID(h)),
+        "pci_bus_id": bus,
+        # pciDeviceId packs device << 16 | vendor (0x233010DE for an H100 SXM).
+        "pci_device_id": f"0x{device_id >> 16:04x}" if device_id else None,
+        "serial": _maybe_text(opt("nvmlDeviceGetSerial")),
+        "vbios": _maybe_text(opt("nvmlDeviceGetVbiosVersion")),
+        "persistence_mode": _flag(opt("nvmlDeviceGetPersistenceMode")),
+        "mig_mode": _flag(mig[0]) if mig else None,
+        "memory_total_bytes": memory.total if memory else None,
+        "ecc_mode": _flag(ecc[0]) if ecc else None,
+        "ecc_uncorrectable_volatile": opt("nvmlDeviceGetTotalEccErrors", 1, 0),  # UNCORRECTED, VOLATILE
+        "ecc_uncorrectable_aggregate": opt("nvmlDeviceGetTotalEccErrors", 1, 1),  # UNCORRECTED, AGGREGATE
+        "retired_pages_pending": _flag(opt("nvmlDeviceGetRetiredPagesPendingStatus")),
+        "remapped_rows": _rows(rows),
+        "pcie": _link(pynvml, h),
+        "clocks_events": [n for n, bit in CLOCKS_EVENTS.items() if reasons & bit] if reasons is not None else None,
+        "temperature_c": opt("nvmlDeviceGetTemperature", 0),  # NVML_TEMPERATURE_GPU
+        "power_limit_w": power / 1000 if power is not None else None,
+        "power_default_limit_w": default_power / 1000 if default_power is not None else None,
+        **_nvlinks(pynvml, h),
+    }
+
+
+def _rows(rows: Any) -> dict[str, Any] | None:
+    if rows is None:  # pre-Ampere: no row remapping, retired pages instead
+        return None
+    correctable, uncorrectable, pending, failure = rows
+    return {"correctable": correctable, "uncorrectable": uncorrectable, "pending": bool(pending), "failure": bool(failure)}
+
+
+def _maybe_text(v: Any) -> str | None:
+    return None if v is None else _text(v)
+
+
+def _flag(v: Any) -> bool | None:
+    return None if v is None else bool(v)
+
+
+def _link(pynvml: Any, h: Any) -> dict[str, Any]:
+    opt = lambda fn: _optional(pynvml, fn, h)  # noqa: E731
+    return {
+        "gen": opt("nvmlDeviceGetCurrPcieLinkGeneration"),
+        "width": opt("nvmlDeviceGetCurrPcieLinkWidth"),
+        "gen_max": opt("nvmlDeviceGetMaxPcieLinkGeneration"),
+        "width_max": opt("nvmlDeviceGetMaxPcieLinkWidth"),
+    }
+
+
+def _nvlinks(pynvml: Any, h: Any) -> dict[str, Any]:
+    if not hasattr(pynvml, "nvmlDeviceGetNvLinkState"):
+        return {"nvlinks_active": None, "nvlinks_down": []}
+    active, down = 0, []
+    for link in range(NVLINK_MAX_LINKS):
+        state = _optional(pynvml, "nvmlDeviceGetNvLinkState", h, link)
+        if state is None:  # no such link on this board
+            continue
+        if state:
+            active += 1
+        else:
+            down.append(link)
+    return {"nvlinks_active": active, "nvlinks_down": down}
+
+
+def _pcie(pynvml: Any) -> dict[str, Any]:
+    links = {}
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        try:
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            links[_text(pynvml.nvmlDeviceGetPciInfo(h).busId)] = _link(pynvml, h)
+        except pynvml.NVMLError:
+            continue  # the inventory already named a lost GPU
+    return links
+
+
+if __name__ == "__main__":
+    print(json.dumps(_child(sys.argv[1] if len(sys.argv) > 1 else "inventory")))
+    sys.exit(0)
