@@ -138,6 +138,7 @@ class Check(ABC):
             ranked[0].status,
             ranked[0].summary + (f" (+{len(ranked) - 1} more)" if len(ranked) > 1 else ""),
             cause="; ".join(f.cause for f in ranked),
-            remedy="; ".join(dict.fromkeys(f.remedy for f in ranked)),
+            # Remedies share clauses ("...; drain the node"): say each once.
+            remedy="; ".join(dict.fromkeys(part for f in ranked for part in f.remedy.split("; "))),
             **kw,
         )

@@ -255,10 +255,11 @@ def xid(
     else:
         try:
             text, source = xids.read_kernel_log(Host(), timeout=10.0)
-        except xids.KernelLogUnavailable as e:
-            raise UsageError(f"cannot read the kernel log: {e}; run as root, or save `dmesg` to a file and use --from FILE") from None
+        except xids.KernelLogUnavailable as e:  # this machine's doing, not bad input: exit 1
+            _console().error(f"cannot read the kernel log: {e}; run as root, or save `dmesg` to a file and use --from FILE")
+            return 1
     events = xids.parse(text)
-    rows = [{**e.model_dump(mode="json"), **xids.explain(e.kind, e.code).model_dump(mode="json")} for e in events]
+    rows = [{**e.model_dump(mode="json"), **e.info.model_dump(mode="json")} for e in events]
     if json_out:
         _emit(json.dumps({"source": source, "events": rows}, indent=2) + "\n")
     else:

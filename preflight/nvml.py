@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from preflight.errors import UsageError
 
@@ -34,6 +34,10 @@ class _Facts(BaseModel):
     # A fake file with a typo ("ecc_uncorectable_volatile") must be an error,
     # not a silently healthy GPU.
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# NVML prints "00000000:1B:00.0"; sysfs and lspci "0000:1b:00.0". Both are accepted.
+BusId = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")]
 
 
 class PcieLink(_Facts):
@@ -56,7 +60,7 @@ class Gpu(_Facts):
     index: int = Field(ge=0)
     name: str
     uuid: str
-    pci_bus_id: str  # "00000000:18:00.0", as NVML prints it
+    pci_bus_id: BusId
     pci_device_id: str | None = Field(default=None, pattern=r"^0x[0-9a-f]{4}$")
     serial: str | None = None
     vbios: str | None = None
@@ -81,7 +85,7 @@ class LostGpu(_Facts):
     """A GPU the driver counts but cannot talk to (fell off the bus, Unknown Error)."""
 
     index: int = Field(ge=0)
-    pci_bus_id: str | None = None
+    pci_bus_id: BusId | None = None
     error: str
 
 
@@ -92,11 +96,24 @@ class Inventory(_Facts):
     lost: list[LostGpu] = Field(default_factory=list)
     source: str = "NVML"
 
+    @model_validator(mode="after")
+    def _one_entry_per_index(self) -> Inventory:
+        indices = [g.index for g in self.gpus] + [g.index for g in self.lost]
+        dup = sorted({i for i in indices if indices.count(i) > 1})
+        if dup:
+            raise ValueError(f"GPU index {dup[0]} is listed more than once")
+        return self
+
 
 def short_pci(bus_id: str) -> str:
     """``00000000:18:00.0`` -> ``0000:18:00.0``: the form sysfs and lspci use."""
     domain, _, rest = bus_id.lower().partition(":")
     return f"{int(domain, 16):04x}:{rest}" if rest else bus_id.lower()
+
+
+def slot(bus_id: str) -> str:
+    """``00000000:18:00.0`` -> ``0000:18:00``: the form kernel Xid lines print."""
+    return short_pci(bus_id).rpartition(".")[0]
 
 
 def FakeNvml(path: Path) -> Inventory:  # noqa: N802 - reads like the class it stands in for

@@ -66,15 +66,16 @@ def _text(v: Any) -> str:
 
 def _optional(pynvml: Any, fn: str, *args: Any) -> Any:
     """A fact this GPU or driver may not have: None instead of an error. A GPU
-    that is lost raises on, so the caller records it as lost."""
+    that is lost raises on, so the caller records it as lost; whether a GPU is
+    lost is decided by the calls every GPU answers (handle, PCI, name, UUID)."""
     f = getattr(pynvml, fn, None)
     if f is None:  # an older nvidia-ml-py without the call
         return None
     try:
         return f(*args)
-    except (pynvml.NVMLError_GpuIsLost, pynvml.NVMLError_Unknown):
+    except pynvml.NVMLError_GpuIsLost:
         raise
-    except pynvml.NVMLError:
+    except pynvml.NVMLError:  # Not Supported, or one odd answer: the core calls decide "lost"
         return None
 
 
@@ -164,16 +165,11 @@ def _link(pynvml: Any, h: Any) -> dict[str, Any]:
 def _nvlinks(pynvml: Any, h: Any) -> dict[str, Any]:
     if not hasattr(pynvml, "nvmlDeviceGetNvLinkState"):
         return {"nvlinks_active": None, "nvlinks_down": []}
-    active, down = 0, []
-    for link in range(NVLINK_MAX_LINKS):
-        state = _optional(pynvml, "nvmlDeviceGetNvLinkState", h, link)
-        if state is None:  # no such link on this board
-            continue
-        if state:
-            active += 1
-        else:
-            down.append(link)
-    return {"nvlinks_active": active, "nvlinks_down": down}
+    states = {link: _optional(pynvml, "nvmlDeviceGetNvLinkState", h, link) for link in range(NVLINK_MAX_LINKS)}
+    present = {link: state for link, state in states.items() if state is not None}  # None: no such link
+    if not present:  # not one link answered: unknown (a PCIe board, or a VM that hides NVLink), not "0 up"
+        return {"nvlinks_active": None, "nvlinks_down": []}
+    return {"nvlinks_active": sum(1 for s in present.values() if s), "nvlinks_down": [k for k, s in present.items() if not s]}
 
 
 def _pcie(pynvml: Any) -> dict[str, Any]:

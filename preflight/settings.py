@@ -60,6 +60,14 @@ class _Common(BaseModel):
     # Pin the driver exactly (fleet uniformity); the profile only sets a minimum.
     driver_version: str | None = Field(default=None, pattern=r"^[0-9]+(\.[0-9]+)*$")
 
+    @field_validator("python")
+    @classmethod
+    def _absolute(cls, v: Path | None) -> Path | None:
+        # Workers start in a directory of their own: "venv/bin/python" must
+        # mean the one beside the person who typed it. absolute(), not
+        # resolve(): a venv's python is a symlink that must stay in the venv.
+        return v.expanduser().absolute() if v is not None else None
+
     _split_lists = field_validator("only", "skip", mode="before")(_split)
     _paths = field_validator("profile", "report", "lock_file", "profiles_dir", "python", mode="before")(_not_empty)
 

@@ -142,8 +142,9 @@ def explain(kind: str, code: int | None, message: str = "") -> XidInfo:
             return XidInfo(meaning=meaning, severity="app", action="let peer-to-peer work drain, then reset the GPU")
         return XidInfo(meaning=meaning, severity="fatal", action=REBOOT if "reboot" in target else RESET)
     if code is None or code not in _TABLE:
+        # A gate warns on what it cannot explain, rather than letting it pass unseen.
         return XidInfo(meaning=f"unknown Xid {code}: look it up in NVIDIA's Xid catalog ({CATALOG})",
-                       severity="info", action="look the code up before the next job")
+                       severity="app", action="look the code up before the next job")
     meaning, severity, action = _TABLE[code]
     if 144 <= code <= 150 and _NONFATAL.search(message):  # "145, RLW_REMAP Nonfatal XC0 i0 Link 02"
         severity, action = "app", "watch for repeats on the same link (nvidia-smi nvlink -e)"
@@ -163,6 +164,7 @@ _PID = re.compile(r"pid=(?:'?<unknown>'?|(?P<pid>\d{1,10})\b),?\s*")
 _NAME = re.compile(r"name=(?P<name>[^,]*),?\s*")
 _SXID = re.compile(r"(?P<dev>nvidia-nvswitch\d+): SXid \((?P<raw>(?:PCI:)?(?P<pci>" + _PCI + r")[^)]*)\): "
                    r"(?P<code>\d{1,6})\b,?\s*(?P<rest>.*)")
+_SXID_MORE = re.compile(r"(?:Severity \d|Data \{)")
 _FELL = re.compile(r"NVRM: GPU (?:at )?(?P<raw>(?:PCI:)?(?P<pci>" + _PCI + r")):? (?:GPU )?has fallen off the bus")
 # The driver logs each failed attempt twice: RM's "RmInitAdapter failed! (codes)"
 # and the kernel interface's "rm_init_adapter failed, device minor number N".
@@ -221,6 +223,8 @@ def parse(text: str) -> list[XidEvent]:
             events.append(XidEvent(kind="xid", code=int(m["code"]), pci=_norm_pci(m["pci"]), pci_raw=m["raw"],
                                    pid=pid, name=name, message=rest.strip(), **at))
         elif m := _SXID.match(body):
+            if _SXID_MORE.match(m["rest"]):
+                continue  # the "Severity ..." and "Data {...}" lines that follow an SXid belong to it
             events.append(XidEvent(kind="sxid", code=int(m["code"]), pci=_norm_pci(m["pci"]), pci_raw=m["raw"],
                                    name=m["dev"], message=m["rest"].strip(), **at))
         elif m := _FELL.match(body):

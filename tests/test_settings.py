@@ -183,3 +183,8 @@ def test_fake_nvml_never_comes_from_the_config_file(tmp_path, monkeypatch):
         settings.load({}, config=write(tmp_path, 'nvml_fake = "/tmp/healthy.json"\n'))
     monkeypatch.setenv("PREFLIGHT_NVML_FAKE", "/tmp/healthy.json")
     assert settings.load({}).nvml_fake == Path("/tmp/healthy.json")
+
+
+def test_a_relative_python_means_the_one_beside_the_caller(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert settings.load({"python": Path("venv/bin/python")}).python == tmp_path / "venv" / "bin" / "python"

@@ -25,7 +25,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="directory for rank0.json (default: print to stdout)")
     parser.add_argument("--size", type=int, default=512, help="matmul size N (N x N)")
-    parser.add_argument("--load-seconds", type=float, default=0.0, help="copy to every GPU this long at most")
+    parser.add_argument("--load-seconds", type=float, default=0.0, help="copy to every GPU until --stop appears, this long at most")
     parser.add_argument("--stop", help="end the load early once this file exists")
     args = parser.parse_args()
 
@@ -63,6 +63,9 @@ def main() -> int:
         save()
         return 1
     report.update(init_seconds=round(time.monotonic() - t, 4), device_count=count, stage="devices")
+    # Where each CUDA device sits, before probing any: with CUDA_VISIBLE_DEVICES
+    # CUDA's device N need not be NVML's GPU N, and a hang must name the right slot.
+    report["pci_bus_ids"] = [_pci_bus_id(torch, i) for i in range(count)]
     if count == 0:
         report.update(error="torch.cuda.device_count() is 0", error_kind="no_device")
         save()
@@ -79,7 +82,7 @@ def main() -> int:
     if healthy and args.load_seconds > 0:
         report["stage"] = "load"
         save()
-        _load(torch, count, args.load_seconds, args.stop)
+        report["load_end"] = _load(torch, count, args.load_seconds, args.stop)
     report.update(stage="done", seconds=round(time.monotonic() - started, 4))
     save()
     return 0 if healthy else 1
@@ -92,8 +95,7 @@ def _probe(torch, i: int, n: int) -> dict:
         props = torch.cuda.get_device_properties(i)
         d["name"] = props.name
         d["uuid"] = str(getattr(props, "uuid", "")) or None
-        if hasattr(props, "pci_bus_id"):
-            d["pci_bus_id"] = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+        d["pci_bus_id"] = _pci_bus_id(torch, i)
         # Random data from a per-device seed: a GPU that returns stale or
         # zeroed memory cannot match, and every run checks the same numbers.
         g = torch.Generator().manual_seed(20261122 + i)
@@ -113,16 +115,30 @@ def _probe(torch, i: int, n: int) -> dict:
     return d
 
 
-def _load(torch, count: int, seconds: float, stop: str | None) -> None:
-    """Keep every GPU's PCIe link busy until ``stop`` appears or time is up."""
+def _load(torch, count: int, seconds: float, stop: str | None) -> str:
+    """Keep every GPU's PCIe link busy until ``stop`` appears ("stop") or
+    time is up ("time"): a reading taken after "time" saw idle links."""
     host = torch.empty(64 << 20, dtype=torch.uint8).pin_memory()
     targets = [torch.empty_like(host, device=f"cuda:{i}") for i in range(count)]
     end = time.monotonic() + seconds
-    while time.monotonic() < end and not (stop and os.path.exists(stop)):
+    while time.monotonic() < end:
+        if stop and os.path.exists(stop):
+            return "stop"
         for t in targets:
             t.copy_(host, non_blocking=True)
         for i in range(count):
             torch.cuda.synchronize(i)
+    return "time"
+
+
+def _pci_bus_id(torch, i: int) -> str | None:
+    try:
+        props = torch.cuda.get_device_properties(i)
+    except Exception:  # the probe of this device will say why
+        return None
+    if not hasattr(props, "pci_bus_id"):  # older torch does not say
+        return None
+    return f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
 
 
 def _nccl_version(torch) -> str | None:
