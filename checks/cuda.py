@@ -153,9 +153,14 @@ def run_init(python: str, timeout: float, read_links: bool) -> tuple[InitOutcome
             outcome.unreadable = f"its report does not fit the expected shape ({err['loc']}: {err['msg']})"
     else:
         outcome.unreadable = done.unreadable.get(0, "it wrote no report")
-    if outcome.report is None or outcome.report.load_end != "stop":
-        loaded = None  # the load ended before NVML read: those were idle numbers
-    return outcome, loaded
+    r = outcome.report
+    if r is None or r.load_end != "stop":
+        return outcome, None  # the load ended before NVML read: those were idle numbers
+    # Only the GPUs the worker copied to were under load (CUDA_VISIBLE_DEVICES may hide some).
+    busy = {nvml.short_pci(bus) for bus in r.pci_bus_ids if bus}
+    if loaded is None or None in r.pci_bus_ids:
+        return outcome, None
+    return outcome, {bus: link for bus, link in loaded.items() if nvml.short_pci(bus) in busy}
 
 
 def gather(ctx: Context) -> CudaFacts:
@@ -256,6 +261,7 @@ def judge_gpu(g: Gpu, expect: GpuExpect | None, loaded: PcieLink | None = None) 
         out.append(Finding(FAIL, f"{who}: page retirement pending", f"{who} has retired memory pages waiting for a reset", f"{reset}: a reset completes the retirement (reset required)"))
     out += judge_link(g, loaded)
     out += _judge_clocks(g)
+    out += _judge_unanswered(g)
     if g.persistence_mode is False:
         cause = f"persistence mode is off on {who}: every CUDA start re-initialises the GPU (seconds each)"
         out.append(Finding(WARN, f"{who}: persistence mode off", cause, "enable nvidia-persistenced (`systemctl enable --now nvidia-persistenced`)"))
@@ -270,6 +276,20 @@ def judge_gpu(g: Gpu, expect: GpuExpect | None, loaded: PcieLink | None = None) 
         cause = f"{who} reports {g.memory_total_bytes} bytes of memory, the SKU at least {expect.memory_min_bytes} ({expect.memory_source})"
         out.append(Finding(FAIL, f"{who}: less memory than the SKU", cause, "check the GPU model and retired pages; " + DRAIN))
     return out
+
+
+# Health queries whose silence must fail the gate: unknown ECC or remap state is not clean.
+HEALTH_QUERIES = ("nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows", "nvmlDeviceGetRetiredPagesPendingStatus")
+
+
+def _judge_unanswered(g: Gpu) -> list[Finding]:
+    if not g.unanswered:
+        return []
+    who = _who(g)
+    calls = ", ".join(f"{fn} ({err})" for fn, err in g.unanswered.items())
+    status = FAIL if any(fn in g.unanswered for fn in HEALTH_QUERIES) else WARN
+    what = "its memory health is unknown" if status == FAIL else "some facts are unknown"
+    return [Finding(status, f"{who}: NVML queries failed", f"NVML could not answer {calls} for {who}: {what}", RESET.format(i=g.index) + "; if it persists, " + DRAIN)]
 
 
 def _judge_clocks(g: Gpu) -> list[Finding]:
@@ -332,7 +352,10 @@ def judge_xid(events: list[xid.XidEvent], inv: Inventory) -> list[Finding]:
         gpu = f"GPU {g.index} ({pci})" if g else (pci or "an unknown GPU")
         label = {"xid": f"Xid {code}", "sxid": f"SXid {code}"}.get(kind, kind.replace("_", " "))
         status = FAIL if info.severity == "fatal" else WARN
-        remap_done = g is not None and not (g.remapped_rows and g.remapped_rows.pending) and not g.retired_pages_pending
+        # Done only where NVML says so; unknown is not done.
+        remap_done = g is not None and (
+            (g.remapped_rows is not None and not g.remapped_rows.pending) or g.retired_pages_pending is False
+        )
         if kind == "xid" and code == 63 and remap_done:
             status = WARN  # NVML's remap state is the truth: a reset since has activated it
         n = sum(e.count for e in group)

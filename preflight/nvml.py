@@ -79,6 +79,8 @@ class Gpu(_Facts):
     power_default_limit_w: float | None = Field(default=None, ge=0)
     nvlinks_active: int | None = Field(default=None, ge=0)
     nvlinks_down: list[int] = Field(default_factory=list)  # link indices present but not active
+    # NVML calls that failed with anything but "not supported" -> the error: unknown is not healthy.
+    unanswered: dict[str, str] = Field(default_factory=dict)
 
 
 class LostGpu(_Facts):
@@ -127,7 +129,7 @@ def FakeNvml(path: Path) -> Inventory:  # noqa: N802 - reads like the class it s
     except ValueError as e:
         raise UsageError(f"--nvml-fake {path}: not valid JSON: {e}") from None
     if isinstance(data, dict):
-        data.setdefault("source", f"fake {path}")
+        data["source"] = f"fake {path}"  # whatever the file says: fake facts must never pass for NVML's
     try:
         return Inventory.model_validate(data)
     except ValidationError as e:
@@ -149,7 +151,10 @@ def inventory(fake: Path | None = None, timeout: float = 20.0) -> Inventory:
 
 def pcie_links(timeout: float = 10.0) -> dict[str, PcieLink]:
     """PCIe link state now, by PCI bus id: read while a worker loads the links."""
-    return {bus: PcieLink.model_validate(link) for bus, link in _ask("pcie", timeout).items()}
+    try:
+        return {bus: PcieLink.model_validate(link) for bus, link in _ask("pcie", timeout).items()}
+    except (ValidationError, AttributeError) as e:
+        raise NvmlUnavailable(f"NVML answered a PCIe reading preflight cannot read: {e}", BROKEN) from None
 
 
 def _ask(what: str, timeout: float) -> Any:

@@ -64,10 +64,14 @@ def _text(v: Any) -> str:
     return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
 
 
-def _optional(pynvml: Any, fn: str, *args: Any) -> Any:
-    """A fact this GPU or driver may not have: None instead of an error. A GPU
-    that is lost raises on, so the caller records it as lost; whether a GPU is
-    lost is decided by the calls every GPU answers (handle, PCI, name, UUID)."""
+def _optional(pynvml: Any, fn: str, *args: Any, unanswered: dict[str, str] | None = None) -> Any:
+    """A fact this GPU or driver may not have: None instead of an error.
+
+    A GPU that is lost raises on, so the caller records it as lost; whether a
+    GPU is lost is decided by the calls every GPU answers (handle, PCI, name,
+    UUID). Any error but "not supported" is noted in ``unanswered``: a health
+    query that fails must not read as healthy.
+    """
     f = getattr(pynvml, fn, None)
     if f is None:  # an older nvidia-ml-py without the call
         return None
@@ -75,7 +79,10 @@ def _optional(pynvml: Any, fn: str, *args: Any) -> Any:
         return f(*args)
     except pynvml.NVMLError_GpuIsLost:
         raise
-    except pynvml.NVMLError:  # Not Supported, or one odd answer: the core calls decide "lost"
+    except pynvml.NVMLError as e:
+        absent = tuple(getattr(pynvml, f"NVMLError_{n}", ()) for n in ("NotSupported", "InvalidArgument", "FunctionNotFound"))
+        if unanswered is not None and not isinstance(e, absent):
+            unanswered[fn] = str(e)
         return None
 
 
@@ -101,7 +108,8 @@ def _inventory(pynvml: Any) -> dict[str, Any]:
 
 
 def _gpu(pynvml: Any, i: int, h: Any, bus: str, device_id: int) -> dict[str, Any]:
-    opt = lambda fn, *a: _optional(pynvml, fn, h, *a)  # noqa: E731
+    unanswered: dict[str, str] = {}
+    opt = lambda fn, *a: _optional(pynvml, fn, h, *a, unanswered=unanswered)  # noqa: E731
     mig = opt("nvmlDeviceGetMigMode")
     memory = opt("nvmlDeviceGetMemoryInfo")
     ecc = opt("nvmlDeviceGetEccMode")
@@ -128,12 +136,13 @@ def _gpu(pynvml: Any, i: int, h: Any, bus: str, device_id: int) -> dict[str, Any
         "ecc_uncorrectable_aggregate": opt("nvmlDeviceGetTotalEccErrors", 1, 1),  # UNCORRECTED, AGGREGATE
         "retired_pages_pending": _flag(opt("nvmlDeviceGetRetiredPagesPendingStatus")),
         "remapped_rows": _rows(rows),
-        "pcie": _link(pynvml, h),
+        "pcie": _link(pynvml, h, unanswered),
         "clocks_events": [n for n, bit in CLOCKS_EVENTS.items() if reasons & bit] if reasons is not None else None,
         "temperature_c": opt("nvmlDeviceGetTemperature", 0),  # NVML_TEMPERATURE_GPU
         "power_limit_w": power / 1000 if power is not None else None,
         "power_default_limit_w": default_power / 1000 if default_power is not None else None,
-        **_nvlinks(pynvml, h),
+        **_nvlinks(pynvml, h, unanswered),
+        "unanswered": unanswered,
     }
 
 
@@ -152,8 +161,8 @@ def _flag(v: Any) -> bool | None:
     return None if v is None else bool(v)
 
 
-def _link(pynvml: Any, h: Any) -> dict[str, Any]:
-    opt = lambda fn: _optional(pynvml, fn, h)  # noqa: E731
+def _link(pynvml: Any, h: Any, unanswered: dict[str, str] | None = None) -> dict[str, Any]:
+    opt = lambda fn: _optional(pynvml, fn, h, unanswered=unanswered)  # noqa: E731
     return {
         "gen": opt("nvmlDeviceGetCurrPcieLinkGeneration"),
         "width": opt("nvmlDeviceGetCurrPcieLinkWidth"),
@@ -162,10 +171,10 @@ def _link(pynvml: Any, h: Any) -> dict[str, Any]:
     }
 
 
-def _nvlinks(pynvml: Any, h: Any) -> dict[str, Any]:
+def _nvlinks(pynvml: Any, h: Any, unanswered: dict[str, str]) -> dict[str, Any]:
     if not hasattr(pynvml, "nvmlDeviceGetNvLinkState"):
         return {"nvlinks_active": None, "nvlinks_down": []}
-    states = {link: _optional(pynvml, "nvmlDeviceGetNvLinkState", h, link) for link in range(NVLINK_MAX_LINKS)}
+    states = {link: _optional(pynvml, "nvmlDeviceGetNvLinkState", h, link, unanswered=unanswered) for link in range(NVLINK_MAX_LINKS)}
     present = {link: state for link, state in states.items() if state is not None}  # None: no such link
     if not present:  # not one link answered: unknown (a PCIe board, or a VM that hides NVLink), not "0 up"
         return {"nvlinks_active": None, "nvlinks_down": []}

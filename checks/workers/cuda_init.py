@@ -80,9 +80,7 @@ def main() -> int:
     healthy = all(d["error"] is None and d["error_ratio"] <= 1.0 for d in report["devices"])
 
     if healthy and args.load_seconds > 0:
-        report["stage"] = "load"
-        save()
-        report["load_end"] = _load(torch, count, args.load_seconds, args.stop)
+        report["load_end"] = _load(torch, count, args.load_seconds, args.stop, lambda: (report.update(stage="load"), save()))
     report.update(stage="done", seconds=round(time.monotonic() - started, 4))
     save()
     return 0 if healthy else 1
@@ -115,12 +113,15 @@ def _probe(torch, i: int, n: int) -> dict:
     return d
 
 
-def _load(torch, count: int, seconds: float, stop: str | None) -> str:
+def _load(torch, count: int, seconds: float, stop: str | None, loading) -> str:
     """Keep every GPU's PCIe link busy until ``stop`` appears ("stop") or
-    time is up ("time"): a reading taken after "time" saw idle links."""
+    time is up ("time"): a reading taken after "time" saw idle links.
+    ``loading()`` announces the load once the first copies have finished,
+    so the agent never reads the links before traffic has started."""
     host = torch.empty(64 << 20, dtype=torch.uint8).pin_memory()
     targets = [torch.empty_like(host, device=f"cuda:{i}") for i in range(count)]
     end = time.monotonic() + seconds
+    announced = False
     while time.monotonic() < end:
         if stop and os.path.exists(stop):
             return "stop"
@@ -128,6 +129,9 @@ def _load(torch, count: int, seconds: float, stop: str | None) -> str:
             t.copy_(host, non_blocking=True)
         for i in range(count):
             torch.cuda.synchronize(i)
+        if not announced:
+            loading()
+            announced = True
     return "time"
 
 

@@ -15,7 +15,7 @@ import pytest
 from preflight.checks import cuda
 from preflight.checks.cuda import InitOutcome, InitReport
 
-from preflight import profiles, xid
+from preflight import nvml, profiles, xid
 from preflight.check import Status
 from preflight.host import Host
 from preflight.nvml import FakeNvml, PcieLink
@@ -176,9 +176,13 @@ def test_xid63_after_the_remap_was_activated_only_warns():
     pending = facts("a100-sxm4-8x-remap-pending.json", init=None, xid_events=xid.parse(line))
     assert any(x.status == Status.FAIL and x.summary.startswith("Xid 63") for x in judged(pending, A100))
     inv = pending.inventory
-    gpus = [g.model_copy(update={"remapped_rows": None}) for g in inv.gpus]
+    activated = nvml.RemappedRows(correctable=1, uncorrectable=0, pending=False, failure=False)
+    gpus = [g.model_copy(update={"remapped_rows": activated}) for g in inv.gpus]
     done = pending.model_copy(update={"inventory": inv.model_copy(update={"gpus": gpus})})
     assert [(x.status, x.summary) for x in judged(done, A100)] == [(Status.WARN, "Xid 63 on GPU 2 (0000:10:1c)")]
+    unknown = [g.model_copy(update={"remapped_rows": None}) for g in inv.gpus]  # NVML cannot say: not done
+    still = pending.model_copy(update={"inventory": inv.model_copy(update={"gpus": unknown})})
+    assert [(x.status, x.summary) for x in judged(still, A100)] == [(Status.FAIL, "Xid 63 on GPU 2 (0000:10:1c)")]
 
 
 def test_an_unreadable_kernel_log_warns():
@@ -442,11 +446,30 @@ def test_pcie_is_read_while_the_worker_loads_and_only_then_kept(tmp_path, monkey
     python = python_script(tmp_path, (
         'printf \'{"python": "x", "stage": "load"}\' > "$3/.tmp" && mv "$3/.tmp" "$3/rank0.json"\n'
         'while [ ! -e "$7" ]; do sleep 0.02; done\n'
-        f'printf \'{{"python": "x", "stage": "done", "load_end": "{load_end}"}}\' > "$3/.tmp" && mv "$3/.tmp" "$3/rank0.json"\n'
+        # It loaded two GPUs only (as under CUDA_VISIBLE_DEVICES=0,2).
+        f'printf \'{{"python": "x", "stage": "done", "load_end": "{load_end}", "pci_bus_ids": ["00000000:1b:00.0", "00000000:52:00.0"]}}\' > "$3/.tmp" && mv "$3/.tmp" "$3/rank0.json"\n'
     ))
     outcome, loaded = cuda.run_init(python, timeout=30, read_links=True)
     assert outcome.report and outcome.report.stage == "done"
     if judged_under_load:
-        assert loaded is not None and loaded["00000000:52:00.0"].width == 8
+        # Only the loaded GPUs' readings are kept: the idle six would read Gen1.
+        assert loaded is not None and sorted(loaded) == ["00000000:1B:00.0", "00000000:52:00.0"]
+        assert loaded["00000000:52:00.0"].width == 8
     else:
         assert loaded is None  # the load had ended before the reading: idle numbers are not judged
+
+
+def test_a_health_query_nvml_cannot_answer_fails_others_warn():
+    fails = only(judged(facts("h100-sxm-ecc-unanswered.json")))
+    assert [f.summary for f in fails] == ["GPU 3 (0000:61:00.0): NVML queries failed"]
+    assert "nvmlDeviceGetTotalEccErrors (Unknown Error)" in fails[0].cause and "memory health is unknown" in fails[0].cause
+    g = facts("h100-sxm-8x-healthy.json").inventory.gpus[0].model_copy(update={"unanswered": {"nvmlDeviceGetTemperature": "Unknown Error"}})
+    assert [f.status for f in cuda.judge_gpu(g, H100.gpu)] == [Status.WARN]
+
+
+def test_a_fake_file_cannot_claim_to_be_nvml(tmp_path):
+    data = json.loads((NVML / "h100-sxm-8x-healthy.json").read_text())
+    data["source"] = "NVML"
+    path = tmp_path / "sneaky.json"
+    path.write_text(json.dumps(data))
+    assert FakeNvml(path).source == f"fake {path}"
