@@ -62,9 +62,6 @@ class Finished:
                 return f"killed by signal {-self.returncode}"
         return f"exit {self.returncode}"
 
-    def last_log_line(self) -> str:
-        return self.log_tail[-1] if self.log_tail else "no output"
-
 
 class Running:
     """A started worker. ``report()`` peeks at progress; ``wait()`` ends it."""
@@ -154,10 +151,6 @@ class Running:
 
 def start(python: str, worker: Worker, timeout: float) -> Running:
     return Running(python, worker, timeout)
-
-
-def run(python: str, worker: Worker, timeout: float) -> Finished:
-    return start(python, worker, timeout).wait()
 
 
 def _tail(log: Path) -> list[str]:
