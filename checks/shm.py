@@ -100,26 +100,6 @@ def _mem_total(host: Host) -> int | None:
 UNLIMITED = 2**60  # cgroup v1 writes "no limit" as a number near 2**63
 
 
-def _cgroup_dirs(host: Host) -> list[tuple[Path, str, str, str]]:
-    """(hierarchy root, our cgroup relative to it, limit file, usage file), for v2 and v1."""
-    try:
-        lines = host.read_text("/proc/self/cgroup").splitlines()
-    except OSError:
-        return []
-    found = []
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
-        rel = path.strip().lstrip("/")
-        if controllers == "":  # v2 unified hierarchy
-            found.append((host.path("/sys/fs/cgroup"), rel, "memory.max", "memory.current"))
-        elif "memory" in controllers.split(","):  # v1
-            found.append((host.path("/sys/fs/cgroup/memory"), rel, "memory.limit_in_bytes", "memory.usage_in_bytes"))
-    return found
-
-
 def _cgroup_headroom(host: Host) -> int | None:
     """Bytes this process's memory cgroup may still charge; None if unlimited or unknown.
 
@@ -127,12 +107,8 @@ def _cgroup_headroom(host: Host) -> int | None:
     every ancestor's limit applies too, so the tightest level along the path
     from the leaf to the root bounds /dev/shm, whatever the tmpfs size says.
     """
-    for root, rel, limit_name, usage_name in _cgroup_dirs(host):
-        if not (root / rel).is_dir():
-            rel = ""  # a cgroup namespace shows our own cgroup as the mount's root
-        levels = [root / rel]
-        while levels[-1] != root and levels[-1].parent != levels[-1]:
-            levels.append(levels[-1].parent)
+    for v2, levels in host.cgroup_levels("memory"):
+        limit_name, usage_name = ("memory.max", "memory.current") if v2 else ("memory.limit_in_bytes", "memory.usage_in_bytes")
         headroom = None
         for level in levels:
             try:

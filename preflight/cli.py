@@ -185,27 +185,13 @@ def show_profile(
     json_out: JsonOpt = False,
 ) -> int:
     """The resolved profile: checks, expected GPUs, and every floor with where its value came from."""
-    from preflight import pipeline
-    from preflight.units import fmt_bytes
+    from preflight import pipeline, profile_text
 
     p = pipeline.resolve_profile(_settings(config, profile=name))
     if json_out:
         print(p.model_dump_json(indent=2))
         return 0
-    print(f"profile {p.name} ({p.chosen_because})\n  file: {p.path}\n  {p.description}")
-    print(f"  GPUs expected: {p.gpu_count}\n  checks, in order: {', '.join(p.checks)}\n  floors:")
-    for fname, f in p.floors.items():
-        human = f" ({fmt_bytes(f.value)})" if f.unit == "bytes" else ""
-        kind = "at least" if f.bound == "min" else "at most"
-        value = f"{f.value:.0f}" if f.value.is_integer() else f"{f.value:g}"
-        print(f"    {fname}: {kind} {value} {f.unit}{human}\n      value from: {f.origin}\n      source: {f.source}")
-    if g := p.gpu:
-        print(f"  GPU expectations:\n    PCI device ids: {', '.join(g.pci_device_ids) or 'any'}")
-        print(f"    driver at least {g.driver_min}\n      source: {g.driver_source}")
-        print(f"    NVLinks per GPU: {g.nvlinks}" + (f"\n      source: {g.nvlinks_source}" if g.nvlinks_source else ""))
-        if g.memory_min_bytes:
-            print(f"    memory at least {fmt_bytes(g.memory_min_bytes)}\n      source: {g.memory_source}")
-        print(f"    MIG: {'off (whole GPUs)' if g.whole_gpus else 'allowed'}")
+    print(profile_text.describe(p), end="")
     return 0
 
 
@@ -269,6 +255,51 @@ def xid(
             when = r["time"] or (f"{r['uptime']:.0f} s after boot" if r["uptime"] is not None else "time unknown")
             print(f"{r['severity'].upper():5}  {label:9}  {r['pci'] or '?':12}  {when}\n       {r['meaning']}\n       action: {r['action']}")
     return 1 if any(r["severity"] == "fatal" for r in rows) else 0
+
+
+@app.command()
+@_exit_codes
+def topology(
+    from_file: Annotated[Optional[Path], typer.Option("--from", help="A saved `nvidia-smi topo -m` output (from any machine) instead of this one's.")] = None,
+    profile: Annotated[Optional[str], typer.Option("--profile", "-p", help="Judge against this profile. [default: auto on this machine; none with --from]")] = None,
+    config: ConfigOpt = None,
+    json_out: JsonOpt = False,
+    nvml_fake: FakeOpt = None,
+) -> int:
+    """How GPUs, NICs and CPUs are laid out, what is wrong with it, and how to pin each rank.
+
+    Exit 1 when a finding fails the profile, or this machine's layout cannot be read."""
+    from preflight import capture, nvml, pipeline, profiles, registry, topo
+    from preflight.host import Host
+
+    s = _settings(config, profile=profile, nvml_fake=nvml_fake)
+    check = registry.load("topology")
+    resolved = None
+    if from_file is not None:
+        text = capture.read_text(from_file, topo.MAX_BYTES, "an `nvidia-smi topo -m` output is a few KiB; is this the right file?")
+        try:
+            facts = check.from_text(text, str(from_file))  # type: ignore[attr-defined]
+        except topo.TopoParseError as e:
+            raise UsageError(f"--from {from_file}: {e}; pass the unedited output of `nvidia-smi topo -m`") from None
+        if profile is not None:
+            resolved = pipeline.resolve_profile(s)
+    else:
+        pipeline.check_inputs(s)
+        try:
+            facts = check.from_host(Host(), s)  # type: ignore[attr-defined]
+        except nvml.NvmlUnavailable as e:
+            _console().error(f"{e.cause}; {e.remedy}; to explain a saved capture use --from FILE")
+            return 1
+        if facts.matrix is None:
+            _console().error(f"cannot read this machine's GPU topology: {facts.matrix_error}; to explain a saved capture use --from FILE")
+            return 1
+        try:
+            resolved = pipeline.resolve_profile(s)
+        except profiles.DetectionFailed as e:
+            _console().note(f"judging without a profile: {e.cause}")
+    text, data, failed = check.explain(facts, resolved, live=from_file is None)  # type: ignore[attr-defined]
+    _emit(json.dumps(data, indent=2) + "\n" if json_out else text)
+    return 1 if failed else 0
 
 
 @app.command()

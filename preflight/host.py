@@ -16,6 +16,8 @@ from pathlib import Path
 
 import psutil
 
+from preflight.units import parse_cpulist
+
 
 @dataclass(frozen=True)
 class Completed:
@@ -46,6 +48,49 @@ class Host:
             return self.read_text("/proc/sys/kernel/random/boot_id").strip()
         except OSError:
             return None
+
+    def cgroup_levels(self, controller: str) -> list[tuple[bool, list[Path]]]:
+        """For each hierarchy that holds ``controller``: whether it is v2 (the
+        unified one; else v1's own mount), and this process's cgroup directory
+        with every ancestor up to the mount, leaf first, since a parent's
+        limit binds the child too."""
+        try:
+            lines = self.read_text("/proc/self/cgroup").splitlines()
+        except OSError:
+            return []
+        found = []
+        for line in lines:
+            parts = line.split(":", 2)
+            if len(parts) != 3:
+                continue
+            _, controllers, rel = parts
+            if controllers == "":
+                mount = self.path("/sys/fs/cgroup")
+            elif controller in controllers.split(","):
+                mount = self.path(f"/sys/fs/cgroup/{controllers}")
+                if not mount.is_dir():
+                    mount = self.path(f"/sys/fs/cgroup/{controller}")
+            else:
+                continue
+            leaf = mount / rel.strip().lstrip("/")
+            if not leaf.is_dir():
+                leaf = mount  # a cgroup namespace shows our own cgroup as the mount's root
+            levels = [leaf]
+            while levels[-1] != mount and levels[-1].parent != levels[-1]:
+                levels.append(levels[-1].parent)
+            found.append((controllers == "", levels))
+        return found
+
+    def allowed_cpus(self) -> set[int]:
+        """The CPUs this process may run on (its cpuset: in a container, maybe
+        far fewer than the machine has). Under a recorded root, what that
+        process's /proc/self/status said."""
+        if self.root == Path("/"):
+            return set(os.sched_getaffinity(0))
+        for line in self.read_text("/proc/self/status").splitlines():
+            if line.startswith("Cpus_allowed_list:"):
+                return set(parse_cpulist(line.split(":", 1)[1]))
+        raise OSError(f"no Cpus_allowed_list in {self.path('/proc/self/status')}")
 
     def run(self, argv: Sequence[str], timeout: float, cwd: str | None = None) -> Completed:
         """Run a command in its own session; past the deadline kill its whole group."""

@@ -82,6 +82,37 @@ class GpuExpect(BaseModel):
         return self
 
 
+class TopologyExpect(BaseModel):
+    """How the GPUs, NICs and CPUs of a healthy node of this SKU are laid out,
+    as `nvidia-smi topo -m` and sysfs show it; every expectation is cited."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Which GPU pairs NVLink joins: "all" (NVSwitch boards), "pairs" (bridged
+    # two-GPU boards: every GPU has one NVLink peer), or "none" (no promise).
+    nvlink: Literal["all", "pairs", "none"] = "none"
+    nvlink_width: int = Field(default=0, ge=0)  # the N of NV<N> between joined GPUs
+    nvlink_source: str | None = None
+    # GPUs on more NUMA nodes than this: WARN (ranks must be pinned); than
+    # numa_fail_above: FAIL (the BIOS NUMA setting is not the fleet's).
+    numa_warn_above: int = Field(ge=1)
+    numa_fail_above: int | None = Field(default=None, ge=1)
+    numa_source: str = Field(min_length=1)
+    # Built for multi-node jobs: every GPU needs a NIC at PIX or PXB.
+    nic_per_gpu: bool = False
+    nic_source: str | None = None
+
+    @model_validator(mode="after")
+    def _cited(self) -> TopologyExpect:
+        if self.nvlink != "none" and not (self.nvlink_width and self.nvlink_source):
+            raise ValueError(f"nvlink = {self.nvlink!r} needs nvlink_width and nvlink_source")
+        if self.numa_fail_above is not None and self.numa_fail_above < self.numa_warn_above:
+            raise ValueError("numa_fail_above must not be below numa_warn_above")
+        if self.nic_per_gpu and not self.nic_source:
+            raise ValueError("nic_per_gpu needs nic_source")
+        return self
+
+
 class Profile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -94,6 +125,7 @@ class Profile(BaseModel):
     floors: dict[str, Floor] = Field(default_factory=dict)
     timeouts: dict[str, Timeout] = Field(default_factory=dict)  # per check, seconds
     gpu: GpuExpect | None = None  # None: a profile without GPUs (cpu)
+    topology: TopologyExpect | None = None  # None: no GPU layout to judge (cpu)
 
     @field_validator("checks")
     @classmethod
@@ -114,6 +146,11 @@ class Profile(BaseModel):
     def _gpu_table(self) -> Profile:
         if self.gpu_count and self.gpu is None:
             raise ValueError(f"gpu_count is {self.gpu_count} but the [gpu] table is missing")
+        if self.gpu_count and "topology" in self.checks:
+            if self.topology is None:
+                raise ValueError("checks lists topology but the [topology] table is missing")
+            if "vcpus_per_gpu" not in self.floors:
+                raise ValueError("checks lists topology but [floors.vcpus_per_gpu] is missing")
         return self
 
 
@@ -130,6 +167,7 @@ class ResolvedProfile(BaseModel):
     floors: dict[str, ResolvedFloor]
     timeouts: dict[str, float]
     gpu: GpuExpect | None = None
+    topology: TopologyExpect | None = None
     chosen_because: str  # "--profile cpu" or the detection that picked it
 
 
@@ -196,6 +234,7 @@ def resolve(
         floors=floors,
         timeouts=profile.timeouts,
         gpu=profile.gpu,
+        topology=profile.topology,
         chosen_because=chosen_because,
     )
 

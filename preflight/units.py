@@ -1,6 +1,7 @@
 """Numbers for people: reports keep base units, messages use these."""
 
 import math
+import re
 
 
 def fmt_bytes(n: float) -> str:
@@ -26,3 +27,25 @@ def fmt_value(value: float, unit: str) -> str:
     if unit == "seconds":
         return fmt_seconds(value)
     return f"{value:g} {unit}"
+
+
+def parse_cpulist(text: str) -> list[int]:
+    """``0-23,48-71`` (the kernel's and nvidia-smi's CPU-list format) -> sorted numbers."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        m = re.fullmatch(r"\s*([0-9]+)(?:-([0-9]+))?\s*", part)
+        if not m or (m[2] is not None and int(m[2]) < int(m[1])):
+            raise ValueError(f"{text.strip()!r} is not a CPU list like 0-23,48-71")
+        cpus.update(range(int(m[1]), int(m[2] or m[1]) + 1))
+    return sorted(cpus)
+
+
+def format_cpulist(cpus: "list[int] | set[int]") -> str:
+    """The inverse of parse_cpulist: [0, 1, 2, 5] -> ``0-2,5``."""
+    runs: list[list[int]] = []
+    for c in sorted(cpus):
+        if runs and c == runs[-1][-1] + 1:
+            runs[-1].append(c)
+        else:
+            runs.append([c])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)

@@ -18,14 +18,13 @@ from __future__ import annotations
 import errno
 import os
 import re
-import stat
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from preflight.errors import UsageError
+from preflight import capture
 
 if TYPE_CHECKING:
     from preflight.host import Host
@@ -318,21 +317,4 @@ def read_kernel_log(host: Host, timeout: float) -> tuple[str, str]:
 
 def read_file(path: Path | str) -> str:
     """A saved kernel log for --from; every problem is a one-line UsageError."""
-    path = Path(path)
-    try:
-        mode = path.stat().st_mode
-        if stat.S_ISDIR(mode):
-            raise UsageError(f"--from {path}: is a directory; give the kernel log file itself")
-        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):  # a device (/dev/kmsg) would block forever
-            raise UsageError(f"--from {path}: is not a regular file; save the log to a file first")
-        with path.open("rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
-    except FileNotFoundError:
-        raise UsageError(f"--from {path}: no such file") from None
-    except OSError as e:
-        raise UsageError(f"--from {path}: cannot be read ({e.strerror or e})") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise UsageError(f"--from {path}: larger than 64 MiB; pass an excerpt (grep -e NVRM -e SXid)")
-    if b"\0" in data[:65536]:
-        raise UsageError(f"--from {path}: is not text (a compressed or binary file?); decompress it first")
-    return data.decode("utf-8", errors="replace")
+    return capture.read_text(path, MAX_FILE_BYTES, "pass an excerpt (grep -e NVRM -e SXid)")

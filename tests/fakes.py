@@ -8,6 +8,7 @@ sys.path), exactly as a third-party check would be installed.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -341,3 +342,21 @@ def plugin_env(root: Path) -> dict[str, str]:
 
 
 PREFLIGHT = [sys.executable, "-m", "preflight"]
+
+
+def nvidia_smi(directory: Path, capture: Path | None = None, exit_code: int = 0, message: str = "", hang: bool = False) -> Path:
+    """An `nvidia-smi` on a PATH of its own: prints ``capture`` for `topo -m`,
+    or fails with ``message``, or hangs, as a wedged driver makes it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    body = ["#!/bin/sh", '[ "$1 $2" = "topo -m" ] || { echo "fake nvidia-smi: only topo -m" >&2; exit 64; }']
+    if hang:
+        body.append("sleep 600")
+    if capture is not None:
+        body.append(f"cat '{capture}'")
+    if message:
+        body.append(f"echo {shlex.quote(message)}")
+    body.append(f"exit {exit_code}")
+    exe = directory / "nvidia-smi"
+    exe.write_text("\n".join(body) + "\n")
+    exe.chmod(0o755)
+    return directory

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import no_driver, run_preflight
+from conftest import needs_root, no_driver, run_preflight
 from typer.testing import CliRunner
 
 import fakes
@@ -237,10 +237,10 @@ def test_the_cli_never_imports_torch(args):
 
 def test_list_names_every_check_and_what_it_verifies():
     r = invoke("list")
-    assert r.exit_code == 0 and r.stdout.startswith("cuda  driver and NVML health of every GPU")
-    assert "\nshm   /dev/shm is a tmpfs" in r.stdout  # cheapest first, names aligned
+    assert r.exit_code == 0 and r.stdout.startswith("cuda      driver and NVML health of every GPU")
+    assert "\ntopology  GPU/NIC/CPU layout" in r.stdout and "\nshm       /dev/shm is a tmpfs" in r.stdout  # cheapest first, names aligned
     rows = json.loads(invoke("list", "--json").stdout)
-    assert [row["name"] for row in rows] == ["cuda", "shm"] and rows[0]["timeout_seconds"] > 0
+    assert [row["name"] for row in rows] == ["cuda", "topology", "shm"] and rows[0]["timeout_seconds"] > 0
 
 
 def test_list_in_a_profiles_order(plugin):
@@ -460,3 +460,112 @@ def test_xid_on_this_machine_reads_the_kernel_log():
 def test_xid_from_a_missing_file_is_a_usage_error(tmp_path):
     r = invoke("xid", "--from", str(tmp_path / "nope.log"))
     assert r.exit_code == 2 and "nope.log" in r.stderr and r.stderr.count("\n") == 1
+
+
+# --- topology ----------------------------------------------------------------
+
+TOPO = Path(__file__).parent / "fixtures" / "topo"
+SPLIT = TOPO / "03_h100-sxm-8x_nv18_12nic_2numa_no-leading-tab-header.txt"
+HEALTHY_NVML = Path(__file__).parent / "fixtures" / "nvml" / "h100-sxm-8x-healthy.json"
+
+
+def test_topology_from_a_4_4_split_capture_gives_the_numa_finding_and_the_pinning_advice():
+    r = invoke("topology", "--from", str(SPLIT))
+    assert r.exit_code == 0, r.output
+    assert "[NUMA node 0  CPUs 0-55,112-167]\n  GPU0 -- mlx5_0   GPU1 -- mlx5_1   GPU2 -- mlx5_2   GPU3 -- mlx5_3" in r.stdout
+    assert "NV18: all 28 GPU pairs" in r.stdout
+    assert "WARN  GPUs span 2 NUMA nodes (node 0: GPU 0-3; node 1: GPU 4-7)" in r.stdout
+    assert "local rank 4 -> GPU4  NUMA 1  CPUs 56-111,168-223  NIC mlx5_6 (PIX)" in r.stdout
+    assert "$ torchrun --numa-binding=node --nproc-per-node=8 train.py" in r.stdout
+    assert "exec numactl --cpunodebind=$n --membind=$n python train.py" in r.stdout
+    data = json.loads(invoke("topology", "--from", str(SPLIT), "--json").stdout)
+    assert data["spans_numa"] is True and data["numa_nodes"] == [0, 1] and data["profile"] is None
+    assert [(f["part"], f["status"]) for f in data["findings"]] == [("numa", "WARN")]
+    assert data["advice"]["ranks"][0]["numactl"] == "numactl --cpunodebind=0 --membind=0"
+
+
+def test_topology_against_a_profile_fails_what_the_sku_does_not_allow():
+    ok = invoke("topology", "--from", str(SPLIT), "--profile", "h100-sxm")
+    assert ok.exit_code == 0 and "findings against profile h100-sxm" in ok.stdout
+    r = invoke("topology", "--from", str(TOPO / "18_rtx3090-2x_nv4-bridge_single-numa_gpu-numa-id.txt"), "--profile", "h100-sxm", "--json")
+    assert r.exit_code == 1
+    found = {f["summary"] for f in json.loads(r.stdout)["findings"]}
+    assert found == {"NVLink below NV18 between 1 GPU pair(s)", "no NIC in the GPU topology"}
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "line"),  # replaced below: the parser's words for an empty file
+    (b"\x7fELF\x02\x01\x01\x00\x00\x00garbage", "is not text"),
+    (b"# preflight\n\nDecide, in seconds, whether this GPU node will run a job.\n", "no header line starting with GPU0"),
+])
+def test_topology_from_a_file_that_is_no_matrix_is_exit_2_in_one_line(tmp_path, content, message):
+    path = tmp_path / "capture.txt"
+    path.write_bytes(content)
+    r = invoke("topology", "--from", str(path))
+    expected = "the text is empty" if not content else message
+    assert r.exit_code == 2 and expected in r.stderr and str(path) in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and r.stdout == ""
+
+
+def test_topology_refuses_damaged_huge_and_odd_files(tmp_path):
+    r = invoke("topology", "--from", str(TOPO / "malformed" / "M1_h100-8x_nv18_12nic_PASTE-CORRUPTED-PIXNODE.txt"))
+    assert r.exit_code == 2 and "line 7: row GPU5, column NIC7: 'PIXNODE' is not a link type" in r.stderr
+    big = tmp_path / "huge.txt"
+    with big.open("wb") as f:
+        f.truncate(300 * 2**20)  # sparse: hundreds of MB without the disk
+    started = time.monotonic()
+    r = invoke("topology", "--from", str(big))
+    assert r.exit_code == 2 and "larger than 1 MiB" in r.stderr and time.monotonic() - started < 5
+    for odd, words in ((tmp_path, "is a directory"), (tmp_path / "missing.txt", "no such file"), (Path("/dev/zero"), "not a regular file")):
+        r = invoke("topology", "--from", str(odd))
+        assert r.exit_code == 2 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = invoke("topology", "--from", str(SPLIT), "--profile", "no-such-sku")
+    assert r.exit_code == 2 and "unknown profile 'no-such-sku'" in r.stderr
+
+
+def test_topology_rows_and_header_that_disagree_are_refused(tmp_path):
+    lines = SPLIT.read_text().splitlines()
+    del lines[3]  # GPU2's row
+    path = tmp_path / "capture.txt"
+    path.write_text("\n".join(lines) + "\n")
+    r = invoke("topology", "--from", str(path))
+    assert r.exit_code == 2 and "line 4: row 'GPU3' where the header says GPU2 comes next" in r.stderr
+
+
+@no_driver
+def test_topology_on_a_machine_without_gpus_says_to_use_a_capture(tmp_path, monkeypatch):
+    r = invoke("topology")
+    assert r.exit_code == 1 and "no NVIDIA driver" in r.stderr and "--from FILE" in r.stderr
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    r = invoke("topology", "--nvml-fake", str(HEALTHY_NVML))
+    assert r.exit_code == 1 and "nvidia-smi is not on PATH" in r.stderr and "--from FILE" in r.stderr
+
+
+def test_topology_live_judges_this_machines_real_cpus(tmp_path, monkeypatch):
+    """The matrix of an 8-GPU node, with this 2-CPU machine's real cpuset: starved."""
+    monkeypatch.setenv("PATH", f"{fakes.nvidia_smi(tmp_path / 'bin', SPLIT)}:{os.environ['PATH']}")
+    r = invoke("topology", "--nvml-fake", str(HEALTHY_NVML), "--profile", "h100-sxm", "--json")
+    data = json.loads(r.stdout)
+    usable = len(os.sched_getaffinity(0))
+    starved = [f for f in data["findings"] if f["part"] == "cpus" and f["status"] == "FAIL"]
+    assert r.exit_code == 1 and starved[0]["summary"] == f"{usable / 8:.1f} vCPUs per GPU, 12 needed"
+    assert data["machine"]["cpus"]["allowed"] and len(data["machine"]["gpus"]) == 8
+
+
+@needs_root
+def test_run_topology_in_a_container_cpuset_on_the_recorded_node(tmp_path):
+    """`preflight run` for real: the recorded HGX sysfs bind-mounted over /sys in
+    a private mount namespace, the 4+4 capture from nvidia-smi, one CPU by taskset."""
+    tree = Path(__file__).parent / "fixtures" / "sysfs" / "hgx-h100" / "sys"
+    bin_dir = fakes.nvidia_smi(tmp_path / "bin", SPLIT)
+    report = tmp_path / "report.json"
+    cmd = (f"mount --bind {tree} /sys && exec taskset -c 0 {' '.join(fakes.PREFLIGHT)} run --profile h100-sxm --only topology "
+           f"--nvml-fake {HEALTHY_NVML} --report {report}")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    p = subprocess.run(["unshare", "-m", "sh", "-c", cmd], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, p.stderr
+    result = Report.model_validate_json(report.read_text()).checks[0]
+    assert result.details["parts"] == {"matrix": "PASS", "nvlink": "PASS", "numa": "WARN", "nics": "PASS",
+                                       "cpus": "FAIL", "pcie": "PASS", "agreement": "PASS", "source": "FAIL"}
+    assert "224 CPUs online; this process's cpuset allows 1 (0)" in result.cause
+    assert result.details["advice"]["ranks"][7]["cpus"] is None  # CPU 0 is on node 0: nothing to give GPU 7's rank

@@ -1,0 +1,673 @@
+"""Where the GPUs, NICs and CPUs sit relative to each other, judged against
+the SKU, and how to pin each rank.
+
+A node can pass every yes/no test and still train at half speed: GPUs split
+4+4 across sockets with NCCL's threads on the wrong one, a missing NVLink
+between a pair, a NIC two hops from its GPU, too few CPUs for eight ranks.
+This check reads `nvidia-smi topo -m` (the links), sysfs (what the kernel
+knows: NUMA nodes, CPU lists, PCIe links, InfiniBand/RoCE ports), NVML
+(NVLink per-link state) and this process's cpuset and CPU quota, then judges
+them in pure functions and writes per-rank pinning advice into the report.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from preflight import nvml, topo
+from preflight.check import Check, Context, Finding, Measurement, Result, Status
+from preflight.host import Host
+from preflight.nvml import Inventory
+from preflight.profiles import ResolvedProfile, TopologyExpect
+from preflight.settings import Settings
+from preflight.topo import NEAR, Topo, TopoParseError
+from preflight.units import format_cpulist, parse_cpulist
+
+FAIL, WARN = Status.FAIL, Status.WARN
+NVIDIA_SMI_TIMEOUT = 15.0  # topo -m answers in well under a second; a wedged driver never does
+PIN = "bind each rank to its GPU's NUMA node (the advice, details.advice in the report, has the exact command)"
+
+
+# ---- facts -------------------------------------------------------------------
+
+
+class PciLink(BaseModel):
+    speed: str | None = None  # "32.0 GT/s PCIe", as the kernel prints it
+    width: int | None = None
+    max_speed: str | None = None
+    max_width: int | None = None
+
+
+class GpuPlace(BaseModel):
+    index: int
+    pci: str  # "0000:1b:00.0"
+    uuid: str
+    numa_node: int | None = None  # sysfs; None: the kernel does not know (-1) or no file
+    local_cpus: str | None = None  # sysfs local_cpulist
+    link: PciLink | None = None
+    nvlinks_active: int | None = None  # NVML; None: unknown
+    nvlinks_down: list[int] = []
+
+
+class IbPort(BaseModel):
+    port: int
+    state: str  # "ACTIVE", "DOWN", ... without the kernel's "4: " prefix
+    rate: str | None = None  # "400 Gb/sec (4X NDR)"
+    link_layer: str | None = None  # InfiniBand or Ethernet (RoCE)
+
+
+class Nic(BaseModel):
+    name: str  # the RDMA device (mlx5_0): the name `topo -m` and NCCL_IB_HCA use
+    pci: str | None = None
+    numa_node: int | None = None
+    netdevs: list[str] = []
+    ports: list[IbPort] = []
+    link: PciLink | None = None
+
+
+class Cpus(BaseModel):
+    online: str
+    nodes: dict[str, str]  # NUMA node -> its CPU list
+    allowed: str  # this process's cpuset (sched_getaffinity)
+    quota: float | None = None  # CPUs' worth of time the cgroup grants (cpu.max); None: no limit
+
+    def usable(self) -> float:
+        n = len(set(parse_cpulist(self.allowed)) & set(parse_cpulist(self.online)))
+        return min(n, self.quota) if self.quota is not None else float(n)
+
+
+class TopologyFacts(BaseModel):
+    matrix: Topo | None = None
+    matrix_error: str | None = None  # why there is no matrix
+    matrix_source: str = "nvidia-smi topo -m"
+    gpus: list[GpuPlace] = []  # empty when explaining a saved capture
+    nics: list[Nic] = []
+    cpus: Cpus | None = None
+    cuda_visible_devices: str | None = None
+    torch_numa_binding: bool | None = None  # the installed torchrun has --numa-binding
+
+
+# ---- gathering -----------------------------------------------------------------
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def pci_link(dev: Path) -> PciLink | None:
+    raw = {f: _read(dev / f) for f in ("current_link_speed", "current_link_width", "max_link_speed", "max_link_width")}
+    if all(v is None for v in raw.values()):
+        return None
+    return PciLink(speed=raw["current_link_speed"], width=_int(raw["current_link_width"]),
+                   max_speed=raw["max_link_speed"], max_width=_int(raw["max_link_width"]))
+
+
+def _numa_node(dev: Path) -> int | None:
+    node = _int(_read(dev / "numa_node"))
+    return node if node is not None and node >= 0 else None  # -1: the firmware did not say
+
+
+def gpu_places(host: Host, inventory: Inventory) -> list[GpuPlace]:
+    out = []
+    for g in inventory.gpus:
+        pci = nvml.short_pci(g.pci_bus_id)
+        dev = host.path(f"/sys/bus/pci/devices/{pci}")
+        out.append(GpuPlace(index=g.index, pci=pci, uuid=g.uuid, numa_node=_numa_node(dev),
+                            local_cpus=_read(dev / "local_cpulist"), link=pci_link(dev),
+                            nvlinks_active=g.nvlinks_active, nvlinks_down=g.nvlinks_down))
+    return out
+
+
+def nics(host: Host) -> list[Nic]:
+    """RDMA devices (InfiniBand and RoCE) under /sys/class/infiniband."""
+    root = host.path("/sys/class/infiniband")
+    out = []
+    for entry in sorted(root.iterdir()) if root.is_dir() else []:
+        dev = entry / "device"
+        ports = []
+        for p in sorted((entry / "ports").iterdir()) if (entry / "ports").is_dir() else []:
+            state = _read(p / "state") or "unknown"
+            ports.append(IbPort(port=_int(p.name) or 0, state=state.split(":", 1)[-1].strip(),
+                                rate=_read(p / "rate"), link_layer=_read(p / "link_layer")))
+        netdevs = sorted(n.name for n in (dev / "net").iterdir()) if (dev / "net").is_dir() else []
+        pci = dev.resolve().name if dev.exists() else None
+        out.append(Nic(name=entry.name, pci=pci, numa_node=_numa_node(dev), netdevs=netdevs, ports=ports, link=pci_link(dev)))
+    return out
+
+
+def cpu_quota(host: Host) -> float | None:
+    """The tightest CPU bandwidth limit on this process's cgroup and its ancestors."""
+    quota = None
+    for v2, levels in host.cgroup_levels("cpu"):
+        for level in levels:
+            if v2:
+                parts = (_read(level / "cpu.max") or "max").split()
+                limit, period = (parts + ["100000"])[:2]
+            else:
+                limit, period = _read(level / "cpu.cfs_quota_us") or "-1", _read(level / "cpu.cfs_period_us") or "100000"
+            if limit in ("max", "-1") or not limit.isdigit() or not period.isdigit() or int(period) == 0:
+                continue
+            cpus = int(limit) / int(period)
+            quota = cpus if quota is None else min(quota, cpus)
+    return quota
+
+
+def machine_cpus(host: Host) -> Cpus:
+    base = host.path("/sys/devices/system/node")
+    nodes = {}
+    for d in sorted(base.glob("node[0-9]*"), key=lambda p: int(p.name[4:])) if base.is_dir() else []:
+        if text := _read(d / "cpulist"):  # a memory-only node (CXL, HBM) has an empty list
+            nodes[d.name[4:]] = text
+    online = _read(host.path("/sys/devices/system/cpu/online")) or format_cpulist(host.allowed_cpus())
+    return Cpus(online=online, nodes=nodes, allowed=format_cpulist(host.allowed_cpus()), quota=cpu_quota(host))
+
+
+def run_matrix(host: Host, timeout: float) -> tuple[Topo | None, str | None]:
+    """`nvidia-smi topo -m`, parsed; or why not."""
+    exe = shutil.which("nvidia-smi", path=host.environ.get("PATH", os.defpath))
+    if exe is None:
+        return None, "nvidia-smi is not on PATH (no NVIDIA driver userspace here?)"
+    try:
+        done = host.run([exe, "topo", "-m"], timeout=timeout, cwd="/")
+    except OSError as e:
+        return None, f"{exe} could not be started: {e.strerror or e}"
+    if done.timed_out:
+        return None, f"`nvidia-smi topo -m` did not answer in {timeout:.0f} s: the driver may be wedged"
+    if done.returncode != 0:
+        last = (done.stdout.strip() or done.stderr.strip() or "no output").splitlines()[-1]
+        return None, f"`nvidia-smi topo -m` failed (exit {done.returncode}): {last}"
+    try:
+        return topo.parse(done.stdout), None
+    except TopoParseError as e:
+        return None, f"`nvidia-smi topo -m` printed a matrix preflight cannot read ({e}); run it by hand and report the output"
+
+
+def torch_numa_binding(python: str, timeout: float = 10.0) -> bool | None:
+    """Does this interpreter's torchrun have --numa-binding? Read from its
+    source, so torch is never imported (seconds, and a CUDA context)."""
+    if python == sys.executable:
+        spec = importlib.util.find_spec("torch")
+        where = list(spec.submodule_search_locations or []) if spec else []
+    else:
+        code = "import importlib.util as u; s = u.find_spec('torch'); print(s.submodule_search_locations[0] if s else '')"
+        try:
+            done = Host().run([python, "-c", code], timeout=timeout, cwd="/")
+        except OSError:
+            return None
+        if done.returncode != 0:
+            return None
+        where = [line for line in done.stdout.splitlines() if line.strip()][-1:]
+    if not where:
+        return None
+    text = _read(Path(where[0]) / "distributed" / "run.py")
+    return None if text is None else "--numa-binding" in text
+
+
+def gather(host: Host, settings: Settings, deadline: float) -> TopologyFacts:
+    """Raises NvmlUnavailable when NVML cannot answer at all."""
+    left = max(1.0, deadline - time.monotonic())
+    inventory = nvml.inventory(settings.nvml_fake, timeout=min(20.0, left))
+    matrix, error = run_matrix(host, min(NVIDIA_SMI_TIMEOUT, left))
+    python = str(settings.python) if settings.python else sys.executable
+    return TopologyFacts(
+        matrix=matrix,
+        matrix_error=error,
+        gpus=gpu_places(host, inventory),
+        nics=nics(host),
+        cpus=machine_cpus(host),
+        cuda_visible_devices=host.environ.get("CUDA_VISIBLE_DEVICES"),
+        torch_numa_binding=torch_numa_binding(python, timeout=min(10.0, left)),
+    )
+
+
+# ---- judging -------------------------------------------------------------------
+
+
+def _nv(link: str) -> int:
+    return int(link[2:]) if link.startswith("NV") else 0
+
+
+def _names(items: list[str], most: int = 6) -> str:
+    return ", ".join(items[:most]) + (f" and {len(items) - most} more" if len(items) > most else "")
+
+
+def gpu_numa(facts: TopologyFacts, index: int) -> int | None:
+    """The NUMA node of GPU ``index``: the kernel's word first, then nvidia-smi's."""
+    for g in facts.gpus:
+        if g.index == index and g.numa_node is not None:
+            return g.numa_node
+    m = facts.matrix
+    if m and index < len(m.gpus) and m.gpus[index].numa_nodes and len(m.gpus[index].numa_nodes) == 1:
+        return m.gpus[index].numa_nodes[0]
+    return None
+
+
+def gpu_count(facts: TopologyFacts) -> int:
+    return len(facts.gpus) or (len(facts.matrix.gpus) if facts.matrix else 0)
+
+
+def judge_links(facts: TopologyFacts, expect: TopologyExpect) -> list[Finding]:
+    m, want = facts.matrix, expect.nvlink_width
+    out = []
+    down = {g.index: g.nvlinks_down for g in facts.gpus if g.nvlinks_down}
+    if m is not None and expect.nvlink == "all":
+        short = {k: v for k, v in m.links.items() if _nv(v) < want}
+        n = len(m.gpus)
+        for i in range(n):  # a GPU short to every peer lost its own links: name the GPU, not 7 pairs
+            mine = [k for k in short if i in map(int, k.split("-"))]
+            if n > 2 and len(mine) == n - 1:
+                links = sorted({short[k] for k in mine})
+                nvml_says = f"; NVML reports its link(s) {', '.join(map(str, down[i]))} down" if i in down else ""
+                out.append(Finding(FAIL, f"GPU {i} has {'/'.join(links)} to every peer, NV{want} expected",
+                                   f"GPU {i} reaches its {n - 1} peers over {'/'.join(links)} instead of NV{want}{nvml_says}: "
+                                   "its NVLink bandwidth is cut",
+                                   _NVLINK_REMEDY))
+                short = {k: v for k, v in short.items() if k not in mine}
+        if short:
+            pairs = [f"GPU {k.replace('-', '-GPU ')} {v}" for k, v in short.items()]
+            out.append(Finding(FAIL, f"NVLink below NV{want} between {len(short)} GPU pair(s)",
+                               f"expected NV{want} between every GPU pair, found {_names(pairs)}", _NVLINK_REMEDY))
+    elif m is not None and expect.nvlink == "pairs":
+        for g in range(len(m.gpus)):
+            peers = {j: m.link(g, j) for j in range(len(m.gpus)) if j != g and _nv(m.link(g, j))}
+            best = max(peers.items(), key=lambda kv: _nv(kv[1]), default=None)
+            if best is None:
+                out.append(Finding(FAIL, f"GPU {g} has no NVLink peer", f"GPU {g} has no NVLink to any GPU (NV{want} bridge to its pair expected): "
+                                   "the bridge is missing or unseated", "reseat or replace the NVLink bridge of this GPU pair; " + _NVLINK_REMEDY))
+            elif _nv(best[1]) < want and g < best[0]:
+                out.append(Finding(FAIL, f"GPU {g}-GPU {best[0]} bridged at {best[1]}, NV{want} expected",
+                                   f"GPU {g} and GPU {best[0]} are joined by {best[1]} instead of NV{want}: a bridge of the pair is missing or a link is down",
+                                   "reseat the NVLink bridges of this pair; " + _NVLINK_REMEDY))
+    listed = {i for f in out for i in range(gpu_count(facts)) if f"GPU {i}" in f.cause}
+    for i, links in sorted(down.items()):
+        if i not in listed:
+            out.append(Finding(FAIL, f"GPU {i}: NVLink {', '.join(map(str, links))} down",
+                               f"NVML reports NVLink link(s) {', '.join(map(str, links))} of GPU {i} present but not active", _NVLINK_REMEDY))
+    return out
+
+
+_NVLINK_REMEDY = ("check `nvidia-smi nvlink -s` and `nvidia-smi nvlink -e` for the GPU; on NVSwitch systems check that "
+                  "nvidia-fabricmanager is running; a link that stays down needs a reset or an RMA")
+
+
+def judge_numa(facts: TopologyFacts, expect: TopologyExpect) -> list[Finding]:
+    n = gpu_count(facts)
+    where = {i: gpu_numa(facts, i) for i in range(n)}
+    known = {i: node for i, node in where.items() if node is not None}
+    out = []
+    multi_node = facts.cpus is not None and len(facts.cpus.nodes) > 1
+    unknown = [i for i in range(n) if where[i] is None]
+    if unknown and (multi_node or (facts.matrix and facts.matrix.spans_numa)):
+        out.append(Finding(WARN, f"NUMA node of GPU {_names([str(i) for i in unknown])} unknown",
+                           f"neither the kernel (numa_node -1) nor nvidia-smi knows the NUMA node of GPU {_names([str(i) for i in unknown])} "
+                           "on a machine with several: nothing can pin their ranks to the right socket",
+                           "enable NUMA reporting in the BIOS (ACPI SRAT / PCIe proximity), then bind ranks by hand"))
+    nodes = sorted(set(known.values()))
+    if not nodes and facts.matrix and facts.matrix.spans_numa:
+        groups = facts.matrix.cpu_groups
+        nodes = list(range(len(groups)))  # no NUMA column: the distinct CPU sets stand for the sockets
+    span = len(nodes)
+    limit = expect.numa_fail_above
+    status = FAIL if limit is not None and span > limit else WARN if span > expect.numa_warn_above else None
+    if status is not None:
+        split = "; ".join(f"node {node}: GPU {format_cpulist([i for i, x in known.items() if x == node])}" for node in sorted(set(known.values())))
+        split = split or "; ".join(f"CPUs {g}" for g in facts.matrix.cpu_groups)  # type: ignore[union-attr]
+        allowed = limit if status == FAIL else expect.numa_warn_above
+        out.append(Finding(status, f"GPUs span {span} NUMA nodes ({split})",
+                           f"the GPUs sit on {span} NUMA nodes ({split}), more than the {allowed} expected: a rank left "
+                           "unpinned runs its NCCL proxy threads and data loader on whichever socket the scheduler picks, and its "
+                           "host<->device copies then cross the socket interconnect (UPI/xGMI)",
+                           PIN if status == WARN else "set the BIOS NUMA mode (NPS/SNC) to the fleet's; meanwhile " + PIN))
+    return out
+
+
+def judge_nics(facts: TopologyFacts, expect: TopologyExpect) -> list[Finding]:
+    m = facts.matrix
+    if not expect.nic_per_gpu or m is None:
+        return []
+    remedy = "check that the NICs are seated and their driver (mlx5_core, mlx5_ib) is loaded (`ibv_devinfo`); a node built for multi-node jobs needs one NIC beside each GPU"
+    if not m.nics:
+        return [Finding(FAIL, "no NIC in the GPU topology", "`nvidia-smi topo -m` lists no NIC: multi-node traffic would leave through "
+                        "the host's other network at a fraction of the speed, without GPUDirect RDMA", remedy)]
+    out = []
+    ports = {nic.name: nic.ports for nic in facts.nics}
+    for g in m.gpus:
+        near = [n for n, link in g.nics.items() if link in NEAR]
+        if not near:
+            best = m.nearest_nics.get(str(g.index), [])
+            out.append(Finding(FAIL, f"GPU {g.index} has no NIC at PIX/PXB",
+                               f"GPU {g.index}'s nearest NIC is {'/'.join(best) or 'none'} at {g.nics.get(best[0], '?') if best else '-'}: "
+                               "NCCL uses GPUDirect RDMA only up to PXB by default (NCCL_NET_GDR_LEVEL), so its traffic is staged through host memory",
+                               remedy))
+            continue
+        # NCCL gives each GPU its nearest NIC: if all of those are down, the
+        # GPU's traffic moves to a NIC another GPU already uses.
+        nearest = [n for n in m.nearest_nics.get(str(g.index), []) if ports.get(n)]
+        if nearest and not any(p.state == "ACTIVE" for n in nearest for p in ports[n]):
+            states = ", ".join(f"{n} port {p.port} {p.state}" for n in nearest for p in ports[n])
+            out.append(Finding(FAIL, f"GPU {g.index}'s NIC is down", f"the NIC nearest GPU {g.index} has no active port ({states})",
+                               "check the cable and the switch port (`ibstat`, `ibv_devinfo`); until then this GPU's traffic shares another GPU's NIC"))
+    return out
+
+
+def judge_cpus(facts: TopologyFacts, floor: float | None) -> list[Finding]:
+    c, n = facts.cpus, gpu_count(facts)
+    if c is None or not n:
+        return []
+    out = []
+    per_gpu = c.usable() / n
+    online, allowed = parse_cpulist(c.online), set(parse_cpulist(c.allowed)) & set(parse_cpulist(c.online))
+    if floor is not None and per_gpu < floor:
+        why = [f"{len(online)} CPUs online"]
+        if len(allowed) < len(online):
+            why.append(f"this process's cpuset allows {len(allowed)} ({format_cpulist(allowed)})")
+        if c.quota is not None and c.quota < len(allowed):
+            why.append(f"the cgroup's CPU quota grants {c.quota:g} CPUs' time")
+        out.append(Finding(FAIL, f"{per_gpu:.1f} vCPUs per GPU, {floor:g} needed",
+                           f"{c.usable():g} usable vCPUs for {n} GPUs ({'; '.join(why)}): NCCL runs a busy proxy thread per rank and "
+                           "each rank needs its own host loop and data loader, so starved ranks stall the GPUs",
+                           "give the job more CPUs (container cpuset/CPU limit), or use a host with more cores per GPU"))
+    for node, cpus in c.nodes.items():
+        gpus = [i for i in range(n) if gpu_numa(facts, i) == int(node)]
+        if gpus and not (set(parse_cpulist(cpus)) & allowed):
+            out.append(Finding(WARN, f"no allowed CPU on NUMA node {node}",
+                               f"GPU {format_cpulist(gpus)} sit on NUMA node {node}, but this process's cpuset has none of its CPUs ({cpus}): "
+                               "their ranks must run across the socket interconnect",
+                               "widen the container's cpuset to include CPUs of every GPU's NUMA node"))
+    return out
+
+
+def judge_agreement(facts: TopologyFacts) -> list[Finding]:
+    """Where nvidia-smi and the kernel disagree, the pinning advice may be wrong."""
+    m = facts.matrix
+    if m is None or not facts.gpus:
+        return []
+    out = []
+    if len(m.gpus) != len(facts.gpus):
+        out.append(Finding(WARN, "nvidia-smi and NVML count different GPUs", f"`nvidia-smi topo -m` shows {len(m.gpus)} GPUs, NVML {len(facts.gpus)}",
+                           "run `nvidia-smi -L` and `preflight detect`; a GPU may have dropped off between the two reads"))
+    for g in facts.gpus:
+        if g.index >= len(m.gpus):
+            continue
+        t = m.gpus[g.index]
+        said = []
+        if g.numa_node is not None and t.numa_nodes is not None and t.numa_nodes != [g.numa_node]:
+            said.append(f"NUMA node: nvidia-smi {t.numa_affinity}, sysfs {g.numa_node}")
+        if g.local_cpus and t.cpus is not None and set(parse_cpulist(g.local_cpus)) != set(t.cpus):
+            said.append(f"CPUs: nvidia-smi {t.cpu_affinity}, sysfs {g.local_cpus}")
+        if said:
+            out.append(Finding(WARN, f"nvidia-smi and sysfs disagree about GPU {g.index}", f"GPU {g.index} ({g.pci}): {'; '.join(said)}",
+                               "the advice follows sysfs (the kernel's view); update the driver, and check the BIOS NUMA settings"))
+    return out
+
+
+def judge_pcie(facts: TopologyFacts) -> list[Finding]:
+    """Width from sysfs (links do not narrow to save power; speed does, so it is not judged)."""
+    out = []
+    for what, link, status in [(f"GPU {g.index} ({g.pci})", g.link, FAIL) for g in facts.gpus] + [(f"NIC {n.name} ({n.pci})", n.link, WARN) for n in facts.nics]:
+        if link and link.width and link.max_width and link.width < link.max_width:
+            out.append(Finding(status, f"{what.split(' (')[0]} PCIe link x{link.width} of x{link.max_width}",
+                               f"{what}'s PCIe link trained at x{link.width} of x{link.max_width} (sysfs current_link_width): it moves at most "
+                               f"{link.width / link.max_width:.0%} of its bandwidth", "reseat the card or its riser; check the slot with `lspci -vv`"))
+    return out
+
+
+def judge(facts: TopologyFacts, expect: TopologyExpect, vcpu_floor: float | None) -> dict[str, list[Finding]]:
+    """Findings by part, so a report says which part failed."""
+    matrix = []
+    if facts.matrix is None:
+        matrix.append(Finding(FAIL, "GPU topology unreadable", f"no GPU link matrix: {facts.matrix_error}",
+                              "run `nvidia-smi topo -m` by hand; reinstall the driver's userspace if nvidia-smi is missing"))
+    return {
+        "matrix": matrix,
+        "nvlink": judge_links(facts, expect),
+        "numa": judge_numa(facts, expect),
+        "nics": judge_nics(facts, expect),
+        "cpus": judge_cpus(facts, vcpu_floor),
+        "pcie": judge_pcie(facts),
+        "agreement": judge_agreement(facts),
+    }
+
+
+# ---- advice ----------------------------------------------------------------------
+
+
+class RankAdvice(BaseModel):
+    local_rank: int
+    gpu: int
+    numa_node: int | None = None
+    cpus: str | None = None  # the CPUs of that node this process may use
+    nic: str | None = None  # the nearest NIC(s): what NCCL will pick for this GPU
+    nic_link: str | None = None
+    numactl: str | None = None
+
+
+class Advice(BaseModel):
+    bind: bool  # the GPUs span NUMA nodes, so pinning ranks matters
+    summary: str
+    ranks: list[RankAdvice] = []
+    launch: list[str] = []  # whole commands, for train.py on this node
+
+
+def _rank_gpus(facts: TopologyFacts, n: int) -> list[int]:
+    """GPU index of each local rank: torch's cuda:r is the r-th visible GPU."""
+    visible = (facts.cuda_visible_devices or "").strip()
+    if not visible:
+        return list(range(n))
+    out = []
+    for item in (v.strip() for v in visible.split(",")):
+        if item.isdigit() and int(item) < n:
+            out.append(int(item))
+            continue
+        match = [g.index for g in facts.gpus if item.startswith("GPU-") and g.uuid.startswith(item)]
+        if len(match) != 1:
+            break  # CUDA stops at the first entry it cannot resolve, and so do we
+        out.append(match[0])
+    return out
+
+
+def advise(facts: TopologyFacts) -> Advice:
+    n = gpu_count(facts)
+    if not n:
+        return Advice(bind=False, summary="no GPU: nothing to pin")
+    m = facts.matrix
+    allowed = set(parse_cpulist(facts.cpus.allowed)) if facts.cpus else None
+    ranks = []
+    for r, gpu in enumerate(_rank_gpus(facts, n)):
+        node = gpu_numa(facts, gpu)
+        cpus = None
+        if node is not None and facts.cpus and str(node) in facts.cpus.nodes:
+            cpus = set(parse_cpulist(facts.cpus.nodes[str(node)]))
+        elif m and gpu < len(m.gpus) and m.gpus[gpu].cpus:
+            cpus = set(m.gpus[gpu].cpus)
+        if cpus is not None and allowed is not None:
+            cpus &= allowed
+        near = m.nearest_nics.get(str(gpu), []) if m else []
+        ranks.append(RankAdvice(
+            local_rank=r, gpu=gpu, numa_node=node, cpus=format_cpulist(cpus) if cpus else None,
+            nic=",".join(near) or None, nic_link=m.gpus[gpu].nics[near[0]] if near and m else None,
+            numactl=f"numactl --cpunodebind={node} --membind={node}" if node is not None else None,
+        ))
+    nodes = sorted({r.numa_node for r in ranks if r.numa_node is not None})
+    if len(nodes) < 2:
+        if m and m.spans_numa and not nodes:
+            return Advice(bind=True, summary="the GPUs sit on different sockets but their NUMA nodes are unknown: bind by hand "
+                          "with `taskset -c CPUS` per rank, from the CPU lists below", ranks=ranks)
+        where = f"NUMA node {nodes[0]}" if nodes else "an unknown NUMA node"
+        machine_nodes = len(facts.cpus.nodes) if facts.cpus else 1
+        launch = [f"numactl --cpunodebind={nodes[0]} --membind={nodes[0]} torchrun --nproc-per-node={len(ranks)} train.py"] if nodes and machine_nodes > 1 else []
+        return Advice(bind=False, summary=f"every GPU is on {where}: no per-rank binding needed", ranks=ranks, launch=launch)
+    split = ", ".join(f"{node} (GPU {format_cpulist([r.gpu for r in ranks if r.numa_node == node])})" for node in nodes)
+    launch = []
+    if facts.torch_numa_binding is not False:  # None: a capture from elsewhere, whose torch is unknown
+        launch.append(f"torchrun --numa-binding=node --nproc-per-node={len(ranks)} train.py")
+    if all(r.numa_node is not None for r in ranks):
+        order = " ".join(str(r.numa_node) for r in ranks)
+        launch.append(f"torchrun --nproc-per-node={len(ranks)} --no-python sh -c 'n=$(echo {order} | cut -d\" \" -f$((LOCAL_RANK + 1))); "
+                      "exec numactl --cpunodebind=$n --membind=$n python train.py'")
+    how = {True: "torchrun's --numa-binding=node, or numactl per rank",
+           False: "numactl per rank (this torch's torchrun has no --numa-binding)",
+           None: "torchrun's --numa-binding=node where the installed torchrun has it, else numactl per rank"}[facts.torch_numa_binding]
+    return Advice(bind=True, summary=f"GPUs on NUMA nodes {split}: bind each rank to its GPU's node with {how}", ranks=ranks, launch=launch)
+
+
+# ---- the check ---------------------------------------------------------------------
+
+# With no profile (`preflight topology --from` a capture): only what needs no SKU.
+GENERIC = TopologyExpect(numa_warn_above=1, numa_source="any SKU: GPUs on one NUMA node need no per-rank pinning")
+
+
+def measurements(facts: TopologyFacts, vcpu_floor: float | None) -> list[Measurement]:
+    out = []
+    n = gpu_count(facts)
+    if facts.cpus is not None:
+        out.append(Measurement(name="usable", unit="cpus", value=facts.cpus.usable()))
+        if n:
+            out.append(Measurement(name="vcpus_per_gpu", unit="ratio", value=round(facts.cpus.usable() / n, 3), floor=vcpu_floor))
+    nodes = {gpu_numa(facts, i) for i in range(n)} - {None}
+    if nodes:
+        out.append(Measurement(name="gpu_numa", unit="nodes", value=len(nodes)))
+    m = facts.matrix
+    for g in facts.gpus:
+        if m and g.index < len(m.gpus) and len(m.gpus) > 1:
+            width = min(_nv(m.link(g.index, j)) for j in range(len(m.gpus)) if j != g.index)
+            out.append(Measurement(name="gpu_nvlink_peer_min", unit="links", value=width, labels={"gpu": str(g.index), "UUID": g.uuid}))
+    return out
+
+
+class Topology(Check):
+    name = "topology"
+    description = "GPU/NIC/CPU layout: NVLink between GPU pairs, NUMA span, a NIC beside each GPU, vCPUs per GPU; per-rank pinning advice"
+    timeout_seconds = 30.0
+    order = 20
+
+    def applies(self, ctx: Context) -> str | None:
+        if not ctx.profile.gpu_count or ctx.profile.topology is None:
+            return f"profile {ctx.profile.name} has no GPUs: there is no GPU layout to judge"
+        return None
+
+    def run(self, ctx: Context) -> Result:
+        assert ctx.profile.topology is not None
+        try:
+            facts = gather(ctx.host, ctx.settings, ctx.deadline)
+        except nvml.NvmlUnavailable as e:
+            return self.result(FAIL, e.cause, cause=e.cause, remedy=e.remedy)
+        floor = ctx.profile.floors["vcpus_per_gpu"].value if "vcpus_per_gpu" in ctx.profile.floors else None
+        parts = judge(facts, ctx.profile.topology, floor)
+        if ctx.settings.nvml_fake is not None:  # fail closed, as the cuda check does
+            parts["source"] = [Finding(FAIL, "NVML facts are FAKE", f"the GPU list came from {ctx.settings.nvml_fake}, not from this node's driver",
+                                       "drop --nvml-fake / PREFLIGHT_NVML_FAKE for a real verdict")]
+        advice = advise(facts)
+        details = facts.model_dump(mode="json")
+        details["parts"] = {name: next((s.value for s in (FAIL, WARN) if any(f.status == s for f in found)), "PASS") for name, found in parts.items()}
+        details["advice"] = advice.model_dump(mode="json")
+        findings = [f for found in parts.values() for f in found]
+        ok = f"{gpu_count(facts)} GPUs; {advice.summary}"
+        if facts.cpus:
+            ok += f"; {facts.cpus.usable() / max(1, gpu_count(facts)):.1f} vCPUs per GPU"
+        return self.conclude(findings, ok, measurements=measurements(facts, floor), details=details)
+
+    # For `preflight topology`: the same facts, judges and advice, outside a run.
+
+    def explain(self, facts: TopologyFacts, profile: ResolvedProfile | None, live: bool) -> tuple[str, dict, bool]:
+        """(text for a person, JSON for a machine, whether a finding failed).
+        Without a profile only what needs no SKU is judged."""
+        floor = profile.floors["vcpus_per_gpu"].value if profile and "vcpus_per_gpu" in profile.floors else None
+        parts = judge(facts, (profile.topology if profile else None) or GENERIC, floor)
+        advice = advise(facts)
+        data = facts.matrix.model_dump(mode="json") if facts.matrix else {}
+        if live:
+            data["machine"] = facts.model_dump(mode="json", include={"gpus", "nics", "cpus", "cuda_visible_devices", "torch_numa_binding"})
+        data["profile"] = profile.name if profile else None
+        data["findings"] = [{"part": part, "status": f.status.value, "summary": f.summary, "cause": f.cause, "remedy": f.remedy}
+                            for part, found in parts.items() for f in found]
+        data["advice"] = advice.model_dump(mode="json")
+        judged = f"profile {profile.name}" if profile else "no profile (only what needs no SKU is judged)"
+        text = render(facts, parts, advice).replace("\nfindings", f"\nfindings against {judged}", 1)
+        return text, data, any(f.status == FAIL for found in parts.values() for f in found)
+
+    def from_text(self, text: str, source: str) -> TopologyFacts:
+        """A saved capture from another machine: the matrix is all there is. Raises TopoParseError."""
+        return TopologyFacts(matrix=topo.parse(text), matrix_source=source)
+
+    def from_host(self, host: Host, settings: Settings) -> TopologyFacts:
+        """This machine, live. Raises NvmlUnavailable."""
+        return gather(host, settings, time.monotonic() + self.timeout_seconds)
+
+
+# ---- text for `preflight topology` -------------------------------------------------
+
+
+def _link_summary(m: Topo) -> list[str]:
+    by_type: dict[str, list[str]] = {}
+    for pair, link in m.links.items():
+        by_type.setdefault(link, []).append(pair)
+    total = len(m.links)
+    every = "the one GPU pair" if total == 1 else f"all {total} GPU pairs"
+    return [f"{link}: {every if len(pairs) == total else _names(pairs, 12)}"
+            for link, pairs in sorted(by_type.items(), key=lambda kv: (-_nv(kv[0]), kv[0]))]
+
+
+def render(facts: TopologyFacts, parts: dict[str, list[Finding]], advice: Advice) -> str:
+    m = facts.matrix
+    lines = []
+    if m is not None:
+        lines.append(f"{len(m.gpus)} GPU(s), {len(m.nics)} NIC(s) from {facts.matrix_source}")
+        lines.append(f"  {'GPU':<5} {'NUMA':<5} {'CPUs':<24} {'nearest NIC':<28} NVLink to peers")
+        for g in m.gpus:
+            node = gpu_numa(facts, g.index)
+            near = m.nearest_nics.get(str(g.index), [])
+            nic = f"{','.join(near)} ({g.nics[near[0]]})" if near else "-"
+            peers = sorted({m.link(g.index, j) for j in range(len(m.gpus)) if j != g.index}, key=lambda t: -_nv(t))
+            lines.append(f"  GPU{g.index:<2} {node if node is not None else '?':<5} {g.cpu_affinity or '?':<24} {nic:<28} {'/'.join(peers) or '-'}")
+        lines.append("")
+        groups: dict[str, list[int]] = {}
+        for g in m.gpus:
+            node = gpu_numa(facts, g.index)
+            key = f"NUMA node {node}" if node is not None else f"CPUs {g.cpu_affinity}" if g.cpu_affinity else "NUMA unknown"
+            groups.setdefault(key, []).append(g.index)
+        for key, gpus in groups.items():
+            cpus = facts.cpus.nodes.get(key.removeprefix("NUMA node "), "") if facts.cpus and key.startswith("NUMA node") else ""
+            cpus = cpus or (m.gpus[gpus[0]].cpu_affinity or "" if key.startswith("NUMA node") else "")
+            lines.append(f"[{key}{f'  CPUs {cpus}' if cpus else ''}]")
+            cells = []
+            for i in gpus:
+                near = [n for n in m.nearest_nics.get(str(i), []) if m.gpus[i].nics[n] in NEAR]
+                cells.append(f"GPU{i}" + (f" -- {'/'.join(near)}" if near else ""))
+            lines.append("  " + "   ".join(cells))
+        used = {n for g in m.gpus for n, t in g.nics.items() if t in NEAR}
+        others = [n for n in m.nics if n not in used]
+        if others:
+            lines.append(f"  NICs beside no GPU: {', '.join(others)}")
+        lines += [f"  {s}" for s in _link_summary(m)] if m.links else []
+        lines += [f"  note: {n}" for n in m.notes]
+    else:
+        lines.append(f"no GPU link matrix: {facts.matrix_error}")
+    findings = [f for found in parts.values() for f in found]
+    lines.append("")
+    lines.append("findings:" if findings else "findings: none")
+    for f in sorted(findings, key=lambda f: f.status != FAIL):
+        lines += [f"  {f.status.value:<4}  {f.summary}", f"        cause: {f.cause}", f"        fix:   {f.remedy}"]
+    lines += ["", f"advice: {advice.summary}"]
+    for r in advice.ranks:
+        nic = f"  NIC {r.nic} ({r.nic_link})" if r.nic else ""
+        lines.append(f"  local rank {r.local_rank} -> GPU{r.gpu}  NUMA {r.numa_node if r.numa_node is not None else '?'}  CPUs {r.cpus or '?'}{nic}")
+    lines += [f"  $ {cmd}" for cmd in advice.launch]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,395 @@
+"""The topology check: judges fed recorded facts (the HGX H100 sysfs tree,
+real `nvidia-smi topo -m` captures and small edits of them), the gatherer on
+that tree and on this machine, and the pinning advice run for real."""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import fakes
+import psutil
+import pytest
+from preflight.checks import topology as t
+
+from preflight import profiles, topo
+from preflight.check import Context, Status
+from preflight.host import Host
+from preflight.settings import Settings
+from preflight.units import parse_cpulist
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+TREE = FIXTURES / "sysfs" / "hgx-h100"
+TOPO = FIXTURES / "topo"
+SPLIT = TOPO / "03_h100-sxm-8x_nv18_12nic_2numa_no-leading-tab-header.txt"  # DGX H100 layout: 4+4 over two sockets
+ONE_NODE = TOPO / "02_h100-sxm-8x_nv18_12nic_single-numa-0-191_gpu-numa-id.txt"
+HEALTHY = FIXTURES / "nvml" / "h100-sxm-8x-healthy.json"
+FAIL, WARN = Status.FAIL, Status.WARN
+
+
+def resolved(name: str) -> profiles.ResolvedProfile:
+    path = profiles.BUILTIN_DIR / f"{name}.toml"
+    return profiles.resolve(profiles.load(path), path, {}, f"--profile {name}")
+
+
+H100, NVL = resolved("h100-sxm"), resolved("h100-nvl")
+
+
+@pytest.fixture
+def root(tmp_path) -> Path:
+    """A copy of the recorded tree that a test may edit."""
+    dest = tmp_path / "root"
+    shutil.copytree(TREE, dest, symlinks=True)
+    return dest
+
+
+def host(root: Path, capture: Path | str = SPLIT, tmp: Path | None = None, **env: str) -> Host:
+    if isinstance(capture, str):  # an edited matrix
+        path = (tmp or root.parent) / "edited-topo.txt"
+        path.write_text(capture)
+        capture = path
+    bin_dir = fakes.nvidia_smi((tmp or root.parent) / "bin", capture)
+    return Host(root, environ={"PATH": str(bin_dir), **env})
+
+
+def gathered(h: Host, **settings) -> t.TopologyFacts:
+    return t.gather(h, Settings(nvml_fake=HEALTHY, **settings), time.monotonic() + 30)
+
+
+def judged(f: t.TopologyFacts, profile=H100, floor: float | None = 12):
+    return [x for found in t.judge(f, profile.topology, floor).values() for x in found]
+
+
+def set_link(text: str, a: str, b: str, value: str) -> str:
+    """Set the cell between devices ``a`` and ``b`` (GPU3, NIC0) on both sides of the matrix."""
+    lines = text.splitlines()
+    header = lines[0].split("\t")
+    col = {name: i for i, name in enumerate(header) if name}
+    offset = 0 if header[0] == "" else 1  # 03's header has no leading tab
+    for row, other in ((a, b), (b, a)):
+        i = next(k for k, line in enumerate(lines) if k > 0 and line.split("\t")[0] == row)
+        cells = lines[i].split("\t")
+        cells[col[other] + offset] = value
+        lines[i] = "\t".join(cells)
+    return "\n".join(lines) + "\n"
+
+
+def edit(root: Path, rel: str, text: str) -> None:
+    (root / rel).write_text(text + "\n")
+
+
+# ---- the gatherer ------------------------------------------------------------
+
+
+def test_gather_reads_gpus_nics_numa_and_cpus_from_the_recorded_tree(root):
+    f = gathered(host(root))
+    assert f.matrix is not None and f.matrix_error is None and len(f.matrix.gpus) == 8
+    assert [g.numa_node for g in f.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert f.gpus[0].pci == "0000:1b:00.0" and f.gpus[0].local_cpus == "0-55,112-167"
+    assert f.gpus[0].link == t.PciLink(speed="32.0 GT/s PCIe", width=16, max_speed="32.0 GT/s PCIe", max_width=16)
+    assert f.cpus == t.Cpus(online="0-223", nodes={"0": "0-55,112-167", "1": "56-111,168-223"}, allowed="0-223", quota=None)
+    nics = {n.name: n for n in f.nics}
+    assert len(nics) == 12 and nics["mlx5_0"].pci == "0000:18:00.0" and nics["mlx5_0"].netdevs == ["ibp24s0"]
+    assert nics["mlx5_6"].numa_node == 1 and nics["mlx5_6"].ports == [t.IbPort(port=1, state="ACTIVE", rate="400 Gb/sec (4X NDR)", link_layer="InfiniBand")]
+    assert nics["mlx5_4"].ports[0].link_layer == "Ethernet"
+
+
+def test_gather_on_this_machine_counts_its_real_cpus_and_nodes():
+    cpus = t.machine_cpus(Host())
+    assert set(parse_cpulist(cpus.allowed)) == os.sched_getaffinity(0)
+    assert cpus.nodes and set().union(*(parse_cpulist(c) for c in cpus.nodes.values())) >= os.sched_getaffinity(0)
+
+
+def test_a_cgroup_v2_cpu_quota_counts_as_fewer_cpus(root):
+    edit(root, "sys/fs/cgroup/system.slice/cpu.max", "1600000 100000")  # the parent's limit binds the child
+    assert t.cpu_quota(Host(root)) == 16
+
+
+def test_a_cgroup_v1_cpu_quota_is_read_too(root):
+    edit(root, "proc/self/cgroup", "4:cpu,cpuacct:/docker/abc\n0::/")
+    (root / "sys/fs/cgroup/cpu,cpuacct/docker/abc").mkdir(parents=True)
+    edit(root, "sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "800000")
+    edit(root, "sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_period_us", "100000")
+    assert t.cpu_quota(Host(root)) == 8
+
+
+def test_torchrun_numa_binding_is_found_without_importing_torch():
+    assert t.torch_numa_binding(sys.executable) is True  # torch 2.13 has --numa-binding
+    assert t.torch_numa_binding("/nonexistent/python") is None
+
+
+def test_an_older_torch_without_numa_binding_is_told_apart(tmp_path, monkeypatch):
+    fake = tmp_path / "site" / "torch" / "distributed"
+    fake.mkdir(parents=True)
+    (fake.parent / "__init__.py").write_text("raise SystemExit('must not be imported')\n")
+    (fake / "run.py").write_text("parser.add_argument('--nproc-per-node')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    other = str(Path(sys.executable).resolve())  # another path to an interpreter: asked in a child
+    assert other != sys.executable and t.torch_numa_binding(other) is False
+
+
+# ---- judging: healthy layouts and the 4+4 split -----------------------------------
+
+
+def test_a_dgx_h100_layout_warns_only_about_the_split_and_advises_pinning(root):
+    f = gathered(host(root))
+    found = judged(f)
+    assert [(x.status, x.summary) for x in found] == [(WARN, "GPUs span 2 NUMA nodes (node 0: GPU 0-3; node 1: GPU 4-7)")]
+    assert "NCCL proxy threads" in found[0].cause and "socket interconnect" in found[0].cause
+    advice = t.advise(f)
+    assert advice.bind and "0 (GPU 0-3), 1 (GPU 4-7)" in advice.summary
+    r4 = advice.ranks[4]
+    assert (r4.gpu, r4.numa_node, r4.cpus, r4.nic, r4.nic_link) == (4, 1, "56-111,168-223", "mlx5_6", "PIX")
+    assert r4.numactl == "numactl --cpunodebind=1 --membind=1"
+    assert advice.launch[0] == "torchrun --numa-binding=node --nproc-per-node=8 train.py"
+    assert "echo 0 0 0 0 1 1 1 1 |" in advice.launch[1] and "numactl --cpunodebind=$n --membind=$n" in advice.launch[1]
+
+
+def test_a_single_socket_layout_passes_with_no_binding_needed(root):
+    for node in ("1", "0"):
+        shutil.rmtree(root / f"sys/devices/system/node/node{node}")
+    (root / "sys/devices/system/node/node0").mkdir()
+    for bus in ("1b", "43", "52", "61", "9d", "c3", "d1", "df"):
+        edit(root, f"sys/bus/pci/devices/0000:{bus}:00.0/numa_node", "0")
+        edit(root, f"sys/bus/pci/devices/0000:{bus}:00.0/local_cpulist", "0-191")
+    edit(root, "sys/devices/system/node/node0/cpulist", "0-191")
+    edit(root, "sys/devices/system/cpu/online", "0-191")
+    edit(root, "proc/self/status", "Cpus_allowed_list:\t0-191")
+    f = gathered(host(root, ONE_NODE))
+    assert judged(f) == []
+    advice = t.advise(f)
+    assert not advice.bind and advice.summary == "every GPU is on NUMA node 0: no per-rank binding needed" and advice.launch == []
+
+
+def test_numa_fail_above_turns_the_split_into_a_failure(root):
+    strict = H100.topology.model_copy(update={"numa_fail_above": 1})
+    found = [x for x in t.judge(gathered(host(root)), strict, 12)["numa"]]
+    assert [x.status for x in found] == [FAIL] and "BIOS NUMA mode" in found[0].remedy
+
+
+def test_where_nvidia_smi_and_sysfs_disagree_it_says_so(root):
+    f = gathered(host(root, ONE_NODE))  # the capture says NUMA 0 for all; the kernel says 1 for GPU 4-7
+    disagree = [x for x in judged(f) if "disagree" in x.summary]
+    assert [x.summary for x in disagree] == [f"nvidia-smi and sysfs disagree about GPU {i}" for i in range(8)]
+    assert "NUMA node: nvidia-smi 0, sysfs 1" in disagree[4].cause and "CPUs: nvidia-smi 0-191, sysfs 56-111,168-223" in disagree[4].cause
+
+
+def test_a_gpu_whose_numa_node_nobody_knows_is_named(root):
+    edit(root, "sys/bus/pci/devices/0000:c3:00.0/numa_node", "-1")
+    text = SPLIT.read_text().replace("GPU5\tNV18", "GPU5\tNV18", 1)
+    lines = text.splitlines()
+    lines[6] = lines[6].replace("\t1\t\tN/A", "\tN/A\t\tN/A")  # GPU5's row
+    f = gathered(host(root, "\n".join(lines) + "\n"))
+    unknown = [x for x in judged(f) if "unknown" in x.summary]
+    assert [x.summary for x in unknown] == ["NUMA node of GPU 5 unknown"] and unknown[0].status == WARN
+
+
+# ---- judging: links ---------------------------------------------------------------
+
+
+def test_one_nvlink_pair_below_nv18_fails_naming_the_pair(root):
+    f = gathered(host(root, set_link(SPLIT.read_text(), "GPU2", "GPU5", "NV17")))
+    found = [x for x in judged(f) if x.status == FAIL]
+    assert [x.summary for x in found] == ["NVLink below NV18 between 1 GPU pair(s)"]
+    assert "found GPU 2-GPU 5 NV17" in found[0].cause and "fabricmanager" in found[0].remedy
+
+
+def test_a_pair_without_nvlink_fails(root):
+    f = gathered(host(root, set_link(SPLIT.read_text(), "GPU0", "GPU1", "SYS")))
+    assert any("GPU 0-GPU 1 SYS" in x.cause for x in judged(f))
+
+
+def test_a_gpu_short_to_every_peer_is_named_once_with_nvml_link_state(root):
+    text = SPLIT.read_text()
+    for j in range(8):
+        if j != 3:
+            text = set_link(text, "GPU3", f"GPU{j}", "NV17")
+    f = gathered(host(root, text))
+    f.gpus[3] = f.gpus[3].model_copy(update={"nvlinks_active": 17, "nvlinks_down": [11]})
+    found = [x for x in judged(f) if x.status == FAIL]
+    assert [x.summary for x in found] == ["GPU 3 has NV17 to every peer, NV18 expected"]
+    assert "NVML reports its link(s) 11 down" in found[0].cause
+
+
+def test_an_nvlink_nvml_reports_down_fails_even_when_the_matrix_looks_whole(root):
+    f = gathered(host(root))
+    f.gpus[6] = f.gpus[6].model_copy(update={"nvlinks_down": [2, 9]})
+    assert [x.summary for x in judged(f) if x.status == FAIL] == ["GPU 6: NVLink 2, 9 down"]
+
+
+def matrix(n: int, links: dict[str, str], numa: list[int]) -> str:
+    """A small `nvidia-smi topo -m` matrix in the driver's current layout."""
+    rows = ["\t" + "\t".join(f"GPU{i}" for i in range(n)) + "\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID"]
+    for a in range(n):
+        cells = [" X " if a == b else links.get(f"{min(a, b)}-{max(a, b)}", "SYS") for b in range(n)]
+        rows.append(f"GPU{a}\t" + "\t".join(cells) + f"\t{numa[a] * 16}-{numa[a] * 16 + 15}\t{numa[a]}\t\tN/A")
+    return "\n".join(rows) + "\n\nLegend:\n\n  X    = Self\n"
+
+
+def nvl_facts(links: dict[str, str]) -> t.TopologyFacts:
+    return t.TopologyFacts(matrix=topo.parse(matrix(4, links, [0, 0, 1, 1])))
+
+
+def test_bridged_pairs_pass_when_every_gpu_has_its_nv12_peer():
+    f = nvl_facts({"0-1": "NV12", "2-3": "NV12"})
+    assert t.judge(f, NVL.topology, None)["nvlink"] == []
+
+
+def test_a_missing_bridge_names_both_gpus_of_the_pair():
+    found = t.judge(nvl_facts({"0-1": "NV12"}), NVL.topology, None)["nvlink"]
+    assert [x.summary for x in found] == ["GPU 2 has no NVLink peer", "GPU 3 has no NVLink peer"]
+    assert "bridge" in found[0].remedy
+
+
+def test_a_pair_bridged_with_fewer_links_fails_once_naming_the_pair():
+    found = t.judge(nvl_facts({"0-1": "NV12", "2-3": "NV8"}), NVL.topology, None)["nvlink"]
+    assert [x.summary for x in found] == ["GPU 2-GPU 3 bridged at NV8, NV12 expected"]
+
+
+# ---- judging: NICs ---------------------------------------------------------------
+
+
+def test_a_gpu_with_no_nic_at_pix_or_pxb_fails(root):
+    text = SPLIT.read_text()
+    for nic in ("NIC2", "NIC3"):
+        text = set_link(text, "GPU3", nic, "NODE")
+    found = [x for x in judged(gathered(host(root, text))) if x.status == FAIL]
+    assert [x.summary for x in found] == ["GPU 3 has no NIC at PIX/PXB"]
+    assert "NCCL_NET_GDR_LEVEL" in found[0].cause
+
+
+def test_a_node_without_nics_fails_a_multi_node_profile(root):
+    f = t.TopologyFacts(matrix=topo.parse((TOPO / "18_rtx3090-2x_nv4-bridge_single-numa_gpu-numa-id.txt").read_text()))
+    assert [x.summary for x in t.judge(f, H100.topology, None)["nics"]] == ["no NIC in the GPU topology"]
+    assert t.judge(f, NVL.topology, None)["nics"] == []  # a PCIe board profile does not ask for NICs
+
+
+def test_a_down_port_on_a_gpus_nearest_nic_fails(root):
+    edit(root, "sys/class/infiniband/mlx5_6/ports/1/state", "1: DOWN")
+    found = [x for x in judged(gathered(host(root))) if x.status == FAIL]
+    assert [x.summary for x in found] == ["GPU 4's NIC is down"] and "mlx5_6 port 1 DOWN" in found[0].cause
+
+
+# ---- judging: CPUs ---------------------------------------------------------------
+
+
+def test_a_container_cpuset_of_16_cpus_starves_eight_gpus(root):
+    edit(root, "proc/self/status", "Cpus_allowed_list:\t0-15")
+    found = judged(gathered(host(root)))
+    starved = [x for x in found if x.status == FAIL]
+    assert [x.summary for x in starved] == ["2.0 vCPUs per GPU, 12 needed"]
+    assert "224 CPUs online; this process's cpuset allows 16 (0-15)" in starved[0].cause
+    assert "no allowed CPU on NUMA node 1" in [x.summary for x in found if x.status == WARN]
+
+
+def test_a_smaller_cpuset_that_still_has_enough_cpus_passes_and_narrows_the_advice(root):
+    edit(root, "proc/self/status", "Cpus_allowed_list:\t0-111")
+    f = gathered(host(root))
+    assert [x.status for x in judged(f)] == [WARN]  # the split only
+    assert t.advise(f).ranks[5].cpus == "56-111"
+    assert [m.value for m in t.measurements(f, 12) if m.name == "vcpus_per_gpu"] == [14.0]
+
+
+def test_a_cpu_quota_counts_even_when_the_cpuset_is_whole(root):
+    edit(root, "sys/fs/cgroup/system.slice/cpu.max", "4000000 100000")
+    starved = [x for x in judged(gathered(host(root))) if x.status == FAIL]
+    assert [x.summary for x in starved] == ["5.0 vCPUs per GPU, 12 needed"] and "CPU quota grants 40 CPUs' time" in starved[0].cause
+
+
+def test_measurements_carry_the_floor_and_dcgm_labels(root):
+    values = {(m.name, m.labels.get("gpu")): m for m in t.measurements(gathered(host(root)), 12)}
+    assert values[("vcpus_per_gpu", None)].value == 28 and values[("vcpus_per_gpu", None)].floor == 12
+    assert values[("gpu_numa", None)].value == 2 and values[("usable", None)].unit == "cpus"
+    assert values[("gpu_nvlink_peer_min", "7")].value == 18 and values[("gpu_nvlink_peer_min", "7")].labels["UUID"].startswith("GPU-")
+
+
+# ---- judging: PCIe -----------------------------------------------------------------
+
+
+def test_a_gpu_link_at_x8_fails_and_a_nic_link_at_x8_warns(root):
+    edit(root, "sys/bus/pci/devices/0000:52:00.0/current_link_width", "8")
+    edit(root, "sys/bus/pci/devices/0000:5e:00.0/current_link_width", "8")
+    found = {x.summary: x for x in judged(gathered(host(root)))}
+    assert found["GPU 2 PCIe link x8 of x16"].status == FAIL and "50%" in found["GPU 2 PCIe link x8 of x16"].cause
+    assert found["NIC mlx5_3 PCIe link x8 of x16"].status == WARN
+
+
+# ---- advice ---------------------------------------------------------------------
+
+
+def test_advice_follows_cuda_visible_devices_by_index_and_uuid(root):
+    f = gathered(host(root, CUDA_VISIBLE_DEVICES="4,5"))
+    assert [(r.local_rank, r.gpu, r.numa_node) for r in t.advise(f).ranks] == [(0, 4, 1), (1, 5, 1)]
+    uuid = f.gpus[6].uuid
+    f = gathered(host(root, CUDA_VISIBLE_DEVICES=f"{uuid},0"))
+    assert [r.gpu for r in t.advise(f).ranks] == [6, 0]
+    # CUDA stops at the first entry it cannot resolve; an ambiguous UUID prefix is one
+    f = gathered(host(root, CUDA_VISIBLE_DEVICES=f"1,{uuid[:-1]},0"))
+    assert [r.gpu for r in t.advise(f).ranks] == [1]
+
+
+def test_the_numactl_launch_line_binds_each_rank_for_real(tmp_path):
+    """Run the advised torchrun wrapper on this machine (one NUMA node, so
+    every rank goes to node 0) and read back where each rank was bound."""
+    if shutil.which("numactl") is None:
+        pytest.fail("numactl is missing; .ci/run installs it (apt-get install numactl)")
+    f = t.TopologyFacts(matrix=topo.parse(matrix(2, {"0-1": "NV4"}, [0, 1])))
+    line = t.advise(f).launch[-1]
+    assert "echo 0 1 |" in line
+    probe = tmp_path / "train.py"
+    probe.write_text(
+        "import os, pathlib\n"
+        "status = dict(l.split(':\\t') for l in open('/proc/self/status').read().splitlines() if ':\\t' in l)\n"
+        f"pathlib.Path({str(tmp_path)!r}, 'rank' + os.environ['LOCAL_RANK']).write_text(status['Mems_allowed_list'])\n"
+    )
+    runnable = (line.replace("echo 0 1 |", "echo 0 0 |")  # this machine has node 0 only
+                .replace("torchrun ", f"{sys.executable} -m torch.distributed.run --master-port=0 ", 1)
+                .replace("python train.py", f"{sys.executable} {probe}"))
+    done = subprocess.run(["sh", "-c", runnable], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["0", "0"]
+
+
+# ---- the check, as the runner calls it ---------------------------------------------
+
+
+def ctx_for(h: Host, profile=H100, timeout: float = 30, **settings) -> Context:
+    return Context(profile=profile, settings=Settings(**settings), host=h, deadline=time.monotonic() + timeout)
+
+
+def test_the_check_skips_on_a_profile_without_gpus():
+    assert t.Topology().applies(ctx_for(Host(), resolved("cpu"))) == "profile cpu has no GPUs: there is no GPU layout to judge"
+
+
+def test_the_check_fails_closed_on_fake_nvml_but_reports_every_part(root):
+    r = t.Topology().run(ctx_for(host(root), nvml_fake=HEALTHY))
+    assert r.status == FAIL and r.details["parts"]["source"] == "FAIL" and r.details["parts"]["numa"] == "WARN"
+    assert r.details["parts"]["nvlink"] == "PASS" and r.details["advice"]["bind"] is True
+
+
+def test_nvidia_smi_missing_fails_with_the_cause(root, tmp_path):
+    h = Host(root, environ={"PATH": str(tmp_path / "empty")})
+    r = t.Topology().run(ctx_for(h, nvml_fake=HEALTHY))
+    assert r.status == FAIL and "nvidia-smi is not on PATH" in r.cause and r.details["parts"]["matrix"] == "FAIL"
+
+
+def test_nvidia_smi_failing_is_a_fail_with_its_own_words(root, tmp_path):
+    bin_dir = fakes.nvidia_smi(tmp_path / "bin", exit_code=9, message="NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.")
+    r = t.Topology().run(ctx_for(Host(root, environ={"PATH": str(bin_dir)}), nvml_fake=HEALTHY))
+    assert "failed (exit 9): NVIDIA-SMI has failed because it couldn't communicate" in r.cause
+
+
+def test_a_hung_nvidia_smi_is_killed_at_its_deadline(root, tmp_path, monkeypatch):
+    monkeypatch.setattr(t, "NVIDIA_SMI_TIMEOUT", 1.0)
+    bin_dir = fakes.nvidia_smi(tmp_path / "bin", hang=True)
+    started = time.monotonic()
+    r = t.Topology().run(ctx_for(Host(root, environ={"PATH": str(bin_dir)}), nvml_fake=HEALTHY))
+    assert time.monotonic() - started < 10 and "did not answer in 1 s" in r.cause
+    assert not [p for p in psutil.Process().children(recursive=True) if "sleep" in " ".join(p.cmdline())]
+
+
+def test_unreadable_output_is_a_fail_naming_the_line(root, tmp_path):
+    r = t.Topology().run(ctx_for(host(root, TOPO / "malformed" / "M1_h100-8x_nv18_12nic_PASTE-CORRUPTED-PIXNODE.txt"), nvml_fake=HEALTHY))
+    assert r.status == FAIL and "line 7" in r.cause and "PIXNODE" in r.cause
