@@ -29,6 +29,9 @@ def fmt_value(value: float, unit: str) -> str:
     return f"{value:g} {unit}"
 
 
+MAX_CPUS = 1 << 16  # the kernel's NR_CPUS tops out at 8192; a larger number is damage
+
+
 def parse_cpulist(text: str) -> list[int]:
     """``0-23,48-71`` (the kernel's and nvidia-smi's CPU-list format) -> sorted numbers."""
     cpus: set[int] = set()
@@ -36,6 +39,8 @@ def parse_cpulist(text: str) -> list[int]:
         m = re.fullmatch(r"\s*([0-9]+)(?:-([0-9]+))?\s*", part)
         if not m or (m[2] is not None and int(m[2]) < int(m[1])):
             raise ValueError(f"{text.strip()!r} is not a CPU list like 0-23,48-71")
+        if int(m[2] or m[1]) >= MAX_CPUS:
+            raise ValueError(f"{text.strip()!r} names CPU {m[2] or m[1]}, beyond any kernel's {MAX_CPUS}")
         cpus.update(range(int(m[1]), int(m[2] or m[1]) + 1))
     return sorted(cpus)
 

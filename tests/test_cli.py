@@ -469,6 +469,15 @@ SPLIT = TOPO / "03_h100-sxm-8x_nv18_12nic_2numa_no-leading-tab-header.txt"
 HEALTHY_NVML = Path(__file__).parent / "fixtures" / "nvml" / "h100-sxm-8x-healthy.json"
 
 
+@pytest.mark.parametrize("name", sorted(p.name for p in TOPO.glob("*.txt")))
+def test_topology_from_each_capture_gives_its_index_facts_as_json(name):
+    from test_topo import assert_index_facts
+
+    r = invoke("topology", "--from", str(TOPO / name), "--json")
+    assert r.exit_code == 0, r.output
+    assert_index_facts(json.loads(r.stdout), name)
+
+
 def test_topology_from_a_4_4_split_capture_gives_the_numa_finding_and_the_pinning_advice():
     r = invoke("topology", "--from", str(SPLIT))
     assert r.exit_code == 0, r.output

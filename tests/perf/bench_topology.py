@@ -1,0 +1,84 @@
+"""Time of each part of the topology check, against its budget: "well under a
+second" on a node (it is a parser and a few file reads).
+
+Parts: parsing a 8-GPU, 12-NIC capture, the NVML child, `nvidia-smi topo -m`
+(a stand-in printing that capture where there is no GPU), the sysfs reads
+(the recorded HGX tree, and this machine's /sys), the torchrun
+--numa-binding lookup, the judges and advice, and the whole
+`preflight run --only topology`. On a GPU node everything is real.
+Run: python tests/perf/bench_topology.py [N]
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent))  # tests/, for fakes
+
+import fakes  # noqa: E402
+from preflight.checks import topology  # noqa: E402
+
+from preflight import nvml, topo  # noqa: E402
+from preflight.host import Host  # noqa: E402
+from preflight.settings import Settings  # noqa: E402
+
+N = int(sys.argv[1]) if len(sys.argv) > 1 else 10
+FIXTURES = HERE.parent / "fixtures"
+CAPTURE = FIXTURES / "topo" / "03_h100-sxm-8x_nv18_12nic_2numa_no-leading-tab-header.txt"
+FACTS = FIXTURES / "nvml" / "h100-sxm-8x-healthy.json"
+TREE = FIXTURES / "sysfs" / "hgx-h100"
+REAL = Path("/dev/nvidiactl").exists()
+
+
+def timed(label: str, fn) -> None:
+    times = []
+    for _ in range(N):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    print(f"{label:<52} {statistics.median(times) * 1000:>8.1f}ms {min(times) * 1000:>8.1f}ms {max(times) * 1000:>8.1f}ms")
+
+
+def main() -> None:
+    print(f"{'part':<52} {'median':>10} {'min':>10} {'max':>10}   (n={N}, {'real GPU' if REAL else 'no GPU: fake pynvml and nvidia-smi'})")
+    tmp = Path(tempfile.mkdtemp())
+    text = CAPTURE.read_text()
+    timed("parse an 8-GPU, 12-NIC topo -m capture", lambda: topo.parse(text))
+    env = dict(os.environ)
+    if not REAL:
+        os.environ["PYTHONPATH"] = str(fakes.install_fake_pynvml(tmp / "nvml"))
+        os.environ["FAKE_NVML_FACTS"] = str(FACTS)
+        os.environ["PATH"] = f"{fakes.nvidia_smi(tmp / 'bin', CAPTURE)}:{os.environ['PATH']}"
+    timed("NVML inventory (child process)", lambda: nvml.inventory())
+    timed("nvidia-smi topo -m + parse", lambda: topology.run_matrix(Host(), 15))
+    inventory = nvml.inventory()
+    timed("sysfs: GPUs, NICs, NUMA, cpuset (recorded HGX tree)", lambda: (topology.gpu_places(Host(TREE), inventory), topology.nics(Host(TREE)), topology.machine_cpus(Host(TREE))))
+    timed("sysfs: the same on this machine", lambda: (topology.gpu_places(Host(), inventory), topology.nics(Host()), topology.machine_cpus(Host())))
+    timed("torchrun --numa-binding lookup (no torch import)", lambda: topology.torch_numa_binding(sys.executable))
+    s = Settings(nvml_fake=None if REAL else FACTS)
+    facts = topology.gather(Host(TREE, environ=os.environ), s, time.monotonic() + 30)
+    expect = topology.GENERIC
+    timed("judges + advice", lambda: (topology.judge(facts, expect, 12), topology.advise(facts)))
+    args = [sys.executable, "-m", "preflight", "run", "--profile", "h100-sxm", "--only", "topology", "-q", "--lock-file", str(tmp / "lock")]
+    if not REAL:
+        args += ["--nvml-fake", str(FACTS)]
+    timed("preflight run --only topology (whole process)", lambda: subprocess.run(args, capture_output=True))
+    start = time.perf_counter()
+    done = subprocess.run([*args, "--json"], capture_output=True, text=True)
+    import json
+
+    check = json.loads(done.stdout)["checks"][0]
+    print(f"  the check itself, as the report times it: {check['duration_seconds'] * 1000:.0f}ms ({check['status']}: {check['summary'][:70]})")
+    os.environ.clear()
+    os.environ.update(env)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,292 @@
+import itertools
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from preflight.topo import TopoParseError, parse
+
+TOPO = Path(__file__).parent / "fixtures" / "topo"
+EXPECTED = json.loads((TOPO / "expected.json").read_text())
+CAPTURES = sorted(EXPECTED)
+(M1,) = (TOPO / "malformed").glob("M1_*.txt")
+GPU_KEYS = ("index", "cpu_affinity", "numa_affinity", "gpu_numa_id")
+
+
+def capture(prefix: str) -> str:
+    (path,) = TOPO.glob(f"{prefix}_*.txt")
+    return path.read_text()
+
+
+def lines(prefix: str) -> list[str]:
+    return capture(prefix).splitlines()
+
+
+def join(rows: list[str]) -> str:
+    return "\n".join(rows) + "\n"
+
+
+def edit_cells(text: str, row: str, edit) -> str:
+    """``text`` with the tab-separated cells of the row labelled ``row`` passed through ``edit``."""
+    out = text.splitlines()
+    (i,) = [i for i, line in enumerate(out) if line.split("\t")[0] == row]
+    cells = out[i].split("\t")
+    edit(cells)
+    out[i] = "\t".join(cells)
+    return join(out)
+
+
+def set_cell(text: str, row: str, column: int, value: str) -> str:
+    """Cell ``column`` (0 = the row label) of row ``row`` set to ``value``."""
+    return edit_cells(text, row, lambda cells: cells.__setitem__(column, value))
+
+
+def expand_links(spec: dict, n_gpu: int) -> dict[str, str]:
+    """expected.json's compact links ({"all": T} or {T: ["a-b", ...]}) as Topo.links."""
+    pairs = [f"{a}-{b}" for a, b in itertools.combinations(range(n_gpu), 2)]
+    if "all" in spec:
+        return dict.fromkeys(pairs, spec["all"])
+    out = {pair: kind for kind, listed in spec.items() for pair in listed}
+    assert len(out) == sum(map(len, spec.values())) and set(out) == set(pairs), "expected.json must list every pair once"
+    return out
+
+
+def gpu_facts(dump: dict) -> list[dict]:
+    return [{k: g[k] for k in GPU_KEYS} for g in dump["gpus"]]
+
+
+# ---- the captures ------------------------------------------------------------
+
+
+def test_expected_json_covers_every_capture():
+    assert sorted(p.name for p in TOPO.glob("*.txt")) == CAPTURES
+
+
+def assert_index_facts(got: dict, name: str) -> None:
+    """``got`` (a Topo dump, or `preflight topology --json`) holds the facts INDEX.md states for ``name``."""
+    want = EXPECTED[name]
+    assert len(got["gpus"]) == want["gpu_count"]
+    assert got["nics"] == want["nics"]
+    assert got["links"] == expand_links(want["links"], want["gpu_count"])
+    assert gpu_facts(got) == want["gpus"]
+    for key in ("numa_nodes", "cpu_groups", "spans_numa", "nearest_nics"):
+        assert got[key] == want[key], key
+    assert got["notes"] == []
+
+
+@pytest.mark.parametrize("name", CAPTURES)
+def test_capture_parses_to_its_index_facts(name):
+    assert_index_facts(parse((TOPO / name).read_text()).model_dump(mode="json"), name)
+
+
+def test_unordered_nic_columns_keep_their_own_links():
+    topo = parse(capture("11"))
+    assert topo.gpus[2].nics == {"mlx5_0": "PHB", "mlx5_2": "SYS", "mlx5_1": "PIX", "mlx5_3": "SYS"}
+    assert topo.gpus[5].nics == {"mlx5_0": "SYS", "mlx5_2": "PIX", "mlx5_1": "SYS", "mlx5_3": "PHB"}
+
+
+@pytest.mark.parametrize("prefix, spans", [("11", True), ("14", False)])
+def test_old_header_without_numa_column_judges_spans_from_cpu_sets(prefix, spans):
+    topo = parse(capture(prefix))
+    assert topo.columns == ["CPU Affinity"]
+    assert topo.numa_nodes is None
+    assert all(g.numa_nodes is None and g.numa_affinity is None for g in topo.gpus)
+    assert topo.spans_numa is spans
+
+
+def test_numa_affinity_na_gives_none():
+    topo = parse(capture("28"))
+    assert topo.columns == ["CPU Affinity", "NUMA Affinity", "GPU NUMA ID"]
+    (gpu,) = topo.gpus
+    assert (gpu.cpu_affinity, gpu.cpus) == ("0-7", list(range(8)))
+    assert (gpu.numa_affinity, gpu.numa_nodes, gpu.gpu_numa_id) == (None, None, None)
+    assert topo.numa_nodes is None
+
+
+@pytest.mark.parametrize("tabsize", [8, 4])
+@pytest.mark.parametrize("name", CAPTURES)
+def test_tabs_expanded_to_spaces_parse_the_same(name, tabsize):
+    text = (TOPO / name).read_text()
+    spaced = text.expandtabs(tabsize)
+    assert "\t" not in spaced
+    assert parse(spaced).model_dump(mode="json") == parse(text).model_dump(mode="json")
+
+
+# ---- M1: a capture damaged in pasting ----------------------------------------
+
+
+def test_m1_is_rejected_at_the_fused_pixnode_cell():
+    with pytest.raises(TopoParseError) as e:
+        parse(M1.read_text())
+    assert e.value.line == 7
+    message = str(e.value)
+    assert message.startswith("line 7:") and "NIC7" in message and "PIXNODE" in message
+
+
+def test_m1_with_gpu5_repaired_is_rejected_at_the_nic7_row():
+    text = M1.read_text().replace("PIXNODE", "PIX\tNODE")
+    assert [i for i, line in enumerate(text.splitlines(), 1) if line.startswith("NIC7\t")] == [17]
+    with pytest.raises(TopoParseError) as e:
+        parse(text)
+    assert e.value.line == 17
+    assert str(e.value).startswith("line 17:") and "'X NODE'" in str(e.value)
+
+
+# ---- damage that must be rejected ---------------------------------------------
+# 02's layout: header line 1, GPUn on line n+2, NICn on line n+10.
+
+C02 = capture("02")
+L02 = C02.splitlines()
+README = """\
+# preflight
+
+Checks a GPU node before a job lands on it: the driver answers, the GPUs
+and NICs sit where the profile says, and /dev/shm is large enough. Run
+`nvidia-smi topo -m` and pass its output with --from to explain a layout.
+"""
+
+REJECTED = {
+    # id: (text, line the error names, a fragment of the message)
+    "empty": ("", None, "empty"),
+    "whitespace-only": (" \n\t\n   \n\n", None, "empty"),
+    "readme-paragraph": (README, None, "no header"),
+    "binary-garbage": (random.Random(0).randbytes(4096).decode("latin-1"), None, "NUL bytes"),
+    "control-characters": ("".join(map(chr, range(1, 32))) * 20, None, "no header"),
+    "header-gpu1gpu2-fused": (C02.replace("GPU1\tGPU2", "GPU1GPU2", 1), 1, "'GPU1GPU2'"),
+    "header-affinities-fused": (C02.replace("CPU Affinity\tNUMA Affinity", "CPU AffinityNUMA Affinity", 1), 1,
+                                "'CPU AffinityNUMA Affinity'"),
+    "header-no-leading-tab-fused": (capture("03").replace("GPU6\tGPU7", "GPU6GPU7", 1), 1, "'GPU6GPU7'"),
+    "header-affinities-fused-spaces": (re.sub(r"CPU Affinity +NUMA Affinity", "CPU AffinityNUMA Affinity", C02.expandtabs(), count=1),
+                                       2, "3 affinity values for 2 affinity columns"),
+    "gpu-row-cell-too-many": (edit_cells(C02, "GPU2", lambda c: c.insert(5, "NV18")), 4, "row GPU2"),
+    "gpu-row-cell-too-few": (edit_cells(C02, "GPU2", lambda c: c.pop(12)), 4, "row GPU2"),
+    "nic-row-cell-too-many": (edit_cells(C02, "NIC3", lambda c: c.insert(5, "NODE")), 13, "row NIC3"),
+    "nic-row-cell-too-few": (edit_cells(C02, "NIC3", lambda c: c.pop(5)), 13, "row NIC3"),
+    "old-header-row-cell-too-few": (edit_cells(capture("11"), "GPU4", lambda c: c.pop(2)), 6, "row GPU4"),
+    "asymmetric-gpu-pair": (set_cell(C02, "GPU5", 3, "NV12"), 7, "GPU2->GPU5 is NV18 but GPU5->GPU2 is NV12"),
+    "asymmetric-gpu-nic": (set_cell(C02, "NIC0", 1, "NODE"), 10, "but NIC0->GPU0 is NODE"),
+    "x-off-diagonal": (set_cell(C02, "GPU2", 6, " X "), 4, "row GPU2, column GPU5: 'X'"),
+    "diagonal-not-x": (set_cell(C02, "GPU2", 3, "NV18"), 4, "row GPU2, column GPU2: 'NV18'"),
+    "cut-inside-gpu-rows": (join(L02[:6]), 7, "cut off inside the GPU rows"),
+    "gpu-rows-missing-before-legend": (join(L02[:6] + L02[21:]), 7, "cut off inside the GPU rows"),
+    "cut-mid-gpu-row": (join(L02[:6]) + L02[6][:40], 7, "cut off inside the GPU rows"),
+}
+
+
+@pytest.mark.parametrize("case", REJECTED)
+def test_damage_is_rejected_naming_the_line(case):
+    text, line, fragment = REJECTED[case]
+    with pytest.raises(TopoParseError) as e:
+        parse(text)
+    assert e.value.line == line
+    if line is not None:
+        assert str(e.value).startswith(f"line {line}: ")
+    assert fragment in str(e.value)
+
+
+BROKEN = {case: text for case, (text, _, _) in REJECTED.items()}
+BROKEN["M1"] = M1.read_text()
+BROKEN["M1-repaired"] = M1.read_text().replace("PIXNODE", "PIX\tNODE")
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_every_parse_error_is_one_line(case):
+    with pytest.raises(TopoParseError) as e:
+        parse(BROKEN[case])
+    message = str(e.value)
+    assert message.strip() and message.splitlines() == [message]
+
+
+# ---- damage that is tolerated, with a note --------------------------------------
+
+
+def gpu_facts_by_nic_position(topo) -> list[tuple]:
+    """Per GPU: its affinities and its NIC links in column order, NIC names aside."""
+    return [(tuple(getattr(g, k) for k in GPU_KEYS), g.cpus, g.numa_nodes, list(g.nics.values())) for g in topo.gpus]
+
+
+def test_cut_after_the_gpu_rows_keeps_every_gpu_fact():
+    full = parse(C02)
+    topo = parse(join(L02[:9]))
+    assert gpu_facts_by_nic_position(topo) == gpu_facts_by_nic_position(full)
+    assert topo.links == full.links and topo.spans_numa is False
+    assert topo.nics == [f"NIC{i}" for i in range(12)]  # the legend went with the cut
+    assert topo.nearest_nics["3"] == ["NIC5"]
+    assert any("cut off" in n and "NIC0" in n and "NIC11" in n for n in topo.notes)
+    assert any("no NIC Legend" in n for n in topo.notes)
+
+
+def test_cut_after_the_gpu_rows_keeps_nic_names_from_the_header():
+    full = parse(capture("08"))
+    topo = parse(join(lines("08")[:3]))
+    assert topo.nics == ["mlx5_0", "mlx5_1"]
+    assert topo.model_dump(exclude={"notes"}) == full.model_dump(exclude={"notes"})
+    assert len(topo.notes) == 1 and "cut off" in topo.notes[0] and "mlx5_0, mlx5_1" in topo.notes[0]
+
+
+def test_cut_in_the_middle_of_the_last_nic_row_parses_with_a_note():
+    assert L02[20].startswith("NIC11\t")
+    topo = parse(join(L02[:20]) + L02[20][:28])  # ends in "...\tNODE\tNOD"
+    full = parse(C02)
+    assert gpu_facts_by_nic_position(topo) == gpu_facts_by_nic_position(full)
+    assert topo.links == full.links
+    assert any("ends inside row NIC11" in n and "line 21" in n for n in topo.notes)
+
+
+def test_missing_nic_legend_keeps_nic_numbers_with_a_note():
+    text = C02[: C02.index("NIC Legend:")]
+    topo = parse(text)
+    assert topo.nics == [f"NIC{i}" for i in range(12)]
+    assert topo.nearest_nics == {"0": ["NIC0"], "1": ["NIC1"], "2": ["NIC2"], "3": ["NIC5"],
+                                 "4": ["NIC6"], "5": ["NIC7"], "6": ["NIC8"], "7": ["NIC11"]}
+    assert topo.notes == ["no NIC Legend entry for " + ", ".join(f"NIC{i}" for i in range(12)) + ": device names unknown"]
+
+
+# ---- damage that once gave wrong answers or crashes ---------------------------------
+
+
+@pytest.mark.parametrize("tail", ["\t", "\t "], ids=["tab", "tab-space"])
+def test_cut_inside_the_last_cell_of_the_last_nic_row_parses_with_a_note(tail):
+    last = L02[20].split("\t X ")[0]  # NIC11's 19 links before its own cell
+    topo = parse(join(L02[:20]) + last + tail)
+    assert any("ends inside row NIC11" in n for n in topo.notes)
+
+
+def test_value_cut_off_at_the_end_of_the_text_is_not_reported_as_fact():
+    text = join(lines("18")[:2]) + "GPU1\tNV4\t X \t0-2"
+    try:
+        topo = parse(text)
+    except TopoParseError:
+        return
+    assert topo.gpus[1].cpu_affinity is None and topo.gpus[1].cpus is None
+
+
+def test_a_later_captures_nic_legend_does_not_rename_the_first_captures_nics():
+    try:
+        topo = parse(capture("24") + "\n" + C02)
+    except TopoParseError:
+        return
+    assert topo.nics == EXPECTED[next(n for n in CAPTURES if n.startswith("24_"))]["nics"]
+
+
+def test_x_in_a_nic_column_is_rejected_when_the_nic_rows_are_cut_off():
+    text = set_cell(join(L02[:9]), "GPU0", 9, " X ")
+    with pytest.raises(TopoParseError, match=r"^line 2: .*NIC0"):
+        parse(text)
+
+
+def test_nvlink_between_gpu_and_nic_is_rejected_or_dumps():
+    text = set_cell(set_cell(C02, "GPU0", 9, "NV18"), "NIC0", 1, "NV18")
+    try:
+        topo = parse(text)
+    except TopoParseError:
+        return
+    assert topo.model_dump(mode="json")["nearest_nics"]["0"]
+
+
+def test_nul_bytes_in_a_space_separated_capture_are_a_parse_error():
+    text = join(C02.expandtabs().splitlines()[:5]) + "\0" * 64
+    with pytest.raises(TopoParseError, match="NUL bytes"):
+        parse(text)
