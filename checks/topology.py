@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import sys
 import time
@@ -92,6 +93,12 @@ class TopologyFacts(BaseModel):
     cpus: Cpus | None = None
     cuda_visible_devices: str | None = None
     torch_numa_binding: bool | None = None  # the installed torchrun has --numa-binding
+    numactl: bool | None = None  # numactl is installed here; None: a capture from elsewhere
+
+    @property
+    def live(self) -> bool:
+        """Read on this machine (sysfs, cpuset), not from a saved capture alone."""
+        return self.cpus is not None
 
 
 # ---- gathering -----------------------------------------------------------------
@@ -234,6 +241,7 @@ def gather(host: Host, settings: Settings, deadline: float) -> TopologyFacts:
         cpus=machine_cpus(host),
         cuda_visible_devices=host.environ.get("CUDA_VISIBLE_DEVICES"),
         torch_numa_binding=torch_numa_binding(python, timeout=min(10.0, left)),
+        numactl=shutil.which("numactl", path=host.environ.get("PATH", os.defpath)) is not None,
     )
 
 
@@ -263,6 +271,20 @@ def gpu_count(facts: TopologyFacts) -> int:
     return len(facts.gpus) or (len(facts.matrix.gpus) if facts.matrix else 0)
 
 
+def _numa_unknown(facts: TopologyFacts, index: int) -> bool:
+    """Nobody says where GPU ``index`` sits (a GPU affine to several nodes, "0-1", is known)."""
+    if gpu_numa(facts, index) is not None:
+        return False
+    m = facts.matrix
+    return not (m and index < len(m.gpus) and m.gpus[index].numa_nodes)
+
+
+def _socket_groups(facts: TopologyFacts) -> int:
+    """How many disjoint CPU sets the GPUs' affinities form: sockets, where NUMA numbers are missing."""
+    m = facts.matrix
+    return len(m.cpu_groups) if m and m.spans_numa and all(g.cpus for g in m.gpus) else 0
+
+
 def judge_links(facts: TopologyFacts, expect: TopologyExpect) -> list[Finding]:
     m, want = facts.matrix, expect.nvlink_width
     out = []
@@ -270,6 +292,11 @@ def judge_links(facts: TopologyFacts, expect: TopologyExpect) -> list[Finding]:
     if m is not None and expect.nvlink == "all":
         short = {k: v for k, v in m.links.items() if _nv(v) < want}
         n = len(m.gpus)
+        if n > 2 and len(short) == len(m.links) and not any(_nv(v) for v in short.values()):
+            kinds = "/".join(sorted(set(short.values())))
+            return [Finding(FAIL, f"no NVLink between any GPUs, NV{want} expected",
+                            f"every GPU pair is joined by {kinds}, none by NVLink: this is not the board the profile describes, or its NVSwitch fabric is down",
+                            "check the profile (`preflight detect`), then `nvidia-smi nvlink -s` and nvidia-fabricmanager")]
         for i in range(n):  # a GPU short to every peer lost its own links: name the GPU, not 7 pairs
             mine = [k for k in short if i in map(int, k.split("-"))]
             if n > 2 and len(mine) == n - 1:
@@ -295,7 +322,7 @@ def judge_links(facts: TopologyFacts, expect: TopologyExpect) -> list[Finding]:
                 out.append(Finding(FAIL, f"GPU {g}-GPU {best[0]} bridged at {best[1]}, NV{want} expected",
                                    f"GPU {g} and GPU {best[0]} are joined by {best[1]} instead of NV{want}: a bridge of the pair is missing or a link is down",
                                    "reseat the NVLink bridges of this pair; " + _NVLINK_REMEDY))
-    listed = {i for f in out for i in range(gpu_count(facts)) if f"GPU {i}" in f.cause}
+    listed = {i for f in out for i in range(gpu_count(facts)) if re.search(rf"GPU {i}\b", f.cause)}
     for i, links in sorted(down.items()):
         if i not in listed:
             out.append(Finding(FAIL, f"GPU {i}: NVLink {', '.join(map(str, links))} down",
@@ -309,26 +336,28 @@ _NVLINK_REMEDY = ("check `nvidia-smi nvlink -s` and `nvidia-smi nvlink -e` for t
 
 def judge_numa(facts: TopologyFacts, expect: TopologyExpect) -> list[Finding]:
     n = gpu_count(facts)
-    where = {i: gpu_numa(facts, i) for i in range(n)}
-    known = {i: node for i, node in where.items() if node is not None}
+    known = {i: node for i in range(n) if (node := gpu_numa(facts, i)) is not None}
     out = []
-    multi_node = facts.cpus is not None and len(facts.cpus.nodes) > 1
-    unknown = [i for i in range(n) if where[i] is None]
-    if unknown and (multi_node or (facts.matrix and facts.matrix.spans_numa)):
-        out.append(Finding(WARN, f"NUMA node of GPU {_names([str(i) for i in unknown])} unknown",
-                           f"neither the kernel (numa_node -1) nor nvidia-smi knows the NUMA node of GPU {_names([str(i) for i in unknown])} "
-                           "on a machine with several: nothing can pin their ranks to the right socket",
-                           "enable NUMA reporting in the BIOS (ACPI SRAT / PCIe proximity), then bind ranks by hand"))
-    nodes = sorted(set(known.values()))
-    if not nodes and facts.matrix and facts.matrix.spans_numa:
-        groups = facts.matrix.cpu_groups
-        nodes = list(range(len(groups)))  # no NUMA column: the distinct CPU sets stand for the sockets
-    span = len(nodes)
+    unknown = [i for i in range(n) if _numa_unknown(facts, i)]
+    several = (facts.cpus is not None and len(facts.cpus.nodes) > 1) or bool(facts.matrix and facts.matrix.spans_numa)
+    if unknown and several:
+        who = _names([str(i) for i in unknown])
+        if facts.live:
+            cause = f"neither the kernel (numa_node -1) nor nvidia-smi knows the NUMA node of GPU {who} on a machine with several"
+            remedy = "enable NUMA reporting in the BIOS (ACPI SRAT / PCIe proximity); meanwhile bind their ranks by the CPU lists in the advice"
+        else:
+            cause = f"the capture does not say which NUMA node GPU {who} sits on (no NUMA column, or N/A), and its GPUs use different CPUs"
+            remedy = "read /sys/bus/pci/devices/<GPU>/numa_node on the node, or capture `nvidia-smi topo -m` with a newer driver"
+        out.append(Finding(WARN, f"NUMA node of GPU {who} unknown", cause + ": nothing can pin their ranks to the right socket", remedy))
+    span = max(len(set(known.values())), _socket_groups(facts))
     limit = expect.numa_fail_above
     status = FAIL if limit is not None and span > limit else WARN if span > expect.numa_warn_above else None
     if status is not None:
-        split = "; ".join(f"node {node}: GPU {format_cpulist([i for i, x in known.items() if x == node])}" for node in sorted(set(known.values())))
-        split = split or "; ".join(f"CPUs {g}" for g in facts.matrix.cpu_groups)  # type: ignore[union-attr]
+        if known and not unknown:
+            split = "; ".join(f"node {node}: GPU {format_cpulist([i for i, x in known.items() if x == node])}" for node in sorted(set(known.values())))
+        else:  # the CPU sets stand for the sockets
+            m = facts.matrix
+            split = "; ".join(f"CPUs {g}: GPU {format_cpulist([x.index for x in m.gpus if x.cpu_affinity == g])}" for g in m.cpu_groups)  # type: ignore[union-attr]
         allowed = limit if status == FAIL else expect.numa_warn_above
         out.append(Finding(status, f"GPUs span {span} NUMA nodes ({split})",
                            f"the GPUs sit on {span} NUMA nodes ({split}), more than the {allowed} expected: a rank left "
@@ -347,7 +376,15 @@ def judge_nics(facts: TopologyFacts, expect: TopologyExpect) -> list[Finding]:
         return [Finding(FAIL, "no NIC in the GPU topology", "`nvidia-smi topo -m` lists no NIC: multi-node traffic would leave through "
                         "the host's other network at a fraction of the speed, without GPUDirect RDMA", remedy)]
     out = []
-    ports = {nic.name: nic.ports for nic in facts.nics}
+    # The matrix names RDMA devices (mlx5_0) or, on some drivers, netdevs (ibp24s0): look up both.
+    ports = {name: nic.ports for nic in facts.nics for name in (nic.name, *nic.netdevs)}
+    if facts.live:
+        near_all = {n for g in m.gpus for n in m.nearest_nics.get(str(g.index), []) if g.nics[n] in NEAR}
+        unseen = sorted(near_all - set(ports))
+        if unseen:
+            out.append(Finding(WARN, f"state of NIC {_names(unseen)} unknown",
+                               f"`nvidia-smi topo -m` lists {_names(unseen)} beside GPUs, but /sys/class/infiniband has no RDMA device of that name, "
+                               "so whether its port is up is unknown", "check that mlx5_ib (or the NIC's RDMA driver) is loaded: `ibv_devinfo`, `ibstat`"))
     for g in m.gpus:
         near = [n for n, link in g.nics.items() if link in NEAR]
         if not near:
@@ -368,7 +405,9 @@ def judge_nics(facts: TopologyFacts, expect: TopologyExpect) -> list[Finding]:
 
 
 def judge_cpus(facts: TopologyFacts, floor: float | None) -> list[Finding]:
-    c, n = facts.cpus, gpu_count(facts)
+    c = facts.cpus
+    # A shared node may show every GPU but give this job a few (CUDA_VISIBLE_DEVICES): count those.
+    n = len(_rank_gpus(facts, gpu_count(facts)))
     if c is None or not n:
         return []
     out = []
@@ -381,7 +420,7 @@ def judge_cpus(facts: TopologyFacts, floor: float | None) -> list[Finding]:
         if c.quota is not None and c.quota < len(allowed):
             why.append(f"the cgroup's CPU quota grants {c.quota:g} CPUs' time")
         out.append(Finding(FAIL, f"{per_gpu:.1f} vCPUs per GPU, {floor:g} needed",
-                           f"{c.usable():g} usable vCPUs for {n} GPUs ({'; '.join(why)}): NCCL runs a busy proxy thread per rank and "
+                           f"{c.usable():g} usable vCPUs for {n} {'visible ' if facts.cuda_visible_devices else ''}GPUs ({'; '.join(why)}): NCCL runs a busy proxy thread per rank and "
                            "each rank needs its own host loop and data loader, so starved ranks stall the GPUs",
                            "give the job more CPUs (container cpuset/CPU limit), or use a host with more cores per GPU"))
     for node, cpus in c.nodes.items():
@@ -401,8 +440,10 @@ def judge_agreement(facts: TopologyFacts) -> list[Finding]:
         return []
     out = []
     if len(m.gpus) != len(facts.gpus):
-        out.append(Finding(WARN, "nvidia-smi and NVML count different GPUs", f"`nvidia-smi topo -m` shows {len(m.gpus)} GPUs, NVML {len(facts.gpus)}",
-                           "run `nvidia-smi -L` and `preflight detect`; a GPU may have dropped off between the two reads"))
+        # GPU n of the matrix is NVML's GPU n only when both list the same GPUs.
+        return [Finding(FAIL, "nvidia-smi and NVML count different GPUs",
+                        f"`nvidia-smi topo -m` shows {len(m.gpus)} GPUs, NVML {len(facts.gpus)}: the layout cannot be matched to the GPUs",
+                        "run `nvidia-smi -L` and `preflight detect`; a GPU may have dropped off between the two reads")]
     for g in facts.gpus:
         if g.index >= len(m.gpus):
             continue
@@ -467,53 +508,64 @@ class Advice(BaseModel):
 
 
 def _rank_gpus(facts: TopologyFacts, n: int) -> list[int]:
-    """GPU index of each local rank: torch's cuda:r is the r-th visible GPU."""
-    visible = (facts.cuda_visible_devices or "").strip()
-    if not visible:
+    """GPU index of each local rank: torch's cuda:r is the r-th visible GPU.
+
+    Unset, every GPU in PCI order: what CUDA_DEVICE_ORDER=PCI_BUS_ID gives,
+    and what the default FASTEST_FIRST gives on a node of identical GPUs."""
+    visible = facts.cuda_visible_devices
+    if visible is None:
         return list(range(n))
     out = []
     for item in (v.strip() for v in visible.split(",")):
-        if item.isdigit() and int(item) < n:
+        if re.fullmatch(r"[0-9]+", item) and int(item) < n:
             out.append(int(item))
             continue
         match = [g.index for g in facts.gpus if item.startswith("GPU-") and g.uuid.startswith(item)]
         if len(match) != 1:
-            break  # CUDA stops at the first entry it cannot resolve, and so do we
+            break  # CUDA stops at the first entry it cannot resolve (-1, a MIG or unknown UUID), and so do we
         out.append(match[0])
     return out
+
+
+def _rank(facts: TopologyFacts, r: int, gpu: int, allowed: set[int] | None) -> RankAdvice:
+    m = facts.matrix
+    node = gpu_numa(facts, gpu)
+    cpus = None
+    if node is not None and facts.cpus and str(node) in facts.cpus.nodes:
+        cpus = set(parse_cpulist(facts.cpus.nodes[str(node)]))
+    elif m and gpu < len(m.gpus) and m.gpus[gpu].cpus:
+        cpus = set(m.gpus[gpu].cpus)
+    if cpus is not None and allowed is not None:
+        cpus &= allowed
+    near = m.nearest_nics.get(str(gpu), []) if m and gpu < len(m.gpus) else []
+    return RankAdvice(
+        local_rank=r, gpu=gpu, numa_node=node, cpus=format_cpulist(cpus) if cpus else None,
+        nic=",".join(near) or None, nic_link=m.gpus[gpu].nics[near[0]] if near and m else None,
+        numactl=f"numactl --cpunodebind={node} --membind={node}" if node is not None else None,
+    )
 
 
 def advise(facts: TopologyFacts) -> Advice:
     n = gpu_count(facts)
     if not n:
         return Advice(bind=False, summary="no GPU: nothing to pin")
-    m = facts.matrix
     allowed = set(parse_cpulist(facts.cpus.allowed)) if facts.cpus else None
-    ranks = []
-    for r, gpu in enumerate(_rank_gpus(facts, n)):
-        node = gpu_numa(facts, gpu)
-        cpus = None
-        if node is not None and facts.cpus and str(node) in facts.cpus.nodes:
-            cpus = set(parse_cpulist(facts.cpus.nodes[str(node)]))
-        elif m and gpu < len(m.gpus) and m.gpus[gpu].cpus:
-            cpus = set(m.gpus[gpu].cpus)
-        if cpus is not None and allowed is not None:
-            cpus &= allowed
-        near = m.nearest_nics.get(str(gpu), []) if m else []
-        ranks.append(RankAdvice(
-            local_rank=r, gpu=gpu, numa_node=node, cpus=format_cpulist(cpus) if cpus else None,
-            nic=",".join(near) or None, nic_link=m.gpus[gpu].nics[near[0]] if near and m else None,
-            numactl=f"numactl --cpunodebind={node} --membind={node}" if node is not None else None,
-        ))
+    ranks = [_rank(facts, r, gpu, allowed) for r, gpu in enumerate(_rank_gpus(facts, n))]
+    if not ranks:
+        return Advice(bind=False, summary=f"CUDA_VISIBLE_DEVICES={facts.cuda_visible_devices!r} leaves the job no GPU of this machine: nothing to pin")
     nodes = sorted({r.numa_node for r in ranks if r.numa_node is not None})
+    unknown = [r.gpu for r in ranks if _numa_unknown(facts, r.gpu)]
+    several = (facts.cpus is not None and len(facts.cpus.nodes) > 1) or _socket_groups(facts) > 1
+    if unknown and several:
+        return Advice(bind=True, summary=f"the NUMA node of GPU {format_cpulist(unknown)} is unknown on a machine with several: "
+                      "bind each rank by hand to the CPU list below (`taskset -c CPUS`)", ranks=ranks)
     if len(nodes) < 2:
-        if m and m.spans_numa and not nodes:
-            return Advice(bind=True, summary="the GPUs sit on different sockets but their NUMA nodes are unknown: bind by hand "
-                          "with `taskset -c CPUS` per rank, from the CPU lists below", ranks=ranks)
-        where = f"NUMA node {nodes[0]}" if nodes else "an unknown NUMA node"
+        if not nodes:
+            return Advice(bind=False, summary="every GPU is affine to the same NUMA nodes: no per-rank binding needed", ranks=ranks)
         machine_nodes = len(facts.cpus.nodes) if facts.cpus else 1
-        launch = [f"numactl --cpunodebind={nodes[0]} --membind={nodes[0]} torchrun --nproc-per-node={len(ranks)} train.py"] if nodes and machine_nodes > 1 else []
-        return Advice(bind=False, summary=f"every GPU is on {where}: no per-rank binding needed", ranks=ranks, launch=launch)
+        launch = [f"numactl --cpunodebind={nodes[0]} --membind={nodes[0]} torchrun --nproc-per-node={len(ranks)} train.py"] if machine_nodes > 1 else []
+        summary = f"every GPU is on NUMA node {nodes[0]}: no per-rank binding needed"
+        return Advice(bind=False, summary=summary + (_caveats(facts, ranks) if launch else ""), ranks=ranks, launch=launch)
     split = ", ".join(f"{node} (GPU {format_cpulist([r.gpu for r in ranks if r.numa_node == node])})" for node in nodes)
     launch = []
     if facts.torch_numa_binding is not False:  # None: a capture from elsewhere, whose torch is unknown
@@ -525,7 +577,19 @@ def advise(facts: TopologyFacts) -> Advice:
     how = {True: "torchrun's --numa-binding=node, or numactl per rank",
            False: "numactl per rank (this torch's torchrun has no --numa-binding)",
            None: "torchrun's --numa-binding=node where the installed torchrun has it, else numactl per rank"}[facts.torch_numa_binding]
-    return Advice(bind=True, summary=f"GPUs on NUMA nodes {split}: bind each rank to its GPU's node with {how}", ranks=ranks, launch=launch)
+    summary = f"GPUs on NUMA nodes {split}: bind each rank to its GPU's node with {how}"
+    return Advice(bind=True, summary=summary + _caveats(facts, ranks), ranks=ranks, launch=launch)
+
+
+def _caveats(facts: TopologyFacts, ranks: list[RankAdvice]) -> str:
+    """What would make the advised binding fail on this machine."""
+    out = ""
+    if facts.live and (starved := [r for r in ranks if r.numa_node is not None and r.cpus is None]):
+        out += (f"; but this process's cpuset has no CPU on NUMA node {format_cpulist({r.numa_node for r in starved})} "  # type: ignore[misc]
+                f"(GPU {format_cpulist([r.gpu for r in starved])}), so binding there is refused until the cpuset is widened")
+    if facts.numactl is False:
+        out += "; numactl is not installed here (apt install numactl, or dnf install numactl)"
+    return out
 
 
 # ---- the check ---------------------------------------------------------------------
@@ -552,6 +616,11 @@ def measurements(facts: TopologyFacts, vcpu_floor: float | None) -> list[Measure
     return out
 
 
+def _fake(path: str) -> Finding:
+    return Finding(FAIL, "NVML facts are FAKE", f"the GPU list came from {path}, not from this node's driver",
+                   "drop --nvml-fake / PREFLIGHT_NVML_FAKE for a real verdict")
+
+
 class Topology(Check):
     name = "topology"
     description = "GPU/NIC/CPU layout: NVLink between GPU pairs, NUMA span, a NIC beside each GPU, vCPUs per GPU; per-rank pinning advice"
@@ -572,8 +641,7 @@ class Topology(Check):
         floor = ctx.profile.floors["vcpus_per_gpu"].value if "vcpus_per_gpu" in ctx.profile.floors else None
         parts = judge(facts, ctx.profile.topology, floor)
         if ctx.settings.nvml_fake is not None:  # fail closed, as the cuda check does
-            parts["source"] = [Finding(FAIL, "NVML facts are FAKE", f"the GPU list came from {ctx.settings.nvml_fake}, not from this node's driver",
-                                       "drop --nvml-fake / PREFLIGHT_NVML_FAKE for a real verdict")]
+            parts["source"] = [_fake(str(ctx.settings.nvml_fake))]
         advice = advise(facts)
         details = facts.model_dump(mode="json")
         details["parts"] = {name: next((s.value for s in (FAIL, WARN) if any(f.status == s for f in found)), "PASS") for name, found in parts.items()}
@@ -586,11 +654,14 @@ class Topology(Check):
 
     # For `preflight topology`: the same facts, judges and advice, outside a run.
 
-    def explain(self, facts: TopologyFacts, profile: ResolvedProfile | None, live: bool) -> tuple[str, dict, bool]:
+    def explain(self, facts: TopologyFacts, profile: ResolvedProfile | None, live: bool, fake: str | None = None) -> tuple[str, dict, bool]:
         """(text for a person, JSON for a machine, whether a finding failed).
-        Without a profile only what needs no SKU is judged."""
+        Without a profile only what needs no SKU is judged; ``fake`` names the
+        --nvml-fake file, which, as in a run, fails closed."""
         floor = profile.floors["vcpus_per_gpu"].value if profile and "vcpus_per_gpu" in profile.floors else None
         parts = judge(facts, (profile.topology if profile else None) or GENERIC, floor)
+        if fake is not None:
+            parts["source"] = [_fake(fake)]
         advice = advise(facts)
         data = facts.matrix.model_dump(mode="json") if facts.matrix else {}
         if live:
@@ -599,7 +670,8 @@ class Topology(Check):
         data["findings"] = [{"part": part, "status": f.status.value, "summary": f.summary, "cause": f.cause, "remedy": f.remedy}
                             for part, found in parts.items() for f in found]
         data["advice"] = advice.model_dump(mode="json")
-        judged = f"profile {profile.name}" if profile else "no profile (only what needs no SKU is judged)"
+        judged = (f"profile {profile.name}" + ("" if profile.topology else " (no topology expectations: only what needs no SKU is judged)")
+                  if profile else "no profile (only what needs no SKU is judged)")
         text = render(facts, parts, advice).replace("\nfindings", f"\nfindings against {judged}", 1)
         return text, data, any(f.status == FAIL for found in parts.values() for f in found)
 
@@ -670,4 +742,6 @@ def render(facts: TopologyFacts, parts: dict[str, list[Finding]], advice: Advice
         nic = f"  NIC {r.nic} ({r.nic_link})" if r.nic else ""
         lines.append(f"  local rank {r.local_rank} -> GPU{r.gpu}  NUMA {r.numa_node if r.numa_node is not None else '?'}  CPUs {r.cpus or '?'}{nic}")
     lines += [f"  $ {cmd}" for cmd in advice.launch]
+    if advice.launch:
+        lines.append("  (put the job's own command where these say `train.py` / `python train.py`)")
     return "\n".join(lines) + "\n"

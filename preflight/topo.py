@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, computed_field
 from preflight.units import parse_cpulist
 
 MAX_BYTES = 1 << 20  # an 8-GPU, 12-NIC matrix with its legends is 5 KiB
+MAX_COLUMNS = 1024  # GPUs + NICs + affinity columns; real nodes have a few dozen
 LINK = re.compile(r"^(X|NV[1-9][0-9]*|PIX|PXB|PHB|NODE|SYS|SOC)$")
 # How far a GPU is from a NIC, nearest first. SOC is what old drivers call SYS.
 DISTANCE = ["PIX", "PXB", "PHB", "NODE", "SYS", "SOC"]
@@ -83,7 +84,8 @@ class Topo(BaseModel):
         """True when the GPUs sit on more than one NUMA node (or, with no NUMA
         column, on disjoint CPU sets); None when the matrix cannot tell."""
         if self.numa_nodes is not None:
-            return len(self.numa_nodes) > 1
+            # A GPU affine to several nodes ("0-1") shares them: split only when no node is common to all.
+            return not set.intersection(*(set(g.numa_nodes or []) for g in self.gpus))
         cpus = [set(g.cpus) for g in self.gpus if g.cpus]
         if not cpus or len(cpus) < len(self.gpus):
             return None
@@ -135,12 +137,16 @@ def _split_header(cells: list[str], line: int) -> tuple[int, list[str], list[str
             raise TopoParseError(line, f"header has {cells[gpus]} where GPU{gpus} belongs; the header is damaged")
         gpus += 1
     rest = cells[gpus:]
-    nics = []
+    if len(cells) > MAX_COLUMNS:
+        raise TopoParseError(line, f"header has {len(cells)} columns; nvidia-smi prints one per GPU and NIC, never this many")
+    nics: list[str] = []
+    seen: set[str] = set()
     while rest and rest[0] not in AFFINITY:
         label = rest.pop(0)
-        if not _NIC_LABEL.match(label) or label in nics:
+        if not _NIC_LABEL.match(label) or label in seen:
             raise TopoParseError(line, f"header column {label!r} is neither a GPU, a NIC nor an affinity column; the header is damaged")
         nics.append(label)
+        seen.add(label)
     for label in rest:
         if label not in AFFINITY or rest.count(label) > 1:
             raise TopoParseError(line, f"header column {label!r} after the affinity columns; the header is damaged")

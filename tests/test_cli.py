@@ -559,6 +559,7 @@ def test_topology_live_judges_this_machines_real_cpus(tmp_path, monkeypatch):
     starved = [f for f in data["findings"] if f["part"] == "cpus" and f["status"] == "FAIL"]
     assert r.exit_code == 1 and starved[0]["summary"] == f"{usable / 8:.1f} vCPUs per GPU, 12 needed"
     assert data["machine"]["cpus"]["allowed"] and len(data["machine"]["gpus"]) == 8
+    assert {"part": "source", "status": "FAIL"}.items() <= next(f for f in data["findings"] if f["part"] == "source").items()
 
 
 @needs_root

@@ -198,7 +198,25 @@ def test_one_nvlink_pair_below_nv18_fails_naming_the_pair(root):
 
 def test_a_pair_without_nvlink_fails(root):
     f = gathered(host(root, set_link(SPLIT.read_text(), "GPU0", "GPU1", "SYS")))
-    assert any("GPU 0-GPU 1 SYS" in x.cause for x in judged(f))
+    found = [x for x in judged(f) if x.status == FAIL]
+    assert [(x.summary, x.cause) for x in found] == [
+        ("NVLink below NV18 between 1 GPU pair(s)", "expected NV18 between every GPU pair, found GPU 0-GPU 1 SYS")]
+
+
+def test_a_board_without_any_nvlink_is_one_finding_not_a_list_of_pairs():
+    f = t.TopologyFacts(matrix=topo.parse((TOPO / "14_p40-8x-pcie_pix-pxb_mlx5_0-SOC_old-header-no-numa.txt").read_text()))
+    found = t.judge(f, H100.topology, None)["nvlink"]
+    assert [x.summary for x in found] == ["no NVLink between any GPUs, NV18 expected"] and "PIX/PXB" in found[0].cause
+
+
+def test_nvml_link_state_is_matched_to_the_right_gpu_past_gpu_9():
+    n = 11
+    links = {f"{a}-{b}": "NV18" for a in range(n) for b in range(a + 1, n)}
+    links.update({f"{a}-10": "NV17" for a in range(10)})
+    f = t.TopologyFacts(matrix=topo.parse(matrix(n, links, [0] * n)),
+                        gpus=[t.GpuPlace(index=i, pci=f"0000:{i + 16:02x}:00.0", uuid=f"GPU-{i}", nvlinks_down=[3] if i == 1 else []) for i in range(n)])
+    summaries = [x.summary for x in t.judge(f, H100.topology, None)["nvlink"]]
+    assert summaries == ["GPU 10 has NV17 to every peer, NV18 expected", "GPU 1: NVLink 3 down"]
 
 
 def test_a_gpu_short_to_every_peer_is_named_once_with_nvml_link_state(root):
@@ -219,12 +237,15 @@ def test_an_nvlink_nvml_reports_down_fails_even_when_the_matrix_looks_whole(root
     assert [x.summary for x in judged(f) if x.status == FAIL] == ["GPU 6: NVLink 2, 9 down"]
 
 
-def matrix(n: int, links: dict[str, str], numa: list[int]) -> str:
-    """A small `nvidia-smi topo -m` matrix in the driver's current layout."""
+def matrix(n: int, links: dict[str, str], numa: list, cpus: list[str] | None = None) -> str:
+    """A small `nvidia-smi topo -m` matrix in the driver's current layout;
+    ``numa`` holds each GPU's NUMA Affinity (a node, "0-1", or None for N/A)."""
     rows = ["\t" + "\t".join(f"GPU{i}" for i in range(n)) + "\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID"]
     for a in range(n):
         cells = [" X " if a == b else links.get(f"{min(a, b)}-{max(a, b)}", "SYS") for b in range(n)]
-        rows.append(f"GPU{a}\t" + "\t".join(cells) + f"\t{numa[a] * 16}-{numa[a] * 16 + 15}\t{numa[a]}\t\tN/A")
+        node = numa[a] if numa[a] is not None else "N/A"
+        cpu = cpus[a] if cpus else f"{int(str(node)[0]) * 16 if node != 'N/A' else 0}-{int(str(node)[0]) * 16 + 15 if node != 'N/A' else 15}"
+        rows.append(f"GPU{a}\t" + "\t".join(cells) + f"\t{cpu}\t{node}\t\tN/A")
     return "\n".join(rows) + "\n\nLegend:\n\n  X    = Self\n"
 
 
@@ -246,6 +267,28 @@ def test_a_missing_bridge_names_both_gpus_of_the_pair():
 def test_a_pair_bridged_with_fewer_links_fails_once_naming_the_pair():
     found = t.judge(nvl_facts({"0-1": "NV12", "2-3": "NV8"}), NVL.topology, None)["nvlink"]
     assert [x.summary for x in found] == ["GPU 2-GPU 3 bridged at NV8, NV12 expected"]
+
+
+def test_gpus_with_an_unknown_numa_node_are_never_called_one_node():
+    half = t.TopologyFacts(matrix=topo.parse(matrix(2, {"0-1": "SYS"}, [0, None], cpus=["0-63", "64-127"])))
+    found = t.judge(half, t.GENERIC, None)["numa"]
+    assert [x.summary for x in found] == ["NUMA node of GPU 1 unknown", "GPUs span 2 NUMA nodes (CPUs 0-63: GPU 0; CPUs 64-127: GPU 1)"]
+    assert "capture does not say" in found[0].cause  # a capture: the kernel was never asked
+    advice = t.advise(half)
+    assert advice.bind and "NUMA node of GPU 1 is unknown" in advice.summary and advice.launch == []
+    assert [r.cpus for r in advice.ranks] == ["0-63", "64-127"]
+
+
+def test_gpus_affine_to_the_same_two_nodes_are_not_split():
+    both = t.TopologyFacts(matrix=topo.parse(matrix(2, {"0-1": "NV4"}, ["0-1", "0-1"], cpus=["0-23", "0-23"])))
+    assert both.matrix.spans_numa is False and t.judge(both, t.GENERIC, None)["numa"] == []
+    assert t.advise(both).summary == "every GPU is affine to the same NUMA nodes: no per-rank binding needed"
+
+
+def test_nvidia_smi_and_nvml_counting_different_gpus_fails(root):
+    f = gathered(host(root, TOPO / "18_rtx3090-2x_nv4-bridge_single-numa_gpu-numa-id.txt"))
+    found = t.judge(f, H100.topology, 12)["agreement"]
+    assert [(x.status, x.summary) for x in found] == [(FAIL, "nvidia-smi and NVML count different GPUs")]
 
 
 # ---- judging: NICs ---------------------------------------------------------------
@@ -272,6 +315,14 @@ def test_a_down_port_on_a_gpus_nearest_nic_fails(root):
     assert [x.summary for x in found] == ["GPU 4's NIC is down"] and "mlx5_6 port 1 DOWN" in found[0].cause
 
 
+def test_nic_state_is_found_by_netdev_name_and_unknown_names_are_said(root):
+    edit(root, "sys/class/infiniband/mlx5_0/ports/1/state", "1: DOWN")
+    text = SPLIT.read_text().replace("NIC0: mlx5_0", "NIC0: ibp24s0").replace("NIC1: mlx5_1", "NIC1: mlx5_99")
+    found = judged(gathered(host(root, text)))
+    assert ("GPU 0's NIC is down", "the NIC nearest GPU 0 has no active port (ibp24s0 port 1 DOWN)") in [(x.summary, x.cause) for x in found]
+    assert "state of NIC mlx5_99 unknown" in [x.summary for x in found if x.status == WARN]
+
+
 # ---- judging: CPUs ---------------------------------------------------------------
 
 
@@ -290,6 +341,14 @@ def test_a_smaller_cpuset_that_still_has_enough_cpus_passes_and_narrows_the_advi
     assert [x.status for x in judged(f)] == [WARN]  # the split only
     assert t.advise(f).ranks[5].cpus == "56-111"
     assert [m.value for m in t.measurements(f, 12) if m.name == "vcpus_per_gpu"] == [14.0]
+
+
+def test_vcpus_are_counted_for_the_gpus_the_job_can_see(root):
+    edit(root, "proc/self/status", "Cpus_allowed_list:\t0-15")
+    two = [x for x in judged(gathered(host(root, CUDA_VISIBLE_DEVICES="0,1"))) if x.status == FAIL]
+    assert [x.summary for x in two] == ["8.0 vCPUs per GPU, 12 needed"] and "16 usable vCPUs for 2 visible GPUs" in two[0].cause
+    edit(root, "proc/self/status", "Cpus_allowed_list:\t0-31")
+    assert [x for x in judged(gathered(host(root, CUDA_VISIBLE_DEVICES="0,1"))) if x.status == FAIL] == []
 
 
 def test_a_cpu_quota_counts_even_when_the_cpuset_is_whole(root):
@@ -328,6 +387,17 @@ def test_advice_follows_cuda_visible_devices_by_index_and_uuid(root):
     # CUDA stops at the first entry it cannot resolve; an ambiguous UUID prefix is one
     f = gathered(host(root, CUDA_VISIBLE_DEVICES=f"1,{uuid[:-1]},0"))
     assert [r.gpu for r in t.advise(f).ranks] == [1]
+    for hidden in ("", "-1", "MIG-4b3e6b3a-0000", "\u00b2"):  # empty hides every GPU; CUDA stops at -1; no whole GPU; not a digit
+        advice = t.advise(gathered(host(root, CUDA_VISIBLE_DEVICES=hidden)))
+        assert advice.ranks == [] and "leaves the job no GPU of this machine" in advice.summary
+
+
+def test_advice_says_when_the_cpuset_forbids_a_gpus_node_and_numactl_is_missing(root):
+    edit(root, "proc/self/status", "Cpus_allowed_list:\t0-55")
+    f = gathered(host(root, CUDA_VISIBLE_DEVICES="4,5")).model_copy(update={"numactl": False})
+    advice = t.advise(f)
+    assert [r.cpus for r in advice.ranks] == [None, None]
+    assert "cpuset has no CPU on NUMA node 1 (GPU 4-5)" in advice.summary and "numactl is not installed here" in advice.summary
 
 
 def test_the_numactl_launch_line_binds_each_rank_for_real(tmp_path):

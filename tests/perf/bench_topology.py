@@ -11,6 +11,7 @@ Run: python tests/perf/bench_topology.py [N]
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
@@ -70,10 +71,7 @@ def main() -> None:
     if not REAL:
         args += ["--nvml-fake", str(FACTS)]
     timed("preflight run --only topology (whole process)", lambda: subprocess.run(args, capture_output=True))
-    start = time.perf_counter()
     done = subprocess.run([*args, "--json"], capture_output=True, text=True)
-    import json
-
     check = json.loads(done.stdout)["checks"][0]
     print(f"  the check itself, as the report times it: {check['duration_seconds'] * 1000:.0f}ms ({check['status']}: {check['summary'][:70]})")
     os.environ.clear()
