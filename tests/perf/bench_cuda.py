@@ -12,17 +12,17 @@ importing torch. Run: python tests/perf/bench_cuda.py [N]
 from __future__ import annotations
 
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))  # tests/, for fakes
+sys.path.insert(0, str(HERE))  # timing
 
 import fakes  # noqa: E402
+import timing  # noqa: E402
 from preflight.checks import cuda  # noqa: E402
 
 from preflight import nvml, xid  # noqa: E402
@@ -34,12 +34,7 @@ REAL = Path("/dev/nvidiactl").exists()
 
 
 def timed(label: str, fn) -> None:
-    times = []
-    for _ in range(N):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    print(f"{label:<48} {statistics.median(times) * 1000:>8.0f}ms {min(times) * 1000:>8.0f}ms {max(times) * 1000:>8.0f}ms")
+    timing.timed(label, fn, N, 48)
 
 
 def main() -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -22,8 +21,10 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))  # tests/, for fakes
+sys.path.insert(0, str(HERE))  # timing
 
 import fakes  # noqa: E402
+import timing  # noqa: E402
 from preflight.checks import topology  # noqa: E402
 
 from preflight import nvml, topo  # noqa: E402
@@ -39,12 +40,7 @@ REAL = Path("/dev/nvidiactl").exists()
 
 
 def timed(label: str, fn) -> None:
-    times = []
-    for _ in range(N):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    print(f"{label:<52} {statistics.median(times) * 1000:>8.1f}ms {min(times) * 1000:>8.1f}ms {max(times) * 1000:>8.1f}ms")
+    timing.timed(label, fn, N, 52)
 
 
 def main() -> None:
