@@ -297,10 +297,11 @@ def judge_links(facts: TopologyFacts, expect: TopologyExpect) -> list[Finding]:
             return [Finding(FAIL, f"no NVLink between any GPUs, NV{want} expected",
                             f"every GPU pair is joined by {kinds}, none by NVLink: this is not the board the profile describes, or its NVSwitch fabric is down",
                             "check the profile (`preflight detect`), then `nvidia-smi nvlink -s` and nvidia-fabricmanager")]
+        every = dict(short)
         for i in range(n):  # a GPU short to every peer lost its own links: name the GPU, not 7 pairs
-            mine = [k for k in short if i in map(int, k.split("-"))]
+            mine = [k for k in every if i in map(int, k.split("-"))]
             if n > 2 and len(mine) == n - 1:
-                links = sorted({short[k] for k in mine})
+                links = sorted({every[k] for k in mine})
                 nvml_says = f"; NVML reports its link(s) {', '.join(map(str, down[i]))} down" if i in down else ""
                 out.append(Finding(FAIL, f"GPU {i} has {'/'.join(links)} to every peer, NV{want} expected",
                                    f"GPU {i} reaches its {n - 1} peers over {'/'.join(links)} instead of NV{want}{nvml_says}: "
@@ -740,7 +741,7 @@ def render(facts: TopologyFacts, parts: dict[str, list[Finding]], advice: Advice
     lines += ["", f"advice: {advice.summary}"]
     for r in advice.ranks:
         nic = f"  NIC {r.nic} ({r.nic_link})" if r.nic else ""
-        lines.append(f"  local rank {r.local_rank} -> GPU{r.gpu}  NUMA {r.numa_node if r.numa_node is not None else '?'}  CPUs {r.cpus or '?'}{nic}")
+        lines.append(f"  local rank {r.local_rank} -> GPU{r.gpu}  NUMA {r.numa_node if r.numa_node is not None else '?'}  CPUs {r.cpus or ('none allowed' if facts.live else '?')}{nic}")
     lines += [f"  $ {cmd}" for cmd in advice.launch]
     if advice.launch:
         lines.append("  (put the job's own command where these say `train.py` / `python train.py`)")

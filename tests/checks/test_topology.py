@@ -231,6 +231,16 @@ def test_a_gpu_short_to_every_peer_is_named_once_with_nvml_link_state(root):
     assert "NVML reports its link(s) 11 down" in found[0].cause
 
 
+def test_two_gpus_short_to_every_peer_are_both_named(root):
+    text = SPLIT.read_text()
+    for bad in (3, 5):
+        for j in range(8):
+            if j != bad:
+                text = set_link(text, f"GPU{bad}", f"GPU{j}", "NV16")
+    found = [x.summary for x in judged(gathered(host(root, text))) if x.status == FAIL]
+    assert found == ["GPU 3 has NV16 to every peer, NV18 expected", "GPU 5 has NV16 to every peer, NV18 expected"]
+
+
 def test_an_nvlink_nvml_reports_down_fails_even_when_the_matrix_looks_whole(root):
     f = gathered(host(root))
     f.gpus[6] = f.gpus[6].model_copy(update={"nvlinks_down": [2, 9]})
