@@ -560,6 +560,10 @@ def test_topology_live_judges_this_machines_real_cpus(tmp_path, monkeypatch):
     assert r.exit_code == 1 and starved[0]["summary"] == f"{usable / 8:.1f} vCPUs per GPU, 12 needed"
     assert data["machine"]["cpus"]["allowed"] and len(data["machine"]["gpus"]) == 8
     assert {"part": "source", "status": "FAIL"}.items() <= next(f for f in data["findings"] if f["part"] == "source").items()
+    config = tmp_path / "config.toml"
+    config.write_text("[floors]\nvcpus_per_gpu = 24  # DGX-class hosts here\n")
+    r = invoke("topology", "--nvml-fake", str(HEALTHY_NVML), "--profile", "h100-sxm", "--config", str(config), "--json")
+    assert f"{usable / 8:.1f} vCPUs per GPU, 24 needed" in {f["summary"] for f in json.loads(r.stdout)["findings"]}
 
 
 @needs_root
