@@ -25,7 +25,7 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from preflight import launch, nvml, xid
-from preflight.check import Check, Context, Finding, Measurement, Result, Status
+from preflight.check import Check, Context, Finding, Measurement, Result, Status, worst
 from preflight.host import Host
 from preflight.nvml import Gpu, Inventory, PcieLink
 from preflight.profiles import GpuExpect
@@ -453,8 +453,7 @@ def judge(facts: CudaFacts, gpu_count: int, expect: GpuExpect | None, driver_pin
         "cuda_init": judge_init(facts.init, inv),
     }
     if inv.source != "NVML":  # fail closed: a run on invented facts has not vouched for this node
-        cause = f"the NVML facts came from {inv.source.removeprefix('fake ')}, not from this node's driver"
-        parts["source"] = [Finding(FAIL, "NVML facts are FAKE", cause, "drop --nvml-fake / PREFLIGHT_NVML_FAKE for a real verdict")]
+        parts["source"] = [nvml.fake_finding(inv.source.removeprefix("fake "))]
     return parts
 
 
@@ -504,7 +503,7 @@ class Cuda(Check):
             return self.result(Status.FAIL, e.cause, cause=e.cause, remedy=e.remedy)
         parts = judge(facts, ctx.profile.gpu_count, ctx.profile.gpu, ctx.settings.driver_version)
         details = facts.model_dump(mode="json")
-        details["parts"] = {name: _worst(found) for name, found in parts.items()}
+        details["parts"] = {name: worst(found) for name, found in parts.items()}
         if facts.init is None:
             details["parts"]["cuda_init"] = f"not run: {facts.init_skipped}"
         details["pcie_generation"] = "judged under load" if facts.pcie_loaded else "not judged: no reading under load (idle links drop to Gen1)"
@@ -518,9 +517,3 @@ class Cuda(Check):
             result.summary += f" ({' and '.join(passed)} passed)"
         return result
 
-
-def _worst(findings: list[Finding]) -> str:
-    for status in (FAIL, WARN):
-        if any(f.status == status for f in findings):
-            return status.value
-    return Status.PASS.value

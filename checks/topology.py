@@ -23,7 +23,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from preflight import nvml, topo
-from preflight.check import Check, Context, Finding, Measurement, Result, Status
+from preflight.check import Check, Context, Finding, Measurement, Result, Status, worst
 from preflight.host import Host
 from preflight.nvml import Inventory
 from preflight.profiles import ResolvedProfile, TopologyExpect
@@ -617,11 +617,6 @@ def measurements(facts: TopologyFacts, vcpu_floor: float | None) -> list[Measure
     return out
 
 
-def _fake(path: str) -> Finding:
-    return Finding(FAIL, "NVML facts are FAKE", f"the GPU list came from {path}, not from this node's driver",
-                   "drop --nvml-fake / PREFLIGHT_NVML_FAKE for a real verdict")
-
-
 class Topology(Check):
     name = "topology"
     description = "GPU/NIC/CPU layout: NVLink between GPU pairs, NUMA span, a NIC beside each GPU, vCPUs per GPU; per-rank pinning advice"
@@ -642,10 +637,10 @@ class Topology(Check):
         floor = ctx.profile.floors["vcpus_per_gpu"].value if "vcpus_per_gpu" in ctx.profile.floors else None
         parts = judge(facts, ctx.profile.topology, floor)
         if ctx.settings.nvml_fake is not None:  # fail closed, as the cuda check does
-            parts["source"] = [_fake(str(ctx.settings.nvml_fake))]
+            parts["source"] = [nvml.fake_finding(str(ctx.settings.nvml_fake))]
         advice = advise(facts)
         details = facts.model_dump(mode="json")
-        details["parts"] = {name: next((s.value for s in (FAIL, WARN) if any(f.status == s for f in found)), "PASS") for name, found in parts.items()}
+        details["parts"] = {name: worst(found) for name, found in parts.items()}
         details["advice"] = advice.model_dump(mode="json")
         findings = [f for found in parts.values() for f in found]
         ok = f"{gpu_count(facts)} GPUs; {advice.summary}"
@@ -662,7 +657,7 @@ class Topology(Check):
         floor = profile.floors["vcpus_per_gpu"].value if profile and "vcpus_per_gpu" in profile.floors else None
         parts = judge(facts, (profile.topology if profile else None) or GENERIC, floor)
         if fake is not None:
-            parts["source"] = [_fake(fake)]
+            parts["source"] = [nvml.fake_finding(fake)]
         advice = advise(facts)
         data = facts.matrix.model_dump(mode="json") if facts.matrix else {}
         if live:

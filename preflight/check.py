@@ -86,6 +86,11 @@ class Finding:
 _SEVERITY = [Status.PASS, Status.SKIP, Status.WARN, Status.FAIL, Status.ERROR]
 
 
+def worst(findings: list[Finding]) -> str:
+    """The status a part of a check earns from its findings ("FAIL", "WARN" or "PASS"), for details.parts."""
+    return max((f.status for f in findings), key=_SEVERITY.index, default=Status.PASS).value
+
+
 @dataclass
 class Context:
     """What a check may look at: the profile, the settings, the machine, and

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from preflight.check import Finding, Status
 from preflight.errors import UsageError
 
 # The remedies live beside the code that picks them, in the child.
@@ -173,3 +174,9 @@ def _ask(what: str, timeout: float) -> Any:
     if "failed" in answer:
         raise NvmlUnavailable(answer["failed"]["cause"], answer["failed"]["remedy"])
     return answer["facts"]
+
+
+def fake_finding(source: str) -> Finding:
+    """Fail closed: a run on facts from --nvml-fake has not vouched for this node."""
+    return Finding(Status.FAIL, "NVML facts are FAKE", f"the NVML facts came from {source}, not from this node's driver",
+                   "drop --nvml-fake / PREFLIGHT_NVML_FAKE for a real verdict")
