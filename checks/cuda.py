@@ -121,6 +121,9 @@ def run_init(python: str, timeout: float, read_links: bool) -> tuple[InitOutcome
         worker = launch.Worker("cuda_init.py", ["--load-seconds", str(LOAD_SECONDS), "--stop", str(stop)])
         try:
             running = launch.start(python, worker, timeout)
+        except launch.LaunchError as e:
+            ended = f"could not be started: {e.cause}"
+            return InitOutcome(python=python, ended=ended, returncode=None, timed_out=False, seconds=0.0), None
         except OSError as e:
             ended = f"could not be started: {e.strerror or e}"
             return InitOutcome(python=python, ended=ended, returncode=None, timed_out=False, seconds=0.0), None

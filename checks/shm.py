@@ -15,6 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from preflight import nccl_env
 from preflight.check import Check, Context, Finding, Measurement, Result, Status
 from preflight.host import Host
 from preflight.units import fmt_bytes
@@ -124,26 +125,8 @@ def _cgroup_headroom(host: Host) -> int | None:
     return None
 
 
-def _nccl_conf_files(host: Host) -> list[str]:
-    # NCCL reads NCCL_CONF_FILE (else ~/.nccl.conf) and then /etc/nccl.conf; the environment wins over both.
-    user = host.environ.get("NCCL_CONF_FILE") or os.path.expanduser("~/.nccl.conf")
-    return [user, "/etc/nccl.conf"]
-
-
 def _shm_disabled_by(host: Host) -> list[str]:
-    where = []
-    if host.environ.get("NCCL_SHM_DISABLE", "").strip() == "1":
-        where.append("the environment")
-    for conf in _nccl_conf_files(host):
-        try:
-            text = host.read_text(conf)
-        except OSError:
-            continue
-        for line in text.splitlines():
-            key, _, value = line.split("#", 1)[0].partition("=")
-            if key.strip() == "NCCL_SHM_DISABLE" and value.strip() == "1":
-                where.append(conf)
-    return where
+    return [where for value, where in nccl_env.read(host).get("NCCL_SHM_DISABLE", []) if value.strip() == "1"]
 
 
 def _largest_files(directory: Path, n: int = 3) -> list[tuple[str, int]]:

@@ -71,6 +71,7 @@ class Result(BaseModel):
     measurements: list[Measurement] = Field(default_factory=list)
     details: dict[str, Any] = Field(default_factory=dict)
     duration_seconds: float = 0.0
+    lines: list[str] = Field(default_factory=list)  # a few lines a person reads under the summary (per-op figures)
 
 
 @dataclass(frozen=True)

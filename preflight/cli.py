@@ -109,6 +109,8 @@ def run(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only problems and the verdict.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every measurement and cause.")] = False,
     python: Annotated[Optional[Path], typer.Option("--python", help="Interpreter for GPU workers: the training environment's, to validate its torch. [default: preflight's own]")] = None,
+    nproc_per_node: Annotated[Optional[int], typer.Option("--nproc-per-node", help="Ranks torchrun starts. [default: one per GPU; the profile's [nccl] ranks without GPUs]")] = None,
+    rdzv_port: Annotated[Optional[int], typer.Option("--rdzv-port", help="torchrun's rendezvous port on 127.0.0.1. [default: 0, a free one]")] = None,
     nvml_fake: FakeOpt = None,
 ) -> int:
     """Run the profile's checks in order and print the verdict."""
@@ -119,6 +121,7 @@ def run(
     s = _settings(
         config, profile=profile, only=only, skip=skip, keep_going=keep_going,
         report=report, lock_file=lock_file, lock_timeout=lock_timeout, python=python, nvml_fake=nvml_fake,
+        nproc_per_node=nproc_per_node, rdzv_port=rdzv_port,
     )
     for name in settings_mod.unknown_env():
         console.note(f"warning: {name} is not a preflight setting and is ignored")
@@ -301,6 +304,26 @@ def topology(
     text, data, failed = check.explain(facts, resolved, live=from_file is None, fake=fake)  # type: ignore[attr-defined]
     _emit(json.dumps(data, indent=2) + "\n" if json_out else text)
     return 1 if failed else 0
+
+
+@app.command("nccl-log")
+@_exit_codes
+def nccl_log(
+    file: Annotated[Path, typer.Argument(help="A saved NCCL_DEBUG=INFO log, or a PyTorch/NCCL error log.", show_default=False)],
+    json_out: JsonOpt = False,
+) -> int:
+    """Explain an NCCL log: version, network, transport per rank pair, NCCL's warnings, known errors and their fix.
+
+    Exit 1 when the log shows a known NCCL problem, 2 when the file holds no NCCL output."""
+    from preflight import capture
+    from preflight import nccl_log as nccl
+
+    text = capture.read_text(file, nccl.MAX_BYTES, "pass one rank's log, or an excerpt (grep -e NCCL -e Watchdog)", option=None)
+    log = nccl.parse(text)
+    if not log.nccl_lines and not log.problems:  # the wrong file: a gate must not read that as a clean run
+        raise UsageError(f"{file} holds no NCCL output; run the job with NCCL_DEBUG=INFO (and NCCL_DEBUG_FILE=/path/nccl.%h.%p.log for a file per process) and pass that log")
+    _emit(json.dumps(nccl.to_json(log, str(file)), indent=2) + "\n" if json_out else nccl.render(log, str(file)))
+    return 1 if log.problems else 0
 
 
 @app.command()

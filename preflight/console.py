@@ -60,6 +60,8 @@ class Console:
         if self.quiet and result.status.ok:
             return
         self.line(f"[{result.status}] {result.check} ({fmt_seconds(result.duration_seconds)}): {result.summary}", _STYLE[result.status])
+        for text in result.lines:
+            self.line(f"        {text}", "dim")
         for label, text in (("cause", result.cause), ("fix", result.remedy)):
             if text and text not in result.summary and (result.status not in (Status.PASS, Status.SKIP) or self.verbose):
                 self.line(f"        {label}: {text}")

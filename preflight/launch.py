@@ -1,12 +1,18 @@
-"""Run a worker script (checks/workers/) in a child process, and never hang on it.
+"""Run a worker script (checks/workers/) in child processes, and never hang on it.
 
-The worker runs under the interpreter the settings name (``--python``: the
-training environment's own torch), in a session of its own, with a deadline;
-its output goes to a log file and its verdict to one JSON file per rank,
-written atomically into a private directory. Workers may rewrite that file
-as they go, so after a hang the last thing a rank reported says where it
-stopped. Past the deadline the whole process group gets SIGTERM, then
-SIGKILL; after any outcome nothing of the worker may be left running.
+One plain process, or torchrun with N local ranks (``--rdzv-backend c10d`` on
+a loopback port the agent picks: ``--standalone`` semantics), under the
+interpreter the settings name (``--python``: the training environment's own
+torch), in a session of its own, with a deadline. Each rank writes its
+verdict to rank{N}.json and its output to rank{N}.log in a private
+directory; torchrun's own output goes to a log beside them. Workers may
+rewrite their JSON as they go, so after a hang the last thing a rank reported
+says where it stopped.
+
+Past the deadline the whole process group gets SIGTERM, then SIGKILL, and so
+does every process below it (torchrun starts each rank in a session of its
+own). Every process started carries a token in its environment; after any
+outcome the launcher looks for that token and reports what it could not kill.
 """
 
 from __future__ import annotations
@@ -14,12 +20,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
+import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +41,17 @@ from preflight import host
 # run by path so an interpreter without preflight installed can run them.
 WORKERS_DIR = Path(importlib.util.find_spec("preflight.checks").submodule_search_locations[0]) / "workers"  # type: ignore[union-attr,index]
 LOG_TAIL_LINES = 20
+TEXT_LIMIT = 4 << 20  # the most read back of any one log a worker leaves (NCCL's INFO logs)
+TOKEN_ENV = "PREFLIGHT_LAUNCH_TOKEN"
+POLL = 0.05
+
+
+class LaunchError(Exception):
+    """The worker could not be started; ``cause`` and ``remedy`` name the setting."""
+
+    def __init__(self, cause: str, remedy: str):
+        super().__init__(cause)
+        self.cause, self.remedy = cause, remedy
 
 
 @dataclass(frozen=True)
@@ -39,58 +59,76 @@ class Worker:
     script: str  # file name in checks/workers/, "cuda_init.py"
     args: Sequence[str] = ()
     env: Mapping[str, str] = field(default_factory=dict)  # on top of the agent's environment
+    nproc: int | None = None  # torchrun with this many local ranks; None: one plain process
+    rdzv_port: int = 0  # torchrun's rendezvous port on 127.0.0.1; 0: a free one
 
 
 @dataclass(frozen=True)
 class Finished:
-    returncode: int | None  # None: killed at the deadline
+    returncode: int | None  # None: killed at the deadline or once settled
     timed_out: bool
     seconds: float
     reports: dict[int, Any]  # rank -> what it wrote
     unreadable: dict[int, str]  # rank -> why its file could not be read
-    log_tail: list[str]
+    log_tail: list[str]  # the launcher's (torchrun's, or the plain worker's) output
+    settled: bool = False  # ended early: the caller saw every rank finished or stuck
+    rank_logs: dict[int, list[str]] = field(default_factory=dict)  # rank -> last lines of its output
+    rank_exits: dict[int, int] = field(default_factory=dict)  # from torchrun's summary; negative: signal
+    texts: dict[str, str] = field(default_factory=dict)  # other *.log files the ranks left, by name
+    leftover: list[str] = field(default_factory=list)  # processes that outlived the sweep
+    endpoint: str | None = None
 
     @property
     def how_it_ended(self) -> str:
-        """"exit 1", "killed by SIGSEGV", "killed at the 60 s deadline": for causes."""
+        """"exit 1", "killed by SIGSEGV", "killed at the deadline after 60 s": for causes."""
         if self.timed_out:
             return f"killed at the deadline after {self.seconds:.0f} s"
-        if self.returncode is not None and self.returncode < 0:
-            try:
-                return f"killed by {signal.Signals(-self.returncode).name}"
-            except ValueError:
-                return f"killed by signal {-self.returncode}"
-        return f"exit {self.returncode}"
+        if self.settled:
+            return f"stopped after {self.seconds:.0f} s, once no rank made progress"
+        return exit_words(self.returncode)
+
+    def last_line(self, rank: int) -> str:
+        lines = self.rank_logs.get(rank) or []
+        return lines[-1] if lines else "none"
 
 
 class Running:
     """A started worker. ``report()`` peeks at progress; ``wait()`` ends it."""
 
     def __init__(self, python: str, worker: Worker, timeout: float):
-        self._dir = Path(tempfile.mkdtemp(prefix="preflight-worker-"))
+        self._dir = _private_dir()
         self.out_dir = self._dir / "out"
         self.out_dir.mkdir()
-        self._log = self._dir / "worker.log"
-        self._started = time.monotonic()
-        self.deadline = self._started + timeout
+        self._log = self._dir / "launcher.log"
+        self._token = secrets.token_hex(8)
+        self.endpoint = None
         env = {
             **os.environ,
             **worker.env,
+            TOKEN_ENV: self._token,
             "PYTHONUNBUFFERED": "1",  # the log's last line must be the last thing said before a hang
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # CUDA's device N is nvidia-smi's GPU N
         }
         argv = [python, str(WORKERS_DIR / worker.script), "--out", str(self.out_dir), *worker.args]
+        if worker.nproc is not None:
+            try:
+                port = worker.rdzv_port or free_port()
+                if worker.rdzv_port:
+                    check_port_free(port)
+            except LaunchError:
+                shutil.rmtree(self._dir, ignore_errors=True)
+                raise
+            self.endpoint = f"127.0.0.1:{port}"
+            argv[1:1] = [
+                "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(worker.nproc),
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", self.endpoint, "--rdzv-id", f"preflight-{self._token}",
+                "--max-restarts", "0", "--monitor-interval", "0.1",
+            ]  # fmt: skip
+        self._started = time.monotonic()
+        self.deadline = self._started + timeout
         with open(self._log, "wb") as log:
             try:
-                self.proc = subprocess.Popen(
-                    argv,
-                    cwd=self._dir,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
+                self.proc = subprocess.Popen(argv, cwd=self._dir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             except OSError:
                 shutil.rmtree(self._dir, ignore_errors=True)
                 raise
@@ -105,81 +143,162 @@ class Running:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def wait(self) -> Finished:
+    def wait(self, settled: Callable[[Running], bool] | None = None) -> Finished:
+        """Until the worker exits, the deadline passes, or ``settled(self)`` says
+        no rank will make progress (then it is stopped at once, not at the deadline)."""
+        timed_out = early = False
         try:
-            try:
-                self.proc.wait(timeout=max(0.0, self.deadline - time.monotonic()))
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            self._end()
-            return self._collect(timed_out)
+            while self.proc.poll() is None:
+                if time.monotonic() >= self.deadline:
+                    timed_out = True
+                    break
+                if settled is not None and settled(self):
+                    early = True
+                    break
+                time.sleep(POLL)
+            leftover = self._end()
+            return self._collect(timed_out, early, leftover)
         finally:
             self._end()
             shutil.rmtree(self._dir, ignore_errors=True)
 
-    def _end(self) -> None:
-        """Stop the worker if it still runs, then sweep its group: a rank the
-        leader left behind must not outlive the check."""
+    def _end(self) -> list[str]:
+        """Stop the worker and everything it started; name what survived."""
         if self.proc.poll() is None:
             host.stop(self.proc)
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        _wait_group_gone(self.proc.pid)
+        for _ in range(3):
+            left = _marked(self._token)
+            if not left:
+                return []
+            host.kill_processes(p.pid for p in left)
+        return [f"pid {p.pid} ({_name(p)})" for p in _marked(self._token)]
 
-    def _collect(self, timed_out: bool) -> Finished:
-        reports, unreadable = {}, {}
-        for path in sorted(self.out_dir.glob("rank*.json")):
+    def _collect(self, timed_out: bool, early: bool, leftover: list[str]) -> Finished:
+        reports, unreadable, rank_logs, texts = {}, {}, {}, {}
+        for path in sorted(self.out_dir.iterdir()):
             rank = path.stem.removeprefix("rank")
-            if not rank.isdigit():
-                continue
-            try:
-                reports[int(rank)] = json.loads(path.read_text())
-            except (OSError, ValueError) as e:
-                unreadable[int(rank)] = f"{path.name} is not JSON ({e})"
+            if path.suffix == ".json" and rank.isdigit():
+                try:
+                    reports[int(rank)] = json.loads(path.read_text())
+                except (OSError, ValueError) as e:
+                    unreadable[int(rank)] = f"{path.name} is not JSON ({e})"
+            elif path.suffix == ".log" and rank.isdigit():
+                rank_logs[int(rank)] = _tail(path)
+            elif path.suffix == ".log":
+                texts[path.name] = _read_tail(path, TEXT_LIMIT)
+        log_tail = _tail(self._log, 200)
         return Finished(
-            returncode=None if timed_out else self.proc.returncode,
+            returncode=None if timed_out or early else self.proc.returncode,
             timed_out=timed_out,
             seconds=time.monotonic() - self._started,
             reports=reports,
             unreadable=unreadable,
-            log_tail=_tail(self._log),
+            log_tail=log_tail[-LOG_TAIL_LINES:],
+            settled=early,
+            rank_logs=rank_logs,
+            rank_exits=torchrun_exits(log_tail),
+            texts=texts,
+            leftover=leftover,
+            endpoint=self.endpoint,
         )
 
 
 def start(python: str, worker: Worker, timeout: float) -> Running:
+    """Raises LaunchError (no usable temporary directory, rendezvous port taken) or OSError (no interpreter)."""
     return Running(python, worker, timeout)
 
 
-def _tail(log: Path) -> list[str]:
+def _private_dir() -> Path:
+    # Python's tempfile quietly falls back to /tmp when $TMPDIR is unusable; the
+    # job would not, so neither does the check: the setting is named instead.
+    where = os.environ.get("TMPDIR") or None
     try:
-        with open(log, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 64 * 1024))
-            lines = f.read().decode(errors="replace").splitlines()
+        return Path(tempfile.mkdtemp(prefix="preflight-worker-", dir=where))
+    except OSError as e:
+        place = f"TMPDIR={where}" if where else "the temporary directory"
+        raise LaunchError(
+            f"{place} is not usable ({e.strerror or e}): the workers cannot write their results there, and the job's own temporary files would fail the same way",
+            "point TMPDIR at a writable directory on a local disk with free space (or unset it)",
+        ) from None
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now (the kernel picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_port_free(port: int) -> None:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as e:
+            raise LaunchError(
+                f"the rendezvous port 127.0.0.1:{port} is taken{_holder(port)} ({e.strerror or e}): torchrun's store cannot listen there",
+                "stop that process, or choose another port (rdzv_port in the config, 0 for a free one)",
+            ) from None
+
+
+def _holder(port: int) -> str:
+    try:
+        for c in psutil.net_connections("tcp"):
+            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
+                return f" by pid {c.pid} ({_name(psutil.Process(c.pid))})"
+    except (psutil.Error, OSError):
+        pass
+    return ""
+
+
+# torchrun's failure summary:  "  rank      : 1 (local_rank: 1)" then "  exitcode  : -9 (pid: 8084)"
+_SUMMARY = re.compile(r"^\s*rank\s*:\s*(\d+)\s.*?^\s*exitcode\s*:\s*(-?\d+)", re.M | re.S)
+
+
+def torchrun_exits(lines: list[str]) -> dict[int, int]:
+    """rank -> exit code from torchrun's ChildFailedError summary (negative: killed by that signal)."""
+    return {int(rank): int(code) for rank, code in _SUMMARY.findall("\n".join(lines))}
+
+
+def exit_words(code: int | None) -> str:
+    """"exit 1", "killed by SIGKILL"."""
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit {code}"
+
+
+def _marked(token: str) -> list[psutil.Process]:
+    """Live processes whose environment carries the launch token: everything the worker started."""
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE and p.environ().get(TOKEN_ENV) == token:
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def _name(p: psutil.Process) -> str:
+    """The command line, short and on one line, for a cause."""
+    try:
+        words = " ".join(" ".join(p.cmdline()[:3]).split())
+        return (words[:80] + "...") if len(words) > 80 else words or p.name()
+    except psutil.Error:
+        return "?"
+
+
+def _read_tail(path: Path, limit: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - limit))
+            return f.read().decode(errors="replace")
     except OSError:
-        return []
-    return [line for line in lines if line.strip()][-LOG_TAIL_LINES:]
+        return ""
 
 
-def _wait_group_gone(pgid: int, timeout: float = 5.0) -> None:
-    """Up to ``timeout`` s for every member of the group to be gone (a zombie
-    counts as gone: it runs nothing and its parent reaps it)."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        alive = []
-        for p in psutil.process_iter(["pid"]):
-            try:
-                if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(p)
-            except (ProcessLookupError, psutil.Error, OSError):
-                continue
-        if not alive:
-            return
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        time.sleep(0.05)
+def _tail(log: Path, n: int = LOG_TAIL_LINES) -> list[str]:
+    lines = _read_tail(log, 64 * 1024).splitlines()
+    return [line for line in lines if line.strip()][-n:]

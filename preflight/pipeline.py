@@ -92,6 +92,10 @@ def plan(settings: Settings) -> Plan:
                 f"profile {profile.name} ({profile.path}) has no floor {missing[0]!r}, which check {check.name} needs; "
                 "add it to the profile"
             )
+    n = settings.nproc_per_node
+    if n and profile.gpu_count and n > profile.gpu_count:
+        where = f"nproc_per_node {n} (--nproc-per-node, PREFLIGHT_NPROC_PER_NODE or config)"
+        raise UsageError(f"{where}: profile {profile.name} has {profile.gpu_count} GPUs, and torchrun starts one rank per GPU; give at most {profile.gpu_count}")
     return Plan(profile, checks, started_at=started_at)
 
 

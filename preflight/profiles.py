@@ -113,6 +113,34 @@ class TopologyExpect(BaseModel):
         return self
 
 
+class NcclExpect(BaseModel):
+    """How the nccl check runs on this SKU, and what it expects NCCL to choose."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # gloo ranks on a profile without GPUs; a GPU profile runs one rank per GPU.
+    ranks: int | None = Field(default=None, ge=1, le=256)
+    small_bytes: int = Field(default=4096, ge=64, le=1 << 20)  # latency-bound: a few KiB
+    large_bytes: int = Field(default=32 << 20, ge=1 << 20, le=1 << 30)  # bandwidth-bound: tens of MiB
+    # How long init and each collective may take before a rank gives up and
+    # says so: far above a healthy node's figures, far below NCCL's 10 minutes.
+    op_timeout_seconds: float = Field(default=30.0, gt=0, le=600, allow_inf_nan=False)
+    init_warn_seconds: float = Field(default=10.0, gt=0, le=600, allow_inf_nan=False)
+    init_source: str = Field(min_length=1)
+    # Two local ranks that NCCL joins over SHM or a network instead of P2P:
+    # "fail" where the GPUs have NVLink, "warn" where P2P over PCIe is a bonus.
+    p2p: Literal["fail", "warn", "any"] = "any"
+    p2p_source: str | None = None
+
+    @model_validator(mode="after")
+    def _cited(self) -> NcclExpect:
+        if self.p2p != "any" and not self.p2p_source:
+            raise ValueError(f"p2p = {self.p2p!r} needs p2p_source")
+        if self.small_bytes >= self.large_bytes:
+            raise ValueError("small_bytes must be below large_bytes")
+        return self
+
+
 class Profile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -126,6 +154,7 @@ class Profile(BaseModel):
     timeouts: dict[str, Timeout] = Field(default_factory=dict)  # per check, seconds
     gpu: GpuExpect | None = None  # None: a profile without GPUs (cpu)
     topology: TopologyExpect | None = None  # None: no GPU layout to judge (cpu)
+    nccl: NcclExpect | None = None
 
     @field_validator("checks")
     @classmethod
@@ -151,6 +180,13 @@ class Profile(BaseModel):
                 raise ValueError("checks lists topology but the [topology] table is missing")
             if "vcpus_per_gpu" not in self.floors:
                 raise ValueError("checks lists topology but [floors.vcpus_per_gpu] is missing")
+        if "nccl" in self.checks:
+            if self.nccl is None:
+                raise ValueError("checks lists nccl but the [nccl] table is missing")
+            if not self.gpu_count and not self.nccl.ranks:
+                raise ValueError("[nccl] ranks is needed where gpu_count is 0: how many gloo ranks to start")
+            if self.gpu_count and self.nccl.ranks:
+                raise ValueError("[nccl] ranks is only for profiles without GPUs; one rank runs per GPU")
         return self
 
 
@@ -168,6 +204,7 @@ class ResolvedProfile(BaseModel):
     timeouts: dict[str, float]
     gpu: GpuExpect | None = None
     topology: TopologyExpect | None = None
+    nccl: NcclExpect | None = None
     chosen_because: str  # "--profile cpu" or the detection that picked it
 
 
@@ -235,6 +272,7 @@ def resolve(
         timeouts=profile.timeouts,
         gpu=profile.gpu,
         topology=profile.topology,
+        nccl=profile.nccl,
         chosen_because=chosen_because,
     )
 

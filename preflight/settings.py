@@ -57,6 +57,10 @@ class _Common(BaseModel):
     # The interpreter that runs GPU workers: the training environment's own, so
     # preflight validates the torch, CUDA runtime and NCCL the job will use.
     python: Path | None = None
+    # Local ranks for torchrun workers; default: one per GPU (the profile's [nccl] ranks without GPUs).
+    nproc_per_node: int | None = Field(default=None, ge=1, le=256)
+    # torchrun's rendezvous port on 127.0.0.1 (a firewall may want it fixed); 0: a free one.
+    rdzv_port: int = Field(default=0, ge=0, le=65535)
     # Pin the driver exactly (fleet uniformity); the profile only sets a minimum.
     driver_version: str | None = Field(default=None, pattern=r"^[0-9]+(\.[0-9]+)*$")
 
@@ -178,5 +182,6 @@ def load(flags: dict[str, Any], config: Path | None = None, environ: dict[str, s
 def unknown_env(environ: dict[str, str] | None = None) -> list[str]:
     """PREFLIGHT_* variables that set nothing: a typo silently ignored is worse than a warning."""
     environ = os.environ if environ is None else environ
-    known = {ENV_PREFIX + f.upper() for f in Settings.model_fields} | {ENV_PREFIX + "CONFIG"}
+    # PREFLIGHT_WORKER_FAULT is the workers' test-only fault knob (checks/workers/_rank.py).
+    known = {ENV_PREFIX + f.upper() for f in Settings.model_fields} | {ENV_PREFIX + "CONFIG", ENV_PREFIX + "WORKER_FAULT"}
     return sorted(k for k in environ if k.upper().startswith(ENV_PREFIX) and k.upper() not in known)

@@ -27,7 +27,7 @@ def invoke(*args):
 def test_cpu_profile_passes_and_prints_the_verdict():
     r = invoke("run", "--profile", "cpu")
     assert r.exit_code == 0, r.output
-    assert "[PASS] shm" in r.stderr and "preflight: PASS (profile cpu; 1 pass)" in r.stderr
+    assert "[PASS] shm" in r.stderr and "[PASS] nccl" in r.stderr and "preflight: PASS (profile cpu; 2 pass)" in r.stderr
     assert r.stdout == ""  # data goes to stdout only with --json
 
 
@@ -40,7 +40,7 @@ def test_json_report_validates_against_the_model_and_is_written_too(tmp_path):
     assert printed.verdict == "pass" and printed.profile == "cpu" and printed.exit_code == 0
     assert printed.schema_version == 1 and printed.boot_id and printed.hostname
     assert printed.started_at.tzinfo is not None and printed.finished_at >= printed.started_at
-    assert [c.check for c in printed.checks] == ["shm"]
+    assert [c.check for c in printed.checks] == ["shm", "nccl"]
     raw = json.loads(r.stdout)
     assert raw["started_at"].endswith("Z")  # RFC 3339 in UTC
 
@@ -62,7 +62,9 @@ def test_auto_without_a_driver_fails_with_the_cause_and_the_dry_run_hint(tmp_pat
         (["--profile", "cpu", "--only", "nosuch"], "only (--only, PREFLIGHT_ONLY or config): nosuch: no such check; installed checks:"),
         (["--profile", "cpu", "--skip", "nosuch"], "skip (--skip, PREFLIGHT_SKIP or config): nosuch: no such check"),
         (["--profile", "cpu", "--only", "shm", "--skip", "shm"], "only and skip both name shm"),
-        (["--profile", "cpu", "--skip", "shm"], "no check left to run: skip removes every check of profile cpu (shm)"),
+        (["--profile", "cpu", "--skip", "shm,nccl"], "no check left to run: skip removes every check of profile cpu (shm, nccl)"),
+        (["--profile", "cpu", "--rdzv-port", "70000"], "--rdzv-port: Input should be less than or equal to 65535"),
+        (["--profile", "cpu", "--nproc-per-node", "0"], "--nproc-per-node: Input should be greater than or equal to 1"),
         (["--profile", "cpu", "--lock-timeout", "-1"], "--lock-timeout: Input should be greater than or equal to 0"),
         (["--profile", "cpu", "--report", "/nonexistent/dir/r.json"], "directory /nonexistent/dir does not exist"),
         (["--profile", "cpu", "--config", "/nonexistent/c.toml"], "config file /nonexistent/c.toml does not exist"),
@@ -101,8 +103,8 @@ def test_a_site_floor_override_is_applied(tmp_path):
     cfg.write_text('profile = "cpu"\n[floors]\nshm_min_bytes = 1099511627776000\n')
     r = invoke("run", "--config", str(cfg), "--json")
     assert r.exit_code == 1
-    (check,) = Report.model_validate_json(r.stdout).checks
-    assert check.summary.endswith("below the 1000 TiB floor")
+    check, after = Report.model_validate_json(r.stdout).checks
+    assert check.summary.endswith("below the 1000 TiB floor") and after.status == "SKIP"
 
 
 def test_fail_fast_keep_going_timeout_and_error_through_the_cli(plugin):
@@ -239,8 +241,9 @@ def test_list_names_every_check_and_what_it_verifies():
     r = invoke("list")
     assert r.exit_code == 0 and r.stdout.startswith("cuda      driver and NVML health of every GPU")
     assert "\ntopology  GPU/NIC/CPU layout" in r.stdout and "\nshm       /dev/shm is a tmpfs" in r.stdout  # cheapest first, names aligned
+    assert "\nnccl      torchrun on every GPU" in r.stdout and r.stdout.rstrip().endswith("(after cuda)")
     rows = json.loads(invoke("list", "--json").stdout)
-    assert [row["name"] for row in rows] == ["cuda", "topology", "shm"] and rows[0]["timeout_seconds"] > 0
+    assert [row["name"] for row in rows] == ["cuda", "topology", "shm", "nccl"] and rows[0]["timeout_seconds"] > 0
 
 
 def test_list_in_a_profiles_order(plugin):
@@ -337,7 +340,7 @@ def test_a_report_that_cannot_be_written_keeps_the_verdict_and_the_old_report(tm
     p = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, timeout=120)
     assert "could not write the report to" in p.stderr and "No space left on device" in p.stderr
     assert "Traceback" not in p.stderr
-    assert "preflight: PASS (profile cpu; 1 pass)" in p.stderr and "exit 3" in p.stderr  # the verdict, and the real code
+    assert "preflight: PASS (profile cpu; 2 pass)" in p.stderr and "exit 3" in p.stderr  # the verdict, and the real code
     assert p.stdout.splitlines() == ["rc=3", "previous", "filler", "report.json"]
 
 

@@ -20,6 +20,8 @@ import os
 import sys
 import time
 
+import _rank
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -158,11 +160,7 @@ def _write(out: str | None, report: dict) -> None:
         if report["stage"] == "done" or report["error"]:
             print(json.dumps(report, indent=2))
         return
-    # Atomic: the agent may read this file at any moment, and after a kill.
-    tmp = os.path.join(out, ".rank0.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(report, f)
-    os.replace(tmp, os.path.join(out, "rank0.json"))
+    _rank.write_report(out, 0, report)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,102 @@
+"""What every torchrun worker shares: who this rank is, where its output goes,
+how it reports, and the test-only fault knob.
+
+Standard library only. Workers run by path, so this file beside them is
+importable as ``_rank`` under any interpreter, with or without preflight.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+
+# Test-only fault injection, inert unless set: "RANK:KIND[@OP]", for example
+# "1:kill@all_reduce_fp32_large". KIND is kill (SIGKILL itself), stop (SIGSTOP
+# itself: a hang), raise (an exception), or wrong (a corrupted contribution,
+# so the result is wrong everywhere). OP names the step it fires at; without
+# it, the first collective. The tests prove each fault ends in a FAIL naming
+# the rank; nothing else reads it.
+FAULT_ENV = "PREFLIGHT_WORKER_FAULT"
+
+
+@dataclass(frozen=True)
+class Rank:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+
+
+def whoami() -> Rank:
+    """From torchrun's environment; a plain `python worker.py` is rank 0 of 1."""
+    env = os.environ
+    world = int(env.get("WORLD_SIZE", "1"))
+    return Rank(int(env.get("RANK", "0")), int(env.get("LOCAL_RANK", "0")), world, int(env.get("LOCAL_WORLD_SIZE", str(world))))
+
+
+def redirect_output(out: str | None, rank: int) -> None:
+    """Send this rank's stdout and stderr (Python's and the C libraries') to
+    rank{N}.log in ``out``: the agent reads its last line when the rank
+    dies, and the ranks' lines do not interleave."""
+    if out is None:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(os.path.join(out, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def write_report(out: str | None, rank: int, report: dict) -> None:
+    """Atomic, so the agent may read rank{N}.json at any moment, even after a kill."""
+    if out is None:
+        return
+    tmp = os.path.join(out, f".rank{rank}.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(report, f)
+    os.replace(tmp, os.path.join(out, f"rank{rank}.json"))
+
+
+def base_report(r: Rank) -> dict:
+    return {
+        "rank": r.rank,
+        "local_rank": r.local_rank,
+        "world_size": r.world_size,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "python": sys.executable,
+        "stage": "import",
+        "error": None,
+        "started": time.time(),
+    }
+
+
+class Fault:
+    """The knob, parsed once. ``at(op)`` fires when this rank reaches ``op``."""
+
+    def __init__(self, rank: int, first_op: str):
+        self.kind = self.op = None
+        spec = os.environ.get(FAULT_ENV, "")
+        who, _, what = spec.partition(":")
+        if spec and who.strip() == str(rank):
+            kind, _, op = what.partition("@")
+            self.kind, self.op = kind.strip(), (op.strip() or first_op)
+
+    def at(self, op: str) -> str | None:
+        """Act out kill/stop/raise here; return "wrong" for the caller to corrupt its data."""
+        if self.kind is None or op != self.op:
+            return None
+        print(f"{FAULT_ENV}: injecting {self.kind} at {op}", flush=True)
+        if self.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.kind == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        if self.kind == "raise":
+            raise RuntimeError(f"{FAULT_ENV} asked rank to raise at {op}")
+        return self.kind

@@ -1,0 +1,220 @@
+"""The nccl check for real: torchrun, gloo ranks on this CPU, and every fault
+the issue names injected into real processes. Each fault must FAIL naming the
+rank or the setting, within the deadline, with the report written and no
+process left (pgrep proves it). The pure judges are in test_nccl_judge.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import fakes
+import pytest
+from conftest import needs_root, run_preflight
+
+from preflight.report import Report
+
+CPU_TOML = Path(__file__).parents[2] / "preflight" / "profiles" / "cpu.toml"
+DEADLINE = 45.0  # the fast profile's nccl timeout
+
+
+@pytest.fixture
+def fast(tmp_path: Path) -> dict[str, str]:
+    """The cpu profile with a 4 s collective timeout and a 45 s deadline, so a
+    hang is found in seconds: a site profile, as an operator would write one."""
+    site = tmp_path / "profiles"
+    site.mkdir()
+    text = CPU_TOML.read_text().replace('name = "cpu"', 'name = "cpu-fast"').replace("op_timeout_seconds = 20", "op_timeout_seconds = 4")
+    (site / "cpu-fast.toml").write_text(text + f"\n[timeouts]\nnccl = {DEADLINE}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFLIGHT_") or k == "PREFLIGHT_LOCK_FILE"}
+    env["PREFLIGHT_PROFILES_DIR"] = str(site)
+    return env
+
+
+def workers_left(tmp_path: Path) -> str:
+    """What pgrep finds of this test's workers (their --out lies under its own
+    TMPDIR, so runs elsewhere on the machine do not count): must be nothing."""
+    return subprocess.run(["pgrep", "-af", f"{tmp_path}/tmp/preflight-worker-"], capture_output=True, text=True).stdout.strip()
+
+
+def run_nccl(env: dict[str, str], tmp_path: Path, *extra: str, profile: str = "cpu-fast", timeout: float = 120) -> tuple[subprocess.CompletedProcess, Report, float]:
+    report = tmp_path / "report.json"
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    env = {"TMPDIR": str(tmp_path / "tmp"), **env}
+    started = time.monotonic()
+    p = run_preflight(["run", "--profile", profile, "--only", "nccl", "--report", str(report), *extra], env=env, timeout=timeout)
+    took = time.monotonic() - started
+    assert report.exists(), p.stderr  # the report is written whatever happened
+    return p, Report.model_validate_json(report.read_text()), took
+
+
+def nccl_result(report: Report):
+    (result,) = [c for c in report.checks if c.check == "nccl"]
+    return result
+
+
+# --- passing runs --------------------------------------------------------------
+
+
+def test_two_gloo_ranks_pass_through_the_cli_and_print_per_op_results(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFLIGHT_") or k == "PREFLIGHT_LOCK_FILE"}
+    p, report, _ = run_nccl(env, tmp_path, profile="cpu")
+    assert p.returncode == 0, p.stderr
+    r = nccl_result(report)
+    assert r.status == "PASS" and r.summary.startswith("2 gloo rank(s): 13 ops right on every rank (4 KiB and 32 MiB)")
+    for op in ("all_reduce_fp32", "all_reduce_bf16", "all_gather", "reduce_scatter", "broadcast", "send_recv"):
+        assert any(line.strip().startswith(op) and "small" in line and "large" in line for line in p.stderr.splitlines()), p.stderr
+    ranks = r.details["ranks"]
+    assert [o["report"]["stage"] for o in ranks] == ["done", "done"]
+    assert {op["name"] for op in ranks[0]["report"]["ops"]} >= {"broadcast_large", "send_recv_small", "barrier"}
+    names = {(m.name, m.labels.get("op"), m.labels.get("size")) for m in r.measurements}
+    assert ("nccl_init_duration", None, None) in names and ("nccl_op_duration", "all_gather", "large") in names
+    assert not workers_left(tmp_path)
+
+
+def test_three_ranks_with_nproc_per_node(fast, tmp_path):
+    p, report, _ = run_nccl(fast, tmp_path, "--nproc-per-node", "3")
+    r = nccl_result(report)
+    assert p.returncode == 0 and r.status == "PASS", p.stderr
+    assert r.summary.startswith("3 gloo rank(s)") and len(r.details["ranks"]) == 3
+    assert r.details["ranks"][2]["report"]["world_size"] == 3
+    assert not workers_left(tmp_path)
+
+
+# --- faults: each FAILs naming the rank, within the deadline, nothing left ---------
+
+
+@pytest.mark.parametrize(
+    "fault, words",
+    [
+        ("1:kill", "rank 1 died in all_reduce_fp32_small (op 1) (killed by SIGKILL)"),
+        ("1:stop", "rank 1 hung in all_reduce_fp32_small (op 1)"),
+        ("1:raise", "rank 1 failed first, in all_reduce_fp32_small (op 1): RuntimeError: PREFLIGHT_WORKER_FAULT asked rank to raise"),
+        ("0:kill@broadcast_large", "rank 0 died in broadcast_large (op 11) (killed by SIGKILL)"),
+    ],
+)
+def test_a_rank_that_dies_hangs_or_raises_is_named(fast, tmp_path, fault, words):
+    env = {**fast, "PREFLIGHT_WORKER_FAULT": fault}
+    p, report, took = run_nccl(env, tmp_path)
+    r = nccl_result(report)
+    assert p.returncode == 1 and r.status == "FAIL", p.stderr
+    assert words in r.cause, r.cause
+    assert "last log line: PREFLIGHT_WORKER_FAULT: injecting" in r.cause or "raise" in fault
+    assert took < DEADLINE, took
+    assert "warning: PREFLIGHT_WORKER_FAULT" not in p.stderr  # the documented knob is not a typo
+    assert not workers_left(tmp_path)
+
+
+def test_a_wrong_contribution_is_caught_by_the_comparison(fast, tmp_path):
+    env = {**fast, "PREFLIGHT_WORKER_FAULT": "1:wrong@reduce_scatter_large"}
+    p, report, _ = run_nccl(env, tmp_path)
+    r = nccl_result(report)
+    assert r.status == "FAIL" and r.summary == "reduce_scatter_large returned wrong values"
+    # rank 1 corrupted the element at n/2 of its input, which lands in rank 1's chunk alone
+    assert "returned wrong values on rank(s) 1: 1 of 4194304 elements wrong; element 0 is" in r.cause and "expected" in r.cause
+    assert not workers_left(tmp_path)
+
+
+def test_a_socket_interface_that_does_not_exist_fails_before_launching(fast, tmp_path):
+    p, report, took = run_nccl({**fast, "GLOO_SOCKET_IFNAME": "nosuch0"}, tmp_path)
+    r = nccl_result(report)
+    assert p.returncode == 1 and r.summary == "GLOO_SOCKET_IFNAME names a missing interface"
+    assert "GLOO_SOCKET_IFNAME=nosuch0 (in the environment) names no interface on this node" in r.cause and "lo" in r.cause
+    assert r.details["not_started"] and r.details["ranks"] == [] and r.duration_seconds < 2
+    p, report, _ = run_nccl({**fast, "NCCL_SOCKET_IFNAME": "=eth99"}, tmp_path)
+    assert "NCCL_SOCKET_IFNAME==eth99" in nccl_result(report).cause
+    assert not workers_left(tmp_path)
+
+
+def test_a_taken_rendezvous_port_is_named(fast, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        p, report, _ = run_nccl(fast, tmp_path, "--rdzv-port", str(port))
+    r = nccl_result(report)
+    assert p.returncode == 1 and f"rendezvous port 127.0.0.1:{port} is taken by pid" in r.cause
+    assert "another port" in r.remedy
+
+
+def test_an_interpreter_without_torch_is_named(fast, tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    python = venv / "bin" / "python"
+    p, report, _ = run_nccl(fast, tmp_path, "--python", str(python))
+    r = nccl_result(report)
+    assert p.returncode == 1 and r.summary == "torch is not importable"
+    assert f"torch is not importable by {python}" in r.cause and "No module named" in r.cause
+    assert "--python" in r.remedy
+
+
+def test_a_missing_tmpdir_is_named(fast, tmp_path):
+    p, report, _ = run_nccl({**fast, "TMPDIR": str(tmp_path / "gone")}, tmp_path)
+    r = nccl_result(report)
+    assert p.returncode == 1 and f"TMPDIR={tmp_path / 'gone'} is not usable" in r.cause
+
+
+@needs_root
+def test_a_read_only_tmpdir_is_named_and_the_report_still_written(fast, tmp_path):
+    ro, out = tmp_path / "ro", tmp_path / "out"
+    ro.mkdir()
+    out.mkdir()
+    cmd = (
+        f"mount -t tmpfs -o ro,size=1m tmpfs {ro} && TMPDIR={ro} {' '.join(fakes.PREFLIGHT)} run --profile cpu-fast --only nccl "
+        f"--report {out}/report.json; echo rc=$?"
+    )
+    p = subprocess.run(["unshare", "-m", "sh", "-c", cmd], env=fast, capture_output=True, text=True, timeout=120)
+    assert "rc=1" in p.stdout, p.stderr
+    r = nccl_result(Report.model_validate_json((out / "report.json").read_text()))
+    assert f"TMPDIR={ro} is not usable (Read-only file system)" in r.cause
+
+
+def test_more_ranks_than_gpus_is_refused_before_anything_runs(tmp_path):
+    p = run_preflight(["run", "--profile", "h100-sxm", "--only", "nccl", "--nproc-per-node", "9", "--report", str(tmp_path / "r.json")])
+    assert p.returncode == 2 and "profile h100-sxm has 8 GPUs" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_debugging_switches_warn_naming_their_cost(fast, tmp_path):
+    p, report, _ = run_nccl({**fast, "NCCL_P2P_DISABLE": "1"}, tmp_path)
+    r = nccl_result(report)
+    assert p.returncode == 0 and r.status == "WARN" and r.summary.startswith("NCCL_P2P_DISABLE=1 is set")
+    assert "staged through host memory" in r.cause and r.details["parts"]["run"] == "PASS"
+
+
+# --- the worker by hand ----------------------------------------------------------
+
+
+def test_the_worker_runs_by_hand_under_torchrun(tmp_path):
+    script = Path(__file__).parents[2] / "checks" / "workers" / "nccl_smoke.py"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", str(script),
+            "--backend", "gloo", "--device", "cpu", "--large-bytes", str(1 << 20)]  # fmt: skip
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    assert sorted(row["rank"] for row in rows) == [0, 1]
+    assert all(row["ops"] == 13 and row["wrong"] == {} for row in rows)
+
+
+# --- on a GPU ----------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_nccl_on_every_gpu_of_this_node(tmp_path):
+    """On the lent GPU machine: NCCL for real, one rank per GPU of this node."""
+    if not shutil.which("nvidia-smi"):
+        pytest.skip("no NVIDIA driver here")
+    gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout.count("GPU ")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFLIGHT_") or k == "PREFLIGHT_LOCK_FILE"}
+    p, report, took = run_nccl(env, tmp_path, "--nproc-per-node", str(gpus), "-v", profile="auto", timeout=300)
+    print(p.stderr, f"check took {took:.1f} s")
+    r = nccl_result(report)
+    assert r.status in ("PASS", "WARN"), (r.cause, p.stderr)
+    assert r.summary.startswith(f"{gpus} nccl rank(s): 13 ops right on every rank") and r.details["nccl_log"]["version"]
+    assert r.details["ranks"][0]["report"]["nccl_version"] and not workers_left(tmp_path)

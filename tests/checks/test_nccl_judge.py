@@ -1,0 +1,766 @@
+"""The nccl check's judges, on recorded facts: rank reports built by hand (the
+shape checks/workers/nccl_smoke.py writes), real NCCL_DEBUG=INFO logs from
+tests/fixtures/nccl/, no processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, make_ctx
+from preflight.checks import nccl
+from preflight.checks.nccl import NcclFacts, OpResult, RankOutcome, RankReport
+
+from preflight import nccl_env, nccl_log
+from preflight.check import Result, Status
+from preflight.host import Host
+from preflight.profiles import NcclExpect
+
+FAIL, WARN = Status.FAIL, Status.WARN
+PY = "/opt/venv/bin/python"
+NCCL_LOGS = FIXTURES / "nccl"
+ENV = nccl_env.ENVIRONMENT
+
+# The worker's plan: every op small then large, then a barrier (checks/workers/nccl_smoke.py).
+OP_NAMES = ("all_reduce_fp32", "all_reduce_bf16", "all_gather", "reduce_scatter", "broadcast", "send_recv")
+PLAN = [(f"{op}_{size}", op, nbytes) for size, nbytes in (("small", 4096), ("large", 32 << 20)) for op in OP_NAMES] + [("barrier", "barrier", 0)]
+
+
+def nccl_fixture(prefix: str) -> nccl_log.NcclLog:
+    (path,) = NCCL_LOGS.glob(f"{prefix}_*.log")
+    return nccl_log.parse(path.read_text())
+
+
+def expect(**kw) -> NcclExpect:
+    base: dict = {"init_source": "test profile: a healthy node inits in a few seconds"}
+    if kw.get("p2p", "any") != "any":
+        base["p2p_source"] = "test profile: every GPU pair has NVLink"
+    return NcclExpect(**{**base, **kw})
+
+
+def ops(n: int = len(PLAN), seconds: float = 0.001, errors: dict[str, str] | None = None) -> list[OpResult]:
+    """The first ``n`` ops of the plan as a rank reports them."""
+    out = []
+    for name, op, nbytes in PLAN[:n]:
+        out.append(OpResult(name=name, op=op, dtype=None if op == "barrier" else "float32", bytes=nbytes, seconds=seconds, error=(errors or {}).get(name)))
+    return out
+
+
+def report(rank: int, stage: str = "done", world: int = 2, host: str = "node1", **kw) -> RankReport:
+    if "ops" not in kw:
+        kw["ops"] = ops() if stage == "done" else ops(next(i for i, p in enumerate(PLAN) if p[0] == stage) if stage in {p[0] for p in PLAN} else 0)
+    base = dict(rank=rank, local_rank=rank, world_size=world, host=host, pid=1000 + rank, python=PY, backend="nccl", device="cuda",
+                torch_version="2.5.1", nccl_version="2.21.5", init_seconds=1.2, first_collective_seconds=0.05)
+    return RankReport(**{**base, "stage": stage, **kw})
+
+
+def outcome(rank: int, rep: RankReport | None, **kw) -> RankOutcome:
+    kw.setdefault("gpu", f"GPU {rank}")
+    kw.setdefault("last_line", f"rank {rank}: last line")
+    return RankOutcome(rank=rank, report=rep, **kw)
+
+
+def facts(ranks: list[RankOutcome], **kw) -> NcclFacts:
+    base = dict(python=PY, backend="nccl", nproc=len(ranks), ended="exit 0", returncode=0, seconds=12.5)
+    return NcclFacts(**{**base, "ranks": ranks, **kw})
+
+
+def healthy(n: int = 2, **kw) -> NcclFacts:
+    return facts([outcome(r, report(r, world=n)) for r in range(n)], **kw)
+
+
+# --- judge_env: debugging switches ---------------------------------------------
+
+
+def test_shm_disable_in_the_environment_warns_with_its_cost():
+    (f,) = nccl.judge_env({"NCCL_SHM_DISABLE": [("1", ENV)]})
+    assert f.status is WARN
+    assert f.summary == "NCCL_SHM_DISABLE=1 is set"
+    assert "14x" in f.cause and "the environment" in f.cause and "shared-memory" in f.cause
+    assert "unset NCCL_SHM_DISABLE" in f.remedy
+
+
+def test_p2p_disable_only_in_a_conf_file_warns_naming_the_file():
+    (f,) = nccl.judge_env({"NCCL_P2P_DISABLE": [("1", "/etc/nccl.conf")]})
+    assert f.status is WARN and f.summary == "NCCL_P2P_DISABLE=1 is set"
+    assert "/etc/nccl.conf" in f.cause and "NVLink" in f.cause
+    assert "unset NCCL_P2P_DISABLE" in f.remedy and "/etc/nccl.conf" in f.remedy
+
+
+@pytest.mark.parametrize("name", ["NCCL_SHM_DISABLE", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE"])
+def test_a_disable_switch_set_to_0_is_nothing(name):
+    assert nccl.judge_env({name: [("0", ENV)]}) == []
+    assert nccl.judge_env({name: [(" 0 ", "/etc/nccl.conf")]}) == []
+
+
+@pytest.mark.parametrize("name", ["NCCL_SHM_DISABLE", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "NCCL_P2P_LEVEL"])
+def test_an_empty_value_is_nothing(name):
+    # NCCL ignores an empty setting (ncclLoadParam reads a value only when strlen > 0;
+    # NCCL_P2P_LEVEL="" matches no level name), so nothing is switched off.
+    assert nccl.judge_env({name: [("", ENV)]}) == []
+
+
+def test_p2p_level_warns_whatever_its_value():
+    (f,) = nccl.judge_env({"NCCL_P2P_LEVEL": [("NVL", ENV)]})
+    assert f.status is WARN and f.summary == "NCCL_P2P_LEVEL=NVL is set"
+    assert "caps the distance" in f.cause and "unset NCCL_P2P_LEVEL" in f.remedy
+
+
+def test_ib_disable_warns_about_sockets_between_nodes():
+    (f,) = nccl.judge_env({"NCCL_IB_DISABLE": [("1", ENV)]})
+    assert f.status is WARN and "TCP sockets" in f.cause
+
+
+def test_unrelated_settings_are_nothing():
+    assert nccl.judge_env({"NCCL_DEBUG": [("INFO", ENV)], "NCCL_SOCKET_IFNAME": [("eth0", ENV)]}) == []
+    assert nccl.judge_env({}) == []
+
+
+def test_the_environment_wins_over_a_conf_file():
+    assert nccl.judge_env({"NCCL_P2P_DISABLE": [("0", ENV), ("1", "/etc/nccl.conf")]}) == []
+    (f,) = nccl.judge_env({"NCCL_SHM_DISABLE": [("1", ENV), ("0", "/etc/nccl.conf")]})
+    assert "in the environment" in f.cause and "/etc/nccl.conf" not in f.cause
+
+
+def test_the_environment_wins_when_read_from_a_recorded_host(tmp_path: Path):
+    conf = tmp_path / "conf" / "nccl.conf"
+    conf.parent.mkdir()
+    conf.write_text("# site tuning\nNCCL_SHM_DISABLE=1\nNCCL_P2P_DISABLE = 1  # left from a debugging session\n")
+    host = Host(tmp_path, environ={"NCCL_CONF_FILE": "/conf/nccl.conf", "NCCL_SHM_DISABLE": "0"})
+    env = nccl_env.read(host)
+    assert nccl_env.effective(env)["NCCL_SHM_DISABLE"] == ("0", ENV)
+    (f,) = nccl.judge_env(env)
+    assert f.summary == "NCCL_P2P_DISABLE=1 is set" and "/conf/nccl.conf" in f.cause
+
+
+# --- judge_ifnames: *_SOCKET_IFNAME against the node's interfaces ---------------
+
+NICS: dict[str, list[str] | None] = {"lo": ["127.0.0.1"], "eth0": ["10.0.0.2"], "ib0": []}
+RECORDED: dict[str, list[str] | None] = {"lo": None, "eth0": None, "ib0": None}  # names from sysfs, addresses unknown
+
+
+def ifname(value: str, var: str = "NCCL_SOCKET_IFNAME", nics=NICS, where: str = ENV):
+    return nccl.judge_ifnames({var: [(value, where)]}, nics)
+
+
+@pytest.mark.parametrize("value", ["eth", "eth0", "=eth0", "e", "^docker,lo", "lo", "eth,ib"])
+def test_nccl_socket_ifname_that_selects_an_addressed_interface_is_fine(value):
+    assert ifname(value) == []
+
+
+def test_nccl_socket_ifname_selecting_only_an_interface_without_an_address_fails():
+    (f,) = ifname("ib")
+    assert f.status is FAIL
+    assert f.summary == "NCCL_SOCKET_IFNAME selects an interface without an address"
+    assert "ib0" in f.cause and "no IP address" in f.cause and "the environment" in f.cause
+    assert "eth0, ib0, lo" in f.remedy
+
+
+def test_nccl_socket_ifname_naming_a_missing_prefix_fails_and_lists_the_interfaces():
+    (f,) = ifname("enp", where="/etc/nccl.conf")
+    assert f.status is FAIL and f.summary == "NCCL_SOCKET_IFNAME names a missing interface"
+    assert "NCCL_SOCKET_IFNAME=enp" in f.cause and "(enp)" in f.cause and "/etc/nccl.conf" in f.cause
+    assert "it has eth0, ib0, lo" in f.cause
+    assert "set NCCL_SOCKET_IFNAME to an interface this node has (eth0, ib0, lo)" in f.remedy
+
+
+def test_nccl_socket_ifname_exact_match_needs_the_whole_name():
+    (f,) = ifname("=eth")
+    assert f.status is FAIL and f.summary == "NCCL_SOCKET_IFNAME names a missing interface" and "(eth)" in f.cause
+
+
+def test_nccl_socket_ifname_list_entry_matching_nothing_is_named():
+    # A list NCCL reads as "any of these": eth0 is there, so NCCL runs on it (ncclFindInterfaces
+    # fails only when no entry matches). The entry that matches nothing may be worth a word,
+    # but it must not fail a node on which every rank can open its sockets.
+    found = ifname("eth0,nosuch")
+    assert [f.status for f in found if f.status is FAIL] == []
+    assert all("nosuch" in f.cause for f in found)
+
+
+def test_nccl_socket_ifname_list_where_no_entry_matches_fails_naming_both():
+    (f,) = ifname("enp,nosuch")
+    assert f.status is FAIL and "(enp, nosuch)" in f.cause
+
+
+def test_an_exclusion_that_leaves_nothing_fails():
+    (f,) = ifname("^lo,eth,ib")
+    assert f.status is FAIL and f.summary == "NCCL_SOCKET_IFNAME names a missing interface"
+
+
+def test_an_exact_exclusion_excludes_only_the_exact_names():
+    # NCCL reads "^=" as: exclude exactly these names ("eth" is no interface, so eth0 stays).
+    assert ifname("^=lo,eth") == []
+
+
+@pytest.mark.parametrize("value", ["", "x"])
+def test_a_nccl_socket_ifname_of_under_two_characters_is_ignored_as_nccl_does(value):
+    # ncclFindInterfaces: `if (env && strlen(env) > 1)` uses the setting, else picks by itself.
+    assert ifname(value) == []
+
+
+def test_gloo_socket_ifname_takes_exact_names_only():
+    (f,) = ifname("eth", var="GLOO_SOCKET_IFNAME")
+    assert f.status is FAIL and f.summary == "GLOO_SOCKET_IFNAME names a missing interface"
+    assert "GLOO_SOCKET_IFNAME=eth" in f.cause and "eth0, ib0, lo" in f.cause
+    assert ifname("eth0", var="GLOO_SOCKET_IFNAME") == []
+
+
+def test_gloo_socket_ifname_fails_on_any_missing_name_in_its_list():
+    # gloo opens one device per listed name: a missing one fails the process group.
+    (f,) = ifname("eth0,nosuch", var="GLOO_SOCKET_IFNAME")
+    assert f.status is FAIL and "nosuch" in f.cause
+
+
+def test_gloo_socket_ifname_without_an_address_fails():
+    (f,) = ifname("ib0", var="GLOO_SOCKET_IFNAME")
+    assert f.status is FAIL and "without an address" in f.summary
+
+
+def test_both_variables_are_judged():
+    found = nccl.judge_ifnames({"NCCL_SOCKET_IFNAME": [("enp", ENV)], "GLOO_SOCKET_IFNAME": [("enp1s0", ENV)]}, NICS)
+    assert [f.summary.split()[0] for f in found] == ["NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"]
+
+
+def test_unset_variables_and_unread_interfaces_are_nothing():
+    assert nccl.judge_ifnames({}, NICS) == []
+    assert ifname("enp", nics=None) == []
+    assert ifname("enp", var="GLOO_SOCKET_IFNAME", nics=None) == []
+
+
+def test_unknown_addresses_never_claim_a_missing_address():
+    assert ifname("ib", nics=RECORDED) == []
+    assert ifname("ib0", var="GLOO_SOCKET_IFNAME", nics=RECORDED) == []
+    assert ifname("^docker,lo", nics=RECORDED) == []
+    (f,) = ifname("enp", nics=RECORDED)  # a missing name is still missing
+    assert f.status is FAIL and "names a missing interface" in f.summary
+
+
+def test_a_node_with_no_interfaces_says_none():
+    (f,) = ifname("eth0", nics={})
+    assert "it has none" in f.cause
+
+
+def test_the_environment_wins_for_socket_ifname_too():
+    assert nccl.judge_ifnames({"NCCL_SOCKET_IFNAME": [("eth0", ENV), ("enp", "/etc/nccl.conf")]}, NICS) == []
+
+
+# --- judge_transports: what NCCL chose between local GPUs ----------------------
+
+
+def four_ranks(log: nccl_log.NcclLog | None, hosts=("node1",) * 4, gpus=None, **kw) -> NcclFacts:
+    ranks = [outcome(r, report(r, world=4, host=hosts[r]), gpu=(gpus[r] if gpus else f"GPU {r}")) for r in range(4)]
+    return facts(ranks, nccl=log, **kw)
+
+
+def test_fixture_09_shm_between_nvlink_islands_fails_where_the_profile_wants_p2p():
+    f = four_ranks(nccl_fixture("09"))
+    (x,) = nccl.judge_transports(f, expect(p2p="fail"), set())
+    assert x.status is FAIL and x.summary == "GPUs fall back from P2P (2 pairs)"
+    assert "rank 1 (GPU 1) -> rank 2 (GPU 2) via SHM/direct/direct" in x.cause
+    assert "rank 3 (GPU 3) -> rank 0 (GPU 0) via SHM/direct/direct" in x.cause
+    assert "rank 0 (GPU 0) -> rank 1" not in x.cause and "rank 2 (GPU 2) -> rank 3" not in x.cause
+    assert "every GPU pair has NVLink" in x.cause  # the profile's source
+    assert "NCCL_P2P_DISABLE" in x.remedy and "nvidia-smi nvlink" in x.remedy
+
+
+def test_fixture_09_with_p2p_warn_warns():
+    (x,) = nccl.judge_transports(four_ranks(nccl_fixture("09")), expect(p2p="warn"), set())
+    assert x.status is WARN and "2 pair(s)" in x.cause
+
+
+def test_fixture_09_with_p2p_any_is_nothing_unless_the_pair_has_nvlink():
+    f = four_ranks(nccl_fixture("09"))
+    assert nccl.judge_transports(f, expect(p2p="any"), set()) == []
+    (x,) = nccl.judge_transports(f, expect(p2p="any"), {frozenset({1, 2}), frozenset({0, 1})})
+    assert x.status is FAIL and x.summary == "GPUs fall back from P2P (1 pairs)"
+    assert "rank 1 (GPU 1) -> rank 2 (GPU 2)" in x.cause and "rank 3" not in x.cause
+
+
+def test_nvlink_pairs_fail_and_the_rest_warn_as_two_findings():
+    found = nccl.judge_transports(four_ranks(nccl_fixture("09")), expect(p2p="warn"), {frozenset({0, 3})})
+    by = {x.status: x for x in found}
+    assert set(by) == {FAIL, WARN}
+    assert "rank 3 (GPU 3) -> rank 0 (GPU 0)" in by[FAIL].cause and "rank 1" not in by[FAIL].cause
+    assert "rank 1 (GPU 1) -> rank 2 (GPU 2)" in by[WARN].cause
+
+
+def test_ranks_on_different_hosts_are_not_judged():
+    f = four_ranks(nccl_fixture("09"), hosts=("a", "a", "b", "b"))
+    assert nccl.judge_transports(f, expect(p2p="fail"), {frozenset({1, 2}), frozenset({0, 3})}) == []
+
+
+def test_ranks_without_a_report_are_not_judged():
+    f = four_ranks(nccl_fixture("09"))
+    f.ranks[2].report = None
+    f.ranks[0].report = None
+    assert nccl.judge_transports(f, expect(p2p="fail"), set()) == []
+
+
+def test_a_network_between_two_ranks_on_one_host_always_fails():
+    # E14: NCCL_P2P_DISABLE=1 and NCCL_SHM_DISABLE=1, so rank 0 sends to rank 1 over a socket.
+    env = {"NCCL_P2P_DISABLE": [("1", ENV)], "NCCL_SHM_DISABLE": [("1", ENV)]}
+    f = facts([outcome(0, report(0)), outcome(1, report(1))], nccl=nccl_fixture("E14"), env=env)
+    (x,) = nccl.judge_transports(f, expect(p2p="any"), set())
+    assert x.status is FAIL
+    assert "rank 0 (GPU 0) -> rank 1 (GPU 1) via NET/Socket/0/Shared" in x.cause
+    assert "(NCCL_SHM_DISABLE=1, NCCL_P2P_DISABLE=1 set)" in x.cause
+
+
+def test_a_network_between_hosts_is_right():
+    f = facts([outcome(0, report(0, host="a")), outcome(1, report(1, host="b"))], nccl=nccl_fixture("E14"))
+    assert nccl.judge_transports(f, expect(p2p="fail"), {frozenset({0, 1})}) == []
+
+
+def test_fixture_01a_all_p2p_is_nothing():
+    f = facts([outcome(r, report(r, world=8)) for r in range(8)], nccl=nccl_fixture("01a"))
+    assert nccl.judge_transports(f, expect(p2p="fail"), {frozenset({0, 1})}) == []
+
+
+def test_fixture_02_consumer_gpus_on_shm_warn_where_p2p_is_a_bonus():
+    f = facts([outcome(0, report(0)), outcome(1, report(1))], nccl=nccl_fixture("02"))
+    (x,) = nccl.judge_transports(f, expect(p2p="warn"), set())
+    assert x.status is WARN and x.summary == "GPUs fall back from P2P (2 pairs)"
+
+
+def test_no_nccl_log_is_nothing():
+    assert nccl.judge_transports(four_ranks(None), expect(p2p="fail"), {frozenset({1, 2})}) == []
+
+
+def test_more_than_four_pairs_are_counted_not_listed():
+    text = "\n".join(f"NCCL INFO Channel 00 : {a}[{a}] -> {b}[{b}] via SHM/direct/direct" for a in range(8) for b in range(8) if a != b and b == (a + 1) % 8)
+    f = facts([outcome(r, report(r, world=8)) for r in range(8)], nccl=nccl_log.parse(text))
+    (x,) = nccl.judge_transports(f, expect(p2p="fail"), set())
+    assert x.summary == "GPUs fall back from P2P (8 pairs)" and "; and 4 more" in x.cause
+
+
+def test_nvlink_from_the_topology_is_judged_by_gpu_not_by_rank_number():
+    # CUDA_VISIBLE_DEVICES=4,5,6,7: rank N drives GPU N+4, and `nvidia-smi topo -m`
+    # (the topology check's matrix) names GPUs by nvidia-smi's index.
+    ctx = make_ctx()
+    links = {"0-1": "NV12", "2-3": "NV12", "0-3": "NV12", "1-2": "NODE",  # GPUs 0-3: another job's
+             "4-5": "NV12", "5-6": "NV12", "6-7": "NV12", "4-7": "NODE"}
+    ctx.results["topology"] = Result(check="topology", status=Status.PASS, summary="ok", details={"matrix": {"links": links}})
+    f = four_ranks(nccl_fixture("09"), gpus=["GPU 4", "GPU 5", "GPU 6", "GPU 7"])
+    found = nccl.judge_transports(f, expect(p2p="any"), nccl._nvlink_pairs(ctx))
+    assert [x.status for x in found] == [FAIL]
+    assert "rank 1 (GPU 5) -> rank 2 (GPU 6)" in found[0].cause  # NVLinked GPUs on SHM
+    assert "rank 3 (GPU 7) -> rank 0 (GPU 4)" not in found[0].cause  # NODE: SHM is what NCCL does there
+
+
+# --- _nvlink_pairs ------------------------------------------------------------------
+
+
+def test_nvlink_pairs_come_from_the_topology_matrix():
+    ctx = make_ctx()
+    ctx.results["topology"] = Result(check="topology", status=Status.PASS, summary="ok",
+                                     details={"matrix": {"links": {"0-1": "NV18", "0-2": "SYS", "1-2": "PIX", "2-3": "NV4"}}})
+    assert nccl._nvlink_pairs(ctx) == {frozenset({0, 1}), frozenset({2, 3})}
+
+
+def test_nvlink_pairs_exactly_as_in_the_brief():
+    ctx = make_ctx()
+    ctx.results["topology"] = Result(check="topology", status=Status.PASS, summary="ok", details={"matrix": {"links": {"0-1": "NV18", "0-2": "SYS"}}})
+    assert nccl._nvlink_pairs(ctx) == {frozenset({0, 1})}
+
+
+@pytest.mark.parametrize("details", [{}, {"matrix": None}, {"matrix": {}}, {"matrix": {"links": None}}, {"matrix": {"links": {"GPU0-NIC0": "NV1"}}}])
+def test_nvlink_pairs_without_a_usable_matrix_are_none(details):
+    ctx = make_ctx()
+    ctx.results["topology"] = Result(check="topology", status=Status.FAIL, summary="x", details=details)
+    assert nccl._nvlink_pairs(ctx) == set()
+
+
+def test_nvlink_pairs_without_a_topology_result_are_none():
+    assert nccl._nvlink_pairs(make_ctx()) == set()
+
+
+# --- judge_run: did every rank run every op right, and who failed first ----------
+
+
+def test_a_launch_error_fails_with_its_own_cause_and_remedy():
+    cause = "the rendezvous port 127.0.0.1:29500 is taken by pid 77 (python train.py) (Address already in use): torchrun's store cannot listen there"
+    remedy = "stop that process, or choose another port (rdzv_port in the config, 0 for a free one)"
+    f = NcclFacts(python=PY, backend="nccl", nproc=8, launch_error=(cause, remedy))
+    (x,) = nccl.judge_run(f)
+    assert x.status is FAIL and x.summary == "the NCCL smoke test could not start"
+    assert x.cause == cause and x.remedy == remedy
+
+
+def test_not_started_is_said_by_the_environment_judge_not_here():
+    f = NcclFacts(python=PY, backend="nccl", nproc=2, env={"NCCL_SOCKET_IFNAME": [("enp", ENV)]}, interfaces=NICS,
+                  not_started="NCCL_SOCKET_IFNAME=enp names no interface")
+    assert nccl.judge_run(f) == []
+    parts = nccl.judge(f, expect(), set())
+    assert [x.summary for x in parts["environment"]] == ["NCCL_SOCKET_IFNAME names a missing interface"]
+
+
+def test_torch_missing_reported_by_the_ranks():
+    err = "ModuleNotFoundError: No module named 'torch'"
+    rep = lambda r: report(r, stage="import", ops=[], error=err, error_kind="no_torch", torch_version=None, init_seconds=None)  # noqa: E731
+    f = facts([outcome(0, rep(0)), outcome(1, rep(1))], ended="exit 1", returncode=1)
+    (x,) = nccl.judge_run(f)
+    assert x.status is FAIL and x.summary == "torch is not importable"
+    assert PY in x.cause and "No module named 'torch'" in x.cause
+    assert "--python" in x.remedy and "install torch" in x.remedy
+
+
+def test_torch_missing_for_torchrun_itself_with_no_reports():
+    tail = ["/opt/venv/bin/python: Error while finding module specification for 'torch.distributed.run' (ModuleNotFoundError: No module named 'torch')"]
+    f = facts([outcome(0, None), outcome(1, None)], ended="exit 1", returncode=1, log_tail=tail)
+    (x,) = nccl.judge_run(f)
+    assert x.summary == "torch is not importable"
+    assert "No module named 'torch'" in x.cause and PY in x.cause and "never reported" not in x.cause
+
+
+def test_no_cuda_device():
+    rep = lambda r: report(r, stage="init", ops=[], error="torch 2.5.1+cpu sees no CUDA device", error_kind="no_device")  # noqa: E731
+    (x,) = nccl.judge_run(facts([outcome(0, rep(0)), outcome(1, rep(1))], ended="exit 1", returncode=1))
+    assert x.status is FAIL and x.summary == "no CUDA device for NCCL"
+    assert "sees no CUDA device" in x.cause and "--only cuda" in x.remedy
+
+
+def test_a_killed_rank_that_never_reported_is_named_first():
+    peer = report(0, stage="all_reduce_fp32_small", error="DistBackendError: NCCL error: remote process exited or there was a network error, Connection reset by peer",
+                  error_time=1000.0)
+    ranks = [outcome(0, peer), outcome(1, None, exit="killed by SIGKILL", last_line="[rank1] initializing")]
+    (x,) = nccl.judge_run(facts(ranks, ended="exit 1", returncode=1))
+    assert x.status is FAIL
+    assert x.summary == "rank 1 (GPU 1) never reported (killed by SIGKILL)"
+    assert x.cause.startswith("rank 1 (GPU 1) never reported (killed by SIGKILL): last log line: [rank1] initializing")
+    then = "rank 0 (GPU 0) then failed in all_reduce_fp32_small (op 1): DistBackendError"
+    assert then in x.cause and x.cause.index("rank 1") < x.cause.index(then)
+    assert "nvidia-smi -r" in x.remedy and "run it by hand" in x.remedy
+
+
+def test_an_unreadable_report_keeps_the_summary_whole():
+    ranks = [outcome(0, report(0, stage="all_gather_small", error="DistBackendError: Connection reset by peer", error_time=5.0)),
+             outcome(1, None, unreadable="rank1.json is not JSON (Expecting value: line 1 column 1 (char 0))")]
+    (x,) = nccl.judge_run(facts(ranks, ended="exit 1", returncode=1))
+    assert x.summary.startswith("rank 1 (GPU 1) never reported")
+    assert x.summary.count("(") == x.summary.count(")"), x.summary  # not cut inside the reason
+    assert "rank1.json is not JSON" in x.cause
+
+
+@pytest.mark.parametrize(("kw", "how"), [
+    ({"settled": True, "ended": "stopped after 40 s, once no rank made progress"}, "once it made no progress after another rank failed"),
+    ({"timed_out": True, "ended": "killed at the deadline after 117 s"}, "at the deadline"),
+])
+def test_a_hung_rank_is_named_before_the_peer_that_timed_out_waiting(kw, how):
+    timeout = "DistBackendError: [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=_ALLGATHER_BASE, Timeout(ms)=30000)"
+    ranks = [outcome(0, report(0, stage="all_gather_large", error=timeout, error_time=2000.0)),
+             outcome(1, report(1, stage="all_gather_large"), last_line="[rank1] step 9")]
+    (x,) = nccl.judge_run(facts(ranks, returncode=None, **kw))
+    assert x.status is FAIL
+    assert x.summary == "rank 1 (GPU 1) hung in all_gather_large (op 9)"
+    assert f"rank 1 (GPU 1) hung in all_gather_large (op 9) and was stopped {how}" in x.cause
+    hung = x.cause.index("rank 1 (GPU 1) hung")
+    then = x.cause.index("rank 0 (GPU 0) then failed in all_gather_large (op 9): DistBackendError")
+    assert hung < then and "Watchdog caught" in x.cause
+
+
+def test_a_rank_that_died_in_an_op_is_said_so():
+    ranks = [outcome(0, report(0, stage="broadcast_large", error="DistBackendError: remote process exited", error_time=3.0)),
+             outcome(1, report(1, stage="broadcast_large"), exit="killed by SIGSEGV")]
+    (x,) = nccl.judge_run(facts(ranks, ended="exit 1", returncode=1))
+    assert x.summary == "rank 1 (GPU 1) died in broadcast_large (op 11) (killed by SIGSEGV)"
+
+
+def test_the_earliest_error_leads():
+    late = report(0, stage="all_reduce_bf16_small", error="DistBackendError: NCCL error: remote process exited", error_time=1002.0)
+    early = report(1, stage="all_reduce_bf16_small", error="RuntimeError: CUDA error: an illegal memory access was encountered", error_time=1001.5)
+    (x,) = nccl.judge_run(facts([outcome(0, late), outcome(1, early)], ended="exit 1", returncode=1))
+    assert x.summary == "rank 1 (GPU 1) failed in all_reduce_bf16_small (op 2)"
+    assert x.cause.startswith("rank 1 (GPU 1) failed first, in all_reduce_bf16_small (op 2): RuntimeError: CUDA error: an illegal memory access")
+    assert "; rank 0 (GPU 0) then failed in all_reduce_bf16_small (op 2): DistBackendError" in x.cause
+
+
+def test_an_error_without_a_time_comes_after_one_with_a_time():
+    untimed = report(0, stage="init", ops=[], error="DistStoreError: timed out", error_time=None)
+    timed = report(1, stage="init", ops=[], error="RuntimeError: NCCL error: unhandled cuda error", error_time=50.0)
+    (x,) = nccl.judge_run(facts([outcome(0, untimed), outcome(1, timed)], ended="exit 1", returncode=1))
+    assert x.summary == "rank 1 (GPU 1) failed in init_process_group"
+
+
+def test_a_failed_run_carries_what_nccl_said_in_its_cause():
+    # E04: /dev/shm full, then socket errors on the peers.
+    ranks = [outcome(0, report(0, stage="init", ops=[], error="DistBackendError: NCCL error: unhandled system error", error_time=1.0)),
+             outcome(1, report(1, stage="init", ops=[], error="DistBackendError: NCCL error: remote process exited", error_time=2.0))]
+    f = facts(ranks, ended="exit 1", returncode=1, nccl=nccl_fixture("E04"))
+    parts = nccl.judge(f, expect(), set())
+    (x,) = parts["run"]
+    assert x.summary == "rank 0 (GPU 0) failed in init_process_group"
+    assert "NCCL said (/dev/shm is too small for NCCL's shared-memory segments)" in x.cause and "No space left on device" in x.cause
+    assert "--shm-size" in x.remedy and "run it by hand" in x.remedy
+    assert parts["log"] == []  # said once, in the run's cause
+
+
+def test_leftover_processes_fail_naming_the_pid():
+    f = healthy(leftover=["pid 4242 (/opt/venv/bin/python -u nccl_smoke.py)"])
+    found = nccl.judge_run(f)
+    assert [x.summary for x in found] == ["worker processes outlived the check"]
+    assert "pid 4242" in found[0].cause and "SIGKILL" in found[0].cause
+    assert "reboot the node" in found[0].remedy
+
+
+def test_wrong_answers_fail_naming_the_op_and_the_ranks():
+    bad = {"all_reduce_bf16_large": "1 of 16777216 elements wrong; element 8388608 is 94, expected 93"}
+    ranks = [outcome(0, report(0, world=3, ops=ops(errors=bad))), outcome(1, report(1, world=3)), outcome(2, report(2, world=3, ops=ops(errors=bad)))]
+    (x,) = nccl.judge_run(facts(ranks, ended="exit 1", returncode=1))
+    assert x.status is FAIL and x.summary == "all_reduce_bf16_large returned wrong values"
+    assert "rank(s) 0, 2" in x.cause and "element 8388608 is 94, expected 93" in x.cause
+    assert "dcgmi diag" in x.remedy
+
+
+def test_wrong_answers_on_gloo_are_a_software_bug():
+    bad = {"broadcast_small": "1 of 1024 elements wrong; element 512 is 9, expected 8"}
+    f = facts([outcome(0, report(0, ops=ops(errors=bad)), gpu=None), outcome(1, report(1), gpu=None)], backend="gloo", ended="exit 1", returncode=1)
+    (x,) = nccl.judge_run(f)
+    assert x.summary == "broadcast_small returned wrong values" and "rank(s) 0" in x.cause
+    assert "report it" in x.remedy and "dcgmi" not in x.remedy
+
+
+def test_every_rank_done_and_exit_0_is_nothing():
+    assert nccl.judge_run(healthy(8)) == []
+
+
+def test_every_rank_done_but_torchrun_exit_1_fails():
+    f = healthy(2, ended="exit 1", returncode=1, log_tail=["torch.distributed.elastic.multiprocessing.errors.ChildFailedError: nccl_smoke.py FAILED"])
+    (x,) = nccl.judge_run(f)
+    assert x.status is FAIL and x.summary == "torchrun failed"
+    assert "torchrun exit 1 although every rank reported success" in x.cause and "ChildFailedError" in x.cause
+    assert x.remedy.startswith("run it by hand to see more: /opt/venv/bin/python -m torch.distributed.run --nproc-per-node 2")
+    assert x.remedy.endswith("nccl_smoke.py")
+
+
+def test_every_rank_done_but_the_deadline_passed_fails():
+    (x,) = nccl.judge_run(healthy(2, ended="killed at the deadline after 120 s", returncode=None, timed_out=True))
+    assert x.summary == "torchrun failed" and "last output: none" in x.cause
+
+
+def test_by_hand_on_gloo_names_the_cpu_flags():
+    f = facts([outcome(r, report(r), gpu=None) for r in range(2)], backend="gloo", ended="exit 1", returncode=1)
+    (x,) = nccl.judge_run(f)
+    assert x.remedy.endswith("--backend gloo --device cpu")
+
+
+# --- judge_timing ----------------------------------------------------------------
+
+
+def test_slow_init_on_one_rank_warns_naming_it():
+    ranks = [outcome(0, report(0, init_seconds=3.1)), outcome(1, report(1, init_seconds=12.0))]
+    (x,) = nccl.judge_timing(facts(ranks), expect(init_warn_seconds=10))
+    assert x.status is WARN and x.summary == "slow NCCL init (12.0 s)"
+    assert "12.0 s on rank 1 (GPU 1)" in x.cause and "the 10 s" in x.cause and "a healthy node inits" in x.cause
+    assert "NCCL_SOCKET_IFNAME" in x.remedy
+
+
+@pytest.mark.parametrize("seconds", [9.0, 10.0])
+def test_init_within_the_bound_is_nothing(seconds):
+    ranks = [outcome(0, report(0, init_seconds=1.0)), outcome(1, report(1, init_seconds=seconds))]
+    assert nccl.judge_timing(facts(ranks), expect(init_warn_seconds=10)) == []
+
+
+def test_no_init_figure_is_nothing():
+    ranks = [outcome(0, report(0, init_seconds=None)), outcome(1, None)]
+    assert nccl.judge_timing(facts(ranks), expect(init_warn_seconds=1)) == []
+
+
+# --- judge_log ---------------------------------------------------------------------
+
+
+def test_a_problem_in_the_log_of_a_passing_run_warns():
+    found = nccl.judge_log(healthy(nccl=nccl_fixture("E04")), run_failed=False)
+    assert [x.status for x in found] == [WARN, WARN]
+    assert found[0].summary == "NCCL: /dev/shm is too small for NCCL's shared-memory segments"
+    assert "No space left on device" in found[0].cause and "(line: " in found[0].cause
+    assert "--shm-size" in found[0].remedy
+    assert found[1].summary == "NCCL: a socket connection between ranks failed"
+
+
+def test_a_failed_run_leaves_the_log_to_its_cause():
+    assert nccl.judge_log(healthy(nccl=nccl_fixture("E04")), run_failed=True) == []
+
+
+def test_plain_warnings_on_a_passing_run_are_counted():
+    text = ("node1:100:100 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n"
+            "node1:100:100 [0] misc/nvmlwrap.cc:183 NCCL WARN nvmlDeviceGetNvLinkRemoteDeviceType() failed: Not Supported\n")
+    (x,) = nccl.judge_log(healthy(nccl=nccl_log.parse(text)), run_failed=False)
+    assert x.status is WARN and x.summary == "NCCL warned 1 time(s)"
+    assert x.cause == "NCCL WARN nvmlDeviceGetNvLinkRemoteDeviceType() failed: Not Supported"
+
+
+def test_a_clean_log_or_none_is_nothing():
+    assert nccl.judge_log(healthy(nccl=nccl_fixture("01a")), run_failed=False) == []
+    assert nccl.judge_log(healthy(), run_failed=False) == []
+
+
+def test_judge_puts_a_passing_runs_log_problem_in_the_log_part():
+    parts = nccl.judge(healthy(nccl=nccl_fixture("E03")), expect(), set())
+    assert parts["run"] == [] and [x.status for x in parts["log"]] == [WARN]
+
+
+# --- op_table, lines, measurements, summary -------------------------------------------
+
+
+def timed(rank: int, small: float, large: float, barrier: float, init: float = 1.0, first: float = 0.05) -> RankOutcome:
+    rows = [OpResult(name="all_reduce_fp32_small", op="all_reduce_fp32", dtype="float32", bytes=4096, seconds=small),
+            OpResult(name="all_reduce_fp32_large", op="all_reduce_fp32", dtype="float32", bytes=32 << 20, seconds=large),
+            OpResult(name="send_recv_small", op="send_recv", dtype="float32", bytes=4096, skipped="a ring needs two ranks"),
+            OpResult(name="barrier", op="barrier", bytes=0, seconds=barrier)]
+    return outcome(rank, report(rank, ops=rows, init_seconds=init, first_collective_seconds=first))
+
+
+def test_op_table_takes_the_slowest_rank_per_op_and_size():
+    f = facts([timed(0, 0.002, 0.250, 0.001), timed(1, 0.004, 0.120, 0.003)])
+    assert nccl.op_table(f) == {"all_reduce_fp32": {"small": 0.004, "large": 0.250}, "barrier": {"none": 0.003}}
+
+
+def test_op_table_ignores_ranks_without_a_report():
+    f = facts([timed(0, 0.002, 0.250, 0.001), outcome(1, None)])
+    assert nccl.op_table(f)["all_reduce_fp32"] == {"small": 0.002, "large": 0.250}
+
+
+def test_lines_show_the_slowest_rank_per_op():
+    f = facts([timed(0, 0.002, 0.250, 0.001), timed(1, 0.004, 0.120, 0.003)])
+    assert nccl.lines(f, expect()) == [
+        "slowest rank per op: small = 4 KiB, large = 32 MiB",
+        "  all_reduce_fp32  small 4 ms  large 250 ms",
+        "  barrier          3 ms",
+    ]
+    assert nccl.lines(facts([outcome(0, None)]), expect()) == []
+
+
+def test_measurements_name_init_first_collective_and_each_op():
+    f = facts([timed(0, 0.002, 0.250, 0.001, init=1.5, first=0.2), timed(1, 0.004, 0.120, 0.003, init=2.5, first=0.1)])
+    ms = {(m.name, tuple(sorted(m.labels.items()))): m for m in nccl.measurements(f, expect(init_warn_seconds=10))}
+    init = ms[("nccl_init_duration", ())]
+    assert (init.value, init.unit, init.ceiling) == (2.5, "seconds", 10)
+    first = ms[("nccl_first_collective_duration", ())]
+    assert (first.value, first.unit, first.ceiling) == (0.2, "seconds", None)
+    op = ms[("nccl_op_duration", (("op", "all_reduce_fp32"), ("size", "large")))]
+    assert (op.value, op.unit) == (0.250, "seconds")
+    assert ms[("nccl_op_duration", (("op", "all_reduce_fp32"), ("size", "small")))].value == 0.004
+    assert ms[("nccl_op_duration", (("op", "barrier"), ("size", "none")))].value == 0.003
+    assert len(ms) == 5
+
+
+def test_no_reports_no_measurements():
+    assert nccl.measurements(facts([outcome(0, None), outcome(1, None)]), expect()) == []
+
+
+def test_summary_says_ranks_ops_init_nccl_and_torch():
+    f = four_ranks(nccl_fixture("09"))
+    f.ranks[2].report.init_seconds = 2.5  # type: ignore[union-attr]
+    assert nccl.summary(f, expect()) == (
+        "4 nccl rank(s): 13 ops right on every rank (4 KiB and 32 MiB), init 2.50 s; "
+        "NCCL 2.28.9+cuda12.9, transports P2P/CUMEM/read, SHM/direct/direct; torch 2.5.1"
+    )
+
+
+def test_summary_names_the_network_and_falls_back_to_the_ranks_nccl_version():
+    f = facts([outcome(r, report(r, world=8)) for r in range(8)], nccl=nccl_fixture("01a"))
+    assert "NCCL 2.21.5+cuda12.4, transports P2P/IPC/read, network IB; torch 2.5.1" in nccl.summary(f, expect())
+    f = healthy(nccl=nccl_log.parse("no nccl here\n"))
+    assert "NCCL 2.21.5, transports none logged" in nccl.summary(f, expect())
+
+
+def test_summary_on_gloo_without_a_log():
+    f = facts([outcome(r, report(r, backend="gloo", device="cpu", nccl_version=None), gpu=None) for r in range(2)], backend="gloo")
+    assert nccl.summary(f, expect()) == "2 gloo rank(s): 13 ops right on every rank (4 KiB and 32 MiB), init 1.20 s; torch 2.5.1"
+
+
+# --- settle_rule: stop once the ranks left alive have stopped moving --------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeRunning:
+    """Stands in for launch.Running: ``report(rank)`` is what that rank wrote so far."""
+
+    def __init__(self, reports: dict[int, dict | None]) -> None:
+        self.reports = reports
+
+    def report(self, rank: int = 0):
+        return self.reports.get(rank)
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    c = Clock()
+    monkeypatch.setattr(nccl.time, "monotonic", c)
+    return c
+
+
+def at(clock: Clock, rule, running: FakeRunning, t: float) -> bool:
+    clock.now = t
+    return rule(running)
+
+
+ERR = {"stage": "all_gather_large", "ops": [{}] * 8, "error": "DistBackendError: Connection reset by peer"}
+
+
+def test_without_an_error_it_never_settles(clock):
+    rule = nccl.settle_rule(2, stuck=3.0, waiting=33.0)
+    running = FakeRunning({0: {"stage": "all_gather_large", "ops": [{}] * 8}, 1: {"stage": "import"}})
+    assert [at(clock, rule, running, t) for t in (0, 3, 33, 1000, 10_000)] == [False] * 5
+
+
+def test_an_error_and_a_peer_stuck_in_an_op_settles_after_stuck_seconds(clock):
+    rule = nccl.settle_rule(2, stuck=3.0, waiting=33.0)
+    running = FakeRunning({0: dict(ERR), 1: {"stage": "all_gather_large", "ops": [{}] * 8, "error": None}})
+    assert at(clock, rule, running, 100.0) is False
+    assert at(clock, rule, running, 102.9) is False
+    assert at(clock, rule, running, 103.0) is True
+
+
+def test_a_peer_importing_or_in_init_gets_the_waiting_time(clock):
+    for stage in ("import", "init", None):
+        rule = nccl.settle_rule(2, stuck=3.0, waiting=33.0)
+        running = FakeRunning({0: dict(ERR), 1: {"stage": stage} if stage else {}})
+        assert at(clock, rule, running, 0.0) is False
+        assert at(clock, rule, running, 3.0) is False, stage
+        assert at(clock, rule, running, 32.9) is False, stage
+        assert at(clock, rule, running, 33.0) is True, stage
+
+
+def test_a_peer_with_no_report_yet_gets_the_waiting_time(clock):
+    rule = nccl.settle_rule(2, stuck=3.0, waiting=33.0)
+    running = FakeRunning({0: dict(ERR), 1: None})
+    assert at(clock, rule, running, 0.0) is False
+    assert at(clock, rule, running, 10.0) is False
+    assert at(clock, rule, running, 33.0) is True
+
+
+def test_a_peer_that_keeps_progressing_resets_its_clock(clock):
+    rule = nccl.settle_rule(2, stuck=3.0, waiting=33.0)
+    peer = {"stage": "all_reduce_fp32_large", "ops": [{}] * 6}
+    running = FakeRunning({0: dict(ERR), 1: peer})
+    assert at(clock, rule, running, 0.0) is False
+    running.reports[1] = {"stage": "all_reduce_fp32_large", "ops": [{}] * 7}  # one more op done
+    assert at(clock, rule, running, 2.0) is False
+    assert at(clock, rule, running, 4.0) is False  # 2 s since it moved
+    running.reports[1] = {"stage": "all_reduce_bf16_large", "ops": [{}] * 7}  # a new stage
+    assert at(clock, rule, running, 4.5) is False
+    assert at(clock, rule, running, 7.4) is False
+    assert at(clock, rule, running, 7.5) is True
+
+
+def test_an_erroring_peer_counts_as_settled_at_once(clock):
+    rule = nccl.settle_rule(3, stuck=3.0, waiting=33.0)
+    running = FakeRunning({0: dict(ERR), 1: {**ERR, "error": "DistBackendError: remote process exited"}, 2: {"stage": "done", "ops": [{}] * 13}})
+    assert at(clock, rule, running, 0.0) is True
+
+
+def test_every_live_rank_must_be_idle(clock):
+    rule = nccl.settle_rule(3, stuck=3.0, waiting=33.0)
+    running = FakeRunning({0: dict(ERR), 1: {"stage": "broadcast_small", "ops": [{}] * 4}, 2: {"stage": "init"}})
+    assert at(clock, rule, running, 0.0) is False
+    assert at(clock, rule, running, 3.0) is False  # rank 1 is stuck, rank 2 may still be in init
+    assert at(clock, rule, running, 33.0) is True

@@ -1,0 +1,112 @@
+"""The launcher, for real: plain and torchrun workers, deadlines, and the sweep
+that leaves no process behind. The workers are tests/fixtures/workers/ranks.py."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from preflight import launch
+
+RANKS = str(Path(__file__).parent / "fixtures" / "workers" / "ranks.py")  # absolute: WORKERS_DIR / it is it
+
+
+def marked_alive(token_env: str = launch.TOKEN_ENV) -> list[int]:
+    """Every live process that carries a launch token: after wait() there must be none."""
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and token_env in p.environ():
+                found.append(p.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_a_plain_worker_reports_as_rank_0():
+    done = launch.start(sys.executable, launch.Worker(RANKS), timeout=30).wait()
+    assert done.returncode == 0 and not done.timed_out and done.endpoint is None
+    assert done.reports[0]["world"] is None and done.rank_logs[0] == ["rank 0 of 1 started"]
+    assert done.how_it_ended == "exit 0" and not marked_alive()
+
+
+def test_torchrun_starts_every_rank_on_a_loopback_endpoint():
+    done = launch.start(sys.executable, launch.Worker(RANKS, nproc=3), timeout=60).wait()
+    assert done.returncode == 0, done.log_tail
+    assert sorted(done.reports) == [0, 1, 2] and {r["world"] for r in done.reports.values()} == {"3"}
+    assert done.endpoint.startswith("127.0.0.1:") and done.rank_logs[2] == ["rank 2 of 3 started"]
+    assert not marked_alive()
+
+
+def test_a_rank_that_exits_or_is_killed_is_named_by_torchrun_s_summary():
+    done = launch.start(sys.executable, launch.Worker(RANKS, ["--rank", "1", "--do", "exit:3"], nproc=2), timeout=60).wait()
+    assert done.returncode != 0 and done.rank_exits.get(1) == 3
+    done = launch.start(sys.executable, launch.Worker(RANKS, ["--rank", "1", "--do", "kill"], nproc=2), timeout=60).wait()
+    assert done.rank_exits.get(1) == -9 and launch.exit_words(done.rank_exits[1]) == "killed by SIGKILL"
+    assert not marked_alive()
+
+
+def test_a_hang_is_killed_at_the_deadline_with_everything_it_started():
+    started = time.monotonic()
+    done = launch.start(sys.executable, launch.Worker(RANKS, ["--rank", "0", "--do", "daemon"]), timeout=3).wait()
+    took = time.monotonic() - started
+    assert done.timed_out and done.returncode is None and "killed at the deadline" in done.how_it_ended
+    assert took < 3 + 10, took  # SIGTERM is ignored: the grace, then SIGKILL
+    assert done.reports[0]["rank"] == 0  # what it said before hanging is kept
+    assert not done.leftover and not marked_alive()  # the setsid daemon too
+
+
+def test_a_hung_torchrun_rank_in_its_own_session_is_swept():
+    done = launch.start(sys.executable, launch.Worker(RANKS, ["--rank", "1", "--do", "hang"], nproc=2), timeout=8).wait()
+    assert done.timed_out and sorted(done.reports) == [0, 1]
+    assert not done.leftover and not marked_alive()
+
+
+def test_settled_ends_the_wait_early():
+    running = launch.start(sys.executable, launch.Worker(RANKS, ["--rank", "0", "--do", "hang"]), timeout=60)
+    started = time.monotonic()
+    done = running.wait(lambda r: r.report(0) is not None)
+    assert done.settled and not done.timed_out and done.returncode is None
+    assert time.monotonic() - started < 10 and "no rank made progress" in done.how_it_ended
+    assert not marked_alive()
+
+
+def test_an_unusable_tmpdir_is_named(monkeypatch, tmp_path):
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "missing"))
+    with pytest.raises(launch.LaunchError) as e:
+        launch.start(sys.executable, launch.Worker(RANKS), timeout=5)
+    assert f"TMPDIR={tmp_path / 'missing'} is not usable (No such file or directory)" in e.value.cause
+    assert "TMPDIR" in e.value.remedy
+
+
+def test_a_taken_rendezvous_port_is_named_with_its_holder(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(launch.LaunchError) as e:
+            launch.start(sys.executable, launch.Worker(RANKS, nproc=2, rdzv_port=port), timeout=5)
+    assert f"127.0.0.1:{port} is taken by pid {os.getpid()}" in e.value.cause
+    assert not any(tmp_path.iterdir())
+
+
+def test_no_private_directory_is_left_behind(monkeypatch, tmp_path):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    launch.start(sys.executable, launch.Worker(RANKS), timeout=30).wait()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_torchrun_summary_parsing():
+    lines = [
+        "Failures:", "[1]:", "  time      : 2026-11-22_01:34:44", "  rank      : 1 (local_rank: 1)",
+        "  exitcode  : -9 (pid: 8084)", "Root Cause (first observed failure):", "[0]:",
+        "  rank      : 0 (local_rank: 0)", "  exitcode  : 1 (pid: 8083)",
+    ]  # fmt: skip
+    assert launch.torchrun_exits(lines) == {1: -9, 0: 1}
+    assert launch.torchrun_exits(["no summary here"]) == {}
