@@ -12,6 +12,7 @@ On the cpu profile the same launcher, worker and judges run with gloo.
 from __future__ import annotations
 
 import math
+import re
 import socket
 import sys
 import time
@@ -175,7 +176,8 @@ def gather(ctx: Context, nproc: int, expect: NcclExpect, backend: str) -> NcclFa
     if bad := judge_ifnames(facts.env, facts.interfaces):
         facts.not_started = bad[0].cause  # a bad interface name fails every rank: say so before launching
         return facts
-    left = max(5.0, ctx.deadline - time.monotonic() - MARGIN) if math.isfinite(ctx.deadline) else 120.0
+    # The launcher's deadline comes first, so the check itself names the stuck rank.
+    left = max(1.0, ctx.deadline - time.monotonic() - MARGIN) if math.isfinite(ctx.deadline) else 120.0
     # Ranks give up on a stuck peer well before the deadline, so they live to say who it was.
     op_timeout = min(expect.op_timeout_seconds, max(2.0, left / 3))
     device = "cuda" if backend == "nccl" else "cpu"
@@ -286,13 +288,16 @@ def judge_run(f: NcclFacts) -> list[Finding]:
         out.append(Finding(FAIL, "worker processes outlived the check", cause, "drain the node and reboot it"))
     reports = [o.report for o in f.ranks if o.report]
     no_torch = next((r for r in reports if r.error_kind == "no_torch"), None)
-    missing = [line for line in f.log_tail if "No module named" in line and "torch" in line]
+    missing = [line for line in f.log_tail if re.search(r"No module named '?torch\b", line)]
     if no_torch or (not reports and missing):
         why = no_torch.error if no_torch else missing[0]
         return out + [Finding(FAIL, "torch is not importable", f"torch is not importable by {f.python}: {why.strip()}", TORCH)]
     no_device = next((r for r in reports if r.error_kind == "no_device"), None)
     if no_device:
         return out + [Finding(FAIL, "no CUDA device for NCCL", f"{no_device.error} (under {f.python})", "run the cuda check (`preflight run --only cuda`); " + TORCH)]
+    if f.timed_out and not any(o.report or o.last_line != "none" for o in f.ranks):
+        cause = f"torchrun was {f.ended} before any rank started; last output: {f.log_tail[-1] if f.log_tail else 'none'}"
+        return out + [Finding(FAIL, "torchrun never started the ranks", cause, "raise the nccl timeout in the profile's [timeouts] if this node is slow to import torch; " + _by_hand(f))]
     out += _judge_ranks(f)
     out += _judge_answers(f)
     if not out and (f.returncode != 0 or f.timed_out):

@@ -15,11 +15,11 @@ import sys
 import time
 from dataclasses import dataclass
 
-# Test-only fault injection, inert unless set: "RANK:KIND[@OP]", for example
+# Test-only fault injection, inert unless set: "RANK:KIND[@OP]" (RANK * for all), for example
 # "1:kill@all_reduce_fp32_large". KIND is kill (SIGKILL itself), stop (SIGSTOP
 # itself: a hang), raise (an exception), or wrong (a corrupted contribution,
-# so the result is wrong everywhere). OP names the step it fires at; without
-# it, the first collective. The tests prove each fault ends in a FAIL naming
+# so the result is wrong everywhere). OP names the step it fires at ("start":
+# before the rank has written anything); without it, the first collective. The tests prove each fault ends in a FAIL naming
 # the rank; nothing else reads it.
 FAULT_ENV = "PREFLIGHT_WORKER_FAULT"
 
@@ -84,7 +84,7 @@ class Fault:
         self.kind = self.op = None
         spec = os.environ.get(FAULT_ENV, "")
         who, _, what = spec.partition(":")
-        if spec and who.strip() == str(rank):
+        if spec and who.strip() in (str(rank), "*"):  # "*": every rank
             kind, _, op = what.partition("@")
             self.kind, self.op = kind.strip(), (op.strip() or first_op)
 

@@ -48,8 +48,9 @@ def main() -> int:
     report = _rank.base_report(me)
     report.update(backend=args.backend, device=args.device, ops=[], init_seconds=None, first_collective_seconds=None)
     save = lambda: _rank.write_report(args.out, me.rank, report)  # noqa: E731
-    save()
     fault = _rank.Fault(me.rank, first_op="all_reduce_fp32_small")
+    fault.at("start")  # before the first report: a rank that never reports at all
+    save()
     try:
         return run(args, me, report, save, fault)
     except BaseException as e:  # noqa: BLE001 - every failure must reach the report

@@ -97,6 +97,8 @@ def test_three_ranks_with_nproc_per_node(fast, tmp_path):
         ("1:stop", "rank 1 hung in all_reduce_fp32_small (op 1)"),
         ("1:raise", "rank 1 failed first, in all_reduce_fp32_small (op 1): RuntimeError: PREFLIGHT_WORKER_FAULT asked rank to raise"),
         ("0:kill@broadcast_large", "rank 0 died in broadcast_large (op 11) (killed by SIGKILL)"),
+        ("1:kill@start", "rank 1 never reported (killed by SIGKILL): last log line: PREFLIGHT_WORKER_FAULT: injecting kill at start"),
+        ("0:stop@barrier", "rank 0 hung in barrier (op 13)"),
     ],
 )
 def test_a_rank_that_dies_hangs_or_raises_is_named(fast, tmp_path, fault, words):
@@ -108,6 +110,18 @@ def test_a_rank_that_dies_hangs_or_raises_is_named(fast, tmp_path, fault, words)
     assert "last log line: PREFLIGHT_WORKER_FAULT: injecting" in r.cause or "raise" in fault
     assert took < DEADLINE, took
     assert "warning: PREFLIGHT_WORKER_FAULT" not in p.stderr  # the documented knob is not a typo
+    assert not workers_left(tmp_path)
+
+
+def test_past_the_deadline_the_run_is_killed_and_the_rank_named(fast, tmp_path):
+    # Every rank stops itself, so none times out and says so: only the deadline ends it.
+    profile = Path(fast["PREFLIGHT_PROFILES_DIR"]) / "cpu-fast.toml"
+    profile.write_text(profile.read_text().replace(f"nccl = {DEADLINE}", "nccl = 15"))
+    p, report, took = run_nccl({**fast, "PREFLIGHT_WORKER_FAULT": "*:stop"}, tmp_path)
+    r = nccl_result(report)
+    assert p.returncode == 1 and r.status == "FAIL" and took < 15 + 5, (took, p.stderr)
+    assert "rank 0 hung in all_reduce_fp32_small (op 1) and was stopped at the deadline" in r.cause, r.cause
+    assert "rank 1 hung" in r.cause and r.details["timed_out"] is True
     assert not workers_left(tmp_path)
 
 

@@ -413,6 +413,16 @@ def test_torch_missing_for_torchrun_itself_with_no_reports():
     assert "No module named 'torch'" in x.cause and PY in x.cause and "never reported" not in x.cause
 
 
+def test_another_missing_module_next_to_torch_is_not_torch_missing():
+    # torch's own import warns about numpy; that line names torch's path and "No module named".
+    tail = ["/v/lib/python3.11/site-packages/torch/_subclasses/functional_tensor.py:368: UserWarning: Failed to initialize NumPy: No module named 'numpy'"]
+    silent = [outcome(r, None, last_line="none") for r in (0, 1)]  # no rank wrote a line: torchrun never got that far
+    f = facts(silent, ended="killed at the deadline after 2 s", returncode=None, timed_out=True, log_tail=tail)
+    (x,) = nccl.judge_run(f)
+    assert x.summary == "torchrun never started the ranks"
+    assert "torchrun was killed at the deadline after 2 s before any rank started" in x.cause and "[timeouts]" in x.remedy
+
+
 def test_no_cuda_device():
     rep = lambda r: report(r, stage="init", ops=[], error="torch 2.5.1+cpu sees no CUDA device", error_kind="no_device")  # noqa: E731
     (x,) = nccl.judge_run(facts([outcome(0, rep(0)), outcome(1, rep(1))], ended="exit 1", returncode=1))
@@ -500,7 +510,7 @@ def test_leftover_processes_fail_naming_the_pid():
     found = nccl.judge_run(f)
     assert [x.summary for x in found] == ["worker processes outlived the check"]
     assert "pid 4242" in found[0].cause and "SIGKILL" in found[0].cause
-    assert "reboot the node" in found[0].remedy
+    assert "drain the node and reboot it" in found[0].remedy
 
 
 def test_wrong_answers_fail_naming_the_op_and_the_ranks():
