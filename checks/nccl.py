@@ -31,6 +31,7 @@ from preflight.units import fmt_bytes, fmt_seconds
 FAIL, WARN = Status.FAIL, Status.WARN
 MARGIN = 3.0  # seconds kept from the check's deadline to sweep processes and judge
 STUCK = 3.0  # once a rank has failed, a rank that reports no progress for this long is stuck
+DONE_GRACE = 10.0  # after every rank reported success, the most their exit (NCCL teardown) may take
 TORCH = "point --python at the training environment's interpreter, or install torch there"
 
 # Debugging switches that cost real speed when left set: name -> (is it on?, what it costs).
@@ -108,6 +109,7 @@ class NcclFacts(BaseModel):
     seconds: float | None = None
     log_tail: list[str] = Field(default_factory=list)
     leftover: list[str] = Field(default_factory=list)
+    root_cause: int | None = None  # the rank torchrun saw fail first
     ranks: list[RankOutcome] = Field(default_factory=list)
     nccl: nccl_log.NcclLog | None = None
 
@@ -157,6 +159,9 @@ def settle_rule(nproc: int, stuck: float, waiting: float):
             key = (rep.get("stage"), len(rep.get("ops") or []), rep.get("error"))
             if seen.get(r, (None,))[0] != key:
                 seen[r] = (key, now)
+        if all(rep.get("stage") == "done" for rep in reports.values()):
+            # Every rank reported success; a teardown that never ends must not wait for the deadline.
+            return all(now - seen[r][1] >= DONE_GRACE for r in reports)
         if not any(rep.get("error") for rep in reports.values()):
             return False
 
@@ -196,7 +201,7 @@ def gather(ctx: Context, nproc: int, expect: NcclExpect, backend: str) -> NcclFa
     done = running.wait(settle_rule(nproc, STUCK, op_timeout + STUCK))
     facts.endpoint, facts.ended, facts.returncode = done.endpoint, done.how_it_ended, done.returncode
     facts.timed_out, facts.settled, facts.seconds = done.timed_out, done.settled, round(done.seconds, 3)
-    facts.log_tail, facts.leftover = done.log_tail, done.leftover
+    facts.log_tail, facts.leftover, facts.root_cause = done.log_tail, done.leftover, done.root_cause
     for r in range(nproc):
         outcome = RankOutcome(rank=r, gpu=_gpu_of(r, host.environ, backend), last_line=done.last_line(r))
         if r in done.rank_exits:
@@ -295,12 +300,19 @@ def judge_run(f: NcclFacts) -> list[Finding]:
     no_device = next((r for r in reports if r.error_kind == "no_device"), None)
     if no_device:
         return out + [Finding(FAIL, "no CUDA device for NCCL", f"{no_device.error} (under {f.python})", "run the cuda check (`preflight run --only cuda`); " + TORCH)]
-    if f.timed_out and not any(o.report or o.last_line != "none" for o in f.ranks):
-        cause = f"torchrun was {f.ended} before any rank started; last output: {f.log_tail[-1] if f.log_tail else 'none'}"
-        return out + [Finding(FAIL, "torchrun never started the ranks", cause, "raise the nccl timeout in the profile's [timeouts] if this node is slow to import torch; " + _by_hand(f))]
+    if not any(o.report or o.last_line != "none" for o in f.ranks):
+        # No rank said a word: torchrun itself failed (rendezvous, a port taken in a race) or was slow.
+        said = " | ".join(f.log_tail[-3:]) or "none"
+        ended = f"was {f.ended}" if f.timed_out else f"ended ({f.ended})"
+        remedy = "raise the nccl timeout in the profile's [timeouts] if this node is slow to import torch; " if f.timed_out else ""
+        cause = f"torchrun {ended} before any rank started; its last output: {said}"
+        return out + [Finding(FAIL, "torchrun never started the ranks", cause, remedy + _by_hand(f))]
     out += _judge_ranks(f)
     out += _judge_answers(f)
-    if not out and (f.returncode != 0 or f.timed_out):
+    if not out and f.settled and all(o.report and o.report.stage == "done" for o in f.ranks):
+        cause = f"every rank reported success, but the ranks or torchrun had not exited {DONE_GRACE:g} s later (a hang in NCCL's teardown); they were stopped"
+        out.append(Finding(WARN, "ranks did not exit after finishing", cause, "if it recurs, run the worker by hand with NCCL_DEBUG=INFO; " + _by_hand(f)))
+    elif not out and (f.returncode != 0 or f.timed_out):
         cause = f"torchrun {f.ended} although every rank reported success; last output: {f.log_tail[-1] if f.log_tail else 'none'}"
         out.append(Finding(FAIL, "torchrun failed", cause, _by_hand(f)))
     return out
@@ -309,35 +321,40 @@ def judge_run(f: NcclFacts) -> list[Finding]:
 def _judge_ranks(f: NcclFacts) -> list[Finding]:
     """The ranks that died, hung or never reported are the cause; the ranks that
     then failed waiting for them are the symptom, said after."""
-    culprits: list[tuple[str, str]] = []  # (summary, what happened)
+    culprits: list[tuple[str, str, int, str | None, int]] = []  # (summary, what happened, rank, exit, ops done)
     failed: list[tuple[float, RankOutcome]] = []
     for o in f.ranks:
         r = o.report
         if r is None:
             head = f"{o.who} never reported" + (f" ({o.exit})" if o.exit else "")
-            culprits.append((head, head + (f"; {o.unreadable}" if o.unreadable else "") + f": last log line: {o.last_line}"))
+            culprits.append((head, head + (f"; {o.unreadable}" if o.unreadable else "") + f": last log line: {o.last_line}", o.rank, o.exit, -1))
         elif r.error:
             failed.append((r.error_time or math.inf, o))
         elif r.stage != "done":
             if o.exit:
                 head = f"{o.who} died {_stage_words(r)} ({o.exit})"
-                culprits.append((head, f"{head}: last log line: {o.last_line}"))
+                culprits.append((head, f"{head}: last log line: {o.last_line}", o.rank, o.exit, len(r.ops)))
             else:
                 how = "at the deadline" if f.timed_out else "once it made no progress after another rank failed" if f.settled else f"when torchrun ended ({f.ended})"
                 head = f"{o.who} hung {_stage_words(r)}"
-                culprits.append((head, f"{head} and was stopped {how}: last log line: {o.last_line}"))
+                culprits.append((head, f"{head} and was stopped {how}: last log line: {o.last_line}", o.rank, o.exit, len(r.ops)))
     failed.sort(key=lambda t: t[0])
-    then = [f"{o.who} then failed {_stage_words(o.report)}: {o.report.error}" for _, o in failed]  # type: ignore[union-attr]
-    if culprits:
-        summary, lead = culprits[0]
-        rest = [detail for _, detail in culprits[1:]] + then
-    elif failed:
-        first = failed[0][1]
-        summary = f"{first.who} failed {_stage_words(first.report)}"
-        lead = f"{first.who} failed first, {_stage_words(first.report)}: {first.report.error}"  # type: ignore[union-attr]
-        rest = then[1:]
-    else:
+    # One list, most likely cause first: the rank torchrun saw fail first; then
+    # ranks that hung, died by their own hand or never reported (least far
+    # first); then ranks that raised (earliest error first); last, ranks
+    # torchrun itself stopped (SIGTERM in its teardown), which are victims.
+    entries = [(c[2] != f.root_cause, 2 if c[3] == "killed by SIGTERM" else 0, c[4], c[0], c[1]) for c in culprits]
+    for i, (_, o) in enumerate(failed):
+        r = o.report
+        head = f"{o.who} failed {_stage_words(r)}"
+        entries.append((o.rank != f.root_cause, 1, i, head, f"{head}: {r.error}"))  # type: ignore[union-attr]
+    if not entries:
         return []
+    entries.sort(key=lambda e: e[:3])
+    summary, lead = entries[0][3], entries[0][4]
+    if entries[0][1] == 1:
+        lead = lead.replace(" failed ", " failed first, ", 1)
+    rest = [e[4].replace(" failed ", " then failed ", 1) if e[1] == 1 else e[4] for e in entries[1:]]
     cause = "; ".join([lead, *rest])
     if f.nccl and f.nccl.problems:
         p = f.nccl.problems[0]
@@ -385,9 +402,12 @@ def judge_timing(f: NcclFacts, expect: NcclExpect) -> list[Finding]:
     return [Finding(WARN, f"slow {f.backend.upper()} init ({slowest:.1f} s)", cause, remedy)]
 
 
-def judge_transports(f: NcclFacts, expect: NcclExpect, nvlink_pairs: set[frozenset[int]]) -> list[Finding]:
-    """Two ranks on this node must talk P2P (or NVLS); SHM where the profile
-    wants P2P is its ``p2p`` status, a network between them always fails."""
+def judge_transports(f: NcclFacts, expect: NcclExpect, nvlink_pairs: set[frozenset[int]], switch_pairs: set[frozenset[int]] | None = None) -> list[Finding]:
+    """Two ranks on this node should talk P2P (or NVLS). SHM between GPUs with
+    NVLink fails; elsewhere it earns the profile's ``p2p`` status, but where
+    the topology is known only for GPUs under one PCIe switch (``switch_pairs``:
+    PIX/PXB), since NCCL's default P2P level stops at PXB on purpose. A network
+    between two ranks of one node always fails."""
     if f.nccl is None:
         return []
     hosts = {o.rank: o.report.host for o in f.ranks if o.report}
@@ -407,7 +427,7 @@ def judge_transports(f: NcclFacts, expect: NcclExpect, nvlink_pairs: set[frozens
             by_status[FAIL].append(pair)
         elif nvlinked or expect.p2p == "fail":
             by_status[FAIL].append(pair)
-        elif expect.p2p == "warn":
+        elif expect.p2p == "warn" and (switch_pairs is None or (ga is not None and gb is not None and frozenset((ga, gb)) in switch_pairs)):
             by_status[WARN].append(pair)
     switches = [x.summary.removesuffix(" is set") for x in judge_env(f.env) if x.summary.split("=")[0] in ("NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE")]
     hint = f" ({', '.join(switches)} set)" if switches else ""
@@ -433,13 +453,13 @@ def judge_log(f: NcclFacts, run_failed: bool) -> list[Finding]:
     return out
 
 
-def judge(f: NcclFacts, expect: NcclExpect, nvlink_pairs: set[frozenset[int]]) -> dict[str, list[Finding]]:
+def judge(f: NcclFacts, expect: NcclExpect, nvlink_pairs: set[frozenset[int]], switch_pairs: set[frozenset[int]] | None = None) -> dict[str, list[Finding]]:
     run = judge_run(f)
     return {
         "environment": judge_env(f.env) + judge_ifnames(f.env, f.interfaces),
         "run": run,
         "timing": judge_timing(f, expect),
-        "transports": judge_transports(f, expect, nvlink_pairs),
+        "transports": judge_transports(f, expect, nvlink_pairs, switch_pairs),
         "log": judge_log(f, any(x.status == FAIL for x in run)),
     }
 
@@ -518,7 +538,7 @@ class Nccl(Check):
         backend = "nccl" if ctx.profile.gpu_count else "gloo"
         nproc = ctx.settings.nproc_per_node or expect.ranks or ctx.profile.gpu_count
         facts = gather(ctx, nproc, expect, backend)
-        parts = judge(facts, expect, _nvlink_pairs(ctx))
+        parts = judge(facts, expect, _linked_pairs(ctx, ("NV",)) or set(), _linked_pairs(ctx, ("PIX", "PXB")))
         details = facts.model_dump(mode="json", exclude={"nccl"})
         details["parts"] = {name: worst(found) for name, found in parts.items()}
         if facts.nccl:
@@ -540,13 +560,20 @@ def _gpu_index(gpu: str | None) -> int | None:
     return int(gpu.split()[1]) if gpu and gpu.startswith("GPU ") and gpu.split()[1].isdigit() else None
 
 
-def _nvlink_pairs(ctx: Context) -> set[frozenset[int]]:
-    """Pairs of GPUs (nvidia-smi indices) the topology check saw joined by NVLink (NV#)."""
+def _linked_pairs(ctx: Context, kinds: tuple[str, ...]) -> set[frozenset[int]] | None:
+    """Pairs of GPUs (nvidia-smi indices) whose `nvidia-smi topo -m` link starts
+    with one of ``kinds`` ("NV" for NVLink); None where the topology check did not read a matrix."""
     topo = ctx.results.get("topology")
-    links = ((topo.details.get("matrix") or {}).get("links") or {}) if topo else {}
+    matrix = topo.details.get("matrix") if topo else None
+    if not matrix or not matrix.get("links"):
+        return None
     pairs = set()
-    for key, kind in links.items():
+    for key, kind in matrix["links"].items():
         a, _, b = key.partition("-")
-        if str(kind).startswith("NV") and a.isdigit() and b.isdigit():
+        if str(kind).startswith(kinds) and a.isdigit() and b.isdigit():
             pairs.add(frozenset((int(a), int(b))))
     return pairs
+
+
+def _nvlink_pairs(ctx: Context) -> set[frozenset[int]]:
+    return _linked_pairs(ctx, ("NV",)) or set()

@@ -17,6 +17,7 @@ outcome the launcher looks for that token and reports what it could not kill.
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import json
 import os
@@ -74,6 +75,7 @@ class Finished:
     settled: bool = False  # ended early: the caller saw every rank finished or stuck
     rank_logs: dict[int, list[str]] = field(default_factory=dict)  # rank -> last lines of its output
     rank_exits: dict[int, int] = field(default_factory=dict)  # from torchrun's summary; negative: signal
+    root_cause: int | None = None  # the rank torchrun saw fail first
     texts: dict[str, str] = field(default_factory=dict)  # other *.log files the ranks left, by name
     leftover: list[str] = field(default_factory=list)  # processes that outlived the sweep
     endpoint: str | None = None
@@ -100,12 +102,14 @@ class Running:
         self.out_dir = self._dir / "out"
         self.out_dir.mkdir()
         self._log = self._dir / "launcher.log"
-        self._token = secrets.token_hex(8)
+        self.token = secrets.token_hex(8)
         self.endpoint = None
+        _live.add(self._dir)
         env = {
             **os.environ,
             **worker.env,
-            TOKEN_ENV: self._token,
+            TOKEN_ENV: self.token,
+            "TMPDIR": str(self._dir),  # torchrun's and torch's own temporary files go with ours
             "PYTHONUNBUFFERED": "1",  # the log's last line must be the last thing said before a hang
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # CUDA's device N is nvidia-smi's GPU N
         }
@@ -121,7 +125,7 @@ class Running:
             self.endpoint = f"127.0.0.1:{port}"
             argv[1:1] = [
                 "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(worker.nproc),
-                "--rdzv-backend", "c10d", "--rdzv-endpoint", self.endpoint, "--rdzv-id", f"preflight-{self._token}",
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", self.endpoint, "--rdzv-id", f"preflight-{self.token}",
                 "--max-restarts", "0", "--monitor-interval", "0.1",
             ]  # fmt: skip
         self._started = time.monotonic()
@@ -161,17 +165,18 @@ class Running:
         finally:
             self._end()
             shutil.rmtree(self._dir, ignore_errors=True)
+            _live.discard(self._dir)
 
     def _end(self) -> list[str]:
         """Stop the worker and everything it started; name what survived."""
         if self.proc.poll() is None:
             host.stop(self.proc)
         for _ in range(3):
-            left = _marked(self._token)
+            left = _marked(self.token)
             if not left:
                 return []
             host.kill_processes(p.pid for p in left)
-        return [f"pid {p.pid} ({_name(p)})" for p in _marked(self._token)]
+        return [f"pid {p.pid} ({_name(p)})" for p in _marked(self.token)]
 
     def _collect(self, timed_out: bool, early: bool, leftover: list[str]) -> Finished:
         reports, unreadable, rank_logs, texts = {}, {}, {}, {}
@@ -197,10 +202,22 @@ class Running:
             settled=early,
             rank_logs=rank_logs,
             rank_exits=torchrun_exits(log_tail),
+            root_cause=torchrun_root_cause(log_tail),
             texts=texts,
             leftover=leftover,
             endpoint=self.endpoint,
         )
+
+
+# Private directories of workers still running: removed at exit, since an
+# interrupted run abandons the check's thread before its wait() can clean up.
+_live: set[Path] = set()
+
+
+@atexit.register
+def _remove_live() -> None:
+    for d in list(_live):
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def start(python: str, worker: Worker, timeout: float) -> Running:
@@ -230,9 +247,12 @@ def free_port() -> int:
 
 
 def check_port_free(port: int) -> None:
+    # As torchrun's store binds it: every address, SO_REUSEADDR, so a TIME_WAIT
+    # left by a killed run is no obstacle but a listener is.
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind(("", port))
         except OSError as e:
             raise LaunchError(
                 f"the rendezvous port 127.0.0.1:{port} is taken{_holder(port)} ({e.strerror or e}): torchrun's store cannot listen there",
@@ -257,6 +277,14 @@ _SUMMARY = re.compile(r"^\s*rank\s*:\s*(\d+)\s.*?^\s*exitcode\s*:\s*(-?\d+)", re
 def torchrun_exits(lines: list[str]) -> dict[int, int]:
     """rank -> exit code from torchrun's ChildFailedError summary (negative: killed by that signal)."""
     return {int(rank): int(code) for rank, code in _SUMMARY.findall("\n".join(lines))}
+
+
+def torchrun_root_cause(lines: list[str]) -> int | None:
+    """The rank under torchrun's "Root Cause (first observed failure)"."""
+    text = "\n".join(lines)
+    at = text.find("Root Cause")
+    found = _SUMMARY.search(text, at) if at >= 0 else None
+    return int(found.group(1)) if found else None
 
 
 def exit_words(code: int | None) -> str:

@@ -17,64 +17,69 @@ from preflight import launch
 RANKS = str(Path(__file__).parent / "fixtures" / "workers" / "ranks.py")  # absolute: WORKERS_DIR / it is it
 
 
-def marked_alive(token_env: str = launch.TOKEN_ENV) -> list[int]:
-    """Every live process that carries a launch token: after wait() there must be none."""
+def marked_alive(running: launch.Running) -> list[int]:
+    """Every live process that carries this launch's token: after wait() there must be none."""
     found = []
     for p in psutil.process_iter(["pid"]):
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and token_env in p.environ():
+            if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(launch.TOKEN_ENV) == running.token:
                 found.append(p.pid)
         except psutil.Error:
             continue
     return found
 
 
+def run(worker: launch.Worker, timeout: float, settled=None) -> tuple[launch.Finished, list[int]]:
+    running = launch.start(sys.executable, worker, timeout)
+    done = running.wait(settled)
+    return done, marked_alive(running)
+
+
 def test_a_plain_worker_reports_as_rank_0():
-    done = launch.start(sys.executable, launch.Worker(RANKS), timeout=30).wait()
+    done, left = run(launch.Worker(RANKS), 30)
     assert done.returncode == 0 and not done.timed_out and done.endpoint is None
     assert done.reports[0]["world"] is None and done.rank_logs[0] == ["rank 0 of 1 started"]
-    assert done.how_it_ended == "exit 0" and not marked_alive()
+    assert done.how_it_ended == "exit 0" and not left
 
 
 def test_torchrun_starts_every_rank_on_a_loopback_endpoint():
-    done = launch.start(sys.executable, launch.Worker(RANKS, nproc=3), timeout=60).wait()
+    done, left = run(launch.Worker(RANKS, nproc=3), 60)
     assert done.returncode == 0, done.log_tail
     assert sorted(done.reports) == [0, 1, 2] and {r["world"] for r in done.reports.values()} == {"3"}
     assert done.endpoint.startswith("127.0.0.1:") and done.rank_logs[2] == ["rank 2 of 3 started"]
-    assert not marked_alive()
+    assert not left
 
 
 def test_a_rank_that_exits_or_is_killed_is_named_by_torchrun_s_summary():
-    done = launch.start(sys.executable, launch.Worker(RANKS, ["--rank", "1", "--do", "exit:3"], nproc=2), timeout=60).wait()
-    assert done.returncode != 0 and done.rank_exits.get(1) == 3
-    done = launch.start(sys.executable, launch.Worker(RANKS, ["--rank", "1", "--do", "kill"], nproc=2), timeout=60).wait()
+    done, left = run(launch.Worker(RANKS, ["--rank", "1", "--do", "exit:3"], nproc=2), 60)
+    assert done.returncode != 0 and done.rank_exits.get(1) == 3 and not left
+    done, left = run(launch.Worker(RANKS, ["--rank", "1", "--do", "kill"], nproc=2), 60)
     assert done.rank_exits.get(1) == -9 and launch.exit_words(done.rank_exits[1]) == "killed by SIGKILL"
-    assert not marked_alive()
+    assert not left
 
 
 def test_a_hang_is_killed_at_the_deadline_with_everything_it_started():
     started = time.monotonic()
-    done = launch.start(sys.executable, launch.Worker(RANKS, ["--rank", "0", "--do", "daemon"]), timeout=3).wait()
+    done, left = run(launch.Worker(RANKS, ["--rank", "0", "--do", "daemon"]), 3)
     took = time.monotonic() - started
     assert done.timed_out and done.returncode is None and "killed at the deadline" in done.how_it_ended
     assert took < 3 + 10, took  # SIGTERM is ignored: the grace, then SIGKILL
     assert done.reports[0]["rank"] == 0  # what it said before hanging is kept
-    assert not done.leftover and not marked_alive()  # the setsid daemon too
+    assert not done.leftover and not left  # the setsid daemon too
 
 
 def test_a_hung_torchrun_rank_in_its_own_session_is_swept():
-    done = launch.start(sys.executable, launch.Worker(RANKS, ["--rank", "1", "--do", "hang"], nproc=2), timeout=8).wait()
+    done, left = run(launch.Worker(RANKS, ["--rank", "1", "--do", "hang"], nproc=2), 8)
     assert done.timed_out and sorted(done.reports) == [0, 1]
-    assert not done.leftover and not marked_alive()
+    assert not done.leftover and not left
 
 
 def test_settled_ends_the_wait_early():
-    running = launch.start(sys.executable, launch.Worker(RANKS, ["--rank", "0", "--do", "hang"]), timeout=60)
     started = time.monotonic()
-    done = running.wait(lambda r: r.report(0) is not None)
+    done, left = run(launch.Worker(RANKS, ["--rank", "0", "--do", "hang"]), 60, lambda r: r.report(0) is not None)
     assert done.settled and not done.timed_out and done.returncode is None
     assert time.monotonic() - started < 10 and "no rank made progress" in done.how_it_ended
-    assert not marked_alive()
+    assert not left
 
 
 def test_an_unusable_tmpdir_is_named(monkeypatch, tmp_path):
@@ -110,3 +115,23 @@ def test_torchrun_summary_parsing():
     ]  # fmt: skip
     assert launch.torchrun_exits(lines) == {1: -9, 0: 1}
     assert launch.torchrun_exits(["no summary here"]) == {}
+
+
+def test_a_port_in_time_wait_after_a_killed_run_is_free_again():
+    # A server socket that accepted a connection and closed first leaves TIME_WAIT behind.
+    with socket.socket() as srv:
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        port = srv.getsockname()[1]
+        cli = socket.create_connection(("127.0.0.1", port))
+        conn, _ = srv.accept()
+        conn.close()
+        cli.close()
+    launch.check_port_free(port)  # no LaunchError: torchrun's store binds with SO_REUSEADDR too
+
+
+def test_torchrun_root_cause_is_read():
+    lines = ["Root Cause (first observed failure):", "[1]:", "  rank      : 1 (local_rank: 1)", "  exitcode  : -9 (pid: 1)"]
+    assert launch.torchrun_root_cause(["[0]:", "  rank      : 0 (local_rank: 0)", "  exitcode  : 1 (pid: 2)", *lines]) == 1
+    assert launch.torchrun_root_cause(["nothing"]) is None

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import inspect
 import json
 import os
 import sys
@@ -90,7 +91,13 @@ def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
     timeout = datetime.timedelta(seconds=args.timeout)
     t = time.perf_counter()
     if args.backend == "nccl":
-        dist.init_process_group("nccl", timeout=timeout, device_id=device)  # device_id: eager init, so init time is init time
+        # Blocking wait: a collective past the timeout raises here, so this rank
+        # reports it, instead of the watchdog aborting the process silently.
+        os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
+        if "device_id" in inspect.signature(dist.init_process_group).parameters:  # torch >= 2.2
+            dist.init_process_group("nccl", timeout=timeout, device_id=device)  # eager init, so init time is init time
+        else:
+            dist.init_process_group("nccl", timeout=timeout)
     else:
         dist.init_process_group("gloo", timeout=timeout)
     report["init_seconds"] = round(time.perf_counter() - t, 4)

@@ -774,3 +774,58 @@ def test_every_live_rank_must_be_idle(clock):
     assert at(clock, rule, running, 0.0) is False
     assert at(clock, rule, running, 3.0) is False  # rank 1 is stuck, rank 2 may still be in init
     assert at(clock, rule, running, 33.0) is True
+
+
+def test_every_rank_done_but_never_exiting_settles_after_the_grace(clock):
+    rule = nccl.settle_rule(2, stuck=3.0, waiting=33.0)
+    running = FakeRunning({0: {"stage": "done", "ops": [{}] * 13}, 1: {"stage": "done", "ops": [{}] * 13}})
+    assert at(clock, rule, running, 0.0) is False
+    assert at(clock, rule, running, nccl.DONE_GRACE - 0.1) is False
+    assert at(clock, rule, running, nccl.DONE_GRACE) is True
+
+
+def test_ranks_done_but_stopped_at_teardown_warn():
+    f = healthy(2, returncode=None, settled=True, ended="stopped after 12 s, once no rank made progress")
+    (x,) = nccl.judge_run(f)
+    assert x.status is WARN and x.summary == "ranks did not exit after finishing" and "teardown" in x.cause
+
+
+# --- who is blamed (from the review) ---------------------------------------------
+
+
+def test_torchrun_s_root_cause_leads_and_a_rank_it_terminated_is_a_victim():
+    # NCCL ranks spin in the collective; torchrun SIGTERMs rank 0 right after rank 1 was SIGKILLed.
+    r0 = outcome(0, report(0, stage="all_gather_large", ops=[]), exit="killed by SIGTERM")
+    r1 = outcome(1, report(1, stage="all_gather_large", ops=[]), exit="killed by SIGKILL")
+    (x,) = nccl.judge_run(facts([r0, r1], ended="exit 1", returncode=1, root_cause=1))
+    assert x.summary == "rank 1 (GPU 1) died in all_gather_large (op 1) (killed by SIGKILL)"
+    # without torchrun's word, SIGTERM still marks the victim
+    (x,) = nccl.judge_run(facts([r0, r1], ended="exit 1", returncode=1))
+    assert x.summary.startswith("rank 1 (GPU 1) died")
+
+
+def test_torchrun_failing_before_any_rank_speaks_is_blamed_on_torchrun():
+    silent = [outcome(r, None, last_line="none") for r in (0, 1)]
+    tail = ["torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d store has failed."]
+    (x,) = nccl.judge_run(facts(silent, ended="exit 1", returncode=1, log_tail=tail))
+    assert x.summary == "torchrun never started the ranks" and "RendezvousConnectionError" in x.cause
+    assert "never reported" not in x.cause and "[timeouts]" not in x.remedy
+
+
+def test_pcie_shm_warns_only_for_gpus_under_one_switch_when_the_topology_is_known():
+    f = four_ranks(nccl_fixture("09"))  # SHM on 1->2 and 3->0
+    assert nccl.judge_transports(f, expect(p2p="warn", p2p_source="test"), set(), {frozenset({0, 1}), frozenset({2, 3})}) == []
+    (x,) = nccl.judge_transports(f, expect(p2p="warn", p2p_source="test"), set(), {frozenset({1, 2})})
+    assert x.status is WARN and "rank 1 (GPU 1) -> rank 2 (GPU 2)" in x.cause and "rank 3" not in x.cause
+    (x,) = nccl.judge_transports(f, expect(p2p="warn", p2p_source="test"), set(), None)  # no topology: every pair
+    assert x.summary == "GPUs fall back from P2P (2 pairs)"
+
+
+def test_a_rank_that_raised_leads_over_the_peer_torchrun_then_terminated():
+    raised = outcome(1, report(1, stage="broadcast_small", ops=[], error="RuntimeError: CUDA error: unspecified launch failure", error_time=5.0), exit="exit 1")
+    victim = outcome(0, report(0, stage="broadcast_small", ops=[]), exit="killed by SIGTERM")
+    (x,) = nccl.judge_run(facts([victim, raised], ended="exit 1", returncode=1, root_cause=1))
+    assert x.summary == "rank 1 (GPU 1) failed in broadcast_small (op 1)"
+    assert x.cause.index("unspecified launch failure") < x.cause.index("rank 0 (GPU 0) died")
+    (x,) = nccl.judge_run(facts([victim, raised], ended="exit 1", returncode=1))  # no summary from torchrun
+    assert x.summary.startswith("rank 1 (GPU 1) failed")
