@@ -573,7 +573,3 @@ def _linked_pairs(ctx: Context, kinds: tuple[str, ...]) -> set[frozenset[int]] |
         if str(kind).startswith(kinds) and a.isdigit() and b.isdigit():
             pairs.add(frozenset((int(a), int(b))))
     return pairs
-
-
-def _nvlink_pairs(ctx: Context) -> set[frozenset[int]]:
-    return _linked_pairs(ctx, ("NV",)) or set()

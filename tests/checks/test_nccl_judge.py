@@ -342,37 +342,37 @@ def test_nvlink_from_the_topology_is_judged_by_gpu_not_by_rank_number():
              "4-5": "NV12", "5-6": "NV12", "6-7": "NV12", "4-7": "NODE"}
     ctx.results["topology"] = Result(check="topology", status=Status.PASS, summary="ok", details={"matrix": {"links": links}})
     f = four_ranks(nccl_fixture("09"), gpus=["GPU 4", "GPU 5", "GPU 6", "GPU 7"])
-    found = nccl.judge_transports(f, expect(p2p="any"), nccl._nvlink_pairs(ctx))
+    found = nccl.judge_transports(f, expect(p2p="any"), (nccl._linked_pairs(ctx, ("NV",)) or set()))
     assert [x.status for x in found] == [FAIL]
     assert "rank 1 (GPU 5) -> rank 2 (GPU 6)" in found[0].cause  # NVLinked GPUs on SHM
     assert "rank 3 (GPU 7) -> rank 0 (GPU 4)" not in found[0].cause  # NODE: SHM is what NCCL does there
 
 
-# --- _nvlink_pairs ------------------------------------------------------------------
+# --- _linked_pairs ------------------------------------------------------------------
 
 
 def test_nvlink_pairs_come_from_the_topology_matrix():
     ctx = make_ctx()
     ctx.results["topology"] = Result(check="topology", status=Status.PASS, summary="ok",
                                      details={"matrix": {"links": {"0-1": "NV18", "0-2": "SYS", "1-2": "PIX", "2-3": "NV4"}}})
-    assert nccl._nvlink_pairs(ctx) == {frozenset({0, 1}), frozenset({2, 3})}
+    assert (nccl._linked_pairs(ctx, ("NV",)) or set()) == {frozenset({0, 1}), frozenset({2, 3})}
 
 
 def test_nvlink_pairs_exactly_as_in_the_brief():
     ctx = make_ctx()
     ctx.results["topology"] = Result(check="topology", status=Status.PASS, summary="ok", details={"matrix": {"links": {"0-1": "NV18", "0-2": "SYS"}}})
-    assert nccl._nvlink_pairs(ctx) == {frozenset({0, 1})}
+    assert (nccl._linked_pairs(ctx, ("NV",)) or set()) == {frozenset({0, 1})}
 
 
 @pytest.mark.parametrize("details", [{}, {"matrix": None}, {"matrix": {}}, {"matrix": {"links": None}}, {"matrix": {"links": {"GPU0-NIC0": "NV1"}}}])
 def test_nvlink_pairs_without_a_usable_matrix_are_none(details):
     ctx = make_ctx()
     ctx.results["topology"] = Result(check="topology", status=Status.FAIL, summary="x", details=details)
-    assert nccl._nvlink_pairs(ctx) == set()
+    assert (nccl._linked_pairs(ctx, ("NV",)) or set()) == set()
 
 
 def test_nvlink_pairs_without_a_topology_result_are_none():
-    assert nccl._nvlink_pairs(make_ctx()) == set()
+    assert nccl._linked_pairs(make_ctx(), ("NV",)) is None
 
 
 # --- judge_run: did every rank run every op right, and who failed first ----------
