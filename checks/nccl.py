@@ -34,14 +34,6 @@ STUCK = 3.0  # once a rank has failed, a rank that reports no progress for this 
 DONE_GRACE = 10.0  # after every rank reported success, the most their exit (NCCL teardown) may take
 TORCH = "point --python at the training environment's interpreter, or install torch there"
 
-# Debugging switches that cost real speed when left set: name -> (is it on?, what it costs).
-DEBUG_SWITCHES = {
-    "NCCL_SHM_DISABLE": (lambda v: v != "0", "turns off NCCL's shared-memory transport: GPUs without P2P fall back to sockets, which made one real job's NCCL 14x slower"),
-    "NCCL_P2P_DISABLE": (lambda v: v != "0", "turns off P2P over NVLink and PCIe: GPU-to-GPU traffic is staged through host memory at a fraction of NVLink's bandwidth"),
-    "NCCL_IB_DISABLE": (lambda v: v != "0", "turns off InfiniBand/RoCE: traffic between nodes falls back to TCP sockets, an order of magnitude slower"),
-    "NCCL_P2P_LEVEL": (lambda v: True, "caps the distance at which NCCL uses P2P: GPU pairs beyond it go through host memory (LOC or 0 turns P2P off)"),
-}
-
 
 class OpResult(BaseModel):
     name: str  # all_reduce_fp32_small
@@ -225,12 +217,10 @@ def gather(ctx: Context, nproc: int, expect: NcclExpect, backend: str) -> NcclFa
 
 
 def judge_env(env: dict[str, list[tuple[str, str]]]) -> list[Finding]:
-    out = []
-    for name, (is_on, cost) in DEBUG_SWITCHES.items():
-        value, where = nccl_env.effective(env).get(name, (None, None))
-        if value is not None and value.strip() and is_on(value.strip()):  # NCCL ignores an empty value
-            out.append(Finding(WARN, f"{name}={value} is set", f"{name}={value} in {where} {cost}", f"unset {name} (a debugging switch) in {where}"))
-    return out
+    return [
+        Finding(WARN, f"{name}={value} is set", f"{name}={value} in {where} {cost}", f"unset {name} (a debugging switch) in {where}")
+        for name, value, where, cost in nccl_env.switches_on(env)
+    ]
 
 
 def _ifname_matches(spec: str, names: list[str], exact_only: bool) -> tuple[list[str], list[str]]:
@@ -429,7 +419,7 @@ def judge_transports(f: NcclFacts, expect: NcclExpect, nvlink_pairs: set[frozens
             by_status[FAIL].append(pair)
         elif expect.p2p == "warn" and (switch_pairs is None or (ga is not None and gb is not None and frozenset((ga, gb)) in switch_pairs)):
             by_status[WARN].append(pair)
-    switches = [x.summary.removesuffix(" is set") for x in judge_env(f.env) if x.summary.split("=")[0] in ("NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE")]
+    switches = [f"{name}={value}" for name, value, _, _ in nccl_env.switches_on(f.env) if name != "NCCL_IB_DISABLE"]
     hint = f" ({', '.join(switches)} set)" if switches else ""
     for status, pairs in by_status.items():
         shown = "; ".join(pairs[:4]) + (f"; and {len(pairs) - 4} more" if len(pairs) > 4 else "")

@@ -308,8 +308,7 @@ def judge(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurement]]:
     if f.shm_disabled_by:
         found.append(Finding(
             Status.WARN, f"NCCL_SHM_DISABLE=1 is set ({', '.join(f.shm_disabled_by)})",
-            f"NCCL_SHM_DISABLE=1 in {', '.join(f.shm_disabled_by)} turns off NCCL's shared-memory transport; "
-            "traffic between GPUs that lack P2P falls back to sockets, which made one real job's NCCL 14x slower",
+            f"NCCL_SHM_DISABLE=1 in {', '.join(f.shm_disabled_by)} {nccl_env.SWITCHES['NCCL_SHM_DISABLE'][1]}",
             "unset NCCL_SHM_DISABLE (it is a debugging switch) and remove it from nccl.conf",
         ))
     return found, measurements
