@@ -11,28 +11,24 @@ On the cpu profile the same launcher, worker and judges run with gloo.
 
 from __future__ import annotations
 
-import math
-import re
 import socket
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
+from typing import ClassVar
 
 import psutil
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
-from preflight import launch, nccl_env, nccl_log
+from preflight import launch, nccl_env, nccl_log, ranks
 from preflight.check import Check, Context, Finding, Measurement, Result, Status, worst
+from preflight.checks.topology import linked_pairs
 from preflight.host import Host
 from preflight.profiles import NcclExpect
 from preflight.units import fmt_bytes, fmt_seconds
 
 FAIL, WARN = Status.FAIL, Status.WARN
-MARGIN = 3.0  # seconds kept from the check's deadline to sweep processes and judge
-STUCK = 3.0  # once a rank has failed, a rank that reports no progress for this long is stuck
-DONE_GRACE = 10.0  # after every rank reported success, the most their exit (NCCL teardown) may take
-TORCH = "point --python at the training environment's interpreter, or install torch there"
+TORCH = ranks.TORCH
 
 
 class OpResult(BaseModel):
@@ -45,64 +41,25 @@ class OpResult(BaseModel):
     skipped: str | None = None
 
 
-class RankReport(BaseModel):
+class RankReport(ranks.RankReport):
     """What checks/workers/nccl_smoke.py writes for one rank."""
 
-    rank: int
-    local_rank: int
-    world_size: int
-    host: str
-    pid: int
-    python: str
-    stage: str  # import, init, the op under way, done
-    error: str | None = None
-    error_kind: str | None = None  # no_torch, no_device
-    error_time: float | None = None  # time.time() of the error: the first one is the root cause
-    backend: str
-    device: str
-    torch_version: str | None = None
+    step_noun: ClassVar[str] = "op"
+
     nccl_version: str | None = None
-    gpu_name: str | None = None
-    pci_bus_id: str | None = None
-    import_seconds: float | None = None
-    init_seconds: float | None = None
     first_collective_seconds: float | None = None
     ops: list[OpResult] = Field(default_factory=list)
-    seconds: float | None = None
-    traceback: list[str] = Field(default_factory=list)
+
+    def progress(self) -> int:
+        return len(self.ops)
 
 
-class RankOutcome(BaseModel):
-    rank: int
-    gpu: str | None  # "GPU 3" (nvidia-smi's index), None on CPU
-    report: RankReport | None = None
-    unreadable: str | None = None
-    exit: str | None = None  # from torchrun's summary: "killed by SIGKILL"
-    last_line: str = "none"
-
-    @property
-    def who(self) -> str:
-        return f"rank {self.rank}" + (f" ({self.gpu})" if self.gpu else "")
+RankOutcome = ranks.RankOutcome
 
 
-class NcclFacts(BaseModel):
-    python: str
-    backend: str  # nccl or gloo
-    nproc: int
+class NcclFacts(ranks.RunFacts):
     env: dict[str, list[tuple[str, str]]] = Field(default_factory=dict)  # NCCL_*/GLOO_* -> [(value, where)]
     interfaces: dict[str, list[str] | None] | None = None  # name -> addresses (None: unknown); None: not read
-    not_started: str | None = None  # why nothing was launched
-    launch_error: tuple[str, str] | None = None  # (cause, remedy)
-    endpoint: str | None = None
-    ended: str | None = None
-    returncode: int | None = None
-    timed_out: bool = False
-    settled: bool = False
-    seconds: float | None = None
-    log_tail: list[str] = Field(default_factory=list)
-    leftover: list[str] = Field(default_factory=list)
-    root_cause: int | None = None  # the rank torchrun saw fail first
-    ranks: list[RankOutcome] = Field(default_factory=list)
     nccl: nccl_log.NcclLog | None = None
 
 
@@ -124,48 +81,6 @@ def interfaces(host: Host) -> dict[str, list[str] | None] | None:
         return None
 
 
-def _gpu_of(local_rank: int, env: dict[str, str], backend: str) -> str | None:
-    """nvidia-smi's index of the GPU a local rank drives: CUDA_DEVICE_ORDER=PCI_BUS_ID
-    makes CUDA's N nvidia-smi's N, unless CUDA_VISIBLE_DEVICES renumbers."""
-    if backend != "nccl":
-        return None
-    visible = [v.strip() for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-    if "CUDA_VISIBLE_DEVICES" in env:
-        if local_rank < len(visible) and visible[local_rank].isdigit():
-            return f"GPU {visible[local_rank]}"
-        return f"CUDA device {local_rank}"
-    return f"GPU {local_rank}"
-
-
-def settle_rule(nproc: int, stuck: float, waiting: float):
-    """Once a rank has failed, the rest either fail fast or never move again:
-    stop as soon as every rank still alive has shown no progress for ``stuck``
-    seconds in an op, or ``waiting`` seconds while importing torch or in
-    init (which report nothing while they work, and take seconds when healthy)."""
-    seen: dict[int, tuple[object, float]] = {}
-
-    def settled(running: launch.Running) -> bool:
-        now = time.monotonic()
-        reports = {r: running.report(r) or {} for r in range(nproc)}
-        for r, rep in reports.items():
-            key = (rep.get("stage"), len(rep.get("ops") or []), rep.get("error"))
-            if seen.get(r, (None,))[0] != key:
-                seen[r] = (key, now)
-        if all(rep.get("stage") == "done" for rep in reports.values()):
-            # Every rank reported success; a teardown that never ends must not wait for the deadline.
-            return all(now - seen[r][1] >= DONE_GRACE for r in reports)
-        if not any(rep.get("error") for rep in reports.values()):
-            return False
-
-        def idle(r: int, rep: dict) -> bool:
-            limit = waiting if rep.get("stage") in (None, "import", "init") else stuck
-            return now - seen[r][1] >= limit
-
-        return all(rep.get("error") or rep.get("stage") == "done" or idle(r, rep) for r, rep in reports.items())
-
-    return settled
-
-
 def gather(ctx: Context, nproc: int, expect: NcclExpect, backend: str) -> NcclFacts:
     host = ctx.host
     python = str(ctx.settings.python) if ctx.settings.python else sys.executable
@@ -173,8 +88,7 @@ def gather(ctx: Context, nproc: int, expect: NcclExpect, backend: str) -> NcclFa
     if bad := judge_ifnames(facts.env, facts.interfaces):
         facts.not_started = bad[0].cause  # a bad interface name fails every rank: say so before launching
         return facts
-    # The launcher's deadline comes first, so the check itself names the stuck rank.
-    left = max(1.0, ctx.deadline - time.monotonic() - MARGIN) if math.isfinite(ctx.deadline) else 120.0
+    left = ranks.time_left(ctx.deadline)
     # Ranks give up on a stuck peer well before the deadline, so they live to say who it was.
     op_timeout = min(expect.op_timeout_seconds, max(2.0, left / 3))
     device = "cuda" if backend == "nccl" else "cpu"
@@ -182,31 +96,9 @@ def gather(ctx: Context, nproc: int, expect: NcclExpect, backend: str) -> NcclFa
     if backend == "nccl":
         args.append("--nccl-debug")
     worker = launch.Worker("nccl_smoke.py", args, nproc=nproc, rdzv_port=ctx.settings.rdzv_port)
-    try:
-        running = launch.start(python, worker, left)
-    except launch.LaunchError as e:
-        facts.launch_error = (e.cause, e.remedy)
+    done = ranks.collect(facts, worker, RankReport, host.environ, left, ranks.settle_rule(nproc, ranks.STUCK, op_timeout + ranks.STUCK))
+    if done is None:
         return facts
-    except OSError as e:
-        facts.launch_error = (f"{python} could not be started: {e.strerror or e}", TORCH)
-        return facts
-    done = running.wait(settle_rule(nproc, STUCK, op_timeout + STUCK))
-    facts.endpoint, facts.ended, facts.returncode = done.endpoint, done.how_it_ended, done.returncode
-    facts.timed_out, facts.settled, facts.seconds = done.timed_out, done.settled, round(done.seconds, 3)
-    facts.log_tail, facts.leftover, facts.root_cause = done.log_tail, done.leftover, done.root_cause
-    for r in range(nproc):
-        outcome = RankOutcome(rank=r, gpu=_gpu_of(r, host.environ, backend), last_line=done.last_line(r))
-        if r in done.rank_exits:
-            outcome.exit = launch.exit_words(done.rank_exits[r])
-        if r in done.reports:
-            try:
-                outcome.report = RankReport.model_validate(done.reports[r])
-            except ValidationError as e:
-                err = e.errors()[0]
-                outcome.unreadable = f"its report does not fit the expected shape ({'.'.join(map(str, err['loc']))}: {err['msg']})"
-        else:
-            outcome.unreadable = done.unreadable.get(r)
-        facts.ranks.append(outcome)
     texts = [done.texts[name] for name in sorted(done.texts) if name.startswith("nccl.")]
     if texts:
         facts.nccl = nccl_log.parse("\n".join(texts))
@@ -272,94 +164,11 @@ def _by_hand(f: NcclFacts) -> str:
 
 def judge_run(f: NcclFacts) -> list[Finding]:
     """Did every rank run every op to the right answer, in time, and leave nothing behind?"""
-    if f.launch_error:
-        cause, remedy = f.launch_error
-        return [Finding(FAIL, "the NCCL smoke test could not start", cause, remedy)]
-    if f.not_started or f.ended is None:
-        return []
-    out = []
-    if f.leftover:
-        cause = f"still running after SIGKILL: {', '.join(f.leftover)}; a process that survives SIGKILL is stuck in the kernel, usually in the GPU driver"
-        out.append(Finding(FAIL, "worker processes outlived the check", cause, "drain the node and reboot it"))
-    reports = [o.report for o in f.ranks if o.report]
-    no_torch = next((r for r in reports if r.error_kind == "no_torch"), None)
-    missing = [line for line in f.log_tail if re.search(r"No module named '?torch\b", line)]
-    if no_torch or (not reports and missing):
-        why = no_torch.error if no_torch else missing[0]
-        return out + [Finding(FAIL, "torch is not importable", f"torch is not importable by {f.python}: {why.strip()}", TORCH)]
-    no_device = next((r for r in reports if r.error_kind == "no_device"), None)
-    if no_device:
-        return out + [Finding(FAIL, "no CUDA device for NCCL", f"{no_device.error} (under {f.python})", "run the cuda check (`preflight run --only cuda`); " + TORCH)]
-    if not any(o.report or o.last_line != "none" for o in f.ranks):
-        # No rank said a word: torchrun itself failed (rendezvous, a port taken in a race) or was slow.
-        said = " | ".join(f.log_tail[-3:]) or "none"
-        ended = f"was {f.ended}" if f.timed_out else f"ended ({f.ended})"
-        remedy = "raise the nccl timeout in the profile's [timeouts] if this node is slow to import torch; " if f.timed_out else ""
-        cause = f"torchrun {ended} before any rank started; its last output: {said}"
-        return out + [Finding(FAIL, "torchrun never started the ranks", cause, remedy + _by_hand(f))]
-    out += _judge_ranks(f)
-    out += _judge_answers(f)
-    if not out and f.settled and all(o.report and o.report.stage == "done" for o in f.ranks):
-        cause = f"every rank reported success, but the ranks or torchrun had not exited {DONE_GRACE:g} s later (a hang in NCCL's teardown); they were stopped"
-        out.append(Finding(WARN, "ranks did not exit after finishing", cause, "if it recurs, run the worker by hand with NCCL_DEBUG=INFO; " + _by_hand(f)))
-    elif not out and (f.returncode != 0 or f.timed_out):
-        cause = f"torchrun {f.ended} although every rank reported success; last output: {f.log_tail[-1] if f.log_tail else 'none'}"
-        out.append(Finding(FAIL, "torchrun failed", cause, _by_hand(f)))
-    return out
-
-
-def _judge_ranks(f: NcclFacts) -> list[Finding]:
-    """The ranks that died, hung or never reported are the cause; the ranks that
-    then failed waiting for them are the symptom, said after."""
-    culprits: list[tuple[str, str, int, str | None, int]] = []  # (summary, what happened, rank, exit, ops done)
-    failed: list[tuple[float, RankOutcome]] = []
-    for o in f.ranks:
-        r = o.report
-        if r is None:
-            head = f"{o.who} never reported" + (f" ({o.exit})" if o.exit else "")
-            culprits.append((head, head + (f"; {o.unreadable}" if o.unreadable else "") + f": last log line: {o.last_line}", o.rank, o.exit, -1))
-        elif r.error:
-            failed.append((r.error_time or math.inf, o))
-        elif r.stage != "done":
-            if o.exit:
-                head = f"{o.who} died {_stage_words(r)} ({o.exit})"
-                culprits.append((head, f"{head}: last log line: {o.last_line}", o.rank, o.exit, len(r.ops)))
-            else:
-                how = "at the deadline" if f.timed_out else "once it made no progress after another rank failed" if f.settled else f"when torchrun ended ({f.ended})"
-                head = f"{o.who} hung {_stage_words(r)}"
-                culprits.append((head, f"{head} and was stopped {how}: last log line: {o.last_line}", o.rank, o.exit, len(r.ops)))
-    failed.sort(key=lambda t: t[0])
-    # One list, most likely cause first: the rank torchrun saw fail first; then
-    # ranks that hung, died by their own hand or never reported (least far
-    # first); then ranks that raised (earliest error first); last, ranks
-    # torchrun itself stopped (SIGTERM in its teardown), which are victims.
-    entries = [(c[2] != f.root_cause, 2 if c[3] == "killed by SIGTERM" else 0, c[4], c[0], c[1]) for c in culprits]
-    for i, (_, o) in enumerate(failed):
-        r = o.report
-        head = f"{o.who} failed {_stage_words(r)}"
-        entries.append((o.rank != f.root_cause, 1, i, head, f"{head}: {r.error}"))  # type: ignore[union-attr]
-    if not entries:
-        return []
-    entries.sort(key=lambda e: e[:3])
-    summary, lead = entries[0][3], entries[0][4]
-    if entries[0][1] == 1:
-        lead = lead.replace(" failed ", " failed first, ", 1)
-    rest = [e[4].replace(" failed ", " then failed ", 1) if e[1] == 1 else e[4] for e in entries[1:]]
-    cause = "; ".join([lead, *rest])
+    said = None
     if f.nccl and f.nccl.problems:
         p = f.nccl.problems[0]
-        cause += f"; NCCL said ({p.title}): {p.text.strip()}"
-        return [Finding(FAIL, summary, cause, f"{p.fix}; {_by_hand(f)}")]
-    return [Finding(FAIL, summary, cause, f"{RESET_HINT if f.backend == 'nccl' else 'look at that rank'}; {_by_hand(f)}")]
-
-
-RESET_HINT = "check that GPU with `preflight run --only cuda` and `preflight xid`; reset it (`nvidia-smi -r -i N`) or reboot"
-
-
-def _stage_words(r: RankReport | None) -> str:
-    if r is None:
-        return ""
-    return {"import": "importing torch", "init": "in init_process_group", "done": "after finishing"}.get(r.stage, f"in {r.stage} (op {len(r.ops) + 1})")
+        said = (p.title, p.text, p.fix)
+    return ranks.judge_run(f, "the NCCL smoke test", _by_hand(f), _judge_answers(f), said)
 
 
 def _judge_answers(f: NcclFacts) -> list[Finding]:
@@ -411,7 +220,7 @@ def judge_transports(f: NcclFacts, expect: NcclExpect, nvlink_pairs: set[frozens
         if kinds <= {"P2P", "NVLS"}:
             continue
         pair = f"rank {a} ({gpu.get(a)}) -> rank {b} ({gpu.get(b)}) via {', '.join(transports)}"
-        ga, gb = _gpu_index(gpu.get(a)), _gpu_index(gpu.get(b))
+        ga, gb = ranks.gpu_index(gpu.get(a)), ranks.gpu_index(gpu.get(b))
         nvlinked = ga is not None and gb is not None and frozenset((ga, gb)) in nvlink_pairs
         if "NET" in kinds:
             by_status[FAIL].append(pair)
@@ -528,7 +337,7 @@ class Nccl(Check):
         backend = "nccl" if ctx.profile.gpu_count else "gloo"
         nproc = ctx.settings.nproc_per_node or expect.ranks or ctx.profile.gpu_count
         facts = gather(ctx, nproc, expect, backend)
-        parts = judge(facts, expect, _linked_pairs(ctx, ("NV",)) or set(), _linked_pairs(ctx, ("PIX", "PXB")))
+        parts = judge(facts, expect, linked_pairs(ctx.results.get("topology"), ("NV",)) or set(), linked_pairs(ctx.results.get("topology"), ("PIX", "PXB")))
         details = facts.model_dump(mode="json", exclude={"nccl"})
         details["parts"] = {name: worst(found) for name, found in parts.items()}
         if facts.nccl:
@@ -544,22 +353,3 @@ class Nccl(Check):
         result.lines = lines(facts, expect)
         return result
 
-
-def _gpu_index(gpu: str | None) -> int | None:
-    """"GPU 3" -> 3 (nvidia-smi's index); None where the GPU is not known by index."""
-    return int(gpu.split()[1]) if gpu and gpu.startswith("GPU ") and gpu.split()[1].isdigit() else None
-
-
-def _linked_pairs(ctx: Context, kinds: tuple[str, ...]) -> set[frozenset[int]] | None:
-    """Pairs of GPUs (nvidia-smi indices) whose `nvidia-smi topo -m` link starts
-    with one of ``kinds`` ("NV" for NVLink); None where the topology check did not read a matrix."""
-    topo = ctx.results.get("topology")
-    matrix = topo.details.get("matrix") if topo else None
-    if not matrix or not matrix.get("links"):
-        return None
-    pairs = set()
-    for key, kind in matrix["links"].items():
-        a, _, b = key.partition("-")
-        if str(kind).startswith(kinds) and a.isdigit() and b.isdigit():
-            pairs.add(frozenset((int(a), int(b))))
-    return pairs

@@ -318,6 +318,7 @@ class Shm(Check):
     name = "shm"
     description = "/dev/shm is a tmpfs, big enough, writable, backed by memory; NCCL_SHM_DISABLE is not set"
     floors = ("shm_min_bytes",)
+    floor_units = {"shm_min_bytes": ("bytes", "min")}
     timeout_seconds = 60.0
     order = 30
 

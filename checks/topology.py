@@ -622,6 +622,7 @@ class Topology(Check):
     description = "GPU/NIC/CPU layout: NVLink between GPU pairs, NUMA span, a NIC beside each GPU, vCPUs per GPU; per-rank pinning advice"
     timeout_seconds = 30.0
     order = 20
+    floor_units = {"vcpus_per_gpu": ("ratio", "min")}
 
     def applies(self, ctx: Context) -> str | None:
         if not ctx.profile.gpu_count or ctx.profile.topology is None:
@@ -741,3 +742,18 @@ def render(facts: TopologyFacts, parts: dict[str, list[Finding]], advice: Advice
     if advice.launch:
         lines.append("  (put the job's own command where these say `train.py` / `python train.py`)")
     return "\n".join(lines) + "\n"
+
+
+def linked_pairs(result: Result | None, kinds: tuple[str, ...]) -> set[frozenset[int]] | None:
+    """Pairs of GPUs (nvidia-smi indices) whose `nvidia-smi topo -m` link in this
+    check's result starts with one of ``kinds`` ("NV" for NVLink, "PIX"/"PXB"
+    for one PCIe switch); None where the check did not read a matrix."""
+    matrix = result.details.get("matrix") if result else None
+    if not matrix or not matrix.get("links"):
+        return None
+    pairs = set()
+    for key, kind in matrix["links"].items():
+        a, _, b = key.partition("-")
+        if str(kind).startswith(kinds) and a.isdigit() and b.isdigit():
+            pairs.add(frozenset((int(a), int(b))))
+    return pairs

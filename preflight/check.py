@@ -120,8 +120,15 @@ class Check(ABC):
     description: ClassVar[str]  # what it verifies, one line, for `preflight list`
     requires: ClassVar[tuple[str, ...]] = ()  # checks that must pass first, if they run
     floors: ClassVar[tuple[str, ...]] = ()  # floor names the profile must define
+    # Every floor the check may read -> (unit, bound): a profile's floor of that
+    # name in another unit ("GB/s") or bound is refused before anything runs.
+    floor_units: ClassVar[dict[str, tuple[str, str]]] = {}
     timeout_seconds: ClassVar[float] = 60.0
     order: ClassVar[int] = 100  # default position, cheapest first
+
+    def required_floors(self, profile: ResolvedProfile) -> tuple[str, ...]:
+        """The floors a profile running this check must define."""
+        return self.floors
 
     def applies(self, ctx: Context) -> str | None:
         """A reason to SKIP on this node, or None to run."""

@@ -153,6 +153,45 @@ def _emit(text: str) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
 
 
+@app.command()
+@_exit_codes
+def calibrate(
+    output: Annotated[Path, typer.Option("--output", "-o", help="Site floors file to write: [floors] tables, usable with --config.")],
+    fraction: Annotated[float, typer.Option("--fraction", help="Floors at this fraction of what this node measures; ceilings at measured / fraction.")] = 0.9,
+    force: Annotated[bool, typer.Option("--force", help="Replace --output if it exists.")] = False,
+    profile: ProfileOpt = None,
+    config: ConfigOpt = None,
+    python: Annotated[Optional[Path], typer.Option("--python", help="Interpreter for GPU workers. [default: preflight's own]")] = None,
+    nproc_per_node: Annotated[Optional[int], typer.Option("--nproc-per-node", help="Ranks torchrun starts. [default: one per GPU]")] = None,
+    nvml_fake: FakeOpt = None,
+) -> int:
+    """Measure this known-good node and write site floors at --fraction of its figures."""
+    from preflight import calibrate as cal
+    from preflight import pipeline, registry
+    from preflight.lock import run_lock
+    from preflight.report import write_atomic
+
+    console = _console()
+    cal.check_fraction(fraction)
+    cal.check_output(output, force)
+    s = _settings(config, profile=profile, python=python, nproc_per_node=nproc_per_node, nvml_fake=nvml_fake)
+    with _Signals():
+        resolved = pipeline.resolve_profile(s)
+        s.only, s.keep_going = cal.checks_up_to(resolved.checks, resolved.name), False
+        the_plan = pipeline.plan(s)
+        with run_lock(s.lock_file, s.lock_timeout, lambda who: console.note(f"waiting for {who} to release {s.lock_file}")):
+            result = pipeline.execute(the_plan, s, console)
+    try:
+        bandwidth = cal.vouch(result)
+    except cal.Refused as e:
+        console.error(f"no floors written: {e}")
+        return 1
+    found = cal.floors(bandwidth, fraction, registry.load(cal.CHECK).floor_units)
+    write_atomic(output, cal.render(found, fraction, result.hostname, resolved.name, result.finished_at))
+    console.note(f"wrote {len(found)} floors to {output} ({fraction:g} x this node's weakest figures); use it with --config {output}")
+    return 0
+
+
 @app.command("list")
 @_exit_codes
 def list_checks(profile: ProfileOpt = None, config: ConfigOpt = None, json_out: JsonOpt = False) -> int:

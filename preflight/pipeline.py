@@ -86,17 +86,38 @@ def plan(settings: Settings) -> Plan:
                 raise UsageError(
                     f"profile {profile.name} ({profile.path}) lists {check.name} before {req}, which it requires; put {req} first"
                 )
-        missing = [f for f in check.floors if f not in profile.floors]
+        missing = [f for f in check.required_floors(profile) if f not in profile.floors]
         if missing:
             raise UsageError(
                 f"profile {profile.name} ({profile.path}) has no floor {missing[0]!r}, which check {check.name} needs; "
                 "add it to the profile"
             )
+        for name, (unit, bound) in check.floor_units.items():
+            floor = profile.floors.get(name)
+            if floor is not None and (floor.unit, floor.bound) != (unit, bound):
+                said = f"unit {floor.unit!r}, bound {floor.bound!r}"
+                raise UsageError(
+                    f"profile {profile.name} ({profile.path}): floor {name!r} has {said}, but check {check.name} measures it "
+                    f"in {unit!r} with bound {bound!r}; write it in {unit} (48 GB/s is 48e9 bytes_per_second, 80 us is 8e-05 seconds)"
+                )
+    _known_floors(profile)
     n = settings.nproc_per_node
     if n and profile.gpu_count and n > profile.gpu_count:
         where = f"nproc_per_node {n} (--nproc-per-node, PREFLIGHT_NPROC_PER_NODE or config)"
         raise UsageError(f"{where}: profile {profile.name} has {profile.gpu_count} GPUs, and torchrun starts one rank per GPU; give at most {profile.gpu_count}")
     return Plan(profile, checks, started_at=started_at)
+
+
+def _known_floors(profile: ResolvedProfile) -> None:
+    """Every floor must be one some installed check reads: a misspelt name would never be judged."""
+    known: set[str] = set()
+    for name in registry.names():
+        check = registry.load(name)
+        known |= set(check.floors) | set(check.floor_units)
+    stray = sorted(set(profile.floors) - known)
+    if stray:
+        f = profile.floors[stray[0]]
+        raise UsageError(f"{f.origin}: floor {stray[0]!r} is read by no installed check; known floors: {', '.join(sorted(known))}")
 
 
 def _detection_result(e: DetectionFailed, seconds: float) -> Result:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import (
     BaseModel,
@@ -141,6 +141,35 @@ class NcclExpect(BaseModel):
         return self
 
 
+class BandwidthExpect(BaseModel):
+    """How the bandwidth check measures on this SKU: sizes and repeats, so a boot
+    profile can be quicker than a deep one. The floors live in [floors]."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ranks: int | None = Field(default=None, ge=1, le=256)  # gloo ranks where gpu_count is 0
+    # HBM copy (GPU) or memcpy (CPU) buffer; on a GPU at least 1 GiB, far past any L2.
+    copy_bytes: int = Field(default=1 << 30, ge=1 << 20, le=64 << 30)
+    host_bytes: int = Field(default=512 << 20, ge=1 << 20, le=16 << 30)  # pinned host<->device buffer
+    p2p_bytes: int = Field(default=512 << 20, ge=1 << 20, le=16 << 30)
+    collective_bytes: int = Field(default=1 << 30, ge=1 << 20, le=64 << 30)  # all_reduce buffer (nccl-tests' size)
+    small_bytes: int = Field(default=4096, ge=4, le=1 << 20)  # the latency all_reduce: a few KiB
+    warmup: int = Field(default=3, ge=1, le=100)
+    repeats: int = Field(default=10, ge=5, le=1000)  # the median of at least 5
+    latency_iters: int = Field(default=200, ge=100, le=100000)  # p99 needs at least 100
+    graph: bool = True  # also time the small all_reduce inside a CUDA graph (information)
+    op_timeout_seconds: float = Field(default=30.0, gt=0, le=600, allow_inf_nan=False)
+    # A figure within this fraction above its floor (below its ceiling) WARNs: the node is marginal.
+    margin: float = Field(default=0.05, ge=0, le=0.5)
+    sizes_source: str = Field(min_length=1)  # why these sizes and repeats
+
+    @model_validator(mode="after")
+    def _sizes(self) -> BandwidthExpect:
+        if self.small_bytes >= self.collective_bytes:
+            raise ValueError("small_bytes must be below collective_bytes")
+        return self
+
+
 class Profile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -155,6 +184,7 @@ class Profile(BaseModel):
     gpu: GpuExpect | None = None  # None: a profile without GPUs (cpu)
     topology: TopologyExpect | None = None  # None: no GPU layout to judge (cpu)
     nccl: NcclExpect | None = None
+    bandwidth: BandwidthExpect | None = None
 
     @field_validator("checks")
     @classmethod
@@ -187,7 +217,28 @@ class Profile(BaseModel):
                 raise ValueError("[nccl] ranks is needed where gpu_count is 0: how many gloo ranks to start")
             if self.gpu_count and self.nccl.ranks:
                 raise ValueError("[nccl] ranks is only for profiles without GPUs; one rank runs per GPU")
+        if "bandwidth" in self.checks:
+            b = self.bandwidth
+            if b is None:
+                raise ValueError("checks lists bandwidth but the [bandwidth] table is missing")
+            if not self.gpu_count and not b.ranks:
+                raise ValueError("[bandwidth] ranks is needed where gpu_count is 0: how many gloo ranks to start")
+            if self.gpu_count and b.ranks:
+                raise ValueError("[bandwidth] ranks is only for profiles without GPUs; one rank runs per GPU")
+            if self.gpu_count and b.copy_bytes < 1 << 30:
+                raise ValueError(f"[bandwidth] copy_bytes {b.copy_bytes} is under 1 GiB: an HBM copy that small runs partly in L2 and reads high")
         return self
+
+
+class SiteFloor(NamedTuple):
+    """A floor the site's config sets: a bare number takes the profile's unit;
+    a table may say its unit (checked against the profile's) and its source."""
+
+    value: float
+    origin: str  # "config /etc/preflight/config.toml line 7"
+    unit: str | None = None
+    source: str | None = None
+    bound: str | None = None
 
 
 class ResolvedFloor(Floor):
@@ -205,6 +256,7 @@ class ResolvedProfile(BaseModel):
     gpu: GpuExpect | None = None
     topology: TopologyExpect | None = None
     nccl: NcclExpect | None = None
+    bandwidth: BandwidthExpect | None = None
     chosen_because: str  # "--profile cpu" or the detection that picked it
 
 
@@ -247,21 +299,36 @@ def find(name: str, site_dir: Path | None) -> Path:
 def resolve(
     profile: Profile,
     path: Path,
-    overrides: dict[str, tuple[float, str]],
+    overrides: dict[str, SiteFloor],
     chosen_because: str,
 ) -> ResolvedProfile:
-    """Apply site overrides ``{floor: (value, origin)}`` to the profile's floors."""
-    unknown = sorted(set(overrides) - set(profile.floors))
+    """Apply the site's floors to the profile's. A site floor the profile lacks
+    must say its unit (a table, as `preflight calibrate` writes): a bare number
+    there is more likely a typo than a new floor."""
+    unknown = sorted(name for name, site in overrides.items() if name not in profile.floors and site.unit is None)
     if unknown:
-        value, origin = overrides[unknown[0]]
         known = ", ".join(sorted(profile.floors)) or "none"
         raise UsageError(
-            f"{origin}: floor {unknown[0]!r} is not a floor of profile {profile.name} (its floors: {known})"
+            f"{overrides[unknown[0]].origin}: floor {unknown[0]!r} is not a floor of profile {profile.name} (its floors: {known}); "
+            "to add one, write a [floors.NAME] table with value, unit and source"
         )
     floors = {}
     for name, floor in profile.floors.items():
-        value, origin = overrides.get(name, (floor.value, f"profile {path}"))
-        floors[name] = ResolvedFloor(**{**floor.model_dump(), "value": value}, origin=origin)
+        site = overrides.get(name)
+        if site is None:
+            floors[name] = ResolvedFloor(**floor.model_dump(), origin=f"profile {path}")
+            continue
+        if site.unit is not None and site.unit != floor.unit:
+            raise UsageError(
+                f"{site.origin}: floor {name!r} is in {site.unit!r}, but profile {profile.name} measures it in {floor.unit!r}; "
+                f"convert the value to {floor.unit} (48 GB/s is 48e9 bytes_per_second, 80 us is 8e-05 seconds)"
+            )
+        if site.bound is not None and site.bound != floor.bound:
+            raise UsageError(f"{site.origin}: floor {name!r} has bound {site.bound!r}, but profile {profile.name}'s is {floor.bound!r}")
+        floors[name] = ResolvedFloor(**{**floor.model_dump(), "value": site.value, "source": site.source or floor.source}, origin=site.origin)
+    for name, site in overrides.items():
+        if name not in profile.floors:
+            floors[name] = ResolvedFloor(value=site.value, unit=site.unit, source=site.source or site.origin, bound=site.bound or "min", origin=site.origin)
     return ResolvedProfile(
         name=profile.name,
         description=profile.description,
@@ -273,6 +340,7 @@ def resolve(
         gpu=profile.gpu,
         topology=profile.topology,
         nccl=profile.nccl,
+        bandwidth=profile.bandwidth,
         chosen_because=chosen_because,
     )
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 import os
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, StrictBool, Tag, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from preflight import tomlfile
 from preflight.errors import UsageError
-from preflight.profiles import FloorValue
+from preflight.profiles import FloorValue, SiteFloor
 
 DEFAULT_CONFIG = Path("/etc/preflight/config.toml")
 ENV_PREFIX = "PREFLIGHT_"
@@ -76,6 +76,24 @@ class _Common(BaseModel):
     _paths = field_validator("profile", "report", "lock_file", "profiles_dir", "python", mode="before")(_not_empty)
 
 
+class FloorTable(BaseModel):
+    """``[floors.NAME]`` with value, unit and source: what `preflight calibrate` writes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    value: FloorValue
+    unit: str | None = None
+    source: str | None = Field(default=None, min_length=1)
+    bound: Literal["min", "max"] | None = None
+
+
+# A bare number, or a table: told apart before validating, so an error names the key, not the union.
+SiteFloorValue = Annotated[
+    Union[Annotated[FloorValue, Tag("number")], Annotated[FloorTable, Tag("table")]],
+    Discriminator(lambda v: "table" if isinstance(v, (dict, FloorTable)) else "number"),
+]
+
+
 class ConfigFile(_Common):
     """The config file's schema. TOML has real booleans and numbers, so unlike
     environment strings they are taken strictly: `keep_going = "yes"` is an error."""
@@ -84,7 +102,7 @@ class ConfigFile(_Common):
 
     keep_going: StrictBool = False
     lock_timeout: float = Field(default=60.0, ge=0, le=86400, allow_inf_nan=False, strict=True)
-    floors: dict[str, FloorValue] = Field(default_factory=dict)
+    floors: dict[str, SiteFloorValue] = Field(default_factory=dict)
 
 
 _file_data: ContextVar[dict[str, Any]] = ContextVar("preflight_config_file", default={})
@@ -107,7 +125,7 @@ class Settings(_Common, BaseSettings):
 
     # Private, so no environment variable can set them: only the config file sets floors.
     _config: Path | None = PrivateAttr(default=None)
-    _floor_overrides: dict[str, tuple[float, str]] = PrivateAttr(default_factory=dict)
+    _floor_overrides: dict[str, SiteFloor] = PrivateAttr(default_factory=dict)
 
     @property
     def config(self) -> Path | None:
@@ -115,8 +133,8 @@ class Settings(_Common, BaseSettings):
         return self._config
 
     @property
-    def floor_overrides(self) -> dict[str, tuple[float, str]]:
-        """Floor name -> (value, "config FILE line N")."""
+    def floor_overrides(self) -> dict[str, SiteFloor]:
+        """Floor name -> (value, "config FILE line N", unit, source)."""
         return self._floor_overrides
 
     @classmethod
@@ -139,16 +157,19 @@ def _config_path(flag: Path | None, environ: dict[str, str]) -> Path | None:
     return DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None
 
 
-def _read_config(path: Path) -> tuple[dict[str, Any], dict[str, tuple[float, str]]]:
+def _read_config(path: Path) -> tuple[dict[str, Any], dict[str, SiteFloor]]:
     data, text = tomlfile.load(path, "config")
     try:
-        ConfigFile.model_validate(data)
+        config = ConfigFile.model_validate(data)
     except ValidationError as e:
         raise UsageError(tomlfile.validation_message(e, path, text, "config")) from None
-    origins = {
-        name: (float(value), f"config {path} line {tomlfile.line_of(text, ('floors', name))}")
-        for name, value in data.get("floors", {}).items()
-    }
+    origins = {}
+    for name, value in config.floors.items():
+        origin = f"config {path} line {tomlfile.line_of(text, ('floors', name))}"
+        if isinstance(value, FloorTable):
+            origins[name] = SiteFloor(value.value, origin, value.unit, value.source, value.bound)
+        else:
+            origins[name] = SiteFloor(value, origin)
     return data, origins
 
 

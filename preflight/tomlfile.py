@@ -71,10 +71,14 @@ def line_of(text: str, loc: tuple[str | int, ...]) -> int | None:
     return None
 
 
+UNION_TAGS = ("number", "table")
+
+
 def validation_message(err: ValidationError, path: Path, text: str, what: str) -> str:
     """One line for the first error: file, line, key and what is wrong."""
     first = err.errors(include_url=False)[0]
-    loc = tuple(first["loc"])
+    # A tagged union (a floor: number or table) adds its tag to the path; the file has no such key.
+    loc = tuple(k for k in first["loc"] if k not in UNION_TAGS)
     key = ".".join(str(k) for k in loc) or "(top level)"
     line = line_of(text, loc)
     where = f"{path} line {line}" if line else str(path)

@@ -14,18 +14,25 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
+def fmt_rate(bytes_per_second: float) -> str:
+    """Bandwidth the way nccl-tests, nvbandwidth and datasheets print it: decimal GB/s (1e9), TB/s past 1000."""
+    if bytes_per_second >= 1e12:
+        return f"{bytes_per_second / 1e12:.2f} TB/s"
+    return f"{bytes_per_second / 1e9:.3g} GB/s" if bytes_per_second < 1e10 else f"{bytes_per_second / 1e9:.1f} GB/s"
+
+
 def fmt_seconds(s: float) -> str:
     return f"{s * 1000:.0f} ms" if s < 1 else f"{s:.2f} s"
 
 
 def fmt_value(value: float, unit: str) -> str:
-    """A measurement as a person reads it: '1 GiB', '2.1 GiB/s', '508 ms', '8 count'."""
+    """A measurement as a person reads it: '1 GiB', '48.0 GB/s', '508 ms', '35.2 us', '8 count'."""
     if unit == "bytes":
         return fmt_bytes(value)
     if unit == "bytes_per_second":
-        return fmt_bytes(value) + "/s"
+        return fmt_rate(value)
     if unit == "seconds":
-        return fmt_seconds(value)
+        return fmt_seconds(value) if value >= 1e-3 or value == 0 else f"{value * 1e6:.1f} us"
     return f"{value:g} {unit}"
 
 

@@ -3,7 +3,7 @@ from conftest import no_driver
 
 from preflight import profiles
 from preflight.errors import UsageError
-from preflight.profiles import DetectionFailed, Profile
+from preflight.profiles import DetectionFailed, Profile, SiteFloor
 
 
 def test_builtin_cpu_profile_loads_and_cites_every_floor():
@@ -68,7 +68,7 @@ def test_bad_profile_files_name_file_line_and_key(tmp_path, text, message):
 
 def test_site_overrides_replace_values_and_record_their_origin():
     path = profiles.find("cpu", None)
-    r = profiles.resolve(profiles.load(path), path, {"shm_min_bytes": (2.0**31, "config /etc/x.toml line 3")}, "--profile cpu")
+    r = profiles.resolve(profiles.load(path), path, {"shm_min_bytes": SiteFloor(2.0**31, "config /etc/x.toml line 3")}, "--profile cpu")
     assert r.floors["shm_min_bytes"].value == 2**31
     assert r.floors["shm_min_bytes"].origin == "config /etc/x.toml line 3"
     assert r.floors["shm_min_bytes"].source.startswith("NGC")
@@ -77,7 +77,70 @@ def test_site_overrides_replace_values_and_record_their_origin():
 def test_an_override_of_a_floor_the_profile_lacks_is_refused():
     path = profiles.find("cpu", None)
     with pytest.raises(UsageError, match=r"config /etc/x.toml line 9: floor 'hbm_copy' is not a floor of profile cpu"):
-        profiles.resolve(profiles.load(path), path, {"hbm_copy": (1.0, "config /etc/x.toml line 9")}, "x")
+        profiles.resolve(profiles.load(path), path, {"hbm_copy": SiteFloor(1.0, "config /etc/x.toml line 9")}, "x")
+
+
+def test_a_site_floor_table_with_a_unit_adds_a_floor_the_profile_lacks():
+    path = profiles.find("cpu", None)
+    site = {"allgather_bus_bandwidth": SiteFloor(3e8, "config /etc/f.toml line 4", "bytes_per_second", "preflight calibrate on node1")}
+    r = profiles.resolve(profiles.load(path), path, site, "x")
+    f = r.floors["allgather_bus_bandwidth"]
+    assert (f.value, f.unit, f.bound, f.source, f.origin) == (3e8, "bytes_per_second", "min", "preflight calibrate on node1", "config /etc/f.toml line 4")
+
+
+def test_a_site_floor_in_another_unit_than_the_profile_s_is_refused():
+    path = profiles.find("cpu", None)
+    with pytest.raises(UsageError, match=r"line 2: floor 'memcpy_bandwidth' is in 'GB/s', but profile cpu measures it in 'bytes_per_second'; convert"):
+        profiles.resolve(profiles.load(path), path, {"memcpy_bandwidth": SiteFloor(2.0, "config /etc/f.toml line 2", "GB/s")}, "x")
+    with pytest.raises(UsageError, match=r"floor 'allreduce_latency' has bound 'min', but profile cpu's is 'max'"):
+        profiles.resolve(profiles.load(path), path, {"allreduce_latency": SiteFloor(1.0, "config /etc/f.toml line 2", "seconds", None, "min")}, "x")
+
+
+def test_a_site_floor_keeps_the_profile_s_source_unless_it_gives_one():
+    path = profiles.find("cpu", None)
+    r = profiles.resolve(profiles.load(path), path, {"memcpy_bandwidth": SiteFloor(3e9, "config /etc/f.toml line 2", "bytes_per_second")}, "x")
+    assert r.floors["memcpy_bandwidth"].value == 3e9 and "DDR4" in r.floors["memcpy_bandwidth"].source
+
+
+BW = 'name = "x"\ndescription = "d"\ngpu_count = GPUS\nchecks = ["bandwidth"]\n'
+
+
+@pytest.mark.parametrize(
+    "gpus, table, message",
+    [
+        (0, "", r"checks lists bandwidth but the \[bandwidth\] table is missing"),
+        (0, '[bandwidth]\nsizes_source = "s"\n', r"\[bandwidth\] ranks is needed where gpu_count is 0"),
+        (0, '[bandwidth]\nranks = 2\nrepeats = 3\nsizes_source = "s"\n', r"bandwidth.repeats: Input should be greater than or equal to 5"),
+        (0, '[bandwidth]\nranks = 2\nlatency_iters = 50\nsizes_source = "s"\n', r"bandwidth.latency_iters: Input should be greater than or equal to 100"),
+        (0, '[bandwidth]\nranks = 2\nsmall_bytes = 1048576\ncollective_bytes = 1048576\nsizes_source = "s"\n', r"small_bytes must be below collective_bytes"),
+        (0, '[bandwidth]\nranks = 2\nmargin = 0.9\nsizes_source = "s"\n', r"bandwidth.margin: Input should be less than or equal to 0.5"),
+        (0, '[bandwidth]\nranks = 2\n', r"bandwidth.sizes_source: required key is missing"),
+    ],
+)
+def test_a_bad_bandwidth_table_names_what_is_wrong(tmp_path, gpus, table, message):
+    path = tmp_path / "x.toml"
+    path.write_text(BW.replace("GPUS", str(gpus)) + table)
+    with pytest.raises(UsageError, match=message):
+        profiles.load(path)
+
+
+def test_an_hbm_copy_under_1_gib_on_a_gpu_profile_is_refused(tmp_path):
+    text = profiles.find("h100-sxm", None).read_text().replace("copy_bytes = 1073741824", "copy_bytes = 67108864")
+    path = tmp_path / "h100-sxm.toml"
+    path.write_text(text)
+    with pytest.raises(UsageError, match="copy_bytes 67108864 is under 1 GiB: an HBM copy that small runs partly in L2"):
+        profiles.load(path)
+
+
+def test_every_gpu_profile_with_bandwidth_cites_its_sizes_and_floors():
+    for name, path in profiles.available(None).items():
+        p = profiles.load(path)
+        if "bandwidth" not in p.checks:
+            continue
+        assert p.bandwidth and p.bandwidth.sizes_source.strip(), name
+        needed = ("hbm_copy_bandwidth", "h2d_bandwidth", "d2h_bandwidth") if p.gpu_count else ("memcpy_bandwidth",)
+        assert all(f in p.floors and p.floors[f].unit == "bytes_per_second" for f in needed), name
+        assert all(p.floors[f].bound == "max" and p.floors[f].unit == "seconds" for f in p.floors if "latency" in f), name
 
 
 def _p(name: str, *match: str, ids: tuple[str, ...] = ()) -> Profile:

@@ -53,7 +53,19 @@ def test_check_lists_split_on_commas_from_env_and_flags(monkeypatch):
 def test_floor_overrides_remember_their_line(tmp_path):
     cfg = write(tmp_path, '# site\nprofile = "cpu"\n\n[floors]\nshm_min_bytes = 2147483648\n')
     s = settings.load({}, config=cfg)
-    assert s.floor_overrides == {"shm_min_bytes": (2147483648.0, f"config {cfg} line 5")}
+    assert s.floor_overrides == {"shm_min_bytes": (2147483648.0, f"config {cfg} line 5", None, None, None)}
+
+
+def test_a_floor_table_keeps_its_unit_source_and_bound(tmp_path):
+    cfg = write(tmp_path, '[floors.allreduce_latency]\nvalue = 9e-05\nunit = "seconds"\nbound = "max"\nsource = "calibrated"\n')
+    s = settings.load({}, config=cfg)
+    assert s.floor_overrides == {"allreduce_latency": (9e-05, f"config {cfg} line 1", "seconds", "calibrated", "max")}
+
+
+def test_a_floor_table_with_an_unknown_key_names_it(tmp_path):
+    cfg = write(tmp_path, '[floors.h2d_bandwidth]\nvalue = 48\nunits = "GB/s"\n')
+    with pytest.raises(UsageError, match=r"line 3: floors.h2d_bandwidth.units: unknown key"):
+        settings.load({}, config=cfg)
 
 
 @pytest.mark.parametrize(

@@ -17,10 +17,12 @@ from dataclasses import dataclass
 
 # Test-only fault injection, inert unless set: "RANK:KIND[@OP]" (RANK * for all), for example
 # "1:kill@all_reduce_fp32_large". KIND is kill (SIGKILL itself), stop (SIGSTOP
-# itself: a hang), raise (an exception), or wrong (a corrupted contribution,
-# so the result is wrong everywhere). OP names the step it fires at ("start":
-# before the rank has written anything); without it, the first collective. The tests prove each fault ends in a FAIL naming
-# the rank; nothing else reads it.
+# itself: a hang), raise (an exception), wrong (a corrupted contribution,
+# so the result is wrong everywhere) or slow (each timed repeat sleeps three
+# times its own length, at least 0.1 s, inside the timed region: a slow GPU or core). OP names
+# the step it fires at ("start": before the rank has written anything);
+# without it, the worker's first step. The tests prove each fault ends in a
+# FAIL naming the rank; nothing else reads it.
 FAULT_ENV = "PREFLIGHT_WORKER_FAULT"
 
 
@@ -89,7 +91,7 @@ class Fault:
             self.kind, self.op = kind.strip(), (op.strip() or first_op)
 
     def at(self, op: str) -> str | None:
-        """Act out kill/stop/raise here; return "wrong" for the caller to corrupt its data."""
+        """Act out kill/stop/raise here; return "wrong" or "slow" for the caller to act out."""
         if self.kind is None or op != self.op:
             return None
         print(f"{FAULT_ENV}: injecting {self.kind} at {op}", flush=True)
@@ -100,3 +102,28 @@ class Fault:
         if self.kind == "raise":
             raise RuntimeError(f"{FAULT_ENV} asked rank to raise at {op}")
         return self.kind
+
+
+def init_group(dist, backend: str, device, seconds: float) -> None:
+    """init_process_group with a timeout on every collective, eager where torch allows."""
+    import datetime
+    import inspect
+
+    timeout = datetime.timedelta(seconds=seconds)
+    if backend == "nccl":
+        # Blocking wait: a collective past the timeout raises in this rank, so it
+        # reports it, instead of the watchdog aborting the process silently.
+        os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
+        if "device_id" in inspect.signature(dist.init_process_group).parameters:  # torch >= 2.2
+            dist.init_process_group("nccl", timeout=timeout, device_id=device)  # eager init, so init time is init time
+        else:
+            dist.init_process_group("nccl", timeout=timeout)
+    else:
+        dist.init_process_group("gloo", timeout=timeout)
+
+
+def pci_bus_id(props) -> str | None:
+    """The PCI address torch's device properties give, as NVML writes it."""
+    if not hasattr(props, "pci_bus_id"):  # older torch does not say
+        return None
+    return f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"

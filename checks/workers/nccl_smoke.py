@@ -19,8 +19,6 @@ rank{N}.log there. Standard library and torch only. By hand:
 from __future__ import annotations
 
 import argparse
-import datetime
-import inspect
 import json
 import os
 import sys
@@ -81,25 +79,15 @@ def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
         device = torch.device("cuda", me.local_rank)
         torch.cuda.set_device(device)
         props = torch.cuda.get_device_properties(device)
-        report.update(gpu_name=props.name, pci_bus_id=_pci_bus_id(props), cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+        report.update(gpu_name=props.name, pci_bus_id=_rank.pci_bus_id(props), cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
         report["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
     if args.nccl_debug and args.out and args.backend == "nccl":
         # Read by NCCL at its first call, which is init_process_group below.
         os.environ.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS=NCCL_SUBSYS, NCCL_DEBUG_FILE=os.path.join(args.out, f"nccl.rank{me.rank}.log"))
     save()
 
-    timeout = datetime.timedelta(seconds=args.timeout)
     t = time.perf_counter()
-    if args.backend == "nccl":
-        # Blocking wait: a collective past the timeout raises here, so this rank
-        # reports it, instead of the watchdog aborting the process silently.
-        os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
-        if "device_id" in inspect.signature(dist.init_process_group).parameters:  # torch >= 2.2
-            dist.init_process_group("nccl", timeout=timeout, device_id=device)  # eager init, so init time is init time
-        else:
-            dist.init_process_group("nccl", timeout=timeout)
-    else:
-        dist.init_process_group("gloo", timeout=timeout)
+    _rank.init_group(dist, args.backend, device, args.timeout)
     report["init_seconds"] = round(time.perf_counter() - t, 4)
     if dist.get_world_size() != me.world_size:
         raise RuntimeError(f"world size {dist.get_world_size()} is not WORLD_SIZE={me.world_size}")
@@ -255,12 +243,6 @@ class Ops:
             return None
         first = int(bad.nonzero()[0, 0])
         return f"{wrong} of {got.numel()} elements wrong; element {first} is {got[first].item():g}, expected {expected[first].item():g}"
-
-
-def _pci_bus_id(props) -> str | None:
-    if not hasattr(props, "pci_bus_id"):  # older torch does not say
-        return None
-    return f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
 
 
 if __name__ == "__main__":

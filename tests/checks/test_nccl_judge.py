@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, make_ctx
 from preflight.checks import nccl
+from preflight.checks.topology import linked_pairs
 from preflight.checks.nccl import NcclFacts, OpResult, RankOutcome, RankReport
 
 from preflight import nccl_env, nccl_log
@@ -342,37 +343,37 @@ def test_nvlink_from_the_topology_is_judged_by_gpu_not_by_rank_number():
              "4-5": "NV12", "5-6": "NV12", "6-7": "NV12", "4-7": "NODE"}
     ctx.results["topology"] = Result(check="topology", status=Status.PASS, summary="ok", details={"matrix": {"links": links}})
     f = four_ranks(nccl_fixture("09"), gpus=["GPU 4", "GPU 5", "GPU 6", "GPU 7"])
-    found = nccl.judge_transports(f, expect(p2p="any"), (nccl._linked_pairs(ctx, ("NV",)) or set()))
+    found = nccl.judge_transports(f, expect(p2p="any"), (linked_pairs(ctx.results.get("topology"), ("NV",)) or set()))
     assert [x.status for x in found] == [FAIL]
     assert "rank 1 (GPU 5) -> rank 2 (GPU 6)" in found[0].cause  # NVLinked GPUs on SHM
     assert "rank 3 (GPU 7) -> rank 0 (GPU 4)" not in found[0].cause  # NODE: SHM is what NCCL does there
 
 
-# --- _linked_pairs ------------------------------------------------------------------
+# --- linked_pairs (checks/topology.py), as nccl reads it ------------------------------------------------------------------
 
 
 def test_nvlink_pairs_come_from_the_topology_matrix():
     ctx = make_ctx()
     ctx.results["topology"] = Result(check="topology", status=Status.PASS, summary="ok",
                                      details={"matrix": {"links": {"0-1": "NV18", "0-2": "SYS", "1-2": "PIX", "2-3": "NV4"}}})
-    assert (nccl._linked_pairs(ctx, ("NV",)) or set()) == {frozenset({0, 1}), frozenset({2, 3})}
+    assert (linked_pairs(ctx.results.get("topology"), ("NV",)) or set()) == {frozenset({0, 1}), frozenset({2, 3})}
 
 
 def test_nvlink_pairs_exactly_as_in_the_brief():
     ctx = make_ctx()
     ctx.results["topology"] = Result(check="topology", status=Status.PASS, summary="ok", details={"matrix": {"links": {"0-1": "NV18", "0-2": "SYS"}}})
-    assert (nccl._linked_pairs(ctx, ("NV",)) or set()) == {frozenset({0, 1})}
+    assert (linked_pairs(ctx.results.get("topology"), ("NV",)) or set()) == {frozenset({0, 1})}
 
 
 @pytest.mark.parametrize("details", [{}, {"matrix": None}, {"matrix": {}}, {"matrix": {"links": None}}, {"matrix": {"links": {"GPU0-NIC0": "NV1"}}}])
 def test_nvlink_pairs_without_a_usable_matrix_are_none(details):
     ctx = make_ctx()
     ctx.results["topology"] = Result(check="topology", status=Status.FAIL, summary="x", details=details)
-    assert (nccl._linked_pairs(ctx, ("NV",)) or set()) == set()
+    assert (linked_pairs(ctx.results.get("topology"), ("NV",)) or set()) == set()
 
 
 def test_nvlink_pairs_without_a_topology_result_are_none():
-    assert nccl._linked_pairs(make_ctx(), ("NV",)) is None
+    assert linked_pairs(make_ctx().results.get("topology"), ("NV",)) is None
 
 
 # --- judge_run: did every rank run every op right, and who failed first ----------
@@ -678,110 +679,6 @@ def test_summary_names_the_network_and_falls_back_to_the_ranks_nccl_version():
 def test_summary_on_gloo_without_a_log():
     f = facts([outcome(r, report(r, backend="gloo", device="cpu", nccl_version=None), gpu=None) for r in range(2)], backend="gloo")
     assert nccl.summary(f, expect()) == "2 gloo rank(s): 13 ops right on every rank (4 KiB and 32 MiB), init 1.20 s; torch 2.5.1"
-
-
-# --- settle_rule: stop once the ranks left alive have stopped moving --------------------
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class FakeRunning:
-    """Stands in for launch.Running: ``report(rank)`` is what that rank wrote so far."""
-
-    def __init__(self, reports: dict[int, dict | None]) -> None:
-        self.reports = reports
-
-    def report(self, rank: int = 0):
-        return self.reports.get(rank)
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    c = Clock()
-    monkeypatch.setattr(nccl.time, "monotonic", c)
-    return c
-
-
-def at(clock: Clock, rule, running: FakeRunning, t: float) -> bool:
-    clock.now = t
-    return rule(running)
-
-
-ERR = {"stage": "all_gather_large", "ops": [{}] * 8, "error": "DistBackendError: Connection reset by peer"}
-
-
-def test_without_an_error_it_never_settles(clock):
-    rule = nccl.settle_rule(2, stuck=3.0, waiting=33.0)
-    running = FakeRunning({0: {"stage": "all_gather_large", "ops": [{}] * 8}, 1: {"stage": "import"}})
-    assert [at(clock, rule, running, t) for t in (0, 3, 33, 1000, 10_000)] == [False] * 5
-
-
-def test_an_error_and_a_peer_stuck_in_an_op_settles_after_stuck_seconds(clock):
-    rule = nccl.settle_rule(2, stuck=3.0, waiting=33.0)
-    running = FakeRunning({0: dict(ERR), 1: {"stage": "all_gather_large", "ops": [{}] * 8, "error": None}})
-    assert at(clock, rule, running, 100.0) is False
-    assert at(clock, rule, running, 102.9) is False
-    assert at(clock, rule, running, 103.0) is True
-
-
-def test_a_peer_importing_or_in_init_gets_the_waiting_time(clock):
-    for stage in ("import", "init", None):
-        rule = nccl.settle_rule(2, stuck=3.0, waiting=33.0)
-        running = FakeRunning({0: dict(ERR), 1: {"stage": stage} if stage else {}})
-        assert at(clock, rule, running, 0.0) is False
-        assert at(clock, rule, running, 3.0) is False, stage
-        assert at(clock, rule, running, 32.9) is False, stage
-        assert at(clock, rule, running, 33.0) is True, stage
-
-
-def test_a_peer_with_no_report_yet_gets_the_waiting_time(clock):
-    rule = nccl.settle_rule(2, stuck=3.0, waiting=33.0)
-    running = FakeRunning({0: dict(ERR), 1: None})
-    assert at(clock, rule, running, 0.0) is False
-    assert at(clock, rule, running, 10.0) is False
-    assert at(clock, rule, running, 33.0) is True
-
-
-def test_a_peer_that_keeps_progressing_resets_its_clock(clock):
-    rule = nccl.settle_rule(2, stuck=3.0, waiting=33.0)
-    peer = {"stage": "all_reduce_fp32_large", "ops": [{}] * 6}
-    running = FakeRunning({0: dict(ERR), 1: peer})
-    assert at(clock, rule, running, 0.0) is False
-    running.reports[1] = {"stage": "all_reduce_fp32_large", "ops": [{}] * 7}  # one more op done
-    assert at(clock, rule, running, 2.0) is False
-    assert at(clock, rule, running, 4.0) is False  # 2 s since it moved
-    running.reports[1] = {"stage": "all_reduce_bf16_large", "ops": [{}] * 7}  # a new stage
-    assert at(clock, rule, running, 4.5) is False
-    assert at(clock, rule, running, 7.4) is False
-    assert at(clock, rule, running, 7.5) is True
-
-
-def test_an_erroring_peer_counts_as_settled_at_once(clock):
-    rule = nccl.settle_rule(3, stuck=3.0, waiting=33.0)
-    running = FakeRunning({0: dict(ERR), 1: {**ERR, "error": "DistBackendError: remote process exited"}, 2: {"stage": "done", "ops": [{}] * 13}})
-    assert at(clock, rule, running, 0.0) is True
-
-
-def test_every_live_rank_must_be_idle(clock):
-    rule = nccl.settle_rule(3, stuck=3.0, waiting=33.0)
-    running = FakeRunning({0: dict(ERR), 1: {"stage": "broadcast_small", "ops": [{}] * 4}, 2: {"stage": "init"}})
-    assert at(clock, rule, running, 0.0) is False
-    assert at(clock, rule, running, 3.0) is False  # rank 1 is stuck, rank 2 may still be in init
-    assert at(clock, rule, running, 33.0) is True
-
-
-def test_every_rank_done_but_never_exiting_settles_after_the_grace(clock):
-    rule = nccl.settle_rule(2, stuck=3.0, waiting=33.0)
-    running = FakeRunning({0: {"stage": "done", "ops": [{}] * 13}, 1: {"stage": "done", "ops": [{}] * 13}})
-    assert at(clock, rule, running, 0.0) is False
-    assert at(clock, rule, running, nccl.DONE_GRACE - 0.1) is False
-    assert at(clock, rule, running, nccl.DONE_GRACE) is True
 
 
 def test_ranks_done_but_stopped_at_teardown_warn():

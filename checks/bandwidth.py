@@ -1,0 +1,465 @@
+"""Bandwidth floors: measure what training speed depends on and judge each
+figure against the SKU's floor.
+
+A node with a PCIe link trained at x8, P2P disabled, a degraded NVSwitch or
+a throttled GPU answers every yes/no question right and then trains at a
+fraction of the speed; only a measurement catches it. One torchrun launch
+(checks/workers/bandwidth.py) times HBM copies, pinned host<->device copies
+(each rank bound to its GPU's NUMA node, from the topology check), copies
+between every ordered pair of GPUs, large all_reduce / all_gather /
+reduce_scatter and small all_reduce latency. On the cpu profile: host memcpy
+and the same collectives over gloo.
+
+The worker reports every timed repeat; the arithmetic is here, in pure
+functions: a figure is the median of the repeats, a collective's repeat
+lasts as long as its slowest rank, bus bandwidth follows nccl-tests
+(doc/PERFORMANCE.md). A figure under its floor FAILs naming the GPU, pair
+or direction; within the profile's margin above it WARNs (marginal node).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections import defaultdict
+from typing import ClassVar
+
+from pydantic import BaseModel, Field
+
+from preflight import launch, ranks
+from preflight.check import Check, Context, Finding, Measurement, Result, Status, worst
+from preflight.checks.topology import linked_pairs
+from preflight.profiles import BandwidthExpect, ResolvedFloor
+from preflight.units import fmt_bytes, fmt_value
+
+FAIL, WARN = Status.FAIL, Status.WARN
+BPS, SECONDS = "bytes_per_second", "seconds"
+
+# Floor name -> (unit, bound). Every floor this check may read; the pipeline
+# refuses a profile whose floor of that name has another unit or bound.
+FLOORS = {
+    "hbm_copy_bandwidth": (BPS, "min"),
+    "h2d_bandwidth": (BPS, "min"),
+    "d2h_bandwidth": (BPS, "min"),
+    "p2p_bandwidth": (BPS, "min"),
+    "memcpy_bandwidth": (BPS, "min"),
+    "allreduce_bus_bandwidth": (BPS, "min"),
+    "allgather_bus_bandwidth": (BPS, "min"),
+    "reducescatter_bus_bandwidth": (BPS, "min"),
+    "allreduce_latency": (SECONDS, "max"),  # p50 of the blocking small all_reduce
+    "allreduce_latency_p99": (SECONDS, "max"),
+}
+# Step in the worker -> the figure's name (= its floor's name and its metric's).
+PER_DEVICE = {"hbm_copy": "hbm_copy_bandwidth", "memcpy": "memcpy_bandwidth", "h2d": "h2d_bandwidth", "d2h": "d2h_bandwidth", "p2p": "p2p_bandwidth"}
+COLLECTIVE = {"all_reduce": "allreduce_bus_bandwidth", "all_gather": "allgather_bus_bandwidth", "reduce_scatter": "reducescatter_bus_bandwidth"}
+
+WORDS = {
+    "hbm_copy_bandwidth": "HBM copy",
+    "memcpy_bandwidth": "host memcpy",
+    "h2d_bandwidth": "host->device copy",
+    "d2h_bandwidth": "device->host copy",
+    "p2p_bandwidth": "GPU->GPU copy",
+    "allreduce_bus_bandwidth": "all_reduce bus bandwidth",
+    "allgather_bus_bandwidth": "all_gather bus bandwidth",
+    "reducescatter_bus_bandwidth": "reduce_scatter bus bandwidth",
+    "allreduce_latency": "small all_reduce latency p50",
+    "allreduce_latency_p99": "small all_reduce latency p99",
+    "allreduce_graph_latency": "small all_reduce latency in a CUDA graph",
+}
+_COLL = (
+    "NCCL left NVLink for SHM or sockets (the nccl check's transports; NCCL_P2P_DISABLE, NCCL_P2P_LEVEL), "
+    "an NVLink or NVSwitch port down (`nvidia-smi nvlink -s`, nvidia-fabricmanager), one slow or throttled GPU holding every step back, "
+    "NCCL_ALGO / NCCL_PROTO / NCCL_*CHANNELS pinned in the environment, or ranks starved of CPU"
+)
+REASONS = {
+    "hbm_copy_bandwidth": "clocks held down (power brake, thermal or HW slowdown: `nvidia-smi -q -d PERFORMANCE,CLOCK`), a power cap below default, "
+    "another process on the GPU, or failing HBM (run `dcgmi diag -r 3`)",
+    "memcpy_bandwidth": "other work on the host, CPU frequency scaling, memory on a remote NUMA node, or a VM's memory bandwidth cap",
+    "h2d_bandwidth": "a PCIe link trained below its width or generation (the cuda check; `nvidia-smi -q -d PCIE`, `lspci -vv` LnkSta), "
+    "the rank not on its GPU's NUMA node (details.binding), IOMMU/ACS translation, or a PCIe switch uplink shared with busy NICs",
+    "p2p_bandwidth": "P2P not possible or disabled (peer access, IOMMU/ACS on PCIe), an NVLink down (`nvidia-smi nvlink -s`), "
+    "nvidia-fabricmanager not running on NVSwitch boards, or a throttled GPU",
+    "allreduce_bus_bandwidth": _COLL,
+    "allgather_bus_bandwidth": _COLL,
+    "reducescatter_bus_bandwidth": _COLL,
+    "allreduce_latency": "ranks starved of CPU (too few vCPUs per GPU, a cpuset or quota), CPU power saving (C-states, frequency), "
+    "NCCL_PROTO forcing Simple, NCCL falling back to sockets, or interrupts on the ranks' cores",
+}
+REASONS["d2h_bandwidth"] = REASONS["h2d_bandwidth"]
+REASONS["allreduce_latency_p99"] = REASONS["allreduce_latency"]
+
+
+class StepResult(BaseModel):
+    step: str
+    bytes: int = 0
+    moved_bytes: int | None = None  # bytes a repeat moves (a copy reads and writes: 2 x bytes)
+    seconds: list[float] = Field(default_factory=list)  # every timed repeat, warm-up excluded
+    samples: list[float] = Field(default_factory=list)  # latency: every blocking iteration
+    sets: int = 1
+    clamped: str | None = None
+    peer: int | None = None  # p2p: the local rank (GPU) written to
+    peer_access: bool | None = None
+    peer_pci_bus_id: str | None = None
+    ops_per_repeat: int = 1
+    error: str | None = None
+
+
+class RankReport(ranks.RankReport):
+    """What checks/workers/bandwidth.py writes for one rank."""
+
+    steps: list[str] = Field(default_factory=list)
+    step: int = 0
+    results: list[StepResult] = Field(default_factory=list)
+    binding: dict | None = None
+    cache_bytes: int | None = None
+
+    def progress(self) -> int:
+        return self.step
+
+
+class BandwidthFacts(ranks.RunFacts):
+    steps: list[str] = Field(default_factory=list)
+    binding: dict[str, dict] = Field(default_factory=dict)  # local rank -> {node, cpus} asked for
+    uuids: dict[int, str] = Field(default_factory=dict)  # nvidia-smi index -> GPU UUID (cuda check)
+
+
+class Figure(BaseModel):
+    """One judged number: its name is its floor's and its metric's."""
+
+    name: str
+    unit: str
+    value: float
+    where: str  # "GPU 3", "GPU 0 -> GPU 5", "rank 1", "8 ranks"
+    floor: str = ""  # the floor it is judged against, where that is not ``name`` (the p99 latency)
+
+    @property
+    def key(self) -> str:
+        return self.floor or self.name
+    labels: dict[str, str] = Field(default_factory=dict)
+    bytes: int = 0
+    repeats: int = 0
+    spread: float | None = None  # (max - min) / median of the repeats
+    rank: int | None = None
+
+
+# ---- arithmetic (nccl-tests' definitions) ---------------------------------------
+
+
+def bus_factor(collective: str, n: int) -> float:
+    """busbw = algbw x this (nccl-tests doc/PERFORMANCE.md): the factor that makes
+    every collective's figure comparable to the hardware's link speed."""
+    if collective == "all_reduce":
+        return 2 * (n - 1) / n
+    if collective in ("all_gather", "reduce_scatter"):
+        return (n - 1) / n
+    raise ValueError(f"no bus bandwidth factor for {collective!r}")
+
+
+def algbw(nbytes: float, seconds: float) -> float:
+    """Bytes per second; ``nbytes`` is the whole buffer (all_gather's output, reduce_scatter's input)."""
+    return nbytes / seconds
+
+
+def median(xs: list[float]) -> float:
+    s = sorted(xs)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+
+
+def quantile(xs: list[float], q: float) -> float:
+    """Nearest-rank quantile: p99 of 200 samples is the 198th smallest, a real sample."""
+    s = sorted(xs)
+    return s[max(0, math.ceil(q * len(s)) - 1)]
+
+
+def spread(xs: list[float]) -> float | None:
+    return (max(xs) - min(xs)) / median(xs) if xs and median(xs) > 0 else None
+
+
+def figures(f: BandwidthFacts) -> list[Figure]:
+    """Every figure the ranks' repeats give: per device, per pair, per collective."""
+    out: list[Figure] = []
+    gpu = {o.rank: o.gpu for o in f.ranks}
+    reports = {o.rank: o.report for o in f.ranks if isinstance(o.report, RankReport)}
+    by_step: dict[str, dict[int, StepResult]] = defaultdict(dict)
+    for r, rep in reports.items():
+        for res in rep.results:
+            if res.step in PER_DEVICE and res.seconds and res.moved_bytes:
+                out.append(_device_figure(f, r, rep, res, gpu))
+            elif res.step not in PER_DEVICE:
+                by_step[res.step][r] = res
+    n = f.nproc
+    for step, name in COLLECTIVE.items():
+        got = by_step.get(step, {})
+        if len(got) == n and n > 1 and all(x.seconds for x in got.values()):
+            # A repeat is over when its slowest rank is done.
+            times = [max(ts) for ts in zip(*(x.seconds for x in got.values()))]
+            nbytes = next(iter(got.values())).bytes
+            value = algbw(nbytes, median(times)) * bus_factor(step, n)
+            out.append(Figure(name=name, unit=BPS, value=value, where=f"{n} ranks", labels={"collective": step}, bytes=nbytes, repeats=len(times), spread=spread(times)))
+    lat = by_step.get("latency", {})
+    if len(lat) == n and all(x.samples for x in lat.values()):
+        for q, floor in ((0.5, "allreduce_latency"), (0.99, "allreduce_latency_p99")):
+            per_rank = {r: quantile(x.samples, q) for r, x in lat.items()}
+            worst_rank = max(per_rank, key=lambda r: per_rank[r])
+            nbytes = lat[worst_rank].bytes
+            out.append(Figure(name="allreduce_latency", floor=floor, unit=SECONDS, value=per_rank[worst_rank], where=f"slowest of {len(lat)} ranks: {_who(worst_rank, gpu)}",
+                              labels={"quantile": str(q)}, bytes=nbytes, repeats=len(lat[worst_rank].samples), rank=worst_rank))
+    graph = by_step.get("graph_latency", {})
+    if len(graph) == n and all(x.seconds for x in graph.values()):
+        times = [max(ts) / g.ops_per_repeat for g in [next(iter(graph.values()))] for ts in zip(*(x.seconds for x in graph.values()))]
+        out.append(Figure(name="allreduce_graph_latency", unit=SECONDS, value=median(times), where=f"{n} ranks", bytes=next(iter(graph.values())).bytes, repeats=len(times), spread=spread(times)))
+    return out
+
+
+def _device_figure(f: BandwidthFacts, r: int, rep: RankReport, res: StepResult, gpu: dict[int, str | None]) -> Figure:
+    name = PER_DEVICE[res.step]
+    med = median(res.seconds)
+    labels, where = _labels(f, r, gpu), _who(r, gpu)
+    if res.peer is not None:
+        peer = gpu.get(res.peer) or f"local rank {res.peer}"  # one node: the peer is a local rank
+        labels["peer_gpu"] = peer.removeprefix("GPU ")
+        where = f"{where} -> {peer}"
+    return Figure(name=name, unit=BPS, value=res.moved_bytes / med, where=where, labels=labels, bytes=res.bytes,  # type: ignore[operator]
+                  repeats=len(res.seconds), spread=spread(res.seconds), rank=r)
+
+
+def _who(r: int, gpu: dict[int, str | None]) -> str:
+    return gpu.get(r) or f"rank {r}"
+
+
+def _labels(f: BandwidthFacts, r: int, gpu: dict[int, str | None]) -> dict[str, str]:
+    index = ranks.gpu_index(gpu.get(r))
+    if index is None:
+        return {"rank": str(r)}
+    labels = {"gpu": str(index)}  # dcgm-exporter's label names, so joins work
+    if index in f.uuids:
+        labels["UUID"] = f.uuids[index]
+    return labels
+
+
+# ---- judging -------------------------------------------------------------------
+
+
+def judge_floors(figs: list[Figure], floors: dict[str, ResolvedFloor], margin: float) -> list[Finding]:
+    """Under a floor (over a ceiling): FAIL; within ``margin`` of it: WARN. One
+    finding per figure name, naming every GPU, pair or direction that missed."""
+    out = []
+    by_name: dict[str, list[Figure]] = defaultdict(list)
+    for fig in figs:
+        by_name[fig.key].append(fig)
+    for name, group in by_name.items():
+        floor = floors.get(name)
+        if floor is None:
+            continue
+        below = [g for g in group if _beyond(g.value, floor, 0.0)]
+        marginal = [g for g in group if g not in below and _beyond(g.value, floor, margin)]
+        what = WORDS.get(name, name)
+        bound = "ceiling" if floor.bound == "max" else "floor"
+        limit = fmt_value(floor.value, floor.unit)
+        if below:
+            worst_fig = max(below, key=lambda g: g.value) if floor.bound == "max" else min(below, key=lambda g: g.value)
+            head = f"{what} {'over' if floor.bound == 'max' else 'below'} {bound} on {worst_fig.where} ({fmt_value(worst_fig.value, worst_fig.unit)}, {bound} {limit})"
+            shown = "; ".join(f"{g.where}: {fmt_value(g.value, g.unit)}" for g in sorted(below, key=lambda g: g.value, reverse=floor.bound == "max")[:8])
+            more = f"; and {len(below) - 8} more" if len(below) > 8 else ""
+            cause = f"{what} {'over' if floor.bound == 'max' else 'under'} the {limit} {bound} ({floor.source}; {floor.origin}) on {len(below)} of {len(group)}: {shown}{more}"
+            remedy = f"likely causes: {REASONS.get(name, 'see the figure in details.figures')}; drain the node until it is fixed, then rerun `preflight run --only bandwidth`"
+            out.append(Finding(FAIL, head, cause, remedy))
+        if marginal:
+            g = (max if floor.bound == "max" else min)(marginal, key=lambda m: m.value)
+            cause = f"{what} within {margin:.0%} of its {limit} {bound} on {len(marginal)} of {len(group)}: " + "; ".join(f"{m.where}: {fmt_value(m.value, m.unit)}" for m in marginal[:8])
+            out.append(Finding(WARN, f"{what} marginal on {g.where} ({fmt_value(g.value, g.unit)}, {bound} {limit})", cause,
+                               f"the node is near its {bound}: watch it, and check {REASONS.get(name, 'the figure').split(', ')[0]}"))
+    return out
+
+
+def _beyond(value: float, floor: ResolvedFloor, margin: float) -> bool:
+    if floor.bound == "max":
+        return value > floor.value * (1 - margin)
+    return value < floor.value * (1 + margin)
+
+
+def judge_peer_access(f: BandwidthFacts, nvlink_pairs: set[frozenset[int]], all_nvlink: bool) -> list[Finding]:
+    """CUDA peer access impossible between two GPUs the profile or topology says NVLink joins: P2P is down."""
+    bad = []
+    gpu = {o.rank: o.gpu for o in f.ranks}
+    for o in f.ranks:
+        for res in o.report.results if isinstance(o.report, RankReport) else []:
+            if res.step != "p2p" or res.peer_access is not False:
+                continue
+            a, b = ranks.gpu_index(gpu.get(o.rank)), ranks.gpu_index(gpu.get(res.peer))
+            if all_nvlink or (a is not None and b is not None and frozenset((a, b)) in nvlink_pairs):
+                bad.append(f"{_who(o.rank, gpu)} -> {_who(res.peer, gpu) if res.peer is not None else '?'}")  # type: ignore[arg-type]
+    if not bad:
+        return []
+    said = "profile" if all_nvlink else "topology"
+    cause = f"CUDA reports peer access impossible between {len(bad)} ordered pair(s) the {said} says NVLink joins: {', '.join(bad[:8])}; their copies go through host memory"
+    remedy = "check `nvidia-smi nvlink -s` and `nvidia-smi topo -p2p r`, that nvidia-fabricmanager runs (NVSwitch boards), and the IOMMU/ACS settings; reboot, and drain the node if it persists"
+    return [Finding(FAIL, f"no peer access between NVLink GPUs ({bad[0]})", cause, remedy)]
+
+
+def judge_setup(f: BandwidthFacts) -> list[Finding]:
+    """Sizes clamped to the memory free now, and ranks that could not be bound to their NUMA node."""
+    out = []
+    clamped = sorted({res.clamped for o in f.ranks if isinstance(o.report, RankReport) for res in o.report.results if res.clamped})
+    if clamped:
+        cause = "the profile's sizes did not fit in the memory free now, so these ran smaller and their figures may read low: " + "; ".join(clamped[:6])
+        remedy = "find what holds the memory (`nvidia-smi`, other jobs) before trusting the node; or lower the sizes in the profile's [bandwidth]"
+        out.append(Finding(WARN, "buffer sizes clamped to free memory", cause, remedy))
+    unbound = [f"rank {o.rank}: {o.report.binding['error']}" for o in f.ranks if isinstance(o.report, RankReport) and o.report.binding and o.report.binding.get("error")]
+    if unbound:
+        out.append(Finding(WARN, "ranks not bound to their GPU's NUMA node", "host<->device figures may read low: " + "; ".join(unbound), "allow preflight the CPUs of every NUMA node (cpuset)"))
+    return out
+
+
+def judge(f: BandwidthFacts, figs: list[Figure], floors: dict[str, ResolvedFloor], expect: BandwidthExpect,
+          nvlink_pairs: set[frozenset[int]], all_nvlink: bool) -> dict[str, list[Finding]]:
+    return {
+        "run": ranks.judge_run(f, "the bandwidth worker", by_hand(f)),
+        "floors": judge_floors(figs, floors, expect.margin),
+        "peer_access": judge_peer_access(f, nvlink_pairs, all_nvlink),
+        "setup": judge_setup(f),
+    }
+
+
+def by_hand(f: BandwidthFacts) -> str:
+    extra = " --backend gloo --device cpu" if f.backend == "gloo" else ""
+    return f"run it by hand to see more: {f.python} -m torch.distributed.run --nproc-per-node {f.nproc} {launch.WORKERS_DIR / 'bandwidth.py'}{extra}"
+
+
+# ---- gathering ------------------------------------------------------------------
+
+
+def steps_for(gpu: bool, nproc: int, expect: BandwidthExpect) -> list[str]:
+    steps = ["hbm_copy", "h2d", "d2h"] if gpu else ["memcpy"]
+    if gpu and nproc > 1:
+        steps.append("p2p")
+    if nproc > 1:  # one rank has no peer to reduce with: nccl-tests prints busbw 0
+        steps += ["all_reduce", "all_gather", "reduce_scatter", "latency"]
+        if gpu and expect.graph:
+            steps.append("graph_latency")
+    return steps
+
+
+def binding(ctx: Context) -> dict[str, dict]:
+    """local rank -> {node, cpus}: the topology check's advice, as nvbandwidth binds each GPU's host buffers."""
+    topo = ctx.results.get("topology")
+    advice = topo.details.get("advice") if topo else None
+    out = {}
+    for r in (advice or {}).get("ranks") or []:
+        if r.get("cpus"):
+            out[str(r["local_rank"])] = {"node": r.get("numa_node"), "cpus": r["cpus"]}
+    return out
+
+
+def uuids(ctx: Context) -> dict[int, str]:
+    cuda = ctx.results.get("cuda")
+    gpus = ((cuda.details.get("inventory") or {}).get("gpus") or []) if cuda else []
+    return {g["index"]: g["uuid"] for g in gpus if "index" in g and "uuid" in g}
+
+
+def gather(ctx: Context, nproc: int, expect: BandwidthExpect, backend: str) -> BandwidthFacts:
+    python = str(ctx.settings.python) if ctx.settings.python else sys.executable
+    gpu = backend == "nccl"
+    facts = BandwidthFacts(python=python, backend=backend, nproc=nproc, steps=steps_for(gpu, nproc, expect), binding=binding(ctx) if gpu else {}, uuids=uuids(ctx))
+    left = ranks.time_left(ctx.deadline)
+    op_timeout = min(expect.op_timeout_seconds, max(2.0, left / 3))
+    args = [
+        "--backend", backend, "--device", "cuda" if gpu else "cpu", "--steps", ",".join(facts.steps),
+        "--copy-bytes", str(expect.copy_bytes), "--host-bytes", str(expect.host_bytes), "--p2p-bytes", str(expect.p2p_bytes),
+        "--collective-bytes", str(expect.collective_bytes), "--small-bytes", str(expect.small_bytes),
+        "--warmup", str(expect.warmup), "--repeats", str(expect.repeats), "--latency-iters", str(expect.latency_iters),
+        "--timeout", f"{op_timeout:g}", "--bind", json.dumps(facts.binding),
+    ]  # fmt: skip
+    worker = launch.Worker("bandwidth.py", args, nproc=nproc, rdzv_port=ctx.settings.rdzv_port)
+    ranks.collect(facts, worker, RankReport, ctx.host.environ, left, ranks.settle_rule(nproc, ranks.STUCK, op_timeout + ranks.STUCK))
+    return facts
+
+
+# ---- reporting ------------------------------------------------------------------
+
+
+def measurements(figs: list[Figure], floors: dict[str, ResolvedFloor]) -> list[Measurement]:
+    out = []
+    for g in figs:
+        floor = floors.get(g.key)
+        kw = {}
+        if floor is not None:
+            kw = {"ceiling": floor.value} if floor.bound == "max" else {"floor": floor.value}
+        out.append(Measurement(name=g.name, unit=g.unit, value=g.value, labels=g.labels, **kw))
+    return out
+
+
+def lines(figs: list[Figure], floors: dict[str, ResolvedFloor]) -> list[str]:
+    """One line per figure name: the weakest, the median, the bound, the worst spread."""
+    by_name: dict[str, list[Figure]] = defaultdict(list)
+    for g in figs:
+        by_name[g.key].append(g)
+    out = []
+    for name, group in by_name.items():
+        floor = floors.get(name)
+        high = floor is not None and floor.bound == "max" or group[0].unit == SECONDS
+        weakest = max(group, key=lambda g: g.value) if high else min(group, key=lambda g: g.value)
+        text = f"{WORDS.get(name, name):<42} {fmt_value(weakest.value, weakest.unit)}"
+        if len(group) > 1:
+            text += f" ({'worst' if high else 'min'} of {len(group)}: {weakest.where}; median {fmt_value(median([g.value for g in group]), weakest.unit)})"
+        elif weakest.bytes:
+            text += f" ({fmt_bytes(weakest.bytes)})"
+        if floor is not None:
+            text += f"  {'ceiling' if floor.bound == 'max' else 'floor'} {fmt_value(floor.value, floor.unit)}"
+        else:
+            text += "  no floor"
+        spreads = [g.spread for g in group if g.spread is not None]
+        if spreads:
+            text += f"  spread {max(spreads):.1%}"
+        out.append(text)
+    return out
+
+
+def summary(f: BandwidthFacts, figs: list[Figure]) -> str:
+    if not figs:
+        return f"{f.nproc} {f.backend} rank(s): no figure measured"
+    parts = []
+    for name in ("hbm_copy_bandwidth", "memcpy_bandwidth", "h2d_bandwidth", "d2h_bandwidth", "p2p_bandwidth", "allreduce_bus_bandwidth", "allreduce_latency"):
+        group = [g for g in figs if g.key == name]
+        if group:
+            value = max(g.value for g in group) if group[0].unit == SECONDS else min(g.value for g in group)
+            parts.append(f"{WORDS[name].replace(' bus bandwidth', ' busbw')} {fmt_value(value, group[0].unit)}")
+    return f"{f.nproc} {f.backend} rank(s), every figure within its floor: " + ", ".join(parts)
+
+
+class Bandwidth(Check):
+    name = "bandwidth"
+    description = "HBM, host<->device, GPU<->GPU and collective bandwidth and small-message latency, judged against the SKU's floors"
+    requires = ("cuda", "nccl")
+    timeout_seconds = 120.0
+    order = 50
+    floor_units: ClassVar[dict[str, tuple[str, str]]] = FLOORS
+
+    def required_floors(self, profile) -> tuple[str, ...]:
+        """What a profile running this check must define: the per-device copies' floors."""
+        return ("hbm_copy_bandwidth", "h2d_bandwidth", "d2h_bandwidth") if profile.gpu_count else ("memcpy_bandwidth",)
+
+    def applies(self, ctx: Context) -> str | None:
+        if ctx.profile.bandwidth is None:
+            return f"profile {ctx.profile.name} has no [bandwidth] table"
+        return None
+
+    def run(self, ctx: Context) -> Result:
+        expect = ctx.profile.bandwidth
+        assert expect is not None  # applies() said so
+        backend = "nccl" if ctx.profile.gpu_count else "gloo"
+        nproc = ctx.settings.nproc_per_node or expect.ranks or ctx.profile.gpu_count
+        facts = gather(ctx, nproc, expect, backend)
+        figs = figures(facts)
+        all_nvlink = bool(ctx.profile.topology and ctx.profile.topology.nvlink == "all")
+        parts = judge(facts, figs, ctx.profile.floors, expect, linked_pairs(ctx.results.get("topology"), ("NV",)) or set(), all_nvlink)
+        details = facts.model_dump(mode="json")
+        details["parts"] = {name: worst(found) for name, found in parts.items()}
+        details["figures"] = [g.model_dump(mode="json") for g in figs]
+        findings = [x for found in parts.values() for x in found]
+        result = self.conclude(findings, summary(facts, figs), measurements=measurements(figs, ctx.profile.floors), details=details)
+        result.lines = lines(figs, ctx.profile.floors)
+        return result
+

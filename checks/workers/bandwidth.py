@@ -1,0 +1,471 @@
+"""Bandwidth probe on every rank: what training speed depends on, measured
+the way the reference tools measure it, timed and reported raw.
+
+On GPUs (NCCL): HBM copy on every GPU, pinned host<->device copies one GPU
+at a time (as nvbandwidth does: a PCIe switch shared by two GPUs must not
+halve the figure), copy-engine GPU->GPU copies for every ordered pair (in
+rounds where each GPU sends to one peer and receives from another), large
+all_reduce, all_gather and reduce_scatter, small all_reduce latency, and the
+same latency inside a CUDA graph. On CPU (gloo): host memcpy, one rank at a
+time so ranks do not share the memory bus, and the same collectives.
+
+Method, for every figure: random data in [1, 2) (never zeros: A100 and
+later compress zeros), buffer sets rotated so the footprint between reuses is
+at least twice the last-level cache, warm-up excluded, every timed repeat
+reported so the agent takes the median and the spread. GPU times come from
+CUDA events; a collective repeat starts after a barrier. Sizes that do not
+fit the memory free now are clamped, and the report says so.
+
+The rank writes rank{N}.json into --out after every step and its output to
+rank{N}.log. The agent does the arithmetic (checks/bandwidth.py). Standard
+library and torch only. By hand:
+
+    torchrun --nproc-per-node 8 bandwidth.py
+    torchrun --nproc-per-node 2 bandwidth.py --backend gloo --device cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import glob
+import json
+import math
+import os
+import platform
+import sys
+import time
+import traceback
+
+import _rank
+
+GPU_STEPS = ("hbm_copy", "h2d", "d2h", "p2p", "all_reduce", "all_gather", "reduce_scatter", "latency", "graph_latency")
+CPU_STEPS = ("memcpy", "all_reduce", "all_gather", "reduce_scatter", "latency")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+MAX_SETS = 8
+FREE_SHARE = 0.7  # of the memory free now: NCCL's buffers and peers' contexts need the rest
+# The slow fault sleeps this many times the repeat's own length, and at least
+# SLOW_MIN seconds: a 64 MiB memcpy then reads under 1.4 GB/s on any machine.
+SLOW, SLOW_MIN = 3.0, 0.1
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", help="directory for rank{N}.json and rank{N}.log (default: print a summary per rank)")
+    p.add_argument("--backend", choices=["nccl", "gloo"], default="nccl")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--steps", help="comma-separated steps to run (default: all for the device)")
+    p.add_argument("--copy-bytes", type=int, default=1 << 30, help="HBM copy (GPU) or memcpy (CPU) buffer")
+    p.add_argument("--host-bytes", type=int, default=256 << 20, help="pinned host buffer for h2d/d2h")
+    p.add_argument("--p2p-bytes", type=int, default=256 << 20)
+    p.add_argument("--collective-bytes", type=int, default=1 << 30, help="all_reduce buffer; all_gather output; reduce_scatter input")
+    p.add_argument("--small-bytes", type=int, default=4096, help="the latency step's all_reduce")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--latency-iters", type=int, default=200)
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds init and each collective may take before the rank gives up")
+    p.add_argument("--bind", default="{}", help='JSON {"LOCAL_RANK": {"node": N, "cpus": "0-55"}}: pin each rank to its GPU\'s NUMA node')
+    args = p.parse_args()
+
+    me = _rank.whoami()
+    _rank.redirect_output(args.out, me.rank)
+    steps = [s for s in (args.steps or "").split(",") if s] or list(GPU_STEPS if args.device == "cuda" else CPU_STEPS)
+    report = _rank.base_report(me)
+    report.update(backend=args.backend, device=args.device, steps=steps, step=0, results=[], binding=None)
+    save = lambda: _rank.write_report(args.out, me.rank, report)  # noqa: E731
+    fault = _rank.Fault(me.rank, first_op=steps[0])
+    fault.at("start")
+    save()
+    try:
+        # Before torch starts its threads, so they inherit the binding, and before any buffer is allocated.
+        report["binding"] = bind(json.loads(args.bind).get(str(me.local_rank)))
+        return run(args, me, steps, report, save, fault)
+    except BaseException as e:  # noqa: BLE001 - every failure must reach the report
+        report.update(error=f"{type(e).__name__}: {e}".strip(), error_time=time.time(), traceback=traceback.format_exc(limit=6).splitlines()[-12:])
+        save()
+        print(traceback.format_exc(), flush=True)
+        os._exit(1)  # no clean shutdown: with a peer gone, NCCL's and gloo's teardown can block
+
+
+def run(args, me: _rank.Rank, steps: list[str], report: dict, save, fault: _rank.Fault) -> int:
+    t0 = time.perf_counter()
+    try:
+        import torch
+        import torch.distributed as dist
+    except Exception as e:  # ImportError, or CUDA libraries that fail to load (OSError)
+        report.update(error=f"{type(e).__name__}: {e}", error_kind="no_torch")
+        save()
+        return 1
+    report.update(torch_version=torch.__version__, import_seconds=round(time.perf_counter() - t0, 4), stage="init")
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            report.update(error=f"torch {torch.__version__} sees no CUDA device", error_kind="no_device")
+            save()
+            return 1
+        device = torch.device("cuda", me.local_rank)
+        torch.cuda.set_device(device)
+        props = torch.cuda.get_device_properties(device)
+        report.update(gpu_name=props.name, pci_bus_id=_rank.pci_bus_id(props))
+    save()
+    t = time.perf_counter()
+    _rank.init_group(dist, args.backend, device, args.timeout)
+    report["init_seconds"] = round(time.perf_counter() - t, 4)
+    bench = Bench(torch, dist, device, me, args)
+    report["cache_bytes"] = bench.cache
+    for name in steps:
+        report["stage"] = name
+        save()
+        bench.slow = fault.at(name) == "slow"
+        report["results"].extend(getattr(bench, name)())
+        report["step"] += 1
+        save()
+    report.update(stage="done", seconds=round(time.perf_counter() - t0, 4))
+    save()
+    if args.out is None:  # by hand: one line per rank, each a step's median
+        line = {"rank": me.rank, **{_label(r): _median_rate(r) for r in report["results"]}}
+        os.write(1, (json.dumps(line)[:3000] + "\n").encode())
+    dist.destroy_process_group()
+    return 0
+
+
+class Bench:
+    """One method per step; each returns result dicts with every timed repeat."""
+
+    def __init__(self, torch, dist, device, me: _rank.Rank, args):
+        self.torch, self.dist, self.device, self.me, self.args = torch, dist, device, me, args
+        self.cuda = device.type == "cuda"
+        self.slow = False
+        self.cache = _gpu_cache(torch, device) if self.cuda else _cpu_cache()
+        self.gather_fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        self.scatter_fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+    # -- copies within one device -----------------------------------------------
+
+    def hbm_copy(self) -> list[dict]:
+        return self._copy("hbm_copy")
+
+    def memcpy(self) -> list[dict]:
+        # One rank at a time: ranks share the memory bus, and the figure is per socket, not per process.
+        return self._in_turn(lambda: self._copy("memcpy"))
+
+    def _copy(self, step: str) -> list[dict]:
+        nbytes, clamped = self._fit(step, self.args.copy_bytes, 2)
+        sets = self._sets(2 * nbytes)
+        srcs = [self._random(nbytes) for _ in range(sets)]
+        dsts = [self._empty(nbytes) for _ in range(sets)]
+        seconds = self._timed(lambda i: dsts[i % sets].copy_(srcs[i % sets]))
+        # Read once and written once: bytes moved is twice the buffer, as nvbandwidth and DCGM count a copy.
+        return [self._result(step, nbytes, 2 * nbytes, seconds, sets, clamped)]
+
+    # -- host <-> device ------------------------------------------------------
+
+    def h2d(self) -> list[dict]:
+        return self._in_turn(lambda: self._host_copy("h2d"))
+
+    def d2h(self) -> list[dict]:
+        return self._in_turn(lambda: self._host_copy("d2h"))
+
+    def _host_copy(self, step: str) -> list[dict]:
+        nbytes, clamped = self._fit(step, self.args.host_bytes, 1)
+        sets = self._sets(nbytes)
+        dev = [self._random(nbytes) for _ in range(sets)]
+        host = [self.torch.empty(nbytes // 4, dtype=self.torch.float32, pin_memory=True) for _ in range(sets)]
+        for h, d in zip(host, dev):
+            h.copy_(d)  # random host data too, filled on the GPU (filling 1 GiB on a CPU core takes a second)
+        if step == "h2d":
+            seconds = self._timed(lambda i: dev[i % sets].copy_(host[i % sets], non_blocking=True))
+        else:
+            seconds = self._timed(lambda i: host[i % sets].copy_(dev[i % sets], non_blocking=True))
+        return [self._result(step, nbytes, nbytes, seconds, sets, clamped)]
+
+    def _in_turn(self, measure) -> list[dict]:
+        """Each local rank measures alone while the others wait at a barrier."""
+        out: list[dict] = []
+        for turn in range(self.me.local_world_size):
+            self.dist.barrier()
+            if turn == self.me.local_rank:
+                out = measure()
+        self.dist.barrier()
+        return out
+
+    # -- GPU -> GPU -------------------------------------------------------------
+
+    def p2p(self) -> list[dict]:
+        """Copy-engine writes from this GPU to every other one, in rounds: in round
+        k every rank writes to local rank + k, so each GPU sends once and receives once."""
+        n, me = min(self.me.local_world_size, self.torch.cuda.device_count()), self.me.local_rank
+        out = []
+        for k in range(1, n):
+            peer = (me + k) % n
+            self.dist.barrier()
+            access = bool(self.torch.cuda.can_device_access_peer(me, peer))
+            nbytes, clamped = self._fit("p2p", self.args.p2p_bytes, 2)
+            sets = self._sets(nbytes)
+            srcs = [self._random(nbytes) for _ in range(sets)]
+            target = self.torch.device("cuda", peer)
+            dsts = [self.torch.empty(nbytes // 4, dtype=self.torch.float32, device=target) for _ in range(sets)]
+            seconds = self._timed(lambda i: dsts[i % sets].copy_(srcs[i % sets], non_blocking=True))
+            result = self._result("p2p", nbytes, nbytes, seconds, sets, clamped)
+            result.update(peer=peer, peer_access=access, peer_pci_bus_id=_rank.pci_bus_id(self.torch.cuda.get_device_properties(peer)))
+            out.append(result)
+            srcs.clear()
+            dsts.clear()
+            with self.torch.cuda.device(target):
+                self.torch.cuda.empty_cache()  # the next round's peer needs the room, not this one
+        self.dist.barrier()
+        return out
+
+    # -- collectives --------------------------------------------------------------
+
+    def all_reduce(self) -> list[dict]:
+        return self._collective("all_reduce", 1, lambda b: (b, None), lambda b, _: self.dist.all_reduce(b))
+
+    def all_gather(self) -> list[dict]:
+        w = self.me.world_size
+        return self._collective("all_gather", 1 + 1 / w, lambda b: (b, self._random_elems(b.numel() // w)), lambda out, mine: self.gather_fn(out, mine))
+
+    def reduce_scatter(self) -> list[dict]:
+        w = self.me.world_size
+        return self._collective("reduce_scatter", 1 + 1 / w, lambda b: (self._empty_elems(b.numel() // w), b), lambda out, mine: self.scatter_fn(out, mine))
+
+    def _collective(self, step: str, per_byte: float, make, op) -> list[dict]:
+        """``bytes`` is the whole buffer (all_gather's output, reduce_scatter's
+        input), the size nccl-tests prints; every rank uses the size the tightest one can hold."""
+        w = self.me.world_size
+        nbytes, clamped = self._fit(step, self.args.collective_bytes, per_byte)
+        nbytes = self._agree(nbytes - nbytes % (4 * w))
+        sets = self._sets(int(nbytes * per_byte))
+        buffers = [make(self._random(nbytes)) for _ in range(sets)]
+
+        def once(i: int) -> None:
+            a, b = buffers[i % sets]
+            op(a, b)
+
+        seconds = self._timed(once, barrier=True)
+        return [self._result(step, nbytes, nbytes, seconds, sets, clamped)]
+
+    def latency(self) -> list[dict]:
+        """Blocking small all_reduce: each iteration waits for its result, as a
+        training step's small gradient buckets and loss reductions do."""
+        x = self._random(self.args.small_bytes)
+        for _ in range(max(10, self.args.warmup)):
+            self._blocking(x)
+        samples = []
+        for _ in range(self.args.latency_iters):
+            t = time.perf_counter()
+            self._blocking(x)
+            if self.slow:
+                time.sleep(max(SLOW_MIN, SLOW * (time.perf_counter() - t)))
+            samples.append(time.perf_counter() - t)
+        return [{"step": "latency", "bytes": x.numel() * 4, "samples": [round(s, 9) for s in samples], "sets": 1}]
+
+    def _blocking(self, x) -> None:
+        self.dist.all_reduce(x)
+        if self.cuda:
+            self.torch.cuda.synchronize(self.device)
+
+    def graph_latency(self) -> list[dict]:
+        """The small all_reduce captured in a CUDA graph and replayed: launch cost
+        gone, what is left is NCCL and the links. Information, not judged."""
+        torch, k = self.torch, 20
+        x = self._random(self.args.small_bytes)
+        error = None
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    self.dist.all_reduce(x)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(k):
+                    self.dist.all_reduce(x)
+        except Exception as e:  # noqa: BLE001 - an old NCCL or torch cannot capture: say why, move on
+            error = f"{type(e).__name__}: {e}".strip()[:300]
+        # Replay only if every rank captured: a lone replay would wait forever for its peers.
+        ok = torch.tensor([0.0 if error else 1.0], device=self.device)
+        self.dist.all_reduce(ok, op=self.dist.ReduceOp.MIN)
+        if error or not ok.item():
+            return [{"step": "graph_latency", "bytes": x.numel() * 4, "error": error or "another rank could not capture the graph", "sets": 1}]
+        seconds = self._timed(lambda i: graph.replay(), barrier=True)
+        return [{"step": "graph_latency", "bytes": x.numel() * 4, "ops_per_repeat": k, "seconds": seconds, "sets": 1}]
+
+    # -- timing ----------------------------------------------------------------------
+
+    def _timed(self, fn, barrier: bool = False) -> list[float]:
+        """Seconds of each timed repeat of ``fn(i)``, warm-up excluded."""
+        out = []
+        for i in range(self.args.warmup + self.args.repeats):
+            if barrier:
+                self.dist.barrier()
+            seconds = self._once(fn, i)
+            if i >= self.args.warmup:
+                out.append(round(seconds, 9))
+        return out
+
+    def _once(self, fn, i: int) -> float:
+        if self.cuda:
+            start, end = self.torch.cuda.Event(enable_timing=True), self.torch.cuda.Event(enable_timing=True)
+            self.torch.cuda.synchronize(self.device)
+            start.record()
+        t = time.perf_counter()
+        fn(i)
+        if self.slow:
+            if self.cuda:
+                self.torch.cuda.synchronize(self.device)
+            # Inside the timed region: with CUDA events too, the end is recorded after the sleep.
+            time.sleep(max(SLOW_MIN, SLOW * (time.perf_counter() - t)))
+        if self.cuda:
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+        return time.perf_counter() - t
+
+    # -- buffers -----------------------------------------------------------------------
+
+    def _random(self, nbytes: int):
+        return self._random_elems(nbytes // 4)
+
+    def _random_elems(self, n: int):
+        return self.torch.empty(n, dtype=self.torch.float32, device=self.device).uniform_(1.0, 2.0)
+
+    def _empty(self, nbytes: int):
+        return self._empty_elems(nbytes // 4)
+
+    def _empty_elems(self, n: int):
+        return self.torch.empty(n, dtype=self.torch.float32, device=self.device)
+
+    def _sets(self, footprint: int) -> int:
+        """Buffer sets to rotate through, so the bytes touched between two uses of
+        one set are at least twice the last-level cache."""
+        return max(2, min(MAX_SETS, math.ceil(2 * self.cache / max(1, footprint))))
+
+    def _fit(self, step: str, asked: int, per_byte: float) -> tuple[int, str | None]:
+        return fit(step, asked, per_byte, self._free(), self._where())
+
+    def _free(self) -> int | None:
+        if self.cuda:
+            return int(self.torch.cuda.mem_get_info(self.device)[0])
+        available = _meminfo("MemAvailable")
+        return available // max(1, self.me.local_world_size) if available else None
+
+    def _where(self) -> str:
+        return f"cuda:{self.device.index}" if self.cuda else "this host (per rank)"
+
+    def _agree(self, nbytes: int) -> int:
+        """The smallest size any rank can hold: a collective needs one size everywhere."""
+        t = self.torch.tensor([nbytes], dtype=self.torch.int64, device=self.device)
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.MIN)
+        return int(t.item())
+
+    def _result(self, step: str, nbytes: int, moved: int, seconds: list[float], sets: int, clamped: str | None) -> dict:
+        return {"step": step, "bytes": nbytes, "moved_bytes": moved, "seconds": seconds, "sets": sets, "clamped": clamped}
+
+
+def fit(step: str, asked: int, per_byte: float, free: int | None, where: str) -> tuple[int, str | None]:
+    """The size to use: ``asked``, or less where ``per_byte`` x size x two sets
+    do not fit in a share of the memory ``free`` now; and what was clamped, in words."""
+    need = per_byte * asked * 2  # at least two sets
+    nbytes = asked - asked % 4
+    if free is None or need <= FREE_SHARE * free:
+        return nbytes, None
+    mib = 1 << 20
+    fits = int(FREE_SHARE * free / (per_byte * 2)) // mib * mib
+    if fits < mib:
+        raise MemoryError(f"{step}: {_gib(free)} free on {where}, not enough for even 1 MiB buffers")
+    return fits, f"{step}: {_gib(asked)} asked, {_gib(fits)} used: {_gib(free)} free on {where}"
+
+
+# ---- the machine ----------------------------------------------------------------
+
+
+def bind(spec: dict | None) -> dict | None:
+    """Pin this process to the CPUs of its GPU's NUMA node and prefer that node's
+    memory, as nvbandwidth and `numactl --cpunodebind=N --membind=N` do."""
+    if not spec or not spec.get("cpus"):
+        return None
+    cpus = _cpulist(spec["cpus"])
+    out = {"node": spec.get("node"), "cpus": spec["cpus"], "memory": None, "error": None}
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError as e:
+        out["error"] = f"sched_setaffinity({spec['cpus']}): {e.strerror}"
+        return out
+    if spec.get("node") is not None:
+        out["memory"] = _prefer_node(int(spec["node"]))
+    return out
+
+
+# set_mempolicy(2) numbers; MPOL_PREFERRED spills to other nodes instead of failing when one is full.
+_SET_MEMPOLICY = {"x86_64": 238, "aarch64": 237}
+_MPOL_PREFERRED = 1
+
+
+def _prefer_node(node: int) -> str:
+    nr = _SET_MEMPOLICY.get(platform.machine())
+    if nr is None or node >= 64:
+        return f"not set: no set_mempolicy number for {platform.machine()} here"
+    libc = ctypes.CDLL(None, use_errno=True)
+    mask = ctypes.c_ulong(1 << node)
+    if libc.syscall(nr, _MPOL_PREFERRED, ctypes.byref(mask), ctypes.c_ulong(64)) != 0:
+        return f"not set: set_mempolicy: {os.strerror(ctypes.get_errno())}"
+    return f"preferred node {node}"
+
+
+def _cpulist(text: str) -> set[int]:
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def _gpu_cache(torch, device) -> int:
+    return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 << 20)
+
+
+def _cpu_cache() -> int:
+    """The largest cache of CPU 0 (the last level), from sysfs; 64 MiB where unknown."""
+    sizes = []
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            text = open(path).read().strip()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        if text.rstrip("KMG").isdigit():
+            sizes.append(int(text.rstrip("KMG")) * scale)
+    return max(sizes, default=64 << 20)
+
+
+def _meminfo(key: str) -> int | None:
+    try:
+        for line in open("/proc/meminfo"):
+            name, _, rest = line.partition(":")
+            if name == key:
+                return int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _gib(n: float) -> str:
+    return f"{n / (1 << 30):.2f} GiB"
+
+
+def _label(r: dict) -> str:
+    return r["step"] + (f"->{r['peer']}" if r.get("peer") is not None else "")
+
+
+def _median_rate(r: dict) -> str:
+    s = sorted(r.get("seconds") or r.get("samples") or [])
+    if not s:
+        return r.get("error") or "none"
+    mid = s[len(s) // 2]
+    return f"{mid * 1e6:.1f} us" if "samples" in r or "moved_bytes" not in r else f"{r['moved_bytes'] / mid / 1e9:.2f} GB/s"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""The bandwidth check for real: torchrun, two gloo ranks on this CPU, the
+figures the issue names with their floors, and faults injected into real
+processes. The pure arithmetic and judges are in test_bandwidth_judge.py;
+how close the figures are to a plain reference loop is tests/perf/bench_bandwidth.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import run_preflight
+
+from preflight.checks.workers import __file__ as WORKERS_INIT
+from preflight.report import Report
+
+CPU_TOML = Path(__file__).parents[2] / "preflight" / "profiles" / "cpu.toml"
+DEADLINE = 45.0  # the fast profile's bandwidth timeout
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("PREFLIGHT_") or k == "PREFLIGHT_LOCK_FILE"}
+
+
+@pytest.fixture
+def fast(tmp_path: Path) -> dict[str, str]:
+    """The cpu profile with a 4 s collective timeout and a 45 s deadline, as a site profile."""
+    site = tmp_path / "profiles"
+    site.mkdir()
+    text = CPU_TOML.read_text().replace('name = "cpu"', 'name = "cpu-fast"').replace("op_timeout_seconds = 20", "op_timeout_seconds = 4")
+    (site / "cpu-fast.toml").write_text(text + f"\n[timeouts]\nbandwidth = {DEADLINE}\n")
+    return {**clean_env(), "PREFLIGHT_PROFILES_DIR": str(site)}
+
+
+def workers_left(tmp_path: Path) -> str:
+    return subprocess.run(["pgrep", "-af", f"{tmp_path}/tmp/preflight-worker-"], capture_output=True, text=True).stdout.strip()
+
+
+def run_bandwidth(env: dict[str, str], tmp_path: Path, *extra: str, profile: str = "cpu-fast") -> tuple[subprocess.CompletedProcess, Report, float]:
+    report = tmp_path / "report.json"
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    started = time.monotonic()
+    p = run_preflight(["run", "--profile", profile, "--only", "bandwidth", "--report", str(report), *extra], env={"TMPDIR": str(tmp_path / "tmp"), **env}, timeout=150)
+    took = time.monotonic() - started
+    assert report.exists(), p.stderr
+    return p, Report.model_validate_json(report.read_text()), took
+
+
+def result(report: Report):
+    (r,) = [c for c in report.checks if c.check == "bandwidth"]
+    return r
+
+
+def test_the_cpu_profile_passes_and_reports_memcpy_and_gloo_busbw_with_floors(tmp_path):
+    p, report, _ = run_bandwidth(clean_env(), tmp_path, "-v", profile="cpu")
+    r = result(report)
+    assert p.returncode == 0 and r.status == "PASS", p.stderr
+    assert r.summary.startswith("2 gloo rank(s), every figure within its floor: host memcpy ")
+    by = {(m.name, tuple(sorted(m.labels.items()))): m for m in r.measurements}
+    for rank in ("0", "1"):
+        m = by[("memcpy_bandwidth", (("rank", rank),))]
+        assert m.unit == "bytes_per_second" and m.floor == 2e9 and m.value > m.floor
+    busbw = by[("allreduce_bus_bandwidth", (("collective", "all_reduce"),))]
+    assert busbw.floor == 1e8 and busbw.value > busbw.floor
+    p50 = by[("allreduce_latency", (("quantile", "0.5"),))]
+    assert p50.unit == "seconds" and p50.ceiling == 0.02 and 0 < p50.value < p50.ceiling
+    assert ("allreduce_latency", (("quantile", "0.99"),)) in by
+    # every figure: the median of >= 5 timed repeats, with its spread; latency from >= 100 iterations
+    figs = r.details["figures"]
+    assert all(f["repeats"] >= 5 for f in figs) and any(f["name"] == "allreduce_latency" and f["repeats"] >= 100 for f in figs)
+    assert all(f["spread"] is not None for f in figs if f["name"] != "allreduce_latency")
+    steps = [res for res in r.details["ranks"][0]["report"]["results"]]
+    assert [s["step"] for s in steps] == ["memcpy", "all_reduce", "all_gather", "reduce_scatter", "latency"]
+    assert all(s["sets"] >= 2 for s in steps if s["step"] != "latency")  # buffers rotated
+    assert "floor 2 GB/s" in p.stderr and "ceiling 20 ms" in p.stderr
+    assert not workers_left(tmp_path)
+
+
+def test_an_injected_slow_rank_fails_with_its_figure_and_the_floor(fast, tmp_path):
+    p, report, took = run_bandwidth({**fast, "PREFLIGHT_WORKER_FAULT": "1:slow@memcpy"}, tmp_path)
+    r = result(report)
+    assert p.returncode == 1 and r.status == "FAIL", p.stderr
+    assert r.summary.startswith("host memcpy below floor on rank 1 ("), r.summary
+    assert "floor 2 GB/s)" in r.summary
+    assert "on 1 of 2: rank 1: " in r.cause and "DDR4" in r.cause  # the floor's source is named
+    slow = next(m for m in r.measurements if m.name == "memcpy_bandwidth" and m.labels == {"rank": "1"})
+    fine = next(m for m in r.measurements if m.name == "memcpy_bandwidth" and m.labels == {"rank": "0"})
+    assert slow.value < slow.floor < fine.value
+    assert r.details["parts"]["run"] == "PASS" and r.details["parts"]["floors"] == "FAIL"
+    assert not workers_left(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "fault, words",
+    [
+        ("1:kill@all_reduce", "rank 1 died in all_reduce (step 2) (killed by SIGKILL)"),
+        ("0:stop@all_gather", "rank 0 hung in all_gather (step 3)"),
+        ("1:kill@memcpy", "rank 1 died in memcpy (step 1) (killed by SIGKILL)"),
+    ],
+)
+def test_a_rank_that_dies_or_hangs_mid_measurement_is_named_within_the_deadline(fast, tmp_path, fault, words):
+    p, report, took = run_bandwidth({**fast, "PREFLIGHT_WORKER_FAULT": fault}, tmp_path)
+    r = result(report)
+    assert p.returncode == 1 and r.status == "FAIL", p.stderr
+    assert words in r.cause, r.cause
+    assert took < DEADLINE, took
+    assert not workers_left(tmp_path)
+
+
+def test_a_profile_floor_in_the_wrong_unit_is_refused_before_anything_runs(fast, tmp_path):
+    site = Path(fast["PREFLIGHT_PROFILES_DIR"]) / "cpu-fast.toml"
+    site.write_text(site.read_text().replace('value = 2e9\nunit = "bytes_per_second"', 'value = 2\nunit = "GB/s"'))
+    p = run_preflight(["run", "--profile", "cpu-fast", "--only", "bandwidth", "--report", str(tmp_path / "r.json")], env=fast, timeout=60)
+    assert p.returncode == 2, p.stderr
+    (line,) = [x for x in p.stderr.splitlines() if x.strip()]
+    assert "floor 'memcpy_bandwidth' has unit 'GB/s'" in line and "bytes_per_second" in line and "48e9" in line
+    assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize(
+    "floors, words",
+    [
+        ("memcpy_bandwidth = -1", "a floor must be a finite number >= 0"),
+        ('[floors.memcpy_bandwidth]\nvalue = 2\nunit = "GB/s"', "floor 'memcpy_bandwidth' is in 'GB/s', but profile cpu measures it in 'bytes_per_second'"),
+        ('memcpy_bandwidth = "2 GB/s"', "a floor must be a number"),
+        ('[floors.memcpy_bandwith]\nvalue = 2e9\nunit = "bytes_per_second"', "floor 'memcpy_bandwith' is read by no installed check"),
+    ],
+)
+def test_a_site_floor_that_is_negative_or_in_the_wrong_unit_exits_2(tmp_path, floors, words):
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(("[floors]\n" if not floors.startswith("[") else "") + floors + "\n")
+    p = run_preflight(["run", "--profile", "cpu", "--only", "bandwidth", "--config", str(cfg), "--report", str(tmp_path / "r.json")], env=clean_env(), timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert words in p.stderr, p.stderr
+    assert len([x for x in p.stderr.splitlines() if x.strip()]) == 1
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_the_worker_runs_by_hand_with_torchrun(tmp_path):
+    script = Path(WORKERS_INIT).parent / "bandwidth.py"
+    p = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script), "--backend", "gloo", "--device", "cpu",
+         "--copy-bytes", str(8 << 20), "--collective-bytes", str(4 << 20), "--repeats", "5", "--latency-iters", "100"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = [x for x in p.stdout.splitlines() if x.startswith('{"rank"')]
+    assert len(lines) == 2 and all('"memcpy": "' in x and "GB/s" in x and '"latency": "' in x for x in lines), p.stdout

@@ -1,0 +1,530 @@
+"""The bandwidth check's arithmetic and judges, on recorded facts: rank reports
+built by hand (the shape checks/workers/bandwidth.py writes: every timed
+repeat, every latency sample), no processes."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import make_ctx
+from preflight.checks import bandwidth
+from preflight.checks.bandwidth import BandwidthFacts, Figure, RankReport, StepResult
+
+from preflight import ranks
+from preflight.check import Result, Status
+from preflight.profiles import BandwidthExpect, ResolvedFloor
+
+FAIL, WARN = Status.FAIL, Status.WARN
+BPS, SECONDS = "bytes_per_second", "seconds"
+PY = "/opt/venv/bin/python"
+GB, US = 1e9, 1e-6
+GIB, MIB = 1 << 30, 1 << 20
+
+
+def floor(value: float, unit: str = BPS, bound: str = "min", source: str = "test profile: datasheet") -> ResolvedFloor:
+    return ResolvedFloor(value=value, unit=unit, source=source, bound=bound, origin="profile test")
+
+
+def expect(**kw) -> BandwidthExpect:
+    return BandwidthExpect(**{"sizes_source": "test profile: defaults", **kw})
+
+
+def step(name: str, **kw) -> StepResult:
+    return StepResult(step=name, **kw)
+
+
+def report(rank: int, results: list[StepResult] = (), stage: str = "done", world: int = 2, backend: str = "nccl", **kw) -> RankReport:
+    base = dict(rank=rank, local_rank=rank, world_size=world, host="node1", pid=1000 + rank, python=PY, backend=backend,
+                device="cuda" if backend == "nccl" else "cpu", torch_version="2.5.1")
+    return RankReport(**{**base, "stage": stage, "results": list(results), **kw})
+
+
+def outcome(rank: int, rep: RankReport | None, **kw) -> ranks.RankOutcome:
+    kw.setdefault("gpu", f"GPU {rank}")
+    kw.setdefault("last_line", f"rank {rank}: last line")
+    return ranks.RankOutcome(rank=rank, report=rep, **kw)
+
+
+def facts(outcomes: list[ranks.RankOutcome], **kw) -> BandwidthFacts:
+    base = dict(python=PY, backend="nccl", nproc=len(outcomes), ended="exit 0", returncode=0, seconds=30.0)
+    return BandwidthFacts(**{**base, "ranks": outcomes, **kw})
+
+
+def per_rank(n: int, results, backend: str = "nccl", **kw) -> BandwidthFacts:
+    """``n`` ranks, each reporting ``results(rank)``."""
+    gpu = (lambda r: f"GPU {r}") if backend == "nccl" else (lambda r: None)
+    return facts([outcome(r, report(r, results(r), world=n, backend=backend), gpu=gpu(r)) for r in range(n)], backend=backend, **kw)
+
+
+def fig(name: str, value: float, where: str, unit: str = BPS, **kw) -> Figure:
+    return Figure(name=name, unit=unit, value=value, where=where, **kw)
+
+
+def by(figs: list[Figure], name: str, **labels: str) -> list[Figure]:
+    return [g for g in figs if g.name == name and all(g.labels.get(k) == v for k, v in labels.items())]
+
+
+def h2d_on_8(values: dict[int, float], default: float = 55 * GB) -> list[Figure]:
+    return [fig("h2d_bandwidth", values.get(i, default), f"GPU {i}", labels={"gpu": str(i)}, rank=i) for i in range(8)]
+
+
+# --- arithmetic ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("collective", "n", "factor"), [
+    ("all_reduce", 2, 1.0), ("all_reduce", 8, 1.75),
+    ("all_gather", 2, 0.5), ("all_gather", 8, 0.875),
+    ("reduce_scatter", 2, 0.5), ("reduce_scatter", 8, 0.875),
+])
+def test_bus_factor_follows_nccl_tests(collective, n, factor):
+    assert bandwidth.bus_factor(collective, n) == pytest.approx(factor)
+
+
+def test_bus_factor_of_an_unknown_collective_raises():
+    with pytest.raises(ValueError, match="broadcast"):
+        bandwidth.bus_factor("broadcast", 8)
+
+
+def test_median_of_odd_and_even_lists():
+    assert bandwidth.median([3.0, 1.0, 2.0]) == 2.0
+    assert bandwidth.median([4.0, 1.0, 3.0, 2.0]) == 2.5
+    assert bandwidth.median([7.0]) == 7.0
+
+
+def test_quantile_is_nearest_rank_a_real_sample():
+    assert bandwidth.quantile([float(x) for x in range(200, 0, -1)], 0.99) == 198.0
+    assert bandwidth.quantile([float(x) for x in range(1, 101)], 0.5) == 50.0
+    assert bandwidth.quantile([float(x) for x in range(1, 101)], 0.99) == 99.0
+    assert bandwidth.quantile([5.0], 0.99) == 5.0
+
+
+def test_spread_is_range_over_median():
+    assert bandwidth.spread([1.0, 2.0, 3.0]) == pytest.approx(1.0)
+    assert bandwidth.spread([2.0, 2.0]) == 0.0
+    assert bandwidth.spread([]) is None
+    assert bandwidth.spread([0.0, 0.0, 0.0]) is None
+
+
+def test_algbw_is_bytes_over_seconds():
+    assert bandwidth.algbw(GIB, 0.5) == 2 * GIB
+
+
+# --- figures: per device ----------------------------------------------------------------
+
+
+def test_a_device_figure_is_moved_bytes_over_the_median_repeat():
+    f = per_rank(1, lambda r: [step("hbm_copy", bytes=GIB, moved_bytes=2 * GIB, seconds=[0.002, 0.001, 0.004])])
+    (g,) = bandwidth.figures(f)
+    assert g.name == "hbm_copy_bandwidth" and g.unit == BPS
+    assert g.value == pytest.approx(2 * GIB / 0.002)
+    assert (g.where, g.bytes, g.repeats, g.rank) == ("GPU 0", GIB, 3, 0)
+    assert g.spread == pytest.approx((0.004 - 0.001) / 0.002)
+
+
+def test_gpu_figures_carry_dcgm_labels_with_the_uuid_by_nvidia_smi_index():
+    # CUDA_VISIBLE_DEVICES=3: local rank 0 drives nvidia-smi's GPU 3.
+    rep = report(0, [step("h2d", bytes=512 * MIB, moved_bytes=512 * MIB, seconds=[0.02, 0.01, 0.03])], world=1)
+    f = facts([outcome(0, rep, gpu="GPU 3")], uuids={3: "GPU-3f2a", 0: "GPU-0000"})
+    (g,) = bandwidth.figures(f)
+    assert g.labels == {"gpu": "3", "UUID": "GPU-3f2a"}
+    assert g.where == "GPU 3"
+    assert g.value == pytest.approx(512 * MIB / 0.02)
+
+
+def test_a_gpu_without_a_known_uuid_has_only_its_index():
+    f = per_rank(1, lambda r: [step("d2h", bytes=MIB, moved_bytes=MIB, seconds=[0.001])])
+    assert bandwidth.figures(f)[0].labels == {"gpu": "0"}
+
+
+def test_gloo_figures_are_labelled_by_rank():
+    f = per_rank(2, lambda r: [step("memcpy", bytes=64 * MIB, moved_bytes=128 * MIB, seconds=[0.01, 0.02, 0.01])], backend="gloo")
+    figs = bandwidth.figures(f)
+    assert [(g.name, g.where, g.labels) for g in figs] == [("memcpy_bandwidth", "rank 0", {"rank": "0"}), ("memcpy_bandwidth", "rank 1", {"rank": "1"})]
+    assert figs[1].value == pytest.approx(128 * MIB / 0.01)
+
+
+def test_p2p_figure_names_both_gpus():
+    f = per_rank(2, lambda r: [step("p2p", bytes=256 * MIB, moved_bytes=256 * MIB, seconds=[0.001, 0.001, 0.001], peer=1 - r, peer_access=True)],
+                 uuids={0: "GPU-a", 1: "GPU-b"})
+    figs = bandwidth.figures(f)
+    assert [g.where for g in figs] == ["GPU 0 -> GPU 1", "GPU 1 -> GPU 0"]
+    assert figs[0].labels == {"gpu": "0", "UUID": "GPU-a", "peer_gpu": "1"}
+    assert figs[0].name == "p2p_bandwidth"
+
+
+def test_a_step_without_repeats_gives_no_figure():
+    f = per_rank(1, lambda r: [step("hbm_copy", bytes=GIB, moved_bytes=2 * GIB, seconds=[]), step("h2d", bytes=GIB, moved_bytes=None, seconds=[0.1])])
+    assert bandwidth.figures(f) == []
+
+
+def test_ranks_without_a_report_give_no_figure():
+    f = facts([outcome(0, None), outcome(1, None)])
+    assert bandwidth.figures(f) == []
+
+
+# --- figures: collectives, latency ---------------------------------------------------------
+
+# Eight ranks' all_reduce repeats: most take 10 ms; rank 3 is slow in repeat 0, rank 7 in others.
+ALL_REDUCE = {r: [0.010] * 5 for r in range(8)}
+ALL_REDUCE[3] = [0.015, 0.010, 0.010, 0.010, 0.010]
+ALL_REDUCE[7] = [0.012, 0.011, 0.013, 0.010, 0.020]
+
+
+def test_a_collective_repeat_lasts_as_long_as_its_slowest_rank():
+    f = per_rank(8, lambda r: [step("all_reduce", bytes=GIB, moved_bytes=GIB, seconds=ALL_REDUCE[r])])
+    (g,) = bandwidth.figures(f)
+    # per repeat max: 15, 11, 13, 10, 20 ms -> median 13 ms (the median of each rank's median would say 12 ms)
+    assert g.name == "allreduce_bus_bandwidth" and g.where == "8 ranks"
+    assert g.value == pytest.approx(GIB / 0.013 * 2 * 7 / 8)
+    assert g.labels == {"collective": "all_reduce"}
+    assert (g.bytes, g.repeats) == (GIB, 5)
+    assert g.spread == pytest.approx((0.020 - 0.010) / 0.013)
+
+
+def test_all_gather_and_reduce_scatter_use_their_own_factor():
+    f = per_rank(2, lambda r: [step("all_gather", bytes=GIB, seconds=[0.1, 0.1, 0.1]), step("reduce_scatter", bytes=GIB, seconds=[0.2, 0.2, 0.2])])
+    figs = {g.name: g for g in bandwidth.figures(f)}
+    assert figs["allgather_bus_bandwidth"].value == pytest.approx(GIB / 0.1 * 0.5)
+    assert figs["reducescatter_bus_bandwidth"].value == pytest.approx(GIB / 0.2 * 0.5)
+
+
+def test_a_collective_missing_on_a_rank_that_died_gives_no_figure():
+    f = per_rank(2, lambda r: [step("all_reduce", bytes=GIB, seconds=[0.01, 0.01, 0.01])] if r == 0 else [])
+    assert by(bandwidth.figures(f), "allreduce_bus_bandwidth") == []
+
+
+def test_one_rank_gives_no_collective_figure():
+    f = per_rank(1, lambda r: [step("all_reduce", bytes=GIB, seconds=[0.01, 0.01, 0.01])])
+    assert bandwidth.figures(f) == []
+
+
+def test_latency_quantiles_are_per_rank_and_the_figure_names_the_slowest_rank():
+    # rank 0: fast median, a tail of 5 slow samples in 200; rank 1: steady at 20 us
+    samples = {0: [10 * US] * 195 + [1000 * US] * 5, 1: [20 * US] * 200}
+    f = per_rank(2, lambda r: [step("latency", bytes=4096, samples=samples[r])])
+    p50, p99 = bandwidth.figures(f)
+    assert (p50.name, p50.key, p50.labels, p50.unit) == ("allreduce_latency", "allreduce_latency", {"quantile": "0.5"}, SECONDS)
+    assert p50.value == pytest.approx(20 * US) and p50.rank == 1 and p50.where == "slowest of 2 ranks: GPU 1"
+    assert (p99.name, p99.key, p99.labels) == ("allreduce_latency", "allreduce_latency_p99", {"quantile": "0.99"})
+    assert p99.value == pytest.approx(1000 * US) and p99.rank == 0 and p99.where == "slowest of 2 ranks: GPU 0"
+    assert (p99.bytes, p99.repeats) == (4096, 200)
+
+
+def test_graph_latency_divides_the_slowest_repeat_by_the_ops_it_holds():
+    seconds = {0: [0.0002, 0.0004, 0.0002], 1: [0.0006, 0.0002, 0.0002]}
+    f = per_rank(2, lambda r: [step("graph_latency", bytes=4096, ops_per_repeat=20, seconds=seconds[r])])
+    (g,) = bandwidth.figures(f)
+    assert g.name == "allreduce_graph_latency" and g.unit == SECONDS and g.where == "2 ranks"
+    assert g.value == pytest.approx(0.0004 / 20)  # repeats' max: 0.6, 0.4, 0.2 ms -> median 0.4 ms
+
+
+def test_graph_latency_that_could_not_be_captured_gives_no_figure():
+    f = per_rank(2, lambda r: [step("graph_latency", bytes=4096, error="RuntimeError: capture failed")])
+    assert bandwidth.figures(f) == []
+
+
+# --- judge_floors ---------------------------------------------------------------------------
+
+
+def test_below_floor_fails_naming_the_worst_gpu_and_both_figures():
+    (x,) = bandwidth.judge_floors(h2d_on_8({3: 31.2 * GB, 5: 40 * GB}), {"h2d_bandwidth": floor(48 * GB)}, 0.05)
+    assert x.status is FAIL
+    assert x.summary == "host->device copy below floor on GPU 3 (31.2 GB/s, floor 48.0 GB/s)"
+    assert "under the 48.0 GB/s floor (test profile: datasheet; profile test) on 2 of 8: GPU 3: 31.2 GB/s; GPU 5: 40.0 GB/s" in x.cause
+    assert "PCIe link" in x.remedy and "preflight run --only bandwidth" in x.remedy
+
+
+def test_more_than_eight_failing_pairs_are_counted():
+    figs = [fig("p2p_bandwidth", (10 + i) * GB, f"GPU {i // 7} -> pair {i}") for i in range(56)]
+    (x,) = bandwidth.judge_floors(figs, {"p2p_bandwidth": floor(100 * GB)}, 0.05)
+    assert x.summary.startswith("GPU->GPU copy below floor on GPU 0 -> pair 0 (10.0 GB/s")
+    assert "on 56 of 56" in x.cause and "; and 48 more" in x.cause
+    assert "pair 7:" in x.cause and "pair 8:" not in x.cause
+
+
+def test_within_the_margin_above_the_floor_warns_marginal():
+    (x,) = bandwidth.judge_floors(h2d_on_8({6: 49 * GB}), {"h2d_bandwidth": floor(48 * GB)}, 0.05)
+    assert x.status is WARN
+    assert x.summary == "host->device copy marginal on GPU 6 (49.0 GB/s, floor 48.0 GB/s)"
+    assert "within 5% of its 48.0 GB/s floor on 1 of 8: GPU 6: 49.0 GB/s" in x.cause
+    assert "a PCIe link trained below its width" in x.remedy
+
+
+def test_exactly_at_the_floor_is_marginal_not_a_failure():
+    (x,) = bandwidth.judge_floors(h2d_on_8({0: 48 * GB}), {"h2d_bandwidth": floor(48 * GB)}, 0.05)
+    assert x.status is WARN
+
+
+def test_exactly_at_the_margin_passes():
+    assert bandwidth.judge_floors(h2d_on_8({0: 48 * GB * 1.05}), {"h2d_bandwidth": floor(48 * GB)}, 0.05) == []
+
+
+def test_a_failure_and_a_marginal_gpu_give_two_findings():
+    found = bandwidth.judge_floors(h2d_on_8({1: 30 * GB, 2: 49 * GB}), {"h2d_bandwidth": floor(48 * GB)}, 0.05)
+    assert [x.status for x in found] == [FAIL, WARN]
+    assert "GPU 1" in found[0].summary and "GPU 2" in found[1].summary
+
+
+def test_a_margin_of_zero_never_warns():
+    assert bandwidth.judge_floors(h2d_on_8({0: 48 * GB}), {"h2d_bandwidth": floor(48 * GB)}, 0.0) == []
+
+
+def test_latency_over_its_ceiling_fails():
+    g = fig("allreduce_latency", 60 * US, "slowest of 8 ranks: GPU 2", unit=SECONDS, floor="allreduce_latency", labels={"quantile": "0.5"})
+    (x,) = bandwidth.judge_floors([g], {"allreduce_latency": floor(50 * US, SECONDS, "max")}, 0.05)
+    assert x.status is FAIL
+    assert x.summary == "small all_reduce latency p50 over ceiling on slowest of 8 ranks: GPU 2 (60.0 us, ceiling 50.0 us)"
+    assert "over the 50.0 us ceiling" in x.cause and "starved of CPU" in x.remedy
+
+
+@pytest.mark.parametrize(("value", "status"), [(48 * US, WARN), (47 * US, None), (50 * US, WARN)])
+def test_latency_within_the_margin_below_its_ceiling_warns(value, status):
+    g = fig("allreduce_latency", value, "slowest of 8 ranks: GPU 2", unit=SECONDS, floor="allreduce_latency")
+    found = bandwidth.judge_floors([g], {"allreduce_latency": floor(50 * US, SECONDS, "max")}, 0.05)
+    assert [x.status for x in found] == ([status] if status else [])
+    if status:
+        assert "marginal" in found[0].summary and "ceiling 50.0 us" in found[0].summary
+
+
+def test_p99_latency_is_judged_against_its_own_ceiling():
+    samples = [10 * US] * 195 + [400 * US] * 5  # p50 10 us, p99 400 us
+    figs = bandwidth.figures(per_rank(2, lambda r: [step("latency", bytes=4096, samples=samples)]))
+    assert bandwidth.judge_floors(figs, {"allreduce_latency": floor(50 * US, SECONDS, "max")}, 0.05) == []
+    (x,) = bandwidth.judge_floors(figs, {"allreduce_latency": floor(50 * US, SECONDS, "max"), "allreduce_latency_p99": floor(300 * US, SECONDS, "max")}, 0.05)
+    assert x.status is FAIL and x.summary.startswith("small all_reduce latency p99 over ceiling on slowest of 2 ranks")
+    assert "(400.0 us, ceiling 300.0 us)" in x.summary
+
+
+def test_figures_without_a_floor_are_not_judged():
+    figs = h2d_on_8({3: 1 * GB}) + [fig("allreduce_graph_latency", 1.0, "8 ranks", unit=SECONDS)]
+    assert bandwidth.judge_floors(figs, {"hbm_copy_bandwidth": floor(2000 * GB)}, 0.05) == []
+
+
+# --- judge_peer_access ----------------------------------------------------------------------
+
+
+def p2p_facts(access: dict[tuple[int, int], bool | None], n: int = 4) -> BandwidthFacts:
+    def results(r: int) -> list[StepResult]:
+        return [step("p2p", bytes=MIB, moved_bytes=MIB, seconds=[0.001], peer=b, peer_access=access.get((r, b), True)) for b in range(n) if b != r]
+    return per_rank(n, results)
+
+
+def test_no_peer_access_where_the_profile_says_all_nvlink_fails_naming_the_pair():
+    (x,) = bandwidth.judge_peer_access(p2p_facts({(2, 3): False}), set(), all_nvlink=True)
+    assert x.status is FAIL and x.summary == "no peer access between NVLink GPUs (GPU 2 -> GPU 3)"
+    assert "1 ordered pair(s) the profile says NVLink joins: GPU 2 -> GPU 3" in x.cause
+    assert "nvidia-fabricmanager" in x.remedy
+
+
+def test_no_peer_access_on_a_pair_the_topology_links_by_nvlink_fails():
+    (x,) = bandwidth.judge_peer_access(p2p_facts({(0, 1): False, (1, 0): False}), {frozenset({0, 1})}, all_nvlink=False)
+    assert x.status is FAIL and "the topology says" in x.cause and "GPU 0 -> GPU 1, GPU 1 -> GPU 0" in x.cause
+
+
+def test_no_peer_access_on_a_pcie_pair_is_nothing():
+    assert bandwidth.judge_peer_access(p2p_facts({(0, 2): False}), {frozenset({0, 1})}, all_nvlink=False) == []
+
+
+def test_unknown_peer_access_is_nothing():
+    assert bandwidth.judge_peer_access(p2p_facts({(0, 1): None}), set(), all_nvlink=True) == []
+
+
+# --- judge_setup ---------------------------------------------------------------------------
+
+
+def test_a_clamped_step_warns_with_what_was_clamped():
+    clamp = "h2d: 16 GiB asked, 3 GiB used: 5 GiB free on cuda:1"
+    f = per_rank(2, lambda r: [step("h2d", bytes=3 * GIB, moved_bytes=3 * GIB, seconds=[0.1], clamped=clamp if r == 1 else None)])
+    (x,) = bandwidth.judge_setup(f)
+    assert x.status is WARN and x.summary == "buffer sizes clamped to free memory"
+    assert clamp in x.cause and "nvidia-smi" in x.remedy
+
+
+def test_the_same_clamp_on_every_rank_is_said_once():
+    clamp = "all_reduce: 16 GiB asked, 8 GiB used: 20 GiB free on cuda:0"
+    f = per_rank(4, lambda r: [step("all_reduce", bytes=8 * GIB, seconds=[0.1], clamped=clamp)])
+    (x,) = bandwidth.judge_setup(f)
+    assert x.cause.count(clamp) == 1
+
+
+def test_a_rank_that_could_not_be_bound_warns_naming_it():
+    bad = {"node": 1, "cpus": "56-111", "memory": None, "error": "sched_setaffinity(56-111): Invalid argument"}
+    good = {"node": 0, "cpus": "0-55", "memory": "preferred node 0", "error": None}
+    f = facts([outcome(0, report(0, binding=good)), outcome(1, report(1, binding=bad))])
+    (x,) = bandwidth.judge_setup(f)
+    assert x.status is WARN and x.summary == "ranks not bound to their GPU's NUMA node"
+    assert "rank 1: sched_setaffinity(56-111): Invalid argument" in x.cause and "rank 0" not in x.cause
+
+
+def test_an_unclamped_bound_run_has_no_setup_finding():
+    f = facts([outcome(r, report(r, binding={"node": 0, "cpus": "0-55", "error": None})) for r in range(2)])
+    assert bandwidth.judge_setup(f) == []
+
+
+# --- judge: the run part ----------------------------------------------------------------------
+
+
+def test_a_rank_killed_mid_measurement_fails_the_run_naming_it():
+    dead = outcome(1, report(1, [step("hbm_copy", bytes=GIB, moved_bytes=2 * GIB, seconds=[0.001])], stage="all_reduce", step=4), exit="killed by SIGKILL")
+    waiting = outcome(0, report(0, stage="all_reduce", step=4, error="RuntimeError: NCCL watchdog timeout", error_time=50.0), exit="exit 1")
+    f = facts([waiting, dead], ended="exit 1", returncode=1, root_cause=1)
+    parts = bandwidth.judge(f, bandwidth.figures(f), {}, expect(), set(), False)
+    (x,) = parts["run"]
+    assert x.status is FAIL and x.summary == "rank 1 (GPU 1) died in all_reduce (step 5) (killed by SIGKILL)"
+    assert "rank 0 (GPU 0) then failed in all_reduce (step 5): RuntimeError: NCCL watchdog timeout" in x.cause
+    assert "--nproc-per-node 2" in x.remedy and x.remedy.endswith("bandwidth.py")
+
+
+def test_a_launch_error_says_the_worker_could_not_start():
+    f = facts([], nproc=2, ended=None, returncode=None, launch_error=("/opt/venv/bin/python could not be started: No such file or directory", ranks.TORCH))
+    (x,) = bandwidth.judge(f, [], {}, expect(), set(), False)["run"]
+    assert x.status is FAIL and x.summary == "the bandwidth worker could not start"
+    assert "No such file" in x.cause
+
+
+def test_a_healthy_run_has_no_finding_in_any_part():
+    f = per_rank(2, lambda r: [step("h2d", bytes=GIB, moved_bytes=GIB, seconds=[0.01])])
+    parts = bandwidth.judge(f, bandwidth.figures(f), {"h2d_bandwidth": floor(48 * GB)}, expect(), set(), False)
+    assert parts == {"run": [], "floors": [], "peer_access": [], "setup": []}
+
+
+def test_by_hand_on_gloo_names_the_cpu_flags():
+    f = per_rank(2, lambda r: [], backend="gloo")
+    assert bandwidth.by_hand(f).endswith("bandwidth.py --backend gloo --device cpu")
+    assert "--nproc-per-node 2" in bandwidth.by_hand(f)
+
+
+# --- measurements --------------------------------------------------------------------------------
+
+
+def full_run() -> BandwidthFacts:
+    def results(r: int) -> list[StepResult]:
+        return [step("h2d", bytes=GIB, moved_bytes=GIB, seconds=[0.02, 0.02, 0.02]),
+                step("all_reduce", bytes=GIB, moved_bytes=GIB, seconds=[0.01, 0.01, 0.01]),
+                step("latency", bytes=4096, samples=[10 * US] * 100),
+                step("graph_latency", bytes=4096, ops_per_repeat=20, seconds=[0.0002] * 3)]
+    return per_rank(2, results, uuids={0: "GPU-a", 1: "GPU-b"})
+
+
+FLOORS = {"h2d_bandwidth": floor(48 * GB), "allreduce_bus_bandwidth": floor(40 * GB),
+          "allreduce_latency": floor(50 * US, SECONDS, "max"), "allreduce_latency_p99": floor(200 * US, SECONDS, "max")}
+
+
+def test_measurements_carry_the_floor_or_the_ceiling():
+    ms = bandwidth.measurements(bandwidth.figures(full_run()), FLOORS)
+    h2d = [m for m in ms if m.name == "h2d_bandwidth"]
+    assert [(m.labels, m.floor, m.ceiling, m.unit) for m in h2d] == [({"gpu": "0", "UUID": "GPU-a"}, 48 * GB, None, BPS), ({"gpu": "1", "UUID": "GPU-b"}, 48 * GB, None, BPS)]
+    (ar,) = [m for m in ms if m.name == "allreduce_bus_bandwidth"]
+    assert ar.floor == 40 * GB and ar.labels == {"collective": "all_reduce"}
+    lat = {m.labels["quantile"]: m for m in ms if m.name == "allreduce_latency"}
+    assert (lat["0.5"].ceiling, lat["0.5"].floor, lat["0.5"].unit) == (50 * US, None, SECONDS)
+    assert lat["0.99"].ceiling == 200 * US
+
+
+def test_measurement_names_are_the_metric_names():
+    ms = bandwidth.measurements(bandwidth.figures(full_run()), FLOORS)
+    assert sorted({m.name for m in ms}) == ["allreduce_bus_bandwidth", "allreduce_graph_latency", "allreduce_latency", "h2d_bandwidth"]
+    (graph,) = [m for m in ms if m.name == "allreduce_graph_latency"]
+    assert graph.floor is None and graph.ceiling is None
+
+
+# --- lines and summary ------------------------------------------------------------------------------
+
+
+def test_lines_show_the_weakest_of_many_with_the_floor_and_spread():
+    figs = h2d_on_8({3: 31.2 * GB})
+    figs[0].spread = 0.042
+    (line,) = bandwidth.lines(figs, {"h2d_bandwidth": floor(48 * GB)})
+    assert line.startswith("host->device copy")
+    assert "31.2 GB/s (min of 8: GPU 3; median 55.0 GB/s)" in line
+    assert "floor 48.0 GB/s" in line and line.endswith("spread 4.2%")
+
+
+def test_lines_show_the_size_of_a_single_figure_and_no_floor():
+    (line,) = bandwidth.lines([fig("allreduce_bus_bandwidth", 350 * GB, "8 ranks", bytes=GIB)], {})
+    assert "350.0 GB/s (1 GiB)" in line and line.endswith("no floor")
+
+
+def test_lines_judge_latency_by_its_worst_and_show_the_ceiling():
+    figs = bandwidth.figures(full_run())
+    lines = bandwidth.lines(figs, FLOORS)
+    assert len(lines) == 5  # h2d, all_reduce, p50, p99, graph
+    p50 = next(x for x in lines if x.startswith("small all_reduce latency p50"))
+    assert "10.0 us" in p50 and "ceiling 50.0 us" in p50
+    graph = next(x for x in lines if x.startswith("small all_reduce latency in a CUDA graph"))
+    assert "10.0 us" in graph and "no floor" in graph
+
+
+def test_lines_of_many_latency_figures_say_worst_of():
+    figs = [fig("allreduce_graph_latency", v * US, f"run {i}", unit=SECONDS) for i, v in enumerate((5, 9, 7))]
+    (line,) = bandwidth.lines(figs, {})
+    assert "9.0 us (worst of 3: run 1; median 7.0 us)" in line
+
+
+def test_summary_names_the_weakest_of_each_figure():
+    figs = h2d_on_8({3: 31.2 * GB}) + [fig("allreduce_bus_bandwidth", 350 * GB, "8 ranks")]
+    f = per_rank(8, lambda r: [])
+    assert bandwidth.summary(f, figs) == "8 nccl rank(s), every figure within its floor: host->device copy 31.2 GB/s, all_reduce busbw 350.0 GB/s"
+
+
+def test_summary_latency_p50_is_the_p50_not_the_p99():
+    samples = [10 * US] * 195 + [400 * US] * 5
+    f = per_rank(2, lambda r: [step("latency", bytes=4096, samples=samples)])
+    text = bandwidth.summary(f, bandwidth.figures(f))
+    assert text.endswith("small all_reduce latency p50 10.0 us")
+
+
+def test_summary_without_figures_says_so():
+    assert bandwidth.summary(per_rank(2, lambda r: [], backend="gloo"), []) == "2 gloo rank(s): no figure measured"
+
+
+# --- steps_for ------------------------------------------------------------------------------------------
+
+
+def test_eight_gpus_run_every_step():
+    assert bandwidth.steps_for(True, 8, expect()) == ["hbm_copy", "h2d", "d2h", "p2p", "all_reduce", "all_gather", "reduce_scatter", "latency", "graph_latency"]
+
+
+def test_graph_latency_only_where_the_profile_asks():
+    assert "graph_latency" not in bandwidth.steps_for(True, 8, expect(graph=False))
+
+
+def test_one_gpu_has_no_collective_or_p2p():
+    assert bandwidth.steps_for(True, 1, expect()) == ["hbm_copy", "h2d", "d2h"]
+
+
+def test_cpu_runs_memcpy_and_the_collectives():
+    assert bandwidth.steps_for(False, 4, expect()) == ["memcpy", "all_reduce", "all_gather", "reduce_scatter", "latency"]
+    assert bandwidth.steps_for(False, 1, expect()) == ["memcpy"]
+
+
+# --- binding and uuids from earlier checks ---------------------------------------------------------------
+
+
+def test_binding_reads_the_topology_advice():
+    ctx = make_ctx()
+    advice = {"ranks": [{"local_rank": 0, "gpu": 0, "numa_node": 0, "cpus": "0-55"},
+                        {"local_rank": 1, "gpu": 1, "numa_node": 1, "cpus": "56-111"},
+                        {"local_rank": 2, "gpu": 2, "numa_node": None, "cpus": None}]}
+    ctx.results["topology"] = Result(check="topology", status=Status.PASS, summary="ok", details={"advice": advice})
+    assert bandwidth.binding(ctx) == {"0": {"node": 0, "cpus": "0-55"}, "1": {"node": 1, "cpus": "56-111"}}
+
+
+def test_binding_without_topology_or_advice_is_empty():
+    ctx = make_ctx()
+    assert bandwidth.binding(ctx) == {}
+    ctx.results["topology"] = Result(check="topology", status=Status.PASS, summary="ok", details={"advice": None})
+    assert bandwidth.binding(ctx) == {}
+
+
+def test_uuids_read_the_cuda_inventory_by_index():
+    ctx = make_ctx()
+    gpus = [{"index": 0, "uuid": "GPU-aaaa", "name": "NVIDIA H100"}, {"index": 1, "uuid": "GPU-bbbb", "name": "NVIDIA H100"}]
+    ctx.results["cuda"] = Result(check="cuda", status=Status.PASS, summary="ok", details={"inventory": {"gpus": gpus}})
+    assert bandwidth.uuids(ctx) == {0: "GPU-aaaa", 1: "GPU-bbbb"}
+
+
+def test_uuids_without_the_cuda_check_are_empty():
+    ctx = make_ctx()
+    assert bandwidth.uuids(ctx) == {}
+    ctx.results["cuda"] = Result(check="cuda", status=Status.FAIL, summary="no driver", details={})
+    assert bandwidth.uuids(ctx) == {}
