@@ -52,6 +52,8 @@ FLOORS = {
 }
 # Step in the worker -> the figure's name (= its floor's name and its metric's).
 PER_DEVICE = {"hbm_copy": "hbm_copy_bandwidth", "memcpy": "memcpy_bandwidth", "h2d": "h2d_bandwidth", "d2h": "d2h_bandwidth", "p2p": "p2p_bandwidth"}
+# Floors a run over fewer ranks than the node's cannot be held to (busbw and latency depend on the rank count).
+WHOLE_NODE = ("allreduce_bus_bandwidth", "allgather_bus_bandwidth", "reducescatter_bus_bandwidth", "allreduce_latency", "allreduce_latency_p99")
 COLLECTIVE = {"all_reduce": "allreduce_bus_bandwidth", "all_gather": "allgather_bus_bandwidth", "reduce_scatter": "reducescatter_bus_bandwidth"}
 
 WORDS = {
@@ -113,6 +115,7 @@ class RankReport(ranks.RankReport):
     results: list[StepResult] = Field(default_factory=list)
     binding: dict | None = None
     cache_bytes: int | None = None
+    step_seconds: dict[str, float] = Field(default_factory=dict)  # wall time of each step on this rank
 
     def progress(self) -> int:
         return self.step
@@ -308,8 +311,13 @@ def judge_setup(f: BandwidthFacts) -> list[Finding]:
         remedy = "find what holds the memory (`nvidia-smi`, other jobs) before trusting the node; or lower the sizes in the profile's [bandwidth]"
         out.append(Finding(WARN, "buffer sizes clamped to free memory", cause, remedy))
     unbound = [f"rank {o.rank}: {o.report.binding['error']}" for o in f.ranks if isinstance(o.report, RankReport) and o.report.binding and o.report.binding.get("error")]
+    if f.backend == "nccl":
+        reports = [o for o in f.ranks if isinstance(o.report, RankReport)]
+        unbound += [f"{o.who}: no NUMA advice from the topology check" for o in reports if not o.report.binding]  # type: ignore[union-attr]
     if unbound:
-        out.append(Finding(WARN, "ranks not bound to their GPU's NUMA node", "host<->device figures may read low: " + "; ".join(unbound), "allow preflight the CPUs of every NUMA node (cpuset)"))
+        cause = "host<->device figures may read low, since nvbandwidth-style figures assume each rank on its GPU's NUMA node: " + "; ".join(unbound)
+        remedy = "run the topology check before bandwidth (it gives each GPU's node), and allow preflight the CPUs of every NUMA node (cpuset)"
+        out.append(Finding(WARN, "ranks not bound to their GPU's NUMA node", cause, remedy))
     return out
 
 
@@ -417,6 +425,18 @@ def lines(figs: list[Figure], floors: dict[str, ResolvedFloor]) -> list[str]:
     return out
 
 
+def time_line(f: BandwidthFacts) -> list[str]:
+    """Where the check's time went, by step (the slowest rank's), so a profile can be tuned to its budget."""
+    slowest: dict[str, float] = {}
+    for o in f.ranks:
+        for step, sec in (o.report.step_seconds if isinstance(o.report, RankReport) else {}).items():
+            slowest[step] = max(sec, slowest.get(step, 0.0))
+    if not slowest:
+        return []
+    init = max((o.report.import_seconds or 0) + (o.report.init_seconds or 0) for o in f.ranks if o.report)
+    return ["time: import + init " + f"{init:.1f} s, " + ", ".join(f"{step} {sec:.1f} s" for step, sec in slowest.items()) + (f"; torchrun {f.seconds:.1f} s" if f.seconds else "")]
+
+
 def summary(f: BandwidthFacts, figs: list[Figure]) -> str:
     if not figs:
         return f"{f.nproc} {f.backend} rank(s): no figure measured"
@@ -454,12 +474,19 @@ class Bandwidth(Check):
         facts = gather(ctx, nproc, expect, backend)
         figs = figures(facts)
         all_nvlink = bool(ctx.profile.topology and ctx.profile.topology.nvlink == "all")
-        parts = judge(facts, figs, ctx.profile.floors, expect, linked_pairs(ctx.results.get("topology"), ("NV",)) or set(), all_nvlink)
+        full = nproc == (ctx.profile.gpu_count or expect.ranks)
+        # Collective and latency floors are for the whole node's ranks: fewer ranks are not judged by them.
+        floors = ctx.profile.floors if full else {k: v for k, v in ctx.profile.floors.items() if k not in WHOLE_NODE}
+        parts = judge(facts, figs, floors, expect, linked_pairs(ctx.results.get("topology"), ("NV",)) or set(), all_nvlink)
         details = facts.model_dump(mode="json")
         details["parts"] = {name: worst(found) for name, found in parts.items()}
         details["figures"] = [g.model_dump(mode="json") for g in figs]
+        details["full_node"] = full
         findings = [x for found in parts.values() for x in found]
-        result = self.conclude(findings, summary(facts, figs), measurements=measurements(figs, ctx.profile.floors), details=details)
-        result.lines = lines(figs, ctx.profile.floors)
+        result = self.conclude(findings, summary(facts, figs), measurements=measurements(figs, floors), details=details)
+        result.lines = lines(figs, floors) + time_line(facts)
+        if not full:
+            whole = ctx.profile.gpu_count or expect.ranks
+            result.lines.append(f"collective and latency floors are for {whole} ranks; this run had {nproc}: those figures are not judged")
         return result
 

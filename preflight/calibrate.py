@@ -53,6 +53,8 @@ def vouch(report: Report) -> Result:
     for part in ("run", "peer_access", "setup"):
         if parts.get(part, "PASS") != "PASS":
             raise Refused(f"the {CHECK} check's {part} part is {parts[part]}: {result.cause or result.summary}; its figures cannot become floors")
+    if result.details.get("full_node") is False:
+        raise Refused(f"the {CHECK} check ran fewer ranks than the node has (--nproc-per-node): collective floors from it would not fit a whole-node run")
     if not result.details.get("figures"):
         raise Refused(f"the {CHECK} check measured no figure")
     return result

@@ -100,7 +100,7 @@ def plan(settings: Settings) -> Plan:
                     f"profile {profile.name} ({profile.path}): floor {name!r} has {said}, but check {check.name} measures it "
                     f"in {unit!r} with bound {bound!r}; write it in {unit} (48 GB/s is 48e9 bytes_per_second, 80 us is 8e-05 seconds)"
                 )
-    _known_floors(profile)
+    _known_floors(profile, checks)
     n = settings.nproc_per_node
     if n and profile.gpu_count and n > profile.gpu_count:
         where = f"nproc_per_node {n} (--nproc-per-node, PREFLIGHT_NPROC_PER_NODE or config)"
@@ -108,12 +108,16 @@ def plan(settings: Settings) -> Plan:
     return Plan(profile, checks, started_at=started_at)
 
 
-def _known_floors(profile: ResolvedProfile) -> None:
-    """Every floor must be one some installed check reads: a misspelt name would never be judged."""
+def _known_floors(profile: ResolvedProfile, selected: list[Check]) -> None:
+    """Every floor must be one some installed check reads: a misspelt name would never be judged.
+    A plugin that fails to load cannot say which it reads, so then nothing is refused."""
     known: set[str] = set()
+    loaded = {c.name: c for c in selected}
     for name in registry.names():
-        check = registry.load(name)
-        known |= set(check.floors) | set(check.floor_units)
+        check = loaded.get(name) or registry.load(name)
+        if isinstance(check, registry.BrokenPlugin):
+            return
+        known |= set(check.floors) | set(check.floor_units) | set(check.required_floors(profile))
     stray = sorted(set(profile.floors) - known)
     if stray:
         f = profile.floors[stray[0]]

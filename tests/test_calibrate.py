@@ -107,3 +107,10 @@ def test_a_profile_without_the_bandwidth_check_has_nothing_to_calibrate():
     with pytest.raises(UsageError, match="nothing to calibrate"):
         calibrate.checks_up_to(["cuda", "topology", "shm", "nccl"], "gb10")
     assert calibrate.checks_up_to(["cuda", "shm", "bandwidth", "train"], "x") == ["cuda", "shm", "bandwidth"]
+
+
+def test_a_run_over_fewer_ranks_than_the_node_refuses():
+    result = bw(H2D)
+    result.details["full_node"] = False
+    with pytest.raises(calibrate.Refused, match="fewer ranks than the node has"):
+        calibrate.vouch(report(result))

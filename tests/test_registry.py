@@ -33,3 +33,28 @@ def test_a_plugin_that_does_not_import_becomes_an_error_result(plugin):
 def test_a_plugin_whose_name_disagrees_with_its_entry_point_is_an_error(plugin):
     r = run_checks([registry.load("misnamed")], make_ctx()).results[0]
     assert r.status is Status.ERROR and "must agree" in r.summary
+
+
+FLOOR = '\n[floors.plugin_floor]\nvalue = 1\nunit = "count"\nsource = "test"\n'
+
+
+def test_a_floor_no_installed_check_reads_is_refused_as_a_typo(plugin, monkeypatch):
+    import fakes
+
+    from preflight import pipeline, settings
+
+    fakes.write_profile(plugin / "profiles", "typo", ["passing"], FLOOR)
+    monkeypatch.setattr(registry, "names", lambda: ["passing", "shm"])  # the broken fakes hidden: every check loads
+    with pytest.raises(UsageError, match=r"floor 'plugin_floor' is read by no installed check"):
+        pipeline.plan(settings.load({"profile": "typo"}, environ={"PREFLIGHT_PROFILES_DIR": str(plugin / "profiles")}))
+
+
+def test_with_a_broken_plugin_installed_no_floor_is_refused_as_unknown(plugin):
+    # The broken plugin might be the one that reads it: its own ERROR says more than exit 2 would.
+    import fakes
+
+    from preflight import pipeline, settings
+
+    fakes.write_profile(plugin / "profiles", "typo", ["passing"], FLOOR)
+    plan = pipeline.plan(settings.load({"profile": "typo"}, environ={"PREFLIGHT_PROFILES_DIR": str(plugin / "profiles")}))
+    assert [c.name for c in plan.checks] == ["passing"]

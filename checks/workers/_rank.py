@@ -104,8 +104,10 @@ class Fault:
         return self.kind
 
 
-def init_group(dist, backend: str, device, seconds: float) -> None:
-    """init_process_group with a timeout on every collective, eager where torch allows."""
+def init_group(dist, backend: str, device, seconds: float, blocking: bool = True) -> None:
+    """init_process_group with a timeout on every collective, eager where torch allows.
+    ``blocking``: NCCL collectives past the timeout raise in the rank (a worker that
+    waits with its own deadline, and times what it waits for, passes False)."""
     import datetime
     import inspect
 
@@ -113,7 +115,7 @@ def init_group(dist, backend: str, device, seconds: float) -> None:
     if backend == "nccl":
         # Blocking wait: a collective past the timeout raises in this rank, so it
         # reports it, instead of the watchdog aborting the process silently.
-        os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
+        os.environ["TORCH_NCCL_BLOCKING_WAIT"] = "1" if blocking else "0"
         if "device_id" in inspect.signature(dist.init_process_group).parameters:  # torch >= 2.2
             dist.init_process_group("nccl", timeout=timeout, device_id=device)  # eager init, so init time is init time
         else:

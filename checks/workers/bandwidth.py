@@ -47,6 +47,7 @@ FREE_SHARE = 0.7  # of the memory free now: NCCL's buffers and peers' contexts n
 # The slow fault sleeps this many times the repeat's own length, and at least
 # SLOW_MIN seconds: a 64 MiB memcpy then reads under 1.4 GB/s on any machine.
 SLOW, SLOW_MIN = 3.0, 0.1
+GRACE = 10.0  # the process group's timeout exceeds the worker's own by this much
 
 
 def main() -> int:
@@ -71,7 +72,7 @@ def main() -> int:
     _rank.redirect_output(args.out, me.rank)
     steps = [s for s in (args.steps or "").split(",") if s] or list(GPU_STEPS if args.device == "cuda" else CPU_STEPS)
     report = _rank.base_report(me)
-    report.update(backend=args.backend, device=args.device, steps=steps, step=0, results=[], binding=None)
+    report.update(backend=args.backend, device=args.device, steps=steps, step=0, results=[], binding=None, step_seconds={})
     save = lambda: _rank.write_report(args.out, me.rank, report)  # noqa: E731
     fault = _rank.Fault(me.rank, first_op=steps[0])
     fault.at("start")
@@ -109,7 +110,10 @@ def run(args, me: _rank.Rank, steps: list[str], report: dict, save, fault: _rank
         report.update(gpu_name=props.name, pci_bus_id=_rank.pci_bus_id(props))
     save()
     t = time.perf_counter()
-    _rank.init_group(dist, args.backend, device, args.timeout)
+    # No blocking wait: it polls with a sleep (1-10 ms) that would land inside every
+    # timed region. Waits here spin on a CUDA event with their own deadline instead
+    # (Bench._finish), inside the process group's timeout, so a rank still gives up first and says so.
+    _rank.init_group(dist, args.backend, device, args.timeout + GRACE, blocking=False)
     report["init_seconds"] = round(time.perf_counter() - t, 4)
     bench = Bench(torch, dist, device, me, args)
     report["cache_bytes"] = bench.cache
@@ -117,7 +121,9 @@ def run(args, me: _rank.Rank, steps: list[str], report: dict, save, fault: _rank
         report["stage"] = name
         save()
         bench.slow = fault.at(name) == "slow"
+        t = time.perf_counter()
         report["results"].extend(getattr(bench, name)())
+        report["step_seconds"][name] = round(time.perf_counter() - t, 4)  # where the budget goes
         report["step"] += 1
         save()
     report.update(stage="done", seconds=round(time.perf_counter() - t0, 4))
@@ -137,6 +143,7 @@ class Bench:
         self.cuda = device.type == "cuda"
         self.slow = False
         self.cache = _gpu_cache(torch, device) if self.cuda else _cpu_cache()
+        self.flag = torch.ones(1, device=device)  # the barrier's all_reduce
         self.gather_fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         self.scatter_fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
@@ -146,7 +153,8 @@ class Bench:
         return self._copy("hbm_copy")
 
     def memcpy(self) -> list[dict]:
-        # One rank at a time: ranks share the memory bus, and the figure is per socket, not per process.
+        # One rank at a time: ranks share the memory bus. torchrun gives each rank
+        # OMP_NUM_THREADS=1, so this is one core's copy bandwidth.
         return self._in_turn(lambda: self._copy("memcpy"))
 
     def _copy(self, step: str) -> list[dict]:
@@ -183,51 +191,58 @@ class Bench:
         """Each local rank measures alone while the others wait at a barrier."""
         out: list[dict] = []
         for turn in range(self.me.local_world_size):
-            self.dist.barrier()
+            self._sync()
             if turn == self.me.local_rank:
                 out = measure()
-        self.dist.barrier()
+        self._sync()
         return out
 
     # -- GPU -> GPU -------------------------------------------------------------
 
     def p2p(self) -> list[dict]:
-        """Copy-engine writes from this GPU to every other one, in rounds: in round
-        k every rank writes to local rank + k, so each GPU sends once and receives once."""
+        """Copy-engine writes from this GPU to every other one, one ordered pair at a
+        time across the node, as nvbandwidth measures them (the floors cite it):
+        a pair copying while others do would share NVSwitch or PCIe uplinks."""
         n, me = min(self.me.local_world_size, self.torch.cuda.device_count()), self.me.local_rank
         out = []
         for k in range(1, n):
-            peer = (me + k) % n
-            self.dist.barrier()
-            access = bool(self.torch.cuda.can_device_access_peer(me, peer))
-            nbytes, clamped = self._fit("p2p", self.args.p2p_bytes, 2)
-            sets = self._sets(nbytes)
-            srcs = [self._random(nbytes) for _ in range(sets)]
-            target = self.torch.device("cuda", peer)
-            dsts = [self.torch.empty(nbytes // 4, dtype=self.torch.float32, device=target) for _ in range(sets)]
-            seconds = self._timed(lambda i: dsts[i % sets].copy_(srcs[i % sets], non_blocking=True))
-            result = self._result("p2p", nbytes, nbytes, seconds, sets, clamped)
-            result.update(peer=peer, peer_access=access, peer_pci_bus_id=_rank.pci_bus_id(self.torch.cuda.get_device_properties(peer)))
-            out.append(result)
-            srcs.clear()
-            dsts.clear()
-            with self.torch.cuda.device(target):
-                self.torch.cuda.empty_cache()  # the next round's peer needs the room, not this one
-        self.dist.barrier()
+            for turn in range(n):
+                self._sync()
+                if turn == me:
+                    out.append(self._p2p_pair((me + k) % n))
+        self._sync()
         return out
+
+    def _p2p_pair(self, peer: int) -> dict:
+        torch = self.torch
+        target = torch.device("cuda", peer)
+        access = bool(torch.cuda.can_device_access_peer(self.me.local_rank, peer))
+        free = min(int(torch.cuda.mem_get_info(self.device)[0]), int(torch.cuda.mem_get_info(target)[0]))  # dst lives on the peer
+        nbytes, clamped = fit("p2p", self.args.p2p_bytes, 1, free, f"cuda:{self.device.index} or cuda:{peer}")
+        sets = self._sets(nbytes)
+        srcs = [self._random(nbytes) for _ in range(sets)]
+        dsts = [torch.empty(nbytes // 4, dtype=torch.float32, device=target) for _ in range(sets)]
+        seconds = self._timed(lambda i: dsts[i % sets].copy_(srcs[i % sets], non_blocking=True))
+        result = self._result("p2p", nbytes, nbytes, seconds, sets, clamped)
+        result.update(peer=peer, peer_access=access, peer_pci_bus_id=_rank.pci_bus_id(torch.cuda.get_device_properties(peer)))
+        srcs.clear()
+        dsts.clear()
+        with torch.cuda.device(target):
+            torch.cuda.empty_cache()  # the next pair's peer needs the room, not this one
+        return result
 
     # -- collectives --------------------------------------------------------------
 
     def all_reduce(self) -> list[dict]:
-        return self._collective("all_reduce", 1, lambda b: (b, None), lambda b, _: self.dist.all_reduce(b))
+        return self._collective("all_reduce", 1, lambda b: (b, None), lambda b, _: self.dist.all_reduce(b, async_op=True))
 
     def all_gather(self) -> list[dict]:
         w = self.me.world_size
-        return self._collective("all_gather", 1 + 1 / w, lambda b: (b, self._random_elems(b.numel() // w)), lambda out, mine: self.gather_fn(out, mine))
+        return self._collective("all_gather", 1 + 1 / w, lambda b: (b, self._random_elems(b.numel() // w)), lambda out, mine: self.gather_fn(out, mine, async_op=True))
 
     def reduce_scatter(self) -> list[dict]:
         w = self.me.world_size
-        return self._collective("reduce_scatter", 1 + 1 / w, lambda b: (self._empty_elems(b.numel() // w), b), lambda out, mine: self.scatter_fn(out, mine))
+        return self._collective("reduce_scatter", 1 + 1 / w, lambda b: (self._empty_elems(b.numel() // w), b), lambda out, mine: self.scatter_fn(out, mine, async_op=True))
 
     def _collective(self, step: str, per_byte: float, make, op) -> list[dict]:
         """``bytes`` is the whole buffer (all_gather's output, reduce_scatter's
@@ -240,14 +255,16 @@ class Bench:
 
         def once(i: int) -> None:
             a, b = buffers[i % sets]
-            op(a, b)
+            op(a, b).wait()  # gloo: done; NCCL: the current stream now waits for NCCL's
 
         seconds = self._timed(once, barrier=True)
         return [self._result(step, nbytes, nbytes, seconds, sets, clamped)]
 
     def latency(self) -> list[dict]:
         """Blocking small all_reduce: each iteration waits for its result, as a
-        training step's small gradient buckets and loss reductions do."""
+        training step's small gradient buckets and loss reductions do. MAX, not
+        SUM: hundreds of in-place sums over 8 ranks would overflow to inf, and at
+        a few KiB the reduction's arithmetic costs nothing either way."""
         x = self._random(self.args.small_bytes)
         for _ in range(max(10, self.args.warmup)):
             self._blocking(x)
@@ -261,9 +278,29 @@ class Bench:
         return [{"step": "latency", "bytes": x.numel() * 4, "samples": [round(s, 9) for s in samples], "sets": 1}]
 
     def _blocking(self, x) -> None:
-        self.dist.all_reduce(x)
+        self.dist.all_reduce(x, op=self.dist.ReduceOp.MAX, async_op=True).wait()
+        self._finish("the small all_reduce")
+
+    def _sync(self) -> None:
+        """A barrier with a deadline: NCCL's own barrier synchronizes the device with none."""
         if self.cuda:
-            self.torch.cuda.synchronize(self.device)
+            self._blocking(self.flag)
+        else:
+            self.dist.barrier()
+
+    def _finish(self, what: str, event=None) -> None:
+        """Wait until the GPU has done what was queued (or ``event``), spinning: a sleep
+        would add its own length to latency figures. Past --timeout, raise, so this
+        rank reports where it stopped instead of hanging on a peer that did."""
+        if not self.cuda:
+            return
+        if event is None:
+            event = self.torch.cuda.Event()
+            event.record()
+        deadline = time.monotonic() + self.args.timeout
+        while not event.query():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} not done after {self.args.timeout:g} s: a peer stopped, or this GPU hangs")
 
     def graph_latency(self) -> list[dict]:
         """The small all_reduce captured in a CUDA graph and replayed: launch cost
@@ -271,22 +308,24 @@ class Bench:
         torch, k = self.torch, 20
         x = self._random(self.args.small_bytes)
         error = None
+        mx = self.dist.ReduceOp.MAX  # replays of in-place sums would overflow
         try:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                for _ in range(3):
-                    self.dist.all_reduce(x)
+                for _ in range(3):  # NCCL needs eager calls on the communicator before capture
+                    self.dist.all_reduce(x, op=mx)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 for _ in range(k):
-                    self.dist.all_reduce(x)
+                    self.dist.all_reduce(x, op=mx)
         except Exception as e:  # noqa: BLE001 - an old NCCL or torch cannot capture: say why, move on
             error = f"{type(e).__name__}: {e}".strip()[:300]
         # Replay only if every rank captured: a lone replay would wait forever for its peers.
         ok = torch.tensor([0.0 if error else 1.0], device=self.device)
-        self.dist.all_reduce(ok, op=self.dist.ReduceOp.MIN)
+        self.dist.all_reduce(ok, op=self.dist.ReduceOp.MIN, async_op=True).wait()
+        self._finish("agreeing on the graph")
         if error or not ok.item():
             return [{"step": "graph_latency", "bytes": x.numel() * 4, "error": error or "another rank could not capture the graph", "sets": 1}]
         seconds = self._timed(lambda i: graph.replay(), barrier=True)
@@ -299,7 +338,7 @@ class Bench:
         out = []
         for i in range(self.args.warmup + self.args.repeats):
             if barrier:
-                self.dist.barrier()
+                self._sync()
             seconds = self._once(fn, i)
             if i >= self.args.warmup:
                 out.append(round(seconds, 9))
@@ -319,7 +358,7 @@ class Bench:
             time.sleep(max(SLOW_MIN, SLOW * (time.perf_counter() - t)))
         if self.cuda:
             end.record()
-            end.synchronize()
+            self._finish("a timed repeat", end)
             return start.elapsed_time(end) / 1e3
         return time.perf_counter() - t
 
@@ -357,7 +396,8 @@ class Bench:
     def _agree(self, nbytes: int) -> int:
         """The smallest size any rank can hold: a collective needs one size everywhere."""
         t = self.torch.tensor([nbytes], dtype=self.torch.int64, device=self.device)
-        self.dist.all_reduce(t, op=self.dist.ReduceOp.MIN)
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.MIN, async_op=True).wait()
+        self._finish("agreeing on a size")
         return int(t.item())
 
     def _result(self, step: str, nbytes: int, moved: int, seconds: list[float], sets: int, clamped: str | None) -> dict:

@@ -149,3 +149,14 @@ def test_the_worker_runs_by_hand_with_torchrun(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     lines = [x for x in p.stdout.splitlines() if x.startswith('{"rank"')]
     assert len(lines) == 2 and all('"memcpy": "' in x and "GB/s" in x and '"latency": "' in x for x in lines), p.stdout
+
+
+def test_fewer_or_more_ranks_than_the_node_s_are_not_held_to_its_collective_floors(fast, tmp_path):
+    p, report, _ = run_bandwidth(fast, tmp_path, "--nproc-per-node", "3")
+    r = result(report)
+    assert p.returncode == 0 and r.status == "PASS", p.stderr
+    assert "collective and latency floors are for 2 ranks; this run had 3: those figures are not judged" in r.lines
+    busbw = next(m for m in r.measurements if m.name == "allreduce_bus_bandwidth")
+    assert busbw.floor is None and r.details["full_node"] is False
+    assert all(m.floor == 2e9 for m in r.measurements if m.name == "memcpy_bandwidth")  # per-rank floors still hold
+    assert not workers_left(tmp_path)

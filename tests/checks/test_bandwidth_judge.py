@@ -35,6 +35,8 @@ def step(name: str, **kw) -> StepResult:
 def report(rank: int, results: list[StepResult] = (), stage: str = "done", world: int = 2, backend: str = "nccl", **kw) -> RankReport:
     base = dict(rank=rank, local_rank=rank, world_size=world, host="node1", pid=1000 + rank, python=PY, backend=backend,
                 device="cuda" if backend == "nccl" else "cpu", torch_version="2.5.1")
+    if backend == "nccl":  # a healthy GPU rank is bound to its GPU's NUMA node
+        base["binding"] = {"node": 0, "cpus": "0-15", "memory": "preferred node 0", "error": None}
     return RankReport(**{**base, "stage": stage, "results": list(results), **kw})
 
 
@@ -337,6 +339,19 @@ def test_a_clamped_step_warns_with_what_was_clamped():
     (x,) = bandwidth.judge_setup(f)
     assert x.status is WARN and x.summary == "buffer sizes clamped to free memory"
     assert clamp in x.cause and "nvidia-smi" in x.remedy
+
+
+def test_a_gpu_rank_without_numa_advice_warns_that_host_copies_may_read_low():
+    f = per_rank(2, lambda r: [step("h2d", bytes=GIB, moved_bytes=GIB, seconds=[0.01])])
+    f.ranks[1].report.binding = None
+    (x,) = bandwidth.judge_setup(f)
+    assert x.status is WARN and x.summary == "ranks not bound to their GPU's NUMA node"
+    assert "rank 1 (GPU 1): no NUMA advice from the topology check" in x.cause and "rank 0" not in x.cause
+
+
+def test_cpu_ranks_need_no_numa_binding():
+    f = per_rank(2, lambda r: [step("memcpy", bytes=GIB, moved_bytes=2 * GIB, seconds=[0.2])], backend="gloo")
+    assert bandwidth.judge_setup(f) == []
 
 
 def test_the_same_clamp_on_every_rank_is_said_once():
