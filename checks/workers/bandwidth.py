@@ -113,7 +113,8 @@ def run(args, me: _rank.Rank, steps: list[str], report: dict, save, fault: _rank
     # No blocking wait: it polls with a sleep (1-10 ms) that would land inside every
     # timed region. Waits here spin on a CUDA event with their own deadline instead
     # (Bench._finish), inside the process group's timeout, so a rank still gives up first and says so.
-    _rank.init_group(dist, args.backend, device, args.timeout + GRACE, blocking=False)
+    # gloo has no such wait to do: its own timeout is the rank's.
+    _rank.init_group(dist, args.backend, device, args.timeout + (GRACE if args.backend == "nccl" else 0), blocking=False)
     report["init_seconds"] = round(time.perf_counter() - t, 4)
     bench = Bench(torch, dist, device, me, args)
     report["cache_bytes"] = bench.cache

@@ -160,3 +160,24 @@ def test_fewer_or_more_ranks_than_the_node_s_are_not_held_to_its_collective_floo
     assert busbw.floor is None and r.details["full_node"] is False
     assert all(m.floor == 2e9 for m in r.measurements if m.name == "memcpy_bandwidth")  # per-rank floors still hold
     assert not workers_left(tmp_path)
+
+
+@pytest.mark.gpu
+def test_bandwidth_on_every_gpu_of_this_node(tmp_path):
+    """On the lent GPU machine: every GPU figure for real, printed for the issue note
+    (HBM copy, H2D, D2H, latency, the check's time). With fewer GPUs than the
+    profile's, the whole-node floors are not judged (the run says so)."""
+    import shutil
+
+    if not shutil.which("nvidia-smi"):
+        pytest.skip("no NVIDIA driver here")
+    gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout.count("GPU ")
+    p, report, took = run_bandwidth(clean_env(), tmp_path, "--nproc-per-node", str(gpus), "-v", profile="auto")
+    print(p.stderr, f"check took {took:.1f} s")
+    r = result(report)
+    names = {m.name for m in r.measurements}
+    assert {"hbm_copy_bandwidth", "h2d_bandwidth", "d2h_bandwidth"} <= names, p.stderr
+    hbm = [m for m in r.measurements if m.name == "hbm_copy_bandwidth"]
+    assert len(hbm) == gpus and all(m.labels.get("UUID", "").startswith("GPU-") or "gpu" in m.labels for m in hbm)
+    assert r.details["parts"]["run"] == "PASS", (r.cause, p.stderr)
+    assert not workers_left(tmp_path)
