@@ -189,7 +189,7 @@ def figures(f: BandwidthFacts) -> list[Figure]:
     for r, rep in reports.items():
         for res in rep.results:
             if res.step in PER_DEVICE and res.seconds and res.moved_bytes:
-                out.append(_device_figure(f, r, rep, res, gpu))
+                out.append(_device_figure(f, r, res, gpu))
             elif res.step not in PER_DEVICE:
                 by_step[res.step][r] = res
     n = f.nproc
@@ -211,12 +211,14 @@ def figures(f: BandwidthFacts) -> list[Figure]:
                               labels={"quantile": str(q)}, bytes=nbytes, repeats=len(lat[worst_rank].samples), rank=worst_rank))
     graph = by_step.get("graph_latency", {})
     if len(graph) == n and all(x.seconds for x in graph.values()):
-        times = [max(ts) / g.ops_per_repeat for g in [next(iter(graph.values()))] for ts in zip(*(x.seconds for x in graph.values()))]
-        out.append(Figure(name="allreduce_graph_latency", unit=SECONDS, value=median(times), where=f"{n} ranks", bytes=next(iter(graph.values())).bytes, repeats=len(times), spread=spread(times)))
+        first = next(iter(graph.values()))
+        # Each repeat replays ops_per_repeat all_reduces: the slowest rank's replay, per op.
+        times = [max(ts) / first.ops_per_repeat for ts in zip(*(x.seconds for x in graph.values()))]
+        out.append(Figure(name="allreduce_graph_latency", unit=SECONDS, value=median(times), where=f"{n} ranks", bytes=first.bytes, repeats=len(times), spread=spread(times)))
     return out
 
 
-def _device_figure(f: BandwidthFacts, r: int, rep: RankReport, res: StepResult, gpu: dict[int, str | None]) -> Figure:
+def _device_figure(f: BandwidthFacts, r: int, res: StepResult, gpu: dict[int, str | None]) -> Figure:
     name = PER_DEVICE[res.step]
     med = median(res.seconds)
     labels, where = _labels(f, r, gpu), _who(r, gpu)
@@ -332,8 +334,7 @@ def judge(f: BandwidthFacts, figs: list[Figure], floors: dict[str, ResolvedFloor
 
 
 def by_hand(f: BandwidthFacts) -> str:
-    extra = " --backend gloo --device cpu" if f.backend == "gloo" else ""
-    return f"run it by hand to see more: {f.python} -m torch.distributed.run --nproc-per-node {f.nproc} {launch.WORKERS_DIR / 'bandwidth.py'}{extra}"
+    return ranks.by_hand(f, "bandwidth.py")
 
 
 # ---- gathering ------------------------------------------------------------------

@@ -157,9 +157,7 @@ def judge_ifnames(env: dict[str, list[tuple[str, str]]], nics: dict[str, list[st
 
 
 def _by_hand(f: NcclFacts) -> str:
-    script = launch.WORKERS_DIR / "nccl_smoke.py"
-    extra = " --backend gloo --device cpu" if f.backend == "gloo" else ""
-    return f"run it by hand to see more: {f.python} -m torch.distributed.run --nproc-per-node {f.nproc} {script}{extra}"
+    return ranks.by_hand(f, "nccl_smoke.py")
 
 
 def judge_run(f: NcclFacts) -> list[Finding]:

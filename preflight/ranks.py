@@ -109,6 +109,12 @@ def gpu_of(local_rank: int, env: dict[str, str], backend: str) -> str | None:
     return f"GPU {local_rank}"
 
 
+def by_hand(f: RunFacts, script: str) -> str:
+    """The torchrun command that reruns ``script`` as the check ran it, to see more."""
+    extra = " --backend gloo --device cpu" if f.backend == "gloo" else ""
+    return f"run it by hand to see more: {f.python} -m torch.distributed.run --nproc-per-node {f.nproc} {launch.WORKERS_DIR / script}{extra}"
+
+
 def gpu_index(gpu: str | None) -> int | None:
     """"GPU 3" -> 3 (nvidia-smi's index); None where the GPU is not known by index."""
     return int(gpu.split()[1]) if gpu and gpu.startswith("GPU ") and gpu.split()[1].isdigit() else None
