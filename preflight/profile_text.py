@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from preflight.profiles import ResolvedProfile
-from preflight.units import fmt_bytes
+from preflight.units import fmt_bytes, fmt_value
 
 
 def describe(p: ResolvedProfile) -> str:
@@ -12,7 +12,7 @@ def describe(p: ResolvedProfile) -> str:
     out.append(f"profile {p.name} ({p.chosen_because})\n  file: {p.path}\n  {p.description}")
     out.append(f"  GPUs expected: {p.gpu_count}\n  checks, in order: {', '.join(p.checks)}\n  floors:")
     for fname, f in p.floors.items():
-        human = f" ({fmt_bytes(f.value)})" if f.unit == "bytes" else ""
+        human = f" ({fmt_value(f.value, f.unit)})" if f.unit in ("bytes", "bytes_per_second", "seconds") else ""
         kind = "at least" if f.bound == "min" else "at most"
         value = f"{f.value:.0f}" if f.value.is_integer() else f"{f.value:g}"
         out.append(f"    {fname}: {kind} {value} {f.unit}{human}\n      value from: {f.origin}\n      source: {f.source}")
