@@ -111,3 +111,28 @@ def test_every_rank_done_but_never_exiting_settles_after_the_grace(clock):
     assert at(clock, rule, running, 0.0) is False
     assert at(clock, rule, running, ranks.DONE_GRACE - 0.1) is False
     assert at(clock, rule, running, ranks.DONE_GRACE) is True
+
+
+# --- the words for a rank and where it stopped -----------------------------------
+
+
+def test_a_local_rank_is_nvidia_smi_s_gpu_unless_cuda_visible_devices_renumbers():
+    assert ranks.gpu_of(3, {}, "nccl") == "GPU 3"
+    assert ranks.gpu_of(1, {"CUDA_VISIBLE_DEVICES": "4,6"}, "nccl") == "GPU 6"
+    assert ranks.gpu_of(0, {"CUDA_VISIBLE_DEVICES": "GPU-8f2c"}, "nccl") == "CUDA device 0"
+    assert ranks.gpu_of(0, {}, "gloo") is None
+    assert ranks.gpu_index("GPU 6") == 6 and ranks.gpu_index("CUDA device 0") is None and ranks.gpu_index(None) is None
+
+
+def test_where_a_rank_stopped_counts_its_steps_from_one():
+    base = dict(rank=0, local_rank=0, world_size=2, host="n", pid=1, python="p", backend="gloo", device="cpu")
+    assert ranks.stage_words(ranks.RankReport(stage="init", **base)) == "in init_process_group"
+    assert ranks.stage_words(ranks.RankReport(stage="all_gather", **base)) == "in all_gather (step 1)"
+    assert ranks.stage_words(None) == ""
+
+
+def test_the_rerun_hint_is_the_torchrun_command_the_check_ran():
+    f = ranks.RunFacts(python="/opt/venv/bin/python", backend="gloo", nproc=2)
+    hint = ranks.by_hand(f, "bandwidth.py")
+    assert hint.startswith("run it by hand to see more: /opt/venv/bin/python -m torch.distributed.run --nproc-per-node 2 ")
+    assert hint.endswith("workers/bandwidth.py --backend gloo --device cpu")
