@@ -170,6 +170,43 @@ class BandwidthExpect(BaseModel):
         return self
 
 
+class TrainExpect(BaseModel):
+    """How the train check's probe runs on this SKU: the model, the steps, the GEMM,
+    and how much slower than the median one rank may be. Floors live in [floors]."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ranks: int | None = Field(default=None, ge=1, le=256)  # gloo ranks where gpu_count is 0
+    layers: int = Field(default=12, ge=1, le=256)
+    d_model: int = Field(default=1024, ge=8, le=16384)
+    heads: int = Field(default=16, ge=1, le=256)
+    seq: int = Field(default=1024, ge=8, le=65536)
+    batch: int = Field(default=8, ge=1, le=4096)  # sequences per rank per step
+    vocab: int = Field(default=32768, ge=16, le=1 << 20)
+    warmup_steps: int = Field(default=3, ge=1, le=100)
+    steps: int = Field(default=10, ge=3, le=1000)
+    compute_steps: int = Field(default=3, ge=1, le=100)  # per-rank forward+backward without the sync
+    gemm_n: int = Field(default=8192, ge=64, le=32768)
+    gemm_repeats: int = Field(default=10, ge=5, le=1000)
+    op_timeout_seconds: float = Field(default=60.0, gt=0, le=600, allow_inf_nan=False)
+    # The slowest rank's own compute time over the median rank's: past this, FAIL naming it.
+    straggler_max: float = Field(default=1.15, gt=1, le=10)
+    straggler_source: str = Field(min_length=1)
+    # Dense bf16 peak of one GPU (flop/s), for MFU; None: MFU is not computed (CPU).
+    peak_flops: float | None = Field(default=None, gt=0)
+    peak_source: str | None = None
+    margin: float = Field(default=0.05, ge=0, le=0.5)
+    sizes_source: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _shape(self) -> TrainExpect:
+        if self.d_model % self.heads:
+            raise ValueError(f"d_model {self.d_model} must be a multiple of heads {self.heads}")
+        if self.peak_flops is not None and not self.peak_source:
+            raise ValueError("peak_flops needs peak_source")
+        return self
+
+
 class Profile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -185,6 +222,7 @@ class Profile(BaseModel):
     topology: TopologyExpect | None = None  # None: no GPU layout to judge (cpu)
     nccl: NcclExpect | None = None
     bandwidth: BandwidthExpect | None = None
+    train: TrainExpect | None = None
 
     @field_validator("checks")
     @classmethod
@@ -227,6 +265,14 @@ class Profile(BaseModel):
                 raise ValueError("[bandwidth] ranks is only for profiles without GPUs; one rank runs per GPU")
             if self.gpu_count and b.copy_bytes < 1 << 30:
                 raise ValueError(f"[bandwidth] copy_bytes {b.copy_bytes} is under 1 GiB: an HBM copy that small runs partly in L2 and reads high")
+        if "train" in self.checks:
+            t = self.train
+            if t is None:
+                raise ValueError("checks lists train but the [train] table is missing")
+            if not self.gpu_count and not t.ranks:
+                raise ValueError("[train] ranks is needed where gpu_count is 0: how many gloo ranks to start")
+            if self.gpu_count and t.ranks:
+                raise ValueError("[train] ranks is only for profiles without GPUs; one rank runs per GPU")
         return self
 
 
@@ -257,6 +303,7 @@ class ResolvedProfile(BaseModel):
     topology: TopologyExpect | None = None
     nccl: NcclExpect | None = None
     bandwidth: BandwidthExpect | None = None
+    train: TrainExpect | None = None
     chosen_because: str  # "--profile cpu" or the detection that picked it
 
 
@@ -341,6 +388,7 @@ def resolve(
         topology=profile.topology,
         nccl=profile.nccl,
         bandwidth=profile.bandwidth,
+        train=profile.train,
         chosen_because=chosen_because,
     )
 

@@ -33,6 +33,12 @@ def fmt_value(value: float, unit: str) -> str:
         return fmt_rate(value)
     if unit == "seconds":
         return fmt_seconds(value) if value >= 1e-3 or value == 0 else f"{value * 1e6:.1f} us"
+    if unit == "flops_per_second":
+        return f"{value / 1e12:.1f} TFLOP/s" if value >= 1e12 else f"{value / 1e9:.1f} GFLOP/s"
+    if unit == "tokens_per_second":
+        return f"{value:,.0f} tokens/s"
+    if unit == "ratio":
+        return f"{value:.3g}"
     return f"{value:g} {unit}"
 
 

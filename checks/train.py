@@ -1,0 +1,311 @@
+"""The train check: a few real data-parallel training steps of a small GPT on
+every GPU (gloo ranks on CPU), the last gate before the job.
+
+It catches what isolated probes miss: a GPU that computes wrong answers
+(the same seeded forward pass must give the same bits everywhere), ranks
+whose parameters drift apart after the all-reduce, a loss that is not finite
+or does not fall, a rank slower than its peers (each rank's own forward and
+backward, timed without the gradient sync that would hide it), a slow GEMM,
+and a step too slow for the SKU (MFU). The worker reports raw times; the
+FLOP arithmetic and the judging are pure functions here.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from typing import ClassVar
+
+from pydantic import Field
+
+from preflight import figures as figs_mod
+from preflight import launch, ranks
+from preflight.check import Check, Context, Finding, Result, Status, worst
+from preflight.figures import Figure, median
+from preflight.profiles import ResolvedFloor, TrainExpect
+from preflight.units import fmt_seconds, fmt_value
+
+FAIL, WARN = Status.FAIL, Status.WARN
+FLOPS = "flops_per_second"
+
+FLOORS = {
+    "gemm_throughput": (FLOPS, "min"),  # per GPU: the n^3 bf16 matmul
+    "train_mfu": ("ratio", "min"),
+    "train_step_duration": ("seconds", "max"),  # the slowest rank's median synchronized step
+    "train_tokens_throughput": ("tokens_per_second", "min"),
+}
+WORDS = {
+    "gemm_throughput": "GEMM throughput",
+    "train_mfu": "model FLOPs utilization",
+    "train_step_duration": "training step time",
+    "train_tokens_throughput": "training throughput",
+    "train_model_throughput": "model FLOP/s",
+    "train_straggler_ratio": "slowest rank over the median (own compute)",
+}
+_SLOW = "clocks held down (power brake, thermal or HW slowdown: `nvidia-smi -q -d PERFORMANCE,CLOCK`), a power cap below default, another process on the GPU"
+REASONS = {
+    "gemm_throughput": _SLOW + ", or a GPU failing (`dcgmi diag -r 3`)",
+    "train_mfu": _SLOW + "; or the host loop starved (too few vCPUs per GPU, ranks not pinned to their NUMA node, PCIe trained low) or slow collectives (the bandwidth check)",
+}
+REASONS["train_step_duration"] = REASONS["train_tokens_throughput"] = REASONS["train_mfu"]
+
+
+class RankReport(ranks.RankReport):
+    """What checks/workers/train_probe.py writes for one rank."""
+
+    losses: list[float | str] = Field(default_factory=list)  # "nan"/"inf" as text: JSON has no NaN
+    step_seconds: list[float] = Field(default_factory=list)
+    compute_seconds: list[float] = Field(default_factory=list)
+    gemm_seconds: list[float] = Field(default_factory=list)
+    params: int | None = None
+    tokens_per_step: int | None = None
+    model: dict = Field(default_factory=dict)
+    logits_checksum: str | None = None
+    logits_checksums: list[str] | None = None
+    param_checksums: list[str] | None = None
+    nonfinite_step: int | None = None
+    shrunk: str | None = None
+
+    STAGES: ClassVar[tuple[str, ...]] = ("agreement", "warmup", "steps", "compute", "checksum", "gemm")
+
+    def progress(self) -> int:
+        return self.STAGES.index(self.stage) if self.stage in self.STAGES else 0
+
+
+class TrainFacts(ranks.RunFacts):
+    uuids: dict[int, str] = Field(default_factory=dict)
+
+
+# ---- arithmetic ------------------------------------------------------------------
+
+
+def flops_per_token(params: int, layers: int, d_model: int, seq: int) -> float:
+    """Training FLOPs per token, forward and backward: 6N for the weights and
+    12·L·d·T for attention (PaLM, Chowdhery et al. 2022, appendix B). N counts
+    the tied embedding once: it is the output head's matmul, 6·d·vocab a token."""
+    return 6 * params + 12 * layers * d_model * seq
+
+
+def gemm_flops(n: int) -> float:
+    """An n x n by n x n matmul: n^2 dot products of n multiply-adds."""
+    return 2.0 * n**3
+
+
+def straggler(compute: dict[int, float]) -> tuple[int, float]:
+    """(the slowest rank, its own compute time over the median rank's)."""
+    slowest = max(compute, key=lambda r: compute[r])
+    return slowest, compute[slowest] / median(list(compute.values()))
+
+
+def figures(f: TrainFacts, expect: TrainExpect) -> list[Figure]:
+    out: list[Figure] = []
+    reps = {o.rank: o.report for o in f.ranks if isinstance(o.report, RankReport)}
+    gpu = {o.rank: o.gpu for o in f.ranks}
+    for r, rep in reps.items():
+        if rep.gemm_seconds:
+            n = expect.gemm_n
+            value = gemm_flops(n) / median(rep.gemm_seconds)
+            out.append(Figure(name="gemm_throughput", unit=FLOPS, value=value, where=_who(r, gpu), labels=_labels(f, r, gpu), repeats=len(rep.gemm_seconds), rank=r))
+    done = [rep for rep in reps.values() if rep.step_seconds]
+    if len(done) == f.nproc and done:
+        worst_rank = max(reps, key=lambda r: median(reps[r].step_seconds) if reps[r].step_seconds else 0)
+        step = median(reps[worst_rank].step_seconds)
+        rep = reps[worst_rank]
+        out.append(Figure(name="train_step_duration", unit="seconds", value=step, where=f"slowest of {f.nproc} ranks: {_who(worst_rank, gpu)}", repeats=len(rep.step_seconds), rank=worst_rank))
+        if rep.tokens_per_step and rep.params:
+            tokens = rep.tokens_per_step / step
+            out.append(Figure(name="train_tokens_throughput", unit="tokens_per_second", value=tokens, where=f"{f.nproc} ranks"))
+            achieved = flops_per_token(rep.params, rep.model.get("layers", 0), rep.model.get("d_model", 0), rep.model.get("seq", 0)) * tokens
+            out.append(Figure(name="train_model_throughput", unit=FLOPS, value=achieved, where=f"{f.nproc} ranks"))
+            if expect.peak_flops:
+                out.append(Figure(name="train_mfu", unit="ratio", value=achieved / (expect.peak_flops * f.nproc), where=f"{f.nproc} ranks"))
+    # Each rank's fastest pass: a GPU that is really slow is slow every time; a
+    # pass another process happened to interrupt is not a straggler.
+    compute = {r: min(rep.compute_seconds) for r, rep in reps.items() if rep.compute_seconds}
+    if len(compute) == f.nproc and f.nproc > 1:
+        slowest, ratio = straggler(compute)
+        out.append(Figure(name="train_straggler_ratio", unit="ratio", value=ratio, where=_who(slowest, gpu), rank=slowest))
+    return out
+
+
+def _who(r: int, gpu: dict[int, str | None]) -> str:
+    return f"rank {r}" + (f" ({gpu[r]})" if gpu.get(r) else "")
+
+
+def _labels(f: TrainFacts, r: int, gpu: dict[int, str | None]) -> dict[str, str]:
+    index = ranks.gpu_index(gpu.get(r))
+    if index is None:
+        return {"rank": str(r)}
+    return {"gpu": str(index), **({"UUID": f.uuids[index]} if index in f.uuids else {})}
+
+
+# ---- judging --------------------------------------------------------------------------
+
+
+def judge_loss(f: TrainFacts) -> list[Finding]:
+    """Finite on every step on every rank, and lower at the end than at the start."""
+    reps = [(o, o.report) for o in f.ranks if isinstance(o.report, RankReport) and o.report.losses]
+    bad = [(rep.nonfinite_step, o) for o, rep in reps if rep.nonfinite_step is not None]
+    if bad:
+        first = min(step for step, _ in bad)
+        culprits = [o for step, o in bad if step == first]
+        later = [o for step, o in bad if step != first]
+        names = ", ".join(o.who for o in culprits)
+        cause = f"the loss is not finite on {names} at step {first + 1}" + (f"; then on {', '.join(o.who for o in later)} (the all-reduce spread it)" if later else "")
+        remedy = "run the GPU's diagnostics (`dcgmi diag -r 3`) and `preflight xid`: a NaN from a fixed seed on fixed data is the hardware or the driver"
+        return [Finding(FAIL, f"loss is not finite on {culprits[0].who}", cause, remedy)]
+    out = []
+    for o, rep in reps:
+        first, last = rep.losses[0], rep.losses[-1]
+        if isinstance(first, float) and isinstance(last, float) and not last < first:
+            cause = f"{o.who}: loss {first:.4f} at the first timed step and {last:.4f} at the last: it should fall on a fixed batch"
+            out.append(Finding(FAIL, f"loss does not fall on {o.who}", cause, "a rank whose optimizer step has no effect: check the GPU (`dcgmi diag -r 3`) and the torch build"))
+    return out
+
+
+def _odd_ones(values: dict[int, str]) -> tuple[list[int], str | None]:
+    """Ranks whose value differs from the majority's (all of them when there is none)."""
+    counts = Counter(values.values())
+    (common, n), *rest = counts.most_common()
+    if rest and rest[0][1] == n:  # no majority: every rank is suspect
+        return sorted(values), None
+    return sorted(r for r, v in values.items() if v != common), common
+
+
+def judge_agreement(f: TrainFacts) -> list[Finding]:
+    out = []
+    reps = {o.rank: o for o in f.ranks if isinstance(o.report, RankReport)}
+    logits = {r: o.report.logits_checksum for r, o in reps.items() if o.report.logits_checksum}  # type: ignore[union-attr]
+    if len(logits) > 1:
+        odd, _ = _odd_ones(logits)  # type: ignore[arg-type]
+        if odd:
+            names = ", ".join(reps[r].who for r in odd)
+            cause = f"the same seeded forward pass gave different logits on {names} than on the other ranks (bit checksums {', '.join(logits[r] for r in odd)}): silent data corruption suspect"
+            remedy = "drain the node; run `dcgmi diag -r 3` on that GPU and check `preflight xid`; a GPU that computes different results must not train"
+            out.append(Finding(FAIL, f"{reps[odd[0]].gpu or reps[odd[0]].who} computes different results", cause, remedy))
+    params = {}
+    for r, o in reps.items():
+        sums = o.report.param_checksums  # type: ignore[union-attr]
+        if sums and len(sums) == f.nproc:
+            params = dict(enumerate(sums))
+            break
+    if len(params) > 1:
+        odd, _ = _odd_ones(params)
+        if odd:
+            names = ", ".join(reps[r].who if r in reps else f"rank {r}" for r in odd)
+            cause = f"after the all-reduced optimizer steps {names} hold parameters that differ from the other ranks' (bit checksums {', '.join(params[r] for r in odd)})"
+            remedy = "a rank whose memory or arithmetic drifts, or a broken all-reduce: drain the node and run `dcgmi diag -r 3`"
+            out.append(Finding(FAIL, "parameters diverged after all-reduce", cause, remedy))
+    return out
+
+
+def judge_speed(figs: list[Figure], expect: TrainExpect, floors: dict[str, ResolvedFloor]) -> list[Finding]:
+    out = figs_mod.judge_floors(figs, floors, expect.margin, WORDS, REASONS, "preflight run --only train")
+    ratio = next((g for g in figs if g.name == "train_straggler_ratio"), None)
+    if ratio is not None and ratio.value > expect.straggler_max:
+        cause = (f"{ratio.where}'s own forward+backward takes {ratio.value:.2f}x the median rank's, over the {expect.straggler_max:g}x allowed "
+                 f"({expect.straggler_source}); every synchronized step waits for it")
+        remedy = "check that GPU's clocks and temperature (`nvidia-smi -q -d PERFORMANCE,CLOCK,TEMPERATURE`) and that rank's CPUs; " + REASONS["gemm_throughput"]
+        out.append(Finding(FAIL, f"straggler: {ratio.where} is {ratio.value:.2f}x slower", cause, remedy))
+    return out
+
+
+def judge_setup(f: TrainFacts) -> list[Finding]:
+    shrunk = sorted({o.report.shrunk for o in f.ranks if isinstance(o.report, RankReport) and o.report.shrunk})
+    if not shrunk:
+        return []
+    return [Finding(WARN, "probe model shrunk to fit free memory", "the profile's model did not fit: " + "; ".join(shrunk) + "; its speed figures describe a smaller model",
+                    "find what holds the GPU memory (`nvidia-smi`), or lower [train] batch/layers in the profile")]
+
+
+def judge(f: TrainFacts, figs: list[Figure], expect: TrainExpect, floors: dict[str, ResolvedFloor]) -> dict[str, list[Finding]]:
+    return {
+        "run": ranks.judge_run(f, "the training probe", ranks.by_hand(f, "train_probe.py")),
+        "loss": judge_loss(f),
+        "agreement": judge_agreement(f),
+        "speed": judge_speed(figs, expect, floors),
+        "setup": judge_setup(f),
+    }
+
+
+# ---- gathering and reporting ----------------------------------------------------------------
+
+
+def gather(ctx: Context, nproc: int, expect: TrainExpect, backend: str, uuids: dict[int, str]) -> TrainFacts:
+    python = str(ctx.settings.python) if ctx.settings.python else sys.executable
+    facts = TrainFacts(python=python, backend=backend, nproc=nproc, uuids=uuids)
+    left = ranks.time_left(ctx.deadline)
+    op_timeout = min(expect.op_timeout_seconds, max(2.0, left / 3))
+    e = expect
+    args = ["--backend", backend, "--device", "cuda" if backend == "nccl" else "cpu", "--timeout", f"{op_timeout:g}",
+            "--layers", str(e.layers), "--d-model", str(e.d_model), "--heads", str(e.heads), "--seq", str(e.seq), "--batch", str(e.batch),
+            "--vocab", str(e.vocab), "--warmup-steps", str(e.warmup_steps), "--steps", str(e.steps), "--compute-steps", str(e.compute_steps),
+            "--gemm-n", str(e.gemm_n), "--gemm-repeats", str(e.gemm_repeats)]  # fmt: skip
+    worker = launch.Worker("train_probe.py", args, nproc=nproc, rdzv_port=ctx.settings.rdzv_port)
+    ranks.collect(facts, worker, RankReport, ctx.host.environ, left, ranks.settle_rule(nproc, ranks.STUCK, op_timeout + ranks.STUCK))
+    return facts
+
+
+def summary(f: TrainFacts, figs: list[Figure]) -> str:
+    reps = [o.report for o in f.ranks if isinstance(o.report, RankReport)]
+    by = {g.name: g for g in figs}
+    parts = [f"{f.nproc} {f.backend} rank(s)"]
+    if reps and reps[0].params:
+        parts.append(f"{reps[0].params / 1e6:.1f}M-parameter GPT")
+    losses = reps[0].losses if reps else []
+    if losses and isinstance(losses[0], float) and isinstance(losses[-1], float):
+        parts.append(f"loss {losses[0]:.3f} -> {losses[-1]:.3f}, ranks agree")
+    if "train_step_duration" in by:
+        parts.append(f"step {fmt_seconds(by['train_step_duration'].value)}")
+    if "train_mfu" in by:
+        parts.append(f"MFU {by['train_mfu'].value:.1%}")
+    gemm = [g.value for g in figs if g.name == "gemm_throughput"]
+    if gemm:
+        parts.append(f"GEMM min {fmt_value(min(gemm), FLOPS)}")
+    if "train_straggler_ratio" in by:
+        parts.append(f"straggler {by['train_straggler_ratio'].value:.2f}x")
+    return ", ".join(parts)
+
+
+class Train(Check):
+    name = "train"
+    description = "a few real data-parallel training steps of a small GPT: loss falls, ranks agree bit for bit, no straggler, GEMM and MFU meet the SKU's floors"
+    requires = ("cuda", "nccl")
+    timeout_seconds = 180.0
+    order = 60
+    floor_units: ClassVar[dict[str, tuple[str, str]]] = FLOORS
+
+    def required_floors(self, profile) -> tuple[str, ...]:
+        return ("gemm_throughput",) if profile.gpu_count else ()
+
+    def applies(self, ctx: Context) -> str | None:
+        if ctx.profile.train is None:
+            return f"profile {ctx.profile.name} has no [train] table"
+        return None
+
+    def run(self, ctx: Context) -> Result:
+        expect = ctx.profile.train
+        assert expect is not None  # applies() said so
+        backend = "nccl" if ctx.profile.gpu_count else "gloo"
+        nproc = ctx.settings.nproc_per_node or expect.ranks or ctx.profile.gpu_count
+        from preflight.checks.bandwidth import uuids
+
+        facts = gather(ctx, nproc, expect, backend, uuids(ctx))
+        figs = figures(facts, expect)
+        full = nproc == (ctx.profile.gpu_count or expect.ranks)
+        # Step time, throughput and MFU floors are for the whole node; GEMM is per GPU.
+        floors = ctx.profile.floors if full else {k: v for k, v in ctx.profile.floors.items() if k == "gemm_throughput"}
+        parts = judge(facts, figs, expect, floors)
+        # The straggler bound lives in [train] (a ratio between ranks, not a node figure); shown like a floor.
+        floors = {**floors, "train_straggler_ratio": ResolvedFloor(value=expect.straggler_max, unit="ratio", bound="max", source=expect.straggler_source, origin=f"profile {ctx.profile.path} [train]")}
+        details = facts.model_dump(mode="json")
+        details["parts"] = {name: worst(found) for name, found in parts.items()}
+        details["figures"] = [g.model_dump(mode="json") for g in figs]
+        details["full_node"] = full
+        findings = [x for found in parts.values() for x in found]
+        result = self.conclude(findings, summary(facts, figs), measurements=figs_mod.measurements(figs, floors), details=details)
+        result.lines = figs_mod.lines(figs, floors, WORDS)
+        if not full:
+            result.lines.append(f"step, throughput and MFU floors are for {ctx.profile.gpu_count or expect.ranks} ranks; this run had {nproc}: not judged")
+        return result
+

@@ -1,0 +1,333 @@
+"""A short real training run on every rank: a small GPT-style decoder, data
+parallel, proving speed, correctness and agreement together.
+
+What isolated probes miss and this catches: a GPU that computes wrong
+answers (every rank runs the same seeded forward pass and compares the exact
+bits of its logits), ranks whose parameters drift apart after the gradient
+all-reduce (a checksum of every parameter's bits, gathered), a loss that is
+not finite or does not fall, a rank that is slower than its peers (each rank
+times its own forward+backward without the gradient sync, so a straggler
+cannot hide behind the others waiting for it), and a GEMM on each GPU that is
+slower than the SKU can do.
+
+Plain torch: embedding, causal attention with scaled_dot_product_attention,
+MLP, RMSNorm, a head tied to the embedding; bf16 autocast on GPU, fp32 on
+CPU; synthetic tokens from a fixed seed (each rank its own fixed batch, the
+same every step, so the loss must fall); DistributedDataParallel (NCCL, or
+gloo on CPU); AdamW. The rank writes rank{N}.json after every stage. By hand:
+
+    torchrun --nproc-per-node 8 train_probe.py
+    torchrun --nproc-per-node 2 train_probe.py --backend gloo --device cpu --layers 2 --d-model 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+
+import _rank
+
+STAGES = ("agreement", "warmup", "steps", "compute", "checksum", "gemm")
+SLOW = 3.0  # the slow fault makes each of its compute passes last this many times longer
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", help="directory for rank{N}.json and rank{N}.log (default: print a line per rank)")
+    p.add_argument("--backend", choices=["nccl", "gloo"], default="nccl")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--d-model", type=int, default=1024)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
+    p.add_argument("--vocab", type=int, default=32768)
+    p.add_argument("--warmup-steps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--compute-steps", type=int, default=3, help="forward+backward passes timed without the gradient sync")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--gemm-n", type=int, default=8192)
+    p.add_argument("--gemm-repeats", type=int, default=10)
+    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--seed", type=int, default=1234)
+    args = p.parse_args()
+
+    me = _rank.whoami()
+    _rank.redirect_output(args.out, me.rank)
+    report = _rank.base_report(me)
+    report.update(backend=args.backend, device=args.device, losses=[], step_seconds=[], compute_seconds=[], gemm_seconds=[], params=None,
+                  logits_checksum=None, logits_checksums=None, param_checksums=None, nonfinite_step=None, shrunk=None, tokens_per_step=None)
+    save = lambda: _rank.write_report(args.out, me.rank, report)  # noqa: E731
+    fault = _rank.Fault(me.rank, first_op="steps")
+    fault.at("start")
+    save()
+    try:
+        return run(args, me, report, save, fault)
+    except BaseException as e:  # noqa: BLE001 - every failure must reach the report
+        report.update(error=f"{type(e).__name__}: {e}".strip(), error_time=time.time(), traceback=traceback.format_exc(limit=6).splitlines()[-12:])
+        save()
+        print(traceback.format_exc(), flush=True)
+        os._exit(1)  # no clean shutdown: with a peer gone, NCCL's and gloo's teardown can block
+
+
+def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
+    t0 = time.perf_counter()
+    try:
+        import torch
+        import torch.distributed as dist
+        import torch.nn.functional as F
+    except Exception as e:  # ImportError, or CUDA libraries that fail to load (OSError)
+        report.update(error=f"{type(e).__name__}: {e}", error_kind="no_torch")
+        save()
+        return 1
+    report.update(torch_version=torch.__version__, import_seconds=round(time.perf_counter() - t0, 4), stage="init")
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            report.update(error=f"torch {torch.__version__} sees no CUDA device", error_kind="no_device")
+            save()
+            return 1
+        device = torch.device("cuda", me.local_rank)
+        torch.cuda.set_device(device)
+        props = torch.cuda.get_device_properties(device)
+        report.update(gpu_name=props.name, pci_bus_id=_rank.pci_bus_id(props))
+    save()
+    t = time.perf_counter()
+    _rank.init_group(dist, args.backend, device, args.timeout)
+    report["init_seconds"] = round(time.perf_counter() - t, 4)
+
+    probe = Probe(torch, dist, F, device, me, args)
+    report.update(params=probe.params, tokens_per_step=args.batch * args.seq * me.world_size, shrunk=probe.shrunk,
+                  model={"layers": probe.layers, "d_model": args.d_model, "heads": args.heads, "seq": args.seq, "batch": probe.batch, "vocab": args.vocab})
+    for stage in STAGES:
+        report["stage"] = stage
+        save()
+        kind = fault.at(stage)
+        getattr(probe, stage)(report, kind, save)
+        save()
+    report.update(stage="done", seconds=round(time.perf_counter() - t0, 4))
+    save()
+    if args.out is None:
+        s = sorted(report["step_seconds"])
+        line = {"rank": me.rank, "loss": [report["losses"][0], report["losses"][-1]], "step_p50_ms": round(s[len(s) // 2] * 1e3, 2) if s else None,
+                "gemm_tflops": round(2 * args.gemm_n**3 / sorted(report["gemm_seconds"])[len(report["gemm_seconds"]) // 2] / 1e12, 2)}
+        os.write(1, (json.dumps(line) + "\n").encode())
+    dist.destroy_process_group()
+    return 0
+
+
+class Probe:
+    def __init__(self, torch, dist, F, device, me: _rank.Rank, args):
+        self.torch, self.dist, self.F, self.device, self.me, self.args = torch, dist, F, device, me, args
+        self.cuda = device.type == "cuda"
+        self.layers, self.batch, self.shrunk = args.layers, args.batch, None
+        if self.cuda:
+            self._fit_memory()
+        torch.manual_seed(args.seed)  # every rank builds the same model (DDP broadcasts rank 0's anyway)
+        self.model = _gpt(torch, args.vocab, args.d_model, args.heads, self.layers, args.seq).to(device)
+        self.params = sum(p.numel() for p in self.model.parameters())
+        self.ddp = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=[device.index] if self.cuda else None)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=args.lr)
+        g = torch.Generator().manual_seed(args.seed + 1 + me.rank)  # each rank its own fixed batch
+        self.tokens = torch.randint(0, args.vocab, (self.batch, args.seq + 1), generator=g).to(device)
+
+    def _fit_memory(self) -> None:
+        """Fewer sequences per step (then fewer layers) until the activations fit in
+        half the memory free now, with a note: a probe that OOMs proves nothing."""
+        free = int(self.torch.cuda.mem_get_info(self.device)[0])
+        a = self.args
+        while self.batch > 1 or self.layers > 1:
+            # bf16 activations kept for backward, ~34 x seq x d bytes per layer and sequence (Korthikanti et al.)
+            # plus the logits, and 16 bytes per parameter for fp32 weights, grads and AdamW's two moments.
+            params = 12 * self.layers * a.d_model**2 + a.vocab * a.d_model
+            need = self.batch * a.seq * (34 * a.d_model * self.layers + 6 * a.vocab) + 16 * params
+            if need <= free / 2:
+                break
+            if self.batch > 1:
+                self.batch //= 2
+            else:
+                self.layers //= 2
+        if (self.batch, self.layers) != (a.batch, a.layers):
+            self.shrunk = f"{a.batch} x {a.layers} layers asked, {self.batch} x {self.layers} layers used: {free / 2**30:.1f} GiB free on cuda:{self.device.index}"
+
+    def _loss(self, model, tokens):
+        x, y = tokens[:, :-1], tokens[:, 1:]
+        with self.torch.autocast(device_type=self.device.type, dtype=self.torch.bfloat16, enabled=self.cuda):
+            logits = model(x)
+        return self.F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))
+
+    def _sync(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize(self.device)
+
+    # -- stages ----------------------------------------------------------------------
+
+    def agreement(self, report: dict, kind: str | None, save) -> None:
+        """The same seeded input on every rank, eval mode, no sync: the exact bits of the logits."""
+        torch = self.torch
+        g = torch.Generator().manual_seed(self.args.seed + 999)
+        x = torch.randint(0, self.args.vocab, (1, self.args.seq), generator=g).to(self.device)
+        self.model.eval()
+        with torch.no_grad():
+            with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.cuda):
+                logits = self.model(x).float()
+        self.model.train()
+        if kind == "wrong":
+            logits[0, 0, 0] += 1.0  # one value off: what silent data corruption looks like
+        mine = _bits_checksum(torch, [logits])
+        report["logits_checksum"] = str(mine)
+        report["logits_checksums"] = [str(c) for c in self._gather(mine)]
+
+    def warmup(self, report: dict, kind: str | None, save) -> None:
+        for _ in range(self.args.warmup_steps):
+            self._step(report, kind, timed=False)
+
+    def steps(self, report: dict, kind: str | None, save) -> None:
+        for _ in range(self.args.steps):
+            self._step(report, kind, timed=True)
+            save()
+
+    def _step(self, report: dict, kind: str | None, timed: bool) -> None:
+        self._sync()
+        t = time.perf_counter()
+        self.opt.zero_grad(set_to_none=True)
+        loss = self._loss(self.ddp, self.tokens)
+        if kind == "nan" and timed:
+            loss = loss * float("nan")  # the fault: one rank's loss, and through the all-reduce every gradient
+        if kind == "slow":
+            self._slow(t)
+        loss.backward()
+        self.opt.step()
+        value = float(loss.item())  # waits for the step: the host loop as a job runs it
+        seconds = time.perf_counter() - t
+        if not math.isfinite(value) and report["nonfinite_step"] is None:
+            report["nonfinite_step"] = len(report["losses"])
+        if timed:
+            report["losses"].append(value if math.isfinite(value) else str(value))
+            report["step_seconds"].append(round(seconds, 6))
+
+    def compute(self, report: dict, kind: str | None, save) -> None:
+        """Forward and backward without the gradient all-reduce: this rank's own speed,
+        which the synchronized steps hide (every rank waits for the slowest)."""
+        for i in range(self.args.compute_steps + 1):
+            self._sync()
+            t = time.perf_counter()
+            with self.ddp.no_sync():
+                loss = self._loss(self.ddp, self.tokens)
+                if kind == "slow":
+                    self._slow(t)
+                loss.backward()
+            self._sync()
+            if i:  # the first is a warm-up
+                report["compute_seconds"].append(round(time.perf_counter() - t, 6))
+        self.opt.zero_grad(set_to_none=True)  # these gradients were never meant to be applied
+
+    def checksum(self, report: dict, kind: str | None, save) -> None:
+        """After the all-reduced optimizer steps every rank must hold the same bits."""
+        if kind == "wrong":
+            with self.torch.no_grad():
+                next(self.model.parameters()).view(-1)[0] += 1e-3  # the fault: a rank whose weights drifted
+        report["param_checksums"] = [str(c) for c in self._gather(_bits_checksum(self.torch, list(self.model.parameters())))]
+
+    def gemm(self, report: dict, kind: str | None, save) -> None:
+        """n x n x n matmul on random data, bf16 on GPU (fp32 on CPU), median of repeats."""
+        torch, n = self.torch, self.args.gemm_n
+        dtype = torch.bfloat16 if self.cuda else torch.float32
+        a = torch.randn(n, n, device=self.device, dtype=dtype)
+        b = torch.randn(n, n, device=self.device, dtype=dtype)
+        for _ in range(2):
+            a @ b
+        for _ in range(self.args.gemm_repeats):
+            self._sync()
+            t = time.perf_counter()
+            if self.cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                a @ b
+                if kind == "slow":
+                    self._slow(t)
+                end.record()
+                end.synchronize()
+                report["gemm_seconds"].append(round(start.elapsed_time(end) / 1e3, 9))
+            else:
+                a @ b
+                if kind == "slow":
+                    self._slow(t)
+                report["gemm_seconds"].append(round(time.perf_counter() - t, 9))
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _slow(self, t: float) -> None:
+        self._sync()
+        time.sleep(max(0.05, SLOW * (time.perf_counter() - t)))
+
+    def _gather(self, value: int) -> list[int]:
+        """Every rank's integer, exactly (int64 on the device, as NCCL needs)."""
+        t = self.torch.tensor([value], dtype=self.torch.int64, device=self.device)
+        out = [self.torch.zeros_like(t) for _ in range(self.me.world_size)]
+        self.dist.all_gather(out, t)
+        return [int(x.item()) for x in out]
+
+
+def _bits_checksum(torch, tensors) -> int:
+    """A sum of every value's bit pattern (as int32 words), mod 2^61: one flipped bit anywhere changes it."""
+    total = 0
+    for x in tensors:
+        flat = x.detach().float().contiguous().view(-1).view(torch.int32).to(torch.int64)
+        weights = torch.arange(1, flat.numel() + 1, device=flat.device, dtype=torch.int64) % 1000003
+        total = (total + int((flat * weights).sum().item())) % (2**61 - 1)
+    return total
+
+
+def _gpt(torch, vocab: int, d: int, heads: int, layers: int, seq: int):
+    nn, F = torch.nn, torch.nn.functional
+
+    class RMSNorm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(d))
+
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.n1, self.n2 = RMSNorm(), RMSNorm()
+            self.qkv = nn.Linear(d, 3 * d, bias=False)
+            self.proj = nn.Linear(d, d, bias=False)
+            self.up = nn.Linear(d, 4 * d, bias=False)
+            self.down = nn.Linear(4 * d, d, bias=False)
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = self.qkv(self.n1(x)).view(b, t, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+            return x + self.down(F.gelu(self.up(self.n2(x))))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, d)
+            nn.init.normal_(self.embed.weight, std=0.02)  # GPT-2's: logits start near uniform, loss near ln(vocab)
+            self.pos = nn.Parameter(torch.zeros(seq, d))
+            self.blocks = nn.ModuleList(Block() for _ in range(layers))
+            self.norm = RMSNorm()
+
+        def forward(self, idx):
+            x = self.embed(idx) + self.pos[: idx.size(1)]
+            for block in self.blocks:
+                x = block(x)
+            return self.norm(x) @ self.embed.weight.t()  # the head tied to the embedding
+
+    return GPT()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
