@@ -67,6 +67,7 @@ class RankReport(ranks.RankReport):
     shrunk: str | None = None
 
     STAGES: ClassVar[tuple[str, ...]] = ("agreement", "warmup", "steps", "compute", "checksum", "gemm")
+    step_noun: ClassVar[str] = "stage"  # "died in steps (stage 3)": the probe's stages, not training steps
 
     def progress(self) -> int:
         return self.STAGES.index(self.stage) if self.stage in self.STAGES else 0
@@ -92,9 +93,10 @@ def gemm_flops(n: int) -> float:
 
 
 def straggler(compute: dict[int, float]) -> tuple[int, float]:
-    """(the slowest rank, its own compute time over the median rank's)."""
+    """(the slowest rank, its own compute time over the median of the others'):
+    against its peers, so with two ranks a rank 4x slower reads 4x, not 1.6x."""
     slowest = max(compute, key=lambda r: compute[r])
-    return slowest, compute[slowest] / median(list(compute.values()))
+    return slowest, compute[slowest] / median([t for r, t in compute.items() if r != slowest])
 
 
 def figures(f: TrainFacts, expect: TrainExpect) -> list[Figure]:
@@ -177,12 +179,17 @@ def judge_agreement(f: TrainFacts) -> list[Finding]:
     reps = {o.rank: o for o in f.ranks if isinstance(o.report, RankReport)}
     logits = {r: o.report.logits_checksum for r, o in reps.items() if o.report.logits_checksum}  # type: ignore[union-attr]
     if len(logits) > 1:
-        odd, _ = _odd_ones(logits)  # type: ignore[arg-type]
+        odd, common = _odd_ones(logits)  # type: ignore[arg-type]
         if odd:
             names = ", ".join(reps[r].who for r in odd)
             cause = f"the same seeded forward pass gave different logits on {names} than on the other ranks (bit checksums {', '.join(logits[r] for r in odd)}): silent data corruption suspect"
             remedy = "drain the node; run `dcgmi diag -r 3` on that GPU and check `preflight xid`; a GPU that computes different results must not train"
-            out.append(Finding(FAIL, f"{reps[odd[0]].gpu or reps[odd[0]].who} computes different results", cause, remedy))
+            if common is None:  # no majority: which one is wrong cannot be told
+                cause = f"the same seeded forward pass gave different logits on every rank and no majority agrees ({names}): silent data corruption suspect"
+                head = "ranks disagree on the same forward pass: " + ", ".join(reps[r].gpu or reps[r].who for r in odd)
+            else:
+                head = f"{reps[odd[0]].gpu or reps[odd[0]].who} computes different results"
+            out.append(Finding(FAIL, head, cause, remedy))
     params = {}
     for r, o in reps.items():
         sums = o.report.param_checksums  # type: ignore[union-attr]
@@ -203,10 +210,10 @@ def judge_speed(figs: list[Figure], expect: TrainExpect, floors: dict[str, Resol
     out = figs_mod.judge_floors(figs, floors, expect.margin, WORDS, REASONS, "preflight run --only train")
     ratio = next((g for g in figs if g.name == "train_straggler_ratio"), None)
     if ratio is not None and ratio.value > expect.straggler_max:
-        cause = (f"{ratio.where}'s own forward+backward takes {ratio.value:.2f}x the median rank's, over the {expect.straggler_max:g}x allowed "
+        cause = (f"{ratio.where}'s own forward+backward takes {ratio.value:.2f}x the median of the other ranks', over the {expect.straggler_max:g}x allowed "
                  f"({expect.straggler_source}); every synchronized step waits for it")
         remedy = "check that GPU's clocks and temperature (`nvidia-smi -q -d PERFORMANCE,CLOCK,TEMPERATURE`) and that rank's CPUs; " + REASONS["gemm_throughput"]
-        out.append(Finding(FAIL, f"straggler: {ratio.where} is {ratio.value:.2f}x slower", cause, remedy))
+        out.append(Finding(FAIL, f"straggler: {ratio.where} takes {ratio.value:.2f}x as long as its peers", cause, remedy))
     return out
 
 

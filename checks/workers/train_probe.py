@@ -102,7 +102,7 @@ def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
     report["init_seconds"] = round(time.perf_counter() - t, 4)
 
     probe = Probe(torch, dist, F, device, me, args)
-    report.update(params=probe.params, tokens_per_step=args.batch * args.seq * me.world_size, shrunk=probe.shrunk,
+    report.update(params=probe.params, tokens_per_step=probe.batch * args.seq * me.world_size, shrunk=probe.shrunk,
                   model={"layers": probe.layers, "d_model": args.d_model, "heads": args.heads, "seq": args.seq, "batch": probe.batch, "vocab": args.vocab})
     for stage in STAGES:
         report["stage"] = stage
@@ -152,6 +152,10 @@ class Probe:
                 self.batch //= 2
             else:
                 self.layers //= 2
+        # Every rank must build the same model and batch (DDP): the smallest any rank can hold.
+        agreed = self.torch.tensor([self.batch, self.layers], dtype=self.torch.int64, device=self.device)
+        self.dist.all_reduce(agreed, op=self.dist.ReduceOp.MIN)
+        self.batch, self.layers = int(agreed[0]), int(agreed[1])
         if (self.batch, self.layers) != (a.batch, a.layers):
             self.shrunk = f"{a.batch} x {a.layers} layers asked, {self.batch} x {self.layers} layers used: {free / 2**30:.1f} GiB free on cuda:{self.device.index}"
 
@@ -199,14 +203,15 @@ class Probe:
         loss = self._loss(self.ddp, self.tokens)
         if kind == "nan" and timed:
             loss = loss * float("nan")  # the fault: one rank's loss, and through the all-reduce every gradient
+        loss.backward()
         if kind == "slow":
             self._slow(t)
-        loss.backward()
         self.opt.step()
         value = float(loss.item())  # waits for the step: the host loop as a job runs it
         seconds = time.perf_counter() - t
         if not math.isfinite(value) and report["nonfinite_step"] is None:
             report["nonfinite_step"] = len(report["losses"])
+        report["step"] = report.get("step", 0) + 1  # progress the agent sees while a stage runs
         if timed:
             report["losses"].append(value if math.isfinite(value) else str(value))
             report["step_seconds"].append(round(seconds, 6))
@@ -219,10 +224,11 @@ class Probe:
             t = time.perf_counter()
             with self.ddp.no_sync():
                 loss = self._loss(self.ddp, self.tokens)
-                if kind == "slow":
-                    self._slow(t)
                 loss.backward()
+            if kind == "slow":
+                self._slow(t)  # after the whole pass: a GPU this many times slower at everything
             self._sync()
+            report["step"] = report.get("step", 0) + 1
             if i:  # the first is a warm-up
                 report["compute_seconds"].append(round(time.perf_counter() - t, 6))
         self.opt.zero_grad(set_to_none=True)  # these gradients were never meant to be applied
