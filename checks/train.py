@@ -37,7 +37,8 @@ FLOORS = {
 WORDS = {
     "gemm_throughput": "GEMM throughput",
     "train_mfu": "model FLOPs utilization",
-    "train_step_duration": "training step time",
+    "train_step_duration": "training step time p50",
+    "train_step_duration_max": "training step time max",
     "train_tokens_throughput": "training throughput",
     "train_model_throughput": "model FLOP/s",
     "train_straggler_ratio": "slowest rank over the median (own compute)",
@@ -113,7 +114,11 @@ def figures(f: TrainFacts, expect: TrainExpect) -> list[Figure]:
         worst_rank = max(reps, key=lambda r: median(reps[r].step_seconds) if reps[r].step_seconds else 0)
         step = median(reps[worst_rank].step_seconds)
         rep = reps[worst_rank]
-        out.append(Figure(name="train_step_duration", unit="seconds", value=step, where=f"slowest of {f.nproc} ranks: {_who(worst_rank, gpu)}", repeats=len(rep.step_seconds), rank=worst_rank))
+        where = f"slowest of {f.nproc} ranks: {_who(worst_rank, gpu)}"
+        out.append(Figure(name="train_step_duration", unit="seconds", value=step, where=where, labels={"quantile": "0.5"}, repeats=len(rep.step_seconds), rank=worst_rank))
+        longest = max(reps, key=lambda r: max(reps[r].step_seconds))
+        out.append(Figure(name="train_step_duration", floor="train_step_duration_max", unit="seconds", value=max(reps[longest].step_seconds),
+                          where=f"longest step of {f.nproc} ranks: {_who(longest, gpu)}", labels={"quantile": "1.0"}, repeats=len(reps[longest].step_seconds), rank=longest))
         if rep.tokens_per_step and rep.params:
             tokens = rep.tokens_per_step / step
             out.append(Figure(name="train_tokens_throughput", unit="tokens_per_second", value=tokens, where=f"{f.nproc} ranks"))

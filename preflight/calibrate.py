@@ -2,8 +2,9 @@
 
 Published floors are for the vendor's reference machine; a site's nodes may
 be faster or slower by design (another CPU, BIOS, PCIe layout). Calibration
-runs the profile's checks up to bandwidth on a node the operator vouches
-for, and writes every figure's floor at ``fraction`` of what it measured
+runs the profile's checks through the last measuring one (bandwidth, train)
+on a node the operator vouches for, and writes every figure's floor at
+``fraction`` of what it measured
 (the weakest GPU, pair or rank): a node that later falls more than
 1 - fraction below its healthy twin fails. Ceilings (latency) go the other
 way: measured / fraction. The file is a config file's ``[floors]`` tables,
@@ -19,7 +20,9 @@ from preflight.check import Result, Status
 from preflight.errors import UsageError
 from preflight.report import Report
 
-CHECK = "bandwidth"
+CHECKS = ("bandwidth", "train")  # the checks whose figures become floors
+# Parts of each that must pass for its figures to be trusted; the floors part may fail (that is what calibration changes).
+MUST_PASS = {"bandwidth": ("run", "peer_access", "setup"), "train": ("run", "loss", "agreement", "setup")}
 
 
 class Refused(Exception):
@@ -33,43 +36,46 @@ def check_fraction(fraction: float) -> float:
 
 
 def checks_up_to(profile_checks: list[str], profile: str) -> list[str]:
-    """The profile's checks through bandwidth: the node must pass what comes first."""
-    if CHECK not in profile_checks:
-        raise UsageError(f"profile {profile} does not run the {CHECK} check ({', '.join(profile_checks)}): there is nothing to calibrate")
-    return profile_checks[: profile_checks.index(CHECK) + 1]
+    """The profile's checks through its last measuring one: the node must pass what comes first."""
+    present = [c for c in profile_checks if c in CHECKS]
+    if not present:
+        raise UsageError(f"profile {profile} runs none of {', '.join(CHECKS)} ({', '.join(profile_checks)}): there is nothing to calibrate")
+    return profile_checks[: profile_checks.index(present[-1]) + 1]
 
 
-def vouch(report: Report) -> Result:
-    """The bandwidth result, if the run shows a healthy node whose figures can be trusted."""
-    results = {r.check: r for r in report.checks}
+def vouch(report: Report) -> list[Result]:
+    """The measuring checks' results, if the run shows a healthy node whose figures can be trusted."""
     for r in report.checks:
-        if r.check != CHECK and not r.status.ok:
+        if r.check not in CHECKS and not r.status.ok:
             raise Refused(f"check {r.check} {r.status.value}: {r.summary}; calibrate only on a node that passes every other check")
-    result = results.get(CHECK)
-    if result is None or result.status in (Status.SKIP, Status.ERROR):
-        said = f"{result.status.value}: {result.summary}" if result else "did not run"
-        raise Refused(f"the {CHECK} check {said}")
-    parts = result.details.get("parts") or {}
-    for part in ("run", "peer_access", "setup"):
-        if parts.get(part, "PASS") != "PASS":
-            raise Refused(f"the {CHECK} check's {part} part is {parts[part]}: {result.cause or result.summary}; its figures cannot become floors")
-    if result.details.get("full_node") is False:
-        raise Refused(f"the {CHECK} check ran fewer ranks than the node has (--nproc-per-node): collective floors from it would not fit a whole-node run")
-    if not result.details.get("figures"):
-        raise Refused(f"the {CHECK} check measured no figure")
-    return result
+    measured = [r for r in report.checks if r.check in CHECKS]
+    if not measured:
+        raise Refused(f"none of {', '.join(CHECKS)} ran")
+    for result in measured:
+        if result.status in (Status.SKIP, Status.ERROR):
+            raise Refused(f"the {result.check} check {result.status.value}: {result.summary}")
+        parts = result.details.get("parts") or {}
+        for part in MUST_PASS[result.check]:
+            if parts.get(part, "PASS") != "PASS":
+                raise Refused(f"the {result.check} check's {part} part is {parts[part]}: {result.cause or result.summary}; its figures cannot become floors")
+        if result.details.get("full_node") is False:
+            raise Refused(f"the {result.check} check ran fewer ranks than the node has (--nproc-per-node): whole-node floors from it would not fit a whole-node run")
+        if not result.details.get("figures"):
+            raise Refused(f"the {result.check} check measured no figure")
+    return measured
 
 
-def floors(result: Result, fraction: float, bounds: dict[str, tuple[str, str]]) -> dict[str, dict]:
+def floors(results: list[Result], fraction: float, bounds: dict[str, tuple[str, str]]) -> dict[str, dict]:
     """Floor name -> {value, unit, bound, measured, where}: the weakest figure of each
     name, times ``fraction`` (a floor) or divided by it (a ceiling). Pure, for tests."""
     out: dict[str, dict] = {}
     groups: dict[str, list[dict]] = {}
-    for fig in result.details["figures"]:
-        groups.setdefault(fig.get("floor") or fig["name"], []).append(fig)
+    for result in results:
+        for fig in result.details["figures"]:
+            groups.setdefault(fig.get("floor") or fig["name"], []).append(fig)
     for name, group in groups.items():
         if name not in bounds:
-            continue  # information only (the CUDA graph latency)
+            continue  # information only (the CUDA graph latency, model FLOP/s)
         unit, bound = bounds[name]
         if bound == "max":
             weakest = max(group, key=lambda g: g["value"])

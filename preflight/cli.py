@@ -165,7 +165,7 @@ def calibrate(
     nproc_per_node: Annotated[Optional[int], typer.Option("--nproc-per-node", help="Ranks torchrun starts. [default: one per GPU]")] = None,
     nvml_fake: FakeOpt = None,
 ) -> int:
-    """Measure this known-good node and write site floors at --fraction of its figures."""
+    """Measure this known-good node (checks through bandwidth and train) and write site floors at --fraction of its figures."""
     from preflight import calibrate as cal
     from preflight import pipeline, registry
     from preflight.lock import run_lock
@@ -182,11 +182,12 @@ def calibrate(
         with run_lock(s.lock_file, s.lock_timeout, lambda who: console.note(f"waiting for {who} to release {s.lock_file}")):
             result = pipeline.execute(the_plan, s, console)
     try:
-        bandwidth = cal.vouch(result)
+        measured = cal.vouch(result)
     except cal.Refused as e:
         console.error(f"no floors written: {e}")
         return 1
-    found = cal.floors(bandwidth, fraction, registry.load(cal.CHECK).floor_units)
+    bounds = {name: ub for r in measured for name, ub in registry.load(r.check).floor_units.items()}
+    found = cal.floors(measured, fraction, bounds)
     write_atomic(output, cal.render(found, fraction, result.hostname, resolved.name, result.finished_at))
     console.note(f"wrote {len(found)} floors to {output} ({fraction:g} x this node's weakest figures); use it with --config {output}")
     return 0

@@ -33,25 +33,25 @@ LAT = [{"name": "allreduce_latency", "floor": "allreduce_latency", "value": 30e-
 
 
 def test_a_floor_is_the_fraction_of_the_weakest_gpu():
-    got = calibrate.floors(bw(H2D), 0.9, BOUNDS)["h2d_bandwidth"]
+    got = calibrate.floors([bw(H2D)], 0.9, BOUNDS)["h2d_bandwidth"]
     assert got["value"] == pytest.approx(45e9) and got["where"] == "GPU 5" and got["measured"] == 50e9 and got["count"] == 2
 
 
 def test_a_ceiling_is_the_slowest_figure_over_the_fraction_and_p99_keeps_its_own():
-    got = calibrate.floors(bw(LAT), 0.9, BOUNDS)
+    got = calibrate.floors([bw(LAT)], 0.9, BOUNDS)
     assert got["allreduce_latency"]["value"] == pytest.approx(30e-6 / 0.9) and got["allreduce_latency"]["bound"] == "max"
     assert got["allreduce_latency_p99"]["value"] == pytest.approx(100e-6)
 
 
 def test_figures_no_floor_reads_are_left_out():
-    got = calibrate.floors(bw([{"name": "allreduce_graph_latency", "value": 1e-5, "where": "8 ranks"}, *H2D]), 0.9, BOUNDS)
+    got = calibrate.floors([bw([{"name": "allreduce_graph_latency", "value": 1e-5, "where": "8 ranks"}, *H2D])], 0.9, BOUNDS)
     assert set(got) == {"h2d_bandwidth"}
 
 
 def test_the_file_is_a_config_the_settings_read_back(tmp_path):
     from preflight import settings
 
-    text = calibrate.render(calibrate.floors(bw(H2D + LAT), 0.9, BOUNDS), 0.9, "node1", "h100-sxm", WHEN)
+    text = calibrate.render(calibrate.floors([bw(H2D + LAT)], 0.9, BOUNDS), 0.9, "node1", "h100-sxm", WHEN)
     data = tomllib.loads(text)
     assert data["floors"]["h2d_bandwidth"] == {"value": 45e9, "unit": "bytes_per_second", "source": data["floors"]["h2d_bandwidth"]["source"]}
     assert "node1 2026-11-22 03:00 UTC: 50.0 GB/s x 0.9 (GPU 5, weakest of 2)" in data["floors"]["h2d_bandwidth"]["source"]
@@ -70,7 +70,7 @@ def test_a_run_with_a_failed_earlier_check_is_not_vouched_for():
 
 def test_figures_below_the_current_floors_still_calibrate():
     # A site whose healthy nodes are slower than the published floor is what calibrate is for.
-    assert calibrate.vouch(report(bw(H2D, Status.FAIL, floors="FAIL"))).check == "bandwidth"
+    assert [r.check for r in calibrate.vouch(report(bw(H2D, Status.FAIL, floors="FAIL")))] == ["bandwidth"]
 
 
 @pytest.mark.parametrize("part", ["run", "peer_access", "setup"])
@@ -80,7 +80,7 @@ def test_a_dead_rank_missing_peer_access_or_clamped_sizes_refuse(part):
 
 
 def test_a_skipped_bandwidth_check_refuses():
-    with pytest.raises(calibrate.Refused, match="SKIP"):
+    with pytest.raises(calibrate.Refused, match="bandwidth check SKIP"):
         calibrate.vouch(report(Result(check="bandwidth", status=Status.SKIP, summary="skipped: nccl failed")))
 
 
@@ -106,7 +106,18 @@ def test_an_output_in_a_missing_directory_is_refused(tmp_path):
 def test_a_profile_without_the_bandwidth_check_has_nothing_to_calibrate():
     with pytest.raises(UsageError, match="nothing to calibrate"):
         calibrate.checks_up_to(["cuda", "topology", "shm", "nccl"], "gb10")
-    assert calibrate.checks_up_to(["cuda", "shm", "bandwidth", "train"], "x") == ["cuda", "shm", "bandwidth"]
+    assert calibrate.checks_up_to(["cuda", "shm", "bandwidth", "train"], "x") == ["cuda", "shm", "bandwidth", "train"]
+    assert calibrate.checks_up_to(["cuda", "shm", "bandwidth", "other"], "x") == ["cuda", "shm", "bandwidth"]
+
+
+def test_train_figures_calibrate_too_and_a_wrong_answer_refuses():
+    train = Result(check="train", status=Status.PASS, summary="x", details={"parts": {"run": "PASS", "loss": "PASS", "agreement": "PASS", "speed": "PASS", "setup": "PASS"},
+                   "figures": [{"name": "train_step_duration", "value": 0.04, "where": "slowest of 2 ranks: rank 1"}, {"name": "gemm_throughput", "value": 9e10, "where": "rank 0"}]})
+    got = calibrate.floors(calibrate.vouch(report(bw(H2D), train)), 0.9, {**BOUNDS, "train_step_duration": ("seconds", "max"), "gemm_throughput": ("flops_per_second", "min")})
+    assert got["train_step_duration"]["value"] == pytest.approx(0.04 / 0.9) and got["gemm_throughput"]["value"] == pytest.approx(8.1e10)
+    train.details["parts"]["agreement"] = "FAIL"
+    with pytest.raises(calibrate.Refused, match="train check's agreement part is FAIL"):
+        calibrate.vouch(report(bw(H2D), train))
 
 
 def test_a_run_over_fewer_ranks_than_the_node_refuses():

@@ -28,7 +28,7 @@ def invoke(*args):
 def test_cpu_profile_passes_and_prints_the_verdict():
     r = invoke("run", "--profile", "cpu")
     assert r.exit_code == 0, r.output
-    assert "[PASS] shm" in r.stderr and "[PASS] nccl" in r.stderr and "[PASS] bandwidth" in r.stderr and "preflight: PASS (profile cpu; 3 pass)" in r.stderr
+    assert "[PASS] shm" in r.stderr and "[PASS] nccl" in r.stderr and "[PASS] bandwidth" in r.stderr and "[PASS] train" in r.stderr and "preflight: PASS (profile cpu; 4 pass)" in r.stderr
     assert r.stdout == ""  # data goes to stdout only with --json
 
 
@@ -41,7 +41,7 @@ def test_json_report_validates_against_the_model_and_is_written_too(tmp_path):
     assert printed.verdict == "pass" and printed.profile == "cpu" and printed.exit_code == 0
     assert printed.schema_version == 1 and printed.boot_id and printed.hostname
     assert printed.started_at.tzinfo is not None and printed.finished_at >= printed.started_at
-    assert [c.check for c in printed.checks] == ["shm", "nccl", "bandwidth"]
+    assert [c.check for c in printed.checks] == ["shm", "nccl", "bandwidth", "train"]
     raw = json.loads(r.stdout)
     assert raw["started_at"].endswith("Z")  # RFC 3339 in UTC
 
@@ -63,7 +63,7 @@ def test_auto_without_a_driver_fails_with_the_cause_and_the_dry_run_hint(tmp_pat
         (["--profile", "cpu", "--only", "nosuch"], "only (--only, PREFLIGHT_ONLY or config): nosuch: no such check; installed checks:"),
         (["--profile", "cpu", "--skip", "nosuch"], "skip (--skip, PREFLIGHT_SKIP or config): nosuch: no such check"),
         (["--profile", "cpu", "--only", "shm", "--skip", "shm"], "only and skip both name shm"),
-        (["--profile", "cpu", "--skip", "shm,nccl,bandwidth"], "no check left to run: skip removes every check of profile cpu (shm, nccl, bandwidth)"),
+        (["--profile", "cpu", "--skip", "shm,nccl,bandwidth,train"], "no check left to run: skip removes every check of profile cpu (shm, nccl, bandwidth, train)"),
         (["--profile", "cpu", "--rdzv-port", "70000"], "--rdzv-port: Input should be less than or equal to 65535"),
         (["--profile", "cpu", "--nproc-per-node", "0"], "--nproc-per-node: Input should be greater than or equal to 1"),
         (["--profile", "cpu", "--lock-timeout", "-1"], "--lock-timeout: Input should be greater than or equal to 0"),
@@ -105,7 +105,7 @@ def test_a_site_floor_override_is_applied(tmp_path):
     r = invoke("run", "--config", str(cfg), "--json")
     assert r.exit_code == 1
     check, *after = Report.model_validate_json(r.stdout).checks
-    assert check.summary.endswith("below the 1000 TiB floor") and [a.status for a in after] == ["SKIP", "SKIP"]
+    assert check.summary.endswith("below the 1000 TiB floor") and [a.status for a in after] == ["SKIP", "SKIP", "SKIP"]
 
 
 def test_fail_fast_keep_going_timeout_and_error_through_the_cli(plugin):
@@ -245,7 +245,7 @@ def test_list_names_every_check_and_what_it_verifies():
     assert "\nnccl       torchrun on every GPU" in r.stdout and "\nbandwidth  HBM, host<->device" in r.stdout
     assert r.stdout.rstrip().endswith("(after cuda, nccl)")
     rows = json.loads(invoke("list", "--json").stdout)
-    assert [row["name"] for row in rows] == ["cuda", "topology", "shm", "nccl", "bandwidth"] and rows[0]["timeout_seconds"] > 0
+    assert [row["name"] for row in rows] == ["cuda", "topology", "shm", "nccl", "bandwidth", "train"] and rows[0]["timeout_seconds"] > 0
 
 
 def test_list_in_a_profiles_order(plugin):
@@ -342,7 +342,7 @@ def test_a_report_that_cannot_be_written_keeps_the_verdict_and_the_old_report(tm
     p = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, timeout=120)
     assert "could not write the report to" in p.stderr and "No space left on device" in p.stderr
     assert "Traceback" not in p.stderr
-    assert "preflight: PASS (profile cpu; 3 pass)" in p.stderr and "exit 3" in p.stderr  # the verdict, and the real code
+    assert "preflight: PASS (profile cpu; 4 pass)" in p.stderr and "exit 3" in p.stderr  # the verdict, and the real code
     assert p.stdout.splitlines() == ["rc=3", "previous", "filler", "report.json"]
 
 
@@ -597,9 +597,10 @@ def test_calibrate_measures_this_node_and_writes_floors_a_run_then_reads(tmp_pat
     out = tmp_path / "floors.toml"
     p = run_preflight(["calibrate", "--profile", "cpu", "--output", str(out), "--fraction", "0.8"], timeout=240)
     assert p.returncode == 0, p.stderr
-    assert f"wrote 6 floors to {out} (0.8 x this node's weakest figures)" in p.stderr
+    assert f"wrote 9 floors to {out} (0.8 x this node's weakest figures)" in p.stderr
     floors = tomllib.loads(out.read_text())["floors"]
-    assert set(floors) == {"memcpy_bandwidth", "allreduce_bus_bandwidth", "allgather_bus_bandwidth", "reducescatter_bus_bandwidth", "allreduce_latency", "allreduce_latency_p99"}
+    assert set(floors) == {"memcpy_bandwidth", "allreduce_bus_bandwidth", "allgather_bus_bandwidth", "reducescatter_bus_bandwidth", "allreduce_latency", "allreduce_latency_p99",
+                           "gemm_throughput", "train_step_duration", "train_tokens_throughput"}  # no MFU: the cpu profile has no peak
     assert floors["memcpy_bandwidth"]["unit"] == "bytes_per_second" and floors["memcpy_bandwidth"]["value"] > 2e9  # above the built-in floor on any working host
     assert floors["allreduce_latency"]["bound"] == "max" and "x 0.8" in floors["memcpy_bandwidth"]["source"]
     shown = run_preflight(["show-profile", "cpu", "--config", str(out), "--json"])
@@ -613,7 +614,7 @@ def test_calibrate_measures_this_node_and_writes_floors_a_run_then_reads(tmp_pat
     [
         (["--fraction", "1.5"], "--fraction 1.5: give a number in (0, 1]"),
         (["--output", "EXISTING"], "already exists; pass --force to replace it"),
-        (["--profile", "gb10"], "profile gb10 does not run the bandwidth check"),
+        (["--profile", "gb10"], "profile gb10 runs none of bandwidth, train"),
     ],
 )
 def test_calibrate_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, words):

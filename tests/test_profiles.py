@@ -224,3 +224,36 @@ def test_auto_on_a_machine_without_a_driver_fails_and_suggests_the_cpu_profile()
         profiles.detect(None)
     assert "no NVIDIA driver" in e.value.cause
     assert "--profile cpu" in e.value.remedy
+
+
+TRAIN = 'name = "x"\ndescription = "d"\ngpu_count = GPUS\nchecks = ["train"]\n'
+
+
+@pytest.mark.parametrize(
+    "gpus, table, message",
+    [
+        (0, "", r"checks lists train but the \[train\] table is missing"),
+        (0, '[train]\nstraggler_source = "s"\nsizes_source = "s"\n', r"\[train\] ranks is needed where gpu_count is 0"),
+        (0, '[train]\nranks = 2\nd_model = 100\nheads = 16\nstraggler_source = "s"\nsizes_source = "s"\n', r"d_model 100 must be a multiple of heads 16"),
+        (0, '[train]\nranks = 2\nstraggler_max = 1.0\nstraggler_source = "s"\nsizes_source = "s"\n', r"train.straggler_max: Input should be greater than 1"),
+        (0, '[train]\nranks = 2\nsteps = 2\nstraggler_source = "s"\nsizes_source = "s"\n', r"train.steps: Input should be greater than or equal to 3"),
+        (0, '[train]\nranks = 2\npeak_flops = 1e15\nstraggler_source = "s"\nsizes_source = "s"\n', r"peak_flops needs peak_source"),
+        (0, '[train]\nranks = 2\nsizes_source = "s"\n', r"train.straggler_source: required key is missing"),
+    ],
+)
+def test_a_bad_train_table_names_what_is_wrong(tmp_path, gpus, table, message):
+    path = tmp_path / "x.toml"
+    path.write_text(TRAIN.replace("GPUS", str(gpus)) + table)
+    with pytest.raises(UsageError, match=message):
+        profiles.load(path)
+
+
+def test_every_profile_with_train_cites_its_gemm_floor_and_peak():
+    for name, path in profiles.available(None).items():
+        p = profiles.load(path)
+        if "train" not in p.checks:
+            continue
+        assert p.train and p.train.straggler_source.strip() and p.train.sizes_source.strip(), name
+        if p.gpu_count:
+            assert p.floors["gemm_throughput"].unit == "flops_per_second" and "MAMF" in p.floors["gemm_throughput"].source, name
+            assert p.train.peak_flops and p.floors["gemm_throughput"].value < p.train.peak_flops, name

@@ -137,23 +137,13 @@ class Probe:
         self.tokens = torch.randint(0, args.vocab, (self.batch, args.seq + 1), generator=g).to(device)
 
     def _fit_memory(self) -> None:
-        """Fewer sequences per step (then fewer layers) until the activations fit in
-        half the memory free now, with a note: a probe that OOMs proves nothing."""
+        """Fewer sequences per step (then fewer layers) until the probe fits in half
+        the memory free now, agreed by every rank, with a note: a probe that OOMs proves nothing."""
         free = int(self.torch.cuda.mem_get_info(self.device)[0])
         a = self.args
-        while self.batch > 1 or self.layers > 1:
-            # bf16 activations kept for backward, ~34 x seq x d bytes per layer and sequence (Korthikanti et al.)
-            # plus the logits, and 16 bytes per parameter for fp32 weights, grads and AdamW's two moments.
-            params = 12 * self.layers * a.d_model**2 + a.vocab * a.d_model
-            need = self.batch * a.seq * (34 * a.d_model * self.layers + 6 * a.vocab) + 16 * params
-            if need <= free / 2:
-                break
-            if self.batch > 1:
-                self.batch //= 2
-            else:
-                self.layers //= 2
+        batch, layers = fit_model(free, a.batch, a.layers, a.d_model, a.seq, a.vocab)
         # Every rank must build the same model and batch (DDP): the smallest any rank can hold.
-        agreed = self.torch.tensor([self.batch, self.layers], dtype=self.torch.int64, device=self.device)
+        agreed = self.torch.tensor([batch, layers], dtype=self.torch.int64, device=self.device)
         self.dist.all_reduce(agreed, op=self.dist.ReduceOp.MIN)
         self.batch, self.layers = int(agreed[0]), int(agreed[1])
         if (self.batch, self.layers) != (a.batch, a.layers):
@@ -278,6 +268,25 @@ class Probe:
         out = [self.torch.zeros_like(t) for _ in range(self.me.world_size)]
         self.dist.all_gather(out, t)
         return [int(x.item()) for x in out]
+
+
+def probe_bytes(batch: int, layers: int, d: int, seq: int, vocab: int) -> int:
+    """Memory the probe needs: bf16 activations kept for backward, ~34 x seq x d bytes
+    per layer and sequence (Korthikanti et al. 2022, without recomputation), the
+    logits (6 bytes a vocab entry: bf16 and the fp32 copy for the loss), and
+    16 bytes a parameter (fp32 weights and gradients, AdamW's two moments)."""
+    params = 12 * layers * d * d + vocab * d
+    return batch * seq * (34 * d * layers + 6 * vocab) + 16 * params
+
+
+def fit_model(free: int, batch: int, layers: int, d: int, seq: int, vocab: int) -> tuple[int, int]:
+    """Halve the batch, then the layers, until the probe fits in half of ``free``; (1, 1) at least."""
+    while (batch > 1 or layers > 1) and probe_bytes(batch, layers, d, seq, vocab) > free / 2:
+        if batch > 1:
+            batch //= 2
+        else:
+            layers //= 2
+    return batch, layers
 
 
 def _bits_checksum(torch, tensors) -> int:

@@ -108,3 +108,19 @@ def test_the_worker_runs_by_hand_with_torchrun(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     lines = [x for x in p.stdout.splitlines() if x.startswith('{"rank"')]
     assert len(lines) == 2 and all('"gemm_tflops"' in x and '"loss"' in x for x in lines), p.stdout
+
+
+@pytest.mark.gpu
+def test_train_on_every_gpu_of_this_node(tmp_path):
+    """On the lent GPU machine: the probe for real, its figures printed for the issue
+    note (GEMM TFLOP/s, step time, MFU, the check's time)."""
+    import shutil
+
+    if not shutil.which("nvidia-smi"):
+        pytest.skip("no NVIDIA driver here")
+    gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout.count("GPU ")
+    p, r, took = run_train(clean_env(), tmp_path, "--nproc-per-node", str(gpus), "-v", profile="auto")
+    print(p.stderr, f"check took {took:.1f} s")
+    assert r.details["parts"]["run"] == "PASS" and r.details["parts"]["loss"] == "PASS" and r.details["parts"]["agreement"] == "PASS", (r.cause, p.stderr)
+    assert {"gemm_throughput", "train_step_duration", "train_mfu"} <= {m.name for m in r.measurements}
+    assert not workers_left(tmp_path)

@@ -66,7 +66,8 @@ def per_rank(n: int = 8, backend: str = "nccl", each=lambda r: {}, **kw) -> Trai
 
 
 def by(figs: list[Figure], name: str) -> list[Figure]:
-    return [g for g in figs if g.name == name]
+    """Figures judged against the floor ``name`` (the step p50 is "train_step_duration", its max "train_step_duration_max")."""
+    return [g for g in figs if g.key == name]
 
 
 def one(figs: list[Figure], name: str) -> Figure:
@@ -155,7 +156,9 @@ def test_step_time_is_the_slowest_ranks_median_step():
     steps = {2: [0.55, 0.70, 0.60], 5: [0.52, 0.51, 0.90]}  # medians 0.60 and 0.52; the 0.90 outlier does not count
     g = one(train.figures(per_rank(8, each=lambda r: {"step_seconds": steps.get(r, [0.5] * 3)}), expect()), "train_step_duration")
     assert g.value == pytest.approx(0.60) and g.rank == 2 and g.unit == SECONDS
-    assert g.where == "slowest of 8 ranks: rank 2 (GPU 2)" and g.repeats == 3
+    assert g.where == "slowest of 8 ranks: rank 2 (GPU 2)" and g.repeats == 3 and g.labels == {"quantile": "0.5"}
+    longest = one(train.figures(per_rank(8, each=lambda r: {"step_seconds": steps.get(r, [0.5] * 3)}), expect()), "train_step_duration_max")
+    assert longest.value == 0.90 and longest.rank == 5 and longest.name == "train_step_duration" and longest.labels == {"quantile": "1.0"}
 
 
 def test_throughput_is_measured_at_the_slowest_ranks_step():
@@ -346,7 +349,7 @@ def test_mfu_clear_of_the_margin_passes():
 def test_a_step_over_its_ceiling_fails_naming_the_slowest_rank():
     f = per_rank(8, each=lambda r: {"step_seconds": [0.6] * 3} if r == 2 else {})
     (x,) = train.judge_speed(train.figures(f, expect()), expect(), {"train_step_duration": floor(0.45, SECONDS, "max")})
-    assert x.status is FAIL and x.summary == "training step time over ceiling on slowest of 8 ranks: rank 2 (GPU 2) (600 ms, ceiling 450 ms)"
+    assert x.status is FAIL and x.summary == "training step time p50 over ceiling on slowest of 8 ranks: rank 2 (GPU 2) (600 ms, ceiling 450 ms)"
 
 
 def test_a_healthy_node_meets_every_floor():
