@@ -32,6 +32,7 @@ FLOORS = {
     "gemm_throughput": (FLOPS, "min"),  # per GPU: the n^3 bf16 matmul
     "train_mfu": ("ratio", "min"),
     "train_step_duration": ("seconds", "max"),  # the slowest rank's median synchronized step
+    "train_step_duration_max": ("seconds", "max"),  # the longest single step of any rank
     "train_tokens_throughput": ("tokens_per_second", "min"),
 }
 WORDS = {
@@ -55,6 +56,7 @@ class RankReport(ranks.RankReport):
     """What checks/workers/train_probe.py writes for one rank."""
 
     losses: list[float | str] = Field(default_factory=list)  # "nan"/"inf" as text: JSON has no NaN
+    initial_loss: float | str | None = None  # the first warm-up step's, before any update
     step_seconds: list[float] = Field(default_factory=list)
     compute_seconds: list[float] = Field(default_factory=list)
     gemm_seconds: list[float] = Field(default_factory=list)
@@ -163,9 +165,12 @@ def judge_loss(f: TrainFacts) -> list[Finding]:
         return [Finding(FAIL, f"loss is not finite on {culprits[0].who}", cause, remedy)]
     out = []
     for o, rep in reps:
-        first, last = rep.losses[0], rep.losses[-1]
+        # Against the loss before any update: Adam's first steps are not monotone, so
+        # the first timed step (after the warm-up) is no fair reference.
+        first = rep.initial_loss if isinstance(rep.initial_loss, float) else rep.losses[0]
+        last = rep.losses[-1]
         if isinstance(first, float) and isinstance(last, float) and not last < first:
-            cause = f"{o.who}: loss {first:.4f} at the first timed step and {last:.4f} at the last: it should fall on a fixed batch"
+            cause = f"{o.who}: loss {first:.4f} before training and {last:.4f} at the last step: it should fall on a fixed batch"
             out.append(Finding(FAIL, f"loss does not fall on {o.who}", cause, "a rank whose optimizer step has no effect: check the GPU (`dcgmi diag -r 3`) and the torch build"))
     return out
 
@@ -212,7 +217,11 @@ def judge_agreement(f: TrainFacts) -> list[Finding]:
 
 
 def judge_speed(figs: list[Figure], expect: TrainExpect, floors: dict[str, ResolvedFloor]) -> list[Finding]:
-    out = figs_mod.judge_floors(figs, floors, expect.margin, WORDS, REASONS, "preflight run --only train")
+    return figs_mod.judge_floors(figs, floors, expect.margin, WORDS, REASONS, "preflight run --only train")
+
+
+def judge_straggler(figs: list[Figure], expect: TrainExpect) -> list[Finding]:
+    out: list[Finding] = []
     ratio = next((g for g in figs if g.name == "train_straggler_ratio"), None)
     if ratio is not None and ratio.value > expect.straggler_max:
         cause = (f"{ratio.where}'s own forward+backward takes {ratio.value:.2f}x the median of the other ranks', over the {expect.straggler_max:g}x allowed "
@@ -236,6 +245,7 @@ def judge(f: TrainFacts, figs: list[Figure], expect: TrainExpect, floors: dict[s
         "loss": judge_loss(f),
         "agreement": judge_agreement(f),
         "speed": judge_speed(figs, expect, floors),
+        "straggler": judge_straggler(figs, expect),
         "setup": judge_setup(f),
     }
 
@@ -252,8 +262,9 @@ def gather(ctx: Context, nproc: int, expect: TrainExpect, backend: str, uuids: d
     args = ["--backend", backend, "--device", "cuda" if backend == "nccl" else "cpu", "--timeout", f"{op_timeout:g}",
             "--layers", str(e.layers), "--d-model", str(e.d_model), "--heads", str(e.heads), "--seq", str(e.seq), "--batch", str(e.batch),
             "--vocab", str(e.vocab), "--warmup-steps", str(e.warmup_steps), "--steps", str(e.steps), "--compute-steps", str(e.compute_steps),
-            "--gemm-n", str(e.gemm_n), "--gemm-repeats", str(e.gemm_repeats)]  # fmt: skip
-    worker = launch.Worker("train_probe.py", args, nproc=nproc, rdzv_port=ctx.settings.rdzv_port)
+            "--gemm-n", str(e.gemm_n), "--gemm-repeats", str(e.gemm_repeats), "--gemm-burst", str(e.gemm_burst)]  # fmt: skip
+    # TunableOp would let each GPU pick its own GEMM kernels: the agreement check needs the same ones everywhere.
+    worker = launch.Worker("train_probe.py", args, env={"PYTORCH_TUNABLEOP_ENABLED": "0"}, nproc=nproc, rdzv_port=ctx.settings.rdzv_port)
     ranks.collect(facts, worker, RankReport, ctx.host.environ, left, ranks.settle_rule(nproc, ranks.STUCK, op_timeout + ranks.STUCK))
     return facts
 
@@ -305,8 +316,9 @@ class Train(Check):
         facts = gather(ctx, nproc, expect, backend, uuids(ctx))
         figs = figures(facts, expect)
         full = nproc == (ctx.profile.gpu_count or expect.ranks)
-        # Step time, throughput and MFU floors are for the whole node; GEMM is per GPU.
-        floors = ctx.profile.floors if full else {k: v for k, v in ctx.profile.floors.items() if k == "gemm_throughput"}
+        shrunk = any(isinstance(o.report, RankReport) and o.report.shrunk for o in facts.ranks)
+        # Step time, throughput and MFU floors are for the whole node and the profile's model; GEMM is per GPU.
+        floors = ctx.profile.floors if full and not shrunk else {k: v for k, v in ctx.profile.floors.items() if k == "gemm_throughput"}
         parts = judge(facts, figs, expect, floors)
         # The straggler bound lives in [train] (a ratio between ranks, not a node figure); shown like a floor.
         floors = {**floors, "train_straggler_ratio": ResolvedFloor(value=expect.straggler_max, unit="ratio", bound="max", source=expect.straggler_source, origin=f"profile {ctx.profile.path} [train]")}
@@ -319,5 +331,7 @@ class Train(Check):
         result.lines = figs_mod.lines(figs, floors, WORDS)
         if not full:
             result.lines.append(f"step, throughput and MFU floors are for {ctx.profile.gpu_count or expect.ranks} ranks; this run had {nproc}: not judged")
+        elif shrunk:
+            result.lines.append("step, throughput and MFU floors are for the profile's model, which was shrunk to fit: not judged")
         return result
 

@@ -22,7 +22,8 @@ from preflight.report import Report
 
 CHECKS = ("bandwidth", "train")  # the checks whose figures become floors
 # Parts of each that must pass for its figures to be trusted; the floors part may fail (that is what calibration changes).
-MUST_PASS = {"bandwidth": ("run", "peer_access", "setup"), "train": ("run", "loss", "agreement", "setup")}
+# A straggler is a faulty GPU: its slow figures must never become the site's floors.
+MUST_PASS = {"bandwidth": ("run", "peer_access", "setup"), "train": ("run", "loss", "agreement", "straggler", "setup")}
 
 
 class Refused(Exception):

@@ -188,6 +188,7 @@ class TrainExpect(BaseModel):
     compute_steps: int = Field(default=3, ge=1, le=100)  # per-rank forward+backward without the sync
     gemm_n: int = Field(default=8192, ge=64, le=32768)
     gemm_repeats: int = Field(default=10, ge=5, le=1000)
+    gemm_burst: int = Field(default=50, ge=1, le=10000)  # matmuls back to back per timed repeat: long enough for a power cap to show
     op_timeout_seconds: float = Field(default=60.0, gt=0, le=600, allow_inf_nan=False)
     # The slowest rank's own compute time over the median rank's: past this, FAIL naming it.
     straggler_max: float = Field(default=1.15, gt=1, le=10)

@@ -141,7 +141,7 @@ def settle_rule(nproc: int, stuck: float, waiting: float) -> Callable[[launch.Ru
             return False
 
         def idle(r: int, rep: dict) -> bool:
-            limit = waiting if rep.get("stage") in (None, "import", "init") else stuck
+            limit = waiting if rep.get("stage") in (None, "import", "init", "build") else stuck
             return now - seen[r][1] >= limit
 
         return all(rep.get("error") or rep.get("stage") == "done" or idle(r, rep) for r, rep in reports.items())
@@ -270,5 +270,5 @@ def _judge_ranks(f: RunFacts, by_hand: str, said: tuple[str, str, str] | None) -
 def stage_words(r: RankReport | None) -> str:
     if r is None:
         return ""
-    fixed = {"import": "importing torch", "init": "in init_process_group", "done": "after finishing"}
+    fixed = {"import": "importing torch", "init": "in init_process_group", "build": "building the model", "done": "after finishing"}
     return fixed.get(r.stage, f"in {r.stage} ({r.step_noun} {r.progress() + 1})")

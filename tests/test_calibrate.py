@@ -125,3 +125,11 @@ def test_a_run_over_fewer_ranks_than_the_node_refuses():
     result.details["full_node"] = False
     with pytest.raises(calibrate.Refused, match="fewer ranks than the node has"):
         calibrate.vouch(report(result))
+
+
+def test_a_node_with_a_straggler_is_not_calibrated():
+    # Its slow GPU's figures would become the floor every throttled node then passes.
+    train = Result(check="train", status=Status.FAIL, summary="straggler", details={"parts": {"run": "PASS", "loss": "PASS", "agreement": "PASS", "speed": "PASS", "straggler": "FAIL", "setup": "PASS"},
+                   "figures": [{"name": "gemm_throughput", "value": 9e10, "where": "rank 0"}]})
+    with pytest.raises(calibrate.Refused, match="train check's straggler part is FAIL"):
+        calibrate.vouch(report(bw(H2D), train))

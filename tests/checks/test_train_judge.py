@@ -233,7 +233,16 @@ def test_a_nan_on_a_single_rank_says_nothing_of_spreading():
 def test_a_loss_that_does_not_fall_fails_naming_the_rank():
     (x,) = train.judge_loss(per_rank(4, each=lambda r: {"losses": [10.0, 10.1, 10.2]} if r == 2 else {}))
     assert x.status is FAIL and x.summary == "loss does not fall on rank 2 (GPU 2)"
-    assert "loss 10.0000 at the first timed step and 10.2000 at the last" in x.cause
+    assert "loss 10.0000 before training and 10.2000 at the last step" in x.cause
+
+
+def test_the_reference_is_the_loss_before_any_update_not_the_first_timed_step():
+    # Adam's early steps are not monotone: a trough at the first timed step and a spike at
+    # the last are healthy as long as the end is under where training began.
+    healthy = per_rank(2, each=lambda r: {"initial_loss": 10.4, "losses": [8.2, 10.8, 9.1]})
+    assert train.judge_loss(healthy) == []
+    (x,) = train.judge_loss(per_rank(2, each=lambda r: {"initial_loss": 10.4, "losses": [8.2, 9.0, 10.5]} if r == 1 else {"initial_loss": 10.4}))
+    assert "loss 10.4000 before training and 10.5000 at the last step" in x.cause
 
 
 def test_a_flat_loss_does_not_fall():
@@ -306,7 +315,7 @@ def test_a_rank_that_never_checksummed_is_not_a_disagreement():
 
 def test_a_straggler_over_the_allowed_ratio_fails_naming_its_rank_and_gpu():
     f = per_rank(8, each=lambda r: {"compute_seconds": [0.6, 0.6, 0.6]} if r == 6 else {})
-    (x,) = train.judge_speed(train.figures(f, expect()), expect(), {})
+    (x,) = train.judge_straggler(train.figures(f, expect()), expect())
     assert x.status is FAIL and x.summary == "straggler: rank 6 (GPU 6) takes 1.50x as long as its peers"
     assert "rank 6 (GPU 6)'s own forward+backward takes 1.50x the median of the other ranks', over the 1.15x allowed (test)" in x.cause
     assert "nvidia-smi -q -d PERFORMANCE,CLOCK,TEMPERATURE" in x.remedy
@@ -405,7 +414,7 @@ def test_a_launch_error_says_the_training_probe_could_not_start():
 def test_a_healthy_run_has_no_finding_in_any_part():
     f = per_rank(8)
     floors = {"gemm_throughput": floor(600e12)}
-    assert train.judge(f, train.figures(f, expect(**H100)), expect(**H100), floors) == {"run": [], "loss": [], "agreement": [], "speed": [], "setup": []}
+    assert train.judge(f, train.figures(f, expect(**H100)), expect(**H100), floors) == {"run": [], "loss": [], "agreement": [], "speed": [], "straggler": [], "setup": []}
 
 
 def test_the_rerun_hint_on_gloo_names_the_cpu_flags():
