@@ -271,13 +271,14 @@ def gather(ctx: Context, nproc: int, expect: TrainExpect, backend: str, uuids: d
 
 def summary(f: TrainFacts, figs: list[Figure]) -> str:
     reps = [o.report for o in f.ranks if isinstance(o.report, RankReport)]
-    by = {g.name: g for g in figs}
+    by = {g.key: g for g in figs}
     parts = [f"{f.nproc} {f.backend} rank(s)"]
     if reps and reps[0].params:
         parts.append(f"{reps[0].params / 1e6:.1f}M-parameter GPT")
     losses = reps[0].losses if reps else []
-    if losses and isinstance(losses[0], float) and isinstance(losses[-1], float):
-        parts.append(f"loss {losses[0]:.3f} -> {losses[-1]:.3f}, ranks agree")
+    first = reps[0].initial_loss if reps and isinstance(reps[0].initial_loss, float) else (losses[0] if losses else None)
+    if isinstance(first, float) and losses and isinstance(losses[-1], float):
+        parts.append(f"loss {first:.3f} -> {losses[-1]:.3f}, ranks agree")
     if "train_step_duration" in by:
         parts.append(f"step {fmt_seconds(by['train_step_duration'].value)}")
     if "train_mfu" in by:

@@ -468,3 +468,10 @@ def test_summary_without_a_peak_leaves_out_mfu():
 def test_summary_of_a_run_without_reports_says_only_the_ranks():
     f = facts([outcome(0, None), outcome(1, None)])
     assert train.summary(f, []) == "2 nccl rank(s)"
+
+
+def test_the_summary_gives_the_step_p50_and_the_loss_from_before_training():
+    f = per_rank(2, backend="gloo", each=lambda r: {"step_seconds": [0.030, 0.033, 0.090], "initial_loss": 5.5, "losses": [5.2, 5.1, 5.0]})
+    text = train.summary(f, train.figures(f, expect()))
+    assert "step 33 ms" in text and "90 ms" not in text
+    assert "loss 5.500 -> 5.000, ranks agree" in text
