@@ -129,3 +129,28 @@ def pci_bus_id(props) -> str | None:
     if not hasattr(props, "pci_bus_id"):  # older torch does not say
         return None
     return f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+
+
+def start_torch(want: str, local_rank: int, report: dict, save):
+    """Import torch and take this rank's device (cuda:LOCAL_RANK, or the CPU), saying
+    in the report what stops the rank: (torch, torch.distributed, device), or None."""
+    t0 = time.perf_counter()
+    try:
+        import torch
+        import torch.distributed as dist
+    except Exception as e:  # ImportError, or CUDA libraries that fail to load (OSError)
+        report.update(stage="import", error=f"{type(e).__name__}: {e}", error_kind="no_torch")
+        save()
+        return None
+    report.update(torch_version=torch.__version__, import_seconds=round(time.perf_counter() - t0, 4), stage="init")
+    device = torch.device("cpu")
+    if want == "cuda":
+        if not torch.cuda.is_available():
+            report.update(error=f"torch {torch.__version__} sees no CUDA device", error_kind="no_device")
+            save()
+            return None
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        props = torch.cuda.get_device_properties(device)
+        report.update(gpu_name=props.name, pci_bus_id=pci_bus_id(props), cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return torch, dist, device

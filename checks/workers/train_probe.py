@@ -79,25 +79,11 @@ def main() -> int:
 
 def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
     t0 = time.perf_counter()
-    try:
-        import torch
-        import torch.distributed as dist
-        import torch.nn.functional as F
-    except Exception as e:  # ImportError, or CUDA libraries that fail to load (OSError)
-        report.update(error=f"{type(e).__name__}: {e}", error_kind="no_torch")
-        save()
+    started = _rank.start_torch(args.device, me.local_rank, report, save)
+    if started is None:
         return 1
-    report.update(torch_version=torch.__version__, import_seconds=round(time.perf_counter() - t0, 4), stage="init")
-    device = torch.device("cpu")
-    if args.device == "cuda":
-        if not torch.cuda.is_available():
-            report.update(error=f"torch {torch.__version__} sees no CUDA device", error_kind="no_device")
-            save()
-            return 1
-        device = torch.device("cuda", me.local_rank)
-        torch.cuda.set_device(device)
-        props = torch.cuda.get_device_properties(device)
-        report.update(gpu_name=props.name, pci_bus_id=_rank.pci_bus_id(props))
+    torch, dist, device = started
+    F = torch.nn.functional
     save()
     t = time.perf_counter()
     _rank.init_group(dist, args.backend, device, args.timeout)
