@@ -597,10 +597,10 @@ def test_calibrate_measures_this_node_and_writes_floors_a_run_then_reads(tmp_pat
     out = tmp_path / "floors.toml"
     p = run_preflight(["calibrate", "--profile", "cpu", "--output", str(out), "--fraction", "0.8"], timeout=240)
     assert p.returncode == 0, p.stderr
-    assert f"wrote 9 floors to {out} (0.8 x this node's weakest figures)" in p.stderr
+    assert f"wrote 10 floors to {out} (0.8 x this node's weakest figures)" in p.stderr
     floors = tomllib.loads(out.read_text())["floors"]
     assert set(floors) == {"memcpy_bandwidth", "allreduce_bus_bandwidth", "allgather_bus_bandwidth", "reducescatter_bus_bandwidth", "allreduce_latency", "allreduce_latency_p99",
-                           "gemm_throughput", "train_step_duration", "train_tokens_throughput"}  # no MFU: the cpu profile has no peak
+                           "gemm_throughput", "train_step_duration", "train_step_duration_max", "train_tokens_throughput"}  # no MFU: the cpu profile has no peak
     assert floors["memcpy_bandwidth"]["unit"] == "bytes_per_second" and floors["memcpy_bandwidth"]["value"] > 2e9  # above the built-in floor on any working host
     assert floors["allreduce_latency"]["bound"] == "max" and "x 0.8" in floors["memcpy_bandwidth"]["source"]
     shown = run_preflight(["show-profile", "cpu", "--config", str(out), "--json"])
