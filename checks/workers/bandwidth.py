@@ -131,6 +131,12 @@ class Bench:
         self.slow = False
         self.cache = _gpu_cache(torch, device) if self.cuda else _cpu_cache()
         self.flag = torch.ones(1, device=device)  # the barrier's all_reduce
+        # Waiting out another rank's turn (every repeat of a measurement) takes longer
+        # than one collective may: those barriers get a group with a turn's timeout.
+        import datetime
+
+        turn = datetime.timedelta(seconds=args.timeout * (args.warmup + args.repeats))
+        self.turns = dist.new_group(backend="gloo", timeout=turn)
         self.gather_fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         self.scatter_fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
@@ -178,11 +184,13 @@ class Bench:
         """Each local rank measures alone while the others wait at a barrier."""
         out: list[dict] = []
         for turn in range(self.me.local_world_size):
-            self._sync()
+            self._sync(turn=True)
             if turn == self.me.local_rank:
                 out = measure()
-        self._sync()
+        self._sync(turn=True)
         return out
+
+
 
     # -- GPU -> GPU -------------------------------------------------------------
 
@@ -194,10 +202,10 @@ class Bench:
         out = []
         for k in range(1, n):
             for turn in range(n):
-                self._sync()
+                self._sync(turn=True)
                 if turn == me:
                     out.append(self._p2p_pair((me + k) % n))
-        self._sync()
+        self._sync(turn=True)
         return out
 
     def _p2p_pair(self, peer: int) -> dict:
@@ -268,10 +276,16 @@ class Bench:
         self.dist.all_reduce(x, op=self.dist.ReduceOp.MAX, async_op=True).wait()
         self._finish("the small all_reduce")
 
-    def _sync(self) -> None:
-        """A barrier with a deadline: NCCL's own barrier synchronizes the device with none."""
-        if self.cuda:
-            self._blocking(self.flag)
+    def _sync(self, turn: bool = False) -> None:
+        """A barrier with a deadline. Between turns, on a gloo group of its own whose
+        timeout is a whole turn's (every other collective keeps --timeout); otherwise
+        NCCL's flag all_reduce with --timeout (NCCL's own barrier syncs the device with
+        none), or gloo's barrier."""
+        if turn:
+            self.dist.barrier(group=self.turns)
+        elif self.cuda:
+            self.dist.all_reduce(self.flag, op=self.dist.ReduceOp.MAX, async_op=True).wait()
+            self._finish("a barrier")
         else:
             self.dist.barrier()
 
