@@ -189,7 +189,7 @@ def figures(f: BandwidthFacts) -> list[Figure]:
 def _device_figure(f: BandwidthFacts, r: int, res: StepResult, gpu: dict[int, str | None]) -> Figure:
     name = PER_DEVICE[res.step]
     med = median(res.seconds)
-    labels, where = _labels(f, r, gpu), _who(r, gpu)
+    labels, where = ranks.labels(r, gpu.get(r), f.uuids), _who(r, gpu)
     if res.peer is not None:
         peer = gpu.get(res.peer) or f"local rank {res.peer}"  # one node: the peer is a local rank
         labels["peer_gpu"] = peer.removeprefix("GPU ")
@@ -200,16 +200,6 @@ def _device_figure(f: BandwidthFacts, r: int, res: StepResult, gpu: dict[int, st
 
 def _who(r: int, gpu: dict[int, str | None]) -> str:
     return gpu.get(r) or f"rank {r}"
-
-
-def _labels(f: BandwidthFacts, r: int, gpu: dict[int, str | None]) -> dict[str, str]:
-    index = ranks.gpu_index(gpu.get(r))
-    if index is None:
-        return {"rank": str(r)}
-    labels = {"gpu": str(index)}  # dcgm-exporter's label names, so joins work
-    if index in f.uuids:
-        labels["UUID"] = f.uuids[index]
-    return labels
 
 
 # ---- judging -------------------------------------------------------------------
@@ -297,9 +287,7 @@ def binding(ctx: Context) -> dict[str, dict]:
 
 
 def uuids(ctx: Context) -> dict[int, str]:
-    cuda = ctx.results.get("cuda")
-    gpus = ((cuda.details.get("inventory") or {}).get("gpus") or []) if cuda else []
-    return {g["index"]: g["uuid"] for g in gpus if "index" in g and "uuid" in g}
+    return ranks.gpu_uuids(ctx.results)
 
 
 def gather(ctx: Context, nproc: int, expect: BandwidthExpect, backend: str) -> BandwidthFacts:

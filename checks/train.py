@@ -110,7 +110,7 @@ def figures(f: TrainFacts, expect: TrainExpect) -> list[Figure]:
         if rep.gemm_seconds:
             n = expect.gemm_n
             value = gemm_flops(n) / median(rep.gemm_seconds)
-            out.append(Figure(name="gemm_throughput", unit=FLOPS, value=value, where=_who(r, gpu), labels=_labels(f, r, gpu), repeats=len(rep.gemm_seconds), rank=r))
+            out.append(Figure(name="gemm_throughput", unit=FLOPS, value=value, where=_who(r, gpu), labels=ranks.labels(r, gpu.get(r), f.uuids), repeats=len(rep.gemm_seconds), rank=r))
     done = [rep for rep in reps.values() if rep.step_seconds]
     if len(done) == f.nproc and done:
         worst_rank = max(reps, key=lambda r: median(reps[r].step_seconds) if reps[r].step_seconds else 0)
@@ -139,13 +139,6 @@ def figures(f: TrainFacts, expect: TrainExpect) -> list[Figure]:
 
 def _who(r: int, gpu: dict[int, str | None]) -> str:
     return f"rank {r}" + (f" ({gpu[r]})" if gpu.get(r) else "")
-
-
-def _labels(f: TrainFacts, r: int, gpu: dict[int, str | None]) -> dict[str, str]:
-    index = ranks.gpu_index(gpu.get(r))
-    if index is None:
-        return {"rank": str(r)}
-    return {"gpu": str(index), **({"UUID": f.uuids[index]} if index in f.uuids else {})}
 
 
 # ---- judging --------------------------------------------------------------------------
@@ -312,9 +305,7 @@ class Train(Check):
         assert expect is not None  # applies() said so
         backend = "nccl" if ctx.profile.gpu_count else "gloo"
         nproc = ctx.settings.nproc_per_node or expect.ranks or ctx.profile.gpu_count
-        from preflight.checks.bandwidth import uuids
-
-        facts = gather(ctx, nproc, expect, backend, uuids(ctx))
+        facts = gather(ctx, nproc, expect, backend, ranks.gpu_uuids(ctx.results))
         figs = figures(facts, expect)
         full = nproc == (ctx.profile.gpu_count or expect.ranks)
         shrunk = any(isinstance(o.report, RankReport) and o.report.shrunk for o in facts.ranks)

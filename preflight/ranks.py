@@ -115,6 +115,21 @@ def by_hand(f: RunFacts, script: str) -> str:
     return f"run it by hand to see more: {f.python} -m torch.distributed.run --nproc-per-node {f.nproc} {launch.WORKERS_DIR / script}{extra}"
 
 
+def gpu_uuids(results: dict) -> dict[int, str]:
+    """nvidia-smi index -> GPU UUID, from the cuda check's inventory when it ran."""
+    cuda = results.get("cuda")
+    gpus = ((cuda.details.get("inventory") or {}).get("gpus") or []) if cuda else []
+    return {g["index"]: g["uuid"] for g in gpus if "index" in g and "uuid" in g}
+
+
+def labels(rank: int, gpu: str | None, uuids: dict[int, str]) -> dict[str, str]:
+    """A rank's metric labels: dcgm-exporter's `gpu` and `UUID` (so joins work), or `rank` on CPU."""
+    index = gpu_index(gpu)
+    if index is None:
+        return {"rank": str(rank)}
+    return {"gpu": str(index), **({"UUID": uuids[index]} if index in uuids else {})}
+
+
 def gpu_index(gpu: str | None) -> int | None:
     """"GPU 3" -> 3 (nvidia-smi's index); None where the GPU is not known by index."""
     return int(gpu.split()[1]) if gpu and gpu.startswith("GPU ") and gpu.split()[1].isdigit() else None

@@ -69,3 +69,27 @@ def run_preflight(args: list[str], env: dict[str, str] | None = None, timeout: f
     if env is None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREFLIGHT_") or k == "PREFLIGHT_LOCK_FILE"}
     return subprocess.run([*fakes.PREFLIGHT, *args], env=env, capture_output=True, text=True, timeout=timeout, **kw)
+
+
+CPU_TOML = Path(__file__).parents[1] / "preflight" / "profiles" / "cpu.toml"
+
+
+def clean_env() -> dict[str, str]:
+    """This process's environment without PREFLIGHT_* settings (the lock file kept)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("PREFLIGHT_") or k == "PREFLIGHT_LOCK_FILE"}
+
+
+def fast_profile(tmp_path: Path, check: str, deadline: float) -> dict[str, str]:
+    """The cpu profile with a 4 s collective timeout and ``deadline`` for ``check``,
+    as a site profile "cpu-fast" an operator would write: a hang is found in seconds."""
+    site = tmp_path / "profiles"
+    site.mkdir()
+    text = CPU_TOML.read_text().replace('name = "cpu"', 'name = "cpu-fast"').replace("op_timeout_seconds = 20", "op_timeout_seconds = 4")
+    (site / "cpu-fast.toml").write_text(text + f"\n[timeouts]\n{check} = {deadline}\n")
+    return {**clean_env(), "PREFLIGHT_PROFILES_DIR": str(site)}
+
+
+def workers_left(tmp_path: Path) -> str:
+    """What pgrep finds of this test's workers (their --out lies under its own
+    TMPDIR, so runs elsewhere on the machine do not count): must be nothing."""
+    return subprocess.run(["pgrep", "-af", f"{tmp_path}/tmp/preflight-worker-"], capture_output=True, text=True).stdout.strip()

@@ -104,6 +104,21 @@ class Fault:
         return self.kind
 
 
+def guarded(body, report: dict, save) -> int:
+    """Run the worker's body; any failure, even a KeyboardInterrupt, goes into the
+    report with its traceback, and the rank exits without a clean shutdown: with a
+    peer gone, NCCL's and gloo's teardown can block."""
+    try:
+        return body()
+    except BaseException as e:  # noqa: BLE001 - every failure must reach the report
+        import traceback
+
+        report.update(error=f"{type(e).__name__}: {e}".strip(), error_time=time.time(), traceback=traceback.format_exc(limit=6).splitlines()[-12:])
+        save()
+        print(traceback.format_exc(), flush=True)
+        os._exit(1)
+
+
 def init_group(dist, backend: str, device, seconds: float, blocking: bool = True) -> None:
     """init_process_group with a timeout on every collective, eager where torch allows.
     ``blocking``: NCCL collectives past the timeout raise in the rank (a worker that

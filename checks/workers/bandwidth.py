@@ -35,7 +35,6 @@ import os
 import platform
 import sys
 import time
-import traceback
 
 import _rank
 
@@ -77,15 +76,13 @@ def main() -> int:
     fault = _rank.Fault(me.rank, first_op=steps[0])
     fault.at("start")
     save()
-    try:
+
+    def body() -> int:
         # Before torch starts its threads, so they inherit the binding, and before any buffer is allocated.
         report["binding"] = bind(json.loads(args.bind).get(str(me.local_rank)))
         return run(args, me, steps, report, save, fault)
-    except BaseException as e:  # noqa: BLE001 - every failure must reach the report
-        report.update(error=f"{type(e).__name__}: {e}".strip(), error_time=time.time(), traceback=traceback.format_exc(limit=6).splitlines()[-12:])
-        save()
-        print(traceback.format_exc(), flush=True)
-        os._exit(1)  # no clean shutdown: with a peer gone, NCCL's and gloo's teardown can block
+
+    return _rank.guarded(body, report, save)
 
 
 def run(args, me: _rank.Rank, steps: list[str], report: dict, save, fault: _rank.Fault) -> int:

@@ -29,7 +29,6 @@ import math
 import os
 import sys
 import time
-import traceback
 
 import _rank
 
@@ -68,13 +67,7 @@ def main() -> int:
     fault = _rank.Fault(me.rank, first_op="steps")
     fault.at("start")
     save()
-    try:
-        return run(args, me, report, save, fault)
-    except BaseException as e:  # noqa: BLE001 - every failure must reach the report
-        report.update(error=f"{type(e).__name__}: {e}".strip(), error_time=time.time(), traceback=traceback.format_exc(limit=6).splitlines()[-12:])
-        save()
-        print(traceback.format_exc(), flush=True)
-        os._exit(1)  # no clean shutdown: with a peer gone, NCCL's and gloo's teardown can block
+    return _rank.guarded(lambda: run(args, me, report, save, fault), report, save)
 
 
 def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:

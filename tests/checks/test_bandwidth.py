@@ -5,38 +5,24 @@ how close the figures are to a plain reference loop is tests/perf/bench_bandwidt
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import run_preflight
+from conftest import clean_env, fast_profile, run_preflight, workers_left
 
 from preflight.checks.workers import __file__ as WORKERS_INIT
 from preflight.report import Report
 
-CPU_TOML = Path(__file__).parents[2] / "preflight" / "profiles" / "cpu.toml"
 DEADLINE = 45.0  # the fast profile's bandwidth timeout
-
-
-def clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("PREFLIGHT_") or k == "PREFLIGHT_LOCK_FILE"}
 
 
 @pytest.fixture
 def fast(tmp_path: Path) -> dict[str, str]:
-    """The cpu profile with a 4 s collective timeout and a 45 s deadline, as a site profile."""
-    site = tmp_path / "profiles"
-    site.mkdir()
-    text = CPU_TOML.read_text().replace('name = "cpu"', 'name = "cpu-fast"').replace("op_timeout_seconds = 20", "op_timeout_seconds = 4")
-    (site / "cpu-fast.toml").write_text(text + f"\n[timeouts]\nbandwidth = {DEADLINE}\n")
-    return {**clean_env(), "PREFLIGHT_PROFILES_DIR": str(site)}
-
-
-def workers_left(tmp_path: Path) -> str:
-    return subprocess.run(["pgrep", "-af", f"{tmp_path}/tmp/preflight-worker-"], capture_output=True, text=True).stdout.strip()
+    """The cpu profile with a 4 s collective timeout and a deadline of DEADLINE seconds, as a site profile."""
+    return fast_profile(tmp_path, "bandwidth", DEADLINE)
 
 
 def run_bandwidth(env: dict[str, str], tmp_path: Path, *extra: str, profile: str = "cpu-fast") -> tuple[subprocess.CompletedProcess, Report, float]:

@@ -16,31 +16,17 @@ from pathlib import Path
 
 import fakes
 import pytest
-from conftest import needs_root, run_preflight
+from conftest import fast_profile, needs_root, run_preflight, workers_left
 
 from preflight.report import Report
 
-CPU_TOML = Path(__file__).parents[2] / "preflight" / "profiles" / "cpu.toml"
 DEADLINE = 45.0  # the fast profile's nccl timeout
 
 
 @pytest.fixture
 def fast(tmp_path: Path) -> dict[str, str]:
-    """The cpu profile with a 4 s collective timeout and a 45 s deadline, so a
-    hang is found in seconds: a site profile, as an operator would write one."""
-    site = tmp_path / "profiles"
-    site.mkdir()
-    text = CPU_TOML.read_text().replace('name = "cpu"', 'name = "cpu-fast"').replace("op_timeout_seconds = 20", "op_timeout_seconds = 4")
-    (site / "cpu-fast.toml").write_text(text + f"\n[timeouts]\nnccl = {DEADLINE}\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFLIGHT_") or k == "PREFLIGHT_LOCK_FILE"}
-    env["PREFLIGHT_PROFILES_DIR"] = str(site)
-    return env
-
-
-def workers_left(tmp_path: Path) -> str:
-    """What pgrep finds of this test's workers (their --out lies under its own
-    TMPDIR, so runs elsewhere on the machine do not count): must be nothing."""
-    return subprocess.run(["pgrep", "-af", f"{tmp_path}/tmp/preflight-worker-"], capture_output=True, text=True).stdout.strip()
+    """The cpu profile with a 4 s collective timeout and a deadline of DEADLINE seconds, as a site profile."""
+    return fast_profile(tmp_path, "nccl", DEADLINE)
 
 
 def run_nccl(env: dict[str, str], tmp_path: Path, *extra: str, profile: str = "cpu-fast", timeout: float = 120) -> tuple[subprocess.CompletedProcess, Report, float]:
