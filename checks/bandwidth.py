@@ -171,12 +171,12 @@ def figures(f: BandwidthFacts) -> list[Figure]:
             out.append(Figure(name=name, unit=BPS, value=value, where=f"{n} ranks", labels={"collective": step}, bytes=nbytes, repeats=len(times), spread=spread(times)))
     lat = by_step.get("latency", {})
     if len(lat) == n and all(x.samples for x in lat.values()):
-        for q, floor in ((0.5, "allreduce_latency"), (0.99, "allreduce_latency_p99")):
+        for q, stat, floor in ((0.5, "p50", "allreduce_latency"), (0.99, "p99", "allreduce_latency_p99")):
             per_rank = {r: quantile(x.samples, q) for r, x in lat.items()}
             worst_rank = max(per_rank, key=lambda r: per_rank[r])
             nbytes = lat[worst_rank].bytes
             out.append(Figure(name="allreduce_latency", floor=floor, unit=SECONDS, value=per_rank[worst_rank], where=f"slowest of {len(lat)} ranks: {_who(worst_rank, gpu)}",
-                              labels={"quantile": str(q)}, bytes=nbytes, repeats=len(lat[worst_rank].samples), rank=worst_rank))
+                              labels={"stat": stat}, bytes=nbytes, repeats=len(lat[worst_rank].samples), rank=worst_rank))
     graph = by_step.get("graph_latency", {})
     if len(graph) == n and all(x.seconds for x in graph.values()):
         first = next(iter(graph.values()))

@@ -117,10 +117,10 @@ def figures(f: TrainFacts, expect: TrainExpect) -> list[Figure]:
         step = median(reps[worst_rank].step_seconds)
         rep = reps[worst_rank]
         where = f"slowest of {f.nproc} ranks: {_who(worst_rank, gpu)}"
-        out.append(Figure(name="train_step_duration", unit="seconds", value=step, where=where, labels={"quantile": "0.5"}, repeats=len(rep.step_seconds), rank=worst_rank))
+        out.append(Figure(name="train_step_duration", unit="seconds", value=step, where=where, labels={"stat": "p50"}, repeats=len(rep.step_seconds), rank=worst_rank))
         longest = max(reps, key=lambda r: max(reps[r].step_seconds))
         out.append(Figure(name="train_step_duration", floor="train_step_duration_max", unit="seconds", value=max(reps[longest].step_seconds),
-                          where=f"longest step of {f.nproc} ranks: {_who(longest, gpu)}", labels={"quantile": "1.0"}, repeats=len(reps[longest].step_seconds), rank=longest))
+                          where=f"longest step of {f.nproc} ranks: {_who(longest, gpu)}", labels={"stat": "max"}, repeats=len(reps[longest].step_seconds), rank=longest))
         if rep.tokens_per_step and rep.params:
             tokens = rep.tokens_per_step / step
             out.append(Figure(name="train_tokens_throughput", unit="tokens_per_second", value=tokens, where=f"{f.nproc} ranks"))
@@ -133,7 +133,7 @@ def figures(f: TrainFacts, expect: TrainExpect) -> list[Figure]:
     compute = {r: min(rep.compute_seconds) for r, rep in reps.items() if rep.compute_seconds}
     if len(compute) == f.nproc and f.nproc > 1:
         slowest, ratio = straggler(compute)
-        out.append(Figure(name="train_straggler_ratio", unit="ratio", value=ratio, where=_who(slowest, gpu), rank=slowest))
+        out.append(Figure(name="train_straggler", floor="train_straggler_ratio", unit="ratio", value=ratio, where=_who(slowest, gpu), rank=slowest))
     return out
 
 
@@ -215,7 +215,7 @@ def judge_speed(figs: list[Figure], expect: TrainExpect, floors: dict[str, Resol
 
 def judge_straggler(figs: list[Figure], expect: TrainExpect) -> list[Finding]:
     out: list[Finding] = []
-    ratio = next((g for g in figs if g.name == "train_straggler_ratio"), None)
+    ratio = next((g for g in figs if g.key == "train_straggler_ratio"), None)
     if ratio is not None and ratio.value > expect.straggler_max:
         cause = (f"{ratio.where}'s own forward+backward takes {ratio.value:.2f}x the median of the other ranks', over the {expect.straggler_max:g}x allowed "
                  f"({expect.straggler_source}); every synchronized step waits for it")

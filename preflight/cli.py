@@ -103,6 +103,8 @@ def run(
     keep_going: Annotated[Optional[bool], typer.Option("--keep-going/--fail-fast", help="Run every check even after a failure. [default: fail-fast]")] = None,
     json_out: JsonOpt = False,
     report: Annotated[Optional[Path], typer.Option("--report", help="Write the JSON report here, atomically.")] = None,
+    textfile_dir: Annotated[Optional[Path], typer.Option("--textfile-dir", help="Write preflight.prom here, atomically, for node_exporter's textfile collector.")] = None,
+    if_idle: Annotated[bool, typer.Option("--if-idle", help="Do nothing (exit 0, last report kept) while a process holds a GPU: for periodic rechecks.")] = False,
     config: ConfigOpt = None,
     lock_file: Annotated[Optional[Path], typer.Option("--lock-file", help="Lock that keeps runs apart. [default: /run/lock/preflight.lock]")] = None,
     lock_timeout: Annotated[Optional[float], typer.Option("--lock-timeout", help="Seconds to wait for another run to finish. [default: 60]")] = None,
@@ -114,28 +116,38 @@ def run(
     nvml_fake: FakeOpt = None,
 ) -> int:
     """Run the profile's checks in order and print the verdict."""
-    from preflight import pipeline, report as reports, settings as settings_mod
+    from preflight import metrics, pipeline, report as reports, settings as settings_mod
     from preflight.lock import run_lock
 
     console = _console(quiet, verbose)
     s = _settings(
         config, profile=profile, only=only, skip=skip, keep_going=keep_going,
-        report=report, lock_file=lock_file, lock_timeout=lock_timeout, python=python, nvml_fake=nvml_fake,
+        report=report, textfile_dir=textfile_dir, lock_file=lock_file, lock_timeout=lock_timeout, python=python, nvml_fake=nvml_fake,
         nproc_per_node=nproc_per_node, rdzv_port=rdzv_port,
     )
     for name in settings_mod.unknown_env():
         console.note(f"warning: {name} is not a preflight setting and is ignored")
     report_path = reports.check_writable(s.report) if s.report is not None else None
+    textfile = metrics.check_textfile_dir(s.textfile_dir) if s.textfile_dir is not None else None
     with _Signals():
         the_plan = pipeline.plan(s)  # may ask NVML (bounded), so it runs under the handlers too
+        if if_idle and (held := pipeline.gpus_busy(s)):
+            console.note(f"not run: {held}; the last report stands")
+            return 0
         with run_lock(s.lock_file, s.lock_timeout, lambda who: console.note(f"waiting for {who} to release {s.lock_file}")):
             result = pipeline.execute(the_plan, s, console)
-            if report_path is not None:
+            result.last_success_at = reports.last_success(result, report_path) or (metrics.previous_success(textfile) if textfile else None)
+            for what, path, write in (
+                ("the report", report_path, lambda p: reports.write_atomic(p, result.model_dump_json(indent=2) + "\n")),
+                ("the metrics", textfile, lambda d: metrics.write_textfile(d, result)),
+            ):
+                if path is None:
+                    continue
                 try:
-                    reports.write_atomic(report_path, result.model_dump_json(indent=2) + "\n")
+                    write(path)
                 except OSError as e:
                     # The verdict still stands and is printed; a failed gate stays failed, a pass becomes 3.
-                    console.error(f"could not write the report to {s.report}: {e.strerror or e}; the previous report is unchanged")
+                    console.error(f"could not write {what} to {path}: {e.strerror or e}; the previous file is unchanged")
                     result.exit_code = result.exit_code or reports.EXIT_CODES[reports.Verdict.ERROR]
     console.summary(result)
     if json_out:
@@ -190,6 +202,153 @@ def calibrate(
     found = cal.floors(measured, fraction, bounds)
     write_atomic(output, cal.render(found, fraction, result.hostname, resolved.name, result.finished_at))
     console.note(f"wrote {len(found)} floors to {output} ({fraction:g} x this node's weakest figures); use it with --config {output}")
+    return 0
+
+
+ReportOpt = Annotated[Optional[Path], typer.Option("--report", help="The report `preflight run --report` wrote. [default: /var/lib/preflight/report.json]")]
+MaxAgeOpt = Annotated[Optional[float], typer.Option("--max-age", help="Seconds after which a pass no longer vouches for the node. [default: no limit; a pass before the last reboot never does]")]
+
+
+def _standing(report: Optional[Path], config: Optional[Path], max_age: Optional[float]):  # noqa: ANN202
+    """The last report and what it says about this node now (never runs a check)."""
+    from preflight import last_report
+    from preflight.report import DEFAULT_REPORT_PATH
+
+    if max_age is not None and not max_age > 0:
+        raise UsageError(f"--max-age {max_age:g}: give a number of seconds above 0, e.g. 86400 for a day")
+    path = _settings(config, report=report).report or DEFAULT_REPORT_PATH
+    loaded = last_report.load(path)
+    return loaded, last_report.standing(loaded, last_report.this_boot(), last_report.now(), max_age)
+
+
+@app.command()
+@_exit_codes
+def status(
+    report: ReportOpt = None,
+    npd: Annotated[bool, typer.Option("--npd", help="node-problem-detector custom plugin: at most 80 bytes; exit 0 OK, 1 problem, 2 unknown.")] = False,
+    max_age: MaxAgeOpt = None,
+    config: ConfigOpt = None,
+    json_out: JsonOpt = False,
+) -> int:
+    """Whether the last report vouches for this node now: a pass, in this boot. Never runs a check.
+
+    Exit 0 vouched, 1 not (failed, before the last reboot, too old, or no usable report)."""
+    loaded, st = _standing(report, config, max_age)
+    if npd:
+        text = st.reason.encode()[:80]
+        if len(st.reason.encode()) > 80:
+            text = text[:77].decode(errors="ignore").encode() + b"..."
+        _emit(text.decode() + "\n")
+        return {True: 0, False: 1, None: 2}[st.vouched]
+    if json_out:
+        r = loaded.report
+        _emit(json.dumps({"vouched": st.vouched, "reason": st.reason, "report_state": str(loaded.state),
+                          "verdict": str(r.verdict) if r else None, "profile": r.profile if r else None,
+                          "current_boot": st.current_boot, "age_seconds": st.age_seconds}, indent=2) + "\n")
+    else:
+        _emit({True: "vouched", False: "NOT vouched", None: "unknown"}[st.vouched] + f": {st.reason}\n")
+    return 0 if st.vouched else 1
+
+
+@app.command()
+@_exit_codes
+def serve(
+    listen: Annotated[Optional[str], typer.Option("--listen", help="ADDRESS:PORT. Another address than loopback exposes the report to that network. [default: 127.0.0.1:9842]")] = None,
+    report: ReportOpt = None,
+    config: ConfigOpt = None,
+) -> int:
+    """Serve the last report: /metrics for Prometheus, /report (JSON), /healthz. A scrape never runs a check."""
+    from preflight import serve as server_mod
+    from preflight.report import DEFAULT_REPORT_PATH
+    from preflight.runner import Interrupted
+
+    s = _settings(config, listen=listen, report=report)
+    path = s.report or DEFAULT_REPORT_PATH
+    server = server_mod.bind(s.listen, path)
+    _console().note(f"serving {path} at http://{s.listen}/metrics (also /report, /healthz)")
+    try:
+        with _Signals():
+            server.serve_forever()
+    except Interrupted:
+        pass  # SIGTERM from systemd: a clean stop
+    finally:
+        server.server_close()
+    return 0
+
+
+@app.command("slurm-healthcheck")
+@_exit_codes
+def slurm_healthcheck(
+    report: ReportOpt = None,
+    node: Annotated[Optional[str], typer.Option("--node", help="This node's Slurm NodeName. [default: $SLURMD_NODENAME, else the short hostname]")] = None,
+    max_age: MaxAgeOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what it would do; change nothing.")] = False,
+    config: ConfigOpt = None,
+) -> int:
+    """Slurm HealthCheckProgram: drain this node ("preflight: ...") unless the last report vouches for it;
+    resume it only from a drain of its own. Never runs a check.
+
+    Exit 0 vouched, 1 not vouched or Slurm could not be told."""
+    from preflight import slurm
+    from preflight.host import Host
+
+    _, st = _standing(report, config, max_age)
+    name = node or slurm.node_name()
+    try:
+        action = slurm.apply(Host(), st, name, dry_run)
+    except slurm.SlurmError as e:
+        _console().error(f"{e}; node {name} left as it is")
+        return 1
+    _emit(("would " + action.verb + ": " if dry_run and action.verb != "none" else "") + action.why + "\n")
+    return 0 if st.vouched else 1
+
+
+@app.command("kube-label")
+@_exit_codes
+def kube_label(
+    node: Annotated[Optional[str], typer.Option("--node", help="This node's Kubernetes name. [default: $NODE_NAME, set from the downward API's spec.nodeName]")] = None,
+    report: ReportOpt = None,
+    max_age: MaxAgeOpt = None,
+    taint: Annotated[bool, typer.Option("--taint/--no-taint", help="Also taint a node the report does not vouch for with preflight/failed=true:NoSchedule, and remove it when it passes again.")] = False,
+    every: Annotated[Optional[float], typer.Option("--every", help="Re-read the report and re-apply every SECONDS until SIGTERM. [default: once]")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what it would change; change nothing.")] = False,
+    config: ConfigOpt = None,
+    # `kubectl proxy` or a test server instead of the in-cluster API server: not in --help.
+    api_server: Annotated[Optional[str], typer.Option("--api-server", hidden=True)] = None,
+) -> int:
+    """Kubernetes: label this node preflight/result=pass|fail from the last report; with --taint, also taint
+    it while not vouched. Only its own label and taint are touched. Never runs a check.
+
+    Exit 0 vouched, 1 not vouched or the API server could not be told."""
+    from preflight import kube
+    from preflight.runner import Interrupted
+
+    name = node or os.environ.get("NODE_NAME")
+    if not name:
+        raise UsageError("no node name: set NODE_NAME from the downward API (env valueFrom.fieldRef.fieldPath: spec.nodeName) or pass --node NAME")
+    if every is not None and not every > 0:
+        raise UsageError(f"--every {every:g}: give a number of seconds above 0, e.g. 60")
+    if api_server is not None and not api_server.startswith(("http://", "https://")):
+        raise UsageError(f"--api-server {api_server}: give a URL, e.g. http://127.0.0.1:8001 for `kubectl proxy`")
+    api = kube.Api(api_server) if api_server else kube.Api.in_cluster()
+    _, st = _standing(report, config, max_age)  # a bad --max-age or config: exit 2 before any round
+    console = _console()
+
+    def say(r: kube.Round) -> None:
+        if r.error:
+            console.error(r.line)
+        else:
+            _emit(r.line + "\n")
+
+    if every is None:
+        r = kube.run_round(api, lambda: st, name, taint, dry_run)
+        say(r)
+        return 0 if r.vouched else 1
+    try:
+        with _Signals():
+            kube.keep_applying(lambda: kube.run_round(api, lambda: _standing(report, config, max_age)[1], name, taint, dry_run), every, say)
+    except Interrupted:
+        pass  # SIGTERM from the kubelet: a clean stop
     return 0
 
 

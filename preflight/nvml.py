@@ -80,8 +80,14 @@ class Gpu(_Facts):
     power_default_limit_w: float | None = Field(default=None, ge=0)
     nvlinks_active: int | None = Field(default=None, ge=0)
     nvlinks_down: list[int] = Field(default_factory=list)  # link indices present but not active
+    processes: list[GpuProcess] | None = None  # compute processes on the GPU now; None: NVML did not say
     # NVML calls that failed with anything but "not supported" -> the error: unknown is not healthy.
     unanswered: dict[str, str] = Field(default_factory=dict)
+
+
+class GpuProcess(_Facts):
+    pid: int = Field(ge=0)
+    used_memory_bytes: int | None = Field(default=None, ge=0)
 
 
 class LostGpu(_Facts):
@@ -174,6 +180,21 @@ def _ask(what: str, timeout: float) -> Any:
     if "failed" in answer:
         raise NvmlUnavailable(answer["failed"]["cause"], answer["failed"]["remedy"])
     return answer["facts"]
+
+
+def busy(inv: Inventory) -> str | None:
+    """Why the GPUs are not free for a recheck (a job holds them), or None.
+
+    A GPU NVML cannot ask about counts as busy: the recheck must never slow a
+    running job, and skipping costs only a later recheck."""
+    held = []
+    for g in inv.gpus:
+        if g.processes is None:
+            held.append(f"GPU {g.index} (NVML cannot list its processes)")
+        elif g.processes:
+            pids = ", ".join(str(p.pid) for p in g.processes[:4]) + (" ..." if len(g.processes) > 4 else "")
+            held.append(f"GPU {g.index} (pid {pids})")
+    return "a job holds " + "; ".join(held) if held else None
 
 
 def fake_finding(source: str) -> Finding:

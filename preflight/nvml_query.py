@@ -119,6 +119,7 @@ def _gpu(pynvml: Any, i: int, h: Any, bus: str, device_id: int) -> dict[str, Any
         reasons = opt("nvmlDeviceGetCurrentClocksThrottleReasons")
     power = opt("nvmlDeviceGetEnforcedPowerLimit")
     default_power = opt("nvmlDeviceGetPowerManagementDefaultLimit")
+    procs = opt("nvmlDeviceGetComputeRunningProcesses")  # the recheck must not run beside a job
     return {
         "index": i,
         "name": _text(pynvml.nvmlDeviceGetName(h)),
@@ -142,8 +143,14 @@ def _gpu(pynvml: Any, i: int, h: Any, bus: str, device_id: int) -> dict[str, Any
         "power_limit_w": power / 1000 if power is not None else None,
         "power_default_limit_w": default_power / 1000 if default_power is not None else None,
         **_nvlinks(pynvml, h, unanswered),
+        "processes": [{"pid": p.pid, "used_memory_bytes": _bytes(getattr(p, "usedGpuMemory", None))} for p in procs] if procs is not None else None,
         "unanswered": unanswered,
     }
+
+
+def _bytes(v: Any) -> int | None:
+    # NVML reports "not available" (in a container, under MIG) as a huge sentinel.
+    return v if isinstance(v, int) and 0 <= v < 2**63 else None
 
 
 def _rows(rows: Any) -> dict[str, Any] | None:

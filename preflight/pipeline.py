@@ -17,7 +17,7 @@ from preflight.console import Console
 from preflight.errors import UsageError
 from preflight.host import Host
 from preflight.profiles import DetectionFailed, ResolvedProfile
-from preflight.report import EXIT_CODES, Report, verdict_of
+from preflight.report import EXIT_CODES, Report, verdict_of, versions_of
 from preflight.runner import run_checks
 from preflight.settings import Settings
 
@@ -55,6 +55,15 @@ def check_inputs(settings: Settings) -> None:
             raise UsageError(f"{where}: not an executable file; point it at the training environment's interpreter")
     if settings.nvml_fake is not None:
         nvml.FakeNvml(settings.nvml_fake)  # a malformed file names its field and exits 2
+
+
+def gpus_busy(settings: Settings) -> str | None:
+    """Why a recheck must not run now (a job holds a GPU), or None. A node whose
+    NVML does not answer is not busy: the run goes ahead and names the fault."""
+    try:
+        return nvml.busy(nvml.inventory(settings.nvml_fake))
+    except nvml.NvmlUnavailable:
+        return None
 
 
 def plan(settings: Settings) -> Plan:
@@ -170,5 +179,6 @@ def execute(plan: Plan, settings: Settings, console: Console, host: Host | None 
         exit_code=128 + interrupted if interrupted else EXIT_CODES[verdict],
         keep_going=settings.keep_going,
         interrupted_by_signal=interrupted,
+        versions=versions_of(results),
         checks=results,
     )

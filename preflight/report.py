@@ -8,7 +8,7 @@ from datetime import datetime
 from enum import Enum
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from preflight.check import Result, Status
 from preflight.errors import UsageError
@@ -49,6 +49,11 @@ class Report(BaseModel):
     exit_code: int
     keep_going: bool = False
     interrupted_by_signal: int | None = None
+    # driver, cuda (the newest CUDA the driver supports), torch: what the checks saw, for preflight_info.
+    versions: dict[str, str] = Field(default_factory=dict)
+    # The last passing run's finish, carried from the report this one replaces:
+    # "has not passed since boot" compares it with the boot time.
+    last_success_at: datetime | None = None
     checks: list[Result]
 
 
@@ -61,6 +66,34 @@ def verdict_of(results: list[Result]) -> Verdict:
     if Status.ERROR in statuses:
         return Verdict.ERROR
     return Verdict.PASS
+
+
+def versions_of(results: list[Result]) -> dict[str, str]:
+    """The driver and CUDA version NVML gave the cuda check, and the torch the workers imported."""
+    out: dict[str, str] = {}
+    for r in results:
+        said = r.details.get("versions") or {}
+        for key, field in (("driver", "driver"), ("cuda", "cuda_driver"), ("torch", "torch")):
+            if said.get(field) and key not in out:
+                out[key] = str(said[field])
+        for rank in r.details.get("ranks") or []:
+            torch = ((rank or {}).get("report") or {}).get("torch_version") if isinstance(rank, dict) else None
+            if torch and "torch" not in out:
+                out["torch"] = str(torch)
+    return out
+
+
+def last_success(report: Report, previous: Path | None) -> datetime | None:
+    """This run's finish if it passed, else the last pass the previous report at the same path knew of."""
+    if report.verdict == Verdict.PASS:
+        return report.finished_at
+    if previous is None:
+        return None
+    try:
+        before = Report.model_validate_json(previous.read_bytes())
+    except (OSError, ValidationError):
+        return None  # no earlier report, or one we cannot trust: no pass is known
+    return before.last_success_at
 
 
 def check_writable(path: Path) -> Path:

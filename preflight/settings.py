@@ -61,6 +61,11 @@ class _Common(BaseModel):
     nproc_per_node: int | None = Field(default=None, ge=1, le=256)
     # torchrun's rendezvous port on 127.0.0.1 (a firewall may want it fixed); 0: a free one.
     rdzv_port: int = Field(default=0, ge=0, le=65535)
+    # node_exporter's --collector.textfile.directory: `run` writes preflight.prom there.
+    textfile_dir: Path | None = None
+    # Where `preflight serve` listens. Loopback unless the site chooses otherwise:
+    # the report names the node's faults, which is not for every network to read.
+    listen: str = "127.0.0.1:9842"
     # Pin the driver exactly (fleet uniformity); the profile only sets a minimum.
     driver_version: str | None = Field(default=None, pattern=r"^[0-9]+(\.[0-9]+)*$")
 
@@ -73,7 +78,7 @@ class _Common(BaseModel):
         return v.expanduser().absolute() if v is not None else None
 
     _split_lists = field_validator("only", "skip", mode="before")(_split)
-    _paths = field_validator("profile", "report", "lock_file", "profiles_dir", "python", mode="before")(_not_empty)
+    _paths = field_validator("profile", "report", "lock_file", "profiles_dir", "python", "textfile_dir", "listen", mode="before")(_not_empty)
 
 
 class FloorTable(BaseModel):

@@ -93,3 +93,24 @@ def workers_left(tmp_path: Path) -> str:
     """What pgrep finds of this test's workers (their --out lies under its own
     TMPDIR, so runs elsewhere on the machine do not count): must be nothing."""
     return subprocess.run(["pgrep", "-af", f"{tmp_path}/tmp/preflight-worker-"], capture_output=True, text=True).stdout.strip()
+
+
+REPORTS = FIXTURES / "reports"
+
+
+def report_file(path: Path, fixture: str, boot: str | None = "this", age: float = 0.0, **changes: object) -> Path:
+    """A recorded report (tests/fixtures/reports) rewritten as if its run finished
+    ``age`` seconds ago, in this boot (``boot="this"``), in another, or with none."""
+    import json
+    from datetime import datetime, timedelta, timezone
+
+    from preflight.last_report import this_boot
+
+    data = json.loads((REPORTS / f"{fixture}.json").read_text())
+    finished = datetime.now(timezone.utc) - timedelta(seconds=age)
+    data["finished_at"] = finished.isoformat()
+    data["started_at"] = (finished - timedelta(seconds=data["duration_seconds"])).isoformat()
+    data["boot_id"] = this_boot() if boot == "this" else boot
+    data.update(changes)
+    path.write_text(json.dumps(data, indent=2))
+    return path

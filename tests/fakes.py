@@ -7,13 +7,18 @@ sys.path), exactly as a third-party check would be installed.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
+import ssl
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 from preflight.check import Check, Context, Result, Status
 
@@ -278,6 +283,15 @@ nvmlDeviceGetCurrPcieLinkWidth = lambda h: _fact(h, "pcie", "width")
 nvmlDeviceGetMaxPcieLinkGeneration = lambda h: _fact(h, "pcie", "gen_max")
 nvmlDeviceGetMaxPcieLinkWidth = lambda h: _fact(h, "pcie", "width_max")
 
+class _Proc:
+    def __init__(self, p):
+        self.pid, self.usedGpuMemory = p["pid"], p.get("used_memory_bytes")
+
+def nvmlDeviceGetComputeRunningProcesses(h):
+    if h in DEVICES and DEVICES[h].get("processes") is None:
+        raise NVMLError_NotSupported("Not Supported")
+    return [_Proc(p) for p in _fact(h, "processes")]
+
 def nvmlDeviceGetNvLinkState(h, link):
     active, down = _fact(h, "nvlinks_active"), DEVICES[h]["nvlinks_down"]
     if link >= active + len(down):
@@ -358,5 +372,138 @@ def nvidia_smi(directory: Path, capture: Path | None = None, exit_code: int = 0,
     body.append(f"exit {exit_code}")
     exe = directory / "nvidia-smi"
     exe.write_text("\n".join(body) + "\n")
+    exe.chmod(0o755)
+    return directory
+
+
+class _KubeHandler(BaseHTTPRequestHandler):
+    server: _KubeServer
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.server.fake._answer(self, None)
+
+    def do_PATCH(self) -> None:  # noqa: N802
+        self.server.fake._answer(self, self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass
+
+
+class _KubeServer(ThreadingHTTPServer):
+    daemon_threads = True
+    fake: FakeKubeApi
+
+
+class FakeKubeApi:
+    """A Kubernetes API server for one resource, on 127.0.0.1: GET and PATCH /api/v1/nodes/NAME.
+
+    ``nodes`` holds Node objects as the API serves them. A PATCH is recorded
+    (content type, body) and applied as the real server applies a strategic
+    merge patch to a Node: labels merge (null deletes), spec.taints is an
+    atomic list and is replaced whole, a resourceVersion in the patch that is
+    not the node's is refused with 409, and every write bumps it.
+    ``fail = 403`` answers everything with that status (its Status message is
+    the real one), ``conflicts = N`` refuses the next N PATCHes with 409 as if
+    another writer got in first, ``stall = S`` answers after S seconds.
+    With ``tls=(cert, key)`` it serves HTTPS.
+    """
+
+    def __init__(self, nodes: dict[str, dict[str, Any]], tls: tuple[Path, Path] | None = None):
+        self.nodes = nodes
+        self.patches: list[tuple[str, dict[str, Any]]] = []
+        self.requests: list[tuple[str, str, str | None]] = []  # method, path, Authorization
+        self.fail: int | None = None
+        self.conflicts = 0
+        self.stall = 0.0
+        self._lock = threading.Lock()
+        self.server = _KubeServer(("127.0.0.1", 0), _KubeHandler)
+        self.server.fake = self
+        if tls:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*tls)
+            self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+        scheme = "https" if tls else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> FakeKubeApi:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def count(self, method: str) -> int:
+        with self._lock:
+            return sum(1 for m, _, _ in self.requests if m == method)
+
+    def _answer(self, h: BaseHTTPRequestHandler, body: bytes | None) -> None:
+        time.sleep(self.stall)
+        name = h.path.split("?")[0].removeprefix("/api/v1/nodes/")
+        with self._lock:
+            self.requests.append((h.command, h.path, h.headers.get("Authorization")))
+            code, answer = self._handle(h.command, name, h.headers.get("Content-Type"), body)
+        data = json.dumps(answer).encode()
+        h.send_response(code)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        h.wfile.write(data)
+
+    def _handle(self, method: str, name: str, ctype: str | None, body: bytes | None) -> tuple[int, dict[str, Any]]:
+        verb = method.lower()
+        if self.fail:
+            return self.fail, _status(self.fail, f'nodes "{name}" is forbidden: User "system:serviceaccount:preflight:preflight" cannot {verb} resource "nodes" in API group "" at the cluster scope')
+        if name not in self.nodes:
+            return 404, _status(404, f'nodes "{name}" not found')
+        node = self.nodes[name]
+        if body is None:
+            return 200, node
+        patch = json.loads(body)
+        self.patches.append((ctype or "", patch))
+        if ctype != "application/strategic-merge-patch+json":
+            return 415, _status(415, f"the body of the request was in an unknown format - accepted media types include: application/strategic-merge-patch+json (not {ctype})")
+        meta = patch.get("metadata", {})
+        if self.conflicts or meta.get("resourceVersion") not in (None, node["metadata"]["resourceVersion"]):
+            self.conflicts = max(0, self.conflicts - 1)
+            node["metadata"]["resourceVersion"] = str(int(node["metadata"]["resourceVersion"]) + 1)
+            return 409, _status(409, f'Operation cannot be fulfilled on nodes "{name}": the object has been modified; please apply your changes to the latest version and try again')
+        labels = node["metadata"].setdefault("labels", {})
+        for key, value in meta.get("labels", {}).items():
+            if value is None:
+                labels.pop(key, None)
+            else:
+                labels[key] = value
+        if "taints" in patch.get("spec", {}):
+            node.setdefault("spec", {})["taints"] = patch["spec"]["taints"]
+        node["metadata"]["resourceVersion"] = str(int(node["metadata"]["resourceVersion"]) + 1)
+        return 200, node
+
+
+def _status(code: int, message: str) -> dict[str, Any]:
+    reason = {403: "Forbidden", 404: "NotFound", 409: "Conflict", 415: "UnsupportedMediaType"}.get(code, "Unknown")
+    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "reason": reason, "code": code}
+
+
+def scontrol(directory: Path, show: str, log: Path, exit_code: int = 0, message: str = "", hang: bool = False) -> Path:
+    """A Slurm `scontrol` on a PATH of its own: records every call's arguments
+    (one JSON list per line in ``log``), prints ``show`` for `show node NAME`,
+    and exits ``exit_code`` with ``message`` on stderr, or hangs as it does
+    when slurmctld does not answer."""
+    directory.mkdir(parents=True, exist_ok=True)
+    exe = directory / "scontrol"
+    exe.write_text(
+        f"#!{sys.executable}\n"
+        "import json, sys, time\n"
+        f"with open({str(log)!r}, 'a') as f:\n"
+        "    f.write(json.dumps(sys.argv[1:]) + '\\n')\n"
+        f"if {hang!r}:\n"
+        "    time.sleep(600)\n"
+        f"if {exit_code!r}:\n"
+        f"    sys.stderr.write({message!r} + '\\n')\n"
+        f"    sys.exit({exit_code!r})\n"
+        "if sys.argv[1:3] == ['show', 'node']:\n"
+        f"    sys.stdout.write({show!r})\n"
+    )
     exe.chmod(0o755)
     return directory

@@ -627,3 +627,33 @@ def test_calibrate_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, arg
     assert r.exit_code == 2, r.output
     assert words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert existing.read_text() == "# the site's floors\n" and not (tmp_path / "new.toml").exists()
+
+
+NVML_FIXTURES = Path(__file__).parent / "fixtures" / "nvml"
+
+
+def test_if_idle_leaves_the_last_report_while_a_job_holds_a_gpu(tmp_path):
+    report = tmp_path / "report.json"
+    report.write_text("the last verdict\n")
+    textfile = tmp_path / "textfile"
+    textfile.mkdir()
+    p = run_preflight(["run", "--if-idle", "--profile", "h100-sxm", "--nvml-fake", str(NVML_FIXTURES / "h100-sxm-8x-busy.json"),
+                       "--report", str(report), "--textfile-dir", str(textfile)])
+    assert p.returncode == 0, p.stderr
+    assert "not run: a job holds GPU 3 (pid 48213); GPU 5 (pid 48215); the last report stands" in p.stderr
+    assert report.read_text() == "the last verdict\n" and list(textfile.iterdir()) == []  # nothing touched
+    assert "[PASS]" not in p.stderr and "[FAIL]" not in p.stderr
+
+
+def test_if_idle_runs_when_the_gpus_are_free(tmp_path):
+    report = tmp_path / "report.json"
+    p = run_preflight(["run", "--if-idle", "--profile", "h100-sxm", "--only", "shm", "--nvml-fake", str(NVML_FIXTURES / "h100-sxm-8x-idle.json"),
+                       "--report", str(report)])
+    assert "not run" not in p.stderr and Report.model_validate_json(report.read_text()).checks[0].check == "shm"
+
+
+@no_driver
+def test_if_idle_without_a_driver_runs_and_names_the_fault(tmp_path):
+    # NVML not answering is not "busy": the run goes ahead, so a broken node is reported, not skipped.
+    p = run_preflight(["run", "--if-idle", "--profile", "cpu", "--only", "shm"])
+    assert p.returncode == 0 and "not run" not in p.stderr and "[PASS] shm" in p.stderr

@@ -131,3 +131,22 @@ def test_a_missing_fake_file_says_so(tmp_path):
 def test_short_pci_matches_sysfs_form():
     assert nvml.short_pci("00000000:1B:00.0") == "0000:1b:00.0"
     assert nvml.short_pci("00000019:01:00.0") == "0019:01:00.0"
+
+
+def test_busy_names_each_gpu_a_job_holds_and_its_pids():
+    busy = nvml.busy(FakeNvml(FIXTURES / "h100-sxm-8x-busy.json"))
+    assert busy == "a job holds GPU 3 (pid 48213); GPU 5 (pid 48215)"
+    assert nvml.busy(FakeNvml(FIXTURES / "h100-sxm-8x-idle.json")) is None
+
+
+def test_a_gpu_whose_processes_nvml_cannot_list_counts_as_busy():
+    # Better to skip a recheck than to run one beside a job NVML could not see.
+    busy = nvml.busy(FakeNvml(FIXTURES / "h100-sxm-8x-healthy.json"))
+    assert busy.startswith("a job holds GPU 0 (NVML cannot list its processes)")
+
+
+def test_the_adapter_reads_the_compute_processes(fake_nvml):
+    fake_nvml(facts=FIXTURES / "h100-sxm-8x-busy.json")
+    gpus = nvml.inventory().gpus
+    assert [p.model_dump() for p in gpus[3].processes] == [{"pid": 48213, "used_memory_bytes": 71234560000}]
+    assert gpus[5].processes[0].used_memory_bytes is None and gpus[0].processes == []

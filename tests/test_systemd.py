@@ -1,6 +1,9 @@
-"""The shipped units pass `systemd-analyze verify`, with ExecStart pointing at
-this installation's `preflight` so the path resolves."""
+"""The shipped systemd units and launcher drop-ins: they pass `systemd-analyze
+verify` (with ExecStart pointing at this installation's `preflight` so the path
+resolves), every ExecStart is a command line `preflight` accepts, and the units
+agree with each other on where the report and the metrics go."""
 
+import shlex
 import shutil
 import subprocess
 import sys
@@ -9,29 +12,161 @@ from pathlib import Path
 import pytest
 
 UNITS = Path(__file__).parent.parent / "systemd"
+DROP_INS = sorted((UNITS / "drop-ins").glob("*.service.d/preflight.conf"))
+SHIPPED = sorted([*UNITS.glob("*.service"), *UNITS.glob("*.timer")])
 PREFLIGHT = Path(sys.executable).parent / "preflight"
+INSTALLED_AS = "/usr/local/bin/preflight"
 
-pytestmark = pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze is not installed (Debian package systemd)")
-
-
-def verify(unit: Path, tmp_path: Path) -> subprocess.CompletedProcess:
-    local = tmp_path / unit.name
-    local.write_text(unit.read_text().replace("/usr/local/bin/preflight", str(PREFLIGHT)))
-    return subprocess.run(["systemd-analyze", "verify", str(local)], capture_output=True, text=True, timeout=60)
+needs_analyze = pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze is not installed (Debian package systemd)")
 
 
-@pytest.mark.parametrize("unit", sorted(UNITS.glob("*.service")), ids=lambda p: p.name)
+def settings(path: Path) -> dict[tuple[str, str], list[str]]:
+    """(section, key) -> values in file order, as systemd reads a unit file."""
+    found: dict[tuple[str, str], list[str]] = {}
+    section = ""
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("["):
+            section = line.strip("[]")
+            continue
+        key, _, value = line.partition("=")
+        found.setdefault((section, key.strip()), []).append(value.strip())
+    return found
+
+
+def install(directory: Path, *units: Path) -> Path:
+    """Copy units into directory, ExecStart pointing at this venv's preflight."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for unit in units:
+        (directory / unit.name).write_text(unit.read_text().replace(INSTALLED_AS, str(PREFLIGHT)))
+    return directory
+
+
+def verify(unit: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
+
+
+def exec_starts() -> list[tuple[str, list[str]]]:
+    return [
+        (unit.name, shlex.split(line.lstrip("-@:+!")))
+        for unit in sorted(UNITS.glob("*.service"))
+        for line in settings(unit).get(("Service", "ExecStart"), [])
+    ]
+
+
+def parse_command_line(args: list[str]) -> dict:
+    """The subcommand's parsed parameters; raises as `preflight` would on a bad flag. Runs nothing."""
+    from typer.main import get_command
+
+    from preflight import registry
+    from preflight.cli import app
+
+    group = get_command(app)
+    ctx = group.make_context("preflight", list(args))
+    # The group leaves the subcommand's arguments unparsed: parse them too.
+    name, sub, rest = group.resolve_command(ctx, [*ctx._protected_args, *ctx.args])
+    params = sub.make_context(name, rest, parent=ctx).params
+    for flag in ("only", "skip"):  # a misspelt check name would exit 2 on every run
+        registry.check_names([n for v in params.get(flag) or () for n in v.split(",")], f"--{flag}")
+    return params
+
+
+@needs_analyze
+@pytest.mark.parametrize("unit", SHIPPED, ids=lambda p: p.name)
 def test_unit_verifies(unit, tmp_path):
     assert PREFLIGHT.exists()
-    p = verify(unit, tmp_path)
+    local = install(tmp_path, *SHIPPED) / unit.name  # a timer beside the service it starts
+    p = verify(local)
     assert p.returncode == 0 and p.stderr == "", p.stderr
 
 
+@needs_analyze
 def test_verify_would_catch_a_broken_exec_start(tmp_path):
-    broken = tmp_path / "src" / "preflight.service"
-    broken.parent.mkdir()
-    broken.write_text((UNITS / "preflight.service").read_text().replace("/usr/local/bin/preflight", "/nonexistent/preflight"))
-    assert verify(broken, tmp_path).returncode != 0
+    broken = tmp_path / "preflight.service"
+    broken.write_text((UNITS / "preflight.service").read_text().replace(INSTALLED_AS, "/nonexistent/preflight"))
+    assert verify(broken).returncode != 0
+
+
+@needs_analyze
+def test_verify_would_catch_a_misspelt_timer_setting(tmp_path):
+    # A timer whose only repeating setting is ignored never rechecks: the empty stderr asserted above matters.
+    timer = install(tmp_path, *SHIPPED) / "preflight-recheck.timer"
+    timer.write_text(timer.read_text().replace("OnCalendar=", "OnCalender="))
+    assert "OnCalender" in verify(timer).stderr
+
+
+@needs_analyze
+@pytest.mark.parametrize("drop_in", DROP_INS, ids=lambda p: p.parent.name)
+def test_drop_in_holds_the_launcher_behind_the_gate(drop_in, tmp_path):
+    launcher = drop_in.parent.name.removesuffix(".d")
+    d = install(tmp_path, *SHIPPED)
+    (d / launcher).write_text("[Unit]\nDescription=stand-in launcher\n[Service]\nExecStart=/bin/true\n")
+    (d / drop_in.parent.name).mkdir()
+    shutil.copy(drop_in, d / drop_in.parent.name / drop_in.name)
+
+    p = verify(d / launcher)
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+
+    # Proof the drop-in is read: a gate that cannot load now keeps the launcher from starting...
+    (d / "preflight.service").write_text("[Unit]\nDescription=a gate that refuses to load\n[Service]\nType=oneshot\n")
+    p = verify(d / launcher)
+    assert p.returncode != 0 and f"Failed to create {launcher}/start: Unit preflight.service" in p.stderr, p.stderr
+    # ... and only because of the drop-in.
+    shutil.rmtree(d / drop_in.parent.name)
+    p = verify(d / launcher)
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+
+
+@pytest.mark.parametrize("drop_in", DROP_INS, ids=lambda p: p.parent.name)
+def test_drop_in_starts_the_launcher_only_after_the_gate_finishes(drop_in):
+    # Requires= alone would start the launcher alongside the gate, before any verdict.
+    s = settings(drop_in)
+    assert s[("Unit", "Requires")] == ["preflight.service"]
+    assert s[("Unit", "After")] == ["preflight.service"]
+
+
+def test_there_are_drop_ins_for_slurm_kubernetes_and_any_other_launcher():
+    assert {p.parent.name for p in DROP_INS} >= {"slurmd.service.d", "kubelet.service.d", "job-launcher.service.d"}
+
+
+@pytest.mark.parametrize("unit,args", [pytest.param(u, a, id=f"{u}:{a[1]}") for u, a in exec_starts()])
+def test_exec_start_is_a_command_line_preflight_accepts(unit, args):
+    assert args[0] == INSTALLED_AS
+    parse_command_line(args[1:])
+
+
+@pytest.mark.parametrize(
+    "args,error",
+    [(["run", "--if-idel"], "No such option"), (["serv"], "No such command"), (["serve", "--listen"], "requires an argument"),
+     (["run", "--skip", "bandwith"], "no such check")],
+)
+def test_the_command_line_check_catches_a_typo(args, error):
+    from typer import TyperException
+
+    from preflight.errors import UsageError
+
+    with pytest.raises((TyperException, UsageError), match=error):
+        parse_command_line(args)
+
+
+def test_every_unit_reads_and_writes_the_same_report_and_metrics():
+    from preflight.report import DEFAULT_REPORT_PATH
+
+    used = [parse_command_line(args[1:]) for _, args in exec_starts()]
+    assert {p["report"] for p in used} == {DEFAULT_REPORT_PATH}
+    assert {p["textfile_dir"] for p in used if "textfile_dir" in p} == {Path("/var/lib/preflight/textfile")}
+
+
+@pytest.mark.parametrize("unit", ["preflight.service", "preflight-recheck.service"])
+def test_the_directories_a_run_writes_to_exist_before_it_starts(unit):
+    # A missing --textfile-dir exits 2 before any check: the gate would fail and hold every launcher back.
+    s = settings(UNITS / unit)
+    state = {Path("/var/lib", d) for v in s[("Service", "StateDirectory")] for d in v.split()}
+    for _, args in [e for e in exec_starts() if e[0] == unit]:
+        p = parse_command_line(args[1:])
+        assert {p["report"].parent, p["textfile_dir"]} <= state
 
 
 def test_the_gate_writes_the_report_where_the_tool_expects_it():
@@ -39,3 +174,53 @@ def test_the_gate_writes_the_report_where_the_tool_expects_it():
 
     exec_start = next(line for line in (UNITS / "preflight.service").read_text().splitlines() if line.startswith("ExecStart="))
     assert f"--report {DEFAULT_REPORT_PATH}" in exec_start
+
+
+def test_the_gate_stays_passed_and_waits_for_the_nvidia_daemons_without_needing_them():
+    s = settings(UNITS / "preflight.service")
+    assert s[("Service", "Type")] == ["oneshot"] and s[("Service", "RemainAfterExit")] == ["yes"]
+    assert s[("Service", "TimeoutStartSec")]
+    daemons = {"nvidia-persistenced.service", "nvidia-fabricmanager.service"}
+    assert daemons <= set(" ".join(s[("Unit", "Wants")]).split())
+    assert daemons <= set(" ".join(s[("Unit", "After")]).split())
+    assert ("Unit", "Requires") not in s
+
+
+def test_the_timer_reruns_a_light_recheck_when_the_gpus_are_idle():
+    timer = settings(UNITS / "preflight-recheck.timer")
+    target = timer.get(("Timer", "Unit"), ["preflight-recheck.service"])[0]
+    assert (UNITS / target).exists()
+    # Wall-clock: a timer counting from the recheck's last start stops for good once Requisite= holds it back.
+    assert timer[("Timer", "OnCalendar")] and ("Timer", "OnUnitActiveSec") not in timer and timer[("Timer", "RandomizedDelaySec")]
+    assert timer[("Install", "WantedBy")] == ["timers.target"]
+
+    s = settings(UNITS / target)
+    # A unit that remains active is never started again by its timer.
+    assert s[("Service", "Type")] == ["oneshot"] and s.get(("Service", "RemainAfterExit"), ["no"]) == ["no"]
+    assert s[("Service", "TimeoutStartSec")] and "preflight.service" in s[("Unit", "After")]
+    # A lighter pass must not overwrite a gate that failed in bandwidth or train: only while the gate stands passed.
+    assert s[("Unit", "Requisite")] == ["preflight.service"]
+    (args,) = [a for u, a in exec_starts() if u == target]
+    p = parse_command_line(args[1:])
+    assert p["if_idle"] and {"bandwidth", "train"} <= set(",".join(p["skip"]).split(","))
+
+
+def test_the_exporter_is_confined_and_listens_on_loopback():
+    s = settings(UNITS / "preflight-exporter.service")
+    expected = {
+        "DynamicUser": "yes", "NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes",
+        "PrivateTmp": "yes", "ProtectKernelTunables": "yes", "ProtectKernelModules": "yes",
+        "ProtectKernelLogs": "yes", "ProtectControlGroups": "yes",
+        "RestrictAddressFamilies": "AF_INET AF_INET6 AF_UNIX", "RestrictNamespaces": "yes",
+        "LockPersonality": "yes", "MemoryDenyWriteExecute": "yes", "SystemCallArchitectures": "native",
+        "CapabilityBoundingSet": "", "DevicePolicy": "closed", "Restart": "on-failure",
+        "Environment": "PREFLIGHT_LISTEN=127.0.0.1:9842",
+    }
+    assert {k: s.get(("Service", k), [None])[-1] for k in expected} == expected
+    assert "2" in s[("Service", "RestartPreventExitStatus")][-1].split()  # bad input must not restart-loop
+    assert s[("Service", "RestartSec")] and s[("Service", "TasksMax")] and s[("Service", "MemoryMax")]
+    # Nothing to write, no GPU to open; PrivateDevices=yes would hide /dev/nvidia* from a site that adds NVML.
+    for absent in ("PrivateDevices", "DeviceAllow", "ReadWritePaths", "StateDirectory"):
+        assert ("Service", absent) not in s
+    (args,) = [a for u, a in exec_starts() if u == "preflight-exporter.service"]
+    assert args[1] == "serve" and "--listen" not in args  # the Environment= line, and a drop-in, decide

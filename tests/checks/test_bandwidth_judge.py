@@ -204,9 +204,9 @@ def test_latency_quantiles_are_per_rank_and_the_figure_names_the_slowest_rank():
     samples = {0: [10 * US] * 195 + [1000 * US] * 5, 1: [20 * US] * 200}
     f = per_rank(2, lambda r: [step("latency", bytes=4096, samples=samples[r])])
     p50, p99 = bandwidth.figures(f)
-    assert (p50.name, p50.key, p50.labels, p50.unit) == ("allreduce_latency", "allreduce_latency", {"quantile": "0.5"}, SECONDS)
+    assert (p50.name, p50.key, p50.labels, p50.unit) == ("allreduce_latency", "allreduce_latency", {"stat": "p50"}, SECONDS)
     assert p50.value == pytest.approx(20 * US) and p50.rank == 1 and p50.where == "slowest of 2 ranks: GPU 1"
-    assert (p99.name, p99.key, p99.labels) == ("allreduce_latency", "allreduce_latency_p99", {"quantile": "0.99"})
+    assert (p99.name, p99.key, p99.labels) == ("allreduce_latency", "allreduce_latency_p99", {"stat": "p99"})
     assert p99.value == pytest.approx(1000 * US) and p99.rank == 0 and p99.where == "slowest of 2 ranks: GPU 0"
     assert (p99.bytes, p99.repeats) == (4096, 200)
 
@@ -271,7 +271,7 @@ def test_a_margin_of_zero_never_warns():
 
 
 def test_latency_over_its_ceiling_fails():
-    g = fig("allreduce_latency", 60 * US, "slowest of 8 ranks: GPU 2", unit=SECONDS, floor="allreduce_latency", labels={"quantile": "0.5"})
+    g = fig("allreduce_latency", 60 * US, "slowest of 8 ranks: GPU 2", unit=SECONDS, floor="allreduce_latency", labels={"stat": "p50"})
     (x,) = bandwidth.judge_floors([g], {"allreduce_latency": floor(50 * US, SECONDS, "max")}, 0.05)
     assert x.status is FAIL
     assert x.summary == "small all_reduce latency p50 over ceiling on slowest of 8 ranks: GPU 2 (60.0 us, ceiling 50.0 us)"
@@ -430,9 +430,9 @@ def test_measurements_carry_the_floor_or_the_ceiling():
     assert [(m.labels, m.floor, m.ceiling, m.unit) for m in h2d] == [({"gpu": "0", "UUID": "GPU-a"}, 48 * GB, None, BPS), ({"gpu": "1", "UUID": "GPU-b"}, 48 * GB, None, BPS)]
     (ar,) = [m for m in ms if m.name == "allreduce_bus_bandwidth"]
     assert ar.floor == 40 * GB and ar.labels == {"collective": "all_reduce"}
-    lat = {m.labels["quantile"]: m for m in ms if m.name == "allreduce_latency"}
-    assert (lat["0.5"].ceiling, lat["0.5"].floor, lat["0.5"].unit) == (50 * US, None, SECONDS)
-    assert lat["0.99"].ceiling == 200 * US
+    lat = {m.labels["stat"]: m for m in ms if m.name == "allreduce_latency"}
+    assert (lat["p50"].ceiling, lat["p50"].floor, lat["p50"].unit) == (50 * US, None, SECONDS)
+    assert lat["p99"].ceiling == 200 * US
 
 
 def test_measurement_names_are_the_metric_names():

@@ -45,7 +45,7 @@ def test_the_cpu_profile_trains_with_loss_falling_and_ranks_agreeing(tmp_path):
     assert all(rep["losses"][-1] < rep["losses"][0] for rep in reports)
     assert len({rep["logits_checksum"] for rep in reports}) == 1 and len(set(reports[0]["param_checksums"])) == 1
     names = {m.name for m in r.measurements}
-    assert {"gemm_throughput", "train_step_duration", "train_tokens_throughput", "train_model_throughput", "train_straggler_ratio"} <= names
+    assert {"gemm_throughput", "train_step_duration", "train_tokens_throughput", "train_model_throughput", "train_straggler"} <= names
     gemm = [m for m in r.measurements if m.name == "gemm_throughput"]
     assert len(gemm) == 2 and all(m.floor == 1e10 and m.value > m.floor for m in gemm)
     assert "floor 10.0 GFLOP/s" in p.stderr

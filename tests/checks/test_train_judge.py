@@ -156,9 +156,9 @@ def test_step_time_is_the_slowest_ranks_median_step():
     steps = {2: [0.55, 0.70, 0.60], 5: [0.52, 0.51, 0.90]}  # medians 0.60 and 0.52; the 0.90 outlier does not count
     g = one(train.figures(per_rank(8, each=lambda r: {"step_seconds": steps.get(r, [0.5] * 3)}), expect()), "train_step_duration")
     assert g.value == pytest.approx(0.60) and g.rank == 2 and g.unit == SECONDS
-    assert g.where == "slowest of 8 ranks: rank 2 (GPU 2)" and g.repeats == 3 and g.labels == {"quantile": "0.5"}
+    assert g.where == "slowest of 8 ranks: rank 2 (GPU 2)" and g.repeats == 3 and g.labels == {"stat": "p50"}
     longest = one(train.figures(per_rank(8, each=lambda r: {"step_seconds": steps.get(r, [0.5] * 3)}), expect()), "train_step_duration_max")
-    assert longest.value == 0.90 and longest.rank == 5 and longest.name == "train_step_duration" and longest.labels == {"quantile": "1.0"}
+    assert longest.value == 0.90 and longest.rank == 5 and longest.name == "train_step_duration" and longest.labels == {"stat": "max"}
 
 
 def test_throughput_is_measured_at_the_slowest_ranks_step():

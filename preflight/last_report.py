@@ -1,0 +1,136 @@
+"""The last report on disk, and what it vouches for now.
+
+`serve`, `status`, `status --npd`, `slurm-healthcheck` and `kube-label` never
+run a check: they read the report the last `preflight run --report` wrote and
+judge it here, in one place, so they cannot disagree. A report vouches for the
+node only if it passed, in this boot (a pass before the last reboot says
+nothing about the GPUs now), and, where the caller sets a limit, recently.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from enum import Enum
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from preflight.report import Report, Verdict
+
+# A report is a few hundred KiB at most (8 GPUs, every figure); past this it is not ours.
+MAX_BYTES = 16 * 2**20
+
+
+class State(str, Enum):
+    OK = "ok"
+    MISSING = "missing"  # preflight has not run with --report here (or the path is wrong)
+    UNREADABLE = "unreadable"  # permissions, I/O error, a directory
+    INVALID = "invalid"  # not JSON, not a preflight report, or a newer schema
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Loaded:
+    state: State
+    report: Report | None = None
+    error: str | None = None  # why it is not OK, in words
+    raw: bytes = b""  # the file as written, for serve's /report
+
+
+def load(path: Path) -> Loaded:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_BYTES + 1)
+    except FileNotFoundError:
+        return Loaded(State.MISSING, error=f"no report at {path}: preflight has not run here with --report {path}")
+    except OSError as e:
+        return Loaded(State.UNREADABLE, error=f"cannot read the report {path}: {e.strerror or e}")
+    if len(data) > MAX_BYTES:
+        return Loaded(State.INVALID, error=f"not a preflight report: {path} is over {MAX_BYTES // 2**20} MiB")
+    try:
+        return Loaded(State.OK, Report.model_validate_json(data), raw=data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "the top level"
+        return Loaded(State.INVALID, error=f"not a preflight report: {path} ({where}: {err['msg']})")
+
+
+class Cached:
+    """``load`` for a server: parses again only when the file changed (the
+    writer replaces it by rename, so a new inode or mtime means a new report)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._lock = threading.Lock()
+        self._key: tuple[int, int, int] | None = None
+        self._loaded: Loaded | None = None
+
+    def __call__(self) -> Loaded:
+        try:
+            st = os.stat(self.path)
+            key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        except OSError:
+            key = None
+        with self._lock:
+            if key is None or key != self._key or self._loaded is None:
+                self._loaded, self._key = load(self.path), key
+            return self._loaded
+
+
+def this_boot() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+@dataclass(frozen=True)
+class Standing:
+    """What the last report says about the node now."""
+
+    vouched: bool | None  # True: a pass of this boot; False: not vouched; None: no usable report
+    reason: str  # one line, for a person, a Slurm drain reason or an NPD message
+    current_boot: bool | None = None
+    age_seconds: float | None = None
+
+
+def standing(loaded: Loaded, boot_id: str | None, now: datetime, max_age: float | None = None) -> Standing:
+    """Judge the last report: the one rule every reader of it applies."""
+    r = loaded.report
+    if r is None:
+        return Standing(None, loaded.error or f"report {loaded.state}")
+    age = (now - r.finished_at).total_seconds()
+    current = None if boot_id is None or r.boot_id is None else r.boot_id == boot_id
+    when = f"{age / 3600:.1f} h ago" if age >= 3600 else f"{max(age, 0):.0f} s ago"
+
+    def said(vouched: bool, reason: str) -> Standing:
+        return Standing(vouched, reason, current, age)
+
+    if r.verdict != Verdict.PASS:
+        return said(False, _why_not(r) + f" ({when})")
+    if current is False:
+        return said(False, f"last pass was before the last reboot ({when}); run preflight again")
+    if age < -300:
+        return said(False, f"report is dated {-age:.0f} s in the future: check the clock")
+    if max_age is not None and age > max_age:
+        return said(False, f"last pass is {when}, older than the {max_age:g} s allowed; run preflight again")
+    return said(True, f"passed {when}, profile {r.profile}")
+
+
+def _why_not(r: Report) -> str:
+    if r.interrupted_by_signal:
+        return f"run interrupted by signal {r.interrupted_by_signal}"
+    bad = [c for c in r.checks if not c.status.ok]
+    if not bad:
+        return f"verdict {r.verdict}"
+    first = bad[0]
+    return f"{first.check} {first.status}: {first.summary}"
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)

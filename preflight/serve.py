@@ -1,0 +1,184 @@
+"""`preflight serve`: the last report over HTTP, for Prometheus and for people.
+
+  /metrics  the report as metrics, rendered at each scrape from the file on
+            disk (a scrape never starts GPU work), plus serve's own process
+            metrics
+  /report   the report JSON as written
+  /healthz  200 while serve is up; says what state the report is in
+
+Threads and memory are bounded. The main thread accepts connections and
+watches them; only a connection whose request has arrived goes to one of at
+most ``WORKERS`` handler threads, so clients that connect and send nothing
+cost a file descriptor each, never a thread, and cannot hold up a scrape.
+At most ``MAX_WAITING`` connections wait (the oldest is dropped past that),
+each for at most ``CLIENT_TIMEOUT`` seconds; a burst beyond that queues in
+the kernel's listen backlog.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import json
+import socket
+import selectors
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from socketserver import ThreadingMixIn
+from typing import Any
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+
+from preflight import last_report
+from preflight.errors import UsageError
+from preflight.metrics import ReportCollector
+
+# The classic text format every Prometheus since 2.0 reads (the names are all legacy-valid).
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+WORKERS = 8
+MAX_WAITING = 256
+CLIENT_TIMEOUT = 5.0
+BACKLOG = 128
+WHERE = "listen (--listen, PREFLIGHT_LISTEN or config)"
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``127.0.0.1:9842``, ``[::1]:9842``, ``0.0.0.0:9842`` -> (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"{WHERE} {text!r}: give ADDRESS:PORT with a port from 1 to 65535, e.g. 127.0.0.1:9842")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not host:
+        raise UsageError(f"{WHERE} {text!r}: name the address; 0.0.0.0:{port} listens on every interface, 127.0.0.1:{port} on loopback only")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise UsageError(f"{WHERE} {text!r}: {host!r} is not an IP address; give one of this node's addresses, e.g. 127.0.0.1") from None
+    return host, int(port)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: Server
+    timeout = CLIENT_TIMEOUT  # a client that stalls mid-request frees its worker
+    # HTTP/1.0: one request per connection, so an idle keep-alive never holds a worker.
+    server_version = "preflight"
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            self._send(200, generate_latest(self.server.registry), CONTENT_TYPE)
+        elif path == "/report":
+            loaded = self.server.load()
+            if loaded.report is None:
+                self._send(503, _json({"state": str(loaded.state), "error": loaded.error}), "application/json")
+            else:
+                self._send(200, loaded.raw, "application/json")
+        elif path == "/healthz":
+            loaded = self.server.load()
+            self._send(200, f"ok; report {loaded.state}{': ' + loaded.error if loaded.error else ''}\n".encode(), "text/plain; charset=utf-8")
+        elif path == "/":
+            self._send(200, b"preflight: /metrics /report /healthz\n", "text/plain; charset=utf-8")
+        else:
+            self._send(404, b"not found; try /metrics, /report or /healthz\n", "text/plain; charset=utf-8")
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self.do_GET()
+
+    def _send(self, code: int, body: bytes, ctype: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass  # a line per scrape would flood the journal
+
+
+def _json(data: dict[str, Any]) -> bytes:
+    return json.dumps(data).encode() + b"\n"
+
+
+class Server(ThreadingMixIn, HTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    request_queue_size = BACKLOG
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], report: Path):
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self.load = last_report.Cached(report)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(ReportCollector(self.load, live=lambda: (last_report.this_boot(), last_report.now())))
+        ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, open fds: serve's own health
+        self._slots = threading.BoundedSemaphore(WORKERS)
+        super().__init__(address, _Handler)
+
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        """Accept and watch connections; hand each to a worker once its request has
+        arrived. Runs until an exception (serve's SIGTERM handler raises one)."""
+        waiting: dict[socket.socket, tuple[Any, float]] = {}
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.socket, selectors.EVENT_READ)
+            try:
+                while True:
+                    for key, _ in sel.select(poll_interval):
+                        if key.fileobj is self.socket:
+                            self._accept(sel, waiting)
+                        else:
+                            conn = key.fileobj
+                            sel.unregister(conn)
+                            self.process_request(conn, waiting.pop(conn)[0])
+                    stale = time.monotonic() - CLIENT_TIMEOUT
+                    for conn in [c for c, (_, since) in waiting.items() if since < stale]:
+                        self._drop(sel, waiting, conn)
+            finally:
+                for conn in list(waiting):
+                    self._drop(sel, waiting, conn)
+
+    def _accept(self, sel: selectors.BaseSelector, waiting: dict[socket.socket, tuple[Any, float]]) -> None:
+        try:
+            conn, addr = self.socket.accept()
+        except OSError:
+            return  # the client gave up before we got to it
+        if len(waiting) >= MAX_WAITING:
+            self._drop(sel, waiting, next(iter(waiting)))  # the oldest: dicts keep insertion order
+        sel.register(conn, selectors.EVENT_READ)
+        waiting[conn] = (addr, time.monotonic())
+
+    def _drop(self, sel: selectors.BaseSelector, waiting: dict[socket.socket, tuple[Any, float]], conn: socket.socket) -> None:
+        sel.unregister(conn)
+        waiting.pop(conn)
+        self.shutdown_request(conn)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self._slots.acquire()  # all workers busy with ready requests: they finish in milliseconds
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+def bind(listen: str, report: Path) -> Server:
+    host, port = parse_listen(listen)
+    try:
+        return Server((host, port), report)
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            raise UsageError(f"{WHERE} {listen}: port {port} is in use (another `preflight serve`? see `ss -ltnp 'sport = :{port}'`); stop it or choose another port") from None
+        if e.errno == errno.EACCES:
+            raise UsageError(f"{WHERE} {listen}: not allowed to bind port {port} (ports below 1024 need root); choose a port above 1024") from None
+        if e.errno == errno.EADDRNOTAVAIL:
+            raise UsageError(f"{WHERE} {listen}: {host} is not an address of this node; give one of its addresses, or 127.0.0.1") from None
+        raise UsageError(f"{WHERE} {listen}: cannot listen there ({e.strerror or e})") from None

@@ -1,0 +1,112 @@
+"""`preflight slurm-healthcheck`: Slurm's HealthCheckProgram, driven by the last report.
+
+slurmd runs it every HealthCheckInterval seconds. It never runs a check (the
+boot gate and the recheck timer write the report); it reads the verdict and
+drains the node with a reason that starts ``preflight:``, or resumes the node
+when the report passes again, but only if the drain is its own: a node an
+admin drained for maintenance is left exactly as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass
+
+from preflight.host import Host
+from preflight.last_report import Standing
+
+PREFIX = "preflight:"
+REASON_MAX = 120  # sinfo's REASON column and people's terminals; the report has the rest
+TIMEOUT = 30.0
+
+
+class SlurmError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    state: str  # "IDLE+DRAIN", "MIXED", "DOWN*+DRAIN"
+    reason: str | None  # without Slurm's " [user@time]" suffix
+
+    @property
+    def drained(self) -> bool:
+        return any(part.rstrip("*$~#!%@^-").startswith("DRAIN") for part in self.state.upper().split("+"))
+
+    @property
+    def ours(self) -> bool:
+        return (self.reason or "").startswith(PREFIX)
+
+
+@dataclass(frozen=True)
+class Action:
+    verb: str  # "drain", "resume" or "none"
+    why: str
+    reason: str | None = None  # the drain reason to set
+
+
+def node_name(environ: dict[str, str] | None = None) -> str:
+    """slurmd's name for this node: SLURMD_NODENAME where slurmd sets it, else the short hostname."""
+    environ = os.environ if environ is None else environ
+    return environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def parse_node(text: str, name: str) -> Node:
+    """The State= and Reason= of `scontrol show node NAME` (one field per line for Reason)."""
+    state = re.search(r"\bState=(\S+)", text)
+    if state is None:
+        first = (text.strip().splitlines() or ["no output"])[0]
+        raise SlurmError(f"scontrol show node {name} printed no State= ({first[:100]}); is {name} this node's NodeName? pass --node NAME")
+    reason = re.search(r"^\s*Reason=(.*?)(?:\s+\[[^\]]*@[^\]]*\])?\s*$", text, re.MULTILINE)
+    said = reason.group(1).strip() if reason else None
+    return Node(name, state.group(1), None if said in (None, "", "(null)", "none") else said)
+
+
+def reason_for(st: Standing) -> str:
+    # Without the age ("(12 s ago)"): a reason that changed at every health check would be rewritten at every one.
+    text = f"{PREFIX} {re.sub(r' [(][^()]* ago[)]', '', st.reason)}".replace("\n", " ")
+    return text if len(text) <= REASON_MAX else text[: REASON_MAX - 3].rstrip() + "..."
+
+
+def decide(st: Standing, node: Node) -> Action:
+    """Drain a node the report does not vouch for; resume only a drain of our own."""
+    if st.vouched:
+        if node.drained and node.ours:
+            return Action("resume", f"{st.reason}; resuming {node.name}, drained earlier by preflight ({node.reason})")
+        if node.drained:
+            return Action("none", f"{st.reason}; {node.name} stays drained: someone else drained it ({node.reason or 'no reason given'})")
+        return Action("none", st.reason)
+    reason = reason_for(st)
+    if node.drained and not node.ours:
+        return Action("none", f"not vouched ({st.reason}); {node.name} is already drained by someone else ({node.reason or 'no reason given'}): left alone")
+    if node.drained and node.reason == reason:
+        return Action("none", f"not vouched ({st.reason}); {node.name} already drained by preflight")
+    return Action("drain", f"not vouched ({st.reason}); draining {node.name}", reason)
+
+
+def scontrol(host: Host, args: list[str]) -> str:
+    try:
+        done = host.run(["scontrol", *args], TIMEOUT)
+    except FileNotFoundError:
+        raise SlurmError("scontrol is not on PATH; run this as slurmd's HealthCheckProgram, or put Slurm's bin directory on PATH") from None
+    if done.timed_out:
+        raise SlurmError(f"scontrol {' '.join(args)} did not answer within {TIMEOUT:g} s: is slurmctld reachable?")
+    if done.returncode != 0:
+        tail = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1]
+        raise SlurmError(f"scontrol {' '.join(args)} failed (exit {done.returncode}): {tail}")
+    return done.stdout
+
+
+def apply(host: Host, st: Standing, name: str, dry_run: bool = False) -> Action:
+    node = parse_node(scontrol(host, ["show", "node", name]), name)
+    action = decide(st, node)
+    if dry_run or action.verb == "none":
+        return action
+    if action.verb == "drain":
+        scontrol(host, ["update", f"NodeName={name}", "State=DRAIN", f"Reason={action.reason}"])
+    else:
+        scontrol(host, ["update", f"NodeName={name}", "State=RESUME"])
+    return action

@@ -1,0 +1,257 @@
+"""The files in examples/ work as shipped: every `preflight ...` they run is a
+valid invocation of the real CLI (parsed, never run), the manifests say what
+their comments promise, and the Slurm prolog gives the right exit codes
+against real reports."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.main import get_command
+
+from preflight.cli import app
+from test_kube import reports  # noqa: F401 - the fixture: a passing and a failing report by a real run
+
+EXAMPLES = Path(__file__).parents[1] / "examples"
+K8S = EXAMPLES / "kubernetes"
+SLURM = EXAMPLES / "slurm"
+NPD = EXAMPLES / "node-problem-detector" / "preflight-plugin.json"
+SLURM_COMMANDS = ("scontrol", "squeue", "sinfo", "sbatch", "srun", "salloc", "scancel", "sacctmgr", "sacct")
+
+
+def parse(argv: list[str]) -> str:
+    """Parse ``preflight ARGV`` as the real CLI would, down to the subcommand's
+    own options and values, without running it; raises on anything invalid."""
+    group = get_command(app)
+    ctx = group.make_context("preflight", list(argv))
+    # What the group's invoke() does next: find the subcommand and parse its arguments.
+    rest = [*getattr(ctx, "_protected_args", getattr(ctx, "protected_args", [])), *ctx.args]
+    name, sub, args = group.resolve_command(ctx, rest)
+    assert sub is not None
+    sub.make_context(name, args, parent=ctx)
+    return str(name)
+
+
+def preflight_args(argv: list[str]) -> list[str] | None:
+    """The arguments of a command line that runs preflight, else None."""
+    return list(argv[1:]) if argv and os.path.basename(argv[0]) == "preflight" else None
+
+
+def containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = doc.get("spec", {})
+    pod = spec.get("template", {}).get("spec", spec)
+    return [*pod.get("initContainers", []), *pod.get("containers", [])]
+
+
+def yaml_commands(path: Path) -> list[list[str]]:
+    found = []
+    for doc in yaml.safe_load_all(path.read_text()):
+        for c in containers(doc):
+            args = preflight_args([*c.get("command", []), *c.get("args", [])])
+            if args is not None:
+                found.append(args)
+    return found
+
+
+def docs(path: Path) -> dict[str, dict[str, Any]]:
+    return {d["kind"]: d for d in yaml.safe_load_all(path.read_text())}
+
+
+# --- the parser has teeth -------------------------------------------------------------
+
+
+def test_the_parser_accepts_real_invocations_and_refuses_bad_ones() -> None:
+    assert parse(["kube-label", "--every=60", "--taint"]) == "kube-label"
+    assert parse(["status", "--npd"]) == "status"
+    for bad in (["kube-label", "--evry", "60"], ["kube-label", "--every", "soon"], ["status", "--npd", "extra"], ["no-such-command"]):
+        with pytest.raises(Exception):  # noqa: B017 - click's own usage errors, whichever it picks
+            parse(bad)
+
+
+# --- Kubernetes ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["init-container.yaml", "daemonset.yaml"])
+def test_every_preflight_command_in_the_manifests_is_valid(name: str) -> None:
+    found = yaml_commands(K8S / name)
+    assert found, f"no preflight command in {name}"
+    for args in found:
+        parse(args)
+
+
+def test_the_commented_taint_option_is_valid_when_uncommented() -> None:
+    text = (K8S / "daemonset.yaml").read_text()
+    assert re.search(r"^\s*# - --taint$", text, re.MULTILINE)
+    enabled = re.sub(r"^(\s*)# - --taint$", r"\1- --taint", text, flags=re.MULTILINE)
+    (args,) = [a for d in yaml.safe_load_all(enabled) for c in containers(d) if (a := preflight_args(c.get("command", []))) is not None]
+    assert args == ["kube-label", "--every=60", "--taint"]
+    parse(args)
+
+
+def test_the_cluster_role_grants_exactly_get_and_patch_on_nodes() -> None:
+    d = docs(K8S / "daemonset.yaml")
+    assert d["ClusterRole"]["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    binding = d["ClusterRoleBinding"]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": d["ClusterRole"]["metadata"]["name"]}
+    sa = d["ServiceAccount"]["metadata"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["name"], "namespace": sa["namespace"]}]
+    assert d["Namespace"]["metadata"]["name"] == sa["namespace"] == d["DaemonSet"]["metadata"]["namespace"] == "preflight"
+
+
+def test_the_daemonset_reads_the_hosts_report_as_a_locked_down_user() -> None:
+    ds = docs(K8S / "daemonset.yaml")["DaemonSet"]
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "preflight"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "preflight/failed", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] > 0
+    (c,) = pod["containers"]
+    assert c["image"] == "registry.example.com/preflight:0.1.0"
+    assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in c["env"]
+    assert c["securityContext"] == {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    assert c["resources"]["requests"] and c["resources"]["limits"]
+    (mount,) = c["volumeMounts"]
+    assert mount == {"name": "report", "mountPath": "/var/lib/preflight", "readOnly": True}
+    (vol,) = pod["volumes"]
+    assert vol["name"] == "report" and vol["hostPath"]["path"] == "/var/lib/preflight"
+
+
+def test_the_init_container_checks_the_jobs_own_gpus_and_shm() -> None:
+    job = docs(K8S / "init-container.yaml")["Job"]
+    pod = job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    (init,) = pod["initContainers"]
+    (app_,) = pod["containers"]
+    assert preflight_args(init["command"])[:1] == ["run"]
+    assert init["resources"]["limits"]["nvidia.com/gpu"] == app_["resources"]["limits"]["nvidia.com/gpu"]
+    (shm,) = [v for v in pod["volumes"] if v["name"] == "dshm"]
+    assert shm["emptyDir"]["medium"] == "Memory" and shm["emptyDir"]["sizeLimit"]
+    for c in (init, app_):
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+
+
+# --- node-problem-detector ----------------------------------------------------------
+
+
+def go_seconds(duration: str) -> float:
+    """A Go time.ParseDuration string as NPD's config uses ("30s", "5m", "1h30m")."""
+    parts = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", duration)
+    assert parts and duration, f"not a Go duration NPD parses: {duration!r}"
+    h, m, s = (int(p or 0) for p in parts.groups())
+    return h * 3600 + m * 60 + s
+
+
+def test_the_npd_plugin_config_is_what_npd_validates() -> None:
+    cfg = json.loads(NPD.read_text())
+    assert cfg["plugin"] == "custom" and cfg["source"] == "preflight"
+    plugin = cfg["pluginConfig"]
+    assert plugin["max_output_length"] <= 80 and plugin["concurrency"] == 1
+    assert go_seconds(plugin["invoke_interval"]) == 300
+    (rule,) = cfg["rules"]
+    assert rule["type"] == "permanent"
+    assert [rule["path"], *rule["args"]] == ["/usr/local/bin/preflight", "status", "--npd"]
+    parse(preflight_args([rule["path"], *rule["args"]]) or [])
+    # NPD refuses a rule slower than the global timeout, and a permanent condition with no default.
+    assert go_seconds(rule["timeout"]) <= go_seconds(plugin["timeout"])
+    assert rule["condition"] in [c["type"] for c in cfg["conditions"]]
+
+
+def test_status_npd_fits_npds_output_limit(reports: dict[str, Path]) -> None:  # noqa: F811
+    limit = json.loads(NPD.read_text())["pluginConfig"]["max_output_length"]
+    for which, code in (("pass", 0), ("fail", 1)):
+        done = subprocess.run(["preflight", "status", "--npd", "--report", str(reports[which])], env=_env(), capture_output=True, timeout=60)
+        assert done.returncode == code, done.stderr
+        assert 0 < len(done.stdout.rstrip(b"\n")) <= limit
+
+
+# --- Slurm --------------------------------------------------------------------------
+
+
+def _env(first: Path | None = None, **extra: str) -> dict[str, str]:
+    """This venv's bin first on PATH (after ``first``), so the scripts run this
+    preflight; no PREFLIGHT_* from the caller."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFLIGHT_")}
+    path = [str(p) for p in (first, Path(sys.executable).parent) if p is not None]
+    return {**env, "PATH": os.pathsep.join([*path, env.get("PATH", "")]), **extra}
+
+
+def code_lines(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def test_the_prolog_is_valid_bash_and_calls_no_slurm_command() -> None:
+    prolog = SLURM / "prolog.sh"
+    assert os.access(prolog, os.X_OK)
+    assert subprocess.run(["bash", "-n", str(prolog)], capture_output=True).returncode == 0
+    assert "set -u" in code_lines(prolog)
+    words = {w for line in code_lines(prolog) for w in re.findall(r"[\w-]+", line)}
+    assert not words & set(SLURM_COMMANDS)
+
+
+@pytest.fixture
+def recorders(tmp_path: Path) -> Path:
+    """A `preflight` that records its arguments and a `logger` that records its message."""
+    d = tmp_path / "bin"
+    d.mkdir()
+    for name in ("preflight", "logger"):
+        (d / name).write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{tmp_path}/{name}.args"\nexit "${{FAKE_EXIT:-0}}"\n')
+        (d / name).chmod(0o755)
+    return d
+
+
+def test_the_prologs_preflight_command_is_valid(recorders: Path) -> None:
+    done = subprocess.run([str(SLURM / "prolog.sh")], env=_env(recorders), capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    args = (recorders.parent / "preflight.args").read_text().splitlines()
+    assert args == ["status", "--report", "/var/lib/preflight/report.json", "--max-age", "604800"]
+    parse(args)
+
+
+def test_the_prolog_passes_a_vouched_node_and_refuses_the_rest(reports: dict[str, Path], recorders: Path, tmp_path: Path) -> None:  # noqa: F811
+    (recorders / "preflight").unlink()  # the real one, from this venv, from here on
+    prolog = str(SLURM / "prolog.sh")
+
+    def run(**env: str) -> subprocess.CompletedProcess:
+        return subprocess.run([prolog], env=_env(recorders, SLURM_JOB_ID="4242", SLURMD_NODENAME="gpu17", **env),
+                              capture_output=True, text=True, timeout=30)
+
+    ok = run(PREFLIGHT_REPORT=str(reports["pass"]))
+    assert ok.returncode == 0 and ok.stderr == "", ok.stderr
+    failed = run(PREFLIGHT_REPORT=str(reports["fail"]))
+    assert failed.returncode == 1
+    said = "preflight prolog: job 4242 refused on gpu17: NOT vouched: shm FAIL: /dev/shm is 64 MiB, below the 1 GiB floor"
+    assert failed.stderr.startswith(said), failed.stderr
+    assert (tmp_path / "logger.args").read_text().splitlines()[-1].startswith(said)  # and to the journal
+    missing = run(PREFLIGHT_REPORT=str(tmp_path / "none.json"))
+    assert missing.returncode == 1 and "no report at" in missing.stderr
+    stale = run(PREFLIGHT_REPORT=str(reports["pass"]), PREFLIGHT_MAX_AGE="0.001")
+    assert stale.returncode == 1 and "older than the 0.001 s allowed" in stale.stderr
+
+
+def test_the_healthcheck_wrapper_adds_valid_options() -> None:
+    wrapper = SLURM / "preflight-healthcheck"
+    assert os.access(wrapper, os.X_OK)
+    assert subprocess.run(["sh", "-n", str(wrapper)], capture_output=True).returncode == 0
+    (line,) = code_lines(wrapper)
+    argv = shlex.split(line)
+    assert argv[0] == "exec" and argv[-1] == "$@"
+    args = preflight_args(argv[1:-1])
+    assert args is not None and args[0] == "slurm-healthcheck"
+    parse(args)
+
+
+def test_the_slurm_conf_snippet_points_at_the_shipped_programs() -> None:
+    conf = dict(line.split("=", 1) for line in code_lines(SLURM / "slurm.conf.snippet"))
+    # Slurm runs HealthCheckProgram as a bare path: no room for arguments, hence the wrapper.
+    assert conf["HealthCheckProgram"] == "/usr/local/bin/preflight-healthcheck"
+    assert conf["HealthCheckInterval"] == "300" and conf["HealthCheckNodeState"] == "ANY"
+    assert conf["PrologFlags"] == "Alloc" and conf["Prolog"].endswith(".sh") and " " not in conf["Prolog"]

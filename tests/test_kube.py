@@ -1,0 +1,368 @@
+"""`preflight kube-label`: the pure decision on recorded nodes, then the real
+command against FakeKubeApi with report files a real `preflight run` wrote."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fakes
+from conftest import clean_env, needs_root
+from preflight import kube
+from preflight.errors import UsageError
+from preflight.last_report import Standing
+
+# What `preflight status` said of real reports (a pass, an shm failure, none at all).
+PASSED = Standing(True, "passed 12 s ago, profile cpu", True, 12.0)
+FAILED = Standing(False, "shm FAIL: /dev/shm is 64 MiB, below the 1 GiB floor (3 s ago)", True, 3.0)
+NO_REPORT = Standing(None, "no report at /var/lib/preflight/report.json: preflight has not run here with --report /var/lib/preflight/report.json")
+
+# A GPU node as `kubectl get node -o json` shows it, trimmed: labels and taints that are not ours.
+GPU_NODE: dict[str, Any] = {
+    "kind": "Node",
+    "apiVersion": "v1",
+    "metadata": {
+        "name": "gpu-node-17",
+        "resourceVersion": "81734",
+        "labels": {
+            "kubernetes.io/hostname": "gpu-node-17",
+            "kubernetes.io/os": "linux",
+            "nvidia.com/gpu.present": "true",
+            "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+        },
+    },
+    "spec": {
+        "podCIDR": "10.244.17.0/24",
+        "taints": [
+            {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+            {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute", "timeAdded": "2025-01-08T10:12:03Z"},
+        ],
+    },
+}
+OTHER_TAINTS = copy.deepcopy(GPU_NODE["spec"]["taints"])
+OUR_TAINT = {"key": "preflight/failed", "value": "true", "effect": "NoSchedule"}
+
+
+def node_json(label: str | None = None, ours: dict[str, Any] | None = None, taints: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    data = copy.deepcopy(GPU_NODE)
+    if label is not None:
+        data["metadata"]["labels"]["preflight/result"] = label
+    if taints is not None:
+        data["spec"]["taints"] = taints
+    if ours is not None:
+        data["spec"]["taints"].insert(1, ours)
+    return data
+
+
+def node(**kw: Any) -> kube.Node:
+    return kube.Node.from_json(node_json(**kw))
+
+
+# --- the decision ------------------------------------------------------------
+
+
+def test_a_pass_labels_an_unlabelled_node_and_nothing_else() -> None:
+    change = kube.decide(PASSED, node(), taint=True)
+    assert change.patch == {"metadata": {"labels": {"preflight/result": "pass"}}}
+    assert change.what == ("label preflight/result=pass",)
+
+
+def test_a_fail_with_taint_labels_and_taints_keeping_every_other_taint() -> None:
+    change = kube.decide(FAILED, node(label="pass"), taint=True)
+    assert change.patch == {
+        # resourceVersion: the API server refuses the whole-list write if the node changed since the GET
+        "metadata": {"labels": {"preflight/result": "fail"}, "resourceVersion": "81734"},
+        "spec": {"taints": [*OTHER_TAINTS, OUR_TAINT]},
+    }
+
+
+def test_a_fail_without_taint_only_labels() -> None:
+    change = kube.decide(FAILED, node(label="pass"), taint=False)
+    assert change.patch == {"metadata": {"labels": {"preflight/result": "fail"}}}
+
+
+def test_no_usable_report_is_not_vouched() -> None:
+    change = kube.decide(NO_REPORT, node(), taint=True)
+    assert change.label == "fail"
+    assert change.patch is not None and change.patch["spec"]["taints"] == [*OTHER_TAINTS, OUR_TAINT]
+
+
+def test_a_pass_removes_our_taint_and_leaves_the_others_in_order() -> None:
+    change = kube.decide(PASSED, node(label="fail", ours=OUR_TAINT), taint=True)
+    assert change.patch == {
+        "metadata": {"labels": {"preflight/result": "pass"}, "resourceVersion": "81734"},
+        "spec": {"taints": OTHER_TAINTS},
+    }
+    assert change.what == ("label preflight/result=pass", "remove taint preflight/failed")
+
+
+def test_a_pass_removes_our_taint_even_without_taint_mode() -> None:
+    # Tainting was switched off while the node was failing: a vouched node must not stay "failed".
+    change = kube.decide(PASSED, node(label="pass", ours=OUR_TAINT), taint=False)
+    assert change.patch == {"metadata": {"resourceVersion": "81734"}, "spec": {"taints": OTHER_TAINTS}}
+
+
+def test_a_fail_without_taint_mode_leaves_an_existing_taint_of_ours() -> None:
+    assert kube.decide(FAILED, node(label="fail", ours=OUR_TAINT), taint=False).patch is None
+
+
+def test_our_key_with_another_effect_is_set_back_to_ours() -> None:
+    odd = {"key": "preflight/failed", "value": "yes", "effect": "NoExecute", "timeAdded": "2025-01-08T10:12:03Z"}
+    change = kube.decide(FAILED, node(label="fail", ours=odd), taint=True)
+    assert change.patch is not None and change.patch["spec"]["taints"] == [*OTHER_TAINTS, OUR_TAINT]
+
+
+@pytest.mark.parametrize(("st", "label", "ours", "taint"), [
+    (PASSED, "pass", None, True),
+    (PASSED, "pass", None, False),
+    (FAILED, "fail", OUR_TAINT, True),
+    (FAILED, "fail", None, False),
+    (NO_REPORT, "fail", OUR_TAINT, True),
+])
+def test_a_node_that_already_says_it_gets_no_patch(st: Standing, label: str, ours: dict[str, Any] | None, taint: bool) -> None:
+    assert kube.decide(st, node(label=label, ours=ours), taint).patch is None
+
+
+def test_a_node_without_taints_is_not_given_an_empty_list() -> None:
+    change = kube.decide(PASSED, node(taints=[]), taint=True)
+    assert "spec" not in (change.patch or {})
+
+
+def test_other_labels_are_never_in_the_patch() -> None:
+    for st in (PASSED, FAILED, NO_REPORT):
+        for taint in (True, False):
+            patch = kube.decide(st, node(label="stale", ours=OUR_TAINT), taint).patch or {}
+            assert set(patch.get("metadata", {}).get("labels", {})) <= {"preflight/result"}
+            kept = [t for t in patch.get("spec", {}).get("taints", OTHER_TAINTS) if t["key"] != "preflight/failed"]
+            assert kept == OTHER_TAINTS
+
+
+# --- the API client ------------------------------------------------------------
+
+
+def test_in_cluster_config_from_the_kubelets_environment() -> None:
+    assert kube.Api.in_cluster({"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}).base == "https://10.96.0.1:443"
+    assert kube.Api.in_cluster({"KUBERNETES_SERVICE_HOST": "fd00:10:96::1", "KUBERNETES_SERVICE_PORT": "6443"}).base == "https://[fd00:10:96::1]:6443"
+    with pytest.raises(UsageError, match="KUBERNETES_SERVICE_HOST is not set"):
+        kube.Api.in_cluster({})
+
+
+def test_a_conflict_reads_the_node_again_and_patches_the_fresh_copy() -> None:
+    with fakes.FakeKubeApi({"gpu-node-17": node_json(label="pass")}) as api:
+        api.conflicts = 1  # another controller wrote between our GET and PATCH
+        change = kube.apply(kube.Api(api.url), FAILED, "gpu-node-17", taint=True)
+        assert change.what == ("label preflight/result=fail", "taint preflight/failed=true:NoSchedule")
+        assert api.count("GET") == 2 and len(api.patches) == 2
+        assert api.patches[1][1]["metadata"]["resourceVersion"] == "81735"  # the fresh copy's
+        assert api.nodes["gpu-node-17"]["spec"]["taints"] == [*OTHER_TAINTS, OUR_TAINT]
+
+
+def test_an_api_server_that_does_not_answer_is_a_timeout_line() -> None:
+    with fakes.FakeKubeApi({"gpu-node-17": node_json()}) as api:
+        api.stall = 2.0
+        started = time.monotonic()
+        with pytest.raises(kube.KubeError, match=r"did not answer GET within 0.3 s"):
+            kube.Api(api.url, timeout=0.3).get_node("gpu-node-17")
+        assert time.monotonic() - started < 1.5
+
+
+@pytest.fixture(scope="module")
+def tls_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    if not shutil.which("openssl"):
+        pytest.skip("needs openssl to make a test certificate")
+    d = tmp_path_factory.mktemp("tls")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(d / "key.pem"), "-out", str(d / "cert.pem")],
+                   check=True, capture_output=True)
+    return d / "cert.pem", d / "key.pem"
+
+
+def test_in_cluster_https_sends_the_token_read_afresh_each_time(tls_pair: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sa = tmp_path / "serviceaccount"
+    sa.mkdir()
+    shutil.copy(tls_pair[0], sa / "ca.crt")
+    (sa / "token").write_text("first-token\n")
+    monkeypatch.setattr(kube, "SA_DIR", sa)
+    with fakes.FakeKubeApi({"gpu-node-17": node_json()}, tls=tls_pair) as api:
+        port = api.url.rsplit(":", 1)[1]
+        client = kube.Api.in_cluster({"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": port})
+        kube.apply(client, PASSED, "gpu-node-17", taint=False)
+        (sa / "token").write_text("rotated-token\n")  # the kubelet rotates it under a running pod
+        client.get_node("gpu-node-17")
+        assert [auth for _, _, auth in api.requests] == ["Bearer first-token", "Bearer first-token", "Bearer rotated-token"]
+        shutil.copy(Path(__file__), sa / "ca.crt")  # not a certificate
+        with pytest.raises(kube.KubeError, match="cannot load the cluster CA"):
+            client.get_node("gpu-node-17")
+
+
+def test_a_certificate_from_another_ca_is_refused(tls_pair: tuple[Path, Path], tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=other",
+                    "-keyout", str(other / "key.pem"), "-out", str(other / "ca.crt")], check=True, capture_output=True)
+    (other / "token").write_text("t")
+    with fakes.FakeKubeApi({"gpu-node-17": node_json()}, tls=tls_pair) as api:
+        with pytest.raises(kube.KubeError, match=r"TLS with the API server at https://127.0.0.1:\d+ failed .*CERTIFICATE_VERIFY_FAILED"):
+            kube.Api(api.url, sa_dir=other).get_node("gpu-node-17")
+
+
+# --- the command, end to end -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A passing and a failing report, each written by a real `preflight run`."""
+    d = tmp_path_factory.mktemp("reports")
+    env = {**clean_env(), "PREFLIGHT_LOCK_FILE": str(d / "preflight.lock")}
+    run = [*fakes.PREFLIGHT, "run", "--profile", "cpu", "--only", "shm", "-q", "--report"]
+    done = subprocess.run([*run, str(d / "pass.json")], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    if needs_root.args[0]:  # skipif's condition: no private mount namespace here: the same failure, built as the pipeline builds it
+        fail = json.loads((d / "pass.json").read_text())
+        fail["verdict"], fail["exit_code"] = "fail", 1
+        fail["checks"][0].update(status="FAIL", summary="/dev/shm is 64 MiB, below the 1 GiB floor")
+        (d / "fail.json").write_text(json.dumps(fail))
+    else:  # a real failure: /dev/shm at Docker's 64 MiB in a private mount namespace
+        line = " ".join([*run, str(d / "fail.json")])
+        done = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=64m tmpfs /dev/shm && exec {line}"],
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1, done.stderr
+    return {"pass": d / "pass.json", "fail": d / "fail.json"}
+
+
+def kube_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in clean_env().items() if not k.startswith("KUBERNETES_") and k != "NODE_NAME"}
+    return {**env, **extra}
+
+
+def kube_label(api: fakes.FakeKubeApi, report: Path, *args: str, node_name: str = "gpu-node-17") -> subprocess.CompletedProcess:
+    return subprocess.run([*fakes.PREFLIGHT, "kube-label", "--api-server", api.url, "--report", str(report), *args],
+                          env=kube_env(NODE_NAME=node_name), capture_output=True, text=True, timeout=60)
+
+
+def test_pass_labels_once_and_then_leaves_the_node_alone(reports: dict[str, Path]) -> None:
+    with fakes.FakeKubeApi({"gpu-node-17": node_json()}) as api:
+        first = kube_label(api, reports["pass"])
+        assert first.returncode == 0, first.stderr
+        assert api.patches == [("application/strategic-merge-patch+json", {"metadata": {"labels": {"preflight/result": "pass"}}})]
+        assert "vouched (passed" in first.stdout and "label preflight/result=pass" in first.stdout
+        again = kube_label(api, reports["pass"], "--taint")
+        assert again.returncode == 0 and len(api.patches) == 1
+        assert "preflight/result=pass already, nothing to change" in again.stdout
+        assert api.requests[0][2] is None  # no token over plain http
+
+
+def test_fail_with_taint_then_pass_again(reports: dict[str, Path]) -> None:
+    with fakes.FakeKubeApi({"gpu-node-17": node_json(label="pass")}) as api:
+        failed = kube_label(api, reports["fail"], "--taint")
+        assert failed.returncode == 1
+        assert "NOT vouched (shm FAIL: /dev/shm is 64 MiB" in failed.stdout
+        now = api.nodes["gpu-node-17"]
+        assert now["metadata"]["labels"]["preflight/result"] == "fail"
+        assert now["spec"]["taints"] == [*OTHER_TAINTS, OUR_TAINT]
+        assert {k: v for k, v in now["metadata"]["labels"].items() if k != "preflight/result"} == GPU_NODE["metadata"]["labels"]
+        passed = kube_label(api, reports["pass"], "--taint")
+        assert passed.returncode == 0, passed.stderr
+        assert now["metadata"]["labels"]["preflight/result"] == "pass"
+        assert now["spec"]["taints"] == OTHER_TAINTS
+        assert [ctype for ctype, _ in api.patches] == ["application/strategic-merge-patch+json"] * 2
+
+
+def test_fail_without_taint_only_labels(reports: dict[str, Path]) -> None:
+    with fakes.FakeKubeApi({"gpu-node-17": node_json()}) as api:
+        done = kube_label(api, reports["fail"])
+        assert done.returncode == 1
+        assert api.patches == [("application/strategic-merge-patch+json", {"metadata": {"labels": {"preflight/result": "fail"}}})]
+        assert api.nodes["gpu-node-17"]["spec"]["taints"] == OTHER_TAINTS
+
+
+def test_dry_run_reads_but_never_writes(reports: dict[str, Path]) -> None:
+    with fakes.FakeKubeApi({"gpu-node-17": node_json()}) as api:
+        done = kube_label(api, reports["fail"], "--taint", "--dry-run")
+        assert done.returncode == 1 and api.patches == [] and api.count("GET") == 1
+        assert "would label preflight/result=fail, taint preflight/failed=true:NoSchedule" in done.stdout
+
+
+def test_forbidden_names_the_rbac_to_grant(reports: dict[str, Path]) -> None:
+    with fakes.FakeKubeApi({"gpu-node-17": node_json()}) as api:
+        api.fail = 403
+        done = kube_label(api, reports["pass"])
+        assert done.returncode == 1 and api.patches == []
+        assert done.stderr.count("\n") == 1
+        assert "not allowed to get node gpu-node-17: grant the ServiceAccount a ClusterRole with nodes: get, patch" in done.stderr
+
+
+def test_an_unknown_node_name_says_where_the_name_comes_from(reports: dict[str, Path]) -> None:
+    with fakes.FakeKubeApi({"gpu-node-17": node_json()}) as api:
+        done = kube_label(api, reports["pass"], node_name="gpu-node-17.cluster.local")
+        assert done.returncode == 1
+        assert "no node named 'gpu-node-17.cluster.local'" in done.stderr and "spec.nodeName" in done.stderr
+
+
+def test_no_api_server_is_one_line_and_exit_1(reports: dict[str, Path]) -> None:
+    with fakes.FakeKubeApi({}) as api:
+        url = api.url
+    done = subprocess.run([*fakes.PREFLIGHT, "kube-label", "--api-server", url, "--report", str(reports["pass"]), "--node", "n"],
+                          env=kube_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.strip() == f"preflight: error: cannot reach the API server at {url}: Connection refused; node n left as it is"
+
+
+@pytest.mark.parametrize(("args", "env", "said"), [
+    ([], {}, "no node name: set NODE_NAME from the downward API"),
+    (["--node", "n"], {}, "KUBERNETES_SERVICE_HOST is not set"),
+    (["--node", "n", "--every", "0"], {}, "--every 0: give a number of seconds above 0"),
+    (["--node", "n", "--api-server", "127.0.0.1:8001"], {}, "--api-server 127.0.0.1:8001: give a URL"),
+])
+def test_usage_errors_exit_2_with_one_line(args: list[str], env: dict[str, str], said: str) -> None:
+    done = subprocess.run([*fakes.PREFLIGHT, "kube-label", *args], env=kube_env(**env), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and said in done.stderr
+
+
+def wait_for(condition: Any, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+def test_every_rereads_survives_errors_writes_only_on_change_and_stops_on_sigterm(reports: dict[str, Path], tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    shutil.copy(reports["fail"], report)
+    with fakes.FakeKubeApi({"gpu-node-17": node_json()}) as api:
+        api.fail = 403  # RBAC not applied yet: the loop must log and carry on
+        proc = subprocess.Popen([*fakes.PREFLIGHT, "kube-label", "--api-server", api.url, "--report", str(report), "--taint", "--every", "0.1"],
+                                env=kube_env(NODE_NAME="gpu-node-17"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for(lambda: api.count("GET") >= 3)
+            api.fail = None
+            wait_for(lambda: len(api.patches) == 1)
+            gets = api.count("GET")
+            wait_for(lambda: api.count("GET") >= gets + 5)
+            assert len(api.patches) == 1  # already right: no write every round
+            assert api.nodes["gpu-node-17"]["spec"]["taints"] == [*OTHER_TAINTS, OUR_TAINT]
+            shutil.copy(reports["pass"], report)  # the recheck timer wrote a pass
+            wait_for(lambda: len(api.patches) == 2)
+            assert api.nodes["gpu-node-17"]["spec"]["taints"] == OTHER_TAINTS
+            assert proc.poll() is None
+            sent = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=5)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 0
+    assert time.monotonic() - sent < 2.0
+    assert err.count("not allowed to get node gpu-node-17") == 1, err  # said once, not every round
+    lines = out.splitlines()
+    assert len(lines) == 2, out
+    assert "taint preflight/failed=true:NoSchedule" in lines[0] and "remove taint preflight/failed" in lines[1]

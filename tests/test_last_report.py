@@ -1,0 +1,182 @@
+"""The last report and what it vouches for: the judge with recorded reports,
+and `preflight status` / `status --npd` as NPD and a Slurm prolog run it."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from conftest import REPORTS, report_file, run_preflight
+from preflight import last_report
+from preflight.last_report import State, load, standing
+
+BOOT = "9cf6e1ac-c217-4d2f-bda9-3b4a7183a613"  # the boot the fixtures were recorded in
+
+
+def judged(fixture: str, boot: str | None = BOOT, after: float = 60.0, max_age: float | None = None):
+    loaded = load(REPORTS / f"{fixture}.json")
+    return standing(loaded, boot, loaded.report.finished_at + timedelta(seconds=after), max_age)
+
+
+def test_a_pass_of_this_boot_vouches():
+    st = judged("cpu-pass")
+    assert st.vouched is True and st.current_boot is True and st.age_seconds == 60.0
+    assert st.reason == "passed 60 s ago, profile cpu"
+
+
+def test_a_pass_before_the_last_reboot_does_not():
+    st = judged("cpu-pass", boot="another-boot")
+    assert st.vouched is False and st.current_boot is False
+    assert "before the last reboot" in st.reason
+
+
+def test_a_failed_report_names_the_first_failing_check_and_its_summary():
+    st = judged("shm-64m-fail", after=7200)
+    assert st.vouched is False
+    assert st.reason == "shm FAIL: /dev/shm is 64 MiB, below the 1 GiB floor (2.0 h ago)"
+
+
+def test_max_age_retires_an_old_pass():
+    assert judged("cpu-pass", after=100, max_age=3600).vouched is True
+    st = judged("cpu-pass", after=7200, max_age=3600)
+    assert st.vouched is False and "older than the 3600 s allowed" in st.reason
+
+
+def test_a_report_from_the_future_is_a_clock_problem():
+    st = judged("cpu-pass", after=-3600)
+    assert st.vouched is False and "future" in st.reason
+
+
+def test_an_unknown_boot_id_is_not_held_against_a_pass():
+    # /proc/sys/kernel/random/boot_id unreadable (an odd container): judge by verdict and age alone.
+    st = judged("cpu-pass", boot=None)
+    assert st.vouched is True and st.current_boot is None
+
+
+def test_an_interrupted_run_says_so():
+    loaded = load(REPORTS / "cpu-pass.json")
+    r = loaded.report.model_copy(update={"verdict": "fail", "interrupted_by_signal": 15, "exit_code": 143})
+    st = standing(last_report.Loaded(State.OK, r), BOOT, r.finished_at)
+    assert st.vouched is False and st.reason.startswith("run interrupted by signal 15")
+
+
+@pytest.mark.parametrize(
+    ("content", "state", "words"),
+    [
+        (None, State.MISSING, "no report at"),
+        (b"{\"verdict\": \"pa", State.INVALID, "not a preflight report"),
+        (b"[1, 2]", State.INVALID, "not a preflight report"),
+        (b"{\"tool\": \"something-else\"}", State.INVALID, "not a preflight report"),
+    ],
+    ids=["missing", "truncated", "not-an-object", "not-ours"],
+)
+def test_an_unusable_report_is_unknown_never_a_pass(tmp_path, content, state, words):
+    path = tmp_path / "report.json"
+    if content is not None:
+        path.write_bytes(content)
+    loaded = load(path)
+    assert loaded.state == state and loaded.report is None and words in loaded.error
+    assert standing(loaded, BOOT, last_report.now()).vouched is None
+
+
+def test_a_directory_in_place_of_the_report_is_unreadable(tmp_path):
+    loaded = load(tmp_path)
+    assert loaded.state == State.UNREADABLE and "cannot read" in loaded.error
+
+
+def test_the_cache_sees_a_replaced_report(tmp_path):
+    path = tmp_path / "report.json"
+    cached = last_report.Cached(path)
+    assert cached().state == State.MISSING
+    report_file(path, "shm-64m-fail")
+    assert cached().report.verdict == "fail"
+    first = cached()
+    assert cached() is first  # unchanged file: not parsed again
+    tmp = tmp_path / "new.json"
+    report_file(tmp, "cpu-pass")
+    tmp.replace(path)  # as preflight writes it: rename over the old one
+    assert cached().report.verdict == "pass"
+
+
+# `preflight status`, as a Slurm prolog or a person runs it, and `--npd` as node-problem-detector runs it.
+
+
+def status(*args: str) -> tuple[int, str]:
+    p = run_preflight(["status", *args], timeout=60)
+    assert p.stderr == "" or "error" in p.stderr
+    return p.returncode, p.stdout
+
+
+def test_status_vouches_for_a_pass_of_this_boot(tmp_path):
+    path = report_file(tmp_path / "r.json", "cpu-pass", age=30)
+    code, out = status("--report", str(path))
+    assert code == 0 and out.startswith("vouched: passed") and "profile cpu" in out
+
+
+def test_status_json_for_scripts(tmp_path):
+    path = report_file(tmp_path / "r.json", "shm-64m-fail")
+    code, out = status("--report", str(path), "--json")
+    data = json.loads(out)
+    assert code == 1 and data["vouched"] is False and data["verdict"] == "fail" and data["current_boot"] is True
+
+
+@pytest.mark.parametrize(
+    ("fixture", "boot", "age", "code", "words"),
+    [
+        ("cpu-pass", "this", 10, 0, "passed"),
+        ("shm-64m-fail", "this", 10, 1, "shm FAIL: /dev/shm is 64 MiB"),
+        ("cpu-pass", "an-earlier-boot", 10, 1, "before the last reboot"),
+        ("h100-fake-hw-slowdown", "this", 10, 1, "cuda FAIL: GPU 6"),
+    ],
+    ids=["pass", "shm-fail", "stale-boot", "gpu-fail"],
+)
+def test_npd_exit_codes_and_message(tmp_path, fixture, boot, age, code, words):
+    path = report_file(tmp_path / "r.json", fixture, boot=boot, age=age)
+    got, out = status("--npd", "--report", str(path))
+    assert got == code and words in out
+    assert len(out.rstrip("\n").encode()) <= 80 and out.count("\n") == 1  # NPD keeps max_output_length bytes
+
+
+def test_npd_says_unknown_without_a_usable_report(tmp_path):
+    code, out = status("--npd", "--report", str(tmp_path / "none.json"))
+    assert code == 2 and out.startswith("no report at") and len(out.rstrip("\n").encode()) <= 80
+    (tmp_path / "bad.json").write_text("{")
+    code, out = status("--npd", "--report", str(tmp_path / "bad.json"))
+    assert code == 2 and "not a preflight report" in out
+
+
+def test_npd_cuts_a_long_reason_at_80_bytes_on_a_character_boundary(tmp_path):
+    path = report_file(tmp_path / "r.json", "shm-64m-fail")
+    data = json.loads(path.read_text())
+    data["checks"][0]["summary"] = "é" * 100  # two bytes each: a byte cut could split one
+    path.write_text(json.dumps(data))
+    code, out = status("--npd", "--report", str(path))
+    line = out.rstrip("\n")
+    assert code == 1 and len(line.encode()) <= 80 and line.endswith("...") and line.encode().decode() == line
+
+
+def test_status_max_age_and_its_bad_input(tmp_path):
+    path = report_file(tmp_path / "r.json", "cpu-pass", age=7200)
+    assert status("--report", str(path), "--max-age", "3600")[0] == 1
+    assert status("--report", str(path), "--max-age", "86400")[0] == 0
+    p = run_preflight(["status", "--report", str(path), "--max-age", "0"])
+    assert p.returncode == 2 and "--max-age 0: give a number of seconds above 0" in p.stderr and p.stdout == ""
+
+
+def test_status_reads_the_report_path_from_the_environment(tmp_path):
+    import os
+
+    path = report_file(tmp_path / "r.json", "cpu-pass")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PREFLIGHT_")}, "PREFLIGHT_REPORT": str(path)}
+    p = run_preflight(["status"], env=env)
+    assert p.returncode == 0 and "vouched" in p.stdout
+
+
+def test_status_never_writes_or_runs_anything(tmp_path):
+    path = report_file(tmp_path / "r.json", "shm-64m-fail")
+    before = path.read_bytes()
+    status("--report", str(path))
+    assert path.read_bytes() == before and sorted(p.name for p in Path(tmp_path).iterdir()) == ["r.json"]

@@ -1,0 +1,213 @@
+"""Prometheus metrics of a report: names, labels and values from recorded
+reports, `promtool check metrics` on them, and the textfile `run` writes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import REPORTS, needs_root, report_file, run_preflight
+from preflight import metrics
+from preflight.last_report import Loaded, State, load
+
+promtool = pytest.mark.skipif(not shutil.which("promtool"), reason="promtool is not installed (Debian package prometheus)")
+FIXTURES = ["cpu-pass", "shm-64m-fail", "h100-fake-hw-slowdown"]
+
+
+def text_of(fixture: str) -> str:
+    loaded = load(REPORTS / f"{fixture}.json")
+    return metrics.render(metrics.ReportCollector(lambda: loaded)).decode()
+
+
+def families(text: str) -> dict[str, list]:
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def lint(text: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+
+
+@promtool
+@pytest.mark.parametrize("fixture", FIXTURES)
+def test_promtool_finds_nothing_to_lint(fixture):
+    p = lint(text_of(fixture))
+    assert p.returncode == 0 and p.stdout == "" and p.stderr == "", p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("fixture", FIXTURES)
+def test_every_family_is_prefixed_and_no_label_names_the_host(fixture):
+    for name, samples in families(text_of(fixture)).items():
+        assert name.startswith("preflight_")
+        for s in samples:
+            assert not {"host", "hostname", "node", "instance"} & set(s.labels), (name, s.labels)
+
+
+def test_the_run_families_a_dashboard_reads():
+    fam = families(text_of("cpu-pass"))
+    (info,) = fam["preflight_info"]
+    assert info.value == 1 and info.labels == {"version": "0.1.0", "profile": "cpu", "driver_version": "", "cuda_version": "", "torch_version": "2.13.0+cpu"}
+    assert fam["preflight_run_passed"][0].value == 1
+    assert fam["preflight_run_exit_code"][0].value == 0
+    assert fam["preflight_run_timestamp_seconds"][0].value > 1.7e9
+    assert fam["preflight_last_success_timestamp_seconds"][0].value == fam["preflight_run_timestamp_seconds"][0].value
+    assert 10 < fam["preflight_run_duration_seconds"][0].value < 120
+    assert {s.labels["check"]: s.value for s in fam["preflight_check_passed"]} == {"shm": 1, "nccl": 1, "bandwidth": 1, "train": 1}
+    assert {s.labels["check"] for s in fam["preflight_check_duration_seconds"]} == {"shm", "nccl", "bandwidth", "train"}
+
+
+def test_check_status_is_one_hot_over_all_five_states():
+    fam = families(text_of("shm-64m-fail"))
+    by_check: dict[str, dict[str, float]] = {}
+    for s in fam["preflight_check_status"]:
+        by_check.setdefault(s.labels["check"], {})[s.labels["status"]] = s.value
+    assert set(by_check) == {"shm", "nccl", "bandwidth", "train"}
+    for states in by_check.values():
+        assert set(states) == {"pass", "warn", "fail", "skip", "error"} and sorted(states.values()) == [0, 0, 0, 0, 1]
+    assert by_check["shm"]["fail"] == 1 and by_check["nccl"]["skip"] == 1
+    assert {s.labels["check"]: s.value for s in fam["preflight_check_passed"]} == {"shm": 0, "nccl": 0, "bandwidth": 0, "train": 0}
+
+
+def test_a_failed_run_has_passed_0_and_no_success_time():
+    fam = families(text_of("shm-64m-fail"))
+    assert fam["preflight_run_passed"][0].value == 0 and fam["preflight_run_exit_code"][0].value == 1
+    assert "preflight_last_success_timestamp_seconds" not in fam
+
+
+def test_measurements_become_families_in_base_units_with_their_floors():
+    fam = families(text_of("cpu-pass"))
+    shm = fam["preflight_shm_size_bytes"][0]
+    assert shm.value > 2**30 and fam["preflight_shm_size_floor_bytes"][0].value == 2**30
+    busbw = fam["preflight_allreduce_bus_bandwidth_bytes_per_second"]
+    floor = fam["preflight_allreduce_bus_bandwidth_floor_bytes_per_second"]
+    assert [s.labels for s in busbw] == [s.labels for s in floor] == [{"collective": "all_reduce"}]  # figure < floor matches in PromQL
+    assert {s.labels["stat"] for s in fam["preflight_allreduce_latency_seconds"]} == {"p50", "p99"}
+    assert fam["preflight_allreduce_latency_ceiling_seconds"][0].labels == {"stat": "p50"}
+    assert {s.labels["rank"] for s in fam["preflight_memcpy_bandwidth_bytes_per_second"]} == {"0", "1"}
+    assert fam["preflight_train_straggler_ratio"][0].value >= 1  # the unit once, not "_ratio_ratio"
+    for name in fam:
+        assert "_floor_" not in name or name.replace("_floor_", "_", 1) in fam
+
+
+def test_gpu_figures_carry_dcgm_exporters_labels():
+    fam = families(text_of("h100-fake-hw-slowdown"))
+    temps = fam["preflight_gpu_temperature_celsius"]
+    assert len(temps) == 8 and temps[0].labels == {"gpu": "0", "UUID": "GPU-5c1b0c7e-8f2a-4d3b-9e6a-000000000000"}
+    (info,) = fam["preflight_info"]
+    assert (info.labels["driver_version"], info.labels["cuda_version"], info.labels["profile"]) == ("550.54.15", "12.4", "h100-sxm")
+
+
+def test_a_repeated_label_set_is_exported_once():
+    loaded = load(REPORTS / "cpu-pass.json")
+    shm = loaded.report.checks[0]
+    shm.measurements.append(shm.measurements[0].model_copy(update={"value": 1.0}))
+    text = metrics.render(metrics.ReportCollector(lambda: loaded)).decode()
+    assert len(families(text)["preflight_shm_size_bytes"]) == 1
+
+
+def test_without_a_report_there_is_no_run_passed_at_all():
+    gone = Loaded(State.MISSING, error="no report at /x")
+    text = metrics.render(metrics.ReportCollector(lambda: gone, live=lambda: ("b", None))).decode()
+    fam = families(text)
+    assert {s.labels["state"]: s.value for s in fam["preflight_report_state"]} == {"ok": 0, "missing": 1, "unreadable": 0, "invalid": 0}
+    assert set(fam) == {"preflight_report_state"}
+
+
+# The textfile `preflight run --textfile-dir` writes, for node_exporter.
+
+
+def prom(directory: Path) -> dict[str, list]:
+    return families((directory / "preflight.prom").read_text())
+
+
+@promtool
+def test_a_cpu_run_leaves_a_lint_clean_textfile_beside_its_report(tmp_path):
+    d = tmp_path / "textfile"
+    d.mkdir()
+    p = run_preflight(["run", "--profile", "cpu", "--textfile-dir", str(d), "--report", str(tmp_path / "report.json"), "-q"], timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert sorted(x.name for x in d.iterdir()) == ["preflight.prom"]  # no temp file left behind
+    assert (d / "preflight.prom").stat().st_mode & 0o777 == 0o644  # node_exporter often runs as its own user
+    text = (d / "preflight.prom").read_text()
+    assert lint(text).returncode == 0 and lint(text).stdout == ""
+    fam = families(text)
+    assert fam["preflight_run_passed"][0].value == 1
+    assert {s.labels["check"] for s in fam["preflight_check_passed"]} == {"shm", "nccl", "bandwidth", "train"}
+    assert "preflight_allreduce_bus_bandwidth_bytes_per_second" in fam and "preflight_gemm_throughput_flops_per_second" in fam
+    # The same names as the report serve would render: one Collector.
+    report = load(tmp_path / "report.json")
+    assert text == metrics.render(metrics.ReportCollector(lambda: report)).decode()
+
+
+@needs_root
+def test_a_failure_keeps_the_last_success_time_in_the_textfile_and_the_report(tmp_path):
+    d = tmp_path / "textfile"
+    d.mkdir()
+    report = tmp_path / "report.json"
+    assert run_preflight(["run", "--profile", "cpu", "--only", "shm", "--textfile-dir", str(d), "-q"]).returncode == 0
+    passed_at = prom(d)["preflight_last_success_timestamp_seconds"][0].value
+    shm_64m = ["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$@"', "sh"]
+    p = subprocess.run([*shm_64m, *_cli(), "run", "--profile", "cpu", "--only", "shm", "--textfile-dir", str(d), "--report", str(report), "-q"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, p.stderr
+    fam = prom(d)
+    assert fam["preflight_run_passed"][0].value == 0
+    assert fam["preflight_last_success_timestamp_seconds"][0].value == passed_at  # carried from the textfile it replaced
+    assert load(report).report.last_success_at.timestamp() == pytest.approx(passed_at)
+    # The next failure carries it from the report.
+    p = subprocess.run([*shm_64m, *_cli(), "run", "--profile", "cpu", "--only", "shm", "--report", str(report), "-q"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and load(report).report.last_success_at.timestamp() == pytest.approx(passed_at)
+
+
+def _cli() -> list[str]:
+    import fakes
+
+    return list(fakes.PREFLIGHT)
+
+
+@pytest.mark.parametrize("case", ["missing", "a-file", "read-only"])
+def test_a_bad_textfile_dir_is_refused_before_any_check_runs(tmp_path, case):
+    d = tmp_path / "textfile"
+    report = tmp_path / "report.json"
+    args = ["run", "--profile", "cpu", "--textfile-dir", str(d), "--report", str(report)]
+    if case == "a-file":
+        d.write_text("")
+    if case == "read-only":
+        if os.geteuid() != 0 or not shutil.which("unshare"):
+            pytest.skip("needs root for a read-only bind mount")
+        d.mkdir()
+        cmd = ["unshare", "-m", "sh", "-c", f'mount --bind {d} {d} && mount -o remount,bind,ro {d} && exec "$@"', "sh", *_cli(), *args]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    else:
+        p = run_preflight(args)
+    assert p.returncode == 2, p.stderr
+    (line,) = p.stderr.strip().splitlines()
+    assert line.startswith(f"preflight: error: textfile dir {d}") and p.stdout == ""
+    assert not report.exists() and "[PASS]" not in p.stderr  # nothing ran, nothing written
+    expected = {"missing": "does not exist", "a-file": "is not a directory", "read-only": "cannot write in it (Read-only file system)"}[case]
+    assert expected in line
+
+
+def test_the_textfile_dir_can_come_from_the_config_file(tmp_path):
+    d = tmp_path / "textfile"
+    d.mkdir()
+    config = tmp_path / "config.toml"
+    config.write_text(f'textfile_dir = "{d}"\n')
+    assert run_preflight(["run", "--profile", "cpu", "--only", "shm", "--config", str(config), "-q"]).returncode == 0
+    assert prom(d)["preflight_check_passed"][0].labels == {"check": "shm"}
+
+
+def test_previous_success_ignores_a_textfile_that_is_not_ours(tmp_path):
+    (tmp_path / "preflight.prom").write_text("this is { not prometheus\n")
+    assert metrics.previous_success(tmp_path) is None
+    assert metrics.previous_success(tmp_path / "none") is None
+
+
+def test_report_file_helper_keeps_the_recorded_facts(tmp_path):
+    # The tests above rewrite boot and time only.
+    path = report_file(tmp_path / "r.json", "cpu-pass", boot="x")
+    assert load(path).report.checks == load(REPORTS / "cpu-pass.json").report.checks

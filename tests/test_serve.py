@@ -1,0 +1,216 @@
+"""`preflight serve` as a real process on loopback: what a scrape, a person
+and a load balancer's health probe get, and how it refuses bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import fakes
+from conftest import clean_env, report_file
+from preflight import serve
+
+promtool = pytest.mark.skipif(not shutil.which("promtool"), reason="promtool is not installed (Debian package prometheus)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str, timeout: float = 10) -> tuple[int, str, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.headers["Content-Type"], r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers["Content-Type"], e.read().decode()
+
+
+@contextmanager
+def serving(report: Path, *extra: str, env: dict[str, str] | None = None):
+    port = free_port()
+    proc = subprocess.Popen([*fakes.PREFLIGHT, "serve", "--listen", f"127.0.0.1:{port}", "--report", str(report), *extra],
+                            env=env or clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                get(base + "/healthz", timeout=1)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"serve did not come up: {proc.communicate()[1]}") from None
+                time.sleep(0.1)
+        yield base, proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+def families(text: str) -> dict[str, list]:
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def value(fam: dict[str, list], name: str, **labels: str) -> float:
+    (s,) = [s for s in fam[name] if all(s.labels.get(k) == v for k, v in labels.items())]
+    return s.value
+
+
+@promtool
+def test_metrics_of_a_fresh_pass_are_lint_clean_and_say_this_boot(tmp_path):
+    report = report_file(tmp_path / "report.json", "cpu-pass", age=42)
+    with serving(report) as (base, _):
+        code, ctype, text = get(base + "/metrics")
+    assert code == 200 and ctype.startswith("text/plain; version=0.0.4")
+    lint = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert lint.returncode == 0 and lint.stdout == "" and lint.stderr == "", lint.stdout + lint.stderr
+    fam = families(text)
+    assert value(fam, "preflight_run_passed") == 1 and value(fam, "preflight_report_current_boot") == 1
+    assert 42 <= value(fam, "preflight_report_age_seconds") < 100
+    assert value(fam, "preflight_report_state", state="ok") == 1
+    assert value(fam, "preflight_check_passed", check="bandwidth") == 1
+    assert value(fam, "process_resident_memory_bytes") > 0  # serve's own health
+
+
+def test_a_pass_before_the_last_reboot_is_marked_stale(tmp_path):
+    report = report_file(tmp_path / "report.json", "cpu-pass", boot="0d9a1c5e-boot-before-the-last-reboot")
+    with serving(report) as (base, _):
+        fam = families(get(base + "/metrics")[2])
+    assert value(fam, "preflight_run_passed") == 1  # what the report says...
+    assert value(fam, "preflight_report_current_boot") == 0  # ...and that it says it about an earlier boot
+
+
+@pytest.mark.parametrize("content", [None, "{\"verdict\": \"pa", ""], ids=["missing", "truncated", "empty"])
+def test_without_a_usable_report_metrics_still_answer_but_never_say_passed(tmp_path, content):
+    report = tmp_path / "report.json"
+    if content is not None:
+        report.write_text(content)
+    with serving(report) as (base, _):
+        code, _, text = get(base + "/metrics")
+        report_code, _, body = get(base + "/report")
+        health = get(base + "/healthz")
+    fam = families(text)
+    state = "missing" if content is None else "invalid"
+    assert code == 200 and value(fam, "preflight_report_state", state=state) == 1
+    assert "preflight_run_passed" not in fam and "preflight_check_passed" not in fam
+    assert report_code == 503 and json.loads(body)["state"] == state
+    assert health[0] == 200 and health[2].startswith(f"ok; report {state}")
+
+
+def test_each_scrape_reads_the_report_written_since(tmp_path):
+    report = report_file(tmp_path / "report.json", "cpu-pass")
+    with serving(report) as (base, _):
+        assert value(families(get(base + "/metrics")[2]), "preflight_run_passed") == 1
+        new = report_file(tmp_path / "new.json", "shm-64m-fail")
+        new.replace(report)  # as `preflight run --report` replaces it: rename
+        fam = families(get(base + "/metrics")[2])
+        assert value(fam, "preflight_run_passed") == 0 and value(fam, "preflight_check_status", check="shm", status="fail") == 1
+        report.unlink()
+        fam = families(get(base + "/metrics")[2])
+        assert "preflight_run_passed" not in fam and value(fam, "preflight_report_state", state="missing") == 1
+
+
+def test_report_serves_the_json_as_written(tmp_path):
+    report = report_file(tmp_path / "report.json", "shm-64m-fail")
+    with serving(report) as (base, _):
+        code, ctype, body = get(base + "/report")
+        missing = get(base + "/nothing-here")
+    assert code == 200 and ctype == "application/json"
+    assert json.loads(body) == json.loads(report.read_text())
+    assert missing[0] == 404 and "/metrics" in missing[2]
+
+
+def test_sigterm_stops_serve_cleanly(tmp_path):
+    with serving(tmp_path / "report.json") as (_, proc):
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+
+
+def test_a_port_in_use_is_a_clear_error(tmp_path):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        p = subprocess.run([*fakes.PREFLIGHT, "serve", "--listen", f"127.0.0.1:{port}", "--report", str(tmp_path / "r.json")],
+                           env=clean_env(), capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and p.stdout == ""
+    (line,) = p.stderr.strip().splitlines()
+    assert f"port {port} is in use" in line and "choose another port" in line
+
+
+@pytest.mark.parametrize(
+    ("listen", "words"),
+    [("9842", "give ADDRESS:PORT"), ("127.0.0.1:99999", "port from 1 to 65535"), (":9842", "name the address"),
+     ("localhost:9842", "is not an IP address"), ("192.0.2.1:9842", "is not an address of this node")],
+)
+def test_a_bad_listen_address_is_refused_in_one_line(tmp_path, listen, words):
+    p = subprocess.run([*fakes.PREFLIGHT, "serve", "--listen", listen, "--report", str(tmp_path / "r.json")],
+                       env=clean_env(), capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and words in p.stderr
+
+
+def test_listen_comes_from_the_environment_as_the_unit_sets_it(tmp_path):
+    port = free_port()
+    env = {**clean_env(), "PREFLIGHT_LISTEN": f"127.0.0.1:{port}"}
+    proc = subprocess.Popen([*fakes.PREFLIGHT, "serve", "--report", str(tmp_path / "r.json")], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        for _ in range(300):
+            try:
+                assert get(f"http://127.0.0.1:{port}/healthz", timeout=1)[0] == 200
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise AssertionError("serve did not listen where PREFLIGHT_LISTEN said")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+
+
+def threads_of(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    raise AssertionError("no Threads: line")
+
+
+def test_silent_connections_cost_no_thread_and_never_hold_up_a_scrape(tmp_path):
+    report = report_file(tmp_path / "report.json", "cpu-pass")
+    with serving(report) as (base, proc):
+        port = int(base.rsplit(":", 1)[1])
+        # More than serve keeps waiting: the oldest are dropped, nothing grows.
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(serve.MAX_WAITING + 44)]
+        try:
+            time.sleep(0.5)
+            assert threads_of(proc.pid) <= serve.WORKERS + 2
+            started = time.monotonic()
+            code, _, text = get(base + "/metrics", timeout=60)
+            waited = time.monotonic() - started
+            fds = len(os.listdir(f"/proc/{proc.pid}/fd"))
+        finally:
+            for s in idle:
+                s.close()
+    assert code == 200 and "preflight_run_passed 1.0" in text
+    assert waited < serve.CLIENT_TIMEOUT  # answered at once, not after the silent ones time out
+    assert fds < serve.MAX_WAITING + 32
+
+
+def test_parse_listen_accepts_ipv6_in_brackets():
+    assert serve.parse_listen("[::1]:9842") == ("::1", 9842)
+    assert serve.parse_listen("0.0.0.0:9842") == ("0.0.0.0", 9842)
