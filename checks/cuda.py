@@ -478,7 +478,7 @@ def measurements(facts: CudaFacts) -> list[Measurement]:
             ("gpu_ecc_uncorrectable_aggregate", "errors", g.ecc_uncorrectable_aggregate),
             ("gpu_nvlinks_active", "links", g.nvlinks_active),
             ("gpu_pcie_link_width", "lanes", link.width),
-            ("gpu_pcie_link_generation", "generation", link.gen),
+            ("gpu_pcie_link", "generation", link.gen),  # preflight_gpu_pcie_link_generation: the unit once
             ("gpu_cuda_init_duration", "seconds", init.get(g.index)),
         ]
         out += [Measurement(name=n, unit=u, value=float(v), labels=labels) for n, u, v in values if v is not None and math.isfinite(v)]

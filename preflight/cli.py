@@ -136,18 +136,27 @@ def run(
             return 0
         with run_lock(s.lock_file, s.lock_timeout, lambda who: console.note(f"waiting for {who} to release {s.lock_file}")):
             result = pipeline.execute(the_plan, s, console)
-            result.last_success_at = reports.last_success(result, report_path) or (metrics.previous_success(textfile) if textfile else None)
+            before = reports.read_previous(report_path)
+            kept = reports.carry_forward(result, before, the_plan.profile.checks if the_plan.profile else [])
+            if kept:
+                when = kept[0].details["carried_from"]
+                console.note(f"kept from the run of {when} (this boot): " + ", ".join(f"{c.check} {c.status}" for c in kept))
+            result.last_success_at = reports.last_success(result, before) or (metrics.previous_success(textfile) if textfile else None)
+            # The textfile first: if it cannot be written the run is an ERROR, and the
+            # report then says so too, so the gate and every reader of the report agree.
             for what, path, write in (
-                ("the report", report_path, lambda p: reports.write_atomic(p, result.model_dump_json(indent=2) + "\n")),
                 ("the metrics", textfile, lambda d: metrics.write_textfile(d, result)),
+                ("the report", report_path, lambda p: reports.write_atomic(p, result.model_dump_json(indent=2) + "\n")),
             ):
                 if path is None:
                     continue
                 try:
                     write(path)
                 except OSError as e:
-                    # The verdict still stands and is printed; a failed gate stays failed, a pass becomes 3.
+                    # The verdict still stands and is printed; a failed gate stays failed, a pass becomes an error.
                     console.error(f"could not write {what} to {path}: {e.strerror or e}; the previous file is unchanged")
+                    if result.verdict == reports.Verdict.PASS:
+                        result.verdict = reports.Verdict.ERROR
                     result.exit_code = result.exit_code or reports.EXIT_CODES[reports.Verdict.ERROR]
     console.summary(result)
     if json_out:
@@ -218,7 +227,15 @@ def _standing(report: Optional[Path], config: Optional[Path], max_age: Optional[
         raise UsageError(f"--max-age {max_age:g}: give a number of seconds above 0, e.g. 86400 for a day")
     path = _settings(config, report=report).report or DEFAULT_REPORT_PATH
     loaded = last_report.load(path)
-    return loaded, last_report.standing(loaded, last_report.this_boot(), last_report.now(), max_age)
+    return loaded, last_report.standing(loaded, last_report.this_boot(), last_report.now(), max_age, last_report.booted_at())
+
+
+def _npd_line(reason: str, limit: int = 80) -> str:
+    """One line of at most ``limit`` bytes, newline included (NPD's max_output_length), cut on a character."""
+    text = " ".join(reason.split())
+    if len(text.encode()) + 1 > limit:
+        text = text.encode()[: limit - 4].decode(errors="ignore") + "..."
+    return text + "\n"
 
 
 @app.command()
@@ -235,10 +252,7 @@ def status(
     Exit 0 vouched, 1 not (failed, before the last reboot, too old, or no usable report)."""
     loaded, st = _standing(report, config, max_age)
     if npd:
-        text = st.reason.encode()[:80]
-        if len(st.reason.encode()) > 80:
-            text = text[:77].decode(errors="ignore").encode() + b"..."
-        _emit(text.decode() + "\n")
+        _emit(_npd_line(st.reason))
         return {True: 0, False: 1, None: 2}[st.vouched]
     if json_out:
         r = loaded.report
@@ -309,7 +323,9 @@ def kube_label(
     node: Annotated[Optional[str], typer.Option("--node", help="This node's Kubernetes name. [default: $NODE_NAME, set from the downward API's spec.nodeName]")] = None,
     report: ReportOpt = None,
     max_age: MaxAgeOpt = None,
-    taint: Annotated[bool, typer.Option("--taint/--no-taint", help="Also taint a node the report does not vouch for with preflight/failed=true:NoSchedule, and remove it when it passes again.")] = False,
+    taint: Annotated[bool, typer.Option(
+        "--taint/--no-taint", help="Also taint a node the report does not vouch for with preflight/failed=true:NoSchedule, and remove it when it passes again.",
+    )] = False,
     every: Annotated[Optional[float], typer.Option("--every", help="Re-read the report and re-apply every SECONDS until SIGTERM. [default: once]")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what it would change; change nothing.")] = False,
     config: ConfigOpt = None,

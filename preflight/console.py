@@ -80,6 +80,9 @@ class Console:
         for r in report.checks:
             counts[r.status] = counts.get(r.status, 0) + 1
         tally = ", ".join(f"{n} {s.value.lower()}" for s, n in counts.items())
+        kept = sum(1 for r in report.checks if "carried_from" in r.details)
+        if kept:
+            tally += f"; {kept} kept from an earlier run"
         if self.rich and not self.quiet and report.checks:
             table = Table(title=f"preflight {report.version} on {report.hostname}, profile {report.profile or 'none'}")
             for col in ("check", "status", "time", "summary"):

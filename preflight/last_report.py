@@ -99,13 +99,28 @@ class Standing:
     age_seconds: float | None = None
 
 
-def standing(loaded: Loaded, boot_id: str | None, now: datetime, max_age: float | None = None) -> Standing:
-    """Judge the last report: the one rule every reader of it applies."""
+def booted_at() -> datetime | None:
+    """When this machine booted (btime in /proc/stat)."""
+    try:
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("btime "):
+                return datetime.fromtimestamp(int(line.split()[1]), timezone.utc)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def standing(loaded: Loaded, boot_id: str | None, now: datetime, max_age: float | None = None, booted: datetime | None = None) -> Standing:
+    """Judge the last report: the one rule every reader of it applies. Without a
+    boot id on either side, a report that finished before ``booted`` is of an earlier boot."""
     r = loaded.report
     if r is None:
         return Standing(None, loaded.error or f"report {loaded.state}")
     age = (now - r.finished_at).total_seconds()
-    current = None if boot_id is None or r.boot_id is None else r.boot_id == boot_id
+    if boot_id is not None and r.boot_id is not None:
+        current: bool | None = r.boot_id == boot_id
+    else:
+        current = None if booted is None else r.finished_at >= booted
     when = f"{age / 3600:.1f} h ago" if age >= 3600 else f"{max(age, 0):.0f} s ago"
 
     def said(vouched: bool, reason: str) -> Standing:
@@ -118,7 +133,7 @@ def standing(loaded: Loaded, boot_id: str | None, now: datetime, max_age: float 
     if age < -300:
         return said(False, f"report is dated {-age:.0f} s in the future: check the clock")
     if max_age is not None and age > max_age:
-        return said(False, f"last pass is {when}, older than the {max_age:g} s allowed; run preflight again")
+        return said(False, f"last pass is older than the {max_age:g} s allowed ({when}); run preflight again")
     return said(True, f"passed {when}, profile {r.profile}")
 
 

@@ -95,9 +95,9 @@ class ReportCollector:
     or the one on disk now (``serve``, which also says whether it is usable,
     of this boot, and how old)."""
 
-    def __init__(self, load: Callable[[], Loaded], live: Callable[[], tuple[str | None, datetime]] | None = None):
+    def __init__(self, load: Callable[[], Loaded], live: Callable[[], tuple[str | None, datetime, datetime | None]] | None = None):
         self.load = load
-        self.live = live  # () -> (this boot's id, now), for serve
+        self.live = live  # () -> (this boot's id, now, boot time), for serve
 
     def collect(self) -> Iterator[Metric]:
         loaded = self.load()
@@ -106,11 +106,13 @@ class ReportCollector:
             for s in State:
                 state.add_metric([s.value], float(loaded.state == s))
             yield state
+        if self.live is not None:
+            boot_id, now, booted = self.live()
+            st = standing(loaded, boot_id, now, booted=booted)
+            yield gauge("vouched", "1 if the last report vouches for this node now: a pass, in this boot. 0 otherwise, also without a usable report.", float(bool(st.vouched)))
         if loaded.report is None:
             return  # no preflight_run_passed at all: never a stale 1
         if self.live is not None:
-            boot_id, now = self.live()
-            st = standing(loaded, boot_id, now)
             if st.current_boot is not None:
                 yield gauge("report_current_boot", "1 if the report was written in this boot, 0 if before the last reboot (it vouches for nothing now).", float(st.current_boot))
             yield gauge("report_age_seconds", "Seconds since the report's run finished.", st.age_seconds)

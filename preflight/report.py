@@ -72,7 +72,10 @@ def versions_of(results: list[Result]) -> dict[str, str]:
     """The driver and CUDA version NVML gave the cuda check, and the torch the workers imported."""
     out: dict[str, str] = {}
     for r in results:
-        said = r.details.get("versions") or {}
+        # The cuda check's versions once CUDA init ran; its NVML inventory alone when init never did.
+        said = {**(r.details.get("inventory") or {}), **(r.details.get("versions") or {})}
+        said.setdefault("driver", said.get("driver_version"))
+        said.setdefault("cuda_driver", said.get("cuda_driver_version"))
         for key, field in (("driver", "driver"), ("cuda", "cuda_driver"), ("torch", "torch")):
             if said.get(field) and key not in out:
                 out[key] = str(said[field])
@@ -83,17 +86,46 @@ def versions_of(results: list[Result]) -> dict[str, str]:
     return out
 
 
-def last_success(report: Report, previous: Path | None) -> datetime | None:
-    """This run's finish if it passed, else the last pass the previous report at the same path knew of."""
-    if report.verdict == Verdict.PASS:
-        return report.finished_at
-    if previous is None:
+def read_previous(path: Path | None) -> Report | None:
+    """The report this run is about to replace; None if there is none we can trust."""
+    if path is None:
         return None
     try:
-        before = Report.model_validate_json(previous.read_bytes())
+        return Report.model_validate_json(path.read_bytes())
     except (OSError, ValidationError):
-        return None  # no earlier report, or one we cannot trust: no pass is known
-    return before.last_success_at
+        return None
+
+
+def last_success(report: Report, before: Report | None) -> datetime | None:
+    """This run's finish if it passed, else the last pass the report it replaces knew of."""
+    if report.verdict == Verdict.PASS:
+        return report.finished_at
+    if before is None:
+        return None
+    # A report written before last_success_at existed still says whether it passed.
+    return before.last_success_at or (before.finished_at if before.verdict == Verdict.PASS else None)
+
+
+def carry_forward(report: Report, before: Report | None, order: list[str]) -> list[Result]:
+    """A partial run (--only, --skip: the hourly recheck) keeps the results of the
+    checks it left out from the report it replaces, if that is of this boot and
+    profile. So the recheck's lighter pass never turns the gate's bandwidth FAIL
+    into a pass, and the gate's bandwidth figures stay in the metrics. Each kept
+    result says when it was measured (details.carried_from). Returns them."""
+    if before is None or report.boot_id is None or before.boot_id != report.boot_id or before.profile != report.profile:
+        return []
+    ran = {c.check for c in report.checks}
+    kept = [
+        c.model_copy(update={"details": {**c.details, "carried_from": c.details.get("carried_from") or before.finished_at.isoformat()}})
+        for c in before.checks
+        if c.check not in ran and c.check in order
+    ]
+    if kept:
+        report.checks = sorted([*report.checks, *kept], key=lambda c: order.index(c.check) if c.check in order else -1)
+        if report.interrupted_by_signal is None:
+            report.verdict = verdict_of(report.checks)
+            report.exit_code = EXIT_CODES[report.verdict]
+    return kept
 
 
 def check_writable(path: Path) -> Path:

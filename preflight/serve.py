@@ -7,17 +7,20 @@
   /healthz  200 while serve is up; says what state the report is in
 
 Threads and memory are bounded. The main thread accepts connections and
-watches them; only a connection whose request has arrived goes to one of at
-most ``WORKERS`` handler threads, so clients that connect and send nothing
+reads their requests without blocking; only a connection whose whole request
+has arrived goes to one of at most ``WORKERS`` handler threads, which render
+the answer and leave it in the kernel's send buffer. So clients that connect
+and send nothing, or trickle a byte at a time, or never read the answer,
 cost a file descriptor each, never a thread, and cannot hold up a scrape.
 At most ``MAX_WAITING`` connections wait (the oldest is dropped past that),
-each for at most ``CLIENT_TIMEOUT`` seconds; a burst beyond that queues in
-the kernel's listen backlog.
+each for at most ``CLIENT_TIMEOUT`` seconds in all; a burst beyond that
+queues in the kernel's listen backlog.
 """
 
 from __future__ import annotations
 
 import errno
+import io
 import ipaddress
 import json
 import socket
@@ -25,8 +28,9 @@ import selectors
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from dataclasses import dataclass, field
 from pathlib import Path
-from socketserver import ThreadingMixIn
+from socketserver import TCPServer, ThreadingMixIn
 from typing import Any
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
@@ -39,6 +43,7 @@ from preflight.metrics import ReportCollector
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 WORKERS = 8
 MAX_WAITING = 256
+MAX_REQUEST = 16 * 1024  # a scrape's request is a few hundred bytes
 CLIENT_TIMEOUT = 5.0
 BACKLOG = 128
 WHERE = "listen (--listen, PREFLIGHT_LISTEN or config)"
@@ -61,7 +66,13 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 class _Handler(BaseHTTPRequestHandler):
     server: Server
-    timeout = CLIENT_TIMEOUT  # a client that stalls mid-request frees its worker
+    timeout = CLIENT_TIMEOUT  # bounds writing the answer (sendall's total time)
+
+    def setup(self) -> None:
+        super().setup()
+        # The request was read by the main thread: the handler never waits on the client for it.
+        self.rfile.close()
+        self.rfile = io.BytesIO(self.server._heads.pop(self.connection, b""))
     # HTTP/1.0: one request per connection, so an idle keep-alive never holds a worker.
     server_version = "preflight"
 
@@ -103,6 +114,13 @@ def _json(data: dict[str, Any]) -> bytes:
     return json.dumps(data).encode() + b"\n"
 
 
+@dataclass
+class _Waiting:
+    addr: Any
+    since: float  # time.monotonic() of the accept: the whole request must arrive within CLIENT_TIMEOUT
+    head: bytearray = field(default_factory=bytearray)
+
+
 class Server(ThreadingMixIn, HTTPServer):
     daemon_threads = True
     block_on_close = False
@@ -113,15 +131,22 @@ class Server(ThreadingMixIn, HTTPServer):
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.load = last_report.Cached(report)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(ReportCollector(self.load, live=lambda: (last_report.this_boot(), last_report.now())))
+        self.registry.register(ReportCollector(self.load, live=lambda: (last_report.this_boot(), last_report.now(), last_report.booted_at())))
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, open fds: serve's own health
         self._slots = threading.BoundedSemaphore(WORKERS)
+        self._heads: dict[socket.socket, bytes] = {}  # each request as the main thread read it, for its handler
         super().__init__(address, _Handler)
 
+    def server_bind(self) -> None:
+        # TCPServer's bind: HTTPServer's also looks up this host's FQDN, a DNS wait at boot.
+        TCPServer.server_bind(self)
+        self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
+
     def serve_forever(self, poll_interval: float = 0.5) -> None:
-        """Accept and watch connections; hand each to a worker once its request has
-        arrived. Runs until an exception (serve's SIGTERM handler raises one)."""
-        waiting: dict[socket.socket, tuple[Any, float]] = {}
+        """Accept connections and read their requests in this thread, without blocking;
+        hand a connection to a worker once its whole request is here. Runs until an
+        exception (serve's SIGTERM handler raises one)."""
+        waiting: dict[socket.socket, _Waiting] = {}
         with selectors.DefaultSelector() as sel:
             sel.register(self.socket, selectors.EVENT_READ)
             try:
@@ -129,37 +154,59 @@ class Server(ThreadingMixIn, HTTPServer):
                     for key, _ in sel.select(poll_interval):
                         if key.fileobj is self.socket:
                             self._accept(sel, waiting)
-                        else:
-                            conn = key.fileobj
-                            sel.unregister(conn)
-                            self.process_request(conn, waiting.pop(conn)[0])
+                        elif key.fileobj in waiting:  # else dropped earlier in this round to make room
+                            self._read(sel, waiting, key.fileobj)  # type: ignore[arg-type]
                     stale = time.monotonic() - CLIENT_TIMEOUT
-                    for conn in [c for c, (_, since) in waiting.items() if since < stale]:
+                    for conn in [c for c, w in waiting.items() if w.since < stale]:
                         self._drop(sel, waiting, conn)
             finally:
                 for conn in list(waiting):
                     self._drop(sel, waiting, conn)
 
-    def _accept(self, sel: selectors.BaseSelector, waiting: dict[socket.socket, tuple[Any, float]]) -> None:
+    def _accept(self, sel: selectors.BaseSelector, waiting: dict[socket.socket, _Waiting]) -> None:
         try:
             conn, addr = self.socket.accept()
         except OSError:
             return  # the client gave up before we got to it
         if len(waiting) >= MAX_WAITING:
             self._drop(sel, waiting, next(iter(waiting)))  # the oldest: dicts keep insertion order
+        conn.setblocking(False)
+        # Room for a whole answer in the kernel: a client that does not read cannot hold a worker.
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
         sel.register(conn, selectors.EVENT_READ)
-        waiting[conn] = (addr, time.monotonic())
+        waiting[conn] = _Waiting(addr, time.monotonic())
 
-    def _drop(self, sel: selectors.BaseSelector, waiting: dict[socket.socket, tuple[Any, float]], conn: socket.socket) -> None:
+    def _read(self, sel: selectors.BaseSelector, waiting: dict[socket.socket, _Waiting], conn: socket.socket) -> None:
+        w = waiting[conn]
+        try:
+            chunk = conn.recv(4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        w.head += chunk
+        if not chunk or len(w.head) > MAX_REQUEST:
+            self._drop(sel, waiting, conn)  # closed, reset, or not a scrape
+            return
+        if b"\r\n\r\n" not in w.head:
+            return  # a request trickling in waits here, in no thread, until CLIENT_TIMEOUT
         sel.unregister(conn)
-        waiting.pop(conn)
+        del waiting[conn]
+        conn.setblocking(True)
+        self._heads[conn] = bytes(w.head)
+        self.process_request(conn, w.addr)
+
+    def _drop(self, sel: selectors.BaseSelector, waiting: dict[socket.socket, _Waiting], conn: socket.socket) -> None:
+        sel.unregister(conn)
+        del waiting[conn]
         self.shutdown_request(conn)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        self._slots.acquire()  # all workers busy with ready requests: they finish in milliseconds
+        self._slots.acquire()  # workers only render and write into the kernel's buffer: milliseconds
         try:
             super().process_request(request, client_address)
         except BaseException:
+            self._heads.pop(request, None)
             self._slots.release()
             raise
 
@@ -167,6 +214,7 @@ class Server(ThreadingMixIn, HTTPServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
+            self._heads.pop(request, None)
             self._slots.release()
 
 

@@ -19,7 +19,7 @@ from preflight.last_report import Standing
 
 PREFIX = "preflight:"
 REASON_MAX = 120  # sinfo's REASON column and people's terminals; the report has the rest
-TIMEOUT = 30.0
+TIMEOUT = 10.0  # per scontrol call, at most two: well inside the 60 s slurmd gives HealthCheckProgram
 
 
 class SlurmError(Exception):

@@ -212,7 +212,11 @@ def test_the_prologs_preflight_command_is_valid(recorders: Path) -> None:
     done = subprocess.run([str(SLURM / "prolog.sh")], env=_env(recorders), capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     args = (recorders.parent / "preflight.args").read_text().splitlines()
-    assert args == ["status", "--report", "/var/lib/preflight/report.json", "--max-age", "604800"]
+    assert args == ["status", "--report", "/var/lib/preflight/report.json"]  # no age limit unless the site sets one
+    parse(args)
+    done = subprocess.run([str(SLURM / "prolog.sh")], env=_env(recorders, PREFLIGHT_MAX_AGE="86400"), capture_output=True, text=True, timeout=30)
+    args = (recorders.parent / "preflight.args").read_text().splitlines()
+    assert done.returncode == 0 and args[-2:] == ["--max-age", "86400"]
     parse(args)
 
 

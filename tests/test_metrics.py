@@ -47,6 +47,14 @@ def test_every_family_is_prefixed_and_no_label_names_the_host(fixture):
             assert not {"host", "hostname", "node", "instance"} & set(s.labels), (name, s.labels)
 
 
+@pytest.mark.parametrize("fixture", FIXTURES)
+def test_no_family_says_its_unit_twice(fixture):
+    for name in families(text_of(fixture)):
+        words = name.split("_")
+        assert not any(words[i:i + 1] == words[i + 1:i + 2] for i in range(len(words) - 1)), name
+        assert not name.endswith(("_ratio_ratio", "_generation_generation", "_seconds_seconds", "_bytes_bytes")), name
+
+
 def test_the_run_families_a_dashboard_reads():
     fam = families(text_of("cpu-pass"))
     (info,) = fam["preflight_info"]
@@ -111,10 +119,10 @@ def test_a_repeated_label_set_is_exported_once():
 
 def test_without_a_report_there_is_no_run_passed_at_all():
     gone = Loaded(State.MISSING, error="no report at /x")
-    text = metrics.render(metrics.ReportCollector(lambda: gone, live=lambda: ("b", None))).decode()
+    text = metrics.render(metrics.ReportCollector(lambda: gone, live=lambda: ("b", None, None))).decode()
     fam = families(text)
     assert {s.labels["state"]: s.value for s in fam["preflight_report_state"]} == {"ok": 0, "missing": 1, "unreadable": 0, "invalid": 0}
-    assert set(fam) == {"preflight_report_state"}
+    assert set(fam) == {"preflight_report_state", "preflight_vouched"} and fam["preflight_vouched"][0].value == 0
 
 
 # The textfile `preflight run --textfile-dir` writes, for node_exporter.
@@ -141,6 +149,16 @@ def test_a_cpu_run_leaves_a_lint_clean_textfile_beside_its_report(tmp_path):
     # The same names as the report serve would render: one Collector.
     report = load(tmp_path / "report.json")
     assert text == metrics.render(metrics.ReportCollector(lambda: report)).decode()
+
+    # The hourly recheck's lighter run keeps the gate's bandwidth and train results, figures and all.
+    p = run_preflight(["run", "--profile", "cpu", "--skip", "bandwidth,train", "--textfile-dir", str(d), "--report", str(tmp_path / "report.json")], timeout=300)
+    assert p.returncode == 0 and "kept from the run of" in p.stderr and "bandwidth PASS, train PASS" in p.stderr, p.stderr
+    assert "(profile cpu; 4 pass; 2 kept from an earlier run)" in p.stderr
+    after = load(tmp_path / "report.json").report
+    assert [c.check for c in after.checks] == ["shm", "nccl", "bandwidth", "train"]
+    assert after.checks[2].details["carried_from"] == report.report.finished_at.isoformat() and "carried_from" not in after.checks[0].details
+    fam = prom(d)
+    assert fam["preflight_allreduce_bus_bandwidth_bytes_per_second"] and fam["preflight_run_timestamp_seconds"][0].value > report.report.finished_at.timestamp()
 
 
 @needs_root

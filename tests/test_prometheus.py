@@ -103,7 +103,10 @@ def test_a_real_prometheus_scrapes_serve_and_raises_the_alert(tmp_path):
                 names = {(a["metric"]["alertname"], a["metric"].get("check")) for a in query(base, 'ALERTS{alertstate="firing"}')}
                 return names if want <= names else set()
 
-            assert wait_for(firing) == want  # and nothing else: no stale-boot or bandwidth alert on this report
+            assert wait_for(firing) == want
+            # Nothing else, not even pending (the stale-boot alert waits 20 minutes before firing).
+            assert {a["metric"]["alertname"] for a in query(base, "ALERTS")} == {"PreflightNodeFailed", "PreflightCheckFailed"}
+            assert float(query(base, "preflight_vouched")[0]["value"][1]) == 0.0
         finally:
             proc.send_signal(signal.SIGTERM)
             try:

@@ -64,7 +64,9 @@ def test_report_path_checks_happen_before_anything_runs(tmp_path):
 
 @needs_root
 def test_a_read_only_directory_is_refused_even_for_root(tmp_path):
-    import subprocess, sys, shlex
+    import shlex
+    import subprocess
+    import sys
 
     ro = tmp_path / "ro"
     ro.mkdir()
@@ -97,3 +99,77 @@ def test_a_symlinked_report_path_writes_through_the_link(tmp_path):
     assert target == tmp_path / "real" / "report.json"
     report.write_atomic(target, "new")
     assert link.is_symlink() and link.read_text() == "new"
+
+
+def test_versions_come_from_the_checks_that_saw_them():
+    from preflight.check import Result, Status
+    from preflight.report import versions_of
+
+    inventory_only = Result(check="cuda", status=Status.FAIL, summary="x", details={"inventory": {"driver_version": "550.54.15", "cuda_driver_version": "12.4"}})
+    ranks = Result(check="nccl", status=Status.PASS, summary="y", details={"ranks": [{"rank": 0, "report": {"torch_version": "2.13.0+cpu"}}]})
+    assert versions_of([inventory_only, ranks]) == {"driver": "550.54.15", "cuda": "12.4", "torch": "2.13.0+cpu"}
+    init = Result(check="cuda", status=Status.PASS, summary="z", details={"versions": {"driver": "560.35.03", "cuda_driver": "12.6", "torch": "2.5.1+cu124"}})
+    assert versions_of([init, ranks]) == {"driver": "560.35.03", "cuda": "12.6", "torch": "2.5.1+cu124"}
+    assert versions_of([]) == {}
+
+
+def _recorded(name: str):
+    from pathlib import Path
+
+    from preflight.report import Report
+
+    return Report.model_validate_json((Path(__file__).parent / "fixtures" / "reports" / f"{name}.json").read_bytes())
+
+
+ORDER = ["shm", "nccl", "bandwidth", "train"]
+
+
+def test_a_partial_run_keeps_the_checks_it_left_out_and_never_turns_their_fail_into_a_pass():
+    from preflight.check import Status
+    from preflight.report import carry_forward
+
+    gate = _recorded("cpu-pass")
+    gate.checks[2] = gate.checks[2].model_copy(update={"status": Status.FAIL, "summary": "host memcpy below floor on rank 1"})
+    gate.verdict, gate.exit_code = "fail", 1
+    recheck = _recorded("cpu-pass")
+    recheck.checks = recheck.checks[:2]  # --skip bandwidth,train
+    kept = carry_forward(recheck, gate, ORDER)
+    assert [c.check for c in kept] == ["bandwidth", "train"]
+    assert [c.check for c in recheck.checks] == ORDER
+    assert recheck.checks[2].details["carried_from"] == gate.finished_at.isoformat()
+    assert (recheck.verdict, recheck.exit_code) == ("fail", 1)  # the gate's bandwidth FAIL stands until bandwidth runs again
+
+
+def test_carried_results_keep_when_they_were_measured_across_rechecks():
+    from preflight.report import carry_forward
+
+    gate, first, second = _recorded("cpu-pass"), _recorded("cpu-pass"), _recorded("cpu-pass")
+    first.checks, second.checks = first.checks[:2], second.checks[:2]
+    carry_forward(first, gate, ORDER)
+    first = first.model_copy(update={"finished_at": gate.finished_at.replace(year=2030)})
+    carry_forward(second, first, ORDER)
+    assert second.checks[3].details["carried_from"] == gate.finished_at.isoformat()
+
+
+def test_nothing_is_carried_from_another_boot_or_profile_or_into_an_interrupted_run():
+    from preflight.report import carry_forward
+
+    for change in ({"boot_id": "an-earlier-boot"}, {"profile": "h100-sxm"}):
+        before = _recorded("cpu-pass").model_copy(update=change)
+        now = _recorded("cpu-pass")
+        now.checks = now.checks[:1]
+        assert carry_forward(now, before, ORDER) == [] and len(now.checks) == 1
+    interrupted = _recorded("shm-64m-fail").model_copy(update={"boot_id": _recorded("cpu-pass").boot_id, "interrupted_by_signal": 15, "exit_code": 143, "verdict": "fail"})
+    interrupted.checks = interrupted.checks[:1]
+    carry_forward(interrupted, _recorded("cpu-pass"), ORDER)
+    assert interrupted.exit_code == 143
+
+
+def test_last_success_from_a_report_written_before_the_field_existed():
+    from preflight.report import last_success
+
+    failed = _recorded("shm-64m-fail")
+    old_pass = _recorded("cpu-pass").model_copy(update={"last_success_at": None})
+    assert last_success(failed, old_pass) == old_pass.finished_at
+    assert last_success(failed, None) is None
+    assert last_success(failed, failed) is None

@@ -81,6 +81,7 @@ def test_metrics_of_a_fresh_pass_are_lint_clean_and_say_this_boot(tmp_path):
     assert lint.returncode == 0 and lint.stdout == "" and lint.stderr == "", lint.stdout + lint.stderr
     fam = families(text)
     assert value(fam, "preflight_run_passed") == 1 and value(fam, "preflight_report_current_boot") == 1
+    assert value(fam, "preflight_vouched") == 1
     assert 42 <= value(fam, "preflight_report_age_seconds") < 100
     assert value(fam, "preflight_report_state", state="ok") == 1
     assert value(fam, "preflight_check_passed", check="bandwidth") == 1
@@ -93,6 +94,7 @@ def test_a_pass_before_the_last_reboot_is_marked_stale(tmp_path):
         fam = families(get(base + "/metrics")[2])
     assert value(fam, "preflight_run_passed") == 1  # what the report says...
     assert value(fam, "preflight_report_current_boot") == 0  # ...and that it says it about an earlier boot
+    assert value(fam, "preflight_vouched") == 0  # so it vouches for nothing now
 
 
 @pytest.mark.parametrize("content", [None, "{\"verdict\": \"pa", ""], ids=["missing", "truncated", "empty"])
@@ -107,7 +109,7 @@ def test_without_a_usable_report_metrics_still_answer_but_never_say_passed(tmp_p
     fam = families(text)
     state = "missing" if content is None else "invalid"
     assert code == 200 and value(fam, "preflight_report_state", state=state) == 1
-    assert "preflight_run_passed" not in fam and "preflight_check_passed" not in fam
+    assert "preflight_run_passed" not in fam and "preflight_check_passed" not in fam and value(fam, "preflight_vouched") == 0
     assert report_code == 503 and json.loads(body)["state"] == state
     assert health[0] == 200 and health[2].startswith(f"ok; report {state}")
 
@@ -214,3 +216,56 @@ def test_silent_connections_cost_no_thread_and_never_hold_up_a_scrape(tmp_path):
 def test_parse_listen_accepts_ipv6_in_brackets():
     assert serve.parse_listen("[::1]:9842") == ("::1", 9842)
     assert serve.parse_listen("0.0.0.0:9842") == ("0.0.0.0", 9842)
+
+
+def test_clients_that_trickle_their_request_hold_no_worker(tmp_path):
+    report = report_file(tmp_path / "report.json", "cpu-pass")
+    with serving(report) as (base, proc):
+        port = int(base.rsplit(":", 1)[1])
+        slow = [socket.create_connection(("127.0.0.1", port)) for _ in range(3 * serve.WORKERS)]
+        for s in slow:
+            s.sendall(b"G")  # then a byte now and then, never the end of the request
+        started = time.monotonic()
+        for _ in range(3):
+            time.sleep(0.3)
+            for s in slow:
+                s.sendall(b"E")
+        code, _, text = get(base + "/metrics", timeout=60)
+        waited = time.monotonic() - started - 0.9
+        threads = threads_of(proc.pid)
+        # Each trickler is cut off CLIENT_TIMEOUT after it connected, in all.
+        slow[0].settimeout(3 * serve.CLIENT_TIMEOUT)
+        cut = slow[0].recv(100) == b"" and time.monotonic() - started < 2 * serve.CLIENT_TIMEOUT
+        for s in slow:
+            s.close()
+    assert code == 200 and "preflight_run_passed 1.0" in text and waited < 1.0
+    assert threads <= serve.WORKERS + 2 and cut
+
+
+def test_a_full_waiting_list_under_a_burst_of_ready_requests_keeps_serving(tmp_path, monkeypatch):
+    # A connection dropped to make room may be in the same select round as its own request: it must be skipped.
+    import threading
+
+    monkeypatch.setattr(serve, "MAX_WAITING", 1)
+    port = free_port()
+    server = serve.bind(f"127.0.0.1:{port}", report_file(tmp_path / "report.json", "cpu-pass"))
+    loop = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    loop.start()
+    try:
+        for _ in range(30):
+            burst = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(6)]
+            for s in burst:
+                s.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+            time.sleep(0.05)
+            for s in burst:
+                s.close()
+            assert loop.is_alive()
+        deadline = time.monotonic() + 10
+        while True:  # the list drains in CLIENT_TIMEOUT at most
+            try:
+                assert get(f"http://127.0.0.1:{port}/healthz", timeout=2)[0] == 200
+                break
+            except OSError:
+                assert time.monotonic() < deadline and loop.is_alive()
+    finally:
+        server.server_close()

@@ -72,6 +72,17 @@ def test_the_drain_reason_leaves_out_the_age_so_it_is_stable():
     assert slurm.decide(later, slurm.Node("gpu-01", "IDLE+DRAIN", slurm.reason_for(FAIL))).verb == "none"
 
 
+def test_a_too_old_pass_drains_with_a_reason_that_does_not_change_as_it_ages(tmp_path):
+    from datetime import timedelta
+
+    from preflight.last_report import load, standing
+
+    loaded = load(report_file(tmp_path / "r.json", "cpu-pass"))
+    end = loaded.report.finished_at
+    reasons = {slurm.reason_for(standing(loaded, loaded.report.boot_id, end + timedelta(hours=h), max_age=3600)) for h in (2, 2.1, 30)}
+    assert reasons == {"preflight: last pass is older than the 3600 s allowed; run preflight again"}
+
+
 def test_a_long_reason_is_cut_for_sinfo():
     long = Standing(False, "cuda FAIL: " + "GPU 3 x " * 40, True, 1.0)
     reason = slurm.reason_for(long)

@@ -214,7 +214,6 @@ def test_the_exporter_is_confined_and_listens_on_loopback():
         "RestrictAddressFamilies": "AF_INET AF_INET6 AF_UNIX", "RestrictNamespaces": "yes",
         "LockPersonality": "yes", "MemoryDenyWriteExecute": "yes", "SystemCallArchitectures": "native",
         "CapabilityBoundingSet": "", "DevicePolicy": "closed", "Restart": "on-failure",
-        "Environment": "PREFLIGHT_LISTEN=127.0.0.1:9842",
     }
     assert {k: s.get(("Service", k), [None])[-1] for k in expected} == expected
     assert "2" in s[("Service", "RestartPreventExitStatus")][-1].split()  # bad input must not restart-loop
@@ -223,4 +222,7 @@ def test_the_exporter_is_confined_and_listens_on_loopback():
     for absent in ("PrivateDevices", "DeviceAllow", "ReadWritePaths", "StateDirectory"):
         assert ("Service", absent) not in s
     (args,) = [a for u, a in exec_starts() if u == "preflight-exporter.service"]
-    assert args[1] == "serve" and "--listen" not in args  # the Environment= line, and a drop-in, decide
+    # Neither --listen nor Environment=PREFLIGHT_LISTEN: both would override `listen` in the config file,
+    # and serve's own default is loopback.
+    assert args[1] == "serve" and "--listen" not in args and ("Service", "Environment") not in s
+    assert "network-online.target" in s[("Unit", "After")][-1].split()

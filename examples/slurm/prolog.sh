@@ -12,21 +12,28 @@
 # that calls back into it can stall scheduling for the whole cluster. Draining
 # with a reason of our own is preflight-healthcheck's job, on its own schedule.
 #
+# A job it refuses leaves the node drained with reason "Prolog error", which
+# is not preflight-healthcheck's own drain: resume it by hand once `preflight
+# status` vouches again (`scontrol update NodeName=... State=RESUME`).
+#
 # Environment (optional):
 #   PREFLIGHT_REPORT   the report path       [/var/lib/preflight/report.json]
-#   PREFLIGHT_MAX_AGE  seconds a pass counts [604800, a week]. The recheck timer
-#                      skips a node whose GPUs are busy, so a node running
-#                      back-to-back jobs ages: keep this above your longest job.
+#   PREFLIGHT_MAX_AGE  seconds a pass counts [unset: no limit; a pass from before
+#                      the last reboot never counts]. The recheck timer skips a
+#                      node whose GPUs are busy, so a node running back-to-back
+#                      jobs ages: keep any limit above your longest job, and use
+#                      the same one in preflight-healthcheck.
 set -u
 
 # slurmd runs a prolog with no search path at all.
 export PATH="${PATH:+$PATH:}/usr/local/bin:/usr/bin:/bin"
 report="${PREFLIGHT_REPORT:-/var/lib/preflight/report.json}"
-max_age="${PREFLIGHT_MAX_AGE:-604800}"
+age=()
+[ -n "${PREFLIGHT_MAX_AGE:-}" ] && age=(--max-age "$PREFLIGHT_MAX_AGE")
 
 # Bounded, and under slurmd's MessageTimeout (10 s by default): a hung
 # filesystem must not hold the job. A timeout (exit 124) is not vouched either.
-said=$(timeout 8 preflight status --report "$report" --max-age "$max_age" 2>&1)
+said=$(timeout 8 preflight status --report "$report" ${age[@]+"${age[@]}"} 2>&1)  # the odd form: bash < 4.4 calls an empty array unbound under set -u
 rc=$?
 if [ "$rc" -ne 0 ]; then
     msg="preflight prolog: job ${SLURM_JOB_ID:-?} refused on ${SLURMD_NODENAME:-$(hostname -s)}: ${said:-no output} (exit $rc)"
