@@ -8,7 +8,8 @@ bandwidth check's per-GPU, per-pair and collective figures), then:
      scrapes in all; latency p50/p99/max, scrapes per second, peak RSS
      (VmHWM) and the most threads seen;
   4. stalled clients: SLOW connections that send nothing, then one scrape:
-     how long it waits (bounded by WORKERS x CLIENT_TIMEOUT), threads meanwhile.
+     how long it waits and the threads meanwhile;
+  5. trickling clients: SLOW connections sending a byte at a time while scrapes run.
 Run: python tests/perf/bench_serve.py [TOTAL] [CLIENTS] [SLOW]
 """
 
@@ -140,6 +141,22 @@ def main() -> None:
             print(f"stalled: {SLOW} silent connections open; one scrape then took {t:.1f} s; threads {status_field(proc.pid, 'Threads')}, "
                   f"RSS {status_field(proc.pid, 'VmRSS') / 1024:.1f} MiB")
             for s in idle:
+                s.close()
+
+            trickle = [socket.create_connection(("127.0.0.1", port)) for _ in range(SLOW)]
+            t0 = time.perf_counter()
+            waits = []
+            while time.perf_counter() - t0 < 3:
+                for s in trickle:
+                    try:
+                        s.send(b"G")  # a byte at a time, never a whole request
+                    except OSError:
+                        pass  # cut off at CLIENT_TIMEOUT, as it should be
+                waits.append(scrape(port)[0])
+                time.sleep(0.2)
+            print(f"trickling: {SLOW} connections sending a byte every 0.2 s; scrapes meanwhile took max {max(waits) * 1e3:.1f} ms; "
+                  f"threads {status_field(proc.pid, 'Threads')}, most seen {threads_seen[0]}")
+            for s in trickle:
                 s.close()
             stop.set()
         finally:
