@@ -167,11 +167,11 @@ def test_a_conflict_reads_the_node_again_and_patches_the_fresh_copy() -> None:
 
 def test_an_api_server_that_does_not_answer_is_a_timeout_line() -> None:
     with fakes.FakeKubeApi({"gpu-node-17": node_json()}) as api:
-        api.stall = 2.0
+        api.stall = 20.0
         started = time.monotonic()
         with pytest.raises(kube.KubeError, match=r"did not answer GET within 0.3 s"):
             kube.Api(api.url, timeout=0.3).get_node("gpu-node-17")
-        assert time.monotonic() - started < 1.5
+        assert time.monotonic() - started < 10  # its own deadline, not the server's 20 s (loose: a busy machine stalls too)
 
 
 @pytest.fixture(scope="module")
@@ -356,12 +356,12 @@ def test_every_rereads_survives_errors_writes_only_on_change_and_stops_on_sigter
             assert proc.poll() is None
             sent = time.monotonic()
             proc.send_signal(signal.SIGTERM)
-            out, err = proc.communicate(timeout=5)
+            out, err = proc.communicate(timeout=15)
         finally:
             if proc.poll() is None:
                 proc.kill()
     assert proc.returncode == 0
-    assert time.monotonic() - sent < 2.0
+    assert time.monotonic() - sent < 10  # not a whole --every round plus a stalled call: it stops at once
     assert err.count("not allowed to get node gpu-node-17") == 1, err  # said once, not every round
     lines = out.splitlines()
     assert len(lines) == 2, out
