@@ -101,18 +101,18 @@ class ReportCollector:
 
     def collect(self) -> Iterator[Metric]:
         loaded = self.load()
+        st = None
         if self.live is not None:
             state = GaugeMetricFamily(PREFIX + "report_state", "The report serve read at this scrape: one-hot over ok, missing, unreadable and invalid.", labels=["state"])
             for s in State:
                 state.add_metric([s.value], float(loaded.state == s))
             yield state
-        if self.live is not None:
             boot_id, now, booted = self.live()
             st = standing(loaded, boot_id, now, booted=booted)
             yield gauge("vouched", "1 if the last report vouches for this node now: a pass, in this boot. 0 otherwise, also without a usable report.", float(bool(st.vouched)))
         if loaded.report is None:
             return  # no preflight_run_passed at all: never a stale 1
-        if self.live is not None:
+        if st is not None:
             if st.current_boot is not None:
                 yield gauge("report_current_boot", "1 if the report was written in this boot, 0 if before the last reboot (it vouches for nothing now).", float(st.current_boot))
             yield gauge("report_age_seconds", "Seconds since the report's run finished.", st.age_seconds)
