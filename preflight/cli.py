@@ -153,11 +153,11 @@ def run(
                 try:
                     write(path)
                 except OSError as e:
-                    # The verdict still stands and is printed; a failed gate stays failed, a pass becomes an error.
+                    # The verdict still stands and is printed; a failed gate stays failed, a pass exits 3.
                     console.error(f"could not write {what} to {path}: {e.strerror or e}; the previous file is unchanged")
-                    if result.verdict == reports.Verdict.PASS:
-                        result.verdict = reports.Verdict.ERROR
                     result.exit_code = result.exit_code or reports.EXIT_CODES[reports.Verdict.ERROR]
+                    if path is textfile and result.verdict == reports.Verdict.PASS:
+                        result.verdict = reports.Verdict.ERROR  # the report written next must not vouch for a run that exits 3
     console.summary(result)
     if json_out:
         _emit(result.model_dump_json(indent=2) + "\n")

@@ -229,3 +229,19 @@ def test_report_file_helper_keeps_the_recorded_facts(tmp_path):
     # The tests above rewrite boot and time only.
     path = report_file(tmp_path / "r.json", "cpu-pass", boot="x")
     assert load(path).report.checks == load(REPORTS / "cpu-pass.json").report.checks
+
+
+@needs_root
+def test_a_textfile_that_cannot_be_written_makes_the_report_say_error_too(tmp_path):
+    d = tmp_path / "textfile"
+    d.mkdir()
+    report = tmp_path / "report.json"
+    # A full 4 KiB tmpfs: the writability probe (an empty file) passes, the write itself fails.
+    setup = f"mount -t tmpfs -o size=4k tmpfs {d} && head -c 4096 /dev/zero > {d}/filler"
+    cmd = f"{setup}; {' '.join(_cli())} run --profile cpu --only shm --textfile-dir {d} --report {report}; echo rc=$?; ls -A {d}"
+    p = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, timeout=120)
+    assert "could not write the metrics to" in p.stderr and "No space left on device" in p.stderr and "Traceback" not in p.stderr
+    assert p.stdout.splitlines() == ["rc=3", "filler"]  # exit 3, and no half-written file or temp file left
+    written = load(report).report
+    # The gate fails (exit 3): the report must not vouch for the node either.
+    assert (written.verdict, written.exit_code) == ("error", 3) and written.checks[0].status == "PASS"
