@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from preflight.check import Status
 from preflight.errors import UsageError
 from preflight.last_report import Loaded, State, standing
-from preflight.report import Report, Verdict
+from preflight.report import Report, Verdict, probe_write
 
 PREFIX = "preflight_"
 TEXTFILE = "preflight.prom"
@@ -133,10 +133,8 @@ def check_textfile_dir(directory: Path) -> Path:
     if not directory.is_dir():
         what = "is not a directory" if directory.exists() else "does not exist"
         raise UsageError(f"{where} {what}; create it (mkdir -p {directory}) or point it at node_exporter's --collector.textfile.directory")
-    probe = directory / f".{TEXTFILE}.probe.{os.getpid()}"
     try:
-        probe.write_bytes(b"")  # trying is the only honest test: root passes os.access() on a read-only mount
-        probe.unlink()
+        probe_write(directory)
     except OSError as e:
         raise UsageError(f"{where}: cannot write in it ({e.strerror}); choose a writable directory") from None
     return directory

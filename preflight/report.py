@@ -128,6 +128,13 @@ def carry_forward(report: Report, before: Report | None, order: list[str]) -> li
     return kept
 
 
+def probe_write(directory: Path) -> None:
+    """Raise OSError unless a file can be created in ``directory``. Trying is the
+    only honest test: root passes os.access() on a read-only mount."""
+    with tempfile.NamedTemporaryFile(dir=directory, prefix=".preflight-probe-"):
+        pass
+
+
 def check_writable(path: Path) -> Path:
     """Refuse, before any check runs, a report path that could not be written.
 
@@ -143,9 +150,7 @@ def check_writable(path: Path) -> Path:
     if not parent.is_dir():
         raise UsageError(f"report {path}: directory {parent} does not exist; create it (mkdir -p {parent}) or choose another path")
     try:
-        # Trying is the only honest test: root passes os.access() on a read-only mount.
-        with tempfile.NamedTemporaryFile(dir=parent, prefix=".preflight-probe-"):
-            pass
+        probe_write(parent)
     except OSError as e:
         raise UsageError(f"report {path}: cannot write in {parent} ({e.strerror}); choose a writable directory") from None
     return target

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import report_file
-from test_serve import free_port, serving
+from preflight.launch import free_port
+from test_serve import serving
 
 EXAMPLES = Path(__file__).parents[1] / "examples" / "prometheus"
 RULES = EXAMPLES / "preflight-rules.yml"

@@ -21,14 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 import fakes
 from conftest import clean_env, report_file
 from preflight import serve
+from preflight.launch import free_port
 
 promtool = pytest.mark.skipif(not shutil.which("promtool"), reason="promtool is not installed (Debian package prometheus)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(url: str, timeout: float = 10) -> tuple[int, str, str]:
