@@ -79,13 +79,19 @@ def _exit_codes(command: Callable[..., int]) -> Callable[..., None]:
 
 class _Signals:
     """SIGTERM/SIGINT/SIGHUP raise Interrupted in the main thread, so the runner
-    can kill what the running check started and still write the report."""
+    can kill what the running check started and still write the report; or,
+    given ``on_signal``, call it instead, for a loop that stops at a point of its choosing."""
+
+    def __init__(self, on_signal: Optional[Callable[[], None]] = None):
+        self.on_signal = on_signal
 
     def __enter__(self) -> None:
         from preflight.runner import Interrupted
 
         def handler(signum: int, _frame: object) -> None:
-            raise Interrupted(signum)
+            if self.on_signal is None:
+                raise Interrupted(signum)
+            self.on_signal()
 
         self.saved = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
 
@@ -274,17 +280,16 @@ def serve(
     """Serve the last report: /metrics for Prometheus, /report (JSON), /healthz. A scrape never runs a check."""
     from preflight import serve as server_mod
     from preflight.report import DEFAULT_REPORT_PATH
-    from preflight.runner import Interrupted
 
     s = _settings(config, listen=listen, report=report)
     path = s.report or DEFAULT_REPORT_PATH
     server = server_mod.bind(s.listen, path)
     _console().note(f"serving {path} at http://{s.listen}/metrics (also /report, /healthz)")
+    # SIGTERM from systemd asks the loop to stop between connections: an exception
+    # raised wherever the main thread happens to be could cut a hand-off in half.
     try:
-        with _Signals():
+        with _Signals(on_signal=server.stop):
             server.serve_forever()
-    except Interrupted:
-        pass  # SIGTERM from systemd: a clean stop
     finally:
         server.server_close()
     return 0

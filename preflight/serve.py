@@ -135,6 +135,7 @@ class Server(ThreadingMixIn, HTTPServer):
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, open fds: serve's own health
         self._slots = threading.BoundedSemaphore(WORKERS)
         self._heads: dict[socket.socket, bytes] = {}  # each request as the main thread read it, for its handler
+        self._stopping = threading.Event()
         super().__init__(address, _Handler)
 
     def server_bind(self) -> None:
@@ -144,13 +145,13 @@ class Server(ThreadingMixIn, HTTPServer):
 
     def serve_forever(self, poll_interval: float = 0.5) -> None:
         """Accept connections and read their requests in this thread, without blocking;
-        hand a connection to a worker once its whole request is here. Runs until an
-        exception (serve's SIGTERM handler raises one)."""
+        hand a connection to a worker once its whole request is here. Runs until
+        stop() (serve's SIGTERM handler calls it), within one poll_interval."""
         waiting: dict[socket.socket, _Waiting] = {}
         with selectors.DefaultSelector() as sel:
             sel.register(self.socket, selectors.EVENT_READ)
             try:
-                while True:
+                while not self._stopping.is_set():
                     for key, _ in sel.select(poll_interval):
                         if key.fileobj is self.socket:
                             self._accept(sel, waiting)
@@ -162,6 +163,15 @@ class Server(ThreadingMixIn, HTTPServer):
             finally:
                 for conn in list(waiting):
                     self._drop(sel, waiting, conn)
+        # Let answers already being written finish: a scrape cut off by a restart reads as the exporter failing.
+        until = time.monotonic() + CLIENT_TIMEOUT
+        for _ in range(WORKERS):
+            if not self._slots.acquire(timeout=max(0.0, until - time.monotonic())):
+                break
+
+    def stop(self) -> None:
+        """Safe from a signal handler: serve_forever notices at its next poll."""
+        self._stopping.set()
 
     def _accept(self, sel: selectors.BaseSelector, waiting: dict[socket.socket, _Waiting]) -> None:
         try:
