@@ -1,0 +1,123 @@
+"""Which group of nodes this one belongs to, for the checks that span nodes.
+
+A group is what torchrun's c10d rendezvous needs: how many nodes, this node's
+rank among them, the endpoint every node meets at, and an id for the
+rendezvous. Given by hand, or read from Slurm's environment, where `srun -N 4
+--ntasks-per-node=1 preflight run --multi-node` sets everything: SLURM_NNODES,
+SLURM_NODEID, and the first host of SLURM_JOB_NODELIST as the endpoint.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from preflight.errors import UsageError
+
+DEFAULT_PORT = 29500  # torchrun's own default rendezvous port: what a site's firewall already opens
+
+
+@dataclass(frozen=True)
+class Group:
+    nnodes: int
+    node_rank: int
+    endpoint: str  # HOST:PORT of the rendezvous store (node rank 0 hosts it)
+    rdzv_id: str
+
+    @property
+    def host(self) -> str:
+        return self.endpoint.rpartition(":")[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.endpoint.rpartition(":")[2])
+
+
+def parse_endpoint(text: str, where: str) -> str:
+    """``host:port`` or ``[v6]:port``; the port is required (every node must agree on it)."""
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"{where} {text!r}: give HOST:PORT, e.g. node01:{DEFAULT_PORT}; every node must give the same one")
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        raise UsageError(f"{where} {text!r}: write an IPv6 address in brackets, e.g. [fd00::1]:{DEFAULT_PORT}")
+    return f"{host}:{int(port)}"
+
+
+def group(nnodes: int, node_rank: int, endpoint: str, rdzv_id: str) -> Group:
+    if nnodes < 1:
+        raise UsageError(f"--nnodes {nnodes}: give the number of nodes, 1 or more")
+    if not 0 <= node_rank < nnodes:
+        raise UsageError(f"--node-rank {node_rank}: give a rank from 0 to {nnodes - 1} (--nnodes {nnodes}), each node its own")
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", rdzv_id):
+        raise UsageError(f"--rdzv-id {rdzv_id!r}: letters, digits, '.', '_' and '-' only, at most 64; every node must give the same one")
+    return Group(nnodes, node_rank, parse_endpoint(endpoint, "--rdzv-endpoint"), rdzv_id)
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's compressed host list, expanded in order: ``gpu[01-03,07],login1`` ->
+    gpu01 gpu02 gpu03 gpu07 login1; several brackets multiply
+    (``r[1-2]n[1-2]`` -> r1n1 r1n2 r2n1 r2n2); zero padding is kept."""
+    hosts: list[str] = []
+    for item in _split_top(text.strip()):
+        parts = re.split(r"(\[[^\]]*\])", item)
+        choices = [_range(p[1:-1], text) if p.startswith("[") else [p] for p in parts if p]
+        hosts += ["".join(c) for c in itertools.product(*choices)]
+    if not hosts:
+        raise ValueError(f"no host in {text!r}")
+    return hosts
+
+
+def _split_top(text: str) -> list[str]:
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"unbalanced ']' in {text!r}")
+        elif ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise ValueError(f"unbalanced '[' in {text!r}")
+    items.append(text[start:])
+    return [i for i in items if i]
+
+
+def _range(spec: str, text: str) -> list[str]:
+    out = []
+    for piece in spec.split(","):
+        lo, _, hi = piece.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise ValueError(f"{piece!r} in {text!r} is not a number or a range of numbers")
+        if not hi:
+            out.append(lo)
+            continue
+        if int(hi) < int(lo):
+            raise ValueError(f"range {piece!r} in {text!r} runs backwards")
+        out += [str(n).zfill(len(lo)) for n in range(int(lo), int(hi) + 1)]
+    return out
+
+
+def from_slurm(env: Mapping[str, str], port: int = DEFAULT_PORT) -> Group:
+    """The group `srun` describes: one preflight per node (--ntasks-per-node=1)."""
+    missing = [v for v in ("SLURM_NNODES", "SLURM_NODEID", "SLURM_JOB_NODELIST") if not env.get(v) and not (v == "SLURM_JOB_NODELIST" and env.get("SLURM_NODELIST"))]
+    if missing:
+        raise UsageError(f"--multi-node: {', '.join(missing)} not set: run it under `srun -N N --ntasks-per-node=1 preflight run --multi-node`, or give --nnodes, --node-rank and --rdzv-endpoint")
+    tasks = env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0]
+    if tasks not in ("", "1"):
+        raise UsageError(f"--multi-node: SLURM_NTASKS_PER_NODE={env['SLURM_NTASKS_PER_NODE']}: preflight starts every GPU's rank itself; run one task per node (--ntasks-per-node=1)")
+    nodelist = env.get("SLURM_JOB_NODELIST") or env["SLURM_NODELIST"]
+    try:
+        hosts = expand_hostlist(nodelist)
+        nnodes, node_rank = int(env["SLURM_NNODES"]), int(env["SLURM_NODEID"])
+    except ValueError as e:
+        raise UsageError(f"--multi-node: cannot read Slurm's environment ({e}); give --nnodes, --node-rank and --rdzv-endpoint instead") from None
+    if len(hosts) != nnodes:
+        raise UsageError(f"--multi-node: SLURM_NNODES={nnodes} but SLURM_JOB_NODELIST={nodelist} names {len(hosts)} hosts; is this a heterogeneous job? give --nnodes, --node-rank and --rdzv-endpoint")
+    job = env.get("SLURM_JOB_ID", "job")
+    step = env.get("SLURM_STEP_ID")
+    return group(nnodes, node_rank, f"{hosts[0]}:{port}", f"preflight-{job}" + (f".{step}" if step else ""))
