@@ -27,7 +27,7 @@ from typing import ClassVar
 from pydantic import BaseModel, Field
 
 from preflight import figures as figs_mod
-from preflight import launch, ranks
+from preflight import launch, meeting, ranks
 from preflight.check import Check, Context, Finding, Measurement, Result, Status, worst
 from preflight.checks.topology import linked_pairs
 from preflight.profiles import BandwidthExpect, ResolvedFloor
@@ -49,12 +49,18 @@ FLOORS = {
     "reducescatter_bus_bandwidth": (BPS, "min"),
     "allreduce_latency": (SECONDS, "max"),  # p50 of the blocking small all_reduce
     "allreduce_latency_p99": (SECONDS, "max"),
+    # Across nodes (--nnodes): the network between them sets these, not NVLink.
+    "internode_allreduce_bus_bandwidth": (BPS, "min"),
+    "internode_allgather_bus_bandwidth": (BPS, "min"),
+    "internode_reducescatter_bus_bandwidth": (BPS, "min"),
+    "internode_allreduce_latency": (SECONDS, "max"),
 }
 # Step in the worker -> the figure's name (= its floor's name and its metric's).
 PER_DEVICE = {"hbm_copy": "hbm_copy_bandwidth", "memcpy": "memcpy_bandwidth", "h2d": "h2d_bandwidth", "d2h": "d2h_bandwidth", "p2p": "p2p_bandwidth"}
 # Floors a run over fewer ranks than the node's cannot be held to (busbw and latency depend on the rank count).
 WHOLE_NODE = ("allreduce_bus_bandwidth", "allgather_bus_bandwidth", "reducescatter_bus_bandwidth", "allreduce_latency", "allreduce_latency_p99")
 COLLECTIVE = {"all_reduce": "allreduce_bus_bandwidth", "all_gather": "allgather_bus_bandwidth", "reduce_scatter": "reducescatter_bus_bandwidth"}
+INTERNODE = {name: f"internode_{name}" for name in COLLECTIVE.values()}
 
 WORDS = {
     "hbm_copy_bandwidth": "HBM copy",
@@ -68,6 +74,10 @@ WORDS = {
     "allreduce_latency": "small all_reduce latency p50",
     "allreduce_latency_p99": "small all_reduce latency p99",
     "allreduce_graph_latency": "small all_reduce latency in a CUDA graph",
+    "internode_allreduce_bus_bandwidth": "inter-node all_reduce bus bandwidth",
+    "internode_allgather_bus_bandwidth": "inter-node all_gather bus bandwidth",
+    "internode_reducescatter_bus_bandwidth": "inter-node reduce_scatter bus bandwidth",
+    "internode_allreduce_latency": "inter-node small all_reduce latency p50",
 }
 _COLL = (
     "NCCL left NVLink for SHM or sockets (the nccl check's transports; NCCL_P2P_DISABLE, NCCL_P2P_LEVEL), "
@@ -88,6 +98,13 @@ REASONS = {
     "allreduce_latency": "ranks starved of CPU (too few vCPUs per GPU, a cpuset or quota), CPU power saving (C-states, frequency), "
     "NCCL_PROTO forcing Simple, NCCL falling back to sockets, or interrupts on the ranks' cores",
 }
+_NET = (
+    "NCCL on sockets instead of IB/RoCE or without GPUDirect RDMA (the nccl check's network findings; nvidia_peermem), "
+    "a NIC port down or trained at a lower speed (`ibstat`, `ethtool`), a congested or misconfigured fabric (PFC/ECN on RoCE), "
+    "or one slow node dragging the group (find it with `preflight pairwise`)"
+)
+REASONS.update({name: _NET for name in INTERNODE.values()})
+REASONS["internode_allreduce_latency"] = _NET
 REASONS["d2h_bandwidth"] = REASONS["h2d_bandwidth"]
 REASONS["allreduce_latency_p99"] = REASONS["allreduce_latency"]
 
@@ -160,25 +177,35 @@ def figures(f: BandwidthFacts) -> list[Figure]:
                 out.append(_device_figure(f, r, res, gpu))
             elif res.step not in PER_DEVICE:
                 by_step[res.step][r] = res
-    n = f.nproc
+    n = f.nproc  # this node's ranks: the only reports it reads
+    # Across nodes the collective spans every node's ranks: busbw's factor is the world's,
+    # and its figures are judged by the inter-node floors.
+    world = max((rep.world_size for rep in reports.values()), default=n)
+    group = world > n
+    where = f"{world} ranks on {world // n} nodes" if group else f"{n} ranks"
     for step, name in COLLECTIVE.items():
         got = by_step.get(step, {})
-        if len(got) == n and n > 1 and all(x.seconds for x in got.values()):
+        if len(got) == n and world > 1 and all(x.seconds for x in got.values()):
             # A repeat is over when its slowest rank is done.
             times = [max(ts) for ts in zip(*(x.seconds for x in got.values()))]
             nbytes = next(iter(got.values())).bytes
-            value = algbw(nbytes, median(times)) * bus_factor(step, n)
-            out.append(Figure(name=name, unit=BPS, value=value, where=f"{n} ranks", labels={"collective": step}, bytes=nbytes, repeats=len(times), spread=spread(times)))
+            value = algbw(nbytes, median(times)) * bus_factor(step, world)
+            name = INTERNODE.get(name, name) if group else name
+            out.append(Figure(name=name, unit=BPS, value=value, where=where, labels={"collective": step}, bytes=nbytes, repeats=len(times), spread=spread(times)))
     lat = by_step.get("latency", {})
     if len(lat) == n and all(x.samples for x in lat.values()):
-        for q, stat, floor in ((0.5, "p50", "allreduce_latency"), (0.99, "p99", "allreduce_latency_p99")):
+        stats = ((0.5, "p50", "allreduce_latency"), (0.99, "p99", "allreduce_latency_p99"))
+        if group:
+            stats = ((0.5, "p50", "internode_allreduce_latency"), (0.99, "p99", "internode_allreduce_latency_p99"))  # p99: no floor, information
+        for q, stat, floor in stats:
             per_rank = {r: quantile(x.samples, q) for r, x in lat.items()}
             worst_rank = max(per_rank, key=lambda r: per_rank[r])
             nbytes = lat[worst_rank].bytes
-            out.append(Figure(name="allreduce_latency", floor=floor, unit=SECONDS, value=per_rank[worst_rank], where=f"slowest of {len(lat)} ranks: {_who(worst_rank, gpu)}",
+            out.append(Figure(name="internode_allreduce_latency" if group else "allreduce_latency", floor=floor, unit=SECONDS, value=per_rank[worst_rank],
+                              where=f"slowest of {len(lat)} ranks{' on this node' if group else ''}: {_who(worst_rank, gpu)}",
                               labels={"stat": stat}, bytes=nbytes, repeats=len(lat[worst_rank].samples), rank=worst_rank))
     graph = by_step.get("graph_latency", {})
-    if len(graph) == n and all(x.seconds for x in graph.values()):
+    if len(graph) == n and not group and all(x.seconds for x in graph.values()):
         first = next(iter(graph.values()))
         # Each repeat replays ops_per_repeat all_reduces: the slowest rank's replay, per op.
         times = [max(ts) / first.ops_per_repeat for ts in zip(*(x.seconds for x in graph.values()))]
@@ -264,11 +291,11 @@ def by_hand(f: BandwidthFacts) -> str:
 # ---- gathering ------------------------------------------------------------------
 
 
-def steps_for(gpu: bool, nproc: int, expect: BandwidthExpect) -> list[str]:
+def steps_for(gpu: bool, nproc: int, expect: BandwidthExpect, nnodes: int = 1) -> list[str]:
     steps = ["hbm_copy", "h2d", "d2h"] if gpu else ["memcpy"]
     if gpu and nproc > 1:
         steps.append("p2p")
-    if nproc > 1:  # one rank has no peer to reduce with: nccl-tests prints busbw 0
+    if nproc * nnodes > 1:  # one rank has no peer to reduce with: nccl-tests prints busbw 0
         steps += ["all_reduce", "all_gather", "reduce_scatter", "latency"]
         if gpu and expect.graph:
             steps.append("graph_latency")
@@ -293,7 +320,8 @@ def uuids(ctx: Context) -> dict[int, str]:
 def gather(ctx: Context, nproc: int, expect: BandwidthExpect, backend: str) -> BandwidthFacts:
     python = str(ctx.settings.python) if ctx.settings.python else sys.executable
     gpu = backend == "nccl"
-    facts = BandwidthFacts(python=python, backend=backend, nproc=nproc, steps=steps_for(gpu, nproc, expect), binding=binding(ctx) if gpu else {}, uuids=uuids(ctx))
+    nnodes = ctx.meeting.group.nnodes if ctx.meeting else 1
+    facts = BandwidthFacts(python=python, backend=backend, nproc=nproc, steps=steps_for(gpu, nproc, expect, nnodes), binding=binding(ctx) if gpu else {}, uuids=uuids(ctx))
     left = ranks.time_left(ctx.deadline)
     op_timeout = min(expect.op_timeout_seconds, max(2.0, left / 3))
     args = [
@@ -303,7 +331,7 @@ def gather(ctx: Context, nproc: int, expect: BandwidthExpect, backend: str) -> B
         "--warmup", str(expect.warmup), "--repeats", str(expect.repeats), "--latency-iters", str(expect.latency_iters),
         "--timeout", f"{op_timeout:g}", "--bind", json.dumps(facts.binding),
     ]  # fmt: skip
-    worker = launch.Worker("bandwidth.py", args, nproc=nproc, rdzv_port=ctx.settings.rdzv_port)
+    worker = launch.Worker("bandwidth.py", args, nproc=nproc, rdzv_port=ctx.settings.rdzv_port, group=meeting.torchrun_group(ctx, "bandwidth", left))
     ranks.collect(facts, worker, RankReport, ctx.host.environ, left, ranks.settle_rule(nproc, ranks.STUCK, op_timeout + ranks.STUCK))
     return facts
 
@@ -333,14 +361,15 @@ def time_line(f: BandwidthFacts) -> list[str]:
 
 def summary(f: BandwidthFacts, figs: list[Figure]) -> str:
     if not figs:
-        return f"{f.nproc} {f.backend} rank(s): no figure measured"
+        return f"{ranks.count(f)}: no figure measured"
     parts = []
-    for name in ("hbm_copy_bandwidth", "memcpy_bandwidth", "h2d_bandwidth", "d2h_bandwidth", "p2p_bandwidth", "allreduce_bus_bandwidth", "allreduce_latency"):
+    for name in ("hbm_copy_bandwidth", "memcpy_bandwidth", "h2d_bandwidth", "d2h_bandwidth", "p2p_bandwidth", "allreduce_bus_bandwidth", "allreduce_latency",
+                 "internode_allreduce_bus_bandwidth", "internode_allreduce_latency"):
         group = [g for g in figs if g.key == name]
         if group:
             value = max(g.value for g in group) if group[0].unit == SECONDS else min(g.value for g in group)
             parts.append(f"{WORDS[name].replace(' bus bandwidth', ' busbw')} {fmt_value(value, group[0].unit)}")
-    return f"{f.nproc} {f.backend} rank(s), every figure within its floor: " + ", ".join(parts)
+    return f"{ranks.count(f)}, every figure within its floor: " + ", ".join(parts)
 
 
 class Bandwidth(Check):
@@ -369,8 +398,12 @@ class Bandwidth(Check):
         figs = figures(facts)
         all_nvlink = bool(ctx.profile.topology and ctx.profile.topology.nvlink == "all")
         full = nproc == (ctx.profile.gpu_count or expect.ranks)
-        # Collective and latency floors are for the whole node's ranks: fewer ranks are not judged by them.
-        floors = ctx.profile.floors if full else {k: v for k, v in ctx.profile.floors.items() if k not in WHOLE_NODE}
+        # Collective and latency floors are for the whole node's ranks: fewer ranks are not judged by them;
+        # across nodes the inter-node floors judge the collectives instead.
+        unjudged = set() if full and not ctx.meeting else set(WHOLE_NODE)
+        if not full:
+            unjudged |= {k for k in FLOORS if k.startswith("internode_")}
+        floors = {k: v for k, v in ctx.profile.floors.items() if k not in unjudged}
         parts = judge(facts, figs, floors, expect, linked_pairs(ctx.results.get("topology"), ("NV",)) or set(), all_nvlink)
         details = facts.model_dump(mode="json")
         details["parts"] = {name: worst(found) for name, found in parts.items()}

@@ -20,7 +20,7 @@ from typing import ClassVar
 import psutil
 from pydantic import BaseModel, Field
 
-from preflight import launch, nccl_env, nccl_log, ranks
+from preflight import launch, meeting, nccl_env, nccl_log, nccl_net, ranks
 from preflight.check import Check, Context, Finding, Measurement, Result, Status, worst
 from preflight.checks.topology import linked_pairs
 from preflight.host import Host
@@ -61,6 +61,9 @@ class NcclFacts(ranks.RunFacts):
     env: dict[str, list[tuple[str, str]]] = Field(default_factory=dict)  # NCCL_*/GLOO_* -> [(value, where)]
     interfaces: dict[str, list[str] | None] | None = None  # name -> addresses (None: unknown); None: not read
     nccl: nccl_log.NcclLog | None = None
+    # Across nodes: what the network judge needs (the log's own words, IB devices, peermem).
+    net: nccl_net.NetFacts | None = None
+    nccl_text: str = Field(default="", exclude=True)
 
 
 # ---- gathering -------------------------------------------------------------
@@ -95,14 +98,24 @@ def gather(ctx: Context, nproc: int, expect: NcclExpect, backend: str) -> NcclFa
     args = ["--backend", backend, "--device", device, "--small-bytes", str(expect.small_bytes), "--large-bytes", str(expect.large_bytes), "--timeout", f"{op_timeout:g}"]
     if backend == "nccl":
         args.append("--nccl-debug")
-    worker = launch.Worker("nccl_smoke.py", args, nproc=nproc, rdzv_port=ctx.settings.rdzv_port)
+    worker = launch.Worker("nccl_smoke.py", args, nproc=nproc, rdzv_port=ctx.settings.rdzv_port, group=meeting.torchrun_group(ctx, "nccl", left))
     done = ranks.collect(facts, worker, RankReport, host.environ, left, ranks.settle_rule(nproc, ranks.STUCK, op_timeout + ranks.STUCK))
     if done is None:
         return facts
     texts = [done.texts[name] for name in sorted(done.texts) if name.startswith("nccl.")]
     if texts:
         facts.nccl = nccl_log.parse("\n".join(texts))
+        if ctx.meeting is not None:
+            facts.net, facts.nccl_text = nccl_net.gather(host, host.environ), "\n".join(texts)
     return facts
+
+
+def judge_network(f: NcclFacts, expect: NcclExpect) -> tuple[list[Finding], dict | None]:
+    """Across nodes: the network NCCL chose to each peer, against the profile's (NET/IB with GPUDirect RDMA on HGX)."""
+    if f.nccl is None or f.net is None:
+        return [], None
+    local = {o.global_rank for o in f.ranks if o.global_rank is not None} or None
+    return nccl_net.judge(f.nccl, f.net, expect.network, local, f.nccl_text)
 
 
 # ---- judging ---------------------------------------------------------------
@@ -207,8 +220,9 @@ def judge_transports(f: NcclFacts, expect: NcclExpect, nvlink_pairs: set[frozens
     between two ranks of one node always fails."""
     if f.nccl is None:
         return []
-    hosts = {o.rank: o.report.host for o in f.ranks if o.report}
-    gpu = {o.rank: o.gpu for o in f.ranks}
+    # NCCL's log numbers ranks across the whole group; a node's outcomes know both numbers.
+    hosts = {(o.rank if o.global_rank is None else o.global_rank): o.report.host for o in f.ranks if o.report}
+    gpu = {(o.rank if o.global_rank is None else o.global_rank): o.gpu for o in f.ranks}
     out: list[Finding] = []
     by_status: dict[Status, list[str]] = defaultdict(list)
     for (a, b), transports in sorted(f.nccl.peers().items()):
@@ -307,7 +321,7 @@ def summary(f: NcclFacts, expect: NcclExpect) -> str:
     r0 = reports[0] if reports else None
     n_ops = len(r0.ops) if r0 else 0
     init = max((r.init_seconds or 0.0) for r in reports) if reports else 0.0
-    what = f"{f.nproc} {f.backend} rank(s): {n_ops} ops right on every rank ({fmt_bytes(expect.small_bytes)} and {fmt_bytes(expect.large_bytes)}), init {init:.2f} s"
+    what = f"{ranks.count(f)}: {n_ops} ops right on every rank ({fmt_bytes(expect.small_bytes)} and {fmt_bytes(expect.large_bytes)}), init {init:.2f} s"
     if f.nccl:
         peers = f.nccl.peers()
         kinds = sorted({t for ts in peers.values() for t in ts})
@@ -336,7 +350,10 @@ class Nccl(Check):
         nproc = ctx.settings.nproc_per_node or expect.ranks or ctx.profile.gpu_count
         facts = gather(ctx, nproc, expect, backend)
         parts = judge(facts, expect, linked_pairs(ctx.results.get("topology"), ("NV",)) or set(), linked_pairs(ctx.results.get("topology"), ("PIX", "PXB")))
+        parts["network"], network = judge_network(facts, expect)
         details = facts.model_dump(mode="json", exclude={"nccl"})
+        if network is not None:
+            details["network"] = network
         details["parts"] = {name: worst(found) for name, found in parts.items()}
         if facts.nccl:
             details["nccl_log"] = {

@@ -104,6 +104,8 @@ class Context:
     # time.monotonic() by which the running check must be done: the bound for
     # anything it starts, and where in-process work stops on its own.
     deadline: float = math.inf
+    # The group this node runs nccl and bandwidth with (preflight.meeting.Meeting), or None alone.
+    meeting: Any = None
 
     def floor(self, name: str) -> float:
         return self.profile.floors[name].value

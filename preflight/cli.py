@@ -119,6 +119,12 @@ def run(
     python: Annotated[Optional[Path], typer.Option("--python", help="Interpreter for GPU workers: the training environment's, to validate its torch. [default: preflight's own]")] = None,
     nproc_per_node: Annotated[Optional[int], typer.Option("--nproc-per-node", help="Ranks torchrun starts. [default: one per GPU; the profile's [nccl] ranks without GPUs]")] = None,
     rdzv_port: Annotated[Optional[int], typer.Option("--rdzv-port", help="torchrun's rendezvous port on 127.0.0.1. [default: 0, a free one]")] = None,
+    nnodes: Annotated[Optional[int], typer.Option("--nnodes", help="Nodes in the group: nccl and bandwidth run across all of them. [default: 1]", rich_help_panel="Many nodes")] = None,
+    node_rank: Annotated[Optional[int], typer.Option("--node-rank", help="This node's rank in the group, 0 to N-1; rank 0 hosts the rendezvous.", rich_help_panel="Many nodes")] = None,
+    rdzv_endpoint: Annotated[Optional[str], typer.Option("--rdzv-endpoint", help="HOST:PORT of node rank 0, the same on every node (PORT+1 is used too).", rich_help_panel="Many nodes")] = None,
+    rdzv_id: Annotated[Optional[str], typer.Option("--rdzv-id", help="The group's id, the same on every node. [default: preflight]", rich_help_panel="Many nodes")] = None,
+    rdzv_timeout: Annotated[Optional[float], typer.Option("--rdzv-timeout", help="Seconds to wait for every node to arrive. [default: 300]", rich_help_panel="Many nodes")] = None,
+    multi_node: Annotated[bool, typer.Option("--multi-node", help="Take --nnodes, --node-rank and the endpoint from Slurm (srun -N N --ntasks-per-node=1).", rich_help_panel="Many nodes")] = False,
     nvml_fake: FakeOpt = None,
 ) -> int:
     """Run the profile's checks in order and print the verdict."""
@@ -129,7 +135,8 @@ def run(
     s = _settings(
         config, profile=profile, only=only, skip=skip, keep_going=keep_going,
         report=report, textfile_dir=textfile_dir, lock_file=lock_file, lock_timeout=lock_timeout, python=python, nvml_fake=nvml_fake,
-        nproc_per_node=nproc_per_node, rdzv_port=rdzv_port,
+        nproc_per_node=nproc_per_node, rdzv_port=rdzv_port, rdzv_timeout=rdzv_timeout,
+        **_group_flags(multi_node, nnodes, node_rank, rdzv_endpoint, rdzv_id),
     )
     for name in settings_mod.unknown_env():
         console.note(f"warning: {name} is not a preflight setting and is ignored")
@@ -168,6 +175,18 @@ def run(
     if json_out:
         _emit(result.model_dump_json(indent=2) + "\n")
     return result.exit_code
+
+
+def _group_flags(multi_node: bool, nnodes: Optional[int], node_rank: Optional[int], endpoint: Optional[str], rdzv_id: Optional[str]) -> dict[str, object]:
+    from preflight import multinode
+
+    if not multi_node:
+        return {"nnodes": nnodes, "node_rank": node_rank, "rdzv_endpoint": endpoint, "rdzv_id": rdzv_id}
+    given = [flag for flag, v in (("--nnodes", nnodes), ("--node-rank", node_rank), ("--rdzv-endpoint", endpoint)) if v is not None]
+    if given:
+        raise UsageError(f"--multi-node reads {', '.join(given)} from Slurm's environment; give one or the other")
+    g = multinode.from_slurm(os.environ)
+    return {"nnodes": g.nnodes, "node_rank": g.node_rank, "rdzv_endpoint": g.endpoint, "rdzv_id": rdzv_id or g.rdzv_id}
 
 
 def _emit(text: str) -> None:
@@ -371,6 +390,25 @@ def kube_label(
     except Interrupted:
         pass  # SIGTERM from the kubelet: a clean stop
     return 0
+
+
+@app.command()
+@_exit_codes
+def pairwise(
+    hosts: Annotated[Optional[Path], typer.Option("--hosts", help="One `NAME [ADDRESS]` per line. [default: the Slurm allocation's nodes]")] = None,
+    exec_template: Annotated[Optional[str], typer.Option("--exec", help="How to start a command on {host}. [default: ssh -o BatchMode=yes {host}; under Slurm, srun on that node]")] = None,
+    preflight_cmd: Annotated[str, typer.Option("--preflight", help="The preflight command on the hosts ({host} is replaced).")] = "preflight",
+    profile: ProfileOpt = None,
+    port: Annotated[int, typer.Option("--port", help="Rendezvous port on each pair's first host (PORT+1 too).")] = 29500,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds a round may take before its runs are killed.")] = 300.0,
+    tolerance: Annotated[float, typer.Option("--tolerance", help="A pair under this fraction of the median busbw is slow.")] = 0.5,
+    json_out: JsonOpt = False,
+) -> int:
+    """Run nccl and bandwidth on pairs of nodes, in rounds, and name the slow or broken node."""
+    from preflight import pairwise as pw
+
+    with _Signals():
+        return pw.main(hosts, exec_template, preflight_cmd, profile or "auto", port, timeout, tolerance, json_out, _console())
 
 
 @app.command("list")

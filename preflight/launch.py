@@ -56,12 +56,26 @@ class LaunchError(Exception):
 
 
 @dataclass(frozen=True)
+class Group:
+    """torchrun across nodes: every node's agent meets at node rank 0's store."""
+
+    nnodes: int
+    node_rank: int
+    endpoint: str  # HOST:PORT, node rank 0's
+    rdzv_id: str
+    local_addr: str  # this node's address towards the endpoint
+    ifname: str | None  # the interface holding it
+    join_timeout: float  # how long the agents wait for each other
+
+
+@dataclass(frozen=True)
 class Worker:
     script: str  # file name in checks/workers/, "cuda_init.py"
     args: Sequence[str] = ()
     env: Mapping[str, str] = field(default_factory=dict)  # on top of the agent's environment
     nproc: int | None = None  # torchrun with this many local ranks; None: one plain process
     rdzv_port: int = 0  # torchrun's rendezvous port on 127.0.0.1; 0: a free one
+    group: Group | None = None  # across nodes instead of one node alone
 
 
 @dataclass(frozen=True)
@@ -114,7 +128,24 @@ class Running:
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # CUDA's device N is nvidia-smi's GPU N
         }
         argv = [python, str(WORKERS_DIR / worker.script), "--out", str(self.out_dir), *worker.args]
-        if worker.nproc is not None:
+        if worker.nproc is not None and worker.group is not None:
+            g = worker.group
+            self.endpoint = g.endpoint
+            # Host detection by hostname fails between nodes that do not resolve each
+            # other, so node rank 0 says it hosts the store and each agent names its address.
+            argv[1:1] = [
+                "-m", "torch.distributed.run", "--nnodes", str(g.nnodes), "--nproc-per-node", str(worker.nproc),
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", g.endpoint, "--rdzv-id", g.rdzv_id,
+                "--rdzv-conf", f"is_host={str(g.node_rank == 0).lower()},join_timeout={int(g.join_timeout)}",
+                "--local-addr", g.local_addr, "--max-restarts", "0", "--monitor-interval", "0.1",
+            ]  # fmt: skip
+            env["PREFLIGHT_NODE_RANK"] = str(g.node_rank)
+            if g.ifname:
+                # Without it gloo binds the address the hostname resolves to (often 127.0.1.1)
+                # and peers cannot connect; the job's own setting wins.
+                for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+                    env.setdefault(name, g.ifname)
+        elif worker.nproc is not None:
             try:
                 port = worker.rdzv_port or free_port()
                 if worker.rdzv_port:
@@ -271,12 +302,13 @@ def _holder(port: int) -> str:
 
 
 # torchrun's failure summary:  "  rank      : 1 (local_rank: 1)" then "  exitcode  : -9 (pid: 8084)"
-_SUMMARY = re.compile(r"^\s*rank\s*:\s*(\d+)\s.*?^\s*exitcode\s*:\s*(-?\d+)", re.M | re.S)
+# Keyed by local rank where torchrun says it: each node reads only its own ranks.
+_SUMMARY = re.compile(r"^\s*rank\s*:\s*(\d+)(?:\s*\(local_rank:\s*(\d+)\))?.*?^\s*exitcode\s*:\s*(-?\d+)", re.M | re.S)
 
 
 def torchrun_exits(lines: list[str]) -> dict[int, int]:
     """rank -> exit code from torchrun's ChildFailedError summary (negative: killed by that signal)."""
-    return {int(rank): int(code) for rank, code in _SUMMARY.findall("\n".join(lines))}
+    return {int(local or rank): int(code) for rank, local, code in _SUMMARY.findall("\n".join(lines))}
 
 
 def torchrun_root_cause(lines: list[str]) -> int | None:
@@ -284,7 +316,7 @@ def torchrun_root_cause(lines: list[str]) -> int | None:
     text = "\n".join(lines)
     at = text.find("Root Cause")
     found = _SUMMARY.search(text, at) if at >= 0 else None
-    return int(found.group(1)) if found else None
+    return int(found.group(2) or found.group(1)) if found else None
 
 
 def exit_words(code: int | None) -> str:

@@ -67,6 +67,22 @@ def report_families(r: Report) -> Iterator[Metric]:
         duration.add_metric([c.check], c.duration_seconds)
     yield from (passed, status, duration)
     yield from measurement_families(r)
+    if r.group:
+        yield from group_families(r.group)
+
+
+def group_families(group: dict) -> Iterator[Metric]:
+    """A run across nodes: every node exports the group's size and outcome as it saw it;
+    node rank 0, which every node reports to, also one series per node."""
+    yield gauge("group_nodes", "Nodes in the group this node ran nccl and bandwidth with.", group["nnodes"])
+    yield gauge("group_node_rank", "This node's rank in the group.", group["node_rank"])
+    yield gauge("group_passed", "1 if every node of the group came and passed its group checks, as this node was told.", float(bool(group.get("passed"))))
+    if group["node_rank"] == 0:
+        per = GaugeMetricFamily(PREFIX + "group_node_passed", "1 if that node came and passed its group checks (node rank 0's record; missing nodes are 0).", labels=["node_rank"])
+        told = {n["node_rank"]: bool(n.get("ok")) for n in group.get("nodes") or []}
+        for rank in range(group["nnodes"]):
+            per.add_metric([str(rank)], float(told.get(rank, False)))
+        yield per
 
 
 def measurement_families(r: Report) -> Iterator[Metric]:

@@ -11,12 +11,19 @@ from __future__ import annotations
 
 import itertools
 import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+import psutil
 
 from preflight.errors import UsageError
 
 DEFAULT_PORT = 29500  # torchrun's own default rendezvous port: what a site's firewall already opens
+# preflight's own meeting store (node rank 0, PORT+1): nodes say there whether they
+# may join, and what they found. Apart from torchrun's store, which lives and dies
+# with each launch, so a node never talks to the wrong one.
+MEETING_OFFSET = 1
 
 
 @dataclass(frozen=True)
@@ -34,12 +41,16 @@ class Group:
     def port(self) -> int:
         return int(self.endpoint.rpartition(":")[2])
 
+    @property
+    def meeting_port(self) -> int:
+        return self.port + MEETING_OFFSET
+
 
 def parse_endpoint(text: str, where: str) -> str:
     """``host:port`` or ``[v6]:port``; the port is required (every node must agree on it)."""
     host, sep, port = text.strip().rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UsageError(f"{where} {text!r}: give HOST:PORT, e.g. node01:{DEFAULT_PORT}; every node must give the same one")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65535:
+        raise UsageError(f"{where} {text!r}: give HOST:PORT (PORT below 65535: the next port is preflight's meeting point), e.g. node01:{DEFAULT_PORT}; every node must give the same one")
     if ":" in host and not (host.startswith("[") and host.endswith("]")):
         raise UsageError(f"{where} {text!r}: write an IPv6 address in brackets, e.g. [fd00::1]:{DEFAULT_PORT}")
     return f"{host}:{int(port)}"
@@ -121,3 +132,42 @@ def from_slurm(env: Mapping[str, str], port: int = DEFAULT_PORT) -> Group:
     job = env.get("SLURM_JOB_ID", "job")
     step = env.get("SLURM_STEP_ID")
     return group(nnodes, node_rank, f"{hosts[0]}:{port}", f"preflight-{job}" + (f".{step}" if step else ""))
+
+
+def of(nnodes: int, node_rank: int, endpoint: str | None, rdzv_id: str | None) -> Group | None:
+    """The group the settings describe, or None for a single node."""
+    if nnodes == 1 and endpoint is None:
+        return None
+    if endpoint is None:
+        raise UsageError(f"--nnodes {nnodes}: give --rdzv-endpoint HOST:PORT too, node rank 0's address, the same on every node (or --multi-node under srun)")
+    return group(nnodes, node_rank, endpoint, rdzv_id or "preflight")
+
+
+@dataclass(frozen=True)
+class LocalSide:
+    addr: str  # this node's address towards the endpoint: torchrun's --local-addr
+    ifname: str | None  # the interface holding it: GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME
+
+
+def local_side(g: Group) -> LocalSide:
+    """Which of this node's addresses and interfaces reach the endpoint (the kernel's
+    route, asked with a UDP connect that sends nothing). Node rank 0 hosts the
+    rendezvous, so there the endpoint must be one of its own addresses."""
+    try:
+        infos = socket.getaddrinfo(g.host, g.port, type=socket.SOCK_DGRAM)
+    except socket.gaierror as e:
+        raise UsageError(f"--rdzv-endpoint {g.endpoint}: {g.host} does not resolve ({e.strerror}); give node rank 0's address or a name every node resolves") from None
+    family, _, _, _, target = infos[0]
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect(target)
+            addr = s.getsockname()[0]
+    except OSError as e:
+        raise UsageError(f"--rdzv-endpoint {g.endpoint}: no route from this node to {target[0]} ({e.strerror or e}); check the address and this node's network") from None
+    if g.node_rank == 0 and addr != target[0]:
+        raise UsageError(
+            f"--rdzv-endpoint {g.endpoint}: node rank 0 hosts the rendezvous, but {target[0]} is not an address of this node "
+            f"(its address towards it is {addr}); give node rank 0's own address, or run node rank 0 on {g.host}"
+        )
+    ifname = next((name for name, addrs in psutil.net_if_addrs().items() if any(a.address.split("%")[0] == addr for a in addrs)), None)
+    return LocalSide(addr, ifname)

@@ -7,11 +7,12 @@ as UsageError before a single check runs or a single file is written.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from preflight import __version__, nvml, profiles, registry
+from preflight import __version__, meeting, multinode, nvml, profiles, registry
 from preflight.check import Check, Context, Result, Status
 from preflight.console import Console
 from preflight.errors import UsageError
@@ -28,6 +29,8 @@ class Plan:
     checks: list[Check]
     detection_failure: DetectionFailed | None = None
     detection_seconds: float = 0.0
+    group: multinode.Group | None = None  # nccl and bandwidth across these nodes
+    side: multinode.LocalSide | None = None
     started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))  # detection counts
 
 
@@ -114,7 +117,17 @@ def plan(settings: Settings) -> Plan:
     if n and profile.gpu_count and n > profile.gpu_count:
         where = f"nproc_per_node {n} (--nproc-per-node, PREFLIGHT_NPROC_PER_NODE or config)"
         raise UsageError(f"{where}: profile {profile.name} has {profile.gpu_count} GPUs, and torchrun starts one rank per GPU; give at most {profile.gpu_count}")
-    return Plan(profile, checks, started_at=started_at)
+    group, side = _group(settings, selected)
+    return Plan(profile, checks, started_at=started_at, group=group, side=side)
+
+
+def _group(settings: Settings, selected: list[str]) -> tuple[multinode.Group | None, multinode.LocalSide | None]:
+    group = multinode.of(settings.nnodes, settings.node_rank, settings.rdzv_endpoint, settings.rdzv_id)
+    if group is None:
+        return None, None
+    if meeting.GROUP_CHECKS[0] not in selected:
+        raise UsageError(f"--nnodes {group.nnodes}: the group meets for the nccl check, which this run leaves out; select nccl (and bandwidth), or run each node alone without --nnodes")
+    return group, multinode.local_side(group)
 
 
 def _known_floors(profile: ResolvedProfile, selected: list[Check]) -> None:
@@ -148,21 +161,33 @@ def execute(plan: Plan, settings: Settings, console: Console, host: Host | None 
     host = host or Host()
     started = plan.started_at
     interrupted = None
+    group = None
     if plan.detection_failure is not None:
         results = [_detection_result(plan.detection_failure, plan.detection_seconds)]
         console.finish(results[0])
     else:
         assert plan.profile is not None
         ctx = Context(profile=plan.profile, settings=settings, host=host)
-        outcome = run_checks(
-            plan.checks,
-            ctx,
-            keep_going=settings.keep_going,
-            timeouts=plan.profile.timeouts,
-            on_start=console.start,
-            on_finish=console.finish,
-        )
-        results, interrupted = outcome.results, outcome.interrupted_by
+        if plan.group and plan.side:
+            budget = sum(min(plan.profile.timeouts.get(c.name, c.timeout_seconds), 3600) for c in plan.checks) + 3 * settings.rdzv_timeout + 2 * meeting.BYE
+            python = str(settings.python) if settings.python else sys.executable
+            ctx.meeting = meeting.Meeting(plan.group, plan.side, python, budget)
+        try:
+            outcome = run_checks(
+                plan.checks,
+                ctx,
+                keep_going=settings.keep_going,
+                timeouts=plan.profile.timeouts,
+                on_start=console.start,
+                on_finish=console.finish,
+                before=lambda check: meeting.gate(ctx, check),
+            )
+            results, interrupted = outcome.results, outcome.interrupted_by
+            if ctx.meeting and not interrupted:
+                group = meeting.finish(ctx, results)
+        finally:
+            if ctx.meeting and ctx.meeting.host:  # interrupted: the store goes with the run
+                ctx.meeting.host.wait(lambda _: True)
     finished = datetime.now(timezone.utc)
     verdict = verdict_of(results)
     return Report(
@@ -180,5 +205,6 @@ def execute(plan: Plan, settings: Settings, console: Console, host: Host | None 
         keep_going=settings.keep_going,
         interrupted_by_signal=interrupted,
         versions=versions_of(results),
+        group=group,
         checks=results,
     )

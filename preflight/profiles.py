@@ -131,11 +131,18 @@ class NcclExpect(BaseModel):
     # "fail" where the GPUs have NVLink, "warn" where P2P over PCIe is a bonus.
     p2p: Literal["fail", "warn", "any"] = "any"
     p2p_source: str | None = None
+    # What channels between nodes must use (preflight.nccl_net): "ib_gdrdma" where
+    # the SKU ships with a NIC per GPU and GPUDirect RDMA, "ib" where an RDMA
+    # network is enough, "any" where sockets are fine (report only).
+    network: Literal["ib_gdrdma", "ib", "any"] = "any"
+    network_source: str | None = None
 
     @model_validator(mode="after")
     def _cited(self) -> NcclExpect:
         if self.p2p != "any" and not self.p2p_source:
             raise ValueError(f"p2p = {self.p2p!r} needs p2p_source")
+        if self.network != "any" and not self.network_source:
+            raise ValueError(f"network = {self.network!r} needs network_source")
         if self.small_bytes >= self.large_bytes:
             raise ValueError("small_bytes must be below large_bytes")
         return self

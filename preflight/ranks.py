@@ -36,6 +36,7 @@ class RankReport(BaseModel):
     local_rank: int
     world_size: int
     host: str
+    node_rank: int = 0  # preflight's node rank in a group (PREFLIGHT_NODE_RANK)
     pid: int
     python: str
     stage: str  # import, init, the step under way, done
@@ -58,8 +59,10 @@ class RankReport(BaseModel):
 
 
 class RankOutcome(BaseModel):
-    rank: int
+    rank: int  # the local rank: which of this node's files and GPUs
     gpu: str | None  # "GPU 3" (nvidia-smi's index), None on CPU
+    global_rank: int | None = None  # across nodes, the rank in the whole group
+    node: str | None = None  # across nodes: "node 1 (gpu-node-17)"
     report: SerializeAsAny[RankReport] | None = None
     unreadable: str | None = None
     exit: str | None = None  # from torchrun's summary: "killed by SIGKILL"
@@ -67,7 +70,8 @@ class RankOutcome(BaseModel):
 
     @property
     def who(self) -> str:
-        return f"rank {self.rank}" + (f" ({self.gpu})" if self.gpu else "")
+        rank = self.rank if self.global_rank is None else self.global_rank
+        return f"rank {rank}" + (f" ({self.gpu})" if self.gpu else "") + (f" on {self.node}" if self.node else "")
 
 
 class RunFacts(BaseModel):
@@ -88,6 +92,14 @@ class RunFacts(BaseModel):
     leftover: list[str] = Field(default_factory=list)
     root_cause: int | None = None  # the rank torchrun saw fail first
     ranks: list[RankOutcome] = Field(default_factory=list)
+
+
+def count(f: RunFacts) -> str:
+    """"2 gloo rank(s)", or across nodes "8 gloo ranks on 4 nodes (2 here)"."""
+    world = max((o.report.world_size for o in f.ranks if o.report), default=f.nproc)
+    if world > f.nproc:
+        return f"{world} {f.backend} ranks on {world // f.nproc} nodes ({f.nproc} here)"
+    return f"{f.nproc} {f.backend} rank(s)"
 
 
 def time_left(deadline: float) -> float:
@@ -186,6 +198,8 @@ def collect(f: RunFacts, worker: launch.Worker, model: type[RankReport], env: di
         if r in done.reports:
             try:
                 outcome.report = model.model_validate(done.reports[r])
+                if outcome.report.world_size > f.nproc:  # a group of nodes: say which rank of it, on which node
+                    outcome.global_rank, outcome.node = outcome.report.rank, f"node {outcome.report.node_rank} ({outcome.report.host})"
             except ValidationError as e:
                 err = e.errors()[0]
                 outcome.unreadable = f"its report does not fit the expected shape ({'.'.join(map(str, err['loc']))}: {err['msg']})"

@@ -7,6 +7,7 @@ import tempfile
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -54,6 +55,9 @@ class Report(BaseModel):
     # The last passing run's finish, carried from the report this one replaces:
     # "has not passed since boot" compares it with the boot time.
     last_success_at: datetime | None = None
+    # Across nodes (--nnodes): the group, every node's outcome as it told this one
+    # (node rank 0's is the group's record), and the nodes that never said.
+    group: dict[str, Any] | None = None
     checks: list[Result]
 
 

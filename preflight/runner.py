@@ -125,6 +125,18 @@ def run_check(check: Check, ctx: Context, timeout: float) -> Result:
     return result
 
 
+def _before(before: Callable[[Check], Result | None], check: Check, outcome: Outcome) -> Result | None:
+    started = time.monotonic()
+    try:
+        result = before(check)
+    except Interrupted as sig:
+        outcome.interrupted_by = sig.signum
+        result = check.result(Status.ERROR, f"interrupted by signal {sig.signum} while meeting the group", cause="preflight was stopped (SIGTERM or Ctrl-C)")
+    if result is not None:
+        result.duration_seconds = round(time.monotonic() - started, 6)
+    return result
+
+
 def run_checks(
     checks: list[Check],
     ctx: Context,
@@ -133,7 +145,10 @@ def run_checks(
     timeouts: dict[str, float] | None = None,
     on_start: Hook = _noop,
     on_finish: FinishHook = _noop,
+    before: Callable[[Check], Result | None] = lambda _: None,
 ) -> Outcome:
+    """``before`` runs ahead of each check, outside its timeout (a group check's
+    meeting with its peers); a Result it returns stands for the check's own."""
     become_subreaper()
     outcome = Outcome()
     stopped_by: Result | None = None
@@ -145,6 +160,8 @@ def run_checks(
             result = check.result(Status.SKIP, f"skipped: {stopped_by.check} {verb}")
         elif reason := _unmet_requirement(check, ctx.results):
             result = check.result(Status.SKIP, f"skipped: {reason}")
+        elif (met := _before(before, check, outcome)) is not None:
+            result = met
         else:
             on_start(check)
             timeout = min((timeouts or {}).get(check.name, check.timeout_seconds), MAX_TIMEOUT)

@@ -61,6 +61,15 @@ class _Common(BaseModel):
     nproc_per_node: int | None = Field(default=None, ge=1, le=256)
     # torchrun's rendezvous port on 127.0.0.1 (a firewall may want it fixed); 0: a free one.
     rdzv_port: int = Field(default=0, ge=0, le=65535)
+    # A group of nodes (preflight/multinode.py): nccl and bandwidth run across all of
+    # them. nnodes 1 is a single node; the endpoint is node rank 0's HOST:PORT.
+    nnodes: int = Field(default=1, ge=1, le=4096)
+    node_rank: int = Field(default=0, ge=0)
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    # How long a node waits for its peers at each meeting (before nccl): nodes of
+    # one job start minutes apart under Kubernetes (image pulls), seconds under srun.
+    rdzv_timeout: float = Field(default=300.0, gt=0, le=86400, allow_inf_nan=False)
     # node_exporter's --collector.textfile.directory: `run` writes preflight.prom there.
     textfile_dir: Path | None = None
     # Where `preflight serve` listens. Loopback unless the site chooses otherwise:

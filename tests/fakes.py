@@ -507,3 +507,73 @@ def scontrol(directory: Path, show: str, log: Path, exit_code: int = 0, message:
     )
     exe.chmod(0o755)
     return directory
+
+
+def pairwise_node(directory: Path, behaviour: dict[str, dict[str, Any]], log: Path) -> Path:
+    """`fake-node HOST ARGV...` on a PATH of its own, the exec template of
+    `preflight pairwise` (`ssh HOST` and the remote `preflight run` in one):
+    records every call's arguments (one JSON list per line in ``log``) and
+    acts as ``behaviour[HOST]`` says:
+      {"report": {...}, "exit": N}   prints the report as JSON on stdout, exits N (default 0);
+                                     with "banner": a line on stdout before it, as a login script may
+      {"say": "...", "exit": N}      prints ``say`` on stderr, exits N, no JSON
+      {"hang": true}                 says it is waiting, then never answers, with a child
+                                     that carries this script's path in its arguments
+      {"stubborn": true}             hangs like "hang", and ignores SIGTERM
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    plan = directory / "behaviour.json"
+    plan.write_text(json.dumps(behaviour))
+    exe = directory / "fake-node"
+    exe.write_text(
+        f"#!{sys.executable}\n"
+        "import json, signal, subprocess, sys, time\n"
+        f"with open({str(log)!r}, 'a') as f:\n"
+        "    f.write(json.dumps(sys.argv[1:]) + '\\n')\n"
+        f"act = json.load(open({str(plan)!r}))[sys.argv[1]]\n"
+        "if act.get('hang') or act.get('stubborn'):\n"
+        "    if act.get('stubborn'):\n"
+        "        signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', sys.argv[0]])\n"
+        "    print('waiting for the rendezvous', file=sys.stderr, flush=True)\n"
+        "    time.sleep(600)\n"
+        "if 'say' in act:\n"
+        "    print(act['say'], file=sys.stderr)\n"
+        "if 'banner' in act:\n"
+        "    print(act['banner'])\n"
+        "if 'report' in act:\n"
+        "    print(json.dumps(act['report'], indent=2))\n"
+        "sys.exit(act.get('exit', 0))\n"
+    )
+    exe.chmod(0o755)
+    return directory
+
+
+# `cat /proc/driver/nvidia/version` as the two module flavours print it (public captures).
+NVIDIA_OPEN_VERSION = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.195.03  Release Build  (dvs-builder@U22-I3-H04-03-1)  Sat Sep 20 00:47:16 UTC 2025\n"
+NVIDIA_PROPRIETARY_VERSION = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.216.03  Thu Apr  3 01:14:19 UTC 2025\n"
+
+
+def rdma_host(root: Path, ports: dict[str, dict[int, str]] | None = None, modules: tuple[str, ...] = (),
+              memory_peers: bool = False, osrelease: str | None = None, nvidia_version: str | None = None) -> Path:
+    """A host root for preflight.nccl_net.gather: /sys/class/infiniband/<dev>/ports/<n>/state
+    (``{"mlx5_0": {1: "4: ACTIVE"}}``, the kernel's own wording), /sys/module/<name> for each
+    loaded module, nv_peer_mem's /sys/kernel/mm/memory_peers/nv_mem/version,
+    /proc/sys/kernel/osrelease and /proc/driver/nvidia/version."""
+    (root / "sys/class/infiniband").mkdir(parents=True, exist_ok=True)
+    for dev, states in (ports or {}).items():
+        for port, state in states.items():
+            (root / f"sys/class/infiniband/{dev}/ports/{port}").mkdir(parents=True)
+            (root / f"sys/class/infiniband/{dev}/ports/{port}/state").write_text(state + "\n")
+    for name in modules:
+        (root / f"sys/module/{name}").mkdir(parents=True)
+    if memory_peers:
+        (root / "sys/kernel/mm/memory_peers/nv_mem").mkdir(parents=True)
+        (root / "sys/kernel/mm/memory_peers/nv_mem/version").write_text("")  # NCCL checks only that it exists
+    if osrelease is not None:
+        (root / "proc/sys/kernel").mkdir(parents=True)
+        (root / "proc/sys/kernel/osrelease").write_text(osrelease + "\n")
+    if nvidia_version is not None:
+        (root / "proc/driver/nvidia").mkdir(parents=True)
+        (root / "proc/driver/nvidia/version").write_text(nvidia_version)
+    return root

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -259,3 +260,211 @@ def test_the_slurm_conf_snippet_points_at_the_shipped_programs() -> None:
     assert conf["HealthCheckProgram"] == "/usr/local/bin/preflight-healthcheck"
     assert conf["HealthCheckInterval"] == "300" and conf["HealthCheckNodeState"] == "ANY"
     assert conf["PrologFlags"] == "Alloc" and conf["Prolog"].endswith(".sh") and " " not in conf["Prolog"]
+
+
+# --- many nodes -------------------------------------------------------------------
+#
+# The multi-node examples run `preflight run --nnodes/--node-rank/--rdzv-endpoint/
+# --rdzv-id/--rdzv-timeout`, `--multi-node` and `preflight pairwise`: the parser
+# must accept each of them as written.
+
+MULTINODE_JOB = K8S / "multinode-job.yaml"
+README = EXAMPLES.parent / "README.md"
+
+
+def option(args: list[str], name: str) -> str | None:
+    """The value of ``name`` in ``args``, written ``--name=V`` or ``--name V``."""
+    for i, a in enumerate(args):
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+        if a == name and i + 1 < len(args):
+            return args[i + 1]
+    return None
+
+
+def kube_expand(arg: str, env: dict[str, str]) -> str:
+    """What the kubelet does to command and args: ``$(VAR)`` of a variable the
+    container has becomes its value, ``$$`` a literal ``$``, anything else stays."""
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                  lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), arg)
+
+
+def test_kube_expand_is_the_kubelets_substitution() -> None:
+    env = {"JOB_COMPLETION_INDEX": "3"}
+    assert kube_expand("--node-rank=$(JOB_COMPLETION_INDEX)", env) == "--node-rank=3"
+    assert kube_expand("$$(JOB_COMPLETION_INDEX)", env) == "$(JOB_COMPLETION_INDEX)"
+    assert kube_expand("$(UNSET)", env) == "$(UNSET)"
+
+
+def multinode_job() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The Service, the Job, its pod spec and its one container."""
+    d = docs(MULTINODE_JOB)
+    assert set(d) == {"Service", "Job"}
+    pod = d["Job"]["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    return d["Service"], d["Job"], pod, c
+
+
+def test_the_multinode_job_is_indexed_with_a_headless_service_for_its_pods_names() -> None:
+    svc, job, pod, _ = multinode_job()
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed"
+    assert spec["completions"] == spec["parallelism"] >= 2  # every pod at once, or they never all meet
+    # A failed index is not retried, and a failure does not end the Job while the others still run.
+    assert spec["backoffLimitPerIndex"] == 0 and "backoffLimit" not in spec
+    assert pod["restartPolicy"] == "Never"
+    # <job>-<index>.<service> resolves only with the Service as the pods' subdomain ...
+    assert pod["subdomain"] == svc["metadata"]["name"]
+    # ... a headless one, selecting these pods, publishing them before they are Ready.
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= labels.items()
+    assert svc.get("metadata", {}).get("namespace") == job.get("metadata", {}).get("namespace")
+
+
+def test_the_multinode_job_puts_one_pod_on_each_node_with_all_its_gpus_and_a_real_shm() -> None:
+    _, job, pod, c = multinode_job()
+    (term,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"].items() <= job["spec"]["template"]["metadata"]["labels"].items()
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert "IPC_LOCK" in c["securityContext"]["capabilities"]["add"]  # InfiniBand verbs pin memory
+    (shm,) = [v for v in pod["volumes"] if v["name"] == "dshm"]
+    assert shm["emptyDir"]["medium"] == "Memory" and shm["emptyDir"]["sizeLimit"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+
+
+def test_every_pod_of_the_multinode_job_runs_a_valid_command_for_its_own_rank() -> None:
+    svc, job, _, c = multinode_job()
+    name, n = job["metadata"]["name"], job["spec"]["completions"]
+    args = preflight_args([*c.get("command", []), *c.get("args", [])])
+    assert args is not None and args[0] == "run"
+    assert option(args, "--profile") == "auto"
+    assert option(args, "--nnodes") == str(n)
+    assert option(args, "--node-rank") == "$(JOB_COMPLETION_INDEX)"  # the Job controller sets it in every pod
+    assert option(args, "--rdzv-id") == name
+    host, _, port = (option(args, "--rdzv-endpoint") or "").rpartition(":")
+    assert host == f"{name}-0.{svc['metadata']['name']}"  # pod 0, node rank 0, hosts the store
+    # torchrun's store on PORT, preflight's meeting point on PORT+1: both through the Service, both declared.
+    assert {int(port), int(port) + 1} <= {p["port"] for p in svc["spec"]["ports"]}
+    assert {int(port), int(port) + 1} <= {p["containerPort"] for p in c["ports"]}
+    # preflight resolves the endpoint as it starts: each pod first waits for pod 0's name.
+    (wait,) = job["spec"]["template"]["spec"]["initContainers"]
+    assert host in wait["command"] and "getent" in " ".join(wait["command"])
+    for index in range(n):
+        expanded = [kube_expand(a, {"JOB_COMPLETION_INDEX": str(index)}) for a in args]
+        assert option(expanded, "--node-rank") == str(index)
+        parse(expanded)
+
+
+def test_the_multinode_job_writes_its_own_report_on_each_node_not_the_boot_gates() -> None:
+    _, _, pod, c = multinode_job()
+    args = preflight_args([*c.get("command", []), *c.get("args", [])]) or []
+    report = Path(option(args, "--report") or "")
+    assert report != Path("/var/lib/preflight/report.json")  # a failed group would mark the good nodes failed
+    (mount,) = [m for m in c["volumeMounts"] if report.parent == Path(m["mountPath"])]
+    (vol,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert vol["hostPath"]["path"] == mount["mountPath"]
+
+
+def sbatch_options(path: Path) -> dict[str, str]:
+    """The #SBATCH options: ``--key=value``, ``--key value``, ``-N 2``, or a bare flag ("")."""
+    opts = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("#SBATCH "):
+            words = shlex.split(line[len("#SBATCH "):])
+            key, _, value = words[0].partition("=")
+            opts[key] = value or " ".join(words[1:])
+    return opts
+
+
+@pytest.mark.parametrize("name", ["multinode.sbatch", "pairwise.sbatch"])
+def test_the_sbatch_scripts_ask_for_whole_nodes_one_task_each(name: str) -> None:
+    script = SLURM / name
+    assert script.read_text().startswith("#!/bin/bash\n")
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    if shutil.which("shellcheck"):
+        done = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout
+    # sbatch stops reading #SBATCH at the first command.
+    lines = script.read_text().splitlines()
+    first_code = lines.index(code_lines(script)[0])
+    assert max(i for i, line in enumerate(lines) if line.startswith("#SBATCH ")) < first_code
+    opts = sbatch_options(script)
+    assert int(opts.get("-N") or opts["--nodes"]) >= 2
+    assert opts["--ntasks-per-node"] == "1"  # preflight starts one rank per GPU itself
+    assert opts.get("--gpus-per-node") == "8" or "--exclusive" in opts
+    assert opts["--time"]
+
+
+@pytest.fixture
+def srun(recorders: Path) -> Path:
+    """An `srun` that records its arguments and runs the command after its options
+    on "gpu-01", as one task of a step would, and an `scontrol` that lists the nodes."""
+    tmp = recorders.parent
+    (recorders / "srun").write_text(
+        f'#!/bin/sh\nprintf "%s\\n" "$@" > "{tmp}/srun.args"\n'
+        'while [ $# -gt 0 ]; do case "$1" in -*) shift ;; *) break ;; esac; done\n'
+        'SLURMD_NODENAME=gpu-01 exec "$@"\n')
+    (recorders / "scontrol").write_text('#!/bin/sh\n[ "$1 $2" = "show hostnames" ] && printf "gpu-01\\ngpu-02\\ngpu-03\\n"\n')
+    for f in ("srun", "scontrol"):
+        (recorders / f).chmod(0o755)
+    return recorders
+
+
+def test_the_multinode_sbatch_runs_one_valid_preflight_per_node_and_passes_its_exit_code(srun: Path, tmp_path: Path) -> None:
+    env = _env(srun, SLURM_JOB_ID="4242", SLURM_SUBMIT_DIR=str(tmp_path), SLURM_JOB_NODELIST="gpu-[01-03]", FAKE_EXIT="1")
+    done = subprocess.run(["bash", str(SLURM / "multinode.sbatch"), "--profile", "h100-sxm"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr  # srun's exit code: the highest of its tasks'
+    srun_args = (tmp_path / "srun.args").read_text().splitlines()
+    assert "--ntasks-per-node=1" in srun_args and "--kill-on-bad-exit=0" in srun_args
+    args = (tmp_path / "preflight.args").read_text().splitlines()
+    reports = tmp_path / "preflight-4242"
+    assert args == ["run", "--multi-node", "--report", f"{reports}/gpu-01.json", "--profile", "h100-sxm"]
+    parse(args)
+    assert f"reports in {reports}" in done.stdout
+
+
+def test_the_multinode_sbatch_says_each_nodes_verdict(srun: Path, tmp_path: Path, reports: dict[str, Path]) -> None:  # noqa: F811
+    d = tmp_path / "preflight-4242"
+    d.mkdir()
+    (d / "gpu-01.json").write_text(reports["pass"].read_text())
+    (d / "gpu-02.json").write_text(reports["fail"].read_text())
+    env = _env(srun, SLURM_JOB_ID="4242", SLURM_SUBMIT_DIR=str(tmp_path), SLURM_JOB_NODELIST="gpu-[01-03]")
+    done = subprocess.run(["bash", str(SLURM / "multinode.sbatch")], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    said = done.stdout.splitlines()
+    assert "gpu-01: pass" in said
+    assert "gpu-02: fail: shm FAIL: /dev/shm is 64 MiB, below the 1 GiB floor" in said
+    assert "gpu-03: no report (FileNotFoundError)" in said
+
+
+def test_the_pairwise_sbatch_runs_a_valid_pairwise(recorders: Path, tmp_path: Path) -> None:
+    done = subprocess.run(["bash", str(SLURM / "pairwise.sbatch"), "--tolerance", "0.7"], env=_env(recorders, FAKE_EXIT="1"),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr  # pairwise's own
+    args = (tmp_path / "preflight.args").read_text().splitlines()
+    assert args[0] == "pairwise" and args[-2:] == ["--tolerance", "0.7"]
+    parse(args)
+
+
+def readme_section(title: str) -> str:
+    text = README.read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else None]
+
+
+def test_every_preflight_command_in_the_readmes_many_nodes_section_is_valid() -> None:
+    section = readme_section("Many nodes")
+    found = []
+    for block in re.findall(r"```sh\n(.*?)```", section, re.DOTALL):
+        for line in block.splitlines():
+            words = shlex.split(line, comments=True)
+            if "preflight" in words:
+                found.append(words[words.index("preflight") + 1:])
+    assert len(found) >= 4, found
+    for args in found:
+        parse(args)

@@ -41,6 +41,10 @@ def whoami() -> Rank:
     return Rank(int(env.get("RANK", "0")), int(env.get("LOCAL_RANK", "0")), world, int(env.get("LOCAL_WORLD_SIZE", str(world))))
 
 
+# Files are named by LOCAL rank: each node's agent reads its own ranks' files, and
+# on one node the local rank is the rank. The global rank is inside the report.
+
+
 def redirect_output(out: str | None, rank: int) -> None:
     """Send this rank's stdout and stderr (Python's and the C libraries') to
     rank{N}.log in ``out``: the agent reads its last line when the rank
@@ -71,6 +75,7 @@ def base_report(r: Rank) -> dict:
         "local_rank": r.local_rank,
         "world_size": r.world_size,
         "host": socket.gethostname(),
+        "node_rank": int(os.environ.get("PREFLIGHT_NODE_RANK", "0")),  # preflight's node rank, not torchrun's GROUP_RANK
         "pid": os.getpid(),
         "python": sys.executable,
         "stage": "import",

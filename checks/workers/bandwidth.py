@@ -68,11 +68,11 @@ def main() -> int:
     args = p.parse_args()
 
     me = _rank.whoami()
-    _rank.redirect_output(args.out, me.rank)
+    _rank.redirect_output(args.out, me.local_rank)
     steps = [s for s in (args.steps or "").split(",") if s] or list(GPU_STEPS if args.device == "cuda" else CPU_STEPS)
     report = _rank.base_report(me)
     report.update(backend=args.backend, device=args.device, steps=steps, step=0, results=[], binding=None, step_seconds={})
-    save = lambda: _rank.write_report(args.out, me.rank, report)  # noqa: E731
+    save = lambda: _rank.write_report(args.out, me.local_rank, report)  # noqa: E731
     fault = _rank.Fault(me.rank, first_op=steps[0])
     fault.at("start")
     save()

@@ -42,10 +42,10 @@ def main() -> int:
     args = p.parse_args()
 
     me = _rank.whoami()
-    _rank.redirect_output(args.out, me.rank)
+    _rank.redirect_output(args.out, me.local_rank)
     report = _rank.base_report(me)
     report.update(backend=args.backend, device=args.device, ops=[], init_seconds=None, first_collective_seconds=None)
-    save = lambda: _rank.write_report(args.out, me.rank, report)  # noqa: E731
+    save = lambda: _rank.write_report(args.out, me.local_rank, report)  # noqa: E731
     fault = _rank.Fault(me.rank, first_op="all_reduce_fp32_small")
     fault.at("start")  # before the first report: a rank that never reports at all
     save()
@@ -62,7 +62,7 @@ def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
         report["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
     if args.nccl_debug and args.out and args.backend == "nccl":
         # Read by NCCL at its first call, which is init_process_group below.
-        os.environ.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS=NCCL_SUBSYS, NCCL_DEBUG_FILE=os.path.join(args.out, f"nccl.rank{me.rank}.log"))
+        os.environ.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS=NCCL_SUBSYS, NCCL_DEBUG_FILE=os.path.join(args.out, f"nccl.rank{me.local_rank}.log"))
     save()
 
     t = time.perf_counter()

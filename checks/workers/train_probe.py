@@ -59,11 +59,11 @@ def main() -> int:
     args = p.parse_args()
 
     me = _rank.whoami()
-    _rank.redirect_output(args.out, me.rank)
+    _rank.redirect_output(args.out, me.local_rank)
     report = _rank.base_report(me)
     report.update(backend=args.backend, device=args.device, losses=[], step_seconds=[], compute_seconds=[], gemm_seconds=[], params=None,
                   logits_checksum=None, logits_checksums=None, param_checksums=None, nonfinite_step=None, shrunk=None, tokens_per_step=None)
-    save = lambda: _rank.write_report(args.out, me.rank, report)  # noqa: E731
+    save = lambda: _rank.write_report(args.out, me.local_rank, report)  # noqa: E731
     fault = _rank.Fault(me.rank, first_op="steps")
     fault.at("start")
     save()

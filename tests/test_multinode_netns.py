@@ -1,0 +1,193 @@
+"""`preflight run --nnodes` for real: each "host" a network namespace on one
+bridge (tests/netns.py), each running the cpu profile's gloo ranks, meeting
+through node rank 0's address as real nodes do. Faults are real too: a 64 MiB
+/dev/shm mounted in a private mount namespace, a node never started, an
+endpoint nobody serves, a link set down in the middle of a run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import netns
+from conftest import clean_env, fast_profile, workers_left
+
+pytestmark = netns.needs_netns
+
+
+class Node:
+    def __init__(self, tmp: Path, i: int, proc: subprocess.Popen):
+        self.i, self.proc, self.tmp = i, proc, tmp
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        self.started = time.monotonic()
+        self.seconds: float | None = None
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            self.lines.append(line)
+
+    def wait(self, timeout: float = 400) -> int:
+        rc = self.proc.wait(timeout=timeout)
+        self.reader.join(10)
+        self.seconds = time.monotonic() - self.started
+        return rc
+
+    @property
+    def out(self) -> str:
+        return "".join(self.lines)
+
+    def report(self) -> dict:
+        return json.loads((self.tmp / f"report{self.i}.json").read_text())
+
+    def check(self, name: str) -> dict:
+        return next(c for c in self.report()["checks"] if c["check"] == name)
+
+
+def start(net: netns.Net, tmp: Path, env: dict[str, str], i: int, nnodes: int, *extra: str, endpoint: str | None = None,
+          shm: str | None = None, profile: str = "cpu-fast") -> Node:
+    argv = [sys.executable, "-m", "preflight", "run", "--profile", profile, "--nnodes", str(nnodes), "--node-rank", str(i),
+            "--rdzv-endpoint", endpoint or f"{net.hosts[0].addr}:29500", "--rdzv-id", f"t-{net.tag}",
+            "--lock-file", str(tmp / f"{i}.lock"), "--report", str(tmp / f"report{i}.json"), *extra]
+    if shm:  # this node's own /dev/shm, as a container runtime would give it
+        argv = ["unshare", "-m", "sh", "-c", f'mount -t tmpfs -o size={shm} tmpfs /dev/shm && exec "$@"', "sh", *argv]
+    proc = subprocess.Popen(net.hosts[i].argv(*argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return Node(tmp, i, proc)
+
+
+@pytest.fixture
+def env(tmp_path):
+    (tmp_path / "tmp").mkdir()
+    return {**fast_profile(tmp_path, "bandwidth", 150), "TMPDIR": str(tmp_path / "tmp")}
+
+
+def finish(net: netns.Net, nodes: list[Node], tmp_path: Path) -> None:
+    try:
+        for n in nodes:
+            if n.proc.poll() is None:
+                n.proc.kill()
+                n.proc.wait(10)
+        assert workers_left(tmp_path) == ""
+    finally:
+        net.cleanup()
+
+
+def test_two_nodes_pass_and_both_report_the_inter_node_figures(tmp_path, env):
+    net = netns.make(2)
+    nodes: list[Node] = []
+    try:
+        for i in range(2):
+            (tmp_path / f"prom{i}").mkdir()
+            nodes.append(start(net, tmp_path, env, i, 2, "--only", "shm,nccl,bandwidth", "--textfile-dir", str(tmp_path / f"prom{i}")))
+        assert [n.wait() for n in nodes] == [0, 0], "\n".join(n.out for n in nodes)
+        for n in nodes:
+            bw = n.check("bandwidth")
+            got = {(m["name"], m["labels"].get("stat")): m for m in bw["measurements"]}
+            busbw, p50 = got[("internode_allreduce_bus_bandwidth", None)], got[("internode_allreduce_latency", "p50")]
+            assert busbw["value"] > busbw["floor"] > 0 and 0 < p50["value"] < p50["ceiling"]
+            assert "4 gloo ranks on 2 nodes" in bw["summary"]
+            prom = (tmp_path / f"prom{n.i}" / "preflight.prom").read_text()
+            assert "preflight_internode_allreduce_bus_bandwidth_bytes_per_second{" in prom
+            assert 'preflight_internode_allreduce_latency_seconds{stat="p50"}' in prom
+            assert "preflight_group_passed 1.0" in prom
+        group = nodes[0].report()["group"]
+        assert group["passed"] and [x["node_rank"] for x in group["nodes"]] == [0, 1]
+        assert all(x["figures"]["internode_allreduce_bus_bandwidth"] > 0 for x in group["nodes"])
+        assert 'preflight_group_node_passed{node_rank="1"} 1.0' in (tmp_path / "prom0" / "preflight.prom").read_text()
+    finally:
+        finish(net, nodes, tmp_path)
+
+
+def test_a_node_whose_local_check_fails_keeps_out_and_its_peer_names_it(tmp_path, env):
+    net = netns.make(2)
+    nodes: list[Node] = []
+    try:
+        nodes = [start(net, tmp_path, env, 0, 2, "--only", "shm,nccl", "--rdzv-timeout", "120"),
+                 start(net, tmp_path, env, 1, 2, "--only", "shm,nccl", "--rdzv-timeout", "120", shm="64m")]
+        assert [n.wait() for n in nodes] == [1, 1]
+        out, peer = nodes[1], nodes[0]
+        assert out.check("shm")["status"] == "FAIL" and out.check("nccl")["status"] == "SKIP"
+        assert "kept out of the 2-node group" in out.check("nccl")["summary"]
+        nccl = peer.check("nccl")
+        assert nccl["status"] == "FAIL" and nccl["summary"].startswith(f"node 1 (") and "kept out" in nccl["summary"]
+        assert net.hosts[1].addr in nccl["summary"] and "shm" in nccl["cause"] and "64" in nccl["cause"]
+        assert peer.seconds < 60  # told at once, not at the 120 s deadline
+    finally:
+        finish(net, nodes, tmp_path)
+
+
+def test_a_node_that_never_comes_is_named_when_the_wait_is_over(tmp_path, env):
+    net = netns.make(2)
+    nodes: list[Node] = []
+    try:
+        nodes = [start(net, tmp_path, env, 0, 2, "--only", "nccl", "--rdzv-timeout", "8")]
+        assert nodes[0].wait() == 1
+        nccl = nodes[0].check("nccl")
+        assert nccl["status"] == "FAIL" and "node 1 did not come to the nccl meeting within 8 s" in nccl["summary"]
+        assert nodes[0].seconds < 60
+    finally:
+        finish(net, nodes, tmp_path)
+
+
+def test_a_wrong_endpoint_is_a_clear_error(tmp_path, env):
+    net = netns.make(2)
+    nodes: list[Node] = []
+    try:
+        # Node rank 0 given another node's address: refused before anything runs.
+        nodes.append(start(net, tmp_path, env, 0, 2, "--only", "nccl", endpoint=f"{net.hosts[1].addr}:29500"))
+        assert nodes[0].wait() == 2
+        lines = nodes[0].out.strip().splitlines()
+        assert len(lines) == 1 and f"{net.hosts[1].addr} is not an address of this node" in lines[0] and not (tmp_path / "report0.json").exists()
+        # Node rank 1 pointed where nobody serves: fails within its wait, naming the endpoint.
+        nobody = net.hosts[0].addr.rsplit(".", 1)[0] + ".99"
+        nodes.append(start(net, tmp_path, env, 1, 2, "--only", "nccl", "--rdzv-timeout", "6", endpoint=f"{nobody}:29500"))
+        assert nodes[1].wait() == 1
+        nccl = nodes[1].check("nccl")
+        assert nccl["status"] == "FAIL" and f"could not meet the group at {nobody}:29501" in nccl["summary"]
+        assert nodes[1].seconds < 60
+    finally:
+        finish(net, nodes, tmp_path)
+
+
+def test_a_link_down_mid_run_fails_every_survivor_naming_the_lost_peer(tmp_path, env):
+    net = netns.make(3)
+    nodes: list[Node] = []
+    try:
+        nodes = [start(net, tmp_path, env, i, 3, "--only", "nccl,bandwidth") for i in range(3)]
+        deadline = time.monotonic() + 240
+        while not any("bandwidth" in line for line in nodes[0].lines):
+            assert time.monotonic() < deadline and nodes[0].proc.poll() is None, nodes[0].out
+            time.sleep(0.2)
+        time.sleep(3)  # inside the measurements
+        cut = time.monotonic()
+        net.link_down(net.hosts[2])
+        for n in nodes[:2]:
+            assert n.wait() == 1, n.out
+            assert time.monotonic() - cut < 150  # within the check's deadline and the last meeting's wait
+            bw = n.check("bandwidth")
+            text = bw["summary"] + " " + (bw["cause"] or "")
+            assert bw["status"] == "FAIL" and "node 2" in text and "stopped answering" in text, text
+        nodes[2].wait()
+        assert nodes[2].check("bandwidth")["status"] == "FAIL"
+        print("TIMING", time.monotonic() - cut, [(n.seconds, [(c["check"], c["duration_seconds"]) for c in n.report()["checks"]]) for n in nodes])
+    finally:
+        finish(net, nodes, tmp_path)
+
+
+def test_multi_node_reads_slurm_and_names_what_it_cannot_use(tmp_path):
+    fixture = Path(__file__).parent / "fixtures" / "slurm" / "env-srun-4-nodes-rank-2.txt"
+    slurm = dict(line.split("=", 1) for line in fixture.read_text().splitlines() if "=" in line and not line.startswith("#"))
+    p = subprocess.run([sys.executable, "-m", "preflight", "run", "--profile", "cpu", "--multi-node", "--lock-file", str(tmp_path / "l")],
+                       env={**clean_env(), **slurm}, capture_output=True, text=True, timeout=60)
+    # The first host of the allocation is the endpoint; it does not resolve on this machine.
+    first = "gpu-01"  # gpu-[01-03,07]
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and f"--rdzv-endpoint {first}" in p.stderr and "does not resolve" in p.stderr
+    both = subprocess.run([sys.executable, "-m", "preflight", "run", "--multi-node", "--nnodes", "2"], env={**clean_env(), **slurm}, capture_output=True, text=True, timeout=60)
+    assert both.returncode == 2 and "--multi-node reads --nnodes from Slurm" in both.stderr
