@@ -421,10 +421,10 @@ def test_the_multinode_sbatch_runs_one_valid_preflight_per_node_and_passes_its_e
     srun_args = (tmp_path / "srun.args").read_text().splitlines()
     assert "--ntasks-per-node=1" in srun_args and "--kill-on-bad-exit=0" in srun_args
     args = (tmp_path / "preflight.args").read_text().splitlines()
-    reports = tmp_path / "preflight-4242"
-    assert args == ["run", "--multi-node", "--report", f"{reports}/gpu-01.json", "--profile", "h100-sxm"]
+    where = tmp_path / "preflight-4242"
+    assert args == ["run", "--multi-node", "--report", f"{where}/gpu-01.json", "--profile", "h100-sxm"]
     parse(args)
-    assert f"reports in {reports}" in done.stdout
+    assert f"reports in {where}" in done.stdout
 
 
 def test_the_multinode_sbatch_says_each_nodes_verdict(srun: Path, tmp_path: Path, reports: dict[str, Path]) -> None:  # noqa: F811

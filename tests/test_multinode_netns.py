@@ -116,7 +116,7 @@ def test_a_node_whose_local_check_fails_keeps_out_and_its_peer_names_it(tmp_path
         assert out.check("shm")["status"] == "FAIL" and out.check("nccl")["status"] == "SKIP"
         assert "kept out of the 2-node group" in out.check("nccl")["summary"]
         nccl = peer.check("nccl")
-        assert nccl["status"] == "FAIL" and nccl["summary"].startswith(f"node 1 (") and "kept out" in nccl["summary"]
+        assert nccl["status"] == "FAIL" and nccl["summary"].startswith("node 1 (") and "kept out" in nccl["summary"]
         assert net.hosts[1].addr in nccl["summary"] and "shm" in nccl["cause"] and "64" in nccl["cause"]
         assert peer.seconds < 60  # told at once, not at the 120 s deadline
     finally:
@@ -176,7 +176,6 @@ def test_a_link_down_mid_run_fails_every_survivor_naming_the_lost_peer(tmp_path,
             assert bw["status"] == "FAIL" and "node 2" in text and "stopped answering" in text, text
         nodes[2].wait()
         assert nodes[2].check("bandwidth")["status"] == "FAIL"
-        print("TIMING", time.monotonic() - cut, [(n.seconds, [(c["check"], c["duration_seconds"]) for c in n.report()["checks"]]) for n in nodes])
     finally:
         finish(net, nodes, tmp_path)
 
