@@ -55,7 +55,7 @@ class Meeting:
                     f"--rdzv-endpoint {self.group.endpoint}: port {port} is in use on this node "
                     "(node rank 0 hosts torchrun's store on PORT and preflight's on PORT+1); stop what holds it or choose another port"
                 ) from None
-        args = ["host", "--endpoint", f"{self.group.host}:{self.group.meeting_port}", "--id", self.group.rdzv_id, "--nnodes", str(self.group.nnodes)]
+        args = ["host", "--endpoint", f"{self.group.host}:{self.group.meeting_port}", "--id", self.group.rdzv_id, "--nnodes", str(self.group.nnodes), "--timeout", f"{budget:g}"]
         try:
             self.host = launch.start(self.python, launch.Worker("meeting.py", args), budget)
         except (launch.LaunchError, OSError) as e:

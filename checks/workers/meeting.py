@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 import time
 
@@ -42,7 +43,7 @@ def main() -> int:
     p.add_argument("--node-rank", type=int, default=0)
     p.add_argument("--phase", choices=PHASES, default="nccl")
     p.add_argument("--status", default="{}", help="this node's post, JSON; {\"ok\": false, \"why\": ...} keeps it out")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the others")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the others (host: to serve at most)")
     p.add_argument("--wait-all", action="store_true", help="wait for every node, not only until one is out")
     p.add_argument("--expect", default="", help="bye: the nodes to wait for, comma-separated (default: all)")
     args = p.parse_args()
@@ -69,8 +70,13 @@ def main() -> int:
         store.set(f"{args.id}/open", "1")
         report.update(stage="serving")
         save()
-        while True:  # until the agent ends it: it knows when every node has said bye
-            time.sleep(3600)
+        # Until the agent ends it (it knows when every node has said bye); should the
+        # agent itself die, the store must not hold the port after it: --timeout or
+        # a new parent ends it.
+        parent = os.getppid()
+        while time.monotonic() < deadline and os.getppid() == parent:
+            time.sleep(0.5)
+        return 0
     store = connect(TCPStore, host, int(port), args.id, deadline, report, save)
     if store is None:
         return 1
