@@ -726,3 +726,19 @@ def test_a_rank_that_raised_leads_over_the_peer_torchrun_then_terminated():
     assert x.cause.index("unspecified launch failure") < x.cause.index("rank 0 (GPU 0) died")
     (x,) = nccl.judge_run(facts([victim, raised], ended="exit 1", returncode=1))  # no summary from torchrun
     assert x.summary.startswith("rank 1 (GPU 1) failed")
+
+
+def test_across_nodes_sockets_on_an_ib_profile_fail_naming_the_cause():
+    # A group run's facts (2 nodes, one GPU each): this node has rank 0; NCCL's log says sockets because IB was disabled.
+    from preflight import nccl_net
+
+    path = next((FIXTURES / "nccl" / "net-logs").glob("net-socket-ib-disabled-no-device_*.log"))
+    text = path.read_text()
+    f = NcclFacts(python="python", backend="nccl", nproc=1, nccl=nccl_log.parse(text), nccl_text=text,
+                  net=nccl_net.NetFacts(env={"NCCL_IB_DISABLE": "1"}))
+    f.ranks = [RankOutcome(rank=0, gpu="GPU 0", global_rank=0, node="node 0 (a)")]
+    expect = NcclExpect(init_source="test", network="ib_gdrdma", network_source="test")
+    found, details = nccl.judge_network(f, expect)
+    assert found and found[0].status == Status.FAIL and "NCCL_IB_DISABLE" in found[0].cause and details
+    alone = f.model_copy(update={"net": None})  # one node: no network judged
+    assert nccl.judge_network(alone, expect) == ([], None)
