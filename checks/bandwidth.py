@@ -78,6 +78,7 @@ WORDS = {
     "internode_allgather_bus_bandwidth": "inter-node all_gather bus bandwidth",
     "internode_reducescatter_bus_bandwidth": "inter-node reduce_scatter bus bandwidth",
     "internode_allreduce_latency": "inter-node small all_reduce latency p50",
+    "internode_allreduce_latency_p99": "inter-node small all_reduce latency p99",
 }
 _COLL = (
     "NCCL left NVLink for SHM or sockets (the nccl check's transports; NCCL_P2P_DISABLE, NCCL_P2P_LEVEL), "

@@ -124,6 +124,7 @@ def run(
     rdzv_endpoint: Annotated[Optional[str], typer.Option("--rdzv-endpoint", help="HOST:PORT of node rank 0, the same on every node (PORT+1 is used too).", rich_help_panel="Many nodes")] = None,
     rdzv_id: Annotated[Optional[str], typer.Option("--rdzv-id", help="The group's id, the same on every node. [default: preflight]", rich_help_panel="Many nodes")] = None,
     rdzv_timeout: Annotated[Optional[float], typer.Option("--rdzv-timeout", help="Seconds to wait for every node to arrive. [default: 300]", rich_help_panel="Many nodes")] = None,
+    scratch: Annotated[bool, typer.Option("--scratch", help="Not this node's gate (pairwise, a trial): write neither the configured report nor textfile.")] = False,
     multi_node: Annotated[bool, typer.Option("--multi-node", help="Take --nnodes, --node-rank and the endpoint from Slurm (srun -N N --ntasks-per-node=1).", rich_help_panel="Many nodes")] = False,
     nvml_fake: FakeOpt = None,
 ) -> int:
@@ -138,6 +139,10 @@ def run(
         nproc_per_node=nproc_per_node, rdzv_port=rdzv_port, rdzv_timeout=rdzv_timeout,
         **_group_flags(multi_node, nnodes, node_rank, rdzv_endpoint, rdzv_id),
     )
+    if scratch:
+        if report is not None or textfile_dir is not None:
+            raise UsageError("--scratch writes no report and no textfile; leave out --report and --textfile-dir")
+        s.report = s.textfile_dir = None
     for name in settings_mod.unknown_env():
         console.note(f"warning: {name} is not a preflight setting and is ignored")
     report_path = reports.check_writable(s.report) if s.report is not None else None
@@ -407,8 +412,7 @@ def pairwise(
     """Run nccl and bandwidth on pairs of nodes, in rounds, and name the slow or broken node."""
     from preflight import pairwise as pw
 
-    with _Signals():
-        return pw.main(hosts, exec_template, preflight_cmd, profile or "auto", port, timeout, tolerance, json_out, _console())
+    return pw.main(hosts, exec_template, preflight_cmd, profile or "auto", port, timeout, tolerance, json_out, _console())  # its own signal handling
 
 
 @app.command("list")

@@ -43,6 +43,8 @@ class Meeting:
         self.host: launch.Running | None = None
         self.reached: str | None = None  # the last phase this node posted in
         self.broken = False  # a meeting found the group cannot go on: no more meetings but bye
+        self.final: Gathered | None = None  # the last meeting: after the group checks, or the one it stayed out of
+        self.missing: set[int] = set()  # nodes that did not come to a meeting within its wait
         if group.node_rank == 0:
             self._host(budget)
 
@@ -84,23 +86,27 @@ class Meeting:
         self.reached = phase
         started = time.monotonic()
         try:
-            done = launch.start(self.python, launch.Worker("meeting.py", args), timeout + 15).wait()
+            done = launch.start(self.python, launch.Worker("meeting.py", args), timeout + START).wait()  # its clock starts after torch's import
         except (launch.LaunchError, OSError) as e:
             return Gathered(phase, error=f"the meeting could not start: {getattr(e, 'cause', None) or e}")
         rep = done.reports.get(0) or {}
-        g = Gathered(phase, {int(r): n for r, n in (rep.get("nodes") or {}).items()}, list(rep.get("missing") or []), rep.get("error"), round(time.monotonic() - started, 3))
+        error = rep.get("error")
+        if rep.get("error_kind") == "no_torch":
+            error = f"this node cannot meet the group: torch is not importable by {self.python} ({error}); point --python at the training environment's interpreter"
+        g = Gathered(phase, {int(r): n for r, n in (rep.get("nodes") or {}).items()}, list(rep.get("missing") or []), error, round(time.monotonic() - started, 3))
         if done.timed_out or (rep.get("stage") != "done" and not g.error):
             g.error = f"the meeting did not finish ({done.how_it_ended}); last output: {done.last_line(0)}"
         self.last.update({r: n for r, n in g.nodes.items() if phase != "bye"})
+        self.missing.update(g.missing)
         return g
 
-    def close(self, expect: list[int]) -> None:
-        """Node rank 0: keep the store until the nodes still reading have said bye, then end it."""
+    def close(self, expect: list[int], wait: float) -> None:
+        """Node rank 0: keep the store until ``expect`` have said bye (at most ``wait`` s), then end it."""
         if self.host is None:
             return
         try:
             if expect:
-                self.call("bye", {}, BYE, wait_all=True, expect=expect)
+                self.call("bye", {}, wait, wait_all=True, expect=expect)
         finally:
             self.host.wait(lambda _: True)
             self.host = None
@@ -115,6 +121,8 @@ class Meeting:
 def problem(m: Meeting, g: Gathered, timeout: float) -> tuple[str, str, str] | None:
     """(summary, cause, remedy) when the group cannot go on, else None."""
     out = {r: n for r, n in g.out().items() if r != m.group.node_rank}
+    if g.error and "torch is not importable" in g.error:
+        return ("could not meet the group: torch is not importable", g.error, "point --python at the training environment's interpreter, or install torch there")
     if g.error:
         rank0 = m.who(0)
         return (f"could not meet the group at {m.group.host}:{m.group.meeting_port}",
@@ -142,11 +150,15 @@ def gate(ctx: Any, check: Any) -> Any:
     from preflight.check import Status
 
     m: Meeting | None = ctx.meeting
-    if m is None or check.name not in GROUP_CHECKS:
+    if m is None:
+        return None
+    if check.name not in GROUP_CHECKS:
+        if m.reached in GROUP_CHECKS and m.final is None:
+            after(ctx, list(ctx.results.values()))
         return None
     failed = next((r for r in ctx.results.values() if r.status in (Status.FAIL, Status.ERROR)), None)
     why = f"its {failed.check} check did not pass ({failed.status.value}): {failed.summary}" if failed else None
-    timeout = ctx.settings.rdzv_timeout if check.name == GROUP_CHECKS[0] else min(ctx.settings.rdzv_timeout, after_timeout(ctx))
+    timeout = ctx.settings.rdzv_timeout if check.name == GROUP_CHECKS[0] else after_timeout(ctx)
     g = m.call(check.name, {"ok": failed is None, "why": why}, timeout)
     size = f"{m.group.nnodes}-node group"
     found = problem(m, g, timeout)
@@ -180,41 +192,67 @@ def torchrun_group(ctx: Any, check: str, left: float) -> launch.Group | None:
     return launch.Group(m.group.nnodes, m.group.node_rank, m.group.endpoint, f"{m.group.rdzv_id}-{check}", m.side.addr, m.side.ifname, max(5.0, min(60.0, left / 3)))
 
 
+def after(ctx: Any, results: list[Any]) -> None:
+    """Right after the last group check (before train, which runs alone): meet once more
+    to tell what this node found. A peer that does not come stopped answering: it is
+    named in this node's failed group checks. Once per run; nothing after a broken meeting."""
+    from preflight.check import Status
+
+    m: Meeting = ctx.meeting
+    if m.reached not in GROUP_CHECKS or m.broken:
+        return
+    ours = [r for r in results if r.check in GROUP_CHECKS]
+    failed = next((r for r in ours if r.status in (Status.FAIL, Status.ERROR)), None)
+    post = {"ok": failed is None, "why": f"its {failed.check} check did not pass ({failed.status.value}): {failed.summary}" if failed else None,
+            "checks": {r.check: r.status.value for r in ours},
+            "figures": {f"{x.name}{'/' + x.labels['stat'] if 'stat' in x.labels else ''}": x.value for r in ours for x in r.measurements if x.name.startswith("internode_")}}
+    timeout = after_timeout(ctx)
+    m.final = m.call("after", post, timeout, wait_all=True)
+    gone = [m.who(r) for r in m.final.missing] + ([m.who(0) + " (it hosts the meeting point)"] if m.final.error and m.group.node_rank != 0 else [])
+    for r in m.final.missing:
+        m.last.pop(r, None)  # what it said earlier is not how it ended
+    if gone:
+        said = f"{', '.join(gone)} stopped answering: not at the last meeting within {timeout:g} s (dead, hung, or cut off from the network)"
+        for r in ours:
+            if r.status is Status.FAIL:
+                r.summary, r.cause = f"{r.summary} ({', '.join(gone)} stopped answering)", f"{r.cause or r.summary}; {said}"
+
+
 def finish(ctx: Any, results: list[Any]) -> dict[str, Any]:
-    """After the checks: a node that never met says it stays out; the others meet
-    once more to tell what they found, and name a peer that stopped answering in
-    their failed group checks. Node rank 0 then keeps the store until all read."""
+    """After the checks: a node that never met says it stays out; one that ran the group
+    checks meets after them if it has not yet. Node rank 0 then keeps the store until
+    every node still to come or still reading has said bye."""
     from preflight.check import Status
 
     m: Meeting = ctx.meeting
     g = m.group
-    failed = next((r for r in results if r.status in (Status.FAIL, Status.ERROR)), None)
-    why = f"its {failed.check} check did not pass ({failed.status.value}): {failed.summary}" if failed else None
-    last: Gathered | None = None
     if m.reached is None:  # fail-fast stopped this node before nccl: tell the others it stays out
-        last = m.call("nccl", {"ok": False, "why": why or "it ran no group check"}, ctx.settings.rdzv_timeout)
-        told = "the other nodes were told" if not last.error else f"the other nodes could not be told ({last.error})"
+        failed = next((r for r in results if r.status in (Status.FAIL, Status.ERROR)), None)
+        why = f"its {failed.check} check did not pass ({failed.status.value}): {failed.summary}" if failed else "it ran no group check"
+        m.final = m.call("nccl", {"ok": False, "why": why}, ctx.settings.rdzv_timeout)
+        told = "the other nodes were told" if not m.final.error else f"the other nodes could not be told ({m.final.error})"
         for r in results:
             if r.check in GROUP_CHECKS and r.status is Status.SKIP:
                 r.summary = f"{r.summary}; kept out of the {g.nnodes}-node group, {told}"
-    elif not m.broken:
-        ours = [r for r in results if r.check in GROUP_CHECKS]
-        post = {"ok": all(r.status in (Status.PASS, Status.WARN) for r in ours), "why": why,
-                "checks": {r.check: r.status.value for r in ours},
-                "figures": {f"{x.name}{'/' + x.labels['stat'] if 'stat' in x.labels else ''}": x.value for r in ours for x in r.measurements if x.name.startswith("internode_")}}
-        timeout = after_timeout(ctx)
-        last = m.call("after", post, timeout, wait_all=True)
-        gone = [m.who(r) for r in last.missing] + ([m.who(0) + " (it hosts the meeting point)"] if last.error and g.node_rank != 0 else [])
-        if gone:
-            said = f"{', '.join(gone)} stopped answering: not at the last meeting within {timeout:g} s (dead, hung, or cut off from the network)"
-            for r in ours:
-                if r.status is Status.FAIL:
-                    r.summary, r.cause = f"{r.summary} ({', '.join(gone)} stopped answering)", f"{r.cause or r.summary}; {said}"
-    if g.node_rank == 0:  # a node that missed the last meeting will not come to say bye either
-        present = set(last.nodes) if last else set(m.last)
-        m.close([r for r in range(1, g.nnodes) if r in present])
+    else:
+        after(ctx, results)
+    if g.node_rank == 0:
+        if m.final is not None and m.final.phase == "after" and not m.broken:
+            m.close([r for r in range(1, g.nnodes) if r in m.final.nodes], BYE)
+        else:  # the group broke: peers may still be on their way to hear why; wait for them, not for the known missing
+            m.close([r for r in range(1, g.nnodes) if r not in m.missing], ctx.settings.rdzv_timeout)
     nodes = [{"node_rank": r, **{k: v for k, v in n.items() if k != "phase"}} for r, n in sorted(m.last.items())]
     missing = [r for r in range(g.nnodes) if r not in m.last]
+    error = m.final.error if m.final else None
     return {"nnodes": g.nnodes, "node_rank": g.node_rank, "endpoint": g.endpoint, "rdzv_id": g.rdzv_id, "local_addr": m.side.addr,
-            "passed": not missing and len(nodes) == g.nnodes and all(n.get("ok") for n in nodes), "nodes": nodes, "missing": missing,
-            "meeting_error": last.error if last else None}
+            "passed": not missing and not error and len(nodes) == g.nnodes and all(n.get("ok") for n in nodes), "nodes": nodes, "missing": missing,
+            "meeting_error": error}
+
+
+def verdict_line(group: dict[str, Any]) -> str:
+    """One line for the console: which nodes of the group did not pass or never came."""
+    bad = [f"node {n['node_rank']} ({n.get('host') or '?'}): {n.get('why') or 'did not pass'}" for n in group["nodes"] if not n.get("ok")]
+    bad += [f"node {r}: did not come or stopped answering" for r in group["missing"]]
+    if group.get("meeting_error"):
+        bad.append(group["meeting_error"])
+    return f"{group['nnodes']}-node group did not pass: " + "; ".join(bad or ["see the group checks"])

@@ -229,10 +229,14 @@ class Launch:
     def argv(self, rnd: int, pair: tuple[Host, Host], ids: tuple[int, int], rank: int) -> list[str]:
         name, addr = pair[rank].name, pair[0].addr
         addr = f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr
-        return [*shlex.split(self.exec_template.format(host=name)), *shlex.split(self.preflight_cmd.format(host=name)),
+        # Killing ssh does not stop the remote run (no terminal, no hangup): it ends itself, before the round's deadline.
+        # A partner that never comes is given up on in a third of the round, so the side that came still answers.
+        # --scratch: a pair's verdict is not the node's own; the gate's report and metrics stay as they are.
+        return [*shlex.split(self.exec_template.format(host=name)), "timeout", "-k", "5", f"{max(5.0, self.timeout - 10):g}",
+                *shlex.split(self.preflight_cmd.format(host=name)),
                 "run", "--profile", self.profile, "--nnodes", "2", "--node-rank", str(rank),
                 "--rdzv-endpoint", f"{addr}:{self.port}", "--rdzv-id", f"preflight-pair-{rnd}-{ids[0]}-{ids[1]}",
-                "--only", "nccl,bandwidth", "--json", *self.extra]  # fmt: skip
+                "--rdzv-timeout", f"{max(5.0, self.timeout / 3):g}", "--only", "nccl,bandwidth", "--scratch", "--json", *self.extra]  # fmt: skip
 
 
 def stop_all(procs: list[subprocess.Popen]) -> None:

@@ -19,7 +19,7 @@ from preflight.errors import UsageError
 from preflight.host import Host
 from preflight.profiles import DetectionFailed, ResolvedProfile
 from preflight.report import EXIT_CODES, Report, verdict_of, versions_of
-from preflight.runner import run_checks
+from preflight.runner import Interrupted, run_checks
 from preflight.settings import Settings
 
 
@@ -184,7 +184,13 @@ def execute(plan: Plan, settings: Settings, console: Console, host: Host | None 
             )
             results, interrupted = outcome.results, outcome.interrupted_by
             if ctx.meeting and not interrupted:
-                group = meeting.finish(ctx, results)
+                try:
+                    group = meeting.finish(ctx, results)
+                except Interrupted as sig:  # the checks ran: their report is still written
+                    interrupted = sig.signum
+                if group and not group["passed"]:
+                    # The last meeting may have named a peer after the checks were printed.
+                    console.note("group: " + meeting.verdict_line(group))
         finally:
             if ctx.meeting and ctx.meeting.host:  # interrupted: the store goes with the run
                 ctx.meeting.host.wait(lambda _: True)

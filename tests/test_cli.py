@@ -657,3 +657,15 @@ def test_if_idle_without_a_driver_runs_and_names_the_fault(tmp_path):
     # NVML not answering is not "busy": the run goes ahead, so a broken node is reported, not skipped.
     p = run_preflight(["run", "--if-idle", "--profile", "cpu", "--only", "shm"])
     assert p.returncode == 0 and "not run" not in p.stderr and "[PASS] shm" in p.stderr
+
+
+def test_scratch_leaves_the_configured_report_and_textfile_alone(tmp_path):
+    # pairwise runs each side with --scratch: a pair's verdict must not become the node's gate report.
+    (tmp_path / "prom").mkdir()
+    config = tmp_path / "config.toml"
+    config.write_text(f'report = "{tmp_path / "report.json"}"\ntextfile_dir = "{tmp_path / "prom"}"\n')
+    r = run_preflight(["run", "--profile", "cpu", "--only", "shm", "--config", str(config), "--scratch", "--json", "--lock-file", str(tmp_path / "l")])
+    assert r.returncode == 0 and json.loads(r.stdout)["checks"][0]["check"] == "shm"
+    assert not (tmp_path / "report.json").exists() and list((tmp_path / "prom").iterdir()) == []
+    both = run_preflight(["run", "--profile", "cpu", "--scratch", "--report", str(tmp_path / "r.json")])
+    assert both.returncode == 2 and "--scratch writes no report" in both.stderr

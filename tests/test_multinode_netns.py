@@ -123,6 +123,22 @@ def test_a_node_whose_local_check_fails_keeps_out_and_its_peer_names_it(tmp_path
         finish(net, nodes, tmp_path)
 
 
+def test_node_rank_0_kept_out_still_tells_a_peer_that_comes_later(tmp_path, env):
+    # Rank 0 hosts the meeting point: staying out, it keeps it open until every peer has heard why.
+    net = netns.make(2)
+    nodes: list[Node] = []
+    try:
+        nodes.append(start(net, tmp_path, env, 0, 2, "--only", "shm,nccl", "--rdzv-timeout", "60", shm="64m"))
+        time.sleep(8)
+        nodes.append(start(net, tmp_path, env, 1, 2, "--only", "shm,nccl", "--rdzv-timeout", "60"))
+        assert [n.wait() for n in nodes] == [1, 1]
+        nccl = nodes[1].check("nccl")
+        assert nccl["status"] == "FAIL" and nccl["summary"].startswith("node 0 (") and "kept out" in nccl["summary"] and "shm" in nccl["cause"]
+        assert nodes[1].seconds < 45 and nodes[0].report()["group"]["nodes"][0]["ok"] is False
+    finally:
+        finish(net, nodes, tmp_path)
+
+
 def test_a_node_that_never_comes_is_named_when_the_wait_is_over(tmp_path, env):
     net = netns.make(2)
     nodes: list[Node] = []

@@ -314,8 +314,9 @@ def test_a_slow_host_is_named_with_its_figures_and_the_json_says_the_same(tmp_pa
     assert [(p["round"], p["a"], p["b"], p["result"]) for p in data["pairs"]] == [
         (1, "pf0", "pf1", "pass"), (1, "pf2", "pf3", "slow"), (2, "pf0", "pf2", "slow"), (2, "pf1", "pf3", "pass")]
     calls = [json.loads(line) for line in node.log.read_text().splitlines()]
-    assert sorted(calls)[0] == ["pf0", "preflight", "run", "--profile", "cpu", "--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "10.0.0.1:29611",
-                                "--rdzv-id", "preflight-pair-1-0-1", "--only", "nccl,bandwidth", "--json"]
+    assert sorted(calls)[0] == ["pf0", "timeout", "-k", "5", "20", "preflight", "run", "--profile", "cpu", "--nnodes", "2", "--node-rank", "0",
+                                "--rdzv-endpoint", "10.0.0.1:29611", "--rdzv-id", "preflight-pair-1-0-1", "--rdzv-timeout", "10",
+                                "--only", "nccl,bandwidth", "--scratch", "--json"]
     last = [c for c in calls if c[0] == "pf2"][-1]  # round 2, with known-good pf0 hosting the rendezvous
     assert [last[last.index(flag) + 1] for flag in ("--node-rank", "--rdzv-endpoint", "--rdzv-id")] == ["1", "10.0.0.1:29611", "preflight-pair-2-0-2"]
 
