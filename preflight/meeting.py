@@ -18,7 +18,7 @@ from typing import Any
 from preflight import launch, multinode
 from preflight.errors import UsageError
 
-START = 30.0  # seconds for the store to come up: one torch import on a busy node
+START = 60.0  # seconds for the store to come up: one torch import, from a cold network filesystem too
 BYE = 30.0  # after the last meeting: how long node rank 0 keeps the store for peers still reading
 
 
@@ -97,7 +97,8 @@ class Meeting:
         if done.timed_out or (rep.get("stage") != "done" and not g.error):
             g.error = f"the meeting did not finish ({done.how_it_ended}); last output: {done.last_line(0)}"
         self.last.update({r: n for r, n in g.nodes.items() if phase != "bye"})
-        self.missing.update(g.missing)
+        if not g.out():  # a meeting cut short by a node staying out says nothing of who was yet to come
+            self.missing.update(g.missing)
         return g
 
     def close(self, expect: list[int], wait: float) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import re
 import socket
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -149,14 +150,22 @@ class LocalSide:
     ifname: str | None  # the interface holding it: GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME
 
 
-def local_side(g: Group) -> LocalSide:
+def local_side(g: Group, wait: float = 0.0) -> LocalSide:
     """Which of this node's addresses and interfaces reach the endpoint (the kernel's
     route, asked with a UDP connect that sends nothing). Node rank 0 hosts the
-    rendezvous, so there the endpoint must be one of its own addresses."""
-    try:
-        infos = socket.getaddrinfo(g.host, g.port, type=socket.SOCK_DGRAM)
-    except socket.gaierror as e:
-        raise UsageError(f"--rdzv-endpoint {g.endpoint}: {g.host} does not resolve ({e.strerror}); give node rank 0's address or a name every node resolves") from None
+    rendezvous, so there the endpoint must be one of its own addresses. Other ranks
+    wait up to ``wait`` s for the name to resolve: a Kubernetes pod's DNS record
+    appears only once that pod is scheduled, which may be after its peers start."""
+    until = time.monotonic() + (wait if g.node_rank != 0 else 0.0)
+    while True:
+        try:
+            infos = socket.getaddrinfo(g.host, g.port, type=socket.SOCK_DGRAM)
+            break
+        except socket.gaierror as e:
+            if time.monotonic() >= until:
+                waited = f", after waiting {wait:g} s" if wait and g.node_rank != 0 else ""
+                raise UsageError(f"--rdzv-endpoint {g.endpoint}: {g.host} does not resolve ({e.strerror}{waited}); give node rank 0's address or a name every node resolves") from None
+            time.sleep(1.0)
     family, _, _, _, target = infos[0]
     try:
         with socket.socket(family, socket.SOCK_DGRAM) as s:

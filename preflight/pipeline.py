@@ -127,7 +127,7 @@ def _group(settings: Settings, selected: list[str]) -> tuple[multinode.Group | N
         return None, None
     if meeting.GROUP_CHECKS[0] not in selected:
         raise UsageError(f"--nnodes {group.nnodes}: the group meets for the nccl check, which this run leaves out; select nccl (and bandwidth), or run each node alone without --nnodes")
-    return group, multinode.local_side(group)
+    return group, multinode.local_side(group, settings.rdzv_timeout)
 
 
 def _known_floors(profile: ResolvedProfile, selected: list[Check]) -> None:
