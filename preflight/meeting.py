@@ -157,8 +157,7 @@ def gate(ctx: Any, check: Any) -> Any:
         if m.reached in GROUP_CHECKS and m.final is None:
             after(ctx, list(ctx.results.values()))
         return None
-    failed = next((r for r in ctx.results.values() if r.status in (Status.FAIL, Status.ERROR)), None)
-    why = f"its {failed.check} check did not pass ({failed.status.value}): {failed.summary}" if failed else None
+    failed, why = _first_failure(ctx.results.values())
     timeout = ctx.settings.rdzv_timeout if check.name == GROUP_CHECKS[0] else after_timeout(ctx)
     g = m.call(check.name, {"ok": failed is None, "why": why}, timeout)
     size = f"{m.group.nnodes}-node group"
@@ -170,6 +169,14 @@ def gate(ctx: Any, check: Any) -> Any:
         summary, cause, remedy = found
         return check.result(Status.FAIL, summary, cause=cause, remedy=remedy, details={"meeting": _said(m, g)})
     return None
+
+
+def _first_failure(results: Any) -> tuple[Any, str | None]:
+    """The first check that failed or errored, and how a peer is told of it."""
+    from preflight.check import Status
+
+    failed = next((r for r in results if r.status in (Status.FAIL, Status.ERROR)), None)
+    return failed, (f"its {failed.check} check did not pass ({failed.status.value}): {failed.summary}" if failed else None)
 
 
 def after_timeout(ctx: Any) -> float:
@@ -203,8 +210,8 @@ def after(ctx: Any, results: list[Any]) -> None:
     if m.reached not in GROUP_CHECKS or m.broken:
         return
     ours = [r for r in results if r.check in GROUP_CHECKS]
-    failed = next((r for r in ours if r.status in (Status.FAIL, Status.ERROR)), None)
-    post = {"ok": failed is None, "why": f"its {failed.check} check did not pass ({failed.status.value}): {failed.summary}" if failed else None,
+    failed, why = _first_failure(ours)
+    post = {"ok": failed is None, "why": why,
             "checks": {r.check: r.status.value for r in ours},
             "figures": {f"{x.name}{'/' + x.labels['stat'] if 'stat' in x.labels else ''}": x.value for r in ours for x in r.measurements if x.name.startswith("internode_")}}
     timeout = after_timeout(ctx)
@@ -228,8 +235,7 @@ def finish(ctx: Any, results: list[Any]) -> dict[str, Any]:
     m: Meeting = ctx.meeting
     g = m.group
     if m.reached is None:  # fail-fast stopped this node before nccl: tell the others it stays out
-        failed = next((r for r in results if r.status in (Status.FAIL, Status.ERROR)), None)
-        why = f"its {failed.check} check did not pass ({failed.status.value}): {failed.summary}" if failed else "it ran no group check"
+        why = _first_failure(results)[1] or "it ran no group check"
         m.final = m.call("nccl", {"ok": False, "why": why}, ctx.settings.rdzv_timeout)
         told = "the other nodes were told" if not m.final.error else f"the other nodes could not be told ({m.final.error})"
         for r in results:

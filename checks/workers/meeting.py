@@ -111,9 +111,10 @@ def main() -> int:
         report.update(error=f"lost node rank 0's meeting point {args.endpoint} ({type(e).__name__}: {e})", error_kind="lost")
     report.update(nodes={str(r): n for r, n in sorted(nodes.items())}, missing=[r for r in expect if r not in nodes], stage="done")
     save()
-    if args.phase != "bye" and report["error"] is None:
+    # This node's last meeting (after the group checks, or one the group cannot go on from): rank 0 may close.
+    if args.phase != "bye" and report["error"] is None and (args.phase == "after" or not report_ok(report)):
         try:
-            store.set(f"{args.id}/bye/{me}", "{}") if args.phase == "after" or not report_ok(report) else None
+            store.set(f"{args.id}/bye/{me}", "{}")
         except Exception:  # noqa: BLE001 - rank 0 already gone: nothing left to tell it
             pass
     return 0
