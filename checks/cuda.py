@@ -460,7 +460,10 @@ def judge(facts: CudaFacts, gpu_count: int, expect: GpuExpect | None, driver_pin
     return parts
 
 
-def measurements(facts: CudaFacts) -> list[Measurement]:
+def measurements(facts: CudaFacts, expect: GpuExpect | None = None) -> list[Measurement]:
+    """Per GPU, with dcgm-exporter's labels; where the check holds a figure to a
+    bound, the bound rides along as its floor, so `figure < floor` in PromQL
+    finds the x8 link or the lost NVLink the check failed on."""
     out = []
     r = facts.init.report if facts.init else None
     init: dict[int, float | None] = {}
@@ -471,17 +474,18 @@ def measurements(facts: CudaFacts) -> list[Measurement]:
     for g in facts.inventory.gpus:
         labels = {"gpu": str(g.index), "UUID": g.uuid}  # dcgm-exporter's label names, so joins work
         link = (facts.pcie_loaded or {}).get(g.pci_bus_id) or g.pcie
-        values = [
-            ("gpu_temperature", "celsius", g.temperature_c),
-            ("gpu_power_limit", "watts", g.power_limit_w),
-            ("gpu_ecc_uncorrectable_volatile", "errors", g.ecc_uncorrectable_volatile),
-            ("gpu_ecc_uncorrectable_aggregate", "errors", g.ecc_uncorrectable_aggregate),
-            ("gpu_nvlinks_active", "links", g.nvlinks_active),
-            ("gpu_pcie_link_width", "lanes", link.width),
-            ("gpu_pcie_link", "generation", link.gen),  # preflight_gpu_pcie_link_generation: the unit once
-            ("gpu_cuda_init_duration", "seconds", init.get(g.index)),
+        values = [  # name, unit, value, floor (as judge_gpu and judge_link hold it)
+            ("gpu_temperature", "celsius", g.temperature_c, None),
+            ("gpu_power_limit", "watts", g.power_limit_w, None),
+            ("gpu_ecc_uncorrectable_volatile", "errors", g.ecc_uncorrectable_volatile, None),
+            ("gpu_ecc_uncorrectable_aggregate", "errors", g.ecc_uncorrectable_aggregate, None),
+            ("gpu_nvlinks_active", "links", g.nvlinks_active, expect.nvlinks if expect and expect.nvlinks else None),
+            ("gpu_pcie_link_width", "lanes", link.width, g.pcie.width_max),
+            # preflight_gpu_pcie_link_generation: the unit once. Generation is judged only under load.
+            ("gpu_pcie_link", "generation", link.gen, g.pcie.gen_max if facts.pcie_loaded else None),
+            ("gpu_cuda_init_duration", "seconds", init.get(g.index), None),
         ]
-        out += [Measurement(name=n, unit=u, value=float(v), labels=labels) for n, u, v in values if v is not None and math.isfinite(v)]
+        out += [Measurement(name=n, unit=u, value=float(v), labels=labels, floor=floor) for n, u, v, floor in values if v is not None and math.isfinite(v)]
     return out
 
 
@@ -514,7 +518,7 @@ class Cuda(Check):
             r = facts.init.report
             details["versions"] = {"driver": facts.inventory.driver_version, "cuda_driver": facts.inventory.cuda_driver_version, "torch": r.torch_version, "cuda_runtime": r.cuda_runtime, "nccl": r.nccl_version}
         findings = [f for found in parts.values() for f in found]
-        result = self.conclude(findings, summary(facts), measurements=measurements(facts), details=details)
+        result = self.conclude(findings, summary(facts), measurements=measurements(facts, ctx.profile.gpu), details=details)
         passed = [name for name, found in parts.items() if not any(f.status == FAIL for f in found) and not (name == "cuda_init" and facts.init is None)]
         if findings and passed:
             result.summary += f" ({' and '.join(passed)} passed)"

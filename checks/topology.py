@@ -599,7 +599,7 @@ def _caveats(facts: TopologyFacts, ranks: list[RankAdvice]) -> str:
 GENERIC = TopologyExpect(numa_warn_above=1, numa_source="any SKU: GPUs on one NUMA node need no per-rank pinning")
 
 
-def measurements(facts: TopologyFacts, vcpu_floor: float | None) -> list[Measurement]:
+def measurements(facts: TopologyFacts, vcpu_floor: float | None, expect: TopologyExpect | None = None) -> list[Measurement]:
     out = []
     n = gpu_count(facts)
     if facts.cpus is not None:
@@ -608,12 +608,14 @@ def measurements(facts: TopologyFacts, vcpu_floor: float | None) -> list[Measure
             out.append(Measurement(name="vcpus_per_gpu", unit="ratio", value=round(facts.cpus.usable() / n, 3), floor=vcpu_floor))
     nodes = {gpu_numa(facts, i) for i in range(n)} - {None}
     if nodes:
-        out.append(Measurement(name="gpu_numa", unit="nodes", value=len(nodes)))
+        out.append(Measurement(name="gpu_numa", unit="nodes", value=len(nodes), ceiling=expect.numa_fail_above if expect else None))
     m = facts.matrix
     for g in facts.gpus:
         if m and g.index < len(m.gpus) and len(m.gpus) > 1:
             width = min(_nv(m.link(g.index, j)) for j in range(len(m.gpus)) if j != g.index)
-            out.append(Measurement(name="gpu_nvlink_peer_min", unit="links", value=width, labels={"gpu": str(g.index), "UUID": g.uuid}))
+            # NVSwitch boards join every pair at the same width; a bridged pair says nothing of the others.
+            floor = expect.nvlink_width if expect and expect.nvlink == "all" else None
+            out.append(Measurement(name="gpu_nvlink_peer_min", unit="links", value=width, labels={"gpu": str(g.index), "UUID": g.uuid}, floor=floor))
     return out
 
 
@@ -647,7 +649,7 @@ class Topology(Check):
         ok = f"{gpu_count(facts)} GPUs; {advice.summary}"
         if facts.cpus:
             ok += f"; {facts.cpus.usable() / max(1, gpu_count(facts)):.1f} vCPUs per GPU"
-        return self.conclude(findings, ok, measurements=measurements(facts, floor), details=details)
+        return self.conclude(findings, ok, measurements=measurements(facts, floor, ctx.profile.topology), details=details)
 
     # For `preflight topology`: the same facts, judges and advice, outside a run.
 

@@ -39,6 +39,7 @@ class Status(str, Enum):
 
 
 _SNAKE = re.compile(r"^[a-z][a-z0-9_]*$")
+_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
 class Measurement(BaseModel):
@@ -59,6 +60,14 @@ class Measurement(BaseModel):
     def _snake_case(cls, v: str) -> str:
         if not _SNAKE.match(v):
             raise ValueError(f"{v!r} must be snake_case (it becomes a metric name)")
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _label_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for name in v:
+            if not _LABEL.match(name) or name.startswith("__"):
+                raise ValueError(f"{name!r} is not a Prometheus label name (letters, digits and _, not starting with a digit or __)")
         return v
 
 

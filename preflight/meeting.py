@@ -248,8 +248,9 @@ def finish(ctx: Any, results: list[Any]) -> dict[str, Any]:
             m.close([r for r in range(1, g.nnodes) if r in m.final.nodes], BYE)
         else:  # the group broke: peers may still be on their way to hear why; wait for them, not for the known missing
             m.close([r for r in range(1, g.nnodes) if r not in m.missing], ctx.settings.rdzv_timeout)
-    nodes = [{"node_rank": r, **{k: v for k, v in n.items() if k != "phase"}} for r, n in sorted(m.last.items())]
-    missing = [r for r in range(g.nnodes) if r not in m.last]
+    # A peer's post is taken as it came but for these two, which the report's reader relies on.
+    nodes = [{**{k: v for k, v in n.items() if k not in ("phase", "node_rank", "ok")}, "node_rank": r, "ok": n.get("ok") is True} for r, n in sorted(m.last.items())]
+    missing = [r for r in range(g.nnodes) if r not in m.last and r != g.node_rank]  # this node came, whatever it heard
     error = m.final.error if m.final else None
     return {"nnodes": g.nnodes, "node_rank": g.node_rank, "endpoint": g.endpoint, "rdzv_id": g.rdzv_id, "local_addr": m.side.addr,
             "passed": not missing and not error and len(nodes) == g.nnodes and all(n.get("ok") for n in nodes), "nodes": nodes, "missing": missing,

@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from preflight.check import Status
 from preflight.errors import UsageError
 from preflight.last_report import Loaded, State, standing
-from preflight.report import Report, Verdict, probe_write
+from preflight.report import GroupRecord, Report, Verdict, probe_write
 
 PREFIX = "preflight_"
 TEXTFILE = "preflight.prom"
@@ -71,16 +71,16 @@ def report_families(r: Report) -> Iterator[Metric]:
         yield from group_families(r.group)
 
 
-def group_families(group: dict) -> Iterator[Metric]:
+def group_families(group: GroupRecord) -> Iterator[Metric]:
     """A run across nodes: every node exports the group's size and outcome as it saw it;
     node rank 0, which every node reports to, also one series per node."""
-    yield gauge("group_nodes", "Nodes in the group this node ran nccl and bandwidth with.", group["nnodes"])
-    yield gauge("group_node_rank", "This node's rank in the group.", group["node_rank"])
-    yield gauge("group_passed", "1 if every node of the group came and passed its group checks, as this node was told.", float(bool(group.get("passed"))))
-    if group["node_rank"] == 0:
+    yield gauge("group_nodes", "Nodes in the group this node ran nccl and bandwidth with.", group.nnodes)
+    yield gauge("group_node_rank", "This node's rank in the group.", group.node_rank)
+    yield gauge("group_passed", "1 if every node of the group came and passed its group checks, as this node was told.", float(group.passed))
+    if group.node_rank == 0:
         per = GaugeMetricFamily(PREFIX + "group_node_passed", "1 if that node came and passed its group checks (node rank 0's record; missing nodes are 0).", labels=["node_rank"])
-        told = {n["node_rank"]: bool(n.get("ok")) for n in group.get("nodes") or []}
-        for rank in range(group["nnodes"]):
+        told = {n.node_rank: n.ok for n in group.nodes}
+        for rank in range(group.nnodes):
             per.add_metric([str(rank)], float(told.get(rank, False)))
         yield per
 

@@ -7,9 +7,8 @@ import tempfile
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
-from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from preflight.check import Result, Status
 from preflight.errors import UsageError
@@ -30,6 +29,44 @@ class Verdict(str, Enum):
 
 EXIT_CODES = {Verdict.PASS: 0, Verdict.FAIL: 1, Verdict.ERROR: 3}
 EXIT_USAGE = 2
+# The most nodes one group may have (--nnodes); readers of a report rely on it too:
+# serve renders a series per node.
+MAX_NODES = 4096
+
+
+class GroupNode(BaseModel):
+    """One node as it told the meeting point: ok, and why not; its host, address,
+    checks and figures ride along as they came."""
+
+    model_config = ConfigDict(extra="allow")
+
+    node_rank: int = Field(ge=0)
+    ok: bool = False
+
+
+class GroupRecord(BaseModel):
+    """A run across nodes, as this node saw it (node rank 0's is the group's record).
+    Typed, so a damaged report is refused on reading rather than breaking serve's
+    /metrics halfway through a scrape."""
+
+    model_config = ConfigDict(extra="allow")
+
+    nnodes: int = Field(ge=1, le=MAX_NODES)
+    node_rank: int = Field(ge=0)
+    endpoint: str
+    rdzv_id: str
+    local_addr: str | None = None
+    passed: bool = False
+    nodes: list[GroupNode] = Field(default_factory=list)
+    missing: list[int] = Field(default_factory=list)  # node ranks that never said
+    meeting_error: str | None = None
+
+    @model_validator(mode="after")
+    def _ranks_in_the_group(self) -> GroupRecord:
+        for rank in (self.node_rank, *(n.node_rank for n in self.nodes), *self.missing):
+            if not 0 <= rank < self.nnodes:
+                raise ValueError(f"node rank {rank} is outside a {self.nnodes}-node group")
+        return self
 
 
 class Report(BaseModel):
@@ -57,7 +94,7 @@ class Report(BaseModel):
     last_success_at: datetime | None = None
     # Across nodes (--nnodes): the group, every node's outcome as it told this one
     # (node rank 0's is the group's record), and the nodes that never said.
-    group: dict[str, Any] | None = None
+    group: GroupRecord | None = None
     checks: list[Result]
 
 
@@ -113,11 +150,14 @@ def last_success(report: Report, before: Report | None) -> datetime | None:
 def carry_forward(report: Report, before: Report | None, order: list[str]) -> list[Result]:
     """A partial run (--only, --skip: the hourly recheck) keeps the results of the
     checks it left out from the report it replaces, if that is of this boot and
-    profile. So the recheck's lighter pass never turns the gate's bandwidth FAIL
-    into a pass, and the gate's bandwidth figures stay in the metrics. Each kept
-    result says when it was measured (details.carried_from). Returns them."""
+    profile, and neither is a run across nodes. So the recheck's lighter pass never
+    turns the gate's bandwidth FAIL into a pass, and the gate's bandwidth figures
+    stay in the metrics. Each kept result says when it was measured
+    (details.carried_from). Returns them."""
     if before is None or report.boot_id is None or before.boot_id != report.boot_id or before.profile != report.profile:
         return []
+    if before.group is not None or report.group is not None:
+        return []  # a group's nccl and bandwidth say nothing of this node alone, nor it of them
     ran = {c.check for c in report.checks}
     kept = [
         c.model_copy(update={"details": {**c.details, "carried_from": c.details.get("carried_from") or before.finished_at.isoformat()}})

@@ -25,12 +25,14 @@ import ipaddress
 import json
 import socket
 import selectors
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from dataclasses import dataclass, field
 from pathlib import Path
 from socketserver import TCPServer, ThreadingMixIn
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
@@ -79,7 +81,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
-            self._send(200, generate_latest(self.server.registry), CONTENT_TYPE)
+            self._send(200, self.server.metrics(), CONTENT_TYPE)
         elif path == "/report":
             loaded = self.server.load()
             if loaded.report is None:
@@ -129,14 +131,29 @@ class Server(ThreadingMixIn, HTTPServer):
 
     def __init__(self, address: tuple[str, int], report: Path):
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self.report = report
         self.load = last_report.Cached(report)
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(ReportCollector(self.load, live=lambda: (last_report.this_boot(), last_report.now(), last_report.booted_at())))
-        ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, open fds: serve's own health
+        self.registry = self._registry(lambda: self.load())  # read at each scrape
+        # What /metrics says of a report that parsed but cannot be rendered: invalid, never a dropped scrape.
+        self.unrenderable = self._registry(lambda: last_report.Loaded(last_report.State.INVALID, error="the report cannot be rendered as metrics"))
         self._slots = threading.BoundedSemaphore(WORKERS)
         self._heads: dict[socket.socket, bytes] = {}  # each request as the main thread read it, for its handler
         self._stopping = threading.Event()
         super().__init__(address, _Handler)
+
+    @staticmethod
+    def _registry(load: Callable[[], last_report.Loaded]) -> CollectorRegistry:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(ReportCollector(load, live=lambda: (last_report.this_boot(), last_report.now(), last_report.booted_at())))
+        ProcessCollector(registry=registry)  # process_resident_memory_bytes, open fds: serve's own health
+        return registry
+
+    def metrics(self) -> bytes:
+        try:
+            return generate_latest(self.registry)
+        except Exception as e:  # the model lets nothing through that breaks this; a future writer might
+            sys.stderr.write(f"preflight serve: cannot render {self.report} as metrics: {e!r}\n")
+            return generate_latest(self.unrenderable)
 
     def server_bind(self) -> None:
         # TCPServer's bind: HTTPServer's also looks up this host's FQDN, a DNS wait at boot.

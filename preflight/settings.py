@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource
 from preflight import tomlfile
 from preflight.errors import UsageError
 from preflight.profiles import FloorValue, SiteFloor
+from preflight.report import MAX_NODES
 
 DEFAULT_CONFIG = Path("/etc/preflight/config.toml")
 ENV_PREFIX = "PREFLIGHT_"
@@ -63,7 +64,7 @@ class _Common(BaseModel):
     rdzv_port: int = Field(default=0, ge=0, le=65535)
     # A group of nodes (preflight/multinode.py): nccl and bandwidth run across all of
     # them. nnodes 1 is a single node; the endpoint is node rank 0's HOST:PORT.
-    nnodes: int = Field(default=1, ge=1, le=4096)
+    nnodes: int = Field(default=1, ge=1, le=MAX_NODES)
     node_rank: int = Field(default=0, ge=0)
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 from dataclasses import dataclass
 
@@ -20,6 +21,10 @@ from preflight.last_report import Standing
 PREFIX = "preflight:"
 REASON_MAX = 120  # sinfo's REASON column and people's terminals; the report has the rest
 TIMEOUT = 10.0  # per scontrol call, at most two: well inside the 60 s slurmd gives HealthCheckProgram
+# slurmd starts HealthCheckProgram with an empty environment: without PATH only
+# /bin and /usr/bin would be searched, and source builds and site installs put
+# scontrol elsewhere. These follow whatever PATH there is.
+SCONTROL_DIRS = ("/usr/local/bin", "/usr/bin", "/bin", "/opt/slurm/bin", "/usr/local/slurm/bin")
 
 
 class SlurmError(Exception):
@@ -87,11 +92,19 @@ def decide(st: Standing, node: Node) -> Action:
     return Action("drain", f"not vouched ({st.reason}); draining {node.name}", reason)
 
 
+def find_scontrol(path: str | None) -> str | None:
+    return shutil.which("scontrol", path=os.pathsep.join([*(path.split(os.pathsep) if path else []), *SCONTROL_DIRS]))
+
+
 def scontrol(host: Host, args: list[str]) -> str:
+    exe = find_scontrol(os.environ.get("PATH"))
+    if exe is None:
+        raise SlurmError(f"scontrol is not on PATH nor in {', '.join(SCONTROL_DIRS)}; "
+                         "set PATH to Slurm's bin directory in the HealthCheckProgram wrapper (examples/slurm/preflight-healthcheck)")
     try:
-        done = host.run(["scontrol", *args], TIMEOUT)
-    except FileNotFoundError:
-        raise SlurmError("scontrol is not on PATH; run this as slurmd's HealthCheckProgram, or put Slurm's bin directory on PATH") from None
+        done = host.run([exe, *args], TIMEOUT)
+    except OSError as e:
+        raise SlurmError(f"cannot run {exe}: {e.strerror or e}") from None
     if done.timed_out:
         raise SlurmError(f"scontrol {' '.join(args)} did not answer within {TIMEOUT:g} s: is slurmctld reachable?")
     if done.returncode != 0:

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 import fakes
 from preflight.cli import app
+from preflight.launch import free_port
 from preflight.report import Report
 
 
@@ -669,3 +670,21 @@ def test_scratch_leaves_the_configured_report_and_textfile_alone(tmp_path):
     assert not (tmp_path / "report.json").exists() and list((tmp_path / "prom").iterdir()) == []
     both = run_preflight(["run", "--profile", "cpu", "--scratch", "--report", str(tmp_path / "r.json")])
     assert both.returncode == 2 and "--scratch writes no report" in both.stderr
+
+
+def test_a_group_run_leaves_the_gates_configured_report_and_textfile_alone(tmp_path):
+    # The node's gate report is what the prolog and the health check read; a whole
+    # group fails with one bad node, so a group run writes only what it is told to.
+    (tmp_path / "prom").mkdir()
+    gate = tmp_path / "gate.json"
+    gate.write_text('{"the gate": "untouched"}')
+    config = tmp_path / "config.toml"
+    config.write_text(f'report = "{gate}"\ntextfile_dir = "{tmp_path / "prom"}"\n')
+    nobody = free_port()  # node rank 0's meeting point that nobody serves: this node fails fast
+    r = run_preflight(["run", "--profile", "cpu", "--only", "shm,nccl", "--config", str(config), "--lock-file", str(tmp_path / "l"),
+                       "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", f"127.0.0.1:{nobody}", "--rdzv-timeout", "5",
+                       "--report", str(tmp_path / "group.json")])
+    assert r.returncode == 1 and f"does not write the node's own textfile dir {tmp_path / 'prom'}" in r.stderr
+    assert gate.read_text() == '{"the gate": "untouched"}' and list((tmp_path / "prom").iterdir()) == []
+    group = json.loads((tmp_path / "group.json").read_text())["group"]
+    assert group["nnodes"] == 2 and not group["passed"] and group["missing"] == [0]  # not itself

@@ -246,12 +246,26 @@ def test_the_healthcheck_wrapper_adds_valid_options() -> None:
     wrapper = SLURM / "preflight-healthcheck"
     assert os.access(wrapper, os.X_OK)
     assert subprocess.run(["sh", "-n", str(wrapper)], capture_output=True).returncode == 0
-    (line,) = code_lines(wrapper)
+    (line,) = [x for x in code_lines(wrapper) if x.startswith("exec ")]
     argv = shlex.split(line)
     assert argv[0] == "exec" and argv[-1] == "$@"
     args = preflight_args(argv[1:-1])
     assert args is not None and args[0] == "slurm-healthcheck"
     parse(args)
+
+
+def test_the_healthcheck_wrapper_gives_preflight_a_path_under_slurmds_empty_environment(tmp_path) -> None:
+    # slurmd runs HealthCheckProgram with no PATH; scontrol lives in /usr/bin,
+    # /usr/local/bin (source builds) or /opt/slurm/bin. A stand-in preflight says what it got.
+    standin = tmp_path / "preflight"
+    standin.write_text(f"#!{sys.executable}\nimport json, os, sys\nprint(json.dumps([os.environ.get('PATH'), sys.argv[1:]]))\n")
+    standin.chmod(0o755)
+    script = tmp_path / "preflight-healthcheck"
+    script.write_text((SLURM / "preflight-healthcheck").read_text().replace("/usr/local/bin/preflight ", f"{standin} "))
+    p = subprocess.run(["/usr/bin/env", "-i", "SLURMD_NODENAME=gpu-01", "/bin/sh", str(script)], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    path, args = json.loads(p.stdout)
+    assert {"/usr/local/bin", "/usr/bin", "/bin", "/opt/slurm/bin"} <= set(path.split(":")) and args[0] == "slurm-healthcheck"
 
 
 def test_the_slurm_conf_snippet_points_at_the_shipped_programs() -> None:

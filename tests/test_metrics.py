@@ -16,7 +16,7 @@ from preflight import metrics
 from preflight.last_report import Loaded, State, load
 
 promtool = pytest.mark.skipif(not shutil.which("promtool"), reason="promtool is not installed (Debian package prometheus)")
-FIXTURES = ["cpu-pass", "shm-64m-fail", "h100-fake-hw-slowdown"]
+FIXTURES = ["cpu-pass", "shm-64m-fail", "h100-fake-hw-slowdown", "group-pass-node0", "group-pass-node1", "group-keptout-node0"]
 
 
 def text_of(fixture: str) -> str:
@@ -123,6 +123,29 @@ def test_without_a_report_there_is_no_run_passed_at_all():
     fam = families(text)
     assert {s.labels["state"]: s.value for s in fam["preflight_report_state"]} == {"ok": 0, "missing": 1, "unreadable": 0, "invalid": 0}
     assert set(fam) == {"preflight_report_state", "preflight_vouched"} and fam["preflight_vouched"][0].value == 0
+
+
+def test_a_group_run_says_its_size_and_outcome_and_rank_0_each_nodes():
+    zero, one, out = (families(text_of(f)) for f in ("group-pass-node0", "group-pass-node1", "group-keptout-node0"))
+    assert [zero[n][0].value for n in ("preflight_group_nodes", "preflight_group_node_rank", "preflight_group_passed")] == [2, 0, 1]
+    assert [one[n][0].value for n in ("preflight_group_nodes", "preflight_group_node_rank", "preflight_group_passed")] == [2, 1, 1]
+    assert {s.labels["node_rank"]: s.value for s in zero["preflight_group_node_passed"]} == {"0": 1, "1": 1}
+    assert "preflight_group_node_passed" not in one  # only node rank 0 heard from every node
+    assert {s.labels["node_rank"]: s.value for s in out["preflight_group_node_passed"]} == {"0": 1, "1": 0}
+    assert out["preflight_group_passed"][0].value == 0 and out["preflight_run_passed"][0].value == 0
+    busbw = one["preflight_internode_allreduce_bus_bandwidth_bytes_per_second"][0].value
+    assert busbw > one["preflight_internode_allreduce_bus_bandwidth_floor_bytes_per_second"][0].value > 0
+
+
+def test_a_label_name_prometheus_would_refuse_never_gets_into_a_report():
+    from pydantic import ValidationError
+
+    from preflight.check import Measurement
+
+    with pytest.raises(ValidationError, match="not a Prometheus label name"):
+        Measurement(name="h2d_bandwidth", unit="bytes_per_second", value=1.0, labels={"1gpu": "0"})
+    with pytest.raises(ValidationError, match="not a Prometheus label name"):
+        Measurement(name="h2d_bandwidth", unit="bytes_per_second", value=1.0, labels={"__name__": "x"})
 
 
 # The textfile `preflight run --textfile-dir` writes, for node_exporter.

@@ -7,6 +7,7 @@ endpoint nobody serves, a link set down in the middle of a run."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -49,6 +50,14 @@ class Node:
 
     def check(self, name: str) -> dict:
         return next(c for c in self.report()["checks"] if c["check"] == name)
+
+
+def lint(prom: str) -> str:
+    """promtool's findings on a textfile ("" when clean); nothing to say where promtool is missing."""
+    if not shutil.which("promtool"):
+        return ""
+    p = subprocess.run(["promtool", "check", "metrics"], input=prom, capture_output=True, text=True, timeout=60)
+    return p.stdout + p.stderr if p.returncode else p.stdout
 
 
 def start(net: netns.Net, tmp: Path, env: dict[str, str], i: int, nnodes: int, *extra: str, endpoint: str | None = None,
@@ -97,6 +106,7 @@ def test_two_nodes_pass_and_both_report_the_inter_node_figures(tmp_path, env):
             assert "preflight_internode_allreduce_bus_bandwidth_bytes_per_second{" in prom
             assert 'preflight_internode_allreduce_latency_seconds{stat="p50"}' in prom
             assert "preflight_group_passed 1.0" in prom
+            assert lint(prom) == ""
         group = nodes[0].report()["group"]
         assert group["passed"] and [x["node_rank"] for x in group["nodes"]] == [0, 1]
         assert all(x["figures"]["internode_allreduce_bus_bandwidth"] > 0 for x in group["nodes"])
@@ -109,7 +119,8 @@ def test_a_node_whose_local_check_fails_keeps_out_and_its_peer_names_it(tmp_path
     net = netns.make(2)
     nodes: list[Node] = []
     try:
-        nodes = [start(net, tmp_path, env, 0, 2, "--only", "shm,nccl", "--rdzv-timeout", "120"),
+        (tmp_path / "prom0").mkdir()
+        nodes = [start(net, tmp_path, env, 0, 2, "--only", "shm,nccl", "--rdzv-timeout", "120", "--textfile-dir", str(tmp_path / "prom0")),
                  start(net, tmp_path, env, 1, 2, "--only", "shm,nccl", "--rdzv-timeout", "120", shm="64m")]
         assert [n.wait() for n in nodes] == [1, 1]
         out, peer = nodes[1], nodes[0]
@@ -119,6 +130,8 @@ def test_a_node_whose_local_check_fails_keeps_out_and_its_peer_names_it(tmp_path
         assert nccl["status"] == "FAIL" and nccl["summary"].startswith("node 1 (") and "kept out" in nccl["summary"]
         assert net.hosts[1].addr in nccl["summary"] and "shm" in nccl["cause"] and "64" in nccl["cause"]
         assert peer.seconds < 60  # told at once, not at the 120 s deadline
+        prom = (tmp_path / "prom0" / "preflight.prom").read_text()
+        assert "preflight_group_passed 0.0" in prom and 'preflight_group_node_passed{node_rank="1"} 0.0' in prom and lint(prom) == ""
     finally:
         finish(net, nodes, tmp_path)
 

@@ -42,6 +42,18 @@ def test_the_alert_rules_fire_on_what_they_should_and_nothing_else():
     assert p.returncode == 0 and "SUCCESS" in p.stdout, p.stdout + p.stderr
 
 
+def test_the_below_floor_alert_compares_every_figure_the_bandwidth_check_has_a_floor_for():
+    # A figure family added to the check without its term here would never page.
+    from checks.bandwidth import FLOORS
+
+    expr = RULES.read_text()
+    for name, (unit, bound) in FLOORS.items():
+        if name.endswith("_p99"):
+            continue  # the same family as its p50, told apart by the stat label
+        op, limit = ("<", "floor") if bound == "min" else (">", "ceiling")
+        assert f"preflight_{name}_{unit} {op} preflight_{name}_{limit}_{unit}" in expr, name
+
+
 @promtool
 def test_the_example_scrape_config_is_valid():
     p = run("promtool", "check", "config", "prometheus.yml")

@@ -109,6 +109,53 @@ def test_without_a_usable_report_metrics_still_answer_but_never_say_passed(tmp_p
     assert health[0] == 200 and health[2].startswith(f"ok; report {state}")
 
 
+@promtool
+def test_a_report_that_is_json_but_damaged_is_invalid_and_metrics_still_answer(tmp_path):
+    # Each parses as JSON; each would have broken /metrics (or, with millions of
+    # nodes, serve's memory) before the report's group and labels were typed.
+    group = {"nnodes": 2, "node_rank": 0, "endpoint": "gpu-01:29500", "rdzv_id": "j", "passed": True, "nodes": [{"node_rank": 0, "ok": True}], "missing": [1]}
+    damaged = {
+        "group without its size": {k: v for k, v in group.items() if k != "nnodes"},
+        "size in words": {**group, "nnodes": "two"},
+        "node rank past the group": {**group, "nodes": [{"node_rank": 5, "ok": True}]},
+        "ten million nodes": {**group, "nnodes": 10**7},
+    }
+    report = report_file(tmp_path / "report.json", "cpu-pass")
+    with serving(report) as (base, _):
+        for what, g in damaged.items():
+            report_file(tmp_path / "next.json", "cpu-pass", group=g).replace(report)
+            code, _, text = get(base + "/metrics")
+            fam = families(text)
+            assert code == 200 and value(fam, "preflight_report_state", state="invalid") == 1, what
+            assert "preflight_run_passed" not in fam and value(fam, "preflight_vouched") == 0, what
+            assert len(text) < 20_000, what
+            lint = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+            assert lint.returncode == 0 and lint.stdout == "", what
+            assert "group" in json.loads(get(base + "/report")[2])["error"], what
+        report_file(tmp_path / "next.json", "cpu-pass", group=group).replace(report)
+        fam = families(get(base + "/metrics")[2])
+    assert value(fam, "preflight_report_state", state="ok") == 1 and value(fam, "preflight_group_nodes") == 2
+    assert value(fam, "preflight_group_node_passed", node_rank="1") == 0  # never came
+
+
+def test_a_report_that_parsed_but_cannot_be_rendered_is_invalid_not_a_dropped_scrape(tmp_path, capfd):
+    # Built around the model, as a future or broken writer might: exposition itself raises.
+    from preflight.last_report import load
+
+    loaded = load(report_file(tmp_path / "report.json", "cpu-pass"))
+    shm = loaded.report.checks[0]
+    shm.measurements[0] = shm.measurements[0].model_construct(name="shm_size", unit="bytes", value="lots", labels={}, floor=None, ceiling=None)
+    server = serve.Server(("127.0.0.1", 0), tmp_path / "report.json")
+    try:
+        server.load = lambda: loaded
+        fam = families(server.metrics().decode())
+    finally:
+        server.server_close()
+    assert value(fam, "preflight_report_state", state="invalid") == 1 and value(fam, "preflight_vouched") == 0
+    assert "preflight_run_passed" not in fam and value(fam, "process_resident_memory_bytes") > 0
+    assert "cannot render" in capfd.readouterr().err
+
+
 def test_each_scrape_reads_the_report_written_since(tmp_path):
     report = report_file(tmp_path / "report.json", "cpu-pass")
     with serving(report) as (base, _):

@@ -165,11 +165,33 @@ def test_a_hung_scontrol_is_killed_at_its_deadline(tmp_path, monkeypatch):
     assert subprocess.run(["pgrep", "-f", str(bindir)], capture_output=True).stdout == b""  # killed, not left behind
 
 
+@pytest.mark.skipif(slurm.find_scontrol(None) is not None, reason="this machine has a real scontrol in Slurm's usual places")
 def test_without_scontrol_it_says_what_to_do(tmp_path):
     report_file(tmp_path / "r.json", "cpu-pass")
     env = {**clean_env(), "PATH": str(tmp_path / "empty")}
     p = subprocess.run([sys.executable, "-m", "preflight", "slurm-healthcheck", "--report", str(tmp_path / "r.json")], env=env, capture_output=True, text=True, timeout=60)
-    assert p.returncode == 1 and "scontrol is not on PATH" in p.stderr
+    (line,) = p.stderr.strip().splitlines()
+    assert p.returncode == 1 and "scontrol is not on PATH nor in /usr/local/bin" in line and "/opt/slurm/bin" in line
+
+
+def test_scontrol_is_found_without_any_path_as_slurmd_starts_the_health_check(tmp_path, monkeypatch):
+    # slurmd gives HealthCheckProgram an empty environment; a source build's scontrol is in /usr/local/bin.
+    site = fakes.scontrol(tmp_path / "site", "", tmp_path / "log")
+    monkeypatch.setattr(slurm, "SCONTROL_DIRS", ("/nonexistent", str(site)))
+    assert slurm.find_scontrol(None) == str(site / "scontrol")
+    first = fakes.scontrol(tmp_path / "first", "", tmp_path / "log")
+    assert slurm.find_scontrol(f"{tmp_path / 'nothing'}:{first}") == str(first / "scontrol")  # PATH, where there is one, goes first
+
+
+def test_the_health_check_drains_with_no_path_in_its_environment(tmp_path, monkeypatch):
+    from preflight.host import Host
+
+    log = tmp_path / "scontrol.log"
+    site = fakes.scontrol(tmp_path / "site", (NODES / "idle.txt").read_text(), log)
+    monkeypatch.setattr(slurm, "SCONTROL_DIRS", (str(site),))
+    monkeypatch.delenv("PATH")
+    slurm.apply(Host(), FAIL, "gpu-01")
+    assert [json.loads(x)[:3] for x in log.read_text().splitlines()] == [["show", "node", "gpu-01"], ["update", "NodeName=gpu-01", "State=DRAIN"]]
 
 
 def test_node_name_falls_back_to_the_short_hostname():

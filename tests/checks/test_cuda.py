@@ -86,6 +86,16 @@ def test_volatile_uncorrectable_ecc_fails():
     assert "2 uncorrectable (volatile) ECC errors" in fails[0].cause
 
 
+def test_the_bounds_the_check_holds_gpus_to_ride_along_as_floors():
+    # So a dashboard's `preflight_gpu_pcie_link_width_lanes < preflight_gpu_pcie_link_width_floor_lanes` finds the x8 link.
+    got = {(m.name, m.labels["gpu"]): m for m in cuda.measurements(facts("h100-sxm-pcie-x8.json"), H100.gpu)}
+    assert (got[("gpu_pcie_link_width", "2")].value, got[("gpu_pcie_link_width", "2")].floor) == (8, 16)
+    assert got[("gpu_pcie_link_width", "0")].value == got[("gpu_pcie_link_width", "0")].floor == 16
+    assert got[("gpu_nvlinks_active", "0")].floor == H100.gpu.nvlinks == 18
+    assert got[("gpu_pcie_link", "0")].floor is None  # generation is judged only under load: an idle link drops to Gen1
+    assert got[("gpu_temperature", "0")].floor is None
+
+
 def test_an_x8_link_fails_from_the_idle_reading():
     fails = only(judged(facts("h100-sxm-pcie-x8.json")))
     assert [f.summary for f in fails] == ["GPU 2 (0000:52:00.0): PCIe link x8 of x16"]

@@ -196,6 +196,15 @@ def test_one_nvlink_pair_below_nv18_fails_naming_the_pair(root):
     assert "found GPU 2-GPU 5 NV17" in found[0].cause and "fabricmanager" in found[0].remedy
 
 
+def test_nvlink_width_and_numa_span_carry_the_bounds_they_are_judged_by(root):
+    f = gathered(host(root, set_link(SPLIT.read_text(), "GPU2", "GPU5", "NV17")))
+    strict = H100.topology.model_copy(update={"numa_fail_above": 1})
+    got = {(m.name, m.labels.get("gpu")): m for m in t.measurements(f, 12, strict)}
+    assert (got[("gpu_nvlink_peer_min", "2")].value, got[("gpu_nvlink_peer_min", "2")].floor) == (17, 18)
+    assert (got[("gpu_numa", None)].value, got[("gpu_numa", None)].ceiling) == (2, 1)
+    assert got[("vcpus_per_gpu", None)].floor == 12
+
+
 def test_a_pair_without_nvlink_fails(root):
     f = gathered(host(root, set_link(SPLIT.read_text(), "GPU0", "GPU1", "SYS")))
     found = [x for x in judged(f) if x.status == FAIL]
