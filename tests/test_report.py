@@ -165,6 +165,31 @@ def test_nothing_is_carried_from_another_boot_or_profile_or_into_an_interrupted_
     assert interrupted.exit_code == 143
 
 
+def test_nothing_is_carried_to_or_from_a_run_across_nodes():
+    # A group's bandwidth is the network's and the other nodes' too: it says nothing of this node alone.
+    from preflight.report import carry_forward
+
+    group = _recorded("group-pass-node1")
+    alone = _recorded("cpu-pass").model_copy(update={"boot_id": group.boot_id})
+    alone.checks = alone.checks[:1]
+    assert carry_forward(alone, group, ORDER) == [] and len(alone.checks) == 1
+    again = group.model_copy(update={"checks": group.checks[:2]})
+    assert carry_forward(again, _recorded("cpu-pass").model_copy(update={"boot_id": group.boot_id}), ORDER) == []
+
+
+def test_a_group_record_with_a_node_outside_the_group_is_refused():
+    import pytest
+    from pydantic import ValidationError
+
+    from preflight.report import GroupRecord
+
+    record = _recorded("group-keptout-node0").group.model_dump()
+    assert GroupRecord.model_validate(record).nodes[1].why.startswith("its shm check did not pass")  # a peer's words ride along
+    for bad in ({"missing": [2]}, {"node_rank": 2}, {"nnodes": 0}, {"nnodes": 4097}):
+        with pytest.raises(ValidationError):
+            GroupRecord.model_validate({**record, **bad})
+
+
 def test_last_success_from_a_report_written_before_the_field_existed():
     from preflight.report import last_success
 
