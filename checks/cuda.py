@@ -473,16 +473,18 @@ def measurements(facts: CudaFacts, expect: GpuExpect | None = None) -> list[Meas
             init[int(index)] = d.seconds
     for g in facts.inventory.gpus:
         labels = {"gpu": str(g.index), "UUID": g.uuid}  # dcgm-exporter's label names, so joins work
-        link = (facts.pcie_loaded or {}).get(g.pci_bus_id) or g.pcie
+        loaded = (facts.pcie_loaded or {}).get(g.pci_bus_id)  # this GPU's link while the worker copied to it
+        width = loaded.width if loaded and loaded.width else g.pcie.width  # as judge_link reads it
+        gen = loaded.gen if loaded and loaded.gen else g.pcie.gen
         values = [  # name, unit, value, floor (as judge_gpu and judge_link hold it)
             ("gpu_temperature", "celsius", g.temperature_c, None),
             ("gpu_power_limit", "watts", g.power_limit_w, None),
             ("gpu_ecc_uncorrectable_volatile", "errors", g.ecc_uncorrectable_volatile, None),
             ("gpu_ecc_uncorrectable_aggregate", "errors", g.ecc_uncorrectable_aggregate, None),
             ("gpu_nvlinks_active", "links", g.nvlinks_active, expect.nvlinks if expect and expect.nvlinks else None),
-            ("gpu_pcie_link_width", "lanes", link.width, g.pcie.width_max),
-            # preflight_gpu_pcie_link_generation: the unit once. Generation is judged only under load.
-            ("gpu_pcie_link", "generation", link.gen, g.pcie.gen_max if facts.pcie_loaded else None),
+            ("gpu_pcie_link_width", "lanes", width, g.pcie.width_max),
+            # preflight_gpu_pcie_link_generation: the unit once. Judged only under load: an idle link drops to Gen1.
+            ("gpu_pcie_link", "generation", gen, g.pcie.gen_max if loaded and loaded.gen else None),
             ("gpu_cuda_init_duration", "seconds", init.get(g.index), None),
         ]
         out += [Measurement(name=n, unit=u, value=float(v), labels=labels, floor=floor) for n, u, v, floor in values if v is not None and math.isfinite(v)]

@@ -335,6 +335,11 @@ _NVLINK_REMEDY = ("check `nvidia-smi nvlink -s` and `nvidia-smi nvlink -e` for t
                   "nvidia-fabricmanager is running; a link that stays down needs a reset or an RMA")
 
 
+def numa_span(facts: TopologyFacts) -> int:
+    """NUMA nodes the GPUs sit on; where their numbers are missing, the disjoint CPU sets stand for them."""
+    return max(len({node for i in range(gpu_count(facts)) if (node := gpu_numa(facts, i)) is not None}), _socket_groups(facts))
+
+
 def judge_numa(facts: TopologyFacts, expect: TopologyExpect) -> list[Finding]:
     n = gpu_count(facts)
     known = {i: node for i in range(n) if (node := gpu_numa(facts, i)) is not None}
@@ -350,7 +355,7 @@ def judge_numa(facts: TopologyFacts, expect: TopologyExpect) -> list[Finding]:
             cause = f"the capture does not say which NUMA node GPU {who} sits on (no NUMA column, or N/A), and its GPUs use different CPUs"
             remedy = "read /sys/bus/pci/devices/<GPU>/numa_node on the node, or capture `nvidia-smi topo -m` with a newer driver"
         out.append(Finding(WARN, f"NUMA node of GPU {who} unknown", cause + ": nothing can pin their ranks to the right socket", remedy))
-    span = max(len(set(known.values())), _socket_groups(facts))
+    span = numa_span(facts)
     limit = expect.numa_fail_above
     status = FAIL if limit is not None and span > limit else WARN if span > expect.numa_warn_above else None
     if status is not None:
@@ -606,9 +611,8 @@ def measurements(facts: TopologyFacts, vcpu_floor: float | None, expect: Topolog
         out.append(Measurement(name="usable", unit="cpus", value=facts.cpus.usable()))
         if n:
             out.append(Measurement(name="vcpus_per_gpu", unit="ratio", value=round(facts.cpus.usable() / n, 3), floor=vcpu_floor))
-    nodes = {gpu_numa(facts, i) for i in range(n)} - {None}
-    if nodes:
-        out.append(Measurement(name="gpu_numa", unit="nodes", value=len(nodes), ceiling=expect.numa_fail_above if expect else None))
+    if span := numa_span(facts):
+        out.append(Measurement(name="gpu_numa", unit="nodes", value=span, ceiling=expect.numa_fail_above if expect else None))
     m = facts.matrix
     for g in facts.gpus:
         if m and g.index < len(m.gpus) and len(m.gpus) > 1:

@@ -164,7 +164,7 @@ def run(
         with run_lock(s.lock_file, s.lock_timeout, lambda who: console.note(f"waiting for {who} to release {s.lock_file}")):
             result = pipeline.execute(the_plan, s, console)
             before = reports.read_previous(report_path)
-            kept = reports.carry_forward(result, before, the_plan.profile.checks if the_plan.profile else [])
+            kept = reports.carry_forward(result, before, the_plan.profile.checks if the_plan.profile else [], across_nodes=the_plan.group is not None)
             if kept:
                 when = kept[0].details["carried_from"]
                 console.note(f"kept from the run of {when} (this boot): " + ", ".join(f"{c.check} {c.status}" for c in kept))

@@ -100,9 +100,9 @@ def measurement_families(r: Report) -> Iterator[Metric]:
         for m in c.measurements:
             add(f"{PREFIX}{m.name}_{m.unit}", f"{m.name} in {m.unit}, measured by the {c.check} check.", m.labels, m.value)
             if m.floor is not None:
-                add(f"{PREFIX}{m.name}_floor_{m.unit}", f"The profile's floor for {m.name}: below it the {c.check} check fails.", m.labels, m.floor)
+                add(f"{PREFIX}{m.name}_floor_{m.unit}", f"The floor for {m.name}: below it the {c.check} check fails.", m.labels, m.floor)
             if m.ceiling is not None:
-                add(f"{PREFIX}{m.name}_ceiling_{m.unit}", f"The profile's ceiling for {m.name}: above it the {c.check} check fails.", m.labels, m.ceiling)
+                add(f"{PREFIX}{m.name}_ceiling_{m.unit}", f"The ceiling for {m.name}: above it the {c.check} check fails.", m.labels, m.ceiling)
     yield from families.values()
 
 

@@ -147,16 +147,17 @@ def last_success(report: Report, before: Report | None) -> datetime | None:
     return before.last_success_at or (before.finished_at if before.verdict == Verdict.PASS else None)
 
 
-def carry_forward(report: Report, before: Report | None, order: list[str]) -> list[Result]:
+def carry_forward(report: Report, before: Report | None, order: list[str], across_nodes: bool = False) -> list[Result]:
     """A partial run (--only, --skip: the hourly recheck) keeps the results of the
     checks it left out from the report it replaces, if that is of this boot and
-    profile, and neither is a run across nodes. So the recheck's lighter pass never
+    profile, and neither is a run across nodes (``across_nodes``: this one, even
+    when it was cut short before its group record was made). So the recheck's lighter pass never
     turns the gate's bandwidth FAIL into a pass, and the gate's bandwidth figures
     stay in the metrics. Each kept result says when it was measured
     (details.carried_from). Returns them."""
     if before is None or report.boot_id is None or before.boot_id != report.boot_id or before.profile != report.profile:
         return []
-    if before.group is not None or report.group is not None:
+    if across_nodes or before.group is not None or report.group is not None:
         return []  # a group's nccl and bandwidth say nothing of this node alone, nor it of them
     ran = {c.check for c in report.checks}
     kept = [

@@ -132,6 +132,7 @@ class Server(ThreadingMixIn, HTTPServer):
     def __init__(self, address: tuple[str, int], report: Path):
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.report = report
+        self._said = ""  # the last render fault logged
         self.load = last_report.Cached(report)
         self.registry = self._registry(lambda: self.load())  # read at each scrape
         # What /metrics says of a report that parsed but cannot be rendered: invalid, never a dropped scrape.
@@ -152,7 +153,10 @@ class Server(ThreadingMixIn, HTTPServer):
         try:
             return generate_latest(self.registry)
         except Exception as e:  # the model lets nothing through that breaks this; a future writer might
-            sys.stderr.write(f"preflight serve: cannot render {self.report} as metrics: {e!r}\n")
+            said = f"preflight serve: cannot render {self.report} as metrics: {e!r}\n"
+            if said != self._said:  # once per fault, not once per scrape
+                self._said = said
+                sys.stderr.write(said)
             return generate_latest(self.unrenderable)
 
     def server_bind(self) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import needs_root, no_driver, run_preflight
+from conftest import clean_env, needs_root, no_driver, run_preflight
 from typer.testing import CliRunner
 
 import fakes
@@ -681,10 +681,14 @@ def test_a_group_run_leaves_the_gates_configured_report_and_textfile_alone(tmp_p
     config = tmp_path / "config.toml"
     config.write_text(f'report = "{gate}"\ntextfile_dir = "{tmp_path / "prom"}"\n')
     nobody = free_port()  # node rank 0's meeting point that nobody serves: this node fails fast
-    r = run_preflight(["run", "--profile", "cpu", "--only", "shm,nccl", "--config", str(config), "--lock-file", str(tmp_path / "l"),
-                       "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", f"127.0.0.1:{nobody}", "--rdzv-timeout", "5",
-                       "--report", str(tmp_path / "group.json")])
-    assert r.returncode == 1 and f"does not write the node's own textfile dir {tmp_path / 'prom'}" in r.stderr
+    group = ["run", "--profile", "cpu", "--only", "shm,nccl", "--lock-file", str(tmp_path / "l"),
+             "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", f"127.0.0.1:{nobody}", "--rdzv-timeout", "5"]
+    from_config = run_preflight([*group, "--config", str(config)])
+    assert from_config.returncode == 1
+    assert f"does not write the node's own report {gate} or textfile dir {tmp_path / 'prom'} (from config or environment)" in from_config.stderr
+    from_env = run_preflight([*group, "--report", str(tmp_path / "group.json")],
+                             env={**clean_env(), "PREFLIGHT_REPORT": str(gate), "PREFLIGHT_TEXTFILE_DIR": str(tmp_path / "prom")})
+    assert from_env.returncode == 1 and f"does not write the node's own textfile dir {tmp_path / 'prom'}" in from_env.stderr
     assert gate.read_text() == '{"the gate": "untouched"}' and list((tmp_path / "prom").iterdir()) == []
-    group = json.loads((tmp_path / "group.json").read_text())["group"]
-    assert group["nnodes"] == 2 and not group["passed"] and group["missing"] == [0]  # not itself
+    record = json.loads((tmp_path / "group.json").read_text())["group"]  # what the command line names is written
+    assert record["nnodes"] == 2 and not record["passed"] and record["missing"] == [0]  # not itself

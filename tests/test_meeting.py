@@ -81,3 +81,31 @@ def test_local_side_finds_the_interface_towards_the_endpoint():
 def test_local_side_refuses_an_endpoint_it_cannot_use(rank, endpoint, words):
     with pytest.raises(UsageError, match=words):
         multinode.local_side(multinode.group(2, rank, endpoint, "t"))
+
+
+def test_the_group_record_takes_a_peers_post_as_it_came_but_for_its_rank_and_verdict():
+    # A post's "ok" must be the JSON true, and its rank is where it was posted: the report's readers rely on both.
+    from types import SimpleNamespace
+
+    from preflight.report import GroupRecord
+
+    m = a_meeting(node_rank=1)
+    m.reached, m.broken, m.missing = "bandwidth", True, set()  # broken: no more meetings, only the record
+    m.final = meeting.Gathered("after", {})
+    m.last = {0: {"ok": True, "host": "gpu-01", "phase": "after"}, 1: {"ok": True, "phase": "after"},
+              2: {"ok": "true", "node_rank": 7, "host": "gpu-03", "figures": {"internode_allreduce_bus_bandwidth": 4.1e11}}}
+    record = meeting.finish(SimpleNamespace(meeting=m, settings=SimpleNamespace(rdzv_timeout=10)), [])
+    assert [(n["node_rank"], n["ok"]) for n in record["nodes"]] == [(0, True), (1, True), (2, False)]
+    assert record["nodes"][2]["figures"] == {"internode_allreduce_bus_bandwidth": 4.1e11} and "phase" not in record["nodes"][0]
+    assert not record["passed"] and record["missing"] == []
+    assert GroupRecord.model_validate(record).nodes[2].host == "gpu-03"
+
+
+def test_this_node_is_never_among_the_missing_of_its_own_record():
+    from types import SimpleNamespace
+
+    m = a_meeting(node_rank=1, nnodes=2)
+    m.reached, m.broken, m.missing, m.last = "nccl", True, set(), {}
+    m.final = meeting.Gathered("nccl", error="could not reach node rank 0's meeting point 10.0.0.1:29501")
+    record = meeting.finish(SimpleNamespace(meeting=m, settings=SimpleNamespace(rdzv_timeout=10)), [])
+    assert record["missing"] == [0] and not record["passed"] and record["meeting_error"].startswith("could not reach")

@@ -96,6 +96,18 @@ def test_the_bounds_the_check_holds_gpus_to_ride_along_as_floors():
     assert got[("gpu_temperature", "0")].floor is None
 
 
+def test_a_generation_floor_only_for_the_gpus_read_under_load():
+    # CUDA_VISIBLE_DEVICES=0: the worker copied to GPU 0 only; the others idle at Gen1 and were not judged.
+    f = facts("h100-sxm-8x-healthy.json")
+    idle = [g.model_copy(update={"pcie": PcieLink(gen=1, width=16, gen_max=5, width_max=16)}) for g in f.inventory.gpus]
+    f = f.model_copy(update={"inventory": f.inventory.model_copy(update={"gpus": idle}), "pcie_loaded": {idle[0].pci_bus_id: PcieLink(gen=5, width=None)}})
+    assert [x for x in judged(f) if "PCIe" in x.summary] == []
+    got = {(m.name, m.labels["gpu"]): m for m in cuda.measurements(f, H100.gpu)}
+    assert (got[("gpu_pcie_link", "0")].value, got[("gpu_pcie_link", "0")].floor) == (5, 5)
+    assert (got[("gpu_pcie_link", "1")].value, got[("gpu_pcie_link", "1")].floor) == (1, None)  # never "below floor" on a passing node
+    assert got[("gpu_pcie_link_width", "0")].value == 16  # a loaded reading without a width: the idle width, as the judge reads it
+
+
 def test_an_x8_link_fails_from_the_idle_reading():
     fails = only(judged(facts("h100-sxm-pcie-x8.json")))
     assert [f.summary for f in fails] == ["GPU 2 (0000:52:00.0): PCIe link x8 of x16"]

@@ -296,6 +296,8 @@ def test_gpus_with_an_unknown_numa_node_are_never_called_one_node():
     advice = t.advise(half)
     assert advice.bind and "NUMA node of GPU 1 is unknown" in advice.summary and advice.launch == []
     assert [r.cpus for r in advice.ranks] == ["0-63", "64-127"]
+    (span,) = [m for m in t.measurements(half, None, H100.topology.model_copy(update={"numa_fail_above": 1})) if m.name == "gpu_numa"]
+    assert (span.value, span.ceiling) == (2, 1)  # the span the judge counts: the CPU sets stand for the unknown node
 
 
 def test_gpus_affine_to_the_same_two_nodes_are_not_split():
