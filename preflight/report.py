@@ -150,11 +150,11 @@ def last_success(report: Report, before: Report | None) -> datetime | None:
 def carry_forward(report: Report, before: Report | None, order: list[str], across_nodes: bool = False) -> list[Result]:
     """A partial run (--only, --skip: the hourly recheck) keeps the results of the
     checks it left out from the report it replaces, if that is of this boot and
-    profile, and neither is a run across nodes (``across_nodes``: this one, even
-    when it was cut short before its group record was made). So the recheck's lighter pass never
-    turns the gate's bandwidth FAIL into a pass, and the gate's bandwidth figures
-    stay in the metrics. Each kept result says when it was measured
-    (details.carried_from). Returns them."""
+    profile, and neither is a run across nodes (``across_nodes`` says so of this
+    one even when it was cut short before its group record was made). So the
+    recheck's lighter pass never turns the gate's bandwidth FAIL into a pass,
+    and the gate's bandwidth figures stay in the metrics. Each kept result says
+    when it was measured (details.carried_from). Returns them."""
     if before is None or report.boot_id is None or before.boot_id != report.boot_id or before.profile != report.profile:
         return []
     if across_nodes or before.group is not None or report.group is not None:
