@@ -470,14 +470,18 @@ def readme_section(title: str) -> str:
     return text[start:end if end > 0 else None]
 
 
-def test_every_preflight_command_in_the_readmes_many_nodes_section_is_valid() -> None:
-    section = readme_section("Many nodes")
+# Many nodes' prose names subcommands and placeholders (`preflight run --nnodes N`); Deploy's gives whole lines.
+@pytest.mark.parametrize("title, at_least, prose", [("Many nodes", 4, False), ("Deploy on a GPU node", 8, True)])
+def test_every_preflight_command_in_the_readmes_how_to_sections_is_valid(title: str, at_least: int, prose: bool) -> None:
+    section = readme_section(title)
     found = []
     for block in re.findall(r"```sh\n(.*?)```", section, re.DOTALL):
-        for line in block.splitlines():
+        for line in block.replace("\\\n", " ").splitlines():
             words = shlex.split(line, comments=True)
-            if "preflight" in words:
+            if "preflight" in words and words[0] not in ("cd", "systemctl", "journalctl"):  # the command, not the unit or the checkout
                 found.append(words[words.index("preflight") + 1:])
-    assert len(found) >= 4, found
+    if prose:  # the command lines the prose gives in `code`, which a reader copies as well
+        found += [shlex.split(span.replace("\n", " "))[1:] for span in re.findall(r"`(preflight [^`]+)`", section)]
+    assert len(found) >= at_least, found
     for args in found:
         parse(args)
