@@ -23,11 +23,16 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 TRAIN_PY=${1:-$ROOT/.venv/bin/python}
+[ "$(id -u)" = 0 ] || { echo "run as root (namespaces, mounts, systemd)" >&2; exit 2; }
+[ -x "$TRAIN_PY" ] || { echo "no training interpreter at $TRAIN_PY: give one with torch" >&2; exit 2; }
+# Where systemd is PID 1, install the units for real; this script would share its cgroups.
+[ "$(cat /proc/1/comm)" != systemd ] || { echo "systemd is PID 1 here: copy the units into /etc/systemd/system instead" >&2; exit 2; }
 OPT=/opt/preflight-boot-test  # outside /root and /home: the exporter runs with ProtectHome=yes
 WORK=$(mktemp -d /opt/preflight-boot-work.XXXXXX)  # not under /tmp, /var or /run: those are tmpfs inside
 SYSTEMD_PID=""
 
 cleanup() {
+    set +e  # tear down as much as there is, whatever failed
     [ -n "$SYSTEMD_PID" ] && kill -KILL "$SYSTEMD_PID" 2>/dev/null  # PID 1 of its namespace: everything in it dies too
     sleep 1
     [ -d /etc/preflight ] && [ -z "$(ls -A /etc/preflight 2>/dev/null)" ] && [ -e "$WORK/made-etc-preflight" ] && rmdir /etc/preflight
@@ -37,9 +42,6 @@ cleanup() {
     rm -rf "$WORK" "$OPT"
 }
 trap cleanup EXIT
-
-[ "$(id -u)" = 0 ] || { echo "run as root (namespaces, mounts, systemd)" >&2; exit 2; }
-[ -x "$TRAIN_PY" ] || { echo "no training interpreter at $TRAIN_PY: give one with torch" >&2; exit 2; }
 
 echo "== install (README step 1) into $OPT"
 /usr/bin/python3 -m venv "$OPT" && "$OPT/bin/pip" install -q "$ROOT" >/dev/null 2>&1  # the system python: a venv links to its base, which must be outside /root and /home too
