@@ -139,19 +139,8 @@ def run(
         nproc_per_node=nproc_per_node, rdzv_port=rdzv_port, rdzv_timeout=rdzv_timeout,
         **_group_flags(multi_node, nnodes, node_rank, rdzv_endpoint, rdzv_id),
     )
-    if scratch:
-        if report is not None or textfile_dir is not None:
-            raise UsageError("--scratch writes no report and no textfile; leave out --report and --textfile-dir")
-        s.report = s.textfile_dir = None
-    if s.nnodes > 1:
-        # The configured report and textfile are the node's gate, which a group run
-        # must not replace: one failing node fails the whole group, and every
-        # reader of the gate would then refuse the good nodes too.
-        dropped = [f"{what} {path}" for what, path, given in (("report", s.report, report), ("textfile dir", s.textfile_dir, textfile_dir)) if path is not None and given is None]
-        if dropped:
-            console.note(f"a {s.nnodes}-node run does not write the node's own {' or '.join(dropped)} (from config or environment); give --report or --textfile-dir to keep its verdict")
-            s.report = report
-            s.textfile_dir = textfile_dir
+    if said := settings_mod.outputs_of(s, report, textfile_dir, scratch):
+        console.note(said)
     for name in settings_mod.unknown_env():
         console.note(f"warning: {name} is not a preflight setting and is ignored")
     report_path = reports.check_writable(s.report) if s.report is not None else None

@@ -221,3 +221,23 @@ def unknown_env(environ: dict[str, str] | None = None) -> list[str]:
     # PREFLIGHT_WORKER_FAULT is the workers' test-only fault knob (checks/workers/_rank.py).
     known = {ENV_PREFIX + f.upper() for f in Settings.model_fields} | {ENV_PREFIX + "CONFIG", ENV_PREFIX + "WORKER_FAULT"}
     return sorted(k for k in environ if k.upper().startswith(ENV_PREFIX) and k.upper() not in known)
+
+
+def outputs_of(s: Settings, report: Path | None, textfile_dir: Path | None, scratch: bool) -> str | None:
+    """Which report and textfile this run writes (``report`` and ``textfile_dir``:
+    what its command line gave). The configured ones are the node's gate, which
+    neither a scratch run (a pairwise side, a trial) nor a group run may replace:
+    one failing node fails the whole group, and every reader of the gate would
+    then refuse the good nodes too. Returns what to tell the user, if anything."""
+    if scratch:
+        if report is not None or textfile_dir is not None:
+            raise UsageError("--scratch writes no report and no textfile; leave out --report and --textfile-dir")
+        s.report = s.textfile_dir = None
+        return None
+    if s.nnodes == 1:
+        return None
+    dropped = [f"{what} {path}" for what, path, given in (("report", s.report, report), ("textfile dir", s.textfile_dir, textfile_dir)) if path is not None and given is None]
+    s.report, s.textfile_dir = report, textfile_dir
+    if not dropped:
+        return None
+    return f"a {s.nnodes}-node run does not write the node's own {' or '.join(dropped)} (from config or environment); give --report or --textfile-dir to keep its verdict"

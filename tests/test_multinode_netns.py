@@ -12,6 +12,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -77,21 +79,28 @@ def env(tmp_path):
     return {**fast_profile(tmp_path, "bandwidth", 150), "TMPDIR": str(tmp_path / "tmp")}
 
 
-def finish(net: netns.Net, nodes: list[Node], tmp_path: Path) -> None:
+@contextmanager
+def hosts(count: int, tmp_path: Path) -> Iterator[tuple[netns.Net, list[Node]]]:
+    """``count`` namespaces on one bridge, and the list of nodes a test starts on
+    them. At the end every node still running is killed, no worker may be left,
+    and the namespaces go."""
+    net = netns.make(count)
+    nodes: list[Node] = []
     try:
-        for n in nodes:
-            if n.proc.poll() is None:
-                n.proc.kill()
-                n.proc.wait(10)
-        assert workers_left(tmp_path) == ""
+        yield net, nodes
     finally:
-        net.cleanup()
+        try:
+            for n in nodes:
+                if n.proc.poll() is None:
+                    n.proc.kill()
+                    n.proc.wait(10)
+            assert workers_left(tmp_path) == ""
+        finally:
+            net.cleanup()
 
 
 def test_two_nodes_pass_and_both_report_the_inter_node_figures(tmp_path, env):
-    net = netns.make(2)
-    nodes: list[Node] = []
-    try:
+    with hosts(2, tmp_path) as (net, nodes):
         for i in range(2):
             (tmp_path / f"prom{i}").mkdir()
             nodes.append(start(net, tmp_path, env, i, 2, "--only", "shm,nccl,bandwidth", "--textfile-dir", str(tmp_path / f"prom{i}")))
@@ -111,17 +120,13 @@ def test_two_nodes_pass_and_both_report_the_inter_node_figures(tmp_path, env):
         assert group["passed"] and [x["node_rank"] for x in group["nodes"]] == [0, 1]
         assert all(x["figures"]["internode_allreduce_bus_bandwidth"] > 0 for x in group["nodes"])
         assert 'preflight_group_node_passed{node_rank="1"} 1.0' in (tmp_path / "prom0" / "preflight.prom").read_text()
-    finally:
-        finish(net, nodes, tmp_path)
 
 
 def test_a_node_whose_local_check_fails_keeps_out_and_its_peer_names_it(tmp_path, env):
-    net = netns.make(2)
-    nodes: list[Node] = []
-    try:
+    with hosts(2, tmp_path) as (net, nodes):
         (tmp_path / "prom0").mkdir()
-        nodes = [start(net, tmp_path, env, 0, 2, "--only", "shm,nccl", "--rdzv-timeout", "120", "--textfile-dir", str(tmp_path / "prom0")),
-                 start(net, tmp_path, env, 1, 2, "--only", "shm,nccl", "--rdzv-timeout", "120", shm="64m")]
+        nodes += [start(net, tmp_path, env, 0, 2, "--only", "shm,nccl", "--rdzv-timeout", "120", "--textfile-dir", str(tmp_path / "prom0")),
+                  start(net, tmp_path, env, 1, 2, "--only", "shm,nccl", "--rdzv-timeout", "120", shm="64m")]
         assert [n.wait() for n in nodes] == [1, 1]
         out, peer = nodes[1], nodes[0]
         assert out.check("shm")["status"] == "FAIL" and out.check("nccl")["status"] == "SKIP"
@@ -132,15 +137,11 @@ def test_a_node_whose_local_check_fails_keeps_out_and_its_peer_names_it(tmp_path
         assert peer.seconds < 60  # told at once, not at the 120 s deadline
         prom = (tmp_path / "prom0" / "preflight.prom").read_text()
         assert "preflight_group_passed 0.0" in prom and 'preflight_group_node_passed{node_rank="1"} 0.0' in prom and lint(prom) == ""
-    finally:
-        finish(net, nodes, tmp_path)
 
 
 def test_node_rank_0_kept_out_still_tells_a_peer_that_comes_later(tmp_path, env):
     # Rank 0 hosts the meeting point: staying out, it keeps it open until every peer has heard why.
-    net = netns.make(2)
-    nodes: list[Node] = []
-    try:
+    with hosts(2, tmp_path) as (net, nodes):
         nodes.append(start(net, tmp_path, env, 0, 2, "--only", "shm,nccl", "--rdzv-timeout", "60", shm="64m"))
         time.sleep(8)
         nodes.append(start(net, tmp_path, env, 1, 2, "--only", "shm,nccl", "--rdzv-timeout", "60"))
@@ -148,27 +149,19 @@ def test_node_rank_0_kept_out_still_tells_a_peer_that_comes_later(tmp_path, env)
         nccl = nodes[1].check("nccl")
         assert nccl["status"] == "FAIL" and nccl["summary"].startswith("node 0 (") and "kept out" in nccl["summary"] and "shm" in nccl["cause"]
         assert nodes[1].seconds < 45 and nodes[0].report()["group"]["nodes"][0]["ok"] is False
-    finally:
-        finish(net, nodes, tmp_path)
 
 
 def test_a_node_that_never_comes_is_named_when_the_wait_is_over(tmp_path, env):
-    net = netns.make(2)
-    nodes: list[Node] = []
-    try:
-        nodes = [start(net, tmp_path, env, 0, 2, "--only", "nccl", "--rdzv-timeout", "8")]
+    with hosts(2, tmp_path) as (net, nodes):
+        nodes += [start(net, tmp_path, env, 0, 2, "--only", "nccl", "--rdzv-timeout", "8")]
         assert nodes[0].wait() == 1
         nccl = nodes[0].check("nccl")
         assert nccl["status"] == "FAIL" and "node 1 did not come to the nccl meeting within 8 s" in nccl["summary"]
         assert nodes[0].seconds < 60
-    finally:
-        finish(net, nodes, tmp_path)
 
 
 def test_a_wrong_endpoint_is_a_clear_error(tmp_path, env):
-    net = netns.make(2)
-    nodes: list[Node] = []
-    try:
+    with hosts(2, tmp_path) as (net, nodes):
         # Node rank 0 given another node's address: refused before anything runs.
         nodes.append(start(net, tmp_path, env, 0, 2, "--only", "nccl", endpoint=f"{net.hosts[1].addr}:29500"))
         assert nodes[0].wait() == 2
@@ -181,15 +174,11 @@ def test_a_wrong_endpoint_is_a_clear_error(tmp_path, env):
         nccl = nodes[1].check("nccl")
         assert nccl["status"] == "FAIL" and f"could not meet the group at {nobody}:29501" in nccl["summary"]
         assert nodes[1].seconds < 60
-    finally:
-        finish(net, nodes, tmp_path)
 
 
 def test_a_link_down_mid_run_fails_every_survivor_naming_the_lost_peer(tmp_path, env):
-    net = netns.make(3)
-    nodes: list[Node] = []
-    try:
-        nodes = [start(net, tmp_path, env, i, 3, "--only", "nccl,bandwidth") for i in range(3)]
+    with hosts(3, tmp_path) as (net, nodes):
+        nodes += [start(net, tmp_path, env, i, 3, "--only", "nccl,bandwidth") for i in range(3)]
         deadline = time.monotonic() + 240
         while not any("bandwidth" in line for line in nodes[0].lines):
             assert time.monotonic() < deadline and nodes[0].proc.poll() is None, nodes[0].out
@@ -205,8 +194,6 @@ def test_a_link_down_mid_run_fails_every_survivor_naming_the_lost_peer(tmp_path,
             assert bw["status"] == "FAIL" and "node 2" in text and "stopped answering" in text, text
         nodes[2].wait()
         assert nodes[2].check("bandwidth")["status"] == "FAIL"
-    finally:
-        finish(net, nodes, tmp_path)
 
 
 def test_multi_node_reads_slurm_and_names_what_it_cannot_use(tmp_path):
