@@ -27,7 +27,7 @@ from typing import ClassVar
 from pydantic import BaseModel, Field
 
 from preflight import figures as figs_mod
-from preflight import launch, meeting, ranks
+from preflight import launch, meeting, ranks, shape
 from preflight.check import Check, Context, Finding, Measurement, Result, Status, worst
 from preflight.checks.topology import linked_pairs
 from preflight.profiles import BandwidthExpect, ResolvedFloor
@@ -61,6 +61,7 @@ PER_DEVICE = {"hbm_copy": "hbm_copy_bandwidth", "memcpy": "memcpy_bandwidth", "h
 WHOLE_NODE = ("allreduce_bus_bandwidth", "allgather_bus_bandwidth", "reducescatter_bus_bandwidth", "allreduce_latency", "allreduce_latency_p99")
 COLLECTIVE = {"all_reduce": "allreduce_bus_bandwidth", "all_gather": "allgather_bus_bandwidth", "reduce_scatter": "reducescatter_bus_bandwidth"}
 INTERNODE = {name: f"internode_{name}" for name in COLLECTIVE.values()}
+INTERNODE_FLOORS = tuple(name for name in FLOORS if name.startswith("internode_"))
 
 WORDS = {
     "hbm_copy_bandwidth": "HBM copy",
@@ -250,7 +251,7 @@ def judge_peer_access(f: BandwidthFacts, nvlink_pairs: set[frozenset[int]], all_
                 bad.append(f"{_who(o.rank, gpu)} -> {_who(res.peer, gpu) if res.peer is not None else '?'}")  # type: ignore[arg-type]
     if not bad:
         return []
-    said = "profile" if all_nvlink else "topology"
+    said = "node's NVSwitch fabric" if all_nvlink else "topology"
     cause = f"CUDA reports peer access impossible between {len(bad)} ordered pair(s) the {said} says NVLink joins: {', '.join(bad[:8])}; their copies go through host memory"
     remedy = "check `nvidia-smi nvlink -s` and `nvidia-smi topo -p2p r`, that nvidia-fabricmanager runs (NVSwitch boards), and the IOMMU/ACS settings; reboot, and drain the node if it persists"
     return [Finding(FAIL, f"no peer access between NVLink GPUs ({bad[0]})", cause, remedy)]
@@ -383,7 +384,7 @@ class Bandwidth(Check):
 
     def required_floors(self, profile) -> tuple[str, ...]:
         """What a profile running this check must define: the per-device copies' floors."""
-        return ("hbm_copy_bandwidth", "h2d_bandwidth", "d2h_bandwidth") if profile.gpu_count else ("memcpy_bandwidth",)
+        return ("hbm_copy_bandwidth", "h2d_bandwidth", "d2h_bandwidth") if profile.has_gpus else ("memcpy_bandwidth",)
 
     def applies(self, ctx: Context) -> str | None:
         if ctx.profile.bandwidth is None:
@@ -393,28 +394,23 @@ class Bandwidth(Check):
     def run(self, ctx: Context) -> Result:
         expect = ctx.profile.bandwidth
         assert expect is not None  # applies() said so
-        backend = "nccl" if ctx.profile.gpu_count else "gloo"
-        nproc = ctx.settings.nproc_per_node or expect.ranks or ctx.profile.gpu_count
+        backend = "nccl" if ctx.profile.has_gpus else "gloo"
+        nproc = ctx.ranks(expect.ranks)
         facts = gather(ctx, nproc, expect, backend)
         figs = figures(facts)
-        all_nvlink = bool(ctx.profile.topology and ctx.profile.topology.nvlink == "all")
-        full = nproc == (ctx.profile.gpu_count or expect.ranks)
-        # Collective and latency floors are for the whole node's ranks: fewer ranks are not judged by them;
-        # across nodes the inter-node floors judge the collectives instead.
-        unjudged = set() if full and not ctx.meeting else set(WHOLE_NODE)
-        if not full:
-            unjudged |= {k for k in FLOORS if k.startswith("internode_")}
-        floors = {k: v for k, v in ctx.profile.floors.items() if k not in unjudged}
+        all_nvlink = bool(ctx.shape and ctx.shape.fabric == "nvswitch")
+        floors, unjudged = shape.fitting_floors(dict(ctx.profile.floors), WHOLE_NODE + INTERNODE_FLOORS, ctx.shape, nproc, expect.ranks)
+        # Across nodes the inter-node floors judge the collectives; alone, they judge nothing.
+        for name in (WHOLE_NODE if ctx.meeting else INTERNODE_FLOORS):
+            floors.pop(name, None)
         parts = judge(facts, figs, floors, expect, linked_pairs(ctx.results.get("topology"), ("NV",)) or set(), all_nvlink)
         details = facts.model_dump(mode="json")
         details["parts"] = {name: worst(found) for name, found in parts.items()}
         details["figures"] = [g.model_dump(mode="json") for g in figs]
-        details["full_node"] = full
+        details["unjudged"] = unjudged = {k: v for k, v in unjudged.items() if k in {g.name for g in figs}}
+        details["full_node"] = nproc == ((ctx.shape.gpus if ctx.shape else 0) or expect.ranks)
         findings = [x for found in parts.values() for x in found]
         result = self.conclude(findings, summary(facts, figs), measurements=measurements(figs, floors), details=details)
-        result.lines = lines(figs, floors) + time_line(facts)
-        if not full:
-            whole = ctx.profile.gpu_count or expect.ranks
-            result.lines.append(f"collective and latency floors are for {whole} ranks; this run had {nproc}: those figures are not judged")
+        result.lines = lines(figs, floors) + time_line(facts) + shape.unjudged_lines(unjudged)
         return result
 

@@ -26,9 +26,9 @@ from pydantic import BaseModel, ValidationError
 
 from preflight import launch, nvml, xid
 from preflight.check import Check, Context, Finding, Measurement, Result, Status, worst
-from preflight.host import Host
 from preflight.nvml import Gpu, Inventory, PcieLink
 from preflight.profiles import GpuExpect
+from preflight.shape import NodeShape
 
 MARGIN = 5.0  # seconds kept from the check's deadline to judge and report a hung worker
 LOAD_SECONDS = 30.0  # the most the worker loads the links; it stops once NVML has read them
@@ -88,7 +88,6 @@ class InitOutcome(BaseModel):
 
 class CudaFacts(BaseModel):
     inventory: Inventory
-    sysfs_gpus: list[str] = []  # NVIDIA GPUs on the PCI bus ("0000:18:00.0"), seen or not by NVML
     xid_events: list[xid.XidEvent] = []
     kernel_log: str  # where the Xid scan read, or "unavailable: why"
     init: InitOutcome | None = None  # None: not attempted
@@ -97,20 +96,6 @@ class CudaFacts(BaseModel):
 
 
 # ---- gathering -------------------------------------------------------------
-
-
-def sysfs_gpus(host: Host) -> list[str]:
-    """PCI addresses of NVIDIA display and 3D controllers (NVSwitches are bridges)."""
-    devices = host.path("/sys/bus/pci/devices")
-    found = []
-    for entry in sorted(devices.iterdir()) if devices.is_dir() else []:
-        try:
-            vendor, klass = ((entry / f).read_text().strip() for f in ("vendor", "class"))
-        except OSError:
-            continue
-        if vendor == "0x10de" and klass[:6] in ("0x0300", "0x0302"):
-            found.append(entry.name.lower())
-    return found
 
 
 def run_init(python: str, timeout: float, read_links: bool) -> tuple[InitOutcome, dict[str, PcieLink] | None]:
@@ -175,7 +160,7 @@ def gather(ctx: Context) -> CudaFacts:
         events, kernel_log = xid.parse(text), where
     except xid.KernelLogUnavailable as e:
         events, kernel_log = [], f"unavailable: {e}"
-    facts = CudaFacts(inventory=inventory, sysfs_gpus=sysfs_gpus(ctx.host), xid_events=events, kernel_log=kernel_log)
+    facts = CudaFacts(inventory=inventory, xid_events=events, kernel_log=kernel_log)
     if inventory.lost or not inventory.gpus:
         # A lost GPU can hang CUDA init for the whole deadline; NVML already named the fault.
         facts.init_skipped = "NVML reports lost GPUs" if inventory.lost else "NVML reports no GPU"
@@ -200,32 +185,38 @@ def _who(g: Gpu) -> str:
     return f"GPU {g.index} ({nvml.short_pci(g.pci_bus_id)})"
 
 
-def judge_inventory(
-    inv: Inventory,
-    sysfs: list[str],
-    gpu_count: int,
-    expect: GpuExpect | None,
-    driver_pin: str | None = None,
-    loaded: dict[str, PcieLink] | None = None,
-) -> list[Finding]:
+def judge_count(inv: Inventory, shape: NodeShape | None) -> list[Finding]:
+    """GPUs this process may use that NVML does not show, and a site's pinned count.
+    The count comes from the node (the PCI bus, its device nodes), never from the
+    profile: a container is not failed for the host's GPUs it was not given."""
     out: list[Finding] = []
     known = {nvml.short_pci(g.pci_bus_id) for g in [*inv.gpus, *inv.lost] if g.pci_bus_id}
-    silent = [bus for bus in sysfs if bus not in known]  # on the bus, unknown to NVML
+    silent = [bus for bus in (shape.slots if shape else []) if bus not in known]  # ours, on the bus, unknown to NVML
     for lost in inv.lost:
         where = nvml.short_pci(lost.pci_bus_id) if lost.pci_bus_id else "PCI address unknown"
         hint = f"; on the PCI bus but not answering NVML: {', '.join(silent)}" if silent and not lost.pci_bus_id else ""
         cause = f"NVML cannot reach GPU {lost.index} ({where}): {lost.error}{hint}"
         out.append(Finding(FAIL, f"GPU {lost.index} ({where}) is lost", cause, RESET.format(i=lost.index) + "; if it stays lost, " + DRAIN))
     seen = len(inv.gpus) + len(inv.lost)
-    if seen < gpu_count:
-        slots = ""
-        if sysfs:
-            slots = f"; on the PCI bus but not in NVML: {', '.join(silent)}" if silent else "; the missing GPUs are not on the PCI bus either"
-        cause = f"NVML sees {seen} GPUs, the profile expects {gpu_count}{slots}"
-        out.append(Finding(FAIL, f"{seen} of {gpu_count} GPUs visible", cause, "look for 'fallen off the bus' in `preflight xid`; reseat or replace the GPU; " + DRAIN))
-    elif seen > gpu_count:
-        cause = f"NVML sees {seen} GPUs but the profile describes a node with {gpu_count}"
-        out.append(Finding(FAIL, f"{seen} GPUs, profile expects {gpu_count}", cause, "choose the profile for this node (--profile) or a site profile with the right gpu_count"))
+    fix = "look for 'fallen off the bus' in `preflight xid`; reseat or replace the GPU; " + DRAIN
+    if shape is not None and seen < shape.gpus:
+        named = f"; on the PCI bus but not in NVML: {', '.join(silent)}" if silent else ""
+        cause = f"NVML sees {seen} GPUs, this node gives the run {shape.gpus} ({shape.gpus_from}){named}"
+        out.append(Finding(FAIL, f"{seen} of {shape.gpus} GPUs visible", cause, fix))
+    if shape is not None and shape.pinned is not None and seen < shape.pinned:
+        cause = f"NVML sees {seen} GPUs, the site pins {shape.pinned} ([node] gpus, --node-gpus or PREFLIGHT_NODE_GPUS); the node shows {shape.gpus} ({shape.gpus_from})"
+        out.append(Finding(FAIL, f"{seen} of {shape.pinned} pinned GPUs visible", cause, fix + "; if this node is meant to have fewer, change the pin"))
+    return out
+
+
+def judge_inventory(
+    inv: Inventory,
+    shape: NodeShape | None,
+    expect: GpuExpect | None,
+    driver_pin: str | None = None,
+    loaded: dict[str, PcieLink] | None = None,
+) -> list[Finding]:
+    out = judge_count(inv, shape)
     models = Counter((g.name, g.pci_device_id) for g in inv.gpus)
     if len(models) > 1:
         mix = ", ".join(f"{n} x {name}" + (f" ({dev})" if dev else "") for (name, dev), n in models.most_common())
@@ -241,12 +232,13 @@ def judge_inventory(
     if driver_pin and inv.driver_version != driver_pin:
         cause = f"the site config pins driver {driver_pin}; this node runs {inv.driver_version}"
         out.append(Finding(FAIL, f"driver {inv.driver_version}, site pins {driver_pin}", cause, f"install driver {driver_pin}, or change driver_version in the config"))
+    fabric = shape.fabric if shape else "unknown"
     for g in inv.gpus:
-        out += judge_gpu(g, expect, (loaded or {}).get(g.pci_bus_id))
+        out += judge_gpu(g, expect, (loaded or {}).get(g.pci_bus_id), fabric)
     return out
 
 
-def judge_gpu(g: Gpu, expect: GpuExpect | None, loaded: PcieLink | None = None) -> list[Finding]:
+def judge_gpu(g: Gpu, expect: GpuExpect | None, loaded: PcieLink | None = None, fabric: str = "unknown") -> list[Finding]:
     who, reset = _who(g), RESET.format(i=g.index)
     out: list[Finding] = []
     if g.ecc_uncorrectable_volatile:
@@ -274,7 +266,7 @@ def judge_gpu(g: Gpu, expect: GpuExpect | None, loaded: PcieLink | None = None) 
         cause = f"{who}'s power limit is {g.power_limit_w:g} W, below its default {g.power_default_limit_w:g} W"
         out.append(Finding(WARN, f"{who}: power capped", cause, f"`nvidia-smi -i {g.index} -pl {g.power_default_limit_w:g}` unless the cap is intended"))
     if expect and expect.nvlinks:
-        out += _judge_nvlinks(g, expect)
+        out += _judge_nvlinks(g, expect, fabric)
     if expect and expect.memory_min_bytes and g.memory_total_bytes is not None and g.memory_total_bytes < expect.memory_min_bytes:
         cause = f"{who} reports {g.memory_total_bytes} bytes of memory, the SKU at least {expect.memory_min_bytes} ({expect.memory_source})"
         out.append(Finding(FAIL, f"{who}: less memory than the SKU", cause, "check the GPU model and retired pages; " + DRAIN))
@@ -310,12 +302,18 @@ def _judge_clocks(g: Gpu) -> list[Finding]:
     return []
 
 
-def _judge_nvlinks(g: Gpu, expect: GpuExpect) -> list[Finding]:
+def _judge_nvlinks(g: Gpu, expect: GpuExpect, fabric: str) -> list[Finding]:
+    """Links are judged only where the node joins its GPUs by NVLink: a GPU with no
+    NVLink peer (a bridge-less PCIe card, a lone SXM GPU in a VM) answers
+    "inactive" on every link, and that is its shape, not a fault."""
     who = _who(g)
+    joined = fabric in ("nvswitch", "nvlink")
     if g.nvlinks_active is None:
-        cause = f"NVML does not report NVLink state for {who}, whose SKU has {expect.nvlinks} links (a VM that hides NVLink, or a driver fault)"
+        if fabric != "nvswitch":
+            return []
+        cause = f"NVML does not report NVLink state for {who} on a node with NVSwitch, and its SKU has {expect.nvlinks} links (a VM that hides NVLink, or a driver fault)"
         return [Finding(WARN, f"{who}: NVLink state unknown", cause, "check `nvidia-smi nvlink -s`; the topology check measures the links")]
-    if g.nvlinks_active >= expect.nvlinks:
+    if g.nvlinks_active >= expect.nvlinks or (g.nvlinks_active == 0 and not joined):
         return []
     down = f" (down: link {', '.join(map(str, g.nvlinks_down))})" if g.nvlinks_down else ""
     cause = f"{who} has {g.nvlinks_active} active NVLinks{down}, the SKU has {expect.nvlinks} ({expect.nvlinks_source})"
@@ -443,7 +441,7 @@ def judge_init(init: InitOutcome | None, inv: Inventory) -> list[Finding]:
     return out
 
 
-def judge(facts: CudaFacts, gpu_count: int, expect: GpuExpect | None, driver_pin: str | None) -> dict[str, list[Finding]]:
+def judge(facts: CudaFacts, shape: NodeShape | None, expect: GpuExpect | None, driver_pin: str | None) -> dict[str, list[Finding]]:
     """Findings by part, so a report says which part failed."""
     inv = facts.inventory
     xids = judge_xid(facts.xid_events, inv)
@@ -451,7 +449,7 @@ def judge(facts: CudaFacts, gpu_count: int, expect: GpuExpect | None, driver_pin
         cause = f"the kernel log could not be read, so Xid errors since boot are unknown: {facts.kernel_log}"
         xids.append(Finding(WARN, "Xid scan impossible", cause, "run preflight as root (or set kernel.dmesg_restrict=0), or check `preflight xid` by hand"))
     parts = {
-        "inventory": judge_inventory(inv, facts.sysfs_gpus, gpu_count, expect, driver_pin, facts.pcie_loaded),
+        "inventory": judge_inventory(inv, shape, expect, driver_pin, facts.pcie_loaded),
         "xid": xids,
         "cuda_init": judge_init(facts.init, inv),
     }
@@ -460,7 +458,7 @@ def judge(facts: CudaFacts, gpu_count: int, expect: GpuExpect | None, driver_pin
     return parts
 
 
-def measurements(facts: CudaFacts, expect: GpuExpect | None = None) -> list[Measurement]:
+def measurements(facts: CudaFacts, expect: GpuExpect | None = None, shape: NodeShape | None = None) -> list[Measurement]:
     """Per GPU, with dcgm-exporter's labels; where the check holds a figure to a
     bound, the bound rides along as its floor, so `figure < floor` in PromQL
     finds the x8 link or the lost NVLink the check failed on."""
@@ -471,8 +469,11 @@ def measurements(facts: CudaFacts, expect: GpuExpect | None = None) -> list[Meas
         _, index = _gpu_of(d.index, r, facts.inventory)  # type: ignore[arg-type]
         if index != "N":
             init[int(index)] = d.seconds
+    joined = shape is not None and shape.fabric in ("nvswitch", "nvlink")
     for g in facts.inventory.gpus:
         labels = {"gpu": str(g.index), "UUID": g.uuid}  # dcgm-exporter's label names, so joins work
+        # A GPU with no NVLink peer is not held to the SKU's link count (see _judge_nvlinks).
+        nvlink_floor = expect.nvlinks if expect and expect.nvlinks and (joined or (g.nvlinks_active or 0) > 0) else None
         loaded = (facts.pcie_loaded or {}).get(g.pci_bus_id)  # this GPU's link while the worker copied to it
         width = loaded.width if loaded and loaded.width else g.pcie.width  # as judge_link reads it
         gen = loaded.gen if loaded and loaded.gen else g.pcie.gen
@@ -481,7 +482,7 @@ def measurements(facts: CudaFacts, expect: GpuExpect | None = None) -> list[Meas
             ("gpu_power_limit", "watts", g.power_limit_w, None),
             ("gpu_ecc_uncorrectable_volatile", "errors", g.ecc_uncorrectable_volatile, None),
             ("gpu_ecc_uncorrectable_aggregate", "errors", g.ecc_uncorrectable_aggregate, None),
-            ("gpu_nvlinks_active", "links", g.nvlinks_active, expect.nvlinks if expect and expect.nvlinks else None),
+            ("gpu_nvlinks_active", "links", g.nvlinks_active, nvlink_floor),
             ("gpu_pcie_link_width", "lanes", width, g.pcie.width_max),
             # preflight_gpu_pcie_link_generation: the unit once. Judged only under load: an idle link drops to Gen1.
             ("gpu_pcie_link", "generation", gen, g.pcie.gen_max if loaded and loaded.gen else None),
@@ -491,12 +492,13 @@ def measurements(facts: CudaFacts, expect: GpuExpect | None = None) -> list[Meas
     return out
 
 
-def summary(facts: CudaFacts) -> str:
+def summary(facts: CudaFacts, shape: NodeShape | None = None) -> str:
     inv = facts.inventory
     gpus = ", ".join(f"{n} x {name}" for name, n in Counter(g.name for g in inv.gpus).items()) or "no GPU"
     r = facts.init.report if facts.init else None
     cuda = f"; CUDA init on every GPU in {facts.init.seconds:.1f} s (torch {r.torch_version}, CUDA {r.cuda_runtime}, NCCL {r.nccl_version})" if facts.init and r else ""
-    return f"{gpus}, driver {inv.driver_version} (CUDA {inv.cuda_driver_version}){cuda}; no fatal Xid since boot"
+    joined = f" ({shape.describe()})" if shape else ""
+    return f"{gpus}{joined}, driver {inv.driver_version} (CUDA {inv.cuda_driver_version}){cuda}; no fatal Xid since boot"
 
 
 class Cuda(Check):
@@ -510,7 +512,7 @@ class Cuda(Check):
             facts = gather(ctx)
         except nvml.NvmlUnavailable as e:
             return self.result(Status.FAIL, e.cause, cause=e.cause, remedy=e.remedy)
-        parts = judge(facts, ctx.profile.gpu_count, ctx.profile.gpu, ctx.settings.driver_version)
+        parts = judge(facts, ctx.shape, ctx.profile.gpu, ctx.settings.driver_version)
         details = facts.model_dump(mode="json")
         details["parts"] = {name: worst(found) for name, found in parts.items()}
         if facts.init is None:
@@ -520,7 +522,7 @@ class Cuda(Check):
             r = facts.init.report
             details["versions"] = {"driver": facts.inventory.driver_version, "cuda_driver": facts.inventory.cuda_driver_version, "torch": r.torch_version, "cuda_runtime": r.cuda_runtime, "nccl": r.nccl_version}
         findings = [f for found in parts.values() for f in found]
-        result = self.conclude(findings, summary(facts), measurements=measurements(facts, ctx.profile.gpu), details=details)
+        result = self.conclude(findings, summary(facts, ctx.shape), measurements=measurements(facts, ctx.profile.gpu, ctx.shape), details=details)
         passed = [name for name, found in parts.items() if not any(f.status == FAIL for f in found) and not (name == "cuda_init" and facts.init is None)]
         if findings and passed:
             result.summary += f" ({' and '.join(passed)} passed)"

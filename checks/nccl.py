@@ -25,6 +25,7 @@ from preflight.check import Check, Context, Finding, Measurement, Result, Status
 from preflight.checks.topology import linked_pairs
 from preflight.host import Host
 from preflight.profiles import NcclExpect
+from preflight.shape import FABRIC_WORDS, NodeShape
 from preflight.units import fmt_bytes, fmt_seconds
 
 FAIL, WARN = Status.FAIL, Status.WARN
@@ -264,6 +265,16 @@ def judge_log(f: NcclFacts, run_failed: bool) -> list[Finding]:
     return out
 
 
+def p2p_for_shape(expect: NcclExpect, shape: NodeShape | None) -> NcclExpect:
+    """The profile's "P2P or fail" is for GPUs joined by NVLink. On a node whose
+    GPUs are joined by PCIe only (a VM slice, bridge-less cards), P2P is a bonus
+    that ACS, an IOMMU or the hypervisor may forbid: a fallback warns."""
+    if expect.p2p != "fail" or shape is None or shape.fabric in ("nvswitch", "nvlink", "unknown"):
+        return expect
+    why = f"this node's GPUs are {FABRIC_WORDS[shape.fabric]} ({shape.fabric_from}): P2P over PCIe is not promised"
+    return expect.model_copy(update={"p2p": "warn", "p2p_source": why})
+
+
 def judge(f: NcclFacts, expect: NcclExpect, nvlink_pairs: set[frozenset[int]], switch_pairs: set[frozenset[int]] | None = None) -> dict[str, list[Finding]]:
     run = judge_run(f)
     return {
@@ -346,9 +357,10 @@ class Nccl(Check):
     def run(self, ctx: Context) -> Result:
         expect = ctx.profile.nccl
         assert expect is not None  # applies() said so
-        backend = "nccl" if ctx.profile.gpu_count else "gloo"
-        nproc = ctx.settings.nproc_per_node or expect.ranks or ctx.profile.gpu_count
+        backend = "nccl" if ctx.profile.has_gpus else "gloo"
+        nproc = ctx.ranks(expect.ranks)
         facts = gather(ctx, nproc, expect, backend)
+        expect = p2p_for_shape(expect, ctx.shape)
         parts = judge(facts, expect, linked_pairs(ctx.results.get("topology"), ("NV",)) or set(), linked_pairs(ctx.results.get("topology"), ("PIX", "PXB")))
         parts["network"], network = judge_network(facts, expect)
         details = facts.model_dump(mode="json", exclude={"nccl"})

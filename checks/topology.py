@@ -28,6 +28,7 @@ from preflight.host import Host
 from preflight.nvml import Inventory
 from preflight.profiles import ResolvedProfile, TopologyExpect
 from preflight.settings import Settings
+from preflight.shape import NodeShape
 from preflight.topo import NEAR, Topo, TopoParseError
 from preflight.units import format_cpulist, parse_cpulist
 
@@ -285,11 +286,29 @@ def _socket_groups(facts: TopologyFacts) -> int:
     return len(m.cpu_groups) if m and m.spans_numa and all(g.cpus for g in m.gpus) else 0
 
 
-def judge_links(facts: TopologyFacts, expect: TopologyExpect) -> list[Finding]:
+def link_mode(expect: TopologyExpect, shape: NodeShape | None) -> str:
+    """What to hold the matrix to on this node. The profile says how a model's GPUs
+    are joined when they are (NVSwitch: every pair NV<width>; bridges: pairs);
+    the node says whether they are. A saved capture (no shape) gets the profile's word.
+    "mesh": every pair by some NVLink (a direct-link board, e.g. 4-GPU HGX, NV6 a pair);
+    "peers": no GPU left out where the others have NVLink."""
+    if shape is None:
+        return expect.nvlink
+    if shape.fabric == "nvswitch":
+        return "all" if expect.nvlink == "all" else "peers"
+    if shape.fabric == "nvlink":
+        return {"all": "mesh", "pairs": "pairs"}.get(expect.nvlink, "peers")
+    return "none"  # one GPU, or GPUs joined by PCIe only: no NVLink to judge
+
+
+def judge_links(facts: TopologyFacts, expect: TopologyExpect, shape: NodeShape | None = None) -> list[Finding]:
     m, want = facts.matrix, expect.nvlink_width
     out = []
     down = {g.index: g.nvlinks_down for g in facts.gpus if g.nvlinks_down}
-    if m is not None and expect.nvlink == "all":
+    mode = link_mode(expect, shape)
+    if m is not None and mode in ("mesh", "peers"):
+        out += _left_out(m, every_pair=mode == "mesh")
+    if m is not None and mode == "all":
         short = {k: v for k, v in m.links.items() if _nv(v) < want}
         n = len(m.gpus)
         if n > 2 and len(short) == len(m.links) and not any(_nv(v) for v in short.values()):
@@ -312,7 +331,7 @@ def judge_links(facts: TopologyFacts, expect: TopologyExpect) -> list[Finding]:
             pairs = [f"GPU {k.replace('-', '-GPU ')} {v}" for k, v in short.items()]
             out.append(Finding(FAIL, f"NVLink below NV{want} between {len(short)} GPU pair(s)",
                                f"expected NV{want} between every GPU pair, found {_names(pairs)}", _NVLINK_REMEDY))
-    elif m is not None and expect.nvlink == "pairs":
+    elif m is not None and mode == "pairs":
         for g in range(len(m.gpus)):
             peers = {j: m.link(g, j) for j in range(len(m.gpus)) if j != g and _nv(m.link(g, j))}
             best = max(peers.items(), key=lambda kv: _nv(kv[1]), default=None)
@@ -328,6 +347,21 @@ def judge_links(facts: TopologyFacts, expect: TopologyExpect) -> list[Finding]:
         if i not in listed:
             out.append(Finding(FAIL, f"GPU {i}: NVLink {', '.join(map(str, links))} down",
                                f"NVML reports NVLink link(s) {', '.join(map(str, links))} of GPU {i} present but not active", _NVLINK_REMEDY))
+    return out
+
+
+def _left_out(m: Topo, every_pair: bool) -> list[Finding]:
+    """On a node whose GPUs NVLink joins: a GPU with no NVLink peer at all, or
+    (``every_pair``) a pair with none between them."""
+    n = len(m.gpus)
+    lone = [g for g in range(n) if not any(_nv(m.link(g, j)) for j in range(n) if j != g)]
+    out = [Finding(FAIL, f"GPU {g} has no NVLink peer", f"GPU {g} has no NVLink to any GPU while the node's other GPUs are joined by NVLink: "
+                   "its bridge is missing or unseated, or its links are down", "reseat or replace the NVLink bridge of this GPU; " + _NVLINK_REMEDY)
+           for g in lone if len(lone) < n]
+    if every_pair:
+        pairs = [f"GPU {a}-GPU {b} {m.link(a, b)}" for a in range(n) for b in range(a + 1, n) if a not in lone and b not in lone and not _nv(m.link(a, b))]
+        if pairs:
+            out.append(Finding(FAIL, f"no NVLink between {len(pairs)} GPU pair(s)", f"this board joins every GPU pair by NVLink; found {_names(pairs)}", _NVLINK_REMEDY))
     return out
 
 
@@ -373,9 +407,15 @@ def judge_numa(facts: TopologyFacts, expect: TopologyExpect) -> list[Finding]:
     return out
 
 
-def judge_nics(facts: TopologyFacts, expect: TopologyExpect) -> list[Finding]:
+def judge_nics(facts: TopologyFacts, expect: TopologyExpect, shape: NodeShape | None = None, multi_node: bool = False) -> list[Finding]:
+    """A NIC at PIX/PXB beside every GPU, on a model built for multi-node jobs.
+    On a live node it applies where the node has NICs at all: a node with none
+    (a single-node VM) says so once, in its shape, unless the site pins
+    multi-node use; one GPU has no GPU-to-NIC layout to get wrong."""
     m = facts.matrix
     if not expect.nic_per_gpu or m is None:
+        return []
+    if shape is not None and not multi_node and (shape.gpus <= 1 or not (m.nics or facts.nics)):
         return []
     remedy = "check that the NICs are seated and their driver (mlx5_core, mlx5_ib) is loaded (`ibv_devinfo`); a node built for multi-node jobs needs one NIC beside each GPU"
     if not m.nics:
@@ -476,17 +516,19 @@ def judge_pcie(facts: TopologyFacts) -> list[Finding]:
     return out
 
 
-def judge(facts: TopologyFacts, expect: TopologyExpect, vcpu_floor: float | None) -> dict[str, list[Finding]]:
-    """Findings by part, so a report says which part failed."""
+def judge(facts: TopologyFacts, expect: TopologyExpect, vcpu_floor: float | None,
+          shape: NodeShape | None = None, multi_node: bool = False) -> dict[str, list[Finding]]:
+    """Findings by part, so a report says which part failed. ``shape`` is the live
+    node's (None for a saved capture, judged by the profile's word alone)."""
     matrix = []
     if facts.matrix is None:
         matrix.append(Finding(FAIL, "GPU topology unreadable", f"no GPU link matrix: {facts.matrix_error}",
                               "run `nvidia-smi topo -m` by hand; reinstall the driver's userspace if nvidia-smi is missing"))
     return {
         "matrix": matrix,
-        "nvlink": judge_links(facts, expect),
+        "nvlink": judge_links(facts, expect, shape),
         "numa": judge_numa(facts, expect),
-        "nics": judge_nics(facts, expect),
+        "nics": judge_nics(facts, expect, shape, multi_node),
         "cpus": judge_cpus(facts, vcpu_floor),
         "pcie": judge_pcie(facts),
         "agreement": judge_agreement(facts),
@@ -604,7 +646,7 @@ def _caveats(facts: TopologyFacts, ranks: list[RankAdvice]) -> str:
 GENERIC = TopologyExpect(numa_warn_above=1, numa_source="any SKU: GPUs on one NUMA node need no per-rank pinning")
 
 
-def measurements(facts: TopologyFacts, vcpu_floor: float | None, expect: TopologyExpect | None = None) -> list[Measurement]:
+def measurements(facts: TopologyFacts, vcpu_floor: float | None, expect: TopologyExpect | None = None, shape: NodeShape | None = None) -> list[Measurement]:
     out = []
     n = gpu_count(facts)
     if facts.cpus is not None:
@@ -618,7 +660,7 @@ def measurements(facts: TopologyFacts, vcpu_floor: float | None, expect: Topolog
         if m and g.index < len(m.gpus) and len(m.gpus) > 1:
             width = min(_nv(m.link(g.index, j)) for j in range(len(m.gpus)) if j != g.index)
             # NVSwitch boards join every pair at the same width; a bridged pair says nothing of the others.
-            floor = expect.nvlink_width if expect and expect.nvlink == "all" else None
+            floor = expect.nvlink_width if expect and link_mode(expect, shape) == "all" else None
             out.append(Measurement(name="gpu_nvlink_peer_min", unit="links", value=width, labels={"gpu": str(g.index), "UUID": g.uuid}, floor=floor))
     return out
 
@@ -631,7 +673,7 @@ class Topology(Check):
     floor_units = {"vcpus_per_gpu": ("ratio", "min")}
 
     def applies(self, ctx: Context) -> str | None:
-        if not ctx.profile.gpu_count or ctx.profile.topology is None:
+        if not ctx.profile.has_gpus or ctx.profile.topology is None:
             return f"profile {ctx.profile.name} has no GPUs: there is no GPU layout to judge"
         return None
 
@@ -642,7 +684,8 @@ class Topology(Check):
         except nvml.NvmlUnavailable as e:
             return self.result(FAIL, e.cause, cause=e.cause, remedy=e.remedy)
         floor = ctx.profile.floors["vcpus_per_gpu"].value if "vcpus_per_gpu" in ctx.profile.floors else None
-        parts = judge(facts, ctx.profile.topology, floor)
+        multi_node = ctx.settings.node_multi_node or ctx.settings.nnodes > 1
+        parts = judge(facts, ctx.profile.topology, floor, ctx.shape, multi_node)
         if ctx.settings.nvml_fake is not None:  # fail closed, as the cuda check does
             parts["source"] = [nvml.fake_finding(str(ctx.settings.nvml_fake))]
         advice = advise(facts)
@@ -650,10 +693,10 @@ class Topology(Check):
         details["parts"] = {name: worst(found) for name, found in parts.items()}
         details["advice"] = advice.model_dump(mode="json")
         findings = [f for found in parts.values() for f in found]
-        ok = f"{gpu_count(facts)} GPUs; {advice.summary}"
+        ok = f"{ctx.shape.describe() if ctx.shape else f'{gpu_count(facts)} GPUs'}; {advice.summary}"
         if facts.cpus:
             ok += f"; {facts.cpus.usable() / max(1, gpu_count(facts)):.1f} vCPUs per GPU"
-        return self.conclude(findings, ok, measurements=measurements(facts, floor, ctx.profile.topology), details=details)
+        return self.conclude(findings, ok, measurements=measurements(facts, floor, ctx.profile.topology, ctx.shape), details=details)
 
     # For `preflight topology`: the same facts, judges and advice, outside a run.
 

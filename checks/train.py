@@ -19,7 +19,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from preflight import figures as figs_mod
-from preflight import launch, ranks
+from preflight import launch, ranks, shape
 from preflight.check import Check, Context, Finding, Result, Status, worst
 from preflight.figures import Figure, median
 from preflight.profiles import ResolvedFloor, TrainExpect
@@ -293,7 +293,7 @@ class Train(Check):
     floor_units: ClassVar[dict[str, tuple[str, str]]] = FLOORS
 
     def required_floors(self, profile) -> tuple[str, ...]:
-        return ("gemm_throughput",) if profile.gpu_count else ()
+        return ("gemm_throughput",) if profile.has_gpus else ()
 
     def applies(self, ctx: Context) -> str | None:
         if ctx.profile.train is None:
@@ -303,27 +303,27 @@ class Train(Check):
     def run(self, ctx: Context) -> Result:
         expect = ctx.profile.train
         assert expect is not None  # applies() said so
-        backend = "nccl" if ctx.profile.gpu_count else "gloo"
-        nproc = ctx.settings.nproc_per_node or expect.ranks or ctx.profile.gpu_count
+        backend = "nccl" if ctx.profile.has_gpus else "gloo"
+        nproc = ctx.ranks(expect.ranks)
         facts = gather(ctx, nproc, expect, backend, ranks.gpu_uuids(ctx.results))
         figs = figures(facts, expect)
-        full = nproc == (ctx.profile.gpu_count or expect.ranks)
         shrunk = any(isinstance(o.report, RankReport) and o.report.shrunk for o in facts.ranks)
         # Step time, throughput and MFU floors are for the whole node and the profile's model; GEMM is per GPU.
-        floors = ctx.profile.floors if full and not shrunk else {k: v for k, v in ctx.profile.floors.items() if k == "gemm_throughput"}
+        whole_node = tuple(name for name in ctx.profile.floors if name != "gemm_throughput")
+        floors, unjudged = shape.fitting_floors(dict(ctx.profile.floors), whole_node, ctx.shape, nproc, expect.ranks)
+        if shrunk:
+            unjudged.update({k: "the profile's model was shrunk to fit this GPU's memory" for k in floors if k != "gemm_throughput"})
+            floors = {k: v for k, v in floors.items() if k == "gemm_throughput"}
         parts = judge(facts, figs, expect, floors)
         # The straggler bound lives in [train] (a ratio between ranks, not a node figure); shown like a floor.
         floors = {**floors, "train_straggler_ratio": ResolvedFloor(value=expect.straggler_max, unit="ratio", bound="max", source=expect.straggler_source, origin=f"profile {ctx.profile.path} [train]")}
         details = facts.model_dump(mode="json")
         details["parts"] = {name: worst(found) for name, found in parts.items()}
         details["figures"] = [g.model_dump(mode="json") for g in figs]
-        details["full_node"] = full
+        details["unjudged"] = unjudged = {k: v for k, v in unjudged.items() if k in {g.name for g in figs}}
+        details["full_node"] = nproc == ((ctx.shape.gpus if ctx.shape else 0) or expect.ranks)
         findings = [x for found in parts.values() for x in found]
         result = self.conclude(findings, summary(facts, figs), measurements=figs_mod.measurements(figs, floors), details=details)
-        result.lines = figs_mod.lines(figs, floors, WORDS)
-        if not full:
-            result.lines.append(f"step, throughput and MFU floors are for {ctx.profile.gpu_count or expect.ranks} ranks; this run had {nproc}: not judged")
-        elif shrunk:
-            result.lines.append("step, throughput and MFU floors are for the profile's model, which was shrunk to fit: not judged")
+        result.lines = figs_mod.lines(figs, floors, WORDS) + shape.unjudged_lines(unjudged)
         return result
 

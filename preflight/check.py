@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from preflight.host import Host
     from preflight.profiles import ResolvedProfile
     from preflight.settings import Settings
+    from preflight.shape import NodeShape
 
 
 class Status(str, Enum):
@@ -115,9 +116,17 @@ class Context:
     deadline: float = math.inf
     # The group this node runs nccl and bandwidth with (preflight.meeting.Meeting), or None alone.
     meeting: Any = None
+    # How many GPUs this node gives the run and how they are joined (preflight.shape); None on a profile without GPUs.
+    shape: NodeShape | None = None
 
     def floor(self, name: str) -> float:
         return self.profile.floors[name].value
+
+    def ranks(self, profile_ranks: int | None) -> int:
+        """Local ranks for a torchrun check: the person's --nproc-per-node, else one
+        per GPU this node gives the run, else the profile's gloo ranks (no GPU)."""
+        gpus = self.shape.gpus if self.shape and self.profile.has_gpus else 0
+        return self.settings.nproc_per_node or profile_ranks or gpus or 1
 
 
 class Check(ABC):

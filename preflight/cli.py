@@ -119,6 +119,7 @@ def run(
     python: Annotated[Optional[Path], typer.Option("--python", help="Interpreter for GPU workers: the training environment's, to validate its torch. [default: preflight's own]")] = None,
     nproc_per_node: Annotated[Optional[int], typer.Option("--nproc-per-node", help="Ranks torchrun starts. [default: one per GPU; the profile's [nccl] ranks without GPUs]")] = None,
     rdzv_port: Annotated[Optional[int], typer.Option("--rdzv-port", help="torchrun's rendezvous port on 127.0.0.1. [default: 0, a free one]")] = None,
+    node_gpus: Annotated[Optional[int], typer.Option("--node-gpus", help="GPUs this node must show (in the config file: gpus under node); fewer is a FAIL. [default: the node's own count]")] = None,
     nnodes: Annotated[Optional[int], typer.Option("--nnodes", help="Nodes in the group: nccl and bandwidth run across all of them. [default: 1]", rich_help_panel="Many nodes")] = None,
     node_rank: Annotated[Optional[int], typer.Option("--node-rank", help="This node's rank in the group, 0 to N-1; rank 0 hosts the rendezvous.", rich_help_panel="Many nodes")] = None,
     rdzv_endpoint: Annotated[Optional[str], typer.Option("--rdzv-endpoint", help="HOST:PORT of node rank 0, the same on every node (PORT+1 is used too).", rich_help_panel="Many nodes")] = None,
@@ -136,7 +137,7 @@ def run(
     s = _settings(
         config, profile=profile, only=only, skip=skip, keep_going=keep_going,
         report=report, textfile_dir=textfile_dir, lock_file=lock_file, lock_timeout=lock_timeout, python=python, nvml_fake=nvml_fake,
-        nproc_per_node=nproc_per_node, rdzv_port=rdzv_port, rdzv_timeout=rdzv_timeout,
+        nproc_per_node=nproc_per_node, rdzv_port=rdzv_port, rdzv_timeout=rdzv_timeout, node_gpus=node_gpus,
         **_group_flags(multi_node, nnodes, node_rank, rdzv_endpoint, rdzv_id),
     )
     if said := settings_mod.outputs_of(s, report, textfile_dir, scratch):
@@ -461,8 +462,9 @@ def show_profile(
 @app.command()
 @_exit_codes
 def detect(config: ConfigOpt = None, json_out: JsonOpt = False, nvml_fake: FakeOpt = None) -> int:
-    """What NVML sees on this node, and which profile `auto` picks, and why."""
-    from preflight import nvml, pipeline, profiles
+    """What NVML sees on this node, its shape (how many GPUs, how joined, which NICs), and which profile `auto` picks, and why."""
+    from preflight import nvml, pipeline, profiles, shape
+    from preflight.host import Host
 
     s = _settings(config, nvml_fake=nvml_fake)
     pipeline.check_inputs(s)
@@ -474,8 +476,9 @@ def detect(config: ConfigOpt = None, json_out: JsonOpt = False, nvml_fake: FakeO
         chosen: dict[str, str | None] = dict(zip(("profile", "why"), profiles.choose(inventory, s.profiles_dir)))
     except profiles.DetectionFailed as e:
         chosen = {"profile": None, "why": f"{e.cause}; {e.remedy}"}
+    node = shape.gather(Host(), inventory, s.node_gpus)
     if json_out:
-        _emit(json.dumps({**inventory.model_dump(mode="json"), **chosen}, indent=2) + "\n")
+        _emit(json.dumps({**inventory.model_dump(mode="json"), **chosen, "shape": node.model_dump(mode="json")}, indent=2) + "\n")
     else:
         print(f"driver {inventory.driver_version}, CUDA {inventory.cuda_driver_version} (from {inventory.source})")
         for g in inventory.gpus:
@@ -483,6 +486,8 @@ def detect(config: ConfigOpt = None, json_out: JsonOpt = False, nvml_fake: FakeO
             print(f"  GPU {g.index}  {g.name}  {nvml.short_pci(g.pci_bus_id)}  device {g.pci_device_id or '?'}  {memory}")
         for lost in inventory.lost:
             print(f"  GPU {lost.index}  LOST  {lost.pci_bus_id or 'PCI address unknown'}  {lost.error}")
+        print(f"node: {node.describe()}")
+        print("\n".join(f"  {line}" for line in node.lines()))
         print(f"profile: {chosen['profile'] or 'none'} ({chosen['why']})")
     return 0 if chosen["profile"] else 1
 

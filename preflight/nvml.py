@@ -80,6 +80,8 @@ class Gpu(_Facts):
     power_default_limit_w: float | None = Field(default=None, ge=0)
     nvlinks_active: int | None = Field(default=None, ge=0)
     nvlinks_down: list[int] = Field(default_factory=list)  # link indices present but not active
+    # Active links by what is at their other end ("switch", "gpu", ...); None: no active link, or NVML did not say.
+    nvlink_remote: dict[str, int] | None = None
     processes: list[GpuProcess] | None = None  # compute processes on the GPU now; None: NVML did not say
     # NVML calls that failed with anything but "not supported" -> the error: unknown is not healthy.
     unanswered: dict[str, str] = Field(default_factory=dict)

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from preflight import __version__, meeting, multinode, nvml, profiles, registry
+from preflight import __version__, meeting, multinode, nvml, profiles, registry, shape
 from preflight.check import Check, Context, Result, Status
 from preflight.console import Console
 from preflight.errors import UsageError
@@ -113,10 +113,6 @@ def plan(settings: Settings) -> Plan:
                     f"in {unit!r} with bound {bound!r}; write it in {unit} (48 GB/s is 48e9 bytes_per_second, 80 us is 8e-05 seconds)"
                 )
     _known_floors(profile, checks)
-    n = settings.nproc_per_node
-    if n and profile.gpu_count and n > profile.gpu_count:
-        where = f"nproc_per_node {n} (--nproc-per-node, PREFLIGHT_NPROC_PER_NODE or config)"
-        raise UsageError(f"{where}: profile {profile.name} has {profile.gpu_count} GPUs, and torchrun starts one rank per GPU; give at most {profile.gpu_count}")
     group, side = _group(settings, selected)
     return Plan(profile, checks, started_at=started_at, group=group, side=side)
 
@@ -146,6 +142,21 @@ def _known_floors(profile: ResolvedProfile, selected: list[Check]) -> None:
         raise UsageError(f"{f.origin}: floor {stray[0]!r} is read by no installed check; known floors: {', '.join(sorted(known))}")
 
 
+def read_shape(settings: Settings, host: Host) -> shape.NodeShape:
+    """The node's shape (preflight.shape). NVML may be silent: the shape is then read
+    from sysfs and /dev alone, and the cuda check names NVML's fault."""
+    try:
+        inventory, why = nvml.inventory(settings.nvml_fake), None
+    except nvml.NvmlUnavailable as e:
+        inventory, why = None, e.cause
+    found = shape.gather(host, inventory, settings.node_gpus, why)
+    n = settings.nproc_per_node
+    if n and found.gpus and n > found.gpus:
+        where = f"nproc_per_node {n} (--nproc-per-node, PREFLIGHT_NPROC_PER_NODE or config)"
+        raise UsageError(f"{where}: this node gives the run {found.gpus} GPU(s) ({found.gpus_from}), and torchrun starts one rank per GPU; give at most {found.gpus}")
+    return found
+
+
 def _detection_result(e: DetectionFailed, seconds: float) -> Result:
     return Result(
         check="profile",
@@ -162,12 +173,16 @@ def execute(plan: Plan, settings: Settings, console: Console, host: Host | None 
     started = plan.started_at
     interrupted = None
     group = None
+    node_shape = None
     if plan.detection_failure is not None:
         results = [_detection_result(plan.detection_failure, plan.detection_seconds)]
         console.finish(results[0])
     else:
         assert plan.profile is not None
         ctx = Context(profile=plan.profile, settings=settings, host=host)
+        if plan.profile.has_gpus:
+            ctx.shape = node_shape = read_shape(settings, host)
+            console.note(f"node: {node_shape.describe()}")
         if plan.group and plan.side:
             budget = sum(min(plan.profile.timeouts.get(c.name, c.timeout_seconds), 3600) for c in plan.checks) + 3 * settings.rdzv_timeout + 2 * meeting.BYE
             python = str(settings.python) if settings.python else sys.executable
@@ -212,5 +227,6 @@ def execute(plan: Plan, settings: Settings, console: Console, host: Host | None 
         interrupted_by_signal=interrupted,
         versions=versions_of(results),
         group=group,
+        shape=node_shape,
         checks=results,
     )

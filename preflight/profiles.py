@@ -1,7 +1,10 @@
 """Profiles: hardware truth for one GPU SKU, one TOML file each.
 
-A profile fixes the check order, the expected GPU count, and every floor with
-the source its number came from. A site config may override any floor; the
+A profile fixes the check order and every floor with the source its number
+came from. It holds what is true of a GPU model, never the node's shape: one
+profile serves 1-, 2-, 4- and 8-GPU nodes of its model (preflight.shape reads
+the shape). A floor measured on one shape of node (a collective's busbw on 8
+GPUs joined by NVSwitch) says so, and judges only nodes of that shape. A site config may override any floor; the
 resolved profile remembers where each value came from, so `show-profile`
 can answer "why 1 GiB?".
 """
@@ -51,6 +54,11 @@ class Floor(BaseModel):
     source: str = Field(min_length=1)  # where the number came from, for the next person
     # "min": a measurement must reach the value; "max": stay under it (latency).
     bound: Literal["min", "max"] = "min"
+    # The node shape a whole-node figure was measured on: it judges only runs
+    # on that many GPUs joined that way (preflight.shape.floor_fits). None:
+    # a per-GPU figure, true on any node of the model.
+    gpus: int | None = Field(default=None, ge=1, le=256)
+    fabric: Literal["nvswitch", "nvlink", "pcie"] | None = None
 
 
 _VERSION = r"^[0-9]+(\.[0-9]+)*$"
@@ -154,7 +162,7 @@ class BandwidthExpect(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    ranks: int | None = Field(default=None, ge=1, le=256)  # gloo ranks where gpu_count is 0
+    ranks: int | None = Field(default=None, ge=1, le=256)  # gloo ranks on a profile without GPUs
     # HBM copy (GPU) or memcpy (CPU) buffer; on a GPU at least 1 GiB, far past any L2.
     copy_bytes: int = Field(default=1 << 30, ge=1 << 20, le=64 << 30)
     host_bytes: int = Field(default=512 << 20, ge=1 << 20, le=16 << 30)  # pinned host<->device buffer
@@ -183,7 +191,7 @@ class TrainExpect(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    ranks: int | None = Field(default=None, ge=1, le=256)  # gloo ranks where gpu_count is 0
+    ranks: int | None = Field(default=None, ge=1, le=256)  # gloo ranks on a profile without GPUs
     layers: int = Field(default=12, ge=1, le=256)
     d_model: int = Field(default=1024, ge=8, le=16384)
     heads: int = Field(default=16, ge=1, le=256)
@@ -222,7 +230,6 @@ class Profile(BaseModel):
     description: str
     # Case-insensitive substrings of the NVML product name that select this profile under `auto`.
     match: list[str] = Field(default_factory=list)
-    gpu_count: int = Field(ge=0)
     checks: list[str] = Field(min_length=1)
     floors: dict[str, Floor] = Field(default_factory=dict)
     timeouts: dict[str, Timeout] = Field(default_factory=dict)  # per check, seconds
@@ -231,6 +238,10 @@ class Profile(BaseModel):
     nccl: NcclExpect | None = None
     bandwidth: BandwidthExpect | None = None
     train: TrainExpect | None = None
+
+    @property
+    def has_gpus(self) -> bool:
+        return self.gpu is not None
 
     @field_validator("checks")
     @classmethod
@@ -249,9 +260,8 @@ class Profile(BaseModel):
 
     @model_validator(mode="after")
     def _gpu_table(self) -> Profile:
-        if self.gpu_count and self.gpu is None:
-            raise ValueError(f"gpu_count is {self.gpu_count} but the [gpu] table is missing")
-        if self.gpu_count and "topology" in self.checks:
+        gpus = self.has_gpus
+        if gpus and "topology" in self.checks:
             if self.topology is None:
                 raise ValueError("checks lists topology but the [topology] table is missing")
             if "vcpus_per_gpu" not in self.floors:
@@ -259,27 +269,27 @@ class Profile(BaseModel):
         if "nccl" in self.checks:
             if self.nccl is None:
                 raise ValueError("checks lists nccl but the [nccl] table is missing")
-            if not self.gpu_count and not self.nccl.ranks:
-                raise ValueError("[nccl] ranks is needed where gpu_count is 0: how many gloo ranks to start")
-            if self.gpu_count and self.nccl.ranks:
+            if not gpus and not self.nccl.ranks:
+                raise ValueError("[nccl] ranks is needed on a profile without a [gpu] table: how many gloo ranks to start")
+            if gpus and self.nccl.ranks:
                 raise ValueError("[nccl] ranks is only for profiles without GPUs; one rank runs per GPU")
         if "bandwidth" in self.checks:
             b = self.bandwidth
             if b is None:
                 raise ValueError("checks lists bandwidth but the [bandwidth] table is missing")
-            if not self.gpu_count and not b.ranks:
-                raise ValueError("[bandwidth] ranks is needed where gpu_count is 0: how many gloo ranks to start")
-            if self.gpu_count and b.ranks:
+            if not gpus and not b.ranks:
+                raise ValueError("[bandwidth] ranks is needed on a profile without a [gpu] table: how many gloo ranks to start")
+            if gpus and b.ranks:
                 raise ValueError("[bandwidth] ranks is only for profiles without GPUs; one rank runs per GPU")
-            if self.gpu_count and b.copy_bytes < 1 << 30:
+            if gpus and b.copy_bytes < 1 << 30:
                 raise ValueError(f"[bandwidth] copy_bytes {b.copy_bytes} is under 1 GiB: an HBM copy that small runs partly in L2 and reads high")
         if "train" in self.checks:
             t = self.train
             if t is None:
                 raise ValueError("checks lists train but the [train] table is missing")
-            if not self.gpu_count and not t.ranks:
-                raise ValueError("[train] ranks is needed where gpu_count is 0: how many gloo ranks to start")
-            if self.gpu_count and t.ranks:
+            if not gpus and not t.ranks:
+                raise ValueError("[train] ranks is needed on a profile without a [gpu] table: how many gloo ranks to start")
+            if gpus and t.ranks:
                 raise ValueError("[train] ranks is only for profiles without GPUs; one rank runs per GPU")
         return self
 
@@ -293,6 +303,8 @@ class SiteFloor(NamedTuple):
     unit: str | None = None
     source: str | None = None
     bound: str | None = None
+    gpus: int | None = None
+    fabric: str | None = None
 
 
 class ResolvedFloor(Floor):
@@ -303,7 +315,6 @@ class ResolvedProfile(BaseModel):
     name: str
     description: str
     path: str
-    gpu_count: int
     checks: list[str]
     floors: dict[str, ResolvedFloor]
     timeouts: dict[str, float]
@@ -313,6 +324,10 @@ class ResolvedProfile(BaseModel):
     bandwidth: BandwidthExpect | None = None
     train: TrainExpect | None = None
     chosen_because: str  # "--profile cpu" or the detection that picked it
+
+    @property
+    def has_gpus(self) -> bool:
+        return self.gpu is not None
 
 
 class DetectionFailed(Exception):
@@ -380,15 +395,18 @@ def resolve(
             )
         if site.bound is not None and site.bound != floor.bound:
             raise UsageError(f"{site.origin}: floor {name!r} has bound {site.bound!r}, but profile {profile.name}'s is {floor.bound!r}")
-        floors[name] = ResolvedFloor(**{**floor.model_dump(), "value": site.value, "source": site.source or floor.source}, origin=site.origin)
+        # The site's number is for the site's nodes: it carries the shape the site gave it (calibrate
+        # writes the shape it measured on), not the shape the profile's number was measured on.
+        floors[name] = ResolvedFloor(**{**floor.model_dump(), "value": site.value, "source": site.source or floor.source,
+                                        "gpus": site.gpus, "fabric": site.fabric}, origin=site.origin)
     for name, site in overrides.items():
         if name not in profile.floors:
-            floors[name] = ResolvedFloor(value=site.value, unit=site.unit, source=site.source or site.origin, bound=site.bound or "min", origin=site.origin)
+            floors[name] = ResolvedFloor(value=site.value, unit=site.unit, source=site.source or site.origin, bound=site.bound or "min",
+                                         gpus=site.gpus, fabric=site.fabric, origin=site.origin)
     return ResolvedProfile(
         name=profile.name,
         description=profile.description,
         path=str(path),
-        gpu_count=profile.gpu_count,
         checks=profile.checks,
         floors=floors,
         timeouts=profile.timeouts,

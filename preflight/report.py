@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from preflight.check import Result, Status
 from preflight.errors import UsageError
+from preflight.shape import NodeShape
 
 SCHEMA_VERSION = 1
 # Where the systemd units write and `serve` reads; a manual run writes only with --report.
@@ -95,6 +96,8 @@ class Report(BaseModel):
     # Across nodes (--nnodes): the group, every node's outcome as it told this one
     # (node rank 0's is the group's record), and the nodes that never said.
     group: GroupRecord | None = None
+    # How many GPUs the node gave the run and how they are joined, and how each was learnt.
+    shape: NodeShape | None = None
     checks: list[Result]
 
 

@@ -12,7 +12,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, StrictBool, Tag, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, PrivateAttr, StrictBool, Tag, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from preflight import tomlfile
@@ -21,6 +21,9 @@ from preflight.profiles import FloorValue, SiteFloor
 from preflight.report import MAX_NODES
 
 DEFAULT_CONFIG = Path("/etc/preflight/config.toml")
+# The most GPUs one node can hold: more than any board's slots (HGX: 8,
+# GB200 NVL72 trays: 4), and what torchrun's per-node rank settings allow here.
+MAX_GPUS = 256
 ENV_PREFIX = "PREFLIGHT_"
 
 CheckList = Annotated[list[str], NoDecode]
@@ -100,6 +103,9 @@ class FloorTable(BaseModel):
     unit: str | None = None
     source: str | None = Field(default=None, min_length=1)
     bound: Literal["min", "max"] | None = None
+    # The node shape the value was measured on (what calibrate writes for whole-node figures).
+    gpus: int | None = Field(default=None, ge=1, le=MAX_GPUS, strict=True)
+    fabric: Literal["nvswitch", "nvlink", "pcie"] | None = None
 
 
 # A bare number, or a table: told apart before validating, so an error names the key, not the union.
@@ -107,6 +113,28 @@ SiteFloorValue = Annotated[
     Union[Annotated[FloorValue, Tag("number")], Annotated[FloorTable, Tag("table")]],
     Discriminator(lambda v: "table" if isinstance(v, (dict, FloorTable)) else "number"),
 ]
+
+
+def _gpu_count(v: Any, strict: bool) -> int:
+    """A whole number of GPUs: `gpus = true` must not pin one GPU, nor "8" in TOML pass as a number."""
+    text = v.strip() if isinstance(v, str) and not strict else None
+    if text is not None and text.isdigit():
+        v = int(text)
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_GPUS:
+        raise ValueError(f"must be a whole number of GPUs from 1 to {MAX_GPUS} (no node holds more), not {v!r}")
+    return v
+
+
+GpuCount = Annotated[int, BeforeValidator(lambda v: _gpu_count(v, strict=False))]
+
+
+class NodeTable(BaseModel):
+    """``[node]``: what the site knows of its nodes that a node cannot show."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpus: Annotated[int, BeforeValidator(lambda v: _gpu_count(v, strict=True))] | None = None
+    multi_node: StrictBool = False
 
 
 class ConfigFile(_Common):
@@ -118,6 +146,7 @@ class ConfigFile(_Common):
     keep_going: StrictBool = False
     lock_timeout: float = Field(default=60.0, ge=0, le=86400, allow_inf_nan=False, strict=True)
     floors: dict[str, SiteFloorValue] = Field(default_factory=dict)
+    node: NodeTable = Field(default_factory=NodeTable)
 
 
 _file_data: ContextVar[dict[str, Any]] = ContextVar("preflight_config_file", default={})
@@ -128,7 +157,11 @@ class _ConfigFileSource(PydanticBaseSettingsSource):
         return None, field_name, False  # unused: __call__ returns the whole file
 
     def __call__(self) -> dict[str, Any]:
-        return {k: v for k, v in _file_data.get().items() if k != "floors"}
+        data = _file_data.get()
+        out = {k: v for k, v in data.items() if k not in ("floors", "node")}
+        # [node] gpus -> node_gpus: the names flags (--node-gpus) and PREFLIGHT_NODE_GPUS use.
+        out.update({f"node_{k}": v for k, v in (data.get("node") or {}).items()})
+        return out
 
 
 class Settings(_Common, BaseSettings):
@@ -137,6 +170,10 @@ class Settings(_Common, BaseSettings):
     # Facts from a JSON file instead of NVML, for tests and demos. Flag or
     # environment only: a config file must never make a real node read fakes.
     nvml_fake: Path | None = None
+    # `[node]` in the config: a count of GPUs the site pins (fewer seen FAILs), and
+    # that this node serves multi-node jobs (so it must have RDMA NICs).
+    node_gpus: GpuCount | None = None
+    node_multi_node: bool = False
 
     # Private, so no environment variable can set them: only the config file sets floors.
     _config: Path | None = PrivateAttr(default=None)
@@ -182,7 +219,7 @@ def _read_config(path: Path) -> tuple[dict[str, Any], dict[str, SiteFloor]]:
     for name, value in config.floors.items():
         origin = f"config {path} line {tomlfile.line_of(text, ('floors', name))}"
         if isinstance(value, FloorTable):
-            origins[name] = SiteFloor(value.value, origin, value.unit, value.source, value.bound)
+            origins[name] = SiteFloor(value.value, origin, value.unit, value.source, value.bound, value.gpus, value.fabric)
         else:
             origins[name] = SiteFloor(value, origin)
     return data, origins

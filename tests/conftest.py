@@ -53,7 +53,6 @@ def make_ctx(floors: dict[str, float] | None = None, host: Host | None = None) -
         name="test",
         description="test",
         path="(test)",
-        gpu_count=0,
         checks=[],
         floors={
             k: ResolvedFloor(value=v, unit="bytes", source="test", origin="test") for k, v in (floors or {}).items()

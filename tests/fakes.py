@@ -340,7 +340,7 @@ def write_profile(directory: Path, name: str, checks: list[str], extra: str = ""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.toml"
     path.write_text(
-        f'name = "{name}"\ndescription = "test profile"\ngpu_count = 0\n'
+        f'name = "{name}"\ndescription = "test profile"\n'
         f"checks = {checks!r}\n".replace("'", '"') + extra
     )
     return path

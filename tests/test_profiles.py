@@ -8,7 +8,7 @@ from preflight.profiles import DetectionFailed, Profile, SiteFloor
 
 def test_builtin_cpu_profile_loads_and_cites_every_floor():
     p = profiles.load(profiles.find("cpu", None))
-    assert p.gpu_count == 0 and p.checks[0] == "shm"
+    assert not p.has_gpus and p.checks[0] == "shm"
     assert p.floors["shm_min_bytes"].value == 2**30
     assert all(f.source.strip() for f in p.floors.values())
 
@@ -33,30 +33,30 @@ def test_site_profile_overrides_a_builtin_of_the_same_name(tmp_path):
 @pytest.mark.parametrize(
     "text, message",
     [
-        ('name = "x"\ndescription = "d"\ngpu_count = 0\nchecks = ["shm"]\ncolor = "red"\n', r"x.toml line 5: color: unknown key"),
-        ('name = "x"\ndescription = "d"\ngpu_count = -1\nchecks = ["shm"]\n', r"line 3: gpu_count: Input should be greater than or equal to 0"),
+        ('name = "x"\ndescription = "d"\nchecks = ["shm"]\ncolor = "red"\n', r"x.toml line 4: color: unknown key"),
+        ('name = "x"\ndescription = "d"\ngpu_count = 8\nchecks = ["shm"]\n', r"line 3: gpu_count: unknown key"),
         (
-            'name = "x"\ndescription = "d"\ngpu_count = 0\nchecks = ["shm"]\n\n[floors.shm_min_bytes]\nvalue = -5\nunit = "bytes"\nsource = "s"\n',
-            r"line 7: floors.shm_min_bytes.value: Value error, a floor must be a finite number >= 0, not -5",
+            'name = "x"\ndescription = "d"\nchecks = ["shm"]\n\n[floors.shm_min_bytes]\nvalue = -5\nunit = "bytes"\nsource = "s"\n',
+            r"line 6: floors.shm_min_bytes.value: Value error, a floor must be a finite number >= 0, not -5",
         ),
         (
-            'name = "x"\ndescription = "d"\ngpu_count = 0\nchecks = ["shm"]\n\n[floors.shm_min_bytes]\nvalue = "1073741824"\nunit = "bytes"\nsource = "s"\n',
-            r"line 7: floors.shm_min_bytes.value: Value error, a floor must be a number, not str",
+            'name = "x"\ndescription = "d"\nchecks = ["shm"]\n\n[floors.shm_min_bytes]\nvalue = "1073741824"\nunit = "bytes"\nsource = "s"\n',
+            r"line 6: floors.shm_min_bytes.value: Value error, a floor must be a number, not str",
         ),
         (
-            'name = "x"\ndescription = "d"\ngpu_count = 0\nchecks = ["shm"]\n\n[floors.shm_min_bytes]\nvalue = inf\nunit = "bytes"\nsource = "s"\n',
-            r"line 7: floors.shm_min_bytes.value: Value error, a floor must be a finite number",
+            'name = "x"\ndescription = "d"\nchecks = ["shm"]\n\n[floors.shm_min_bytes]\nvalue = inf\nunit = "bytes"\nsource = "s"\n',
+            r"line 6: floors.shm_min_bytes.value: Value error, a floor must be a finite number",
         ),
-        ('name = "x"\ndescription = "d"\ngpu_count = 0\nchecks = ["shm"]\n[timeouts]\nshm = inf\n', r"line 6: timeouts.shm: Input should be a finite number"),
-        ('name = "x"\ndescription = "d"\ngpu_count = 0\nchecks = ["shm"]\n[timeouts]\nshm = 1e12\n', r"line 6: timeouts.shm: Input should be less than or equal to 86400"),
+        ('name = "x"\ndescription = "d"\nchecks = ["shm"]\n[timeouts]\nshm = inf\n', r"line 5: timeouts.shm: Input should be a finite number"),
+        ('name = "x"\ndescription = "d"\nchecks = ["shm"]\n[timeouts]\nshm = 1e12\n', r"line 5: timeouts.shm: Input should be less than or equal to 86400"),
         (
-            'name = "x"\ndescription = "d"\ngpu_count = 0\nchecks = ["shm"]\n\n[floors.shm_min_bytes]\nvalue = 5\nunit = "bytes"\n',
-            r"line 6: floors.shm_min_bytes.source: required key is missing",
+            'name = "x"\ndescription = "d"\nchecks = ["shm"]\n\n[floors.shm_min_bytes]\nvalue = 5\nunit = "bytes"\n',
+            r"line 5: floors.shm_min_bytes.source: required key is missing",
         ),
-        ('name = "x"\ndescription = "d"\ngpu_count = 0\nchecks = ["shm", "shm"]\n', r"line 4: checks: Value error, lists shm more than once"),
-        ('name = "y"\ndescription = "d"\ngpu_count = 0\nchecks = ["shm"]\n', r"name 'y' must match the file name 'x'"),
+        ('name = "x"\ndescription = "d"\nchecks = ["shm", "shm"]\n', r"line 3: checks: Value error, lists shm more than once"),
+        ('name = "y"\ndescription = "d"\nchecks = ["shm"]\n', r"name 'y' must match the file name 'x'"),
         ('name = "x\n', r"invalid TOML: .*line 1"),
-        ('name = "x"\ndescription = "d"\ngpu_count = 0\nchecks = ["shm"]\n[timeouts]\nshn = 5\n', r"\[timeouts\] names shn, not in checks \(shm\)"),
+        ('name = "x"\ndescription = "d"\nchecks = ["shm"]\n[timeouts]\nshn = 5\n', r"\[timeouts\] names shn, not in checks \(shm\)"),
     ],
 )
 def test_bad_profile_files_name_file_line_and_key(tmp_path, text, message):
@@ -102,14 +102,14 @@ def test_a_site_floor_keeps_the_profile_s_source_unless_it_gives_one():
     assert r.floors["memcpy_bandwidth"].value == 3e9 and "DDR4" in r.floors["memcpy_bandwidth"].source
 
 
-BW = 'name = "x"\ndescription = "d"\ngpu_count = GPUS\nchecks = ["bandwidth"]\n'
+BW = 'name = "x"\ndescription = "d"\nchecks = ["bandwidth"]\n'
 
 
 @pytest.mark.parametrize(
     "gpus, table, message",
     [
         (0, "", r"checks lists bandwidth but the \[bandwidth\] table is missing"),
-        (0, '[bandwidth]\nsizes_source = "s"\n', r"\[bandwidth\] ranks is needed where gpu_count is 0"),
+        (0, '[bandwidth]\nsizes_source = "s"\n', r"\[bandwidth\] ranks is needed on a profile without a \[gpu\] table"),
         (0, '[bandwidth]\nranks = 2\nrepeats = 3\nsizes_source = "s"\n', r"bandwidth.repeats: Input should be greater than or equal to 5"),
         (0, '[bandwidth]\nranks = 2\nlatency_iters = 50\nsizes_source = "s"\n', r"bandwidth.latency_iters: Input should be greater than or equal to 100"),
         (0, '[bandwidth]\nranks = 2\nsmall_bytes = 1048576\ncollective_bytes = 1048576\nsizes_source = "s"\n', r"small_bytes must be below collective_bytes"),
@@ -138,14 +138,14 @@ def test_every_gpu_profile_with_bandwidth_cites_its_sizes_and_floors():
         if "bandwidth" not in p.checks:
             continue
         assert p.bandwidth and p.bandwidth.sizes_source.strip(), name
-        needed = ("hbm_copy_bandwidth", "h2d_bandwidth", "d2h_bandwidth") if p.gpu_count else ("memcpy_bandwidth",)
+        needed = ("hbm_copy_bandwidth", "h2d_bandwidth", "d2h_bandwidth") if p.has_gpus else ("memcpy_bandwidth",)
         assert all(f in p.floors and p.floors[f].unit == "bytes_per_second" for f in needed), name
         assert all(p.floors[f].bound == "max" and p.floors[f].unit == "seconds" for f in p.floors if "latency" in f), name
 
 
 def _p(name: str, *match: str, ids: tuple[str, ...] = ()) -> Profile:
     gpu = {"driver_min": "525.60.13", "driver_source": "test", "pci_device_ids": list(ids)}
-    return Profile(name=name, description="", match=list(match), gpu_count=8, checks=["shm"], gpu=gpu)
+    return Profile(name=name, description="", match=list(match), checks=["shm"], gpu=gpu)
 
 
 CANDIDATES = {
@@ -213,7 +213,7 @@ def test_builtin_profiles_refuse_a_sku_they_do_not_describe():
 def test_every_gpu_profile_cites_its_expectations():
     for name, path in profiles.available(None).items():
         p = profiles.load(path)
-        if p.gpu_count:
+        if p.has_gpus:
             assert p.gpu and p.gpu.driver_source and p.checks[0] == "cuda", name
             assert all(f.source for f in p.floors.values()), name
 
@@ -226,14 +226,14 @@ def test_auto_on_a_machine_without_a_driver_fails_and_suggests_the_cpu_profile()
     assert "--profile cpu" in e.value.remedy
 
 
-TRAIN = 'name = "x"\ndescription = "d"\ngpu_count = GPUS\nchecks = ["train"]\n'
+TRAIN = 'name = "x"\ndescription = "d"\nchecks = ["train"]\n'
 
 
 @pytest.mark.parametrize(
     "gpus, table, message",
     [
         (0, "", r"checks lists train but the \[train\] table is missing"),
-        (0, '[train]\nstraggler_source = "s"\nsizes_source = "s"\n', r"\[train\] ranks is needed where gpu_count is 0"),
+        (0, '[train]\nstraggler_source = "s"\nsizes_source = "s"\n', r"\[train\] ranks is needed on a profile without a \[gpu\] table"),
         (0, '[train]\nranks = 2\nd_model = 100\nheads = 16\nstraggler_source = "s"\nsizes_source = "s"\n', r"d_model 100 must be a multiple of heads 16"),
         (0, '[train]\nranks = 2\nstraggler_max = 1.0\nstraggler_source = "s"\nsizes_source = "s"\n', r"train.straggler_max: Input should be greater than 1"),
         (0, '[train]\nranks = 2\nsteps = 2\nstraggler_source = "s"\nsizes_source = "s"\n', r"train.steps: Input should be greater than or equal to 3"),
@@ -254,6 +254,6 @@ def test_every_profile_with_train_cites_its_gemm_floor_and_peak():
         if "train" not in p.checks:
             continue
         assert p.train and p.train.straggler_source.strip() and p.train.sizes_source.strip(), name
-        if p.gpu_count:
+        if p.has_gpus:
             assert p.floors["gemm_throughput"].unit == "flops_per_second" and "MAMF" in p.floors["gemm_throughput"].source, name
             assert p.train.peak_flops and p.floors["gemm_throughput"].value < p.train.peak_flops, name

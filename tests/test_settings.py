@@ -53,13 +53,48 @@ def test_check_lists_split_on_commas_from_env_and_flags(monkeypatch):
 def test_floor_overrides_remember_their_line(tmp_path):
     cfg = write(tmp_path, '# site\nprofile = "cpu"\n\n[floors]\nshm_min_bytes = 2147483648\n')
     s = settings.load({}, config=cfg)
-    assert s.floor_overrides == {"shm_min_bytes": (2147483648.0, f"config {cfg} line 5", None, None, None)}
+    assert s.floor_overrides == {"shm_min_bytes": (2147483648.0, f"config {cfg} line 5", None, None, None, None, None)}
 
 
 def test_a_floor_table_keeps_its_unit_source_and_bound(tmp_path):
     cfg = write(tmp_path, '[floors.allreduce_latency]\nvalue = 9e-05\nunit = "seconds"\nbound = "max"\nsource = "calibrated"\n')
     s = settings.load({}, config=cfg)
-    assert s.floor_overrides == {"allreduce_latency": (9e-05, f"config {cfg} line 1", "seconds", "calibrated", "max")}
+    assert s.floor_overrides == {"allreduce_latency": (9e-05, f"config {cfg} line 1", "seconds", "calibrated", "max", None, None)}
+
+
+def test_a_floor_table_keeps_the_shape_it_was_measured_on(tmp_path):
+    cfg = write(tmp_path, '[floors.allreduce_bus_bandwidth]\nvalue = 3e11\nunit = "bytes_per_second"\ngpus = 2\nfabric = "nvswitch"\nsource = "calibrated"\n')
+    site = settings.load({}, config=cfg).floor_overrides["allreduce_bus_bandwidth"]
+    assert (site.gpus, site.fabric) == (2, "nvswitch")
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("[node]\ngpus = 0\n", r"config .*config.toml line 2: node.gpus: .*whole number of GPUs from 1 to 256"),
+        ("[node]\ngpus = -8\n", r"line 2: node.gpus: .*whole number of GPUs from 1 to 256"),
+        ("[node]\ngpus = 100000\n", r"line 2: node.gpus: .*from 1 to 256 \(no node holds more\), not 100000"),
+        ("[node]\ngpus = true\n", r"line 2: node.gpus: .*not True"),
+        ('[node]\ngpus = "8"\n', r"line 2: node.gpus: .*not '8'"),
+        ("[node]\ngpus = 7.5\n", r"line 2: node.gpus: .*not 7.5"),
+        ("[node]\ngpu = 8\n", r"line 2: node.gpu: unknown key"),
+    ],
+)
+def test_a_bad_node_gpus_pin_names_the_file_and_key(tmp_path, body, message):
+    with pytest.raises(UsageError, match=message):
+        settings.load({}, config=write(tmp_path, body))
+
+
+def test_node_gpus_comes_from_the_config_the_environment_or_the_flag(tmp_path, monkeypatch):
+    cfg = write(tmp_path, "[node]\ngpus = 8\nmulti_node = true\n")
+    s = settings.load({}, config=cfg)
+    assert (s.node_gpus, s.node_multi_node) == (8, True)
+    monkeypatch.setenv("PREFLIGHT_NODE_GPUS", "4")
+    assert settings.load({}, config=cfg).node_gpus == 4
+    assert settings.load({"node_gpus": 2}, config=cfg).node_gpus == 2
+    monkeypatch.setenv("PREFLIGHT_NODE_GPUS", "four")
+    with pytest.raises(UsageError, match="PREFLIGHT_NODE_GPUS='four': .*whole number of GPUs"):
+        settings.load({}, config=cfg)
 
 
 def test_a_floor_table_with_an_unknown_key_names_it(tmp_path):

@@ -15,10 +15,11 @@ import pytest
 from preflight.checks import cuda
 from preflight.checks.cuda import InitOutcome, InitReport
 
-from preflight import nvml, profiles, xid
+from preflight import nvml, profiles, shape, xid
 from preflight.check import Status
 from preflight.host import Host
 from preflight.nvml import FakeNvml, PcieLink
+from preflight.shape import NodeShape
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 NVML = FIXTURES / "nvml"
@@ -37,9 +38,18 @@ def facts(nvml_file: str, init: str | None = "healthy-8x", **kw) -> cuda.CudaFac
     return cuda.CudaFacts(inventory=inventory, kernel_log="/dev/kmsg", init=outcome, **kw)
 
 
-def judged(f: cuda.CudaFacts, profile=H100, pin=None):
-    parts = cuda.judge(f, profile.gpu_count, profile.gpu, pin)
+# A healthy HGX board as the node shows it: eight GPUs on the PCI bus, joined by NVSwitch.
+HGX8 = NodeShape(gpus=8, gpus_from="the PCI bus (sysfs)", fabric="nvswitch", fabric_from="NVML: active NVLinks end at an NVSwitch")
+TREE = FIXTURES / "sysfs" / "hgx-h100"
+
+
+def judged(f: cuda.CudaFacts, profile=H100, pin=None, node: NodeShape | None = HGX8):
+    parts = cuda.judge(f, node, profile.gpu, pin)
     return [finding for found in parts.values() for finding in found]
+
+
+def tree_shape(f: cuda.CudaFacts, root=TREE, pinned=None) -> NodeShape:
+    return shape.gather(Host(root), f.inventory, pinned)
 
 
 def only(findings, status=Status.FAIL):
@@ -60,16 +70,52 @@ def test_healthy_node_exports_per_gpu_measurements_with_dcgm_labels():
 
 
 def test_seven_of_eight_names_the_missing_slot_from_sysfs():
-    sysfs = cuda.sysfs_gpus(Host(FIXTURES / "sysfs" / "hgx-h100"))
-    assert len(sysfs) == 8 and "0000:05:00.0" not in sysfs  # the NVSwitch is not a GPU
-    fails = only(judged(facts("h100-sxm-7of8.json", sysfs_gpus=sysfs)))
+    f = facts("h100-sxm-7of8.json")
+    node = tree_shape(f)
+    assert node.gpus == 8 and "0000:05:00.0" not in node.slots  # the NVSwitch is not a GPU
+    fails = only(judged(f, node=node))
     assert fails[0].summary == "7 of 8 GPUs visible"
     assert "on the PCI bus but not in NVML: 0000:c3:00.0" in fails[0].cause
 
 
-def test_seven_of_eight_without_sysfs_still_fails():
-    fails = only(judged(facts("h100-sxm-7of8.json")))
-    assert [f.summary for f in fails][0] == "7 of 8 GPUs visible"
+def test_seven_of_eight_without_sysfs_still_fails_from_the_device_nodes():
+    # A gVisor-style sandbox: no PCI device in sysfs, but eight /dev/nvidiaN.
+    f = facts("h100-sxm-7of8.json")
+    node = shape.judge_shape(shape.PciNvidia(gpus=None), list(range(8)), {}, [], f.inventory)
+    fails = only(judged(f, node=node))
+    assert [x.summary for x in fails][0] == "7 of 8 GPUs visible"
+    assert "/dev/nvidia{0-7} (sysfs lists no PCI device)" in fails[0].cause
+
+
+def test_a_site_pin_fails_a_node_that_shows_fewer_gpus():
+    f = facts("h100-sxm-8x-healthy.json").inventory
+    four = f.model_copy(update={"gpus": f.gpus[:4]})
+    node = shape.judge_shape(shape.PciNvidia(gpus=None), None, {}, [], four, pinned=8)
+    fails = cuda.judge_count(four, node)
+    assert [x.summary for x in fails] == ["4 of 8 pinned GPUs visible"]
+    assert "the site pins 8 ([node] gpus" in fails[0].cause
+    assert cuda.judge_count(four, node.model_copy(update={"pinned": 4})) == []
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 8])
+def test_a_healthy_h100_sxm_node_of_any_size_passes(n):
+    # The 8-GPU facts cut to n GPUs, as a 1-GPU VM, a partition, or a pod given n GPUs reports them.
+    whole = facts("h100-sxm-8x-healthy.json").inventory
+    inv = whole.model_copy(update={"gpus": whole.gpus[:n]})
+    node = shape.judge_shape(shape.PciNvidia(gpus=[nvml.short_pci(g.pci_bus_id) for g in inv.gpus], nvswitches=4 if n > 1 else 0), None, {}, [], inv)
+    report = InitReport.model_validate_json((INIT / "healthy-8x.json").read_text())
+    report = report.model_copy(update={"devices": report.devices[:n], "pci_bus_ids": report.pci_bus_ids[:n], "device_count": n})
+    init = InitOutcome(python=report.python, ended="exit 0", returncode=0, timed_out=False, seconds=1.0, report=report)
+    assert judged(cuda.CudaFacts(inventory=inv, kernel_log="/dev/kmsg", init=init), node=node) == []
+
+
+def test_a_lone_sxm_gpu_whose_links_all_read_inactive_passes():
+    # One H100 SXM in a VM: no NVLink peer, so every link answers "inactive" (DCGM says the same of a bridge-less card).
+    g = facts("h100-sxm-8x-healthy.json").inventory.gpus[0].model_copy(update={"nvlinks_active": 0, "nvlinks_down": []})
+    assert cuda.judge_gpu(g, H100.gpu, fabric="single") == []
+    assert cuda.judge_gpu(g, H100.gpu, fabric="pcie") == []
+    (fail,) = cuda.judge_gpu(g, H100.gpu, fabric="nvswitch")  # on a board whose other GPUs are joined, it is a fault
+    assert fail.summary == "GPU 0 (0000:1b:00.0): 0 of 18 NVLinks active"
 
 
 def test_pending_row_remap_says_reset_required():
@@ -88,7 +134,7 @@ def test_volatile_uncorrectable_ecc_fails():
 
 def test_the_bounds_the_check_holds_gpus_to_ride_along_as_floors():
     # So a dashboard's `preflight_gpu_pcie_link_width_lanes < preflight_gpu_pcie_link_width_floor_lanes` finds the x8 link.
-    got = {(m.name, m.labels["gpu"]): m for m in cuda.measurements(facts("h100-sxm-pcie-x8.json"), H100.gpu)}
+    got = {(m.name, m.labels["gpu"]): m for m in cuda.measurements(facts("h100-sxm-pcie-x8.json"), H100.gpu, HGX8)}
     assert (got[("gpu_pcie_link_width", "2")].value, got[("gpu_pcie_link_width", "2")].floor) == (8, 16)
     assert got[("gpu_pcie_link_width", "0")].value == got[("gpu_pcie_link_width", "0")].floor == 16
     assert got[("gpu_nvlinks_active", "0")].floor == H100.gpu.nvlinks == 18
@@ -173,7 +219,7 @@ def test_warnings_persistence_ecc_off_power_cap():
 
 def test_a_missing_nvlink_fails_naming_the_link():
     g = facts("h100-sxm-8x-healthy.json").inventory.gpus[3]
-    (fail,) = cuda.judge_gpu(g.model_copy(update={"nvlinks_active": 17, "nvlinks_down": [5]}), H100.gpu)
+    (fail,) = cuda.judge_gpu(g.model_copy(update={"nvlinks_active": 17, "nvlinks_down": [5]}), H100.gpu, fabric="nvswitch")
     assert fail.summary == "GPU 3 (0000:61:00.0): 17 of 18 NVLinks active" and "link 5" in fail.cause
 
 
@@ -240,7 +286,7 @@ def test_cuda_init_failures_name_cause_and_remedy(report, summary, remedy):
 def test_a_run_on_fake_facts_never_passes():
     f = facts("h100-sxm-8x-healthy.json")
     fake = f.model_copy(update={"inventory": f.inventory.model_copy(update={"source": "fake /tmp/x.json"})})
-    parts = cuda.judge(fake, 8, H100.gpu, None)
+    parts = cuda.judge(fake, HGX8, H100.gpu, None)
     assert parts["inventory"] == [] and [x.summary for x in parts["source"]] == ["NVML facts are FAKE"]
 
 
@@ -263,13 +309,13 @@ def test_an_unknown_xid_warns():
 
 def test_nvlink_state_unknown_on_an_nvlink_sku_warns():
     g = facts("h100-sxm-8x-healthy.json").inventory.gpus[0].model_copy(update={"nvlinks_active": None})
-    assert [(f.status, f.summary) for f in cuda.judge_gpu(g, H100.gpu)] == [(Status.WARN, "GPU 0 (0000:1b:00.0): NVLink state unknown")]
+    assert [(f.status, f.summary) for f in cuda.judge_gpu(g, H100.gpu, fabric="nvswitch")] == [(Status.WARN, "GPU 0 (0000:1b:00.0): NVLink state unknown")]
+    assert cuda.judge_gpu(g, H100.gpu, fabric="unknown") == []  # a VM that hides NVLink and shows no NVSwitch: nothing to say
 
 
 def test_a_lost_gpu_without_an_address_is_named_from_sysfs():
-    sysfs = cuda.sysfs_gpus(Host(FIXTURES / "sysfs" / "hgx-h100"))
-    f = facts("all-lost.json", init=None, sysfs_gpus=sysfs)
-    lost1 = next(x for x in judged(f) if x.summary.startswith("GPU 1 "))
+    f = facts("all-lost.json", init=None)
+    lost1 = next(x for x in judged(f, node=tree_shape(f)) if x.summary.startswith("GPU 1 "))
     assert lost1.summary == "GPU 1 (PCI address unknown) is lost"
     # GPUs 0 and 2 were lost with their addresses: the candidates for GPU 1 are the rest.
     assert "not answering NVML: 0000:43:00.0, 0000:61:00.0, 0000:9d:00.0" in lost1.cause
@@ -354,10 +400,6 @@ def test_no_torch_import_in_the_agent():
     # Workers import torch; the agent must not (seconds of startup, and the user's CUDA build).
     code = "import preflight.checks.cuda, sys; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
-
-
-def test_sysfs_gpus_without_a_pci_tree_is_empty(tmp_path):
-    assert cuda.sysfs_gpus(Host(tmp_path)) == []
 
 
 @pytest.mark.gpu
