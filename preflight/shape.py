@@ -170,7 +170,7 @@ def judge_shape(
         notes.append(f"NVML did not answer{': ' + why_no_nvml if why_no_nvml else ''}")
     if usable is None:
         count = seen or 0
-        gpus_from = "NVML alone: sysfs lists no PCI device and /dev has no nvidia device nodes" if inventory else "nothing: sysfs, /dev and NVML all silent"
+        gpus_from = f"NVML alone: {gpus_from}" if inventory else f"nothing: {gpus_from}, and NVML is silent"
     elif seen is not None and seen > len(usable):
         # NVML reaches GPUs the bus does not list here (a VM or sandbox that hides them): NVML's word stands.
         notes.append(f"NVML lists {seen} GPUs, more than the {len(usable)} {gpus_from} shows")
@@ -193,9 +193,11 @@ def _usable(pci: PciNvidia, nodes: list[int] | None, minors: dict[str, int], not
     if pci.gpus is None:
         if nodes:
             return [f"?{m}" for m in nodes], f"/dev/nvidia{_minor_list(nodes)} (sysfs lists no PCI device)"
-        return None, ""
+        return None, "sysfs lists no PCI device and /dev has no nvidia device node"
     if not pci.gpus and not nodes:
-        return ([], "the PCI bus (no NVIDIA GPU)") if nodes is not None else (None, "")
+        if nodes is not None:
+            return [], "the PCI bus (no NVIDIA GPU) and /dev (no nvidia device node)"
+        return None, "the PCI bus lists no NVIDIA GPU and /dev has no nvidia device node"
     if nodes is None:
         return list(pci.gpus), "the PCI bus (sysfs)"
     mapped = {bus: minors[bus] for bus in pci.gpus if bus in minors}

@@ -2,6 +2,7 @@
 real `nvidia-smi topo -m` captures and small edits of them), the gatherer on
 that tree and on this machine, and the pinning advice run for real."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -484,3 +485,115 @@ def test_a_hung_nvidia_smi_is_killed_at_its_deadline(root, tmp_path, monkeypatch
 def test_unreadable_output_is_a_fail_naming_the_line(root, tmp_path):
     r = t.Topology().run(ctx_for(host(root, TOPO / "malformed" / "M1_h100-8x_nv18_12nic_PASTE-CORRUPTED-PIXNODE.txt"), nvml_fake=HEALTHY))
     assert r.status == FAIL and "line 7" in r.cause and "PIXNODE" in r.cause
+
+
+# ---- the node's own shape: 1, 2, 4 and 8 GPUs of one model, containers, no NICs ----------
+
+
+def cut_matrix(text: str, n: int) -> str:
+    """`nvidia-smi topo -m` of the first ``n`` GPUs of a capture, as a VM or a container given them prints it."""
+    lines = text.splitlines()
+    header = lines[0].split("\t")
+    lead = [""] if header[0] == "" else []
+    names = header[len(lead):]
+    drop = {i for i, name in enumerate(names) if name.startswith("GPU") and name[3:].isdigit() and int(name[3:]) >= n}
+    out = ["\t".join(lead + [x for i, x in enumerate(names) if i not in drop])]
+    for line in lines[1:]:
+        label, *cells = line.split("\t")
+        if label not in names:
+            out.append(line)  # legends
+        elif not (label.startswith("GPU") and int(label[3:]) >= n):
+            out.append("\t".join([label] + [x for i, x in enumerate(cells) if i not in drop]))
+    return "\n".join(out) + "\n"
+
+
+def cut_nvml(tmp: Path, n: int, **update) -> Path:
+    """The healthy 8-GPU NVML facts cut to ``n`` GPUs, as such a node reports them."""
+    data = json.loads(HEALTHY.read_text())
+    data["gpus"] = [{**g, **update} for g in data["gpus"][:n]]
+    path = tmp / f"nvml-{n}.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def vm_root(tmp: Path, n: int, switches: bool) -> Path:
+    """The HGX tree as a VM given the first ``n`` GPUs sees it: the others are not on its PCI bus."""
+    dest = tmp / f"vm{n}"
+    shutil.copytree(TREE, dest, symlinks=True)
+    for minor, bus in enumerate(sorted(p.name for p in (dest / "proc/driver/nvidia/gpus").iterdir())):
+        if minor >= n:
+            shutil.rmtree(dest / "sys/bus/pci/devices" / bus)
+            shutil.rmtree(dest / "proc/driver/nvidia/gpus" / bus)
+            (dest / f"dev/nvidia{minor}").unlink()
+    if not switches:
+        shutil.rmtree(dest / "sys/bus/pci/devices/0000:05:00.0")
+    return dest
+
+
+def run_shaped(h: Host, nvml_file: Path, profile=H100, **settings):
+    from preflight import pipeline
+
+    ctx = ctx_for(h, profile, nvml_fake=nvml_file, **settings)
+    ctx.shape = pipeline.read_shape(ctx.settings, h)
+    return ctx, t.Topology().run(ctx)
+
+
+def failed_parts(r) -> dict[str, str]:
+    """Every part that failed, but the fail-closed `source` part of a run on fake NVML facts."""
+    return {part: status for part, status in r.details["parts"].items() if status == "FAIL" and part != "source"}
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 8])
+def test_a_healthy_h100_sxm_vm_of_any_size_passes(tmp_path, n):
+    # 2 and 4 GPUs: a partition of the HGX board, its NVSwitches out of the VM's sight; the links say where they end.
+    remote = {"nvlink_remote": {"switch": 18}} if n > 1 else {"nvlinks_active": 0}
+    ctx, r = run_shaped(host(vm_root(tmp_path, n, switches=False), cut_matrix(SPLIT.read_text(), n), tmp=tmp_path), cut_nvml(tmp_path, n, **remote))
+    assert ctx.shape.gpus == n and ctx.shape.fabric == ("single" if n == 1 else "nvswitch")
+    assert failed_parts(r) == {}, r.cause
+
+
+def test_a_container_given_two_of_eight_gpus_passes_and_is_not_failed_for_the_rest(tmp_path, root):
+    for minor in range(2, 8):
+        (root / f"dev/nvidia{minor}").unlink()
+    ctx, r = run_shaped(host(root, cut_matrix(SPLIT.read_text(), 2), tmp=tmp_path), cut_nvml(tmp_path, 2))
+    assert (ctx.shape.gpus, ctx.shape.slots) == (2, ["0000:1b:00.0", "0000:43:00.0"])
+    assert "6 of the host's 8 GPUs have no device node here" in ctx.shape.notes[0]
+    assert failed_parts(r) == {}, r.cause
+
+
+def test_a_one_gpu_h100_pcie_without_bridges_passes(tmp_path):
+    pcie = resolved("h100-pcie")
+    two = (TOPO / "08_a100-pcie-2x_no-nvlink_SYS_split-numa-0-1_2mlx5.txt").read_text()
+    nvml_file = cut_nvml(tmp_path, 1, name="NVIDIA H100 PCIe", pci_device_id="0x2331", nvlinks_active=0, memory_total_bytes=85520809984)
+    ctx, r = run_shaped(host(vm_root(tmp_path, 1, switches=False), cut_matrix(two, 1), tmp=tmp_path), nvml_file, profile=pcie)
+    assert ctx.shape.fabric == "single"
+    assert failed_parts(r) == {}, r.cause
+
+
+def test_a_node_without_nics_says_so_once_as_its_shape_unless_the_site_pins_multi_node(tmp_path):
+    f = t.TopologyFacts(matrix=topo.parse(cut_matrix((TOPO / "18_rtx3090-2x_nv4-bridge_single-numa_gpu-numa-id.txt").read_text(), 2)))
+    from preflight.shape import NodeShape
+
+    node = NodeShape(gpus=2, gpus_from="test", fabric="nvswitch", fabric_from="test")
+    assert t.judge(f, H100.topology, None, node)["nics"] == []
+    assert node.describe() == "2 GPUs joined by NVSwitch, no RDMA NIC"
+    assert [x.summary for x in t.judge(f, H100.topology, None, node, multi_node=True)["nics"]] == ["no NIC in the GPU topology"]
+
+
+def test_a_gpu_left_out_of_the_nvswitch_fabric_still_fails(root):
+    # One GPU's links all down on an HGX board: the board's other GPUs are joined, so this is a fault, not a shape.
+    text = SPLIT.read_text()
+    for j in range(8):
+        if j != 5:
+            text = set_link(text, "GPU5", f"GPU{j}", "SYS")
+    ctx, r = run_shaped(host(root, text), HEALTHY)
+    assert ctx.shape.fabric == "nvswitch" and r.status == FAIL
+    assert r.summary.startswith("GPU 5 has SYS to every peer, NV18 expected") and "GPU 5 reaches its 7 peers over SYS" in r.cause
+
+
+def test_pcie_only_gpus_of_an_nvlink_model_are_not_held_to_nvlink(tmp_path):
+    # Two SXM GPUs in a VM that joins them by PCIe only (no NVLink active, no NVSwitch in sight): its shape, not a fault.
+    text = set_link(cut_matrix(SPLIT.read_text(), 2), "GPU0", "GPU1", "SYS")
+    ctx, r = run_shaped(host(vm_root(tmp_path, 2, switches=False), text, tmp=tmp_path), cut_nvml(tmp_path, 2, nvlinks_active=0))
+    assert ctx.shape.fabric == "pcie"
+    assert r.details["parts"]["nvlink"] == "PASS"

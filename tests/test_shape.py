@@ -1,0 +1,137 @@
+"""The node's shape: read from the recorded HGX tree (and edits of it that
+stand for VMs, containers and sandboxes), judged from recorded NVML facts."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from preflight import profiles, shape
+from preflight.host import Host
+from preflight.nvml import FakeNvml
+from preflight.shape import NodeShape, PciNvidia
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TREE = FIXTURES / "sysfs" / "hgx-h100"
+HEALTHY = FakeNvml(FIXTURES / "nvml" / "h100-sxm-8x-healthy.json").model_copy(update={"source": "NVML"})
+SLOTS = ["0000:1b:00.0", "0000:43:00.0", "0000:52:00.0", "0000:61:00.0", "0000:9d:00.0", "0000:c3:00.0", "0000:d1:00.0", "0000:df:00.0"]
+
+
+def first(n: int, **update):
+    return HEALTHY.model_copy(update={"gpus": [g.model_copy(update=update) for g in HEALTHY.gpus[:n]]})
+
+
+@pytest.fixture
+def root(tmp_path) -> Path:
+    dest = tmp_path / "root"
+    shutil.copytree(TREE, dest, symlinks=True)
+    return dest
+
+
+def test_the_hgx_tree_is_eight_gpus_joined_by_nvswitch_with_twelve_nics():
+    node = shape.gather(Host(TREE), HEALTHY)
+    assert (node.gpus, node.slots, node.fabric, len(node.nics)) == (8, SLOTS, "nvswitch", 12)
+    assert node.gpus_from == "the PCI bus and /dev/nvidia{0-7}"
+    assert node.fabric_from == "sysfs: 1 NVSwitch bridge(s) on the PCI bus"
+    assert node.describe() == "8 GPUs joined by NVSwitch, 12 RDMA NICs"
+    assert node.notes == []
+
+
+def test_a_container_given_two_gpus_counts_two_and_names_their_slots(root):
+    for minor in range(2, 8):
+        (root / f"dev/nvidia{minor}").unlink()
+    node = shape.gather(Host(root), first(2))
+    assert (node.gpus, node.slots, node.pci_gpus) == (2, SLOTS[:2], SLOTS)
+    assert node.notes == ["6 of the host's 8 GPUs have no device node here (not given to this container)"]
+
+
+def test_a_container_whose_driver_does_not_say_which_node_is_which_counts_its_nodes(root):
+    shutil.rmtree(root / "proc/driver")
+    for minor in range(4, 8):
+        (root / f"dev/nvidia{minor}").unlink()
+    node = shape.gather(Host(root), first(4))
+    assert node.gpus == 4 and node.slots == []
+    assert "the driver does not say which is which" in node.notes[0]
+
+
+def test_a_sandbox_without_pci_devices_counts_device_nodes_and_says_so(root):
+    shutil.rmtree(root / "sys/bus/pci/devices")
+    node = shape.gather(Host(root), HEALTHY)
+    assert node.gpus == 8 and node.pci_gpus is None
+    assert node.gpus_from == "/dev/nvidia{0-7} (sysfs lists no PCI device)"
+
+
+def test_a_shape_nothing_can_be_read_of_is_judged_from_nvml_alone(tmp_path):
+    node = shape.gather(Host(tmp_path), first(4))
+    assert node.gpus == 4 and node.gpus_from.startswith("NVML alone")
+    assert node.fabric == "nvlink" and node.fabric_from == "NVML: NVLinks active (where they end is not reported)"
+
+
+def test_nvml_silent_leaves_the_shape_of_the_bus_and_says_why():
+    node = shape.gather(Host(TREE), None, why_no_nvml="NVML did not answer within 20 s: the driver is wedged")
+    assert node.gpus == 8 and node.nvml_gpus is None and node.fabric == "nvswitch"
+    assert node.notes == ["NVML did not answer: NVML did not answer within 20 s: the driver is wedged"]
+
+
+def test_nvml_seeing_more_gpus_than_the_bus_shows_wins_and_is_noted():
+    node = shape.judge_shape(PciNvidia(gpus=SLOTS[:2]), None, {}, [], HEALTHY)
+    assert node.gpus == 8 and node.notes == ["NVML lists 8 GPUs, more than the 2 the PCI bus (sysfs) shows"]
+    node = shape.judge_shape(PciNvidia(gpus=[]), None, {}, [], HEALTHY)  # --nvml-fake on a machine without GPUs
+    assert node.gpus == 8 and node.gpus_from == "NVML alone: the PCI bus lists no NVIDIA GPU and /dev has no nvidia device node"
+
+
+@pytest.mark.parametrize(
+    "gpus, update, switches, want",
+    [
+        (1, {}, 0, "single"),
+        (2, {"nvlink_remote": {"switch": 18}}, 0, "nvswitch"),
+        (4, {}, 4, "nvswitch"),
+        (2, {"nvlinks_active": 12, "nvlink_remote": {"gpu": 12}}, 0, "nvlink"),
+        (2, {"nvlinks_active": 0}, 0, "pcie"),
+        (2, {"nvlinks_active": None}, 0, "unknown"),
+    ],
+)
+def test_the_fabric_is_learnt_from_where_the_links_end(gpus, update, switches, want):
+    assert shape.fabric_of(first(gpus, **update), switches, gpus)[0] == want
+
+
+def test_a_pinned_count_rides_along():
+    node = shape.judge_shape(PciNvidia(gpus=SLOTS[:4]), None, {}, [], first(4), pinned=8)
+    assert node.pinned == 8 and "pinned by the site: 8 GPUs" in node.lines()
+
+
+# ---- which whole-node floors judge which node -----------------------------------------
+
+HGX = NodeShape(gpus=8, gpus_from="t", fabric="nvswitch", fabric_from="t")
+
+
+def test_a_floor_measured_on_eight_nvswitch_gpus_judges_only_that_shape():
+    assert shape.floor_fits(8, "nvswitch", HGX, 8) is None
+    two = HGX.model_copy(update={"gpus": 2})
+    assert shape.floor_fits(8, "nvswitch", two, 2) == (
+        "the floor was measured on 8 GPUs; no cited floor for a 2-GPU node (joined by NVSwitch); `preflight calibrate` makes one")
+    assert "a run on 4 of this node's 8 GPUs" in shape.floor_fits(8, "nvswitch", HGX, 4)
+    pcie = HGX.model_copy(update={"fabric": "pcie"})
+    assert "this node's are joined by PCIe only" in shape.floor_fits(8, "nvswitch", pcie, 8)
+    assert shape.floor_fits(None, None, None, 2) is None  # per-GPU or cpu floors judge every node
+
+
+def test_fitting_floors_keeps_per_gpu_floors_and_says_why_the_others_do_not_judge():
+    h100 = profiles.resolve(profiles.load(profiles.find("h100-sxm", None)), Path("h100-sxm.toml"), {}, "t")
+    two = HGX.model_copy(update={"gpus": 2})
+    kept, why = shape.fitting_floors(dict(h100.floors), ("allreduce_bus_bandwidth", "allreduce_latency"), two, 2, None)
+    assert {"hbm_copy_bandwidth", "h2d_bandwidth", "p2p_bandwidth", "gemm_throughput"} <= set(kept)
+    assert {"allreduce_bus_bandwidth", "allreduce_latency", "allreduce_latency_p99", "internode_allreduce_bus_bandwidth"} <= set(why)
+    assert shape.unjudged_lines({k: why[k] for k in ("allreduce_bus_bandwidth", "allreduce_latency")}) == [
+        "allreduce_bus_bandwidth, allreduce_latency: not judged: the floor was measured on 8 GPUs; no cited floor for a 2-GPU node "
+        "(joined by NVSwitch); `preflight calibrate` makes one"]
+
+
+def test_a_site_floor_without_a_shape_judges_the_whole_node_of_any_size():
+    site = {"allreduce_bus_bandwidth": profiles.SiteFloor(2e11, "config c.toml line 3")}
+    h100 = profiles.resolve(profiles.load(profiles.find("h100-sxm", None)), Path("h100-sxm.toml"), site, "t")
+    two = HGX.model_copy(update={"gpus": 2})
+    kept, why = shape.fitting_floors(dict(h100.floors), ("allreduce_bus_bandwidth",), two, 2, None)
+    assert "allreduce_bus_bandwidth" in kept
+    kept, why = shape.fitting_floors(dict(h100.floors), ("allreduce_bus_bandwidth",), two, 1, None)
+    assert why["allreduce_bus_bandwidth"] == "a whole-node floor, and this run had 1 of the node's 2 GPUs"
