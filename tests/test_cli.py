@@ -394,8 +394,12 @@ def test_detect_prints_the_gpus_and_the_profile_it_picks_and_why():
     assert "driver 550.54.15, CUDA 12.4 (from fake " in r.stdout
     assert "GPU 7  NVIDIA H100 80GB HBM3  0000:df:00.0  device 0x2330  80 GiB" in r.stdout
     assert "profile: h100-sxm (auto: 8 x NVIDIA H100 80GB HBM3 matched profile h100-sxm by name" in r.stdout
+    # The shape, and how each part was learnt: this machine's bus has no NVIDIA GPU, so the count is NVML's (the fake's).
+    assert "node: 8 GPUs joined by NVSwitch, " in r.stdout
+    assert "  links: joined by NVSwitch (NVML: active NVLinks end at an NVSwitch)" in r.stdout
     data = json.loads(invoke("detect", "--json", "--nvml-fake", str(NVML_FIXTURES / "h100-sxm-8x-healthy.json")).stdout)
     assert data["profile"] == "h100-sxm" and len(data["gpus"]) == 8
+    assert (data["shape"]["gpus"], data["shape"]["fabric"]) == (8, "nvswitch") and data["shape"]["gpus_from"].startswith("NVML")
 
 
 def test_detect_names_what_it_cannot_pick():

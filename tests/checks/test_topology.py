@@ -546,7 +546,7 @@ def failed_parts(r) -> dict[str, str]:
 @pytest.mark.parametrize("n", [1, 2, 4, 8])
 def test_a_healthy_h100_sxm_vm_of_any_size_passes(tmp_path, n):
     # 2 and 4 GPUs: a partition of the HGX board, its NVSwitches out of the VM's sight; the links say where they end.
-    remote = {"nvlink_remote": {"switch": 18}} if n > 1 else {"nvlinks_active": 0}
+    remote = {} if n > 1 else {"nvlinks_active": 0, "nvlink_remote": None}
     ctx, r = run_shaped(host(vm_root(tmp_path, n, switches=False), cut_matrix(SPLIT.read_text(), n), tmp=tmp_path), cut_nvml(tmp_path, n, **remote))
     assert ctx.shape.gpus == n and ctx.shape.fabric == ("single" if n == 1 else "nvswitch")
     assert failed_parts(r) == {}, r.cause
@@ -564,7 +564,7 @@ def test_a_container_given_two_of_eight_gpus_passes_and_is_not_failed_for_the_re
 def test_a_one_gpu_h100_pcie_without_bridges_passes(tmp_path):
     pcie = resolved("h100-pcie")
     two = (TOPO / "08_a100-pcie-2x_no-nvlink_SYS_split-numa-0-1_2mlx5.txt").read_text()
-    nvml_file = cut_nvml(tmp_path, 1, name="NVIDIA H100 PCIe", pci_device_id="0x2331", nvlinks_active=0, memory_total_bytes=85520809984)
+    nvml_file = cut_nvml(tmp_path, 1, name="NVIDIA H100 PCIe", pci_device_id="0x2331", nvlinks_active=0, nvlink_remote=None, memory_total_bytes=85520809984)
     ctx, r = run_shaped(host(vm_root(tmp_path, 1, switches=False), cut_matrix(two, 1), tmp=tmp_path), nvml_file, profile=pcie)
     assert ctx.shape.fabric == "single"
     assert failed_parts(r) == {}, r.cause
@@ -594,6 +594,6 @@ def test_a_gpu_left_out_of_the_nvswitch_fabric_still_fails(root):
 def test_pcie_only_gpus_of_an_nvlink_model_are_not_held_to_nvlink(tmp_path):
     # Two SXM GPUs in a VM that joins them by PCIe only (no NVLink active, no NVSwitch in sight): its shape, not a fault.
     text = set_link(cut_matrix(SPLIT.read_text(), 2), "GPU0", "GPU1", "SYS")
-    ctx, r = run_shaped(host(vm_root(tmp_path, 2, switches=False), text, tmp=tmp_path), cut_nvml(tmp_path, 2, nvlinks_active=0))
+    ctx, r = run_shaped(host(vm_root(tmp_path, 2, switches=False), text, tmp=tmp_path), cut_nvml(tmp_path, 2, nvlinks_active=0, nvlink_remote=None))
     assert ctx.shape.fabric == "pcie"
     assert r.details["parts"]["nvlink"] == "PASS"
