@@ -270,7 +270,7 @@ def fitting_floors(floors: dict, whole_node: tuple[str, ...], shape: NodeShape |
     for name, floor in floors.items():
         reason = floor_fits(floor.gpus, floor.fabric, shape, ranks)
         if reason is None and floor.gpus is None and name in whole_node and whole and ranks != whole:
-            reason = f"a whole-node floor, and this run had {ranks} of the node's {whole} {'GPUs' if shape else 'ranks'}"
+            reason = f"a whole-node floor for {whole} {'GPUs' if shape else 'ranks'}, and this run had {ranks}"
         if reason is None:
             kept[name] = floor
         else:

@@ -134,4 +134,4 @@ def test_a_site_floor_without_a_shape_judges_the_whole_node_of_any_size():
     kept, why = shape.fitting_floors(dict(h100.floors), ("allreduce_bus_bandwidth",), two, 2, None)
     assert "allreduce_bus_bandwidth" in kept
     kept, why = shape.fitting_floors(dict(h100.floors), ("allreduce_bus_bandwidth",), two, 1, None)
-    assert why["allreduce_bus_bandwidth"] == "a whole-node floor, and this run had 1 of the node's 2 GPUs"
+    assert why["allreduce_bus_bandwidth"] == "a whole-node floor for 2 GPUs, and this run had 1"

@@ -4,6 +4,7 @@ with interpreters made to hang, crash or talk nonsense."""
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -537,3 +538,18 @@ def test_a_fake_file_cannot_claim_to_be_nvml(tmp_path):
     path = tmp_path / "sneaky.json"
     path.write_text(json.dumps(data))
     assert FakeNvml(path).source == f"fake {path}"
+
+
+def test_a_container_given_two_of_eight_gpus_is_not_failed_for_the_hosts_other_six(tmp_path):
+    root = tmp_path / "root"
+    shutil.copytree(TREE, root, symlinks=True)
+    for minor in range(2, 8):
+        (root / f"dev/nvidia{minor}").unlink()
+    whole = facts("h100-sxm-8x-healthy.json").inventory
+    two = whole.model_copy(update={"gpus": whole.gpus[:2]})
+    node = shape.gather(Host(root), two)
+    assert node.gpus == 2 and cuda.judge_count(two, node) == []
+    # ... but one of its own two missing from NVML is named by its slot.
+    one = whole.model_copy(update={"gpus": whole.gpus[1:2]})
+    (fail,) = cuda.judge_count(one, shape.gather(Host(root), one))
+    assert fail.summary == "1 of 2 GPUs visible" and "on the PCI bus but not in NVML: 0000:1b:00.0" in fail.cause
