@@ -310,10 +310,10 @@ def p2p_facts(access: dict[tuple[int, int], bool | None], n: int = 4) -> Bandwid
     return per_rank(n, results)
 
 
-def test_no_peer_access_where_the_profile_says_all_nvlink_fails_naming_the_pair():
+def test_no_peer_access_where_the_node_s_nvswitch_joins_every_gpu_fails_naming_the_pair():
     (x,) = bandwidth.judge_peer_access(p2p_facts({(2, 3): False}), set(), all_nvlink=True)
     assert x.status is FAIL and x.summary == "no peer access between NVLink GPUs (GPU 2 -> GPU 3)"
-    assert "1 ordered pair(s) the profile says NVLink joins: GPU 2 -> GPU 3" in x.cause
+    assert "1 ordered pair(s) the node's NVSwitch fabric says NVLink joins: GPU 2 -> GPU 3" in x.cause
     assert "nvidia-fabricmanager" in x.remedy
 
 

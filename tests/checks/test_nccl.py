@@ -176,8 +176,11 @@ def test_a_read_only_tmpdir_is_named_and_the_report_still_written(fast, tmp_path
 
 
 def test_more_ranks_than_gpus_is_refused_before_anything_runs(tmp_path):
-    p = run_preflight(["run", "--profile", "h100-sxm", "--only", "nccl", "--nproc-per-node", "9", "--report", str(tmp_path / "r.json")])
-    assert p.returncode == 2 and "profile h100-sxm has 8 GPUs" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    # The node (here NVML's facts, on a machine whose bus lists no NVIDIA GPU) gives the run 8 GPUs.
+    nvml_file = Path(__file__).parent.parent / "fixtures" / "nvml" / "h100-sxm-8x-healthy.json"
+    p = run_preflight(["run", "--profile", "h100-sxm", "--only", "nccl", "--nproc-per-node", "9", "--nvml-fake", str(nvml_file), "--report", str(tmp_path / "r.json")])
+    errors = [line for line in p.stderr.strip().splitlines() if not line.startswith("preflight: node:")]
+    assert p.returncode == 2 and "this node gives the run 8 GPU(s)" in p.stderr and len(errors) == 1, p.stderr
     assert not (tmp_path / "r.json").exists()
 
 
