@@ -296,17 +296,29 @@ def _judge_unanswered(g: Gpu) -> list[Finding]:
 
 
 def _judge_clocks(g: Gpu) -> list[Finding]:
+    """Judged on what held through the NVML child's window of readings
+    (``clocks_events``); events seen in some readings only are ``transient``."""
     # HW slowdown is also set when the cause is thermal; the thermal bits say so.
-    events, who = set(g.clocks_events or []), _who(g)
+    events, transient, who = set(g.clocks_events or []), set(g.clocks_events_transient or []), _who(g)
+    thermal = {"hw_thermal_slowdown", "sw_thermal_slowdown"}
     if "hw_power_brake_slowdown" in events:
         cause = f"{who} is held back by hardware power brake (the system asserted it: PSU or power-delivery fault)"
         return [Finding(FAIL, f"{who}: power brake active", cause, "check the node's power supplies and BMC event log; " + DRAIN)]
-    if events & {"hw_thermal_slowdown", "sw_thermal_slowdown"}:
+    if (events | transient) & thermal:
         temp = f" at {g.temperature_c} C" if g.temperature_c is not None else ""
-        return [Finding(WARN, f"{who}: thermal slowdown", f"{who} is slowed by temperature{temp}", "check fans, airflow and inlet temperature; the GPU throttles under load")]
+        now = "" if events & thermal else " in some readings (transient)"
+        return [Finding(WARN, f"{who}: thermal slowdown", f"{who} is slowed by temperature{temp}{now}", "check fans, airflow and inlet temperature; the GPU throttles under load")]
     if "hw_slowdown" in events:
-        cause = f"{who} runs with HW slowdown engaged (clocks cut by half or more: power or temperature sensor)"
+        cause = f"{who} runs with HW slowdown engaged in every reading (clocks cut by half or more: power or temperature sensor)"
         return [Finding(FAIL, f"{who}: hardware slowdown active", cause, "check the BMC's power and thermal events and `nvidia-smi -q -d PERFORMANCE`; " + DRAIN)]
+    if "hw_power_brake_slowdown" in transient:
+        # Not a clock-change artefact: the system asserted the brake, briefly. Worth a look, not a drain.
+        cause = f"{who} was held back by hardware power brake in some readings only (transient): the system asserts it on a PSU or power-delivery fault"
+        return [Finding(WARN, f"{who}: power brake asserted (transient)", cause, "check the node's power supplies and BMC event log")]
+    # HW slowdown in some readings only: no finding. nvml.h documents the bit as
+    # also reported during P-state or clock changes, which a healthy GPU goes
+    # through all the time; a real slowdown holds through the window and FAILs
+    # above. The transient bit stays in the facts (details) for whoever looks.
     return []
 
 

@@ -132,6 +132,26 @@ def test_hw_slowdown_fails_thermal_warns_power_brake_fails():
     assert [(f.status, f.summary) for f in brake] == [(Status.FAIL, "GPU 0 (0000:1b:00.0): power brake active")]
 
 
+def test_hw_slowdown_in_some_readings_only_passes_as_nvml_reads_it(tmp_path, monkeypatch):
+    # Through the NVML child: the bit is set in the first of its readings only,
+    # as NVML documents it during clock changes. One reading used to FAIL the node.
+    import fakes
+
+    monkeypatch.setenv("PYTHONPATH", str(fakes.install_fake_pynvml(tmp_path / "nvml")))
+    monkeypatch.setenv("FAKE_NVML_FACTS", str(NVML / "h100-sxm-hw-slowdown-transient.json"))
+    inv = nvml.inventory()
+    assert inv.gpus[6].clocks_events_transient == ["hw_slowdown"]
+    assert cuda.judge_inventory(inv, [], 8, H100.gpu) == []
+
+
+def test_transient_power_brake_or_thermal_warns_naming_it_transient():
+    g = facts("h100-sxm-8x-healthy.json").inventory.gpus[0]
+    brake = cuda.judge_gpu(g.model_copy(update={"clocks_events_transient": ["hw_slowdown", "hw_power_brake_slowdown"]}), H100.gpu)
+    assert [(f.status, f.summary) for f in brake] == [(Status.WARN, "GPU 0 (0000:1b:00.0): power brake asserted (transient)")]
+    hot = cuda.judge_gpu(g.model_copy(update={"clocks_events": ["hw_slowdown"], "clocks_events_transient": ["hw_thermal_slowdown"]}), H100.gpu)
+    assert [f.status for f in hot] == [Status.WARN] and "in some readings (transient)" in hot[0].cause
+
+
 def test_mig_on_fails_where_whole_gpus_are_expected():
     fails = only(judged(facts("h100-sxm-mig.json")))
     assert [f.summary for f in fails] == ["GPU 1 (0000:43:00.0): MIG enabled"]
