@@ -61,6 +61,8 @@ class InitReport(BaseModel):
     devices: list[DeviceReport] = []
     current: int | None = None  # the CUDA device being probed
     pci_bus_ids: list[str | None] = []  # by CUDA device index
+    uuids: list[str | None] = []  # by CUDA device index, as torch prints them (no "GPU-")
+    cuda_device_order: str | None = None  # the CUDA_DEVICE_ORDER the worker ran under
     cuda_visible_devices: str | None = None
     torch_version: str | None = None
     cuda_runtime: str | None = None
@@ -81,6 +83,7 @@ class InitOutcome(BaseModel):
     report: InitReport | None = None
     unreadable: str | None = None  # why the worker's report could not be used
     log_tail: list[str] = []
+    links_unread: str | None = None  # why NVML has no reading of the links taken under load
 
     def last_output(self) -> str:
         return self.log_tail[-1] if self.log_tail else "none"
@@ -93,14 +96,17 @@ class CudaFacts(BaseModel):
     init: InitOutcome | None = None  # None: not attempted
     init_skipped: str | None = None
     pcie_loaded: dict[str, PcieLink] | None = None  # bus id -> link while the worker copied
+    pcie_unjudged: str | None = None  # why the PCIe generation was not judged under load
 
 
 # ---- gathering -------------------------------------------------------------
 
 
 def run_init(python: str, timeout: float, read_links: bool) -> tuple[InitOutcome, dict[str, PcieLink] | None]:
-    """The cuda_init worker; while it loads the links, NVML reads them."""
-    loaded = None
+    """The cuda_init worker; while it loads the links, NVML reads them. The
+    reading (every GPU's link, by NVML bus id) is returned only where it was
+    taken under load; ``loaded_links`` picks the GPUs the worker copied to."""
+    loaded, unread = None, None if read_links else "not read: the NVML facts are not this node's (--nvml-fake)"
     with tempfile.TemporaryDirectory(prefix="preflight-cuda-") as tmp:
         stop = Path(tmp) / "stop"
         worker = launch.Worker("cuda_init.py", ["--load-seconds", str(LOAD_SECONDS), "--stop", str(stop)])
@@ -118,8 +124,8 @@ def run_init(python: str, timeout: float, read_links: bool) -> tuple[InitOutcome
                     if read_links:
                         try:
                             loaded = nvml.pcie_links(timeout=min(10.0, max(1.0, running.deadline - time.monotonic())))
-                        except nvml.NvmlUnavailable:
-                            loaded = None  # judged from the idle reading; the inventory already spoke
+                        except nvml.NvmlUnavailable as e:
+                            unread = f"NVML could not read the links under load: {e.cause}"  # the inventory already spoke
                     break
                 time.sleep(0.02)
         finally:
@@ -132,6 +138,7 @@ def run_init(python: str, timeout: float, read_links: bool) -> tuple[InitOutcome
         timed_out=done.timed_out,
         seconds=round(done.seconds, 4),
         log_tail=done.log_tail,
+        links_unread=unread,
     )
     if 0 in done.reports:
         try:
@@ -144,11 +151,57 @@ def run_init(python: str, timeout: float, read_links: bool) -> tuple[InitOutcome
     r = outcome.report
     if r is None or r.load_end != "stop":
         return outcome, None  # the load ended before NVML read: those were idle numbers
-    # Only the GPUs the worker copied to were under load (CUDA_VISIBLE_DEVICES may hide some).
-    busy = {nvml.short_pci(bus) for bus in r.pci_bus_ids if bus}
-    if loaded is None or None in r.pci_bus_ids:
-        return outcome, None
-    return outcome, {bus: link for bus, link in loaded.items() if nvml.short_pci(bus) in busy}
+    return outcome, loaded
+
+
+def loaded_links(init: InitOutcome | None, loaded: dict[str, PcieLink] | None, inv: Inventory) -> tuple[dict[str, PcieLink] | None, str | None]:
+    """The links NVML read while the worker copied, of the GPUs it copied to
+    (CUDA_VISIBLE_DEVICES may hide some; idle ones read Gen1), by the
+    inventory's bus id; or None and why the generation goes unjudged."""
+    r = init.report if init else None
+    if r is None or r.load_end is None:
+        return None, "the cuda_init worker never loaded the links"
+    if r.load_end != "stop":
+        return None, "the worker's load ended before NVML read the links (an idle link reads Gen1)"
+    if loaded is None:
+        return None, (init.links_unread if init else None) or "NVML did not read the links under load"
+    gpus, why = nvml_gpus(r, inv)
+    if gpus is None:
+        return None, f"the CUDA devices the worker loaded cannot be matched to NVML's GPUs: {why}"
+    read = {nvml.short_pci(bus): link for bus, link in loaded.items()}
+    return {g.pci_bus_id: read[nvml.short_pci(g.pci_bus_id)] for g in gpus if nvml.short_pci(g.pci_bus_id) in read}, None
+
+
+def nvml_gpus(r: InitReport, inv: Inventory) -> tuple[list[Gpu] | None, str]:
+    """NVML's GPU for every CUDA device, by PCI address (torch's device
+    properties), else by UUID, else by position: under CUDA_DEVICE_ORDER=PCI_BUS_ID
+    with every GPU visible, CUDA's device N is the Nth GPU in PCI bus order."""
+    n = r.device_count if r.device_count is not None else len(r.pci_bus_ids)
+    by_bus = {nvml.short_pci(g.pci_bus_id): g for g in inv.gpus}
+    if len(r.pci_bus_ids) == n and (found := _every([nvml.short_pci(b) for b in r.pci_bus_ids if b], by_bus, n)):
+        return found, ""
+    by_uuid = {_bare_uuid(g.uuid): g for g in inv.gpus}
+    if len(r.uuids) == n and (found := _every([_bare_uuid(u) for u in r.uuids if u], by_uuid, n)):
+        return found, ""
+    torch = f"torch {r.torch_version} gives " + ("no PCI address" if not all(r.pci_bus_ids) else "PCI addresses NVML does not list")
+    torch += " and " + ("no UUID" if not (r.uuids and all(r.uuids)) else "UUIDs NVML does not list")
+    if r.cuda_device_order != "PCI_BUS_ID":
+        return None, f"{torch}, and CUDA_DEVICE_ORDER was {r.cuda_device_order or 'unset'}, not PCI_BUS_ID"
+    if r.cuda_visible_devices is not None:
+        return None, f"{torch}, and CUDA_VISIBLE_DEVICES={r.cuda_visible_devices} renumbers the devices"
+    if n != len(inv.gpus):
+        return None, f"{torch}, and CUDA sees {n} devices where NVML lists {len(inv.gpus)}"
+    return sorted(inv.gpus, key=lambda g: nvml.short_pci(g.pci_bus_id)), ""
+
+
+def _every(keys: list[str], table: dict[str, Gpu], n: int) -> list[Gpu] | None:
+    found = [table[k] for k in keys if k in table]
+    return found if len(found) == n else None
+
+
+def _bare_uuid(u: str) -> str:
+    """NVML says "GPU-5c1b0c7e-...", torch "5c1b0c7e-..."."""
+    return u.strip().lower().removeprefix("gpu-")
 
 
 def gather(ctx: Context) -> CudaFacts:
@@ -166,7 +219,8 @@ def gather(ctx: Context) -> CudaFacts:
         facts.init_skipped = "NVML reports lost GPUs" if inventory.lost else "NVML reports no GPU"
         return facts
     python = str(ctx.settings.python) if ctx.settings.python else sys.executable
-    facts.init, facts.pcie_loaded = run_init(python, _left(ctx) - MARGIN, read_links=fake is None)
+    facts.init, loaded = run_init(python, _left(ctx) - MARGIN, read_links=fake is None)
+    facts.pcie_loaded, facts.pcie_unjudged = loaded_links(facts.init, loaded, inventory)
     return facts
 
 
@@ -288,17 +342,29 @@ def _judge_unanswered(g: Gpu) -> list[Finding]:
 
 
 def _judge_clocks(g: Gpu) -> list[Finding]:
+    """Judged on what held through the NVML child's window of readings
+    (``clocks_events``); events seen in some readings only are ``transient``."""
     # HW slowdown is also set when the cause is thermal; the thermal bits say so.
-    events, who = set(g.clocks_events or []), _who(g)
+    events, transient, who = set(g.clocks_events or []), set(g.clocks_events_transient or []), _who(g)
+    thermal = {"hw_thermal_slowdown", "sw_thermal_slowdown"}
     if "hw_power_brake_slowdown" in events:
         cause = f"{who} is held back by hardware power brake (the system asserted it: PSU or power-delivery fault)"
         return [Finding(FAIL, f"{who}: power brake active", cause, "check the node's power supplies and BMC event log; " + DRAIN)]
-    if events & {"hw_thermal_slowdown", "sw_thermal_slowdown"}:
+    if (events | transient) & thermal:
         temp = f" at {g.temperature_c} C" if g.temperature_c is not None else ""
-        return [Finding(WARN, f"{who}: thermal slowdown", f"{who} is slowed by temperature{temp}", "check fans, airflow and inlet temperature; the GPU throttles under load")]
+        now = "" if events & thermal else " in some readings (transient)"
+        return [Finding(WARN, f"{who}: thermal slowdown", f"{who} is slowed by temperature{temp}{now}", "check fans, airflow and inlet temperature; the GPU throttles under load")]
     if "hw_slowdown" in events:
-        cause = f"{who} runs with HW slowdown engaged (clocks cut by half or more: power or temperature sensor)"
+        cause = f"{who} runs with HW slowdown engaged in every reading (clocks cut by half or more: power or temperature sensor)"
         return [Finding(FAIL, f"{who}: hardware slowdown active", cause, "check the BMC's power and thermal events and `nvidia-smi -q -d PERFORMANCE`; " + DRAIN)]
+    if "hw_power_brake_slowdown" in transient:
+        # Not a clock-change artefact: the system asserted the brake, briefly. Worth a look, not a drain.
+        cause = f"{who} was held back by hardware power brake in some readings only (transient): the system asserts it on a PSU or power-delivery fault"
+        return [Finding(WARN, f"{who}: power brake asserted (transient)", cause, "check the node's power supplies and BMC event log")]
+    # HW slowdown in some readings only: no finding. nvml.h documents the bit as
+    # also reported during P-state or clock changes, which a healthy GPU goes
+    # through all the time; a real slowdown holds through the window and FAILs
+    # above. The transient bit stays in the facts (details) for whoever looks.
     return []
 
 
@@ -492,6 +558,12 @@ def measurements(facts: CudaFacts, expect: GpuExpect | None = None, shape: NodeS
     return out
 
 
+def pcie_generation(facts: CudaFacts) -> str:
+    if facts.pcie_loaded:
+        return "judged under load"
+    return f"not judged: {facts.pcie_unjudged or 'no reading under load (idle links drop to Gen1)'}"
+
+
 def summary(facts: CudaFacts, shape: NodeShape | None = None) -> str:
     inv = facts.inventory
     gpus = ", ".join(f"{n} x {name}" for name, n in Counter(g.name for g in inv.gpus).items()) or "no GPU"
@@ -517,12 +589,14 @@ class Cuda(Check):
         details["parts"] = {name: worst(found) for name, found in parts.items()}
         if facts.init is None:
             details["parts"]["cuda_init"] = f"not run: {facts.init_skipped}"
-        details["pcie_generation"] = "judged under load" if facts.pcie_loaded else "not judged: no reading under load (idle links drop to Gen1)"
+        details["pcie_generation"] = pcie_generation(facts)
         if facts.init and facts.init.report:
             r = facts.init.report
             details["versions"] = {"driver": facts.inventory.driver_version, "cuda_driver": facts.inventory.cuda_driver_version, "torch": r.torch_version, "cuda_runtime": r.cuda_runtime, "nccl": r.nccl_version}
         findings = [f for found in parts.values() for f in found]
-        result = self.conclude(findings, summary(facts, ctx.shape), measurements=measurements(facts, ctx.profile.gpu, ctx.shape), details=details)
+        # Said where a person reads it: an unjudged generation must not pass unnoticed.
+        lines = [f"PCIe generation {details['pcie_generation']}"] if not facts.pcie_loaded and facts.init is not None else []
+        result = self.conclude(findings, summary(facts, ctx.shape), measurements=measurements(facts, ctx.profile.gpu, ctx.shape), details=details, lines=lines)
         passed = [name for name, found in parts.items() if not any(f.status == FAIL for f in found) and not (name == "cuda_init" and facts.init is None)]
         if findings and passed:
             result.summary += f" ({' and '.join(passed)} passed)"

@@ -74,17 +74,33 @@ class Gpu(_Facts):
     retired_pages_pending: bool | None = None  # pre-Ampere; Ampere and later remap rows
     remapped_rows: RemappedRows | None = None
     pcie: PcieLink = PcieLink()
-    clocks_events: list[str] | None = None  # names from nvml_query.CLOCKS_EVENTS that are active
+    # Names from nvml_query.CLOCKS_EVENTS: active in every reading of a short
+    # window (persistent), and active in some readings only (transient).
+    # Facts of one reading (FakeNvml files written before the window) read as
+    # no transient event: every event they name counts as persistent, as it did.
+    clocks_events: list[str] | None = None
+    clocks_events_transient: list[str] | None = None
     temperature_c: int | None = None
     power_limit_w: float | None = Field(default=None, ge=0)
     power_default_limit_w: float | None = Field(default=None, ge=0)
     nvlinks_active: int | None = Field(default=None, ge=0)
-    nvlinks_down: list[int] = Field(default_factory=list)  # link indices present but not active
-    # Active links by what is at their other end ("switch", "gpu", ...); None: no active link, or NVML did not say.
-    nvlink_remote: dict[str, int] | None = None
+    # Link indices present but inactive, listed only where at least one link is
+    # active: a GPU whose every link is inactive has no NVLink partner (nvlinks_active 0).
+    nvlinks_down: list[int] = Field(default_factory=list)
+    # Active links by what is at their far end: "switch" (NVSwitch, {"switch": 18}
+    # on HGX), "gpu" (a bridge or a direct link), "ibmnpu", "unknown" (NVML did not
+    # say); None where no link is active or nvidia-ml-py cannot ask.
+    nvlink_remote: dict[str, Annotated[int, Field(ge=1)]] | None = None
     processes: list[GpuProcess] | None = None  # compute processes on the GPU now; None: NVML did not say
     # NVML calls that failed with anything but "not supported" -> the error: unknown is not healthy.
     unanswered: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_reading(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("clocks_events") is not None and data.get("clocks_events_transient") is None:
+            data = {**data, "clocks_events_transient": []}
+        return data
 
 
 class GpuProcess(_Facts):

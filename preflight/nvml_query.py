@@ -8,7 +8,10 @@ and the parent validates it.
 from __future__ import annotations
 
 import json
+import operator
 import sys
+import time
+from functools import reduce
 from typing import Any
 
 NO_DRIVER = "install or load the NVIDIA driver (`nvidia-smi` must answer); on a machine with no GPU use --profile cpu for a dry run"
@@ -29,6 +32,17 @@ CLOCKS_EVENTS = {
     "display_clock_setting": 0x100,
 }
 NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS
+# nvml.h's nvmlNvLinkDeviceType_t: what sits at the far end of an active link.
+NVLINK_REMOTE = {0: "gpu", 1: "ibmnpu", 2: "switch"}  # NVML_NVLINK_DEVICE_TYPE_GPU, _IBMNPU, _SWITCH; 0xFF: unknown
+# HW slowdown is documented as also reported during P-state and clock changes
+# (nvml.h, nvmlClocksEventReasonHwSlowdown), so one reading proves nothing:
+# the reasons are read this many times, this far apart, across every GPU at
+# once. Adds about (SAMPLES - 1) x SAMPLE_GAP = 0.4 s to an inventory,
+# whatever the GPU count.
+CLOCK_SAMPLES, CLOCK_SAMPLE_GAP = 5, 0.1
+# What `unanswered` says where nvidia-ml-py asked for a versioned NVML entry
+# point the installed driver does not export (NVMLLibraryMismatchError).
+LACKS_VERSIONED = "this driver lacks the versioned call nvidia-ml-py makes; an nvidia-ml-py of the driver's generation answers it"
 
 
 def _child(what: str) -> dict[str, Any]:
@@ -52,6 +66,8 @@ def _child(what: str) -> dict[str, Any]:
         return {"facts": _inventory(pynvml) if what == "inventory" else _pcie(pynvml)}
     except pynvml.NVMLError as e:
         return _failed(f"NVML failed: {e}", BROKEN)
+    except Exception as e:  # noqa: BLE001 - the parent must get its one JSON line, never a traceback
+        return _failed(f"the NVML query failed unexpectedly: {type(e).__name__}: {e}", BROKEN)
     finally:
         pynvml.nvmlShutdown()
 
@@ -70,7 +86,8 @@ def _optional(pynvml: Any, fn: str, *args: Any, unanswered: dict[str, str] | Non
     A GPU that is lost raises on, so the caller records it as lost; whether a
     GPU is lost is decided by the calls every GPU answers (handle, PCI, name,
     UUID). Any error but "not supported" is noted in ``unanswered``: a health
-    query that fails must not read as healthy.
+    query that fails must not read as healthy. Nothing else escapes: one
+    query's surprise must not cost every GPU's facts.
     """
     f = getattr(pynvml, fn, None)
     if f is None:  # an older nvidia-ml-py without the call
@@ -84,6 +101,14 @@ def _optional(pynvml: Any, fn: str, *args: Any, unanswered: dict[str, str] | Non
         if unanswered is not None and not isinstance(e, absent):
             unanswered[fn] = str(e)
         return None
+    except getattr(pynvml, "NVMLLibraryMismatchError", ()):  # not an NVMLError: raised by nvidia-ml-py itself
+        if unanswered is not None:
+            unanswered[fn] = LACKS_VERSIONED
+        return None
+    except Exception as e:  # noqa: BLE001 - a binding bug or an odd answer: unknown, not a dead child
+        if unanswered is not None:
+            unanswered[fn] = f"{type(e).__name__}: {e}"
+        return None
 
 
 def _inventory(pynvml: Any) -> dict[str, Any]:
@@ -94,6 +119,7 @@ def _inventory(pynvml: Any) -> dict[str, Any]:
         "gpus": [],
         "lost": [],
     }
+    handles = []
     for i in range(pynvml.nvmlDeviceGetCount()):
         bus = None
         try:
@@ -101,10 +127,51 @@ def _inventory(pynvml: Any) -> dict[str, Any]:
             pci = pynvml.nvmlDeviceGetPciInfo(h)
             bus = _text(pci.busId)
             facts["gpus"].append(_gpu(pynvml, i, h, bus, pci.pciDeviceId))
+            handles.append(h)
         except pynvml.NVMLError as e:
             # GPU_IS_LOST, Unknown Error, handle not found: name the slot when we got that far.
             facts["lost"].append({"index": i, "pci_bus_id": bus, "error": str(e)})
+    _sample_clocks(pynvml, facts, handles)
     return facts
+
+
+def _sample_clocks(pynvml: Any, facts: dict[str, Any], handles: list[Any]) -> None:
+    """Every GPU's clocks-event reasons, read CLOCK_SAMPLES times: ``clocks_events``
+    holds those in every reading (persistent), ``clocks_events_transient`` those
+    in some only. All GPUs share one window, so it costs the same for one or eight."""
+    gpus = list(zip(facts["gpus"], handles))
+    if not gpus:
+        return
+    readings: list[list[int]] = [[] for _ in gpus]
+    for sample in range(CLOCK_SAMPLES):
+        if sample:
+            time.sleep(CLOCK_SAMPLE_GAP)
+        for k, (g, h) in enumerate(gpus):
+            if g is None:
+                continue
+            try:
+                reasons = _reasons(pynvml, h, g["unanswered"])
+            except pynvml.NVMLError as e:  # lost within the window: a lost GPU, as above
+                facts["gpus"].remove(g)
+                facts["lost"].append({"index": g["index"], "pci_bus_id": g["pci_bus_id"], "error": str(e)})
+                gpus[k] = (None, h)
+                continue
+            if reasons is not None:
+                readings[k].append(reasons)
+    for (g, _), seen in zip(gpus, readings):
+        if g is None or not seen:
+            continue  # None, None: NVML did not say
+        every, some = reduce(operator.and_, seen), reduce(operator.or_, seen)
+        g["clocks_events"] = [n for n, bit in CLOCKS_EVENTS.items() if every & bit]
+        g["clocks_events_transient"] = [n for n, bit in CLOCKS_EVENTS.items() if some & bit and not every & bit]
+    facts["lost"].sort(key=lambda x: x["index"])
+
+
+def _reasons(pynvml: Any, h: Any, unanswered: dict[str, str]) -> int | None:
+    reasons = _optional(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", h, unanswered=unanswered)
+    if reasons is None:  # a driver before the rename answers the old name
+        reasons = _optional(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", h, unanswered=unanswered)
+    return reasons if isinstance(reasons, int) else None
 
 
 def _gpu(pynvml: Any, i: int, h: Any, bus: str, device_id: int) -> dict[str, Any]:
@@ -114,9 +181,6 @@ def _gpu(pynvml: Any, i: int, h: Any, bus: str, device_id: int) -> dict[str, Any
     memory = opt("nvmlDeviceGetMemoryInfo")
     ecc = opt("nvmlDeviceGetEccMode")
     rows = opt("nvmlDeviceGetRemappedRows")  # (correctable, uncorrectable, pending, failure)
-    reasons = opt("nvmlDeviceGetCurrentClocksEventReasons")
-    if reasons is None:
-        reasons = opt("nvmlDeviceGetCurrentClocksThrottleReasons")
     power = opt("nvmlDeviceGetEnforcedPowerLimit")
     default_power = opt("nvmlDeviceGetPowerManagementDefaultLimit")
     procs = opt("nvmlDeviceGetComputeRunningProcesses")  # the recheck must not run beside a job
@@ -138,7 +202,8 @@ def _gpu(pynvml: Any, i: int, h: Any, bus: str, device_id: int) -> dict[str, Any
         "retired_pages_pending": _flag(opt("nvmlDeviceGetRetiredPagesPendingStatus")),
         "remapped_rows": _rows(rows),
         "pcie": _link(pynvml, h, unanswered),
-        "clocks_events": [n for n, bit in CLOCKS_EVENTS.items() if reasons & bit] if reasons is not None else None,
+        "clocks_events": None,  # read over a window across every GPU: _sample_clocks
+        "clocks_events_transient": None,
         "temperature_c": opt("nvmlDeviceGetTemperature", 0),  # NVML_TEMPERATURE_GPU
         "power_limit_w": power / 1000 if power is not None else None,
         "power_default_limit_w": default_power / 1000 if default_power is not None else None,
@@ -179,13 +244,36 @@ def _link(pynvml: Any, h: Any, unanswered: dict[str, str] | None = None) -> dict
 
 
 def _nvlinks(pynvml: Any, h: Any, unanswered: dict[str, str]) -> dict[str, Any]:
+    unknown = {"nvlinks_active": None, "nvlinks_down": [], "nvlink_remote": None}
     if not hasattr(pynvml, "nvmlDeviceGetNvLinkState"):
-        return {"nvlinks_active": None, "nvlinks_down": []}
+        return unknown
     states = {link: _optional(pynvml, "nvmlDeviceGetNvLinkState", h, link, unanswered=unanswered) for link in range(NVLINK_MAX_LINKS)}
     present = {link: state for link, state in states.items() if state is not None}  # None: no such link
     if not present:  # not one link answered: unknown (a PCIe board, or a VM that hides NVLink), not "0 up"
-        return {"nvlinks_active": None, "nvlinks_down": []}
-    return {"nvlinks_active": sum(1 for s in present.values() if s), "nvlinks_down": [k for k, s in present.items() if not s]}
+        return unknown
+    active = [k for k, s in present.items() if s]
+    if not active:
+        # Every link answers "inactive": a GPU with no NVLink partner (a PCIe
+        # card without bridges, a lone SXM GPU in a VM; DCGM reports the same).
+        # No partner is not a link down; whether one was expected is the judge's call.
+        return {"nvlinks_active": 0, "nvlinks_down": [], "nvlink_remote": None}
+    return {
+        "nvlinks_active": len(active),
+        "nvlinks_down": [k for k, s in present.items() if not s],  # one link up: the rest should be too
+        "nvlink_remote": _remote(pynvml, h, active, unanswered),
+    }
+
+
+def _remote(pynvml: Any, h: Any, active: list[int], unanswered: dict[str, str]) -> dict[str, int] | None:
+    """Active links by what is at their far end: NVSwitch, a GPU (bridge or direct), IBM NPU."""
+    if not hasattr(pynvml, "nvmlDeviceGetNvLinkRemoteDeviceType"):
+        return None
+    out: dict[str, int] = {}
+    for link in active:
+        kind = _optional(pynvml, "nvmlDeviceGetNvLinkRemoteDeviceType", h, link, unanswered=unanswered)
+        name = NVLINK_REMOTE.get(kind, "unknown") if isinstance(kind, int) else "unknown"
+        out[name] = out.get(name, 0) + 1
+    return out
 
 
 def _pcie(pynvml: Any) -> dict[str, Any]:
@@ -199,6 +287,13 @@ def _pcie(pynvml: Any) -> dict[str, Any]:
     return links
 
 
+def _line(answer: dict[str, Any]) -> str:
+    try:
+        return json.dumps(answer)
+    except (TypeError, ValueError) as e:  # a fact of a type JSON cannot hold: still one line the parent reads
+        return json.dumps(_failed(f"NVML answered a fact preflight cannot write: {e}", BROKEN))
+
+
 if __name__ == "__main__":
-    print(json.dumps(_child(sys.argv[1] if len(sys.argv) > 1 else "inventory")))
+    print(_line(_child(sys.argv[1] if len(sys.argv) > 1 else "inventory")))
     sys.exit(0)

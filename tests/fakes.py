@@ -181,11 +181,18 @@ FAKES = [
 
 
 # A stand-in for nvidia-ml-py at the NVML seam, driven by FAKE_NVML:
-#   names:<name>,<name>  GPUs with these product names
 #   nodriver | noperm    nvmlInit fails as it does without a driver / without access
-#   lost:<i>:<names>     GPU i is lost after init
+#   mismatch             nvmlInit fails with the driver/library version mismatch
 #   hang                 nvmlInit never returns (a wedged driver)
 #   crash                the process dies of SIGSEGV inside NVML
+#   versioned:<fn>,...   these calls raise NVMLLibraryMismatchError, as nvidia-ml-py
+#                        does where the driver lacks the versioned entry point it asks for
+#   oops:<fn>,...        these calls raise ValueError (a binding bug, an odd answer)
+# and by FAKE_NVML_FACTS, a FakeNvml JSON file. Its facts are served as NVML
+# answers them: nvlinks_active 0 with no link down is a GPU whose 18 links all
+# answer "inactive"; clocks_events_transient are set in the first reading only;
+# nvmlDeviceGetNvLinkRemoteDeviceType exists only where some GPU has nvlink_remote
+# (facts recorded before it read as an nvidia-ml-py without the call).
 FAKE_PYNVML = """
 # A stand-in for nvidia-ml-py, driven by FAKE_NVML (a failure mode) and
 # FAKE_NVML_FACTS (the FakeNvml JSON whose facts it serves), so the real
@@ -193,6 +200,9 @@ FAKE_PYNVML = """
 import json, os, signal, time
 
 class NVMLError(Exception):
+    pass
+
+class NVMLLibraryMismatchError(Exception):  # not an NVMLError, as in nvidia-ml-py
     pass
 
 for _name in ("LibraryNotFound", "DriverNotLoaded", "NoPermission", "GpuIsLost", "Unknown",
@@ -204,8 +214,12 @@ FACTS = json.load(open(os.environ["FAKE_NVML_FACTS"])) if os.environ.get("FAKE_N
     "driver_version": "550.54.15", "cuda_driver_version": "12.4", "gpus": [], "lost": []}
 DEVICES = {g["index"]: g for g in FACTS["gpus"]}
 LOST = {g["index"]: g for g in FACTS.get("lost", [])}
-BITS = {"gpu_idle": 0x1, "sw_power_cap": 0x4, "hw_slowdown": 0x8, "sw_thermal_slowdown": 0x20,
-        "hw_thermal_slowdown": 0x40, "hw_power_brake_slowdown": 0x80}
+BITS = {"gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4, "hw_slowdown": 0x8, "sync_boost": 0x10,
+        "sw_thermal_slowdown": 0x20, "hw_thermal_slowdown": 0x40, "hw_power_brake_slowdown": 0x80, "display_clock_setting": 0x100}
+KIND, _, CALLS = MODE.partition(":")
+FAILING = {"versioned": NVMLLibraryMismatchError("Unversioned function called and the pyNVML version does not match the NVML lib version."),
+           "oops": ValueError("invalid literal for int() with base 10: 'N/A'")}.get(KIND)
+READINGS = {}
 
 def nvmlInit():
     if MODE == "hang":
@@ -274,7 +288,10 @@ nvmlDeviceGetTotalEccErrors = lambda h, kind, counter: _fact(
 nvmlDeviceGetRetiredPagesPendingStatus = lambda h: int(_fact(h, "retired_pages_pending"))
 nvmlDeviceGetRemappedRows = lambda h: tuple(
     int(_fact(h, "remapped_rows")[k]) for k in ("correctable", "uncorrectable", "pending", "failure"))
-nvmlDeviceGetCurrentClocksEventReasons = lambda h: sum(BITS[n] for n in _fact(h, "clocks_events"))
+def nvmlDeviceGetCurrentClocksEventReasons(h):
+    READINGS[h] = READINGS.get(h, 0) + 1
+    transient = (DEVICES[h].get("clocks_events_transient") or []) if READINGS[h] == 1 else []
+    return sum(BITS[n] for n in set(_fact(h, "clocks_events")) | set(transient))
 nvmlDeviceGetEnforcedPowerLimit = lambda h: int(_fact(h, "power_limit_w") * 1000)
 nvmlDeviceGetPowerManagementDefaultLimit = lambda h: int(_fact(h, "power_default_limit_w") * 1000)
 nvmlDeviceGetTemperature = lambda h, sensor: _fact(h, "temperature_c")
@@ -292,11 +309,29 @@ def nvmlDeviceGetComputeRunningProcesses(h):
         raise NVMLError_NotSupported("Not Supported")
     return [_Proc(p) for p in _fact(h, "processes")]
 
-def nvmlDeviceGetNvLinkState(h, link):
+def _links(h):
+    # Every link's state (1 active, 0 inactive) by index.
     active, down = _fact(h, "nvlinks_active"), DEVICES[h]["nvlinks_down"]
-    if link >= active + len(down):
+    if not active and not down:
+        return [0] * 18  # no NVLink partner: every link answers "inactive"
+    return [0 if link in down else 1 for link in range(active + len(down))]
+
+def nvmlDeviceGetNvLinkState(h, link):
+    links = _links(h)
+    if link >= len(links):
         raise NVMLError_InvalidArgument("Invalid Argument")
-    return 0 if link in down else 1
+    return links[link]
+
+if any(g.get("nvlink_remote") for g in DEVICES.values()):
+    CODES = {"gpu": 0, "ibmnpu": 1, "switch": 2, "unknown": 0xFF}
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(h, link):
+        # The active links in order take the kinds the facts count, in the order they list them.
+        kinds = [CODES[k] for k, n in (DEVICES[h].get("nvlink_remote") or {}).items() for _ in range(n)]
+        active = [i for i, s in enumerate(_links(h)) if s]
+        if link not in active or active.index(link) >= len(kinds):
+            raise NVMLError_NotSupported("Not Supported")
+        return kinds[active.index(link)]
 
 
 def _answering(name, f):
@@ -305,6 +340,8 @@ def _answering(name, f):
         failed = DEVICES.get(h, {}).get("unanswered", {})
         if name in failed:
             raise NVMLError_Unknown(failed[name])
+        if FAILING is not None and name in CALLS.split(","):
+            raise FAILING
         return f(h, *args)
     return call
 

@@ -150,3 +150,74 @@ def test_the_adapter_reads_the_compute_processes(fake_nvml):
     gpus = nvml.inventory().gpus
     assert [p.model_dump() for p in gpus[3].processes] == [{"pid": 48213, "used_memory_bytes": 71234560000}]
     assert gpus[5].processes[0].used_memory_bytes is None and gpus[0].processes == []
+
+
+# ---- what the child makes of NVLink, clocks and calls the driver cannot answer ----
+
+
+def test_a_gpu_whose_every_nvlink_is_inactive_has_no_partner_not_links_down(fake_nvml):
+    # A lone SXM GPU in a VM, or a PCIe card without bridges: all 18 links answer "inactive".
+    fake_nvml(facts=FIXTURES / "h100-sxm-1x-no-nvlink-peer.json")
+    (g,) = nvml.inventory().gpus
+    assert (g.nvlinks_active, g.nvlinks_down, g.nvlink_remote) == (0, [], None)
+
+
+def test_with_one_link_up_the_inactive_ones_are_down_and_the_far_ends_counted(fake_nvml):
+    fake_nvml(facts=FIXTURES / "h100-sxm-nvswitch-link-down.json")
+    gpus = nvml.inventory().gpus
+    assert (gpus[3].nvlinks_active, gpus[3].nvlinks_down, gpus[3].nvlink_remote) == (17, [5], {"switch": 17})
+    assert gpus[0].nvlink_remote == {"switch": 18}
+
+
+def test_an_nvidia_ml_py_without_the_remote_type_call_leaves_it_unknown(fake_nvml, tmp_path):
+    data = json.loads((FIXTURES / "h100-sxm-8x-healthy.json").read_text())
+    for g in data["gpus"]:
+        g.pop("nvlink_remote", None)
+    (tmp_path / "facts.json").write_text(json.dumps(data))
+    fake_nvml(facts=tmp_path / "facts.json")  # the fake then has no nvmlDeviceGetNvLinkRemoteDeviceType
+    g = nvml.inventory().gpus[0]
+    assert (g.nvlinks_active, g.nvlink_remote) == (18, None)
+
+
+def test_hw_slowdown_in_one_reading_is_transient_not_persistent(fake_nvml):
+    fake_nvml(facts=FIXTURES / "h100-sxm-hw-slowdown-transient.json")
+    start = time.monotonic()
+    gpus = nvml.inventory().gpus
+    assert (gpus[6].clocks_events, gpus[6].clocks_events_transient) == (["gpu_idle"], ["hw_slowdown"])
+    assert (gpus[0].clocks_events, gpus[0].clocks_events_transient) == (["gpu_idle"], [])
+    assert time.monotonic() - start < 5  # one 0.4 s window for all eight GPUs, not one per GPU
+
+
+def test_hw_slowdown_in_every_reading_stays_persistent(fake_nvml):
+    fake_nvml(facts=FIXTURES / "h100-sxm-hw-slowdown.json")
+    g = nvml.inventory().gpus[6]
+    assert (g.clocks_events, g.clocks_events_transient) == (["hw_slowdown"], [])
+
+
+def test_facts_of_one_reading_read_every_event_as_persistent():
+    g = FakeNvml(FIXTURES / "h100-sxm-hw-slowdown.json").gpus[6]  # written before the window existed
+    assert (g.clocks_events, g.clocks_events_transient) == (["hw_slowdown"], [])
+
+
+def test_a_call_the_driver_lacks_in_its_versioned_form_is_unanswered_not_a_dead_child(fake_nvml):
+    # nvidia-ml-py raises NVMLLibraryMismatchError (no NVMLError) where an older
+    # driver lacks the _v3 entry point its nvmlDeviceGetComputeRunningProcesses asks for.
+    fake_nvml("versioned:nvmlDeviceGetComputeRunningProcesses", FIXTURES / "h100-sxm-8x-idle.json")
+    gpus = nvml.inventory().gpus
+    assert len(gpus) == 8 and all(g.processes is None for g in gpus)
+    assert "this driver lacks the versioned call" in gpus[0].unanswered["nvmlDeviceGetComputeRunningProcesses"]
+    assert gpus[0].ecc_uncorrectable_volatile == 0  # the other facts are all there
+
+
+def test_an_unexpected_error_in_one_query_is_unanswered_and_the_rest_stands(fake_nvml):
+    fake_nvml("oops:nvmlDeviceGetTemperature", FIXTURES / "h100-sxm-8x-healthy.json")
+    gpus = nvml.inventory().gpus
+    assert len(gpus) == 8 and gpus[2].temperature_c is None
+    assert gpus[2].unanswered == {"nvmlDeviceGetTemperature": "ValueError: invalid literal for int() with base 10: 'N/A'"}
+
+
+def test_an_unexpected_error_outside_the_optional_queries_is_still_one_clear_answer(fake_nvml):
+    fake_nvml("oops:nvmlDeviceGetName", FIXTURES / "h100-sxm-8x-healthy.json")
+    with pytest.raises(NvmlUnavailable) as e:
+        nvml.inventory()
+    assert e.value.cause.startswith("the NVML query failed unexpectedly: ValueError") and "reset the GPU" in e.value.remedy

@@ -257,3 +257,20 @@ def test_every_profile_with_train_cites_its_gemm_floor_and_peak():
         if p.has_gpus:
             assert p.floors["gemm_throughput"].unit == "flops_per_second" and "MAMF" in p.floors["gemm_throughput"].source, name
             assert p.train.peak_flops and p.floors["gemm_throughput"].value < p.train.peak_flops, name
+
+
+# Measured by this project with the bandwidth worker's method (torch copy_
+# between two device buffers, read + write counted), issue 18.
+HBM_COPY_MEASURED = {"h100-sxm": 3.0e12, "h200-sxm": 4.3e12}
+# How far below that figure the warn band must end: board-to-board spread and
+# a figure given as "about" must never put a healthy board in the band.
+HBM_COPY_CLEARANCE = 0.20
+
+
+@pytest.mark.parametrize("name", sorted(HBM_COPY_MEASURED))
+def test_hbm_copy_floor_comes_from_the_worker_s_method_and_clears_a_healthy_board(name):
+    p = profiles.load(profiles.find(name, None))
+    floor, measured = p.floors["hbm_copy_bandwidth"], HBM_COPY_MEASURED[name]
+    warn_band_top = floor.value * (1 + p.bandwidth.margin)
+    assert warn_band_top * (1 + HBM_COPY_CLEARANCE) <= measured
+    assert "bandwidth worker's method" in floor.source and "issue 18" in floor.source

@@ -124,6 +124,31 @@ def guarded(body, report: dict, save) -> int:
         os._exit(1)
 
 
+# A process group's timeout exceeds the worker's own deadline (--timeout) by this
+# much where the worker waits itself (spin below): the rank then gives up first and
+# reports where it stopped, before NCCL's watchdog tears the process down.
+GRACE = 10.0
+
+
+def spin(done, seconds: float, what: str) -> None:
+    """Wait until ``done()`` is true, spinning: a sleep would add its own length
+    to any figure timed around the wait (torch's blocking wait sleeps 1-10 ms
+    between polls). Past ``seconds``, raise, so the rank reports where it
+    stopped instead of hanging on a peer that did."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not done after {seconds:g} s: a peer stopped, or this GPU hangs")
+
+
+def wait_for_gpu(torch, seconds: float, what: str, event=None) -> None:
+    """Until the GPU has done what is queued on the current stream (or ``event``), by spin."""
+    if event is None:
+        event = torch.cuda.Event()
+        event.record()
+    spin(event.query, seconds, what)
+
+
 def init_group(dist, backend: str, device, seconds: float, blocking: bool = True) -> None:
     """init_process_group with a timeout on every collective, eager where torch allows.
     ``blocking``: NCCL collectives past the timeout raise in the rank (a worker that

@@ -46,7 +46,7 @@ FREE_SHARE = 0.7  # of the memory free now: NCCL's buffers and peers' contexts n
 # The slow fault sleeps this many times the repeat's own length, and at least
 # SLOW_MIN seconds: a 64 MiB memcpy then reads under 1.4 GB/s on any machine.
 SLOW, SLOW_MIN = 3.0, 0.1
-GRACE = 10.0  # the process group's timeout exceeds the worker's own by this much
+GRACE = _rank.GRACE  # the process group's timeout exceeds the worker's own by this much
 
 
 def main() -> int:
@@ -287,18 +287,10 @@ class Bench:
             self.dist.barrier()
 
     def _finish(self, what: str, event=None) -> None:
-        """Wait until the GPU has done what was queued (or ``event``), spinning: a sleep
-        would add its own length to latency figures. Past --timeout, raise, so this
-        rank reports where it stopped instead of hanging on a peer that did."""
-        if not self.cuda:
-            return
-        if event is None:
-            event = self.torch.cuda.Event()
-            event.record()
-        deadline = time.monotonic() + self.args.timeout
-        while not event.query():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{what} not done after {self.args.timeout:g} s: a peer stopped, or this GPU hangs")
+        """Wait until the GPU has done what was queued (or ``event``), spinning, with
+        --timeout as the deadline (_rank.wait_for_gpu); on the CPU there is nothing queued."""
+        if self.cuda:
+            _rank.wait_for_gpu(self.torch, self.args.timeout, what, event)
 
     def graph_latency(self) -> list[dict]:
         """The small all_reduce captured in a CUDA graph and replayed: launch cost

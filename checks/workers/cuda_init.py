@@ -34,6 +34,7 @@ def main() -> int:
     started = time.monotonic()
     report: dict = {"python": sys.executable, "stage": "import", "error": None, "error_kind": None, "devices": []}
     report["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+    report["cuda_device_order"] = os.environ.get("CUDA_DEVICE_ORDER")
     save = lambda: _write(args.out, report)  # noqa: E731
     save()
 
@@ -67,7 +68,10 @@ def main() -> int:
     report.update(init_seconds=round(time.monotonic() - t, 4), device_count=count, stage="devices")
     # Where each CUDA device sits, before probing any: with CUDA_VISIBLE_DEVICES
     # CUDA's device N need not be NVML's GPU N, and a hang must name the right slot.
+    # The UUID too: a torch without pci_bus_id in its device properties has it,
+    # and the agent reads the PCIe links under load by NVML's GPU.
     report["pci_bus_ids"] = [_pci_bus_id(torch, i) for i in range(count)]
+    report["uuids"] = [_uuid(torch, i) for i in range(count)]
     if count == 0:
         report.update(error="torch.cuda.device_count() is 0", error_kind="no_device")
         save()
@@ -94,7 +98,7 @@ def _probe(torch, i: int, n: int) -> dict:
     try:
         props = torch.cuda.get_device_properties(i)
         d["name"] = props.name
-        d["uuid"] = str(getattr(props, "uuid", "")) or None
+        d["uuid"] = _uuid(torch, i)
         d["pci_bus_id"] = _pci_bus_id(torch, i)
         # Random data from a per-device seed: a GPU that returns stale or
         # zeroed memory cannot match, and every run checks the same numbers.
@@ -145,6 +149,13 @@ def _pci_bus_id(torch, i: int) -> str | None:
     if not hasattr(props, "pci_bus_id"):  # older torch does not say
         return None
     return f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+
+
+def _uuid(torch, i: int) -> str | None:
+    try:
+        return str(getattr(torch.cuda.get_device_properties(i), "uuid", "")) or None
+    except Exception:  # the probe of this device will say why
+        return None
 
 
 def _nccl_version(torch) -> str | None:

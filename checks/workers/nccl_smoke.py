@@ -66,12 +66,12 @@ def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
     save()
 
     t = time.perf_counter()
-    _rank.init_group(dist, args.backend, device, args.timeout)
+    start_group(dist, args.backend, device, args.timeout)
     report["init_seconds"] = round(time.perf_counter() - t, 4)
     if dist.get_world_size() != me.world_size:
         raise RuntimeError(f"world size {dist.get_world_size()} is not WORLD_SIZE={me.world_size}")
 
-    ops = Ops(torch, dist, device, me.rank, me.world_size)
+    ops = Ops(torch, dist, device, me.rank, me.world_size, args.timeout)
     plan = [(f"{op}_{size}", op, nbytes) for size, nbytes in (("small", args.small_bytes), ("large", args.large_bytes)) for op in Ops.NAMES]
     plan.append(("barrier", "barrier", 0))
     for salt, (name, op, nbytes) in enumerate(plan, start=1):
@@ -93,13 +93,23 @@ def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
     return 0 if all(o["error"] is None for o in report["ops"]) else 1
 
 
+def start_group(dist, backend: str, device, timeout: float) -> None:
+    """The process group, without NCCL's blocking wait: it polls with a 1-10 ms
+    sleep, which would land inside every op's figure. The ops' waits spin with
+    ``timeout`` as their deadline instead (Ops._timed), inside the group's own
+    timeout, so a rank still gives up first and says where. gloo's own timeout is the rank's."""
+    _rank.init_group(dist, backend, device, timeout + (_rank.GRACE if backend == "nccl" else 0), blocking=False)
+
+
 class Ops:
     """Each op: fill, run it timed, compare with the exact answer."""
 
     NAMES = ("all_reduce_fp32", "all_reduce_bf16", "all_gather", "reduce_scatter", "broadcast", "send_recv")
 
-    def __init__(self, torch, dist, device, rank: int, world: int):
+    def __init__(self, torch, dist, device, rank: int, world: int, timeout: float = 30.0):
         self.torch, self.dist, self.device, self.rank, self.world = torch, dist, device, rank, world
+        self.timeout = timeout
+        self.cuda = device.type == "cuda"
         # torch 2.13 renamed these; older releases have only the old names.
         self.gather_fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         self.scatter_fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -110,7 +120,7 @@ class Ops:
         n = max(self.world, nbytes // dtype.itemsize // self.world * self.world)
         result = {"op": op, "dtype": str(dtype).removeprefix("torch."), "bytes": n * dtype.itemsize, "seconds": None, "error": None}
         if op == "barrier":
-            result.update(dtype=None, bytes=0, seconds=self._timed(lambda: self.dist.barrier()))
+            result.update(dtype=None, bytes=0, seconds=self._timed(lambda: [self.dist.barrier(async_op=True)], op))
             return result
         if op == "send_recv" and self.world == 1:
             result["skipped"] = "a ring needs two ranks"
@@ -159,7 +169,7 @@ class Ops:
 
     def all_reduce(self, n, dtype, salt, corrupt):
         x = self._mine(n, dtype, salt, corrupt)
-        seconds = self._timed(lambda: self.dist.all_reduce(x))
+        seconds = self._timed(lambda: [self.dist.all_reduce(x, async_op=True)], "all_reduce")
         exact = self._sum(n, salt, self._modulus(dtype))
         inexact = dtype != self.torch.float32 and self._modulus(dtype) * self.world > BF16_EXACT
         # Beyond 256, each of the world-1 additions rounds to bf16 (8 bits).
@@ -170,7 +180,7 @@ class Ops:
         chunk = n // self.world
         out = self._sentinel(n, dtype)
         mine = self._mine(chunk, dtype, salt, corrupt)
-        seconds = self._timed(lambda: self.gather_fn(out, mine))
+        seconds = self._timed(lambda: [self.gather_fn(out, mine, async_op=True)], "all_gather")
         expected = self.torch.cat([self._values(chunk, r, salt, 61) for r in range(self.world)])
         return out, expected, 0.0, seconds
 
@@ -178,13 +188,13 @@ class Ops:
         chunk = n // self.world
         out = self._sentinel(chunk, dtype)
         mine = self._mine(n, dtype, salt, corrupt)
-        seconds = self._timed(lambda: self.scatter_fn(out, mine))
+        seconds = self._timed(lambda: [self.scatter_fn(out, mine, async_op=True)], "reduce_scatter")
         return out, self._sum(chunk, salt, 61, start=self.rank * chunk), 0.0, seconds
 
     def broadcast(self, n, dtype, salt, corrupt):
         root = self.world - 1  # not 0: a root that is not rank 0 is where hand-rolled code goes wrong
         buf = self._mine(n, dtype, salt, corrupt) if self.rank == root else self._sentinel(n, dtype)
-        seconds = self._timed(lambda: self.dist.broadcast(buf, src=root))
+        seconds = self._timed(lambda: [self.dist.broadcast(buf, src=root, async_op=True)], "broadcast")
         return buf, self._values(n, root, salt, 61), 0.0, seconds
 
     def send_recv(self, n, dtype, salt, corrupt):
@@ -192,24 +202,33 @@ class Ops:
         mine, got = self._mine(n, dtype, salt, corrupt), self._sentinel(n, dtype)
         P2POp = self.dist.P2POp
 
-        def ring():
-            for work in self.dist.batch_isend_irecv([P2POp(self.dist.isend, mine, nxt), P2POp(self.dist.irecv, got, prev)]):
-                work.wait()
-
-        seconds = self._timed(ring)
+        seconds = self._timed(lambda: self.dist.batch_isend_irecv([P2POp(self.dist.isend, mine, nxt), P2POp(self.dist.irecv, got, prev)]), "send_recv")
         return got, self._values(n, prev, salt, 61), 0.0, seconds
 
     # -- timing and checking --------------------------------------------------
 
-    def _timed(self, fn) -> float:
-        cuda = self.device.type == "cuda"
-        if cuda:
-            self.torch.cuda.synchronize(self.device)
-        t = time.perf_counter()
-        fn()
-        if cuda:
-            self.torch.cuda.synchronize(self.device)
-        return round(time.perf_counter() - t, 6)
+    def _timed(self, start, what: str) -> float:
+        """Seconds the op ``start()`` starts takes (it returns the op's Work objects).
+        On the GPU, CUDA events around it on the current stream, waited for by
+        spinning with --timeout as the deadline, as the bandwidth worker times its
+        repeats: Work.wait() without blocking wait only makes the stream wait for
+        NCCL's, so no host sleep lands in the figure. gloo: the host clock around its waits."""
+        if not self.cuda:
+            t = time.perf_counter()
+            for work in start():
+                work.wait()
+            return round(time.perf_counter() - t, 6)
+        begin, end = self.torch.cuda.Event(enable_timing=True), self.torch.cuda.Event(enable_timing=True)
+        self.torch.cuda.synchronize(self.device)
+        begin.record()
+        for work in start():
+            if what == "barrier":
+                # NCCL's barrier wait() synchronizes the stream with no deadline: have it done first.
+                _rank.spin(work.is_completed, self.timeout, what)
+            work.wait()
+        end.record()
+        _rank.wait_for_gpu(self.torch, self.timeout, what, end)
+        return round(begin.elapsed_time(end) / 1e3, 6)
 
     def _compare(self, got, expected, tolerance: float) -> str | None:
         """None when right; otherwise what is wrong, with the first bad element."""

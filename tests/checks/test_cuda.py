@@ -155,6 +155,55 @@ def test_a_generation_floor_only_for_the_gpus_read_under_load():
     assert got[("gpu_pcie_link_width", "0")].value == 16  # a loaded reading without a width: the idle width, as the judge reads it
 
 
+def loaded_reading(inv, slow: int | None = None, gen: int = 3) -> dict[str, PcieLink]:
+    """NVML's reading of every GPU's link while the worker copied: Gen5 x16, GPU ``slow`` at ``gen``."""
+    return {g.pci_bus_id: PcieLink(gen=gen if g.index == slow else 5, width=16, gen_max=5, width_max=16) for g in inv.gpus}
+
+
+@pytest.mark.parametrize("report", ["no-pci-bus-id-8x", "no-pci-bus-id-no-uuid-8x"])
+def test_without_pci_addresses_from_torch_the_loaded_generation_is_still_judged(report):
+    # By UUID where torch gives one, else by CUDA's PCI_BUS_ID order; the reading used to be dropped.
+    f = facts("h100-sxm-8x-healthy.json", init=report)
+    loaded, why = cuda.loaded_links(f.init, loaded_reading(f.inventory, slow=2), f.inventory)
+    assert why is None and loaded is not None and len(loaded) == 8
+    fails = only(judged(f.model_copy(update={"pcie_loaded": loaded})))
+    assert [x.summary for x in fails] == ["GPU 2 (0000:52:00.0): PCIe Gen3 of Gen5 under load"]
+
+
+def test_uuids_match_nvml_s_whatever_order_cuda_counts_in():
+    f = facts("h100-sxm-8x-healthy.json", init="no-pci-bus-id-8x")
+    r = f.init.report
+    backwards = r.model_copy(update={"uuids": r.uuids[::-1], "cuda_device_order": None})
+    gpus, _ = cuda.nvml_gpus(backwards, f.inventory)
+    assert [g.index for g in gpus] == [7, 6, 5, 4, 3, 2, 1, 0]
+
+
+@pytest.mark.parametrize(
+    "update, why",
+    [
+        ({"cuda_visible_devices": "7,6"}, "CUDA_VISIBLE_DEVICES=7,6 renumbers the devices"),
+        ({"cuda_device_order": None}, "CUDA_DEVICE_ORDER was unset, not PCI_BUS_ID"),
+        ({"device_count": 7}, "CUDA sees 7 devices where NVML lists 8"),
+    ],
+)
+def test_where_no_route_ties_cuda_to_nvml_the_generation_is_unjudged_and_says_why(update, why):
+    f = facts("h100-sxm-8x-healthy.json", init="no-pci-bus-id-no-uuid-8x")
+    f.init.report = f.init.report.model_copy(update=update)
+    loaded, unjudged = cuda.loaded_links(f.init, loaded_reading(f.inventory, slow=2), f.inventory)
+    assert loaded is None
+    assert unjudged.startswith("the CUDA devices the worker loaded cannot be matched to NVML's GPUs: torch 2.5.1+cu124 gives no PCI address and no UUID")
+    assert unjudged.endswith(why)
+    said = cuda.pcie_generation(f.model_copy(update={"pcie_unjudged": unjudged}))
+    assert said.startswith("not judged: the CUDA devices the worker loaded cannot be matched")
+
+
+def test_a_reading_nvml_could_not_take_leaves_the_generation_unjudged_saying_why():
+    f = facts("h100-sxm-8x-healthy.json")
+    f.init.links_unread = "NVML could not read the links under load: NVML did not answer within 10 s: the driver is wedged"
+    assert cuda.loaded_links(f.init, None, f.inventory) == (None, f.init.links_unread)
+    assert cuda.loaded_links(f.init, loaded_reading(f.inventory), f.inventory)[1] is None
+
+
 def test_an_x8_link_fails_from_the_idle_reading():
     fails = only(judged(facts("h100-sxm-pcie-x8.json")))
     assert [f.summary for f in fails] == ["GPU 2 (0000:52:00.0): PCIe link x8 of x16"]
@@ -177,6 +226,26 @@ def test_hw_slowdown_fails_thermal_warns_power_brake_fails():
     assert [(f.status, f.summary) for f in thermal] == [(Status.WARN, "GPU 0 (0000:1b:00.0): thermal slowdown")]
     brake = cuda.judge_gpu(g.model_copy(update={"clocks_events": ["hw_slowdown", "hw_power_brake_slowdown"]}), H100.gpu)
     assert [(f.status, f.summary) for f in brake] == [(Status.FAIL, "GPU 0 (0000:1b:00.0): power brake active")]
+
+
+def test_hw_slowdown_in_some_readings_only_passes_as_nvml_reads_it(tmp_path, monkeypatch):
+    # Through the NVML child: the bit is set in the first of its readings only,
+    # as NVML documents it during clock changes. One reading used to FAIL the node.
+    import fakes
+
+    monkeypatch.setenv("PYTHONPATH", str(fakes.install_fake_pynvml(tmp_path / "nvml")))
+    monkeypatch.setenv("FAKE_NVML_FACTS", str(NVML / "h100-sxm-hw-slowdown-transient.json"))
+    inv = nvml.inventory()
+    assert inv.gpus[6].clocks_events_transient == ["hw_slowdown"]
+    assert cuda.judge_inventory(inv, HGX8, H100.gpu) == []
+
+
+def test_transient_power_brake_or_thermal_warns_naming_it_transient():
+    g = facts("h100-sxm-8x-healthy.json").inventory.gpus[0]
+    brake = cuda.judge_gpu(g.model_copy(update={"clocks_events_transient": ["hw_slowdown", "hw_power_brake_slowdown"]}), H100.gpu)
+    assert [(f.status, f.summary) for f in brake] == [(Status.WARN, "GPU 0 (0000:1b:00.0): power brake asserted (transient)")]
+    hot = cuda.judge_gpu(g.model_copy(update={"clocks_events": ["hw_slowdown"], "clocks_events_transient": ["hw_thermal_slowdown"]}), H100.gpu)
+    assert [f.status for f in hot] == [Status.WARN] and "in some readings (transient)" in hot[0].cause
 
 
 def test_mig_on_fails_where_whole_gpus_are_expected():
@@ -442,6 +511,8 @@ def test_fake_healthy_node_passes_the_inventory_and_fails_cuda_init_on_cpu_torch
     assert c.summary.startswith("no CUDA device: torch is a CPU-only build (+1 more) (inventory")
     assert "the NVML facts came from" in c.cause and "not from this node's driver" in c.cause
     assert c.details["init"]["report"]["torch_version"].startswith("2.")
+    assert c.details["pcie_generation"] == "not judged: the cuda_init worker never loaded the links"
+    assert "PCIe generation not judged: the cuda_init worker never loaded the links" in c.lines
 
 
 def test_fake_x8_link_fails_the_inventory_naming_the_gpu(tmp_path):
@@ -514,14 +585,16 @@ def test_pcie_is_read_while_the_worker_loads_and_only_then_kept(tmp_path, monkey
         # It loaded two GPUs only (as under CUDA_VISIBLE_DEVICES=0,2).
         f'printf \'{{"python": "x", "stage": "done", "load_end": "{load_end}", "pci_bus_ids": ["00000000:1b:00.0", "00000000:52:00.0"]}}\' > "$3/.tmp" && mv "$3/.tmp" "$3/rank0.json"\n'
     ))
-    outcome, loaded = cuda.run_init(python, timeout=30, read_links=True)
+    outcome, readings = cuda.run_init(python, timeout=30, read_links=True)
     assert outcome.report and outcome.report.stage == "done"
+    loaded, why = cuda.loaded_links(outcome, readings, FakeNvml(NVML / "h100-sxm-pcie-x8.json"))
     if judged_under_load:
         # Only the loaded GPUs' readings are kept: the idle six would read Gen1.
         assert loaded is not None and sorted(loaded) == ["00000000:1B:00.0", "00000000:52:00.0"]
-        assert loaded["00000000:52:00.0"].width == 8
+        assert loaded["00000000:52:00.0"].width == 8 and why is None
     else:
         assert loaded is None  # the load had ended before the reading: idle numbers are not judged
+        assert why == "the worker's load ended before NVML read the links (an idle link reads Gen1)"
 
 
 def test_a_health_query_nvml_cannot_answer_fails_others_warn():
