@@ -184,6 +184,12 @@ def _gpu(pynvml: Any, i: int, h: Any, bus: str, device_id: int) -> dict[str, Any
     power = opt("nvmlDeviceGetEnforcedPowerLimit")
     default_power = opt("nvmlDeviceGetPowerManagementDefaultLimit")
     procs = opt("nvmlDeviceGetComputeRunningProcesses")  # the recheck must not run beside a job
+    if procs is None and "versioned call" in unanswered.get("nvmlDeviceGetComputeRunningProcesses", ""):
+        # An older driver lacks the _v3 entry point nvidia-ml-py asks for; the _v2 one it has
+        # answers, and without it every GPU would read as busy and the recheck would never run.
+        procs = opt("nvmlDeviceGetComputeRunningProcesses_v2")
+        if procs is not None:
+            unanswered.pop("nvmlDeviceGetComputeRunningProcesses")
     return {
         "index": i,
         "name": _text(pynvml.nvmlDeviceGetName(h)),

@@ -309,6 +309,11 @@ def nvmlDeviceGetComputeRunningProcesses(h):
         raise NVMLError_NotSupported("Not Supported")
     return [_Proc(p) for p in _fact(h, "processes")]
 
+def nvmlDeviceGetComputeRunningProcesses_v2(h):  # the older struct an older driver answers
+    if h in DEVICES and DEVICES[h].get("processes") is None:
+        raise NVMLError_NotSupported("Not Supported")
+    return [_Proc(p) for p in _fact(h, "processes")]
+
 def _links(h):
     # Every link's state (1 active, 0 inactive) by index.
     active, down = _fact(h, "nvlinks_active"), DEVICES[h]["nvlinks_down"]

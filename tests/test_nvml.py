@@ -202,11 +202,19 @@ def test_facts_of_one_reading_read_every_event_as_persistent():
 def test_a_call_the_driver_lacks_in_its_versioned_form_is_unanswered_not_a_dead_child(fake_nvml):
     # nvidia-ml-py raises NVMLLibraryMismatchError (no NVMLError) where an older
     # driver lacks the _v3 entry point its nvmlDeviceGetComputeRunningProcesses asks for.
-    fake_nvml("versioned:nvmlDeviceGetComputeRunningProcesses", FIXTURES / "h100-sxm-8x-idle.json")
+    fake_nvml("versioned:nvmlDeviceGetComputeRunningProcesses,nvmlDeviceGetComputeRunningProcesses_v2", FIXTURES / "h100-sxm-8x-idle.json")
     gpus = nvml.inventory().gpus
     assert len(gpus) == 8 and all(g.processes is None for g in gpus)
-    assert "this driver lacks the versioned call" in gpus[0].unanswered["nvmlDeviceGetComputeRunningProcesses"]
+    assert "this driver lacks the versioned call" in gpus[0].unanswered["nvmlDeviceGetComputeRunningProcesses_v2"]
     assert gpus[0].ecc_uncorrectable_volatile == 0  # the other facts are all there
+
+
+def test_an_older_driver_lists_its_processes_through_the_v2_call(fake_nvml):
+    # Without it every GPU would read as busy (processes unknown) and the recheck timer would never run.
+    fake_nvml("versioned:nvmlDeviceGetComputeRunningProcesses", FIXTURES / "h100-sxm-8x-idle.json")
+    gpus = nvml.inventory().gpus
+    assert all(g.processes == [] for g in gpus) and gpus[0].unanswered == {}
+    assert nvml.busy(nvml.inventory()) is None
 
 
 def test_an_unexpected_error_in_one_query_is_unanswered_and_the_rest_stands(fake_nvml):
