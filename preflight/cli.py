@@ -593,6 +593,25 @@ def nccl_log(
 
 @app.command()
 @_exit_codes
+def selftest(
+    profile: ProfileOpt = None,
+    stage: Annotated[Optional[list[str]], typer.Option("--stage", help="Run only these stages (repeat, or comma-separate): cuda, nccl, bandwidth, train, run. The inventory always runs.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write every stage's result and report here as one JSON file (rewritten after each stage).")] = None,
+    budget: Annotated[Optional[float], typer.Option("--budget", help="Seconds for the whole selftest: a stage that would start past it is skipped. [default: each stage's own deadline]")] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="A skipped stage fails the selftest: for a node that must have GPUs.")] = False,
+) -> int:
+    """GPU acceptance: run every GPU path for real (NVML inventory, CUDA init, NCCL, bandwidth, train, the whole run),
+    each as its own `preflight` process with a deadline, and print every figure next to its floor with each stage's time.
+
+    Without a GPU the NVML and CUDA stages are skipped with the reason and the rest run on the cpu profile.
+    Exit 0 every stage that ran passed, 1 one failed (or, with --strict, was skipped)."""
+    from preflight import selftest as kit
+
+    return kit.main(stage, profile, out, budget, strict)
+
+
+@app.command()
+@_exit_codes
 def version() -> int:
     """Versions of preflight and what it runs on (torch is looked up, not imported)."""
     from importlib.metadata import PackageNotFoundError
