@@ -77,7 +77,7 @@ def settle(first: list[Figure], second: list[Figure] | None, floors: dict[str, R
         if not two or not one:
             found = judge(one or two)
             if key in bad1 | bad2:
-                reason = why or "not measured again: the second reading has no figure for it (see the run's findings)"
+                reason = why or f"the {'second' if one else 'first'} reading has no figure for it (see the run's findings)"
                 found = [_mark(f, " (not confirmed)", f"; not confirmed: {reason}") for f in found]
                 out.readings.append(_reading(key, UNCONFIRMED, one, two or None, reason))
                 out.lines.append(f"{what}: {UNCONFIRMED} ({reason}): {_worst_text(one or two, floor)}")
