@@ -15,6 +15,8 @@ functions: a figure is the median of the repeats, a collective's repeat
 lasts as long as its slowest rank, bus bandwidth follows nccl-tests
 (doc/PERFORMANCE.md). A figure under its floor FAILs naming the GPU, pair
 or direction; within the profile's margin above it WARNs (marginal node).
+Before a figure FAILs, the steps that measured it run again, once
+(preflight/confirm.py): under the floor twice is "confirmed", once "transient" (WARN).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import ClassVar
 from pydantic import BaseModel, Field
 
 from preflight import figures as figs_mod
-from preflight import launch, meeting, ranks, shape
+from preflight import confirm, launch, meeting, ranks, shape
 from preflight.check import Check, Context, Finding, Measurement, Result, Status, worst
 from preflight.checks.topology import linked_pairs
 from preflight.profiles import BandwidthExpect, ResolvedFloor
@@ -135,6 +137,7 @@ class RankReport(ranks.RankReport):
     binding: dict | None = None
     cache_bytes: int | None = None
     step_seconds: dict[str, float] = Field(default_factory=dict)  # wall time of each step on this rank
+    reading: int = 1  # 2: the launch that measures again to confirm a figure beyond its floor
 
     def progress(self) -> int:
         return self.step
@@ -234,8 +237,11 @@ def _who(r: int, gpu: dict[int, str | None]) -> str:
 # ---- judging -------------------------------------------------------------------
 
 
+RERUN = "preflight run --only bandwidth"
+
+
 def judge_floors(figs: list[Figure], floors: dict[str, ResolvedFloor], margin: float) -> list[Finding]:
-    return figs_mod.judge_floors(figs, floors, margin, WORDS, REASONS, "preflight run --only bandwidth")
+    return figs_mod.judge_floors(figs, floors, margin, WORDS, REASONS, RERUN)
 
 
 def judge_peer_access(f: BandwidthFacts, nvlink_pairs: set[frozenset[int]], all_nvlink: bool) -> list[Finding]:
@@ -304,6 +310,25 @@ def steps_for(gpu: bool, nproc: int, expect: BandwidthExpect, nnodes: int = 1) -
     return steps
 
 
+# A figure's name -> the worker's step that measures it: only those steps run again to confirm.
+STEP_OF = {**{v: k for k, v in PER_DEVICE.items()}, **{v: k for k, v in COLLECTIVE.items()}, "allreduce_latency": "latency", "allreduce_latency_p99": "latency"}
+
+
+def steps_again(missed: list[str], steps: list[str]) -> list[str]:
+    """The steps that measured the figures ``missed``, in the first run's order."""
+    want = {STEP_OF.get(name) for name in missed}
+    return [s for s in steps if s in want]
+
+
+def seconds_skipped(f: BandwidthFacts, redo: list[str]) -> float:
+    """Of the first launch's time, what its other steps took (the slowest rank's): a second launch of ``redo`` saves it."""
+    slowest: dict[str, float] = {}
+    for o in f.ranks:
+        for step, sec in (o.report.step_seconds if isinstance(o.report, RankReport) else {}).items():
+            slowest[step] = max(sec, slowest.get(step, 0.0))
+    return sum(sec for step, sec in slowest.items() if step not in redo)
+
+
 def binding(ctx: Context) -> dict[str, dict]:
     """local rank -> {node, cpus}: the topology check's advice, as nvbandwidth binds each GPU's host buffers."""
     topo = ctx.results.get("topology")
@@ -319,11 +344,13 @@ def uuids(ctx: Context) -> dict[int, str]:
     return ranks.gpu_uuids(ctx.results)
 
 
-def gather(ctx: Context, nproc: int, expect: BandwidthExpect, backend: str) -> BandwidthFacts:
+def gather(ctx: Context, nproc: int, expect: BandwidthExpect, backend: str, steps: list[str] | None = None, reading: int = 1) -> BandwidthFacts:
+    """One launch of the worker: every step, or ``steps`` when measuring again (``reading`` 2)."""
     python = str(ctx.settings.python) if ctx.settings.python else sys.executable
     gpu = backend == "nccl"
     nnodes = ctx.meeting.group.nnodes if ctx.meeting else 1
-    facts = BandwidthFacts(python=python, backend=backend, nproc=nproc, steps=steps_for(gpu, nproc, expect, nnodes), binding=binding(ctx) if gpu else {}, uuids=uuids(ctx))
+    steps = steps or steps_for(gpu, nproc, expect, nnodes)
+    facts = BandwidthFacts(python=python, backend=backend, nproc=nproc, steps=steps, binding=binding(ctx) if gpu else {}, uuids=uuids(ctx))
     left = ranks.time_left(ctx.deadline)
     op_timeout = min(expect.op_timeout_seconds, max(2.0, left / 3))
     args = [
@@ -331,7 +358,7 @@ def gather(ctx: Context, nproc: int, expect: BandwidthExpect, backend: str) -> B
         "--copy-bytes", str(expect.copy_bytes), "--host-bytes", str(expect.host_bytes), "--p2p-bytes", str(expect.p2p_bytes),
         "--collective-bytes", str(expect.collective_bytes), "--small-bytes", str(expect.small_bytes),
         "--warmup", str(expect.warmup), "--repeats", str(expect.repeats), "--latency-iters", str(expect.latency_iters),
-        "--timeout", f"{op_timeout:g}", "--bind", json.dumps(facts.binding),
+        "--timeout", f"{op_timeout:g}", "--bind", json.dumps(facts.binding), "--reading", str(reading),
     ]  # fmt: skip
     worker = launch.Worker("bandwidth.py", args, nproc=nproc, rdzv_port=ctx.settings.rdzv_port, group=meeting.torchrun_group(ctx, "bandwidth", left))
     ranks.collect(facts, worker, RankReport, ctx.host.environ, left, ranks.settle_rule(nproc, ranks.STUCK, op_timeout + ranks.STUCK))
@@ -404,13 +431,36 @@ class Bandwidth(Check):
         for name in (WHOLE_NODE if ctx.meeting else INTERNODE_FLOORS):
             floors.pop(name, None)
         parts = judge(facts, figs, floors, expect, linked_pairs(ctx.results.get("topology"), ("NV",)) or set(), all_nvlink)
+        # Confirm before FAIL: the steps whose figures missed a floor run again, once (preflight/confirm.py).
+        again, again_figs, again_parts, redo, why = None, None, None, [], None
+        missed = confirm.missed(figs, floors)
+        if missed:
+            redo = steps_again(missed, facts.steps)
+            hard = [x for name, found in parts.items() if name != "floors" for x in found]
+            need = confirm.need_seconds(facts.seconds, seconds_skipped(facts, redo))
+            why = confirm.why_not(hard, ctx.meeting is not None, need, ranks.time_left(ctx.deadline))
+            if why is None and not redo:  # every floor's figure has its step; if one ever lacks it, say so
+                why = "not measured again: no step of the worker measures it alone"
+            if why is None:
+                again = gather(ctx, nproc, expect, backend, redo, reading=2)
+                again_figs = figures(again)
+                again_parts = judge(again, again_figs, floors, expect, linked_pairs(ctx.results.get("topology"), ("NV",)) or set(), all_nvlink)
+        settled = confirm.settle(figs, again_figs, floors, lambda g: judge_floors(g, floors, expect.margin), WORDS, RERUN, why)
+        parts = confirm.combine(parts, again_parts, settled, ("floors",), lambda name: "floors")
+        # From here on the figures are those the verdict rests on, the measurements included: the second reading's where there is one.
+        figs = settled.figures
         details = facts.model_dump(mode="json")
         details["parts"] = {name: worst(found) for name, found in parts.items()}
+        details["confirm"] = confirm.details(settled, 2 if again else 1, redo if again else [], why)
+        if again:
+            details["second_run"] = again.model_dump(mode="json")
         details["figures"] = [g.model_dump(mode="json") for g in figs]
         details["unjudged"] = unjudged = {k: v for k, v in unjudged.items() if k in {g.name for g in figs}}
         details["full_node"] = nproc == ((ctx.shape.gpus if ctx.shape else 0) or expect.ranks)
         findings = [x for found in parts.values() for x in found]
         result = self.conclude(findings, summary(facts, figs), measurements=measurements(figs, floors), details=details)
-        result.lines = lines(figs, floors) + time_line(facts) + shape.unjudged_lines(unjudged)
+        result.lines = lines(figs, floors) + time_line(facts)
+        result.lines += settled.lines + [t.replace("time:", "time, second reading:", 1) for t in (time_line(again) if again else [])]
+        result.lines += shape.unjudged_lines(unjudged)
         return result
 

@@ -7,7 +7,9 @@ whose parameters drift apart after the all-reduce, a loss that is not finite
 or does not fall, a rank slower than its peers (each rank's own forward and
 backward, timed without the gradient sync that would hide it), a slow GEMM,
 and a step too slow for the SKU (MFU). The worker reports raw times; the
-FLOP arithmetic and the judging are pure functions here.
+FLOP arithmetic and the judging are pure functions here. A speed figure or
+straggler ratio beyond its bound is measured again, once, by a second launch
+before it FAILs (preflight/confirm.py); a wrong answer or NaN never is.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from preflight import figures as figs_mod
-from preflight import launch, ranks, shape
+from preflight import confirm, launch, ranks, shape
 from preflight.check import Check, Context, Finding, Result, Status, worst
 from preflight.figures import Figure, median
 from preflight.profiles import ResolvedFloor, TrainExpect
@@ -68,6 +70,7 @@ class RankReport(ranks.RankReport):
     param_checksums: list[str] | None = None
     nonfinite_step: int | None = None
     shrunk: str | None = None
+    reading: int = 1  # 2: the launch that measures again to confirm a figure beyond its floor
 
     STAGES: ClassVar[tuple[str, ...]] = ("agreement", "warmup", "steps", "compute", "checksum", "gemm")
     step_noun: ClassVar[str] = "stage"  # "died in steps (stage 3)": the probe's stages, not training steps
@@ -209,8 +212,12 @@ def judge_agreement(f: TrainFacts) -> list[Finding]:
     return out
 
 
+RERUN = "preflight run --only train"
+SOFT = ("speed", "straggler")  # the parts that judge measured figures: a miss there is measured again before it FAILs
+
+
 def judge_speed(figs: list[Figure], expect: TrainExpect, floors: dict[str, ResolvedFloor]) -> list[Finding]:
-    return figs_mod.judge_floors(figs, floors, expect.margin, WORDS, REASONS, "preflight run --only train")
+    return figs_mod.judge_floors(figs, floors, expect.margin, WORDS, REASONS, RERUN)
 
 
 def judge_straggler(figs: list[Figure], expect: TrainExpect) -> list[Finding]:
@@ -246,7 +253,7 @@ def judge(f: TrainFacts, figs: list[Figure], expect: TrainExpect, floors: dict[s
 # ---- gathering and reporting ----------------------------------------------------------------
 
 
-def gather(ctx: Context, nproc: int, expect: TrainExpect, backend: str, uuids: dict[int, str]) -> TrainFacts:
+def gather(ctx: Context, nproc: int, expect: TrainExpect, backend: str, uuids: dict[int, str], reading: int = 1) -> TrainFacts:
     python = str(ctx.settings.python) if ctx.settings.python else sys.executable
     facts = TrainFacts(python=python, backend=backend, nproc=nproc, uuids=uuids)
     left = ranks.time_left(ctx.deadline)
@@ -255,7 +262,7 @@ def gather(ctx: Context, nproc: int, expect: TrainExpect, backend: str, uuids: d
     args = ["--backend", backend, "--device", "cuda" if backend == "nccl" else "cpu", "--timeout", f"{op_timeout:g}",
             "--layers", str(e.layers), "--d-model", str(e.d_model), "--heads", str(e.heads), "--seq", str(e.seq), "--batch", str(e.batch),
             "--vocab", str(e.vocab), "--warmup-steps", str(e.warmup_steps), "--steps", str(e.steps), "--compute-steps", str(e.compute_steps),
-            "--gemm-n", str(e.gemm_n), "--gemm-repeats", str(e.gemm_repeats), "--gemm-burst", str(e.gemm_burst)]  # fmt: skip
+            "--gemm-n", str(e.gemm_n), "--gemm-repeats", str(e.gemm_repeats), "--gemm-burst", str(e.gemm_burst), "--reading", str(reading)]  # fmt: skip
     # TunableOp would let each GPU pick its own GEMM kernels: the agreement check needs the same ones everywhere.
     worker = launch.Worker("train_probe.py", args, env={"PYTORCH_TUNABLEOP_ENABLED": "0"}, nproc=nproc, rdzv_port=ctx.settings.rdzv_port)
     ranks.collect(facts, worker, RankReport, ctx.host.environ, left, ranks.settle_rule(nproc, ranks.STUCK, op_timeout + ranks.STUCK))
@@ -315,15 +322,35 @@ class Train(Check):
             unjudged.update({k: "the profile's model was shrunk to fit this GPU's memory" for k in floors if k != "gemm_throughput"})
             floors = {k: v for k, v in floors.items() if k == "gemm_throughput"}
         parts = judge(facts, figs, expect, floors)
+        judged = floors  # what judge_speed holds the figures to (the straggler bound is judge_straggler's)
         # The straggler bound lives in [train] (a ratio between ranks, not a node figure); shown like a floor.
         floors = {**floors, "train_straggler_ratio": ResolvedFloor(value=expect.straggler_max, unit="ratio", bound="max", source=expect.straggler_source, origin=f"profile {ctx.profile.path} [train]")}
+        # Confirm before FAIL: a figure beyond its floor (or the straggler bound) is measured again,
+        # once, by the whole probe in a second launch (preflight/confirm.py).
+        again, again_figs, again_parts, why = None, None, None, None
+        if confirm.missed(figs, floors):
+            hard = [x for name, found in parts.items() if name not in SOFT for x in found]
+            why = confirm.why_not(hard, False, confirm.need_seconds(facts.seconds), ranks.time_left(ctx.deadline))
+            if why is None:
+                again = gather(ctx, nproc, expect, backend, ranks.gpu_uuids(ctx.results), reading=2)
+                again_figs = figures(again, expect)
+                again_parts = judge(again, again_figs, expect, judged)
+        soft_judge = lambda g: judge_speed(g, expect, judged) + judge_straggler(g, expect)  # noqa: E731
+        settled = confirm.settle(figs, again_figs, floors, soft_judge, WORDS, RERUN, why)
+        parts = confirm.combine(parts, again_parts, settled, SOFT, lambda name: "straggler" if name == "train_straggler_ratio" else "speed")
+        # From here on the figures are those the verdict rests on, the measurements included: the second reading's where there is one.
+        figs = settled.figures
         details = facts.model_dump(mode="json")
         details["parts"] = {name: worst(found) for name, found in parts.items()}
+        details["confirm"] = confirm.details(settled, 2 if again else 1, ["the whole probe"] if again else [], why)
+        if again:
+            details["second_run"] = again.model_dump(mode="json")
         details["figures"] = [g.model_dump(mode="json") for g in figs]
         details["unjudged"] = unjudged = {k: v for k, v in unjudged.items() if k in {g.name for g in figs}}
         details["full_node"] = nproc == ((ctx.shape.gpus if ctx.shape else 0) or expect.ranks)
         findings = [x for found in parts.values() for x in found]
         result = self.conclude(findings, summary(facts, figs), measurements=figs_mod.measurements(figs, floors), details=details)
-        result.lines = figs_mod.lines(figs, floors, WORDS) + shape.unjudged_lines(unjudged)
+        result.lines = figs_mod.lines(figs, floors, WORDS)
+        result.lines += settled.lines + shape.unjudged_lines(unjudged)
         return result
 

@@ -65,8 +65,8 @@ def judge_floors(figs: list[Figure], floors: dict[str, ResolvedFloor], margin: f
         floor = floors.get(name)
         if floor is None:
             continue
-        below = [g for g in group if _beyond(g.value, floor, 0.0)]
-        marginal = [g for g in group if g not in below and _beyond(g.value, floor, margin)]
+        below = [g for g in group if beyond(g.value, floor, 0.0)]
+        marginal = [g for g in group if g not in below and beyond(g.value, floor, margin)]
         what = words.get(name, name)
         bound = "ceiling" if floor.bound == "max" else "floor"
         limit = fmt_value(floor.value, floor.unit)
@@ -86,7 +86,8 @@ def judge_floors(figs: list[Figure], floors: dict[str, ResolvedFloor], margin: f
     return out
 
 
-def _beyond(value: float, floor: ResolvedFloor, margin: float) -> bool:
+def beyond(value: float, floor: ResolvedFloor, margin: float) -> bool:
+    """Under the floor (over the ceiling), or within ``margin`` of it."""
     if floor.bound == "max":
         return value > floor.value * (1 - margin)
     return value < floor.value * (1 + margin)

@@ -16,13 +16,17 @@ import time
 from dataclasses import dataclass
 
 # Test-only fault injection, inert unless set: "RANK:KIND[@OP]" (RANK * for all), for example
-# "1:kill@all_reduce_fp32_large". KIND is kill (SIGKILL itself), stop (SIGSTOP
+# "1:kill@all_reduce_fp32_large"; several, comma-separated ("1:slow@memcpy,0:kill@latency"),
+# so a test can pair a slow figure with a hard fault. KIND is kill (SIGKILL itself), stop (SIGSTOP
 # itself: a hang), raise (an exception), wrong (a corrupted contribution,
 # so the result is wrong everywhere) or slow (each timed repeat sleeps three
-# times its own length, at least 0.1 s, inside the timed region: a slow GPU or core). OP names
-# the step it fires at ("start": before the rank has written anything);
+# times its own length, at least 0.1 s, inside the timed region: a slow GPU or core).
+# slow-once is slow on the first reading only: a check that sees a figure beyond its
+# floor launches the worker again with --reading 2 to confirm it (preflight/confirm.py),
+# and in that launch slow-once does nothing, as a passing load or clock change would.
+# OP names the step it fires at ("start": before the rank has written anything);
 # without it, the worker's first step. The tests prove each fault ends in a
-# FAIL naming the rank; nothing else reads it.
+# FAIL naming the rank (slow-once: a WARN "transient"); nothing else reads it.
 FAULT_ENV = "PREFLIGHT_WORKER_FAULT"
 
 
@@ -85,28 +89,33 @@ def base_report(r: Rank) -> dict:
 
 
 class Fault:
-    """The knob, parsed once. ``at(op)`` fires when this rank reaches ``op``."""
+    """The knob, parsed once. ``at(op)`` fires when this rank reaches ``op``.
+    ``reading``: which launch of the worker this is (1, or 2 when a check measures again)."""
 
-    def __init__(self, rank: int, first_op: str):
-        self.kind = self.op = None
-        spec = os.environ.get(FAULT_ENV, "")
-        who, _, what = spec.partition(":")
-        if spec and who.strip() in (str(rank), "*"):  # "*": every rank
-            kind, _, op = what.partition("@")
-            self.kind, self.op = kind.strip(), (op.strip() or first_op)
+    def __init__(self, rank: int, first_op: str, reading: int = 1):
+        self.kinds: dict[str, str] = {}  # op -> kind, for this rank
+        self.reading = reading
+        for spec in os.environ.get(FAULT_ENV, "").split(","):
+            who, _, what = spec.partition(":")
+            if spec.strip() and who.strip() in (str(rank), "*"):  # "*": every rank
+                kind, _, op = what.partition("@")
+                self.kinds[op.strip() or first_op] = kind.strip()
 
     def at(self, op: str) -> str | None:
         """Act out kill/stop/raise here; return "wrong" or "slow" for the caller to act out."""
-        if self.kind is None or op != self.op:
+        kind = self.kinds.get(op)
+        if kind == "slow-once":
+            kind = "slow" if self.reading == 1 else None
+        if kind is None:
             return None
-        print(f"{FAULT_ENV}: injecting {self.kind} at {op}", flush=True)
-        if self.kind == "kill":
+        print(f"{FAULT_ENV}: injecting {kind} at {op}" + (f" (reading {self.reading})" if self.reading != 1 else ""), flush=True)
+        if kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
-        if self.kind == "stop":
+        if kind == "stop":
             os.kill(os.getpid(), signal.SIGSTOP)
-        if self.kind == "raise":
+        if kind == "raise":
             raise RuntimeError(f"{FAULT_ENV} asked rank to raise at {op}")
-        return self.kind
+        return kind
 
 
 def guarded(body, report: dict, save) -> int:

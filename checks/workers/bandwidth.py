@@ -65,15 +65,16 @@ def main() -> int:
     p.add_argument("--latency-iters", type=int, default=200)
     p.add_argument("--timeout", type=float, default=30.0, help="seconds init and each collective may take before the rank gives up")
     p.add_argument("--bind", default="{}", help='JSON {"LOCAL_RANK": {"node": N, "cpus": "0-55"}}: pin each rank to its GPU\'s NUMA node')
+    p.add_argument("--reading", type=int, default=1, help="which launch this is: 2 when the check measures again to confirm a figure beyond its floor")
     args = p.parse_args()
 
     me = _rank.whoami()
     _rank.redirect_output(args.out, me.local_rank)
     steps = [s for s in (args.steps or "").split(",") if s] or list(GPU_STEPS if args.device == "cuda" else CPU_STEPS)
     report = _rank.base_report(me)
-    report.update(backend=args.backend, device=args.device, steps=steps, step=0, results=[], binding=None, step_seconds={})
+    report.update(backend=args.backend, device=args.device, reading=args.reading, steps=steps, step=0, results=[], binding=None, step_seconds={})
     save = lambda: _rank.write_report(args.out, me.local_rank, report)  # noqa: E731
-    fault = _rank.Fault(me.rank, first_op=steps[0])
+    fault = _rank.Fault(me.rank, first_op=steps[0], reading=args.reading)
     fault.at("start")
     save()
 

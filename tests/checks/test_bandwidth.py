@@ -17,12 +17,19 @@ from preflight.checks.workers import __file__ as WORKERS_INIT
 from preflight.report import Report
 
 DEADLINE = 45.0  # the fast profile's bandwidth timeout
+ROOM = 120.0  # a deadline with room for a second launch on a loaded 2-core machine
 
 
 @pytest.fixture
 def fast(tmp_path: Path) -> dict[str, str]:
     """The cpu profile with a 4 s collective timeout and a deadline of DEADLINE seconds, as a site profile."""
     return fast_profile(tmp_path, "bandwidth", DEADLINE)
+
+
+@pytest.fixture
+def roomy(tmp_path: Path) -> dict[str, str]:
+    """As ``fast``, with time for the second launch that confirms a figure beyond its floor."""
+    return fast_profile(tmp_path, "bandwidth", ROOM)
 
 
 def run_bandwidth(env: dict[str, str], tmp_path: Path, *extra: str, profile: str = "cpu-fast") -> tuple[subprocess.CompletedProcess, Report, float]:
@@ -65,17 +72,48 @@ def test_the_cpu_profile_passes_and_reports_memcpy_and_gloo_busbw_with_floors(tm
     assert not workers_left(tmp_path)
 
 
-def test_an_injected_slow_rank_fails_with_its_figure_and_the_floor(fast, tmp_path):
-    p, report, took = run_bandwidth({**fast, "PREFLIGHT_WORKER_FAULT": "1:slow@memcpy"}, tmp_path)
+def readings(r, name: str) -> tuple[str, dict[str, float], dict[str, float]]:
+    """(verdict, rank -> first reading, rank -> second reading) of one figure name."""
+    (x,) = [x for x in r.details["confirm"]["readings"] if x["name"] == name]
+    return x["verdict"], {g["labels"]["rank"]: g["value"] for g in x["first"]}, {g["labels"]["rank"]: g["value"] for g in x["second"] or []}
+
+
+def test_an_injected_slow_rank_fails_confirmed_with_both_readings_and_the_floor(roomy, tmp_path):
+    p, report, took = run_bandwidth({**roomy, "PREFLIGHT_WORKER_FAULT": "1:slow@memcpy"}, tmp_path)
     r = result(report)
     assert p.returncode == 1 and r.status == "FAIL", p.stderr
     assert r.summary.startswith("host memcpy below floor on rank 1 ("), r.summary
-    assert "floor 2 GB/s)" in r.summary
+    assert "floor 2 GB/s) (confirmed: " in r.summary
     assert "on 1 of 2: rank 1: " in r.cause and "DDR4" in r.cause  # the floor's source is named
+    assert "confirmed by measuring again in the same run: first reading: " in r.cause
     slow = next(m for m in r.measurements if m.name == "memcpy_bandwidth" and m.labels == {"rank": "1"})
     fine = next(m for m in r.measurements if m.name == "memcpy_bandwidth" and m.labels == {"rank": "0"})
     assert slow.value < slow.floor < fine.value
     assert r.details["parts"]["run"] == "PASS" and r.details["parts"]["floors"] == "FAIL"
+    # Measured twice: the second launch ran only the step that missed its floor, as reading 2.
+    verdict, first, second = readings(r, "memcpy_bandwidth")
+    assert verdict == "confirmed" and first["1"] < 2e9 and second["1"] < 2e9 and slow.value == second["1"]
+    assert r.details["confirm"]["launches"] == 2 and r.details["confirm"]["remeasured"] == ["memcpy"]
+    assert [o["report"]["reading"] for o in r.details["ranks"]] == [1, 1]
+    assert [o["report"]["reading"] for o in r.details["second_run"]["ranks"]] == [2, 2] and r.details["second_run"]["steps"] == ["memcpy"]
+    assert any(line.startswith("host memcpy: confirmed: first reading ") for line in r.lines)
+    assert not workers_left(tmp_path)
+
+
+def test_a_rank_slow_on_the_first_reading_only_warns_transient_with_both_readings(roomy, tmp_path):
+    p, report, took = run_bandwidth({**roomy, "PREFLIGHT_WORKER_FAULT": "1:slow-once@memcpy"}, tmp_path)
+    r = result(report)
+    assert p.returncode == 0 and r.status == "WARN", (r.summary, r.cause)
+    verdict, first, second = readings(r, "memcpy_bandwidth")
+    assert verdict == "transient" and first["1"] < 2e9 < second["1"]
+    if r.details["parts"]["run"] == "PASS":  # else the run's own WARN (a slow teardown on a loaded machine) leads
+        assert r.summary.startswith("host memcpy transient on rank 1: "), r.summary
+    assert "on the first of two readings in this run only: first reading: " in r.cause
+    assert r.details["parts"]["floors"] == "WARN" and r.details["confirm"]["launches"] == 2
+    # The verdict and the metrics rest on the second reading.
+    ours = next(m for m in r.measurements if m.name == "memcpy_bandwidth" and m.labels == {"rank": "1"})
+    assert ours.value == second["1"]
+    assert any(line.startswith("host memcpy: transient: first reading ") for line in r.lines)
     assert not workers_left(tmp_path)
 
 
@@ -85,6 +123,8 @@ def test_an_injected_slow_rank_fails_with_its_figure_and_the_floor(fast, tmp_pat
         ("1:kill@all_reduce", "rank 1 died in all_reduce (step 2) (killed by SIGKILL)"),
         ("0:stop@all_gather", "rank 0 hung in all_gather (step 3)"),
         ("1:kill@memcpy", "rank 1 died in memcpy (step 1) (killed by SIGKILL)"),
+        # A figure under its floor in a run with a hard fault: the fault is never retried, so neither is the figure.
+        ("1:slow@memcpy,0:kill@latency", "rank 0 died in latency (step 5) (killed by SIGKILL)"),
     ],
 )
 def test_a_rank_that_dies_or_hangs_mid_measurement_is_named_within_the_deadline(fast, tmp_path, fault, words):
@@ -93,6 +133,11 @@ def test_a_rank_that_dies_or_hangs_mid_measurement_is_named_within_the_deadline(
     assert p.returncode == 1 and r.status == "FAIL", p.stderr
     assert words in r.cause, r.cause
     assert took < DEADLINE, took
+    assert r.details["confirm"]["launches"] == 1 and "second_run" not in r.details
+    if "slow" in fault:
+        assert r.summary.startswith("rank 0 died in latency"), r.summary
+        assert "host memcpy under the 2 GB/s floor" in r.cause and "not confirmed: not measured again: the run had a hard fault (rank 0 died in latency" in r.cause
+        assert readings(r, "memcpy_bandwidth")[0] == "not confirmed"
     assert not workers_left(tmp_path)
 
 

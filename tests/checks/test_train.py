@@ -18,12 +18,19 @@ from preflight import launch
 from preflight.report import Report
 
 DEADLINE = 60.0  # the fast profile's train timeout
+ROOM = 150.0  # a deadline with room for a second launch on a loaded 2-core machine
 
 
 @pytest.fixture
 def fast(tmp_path: Path) -> dict[str, str]:
     """The cpu profile with a 4 s collective timeout and a deadline of DEADLINE seconds, as a site profile."""
     return fast_profile(tmp_path, "train", DEADLINE)
+
+
+@pytest.fixture
+def roomy(tmp_path: Path) -> dict[str, str]:
+    """As ``fast``, with time for the second launch that confirms a figure beyond its floor."""
+    return fast_profile(tmp_path, "train", ROOM)
 
 
 def run_train(env: dict[str, str], tmp_path: Path, *extra: str, profile: str = "cpu-fast"):
@@ -57,7 +64,6 @@ def test_the_cpu_profile_trains_with_loss_falling_and_ranks_agreeing(tmp_path):
     "fault, ranks, summary, words",
     [
         ("1:nan@steps", 2, "loss is not finite on rank 1", "the loss is not finite on rank 1 at step 1; then on rank 0 (the all-reduce spread it)"),
-        ("1:slow@compute", 2, "straggler: rank 1 takes ", "rank 1's own forward+backward takes"),
         ("1:wrong@checksum", 3, "parameters diverged after all-reduce", "rank 1 hold parameters that differ from the other ranks'"),
         ("2:wrong@agreement", 3, "rank 2 computes different results", "different logits on rank 2 than on the other ranks"),
     ],
@@ -67,7 +73,37 @@ def test_an_injected_fault_fails_naming_the_rank(fast, tmp_path, fault, ranks, s
     assert p.returncode == 1 and r.status == "FAIL", p.stderr
     assert r.summary.startswith(summary), r.summary
     assert words in r.cause, r.cause
+    assert r.details["confirm"]["launches"] == 1  # a wrong answer or a NaN is never measured again
     assert took < DEADLINE and not workers_left(tmp_path)
+
+
+def straggler_reading(r) -> tuple[str, float, float]:
+    (x,) = [x for x in r.details["confirm"]["readings"] if x["name"] == "train_straggler_ratio"]
+    return x["verdict"], x["first"][0]["value"], x["second"][0]["value"]
+
+
+def test_a_slow_rank_fails_as_a_straggler_confirmed_by_a_second_reading(roomy, tmp_path):
+    p, r, took = run_train({**roomy, "PREFLIGHT_WORKER_FAULT": "1:slow@compute"}, tmp_path)
+    assert p.returncode == 1 and r.status == "FAIL", p.stderr
+    assert r.summary.startswith("straggler: rank 1 takes "), r.summary
+    assert "rank 1's own forward+backward takes" in r.cause, r.cause
+    verdict, first, second = straggler_reading(r)
+    assert verdict == "confirmed" and first > 2 and second > 2 and "(confirmed: " in r.cause + r.summary
+    assert r.details["parts"]["straggler"] == "FAIL" and r.details["confirm"]["launches"] == 2
+    assert [o["report"]["reading"] for o in r.details["second_run"]["ranks"]] == [2, 2]
+    assert next(m for m in r.measurements if m.name == "train_straggler").value == second  # the metric is the second reading
+    assert not workers_left(tmp_path)
+
+
+def test_a_rank_slow_on_the_first_reading_only_warns_transient_with_both_readings(roomy, tmp_path):
+    p, r, took = run_train({**roomy, "PREFLIGHT_WORKER_FAULT": "1:slow-once@compute"}, tmp_path)
+    assert p.returncode == 0 and r.status == "WARN", (r.summary, r.cause)
+    verdict, first, second = straggler_reading(r)
+    assert verdict == "transient" and first > 2 > second
+    assert r.details["parts"]["straggler"] == "WARN" and r.details["confirm"]["launches"] == 2
+    assert "slowest rank over the median (own compute) was over the 2 ceiling" in r.cause and "on the first of two readings in this run only" in r.cause
+    assert any(line.startswith("slowest rank over the median (own compute): transient: first reading ") for line in r.lines)
+    assert not workers_left(tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -82,6 +118,7 @@ def test_a_rank_that_hangs_or_dies_is_named_within_the_deadline(fast, tmp_path, 
     assert p.returncode == 1 and r.status == "FAIL", p.stderr
     assert words in r.cause, r.cause
     assert took < DEADLINE, took
+    assert r.details["confirm"]["launches"] == 1
     assert not workers_left(tmp_path)
 
 
