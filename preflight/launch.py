@@ -127,6 +127,10 @@ class Running:
             "PYTHONUNBUFFERED": "1",  # the log's last line must be the last thing said before a hang
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # CUDA's device N is nvidia-smi's GPU N
         }
+        # Workers run by path and import their sibling _rank.py from the script's folder,
+        # which PYTHONSAFEPATH (Python 3.11+, `python -P`) takes off sys.path: every rank
+        # would die on import and the check would blame torchrun.
+        env.pop("PYTHONSAFEPATH", None)
         argv = [python, str(WORKERS_DIR / worker.script), "--out", str(self.out_dir), *worker.args]
         if worker.nproc is not None and worker.group is not None:
             g = worker.group

@@ -135,3 +135,17 @@ def test_torchrun_root_cause_is_read():
     lines = ["Root Cause (first observed failure):", "[1]:", "  rank      : 1 (local_rank: 1)", "  exitcode  : -9 (pid: 1)"]
     assert launch.torchrun_root_cause(["[0]:", "  rank      : 0 (local_rank: 0)", "  exitcode  : 1 (pid: 2)", *lines]) == 1
     assert launch.torchrun_root_cause(["nothing"]) is None
+
+
+def test_a_worker_imports_its_sibling_modules_even_under_pythonsafepath(monkeypatch, tmp_path):
+    # Every real worker imports _rank.py from its own folder; PYTHONSAFEPATH takes that folder off sys.path.
+    (tmp_path / "sibling.py").write_text("WORD = 'found'\n")
+    (tmp_path / "worker.py").write_text(
+        "import argparse, json, pathlib, sibling\n"
+        "p = argparse.ArgumentParser(); p.add_argument('--out'); a = p.parse_args()\n"
+        "pathlib.Path(a.out, 'rank0.json').write_text(json.dumps({'word': sibling.WORD}))\n"
+    )
+    monkeypatch.setenv("PYTHONSAFEPATH", "1")
+    done, left = run(launch.Worker(str(tmp_path / "worker.py")), 30)
+    assert done.returncode == 0 and done.reports[0] == {"word": "found"}, done.log_tail
+    assert not left
