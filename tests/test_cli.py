@@ -88,6 +88,8 @@ def test_bad_input_is_one_line_exit_2_and_runs_nothing(args, message):
         ('profile = "cpu"\n[floors]\nhbm = 5\n', "line 3: floor 'hbm' is not a floor of profile cpu"),
         ('profile = "cpu"\nkeepgoing = true\n', "line 2: keepgoing: unknown key"),
         ('profile = cpu\n', "invalid TOML"),
+        ('profile = "cpu"\n[node]\ngpus = 0\n', "line 3: node.gpus: Value error, must be a whole number of GPUs from 1 to 256"),
+        ('profile = "cpu"\n[node]\ngpus = 4096\n', "line 3: node.gpus: Value error, must be a whole number of GPUs from 1 to 256 (no node holds more), not 4096"),
     ],
 )
 def test_bad_config_exits_2_naming_file_line_and_key_and_writes_nothing(tmp_path, config, message):

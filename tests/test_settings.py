@@ -68,23 +68,6 @@ def test_a_floor_table_keeps_the_shape_it_was_measured_on(tmp_path):
     assert (site.gpus, site.fabric) == (2, "nvswitch")
 
 
-@pytest.mark.parametrize(
-    "body, message",
-    [
-        ("[node]\ngpus = 0\n", r"config .*config.toml line 2: node.gpus: .*whole number of GPUs from 1 to 256"),
-        ("[node]\ngpus = -8\n", r"line 2: node.gpus: .*whole number of GPUs from 1 to 256"),
-        ("[node]\ngpus = 100000\n", r"line 2: node.gpus: .*from 1 to 256 \(no node holds more\), not 100000"),
-        ("[node]\ngpus = true\n", r"line 2: node.gpus: .*not True"),
-        ('[node]\ngpus = "8"\n', r"line 2: node.gpus: .*not '8'"),
-        ("[node]\ngpus = 7.5\n", r"line 2: node.gpus: .*not 7.5"),
-        ("[node]\ngpu = 8\n", r"line 2: node.gpu: unknown key"),
-    ],
-)
-def test_a_bad_node_gpus_pin_names_the_file_and_key(tmp_path, body, message):
-    with pytest.raises(UsageError, match=message):
-        settings.load({}, config=write(tmp_path, body))
-
-
 def test_node_gpus_comes_from_the_config_the_environment_or_the_flag(tmp_path, monkeypatch):
     cfg = write(tmp_path, "[node]\ngpus = 8\nmulti_node = true\n")
     s = settings.load({}, config=cfg)
@@ -115,6 +98,14 @@ def test_a_floor_table_with_an_unknown_key_names_it(tmp_path):
         ('keep_going = "perhaps"\n', r"line 1: keep_going: Input should be a valid boolean"),
         ('profile = "cpu\n', r"config .*config.toml: invalid TOML: .*line 1"),
         ('[floors\n', r"invalid TOML"),
+        # A site's GPU pin: a whole number a node can hold, named by file, line and key.
+        ("[node]\ngpus = 0\n", r"config .*config.toml line 2: node.gpus: .*whole number of GPUs from 1 to 256"),
+        ("[node]\ngpus = -8\n", r"line 2: node.gpus: .*whole number of GPUs from 1 to 256"),
+        ("[node]\ngpus = 100000\n", r"line 2: node.gpus: .*from 1 to 256 \(no node holds more\), not 100000"),
+        ("[node]\ngpus = true\n", r"line 2: node.gpus: .*not True"),
+        ('[node]\ngpus = "8"\n', r"line 2: node.gpus: .*not '8'"),
+        ("[node]\ngpus = 7.5\n", r"line 2: node.gpus: .*not 7.5"),
+        ("[node]\ngpu = 8\n", r"line 2: node.gpu: unknown key"),
     ],
 )
 def test_bad_config_names_file_line_and_key(tmp_path, text, message):
