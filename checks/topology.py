@@ -700,12 +700,14 @@ class Topology(Check):
 
     # For `preflight topology`: the same facts, judges and advice, outside a run.
 
-    def explain(self, facts: TopologyFacts, profile: ResolvedProfile | None, live: bool, fake: str | None = None) -> tuple[str, dict, bool]:
+    def explain(self, facts: TopologyFacts, profile: ResolvedProfile | None, live: bool, fake: str | None = None,
+                shape: NodeShape | None = None) -> tuple[str, dict, bool]:
         """(text for a person, JSON for a machine, whether a finding failed).
         Without a profile only what needs no SKU is judged; ``fake`` names the
-        --nvml-fake file, which, as in a run, fails closed."""
+        --nvml-fake file, which, as in a run, fails closed; ``shape`` is this
+        node's (None for a saved capture)."""
         floor = profile.floors["vcpus_per_gpu"].value if profile and "vcpus_per_gpu" in profile.floors else None
-        parts = judge(facts, (profile.topology if profile else None) or GENERIC, floor)
+        parts = judge(facts, (profile.topology if profile else None) or GENERIC, floor, shape)
         if fake is not None:
             parts["source"] = [nvml.fake_finding(fake)]
         advice = advise(facts)
@@ -713,12 +715,15 @@ class Topology(Check):
         if live:
             data["machine"] = facts.model_dump(mode="json", include={"gpus", "nics", "cpus", "cuda_visible_devices", "torch_numa_binding"})
         data["profile"] = profile.name if profile else None
+        data["shape"] = shape.model_dump(mode="json") if shape else None
         data["findings"] = [{"part": part, "status": f.status.value, "summary": f.summary, "cause": f.cause, "remedy": f.remedy}
                             for part, found in parts.items() for f in found]
         data["advice"] = advice.model_dump(mode="json")
         judged = (f"profile {profile.name}" + ("" if profile.topology else " (no topology expectations: only what needs no SKU is judged)")
                   if profile else "no profile (only what needs no SKU is judged)")
         text = render(facts, parts, advice).replace("\nfindings", f"\nfindings against {judged}", 1)
+        if shape is not None:
+            text = f"node: {shape.describe()}; GPUs from {shape.gpus_from}; links from {shape.fabric_from}\n" + text
         return text, data, any(f.status == FAIL for found in parts.values() for f in found)
 
     def from_text(self, text: str, source: str) -> TopologyFacts:

@@ -566,7 +566,8 @@ def topology(
         except profiles.DetectionFailed as e:
             _console().note(f"judging without a profile: {e.cause}")
     fake = str(s.nvml_fake) if s.nvml_fake is not None and from_file is None else None
-    text, data, failed = check.explain(facts, resolved, live=from_file is None, fake=fake)  # type: ignore[attr-defined]
+    node = pipeline.read_shape(s, Host()) if from_file is None else None  # a saved capture is judged by the profile's word
+    text, data, failed = check.explain(facts, resolved, live=from_file is None, fake=fake, shape=node)  # type: ignore[attr-defined]
     _emit(json.dumps(data, indent=2) + "\n" if json_out else text)
     return 1 if failed else 0
 
