@@ -3,12 +3,14 @@
 Published floors are for the vendor's reference machine; a site's nodes may
 be faster or slower by design (another CPU, BIOS, PCIe layout). Calibration
 runs the profile's checks through the last measuring one (bandwidth, train)
-on a node the operator vouches for, and writes every figure's floor at
-``fraction`` of what it measured
-(the weakest GPU, pair or rank): a node that later falls more than
-1 - fraction below its healthy twin fails. Ceilings (latency) go the other
-way: measured / fraction. The file is a config file's ``[floors]`` tables,
-each with its unit and a source that says where and when it was measured.
+on a node the operator vouches for, then the measuring checks again, N runs
+in all, and writes every figure's floor at ``fraction`` of the weakest run's
+weakest GPU, pair or rank: a node that later falls more than 1 - fraction
+below its healthy twin fails. Ceilings (latency) go the other way: the
+slowest / fraction. Where a figure's runs differ by more than that room the
+node is too noisy to calibrate and nothing is written. The file is a config
+file's ``[floors]`` tables, each with its unit and a source that keeps every
+run's figure and says where and when it was measured.
 """
 
 from __future__ import annotations
@@ -18,12 +20,21 @@ from pathlib import Path
 
 from preflight.check import Result, Status
 from preflight.errors import UsageError
+from preflight.figures import median
 from preflight.report import Report
 
 CHECKS = ("bandwidth", "train")  # the checks whose figures become floors
 # Parts of each that must pass for its figures to be trusted; the floors part may fail (that is what calibration changes).
 # A straggler is a faulty GPU: its slow figures must never become the site's floors.
 MUST_PASS = {"bandwidth": ("run", "peer_access", "setup"), "train": ("run", "loss", "agreement", "straggler", "setup")}
+
+
+# Two runs at least: one run's figures cannot show how much the node varies, and a
+# single noisy run once wrote floors the same node failed right after.
+MIN_REPEATS = 2
+# Each run is the profile's checks through train (minutes on an 8-GPU node); past
+# twenty, more runs hardly move the weakest figure and an hour is gone.
+MAX_REPEATS = 20
 
 
 class Refused(Exception):
@@ -66,9 +77,9 @@ def vouch(report: Report) -> list[Result]:
     return measured
 
 
-def floors(results: list[Result], fraction: float, bounds: dict[str, tuple[str, str]]) -> dict[str, dict]:
-    """Floor name -> {value, unit, bound, measured, where}: the weakest figure of each
-    name, times ``fraction`` (a floor) or divided by it (a ceiling). Pure, for tests."""
+def weakest(results: list[Result], bounds: dict[str, tuple[str, str]]) -> dict[str, dict]:
+    """One run's weakest figure of each floor name (the slowest GPU, pair or rank):
+    name -> {value, unit, bound, where, count}. Pure, for tests."""
     out: dict[str, dict] = {}
     groups: dict[str, list[dict]] = {}
     for result in results:
@@ -78,30 +89,94 @@ def floors(results: list[Result], fraction: float, bounds: dict[str, tuple[str, 
         if name not in bounds:
             continue  # information only (the CUDA graph latency, model FLOP/s)
         unit, bound = bounds[name]
-        if bound == "max":
-            weakest = max(group, key=lambda g: g["value"])
-            value = weakest["value"] / fraction
-        else:
-            weakest = min(group, key=lambda g: g["value"])
-            value = weakest["value"] * fraction
-        out[name] = {"value": value, "unit": unit, "bound": bound, "measured": weakest["value"], "where": weakest["where"], "count": len(group)}
+        pick = max if bound == "max" else min
+        worst = pick(group, key=lambda g: g["value"])
+        out[name] = {"value": worst["value"], "unit": unit, "bound": bound, "where": worst["where"], "count": len(group)}
     return out
+
+
+def spread_bound(fraction: float) -> float:
+    """The most a figure may differ across the runs, as (max - min) / median: the room
+    the floors leave under the weakest run, 1 - fraction (10% at the default 0.9).
+
+    Why that number: a node whose own runs already differ by more than that room can
+    land under floors made from them on its very next run, which is the false alarm
+    calibration must not build in (one noisy run once wrote floors the same node then
+    failed). A fixed bound would either refuse every noisy-but-healthy site that asks for
+    generous floors (--fraction 0.5) or let through spreads a tight fraction cannot absorb.
+    A ceiling's room above the slowest run is 1/fraction - 1, a little wider: one rule
+    for both errs on the side of refusing."""
+    return 1 - fraction
+
+
+def floors(runs: list[list[Result]], fraction: float, bounds: dict[str, tuple[str, str]]) -> dict[str, dict]:
+    """Floor name -> {value, unit, bound, measured, where, run, runs, count, spread}: the
+    weakest of every run's weakest figure, times ``fraction`` (a floor) or divided by it
+    (a ceiling); ``runs`` keeps each run's figure for the file's source line.
+    Refused where a figure is missing from a run or spreads past ``spread_bound``. Pure, for tests."""
+    per_run = [weakest(results, bounds) for results in runs]
+    out: dict[str, dict] = {}
+    for name in sorted({n for run in per_run for n in run}):
+        missing = [i + 1 for i, run in enumerate(per_run) if name not in run]
+        if missing:
+            raise Refused(f"{name} was measured in {len(runs) - len(missing)} of {len(runs)} runs (not in run {', '.join(map(str, missing))}): floors need it in every run")
+        seen = [run[name] for run in per_run]
+        values = [s["value"] for s in seen]
+        first = seen[0]
+        i = values.index(max(values) if first["bound"] == "max" else min(values))
+        value = values[i] / fraction if first["bound"] == "max" else values[i] * fraction
+        out[name] = {"value": value, "unit": first["unit"], "bound": first["bound"], "measured": values[i], "where": seen[i]["where"], "run": i + 1,
+                     "runs": values, "count": seen[i]["count"], "spread": spread(values)}
+    bound = spread_bound(fraction)
+    wide = sorted((f for f in out.items() if f[1]["spread"] > bound), key=lambda f: -f[1]["spread"])
+    if wide:
+        name, f = wide[0]
+        others = "; also " + ", ".join(f"{n} {g['spread']:.0%}" for n, g in wide[1:]) if len(wide) > 1 else ""
+        numbers, unit = _values(f["runs"], f["unit"])
+        raise Refused(f"{name} varied {f['spread']:.0%} across {len(runs)} runs ({numbers} {unit}; (max - min) / median), "
+                      f"more than the {bound:.0%} room floors at {fraction:g} x the weakest leave{others}: this node's next run could fall under them; "
+                      "calibrate while nothing else runs on the node, or give a lower --fraction")
+    return out
+
+
+def spread(values: list[float]) -> float:
+    """(max - min) / median: how far apart the runs are, relative to a typical one."""
+    mid = median(values)
+    return (max(values) - min(values)) / mid if mid > 0 else float("inf")
+
+
+# How each unit's figures are listed side by side in a source line: one scale for all.
+_SCALES = {
+    "bytes_per_second": ((1e12, "TB/s"), (1e9, "GB/s"), (1e6, "MB/s"), (1, "B/s")),
+    "seconds": ((1, "s"), (1e-3, "ms"), (1e-6, "us")),
+    "flops_per_second": ((1e12, "TFLOP/s"), (1e9, "GFLOP/s"), (1, "FLOP/s")),
+    "tokens_per_second": ((1, "tokens/s"),),
+    "bytes": ((2**30, "GiB"), (2**20, "MiB"), (1, "B")),
+}
+
+
+def _values(values: list[float], unit: str) -> tuple[str, str]:
+    """[412e9, 418e9, 409e9] -> ('412, 418, 409', 'GB/s'): one scale for all, the largest's."""
+    scales = _SCALES.get(unit, ((1, "" if unit == "ratio" else unit),))
+    scale, name = next(((s, n) for s, n in scales if max(values) >= s), scales[-1])
+    return ", ".join(f"{v / scale:.3g}" for v in values), name
 
 
 def render(found: dict[str, dict], fraction: float, host: str, profile: str, when: datetime) -> str:
     """The floors as a config file (TOML): load it with --config, or merge it into /etc/preflight/config.toml."""
-    from preflight.units import fmt_value
-
     stamp = when.strftime("%Y-%m-%d %H:%M UTC")
+    n = len(next(iter(found.values()))["runs"]) if found else 0
     lines = [
         f"# Site floors from `preflight calibrate` on {host}, profile {profile}, {stamp}:",
-        f"# {fraction:g} x the weakest figure this node measured (ceilings: measured / {fraction:g}).",
+        f"# {fraction:g} x the weakest figure of {n} runs on this node (ceilings: the slowest / {fraction:g}).",
         "# Use: preflight run --config THIS_FILE, or copy the [floors] tables into /etc/preflight/config.toml.",
         "",
     ]
     for name, f in sorted(found.items()):
-        how = f"/ {fraction:g}" if f["bound"] == "max" else f"x {fraction:g}"
-        source = f"preflight calibrate on {host} {stamp}: {fmt_value(f['measured'], f['unit'])} {how} ({f['where']}, weakest of {f['count']})"
+        numbers, unit = _values(f["runs"], f["unit"])
+        how = f"max({numbers}) {unit} / {fraction:g}" if f["bound"] == "max" else f"{fraction:g} x min({numbers}) {unit}"
+        source = (f"preflight calibrate on {host} {stamp}: {how} over {len(f['runs'])} runs, spread {f['spread']:.1%} "
+                  f"(weakest: run {f['run']}, {f['where']}, weakest of {f['count']})")
         lines += [
             f"[floors.{name}]",
             f"value = {f['value']:.6g}",
@@ -115,6 +190,12 @@ def render(found: dict[str, dict], fraction: float, host: str, profile: str, whe
 
 def _toml_string(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def check_repeats(repeats: int) -> int:
+    if not MIN_REPEATS <= repeats <= MAX_REPEATS:
+        raise UsageError(f"--repeats {repeats}: give a whole number of runs from {MIN_REPEATS} to {MAX_REPEATS}, e.g. 3 (floors from the weakest run, refused if the runs disagree)")
+    return repeats
 
 
 def check_output(path: Path, force: bool) -> Path:

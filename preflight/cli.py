@@ -208,6 +208,7 @@ def _emit(text: str) -> None:
 def calibrate(
     output: Annotated[Path, typer.Option("--output", "-o", help="Site floors file to write: [floors] tables, usable with --config.")],
     fraction: Annotated[float, typer.Option("--fraction", help="Floors at this fraction of what this node measures; ceilings at measured / fraction.")] = 0.9,
+    repeats: Annotated[int, typer.Option("--repeats", help="Runs to measure; floors from the weakest, refused where they differ by more than 1 - fraction.")] = 3,
     force: Annotated[bool, typer.Option("--force", help="Replace --output if it exists.")] = False,
     profile: ProfileOpt = None,
     config: ConfigOpt = None,
@@ -215,7 +216,10 @@ def calibrate(
     nproc_per_node: Annotated[Optional[int], typer.Option("--nproc-per-node", help="Ranks torchrun starts. [default: one per GPU]")] = None,
     nvml_fake: FakeOpt = None,
 ) -> int:
-    """Measure this known-good node (checks through bandwidth and train) and write site floors at --fraction of its figures."""
+    """Measure this known-good node --repeats times (checks through bandwidth and train) and write site floors at --fraction of its weakest figures."""
+    import dataclasses
+    from datetime import datetime, timezone
+
     from preflight import calibrate as cal
     from preflight import pipeline, registry
     from preflight.lock import run_lock
@@ -223,23 +227,40 @@ def calibrate(
 
     console = _console()
     cal.check_fraction(fraction)
+    cal.check_repeats(repeats)
     cal.check_output(output, force)
     s = _settings(config, profile=profile, python=python, nproc_per_node=nproc_per_node, nvml_fake=nvml_fake)
+    runs = []
     with _Signals():
         resolved = pipeline.resolve_profile(s)
-        s.only, s.keep_going = cal.checks_up_to(resolved.checks, resolved.name), False
-        the_plan = pipeline.plan(s)
+        s.keep_going = False
+        s.only = cal.checks_up_to(resolved.checks, resolved.name)
+        first = pipeline.plan(s)
+        # The checks before the measuring ones vouch for the node once; the figures need every run.
+        s.only = [c for c in s.only if c in cal.CHECKS]
+        again = pipeline.plan(s)
+        # One lock over every run: a recheck timer's run in between would disturb the figures.
         with run_lock(s.lock_file, s.lock_timeout, lambda who: console.note(f"waiting for {who} to release {s.lock_file}")):
-            result = pipeline.execute(the_plan, s, console)
+            for i in range(repeats):
+                console.note(f"calibrate: run {i + 1} of {repeats}")
+                the_plan = first if i == 0 else dataclasses.replace(again, started_at=datetime.now(timezone.utc))
+                result = pipeline.execute(the_plan, s, console)
+                if result.interrupted_by_signal:
+                    console.error(f"no floors written: stopped by signal {result.interrupted_by_signal} in run {i + 1} of {repeats}")
+                    return result.exit_code
+                try:
+                    runs.append(cal.vouch(result))
+                except cal.Refused as e:
+                    console.error(f"no floors written: run {i + 1} of {repeats}: {e}")
+                    return 1
+    bounds = {name: ub for r in runs[0] for name, ub in registry.load(r.check).floor_units.items()}
     try:
-        measured = cal.vouch(result)
+        found = cal.floors(runs, fraction, bounds)
     except cal.Refused as e:
         console.error(f"no floors written: {e}")
         return 1
-    bounds = {name: ub for r in measured for name, ub in registry.load(r.check).floor_units.items()}
-    found = cal.floors(measured, fraction, bounds)
     write_atomic(output, cal.render(found, fraction, result.hostname, resolved.name, result.finished_at))
-    console.note(f"wrote {len(found)} floors to {output} ({fraction:g} x this node's weakest figures); use it with --config {output}")
+    console.note(f"wrote {len(found)} floors to {output} ({fraction:g} x this node's weakest figures over {repeats} runs); use it with --config {output}")
     return 0
 
 

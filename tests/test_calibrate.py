@@ -1,14 +1,21 @@
-"""`preflight calibrate`'s pure parts: which runs it vouches for, the floors
-it derives and the file it writes. A real calibration runs in test_cli.py."""
+"""`preflight calibrate`: which runs it vouches for, the floors it derives from
+several runs and the file it writes (pure, with recorded figures), its bad
+input, and one real calibration of this machine that five runs then pass."""
 
 from __future__ import annotations
 
+import json
 import tomllib
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 
-from preflight import calibrate
+from conftest import run_preflight
+from typer.testing import CliRunner
+
+from preflight import calibrate, registry
+from preflight.cli import app
 from preflight.check import Result, Status
 from preflight.errors import UsageError
 from preflight.report import Report
@@ -33,28 +40,28 @@ LAT = [{"name": "allreduce_latency", "floor": "allreduce_latency", "value": 30e-
 
 
 def test_a_floor_is_the_fraction_of_the_weakest_gpu():
-    got = calibrate.floors([bw(H2D)], 0.9, BOUNDS)["h2d_bandwidth"]
+    got = calibrate.floors([[bw(H2D)], [bw(H2D)]], 0.9, BOUNDS)["h2d_bandwidth"]
     assert got["value"] == pytest.approx(45e9) and got["where"] == "GPU 5" and got["measured"] == 50e9 and got["count"] == 2
 
 
 def test_a_ceiling_is_the_slowest_figure_over_the_fraction_and_p99_keeps_its_own():
-    got = calibrate.floors([bw(LAT)], 0.9, BOUNDS)
+    got = calibrate.floors([[bw(LAT)], [bw(LAT)]], 0.9, BOUNDS)
     assert got["allreduce_latency"]["value"] == pytest.approx(30e-6 / 0.9) and got["allreduce_latency"]["bound"] == "max"
     assert got["allreduce_latency_p99"]["value"] == pytest.approx(100e-6)
 
 
 def test_figures_no_floor_reads_are_left_out():
-    got = calibrate.floors([bw([{"name": "allreduce_graph_latency", "value": 1e-5, "where": "8 ranks"}, *H2D])], 0.9, BOUNDS)
-    assert set(got) == {"h2d_bandwidth"}
+    run = [bw([{"name": "allreduce_graph_latency", "value": 1e-5, "where": "8 ranks"}, *H2D])]
+    assert set(calibrate.floors([run, run], 0.9, BOUNDS)) == {"h2d_bandwidth"}
 
 
 def test_the_file_is_a_config_the_settings_read_back(tmp_path):
     from preflight import settings
 
-    text = calibrate.render(calibrate.floors([bw(H2D + LAT)], 0.9, BOUNDS), 0.9, "node1", "h100-sxm", WHEN)
+    text = calibrate.render(calibrate.floors([[bw(H2D + LAT)], [bw(H2D + LAT)]], 0.9, BOUNDS), 0.9, "node1", "h100-sxm", WHEN)
     data = tomllib.loads(text)
     assert data["floors"]["h2d_bandwidth"] == {"value": 45e9, "unit": "bytes_per_second", "source": data["floors"]["h2d_bandwidth"]["source"]}
-    assert "node1 2026-11-22 03:00 UTC: 50.0 GB/s x 0.9 (GPU 5, weakest of 2)" in data["floors"]["h2d_bandwidth"]["source"]
+    assert "node1 2026-11-22 03:00 UTC: 0.9 x min(50, 50) GB/s over 2 runs, spread 0.0% (weakest: run 1, GPU 5, weakest of 2)" in data["floors"]["h2d_bandwidth"]["source"]
     assert data["floors"]["allreduce_latency"]["bound"] == "max"
     path = tmp_path / "floors.toml"
     path.write_text(text)
@@ -113,7 +120,8 @@ def test_a_profile_without_the_bandwidth_check_has_nothing_to_calibrate():
 def test_train_figures_calibrate_too_and_a_wrong_answer_refuses():
     train = Result(check="train", status=Status.PASS, summary="x", details={"parts": {"run": "PASS", "loss": "PASS", "agreement": "PASS", "speed": "PASS", "setup": "PASS"},
                    "figures": [{"name": "train_step_duration", "value": 0.04, "where": "slowest of 2 ranks: rank 1"}, {"name": "gemm_throughput", "value": 9e10, "where": "rank 0"}]})
-    got = calibrate.floors(calibrate.vouch(report(bw(H2D), train)), 0.9, {**BOUNDS, "train_step_duration": ("seconds", "max"), "gemm_throughput": ("flops_per_second", "min")})
+    run = calibrate.vouch(report(bw(H2D), train))
+    got = calibrate.floors([run, run], 0.9, {**BOUNDS, "train_step_duration": ("seconds", "max"), "gemm_throughput": ("flops_per_second", "min")})
     assert got["train_step_duration"]["value"] == pytest.approx(0.04 / 0.9) and got["gemm_throughput"]["value"] == pytest.approx(8.1e10)
     train.details["parts"]["agreement"] = "FAIL"
     with pytest.raises(calibrate.Refused, match="train check's agreement part is FAIL"):
@@ -133,3 +141,97 @@ def test_a_node_with_a_straggler_is_not_calibrated():
                    "figures": [{"name": "gemm_throughput", "value": 9e10, "where": "rank 0"}]})
     with pytest.raises(calibrate.Refused, match="train check's straggler part is FAIL"):
         calibrate.vouch(report(bw(H2D), train))
+
+
+# --- several runs (--repeats) ---------------------------------------------------------
+
+# Three runs of the cpu profile's bandwidth and train checks on a busy 2-vCPU VM (tests/fixtures/calibrate/SOURCE.md).
+LOADED = json.loads((Path(__file__).parent / "fixtures" / "calibrate" / "cpu-3-runs-loaded.json").read_text())
+CPU_BOUNDS = {**registry.load("bandwidth").floor_units, **registry.load("train").floor_units}
+
+
+def recorded(*checks: str) -> list[list[Result]]:
+    return [[Result(check=c, status=Status.PASS, summary="x", details={"figures": run[c]}) for c in checks] for run in LOADED]
+
+
+def test_floors_come_from_the_weakest_of_every_run_and_the_file_keeps_each_runs_figure():
+    # The train figures of those runs differ by up to 31%: floors at 0.6 leave 40% room.
+    got = calibrate.floors(recorded("train"), 0.6, CPU_BOUNDS)
+    gemm = got["gemm_throughput"]
+    assert gemm["value"] == pytest.approx(0.6 * 10974865154.5, rel=1e-9) and (gemm["run"], gemm["where"], gemm["count"]) == (1, "rank 0", 2)
+    assert [round(v / 1e9, 2) for v in gemm["runs"]] == [10.97, 15.4, 15.71]  # each run's weakest rank
+    step = got["train_step_duration"]
+    assert step["value"] == pytest.approx(LOADED[1]["train"][2]["value"] / 0.6) and step["run"] == 2 and step["bound"] == "max"
+    assert set(got) == {"gemm_throughput", "train_step_duration", "train_step_duration_max", "train_tokens_throughput"}  # no floor reads model FLOP/s or the straggler here
+    source = tomllib.loads(calibrate.render(got, 0.6, "ci-vm", "cpu", WHEN))["floors"]
+    assert "0.6 x min(11, 15.4, 15.7) GFLOP/s over 3 runs, spread 30.7% (weakest: run 1, rank 0, weakest of 2)" in source["gemm_throughput"]["source"]
+    assert "max(108, 122, 101) ms / 0.6 over 3 runs" in source["train_step_duration"]["source"]
+
+
+def test_runs_that_differ_by_more_than_the_floors_room_write_nothing():
+    # The bandwidth figures of the same runs: the p50 latency went from 0.51 to 1.64 ms.
+    with pytest.raises(calibrate.Refused, match=r"^allreduce_latency varied 127% across 3 runs \(0.509, 0.892, 1.64 ms; \(max - min\) / median\), "
+                       r"more than the 40% room floors at 0.6 x the weakest leave; also memcpy_bandwidth 79%, allgather_bus_bandwidth 53%, "
+                       r"allreduce_bus_bandwidth 42%: this node's next run could fall under them"):
+        calibrate.floors(recorded("bandwidth", "train"), 0.6, CPU_BOUNDS)
+
+
+def test_the_room_is_one_minus_the_fraction():
+    runs = recorded("train")  # GEMM and the longest step spread 30.7%, the widest of these
+    with pytest.raises(calibrate.Refused, match=r"varied 31% .* more than the 30% room floors at 0.7 x the weakest leave; also"):
+        calibrate.floors(runs, 0.7, CPU_BOUNDS)
+    assert calibrate.floors(runs, 0.69, CPU_BOUNDS)["gemm_throughput"]["spread"] == pytest.approx(0.307, abs=1e-3)
+
+
+def test_a_figure_missing_from_a_run_refuses():
+    runs = recorded("bandwidth", "train")
+    runs[1] = runs[1][1:]  # run 2 without its bandwidth figures
+    with pytest.raises(calibrate.Refused, match=r"allgather_bus_bandwidth was measured in 2 of 3 runs \(not in run 2\): floors need it in every run"):
+        calibrate.floors(runs, 0.5, CPU_BOUNDS)
+
+
+@pytest.mark.parametrize("repeats", [0, -3, 1, 21, 10**9])
+def test_repeats_outside_2_to_20_is_a_usage_error(repeats):
+    with pytest.raises(UsageError, match=f"--repeats {repeats}: give a whole number of runs from 2 to 20"):
+        calibrate.check_repeats(repeats)
+    assert calibrate.check_repeats(2) == 2 and calibrate.check_repeats(20) == 20
+
+
+@pytest.mark.parametrize("repeats", ["0", "-1", "1", "21", "1000000"])
+def test_bad_repeats_exit_2_with_one_line_before_anything_runs(tmp_path, repeats):
+    out = tmp_path / "floors.toml"
+    r = CliRunner().invoke(app, ["calibrate", "--profile", "cpu", "--repeats", repeats, "-o", str(out)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.strip() == f"preflight: error: --repeats {repeats}: give a whole number of runs from 2 to 20, e.g. 3 (floors from the weakest run, refused if the runs disagree)"
+    assert not out.exists() and "calibrate: run" not in r.output
+
+
+# gloo on a 2-vCPU VM varies from run to run by up to 2x (cpu.toml: all_reduce p50 0.25-0.5 ms,
+# busbw 0.8-1.2 GB/s): floors at a quarter of the weakest leave 75% room for that.
+FRACTION = "0.25"
+
+
+def test_floors_from_three_runs_pass_five_runs_that_follow(tmp_path):
+    out = tmp_path / "floors.toml"
+    p = run_preflight(["calibrate", "--profile", "cpu", "--repeats", "3", "--fraction", FRACTION, "-o", str(out)], timeout=900)
+    assert p.returncode == 0, p.stderr
+    assert f"wrote 10 floors to {out} ({FRACTION} x this node's weakest figures over 3 runs)" in p.stderr
+    # shm and nccl vouch once; bandwidth and train measure in every run.
+    assert [p.stderr.count(f"[PASS] {c}") for c in ("shm", "nccl", "bandwidth", "train")] == [1, 1, 3, 3], p.stderr
+    floors = tomllib.loads(out.read_text())["floors"]
+    assert set(floors) == {"memcpy_bandwidth", "allreduce_bus_bandwidth", "allgather_bus_bandwidth", "reducescatter_bus_bandwidth", "allreduce_latency", "allreduce_latency_p99",
+                           "gemm_throughput", "train_step_duration", "train_step_duration_max", "train_tokens_throughput"}  # no MFU: the cpu profile has no peak
+    memcpy = floors["memcpy_bandwidth"]
+    runs = [float(v) * 1e9 for v in memcpy["source"].split("min(")[1].split(")")[0].split(", ")]  # GB/s, as the source prints them
+    assert memcpy["unit"] == "bytes_per_second" and len(runs) == 3 and memcpy["value"] == pytest.approx(0.25 * min(runs), rel=0.01)
+    assert floors["allreduce_latency"]["bound"] == "max" and f"/ {FRACTION} over 3 runs" in floors["allreduce_latency"]["source"]
+    shown = run_preflight(["show-profile", "cpu", "--config", str(out), "--json"])
+    resolved = json.loads(shown.stdout)["floors"]
+    assert resolved["memcpy_bandwidth"]["value"] == memcpy["value"]
+    assert resolved["allgather_bus_bandwidth"]["origin"].startswith(f"config {out} line")  # a floor the profile lacked, added
+    report = tmp_path / "report.json"
+    for i in range(5):
+        r = run_preflight(["run", "--profile", "cpu", "--config", str(out), "--only", "bandwidth,train", "--report", str(report)], timeout=300)
+        assert r.returncode == 0, f"run {i + 1} of 5 failed the floors calibrated a moment before: {r.stderr}"
+    judged = {m.name: m.floor for c in Report.model_validate_json(report.read_text()).checks for m in c.measurements}
+    assert judged["memcpy_bandwidth"] == memcpy["value"]  # judged against the calibrated floors, not the profile's
