@@ -408,6 +408,7 @@ class Bandwidth(Check):
     timeout_seconds = 120.0
     order = 50
     floor_units: ClassVar[dict[str, tuple[str, str]]] = FLOORS
+    whole_node: ClassVar[tuple[str, ...]] = WHOLE_NODE + INTERNODE_FLOORS
 
     def required_floors(self, profile) -> tuple[str, ...]:
         """What a profile running this check must define: the per-device copies' floors."""
@@ -426,7 +427,7 @@ class Bandwidth(Check):
         facts = gather(ctx, nproc, expect, backend)
         figs = figures(facts)
         all_nvlink = bool(ctx.shape and ctx.shape.fabric == "nvswitch")
-        floors, unjudged = shape.fitting_floors(dict(ctx.profile.floors), WHOLE_NODE + INTERNODE_FLOORS, ctx.shape, nproc, expect.ranks)
+        floors, unjudged = shape.fitting_floors(dict(ctx.profile.floors), self.whole_node, ctx.shape, nproc, expect.ranks)
         # Across nodes the inter-node floors judge the collectives; alone, they judge nothing.
         for name in (WHOLE_NODE if ctx.meeting else INTERNODE_FLOORS):
             floors.pop(name, None)

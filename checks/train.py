@@ -301,6 +301,7 @@ class Train(Check):
     timeout_seconds = 180.0
     order = 60
     floor_units: ClassVar[dict[str, tuple[str, str]]] = FLOORS
+    whole_node: ClassVar[tuple[str, ...]] = tuple(name for name in FLOORS if name != "gemm_throughput")  # GEMM is per GPU
 
     def required_floors(self, profile) -> tuple[str, ...]:
         return ("gemm_throughput",) if profile.has_gpus else ()
@@ -319,8 +320,7 @@ class Train(Check):
         figs = figures(facts, expect)
         shrunk = any(isinstance(o.report, RankReport) and o.report.shrunk for o in facts.ranks)
         # Step time, throughput and MFU floors are for the whole node and the profile's model; GEMM is per GPU.
-        whole_node = tuple(name for name in ctx.profile.floors if name != "gemm_throughput")
-        floors, unjudged = shape.fitting_floors(dict(ctx.profile.floors), whole_node, ctx.shape, nproc, expect.ranks)
+        floors, unjudged = shape.fitting_floors(dict(ctx.profile.floors), self.whole_node, ctx.shape, nproc, expect.ranks)
         if shrunk:
             unjudged.update({k: "the profile's model was shrunk to fit this GPU's memory" for k in floors if k != "gemm_throughput"})
             floors = {k: v for k, v in floors.items() if k == "gemm_throughput"}

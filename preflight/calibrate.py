@@ -22,6 +22,7 @@ from preflight.check import Result, Status
 from preflight.errors import UsageError
 from preflight.figures import median
 from preflight.report import Report
+from preflight.shape import NodeShape
 
 CHECKS = ("bandwidth", "train")  # the checks whose figures become floors
 # Parts of each that must pass for its figures to be trusted; the floors part may fail (that is what calibration changes).
@@ -162,8 +163,11 @@ def _values(values: list[float], unit: str) -> tuple[str, str]:
     return ", ".join(f"{v / scale:.3g}" for v in values), name
 
 
-def render(found: dict[str, dict], fraction: float, host: str, profile: str, when: datetime) -> str:
-    """The floors as a config file (TOML): load it with --config, or merge it into /etc/preflight/config.toml."""
+def render(found: dict[str, dict], fraction: float, host: str, profile: str, when: datetime,
+           shape: NodeShape | None = None, whole_node: tuple[str, ...] = ()) -> str:
+    """The floors as a config file (TOML): load it with --config, or merge it into /etc/preflight/config.toml.
+    A whole-node figure's floor says the shape it was measured on (``gpus``, ``fabric``), so it judges
+    only nodes of that shape: a 4-GPU slice of the fleet is not held to an 8-GPU node's busbw."""
     stamp = when.strftime("%Y-%m-%d %H:%M UTC")
     n = len(next(iter(found.values()))["runs"]) if found else 0
     lines = [
@@ -182,10 +186,17 @@ def render(found: dict[str, dict], fraction: float, host: str, profile: str, whe
             f"value = {f['value']:.6g}",
             f'unit = "{f["unit"]}"',
             *([f'bound = "{f["bound"]}"'] if f["bound"] == "max" else []),
+            *(_shape_keys(shape) if name in whole_node else []),
             f"source = {_toml_string(source)}",
             "",
         ]
     return "\n".join(lines)
+
+
+def _shape_keys(shape: NodeShape | None) -> list[str]:
+    if shape is None:  # no GPU (cpu): a whole-node floor judges a run over the profile's ranks
+        return []
+    return [f"gpus = {shape.gpus}"] + ([f'fabric = "{shape.fabric}"'] if shape.fabric in ("nvswitch", "nvlink", "pcie") else [])
 
 
 def _toml_string(s: str) -> str:

@@ -143,6 +143,9 @@ class Check(ABC):
     # Every floor the check may read -> (unit, bound): a profile's floor of that
     # name in another unit ("GB/s") or bound is refused before anything runs.
     floor_units: ClassVar[dict[str, tuple[str, str]]] = {}
+    # Floors of figures the whole node makes together (a collective's busbw, a step's time):
+    # they judge only the shape they were measured on (preflight.shape.fitting_floors).
+    whole_node: ClassVar[tuple[str, ...]] = ()
     timeout_seconds: ClassVar[float] = 60.0
     order: ClassVar[int] = 100  # default position, cheapest first
 

@@ -259,7 +259,8 @@ def calibrate(
     except cal.Refused as e:
         console.error(f"no floors written: {e}")
         return 1
-    write_atomic(output, cal.render(found, fraction, result.hostname, resolved.name, result.finished_at))
+    whole_node = tuple(name for r in runs[0] for name in registry.load(r.check).whole_node)
+    write_atomic(output, cal.render(found, fraction, result.hostname, resolved.name, result.finished_at, result.shape, whole_node))
     console.note(f"wrote {len(found)} floors to {output} ({fraction:g} x this node's weakest figures over {repeats} runs); use it with --config {output}")
     return 0
 

@@ -69,6 +69,24 @@ def test_the_file_is_a_config_the_settings_read_back(tmp_path):
     assert s.floor_overrides["h2d_bandwidth"].value == 45e9 and s.floor_overrides["h2d_bandwidth"].unit == "bytes_per_second"
 
 
+def test_a_whole_node_floor_says_the_shape_it_was_measured_on_and_judges_only_that_shape(tmp_path):
+    from preflight import profiles, settings, shape
+    from preflight.shape import NodeShape
+
+    four = NodeShape(gpus=4, gpus_from="t", fabric="nvswitch", fabric_from="t")
+    found = calibrate.floors([[bw(H2D + LAT)], [bw(H2D + LAT)]], 0.9, BOUNDS)
+    text = calibrate.render(found, 0.9, "node1", "h100-sxm", WHEN, four, registry.load("bandwidth").whole_node)
+    data = tomllib.loads(text)["floors"]
+    assert (data["allreduce_latency"]["gpus"], data["allreduce_latency"]["fabric"]) == (4, "nvswitch")
+    assert "gpus" not in data["h2d_bandwidth"]  # a per-GPU floor judges every node of the model
+    path = tmp_path / "floors.toml"
+    path.write_text(text)
+    site = settings.load({}, config=path, environ={}).floor_overrides
+    h100 = profiles.resolve(profiles.load(profiles.find("h100-sxm", None)), Path("h100-sxm.toml"), site, "t")
+    assert shape.floor_fits(h100.floors["allreduce_latency"].gpus, h100.floors["allreduce_latency"].fabric, four, 4) is None
+    assert "measured on 4 GPUs" in shape.floor_fits(4, "nvswitch", four.model_copy(update={"gpus": 8}), 8)
+
+
 def test_a_run_with_a_failed_earlier_check_is_not_vouched_for():
     shm = Result(check="shm", status=Status.FAIL, summary="/dev/shm is 64 MiB")
     with pytest.raises(calibrate.Refused, match="check shm FAIL: /dev/shm is 64 MiB"):
