@@ -7,8 +7,9 @@ on a node the operator vouches for, then the measuring checks again, N runs
 in all, and writes every figure's floor at ``fraction`` of the weakest run's
 weakest GPU, pair or rank: a node that later falls more than 1 - fraction
 below its healthy twin fails. Ceilings (latency) go the other way: the
-slowest / fraction. Where a figure's runs differ by more than that room the
-node is too noisy to calibrate and nothing is written. The file is a config
+slowest / fraction. Where a figure's runs range wider than that room (the
+strongest over the weakest past 1 / fraction) the node is too noisy to
+calibrate and nothing is written. The file is a config
 file's ``[floors]`` tables, each with its unit and a source that keeps every
 run's figure and says where and when it was measured.
 """
@@ -20,7 +21,6 @@ from pathlib import Path
 
 from preflight.check import Result, Status
 from preflight.errors import UsageError
-from preflight.figures import median
 from preflight.report import Report
 from preflight.shape import NodeShape
 
@@ -96,25 +96,25 @@ def weakest(results: list[Result], bounds: dict[str, tuple[str, str]]) -> dict[s
     return out
 
 
-def spread_bound(fraction: float) -> float:
-    """The most a figure may differ across the runs, as (max - min) / median: the room
-    the floors leave under the weakest run, 1 - fraction (10% at the default 0.9).
+def widest(fraction: float) -> float:
+    """How far apart a figure's runs may be, as the strongest over the weakest: 1 / fraction
+    (1.11x at the default 0.9, 4x at 0.25).
 
-    Why that number: a node whose own runs already differ by more than that room can
-    land under floors made from them on its very next run, which is the false alarm
-    calibration must not build in (one noisy run once wrote floors the same node then
-    failed). A fixed bound would either refuse every noisy-but-healthy site that asks for
-    generous floors (--fraction 0.5) or let through spreads a tight fraction cannot absorb.
-    A ceiling's room above the slowest run is 1/fraction - 1, a little wider: one rule
-    for both errs on the side of refusing."""
-    return 1 - fraction
+    Why that number: floors sit at fraction x the weakest run and ceilings at the slowest
+    / fraction, a factor 1 / fraction of room either way. Runs that already range wider
+    than that room show a node that can move by more than it on its very next run, and
+    fail floors made from them: the false alarm calibration must not build in (one noisy
+    run once wrote floors the same node failed right after). A fixed bound would refuse
+    every noisy but healthy site that asks for generous floors (a low --fraction), or let
+    through a range a tight fraction cannot absorb."""
+    return 1 / fraction
 
 
 def floors(runs: list[list[Result]], fraction: float, bounds: dict[str, tuple[str, str]]) -> dict[str, dict]:
     """Floor name -> {value, unit, bound, measured, where, run, runs, count, spread}: the
     weakest of every run's weakest figure, times ``fraction`` (a floor) or divided by it
     (a ceiling); ``runs`` keeps each run's figure for the file's source line.
-    Refused where a figure is missing from a run or spreads past ``spread_bound``. Pure, for tests."""
+    Refused where a figure is missing from a run or its runs range wider than ``widest``. Pure, for tests."""
     per_run = [weakest(results, bounds) for results in runs]
     out: dict[str, dict] = {}
     for name in sorted({n for run in per_run for n in run}):
@@ -128,22 +128,22 @@ def floors(runs: list[list[Result]], fraction: float, bounds: dict[str, tuple[st
         value = values[i] / fraction if first["bound"] == "max" else values[i] * fraction
         out[name] = {"value": value, "unit": first["unit"], "bound": first["bound"], "measured": values[i], "where": seen[i]["where"], "run": i + 1,
                      "runs": values, "count": seen[i]["count"], "spread": spread(values)}
-    bound = spread_bound(fraction)
-    wide = sorted((f for f in out.items() if f[1]["spread"] > bound), key=lambda f: -f[1]["spread"])
+    room = widest(fraction)
+    wide = sorted((f for f in out.items() if f[1]["spread"] > room), key=lambda f: -f[1]["spread"])
     if wide:
         name, f = wide[0]
-        others = "; also " + ", ".join(f"{n} {g['spread']:.0%}" for n, g in wide[1:]) if len(wide) > 1 else ""
+        others = "; also " + ", ".join(f"{n} {g['spread']:.2f}x" for n, g in wide[1:]) if len(wide) > 1 else ""
         numbers, unit = _values(f["runs"], f["unit"])
-        raise Refused(f"{name} varied {f['spread']:.0%} across {len(runs)} runs ({numbers} {unit}; (max - min) / median), "
-                      f"more than the {bound:.0%} room floors at {fraction:g} x the weakest leave{others}: this node's next run could fall under them; "
+        raise Refused(f"{name} ranged {f['spread']:.2f}x across {len(runs)} runs ({numbers} {unit}: the strongest over the weakest), "
+                      f"wider than the {room:.2f}x room floors at {fraction:g} x the weakest leave{others}: this node's next run could fall outside them; "
                       "calibrate while nothing else runs on the node, or give a lower --fraction")
     return out
 
 
 def spread(values: list[float]) -> float:
-    """(max - min) / median: how far apart the runs are, relative to a typical one."""
-    mid = median(values)
-    return (max(values) - min(values)) / mid if mid > 0 else float("inf")
+    """The strongest run over the weakest (max / min; 1.0 when all agree)."""
+    low = min(values)
+    return max(values) / low if low > 0 else float("inf")
 
 
 # How each unit's figures are listed side by side in a source line: one scale for all.
@@ -179,8 +179,8 @@ def render(found: dict[str, dict], fraction: float, host: str, profile: str, whe
     for name, f in sorted(found.items()):
         numbers, unit = _values(f["runs"], f["unit"])
         how = f"max({numbers}) {unit} / {fraction:g}" if f["bound"] == "max" else f"{fraction:g} x min({numbers}) {unit}"
-        source = (f"preflight calibrate on {host} {stamp}: {how} over {len(f['runs'])} runs, spread {f['spread']:.1%} "
-                  f"(weakest: run {f['run']}, {f['where']}, weakest of {f['count']})")
+        source = (f"preflight calibrate on {host} {stamp}: {how} over {len(f['runs'])} runs, within {f['spread']:.2f}x of each other "
+                  f"(weakest: run {f['run']}, {f['where']}" + (f", weakest of {f['count']})" if f["count"] > 1 else ")"))
         lines += [
             f"[floors.{name}]",
             f"value = {f['value']:.6g}",

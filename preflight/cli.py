@@ -208,7 +208,7 @@ def _emit(text: str) -> None:
 def calibrate(
     output: Annotated[Path, typer.Option("--output", "-o", help="Site floors file to write: [floors] tables, usable with --config.")],
     fraction: Annotated[float, typer.Option("--fraction", help="Floors at this fraction of what this node measures; ceilings at measured / fraction.")] = 0.9,
-    repeats: Annotated[int, typer.Option("--repeats", help="Runs to measure; floors from the weakest, refused where they differ by more than 1 - fraction.")] = 3,
+    repeats: Annotated[int, typer.Option("--repeats", help="Runs to measure (2 to 20); floors from the weakest, refused where a figure's runs range wider than 1 / fraction.")] = 3,
     force: Annotated[bool, typer.Option("--force", help="Replace --output if it exists.")] = False,
     profile: ProfileOpt = None,
     config: ConfigOpt = None,

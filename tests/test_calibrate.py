@@ -61,7 +61,7 @@ def test_the_file_is_a_config_the_settings_read_back(tmp_path):
     text = calibrate.render(calibrate.floors([[bw(H2D + LAT)], [bw(H2D + LAT)]], 0.9, BOUNDS), 0.9, "node1", "h100-sxm", WHEN)
     data = tomllib.loads(text)
     assert data["floors"]["h2d_bandwidth"] == {"value": 45e9, "unit": "bytes_per_second", "source": data["floors"]["h2d_bandwidth"]["source"]}
-    assert "node1 2026-11-22 03:00 UTC: 0.9 x min(50, 50) GB/s over 2 runs, spread 0.0% (weakest: run 1, GPU 5, weakest of 2)" in data["floors"]["h2d_bandwidth"]["source"]
+    assert "node1 2026-11-22 03:00 UTC: 0.9 x min(50, 50) GB/s over 2 runs, within 1.00x of each other (weakest: run 1, GPU 5, weakest of 2)" in data["floors"]["h2d_bandwidth"]["source"]
     assert data["floors"]["allreduce_latency"]["bound"] == "max"
     path = tmp_path / "floors.toml"
     path.write_text(text)
@@ -173,7 +173,7 @@ def recorded(*checks: str) -> list[list[Result]]:
 
 
 def test_floors_come_from_the_weakest_of_every_run_and_the_file_keeps_each_runs_figure():
-    # The train figures of those runs differ by up to 31%: floors at 0.6 leave 40% room.
+    # The train figures of those runs range up to 1.43x (GEMM): floors at 0.6 leave 1.67x of room.
     got = calibrate.floors(recorded("train"), 0.6, CPU_BOUNDS)
     gemm = got["gemm_throughput"]
     assert gemm["value"] == pytest.approx(0.6 * 10974865154.5, rel=1e-9) and (gemm["run"], gemm["where"], gemm["count"]) == (1, "rank 0", 2)
@@ -182,23 +182,25 @@ def test_floors_come_from_the_weakest_of_every_run_and_the_file_keeps_each_runs_
     assert step["value"] == pytest.approx(LOADED[1]["train"][2]["value"] / 0.6) and step["run"] == 2 and step["bound"] == "max"
     assert set(got) == {"gemm_throughput", "train_step_duration", "train_step_duration_max", "train_tokens_throughput"}  # no floor reads model FLOP/s or the straggler here
     source = tomllib.loads(calibrate.render(got, 0.6, "ci-vm", "cpu", WHEN))["floors"]
-    assert "0.6 x min(11, 15.4, 15.7) GFLOP/s over 3 runs, spread 30.7% (weakest: run 1, rank 0, weakest of 2)" in source["gemm_throughput"]["source"]
+    assert "0.6 x min(11, 15.4, 15.7) GFLOP/s over 3 runs, within 1.43x of each other (weakest: run 1, rank 0, weakest of 2)" in source["gemm_throughput"]["source"]
     assert "max(108, 122, 101) ms / 0.6 over 3 runs" in source["train_step_duration"]["source"]
 
 
-def test_runs_that_differ_by_more_than_the_floors_room_write_nothing():
+def test_runs_that_range_wider_than_the_floors_room_write_nothing():
     # The bandwidth figures of the same runs: the p50 latency went from 0.51 to 1.64 ms.
-    with pytest.raises(calibrate.Refused, match=r"^allreduce_latency varied 127% across 3 runs \(0.509, 0.892, 1.64 ms; \(max - min\) / median\), "
-                       r"more than the 40% room floors at 0.6 x the weakest leave; also memcpy_bandwidth 79%, allgather_bus_bandwidth 53%, "
-                       r"allreduce_bus_bandwidth 42%: this node's next run could fall under them"):
+    with pytest.raises(calibrate.Refused, match=r"^allreduce_latency ranged 3.22x across 3 runs \(0.509, 0.892, 1.64 ms: the strongest over the weakest\), "
+                       r"wider than the 1.67x room floors at 0.6 x the weakest leave; also memcpy_bandwidth 2.48x, allgather_bus_bandwidth 1.87x: "
+                       r"this node's next run could fall outside them"):
         calibrate.floors(recorded("bandwidth", "train"), 0.6, CPU_BOUNDS)
 
 
-def test_the_room_is_one_minus_the_fraction():
-    runs = recorded("train")  # GEMM and the longest step spread 30.7%, the widest of these
-    with pytest.raises(calibrate.Refused, match=r"varied 31% .* more than the 30% room floors at 0.7 x the weakest leave; also"):
-        calibrate.floors(runs, 0.7, CPU_BOUNDS)
-    assert calibrate.floors(runs, 0.69, CPU_BOUNDS)["gemm_throughput"]["spread"] == pytest.approx(0.307, abs=1e-3)
+def test_the_room_is_one_over_the_fraction():
+    runs = recorded("train")  # GEMM ranges 1.432x (10.97 to 15.71 GFLOP/s), the widest of these
+    with pytest.raises(calibrate.Refused, match=r"^gemm_throughput ranged 1.43x .* wider than the 1.43x room floors at 0.7 x the weakest leave: "):
+        calibrate.floors(runs, 0.7, CPU_BOUNDS)  # 1 / 0.7 = 1.4286
+    assert calibrate.floors(runs, 0.69, CPU_BOUNDS)["gemm_throughput"]["spread"] == pytest.approx(15.71 / 10.97, abs=1e-3)
+    same = [[bw(H2D)], [bw(H2D)]]
+    assert calibrate.floors(same, 1.0, BOUNDS)["h2d_bandwidth"]["value"] == 50e9  # runs that agree exactly fit floors at 1 x
 
 
 def test_a_figure_missing_from_a_run_refuses():
@@ -224,9 +226,11 @@ def test_bad_repeats_exit_2_with_one_line_before_anything_runs(tmp_path, repeats
     assert not out.exists() and "calibrate: run" not in r.output
 
 
-# gloo on a 2-vCPU VM varies from run to run by up to 2x (cpu.toml: all_reduce p50 0.25-0.5 ms,
-# busbw 0.8-1.2 GB/s): floors at a quarter of the weakest leave 75% room for that.
-FRACTION = "0.25"
+# A 2-vCPU VM shared with other work ranges widely from run to run under gloo: three runs
+# here read the all_reduce p50 at 1.76, 0.47 and 2.79 ms (5.9x) and train steps at 16-43 ms.
+# Floors at a tenth of the weakest leave 10x of room; at the default 0.9 (1.11x) such a
+# machine is refused, as it should be. This test proves the mechanism, not tight floors.
+FRACTION = "0.1"
 
 
 def test_floors_from_three_runs_pass_five_runs_that_follow(tmp_path):
@@ -241,7 +245,7 @@ def test_floors_from_three_runs_pass_five_runs_that_follow(tmp_path):
                            "gemm_throughput", "train_step_duration", "train_step_duration_max", "train_tokens_throughput"}  # no MFU: the cpu profile has no peak
     memcpy = floors["memcpy_bandwidth"]
     runs = [float(v) * 1e9 for v in memcpy["source"].split("min(")[1].split(")")[0].split(", ")]  # GB/s, as the source prints them
-    assert memcpy["unit"] == "bytes_per_second" and len(runs) == 3 and memcpy["value"] == pytest.approx(0.25 * min(runs), rel=0.01)
+    assert memcpy["unit"] == "bytes_per_second" and len(runs) == 3 and memcpy["value"] == pytest.approx(float(FRACTION) * min(runs), rel=0.01)
     assert floors["allreduce_latency"]["bound"] == "max" and f"/ {FRACTION} over 3 runs" in floors["allreduce_latency"]["source"]
     shown = run_preflight(["show-profile", "cpu", "--config", str(out), "--json"])
     resolved = json.loads(shown.stdout)["floors"]
