@@ -32,7 +32,8 @@ def test_the_hgx_tree_is_eight_gpus_joined_by_nvswitch_with_twelve_nics():
     node = shape.gather(Host(TREE), HEALTHY)
     assert (node.gpus, node.slots, node.fabric, len(node.nics)) == (8, SLOTS, "nvswitch", 12)
     assert node.gpus_from == "the PCI bus and /dev/nvidia{0-7}"
-    assert node.fabric_from == "sysfs: 1 NVSwitch bridge(s) on the PCI bus"
+    assert node.fabric_from == "NVML: active NVLinks end at an NVSwitch"
+    assert shape.fabric_of(first(8, nvlink_remote=None), 1, 8) == ("nvswitch", "sysfs: 1 NVSwitch bridge(s) on the PCI bus")
     assert node.describe() == "8 GPUs joined by NVSwitch, 12 RDMA NICs"
     assert node.notes == []
 
@@ -62,7 +63,7 @@ def test_a_sandbox_without_pci_devices_counts_device_nodes_and_says_so(root):
 
 
 def test_a_shape_nothing_can_be_read_of_is_judged_from_nvml_alone(tmp_path):
-    node = shape.gather(Host(tmp_path), first(4))
+    node = shape.gather(Host(tmp_path), first(4, nvlink_remote=None))
     assert node.gpus == 4 and node.gpus_from.startswith("NVML alone")
     assert node.fabric == "nvlink" and node.fabric_from == "NVML: NVLinks active (where they end is not reported)"
 
@@ -87,8 +88,8 @@ def test_nvml_seeing_more_gpus_than_the_bus_shows_wins_and_is_noted():
         (2, {"nvlink_remote": {"switch": 18}}, 0, "nvswitch"),
         (4, {}, 4, "nvswitch"),
         (2, {"nvlinks_active": 12, "nvlink_remote": {"gpu": 12}}, 0, "nvlink"),
-        (2, {"nvlinks_active": 0}, 0, "pcie"),
-        (2, {"nvlinks_active": None}, 0, "unknown"),
+        (2, {"nvlinks_active": 0, "nvlink_remote": None}, 0, "pcie"),
+        (2, {"nvlinks_active": None, "nvlink_remote": None}, 0, "unknown"),
     ],
 )
 def test_the_fabric_is_learnt_from_where_the_links_end(gpus, update, switches, want):
