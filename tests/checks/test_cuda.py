@@ -626,3 +626,17 @@ def test_a_container_given_two_of_eight_gpus_is_not_failed_for_the_hosts_other_s
     one = whole.model_copy(update={"gpus": whole.gpus[1:2]})
     (fail,) = cuda.judge_count(one, shape.gather(Host(root), one))
     assert fail.summary == "1 of 2 GPUs visible" and "on the PCI bus but not in NVML: 0000:1b:00.0" in fail.cause
+
+
+def test_a_one_gpu_h100_pcie_without_bridges_passes():
+    # One H100 PCIe card and no NVLink bridge: every link answers "inactive", NVML reports no far end.
+    pcie = profiles.load(profiles.BUILTIN_DIR / "h100-pcie.toml")
+    g = facts("h100-sxm-8x-healthy.json").inventory.gpus[0].model_copy(
+        update={"name": "NVIDIA H100 PCIe", "pci_device_id": "0x2331", "nvlinks_active": 0, "nvlink_remote": None, "power_limit_w": 350.0, "power_default_limit_w": 350.0})
+    inv = facts("h100-sxm-8x-healthy.json").inventory.model_copy(update={"gpus": [g]})
+    node = shape.judge_shape(shape.PciNvidia(gpus=["0000:1b:00.0"]), [0], {"0000:1b:00.0": 0}, [], inv)
+    assert (node.gpus, node.fabric) == (1, "single")
+    report = InitReport.model_validate_json((INIT / "healthy-8x.json").read_text())
+    report = report.model_copy(update={"devices": report.devices[:1], "pci_bus_ids": report.pci_bus_ids[:1], "device_count": 1})
+    init = InitOutcome(python=report.python, ended="exit 0", returncode=0, timed_out=False, seconds=1.0, report=report)
+    assert judged(cuda.CudaFacts(inventory=inv, kernel_log="/dev/kmsg", init=init), profile=pcie, node=node) == []
