@@ -207,11 +207,11 @@ class Running:
         if self.proc.poll() is None:
             host.stop(self.proc)
         for _ in range(3):
-            left = _marked(self.token)
+            left = marked(self.token)
             if not left:
                 return []
             host.kill_processes(p.pid for p in left)
-        return [f"pid {p.pid} ({_name(p)})" for p in _marked(self.token)]
+        return [f"pid {p.pid} ({_name(p)})" for p in marked(self.token)]
 
     def _collect(self, timed_out: bool, early: bool, leftover: list[str]) -> Finished:
         reports, unreadable, rank_logs, texts = {}, {}, {}, {}
@@ -333,12 +333,13 @@ def exit_words(code: int | None) -> str:
     return f"exit {code}"
 
 
-def _marked(token: str) -> list[psutil.Process]:
-    """Live processes whose environment carries the launch token: everything the worker started."""
+def marked(token: str, env: str = TOKEN_ENV) -> list[psutil.Process]:
+    """Live processes whose environment carries ``env=token``: everything a launch
+    (or `preflight selftest`'s stage) started, sessions of their own included."""
     found = []
     for p in psutil.process_iter(["pid"]):
         try:
-            if p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE and p.environ().get(TOKEN_ENV) == token:
+            if p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE and p.environ().get(env) == token:
                 found.append(p)
         except (psutil.Error, OSError):
             continue

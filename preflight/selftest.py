@@ -33,7 +33,9 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Callable
 
-from preflight import __version__
+import psutil
+
+from preflight import __version__, launch
 from preflight.errors import UsageError
 from preflight.selftest_report import (
     Outcome, StageResult, judge_inventory, judge_run, last_lines, parse_json, render_stage, render_summary, verdict,
@@ -146,18 +148,13 @@ def _stop_group(proc: subprocess.Popen) -> None:
 
 def _sweep(token: str) -> int:
     """SIGKILL every process whose environment carries ``token``; how many there were."""
-    needle = f"{TOKEN_ENV}={token}".encode()
-    killed = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    found = launch.marked(token, TOKEN_ENV)
+    for p in found:
         try:
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
-                os.kill(int(entry.name), signal.SIGKILL)
-                killed += 1
-        except OSError:
+            p.kill()
+        except psutil.Error:
             continue
-    return killed
+    return len(found)
 
 
 @dataclass
