@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The system tools the test suite runs for real, from Debian's packages.
+# Run as root on Debian or Ubuntu; on other systems install the same tools by
+# hand. A test whose tool is missing skips and says which; CI installs all.
+set -euo pipefail
+
+# command-that-proves-it-is-there  package
+tools=(
+    "systemd-analyze systemd"        # `systemd-analyze verify` on the units
+    "numactl numactl"                # the topology tests run the advised launch line
+    "promtool prometheus"            # lint the rules; a real Prometheus scrapes serve
+    "prometheus prometheus"
+    "openssl openssl"                # the Kubernetes labeler's TLS test makes its certificate
+)
+
+missing=()
+for t in "${tools[@]}"; do
+    read -r cmd pkg <<<"$t"
+    command -v "$cmd" >/dev/null || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+    mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
