@@ -1,8 +1,9 @@
-"""preflight: decides, in seconds, whether a GPU node will run a training job at full speed."""
+"""preflight: decides, in seconds, whether a GPU node will run a training job at full speed.
 
-from importlib.metadata import PackageNotFoundError, version
+The distribution is named gpu-preflight (PyPI's `preflight` is another
+project); the command and this package are `preflight`. The version lives
+here, not in installed metadata, so reading it costs no metadata scan at
+start-up.
+"""
 
-try:
-    __version__ = version("preflight")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0.0.0+unknown"
+__version__ = "0.1.0"
