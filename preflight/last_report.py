@@ -5,20 +5,23 @@ run a check: they read the report the last `preflight run --report` wrote and
 judge it here, in one place, so they cannot disagree. A report vouches for the
 node only if it passed, in this boot (a pass before the last reboot says
 nothing about the GPUs now), and, where the caller sets a limit, recently.
+`load` gives the Report model (serve renders all of it); `load_view` gives
+what the judge reads, without importing pydantic where the file is in the
+form preflight writes (report_view), so `status` starts fast.
 """
 
 from __future__ import annotations
 
 import os
-import threading
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
-from pydantic import ValidationError
+from preflight.report_view import VOUCHING, ReportView, Verdict, view
 
-from preflight.report import Report, Verdict
+if TYPE_CHECKING:
+    from preflight.report import Report
 
 # A report is a few hundred KiB at most (8 GPUs, every figure); past this it is not ours.
 MAX_BYTES = 16 * 2**20
@@ -34,15 +37,32 @@ class State(str, Enum):
         return self.value
 
 
-@dataclass(frozen=True)
-class Loaded:
+# NamedTuples, not dataclasses, for `status`'s start-up (see report_view).
+class Loaded(NamedTuple):
     state: State
-    report: Report | None = None
+    # The Report model (load), or what a judge reads of it (load_view): the same names.
+    report: Report | ReportView | None = None
     error: str | None = None  # why it is not OK, in words
     raw: bytes = b""  # the file as written, for serve's /report
 
 
 def load(path: Path) -> Loaded:
+    """The report as the Report model, for readers of all of it (serve)."""
+    data = _read(path)
+    return data if isinstance(data, Loaded) else _validated(path, data)
+
+
+def load_view(path: Path) -> Loaded:
+    """The report as a judge reads it (status, slurm-healthcheck, kube-label): without
+    pydantic where it is in the form `preflight run` writes, else exactly as ``load``."""
+    data = _read(path)
+    if isinstance(data, Loaded):
+        return data
+    seen = view(data)
+    return Loaded(State.OK, seen, raw=data) if seen is not None else _validated(path, data)
+
+
+def _read(path: Path) -> bytes | Loaded:
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_BYTES + 1)
@@ -52,6 +72,14 @@ def load(path: Path) -> Loaded:
         return Loaded(State.UNREADABLE, error=f"cannot read the report {path}: {e.strerror or e}")
     if len(data) > MAX_BYTES:
         return Loaded(State.INVALID, error=f"not a preflight report: {path} is over {MAX_BYTES // 2**20} MiB")
+    return data
+
+
+def _validated(path: Path, data: bytes) -> Loaded:
+    from pydantic import ValidationError
+
+    from preflight.report import Report
+
     try:
         return Loaded(State.OK, Report.model_validate_json(data), raw=data)
     except ValidationError as e:
@@ -65,6 +93,8 @@ class Cached:
     writer replaces it by rename, so a new inode or mtime means a new report)."""
 
     def __init__(self, path: Path):
+        import threading  # here: `status` needs no threads
+
         self.path = path
         self._lock = threading.Lock()
         self._key: tuple[int, int, int] | None = None
@@ -89,8 +119,7 @@ def this_boot() -> str | None:
         return None
 
 
-@dataclass(frozen=True)
-class Standing:
+class Standing(NamedTuple):
     """What the last report says about the node now."""
 
     vouched: bool | None  # True: a pass of this boot; False: not vouched; None: no usable report
@@ -137,10 +166,10 @@ def standing(loaded: Loaded, boot_id: str | None, now: datetime, max_age: float 
     return said(True, f"passed {when}, profile {r.profile}")
 
 
-def _why_not(r: Report) -> str:
+def _why_not(r: Report | ReportView) -> str:
     if r.interrupted_by_signal:
         return f"run interrupted by signal {r.interrupted_by_signal}"
-    bad = [c for c in r.checks if not c.status.ok]
+    bad = [c for c in r.checks if c.status not in VOUCHING]  # Status.ok, for a Status or its value
     if not bad:
         return f"verdict {r.verdict}"
     first = bad[0]

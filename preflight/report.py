@@ -5,34 +5,20 @@ from __future__ import annotations
 import os
 import tempfile
 from datetime import datetime
-from enum import Enum
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from preflight.check import Result, Status
 from preflight.errors import UsageError
+
+# Defined beside the reader that needs no pydantic (status); re-exported here.
+from preflight.report_view import DEFAULT_REPORT_PATH, MAX_NODES, Verdict  # noqa: F401
 from preflight.shape import NodeShape
 
 SCHEMA_VERSION = 1
-# Where the systemd units write and `serve` reads; a manual run writes only with --report.
-DEFAULT_REPORT_PATH = Path("/var/lib/preflight/report.json")
-
-
-class Verdict(str, Enum):
-    PASS = "pass"  # warnings allowed
-    FAIL = "fail"  # a check failed: drain the node
-    ERROR = "error"  # preflight itself broke: the node is not vouched for
-
-    def __str__(self) -> str:
-        return self.value
-
-
 EXIT_CODES = {Verdict.PASS: 0, Verdict.FAIL: 1, Verdict.ERROR: 3}
 EXIT_USAGE = 2
-# The most nodes one group may have (--nnodes); readers of a report rely on it too:
-# serve renders a series per node.
-MAX_NODES = 4096
 
 
 class GroupNode(BaseModel):
