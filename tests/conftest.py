@@ -10,6 +10,7 @@ import pytest
 
 import fakes
 from preflight import settings as settings_mod
+from preflight import settings_view
 from preflight.check import Context
 from preflight.host import Host
 from preflight.profiles import ResolvedFloor, ResolvedProfile
@@ -36,6 +37,7 @@ def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPath
         if key.startswith("PREFLIGHT_"):
             monkeypatch.delenv(key)
     monkeypatch.setattr(settings_mod, "DEFAULT_CONFIG", Path("/nonexistent/preflight/config.toml"))
+    monkeypatch.setattr(settings_view, "DEFAULT_CONFIG", Path("/nonexistent/preflight/config.toml"))  # status's reader of it
     monkeypatch.setenv("PREFLIGHT_LOCK_FILE", str(tmp_path_factory.mktemp("lock") / "preflight.lock"))
 
 
