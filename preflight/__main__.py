@@ -1,3 +1,3 @@
-from preflight.cli import main
+from preflight.quick import main
 
 main()

@@ -2,28 +2,32 @@
 
 Exit codes: 0 pass (warnings allowed), 1 a check failed, 2 usage or config
 error, 3 preflight itself broke, 128+N stopped by signal N.
-Heavy modules are imported inside commands so `preflight --help` stays fast.
+Heavy modules are imported inside commands so `preflight --help` stays fast;
+`status` and `version` start without Typer at all (preflight/quick.py).
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: Typer would then evaluate every
+# command's annotations from strings at each start, a sixth of --help's time.
 import functools
 import json
 import os
 import signal
 import sys
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
+from preflight import quick
 from preflight.errors import UsageError
 
+# Help is plain text: Rich's help imports rich.markdown and pygments, which alone
+# take longer than --help may.
 app = typer.Typer(
     name="preflight",
     help="Decide, in seconds, whether this GPU node will run a training job at full speed.",
+    rich_markup_mode=None,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
@@ -54,25 +58,7 @@ def _exit_codes(command: Callable[..., int]) -> Callable[..., None]:
 
     @functools.wraps(command)
     def wrapper(*args: object, **kwargs: object) -> None:
-        from preflight.profiles import DetectionFailed
-        from preflight.runner import Interrupted
-
-        try:
-            code = command(*args, **kwargs)
-        except UsageError as e:
-            _console().error(str(e))
-            code = 2
-        except DetectionFailed as e:  # `auto` found no driver or no profile: a finding, not bad input
-            _console().error(f"{e.cause}; {e.remedy}")
-            code = 1
-        except Interrupted as e:  # outside a check (detection, lock wait): nothing ran, nothing written
-            _console().error(f"interrupted by signal {e.signum} before any check ran; no report written")
-            code = 128 + e.signum
-        except Exception as e:  # the tool broke: one line, and the traceback for a bug report
-            _console().error(f"internal error: {type(e).__name__}: {e} (a bug in preflight; traceback follows)")
-            traceback.print_exc(file=sys.stderr)
-            code = 3
-        raise typer.Exit(code)
+        raise typer.Exit(quick.guarded(command, *args, **kwargs))
 
     return wrapper
 
@@ -193,14 +179,7 @@ def _group_flags(multi_node: bool, nnodes: Optional[int], node_rank: Optional[in
     return {"nnodes": g.nnodes, "node_rank": g.node_rank, "rdzv_endpoint": g.endpoint, "rdzv_id": rdzv_id or g.rdzv_id}
 
 
-def _emit(text: str) -> None:
-    """Data on stdout; a reader that went away (| head) must not change the exit code."""
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except (BrokenPipeError, ValueError, AttributeError):
-        # Point fd 1 at /dev/null so the interpreter's final flush cannot fail either.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+_emit = quick.emit  # data on stdout; a reader that went away (| head) must not change the exit code
 
 
 @app.command()
@@ -269,24 +248,7 @@ ReportOpt = Annotated[Optional[Path], typer.Option("--report", help="The report 
 MaxAgeOpt = Annotated[Optional[float], typer.Option("--max-age", help="Seconds after which a pass no longer vouches for the node. [default: no limit; a pass before the last reboot never does]")]
 
 
-def _standing(report: Optional[Path], config: Optional[Path], max_age: Optional[float]):  # noqa: ANN202
-    """The last report and what it says about this node now (never runs a check)."""
-    from preflight import last_report
-    from preflight.report import DEFAULT_REPORT_PATH
-
-    if max_age is not None and not max_age > 0:
-        raise UsageError(f"--max-age {max_age:g}: give a number of seconds above 0, e.g. 86400 for a day")
-    path = _settings(config, report=report).report or DEFAULT_REPORT_PATH
-    loaded = last_report.load(path)
-    return loaded, last_report.standing(loaded, last_report.this_boot(), last_report.now(), max_age, last_report.booted_at())
-
-
-def _npd_line(reason: str, limit: int = 80) -> str:
-    """One line of at most ``limit`` bytes, newline included (NPD's max_output_length), cut on a character."""
-    text = " ".join(reason.split())
-    if len(text.encode()) + 1 > limit:
-        text = text.encode()[: limit - 4].decode(errors="ignore") + "..."
-    return text + "\n"
+_standing = quick.standing  # the last report and what it says about this node now (never runs a check)
 
 
 @app.command()
@@ -301,18 +263,8 @@ def status(
     """Whether the last report vouches for this node now: a pass, in this boot. Never runs a check.
 
     Exit 0 vouched, 1 not (failed, before the last reboot, too old, or no usable report)."""
-    loaded, st = _standing(report, config, max_age)
-    if npd:
-        _emit(_npd_line(st.reason))
-        return {True: 0, False: 1, None: 2}[st.vouched]
-    if json_out:
-        r = loaded.report
-        _emit(json.dumps({"vouched": st.vouched, "reason": st.reason, "report_state": str(loaded.state),
-                          "verdict": str(r.verdict) if r else None, "profile": r.profile if r else None,
-                          "current_boot": st.current_boot, "age_seconds": st.age_seconds}, indent=2) + "\n")
-    else:
-        _emit({True: "vouched", False: "NOT vouched", None: "unknown"}[st.vouched] + f": {st.reason}\n")
-    return 0 if st.vouched else 1
+    # The same body `preflight status` runs without Typer (preflight/quick.py).
+    return quick.status(report, npd, max_age, config, json_out)
 
 
 @app.command()
@@ -637,18 +589,8 @@ def selftest(
 @_exit_codes
 def version() -> int:
     """Versions of preflight and what it runs on (torch is looked up, not imported)."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
-
-    from preflight import __version__
-
-    print(f"preflight {__version__}\npython {sys.version.split()[0]}")
-    for dist in ("torch", "nvidia-ml-py", "pydantic", "typer"):
-        try:
-            print(f"{dist} {dist_version(dist)}")
-        except PackageNotFoundError:
-            print(f"{dist} not installed")
-    return 0
+    # The same body `preflight version` runs without Typer (preflight/quick.py).
+    return quick.version()
 
 
 def main() -> None:
