@@ -643,6 +643,10 @@ def version() -> int:
     from preflight import __version__
 
     print(f"preflight {__version__}\npython {sys.version.split()[0]}")
+    # systemd/ and examples/ are package data (pyproject): a wheel puts them in
+    # the package, an editable install leaves them at the checkout's root.
+    here = Path(__file__).parent
+    print(f"units and examples: {here if (here / 'systemd').is_dir() else here.parent}")
     for dist in ("torch", "nvidia-ml-py", "pydantic", "typer"):
         try:
             print(f"{dist} {dist_version(dist)}")
