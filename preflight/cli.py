@@ -346,7 +346,7 @@ def slurm_healthcheck(
     report: ReportOpt = None,
     node: Annotated[Optional[str], typer.Option("--node", help="This node's Slurm NodeName. [default: $SLURMD_NODENAME, else the short hostname]")] = None,
     max_age: MaxAgeOpt = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what it would do; change nothing.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the scontrol line it would run (or why nothing); change nothing. Needs no scontrol: without slurmctld it gives the line for each state the node could be in.")] = False,
     config: ConfigOpt = None,
 ) -> int:
     """Slurm HealthCheckProgram: drain this node ("preflight: ...") unless the last report vouches for it;
@@ -358,12 +358,15 @@ def slurm_healthcheck(
 
     _, st = _standing(report, config, max_age)
     name = node or slurm.node_name()
+    if dry_run:
+        _emit(slurm.preview(Host(), st, name))
+        return 0 if st.vouched else 1
     try:
-        action = slurm.apply(Host(), st, name, dry_run)
+        action = slurm.apply(Host(), st, name)
     except slurm.SlurmError as e:
         _console().error(f"{e}; node {name} left as it is")
         return 1
-    _emit(("would " + action.verb + ": " if dry_run and action.verb != "none" else "") + action.why + "\n")
+    _emit(action.why + "\n")
     return 0 if st.vouched else 1
 
 

@@ -11,6 +11,10 @@ tools=(
     "promtool prometheus"            # lint the rules; a real Prometheus scrapes serve
     "prometheus prometheus"
     "openssl openssl"                # the Kubernetes labeler's TLS test makes its certificate
+    "munged munge"                   # a real Slurm on this machine drains and resumes a node
+    "slurmctld slurmctld"
+    "slurmd slurmd"
+    "sbatch slurm-client"
 )
 
 missing=()

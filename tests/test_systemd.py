@@ -13,6 +13,12 @@ import pytest
 
 UNITS = Path(__file__).parent.parent / "systemd"
 DROP_INS = sorted((UNITS / "drop-ins").glob("*.service.d/preflight.conf"))
+# Launchers that start whatever the gate said, and learn the verdict another way:
+# slurmd drains its node through HealthCheckProgram ("preflight: <cause>"), which
+# a slurmd held back by the gate could never run.
+UNGATED = {"slurmd.service.d"}
+GATED = [p for p in DROP_INS if p.parent.name not in UNGATED]
+SLURMD = UNITS / "drop-ins" / "slurmd.service.d" / "preflight.conf"
 SHIPPED = sorted([*UNITS.glob("*.service"), *UNITS.glob("*.timer")])
 PREFLIGHT = Path(sys.executable).parent / "preflight"
 INSTALLED_AS = "/usr/local/bin/preflight"
@@ -97,14 +103,20 @@ def test_verify_would_catch_a_misspelt_timer_setting(tmp_path):
     assert "OnCalender" in verify(timer).stderr
 
 
-@needs_analyze
-@pytest.mark.parametrize("drop_in", DROP_INS, ids=lambda p: p.parent.name)
-def test_drop_in_holds_the_launcher_behind_the_gate(drop_in, tmp_path):
+def install_launcher(tmp_path: Path, drop_in: Path, unit: str = "") -> tuple[Path, str]:
+    """The shipped units, a stand-in launcher (``unit`` added to its [Unit]) and the drop-in for it."""
     launcher = drop_in.parent.name.removesuffix(".d")
     d = install(tmp_path, *SHIPPED)
-    (d / launcher).write_text("[Unit]\nDescription=stand-in launcher\n[Service]\nExecStart=/bin/true\n")
+    (d / launcher).write_text(f"[Unit]\nDescription=stand-in launcher\n{unit}[Service]\nExecStart=/bin/true\n")
     (d / drop_in.parent.name).mkdir()
     shutil.copy(drop_in, d / drop_in.parent.name / drop_in.name)
+    return d, launcher
+
+
+@needs_analyze
+@pytest.mark.parametrize("drop_in", GATED, ids=lambda p: p.parent.name)
+def test_drop_in_holds_the_launcher_behind_the_gate(drop_in, tmp_path):
+    d, launcher = install_launcher(tmp_path, drop_in)
 
     p = verify(d / launcher)
     assert p.returncode == 0 and p.stderr == "", p.stderr
@@ -119,12 +131,41 @@ def test_drop_in_holds_the_launcher_behind_the_gate(drop_in, tmp_path):
     assert p.returncode == 0 and p.stderr == "", p.stderr
 
 
-@pytest.mark.parametrize("drop_in", DROP_INS, ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("drop_in", GATED, ids=lambda p: p.parent.name)
 def test_drop_in_starts_the_launcher_only_after_the_gate_finishes(drop_in):
     # Requires= alone would start the launcher alongside the gate, before any verdict.
     s = settings(drop_in)
     assert s[("Unit", "Requires")] == ["preflight.service"]
     assert s[("Unit", "After")] == ["preflight.service"]
+
+
+def test_slurmd_waits_for_the_gate_but_starts_whatever_it_said():
+    # Requires=/Requisite=/BindsTo= would keep slurmd down on a failed gate: Slurm would see a node
+    # not responding, with no reason, and no health check could ever resume it. Wants= would rerun
+    # the gate at every `systemctl restart slurmd`.
+    s = settings(SLURMD)
+    assert s == {("Unit", "After"): ["preflight.service"]}
+
+
+@needs_analyze
+def test_slurmd_starts_when_the_gate_fails(tmp_path):
+    d, launcher = install_launcher(tmp_path, SLURMD)
+    (d / "preflight.service").write_text("[Unit]\nDescription=a gate that refuses to load\n[Service]\nType=oneshot\n")
+    p = verify(d / launcher)
+    # systemd still says the gate is broken; slurmd's start job is created all the same.
+    assert p.returncode == 0 and "Failed to create" not in p.stderr, p.stderr
+
+
+@needs_analyze
+def test_slurmd_is_ordered_after_the_gate(tmp_path):
+    # At boot the target pulls both in (the stand-in's Wants=); a gate made to wait for slurmd then
+    # closes a cycle, and only because the drop-in orders slurmd after the gate.
+    d, launcher = install_launcher(tmp_path, SLURMD, unit="Wants=preflight.service\n")
+    gate = d / "preflight.service"
+    gate.write_text(gate.read_text() + "\n[Unit]\nAfter=slurmd.service\n")
+    assert "Found ordering cycle" in verify(d / launcher).stderr
+    shutil.rmtree(d / SLURMD.parent.name)
+    assert "Found ordering cycle" not in verify(d / launcher).stderr
 
 
 def test_there_are_drop_ins_for_slurm_kubernetes_and_any_other_launcher():
