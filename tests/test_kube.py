@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -143,6 +144,20 @@ def test_other_labels_are_never_in_the_patch() -> None:
             assert set(patch.get("metadata", {}).get("labels", {})) <= {"preflight/result"}
             kept = [t for t in patch.get("spec", {}).get("taints", OTHER_TAINTS) if t["key"] != "preflight/failed"]
             assert kept == OTHER_TAINTS
+
+
+def test_unread_the_change_is_the_most_a_round_could_send() -> None:
+    # A dry run with no node to read: labels merge, so the label is exact; the taint list is the node's own.
+    unread = [{"...": "the node's other taints, as read, unchanged"}]
+    failed = kube.decide_unread(FAILED, taint=True)
+    assert failed.what == ("label preflight/result=fail", "taint preflight/failed=true:NoSchedule")
+    assert failed.patch == {"metadata": {"labels": {"preflight/result": "fail"}, "resourceVersion": "<the node's, as read>"},
+                            "spec": {"taints": [*unread, OUR_TAINT]}}
+    assert kube.decide_unread(FAILED, taint=False).patch == {"metadata": {"labels": {"preflight/result": "fail"}}}
+    for taint in (True, False):  # a pass takes our taint away with or without --taint
+        passed = kube.decide_unread(PASSED, taint)
+        assert passed.what == ("label preflight/result=pass", "remove taint preflight/failed")
+        assert passed.patch and passed.patch["spec"] == {"taints": unread}
 
 
 # --- the API client ------------------------------------------------------------
@@ -288,7 +303,42 @@ def test_dry_run_reads_but_never_writes(reports: dict[str, Path]) -> None:
     with fakes.FakeKubeApi({"gpu-node-17": node_json()}) as api:
         done = kube_label(api, reports["fail"], "--taint", "--dry-run")
         assert done.returncode == 1 and api.patches == [] and api.count("GET") == 1
-        assert "would label preflight/result=fail, taint preflight/failed=true:NoSchedule" in done.stdout
+        line, request, body = done.stdout.splitlines()
+        assert line.endswith("would label preflight/result=fail, taint preflight/failed=true:NoSchedule")
+        # The very PATCH the real round sends: the node's own taints back, with the resourceVersion read.
+        assert request == "PATCH /api/v1/nodes/gpu-node-17 (application/strategic-merge-patch+json)"
+        assert json.loads(body) == {"metadata": {"labels": {"preflight/result": "fail"}, "resourceVersion": "81734"},
+                                    "spec": {"taints": [*OTHER_TAINTS, OUR_TAINT]}}
+
+
+def test_dry_run_outside_a_cluster_shows_the_patch_for_the_node_it_names(reports: dict[str, Path]) -> None:
+    # On the host, by hand: no KUBERNETES_SERVICE_HOST, no API server, no NODE_NAME.
+    done = subprocess.run([*fakes.PREFLIGHT, "kube-label", "--dry-run", "--taint", "--report", str(reports["fail"]), "--node", "gpu-node-17"],
+                          env=kube_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stderr == "", done.stderr
+    line, request, body = done.stdout.splitlines()
+    assert line.startswith("gpu-node-17: NOT vouched (shm FAIL: /dev/shm is 64 MiB")
+    assert "would label preflight/result=fail, taint preflight/failed=true:NoSchedule (node not read: not in a pod, KUBERNETES_SERVICE_HOST is not set" in line
+    assert request == "PATCH /api/v1/nodes/gpu-node-17 (application/strategic-merge-patch+json)"
+    assert json.loads(body)["spec"]["taints"][-1] == OUR_TAINT
+    # No name given: the kubelet's default, the hostname, said on stderr.
+    done = subprocess.run([*fakes.PREFLIGHT, "kube-label", "--dry-run", "--report", str(reports["pass"])],
+                          env=kube_env(), capture_output=True, text=True, timeout=60)
+    host = os.uname().nodename.lower()
+    assert done.returncode == 0, done.stderr
+    assert f"the node name is taken from the hostname, {host}" in done.stderr
+    assert done.stdout.startswith(f"{host}: vouched (passed") and f"PATCH /api/v1/nodes/{host} " in done.stdout
+
+
+def test_dry_run_with_the_api_server_unreachable_still_previews(reports: dict[str, Path]) -> None:
+    with fakes.FakeKubeApi({}) as api:
+        url = api.url  # closed on leaving: nothing listens there now
+    done = subprocess.run([*fakes.PREFLIGHT, "kube-label", "--api-server", url, "--dry-run", "--report", str(reports["fail"]), "--node", "n"],
+                          env=kube_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stderr == ""
+    line, _, body = done.stdout.splitlines()
+    assert f"would label preflight/result=fail (node not read: cannot reach the API server at {url}: Connection refused; this is the most it would change)" in line
+    assert json.loads(body) == {"metadata": {"labels": {"preflight/result": "fail"}}}
 
 
 def test_forbidden_names_the_rbac_to_grant(reports: dict[str, Path]) -> None:
