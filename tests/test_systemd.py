@@ -13,6 +13,9 @@ import pytest
 
 UNITS = Path(__file__).parent.parent / "systemd"
 DROP_INS = sorted((UNITS / "drop-ins").glob("*.service.d/preflight.conf"))
+# kubelet only waits for the gate: held back, it could never label or taint the node it runs on.
+KUBELET = UNITS / "drop-ins" / "kubelet.service.d" / "preflight.conf"
+REQUIRING = [d for d in DROP_INS if d != KUBELET]
 SHIPPED = sorted([*UNITS.glob("*.service"), *UNITS.glob("*.timer")])
 PREFLIGHT = Path(sys.executable).parent / "preflight"
 INSTALLED_AS = "/usr/local/bin/preflight"
@@ -98,7 +101,7 @@ def test_verify_would_catch_a_misspelt_timer_setting(tmp_path):
 
 
 @needs_analyze
-@pytest.mark.parametrize("drop_in", DROP_INS, ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("drop_in", REQUIRING, ids=lambda p: p.parent.name)
 def test_drop_in_holds_the_launcher_behind_the_gate(drop_in, tmp_path):
     launcher = drop_in.parent.name.removesuffix(".d")
     d = install(tmp_path, *SHIPPED)
@@ -119,12 +122,41 @@ def test_drop_in_holds_the_launcher_behind_the_gate(drop_in, tmp_path):
     assert p.returncode == 0 and p.stderr == "", p.stderr
 
 
-@pytest.mark.parametrize("drop_in", DROP_INS, ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("drop_in", REQUIRING, ids=lambda p: p.parent.name)
 def test_drop_in_starts_the_launcher_only_after_the_gate_finishes(drop_in):
     # Requires= alone would start the launcher alongside the gate, before any verdict.
     s = settings(drop_in)
     assert s[("Unit", "Requires")] == ["preflight.service"]
     assert s[("Unit", "After")] == ["preflight.service"]
+
+
+def test_the_kubelet_drop_in_only_orders_kubelet_after_the_gate():
+    # Requires=/Requisite=/BindsTo= would keep kubelet down on a failed gate, and on a GPU Operator
+    # node (whose driver needs kubelet) for good; Wants= would rerun the gate on a kubelet restart.
+    assert settings(KUBELET) == {("Unit", "After"): ["preflight.service"]}
+
+
+@needs_analyze
+def test_kubelet_starts_even_when_the_gate_cannot_and_waits_for_it_at_boot(tmp_path):
+    d = install(tmp_path, *SHIPPED)
+    (d / "kubelet.service").write_text("[Unit]\nDescription=stand-in kubelet\n[Service]\nExecStart=/bin/true\n")
+    (d / "kubelet.service.d").mkdir()
+    shutil.copy(KUBELET, d / "kubelet.service.d" / "preflight.conf")
+    # A gate that cannot even load does not stop kubelet from starting (systemd names the gate's fault).
+    gate = (d / "preflight.service").read_text()
+    (d / "preflight.service").write_text("[Unit]\nDescription=a gate that refuses to load\n[Service]\nType=oneshot\n")
+    p = verify(d / "kubelet.service")
+    assert p.returncode == 0 and "Failed to create kubelet.service/start" not in p.stderr, p.stderr
+    # Proof systemd reads the drop-in's ordering: started together (as at boot, here pulled in by a
+    # stand-in Wants=), a gate ordered after kubelet now makes a cycle, and only because of the drop-in.
+    (d / "preflight.service").write_text(gate)
+    (d / "kubelet.service").write_text("[Unit]\nDescription=stand-in kubelet\nWants=preflight.service\n[Service]\nExecStart=/bin/true\n")
+    (d / "preflight.service.d").mkdir()
+    (d / "preflight.service.d" / "cycle.conf").write_text("[Unit]\nAfter=kubelet.service\n")
+    assert "Found ordering cycle" in verify(d / "kubelet.service").stderr
+    shutil.rmtree(d / "kubelet.service.d")
+    p = verify(d / "kubelet.service")
+    assert p.returncode == 0 and p.stderr == "", p.stderr
 
 
 def test_there_are_drop_ins_for_slurm_kubernetes_and_any_other_launcher():
