@@ -380,7 +380,7 @@ def kube_label(
         "--taint/--no-taint", help="Also taint a node the report does not vouch for with preflight/failed=true:NoSchedule, and remove it when it passes again.",
     )] = False,
     every: Annotated[Optional[float], typer.Option("--every", help="Re-read the report and re-apply every SECONDS until SIGTERM. [default: once]")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what it would change; change nothing.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the PATCH it would send and change nothing; with no cluster to read the node from, the most it would send.")] = False,
     config: ConfigOpt = None,
     # `kubectl proxy` or a test server instead of the in-cluster API server: not in --help.
     api_server: Annotated[Optional[str], typer.Option("--api-server", hidden=True)] = None,
@@ -392,16 +392,25 @@ def kube_label(
     from preflight import kube
     from preflight.runner import Interrupted
 
+    console = _console()
     name = node or os.environ.get("NODE_NAME")
+    if not name and dry_run:
+        name = os.uname().nodename.strip().lower()  # what the kubelet names its node unless told otherwise
+        console.note(f"no --node or NODE_NAME: the node name is taken from the hostname, {name}")
     if not name:
         raise UsageError("no node name: set NODE_NAME from the downward API (env valueFrom.fieldRef.fieldPath: spec.nodeName) or pass --node NAME")
     if every is not None and not every > 0:
         raise UsageError(f"--every {every:g}: give a number of seconds above 0, e.g. 60")
     if api_server is not None and not api_server.startswith(("http://", "https://")):
         raise UsageError(f"--api-server {api_server}: give a URL, e.g. http://127.0.0.1:8001 for `kubectl proxy`")
-    api = kube.Api(api_server) if api_server else kube.Api.in_cluster()
+    no_api = ""
+    if api_server:
+        api: kube.Api | None = kube.Api(api_server)
+    elif dry_run and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        api, no_api = None, "not in a pod, KUBERNETES_SERVICE_HOST is not set"  # a preview needs no cluster
+    else:
+        api = kube.Api.in_cluster()
     _, st = _standing(report, config, max_age)  # a bad --max-age or config: exit 2 before any round
-    console = _console()
 
     def say(r: kube.Round) -> None:
         if r.error:
@@ -410,12 +419,12 @@ def kube_label(
             _emit(r.line + "\n")
 
     if every is None:
-        r = kube.run_round(api, lambda: st, name, taint, dry_run)
+        r = kube.run_round(api, lambda: st, name, taint, dry_run, no_api)
         say(r)
         return 0 if r.vouched else 1
     try:
         with _Signals():
-            kube.keep_applying(lambda: kube.run_round(api, lambda: _standing(report, config, max_age)[1], name, taint, dry_run), every, say)
+            kube.keep_applying(lambda: kube.run_round(api, lambda: _standing(report, config, max_age)[1], name, taint, dry_run, no_api), every, say)
     except Interrupted:
         pass  # SIGTERM from the kubelet: a clean stop
     return 0

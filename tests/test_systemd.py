@@ -15,10 +15,13 @@ UNITS = Path(__file__).parent.parent / "systemd"
 DROP_INS = sorted((UNITS / "drop-ins").glob("*.service.d/preflight.conf"))
 # Launchers that start whatever the gate said, and learn the verdict another way:
 # slurmd drains its node through HealthCheckProgram ("preflight: <cause>"), which
-# a slurmd held back by the gate could never run.
-UNGATED = {"slurmd.service.d"}
+# a slurmd held back by the gate could never run; kubelet, held back, could never
+# label or taint the node it runs on (and on a GPU Operator node, whose driver
+# needs kubelet, would stay down for good).
+UNGATED = {"slurmd.service.d", "kubelet.service.d"}
 GATED = [p for p in DROP_INS if p.parent.name not in UNGATED]
 SLURMD = UNITS / "drop-ins" / "slurmd.service.d" / "preflight.conf"
+KUBELET = UNITS / "drop-ins" / "kubelet.service.d" / "preflight.conf"
 SHIPPED = sorted([*UNITS.glob("*.service"), *UNITS.glob("*.timer")])
 PREFLIGHT = Path(sys.executable).parent / "preflight"
 INSTALLED_AS = "/usr/local/bin/preflight"
@@ -166,6 +169,35 @@ def test_slurmd_is_ordered_after_the_gate(tmp_path):
     assert "Found ordering cycle" in verify(d / launcher).stderr
     shutil.rmtree(d / SLURMD.parent.name)
     assert "Found ordering cycle" not in verify(d / launcher).stderr
+
+
+def test_the_kubelet_drop_in_only_orders_kubelet_after_the_gate():
+    # Requires=/Requisite=/BindsTo= would keep kubelet down on a failed gate, and on a GPU Operator
+    # node (whose driver needs kubelet) for good; Wants= would rerun the gate on a kubelet restart.
+    assert settings(KUBELET) == {("Unit", "After"): ["preflight.service"]}
+
+
+@needs_analyze
+def test_kubelet_starts_even_when_the_gate_cannot_and_waits_for_it_at_boot(tmp_path):
+    d = install(tmp_path, *SHIPPED)
+    (d / "kubelet.service").write_text("[Unit]\nDescription=stand-in kubelet\n[Service]\nExecStart=/bin/true\n")
+    (d / "kubelet.service.d").mkdir()
+    shutil.copy(KUBELET, d / "kubelet.service.d" / "preflight.conf")
+    # A gate that cannot even load does not stop kubelet from starting (systemd names the gate's fault).
+    gate = (d / "preflight.service").read_text()
+    (d / "preflight.service").write_text("[Unit]\nDescription=a gate that refuses to load\n[Service]\nType=oneshot\n")
+    p = verify(d / "kubelet.service")
+    assert p.returncode == 0 and "Failed to create kubelet.service/start" not in p.stderr, p.stderr
+    # Proof systemd reads the drop-in's ordering: started together (as at boot, here pulled in by a
+    # stand-in Wants=), a gate ordered after kubelet now makes a cycle, and only because of the drop-in.
+    (d / "preflight.service").write_text(gate)
+    (d / "kubelet.service").write_text("[Unit]\nDescription=stand-in kubelet\nWants=preflight.service\n[Service]\nExecStart=/bin/true\n")
+    (d / "preflight.service.d").mkdir()
+    (d / "preflight.service.d" / "cycle.conf").write_text("[Unit]\nAfter=kubelet.service\n")
+    assert "Found ordering cycle" in verify(d / "kubelet.service").stderr
+    shutil.rmtree(d / "kubelet.service.d")
+    p = verify(d / "kubelet.service")
+    assert p.returncode == 0 and p.stderr == "", p.stderr
 
 
 def test_there_are_drop_ins_for_slurm_kubernetes_and_any_other_launcher():
