@@ -81,14 +81,23 @@ def venv(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_distribution_is_not_pypis_preflight() -> None:
     """PyPI's `preflight` is a 2015 Django deploy checker: nothing here may install it."""
     assert re.search(r'^name = "gpu-preflight"$', (ROOT / "pyproject.toml").read_text(), re.M)
-    bare = re.compile(r"pip\S* install\b[^\n&;|]*?(?<![\w./-])['\"]?preflight(?![\w-])")
+    install = re.compile(r"pip\S* install\b([^\n&;|#(`]*)")
+
+    def names_bare(line: str) -> bool:
+        for m in install.finditer(line):
+            for token in m.group(1).split():
+                name = re.match(r"[A-Za-z0-9._-]+", token.strip("'\""))
+                if not token.startswith("-") and name and name.group(0).lower() == "preflight":
+                    return True
+        return False
+
     offenders = []
     for top in ("README.md", "docs", "examples", "systemd", "tests", ".ci"):
         paths = [ROOT / top] if (ROOT / top).is_file() else sorted((ROOT / top).rglob("*"))
         for p in paths:
             if p.is_file() and p.suffix not in (".pyc", ".json", ".txt", ".log") and p != Path(__file__):
                 for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
-                    if bare.search(line):
+                    if names_bare(line):
                         offenders.append(f"{p.relative_to(ROOT)}:{n}: {line.strip()}")
     assert not offenders, "install lines naming PyPI's `preflight`:\n" + "\n".join(offenders)
 
