@@ -11,6 +11,7 @@ tools=(
     "promtool prometheus"            # lint the rules; a real Prometheus scrapes serve
     "prometheus prometheus"
     "openssl openssl"                # the Kubernetes labeler's TLS test makes its certificate
+    "tmux tmux"                      # a real terminal for the live progress line (capture-pane)
 )
 
 missing=()
