@@ -16,6 +16,7 @@ tools=(
     "slurmctld slurmctld"
     "slurmd slurmd"
     "sbatch slurm-client"
+    "tmux tmux"                      # a real terminal for the live progress line (capture-pane)
 )
 
 missing=()

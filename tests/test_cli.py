@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 import fakes
 from preflight.cli import app
 from preflight.launch import free_port
+from preflight.progress import PLAIN_EVERY
 from preflight.report import Report
 
 
@@ -153,6 +154,16 @@ def test_real_process_cpu_profile_exits_0():
     p = run_preflight(["run", "--profile", "cpu"])
     assert p.returncode == 0, p.stderr
     assert "preflight: PASS" in p.stderr and p.stdout == ""
+    # In a pipe, progress is plain lines on stderr: each check's start, then its stage as it
+    # changes, at most one line per progress.PLAIN_EVERY seconds; no escape code, no carriage return.
+    assert "\x1b" not in p.stderr and "\r" not in p.stderr
+    started = re.findall(r"^  \.\.\. (\w+)$", p.stderr, re.M)
+    assert started == ["shm", "nccl", "bandwidth", "train"], p.stderr
+    staged = re.findall(r"^  \.\.\. (\w+)  (.+)  (\d+\.\d) s$", p.stderr, re.M)
+    assert any("2 ranks" in stage or "rank " in stage for _, stage, _ in staged), p.stderr  # the workers' stages
+    for check in started:
+        clocks = [float(clock) for c, _, clock in staged if c == check]
+        assert all(b - a >= PLAIN_EVERY - 0.1 for a, b in zip([0.0, *clocks], clocks)), (check, clocks)
 
 
 def test_plain_output_in_logs_with_measurements_when_verbose():
@@ -432,6 +443,7 @@ def test_the_installed_console_script_works():
     script = os.path.join(os.path.dirname(sys.executable), "preflight")
     p = subprocess.run([script, "run", "--profile", "cpu", "-q"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stderr.startswith("preflight: PASS")
+    assert "  ... " not in p.stderr  # -q in a log: no progress at all
 
 
 def test_a_closed_stderr_or_a_reader_that_left_does_not_change_the_verdict(tmp_path):
