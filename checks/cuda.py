@@ -27,6 +27,7 @@ from pydantic import BaseModel, ValidationError
 from preflight import launch, nvml, xid
 from preflight.check import Check, Context, Finding, Measurement, Result, Status, worst
 from preflight.nvml import Gpu, Inventory, PcieLink
+from preflight.progress import Progress
 from preflight.profiles import GpuExpect
 from preflight.shape import NodeShape
 
@@ -102,7 +103,7 @@ class CudaFacts(BaseModel):
 # ---- gathering -------------------------------------------------------------
 
 
-def run_init(python: str, timeout: float, read_links: bool) -> tuple[InitOutcome, dict[str, PcieLink] | None]:
+def run_init(python: str, timeout: float, read_links: bool, progress: Progress | None = None) -> tuple[InitOutcome, dict[str, PcieLink] | None]:
     """The cuda_init worker; while it loads the links, NVML reads them. The
     reading (every GPU's link, by NVML bus id) is returned only where it was
     taken under load; ``loaded_links`` picks the GPUs the worker copied to."""
@@ -111,7 +112,7 @@ def run_init(python: str, timeout: float, read_links: bool) -> tuple[InitOutcome
         stop = Path(tmp) / "stop"
         worker = launch.Worker("cuda_init.py", ["--load-seconds", str(LOAD_SECONDS), "--stop", str(stop)])
         try:
-            running = launch.start(python, worker, timeout)
+            running = launch.start(python, worker, timeout, progress)
         except launch.LaunchError as e:
             ended = f"could not be started: {e.cause}"
             return InitOutcome(python=python, ended=ended, returncode=None, timed_out=False, seconds=0.0), None
@@ -207,7 +208,9 @@ def _bare_uuid(u: str) -> str:
 def gather(ctx: Context) -> CudaFacts:
     """Raises NvmlUnavailable when NVML cannot answer at all."""
     fake = ctx.settings.nvml_fake
+    ctx.progress.stage("asking NVML")  # a wedged driver stalls here until the query's deadline
     inventory = nvml.inventory(fake, timeout=min(20.0, _left(ctx)))
+    ctx.progress.stage("reading the kernel log")
     try:
         text, where = xid.read_kernel_log(ctx.host, timeout=min(10.0, _left(ctx)))
         events, kernel_log = xid.parse(text), where
@@ -219,7 +222,7 @@ def gather(ctx: Context) -> CudaFacts:
         facts.init_skipped = "NVML reports lost GPUs" if inventory.lost else "NVML reports no GPU"
         return facts
     python = str(ctx.settings.python) if ctx.settings.python else sys.executable
-    facts.init, loaded = run_init(python, _left(ctx) - MARGIN, read_links=fake is None)
+    facts.init, loaded = run_init(python, _left(ctx) - MARGIN, read_links=fake is None, progress=ctx.progress)
     facts.pcie_loaded, facts.pcie_unjudged = loaded_links(facts.init, loaded, inventory)
     return facts
 

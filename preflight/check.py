@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, Field, field_validator
 
+from preflight.progress import Progress
+
 if TYPE_CHECKING:
     from preflight.host import Host
     from preflight.profiles import ResolvedProfile
@@ -118,6 +120,8 @@ class Context:
     meeting: Any = None
     # How many GPUs this node gives the run and how they are joined (preflight.shape); None on a profile without GPUs.
     shape: NodeShape | None = None
+    # What the running check is doing now (the console's live line reads it).
+    progress: Progress = field(default_factory=Progress)
 
     def floor(self, name: str) -> float:
         return self.profile.floors[name].value

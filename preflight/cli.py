@@ -1,7 +1,8 @@
 """The `preflight` command: parses flags and wires the modules together.
 
 Exit codes: 0 pass (warnings allowed), 1 a check failed, 2 usage or config
-error, 3 preflight itself broke, 128+N stopped by signal N.
+error, 3 preflight itself broke, 128+N stopped by signal N (141: the reader
+of stdout went away, as for a command SIGPIPE stops).
 Heavy modules are imported inside commands so `preflight --help` stays fast;
 `status` and `version` start without Typer at all (preflight/quick.py).
 """
@@ -22,8 +23,9 @@ import typer
 from preflight import quick
 from preflight.errors import UsageError
 
-# Help is plain text: Rich's help imports rich.markdown and pygments, which alone
-# take longer than --help may.
+# Help is plain text: Rich markup would read "[floors]" or "[default: auto]" in a
+# help string as a style tag and drop it, and Rich's help imports rich.markdown
+# and pygments, which alone take longer than --help may.
 app = typer.Typer(
     name="preflight",
     help="Decide, in seconds, whether this GPU node will run a training job at full speed.",
@@ -34,11 +36,45 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-ProfileOpt = Annotated[Optional[str], typer.Option("--profile", "-p", help="Profile name, or 'auto' to pick by GPU model. [default: auto]")]
-ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="Config TOML. [default: $PREFLIGHT_CONFIG, else /etc/preflight/config.toml if present]")]
+
+class _Command(typer.core.TyperCommand):
+    """Lists an argument by its metavar alone: typer adds the Python type ("FILE <path>")."""
+
+    def format_options(self, ctx, formatter) -> None:  # noqa: ANN001
+        sections: dict[str, list[tuple[str, str]]] = {"argument": [], "option": []}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None and param.param_type_name in sections:
+                name = param.metavar if param.param_type_name == "argument" and param.metavar else record[0]
+                sections[param.param_type_name].append((name, record[1]))
+        for title, kind in (("Arguments", "argument"), ("Options", "option")):
+            if sections[kind]:
+                with formatter.section(title):
+                    formatter.write_dl(sections[kind])
+
+    def collect_usage_pieces(self, ctx) -> list[str]:  # noqa: ANN001
+        # typer writes a required argument as "{FILE}"; a usage line says FILE
+        return [p[1:-1] if p.startswith("{") and p.endswith("}") else p for p in super().collect_usage_pieces(ctx)]
+
+
+def _profile_names() -> str:
+    """The installed profiles, for --help. A profile's name is its file's name,
+    so a directory listing says it: no profile is parsed for a --help."""
+    names = set()
+    for folder in (Path(__file__).with_name("profiles"), os.environ.get("PREFLIGHT_PROFILES_DIR") or "/etc/preflight/profiles"):
+        try:
+            names.update(e.name[: -len(".toml")] for e in os.scandir(folder) if e.name.endswith(".toml"))
+        except OSError:  # no site profiles: the built-in ones are still listed
+            pass
+    return ", ".join(sorted(names))
+
+
+PROFILE_HELP = f"auto (pick by GPU model), or one of: {_profile_names()}."
+ProfileOpt = Annotated[Optional[str], typer.Option("--profile", "-p", metavar="NAME", help=f"Profile: {PROFILE_HELP} [default: auto]")]
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", metavar="FILE", help="Config TOML. [default: $PREFLIGHT_CONFIG, else /etc/preflight/config.toml if present]")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")]
 # Facts from a JSON file instead of NVML: for tests and demos, so not in --help.
-FakeOpt = Annotated[Optional[Path], typer.Option("--nvml-fake", hidden=True)]
+FakeOpt = Annotated[Optional[Path], typer.Option("--nvml-fake", metavar="FILE", hidden=True)]
 
 
 def _console(quiet: bool = False, verbose: bool = False):  # noqa: ANN202
@@ -86,33 +122,33 @@ class _Signals:
             signal.signal(s, h)
 
 
-@app.command()
+@app.command(short_help="Run the profile's checks in order and print the verdict.")
 @_exit_codes
 def run(
     profile: ProfileOpt = None,
-    only: Annotated[Optional[list[str]], typer.Option("--only", help="Run only these checks (repeat, or comma-separate).")] = None,
-    skip: Annotated[Optional[list[str]], typer.Option("--skip", help="Leave out these checks.")] = None,
+    only: Annotated[Optional[list[str]], typer.Option("--only", metavar="CHECK", help="Run only these checks (repeat, or comma-separate).")] = None,
+    skip: Annotated[Optional[list[str]], typer.Option("--skip", metavar="CHECK", help="Leave out these checks.")] = None,
     keep_going: Annotated[Optional[bool], typer.Option("--keep-going/--fail-fast", help="Run every check even after a failure. [default: fail-fast]")] = None,
     json_out: JsonOpt = False,
-    report: Annotated[Optional[Path], typer.Option("--report", help="Write the JSON report here, atomically.")] = None,
-    textfile_dir: Annotated[Optional[Path], typer.Option("--textfile-dir", help="Write preflight.prom here, atomically, for node_exporter's textfile collector.")] = None,
+    report: Annotated[Optional[Path], typer.Option("--report", metavar="FILE", help="Write the JSON report here, atomically.")] = None,
+    textfile_dir: Annotated[Optional[Path], typer.Option("--textfile-dir", metavar="DIR", help="Write preflight.prom here, atomically, for node_exporter's textfile collector.")] = None,
     if_idle: Annotated[bool, typer.Option("--if-idle", help="Do nothing (exit 0, last report kept) while a process holds a GPU: for periodic rechecks.")] = False,
     config: ConfigOpt = None,
-    lock_file: Annotated[Optional[Path], typer.Option("--lock-file", help="Lock that keeps runs apart. [default: /run/lock/preflight.lock]")] = None,
-    lock_timeout: Annotated[Optional[float], typer.Option("--lock-timeout", help="Seconds to wait for another run to finish. [default: 60]")] = None,
+    lock_file: Annotated[Optional[Path], typer.Option("--lock-file", metavar="FILE", help="Lock that keeps runs apart. [default: /run/lock/preflight.lock]")] = None,
+    lock_timeout: Annotated[Optional[float], typer.Option("--lock-timeout", metavar="SECONDS", help="Seconds to wait for another run to finish. [default: 60]")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only problems and the verdict.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every measurement and cause.")] = False,
-    python: Annotated[Optional[Path], typer.Option("--python", help="Interpreter for GPU workers: the training environment's, to validate its torch. [default: preflight's own]")] = None,
-    nproc_per_node: Annotated[Optional[int], typer.Option("--nproc-per-node", help="Ranks torchrun starts. [default: one per GPU; the profile's [nccl] ranks without GPUs]")] = None,
-    rdzv_port: Annotated[Optional[int], typer.Option("--rdzv-port", help="torchrun's rendezvous port on 127.0.0.1. [default: 0, a free one]")] = None,
-    node_gpus: Annotated[Optional[int], typer.Option("--node-gpus", help="GPUs this node must show (in the config file: gpus under node); fewer is a FAIL. [default: the node's own count]")] = None,
-    nnodes: Annotated[Optional[int], typer.Option("--nnodes", help="Nodes in the group: nccl and bandwidth run across all of them. [default: 1]", rich_help_panel="Many nodes")] = None,
-    node_rank: Annotated[Optional[int], typer.Option("--node-rank", help="This node's rank in the group, 0 to N-1; rank 0 hosts the rendezvous.", rich_help_panel="Many nodes")] = None,
-    rdzv_endpoint: Annotated[Optional[str], typer.Option("--rdzv-endpoint", help="HOST:PORT of node rank 0, the same on every node (PORT+1 is used too).", rich_help_panel="Many nodes")] = None,
-    rdzv_id: Annotated[Optional[str], typer.Option("--rdzv-id", help="The group's id, the same on every node. [default: preflight]", rich_help_panel="Many nodes")] = None,
-    rdzv_timeout: Annotated[Optional[float], typer.Option("--rdzv-timeout", help="Seconds to wait for every node to arrive. [default: 300]", rich_help_panel="Many nodes")] = None,
+    python: Annotated[Optional[Path], typer.Option("--python", metavar="PATH", help="Interpreter for GPU workers: the training environment's, to validate its torch. [default: preflight's own]")] = None,
+    nproc_per_node: Annotated[Optional[int], typer.Option("--nproc-per-node", metavar="N", help="Ranks torchrun starts. [default: one per GPU; the profile's [nccl] ranks without GPUs]")] = None,
+    rdzv_port: Annotated[Optional[int], typer.Option("--rdzv-port", metavar="PORT", help="torchrun's rendezvous port on 127.0.0.1. [default: 0, a free one]")] = None,
+    node_gpus: Annotated[Optional[int], typer.Option("--node-gpus", metavar="N", help="GPUs this node must show (in the config file: gpus under node); fewer is a FAIL. [default: the node's own count]")] = None,
+    nnodes: Annotated[Optional[int], typer.Option("--nnodes", metavar="N", help="Nodes in the group: nccl and bandwidth run across all of them. [default: 1]")] = None,
+    node_rank: Annotated[Optional[int], typer.Option("--node-rank", metavar="RANK", help="This node's rank in the group, 0 to N-1; rank 0 hosts the rendezvous.")] = None,
+    rdzv_endpoint: Annotated[Optional[str], typer.Option("--rdzv-endpoint", metavar="HOST:PORT", help="HOST:PORT of node rank 0, the same on every node (PORT+1 is used too).")] = None,
+    rdzv_id: Annotated[Optional[str], typer.Option("--rdzv-id", metavar="ID", help="The group's id, the same on every node. [default: preflight]")] = None,
+    rdzv_timeout: Annotated[Optional[float], typer.Option("--rdzv-timeout", metavar="SECONDS", help="Seconds to wait for every node to arrive. [default: 300]")] = None,
     scratch: Annotated[bool, typer.Option("--scratch", help="Not this node's gate (pairwise, a trial): write neither the configured report nor textfile.")] = False,
-    multi_node: Annotated[bool, typer.Option("--multi-node", help="Take --nnodes, --node-rank and the endpoint from Slurm (srun -N N --ntasks-per-node=1).", rich_help_panel="Many nodes")] = False,
+    multi_node: Annotated[bool, typer.Option("--multi-node", help="Take --nnodes, --node-rank and the endpoint from Slurm (srun -N N --ntasks-per-node=1).")] = False,
     nvml_fake: FakeOpt = None,
 ) -> int:
     """Run the profile's checks in order and print the verdict."""
@@ -182,17 +218,17 @@ def _group_flags(multi_node: bool, nnodes: Optional[int], node_rank: Optional[in
 _emit = quick.emit  # data on stdout; a reader that went away (| head) must not change the exit code
 
 
-@app.command()
+@app.command(short_help="Measure a known-good node and write site floors from it.")
 @_exit_codes
 def calibrate(
-    output: Annotated[Path, typer.Option("--output", "-o", help="Site floors file to write: [floors] tables, usable with --config.")],
-    fraction: Annotated[float, typer.Option("--fraction", help="Floors at this fraction of what this node measures; ceilings at measured / fraction.")] = 0.9,
-    repeats: Annotated[int, typer.Option("--repeats", help="Runs to measure (2 to 20); floors from the weakest, refused where a figure's runs range wider than 1 / fraction.")] = 3,
+    output: Annotated[Path, typer.Option("--output", "-o", metavar="FILE", help="Site floors file to write: [floors] tables, usable with --config.")],
+    fraction: Annotated[float, typer.Option("--fraction", metavar="FRACTION", help="Floors at this fraction of what this node measures; ceilings at measured / fraction.")] = 0.9,
+    repeats: Annotated[int, typer.Option("--repeats", metavar="N", help="Runs to measure (2 to 20); floors from the weakest, refused where a figure's runs range wider than 1 / fraction.")] = 3,
     force: Annotated[bool, typer.Option("--force", help="Replace --output if it exists.")] = False,
     profile: ProfileOpt = None,
     config: ConfigOpt = None,
-    python: Annotated[Optional[Path], typer.Option("--python", help="Interpreter for GPU workers. [default: preflight's own]")] = None,
-    nproc_per_node: Annotated[Optional[int], typer.Option("--nproc-per-node", help="Ranks torchrun starts. [default: one per GPU]")] = None,
+    python: Annotated[Optional[Path], typer.Option("--python", metavar="PATH", help="Interpreter for GPU workers. [default: preflight's own]")] = None,
+    nproc_per_node: Annotated[Optional[int], typer.Option("--nproc-per-node", metavar="N", help="Ranks torchrun starts. [default: one per GPU]")] = None,
     nvml_fake: FakeOpt = None,
 ) -> int:
     """Measure this known-good node --repeats times (checks through bandwidth and train) and write site floors at --fraction of its weakest figures."""
@@ -244,14 +280,14 @@ def calibrate(
     return 0
 
 
-ReportOpt = Annotated[Optional[Path], typer.Option("--report", help="The report `preflight run --report` wrote. [default: /var/lib/preflight/report.json]")]
-MaxAgeOpt = Annotated[Optional[float], typer.Option("--max-age", help="Seconds after which a pass no longer vouches for the node. [default: no limit; a pass before the last reboot never does]")]
+ReportOpt = Annotated[Optional[Path], typer.Option("--report", metavar="FILE", help="The report `preflight run --report` wrote. [default: /var/lib/preflight/report.json]")]
+MaxAgeOpt = Annotated[Optional[float], typer.Option("--max-age", metavar="SECONDS", help="Seconds after which a pass no longer vouches for the node. [default: no limit; a pass before the last reboot never does]")]
 
 
 _standing = quick.standing  # the last report and what it says about this node now (never runs a check)
 
 
-@app.command()
+@app.command(short_help="Does the last report vouch for this node now?")
 @_exit_codes
 def status(
     report: ReportOpt = None,
@@ -267,10 +303,10 @@ def status(
     return quick.status(report, npd, max_age, config, json_out)
 
 
-@app.command()
+@app.command(short_help="Serve the last report: /metrics, /report, /healthz.")
 @_exit_codes
 def serve(
-    listen: Annotated[Optional[str], typer.Option("--listen", help="ADDRESS:PORT. Another address than loopback exposes the report to that network. [default: 127.0.0.1:9842]")] = None,
+    listen: Annotated[Optional[str], typer.Option("--listen", metavar="ADDRESS:PORT", help="Where to listen. Another address than loopback exposes the report to that network. [default: 127.0.0.1:9842]")] = None,
     report: ReportOpt = None,
     config: ConfigOpt = None,
 ) -> int:
@@ -292,13 +328,13 @@ def serve(
     return 0
 
 
-@app.command("slurm-healthcheck")
+@app.command("slurm-healthcheck", short_help="Slurm: drain or resume this node from its last report.")
 @_exit_codes
 def slurm_healthcheck(
     report: ReportOpt = None,
-    node: Annotated[Optional[str], typer.Option("--node", help="This node's Slurm NodeName. [default: $SLURMD_NODENAME, else the short hostname]")] = None,
+    node: Annotated[Optional[str], typer.Option("--node", metavar="NAME", help="This node's Slurm NodeName. [default: $SLURMD_NODENAME, else the short hostname]")] = None,
     max_age: MaxAgeOpt = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what it would do; change nothing.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the scontrol line it would run (or why nothing); change nothing. Needs no scontrol: without slurmctld it gives the line for each state the node could be in.")] = False,
     config: ConfigOpt = None,
 ) -> int:
     """Slurm HealthCheckProgram: drain this node ("preflight: ...") unless the last report vouches for it;
@@ -310,29 +346,32 @@ def slurm_healthcheck(
 
     _, st = _standing(report, config, max_age)
     name = node or slurm.node_name()
+    if dry_run:
+        _emit(slurm.preview(Host(), st, name))
+        return 0 if st.vouched else 1
     try:
-        action = slurm.apply(Host(), st, name, dry_run)
+        action = slurm.apply(Host(), st, name)
     except slurm.SlurmError as e:
         _console().error(f"{e}; node {name} left as it is")
         return 1
-    _emit(("would " + action.verb + ": " if dry_run and action.verb != "none" else "") + action.why + "\n")
+    _emit(action.why + "\n")
     return 0 if st.vouched else 1
 
 
-@app.command("kube-label")
+@app.command("kube-label", short_help="Kubernetes: label (and taint) this node from its report.")
 @_exit_codes
 def kube_label(
-    node: Annotated[Optional[str], typer.Option("--node", help="This node's Kubernetes name. [default: $NODE_NAME, set from the downward API's spec.nodeName]")] = None,
+    node: Annotated[Optional[str], typer.Option("--node", metavar="NAME", help="This node's Kubernetes name. [default: $NODE_NAME, set from the downward API's spec.nodeName]")] = None,
     report: ReportOpt = None,
     max_age: MaxAgeOpt = None,
     taint: Annotated[bool, typer.Option(
         "--taint/--no-taint", help="Also taint a node the report does not vouch for with preflight/failed=true:NoSchedule, and remove it when it passes again.",
     )] = False,
-    every: Annotated[Optional[float], typer.Option("--every", help="Re-read the report and re-apply every SECONDS until SIGTERM. [default: once]")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what it would change; change nothing.")] = False,
+    every: Annotated[Optional[float], typer.Option("--every", metavar="SECONDS", help="Re-read the report and re-apply every SECONDS until SIGTERM. [default: once]")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the PATCH it would send and change nothing; with no cluster to read the node from, the most it would send.")] = False,
     config: ConfigOpt = None,
     # `kubectl proxy` or a test server instead of the in-cluster API server: not in --help.
-    api_server: Annotated[Optional[str], typer.Option("--api-server", hidden=True)] = None,
+    api_server: Annotated[Optional[str], typer.Option("--api-server", metavar="URL", hidden=True)] = None,
 ) -> int:
     """Kubernetes: label this node preflight/result=pass|fail from the last report; with --taint, also taint
     it while not vouched. Only its own label and taint are touched. Never runs a check.
@@ -341,16 +380,25 @@ def kube_label(
     from preflight import kube
     from preflight.runner import Interrupted
 
+    console = _console()
     name = node or os.environ.get("NODE_NAME")
+    if not name and dry_run:
+        name = os.uname().nodename.strip().lower()  # what the kubelet names its node unless told otherwise
+        console.note(f"no --node or NODE_NAME: the node name is taken from the hostname, {name}")
     if not name:
         raise UsageError("no node name: set NODE_NAME from the downward API (env valueFrom.fieldRef.fieldPath: spec.nodeName) or pass --node NAME")
     if every is not None and not every > 0:
         raise UsageError(f"--every {every:g}: give a number of seconds above 0, e.g. 60")
     if api_server is not None and not api_server.startswith(("http://", "https://")):
         raise UsageError(f"--api-server {api_server}: give a URL, e.g. http://127.0.0.1:8001 for `kubectl proxy`")
-    api = kube.Api(api_server) if api_server else kube.Api.in_cluster()
+    no_api = ""
+    if api_server:
+        api: kube.Api | None = kube.Api(api_server)
+    elif dry_run and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        api, no_api = None, "not in a pod, KUBERNETES_SERVICE_HOST is not set"  # a preview needs no cluster
+    else:
+        api = kube.Api.in_cluster()
     _, st = _standing(report, config, max_age)  # a bad --max-age or config: exit 2 before any round
-    console = _console()
 
     def say(r: kube.Round) -> None:
         if r.error:
@@ -359,27 +407,27 @@ def kube_label(
             _emit(r.line + "\n")
 
     if every is None:
-        r = kube.run_round(api, lambda: st, name, taint, dry_run)
+        r = kube.run_round(api, lambda: st, name, taint, dry_run, no_api)
         say(r)
         return 0 if r.vouched else 1
     try:
         with _Signals():
-            kube.keep_applying(lambda: kube.run_round(api, lambda: _standing(report, config, max_age)[1], name, taint, dry_run), every, say)
+            kube.keep_applying(lambda: kube.run_round(api, lambda: _standing(report, config, max_age)[1], name, taint, dry_run, no_api), every, say)
     except Interrupted:
         pass  # SIGTERM from the kubelet: a clean stop
     return 0
 
 
-@app.command()
+@app.command(short_help="Run nccl and bandwidth on node pairs; name the slow one.")
 @_exit_codes
 def pairwise(
-    hosts: Annotated[Optional[Path], typer.Option("--hosts", help="One `NAME [ADDRESS]` per line. [default: the Slurm allocation's nodes]")] = None,
-    exec_template: Annotated[Optional[str], typer.Option("--exec", help="How to start a command on {host}. [default: ssh -o BatchMode=yes {host}; under Slurm, srun on that node]")] = None,
-    preflight_cmd: Annotated[str, typer.Option("--preflight", help="The preflight command on the hosts ({host} is replaced).")] = "preflight",
+    hosts: Annotated[Optional[Path], typer.Option("--hosts", metavar="FILE", help="One `NAME [ADDRESS]` per line. [default: the Slurm allocation's nodes]")] = None,
+    exec_template: Annotated[Optional[str], typer.Option("--exec", metavar="TEMPLATE", help="How to start a command on {host}. [default: ssh -o BatchMode=yes {host}; under Slurm, srun on that node]")] = None,
+    preflight_cmd: Annotated[str, typer.Option("--preflight", metavar="COMMAND", help="The preflight command on the hosts ({host} is replaced).")] = "preflight",
     profile: ProfileOpt = None,
-    port: Annotated[int, typer.Option("--port", help="Rendezvous port on each pair's first host (PORT+1 too).")] = 29500,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds a round may take before its runs are killed.")] = 300.0,
-    tolerance: Annotated[float, typer.Option("--tolerance", help="A pair under this fraction of the median busbw is slow.")] = 0.5,
+    port: Annotated[int, typer.Option("--port", metavar="PORT", help="Rendezvous port on each pair's first host (PORT+1 too).")] = 29500,
+    timeout: Annotated[float, typer.Option("--timeout", metavar="SECONDS", help="Seconds a round may take before its runs are killed.")] = 300.0,
+    tolerance: Annotated[float, typer.Option("--tolerance", metavar="FRACTION", help="A pair under this fraction of the median busbw is slow.")] = 0.5,
     json_out: JsonOpt = False,
 ) -> int:
     """Run nccl and bandwidth on pairs of nodes, in rounds, and name the slow or broken node."""
@@ -388,7 +436,7 @@ def pairwise(
     return pw.main(hosts, exec_template, preflight_cmd, profile or "auto", port, timeout, tolerance, json_out, _console())  # its own signal handling
 
 
-@app.command("list")
+@app.command("list", short_help="The installed checks, cheapest first.")
 @_exit_codes
 def list_checks(profile: ProfileOpt = None, config: ConfigOpt = None, json_out: JsonOpt = False) -> int:
     """The installed checks, cheapest first, with what each verifies."""
@@ -415,17 +463,26 @@ def list_checks(profile: ProfileOpt = None, config: ConfigOpt = None, json_out: 
     return 0
 
 
-@app.command("show-profile")
+@app.command("show-profile", cls=_Command, short_help="A profile's checks and floors, with their sources.")
 @_exit_codes
 def show_profile(
-    name: Annotated[Optional[str], typer.Argument(help="Profile name. [default: the configured one, else auto]")] = None,
+    name: Annotated[Optional[str], typer.Argument(metavar="NAME", help=f"Profile: {PROFILE_HELP} [default: the configured one, else auto]")] = None,
     config: ConfigOpt = None,
     json_out: JsonOpt = False,
 ) -> int:
     """The resolved profile: checks, expected GPUs, and every floor with where its value came from."""
-    from preflight import pipeline, profile_text
+    from preflight import pipeline, profile_text, profiles
 
-    p = pipeline.resolve_profile(_settings(config, profile=name))
+    s = _settings(config, profile=name)
+    try:
+        p = pipeline.resolve_profile(s)
+    except profiles.NvmlUnreadable as e:
+        if name is not None:  # `show-profile auto` asked for detection: its failure is the answer
+            raise
+        # Nothing asked for detection: the person wants to read a profile, and this names them.
+        known = ", ".join(sorted(profiles.available(s.profiles_dir)))
+        raise UsageError(f"no profile named, and `auto` has no GPU to pick by here ({e.cause}); "
+                         f"name one: preflight show-profile NAME, with NAME one of {known}") from None
     if json_out:
         print(p.model_dump_json(indent=2))
         return 0
@@ -433,26 +490,41 @@ def show_profile(
     return 0
 
 
-@app.command()
+@app.command(short_help="The GPUs NVML sees, and the profile `auto` picks.")
 @_exit_codes
 def detect(config: ConfigOpt = None, json_out: JsonOpt = False, nvml_fake: FakeOpt = None) -> int:
-    """What NVML sees on this node, its shape (how many GPUs, how joined, which NICs), and which profile `auto` picks, and why."""
+    """What NVML sees on this node, its shape (how many GPUs, how joined, which NICs), and which profile `auto` picks, and why.
+
+    With --json the answer is always a JSON document, with `error` (and, where known, `cause` and `fix`)
+    set when it exits non-zero. Exit 1 when there is no driver or `auto` picks no profile, 2 on bad input."""
     from preflight import nvml, pipeline, profiles, shape
     from preflight.host import Host
 
-    s = _settings(config, nvml_fake=nvml_fake)
-    pipeline.check_inputs(s)
+    def failed(error: str, cause: Optional[str] = None, fix: Optional[str] = None) -> None:
+        # A reader of --json gets the same keys as on success, empty, and why they are empty.
+        if json_out:
+            _emit(json.dumps({"driver_version": None, "cuda_driver_version": None, "gpus": [], "lost": [],
+                              "source": f"fake {nvml_fake}" if nvml_fake else "NVML", "profile": None, "why": error,
+                              "shape": None, "error": error, "cause": cause, "fix": fix}, indent=2) + "\n")
+
     try:
+        s = _settings(config, nvml_fake=nvml_fake)
+        pipeline.check_inputs(s)
         inventory = nvml.inventory(s.nvml_fake)
+        try:
+            (name, why), no_pick = profiles.choose(inventory, s.profiles_dir), None
+        except profiles.DetectionFailed as e:
+            name, why, no_pick = None, f"{e.cause}; {e.remedy}", e
+        node = shape.gather(Host(), inventory, s.node_gpus)
+    except UsageError as e:
+        failed(str(e))
+        raise
     except nvml.NvmlUnavailable as e:
+        failed(f"{e.cause}; {e.remedy}", e.cause, e.remedy)
         raise profiles.DetectionFailed(e.cause, e.remedy) from None
-    try:
-        chosen: dict[str, str | None] = dict(zip(("profile", "why"), profiles.choose(inventory, s.profiles_dir)))
-    except profiles.DetectionFailed as e:
-        chosen = {"profile": None, "why": f"{e.cause}; {e.remedy}"}
-    node = shape.gather(Host(), inventory, s.node_gpus)
     if json_out:
-        _emit(json.dumps({**inventory.model_dump(mode="json"), **chosen, "shape": node.model_dump(mode="json")}, indent=2) + "\n")
+        error = {"error": why, "cause": no_pick.cause, "fix": no_pick.remedy} if no_pick else {"error": None, "cause": None, "fix": None}
+        _emit(json.dumps({**inventory.model_dump(mode="json"), "profile": name, "why": why, "shape": node.model_dump(mode="json"), **error}, indent=2) + "\n")
     else:
         print(f"driver {inventory.driver_version}, CUDA {inventory.cuda_driver_version} (from {inventory.source})")
         for g in inventory.gpus:
@@ -462,19 +534,19 @@ def detect(config: ConfigOpt = None, json_out: JsonOpt = False, nvml_fake: FakeO
             print(f"  GPU {lost.index}  LOST  {lost.pci_bus_id or 'PCI address unknown'}  {lost.error}")
         print(f"node: {node.describe()}")
         print("\n".join(f"  {line}" for line in node.lines()))
-        print(f"profile: {chosen['profile'] or 'none'} ({chosen['why']})")
-    return 0 if chosen["profile"] else 1
+        print(f"profile: {name or 'none'} ({why})")
+    return 0 if name else 1
 
 
-@app.command()
+@app.command(short_help="Explain the NVIDIA Xid/SXid errors in a kernel log.")
 @_exit_codes
 def xid(
-    from_file: Annotated[Optional[Path], typer.Option("--from", help="A saved kernel log (dmesg, journalctl, syslog) instead of this machine's.")] = None,
+    from_file: Annotated[Optional[Path], typer.Option("--from", metavar="FILE", help="A saved kernel log (dmesg, journalctl, syslog, /dev/kmsg records) instead of this machine's.")] = None,
     json_out: JsonOpt = False,
 ) -> int:
     """Explain the NVIDIA Xid/SXid errors in this machine's kernel log since boot, or in a saved log.
 
-    Exit 1 when a fatal event is listed, so scripts can act on it."""
+    Exit 1 when a fatal event is listed, so scripts can act on it; 2 when --from FILE holds no kernel log lines."""
     from preflight import xid as xids
     from preflight.host import Host
 
@@ -499,11 +571,11 @@ def xid(
     return 1 if any(r["severity"] == "fatal" for r in rows) else 0
 
 
-@app.command()
+@app.command(short_help="GPU/NIC/CPU layout, what is wrong with it, rank pinning.")
 @_exit_codes
 def topology(
-    from_file: Annotated[Optional[Path], typer.Option("--from", help="A saved `nvidia-smi topo -m` output (from any machine) instead of this one's.")] = None,
-    profile: Annotated[Optional[str], typer.Option("--profile", "-p", help="Judge against this profile. [default: auto on this machine; none with --from]")] = None,
+    from_file: Annotated[Optional[Path], typer.Option("--from", metavar="FILE", help="A saved `nvidia-smi topo -m` output (from any machine) instead of this one's.")] = None,
+    profile: Annotated[Optional[str], typer.Option("--profile", "-p", metavar="NAME", help=f"Judge against this profile: {PROFILE_HELP} [default: auto on this machine; none with --from]")] = None,
     config: ConfigOpt = None,
     json_out: JsonOpt = False,
     nvml_fake: FakeOpt = None,
@@ -546,10 +618,10 @@ def topology(
     return 1 if failed else 0
 
 
-@app.command("nccl-log")
+@app.command("nccl-log", cls=_Command, short_help="Explain an NCCL log: transports, warnings, known errors.")
 @_exit_codes
 def nccl_log(
-    file: Annotated[Path, typer.Argument(help="A saved NCCL_DEBUG=INFO log, or a PyTorch/NCCL error log.", show_default=False)],
+    file: Annotated[Path, typer.Argument(metavar="FILE", help="A saved NCCL_DEBUG=INFO log, or a PyTorch/NCCL error log.", show_default=False)],
     json_out: JsonOpt = False,
 ) -> int:
     """Explain an NCCL log: version, network, transport per rank pair, NCCL's warnings, known errors and their fix.
@@ -566,13 +638,13 @@ def nccl_log(
     return 1 if log.problems else 0
 
 
-@app.command()
+@app.command(short_help="GPU acceptance: every GPU path, run for real.")
 @_exit_codes
 def selftest(
     profile: ProfileOpt = None,
-    stage: Annotated[Optional[list[str]], typer.Option("--stage", help="Run only these stages (repeat, or comma-separate): cuda, nccl, bandwidth, train, run. The inventory always runs.")] = None,
-    out: Annotated[Optional[Path], typer.Option("--out", help="Write every stage's result and report here as one JSON file (rewritten after each stage).")] = None,
-    budget: Annotated[Optional[float], typer.Option("--budget", help="Seconds for the whole selftest: a stage that would start past it is skipped. [default: each stage's own deadline]")] = None,
+    stage: Annotated[Optional[list[str]], typer.Option("--stage", metavar="STAGE", help="Run only these stages (repeat, or comma-separate): cuda, nccl, bandwidth, train, run. The inventory always runs.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", metavar="FILE", help="Write every stage's result and report here as one JSON file (rewritten after each stage).")] = None,
+    budget: Annotated[Optional[float], typer.Option("--budget", metavar="SECONDS", help="Seconds for the whole selftest: a stage that would start past it is skipped. [default: each stage's own deadline]")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="A skipped stage fails the selftest: for a node that must have GPUs.")] = False,
 ) -> int:
     """GPU acceptance: run every GPU path for real (NVML inventory, CUDA init, NCCL, bandwidth, train, the whole run),
@@ -585,7 +657,7 @@ def selftest(
     return kit.main(stage, profile, out, budget, strict)
 
 
-@app.command()
+@app.command(short_help="Versions of preflight and what it runs on.")
 @_exit_codes
 def version() -> int:
     """Versions of preflight and what it runs on (torch is looked up, not imported)."""

@@ -81,6 +81,23 @@ def decide(st: Standing, node: Node, taint: bool) -> Change:
     return Change(want, patch or None, tuple(what))
 
 
+# A dry run that cannot read the node still shows the PATCH it would send; these stand for
+# what only the node can say (its resourceVersion, the taints of others it sends back).
+UNREAD_VERSION = "<the node's, as read>"
+UNREAD_TAINTS = {"...": "the node's other taints, as read, unchanged"}
+
+
+def decide_unread(st: Standing, taint: bool) -> Change:
+    """The most a round could change on a node it could not read: the node is taken to say nothing
+    of ours yet, and on a pass to carry our taint (the one thing a pass may have to take away)."""
+    return decide(st, Node(UNREAD_VERSION, {}, [UNREAD_TAINTS, *([TAINT] if st.vouched else [])]), taint)
+
+
+def request(name: str, patch: dict[str, Any]) -> str:
+    """The PATCH a change is sent as: the node's path, the content type, the body on one line."""
+    return f"PATCH /api/v1/nodes/{urllib.parse.quote(name, safe='')} ({PATCH_TYPE})\n{json.dumps(patch)}"
+
+
 class Api:
     """The API server over the standard library: a GET and a PATCH of one node, each with a deadline."""
 
@@ -175,15 +192,25 @@ class Round:
     key: tuple[object, ...] = ()  # the outcome: a log line is repeated only when it changes
 
 
-def run_round(api: Api, judge: Callable[[], Standing], name: str, taint: bool, dry_run: bool = False) -> Round:
-    """Read the verdict, bring the node in line: an error is a line, never a crash."""
+def run_round(api: Api | None, judge: Callable[[], Standing], name: str, taint: bool, dry_run: bool = False, no_api: str = "") -> Round:
+    """Read the verdict, bring the node in line: an error is a line, never a crash. A dry run
+    says the PATCH it would send, and where the node cannot be read (``api`` None: ``no_api``
+    says why), the most it could send: a preview needs no cluster."""
+    unread = ""
     try:
         st = judge()
+        if api is None:
+            raise KubeError(no_api)
         change = apply(api, st, name, taint, dry_run)
     except (KubeError, UsageError) as e:
-        return Round(False, f"{e}; node {name} left as it is", error=True, key=("error", str(e)))
+        if not (dry_run and isinstance(e, KubeError)):
+            return Round(False, f"{e}; node {name} left as it is", error=True, key=("error", str(e)))
+        unread, change = str(e), decide_unread(st, taint)
     did = f"{LABEL}={change.label} already, nothing to change" if change.patch is None else ("would " if dry_run else "") + ", ".join(change.what)
-    return Round(bool(st.vouched), f"{name}: {'vouched' if st.vouched else 'NOT vouched'} ({st.reason}); {did}", wrote=change.patch is not None and not dry_run, key=(st.vouched, change.label))
+    line = f"{name}: {'vouched' if st.vouched else 'NOT vouched'} ({st.reason}); {did}"
+    if dry_run and change.patch is not None:
+        line += (f" (node not read: {unread}; this is the most it would change)" if unread else "") + "\n" + request(name, change.patch)
+    return Round(bool(st.vouched), line, wrote=change.patch is not None and not dry_run, key=(st.vouched, change.label, unread))
 
 
 def keep_applying(one: Callable[[], Round], every: float, say: Callable[[Round], None]) -> None:

@@ -37,6 +37,7 @@ from typing import Any
 import psutil
 
 from preflight import host
+from preflight.progress import Progress, stage_of
 
 # checks/ installs as preflight.checks; the workers are plain files beside it,
 # run by path so an interpreter without preflight installed can run them.
@@ -109,9 +110,13 @@ class Finished:
 
 
 class Running:
-    """A started worker. ``report()`` peeks at progress; ``wait()`` ends it."""
+    """A started worker. ``report()`` peeks at progress; ``wait()`` ends it.
+    Given a ``progress`` (the Context's), its stage follows the ranks' reports while the worker runs."""
 
-    def __init__(self, python: str, worker: Worker, timeout: float):
+    def __init__(self, python: str, worker: Worker, timeout: float, progress: Progress | None = None):
+        self._nproc = worker.nproc
+        self._seen: dict[int, tuple[tuple[int, int, int], Any]] = {}  # rank -> (file identity, report), for stage()
+        self._progress = progress
         self._dir = _private_dir()
         self.out_dir = self._dir / "out"
         self.out_dir.mkdir()
@@ -171,6 +176,8 @@ class Running:
             except OSError:
                 shutil.rmtree(self._dir, ignore_errors=True)
                 raise
+        if progress is not None:
+            progress.follow(self.stage)
 
     def report(self, rank: int = 0) -> Any:
         """What the rank has written so far, or None."""
@@ -178,6 +185,23 @@ class Running:
             return json.loads((self.out_dir / f"rank{rank}.json").read_text())
         except (OSError, ValueError):
             return None
+
+    def stage(self) -> str:
+        """What the worker is doing now, in a few words (``stage_of``). Called from the
+        console's thread a few times a second: a rank's file is parsed again only once
+        the rank has rewritten it, so watching costs a stat per rank."""
+        reports = []
+        for rank in range(self._nproc or 1):
+            path = self.out_dir / f"rank{rank}.json"
+            try:
+                st = path.stat()
+                key = (st.st_ino, st.st_mtime_ns, st.st_size)  # each rewrite is a new file (os.replace)
+                if self._seen.get(rank, (None,))[0] != key:
+                    self._seen[rank] = (key, json.loads(path.read_text()))
+            except (OSError, ValueError):
+                pass  # not written yet, or the worker is gone: keep what was read last
+            reports.append(self._seen.get(rank, (None, None))[1])
+        return stage_of(reports, self._nproc)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -198,6 +222,8 @@ class Running:
             leftover = self._end()
             return self._collect(timed_out, early, leftover)
         finally:
+            if self._progress is not None:
+                self._progress.unfollow(self.stage)
             self._end()
             shutil.rmtree(self._dir, ignore_errors=True)
             _live.discard(self._dir)
@@ -255,9 +281,10 @@ def _remove_live() -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def start(python: str, worker: Worker, timeout: float) -> Running:
-    """Raises LaunchError (no usable temporary directory, rendezvous port taken) or OSError (no interpreter)."""
-    return Running(python, worker, timeout)
+def start(python: str, worker: Worker, timeout: float, progress: Progress | None = None) -> Running:
+    """Raises LaunchError (no usable temporary directory, rendezvous port taken) or OSError (no interpreter).
+    ``progress`` (the Context's) takes its stage from the worker's reports until ``wait()`` ends."""
+    return Running(python, worker, timeout, progress)
 
 
 def _private_dir() -> Path:

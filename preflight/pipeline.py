@@ -179,7 +179,7 @@ def execute(plan: Plan, settings: Settings, console: Console, host: Host | None 
         console.finish(results[0])
     else:
         assert plan.profile is not None
-        ctx = Context(profile=plan.profile, settings=settings, host=host)
+        ctx = Context(profile=plan.profile, settings=settings, host=host, progress=console.progress)
         if plan.profile.has_gpus:
             ctx.shape = node_shape = read_shape(settings, host)
             console.note(f"node: {node_shape.describe()}")

@@ -339,6 +339,10 @@ class DetectionFailed(Exception):
         self.remedy = remedy
 
 
+class NvmlUnreadable(DetectionFailed):
+    """`auto` could not ask NVML at all (no driver, or it did not answer): there was no GPU to pick by."""
+
+
 def available(site_dir: Path | None) -> dict[str, Path]:
     """Profile name -> file; a site profile of the same name wins over a built-in."""
     found = {p.stem: p for p in sorted(BUILTIN_DIR.glob("*.toml"))}
@@ -467,7 +471,7 @@ def detect(site_dir: Path | None, fake: Path | None = None) -> tuple[str, str]:
     try:
         inventory = nvml.inventory(fake)
     except nvml.NvmlUnavailable as e:
-        raise DetectionFailed(e.cause, e.remedy) from None
+        raise NvmlUnreadable(e.cause, e.remedy) from None
     return choose(inventory, site_dir)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -90,9 +91,17 @@ _DECIMAL = re.compile(r"[0-9]+(\.[0-9]+)?")
 
 def guarded(command: Callable[..., int], *args: object, **kwargs: object) -> int:
     """What a command returns, or the exit code for what it raised: 2 bad input,
-    1 no profile found, 128+N a signal, 3 a bug (with the traceback)."""
+    1 no profile found, 128+N a signal (141: stdout's reader went away), 3 a bug
+    (with the traceback)."""
     try:
-        return command(*args, **kwargs)
+        code = command(*args, **kwargs)
+        sys.stdout.flush()  # here, not at exit: a reader gone by then is handled below too
+        return code
+    except BrokenPipeError:
+        # The reader of stdout went away (`| head -1`): stop as a command killed by
+        # SIGPIPE does, quietly, with 128+13; the interpreter's last flush goes nowhere.
+        stdout_gone()
+        return 128 + signal.SIGPIPE
     except UsageError as e:
         _console().error(str(e))
         return 2
@@ -128,8 +137,12 @@ def emit(text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
     except (BrokenPipeError, ValueError, AttributeError):
-        # Point fd 1 at /dev/null so the interpreter's final flush cannot fail either.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        stdout_gone()
+
+
+def stdout_gone() -> None:
+    # Point fd 1 at /dev/null so the interpreter's final flush cannot fail either.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
 
 
 def standing(report: Path | None, config: Path | None, max_age: float | None) -> tuple[Loaded, Standing]:
@@ -179,6 +192,10 @@ def version() -> int:
     from preflight import __version__
 
     print(f"preflight {__version__}\npython {sys.version.split()[0]}")
+    # systemd/ and examples/ are package data (pyproject): a wheel puts them in
+    # the package, an editable install leaves them at the checkout's root.
+    here = Path(__file__).parent
+    print(f"units and examples: {here if (here / 'systemd').is_dir() else here.parent}")
     for dist in ("torch", "nvidia-ml-py", "pydantic", "typer"):
         try:
             print(f"{dist} {dist_version(dist)}")

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field, SerializeAsAny, ValidationError
 
 from preflight import launch
 from preflight.check import Finding, Status
+from preflight.progress import Progress
 
 FAIL, WARN = Status.FAIL, Status.WARN
 MARGIN = 3.0  # seconds kept from the check's deadline to sweep processes and judge
@@ -176,11 +177,12 @@ def settle_rule(nproc: int, stuck: float, waiting: float) -> Callable[[launch.Ru
     return settled
 
 
-def collect(f: RunFacts, worker: launch.Worker, model: type[RankReport], env: dict[str, str], left: float, settled) -> launch.Finished | None:
+def collect(f: RunFacts, worker: launch.Worker, model: type[RankReport], env: dict[str, str], left: float, settled, progress: Progress | None = None) -> launch.Finished | None:
     """Run ``worker`` under ``f.python`` within ``left`` seconds and fill ``f``
-    with how each rank ended; None (and ``f.launch_error``) if it never started."""
+    with how each rank ended; None (and ``f.launch_error``) if it never started.
+    ``progress`` (the Context's) shows the ranks' stages while they run."""
     try:
-        running = launch.start(f.python, worker, left)
+        running = launch.start(f.python, worker, left, progress)
     except launch.LaunchError as e:
         f.launch_error = (e.cause, e.remedy)
         return None

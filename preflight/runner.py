@@ -163,10 +163,11 @@ def run_checks(
         elif (met := _before(before, check, outcome)) is not None:
             result = met
         else:
-            on_start(check)
             timeout = min((timeouts or {}).get(check.name, check.timeout_seconds), MAX_TIMEOUT)
             started = time.monotonic()
+            ctx.progress.begin(check.name)
             try:
+                on_start(check)
                 result = run_check(check, ctx, timeout)
             except Interrupted as sig:
                 outcome.interrupted_by = sig.signum
@@ -177,6 +178,9 @@ def run_checks(
                     remedy="let the run finish; raise TimeoutStartSec if the unit's budget is too small",
                     duration_seconds=round(time.monotonic() - started, 6),
                 )
+            finally:
+                # On every way out (an exception too): the live line is taken down before anything else is printed.
+                ctx.progress.end()
         ctx.results[check.name] = result
         outcome.results.append(result)
         on_finish(result)

@@ -4,13 +4,17 @@ slurmd runs it every HealthCheckInterval seconds. It never runs a check (the
 boot gate and the recheck timer write the report); it reads the verdict and
 drains the node with a reason that starts ``preflight:``, or resumes the node
 when the report passes again, but only if the drain is its own: a node an
-admin drained for maintenance is left exactly as it is.
+admin drained for maintenance is left exactly as it is. slurmd also runs it
+once when it starts, before it registers: a node whose boot gate failed comes
+up drained with the cause. ``--dry-run`` (``preview``) prints the `scontrol`
+line instead of running it, and needs no cluster.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import socket
 from dataclasses import dataclass
@@ -113,13 +117,57 @@ def scontrol(host: Host, args: list[str]) -> str:
     return done.stdout
 
 
-def apply(host: Host, st: Standing, name: str, dry_run: bool = False) -> Action:
-    node = parse_node(scontrol(host, ["show", "node", name]), name)
-    action = decide(st, node)
-    if dry_run or action.verb == "none":
-        return action
+def update_args(name: str, action: Action) -> list[str]:
+    """The `scontrol` arguments that carry out ``action``; none for "none"."""
     if action.verb == "drain":
-        scontrol(host, ["update", f"NodeName={name}", "State=DRAIN", f"Reason={action.reason}"])
-    else:
-        scontrol(host, ["update", f"NodeName={name}", "State=RESUME"])
+        return ["update", f"NodeName={name}", "State=DRAIN", f"Reason={action.reason}"]
+    if action.verb == "resume":
+        return ["update", f"NodeName={name}", "State=RESUME"]
+    return []
+
+
+def apply(host: Host, st: Standing, name: str) -> Action:
+    action = decide(st, parse_node(scontrol(host, ["show", "node", name]), name))
+    if action.verb != "none":
+        scontrol(host, update_args(name, action))
     return action
+
+
+def cases(st: Standing, name: str) -> list[tuple[str, Action]]:
+    """What ``decide`` does in each state the node could be in: the dry run's
+    answer when it cannot ask slurmctld. Decided by ``decide`` itself, so the
+    preview cannot drift from what a real run does."""
+    ours = reason_for(st)
+    nodes = [("not drained", Node(name, "IDLE", None))]
+    if st.vouched:
+        nodes.append(("drained by preflight", Node(name, "IDLE+DRAIN", f"{PREFIX} an earlier failure")))
+    else:
+        nodes += [("drained by preflight for another cause", Node(name, "IDLE+DRAIN", f"{PREFIX} another cause")),
+                  ("drained by preflight for this cause", Node(name, "IDLE+DRAIN", ours))]
+    nodes.append(("drained by someone else", Node(name, "IDLE+DRAIN", "maintenance")))
+    return [(case, decide(st, n)) for case, n in nodes]
+
+
+def _line(name: str, action: Action) -> str:
+    args = update_args(name, action)
+    return shlex.join(["scontrol", *args]) if args else "nothing"
+
+
+def preview(host: Host, st: Standing, name: str) -> str:
+    """`--dry-run`: the exact `scontrol` line a run would send now, or nothing
+    and why. It reads the node's state where slurmctld answers (reading changes
+    nothing); where it cannot, it says why and gives the line for each state."""
+    try:
+        node = parse_node(scontrol(host, ["show", "node", name]), name)
+    except SlurmError as e:
+        each = cases(st, name)
+        width = max(len(case) for case, _ in each) + 1
+        lines = [f"{'vouched' if st.vouched else 'not vouched'}: {st.reason}",
+                 f"{name}'s state is unknown ({e}); what it would run in each state {name} could be in:"]
+        lines += [f"  {case + ':':<{width}} {_line(name, action)}" for case, action in each]
+        lines.append(f"  (someone else's drain: a reason not starting {PREFIX!r}, never lifted by preflight)")
+        return "\n".join(lines) + "\n"
+    action = decide(st, node)
+    if action.verb == "none":
+        return f"nothing: {action.why}\n"
+    return f"would run: {_line(name, action)}\n  because: {action.why}\n"

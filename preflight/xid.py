@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict
 
 from preflight import capture
+from preflight.errors import UsageError
 
 if TYPE_CHECKING:
     from preflight.host import Host
@@ -315,6 +316,31 @@ def read_kernel_log(host: Host, timeout: float) -> tuple[str, str]:
     raise KernelLogUnavailable("; ".join(failures))
 
 
+# A kernel log line, in each form parse() reads: the driver's own text with any
+# prefix or none (a pasted excerpt), a /dev/kmsg record, dmesg's uptime stamp
+# (also `dmesg -r`'s "<4>", `dmesg -x`'s "kern  :warn  : ", journalctl -o
+# short-monotonic), dmesg -T's bracketed clock, and syslog or journalctl's
+# "<time> <host> kernel: ". Other daemons' syslog lines are not the kernel's, and
+# an NCCL or application log's "[2026-03-18 11:13:09]" is not dmesg -T's stamp.
+_KERNEL_LINE = re.compile(
+    r"^(?:<\d+>|[a-z]+\s*:\s*[a-z]+\s*:\s)?\[\s*\d+\.\d+\]"  # dmesg
+    r"|^\[[^\]\n]{0,40}\d:\d\d:\d\d \d{4}\]"  # dmesg -T: "[Fri Aug 30 11:43:09 2024]", the year last
+    r"|^[^\n]{0,80}?\d:\d\d(?::\d\d)?\S*\s+(?:\S+\s+)?kernel: "  # syslog, journalctl
+)
+
+
+def kernel_lines(text: str) -> int:
+    """How many lines of ``text`` a kernel log holds: none means it is not one."""
+    return sum(1 for line in text.splitlines() if _MARK.search(line) or _KMSG.match(line) or _KERNEL_LINE.match(line))
+
+
 def read_file(path: Path | str) -> str:
-    """A saved kernel log for --from; every problem is a one-line UsageError."""
-    return capture.read_text(path, MAX_FILE_BYTES, "pass an excerpt (grep -e NVRM -e SXid)")
+    """A saved kernel log for --from; every problem is a one-line UsageError.
+
+    A file with no kernel log line is refused: read as a log with no GPU
+    event, the wrong file (or an empty one) would pass for a healthy node."""
+    text = capture.read_text(path, MAX_FILE_BYTES, "pass an excerpt (grep -e NVRM -e SXid)")
+    if not kernel_lines(text):
+        what = "is empty: it holds no kernel log lines" if not text.strip() else "holds no kernel log lines (dmesg, journalctl, syslog or /dev/kmsg)"
+        raise UsageError(f"--from {path}: {what}; save the node's `dmesg -T` or `journalctl -k -b` to a file and pass that")
+    return text

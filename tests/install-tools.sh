@@ -10,7 +10,13 @@ tools=(
     "numactl numactl"                # the topology tests run the advised launch line
     "promtool prometheus"            # lint the rules; a real Prometheus scrapes serve
     "prometheus prometheus"
+    "prometheus-node-exporter prometheus-node-exporter"   # node_exporter reads preflight's textfile; Prometheus alerts on it
     "openssl openssl"                # the Kubernetes labeler's TLS test makes its certificate
+    "munged munge"                   # a real Slurm on this machine drains and resumes a node
+    "slurmctld slurmctld"
+    "slurmd slurmd"
+    "sbatch slurm-client"
+    "tmux tmux"                      # a real terminal for the live progress line (capture-pane)
 )
 
 missing=()

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from typer.testing import CliRunner
 import fakes
 from preflight.cli import app
 from preflight.launch import free_port
+from preflight.progress import PLAIN_EVERY
 from preflight.report import Report
 
 
@@ -152,6 +154,16 @@ def test_real_process_cpu_profile_exits_0():
     p = run_preflight(["run", "--profile", "cpu"])
     assert p.returncode == 0, p.stderr
     assert "preflight: PASS" in p.stderr and p.stdout == ""
+    # In a pipe, progress is plain lines on stderr: each check's start, then its stage as it
+    # changes, at most one line per progress.PLAIN_EVERY seconds; no escape code, no carriage return.
+    assert "\x1b" not in p.stderr and "\r" not in p.stderr
+    started = re.findall(r"^  \.\.\. (\w+)$", p.stderr, re.M)
+    assert started == ["shm", "nccl", "bandwidth", "train"], p.stderr
+    staged = re.findall(r"^  \.\.\. (\w+)  (.+)  (\d+\.\d) s$", p.stderr, re.M)
+    assert any("2 ranks" in stage or "rank " in stage for _, stage, _ in staged), p.stderr  # the workers' stages
+    for check in started:
+        clocks = [float(clock) for c, _, clock in staged if c == check]
+        assert all(b - a >= PLAIN_EVERY - 0.1 for a, b in zip([0.0, *clocks], clocks)), (check, clocks)
 
 
 def test_plain_output_in_logs_with_measurements_when_verbose():
@@ -238,6 +250,68 @@ def test_the_cli_never_imports_torch(args):
     assert p.stderr.splitlines()[-1] == "False 0", p.stderr
 
 
+# --- help ---------------------------------------------------------------------
+
+def _every_command():
+    from typer.main import get_command
+
+    group = get_command(app)
+    return [(group, [])] + [(cmd, [name]) for name, cmd in sorted(group.commands.items())]
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())  # help is wrapped to the terminal: compare words, not lines
+
+
+@pytest.mark.parametrize("cmd, args", _every_command(), ids=lambda x: " ".join(x) if isinstance(x, list) else "")
+def test_help_keeps_every_bracketed_word_and_shows_no_python_type(cmd, args):
+    r = invoke(*args, "--help")
+    assert r.exit_code == 0, r.output
+    shown = _flat(r.stdout)
+    written = [cmd.help or "", cmd.short_help or ""] + [p.help or "" for p in cmd.params if not getattr(p, "hidden", False)]
+    brackets = [b for text in written for b in re.findall(r"\[[^\]]*\]", text)]
+    for b in brackets:
+        assert _flat(b) in shown, f"{b} is missing from `preflight {' '.join(args)} --help`"
+    assert not re.search(r"<(?:bool|str|int|float|path)>|list\[", r.stdout), r.stdout
+    for p in cmd.params:  # a value is named for what it is (FILE, SECONDS), a flag takes none
+        if not getattr(p, "hidden", False) and not getattr(p, "is_flag", False) and p.name != "help":
+            assert p.metavar and p.metavar.upper() == p.metavar, f"{p.opts} has no metavar"
+            assert re.search(rf"(?:{'|'.join(map(re.escape, p.opts))}) {re.escape(p.metavar)}\b|^  {re.escape(p.metavar)} ", r.stdout, re.M)
+
+
+def test_the_bracketed_words_that_were_lost_are_there():
+    assert "Site floors file to write: [floors] tables" in _flat(invoke("calibrate", "--help").stdout)
+    run = _flat(invoke("run", "--help").stdout)
+    assert "the profile's [nccl] ranks without GPUs]" in run and "[default: $PREFLIGHT_CONFIG, else /etc/preflight/config.toml if present]" in run
+    assert "--only CHECK" in run and "--lock-timeout SECONDS" in run and "--json Print JSON" in run
+
+
+def test_profile_help_lists_the_installed_profiles_site_ones_too(tmp_path):
+    site = tmp_path / "profiles"
+    site.mkdir()
+    (site / "b200-site.toml").write_text("not parsed for --help\n")
+    builtin = sorted(p.stem for p in (Path(__file__).parents[1] / "preflight" / "profiles").glob("*.toml"))
+    r = run_preflight(["run", "--help"], env={**clean_env(), "PREFLIGHT_PROFILES_DIR": str(site)})
+    assert r.returncode == 0
+    assert f"-p, --profile NAME Profile: auto (pick by GPU model), or one of: {', '.join(sorted([*builtin, 'b200-site']))}. [default: auto]" in _flat(r.stdout)
+
+
+# --- a reader of stdout that goes away ---------------------------------------------
+
+@pytest.mark.parametrize("args", [["version"], ["list"], ["show-profile", "cpu"]])
+def test_a_closed_stdout_ends_quietly_as_sigpipe_would(args):
+    proc = subprocess.Popen([*fakes.PREFLIGHT, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env())
+    proc.stdout.close()  # the reader is gone before the first write: `preflight version | head -0`
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and err == ""
+
+
+def test_version_into_head_prints_its_first_line_and_nothing_else():
+    cmd = f"{' '.join(fakes.PREFLIGHT)} version | head -1"
+    p = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.startswith("preflight ") and p.stdout.count("\n") == 1 and p.stderr == ""
+
+
 # --- the other commands ------------------------------------------------------
 
 def test_list_names_every_check_and_what_it_verifies():
@@ -275,10 +349,27 @@ def test_show_profile_of_an_unknown_name():
 
 
 @no_driver
-@pytest.mark.parametrize("args", [["show-profile"], ["list", "--profile", "auto"]])
+@pytest.mark.parametrize("args", [["show-profile", "auto"], ["list", "--profile", "auto"]])
 def test_auto_without_a_driver_elsewhere_in_the_cli(args):
     r = invoke(*args)
     assert r.exit_code == 1 and "no NVIDIA driver" in r.stderr and "Traceback" not in r.stderr
+
+
+@no_driver
+def test_show_profile_without_a_name_or_a_driver_asks_for_a_name_and_lists_them():
+    r = invoke("show-profile")
+    assert r.exit_code == 2 and r.stdout == "" and r.stderr.count("\n") == 1
+    assert "no profile named, and `auto` has no GPU to pick by here (no NVIDIA driver" in r.stderr
+    assert "name one: preflight show-profile NAME, with NAME one of a100-pcie, a100-sxm4-80gb, cpu, gb10, h100-nvl" in r.stderr
+
+
+def test_show_profile_without_a_name_still_picks_by_gpu_where_nvml_answers(monkeypatch):
+    monkeypatch.setenv("PREFLIGHT_NVML_FAKE", str(NVML_FIXTURES / "h100-sxm-8x-healthy.json"))
+    r = invoke("show-profile")
+    assert r.exit_code == 0 and r.stdout.startswith("profile h100-sxm (auto: 8 x NVIDIA H100 80GB HBM3 matched")
+    monkeypatch.setenv("PREFLIGHT_NVML_FAKE", str(NVML_FIXTURES / "h100-mixed-skus.json"))
+    r = invoke("show-profile")  # NVML answered, and nothing fits: that is the answer, not a question
+    assert r.exit_code == 1 and "mixed GPU models on one node" in r.stderr
 
 
 def test_a_profile_listing_a_check_that_is_not_installed_is_refused(plugin):
@@ -352,6 +443,7 @@ def test_the_installed_console_script_works():
     script = os.path.join(os.path.dirname(sys.executable), "preflight")
     p = subprocess.run([script, "run", "--profile", "cpu", "-q"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stderr.startswith("preflight: PASS")
+    assert "  ... " not in p.stderr  # -q in a log: no progress at all
 
 
 def test_a_closed_stderr_or_a_reader_that_left_does_not_change_the_verdict(tmp_path):
@@ -415,6 +507,35 @@ def test_detect_without_a_driver_says_so():
     assert r.exit_code == 1 and "no NVIDIA driver" in r.stderr
 
 
+@no_driver
+def test_detect_json_without_a_driver_is_still_json_with_the_error_in_it():
+    r = invoke("detect", "--json")
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1 and "no NVIDIA driver" in r.stderr
+    data = json.loads(r.stdout)
+    assert data["gpus"] == [] and data["lost"] == [] and data["driver_version"] is None and data["profile"] is None
+    assert data["cause"].startswith("no NVIDIA driver") and "install or load the NVIDIA driver" in data["fix"]
+    assert data["error"] == f"{data['cause']}; {data['fix']}" == data["why"]
+
+
+@pytest.mark.parametrize("fake, code, error", [
+    ("h100-sxm-8x-healthy.json", 0, None),
+    ("all-lost.json", 1, "NVML counts 3 GPU(s) but cannot reach any"),
+    ("h100-mixed-skus.json", 1, "mixed GPU models on one node"),
+    ("nonexistent.json", 2, "cannot read it (No such file or directory)"),
+])
+def test_detect_json_always_has_the_same_keys_and_error_says_why_it_exits_non_zero(fake, code, error):
+    r = invoke("detect", "--json", "--nvml-fake", str(NVML_FIXTURES / fake))
+    assert r.exit_code == code
+    data = json.loads(r.stdout)
+    assert {"driver_version", "gpus", "lost", "profile", "why", "shape", "error", "cause", "fix"} <= set(data)
+    if error is None:
+        assert (data["error"], data["cause"], data["fix"]) == (None, None, None) and data["profile"] == "h100-sxm"
+    else:
+        assert error in data["error"]
+    if code == 2:  # bad input is still said on stderr, in one line
+        assert r.stderr.count("\n") == 1 and error in r.stderr
+
+
 def test_detect_with_a_malformed_fake_is_a_usage_error(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"driver_version": 550, "gpus": []}')
@@ -438,6 +559,7 @@ XID_EXPECTED = {
     "nvswitch-multiline": ["sxid12028:app"],
     "sxid_": ["sxid24007:fatal", "sxid20009:app", "sxid28006:app", "sxid26006:app"],
     "syslog_old-driver": ["fell_off_bus:fatal", "xid3:app"],
+    "no-gpu-event_": [],  # real kernel logs: a clean one still exits 0
 }
 
 
@@ -471,6 +593,31 @@ def test_xid_on_this_machine_reads_the_kernel_log():
 def test_xid_from_a_missing_file_is_a_usage_error(tmp_path):
     r = invoke("xid", "--from", str(tmp_path / "nope.log"))
     assert r.exit_code == 2 and "nope.log" in r.stderr and r.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("name, content", [
+    ("README.md", None),
+    ("empty.log", ""),
+    ("journal.txt", "-- No entries --\n"),  # journalctl -k that could read nothing
+    ("nccl.log", (Path(__file__).parent / "fixtures" / "nccl" / "E14_nccl2.29.2_P2P+SHM-disabled_NET-Socket-0-Shared_ncclSocketInit-family1-internal-error.log").read_text()),
+    ("auth.log", "Dec  2 11:38:47 worker4 sshd[812]: Accepted publickey for root from 10.0.0.1 port 50022\n"),
+])
+def test_xid_from_a_file_with_no_kernel_log_line_is_refused(tmp_path, name, content):
+    path = Path(__file__).parents[1] / name if content is None else tmp_path / name
+    if content is not None:
+        path.write_text(content)
+    r = invoke("xid", "--from", str(path), "--json")
+    assert r.exit_code == 2 and r.stdout == "" and r.stderr.count("\n") == 1
+    assert f"--from {path}: " in r.stderr and "holds no kernel log lines" in r.stderr
+
+
+def test_xid_from_this_machines_own_dmesg(tmp_path):
+    done = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=30)
+    if done.returncode != 0 or not done.stdout.strip():
+        pytest.skip(f"dmesg cannot be read here: {done.stderr.strip()}")
+    (tmp_path / "dmesg.txt").write_text(done.stdout)
+    r = invoke("xid", "--from", str(tmp_path / "dmesg.txt"), "--json")
+    assert r.exit_code in (0, 1) and json.loads(r.stdout)["source"] == str(tmp_path / "dmesg.txt")
 
 
 # --- topology ----------------------------------------------------------------

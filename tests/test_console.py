@@ -1,5 +1,19 @@
 import io
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import threading
+import time
+from types import SimpleNamespace
 
+import fakes
+import pytest
+from conftest import clean_env
+
+from preflight import console as console_mod
+from preflight import progress as progress_mod
 from preflight.check import Result, Status
 from preflight.console import Console
 
@@ -40,3 +54,155 @@ def test_quiet_hides_passes_but_never_problems():
     c.finish(Result(check="a", status=Status.PASS, summary="ok"))
     c.finish(FAIL)
     assert "[PASS]" not in out.getvalue() and "[FAIL] shm" in out.getvalue()
+
+
+# --- progress while a check runs ------------------------------------------------
+
+SHM = SimpleNamespace(name="shm")
+ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def screen(text: str) -> list[str]:
+    """What a terminal shows after ``text``: a carriage return goes back to the
+    line's start and what follows overwrites it; escape codes draw nothing."""
+    rows, row, col = [""], 0, 0
+    for ch in ESCAPES.sub("", text):
+        if ch == "\n":
+            row, col = row + 1, 0
+            rows.append("")
+        elif ch == "\r":
+            col = 0
+        else:
+            cur = rows[row].ljust(col)
+            rows[row] = cur[:col] + ch + cur[col + 1 :]
+            col += 1
+    return [r.rstrip() for r in rows]
+
+
+def running(c: Console, stage_changes=(), seconds=0.5, check=SHM):
+    """The runner's part: begin, the console's start, stages over ``seconds``, end."""
+    c.progress.begin(check.name)
+    c.start(check)
+    for stage in stage_changes:
+        c.progress.stage(stage)
+        time.sleep(seconds / max(1, len(stage_changes)))
+    if not stage_changes:
+        time.sleep(seconds)
+    c.progress.end()
+
+
+def test_a_terminal_shows_a_live_line_with_a_moving_clock_then_the_result_in_its_place(monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    out = Terminal()
+    c = Console(stream=out)
+    running(c, ["creating a segment"], seconds=0.7)
+    c.finish(FAIL)
+    live, result = out.getvalue().split("[FAIL]", 1)
+    assert "\x1b" not in live.replace("\x1b[1m", "")  # the live line itself: no escape code at all
+    clocks = set(re.findall(r"\rshm  creating a segment  (\d+\.\d) s", live))
+    assert len(clocks) >= 2, live  # redrawn a few times a second, the clock moving
+    assert screen(out.getvalue()) == ["[FAIL] shm (0 ms): too small", "        cause: 64 MiB", "        fix: --shm-size=1g", ""]
+
+
+def test_the_live_line_is_down_before_any_other_line_even_without_the_runners_end(monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    out = Terminal()
+    c = Console(stream=out)
+    c.progress.begin("shm")
+    c.start(SHM)
+    c.progress.stage("a stage whose words are longer than the note")
+    time.sleep(0.3)
+    c.note("short")  # printed while the check runs: the live line goes first, whole
+    assert screen(out.getvalue()) == ["preflight: short", ""]
+    assert not [t for t in threading.enumerate() if t.name == "progress-shm"]
+
+
+def test_the_runners_end_takes_the_live_line_down_on_any_way_out(monkeypatch):
+    out = Terminal()
+    c = Console(stream=out)
+    running(c, seconds=0.3)  # no finish: an exception left the runner
+    assert out.getvalue().endswith("\r") and screen(out.getvalue()) == [""]
+    assert not [t for t in threading.enumerate() if t.name.startswith("progress-")]
+
+
+def test_a_narrow_terminal_never_gets_a_wrapped_live_line(monkeypatch):
+    monkeypatch.setattr(console_mod, "_width", lambda stream: 30)
+    out = Terminal()
+    c = Console(stream=out)
+    running(c, ["p2p 256 MiB to cuda:7  rank 3/8"], seconds=0.3, check=SimpleNamespace(name="bandwidth"))
+    drawn = [d for d in out.getvalue().split("\r") if d.strip()]
+    assert drawn and all(len(d) < 30 for d in drawn)
+
+
+def test_a_log_gets_a_plain_line_per_stage_change_at_most_one_per_interval(monkeypatch):
+    monkeypatch.setattr(progress_mod, "PLAIN_EVERY", 0.5)
+    monkeypatch.setattr(console_mod, "PLAIN_POLL", 0.02)
+    out = io.StringIO()
+    c = Console(stream=out)
+    running(c, [f"step {i}" for i in range(32)], seconds=1.6)  # a change every 50 ms
+    c.finish(Result(check="shm", status=Status.PASS, summary="ok"))
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "  ... shm" and lines[-1] == "[PASS] shm (0 ms): ok"
+    stages = [re.fullmatch(r"  \.\.\. shm  step \d+  (\d+\.\d) s", line) for line in lines[1:-1]]
+    assert stages and all(stages), lines
+    clocks = [float(m[1]) for m in stages]
+    assert len(clocks) <= 4 and all(b - a >= 0.4 for a, b in zip([0.0, *clocks], clocks)), clocks
+    assert "\r" not in out.getvalue() and "\x1b" not in out.getvalue()
+
+
+def test_a_log_without_a_stage_change_gets_only_the_start_line(monkeypatch):
+    monkeypatch.setattr(progress_mod, "PLAIN_EVERY", 0.1)
+    monkeypatch.setattr(console_mod, "PLAIN_POLL", 0.02)
+    out = io.StringIO()
+    c = Console(stream=out)
+    running(c, seconds=0.4)
+    assert out.getvalue() == "  ... shm\n"
+
+
+def test_quiet_prints_no_progress_in_a_log(monkeypatch):
+    monkeypatch.setattr(progress_mod, "PLAIN_EVERY", 0.1)
+    monkeypatch.setattr(console_mod, "PLAIN_POLL", 0.02)
+    out = io.StringIO()
+    c = Console(quiet=True, stream=out)
+    running(c, ["a", "b", "c"], seconds=0.5)
+    c.finish(Result(check="shm", status=Status.PASS, summary="ok"))
+    assert out.getvalue() == ""
+
+
+# --- a real run on a real terminal (tmux) --------------------------------------
+
+LIVE = re.compile(r"^bandwidth  (?P<stage>.+)  (?P<clock>\d+\.\d) s\s*$")
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (tests/install-tools.sh installs it)")
+def test_a_real_run_on_a_terminal_shows_stages_and_a_moving_clock_then_only_results(tmp_path):
+    sock = tmp_path / "tmux.sock"
+    tmux = ["tmux", "-S", str(sock), "-f", "/dev/null"]
+    env = {**clean_env(), "NO_COLOR": "1"}
+    cmd = " ".join(shlex.quote(w) for w in ["env", *(f"{k}={v}" for k, v in env.items() if k in ("PREFLIGHT_LOCK_FILE", "NO_COLOR", "TMPDIR")),
+                                             *fakes.PREFLIGHT, "run", "--profile", "cpu", "--only", "bandwidth"])  # fmt: skip
+    # The pane stays after the run so its last screen can be read; the server is killed after.
+    subprocess.run([*tmux, "new-session", "-d", "-x", "160", "-y", "50", "-c", os.getcwd(), f"{cmd}; echo EXIT=$?; sleep 120"], check=True, timeout=10)
+    try:
+        seen: list[re.Match] = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            pane = subprocess.run([*tmux, "capture-pane", "-p"], capture_output=True, text=True, timeout=10).stdout
+            if "EXIT=" in pane:
+                break
+            seen += [m for m in map(LIVE.match, pane.splitlines()) if m]
+            time.sleep(0.15)
+        else:
+            pytest.fail(f"no verdict within 120 s; the pane: {pane}")
+        styled = subprocess.run([*tmux, "capture-pane", "-p", "-e"], capture_output=True, text=True, timeout=10).stdout
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True, timeout=10)
+    stages = {m["stage"] for m in seen}
+    assert stages & {"importing torch  2 ranks", "memcpy 64 MiB  rank 0/2", "memcpy 64 MiB  rank 1/2", "all_reduce 32 MiB  2 ranks"}, stages
+    assert len({m["clock"] for m in seen}) >= 2, seen  # the clock moved between two captures
+    lines = [line.rstrip() for line in pane.splitlines() if line.strip()]
+    assert "EXIT=0" in lines and any(line.startswith("[PASS] bandwidth (") for line in lines)
+    assert any(line.startswith("preflight: PASS (profile cpu; 1 pass)") for line in lines)
+    assert not [line for line in lines if LIVE.match(line) or any(stage in line for stage in stages)], pane  # nothing left of the live line
+    colours = [p for sgr in re.findall(r"\x1b\[([0-9;]*)m", styled) for p in sgr.split(";") if p in {*map(str, range(30, 39)), *map(str, range(90, 98))}]
+    assert not colours, "NO_COLOR: no colour on the terminal"

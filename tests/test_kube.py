@@ -5,20 +5,25 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 import fakes
 from conftest import clean_env, needs_root
 from preflight import kube
 from preflight.errors import UsageError
 from preflight.last_report import Standing
+from preflight.report import DEFAULT_REPORT_PATH
+from test_systemd import parse_command_line
 
 # What `preflight status` said of real reports (a pass, an shm failure, none at all).
 PASSED = Standing(True, "passed 12 s ago, profile cpu", True, 12.0)
@@ -143,6 +148,20 @@ def test_other_labels_are_never_in_the_patch() -> None:
             assert set(patch.get("metadata", {}).get("labels", {})) <= {"preflight/result"}
             kept = [t for t in patch.get("spec", {}).get("taints", OTHER_TAINTS) if t["key"] != "preflight/failed"]
             assert kept == OTHER_TAINTS
+
+
+def test_unread_the_change_is_the_most_a_round_could_send() -> None:
+    # A dry run with no node to read: labels merge, so the label is exact; the taint list is the node's own.
+    unread = [{"...": "the node's other taints, as read, unchanged"}]
+    failed = kube.decide_unread(FAILED, taint=True)
+    assert failed.what == ("label preflight/result=fail", "taint preflight/failed=true:NoSchedule")
+    assert failed.patch == {"metadata": {"labels": {"preflight/result": "fail"}, "resourceVersion": "<the node's, as read>"},
+                            "spec": {"taints": [*unread, OUR_TAINT]}}
+    assert kube.decide_unread(FAILED, taint=False).patch == {"metadata": {"labels": {"preflight/result": "fail"}}}
+    for taint in (True, False):  # a pass takes our taint away with or without --taint
+        passed = kube.decide_unread(PASSED, taint)
+        assert passed.what == ("label preflight/result=pass", "remove taint preflight/failed")
+        assert passed.patch and passed.patch["spec"] == {"taints": unread}
 
 
 # --- the API client ------------------------------------------------------------
@@ -288,7 +307,42 @@ def test_dry_run_reads_but_never_writes(reports: dict[str, Path]) -> None:
     with fakes.FakeKubeApi({"gpu-node-17": node_json()}) as api:
         done = kube_label(api, reports["fail"], "--taint", "--dry-run")
         assert done.returncode == 1 and api.patches == [] and api.count("GET") == 1
-        assert "would label preflight/result=fail, taint preflight/failed=true:NoSchedule" in done.stdout
+        line, request, body = done.stdout.splitlines()
+        assert line.endswith("would label preflight/result=fail, taint preflight/failed=true:NoSchedule")
+        # The very PATCH the real round sends: the node's own taints back, with the resourceVersion read.
+        assert request == "PATCH /api/v1/nodes/gpu-node-17 (application/strategic-merge-patch+json)"
+        assert json.loads(body) == {"metadata": {"labels": {"preflight/result": "fail"}, "resourceVersion": "81734"},
+                                    "spec": {"taints": [*OTHER_TAINTS, OUR_TAINT]}}
+
+
+def test_dry_run_outside_a_cluster_shows_the_patch_for_the_node_it_names(reports: dict[str, Path]) -> None:
+    # On the host, by hand: no KUBERNETES_SERVICE_HOST, no API server, no NODE_NAME.
+    done = subprocess.run([*fakes.PREFLIGHT, "kube-label", "--dry-run", "--taint", "--report", str(reports["fail"]), "--node", "gpu-node-17"],
+                          env=kube_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stderr == "", done.stderr
+    line, request, body = done.stdout.splitlines()
+    assert line.startswith("gpu-node-17: NOT vouched (shm FAIL: /dev/shm is 64 MiB")
+    assert "would label preflight/result=fail, taint preflight/failed=true:NoSchedule (node not read: not in a pod, KUBERNETES_SERVICE_HOST is not set" in line
+    assert request == "PATCH /api/v1/nodes/gpu-node-17 (application/strategic-merge-patch+json)"
+    assert json.loads(body)["spec"]["taints"][-1] == OUR_TAINT
+    # No name given: the kubelet's default, the hostname, said on stderr.
+    done = subprocess.run([*fakes.PREFLIGHT, "kube-label", "--dry-run", "--report", str(reports["pass"])],
+                          env=kube_env(), capture_output=True, text=True, timeout=60)
+    host = os.uname().nodename.lower()
+    assert done.returncode == 0, done.stderr
+    assert f"the node name is taken from the hostname, {host}" in done.stderr
+    assert done.stdout.startswith(f"{host}: vouched (passed") and f"PATCH /api/v1/nodes/{host} " in done.stdout
+
+
+def test_dry_run_with_the_api_server_unreachable_still_previews(reports: dict[str, Path]) -> None:
+    with fakes.FakeKubeApi({}) as api:
+        url = api.url  # closed on leaving: nothing listens there now
+    done = subprocess.run([*fakes.PREFLIGHT, "kube-label", "--api-server", url, "--dry-run", "--report", str(reports["fail"]), "--node", "n"],
+                          env=kube_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stderr == ""
+    line, _, body = done.stdout.splitlines()
+    assert f"would label preflight/result=fail (node not read: cannot reach the API server at {url}: Connection refused; this is the most it would change)" in line
+    assert json.loads(body) == {"metadata": {"labels": {"preflight/result": "fail"}}}
 
 
 def test_forbidden_names_the_rbac_to_grant(reports: dict[str, Path]) -> None:
@@ -366,3 +420,103 @@ def test_every_rereads_survives_errors_writes_only_on_change_and_stops_on_sigter
     lines = out.splitlines()
     assert len(lines) == 2, out
     assert "taint preflight/failed=true:NoSchedule" in lines[0] and "remove taint preflight/failed" in lines[1]
+
+
+# --- the GPU Operator gate (examples/kubernetes/check-daemonset.yaml) ----------------------
+
+MANIFESTS = Path(__file__).parents[1] / "examples" / "kubernetes"
+
+
+def check_pod() -> dict[str, Any]:
+    (ds,) = [d for d in yaml.safe_load_all((MANIFESTS / "check-daemonset.yaml").read_text()) if d]
+    return ds
+
+
+def test_the_gpu_operator_gate_sees_every_gpu_without_holding_one_and_writes_the_hosts_report() -> None:
+    ds = check_pod()
+    pod = ds["spec"]["template"]["spec"]
+    labeler = next(d for d in yaml.safe_load_all((MANIFESTS / "daemonset.yaml").read_text()) if d["kind"] == "DaemonSet")
+    assert ds["metadata"]["namespace"] == labeler["metadata"]["namespace"]
+    assert pod["nodeSelector"] == labeler["spec"]["template"]["spec"]["nodeSelector"]
+    assert pod["runtimeClassName"] == "nvidia"  # the GPU Operator's RuntimeClass
+    assert {"key": "preflight/failed", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    wait, gate = pod["initContainers"]
+    (recheck,) = pod["containers"]
+    assert "/run/nvidia/validations/toolkit-ready" in wait["command"][-1]
+    for c in (gate, recheck):
+        # A request for nvidia.com/gpu would hold GPUs from jobs for as long as the pod runs.
+        assert not any(k.startswith("nvidia.com/") for part in c.get("resources", {}).values() for k in part)
+        assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} in c["env"]
+        params = parse_command_line(c["args"])
+        assert params["report"] == DEFAULT_REPORT_PATH and params["if_idle"] is True
+        assert params["textfile_dir"] == Path("/var/lib/preflight/textfile")  # where the systemd units put it
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    assert parse_command_line(gate["args"])["skip"] in (None, [], ())  # the gate runs every check
+    assert "preflight status --report=/var/lib/preflight/report.json" in recheck["command"][2]
+    host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert host["state"] == "/var/lib/preflight" and host["textfile"] == "/var/lib/preflight/textfile"
+
+
+def manifest_sh(container: dict[str, Any], state: Path, *extra: str) -> list[str]:
+    """The container's command line to run here: the host's /var/lib/preflight is ``state``."""
+    return [a.replace("/var/lib/preflight", str(state)) for a in [*container["command"], *container["args"], *extra]]
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> Path:
+    (tmp_path / "textfile").mkdir()
+    (tmp_path / "weak.toml").write_text("[floors]\nshm_min_bytes = 1048576\n")  # any /dev/shm passes: a fast pass
+    (tmp_path / "strict.toml").write_text("[floors]\nshm_min_bytes = 1125899906842624\n")  # 1 PiB: a real FAIL
+    return tmp_path
+
+
+def sh_env() -> dict[str, str]:
+    # `preflight` as the image has it: this interpreter's console script on PATH.
+    return {**clean_env(), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+
+
+def test_the_gpu_operator_gates_verdict_lets_the_pod_go_on_and_a_broken_config_does_not(state: Path) -> None:
+    _, gate = check_pod()["spec"]["template"]["spec"]["initContainers"]
+    fast = ["--profile=cpu", "--only=shm"]
+    failed = subprocess.run(manifest_sh(gate, state, *fast, f"--config={state / 'strict.toml'}"), env=sh_env(), capture_output=True, text=True, timeout=120)
+    assert failed.returncode == 0, failed.stderr  # the pod goes on, and kube-label reads the FAIL
+    assert json.loads((state / "report.json").read_text())["verdict"] == "fail"
+    assert "preflight_run_passed 0.0" in (state / "textfile" / "preflight.prom").read_text()
+    broken = subprocess.run(manifest_sh(gate, state, *fast, "--profile=no-such-gpu"), env=sh_env(), capture_output=True, text=True, timeout=120)
+    assert broken.returncode == 2, broken.stderr  # Init:CrashLoopBackOff: a config to fix, not a verdict
+
+
+def test_the_gpu_operator_recheck_runs_only_while_the_gate_stands_passed(state: Path) -> None:
+    _, gate = check_pod()["spec"]["template"]["spec"]["initContainers"]
+    (recheck,) = check_pod()["spec"]["template"]["spec"]["containers"]
+    assert "while sleep 3600;" in recheck["command"][2]
+    recheck = {**recheck, "command": [a.replace("sleep 3600", "sleep 0.2") for a in recheck["command"]]}
+    report = state / "report.json"
+
+    def finished() -> str:
+        return json.loads(report.read_text())["finished_at"]
+
+    def recheck_for(seconds: float) -> float:
+        """Run the recheck loop until it rewrites the report or ``seconds`` pass; how long that took."""
+        before, started = finished(), time.monotonic()
+        proc = subprocess.Popen(manifest_sh(recheck, state, "--profile=cpu", "--only=shm", f"--config={state / 'weak.toml'}"),
+                                env=sh_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            while finished() == before and time.monotonic() - started < seconds:
+                time.sleep(0.1)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        return time.monotonic() - started
+
+    def gate_with(config: str) -> None:
+        subprocess.run(manifest_sh(gate, state, "--profile=cpu", "--only=shm", f"--config={state / config}"), env=sh_env(), timeout=120, check=True)
+
+    gate_with("weak.toml")
+    passed = finished()
+    took = recheck_for(60)
+    assert finished() != passed  # the gate stands passed: the recheck ran
+    gate_with("strict.toml")
+    failed = finished()
+    recheck_for(max(1.5 * took, 2.0))  # long enough for the loop to have rechecked, were it going to
+    assert finished() == failed  # a failed gate is never overwritten by a lighter recheck's pass

@@ -1,21 +1,26 @@
 """A real Prometheus (Debian package `prometheus`) scrapes a real `preflight serve`,
-evaluates the shipped alert rules, and answers through its HTTP API; promtool
-checks and unit-tests the shipped rules and scrape config."""
+and a real node_exporter (Debian package `prometheus-node-exporter`) reading the
+textfile real `preflight run`s wrote, evaluates the shipped alert rules, and
+answers through its HTTP API; promtool checks and unit-tests the shipped rules
+and scrape config."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import signal
 import subprocess
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from conftest import report_file
+from conftest import report_file, run_preflight
 from preflight.launch import free_port
 from test_serve import serving
 
@@ -24,6 +29,9 @@ RULES = EXAMPLES / "preflight-rules.yml"
 
 promtool = pytest.mark.skipif(not shutil.which("promtool"), reason="promtool is not installed (Debian package prometheus)")
 prometheus = pytest.mark.skipif(not shutil.which("prometheus"), reason="prometheus is not installed (Debian package prometheus)")
+NODE_EXPORTER = "prometheus-node-exporter"  # Debian's name for node_exporter
+node_exporter = pytest.mark.skipif(not shutil.which(NODE_EXPORTER), reason=f"{NODE_EXPORTER} is not installed (Debian package {NODE_EXPORTER})")
+DAEMON_DEADLINE = 180  # seconds: a daemon outlives its test by at most this, even if pytest itself is killed
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -82,48 +90,116 @@ def wait_for(what, timeout: float = 90.0):
         time.sleep(0.5)
 
 
+@contextlib.contextmanager
+def daemon(argv: list[str], log: Path, ready_url: str) -> Iterator[subprocess.Popen]:
+    """A daemon in a session of its own under `timeout`, yielded once ready_url answers, then stopped
+    with its whole process group. `timeout` is the deadline that holds even if the test never ends."""
+    proc = subprocess.Popen(["timeout", "-s", "KILL", str(DAEMON_DEADLINE), *argv],
+                            stdout=subprocess.DEVNULL, stderr=open(log, "w"), start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(ready_url, timeout=1):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"{argv[0]} did not come up at {ready_url}: {log.read_text()[-2000:]}") from None
+                time.sleep(0.1)
+        yield proc
+    finally:
+        # SIGTERM first: `timeout` passes it on and reaps the daemon, which a SIGKILL would leave to init.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def prometheus_scraping(tmp_path: Path, jobs: dict[str, list[str]]) -> Iterator[str]:
+    """A real Prometheus with the shipped rules, scraping each job's targets (host:port) every second
+    and evaluating every second, so an alert without `for:` fires within seconds. Yields its API base."""
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        f"rule_files: [{json.dumps(str(RULES))}]\n"
+        "scrape_configs:\n"
+        + "".join(f"  - job_name: {job}\n    static_configs: [{{targets: {json.dumps(targets)}}}]\n" for job, targets in jobs.items())
+    )
+    base = f"http://127.0.0.1:{port}"
+    with daemon(["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+                tmp_path / "prometheus.log", f"{base}/-/ready"):
+        yield base
+
+
+def firing(base: str, want: set) -> set:
+    """The (alertname, instance, check) of every firing alert, once all of ``want`` are among them."""
+    names = {(a["metric"]["alertname"], a["metric"]["instance"], a["metric"].get("check")) for a in query(base, 'ALERTS{alertstate="firing"}')}
+    return names if want <= names else set()
+
+
 @prometheus
 def test_a_real_prometheus_scrapes_serve_and_raises_the_alert(tmp_path):
     report = report_file(tmp_path / "report.json", "shm-64m-fail")
-    with serving(report) as (target, _):
-        port = free_port()
-        config = tmp_path / "prometheus.yml"
-        config.write_text(
-            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-            f"rule_files: [{json.dumps(str(RULES))}]\n"
-            "scrape_configs:\n"
-            "  - job_name: preflight\n"
-            f"    static_configs: [{{targets: ['{target.removeprefix('http://')}']}}]\n"
-        )
-        proc = subprocess.Popen(
-            ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "w"), start_new_session=True,
-        )
-        base = f"http://127.0.0.1:{port}"
-        try:
-            passed = wait_for(lambda: query(base, "preflight_check_passed"))
-            by_check = {r["metric"]["check"]: float(r["value"][1]) for r in passed}
-            assert by_check == {"shm": 0.0, "nccl": 0.0, "bandwidth": 0.0, "train": 0.0}
-            assert all(r["metric"]["job"] == "preflight" and "hostname" not in r["metric"] for r in passed)
-            assert float(query(base, "preflight_run_passed")[0]["value"][1]) == 0.0
-            assert float(query(base, "preflight_report_current_boot")[0]["value"][1]) == 1.0
-            shm = query(base, "preflight_shm_size_bytes")[0]
-            assert float(shm["value"][1]) == 64 * 2**20
-            # The shipped rules, evaluated by Prometheus itself on what it scraped.
-            want = {("PreflightNodeFailed", None), ("PreflightCheckFailed", "shm")}
+    with serving(report) as (target, _), prometheus_scraping(tmp_path, {"preflight": [target.removeprefix("http://")]}) as base:
+        passed = wait_for(lambda: query(base, "preflight_check_passed"))
+        by_check = {r["metric"]["check"]: float(r["value"][1]) for r in passed}
+        assert by_check == {"shm": 0.0, "nccl": 0.0, "bandwidth": 0.0, "train": 0.0}
+        assert all(r["metric"]["job"] == "preflight" and "hostname" not in r["metric"] for r in passed)
+        assert float(query(base, "preflight_run_passed")[0]["value"][1]) == 0.0
+        assert float(query(base, "preflight_report_current_boot")[0]["value"][1]) == 1.0
+        shm = query(base, "preflight_shm_size_bytes")[0]
+        assert float(shm["value"][1]) == 64 * 2**20
+        # The shipped rules, evaluated by Prometheus itself on what it scraped.
+        instance = target.removeprefix("http://")
+        want = {("PreflightNodeFailed", instance, None), ("PreflightCheckFailed", instance, "shm")}
+        assert wait_for(lambda: firing(base, want)) == want
+        # Nothing else, not even pending (the stale-boot alert waits 20 minutes before firing).
+        assert {a["metric"]["alertname"] for a in query(base, "ALERTS")} == {"PreflightNodeFailed", "PreflightCheckFailed"}
+        assert float(query(base, "preflight_vouched")[0]["value"][1]) == 0.0
 
-            def firing() -> set:
-                names = {(a["metric"]["alertname"], a["metric"].get("check")) for a in query(base, 'ALERTS{alertstate="firing"}')}
-                return names if want <= names else set()
 
-            assert wait_for(firing) == want
-            # Nothing else, not even pending (the stale-boot alert waits 20 minutes before firing).
-            assert {a["metric"]["alertname"] for a in query(base, "ALERTS")} == {"PreflightNodeFailed", "PreflightCheckFailed"}
-            assert float(query(base, "preflight_vouched")[0]["value"][1]) == 0.0
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+@pytest.fixture(scope="module")
+def textfiles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Textfile directories as two real `preflight run --textfile-dir` left them: one passed shm, one
+    failed it against a site floor no machine meets (the run measures /dev/shm for real either way)."""
+    d = tmp_path_factory.mktemp("textfiles")
+    site = d / "config.toml"
+    site.write_text("[floors]\nshm_min_bytes = 1125899906842624   # 1 PiB\n")
+    dirs = {}
+    for verdict, extra, code in (("pass", [], 0), ("fail", ["--config", str(site)], 1)):
+        dirs[verdict] = d / verdict
+        dirs[verdict].mkdir()
+        done = run_preflight(["run", "--profile", "cpu", "--only", "shm", "-q", "--textfile-dir", str(dirs[verdict]), *extra], timeout=120)
+        assert done.returncode == code, done.stderr
+    return dirs
+
+
+@prometheus
+@node_exporter
+def test_a_failing_run_fires_the_alert_through_node_exporter_and_a_passing_one_does_not(tmp_path, textfiles):
+    # One node_exporter per node, as on the fleet: only the textfile collector, and stat for
+    # node_boot_time_seconds, which the stale-boot alert compares the textfile's last pass with.
+    nodes = {}
+    with contextlib.ExitStack() as stack:
+        for verdict, textfile_dir in textfiles.items():
+            nodes[verdict] = f"127.0.0.1:{free_port()}"
+            stack.enter_context(daemon(
+                [NODE_EXPORTER, "--collector.disable-defaults", "--collector.textfile", f"--collector.textfile.directory={textfile_dir}",
+                 "--collector.stat", f"--web.listen-address={nodes[verdict]}"],
+                tmp_path / f"node_exporter-{verdict}.log", f"http://{nodes[verdict]}/metrics"))
+        base = stack.enter_context(prometheus_scraping(tmp_path, {"node": list(nodes.values())}))
+
+        want = {("PreflightNodeFailed", nodes["fail"], None), ("PreflightCheckFailed", nodes["fail"], "shm")}
+        assert wait_for(lambda: firing(base, want)) == want
+        # By now Prometheus has scraped and evaluated the passing node as often as the failing one.
+        passed = {r["metric"]["instance"]: float(r["value"][1]) for r in query(base, 'preflight_run_passed{job="node"}')}
+        assert passed == {nodes["fail"]: 0.0, nodes["pass"]: 1.0}
+        assert len(query(base, f'node_boot_time_seconds{{instance="{nodes["pass"]}"}}')) == 1
+        # Not pending either: the pass is later than this boot by node_exporter's own clock.
+        assert query(base, f'ALERTS{{instance="{nodes["pass"]}"}}') == []
+        assert {a["metric"]["alertname"] for a in query(base, "ALERTS")} == {"PreflightNodeFailed", "PreflightCheckFailed"}

@@ -118,3 +118,46 @@ def test_an_endless_plugin_timeout_is_capped():
         timeout_seconds = float("inf")
 
     assert run_checks([Endless()], make_ctx()).results[0].status is Status.PASS
+
+
+# --- progress ----------------------------------------------------------------
+
+
+class _Watching(fakes.Passing):
+    """Records what the Context's progress says while it runs."""
+
+    saw: tuple = ()
+
+    def run(self, ctx):
+        self.saw = ctx.progress.now()[:2]
+        return super().run(ctx)
+
+
+def test_progress_names_the_running_check_and_ends_before_its_result_is_shown():
+    from preflight.progress import Progress
+
+    events = []
+    ctx = make_ctx()
+    ctx.progress = Progress(on_end=lambda: events.append("end"))
+    check = _Watching()
+    run_checks([check, fakes.Failing(), fakes.Passing()], ctx, on_start=lambda c: events.append(f"start {c.name}"), on_finish=lambda r: events.append(f"finish {r.check}"))
+    assert check.saw == ("passing", None)
+    # The live line comes down before each result; a skipped check never had one.
+    assert events == ["start passing", "end", "finish passing", "start failing", "end", "finish failing", "finish passing"]
+    assert ctx.progress.now() == (None, None, 0.0)
+
+
+def test_progress_ends_when_a_signal_arrives_as_the_check_starts():
+    from preflight.progress import Progress
+    from preflight.runner import Interrupted
+
+    ended = []
+    ctx = make_ctx()
+    ctx.progress = Progress(on_end=lambda: ended.append(True))
+
+    def interrupted(_check):
+        raise Interrupted(15)
+
+    outcome = run_checks([fakes.Passing()], ctx, on_start=interrupted)
+    assert outcome.interrupted_by == 15 and outcome.results[0].status is Status.ERROR
+    assert ended == [True] and ctx.progress.now()[0] is None

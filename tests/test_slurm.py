@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -37,6 +37,14 @@ def test_parse_reads_state_and_reason_without_slurms_stamp():
     assert admin.drained and not admin.ours and admin.reason == "replace PSU 2, ticket 4711"
     assert node("down-drained-by-preflight").drained and node("down-drained-by-preflight").ours
     assert not node("allocated").drained
+
+
+def test_parse_reads_what_a_real_slurm_prints():
+    drained = slurm.parse_node((NODES / "real-22.05-drained-by-preflight.txt").read_text(), "vm")
+    assert (drained.state, drained.drained, drained.ours) == ("IDLE+DRAIN", True, True)
+    assert drained.reason == "preflight: shm FAIL: /dev/shm is 64 MiB, below the 1 GiB floor"
+    idle = slurm.parse_node((NODES / "real-22.05-idle.txt").read_text(), "vm")
+    assert (idle.state, idle.reason, idle.drained) == ("IDLE", None, False)
 
 
 def test_parse_refuses_output_without_a_state():
@@ -93,6 +101,7 @@ def test_a_long_reason_is_cut_for_sinfo():
 
 
 def healthcheck(tmp_path: Path, fixture: str | None, state: str, *extra: str, exit_code: int = 0, message: str = "", hang: bool = False, boot: str = "this"):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     report = tmp_path / "report.json"
     if fixture is not None:
         report_file(report, fixture, boot=boot)
@@ -135,9 +144,72 @@ def test_no_report_drains_fail_closed(tmp_path):
     assert p.returncode == 1 and calls[1][3].startswith("Reason=preflight: no report at")
 
 
-def test_dry_run_only_looks(tmp_path):
-    p, calls = healthcheck(tmp_path, "shm-64m-fail", "idle", "--dry-run")
-    assert p.returncode == 1 and p.stdout.startswith("would drain: ") and calls == [["show", "node", "gpu-01"]]
+def test_dry_run_prints_the_exact_scontrol_line_a_run_sends_and_sends_nothing(tmp_path):
+    p, calls = healthcheck(tmp_path / "dry", "shm-64m-fail", "idle", "--dry-run")
+    assert p.returncode == 1 and calls == [["show", "node", "gpu-01"]]  # looked, changed nothing
+    first, because = p.stdout.splitlines()
+    assert first.startswith("would run: scontrol update NodeName=gpu-01 State=DRAIN ") and because.startswith("  because: not vouched")
+    _, real = healthcheck(tmp_path / "real", "shm-64m-fail", "idle")
+    assert shlex.split(first.removeprefix("would run: ")) == ["scontrol", *real[1]]
+
+
+def test_dry_run_says_why_it_would_do_nothing(tmp_path):
+    p, calls = healthcheck(tmp_path, "cpu-pass", "drained-by-admin", "--dry-run")
+    assert p.returncode == 0 and len(calls) == 1
+    assert p.stdout.startswith("nothing: passed ") and "gpu-01 stays drained: someone else drained it (replace PSU 2, ticket 4711)" in p.stdout
+
+
+def invoke_without_scontrol(tmp_path, monkeypatch, *args: str):
+    """The command in this process, with no scontrol anywhere it looks (this machine may have Slurm installed)."""
+    from typer.testing import CliRunner
+
+    from preflight.cli import app
+
+    monkeypatch.setattr(slurm, "SCONTROL_DIRS", (str(tmp_path / "nowhere"),))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu-01")
+    return CliRunner().invoke(app, ["slurm-healthcheck", *args])
+
+
+def cases_said(lines: list[str]) -> dict[str, str]:
+    return {case.strip(): said.strip() for case, _, said in (line.partition(":") for line in lines)}
+
+
+def test_dry_run_without_scontrol_gives_the_line_for_each_state_the_node_could_be_in(tmp_path, monkeypatch):
+    report = report_file(tmp_path / "r.json", "shm-64m-fail")
+    r = invoke_without_scontrol(tmp_path, monkeypatch, "--report", str(report), "--dry-run")
+    assert r.exit_code == 1 and r.stderr == ""
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("not vouched: shm FAIL: /dev/shm is 64 MiB")
+    assert lines[1].startswith("gpu-01's state is unknown (scontrol is not on PATH") and "what it would run in each state" in lines[1]
+    drain = "scontrol update NodeName=gpu-01 State=DRAIN 'Reason=preflight: shm FAIL: /dev/shm is 64 MiB, below the 1 GiB floor'"
+    assert cases_said(lines[2:6]) == {"not drained": drain, "drained by preflight for another cause": drain,
+                    "drained by preflight for this cause": "nothing", "drained by someone else": "nothing"}
+    assert "never lifted" in lines[6]
+
+    report_file(report, "cpu-pass")
+    r = invoke_without_scontrol(tmp_path, monkeypatch, "--report", str(report), "--dry-run")
+    assert r.exit_code == 0 and r.stdout.startswith("vouched: passed ")
+    assert cases_said(r.stdout.splitlines()[2:5]) == {
+        "not drained": "nothing", "drained by preflight": "scontrol update NodeName=gpu-01 State=RESUME", "drained by someone else": "nothing"}
+
+
+def test_dry_run_with_slurmctld_unreachable_says_so_and_gives_each_case(tmp_path):
+    message = "slurm_load_node error: Unable to contact slurm controller (connect failure)"
+    p, calls = healthcheck(tmp_path, "cpu-pass", "idle", "--dry-run", exit_code=1, message=message)
+    assert p.returncode == 0 and len(calls) == 1 and "Unable to contact slurm controller" in p.stdout.splitlines()[1]
+    assert "scontrol update NodeName=gpu-01 State=RESUME" in p.stdout
+
+
+@pytest.mark.parametrize(("standing", "expected"), [
+    (FAIL, {"not drained": "drain", "drained by preflight for another cause": "drain",
+            "drained by preflight for this cause": "none", "drained by someone else": "none"}),
+    (NONE, {"not drained": "drain", "drained by preflight for another cause": "drain",
+            "drained by preflight for this cause": "none", "drained by someone else": "none"}),
+    (PASS, {"not drained": "none", "drained by preflight": "resume", "drained by someone else": "none"}),
+])
+def test_the_cases_a_dry_run_lists_are_what_decide_does(standing, expected):
+    assert {case: action.verb for case, action in slurm.cases(standing, "gpu-01")} == expected
 
 
 def test_node_name_option_wins_over_slurmd_nodename(tmp_path):
@@ -165,13 +237,11 @@ def test_a_hung_scontrol_is_killed_at_its_deadline(tmp_path, monkeypatch):
     assert subprocess.run(["pgrep", "-f", str(bindir)], capture_output=True).stdout == b""  # killed, not left behind
 
 
-@pytest.mark.skipif(slurm.find_scontrol(None) is not None, reason="this machine has a real scontrol in Slurm's usual places")
-def test_without_scontrol_it_says_what_to_do(tmp_path):
+def test_without_scontrol_it_says_what_to_do(tmp_path, monkeypatch):
     report_file(tmp_path / "r.json", "cpu-pass")
-    env = {**clean_env(), "PATH": str(tmp_path / "empty")}
-    p = subprocess.run([sys.executable, "-m", "preflight", "slurm-healthcheck", "--report", str(tmp_path / "r.json")], env=env, capture_output=True, text=True, timeout=60)
-    (line,) = p.stderr.strip().splitlines()
-    assert p.returncode == 1 and "scontrol is not on PATH nor in /usr/local/bin" in line and "/opt/slurm/bin" in line
+    r = invoke_without_scontrol(tmp_path, monkeypatch, "--report", str(tmp_path / "r.json"))
+    (line,) = r.stderr.strip().splitlines()
+    assert r.exit_code == 1 and "scontrol is not on PATH nor in" in line and line.endswith("node gpu-01 left as it is")
 
 
 def test_scontrol_is_found_without_any_path_as_slurmd_starts_the_health_check(tmp_path, monkeypatch):

@@ -13,6 +13,15 @@ import pytest
 
 UNITS = Path(__file__).parent.parent / "systemd"
 DROP_INS = sorted((UNITS / "drop-ins").glob("*.service.d/preflight.conf"))
+# Launchers that start whatever the gate said, and learn the verdict another way:
+# slurmd drains its node through HealthCheckProgram ("preflight: <cause>"), which
+# a slurmd held back by the gate could never run; kubelet, held back, could never
+# label or taint the node it runs on (and on a GPU Operator node, whose driver
+# needs kubelet, would stay down for good).
+UNGATED = {"slurmd.service.d", "kubelet.service.d"}
+GATED = [p for p in DROP_INS if p.parent.name not in UNGATED]
+SLURMD = UNITS / "drop-ins" / "slurmd.service.d" / "preflight.conf"
+KUBELET = UNITS / "drop-ins" / "kubelet.service.d" / "preflight.conf"
 SHIPPED = sorted([*UNITS.glob("*.service"), *UNITS.glob("*.timer")])
 PREFLIGHT = Path(sys.executable).parent / "preflight"
 INSTALLED_AS = "/usr/local/bin/preflight"
@@ -97,14 +106,20 @@ def test_verify_would_catch_a_misspelt_timer_setting(tmp_path):
     assert "OnCalender" in verify(timer).stderr
 
 
-@needs_analyze
-@pytest.mark.parametrize("drop_in", DROP_INS, ids=lambda p: p.parent.name)
-def test_drop_in_holds_the_launcher_behind_the_gate(drop_in, tmp_path):
+def install_launcher(tmp_path: Path, drop_in: Path, unit: str = "") -> tuple[Path, str]:
+    """The shipped units, a stand-in launcher (``unit`` added to its [Unit]) and the drop-in for it."""
     launcher = drop_in.parent.name.removesuffix(".d")
     d = install(tmp_path, *SHIPPED)
-    (d / launcher).write_text("[Unit]\nDescription=stand-in launcher\n[Service]\nExecStart=/bin/true\n")
+    (d / launcher).write_text(f"[Unit]\nDescription=stand-in launcher\n{unit}[Service]\nExecStart=/bin/true\n")
     (d / drop_in.parent.name).mkdir()
     shutil.copy(drop_in, d / drop_in.parent.name / drop_in.name)
+    return d, launcher
+
+
+@needs_analyze
+@pytest.mark.parametrize("drop_in", GATED, ids=lambda p: p.parent.name)
+def test_drop_in_holds_the_launcher_behind_the_gate(drop_in, tmp_path):
+    d, launcher = install_launcher(tmp_path, drop_in)
 
     p = verify(d / launcher)
     assert p.returncode == 0 and p.stderr == "", p.stderr
@@ -119,12 +134,70 @@ def test_drop_in_holds_the_launcher_behind_the_gate(drop_in, tmp_path):
     assert p.returncode == 0 and p.stderr == "", p.stderr
 
 
-@pytest.mark.parametrize("drop_in", DROP_INS, ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("drop_in", GATED, ids=lambda p: p.parent.name)
 def test_drop_in_starts_the_launcher_only_after_the_gate_finishes(drop_in):
     # Requires= alone would start the launcher alongside the gate, before any verdict.
     s = settings(drop_in)
     assert s[("Unit", "Requires")] == ["preflight.service"]
     assert s[("Unit", "After")] == ["preflight.service"]
+
+
+def test_slurmd_waits_for_the_gate_but_starts_whatever_it_said():
+    # Requires=/Requisite=/BindsTo= would keep slurmd down on a failed gate: Slurm would see a node
+    # not responding, with no reason, and no health check could ever resume it. Wants= would rerun
+    # the gate at every `systemctl restart slurmd`.
+    s = settings(SLURMD)
+    assert s == {("Unit", "After"): ["preflight.service"]}
+
+
+@needs_analyze
+def test_slurmd_starts_when_the_gate_fails(tmp_path):
+    d, launcher = install_launcher(tmp_path, SLURMD)
+    (d / "preflight.service").write_text("[Unit]\nDescription=a gate that refuses to load\n[Service]\nType=oneshot\n")
+    p = verify(d / launcher)
+    # systemd still says the gate is broken; slurmd's start job is created all the same.
+    assert p.returncode == 0 and "Failed to create" not in p.stderr, p.stderr
+
+
+@needs_analyze
+def test_slurmd_is_ordered_after_the_gate(tmp_path):
+    # At boot the target pulls both in (the stand-in's Wants=); a gate made to wait for slurmd then
+    # closes a cycle, and only because the drop-in orders slurmd after the gate.
+    d, launcher = install_launcher(tmp_path, SLURMD, unit="Wants=preflight.service\n")
+    gate = d / "preflight.service"
+    gate.write_text(gate.read_text() + "\n[Unit]\nAfter=slurmd.service\n")
+    assert "Found ordering cycle" in verify(d / launcher).stderr
+    shutil.rmtree(d / SLURMD.parent.name)
+    assert "Found ordering cycle" not in verify(d / launcher).stderr
+
+
+def test_the_kubelet_drop_in_only_orders_kubelet_after_the_gate():
+    # Requires=/Requisite=/BindsTo= would keep kubelet down on a failed gate, and on a GPU Operator
+    # node (whose driver needs kubelet) for good; Wants= would rerun the gate on a kubelet restart.
+    assert settings(KUBELET) == {("Unit", "After"): ["preflight.service"]}
+
+
+@needs_analyze
+def test_kubelet_starts_even_when_the_gate_cannot_and_waits_for_it_at_boot(tmp_path):
+    d = install(tmp_path, *SHIPPED)
+    (d / "kubelet.service").write_text("[Unit]\nDescription=stand-in kubelet\n[Service]\nExecStart=/bin/true\n")
+    (d / "kubelet.service.d").mkdir()
+    shutil.copy(KUBELET, d / "kubelet.service.d" / "preflight.conf")
+    # A gate that cannot even load does not stop kubelet from starting (systemd names the gate's fault).
+    gate = (d / "preflight.service").read_text()
+    (d / "preflight.service").write_text("[Unit]\nDescription=a gate that refuses to load\n[Service]\nType=oneshot\n")
+    p = verify(d / "kubelet.service")
+    assert p.returncode == 0 and "Failed to create kubelet.service/start" not in p.stderr, p.stderr
+    # Proof systemd reads the drop-in's ordering: started together (as at boot, here pulled in by a
+    # stand-in Wants=), a gate ordered after kubelet now makes a cycle, and only because of the drop-in.
+    (d / "preflight.service").write_text(gate)
+    (d / "kubelet.service").write_text("[Unit]\nDescription=stand-in kubelet\nWants=preflight.service\n[Service]\nExecStart=/bin/true\n")
+    (d / "preflight.service.d").mkdir()
+    (d / "preflight.service.d" / "cycle.conf").write_text("[Unit]\nAfter=kubelet.service\n")
+    assert "Found ordering cycle" in verify(d / "kubelet.service").stderr
+    shutil.rmtree(d / "kubelet.service.d")
+    p = verify(d / "kubelet.service")
+    assert p.returncode == 0 and p.stderr == "", p.stderr
 
 
 def test_there_are_drop_ins_for_slurm_kubernetes_and_any_other_launcher():

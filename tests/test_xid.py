@@ -380,3 +380,56 @@ def test_read_file_accepts_a_pipe(tmp_path):
         assert [e.code for e in parse(read_file(fifo))] == [79]
     finally:
         writer.join(timeout=5)
+
+
+# What a kernel log line is: each form parse() reads, with a message that is no GPU event.
+KERNEL_LINES = [
+    "[    0.050716] CPU topo: Max. logical packages:   1",  # dmesg (this machine's)
+    "[  130.456250] [ T1946] usb 1-1: new high-speed USB device number 2",  # dmesg, printk caller tag
+    "<6>[    0.050716] CPU topo: Max. logical packages:   1",  # dmesg -r
+    "kern  :info  : [    0.050716] CPU topo: Max. logical packages:   1",  # dmesg -x
+    "[Mon Nov 23 20:46:24 2026] CPU topo: Max. logical packages:   1",  # dmesg -T (this machine's)
+    "6,57,50716,-;CPU topo: Max. logical packages:   1",  # /dev/kmsg (this machine's)
+    "Dec  2 11:38:27 worker4 kernel: [  199.234935] pci 0000:0a:00.0: enabling device",  # syslog (xid/15's prefix)
+    "[    0.000000] worker4 kernel: Linux version 6.8.0-49-generic (buildd@lcy02-amd64-103)",  # journalctl short-monotonic
+    "2024-08-30T11:43:09+0000 gpu-node-3 kernel: mlx5_core 0000:3b:00.0: link up",  # journalctl short-iso
+    "Dez 02 11:38:47 worker4 kernel: e1000e: eth0 NIC Link is Up",  # journalctl, de_DE
+    "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.90.07",  # an excerpt without prefix: the driver's own words
+]
+NOT_KERNEL_LINES = [
+    "",
+    "# preflight",
+    "`preflight xid` reads `/dev/kmsg` (falling back to `journalctl -k -b`, then",
+    "-- No entries --",
+    "-- Boot 5d1f0c3e2a8b4c6f9e7d1a2b3c4d5e6f --",
+    "Dec  2 11:38:47 worker4 sshd[812]: Accepted publickey for root from 10.0.0.1 port 50022",  # syslog, not the kernel's
+    "[2026-03-18 11:13:09] VM-16-64-ubuntu:28471:28499 [0] misc/socket.cc:537 NCCL WARN ncclSocketInit",  # NCCL's clock
+    "node17:1234:1234 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.17<0>",
+    '{"driver_version": "550.54.15", "gpus": []}',
+    "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity",
+]
+
+
+@pytest.mark.parametrize("line", KERNEL_LINES)
+def test_a_kernel_log_line_in_every_form_counts(line):
+    assert xid.kernel_lines(line + "\n") == 1
+    assert parse(line) == []  # and none of them is a GPU event
+
+
+@pytest.mark.parametrize("line", NOT_KERNEL_LINES)
+def test_other_lines_are_not_kernel_log_lines(line):
+    assert xid.kernel_lines(line + "\n") == 0
+
+
+@pytest.mark.parametrize("path", sorted(XID.glob("*.txt")), ids=lambda p: p.name[:16])
+def test_every_recorded_kernel_log_is_one(path):
+    assert xid.kernel_lines(read_file(path)) > 0
+
+
+def test_read_file_refuses_a_file_with_no_kernel_log_line(tmp_path):
+    readme = Path(__file__).parents[1] / "README.md"
+    assert "holds no kernel log lines (dmesg, journalctl, syslog or /dev/kmsg)" in usage_error(readme)
+    (tmp_path / "empty.log").write_text("")
+    assert "is empty: it holds no kernel log lines" in usage_error(tmp_path / "empty.log")
+    (tmp_path / "blank.log").write_text("\n\n")
+    assert "is empty" in usage_error(tmp_path / "blank.log")

@@ -16,7 +16,9 @@ reported so the agent takes the median and the spread. GPU times come from
 CUDA events; a collective repeat starts after a barrier. Sizes that do not
 fit the memory free now are clamped, and the report says so.
 
-The rank writes rank{N}.json into --out after every step and its output to
+The rank writes rank{N}.json into --out after every step, and between timed
+regions what it does within one ("doing": the size, the peer, "alone" while
+the others wait their turn) for the agent's live line; its output goes to
 rank{N}.log. The agent does the arithmetic (checks/bandwidth.py). Standard
 library and torch only. By hand:
 
@@ -100,10 +102,17 @@ def run(args, me: _rank.Rank, steps: list[str], report: dict, save, fault: _rank
     # gloo has no such wait to do: its own timeout is the rank's.
     _rank.init_group(dist, args.backend, device, args.timeout + (GRACE if args.backend == "nccl" else 0), blocking=False)
     report["init_seconds"] = round(time.perf_counter() - t, 4)
-    bench = Bench(torch, dist, device, me, args)
+
+    def note(**facts) -> None:
+        """What the rank does within its step ("doing": bytes, peer, alone while the others
+        wait), for the agent's live line; never called inside a timed region."""
+        report["doing"] = {**(report.get("doing") or {}), **facts} if facts else None
+        save()
+
+    bench = Bench(torch, dist, device, me, args, note)
     report["cache_bytes"] = bench.cache
     for name in steps:
-        report["stage"] = name
+        report.update(stage=name, doing=None)
         save()
         bench.slow = fault.at(name) == "slow"
         t = time.perf_counter()
@@ -111,7 +120,7 @@ def run(args, me: _rank.Rank, steps: list[str], report: dict, save, fault: _rank
         report["step_seconds"][name] = round(time.perf_counter() - t, 4)  # where the budget goes
         report["step"] += 1
         save()
-    report.update(stage="done", seconds=round(time.perf_counter() - t0, 4))
+    report.update(stage="done", doing=None, seconds=round(time.perf_counter() - t0, 4))
     save()
     if args.out is None:  # by hand: one line per rank, each a step's median
         line = {"rank": me.rank, **{_label(r): _median_rate(r) for r in report["results"]}}
@@ -123,8 +132,9 @@ def run(args, me: _rank.Rank, steps: list[str], report: dict, save, fault: _rank
 class Bench:
     """One method per step; each returns result dicts with every timed repeat."""
 
-    def __init__(self, torch, dist, device, me: _rank.Rank, args):
+    def __init__(self, torch, dist, device, me: _rank.Rank, args, note=lambda **facts: None):
         self.torch, self.dist, self.device, self.me, self.args = torch, dist, device, me, args
+        self.note = note
         self.cuda = device.type == "cuda"
         self.slow = False
         self.cache = _gpu_cache(torch, device) if self.cuda else _cpu_cache()
@@ -150,6 +160,7 @@ class Bench:
 
     def _copy(self, step: str) -> list[dict]:
         nbytes, clamped = self._fit(step, self.args.copy_bytes, 2)
+        self.note(bytes=nbytes)
         sets = self._sets(2 * nbytes)
         srcs = [self._random(nbytes) for _ in range(sets)]
         dsts = [self._empty(nbytes) for _ in range(sets)]
@@ -167,6 +178,7 @@ class Bench:
 
     def _host_copy(self, step: str) -> list[dict]:
         nbytes, clamped = self._fit(step, self.args.host_bytes, 1)
+        self.note(bytes=nbytes)
         sets = self._sets(nbytes)
         dev = [self._random(nbytes) for _ in range(sets)]
         host = [self.torch.empty(nbytes // 4, dtype=self.torch.float32, pin_memory=True) for _ in range(sets)]
@@ -184,7 +196,9 @@ class Bench:
         for turn in range(self.me.local_world_size):
             self._sync(turn=True)
             if turn == self.me.local_rank:
+                self.note(alone=True)
                 out = measure()
+                self.note()
         self._sync(turn=True)
         return out
 
@@ -202,7 +216,9 @@ class Bench:
             for turn in range(n):
                 self._sync(turn=True)
                 if turn == me:
+                    self.note(alone=True)
                     out.append(self._p2p_pair((me + k) % n))
+                    self.note()
         self._sync(turn=True)
         return out
 
@@ -212,6 +228,7 @@ class Bench:
         access = bool(torch.cuda.can_device_access_peer(self.me.local_rank, peer))
         free = min(int(torch.cuda.mem_get_info(self.device)[0]), int(torch.cuda.mem_get_info(target)[0]))  # dst lives on the peer
         nbytes, clamped = fit("p2p", self.args.p2p_bytes, 1, free, f"cuda:{self.device.index} or cuda:{peer}")
+        self.note(bytes=nbytes, peer=peer)
         sets = self._sets(nbytes)
         srcs = [self._random(nbytes) for _ in range(sets)]
         dsts = [torch.empty(nbytes // 4, dtype=torch.float32, device=target) for _ in range(sets)]
@@ -243,6 +260,7 @@ class Bench:
         w = self.me.world_size
         nbytes, clamped = self._fit(step, self.args.collective_bytes, per_byte)
         nbytes = self._agree(nbytes - nbytes % (4 * w))
+        self.note(bytes=nbytes)
         sets = self._sets(int(nbytes * per_byte))
         buffers = [make(self._random(nbytes)) for _ in range(sets)]
 
@@ -259,6 +277,7 @@ class Bench:
         SUM: hundreds of in-place sums over 8 ranks would overflow to inf, and at
         a few KiB the reduction's arithmetic costs nothing either way."""
         x = self._random(self.args.small_bytes)
+        self.note(bytes=x.numel() * 4)
         for _ in range(max(10, self.args.warmup)):
             self._blocking(x)
         samples = []
@@ -298,6 +317,7 @@ class Bench:
         gone, what is left is NCCL and the links. Information, not judged."""
         torch, k = self.torch, 20
         x = self._random(self.args.small_bytes)
+        self.note(bytes=x.numel() * 4)
         error = None
         mx = self.dist.ReduceOp.MAX  # replays of in-place sums would overflow
         try:

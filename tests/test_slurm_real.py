@@ -1,0 +1,299 @@
+"""`preflight slurm-healthcheck` against a real Slurm: Debian's munged, slurmctld
+and slurmd started here as one node in one partition, every file, socket, port
+and log private to the test (a generated slurm.conf and munge key under a
+temporary directory, SLURM_CONF for the clients), stopped with their process
+groups after. The shipped HealthCheckProgram wrapper is slurmd's, as
+slurm.conf.snippet installs it.
+
+A daemon that cannot start makes the test skip and say why; every wait has a
+deadline."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import report_file
+from preflight.launch import free_port
+
+SBIN = f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin"
+TOOLS = {"munged": "munge", "slurmctld": "slurmctld", "slurmd": "slurmd", "scontrol": "slurm-client", "sinfo": "slurm-client",
+         "squeue": "slurm-client", "sbatch": "slurm-client", "scancel": "slurm-client"}
+MISSING = sorted({pkg for cmd, pkg in TOOLS.items() if shutil.which(cmd, path=SBIN) is None})
+pytestmark = [
+    pytest.mark.skipif(bool(MISSING), reason=f"Slurm is not installed (Debian packages {', '.join(MISSING)}; tests/install-tools.sh installs them)"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="slurmd runs jobs as root here (SlurmUser=root): needs root"),
+]
+
+EXAMPLES = Path(__file__).parents[1] / "examples" / "slurm"
+PREFLIGHT = Path(sys.executable).parent / "preflight"
+TOKEN = "PREFLIGHT_SLURM_TEST"  # on every daemon and job: the sweep after finds what a process group kill missed
+FAILED = "preflight: shm FAIL: /dev/shm is 64 MiB, below the 1 GiB floor"
+CALL = 20.0  # per client command: slurmctld answers a single node in milliseconds
+
+
+class Cluster:
+    def __init__(self, root: Path, interval: int):
+        self.root, self.node, self.interval = root, socket.gethostname().split(".")[0], interval
+        self.report = root / "report.json"
+        self.token = uuid.uuid4().hex
+        self.conf = root / "slurm.conf"
+        self.env = {"PATH": SBIN, "HOME": str(root), "SLURM_CONF": str(self.conf), TOKEN: self.token}
+        self.daemons: dict[str, subprocess.Popen] = {}
+        self.boot_state: tuple[str, str] | None = None  # the node as slurmd registered it
+
+    def configure(self) -> None:
+        ctld_port = d_port = free_port()
+        while d_port == ctld_port:
+            d_port = free_port()
+        key = self.root / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o600)
+        for d in ("ctld", "spool"):
+            (self.root / d).mkdir()
+        # The shipped wrapper, with this test's preflight, report and slurm.conf
+        # (slurmd gives it an empty environment), and its output kept for a failure message.
+        wrapper = (EXAMPLES / "preflight-healthcheck").read_text()
+        wrapper = wrapper.replace("/usr/local/bin/preflight ", f"{PREFLIGHT} ").replace("/var/lib/preflight/report.json", str(self.report))
+        first, rest = wrapper.split("\n", 1)
+        healthcheck = self.root / "healthcheck"
+        healthcheck.write_text(f"{first}\nexport SLURM_CONF={self.conf}\nexec >>{self.root}/healthcheck.log 2>&1\n{rest}")
+        healthcheck.chmod(0o755)
+        r = self.root
+        self.conf.write_text(f"""\
+ClusterName=preflighttest
+SlurmctldHost={self.node}(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmdPort={d_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={r}/munge.sock
+CredType=cred/munge
+StateSaveLocation={r}/ctld
+SlurmdSpoolDir={r}/spool
+SlurmctldPidFile={r}/slurmctld.pid
+SlurmdPidFile={r}/slurmd.pid
+SlurmctldLogFile={r}/slurmctld.log
+SlurmdLogFile={r}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+MailProg=/bin/true
+ReturnToService=2
+SlurmdTimeout=30
+HealthCheckProgram={healthcheck}
+HealthCheckInterval={self.interval}
+NodeName={self.node} NodeAddr=127.0.0.1 NodeHostname={self.node} CPUs=1 State=UNKNOWN
+PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+""")
+
+    def start(self, name: str, args: list[str], ready, what: str, timeout: float = 30.0) -> None:
+        log = open(self.root / f"{name}.out", "wb")
+        self.daemons[name] = subprocess.Popen([shutil.which(name, path=SBIN), *args], env=self.env, cwd=self.root,
+                                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while not self.answers(ready):
+            if self.daemons[name].poll() is not None or time.monotonic() > deadline:
+                why = "exited" if self.daemons[name].poll() is not None else f"did not {what} within {timeout:g} s"
+                pytest.skip(f"{name} {why}: {self.tail(name)}")
+            time.sleep(0.1)
+
+    @staticmethod
+    def answers(ready) -> bool:
+        try:
+            return ready()
+        except subprocess.TimeoutExpired:
+            return False
+
+    def tail(self, name: str) -> str:
+        text = " ".join(f.read_text(errors="replace") for f in self.root.glob(f"{name}.*") if f.suffix in (".out", ".log"))
+        return " | ".join(text.strip().splitlines()[-5:]) or "no output"
+
+    def boot(self) -> None:
+        self.configure()
+        r = self.root
+        # --force: otherwise munged refuses a socket in a directory other users cannot enter, as this private one.
+        self.start("munged", ["-F", "--force", f"--socket={r}/munge.sock", f"--key-file={r}/munge.key", f"--pid-file={r}/munged.pid",
+                              f"--log-file={r}/munged.log", f"--seed-file={r}/munged.seed"],
+                   lambda: (r / "munge.sock").exists(), "create its socket")
+        self.start("slurmctld", ["-D", "-f", str(self.conf)], lambda: self.run("scontrol", "ping", check=False).returncode == 0, "answer scontrol ping")
+        self.start("slurmd", ["-D", "-f", str(self.conf), "-N", self.node], self.registered, "register with slurmctld")
+
+    def health_checks(self) -> int:
+        """How many times slurmd has run HealthCheckProgram (one line of output each)."""
+        log = self.root / "healthcheck.log"
+        return len(log.read_text().splitlines()) if log.exists() else 0
+
+    def registered(self) -> bool:
+        shown = self.run("scontrol", "show", "node", self.node, check=False).stdout
+        return "SlurmdStartTime=None" not in shown and re.search(r"\bVersion=\d", shown) is not None
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        p = subprocess.run(list(args), env=self.env, cwd=self.root, capture_output=True, text=True, timeout=CALL)
+        if check and p.returncode != 0:
+            raise AssertionError(f"{' '.join(args)}: exit {p.returncode}: {p.stderr.strip()}")
+        return p
+
+    def state(self) -> tuple[str, str]:
+        """sinfo's long state ("idle", "drained", "draining") and the drain reason. Without the "*"
+        (not responding) slurmctld shows for a moment after a resume, until its ping is answered."""
+        state, _, reason = self.run("sinfo", "-h", "-N", "-n", self.node, "-o", "%T|%E").stdout.strip().partition("|")
+        return state.rstrip("*"), reason
+
+    def healthcheck(self, *args: str) -> subprocess.CompletedProcess:
+        """`preflight slurm-healthcheck` by hand, as an admin runs it on the node."""
+        return self.run(str(PREFLIGHT), "slurm-healthcheck", "--report", str(self.report), "--node", self.node, *args, check=False)
+
+    def job(self) -> str:
+        return self.run("sbatch", "--parsable", "-D", str(self.root), "-o", f"{self.root}/job-%j.out", "--wrap", "echo ran on $SLURMD_NODENAME").stdout.strip()
+
+    def job_state(self, job: str) -> tuple[str, str]:
+        shown = self.run("scontrol", "show", "job", job).stdout
+        return re.search(r"JobState=(\S+)", shown).group(1), re.search(r"Reason=(\S+)", shown).group(1)
+
+    def wait(self, what: str, done, timeout: float = 30.0):
+        deadline = time.monotonic() + timeout
+        while not (got := done()):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what}: not within {timeout:g} s (slurmctld: {self.tail('slurmctld')}; slurmd: {self.tail('slurmd')})")
+            time.sleep(0.2)
+        return got
+
+    def stop(self) -> None:
+        if "slurmctld" in self.daemons:
+            try:
+                self.run("scancel", "--full", "--user=root", check=False)
+            except (subprocess.TimeoutExpired, OSError):
+                pass  # the process groups and the sweep below end the jobs anyway
+        # SIGKILL: the state is thrown away, and slurmctld takes seconds to shut down on SIGTERM.
+        for p in reversed(self.daemons.values()):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(10)
+        for left in self.left_behind():
+            left.kill()
+
+    def left_behind(self) -> list[psutil.Process]:
+        """What a process group kill misses: slurmstepd and the job it runs leave slurmd's session.
+        slurmstepd writes its title over its environment, so it is known by its working directory."""
+        found = []
+        for p in psutil.process_iter(["pid"]):
+            try:
+                if p.pid != os.getpid() and (p.environ().get(TOKEN) == self.token or Path(p.cwd()).is_relative_to(self.root)):
+                    found.append(p)
+            except (psutil.Error, OSError):
+                continue
+        return found
+
+
+@contextlib.contextmanager
+def running(root: Path, interval: int):
+    c = Cluster(root, interval)
+    # The node boots with a failed gate: the report is there before slurmd starts, as the drop-in orders it.
+    report_file(c.report, "shm-64m-fail")
+    try:
+        c.boot()
+        c.boot_state = c.state()
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Health checks by hand only: slurmctld's next one is an hour away."""
+    with running(tmp_path_factory.mktemp("slurm"), 3600) as c:
+        yield c
+
+
+def test_left_to_itself_slurm_drains_a_node_whose_gate_failed_and_resumes_it_once_it_passes(tmp_path):
+    with running(tmp_path, interval=2) as c:
+        assert c.boot_state == ("drained", FAILED)
+        job = c.job()
+        c.wait("the scheduler to consider the job", lambda: c.job_state(job)[1] != "None")
+        assert c.job_state(job)[0] == "PENDING"
+
+        report_file(c.report, "cpu-pass")  # the fix, and `preflight run` again
+        c.wait("the next health check to resume the node", lambda: "drain" not in c.state()[0])
+        c.wait("the job to complete", lambda: c.job_state(job)[0] == "COMPLETED")
+
+        c.run("scontrol", "update", f"NodeName={c.node}", "State=DRAIN", "Reason=maintenance")
+        runs = c.health_checks()
+        c.wait("two more health checks", lambda: c.health_checks() >= runs + 2)
+        assert c.state() == ("drained", "maintenance")
+
+
+def test_a_node_whose_gate_failed_comes_up_drained_with_the_cause(cluster):
+    # slurmd ran HealthCheckProgram before it registered: no moment where the node took jobs.
+    assert cluster.boot_state == ("drained", FAILED), (cluster.boot_state, (cluster.root / "healthcheck.log").read_text())
+    shown = cluster.run("scontrol", "show", "node", cluster.node).stdout
+    assert f"Reason={FAILED} [root@" in shown
+    assert FAILED in cluster.run("sinfo", "-R", "-h", "-o", "%100E").stdout
+
+
+def test_a_job_waits_while_the_report_fails_and_runs_once_a_pass_resumes_the_node(cluster):
+    report_file(cluster.report, "shm-64m-fail")
+    p = cluster.healthcheck()
+    assert p.returncode == 1 and cluster.state() == ("drained", FAILED), p.stdout + p.stderr
+
+    job = cluster.job()
+    # The scheduler has looked at the job once it gives a reason; it left it pending.
+    state, reason = cluster.wait("the scheduler to consider the job", lambda: (s := cluster.job_state(job))[1] != "None" and s)
+    assert state == "PENDING" and ("ReqNodeNotAvail" in reason or "DRAINED" in reason), reason  # for the node, not priority or limits
+
+    report_file(cluster.report, "cpu-pass")
+    p = cluster.healthcheck()
+    assert p.returncode == 0 and f"resuming {cluster.node}, drained earlier by preflight ({FAILED})" in p.stdout, p.stdout + p.stderr
+    state, reason = cluster.state()
+    assert "drain" not in state and reason == "none", (state, reason)  # "idle*" for a moment: slurmctld pings a resumed node
+    cluster.wait("the job to complete", lambda: cluster.job_state(job)[0] == "COMPLETED")
+    assert (cluster.root / f"job-{job}.out").read_text().strip() == f"ran on {cluster.node}"
+
+
+def test_an_admins_drain_is_never_lifted_nor_rewritten(cluster):
+    cluster.run("scontrol", "update", f"NodeName={cluster.node}", "State=DRAIN", "Reason=maintenance")
+    try:
+        report_file(cluster.report, "cpu-pass")
+        p = cluster.healthcheck()
+        assert p.returncode == 0 and "stays drained: someone else drained it (maintenance)" in p.stdout
+        assert cluster.state() == ("drained", "maintenance")
+        report_file(cluster.report, "shm-64m-fail")
+        p = cluster.healthcheck()
+        assert p.returncode == 1 and "already drained by someone else (maintenance): left alone" in p.stdout
+        assert cluster.state() == ("drained", "maintenance")
+    finally:
+        cluster.run("scontrol", "update", f"NodeName={cluster.node}", "State=RESUME")
+
+
+def test_the_dry_run_line_is_the_command_a_run_would_send(cluster):
+    report_file(cluster.report, "shm-64m-fail")
+    p = cluster.healthcheck("--dry-run")
+    first = p.stdout.splitlines()[0]
+    assert p.returncode == 1 and first.startswith("would run: scontrol update"), p.stdout
+    assert "drain" not in cluster.state()[0]  # the dry run changed nothing
+    try:
+        cluster.run(*shlex.split(first.removeprefix("would run: ")))  # what the admin copies runs as printed
+        assert cluster.state() == ("drained", FAILED)
+        assert cluster.healthcheck("--dry-run").stdout.startswith("nothing: not vouched (shm FAIL")
+    finally:
+        cluster.run("scontrol", "update", f"NodeName={cluster.node}", "State=RESUME")
