@@ -13,7 +13,6 @@ import functools
 import json
 import os
 import signal
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Optional
