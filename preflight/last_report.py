@@ -13,6 +13,7 @@ form preflight writes (report_view), so `status` starts fast.
 from __future__ import annotations
 
 import os
+import stat
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
@@ -64,12 +65,19 @@ def load_view(path: Path) -> Loaded:
 
 def _read(path: Path) -> bytes | Loaded:
     try:
-        with open(path, "rb") as f:
+        # O_NONBLOCK: a FIFO at the report's path must not hang status or a scrape
+        # waiting for a writer; only a regular file is read.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return Loaded(State.UNREADABLE, error=f"cannot read the report {path}: not a regular file")
             data = f.read(MAX_BYTES + 1)
     except FileNotFoundError:
         return Loaded(State.MISSING, error=f"no report at {path}: preflight has not run here with --report {path}")
     except OSError as e:
         return Loaded(State.UNREADABLE, error=f"cannot read the report {path}: {e.strerror or e}")
+    except ValueError as e:  # a NUL in the path, from a config file or variable
+        return Loaded(State.UNREADABLE, error=f"cannot read the report {path!r}: {e}")
     if len(data) > MAX_BYTES:
         return Loaded(State.INVALID, error=f"not a preflight report: {path} is over {MAX_BYTES // 2**20} MiB")
     return data

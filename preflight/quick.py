@@ -95,7 +95,8 @@ def guarded(command: Callable[..., int], *args: object, **kwargs: object) -> int
     (with the traceback)."""
     try:
         code = command(*args, **kwargs)
-        sys.stdout.flush()  # here, not at exit: a reader gone by then is handled below too
+        if sys.stdout is not None:  # None when started with stdout closed (`>&-`)
+            sys.stdout.flush()  # here, not at exit: a reader gone by then is handled below too
         return code
     except BrokenPipeError:
         # The reader of stdout went away (`| head -1`): stop as a command killed by

@@ -73,6 +73,8 @@ def view(data: bytes) -> ReportView | None:
         if _SURROGATE.search(text):  # json and pydantic may treat a lone surrogate apart
             return None
         doc = json.loads(text, object_pairs_hook=_object, parse_constant=_decline, parse_int=_int_literal, parse_float=_float_literal)
+        if _deeper_than(doc, _MAX_DEPTH):
+            return None
         r = _REPORT(doc)
     except (_Declined, ValueError, RecursionError):
         return None
@@ -81,6 +83,22 @@ def view(data: bytes) -> ReportView | None:
 
 
 # ---- JSON as both parsers read it alike --------------------------------------------
+
+# pydantic's JSON parser refuses nesting past about 200 levels, json.loads takes
+# about 1000: anything near that depth goes to the model, which decides.
+_MAX_DEPTH = 100
+
+
+def _deeper_than(doc: object, limit: int) -> bool:
+    todo = [(doc, 1)]
+    while todo:
+        node, depth = todo.pop()
+        if isinstance(node, (dict, list)):
+            if depth > limit:
+                return True
+            todo.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return False
+
 
 _SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
 _INT64 = 2**63

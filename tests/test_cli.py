@@ -306,6 +306,15 @@ def test_a_closed_stdout_ends_quietly_as_sigpipe_would(args):
     assert proc.wait(timeout=60) == 141 and err == ""
 
 
+@pytest.mark.parametrize("args", [["version"], ["list"], ["status", "--npd"]])
+def test_a_stdout_closed_before_start_does_not_turn_into_an_internal_error(args):
+    # `preflight ... >&-`: Python sets sys.stdout to None; the command's verdict stands.
+    cmd = f"{' '.join(fakes.PREFLIGHT)} {' '.join(args)} >&-"
+    p = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60, env=clean_env())
+    assert "internal error" not in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert p.returncode in (0, 2 if args[0] == "status" else 0), (p.returncode, p.stderr)
+
+
 def test_version_into_head_prints_its_first_line_and_nothing_else():
     cmd = f"{' '.join(fakes.PREFLIGHT)} version | head -1"
     p = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60)

@@ -4,6 +4,7 @@ and `preflight status` / `status --npd` as NPD and a Slurm prolog run it."""
 from __future__ import annotations
 
 import json
+import os
 from datetime import timedelta
 from pathlib import Path
 
@@ -96,6 +97,20 @@ def test_an_unusable_report_is_unknown_never_a_pass(tmp_path, content, state, wo
 def test_a_directory_in_place_of_the_report_is_unreadable(tmp_path):
     loaded = load(tmp_path)
     assert loaded.state == State.UNREADABLE and "cannot read" in loaded.error
+
+
+def test_a_fifo_in_place_of_the_report_is_unreadable_at_once(tmp_path):
+    # Opened for reading, a FIFO with no writer blocks forever: NPD's status and every scrape would hang.
+    fifo = tmp_path / "report.json"
+    os.mkfifo(fifo)
+    for read in (load, last_report.load_view):
+        loaded = read(fifo)
+        assert loaded.state == State.UNREADABLE and "not a regular file" in loaded.error
+
+
+def test_a_nul_in_the_report_path_is_unreadable_not_a_crash():
+    loaded = last_report.load_view(Path("/tmp/a\x00b.json"))
+    assert loaded.state == State.UNREADABLE and "null byte" in loaded.error
 
 
 def test_the_cache_sees_a_replaced_report(tmp_path):

@@ -108,6 +108,18 @@ def test_an_unusual_but_valid_report_is_left_to_the_model(tmp_path):
     assert loaded.state == State.OK and isinstance(loaded.report, Report) and loaded.report.exit_code == 1
 
 
+@pytest.mark.parametrize("depth", [150, 198, 250])
+def test_deep_nesting_the_model_may_refuse_is_left_to_it(depth):
+    # json.loads takes ~1000 levels, pydantic's parser ~200: a status that said
+    # "vouched" where serve says "invalid" would split the fleet's answers.
+    data = json.loads((REPORTS / "cpu-pass.json").read_text())
+    nested: list = []
+    for _ in range(depth):
+        nested = [nested]
+    data["checks"][0]["details"]["deep"] = nested
+    assert report_view.view(json.dumps(data).encode()) is None
+
+
 def test_a_damaged_report_gets_the_models_error(tmp_path):
     data = json.loads((REPORTS / "cpu-pass.json").read_text())
     data["checks"][1]["status"] = "GREAT"
