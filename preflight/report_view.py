@@ -63,8 +63,9 @@ class ReportView(NamedTuple):
     checks: list[CheckView]
 
 
-class _Declined(Exception):
-    """Not the form `preflight run` writes: the Report model decides."""
+class Declined(Exception):
+    """Not the form `preflight run` writes: the Report model decides (settings_view
+    raises it too, as Unsure: the settings loader decides)."""
 
 
 def view(data: bytes) -> ReportView | None:
@@ -76,7 +77,7 @@ def view(data: bytes) -> ReportView | None:
         if _deeper_than(doc, _MAX_DEPTH):
             return None
         r = _REPORT(doc)
-    except (_Declined, ValueError, RecursionError):
+    except (Declined, ValueError, RecursionError):
         return None
     checks = [CheckView(c["check"], c["status"], c["summary"]) for c in r["checks"]]
     return ReportView(Verdict(r["verdict"]), r["profile"], r["boot_id"], r["finished_at"], r["interrupted_by_signal"], checks)
@@ -107,25 +108,25 @@ _INT64 = 2**63
 def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     d = dict(pairs)
     if len(d) != len(pairs):  # a duplicate key: which one wins is the parser's choice
-        raise _Declined
+        raise Declined
     return d
 
 
 def _decline(_: str) -> Any:
-    raise _Declined  # NaN, Infinity
+    raise Declined  # NaN, Infinity
 
 
 def _int_literal(s: str) -> int:
     v = int(s)
     if not -_INT64 <= v < _INT64:
-        raise _Declined
+        raise Declined
     return v
 
 
 def _float_literal(s: str) -> float:
     v = float(s)
     if not math.isfinite(v):  # 1e999
-        raise _Declined
+        raise Declined
     return v
 
 
@@ -137,14 +138,14 @@ _REQUIRED = object()
 
 def _str(v: Any) -> str:
     if type(v) is not str:
-        raise _Declined
+        raise Declined
     return v
 
 
 def _int(lo: int = -_INT64, hi: int = _INT64 - 1) -> Check:
     def check(v: Any) -> int:
         if type(v) is not int or not lo <= v <= hi:
-            raise _Declined
+            raise Declined
         return v
 
     return check
@@ -152,20 +153,20 @@ def _int(lo: int = -_INT64, hi: int = _INT64 - 1) -> Check:
 
 def _float(v: Any) -> float:
     if type(v) not in (int, float):
-        raise _Declined
+        raise Declined
     return float(v)
 
 
 def _bool(v: Any) -> bool:
     if type(v) is not bool:
-        raise _Declined
+        raise Declined
     return v
 
 
-def _one_of(*values: str) -> Check:
+def one_of(*values: str) -> Check:
     def check(v: Any) -> str:
         if type(v) is not str or v not in values:
-            raise _Declined
+            raise Declined
         return v
 
     return check
@@ -176,7 +177,7 @@ def _matching(pattern: str) -> Check:
 
     def check(v: Any) -> str:
         if type(v) is not str or not rx.fullmatch(v):
-            raise _Declined
+            raise Declined
         return v
 
     return check
@@ -189,12 +190,12 @@ def _datetime(v: Any) -> datetime:
     """RFC 3339 with a zone, as the report writes it; a naive or odd form is the model's to judge."""
     m = _DATETIME.fullmatch(v) if type(v) is str else None
     if m is None:
-        raise _Declined
+        raise Declined
     year, month, day, hour, minute, second, frac, z, sign, oh, om = m.groups()
     if z:
         tz = timezone.utc
     elif int(oh) > 23 or int(om) > 59:
-        raise _Declined
+        raise Declined
     else:
         offset = timedelta(hours=int(oh), minutes=int(om))
         tz = timezone(-offset if sign == "-" else offset)
@@ -213,7 +214,7 @@ def _opt(check: Check) -> Check:
 def _list(check: Check) -> Check:
     def each(v: Any) -> list[Any]:
         if type(v) is not list:
-            raise _Declined
+            raise Declined
         return [check(x) for x in v]
 
     return each
@@ -222,7 +223,7 @@ def _list(check: Check) -> Check:
 def _dict(check: Check, key: Check = _str) -> Check:
     def each(v: Any) -> dict[str, Any]:
         if type(v) is not dict:
-            raise _Declined
+            raise Declined
         return {key(k): check(x) for k, x in v.items()}
 
     return each
@@ -233,17 +234,17 @@ def _model(fields: dict[str, tuple[Check, Any]], rule: Callable[[dict[str, Any]]
 
     def check(v: Any) -> dict[str, Any]:
         if type(v) is not dict:
-            raise _Declined
+            raise Declined
         out = {}
         for name, (field, default) in fields.items():
             if name in v:
                 out[name] = field(v[name])
             elif default is _REQUIRED:
-                raise _Declined
+                raise Declined
             else:
                 out[name] = default
         if not rule(out):
-            raise _Declined
+            raise Declined
         return out
 
     return check
@@ -265,7 +266,7 @@ MEASUREMENT = {
 }
 RESULT = {
     "check": (_str, _REQUIRED),
-    "status": (_one_of(*STATUSES), _REQUIRED),
+    "status": (one_of(*STATUSES), _REQUIRED),
     "summary": (_str, _REQUIRED),
     "cause": (_opt(_str), None),
     "remedy": (_opt(_str), None),
@@ -281,7 +282,7 @@ NODE_SHAPE = {
     "pci_gpus": (_opt(_list(_str)), None),
     "device_nodes": (_opt(_list(_int())), None),
     "nvml_gpus": (_opt(_int()), None),
-    "fabric": (_one_of("single", "nvswitch", "nvlink", "pcie", "unknown"), "unknown"),
+    "fabric": (one_of("single", "nvswitch", "nvlink", "pcie", "unknown"), "unknown"),
     "fabric_from": (_str, ""),
     "nvswitches": (_int(), 0),
     "nics": (_list(_str), []),
@@ -323,7 +324,7 @@ REPORT = {
     "started_at": (_datetime, _REQUIRED),
     "finished_at": (_datetime, _REQUIRED),
     "duration_seconds": (_float, _REQUIRED),
-    "verdict": (_one_of(*(v.value for v in Verdict)), _REQUIRED),
+    "verdict": (one_of(*(v.value for v in Verdict)), _REQUIRED),
     "exit_code": (_int(), _REQUIRED),
     "keep_going": (_bool, False),
     "interrupted_by_signal": (_opt(_int()), None),

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
-from preflight.report_view import MAX_NODES
+from preflight.report_view import MAX_NODES, Declined, one_of
 
 # As in settings.py and tomlfile.py, which import pydantic; the tests hold them equal.
 DEFAULT_CONFIG = Path("/etc/preflight/config.toml")
@@ -32,8 +32,9 @@ MAX_BYTES = 1 << 20
 MAX_GPUS = 256
 
 
-class Unsure(Exception):
-    """Not a form this reader vouches for: settings.load decides."""
+# Not a form this reader vouches for: settings.load decides. One class with the
+# report reader's, so the checks below can be shared.
+Unsure = Declined
 
 
 def report_path(flag: Path | None, config: Path | None, environ: Mapping[str, str] | None = None) -> Path | None:
@@ -131,15 +132,6 @@ def _python(v: Any) -> str:
     return v
 
 
-def _one_of(*values: str) -> Check:
-    def check(v: Any) -> str:
-        if type(v) is not str or v not in values:
-            raise Unsure
-        return v
-
-    return check
-
-
 def _driver_version(v: Any) -> str:
     if type(v) is not str or not re.fullmatch(r"[0-9]+(\.[0-9]+)*", v):
         raise Unsure
@@ -151,9 +143,9 @@ _FLOOR_TABLE = {
     "value": _floor_value,
     "unit": _str,
     "source": _text,
-    "bound": _one_of("min", "max"),
+    "bound": one_of("min", "max"),
     "gpus": _int(1, MAX_GPUS),
-    "fabric": _one_of("nvswitch", "nvlink", "pcie"),
+    "fabric": one_of("nvswitch", "nvlink", "pcie"),
 }
 
 
