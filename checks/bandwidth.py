@@ -16,7 +16,7 @@ lasts as long as its slowest rank, bus bandwidth follows nccl-tests
 (doc/PERFORMANCE.md). A figure under its floor FAILs naming the GPU, pair
 or direction; within the profile's margin above it WARNs (marginal node).
 Before a figure FAILs, the steps that measured it run again, once
-(preflight/confirm.py): under the floor twice is "confirmed", once "transient" (WARN).
+(preflight/checkkit/confirm.py): under the floor twice is "confirmed", once "transient" (WARN).
 """
 
 from __future__ import annotations
@@ -28,12 +28,15 @@ from typing import ClassVar
 
 from pydantic import BaseModel, Field
 
-from preflight import figures as figs_mod
-from preflight import confirm, launch, meeting, ranks, shape
-from preflight.check import Check, Context, Finding, Measurement, Result, Status, worst
+from preflight.checkkit import figures as figs_mod
+from preflight.checkkit import confirm
+from preflight.gpuwork import launch, meeting, ranks
+from preflight.pipeline import shape
+from preflight.pipeline.check import Check, Context, Result
+from preflight.base.findings import Finding, Measurement, Status, worst
 from preflight.checks.topology import linked_pairs
-from preflight.profiles import BandwidthExpect, ResolvedFloor
-from preflight.units import fmt_value
+from preflight.pipeline.profiles import BandwidthExpect, ResolvedFloor
+from preflight.base.units import fmt_value
 
 FAIL, WARN = Status.FAIL, Status.WARN
 BPS, SECONDS = "bytes_per_second", "seconds"
@@ -432,7 +435,7 @@ class Bandwidth(Check):
         for name in (WHOLE_NODE if ctx.meeting else INTERNODE_FLOORS):
             floors.pop(name, None)
         parts = judge(facts, figs, floors, expect, linked_pairs(ctx.results.get("topology"), ("NV",)) or set(), all_nvlink)
-        # Confirm before FAIL: the steps whose figures missed a floor run again, once (preflight/confirm.py).
+        # Confirm before FAIL: the steps whose figures missed a floor run again, once (preflight/checkkit/confirm.py).
         again, again_figs, again_parts, redo, why = None, None, None, [], None
         missed = confirm.missed(figs, floors)
         if missed:

@@ -24,12 +24,14 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from preflight import launch, nvml, xid
-from preflight.check import Check, Context, Finding, Measurement, Result, Status, worst
-from preflight.nvml import Gpu, Inventory, PcieLink
-from preflight.progress import Progress
-from preflight.profiles import GpuExpect
-from preflight.shape import NodeShape
+from preflight.gpuwork import launch
+from preflight.readers import nvml, xid
+from preflight.pipeline.check import Check, Context, Result
+from preflight.base.findings import Finding, Measurement, Status, worst
+from preflight.readers.nvml import Gpu, Inventory, PcieLink
+from preflight.base.progress import Progress
+from preflight.pipeline.profiles import GpuExpect
+from preflight.pipeline.shape import NodeShape
 
 MARGIN = 5.0  # seconds kept from the check's deadline to judge and report a hung worker
 LOAD_SECONDS = 30.0  # the most the worker loads the links; it stops once NVML has read them

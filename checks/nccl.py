@@ -20,13 +20,15 @@ from typing import ClassVar
 import psutil
 from pydantic import BaseModel, Field
 
-from preflight import launch, meeting, nccl_env, nccl_log, nccl_net, ranks
-from preflight.check import Check, Context, Finding, Measurement, Result, Status, worst
+from preflight.gpuwork import launch, meeting, ranks
+from preflight.readers import nccl_env, nccl_log, nccl_net
+from preflight.pipeline.check import Check, Context, Result
+from preflight.base.findings import Finding, Measurement, Status, worst
 from preflight.checks.topology import linked_pairs
-from preflight.host import Host
-from preflight.profiles import NcclExpect
-from preflight.shape import FABRIC_WORDS, NodeShape
-from preflight.units import fmt_bytes, fmt_seconds
+from preflight.base.host import Host
+from preflight.pipeline.profiles import NcclExpect
+from preflight.pipeline.shape import FABRIC_WORDS, NodeShape
+from preflight.base.units import fmt_bytes, fmt_seconds
 
 FAIL, WARN = Status.FAIL, Status.WARN
 TORCH = ranks.TORCH

@@ -15,10 +15,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from preflight import nccl_env
-from preflight.check import Check, Context, Finding, Measurement, Result, Status
-from preflight.host import Host
-from preflight.units import fmt_bytes
+from preflight.readers import nccl_env
+from preflight.pipeline.check import Check, Context, Result
+from preflight.base.findings import Finding, Measurement, Status
+from preflight.base.host import Host
+from preflight.base.units import fmt_bytes
 
 SHM = "/dev/shm"
 CHUNK = 1 << 20

@@ -22,15 +22,16 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from preflight import nvml, topo
-from preflight.check import Check, Context, Finding, Measurement, Result, Status, worst
-from preflight.host import Host
-from preflight.nvml import Inventory
-from preflight.profiles import ResolvedProfile, TopologyExpect
-from preflight.settings import Settings
-from preflight.shape import NodeShape
-from preflight.topo import NEAR, Topo, TopoParseError
-from preflight.units import format_cpulist, parse_cpulist
+from preflight.readers import nvml, topo
+from preflight.pipeline.check import Check, Context, Result
+from preflight.base.findings import Finding, Measurement, Status, worst
+from preflight.base.host import Host
+from preflight.readers.nvml import Inventory
+from preflight.pipeline.profiles import ResolvedProfile, TopologyExpect
+from preflight.pipeline.settings import Settings
+from preflight.pipeline.shape import NodeShape
+from preflight.readers.topo import NEAR, Topo, TopoParseError
+from preflight.base.units import format_cpulist, parse_cpulist
 
 FAIL, WARN = Status.FAIL, Status.WARN
 NVIDIA_SMI_TIMEOUT = 15.0  # topo -m answers in well under a second; a wedged driver never does

@@ -9,7 +9,7 @@ backward, timed without the gradient sync that would hide it), a slow GEMM,
 and a step too slow for the SKU (MFU). The worker reports raw times; the
 FLOP arithmetic and the judging are pure functions here. A speed figure or
 straggler ratio beyond its bound is measured again, once, by a second launch
-before it FAILs (preflight/confirm.py); a wrong answer or NaN never is.
+before it FAILs (preflight/checkkit/confirm.py); a wrong answer or NaN never is.
 """
 
 from __future__ import annotations
@@ -20,12 +20,15 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from preflight import figures as figs_mod
-from preflight import confirm, launch, ranks, shape
-from preflight.check import Check, Context, Finding, Result, Status, worst
-from preflight.figures import Figure, median, quantile
-from preflight.profiles import ResolvedFloor, TrainExpect
-from preflight.units import fmt_seconds, fmt_value
+from preflight.checkkit import figures as figs_mod
+from preflight.checkkit import confirm
+from preflight.gpuwork import launch, ranks
+from preflight.pipeline import shape
+from preflight.pipeline.check import Check, Context, Result
+from preflight.base.findings import Finding, Status, worst
+from preflight.checkkit.figures import Figure, median, quantile
+from preflight.pipeline.profiles import ResolvedFloor, TrainExpect
+from preflight.base.units import fmt_seconds, fmt_value
 
 FAIL, WARN = Status.FAIL, Status.WARN
 FLOPS = "flops_per_second"
@@ -329,7 +332,7 @@ class Train(Check):
         # The straggler bound lives in [train] (a ratio between ranks, not a node figure); shown like a floor.
         floors = {**floors, "train_straggler_ratio": ResolvedFloor(value=expect.straggler_max, unit="ratio", bound="max", source=expect.straggler_source, origin=f"profile {ctx.profile.path} [train]")}
         # Confirm before FAIL: a figure beyond its floor (or the straggler bound) is measured again,
-        # once, by the whole probe in a second launch (preflight/confirm.py).
+        # once, by the whole probe in a second launch (preflight/checkkit/confirm.py).
         again, again_figs, again_parts, why = None, None, None, None
         if confirm.missed(figs, floors):
             hard = [x for name, found in parts.items() if name not in SOFT for x in found]

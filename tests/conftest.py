@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 import fakes
-from preflight import settings as settings_mod
-from preflight import settings_view
-from preflight.check import Context
-from preflight.host import Host
-from preflight.profiles import ResolvedFloor, ResolvedProfile
+from preflight.pipeline import settings as settings_mod
+from preflight.pipeline import settings_view
+from preflight.pipeline.check import Context
+from preflight.base.host import Host
+from preflight.pipeline.profiles import ResolvedFloor, ResolvedProfile
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -72,7 +72,7 @@ def run_preflight(args: list[str], env: dict[str, str] | None = None, timeout: f
     return subprocess.run([*fakes.PREFLIGHT, *args], env=env, capture_output=True, text=True, timeout=timeout, **kw)
 
 
-CPU_TOML = Path(__file__).parents[1] / "preflight" / "profiles" / "cpu.toml"
+CPU_TOML = Path(__file__).parents[1] / "preflight" / "pipeline" / "profiles" / "cpu.toml"
 
 
 def clean_env() -> dict[str, str]:
@@ -105,7 +105,7 @@ def report_file(path: Path, fixture: str, boot: str | None = "this", age: float 
     import json
     from datetime import datetime, timedelta, timezone
 
-    from preflight.last_report import this_boot
+    from preflight.outputs.last_report import this_boot
 
     data = json.loads((REPORTS / f"{fixture}.json").read_text())
     finished = datetime.now(timezone.utc) - timedelta(seconds=age)

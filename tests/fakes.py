@@ -20,7 +20,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from preflight.check import Check, Context, Result, Status
+from preflight.pipeline.check import Check, Context, Result
+from preflight.base.findings import Status
 
 HERE = Path(__file__).parent
 
@@ -196,7 +197,7 @@ FAKES = [
 FAKE_PYNVML = """
 # A stand-in for nvidia-ml-py, driven by FAKE_NVML (a failure mode) and
 # FAKE_NVML_FACTS (the FakeNvml JSON whose facts it serves), so the real
-# adapter in preflight/nvml.py runs against known answers.
+# adapter in preflight/readers/nvml.py runs against known answers.
 import json, os, signal, time
 
 class NVMLError(Exception):
@@ -598,7 +599,7 @@ NVIDIA_PROPRIETARY_VERSION = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  53
 
 def rdma_host(root: Path, ports: dict[str, dict[int, str]] | None = None, modules: tuple[str, ...] = (),
               memory_peers: bool = False, osrelease: str | None = None, nvidia_version: str | None = None) -> Path:
-    """A host root for preflight.nccl_net.gather: /sys/class/infiniband/<dev>/ports/<n>/state
+    """A host root for preflight.readers.nccl_net.gather: /sys/class/infiniband/<dev>/ports/<n>/state
     (``{"mlx5_0": {1: "4: ACTIVE"}}``, the kernel's own wording), /sys/module/<name> for each
     loaded module, nv_peer_mem's /sys/kernel/mm/memory_peers/nv_mem/version,
     /proc/sys/kernel/osrelease and /proc/driver/nvidia/version."""

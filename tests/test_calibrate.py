@@ -14,11 +14,13 @@ import pytest
 from conftest import run_preflight
 from typer.testing import CliRunner
 
-from preflight import calibrate, registry
-from preflight.cli import app
-from preflight.check import Result, Status
-from preflight.errors import UsageError
-from preflight.report import Report
+from preflight.outputs import calibrate
+from preflight.pipeline import registry
+from preflight.cli.app import app
+from preflight.pipeline.check import Result
+from preflight.base.findings import Status
+from preflight.base.errors import UsageError
+from preflight.pipeline.report import Report
 
 BOUNDS = {"h2d_bandwidth": ("bytes_per_second", "min"), "allreduce_latency": ("seconds", "max"), "allreduce_latency_p99": ("seconds", "max")}
 WHEN = datetime(2026, 11, 22, 3, 0, tzinfo=timezone.utc)
@@ -56,7 +58,7 @@ def test_figures_no_floor_reads_are_left_out():
 
 
 def test_the_file_is_a_config_the_settings_read_back(tmp_path):
-    from preflight import settings
+    from preflight.pipeline import settings
 
     text = calibrate.render(calibrate.floors([[bw(H2D + LAT)], [bw(H2D + LAT)]], 0.9, BOUNDS), 0.9, "node1", "h100-sxm", WHEN)
     data = tomllib.loads(text)
@@ -70,8 +72,8 @@ def test_the_file_is_a_config_the_settings_read_back(tmp_path):
 
 
 def test_a_whole_node_floor_says_the_shape_it_was_measured_on_and_judges_only_that_shape(tmp_path):
-    from preflight import profiles, settings, shape
-    from preflight.shape import NodeShape
+    from preflight.pipeline import profiles, settings, shape
+    from preflight.pipeline.shape import NodeShape
 
     four = NodeShape(gpus=4, gpus_from="t", fabric="nvswitch", fabric_from="t")
     found = calibrate.floors([[bw(H2D + LAT)], [bw(H2D + LAT)]], 0.9, BOUNDS)

@@ -2,7 +2,7 @@ import pytest
 from pydantic import ValidationError
 
 import fakes
-from preflight.check import Finding, Measurement, Status
+from preflight.base.findings import Finding, Measurement, Status
 
 
 def test_measurement_names_must_be_metric_safe():

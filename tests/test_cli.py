@@ -15,10 +15,10 @@ from conftest import clean_env, needs_root, no_driver, run_preflight
 from typer.testing import CliRunner
 
 import fakes
-from preflight.cli import app
-from preflight.launch import free_port
-from preflight.progress import PLAIN_EVERY
-from preflight.report import Report
+from preflight.cli.app import app
+from preflight.gpuwork.launch import free_port
+from preflight.base.progress import PLAIN_EVERY
+from preflight.pipeline.report import Report
 
 
 def invoke(*args):
@@ -238,7 +238,7 @@ def test_a_second_run_waits_for_the_lock_then_exits_2(tmp_path):
 HELP_IMPORTS = (
     "import sys\n"
     "sys.argv = ['preflight', *sys.argv[1:]]\n"
-    "from preflight.cli import main\n"
+    "from preflight.cli.app import main\n"
     "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
     "print('torch' in sys.modules, code, file=sys.stderr)\n"
 )
@@ -290,7 +290,7 @@ def test_profile_help_lists_the_installed_profiles_site_ones_too(tmp_path):
     site = tmp_path / "profiles"
     site.mkdir()
     (site / "b200-site.toml").write_text("not parsed for --help\n")
-    builtin = sorted(p.stem for p in (Path(__file__).parents[1] / "preflight" / "profiles").glob("*.toml"))
+    builtin = sorted(p.stem for p in (Path(__file__).parents[1] / "preflight" / "pipeline" / "profiles").glob("*.toml"))
     r = run_preflight(["run", "--help"], env={**clean_env(), "PREFLIGHT_PROFILES_DIR": str(site)})
     assert r.returncode == 0
     assert f"-p, --profile NAME Profile: auto (pick by GPU model), or one of: {', '.join(sorted([*builtin, 'b200-site']))}. [default: auto]" in _flat(r.stdout)

@@ -1,4 +1,4 @@
-"""Confirm before FAIL (preflight/confirm.py) on recorded figures: a figure
+"""Confirm before FAIL (preflight/checkkit/confirm.py) on recorded figures: a figure
 beyond its floor on both readings FAILs "confirmed", on one reading only WARNs
 "transient", and one not measured again keeps its FAIL with the reason; a
 hard fault is never measured again. The real runs are in
@@ -6,11 +6,11 @@ tests/checks/test_bandwidth.py and test_train.py."""
 
 from __future__ import annotations
 
-from preflight import confirm
-from preflight import figures as figs_mod
-from preflight.check import Finding, Status
-from preflight.figures import Figure
-from preflight.profiles import ResolvedFloor
+from preflight.checkkit import confirm
+from preflight.checkkit import figures as figs_mod
+from preflight.base.findings import Finding, Status
+from preflight.checkkit.figures import Figure
+from preflight.pipeline.profiles import ResolvedFloor
 
 FAIL, WARN = Status.FAIL, Status.WARN
 BPS, GB = "bytes_per_second", 1e9

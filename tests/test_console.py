@@ -12,10 +12,11 @@ import fakes
 import pytest
 from conftest import clean_env
 
-from preflight import console as console_mod
-from preflight import progress as progress_mod
-from preflight.check import Result, Status
-from preflight.console import Console
+from preflight.outputs import console as console_mod
+from preflight.base import progress as progress_mod
+from preflight.pipeline.check import Result
+from preflight.base.findings import Status
+from preflight.outputs.console import Console
 
 
 class Terminal(io.StringIO):

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from typer.main import get_command
 
-from preflight.cli import app
+from preflight.cli.app import app
 from test_kube import reports  # noqa: F401 - the fixture: a passing and a failing report by a real run
 
 EXAMPLES = Path(__file__).parents[1] / "examples"

@@ -2,7 +2,7 @@ import time
 
 import psutil
 
-from preflight.host import Host
+from preflight.base.host import Host
 
 
 def test_run_returns_output_and_exit_code():

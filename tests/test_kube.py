@@ -19,10 +19,10 @@ import yaml
 
 import fakes
 from conftest import clean_env, needs_root
-from preflight import kube
-from preflight.errors import UsageError
-from preflight.last_report import Standing
-from preflight.report import DEFAULT_REPORT_PATH
+from preflight.outputs import kube
+from preflight.base.errors import UsageError
+from preflight.outputs.last_report import Standing
+from preflight.pipeline.report import DEFAULT_REPORT_PATH
 from test_systemd import parse_command_line
 
 # What `preflight status` said of real reports (a pass, an shm failure, none at all).

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPORTS, report_file, run_preflight
-from preflight import last_report
-from preflight.last_report import State, load, standing
+from preflight.outputs import last_report
+from preflight.outputs.last_report import State, load, standing
 
 BOOT = "9cf6e1ac-c217-4d2f-bda9-3b4a7183a613"  # the boot the fixtures were recorded in
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from preflight import launch
+from preflight.gpuwork import launch
 
 RANKS = str(Path(__file__).parent / "fixtures" / "workers" / "ranks.py")  # absolute: WORKERS_DIR / it is it
 

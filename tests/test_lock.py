@@ -4,8 +4,8 @@ import time
 
 import pytest
 
-from preflight.errors import UsageError
-from preflight.lock import run_lock
+from preflight.base.errors import UsageError
+from preflight.pipeline.lock import run_lock
 
 HOLD = "import fcntl, os, sys, time; f = open(sys.argv[1], 'w'); fcntl.flock(f, fcntl.LOCK_EX); f.write(str(os.getpid())); f.flush(); print('held', flush=True); time.sleep(float(sys.argv[2]))"
 

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from preflight import launch, meeting, multinode
-from preflight.errors import UsageError
+from preflight.gpuwork import launch, meeting, multinode
+from preflight.base.errors import UsageError
 
 
 def a_meeting(node_rank: int = 0, nnodes: int = 3) -> meeting.Meeting:
@@ -87,7 +87,7 @@ def test_the_group_record_takes_a_peers_post_as_it_came_but_for_its_rank_and_ver
     # A post's "ok" must be the JSON true, and its rank is where it was posted: the report's readers rely on both.
     from types import SimpleNamespace
 
-    from preflight.report import GroupRecord
+    from preflight.pipeline.report import GroupRecord
 
     m = a_meeting(node_rank=1)
     m.reached, m.broken, m.missing = "bandwidth", True, set()  # broken: no more meetings, only the record

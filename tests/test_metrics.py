@@ -12,8 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import REPORTS, needs_root, report_file, run_preflight
-from preflight import metrics
-from preflight.last_report import Loaded, State, load
+from preflight.outputs import metrics
+from preflight.outputs.last_report import Loaded, State, load
 
 promtool = pytest.mark.skipif(not shutil.which("promtool"), reason="promtool is not installed (Debian package prometheus)")
 FIXTURES = ["cpu-pass", "shm-64m-fail", "h100-fake-hw-slowdown", "group-pass-node0", "group-pass-node1", "group-keptout-node0"]
@@ -140,7 +140,7 @@ def test_a_group_run_says_its_size_and_outcome_and_rank_0_each_nodes():
 def test_a_label_name_prometheus_would_refuse_never_gets_into_a_report():
     from pydantic import ValidationError
 
-    from preflight.check import Measurement
+    from preflight.base.findings import Measurement
 
     with pytest.raises(ValidationError, match="not a Prometheus label name"):
         Measurement(name="h2d_bandwidth", unit="bytes_per_second", value=1.0, labels={"1gpu": "0"})

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from preflight import multinode
-from preflight.errors import UsageError
+from preflight.gpuwork import multinode
+from preflight.base.errors import UsageError
 
 SLURM = Path(__file__).parent / "fixtures" / "slurm"
 

@@ -9,8 +9,8 @@ import re
 import pytest
 from conftest import FIXTURES, run_preflight
 
-from preflight import nccl_log
-from preflight.nccl_log import Channel, NcclLog, parse, render, to_json
+from preflight.readers import nccl_log
+from preflight.readers.nccl_log import Channel, NcclLog, parse, render, to_json
 
 NCCL = FIXTURES / "nccl"
 EXPECTED = json.loads((NCCL / "expected.json").read_text())

@@ -6,11 +6,11 @@ from conftest import FIXTURES
 from fakes import NVIDIA_OPEN_VERSION, NVIDIA_PROPRIETARY_VERSION, rdma_host
 from pydantic import ValidationError
 
-from preflight import profiles
-from preflight.check import Status
-from preflight.host import Host
-from preflight.nccl_log import parse
-from preflight.nccl_net import NetFacts, gather, judge, network
+from preflight.pipeline import profiles
+from preflight.base.findings import Status
+from preflight.base.host import Host
+from preflight.readers.nccl_log import parse
+from preflight.readers.nccl_net import NetFacts, gather, judge, network
 
 NET = FIXTURES / "nccl" / "net-logs"
 NODE1 = set(range(8, 16))  # the ib-gdrdma capture is the second node of 2x8 H100

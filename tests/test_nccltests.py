@@ -8,7 +8,7 @@ import pytest
 from conftest import FIXTURES
 from preflight.checks import bandwidth
 
-from preflight import nccltests
+from preflight.readers import nccltests
 
 TABLES = sorted((FIXTURES / "nccltests").glob("*.txt"))
 

@@ -9,9 +9,9 @@ import fakes
 import psutil
 import pytest
 
-from preflight import nvml
-from preflight.errors import UsageError
-from preflight.nvml import FakeNvml, NvmlUnavailable
+from preflight.readers import nvml
+from preflight.base.errors import UsageError
+from preflight.readers.nvml import FakeNvml, NvmlUnavailable
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nvml"
 ALL = sorted(FIXTURES.glob("*.json"))

@@ -1,9 +1,9 @@
 import pytest
 from conftest import no_driver
 
-from preflight import profiles
-from preflight.errors import UsageError
-from preflight.profiles import DetectionFailed, Profile, SiteFloor
+from preflight.pipeline import profiles
+from preflight.base.errors import UsageError
+from preflight.pipeline.profiles import DetectionFailed, Profile, SiteFloor
 
 
 def test_builtin_cpu_profile_loads_and_cites_every_floor():

@@ -6,8 +6,8 @@ import os
 import sys
 import time
 
-from preflight import launch
-from preflight.progress import Progress, RateLimit, line, stage_of
+from preflight.gpuwork import launch
+from preflight.base.progress import Progress, RateLimit, line, stage_of
 
 
 # --- the line ------------------------------------------------------------------

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import report_file, run_preflight
-from preflight.launch import free_port
+from preflight.gpuwork.launch import free_port
 from test_serve import serving
 
 EXAMPLES = Path(__file__).parents[1] / "examples" / "prometheus"

@@ -1,4 +1,4 @@
-"""`status` and `version` start without Typer and pydantic (preflight/quick.py):
+"""`status` and `version` start without Typer and pydantic (preflight/cli/main.py):
 they must answer exactly as the Typer app does, and keep starting light."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from conftest import report_file
 from typer.testing import CliRunner
 
 import fakes
-from preflight import quick
-from preflight.cli import app
+from preflight.cli import main as quick
+from preflight.cli.app import app
 
-THROUGH_TYPER = "import sys; sys.argv = ['preflight', *sys.argv[1:]]; from preflight.cli import main; main()"
+THROUGH_TYPER = "import sys; sys.argv = ['preflight', *sys.argv[1:]]; from preflight.cli.app import main; main()"
 
 
 def run(args: list[str], typer_app: bool = False, env: dict[str, str] | None = None) -> tuple[int, str, str]:
@@ -123,9 +123,9 @@ def test_each_answer_is_the_typer_apps(tmp_path):
 
 # What `status` and `version` must not load: each alone costs them more than they may take.
 HEAVY = ("typer", "pydantic", "pydantic_core", "pydantic_settings", "rich", "torch", "psutil", "importlib.metadata", "email",
-         "preflight.cli", "preflight.settings", "preflight.report", "preflight.check", "preflight.console")
+         "preflight.cli.app", "preflight.pipeline.settings", "preflight.pipeline.report", "preflight.pipeline.check", "preflight.outputs.console")
 # --help goes through Typer, in plain text: no Rich, no pydantic.
-HEAVY_HELP = ("pydantic", "pydantic_core", "rich", "markdown_it", "pygments", "torch", "psutil", "preflight.settings", "preflight.report")
+HEAVY_HELP = ("pydantic", "pydantic_core", "rich", "markdown_it", "pygments", "torch", "psutil", "preflight.pipeline.settings", "preflight.pipeline.report")
 
 
 def imported(args: list[str], env: dict[str, str] | None = None) -> set[str]:
@@ -147,7 +147,7 @@ def test_status_and_version_load_neither_typer_nor_pydantic(tmp_path):
         (["version"], None),
     ):
         modules = imported(args, env)
-        assert "preflight.quick" in modules
+        assert "preflight.cli.main" in modules
         assert not {m for m in modules if m.split(".")[0] in HEAVY or m in HEAVY}, args
 
 

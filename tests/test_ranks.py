@@ -1,4 +1,4 @@
-"""The shared torchrun run logic (preflight/ranks.py): when a failed run has
+"""The shared torchrun run logic (preflight/gpuwork/ranks.py): when a failed run has
 settled, and the words for where a rank stopped. How ranks are blamed is
 tested through the checks that use it (tests/checks/test_nccl_judge.py)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from preflight import ranks
+from preflight.gpuwork import ranks
 
 
 # --- settle_rule: stop once the ranks left alive have stopped moving --------------------

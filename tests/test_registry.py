@@ -1,9 +1,9 @@
 import pytest
 
-from preflight import registry
-from preflight.check import Status
-from preflight.errors import UsageError
-from preflight.runner import run_checks
+from preflight.pipeline import registry
+from preflight.base.findings import Status
+from preflight.base.errors import UsageError
+from preflight.pipeline.runner import run_checks
 from conftest import make_ctx
 
 
@@ -41,7 +41,7 @@ FLOOR = '\n[floors.plugin_floor]\nvalue = 1\nunit = "count"\nsource = "test"\n'
 def test_a_floor_no_installed_check_reads_is_refused_as_a_typo(plugin, monkeypatch):
     import fakes
 
-    from preflight import pipeline, settings
+    from preflight.pipeline import plan as pipeline, settings
 
     fakes.write_profile(plugin / "profiles", "typo", ["passing"], FLOOR)
     monkeypatch.setattr(registry, "names", lambda: ["passing", "shm"])  # the broken fakes hidden: every check loads
@@ -53,7 +53,7 @@ def test_with_a_broken_plugin_installed_no_floor_is_refused_as_unknown(plugin):
     # The broken plugin might be the one that reads it: its own ERROR says more than exit 2 would.
     import fakes
 
-    from preflight import pipeline, settings
+    from preflight.pipeline import plan as pipeline, settings
 
     fakes.write_profile(plugin / "profiles", "typo", ["passing"], FLOOR)
     plan = pipeline.plan(settings.load({"profile": "typo"}, environ={"PREFLIGHT_PROFILES_DIR": str(plugin / "profiles")}))

@@ -5,10 +5,11 @@ from pathlib import Path
 import pytest
 from conftest import needs_root
 
-from preflight import report
-from preflight.check import Result, Status
-from preflight.errors import UsageError
-from preflight.report import Verdict, verdict_of
+from preflight.pipeline import report
+from preflight.pipeline.check import Result
+from preflight.base.findings import Status
+from preflight.base.errors import UsageError
+from preflight.pipeline.report import Verdict, verdict_of
 
 
 def results(*statuses):
@@ -71,7 +72,7 @@ def test_a_read_only_directory_is_refused_even_for_root(tmp_path):
     ro = tmp_path / "ro"
     ro.mkdir()
     code = (
-        "from pathlib import Path; from preflight.report import check_writable; "
+        "from pathlib import Path; from preflight.pipeline.report import check_writable; "
         f"check_writable(Path({str(ro / 'r.json')!r}))"
     )
     p = subprocess.run(
@@ -102,8 +103,9 @@ def test_a_symlinked_report_path_writes_through_the_link(tmp_path):
 
 
 def test_versions_come_from_the_checks_that_saw_them():
-    from preflight.check import Result, Status
-    from preflight.report import versions_of
+    from preflight.pipeline.check import Result
+    from preflight.base.findings import Status
+    from preflight.pipeline.report import versions_of
 
     inventory_only = Result(check="cuda", status=Status.FAIL, summary="x", details={"inventory": {"driver_version": "550.54.15", "cuda_driver_version": "12.4"}})
     ranks = Result(check="nccl", status=Status.PASS, summary="y", details={"ranks": [{"rank": 0, "report": {"torch_version": "2.13.0+cpu"}}]})
@@ -116,7 +118,7 @@ def test_versions_come_from_the_checks_that_saw_them():
 def _recorded(name: str):
     from pathlib import Path
 
-    from preflight.report import Report
+    from preflight.pipeline.report import Report
 
     return Report.model_validate_json((Path(__file__).parent / "fixtures" / "reports" / f"{name}.json").read_bytes())
 
@@ -125,8 +127,8 @@ ORDER = ["shm", "nccl", "bandwidth", "train"]
 
 
 def test_a_partial_run_keeps_the_checks_it_left_out_and_never_turns_their_fail_into_a_pass():
-    from preflight.check import Status
-    from preflight.report import carry_forward
+    from preflight.base.findings import Status
+    from preflight.pipeline.report import carry_forward
 
     gate = _recorded("cpu-pass")
     gate.checks[2] = gate.checks[2].model_copy(update={"status": Status.FAIL, "summary": "host memcpy below floor on rank 1"})
@@ -141,7 +143,7 @@ def test_a_partial_run_keeps_the_checks_it_left_out_and_never_turns_their_fail_i
 
 
 def test_carried_results_keep_when_they_were_measured_across_rechecks():
-    from preflight.report import carry_forward
+    from preflight.pipeline.report import carry_forward
 
     gate, first, second = _recorded("cpu-pass"), _recorded("cpu-pass"), _recorded("cpu-pass")
     first.checks, second.checks = first.checks[:2], second.checks[:2]
@@ -152,7 +154,7 @@ def test_carried_results_keep_when_they_were_measured_across_rechecks():
 
 
 def test_nothing_is_carried_from_another_boot_or_profile_or_into_an_interrupted_run():
-    from preflight.report import carry_forward
+    from preflight.pipeline.report import carry_forward
 
     for change in ({"boot_id": "an-earlier-boot"}, {"profile": "h100-sxm"}):
         before = _recorded("cpu-pass").model_copy(update=change)
@@ -167,7 +169,7 @@ def test_nothing_is_carried_from_another_boot_or_profile_or_into_an_interrupted_
 
 def test_nothing_is_carried_to_or_from_a_run_across_nodes():
     # A group's bandwidth is the network's and the other nodes' too: it says nothing of this node alone.
-    from preflight.report import carry_forward
+    from preflight.pipeline.report import carry_forward
 
     group = _recorded("group-pass-node1")
     alone = _recorded("cpu-pass").model_copy(update={"boot_id": group.boot_id})
@@ -181,7 +183,7 @@ def test_a_group_record_with_a_node_outside_the_group_is_refused():
     import pytest
     from pydantic import ValidationError
 
-    from preflight.report import GroupRecord
+    from preflight.pipeline.report import GroupRecord
 
     record = _recorded("group-keptout-node0").group.model_dump()
     assert GroupRecord.model_validate(record).nodes[1].why.startswith("its shm check did not pass")  # a peer's words ride along
@@ -191,7 +193,7 @@ def test_a_group_record_with_a_node_outside_the_group_is_refused():
 
 
 def test_last_success_from_a_report_written_before_the_field_existed():
-    from preflight.report import last_success
+    from preflight.pipeline.report import last_success
 
     failed = _recorded("shm-64m-fail")
     old_pass = _recorded("cpu-pass").model_copy(update={"last_success_at": None})

@@ -14,11 +14,12 @@ import pytest
 from conftest import REPORTS
 from pydantic import ValidationError
 
-from preflight import report_view
-from preflight.check import Measurement, Result, Status
-from preflight.last_report import State, load, load_view, standing
-from preflight.report import GroupNode, GroupRecord, Report, Verdict
-from preflight.shape import NodeShape
+from preflight.pipeline import report_view
+from preflight.pipeline.check import Result
+from preflight.base.findings import Measurement, Status
+from preflight.outputs.last_report import State, load, load_view, standing
+from preflight.pipeline.report import GroupNode, GroupRecord, Report, Verdict
+from preflight.pipeline.shape import NodeShape
 
 FIXTURES = sorted(REPORTS.glob("*.json"))
 
@@ -233,11 +234,11 @@ MODELS = {
         "config": "str | None = default", "started_at": "datetime", "finished_at": "datetime", "duration_seconds": "float",
         "verdict": "Verdict", "exit_code": "int", "keep_going": "bool = default", "interrupted_by_signal": "int | None = default",
         "versions": "dict[str, str] = default", "last_success_at": "datetime | None = default",
-        "group": "report.GroupRecord | None = default", "shape": "shape.NodeShape | None = default", "checks": "list[check.Result]",
+        "group": "pipeline.report.GroupRecord | None = default", "shape": "pipeline.shape.NodeShape | None = default", "checks": "list[pipeline.check.Result]",
     }),
     Result: (report_view.RESULT, {
         "check": "str", "status": "Status", "summary": "str", "cause": "str | None = default", "remedy": "str | None = default",
-        "measurements": "list[check.Measurement] = default", "details": "dict[str, Any] = default",
+        "measurements": "list[base.findings.Measurement] = default", "details": "dict[str, Any] = default",
         "duration_seconds": "float = default", "lines": "list[str] = default",
     }),
     Measurement: (report_view.MEASUREMENT, {
@@ -253,7 +254,7 @@ MODELS = {
     }),
     GroupRecord: (report_view.GROUP_RECORD, {
         "nnodes": "int [Ge(ge=1), Le(le=4096)]", "node_rank": "int [Ge(ge=0)]", "endpoint": "str", "rdzv_id": "str",
-        "local_addr": "str | None = default", "passed": "bool = default", "nodes": "list[report.GroupNode] = default",
+        "local_addr": "str | None = default", "passed": "bool = default", "nodes": "list[pipeline.report.GroupNode] = default",
         "missing": "list[int] = default", "meeting_error": "str | None = default",
     }),
     GroupNode: (report_view.GROUP_NODE, {"node_rank": "int [Ge(ge=0)]", "ok": "bool = default"}),
@@ -264,7 +265,7 @@ VALIDATORS = {Measurement: {"_snake_case", "_label_names"}, GroupRecord: {"_rank
 @pytest.mark.parametrize("model", list(MODELS), ids=[m.__name__ for m in MODELS])
 def test_the_view_knows_every_field_of_the_model(model):
     table, picture = MODELS[model]
-    assert kind(model) == picture, f"{model.__name__} changed: teach preflight/report_view.py, then update this picture"
+    assert kind(model) == picture, f"{model.__name__} changed: teach preflight/pipeline/report_view.py, then update this picture"
     assert list(table) == list(model.model_fields)
     for name, field in model.model_fields.items():
         default = table[name][1]
@@ -274,7 +275,7 @@ def test_the_view_knows_every_field_of_the_model(model):
             assert default == field.get_default(call_default_factory=True), name
     d = model.__pydantic_decorators__
     validators = {*d.field_validators, *d.model_validators, *d.validators, *d.root_validators}
-    assert validators == VALIDATORS.get(model, set()), f"{model.__name__}'s validators changed: teach preflight/report_view.py"
+    assert validators == VALIDATORS.get(model, set()), f"{model.__name__}'s validators changed: teach preflight/pipeline/report_view.py"
     assert model.model_config.get("extra", "ignore") in ("ignore", "allow")  # the view ignores unknown keys
 
 

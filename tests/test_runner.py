@@ -4,8 +4,8 @@ import fakes
 import psutil
 from conftest import make_ctx
 
-from preflight.check import Status
-from preflight.runner import run_checks
+from preflight.base.findings import Status
+from preflight.pipeline.runner import run_checks
 
 
 def statuses(outcome):
@@ -134,7 +134,7 @@ class _Watching(fakes.Passing):
 
 
 def test_progress_names_the_running_check_and_ends_before_its_result_is_shown():
-    from preflight.progress import Progress
+    from preflight.base.progress import Progress
 
     events = []
     ctx = make_ctx()
@@ -148,8 +148,8 @@ def test_progress_names_the_running_check_and_ends_before_its_result_is_shown():
 
 
 def test_progress_ends_when_a_signal_arrives_as_the_check_starts():
-    from preflight.progress import Progress
-    from preflight.runner import Interrupted
+    from preflight.base.progress import Progress
+    from preflight.base.errors import Interrupted
 
     ended = []
     ctx = make_ctx()

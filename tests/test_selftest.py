@@ -16,9 +16,9 @@ from conftest import FIXTURES, clean_env, no_driver, run_preflight
 from typer.testing import CliRunner
 
 import fakes
-from preflight import selftest
-from preflight.cli import app
-from preflight.selftest_report import (
+from preflight.gpuwork import selftest
+from preflight.cli.app import app
+from preflight.gpuwork.selftest_report import (
     Outcome, StageResult, judge_inventory, judge_run, render_report, render_stage, verdict,
 )
 

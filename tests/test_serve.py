@@ -20,8 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import fakes
 from conftest import clean_env, report_file
-from preflight import serve
-from preflight.launch import free_port
+from preflight.outputs import serve
+from preflight.gpuwork.launch import free_port
 
 promtool = pytest.mark.skipif(not shutil.which("promtool"), reason="promtool is not installed (Debian package prometheus)")
 
@@ -140,7 +140,7 @@ def test_a_report_that_is_json_but_damaged_is_invalid_and_metrics_still_answer(t
 
 def test_a_report_that_parsed_but_cannot_be_rendered_is_invalid_not_a_dropped_scrape(tmp_path, capfd):
     # Built around the model, as a future or broken writer might: exposition itself raises.
-    from preflight.last_report import load
+    from preflight.outputs.last_report import load
 
     loaded = load(report_file(tmp_path / "report.json", "cpu-pass"))
     shm = loaded.report.checks[0]

@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from preflight import settings
-from preflight.errors import UsageError
+from preflight.pipeline import settings
+from preflight.base.errors import UsageError
 
 
 def write(tmp_path: Path, text: str) -> Path:

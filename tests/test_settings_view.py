@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from preflight import settings, settings_view, tomlfile
-from preflight.errors import UsageError
-from preflight.settings import ConfigFile, FloorTable, NodeTable, Settings
+from preflight.pipeline import settings, settings_view, tomlfile
+from preflight.base.errors import UsageError
+from preflight.pipeline.settings import ConfigFile, FloorTable, NodeTable, Settings
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "config.toml"
 
@@ -238,11 +238,11 @@ class DateTime(str):
 
 
 def test_the_view_knows_every_key_of_the_config_file():
-    assert set(settings_view._CONFIG) == set(ConfigFile.model_fields), "a setting changed: teach preflight/settings_view.py"
+    assert set(settings_view._CONFIG) == set(ConfigFile.model_fields), "a setting changed: teach preflight/pipeline/settings_view.py"
     assert set(settings_view._FLOOR_TABLE) == set(FloorTable.model_fields)
     assert set(NodeTable.model_fields) == {"gpus", "multi_node"}
     assert set(settings_view._ENV_TEXT) <= set(Settings.model_fields)
-    # The validators settings_view mirrors: when one changes, teach preflight/settings_view.py first.
+    # The validators settings_view mirrors: when one changes, teach preflight/pipeline/settings_view.py first.
     models = (ConfigFile, FloorTable, NodeTable, Settings)
     validators = {m.__name__: {k: v.info.fields for k, v in m.__pydantic_decorators__.field_validators.items()} for m in models}
     paths = ("profile", "report", "lock_file", "profiles_dir", "python", "textfile_dir", "listen")

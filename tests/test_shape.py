@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from preflight import profiles, shape
-from preflight.host import Host
-from preflight.nvml import FakeNvml
-from preflight.shape import NodeShape, PciNvidia
+from preflight.pipeline import profiles, shape
+from preflight.base.host import Host
+from preflight.readers.nvml import FakeNvml
+from preflight.pipeline.shape import NodeShape, PciNvidia
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TREE = FIXTURES / "sysfs" / "hgx-h100"

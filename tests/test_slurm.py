@@ -14,8 +14,8 @@ import pytest
 
 import fakes
 from conftest import FIXTURES, clean_env, report_file, run_preflight
-from preflight import slurm
-from preflight.last_report import Standing
+from preflight.outputs import slurm
+from preflight.outputs.last_report import Standing
 
 NODES = FIXTURES / "slurm"
 PASS = Standing(True, "passed 40 s ago, profile h100-sxm", True, 40.0)
@@ -83,7 +83,7 @@ def test_the_drain_reason_leaves_out_the_age_so_it_is_stable():
 def test_a_too_old_pass_drains_with_a_reason_that_does_not_change_as_it_ages(tmp_path):
     from datetime import timedelta
 
-    from preflight.last_report import load, standing
+    from preflight.outputs.last_report import load, standing
 
     loaded = load(report_file(tmp_path / "r.json", "cpu-pass"))
     end = loaded.report.finished_at
@@ -163,7 +163,7 @@ def invoke_without_scontrol(tmp_path, monkeypatch, *args: str):
     """The command in this process, with no scontrol anywhere it looks (this machine may have Slurm installed)."""
     from typer.testing import CliRunner
 
-    from preflight.cli import app
+    from preflight.cli.app import app
 
     monkeypatch.setattr(slurm, "SCONTROL_DIRS", (str(tmp_path / "nowhere"),))
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
@@ -226,7 +226,7 @@ def test_slurmctld_unreachable_is_one_line_and_changes_nothing(tmp_path):
 
 
 def test_a_hung_scontrol_is_killed_at_its_deadline(tmp_path, monkeypatch):
-    from preflight.host import Host
+    from preflight.base.host import Host
 
     log = tmp_path / "scontrol.log"
     bindir = fakes.scontrol(tmp_path / "bin", "", log, hang=True)
@@ -254,7 +254,7 @@ def test_scontrol_is_found_without_any_path_as_slurmd_starts_the_health_check(tm
 
 
 def test_the_health_check_drains_with_no_path_in_its_environment(tmp_path, monkeypatch):
-    from preflight.host import Host
+    from preflight.base.host import Host
 
     log = tmp_path / "scontrol.log"
     site = fakes.scontrol(tmp_path / "site", (NODES / "idle.txt").read_text(), log)

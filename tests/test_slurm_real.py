@@ -27,7 +27,7 @@ import psutil
 import pytest
 
 from conftest import report_file
-from preflight.launch import free_port
+from preflight.gpuwork.launch import free_port
 
 SBIN = f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin"
 TOOLS = {"munged": "munge", "slurmctld": "slurmctld", "slurmd": "slurmd", "scontrol": "slurm-client", "sinfo": "slurm-client",

@@ -69,8 +69,8 @@ def parse_command_line(args: list[str]) -> dict:
     """The subcommand's parsed parameters; raises as `preflight` would on a bad flag. Runs nothing."""
     from typer.main import get_command
 
-    from preflight import registry
-    from preflight.cli import app
+    from preflight.pipeline import registry
+    from preflight.cli.app import app
 
     group = get_command(app)
     ctx = group.make_context("preflight", list(args))
@@ -218,14 +218,14 @@ def test_exec_start_is_a_command_line_preflight_accepts(unit, args):
 def test_the_command_line_check_catches_a_typo(args, error):
     from typer import TyperException
 
-    from preflight.errors import UsageError
+    from preflight.base.errors import UsageError
 
     with pytest.raises((TyperException, UsageError), match=error):
         parse_command_line(args)
 
 
 def test_every_unit_reads_and_writes_the_same_report_and_metrics():
-    from preflight.report import DEFAULT_REPORT_PATH
+    from preflight.pipeline.report import DEFAULT_REPORT_PATH
 
     used = [parse_command_line(args[1:]) for _, args in exec_starts()]
     assert {p["report"] for p in used} == {DEFAULT_REPORT_PATH}
@@ -243,7 +243,7 @@ def test_the_directories_a_run_writes_to_exist_before_it_starts(unit):
 
 
 def test_the_gate_writes_the_report_where_the_tool_expects_it():
-    from preflight.report import DEFAULT_REPORT_PATH
+    from preflight.pipeline.report import DEFAULT_REPORT_PATH
 
     exec_start = next(line for line in (UNITS / "preflight.service").read_text().splitlines() if line.startswith("ExecStart="))
     assert f"--report {DEFAULT_REPORT_PATH}" in exec_start

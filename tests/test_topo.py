@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from preflight.topo import TopoParseError, parse
+from preflight.readers.topo import TopoParseError, parse
 
 TOPO = Path(__file__).parent / "fixtures" / "topo"
 EXPECTED = json.loads((TOPO / "expected.json").read_text())

@@ -1,6 +1,6 @@
 import pytest
 
-from preflight.units import format_cpulist, parse_cpulist
+from preflight.base.units import format_cpulist, parse_cpulist
 
 
 @pytest.mark.parametrize("text, cpus", [

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 
-from preflight import xid
-from preflight.errors import UsageError
-from preflight.host import Completed, Host
-from preflight.xid import (
+from preflight.readers import xid
+from preflight.base.errors import UsageError
+from preflight.base.host import Completed, Host
+from preflight.readers.xid import (
     KernelLogUnavailable,
     XidEvent,
     explain,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 # so the result is wrong everywhere) or slow (each timed repeat sleeps three
 # times its own length, at least 0.1 s, inside the timed region: a slow GPU or core).
 # slow-once is slow on the first reading only: a check that sees a figure beyond its
-# floor launches the worker again with --reading 2 to confirm it (preflight/confirm.py),
+# floor launches the worker again with --reading 2 to confirm it (preflight/checkkit/confirm.py),
 # and in that launch slow-once does nothing, as a passing load or clock change would.
 # OP names the step it fires at ("start": before the rank has written anything);
 # without it, the worker's first step. The tests prove each fault ends in a

@@ -14,7 +14,7 @@ import pytest
 from conftest import clean_env, fast_profile, run_preflight, workers_left
 
 from preflight.checks.workers import __file__ as WORKERS_INIT
-from preflight.report import Report
+from preflight.pipeline.report import Report
 
 DEADLINE = 45.0  # the fast profile's bandwidth timeout
 ROOM = 120.0  # a deadline with room for a second launch on a loaded 2-core machine

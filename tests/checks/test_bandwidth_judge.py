@@ -9,9 +9,10 @@ from conftest import make_ctx
 from preflight.checks import bandwidth
 from preflight.checks.bandwidth import BandwidthFacts, Figure, RankReport, StepResult
 
-from preflight import ranks
-from preflight.check import Result, Status
-from preflight.profiles import BandwidthExpect, ResolvedFloor
+from preflight.gpuwork import ranks
+from preflight.pipeline.check import Result
+from preflight.base.findings import Status
+from preflight.pipeline.profiles import BandwidthExpect, ResolvedFloor
 
 FAIL, WARN = Status.FAIL, Status.WARN
 BPS, SECONDS = "bytes_per_second", "seconds"

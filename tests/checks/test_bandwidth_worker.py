@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from preflight import launch
+from preflight.gpuwork import launch
 
 sys.path.insert(0, str(launch.WORKERS_DIR))  # the worker imports _rank from beside it, as torchrun runs it
 _spec = importlib.util.spec_from_file_location("bandwidth_worker", launch.WORKERS_DIR / "bandwidth.py")

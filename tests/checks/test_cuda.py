@@ -16,11 +16,12 @@ import pytest
 from preflight.checks import cuda
 from preflight.checks.cuda import InitOutcome, InitReport
 
-from preflight import nvml, profiles, shape, xid
-from preflight.check import Status
-from preflight.host import Host
-from preflight.nvml import FakeNvml, PcieLink
-from preflight.shape import NodeShape
+from preflight.readers import nvml, xid
+from preflight.pipeline import profiles, shape
+from preflight.base.findings import Status
+from preflight.base.host import Host
+from preflight.readers.nvml import FakeNvml, PcieLink
+from preflight.pipeline.shape import NodeShape
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 NVML = FIXTURES / "nvml"
@@ -474,7 +475,7 @@ def test_no_torch_import_in_the_agent():
 
 @pytest.mark.gpu
 def test_cuda_init_on_every_real_gpu():
-    from preflight import nvml
+    from preflight.readers import nvml
 
     inv = nvml.inventory()
     outcome, loaded = cuda.run_init(sys.executable, timeout=120, read_links=True)
@@ -489,7 +490,7 @@ def test_cuda_init_on_every_real_gpu():
 
 from conftest import no_driver, run_preflight  # noqa: E402
 
-from preflight.report import Report  # noqa: E402
+from preflight.pipeline.report import Report  # noqa: E402
 
 
 @no_driver

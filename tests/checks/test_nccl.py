@@ -18,7 +18,7 @@ import fakes
 import pytest
 from conftest import fast_profile, needs_root, run_preflight, workers_left
 
-from preflight.report import Report
+from preflight.pipeline.report import Report
 
 DEADLINE = 45.0  # the fast profile's nccl timeout
 

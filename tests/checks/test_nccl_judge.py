@@ -12,10 +12,11 @@ from preflight.checks import nccl
 from preflight.checks.topology import linked_pairs
 from preflight.checks.nccl import NcclFacts, OpResult, RankOutcome, RankReport
 
-from preflight import nccl_env, nccl_log
-from preflight.check import Result, Status
-from preflight.host import Host
-from preflight.profiles import NcclExpect
+from preflight.readers import nccl_env, nccl_log
+from preflight.pipeline.check import Result
+from preflight.base.findings import Status
+from preflight.base.host import Host
+from preflight.pipeline.profiles import NcclExpect
 
 FAIL, WARN = Status.FAIL, Status.WARN
 PY = "/opt/venv/bin/python"
@@ -730,7 +731,7 @@ def test_a_rank_that_raised_leads_over_the_peer_torchrun_then_terminated():
 
 def test_across_nodes_sockets_on_an_ib_profile_fail_naming_the_cause():
     # A group run's facts (2 nodes, one GPU each): this node has rank 0; NCCL's log says sockets because IB was disabled.
-    from preflight import nccl_net
+    from preflight.readers import nccl_net
 
     path = next((FIXTURES / "nccl" / "net-logs").glob("net-socket-ib-disabled-no-device_*.log"))
     text = path.read_text()

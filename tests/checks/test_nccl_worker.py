@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from preflight import launch
+from preflight.gpuwork import launch
 
 sys.path.insert(0, str(launch.WORKERS_DIR))  # the worker imports _rank from beside it, as torchrun runs it
 import _rank  # noqa: E402

@@ -11,11 +11,11 @@ import pytest
 from conftest import FIXTURES, make_ctx, needs_root
 
 import fakes
-from preflight.check import Status
+from preflight.base.findings import Status
 from preflight.checks import shm
 from preflight.checks.shm import Mount, ShmFacts, judge
-from preflight.host import Host
-from preflight.report import Report
+from preflight.base.host import Host
+from preflight.pipeline.report import Report
 
 GiB, MiB = 2**30, 2**20
 

@@ -15,11 +15,13 @@ import psutil
 import pytest
 from preflight.checks import topology as t
 
-from preflight import profiles, topo
-from preflight.check import Context, Status
-from preflight.host import Host
-from preflight.settings import Settings
-from preflight.units import parse_cpulist
+from preflight.pipeline import profiles
+from preflight.readers import topo
+from preflight.pipeline.check import Context
+from preflight.base.findings import Status
+from preflight.base.host import Host
+from preflight.pipeline.settings import Settings
+from preflight.base.units import parse_cpulist
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 TREE = FIXTURES / "sysfs" / "hgx-h100"
@@ -531,7 +533,7 @@ def vm_root(tmp: Path, n: int, switches: bool) -> Path:
 
 
 def run_shaped(h: Host, nvml_file: Path, profile=H100, **settings):
-    from preflight import pipeline
+    from preflight.pipeline import plan as pipeline
 
     ctx = ctx_for(h, profile, nvml_fake=nvml_file, **settings)
     ctx.shape = pipeline.read_shape(ctx.settings, h)
@@ -572,7 +574,7 @@ def test_a_one_gpu_h100_pcie_without_bridges_passes(tmp_path):
 
 def test_a_node_without_nics_says_so_once_as_its_shape_unless_the_site_pins_multi_node(tmp_path):
     f = t.TopologyFacts(matrix=topo.parse(cut_matrix((TOPO / "18_rtx3090-2x_nv4-bridge_single-numa_gpu-numa-id.txt").read_text(), 2)))
-    from preflight.shape import NodeShape
+    from preflight.pipeline.shape import NodeShape
 
     node = NodeShape(gpus=2, gpus_from="test", fabric="nvswitch", fabric_from="test")
     assert t.judge(f, H100.topology, None, node)["nics"] == []

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import clean_env, fast_profile, run_preflight, workers_left
 
-from preflight import launch
-from preflight.report import Report
+from preflight.gpuwork import launch
+from preflight.pipeline.report import Report
 
 DEADLINE = 60.0  # the fast profile's train timeout
 ROOM = 150.0  # a deadline with room for a second launch on a loaded 2-core machine

@@ -9,10 +9,10 @@ import pytest
 from preflight.checks import train
 from preflight.checks.train import Figure, RankReport, TrainFacts
 
-from preflight import figures as figs_mod
-from preflight import ranks
-from preflight.check import Status
-from preflight.profiles import ResolvedFloor, TrainExpect
+from preflight.checkkit import figures as figs_mod
+from preflight.gpuwork import ranks
+from preflight.base.findings import Status
+from preflight.pipeline.profiles import ResolvedFloor, TrainExpect
 
 FAIL, WARN = Status.FAIL, Status.WARN
 FLOPS, SECONDS, RATIO = "flops_per_second", "seconds", "ratio"

@@ -13,7 +13,8 @@ import pytest
 from preflight.checks import train
 from preflight.checks.train import RankReport, TrainFacts
 
-from preflight import profiles, ranks
+from preflight.pipeline import profiles
+from preflight.gpuwork import ranks
 
 LOADED = json.loads((Path(__file__).parents[1] / "fixtures" / "train" / "cpu-compute-passes-loaded.json").read_text())
 CPU = profiles.load(profiles.find("cpu", None)).train

@@ -28,7 +28,8 @@ from pathlib import Path
 
 from preflight.checks import bandwidth
 
-from preflight import launch, nccltests
+from preflight.gpuwork import launch
+from preflight.readers import nccltests
 
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 # Large messages, as the target asks: 256 MiB copies (a 512 MiB footprint,
@@ -82,7 +83,7 @@ def worker_figures(gpu: bool, nproc: int) -> dict[str, float]:
     copy = "hbm_copy" if gpu else "memcpy"
     args = ["--backend", "nccl" if gpu else "gloo", "--device", "cuda" if gpu else "cpu", "--steps", f"{copy},all_reduce",
             "--copy-bytes", str(sizes["copy"]), "--collective-bytes", str(sizes["collective"]), "--repeats", str(REPEATS), "--warmup", "3"]  # fmt: skip
-    from preflight import ranks
+    from preflight.gpuwork import ranks
 
     facts = bandwidth.BandwidthFacts(python=sys.executable, backend="nccl" if gpu else "gloo", nproc=nproc)
     ranks.collect(facts, launch.Worker("bandwidth.py", args, nproc=nproc), bandwidth.RankReport, dict(os.environ), 300, None)

@@ -25,8 +25,8 @@ import fakes  # noqa: E402
 import timing  # noqa: E402
 from preflight.checks import cuda  # noqa: E402
 
-from preflight import nvml, xid  # noqa: E402
-from preflight.host import Host  # noqa: E402
+from preflight.readers import nvml, xid  # noqa: E402
+from preflight.base.host import Host  # noqa: E402
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 FACTS = HERE.parent / "fixtures" / "nvml" / "h100-sxm-8x-healthy.json"

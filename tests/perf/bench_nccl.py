@@ -22,7 +22,7 @@ sys.path.insert(0, str(HERE))
 
 import timing  # noqa: E402
 
-from preflight import launch  # noqa: E402
+from preflight.gpuwork import launch  # noqa: E402
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 MINIMAL = """

@@ -27,9 +27,9 @@ import fakes  # noqa: E402
 import timing  # noqa: E402
 from preflight.checks import topology  # noqa: E402
 
-from preflight import nvml, topo  # noqa: E402
-from preflight.host import Host  # noqa: E402
-from preflight.settings import Settings  # noqa: E402
+from preflight.readers import nvml, topo  # noqa: E402
+from preflight.base.host import Host  # noqa: E402
+from preflight.pipeline.settings import Settings  # noqa: E402
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 10
 FIXTURES = HERE.parent / "fixtures"

@@ -1,0 +1,19 @@
+"""Errors the CLI turns into exit codes."""
+
+
+class UsageError(Exception):
+    """Bad input from a person or a config file: one line, exit code 2.
+
+    The message names what is wrong and how to fix it.
+    """
+
+
+class Interrupted(BaseException):
+    """Raised in the main thread by the CLI's SIGTERM/SIGINT handler.
+
+    A BaseException so that no check's ``except Exception`` swallows it.
+    """
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum

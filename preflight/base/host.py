@@ -1,0 +1,196 @@
+"""The seams to the machine: a filesystem root, the environment, child processes.
+
+Checks read the machine only through a Host, so tests can point ``root`` at a
+recorded sysfs tree and ``environ`` at a chosen environment.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from preflight.base.units import parse_cpulist
+
+
+@dataclass(frozen=True)
+class Completed:
+    argv: tuple[str, ...]
+    returncode: int | None  # None when killed at the deadline
+    stdout: str
+    stderr: str
+    timed_out: bool
+
+
+class Host:
+    def __init__(self, root: Path | str = "/", environ: Mapping[str, str] | None = None):
+        self.root = Path(root)
+        self.environ: Mapping[str, str] = os.environ if environ is None else environ
+
+    def path(self, p: str | Path) -> Path:
+        """``/dev/shm`` under this host's root."""
+        return self.root / str(p).lstrip("/")
+
+    def read_text(self, p: str | Path) -> str:
+        return self.path(p).read_text(errors="replace")
+
+    def hostname(self) -> str:
+        return socket.gethostname()
+
+    def boot_id(self) -> str | None:
+        try:
+            return self.read_text("/proc/sys/kernel/random/boot_id").strip()
+        except OSError:
+            return None
+
+    def cgroup_levels(self, controller: str) -> list[tuple[bool, list[Path]]]:
+        """For each hierarchy that holds ``controller``: whether it is v2 (the
+        unified one; else v1's own mount), and this process's cgroup directory
+        with every ancestor up to the mount, leaf first, since a parent's
+        limit binds the child too."""
+        try:
+            lines = self.read_text("/proc/self/cgroup").splitlines()
+        except OSError:
+            return []
+        found = []
+        for line in lines:
+            parts = line.split(":", 2)
+            if len(parts) != 3:
+                continue
+            _, controllers, rel = parts
+            if controllers == "":
+                mount = self.path("/sys/fs/cgroup")
+            elif controller in controllers.split(","):
+                mount = self.path(f"/sys/fs/cgroup/{controllers}")
+                if not mount.is_dir():
+                    mount = self.path(f"/sys/fs/cgroup/{controller}")
+            else:
+                continue
+            leaf = mount / rel.strip().lstrip("/")
+            if not leaf.is_dir():
+                leaf = mount  # a cgroup namespace shows our own cgroup as the mount's root
+            levels = [leaf]
+            while levels[-1] != mount and levels[-1].parent != levels[-1]:
+                levels.append(levels[-1].parent)
+            found.append((controllers == "", levels))
+        return found
+
+    def allowed_cpus(self) -> set[int]:
+        """The CPUs this process may run on (its cpuset: in a container, maybe
+        far fewer than the machine has). Under a recorded root, what that
+        process's /proc/self/status said."""
+        if self.root == Path("/"):
+            return set(os.sched_getaffinity(0))
+        for line in self.read_text("/proc/self/status").splitlines():
+            if line.startswith("Cpus_allowed_list:"):
+                return set(parse_cpulist(line.split(":", 1)[1]))
+        raise OSError(f"no Cpus_allowed_list in {self.path('/proc/self/status')}")
+
+    def run(self, argv: Sequence[str], timeout: float, cwd: str | None = None) -> Completed:
+        """Run a command in its own session; past the deadline kill its whole group."""
+        proc = subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
+        try:
+            out, err = proc.communicate(timeout=timeout)
+            return Completed(tuple(argv), proc.returncode, out, err, False)
+        except BaseException as e:
+            stop(proc)  # the deadline, or a signal or error in this process: the child goes too
+            if not isinstance(e, subprocess.TimeoutExpired):
+                raise
+            try:
+                out, err = proc.communicate(timeout=1)
+            except subprocess.TimeoutExpired:
+                # Something we could not kill still holds the pipes: stop reading.
+                for stream in (proc.stdout, proc.stderr):
+                    if stream:
+                        stream.close()
+                out = err = ""
+            return Completed(tuple(argv), None, out or "", err or "", True)
+
+
+def stop(proc: subprocess.Popen, grace: float = 2.0) -> None:
+    """End a child that leads its own session, and everything below it.
+
+    SIGTERM to the group, up to ``grace`` seconds for the leader to exit, then
+    SIGKILL to the group and to every descendant seen before, including any
+    that moved to a session of their own (setsid) and so left the group.
+    """
+    try:
+        below = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        below = []
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.poll()
+    kill_processes(p.pid for p in below)
+
+
+def become_subreaper() -> None:
+    """Orphans of our children are re-parented to us instead of to init, so a
+    grandchild that daemonised (setsid + fork) is still found by descendants()
+    and killed with the check that started it. Linux only; a no-op elsewhere."""
+    try:
+        import ctypes
+
+        PR_SET_CHILD_SUBREAPER = 36
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def descendants() -> set[int]:
+    """PIDs of every process below this one, whatever session it started."""
+    try:
+        return {p.pid for p in psutil.Process().children(recursive=True)}
+    except psutil.Error:
+        return set()
+
+
+def kill_processes(pids: Iterable[int]) -> list[int]:
+    """Kill these processes and the groups they lead; return the PIDs killed.
+
+    A check that timed out may have left children in sessions of their own
+    (launched workers); killing by group takes their children too.
+    """
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    own_group = os.getpgrp()
+    for p in procs:
+        try:
+            pgid = os.getpgid(p.pid)
+            if pgid != own_group and pgid == p.pid:
+                os.killpg(pgid, signal.SIGKILL)
+            else:
+                p.kill()
+        except (ProcessLookupError, psutil.Error):
+            pass
+    psutil.wait_procs(procs, timeout=5)
+    return [p.pid for p in procs]

@@ -1,0 +1,188 @@
+"""The last report on disk, and what it vouches for now.
+
+`serve`, `status`, `status --npd`, `slurm-healthcheck` and `kube-label` never
+run a check: they read the report the last `preflight run --report` wrote and
+judge it here, in one place, so they cannot disagree. A report vouches for the
+node only if it passed, in this boot (a pass before the last reboot says
+nothing about the GPUs now), and, where the caller sets a limit, recently.
+`load` gives the Report model (serve renders all of it); `load_view` gives
+what the judge reads, without importing pydantic where the file is in the
+form preflight writes (report_view), so `status` starts fast.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from datetime import datetime, timezone
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+from preflight.pipeline.report_view import VOUCHING, ReportView, Verdict, view
+
+if TYPE_CHECKING:
+    from preflight.pipeline.report import Report
+
+# A report is a few hundred KiB at most (8 GPUs, every figure); past this it is not ours.
+MAX_BYTES = 16 * 2**20
+
+
+class State(str, Enum):
+    OK = "ok"
+    MISSING = "missing"  # preflight has not run with --report here (or the path is wrong)
+    UNREADABLE = "unreadable"  # permissions, I/O error, a directory
+    INVALID = "invalid"  # not JSON, not a preflight report, or a newer schema
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# NamedTuples, not dataclasses, for `status`'s start-up (see report_view).
+class Loaded(NamedTuple):
+    state: State
+    # The Report model (load), or what a judge reads of it (load_view): the same names.
+    report: Report | ReportView | None = None
+    error: str | None = None  # why it is not OK, in words
+    raw: bytes = b""  # the file as written, for serve's /report
+
+
+def load(path: Path) -> Loaded:
+    """The report as the Report model, for readers of all of it (serve)."""
+    data = _read(path)
+    return data if isinstance(data, Loaded) else _validated(path, data)
+
+
+def load_view(path: Path) -> Loaded:
+    """The report as a judge reads it (status, slurm-healthcheck, kube-label): without
+    pydantic where it is in the form `preflight run` writes, else exactly as ``load``."""
+    data = _read(path)
+    if isinstance(data, Loaded):
+        return data
+    seen = view(data)
+    return Loaded(State.OK, seen, raw=data) if seen is not None else _validated(path, data)
+
+
+def _read(path: Path) -> bytes | Loaded:
+    try:
+        # O_NONBLOCK: a FIFO at the report's path must not hang status or a scrape
+        # waiting for a writer; only a regular file is read.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return Loaded(State.UNREADABLE, error=f"cannot read the report {path}: not a regular file")
+            data = f.read(MAX_BYTES + 1)
+    except FileNotFoundError:
+        return Loaded(State.MISSING, error=f"no report at {path}: preflight has not run here with --report {path}")
+    except OSError as e:
+        return Loaded(State.UNREADABLE, error=f"cannot read the report {path}: {e.strerror or e}")
+    except ValueError as e:  # a NUL in the path, from a config file or variable
+        return Loaded(State.UNREADABLE, error=f"cannot read the report {path!r}: {e}")
+    if len(data) > MAX_BYTES:
+        return Loaded(State.INVALID, error=f"not a preflight report: {path} is over {MAX_BYTES // 2**20} MiB")
+    return data
+
+
+def _validated(path: Path, data: bytes) -> Loaded:
+    from pydantic import ValidationError
+
+    from preflight.pipeline.report import Report
+
+    try:
+        return Loaded(State.OK, Report.model_validate_json(data), raw=data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "the top level"
+        return Loaded(State.INVALID, error=f"not a preflight report: {path} ({where}: {err['msg']})")
+
+
+class Cached:
+    """``load`` for a server: parses again only when the file changed (the
+    writer replaces it by rename, so a new inode or mtime means a new report)."""
+
+    def __init__(self, path: Path):
+        import threading  # here: `status` needs no threads
+
+        self.path = path
+        self._lock = threading.Lock()
+        self._key: tuple[int, int, int] | None = None
+        self._loaded: Loaded | None = None
+
+    def __call__(self) -> Loaded:
+        try:
+            st = os.stat(self.path)
+            key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        except OSError:
+            key = None
+        with self._lock:
+            if key is None or key != self._key or self._loaded is None:
+                self._loaded, self._key = load(self.path), key
+            return self._loaded
+
+
+def this_boot() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+class Standing(NamedTuple):
+    """What the last report says about the node now."""
+
+    vouched: bool | None  # True: a pass of this boot; False: not vouched; None: no usable report
+    reason: str  # one line, for a person, a Slurm drain reason or an NPD message
+    current_boot: bool | None = None
+    age_seconds: float | None = None
+
+
+def booted_at() -> datetime | None:
+    """When this machine booted (btime in /proc/stat)."""
+    try:
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("btime "):
+                return datetime.fromtimestamp(int(line.split()[1]), timezone.utc)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def standing(loaded: Loaded, boot_id: str | None, now: datetime, max_age: float | None = None, booted: datetime | None = None) -> Standing:
+    """Judge the last report: the one rule every reader of it applies. Without a
+    boot id on either side, a report that finished before ``booted`` is of an earlier boot."""
+    r = loaded.report
+    if r is None:
+        return Standing(None, loaded.error or f"report {loaded.state}")
+    age = (now - r.finished_at).total_seconds()
+    if boot_id is not None and r.boot_id is not None:
+        current: bool | None = r.boot_id == boot_id
+    else:
+        current = None if booted is None else r.finished_at >= booted
+    when = f"{age / 3600:.1f} h ago" if age >= 3600 else f"{max(age, 0):.0f} s ago"
+
+    def said(vouched: bool, reason: str) -> Standing:
+        return Standing(vouched, reason, current, age)
+
+    if r.verdict != Verdict.PASS:
+        return said(False, _why_not(r) + f" ({when})")
+    if current is False:
+        return said(False, f"last pass was before the last reboot ({when}); run preflight again")
+    if age < -300:
+        return said(False, f"report is dated {-age:.0f} s in the future: check the clock")
+    if max_age is not None and age > max_age:
+        return said(False, f"last pass is older than the {max_age:g} s allowed ({when}); run preflight again")
+    return said(True, f"passed {when}, profile {r.profile}")
+
+
+def _why_not(r: Report | ReportView) -> str:
+    if r.interrupted_by_signal:
+        return f"run interrupted by signal {r.interrupted_by_signal}"
+    bad = [c for c in r.checks if c.status not in VOUCHING]  # Status.ok, for a Status or its value
+    if not bad:
+        return f"verdict {r.verdict}"
+    first = bad[0]
+    return f"{first.check} {first.status}: {first.summary}"
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)

@@ -1,0 +1,37 @@
+"""Profiles as a person reads them: `preflight show-profile`."""
+
+from __future__ import annotations
+
+from preflight.pipeline.profiles import ResolvedProfile
+from preflight.pipeline.shape import FABRIC_WORDS
+from preflight.base.units import fmt_bytes, fmt_value
+
+
+def describe(p: ResolvedProfile) -> str:
+    """Checks, expectations and every floor with where its value came from."""
+    out: list[str] = []
+    out.append(f"profile {p.name} ({p.chosen_because})\n  file: {p.path}\n  {p.description}")
+    gpus = "read from the node (any count of this model; `preflight detect` shows it)" if p.has_gpus else "none (gloo ranks on CPU)"
+    out.append(f"  GPUs: {gpus}\n  checks, in order: {', '.join(p.checks)}\n  floors:")
+    for fname, f in p.floors.items():
+        human = f" ({fmt_value(f.value, f.unit)})" if f.unit in ("bytes", "bytes_per_second", "seconds") else ""
+        kind = "at least" if f.bound == "min" else "at most"
+        value = f"{f.value:.0f}" if f.value.is_integer() else f"{f.value:g}"
+        shape = " and ".join(x for x in (f"{f.gpus} GPUs" if f.gpus else "", f"GPUs {FABRIC_WORDS[f.fabric]}" if f.fabric else "") if x)
+        judges = f"\n      judges only nodes of {shape} (measured there)" if shape else ""
+        out.append(f"    {fname}: {kind} {value} {f.unit}{human}\n      value from: {f.origin}\n      source: {f.source}{judges}")
+    if g := p.gpu:
+        out.append(f"  GPU expectations:\n    PCI device ids: {', '.join(g.pci_device_ids) or 'any'}")
+        out.append(f"    driver at least {g.driver_min}\n      source: {g.driver_source}")
+        out.append(f"    NVLinks per GPU: {g.nvlinks}" + (f"\n      source: {g.nvlinks_source}" if g.nvlinks_source else ""))
+        if g.memory_min_bytes:
+            out.append(f"    memory at least {fmt_bytes(g.memory_min_bytes)}\n      source: {g.memory_source}")
+        out.append(f"    MIG: {'off (whole GPUs)' if g.whole_gpus else 'allowed'}")
+    if t := p.topology:
+        links = {"all": f"where an NVSwitch joins the GPUs: NV{t.nvlink_width} between every GPU pair",
+                 "pairs": f"where bridges join the GPUs: NV{t.nvlink_width} between the GPUs of each bridged pair", "none": "no NVLink promised"}
+        fail = f", FAIL above {t.numa_fail_above}" if t.numa_fail_above else ""
+        out.append(f"  topology expectations:\n    {links[t.nvlink]}" + (f"\n      source: {t.nvlink_source}" if t.nvlink_source else ""))
+        out.append(f"    GPUs on at most {t.numa_warn_above} NUMA node(s) without a warning{fail}\n      source: {t.numa_source}")
+        out.append(f"    a NIC at PIX/PXB beside every GPU: {'yes, on nodes with NICs' if t.nic_per_gpu else 'not required'}" + (f"\n      source: {t.nic_source}" if t.nic_source else ""))
+    return "\n".join(out) + "\n"

@@ -1,0 +1,11 @@
+"""From settings to a Report: what `preflight run` is made of.
+
+settings (+ settings_view, the same file read without pydantic), profiles
+(+ profiles/*.toml), shape (the node's own shape), check (the interface every
+check implements), registry (checks from the `preflight.checks` entry
+points), plan (settings -> plan -> execute), runner (ordered, fail-fast, with
+deadlines), report (+ report_view, the lean reader), lock, tomlfile.
+
+Imports: preflight.base, preflight.readers and preflight.gpuwork; never a
+check by name, an output or the CLI.
+"""

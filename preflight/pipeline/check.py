@@ -1,0 +1,117 @@
+"""The interface every check implements, and the values it returns.
+
+A check gathers facts through ``ctx.host`` and judges them against the
+profile's floors in a pure function. A finding is a FAIL *result*; an
+exception escaping ``run`` is turned into ERROR by the runner.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, Field
+
+from preflight.base.findings import SEVERITY, Finding, Measurement, Status, worst  # noqa: F401  (the plugin interface re-exports them)
+from preflight.base.progress import Progress
+
+if TYPE_CHECKING:
+    from preflight.base.host import Host
+    from preflight.pipeline.profiles import ResolvedProfile
+    from preflight.pipeline.settings import Settings
+    from preflight.pipeline.shape import NodeShape
+
+
+class Result(BaseModel):
+    check: str
+    status: Status
+    summary: str
+    cause: str | None = None
+    remedy: str | None = None
+    measurements: list[Measurement] = Field(default_factory=list)
+    details: dict[str, Any] = Field(default_factory=dict)
+    duration_seconds: float = 0.0
+    lines: list[str] = Field(default_factory=list)  # a few lines a person reads under the summary (per-op figures)
+
+
+
+@dataclass
+class Context:
+    """What a check may look at: the profile, the settings, the machine, and
+    the results of the checks that ran before it (bandwidth reads topology)."""
+
+    profile: ResolvedProfile
+    settings: Settings
+    host: Host
+    results: dict[str, Result] = field(default_factory=dict)
+    # time.monotonic() by which the running check must be done: the bound for
+    # anything it starts, and where in-process work stops on its own.
+    deadline: float = math.inf
+    # The group this node runs nccl and bandwidth with (preflight.gpuwork.meeting.Meeting), or None alone.
+    meeting: Any = None
+    # How many GPUs this node gives the run and how they are joined (preflight.pipeline.shape); None on a profile without GPUs.
+    shape: NodeShape | None = None
+    # What the running check is doing now (the console's live line reads it).
+    progress: Progress = field(default_factory=Progress)
+
+    def floor(self, name: str) -> float:
+        return self.profile.floors[name].value
+
+    def ranks(self, profile_ranks: int | None) -> int:
+        """Local ranks for a torchrun check: the person's --nproc-per-node, else one
+        per GPU this node gives the run, else the profile's gloo ranks (no GPU)."""
+        gpus = self.shape.gpus if self.shape and self.profile.has_gpus else 0
+        return self.settings.nproc_per_node or profile_ranks or gpus or 1
+
+
+class Check(ABC):
+    """Base class: one subclass per file in checks/.
+
+    ``name`` must equal the file name, the entry-point name, the CLI name and
+    the metric label, so a person can grep one word and find everything.
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str]  # what it verifies, one line, for `preflight list`
+    requires: ClassVar[tuple[str, ...]] = ()  # checks that must pass first, if they run
+    floors: ClassVar[tuple[str, ...]] = ()  # floor names the profile must define
+    # Every floor the check may read -> (unit, bound): a profile's floor of that
+    # name in another unit ("GB/s") or bound is refused before anything runs.
+    floor_units: ClassVar[dict[str, tuple[str, str]]] = {}
+    # Floors of figures the whole node makes together (a collective's busbw, a step's time):
+    # they judge only the shape they were measured on (preflight.pipeline.shape.fitting_floors).
+    whole_node: ClassVar[tuple[str, ...]] = ()
+    timeout_seconds: ClassVar[float] = 60.0
+    order: ClassVar[int] = 100  # default position, cheapest first
+
+    def required_floors(self, profile: ResolvedProfile) -> tuple[str, ...]:
+        """The floors a profile running this check must define."""
+        return self.floors
+
+    def applies(self, ctx: Context) -> str | None:
+        """A reason to SKIP on this node, or None to run."""
+        return None
+
+    @abstractmethod
+    def run(self, ctx: Context) -> Result:
+        """Gather facts, judge them, return the verdict."""
+
+    def result(self, status: Status, summary: str, **kw: Any) -> Result:
+        return Result(check=self.name, status=status, summary=summary, **kw)
+
+    def conclude(self, findings: list[Finding], ok_summary: str, **kw: Any) -> Result:
+        """PASS with ``ok_summary`` if nothing was found; otherwise the worst
+        status, led by the worst finding's summary, with every cause and remedy."""
+        if not findings:
+            return self.result(Status.PASS, ok_summary, **kw)
+        ranked = sorted(findings, key=lambda f: SEVERITY.index(f.status), reverse=True)
+        return self.result(
+            ranked[0].status,
+            ranked[0].summary + (f" (+{len(ranked) - 1} more)" if len(ranked) > 1 else ""),
+            cause="; ".join(f.cause for f in ranked),
+            # Remedies share clauses ("...; drain the node"): say each once.
+            remedy="; ".join(dict.fromkeys(part for f in ranked for part in f.remedy.split("; "))),
+            **kw,
+        )

@@ -1,0 +1,62 @@
+"""Finds checks through the entry-point group ``preflight.checks``.
+
+Built-in checks are registered there in pyproject.toml exactly as a
+third-party plugin would be, so this module never imports a check by name.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import EntryPoint, entry_points
+
+from preflight.pipeline.check import Check, Context, Result
+from preflight.base.errors import UsageError
+
+GROUP = "preflight.checks"
+
+
+def _entry_points() -> dict[str, EntryPoint]:
+    found: dict[str, EntryPoint] = {}
+    for ep in entry_points(group=GROUP):
+        found.setdefault(ep.name, ep)  # the first installed distribution wins, as importlib orders them
+    return found
+
+
+def names() -> list[str]:
+    return sorted(_entry_points())
+
+
+class BrokenPlugin(Check):
+    """Stands in for a check that could not be loaded, so the run reports
+    ERROR with the import traceback instead of the agent crashing."""
+
+    description = "(could not be loaded)"
+
+    def __init__(self, name: str, error: BaseException):
+        self.name = name  # type: ignore[misc]  # per instance: one stand-in per broken plugin
+        self.error = error
+
+    def run(self, ctx: Context) -> Result:
+        raise self.error
+
+
+def check_names(names_given: list[str], what: str) -> None:
+    """Exit 2 on a name no installed check has, before any check runs."""
+    known = _entry_points()
+    for name in names_given:
+        if name not in known:
+            raise UsageError(f"{what} {name}: no such check; installed checks: {', '.join(sorted(known)) or 'none'}")
+
+
+def load(name: str) -> Check:
+    """An instance of the check registered as ``name``; a stand-in if it is broken."""
+    check_names([name], "check")
+    ep = _entry_points()[name]
+    try:
+        cls = ep.load()
+        if not (isinstance(cls, type) and issubclass(cls, Check)):
+            raise TypeError(f"entry point {ep.value} is not a preflight.pipeline.check.Check subclass")
+        if cls.name != name:
+            raise TypeError(f"entry point {name!r} loads a check named {cls.name!r}; the two names must agree")
+        return cls()
+    except Exception as e:  # a broken plugin must not take the agent down
+        return BrokenPlugin(name, e)

@@ -1,0 +1,215 @@
+"""The verdict as machines read it: the Report model and its atomic write."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from datetime import datetime
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from preflight.pipeline.check import Result
+from preflight.base.findings import Status
+from preflight.base.errors import UsageError
+
+# Defined beside the reader that needs no pydantic (status); re-exported here.
+from preflight.pipeline.report_view import DEFAULT_REPORT_PATH, MAX_NODES, Verdict  # noqa: F401
+from preflight.pipeline.shape import NodeShape
+
+SCHEMA_VERSION = 1
+EXIT_CODES = {Verdict.PASS: 0, Verdict.FAIL: 1, Verdict.ERROR: 3}
+EXIT_USAGE = 2
+
+
+class GroupNode(BaseModel):
+    """One node as it told the meeting point: ok, and why not; its host, address,
+    checks and figures ride along as they came."""
+
+    model_config = ConfigDict(extra="allow")
+
+    node_rank: int = Field(ge=0)
+    ok: bool = False
+
+
+class GroupRecord(BaseModel):
+    """A run across nodes, as this node saw it (node rank 0's is the group's record).
+    Typed, so a damaged report is refused on reading rather than breaking serve's
+    /metrics halfway through a scrape."""
+
+    model_config = ConfigDict(extra="allow")
+
+    nnodes: int = Field(ge=1, le=MAX_NODES)
+    node_rank: int = Field(ge=0)
+    endpoint: str
+    rdzv_id: str
+    local_addr: str | None = None
+    passed: bool = False
+    nodes: list[GroupNode] = Field(default_factory=list)
+    missing: list[int] = Field(default_factory=list)  # node ranks that never said
+    meeting_error: str | None = None
+
+    @model_validator(mode="after")
+    def _ranks_in_the_group(self) -> GroupRecord:
+        for rank in (self.node_rank, *(n.node_rank for n in self.nodes), *self.missing):
+            if not 0 <= rank < self.nnodes:
+                raise ValueError(f"node rank {rank} is outside a {self.nnodes}-node group")
+        return self
+
+
+class Report(BaseModel):
+    model_config = ConfigDict(validate_assignment=True)
+
+    schema_version: int = SCHEMA_VERSION
+    tool: str = "preflight"
+    version: str
+    hostname: str
+    boot_id: str | None  # a report from before the last reboot says nothing about this boot
+    profile: str | None
+    profile_chosen_because: str | None = None
+    config: str | None = None
+    started_at: datetime  # RFC 3339, UTC
+    finished_at: datetime
+    duration_seconds: float
+    verdict: Verdict
+    exit_code: int
+    keep_going: bool = False
+    interrupted_by_signal: int | None = None
+    # driver, cuda (the newest CUDA the driver supports), torch: what the checks saw, for preflight_info.
+    versions: dict[str, str] = Field(default_factory=dict)
+    # The last passing run's finish, carried from the report this one replaces:
+    # "has not passed since boot" compares it with the boot time.
+    last_success_at: datetime | None = None
+    # Across nodes (--nnodes): the group, every node's outcome as it told this one
+    # (node rank 0's is the group's record), and the nodes that never said.
+    group: GroupRecord | None = None
+    # How many GPUs the node gave the run and how they are joined, and how each was learnt.
+    shape: NodeShape | None = None
+    checks: list[Result]
+
+
+def verdict_of(results: list[Result]) -> Verdict:
+    """Any FAIL is a node problem (exit 1); else any ERROR is a tool problem
+    (exit 3). Both are non-zero, so a gate fails closed either way."""
+    statuses = {r.status for r in results}
+    if Status.FAIL in statuses:
+        return Verdict.FAIL
+    if Status.ERROR in statuses:
+        return Verdict.ERROR
+    return Verdict.PASS
+
+
+def versions_of(results: list[Result]) -> dict[str, str]:
+    """The driver and CUDA version NVML gave the cuda check, and the torch the workers imported."""
+    out: dict[str, str] = {}
+    for r in results:
+        # The cuda check's versions once CUDA init ran; its NVML inventory alone when init never did.
+        said = {**(r.details.get("inventory") or {}), **(r.details.get("versions") or {})}
+        said.setdefault("driver", said.get("driver_version"))
+        said.setdefault("cuda_driver", said.get("cuda_driver_version"))
+        for key, field in (("driver", "driver"), ("cuda", "cuda_driver"), ("torch", "torch")):
+            if said.get(field) and key not in out:
+                out[key] = str(said[field])
+        for rank in r.details.get("ranks") or []:
+            torch = ((rank or {}).get("report") or {}).get("torch_version") if isinstance(rank, dict) else None
+            if torch and "torch" not in out:
+                out["torch"] = str(torch)
+    return out
+
+
+def read_previous(path: Path | None) -> Report | None:
+    """The report this run is about to replace; None if there is none we can trust."""
+    if path is None:
+        return None
+    try:
+        return Report.model_validate_json(path.read_bytes())
+    except (OSError, ValidationError):
+        return None
+
+
+def last_success(report: Report, before: Report | None) -> datetime | None:
+    """This run's finish if it passed, else the last pass the report it replaces knew of."""
+    if report.verdict == Verdict.PASS:
+        return report.finished_at
+    if before is None:
+        return None
+    # A report written before last_success_at existed still says whether it passed.
+    return before.last_success_at or (before.finished_at if before.verdict == Verdict.PASS else None)
+
+
+def carry_forward(report: Report, before: Report | None, order: list[str], across_nodes: bool = False) -> list[Result]:
+    """A partial run (--only, --skip: the hourly recheck) keeps the results of the
+    checks it left out from the report it replaces, if that is of this boot and
+    profile, and neither is a run across nodes (``across_nodes`` says so of this
+    one even when it was cut short before its group record was made). So the
+    recheck's lighter pass never turns the gate's bandwidth FAIL into a pass,
+    and the gate's bandwidth figures stay in the metrics. Each kept result says
+    when it was measured (details.carried_from). Returns them."""
+    if before is None or report.boot_id is None or before.boot_id != report.boot_id or before.profile != report.profile:
+        return []
+    if across_nodes or before.group is not None or report.group is not None:
+        return []  # a group's nccl and bandwidth say nothing of this node alone, nor it of them
+    ran = {c.check for c in report.checks}
+    kept = [
+        c.model_copy(update={"details": {**c.details, "carried_from": c.details.get("carried_from") or before.finished_at.isoformat()}})
+        for c in before.checks
+        if c.check not in ran and c.check in order
+    ]
+    if kept:
+        report.checks = sorted([*report.checks, *kept], key=lambda c: order.index(c.check) if c.check in order else -1)
+        if report.interrupted_by_signal is None:
+            report.verdict = verdict_of(report.checks)
+            report.exit_code = EXIT_CODES[report.verdict]
+    return kept
+
+
+def probe_write(directory: Path) -> None:
+    """Raise OSError unless a file can be created in ``directory``. Trying is the
+    only honest test: root passes os.access() on a read-only mount."""
+    with tempfile.NamedTemporaryFile(dir=directory, prefix=".preflight-probe-"):
+        pass
+
+
+def check_writable(path: Path) -> Path:
+    """Refuse, before any check runs, a report path that could not be written.
+
+    Returns the path to write: a symlink is followed to its target, so the
+    atomic rename replaces the file it points at, never the link itself.
+    """
+    target = path.resolve()
+    if target.is_dir():
+        raise UsageError(f"report {path}: is a directory; give a file path such as {path / 'report.json'}")
+    if target.exists() and not target.is_file():
+        raise UsageError(f"report {path}: is not a regular file (a device, pipe or socket would be replaced); give a file path")
+    parent = target.parent
+    if not parent.is_dir():
+        raise UsageError(f"report {path}: directory {parent} does not exist; create it (mkdir -p {parent}) or choose another path")
+    try:
+        probe_write(parent)
+    except OSError as e:
+        raise UsageError(f"report {path}: cannot write in {parent} ({e.strerror}); choose a writable directory") from None
+    return target
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Temp file in the same directory, fsync, rename: a reader (or a crash)
+    sees the old report or the new one, never half of one."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself survives a power cut
+    finally:
+        os.close(dir_fd)

@@ -1,0 +1,337 @@
+"""The report as its readers judge it, read without pydantic.
+
+node-problem-detector and Slurm run `preflight status` every few minutes;
+importing pydantic and building the Report model would cost more than the
+whole command may take. ``view`` reads the report as `preflight run` writes
+it, every field against the Report model's own types and constraints, and
+returns None for anything else: a damaged file, an unusual but valid form
+(a numeric string, a date without "T"), a schema it does not know. The
+caller then asks the Report model, so what is refused, and every error
+message, stay the model's. ``view`` never accepts what the model refuses:
+tests/test_report_view.py holds it to that field by field, with every
+fixture and many damaged variants, and fails when the models gain a field
+or a validator this reader does not know.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from datetime import datetime, timedelta, timezone
+from enum import Enum
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+# Where the systemd units write and `serve` reads; a manual run writes only with --report.
+DEFAULT_REPORT_PATH = Path("/var/lib/preflight/report.json")
+# The most nodes one group may have (--nnodes); readers of a report rely on it too:
+# serve renders a series per node.
+MAX_NODES = 4096
+
+
+class Verdict(str, Enum):
+    PASS = "pass"  # warnings allowed
+    FAIL = "fail"  # a check failed: drain the node
+    ERROR = "error"  # preflight itself broke: the node is not vouched for
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# check.Status by value (check.py builds pydantic models); the tests hold them equal.
+STATUSES = ("PASS", "WARN", "FAIL", "SKIP", "ERROR")
+VOUCHING = ("PASS", "WARN", "SKIP")  # Status.ok: the node may take the job
+
+
+# NamedTuples, not dataclasses: importing dataclasses (and inspect with it) costs
+# `status` a fifth of its start-up.
+class CheckView(NamedTuple):
+    check: str
+    status: str  # one of STATUSES
+    summary: str
+
+
+class ReportView(NamedTuple):
+    """What `standing` and `status` read of a report, under the Report model's names."""
+
+    verdict: Verdict
+    profile: str | None
+    boot_id: str | None
+    finished_at: datetime
+    interrupted_by_signal: int | None
+    checks: list[CheckView]
+
+
+class Declined(Exception):
+    """Not the form `preflight run` writes: the Report model decides (settings_view
+    raises it too, as Unsure: the settings loader decides)."""
+
+
+def view(data: bytes) -> ReportView | None:
+    try:
+        text = data.decode("utf-8")
+        if _SURROGATE.search(text):  # json and pydantic may treat a lone surrogate apart
+            return None
+        doc = json.loads(text, object_pairs_hook=_object, parse_constant=_decline, parse_int=_int_literal, parse_float=_float_literal)
+        if _deeper_than(doc, _MAX_DEPTH):
+            return None
+        r = _REPORT(doc)
+    except (Declined, ValueError, RecursionError):
+        return None
+    checks = [CheckView(c["check"], c["status"], c["summary"]) for c in r["checks"]]
+    return ReportView(Verdict(r["verdict"]), r["profile"], r["boot_id"], r["finished_at"], r["interrupted_by_signal"], checks)
+
+
+# ---- JSON as both parsers read it alike --------------------------------------------
+
+# pydantic's JSON parser refuses nesting past about 200 levels, json.loads takes
+# about 1000: anything near that depth goes to the model, which decides.
+_MAX_DEPTH = 100
+
+
+def _deeper_than(doc: object, limit: int) -> bool:
+    todo = [(doc, 1)]
+    while todo:
+        node, depth = todo.pop()
+        if isinstance(node, (dict, list)):
+            if depth > limit:
+                return True
+            todo.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return False
+
+
+_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+_INT64 = 2**63
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    d = dict(pairs)
+    if len(d) != len(pairs):  # a duplicate key: which one wins is the parser's choice
+        raise Declined
+    return d
+
+
+def _decline(_: str) -> Any:
+    raise Declined  # NaN, Infinity
+
+
+def _int_literal(s: str) -> int:
+    v = int(s)
+    if not -_INT64 <= v < _INT64:
+        raise Declined
+    return v
+
+
+def _float_literal(s: str) -> float:
+    v = float(s)
+    if not math.isfinite(v):  # 1e999
+        raise Declined
+    return v
+
+
+# ---- the model's field types, strictly -------------------------------------------
+
+Check = Callable[[Any], Any]
+_REQUIRED = object()
+
+
+def _str(v: Any) -> str:
+    if type(v) is not str:
+        raise Declined
+    return v
+
+
+def _int(lo: int = -_INT64, hi: int = _INT64 - 1) -> Check:
+    def check(v: Any) -> int:
+        if type(v) is not int or not lo <= v <= hi:
+            raise Declined
+        return v
+
+    return check
+
+
+def _float(v: Any) -> float:
+    if type(v) not in (int, float):
+        raise Declined
+    return float(v)
+
+
+def _bool(v: Any) -> bool:
+    if type(v) is not bool:
+        raise Declined
+    return v
+
+
+def one_of(*values: str) -> Check:
+    def check(v: Any) -> str:
+        if type(v) is not str or v not in values:
+            raise Declined
+        return v
+
+    return check
+
+
+def _matching(pattern: str) -> Check:
+    rx = re.compile(pattern)
+
+    def check(v: Any) -> str:
+        if type(v) is not str or not rx.fullmatch(v):
+            raise Declined
+        return v
+
+    return check
+
+
+_DATETIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d{1,6}))?(?:(Z)|([+-])(\d\d):(\d\d))")
+
+
+def _datetime(v: Any) -> datetime:
+    """RFC 3339 with a zone, as the report writes it; a naive or odd form is the model's to judge."""
+    m = _DATETIME.fullmatch(v) if type(v) is str else None
+    if m is None:
+        raise Declined
+    year, month, day, hour, minute, second, frac, z, sign, oh, om = m.groups()
+    if z:
+        tz = timezone.utc
+    elif int(oh) > 23 or int(om) > 59:
+        raise Declined
+    else:
+        offset = timedelta(hours=int(oh), minutes=int(om))
+        tz = timezone(-offset if sign == "-" else offset)
+    micro = int((frac or "").ljust(6, "0"))
+    return datetime(int(year), int(month), int(day), int(hour), int(minute), int(second), micro, tzinfo=tz)  # ValueError: declined
+
+
+def _any(v: Any) -> Any:
+    return v
+
+
+def _opt(check: Check) -> Check:
+    return lambda v: None if v is None else check(v)
+
+
+def _list(check: Check) -> Check:
+    def each(v: Any) -> list[Any]:
+        if type(v) is not list:
+            raise Declined
+        return [check(x) for x in v]
+
+    return each
+
+
+def _dict(check: Check, key: Check = _str) -> Check:
+    def each(v: Any) -> dict[str, Any]:
+        if type(v) is not dict:
+            raise Declined
+        return {key(k): check(x) for k, x in v.items()}
+
+    return each
+
+
+def _model(fields: dict[str, tuple[Check, Any]], rule: Callable[[dict[str, Any]], bool] = lambda _: True) -> Check:
+    """An object with these fields (unknown keys are ignored, as the models ignore or keep them)."""
+
+    def check(v: Any) -> dict[str, Any]:
+        if type(v) is not dict:
+            raise Declined
+        out = {}
+        for name, (field, default) in fields.items():
+            if name in v:
+                out[name] = field(v[name])
+            elif default is _REQUIRED:
+                raise Declined
+            else:
+                out[name] = default
+        if not rule(out):
+            raise Declined
+        return out
+
+    return check
+
+
+# The fields of findings.Measurement, check.Result, shape.NodeShape, report.GroupNode,
+# report.GroupRecord and report.Report, each with its type and constraints.
+# Measurement's validators: snake_case name and unit, Prometheus label names.
+_SNAKE = r"[a-z][a-z0-9_]*"
+_LABEL = r"(?!__)[a-zA-Z_][a-zA-Z0-9_]*"
+
+MEASUREMENT = {
+    "name": (_matching(_SNAKE), _REQUIRED),
+    "unit": (_matching(_SNAKE), _REQUIRED),
+    "value": (_float, _REQUIRED),
+    "labels": (_dict(_str, key=_matching(_LABEL)), {}),
+    "floor": (_opt(_float), None),
+    "ceiling": (_opt(_float), None),
+}
+RESULT = {
+    "check": (_str, _REQUIRED),
+    "status": (one_of(*STATUSES), _REQUIRED),
+    "summary": (_str, _REQUIRED),
+    "cause": (_opt(_str), None),
+    "remedy": (_opt(_str), None),
+    "measurements": (_list(_model(MEASUREMENT)), []),
+    "details": (_dict(_any), {}),
+    "duration_seconds": (_float, 0.0),
+    "lines": (_list(_str), []),
+}
+NODE_SHAPE = {
+    "gpus": (_int(), _REQUIRED),
+    "gpus_from": (_str, _REQUIRED),
+    "slots": (_list(_str), []),
+    "pci_gpus": (_opt(_list(_str)), None),
+    "device_nodes": (_opt(_list(_int())), None),
+    "nvml_gpus": (_opt(_int()), None),
+    "fabric": (one_of("single", "nvswitch", "nvlink", "pcie", "unknown"), "unknown"),
+    "fabric_from": (_str, ""),
+    "nvswitches": (_int(), 0),
+    "nics": (_list(_str), []),
+    "nics_from": (_str, "sysfs /sys/class/infiniband"),
+    "pinned": (_opt(_int()), None),
+    "notes": (_list(_str), []),
+}
+GROUP_NODE = {
+    "node_rank": (_int(lo=0), _REQUIRED),
+    "ok": (_bool, False),
+}
+
+
+def _ranks_in_the_group(g: dict[str, Any]) -> bool:
+    ranks = (g["node_rank"], *(n["node_rank"] for n in g["nodes"]), *g["missing"])
+    return all(0 <= rank < g["nnodes"] for rank in ranks)
+
+
+GROUP_RECORD = {
+    "nnodes": (_int(lo=1, hi=MAX_NODES), _REQUIRED),
+    "node_rank": (_int(lo=0), _REQUIRED),
+    "endpoint": (_str, _REQUIRED),
+    "rdzv_id": (_str, _REQUIRED),
+    "local_addr": (_opt(_str), None),
+    "passed": (_bool, False),
+    "nodes": (_list(_model(GROUP_NODE)), []),
+    "missing": (_list(_int()), []),
+    "meeting_error": (_opt(_str), None),
+}
+REPORT = {
+    "schema_version": (_int(), 1),
+    "tool": (_str, "preflight"),
+    "version": (_str, _REQUIRED),
+    "hostname": (_str, _REQUIRED),
+    "boot_id": (_opt(_str), _REQUIRED),
+    "profile": (_opt(_str), _REQUIRED),
+    "profile_chosen_because": (_opt(_str), None),
+    "config": (_opt(_str), None),
+    "started_at": (_datetime, _REQUIRED),
+    "finished_at": (_datetime, _REQUIRED),
+    "duration_seconds": (_float, _REQUIRED),
+    "verdict": (one_of(*(v.value for v in Verdict)), _REQUIRED),
+    "exit_code": (_int(), _REQUIRED),
+    "keep_going": (_bool, False),
+    "interrupted_by_signal": (_opt(_int()), None),
+    "versions": (_dict(_str), {}),
+    "last_success_at": (_opt(_datetime), None),
+    "group": (_opt(_model(GROUP_RECORD, _ranks_in_the_group)), None),
+    "shape": (_opt(_model(NODE_SHAPE)), None),
+    "checks": (_list(_model(RESULT)), _REQUIRED),
+}
+_REPORT = _model(REPORT)

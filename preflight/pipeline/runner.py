@@ -1,0 +1,179 @@
+"""Ordered, fail-fast execution of checks.
+
+Rules, in the order they apply to each check:
+1. after the first FAIL or ERROR the rest are SKIPped, unless keep_going;
+2. a check whose required check ran in this run and did not pass is SKIPped;
+3. ``applies()`` may give a reason to SKIP;
+4. ``run()`` has the check's timeout: past it the result is FAIL and every
+   process the check started is killed; an exception is ERROR with the
+   traceback in details. Nothing a check starts outlives it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from preflight.pipeline.check import Check, Context, Result, Status
+from preflight.base.errors import Interrupted  # noqa: F401  (raised through the runner)
+from preflight.base.host import become_subreaper, descendants, kill_processes
+
+
+MAX_TIMEOUT = 86400.0  # a plugin's own timeout_seconds is capped like a profile's
+
+
+@dataclass
+class Outcome:
+    results: list[Result] = field(default_factory=list)
+    interrupted_by: int | None = None  # the signal that stopped the run
+
+
+Hook = Callable[[Check], None]
+FinishHook = Callable[[Result], None]
+
+
+def _noop(*_: object) -> None:
+    pass
+
+
+def _unmet_requirement(check: Check, done: dict[str, Result]) -> str | None:
+    for req in check.requires:
+        r = done.get(req)
+        if r is not None and r.status not in (Status.PASS, Status.WARN):
+            verb = {Status.SKIP: "was skipped", Status.ERROR: "errored"}.get(r.status, "failed")
+            return f"requires {req}, which {verb}"
+    return None
+
+
+def _timed_run(check: Check, ctx: Context, timeout: float) -> Result:
+    """run() in a worker thread so a hung check cannot hang the agent."""
+    box: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            reason = check.applies(ctx)
+            box["result"] = check.result(Status.SKIP, reason) if reason else check.run(ctx)
+        except BaseException as e:  # SystemExit from a plugin too: only this thread ends
+            box["error"] = e
+            box["traceback"] = traceback.format_exc()
+
+    thread = threading.Thread(target=target, name=f"check-{check.name}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        return check.result(
+            Status.FAIL,
+            f"did not finish within {timeout:g} s",
+            cause=f"the {check.name} check hung past its {timeout:g} s deadline; on a GPU node this is "
+            "usually a wedged driver or a hung collective",
+            remedy="look at dmesg for Xid errors and at the processes the check started; "
+            "raise the timeout in the profile only if the node is known to be slow to answer",
+        )
+    if "error" in box:
+        err = box["error"]
+        return check.result(
+            Status.ERROR,
+            f"the check raised {type(err).__name__}: {err}",
+            cause="a bug or an unexpected machine state inside the check, not a verdict on the node",
+            remedy="report it with the traceback in this report's details",
+            details={"traceback": box["traceback"]},
+        )
+    result = box.get("result")
+    if not isinstance(result, Result) or result.check != check.name:
+        return check.result(
+            Status.ERROR,
+            f"the check returned {type(result).__name__} instead of its own Result",
+            cause="a bug in the check",
+        )
+    try:
+        result.model_dump_json()  # one bad value must not cost the whole report
+    except ValueError as e:
+        return check.result(
+            Status.ERROR,
+            f"the check's result cannot be written as JSON: {str(e).splitlines()[0]}",
+            cause="a bug in the check",
+            remedy="report it; the check's own summary was: " + result.summary,
+        )
+    return result
+
+
+def run_check(check: Check, ctx: Context, timeout: float) -> Result:
+    before = descendants()
+    started = time.monotonic()
+    ctx.deadline = started + timeout
+    try:
+        result = _timed_run(check, ctx, timeout)
+    finally:
+        # Runs on interrupt too: whatever the check started dies with it.
+        strays = kill_processes(descendants() - before)
+    if strays:
+        result.details["killed_processes"] = strays
+    result.duration_seconds = round(time.monotonic() - started, 6)
+    return result
+
+
+def _before(before: Callable[[Check], Result | None], check: Check, outcome: Outcome) -> Result | None:
+    started = time.monotonic()
+    try:
+        result = before(check)
+    except Interrupted as sig:
+        outcome.interrupted_by = sig.signum
+        result = check.result(Status.ERROR, f"interrupted by signal {sig.signum} while meeting the group", cause="preflight was stopped (SIGTERM or Ctrl-C)")
+    if result is not None:
+        result.duration_seconds = round(time.monotonic() - started, 6)
+    return result
+
+
+def run_checks(
+    checks: list[Check],
+    ctx: Context,
+    *,
+    keep_going: bool = False,
+    timeouts: dict[str, float] | None = None,
+    on_start: Hook = _noop,
+    on_finish: FinishHook = _noop,
+    before: Callable[[Check], Result | None] = lambda _: None,
+) -> Outcome:
+    """``before`` runs ahead of each check, outside its timeout (a group check's
+    meeting with its peers); a Result it returns stands for the check's own."""
+    become_subreaper()
+    outcome = Outcome()
+    stopped_by: Result | None = None
+    for check in checks:
+        if outcome.interrupted_by is not None:
+            result = check.result(Status.SKIP, "skipped: the run was interrupted")
+        elif stopped_by is not None and not keep_going:
+            verb = "errored" if stopped_by.status is Status.ERROR else "failed"
+            result = check.result(Status.SKIP, f"skipped: {stopped_by.check} {verb}")
+        elif reason := _unmet_requirement(check, ctx.results):
+            result = check.result(Status.SKIP, f"skipped: {reason}")
+        elif (met := _before(before, check, outcome)) is not None:
+            result = met
+        else:
+            timeout = min((timeouts or {}).get(check.name, check.timeout_seconds), MAX_TIMEOUT)
+            started = time.monotonic()
+            ctx.progress.begin(check.name)
+            try:
+                on_start(check)
+                result = run_check(check, ctx, timeout)
+            except Interrupted as sig:
+                outcome.interrupted_by = sig.signum
+                result = check.result(
+                    Status.ERROR,
+                    f"interrupted by signal {sig.signum} while running",
+                    cause="preflight was stopped (SIGTERM from systemd's TimeoutStartSec, or Ctrl-C)",
+                    remedy="let the run finish; raise TimeoutStartSec if the unit's budget is too small",
+                    duration_seconds=round(time.monotonic() - started, 6),
+                )
+            finally:
+                # On every way out (an exception too): the live line is taken down before anything else is printed.
+                ctx.progress.end()
+        ctx.results[check.name] = result
+        outcome.results.append(result)
+        on_finish(result)
+        if stopped_by is None and result.status in (Status.FAIL, Status.ERROR):
+            stopped_by = result
+    return outcome

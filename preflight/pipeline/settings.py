@@ -1,0 +1,280 @@
+"""Deployment choices, layered: CLI flags > PREFLIGHT_* env > config TOML > defaults.
+
+Settings say *how* to run here (which profile, where the report goes, lock
+behaviour). Hardware truth lives in profiles; the config file's ``[floors]``
+table may override a profile's floors for this site.
+"""
+
+from __future__ import annotations
+
+import os
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, PrivateAttr, StrictBool, Tag, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+
+from preflight.pipeline import tomlfile
+from preflight.base.errors import UsageError
+from preflight.pipeline.profiles import FloorValue, SiteFloor
+from preflight.pipeline.report_view import MAX_NODES
+
+DEFAULT_CONFIG = Path("/etc/preflight/config.toml")
+# The most GPUs one node can hold: more than any board's slots (HGX: 8,
+# GB200 NVL72 trays: 4), and what torchrun's per-node rank settings allow here.
+MAX_GPUS = 256
+ENV_PREFIX = "PREFLIGHT_"
+
+CheckList = Annotated[list[str], NoDecode]
+
+
+def _split(v: Any) -> Any:
+    """``"shm,nccl"`` (env) and ``["shm,nccl"]`` (repeated flags) both mean two checks."""
+    if isinstance(v, str):
+        v = [v]
+    if isinstance(v, list):
+        names = [part.strip() for item in v for part in str(item).split(",") if part.strip()]
+        if v and not names:
+            raise ValueError("names no check; leave it out to run every check")
+        return names
+    return v
+
+
+def _not_empty(v: Any) -> Any:
+    if isinstance(v, str) and not v.strip():
+        raise ValueError("must not be empty")
+    return v
+
+
+class _Common(BaseModel):
+    """Fields shared by the settings and the config file (which forbids other keys)."""
+
+    profile: str = "auto"
+    only: CheckList = Field(default_factory=list)
+    skip: CheckList = Field(default_factory=list)
+    keep_going: bool = False
+    report: Path | None = None
+    lock_file: Path = Path("/run/lock/preflight.lock")
+    lock_timeout: float = Field(default=60.0, ge=0, le=86400, allow_inf_nan=False)
+    profiles_dir: Path = Path("/etc/preflight/profiles")
+    # The interpreter that runs GPU workers: the training environment's own, so
+    # preflight validates the torch, CUDA runtime and NCCL the job will use.
+    python: Path | None = None
+    # Local ranks for torchrun workers; default: one per GPU (the profile's [nccl] ranks without GPUs).
+    nproc_per_node: int | None = Field(default=None, ge=1, le=256)
+    # torchrun's rendezvous port on 127.0.0.1 (a firewall may want it fixed); 0: a free one.
+    rdzv_port: int = Field(default=0, ge=0, le=65535)
+    # A group of nodes (preflight/gpuwork/multinode.py): nccl and bandwidth run across all of
+    # them. nnodes 1 is a single node; the endpoint is node rank 0's HOST:PORT.
+    nnodes: int = Field(default=1, ge=1, le=MAX_NODES)
+    node_rank: int = Field(default=0, ge=0)
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    # How long a node waits for its peers at each meeting (before nccl): nodes of
+    # one job start minutes apart under Kubernetes (image pulls), seconds under srun.
+    rdzv_timeout: float = Field(default=300.0, gt=0, le=86400, allow_inf_nan=False)
+    # node_exporter's --collector.textfile.directory: `run` writes preflight.prom there.
+    textfile_dir: Path | None = None
+    # Where `preflight serve` listens. Loopback unless the site chooses otherwise:
+    # the report names the node's faults, which is not for every network to read.
+    listen: str = "127.0.0.1:9842"
+    # Pin the driver exactly (fleet uniformity); the profile only sets a minimum.
+    driver_version: str | None = Field(default=None, pattern=r"^[0-9]+(\.[0-9]+)*$")
+
+    @field_validator("python")
+    @classmethod
+    def _absolute(cls, v: Path | None) -> Path | None:
+        # Workers start in a directory of their own: "venv/bin/python" must
+        # mean the one beside the person who typed it. absolute(), not
+        # resolve(): a venv's python is a symlink that must stay in the venv.
+        return v.expanduser().absolute() if v is not None else None
+
+    _split_lists = field_validator("only", "skip", mode="before")(_split)
+    _paths = field_validator("profile", "report", "lock_file", "profiles_dir", "python", "textfile_dir", "listen", mode="before")(_not_empty)
+
+
+class FloorTable(BaseModel):
+    """``[floors.NAME]`` with value, unit and source: what `preflight calibrate` writes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    value: FloorValue
+    unit: str | None = None
+    source: str | None = Field(default=None, min_length=1)
+    bound: Literal["min", "max"] | None = None
+    # The node shape the value was measured on (what calibrate writes for whole-node figures).
+    gpus: int | None = Field(default=None, ge=1, le=MAX_GPUS, strict=True)
+    fabric: Literal["nvswitch", "nvlink", "pcie"] | None = None
+
+
+# A bare number, or a table: told apart before validating, so an error names the key, not the union.
+SiteFloorValue = Annotated[
+    Union[Annotated[FloorValue, Tag("number")], Annotated[FloorTable, Tag("table")]],
+    Discriminator(lambda v: "table" if isinstance(v, (dict, FloorTable)) else "number"),
+]
+
+
+def _gpu_count(v: Any, strict: bool) -> int:
+    """A whole number of GPUs: `gpus = true` must not pin one GPU, nor "8" in TOML pass as a number."""
+    text = v.strip() if isinstance(v, str) and not strict else None
+    if text is not None and text.isdigit():
+        v = int(text)
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_GPUS:
+        raise ValueError(f"must be a whole number of GPUs from 1 to {MAX_GPUS} (no node holds more), not {v!r}")
+    return v
+
+
+GpuCount = Annotated[int, BeforeValidator(lambda v: _gpu_count(v, strict=False))]
+
+
+class NodeTable(BaseModel):
+    """``[node]``: what the site knows of its nodes that a node cannot show."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpus: Annotated[int, BeforeValidator(lambda v: _gpu_count(v, strict=True))] | None = None
+    multi_node: StrictBool = False
+
+
+class ConfigFile(_Common):
+    """The config file's schema. TOML has real booleans and numbers, so unlike
+    environment strings they are taken strictly: `keep_going = "yes"` is an error."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    keep_going: StrictBool = False
+    lock_timeout: float = Field(default=60.0, ge=0, le=86400, allow_inf_nan=False, strict=True)
+    floors: dict[str, SiteFloorValue] = Field(default_factory=dict)
+    node: NodeTable = Field(default_factory=NodeTable)
+
+
+_file_data: ContextVar[dict[str, Any]] = ContextVar("preflight_config_file", default={})
+
+
+class _ConfigFileSource(PydanticBaseSettingsSource):
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ returns the whole file
+
+    def __call__(self) -> dict[str, Any]:
+        data = _file_data.get()
+        out = {k: v for k, v in data.items() if k not in ("floors", "node")}
+        # [node] gpus -> node_gpus: the names flags (--node-gpus) and PREFLIGHT_NODE_GPUS use.
+        out.update({f"node_{k}": v for k, v in (data.get("node") or {}).items()})
+        return out
+
+
+class Settings(_Common, BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
+
+    # Facts from a JSON file instead of NVML, for tests and demos. Flag or
+    # environment only: a config file must never make a real node read fakes.
+    nvml_fake: Path | None = None
+    # `[node]` in the config: a count of GPUs the site pins (fewer seen FAILs), and
+    # that this node serves multi-node jobs (so it must have RDMA NICs).
+    node_gpus: GpuCount | None = None
+    node_multi_node: bool = False
+
+    # Private, so no environment variable can set them: only the config file sets floors.
+    _config: Path | None = PrivateAttr(default=None)
+    _floor_overrides: dict[str, SiteFloor] = PrivateAttr(default_factory=dict)
+
+    @property
+    def config(self) -> Path | None:
+        """The config file that was read, for the report."""
+        return self._config
+
+    @property
+    def floor_overrides(self) -> dict[str, SiteFloor]:
+        """Floor name -> (value, "config FILE line N", unit, source)."""
+        return self._floor_overrides
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _ConfigFileSource(settings_cls))
+
+
+def _config_path(flag: Path | None, environ: dict[str, str]) -> Path | None:
+    if flag is not None:
+        return flag
+    if env := environ.get(ENV_PREFIX + "CONFIG"):
+        return Path(env)
+    return DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None
+
+
+def _read_config(path: Path) -> tuple[dict[str, Any], dict[str, SiteFloor]]:
+    data, text = tomlfile.load(path, "config")
+    try:
+        config = ConfigFile.model_validate(data)
+    except ValidationError as e:
+        raise UsageError(tomlfile.validation_message(e, path, text, "config")) from None
+    origins = {}
+    for name, value in config.floors.items():
+        origin = f"config {path} line {tomlfile.line_of(text, ('floors', name))}"
+        if isinstance(value, FloorTable):
+            origins[name] = SiteFloor(value.value, origin, value.unit, value.source, value.bound, value.gpus, value.fabric)
+        else:
+            origins[name] = SiteFloor(value, origin)
+    return data, origins
+
+
+def load(flags: dict[str, Any], config: Path | None = None, environ: dict[str, str] | None = None) -> Settings:
+    """Settings from CLI ``flags`` (only those the person gave), env, and config file."""
+    environ = dict(os.environ if environ is None else environ)
+    path = _config_path(config, environ)
+    data, origins = _read_config(path) if path else ({}, {})
+    given = {k: v for k, v in flags.items() if v is not None and v != []}
+    token = _file_data.set(data)
+    try:
+        settings = Settings(**given)
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        field = str(first["loc"][0]) if first["loc"] else "?"
+        if field in given:
+            where = "--" + field.replace("_", "-")
+        else:
+            env = ENV_PREFIX + field.upper()
+            where = f"{env}={environ.get(env, '')!r}"
+        raise UsageError(f"{where}: {first['msg']}") from None
+    finally:
+        _file_data.reset(token)
+    settings._config, settings._floor_overrides = path, origins
+    if settings.profiles_dir.exists() and not settings.profiles_dir.is_dir():
+        # A missing directory only means no site profiles; a file there is a mistake.
+        raise UsageError(f"profiles_dir {settings.profiles_dir}: not a directory; point it at a directory of NAME.toml profiles")
+    return settings
+
+
+def unknown_env(environ: dict[str, str] | None = None) -> list[str]:
+    """PREFLIGHT_* variables that set nothing: a typo silently ignored is worse than a warning."""
+    environ = os.environ if environ is None else environ
+    # PREFLIGHT_WORKER_FAULT is the workers' test-only fault knob (checks/workers/_rank.py).
+    known = {ENV_PREFIX + f.upper() for f in Settings.model_fields} | {ENV_PREFIX + "CONFIG", ENV_PREFIX + "WORKER_FAULT"}
+    return sorted(k for k in environ if k.upper().startswith(ENV_PREFIX) and k.upper() not in known)
+
+
+def outputs_of(s: Settings, report: Path | None, textfile_dir: Path | None, scratch: bool) -> str | None:
+    """Which report and textfile this run writes (``report`` and ``textfile_dir``:
+    what its command line gave). The configured ones are the node's gate, which
+    neither a scratch run (a pairwise side, a trial) nor a group run may replace:
+    one failing node fails the whole group, and every reader of the gate would
+    then refuse the good nodes too. Returns what to tell the user, if anything."""
+    if scratch:
+        if report is not None or textfile_dir is not None:
+            raise UsageError("--scratch writes no report and no textfile; leave out --report and --textfile-dir")
+        s.report = s.textfile_dir = None
+        return None
+    if s.nnodes == 1:
+        return None
+    dropped = [f"{what} {path}" for what, path, given in (("report", s.report, report), ("textfile dir", s.textfile_dir, textfile_dir)) if path is not None and given is None]
+    s.report, s.textfile_dir = report, textfile_dir
+    if not dropped:
+        return None
+    return f"a {s.nnodes}-node run does not write the node's own {' or '.join(dropped)} (from config or environment); give --report or --textfile-dir to keep its verdict"

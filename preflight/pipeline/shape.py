@@ -1,0 +1,286 @@
+"""The node's shape, read from the node: how many GPUs this process may use,
+how they are joined, which RDMA NICs it has.
+
+A profile says what is true of a GPU model; the node says how many of them
+it holds and how they are wired. A 1-GPU H100 VM, a 4-GPU partition of an
+HGX board and a Kubernetes pod given 2 of 8 GPUs all run the H100 profile,
+so nothing here comes from the profile. Every part records how it was
+learnt, for the report and `preflight detect`.
+
+Sources, most trusted first:
+- the PCI bus (sysfs): NVIDIA display/3D controllers, and NVSwitch bridges;
+- the GPU device nodes this process may open (/dev/nvidiaN): a container
+  given 2 of the host's 8 GPUs sees all 8 in sysfs but only its own nodes,
+  matched to PCI slots by the driver's "Device Minor" (/proc/driver/nvidia);
+- NVML: the GPUs it lists, and where each active NVLink ends.
+Where sysfs lists no PCI device at all (gVisor-style sandboxes) the count
+comes from the device nodes and NVML, and the shape says so.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel
+
+from preflight.base.host import Host
+from preflight.readers.nvml import Inventory
+from preflight.base.units import format_cpulist
+
+Fabric = Literal["single", "nvswitch", "nvlink", "pcie", "unknown"]
+FABRIC_WORDS = {
+    "single": "one GPU",
+    "nvswitch": "joined by NVSwitch",
+    "nvlink": "joined by NVLink bridges or direct links",
+    "pcie": "joined by PCIe only",
+    "unknown": "links unknown",
+}
+# PCI class codes (sysfs `class`, first 6 hex digits): a GPU is a VGA (0x0300)
+# or 3D (0x0302) controller; an NVSwitch is an NVIDIA "other bridge" (0x0680).
+GPU_CLASSES = ("0x0300", "0x0302")
+NVSWITCH_CLASS = "0x0680"
+
+
+class PciNvidia(BaseModel):
+    """NVIDIA devices on the PCI bus; ``gpus`` None where sysfs lists no PCI device at all."""
+
+    gpus: list[str] | None = None  # "0000:1b:00.0"
+    nvswitches: int = 0
+
+
+class NodeShape(BaseModel):
+    gpus: int  # the GPUs this process may use: what the run expects NVML and CUDA to show
+    gpus_from: str  # how that number was learnt
+    slots: list[str] = []  # their PCI addresses, where the bus and the device nodes name them
+    pci_gpus: list[str] | None = None  # every NVIDIA GPU on the PCI bus, the host's others too
+    device_nodes: list[int] | None = None  # minors of /dev/nvidiaN here; None: not listed
+    nvml_gpus: int | None = None  # None: NVML did not answer
+    fabric: Fabric = "unknown"
+    fabric_from: str = ""
+    nvswitches: int = 0  # NVSwitch bridges on the PCI bus
+    nics: list[str] = []  # RDMA devices (InfiniBand, RoCE) in /sys/class/infiniband
+    nics_from: str = "sysfs /sys/class/infiniband"
+    pinned: int | None = None  # the site's `[node] gpus`
+    notes: list[str] = []
+
+    def describe(self) -> str:
+        """'8 GPUs joined by NVSwitch, 12 RDMA NICs': one line for people."""
+        gpus = f"{self.gpus} GPU{'s' if self.gpus != 1 else ''}"
+        nics = f"{len(self.nics)} RDMA NIC{'s' if len(self.nics) != 1 else ''}" if self.nics else "no RDMA NIC"
+        return f"{gpus} {FABRIC_WORDS[self.fabric]}, {nics}" if self.fabric != "single" else f"{gpus}, {nics}"
+
+    def lines(self) -> list[str]:
+        """Each part and how it was learnt, for `preflight detect` and the report's reader."""
+        out = [f"GPUs: {self.gpus} ({self.gpus_from})", f"links: {FABRIC_WORDS[self.fabric]} ({self.fabric_from})",
+               f"NICs: {', '.join(self.nics) or 'none'} ({self.nics_from})"]
+        if self.pinned is not None:
+            out.append(f"pinned by the site: {self.pinned} GPUs")
+        return out + [f"note: {n}" for n in self.notes]
+
+
+# ---- gathering -----------------------------------------------------------------
+
+
+def _read(path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def pci_nvidia(host: Host) -> PciNvidia:
+    devices = host.path("/sys/bus/pci/devices")
+    try:
+        entries = sorted(devices.iterdir())
+    except OSError:
+        entries = []
+    if not entries:  # no PCI device at all: a sandbox that hides the bus, not a node without GPUs
+        return PciNvidia()
+    gpus, switches = [], 0
+    for entry in entries:
+        vendor, klass = _read(entry / "vendor"), _read(entry / "class") or ""
+        if vendor != "0x10de":
+            continue
+        if klass[:6] in GPU_CLASSES:
+            gpus.append(entry.name.lower())
+        elif klass[:6] == NVSWITCH_CLASS:
+            switches += 1
+    return PciNvidia(gpus=gpus, nvswitches=switches)
+
+
+def device_nodes(host: Host) -> list[int] | None:
+    """Minors of the /dev/nvidiaN nodes here; None where the driver's nodes are not
+    there at all (no /dev/nvidiactl either): nothing can be said from /dev."""
+    dev = host.path("/dev")
+    try:
+        names = [p.name for p in dev.iterdir()]
+    except OSError:
+        return None
+    minors = sorted(int(m.group(1)) for n in names if (m := re.fullmatch(r"nvidia([0-9]+)", n)))
+    if not minors and "nvidiactl" not in names:
+        return None
+    return minors
+
+
+def driver_minors(host: Host) -> dict[str, int]:
+    """PCI address -> device minor, from the driver's own /proc/driver/nvidia/gpus/*/information."""
+    root = host.path("/proc/driver/nvidia/gpus")
+    out = {}
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return {}
+    for entry in entries:
+        m = re.search(r"^Device Minor:\s*([0-9]+)", _read(entry / "information") or "", re.M)
+        if m:
+            out[entry.name.lower()] = int(m.group(1))
+    return out
+
+
+def rdma_nics(host: Host) -> list[str]:
+    root = host.path("/sys/class/infiniband")
+    try:
+        return sorted(p.name for p in root.iterdir())
+    except OSError:
+        return []
+
+
+def gather(host: Host, inventory: Inventory | None, pinned: int | None = None, why_no_nvml: str | None = None) -> NodeShape:
+    """Read the shape; ``inventory`` None when NVML did not answer (``why_no_nvml``)."""
+    return judge_shape(pci_nvidia(host), device_nodes(host), driver_minors(host), rdma_nics(host), inventory, pinned, why_no_nvml)
+
+
+# ---- reading the facts (pure) --------------------------------------------------
+
+
+def judge_shape(
+    pci: PciNvidia,
+    nodes: list[int] | None,
+    minors: dict[str, int],
+    nics: list[str],
+    inventory: Inventory | None,
+    pinned: int | None = None,
+    why_no_nvml: str | None = None,
+) -> NodeShape:
+    notes: list[str] = []
+    usable, gpus_from = _usable(pci, nodes, minors, notes)
+    seen = len(inventory.gpus) + len(inventory.lost) if inventory else None
+    if inventory is None:
+        notes.append(f"NVML did not answer{': ' + why_no_nvml if why_no_nvml else ''}")
+    if usable is None:
+        count = seen or 0
+        gpus_from = f"NVML alone: {gpus_from}" if inventory else f"nothing: {gpus_from}, and NVML is silent"
+    elif seen is not None and seen > len(usable):
+        # NVML reaches GPUs the bus does not list here (a VM or sandbox that hides them): NVML's word stands.
+        notes.append(f"NVML lists {seen} GPUs, more than the {len(usable)} {gpus_from} shows")
+        count, gpus_from = seen, f"NVML ({gpus_from} shows {len(usable)})"
+    else:
+        count = len(usable)
+    if inventory is not None and inventory.source != "NVML":
+        gpus_from += f"; NVML facts from {inventory.source}"
+    fabric, fabric_from = fabric_of(inventory, pci.nvswitches, count)
+    return NodeShape(
+        gpus=count, gpus_from=gpus_from, slots=[s for s in usable or [] if not s.startswith("?")],
+        pci_gpus=pci.gpus, device_nodes=nodes, nvml_gpus=seen, fabric=fabric, fabric_from=fabric_from,
+        nvswitches=pci.nvswitches, nics=nics, pinned=pinned, notes=notes,
+    )
+
+
+def _usable(pci: PciNvidia, nodes: list[int] | None, minors: dict[str, int], notes: list[str]) -> tuple[list[str] | None, str]:
+    """The GPUs this process may use (PCI addresses; "?N" where only a device node
+    names one), and how that was learnt; None where neither source says."""
+    if pci.gpus is None:
+        if nodes:
+            return [f"?{m}" for m in nodes], f"/dev/nvidia{_minor_list(nodes)} (sysfs lists no PCI device)"
+        return None, "sysfs lists no PCI device and /dev has no nvidia device node"
+    if not pci.gpus and not nodes:
+        if nodes is not None:
+            return [], "the PCI bus (no NVIDIA GPU) and /dev (no nvidia device node)"
+        return None, "the PCI bus lists no NVIDIA GPU and /dev has no nvidia device node"
+    if nodes is None:
+        return list(pci.gpus), "the PCI bus (sysfs)"
+    mapped = {bus: minors[bus] for bus in pci.gpus if bus in minors}
+    if len(mapped) == len(pci.gpus):
+        mine = [bus for bus in pci.gpus if mapped[bus] in nodes]
+        if len(mine) < len(pci.gpus):
+            notes.append(f"{len(pci.gpus) - len(mine)} of the host's {len(pci.gpus)} GPUs have no device node here (not given to this container)")
+        return mine, f"the PCI bus and /dev/nvidia{_minor_list(nodes)}"
+    if len(nodes) >= len(pci.gpus):
+        return list(pci.gpus), "the PCI bus (sysfs), each with a device node"
+    notes.append(f"the PCI bus lists {len(pci.gpus)} GPUs, /dev has {len(nodes)} device nodes; the driver does not say which is which")
+    return [f"?{m}" for m in nodes], f"/dev/nvidia{_minor_list(nodes)} (the PCI bus lists {len(pci.gpus)})"
+
+
+def _minor_list(nodes: list[int]) -> str:
+    return format_cpulist(nodes) if len(nodes) == 1 else "{" + format_cpulist(nodes) + "}"
+
+
+def fabric_of(inventory: Inventory | None, nvswitches: int, count: int) -> tuple[Fabric, str]:
+    """How the GPUs are joined, and how that was learnt."""
+    if count <= 1:
+        return "single", "one GPU: nothing to join"
+    remote = {}
+    for g in inventory.gpus if inventory else []:
+        for kind, n in (g.nvlink_remote or {}).items():
+            remote[kind] = remote.get(kind, 0) + n
+    if remote.get("switch"):
+        return "nvswitch", "NVML: active NVLinks end at an NVSwitch"
+    if nvswitches:
+        return "nvswitch", f"sysfs: {nvswitches} NVSwitch bridge(s) on the PCI bus"
+    states = [g.nvlinks_active for g in inventory.gpus] if inventory else []
+    if any(states):
+        if remote.get("gpu"):
+            return "nvlink", "NVML: active NVLinks end at another GPU"
+        return "nvlink", "NVML: NVLinks active (where they end is not reported)"
+    if states and all(s is not None for s in states):
+        return "pcie", "NVML: no NVLink active on any GPU, and no NVSwitch on the PCI bus"
+    return "unknown", "NVML does not report NVLink state" if inventory else "NVML did not answer"
+
+
+# ---- which whole-node floors fit this node -------------------------------------
+
+
+def floor_fits(floor_gpus: int | None, floor_fabric: str | None, shape: NodeShape | None, ranks: int) -> str | None:
+    """Why a floor measured on (``floor_gpus``, ``floor_fabric``) does not judge this
+    node, or None where it does. Floors are never scaled to another GPU count:
+    busbw on an NVSwitch board is not flat in the GPU count (NVLS needs the whole
+    board's switches, and a 2-GPU ring moves half the data per step), and no
+    measurement we cite says by how much."""
+    if floor_gpus is None and floor_fabric is None:
+        return None
+    if shape is None:
+        return "no GPU shape was read"
+    fabric = FABRIC_WORDS.get(shape.fabric, shape.fabric)
+    if floor_gpus is not None and ranks != floor_gpus:
+        where = f"a {ranks}-GPU node" if ranks == shape.gpus else f"a run on {ranks} of this node's {shape.gpus} GPUs"
+        return f"the floor was measured on {floor_gpus} GPUs; no cited floor for {where} ({fabric}); `preflight calibrate` makes one"
+    if floor_fabric is not None and shape.fabric != floor_fabric:
+        return f"the floor was measured on GPUs {FABRIC_WORDS.get(floor_fabric, floor_fabric)}; this node's are {fabric}; `preflight calibrate` makes one"
+    return None
+
+
+def fitting_floors(floors: dict, whole_node: tuple[str, ...], shape: NodeShape | None, ranks: int, gloo_ranks: int | None) -> tuple[dict, dict[str, str]]:
+    """The floors that judge this run, and why each other one does not. A floor
+    tagged with the shape it was measured on judges only that shape; an untagged
+    whole-node floor (a site's number for its own nodes, the cpu profile's) judges
+    only a run over the whole node, not --nproc-per-node's subset of it."""
+    kept, why = {}, {}
+    whole = shape.gpus if shape else gloo_ranks
+    for name, floor in floors.items():
+        reason = floor_fits(floor.gpus, floor.fabric, shape, ranks)
+        if reason is None and floor.gpus is None and name in whole_node and whole and ranks != whole:
+            reason = f"a whole-node floor for {whole} {'GPUs' if shape else 'ranks'}, and this run had {ranks}"
+        if reason is None:
+            kept[name] = floor
+        else:
+            why[name] = reason
+    return kept, why
+
+
+def unjudged_lines(why: dict[str, str]) -> list[str]:
+    """One line per reason: 'allreduce_bus_bandwidth, allreduce_latency: not judged: REASON'."""
+    by_reason: dict[str, list[str]] = {}
+    for name, reason in why.items():
+        by_reason.setdefault(reason, []).append(name)
+    return [f"{', '.join(names)}: not judged: {reason}" for reason, names in by_reason.items()]

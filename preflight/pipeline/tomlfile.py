@@ -1,0 +1,90 @@
+"""Reading TOML files people write, with errors that name the file, line and key."""
+
+from __future__ import annotations
+
+import re
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from preflight.base.errors import UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+MAX_BYTES = 1 << 20  # far beyond any real config or profile
+_HEADER = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
+_KEY = re.compile(r"^\s*(\"[^\"]*\"|'[^']*'|[A-Za-z0-9_.\-\" ]+?)\s*=")
+
+
+def load(path: Path, what: str) -> tuple[dict[str, Any], str]:
+    """Parse ``path``; ``what`` ("config", "profile") starts every error message."""
+    try:
+        st = path.stat()  # before open(): opening a FIFO would block, /dev/zero never ends
+        if stat.S_ISDIR(st.st_mode):
+            raise UsageError(f"{what} file {path} is a directory, not a TOML file")
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"{what} file {path} is not a regular file")
+        if st.st_size > MAX_BYTES:
+            raise UsageError(f"{what} file {path} is {st.st_size} bytes; a {what} file is at most {MAX_BYTES // 1024} KiB")
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"{what} file {path} does not exist") from None
+    except OSError as e:
+        raise UsageError(f"{what} file {path} cannot be read: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+        return tomllib.loads(text), text
+    except UnicodeDecodeError:
+        raise UsageError(f"{what} file {path} is not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"{what} file {path}: invalid TOML: {e}") from None
+
+
+def _unquote(key: str) -> str:
+    return ".".join(part.strip().strip("\"'") for part in key.split("."))
+
+
+def line_of(text: str, loc: tuple[str | int, ...]) -> int | None:
+    """The 1-based line where the key at ``loc`` is set, or its table begins."""
+    keys = [str(k) for k in loc if not isinstance(k, int)]
+    while keys:
+        target = ".".join(keys)
+        current = ""
+        for n, line in enumerate(text.splitlines(), 1):
+            if m := _HEADER.match(line):
+                current = _unquote(m.group(1))
+                if current == target:
+                    return n
+                continue
+            if m := _KEY.match(line):
+                full = _unquote(m.group(1))
+                full = f"{current}.{full}" if current else full
+                if full == target:
+                    return n
+        keys.pop()
+    return None
+
+
+UNION_TAGS = ("number", "table")
+
+
+def validation_message(err: ValidationError, path: Path, text: str, what: str) -> str:
+    """One line for the first error: file, line, key and what is wrong."""
+    first = err.errors(include_url=False)[0]
+    # A tagged union (a floor: number or table) adds its tag to the path; the file has no such key.
+    loc = tuple(k for k in first["loc"] if k not in UNION_TAGS)
+    key = ".".join(str(k) for k in loc) or "(top level)"
+    line = line_of(text, loc)
+    where = f"{path} line {line}" if line else str(path)
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key (check the spelling against the documented keys)"
+    elif first["type"] == "missing":
+        msg = "required key is missing"
+    return f"{what} {where}: {key}: {msg}"

@@ -1,0 +1,60 @@
+"""NCCL's settings as NCCL itself sees them: the environment, then the
+user's config file, then /etc/nccl.conf.
+
+NCCL loads NCCL_CONF_FILE (else ~/.nccl.conf) and then /etc/nccl.conf without
+overwriting what is already set, so the environment wins, then the user's
+file, then the system's (https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html).
+"""
+
+from __future__ import annotations
+
+import os
+
+from preflight.base.host import Host
+
+ENVIRONMENT = "the environment"
+
+# Debugging switches that cost real speed when left set: name -> (is it on?, what it costs).
+SWITCHES = {
+    "NCCL_SHM_DISABLE": (lambda v: v != "0", "turns off NCCL's shared-memory transport: GPUs without P2P fall back to sockets, which made one real job's NCCL 14x slower"),
+    "NCCL_P2P_DISABLE": (lambda v: v != "0", "turns off P2P over NVLink and PCIe: GPU-to-GPU traffic is staged through host memory at a fraction of NVLink's bandwidth"),
+    "NCCL_IB_DISABLE": (lambda v: v != "0", "turns off InfiniBand/RoCE: traffic between nodes falls back to TCP sockets, an order of magnitude slower"),
+    "NCCL_P2P_LEVEL": (lambda v: True, "caps the distance at which NCCL uses P2P: GPU pairs beyond it go through host memory (LOC or 0 turns P2P off)"),
+}
+
+
+def conf_files(host: Host) -> list[str]:
+    user = host.environ.get("NCCL_CONF_FILE") or os.path.expanduser("~/.nccl.conf")
+    return [user, "/etc/nccl.conf"]
+
+
+def read(host: Host) -> dict[str, list[tuple[str, str]]]:
+    """Every NCCL_* (and GLOO_*) setting: name -> [(value, where)], the one NCCL uses first."""
+    found: dict[str, list[tuple[str, str]]] = {}
+    for key, value in host.environ.items():
+        if key.startswith(("NCCL_", "GLOO_")):
+            found.setdefault(key, []).append((value, ENVIRONMENT))
+    for conf in conf_files(host):
+        try:
+            text = host.read_text(conf)
+        except (OSError, UnicodeDecodeError):
+            continue
+        for line in text.splitlines():
+            key, sep, value = line.split("#", 1)[0].partition("=")
+            if sep and key.strip().startswith("NCCL_"):
+                found.setdefault(key.strip(), []).append((value.strip(), conf))
+    return found
+
+
+def effective(found: dict[str, list[tuple[str, str]]]) -> dict[str, tuple[str, str]]:
+    """name -> (value, where) that NCCL applies."""
+    return {name: places[0] for name, places in found.items()}
+
+
+def switches_on(found: dict[str, list[tuple[str, str]]]) -> list[tuple[str, str, str, str]]:
+    """(name, value, where, cost) of each debugging switch NCCL will apply; NCCL ignores an empty value."""
+    out = []
+    for name, (value, where) in effective(found).items():
+        if name in SWITCHES and value.strip() and SWITCHES[name][0](value.strip()):
+            out.append((name, value, where, SWITCHES[name][1]))
+    return sorted(out, key=lambda t: list(SWITCHES).index(t[0]))

@@ -1,0 +1,305 @@
+"""The NVML query that runs in a child process (see preflight/readers/nvml.py).
+
+Standard library and pynvml only, so the child starts in a fraction of the
+agent's import time; it prints one JSON line, facts or a cause and remedy,
+and the parent validates it.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import sys
+import time
+from functools import reduce
+from typing import Any
+
+NO_DRIVER = "install or load the NVIDIA driver (`nvidia-smi` must answer); on a machine with no GPU use --profile cpu for a dry run"
+BROKEN = "look for Xid errors (`preflight xid`); reset the GPU (`nvidia-smi -r -i N`) or reboot, and drain the node until NVML answers"
+NO_ACCESS = "run preflight as root, or give its user access to /dev/nvidia* (the video group on most distributions)"
+MISMATCH = "reboot the node (or unload and reload the nvidia kernel modules) so the kernel module matches the installed driver"
+
+# nvml.h's clocks-event (formerly throttle) reason bits, by the name a report shows.
+CLOCKS_EVENTS = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}
+NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS
+# nvml.h's nvmlNvLinkDeviceType_t: what sits at the far end of an active link.
+NVLINK_REMOTE = {0: "gpu", 1: "ibmnpu", 2: "switch"}  # NVML_NVLINK_DEVICE_TYPE_GPU, _IBMNPU, _SWITCH; 0xFF: unknown
+# HW slowdown is documented as also reported during P-state and clock changes
+# (nvml.h, nvmlClocksEventReasonHwSlowdown), so one reading proves nothing:
+# the reasons are read this many times, this far apart, across every GPU at
+# once. Adds about (SAMPLES - 1) x SAMPLE_GAP = 0.4 s to an inventory,
+# whatever the GPU count.
+CLOCK_SAMPLES, CLOCK_SAMPLE_GAP = 5, 0.1
+# What `unanswered` says where nvidia-ml-py asked for a versioned NVML entry
+# point the installed driver does not export (NVMLLibraryMismatchError).
+LACKS_VERSIONED = "this driver lacks the versioned call nvidia-ml-py makes; an nvidia-ml-py of the driver's generation answers it"
+
+
+def _child(what: str) -> dict[str, Any]:
+    try:
+        import pynvml
+    except ImportError:
+        return _failed("nvidia-ml-py is not installed", "pip install nvidia-ml-py")
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError_LibraryNotFound:
+        return _failed("no NVIDIA driver: the NVML library libnvidia-ml.so.1 was not found", NO_DRIVER)
+    except pynvml.NVMLError_DriverNotLoaded:
+        return _failed("no NVIDIA driver: the nvidia kernel module is not loaded", NO_DRIVER)
+    except pynvml.NVMLError_NoPermission:
+        return _failed("NVML refused access: no permission on /dev/nvidia*", NO_ACCESS)
+    except getattr(pynvml, "NVMLError_LibRmVersionMismatch", ()) as e:
+        return _failed(f"NVIDIA driver/library version mismatch ({e}): the driver was upgraded without a reboot", MISMATCH)
+    except pynvml.NVMLError as e:  # GPU lost, Unknown Error at init: the driver is there, a GPU is not well
+        return _failed(f"NVML failed to start: {e}", BROKEN)
+    try:
+        return {"facts": _inventory(pynvml) if what == "inventory" else _pcie(pynvml)}
+    except pynvml.NVMLError as e:
+        return _failed(f"NVML failed: {e}", BROKEN)
+    except Exception as e:  # noqa: BLE001 - the parent must get its one JSON line, never a traceback
+        return _failed(f"the NVML query failed unexpectedly: {type(e).__name__}: {e}", BROKEN)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _failed(cause: str, remedy: str) -> dict[str, Any]:
+    return {"failed": {"cause": cause, "remedy": remedy}}
+
+
+def _text(v: Any) -> str:
+    return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+
+
+def _optional(pynvml: Any, fn: str, *args: Any, unanswered: dict[str, str] | None = None) -> Any:
+    """A fact this GPU or driver may not have: None instead of an error.
+
+    A GPU that is lost raises on, so the caller records it as lost; whether a
+    GPU is lost is decided by the calls every GPU answers (handle, PCI, name,
+    UUID). Any error but "not supported" is noted in ``unanswered``: a health
+    query that fails must not read as healthy. Nothing else escapes: one
+    query's surprise must not cost every GPU's facts.
+    """
+    f = getattr(pynvml, fn, None)
+    if f is None:  # an older nvidia-ml-py without the call
+        return None
+    try:
+        return f(*args)
+    except pynvml.NVMLError_GpuIsLost:
+        raise
+    except pynvml.NVMLError as e:
+        absent = tuple(getattr(pynvml, f"NVMLError_{n}", ()) for n in ("NotSupported", "InvalidArgument", "FunctionNotFound"))
+        if unanswered is not None and not isinstance(e, absent):
+            unanswered[fn] = str(e)
+        return None
+    except getattr(pynvml, "NVMLLibraryMismatchError", ()):  # not an NVMLError: raised by nvidia-ml-py itself
+        if unanswered is not None:
+            unanswered[fn] = LACKS_VERSIONED
+        return None
+    except Exception as e:  # noqa: BLE001 - a binding bug or an odd answer: unknown, not a dead child
+        if unanswered is not None:
+            unanswered[fn] = f"{type(e).__name__}: {e}"
+        return None
+
+
+def _inventory(pynvml: Any) -> dict[str, Any]:
+    cuda = _optional(pynvml, "nvmlSystemGetCudaDriverVersion_v2") or _optional(pynvml, "nvmlSystemGetCudaDriverVersion")
+    facts: dict[str, Any] = {
+        "driver_version": _text(pynvml.nvmlSystemGetDriverVersion()),
+        "cuda_driver_version": f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else None,
+        "gpus": [],
+        "lost": [],
+    }
+    handles = []
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        bus = None
+        try:
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            pci = pynvml.nvmlDeviceGetPciInfo(h)
+            bus = _text(pci.busId)
+            facts["gpus"].append(_gpu(pynvml, i, h, bus, pci.pciDeviceId))
+            handles.append(h)
+        except pynvml.NVMLError as e:
+            # GPU_IS_LOST, Unknown Error, handle not found: name the slot when we got that far.
+            facts["lost"].append({"index": i, "pci_bus_id": bus, "error": str(e)})
+    _sample_clocks(pynvml, facts, handles)
+    return facts
+
+
+def _sample_clocks(pynvml: Any, facts: dict[str, Any], handles: list[Any]) -> None:
+    """Every GPU's clocks-event reasons, read CLOCK_SAMPLES times: ``clocks_events``
+    holds those in every reading (persistent), ``clocks_events_transient`` those
+    in some only. All GPUs share one window, so it costs the same for one or eight."""
+    gpus = list(zip(facts["gpus"], handles))
+    if not gpus:
+        return
+    readings: list[list[int]] = [[] for _ in gpus]
+    for sample in range(CLOCK_SAMPLES):
+        if sample:
+            time.sleep(CLOCK_SAMPLE_GAP)
+        for k, (g, h) in enumerate(gpus):
+            if g is None:
+                continue
+            try:
+                reasons = _reasons(pynvml, h, g["unanswered"])
+            except pynvml.NVMLError as e:  # lost within the window: a lost GPU, as above
+                facts["gpus"].remove(g)
+                facts["lost"].append({"index": g["index"], "pci_bus_id": g["pci_bus_id"], "error": str(e)})
+                gpus[k] = (None, h)
+                continue
+            if reasons is not None:
+                readings[k].append(reasons)
+    for (g, _), seen in zip(gpus, readings):
+        if g is None or not seen:
+            continue  # None, None: NVML did not say
+        every, some = reduce(operator.and_, seen), reduce(operator.or_, seen)
+        g["clocks_events"] = [n for n, bit in CLOCKS_EVENTS.items() if every & bit]
+        g["clocks_events_transient"] = [n for n, bit in CLOCKS_EVENTS.items() if some & bit and not every & bit]
+    facts["lost"].sort(key=lambda x: x["index"])
+
+
+def _reasons(pynvml: Any, h: Any, unanswered: dict[str, str]) -> int | None:
+    reasons = _optional(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", h, unanswered=unanswered)
+    if reasons is None:  # a driver before the rename answers the old name
+        reasons = _optional(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", h, unanswered=unanswered)
+    return reasons if isinstance(reasons, int) else None
+
+
+def _gpu(pynvml: Any, i: int, h: Any, bus: str, device_id: int) -> dict[str, Any]:
+    unanswered: dict[str, str] = {}
+    opt = lambda fn, *a: _optional(pynvml, fn, h, *a, unanswered=unanswered)  # noqa: E731
+    mig = opt("nvmlDeviceGetMigMode")
+    memory = opt("nvmlDeviceGetMemoryInfo")
+    ecc = opt("nvmlDeviceGetEccMode")
+    rows = opt("nvmlDeviceGetRemappedRows")  # (correctable, uncorrectable, pending, failure)
+    power = opt("nvmlDeviceGetEnforcedPowerLimit")
+    default_power = opt("nvmlDeviceGetPowerManagementDefaultLimit")
+    procs = opt("nvmlDeviceGetComputeRunningProcesses")  # the recheck must not run beside a job
+    if procs is None and "versioned call" in unanswered.get("nvmlDeviceGetComputeRunningProcesses", ""):
+        # An older driver lacks the _v3 entry point nvidia-ml-py asks for; the _v2 one it has
+        # answers, and without it every GPU would read as busy and the recheck would never run.
+        procs = opt("nvmlDeviceGetComputeRunningProcesses_v2")
+        if procs is not None:
+            unanswered.pop("nvmlDeviceGetComputeRunningProcesses")
+    return {
+        "index": i,
+        "name": _text(pynvml.nvmlDeviceGetName(h)),
+        "uuid": _text(pynvml.nvmlDeviceGetUUID(h)),
+        "pci_bus_id": bus,
+        # pciDeviceId packs device << 16 | vendor (0x233010DE for an H100 SXM).
+        "pci_device_id": f"0x{device_id >> 16:04x}" if device_id else None,
+        "serial": _maybe_text(opt("nvmlDeviceGetSerial")),
+        "vbios": _maybe_text(opt("nvmlDeviceGetVbiosVersion")),
+        "persistence_mode": _flag(opt("nvmlDeviceGetPersistenceMode")),
+        "mig_mode": _flag(mig[0]) if mig else None,
+        "memory_total_bytes": memory.total if memory else None,
+        "ecc_mode": _flag(ecc[0]) if ecc else None,
+        "ecc_uncorrectable_volatile": opt("nvmlDeviceGetTotalEccErrors", 1, 0),  # UNCORRECTED, VOLATILE
+        "ecc_uncorrectable_aggregate": opt("nvmlDeviceGetTotalEccErrors", 1, 1),  # UNCORRECTED, AGGREGATE
+        "retired_pages_pending": _flag(opt("nvmlDeviceGetRetiredPagesPendingStatus")),
+        "remapped_rows": _rows(rows),
+        "pcie": _link(pynvml, h, unanswered),
+        "clocks_events": None,  # read over a window across every GPU: _sample_clocks
+        "clocks_events_transient": None,
+        "temperature_c": opt("nvmlDeviceGetTemperature", 0),  # NVML_TEMPERATURE_GPU
+        "power_limit_w": power / 1000 if power is not None else None,
+        "power_default_limit_w": default_power / 1000 if default_power is not None else None,
+        **_nvlinks(pynvml, h, unanswered),
+        "processes": [{"pid": p.pid, "used_memory_bytes": _bytes(getattr(p, "usedGpuMemory", None))} for p in procs] if procs is not None else None,
+        "unanswered": unanswered,
+    }
+
+
+def _bytes(v: Any) -> int | None:
+    # NVML reports "not available" (in a container, under MIG) as a huge sentinel.
+    return v if isinstance(v, int) and 0 <= v < 2**63 else None
+
+
+def _rows(rows: Any) -> dict[str, Any] | None:
+    if rows is None:  # pre-Ampere: no row remapping, retired pages instead
+        return None
+    correctable, uncorrectable, pending, failure = rows
+    return {"correctable": correctable, "uncorrectable": uncorrectable, "pending": bool(pending), "failure": bool(failure)}
+
+
+def _maybe_text(v: Any) -> str | None:
+    return None if v is None else _text(v)
+
+
+def _flag(v: Any) -> bool | None:
+    return None if v is None else bool(v)
+
+
+def _link(pynvml: Any, h: Any, unanswered: dict[str, str] | None = None) -> dict[str, Any]:
+    opt = lambda fn: _optional(pynvml, fn, h, unanswered=unanswered)  # noqa: E731
+    return {
+        "gen": opt("nvmlDeviceGetCurrPcieLinkGeneration"),
+        "width": opt("nvmlDeviceGetCurrPcieLinkWidth"),
+        "gen_max": opt("nvmlDeviceGetMaxPcieLinkGeneration"),
+        "width_max": opt("nvmlDeviceGetMaxPcieLinkWidth"),
+    }
+
+
+def _nvlinks(pynvml: Any, h: Any, unanswered: dict[str, str]) -> dict[str, Any]:
+    unknown = {"nvlinks_active": None, "nvlinks_down": [], "nvlink_remote": None}
+    if not hasattr(pynvml, "nvmlDeviceGetNvLinkState"):
+        return unknown
+    states = {link: _optional(pynvml, "nvmlDeviceGetNvLinkState", h, link, unanswered=unanswered) for link in range(NVLINK_MAX_LINKS)}
+    present = {link: state for link, state in states.items() if state is not None}  # None: no such link
+    if not present:  # not one link answered: unknown (a PCIe board, or a VM that hides NVLink), not "0 up"
+        return unknown
+    active = [k for k, s in present.items() if s]
+    if not active:
+        # Every link answers "inactive": a GPU with no NVLink partner (a PCIe
+        # card without bridges, a lone SXM GPU in a VM; DCGM reports the same).
+        # No partner is not a link down; whether one was expected is the judge's call.
+        return {"nvlinks_active": 0, "nvlinks_down": [], "nvlink_remote": None}
+    return {
+        "nvlinks_active": len(active),
+        "nvlinks_down": [k for k, s in present.items() if not s],  # one link up: the rest should be too
+        "nvlink_remote": _remote(pynvml, h, active, unanswered),
+    }
+
+
+def _remote(pynvml: Any, h: Any, active: list[int], unanswered: dict[str, str]) -> dict[str, int] | None:
+    """Active links by what is at their far end: NVSwitch, a GPU (bridge or direct), IBM NPU."""
+    if not hasattr(pynvml, "nvmlDeviceGetNvLinkRemoteDeviceType"):
+        return None
+    out: dict[str, int] = {}
+    for link in active:
+        kind = _optional(pynvml, "nvmlDeviceGetNvLinkRemoteDeviceType", h, link, unanswered=unanswered)
+        name = NVLINK_REMOTE.get(kind, "unknown") if isinstance(kind, int) else "unknown"
+        out[name] = out.get(name, 0) + 1
+    return out
+
+
+def _pcie(pynvml: Any) -> dict[str, Any]:
+    links = {}
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        try:
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            links[_text(pynvml.nvmlDeviceGetPciInfo(h).busId)] = _link(pynvml, h)
+        except pynvml.NVMLError:
+            continue  # the inventory already named a lost GPU
+    return links
+
+
+def _line(answer: dict[str, Any]) -> str:
+    try:
+        return json.dumps(answer)
+    except (TypeError, ValueError) as e:  # a fact of a type JSON cannot hold: still one line the parent reads
+        return json.dumps(_failed(f"NVML answered a fact preflight cannot write: {e}", BROKEN))
+
+
+if __name__ == "__main__":
+    print(_line(_child(sys.argv[1] if len(sys.argv) > 1 else "inventory")))
+    sys.exit(0)

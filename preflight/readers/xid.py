@@ -1,0 +1,346 @@
+"""NVIDIA Xid / SXid events in the kernel log since boot, and what each one means.
+
+Meanings, severities and actions follow NVIDIA's Xid catalog, its "Description"
+and "Resolution Bucket (Immediate Action)" columns:
+https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html
+(retrieved 2026-11-22). The bucket decides the severity: RESET_GPU,
+RESTART_BM, RESTART_VM, CHECK_MECHANICALS, CONTACT_SUPPORT and the WORKFLOW_XID_48 /
+NVLINK workflows are "fatal" (the node must not take a job); RESTART_APP, IGNORE
+and WORKFLOW_XID_45 are "app" (a warning). Two deliberate departures: Xid 63
+(catalog: IGNORE) is fatal because the driver's own line says "reset gpu to
+activate" and a gate should not hand out a GPU with a pending remap; Xid 154
+and 144-150 are judged from the text they print. SXid lines print "Fatal" or
+"Non-fatal" themselves (NVIDIA Fabric Manager user guide, SXid tables).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from preflight.readers import capture
+from preflight.base.errors import UsageError
+
+if TYPE_CHECKING:
+    from preflight.base.host import Host
+
+Kind = Literal["xid", "sxid", "fell_off_bus", "init_failed"]
+Severity = Literal["fatal", "app", "info"]
+CATALOG = "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html"
+MAX_FILE_BYTES = 64 * 2**20
+
+
+class XidInfo(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    meaning: str
+    severity: Severity
+    action: str
+
+
+class XidEvent(BaseModel):
+    """One event as the kernel printed it; ``line`` counts from 1."""
+
+    model_config = ConfigDict(frozen=True)
+    kind: Kind
+    code: int | None  # None for fell_off_bus (treated as Xid 79) and init_failed
+    pci: str | None  # "0000:10:1c": lowercase domain:bus:device, no function
+    pci_raw: str | None  # as printed: "PCI:0000:01:00 GPU-I:05", "0000:0a:00.0"
+    pid: int | None = None
+    name: str | None = None  # the process; for an SXid the switch ("nvidia-nvswitch3")
+    message: str = ""
+    time: str | None = None  # wall clock as printed, in whatever locale printed it
+    uptime: float | None = None  # seconds since boot, from "[ 219.470994]" or /dev/kmsg
+    line: int
+    raw: str
+    count: int = 1  # init_failed: failed attempts on this GPU, folded into one event
+
+    @property
+    def info(self) -> XidInfo:
+        return explain(self.kind, self.code, self.message)
+
+
+# --- what each code means ------------------------------------------------------
+
+RESET = ("reset the GPU (nvidia-smi -r) before the next job; reboot the node if the reset fails, "
+         "and drain it for hardware inspection (RMA) if the error comes back")
+REBOOT = "reboot the node (power cycle it); drain it for hardware inspection (RMA) if the error comes back"
+RMA = "drain the node for hardware inspection (RMA)"
+APP = "restart the application; if a known-good application hits it again, treat the GPU as suspect"
+FOLLOW = "a consequence of another error: act on the Xid logged just before it"
+
+_TABLE: dict[int, tuple[str, Severity, str]] = {
+    8: ("GPU stopped processing", "app", APP),
+    11: ("invalid or corrupted push buffer stream", "app", APP),
+    13: ("graphics engine exception", "app", APP),
+    31: ("GPU memory page fault (MMU fault)", "app", APP),
+    32: ("invalid or corrupted push buffer stream", "app", APP),
+    43: ("GPU stopped processing (reset channel verification error)", "app", FOLLOW),
+    45: ("preemptive cleanup, due to previous errors", "app", FOLLOW),
+    46: ("GPU stopped processing (timeout)", "fatal", RESET),
+    48: ("double-bit ECC error (DBE)", "fatal", RESET + "; check the SRAM DBE threshold (nvidia-smi -q -d ECC)"),
+    54: ("auxiliary power is not connected to the GPU board", "fatal", RMA + ": check its power connectors"),
+    62: ("internal micro-controller halt", "fatal", RESET),
+    63: ("GPU memory row remapping / page retirement pending: active only after a GPU reset", "fatal", RESET),
+    64: ("GPU memory remapping or page retirement failed", "fatal", RMA + ": failing memory could not be retired"),
+    69: ("graphics engine class error", "app", APP),
+    74: ("NVLink error", "fatal", RESET + "; nvidia-smi nvlink -e shows the link errors"),
+    79: ("GPU has fallen off the bus", "fatal", REBOOT),
+    92: ("high single-bit ECC error rate (a precursor of double-bit errors)", "app",
+         "keep running; drain for hardware inspection (RMA) if double-bit errors follow"),
+    94: ("contained memory error: only the application that hit it was stopped", "app", APP),
+    95: ("uncontained memory error", "fatal", RESET),
+    109: ("context switch timeout", "fatal", RESET),
+    110: ("security fault", "fatal", RESET),
+    119: ("GSP RPC timeout", "fatal", RESET + "; if many nodes see it after a driver change, suspect the driver"),
+    120: ("GSP error", "fatal", RESET + "; if many nodes see it after a driver change, suspect the driver"),
+    121: ("C2C (chip-to-chip) link error", "app", "watch for repeats; drain for hardware inspection if they continue"),
+    136: ("NVLink link training failed", "fatal", RESET),
+    137: ("NVLink privilege error (an illegal peer-to-peer access by an application)", "app", APP),
+    140: ("unrecovered ECC error", "fatal", RESET),
+    143: ("GPU initialization error", "fatal", RESET),
+    151: ("key rotation error (confidential computing)", "fatal", REBOOT),
+    155: ("NVLink software-defined error", "fatal", RESET),
+    156: ("resource retirement event", "fatal", RESET),
+    157: ("resource retirement failure: no spare resources left", "app", RMA + " when convenient"),
+    158: ("GPU fatal timeout", "fatal", RESET),
+}
+for _code, _unit in zip(range(144, 151), ("SAW", "RLW", "TLW", "TREX", "NVLPW_CTRL", "NETIR", "MSE")):
+    _TABLE[_code] = (f"NVLink 5 {_unit} error", "fatal", RESET)
+
+_RECOVERY = re.compile(r"to 0x[0-9a-f]+ \(([^)]*)\)", re.IGNORECASE)  # Xid 154's target action
+_NONFATAL = re.compile(r"\bnon-?fatal\b", re.IGNORECASE)
+
+
+def explain(kind: str, code: int | None, message: str = "") -> XidInfo:
+    """Meaning, severity and action of one event; never raises."""
+    if kind == "fell_off_bus":
+        kind, code = "xid", 79
+    if kind == "init_failed":
+        return XidInfo(meaning="the GPU failed to initialise (RmInitAdapter failed)", severity="fatal", action=REBOOT)
+    if kind == "sxid":
+        if _NONFATAL.search(message):
+            return XidInfo(meaning=f"NVSwitch SXid {code}, non-fatal: the switch recovered", severity="app",
+                           action="watch for repeats on the same link (nvidia-smi nvlink -e)")
+        if re.match(r"\s*Fatal\b", message):
+            return XidInfo(meaning=f"NVSwitch SXid {code}, fatal", severity="fatal",
+                           action="reboot the node (it resets the NVSwitches and GPUs); " + RMA + " if it comes back")
+        return XidInfo(meaning=f"NVSwitch SXid {code} (fatal or not is not printed): look it up in the "
+                       "SXid tables of NVIDIA's Fabric Manager user guide", severity="app",
+                       action="look up the SXid before the next job")
+    if code == 154:  # "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"
+        target = (m.group(1) if (m := _RECOVERY.search(message)) else "").lower()
+        meaning = f"the driver asks for a recovery action: {target or 'not printed'}"
+        if target == "none":
+            return XidInfo(meaning=meaning, severity="info", action="nothing: the recovery is complete")
+        if target == "drain p2p":
+            return XidInfo(meaning=meaning, severity="app", action="let peer-to-peer work drain, then reset the GPU")
+        return XidInfo(meaning=meaning, severity="fatal", action=REBOOT if "reboot" in target else RESET)
+    if code is None or code not in _TABLE:
+        # A gate warns on what it cannot explain, rather than letting it pass unseen.
+        return XidInfo(meaning=f"unknown Xid {code}: look it up in NVIDIA's Xid catalog ({CATALOG})",
+                       severity="app", action="look the code up before the next job")
+    meaning, severity, action = _TABLE[code]
+    if 144 <= code <= 150 and _NONFATAL.search(message):  # "145, RLW_REMAP Nonfatal XC0 i0 Link 02"
+        severity, action = "app", "watch for repeats on the same link (nvidia-smi nvlink -e)"
+    return XidInfo(meaning=meaning, severity=severity, action=action)
+
+
+# --- parsing ---------------------------------------------------------------------
+
+# Each event is found by its driver text wherever it sits in the line, so any
+# prefix (dmesg, dmesg -T, syslog, journalctl in any locale, /dev/kmsg) works;
+# the prefix is only read for the time stamps.
+_PCI = r"(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
+_MARK = re.compile(r"NVRM: |nvidia-nvswitch\d+: SXid")
+_XID = re.compile(r"NVRM: Xid \((?P<raw>(?:PCI:)?(?P<pci>" + _PCI + r")[^)]*)\): "
+                  r"(?P<code>\d{1,6})\b,?\s*(?P<rest>.*)")
+_PID = re.compile(r"pid=(?:'?<unknown>'?|(?P<pid>\d{1,10})\b),?\s*")
+_NAME = re.compile(r"name=(?P<name>[^,]*),?\s*")
+_SXID = re.compile(r"(?P<dev>nvidia-nvswitch\d+): SXid \((?P<raw>(?:PCI:)?(?P<pci>" + _PCI + r")[^)]*)\): "
+                   r"(?P<code>\d{1,6})\b,?\s*(?P<rest>.*)")
+_SXID_MORE = re.compile(r"(?:Severity \d|Data \{)")
+_FELL = re.compile(r"NVRM: GPU (?:at )?(?P<raw>(?:PCI:)?(?P<pci>" + _PCI + r")):? (?:GPU )?has fallen off the bus")
+# The driver logs each failed attempt twice: RM's "RmInitAdapter failed! (codes)"
+# and the kernel interface's "rm_init_adapter failed, device minor number N".
+_RM_INIT = re.compile(r"NVRM: (?:GPU (?P<raw>(?P<pci>" + _PCI + r")):? )?(?P<msg>RmInitAdapter failed!.*)")
+_NV_INIT = re.compile(r"NVRM: (?:GPU (?P<raw>(?P<pci>" + _PCI + r")):? )?(?P<msg>rm_init_adapter failed.*)")
+
+_KMSG = re.compile(r"^\d+,\d+,(?P<usec>\d{1,20}),[^;]*;")  # /dev/kmsg: prio,seq,usec,flags;text
+_UPTIME = re.compile(r"\[\s*(?P<sec>\d{1,12}\.\d{1,9})\]")
+_CALLER = re.compile(r"\[\s*[TC]\d+\]|^<\d+>")  # printk caller tag "[ T1946]", dmesg -r "<4>"
+_CLOCK = re.compile(r"\d:\d\d")
+
+
+def _norm_pci(text: str) -> str:
+    *domain, bus, dev = text.split(".")[0].split(":")
+    return f"{int(domain[0], 16) if domain else 0:04x}:{bus.lower()}:{dev.lower()}"
+
+
+def _stamps(prefix: str) -> tuple[str | None, float | None]:
+    """(wall time as printed, seconds since boot) from what precedes the driver text."""
+    if m := _KMSG.match(prefix):
+        return None, int(m["usec"]) / 1e6
+    uptime = None
+    if m := _UPTIME.search(prefix):
+        uptime = float(m["sec"])
+        prefix = prefix[: m.start()] + prefix[m.end():]
+    prefix = _CALLER.sub("", prefix).strip()
+    if m := re.match(r"\[(.+?)\]", prefix):  # dmesg -T: "[Fri Aug 30 11:43:09 2024]"
+        return m.group(1), uptime
+    if "kernel:" in prefix:  # "<time> <host> kernel:"; month names may be in any language
+        prefix = prefix[: prefix.rindex("kernel:")].strip()
+        parts = prefix.rsplit(None, 1)
+        if len(parts) == 2 and not _CLOCK.search(parts[1]):
+            prefix = parts[0]  # drop the host name
+    return (prefix if _CLOCK.search(prefix) else None), uptime
+
+
+def parse(text: str) -> list[XidEvent]:
+    """Every Xid, SXid, fallen-off-the-bus and failed-initialisation event in ``text``."""
+    events: list[XidEvent] = []
+    init: dict[str | None, dict] = {}  # per GPU: the first line, and attempts counted both ways
+    for number, line in enumerate(text.split("\n"), start=1):
+        line = line.rstrip("\r")
+        mark = _MARK.search(line)
+        if not mark:
+            continue
+        body = line[mark.start():]
+        time_, uptime = _stamps(line[: mark.start()])
+        at = {"time": time_, "uptime": uptime, "line": number, "raw": line}
+        if m := _XID.match(body):
+            rest, pid, name = m["rest"], None, None
+            if p := _PID.match(rest):
+                pid, rest = (int(p["pid"]) if p["pid"] else None), rest[p.end():]
+            if n := _NAME.match(rest):
+                name, rest = n["name"].strip(), rest[n.end():]
+            name = None if name in (None, "", "<unknown>", "'<unknown>'") else name
+            events.append(XidEvent(kind="xid", code=int(m["code"]), pci=_norm_pci(m["pci"]), pci_raw=m["raw"],
+                                   pid=pid, name=name, message=rest.strip(), **at))
+        elif m := _SXID.match(body):
+            if _SXID_MORE.match(m["rest"]):
+                continue  # the "Severity ..." and "Data {...}" lines that follow an SXid belong to it
+            events.append(XidEvent(kind="sxid", code=int(m["code"]), pci=_norm_pci(m["pci"]), pci_raw=m["raw"],
+                                   name=m["dev"], message=m["rest"].strip(), **at))
+        elif m := _FELL.match(body):
+            events.append(XidEvent(kind="fell_off_bus", code=None, pci=_norm_pci(m["pci"]), pci_raw=m["raw"],
+                                   message="GPU has fallen off the bus", **at))
+        elif m := (_RM_INIT.match(body) or _NV_INIT.match(body)):
+            pci = _norm_pci(m["pci"]) if m["pci"] else None
+            gpu = init.setdefault(pci, {**at, "pci_raw": m["raw"], "rm": 0, "nv": 0, "message": m["msg"].strip()})
+            if m.re is _RM_INIT:
+                if not gpu["rm"]:
+                    gpu["message"] = m["msg"].strip()  # RM's line carries the error codes
+                gpu["rm"] += 1
+            else:
+                gpu["nv"] += 1
+    for pci, gpu in init.items():
+        attempts = max(gpu.pop("rm"), gpu.pop("nv"))
+        events.append(XidEvent(kind="init_failed", code=None, pci=pci, count=attempts, **gpu))
+    return sorted(events, key=lambda e: e.line)
+
+
+# --- reading -----------------------------------------------------------------------
+
+class KernelLogUnavailable(Exception):
+    """No source of the kernel log could be read; ``cause`` says why, per source."""
+
+    def __init__(self, cause: str):
+        super().__init__(cause)
+        self.cause = cause
+
+
+JOURNALCTL = ("journalctl", "-k", "-b", "--no-pager", "-o", "short-monotonic")
+DMESG = ("dmesg",)
+
+
+def _read_kmsg(path: Path, deadline: float) -> str:
+    # Non-blocking, so the end of the buffer is EAGAIN rather than a wait for
+    # the next record. Each read() returns one whole record; EPIPE says the
+    # kernel overwrote records we had not read yet, and the next read goes on
+    # from the oldest one left.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    chunks: list[bytes] = []
+    try:
+        while time.monotonic() < deadline:
+            try:
+                chunk = os.read(fd, 16384)  # larger than any record (8 KiB at most)
+            except BlockingIOError:
+                return b"".join(chunks).decode("utf-8", errors="replace")
+            except BrokenPipeError:
+                continue
+            if not chunk:  # a regular file under a test root ends this way
+                return b"".join(chunks).decode("utf-8", errors="replace")
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    raise TimeoutError(errno.ETIMEDOUT, "the deadline passed before the end of the log")
+
+
+def _has_lines(out: str) -> bool:
+    return any(line.strip() and not line.startswith("-- ") for line in out.splitlines())  # "-- No entries --"
+
+
+def read_kernel_log(host: Host, timeout: float) -> tuple[str, str]:
+    """(the kernel log since boot, where it came from), within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    kmsg = host.path("/dev/kmsg")
+    try:
+        text = _read_kmsg(kmsg, deadline)
+        if _has_lines(text):
+            return text, str(kmsg)
+        failures = [f"{kmsg}: empty"]  # a sandbox's stand-in; a booted kernel has logged something
+    except OSError as e:
+        failures = [f"{kmsg}: {e.strerror or e}"]
+    for argv in (JOURNALCTL, DMESG):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            failures.append(f"{argv[0]}: no time left")
+            break
+        try:
+            done = host.run(argv, timeout=left)
+        except OSError as e:
+            failures.append(f"{argv[0]}: {e.strerror or e}")
+            continue
+        # journalctl without read access to the journal exits 0 and prints nothing
+        # of the kernel's: an empty log is a failure to read, never a clean node.
+        if done.returncode == 0 and not done.timed_out and _has_lines(done.stdout):
+            return done.stdout, " ".join(argv)
+        why = "timed out" if done.timed_out else (done.stderr.strip().splitlines() or ["printed nothing"])[-1]
+        failures.append(f"{argv[0]}: {why}")
+    raise KernelLogUnavailable("; ".join(failures))
+
+
+# A kernel log line, in each form parse() reads: the driver's own text with any
+# prefix or none (a pasted excerpt), a /dev/kmsg record, dmesg's uptime stamp
+# (also `dmesg -r`'s "<4>", `dmesg -x`'s "kern  :warn  : ", journalctl -o
+# short-monotonic), dmesg -T's bracketed clock, and syslog or journalctl's
+# "<time> <host> kernel: ". Other daemons' syslog lines are not the kernel's, and
+# an NCCL or application log's "[2026-03-18 11:13:09]" is not dmesg -T's stamp.
+_KERNEL_LINE = re.compile(
+    r"^(?:<\d+>|[a-z]+\s*:\s*[a-z]+\s*:\s)?\[\s*\d+\.\d+\]"  # dmesg
+    r"|^\[[^\]\n]{0,40}\d:\d\d:\d\d \d{4}\]"  # dmesg -T: "[Fri Aug 30 11:43:09 2024]", the year last
+    r"|^[^\n]{0,80}?\d:\d\d(?::\d\d)?\S*\s+(?:\S+\s+)?kernel: "  # syslog, journalctl
+)
+
+
+def kernel_lines(text: str) -> int:
+    """How many lines of ``text`` a kernel log holds: none means it is not one."""
+    return sum(1 for line in text.splitlines() if _MARK.search(line) or _KMSG.match(line) or _KERNEL_LINE.match(line))
+
+
+def read_file(path: Path | str) -> str:
+    """A saved kernel log for --from; every problem is a one-line UsageError.
+
+    A file with no kernel log line is refused: read as a log with no GPU
+    event, the wrong file (or an empty one) would pass for a healthy node."""
+    text = capture.read_text(path, MAX_FILE_BYTES, "pass an excerpt (grep -e NVRM -e SXid)")
+    if not kernel_lines(text):
+        what = "is empty: it holds no kernel log lines" if not text.strip() else "holds no kernel log lines (dmesg, journalctl, syslog or /dev/kmsg)"
+        raise UsageError(f"--from {path}: {what}; save the node's `dmesg -T` or `journalctl -k -b` to a file and pass that")
+    return text
