@@ -7,7 +7,7 @@ adapters. So ``main`` runs `version`, and `status` in the plain form scripts
 use (``status [--npd] [--json] [--report P] [--config P] [--max-age N]``,
 each at most once), here; anything else goes to the Typer app (preflight.cli.app),
 which owns every usage error and gives the same answer for these forms
-(tests/test_quick.py holds the two to it). Each command's body is one
+(tests/cli/test_main.py holds the two to it). Each command's body is one
 function both paths call. The console script and `python -m preflight` both
 start here.
 """

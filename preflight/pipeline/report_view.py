@@ -8,7 +8,7 @@ returns None for anything else: a damaged file, an unusual but valid form
 (a numeric string, a date without "T"), a schema it does not know. The
 caller then asks the Report model, so what is refused, and every error
 message, stay the model's. ``view`` never accepts what the model refuses:
-tests/test_report_view.py holds it to that field by field, with every
+tests/pipeline/test_report_view.py holds it to that field by field, with every
 fixture and many damaged variants, and fails when the models gain a field
 or a validator this reader does not know.
 """

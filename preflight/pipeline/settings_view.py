@@ -7,7 +7,7 @@ environment and the config file in the forms people write, each value
 against the settings models' own types and constraints, and raises Unsure
 for anything else: the caller then loads the settings the full way
 (settings.load), so what is refused, and every message, stay that loader's.
-It never accepts what settings.load refuses: tests/test_settings_view.py
+It never accepts what settings.load refuses: tests/pipeline/test_settings_view.py
 holds it to that, and fails when the settings gain a field it does not know.
 """
 

@@ -1,7 +1,7 @@
 """Read the tables nccl-tests' *_perf binaries print, so preflight's figures
 can be compared with the reference tool's on the same node
 (tests/perf/bench_bandwidth.py) and its arithmetic checked against real
-tables (tests/test_nccltests.py).
+tables (tests/readers/test_nccltests.py).
 
 A row: size (bytes, the whole buffer), count (elements), type, redop, root,
 then time (us), algbw and busbw (GB/s = 1e9 bytes/s) and #wrong, out of

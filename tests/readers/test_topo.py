@@ -8,7 +8,7 @@ import pytest
 
 from preflight.readers.topo import TopoParseError, parse
 
-TOPO = Path(__file__).parent / "fixtures" / "topo"
+TOPO = Path(__file__).parents[1] / "fixtures" / "topo"
 EXPECTED = json.loads((TOPO / "expected.json").read_text())
 CAPTURES = sorted(EXPECTED)
 (M1,) = (TOPO / "malformed").glob("M1_*.txt")

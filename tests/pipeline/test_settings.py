@@ -140,7 +140,7 @@ def test_unknown_preflight_env_vars_are_reported():
 def test_the_example_config_is_valid_as_shipped():
     from pathlib import Path
 
-    example = Path(__file__).parent.parent / "examples" / "config.toml"
+    example = Path(__file__).parents[2] / "examples" / "config.toml"
     s = settings.load({}, config=example)
     assert (s.profile, s.keep_going, s.lock_timeout) == ("auto", False, 60.0)
     assert str(s.report) == "/var/lib/preflight/report.json"

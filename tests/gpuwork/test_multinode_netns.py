@@ -197,7 +197,7 @@ def test_a_link_down_mid_run_fails_every_survivor_naming_the_lost_peer(tmp_path,
 
 
 def test_multi_node_reads_slurm_and_names_what_it_cannot_use(tmp_path):
-    fixture = Path(__file__).parent / "fixtures" / "slurm" / "env-srun-4-nodes-rank-2.txt"
+    fixture = Path(__file__).parents[1] / "fixtures" / "slurm" / "env-srun-4-nodes-rank-2.txt"
     slurm = dict(line.split("=", 1) for line in fixture.read_text().splitlines() if "=" in line and not line.startswith("#"))
     p = subprocess.run([sys.executable, "-m", "preflight", "run", "--profile", "cpu", "--multi-node", "--rdzv-timeout", "2", "--lock-file", str(tmp_path / "l")],
                        env={**clean_env(), **slurm}, capture_output=True, text=True, timeout=60)

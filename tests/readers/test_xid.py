@@ -427,7 +427,7 @@ def test_every_recorded_kernel_log_is_one(path):
 
 
 def test_read_file_refuses_a_file_with_no_kernel_log_line(tmp_path):
-    readme = Path(__file__).parents[1] / "README.md"
+    readme = Path(__file__).parents[2] / "README.md"
     assert "holds no kernel log lines (dmesg, journalctl, syslog or /dev/kmsg)" in usage_error(readme)
     (tmp_path / "empty.log").write_text("")
     assert "is empty: it holds no kernel log lines" in usage_error(tmp_path / "empty.log")

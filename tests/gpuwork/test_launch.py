@@ -14,7 +14,7 @@ import pytest
 
 from preflight.gpuwork import launch
 
-RANKS = str(Path(__file__).parent / "fixtures" / "workers" / "ranks.py")  # absolute: WORKERS_DIR / it is it
+RANKS = str(Path(__file__).parents[1] / "fixtures" / "workers" / "ranks.py")  # absolute: WORKERS_DIR / it is it
 
 
 def marked_alive(running: launch.Running) -> list[int]:

@@ -120,7 +120,7 @@ def _recorded(name: str):
 
     from preflight.pipeline.report import Report
 
-    return Report.model_validate_json((Path(__file__).parent / "fixtures" / "reports" / f"{name}.json").read_bytes())
+    return Report.model_validate_json((Path(__file__).parents[1] / "fixtures" / "reports" / f"{name}.json").read_bytes())
 
 
 ORDER = ["shm", "nccl", "bandwidth", "train"]

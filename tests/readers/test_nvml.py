@@ -13,7 +13,7 @@ from preflight.readers import nvml
 from preflight.base.errors import UsageError
 from preflight.readers.nvml import FakeNvml, NvmlUnavailable
 
-FIXTURES = Path(__file__).parent / "fixtures" / "nvml"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "nvml"
 ALL = sorted(FIXTURES.glob("*.json"))
 
 

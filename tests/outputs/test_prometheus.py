@@ -24,7 +24,7 @@ from conftest import report_file, run_preflight
 from preflight.gpuwork.launch import free_port
 from test_serve import serving
 
-EXAMPLES = Path(__file__).parents[1] / "examples" / "prometheus"
+EXAMPLES = Path(__file__).parents[2] / "examples" / "prometheus"
 RULES = EXAMPLES / "preflight-rules.yml"
 
 promtool = pytest.mark.skipif(not shutil.which("promtool"), reason="promtool is not installed (Debian package prometheus)")

@@ -11,7 +11,7 @@ from preflight.base.host import Host
 from preflight.readers.nvml import FakeNvml
 from preflight.pipeline.shape import NodeShape, PciNvidia
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 TREE = FIXTURES / "sysfs" / "hgx-h100"
 HEALTHY = FakeNvml(FIXTURES / "nvml" / "h100-sxm-8x-healthy.json").model_copy(update={"source": "NVML"})
 SLOTS = ["0000:1b:00.0", "0000:43:00.0", "0000:52:00.0", "0000:61:00.0", "0000:9d:00.0", "0000:c3:00.0", "0000:d1:00.0", "0000:df:00.0"]

@@ -139,7 +139,7 @@ def imported(args: list[str], env: dict[str, str] | None = None) -> set[str]:
 def test_status_and_version_load_neither_typer_nor_pydantic(tmp_path):
     report = report_file(tmp_path / "r.json", "h100-fake-hw-slowdown")
     config = tmp_path / "config.toml"
-    config.write_text((Path(__file__).parents[1] / "examples" / "config.toml").read_text().replace("/var/lib/preflight/report.json", str(report)))
+    config.write_text((Path(__file__).parents[2] / "examples" / "config.toml").read_text().replace("/var/lib/preflight/report.json", str(report)))
     for args, env in (
         (["status", "--npd", "--report", str(report)], None),
         (["status"], {"PREFLIGHT_CONFIG": str(config)}),

@@ -166,7 +166,7 @@ def test_a_node_with_a_straggler_is_not_calibrated():
 # --- several runs (--repeats) ---------------------------------------------------------
 
 # Three runs of the cpu profile's bandwidth and train checks on a busy 2-vCPU VM (tests/fixtures/calibrate/SOURCE.md).
-LOADED = json.loads((Path(__file__).parent / "fixtures" / "calibrate" / "cpu-3-runs-loaded.json").read_text())
+LOADED = json.loads((Path(__file__).parents[1] / "fixtures" / "calibrate" / "cpu-3-runs-loaded.json").read_text())
 CPU_BOUNDS = {**registry.load("bandwidth").floor_units, **registry.load("train").floor_units}
 
 

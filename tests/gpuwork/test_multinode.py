@@ -10,7 +10,7 @@ import pytest
 from preflight.gpuwork import multinode
 from preflight.base.errors import UsageError
 
-SLURM = Path(__file__).parent / "fixtures" / "slurm"
+SLURM = Path(__file__).parents[1] / "fixtures" / "slurm"
 
 
 def recorded_env(name: str) -> dict[str, str]:

@@ -290,7 +290,7 @@ def test_profile_help_lists_the_installed_profiles_site_ones_too(tmp_path):
     site = tmp_path / "profiles"
     site.mkdir()
     (site / "b200-site.toml").write_text("not parsed for --help\n")
-    builtin = sorted(p.stem for p in (Path(__file__).parents[1] / "preflight" / "pipeline" / "profiles").glob("*.toml"))
+    builtin = sorted(p.stem for p in (Path(__file__).parents[2] / "preflight" / "pipeline" / "profiles").glob("*.toml"))
     r = run_preflight(["run", "--help"], env={**clean_env(), "PREFLIGHT_PROFILES_DIR": str(site)})
     assert r.returncode == 0
     assert f"-p, --profile NAME Profile: auto (pick by GPU model), or one of: {', '.join(sorted([*builtin, 'b200-site']))}. [default: auto]" in _flat(r.stdout)
@@ -408,7 +408,7 @@ def test_version():
 
 # --- auto, through a fake NVML -------------------------------------------------
 
-NVML_FIXTURES = Path(__file__).parent / "fixtures" / "nvml"
+NVML_FIXTURES = Path(__file__).parents[1] / "fixtures" / "nvml"
 
 
 def test_auto_picks_a_site_profile_by_gpu_model(plugin, tmp_path, monkeypatch):
@@ -487,7 +487,7 @@ def test_sigterm_while_nvml_hangs_leaves_no_child_and_says_so(tmp_path):
 
 # --- detect and xid -------------------------------------------------------------
 
-XID_FIXTURES = Path(__file__).parent / "fixtures" / "xid"
+XID_FIXTURES = Path(__file__).parents[1] / "fixtures" / "xid"
 
 
 def test_detect_prints_the_gpus_and_the_profile_it_picks_and_why():
@@ -608,11 +608,11 @@ def test_xid_from_a_missing_file_is_a_usage_error(tmp_path):
     ("README.md", None),
     ("empty.log", ""),
     ("journal.txt", "-- No entries --\n"),  # journalctl -k that could read nothing
-    ("nccl.log", (Path(__file__).parent / "fixtures" / "nccl" / "E14_nccl2.29.2_P2P+SHM-disabled_NET-Socket-0-Shared_ncclSocketInit-family1-internal-error.log").read_text()),
+    ("nccl.log", (Path(__file__).parents[1] / "fixtures" / "nccl" / "E14_nccl2.29.2_P2P+SHM-disabled_NET-Socket-0-Shared_ncclSocketInit-family1-internal-error.log").read_text()),
     ("auth.log", "Dec  2 11:38:47 worker4 sshd[812]: Accepted publickey for root from 10.0.0.1 port 50022\n"),
 ])
 def test_xid_from_a_file_with_no_kernel_log_line_is_refused(tmp_path, name, content):
-    path = Path(__file__).parents[1] / name if content is None else tmp_path / name
+    path = Path(__file__).parents[2] / name if content is None else tmp_path / name
     if content is not None:
         path.write_text(content)
     r = invoke("xid", "--from", str(path), "--json")
@@ -631,9 +631,9 @@ def test_xid_from_this_machines_own_dmesg(tmp_path):
 
 # --- topology ----------------------------------------------------------------
 
-TOPO = Path(__file__).parent / "fixtures" / "topo"
+TOPO = Path(__file__).parents[1] / "fixtures" / "topo"
 SPLIT = TOPO / "03_h100-sxm-8x_nv18_12nic_2numa_no-leading-tab-header.txt"
-HEALTHY_NVML = Path(__file__).parent / "fixtures" / "nvml" / "h100-sxm-8x-healthy.json"
+HEALTHY_NVML = Path(__file__).parents[1] / "fixtures" / "nvml" / "h100-sxm-8x-healthy.json"
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in TOPO.glob("*.txt")))
@@ -737,7 +737,7 @@ def test_topology_live_judges_this_machines_real_cpus(tmp_path, monkeypatch):
 def test_run_topology_in_a_container_cpuset_on_the_recorded_node(tmp_path):
     """`preflight run` for real: the recorded HGX sysfs bind-mounted over /sys in
     a private mount namespace, the 4+4 capture from nvidia-smi, one CPU by taskset."""
-    tree = Path(__file__).parent / "fixtures" / "sysfs" / "hgx-h100" / "sys"
+    tree = Path(__file__).parents[1] / "fixtures" / "sysfs" / "hgx-h100" / "sys"
     bin_dir = fakes.nvidia_smi(tmp_path / "bin", SPLIT)
     report = tmp_path / "report.json"
     cmd = (f"mount --bind {tree} /sys && exec taskset -c 0 {' '.join(fakes.PREFLIGHT)} run --profile h100-sxm --only topology "
@@ -778,7 +778,7 @@ def test_calibrate_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, arg
     assert existing.read_text() == "# the site's floors\n" and not (tmp_path / "new.toml").exists()
 
 
-NVML_FIXTURES = Path(__file__).parent / "fixtures" / "nvml"
+NVML_FIXTURES = Path(__file__).parents[1] / "fixtures" / "nvml"
 
 
 def test_if_idle_leaves_the_last_report_while_a_job_holds_a_gpu(tmp_path):

@@ -18,7 +18,7 @@ from preflight.pipeline import settings, settings_view, tomlfile
 from preflight.base.errors import UsageError
 from preflight.pipeline.settings import ConfigFile, FloorTable, NodeTable, Settings
 
-EXAMPLE = Path(__file__).parents[1] / "examples" / "config.toml"
+EXAMPLE = Path(__file__).parents[2] / "examples" / "config.toml"
 
 CONFIGS = [
     EXAMPLE.read_text(),

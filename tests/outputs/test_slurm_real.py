@@ -38,7 +38,7 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="slurmd runs jobs as root here (SlurmUser=root): needs root"),
 ]
 
-EXAMPLES = Path(__file__).parents[1] / "examples" / "slurm"
+EXAMPLES = Path(__file__).parents[2] / "examples" / "slurm"
 PREFLIGHT = Path(sys.executable).parent / "preflight"
 TOKEN = "PREFLIGHT_SLURM_TEST"  # on every daemon and job: the sweep after finds what a process group kill missed
 FAILED = "preflight: shm FAIL: /dev/shm is 64 MiB, below the 1 GiB floor"

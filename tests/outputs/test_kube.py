@@ -424,7 +424,7 @@ def test_every_rereads_survives_errors_writes_only_on_change_and_stops_on_sigter
 
 # --- the GPU Operator gate (examples/kubernetes/check-daemonset.yaml) ----------------------
 
-MANIFESTS = Path(__file__).parents[1] / "examples" / "kubernetes"
+MANIFESTS = Path(__file__).parents[2] / "examples" / "kubernetes"
 
 
 def check_pod() -> dict[str, Any]:
