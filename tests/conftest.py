@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import shutil
 import subprocess
@@ -115,3 +117,58 @@ def report_file(path: Path, fixture: str, boot: str | None = "this", age: float 
     data.update(changes)
     path.write_text(json.dumps(data, indent=2))
     return path
+
+
+# ---- shared by more than one test module -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A passing and a failing report, each written by a real `preflight run`."""
+    d = tmp_path_factory.mktemp("reports")
+    env = {**clean_env(), "PREFLIGHT_LOCK_FILE": str(d / "preflight.lock")}
+    run = [*fakes.PREFLIGHT, "run", "--profile", "cpu", "--only", "shm", "-q", "--report"]
+    done = subprocess.run([*run, str(d / "pass.json")], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    if needs_root.args[0]:  # skipif's condition: no private mount namespace here: the same failure, built as the pipeline builds it
+        fail = json.loads((d / "pass.json").read_text())
+        fail["verdict"], fail["exit_code"] = "fail", 1
+        fail["checks"][0].update(status="FAIL", summary="/dev/shm is 64 MiB, below the 1 GiB floor")
+        (d / "fail.json").write_text(json.dumps(fail))
+    else:  # a real failure: /dev/shm at Docker's 64 MiB in a private mount namespace
+        line = " ".join([*run, str(d / "fail.json")])
+        done = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=64m tmpfs /dev/shm && exec {line}"],
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1, done.stderr
+    return {"pass": d / "pass.json", "fail": d / "fail.json"}
+
+
+# `nvidia-smi topo -m` captures and the facts tests/fixtures/topo/expected.json states for each.
+TOPO_EXPECTED = json.loads((FIXTURES / "topo" / "expected.json").read_text())
+GPU_KEYS = ("index", "cpu_affinity", "numa_affinity", "gpu_numa_id")
+
+
+def expand_links(spec: dict, n_gpu: int) -> dict[str, str]:
+    """expected.json's compact links ({"all": T} or {T: ["a-b", ...]}) as Topo.links."""
+    pairs = [f"{a}-{b}" for a, b in itertools.combinations(range(n_gpu), 2)]
+    if "all" in spec:
+        return dict.fromkeys(pairs, spec["all"])
+    out = {pair: kind for kind, listed in spec.items() for pair in listed}
+    assert len(out) == sum(map(len, spec.values())) and set(out) == set(pairs), "expected.json must list every pair once"
+    return out
+
+
+def gpu_facts(dump: dict) -> list[dict]:
+    return [{k: g[k] for k in GPU_KEYS} for g in dump["gpus"]]
+
+
+def assert_index_facts(got: dict, name: str) -> None:
+    """``got`` (a Topo dump, or `preflight topology --json`) holds the facts INDEX.md states for ``name``."""
+    want = TOPO_EXPECTED[name]
+    assert len(got["gpus"]) == want["gpu_count"]
+    assert got["nics"] == want["nics"]
+    assert got["links"] == expand_links(want["links"], want["gpu_count"])
+    assert gpu_facts(got) == want["gpus"]
+    for key in ("numa_nodes", "cpu_groups", "spans_numa", "nearest_nics"):
+        assert got[key] == want[key], key
+    assert got["notes"] == []

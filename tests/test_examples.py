@@ -20,7 +20,6 @@ import yaml
 from typer.main import get_command
 
 from preflight.cli.app import app
-from test_kube import reports  # noqa: F401 - the fixture: a passing and a failing report by a real run
 
 EXAMPLES = Path(__file__).parents[1] / "examples"
 K8S = EXAMPLES / "kubernetes"
@@ -166,7 +165,7 @@ def test_the_npd_plugin_config_is_what_npd_validates() -> None:
     assert rule["condition"] in [c["type"] for c in cfg["conditions"]]
 
 
-def test_status_npd_fits_npds_output_limit(reports: dict[str, Path]) -> None:  # noqa: F811
+def test_status_npd_fits_npds_output_limit(reports: dict[str, Path]) -> None:
     limit = json.loads(NPD.read_text())["pluginConfig"]["max_output_length"]
     for which, code in (("pass", 0), ("fail", 1)):
         done = subprocess.run(["preflight", "status", "--npd", "--report", str(reports[which])], env=_env(), capture_output=True, timeout=60)
@@ -221,7 +220,7 @@ def test_the_prologs_preflight_command_is_valid(recorders: Path) -> None:
     parse(args)
 
 
-def test_the_prolog_passes_a_vouched_node_and_refuses_the_rest(reports: dict[str, Path], recorders: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_the_prolog_passes_a_vouched_node_and_refuses_the_rest(reports: dict[str, Path], recorders: Path, tmp_path: Path) -> None:
     (recorders / "preflight").unlink()  # the real one, from this venv, from here on
     prolog = str(SLURM / "prolog.sh")
 
@@ -440,7 +439,7 @@ def test_the_multinode_sbatch_runs_one_valid_preflight_per_node_and_passes_its_e
     assert f"reports in {where}" in done.stdout
 
 
-def test_the_multinode_sbatch_says_each_nodes_verdict(srun: Path, tmp_path: Path, reports: dict[str, Path]) -> None:  # noqa: F811
+def test_the_multinode_sbatch_says_each_nodes_verdict(srun: Path, tmp_path: Path, reports: dict[str, Path]) -> None:
     d = tmp_path / "preflight-4242"
     d.mkdir()
     (d / "gpu-01.json").write_text(reports["pass"].read_text())

@@ -638,7 +638,7 @@ HEALTHY_NVML = Path(__file__).parents[1] / "fixtures" / "nvml" / "h100-sxm-8x-he
 
 @pytest.mark.parametrize("name", sorted(p.name for p in TOPO.glob("*.txt")))
 def test_topology_from_each_capture_gives_its_index_facts_as_json(name):
-    from test_topo import assert_index_facts
+    from conftest import assert_index_facts
 
     r = invoke("topology", "--from", str(TOPO / name), "--json")
     assert r.exit_code == 0, r.output

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 import fakes
-from conftest import clean_env, needs_root
+from conftest import clean_env
 from preflight.outputs import kube
 from preflight.base.errors import UsageError
 from preflight.outputs.last_report import Standing
@@ -234,27 +234,6 @@ def test_a_certificate_from_another_ca_is_refused(tls_pair: tuple[Path, Path], t
 
 
 # --- the command, end to end -------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A passing and a failing report, each written by a real `preflight run`."""
-    d = tmp_path_factory.mktemp("reports")
-    env = {**clean_env(), "PREFLIGHT_LOCK_FILE": str(d / "preflight.lock")}
-    run = [*fakes.PREFLIGHT, "run", "--profile", "cpu", "--only", "shm", "-q", "--report"]
-    done = subprocess.run([*run, str(d / "pass.json")], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    if needs_root.args[0]:  # skipif's condition: no private mount namespace here: the same failure, built as the pipeline builds it
-        fail = json.loads((d / "pass.json").read_text())
-        fail["verdict"], fail["exit_code"] = "fail", 1
-        fail["checks"][0].update(status="FAIL", summary="/dev/shm is 64 MiB, below the 1 GiB floor")
-        (d / "fail.json").write_text(json.dumps(fail))
-    else:  # a real failure: /dev/shm at Docker's 64 MiB in a private mount namespace
-        line = " ".join([*run, str(d / "fail.json")])
-        done = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=64m tmpfs /dev/shm && exec {line}"],
-                              env=env, capture_output=True, text=True, timeout=120)
-        assert done.returncode == 1, done.stderr
-    return {"pass": d / "pass.json", "fail": d / "fail.json"}
 
 
 def kube_env(**extra: str) -> dict[str, str]:

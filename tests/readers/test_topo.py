@@ -1,4 +1,3 @@
-import itertools
 import json
 import random
 import re
@@ -6,13 +5,14 @@ from pathlib import Path
 
 import pytest
 
+from conftest import GPU_KEYS, assert_index_facts
+
 from preflight.readers.topo import TopoParseError, parse
 
 TOPO = Path(__file__).parents[1] / "fixtures" / "topo"
 EXPECTED = json.loads((TOPO / "expected.json").read_text())
 CAPTURES = sorted(EXPECTED)
 (M1,) = (TOPO / "malformed").glob("M1_*.txt")
-GPU_KEYS = ("index", "cpu_affinity", "numa_affinity", "gpu_numa_id")
 
 
 def capture(prefix: str) -> str:
@@ -43,37 +43,11 @@ def set_cell(text: str, row: str, column: int, value: str) -> str:
     return edit_cells(text, row, lambda cells: cells.__setitem__(column, value))
 
 
-def expand_links(spec: dict, n_gpu: int) -> dict[str, str]:
-    """expected.json's compact links ({"all": T} or {T: ["a-b", ...]}) as Topo.links."""
-    pairs = [f"{a}-{b}" for a, b in itertools.combinations(range(n_gpu), 2)]
-    if "all" in spec:
-        return dict.fromkeys(pairs, spec["all"])
-    out = {pair: kind for kind, listed in spec.items() for pair in listed}
-    assert len(out) == sum(map(len, spec.values())) and set(out) == set(pairs), "expected.json must list every pair once"
-    return out
-
-
-def gpu_facts(dump: dict) -> list[dict]:
-    return [{k: g[k] for k in GPU_KEYS} for g in dump["gpus"]]
-
-
 # ---- the captures ------------------------------------------------------------
 
 
 def test_expected_json_covers_every_capture():
     assert sorted(p.name for p in TOPO.glob("*.txt")) == CAPTURES
-
-
-def assert_index_facts(got: dict, name: str) -> None:
-    """``got`` (a Topo dump, or `preflight topology --json`) holds the facts INDEX.md states for ``name``."""
-    want = EXPECTED[name]
-    assert len(got["gpus"]) == want["gpu_count"]
-    assert got["nics"] == want["nics"]
-    assert got["links"] == expand_links(want["links"], want["gpu_count"])
-    assert gpu_facts(got) == want["gpus"]
-    for key in ("numa_nodes", "cpu_groups", "spans_numa", "nearest_nics"):
-        assert got[key] == want[key], key
-    assert got["notes"] == []
 
 
 @pytest.mark.parametrize("name", CAPTURES)
