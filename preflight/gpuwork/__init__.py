@@ -7,6 +7,6 @@ side of its group's meetings), pairwise (`preflight pairwise`: nodes two at a
 time), selftest (+ selftest_report: `preflight selftest`, the GPU acceptance
 kit, which runs preflight itself as children).
 
-Imports: preflight.base and one another; never the pipeline, a check, an
+Imports: preflight.base, preflight.readers and one another; never the pipeline, a check, an
 output or the CLI.
 """
