@@ -67,6 +67,12 @@ def make_ctx(floors: dict[str, float] | None = None, host: Host | None = None) -
     return Context(profile=profile, settings=settings_mod.Settings(), host=host or Host())
 
 
+def nccl_fixture_text(prefix: str) -> str:
+    """The recorded NCCL log (tests/fixtures/nccl) whose name starts with ``prefix``."""
+    (path,) = (FIXTURES / "nccl").glob(prefix + "*.log")
+    return path.read_text()
+
+
 def run_preflight(args: list[str], env: dict[str, str] | None = None, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
     """`python -m preflight ARGS` as a real process, as a person or systemd runs it."""
     if env is None:

@@ -2,11 +2,12 @@
 
 launch (a worker script under torchrun, in its own session, with a deadline
 and a kill of its whole process group), ranks (one worker run, from launch to
-findings), multinode (which group this node belongs to), meeting (a node's
-side of its group's meetings), pairwise (`preflight pairwise`: nodes two at a
-time), selftest (+ selftest_report: `preflight selftest`, the GPU acceptance
-kit, which runs preflight itself as children).
+findings), cuda_init (the cuda check's worker run and its report), multinode
+(which group this node belongs to), meeting (a node's side of its group's
+meetings), pairwise (`preflight pairwise`: nodes two at a time), selftest
+(+ selftest_report: `preflight selftest`, the GPU acceptance kit, which runs
+preflight itself as children).
 
-Imports: preflight.base, preflight.readers and one another; never the pipeline, a check, an
-output or the CLI.
+Imports: preflight.base, preflight.readers and one another; never the
+pipeline, a check, an output or the CLI.
 """

@@ -1,5 +1,7 @@
-"""NCCL debug logs (NCCL_DEBUG=INFO) and NCCL / PyTorch error logs: the parser
-(text in, `NcclLog` out) and the text and JSON of `preflight nccl-log`.
+"""NCCL debug logs (NCCL_DEBUG=INFO) and NCCL / PyTorch error logs: the models
+and the line grammar, text in, `NcclLog` out. What each known error means is
+nccl_errors; the text and JSON of `preflight nccl-log` are
+preflight/outputs/nccl_log_text.py.
 
 Every fact is found by NCCL's own wording wherever it sits in a line, so any
 prefix works: bare, "host:pid:tid [dev]", "[date time] ", Ray's "(Worker
@@ -15,12 +17,12 @@ and older releases that printed "Channel %02d :" (2.7-2.8), "Ring %02d :"
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import re
-from dataclasses import dataclass
 
 from pydantic import BaseModel
+
+from preflight.readers import nccl_errors
+from preflight.readers.nccl_errors import Problem
 
 MAX_BYTES = 64 << 20  # a saved log larger than this is refused by the CLI
 
@@ -54,18 +56,6 @@ class Warn(BaseModel):
     dev: int | None
 
 
-class Problem(BaseModel):
-    """A known error signature; one per category, at its first occurrence."""
-
-    category: str
-    title: str
-    line: int
-    text: str  # the first line that showed it, as printed (500 characters at most)
-    count: int  # lines that showed it
-    cause: str
-    fix: str
-
-
 class NcclLog(BaseModel):
     version: str | None  # the first NCCL version seen
     versions: list[str]  # every distinct one: two in one job is itself a finding
@@ -92,149 +82,6 @@ class NcclLog(BaseModel):
                 used.append(c.transport)
         return out
 
-
-# --- what each known error means ---------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Sig:
-    needles: tuple[str, ...]  # literal text the pattern needs: a cheap test before the regex
-    pattern: str
-    title: str
-    cause: str
-    fix: str
-
-
-_SHM_FIX = ("give /dev/shm more space: `docker run --shm-size=1g` (or --ipc=host); in Kubernetes mount an emptyDir "
-            "with medium: Memory at /dev/shm; on a host `mount -o remount,size=8G /dev/shm`; remove stale "
-            "/dev/shm/nccl-* files left by crashed jobs. `preflight run --only shm` checks it")
-_FIRST = "find the rank that failed first and read its log"
-
-# Order matters only for reading; each category is matched on its own.
-_SIGS: dict[str, _Sig] = {
-    # https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting/runtime_and_mpi_issues.html
-    # ("Shared memory", "Docker"); https://kubernetes.io/docs/concepts/storage/volumes/#emptydir
-    "shm_no_space": _Sig(
-        ("/dev/shm",),
-        r"failed to extend /dev/shm|/dev/shm/\S+.*No space left on device",
-        "/dev/shm is too small for NCCL's shared-memory segments",
-        "NCCL could not grow a segment in /dev/shm to the size it needs: /dev/shm is full or too small "
-        "(Docker's default is 64 MiB). NCCL uses these segments between the processes of one node, so init fails",
-        _SHM_FIX),
-    # Same page, "Systemd".
-    "shm_removed": _Sig(
-        ("unlink shared memory",),
-        r"unlink shared memory \S+ failed",
-        "a shared-memory segment was removed under NCCL",
-        "NCCL's segment in /dev/shm vanished while in use: systemd-logind removes a user's IPC objects when it "
-        "believes the user logged out, which jobs started by mpirun or Slurm look like",
-        "set RemoveIPC=no in /etc/systemd/logind.conf and restart systemd-logind"),
-    # Same page; a create error next to "failed to extend" is that one, and is folded into it.
-    "shm_create": _Sig(
-        ("shared memory segment",),
-        r"Error while (?:creating|attaching to) shared memory segment",
-        "NCCL could not create a shared-memory segment",
-        "creating or mapping a segment in /dev/shm failed: it is missing, read-only, not a tmpfs, or full "
-        "(the WARN line says which)",
-        "/dev/shm must be a writable tmpfs with mode 1777 and room to spare in the job's container: " + _SHM_FIX),
-    # https://github.com/NVIDIA/nccl-tests/issues/206 (memlock, also under mpirun),
-    # https://github.com/NVIDIA/nccl/issues/562, https://github.com/NVIDIA/nccl/issues/426 (GID index),
-    # and the "--ulimit memlock=-1" of the runtime_and_mpi_issues page above.
-    "ib_verbs": _Sig(
-        ("ibv_", "Unable to open device"),
-        r"\bibv_\w+ failed|Call to ibv_\w+|NET/IB\w* ?: ?Unable to open device",
-        "an InfiniBand verbs call failed",
-        "NCCL's call into the RDMA stack (libibverbs) failed. ibv_create_qp, ibv_create_cq and ibv_reg_mr fail "
-        "mostly on the locked-memory limit (ulimit -l) or in a container that cannot use the RDMA device; "
-        "ibv_modify_qp on a port that is down or, on RoCE, a wrong GID index",
-        "check the HCAs with `ibv_devinfo` (port state PORT_ACTIVE) and `ulimit -l` inside the job, where it "
-        "must be unlimited (Docker --ulimit memlock=-1; /etc/security/limits.conf on hosts, and check it under "
-        "mpirun/srun too); in Kubernetes give the pod the RDMA device (RDMA device plugin resource, IPC_LOCK); "
-        "choose the HCAs with NCCL_IB_HCA and, on RoCE, NCCL_IB_GID_INDEX (see `show_gids`); run ib_write_bw "
-        "between the nodes"),
-    # https://github.com/NVIDIA/nccl/issues/426 and /902 (maintainer: error 12 is a timeout).
-    "ib_completion": _Sig(
-        ("Got completion",),
-        r"NET/IB\w* ?: ?Got completion (?:from peer \S+ )?with (?:error|status)",
-        "an RDMA transfer failed on the network",
-        "an InfiniBand/RoCE work request completed with an error; status 12 (transport retry counter "
-        "exceeded) is a timeout: the two NICs cannot reach each other (link down, routing, RoCE GID or "
-        "traffic class), the fabric drops packets, or the peer node died",
-        "check the links at both ends (`ibstat`, `ibv_devinfo`, switch port counters) and run ib_write_bw "
-        "between the two nodes; on RoCE set NCCL_IB_GID_INDEX and NCCL_IB_TC as the fabric requires; raise "
-        "NCCL_IB_TIMEOUT only for a slow fabric, it does not fix a broken one"),
-    # https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-socket-ifname and the
-    # "IP Network Interfaces" part of https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html
-    "socket": _Sig(
-        ("ocket", "Connection closed", "interface found"),
-        r"\b(?:ncclS|s)ocket[A-Z]\w*: |socket\.cc:\d+ -> \d|[Nn]et : Connection closed by remote peer"
-        r"|no socket interface found|NET/Socket ?: ?no interface found",
-        "a socket connection between ranks failed",
-        "NCCL's TCP traffic (bootstrap, or the Socket transport) failed: a peer process died first (the usual "
-        "reason), the interface NCCL picked cannot reach the other node (docker0, a VPN, a down link), or a "
-        "firewall blocks the ports",
-        _FIRST + "; pin the interface that routes between the nodes with NCCL_SOCKET_IFNAME (the "
-        "\"Bootstrap : Using\" and \"NET/Socket : Using\" lines show what NCCL picked); allow TCP between the "
-        "nodes (NCCL uses ephemeral ports)"),
-    # Result codes: https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/api/types.html and the
-    # "Errors" part of the runtime_and_mpi_issues page.
-    "unhandled_cuda_error": _Sig(
-        ("cuda error", "CudaError", "Cuda failure"),
-        r"unhandled cuda error|ncclUnhandledCudaError|Cuda failure",
-        "a CUDA call inside NCCL failed",
-        "NCCL got an error from the CUDA runtime or driver, named by the \"Cuda failure\" WARN: out of memory "
-        "(the job left no room for NCCL's buffers), invalid device or argument (a device mapping mismatch), "
-        "or a GPU fault",
-        "read the \"Cuda failure\" WARN; for out of memory leave GPU memory free for NCCL; otherwise look "
-        "for Xid errors on the node (`preflight xid`) and run `preflight run`"),
-    "unhandled_system_error": _Sig(
-        ("system error", "SystemError"),
-        r"unhandled system error|ncclSystemError",
-        "a system call or library NCCL depends on failed",
-        "a call outside NCCL failed (sockets, shared memory, InfiniBand verbs, memory allocation); the NCCL "
-        "WARN before it, and the other problems listed here, say which",
-        "read the first NCCL WARN of the failing rank (rerun with NCCL_DEBUG=INFO if there is none) and "
-        "fix that"),
-    # https://github.com/NVIDIA/nccl/issues/2057: an ungrouped send/recv order in the application.
-    "internal_error": _Sig(
-        ("nternal error", "InternalError"),
-        r"internal error - please report|ncclInternalError|NCCL error.*\binternal error\b",
-        "NCCL's internal check failed",
-        "an internal check in NCCL failed: a bug in NCCL, memory corruption, or a use of NCCL it does not "
-        "check, such as sends and receives issued in different orders on two ranks without "
-        "ncclGroupStart/End",
-        "read the NCCL WARN before it; check that every rank issues the same collectives in the same order "
-        "and groups its send/recv pairs; try the newest NCCL; report it to NVIDIA/nccl with the "
-        "NCCL_DEBUG=INFO log if it persists"),
-    "invalid_usage": _Sig(
-        ("nvalid usage", "InvalidUsage", "invalid argument (run", "InvalidArgument"),
-        r"invalid usage|ncclInvalidUsage|invalid argument \(run with NCCL_DEBUG|ncclInvalidArgument",
-        "the application called NCCL incorrectly",
-        "NCCL rejected a call: a programming error in the application (a bad argument, pointer or device, "
-        "mismatched calls), not a fault of the node",
-        "rerun with NCCL_DEBUG=WARN: the WARN names the check that failed; fix the calling code"),
-    "remote_error": _Sig(
-        ("remote process exited", "RemoteError"),
-        r"remote process exited or there was a network error|ncclRemoteError",
-        "a peer process exited or the network failed",
-        "this rank lost its peer: a remote process exited early (crash, OOM kill, preemption) or the network "
-        "between the nodes failed; this rank is a victim, not the cause",
-        _FIRST + " (and its node's `dmesg` for OOM kills and Xid errors); check the links between the nodes"),
-    # https://docs.pytorch.org/docs/stable/torch_nccl_environment_variables.html (TORCH_NCCL_TRACE_BUFFER_SIZE,
-    # TORCH_NCCL_DUMP_ON_TIMEOUT) and https://docs.pytorch.org/tutorials/prototype/flight_recorder_tutorial.html
-    "watchdog_timeout": _Sig(
-        ("Watchdog caught",),
-        r"Watchdog caught collective operation timeout",
-        "a collective timed out",
-        "the ranks listed waited for a collective that never finished: another rank hung (a stuck GPU, a "
-        "dead peer, a data-loader stall) or issued different collectives; the ranks that report a timeout "
-        "are the ones that waited, not the culprit",
-        "look at the rank that did not report (or failed first); rerun with NCCL_DEBUG=INFO and "
-        "TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 (flight recorder); `py-spy dump "
-        "--pid PID` on a hung rank shows where it is stuck; `preflight run` on its node"),
-}
-_SIG_RE = {name: re.compile(s.pattern) for name, s in _SIGS.items()}
-_NEEDLES = [(n, name) for name, s in _SIGS.items() for n in s.needles]
 
 # --- the lines ---------------------------------------------------------------
 
@@ -266,8 +113,6 @@ _ENV = re.compile(r"(?P<name>NCCL_[A-Z0-9_]+) set by environment to (?P<value>\S
 _NRANKS = re.compile(r"n[Rr]anks (?P<n>\d{1,9})(?: nNodes (?P<nodes>\d{1,9}))?")
 _NVLS = re.compile(r"NVLS multicast support is (?P<not>not )?available")
 _NCCL = re.compile(r"NCCL (?:INFO|WARN|TRACE)\b|NCCL version \d")
-_WATCHDOG = re.compile(r"WorkNCCL\((?P<args>.*?)\) ran for (?P<ran>\d+) milliseconds")
-_RANK = re.compile(r"\[Rank (\d+)\]|^\[rank(\d+)\]:")
 
 
 def _transport(t: str) -> tuple[str, str | None] | None:
@@ -319,19 +164,6 @@ def _warn(line: str, number: int) -> Warn:
     return Warn(line=number, where=where, message=line[at + 9:].strip(), host=host, pid=pid, dev=dev)
 
 
-def _flagged(text: str, lines: list[str]) -> dict[int, set[str]]:
-    """Line index -> the categories whose needles it holds, found by str.find over the whole text at C speed."""
-    starts = [0, *itertools.accumulate(len(line) + 1 for line in lines)]
-    out: dict[int, set[str]] = {}
-    for needle, name in _NEEDLES:
-        at = text.find(needle)
-        while at >= 0:
-            i = bisect.bisect_right(starts, at) - 1
-            out.setdefault(i, set()).add(name)
-            at = text.find(needle, starts[i + 1])
-    return out
-
-
 class _Facts:
     """What the lines say, gathered in one pass."""
 
@@ -367,24 +199,13 @@ class _Facts:
         if "NVLS multicast" in line and (m := _NVLS.search(line)):
             self.nvls = not m["not"] and self.nvls is not False
 
-    def signatures(self, line: str, number: int, names: set[str]) -> None:
-        for name in _SIGS:  # in table order, so one line counts the same way every time
-            if name in names and _SIG_RE[name].search(line):
-                hit = self.found.setdefault(name, {"line": number, "text": line.strip()[:500], "count": 0, "ranks": []})
-                hit["count"] += 1
-                if name == "watchdog_timeout":
-                    if "args" not in hit:
-                        hit["args"] = dict(re.findall(r"(\w+)(?:\(ms\))?=([^,]+)", m["args"])) if (m := _WATCHDOG.search(line)) else {}
-                    if (r := _RANK.search(line)) and int(r[1] or r[2]) not in hit["ranks"]:
-                        hit["ranks"].append(int(r[1] or r[2]))
-
 
 def parse(text: str) -> NcclLog:
     """Every fact in ``text``; never raises, never guesses."""
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
-    flagged = _flagged(text, lines)
+    flagged = nccl_errors.flagged(text, lines)
     facts = _Facts()
     channels: list[Channel] = []
     warnings: list[Warn] = []
@@ -406,13 +227,13 @@ def parse(text: str) -> NcclLog:
                 warnings.append(_warn(line, number))
             facts.info(line)
         if i in flagged:  # error lines are short; the cap bounds the patterns' work on a pathological one
-            facts.signatures(line[:4096].rstrip("\r"), number, flagged[i])
+            nccl_errors.record(facts.found, line[:4096].rstrip("\r"), number, flagged[i])
     if any(c.src_bus or c.dst_bus for c in channels):  # one NCCL build prints one kind of bracket
         channels = [_as_bus(c) for c in channels]
     return NcclLog(
         version=facts.versions[0] if facts.versions else None, versions=facts.versions, networks=facts.networks,
         ib_devices=facts.ib, socket_interfaces=facts.sock, env=facts.env, nranks=facts.nranks, nnodes=facts.nnodes,
-        nvls=facts.nvls, channels=channels, warnings=warnings, problems=_problems(facts.found, facts.nranks),
+        nvls=facts.nvls, channels=channels, warnings=warnings, problems=nccl_errors.problems(facts.found, facts.nranks),
         lines=len(lines), nccl_lines=nccl_lines, skipped=skipped)
 
 
@@ -440,129 +261,3 @@ def _as_bus(c: Channel) -> Channel:
     if c.dst_dev is not None:
         update.update(dst_dev=None, dst_bus=format(c.dst_dev))
     return c.model_copy(update=update)
-
-
-def _problems(found: dict[str, dict], nranks: int | None) -> list[Problem]:
-    if "shm_no_space" in found:
-        found.pop("shm_create", None)  # "Error while creating" is how the same failure ends
-    out = []
-    for name, hit in found.items():
-        sig = _SIGS[name]
-        title, cause = sig.title, sig.cause
-        if name == "watchdog_timeout":
-            title, cause = _watchdog(hit, nranks, cause)
-        out.append(Problem(category=name, title=title, line=hit["line"], text=hit["text"], count=hit["count"],
-                           cause=cause, fix=sig.fix))
-    return sorted(out, key=lambda p: p.line)
-
-
-def _watchdog(hit: dict, nranks: int | None, cause: str) -> tuple[str, str]:
-    args = hit["args"]  # SeqNum, OpType, NumelIn, NumelOut, Timeout: "Timeout(ms)=600000"
-    what = args.get("OpType", "a collective")
-    if "SeqNum" in args:
-        what += f" (SeqNum {args['SeqNum']})"
-    title = f"{what} timed out"
-    if args.get("Timeout", "").isdigit():
-        title += f" after {int(args['Timeout']) / 1000:g} s"
-    ranks = sorted(hit["ranks"])
-    if ranks:
-        title += f" on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
-        if nranks and len(ranks) < nranks:
-            silent = [r for r in range(nranks) if r not in ranks]
-            cause += f"; rank(s) {', '.join(map(str, silent[:16]))}{' ...' if len(silent) > 16 else ''} did not report it"
-    return title, cause
-
-
-# --- for a person, and for machines ----------------------------------------------
-
-_ENV_NOTES = {  # settings that take a fast path away
-    ("NCCL_P2P_DISABLE", "1"): "GPU peer-to-peer over NVLink/PCIe off",
-    ("NCCL_SHM_DISABLE", "1"): "shared-memory transport off",
-    ("NCCL_IB_DISABLE", "1"): "InfiniBand/RoCE off: inter-node traffic over TCP",
-    ("NCCL_NVLS_ENABLE", "0"): "NVLink SHARP off",
-}
-MAX_ROWS = 64
-
-
-def _peer_rows(log: NcclLog) -> list[dict]:
-    chans: dict[tuple[int, int], set[int]] = {}
-    for c in log.channels:
-        chans.setdefault((c.src_rank, c.dst_rank), set()).add(c.channel)
-    return [{"src": s, "dst": d, "transports": t, "channels": len(chans[(s, d)])}
-            for (s, d), t in sorted(log.peers().items())]
-
-
-def _collapsed(warnings: list[Warn]) -> list[tuple[Warn, int]]:
-    """Identical WARNs once, with their count; segment names (nccl-XXXXXX) do not count as a difference."""
-    groups: dict[tuple[str | None, str], list] = {}
-    for w in warnings:
-        key = (w.where, re.sub(r"/dev/shm/nccl-\w+", "/dev/shm/nccl-*", w.message))
-        groups.setdefault(key, [w, 0])[1] += 1
-    return [(w, n) for w, n in groups.values()]
-
-
-def render(log: NcclLog, source: str) -> str:
-    """The text of `preflight nccl-log`."""
-    out = [f"{source}: {log.lines} lines, {log.nccl_lines} from NCCL"]
-    if not log.nccl_lines:
-        out.append("no NCCL debug output here (the job's NCCL_DEBUG=INFO log gives version, network and transports)")
-    else:
-        out += _facts(log)
-    groups = _collapsed(log.warnings)
-    if groups:
-        out.append(f"warnings      {len(log.warnings)} NCCL WARN line(s), {len(groups)} distinct")
-    elif log.nccl_lines:
-        out.append("warnings      no NCCL WARN lines")
-    for w, n in groups[:20]:
-        where = f"{w.where}: " if w.where else ""
-        out.append(f"  line {w.line}: {where}{w.message}" + (f"  (x{n})" if n > 1 else ""))
-    if len(groups) > 20:
-        out.append(f"  ... {len(groups) - 20} more (--json lists all)")
-    if not log.problems:
-        out.append("problems      none of the known NCCL errors")
-    elif len(log.problems) > 1:
-        out.append(f"problems      {len(log.problems)}, in the order they appear: the first is usually the cause")
-    for p in log.problems:
-        seen = f", {p.count} lines" if p.count > 1 else ""
-        out.append(f"PROBLEM {p.category}: {p.title} (line {p.line}{seen})")
-        out.append(f"  {p.text}")
-        out.append(f"  cause: {p.cause}")
-        out.append(f"  fix: {p.fix}")
-    return "\n".join(out) + "\n"
-
-
-def _facts(log: NcclLog) -> list[str]:
-    out = []
-    if len(log.versions) > 1:
-        out.append(f"NCCL version  {', '.join(log.versions)}: more than one NCCL in one job; ranks must run the same one")
-    else:
-        out.append(f"NCCL version  {log.version or 'not in the log'}")
-    nets = ", ".join(log.networks) or "not in the log"
-    out.append(f"network       {nets} (IB devices: {', '.join(log.ib_devices) or 'none listed'}; "
-               f"socket interfaces: {', '.join(log.socket_interfaces) or 'none listed'})")
-    if log.nranks:
-        out.append(f"ranks         {log.nranks}" + (f" on {log.nnodes} node(s)" if log.nnodes else ""))
-    if log.nvls is not None:
-        out.append(f"NVLS          {'available' if log.nvls else 'not available'}")
-    for i, (k, v) in enumerate(sorted(log.env.items())):
-        note = _ENV_NOTES.get((k, v))
-        out.append(f"{'environment' if i == 0 else '':<13} {k}={v}" + (f"  ({note})" if note else ""))
-    rows = _peer_rows(log)
-    if rows:
-        out.append("transports    src -> dst  channels  via")
-        for r in rows[:MAX_ROWS]:
-            out.append(f"              {r['src']:>3} -> {r['dst']:<4} {r['channels']:>8}  {', '.join(r['transports'])}")
-        if len(rows) > MAX_ROWS:
-            out.append(f"              ... {len(rows) - MAX_ROWS} more pairs (--json lists all)")
-    else:
-        out.append("transports    no channel lines (NCCL prints them with NCCL_DEBUG=INFO when a communicator connects)")
-    if log.skipped:
-        out.append(f"              {len(log.skipped)} channel line(s) cut or garbled by the source and ignored "
-                   f"(line {', '.join(map(str, log.skipped[:8]))}{' ...' if len(log.skipped) > 8 else ''})")
-    return out
-
-
-def to_json(log: NcclLog, source: str) -> dict:
-    """What `preflight nccl-log --json` prints: the facts, the peer table, no per-channel list."""
-    data = log.model_dump(mode="json", exclude={"channels"})
-    return {"source": source, **data, "channel_lines": len(log.channels), "peers": _peer_rows(log)}

@@ -5,16 +5,15 @@ with interpreters made to hang, crash or talk nonsense."""
 import json
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
+from cuda_facts import FIXTURES, INIT, NVML, facts, loaded_reading, python_script
 from preflight.checks import cuda
-from preflight.checks.cuda import InitOutcome, InitReport
+from preflight.gpuwork.cuda_init import InitOutcome, InitReport
 
 from preflight.readers import nvml, xid
 from preflight.pipeline import profiles, shape
@@ -23,21 +22,8 @@ from preflight.base.host import Host
 from preflight.readers.nvml import FakeNvml, PcieLink
 from preflight.pipeline.shape import NodeShape
 
-FIXTURES = Path(__file__).parent.parent / "fixtures"
-NVML = FIXTURES / "nvml"
-INIT = FIXTURES / "cuda_init"
 H100 = profiles.load(profiles.BUILTIN_DIR / "h100-sxm.toml")
 A100 = profiles.load(profiles.BUILTIN_DIR / "a100-sxm4-80gb.toml")
-
-
-def facts(nvml_file: str, init: str | None = "healthy-8x", **kw) -> cuda.CudaFacts:
-    outcome = None
-    if init is not None:
-        report = InitReport.model_validate_json((INIT / f"{init}.json").read_text())
-        outcome = InitOutcome(python=report.python, ended="exit 0", returncode=0, timed_out=False, seconds=4.6, report=report)
-    # Recorded facts, judged as if NVML had said them (a fake *run* is judged below).
-    inventory = FakeNvml(NVML / nvml_file).model_copy(update={"source": "NVML"})
-    return cuda.CudaFacts(inventory=inventory, kernel_log="/dev/kmsg", init=outcome, **kw)
 
 
 # A healthy HGX board as the node shows it: eight GPUs on the PCI bus, joined by NVSwitch.
@@ -156,11 +142,6 @@ def test_a_generation_floor_only_for_the_gpus_read_under_load():
     assert got[("gpu_pcie_link_width", "0")].value == 16  # a loaded reading without a width: the idle width, as the judge reads it
 
 
-def loaded_reading(inv, slow: int | None = None, gen: int = 3) -> dict[str, PcieLink]:
-    """NVML's reading of every GPU's link while the worker copied: Gen5 x16, GPU ``slow`` at ``gen``."""
-    return {g.pci_bus_id: PcieLink(gen=gen if g.index == slow else 5, width=16, gen_max=5, width_max=16) for g in inv.gpus}
-
-
 @pytest.mark.parametrize("report", ["no-pci-bus-id-8x", "no-pci-bus-id-no-uuid-8x"])
 def test_without_pci_addresses_from_torch_the_loaded_generation_is_still_judged(report):
     # By UUID where torch gives one, else by CUDA's PCI_BUS_ID order; the reading used to be dropped.
@@ -169,14 +150,6 @@ def test_without_pci_addresses_from_torch_the_loaded_generation_is_still_judged(
     assert why is None and loaded is not None and len(loaded) == 8
     fails = only(judged(f.model_copy(update={"pcie_loaded": loaded})))
     assert [x.summary for x in fails] == ["GPU 2 (0000:52:00.0): PCIe Gen3 of Gen5 under load"]
-
-
-def test_uuids_match_nvml_s_whatever_order_cuda_counts_in():
-    f = facts("h100-sxm-8x-healthy.json", init="no-pci-bus-id-8x")
-    r = f.init.report
-    backwards = r.model_copy(update={"uuids": r.uuids[::-1], "cuda_device_order": None})
-    gpus, _ = cuda.nvml_gpus(backwards, f.inventory)
-    assert [g.index for g in gpus] == [7, 6, 5, 4, 3, 2, 1, 0]
 
 
 @pytest.mark.parametrize(
@@ -196,13 +169,6 @@ def test_where_no_route_ties_cuda_to_nvml_the_generation_is_unjudged_and_says_wh
     assert unjudged.endswith(why)
     said = cuda.pcie_generation(f.model_copy(update={"pcie_unjudged": unjudged}))
     assert said.startswith("not judged: the CUDA devices the worker loaded cannot be matched")
-
-
-def test_a_reading_nvml_could_not_take_leaves_the_generation_unjudged_saying_why():
-    f = facts("h100-sxm-8x-healthy.json")
-    f.init.links_unread = "NVML could not read the links under load: NVML did not answer within 10 s: the driver is wedged"
-    assert cuda.loaded_links(f.init, None, f.inventory) == (None, f.init.links_unread)
-    assert cuda.loaded_links(f.init, loaded_reading(f.inventory), f.inventory)[1] is None
 
 
 def test_an_x8_link_fails_from_the_idle_reading():
@@ -395,14 +361,6 @@ def test_a_lost_gpu_without_an_address_is_named_from_sysfs():
 # ---- the gatherer, for real ------------------------------------------------
 
 
-def python_script(tmp_path: Path, body: str) -> str:
-    """An executable that stands in for the training environment's python."""
-    path = tmp_path / "python"
-    path.write_text("#!/bin/sh\n" + body)
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    return str(path)
-
-
 def sleeping(seconds: int) -> list[psutil.Process]:
     """Every `sleep SECONDS` on the machine (each test uses its own number)."""
     return [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", str(seconds)]]
@@ -459,12 +417,6 @@ def test_a_worker_report_of_the_wrong_shape_fails_cleanly(tmp_path):
     outcome, _ = cuda.run_init(python, timeout=10, read_links=False)
     (fail,) = cuda.judge_init(outcome, FakeNvml(NVML / "h100-sxm-8x-healthy.json"))
     assert "does not fit the expected shape" in fail.cause
-
-
-def test_the_worker_runs_by_hand_and_prints_its_report():
-    done = subprocess.run([sys.executable, str(cuda.launch.WORKERS_DIR / "cuda_init.py")], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1
-    assert json.loads(done.stdout)["error_kind"] == "cpu_build"
 
 
 def test_no_torch_import_in_the_agent():
@@ -570,32 +522,6 @@ def test_a_relative_python_is_found_from_where_preflight_was_started(tmp_path):
     p = run_preflight(["run", "--profile", "h100-sxm", "--only", "cuda", "--json", "--python", "venv/bin/python", "--nvml-fake", str(NVML / "h100-sxm-8x-healthy.json")], cwd=tmp_path)
     (c,) = Report.model_validate_json(p.stdout).checks
     assert c.cause.startswith(f"torch not importable by {venv}/bin/python")
-
-
-@pytest.mark.parametrize("load_end, judged_under_load", [("stop", True), ("time", False)])
-def test_pcie_is_read_while_the_worker_loads_and_only_then_kept(tmp_path, monkeypatch, load_end, judged_under_load):
-    # A stand-in worker: says it is loading, waits for the agent's stop file,
-    # then reports whether the stop file (or its own clock) ended the load.
-    import fakes
-
-    monkeypatch.setenv("PYTHONPATH", str(fakes.install_fake_pynvml(tmp_path / "nvml")))
-    monkeypatch.setenv("FAKE_NVML_FACTS", str(NVML / "h100-sxm-pcie-x8.json"))
-    python = python_script(tmp_path, (
-        'printf \'{"python": "x", "stage": "load"}\' > "$3/.tmp" && mv "$3/.tmp" "$3/rank0.json"\n'
-        'while [ ! -e "$7" ]; do sleep 0.02; done\n'
-        # It loaded two GPUs only (as under CUDA_VISIBLE_DEVICES=0,2).
-        f'printf \'{{"python": "x", "stage": "done", "load_end": "{load_end}", "pci_bus_ids": ["00000000:1b:00.0", "00000000:52:00.0"]}}\' > "$3/.tmp" && mv "$3/.tmp" "$3/rank0.json"\n'
-    ))
-    outcome, readings = cuda.run_init(python, timeout=30, read_links=True)
-    assert outcome.report and outcome.report.stage == "done"
-    loaded, why = cuda.loaded_links(outcome, readings, FakeNvml(NVML / "h100-sxm-pcie-x8.json"))
-    if judged_under_load:
-        # Only the loaded GPUs' readings are kept: the idle six would read Gen1.
-        assert loaded is not None and sorted(loaded) == ["00000000:1B:00.0", "00000000:52:00.0"]
-        assert loaded["00000000:52:00.0"].width == 8 and why is None
-    else:
-        assert loaded is None  # the load had ended before the reading: idle numbers are not judged
-        assert why == "the worker's load ended before NVML read the links (an idle link reads Gen1)"
 
 
 def test_a_health_query_nvml_cannot_answer_fails_others_warn():

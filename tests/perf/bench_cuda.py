@@ -23,7 +23,7 @@ sys.path.insert(0, str(HERE))  # timing
 
 import fakes  # noqa: E402
 import timing  # noqa: E402
-from preflight.checks import cuda  # noqa: E402
+from preflight.gpuwork import cuda_init  # noqa: E402
 
 from preflight.readers import nvml, xid  # noqa: E402
 from preflight.base.host import Host  # noqa: E402
@@ -50,7 +50,7 @@ def main() -> None:
     outcome = {}
 
     def init() -> None:
-        outcome["o"], _ = cuda.run_init(sys.executable, 120, read_links=REAL)
+        outcome["o"], _ = cuda_init.run_init(sys.executable, 120, read_links=REAL)
 
     timed("cuda_init worker" + ("" if REAL else " (stops at CPU-only build)"), init)
     r = outcome["o"].report

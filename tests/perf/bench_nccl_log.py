@@ -19,6 +19,7 @@ sys.path.insert(0, str(HERE))  # timing
 
 import timing  # noqa: E402
 
+from preflight.outputs import nccl_log_text  # noqa: E402
 from preflight.readers import nccl_log  # noqa: E402
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 5
@@ -36,8 +37,8 @@ def main() -> None:
         timing.timed(f"parse {text.count(chr(10)):,} lines ({len(text) >> 20} MiB)", lambda: nccl_log.parse(text), N)
     text = log_of(200_000)
     log = nccl_log.parse(text)
-    timing.timed("render (200k lines)", lambda: nccl_log.render(log, "x"), N)
-    timing.timed("to_json (200k lines)", lambda: nccl_log.to_json(log, "x"), N)
+    timing.timed("render (200k lines)", lambda: nccl_log_text.render(log, "x"), N)
+    timing.timed("to_json (200k lines)", lambda: nccl_log_text.to_json(log, "x"), N)
     biggest = UNIT * (nccl_log.MAX_BYTES // len(UNIT.encode()))
     timing.timed(f"parse the largest accepted log ({len(biggest.encode()) >> 20} MiB)", lambda: nccl_log.parse(biggest), 1)
     with tempfile.NamedTemporaryFile("w", suffix=".log") as f:

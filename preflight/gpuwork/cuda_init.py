@@ -1,0 +1,178 @@
+"""The cuda_init worker run (checks/workers/cuda_init.py, through launch) and
+its report: torch's CUDA init and a checked matmul on every GPU, then copies
+to every GPU while NVML reads the PCIe links, since an idle link drops to Gen1
+and proves nothing about its generation. Also which of NVML's GPUs each CUDA
+device is, so the loaded readings are judged for the GPUs the worker used.
+
+The cuda check (checks/cuda.py) gathers through here and judges the outcome.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, ValidationError
+
+from preflight.base.progress import Progress
+from preflight.gpuwork import launch
+from preflight.readers import nvml
+from preflight.readers.nvml import Gpu, Inventory, PcieLink
+
+LOAD_SECONDS = 30.0  # the most the worker loads the links; it stops once NVML has read them
+
+
+class DeviceReport(BaseModel):
+    index: int
+    name: str | None = None
+    pci_bus_id: str | None = None
+    uuid: str | None = None
+    seconds: float | None = None
+    error_ratio: float | None = None  # matmul error / the fp32 bound: above 1 (or NaN) is a wrong answer
+    error: str | None = None
+    memory_free_bytes: int | None = None
+    memory_total_bytes: int | None = None
+
+
+class InitReport(BaseModel):
+    """What checks/workers/cuda_init.py writes (and rewrites at every stage)."""
+
+    python: str
+    stage: str  # import, init, devices, load, done: where it was when it stopped
+    error: str | None = None
+    error_kind: str | None = None  # no_torch, cpu_build, init, no_device
+    devices: list[DeviceReport] = []
+    current: int | None = None  # the CUDA device being probed
+    pci_bus_ids: list[str | None] = []  # by CUDA device index
+    uuids: list[str | None] = []  # by CUDA device index, as torch prints them (no "GPU-")
+    cuda_device_order: str | None = None  # the CUDA_DEVICE_ORDER the worker ran under
+    cuda_visible_devices: str | None = None
+    torch_version: str | None = None
+    cuda_runtime: str | None = None
+    nccl_version: str | None = None
+    import_seconds: float | None = None
+    init_seconds: float | None = None
+    device_count: int | None = None
+    load_end: str | None = None  # "stop": loaded until NVML had read the links; "time": not
+    seconds: float | None = None
+
+
+class InitOutcome(BaseModel):
+    python: str
+    ended: str  # "exit 0", "killed by SIGSEGV", "killed at the deadline after 55 s"
+    returncode: int | None
+    timed_out: bool
+    seconds: float
+    report: InitReport | None = None
+    unreadable: str | None = None  # why the worker's report could not be used
+    log_tail: list[str] = []
+    links_unread: str | None = None  # why NVML has no reading of the links taken under load
+
+    def last_output(self) -> str:
+        return self.log_tail[-1] if self.log_tail else "none"
+
+
+# ---- the run ----------------------------------------------------------------
+
+
+def run_init(python: str, timeout: float, read_links: bool, progress: Progress | None = None) -> tuple[InitOutcome, dict[str, PcieLink] | None]:
+    """The cuda_init worker; while it loads the links, NVML reads them. The
+    reading (every GPU's link, by NVML bus id) is returned only where it was
+    taken under load; ``loaded_links`` picks the GPUs the worker copied to."""
+    loaded, unread = None, None if read_links else "not read: the NVML facts are not this node's (--nvml-fake)"
+    with tempfile.TemporaryDirectory(prefix="preflight-cuda-") as tmp:
+        stop = Path(tmp) / "stop"
+        worker = launch.Worker("cuda_init.py", ["--load-seconds", str(LOAD_SECONDS), "--stop", str(stop)])
+        try:
+            running = launch.start(python, worker, timeout, progress)
+        except launch.LaunchError as e:
+            ended = f"could not be started: {e.cause}"
+            return InitOutcome(python=python, ended=ended, returncode=None, timed_out=False, seconds=0.0), None
+        except OSError as e:
+            ended = f"could not be started: {e.strerror or e}"
+            return InitOutcome(python=python, ended=ended, returncode=None, timed_out=False, seconds=0.0), None
+        try:
+            while running.alive() and time.monotonic() < running.deadline:
+                if (running.report() or {}).get("stage") == "load":
+                    if read_links:
+                        try:
+                            loaded = nvml.pcie_links(timeout=min(10.0, max(1.0, running.deadline - time.monotonic())))
+                        except nvml.NvmlUnavailable as e:
+                            unread = f"NVML could not read the links under load: {e.cause}"  # the inventory already spoke
+                    break
+                time.sleep(0.02)
+        finally:
+            stop.touch()  # also after an error here: the worker must not load on
+            done = running.wait()
+    outcome = InitOutcome(
+        python=python,
+        ended=done.how_it_ended,
+        returncode=done.returncode,
+        timed_out=done.timed_out,
+        seconds=round(done.seconds, 4),
+        log_tail=done.log_tail,
+        links_unread=unread,
+    )
+    if 0 in done.reports:
+        try:
+            outcome.report = InitReport.model_validate(done.reports[0])
+        except ValidationError as e:
+            err = e.errors()[0]
+            outcome.unreadable = f"its report does not fit the expected shape ({err['loc']}: {err['msg']})"
+    else:
+        outcome.unreadable = done.unreadable.get(0, "it wrote no report")
+    r = outcome.report
+    if r is None or r.load_end != "stop":
+        return outcome, None  # the load ended before NVML read: those were idle numbers
+    return outcome, loaded
+
+
+def loaded_links(init: InitOutcome | None, loaded: dict[str, PcieLink] | None, inv: Inventory) -> tuple[dict[str, PcieLink] | None, str | None]:
+    """The links NVML read while the worker copied, of the GPUs it copied to
+    (CUDA_VISIBLE_DEVICES may hide some; idle ones read Gen1), by the
+    inventory's bus id; or None and why the generation goes unjudged."""
+    r = init.report if init else None
+    if r is None or r.load_end is None:
+        return None, "the cuda_init worker never loaded the links"
+    if r.load_end != "stop":
+        return None, "the worker's load ended before NVML read the links (an idle link reads Gen1)"
+    if loaded is None:
+        return None, (init.links_unread if init else None) or "NVML did not read the links under load"
+    gpus, why = nvml_gpus(r, inv)
+    if gpus is None:
+        return None, f"the CUDA devices the worker loaded cannot be matched to NVML's GPUs: {why}"
+    read = {nvml.short_pci(bus): link for bus, link in loaded.items()}
+    return {g.pci_bus_id: read[nvml.short_pci(g.pci_bus_id)] for g in gpus if nvml.short_pci(g.pci_bus_id) in read}, None
+
+
+def nvml_gpus(r: InitReport, inv: Inventory) -> tuple[list[Gpu] | None, str]:
+    """NVML's GPU for every CUDA device, by PCI address (torch's device
+    properties), else by UUID, else by position: under CUDA_DEVICE_ORDER=PCI_BUS_ID
+    with every GPU visible, CUDA's device N is the Nth GPU in PCI bus order."""
+    n = r.device_count if r.device_count is not None else len(r.pci_bus_ids)
+    by_bus = {nvml.short_pci(g.pci_bus_id): g for g in inv.gpus}
+    if len(r.pci_bus_ids) == n and (found := _every([nvml.short_pci(b) for b in r.pci_bus_ids if b], by_bus, n)):
+        return found, ""
+    by_uuid = {_bare_uuid(g.uuid): g for g in inv.gpus}
+    if len(r.uuids) == n and (found := _every([_bare_uuid(u) for u in r.uuids if u], by_uuid, n)):
+        return found, ""
+    torch = f"torch {r.torch_version} gives " + ("no PCI address" if not all(r.pci_bus_ids) else "PCI addresses NVML does not list")
+    torch += " and " + ("no UUID" if not (r.uuids and all(r.uuids)) else "UUIDs NVML does not list")
+    if r.cuda_device_order != "PCI_BUS_ID":
+        return None, f"{torch}, and CUDA_DEVICE_ORDER was {r.cuda_device_order or 'unset'}, not PCI_BUS_ID"
+    if r.cuda_visible_devices is not None:
+        return None, f"{torch}, and CUDA_VISIBLE_DEVICES={r.cuda_visible_devices} renumbers the devices"
+    if n != len(inv.gpus):
+        return None, f"{torch}, and CUDA sees {n} devices where NVML lists {len(inv.gpus)}"
+    return sorted(inv.gpus, key=lambda g: nvml.short_pci(g.pci_bus_id)), ""
+
+
+def _every(keys: list[str], table: dict[str, Gpu], n: int) -> list[Gpu] | None:
+    found = [table[k] for k in keys if k in table]
+    return found if len(found) == n else None
+
+
+def _bare_uuid(u: str) -> str:
+    """NVML says "GPU-5c1b0c7e-...", torch "5c1b0c7e-..."."""
+    return u.strip().lower().removeprefix("gpu-")
