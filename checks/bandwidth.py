@@ -30,11 +30,11 @@ from pydantic import BaseModel, Field
 
 from preflight.checkkit import figures as figs_mod
 from preflight.checkkit import confirm
+from preflight.checkkit.placement import linked_pairs
 from preflight.gpuwork import launch, meeting, ranks
 from preflight.pipeline import shape
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.findings import Finding, Measurement, Status, worst
-from preflight.checks.topology import linked_pairs
 from preflight.pipeline.profiles import BandwidthExpect, ResolvedFloor
 from preflight.base.units import fmt_value
 

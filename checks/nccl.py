@@ -20,11 +20,11 @@ from typing import ClassVar
 import psutil
 from pydantic import BaseModel, Field
 
+from preflight.checkkit.placement import linked_pairs
 from preflight.gpuwork import launch, meeting, ranks
 from preflight.readers import nccl_env, nccl_log, nccl_net
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.findings import Finding, Measurement, Status, worst
-from preflight.checks.topology import linked_pairs
 from preflight.base.host import Host
 from preflight.pipeline.profiles import NcclExpect
 from preflight.pipeline.shape import FABRIC_WORDS, NodeShape

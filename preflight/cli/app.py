@@ -585,38 +585,17 @@ def topology(
     """How GPUs, NICs and CPUs are laid out, what is wrong with it, and how to pin each rank.
 
     Exit 1 when a finding fails the profile, or this machine's layout cannot be read."""
-    from preflight.readers import capture, nvml, topo
-    from preflight.pipeline import plan as pipeline, profiles, registry
-    from preflight.base.host import Host
+    from preflight.outputs import topology_text
 
     s = _settings(config, profile=profile, nvml_fake=nvml_fake)
-    check = registry.load("topology")
-    resolved = None
-    if from_file is not None:
-        text = capture.read_text(from_file, topo.MAX_BYTES, "an `nvidia-smi topo -m` output is a few KiB; is this the right file?")
-        try:
-            facts = check.from_text(text, str(from_file))  # type: ignore[attr-defined]
-        except topo.TopoParseError as e:
-            raise UsageError(f"--from {from_file}: {e}; pass the unedited output of `nvidia-smi topo -m`") from None
-        if profile is not None:
-            resolved = pipeline.resolve_profile(s)
-    else:
-        pipeline.check_inputs(s)
-        try:
-            facts = check.from_host(Host(), s)  # type: ignore[attr-defined]
-        except nvml.NvmlUnavailable as e:
-            _console().error(f"{e.cause}; {e.remedy}; to explain a saved capture use --from FILE")
-            return 1
-        if facts.matrix is None:
-            _console().error(f"cannot read this machine's GPU topology: {facts.matrix_error}; to explain a saved capture use --from FILE")
-            return 1
-        try:
-            resolved = pipeline.resolve_profile(s)
-        except profiles.DetectionFailed as e:
-            _console().note(f"judging without a profile: {e.cause}")
-    fake = str(s.nvml_fake) if s.nvml_fake is not None and from_file is None else None
-    node = pipeline.read_shape(s, Host()) if from_file is None else None  # a saved capture is judged by the profile's word
-    text, data, failed = check.explain(facts, resolved, live=from_file is None, fake=fake, shape=node)  # type: ignore[attr-defined]
+    try:
+        if from_file is not None:
+            text, data, failed = topology_text.explain_capture(from_file, s, profile_named=profile is not None)
+        else:
+            text, data, failed = topology_text.explain_host(s, note=_console().note)
+    except topology_text.Unreadable as e:
+        _console().error(str(e))
+        return 1
     _emit(json.dumps(data, indent=2) + "\n" if json_out else text)
     return 1 if failed else 0
 

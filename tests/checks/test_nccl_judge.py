@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, make_ctx
 from preflight.checks import nccl
-from preflight.checks.topology import linked_pairs
+from preflight.checkkit.placement import linked_pairs
 from preflight.checks.nccl import NcclFacts, OpResult, RankOutcome, RankReport
 
 from preflight.readers import nccl_env, nccl_log
@@ -348,33 +348,6 @@ def test_nvlink_from_the_topology_is_judged_by_gpu_not_by_rank_number():
     assert [x.status for x in found] == [FAIL]
     assert "rank 1 (GPU 5) -> rank 2 (GPU 6)" in found[0].cause  # NVLinked GPUs on SHM
     assert "rank 3 (GPU 7) -> rank 0 (GPU 4)" not in found[0].cause  # NODE: SHM is what NCCL does there
-
-
-# --- linked_pairs (checks/topology.py), as nccl reads it ------------------------------------------------------------------
-
-
-def test_nvlink_pairs_come_from_the_topology_matrix():
-    ctx = make_ctx()
-    ctx.results["topology"] = Result(check="topology", status=Status.PASS, summary="ok",
-                                     details={"matrix": {"links": {"0-1": "NV18", "0-2": "SYS", "1-2": "PIX", "2-3": "NV4"}}})
-    assert (linked_pairs(ctx.results.get("topology"), ("NV",)) or set()) == {frozenset({0, 1}), frozenset({2, 3})}
-
-
-def test_nvlink_pairs_exactly_as_in_the_brief():
-    ctx = make_ctx()
-    ctx.results["topology"] = Result(check="topology", status=Status.PASS, summary="ok", details={"matrix": {"links": {"0-1": "NV18", "0-2": "SYS"}}})
-    assert (linked_pairs(ctx.results.get("topology"), ("NV",)) or set()) == {frozenset({0, 1})}
-
-
-@pytest.mark.parametrize("details", [{}, {"matrix": None}, {"matrix": {}}, {"matrix": {"links": None}}, {"matrix": {"links": {"GPU0-NIC0": "NV1"}}}])
-def test_nvlink_pairs_without_a_usable_matrix_are_none(details):
-    ctx = make_ctx()
-    ctx.results["topology"] = Result(check="topology", status=Status.FAIL, summary="x", details=details)
-    assert (linked_pairs(ctx.results.get("topology"), ("NV",)) or set()) == set()
-
-
-def test_nvlink_pairs_without_a_topology_result_are_none():
-    assert linked_pairs(make_ctx().results.get("topology"), ("NV",)) is None
 
 
 # --- judge_run: did every rank run every op right, and who failed first ----------

@@ -1,12 +1,9 @@
 """The topology check: judges fed recorded facts (the HGX H100 sysfs tree,
-real `nvidia-smi topo -m` captures and small edits of them), the gatherer on
-that tree and on this machine, and the pinning advice run for real."""
+real `nvidia-smi topo -m` captures and small edits of them), and the check as
+the runner calls it, on nodes of every shape."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,6 +11,8 @@ import fakes
 import psutil
 import pytest
 from preflight.checks import topology as t
+from preflight.readers import layout
+from topology_cases import HEALTHY, ONE_NODE, SPLIT, TOPO, TREE, edit, gathered, host, matrix, root  # noqa: F401 (root: a fixture)
 
 from preflight.pipeline import profiles
 from preflight.readers import topo
@@ -21,14 +20,7 @@ from preflight.pipeline.check import Context
 from preflight.base.findings import Status
 from preflight.base.host import Host
 from preflight.pipeline.settings import Settings
-from preflight.base.units import parse_cpulist
 
-FIXTURES = Path(__file__).parent.parent / "fixtures"
-TREE = FIXTURES / "sysfs" / "hgx-h100"
-TOPO = FIXTURES / "topo"
-SPLIT = TOPO / "03_h100-sxm-8x_nv18_12nic_2numa_no-leading-tab-header.txt"  # DGX H100 layout: 4+4 over two sockets
-ONE_NODE = TOPO / "02_h100-sxm-8x_nv18_12nic_single-numa-0-191_gpu-numa-id.txt"
-HEALTHY = FIXTURES / "nvml" / "h100-sxm-8x-healthy.json"
 FAIL, WARN = Status.FAIL, Status.WARN
 
 
@@ -38,27 +30,6 @@ def resolved(name: str) -> profiles.ResolvedProfile:
 
 
 H100, NVL = resolved("h100-sxm"), resolved("h100-nvl")
-
-
-@pytest.fixture
-def root(tmp_path) -> Path:
-    """A copy of the recorded tree that a test may edit."""
-    dest = tmp_path / "root"
-    shutil.copytree(TREE, dest, symlinks=True)
-    return dest
-
-
-def host(root: Path, capture: Path | str = SPLIT, tmp: Path | None = None, **env: str) -> Host:
-    if isinstance(capture, str):  # an edited matrix
-        path = (tmp or root.parent) / "edited-topo.txt"
-        path.write_text(capture)
-        capture = path
-    bin_dir = fakes.nvidia_smi((tmp or root.parent) / "bin", capture)
-    return Host(root, environ={"PATH": str(bin_dir), **env})
-
-
-def gathered(h: Host, **settings) -> t.TopologyFacts:
-    return t.gather(h, Settings(nvml_fake=HEALTHY, **settings), time.monotonic() + 30)
 
 
 def judged(f: t.TopologyFacts, profile=H100, floor: float | None = 12):
@@ -77,60 +48,6 @@ def set_link(text: str, a: str, b: str, value: str) -> str:
         cells[col[other] + offset] = value
         lines[i] = "\t".join(cells)
     return "\n".join(lines) + "\n"
-
-
-def edit(root: Path, rel: str, text: str) -> None:
-    (root / rel).write_text(text + "\n")
-
-
-# ---- the gatherer ------------------------------------------------------------
-
-
-def test_gather_reads_gpus_nics_numa_and_cpus_from_the_recorded_tree(root):
-    f = gathered(host(root))
-    assert f.matrix is not None and f.matrix_error is None and len(f.matrix.gpus) == 8
-    assert [g.numa_node for g in f.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
-    assert f.gpus[0].pci == "0000:1b:00.0" and f.gpus[0].local_cpus == "0-55,112-167"
-    assert f.gpus[0].link == t.PciLink(speed="32.0 GT/s PCIe", width=16, max_speed="32.0 GT/s PCIe", max_width=16)
-    assert f.cpus == t.Cpus(online="0-223", nodes={"0": "0-55,112-167", "1": "56-111,168-223"}, allowed="0-223", quota=None)
-    nics = {n.name: n for n in f.nics}
-    assert len(nics) == 12 and nics["mlx5_0"].pci == "0000:18:00.0" and nics["mlx5_0"].netdevs == ["ibp24s0"]
-    assert nics["mlx5_6"].numa_node == 1 and nics["mlx5_6"].ports == [t.IbPort(port=1, state="ACTIVE", rate="400 Gb/sec (4X NDR)", link_layer="InfiniBand")]
-    assert nics["mlx5_4"].ports[0].link_layer == "Ethernet"
-
-
-def test_gather_on_this_machine_counts_its_real_cpus_and_nodes():
-    cpus = t.machine_cpus(Host())
-    assert set(parse_cpulist(cpus.allowed)) == os.sched_getaffinity(0)
-    assert cpus.nodes and set().union(*(parse_cpulist(c) for c in cpus.nodes.values())) >= os.sched_getaffinity(0)
-
-
-def test_a_cgroup_v2_cpu_quota_counts_as_fewer_cpus(root):
-    edit(root, "sys/fs/cgroup/system.slice/cpu.max", "1600000 100000")  # the parent's limit binds the child
-    assert t.cpu_quota(Host(root)) == 16
-
-
-def test_a_cgroup_v1_cpu_quota_is_read_too(root):
-    edit(root, "proc/self/cgroup", "4:cpu,cpuacct:/docker/abc\n0::/")
-    (root / "sys/fs/cgroup/cpu,cpuacct/docker/abc").mkdir(parents=True)
-    edit(root, "sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "800000")
-    edit(root, "sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_period_us", "100000")
-    assert t.cpu_quota(Host(root)) == 8
-
-
-def test_torchrun_numa_binding_is_found_without_importing_torch():
-    assert t.torch_numa_binding(sys.executable) is True  # torch 2.13 has --numa-binding
-    assert t.torch_numa_binding("/nonexistent/python") is None
-
-
-def test_an_older_torch_without_numa_binding_is_told_apart(tmp_path, monkeypatch):
-    fake = tmp_path / "site" / "torch" / "distributed"
-    fake.mkdir(parents=True)
-    (fake.parent / "__init__.py").write_text("raise SystemExit('must not be imported')\n")
-    (fake / "run.py").write_text("parser.add_argument('--nproc-per-node')\n")
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
-    other = str(Path(sys.executable).resolve())  # another path to an interpreter: asked in a child
-    assert other != sys.executable and t.torch_numa_binding(other) is False
 
 
 # ---- judging: healthy layouts and the 4+4 split -----------------------------------
@@ -226,7 +143,7 @@ def test_nvml_link_state_is_matched_to_the_right_gpu_past_gpu_9():
     links = {f"{a}-{b}": "NV18" for a in range(n) for b in range(a + 1, n)}
     links.update({f"{a}-10": "NV17" for a in range(10)})
     f = t.TopologyFacts(matrix=topo.parse(matrix(n, links, [0] * n)),
-                        gpus=[t.GpuPlace(index=i, pci=f"0000:{i + 16:02x}:00.0", uuid=f"GPU-{i}", nvlinks_down=[3] if i == 1 else []) for i in range(n)])
+                        gpus=[layout.GpuPlace(index=i, pci=f"0000:{i + 16:02x}:00.0", uuid=f"GPU-{i}", nvlinks_down=[3] if i == 1 else []) for i in range(n)])
     summaries = [x.summary for x in t.judge(f, H100.topology, None)["nvlink"]]
     assert summaries == ["GPU 10 has NV17 to every peer, NV18 expected", "GPU 1: NVLink 3 down"]
 
@@ -257,18 +174,6 @@ def test_an_nvlink_nvml_reports_down_fails_even_when_the_matrix_looks_whole(root
     f = gathered(host(root))
     f.gpus[6] = f.gpus[6].model_copy(update={"nvlinks_down": [2, 9]})
     assert [x.summary for x in judged(f) if x.status == FAIL] == ["GPU 6: NVLink 2, 9 down"]
-
-
-def matrix(n: int, links: dict[str, str], numa: list, cpus: list[str] | None = None) -> str:
-    """A small `nvidia-smi topo -m` matrix in the driver's current layout;
-    ``numa`` holds each GPU's NUMA Affinity (a node, "0-1", or None for N/A)."""
-    rows = ["\t" + "\t".join(f"GPU{i}" for i in range(n)) + "\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID"]
-    for a in range(n):
-        cells = [" X " if a == b else links.get(f"{min(a, b)}-{max(a, b)}", "SYS") for b in range(n)]
-        node = numa[a] if numa[a] is not None else "N/A"
-        cpu = cpus[a] if cpus else f"{int(str(node)[0]) * 16 if node != 'N/A' else 0}-{int(str(node)[0]) * 16 + 15 if node != 'N/A' else 15}"
-        rows.append(f"GPU{a}\t" + "\t".join(cells) + f"\t{cpu}\t{node}\t\tN/A")
-    return "\n".join(rows) + "\n\nLegend:\n\n  X    = Self\n"
 
 
 def nvl_facts(links: dict[str, str]) -> t.TopologyFacts:
@@ -397,53 +302,6 @@ def test_a_gpu_link_at_x8_fails_and_a_nic_link_at_x8_warns(root):
     found = {x.summary: x for x in judged(gathered(host(root)))}
     assert found["GPU 2 PCIe link x8 of x16"].status == FAIL and "50%" in found["GPU 2 PCIe link x8 of x16"].cause
     assert found["NIC mlx5_3 PCIe link x8 of x16"].status == WARN
-
-
-# ---- advice ---------------------------------------------------------------------
-
-
-def test_advice_follows_cuda_visible_devices_by_index_and_uuid(root):
-    f = gathered(host(root, CUDA_VISIBLE_DEVICES="4,5"))
-    assert [(r.local_rank, r.gpu, r.numa_node) for r in t.advise(f).ranks] == [(0, 4, 1), (1, 5, 1)]
-    uuid = f.gpus[6].uuid
-    f = gathered(host(root, CUDA_VISIBLE_DEVICES=f"{uuid},0"))
-    assert [r.gpu for r in t.advise(f).ranks] == [6, 0]
-    # CUDA stops at the first entry it cannot resolve; an ambiguous UUID prefix is one
-    f = gathered(host(root, CUDA_VISIBLE_DEVICES=f"1,{uuid[:-1]},0"))
-    assert [r.gpu for r in t.advise(f).ranks] == [1]
-    for hidden in ("", "-1", "MIG-4b3e6b3a-0000", "\u00b2"):  # empty hides every GPU; CUDA stops at -1; no whole GPU; not a digit
-        advice = t.advise(gathered(host(root, CUDA_VISIBLE_DEVICES=hidden)))
-        assert advice.ranks == [] and "leaves the job no GPU of this machine" in advice.summary
-
-
-def test_advice_says_when_the_cpuset_forbids_a_gpus_node_and_numactl_is_missing(root):
-    edit(root, "proc/self/status", "Cpus_allowed_list:\t0-55")
-    f = gathered(host(root, CUDA_VISIBLE_DEVICES="4,5")).model_copy(update={"numactl": False})
-    advice = t.advise(f)
-    assert [r.cpus for r in advice.ranks] == [None, None]
-    assert "cpuset has no CPU on NUMA node 1 (GPU 4-5)" in advice.summary and "numactl is not installed here" in advice.summary
-
-
-def test_the_numactl_launch_line_binds_each_rank_for_real(tmp_path):
-    """Run the advised torchrun wrapper on this machine (one NUMA node, so
-    every rank goes to node 0) and read back where each rank was bound."""
-    if shutil.which("numactl") is None:
-        pytest.fail("numactl is missing; .ci/run installs it (apt-get install numactl)")
-    f = t.TopologyFacts(matrix=topo.parse(matrix(2, {"0-1": "NV4"}, [0, 1])))
-    line = t.advise(f).launch[-1]
-    assert "echo 0 1 |" in line
-    probe = tmp_path / "train.py"
-    probe.write_text(
-        "import os, pathlib\n"
-        "status = dict(l.split(':\\t') for l in open('/proc/self/status').read().splitlines() if ':\\t' in l)\n"
-        f"pathlib.Path({str(tmp_path)!r}, 'rank' + os.environ['LOCAL_RANK']).write_text(status['Mems_allowed_list'])\n"
-    )
-    runnable = (line.replace("echo 0 1 |", "echo 0 0 |")  # this machine has node 0 only
-                .replace("torchrun ", f"{sys.executable} -m torch.distributed.run --master-port=0 ", 1)
-                .replace("python train.py", f"{sys.executable} {probe}"))
-    done = subprocess.run(["sh", "-c", runnable], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["0", "0"]
 
 
 # ---- the check, as the runner calls it ---------------------------------------------

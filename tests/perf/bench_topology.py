@@ -25,9 +25,10 @@ sys.path.insert(0, str(HERE))  # timing
 
 import fakes  # noqa: E402
 import timing  # noqa: E402
+from preflight.checkkit import placement  # noqa: E402
 from preflight.checks import topology  # noqa: E402
 
-from preflight.readers import nvml, topo  # noqa: E402
+from preflight.readers import layout, nvml, topo  # noqa: E402
 from preflight.base.host import Host  # noqa: E402
 from preflight.pipeline.settings import Settings  # noqa: E402
 
@@ -54,15 +55,15 @@ def main() -> None:
         os.environ["FAKE_NVML_FACTS"] = str(FACTS)
         os.environ["PATH"] = f"{fakes.nvidia_smi(tmp / 'bin', CAPTURE)}:{os.environ['PATH']}"
     timed("NVML inventory (child process)", lambda: nvml.inventory())
-    timed("nvidia-smi topo -m + parse", lambda: topology.run_matrix(Host(), 15))
+    timed("nvidia-smi topo -m + parse", lambda: layout.run_matrix(Host(), 15))
     inventory = nvml.inventory()
-    timed("sysfs: GPUs, NICs, NUMA, cpuset (recorded HGX tree)", lambda: (topology.gpu_places(Host(TREE), inventory), topology.nics(Host(TREE)), topology.machine_cpus(Host(TREE))))
-    timed("sysfs: the same on this machine", lambda: (topology.gpu_places(Host(), inventory), topology.nics(Host()), topology.machine_cpus(Host())))
-    timed("torchrun --numa-binding lookup (no torch import)", lambda: topology.torch_numa_binding(sys.executable))
+    timed("sysfs: GPUs, NICs, NUMA, cpuset (recorded HGX tree)", lambda: (layout.gpu_places(Host(TREE), inventory), layout.nics(Host(TREE)), layout.machine_cpus(Host(TREE))))
+    timed("sysfs: the same on this machine", lambda: (layout.gpu_places(Host(), inventory), layout.nics(Host()), layout.machine_cpus(Host())))
+    timed("torchrun --numa-binding lookup (no torch import)", lambda: layout.torch_numa_binding(sys.executable))
     s = Settings(nvml_fake=None if REAL else FACTS)
     facts = topology.gather(Host(TREE, environ=os.environ), s, time.monotonic() + 30)
     expect = topology.GENERIC
-    timed("judges + advice", lambda: (topology.judge(facts, expect, 12), topology.advise(facts)))
+    timed("judges + advice", lambda: (topology.judge(facts, expect, 12), placement.advise(facts)))
     args = [sys.executable, "-m", "preflight", "run", "--profile", "h100-sxm", "--only", "topology", "-q", "--lock-file", str(tmp / "lock")]
     if not REAL:
         args += ["--nvml-fake", str(FACTS)]

@@ -1,0 +1,63 @@
+"""The text and JSON of `preflight topology`, from real `nvidia-smi topo -m`
+captures: what a saved capture shows, a live node's shape leading the text,
+fake NVML facts failing closed, and a node whose profile cannot be picked."""
+
+import os
+
+import fakes
+import pytest
+from conftest import no_driver
+from preflight.outputs import topology_text as tt
+from topology_cases import FIXTURES, SPLIT, TOPO
+
+from preflight.base.errors import UsageError
+from preflight.pipeline.settings import Settings
+from preflight.pipeline.shape import NodeShape
+
+P40 = TOPO / "14_p40-8x-pcie_pix-pxb_mlx5_0-SOC_old-header-no-numa.txt"  # PCIe switches only, one NIC behind the CPU
+
+
+def captured(path):
+    return tt.from_text(path.read_text(), str(path))
+
+
+def test_a_capture_lists_links_by_kind_and_the_nics_beside_no_gpu():
+    text, data, failed = tt.explain(captured(P40), None, live=False)
+    assert "\n[CPUs 0-13]\n  GPU0   GPU1   GPU2" in text  # no NUMA column: the CPU set stands for the node
+    assert "\n  NICs beside no GPU: mlx5_0\n  PIX: 0-1, 0-2," in text
+    assert "\n  PXB: 0-4, 0-5, 0-6, 0-7, 1-4, 1-5, 1-6, 1-7, 2-4, 2-5, 2-6, 2-7 and 4 more\n" in text
+    assert "\nfindings against no profile (only what needs no SKU is judged): none\n" in text
+    assert not failed and data["profile"] is None and data["shape"] is None and "machine" not in data
+
+
+def test_a_live_explanation_leads_with_the_nodes_shape():
+    node = NodeShape(gpus=8, gpus_from="the PCI bus", fabric="nvswitch", fabric_from="NVML")
+    text, data, _ = tt.explain(captured(SPLIT), None, live=True, shape=node)
+    assert text.startswith("node: 8 GPUs joined by NVSwitch, no RDMA NIC; GPUs from the PCI bus; links from NVML\n8 GPU(s), 12 NIC(s) from ")
+    assert data["shape"]["gpus"] == 8 and set(data["machine"]) == {"gpus", "nics", "cpus", "cuda_visible_devices", "torch_numa_binding"}
+
+
+def test_fake_nvml_facts_fail_closed_outside_a_run_too():
+    _, data, failed = tt.explain(captured(SPLIT), None, live=False, fake="facts.json")
+    assert failed and ("source", "FAIL") in [(f["part"], f["status"]) for f in data["findings"]]
+
+
+def test_a_damaged_capture_is_a_usage_error_naming_the_file_and_line():
+    bad = TOPO / "malformed" / "M1_h100-8x_nv18_12nic_PASTE-CORRUPTED-PIXNODE.txt"
+    with pytest.raises(UsageError, match=rf"^--from {bad}: line 7: .*pass the unedited output of `nvidia-smi topo -m`$"):
+        tt.explain_capture(bad, Settings(), profile_named=False)
+
+
+def test_a_node_whose_profile_cannot_be_picked_is_noted_and_judged_without_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", f"{fakes.nvidia_smi(tmp_path / 'bin', SPLIT)}:{os.environ['PATH']}")
+    notes: list[str] = []
+    text, _, failed = tt.explain_host(Settings(nvml_fake=FIXTURES / "nvml" / "h100-mixed-skus.json"), notes.append)
+    assert notes == ["judging without a profile: mixed GPU models on one node: NVIDIA H100 80GB HBM3 (0x2330), NVIDIA H100 PCIe (0x2331)"]
+    assert "\nfindings against no profile (only what needs no SKU is judged):\n" in text
+    assert failed  # the fake NVML facts fail closed
+
+
+@no_driver
+def test_this_machine_without_a_driver_is_unreadable_and_points_at_a_capture():
+    with pytest.raises(tt.Unreadable, match="to explain a saved capture use --from FILE$"):
+        tt.explain_host(Settings(), lambda _: None)

@@ -1,0 +1,59 @@
+"""The layout reader: the recorded HGX H100 sysfs tree (and edits of it), this
+machine's own CPUs and cgroups, and torchrun's --numa-binding read from
+torch's source."""
+
+import os
+import sys
+from pathlib import Path
+
+from preflight.base.host import Host
+from preflight.base.units import parse_cpulist
+from preflight.readers import layout as t
+from topology_cases import edit, gathered, host, root  # noqa: F401 (root: a fixture)
+
+
+def test_gather_reads_gpus_nics_numa_and_cpus_from_the_recorded_tree(root):
+    f = gathered(host(root))
+    assert f.matrix is not None and f.matrix_error is None and len(f.matrix.gpus) == 8
+    assert [g.numa_node for g in f.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert f.gpus[0].pci == "0000:1b:00.0" and f.gpus[0].local_cpus == "0-55,112-167"
+    assert f.gpus[0].link == t.PciLink(speed="32.0 GT/s PCIe", width=16, max_speed="32.0 GT/s PCIe", max_width=16)
+    assert f.cpus == t.Cpus(online="0-223", nodes={"0": "0-55,112-167", "1": "56-111,168-223"}, allowed="0-223", quota=None)
+    nics = {n.name: n for n in f.nics}
+    assert len(nics) == 12 and nics["mlx5_0"].pci == "0000:18:00.0" and nics["mlx5_0"].netdevs == ["ibp24s0"]
+    assert nics["mlx5_6"].numa_node == 1 and nics["mlx5_6"].ports == [t.IbPort(port=1, state="ACTIVE", rate="400 Gb/sec (4X NDR)", link_layer="InfiniBand")]
+    assert nics["mlx5_4"].ports[0].link_layer == "Ethernet"
+
+
+def test_gather_on_this_machine_counts_its_real_cpus_and_nodes():
+    cpus = t.machine_cpus(Host())
+    assert set(parse_cpulist(cpus.allowed)) == os.sched_getaffinity(0)
+    assert cpus.nodes and set().union(*(parse_cpulist(c) for c in cpus.nodes.values())) >= os.sched_getaffinity(0)
+
+
+def test_a_cgroup_v2_cpu_quota_counts_as_fewer_cpus(root):
+    edit(root, "sys/fs/cgroup/system.slice/cpu.max", "1600000 100000")  # the parent's limit binds the child
+    assert t.cpu_quota(Host(root)) == 16
+
+
+def test_a_cgroup_v1_cpu_quota_is_read_too(root):
+    edit(root, "proc/self/cgroup", "4:cpu,cpuacct:/docker/abc\n0::/")
+    (root / "sys/fs/cgroup/cpu,cpuacct/docker/abc").mkdir(parents=True)
+    edit(root, "sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "800000")
+    edit(root, "sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_period_us", "100000")
+    assert t.cpu_quota(Host(root)) == 8
+
+
+def test_torchrun_numa_binding_is_found_without_importing_torch():
+    assert t.torch_numa_binding(sys.executable) is True  # torch 2.13 has --numa-binding
+    assert t.torch_numa_binding("/nonexistent/python") is None
+
+
+def test_an_older_torch_without_numa_binding_is_told_apart(tmp_path, monkeypatch):
+    fake = tmp_path / "site" / "torch" / "distributed"
+    fake.mkdir(parents=True)
+    (fake.parent / "__init__.py").write_text("raise SystemExit('must not be imported')\n")
+    (fake / "run.py").write_text("parser.add_argument('--nproc-per-node')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    other = str(Path(sys.executable).resolve())  # another path to an interpreter: asked in a child
+    assert other != sys.executable and t.torch_numa_binding(other) is False
