@@ -1,9 +1,10 @@
 """The vocabulary every room speaks, and the seam to the machine.
 
-errors (UsageError, Interrupted: what the CLI turns into exit codes), units
-(numbers for people), findings (Status, Measurement, Finding: what a judge
-says), host (the filesystem root, the environment, child processes with
-deadlines), progress (what the running check is doing, as data).
+errors (UsageError, Interrupted: what the CLI turns into exit codes), signals
+(SIGTERM/SIGINT/SIGHUP raised as Interrupted), units (numbers for people),
+findings (Status, Measurement, Finding: what a judge says), host (the
+filesystem root, the environment, child processes with deadlines), progress
+(what the running check is doing, as data).
 
 Imports: the standard library, pydantic and psutil; nothing else of preflight.
 """

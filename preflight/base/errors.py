@@ -9,7 +9,7 @@ class UsageError(Exception):
 
 
 class Interrupted(BaseException):
-    """Raised in the main thread by the CLI's SIGTERM/SIGINT handler.
+    """Raised in the main thread on SIGTERM/SIGINT/SIGHUP (preflight.base.signals.interrupting).
 
     A BaseException so that no check's ``except Exception`` swallows it.
     """

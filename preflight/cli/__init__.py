@@ -2,11 +2,13 @@
 
 main (the console script: `version` and plain `status` without Typer, the
 rest through the Typer app), plain (those two commands' bodies, and the exit
-codes every command shares), common (the app and its shared options), app
-(every command registered), and one module per command group: run (run,
+codes every command shares), common (the options, console, settings and
+exit-code wrapper the commands share), app (the Typer app: every command
+registered, in --help's order), and one module per command group: run (run,
 calibrate, selftest), explain (list, show-profile, detect, xid, topology,
 nccl-log), integrations (status, serve, slurm-healthcheck, kube-label),
 multinode (pairwise).
 
-Imports: any room. Nothing imports the CLI.
+Imports: any room. Within: main -> plain and app; app -> common and the
+groups; the groups -> common and plain. Nothing imports the CLI.
 """

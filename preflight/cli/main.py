@@ -5,28 +5,22 @@ it must start in a few tens of milliseconds. Typer takes longer than that to
 import, and to read a command's options (--help's too) it builds pydantic
 adapters. So ``main`` runs `version`, and `status` in the plain form scripts
 use (``status [--npd] [--json] [--report P] [--config P] [--max-age N]``,
-each at most once), here; anything else goes to the Typer app (preflight.cli.app),
-which owns every usage error and gives the same answer for these forms
-(tests/cli/test_main.py holds the two to it). Each command's body is one
-function both paths call. The console script and `python -m preflight` both
-start here.
+each at most once), with preflight.cli.plain alone; anything else goes to the
+Typer app (preflight.cli.app), which owns every usage error and gives the
+same answer for these forms (tests/cli/test_main.py holds the two to it).
+Each command's body is one function of preflight.cli.plain that both paths
+call. The console script and `python -m preflight` both start here.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from preflight.base.errors import UsageError
-
-if TYPE_CHECKING:
-    from preflight.outputs.last_report import Loaded, Standing
+from preflight.cli.plain import guarded, status, version
 
 
 def main() -> None:
@@ -36,9 +30,9 @@ def main() -> None:
     elif (parsed := parse_status(argv)) is not None:
         command, args = status, parsed
     else:
-        from preflight.cli import app as cli
+        from preflight.cli import app
 
-        cli.main()
+        app.main()
         return
     try:
         code = guarded(command, **args)
@@ -89,196 +83,3 @@ _OPTIONS = {"--report": "report", "--npd": "npd", "--max-age": "max_age", "--con
 _DECIMAL = re.compile(r"[0-9]+(\.[0-9]+)?")
 
 
-def guarded(command: Callable[..., int], *args: object, **kwargs: object) -> int:
-    """What a command returns, or the exit code for what it raised: 2 bad input,
-    1 no profile found, 128+N a signal (141: stdout's reader went away), 3 a bug
-    (with the traceback)."""
-    try:
-        code = command(*args, **kwargs)
-        if sys.stdout is not None:  # None when started with stdout closed (`>&-`)
-            sys.stdout.flush()  # here, not at exit: a reader gone by then is handled below too
-        return code
-    except BrokenPipeError:
-        # The reader of stdout went away (`| head -1`): stop as a command killed by
-        # SIGPIPE does, quietly, with 128+13; the interpreter's last flush goes nowhere.
-        stdout_gone()
-        return 128 + signal.SIGPIPE
-    except UsageError as e:
-        _console().error(str(e))
-        return 2
-    except BaseException as e:
-        # These classes come from modules only a command that can raise them
-        # imports: importing them here would cost every command its start-up.
-        profiles, runner = sys.modules.get("preflight.pipeline.profiles"), sys.modules.get("preflight.pipeline.runner")
-        if profiles is not None and isinstance(e, profiles.DetectionFailed):  # `auto` found no driver or no profile: a finding, not bad input
-            _console().error(f"{e.cause}; {e.remedy}")
-            return 1
-        if runner is not None and isinstance(e, runner.Interrupted):  # outside a check (detection, lock wait): nothing ran, nothing written
-            _console().error(f"interrupted by signal {e.signum} before any check ran; no report written")
-            return 128 + e.signum
-        if not isinstance(e, Exception):
-            raise
-        # The tool broke: one line, and the traceback for a bug report.
-        import traceback
-
-        _console().error(f"internal error: {type(e).__name__}: {e} (a bug in preflight; traceback follows)")
-        traceback.print_exc(file=sys.stderr)
-        return 3
-
-
-def _console():  # noqa: ANN202
-    from preflight.outputs.console import Console
-
-    return Console()
-
-
-def emit(text: str) -> None:
-    """Data on stdout; a reader that went away (| head) must not change the exit code."""
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except (BrokenPipeError, ValueError, AttributeError):
-        stdout_gone()
-
-
-def stdout_gone() -> None:
-    # Point fd 1 at /dev/null so the interpreter's final flush cannot fail either.
-    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-
-
-def standing(report: Path | None, config: Path | None, max_age: float | None) -> tuple[Loaded, Standing]:
-    """The last report and what it says about this node now (never runs a check)."""
-    from preflight.outputs import last_report
-    from preflight.pipeline import settings_view
-    from preflight.pipeline.report_view import DEFAULT_REPORT_PATH
-
-    if max_age is not None and not max_age > 0:
-        raise UsageError(f"--max-age {max_age:g}: give a number of seconds above 0, e.g. 86400 for a day")
-    try:
-        path = settings_view.report_path(report, config)
-    except settings_view.Unsure:
-        from preflight.pipeline import settings
-
-        path = settings.load({"report": report}, config=config).report
-    path = path or DEFAULT_REPORT_PATH
-    loaded = last_report.load_view(path)
-    return loaded, last_report.standing(loaded, last_report.this_boot(), last_report.now(), max_age, last_report.booted_at())
-
-
-def npd_line(reason: str, limit: int = 80) -> str:
-    """One line of at most ``limit`` bytes, newline included (NPD's max_output_length), cut on a character."""
-    text = " ".join(reason.split())
-    if len(text.encode()) + 1 > limit:
-        text = text.encode()[: limit - 4].decode(errors="ignore") + "..."
-    return text + "\n"
-
-
-def status(report: Path | None, npd: bool, max_age: float | None, config: Path | None, json_out: bool) -> int:
-    """`preflight status`: exit 0 vouched, 1 not; with --npd, 2 where no report is usable."""
-    loaded, st = standing(report, config, max_age)
-    if npd:
-        emit(npd_line(st.reason))
-        return {True: 0, False: 1, None: 2}[st.vouched]
-    if json_out:
-        r = loaded.report
-        emit(json.dumps({"vouched": st.vouched, "reason": st.reason, "report_state": str(loaded.state),
-                         "verdict": str(r.verdict) if r else None, "profile": r.profile if r else None,
-                         "current_boot": st.current_boot, "age_seconds": st.age_seconds}, indent=2) + "\n")
-    else:
-        emit({True: "vouched", False: "NOT vouched", None: "unknown"}[st.vouched] + f": {st.reason}\n")
-    return 0 if st.vouched else 1
-
-
-def version() -> int:
-    """`preflight version`: preflight's and what it runs on (torch is looked up, not imported)."""
-    from preflight import __version__
-
-    print(f"preflight {__version__}\npython {sys.version.split()[0]}")
-    # systemd/ and examples/ are package data (pyproject): a wheel puts them in
-    # the package, an editable install leaves them at the checkout's root.
-    here = Path(__file__).parent.parent  # the package
-    print(f"units and examples: {here if (here / 'systemd').is_dir() else here.parent}")
-    for dist in ("torch", "nvidia-ml-py", "pydantic", "typer"):
-        try:
-            print(f"{dist} {dist_version(dist)}")
-        except LookupError:
-            print(f"{dist} not installed")
-    return 0
-
-
-def dist_version(name: str) -> str | None:
-    """``importlib.metadata.version(name)``, LookupError where it is not installed.
-
-    Read as importlib.metadata's path finder reads it (the first NAME-*.dist-info
-    or .egg-info on sys.path, its METADATA or PKG-INFO, the Version header)
-    without importing importlib.metadata and email, which cost `version` more
-    than the rest of it; a zip on sys.path, another finder or an odd file is
-    left to importlib.metadata itself."""
-    from importlib.machinery import PathFinder
-
-    try:
-        if any(getattr(f, "find_distributions", None) and f is not PathFinder for f in sys.meta_path):
-            raise _Odd
-        wanted = _normalize(name)
-        for entry in sys.path:
-            root = entry or "."
-            if os.path.basename(root).lower().endswith(".egg"):
-                raise _Odd  # an egg: its EGG-INFO names no distribution
-            try:
-                children = os.listdir(root)
-            except OSError:
-                if os.path.exists(root):
-                    raise _Odd from None  # a zip: importlib.metadata reads inside it
-                continue
-            for child in children:
-                low = child.lower()
-                if low.endswith((".dist-info", ".egg-info")) and _normalize(low.rpartition(".")[0].partition("-")[0]) == wanted:
-                    return _version_header(os.path.join(root, child))
-        raise LookupError(name)
-    except (_Odd, ValueError):  # ValueError: METADATA not UTF-8
-        from importlib import metadata
-
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            raise LookupError(name) from None
-
-
-class _Odd(Exception):
-    """Something only importlib.metadata reads as it does."""
-
-
-_HEADER_NAME = re.compile(r"[\041-\071\073-\176]+")
-
-
-def _normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower().replace("-", "_")
-
-
-def _version_header(info: str) -> str:
-    for text in _metadata_texts(info):
-        if text:
-            break
-    else:
-        raise _Odd
-    lines = re.split(r"\r\n|\r|\n", text)  # as the email parser splits them
-    for line, after in zip(lines, [*lines[1:], ""]):
-        if not line.strip():
-            break  # the headers end at the first blank line
-        key, colon, value = line.partition(":")
-        if not colon or not _HEADER_NAME.fullmatch(key):
-            raise _Odd  # a folded or malformed header: the email parser's call
-        if key.lower() == "version":
-            if after[:1] in (" ", "\t"):
-                raise _Odd  # a folded header
-            return value.lstrip(" \t")
-    raise _Odd
-
-
-def _metadata_texts(info: str):  # noqa: ANN202
-    for path in (os.path.join(info, "METADATA"), os.path.join(info, "PKG-INFO"), info):
-        try:
-            with open(path, encoding="utf-8") as f:
-                yield f.read()
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError):
-            continue

@@ -13,20 +13,19 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import statistics
 import subprocess
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from preflight.base.errors import UsageError
+from preflight.base.errors import Interrupted, UsageError
 from preflight.base.host import stop
+from preflight.base.signals import interrupting
 from preflight.gpuwork.multinode import expand_hostlist
 from preflight.base.units import fmt_rate, fmt_value
 
@@ -287,22 +286,6 @@ def run_round(launch: Launch, rnd: int, pairs: list[tuple[Host, Host]], index: M
 # ---- the command ----------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _signals() -> Iterator[None]:
-    """SIGTERM/SIGINT/SIGHUP raise Interrupted, so run_round's finally stops every group it started."""
-    from preflight.base.errors import Interrupted
-
-    def handler(signum: int, _frame: object) -> None:
-        raise Interrupted(signum)
-
-    saved = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)} if threading.current_thread() is threading.main_thread() else {}
-    try:
-        yield
-    finally:
-        for s, h in saved.items():
-            signal.signal(s, h)
-
-
 def show_round(console: Any, rnd: int, pairs: list[Pair]) -> None:
     """One line a pair; the console styles it on a terminal and leaves it plain in logs."""
     width = max(len(f"{p.a} + {p.b}") for p in pairs)
@@ -316,8 +299,6 @@ def show_round(console: Any, rnd: int, pairs: list[Pair]) -> None:
 def main(hosts: Path | None, exec_template: str | None, preflight_cmd: str, profile: str, port: int, timeout: float,
          tolerance: float, json_out: bool, console: Any, extra: Sequence[str] = (), env: Mapping[str, str] | None = None) -> int:
     """Exit 0 when every host is good, 1 when one is bad or undetermined; UsageError for bad input."""
-    from preflight.base.errors import Interrupted
-
     if not 0 < tolerance <= 1:
         raise UsageError(f"--tolerance {tolerance:g}: give a fraction in (0, 1], e.g. 0.5: a pair under half the median busbw is slow")
     if not 1 <= port < 65535:  # preflight run refuses 65535: node rank 0 also listens on PORT+1
@@ -338,7 +319,7 @@ def main(hosts: Path | None, exec_template: str | None, preflight_cmd: str, prof
     launch, index = Launch(template, preflight_cmd, profile, port, timeout, tuple(extra)), {h.name: i for i, h in enumerate(chosen)}
     console.note(f"pairwise: {len(chosen)} hosts, pairs of `{template} {preflight_cmd} run --profile {profile}`, {timeout:g} s a round")
     try:
-        with _signals():
+        with interrupting():  # run_round's finally then stops every group it started
             done, verdict = session(chosen, lambda rnd, pairs: run_round(launch, rnd, pairs, index), tolerance, lambda r, ps: show_round(console, r, ps))
     except Interrupted as e:
         console.error(f"pairwise interrupted by signal {e.signum}: every run it started was stopped; no verdict")

@@ -16,14 +16,23 @@ run's figure and says where and when it was measured.
 
 from __future__ import annotations
 
-from datetime import datetime
+import dataclasses
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from preflight.pipeline import plan as pipeline, registry
 from preflight.pipeline.check import Result
 from preflight.base.findings import Status
 from preflight.base.errors import UsageError
-from preflight.pipeline.report import Report
+from preflight.base.signals import interrupting
+from preflight.pipeline.lock import run_lock
+from preflight.pipeline.report import Report, write_atomic
 from preflight.pipeline.shape import NodeShape
+
+if TYPE_CHECKING:
+    from preflight.outputs.console import Console
+    from preflight.pipeline.settings import Settings
 
 CHECKS = ("bandwidth", "train")  # the checks whose figures become floors
 # Parts of each that must pass for its figures to be trusted; the floors part may fail (that is what calibration changes).
@@ -224,3 +233,41 @@ def check_output(path: Path, force: bool) -> Path:
     if not os.access(parent, os.W_OK):
         raise UsageError(f"--output {path}: directory {parent} is not writable")
     return path
+
+
+def run(s: Settings, output: Path, fraction: float, repeats: int, console: Console) -> int:
+    """Measure this node ``repeats`` times and write its floors to ``output``: the exit code.
+    The inputs were checked first (check_fraction, check_repeats, check_output)."""
+    runs = []
+    with interrupting():  # the runner stops the running check's workers; no floors are written then
+        resolved = pipeline.resolve_profile(s)
+        s.keep_going = False
+        s.only = checks_up_to(resolved.checks, resolved.name)
+        first = pipeline.plan(s)
+        # The checks before the measuring ones vouch for the node once; the figures need every run.
+        s.only = [c for c in s.only if c in CHECKS]
+        again = pipeline.plan(s)
+        # One lock over every run: a recheck timer's run in between would disturb the figures.
+        with run_lock(s.lock_file, s.lock_timeout, lambda who: console.note(f"waiting for {who} to release {s.lock_file}")):
+            for i in range(repeats):
+                console.note(f"calibrate: run {i + 1} of {repeats}")
+                the_plan = first if i == 0 else dataclasses.replace(again, started_at=datetime.now(timezone.utc))
+                result = pipeline.execute(the_plan, s, console)
+                if result.interrupted_by_signal:
+                    console.error(f"no floors written: stopped by signal {result.interrupted_by_signal} in run {i + 1} of {repeats}")
+                    return result.exit_code
+                try:
+                    runs.append(vouch(result))
+                except Refused as e:
+                    console.error(f"no floors written: run {i + 1} of {repeats}: {e}")
+                    return 1
+    bounds = {name: ub for r in runs[0] for name, ub in registry.load(r.check).floor_units.items()}
+    try:
+        found = floors(runs, fraction, bounds)
+    except Refused as e:
+        console.error(f"no floors written: {e}")
+        return 1
+    whole_node = tuple(name for r in runs[0] for name in registry.load(r.check).whole_node)
+    write_atomic(output, render(found, fraction, result.hostname, resolved.name, result.finished_at, result.shape, whole_node))
+    console.note(f"wrote {len(found)} floors to {output} ({fraction:g} x this node's weakest figures over {repeats} runs); use it with --config {output}")
+    return 0

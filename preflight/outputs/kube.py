@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from preflight.base.errors import UsageError
+from preflight.base.errors import Interrupted, UsageError
+from preflight.base.signals import interrupting
 from preflight.outputs.last_report import Standing
 
 LABEL = "preflight/result"
@@ -223,3 +224,44 @@ def keep_applying(one: Callable[[], Round], every: float, say: Callable[[Round],
             say(r)
         last = r.key
         time.sleep(every)
+
+
+def main(node: str | None, taint: bool, every: float | None, dry_run: bool, api_server: str | None,
+         judge: Callable[[], Standing], console: Any, emit: Callable[[str], None]) -> int:
+    """`preflight kube-label` once its flags are read (``judge``: the last report's standing now):
+    one round, exit 0 vouched and 1 not, or with ``every`` a round every so often until SIGTERM, exit 0."""
+    name = node or os.environ.get("NODE_NAME")
+    if not name and dry_run:
+        name = os.uname().nodename.strip().lower()  # what the kubelet names its node unless told otherwise
+        console.note(f"no --node or NODE_NAME: the node name is taken from the hostname, {name}")
+    if not name:
+        raise UsageError("no node name: set NODE_NAME from the downward API (env valueFrom.fieldRef.fieldPath: spec.nodeName) or pass --node NAME")
+    if every is not None and not every > 0:
+        raise UsageError(f"--every {every:g}: give a number of seconds above 0, e.g. 60")
+    if api_server is not None and not api_server.startswith(("http://", "https://")):
+        raise UsageError(f"--api-server {api_server}: give a URL, e.g. http://127.0.0.1:8001 for `kubectl proxy`")
+    no_api = ""
+    if api_server:
+        api: Api | None = Api(api_server)
+    elif dry_run and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        api, no_api = None, "not in a pod, KUBERNETES_SERVICE_HOST is not set"  # a preview needs no cluster
+    else:
+        api = Api.in_cluster()
+    st = judge()  # a bad --max-age or config: exit 2 before any round
+
+    def say(r: Round) -> None:
+        if r.error:
+            console.error(r.line)
+        else:
+            emit(r.line + "\n")
+
+    if every is None:
+        r = run_round(api, lambda: st, name, taint, dry_run, no_api)
+        say(r)
+        return 0 if r.vouched else 1
+    try:
+        with interrupting():
+            keep_applying(lambda: run_round(api, judge, name, taint, dry_run, no_api), every, say)
+    except Interrupted:
+        pass  # SIGTERM from the kubelet: a clean stop
+    return 0

@@ -1,7 +1,8 @@
-"""Profiles as a person reads them: `preflight show-profile`."""
+"""Profiles and their checks as a person reads them: `preflight show-profile` and `preflight list`."""
 
 from __future__ import annotations
 
+from preflight.pipeline.check import Check
 from preflight.pipeline.profiles import ResolvedProfile
 from preflight.pipeline.shape import FABRIC_WORDS
 from preflight.base.units import fmt_bytes, fmt_value
@@ -35,3 +36,21 @@ def describe(p: ResolvedProfile) -> str:
         out.append(f"    GPUs on at most {t.numa_warn_above} NUMA node(s) without a warning{fail}\n      source: {t.numa_source}")
         out.append(f"    a NIC at PIX/PXB beside every GPU: {'yes, on nodes with NICs' if t.nic_per_gpu else 'not required'}" + (f"\n      source: {t.nic_source}" if t.nic_source else ""))
     return "\n".join(out) + "\n"
+
+
+def check_rows(checks: list[Check]) -> list[dict]:
+    """`preflight list --json`: what each check verifies, what it needs first, its deadline."""
+    return [
+        {"name": c.name, "description": c.description, "requires": list(c.requires), "timeout_seconds": c.timeout_seconds}
+        for c in checks
+    ]
+
+
+def check_table(rows: list[dict]) -> str:
+    """`preflight list`: a check a line, its name, what it verifies, what it runs after."""
+    width = max((len(r["name"]) for r in rows), default=0)
+    out = ""
+    for r in rows:
+        needs = f" (after {', '.join(r['requires'])})" if r["requires"] else ""
+        out += f"{r['name']:<{width}}  {r['description']}{needs}\n"
+    return out

@@ -60,3 +60,13 @@ def load(name: str) -> Check:
         return cls()
     except Exception as e:  # a broken plugin must not take the agent down
         return BrokenPlugin(name, e)
+
+
+def installed(order: list[str] | None = None) -> list[Check]:
+    """Every installed check, cheapest first; given ``order`` (a profile's
+    checks), those of them installed, in that order."""
+    checks = sorted((load(name) for name in names()), key=lambda c: (c.order, c.name))
+    if order is None:
+        return checks
+    by_name = {c.name: c for c in checks}
+    return [by_name[name] for name in order if name in by_name]

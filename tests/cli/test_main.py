@@ -1,4 +1,4 @@
-"""`status` and `version` start without Typer and pydantic (preflight/cli/main.py):
+"""`status` and `version` start without Typer and pydantic (preflight/cli/main.py, plain.py):
 they must answer exactly as the Typer app does, and keep starting light."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from conftest import report_file
 from typer.testing import CliRunner
 
 import fakes
-from preflight.cli import main as quick
+from preflight.cli import main as quick, plain
 from preflight.cli.app import app
 
 THROUGH_TYPER = "import sys; sys.argv = ['preflight', *sys.argv[1:]]; from preflight.cli.app import main; main()"
@@ -31,7 +31,7 @@ def run(args: list[str], typer_app: bool = False, env: dict[str, str] | None = N
 def typer_reads(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> dict | None:
     """The arguments the Typer app calls `status` with, or None where it refuses them."""
     seen = []
-    monkeypatch.setattr(quick, "status", lambda *args: seen.append(dict(zip(("report", "npd", "max_age", "config", "json_out"), args))) or 0)
+    monkeypatch.setattr(plain, "status", lambda *args: seen.append(dict(zip(("report", "npd", "max_age", "config", "json_out"), args))) or 0)
     CliRunner().invoke(app, argv)
     return seen[0] if seen else None
 
@@ -123,7 +123,7 @@ def test_each_answer_is_the_typer_apps(tmp_path):
 
 # What `status` and `version` must not load: each alone costs them more than they may take.
 HEAVY = ("typer", "pydantic", "pydantic_core", "pydantic_settings", "rich", "torch", "psutil", "importlib.metadata", "email",
-         "preflight.cli.app", "preflight.pipeline.settings", "preflight.pipeline.report", "preflight.pipeline.check", "preflight.outputs.console")
+         "preflight.cli.app", "preflight.cli.common", "preflight.pipeline.settings", "preflight.pipeline.report", "preflight.pipeline.check", "preflight.outputs.console")
 # --help goes through Typer, in plain text: no Rich, no pydantic.
 HEAVY_HELP = ("pydantic", "pydantic_core", "rich", "markdown_it", "pygments", "torch", "psutil", "preflight.pipeline.settings", "preflight.pipeline.report")
 
@@ -169,7 +169,7 @@ def test_every_installed_distribution_reads_as_importlib_metadata_reads_it():
         except metadata.PackageNotFoundError:
             expected = LookupError
         try:
-            got = quick.dist_version(name)
+            got = plain.dist_version(name)
         except LookupError:
             got = LookupError
         assert got == expected, name
@@ -194,4 +194,4 @@ def test_odd_metadata_reads_as_importlib_metadata_reads_it(tmp_path, monkeypatch
     (site / "eggfile-9.0.egg-info").write_text("Metadata-Version: 1.0\nName: eggfile\nVersion: 9.0\n")
     monkeypatch.syspath_prepend(str(site))
     for name in ("plain", "Upper-Case", "upper_case", "dotted.name", "dotted-name", "folded", "pkginfo", "later", "crlf", "eggfile", "noversion"):
-        assert quick.dist_version(name) == metadata.version(name), name
+        assert plain.dist_version(name) == metadata.version(name), name

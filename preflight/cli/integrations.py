@@ -1,0 +1,109 @@
+"""Where the last report goes, never running a check: `preflight status`,
+`serve`, `slurm-healthcheck` and `kube-label`."""
+
+# No `from __future__ import annotations`: see preflight/cli/common.py.
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from preflight.cli import plain
+from preflight.cli.common import ConfigOpt, JsonOpt, _console, _emit, _exit_codes, _settings
+
+ReportOpt = Annotated[Optional[Path], typer.Option("--report", metavar="FILE", help="The report `preflight run --report` wrote. [default: /var/lib/preflight/report.json]")]
+MaxAgeOpt = Annotated[Optional[float], typer.Option("--max-age", metavar="SECONDS", help="Seconds after which a pass no longer vouches for the node. [default: no limit; a pass before the last reboot never does]")]
+
+
+@_exit_codes
+def status(
+    report: ReportOpt = None,
+    npd: Annotated[bool, typer.Option("--npd", help="node-problem-detector custom plugin: at most 80 bytes; exit 0 OK, 1 problem, 2 unknown.")] = False,
+    max_age: MaxAgeOpt = None,
+    config: ConfigOpt = None,
+    json_out: JsonOpt = False,
+) -> int:
+    """Whether the last report vouches for this node now: a pass, in this boot. Never runs a check.
+
+    Exit 0 vouched, 1 not (failed, before the last reboot, too old, or no usable report)."""
+    # The same body preflight/cli/main.py runs for `preflight status` without Typer.
+    return plain.status(report, npd, max_age, config, json_out)
+
+
+@_exit_codes
+def serve(
+    listen: Annotated[Optional[str], typer.Option("--listen", metavar="ADDRESS:PORT", help="Where to listen. Another address than loopback exposes the report to that network. [default: 127.0.0.1:9842]")] = None,
+    report: ReportOpt = None,
+    config: ConfigOpt = None,
+) -> int:
+    """Serve the last report: /metrics for Prometheus, /report (JSON), /healthz. A scrape never runs a check."""
+    from preflight.base.signals import interrupting
+    from preflight.outputs import serve as server_mod
+    from preflight.pipeline.report import DEFAULT_REPORT_PATH
+
+    s = _settings(config, listen=listen, report=report)
+    path = s.report or DEFAULT_REPORT_PATH
+    server = server_mod.bind(s.listen, path)
+    _console().note(f"serving {path} at http://{s.listen}/metrics (also /report, /healthz)")
+    # SIGTERM from systemd asks the loop to stop between connections: an exception
+    # raised wherever the main thread happens to be could cut a hand-off in half.
+    try:
+        with interrupting(on_signal=server.stop):
+            server.serve_forever()
+    finally:
+        server.server_close()
+    return 0
+
+
+@_exit_codes
+def slurm_healthcheck(
+    report: ReportOpt = None,
+    node: Annotated[Optional[str], typer.Option("--node", metavar="NAME", help="This node's Slurm NodeName. [default: $SLURMD_NODENAME, else the short hostname]")] = None,
+    max_age: MaxAgeOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the scontrol line it would run (or why nothing); change nothing. Needs no scontrol: without slurmctld it gives the line for each state the node could be in.")] = False,
+    config: ConfigOpt = None,
+) -> int:
+    """Slurm HealthCheckProgram: drain this node ("preflight: ...") unless the last report vouches for it;
+    resume it only from a drain of its own. Never runs a check.
+
+    Exit 0 vouched, 1 not vouched or Slurm could not be told."""
+    from preflight.outputs import slurm
+    from preflight.base.host import Host
+
+    _, st = plain.standing(report, config, max_age)
+    name = node or slurm.node_name()
+    if dry_run:
+        _emit(slurm.preview(Host(), st, name))
+        return 0 if st.vouched else 1
+    try:
+        action = slurm.apply(Host(), st, name)
+    except slurm.SlurmError as e:
+        _console().error(f"{e}; node {name} left as it is")
+        return 1
+    _emit(action.why + "\n")
+    return 0 if st.vouched else 1
+
+
+@_exit_codes
+def kube_label(
+    node: Annotated[Optional[str], typer.Option("--node", metavar="NAME", help="This node's Kubernetes name. [default: $NODE_NAME, set from the downward API's spec.nodeName]")] = None,
+    report: ReportOpt = None,
+    max_age: MaxAgeOpt = None,
+    taint: Annotated[bool, typer.Option(
+        "--taint/--no-taint", help="Also taint a node the report does not vouch for with preflight/failed=true:NoSchedule, and remove it when it passes again.",
+    )] = False,
+    every: Annotated[Optional[float], typer.Option("--every", metavar="SECONDS", help="Re-read the report and re-apply every SECONDS until SIGTERM. [default: once]")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the PATCH it would send and change nothing; with no cluster to read the node from, the most it would send.")] = False,
+    config: ConfigOpt = None,
+    # `kubectl proxy` or a test server instead of the in-cluster API server: not in --help.
+    api_server: Annotated[Optional[str], typer.Option("--api-server", metavar="URL", hidden=True)] = None,
+) -> int:
+    """Kubernetes: label this node preflight/result=pass|fail from the last report; with --taint, also taint
+    it while not vouched. Only its own label and taint are touched. Never runs a check.
+
+    Exit 0 vouched, 1 not vouched or the API server could not be told."""
+    from preflight.outputs import kube
+
+    def judge():  # noqa: ANN202
+        return plain.standing(report, config, max_age)[1]
+
+    return kube.main(node, taint, every, dry_run, api_server, judge, _console(), _emit)

@@ -1,0 +1,61 @@
+"""`preflight run` once its settings are read: the plan run under the lock, and
+its verdict left where machines read it (the textfile, then the report).
+
+Both paths are refused before a check runs; a file that cannot be written
+afterwards is left as it was, and a run that passed exits 3.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from preflight.base.signals import interrupting
+from preflight.outputs import metrics
+from preflight.pipeline import plan as pipeline, report as reports
+from preflight.pipeline.lock import run_lock
+
+if TYPE_CHECKING:
+    from preflight.outputs.console import Console
+    from preflight.pipeline.settings import Settings
+
+
+def run(s: Settings, console: Console, if_idle: bool = False) -> reports.Report | None:
+    """The run's report, written; None when ``if_idle`` found a GPU held (nothing
+    run, the last report stands). Raises UsageError before any check for bad input."""
+    report_path = reports.check_writable(s.report) if s.report is not None else None
+    textfile = metrics.check_textfile_dir(s.textfile_dir) if s.textfile_dir is not None else None
+    with interrupting():  # the runner stops the running check's workers and still writes the report
+        the_plan = pipeline.plan(s)  # may ask NVML (bounded), so it runs under the handlers too
+        if if_idle and (held := pipeline.gpus_busy(s)):
+            console.note(f"not run: {held}; the last report stands")
+            return None
+        with run_lock(s.lock_file, s.lock_timeout, lambda who: console.note(f"waiting for {who} to release {s.lock_file}")):
+            result = pipeline.execute(the_plan, s, console)
+            before = reports.read_previous(report_path)
+            kept = reports.carry_forward(result, before, the_plan.profile.checks if the_plan.profile else [], across_nodes=the_plan.group is not None)
+            if kept:
+                when = kept[0].details["carried_from"]
+                console.note(f"kept from the run of {when} (this boot): " + ", ".join(f"{c.check} {c.status}" for c in kept))
+            result.last_success_at = reports.last_success(result, before) or (metrics.previous_success(textfile) if textfile else None)
+            write(result, textfile, report_path, console)
+    return result
+
+
+def write(result: reports.Report, textfile: Path | None, report_path: Path | None, console: Console) -> None:
+    """The textfile first: if it cannot be written the run is an ERROR, and the
+    report then says so too, so the gate and every reader of the report agree."""
+    for what, path, put in (
+        ("the metrics", textfile, lambda d: metrics.write_textfile(d, result)),
+        ("the report", report_path, lambda p: reports.write_atomic(p, result.model_dump_json(indent=2) + "\n")),
+    ):
+        if path is None:
+            continue
+        try:
+            put(path)
+        except OSError as e:
+            # The verdict still stands and is printed; a failed gate stays failed, a pass exits 3.
+            console.error(f"could not write {what} to {path}: {e.strerror or e}; the previous file is unchanged")
+            result.exit_code = result.exit_code or reports.EXIT_CODES[reports.Verdict.ERROR]
+            if path is textfile and result.verdict == reports.Verdict.PASS:
+                result.verdict = reports.Verdict.ERROR  # the report written next must not vouch for a run that exits 3
