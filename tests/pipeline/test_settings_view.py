@@ -164,7 +164,7 @@ def test_odd_config_files_are_left_to_settings_load(tmp_path, monkeypatch):
 
 def test_the_constants_are_the_loaders():
     # As installed, not as conftest points both at a file that is not there.
-    same = "from preflight import settings, settings_view; print(settings.DEFAULT_CONFIG == settings_view.DEFAULT_CONFIG)"
+    same = "from preflight.pipeline import settings, settings_view; print(settings.DEFAULT_CONFIG == settings_view.DEFAULT_CONFIG)"
     assert subprocess.run([sys.executable, "-c", same], capture_output=True, text=True, timeout=60).stdout == "True\n"
     assert settings_view.ENV_PREFIX == settings.ENV_PREFIX
     assert settings_view.MAX_BYTES == tomlfile.MAX_BYTES
