@@ -6,4 +6,4 @@ here, not in installed metadata, so reading it costs no metadata scan at
 start-up.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

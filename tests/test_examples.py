@@ -115,7 +115,7 @@ def test_the_daemonset_reads_the_hosts_report_as_a_locked_down_user() -> None:
     assert {"key": "preflight/failed", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] > 0
     (c,) = pod["containers"]
-    assert c["image"] == "registry.example.com/preflight:0.1.0"
+    assert c["image"] == "registry.example.com/preflight:0.2.0"
     assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in c["env"]
     assert c["securityContext"] == {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
     assert c["resources"]["requests"] and c["resources"]["limits"]

@@ -9,6 +9,7 @@ calibrate, selftest), explain (list, show-profile, detect, xid, topology,
 nccl-log), integrations (status, serve, slurm-healthcheck, kube-label),
 multinode (pairwise).
 
-Imports: any room. Within: main -> plain and app; app -> common and the
-groups; the groups -> common and plain. Nothing imports the CLI.
+Imports: any room. Within: main -> plain and app; app -> plain, common and
+the groups; the groups -> common and plain; common -> plain. Nothing but
+preflight/__main__.py imports the CLI.
 """

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from preflight.base.errors import UsageError
+from preflight.base.errors import Interrupted, UsageError
 
 if TYPE_CHECKING:
     from preflight.outputs.last_report import Loaded, Standing
@@ -41,13 +41,13 @@ def guarded(command: Callable[..., int], *args: object, **kwargs: object) -> int
         console().error(str(e))
         return 2
     except BaseException as e:
-        # These classes come from modules only a command that can raise them
-        # imports: importing them here would cost every command its start-up.
-        profiles, runner = sys.modules.get("preflight.pipeline.profiles"), sys.modules.get("preflight.pipeline.runner")
+        # DetectionFailed comes from a module only a command that can raise it
+        # imports: importing it here would cost every command its start-up.
+        profiles = sys.modules.get("preflight.pipeline.profiles")
         if profiles is not None and isinstance(e, profiles.DetectionFailed):  # `auto` found no driver or no profile: a finding, not bad input
             console().error(f"{e.cause}; {e.remedy}")
             return 1
-        if runner is not None and isinstance(e, runner.Interrupted):  # outside a check (detection, lock wait): nothing ran, nothing written
+        if isinstance(e, Interrupted):  # outside a check (detection, lock wait): nothing ran, nothing written
             console().error(f"interrupted by signal {e.signum} before any check ran; no report written")
             return 128 + e.signum
         if not isinstance(e, Exception):

@@ -8,6 +8,7 @@ meetings), pairwise (`preflight pairwise`: nodes two at a time), selftest
 (+ selftest_report: `preflight selftest`, the GPU acceptance kit, which runs
 preflight itself as children).
 
-Imports: preflight.base, preflight.readers and one another; never the
+Imports: preflight.base, preflight.readers, one another and the package's
+__version__; never the
 pipeline, a check, an output or the CLI.
 """

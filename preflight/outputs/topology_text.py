@@ -119,7 +119,7 @@ def render(facts: TopologyFacts, parts: dict[str, list[Finding]], advice: Advice
             node = gpu_numa(facts, g.index)
             near = m.nearest_nics.get(str(g.index), [])
             nic = f"{','.join(near)} ({g.nics[near[0]]})" if near else "-"
-            peers = sorted({m.link(g.index, j) for j in range(len(m.gpus)) if j != g.index}, key=lambda t: -nvlink_count(t))
+            peers = sorted({m.link(g.index, j) for j in range(len(m.gpus)) if j != g.index}, key=lambda t: (-nvlink_count(t), t))  # ties by name: a set's order changes with each process's hash seed
             lines.append(f"  GPU{g.index:<2} {node if node is not None else '?':<5} {g.cpu_affinity or '?':<24} {nic:<28} {'/'.join(peers) or '-'}")
         lines.append("")
         groups: dict[str, list[int]] = {}

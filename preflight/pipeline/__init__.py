@@ -6,6 +6,6 @@ check implements), registry (checks from the `preflight.checks` entry
 points), plan (settings -> plan -> execute), runner (ordered, fail-fast, with
 deadlines), report (+ report_view, the lean reader), lock, tomlfile.
 
-Imports: preflight.base, preflight.readers and preflight.gpuwork; never a
-check by name, an output or the CLI.
+Imports: preflight.base, preflight.readers, preflight.gpuwork and the
+package's __version__; never a check by name, an output or the CLI.
 """

@@ -6,12 +6,16 @@ third-party plugin would be, so this module never imports a check by name.
 
 from __future__ import annotations
 
+import importlib.util
 from importlib.metadata import EntryPoint, entry_points
 
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.errors import UsageError
 
 GROUP = "preflight.checks"
+# Until 0.2.0 every module sat in preflight/ itself; a plugin written then
+# imports preflight.check, preflight.units, ... from there.
+ROOMS = ("base", "readers", "gpuwork", "pipeline", "checkkit", "outputs")
 
 
 def _entry_points() -> dict[str, EntryPoint]:
@@ -59,7 +63,22 @@ def load(name: str) -> Check:
             raise TypeError(f"entry point {name!r} loads a check named {cls.name!r}; the two names must agree")
         return cls()
     except Exception as e:  # a broken plugin must not take the agent down
-        return BrokenPlugin(name, e)
+        return BrokenPlugin(name, _moved(e) or e)
+
+
+def _moved(e: Exception) -> ModuleNotFoundError | None:
+    """The error again, naming where the module lives now, when a plugin
+    imports one of preflight's modules from its place before 0.2.0."""
+    missing = e.name if isinstance(e, ModuleNotFoundError) else None
+    if not missing or not missing.startswith("preflight.") or missing.count(".") != 1:
+        return None
+    leaf = missing.split(".", 1)[1]
+    now = [f"preflight.{room}.{leaf}" for room in ROOMS if importlib.util.find_spec(f"preflight.{room}.{leaf}") is not None]
+    if not now:
+        return None
+    moved = ModuleNotFoundError(f"{e}: preflight 0.2.0 moved it to {now[0]}; change the plugin's import", name=missing)
+    moved.__cause__ = e
+    return moved
 
 
 def installed(order: list[str] | None = None) -> list[Check]:

@@ -39,7 +39,7 @@ class Verdict(str, Enum):
         return self.value
 
 
-# check.Status by value (check.py builds pydantic models); the tests hold them equal.
+# findings.Status by value (base/findings.py imports pydantic); the tests hold them equal.
 STATUSES = ("PASS", "WARN", "FAIL", "SKIP", "ERROR")
 VOUCHING = ("PASS", "WARN", "SKIP")  # Status.ok: the node may take the job
 

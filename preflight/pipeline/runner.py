@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from preflight.pipeline.check import Check, Context, Result, Status
-from preflight.base.errors import Interrupted  # noqa: F401  (raised through the runner)
+from preflight.base.errors import Interrupted
 from preflight.base.host import become_subreaper, descendants, kill_processes
 
 

@@ -6,6 +6,6 @@ kernel log), nccl_log (NCCL's debug lines) with nccl_errors (what each known
 error means), nccl_env, nccl_net (the network NCCL chose between nodes),
 nccltests (nccl-tests' tables), capture (a file a person hands over).
 
-Imports: preflight.base and one another; never the pipeline, a check, an
+Imports: preflight.base, one another and the package's __version__; never the pipeline, a check, an
 output or the CLI, so each can be tested with a recorded file alone.
 """

@@ -3,6 +3,7 @@ captures: what a saved capture shows, a live node's shape leading the text,
 fake NVML facts failing closed, and a node whose profile cannot be picked."""
 
 import os
+import subprocess
 
 import fakes
 import pytest
@@ -61,3 +62,11 @@ def test_a_node_whose_profile_cannot_be_picked_is_noted_and_judged_without_one(t
 def test_this_machine_without_a_driver_is_unreadable_and_points_at_a_capture():
     with pytest.raises(tt.Unreadable, match="to explain a saved capture use --from FILE$"):
         tt.explain_host(Settings(), lambda _: None)
+
+
+def test_the_same_capture_prints_the_same_text_in_every_process():
+    # Links of equal NVLink count (PIX and PXB: none) once printed in hash order, which changes per process.
+    capture = next(TOPO.glob("14_p40*.txt"))
+    outs = {subprocess.run([*fakes.PREFLIGHT, "topology", "--from", str(capture)], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in range(4)}
+    assert len(outs) == 1 and "PIX/PXB" in next(iter(outs))

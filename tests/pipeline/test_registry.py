@@ -30,6 +30,19 @@ def test_a_plugin_that_does_not_import_becomes_an_error_result(plugin):
     assert "fakes_missing_module" in r.details["traceback"]
 
 
+def test_a_plugin_written_for_the_flat_layout_is_told_where_its_import_went(tmp_path, monkeypatch):
+    # Until 0.2.0 the interface was preflight.check; such a plugin is an ERROR whose cause names the new place.
+    dist = tmp_path / "old_checks-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: old-checks\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[preflight.checks]\noldstyle = old_checks:Old\n")
+    (tmp_path / "old_checks.py").write_text("from preflight.check import Check\n\nclass Old(Check):\n    name = 'oldstyle'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    r = run_checks([registry.load("oldstyle")], make_ctx()).results[0]
+    assert r.status is Status.ERROR
+    assert "No module named 'preflight.check': preflight 0.2.0 moved it to preflight.pipeline.check" in r.summary
+
+
 def test_a_plugin_whose_name_disagrees_with_its_entry_point_is_an_error(plugin):
     r = run_checks([registry.load("misnamed")], make_ctx()).results[0]
     assert r.status is Status.ERROR and "must agree" in r.summary
