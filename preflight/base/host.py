@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,5 +193,26 @@ def kill_processes(pids: Iterable[int]) -> list[int]:
                 p.kill()
         except (ProcessLookupError, psutil.Error):
             pass
-    psutil.wait_procs(procs, timeout=5)
+    _wait_dead(procs, timeout=5.0)
     return [p.pid for p in procs]
+
+
+def _wait_dead(procs: list[psutil.Process], timeout: float) -> None:
+    """Until each process is dead or ``timeout`` passes. A zombie is dead: an
+    orphan's is reaped by PID 1 when PID 1 gets to it (1.5 s later on some VMs'
+    init, never under a container init that does not reap), and waiting for
+    that would hold every killed check past its deadline for nothing."""
+    deadline = time.monotonic() + timeout
+    alive = procs
+    while alive:
+        _, alive = psutil.wait_procs(alive, timeout=0.02)
+        alive = [p for p in alive if not _zombie(p)]
+        if time.monotonic() >= deadline:
+            return
+
+
+def _zombie(p: psutil.Process) -> bool:
+    try:
+        return p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
