@@ -7,15 +7,14 @@ third-party plugin would be, so this module never imports a check by name.
 from __future__ import annotations
 
 import importlib.util
+import pkgutil
 from importlib.metadata import EntryPoint, entry_points
 
+import preflight
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.errors import UsageError
 
 GROUP = "preflight.checks"
-# Until 0.2.0 every module sat in preflight/ itself; a plugin written then
-# imports preflight.check, preflight.units, ... from there.
-ROOMS = ("base", "readers", "gpuwork", "pipeline", "checkkit", "outputs")
 
 
 def _entry_points() -> dict[str, EntryPoint]:
@@ -72,8 +71,10 @@ def _moved(e: Exception) -> ModuleNotFoundError | None:
     missing = e.name if isinstance(e, ModuleNotFoundError) else None
     if not missing or not missing.startswith("preflight.") or missing.count(".") != 1:
         return None
+    # Until 0.2.0 every module sat in preflight/ itself; now each is in one of its subpackages.
     leaf = missing.split(".", 1)[1]
-    now = [f"preflight.{room}.{leaf}" for room in ROOMS if importlib.util.find_spec(f"preflight.{room}.{leaf}") is not None]
+    rooms = [m.name for m in pkgutil.iter_modules(preflight.__path__) if m.ispkg]
+    now = [f"preflight.{room}.{leaf}" for room in rooms if importlib.util.find_spec(f"preflight.{room}.{leaf}") is not None]
     if not now:
         return None
     moved = ModuleNotFoundError(f"{e}: preflight 0.2.0 moved it to {now[0]}; change the plugin's import", name=missing)
