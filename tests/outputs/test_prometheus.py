@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -138,6 +140,20 @@ def prometheus_scraping(tmp_path: Path, jobs: dict[str, list[str]]) -> Iterator[
         yield base
 
 
+def evaluated_after(base: str, when: float) -> bool:
+    """Whether every rule group of this Prometheus has been evaluated since ``when`` (Unix seconds)."""
+    with urllib.request.urlopen(f"{base}/api/v1/rules", timeout=10) as r:
+        groups = json.load(r)["data"]["groups"]
+    # RFC 3339 with nanoseconds, e.g. 2026-11-24T05:00:01.123456789Z: Python reads microseconds.
+    stamps = [datetime.fromisoformat(re.sub(r"(\.\d{6})\d*", r"\1", g["lastEvaluation"]).replace("Z", "+00:00")).timestamp() for g in groups]
+    return bool(stamps) and min(stamps) > when
+
+
+def run_passed(base: str) -> dict[str, float]:
+    """preflight_run_passed of each node_exporter target, by instance."""
+    return {r["metric"]["instance"]: float(r["value"][1]) for r in query(base, 'preflight_run_passed{job="node"}')}
+
+
 def firing(base: str, want: set) -> set:
     """The (alertname, instance, check) of every firing alert, once all of ``want`` are among them."""
     names = {(a["metric"]["alertname"], a["metric"]["instance"], a["metric"].get("check")) for a in query(base, 'ALERTS{alertstate="firing"}')}
@@ -198,9 +214,13 @@ def test_a_failing_run_fires_the_alert_through_node_exporter_and_a_passing_one_d
 
         want = {("PreflightNodeFailed", nodes["fail"], None), ("PreflightCheckFailed", nodes["fail"], "shm")}
         assert wait_for(lambda: firing(base, want)) == want
-        # By now Prometheus has scraped and evaluated the passing node as often as the failing one.
-        passed = {r["metric"]["instance"]: float(r["value"][1]) for r in query(base, 'preflight_run_passed{job="node"}')}
+        # Prometheus spreads its targets' scrapes over the interval, so the failing node can fire
+        # before the passing one was first scraped: wait for both, then for a rule evaluation after
+        # the passing node's scrape, so that "no alert for it" is a verdict and not a race.
+        passed = wait_for(lambda: run_passed(base) if len(run_passed(base)) == 2 else {})
         assert passed == {nodes["fail"]: 0.0, nodes["pass"]: 1.0}
+        scraped = float(query(base, f'timestamp(preflight_run_passed{{instance="{nodes["pass"]}"}})')[0]["value"][1])
+        assert wait_for(lambda: evaluated_after(base, scraped))
         assert len(query(base, f'node_boot_time_seconds{{instance="{nodes["pass"]}"}}')) == 1
         # Not pending either: the pass is later than this boot by node_exporter's own clock.
         assert query(base, f'ALERTS{{instance="{nodes["pass"]}"}}') == []
