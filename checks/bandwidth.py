@@ -364,7 +364,7 @@ def gather(ctx: Context, nproc: int, expect: BandwidthExpect, backend: str, step
         "--timeout", f"{op_timeout:g}", "--bind", json.dumps(facts.binding), "--reading", str(reading),
     ]  # fmt: skip
     worker = launch.Worker("bandwidth.py", args, nproc=nproc, rdzv_port=ctx.settings.rdzv_port, group=meeting.torchrun_group(ctx, "bandwidth", left))
-    ranks.collect(facts, worker, RankReport, ctx.host.environ, left, ranks.settle_rule(nproc, ranks.STUCK, op_timeout + ranks.STUCK), ctx.progress)
+    ranks.collect(facts, worker, RankReport, ctx.host.environ, left, ranks.settle_rule(nproc, ranks.STUCK, op_timeout + ranks.STUCK), ctx.progress, ctx.worlds)
     return facts
 
 

@@ -16,6 +16,7 @@ width is judged from either reading, since links do not narrow to save power.
 from __future__ import annotations
 
 import math
+import re
 import sys
 import time
 from collections import Counter
@@ -69,7 +70,10 @@ def gather(ctx: Context) -> CudaFacts:
         facts.init_skipped = "NVML reports lost GPUs" if inventory.lost else "NVML reports no GPU"
         return facts
     python = str(ctx.settings.python) if ctx.settings.python else sys.executable
-    facts.init, loaded = run_init(python, _left(ctx) - MARGIN, read_links=fake is None, progress=ctx.progress)
+    # The launch the nccl, bandwidth and train checks will share, so its ranks are the ones they want.
+    nproc = ctx.ranks(ctx.profile.nccl.ranks if ctx.profile.nccl else None)
+    facts.init, loaded = run_init(python, _left(ctx) - MARGIN, read_links=fake is None, progress=ctx.progress,
+                                  worlds=ctx.worlds, nproc=nproc, rdzv_port=ctx.settings.rdzv_port)
     facts.pcie_loaded, facts.pcie_unjudged = loaded_links(facts.init, loaded, inventory)
     return facts
 
@@ -318,6 +322,9 @@ def judge_init(init: InitOutcome | None, inv: Inventory) -> list[Finding]:
     by_hand = f"run it by hand to see why: {python} {launch.WORKERS_DIR / 'cuda_init.py'}"
     if r is None:
         why = f" and {init.unreadable}" if init.unreadable else ""
+        missing = next((line.strip() for line in init.log_tail if re.search(r"No module named '?torch\b", line)), None)
+        if missing:  # torchrun itself is torch's: the shared launch never started
+            return [Finding(FAIL, "torch is not importable", f"torch not importable by {python}: {missing}", TORCH)]
         if init.timed_out:
             return [Finding(FAIL, "CUDA init hung", f"the cuda_init worker under {python} hung before reporting ({init.ended}); last output: {init.last_output()}", by_hand)]
         return [Finding(FAIL, "the CUDA init worker failed", f"the cuda_init worker under {python} {init.ended}{why}; last output: {init.last_output()}", by_hand)]

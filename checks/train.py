@@ -271,7 +271,7 @@ def gather(ctx: Context, nproc: int, expect: TrainExpect, backend: str, uuids: d
             "--gemm-n", str(e.gemm_n), "--gemm-repeats", str(e.gemm_repeats), "--gemm-burst", str(e.gemm_burst), "--reading", str(reading)]  # fmt: skip
     # TunableOp would let each GPU pick its own GEMM kernels: the agreement check needs the same ones everywhere.
     worker = launch.Worker("train_probe.py", args, env={"PYTORCH_TUNABLEOP_ENABLED": "0"}, nproc=nproc, rdzv_port=ctx.settings.rdzv_port)
-    ranks.collect(facts, worker, RankReport, ctx.host.environ, left, ranks.settle_rule(nproc, ranks.STUCK, op_timeout + ranks.STUCK), ctx.progress)
+    ranks.collect(facts, worker, RankReport, ctx.host.environ, left, ranks.settle_rule(nproc, ranks.STUCK, op_timeout + ranks.STUCK), ctx.progress, ctx.worlds)
     return facts
 
 

@@ -30,6 +30,11 @@ from dataclasses import dataclass
 FAULT_ENV = "PREFLIGHT_WORKER_FAULT"
 
 
+# Set by world.py when this rank runs workers one after another in one launch (a
+# stage each): torch was imported once, and the process group outlives each worker.
+WORLD: dict = {"active": False, "import_seconds": None, "stage": 0}
+
+
 @dataclass(frozen=True)
 class Rank:
     rank: int
@@ -166,6 +171,12 @@ def init_group(dist, backend: str, device, seconds: float, blocking: bool = True
     import inspect
 
     timeout = datetime.timedelta(seconds=seconds)
+    if WORLD["active"] and dist.is_initialized():
+        # An earlier stage made the group: keep it (an NCCL init costs seconds on 8 GPUs),
+        # with this worker's timeout where torch can change it.
+        if hasattr(dist.distributed_c10d, "_set_pg_timeout"):
+            dist.distributed_c10d._set_pg_timeout(timeout)
+        return
     if backend == "nccl":
         # Blocking wait: a collective past the timeout raises in this rank, so it
         # reports it, instead of the watchdog aborting the process silently.
@@ -176,6 +187,12 @@ def init_group(dist, backend: str, device, seconds: float, blocking: bool = True
             dist.init_process_group("nccl", timeout=timeout)
     else:
         dist.init_process_group("gloo", timeout=timeout)
+
+
+def end_group(dist) -> None:
+    """The worker's clean end. In a launch shared by several stages the group stays for the next."""
+    if not WORLD["active"]:
+        dist.destroy_process_group()
 
 
 def pci_bus_id(props) -> str | None:
@@ -196,7 +213,9 @@ def start_torch(want: str, local_rank: int, report: dict, save):
         report.update(stage="import", error=f"{type(e).__name__}: {e}", error_kind="no_torch")
         save()
         return None
-    report.update(torch_version=torch.__version__, import_seconds=round(time.perf_counter() - t0, 4), stage="init")
+    # In a shared launch the first stage pays the import (world.py timed it); the next pay nothing.
+    seconds = WORLD["import_seconds"] if WORLD["active"] and WORLD["stage"] == 1 else round(time.perf_counter() - t0, 4)
+    report.update(torch_version=torch.__version__, import_seconds=seconds, stage="init")
     device = torch.device("cpu")
     if want == "cuda":
         if not torch.cuda.is_available():

@@ -51,7 +51,7 @@ SLOW, SLOW_MIN = 3.0, 0.1
 GRACE = _rank.GRACE  # the process group's timeout exceeds the worker's own by this much
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", help="directory for rank{N}.json and rank{N}.log (default: print a summary per rank)")
     p.add_argument("--backend", choices=["nccl", "gloo"], default="nccl")
@@ -68,7 +68,7 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=30.0, help="seconds init and each collective may take before the rank gives up")
     p.add_argument("--bind", default="{}", help='JSON {"LOCAL_RANK": {"node": N, "cpus": "0-55"}}: pin each rank to its GPU\'s NUMA node')
     p.add_argument("--reading", type=int, default=1, help="which launch this is: 2 when the check measures again to confirm a figure beyond its floor")
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     me = _rank.whoami()
     _rank.redirect_output(args.out, me.local_rank)
@@ -125,7 +125,7 @@ def run(args, me: _rank.Rank, steps: list[str], report: dict, save, fault: _rank
     if args.out is None:  # by hand: one line per rank, each a step's median
         line = {"rank": me.rank, **{_label(r): _median_rate(r) for r in report["results"]}}
         os.write(1, (json.dumps(line)[:3000] + "\n").encode())
-    dist.destroy_process_group()
+    _rank.end_group(dist)
     return 0
 
 
@@ -440,7 +440,13 @@ def bind(spec: dict | None) -> dict | None:
     cpus = _cpulist(spec["cpus"])
     out = {"node": spec.get("node"), "cpus": spec["cpus"], "memory": None, "error": None}
     try:
-        os.sched_setaffinity(0, cpus)
+        # Every thread of the process: in a launch shared by several stages torch's
+        # threads already run, and a new thread inherits only its creator's mask.
+        for tid in [int(t) for t in os.listdir("/proc/self/task")] or [0]:
+            try:
+                os.sched_setaffinity(tid, cpus)
+            except ProcessLookupError:
+                pass  # a thread that has just ended
     except OSError as e:
         out["error"] = f"sched_setaffinity({spec['cpus']}): {e.strerror}"
         return out

@@ -23,13 +23,19 @@ import time
 import _rank
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="directory for rank0.json (default: print to stdout)")
     parser.add_argument("--size", type=int, default=512, help="matmul size N (N x N)")
     parser.add_argument("--load-seconds", type=float, default=0.0, help="copy to every GPU until --stop appears, this long at most")
     parser.add_argument("--stop", help="end the load early once this file exists")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if _rank.WORLD["active"]:
+        # A stage of a shared launch: rank 0 probes every device, as the plain process
+        # does, and the other ranks wait for the next stage.
+        if _rank.whoami().local_rank != 0:
+            return 0
+        _rank.redirect_output(args.out, 0)
 
     started = time.monotonic()
     report: dict = {"python": sys.executable, "stage": "import", "error": None, "error_kind": None, "devices": []}
@@ -48,7 +54,7 @@ def main() -> int:
         torch_version=torch.__version__,
         cuda_runtime=torch.version.cuda,
         nccl_version=_nccl_version(torch),
-        import_seconds=round(time.monotonic() - started, 4),
+        import_seconds=_rank.WORLD["import_seconds"] if _rank.WORLD["active"] and _rank.WORLD["stage"] == 1 else round(time.monotonic() - started, 4),
         stage="init",
     )
     save()

@@ -30,7 +30,7 @@ BF16_EXACT = 256  # integers up to 2^8 are exact in bf16's 8-bit significand
 NCCL_SUBSYS = "INIT,ENV,NET,P2P,SHM"  # version, env, network, and every channel's transport
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", help="directory for rank{N}.json and rank{N}.log (default: print rank 0's report)")
     p.add_argument("--backend", choices=["nccl", "gloo"], default="nccl")
@@ -39,7 +39,7 @@ def main() -> int:
     p.add_argument("--large-bytes", type=int, default=32 << 20)
     p.add_argument("--timeout", type=float, default=30.0, help="seconds init and each collective may take before the rank gives up")
     p.add_argument("--nccl-debug", action="store_true", help="write NCCL_DEBUG=INFO output to nccl.rank{N}.log in --out")
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     me = _rank.whoami()
     _rank.redirect_output(args.out, me.local_rank)
@@ -89,7 +89,7 @@ def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
         wrong = {o["name"]: o["error"] for o in report["ops"] if o["error"]}
         line = {"rank": me.rank, "ops": len(report["ops"]), "wrong": wrong, "init_seconds": report["init_seconds"], "first_collective_seconds": report["first_collective_seconds"]}
         os.write(1, (json.dumps(line)[:3000] + "\n").encode())
-    dist.destroy_process_group()
+    _rank.end_group(dist)
     return 0 if all(o["error"] is None for o in report["ops"]) else 1
 
 

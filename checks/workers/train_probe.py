@@ -36,7 +36,7 @@ STAGES = ("agreement", "warmup", "steps", "compute", "checksum", "gemm")
 SLOW = 3.0  # the slow fault makes each of its compute passes last this many times longer
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", help="directory for rank{N}.json and rank{N}.log (default: print a line per rank)")
     p.add_argument("--backend", choices=["nccl", "gloo"], default="nccl")
@@ -57,7 +57,7 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--reading", type=int, default=1, help="which launch this is: 2 when the check measures again to confirm a figure beyond its floor")
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     me = _rank.whoami()
     _rank.redirect_output(args.out, me.local_rank)
@@ -101,7 +101,7 @@ def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
         line = {"rank": me.rank, "loss": [report["losses"][0], report["losses"][-1]], "step_p50_ms": round(s[len(s) // 2] * 1e3, 2) if s else None,
                 "gemm_tflops": round(2 * args.gemm_n**3 / sorted(report["gemm_seconds"])[len(report["gemm_seconds"]) // 2] / 1e12, 2)}
         os.write(1, (json.dumps(line) + "\n").encode())
-    dist.destroy_process_group()
+    _rank.end_group(dist)
     return 0
 
 

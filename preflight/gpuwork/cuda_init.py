@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from preflight.base.progress import Progress
 from preflight.gpuwork import launch
+from preflight.gpuwork.world import Worlds
 from preflight.readers import nvml
 from preflight.readers.nvml import Gpu, Inventory, PcieLink
 
@@ -76,16 +77,22 @@ class InitOutcome(BaseModel):
 # ---- the run ----------------------------------------------------------------
 
 
-def run_init(python: str, timeout: float, read_links: bool, progress: Progress | None = None) -> tuple[InitOutcome, dict[str, PcieLink] | None]:
+def run_init(python: str, timeout: float, read_links: bool, progress: Progress | None = None,
+             worlds: Worlds | None = None, nproc: int = 1, rdzv_port: int = 0) -> tuple[InitOutcome, dict[str, PcieLink] | None]:
     """The cuda_init worker; while it loads the links, NVML reads them. The
     reading (every GPU's link, by NVML bus id) is returned only where it was
-    taken under load; ``loaded_links`` picks the GPUs the worker copied to."""
+    taken under load; ``loaded_links`` picks the GPUs the worker copied to.
+    Given the run's ``worlds``, it is the first stage of the launch of ``nproc``
+    ranks the later checks share (rank 0 probes every GPU); else a process of its own."""
     loaded, unread = None, None if read_links else "not read: the NVML facts are not this node's (--nvml-fake)"
     with tempfile.TemporaryDirectory(prefix="preflight-cuda-") as tmp:
         stop = Path(tmp) / "stop"
-        worker = launch.Worker("cuda_init.py", ["--load-seconds", str(LOAD_SECONDS), "--stop", str(stop)])
+        args = ["--load-seconds", str(LOAD_SECONDS), "--stop", str(stop)]
         try:
-            running = launch.start(python, worker, timeout, progress)
+            if worlds is not None:
+                running = worlds.stage(python, launch.Worker("cuda_init.py", args, nproc=nproc, rdzv_port=rdzv_port), timeout, progress)
+            else:
+                running = launch.start(python, launch.Worker("cuda_init.py", args), timeout, progress)
         except launch.LaunchError as e:
             ended = f"could not be started: {e.cause}"
             return InitOutcome(python=python, ended=ended, returncode=None, timed_out=False, seconds=0.0), None
@@ -111,7 +118,8 @@ def run_init(python: str, timeout: float, read_links: bool, progress: Progress |
         returncode=done.returncode,
         timed_out=done.timed_out,
         seconds=round(done.seconds, 4),
-        log_tail=done.log_tail,
+        # In a shared launch rank 0's own output; torchrun's where the rank never spoke.
+        log_tail=(done.rank_logs.get(0) or done.log_tail) if done.world else done.log_tail,
         links_unread=unread,
     )
     if 0 in done.reports:

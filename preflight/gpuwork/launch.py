@@ -94,6 +94,7 @@ class Finished:
     texts: dict[str, str] = field(default_factory=dict)  # other *.log files the ranks left, by name
     leftover: list[str] = field(default_factory=list)  # processes that outlived the sweep
     endpoint: str | None = None
+    world: dict[str, Any] | None = None  # run as a stage of a shared launch: which launch, which stage (gpuwork/world.py)
 
     @property
     def how_it_ended(self) -> str:
@@ -219,16 +220,16 @@ class Running:
                     early = True
                     break
                 time.sleep(POLL)
-            leftover = self._end()
+            leftover = self.end()
             return self._collect(timed_out, early, leftover)
         finally:
             if self._progress is not None:
                 self._progress.unfollow(self.stage)
-            self._end()
+            self.end()
             shutil.rmtree(self._dir, ignore_errors=True)
             _live.discard(self._dir)
 
-    def _end(self) -> list[str]:
+    def end(self) -> list[str]:
         """Stop the worker and everything it started; name what survived."""
         if self.proc.poll() is None:
             host.stop(self.proc)
@@ -239,35 +240,42 @@ class Running:
             host.kill_processes(p.pid for p in left)
         return [f"pid {p.pid} ({_name(p)})" for p in marked(self.token)]
 
+    def launcher_log(self, n: int = 200) -> list[str]:
+        """The last lines torchrun (or the plain worker) printed."""
+        return _tail(self._log, n)
+
     def _collect(self, timed_out: bool, early: bool, leftover: list[str]) -> Finished:
-        reports, unreadable, rank_logs, texts = {}, {}, {}, {}
-        for path in sorted(self.out_dir.iterdir()):
-            rank = path.stem.removeprefix("rank")
-            if path.suffix == ".json" and rank.isdigit():
-                try:
-                    reports[int(rank)] = json.loads(path.read_text())
-                except (OSError, ValueError) as e:
-                    unreadable[int(rank)] = f"{path.name} is not JSON ({e})"
-            elif path.suffix == ".log" and rank.isdigit():
-                rank_logs[int(rank)] = _tail(path)
-            elif path.suffix == ".log":
-                texts[path.name] = _read_tail(path, TEXT_LIMIT)
-        log_tail = _tail(self._log, 200)
+        log_tail = self.launcher_log()
         return Finished(
             returncode=None if timed_out or early else self.proc.returncode,
             timed_out=timed_out,
             seconds=time.monotonic() - self._started,
-            reports=reports,
-            unreadable=unreadable,
             log_tail=log_tail[-LOG_TAIL_LINES:],
             settled=early,
-            rank_logs=rank_logs,
             rank_exits=torchrun_exits(log_tail),
             root_cause=torchrun_root_cause(log_tail),
-            texts=texts,
             leftover=leftover,
             endpoint=self.endpoint,
+            **read_out(self.out_dir),
         )
+
+
+def read_out(out_dir: Path) -> dict[str, dict]:
+    """What the ranks left in ``out_dir``: each rank's report (or why it is unreadable),
+    the last lines of each rank's log, and any other log by name (NCCL's)."""
+    reports, unreadable, rank_logs, texts = {}, {}, {}, {}
+    for path in sorted(out_dir.iterdir()):
+        rank = path.stem.removeprefix("rank")
+        if path.suffix == ".json" and rank.isdigit():
+            try:
+                reports[int(rank)] = json.loads(path.read_text())
+            except (OSError, ValueError) as e:
+                unreadable[int(rank)] = f"{path.name} is not JSON ({e})"
+        elif path.suffix == ".log" and rank.isdigit():
+            rank_logs[int(rank)] = _tail(path)
+        elif path.suffix == ".log":
+            texts[path.name] = _read_tail(path, TEXT_LIMIT)
+    return {"reports": reports, "unreadable": unreadable, "rank_logs": rank_logs, "texts": texts}
 
 
 # Private directories of workers still running: removed at exit, since an

@@ -17,6 +17,7 @@ from typing import Callable, ClassVar
 from pydantic import BaseModel, Field, SerializeAsAny, ValidationError
 
 from preflight.gpuwork import launch
+from preflight.gpuwork.world import Worlds
 from preflight.base.findings import Finding, Status
 from preflight.base.progress import Progress
 
@@ -92,6 +93,7 @@ class RunFacts(BaseModel):
     log_tail: list[str] = Field(default_factory=list)
     leftover: list[str] = Field(default_factory=list)
     root_cause: int | None = None  # the rank torchrun saw fail first
+    world: dict | None = None  # a stage of the run's shared launch: {"launch": N, "stage": K, "ended_it": bool}
     ranks: list[RankOutcome] = Field(default_factory=list)
 
 
@@ -177,12 +179,14 @@ def settle_rule(nproc: int, stuck: float, waiting: float) -> Callable[[launch.Ru
     return settled
 
 
-def collect(f: RunFacts, worker: launch.Worker, model: type[RankReport], env: dict[str, str], left: float, settled, progress: Progress | None = None) -> launch.Finished | None:
+def collect(f: RunFacts, worker: launch.Worker, model: type[RankReport], env: dict[str, str], left: float, settled, progress: Progress | None = None,
+            worlds: Worlds | None = None) -> launch.Finished | None:
     """Run ``worker`` under ``f.python`` within ``left`` seconds and fill ``f``
     with how each rank ended; None (and ``f.launch_error``) if it never started.
-    ``progress`` (the Context's) shows the ranks' stages while they run."""
+    ``progress`` (the Context's) shows the ranks' stages while they run. Given the
+    run's ``worlds``, the worker runs as a stage of the launch they keep (gpuwork/world.py)."""
     try:
-        running = launch.start(f.python, worker, left, progress)
+        running = worlds.stage(f.python, worker, left, progress) if worlds is not None else launch.start(f.python, worker, left, progress)
     except launch.LaunchError as e:
         f.launch_error = (e.cause, e.remedy)
         return None
@@ -192,7 +196,7 @@ def collect(f: RunFacts, worker: launch.Worker, model: type[RankReport], env: di
     done = running.wait(settled)
     f.endpoint, f.ended, f.returncode = done.endpoint, done.how_it_ended, done.returncode
     f.timed_out, f.settled, f.seconds = done.timed_out, done.settled, round(done.seconds, 3)
-    f.log_tail, f.leftover, f.root_cause = done.log_tail, done.leftover, done.root_cause
+    f.log_tail, f.leftover, f.root_cause, f.world = done.log_tail, done.leftover, done.root_cause, done.world
     for r in range(f.nproc):
         outcome = RankOutcome(rank=r, gpu=gpu_of(r, env, f.backend), last_line=done.last_line(r))
         if r in done.rank_exits:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from preflight.base.findings import SEVERITY, Finding, Measurement, Status, worst  # noqa: F401  (the plugin interface re-exports them)
 from preflight.base.progress import Progress
+from preflight.gpuwork.world import Worlds
 
 if TYPE_CHECKING:
     from preflight.base.host import Host
@@ -55,6 +56,9 @@ class Context:
     shape: NodeShape | None = None
     # What the running check is doing now (the console's live line reads it).
     progress: Progress = field(default_factory=Progress)
+    # The run's launches of ranks (preflight.gpuwork.world), shared by the checks that need
+    # ranks; None: each such check launches its own.
+    worlds: Worlds | None = None
 
     def floor(self, name: str) -> float:
         return self.profile.floors[name].value

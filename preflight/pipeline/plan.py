@@ -14,7 +14,7 @@ from typing import Protocol
 from datetime import datetime, timezone
 
 from preflight import __version__
-from preflight.gpuwork import meeting, multinode
+from preflight.gpuwork import meeting, multinode, world
 from preflight.readers import nvml
 from preflight.pipeline import profiles, registry, shape
 from preflight.pipeline.check import Check, Context, Result
@@ -196,7 +196,7 @@ def execute(plan: Plan, settings: Settings, console: Display, host: Host | None 
         console.finish(results[0])
     else:
         assert plan.profile is not None
-        ctx = Context(profile=plan.profile, settings=settings, host=host, progress=console.progress)
+        ctx = Context(profile=plan.profile, settings=settings, host=host, progress=console.progress, worlds=world.Worlds())
         if plan.profile.has_gpus:
             ctx.shape = node_shape = read_shape(settings, host)
             console.note(f"node: {node_shape.describe()}")
@@ -224,6 +224,7 @@ def execute(plan: Plan, settings: Settings, console: Display, host: Host | None 
                     # The last meeting may have named a peer after the checks were printed.
                     console.note("group: " + meeting.verdict_line(group))
         finally:
+            ctx.worlds.close()  # the ranks' launches end with the run, whatever happened
             if ctx.meeting and ctx.meeting.host:  # interrupted: the store goes with the run
                 ctx.meeting.host.wait(lambda _: True)
     finished = datetime.now(timezone.utc)

@@ -1,0 +1,206 @@
+"""One launch of the ranks per run, shared by the checks that need ranks.
+
+Starting ranks costs what a job's start costs: a torch import, a CUDA context
+and an NCCL init per rank, seconds on an 8-GPU node. So the run starts them
+once (checks/workers/world.py under torchrun, through launch.py) and each
+check runs its worker there as a stage: cuda_init, then the NCCL smoke test,
+the bandwidth probe and the training probe. A stage looks to its check as a
+launch of its own did: its own folder of rank reports and logs, its own
+deadline, a ``launch.Finished`` at the end, and the same judges read it.
+
+A stage that does not end cleanly (a rank failed, died or hung, or the
+deadline passed) ends the whole launch, with every process in it: the next
+check that needs ranks (under --keep-going) gets a fresh one. A launch across
+nodes (the group checks of a run with --nnodes) is kept apart from this node's
+own (cuda, train).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from preflight.base.progress import Progress, stage_of
+from preflight.gpuwork import launch
+
+POLL = launch.POLL
+CLOSE_GRACE = 5.0  # seconds the ranks get to exit once told to; then they are killed
+IDLE_LIMIT = 7 * 86400.0  # a rank waiting for its next stage gives up after this, whatever else happens
+
+
+@dataclass(frozen=True)
+class Key:
+    """What makes a launch fit a worker: one the other cannot use needs its own."""
+
+    python: str
+    nproc: int
+    rdzv_port: int
+    across: tuple[int, str] | None  # (nodes, endpoint) of a group; None on this node alone
+
+
+class World:
+    """A launch kept for several stages. ``stage`` runs one; ``close`` ends it."""
+
+    def __init__(self, number: int, key: Key, worker: launch.Worker):
+        self.number, self.key = number, key
+        self.stages = 0
+        self.busy = False
+        self.over = False  # ended: it takes no more stages
+        args = ["--agent-pid", str(os.getpid()), "--until", f"{time.time() + IDLE_LIMIT:.0f}"]
+        spec = launch.Worker("world.py", args, env=worker.env, nproc=worker.nproc, rdzv_port=worker.rdzv_port, group=worker.group)
+        self.started = time.monotonic()
+        self.running = launch.start(key.python, spec, IDLE_LIMIT)
+
+    def usable(self) -> bool:
+        return not self.over and self.running.alive()
+
+    def stage(self, worker: launch.Worker, timeout: float, progress: Progress | None) -> Stage:
+        self.stages += 1
+        self.busy = True
+        return Stage(self, self.stages, worker, timeout, progress)
+
+    def pids(self) -> set[int]:
+        """The launch's processes: torchrun and every rank."""
+        return {self.running.proc.pid, *(p.pid for p in launch.marked(self.running.token))}
+
+    def end(self) -> list[str]:
+        """Kill every process of the launch now; what survived, in words."""
+        self.over = True
+        return self.running.end()
+
+    def close(self) -> None:
+        """Tell the ranks to exit, give them CLOSE_GRACE, then kill what is left; remove the folder."""
+        if not self.over and self.running.alive():
+            _write_json(self.running.out_dir / f"stage{self.stages + 1}.json", {"close": True})
+        self.over = True
+        self.running.deadline = min(self.running.deadline, time.monotonic() + CLOSE_GRACE)
+        self.running.wait()
+
+
+class Stage:
+    """One worker run inside a World: what ``launch.Running`` is to a launch of its own
+    (``report``, ``stage``, ``wait``), so ``ranks.collect`` and the judges do not tell them apart."""
+
+    def __init__(self, world: World, k: int, worker: launch.Worker, timeout: float, progress: Progress | None):
+        self.world, self.k = world, k
+        self._nproc = worker.nproc or 1
+        self.out_dir = world.running.out_dir / f"stage{k}"
+        self.out_dir.mkdir()
+        self.endpoint = world.running.endpoint
+        self._progress = progress
+        self._started = time.monotonic()
+        self.deadline = self._started + timeout
+        script = str(launch.WORKERS_DIR / worker.script)
+        _write_json(world.running.out_dir / f"stage{k}.json", {"script": script, "args": ["--out", str(self.out_dir), *worker.args], "env": dict(worker.env)})
+        if progress is not None:
+            progress.follow(self.stage)
+
+    def report(self, rank: int = 0) -> Any:
+        try:
+            return json.loads((self.out_dir / f"rank{rank}.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def stage(self) -> str:
+        return stage_of([self.report(r) for r in range(self._nproc)], self._nproc)
+
+    def alive(self) -> bool:
+        return self.world.running.alive() and self._codes() is None
+
+    def _codes(self) -> dict[int, int] | None:
+        """Every rank's exit code for this stage, once all have one."""
+        codes = {}
+        for r in range(self._nproc):
+            try:
+                codes[r] = int((self.world.running.out_dir / f"stage{self.k}.rank{r}.rc").read_text())
+            except (OSError, ValueError):
+                return None
+        return codes
+
+    def wait(self, settled: Callable[[Stage], bool] | None = None) -> launch.Finished:
+        """Until every rank has ended the stage, the launch dies, the deadline passes, or
+        ``settled(self)`` says no rank will progress; in all but a clean end the launch is ended."""
+        timed_out = early = False
+        codes = None
+        try:
+            while (codes := self._codes()) is None and self.world.running.alive():
+                if time.monotonic() >= self.deadline:
+                    timed_out = True
+                    break
+                if settled is not None and settled(self):
+                    early = True
+                    break
+                time.sleep(POLL)
+        finally:
+            if self._progress is not None:
+                self._progress.unfollow(self.stage)
+        clean = codes is not None and not any(codes.values())
+        leftover = [] if clean else self.world.end()
+        self.world.busy = False
+        log_tail = self.world.running.launcher_log()
+        if codes is not None:
+            returncode: int | None = max(codes.values(), key=abs)
+        elif timed_out or early:
+            returncode = None
+        else:
+            returncode = self.world.running.proc.poll()
+        return launch.Finished(
+            returncode=returncode,
+            timed_out=timed_out,
+            seconds=time.monotonic() - self._started,
+            log_tail=log_tail[-launch.LOG_TAIL_LINES:],
+            settled=early,
+            rank_exits=launch.torchrun_exits(log_tail) if codes is None else {},
+            root_cause=launch.torchrun_root_cause(log_tail) if codes is None else None,
+            leftover=leftover,
+            endpoint=self.endpoint,
+            world={"launch": self.world.number, "stage": self.k, "ended_it": not clean},
+            **launch.read_out(self.out_dir),
+        )
+
+
+class Worlds:
+    """The run's launches: at most one on this node alone and one across the group, each
+    started by the first stage that needs it. ``spare`` names the processes of the idle
+    ones, which the runner must not sweep away between checks; ``close`` ends them all."""
+
+    def __init__(self) -> None:
+        self._by_place: dict[bool, World] = {}
+        self.launches = 0
+
+    def stage(self, python: str, worker: launch.Worker, timeout: float, progress: Progress | None = None) -> Stage:
+        """Run ``worker`` as a stage of the launch that fits it, started now if there is none.
+        Raises what ``launch.start`` raises when a launch cannot start."""
+        group = worker.group
+        key = Key(python, worker.nproc or 1, worker.rdzv_port, (group.nnodes, group.endpoint) if group else None)
+        place = group is not None
+        world = self._by_place.get(place)
+        if world is None or world.key != key or not world.usable():
+            if world is not None:
+                world.close()
+            self.launches += 1
+            world = self._by_place[place] = World(self.launches, key, worker)
+        return world.stage(worker, timeout, progress)
+
+    def spare(self) -> set[int]:
+        pids: set[int] = set()
+        for world in self._by_place.values():
+            if world.usable() and not world.busy:
+                pids |= world.pids()
+        return pids
+
+    def close(self) -> None:
+        for world in self._by_place.values():
+            world.close()
+        self._by_place.clear()
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
