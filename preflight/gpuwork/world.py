@@ -166,8 +166,8 @@ class Stage:
 
 class Worlds:
     """The run's launches: at most one on this node alone and one across the group, each
-    started by the first stage that needs it. ``spare`` names the processes of the idle
-    ones, which the runner must not sweep away between checks; ``close`` ends them all."""
+    started by the first stage that needs it. ``after_check`` names the processes of the
+    idle ones, which the runner must not sweep away between checks; ``close`` ends them all."""
 
     def __init__(self) -> None:
         self._by_place: dict[bool, World] = {}
@@ -180,17 +180,22 @@ class Worlds:
         key = Key(python, worker.nproc or 1, worker.rdzv_port, (group.nnodes, group.endpoint) if group else None)
         place = group is not None
         world = self._by_place.get(place)
-        if world is None or world.key != key or not world.usable():
+        if world is None or world.key != key or not world.usable() or world.busy:
             if world is not None:
                 world.close()
             self.launches += 1
             world = self._by_place[place] = World(self.launches, key, worker)
         return world.stage(worker, timeout, progress)
 
-    def spare(self) -> set[int]:
+    def after_check(self) -> set[int]:
+        """Once a check is over: a launch still busy in its stage (the check was stopped
+        mid-stage) is ended with it; the processes of the idle ones, to be spared."""
         pids: set[int] = set()
         for world in self._by_place.values():
-            if world.usable() and not world.busy:
+            if world.busy:
+                world.end()
+                world.busy = False
+            elif world.usable():
                 pids |= world.pids()
         return pids
 

@@ -109,7 +109,7 @@ def run_check(check: Check, ctx: Context, timeout: float) -> Result:
     finally:
         # Runs on interrupt too: whatever the check started dies with it, but for the run's
         # launch of ranks waiting for the next check's stage (one still busy in a stage dies).
-        spare = ctx.worlds.spare() if ctx.worlds is not None else set()
+        spare = ctx.worlds.after_check() if ctx.worlds is not None else set()
         strays = kill_processes(descendants() - before - spare)
     if strays:
         result.details["killed_processes"] = strays

@@ -1,0 +1,191 @@
+"""One launch of the ranks per run (preflight/gpuwork/world.py, checks/workers/world.py),
+tested with real gloo ranks under torchrun: the checks share it, a stage that goes
+wrong ends it, the next check gets a fresh one, and nothing outlives the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import clean_env, run_preflight
+from preflight.gpuwork import launch, ranks
+from preflight.gpuwork.world import Worlds
+from preflight.pipeline.report import Report
+
+DRIVER = launch.WORKERS_DIR / "world.py"
+
+
+def world_processes() -> list[psutil.Process]:
+    """Ranks of a shared launch still alive anywhere on this machine."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and str(DRIVER) in (p.info["cmdline"] or []):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def ranks_of(check) -> list[dict]:
+    return [o["report"] for o in check.details["ranks"] if o.get("report")]
+
+
+def test_a_cpu_run_starts_the_ranks_once_and_every_check_that_needs_them_shares_them():
+    p = run_preflight(["run", "--profile", "cpu", "--json", "-q"], timeout=300)
+    report = Report.model_validate_json(p.stdout)
+    assert p.returncode == 0, p.stderr
+    by = {c.check: c for c in report.checks}
+    assert [by[c].details["world"] for c in ("nccl", "bandwidth", "train")] == [
+        {"launch": 1, "stage": k, "ended_it": False} for k in (1, 2, 3)
+    ]
+    # torch was imported once: the first stage paid for it, the later ones found it there.
+    assert all(r["import_seconds"] > 0 for r in ranks_of(by["nccl"]))
+    assert all(r["import_seconds"] == 0 for c in ("bandwidth", "train") for r in ranks_of(by[c]))
+    # The same processes ran every stage.
+    pids = [sorted(r["pid"] for r in ranks_of(by[c])) for c in ("nccl", "bandwidth", "train")]
+    assert pids[0] == pids[1] == pids[2]
+    assert world_processes() == []
+
+
+def test_a_rank_killed_in_bandwidth_ends_the_launch_and_under_keep_going_the_next_check_gets_a_fresh_one():
+    env = {**clean_env(), "PREFLIGHT_WORKER_FAULT": "1:kill@all_gather"}  # a step only bandwidth has
+    p = run_preflight(["run", "--profile", "cpu", "--only", "nccl,bandwidth,train", "--keep-going", "--json", "-q"], env=env, timeout=300)
+    by = {c.check: c for c in Report.model_validate_json(p.stdout).checks}
+    assert p.returncode == 1
+    assert by["bandwidth"].status == "FAIL" and "rank 1 died in all_gather" in by["bandwidth"].cause
+    assert [by[c].details["world"] for c in ("nccl", "bandwidth")] == [{"launch": 1, "stage": k, "ended_it": k == 2} for k in (1, 2)]
+    # Ran, in a launch of its own (a busy 2-core machine may make it WARN of a straggler; never SKIP).
+    assert by["train"].status in ("PASS", "WARN") and by["train"].details["world"] == {"launch": 2, "stage": 1, "ended_it": False}
+    assert world_processes() == []
+
+
+def test_without_keep_going_a_failed_stage_skips_the_rest_as_before():
+    env = {**clean_env(), "PREFLIGHT_WORKER_FAULT": "1:raise"}
+    p = run_preflight(["run", "--profile", "cpu", "--only", "nccl,bandwidth,train", "--json", "-q"], env=env, timeout=300)
+    checks = Report.model_validate_json(p.stdout).checks
+    assert [(c.check, c.status) for c in checks] == [("nccl", "FAIL"), ("bandwidth", "SKIP"), ("train", "SKIP")]
+    assert "rank 1 failed first" in checks[0].cause
+    assert world_processes() == []
+
+
+def test_sigterm_mid_stage_leaves_no_rank_behind(tmp_path):
+    env = {**clean_env(), "PREFLIGHT_WORKER_FAULT": "*:stop@latency"}  # every rank hangs in bandwidth
+    proc = subprocess.Popen([sys.executable, "-m", "preflight", "run", "--profile", "cpu", "--only", "nccl,bandwidth", "-q",
+                             "--report", str(tmp_path / "r.json")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not any("--agent-pid" in (p.cmdline() or []) for p in world_processes() if p.status() == psutil.STATUS_STOPPED):
+            assert time.monotonic() < deadline and proc.poll() is None, "the ranks never reached the hang"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM
+    report = Report.model_validate_json((tmp_path / "r.json").read_text())
+    assert [(c.check, c.status) for c in report.checks] == [("nccl", "PASS"), ("bandwidth", "ERROR")]
+    assert world_processes() == []
+
+
+def test_an_idle_rank_exits_once_its_agent_is_gone(tmp_path):
+    # The driver alone, as rank 0 of 1: its agent is a process the test can end.
+    agent = subprocess.Popen(["sleep", "60"])
+    rank = subprocess.Popen([sys.executable, str(DRIVER), "--out", str(tmp_path), "--agent-pid", str(agent.pid), "--until", str(time.time() + 60)])
+    try:
+        time.sleep(0.5)
+        assert rank.poll() is None  # waiting for its first stage
+        agent.kill()
+        agent.wait()
+        assert rank.wait(timeout=10) == 0
+    finally:
+        for p in (agent, rank):
+            if p.poll() is None:
+                p.kill()
+
+
+def test_an_idle_rank_exits_at_its_time_limit(tmp_path):
+    rank = subprocess.Popen([sys.executable, str(DRIVER), "--out", str(tmp_path), "--agent-pid", str(os.getpid()), "--until", str(time.time() + 1)])
+    try:
+        assert rank.wait(timeout=30) == 0
+    finally:
+        if rank.poll() is None:
+            rank.kill()
+
+
+# A third-party worker joins the run's launch by path: a gloo all_reduce of each rank's number.
+PLUGIN_WORKER = '''
+import argparse, sys
+import _rank
+
+def main(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("--out")
+    p.add_argument("--value", type=float)
+    args = p.parse_args(argv)
+    me = _rank.whoami()
+    _rank.redirect_output(args.out, me.local_rank)
+    report = _rank.base_report(me)
+    report.update(backend="gloo", device="cpu")
+    save = lambda: _rank.write_report(args.out, me.local_rank, report)
+    save()
+
+    def body():
+        torch, dist, device = _rank.start_torch("cpu", me.local_rank, report, save)
+        _rank.init_group(dist, "gloo", device, 30)
+        x = torch.tensor([args.value + me.rank])
+        dist.all_reduce(x)
+        report.update(stage="done", total=float(x.item()))
+        save()
+        _rank.end_group(dist)
+        return 0
+
+    return _rank.guarded(body, report, save)
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
+def test_a_third_party_worker_runs_as_a_stage_of_the_same_launch(tmp_path):
+    script = tmp_path / "plugin_worker.py"
+    script.write_text(PLUGIN_WORKER)
+    worlds = Worlds()
+    try:
+        done = []
+        for worker in (launch.Worker("nccl_smoke.py", ["--backend", "gloo", "--device", "cpu", "--large-bytes", "65536"], nproc=2),
+                       launch.Worker(str(script), ["--value", "10"], nproc=2)):
+            f = ranks.RunFacts(python=sys.executable, backend="gloo", nproc=2)
+            done.append(ranks.collect(f, worker, ranks.RankReport, {}, 120, None, worlds=worlds))
+            assert ranks.judge_run(f, "the stage", "by hand") == []
+        assert [d.world for d in done] == [{"launch": 1, "stage": 1, "ended_it": False}, {"launch": 1, "stage": 2, "ended_it": False}]
+        assert [done[1].reports[r]["total"] for r in (0, 1)] == [21.0, 21.0]  # 10 + 11 on both ranks
+        assert {done[0].reports[r]["pid"] for r in (0, 1)} == {done[1].reports[r]["pid"] for r in (0, 1)}
+        assert worlds.launches == 1
+    finally:
+        worlds.close()
+    assert world_processes() == []
+
+
+def test_a_stage_past_its_deadline_ends_the_launch_and_names_the_hung_rank():
+    worlds = Worlds()
+    try:
+        # Rank 1 stops before it writes a word; rank 0 waits for it in init, within its own 60 s.
+        env = {"PREFLIGHT_WORKER_FAULT": "1:stop@start"}
+        worker = launch.Worker("nccl_smoke.py", ["--backend", "gloo", "--device", "cpu", "--timeout", "60"], env=env, nproc=2)
+        f = ranks.RunFacts(python=sys.executable, backend="gloo", nproc=2)
+        done = ranks.collect(f, worker, ranks.RankReport, {}, 15, None, worlds=worlds)
+        assert done.timed_out and done.world["ended_it"] and done.seconds < 25
+        assert ranks.judge_run(f, "the stage", "by hand")[0].summary == "rank 1 never reported"
+        assert world_processes() == []
+    finally:
+        worlds.close()
