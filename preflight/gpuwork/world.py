@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from preflight.base.progress import Progress, stage_of
 from preflight.gpuwork import launch
 
@@ -65,8 +67,12 @@ class World:
         return Stage(self, self.stages, worker, timeout, progress)
 
     def pids(self) -> set[int]:
-        """The launch's processes: torchrun and every rank."""
-        return {self.running.proc.pid, *(p.pid for p in launch.marked(self.running.token))}
+        """The launch's processes: torchrun and everything below it (the ranks, in sessions of their own, are still its children)."""
+        try:
+            below = psutil.Process(self.running.proc.pid).children(recursive=True)
+        except psutil.Error:
+            below = []
+        return {self.running.proc.pid, *(p.pid for p in below)}
 
     def end(self) -> list[str]:
         """Kill every process of the launch now; what survived, in words."""
@@ -183,8 +189,10 @@ class Worlds:
         if world is None or world.key != key or not world.usable() or world.busy:
             if world is not None:
                 world.close()
+                del self._by_place[place]
+            world = World(self.launches + 1, key, worker)  # raises as launch.start does: nothing is counted then
             self.launches += 1
-            world = self._by_place[place] = World(self.launches, key, worker)
+            self._by_place[place] = world
         return world.stage(worker, timeout, progress)
 
     def after_check(self) -> set[int]:
