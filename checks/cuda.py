@@ -38,6 +38,7 @@ DRAIN = "drain the node and run `dcgmi diag -r 3` on it; open an RMA if the faul
 RESET = "reset the GPU (`nvidia-smi -r -i {i}`, with no process on it) or reboot the node"
 TORCH = "point --python at the training environment's interpreter, or install a CUDA build of torch there"
 FAIL, WARN = Status.FAIL, Status.WARN
+QUICK = "the quick level starts no CUDA work (standard and full do)"
 
 
 class CudaFacts(BaseModel):
@@ -65,6 +66,9 @@ def gather(ctx: Context) -> CudaFacts:
     except xid.KernelLogUnavailable as e:
         events, kernel_log = [], f"unavailable: {e}"
     facts = CudaFacts(inventory=inventory, xid_events=events, kernel_log=kernel_log)
+    if ctx.settings.level == "quick":  # no torch, no GPU work: a prolog's seconds, a busy node's recheck
+        facts.init_skipped = QUICK
+        return facts
     if inventory.lost or not inventory.gpus:
         # A lost GPU can hang CUDA init for the whole deadline; NVML already named the fault.
         facts.init_skipped = "NVML reports lost GPUs" if inventory.lost else "NVML reports no GPU"
@@ -427,7 +431,8 @@ def summary(facts: CudaFacts, shape: NodeShape | None = None) -> str:
     r = facts.init.report if facts.init else None
     cuda = f"; CUDA init on every GPU in {facts.init.seconds:.1f} s (torch {r.torch_version}, CUDA {r.cuda_runtime}, NCCL {r.nccl_version})" if facts.init and r else ""
     joined = f" ({shape.describe()})" if shape else ""
-    return f"{gpus}{joined}, driver {inv.driver_version} (CUDA {inv.cuda_driver_version}){cuda}; no fatal Xid since boot"
+    skipped = f"; CUDA init not run: {facts.init_skipped}" if facts.init is None and facts.init_skipped else ""
+    return f"{gpus}{joined}, driver {inv.driver_version} (CUDA {inv.cuda_driver_version}){cuda}; no fatal Xid since boot{skipped}"
 
 
 class Cuda(Check):

@@ -199,46 +199,102 @@ def test_the_prolog_is_valid_bash_and_calls_no_slurm_command() -> None:
 
 @pytest.fixture
 def recorders(tmp_path: Path) -> Path:
-    """A `preflight` that records its arguments and a `logger` that records its message."""
+    """A `preflight` that records its arguments and a `logger` that records its message:
+    the last call's in NAME.args, every call's in NAME.calls (each after a line "@@call")."""
     d = tmp_path / "bin"
     d.mkdir()
     for name in ("preflight", "logger"):
-        (d / name).write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{tmp_path}/{name}.args"\nexit "${{FAKE_EXIT:-0}}"\n')
+        (d / name).write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{tmp_path}/{name}.args"\nprintf "%s\\n" @@call "$@" >> "{tmp_path}/{name}.calls"\n'
+                              'exit "${FAKE_EXIT:-0}"\n')
         (d / name).chmod(0o755)
     return d
 
 
-def test_the_prologs_preflight_command_is_valid(recorders: Path) -> None:
+def calls(path: Path) -> list[list[str]]:
+    """What a recorder was called with, call by call."""
+    text = path.read_text() if path.exists() else ""
+    path.unlink(missing_ok=True)
+    return [call.strip("\n").split("\n") if call.strip("\n") else [] for call in text.split("@@call\n")[1:]]
+
+
+def test_the_prologs_preflight_commands_are_valid(recorders: Path) -> None:
     done = subprocess.run([str(SLURM / "prolog.sh")], env=_env(recorders), capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
-    args = (recorders.parent / "preflight.args").read_text().splitlines()
-    assert args == ["status", "--report", "/var/lib/preflight/report.json"]  # no age limit unless the site sets one
-    parse(args)
-    done = subprocess.run([str(SLURM / "prolog.sh")], env=_env(recorders, PREFLIGHT_MAX_AGE="86400"), capture_output=True, text=True, timeout=30)
-    args = (recorders.parent / "preflight.args").read_text().splitlines()
-    assert done.returncode == 0 and args[-2:] == ["--max-age", "86400"]
-    parse(args)
+    status, run = calls(recorders.parent / "preflight.calls")
+    assert status == ["status", "--report", "/var/lib/preflight/report.json"]  # no age limit unless the site sets one
+    parse(status)
+    # Then a fresh look at the quick level, within a budget, into the same report.
+    assert run[:5] == ["run", "--level", "quick", "--budget", "10"] and run[-2:] == ["--report", "/var/lib/preflight/report.json"]
+    parse(run)
+    done = subprocess.run([str(SLURM / "prolog.sh")], env=_env(recorders, PREFLIGHT_MAX_AGE="86400", PREFLIGHT_BUDGET="4.5"), capture_output=True, text=True, timeout=30)
+    status, run = calls(recorders.parent / "preflight.calls")
+    assert done.returncode == 0 and status[-2:] == ["--max-age", "86400"] and run[3:5] == ["--budget", "4.5"]
+    parse(status)
+    parse(run)
 
 
-def test_the_prolog_passes_a_vouched_node_and_refuses_the_rest(reports: dict[str, Path], recorders: Path, tmp_path: Path) -> None:
-    (recorders / "preflight").unlink()  # the real one, from this venv, from here on
-    prolog = str(SLURM / "prolog.sh")
+def test_the_prolog_runs_no_quick_look_on_a_node_the_report_does_not_vouch_for(recorders: Path) -> None:
+    done = subprocess.run([str(SLURM / "prolog.sh")], env=_env(recorders, FAKE_EXIT="1"), capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1
+    (status,) = calls(recorders.parent / "preflight.calls")  # status said no: nothing ran
+    assert status[0] == "status"
+
+
+@pytest.fixture
+def real_prolog(recorders: Path, tmp_path: Path):  # noqa: ANN201
+    """The prolog with this venv's real `preflight` (the cpu profile, a lock of its own)."""
+    (recorders / "preflight").unlink()
 
     def run(**env: str) -> subprocess.CompletedProcess:
-        return subprocess.run([prolog], env=_env(recorders, SLURM_JOB_ID="4242", SLURMD_NODENAME="gpu17", **env),
-                              capture_output=True, text=True, timeout=30)
+        base = {"SLURM_JOB_ID": "4242", "SLURMD_NODENAME": "gpu17", "PREFLIGHT_PROFILE": "cpu", "PREFLIGHT_LOCK_FILE": str(tmp_path / "lock")}
+        return subprocess.run([str(SLURM / "prolog.sh")], env=_env(recorders, **{**base, **env}), capture_output=True, text=True, timeout=60)
 
-    ok = run(PREFLIGHT_REPORT=str(reports["pass"]))
+    return run
+
+
+def test_the_prolog_passes_a_vouched_node_and_refuses_the_rest(reports: dict[str, Path], real_prolog, tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    shutil.copy(reports["pass"], report)  # the prolog's quick look rewrites it
+    ok = real_prolog(PREFLIGHT_REPORT=str(report))
     assert ok.returncode == 0 and ok.stderr == "", ok.stderr
-    failed = run(PREFLIGHT_REPORT=str(reports["fail"]))
+    after = json.loads(report.read_text())
+    assert after["level"] == "quick" and after["verdict"] == "pass"  # the quick look was written where every reader looks
+    failed = real_prolog(PREFLIGHT_REPORT=str(reports["fail"]))
     assert failed.returncode == 1
     said = "preflight prolog: job 4242 refused on gpu17: NOT vouched: shm FAIL: /dev/shm is 64 MiB, below the 1 GiB floor"
     assert failed.stderr.startswith(said), failed.stderr
-    assert (tmp_path / "logger.args").read_text().splitlines()[-1].startswith(said)  # and to the journal
-    missing = run(PREFLIGHT_REPORT=str(tmp_path / "none.json"))
+    assert calls(tmp_path / "logger.calls")[-1][-1].startswith(said)  # and to the journal
+    missing = real_prolog(PREFLIGHT_REPORT=str(tmp_path / "none.json"))
     assert missing.returncode == 1 and "no report at" in missing.stderr
-    stale = run(PREFLIGHT_REPORT=str(reports["pass"]), PREFLIGHT_MAX_AGE="0.001")
+    stale = real_prolog(PREFLIGHT_REPORT=str(reports["pass"]), PREFLIGHT_MAX_AGE="0.001")
     assert stale.returncode == 1 and "older than the 0.001 s allowed" in stale.stderr
+
+
+def test_the_prolog_refuses_a_vouched_node_whose_quick_look_fails_and_keeps_the_gates_results(tmp_path: Path, real_prolog) -> None:
+    from conftest import report_file
+
+    report = report_file(tmp_path / "report.json", "cpu-pass")  # the boot gate's pass, this boot
+    gate = json.loads(report.read_text())
+    config = tmp_path / "config.toml"
+    config.write_text("[floors]\nshm_min_bytes = 1125899906842624\n")  # 1 PiB: /dev/shm fails now
+    failed = real_prolog(PREFLIGHT_REPORT=str(report), PREFLIGHT_CONFIG=str(config))
+    assert failed.returncode == 1
+    assert failed.stderr.startswith("preflight prolog: job 4242 refused on gpu17: [FAIL] shm") and failed.stderr.count("\n") == 1, failed.stderr
+    after = json.loads(report.read_text())
+    assert (after["verdict"], after["level"]) == ("fail", "quick")
+    kept = {c["check"]: c["details"]["carried_from"] for c in after["checks"] if "carried_from" in c["details"]}
+    assert set(kept) == {"nccl", "bandwidth", "train"} and set(kept.values()) == {gate["finished_at"]}
+
+
+def test_the_prolog_refuses_where_the_quick_level_does_not_fit_its_budget(tmp_path: Path, real_prolog) -> None:
+    from conftest import report_file
+
+    report = report_file(tmp_path / "report.json", "cpu-pass")
+    before = report.read_text()
+    slow = real_prolog(PREFLIGHT_REPORT=str(report), PREFLIGHT_BUDGET="0.1")  # the report's shm took 0.37 s
+    assert slow.returncode == 1
+    assert "fits no level: the quick level is expected to take 0.375 s, from this node's report" in slow.stderr and "(exit 2)" in slow.stderr
+    assert report.read_text() == before  # refused before anything ran
 
 
 def test_the_healthcheck_wrapper_adds_valid_options() -> None:

@@ -90,11 +90,13 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Site:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     # README's way: a site profile of the built-in's name, with the check in its
-    # `checks` and README's floor table (the check that cannot import listed too).
+    # `checks` and its standard and full levels, and README's floor table (the
+    # check that cannot import listed too).
     floor = re.search(r"^\[floors\.\w+\]\n(?:\w+ = .*\n)+", profile_lines, re.M)
     assert floor, "README's profile lines hold no [floors.NAME] table"
-    text, n = re.subn(r"^checks = \[(.*)\]$", rf'checks = [\1, "{name}", "{BROKEN}"]', CPU_TOML.read_text(), flags=re.M)
-    assert n == 1, "cpu.toml's checks line changed: the site profile was not written"
+    assert "[levels.standard] and [levels.full]" in profile_lines, "README no longer says which levels to add the check to"
+    text, n = re.subn(r'^checks = \[(.*"train")\]$', rf'checks = [\1, "{name}", "{BROKEN}"]', CPU_TOML.read_text(), flags=re.M)
+    assert n == 3, "cpu.toml's checks lines changed (checks, [levels.standard], [levels.full]): the site profile was not written"
     profiles = top / "profiles"
     profiles.mkdir()
     (profiles / "cpu.toml").write_text(text + "\n" + floor.group(0))

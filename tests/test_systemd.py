@@ -271,11 +271,18 @@ def test_the_timer_reruns_a_light_recheck_when_the_gpus_are_idle():
     # A unit that remains active is never started again by its timer.
     assert s[("Service", "Type")] == ["oneshot"] and s.get(("Service", "RemainAfterExit"), ["no"]) == ["no"]
     assert s[("Service", "TimeoutStartSec")] and "preflight.service" in s[("Unit", "After")]
-    # A lighter pass must not overwrite a gate that failed in bandwidth or train: only while the gate stands passed.
+    # A lighter pass must not stand in for a gate that failed: only while the gate stands passed.
     assert s[("Unit", "Requisite")] == ["preflight.service"]
     (args,) = [a for u, a in exec_starts() if u == target]
     p = parse_command_line(args[1:])
-    assert p["if_idle"] and {"bandwidth", "train"} <= set(",".join(p["skip"]).split(","))
+    # The quick level: no torch and no GPU work (not bandwidth, train or nccl's ranks), and nothing while a job holds a GPU.
+    assert p["if_idle"] and p["level"] == "quick" and not p["only"]
+
+
+def test_the_gate_runs_the_standard_level_whatever_the_config_says():
+    (args,) = [a for u, a in exec_starts() if u == "preflight.service"]
+    p = parse_command_line(args[1:])
+    assert p["level"] == "standard" and not p["only"] and not p["skip"] and p["budget"] is None
 
 
 def test_the_exporter_is_confined_and_listens_on_loopback():

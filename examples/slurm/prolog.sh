@@ -1,11 +1,19 @@
 #!/bin/bash
-# Slurm Prolog: refuse to start a job on a node the last preflight report does
-# not vouch for (a pass, in this boot, recent enough).
+# Slurm Prolog: refuse to start a job on a node preflight does not vouch for.
 #
-# It never runs a check: the boot gate and the recheck timer write the report,
-# and this reads it in well under a second. A non-zero exit makes Slurm drain
-# the node with reason "Prolog error" and requeue the job (held, unless
-# SchedulerParameters has nohold_on_prolog_fail).
+# Two steps, each bounded:
+# 1. `preflight status`: the last report must vouch (a pass, in this boot,
+#    recent enough). The boot gate (standard level) wrote it, or a later run
+#    that kept the gate's results.
+# 2. `preflight run --level quick`: a fresh look in seconds, with no torch and
+#    no GPU work (NVML health, Xid errors since boot, topology, /dev/shm). It
+#    writes the node's report: the standard run's results stay in it, marked
+#    with their age, and a standard FAIL is never cleared by a quick pass.
+#    A non-zero verdict refuses the job, and the report then tells
+#    preflight-healthcheck and the metrics why.
+#
+# A non-zero exit makes Slurm drain the node with reason "Prolog error" and
+# requeue the job (held, unless SchedulerParameters has nohold_on_prolog_fail).
 #
 # No Slurm commands here (no scontrol, squeue, sinfo): slurmctld may be waiting
 # on this very node to finish its prolog before it answers them, and a prolog
@@ -23,6 +31,12 @@
 #                      node whose GPUs are busy, so a node running back-to-back
 #                      jobs ages: keep any limit above your longest job, and use
 #                      the same one in preflight-healthcheck.
+#   PREFLIGHT_BUDGET   seconds the quick look may be expected to take [10]: from
+#                      this node's last report, else the profile's estimate. A
+#                      node whose quick level is expected to take longer refuses
+#                      the job, saying so (exit 2): raise it, or drop step 2.
+#   Other PREFLIGHT_* settings (PREFLIGHT_PROFILE, PREFLIGHT_CONFIG, ...) and
+#   /etc/preflight/config.toml reach step 2 as they reach any run.
 set -u
 
 # slurmd runs a prolog with no search path at all.
@@ -31,15 +45,30 @@ report="${PREFLIGHT_REPORT:-/var/lib/preflight/report.json}"
 age=()
 [ -n "${PREFLIGHT_MAX_AGE:-}" ] && age=(--max-age "$PREFLIGHT_MAX_AGE")
 
-# Bounded, and under slurmd's MessageTimeout (10 s by default): a hung
-# filesystem must not hold the job. A timeout (exit 124) is not vouched either.
-said=$(timeout 8 preflight status --report "$report" ${age[@]+"${age[@]}"} 2>&1)  # the odd form: bash < 4.4 calls an empty array unbound under set -u
-rc=$?
-if [ "$rc" -ne 0 ]; then
-    msg="preflight prolog: job ${SLURM_JOB_ID:-?} refused on ${SLURMD_NODENAME:-$(hostname -s)}: ${said:-no output} (exit $rc)"
+refuse() {
+    msg="preflight prolog: job ${SLURM_JOB_ID:-?} refused on ${SLURMD_NODENAME:-$(hostname -s)}: ${1:-no output} (exit $2)"
     echo "$msg" >&2
     # slurmd does not keep a prolog's output everywhere; the journal does.
     command -v logger >/dev/null && logger -t preflight-prolog -- "$msg"
     exit 1
-fi
+}
+
+# Bounded, and under slurmd's MessageTimeout (10 s by default): a hung
+# filesystem must not hold the job. A timeout (exit 124) is not vouched either.
+# On a healthy node this step takes tens of milliseconds.
+said=$(timeout 8 preflight status --report "$report" ${age[@]+"${age[@]}"} 2>&1)  # the odd form: bash < 4.4 calls an empty array unbound under set -u
+rc=$?
+[ "$rc" -eq 0 ] || refuse "$said" "$rc"
+
+# Not a setting of `run`, which would warn about it.
+unset PREFLIGHT_MAX_AGE
+# On a healthy node this step takes the quick level's seconds (its checks' time
+# is in the report). --budget refuses (exit 2) before anything runs where the
+# quick level is not expected to fit; the checks' own deadlines end a wedged
+# driver's hang, and timeout is the last stop (the run then records the
+# interruption). The lock is the boot gate's and the recheck's: wait for one
+# of them a few seconds only.
+said=$(timeout 30 preflight run --level quick --budget "${PREFLIGHT_BUDGET:-10}" --lock-timeout 5 -q --report "$report" 2>&1)
+rc=$?
+[ "$rc" -eq 0 ] || refuse "$(printf '%s' "$said" | tr '\n' ' ')" "$rc"
 exit 0

@@ -14,7 +14,10 @@ from preflight.cli.common import ConfigOpt, FakeOpt, JsonOpt, ProfileOpt, _conso
 @_exit_codes
 def run(
     profile: ProfileOpt = None,
-    only: Annotated[Optional[list[str]], typer.Option("--only", metavar="CHECK", help="Run only these checks (repeat, or comma-separate).")] = None,
+    level: Annotated[Optional[str], typer.Option("--level", metavar="LEVEL", help="How deep to look: quick (no torch, no GPU work: seconds, for prologs and rechecks), standard (the boot gate), full (standard plus the long checks). [default: standard]")] = None,
+    # Text, not float: the settings refuse a bad value in one line, as for every other source.
+    budget: Annotated[Optional[str], typer.Option("--budget", metavar="SECONDS", help="Run the deepest level expected to take at most this long (from this node's last --report, else the profile's estimates); up to --level if given.")] = None,
+    only: Annotated[Optional[list[str]], typer.Option("--only", metavar="CHECK", help="Run only these checks of the level (repeat, or comma-separate).")] = None,
     skip: Annotated[Optional[list[str]], typer.Option("--skip", metavar="CHECK", help="Leave out these checks.")] = None,
     keep_going: Annotated[Optional[bool], typer.Option("--keep-going/--fail-fast", help="Run every check even after a failure. [default: fail-fast]")] = None,
     json_out: JsonOpt = False,
@@ -39,13 +42,13 @@ def run(
     multi_node: Annotated[bool, typer.Option("--multi-node", help="Take --nnodes, --node-rank and the endpoint from Slurm (srun -N N --ntasks-per-node=1).")] = False,
     nvml_fake: FakeOpt = None,
 ) -> int:
-    """Run the profile's checks in order and print the verdict."""
+    """Run the profile's checks of a level in order and print the verdict."""
     from preflight.outputs import gate
     from preflight.pipeline import settings as settings_mod
 
     console = _console(quiet, verbose)
     s = _settings(
-        config, profile=profile, only=only, skip=skip, keep_going=keep_going,
+        config, profile=profile, level=level, budget=budget, only=only, skip=skip, keep_going=keep_going,
         report=report, textfile_dir=textfile_dir, lock_file=lock_file, lock_timeout=lock_timeout, python=python, nvml_fake=nvml_fake,
         nproc_per_node=nproc_per_node, rdzv_port=rdzv_port, rdzv_timeout=rdzv_timeout, node_gpus=node_gpus,
         **_group_flags(multi_node, nnodes, node_rank, rdzv_endpoint, rdzv_id),

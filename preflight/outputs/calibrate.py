@@ -242,6 +242,8 @@ def run(s: Settings, output: Path, fraction: float, repeats: int, console: Conso
     with interrupting():  # the runner stops the running check's workers; no floors are written then
         resolved = pipeline.resolve_profile(s)
         s.keep_going = False
+        # Floors come from the boot gate's checks as the gate runs them, whatever level the config asks for.
+        s.level, s.budget = "standard", None
         s.only = checks_up_to(resolved.checks, resolved.name)
         first = pipeline.plan(s)
         # The checks before the measuring ones vouch for the node once; the figures need every run.

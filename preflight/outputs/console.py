@@ -132,8 +132,10 @@ class Console:
                 except (BrokenPipeError, ValueError):
                     self._gone()
         style = {"pass": "bold green", "fail": "bold red"}.get(report.verdict.value, "bold magenta")
+        # The level is said where it is not the boot gate's (standard): a lighter or deeper look must not read as the gate's.
+        level = f", level {report.level}" if report.level not in (None, "standard") else ""
         self.line(
-            f"preflight: {report.verdict.value.upper()} (profile {report.profile or 'none'}; {tally or 'no checks'}) "
+            f"preflight: {report.verdict.value.upper()} (profile {report.profile or 'none'}{level}; {tally or 'no checks'}) "
             f"in {fmt_seconds(report.duration_seconds)}, exit {report.exit_code}",
             style,
         )

@@ -30,16 +30,26 @@ def run(s: Settings, console: Console, if_idle: bool = False) -> reports.Report 
         if if_idle and (held := pipeline.gpus_busy(s)):
             console.note(f"not run: {held}; the last report stands")
             return None
+        console.note(f"level {the_plan.level}: {the_plan.level_chosen_because}")
         with run_lock(s.lock_file, s.lock_timeout, lambda who: console.note(f"waiting for {who} to release {s.lock_file}")):
             result = pipeline.execute(the_plan, s, console)
+            result.level, result.level_chosen_because = the_plan.level, the_plan.level_chosen_because
             before = reports.read_previous(report_path)
             kept = reports.carry_forward(result, before, the_plan.profile.checks if the_plan.profile else [], across_nodes=the_plan.group is not None)
-            if kept:
-                when = kept[0].details["carried_from"]
-                console.note(f"kept from the run of {when} (this boot): " + ", ".join(f"{c.check} {c.status}" for c in kept))
+            _tell_kept(kept, result, console)
             result.last_success_at = reports.last_success(result, before) or (metrics.previous_success(textfile) if textfile else None)
             write(result, textfile, report_path, console)
     return result
+
+
+def _tell_kept(kept: list[reports.Result], result: reports.Report, console: Console) -> None:
+    """What this run's report holds that an earlier, deeper or fuller run measured."""
+    for when in dict.fromkeys(c.details["carried_from"] for c in kept):
+        same = [c for c in kept if c.details["carried_from"] == when]
+        console.note(f"kept from the run of {when} (this boot, level {same[0].details['carried_level']}): " + ", ".join(f"{c.check} {c.status}" for c in same))
+    for c in result.checks:
+        if figures := c.details.get("carried_measurements"):
+            console.note(f"{c.check}: kept the {figures['level']} run's {', '.join(figures['names'])} of {figures['from']}, which level {result.level} does not measure")
 
 
 def write(result: reports.Report, textfile: Path | None, report_path: Path | None, console: Console) -> None:

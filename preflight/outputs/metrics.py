@@ -29,6 +29,7 @@ from preflight.base.findings import Status
 from preflight.base.errors import UsageError
 from preflight.outputs.last_report import Loaded, State, standing
 from preflight.pipeline.report import GroupRecord, Report, Verdict, probe_write
+from preflight.pipeline.report_view import LEVELS
 
 PREFIX = "preflight_"
 TEXTFILE = "preflight.prom"
@@ -57,18 +58,38 @@ def report_families(r: Report) -> Iterator[Metric]:
     yield gauge("run_duration_seconds", "How long the last run took, detection included.", r.duration_seconds)
     if r.last_success_at is not None:
         yield gauge("last_success_timestamp_seconds", "When a run last passed, seconds since the epoch.", _ts(r.last_success_at))
+    level = GaugeMetricFamily(PREFIX + "run_level", "How deep the last run looked, one-hot over quick, standard and full (a report from before levels: standard).", labels=["level"])
+    for name in LEVELS:
+        level.add_metric([name], float((r.level or "standard") == name))
+    yield level
     passed = GaugeMetricFamily(PREFIX + "check_passed", "1 if the check passed (PASS or WARN), 0 if it failed, errored or was skipped.", labels=["check"])
     status = GaugeMetricFamily(PREFIX + "check_status", "The check's status, one-hot over PASS, WARN, FAIL, SKIP and ERROR.", labels=["check", "status"])
     duration = GaugeMetricFamily(PREFIX + "check_duration_seconds", "How long the check took.", labels=["check"])
+    measured = GaugeMetricFamily(PREFIX + "check_timestamp_seconds", "When the check's result was measured, seconds since the epoch: "
+                                 "a result kept from an earlier run (a lighter or partial run left it alone) keeps its own time.", labels=["check"])
     for c in r.checks:
         passed.add_metric([c.check], float(c.status in (Status.PASS, Status.WARN)))
         for s in Status:
             status.add_metric([c.check, s.value.lower()], float(c.status == s))
         duration.add_metric([c.check], c.duration_seconds)
-    yield from (passed, status, duration)
+        if (when := _measured_at(c.details.get("carried_from"), r.finished_at)) is not None:
+            measured.add_metric([c.check], when)
+    yield from (passed, status, duration, measured)
     yield from measurement_families(r)
     if r.group:
         yield from group_families(r.group)
+
+
+def _measured_at(carried_from: object, finished: datetime) -> float | None:
+    """A result's own time: the run's finish, or when the run it was kept from finished
+    (None where that is not a time with a zone: no sample beats a wrong one)."""
+    if carried_from is None:
+        return _ts(finished)
+    try:
+        when = datetime.fromisoformat(str(carried_from).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return _ts(when) if when.tzinfo is not None else None
 
 
 def group_families(group: GroupRecord) -> Iterator[Metric]:

@@ -13,7 +13,15 @@ def describe(p: ResolvedProfile) -> str:
     out: list[str] = []
     out.append(f"profile {p.name} ({p.chosen_because})\n  file: {p.path}\n  {p.description}")
     gpus = "read from the node (any count of this model; `preflight detect` shows it)" if p.has_gpus else "none (gloo ranks on CPU)"
-    out.append(f"  GPUs: {gpus}\n  checks, in order: {', '.join(p.checks)}\n  floors:")
+    out.append(f"  GPUs: {gpus}\n  checks, in order: {', '.join(p.checks)}")
+    if p.levels is None:
+        out.append("  levels: none listed: standard and full run every check; no quick level")
+    else:
+        out.append("  levels (`run --level`):")
+        for name in ("quick", "standard", "full"):
+            level = p.levels.of(name)
+            out.append(f"    {name}: {', '.join(level.checks)}; about {level.seconds:g} s\n      source: {level.source}")
+    out.append("  floors:")
     for fname, f in p.floors.items():
         human = f" ({fmt_value(f.value, f.unit)})" if f.unit in ("bytes", "bytes_per_second", "seconds") else ""
         kind = "at least" if f.bound == "min" else "at most"

@@ -16,14 +16,14 @@ from datetime import datetime, timezone
 from preflight import __version__
 from preflight.gpuwork import meeting, multinode, world
 from preflight.readers import nvml
-from preflight.pipeline import profiles, registry, shape
+from preflight.pipeline import levels, profiles, registry, shape
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.findings import Status
 from preflight.base.errors import UsageError
 from preflight.base.host import Host
 from preflight.base.progress import Progress
 from preflight.pipeline.profiles import DetectionFailed, ResolvedProfile
-from preflight.pipeline.report import EXIT_CODES, Report, verdict_of, versions_of
+from preflight.pipeline.report import EXIT_CODES, Report, read_previous, verdict_of, versions_of
 from preflight.pipeline.runner import run_checks
 from preflight.base.errors import Interrupted
 from preflight.pipeline.settings import Settings
@@ -38,6 +38,8 @@ class Plan:
     group: multinode.Group | None = None  # nccl and bandwidth across these nodes
     side: multinode.LocalSide | None = None
     started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))  # detection counts
+    level: str = levels.DEFAULT  # how deep the run looks (preflight/pipeline/levels.py), and why
+    level_chosen_because: str = "the default level"
 
 
 def resolve_profile(settings: Settings) -> ResolvedProfile:
@@ -87,15 +89,23 @@ def plan(settings: Settings) -> Plan:
     try:
         profile = resolve_profile(settings)
     except DetectionFailed as e:
-        return Plan(None, [], e, time.monotonic() - started, started_at)
+        asked = levels.choose(settings.level, None, {})  # a budget needs a profile's levels to weigh
+        return Plan(None, [], e, time.monotonic() - started, started_at=started_at, level=asked[0], level_chosen_because=asked[1])
     registry.check_names(profile.checks, f"profile {profile.name} ({profile.path}) lists check")
-    outside = [c for c in settings.only if c not in profile.checks]
+    previous = read_previous(settings.report) if settings.budget is not None else None
+    level, why = levels.pick(profile, settings.level, settings.budget, settings.only, settings.skip, previous, settings.report)
+    at_level = levels.checks_at(profile.levels, profile.checks, level, profile.name)
+    settings.level = level  # the level this run looks at, for the checks (ctx.settings.level)
+    outside = [c for c in settings.only if c not in at_level]
     if outside:
+        if all(c in profile.checks for c in outside):
+            raise UsageError(f"only {', '.join(outside)}: not at level {level} ({why}) of profile {profile.name}, whose checks there are {', '.join(at_level)}; name a deeper level with --level")
         raise UsageError(f"only {', '.join(outside)}: not in profile {profile.name} (its checks: {', '.join(profile.checks)})")
-    selected = [c for c in profile.checks if (not settings.only or c in settings.only) and c not in settings.skip]
+    selected = [c for c in at_level if (not settings.only or c in settings.only) and c not in settings.skip]
     if not selected:
         # A gate that checks nothing must not pass: this is a config mistake.
-        raise UsageError(f"no check left to run: skip removes every check of profile {profile.name} ({', '.join(profile.checks)})")
+        at = "" if at_level == profile.checks else f" at level {level}"
+        raise UsageError(f"no check left to run: skip removes every check of profile {profile.name}{at} ({', '.join(at_level)})")
     checks = [registry.load(name) for name in selected]
     position = {name: i for i, name in enumerate(profile.checks)}
     for check in checks:
@@ -120,7 +130,7 @@ def plan(settings: Settings) -> Plan:
                 )
     _known_floors(profile, checks)
     group, side = _group(settings, selected)
-    return Plan(profile, checks, started_at=started_at, group=group, side=side)
+    return Plan(profile, checks, started_at=started_at, group=group, side=side, level=level, level_chosen_because=why)
 
 
 def _group(settings: Settings, selected: list[str]) -> tuple[multinode.Group | None, multinode.LocalSide | None]:

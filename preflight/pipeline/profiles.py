@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from preflight.pipeline import tomlfile
+from preflight.pipeline import levels as levels_mod, tomlfile
 from preflight.base.errors import UsageError
 from preflight.readers.nvml import BROKEN, Inventory
 
@@ -231,6 +231,9 @@ class Profile(BaseModel):
     # Case-insensitive substrings of the NVML product name that select this profile under `auto`.
     match: list[str] = Field(default_factory=list)
     checks: list[str] = Field(min_length=1)
+    # Which of the checks run at each level (preflight/pipeline/levels.py). None: a
+    # profile written before levels: every check at standard and full, no quick level.
+    levels: levels_mod.Levels | None = None
     floors: dict[str, Floor] = Field(default_factory=dict)
     timeouts: dict[str, Timeout] = Field(default_factory=dict)  # per check, seconds
     gpu: GpuExpect | None = None  # None: a profile without GPUs (cpu)
@@ -256,6 +259,12 @@ class Profile(BaseModel):
         stray = sorted(set(self.timeouts) - set(self.checks))
         if stray:
             raise ValueError(f"[timeouts] names {', '.join(stray)}, not in checks ({', '.join(self.checks)})")
+        return self
+
+    @model_validator(mode="after")
+    def _levels_name_checks(self) -> Profile:
+        if self.levels is not None:
+            levels_mod.check_against(self.levels, self.checks)
         return self
 
     @model_validator(mode="after")
@@ -316,6 +325,7 @@ class ResolvedProfile(BaseModel):
     description: str
     path: str
     checks: list[str]
+    levels: levels_mod.Levels | None = None
     floors: dict[str, ResolvedFloor]
     timeouts: dict[str, float]
     gpu: GpuExpect | None = None
@@ -412,6 +422,7 @@ def resolve(
         description=profile.description,
         path=str(path),
         checks=profile.checks,
+        levels=profile.levels,
         floors=floors,
         timeouts=profile.timeouts,
         gpu=profile.gpu,

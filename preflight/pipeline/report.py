@@ -7,10 +7,13 @@ import tempfile
 from datetime import datetime
 from pathlib import Path
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from preflight.pipeline import levels
 from preflight.pipeline.check import Result
-from preflight.base.findings import Status
+from preflight.base.findings import Measurement, Status
 from preflight.base.errors import UsageError
 
 # Defined beside the reader that needs no pydantic (status); re-exported here.
@@ -67,6 +70,10 @@ class Report(BaseModel):
     boot_id: str | None  # a report from before the last reboot says nothing about this boot
     profile: str | None
     profile_chosen_because: str | None = None
+    # How deep the run looked (quick, standard, full) and why that level; None:
+    # a report from before levels existed, which ran what is now standard.
+    level: Literal["quick", "standard", "full"] | None = None
+    level_chosen_because: str | None = None
     config: str | None = None
     started_at: datetime  # RFC 3339, UTC
     finished_at: datetime
@@ -138,29 +145,79 @@ def last_success(report: Report, before: Report | None) -> datetime | None:
 
 
 def carry_forward(report: Report, before: Report | None, order: list[str], across_nodes: bool = False) -> list[Result]:
-    """A partial run (--only, --skip: the hourly recheck) keeps the results of the
-    checks it left out from the report it replaces, if that is of this boot and
-    profile, and neither is a run across nodes (``across_nodes`` says so of this
-    one even when it was cut short before its group record was made). So the
-    recheck's lighter pass never turns the gate's bandwidth FAIL into a pass,
-    and the gate's bandwidth figures stay in the metrics. Each kept result says
-    when it was measured (details.carried_from). Returns them."""
+    """A partial run (--only, --skip) or a lighter one (--level quick: the hourly
+    recheck, a prolog) keeps what the report it replaces measured and it did not,
+    if that report is of this boot and profile, and neither is a run across nodes
+    (``across_nodes`` says so of this one even when it was cut short before its
+    group record was made). So a lighter pass never turns the gate's bandwidth
+    FAIL into a pass, and the gate's figures stay in the metrics:
+
+    - a check this run left out is kept whole;
+    - a check this run looked at less deeply than its kept result was measured
+      (cuda at quick runs no CUDA init) keeps that deeper result whole where it
+      failed and this look did not fail (only as deep a look may clear it), and
+      otherwise takes this look's result plus the deeper one's figures it did
+      not take, or took unjudged (details.carried_measurements).
+
+    Each kept result says when and at which level it was measured
+    (details.carried_from, details.carried_level), which later runs keep.
+    Returns the results kept whole."""
     if before is None or report.boot_id is None or before.boot_id != report.boot_id or before.profile != report.profile:
         return []
     if across_nodes or before.group is not None or report.group is not None:
         return []  # a group's nccl and bandwidth say nothing of this node alone, nor it of them
     ran = {c.check for c in report.checks}
-    kept = [
-        c.model_copy(update={"details": {**c.details, "carried_from": c.details.get("carried_from") or before.finished_at.isoformat()}})
-        for c in before.checks
-        if c.check not in ran and c.check in order
-    ]
-    if kept:
-        report.checks = sorted([*report.checks, *kept], key=lambda c: order.index(c.check) if c.check in order else -1)
-        if report.interrupted_by_signal is None:
-            report.verdict = verdict_of(report.checks)
-            report.exit_code = EXIT_CODES[report.verdict]
-    return kept
+    left_out = [_carried(c, before) for c in before.checks if c.check not in ran and c.check in order]
+    old = {c.check: c for c in before.checks}
+    looked_again = [_deeper_of(c, old[c.check], before, report.level) if c.check in old else c for c in report.checks]
+    if not left_out and looked_again == report.checks:
+        return []
+    report.checks = sorted([*looked_again, *left_out], key=lambda c: order.index(c.check) if c.check in order else -1)
+    report.versions = {**versions_of(report.checks), **report.versions}  # what this run saw wins
+    if report.interrupted_by_signal is None:
+        report.verdict = verdict_of(report.checks)
+        report.exit_code = EXIT_CODES[report.verdict]
+    return [*left_out, *(c for c in looked_again if "carried_from" in c.details)]
+
+
+def _measured(c: Result, before: Report) -> tuple[str, str]:
+    """When and at which level a result of ``before`` was measured: its own, if it was carried there."""
+    return c.details.get("carried_from") or before.finished_at.isoformat(), c.details.get("carried_level") or before.level or levels.DEFAULT
+
+
+def _carried(c: Result, before: Report) -> Result:
+    when, level = _measured(c, before)
+    return c.model_copy(update={"details": {**c.details, "carried_from": when, "carried_level": level}})
+
+
+def _judged(m: Measurement) -> bool:
+    return m.floor is not None or m.ceiling is not None
+
+
+def _deeper_of(new: Result, old: Result, before: Report, level: str | None) -> Result:
+    """What stands of a check this run (at ``level``) looked at again, against the
+    result the report it replaces holds for it."""
+    when, old_level = _measured(old, before)
+    if not levels.deeper(old_level, level):
+        return new
+    if not old.status.ok and new.status != Status.FAIL:
+        # What the deeper look found (CUDA init failed) is not what this lighter one looked at.
+        kept = _carried(old, before)
+        kept.details["lighter_look"] = {"level": level, "status": new.status.value, "summary": new.summary}
+        return kept
+    if new.status == Status.SKIP:
+        return new
+    key = lambda m: (m.name, tuple(sorted(m.labels.items())))  # noqa: E731
+    mine = {key(m): m for m in new.measurements}
+    taken = [m for m in old.measurements if key(m) not in mine or (_judged(m) and not _judged(mine[key(m)]))]
+    if not taken:
+        return new
+    replaced = {key(m) for m in taken}
+    carried = {"from": when, "level": old_level, "names": sorted({m.name for m in taken})}
+    return new.model_copy(update={
+        "measurements": [m for m in new.measurements if key(m) not in replaced] + taken,
+        "details": {**new.details, "carried_measurements": carried},
+    })
 
 
 def probe_write(directory: Path) -> None:

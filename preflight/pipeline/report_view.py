@@ -42,6 +42,8 @@ class Verdict(str, Enum):
 # findings.Status by value (base/findings.py imports pydantic); the tests hold them equal.
 STATUSES = ("PASS", "WARN", "FAIL", "SKIP", "ERROR")
 VOUCHING = ("PASS", "WARN", "SKIP")  # Status.ok: the node may take the job
+# How deep a run looked, lightest first (preflight/pipeline/levels.py).
+LEVELS = ("quick", "standard", "full")
 
 
 # NamedTuples, not dataclasses: importing dataclasses (and inspect with it) costs
@@ -320,6 +322,8 @@ REPORT = {
     "boot_id": (_opt(_str), _REQUIRED),
     "profile": (_opt(_str), _REQUIRED),
     "profile_chosen_because": (_opt(_str), None),
+    "level": (_opt(one_of(*LEVELS)), None),
+    "level_chosen_because": (_opt(_str), None),
     "config": (_opt(_str), None),
     "started_at": (_datetime, _REQUIRED),
     "finished_at": (_datetime, _REQUIRED),

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, PrivateAttr, StrictBool, Tag, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
-from preflight.pipeline import tomlfile
+from preflight.pipeline import levels, tomlfile
 from preflight.base.errors import UsageError
 from preflight.pipeline.profiles import FloorValue, SiteFloor
 from preflight.pipeline.report_view import MAX_NODES
@@ -51,6 +51,9 @@ class _Common(BaseModel):
     """Fields shared by the settings and the config file (which forbids other keys)."""
 
     profile: str = "auto"
+    # How deep the run looks (preflight/pipeline/levels.py): quick, standard or full.
+    # None: standard, or under a budget the deepest level that fits.
+    level: Annotated[str | None, BeforeValidator(levels.parse_level)] = None
     only: CheckList = Field(default_factory=list)
     skip: CheckList = Field(default_factory=list)
     keep_going: bool = False
@@ -174,6 +177,9 @@ class Settings(_Common, BaseSettings):
     # that this node serves multi-node jobs (so it must have RDMA NICs).
     node_gpus: GpuCount | None = None
     node_multi_node: bool = False
+    # Seconds this run may be expected to take: the deepest level that fits runs.
+    # Flag or environment only: a site-wide budget in the config would also bound the boot gate.
+    budget: Annotated[float | None, BeforeValidator(levels.parse_budget)] = None
 
     # Private, so no environment variable can set them: only the config file sets floors.
     _config: Path | None = PrivateAttr(default=None)

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
-from preflight.pipeline.report_view import MAX_NODES, Declined, one_of
+from preflight.pipeline.report_view import LEVELS, MAX_NODES, Declined, one_of
 
 # As in settings.py and tomlfile.py, which import pydantic; the tests hold them equal.
 DEFAULT_CONFIG = Path("/etc/preflight/config.toml")
@@ -171,6 +171,7 @@ def _floors(v: Any) -> dict[str, Any]:
 # settings.ConfigFile: the config file's schema (extra keys forbidden).
 _CONFIG = {
     "profile": _text,
+    "level": one_of(*LEVELS),
     "only": _checks,
     "skip": _checks,
     "keep_going": _bool,

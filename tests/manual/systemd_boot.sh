@@ -5,7 +5,7 @@
 # drop-in, and preflight installed as README's "Deploy on a GPU node" says.
 # It then checks what a person would: the gate passes and the launcher starts
 # after it; the hardened exporter (DynamicUser, MemoryDenyWriteExecute, syscall
-# filter) serves the report; the recheck keeps the gate's bandwidth and train;
+# filter) serves the report; the recheck (quick) keeps the gate's nccl, bandwidth and train;
 # a failing gate stops the launcher and the recheck refuses to run; a stop in the
 # middle of a run is recorded and leaves no process behind.
 #
@@ -106,10 +106,10 @@ expect "preflight_vouched" "$(metric preflight_vouched)" 1.0
 expect "preflight status" "$(inside preflight status >/dev/null 2>&1; echo $?)" 0
 expect "textfile" "$(inside stat -c %a /var/lib/preflight/textfile/preflight.prom)" 644
 
-echo "== the recheck keeps the gate's bandwidth and train"
+echo "== the recheck (quick) keeps the gate's nccl, bandwidth and train"
 inside systemctl start preflight-recheck.service
 expect "recheck" "$(inside systemctl show -p Result --value preflight-recheck.service)" success
-expect "carried" "$(inside python3 -c 'import json; print(sum("carried_from" in c["details"] for c in json.load(open("/var/lib/preflight/report.json"))["checks"]))')" 2
+expect "carried" "$(inside python3 -c 'import json; print(sum("carried_from" in c["details"] for c in json.load(open("/var/lib/preflight/report.json"))["checks"]))')" 3
 
 echo "== a failing gate holds the launcher back; the recheck refuses to run"
 config h100-sxm | inside tee /etc/preflight/config.toml >/dev/null  # no GPU here: cuda FAILs

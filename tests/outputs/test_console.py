@@ -207,3 +207,19 @@ def test_a_real_run_on_a_terminal_shows_stages_and_a_moving_clock_then_only_resu
     assert not [line for line in lines if LIVE.match(line) or any(stage in line for stage in stages)], pane  # nothing left of the live line
     colours = [p for sgr in re.findall(r"\x1b\[([0-9;]*)m", styled) for p in sgr.split(";") if p in {*map(str, range(30, 39)), *map(str, range(90, 98))}]
     assert not colours, "NO_COLOR: no colour on the terminal"
+
+
+def test_the_verdict_line_names_a_level_other_than_the_gates():
+    from conftest import REPORTS
+
+    from preflight.pipeline.report import Report
+
+    report = Report.model_validate_json((REPORTS / "cpu-pass.json").read_bytes())
+    lines = {}
+    for level in (None, "standard", "quick", "full"):
+        out = io.StringIO()
+        Console(stream=out).summary(report.model_copy(update={"level": level}))
+        lines[level] = out.getvalue().splitlines()[-1]
+    assert lines[None].startswith("preflight: PASS (profile cpu; 4 pass)") and lines["standard"] == lines[None]
+    assert lines["quick"].startswith("preflight: PASS (profile cpu, level quick; 4 pass)")
+    assert lines["full"].startswith("preflight: PASS (profile cpu, level full; 4 pass)")

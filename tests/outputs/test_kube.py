@@ -431,6 +431,7 @@ def test_the_gpu_operator_gate_sees_every_gpu_without_holding_one_and_writes_the
         assert params["textfile_dir"] == Path("/var/lib/preflight/textfile")  # where the systemd units put it
         assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
     assert parse_command_line(gate["args"])["skip"] in (None, [], ())  # the gate runs every check
+    assert parse_command_line(gate["args"])["level"] == "standard" and parse_command_line(recheck["args"])["level"] == "quick"
     assert "preflight status --report=/var/lib/preflight/report.json" in recheck["command"][2]
     host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert host["state"] == "/var/lib/preflight" and host["textfile"] == "/var/lib/preflight/textfile"

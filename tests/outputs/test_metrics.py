@@ -268,3 +268,26 @@ def test_a_textfile_that_cannot_be_written_makes_the_report_say_error_too(tmp_pa
     written = load(report).report
     # The gate fails (exit 3): the report must not vouch for the node either.
     assert (written.verdict, written.exit_code) == ("error", 3) and written.checks[0].status == "PASS"
+
+
+def test_the_level_is_one_hot_and_a_report_before_levels_ran_standard(tmp_path):
+    fam = families(text_of("cpu-pass"))  # written before levels existed
+    assert {s.labels["level"]: s.value for s in fam["preflight_run_level"]} == {"quick": 0, "standard": 1, "full": 0}
+    quick = report_file(tmp_path / "r.json", "cpu-pass", level="quick")
+    text = metrics.render(metrics.ReportCollector(lambda: load(quick))).decode()
+    assert {s.labels["level"]: s.value for s in families(text)["preflight_run_level"]} == {"quick": 1, "standard": 0, "full": 0}
+
+
+def test_a_kept_result_says_when_it_was_measured_and_an_odd_time_says_nothing(tmp_path):
+    import json
+
+    path = report_file(tmp_path / "r.json", "cpu-pass", level="quick")
+    data = json.loads(path.read_text())
+    data["checks"][1]["details"]["carried_from"] = "2026-11-22T05:00:00+00:00"
+    data["checks"][2]["details"]["carried_from"] = "yesterday"
+    path.write_text(json.dumps(data))
+    fam = families(metrics.render(metrics.ReportCollector(lambda: load(path))).decode())
+    when = {s.labels["check"]: s.value for s in fam["preflight_check_timestamp_seconds"]}
+    assert when["shm"] == when["train"] == fam["preflight_run_timestamp_seconds"][0].value  # measured in this run
+    assert when["nccl"] == 1795323600.0  # 2026-11-22T05:00:00Z: the run it was kept from
+    assert "bandwidth" not in when  # no sample rather than a wrong one

@@ -200,3 +200,86 @@ def test_last_success_from_a_report_written_before_the_field_existed():
     assert last_success(failed, old_pass) == old_pass.finished_at
     assert last_success(failed, None) is None
     assert last_success(failed, failed) is None
+
+
+# ---- levels: a lighter run never overwrites what a deeper one measured ------------------------------
+
+
+def _quick(report, checks):  # noqa: ANN001, ANN202
+    """``report`` rewritten as a quick run that ran only ``checks`` (results as given)."""
+    return report.model_copy(update={"level": "quick", "checks": checks, "versions": {}})
+
+
+def test_a_quick_run_keeps_the_standard_results_with_their_time_and_level_across_quick_runs():
+    from preflight.pipeline.report import carry_forward
+
+    gate = _recorded("cpu-pass")  # written before levels: a standard run
+    first = _quick(_recorded("cpu-pass"), _recorded("cpu-pass").checks[:1])
+    kept = carry_forward(first, gate, ORDER)
+    assert [c.check for c in kept] == ["nccl", "bandwidth", "train"] and [c.check for c in first.checks] == ORDER
+    assert {(c.details["carried_from"], c.details["carried_level"]) for c in kept} == {(gate.finished_at.isoformat(), "standard")}
+    assert first.versions == {"torch": "2.13.0+cpu"}  # what the kept results saw, for preflight_info
+    second = _quick(_recorded("cpu-pass"), _recorded("cpu-pass").checks[:1])
+    carry_forward(second, first.model_copy(update={"finished_at": gate.finished_at.replace(year=2030)}), ORDER)
+    assert {(c.details["carried_from"], c.details["carried_level"]) for c in second.checks[1:]} == {(gate.finished_at.isoformat(), "standard")}
+    assert "carried_from" not in second.checks[0].details  # shm was measured now
+
+
+def _cuda(status, measurements, **details):  # noqa: ANN001, ANN202
+    from preflight.pipeline.check import Result
+
+    return Result(check="cuda", status=status, summary=f"cuda {status}", measurements=measurements, details=details)
+
+
+def _m(name, value, floor=None, gpu="0"):  # noqa: ANN001, ANN202
+    from preflight.base.findings import Measurement
+
+    return Measurement(name=name, unit="seconds" if "duration" in name else "generation", value=value, floor=floor, labels={"gpu": gpu})
+
+
+def test_a_quick_pass_never_clears_a_standard_fail_of_the_same_check():
+    from preflight.base.findings import Status
+    from preflight.pipeline.report import carry_forward
+
+    gate = _recorded("cpu-pass").model_copy(update={"verdict": "fail", "exit_code": 1})
+    gate.checks = [_cuda(Status.FAIL, [], parts={"cuda_init": "FAIL"}), *gate.checks]
+    quick = _quick(_recorded("cpu-pass"), [_cuda(Status.PASS, [], parts={"cuda_init": "not run: the quick level starts no CUDA work"})])
+    kept = carry_forward(quick, gate, ["cuda", *ORDER])
+    cuda = quick.checks[0]
+    assert cuda.status == Status.FAIL and cuda.details["carried_level"] == "standard" and cuda in kept
+    assert cuda.details["lighter_look"] == {"level": "quick", "status": "PASS", "summary": "cuda PASS"}
+    assert (quick.verdict, quick.exit_code) == ("fail", 1)
+    # A run as deep as the one that failed may clear it.
+    again = _recorded("cpu-pass").model_copy(update={"level": "standard", "checks": [_cuda(Status.PASS, [])]})
+    carry_forward(again, gate, ["cuda", *ORDER])
+    assert again.checks[0].status == Status.PASS and "carried_from" not in again.checks[0].details and again.verdict == "pass"
+
+
+def test_a_quick_look_takes_the_standard_figures_it_did_not_measure_and_its_own_fail_stands():
+    from preflight.base.findings import Status
+    from preflight.pipeline.report import carry_forward
+
+    gate = _recorded("cpu-pass")
+    loaded_gen, init = _m("gpu_pcie_link", 5, floor=5), _m("gpu_cuda_init_duration", 1.5)
+    gate.checks = [_cuda(Status.PASS, [loaded_gen, init, _m("gpu_temperature", 31)]), *gate.checks]
+    idle_gen, temperature = _m("gpu_pcie_link", 1), _m("gpu_temperature", 40)
+    quick = _quick(_recorded("cpu-pass"), [_cuda(Status.PASS, [idle_gen, temperature])])
+    assert carry_forward(quick, gate, ["cuda", *ORDER])  # nccl, bandwidth, train
+    cuda = quick.checks[0]
+    # Its own reading of what it measured, the gate's of what it did not (or read only idle, unjudged).
+    assert sorted((m.name, m.value) for m in cuda.measurements) == [("gpu_cuda_init_duration", 1.5), ("gpu_pcie_link", 5), ("gpu_temperature", 40)]
+    assert cuda.details["carried_measurements"] == {"from": gate.finished_at.isoformat(), "level": "standard", "names": ["gpu_cuda_init_duration", "gpu_pcie_link"]}
+    assert "carried_from" not in cuda.details and cuda.status == Status.PASS
+    # A FAIL this look found stands (with the gate's figures beside it): the node is failing now.
+    failing = _quick(_recorded("cpu-pass"), [_cuda(Status.FAIL, [temperature])])
+    carry_forward(failing, gate, ["cuda", *ORDER])
+    assert failing.checks[0].status == Status.FAIL and failing.verdict == "fail"
+
+
+def test_a_standard_run_after_a_quick_one_keeps_nothing_it_measured_again():
+    from preflight.pipeline.report import carry_forward
+
+    quick = _quick(_recorded("cpu-pass"), _recorded("cpu-pass").checks[:1])
+    carry_forward(quick, _recorded("cpu-pass"), ORDER)
+    gate = _recorded("cpu-pass").model_copy(update={"level": "standard"})
+    assert carry_forward(gate, quick, ORDER) == [] and not any("carried_from" in c.details for c in gate.checks)

@@ -231,6 +231,7 @@ MODELS = {
     Report: (report_view.REPORT, {
         "schema_version": "int = default", "tool": "str = default", "version": "str", "hostname": "str",
         "boot_id": "str | None", "profile": "str | None", "profile_chosen_because": "str | None = default",
+        "level": "Optional[Literal['quick', 'standard', 'full']] = default", "level_chosen_because": "str | None = default",
         "config": "str | None = default", "started_at": "datetime", "finished_at": "datetime", "duration_seconds": "float",
         "verdict": "Verdict", "exit_code": "int", "keep_going": "bool = default", "interrupted_by_signal": "int | None = default",
         "versions": "dict[str, str] = default", "last_success_at": "datetime | None = default",
@@ -279,8 +280,12 @@ def test_the_view_knows_every_field_of_the_model(model):
     assert model.model_config.get("extra", "ignore") in ("ignore", "allow")  # the view ignores unknown keys
 
 
-def test_the_statuses_and_verdicts_are_the_models():
+def test_the_statuses_verdicts_and_levels_are_the_models():
+    from typing import get_args
+
     assert report_view.STATUSES == tuple(s.value for s in Status)
+    (levels, _none) = get_args(Report.model_fields["level"].annotation)
+    assert report_view.LEVELS == get_args(levels)
     assert set(report_view.VOUCHING) == {s.value for s in Status if s.ok}
     assert Verdict is report_view.Verdict
 

@@ -226,3 +226,40 @@ def test_fake_nvml_never_comes_from_the_config_file(tmp_path, monkeypatch):
 def test_a_relative_python_means_the_one_beside_the_caller(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert settings.load({"python": Path("venv/bin/python")}).python == tmp_path / "venv" / "bin" / "python"
+
+
+def test_the_level_comes_from_any_layer_and_the_budget_never_from_the_config_file(tmp_path, monkeypatch):
+    cfg = write(tmp_path, 'level = "quick"\n')
+    assert settings.load({}, config=cfg).level == "quick"
+    monkeypatch.setenv("PREFLIGHT_LEVEL", "full")
+    monkeypatch.setenv("PREFLIGHT_BUDGET", "12.5")
+    s = settings.load({}, config=cfg)
+    assert (s.level, s.budget) == ("full", 12.5)
+    s = settings.load({"level": "standard", "budget": "3"}, config=cfg)
+    assert (s.level, s.budget) == ("standard", 3.0)
+    # A site-wide budget would bound the boot gate too: the config file cannot set one.
+    with pytest.raises(UsageError, match=r"line 1: budget: unknown key"):
+        settings.load({}, config=write(tmp_path, "budget = 30\n"))
+
+
+@pytest.mark.parametrize(
+    "flags, env, message",
+    [
+        ({"level": "deep"}, {}, "--level: Value error, 'deep' is not a level; choose one of: quick, standard, full"),
+        ({}, {"PREFLIGHT_LEVEL": "Quick"}, "PREFLIGHT_LEVEL='Quick': Value error, 'Quick' is not a level"),
+        ({"budget": "soon"}, {}, "--budget: Value error, 'soon' is not a number of seconds from above 0 to 86400"),
+        ({"budget": "0"}, {}, "--budget: Value error, '0' is not a number of seconds"),
+        ({}, {"PREFLIGHT_BUDGET": "-5"}, "PREFLIGHT_BUDGET='-5': Value error, '-5' is not a number of seconds"),
+    ],
+)
+def test_a_bad_level_or_budget_names_where_it_came_from(monkeypatch, flags, env, message):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(UsageError) as e:
+        settings.load(flags)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_a_bad_level_in_the_config_names_its_line(tmp_path):
+    with pytest.raises(UsageError, match=r"config .* line 2: level: Value error, 'deep' is not a level"):
+        settings.load({}, config=write(tmp_path, 'profile = "cpu"\nlevel = "deep"\n'))

@@ -27,6 +27,8 @@ CONFIGS = [
     'report = "relative/r.json"\nprofile = "cpu"\n',
     'report = "/srv/r.json"\nonly = ["shm", "nccl"]\nskip = ["train,bandwidth"]\nkeep_going = true\nlock_timeout = 0.5\n',
     'python = "/opt/venv/bin/python"\ndriver_version = "550.54.15"\nnproc_per_node = 8\nrdzv_port = 29400\n',
+    'report = "/srv/r.json"\nlevel = "quick"\n',
+    'report = "/srv/r.json"\nlevel = "full"\n',
     'nnodes = 2\nnode_rank = 1\nrdzv_endpoint = "10.0.0.1:29400"\nrdzv_id = "job"\nrdzv_timeout = 600\nlisten = "0.0.0.0:9842"\n',
     'textfile_dir = "/var/lib/node_exporter"\n[node]\ngpus = 8\nmulti_node = true\n',
     '[floors]\nshm_min_bytes = 8589934592\nh2d_bandwidth = 52e9\n[floors.p2p_bandwidth]\nvalue = 300e9\nunit = "bytes_per_second"\nsource = "calibrated"\nbound = "min"\ngpus = 8\nfabric = "nvswitch"\n',
@@ -77,6 +79,11 @@ CONFIGS = [
     'nvml_fake = "/tmp/healthy.json"\n',
     'floor_overrides = {}\n',
     "report = 1979-05-27T07:32:00Z\n",
+    'level = "deep"\n',
+    'level = "Quick"\n',
+    "level = 1\n",
+    'level = ""\n',
+    "budget = 30\n",
 ]
 
 ENVIRONMENTS = [
@@ -93,6 +100,9 @@ ENVIRONMENTS = [
     {"preflight_report": "/lower/r.json"},
     {"PREFLIGHT_PROFLE": "cpu"},
     {"PREFLIGHT_NVML_FAKE": "/tmp/x.json"},
+    {"PREFLIGHT_LEVEL": "quick"},
+    {"PREFLIGHT_LEVEL": "deep"},
+    {"PREFLIGHT_BUDGET": "0"},
 ]
 
 
