@@ -49,7 +49,7 @@ def _tell_kept(kept: list[reports.Result], result: reports.Report, console: Cons
         console.note(f"kept from the run of {when} (this boot, level {same[0].details['carried_level']}): " + ", ".join(f"{c.check} {c.status}" for c in same))
     for c in result.checks:
         if figures := c.details.get("carried_measurements"):
-            console.note(f"{c.check}: kept the {figures['level']} run's {', '.join(figures['names'])} of {figures['from']}, which level {result.level} does not measure")
+            console.note(f"{c.check}: kept the {figures['level']} run's {', '.join(figures['names'])} of {figures['from']}, which level {result.level} does not measure or judge")
 
 
 def write(result: reports.Report, textfile: Path | None, report_path: Path | None, console: Console) -> None:

@@ -18,7 +18,8 @@ pure function of those facts; ``durations`` reads them from a report.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from datetime import datetime
+from typing import NamedTuple, Protocol, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -97,19 +98,41 @@ def checks_at(levels: Levels | None, checks: list[str], level: str, profile: str
     return checks
 
 
+class _Result(Protocol):
+    check: str
+    status: str
+    duration_seconds: float
+
+
+class _Report(Protocol):
+    """What ``durations`` reads of a report (preflight.pipeline.report.Report)."""
+
+    profile: str | None
+    finished_at: datetime
+    checks: Sequence[_Result]
+
+
+class _Profile(Protocol):
+    """What ``pick`` reads of a resolved profile (preflight.pipeline.profiles.ResolvedProfile)."""
+
+    name: str
+    checks: list[str]
+    levels: Levels | None
+
+
 class Expected(NamedTuple):
     seconds: float
     source: str  # "this node's report ..." or "the profile's estimate: ..."
 
 
-def durations(report: object | None, path: object, profile: str) -> tuple[dict[str, float], str]:
+def durations(report: _Report | None, path: object, profile: str) -> tuple[dict[str, float], str]:
     """Each check's time in this node's last report (carried results too: they kept
     the time they took), if it judged the same profile; a SKIP took no real time and
     is left out. Returns (times, where they came from)."""
-    if report is None or getattr(report, "profile", None) != profile:
+    if report is None or report.profile != profile:
         return {}, ""
-    times = {c.check: c.duration_seconds for c in report.checks if c.status != "SKIP"}  # type: ignore[attr-defined]
-    return times, f"this node's report {path} of {report.finished_at:%Y-%m-%d %H:%M:%S} UTC"  # type: ignore[attr-defined]
+    times = {c.check: c.duration_seconds for c in report.checks if c.status != "SKIP"}
+    return times, f"this node's report {path} of {report.finished_at:%Y-%m-%d %H:%M:%S} UTC"
 
 
 def expected(level: Level | None, selected: list[str], times: dict[str, float], where: str) -> Expected | None:
@@ -123,24 +146,24 @@ def expected(level: Level | None, selected: list[str], times: dict[str, float], 
     return Expected(level.seconds, f"the profile's estimate ({level.source})")
 
 
-def pick(profile: object, asked: str | None, budget: float | None, only: list[str], skip: list[str],
-         previous: object | None, path: object) -> tuple[str, str]:
+def pick(p: _Profile, asked: str | None, budget: float | None, only: list[str], skip: list[str],
+         previous: _Report | None, path: object) -> tuple[str, str]:
     """``choose`` for a resolved profile and this run's --only/--skip, the expected
     times read from ``previous`` (the report at ``path``) where it has them. A level
     that would run none of the selected checks, or lacks one --only names, is no candidate."""
     if budget is None:
         return choose(asked, None, {})
-    p = profile
-    times, where = durations(previous, path, p.name)  # type: ignore[attr-defined]
+    times, where = durations(previous, path, p.name)
     expect: dict[str, Expected | None] = {}
     for name in LEVELS:
-        if p.levels is None and name == "quick":  # type: ignore[attr-defined]
+        if p.levels is None and name == "quick":
             expect[name] = None
             continue
-        at = checks_at(p.levels, p.checks, name, p.name)  # type: ignore[attr-defined]
+        at = checks_at(p.levels, p.checks, name, p.name)
         selected = [c for c in at if (not only or c in only) and c not in skip]
         fits_only = all(c in at for c in only)
-        expect[name] = expected(p.levels.of(name) if p.levels else None, selected, times, where) if selected and fits_only else None  # type: ignore[attr-defined]
+        level = p.levels.of(name) if p.levels else None
+        expect[name] = expected(level, selected, times, where) if selected and fits_only else None
     return choose(asked, budget, expect)
 
 
