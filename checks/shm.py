@@ -315,6 +315,9 @@ def judge(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurement]]:
     return found, measurements
 
 
+QUICK_SEGMENT = 64 << 20  # bytes written at the quick level: Docker's default /dev/shm, which NCCL alone outgrows
+
+
 class Shm(Check):
     name = "shm"
     description = "/dev/shm is a tmpfs, big enough, writable, backed by memory; NCCL_SHM_DISABLE is not set"
@@ -325,7 +328,10 @@ class Shm(Check):
 
     def run(self, ctx: Context) -> Result:
         floor = ctx.floor("shm_min_bytes")
-        facts = gather(ctx.host, int(floor), ctx.deadline)
+        # The floor's size is written at standard and full: a 16 GiB segment takes seconds. The quick
+        # level (a prolog's seconds) writes a small one: writable and backed by memory, the size by statvfs.
+        segment = min(int(floor), QUICK_SEGMENT) if ctx.settings.level == "quick" else int(floor)
+        facts = gather(ctx.host, segment, ctx.deadline)
         findings, measurements = judge(facts, floor)
         fs = facts.mount.fstype if facts.mount else "unknown filesystem"
         if facts.size_bytes is None:
