@@ -206,4 +206,4 @@ def test_show_profile_lists_each_levels_checks_and_estimate_with_its_source():
     r = CliRunner().invoke(app, ["show-profile", "h100-sxm"])
     assert r.exit_code == 0, r.output
     assert "    quick: cuda, topology, shm; about 3 s\n      source: estimate, not measured" in r.stdout
-    assert "    full: cuda, topology, shm, nccl, bandwidth, train; about 90 s\n      source: as standard: full adds no check yet" in r.stdout
+    assert "    full: cuda, topology, shm, nccl, bandwidth, train; about 60 s\n      source: as standard: full adds no check yet" in r.stdout
