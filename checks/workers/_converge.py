@@ -1,21 +1,22 @@
 """Repeat a timed measurement until its figure is sure, or a cap is reached.
 
-A fixed number of repeats is too many on a quiet GPU (the median of 10 copies
-is known to 0.1% after 6) and too few on a noisy host. Here each figure runs
-at least the profile's ``repeats`` (warm-up excluded), then repeats until the
-95% confidence interval of its statistic (the median; the straggler pass's
-first quartile) lies within ``tolerance`` of it, or until ``max_repeats``
-repeats or ``max_seconds`` of its time have been spent: the last case is
-reported as not converged, never hidden.
+A fixed number of repeats is more than a quiet figure needs and fewer than a
+noisy one does. Here each figure runs at least the profile's ``repeats``
+(warm-up excluded), then repeats until the 95% confidence interval of its
+statistic (the median; the straggler pass's first quartile) lies within
+``tolerance`` of it, or until ``max_repeats`` repeats or ``max_seconds`` of
+its time have been spent: the last case is reported as not converged, never
+hidden.
 
 The interval is distribution-free: sorted repeats x(1) <= ... <= x(n) hold the
 q-quantile between x(l) and x(u) with probability at least 95% whatever the
-distribution (the count of repeats below it is Binomial(n, q); e.g. Hahn &
-Meeker, Statistical Intervals, ch. 5). Timings are skewed and heavy-tailed
-(a descheduled rank, a clock change), so no normal-theory interval would be
-sound here. The relative width is the far end's ratio to the statistic,
-max(m / x(l), x(u) / m) - 1: it bounds the relative error of the time and of
-a rate (bytes / time) alike, so a bandwidth and its time converge together.
+distribution, since the count of repeats below it is Binomial(n, q) (the
+classic interval for a quantile, as in Hahn & Meeker, Statistical Intervals).
+Timings are skewed and heavy-tailed (a descheduled rank, a clock change), so
+no normal-theory interval would be sound here. The relative width is the far
+end's ratio to the statistic, max(m / x(l), x(u) / m) - 1: it bounds the
+relative error of a time and of a rate (bytes / time) alike, so a bandwidth
+and its time converge together.
 
 Standard library only: workers run by path under the training environment's
 interpreter, so this file beside them is importable as ``_converge``. The
