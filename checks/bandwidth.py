@@ -10,8 +10,10 @@ between every ordered pair of GPUs, large all_reduce / all_gather /
 reduce_scatter and small all_reduce latency. On the cpu profile: host memcpy
 and the same collectives over gloo.
 
-The worker reports every timed repeat; the arithmetic is here, in pure
-functions: a figure is the median of the repeats, a collective's repeat
+The worker repeats each figure until the 95% interval of its median is within
+the profile's tolerance or a cap is reached, and reports every timed repeat;
+the arithmetic is here, in pure functions: a figure is the median of the
+repeats (with how sure it is, and whether it converged), a collective's repeat
 lasts as long as its slowest rank, bus bandwidth follows nccl-tests
 (doc/PERFORMANCE.md). A figure under its floor FAILs naming the GPU, pair
 or direction; within the profile's margin above it WARNs (marginal node).
@@ -129,6 +131,8 @@ class StepResult(BaseModel):
     peer_pci_bus_id: str | None = None
     ops_per_repeat: int = 1
     error: str | None = None
+    stopped: str | None = None  # why the worker stopped repeating: converged, max_repeats or max_seconds
+    tolerance: float | None = None  # what it repeated towards (the profile's); None: an older worker, not judged
 
 
 class RankReport(ranks.RankReport):
@@ -196,10 +200,11 @@ def figures(f: BandwidthFacts) -> list[Figure]:
         if len(got) == n and world > 1 and all(x.seconds for x in got.values()):
             # A repeat is over when its slowest rank is done.
             times = [max(ts) for ts in zip(*(x.seconds for x in got.values()))]
-            nbytes = next(iter(got.values())).bytes
-            value = algbw(nbytes, median(times)) * bus_factor(step, world)
+            first = next(iter(got.values()))
+            value = algbw(first.bytes, median(times)) * bus_factor(step, world)
             name = INTERNODE.get(name, name) if group else name
-            out.append(Figure(name=name, unit=BPS, value=value, where=where, labels={"collective": step}, bytes=nbytes, repeats=len(times), spread=spread(times)))
+            out.append(Figure(name=name, unit=BPS, value=value, where=where, labels={"collective": step}, bytes=first.bytes, repeats=len(times), spread=spread(times),
+                              **figs_mod.sureness(times, first.tolerance, first.stopped)))
     lat = by_step.get("latency", {})
     if len(lat) == n and all(x.samples for x in lat.values()):
         stats = ((0.5, "p50", "allreduce_latency"), (0.99, "p99", "allreduce_latency_p99"))
@@ -208,16 +213,19 @@ def figures(f: BandwidthFacts) -> list[Figure]:
         for q, stat, floor in stats:
             per_rank = {r: quantile(x.samples, q) for r, x in lat.items()}
             worst_rank = max(per_rank, key=lambda r: per_rank[r])
-            nbytes = lat[worst_rank].bytes
+            res = lat[worst_rank]
+            # The worker repeats until each rank's p50 is sure; the p99 of a few hundred samples has no such interval.
+            sure = figs_mod.sureness(res.samples, res.tolerance, res.stopped) if stat == "p50" else {}
             out.append(Figure(name="internode_allreduce_latency" if group else "allreduce_latency", floor=floor, unit=SECONDS, value=per_rank[worst_rank],
                               where=f"slowest of {len(lat)} ranks{' on this node' if group else ''}: {_who(worst_rank, gpu)}",
-                              labels={"stat": stat}, bytes=nbytes, repeats=len(lat[worst_rank].samples), rank=worst_rank))
+                              labels={"stat": stat}, bytes=res.bytes, repeats=len(res.samples), rank=worst_rank, **sure))
     graph = by_step.get("graph_latency", {})
     if len(graph) == n and not group and all(x.seconds for x in graph.values()):
         first = next(iter(graph.values()))
         # Each repeat replays ops_per_repeat all_reduces: the slowest rank's replay, per op.
         times = [max(ts) / first.ops_per_repeat for ts in zip(*(x.seconds for x in graph.values()))]
-        out.append(Figure(name="allreduce_graph_latency", unit=SECONDS, value=median(times), where=f"{n} ranks", bytes=first.bytes, repeats=len(times), spread=spread(times)))
+        out.append(Figure(name="allreduce_graph_latency", unit=SECONDS, value=median(times), where=f"{n} ranks", bytes=first.bytes, repeats=len(times), spread=spread(times),
+                          **figs_mod.sureness(times, first.tolerance, first.stopped)))
     return out
 
 
@@ -230,7 +238,7 @@ def _device_figure(f: BandwidthFacts, r: int, res: StepResult, gpu: dict[int, st
         labels["peer_gpu"] = peer.removeprefix("GPU ")
         where = f"{where} -> {peer}"
     return Figure(name=name, unit=BPS, value=res.moved_bytes / med, where=where, labels=labels, bytes=res.bytes,  # type: ignore[operator]
-                  repeats=len(res.seconds), spread=spread(res.seconds), rank=r)
+                  repeats=len(res.seconds), spread=spread(res.seconds), rank=r, **figs_mod.sureness(res.seconds, res.tolerance, res.stopped))
 
 
 def _who(r: int, gpu: dict[int, str | None]) -> str:
@@ -362,6 +370,8 @@ def gather(ctx: Context, nproc: int, expect: BandwidthExpect, backend: str, step
         "--collective-bytes", str(expect.collective_bytes), "--small-bytes", str(expect.small_bytes),
         "--warmup", str(expect.warmup), "--repeats", str(expect.repeats), "--latency-iters", str(expect.latency_iters),
         "--timeout", f"{op_timeout:g}", "--bind", json.dumps(facts.binding), "--reading", str(reading),
+        "--tolerance", f"{expect.tolerance:g}", "--max-repeats", str(expect.max_repeats), "--max-latency-iters", str(expect.max_latency_iters),
+        "--max-seconds", f"{expect.max_seconds:g}",
     ]  # fmt: skip
     worker = launch.Worker("bandwidth.py", args, nproc=nproc, rdzv_port=ctx.settings.rdzv_port, group=meeting.torchrun_group(ctx, "bandwidth", left))
     ranks.collect(facts, worker, RankReport, ctx.host.environ, left, ranks.settle_rule(nproc, ranks.STUCK, op_timeout + ranks.STUCK), ctx.progress, ctx.worlds)
@@ -401,7 +411,7 @@ def summary(f: BandwidthFacts, figs: list[Figure]) -> str:
         if group:
             value = max(g.value for g in group) if group[0].unit == SECONDS else min(g.value for g in group)
             parts.append(f"{WORDS[name].replace(' bus bandwidth', ' busbw')} {fmt_value(value, group[0].unit)}")
-    return f"{ranks.count(f)}, every figure within its floor: " + ", ".join(parts)
+    return f"{ranks.count(f)}, every figure within its floor: " + ", ".join(parts) + figs_mod.unsure_note(figs, WORDS)
 
 
 class Bandwidth(Check):

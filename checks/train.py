@@ -6,8 +6,10 @@ It catches what isolated probes miss: a GPU that computes wrong answers
 whose parameters drift apart after the all-reduce, a loss that is not finite
 or does not fall, a rank slower than its peers (each rank's own forward and
 backward, timed without the gradient sync that would hide it), a slow GEMM,
-and a step too slow for the SKU (MFU). The worker reports raw times; the
-FLOP arithmetic and the judging are pure functions here. A speed figure or
+and a step too slow for the SKU (MFU). The worker repeats each timed figure
+until it is sure (the 95% interval of its median, of the compute passes' first
+quartile, within the profile's tolerance) or a cap is reached, and reports raw
+times; the FLOP arithmetic and the judging are pure functions here. A speed figure or
 straggler ratio beyond its bound is measured again, once, by a second launch
 before it FAILs (preflight/checkkit/confirm.py); a wrong answer or NaN never is.
 """
@@ -74,6 +76,8 @@ class RankReport(ranks.RankReport):
     nonfinite_step: int | None = None
     shrunk: str | None = None
     reading: int = 1  # 2: the launch that measures again to confirm a figure beyond its floor
+    stopped: dict[str, str] = Field(default_factory=dict)  # steps, compute, gemm -> converged, max_repeats or max_seconds
+    tolerance: float | None = None  # what the worker repeated towards (the profile's); None: not judged
 
     STAGES: ClassVar[tuple[str, ...]] = ("agreement", "warmup", "steps", "compute", "checksum", "gemm")
     step_noun: ClassVar[str] = "stage"  # "died in steps (stage 3)": the probe's stages, not training steps
@@ -116,24 +120,27 @@ def figures(f: TrainFacts, expect: TrainExpect) -> list[Figure]:
         if rep.gemm_seconds:
             n = expect.gemm_n
             value = gemm_flops(n) / median(rep.gemm_seconds)
-            out.append(Figure(name="gemm_throughput", unit=FLOPS, value=value, where=_who(r, gpu), labels=ranks.labels(r, gpu.get(r), f.uuids), repeats=len(rep.gemm_seconds), rank=r))
+            out.append(Figure(name="gemm_throughput", unit=FLOPS, value=value, where=_who(r, gpu), labels=ranks.labels(r, gpu.get(r), f.uuids), repeats=len(rep.gemm_seconds), rank=r,
+                              **figs_mod.sureness(rep.gemm_seconds, rep.tolerance, rep.stopped.get("gemm"))))
     done = [rep for rep in reps.values() if rep.step_seconds]
     if len(done) == f.nproc and done:
         worst_rank = max(reps, key=lambda r: median(reps[r].step_seconds) if reps[r].step_seconds else 0)
         step = median(reps[worst_rank].step_seconds)
         rep = reps[worst_rank]
         where = f"slowest of {f.nproc} ranks: {_who(worst_rank, gpu)}"
-        out.append(Figure(name="train_step_duration", unit="seconds", value=step, where=where, labels={"stat": "p50"}, repeats=len(rep.step_seconds), rank=worst_rank))
+        # The step's figures all rest on the slowest rank's median step: they are as sure as it is.
+        steps = {"repeats": len(rep.step_seconds), **figs_mod.sureness(rep.step_seconds, rep.tolerance, rep.stopped.get("steps"))}
+        out.append(Figure(name="train_step_duration", unit="seconds", value=step, where=where, labels={"stat": "p50"}, rank=worst_rank, **steps))
         longest = max(reps, key=lambda r: max(reps[r].step_seconds))
         out.append(Figure(name="train_step_duration", floor="train_step_duration_max", unit="seconds", value=max(reps[longest].step_seconds),
                           where=f"longest step of {f.nproc} ranks: {_who(longest, gpu)}", labels={"stat": "max"}, repeats=len(reps[longest].step_seconds), rank=longest))
         if rep.tokens_per_step and rep.params:
             tokens = rep.tokens_per_step / step
-            out.append(Figure(name="train_tokens_throughput", unit="tokens_per_second", value=tokens, where=f"{f.nproc} ranks"))
+            out.append(Figure(name="train_tokens_throughput", unit="tokens_per_second", value=tokens, where=f"{f.nproc} ranks", **steps))
             achieved = flops_per_token(rep.params, rep.model.get("layers", 0), rep.model.get("d_model", 0), rep.model.get("seq", 0)) * tokens
-            out.append(Figure(name="train_model_throughput", unit=FLOPS, value=achieved, where=f"{f.nproc} ranks"))
+            out.append(Figure(name="train_model_throughput", unit=FLOPS, value=achieved, where=f"{f.nproc} ranks", **steps))
             if expect.peak_flops:
-                out.append(Figure(name="train_mfu", unit="ratio", value=achieved / (expect.peak_flops * f.nproc), where=f"{f.nproc} ranks"))
+                out.append(Figure(name="train_mfu", unit="ratio", value=achieved / (expect.peak_flops * f.nproc), where=f"{f.nproc} ranks", **steps))
     # Each rank's pass at the first quartile (nearest rank): a GPU that is really slow is
     # slow every time. Of the 3 passes a GPU profile takes that is the fastest, so a pass
     # another process interrupted is not a straggler; of the cpu profile's 20 on a shared
@@ -142,8 +149,23 @@ def figures(f: TrainFacts, expect: TrainExpect) -> list[Figure]:
     compute = {r: quantile(rep.compute_seconds, 0.25) for r, rep in reps.items() if rep.compute_seconds}
     if len(compute) == f.nproc and f.nproc > 1:
         slowest, ratio = straggler(compute)
-        out.append(Figure(name="train_straggler", floor="train_straggler_ratio", unit="ratio", value=ratio, where=_who(slowest, gpu), rank=slowest))
+        out.append(Figure(name="train_straggler", floor="train_straggler_ratio", unit="ratio", value=ratio, where=_who(slowest, gpu), rank=slowest,
+                          repeats=len(reps[slowest].compute_seconds), **straggler_sureness(reps, slowest)))
     return out
+
+
+def straggler_sureness(reps: dict[int, RankReport], slowest: int) -> dict:
+    """How sure the straggler ratio is: its numerator (the slowest rank's first quartile)
+    within +-a, its denominator (the median of the others' quartiles, each within +-b_i,
+    so within +-max b_i) within +-b: the ratio within (1 + a) / (1 - b) - 1."""
+    def sure(r: int) -> dict:
+        return figs_mod.sureness(reps[r].compute_seconds, reps[r].tolerance, reps[r].stopped.get("compute"), q=0.25)
+
+    own, peers = sure(slowest), [sure(r) for r in reps if r != slowest]
+    a, bs = own["ci"], [p["ci"] for p in peers]
+    ci = None if a is None or None in bs or max(bs) >= 1 else (1 + a) / (1 - max(bs)) - 1
+    tol = own["tolerance"]
+    return {"ci": ci, "tolerance": tol, "converged": None if tol is None else ci is not None and ci <= tol, "stopped": own["stopped"]}
 
 
 def _who(r: int, gpu: dict[int, str | None]) -> str:
@@ -268,7 +290,9 @@ def gather(ctx: Context, nproc: int, expect: TrainExpect, backend: str, uuids: d
     args = ["--backend", backend, "--device", "cuda" if backend == "nccl" else "cpu", "--timeout", f"{op_timeout:g}",
             "--layers", str(e.layers), "--d-model", str(e.d_model), "--heads", str(e.heads), "--seq", str(e.seq), "--batch", str(e.batch),
             "--vocab", str(e.vocab), "--warmup-steps", str(e.warmup_steps), "--steps", str(e.steps), "--compute-steps", str(e.compute_steps),
-            "--gemm-n", str(e.gemm_n), "--gemm-repeats", str(e.gemm_repeats), "--gemm-burst", str(e.gemm_burst), "--reading", str(reading)]  # fmt: skip
+            "--gemm-n", str(e.gemm_n), "--gemm-repeats", str(e.gemm_repeats), "--gemm-burst", str(e.gemm_burst), "--reading", str(reading),
+            "--tolerance", f"{e.tolerance:g}", "--max-steps", str(e.max_steps), "--max-compute-steps", str(e.max_compute_steps),
+            "--max-gemm-repeats", str(e.max_gemm_repeats), "--max-seconds", f"{e.max_seconds:g}"]  # fmt: skip
     # TunableOp would let each GPU pick its own GEMM kernels: the agreement check needs the same ones everywhere.
     worker = launch.Worker("train_probe.py", args, env={"PYTORCH_TUNABLEOP_ENABLED": "0"}, nproc=nproc, rdzv_port=ctx.settings.rdzv_port)
     ranks.collect(facts, worker, RankReport, ctx.host.environ, left, ranks.settle_rule(nproc, ranks.STUCK, op_timeout + ranks.STUCK), ctx.progress, ctx.worlds)
@@ -294,7 +318,7 @@ def summary(f: TrainFacts, figs: list[Figure]) -> str:
         parts.append(f"GEMM min {fmt_value(min(gemm), FLOPS)}")
     if "train_straggler_ratio" in by:
         parts.append(f"straggler {by['train_straggler_ratio'].value:.2f}x")
-    return ", ".join(parts)
+    return ", ".join(parts) + figs_mod.unsure_note(figs, WORDS)
 
 
 class Train(Check):

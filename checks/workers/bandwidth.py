@@ -12,7 +12,10 @@ time so ranks do not share the memory bus, and the same collectives.
 Method, for every figure: random data in [1, 2) (never zeros: A100 and
 later compress zeros), buffer sets rotated so the footprint between reuses is
 at least twice the last-level cache, warm-up excluded, every timed repeat
-reported so the agent takes the median and the spread. GPU times come from
+reported so the agent takes the median and the spread. A figure repeats past
+--repeats until the 95% interval of its median is within --tolerance, or until
+--max-repeats or --max-seconds (_converge.py); ranks that must run alike decide
+together, between repeats. GPU times come from
 CUDA events; a collective repeat starts after a barrier. Sizes that do not
 fit the memory free now are clamped, and the report says so.
 
@@ -38,6 +41,7 @@ import platform
 import sys
 import time
 
+import _converge
 import _rank
 
 GPU_STEPS = ("hbm_copy", "h2d", "d2h", "p2p", "all_reduce", "all_gather", "reduce_scatter", "latency", "graph_latency")
@@ -63,8 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--collective-bytes", type=int, default=1 << 30, help="all_reduce buffer; all_gather output; reduce_scatter input")
     p.add_argument("--small-bytes", type=int, default=4096, help="the latency step's all_reduce")
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--latency-iters", type=int, default=200)
+    p.add_argument("--repeats", type=int, default=10, help="timed repeats of each figure at least")
+    p.add_argument("--latency-iters", type=int, default=200, help="timed latency iterations at least")
+    p.add_argument("--tolerance", type=float, default=0.02, help="repeat until the 95%% interval of the median is within this fraction of it")
+    p.add_argument("--max-repeats", type=int, default=30, help="or until this many timed repeats")
+    p.add_argument("--max-latency-iters", type=int, default=1000, help="or this many latency iterations")
+    p.add_argument("--max-seconds", type=float, default=2.0, help="or until a figure has taken this long (its warm-up included)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds init and each collective may take before the rank gives up")
     p.add_argument("--bind", default="{}", help='JSON {"LOCAL_RANK": {"node": N, "cpus": "0-55"}}: pin each rank to its GPU\'s NUMA node')
     p.add_argument("--reading", type=int, default=1, help="which launch this is: 2 when the check measures again to confirm a figure beyond its floor")
@@ -137,13 +145,17 @@ class Bench:
         self.note = note
         self.cuda = device.type == "cuda"
         self.slow = False
+        self.alone = False  # measuring while the other ranks wait their turn: this rank decides its repeats alone
+        self.rule = _converge.Rule(args.tolerance, args.repeats, max(args.repeats, args.max_repeats), args.max_seconds)
         self.cache = _gpu_cache(torch, device) if self.cuda else _cpu_cache()
         self.flag = torch.ones(1, device=device)  # the barrier's all_reduce
         # Waiting out another rank's turn (every repeat of a measurement) takes longer
         # than one collective may: those barriers get a group with a turn's timeout.
         import datetime
 
-        turn = datetime.timedelta(seconds=args.timeout * (args.warmup + args.repeats))
+        # A turn: warm-up and the least repeats, each within --timeout, then more repeats until
+        # --max-seconds, the last of which may start just before it.
+        turn = datetime.timedelta(seconds=args.timeout * (args.warmup + args.repeats + 1) + args.max_seconds)
         self.turns = dist.new_group(backend="gloo", timeout=turn)
         self.gather_fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         self.scatter_fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -164,9 +176,9 @@ class Bench:
         sets = self._sets(2 * nbytes)
         srcs = [self._random(nbytes) for _ in range(sets)]
         dsts = [self._empty(nbytes) for _ in range(sets)]
-        seconds = self._timed(lambda i: dsts[i % sets].copy_(srcs[i % sets]))
+        seconds, stopped = self._timed(lambda i: dsts[i % sets].copy_(srcs[i % sets]))
         # Read once and written once: bytes moved is twice the buffer, as nvbandwidth and DCGM count a copy.
-        return [self._result(step, nbytes, 2 * nbytes, seconds, sets, clamped)]
+        return [self._result(step, nbytes, 2 * nbytes, seconds, sets, clamped, stopped)]
 
     # -- host <-> device ------------------------------------------------------
 
@@ -185,10 +197,10 @@ class Bench:
         for h, d in zip(host, dev):
             h.copy_(d)  # random host data too, filled on the GPU (filling 1 GiB on a CPU core takes a second)
         if step == "h2d":
-            seconds = self._timed(lambda i: dev[i % sets].copy_(host[i % sets], non_blocking=True))
+            seconds, stopped = self._timed(lambda i: dev[i % sets].copy_(host[i % sets], non_blocking=True))
         else:
-            seconds = self._timed(lambda i: host[i % sets].copy_(dev[i % sets], non_blocking=True))
-        return [self._result(step, nbytes, nbytes, seconds, sets, clamped)]
+            seconds, stopped = self._timed(lambda i: host[i % sets].copy_(dev[i % sets], non_blocking=True))
+        return [self._result(step, nbytes, nbytes, seconds, sets, clamped, stopped)]
 
     def _in_turn(self, measure) -> list[dict]:
         """Each local rank measures alone while the others wait at a barrier."""
@@ -197,7 +209,9 @@ class Bench:
             self._sync(turn=True)
             if turn == self.me.local_rank:
                 self.note(alone=True)
+                self.alone = True
                 out = measure()
+                self.alone = False
                 self.note()
         self._sync(turn=True)
         return out
@@ -217,7 +231,9 @@ class Bench:
                 self._sync(turn=True)
                 if turn == me:
                     self.note(alone=True)
+                    self.alone = True
                     out.append(self._p2p_pair((me + k) % n))
+                    self.alone = False
                     self.note()
         self._sync(turn=True)
         return out
@@ -232,8 +248,8 @@ class Bench:
         sets = self._sets(nbytes)
         srcs = [self._random(nbytes) for _ in range(sets)]
         dsts = [torch.empty(nbytes // 4, dtype=torch.float32, device=target) for _ in range(sets)]
-        seconds = self._timed(lambda i: dsts[i % sets].copy_(srcs[i % sets], non_blocking=True))
-        result = self._result("p2p", nbytes, nbytes, seconds, sets, clamped)
+        seconds, stopped = self._timed(lambda i: dsts[i % sets].copy_(srcs[i % sets], non_blocking=True))
+        result = self._result("p2p", nbytes, nbytes, seconds, sets, clamped, stopped)
         result.update(peer=peer, peer_access=access, peer_pci_bus_id=_rank.pci_bus_id(torch.cuda.get_device_properties(peer)))
         srcs.clear()
         dsts.clear()
@@ -268,26 +284,30 @@ class Bench:
             a, b = buffers[i % sets]
             op(a, b).wait()  # gloo: done; NCCL: the current stream now waits for NCCL's
 
-        seconds = self._timed(once, barrier=True)
-        return [self._result(step, nbytes, nbytes, seconds, sets, clamped)]
+        seconds, stopped = self._timed(once, barrier=True)
+        return [self._result(step, nbytes, nbytes, seconds, sets, clamped, stopped)]
 
     def latency(self) -> list[dict]:
         """Blocking small all_reduce: each iteration waits for its result, as a
         training step's small gradient buckets and loss reductions do. MAX, not
         SUM: hundreds of in-place sums over 8 ranks would overflow to inf, and at
-        a few KiB the reduction's arithmetic costs nothing either way."""
+        a few KiB the reduction's arithmetic costs nothing either way. At least
+        --latency-iters (the p99 needs them), then more until each rank's p50 is sure;
+        every rank runs as many as the one that needs most."""
         x = self._random(self.args.small_bytes)
         self.note(bytes=x.numel() * 4)
-        for _ in range(max(10, self.args.warmup)):
-            self._blocking(x)
-        samples = []
-        for _ in range(self.args.latency_iters):
+
+        def once(i: int) -> float:
             t = time.perf_counter()
             self._blocking(x)
             if self.slow:
                 time.sleep(max(SLOW_MIN, SLOW * (time.perf_counter() - t)))
-            samples.append(time.perf_counter() - t)
-        return [{"step": "latency", "bytes": x.numel() * 4, "samples": [round(s, 9) for s in samples], "sets": 1}]
+            return round(time.perf_counter() - t, 9)
+
+        a = self.args
+        rule = _converge.Rule(a.tolerance, a.latency_iters, max(a.latency_iters, a.max_latency_iters), a.max_seconds)
+        samples, stopped = _converge.repeat(once, rule, max(10, a.warmup), agree=self._more)
+        return [{"step": "latency", "bytes": x.numel() * 4, "samples": samples, "sets": 1, **self._sure(stopped)}]
 
     def _blocking(self, x) -> None:
         self.dist.all_reduce(x, op=self.dist.ReduceOp.MAX, async_op=True).wait()
@@ -339,21 +359,36 @@ class Bench:
         self._finish("agreeing on the graph")
         if error or not ok.item():
             return [{"step": "graph_latency", "bytes": x.numel() * 4, "error": error or "another rank could not capture the graph", "sets": 1}]
-        seconds = self._timed(lambda i: graph.replay(), barrier=True)
-        return [{"step": "graph_latency", "bytes": x.numel() * 4, "ops_per_repeat": k, "seconds": seconds, "sets": 1}]
+        seconds, stopped = self._timed(lambda i: graph.replay(), barrier=True)
+        return [{"step": "graph_latency", "bytes": x.numel() * 4, "ops_per_repeat": k, "seconds": seconds, "sets": 1, **self._sure(stopped)}]
 
     # -- timing ----------------------------------------------------------------------
 
-    def _timed(self, fn, barrier: bool = False) -> list[float]:
-        """Seconds of each timed repeat of ``fn(i)``, warm-up excluded."""
-        out = []
-        for i in range(self.args.warmup + self.args.repeats):
+    def _timed(self, fn, barrier: bool = False) -> tuple[list[float], str]:
+        """Seconds of each timed repeat of ``fn(i)``, warm-up excluded, until the median
+        is sure or a cap is reached; and why it stopped. ``barrier``: a collective, each
+        repeat started together and judged by its slowest rank, so every rank decides alike.
+        Alone in its turn a rank decides for itself; otherwise (each GPU its own copy, at
+        the same time) the ranks go on while any needs to, so they leave the step together."""
+
+        def once(i: int) -> float:
             if barrier:
                 self._sync()
-            seconds = self._once(fn, i)
-            if i >= self.args.warmup:
-                out.append(round(seconds, 9))
-        return out
+            return round(self._once(fn, i), 9)
+
+        if barrier:
+            return _converge.repeat(once, self.rule, self.args.warmup, slowest=self._max)
+        return _converge.repeat(once, self.rule, self.args.warmup, agree=None if self.alone else self._more)
+
+    def _max(self, values: list[float]) -> list[float]:
+        """The element-wise maximum over every rank, between timed repeats."""
+        t = self.torch.tensor(values, dtype=self.torch.float64, device=self.device)
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX, async_op=True).wait()
+        self._finish("agreeing on more repeats")
+        return t.tolist()
+
+    def _more(self, flag: float) -> float:
+        return self._max([flag])[0]
 
     def _once(self, fn, i: int) -> float:
         if self.cuda:
@@ -411,8 +446,11 @@ class Bench:
         self._finish("agreeing on a size")
         return int(t.item())
 
-    def _result(self, step: str, nbytes: int, moved: int, seconds: list[float], sets: int, clamped: str | None) -> dict:
-        return {"step": step, "bytes": nbytes, "moved_bytes": moved, "seconds": seconds, "sets": sets, "clamped": clamped}
+    def _result(self, step: str, nbytes: int, moved: int, seconds: list[float], sets: int, clamped: str | None, stopped: str) -> dict:
+        return {"step": step, "bytes": nbytes, "moved_bytes": moved, "seconds": seconds, "sets": sets, "clamped": clamped, **self._sure(stopped)}
+
+    def _sure(self, stopped: str) -> dict:
+        return {"stopped": stopped, "tolerance": self.args.tolerance}
 
 
 def fit(step: str, asked: int, per_byte: float, free: int | None, where: str) -> tuple[int, str | None]:

@@ -14,7 +14,12 @@ Plain torch: embedding, causal attention with scaled_dot_product_attention,
 MLP, RMSNorm, a head tied to the embedding; bf16 autocast on GPU, fp32 on
 CPU; synthetic tokens from a fixed seed (each rank its own fixed batch, the
 same every step, so the loss must fall); DistributedDataParallel (NCCL, or
-gloo on CPU); AdamW. The rank writes rank{N}.json after every stage. By hand:
+gloo on CPU); AdamW. Each timed figure (the steps, the compute passes, the
+GEMM) runs its least count, then more until the 95% interval of its statistic
+is within --tolerance or a cap is reached (_converge.py); every rank runs as
+many as the rank that needs most, decided between repeats: a rank that stopped
+early would leave its peers waiting in the gradient all-reduce. The rank
+writes rank{N}.json after every stage. By hand:
 
     torchrun --nproc-per-node 8 train_probe.py
     torchrun --nproc-per-node 2 train_probe.py --backend gloo --device cpu --layers 2 --d-model 64
@@ -30,6 +35,7 @@ import os
 import sys
 import time
 
+import _converge
 import _rank
 
 STAGES = ("agreement", "warmup", "steps", "compute", "checksum", "gemm")
@@ -48,11 +54,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
     p.add_argument("--vocab", type=int, default=32768)
     p.add_argument("--warmup-steps", type=int, default=3)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--compute-steps", type=int, default=3, help="forward+backward passes timed without the gradient sync")
+    p.add_argument("--steps", type=int, default=10, help="timed training steps at least")
+    p.add_argument("--compute-steps", type=int, default=3, help="forward+backward passes timed without the gradient sync, at least")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--gemm-n", type=int, default=8192)
-    p.add_argument("--gemm-repeats", type=int, default=10)
+    p.add_argument("--gemm-repeats", type=int, default=10, help="timed GEMM bursts at least")
+    p.add_argument("--tolerance", type=float, default=0.02, help="repeat until the 95%% interval of each figure's statistic is within this fraction of it")
+    p.add_argument("--max-steps", type=int, default=30, help="or until this many timed steps")
+    p.add_argument("--max-compute-steps", type=int, default=9, help="or this many compute passes")
+    p.add_argument("--max-gemm-repeats", type=int, default=30, help="or this many GEMM bursts")
+    p.add_argument("--max-seconds", type=float, default=5.0, help="or until a figure has taken this long")
     p.add_argument("--gemm-burst", type=int, default=50, help="matmuls back to back in each timed repeat")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--seed", type=int, default=1234)
@@ -172,9 +183,13 @@ class Probe:
                 report["initial_loss"] = value if math.isfinite(value) else str(value)
 
     def steps(self, report: dict, kind: str | None, save) -> None:
-        for _ in range(self.args.steps):
+        def once(i: int) -> float:
             self._step(report, kind, timed=True)
             save()
+            return report["step_seconds"][-1]
+
+        a = self.args
+        self._repeat(report, "steps", once, a.steps, a.max_steps)
 
     def _step(self, report: dict, kind: str | None, timed: bool) -> float:
         self._sync()
@@ -199,8 +214,10 @@ class Probe:
 
     def compute(self, report: dict, kind: str | None, save) -> None:
         """Forward and backward without the gradient all-reduce: this rank's own speed,
-        which the synchronized steps hide (every rank waits for the slowest)."""
-        for i in range(self.args.compute_steps + 1):
+        which the synchronized steps hide (every rank waits for the slowest). The
+        check judges each rank's first quartile, so that is what must be sure here."""
+
+        def once(i: int) -> float:
             self._sync()
             t = time.perf_counter()
             with self.ddp.no_sync():
@@ -210,8 +227,10 @@ class Probe:
                 self._slow(t)  # after the whole pass: a GPU this many times slower at everything
             self._sync()
             report["step"] = report.get("step", 0) + 1
-            if i:  # the first is a warm-up
-                report["compute_seconds"].append(round(time.perf_counter() - t, 6))
+            return round(time.perf_counter() - t, 6)
+
+        a = self.args
+        report["compute_seconds"] = self._repeat(report, "compute", once, a.compute_steps, a.max_compute_steps, warmup=1, q=0.25)
         self.opt.zero_grad(set_to_none=True)  # these gradients were never meant to be applied
 
     def checksum(self, report: dict, kind: str | None, save) -> None:
@@ -231,7 +250,8 @@ class Probe:
         b = torch.randn(n, n, device=self.device, dtype=dtype)
         for _ in range(2):
             a @ b
-        for _ in range(self.args.gemm_repeats):
+
+        def once(i: int) -> float:
             self._sync()
             t = time.perf_counter()
             if self.cuda:
@@ -247,9 +267,25 @@ class Probe:
                 seconds = start.elapsed_time(end) / 1e3
             else:
                 seconds = time.perf_counter() - t
-            report["gemm_seconds"].append(round(seconds / burst, 9))
+            return round(seconds / burst, 9)
+
+        report["gemm_seconds"] = self._repeat(report, "gemm", once, self.args.gemm_repeats, self.args.max_gemm_repeats)
 
     # -- helpers -------------------------------------------------------------------------
+
+    def _repeat(self, report: dict, what: str, once, least: int, most: int, warmup: int = 0, q: float = 0.5) -> list[float]:
+        """``once`` until its statistic is sure or a cap is reached, every rank as many times."""
+        rule = _converge.Rule(self.args.tolerance, least, max(least, most), self.args.max_seconds, q)
+        xs, stopped = _converge.repeat(once, rule, warmup, agree=self._more)
+        report.setdefault("stopped", {})[what] = stopped  # steps, compute, gemm: converged, max_repeats or max_seconds
+        report["tolerance"] = self.args.tolerance
+        return xs
+
+    def _more(self, flag: float) -> float:
+        """The largest flag of any rank ("repeat again" is 1), between timed repeats."""
+        t = self.torch.tensor([flag], dtype=self.torch.float32, device=self.device)
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX)
+        return float(t.item())
 
     def _slow(self, t: float) -> None:
         self._sync()

@@ -46,6 +46,11 @@ class Measurement(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     floor: float | None = None
     ceiling: float | None = None
+    # A figure timed over repeats: how many, how sure (the 95% interval's far end over
+    # the figure, less 1) and whether that is within the profile's tolerance.
+    repeats: int | None = None
+    ci: float | None = None
+    converged: bool | None = None
 
     @field_validator("name", "unit")
     @classmethod

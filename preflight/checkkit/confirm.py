@@ -11,6 +11,9 @@ launched again with ``--reading 2``), and judged against the same floor:
 - not measured again (a hard fault in the run, a run across nodes, no time
   left before the check's deadline): the FAIL stays, "not confirmed", with why.
 
+A reading whose figure did not converge (its repeats stopped at a cap with the
+95% interval wider than the tolerance) says so wherever it is quoted.
+
 A hard fault (a rank that died or hung, a wrong answer, NaN, no device, a
 worker error) is never measured again: the check judges those parts itself
 and passes them here as ``hard``. Pure functions, tested on recorded figures.
@@ -22,7 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from preflight.base.findings import Finding, Status
-from preflight.checkkit.figures import Figure, beyond
+from preflight.checkkit.figures import Figure, beyond, unsure_text
 from preflight.pipeline.profiles import ResolvedFloor
 from preflight.base.units import fmt_value
 
@@ -132,7 +135,7 @@ def _worst(figs: list[Figure], floor: ResolvedFloor | None) -> Figure:
 
 def _worst_text(figs: list[Figure], floor: ResolvedFloor | None) -> str:
     g = _worst(figs, floor)
-    return f"{fmt_value(g.value, g.unit)} on {g.where}"
+    return f"{fmt_value(g.value, g.unit)} on {g.where}{unsure_text(g, short=True)}"
 
 
 def _missed_text(figs: list[Figure], floor: ResolvedFloor | None) -> str:
@@ -142,7 +145,7 @@ def _missed_text(figs: list[Figure], floor: ResolvedFloor | None) -> str:
         return f"every figure within it (the weakest {_worst_text(figs, floor)})"
     bad.sort(key=lambda g: g.value, reverse=floor is not None and floor.bound == "max")
     more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
-    return ", ".join(f"{fmt_value(g.value, g.unit)} on {g.where}" for g in bad[:4]) + more
+    return ", ".join(f"{fmt_value(g.value, g.unit)} on {g.where}{unsure_text(g)}" for g in bad[:4]) + more
 
 
 def _bound_text(floor: ResolvedFloor | None) -> str:

@@ -9,7 +9,8 @@ prefix, base units, the unit last, one unit per family. A check's
 Measurement ``allreduce_bus_bandwidth`` in ``bytes_per_second`` becomes
 ``preflight_allreduce_bus_bandwidth_bytes_per_second``, and its floor
 ``preflight_allreduce_bus_bandwidth_floor_bytes_per_second`` with the same
-labels, so ``figure < floor`` matches sample to sample in PromQL. GPU labels
+labels, so ``figure < floor`` matches sample to sample in PromQL; a timed figure
+also has ``_repeats``, ``_ci_ratio`` and ``_converged`` with its labels. GPU labels
 are dcgm-exporter's ``gpu`` and ``UUID`` so joins with DCGM work. There is no
 hostname label: the scrape adds ``instance``.
 """
@@ -124,6 +125,14 @@ def measurement_families(r: Report) -> Iterator[Metric]:
                 add(f"{PREFIX}{m.name}_floor_{m.unit}", f"The floor for {m.name}: below it the {c.check} check fails.", m.labels, m.floor)
             if m.ceiling is not None:
                 add(f"{PREFIX}{m.name}_ceiling_{m.unit}", f"The ceiling for {m.name}: above it the {c.check} check fails.", m.labels, m.ceiling)
+            # How sure a timed figure is, with the figure's labels: its repeats, its 95% interval
+            # relative to it, and whether that met the profile's tolerance before a cap.
+            if m.repeats is not None:
+                add(f"{PREFIX}{m.name}_repeats", f"Timed repeats behind {m.name} (warm-up excluded).", m.labels, m.repeats)
+            if m.ci is not None:
+                add(f"{PREFIX}{m.name}_ci_ratio", f"The 95% confidence interval of {m.name}'s median, its far end over the figure, less 1.", m.labels, m.ci)
+            if m.converged is not None:
+                add(f"{PREFIX}{m.name}_converged", f"1 if {m.name}'s interval was within the profile's tolerance, 0 if a cap on repeats or seconds stopped it first.", m.labels, float(m.converged))
     yield from families.values()
 
 

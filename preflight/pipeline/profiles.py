@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple
 
 from pydantic import (
     BaseModel,
@@ -156,11 +156,37 @@ class NcclExpect(BaseModel):
         return self
 
 
-class BandwidthExpect(BaseModel):
+class Converging(BaseModel):
+    """When a timed figure is sure (checks/workers/_converge.py): its least repeats
+    always run, then more until the 95% interval of its median lies within
+    ``tolerance`` of it, or a cap is reached; a figure stopped by a cap is reported
+    as not converged. The defaults are a GPU node's; a profile that sets any of these
+    says why in ``converge_source``."""
+
+    # 2%: under half the 5% margin within which a figure WARNs, so a figure that
+    # converged is on the right side of the margin or within 2% of it.
+    tolerance: float = Field(default=0.02, gt=0, le=0.5)
+    converge_source: str | None = None
+
+    CAPS: ClassVar[tuple[tuple[str, str], ...]] = ()  # (cap, the least count it must not be under)
+
+    @model_validator(mode="after")
+    def _converge_cited(self) -> Converging:
+        own = {"tolerance", "max_seconds", *(cap for cap, _ in self.CAPS)}
+        if own & self.model_fields_set and not self.converge_source:
+            raise ValueError(f"{', '.join(sorted(own & self.model_fields_set))} set without converge_source: say where the tolerance and caps came from")
+        for cap, least in self.CAPS:
+            if getattr(self, cap) < getattr(self, least):
+                raise ValueError(f"{cap} ({getattr(self, cap)}) must not be below {least} ({getattr(self, least)}): {least} always runs")
+        return self
+
+
+class BandwidthExpect(Converging):
     """How the bandwidth check measures on this SKU: sizes and repeats, so a boot
     profile can be quicker than a deep one. The floors live in [floors]."""
 
     model_config = ConfigDict(extra="forbid")
+    CAPS = (("max_repeats", "repeats"), ("max_latency_iters", "latency_iters"))
 
     ranks: int | None = Field(default=None, ge=1, le=256)  # gloo ranks on a profile without GPUs
     # HBM copy (GPU) or memcpy (CPU) buffer; on a GPU at least 1 GiB, far past any L2.
@@ -170,8 +196,16 @@ class BandwidthExpect(BaseModel):
     collective_bytes: int = Field(default=1 << 30, ge=1 << 20, le=64 << 30)  # all_reduce buffer (nccl-tests' size)
     small_bytes: int = Field(default=4096, ge=4, le=1 << 20)  # the latency all_reduce: a few KiB
     warmup: int = Field(default=3, ge=1, le=100)
-    repeats: int = Field(default=10, ge=5, le=1000)  # the median of at least 5
+    repeats: int = Field(default=10, ge=5, le=1000)  # the median of at least 5; more until it is sure
     latency_iters: int = Field(default=200, ge=100, le=100000)  # p99 needs at least 100
+    # Caps of the repeats past the least (Converging): nvbench's default minimum is
+    # 10 samples (--min-samples); 3x that bounds a noisy figure's cost to 3x a quiet one's.
+    max_repeats: int = Field(default=30, ge=5, le=10000)
+    max_latency_iters: int = Field(default=1000, ge=100, le=1000000)
+    # nvbench gives up on a measurement after 15 s of wall time (--timeout, NVIDIA/nvbench
+    # docs/cli_help.md); an 8-GPU node has 8 + 8 host copies and 56 GPU pairs, each its own
+    # figure, so each gets a second (its warm-up and least repeats included).
+    max_seconds: float = Field(default=1.0, gt=0, le=600, allow_inf_nan=False)
     graph: bool = True  # also time the small all_reduce inside a CUDA graph (information)
     op_timeout_seconds: float = Field(default=30.0, gt=0, le=600, allow_inf_nan=False)
     # A figure within this fraction above its floor (below its ceiling) WARNs: the node is marginal.
@@ -185,11 +219,12 @@ class BandwidthExpect(BaseModel):
         return self
 
 
-class TrainExpect(BaseModel):
+class TrainExpect(Converging):
     """How the train check's probe runs on this SKU: the model, the steps, the GEMM,
     and how much slower than the median one rank may be. Floors live in [floors]."""
 
     model_config = ConfigDict(extra="forbid")
+    CAPS = (("max_steps", "steps"), ("max_compute_steps", "compute_steps"), ("max_gemm_repeats", "gemm_repeats"))
 
     ranks: int | None = Field(default=None, ge=1, le=256)  # gloo ranks on a profile without GPUs
     layers: int = Field(default=12, ge=1, le=256)
@@ -204,6 +239,13 @@ class TrainExpect(BaseModel):
     gemm_n: int = Field(default=8192, ge=64, le=32768)
     gemm_repeats: int = Field(default=10, ge=5, le=1000)
     gemm_burst: int = Field(default=50, ge=1, le=10000)  # matmuls back to back per timed repeat: long enough for a power cap to show
+    # Caps past the least counts (Converging). The compute passes' first quartile has a
+    # 95% interval only from 13 passes on (0.75^13 < 2.5%), so their cap is at least 20.
+    max_steps: int = Field(default=30, ge=3, le=10000)
+    max_compute_steps: int = Field(default=20, ge=1, le=10000)
+    max_gemm_repeats: int = Field(default=30, ge=5, le=10000)
+    # Three figures (steps, compute passes, GEMM bursts of ~0.1 s on an H100): 30 bursts fit.
+    max_seconds: float = Field(default=3.0, gt=0, le=600, allow_inf_nan=False)
     op_timeout_seconds: float = Field(default=60.0, gt=0, le=600, allow_inf_nan=False)
     # The slowest rank's own compute time over the median rank's: past this, FAIL naming it.
     straggler_max: float = Field(default=1.15, gt=1, le=10)

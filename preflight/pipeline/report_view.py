@@ -265,6 +265,9 @@ MEASUREMENT = {
     "labels": (_dict(_str, key=_matching(_LABEL)), {}),
     "floor": (_opt(_float), None),
     "ceiling": (_opt(_float), None),
+    "repeats": (_opt(_int()), None),
+    "ci": (_opt(_float), None),
+    "converged": (_opt(_bool), None),
 }
 RESULT = {
     "check": (_str, _REQUIRED),

@@ -68,6 +68,19 @@ def test_the_cpu_profile_passes_and_reports_memcpy_and_gloo_busbw_with_floors(tm
     steps = [res for res in r.details["ranks"][0]["report"]["results"]]
     assert [s["step"] for s in steps] == ["memcpy", "all_reduce", "all_gather", "reduce_scatter", "latency"]
     assert all(s["sets"] >= 2 for s in steps if s["step"] != "latency")  # buffers rotated
+    # Every figure repeated at least the profile's repeats, at most its cap, and says how sure it is.
+    for f in figs:
+        assert 7 <= f["repeats"] <= 14 or 100 <= f["repeats"] <= 400, f
+        if f["labels"].get("stat") == "p99":  # no interval for a p99 of a few hundred samples: not judged for it
+            assert f["ci"] is None and f["converged"] is None, f
+        else:
+            assert f["ci"] is not None and f["tolerance"] == 0.10 and f["converged"] == (f["stopped"] == "converged"), f
+    by_m = [m for m in r.measurements if m.name == "memcpy_bandwidth"]
+    assert all(m.repeats >= 7 and m.ci is not None and m.converged is not None for m in by_m)
+    # The ranks ran each collective, and the latency loop, the same number of times: they decided together.
+    other = {res["step"]: res for res in r.details["ranks"][1]["report"]["results"]}
+    for res in steps[1:]:
+        assert len(res.get("seconds") or res["samples"]) == len(other[res["step"]].get("seconds") or other[res["step"]]["samples"]), res["step"]
     assert "floor 2 GB/s" in p.stderr and "ceiling 20 ms" in p.stderr
     assert not workers_left(tmp_path)
 

@@ -544,3 +544,94 @@ def test_uuids_without_the_cuda_check_are_empty():
     assert bandwidth.uuids(ctx) == {}
     ctx.results["cuda"] = Result(check="cuda", status=Status.FAIL, summary="no driver", details={})
     assert bandwidth.uuids(ctx) == {}
+
+
+# --- how sure each figure is ------------------------------------------------------------------------------
+
+# Ten h2d repeats each: a quiet GPU (the 95% interval x(2)..x(9) within 1% of the median),
+# and a noisy one that stopped at its cap of 30 repeats with the interval +-20% wide.
+QUIET = [0.0100, 0.0101, 0.0099, 0.0100, 0.0100, 0.0101, 0.0100, 0.0099, 0.0100, 0.0100]
+NOISY = [0.010, 0.012, 0.008, 0.011, 0.009, 0.010, 0.012, 0.008, 0.010, 0.011] * 3
+
+
+def host_copies(per_gpu: dict[int, tuple[list[float], str]], tolerance: float | None = 0.02) -> BandwidthFacts:
+    def results(r: int):
+        seconds, stopped = per_gpu[r]
+        return [step("h2d", bytes=512 * MIB, moved_bytes=512 * MIB, seconds=seconds, stopped=stopped, tolerance=tolerance)]
+
+    return per_rank(len(per_gpu), results)
+
+
+def test_a_figure_says_how_sure_it_is_and_that_it_converged():
+    (g,) = bandwidth.figures(host_copies({0: (QUIET, "converged")}))
+    assert g.repeats == 10 and g.ci == pytest.approx(0.0100 / 0.0099 - 1) and g.converged is True and g.stopped == "converged"
+    (m,) = bandwidth.measurements([g], {})
+    assert (m.repeats, m.ci, m.converged) == (10, g.ci, True)
+
+
+def test_a_figure_stopped_at_a_cap_wider_than_the_tolerance_did_not_converge():
+    quiet, noisy = bandwidth.figures(host_copies({0: (QUIET, "converged"), 1: (NOISY, "max_repeats")}))
+    assert quiet.converged is True
+    assert noisy.converged is False and noisy.repeats == 30 and noisy.ci == pytest.approx(0.011 / 0.010 - 1)
+
+
+def test_a_report_from_a_worker_without_a_tolerance_is_not_judged_for_it():
+    (g,) = bandwidth.figures(host_copies({0: (NOISY, None)}, tolerance=None))
+    assert g.converged is None and g.ci is not None
+    assert "not converged" not in bandwidth.lines([g], {})[0]
+
+
+def test_a_collective_is_as_sure_as_the_series_of_its_slowest_ranks():
+    # Each rank alone is quiet, but which rank is slow changes: the per-repeat maximum is not.
+    seconds = {0: [0.010, 0.013] * 5, 1: [0.013, 0.010] * 5}
+    f = per_rank(2, lambda r: [step("all_reduce", bytes=GIB, moved_bytes=GIB, seconds=seconds[r], stopped="converged", tolerance=0.02)])
+    (g,) = bandwidth.figures(f)
+    assert g.ci == 0.0 and g.converged is True
+
+
+def test_latency_p50_is_judged_for_sureness_and_its_p99_is_not():
+    samples = [10 * US] * 195 + [1000 * US] * 5
+    f = per_rank(2, lambda r: [step("latency", bytes=4096, samples=samples, stopped="converged", tolerance=0.02)])
+    p50, p99 = bandwidth.figures(f)
+    assert p50.converged is True and p50.repeats == 200
+    assert p99.converged is None and p99.ci is None
+
+
+def test_a_passing_figure_that_did_not_converge_still_passes_and_says_so():
+    f = host_copies({0: (QUIET, "converged"), 1: (NOISY, "max_seconds")})
+    figs = bandwidth.figures(f)
+    parts = bandwidth.judge(f, figs, {"h2d_bandwidth": floor(20 * GB)}, expect(), set(), False)
+    assert parts["floors"] == []
+    text = bandwidth.summary(f, figs)
+    assert text.startswith("2 nccl rank(s), every figure within its floor: host->device copy ")
+    assert text.endswith("; not converged within +-2% at the cap: host->device copy on 1 of 2 (+-10%)")
+    (line,) = bandwidth.lines(figs, {"h2d_bandwidth": floor(20 * GB)})
+    assert "+-10.0% (95%) 10-30 repeats  not converged within +-2% on 1 of 2 (GPU 1), at its cap of seconds  floor 20.0 GB/s" in line
+
+
+def test_a_figure_below_its_floor_that_did_not_converge_fails_saying_so():
+    # GPU 1 reads about 53.7 GB/s, under a 60 GB/s floor, but its median is known only to +-10%.
+    f = host_copies({0: ([s / 2 for s in QUIET], "converged"), 1: (NOISY, "max_repeats")})
+    (x,) = bandwidth.judge_floors(bandwidth.figures(f), {"h2d_bandwidth": floor(60 * GB)}, 0.05)
+    assert x.status is FAIL and x.summary.startswith("host->device copy below floor on GPU 1 (")
+    assert "on 1 of 2: GPU 1: 53.7 GB/s (not converged within +-2%: known to +-10.0% after 30 repeats, at its cap of repeats)" in x.cause
+
+
+def test_a_converged_figure_below_its_floor_fails_without_a_word_on_sureness():
+    f = host_copies({0: (QUIET, "converged")})
+    (x,) = bandwidth.judge_floors(bandwidth.figures(f), {"h2d_bandwidth": floor(60 * GB)}, 0.05)
+    assert x.status is FAIL and "converged" not in x.cause
+
+
+def test_confirming_a_reading_that_did_not_converge_says_so_in_both_readings():
+    from preflight.checkkit import confirm
+
+    floors = {"h2d_bandwidth": floor(60 * GB)}
+    first = bandwidth.figures(host_copies({0: (NOISY, "max_repeats")}))
+    second = bandwidth.figures(host_copies({0: (QUIET, "converged")}))  # 53.7 GB/s again, now sure
+    settled = confirm.settle(first, second, floors, lambda g: bandwidth.judge_floors(g, floors, 0.05), bandwidth.WORDS, bandwidth.RERUN)
+    (x,) = settled.findings["h2d_bandwidth"]
+    assert x.status is FAIL and x.summary.endswith("(confirmed: 53.7 GB/s on GPU 0 (not converged: +-10%), then 53.7 GB/s on GPU 0)")
+    assert x.cause.endswith("first reading: 53.7 GB/s on GPU 0 (not converged within +-2%: known to +-10.0% after 30 repeats, "
+                            "at its cap of repeats); second reading: 53.7 GB/s on GPU 0")
+    assert settled.lines == ["host->device copy: confirmed: first reading 53.7 GB/s on GPU 0 (not converged: +-10%), second 53.7 GB/s on GPU 0; floor 60.0 GB/s"]

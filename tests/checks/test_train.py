@@ -56,6 +56,13 @@ def test_the_cpu_profile_trains_with_loss_falling_and_ranks_agreeing(tmp_path):
     gemm = [m for m in r.measurements if m.name == "gemm_throughput"]
     assert len(gemm) == 2 and all(m.floor == 1e10 and m.value > m.floor for m in gemm)
     assert "floor 10.0 GFLOP/s" in p.stderr
+    # Each timed figure ran at least the profile's count, at most its cap, every rank as many, and says how sure it is.
+    assert len(reports[0]["step_seconds"]) == len(reports[1]["step_seconds"]) and 8 <= len(reports[0]["step_seconds"]) <= 16
+    assert len(reports[0]["compute_seconds"]) == len(reports[1]["compute_seconds"]) and 20 <= len(reports[0]["compute_seconds"]) <= 30
+    assert len(reports[0]["gemm_seconds"]) == len(reports[1]["gemm_seconds"]) and 5 <= len(reports[0]["gemm_seconds"]) <= 10
+    assert all(set(rep["stopped"]) == {"steps", "compute", "gemm"} for rep in reports)
+    step = next(m for m in r.measurements if m.name == "train_step_duration" and m.labels == {"stat": "p50"})
+    assert step.repeats == len(reports[0]["step_seconds"]) and step.ci is not None and step.converged is not None
     assert not workers_left(tmp_path)
 
 

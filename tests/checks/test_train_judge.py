@@ -475,3 +475,59 @@ def test_the_summary_gives_the_step_p50_and_the_loss_from_before_training():
     text = train.summary(f, train.figures(f, expect()))
     assert "step 33 ms" in text and "90 ms" not in text
     assert "loss 5.500 -> 5.000, ranks agree" in text
+
+
+# --- how sure each figure is ---------------------------------------------------------------------
+
+QUIET = [0.500, 0.501, 0.499, 0.500, 0.500, 0.502, 0.500, 0.499, 0.500, 0.500]  # x(2)..x(9) within 0.4%
+NOISY = [0.60, 0.72, 0.48, 0.66, 0.54, 0.60, 0.72, 0.48, 0.60, 0.66] * 3  # stopped at 30: +-10% around 0.6
+SURE = {"tolerance": 0.02}
+
+
+def test_step_figures_are_as_sure_as_the_slowest_ranks_median_step():
+    f = per_rank(2, each=lambda r: {"step_seconds": NOISY if r == 1 else QUIET, "stopped": {"steps": "max_repeats"}, **SURE})
+    figs = train.figures(f, expect(**H100))
+    step = one(figs, "train_step_duration")
+    assert step.rank == 1 and step.repeats == 30 and step.ci == pytest.approx(0.1) and step.converged is False and step.stopped == "max_repeats"
+    for name in ("train_tokens_throughput", "train_model_throughput", "train_mfu"):  # all of them divide by that step
+        g = one(figs, name)
+        assert (g.ci, g.converged, g.repeats) == (step.ci, False, 30), name
+    assert one(figs, "train_step_duration_max").converged is None  # a maximum has no such interval
+
+
+def test_a_gemm_below_its_floor_that_did_not_converge_fails_saying_so():
+    gemm = {1: [s * 0.002 / 0.6 for s in NOISY]}  # rank 1: a 2 ms median, known to +-10%
+    f = per_rank(2, each=lambda r: {"gemm_seconds": gemm.get(r, [0.0015] * 10), "stopped": {"gemm": "max_seconds" if r else "converged"}, **SURE})
+    figs = train.figures(f, expect(**H100))
+    (x,) = train.judge_speed(figs, expect(**H100), {"gemm_throughput": floor(600e12)})
+    assert x.status is FAIL and x.summary.startswith("GEMM throughput below floor on rank 1 (GPU 1) (549.8 TFLOP/s")
+    assert "rank 1 (GPU 1): 549.8 TFLOP/s (not converged within +-2%: known to +-10.0% after 30 repeats, at its cap of seconds)" in x.cause
+    assert "rank 0" not in x.cause
+
+
+def test_a_passing_probe_with_an_unconverged_figure_passes_and_notes_it():
+    quiet = {"gemm_seconds": [0.0015] * 10, "compute_seconds": [0.4] * 20}
+    f = per_rank(2, each=lambda r: {"step_seconds": NOISY if r == 1 else QUIET, "losses": [10.4] + [9.0] * 29, "stopped": {"steps": "max_repeats"}, **quiet, **SURE})
+    figs = train.figures(f, expect(**H100))
+    parts = train.judge(f, figs, expect(**H100), {})
+    assert all(found == [] for found in parts.values()), parts
+    text = train.summary(f, figs)
+    assert text.endswith("; not converged within +-2% at the cap: training step time p50 (+-10%), training throughput (+-10%), model FLOP/s (+-10%) and 1 more")
+    line = next(x for x in figs_mod.lines(figs, {}, train.WORDS) if x.startswith("training step time p50"))
+    assert "+-10.0% (95%) 30 repeats  not converged within +-2%, at its cap of repeats  no floor" in line
+
+
+def test_the_straggler_ratio_is_as_sure_as_both_of_its_quartiles():
+    # 20 passes each: the first quartile (the 5th fastest) within x(2)..x(10).
+    fast = [0.40 + 0.001 * i for i in range(20)]  # quartile 0.404, interval 0.401..0.409: +-1.24%
+    slow = [0.60 + 0.030 * i for i in range(20)]  # quartile 0.72, interval 0.63..0.87: +-20.8%
+    f = per_rank(2, each=lambda r: {"compute_seconds": slow if r else fast, "stopped": {"compute": "max_repeats"}, **SURE})
+    g = one(train.figures(f, expect()), "train_straggler_ratio")
+    a, b = 0.87 / 0.72 - 1, 0.409 / 0.404 - 1
+    assert g.value == pytest.approx(0.72 / 0.404) and g.ci == pytest.approx((1 + a) / (1 - b) - 1) and g.converged is False and g.repeats == 20
+
+
+def test_three_compute_passes_give_no_interval_for_the_quartile():
+    g = one(train.figures(per_rank(2, each=lambda r: {"stopped": {"compute": "max_repeats"}, **SURE}), expect()), "train_straggler_ratio")
+    assert g.ci is None and g.converged is False
+    assert figs_mod.unsure_text(g) == " (not converged within +-2%: 3 repeats give no 95% interval, at its cap of repeats)"

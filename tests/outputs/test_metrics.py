@@ -291,3 +291,17 @@ def test_a_kept_result_says_when_it_was_measured_and_an_odd_time_says_nothing(tm
     assert when["shm"] == when["train"] == fam["preflight_run_timestamp_seconds"][0].value  # measured in this run
     assert when["nccl"] == 1795323600.0  # 2026-11-22T05:00:00Z: the run it was kept from
     assert "bandwidth" not in when  # no sample rather than a wrong one
+
+
+def test_a_timed_figure_says_how_sure_it_is_with_the_figure_s_labels():
+    loaded = load(REPORTS / "cpu-pass.json")
+    bw = next(c for c in loaded.report.checks if c.check == "bandwidth")
+    memcpy = [m for m in bw.measurements if m.name == "memcpy_bandwidth"]
+    memcpy[0].repeats, memcpy[0].ci, memcpy[0].converged = 7, 0.012, True
+    memcpy[1].repeats, memcpy[1].ci, memcpy[1].converged = 14, 0.21, False
+    fam = families(metrics.render(metrics.ReportCollector(lambda: loaded)).decode())
+    assert {s.labels["rank"]: s.value for s in fam["preflight_memcpy_bandwidth_repeats"]} == {"0": 7, "1": 14}
+    assert {s.labels["rank"]: s.value for s in fam["preflight_memcpy_bandwidth_ci_ratio"]} == {"0": 0.012, "1": 0.21}
+    assert {s.labels["rank"]: s.value for s in fam["preflight_memcpy_bandwidth_converged"]} == {"0": 1, "1": 0}
+    # A report written before figures said how sure they were has none of these.
+    assert "preflight_allreduce_bus_bandwidth_repeats" not in fam and "preflight_allreduce_bus_bandwidth_converged" not in fam

@@ -8,8 +8,9 @@ GPU (when torch sees CUDA): HBM copy against a plain CUDA-event copy loop,
 and all_reduce busbw against nccl-tests' all_reduce_perf when it is on PATH,
 else a plain CUDA-event all_reduce loop under torchrun.
 
-Each round prints both figures and their ratio; after 3 rounds, the spread
-of the ratios. Target: every ratio within 1 +- 0.05 for large messages.
+Each round prints both figures and their ratio, and how many repeats the
+worker's figures took until they were sure (or capped); after 3 rounds, the
+spread of the ratios. Target: every ratio within 1 +- 0.05 for large messages.
 Also prints the whole check's own time (`preflight run --only bandwidth`).
 Run: python tests/perf/bench_bandwidth.py [ROUNDS]
 """
@@ -37,7 +38,7 @@ ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 # all_reduce; on GPUs the profiles' own sizes.
 CPU = {"copy": 256 << 20, "collective": 128 << 20, "ranks": 2}
 GPU = {"copy": 1 << 30, "collective": 4 << 30}
-REPEATS = 20
+REPEATS = 20  # the reference loops' repeats, and the worker's least (it repeats on until its median is sure)
 
 COPY_LOOP = """
 import sys, time, torch
@@ -91,6 +92,9 @@ def worker_figures(gpu: bool, nproc: int) -> dict[str, float]:
     assert figs, facts.log_tail
     # One rank's copy (they run one at a time) is the quantity the plain loop measures: the median over ranks.
     copies = [f.value for f in figs if f.name == f"{copy}_bandwidth"]
+    for f in figs:
+        sure = f"+-{f.ci:.1%}" if f.ci is not None else "no interval"
+        print(f"  worker {f.name:<24} {f.where:<8} {f.repeats:3d} repeats  95% interval {sure}  {'converged' if f.converged else 'not converged: ' + str(f.stopped)}", flush=True)
     return {"copy": statistics.median(copies), "all_reduce": next(f.value for f in figs if f.name == "allreduce_bus_bandwidth")}
 
 

@@ -115,6 +115,10 @@ BW = 'name = "x"\ndescription = "d"\nchecks = ["bandwidth"]\n'
         (0, '[bandwidth]\nranks = 2\nsmall_bytes = 1048576\ncollective_bytes = 1048576\nsizes_source = "s"\n', r"small_bytes must be below collective_bytes"),
         (0, '[bandwidth]\nranks = 2\nmargin = 0.9\nsizes_source = "s"\n', r"bandwidth.margin: Input should be less than or equal to 0.5"),
         (0, '[bandwidth]\nranks = 2\n', r"bandwidth.sizes_source: required key is missing"),
+        (0, '[bandwidth]\nranks = 2\ntolerance = 0.05\nsizes_source = "s"\n', r"tolerance set without converge_source: say where the tolerance and caps came from"),
+        (0, '[bandwidth]\nranks = 2\ntolerance = 0\nconverge_source = "c"\nsizes_source = "s"\n', r"bandwidth.tolerance: Input should be greater than 0"),
+        (0, '[bandwidth]\nranks = 2\nrepeats = 40\nsizes_source = "s"\n', r"max_repeats \(30\) must not be below repeats \(40\): repeats always runs"),
+        (0, '[bandwidth]\nranks = 2\nmax_latency_iters = 150\nconverge_source = "c"\nsizes_source = "s"\n', r"max_latency_iters \(150\) must not be below latency_iters \(200\)"),
     ],
 )
 def test_a_bad_bandwidth_table_names_what_is_wrong(tmp_path, gpus, table, message):
@@ -274,3 +278,19 @@ def test_hbm_copy_floor_comes_from_the_worker_s_method_and_clears_a_healthy_boar
     warn_band_top = floor.value * (1 + p.bandwidth.margin)
     assert warn_band_top * (1 + HBM_COPY_CLEARANCE) <= measured
     assert "bandwidth worker's method" in floor.source and "issue 18" in floor.source
+
+
+def test_every_profile_that_measures_cites_where_its_tolerance_and_caps_came_from():
+    for name, path in profiles.available(None).items():
+        p = profiles.load(path)
+        for table in (p.bandwidth, p.train):
+            if table is not None:
+                assert table.converge_source and table.model_fields_set >= {"tolerance", "max_seconds"}, name
+
+
+def test_a_train_cap_under_its_least_count_is_refused(tmp_path):
+    text = profiles.find("cpu", None).read_text().replace("max_compute_steps = 30", "max_compute_steps = 10")
+    path = tmp_path / "cpu.toml"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=r"max_compute_steps \(10\) must not be below compute_steps \(20\): compute_steps always runs"):
+        profiles.load(path)

@@ -245,6 +245,7 @@ MODELS = {
     Measurement: (report_view.MEASUREMENT, {
         "name": "str", "unit": "str", "value": "float", "labels": "dict[str, str] = default",
         "floor": "float | None = default", "ceiling": "float | None = default",
+        "repeats": "int | None = default", "ci": "float | None = default", "converged": "bool | None = default",
     }),
     NodeShape: (report_view.NODE_SHAPE, {
         "gpus": "int", "gpus_from": "str", "slots": "list[str] = default", "pci_gpus": "list[str] | None = default",
