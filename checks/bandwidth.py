@@ -432,6 +432,9 @@ class Bandwidth(Check):
             return f"profile {ctx.profile.name} has no [bandwidth] table"
         return None
 
+    def ranks_wanted(self, ctx: Context) -> int | None:
+        return ctx.ranks(ctx.profile.bandwidth.ranks) if ctx.profile.bandwidth is not None else None
+
     def run(self, ctx: Context) -> Result:
         expect = ctx.profile.bandwidth
         assert expect is not None  # applies() said so

@@ -74,12 +74,15 @@ def gather(ctx: Context) -> CudaFacts:
         facts.init_skipped = "NVML reports lost GPUs" if inventory.lost else "NVML reports no GPU"
         return facts
     python = str(ctx.settings.python) if ctx.settings.python else sys.executable
-    # The launch the nccl, bandwidth and train checks will share, so its ranks are the ones they want.
-    nproc = ctx.ranks(ctx.profile.nccl.ranks if ctx.profile.nccl else None)
     facts.init, loaded = run_init(python, _left(ctx) - MARGIN, read_links=fake is None, progress=ctx.progress,
-                                  worlds=ctx.worlds, nproc=nproc, rdzv_port=ctx.settings.rdzv_port)
+                                  worlds=ctx.worlds, nproc=launch_ranks(ctx), rdzv_port=ctx.settings.rdzv_port)
     facts.pcie_loaded, facts.pcie_unjudged = loaded_links(facts.init, loaded, inventory)
     return facts
+
+
+def launch_ranks(ctx: Context) -> int:
+    """The ranks of the launch cuda_init starts: the one the nccl, bandwidth and train checks will share."""
+    return ctx.ranks(ctx.profile.nccl.ranks if ctx.profile.nccl else None)
 
 
 def _left(ctx: Context) -> float:
@@ -440,6 +443,9 @@ class Cuda(Check):
     description = "driver and NVML health of every GPU (ECC, row remaps, PCIe link, slowdown, MIG), Xid errors since boot, CUDA init on every GPU"
     timeout_seconds = 60.0
     order = 10
+
+    def ranks_wanted(self, ctx: Context) -> int | None:
+        return None if ctx.settings.level == "quick" else launch_ranks(ctx)  # quick starts no CUDA work
 
     def run(self, ctx: Context) -> Result:
         try:

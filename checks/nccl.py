@@ -356,6 +356,9 @@ class Nccl(Check):
             return f"profile {ctx.profile.name} has no [nccl] table"
         return None
 
+    def ranks_wanted(self, ctx: Context) -> int | None:
+        return ctx.ranks(ctx.profile.nccl.ranks) if ctx.profile.nccl is not None else None
+
     def run(self, ctx: Context) -> Result:
         expect = ctx.profile.nccl
         assert expect is not None  # applies() said so

@@ -338,6 +338,9 @@ class Train(Check):
             return f"profile {ctx.profile.name} has no [train] table"
         return None
 
+    def ranks_wanted(self, ctx: Context) -> int | None:
+        return ctx.ranks(ctx.profile.train.ranks) if ctx.profile.train is not None else None
+
     def run(self, ctx: Context) -> Result:
         expect = ctx.profile.train
         assert expect is not None  # applies() said so

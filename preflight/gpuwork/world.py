@@ -80,7 +80,10 @@ class World:
         return self.running.end()
 
     def close(self) -> None:
-        """Tell the ranks to exit, give them CLOSE_GRACE, then kill what is left; remove the folder."""
+        """Tell the ranks to exit, give them CLOSE_GRACE, then kill what is left; remove the folder.
+        A launch that never ran a stage (started early for a check the run never reached) is killed at once."""
+        if self.stages == 0:
+            self.end()
         if not self.over and self.running.alive():
             _write_json(self.running.out_dir / f"stage{self.stages + 1}.json", {"close": True})
         self.over = True
@@ -194,6 +197,17 @@ class Worlds:
             self.launches += 1
             self._by_place[place] = world
         return world.stage(worker, timeout, progress)
+
+    def prestart(self, python: str, nproc: int, rdzv_port: int) -> None:
+        """Start this node's launch now, before the check that needs it: the torch imports
+        then overlap the checks that come first. A launch that cannot start says why at
+        that check's stage, where ``stage`` tries again."""
+        worker = launch.Worker("world.py", nproc=nproc, rdzv_port=rdzv_port)
+        try:
+            self._by_place[False] = World(self.launches + 1, Key(python, nproc, rdzv_port, None), worker)
+        except (launch.LaunchError, OSError):
+            return
+        self.launches += 1
 
     def after_check(self) -> set[int]:
         """Once a check is over: a launch still busy in its stage (the check was stopped

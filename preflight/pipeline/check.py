@@ -98,6 +98,12 @@ class Check(ABC):
         """A reason to SKIP on this node, or None to run."""
         return None
 
+    def ranks_wanted(self, ctx: Context) -> int | None:
+        """How many local ranks this check's worker runs on in the run's shared launch
+        (preflight.gpuwork.world), or None where it starts none. The run starts that launch
+        as it begins, so torchrun and the torch imports overlap the checks before this one."""
+        return None
+
     @abstractmethod
     def run(self, ctx: Context) -> Result:
         """Gather facts, judge them, return the verdict."""

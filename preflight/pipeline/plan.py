@@ -214,6 +214,10 @@ def execute(plan: Plan, settings: Settings, console: Display, host: Host | None 
             budget = sum(min(plan.profile.timeouts.get(c.name, c.timeout_seconds), 3600) for c in plan.checks) + 3 * settings.rdzv_timeout + 2 * meeting.BYE
             python = str(settings.python) if settings.python else sys.executable
             ctx.meeting = meeting.Meeting(plan.group, plan.side, python, budget)
+        if not plan.group:  # a launch across nodes waits for its meeting
+            wanted = next((n for c in plan.checks if (n := c.ranks_wanted(ctx))), None)
+            if wanted:
+                ctx.worlds.prestart(str(settings.python) if settings.python else sys.executable, wanted, settings.rdzv_port)
         try:
             outcome = run_checks(
                 plan.checks,

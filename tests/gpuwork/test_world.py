@@ -189,3 +189,21 @@ def test_a_stage_past_its_deadline_ends_the_launch_and_names_the_hung_rank():
         assert world_processes() == []
     finally:
         worlds.close()
+
+
+def test_the_launch_started_early_for_nccl_is_killed_when_a_check_before_it_fails(tmp_path):
+    # The run starts the ranks as it begins, so the torch imports overlap shm; shm fails here
+    # against a site floor no machine meets, nccl is skipped, and the early launch dies at once.
+    site = tmp_path / "config.toml"
+    site.write_text("[floors]\nshm_min_bytes = 1125899906842624   # 1 PiB\n")
+    p = run_preflight(["run", "--profile", "cpu", "--only", "shm,nccl", "--config", str(site), "--json", "-q"], timeout=120)
+    checks = Report.model_validate_json(p.stdout).checks
+    assert p.returncode == 1 and [(c.check, c.status) for c in checks] == [("shm", "FAIL"), ("nccl", "SKIP")]
+    assert world_processes() == []
+
+
+def test_the_quick_level_starts_no_launch(tmp_path):
+    p = run_preflight(["run", "--profile", "cpu", "--level", "quick", "--json", "-q", "--report", str(tmp_path / "r.json")], timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert [c.check for c in Report.model_validate_json(p.stdout).checks if "carried_from" not in c.details] == ["shm"]
+    assert world_processes() == []
