@@ -238,3 +238,25 @@ def test_a_rank_waiting_out_a_slow_turn_is_not_taken_for_a_hung_peer(fast, tmp_p
     assert r.status == "FAIL" and r.summary.startswith("host memcpy below floor on rank 0 ("), (r.summary, r.cause)
     assert r.details["parts"]["run"] == "PASS" and "Timed out" not in (r.cause or "")
     assert not workers_left(tmp_path)
+
+
+def test_ranks_that_cannot_converge_run_every_collective_to_the_same_cap(tmp_path):
+    # A tolerance no timing meets: every figure repeats to its cap. Each collective
+    # decides on the slowest rank's series, the latency loop by every rank's flag;
+    # either way both ranks must stop together, or one would wait for the other forever.
+    script = Path(WORKERS_INIT).parent / "bandwidth.py"
+    out = tmp_path / "out"
+    out.mkdir()
+    p = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script), "--out", str(out), "--backend", "gloo", "--device", "cpu",
+         "--steps", "memcpy,all_reduce,latency", "--copy-bytes", str(8 << 20), "--collective-bytes", str(4 << 20), "--warmup", "1", "--repeats", "6",
+         "--max-repeats", "9", "--latency-iters", "100", "--max-latency-iters", "130", "--tolerance", "1e-9", "--max-seconds", "60"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-2000:]
+    import json
+
+    got = [{r["step"]: r for r in json.loads((out / f"rank{n}.json").read_text())["results"]} for n in (0, 1)]
+    for rank in got:
+        assert len(rank["memcpy"]["seconds"]) == 9 and len(rank["all_reduce"]["seconds"]) == 9 and len(rank["latency"]["samples"]) == 130
+        assert {r["stopped"] for r in rank.values()} == {"max_repeats"} and {r["tolerance"] for r in rank.values()} == {1e-9}

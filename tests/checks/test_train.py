@@ -154,3 +154,23 @@ def test_train_on_every_gpu_of_this_node(tmp_path):
     assert r.details["parts"]["run"] == "PASS" and r.details["parts"]["loss"] == "PASS" and r.details["parts"]["agreement"] == "PASS", (r.cause, p.stderr)
     assert {"gemm_throughput", "train_step_duration", "train_mfu"} <= {m.name for m in r.measurements}
     assert not workers_left(tmp_path)
+
+
+def test_ranks_that_cannot_converge_train_as_many_steps_to_the_same_cap(tmp_path):
+    # Every rank must take the same number of data-parallel steps (each all-reduces its
+    # gradients): with a tolerance no timing meets, all run to the cap together.
+    out = tmp_path / "out"
+    out.mkdir()
+    p = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(launch.WORKERS_DIR / "train_probe.py"), "--out", str(out), "--backend", "gloo",
+         "--device", "cpu", "--layers", "1", "--d-model", "32", "--heads", "2", "--seq", "32", "--batch", "4", "--vocab", "64", "--steps", "4", "--max-steps", "7",
+         "--compute-steps", "3", "--max-compute-steps", "14", "--gemm-n", "64", "--gemm-repeats", "5", "--max-gemm-repeats", "8", "--tolerance", "1e-9", "--max-seconds", "60"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-2000:]
+    import json
+
+    for rep in (json.loads((out / f"rank{n}.json").read_text()) for n in (0, 1)):
+        assert (len(rep["step_seconds"]), len(rep["compute_seconds"]), len(rep["gemm_seconds"])) == (7, 14, 8)
+        assert rep["stopped"] == {"steps": "max_repeats", "compute": "max_repeats", "gemm": "max_repeats"} and rep["tolerance"] == 1e-9
+        assert len(rep["losses"]) == 7 and len(set(rep["param_checksums"])) == 1  # the ranks stayed in step

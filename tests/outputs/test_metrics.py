@@ -293,15 +293,26 @@ def test_a_kept_result_says_when_it_was_measured_and_an_odd_time_says_nothing(tm
     assert "bandwidth" not in when  # no sample rather than a wrong one
 
 
-def test_a_timed_figure_says_how_sure_it_is_with_the_figure_s_labels():
+def sure_text() -> str:
+    """cpu-pass with its memcpy figures saying how sure they are, as a run now writes them."""
     loaded = load(REPORTS / "cpu-pass.json")
     bw = next(c for c in loaded.report.checks if c.check == "bandwidth")
     memcpy = [m for m in bw.measurements if m.name == "memcpy_bandwidth"]
     memcpy[0].repeats, memcpy[0].ci, memcpy[0].converged = 7, 0.012, True
     memcpy[1].repeats, memcpy[1].ci, memcpy[1].converged = 14, 0.21, False
-    fam = families(metrics.render(metrics.ReportCollector(lambda: loaded)).decode())
+    return metrics.render(metrics.ReportCollector(lambda: loaded)).decode()
+
+
+def test_a_timed_figure_says_how_sure_it_is_with_the_figure_s_labels():
+    fam = families(sure_text())
     assert {s.labels["rank"]: s.value for s in fam["preflight_memcpy_bandwidth_repeats"]} == {"0": 7, "1": 14}
     assert {s.labels["rank"]: s.value for s in fam["preflight_memcpy_bandwidth_ci_ratio"]} == {"0": 0.012, "1": 0.21}
     assert {s.labels["rank"]: s.value for s in fam["preflight_memcpy_bandwidth_converged"]} == {"0": 1, "1": 0}
     # A report written before figures said how sure they were has none of these.
     assert "preflight_allreduce_bus_bandwidth_repeats" not in fam and "preflight_allreduce_bus_bandwidth_converged" not in fam
+
+
+@promtool
+def test_promtool_finds_nothing_to_lint_in_how_sure_figures_are():
+    p = lint(sure_text())
+    assert p.returncode == 0 and p.stdout == "" and p.stderr == "", p.stdout + p.stderr
