@@ -199,7 +199,7 @@ def test_a_real_run_on_a_terminal_shows_stages_and_a_moving_clock_then_only_resu
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True, timeout=10)
     stages = {m["stage"] for m in seen}
-    assert stages & {"importing torch  2 ranks", "memcpy 64 MiB  rank 0/2", "memcpy 64 MiB  rank 1/2", "all_reduce 32 MiB  2 ranks"}, stages
+    assert stages & {"importing torch  2 ranks", "memcpy 64 MiB  rank 0/2", "memcpy 64 MiB  rank 1/2", "all_reduce 8 MiB  2 ranks"}, stages
     assert len({m["clock"] for m in seen}) >= 2, seen  # the clock moved between two captures
     lines = [line.rstrip() for line in pane.splitlines() if line.strip()]
     assert "EXIT=0" in lines and any(line.startswith("[PASS] bandwidth (") for line in lines)
