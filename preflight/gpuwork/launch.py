@@ -182,10 +182,7 @@ class Running:
 
     def report(self, rank: int = 0) -> Any:
         """What the rank has written so far, or None."""
-        try:
-            return json.loads((self.out_dir / f"rank{rank}.json").read_text())
-        except (OSError, ValueError):
-            return None
+        return read_report(self.out_dir, rank)
 
     def stage(self) -> str:
         """What the worker is doing now, in a few words (``stage_of``). Called from the
@@ -258,6 +255,14 @@ class Running:
             endpoint=self.endpoint,
             **read_out(self.out_dir),
         )
+
+
+def read_report(out_dir: Path, rank: int) -> Any:
+    """What ``rank`` has written to ``out_dir`` so far (atomically, so whole or absent), or None."""
+    try:
+        return json.loads((out_dir / f"rank{rank}.json").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def read_out(out_dir: Path) -> dict[str, dict]:

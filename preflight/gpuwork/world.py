@@ -110,10 +110,7 @@ class Stage:
             progress.follow(self.stage)
 
     def report(self, rank: int = 0) -> Any:
-        try:
-            return json.loads((self.out_dir / f"rank{rank}.json").read_text())
-        except (OSError, ValueError):
-            return None
+        return launch.read_report(self.out_dir, rank)
 
     def stage(self) -> str:
         return stage_of([self.report(r) for r in range(self._nproc)], self._nproc)

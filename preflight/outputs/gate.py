@@ -30,7 +30,6 @@ def run(s: Settings, console: Console, if_idle: bool = False) -> reports.Report 
         if if_idle and (held := pipeline.gpus_busy(s)):
             console.note(f"not run: {held}; the last report stands")
             return None
-        console.note(f"level {the_plan.level}: {the_plan.level_chosen_because}")
         with run_lock(s.lock_file, s.lock_timeout, lambda who: console.note(f"waiting for {who} to release {s.lock_file}")):
             result = pipeline.execute(the_plan, s, console)
             result.level, result.level_chosen_because = the_plan.level, the_plan.level_chosen_because

@@ -210,6 +210,7 @@ def execute(plan: Plan, settings: Settings, console: Display, host: Host | None 
         if plan.profile.has_gpus:
             ctx.shape = node_shape = read_shape(settings, host)
             console.note(f"node: {node_shape.describe()}")
+        console.note(f"level {plan.level}: {plan.level_chosen_because}")  # after the shape: bad input says one line alone
         if plan.group and plan.side:
             budget = sum(min(plan.profile.timeouts.get(c.name, c.timeout_seconds), 3600) for c in plan.checks) + 3 * settings.rdzv_timeout + 2 * meeting.BYE
             python = str(settings.python) if settings.python else sys.executable
