@@ -207,16 +207,8 @@ class Running:
     def wait(self, settled: Callable[[Running], bool] | None = None) -> Finished:
         """Until the worker exits, the deadline passes, or ``settled(self)`` says
         no rank will make progress (then it is stopped at once, not at the deadline)."""
-        timed_out = early = False
         try:
-            while self.proc.poll() is None:
-                if time.monotonic() >= self.deadline:
-                    timed_out = True
-                    break
-                if settled is not None and settled(self):
-                    early = True
-                    break
-                time.sleep(POLL)
+            timed_out, early = watch(lambda: self.proc.poll() is None, self.deadline, settled and (lambda: settled(self)))
             leftover = self.end()
             return self._collect(timed_out, early, leftover)
         finally:
@@ -255,6 +247,18 @@ class Running:
             endpoint=self.endpoint,
             **read_out(self.out_dir),
         )
+
+
+def watch(going: Callable[[], bool], deadline: float, settled: Callable[[], bool] | None = None) -> tuple[bool, bool]:
+    """Poll while ``going()``: (timed out, settled early) once the deadline passes or
+    ``settled()`` says no rank will progress; (False, False) once it stops going."""
+    while going():
+        if time.monotonic() >= deadline:
+            return True, False
+        if settled is not None and settled():
+            return False, True
+        time.sleep(POLL)
+    return False, False
 
 
 def read_report(out_dir: Path, rank: int) -> Any:

@@ -30,7 +30,6 @@ import psutil
 from preflight.base.progress import Progress, stage_of
 from preflight.gpuwork import launch
 
-POLL = launch.POLL
 CLOSE_GRACE = 5.0  # seconds the ranks get to exit once told to; then they are killed
 IDLE_LIMIT = 7 * 86400.0  # a rank waiting for its next stage gives up after this, whatever else happens
 
@@ -55,7 +54,6 @@ class World:
         self.over = False  # ended: it takes no more stages
         args = ["--agent-pid", str(os.getpid()), "--until", f"{time.time() + IDLE_LIMIT:.0f}"]
         spec = launch.Worker("world.py", args, env=worker.env, nproc=worker.nproc, rdzv_port=worker.rdzv_port, group=worker.group)
-        self.started = time.monotonic()
         self.running = launch.start(key.python, spec, IDLE_LIMIT)
 
     def usable(self) -> bool:
@@ -131,17 +129,10 @@ class Stage:
     def wait(self, settled: Callable[[Stage], bool] | None = None) -> launch.Finished:
         """Until every rank has ended the stage, the launch dies, the deadline passes, or
         ``settled(self)`` says no rank will progress; in all but a clean end the launch is ended."""
-        timed_out = early = False
-        codes = None
         try:
-            while (codes := self._codes()) is None and self.world.running.alive():
-                if time.monotonic() >= self.deadline:
-                    timed_out = True
-                    break
-                if settled is not None and settled(self):
-                    early = True
-                    break
-                time.sleep(POLL)
+            going = lambda: self._codes() is None and self.world.running.alive()  # noqa: E731
+            timed_out, early = launch.watch(going, self.deadline, settled and (lambda: settled(self)))
+            codes = None if timed_out or early else self._codes()
         finally:
             if self._progress is not None:
                 self._progress.unfollow(self.stage)
