@@ -48,6 +48,7 @@ GPU_STEPS = ("hbm_copy", "h2d", "d2h", "p2p", "all_reduce", "all_gather", "reduc
 CPU_STEPS = ("memcpy", "all_reduce", "all_gather", "reduce_scatter", "latency")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 MAX_SETS = 8
+HOST_BLOCK = 1_000_003  # values drawn at random for a host buffer, then repeated (Bench._random_elems)
 FREE_SHARE = 0.7  # of the memory free now: NCCL's buffers and peers' contexts need the rest
 # The slow fault sleeps this many times the repeat's own length, and at least
 # SLOW_MIN seconds: a 64 MiB memcpy then reads under 1.4 GB/s on any machine.
@@ -168,17 +169,24 @@ class Bench:
     def memcpy(self) -> list[dict]:
         # One rank at a time: ranks share the memory bus. torchrun gives each rank
         # OMP_NUM_THREADS=1, so this is one core's copy bandwidth.
-        return self._in_turn(lambda: self._copy("memcpy"))
+        return self._copy("memcpy", in_turn=True)
 
-    def _copy(self, step: str) -> list[dict]:
+    def _copy(self, step: str, in_turn: bool = False) -> list[dict]:
         nbytes, clamped = self._fit(step, self.args.copy_bytes, 2)
         self.note(bytes=nbytes)
         sets = self._sets(2 * nbytes)
+        # Filled and touched by every rank at once, before the turns: a host's first write
+        # to a page costs more than the copy (64 MiB: 0.1 s to fill, 0.04 s of page faults,
+        # 7 ms a copy on the CI VM), and only the copies need the bus to themselves.
         srcs = [self._random(nbytes) for _ in range(sets)]
-        dsts = [self._empty(nbytes) for _ in range(sets)]
-        seconds, stopped = self._timed(lambda i: dsts[i % sets].copy_(srcs[i % sets]))
-        # Read once and written once: bytes moved is twice the buffer, as nvbandwidth and DCGM count a copy.
-        return [self._result(step, nbytes, 2 * nbytes, seconds, sets, clamped, stopped)]
+        dsts = [self._empty(nbytes).zero_() for _ in range(sets)]
+
+        def measure() -> list[dict]:
+            seconds, stopped = self._timed(lambda i: dsts[i % sets].copy_(srcs[i % sets]))
+            # Read once and written once: bytes moved is twice the buffer, as nvbandwidth and DCGM count a copy.
+            return [self._result(step, nbytes, 2 * nbytes, seconds, sets, clamped, stopped)]
+
+        return self._in_turn(measure) if in_turn else measure()
 
     # -- host <-> device ------------------------------------------------------
 
@@ -414,7 +422,17 @@ class Bench:
         return self._random_elems(nbytes // 4)
 
     def _random_elems(self, n: int):
-        return self.torch.empty(n, dtype=self.torch.float32, device=self.device).uniform_(1.0, 2.0)
+        x = self.torch.empty(n, dtype=self.torch.float32, device=self.device)
+        if self.cuda or n <= HOST_BLOCK:
+            return x.uniform_(1.0, 2.0)
+        # A host core draws 6 ns a value (0.1 s for 64 MiB on the CI VM, half the bandwidth
+        # step's time in fills): one block drawn, then copied along. Its length is a prime, so
+        # no two pages of a buffer hold the same bytes for memory deduplication (KSM) to merge.
+        block = self.torch.empty(HOST_BLOCK, dtype=self.torch.float32).uniform_(1.0, 2.0)
+        full = n // HOST_BLOCK
+        x[: full * HOST_BLOCK].view(full, HOST_BLOCK).copy_(block.expand(full, HOST_BLOCK))
+        x[full * HOST_BLOCK :].copy_(block[: n - full * HOST_BLOCK])
+        return x
 
     def _empty(self, nbytes: int):
         return self._empty_elems(nbytes // 4)

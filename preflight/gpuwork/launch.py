@@ -218,10 +218,11 @@ class Running:
             shutil.rmtree(self._dir, ignore_errors=True)
             _live.discard(self._dir)
 
-    def end(self) -> list[str]:
-        """Stop the worker and everything it started; name what survived."""
+    def end(self, grace: float = 2.0) -> list[str]:
+        """Stop the worker and everything it started (SIGTERM, and SIGKILL after
+        ``grace`` seconds); name what survived."""
         if self.proc.poll() is None:
-            host.stop(self.proc)
+            host.stop(self.proc, grace)
         for _ in range(3):
             left = marked(self.token)
             if not left:
@@ -249,7 +250,7 @@ class Running:
         )
 
 
-def watch(going: Callable[[], bool], deadline: float, settled: Callable[[], bool] | None = None) -> tuple[bool, bool]:
+def watch(going: Callable[[], bool], deadline: float, settled: Callable[[], bool] | None = None, poll: float = POLL) -> tuple[bool, bool]:
     """Poll while ``going()``: (timed out, settled early) once the deadline passes or
     ``settled()`` says no rank will progress; (False, False) once it stops going."""
     while going():
@@ -257,7 +258,7 @@ def watch(going: Callable[[], bool], deadline: float, settled: Callable[[], bool
             return True, False
         if settled is not None and settled():
             return False, True
-        time.sleep(POLL)
+        time.sleep(poll)
     return False, False
 
 

@@ -72,6 +72,21 @@ class World:
             below = []
         return {self.running.proc.pid, *(p.pid for p in below)}
 
+    def _ranks_running(self) -> bool:
+        """Whether any process below torchrun still runs (one that has exited but that torchrun
+        has not yet reaped, a zombie, does not)."""
+        try:
+            below = psutil.Process(self.running.proc.pid).children(recursive=True)
+        except psutil.Error:
+            return False
+        for p in below:
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    return True
+            except psutil.Error:
+                pass
+        return False
+
     def end(self) -> list[str]:
         """Kill every process of the launch now; what survived, in words."""
         self.over = True
@@ -79,13 +94,16 @@ class World:
 
     def close(self) -> None:
         """Tell the ranks to exit, give them CLOSE_GRACE, then kill what is left; remove the folder.
-        A launch that never ran a stage (started early for a check the run never reached) is killed at once."""
+        A launch that never ran a stage (started early for a check the run never reached) is killed at once.
+        torchrun is not waited for: once its ranks are gone it only tears down its rendezvous,
+        which nothing reads, and that took 0.37-0.62 s of every run on the 2-core CI VM."""
         if self.stages == 0:
             self.end()
         if not self.over and self.running.alive():
             _write_json(self.running.out_dir / f"stage{self.stages + 1}.json", {"close": True})
+            launch.watch(lambda: self.running.alive() and self._ranks_running(), time.monotonic() + CLOSE_GRACE, poll=0.01)
         self.over = True
-        self.running.deadline = min(self.running.deadline, time.monotonic() + CLOSE_GRACE)
+        self.running.end(grace=0)
         self.running.wait()
 
 

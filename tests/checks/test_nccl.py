@@ -53,7 +53,7 @@ def test_two_gloo_ranks_pass_through_the_cli_and_print_per_op_results(tmp_path):
     p, report, _ = run_nccl(env, tmp_path, profile="cpu")
     assert p.returncode == 0, p.stderr
     r = nccl_result(report)
-    assert r.status == "PASS" and r.summary.startswith("2 gloo rank(s): 13 ops right on every rank (4 KiB and 32 MiB)")
+    assert r.status == "PASS" and r.summary.startswith("2 gloo rank(s): 13 ops right on every rank (4 KiB and 8 MiB)")
     for op in ("all_reduce_fp32", "all_reduce_bf16", "all_gather", "reduce_scatter", "broadcast", "send_recv"):
         assert any(line.strip().startswith(op) and "small" in line and "large" in line for line in p.stderr.splitlines()), p.stderr
     ranks = r.details["ranks"]
@@ -116,8 +116,8 @@ def test_a_wrong_contribution_is_caught_by_the_comparison(fast, tmp_path):
     p, report, _ = run_nccl(env, tmp_path)
     r = nccl_result(report)
     assert r.status == "FAIL" and r.summary == "reduce_scatter_large returned wrong values"
-    # rank 1 corrupted the element at n/2 of its input, which lands in rank 1's chunk alone
-    assert "returned wrong values on rank(s) 1: 1 of 4194304 elements wrong; element 0 is" in r.cause and "expected" in r.cause
+    # rank 1 corrupted the element at n/2 of its input, which lands in rank 1's chunk alone: 8 MiB of fp32 over 2 ranks
+    assert "returned wrong values on rank(s) 1: 1 of 1048576 elements wrong; element 0 is" in r.cause and "expected" in r.cause
     assert not workers_left(tmp_path)
 
 

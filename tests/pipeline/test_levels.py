@@ -131,7 +131,7 @@ def test_expected_time_is_this_nodes_own_where_it_has_every_check_else_the_profi
     assert levels.expected(cpu.standard, cpu.standard.checks, times, where) == Expected(16.891, where)
     assert levels.expected(cpu.quick, ["shm"], times, where) == Expected(0.375, where)
     # A check the report lacks (or SKIPped): the profile's estimate for the whole level, with its source.
-    assert levels.expected(cpu.standard, cpu.standard.checks, {"shm": 0.4}, where) == Expected(15, f"the profile's estimate ({cpu.standard.source})")
+    assert levels.expected(cpu.standard, cpu.standard.checks, {"shm": 0.4}, where) == Expected(12, f"the profile's estimate ({cpu.standard.source})")
     failed = Report.model_validate_json((REPORTS / "shm-64m-fail.json").read_bytes())
     assert set(levels.durations(failed, "/r.json", "cpu")[0]) == {"shm"}  # the rest were skipped: no real time
     assert levels.durations(report, "/r.json", "h100-sxm") == ({}, "")  # another profile's checks are not this one's
@@ -143,7 +143,7 @@ def test_pick_leaves_out_levels_that_lack_a_check_only_names():
     assert levels.pick(p, None, 5, [], [], report, "/r.json")[0] == "quick"
     assert levels.pick(p, None, 5, ["nccl"], [], report, "/r.json")[0] == "full"  # nccl alone: 4.9 s, but not at quick
     assert levels.pick(p, None, 20, [], [], report, "/r.json")[0] == "full"
-    assert levels.pick(p, None, 10, [], [], None, "/r.json")[0] == "quick"  # no report: the estimates (1 s, 15 s)
+    assert levels.pick(p, None, 10, [], [], None, "/r.json")[0] == "quick"  # no report: the estimates (1 s, 12 s)
     assert levels.pick(p, None, 20, [], [], None, "/r.json")[0] == "full"
 
 
