@@ -24,6 +24,9 @@ from dataclasses import dataclass
 # slow-once is slow on the first reading only: a check that sees a figure beyond its
 # floor launches the worker again with --reading 2 to confirm it (preflight/checkkit/confirm.py),
 # and in that launch slow-once does nothing, as a passing load or clock change would.
+# A kind may carry a number, KIND=VALUE (Fault.value): slow=2 stretches each timed repeat to
+# twice its length (a rank 2x slower that still clears an absolute floor); what the number
+# means is the worker's to say where it reads it.
 # OP names the step it fires at ("start": before the rank has written anything);
 # without it, the worker's first step. The tests prove each fault ends in a
 # FAIL naming the rank (slow-once: a WARN "transient"); nothing else reads it.
@@ -99,12 +102,21 @@ class Fault:
 
     def __init__(self, rank: int, first_op: str, reading: int = 1):
         self.kinds: dict[str, str] = {}  # op -> kind, for this rank
+        self.values: dict[str, float] = {}  # op -> the number a kind carries ("slow=2": 2)
         self.reading = reading
         for spec in os.environ.get(FAULT_ENV, "").split(","):
             who, _, what = spec.partition(":")
             if spec.strip() and who.strip() in (str(rank), "*"):  # "*": every rank
                 kind, _, op = what.partition("@")
-                self.kinds[op.strip() or first_op] = kind.strip()
+                kind, _, value = kind.partition("=")
+                op = op.strip() or first_op
+                self.kinds[op] = kind.strip()
+                if value.strip():
+                    self.values[op] = float(value)
+
+    def value(self, op: str, default: float) -> float:
+        """The number the fault at ``op`` carries (slow=F: the factor), else ``default``."""
+        return self.values.get(op, default)
 
     def at(self, op: str) -> str | None:
         """Act out kill/stop/raise here; return "wrong" or "slow" for the caller to act out."""

@@ -265,6 +265,33 @@ class TrainExpect(Converging):
         return self
 
 
+class OutlierBand(BaseModel):
+    """How much worse than the node's own median a member's figure may be
+    (preflight.checkkit.outliers): WARN past ``warn``, FAIL past ``fail``, as fractions."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    warn: float = Field(gt=0, lt=1)
+    fail: float = Field(gt=0, lt=1)
+    source: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> OutlierBand:
+        if self.warn >= self.fail:
+            raise ValueError(f"warn {self.warn:g} must be below fail {self.fail:g}")
+        return self
+
+
+class OutlierExpect(OutlierBand):
+    """The band for every per-GPU, per-pair or per-rank figure; ``figures`` gives a
+    figure (by its floor's name: memcpy_bandwidth, gemm_throughput...) a band of its own."""
+
+    figures: dict[str, OutlierBand] = Field(default_factory=dict)
+
+    def band(self, figure: str) -> OutlierBand:
+        return self.figures.get(figure, self)
+
+
 class Profile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -283,6 +310,7 @@ class Profile(BaseModel):
     nccl: NcclExpect | None = None
     bandwidth: BandwidthExpect | None = None
     train: TrainExpect | None = None
+    outliers: OutlierExpect | None = None  # None: no member is judged against the node's median
 
     @property
     def has_gpus(self) -> bool:
@@ -375,6 +403,7 @@ class ResolvedProfile(BaseModel):
     nccl: NcclExpect | None = None
     bandwidth: BandwidthExpect | None = None
     train: TrainExpect | None = None
+    outliers: OutlierExpect | None = None
     chosen_because: str  # "--profile cpu" or the detection that picked it
 
     @property
@@ -472,6 +501,7 @@ def resolve(
         nccl=profile.nccl,
         bandwidth=profile.bandwidth,
         train=profile.train,
+        outliers=profile.outliers,
         chosen_because=chosen_because,
     )
 

@@ -152,3 +152,12 @@ def test_the_group_has_no_blocking_wait_and_outlasts_the_rank_s_own_deadline(mon
     assert dist.init["timeout"] == timeout
     if backend == "nccl":
         assert dist.init["blocking_wait"] == "0"
+
+
+def test_a_fault_kind_may_carry_a_number_for_the_worker_to_read(monkeypatch):
+    monkeypatch.setenv(_rank.FAULT_ENV, "1:slow=2.5@memcpy,*:wrong=30@burn,0:kill@latency")
+    one = _rank.Fault(1, first_op="memcpy")
+    assert one.kinds == {"memcpy": "slow", "burn": "wrong"}
+    assert one.value("memcpy", 3.0) == 2.5 and one.value("burn", 0.0) == 30.0
+    zero = _rank.Fault(0, first_op="memcpy")
+    assert zero.kinds == {"burn": "wrong", "latency": "kill"} and zero.value("latency", 3.0) == 3.0

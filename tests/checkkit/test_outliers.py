@@ -1,0 +1,45 @@
+"""The node's own median as the reference (preflight/checkkit/outliers.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from preflight.base.findings import Status
+from preflight.checkkit import outliers
+from preflight.pipeline.profiles import OutlierBand, OutlierExpect
+
+BAND = OutlierBand(warn=0.10, fail=0.20, source="test")
+
+
+def test_one_gpu_15_percent_slower_than_seven_peers_is_named_with_a_warning():
+    copy = {f"GPU {i}": 2.0e12 for i in range(8)} | {"GPU 5": 1.7e12}
+    (o,) = outliers.find(copy, True, BAND)
+    assert (o.where, o.median, o.status) == ("GPU 5", 2.0e12, Status.WARN)
+    assert o.off == pytest.approx(0.15)
+
+
+def test_past_the_fail_band_it_fails_and_the_worst_comes_first():
+    steps = {"rank 0": 0.10, "rank 1": 0.10, "rank 2": 0.13, "rank 3": 0.10, "rank 4": 0.115}
+    found = outliers.find(steps, False, BAND)
+    assert [(o.where, o.status) for o in found] == [("rank 2", Status.FAIL), ("rank 4", Status.WARN)]
+
+
+def test_two_members_name_the_slower_one_only():
+    # slow=2 on rank 1: 1 - 0.5 / 0.75 = a third worse than the median; rank 0 is as much better.
+    found = outliers.find({"rank 0": 18e9, "rank 1": 9e9}, True, BAND)
+    assert [(o.where, o.status) for o in found] == [("rank 1", Status.FAIL)]
+    assert found[0].off == pytest.approx(1 / 3)
+
+
+def test_better_than_the_median_is_never_an_outlier_and_one_member_has_no_reference():
+    assert outliers.find({"GPU 0": 1.0, "GPU 1": 1.0, "GPU 2": 3.0}, True, BAND) == []
+    assert outliers.find({"GPU 0": 1.0, "GPU 1": 1.0, "GPU 2": 0.3}, False, BAND) == []
+    assert outliers.find({"GPU 0": 1.0}, True, BAND) == []
+    assert outliers.find({"GPU 0": 0.0, "GPU 1": 0.0}, True, BAND) == []
+
+
+def test_a_figure_may_have_a_band_of_its_own_and_warn_must_sit_below_fail():
+    expect = OutlierExpect(warn=0.1, fail=0.2, source="s", figures={"step_time": {"warn": 0.3, "fail": 0.5, "source": "noisy"}})
+    assert expect.band("step_time").warn == 0.3 and expect.band("memcpy_bandwidth") is expect
+    with pytest.raises(ValueError, match="warn 0.3 must be below fail 0.2"):
+        OutlierBand(warn=0.3, fail=0.2, source="s")
