@@ -149,14 +149,15 @@ def test_a_gpu_profile_at_quick_runs_nvml_xid_topology_and_shm_and_starts_no_wor
         return Report.model_validate_json(report.read_text())
 
     healthy = quick("h100-sxm-8x-healthy.json")
-    assert healthy.level == "quick" and [c.check for c in healthy.checks] == ["cuda", "topology", "shm"]
-    cuda, topology, shm = healthy.checks
+    assert healthy.level == "quick" and [c.check for c in healthy.checks] == ["cuda", "topology", "pcie", "shm"]
+    cuda, topology, pcie, shm = healthy.checks
     parts = cuda.details["parts"]
     assert parts["inventory"] == "PASS" and parts["source"] == "FAIL" and parts["xid"] in ("PASS", "WARN")
     assert parts["cuda_init"] == "not run: the quick level starts no CUDA work (standard and full do)"
     assert {m.name for m in cuda.measurements} >= {"gpu_temperature", "gpu_pcie_link_width"}
     assert "gpu_cuda_init_duration" not in {m.name for m in cuda.measurements}
     assert topology.status in ("PASS", "WARN", "FAIL") and topology.details["parts"]["matrix"] == "PASS"  # it ran, on the capture
+    assert pcie.status == "SKIP" and pcie.summary == "no NVIDIA GPU on the PCI bus"  # this machine's real bus
     assert shm.status == "PASS"
     faulty = quick("h100-sxm-ecc-uncorrectable.json")
     assert faulty.checks[0].details["parts"]["inventory"] == "FAIL" and "uncorrectable" in faulty.checks[0].cause

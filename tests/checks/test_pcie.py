@@ -1,0 +1,172 @@
+"""The pcie check: the judges on recorded facts, the gatherer on recorded sysfs
+trees (tests/fixtures/pcie: pass, fail, a VM), the lspci parser on real output."""
+
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+
+from preflight.base.findings import Status
+from preflight.base.host import Host
+from preflight.checks import pcie as check
+from preflight.pipeline.shape import pci_nvidia
+from preflight.readers import pcie
+from preflight.readers.layout import PciLink
+from preflight.readers.pcie import Acs, Bridge, Endpoint, PcieFacts
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "pcie"
+FAIL, WARN = Status.FAIL, Status.WARN
+
+
+def gathered(root: Path) -> PcieFacts:
+    h = Host(root, environ={"PATH": ""})
+    return pcie.gather(h, pci_nvidia(h).gpus or [])
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """A copy of a recorded tree that a test may edit."""
+    def copy(name: str) -> Path:
+        dest = tmp_path / name
+        shutil.copytree(FIXTURES / name, dest, symlinks=True)
+        return dest
+    return copy
+
+
+# ---- the judges, on facts written here ---------------------------------------------------------
+
+
+def gpu(bdf: str, bridges: list[str] | None, kind: str = "GPU", name: str | None = None, iommu: str | None = None) -> Endpoint:
+    return Endpoint(kind=kind, name=name or bdf, bdf=bdf, bridges=bridges, iommu_type=iommu)
+
+
+def facts(ctl_between: int = 0, **kw) -> PcieFacts:
+    """Two GPUs under one switch (ports d1, d2) on root port rp."""
+    bridges = {b: Bridge(bdf=b, acs=Acs(cap=0x7F, ctl=ctl, source="config space"))
+               for b, ctl in [("rp", 0x1D), ("up", 0), ("d1", ctl_between), ("d2", 0)]}
+    return PcieFacts(gpus=[gpu("g1", ["rp", "up", "d1"]), gpu("g2", ["rp", "up", "d2"])], bridges=bridges, **kw)
+
+
+def test_acs_redirect_on_a_port_between_two_gpus_fails_naming_it_and_the_pair():
+    found, why = check.judge_acs(facts(ctl_between=0x0C))  # ReqRedir+ CmpltRedir+
+    assert why is None and [f.status for f in found] == [FAIL]
+    assert "d1 (ACSCtl ReqRedir+ CmpltRedir+) between GPU g1 and GPU g2" in found[0].cause
+    assert "ECAP_ACS+0x6.w=0000" in found[0].remedy
+
+
+def test_acs_on_the_shared_root_port_alone_is_no_fault():
+    # Linux sets SV/RR/CR/UF on the root port (0x1D) too; traffic below a shared switch never crosses it.
+    assert check.judge_acs(facts()) == ([], None)
+
+
+def test_source_validation_alone_warns():
+    found, _ = check.judge_acs(facts(ctl_between=0x01))
+    assert [f.status for f in found] == [WARN] and "SrcValid+ at d1" in found[0].cause
+
+
+def test_devices_under_different_root_ports_share_no_switch_port():
+    a, b = gpu("g1", ["rp1", "up1", "d1"]), gpu("g2", ["rp2", "up2", "d2"])
+    assert check.shared_switch_ports(a, b) == []
+
+
+def test_unread_acs_on_a_shared_port_is_said_not_guessed():
+    f = facts()
+    f.bridges["d1"] = Bridge(bdf="d1", acs_unread="only 64 bytes of its config space are readable")
+    found, why = check.judge_acs(f)
+    assert found == [] and why == "ACS not read on 1 switch port (d1): only 64 bytes of its config space are readable"
+
+
+@pytest.mark.parametrize("types, cmdline, groups, want", [
+    (["identity", "identity"], "intel_iommu=on iommu=pt", 40, []),
+    ([None, None], "ro quiet", 0, []),  # no IOMMU groups: DMA is not remapped
+    (["DMA-FQ", "DMA-FQ"], "intel_iommu=on", 40, ["IOMMU translates DMA for 2 GPU/NICs"]),
+    ([None, None], "intel_iommu=on", 40, ["IOMMU on in translated mode (intel_iommu=on, no iommu=pt)"]),
+    ([None, None], "ro", 40, ["IOMMU on, mode unknown"]),
+    ([None, None], "amd_iommu=on iommu=pt", 40, []),
+])
+def test_iommu_mode(types, cmdline, groups, want):
+    f = PcieFacts(gpus=[gpu(f"g{i}", ["rp"], iommu=t) for i, t in enumerate(types)], cmdline=cmdline, iommu_groups=groups)
+    found = check.judge_iommu(f)
+    assert [x.summary for x in found] == want and all(x.status == WARN and "iommu=pt" in x.remedy for x in found)
+
+
+def test_a_narrow_switch_link_fails_and_an_endpoint_link_is_not_judged_here():
+    full = PciLink(speed="32.0 GT/s PCIe", width=16, max_speed="32.0 GT/s PCIe", max_width=16)
+    narrow = full.model_copy(update={"width": 8})
+    idle = full.model_copy(update={"speed": "2.5 GT/s PCIe"})  # the port above an idle GPU
+    f = PcieFacts(gpus=[gpu("g1", ["rp", "up", "down"])],
+                  bridges={"rp": Bridge(bdf="rp", link=narrow), "up": Bridge(bdf="up", link=narrow), "down": Bridge(bdf="down", link=idle)})
+    assert [x.summary for x in check.judge_links(f)] == ["switch link rp -> up runs at x8 of x16"]
+    slow = full.model_copy(update={"speed": "16.0 GT/s PCIe"})
+    f.bridges["up"] = Bridge(bdf="up", link=slow)
+    assert [x.summary for x in check.judge_links(f)] == ["switch link rp -> up runs at 16 of 32 GT/s"]
+    # A port that can do less than the other end is not downtrained: the link runs at what both allow.
+    f.bridges["up"] = Bridge(bdf="up", link=PciLink(speed="16.0 GT/s PCIe", width=8, max_speed="16.0 GT/s PCIe", max_width=8))
+    assert check.judge_links(f) == []
+
+
+# ---- config space and lspci ----------------------------------------------------------------------
+
+
+def test_the_acs_register_is_found_by_walking_the_extended_capabilities():
+    config = bytearray(4096)
+    struct.pack_into("<I", config, 0x100, 0x0001 | 1 << 16 | 0x1C0 << 20)  # AER, next at 0x1c0
+    struct.pack_into("<I", config, 0x1C0, 0x000B | 1 << 16 | 0x2A0 << 20)  # vendor-specific, next 0x2a0
+    struct.pack_into("<IHH", config, 0x2A0, 0x000D | 1 << 16, 0x7F, 0x0D)
+    acs = pcie.acs_from_config(bytes(config))
+    assert acs is not None and acs.on() == ["SrcValid", "ReqRedir", "CmpltRedir"]
+    struct.pack_into("<I", config, 0x1C0, 0x000B | 1 << 16 | 0x100 << 20)  # a loop back to 0x100: stops
+    assert pcie.acs_from_config(bytes(config)) is None and pcie.acs_from_config(bytes(64)) is None
+
+
+def test_lspci_output_of_a_real_root_port_parses():
+    acs, denied = pcie.parse_lspci((FIXTURES / "lspci" / "comet-lake-root-port-acs-on.txt").read_text())
+    assert denied == set() and list(acs) == ["0000:00:14.0", "0000:00:1b.0"]
+    assert acs["0000:00:14.0"] is None  # no ACS capability
+    port = acs["0000:00:1b.0"]
+    assert port is not None and port.on() == ["SrcValid", "ReqRedir", "CmpltRedir"] and port.cap == 0x0F
+
+
+# ---- the gatherer and judge on recorded trees ---------------------------------------------------
+
+
+def test_the_healthy_hgx_tree_passes():
+    f = gathered(FIXTURES / "pass")
+    assert len(f.gpus) == 8 and len(f.nics) == 12
+    assert f.gpus[0].bridges == ["0000:10:01.0", "0000:11:00.0", "0000:12:00.0", "0000:13:00.0", "0000:14:01.0"]
+    assert {n.name for n in f.nics} >= {"mlx5_0", "mlx5_11"} and f.gpus[0].iommu_type == "identity"
+    assert check.not_applicable(f) is None
+    parts, unjudged = check.judge(f)
+    assert parts == {"acs": [], "iommu": [], "links": []} and unjudged == {}
+    assert len(check.switch_links(f)) == 12  # root port -> upper switch, upper -> each lower, per complex
+
+
+def test_the_faulty_hgx_tree_names_the_port_the_link_and_the_iommu_mode():
+    parts, _ = check.judge(gathered(FIXTURES / "fail"))
+    assert [f.summary for f in parts["acs"]] == ["ACS redirects peer traffic on 1 switch port between GPUs/NICs"]
+    assert "0000:12:01.0 (ACSCtl SrcValid+ ReqRedir+ CmpltRedir+ UpstreamFwd+) between GPU 0000:1b:00.0 and GPU 0000:43:00.0" in parts["acs"][0].cause
+    assert [f.summary for f in parts["links"]] == ["switch link 0000:12:01.0 -> 0000:15:00.0 runs at x8 of x16"]
+    assert [(f.status, f.summary) for f in parts["iommu"]] == [(WARN, "IOMMU translates DMA for 20 GPU/NICs")]
+    assert "DMA-FQ" in parts["iommu"][0].cause and "intel_iommu=on" in parts["iommu"][0].cause
+
+
+def test_a_vm_without_visible_bridges_is_not_applicable():
+    assert check.not_applicable(gathered(FIXTURES / "vm")) == check.NOT_VISIBLE
+
+
+def test_no_gpu_on_the_bus_is_not_applicable(tree):
+    root = tree("pass")
+    for dev in (root / "sys/bus/pci/devices").iterdir():
+        if (dev / "vendor").read_text().strip() == "0x10de":
+            (dev / "vendor").write_text("0x1af4\n")
+    assert check.not_applicable(gathered(root)) == "no NVIDIA GPU on the PCI bus"
+
+
+def test_config_space_cut_to_64_bytes_skips_acs_with_the_reason(tree):
+    root = tree("fail")  # a non-root run: sysfs gives 64 bytes of config space
+    for config in (root / "sys/devices").rglob("config"):
+        config.write_bytes(config.read_bytes()[:64])
+    parts, unjudged = check.judge(gathered(root))
+    assert parts["acs"] == [] and "extended capabilities (ACS among them) are shown to root only" in unjudged["acs"]
+    assert parts["links"]  # the rest is still judged
