@@ -3,13 +3,17 @@ trees (tests/fixtures/pcie: pass, fail, a VM), the lspci parser on real output."
 
 import shutil
 import struct
+import subprocess
 from pathlib import Path
 
+import fakes
 import pytest
+from conftest import needs_root
 
 from preflight.base.findings import Status
 from preflight.base.host import Host
 from preflight.checks import pcie as check
+from preflight.pipeline.report import Report
 from preflight.pipeline.shape import pci_nvidia
 from preflight.readers import pcie
 from preflight.readers.layout import PciLink
@@ -17,6 +21,7 @@ from preflight.readers.pcie import Acs, Bridge, Endpoint, PcieFacts
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "pcie"
 FAIL, WARN = Status.FAIL, Status.WARN
+NVML = Path(__file__).parents[1] / "fixtures" / "nvml" / "h100-sxm-8x-healthy.json"
 
 
 def gathered(root: Path) -> PcieFacts:
@@ -170,3 +175,30 @@ def test_config_space_cut_to_64_bytes_skips_acs_with_the_reason(tree):
     parts, unjudged = check.judge(gathered(root))
     assert parts["acs"] == [] and "extended capabilities (ACS among them) are shown to root only" in unjudged["acs"]
     assert parts["links"]  # the rest is still judged
+
+
+# ---- preflight run, for real -----------------------------------------------------------------------
+
+
+@needs_root
+@pytest.mark.parametrize("name, rc, status", [("pass", 0, "PASS"), ("fail", 1, "FAIL"), ("vm", 0, "SKIP")])
+def test_run_only_pcie_on_a_recorded_node(tmp_path, name, rc, status):
+    """The recorded tree bind-mounted over /sys and its kernel command line over
+    /proc/cmdline in a private mount namespace; NVML's word from the fake."""
+    tree = FIXTURES / name
+    report = tmp_path / "report.json"
+    cmd = (f"mount --bind {tree / 'sys'} /sys && mount --bind {tree / 'proc/cmdline'} /proc/cmdline && "
+           f"exec {' '.join(fakes.PREFLIGHT)} run --profile h100-sxm --only pcie --nvml-fake {NVML} "
+           f"--report {report} --lock-file {tmp_path / 'lock'}")
+    p = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, timeout=60)
+    assert p.returncode == rc, p.stderr
+    result = Report.model_validate_json(report.read_text()).checks[0]
+    assert result.check == "pcie" and result.status == status, result.summary
+    if name == "pass":
+        assert result.summary.startswith("8 GPUs, 12 NICs, 42 bridges on their paths: no ACS redirect")
+        assert result.details["parts"] == {"acs": "PASS", "iommu": "PASS", "links": "PASS"}
+    elif name == "fail":
+        assert result.details["parts"] == {"acs": "FAIL", "iommu": "WARN", "links": "FAIL"}
+        assert "0000:12:01.0" in result.cause and "iommu=pt" in result.remedy
+    else:
+        assert result.summary == check.NOT_VISIBLE
