@@ -206,5 +206,5 @@ def test_the_recorded_reports_are_what_the_budget_tests_assume():
 def test_show_profile_lists_each_levels_checks_and_estimate_with_its_source():
     r = CliRunner().invoke(app, ["show-profile", "h100-sxm"])
     assert r.exit_code == 0, r.output
-    assert "    quick: cuda, topology, shm; about 3 s\n      source: estimate, not measured" in r.stdout
-    assert "    full: cuda, topology, shm, nccl, bandwidth, train; about 60 s\n      source: as standard: full adds no check yet" in r.stdout
+    assert "    quick: cuda, topology, pcie, shm; about 3 s\n      source: estimate, not measured" in r.stdout
+    assert "    full: cuda, topology, pcie, shm, nccl, bandwidth, train; about 60 s\n      source: as standard: full adds no check yet" in r.stdout
