@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 from preflight.base.findings import Finding, Measurement, Status, worst
 from preflight.pipeline.check import Check, Context, Result
@@ -152,6 +153,8 @@ class Rdma(Check):
     description = "RDMA NICs: GPUDirect RDMA possible (nvidia-peermem or dma-buf), ports ACTIVE at the SKU's rate, no error counter growing"
     timeout_seconds = 30.0
     order = 25
+    # Between the two reads of the counters; a test passes one that edits the tree instead of sleeping.
+    wait: Callable[[float], None] = staticmethod(time.sleep)
 
     def applies(self, ctx: Context) -> str | None:
         if not ibports.read_ports(ctx.host):
@@ -162,7 +165,7 @@ class Rdma(Check):
         expect = ctx.profile.rdma or GENERIC
         # The wait stays inside the check's deadline, with a second left to read and judge.
         interval = max(0.0, min(expect.interval_seconds, ctx.deadline - time.monotonic() - 1)) if math.isfinite(ctx.deadline) else expect.interval_seconds
-        facts = ibports.gather(ctx.host, interval)
+        facts = ibports.gather(ctx.host, interval, self.wait)
         gpus = ctx.shape.gpus if ctx.shape and ctx.profile.has_gpus else 0
         parts = judge(facts, expect, gpus)
         details = facts.model_dump(mode="json")
