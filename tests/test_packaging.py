@@ -124,7 +124,7 @@ def test_wheel_carries_profiles_workers_units_and_examples(dist: Path) -> None:
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     with zipfile.ZipFile(_one(dist, "gpu_preflight-*.whl")) as whl:
         text = whl.read(entry_points).decode()
-    for check in ("cuda", "topology", "pcie", "shm", "nccl", "bandwidth", "train"):
+    for check in ("cuda", "topology", "pcie", "rdma", "shm", "nccl", "bandwidth", "train"):
         assert re.search(rf"^{check} = preflight\.checks\.{check}:", text, re.M), check
 
 

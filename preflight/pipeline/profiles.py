@@ -121,6 +121,35 @@ class TopologyExpect(BaseModel):
         return self
 
 
+class RdmaExpect(BaseModel):
+    """What the RDMA NICs of a healthy node of this SKU look like (checks/rdma.py);
+    every expectation is cited."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # GPUDirect RDMA must be possible (nvidia-peermem, or dma-buf): a node built for
+    # multi-node jobs with a NIC beside each GPU. False: not judged (PCIe cards, GB10).
+    gpudirect: bool = False
+    gpudirect_source: str | None = None
+    # The ports that carry the job's traffic, by their link_layer: their state and
+    # rate FAIL; another port down (a storage NIC's spare port) is a WARN.
+    link_layer: Literal["InfiniBand", "Ethernet", "any"] = "InfiniBand"
+    # The rate each compute port must run at, in Gb/s (sysfs "400 Gb/sec (4X NDR)"); None: not judged.
+    rate_gbps: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    rate_source: str | None = None
+    # Seconds between the two reads of the error counters.
+    interval_seconds: float = Field(default=3.0, gt=0, le=60, allow_inf_nan=False)
+    interval_source: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _cited(self) -> RdmaExpect:
+        if self.gpudirect and not self.gpudirect_source:
+            raise ValueError("gpudirect = true needs gpudirect_source")
+        if self.rate_gbps is not None and not self.rate_source:
+            raise ValueError("rate_gbps needs rate_source")
+        return self
+
+
 class NcclExpect(BaseModel):
     """How the nccl check runs on this SKU, and what it expects NCCL to choose."""
 
@@ -311,6 +340,7 @@ class Profile(BaseModel):
     bandwidth: BandwidthExpect | None = None
     train: TrainExpect | None = None
     outliers: OutlierExpect | None = None  # None: no member is judged against the node's median
+    rdma: RdmaExpect | None = None  # None: ports and counters judged with no SKU expectation
 
     @property
     def has_gpus(self) -> bool:
@@ -404,6 +434,7 @@ class ResolvedProfile(BaseModel):
     bandwidth: BandwidthExpect | None = None
     train: TrainExpect | None = None
     outliers: OutlierExpect | None = None
+    rdma: RdmaExpect | None = None
     chosen_because: str  # "--profile cpu" or the detection that picked it
 
     @property
@@ -502,6 +533,7 @@ def resolve(
         bandwidth=profile.bandwidth,
         train=profile.train,
         outliers=profile.outliers,
+        rdma=profile.rdma,
         chosen_because=chosen_because,
     )
 

@@ -149,8 +149,8 @@ def test_a_gpu_profile_at_quick_runs_nvml_xid_topology_and_shm_and_starts_no_wor
         return Report.model_validate_json(report.read_text())
 
     healthy = quick("h100-sxm-8x-healthy.json")
-    assert healthy.level == "quick" and [c.check for c in healthy.checks] == ["cuda", "topology", "pcie", "shm"]
-    cuda, topology, pcie, shm = healthy.checks
+    assert healthy.level == "quick" and [c.check for c in healthy.checks] == ["cuda", "topology", "pcie", "rdma", "shm"]
+    cuda, topology, pcie, rdma, shm = healthy.checks
     parts = cuda.details["parts"]
     assert parts["inventory"] == "PASS" and parts["source"] == "FAIL" and parts["xid"] in ("PASS", "WARN")
     assert parts["cuda_init"] == "not run: the quick level starts no CUDA work (standard and full do)"
@@ -159,6 +159,8 @@ def test_a_gpu_profile_at_quick_runs_nvml_xid_topology_and_shm_and_starts_no_wor
     assert topology.status in ("PASS", "WARN", "FAIL") and topology.details["parts"]["matrix"] == "PASS"  # it ran, on the capture
     assert pcie.status == "SKIP" and pcie.summary == "no NVIDIA GPU on the PCI bus"  # this machine's real bus
     assert shm.status == "PASS"
+    # rdma reads this machine's /sys/class/infiniband: the CI VM has none.
+    assert rdma.status == "SKIP" and rdma.summary == "no InfiniBand/RoCE device in /sys/class/infiniband"
     faulty = quick("h100-sxm-ecc-uncorrectable.json")
     assert faulty.checks[0].details["parts"]["inventory"] == "FAIL" and "uncorrectable" in faulty.checks[0].cause
     calls = started.read_text().splitlines() if started.exists() else []
@@ -206,5 +208,5 @@ def test_the_recorded_reports_are_what_the_budget_tests_assume():
 def test_show_profile_lists_each_levels_checks_and_estimate_with_its_source():
     r = CliRunner().invoke(app, ["show-profile", "h100-sxm"])
     assert r.exit_code == 0, r.output
-    assert "    quick: cuda, topology, pcie, shm; about 3 s\n      source: estimate, not measured" in r.stdout
-    assert "    full: cuda, topology, pcie, shm, nccl, bandwidth, train; about 60 s\n      source: as standard: full adds no check yet" in r.stdout
+    assert "    quick: cuda, topology, pcie, rdma, shm; about 3 s\n      source: estimate, not measured" in r.stdout
+    assert "    full: cuda, topology, pcie, rdma, shm, nccl, bandwidth, train; about 60 s\n      source: as standard: full adds no check yet" in r.stdout

@@ -1,0 +1,183 @@
+"""RDMA NICs: GPUDirect RDMA possible, every port up at its rate, no error
+counter growing.
+
+A node can pass a port-state check and still cut multi-node training short:
+without nvidia-peermem or dma-buf NCCL stages every inter-node byte through
+host memory (a 2-node all_reduce fell from ~180 to ~10 GB/s, NVIDIA/nccl#1676);
+a port that trained at HDR instead of NDR halves its rail; a link that counts
+symbol errors or goes down and up again stalls or kills the job's collectives.
+preflight/readers/ibports.py reads sysfs twice, a few seconds apart; the judges
+here are pure.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+from preflight.base.findings import Finding, Measurement, Status, worst
+from preflight.pipeline.check import Check, Context, Result
+from preflight.pipeline.profiles import RdmaExpect
+from preflight.readers import ibports
+from preflight.readers.ibports import ERROR_COUNTERS, Port, RdmaFacts
+
+FAIL, WARN = Status.FAIL, Status.WARN
+NO_DEVICE = "no InfiniBand/RoCE device in /sys/class/infiniband"
+LINK_FIX = ("check the cable and transceiver and the switch port (`ibstat`, `mlxlink -d <dev> -m` for the module's "
+            "temperature and power); reseat or replace the cable, then clear the counters (`perfquery -x`) and run again")
+# Where no profile says more: every port judged for state and counters, no rate, no GPUDirect.
+GENERIC = RdmaExpect(link_layer="any", interval_source="default: 3 s between the two reads of the counters")
+
+
+def compute(port: Port, expect: RdmaExpect) -> bool:
+    """Whether the port carries the job's traffic (by its link layer, as the profile says)."""
+    return expect.link_layer == "any" or port.link_layer == expect.link_layer
+
+
+def judge_gpudirect(facts: RdmaFacts, expect: RdmaExpect, gpus: int) -> list[Finding]:
+    """GPUDirect RDMA needs nvidia-peermem (or MLNX_OFED's nv_peer_mem) or dma-buf
+    (the open GPU kernel modules on Linux >= 5.12, NCCL_DMABUF_ENABLE not 0)."""
+    if not expect.gpudirect or not gpus or not any(compute(p, expect) for p in facts.ports):
+        return []
+    if facts.peermem or facts.memory_peers:
+        return []
+    dmabuf = facts.dmabuf_capable()
+    setting = facts.dmabuf_setting
+    if dmabuf and not (setting and setting[0].strip() == "0"):
+        return []
+    fix = ("load the peer-memory module: `modprobe nvidia-peermem` (and add it to /etc/modules-load.d so it loads at boot; "
+           "the GPU Operator: driver.rdma.enabled=true), or use dma-buf: the NVIDIA open GPU kernel modules on Linux >= 5.12 "
+           "with NCCL_DMABUF_ENABLE unset or 1")
+    if dmabuf:
+        return [Finding(FAIL, "GPUDirect RDMA off: NCCL_DMABUF_ENABLE=0",
+                        f"NCCL_DMABUF_ENABLE=0 ({setting[1] if setting else ''}) turns off dma-buf, the only GPUDirect RDMA path on "
+                        "this node (nvidia-peermem is not loaded): NCCL stages inter-node traffic through host memory",
+                        "unset NCCL_DMABUF_ENABLE (or set it to 1), or `modprobe nvidia-peermem`")]
+    why = []
+    if facts.nvidia_open is None:
+        why.append("no /proc/driver/nvidia/version: which NVIDIA kernel module is loaded is unknown")
+    elif not facts.nvidia_open:
+        why.append(f"the NVIDIA driver{' ' + facts.driver if facts.driver else ''} is the proprietary flavour, not the open kernel modules that dma-buf needs")
+    if facts.kernel is None:
+        why.append("the kernel version is unknown")
+    elif dmabuf is False and facts.nvidia_open:
+        why.append(f"kernel {facts.kernel} is older than 5.12, the first with dma-buf for RDMA")
+    return [Finding(FAIL, "GPUDirect RDMA not possible: no nvidia-peermem, no dma-buf",
+                    "nvidia_peermem is not loaded (/sys/module, /proc/modules) and dma-buf is not usable (" + "; ".join(why) +
+                    "): NCCL stages every inter-node byte through host memory, a 2-node all_reduce falls from ~180 to ~10 GB/s",
+                    fix)]
+
+
+def judge_ports(facts: RdmaFacts, expect: RdmaExpect) -> list[Finding]:
+    out = []
+    for p in facts.ports:
+        status = FAIL if compute(p, expect) else WARN
+        if p.state != "ACTIVE":
+            if p.state in ("INIT", "ARMED"):
+                cause = (f"{p.where} ({p.link_layer}) is {p.state} with the link {p.phys_state or 'up'}: the cable is fine but no "
+                         "subnet manager has configured the port, so it carries no traffic")
+                fix = "check that a subnet manager (opensm, UFM, the switch's SM) runs and reaches this port (`sminfo`, `ibstat`)"
+            else:
+                cause = f"{p.where} ({p.link_layer}) is {p.state or 'unreadable'} (physical state {p.phys_state or 'unknown'})"
+                fix = ("the port is administratively disabled: enable it (`ibportstate`, `ip link set ... up`)" if p.phys_state == "Disabled"
+                       else LINK_FIX)
+            if status == WARN:
+                cause += "; it is not a compute port of this profile, so it only matters if the job or storage uses it"
+            out.append(Finding(status, f"{p.where} {p.state or 'unreadable'}", cause, fix))
+        elif status == FAIL and expect.rate_gbps and p.gbps is not None and p.gbps < expect.rate_gbps:
+            out.append(Finding(FAIL, f"{p.where} at {p.rate}, {expect.rate_gbps:g} Gb/sec expected",
+                               f"{p.where} trained at {p.rate}, below the {expect.rate_gbps:g} Gb/sec this SKU's compute NICs run at: "
+                               "a degraded cable or transceiver, lanes down, or a slower switch port; this rail carries less than its share",
+                               LINK_FIX))
+    return out
+
+
+def judge_counters(facts: RdmaFacts) -> list[Finding]:
+    """Growth between the two reads: FAIL (WARN for discards, which congestion causes too).
+    Counts since boot that did not grow are no finding, unless a counter sits at
+    its ceiling, where growth could not be seen."""
+    out = []
+    secs = f"{facts.interval_seconds:g} s"
+    for p in facts.ports:
+        if p.state_later is not None and p.state_later != p.state:
+            out.append(Finding(FAIL, f"{p.where} flapping: {p.state} -> {p.state_later}",
+                               f"{p.where} went from {p.state} to {p.state_later} within {secs}", LINK_FIX))
+        grew = {n: p.counters_later[n] - v for n, v in p.counters.items() if n in p.counters_later and p.counters_later[n] > v}
+        if grew.get("link_downed"):
+            out.append(Finding(FAIL, f"{p.where} flapping: link_downed +{grew.pop('link_downed')} in {secs}",
+                               f"{p.where}'s link went down and came back while it was watched (link_downed grew from "
+                               f"{p.counters['link_downed']} to {p.counters_later['link_downed']} in {secs}): every flap drops the job's connections",
+                               LINK_FIX))
+        discards = grew.pop("port_xmit_discards", 0)
+        if grew:
+            said = ", ".join(f"{n} +{d}" for n, d in grew.items())
+            out.append(Finding(FAIL, f"{p.where}: {said} in {secs}",
+                               f"error counters of {p.where} grew while it was watched ({said} in {secs}): the link is corrupting "
+                               "traffic now, and NCCL's retries stall or time out", LINK_FIX))
+        if discards:
+            out.append(Finding(WARN, f"{p.where}: port_xmit_discards +{discards} in {secs}",
+                               f"{p.where} dropped {discards} packets on send in {secs}: congestion, or a peer that stopped taking traffic",
+                               "check the fabric's congestion and the peer port (`perfquery` on the switch side)"))
+        stuck = [n for n, v in p.counters.items() if v >= (1 << ERROR_COUNTERS[n]) - 1 and n not in grew]
+        if stuck:
+            out.append(Finding(WARN, f"{p.where}: {', '.join(stuck)} at the counter's ceiling",
+                               f"{', '.join(f'{n} = {p.counters[n]}' for n in stuck)} on {p.where}: the counter stops at its ceiling, "
+                               "so growth cannot be seen", "clear the port's counters (`perfquery -x`) and run again"))
+    return out
+
+
+def judge(facts: RdmaFacts, expect: RdmaExpect, gpus: int) -> dict[str, list[Finding]]:
+    return {"gpudirect": judge_gpudirect(facts, expect, gpus), "ports": judge_ports(facts, expect), "counters": judge_counters(facts)}
+
+
+def measurements(facts: RdmaFacts, expect: RdmaExpect) -> list[Measurement]:
+    out = []
+    for p in facts.ports:
+        labels = {"device": p.device, "port": str(p.port)}
+        if p.gbps is not None:
+            out.append(Measurement(name="rdma_port_rate", unit="gbit_per_second", value=p.gbps, labels=labels,
+                                   floor=expect.rate_gbps if compute(p, expect) else None))
+        for n, v in p.counters.items():
+            out.append(Measurement(name=f"rdma_{n}", unit="count", value=p.counters_later.get(n, v), labels=labels))
+    return out
+
+
+def since_boot(facts: RdmaFacts) -> list[str]:
+    """Error counts that did not grow while watched: reported, not judged."""
+    return [f"{p.where} {n} {v}" for p in facts.ports for n, v in p.counters.items() if v and p.counters_later.get(n, v) == v]
+
+
+class Rdma(Check):
+    name = "rdma"
+    description = "RDMA NICs: GPUDirect RDMA possible (nvidia-peermem or dma-buf), ports ACTIVE at the SKU's rate, no error counter growing"
+    timeout_seconds = 30.0
+    order = 25
+    # Between the two reads of the counters; a test passes one that edits the tree instead of sleeping.
+    wait: Callable[[float], None] = staticmethod(time.sleep)
+
+    def applies(self, ctx: Context) -> str | None:
+        if not ibports.read_ports(ctx.host):
+            return NO_DEVICE
+        return None
+
+    def run(self, ctx: Context) -> Result:
+        expect = ctx.profile.rdma or GENERIC
+        # The wait stays inside the check's deadline, with a second left to read and judge.
+        interval = max(0.0, min(expect.interval_seconds, ctx.deadline - time.monotonic() - 1)) if math.isfinite(ctx.deadline) else expect.interval_seconds
+        facts = ibports.gather(ctx.host, interval, self.wait)
+        gpus = ctx.shape.gpus if ctx.shape and ctx.profile.has_gpus else 0
+        parts = judge(facts, expect, gpus)
+        details = facts.model_dump(mode="json")
+        details["parts"] = {name: worst(found) for name, found in parts.items()}
+        details["since_boot"] = since_boot(facts)
+        if not gpus or not expect.gpudirect:
+            details["gpudirect"] = "not judged: " + ("no GPU on this node" if not gpus else f"profile {ctx.profile.name} does not expect GPUDirect RDMA")
+        findings = [f for found in parts.values() for f in found]
+        up = sum(p.state == "ACTIVE" for p in facts.ports)
+        ok = f"{up}/{len(facts.ports)} RDMA ports ACTIVE, no error counter grew in {facts.interval_seconds:g} s"
+        if gpus and expect.gpudirect:
+            ok += "; GPUDirect RDMA by " + ("nvidia-peermem" if facts.peermem or facts.memory_peers else "dma-buf")
+        if details["since_boot"]:
+            ok += f"; {len(details['since_boot'])} counts since boot, not growing (details.since_boot)"
+        return self.conclude(findings, ok, measurements=measurements(facts, expect), details=details)

@@ -1,0 +1,143 @@
+"""RDMA ports and what GPUDirect RDMA needs, read from sysfs and /proc.
+
+Formats (Linux Documentation/ABI/stable/sysfs-class-infiniband): each port of
+/sys/class/infiniband/<dev>/ports/<n>/ has `state` ("4: ACTIVE"; DOWN, INIT,
+ARMED, ACTIVE, ACTIVE_DEFER), `phys_state` ("5: LinkUp"; Sleep, Polling,
+Disabled...), `rate` ("400 Gb/sec (4X NDR)": active width x speed),
+`link_layer` (InfiniBand or Ethernet) and `counters/`, the port's PMA
+PortCounters (IBA spec) as decimal numbers.
+
+The error counters are read twice, ``interval`` seconds apart: a count since
+boot says little (a link that retrained once at power-on), one that grows
+while we watch is a link failing now. ``wait`` is injected so a test can
+change the tree between the reads instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from preflight.base.host import Host
+from preflight.readers import nccl_env
+from preflight.readers.nccl_net import MEMORY_PEERS, PEERMEM
+
+# Counter -> its width in bits in the IBA PortCounters attribute: a counter
+# stops at its ceiling (it does not wrap), and then cannot show growth.
+ERROR_COUNTERS = {
+    "symbol_error": 16,  # bit errors on the wire: a dirty or failing cable/transceiver
+    "link_error_recovery": 8,  # the link retrained after errors
+    "link_downed": 8,  # the link went down: a flap
+    "port_rcv_errors": 16,  # malformed packets received
+    "port_rcv_remote_physical_errors": 16,  # packets marked bad upstream
+    "local_link_integrity_errors": 4,
+    "excessive_buffer_overrun_errors": 4,
+    "port_xmit_discards": 16,  # dropped on send: congestion or a stuck peer, not the cable
+}
+
+
+class Port(BaseModel):
+    device: str
+    port: int
+    state: str | None = None  # "ACTIVE" (the name after "4: ")
+    phys_state: str | None = None  # "LinkUp"
+    rate: str | None = None  # as sysfs says it: "400 Gb/sec (4X NDR)"
+    link_layer: str | None = None
+    counters: dict[str, int] = {}  # the first read
+    counters_later: dict[str, int] = {}  # the second read
+    state_later: str | None = None
+
+    @property
+    def where(self) -> str:
+        return f"{self.device} port {self.port}"
+
+    @property
+    def gbps(self) -> float | None:
+        m = re.match(r"\s*([\d.]+)\s*Gb/sec", self.rate or "")
+        return float(m[1]) if m else None
+
+
+class RdmaFacts(BaseModel):
+    ports: list[Port] = []
+    interval_seconds: float = 0.0  # how far apart the two reads were
+    peermem: list[str] = []  # peer-memory modules loaded
+    memory_peers: bool = False  # nv_mem registered with the RDMA core (MLNX_OFED's peer-memory API)
+    kernel: str | None = None  # /proc/sys/kernel/osrelease
+    driver: str | None = None  # /sys/module/nvidia/version
+    nvidia_open: bool | None = None  # the open GPU kernel modules; None: no NVIDIA driver seen
+    dmabuf_setting: tuple[str, str] | None = None  # NCCL_DMABUF_ENABLE's (value, where) as NCCL reads it
+
+    def dmabuf_capable(self) -> bool | None:
+        """dma-buf GPUDirect RDMA: the open modules on Linux >= 5.12; None where unknown."""
+        m = re.match(r"(\d+)\.(\d+)", self.kernel or "")
+        if m is None or self.nvidia_open is None:
+            return None
+        return self.nvidia_open and (int(m[1]), int(m[2])) >= (5, 12)
+
+
+def _read(p: Path) -> str | None:
+    try:
+        return p.read_text(errors="replace").strip()
+    except OSError:
+        return None
+
+
+def _name(text: str | None) -> str | None:
+    """ "4: ACTIVE" -> "ACTIVE"."""
+    return text.split(":", 1)[-1].strip() if text else None
+
+
+def _counters(port: Path) -> dict[str, int]:
+    out = {}
+    for name in ERROR_COUNTERS:
+        text = _read(port / "counters" / name)
+        if text is not None and text.isdigit():
+            out[name] = int(text)
+    return out
+
+
+def read_ports(host: Host) -> list[Port]:
+    root = host.path("/sys/class/infiniband")
+    out = []
+    for dev in sorted(root.iterdir(), key=lambda p: p.name) if root.is_dir() else []:
+        ports = dev / "ports"
+        for p in sorted(ports.iterdir(), key=lambda p: int(p.name)) if ports.is_dir() else []:
+            if not p.name.isdigit():
+                continue
+            out.append(Port(device=dev.name, port=int(p.name), state=_name(_read(p / "state")), phys_state=_name(_read(p / "phys_state")),
+                            rate=_read(p / "rate"), link_layer=_read(p / "link_layer"), counters=_counters(p)))
+    return out
+
+
+def _modules(host: Host) -> set[str]:
+    text = _read(host.path("/proc/modules")) or ""
+    return {line.split()[0] for line in text.splitlines() if line.strip()}
+
+
+def gather(host: Host, interval: float, wait: Callable[[float], None] = time.sleep) -> RdmaFacts:
+    ports = read_ports(host)
+    waited = 0.0
+    if ports:
+        start = time.monotonic()
+        wait(interval)
+        waited = max(interval, time.monotonic() - start)
+        later = {(p.device, p.port): p for p in read_ports(host)}
+        for p in ports:
+            again = later.get((p.device, p.port))
+            p.counters_later = again.counters if again else {}
+            p.state_later = again.state if again else None
+    loaded = _modules(host)
+    version = _read(host.path("/proc/driver/nvidia/version"))
+    setting = nccl_env.effective(nccl_env.read(host)).get("NCCL_DMABUF_ENABLE")
+    return RdmaFacts(
+        ports=ports, interval_seconds=round(waited, 3),
+        peermem=[m for m in PEERMEM if host.path(f"/sys/module/{m}").is_dir() or m in loaded],
+        memory_peers=any(host.path(p).exists() for p in MEMORY_PEERS),
+        kernel=_read(host.path("/proc/sys/kernel/osrelease")),
+        driver=_read(host.path("/sys/module/nvidia/version")),
+        nvidia_open=None if version is None else "Open Kernel Module" in version,
+        dmabuf_setting=setting)

@@ -1,0 +1,255 @@
+"""The rdma check: judges fed recorded facts, and the gather and the check on
+the HGX H100 sysfs tree (tests/fixtures/sysfs) in three states: healthy, broken
+(a port down, errors growing between the two reads, a flapping link, no
+GPUDirect RDMA path) and not applicable (no RDMA device). The second read
+comes after a `wait` that edits the tree: no test sleeps."""
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from preflight.base.findings import Status
+from preflight.base.host import Host
+from preflight.checks import rdma as r
+from preflight.pipeline import profiles
+from preflight.pipeline.check import Context
+from preflight.pipeline.settings import Settings
+from preflight.pipeline.shape import NodeShape
+from preflight.readers import ibports
+from preflight.readers.ibports import Port, RdmaFacts
+
+FAIL, WARN, PASS, SKIP = Status.FAIL, Status.WARN, Status.PASS, Status.SKIP
+TREE = Path(__file__).parents[1] / "fixtures" / "sysfs" / "hgx-h100"
+IB = "sys/class/infiniband"
+
+
+def resolved(name: str) -> profiles.ResolvedProfile:
+    path = profiles.BUILTIN_DIR / f"{name}.toml"
+    return profiles.resolve(profiles.load(path), path, {}, f"--profile {name}")
+
+
+H100 = resolved("h100-sxm")
+
+
+@pytest.fixture
+def root(tmp_path) -> Path:
+    dest = tmp_path / "root"
+    shutil.copytree(TREE, dest, symlinks=True)
+    return dest
+
+
+def edit(root: Path, rel: str, text: str) -> None:
+    (root / rel).write_text(text + "\n")
+
+
+def counter(dev: str, name: str, port: int = 1) -> str:
+    return f"{IB}/{dev}/ports/{port}/counters/{name}"
+
+
+def then(root: Path, **files: str):
+    """A wait that, instead of sleeping, writes ``files`` (relative path with / as __) into the tree."""
+    def wait(seconds: float) -> None:
+        for rel, text in files.items():
+            edit(root, rel.replace("__", "/"), text)
+    return wait
+
+
+def port(dev="mlx5_0", state="ACTIVE", phys="LinkUp", rate="400 Gb/sec (4X NDR)", layer="InfiniBand", first=None, later=None) -> Port:
+    first = first or {n: 0 for n in ibports.ERROR_COUNTERS}
+    return Port(device=dev, port=1, state=state, phys_state=phys, rate=rate, link_layer=layer, counters=first,
+                counters_later=later if later is not None else dict(first), state_later=state)
+
+
+def facts(*ports: Port, **kw) -> RdmaFacts:
+    base = dict(interval_seconds=3.0, peermem=["nvidia_peermem"], kernel="5.15.0-105-generic", driver="550.54.15", nvidia_open=False)
+    return RdmaFacts(ports=list(ports), **{**base, **kw})
+
+
+def found(f: RdmaFacts, expect=H100.rdma, gpus: int = 8):
+    return [x for part in r.judge(f, expect, gpus).values() for x in part]
+
+
+# ---- judging recorded facts -------------------------------------------------------
+
+
+def test_healthy_ndr_ports_with_peermem_pass():
+    assert found(facts(port(), port("mlx5_1"))) == []
+
+
+def test_a_compute_port_down_fails_naming_device_and_port():
+    out = found(facts(port(), port("mlx5_3", state="DOWN", phys="Polling")))
+    assert [(x.status, x.summary) for x in out] == [(FAIL, "mlx5_3 port 1 DOWN")]
+    assert "physical state Polling" in out[0].cause and "cable" in out[0].remedy
+
+
+def test_a_port_in_init_points_at_the_subnet_manager():
+    out = found(facts(port(state="INIT")))
+    assert [x.summary for x in out] == ["mlx5_0 port 1 INIT"] and "subnet manager" in out[0].cause and "opensm" in out[0].remedy
+
+
+def test_a_storage_ethernet_port_down_is_only_a_warning():
+    out = found(facts(port(), port("mlx5_4", state="DOWN", phys="Disabled", layer="Ethernet", rate="200 Gb/sec (4X HDR)")))
+    assert [(x.status, x.summary) for x in out] == [(WARN, "mlx5_4 port 1 DOWN")]
+    assert "administratively disabled" in out[0].remedy
+
+
+def test_a_compute_port_below_the_profiles_rate_fails():
+    out = found(facts(port(), port("mlx5_7", rate="200 Gb/sec (4X HDR)")))
+    assert [(x.status, x.summary) for x in out] == [(FAIL, "mlx5_7 port 1 at 200 Gb/sec (4X HDR), 400 Gb/sec expected")]
+
+
+def test_symbol_errors_growing_between_the_reads_fail_with_the_delta():
+    grown = {**{n: 0 for n in ibports.ERROR_COUNTERS}, "symbol_error": 37, "port_rcv_errors": 2}
+    out = found(facts(port("mlx5_2", first={**grown, "symbol_error": 12, "port_rcv_errors": 0}, later=grown)))
+    assert [(x.status, x.summary) for x in out] == [(FAIL, "mlx5_2 port 1: symbol_error +25, port_rcv_errors +2 in 3 s")]
+
+
+def test_link_downed_growing_is_a_flapping_link():
+    out = found(facts(port("mlx5_9", first={"link_downed": 1}, later={"link_downed": 3})))
+    assert [(x.status, x.summary) for x in out] == [(FAIL, "mlx5_9 port 1 flapping: link_downed +2 in 3 s")]
+    assert "from 1 to 3" in out[0].cause
+
+
+def test_counts_since_boot_that_do_not_grow_are_no_finding_but_are_reported():
+    f = facts(port(first={"symbol_error": 4000, "link_downed": 2}))
+    assert found(f) == [] and r.since_boot(f) == ["mlx5_0 port 1 symbol_error 4000", "mlx5_0 port 1 link_downed 2"]
+
+
+def test_a_counter_stuck_at_its_ceiling_warns_since_growth_is_invisible():
+    out = found(facts(port(first={"symbol_error": 65535, "link_downed": 255})))
+    assert [(x.status, x.summary) for x in out] == [(WARN, "mlx5_0 port 1: symbol_error, link_downed at the counter's ceiling")]
+    assert "perfquery -x" in out[0].remedy
+
+
+def test_transmit_discards_growing_warn_as_congestion():
+    out = found(facts(port(first={"port_xmit_discards": 5}, later={"port_xmit_discards": 900})))
+    assert [(x.status, x.summary) for x in out] == [(WARN, "mlx5_0 port 1: port_xmit_discards +895 in 3 s")]
+
+
+def test_no_peermem_and_no_dmabuf_fails_naming_both_fixes():
+    out = found(facts(port(), peermem=[]))
+    assert [(x.status, x.summary) for x in out] == [(FAIL, "GPUDirect RDMA not possible: no nvidia-peermem, no dma-buf")]
+    assert "proprietary flavour" in out[0].cause
+    assert "modprobe nvidia-peermem" in out[0].remedy and "open GPU kernel modules" in out[0].remedy and "NCCL_DMABUF_ENABLE" in out[0].remedy
+
+
+def test_dmabuf_with_the_open_modules_on_a_new_kernel_is_enough():
+    assert found(facts(port(), peermem=[], nvidia_open=True, kernel="6.8.0-45-generic")) == []
+
+
+def test_open_modules_on_an_old_kernel_cannot_use_dmabuf():
+    out = found(facts(port(), peermem=[], nvidia_open=True, kernel="5.4.0-150-generic"))
+    assert [x.status for x in out] == [FAIL] and "kernel 5.4.0-150-generic is older than 5.12" in out[0].cause
+
+
+def test_nccl_dmabuf_enable_0_turns_the_only_path_off():
+    out = found(facts(port(), peermem=[], nvidia_open=True, kernel="6.8.0", dmabuf_setting=("0", "/etc/nccl.conf")))
+    assert [x.summary for x in out] == ["GPUDirect RDMA off: NCCL_DMABUF_ENABLE=0"] and "/etc/nccl.conf" in out[0].cause
+
+
+def test_gpudirect_is_not_judged_without_gpus_or_where_the_profile_does_not_ask():
+    assert found(facts(port(), peermem=[]), gpus=0) == []
+    assert found(facts(port(), peermem=[]), expect=resolved("h100-pcie").rdma) == []
+
+
+def test_the_cpu_profile_does_not_list_rdma_and_every_gpu_profile_does_at_every_level():
+    assert "rdma" not in resolved("cpu").checks
+    for name in profiles.available(None):
+        if name == "cpu":
+            continue
+        p = resolved(name)
+        assert p.checks.index("rdma") == p.checks.index("topology") + 1 and p.rdma is not None
+        for level in ("quick", "standard", "full"):
+            assert "rdma" in getattr(p.levels, level).checks, (name, level)
+
+
+# ---- the gather and the check on recorded trees -----------------------------------
+
+
+def ctx(root: Path, profile=H100, gpus: int = 8, **env: str) -> Context:
+    shape = NodeShape(gpus=gpus, gpus_from="test", fabric="nvswitch", fabric_from="test")
+    return Context(profile=profile, settings=Settings(), host=Host(root, environ=env), shape=shape, deadline=time.monotonic() + 30)
+
+
+def run(root: Path, wait=lambda s: None, **kw):
+    check = r.Rdma()
+    check.wait = wait
+    c = ctx(root, **kw)
+    return check.applies(c) or check.run(c)
+
+
+def test_the_healthy_tree_passes_with_peermem():
+    res = run(TREE)
+    assert res.status == PASS, res.cause
+    assert res.summary == "12/12 RDMA ports ACTIVE, no error counter grew in 3 s; GPUDirect RDMA by nvidia-peermem"
+    rates = {m.labels["device"]: (m.value, m.floor) for m in res.measurements if m.name == "rdma_port_rate"}
+    assert rates["mlx5_0"] == (400, 400) and rates["mlx5_4"] == (200, None)
+    assert res.details["parts"] == {"gpudirect": "PASS", "ports": "PASS", "counters": "PASS"}
+
+
+def test_peermem_seen_in_proc_modules_alone(root):
+    shutil.rmtree(root / "sys/module/nvidia_peermem")
+    assert ibports.gather(Host(root), 3, lambda s: None).peermem == ["nvidia_peermem"]
+
+
+def test_a_port_down_in_the_tree_fails(root):
+    edit(root, f"{IB}/mlx5_6/ports/1/state", "1: DOWN")
+    edit(root, f"{IB}/mlx5_6/ports/1/phys_state", "2: Polling")
+    res = run(root)
+    assert (res.status, res.summary) == (FAIL, "mlx5_6 port 1 DOWN") and "11/12" not in res.summary
+
+
+def test_symbol_errors_growing_in_the_tree_between_the_reads_fail(root):
+    edit(root, counter("mlx5_1", "symbol_error"), "3")
+    res = run(root, then(root, **{counter("mlx5_1", "symbol_error").replace("/", "__"): "151"}))
+    assert (res.status, res.summary) == (FAIL, "mlx5_1 port 1: symbol_error +148 in 3 s")
+
+
+def test_a_link_that_flaps_between_the_reads_fails(root):
+    res = run(root, then(root, **{counter("mlx5_8", "link_downed").replace("/", "__"): "1",
+                                  counter("mlx5_8", "link_error_recovery").replace("/", "__"): "1"}))
+    assert res.status == FAIL and res.summary == "mlx5_8 port 1 flapping: link_downed +1 in 3 s (+1 more)"
+    assert "link_error_recovery +1" in res.cause
+
+
+def test_no_peermem_and_the_proprietary_driver_fail(root):
+    shutil.rmtree(root / "sys/module/nvidia_peermem")
+    edit(root, "proc/modules", "nvidia 54001664 310 - Live 0x0000000000000000 (POE)")
+    res = run(root)
+    assert (res.status, res.summary) == (FAIL, "GPUDirect RDMA not possible: no nvidia-peermem, no dma-buf")
+
+
+def test_the_open_modules_on_a_new_kernel_pass_by_dmabuf_until_nccl_is_told_not_to(root):
+    shutil.rmtree(root / "sys/module/nvidia_peermem")
+    edit(root, "proc/modules", "nvidia 54001664 310 - Live 0x0000000000000000 (OE)")
+    edit(root, "proc/driver/nvidia/version", "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  Release Build  "
+         "(dvs-builder@U16-I3-B03-4-3)  Tue Mar  5 22:15:33 UTC 2024")
+    edit(root, "proc/sys/kernel/osrelease", "6.8.0-45-generic")
+    res = run(root)
+    assert res.status == PASS and res.summary.endswith("GPUDirect RDMA by dma-buf")
+    assert run(root, NCCL_DMABUF_ENABLE="0").summary == "GPUDirect RDMA off: NCCL_DMABUF_ENABLE=0"
+
+
+def test_no_rdma_device_skips_with_the_reason(root):
+    shutil.rmtree(root / IB)
+    assert run(root) == r.NO_DEVICE == "no InfiniBand/RoCE device in /sys/class/infiniband"
+
+
+def test_gpudirect_is_not_judged_on_a_node_without_gpus(root):
+    shutil.rmtree(root / "sys/module/nvidia_peermem")
+    edit(root, "proc/modules", "")
+    res = run(root, gpus=0)
+    assert res.status == PASS and res.details["gpudirect"] == "not judged: no GPU on this node"
+
+
+def test_the_wait_is_the_profiles_interval_and_stays_inside_the_deadline():
+    asked = []
+    check = r.Rdma()
+    check.wait = asked.append
+    c = ctx(TREE)
+    check.run(c)
+    c.deadline = time.monotonic() + 1.5
+    check.run(c)
+    assert asked[0] == 3 and asked[1] <= 0.5
