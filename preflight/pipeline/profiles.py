@@ -292,6 +292,20 @@ class OutlierExpect(OutlierBand):
         return self.figures.get(figure, self)
 
 
+class FabricExpect(BaseModel):
+    """The NVSwitch fabric of a SKU built on one (HGX/DGX baseboards): how many
+    NVSwitch chips the whole board carries, and whether its GPUs report their fabric
+    registration to NVML (Hopper and newer). A profile without it has no NVSwitch."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    nvswitches: int = Field(ge=1, le=64)
+    board_gpus: int = Field(ge=2, le=256)  # the GPUs of the board that count is for
+    nvswitch_source: str = Field(min_length=1)
+    gpu_fabric_state: bool
+    state_source: str = Field(min_length=1)
+
+
 class Profile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -311,6 +325,7 @@ class Profile(BaseModel):
     bandwidth: BandwidthExpect | None = None
     train: TrainExpect | None = None
     outliers: OutlierExpect | None = None  # None: no member is judged against the node's median
+    fabric: FabricExpect | None = None  # None: no NVSwitch on this SKU
 
     @property
     def has_gpus(self) -> bool:
@@ -404,6 +419,7 @@ class ResolvedProfile(BaseModel):
     bandwidth: BandwidthExpect | None = None
     train: TrainExpect | None = None
     outliers: OutlierExpect | None = None
+    fabric: FabricExpect | None = None
     chosen_because: str  # "--profile cpu" or the detection that picked it
 
     @property
@@ -502,6 +518,7 @@ def resolve(
         bandwidth=profile.bandwidth,
         train=profile.train,
         outliers=profile.outliers,
+        fabric=profile.fabric,
         chosen_because=chosen_because,
     )
 
