@@ -651,3 +651,21 @@ def rdma_host(root: Path, ports: dict[str, dict[int, str]] | None = None, module
         (root / "proc/driver/nvidia").mkdir(parents=True)
         (root / "proc/driver/nvidia/version").write_text(nvidia_version)
     return root
+
+
+def systemctl(directory: Path, answer: str = "active", exit_code: int = 0, message: str = "", hang: bool = False) -> Path:
+    """A `systemctl` on a PATH of its own, as `systemctl is-active UNIT` answers:
+    prints ``answer`` and exits ``exit_code`` (systemd: 0 active, 3 inactive or
+    failed); with ``message``, prints nothing and says it on stderr, exit 1, as
+    in a container without systemd; or hangs, as a stuck D-Bus makes it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    body = ["#!/bin/sh", '[ "$1" = "is-active" ] || { echo "fake systemctl: only is-active" >&2; exit 64; }']
+    if hang:
+        body.append("sleep 600")
+    if message:
+        body += [f"echo {shlex.quote(message)} >&2", "exit 1"]
+    body += [f"echo {shlex.quote(answer)}", f"exit {exit_code}"]
+    exe = directory / "systemctl"
+    exe.write_text("\n".join(body) + "\n")
+    exe.chmod(0o755)
+    return directory
