@@ -193,7 +193,9 @@ FAKES = [
 # answers them: nvlinks_active 0 with no link down is a GPU whose 18 links all
 # answer "inactive"; clocks_events_transient are set in the first reading only;
 # nvmlDeviceGetNvLinkRemoteDeviceType exists only where some GPU has nvlink_remote
-# (facts recorded before it read as an nvidia-ml-py without the call).
+# (facts recorded before it read as an nvidia-ml-py without the call); a GPU
+# without inforom_image or fabric answers those calls "not supported" (fabric
+# status: NVML's error string, served through nvmlErrorString).
 FAKE_PYNVML = """
 # A stand-in for nvidia-ml-py, driven by FAKE_NVML (a failure mode) and
 # FAKE_NVML_FACTS (the FakeNvml JSON whose facts it serves), so the real
@@ -272,6 +274,34 @@ def _fact(h, *path):
         raise NVMLError_NotSupported("Not Supported")
     return v
 
+def _given(h, key):
+    # A fact older files do not list reads as NVML's "not supported".
+    if h in DEVICES and DEVICES[h].get(key) is None:
+        raise NVMLError_NotSupported("Not Supported")
+    return _fact(h, key)
+
+NVML_SUCCESS = 0
+FABRIC_CODES = {"not_supported": 0, "not_started": 1, "in_progress": 2, "completed": 3}
+ERRORS = {}  # code -> NVML's error string, for the fabric status a file names
+
+class c_nvmlGpuFabricInfo_t:
+    def __init__(self):
+        self.clusterUuid, self.status, self.cliqueId, self.state = bytes(16), 0, 0, 0
+
+def nvmlDeviceGetGpuFabricInfo(h, info):
+    # As nvidia-ml-py: fills the struct, returns NVML_SUCCESS; A100 and older raise "not supported".
+    fabric = _given(h, "fabric")
+    info.state = FABRIC_CODES[fabric["state"]]
+    status = fabric.get("status", "success")
+    if status != "success":
+        code = next((c for c, text in ERRORS.items() if text == status), 900 + len(ERRORS))
+        ERRORS[code] = status
+        info.status = code
+    return NVML_SUCCESS
+
+def nvmlErrorString(code):
+    return ERRORS[code]
+
 class _Memory:
     def __init__(self, total):
         self.total, self.free, self.used = total, total, 0
@@ -280,6 +310,7 @@ nvmlDeviceGetName = lambda h: _fact(h, "name")
 nvmlDeviceGetUUID = lambda h: _fact(h, "uuid")
 nvmlDeviceGetSerial = lambda h: _fact(h, "serial")
 nvmlDeviceGetVbiosVersion = lambda h: _fact(h, "vbios")
+nvmlDeviceGetInforomImageVersion = lambda h: _given(h, "inforom_image")
 nvmlDeviceGetPersistenceMode = lambda h: int(_fact(h, "persistence_mode"))
 nvmlDeviceGetMigMode = lambda h: [int(_fact(h, "mig_mode")), int(_fact(h, "mig_mode"))]
 nvmlDeviceGetMemoryInfo = lambda h: _Memory(_fact(h, "memory_total_bytes"))
@@ -620,3 +651,21 @@ def rdma_host(root: Path, ports: dict[str, dict[int, str]] | None = None, module
         (root / "proc/driver/nvidia").mkdir(parents=True)
         (root / "proc/driver/nvidia/version").write_text(nvidia_version)
     return root
+
+
+def systemctl(directory: Path, answer: str = "active", exit_code: int = 0, message: str = "", hang: bool = False) -> Path:
+    """A `systemctl` on a PATH of its own, as `systemctl is-active UNIT` answers:
+    prints ``answer`` and exits ``exit_code`` (systemd: 0 active, 3 inactive or
+    failed); with ``message``, prints nothing and says it on stderr, exit 1, as
+    in a container without systemd; or hangs, as a stuck D-Bus makes it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    body = ["#!/bin/sh", '[ "$1" = "is-active" ] || { echo "fake systemctl: only is-active" >&2; exit 64; }']
+    if hang:
+        body.append("sleep 600")
+    if message:
+        body += [f"echo {shlex.quote(message)} >&2", "exit 1"]
+    body += [f"echo {shlex.quote(answer)}", f"exit {exit_code}"]
+    exe = directory / "systemctl"
+    exe.write_text("\n".join(body) + "\n")
+    exe.chmod(0o755)
+    return directory

@@ -321,6 +321,20 @@ class OutlierExpect(OutlierBand):
         return self.figures.get(figure, self)
 
 
+class FabricExpect(BaseModel):
+    """The NVSwitch fabric of a SKU built on one (HGX/DGX baseboards): how many
+    NVSwitch chips the whole board carries, and whether its GPUs report their fabric
+    registration to NVML (Hopper and newer). A profile without it has no NVSwitch."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    nvswitches: int = Field(ge=1, le=64)
+    board_gpus: int = Field(ge=2, le=256)  # the GPUs of the board that count is for
+    nvswitch_source: str = Field(min_length=1)
+    gpu_fabric_state: bool
+    state_source: str = Field(min_length=1)
+
+
 class Profile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -341,6 +355,7 @@ class Profile(BaseModel):
     train: TrainExpect | None = None
     outliers: OutlierExpect | None = None  # None: no member is judged against the node's median
     rdma: RdmaExpect | None = None  # None: ports and counters judged with no SKU expectation
+    fabric: FabricExpect | None = None  # None: no NVSwitch on this SKU
 
     @property
     def has_gpus(self) -> bool:
@@ -435,6 +450,7 @@ class ResolvedProfile(BaseModel):
     train: TrainExpect | None = None
     outliers: OutlierExpect | None = None
     rdma: RdmaExpect | None = None
+    fabric: FabricExpect | None = None
     chosen_because: str  # "--profile cpu" or the detection that picked it
 
     @property
@@ -534,6 +550,7 @@ def resolve(
         train=profile.train,
         outliers=profile.outliers,
         rdma=profile.rdma,
+        fabric=profile.fabric,
         chosen_because=chosen_because,
     )
 

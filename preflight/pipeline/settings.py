@@ -84,6 +84,9 @@ class _Common(BaseModel):
     listen: str = "127.0.0.1:9842"
     # Pin the driver exactly (fleet uniformity); the profile only sets a minimum.
     driver_version: str | None = Field(default=None, pattern=r"^[0-9]+(\.[0-9]+)*$")
+    # Pin every GPU's VBIOS and InfoROM image (the firmware check), as nvidia-smi -q prints them.
+    vbios_version: str | None = Field(default=None, pattern=r"^[0-9A-Fa-f]{2}(\.[0-9A-Fa-f]{2}){4}$")
+    inforom_version: str | None = Field(default=None, pattern=r"^[A-Z0-9]+\.[0-9]{4}\.[0-9]{2}\.[0-9]{2}$")
 
     @field_validator("python")
     @classmethod

@@ -138,6 +138,15 @@ def _driver_version(v: Any) -> str:
     return v
 
 
+def _firmware(pattern: str) -> Check:
+    def check(v: Any) -> str:
+        if type(v) is not str or not re.fullmatch(pattern, v):
+            raise Unsure
+        return v
+
+    return check
+
+
 _floor_value = _number(0, math.inf)
 _FLOOR_TABLE = {
     "value": _floor_value,
@@ -190,6 +199,8 @@ _CONFIG = {
     "textfile_dir": _text,
     "listen": _text,
     "driver_version": _driver_version,
+    "vbios_version": _firmware(r"[0-9A-Fa-f]{2}(\.[0-9A-Fa-f]{2}){4}"),
+    "inforom_version": _firmware(r"[A-Z0-9]+\.[0-9]{4}\.[0-9]{2}\.[0-9]{2}"),
     "floors": _floors,
     "node": _table({"gpus": _int(1, MAX_GPUS), "multi_node": _bool}),
 }

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -55,6 +55,15 @@ class RemappedRows(_Facts):
     failure: bool
 
 
+class GpuFabric(_Facts):
+    """The GPU's registration with the NVSwitch fabric (nvmlDeviceGetGpuFabricInfo, Hopper and newer)."""
+
+    # nvml.h NVML_GPU_FABRIC_STATE_*: the fabric manager has not started on this GPU,
+    # is at it, or is done; "status" says how it ended (meaningful once completed).
+    state: Literal["not_supported", "not_started", "in_progress", "completed"]
+    status: str = "success"  # NVML's error string where registration failed
+
+
 class Gpu(_Facts):
     """One GPU as NVML sees it; None where the GPU or driver does not say."""
 
@@ -65,6 +74,7 @@ class Gpu(_Facts):
     pci_device_id: str | None = Field(default=None, pattern=r"^0x[0-9a-f]{4}$")
     serial: str | None = None
     vbios: str | None = None
+    inforom_image: str | None = None  # nvmlDeviceGetInforomImageVersion, "G520.0200.00.05"
     persistence_mode: bool | None = None
     mig_mode: bool | None = None
     memory_total_bytes: int | None = Field(default=None, ge=0)
@@ -91,6 +101,8 @@ class Gpu(_Facts):
     # on HGX), "gpu" (a bridge or a direct link), "ibmnpu", "unknown" (NVML did not
     # say); None where no link is active or nvidia-ml-py cannot ask.
     nvlink_remote: dict[str, Annotated[int, Field(ge=1)]] | None = None
+    # None: NVML has no fabric state for this GPU (before Hopper, or a driver without the call).
+    fabric: GpuFabric | None = None
     processes: list[GpuProcess] | None = None  # compute processes on the GPU now; None: NVML did not say
     # NVML calls that failed with anything but "not supported" -> the error: unknown is not healthy.
     unanswered: dict[str, str] = Field(default_factory=dict)

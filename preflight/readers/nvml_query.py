@@ -34,6 +34,8 @@ CLOCKS_EVENTS = {
 NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS
 # nvml.h's nvmlNvLinkDeviceType_t: what sits at the far end of an active link.
 NVLINK_REMOTE = {0: "gpu", 1: "ibmnpu", 2: "switch"}  # NVML_NVLINK_DEVICE_TYPE_GPU, _IBMNPU, _SWITCH; 0xFF: unknown
+# nvml.h's NVML_GPU_FABRIC_STATE_*: NOT_SUPPORTED, NOT_STARTED, IN_PROGRESS, COMPLETED.
+FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
 # HW slowdown is documented as also reported during P-state and clock changes
 # (nvml.h, nvmlClocksEventReasonHwSlowdown), so one reading proves nothing:
 # the reasons are read this many times, this far apart, across every GPU at
@@ -199,6 +201,7 @@ def _gpu(pynvml: Any, i: int, h: Any, bus: str, device_id: int) -> dict[str, Any
         "pci_device_id": f"0x{device_id >> 16:04x}" if device_id else None,
         "serial": _maybe_text(opt("nvmlDeviceGetSerial")),
         "vbios": _maybe_text(opt("nvmlDeviceGetVbiosVersion")),
+        "inforom_image": _maybe_text(opt("nvmlDeviceGetInforomImageVersion")),
         "persistence_mode": _flag(opt("nvmlDeviceGetPersistenceMode")),
         "mig_mode": _flag(mig[0]) if mig else None,
         "memory_total_bytes": memory.total if memory else None,
@@ -214,9 +217,31 @@ def _gpu(pynvml: Any, i: int, h: Any, bus: str, device_id: int) -> dict[str, Any
         "power_limit_w": power / 1000 if power is not None else None,
         "power_default_limit_w": default_power / 1000 if default_power is not None else None,
         **_nvlinks(pynvml, h, unanswered),
+        "fabric": _fabric(pynvml, h, unanswered),
         "processes": [{"pid": p.pid, "used_memory_bytes": _bytes(getattr(p, "usedGpuMemory", None))} for p in procs] if procs is not None else None,
         "unanswered": unanswered,
     }
+
+
+def _fabric(pynvml: Any, h: Any, unanswered: dict[str, str]) -> dict[str, str] | None:
+    """The GPU's NVSwitch fabric registration; None where NVML has none (A100 and older answer "not supported")."""
+    make = getattr(pynvml, "c_nvmlGpuFabricInfo_t", None)
+    if make is None:
+        return None
+    info = make()
+    if _optional(pynvml, "nvmlDeviceGetGpuFabricInfo", h, info, unanswered=unanswered) is None:
+        return None
+    state = FABRIC_STATES.get(info.state)
+    if state is None:  # a state newer than this code: unknown, and not healthy
+        unanswered["nvmlDeviceGetGpuFabricInfo"] = f"unknown fabric state {info.state}"
+        return None
+    status = "success"
+    if info.status:
+        try:
+            status = _text(pynvml.nvmlErrorString(info.status))
+        except Exception:  # noqa: BLE001 - the code still says it failed
+            status = f"NVML error {info.status}"
+    return {"state": state, "status": status}
 
 
 def _bytes(v: Any) -> int | None:

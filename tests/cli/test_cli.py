@@ -341,7 +341,13 @@ def test_list_names_every_check_and_what_it_verifies():
     assert "\nnccl       torchrun on every GPU" in r.stdout and "\nbandwidth  HBM, host<->device" in r.stdout
     assert r.stdout.rstrip().endswith("(after cuda, nccl)")
     rows = json.loads(invoke("list", "--json").stdout)
+<<<<<<< ours
     assert [row["name"] for row in rows] == ["cuda", "topology", "pcie", "rdma", "shm", "nccl", "bandwidth", "train"] and rows[0]["timeout_seconds"] > 0
+||||||| base
+    assert [row["name"] for row in rows] == ["cuda", "topology", "shm", "nccl", "bandwidth", "train"] and rows[0]["timeout_seconds"] > 0
+=======
+    assert [row["name"] for row in rows] == ["cuda", "topology", "fabric", "firmware", "shm", "nccl", "bandwidth", "train"] and rows[0]["timeout_seconds"] > 0
+>>>>>>> theirs
 
 
 def test_list_in_a_profiles_order(plugin):

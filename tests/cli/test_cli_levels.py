@@ -149,8 +149,16 @@ def test_a_gpu_profile_at_quick_runs_nvml_xid_topology_and_shm_and_starts_no_wor
         return Report.model_validate_json(report.read_text())
 
     healthy = quick("h100-sxm-8x-healthy.json")
+<<<<<<< ours
     assert healthy.level == "quick" and [c.check for c in healthy.checks] == ["cuda", "topology", "pcie", "rdma", "shm"]
     cuda, topology, pcie, rdma, shm = healthy.checks
+||||||| base
+    assert healthy.level == "quick" and [c.check for c in healthy.checks] == ["cuda", "topology", "shm"]
+    cuda, topology, shm = healthy.checks
+=======
+    assert healthy.level == "quick" and [c.check for c in healthy.checks] == ["cuda", "topology", "fabric", "firmware", "shm"]
+    cuda, topology, _, _, shm = healthy.checks
+>>>>>>> theirs
     parts = cuda.details["parts"]
     assert parts["inventory"] == "PASS" and parts["source"] == "FAIL" and parts["xid"] in ("PASS", "WARN")
     assert parts["cuda_init"] == "not run: the quick level starts no CUDA work (standard and full do)"

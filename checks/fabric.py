@@ -1,0 +1,230 @@
+"""The NVSwitch fabric: the fabric manager running, every GPU registered with
+the fabric, every NVSwitch of the board on the PCI bus.
+
+On an HGX/DGX baseboard the GPUs are wired to NVSwitches, not to each other,
+and nothing crosses them until nvidia-fabricmanager has programmed the
+switches. With it stopped (or of another version than the driver: it exits at
+start), CUDA init fails with "system not yet initialized" (cudaErrorSystemNotReady)
+or the GPUs come up without NVLink peers. Hopper and newer GPUs tell NVML how
+their registration went (nvmlDeviceGetGpuFabricInfo); a switch that fell off
+the bus shows as a missing NVIDIA bridge in sysfs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Literal
+
+from pydantic import BaseModel
+
+from preflight.base.findings import Finding, Status, worst
+from preflight.base.host import Host
+from preflight.base.units import format_cpulist
+from preflight.pipeline.check import Check, Context, Result
+from preflight.pipeline.profiles import FabricExpect
+from preflight.pipeline.shape import FABRIC_WORDS, NodeShape
+from preflight.readers import nvml
+from preflight.readers.nvml import Gpu, Inventory
+
+FAIL, WARN = Status.FAIL, Status.WARN
+UNIT = "nvidia-fabricmanager"
+DAEMON = "nv-fabricmanager"
+COMM = DAEMON[:15]  # its /proc/PID/comm: the kernel keeps 15 characters of a name
+SYSTEMCTL_TIMEOUT = 5.0
+START_FM = ("start the fabric manager: `systemctl enable --now nvidia-fabricmanager`; its version must equal the driver's "
+            "({driver}) or it exits at start (`journalctl -u nvidia-fabricmanager`, /var/log/fabricmanager.log)")
+
+
+class Manager(BaseModel):
+    state: Literal["running", "stopped", "unknown"]
+    how: str  # how that was learnt, or why it could not be
+
+
+class FabricFacts(BaseModel):
+    manager: Manager
+    inventory: Inventory
+
+
+# ---- gathering -------------------------------------------------------------
+
+
+def manager_state(host: Host, timeout: float = SYSTEMCTL_TIMEOUT) -> Manager:
+    """Whether nv-fabricmanager runs: systemd's word, else its process."""
+    why = "systemctl is not installed"
+    exe = shutil.which("systemctl", path=host.environ.get("PATH", os.defpath))
+    if exe:
+        done = host.run([exe, "is-active", UNIT], timeout, cwd="/")
+        word = (done.stdout.strip().splitlines() or [""])[0]
+        if done.timed_out:
+            why = f"`systemctl is-active {UNIT}` did not answer within {timeout:g} s"
+        elif word == "active":
+            return Manager(state="running", how=f"systemd unit {UNIT} active")
+        elif word in ("inactive", "failed", "activating", "deactivating", "reloading"):
+            # systemd answers for its own units only: a daemon started by hand (or by a
+            # container's entrypoint) runs beside an inactive unit.
+            pid = process(host)
+            if pid is not None:
+                return Manager(state="running", how=f"process {DAEMON} (pid {pid}), systemd unit {UNIT} {word}")
+            return Manager(state="stopped", how=f"systemd unit {UNIT} is {word}")
+        else:  # "System has not been booted with systemd", no D-Bus in a container
+            why = "systemctl cannot tell: " + ((done.stderr.strip().splitlines() or [word or f"exit {done.returncode}"])[-1])
+    pid = process(host)
+    if pid is not None:
+        return Manager(state="running", how=f"process {DAEMON} (pid {pid})")
+    # Without systemd (a container) /proc shows this container's processes only: absence proves nothing.
+    return Manager(state="unknown", how=f"{why}, and no {DAEMON} process is visible here")
+
+
+def process(host: Host) -> int | None:
+    try:
+        entries = [p for p in host.path("/proc").iterdir() if p.name.isdigit()]
+    except OSError:
+        return None
+    for entry in sorted(entries, key=lambda p: int(p.name)):
+        try:
+            if (entry / "comm").read_text().strip() == COMM:
+                return int(entry.name)
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+    return None
+
+
+def gather(host: Host, fake: object | None, timeout: float) -> FabricFacts:
+    """Raises NvmlUnavailable when NVML cannot answer at all."""
+    inventory = nvml.inventory(fake, timeout=timeout)  # type: ignore[arg-type]
+    return FabricFacts(manager=manager_state(host), inventory=inventory)
+
+
+# ---- judging ---------------------------------------------------------------
+
+
+def judge_manager(m: Manager, inv: Inventory, fabric_state_known: bool) -> list[Finding]:
+    fix = START_FM.format(driver=inv.driver_version)
+    if m.state == "stopped":
+        return [Finding(FAIL, "nvidia-fabricmanager is not running",
+                        f"{m.how}: on an NVSwitch board nothing crosses the switches until the fabric manager has programmed them, "
+                        "so CUDA init fails with 'system not yet initialized' (cudaErrorSystemNotReady) or the GPUs have no NVLink peers",
+                        fix)]
+    if m.state == "unknown" and not fabric_state_known:
+        # Where every GPU reports a completed registration, the manager did its work; elsewhere nothing vouches for it.
+        return [Finding(WARN, "fabric manager state unknown", f"whether nvidia-fabricmanager runs is unknown ({m.how}), "
+                        "and the GPUs report no fabric state that would show it did its work",
+                        "run preflight on the host (or with the host's /proc and systemd), or check `systemctl status nvidia-fabricmanager` there")]
+    return []
+
+
+def _gpus(gpus: list[Gpu]) -> str:
+    return "GPU " + format_cpulist([g.index for g in gpus])
+
+
+def judge_gpus(inv: Inventory) -> tuple[list[Finding], str | None]:
+    """Every GPU's fabric registration: findings, and why the part was not judged (or None)."""
+    known = [g for g in inv.gpus if g.fabric is not None and g.fabric.state != "not_supported"]
+    if not known:
+        return [], "NVML reports no GPU fabric state here (a driver or nvidia-ml-py without nvmlDeviceGetGpuFabricInfo)"
+    out = []
+    for state, words in (("not_started", "not started"), ("in_progress", "still in progress")):
+        stuck = [g for g in known if g.fabric and g.fabric.state == state]
+        if stuck:
+            out.append(Finding(FAIL, f"{_gpus(stuck)}: fabric registration {words}",
+                               f"NVML reports the fabric state of {_gpus(stuck)} ({', '.join(nvml.short_pci(g.pci_bus_id) for g in stuck)}) "
+                               f"{state.upper()}, not COMPLETED: CUDA on {'them' if len(stuck) > 1 else 'it'} fails with "
+                               "'system not yet initialized' until the fabric manager registers it",
+                               START_FM.format(driver=inv.driver_version) + ("; right after boot, wait for it and run again" if state == "in_progress" else "")))
+    failed = [g for g in known if g.fabric and g.fabric.state == "completed" and g.fabric.status != "success"]
+    for g in failed:
+        assert g.fabric is not None
+        out.append(Finding(FAIL, f"GPU {g.index}: fabric registration failed ({g.fabric.status})",
+                           f"NVML reports GPU {g.index} ({nvml.short_pci(g.pci_bus_id)}) fabric state COMPLETED with status "
+                           f"'{g.fabric.status}': it has no NVLink peer access",
+                           "read the fabric manager's log (/var/log/fabricmanager.log); stop GPU clients, reset the GPUs and NVSwitches "
+                           "(`nvidia-smi -r`) and restart nvidia-fabricmanager; if it fails again, drain the node"))
+    unknown = [g for g in inv.gpus if g not in known]
+    if unknown:
+        out.append(Finding(WARN, f"{_gpus(unknown)}: fabric state unknown",
+                           f"NVML gives no fabric state for {_gpus(unknown)} while the node's other GPUs report one",
+                           "look for Xid errors (`preflight xid`) and compare `nvidia-smi -q` (Fabric section) across the GPUs"))
+    return out, None
+
+
+def judge_switches(shape: NodeShape, expect: FabricExpect) -> tuple[list[Finding], str | None]:
+    """NVSwitch chips on the PCI bus against the board's count, where the bus shows the whole board."""
+    if shape.pci_gpus is None:
+        return [], "sysfs lists no PCI device here (a sandbox that hides the bus)"
+    if len(shape.pci_gpus) != expect.board_gpus:
+        return [], f"the count of {expect.nvswitches} is for the {expect.board_gpus}-GPU board; this PCI bus shows {len(shape.pci_gpus)} GPUs"
+    if shape.nvswitches == 0:
+        return [], ("no NVSwitch on this PCI bus: a VM whose switches the host keeps (shared NVSwitch virtualization); "
+                    "the GPUs' own fabric state stands for them")
+    if shape.nvswitches < expect.nvswitches:
+        return [Finding(FAIL, f"{shape.nvswitches} of {expect.nvswitches} NVSwitches on the PCI bus",
+                        f"sysfs shows {shape.nvswitches} NVIDIA NVSwitch bridges (class 0x0680), the {expect.board_gpus}-GPU board has "
+                        f"{expect.nvswitches} ({expect.nvswitch_source}): every GPU has links to every switch, so each lost switch "
+                        "cuts every GPU's NVLink bandwidth",
+                        "look for SXid errors in the kernel log and for the switches in `lspci -d 10de:`; a switch that is off the bus "
+                        "needs a cold power cycle of the node, and if it stays gone an RMA of the baseboard")], None
+    if shape.nvswitches > expect.nvswitches:
+        return [Finding(WARN, f"{shape.nvswitches} NVSwitches on the PCI bus, the board has {expect.nvswitches}",
+                        f"sysfs shows {shape.nvswitches} NVIDIA NVSwitch bridges where this SKU's board has {expect.nvswitches} "
+                        f"({expect.nvswitch_source}): this node may not be the board the profile describes",
+                        "check the profile (`preflight detect`) and `lspci -d 10de:`")], None
+    return [], None
+
+
+def judge(facts: FabricFacts, shape: NodeShape, expect: FabricExpect) -> tuple[dict[str, list[Finding]], dict[str, str]]:
+    """Findings by part, and each part not judged with its reason."""
+    parts: dict[str, list[Finding]] = {}
+    unjudged: dict[str, str] = {}
+    if expect.gpu_fabric_state:
+        parts["gpus"], why = judge_gpus(facts.inventory)
+        if why:
+            unjudged["gpus"] = why
+    else:
+        unjudged["gpus"] = f"this GPU predates NVML's GPU fabric state ({expect.state_source})"
+    completed = "gpus" not in unjudged and all(g.fabric is not None and g.fabric.state == "completed" for g in facts.inventory.gpus)
+    parts["manager"] = judge_manager(facts.manager, facts.inventory, completed)
+    parts["nvswitches"], why = judge_switches(shape, expect)
+    if why:
+        unjudged["nvswitches"] = why
+    return parts, unjudged
+
+
+# ---- the check ---------------------------------------------------------------
+
+
+class Fabric(Check):
+    name = "fabric"
+    description = "NVSwitch boards: nvidia-fabricmanager running, every GPU's fabric registration completed, every NVSwitch on the bus"
+    timeout_seconds = 30.0
+    order = 25
+
+    def applies(self, ctx: Context) -> str | None:
+        if not ctx.profile.has_gpus:
+            return f"profile {ctx.profile.name} has no GPUs: no NVSwitch fabric"
+        if ctx.profile.fabric is None:
+            return f"profile {ctx.profile.name}: this GPU is not built on an NVSwitch board (PCIe card or NVLink bridges): no fabric manager"
+        if ctx.shape is None:
+            return "the node's shape was not read: whether its GPUs sit on an NVSwitch is unknown"
+        if ctx.shape.fabric != "nvswitch":
+            return f"this node's GPUs are {FABRIC_WORDS[ctx.shape.fabric]} ({ctx.shape.fabric_from}): no NVSwitch, no fabric manager"
+        return None
+
+    def run(self, ctx: Context) -> Result:
+        assert ctx.profile.fabric is not None and ctx.shape is not None
+        try:
+            facts = gather(ctx.host, ctx.settings.nvml_fake, timeout=20.0)
+        except nvml.NvmlUnavailable as e:
+            return self.result(FAIL, e.cause, cause=e.cause, remedy=e.remedy)
+        parts, unjudged = judge(facts, ctx.shape, ctx.profile.fabric)
+        if ctx.settings.nvml_fake is not None:  # fail closed, as the cuda check does
+            parts["source"] = [nvml.fake_finding(str(ctx.settings.nvml_fake))]
+        details = {"manager": facts.manager.model_dump(), "nvswitches": ctx.shape.nvswitches,
+                   "gpus": {str(g.index): g.fabric.model_dump() if g.fabric else None for g in facts.inventory.gpus},
+                   "parts": {name: worst(found) for name, found in parts.items()}, "not_judged": unjudged}
+        lines = [f"{part}: not judged: {why}" for part, why in unjudged.items()]
+        n = len(facts.inventory.gpus)
+        ok = (f"fabric manager {facts.manager.state} ({facts.manager.how})"
+              + ("" if "gpus" in unjudged else f"; fabric registration completed on all {n} GPUs")
+              + ("" if "nvswitches" in unjudged else f"; {ctx.shape.nvswitches} of {ctx.profile.fabric.nvswitches} NVSwitches on the bus"))
+        return self.conclude([f for found in parts.values() for f in found], ok, details=details, lines=lines)

@@ -1,0 +1,229 @@
+"""Firmware and driver versions: one VBIOS and one InfoROM image across the
+node's GPUs (and the site's pin), the driver NVML answers for the one the
+kernel loaded, and a driver new enough for the CUDA runtime the job's torch
+was built with.
+
+GPUs of one board on different VBIOS or InfoROM versions are the odd-one-out
+faults: a GPU left behind by a partial firmware update clocks, throttles or
+fails differently from its peers. A torch built for a newer CUDA than the
+driver supports fails at init ("driver version is insufficient") or, within
+one major version, runs under minor-version compatibility without the
+features that need the newer driver.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from collections import Counter
+
+from pydantic import BaseModel
+
+from preflight.base.findings import Finding, Status, worst
+from preflight.base.host import Host
+from preflight.base.units import format_cpulist
+from preflight.pipeline.check import Check, Context, Result
+from preflight.readers import nvml
+from preflight.readers.nvml import MISMATCH, Inventory
+
+FAIL, WARN = Status.FAIL, Status.WARN
+TORCH_TIMEOUT = 60.0  # importing torch from a cold page cache on a network filesystem takes tens of seconds
+ASK_TORCH = "import json, torch; print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda}))"
+QUICK = "the quick level starts no torch (standard and full do)"
+COMPAT = "https://docs.nvidia.com/deploy/cuda-compatibility/"
+FLASH = ("update the odd GPUs' firmware to the node's version with the vendor's firmware package (nvfwupd on HGX/DGX, "
+         "or the OEM's bundle), then cold-reboot; until then drain the node")
+
+
+class TorchCuda(BaseModel):
+    torch: str | None = None
+    cuda: str | None = None  # torch.version.cuda; None: a CPU build
+    error: str | None = None  # why the interpreter did not say
+
+
+class FirmwareFacts(BaseModel):
+    inventory: Inventory
+    kernel_driver: str | None = None  # the loaded module's version, from /proc/driver/nvidia/version
+    kernel_driver_error: str | None = None
+    torch: TorchCuda | None = None  # None: not asked
+    torch_skipped: str | None = None
+
+
+# ---- gathering -------------------------------------------------------------
+
+
+def kernel_driver(host: Host) -> tuple[str | None, str | None]:
+    """The loaded nvidia module's version, or why it is unknown."""
+    try:
+        text = host.read_text("/proc/driver/nvidia/version")
+    except OSError as e:
+        return None, f"/proc/driver/nvidia/version unreadable ({e.strerror})"
+    m = re.search(r"Kernel Module(?: for \S+)?\s+([0-9]+(?:\.[0-9]+)+)", text)
+    return (m.group(1), None) if m else (None, "/proc/driver/nvidia/version names no kernel module version")
+
+
+def ask_torch(host: Host, python: str, timeout: float) -> TorchCuda:
+    """torch.version.cuda of the job's interpreter, in a child with a deadline."""
+    try:
+        done = host.run([python, "-c", ASK_TORCH], timeout, cwd="/")  # cwd "/": no stray torch.py beside the caller
+    except OSError as e:
+        return TorchCuda(error=f"cannot run {python}: {e.strerror or e}")
+    if done.timed_out:
+        return TorchCuda(error=f"{python} did not import torch within {timeout:g} s")
+    try:
+        said = json.loads(done.stdout.strip().splitlines()[-1])
+        return TorchCuda(torch=str(said["torch"]), cuda=said["cuda"] and str(said["cuda"]))
+    except (ValueError, IndexError, KeyError, TypeError):
+        tail = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        return TorchCuda(error=f"{python} could not say torch.version.cuda: {tail}")
+
+
+def gather(ctx: Context) -> FirmwareFacts:
+    """Raises NvmlUnavailable when NVML cannot answer at all."""
+    inventory = nvml.inventory(ctx.settings.nvml_fake, timeout=20.0)
+    driver, why = kernel_driver(ctx.host)
+    facts = FirmwareFacts(inventory=inventory, kernel_driver=driver, kernel_driver_error=why)
+    if ctx.settings.level == "quick":
+        facts.torch_skipped = QUICK
+    else:
+        python = str(ctx.settings.python) if ctx.settings.python else sys.executable
+        left = ctx.deadline - time.monotonic() - 2.0
+        facts.torch = ask_torch(ctx.host, python, max(1.0, min(TORCH_TIMEOUT, left)))
+    return facts
+
+
+# ---- judging ---------------------------------------------------------------
+
+
+def _version(v: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"[0-9]+", v))
+
+
+def judge_uniform(what: str, values: dict[int, str | None], pin: str | None, pin_key: str) -> tuple[list[Finding], str | None]:
+    """One version across the GPUs (and the pin): findings, and why not judged (or None)."""
+    said = {i: v for i, v in values.items() if v is not None}
+    if not said:
+        return [], f"NVML gives no {what} version for any GPU"
+    out = []
+    silent = sorted(set(values) - set(said))
+    if silent:
+        out.append(Finding(WARN, f"GPU {format_cpulist(silent)}: {what} version unknown",
+                           f"NVML gives no {what} version for GPU {format_cpulist(silent)} while it does for the others",
+                           "compare `nvidia-smi -q` across the GPUs; look for Xid errors (`preflight xid`)"))
+    counts = Counter(said.values()).most_common()
+    if pin is not None:
+        odd = {i: v for i, v in said.items() if v != pin}
+        if odd:
+            found = ", ".join(f"GPU {format_cpulist([i for i in odd if odd[i] == v])} {v}" for v in sorted(set(odd.values())))
+            out.append(Finding(FAIL, f"{what} not the site's {pin} on GPU {format_cpulist(sorted(odd))}",
+                               f"the site config pins {what} {pin} ({pin_key}); found {found}",
+                               f"{FLASH}; or change {pin_key} in the config"))
+        return out, None
+    if len(counts) == 1:
+        return out, None
+    top, n = counts[0]
+    if n == counts[1][1]:  # no majority: name every group
+        groups = "; ".join(f"GPU {format_cpulist(sorted(i for i, v in said.items() if v == ver))} on {ver}" for ver, _ in counts)
+        out.append(Finding(FAIL, f"GPUs on {len(counts)} {what} versions",
+                           f"the node's GPUs run different {what} versions with no majority: {groups}", FLASH))
+        return out, None
+    odd = sorted(i for i, v in said.items() if v != top)
+    found = ", ".join(f"GPU {i} {said[i]}" for i in odd)
+    out.append(Finding(FAIL, f"GPU {format_cpulist(odd)} on another {what} than the other {n}",
+                       f"{found}; the other {n} GPUs run {what} {top}: a GPU left behind by a partial firmware update "
+                       "behaves differently from its peers (the odd-one-out faults)", FLASH))
+    return out, None
+
+
+def judge_driver(facts: FirmwareFacts) -> tuple[list[Finding], str | None]:
+    if facts.kernel_driver is None:
+        return [], facts.kernel_driver_error
+    nvml_says = facts.inventory.driver_version
+    if facts.kernel_driver != nvml_says:
+        return [Finding(FAIL, f"driver library {nvml_says}, kernel module {facts.kernel_driver}",
+                        f"NVML's library is driver {nvml_says} but the loaded kernel module is {facts.kernel_driver} "
+                        "(/proc/driver/nvidia/version): the driver was upgraded without a reboot", MISMATCH)], None
+    return [], None
+
+
+def judge_cuda(inv: Inventory, torch: TorchCuda | None, skipped: str | None) -> tuple[list[Finding], str | None]:
+    """The driver's CUDA version against the one torch was built with."""
+    if torch is None:
+        return [], skipped
+    if torch.error:
+        return [], torch.error
+    if torch.cuda is None:
+        return [], f"torch {torch.torch} is a CPU build (torch.version.cuda is None): no CUDA runtime to match (the cuda check judges it)"
+    if inv.cuda_driver_version is None:
+        return [], "NVML does not say which CUDA version the driver supports"
+    driver, runtime = _version(inv.cuda_driver_version)[:2], _version(torch.cuda)[:2]
+    if driver >= runtime:
+        return [], None
+    fix = f"install a driver that supports CUDA {torch.cuda} or newer, or a torch built for CUDA {inv.cuda_driver_version} or older"
+    if driver[0] < runtime[0]:
+        return [Finding(FAIL, f"torch needs CUDA {torch.cuda}, the driver supports {inv.cuda_driver_version}",
+                        f"torch {torch.torch} was built with CUDA {torch.cuda}; driver {inv.driver_version} supports CUDA up to "
+                        f"{inv.cuda_driver_version}: CUDA init fails with 'driver version is insufficient for CUDA runtime version' "
+                        f"(a CUDA major version needs a driver of its own branch, {COMPAT})", fix)], None
+    return [Finding(WARN, f"torch's CUDA {torch.cuda} is newer than the driver's {inv.cuda_driver_version}",
+                    f"torch {torch.torch} was built with CUDA {torch.cuda}; driver {inv.driver_version} supports CUDA "
+                    f"{inv.cuda_driver_version}: it runs under minor-version compatibility, but PTX compiled for the newer CUDA "
+                    f"and calls that need the newer driver fail ({COMPAT})", fix)], None
+
+
+def judge(facts: FirmwareFacts, vbios_pin: str | None = None, inforom_pin: str | None = None) -> tuple[dict[str, list[Finding]], dict[str, str]]:
+    """Findings by part, and each part not judged with its reason."""
+    gpus = facts.inventory.gpus
+    parts: dict[str, list[Finding]] = {}
+    unjudged: dict[str, str] = {}
+    for part, found in (
+        ("driver", judge_driver(facts)),
+        ("vbios", judge_uniform("VBIOS", {g.index: g.vbios for g in gpus}, vbios_pin, "vbios_version")),
+        ("inforom", judge_uniform("InfoROM image", {g.index: g.inforom_image for g in gpus}, inforom_pin, "inforom_version")),
+        ("cuda", judge_cuda(facts.inventory, facts.torch, facts.torch_skipped)),
+    ):
+        parts[part], why = found
+        if why:
+            unjudged[part] = why
+    return parts, unjudged
+
+
+# ---- the check ---------------------------------------------------------------
+
+
+class Firmware(Check):
+    name = "firmware"
+    description = "one VBIOS and InfoROM version across the GPUs (and the site's pin), the driver loaded, torch's CUDA runtime within the driver's"
+    timeout_seconds = 90.0
+    order = 26
+
+    def applies(self, ctx: Context) -> str | None:
+        if not ctx.profile.has_gpus:
+            return f"profile {ctx.profile.name} has no GPUs: no GPU firmware to compare"
+        return None
+
+    def run(self, ctx: Context) -> Result:
+        try:
+            facts = gather(ctx)
+        except nvml.NvmlUnavailable as e:
+            return self.result(FAIL, e.cause, cause=e.cause, remedy=e.remedy)
+        if not facts.inventory.gpus:
+            return self.result(Status.SKIP, "NVML lists no GPU: no firmware to compare")
+        parts, unjudged = judge(facts, ctx.settings.vbios_version, ctx.settings.inforom_version)
+        if ctx.settings.nvml_fake is not None:  # fail closed, as the cuda check does
+            parts["source"] = [nvml.fake_finding(str(ctx.settings.nvml_fake))]
+        inv = facts.inventory
+        details = {"driver": inv.driver_version, "kernel_driver": facts.kernel_driver, "cuda_driver": inv.cuda_driver_version,
+                   "torch": facts.torch.model_dump() if facts.torch else None,
+                   "gpus": {str(g.index): {"vbios": g.vbios, "inforom_image": g.inforom_image} for g in inv.gpus},
+                   "parts": {name: worst(found) for name, found in parts.items()}, "not_judged": unjudged}
+        lines = [f"{part}: not judged: {why}" for part, why in unjudged.items()]
+        vbios = sorted({g.vbios for g in inv.gpus if g.vbios})
+        inforom = sorted({g.inforom_image for g in inv.gpus if g.inforom_image})
+        ok = (f"driver {inv.driver_version} (CUDA {inv.cuda_driver_version}) on {len(inv.gpus)} GPUs"
+              + (f", VBIOS {vbios[0]}" if "vbios" not in unjudged and vbios else "")
+              + (f", InfoROM {inforom[0]}" if "inforom" not in unjudged and inforom else "")
+              + (f"; torch {facts.torch.torch} built for CUDA {facts.torch.cuda}" if "cuda" not in unjudged and facts.torch else ""))
+        return self.conclude([f for found in parts.values() for f in found], ok, details=details, lines=lines)

@@ -1,0 +1,214 @@
+"""The fabric check: the judge on recorded facts (FakeNvml files, the HGX H100
+sysfs tree), the gatherer through the NVML child's fake and a `systemctl` on a
+PATH of its own, and one CLI run."""
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import fakes
+import pytest
+from conftest import run_preflight
+from preflight.checks import fabric
+
+from preflight.base.findings import Status
+from preflight.base.host import Host
+from preflight.pipeline import profiles, shape
+from preflight.pipeline.check import Context
+from preflight.pipeline.settings import Settings
+from preflight.readers import nvml
+from preflight.readers.nvml import FakeNvml
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+NVML, TREE = FIXTURES / "nvml", FIXTURES / "sysfs" / "hgx-h100"
+FAIL, WARN, PASS, SKIP = Status.FAIL, Status.WARN, Status.PASS, Status.SKIP
+RUNNING = fabric.Manager(state="running", how="systemd unit nvidia-fabricmanager active")
+STOPPED = fabric.Manager(state="stopped", how="systemd unit nvidia-fabricmanager is failed")
+
+
+def resolved(name: str) -> profiles.ResolvedProfile:
+    path = profiles.BUILTIN_DIR / f"{name}.toml"
+    return profiles.resolve(profiles.load(path), path, {}, f"--profile {name}")
+
+
+H100, A100 = resolved("h100-sxm"), resolved("a100-sxm4-80gb")
+
+
+def hgx(tmp_path: Path, switches: int = 4, fm_pid: int | None = None) -> Path:
+    """The recorded HGX H100 tree (one NVSwitch at 05:00.0) with ``switches`` NVSwitch
+    bridges at the bus numbers after it, and an nv-fabricmanager process if asked."""
+    root = tmp_path / "root"
+    shutil.copytree(TREE, root, symlinks=True)
+    devices = root / "sys/bus/pci/devices"
+    for n in range(switches, 4):
+        shutil.rmtree(devices / f"0000:{5 + n:02x}:00.0", ignore_errors=True)
+    for n in range(1, switches):
+        d = devices / f"0000:{5 + n:02x}:00.0"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "vendor").write_text("0x10de\n")
+        (d / "class").write_text("0x068000\n")
+    if fm_pid is not None:
+        (root / f"proc/{fm_pid}").mkdir(parents=True)
+        (root / f"proc/{fm_pid}/comm").write_text("nv-fabricmanage\n")
+    return root
+
+
+def node(root: Path, inv) -> shape.NodeShape:
+    return shape.gather(Host(root), inv)
+
+
+def judged(nvml_file: str, manager=RUNNING, switches: int = 4, profile=H100, tmp_path: Path | None = None):
+    inv = FakeNvml(NVML / nvml_file)
+    n = node(hgx(tmp_path, switches), inv) if tmp_path else shape.NodeShape(gpus=8, gpus_from="t", fabric="nvswitch", pci_gpus=[str(i) for i in range(8)], nvswitches=switches)
+    parts, unjudged = fabric.judge(fabric.FabricFacts(manager=manager, inventory=inv), n, profile.fabric)
+    return [f for found in parts.values() for f in found], unjudged
+
+
+# ---- judging: pass, fail, not applicable ---------------------------------------------
+
+
+def test_a_healthy_hgx_h100_passes_every_part(tmp_path):
+    found, unjudged = judged("h100-sxm-8x-fabric-completed.json", tmp_path=tmp_path)
+    assert found == [] and unjudged == {}
+
+
+def test_a_stopped_fabric_manager_fails_with_the_cuda_error_and_the_fix():
+    (f,) = judged("h100-sxm-8x-fabric-completed.json", manager=STOPPED)[0]
+    assert (f.status, f.summary) == (FAIL, "nvidia-fabricmanager is not running")
+    assert "system not yet initialized" in f.cause and "is failed" in f.cause
+    assert "systemctl enable --now nvidia-fabricmanager" in f.remedy and "driver's (550.54.15)" in f.remedy
+
+
+def test_gpus_never_registered_fail_as_one_finding_naming_them():
+    found, _ = judged("h100-sxm-8x-fabric-not-started.json", manager=STOPPED)
+    assert [(f.status, f.summary) for f in found] == [
+        (FAIL, "GPU 0-7: fabric registration not started"), (FAIL, "nvidia-fabricmanager is not running")]
+    assert "NOT_STARTED, not COMPLETED" in found[0].cause and "system not yet initialized" in found[0].cause
+
+
+def test_one_gpu_still_registering_is_named_with_its_address():
+    (f,) = judged("h100-sxm-gpu5-fabric-in-progress.json")[0]
+    assert (f.status, f.summary) == (FAIL, "GPU 5: fabric registration still in progress")
+    assert "0000:c3:00.0" in f.cause and "wait for it and run again" in f.remedy
+
+
+def test_a_completed_registration_that_failed_names_nvml_s_status():
+    inv = FakeNvml(NVML / "h100-sxm-8x-fabric-completed.json")
+    g = inv.gpus[2].model_copy(update={"fabric": nvml.GpuFabric(state="completed", status="Insufficient Resources")})
+    inv = inv.model_copy(update={"gpus": [*inv.gpus[:2], g, *inv.gpus[3:]]})
+    found, _ = fabric.judge_gpus(inv)
+    assert [(f.status, f.summary) for f in found] == [(FAIL, "GPU 2: fabric registration failed (Insufficient Resources)")]
+    assert "nvidia-smi -r" in found[0].remedy
+
+
+def test_a_missing_nvswitch_fails_with_the_count_and_its_source(tmp_path):
+    found, _ = judged("h100-sxm-8x-fabric-completed.json", tmp_path=tmp_path, switches=3)
+    assert [(f.status, f.summary) for f in found] == [(FAIL, "3 of 4 NVSwitches on the PCI bus")]
+    assert "four third-generation NVSwitches" in found[0].cause and "lspci -d 10de:" in found[0].remedy
+
+
+def test_switches_hidden_from_a_vm_or_part_of_the_board_are_not_judged():
+    found, unjudged = judged("h100-sxm-8x-fabric-completed.json", switches=0)
+    assert found == [] and "shared NVSwitch virtualization" in unjudged["nvswitches"]
+    four = shape.NodeShape(gpus=4, gpus_from="t", fabric="nvswitch", pci_gpus=["a", "b", "c", "d"], nvswitches=2)
+    assert "this PCI bus shows 4 GPUs" in fabric.judge_switches(four, H100.fabric)[1]
+
+
+def test_a100_is_judged_without_the_gpu_fabric_state_it_predates(tmp_path):
+    found, unjudged = judged("a100-sxm4-8x-firmware.json", profile=A100, switches=6)
+    assert found == [] and "predates NVML's GPU fabric state" in unjudged["gpus"]
+    # Nothing vouches for an unknown manager on A100: it warns.
+    found, _ = judged("a100-sxm4-8x-firmware.json", profile=A100, switches=6, manager=fabric.Manager(state="unknown", how="no systemd"))
+    assert [(f.status, f.summary) for f in found] == [(WARN, "fabric manager state unknown")]
+
+
+def test_an_unknown_manager_passes_where_every_gpu_reports_a_completed_registration():
+    found, _ = judged("h100-sxm-8x-fabric-completed.json", manager=fabric.Manager(state="unknown", how="no systemd"))
+    assert found == []
+
+
+def test_a_driver_without_the_fabric_call_leaves_that_part_unjudged():
+    found, unjudged = judged("h100-sxm-8x-healthy.json")
+    assert found == [] and "nvmlDeviceGetGpuFabricInfo" in unjudged["gpus"]
+
+
+# ---- applies: the nodes without NVSwitch ---------------------------------------------
+
+
+def ctx_for(profile, node_shape, **settings) -> Context:
+    return Context(profile=profile, settings=Settings(**settings), host=Host(), deadline=time.monotonic() + 30, shape=node_shape)
+
+
+@pytest.mark.parametrize("fabric_of, words", [("single", "one GPU"), ("pcie", "joined by PCIe only"), ("nvlink", "joined by NVLink bridges")])
+def test_nodes_without_nvswitch_skip_saying_how_their_gpus_are_joined(fabric_of, words):
+    n = shape.NodeShape(gpus=1 if fabric_of == "single" else 8, gpus_from="t", fabric=fabric_of, fabric_from="NVML")
+    assert words in fabric.Fabric().applies(ctx_for(H100, n))
+
+
+def test_pcie_profiles_and_cpu_skip_with_the_reason():
+    n = shape.NodeShape(gpus=2, gpus_from="t", fabric="pcie")
+    assert "not built on an NVSwitch board" in fabric.Fabric().applies(ctx_for(resolved("h100-pcie"), n))
+    assert fabric.Fabric().applies(ctx_for(resolved("cpu"), None)) == "profile cpu has no GPUs: no NVSwitch fabric"
+
+
+# ---- gathering: systemd, the process, the NVML child -----------------------------------
+
+
+def test_systemd_s_word_decides_where_it_answers(tmp_path):
+    root = hgx(tmp_path)
+    active = Host(root, environ={"PATH": str(fakes.systemctl(tmp_path / "a", "active"))})
+    assert fabric.manager_state(active).state == "running"
+    failed = Host(root, environ={"PATH": str(fakes.systemctl(tmp_path / "f", "failed", exit_code=3))})
+    assert fabric.manager_state(failed) == fabric.Manager(state="stopped", how="systemd unit nvidia-fabricmanager is failed")
+
+
+def test_a_daemon_started_outside_systemd_counts_as_running(tmp_path):
+    h = Host(hgx(tmp_path, fm_pid=2939), environ={"PATH": str(fakes.systemctl(tmp_path / "b", "inactive", exit_code=3))})
+    m = fabric.manager_state(h)
+    assert m.state == "running" and "pid 2939" in m.how
+
+
+def test_without_systemd_and_no_process_in_sight_the_state_is_unknown(tmp_path):
+    no_systemd = fakes.systemctl(tmp_path / "c", message="System has not been booted with systemd as init system (PID 1). Can't operate.")
+    m = fabric.manager_state(Host(hgx(tmp_path), environ={"PATH": str(no_systemd)}))
+    assert m.state == "unknown" and "booted with systemd" in m.how
+
+
+def test_a_hanging_systemctl_is_cut_at_its_deadline(tmp_path):
+    h = Host(hgx(tmp_path), environ={"PATH": str(fakes.systemctl(tmp_path / "h", hang=True))})
+    started = time.monotonic()
+    m = fabric.manager_state(h, timeout=0.5)
+    assert time.monotonic() - started < 5 and m.state == "unknown" and "did not answer within 0.5 s" in m.how
+
+
+def test_nvml_s_fabric_state_arrives_through_the_nvml_child(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(fakes.install_fake_pynvml(tmp_path / "nvml")))
+    monkeypatch.setenv("FAKE_NVML_FACTS", str(NVML / "h100-sxm-gpu5-fabric-in-progress.json"))
+    inv = nvml.inventory()
+    assert inv.gpus[5].fabric == nvml.GpuFabric(state="in_progress") and inv.gpus[0].fabric == nvml.GpuFabric(state="completed")
+    assert inv.gpus[0].inforom_image == "G520.0200.00.05" and inv.gpus[0].unanswered == {}
+    monkeypatch.setenv("FAKE_NVML_FACTS", str(NVML / "a100-sxm4-8x-firmware.json"))
+    assert nvml.inventory().gpus[0].fabric is None  # A100: "not supported"
+
+
+def test_a_failed_registration_s_status_is_nvml_s_error_string(tmp_path, monkeypatch):
+    facts = json.loads((NVML / "h100-sxm-8x-fabric-completed.json").read_text())
+    facts["gpus"][3]["fabric"] = {"state": "completed", "status": "Insufficient Resources"}
+    (tmp_path / "f.json").write_text(json.dumps(facts))
+    monkeypatch.setenv("PYTHONPATH", str(fakes.install_fake_pynvml(tmp_path / "nvml")))
+    monkeypatch.setenv("FAKE_NVML_FACTS", str(tmp_path / "f.json"))
+    assert nvml.inventory().gpus[3].fabric == nvml.GpuFabric(state="completed", status="Insufficient Resources")
+
+
+# ---- the CLI ------------------------------------------------------------------------
+
+
+def test_preflight_run_only_fabric_judges_the_fake_node(tmp_path):
+    report = tmp_path / "r.json"
+    p = run_preflight(["run", "--profile", "h100-sxm", "--only", "fabric", "--report", str(report),
+                       "--nvml-fake", str(NVML / "h100-sxm-gpu5-fabric-in-progress.json")])
+    assert p.returncode == 1, p.stderr
+    (r,) = json.loads(report.read_text())["checks"]
+    assert r["check"] == "fabric" and r["status"] == "FAIL" and r["details"]["parts"]["gpus"] == "FAIL"
+    assert "GPU 5: fabric registration still in progress" in r["summary"] + r["cause"]

@@ -1,0 +1,156 @@
+"""The firmware check: the judge on recorded facts (FakeNvml files with the
+VBIOS and InfoROM lines of real `nvidia-smi -q` output), the gatherer with
+/proc/driver/nvidia/version in a recorded root and interpreters that answer,
+fail or hang, and one CLI run."""
+
+import json
+import time
+from pathlib import Path
+
+import fakes
+from conftest import run_preflight
+from cuda_facts import python_script
+from preflight.checks import firmware
+
+from preflight.base.findings import Status
+from preflight.base.host import Host
+from preflight.pipeline import profiles
+from preflight.pipeline.check import Context
+from preflight.pipeline.settings import Settings
+from preflight.readers import nvml
+from preflight.readers.nvml import FakeNvml
+
+NVML = Path(__file__).parents[1] / "fixtures" / "nvml"
+FAIL, WARN, SKIP = Status.FAIL, Status.WARN, Status.SKIP
+TORCH_124 = firmware.TorchCuda(torch="2.4.1+cu124", cuda="12.4")
+
+
+def facts(name: str, torch=TORCH_124, kernel: str | None = "550.54.15") -> firmware.FirmwareFacts:
+    return firmware.FirmwareFacts(inventory=FakeNvml(NVML / name), kernel_driver=kernel, torch=torch)
+
+
+def judged(f: firmware.FirmwareFacts, **pins):
+    parts, unjudged = firmware.judge(f, **pins)
+    return [x for found in parts.values() for x in found], unjudged
+
+
+# ---- judging: pass, fail, not applicable ---------------------------------------------
+
+
+def test_one_vbios_and_inforom_and_a_matching_driver_pass():
+    assert judged(facts("h100-sxm-8x-fabric-completed.json")) == ([], {})
+
+
+def test_the_odd_vbios_is_named_with_the_majority_s_version():
+    (f,), _ = judged(facts("h100-sxm-gpu6-vbios-odd.json"))
+    assert (f.status, f.summary) == (FAIL, "GPU 6 on another VBIOS than the other 7")
+    assert "GPU 6 96.00.74.00.0D; the other 7 GPUs run VBIOS 96.00.A5.00.01" in f.cause and "nvfwupd" in f.remedy
+
+
+def test_a_split_with_no_majority_names_every_group():
+    inv = FakeNvml(NVML / "h100-sxm-8x-fabric-completed.json")
+    values = {g.index: "G520.0200.00.05" if g.index < 4 else "G520.0200.00.03" for g in inv.gpus}
+    (f,), _ = firmware.judge_uniform("InfoROM image", values, None, "inforom_version")
+    assert f.summary == "GPUs on 2 InfoROM image versions"
+    assert "GPU 0-3 on G520.0200.00.05; GPU 4-7 on G520.0200.00.03" in f.cause
+
+
+def test_a_site_pin_fails_every_gpu_off_it_even_when_they_agree():
+    found, _ = judged(facts("h100-sxm-8x-fabric-completed.json"), vbios_pin="96.00.A5.00.03")
+    assert [(f.status, f.summary) for f in found] == [(FAIL, "VBIOS not the site's 96.00.A5.00.03 on GPU 0-7")]
+    assert "vbios_version" in found[0].cause and "found GPU 0-7 96.00.A5.00.01" in found[0].cause
+    assert judged(facts("h100-sxm-8x-fabric-completed.json"), vbios_pin="96.00.A5.00.01", inforom_pin="G520.0200.00.05") == ([], {})
+
+
+def test_missing_nvml_answers_skip_that_part_with_the_reason():
+    # h100-sxm-8x-healthy.json was recorded without InfoROM images.
+    found, unjudged = judged(facts("h100-sxm-8x-healthy.json"))
+    assert found == [] and unjudged == {"inforom": "NVML gives no InfoROM image version for any GPU"}
+
+
+def test_a_kernel_module_other_than_the_library_fails():
+    (f,), _ = judged(facts("h100-sxm-8x-fabric-completed.json", kernel="535.216.03"))
+    assert f.summary == "driver library 550.54.15, kernel module 535.216.03" and "without a reboot" in f.cause
+
+
+def test_a_torch_of_a_newer_cuda_major_fails_and_a_newer_minor_warns():
+    (f,), _ = judged(facts("h100-sxm-8x-fabric-completed.json", torch=firmware.TorchCuda(torch="2.9.0+cu130", cuda="13.0")))
+    assert (f.status, f.summary) == (FAIL, "torch needs CUDA 13.0, the driver supports 12.4")
+    assert "driver version is insufficient" in f.cause
+    (f,), _ = judged(facts("h100-sxm-8x-fabric-completed.json", torch=firmware.TorchCuda(torch="2.7.1+cu128", cuda="12.8")))
+    assert (f.status, f.summary) == (WARN, "torch's CUDA 12.8 is newer than the driver's 12.4") and "minor-version compatibility" in f.cause
+
+
+def test_a_cpu_torch_or_a_silent_interpreter_leaves_the_cuda_part_unjudged():
+    _, unjudged = judged(facts("h100-sxm-8x-fabric-completed.json", torch=firmware.TorchCuda(torch="2.13.0+cpu")))
+    assert "CPU build" in unjudged["cuda"]
+    _, unjudged = judged(facts("h100-sxm-8x-fabric-completed.json", torch=firmware.TorchCuda(error="no torch")))
+    assert unjudged == {"cuda": "no torch"}
+
+
+def test_the_a100_capture_s_firmware_passes():
+    assert judged(facts("a100-sxm4-8x-firmware.json", kernel="555.42.02", torch=firmware.TorchCuda(torch="2.4", cuda="12.4"))) == ([], {})
+
+
+def test_profiles_without_gpus_skip():
+    path = profiles.BUILTIN_DIR / "cpu.toml"
+    cpu = profiles.resolve(profiles.load(path), path, {}, "--profile cpu")
+    ctx = Context(profile=cpu, settings=Settings(), host=Host(), deadline=time.monotonic() + 30)
+    assert firmware.Firmware().applies(ctx) == "profile cpu has no GPUs: no GPU firmware to compare"
+
+
+# ---- gathering ---------------------------------------------------------------------
+
+
+def test_the_kernel_module_s_version_is_read_in_both_flavours(tmp_path):
+    for text, want in ((fakes.NVIDIA_OPEN_VERSION, "570.195.03"), (fakes.NVIDIA_PROPRIETARY_VERSION, "535.216.03")):
+        root = fakes.rdma_host(tmp_path / want, nvidia_version=text)
+        assert firmware.kernel_driver(Host(root)) == (want, None)
+    assert "unreadable" in firmware.kernel_driver(Host(tmp_path / "nothing"))[1]
+
+
+def test_torch_s_cuda_comes_from_the_job_s_interpreter(tmp_path):
+    python = python_script(tmp_path, 'echo \'{"torch": "2.7.1+cu128", "cuda": "12.8"}\'\n')
+    assert firmware.ask_torch(Host(), python, 10) == firmware.TorchCuda(torch="2.7.1+cu128", cuda="12.8")
+
+
+def test_an_interpreter_without_torch_or_that_hangs_says_why(tmp_path):
+    broken = python_script(tmp_path, "echo \"ModuleNotFoundError: No module named 'torch'\" >&2; exit 1\n")
+    assert "No module named 'torch'" in firmware.ask_torch(Host(), broken, 10).error
+    (tmp_path / "h").mkdir()
+    hangs = python_script(tmp_path / "h", "sleep 600\n")
+    started = time.monotonic()
+    assert firmware.ask_torch(Host(), hangs, 0.5).error.endswith("did not import torch within 0.5 s")
+    assert time.monotonic() - started < 5
+    assert "cannot run" in firmware.ask_torch(Host(), str(tmp_path / "nope"), 1).error
+
+
+def test_vbios_and_inforom_arrive_through_the_nvml_child(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(fakes.install_fake_pynvml(tmp_path / "nvml")))
+    monkeypatch.setenv("FAKE_NVML_FACTS", str(NVML / "h100-sxm-gpu6-vbios-odd.json"))
+    inv = nvml.inventory()
+    assert [g.vbios for g in inv.gpus].count("96.00.74.00.0D") == 1 and inv.gpus[6].vbios == "96.00.74.00.0D"
+    assert {g.inforom_image for g in inv.gpus} == {"G520.0200.00.05"}
+    monkeypatch.setenv("FAKE_NVML_FACTS", str(NVML / "h100-sxm-8x-healthy.json"))
+    assert nvml.inventory().gpus[0].inforom_image is None  # recorded without it: "not supported"
+
+
+# ---- the CLI ------------------------------------------------------------------------
+
+
+def test_preflight_run_only_firmware_names_the_odd_gpu(tmp_path):
+    report = tmp_path / "r.json"
+    python = python_script(tmp_path, 'echo \'{"torch": "2.4.1+cu124", "cuda": "12.4"}\'\n')
+    p = run_preflight(["run", "--profile", "h100-sxm", "--only", "firmware", "--report", str(report), "--python", python,
+                       "--nvml-fake", str(NVML / "h100-sxm-gpu6-vbios-odd.json")])
+    assert p.returncode == 1, p.stderr
+    (r,) = json.loads(report.read_text())["checks"]
+    assert r["status"] == "FAIL" and r["details"]["parts"]["vbios"] == "FAIL" and r["details"]["parts"]["cuda"] == "PASS"
+    assert "GPU 6 96.00.74.00.0D" in r["cause"] and r["details"]["torch"]["cuda"] == "12.4"
+
+
+def test_a_bad_pin_in_the_config_is_one_line_and_exit_2(tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text('vbios_version = "96.00"\n')
+    p = run_preflight(["run", "--profile", "h100-sxm", "--only", "firmware", "--config", str(config)])
+    assert p.returncode == 2 and "vbios_version" in p.stderr and len(p.stderr.strip().splitlines()) == 1
