@@ -32,12 +32,13 @@ from pydantic import BaseModel, Field
 
 from preflight.checkkit import figures as figs_mod
 from preflight.checkkit import confirm
+from preflight.checkkit import outliers
 from preflight.checkkit.placement import linked_pairs
 from preflight.gpuwork import launch, meeting, ranks
 from preflight.pipeline import shape
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.findings import Finding, Measurement, Status, worst
-from preflight.pipeline.profiles import BandwidthExpect, ResolvedFloor
+from preflight.pipeline.profiles import BandwidthExpect, OutlierExpect, ResolvedFloor
 from preflight.base.units import fmt_value
 
 FAIL, WARN = Status.FAIL, Status.WARN
@@ -255,6 +256,38 @@ def judge_floors(figs: list[Figure], floors: dict[str, ResolvedFloor], margin: f
     return figs_mod.judge_floors(figs, floors, margin, WORDS, REASONS, RERUN)
 
 
+# Per GPU, per pair or per rank: each is also judged against the node's own median (checkkit/outliers.py).
+MEMBERS = tuple(PER_DEVICE.values())
+
+
+def link_kinds(topology: Result | None) -> dict[frozenset[int], str]:
+    """GPU pair -> its `nvidia-smi topo -m` link ("NV18", "PIX", "SYS"), from the topology check."""
+    matrix = topology.details.get("matrix") if topology else None
+    out = {}
+    for key, kind in ((matrix or {}).get("links") or {}).items():
+        a, _, b = str(key).partition("-")
+        if a.isdigit() and b.isdigit():
+            out[frozenset((int(a), int(b)))] = str(kind)
+    return out
+
+
+def cohort(kinds: dict[frozenset[int], str], all_nvlink: bool):
+    """Which P2P pairs share a median: those over the same kind of link (an NVLink pair is
+    not slow next to a pair that crosses the CPUs' interconnect). A pair whose link is not
+    known is judged only on an NVSwitch board, where every pair's path is alike."""
+    def of(g: Figure) -> str | None:
+        if g.key != "p2p_bandwidth":
+            return ""
+        a, b = ranks.gpu_index(f"GPU {g.labels.get('gpu')}"), ranks.gpu_index(f"GPU {g.labels.get('peer_gpu')}")
+        kind = kinds.get(frozenset((a, b))) if a is not None and b is not None else None
+        return kind or ("NVSwitch" if all_nvlink else None)
+    return of
+
+
+def judge_outliers(figs: list[Figure], expect: OutlierExpect | None, kinds: dict[frozenset[int], str], all_nvlink: bool) -> list[Finding]:
+    return outliers.judge(figs, expect, MEMBERS, WORDS, REASONS, RERUN, cohort(kinds, all_nvlink))
+
+
 def judge_peer_access(f: BandwidthFacts, nvlink_pairs: set[frozenset[int]], all_nvlink: bool) -> list[Finding]:
     """CUDA peer access impossible between two GPUs the profile or topology says NVLink joins: P2P is down."""
     bad = []
@@ -381,8 +414,9 @@ def gather(ctx: Context, nproc: int, expect: BandwidthExpect, backend: str, step
 # ---- reporting ------------------------------------------------------------------
 
 
-def measurements(figs: list[Figure], floors: dict[str, ResolvedFloor]) -> list[Measurement]:
-    return figs_mod.measurements(figs, floors)
+def measurements(figs: list[Figure], floors: dict[str, ResolvedFloor], expect: OutlierExpect | None = None,
+                 kinds: dict[frozenset[int], str] | None = None, all_nvlink: bool = False) -> list[Measurement]:
+    return figs_mod.measurements(figs, floors) + outliers.measurements(figs, expect, MEMBERS, cohort(kinds or {}, all_nvlink))
 
 
 def lines(figs: list[Figure], floors: dict[str, ResolvedFloor]) -> list[str]:
@@ -466,6 +500,9 @@ class Bandwidth(Check):
         parts = confirm.combine(parts, again_parts, settled, ("floors",), lambda name: "floors")
         # From here on the figures are those the verdict rests on, the measurements included: the second reading's where there is one.
         figs = settled.figures
+        # Against the node's own median: on the figures the verdict rests on, after the floors.
+        kinds = link_kinds(ctx.results.get("topology"))
+        parts["outliers"] = judge_outliers(figs, ctx.profile.outliers, kinds, all_nvlink)
         details = facts.model_dump(mode="json")
         details["parts"] = {name: worst(found) for name, found in parts.items()}
         details["confirm"] = confirm.details(settled, 2 if again else 1, redo if again else [], why)
@@ -475,7 +512,7 @@ class Bandwidth(Check):
         details["unjudged"] = unjudged = {k: v for k, v in unjudged.items() if k in {g.name for g in figs}}
         details["full_node"] = nproc == ((ctx.shape.gpus if ctx.shape else 0) or expect.ranks)
         findings = [x for found in parts.values() for x in found]
-        result = self.conclude(findings, summary(facts, figs), measurements=measurements(figs, floors), details=details)
+        result = self.conclude(findings, summary(facts, figs), measurements=measurements(figs, floors, ctx.profile.outliers, kinds, all_nvlink), details=details)
         result.lines = lines(figs, floors) + time_line(facts)
         result.lines += settled.lines + [t.replace("time:", "time, second reading:", 1) for t in (time_line(again) if again else [])]
         result.lines += shape.unjudged_lines(unjudged)

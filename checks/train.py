@@ -24,12 +24,13 @@ from pydantic import Field
 
 from preflight.checkkit import figures as figs_mod
 from preflight.checkkit import confirm
+from preflight.checkkit import outliers
 from preflight.gpuwork import launch, ranks
 from preflight.pipeline import shape
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.findings import Finding, Status, worst
 from preflight.checkkit.figures import Figure, median, quantile
-from preflight.pipeline.profiles import ResolvedFloor, TrainExpect
+from preflight.pipeline.profiles import OutlierExpect, ResolvedFloor, TrainExpect
 from preflight.base.units import fmt_seconds, fmt_value
 
 FAIL, WARN = Status.FAIL, Status.WARN
@@ -50,6 +51,7 @@ WORDS = {
     "train_tokens_throughput": "training throughput",
     "train_model_throughput": "model FLOP/s",
     "train_straggler_ratio": "slowest rank over the median (own compute)",
+    "train_compute_duration": "own forward+backward time (first quartile)",
 }
 _SLOW = "clocks held down (power brake, thermal or HW slowdown: `nvidia-smi -q -d PERFORMANCE,CLOCK`), a power cap below default, another process on the GPU"
 REASONS = {
@@ -57,6 +59,10 @@ REASONS = {
     "train_mfu": _SLOW + "; or the host loop starved (too few vCPUs per GPU, ranks not pinned to their NUMA node, PCIe trained low) or slow collectives (the bandwidth check)",
 }
 REASONS["train_step_duration"] = REASONS["train_tokens_throughput"] = REASONS["train_mfu"]
+REASONS["train_compute_duration"] = REASONS["gemm_throughput"] + "; on CPU ranks, other work on that rank's cores"
+# Per GPU or per rank: each is also judged against the node's own median (checkkit/outliers.py).
+# The synchronized step is not: every rank waits for the slowest, so all read alike.
+MEMBERS = ("gemm_throughput", "train_compute_duration")
 
 
 class RankReport(ranks.RankReport):
@@ -147,6 +153,9 @@ def figures(f: TrainFacts, expect: TrainExpect) -> list[Figure]:
     # machine it is the 5th fastest, so neither is one lucky pass timed while the CPUs
     # happened to be free (by its fastest pass a healthy loaded rank read 2.8x).
     compute = {r: quantile(rep.compute_seconds, 0.25) for r, rep in reps.items() if rep.compute_seconds}
+    for r, seconds in compute.items():
+        out.append(Figure(name="train_compute_duration", unit="seconds", value=seconds, where=_who(r, gpu), labels=ranks.labels(r, gpu.get(r), f.uuids), rank=r,
+                          repeats=len(reps[r].compute_seconds), **figs_mod.sureness(reps[r].compute_seconds, reps[r].tolerance, reps[r].stopped.get("compute"), q=0.25)))
     if len(compute) == f.nproc and f.nproc > 1:
         slowest, ratio = straggler(compute)
         out.append(Figure(name="train_straggler", floor="train_straggler_ratio", unit="ratio", value=ratio, where=_who(slowest, gpu), rank=slowest,
@@ -257,6 +266,13 @@ def judge_straggler(figs: list[Figure], expect: TrainExpect) -> list[Finding]:
         remedy = "check that GPU's clocks and temperature (`nvidia-smi -q -d PERFORMANCE,CLOCK,TEMPERATURE`) and that rank's CPUs; " + REASONS["gemm_throughput"]
         out.append(Finding(FAIL, f"straggler: {ratio.where} takes {ratio.value:.2f}x as long as its peers", cause, remedy))
     return out
+
+
+def judge_outliers(figs: list[Figure], expect: OutlierExpect | None) -> list[Finding]:
+    """Each GPU's GEMM and each rank's own compute time against the node's median: the
+    straggler ratio holds the slowest to a fixed bound; this names every rank, GEMM
+    included, worse than its peers by the profile's band."""
+    return outliers.judge(figs, expect, MEMBERS, WORDS, REASONS, RERUN)
 
 
 def judge_setup(f: TrainFacts) -> list[Finding]:
@@ -373,6 +389,7 @@ class Train(Check):
         parts = confirm.combine(parts, again_parts, settled, SOFT, lambda name: "straggler" if name == "train_straggler_ratio" else "speed")
         # From here on the figures are those the verdict rests on, the measurements included: the second reading's where there is one.
         figs = settled.figures
+        parts["outliers"] = judge_outliers(figs, ctx.profile.outliers)  # against the node's own median, on the figures the verdict rests on
         details = facts.model_dump(mode="json")
         details["parts"] = {name: worst(found) for name, found in parts.items()}
         details["confirm"] = confirm.details(settled, 2 if again else 1, ["the whole probe"] if again else [], why)
@@ -382,7 +399,7 @@ class Train(Check):
         details["unjudged"] = unjudged = {k: v for k, v in unjudged.items() if k in {g.name for g in figs}}
         details["full_node"] = nproc == ((ctx.shape.gpus if ctx.shape else 0) or expect.ranks)
         findings = [x for found in parts.values() for x in found]
-        result = self.conclude(findings, summary(facts, figs), measurements=figs_mod.measurements(figs, floors), details=details)
+        result = self.conclude(findings, summary(facts, figs), measurements=figs_mod.measurements(figs, floors) + outliers.measurements(figs, ctx.profile.outliers, MEMBERS), details=details)
         result.lines = figs_mod.lines(figs, floors, WORDS)
         result.lines += settled.lines + shape.unjudged_lines(unjudged)
         return result

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 # floor launches the worker again with --reading 2 to confirm it (preflight/checkkit/confirm.py),
 # and in that launch slow-once does nothing, as a passing load or clock change would.
 # A kind may carry a number, KIND=VALUE (Fault.value): slow=2 stretches each timed repeat to
-# twice its length (a rank 2x slower that still clears an absolute floor); what the number
-# means is the worker's to say where it reads it.
+# twice its length (a rank 2x slower that still clears an absolute floor: the node-median
+# outlier test; slow_seconds); what the number means is the worker's to say where it reads it.
 # OP names the step it fires at ("start": before the rank has written anything);
 # without it, the worker's first step. The tests prove each fault ends in a
 # FAIL naming the rank (slow-once: a WARN "transient"); nothing else reads it.
@@ -133,6 +133,16 @@ class Fault:
         if kind == "raise":
             raise RuntimeError(f"{FAULT_ENV} asked rank to raise at {op}")
         return kind
+
+
+def slow_seconds(elapsed: float, factor: float | None, times: float, least: float) -> float:
+    """What the slow fault sleeps after a timed repeat that took ``elapsed``, inside the
+    timed region: slow=F (``factor``) stretches the repeat to F times its length, with no
+    floor, so the figure reads 1/F of the rank's own; plain slow sleeps ``times`` its
+    length, at least ``least`` seconds (a figure far under any floor)."""
+    if factor is not None:
+        return max(0.0, (factor - 1) * elapsed)
+    return max(least, times * elapsed)
 
 
 def guarded(body, report: dict, save) -> int:

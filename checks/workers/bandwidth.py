@@ -52,6 +52,7 @@ HOST_BLOCK = 1_000_003  # values drawn at random for a host buffer, then repeate
 FREE_SHARE = 0.7  # of the memory free now: NCCL's buffers and peers' contexts need the rest
 # The slow fault sleeps this many times the repeat's own length, and at least
 # SLOW_MIN seconds: a 64 MiB memcpy then reads under 1.4 GB/s on any machine.
+# slow=F instead stretches each repeat to F times its length (_rank.slow_seconds).
 SLOW, SLOW_MIN = 3.0, 0.1
 GRACE = _rank.GRACE  # the process group's timeout exceeds the worker's own by this much
 
@@ -124,6 +125,7 @@ def run(args, me: _rank.Rank, steps: list[str], report: dict, save, fault: _rank
         report.update(stage=name, doing=None)
         save()
         bench.slow = fault.at(name) == "slow"
+        bench.factor = fault.values.get(name)  # slow=F: the factor; None: plain slow
         t = time.perf_counter()
         report["results"].extend(getattr(bench, name)())
         report["step_seconds"][name] = round(time.perf_counter() - t, 4)  # where the budget goes
@@ -146,6 +148,7 @@ class Bench:
         self.note = note
         self.cuda = device.type == "cuda"
         self.slow = False
+        self.factor: float | None = None  # slow=F's F
         self.alone = False  # measuring while the other ranks wait their turn: this rank decides its repeats alone
         self.rule = _converge.Rule(args.tolerance, args.repeats, max(args.repeats, args.max_repeats), args.max_seconds)
         self.cache = _gpu_cache(torch, device) if self.cuda else _cpu_cache()
@@ -309,7 +312,7 @@ class Bench:
             t = time.perf_counter()
             self._blocking(x)
             if self.slow:
-                time.sleep(max(SLOW_MIN, SLOW * (time.perf_counter() - t)))
+                time.sleep(_rank.slow_seconds(time.perf_counter() - t, self.factor, SLOW, SLOW_MIN))
             return round(time.perf_counter() - t, 9)
 
         a = self.args
@@ -409,7 +412,7 @@ class Bench:
             if self.cuda:
                 self.torch.cuda.synchronize(self.device)
             # Inside the timed region: with CUDA events too, the end is recorded after the sleep.
-            time.sleep(max(SLOW_MIN, SLOW * (time.perf_counter() - t)))
+            time.sleep(_rank.slow_seconds(time.perf_counter() - t, self.factor, SLOW, SLOW_MIN))
         if self.cuda:
             end.record()
             self._finish("a timed repeat", end)

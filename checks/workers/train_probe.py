@@ -39,7 +39,7 @@ import _converge
 import _rank
 
 STAGES = ("agreement", "warmup", "steps", "compute", "checksum", "gemm")
-SLOW = 3.0  # the slow fault makes each of its compute passes last this many times longer
+SLOW = 3.0  # the slow fault makes each of its compute passes last this many times longer (slow=F: F times as long)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,6 +103,7 @@ def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
         report["stage"] = stage
         save()
         kind = fault.at(stage)
+        probe.factor = fault.values.get(stage)  # slow=F: the factor; None: plain slow
         getattr(probe, stage)(report, kind, save)
         save()
     report.update(stage="done", seconds=round(time.perf_counter() - t0, 4))
@@ -120,6 +121,7 @@ class Probe:
     def __init__(self, torch, dist, F, device, me: _rank.Rank, args):
         self.torch, self.dist, self.F, self.device, self.me, self.args = torch, dist, F, device, me, args
         self.cuda = device.type == "cuda"
+        self.factor: float | None = None  # slow=F's F at the stage running
         self.layers, self.batch, self.shrunk = args.layers, args.batch, None
         if self.cuda:
             self._fit_memory()
@@ -289,7 +291,7 @@ class Probe:
 
     def _slow(self, t: float) -> None:
         self._sync()
-        time.sleep(max(0.05, SLOW * (time.perf_counter() - t)))
+        time.sleep(_rank.slow_seconds(time.perf_counter() - t, self.factor, SLOW, 0.05))
 
     def _gather(self, value: int) -> list[int]:
         """Every rank's integer, exactly (int64 on the device, as NCCL needs)."""
