@@ -77,7 +77,7 @@ def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
 
     kind = fault.at("burnin")
     wrong_after = fault.value("burnin", 0.0) if kind == "wrong" else None  # the fault's results go wrong this many seconds in
-    report.update(stage="burnin", reference_checksum=_checksum(torch, reference))
+    report.update(stage="burnin", reference_checksum=_checksum(torch, reference), burn_started_at=time.time())
     save()
     start = time.perf_counter()
     saved = start
