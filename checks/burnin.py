@@ -120,7 +120,8 @@ def judge_wrong(f: BurninFacts) -> list[Finding]:
         cause = (f"{o.who}: the {what} of burst {first['burst']} ({first['at_seconds']:g} s into the burn-in) differs from the reference in "
                  f"{first['elements']} element(s) (first at index {first['first_index']}, off by up to {first['max_abs_diff']:g}); "
                  f"{rep.wrong_bursts} of {rep.bursts} bursts were wrong: the same inputs on the same GPU must give the same bits")
-        out.append(Finding(FAIL, f"{o.gpu or o.who} computes wrong results under load (from {first['at_seconds']:g} s, burst {first['burst']})", cause, DIAG))
+        remedy = DIAG if o.gpu else "drain the host; run a verifying CPU stress test on it (`stress-ng --matrix 0 --verify`) and check its memory (memtest86+)"
+        out.append(Finding(FAIL, f"{o.gpu or o.who} computes wrong results under load (from {first['at_seconds']:g} s, burst {first['burst']})", cause, remedy))
     return out
 
 
