@@ -327,6 +327,9 @@ def nvmlDeviceGetCurrentClocksEventReasons(h):
 nvmlDeviceGetEnforcedPowerLimit = lambda h: int(_fact(h, "power_limit_w") * 1000)
 nvmlDeviceGetPowerManagementDefaultLimit = lambda h: int(_fact(h, "power_default_limit_w") * 1000)
 nvmlDeviceGetTemperature = lambda h, sensor: _fact(h, "temperature_c")
+# The burn-in's sampler (nvml_query._samples): a fixed SM clock and power where the facts name none.
+nvmlDeviceGetClockInfo = lambda h, clock: DEVICES[h].get("sm_clock_mhz", 1980) if _fact(h, "name") else None
+nvmlDeviceGetPowerUsage = lambda h: int(DEVICES[h].get("power_w", 650.0) * 1000) if _fact(h, "name") else None
 nvmlDeviceGetCurrPcieLinkGeneration = lambda h: _fact(h, "pcie", "gen")
 nvmlDeviceGetCurrPcieLinkWidth = lambda h: _fact(h, "pcie", "width")
 nvmlDeviceGetMaxPcieLinkGeneration = lambda h: _fact(h, "pcie", "gen_max")

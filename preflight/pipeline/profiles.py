@@ -294,6 +294,45 @@ class TrainExpect(Converging):
         return self
 
 
+class BurninExpect(BaseModel):
+    """The burn-in (checks/burnin.py): how long, what load, and what the NVML trace must show."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ranks: int | None = Field(default=None, ge=1, le=256)  # gloo ranks on a profile without GPUs
+    seconds: float = Field(gt=0, le=86400, allow_inf_nan=False)  # the sustained load, per rank
+    seconds_source: str = Field(min_length=1)
+    gemm_n: int = Field(default=8192, ge=16, le=32768)  # square bf16 (fp32 on CPU) GEMM checked against its reference
+    gemms_per_burst: int = Field(default=20, ge=1, le=10000)  # back to back, then the result is compared
+    copy_bytes: int = Field(default=1 << 30, ge=1 << 20, le=64 << 30)  # the HBM (host memory) copy of each burst
+    sizes_source: str = Field(min_length=1)
+    sample_seconds: float = Field(default=1.0, gt=0, le=60, allow_inf_nan=False)  # NVML's sampling period
+    # The SM clock's median under load must not sag below this (MHz); None: not judged against a floor.
+    clock_floor_mhz: float | None = Field(default=None, gt=0)
+    # Thermal or power-brake throttling in more than this fraction of the samples is sustained.
+    throttle_fraction: float = Field(default=0.1, ge=0, lt=1)
+    clock_source: str | None = None
+
+    @model_validator(mode="after")
+    def _cited(self) -> BurninExpect:
+        if self.clock_floor_mhz is not None and not self.clock_source:
+            raise ValueError("clock_floor_mhz needs clock_source")
+        return self
+
+
+class MemtestExpect(BaseModel):
+    """The memory test (checks/memtest.py): how much memory, for how long."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ranks: int | None = Field(default=None, ge=1, le=256)  # gloo ranks on a profile without GPUs
+    fraction: float = Field(default=0.9, gt=0, le=0.98)  # of the GPU's free memory
+    host_bytes: int | None = Field(default=None, ge=1 << 20, le=64 << 30)  # the host buffer on a profile without GPUs
+    seconds: float = Field(gt=0, le=86400, allow_inf_nan=False)  # the cap: patterns not reached by then are said so
+    seed: int = Field(default=20260522, ge=0)
+    source: str = Field(min_length=1)
+
+
 class OutlierBand(BaseModel):
     """How much worse than the node's own median a member's figure may be
     (preflight.checkkit.outliers): WARN past ``warn``, FAIL past ``fail``, as fractions."""
@@ -356,6 +395,8 @@ class Profile(BaseModel):
     outliers: OutlierExpect | None = None  # None: no member is judged against the node's median
     rdma: RdmaExpect | None = None  # None: ports and counters judged with no SKU expectation
     fabric: FabricExpect | None = None  # None: no NVSwitch on this SKU
+    burnin: BurninExpect | None = None
+    memtest: MemtestExpect | None = None
 
     @property
     def has_gpus(self) -> bool:
@@ -415,6 +456,17 @@ class Profile(BaseModel):
                 raise ValueError("[train] ranks is needed on a profile without a [gpu] table: how many gloo ranks to start")
             if gpus and t.ranks:
                 raise ValueError("[train] ranks is only for profiles without GPUs; one rank runs per GPU")
+        for name in ("burnin", "memtest"):
+            if name in self.checks:
+                table = getattr(self, name)
+                if table is None:
+                    raise ValueError(f"checks lists {name} but the [{name}] table is missing")
+                if not gpus and not table.ranks:
+                    raise ValueError(f"[{name}] ranks is needed on a profile without a [gpu] table: how many gloo ranks to start")
+                if gpus and table.ranks:
+                    raise ValueError(f"[{name}] ranks is only for profiles without GPUs; one rank runs per GPU")
+        if "memtest" in self.checks and not gpus and not self.memtest.host_bytes:  # type: ignore[union-attr]
+            raise ValueError("[memtest] host_bytes is needed on a profile without a [gpu] table: the host buffer to test")
         return self
 
 
@@ -451,6 +503,8 @@ class ResolvedProfile(BaseModel):
     outliers: OutlierExpect | None = None
     rdma: RdmaExpect | None = None
     fabric: FabricExpect | None = None
+    burnin: BurninExpect | None = None
+    memtest: MemtestExpect | None = None
     chosen_because: str  # "--profile cpu" or the detection that picked it
 
     @property
@@ -551,6 +605,8 @@ def resolve(
         outliers=profile.outliers,
         rdma=profile.rdma,
         fabric=profile.fabric,
+        burnin=profile.burnin,
+        memtest=profile.memtest,
         chosen_because=chosen_because,
     )
 

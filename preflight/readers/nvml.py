@@ -212,6 +212,52 @@ def _ask(what: str, timeout: float) -> Any:
     return answer["facts"]
 
 
+class GpuTrace(_Facts):
+    """One GPU's NVML samples through a load (nvml_query._samples)."""
+
+    index: int
+    pci_bus_id: str
+    # (time.time(), SM clock MHz, power W, temperature C, clocks-event reason bits); None where NVML did not say
+    samples: list[tuple[float, int | None, float | None, int | None, int | None]]
+    ecc_before: int | None = None  # volatile uncorrectable ECC errors
+    ecc_after: int | None = None
+    unanswered: dict[str, str] = Field(default_factory=dict)
+
+
+class Sampler:
+    """NVML sampled in a child while a load runs: ``start``, then ``stop`` once the load is
+    over (it closes the child's stdin) for every GPU's trace. The child stops itself after
+    ``most`` seconds, and ``stop`` kills it past its own deadline."""
+
+    def __init__(self, period: float, most: float):
+        import subprocess
+
+        self.most = most
+        self.proc = subprocess.Popen([sys.executable, "-m", "preflight.readers.nvml_query", "sample", f"{period:g}", f"{most:g}"], cwd="/",
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    def stop(self, timeout: float = 20.0) -> list[GpuTrace]:
+        import subprocess
+
+        try:
+            out, err = self.proc.communicate("", timeout=timeout)  # "" closes stdin: the load is over
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+            raise NvmlUnavailable(f"NVML sampling did not end within {timeout:g} s of the load's end: the driver is wedged", BROKEN) from None
+        try:
+            answer = json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            tail = (err.strip().splitlines() or ["no output"])[-1]
+            raise NvmlUnavailable(f"the NVML sampler died (exit {self.proc.returncode}): {tail}", BROKEN) from None
+        if "failed" in answer:
+            raise NvmlUnavailable(answer["failed"]["cause"], answer["failed"]["remedy"])
+        try:
+            return [GpuTrace.model_validate(g) for g in answer["facts"]["gpus"]]
+        except (ValidationError, KeyError, TypeError) as e:
+            raise NvmlUnavailable(f"NVML answered samples preflight cannot read: {e}", BROKEN) from None
+
+
 def busy(inv: Inventory) -> str | None:
     """Why the GPUs are not free for a recheck (a job holds them), or None.
 

@@ -47,7 +47,7 @@ CLOCK_SAMPLES, CLOCK_SAMPLE_GAP = 5, 0.1
 LACKS_VERSIONED = "this driver lacks the versioned call nvidia-ml-py makes; an nvidia-ml-py of the driver's generation answers it"
 
 
-def _child(what: str) -> dict[str, Any]:
+def _child(what: str, *args: str) -> dict[str, Any]:
     try:
         import pynvml
     except ImportError:
@@ -65,6 +65,8 @@ def _child(what: str) -> dict[str, Any]:
     except pynvml.NVMLError as e:  # GPU lost, Unknown Error at init: the driver is there, a GPU is not well
         return _failed(f"NVML failed to start: {e}", BROKEN)
     try:
+        if what == "sample":
+            return {"facts": _samples(pynvml, float(args[0]), float(args[1]))}
         return {"facts": _inventory(pynvml) if what == "inventory" else _pcie(pynvml)}
     except pynvml.NVMLError as e:
         return _failed(f"NVML failed: {e}", BROKEN)
@@ -318,6 +320,35 @@ def _pcie(pynvml: Any) -> dict[str, Any]:
     return links
 
 
+def _samples(pynvml: Any, period: float, most: float) -> dict[str, Any]:
+    """Every GPU's SM clock, power, temperature and clocks-event reasons each ``period``
+    seconds until stdin closes (the agent says the load is over) or ``most`` seconds pass;
+    the volatile uncorrectable ECC count at the start and the end (checks/burnin.py)."""
+    import select
+
+    gpus = []
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        gpus.append((h, {"index": i, "pci_bus_id": _text(pynvml.nvmlDeviceGetPciInfo(h).busId), "samples": [], "unanswered": {},
+                         "ecc_before": None, "ecc_after": None}))
+    for h, g in gpus:
+        g["ecc_before"] = _optional(pynvml, "nvmlDeviceGetTotalEccErrors", h, 1, 0, unanswered=g["unanswered"])  # UNCORRECTED, VOLATILE
+    end = time.monotonic() + most
+    while True:
+        for h, g in gpus:
+            u = g["unanswered"]
+            power = _optional(pynvml, "nvmlDeviceGetPowerUsage", h, unanswered=u)  # milliwatts
+            g["samples"].append([round(time.time(), 3), _optional(pynvml, "nvmlDeviceGetClockInfo", h, 1, unanswered=u),  # NVML_CLOCK_SM
+                                 power / 1000 if power is not None else None, _optional(pynvml, "nvmlDeviceGetTemperature", h, 0, unanswered=u),
+                                 _reasons(pynvml, h, u)])
+        wait = min(period, end - time.monotonic())
+        if wait <= 0 or select.select([sys.stdin], [], [], wait)[0]:  # readable: the agent closed it
+            break
+    for h, g in gpus:
+        g["ecc_after"] = _optional(pynvml, "nvmlDeviceGetTotalEccErrors", h, 1, 0, unanswered=g["unanswered"])
+    return {"gpus": [g for _, g in gpus], "reasons": CLOCKS_EVENTS}
+
+
 def _line(answer: dict[str, Any]) -> str:
     try:
         return json.dumps(answer)
@@ -326,5 +357,5 @@ def _line(answer: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    print(_line(_child(sys.argv[1] if len(sys.argv) > 1 else "inventory")))
+    print(_line(_child(*(sys.argv[1:] or ["inventory"]))))
     sys.exit(0)

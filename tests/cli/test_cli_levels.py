@@ -205,7 +205,7 @@ def test_a_budget_picks_the_deepest_level_this_nodes_report_says_fits(tmp_path):
     p = run_preflight(["run", "--profile", "cpu", "--budget", "3", "--only", "shm", "--report", str(report)], env=env_with(tmp_path))
     assert p.returncode == 0, p.stderr
     r = Report.model_validate_json(report.read_text())
-    assert r.level == "full" and "the deepest level that fits" in r.level_chosen_because  # shm alone fits: full runs it (full = standard today)
+    assert r.level == "full" and "the deepest level that fits" in r.level_chosen_because  # shm alone fits: --only weighs only the checks it names, so full runs it
 
 
 def test_the_recorded_reports_are_what_the_budget_tests_assume():
@@ -216,5 +216,13 @@ def test_the_recorded_reports_are_what_the_budget_tests_assume():
 def test_show_profile_lists_each_levels_checks_and_estimate_with_its_source():
     r = CliRunner().invoke(app, ["show-profile", "h100-sxm"])
     assert r.exit_code == 0, r.output
+<<<<<<< ours
     assert "    quick: cuda, topology, pcie, rdma, shm; about 3 s\n      source: estimate, not measured" in r.stdout
     assert "    full: cuda, topology, pcie, rdma, shm, nccl, bandwidth, train; about 60 s\n      source: as standard: full adds no check yet" in r.stdout
+||||||| base
+    assert "    quick: cuda, topology, shm; about 3 s\n      source: estimate, not measured" in r.stdout
+    assert "    full: cuda, topology, shm, nccl, bandwidth, train; about 60 s\n      source: as standard: full adds no check yet" in r.stdout
+=======
+    assert "    quick: cuda, topology, shm; about 3 s\n      source: estimate, not measured" in r.stdout
+    assert "    full: cuda, topology, shm, nccl, bandwidth, train, burnin, memtest; about 480 s\n      source: standard's 60 s (an estimate) plus the burn-in's 300 s" in r.stdout
+>>>>>>> theirs

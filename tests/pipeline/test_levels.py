@@ -26,9 +26,11 @@ def test_every_builtin_profile_has_three_nested_levels_with_cited_estimates(name
     assert p.levels is not None
     quick, standard, full = (p.levels.of(level) for level in levels.LEVELS)
     assert quick.checks and not set(quick.checks) & HEAVY  # no torch, no GPU work
-    assert standard.checks == p.checks  # the boot gate runs every check
-    assert full.checks == standard.checks and full.seconds == standard.seconds  # no long check ships yet
-    assert "full adds no check yet" in full.source
+    assert standard.checks == [c for c in p.checks if c not in ("burnin", "memtest")]  # the boot gate runs every check but the long ones
+    # full: standard plus the long checks, burn-in and memory test, and only full runs them
+    assert full.checks == standard.checks + ["burnin", "memtest"] and full.seconds > standard.seconds
+    assert not {"burnin", "memtest"} & (set(quick.checks) | set(standard.checks))
+    assert "burnin" in full.source or "burn-in" in full.source
     assert quick.seconds < standard.seconds
     if p.gpu is not None:
 <<<<<<< ours
@@ -46,9 +48,10 @@ def test_every_builtin_profile_has_three_nested_levels_with_cited_estimates(name
 def test_a_check_no_level_runs_nor_a_level_out_of_order_or_nesting_is_accepted():
     good = builtin("cpu").levels
     assert good is not None
-    levels.check_against(good, ["shm", "nccl", "bandwidth", "train"])
+    every = ["shm", "nccl", "bandwidth", "train", "burnin", "memtest"]  # the cpu profile's checks since the full level has its own
+    levels.check_against(good, every)
     with pytest.raises(ValueError, match=r"\[levels.full\] leaves out scratch: full runs every check in checks"):
-        levels.check_against(good, ["shm", "nccl", "bandwidth", "train", "scratch"])
+        levels.check_against(good, every + ["scratch"])
     with pytest.raises(ValueError, match=r"\[levels.quick\] names shm, not in checks \(nccl\)"):
         levels.check_against(good, ["nccl"])
     swapped = good.model_copy(update={"standard": good.standard.model_copy(update={"checks": ["shm", "bandwidth", "nccl", "train"]})})
@@ -148,9 +151,12 @@ def test_pick_leaves_out_levels_that_lack_a_check_only_names():
     report = Report.model_validate_json((REPORTS / "cpu-pass.json").read_bytes())
     assert levels.pick(p, None, 5, [], [], report, "/r.json")[0] == "quick"
     assert levels.pick(p, None, 5, ["nccl"], [], report, "/r.json")[0] == "full"  # nccl alone: 4.9 s, but not at quick
-    assert levels.pick(p, None, 20, [], [], report, "/r.json")[0] == "full"
-    assert levels.pick(p, None, 10, [], [], None, "/r.json")[0] == "quick"  # no report: the estimates (1 s, 12 s)
-    assert levels.pick(p, None, 20, [], [], None, "/r.json")[0] == "full"
+    # The report has no burnin or memtest: full takes the profile's estimate (30 s), which 20 s does not fit.
+    assert levels.pick(p, None, 20, [], [], report, "/r.json")[0] == "standard"
+    assert levels.pick(p, None, 40, [], [], report, "/r.json")[0] == "full"
+    assert levels.pick(p, None, 10, [], [], None, "/r.json")[0] == "quick"  # no report: the estimates (1 s, 12 s, 30 s)
+    assert levels.pick(p, None, 20, [], [], None, "/r.json")[0] == "standard"
+    assert levels.pick(p, None, 40, [], [], None, "/r.json")[0] == "full"
 
 
 @pytest.mark.parametrize("value", ["quick", "standard", "full", None])

@@ -1,0 +1,279 @@
+"""The burnin check (full level): minutes of sustained, verified load on every
+GPU (the gloo ranks' CPUs on the cpu profile), for the faults that only show
+under load: thermal and power problems, clocks that sag, arithmetic that goes
+wrong once the GPU is hot, memory errors under traffic.
+
+Each rank (checks/workers/burnin.py) runs GEMM bursts checked bit for bit
+against a reference product, and large copies, for the profile's time; the
+agent samples NVML beside it (preflight/readers/nvml.py Sampler: SM clock,
+power, temperature, clocks-event reasons, volatile uncorrectable ECC before
+and after) and reads the kernel log's Xids before and after. The judges are
+pure functions of those facts: a wrong result, a new uncorrectable ECC error
+or Xid, thermal or power-brake throttling in more than the profile's share of
+the samples, a median SM clock under the profile's floor, or a GPU that is an
+outlier against the node's median (preflight/checkkit/outliers.py).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from typing import ClassVar
+
+from pydantic import Field
+
+from preflight.base.findings import Finding, Measurement, Status
+from preflight.checkkit import outliers as outliers_mod
+from preflight.gpuwork import launch, ranks
+from preflight.pipeline.check import Check, Context, Result
+from preflight.pipeline.profiles import BurninExpect, OutlierExpect
+from preflight.readers import nvml, xid
+from preflight.readers.nvml_query import CLOCKS_EVENTS
+
+FAIL, WARN = Status.FAIL, Status.WARN
+# The reasons that mean the GPU was held down by heat or by the power brake (nvml.h):
+# a power cap (sw_power_cap) under a full GEMM load is the GPU at its limit, not a fault.
+THROTTLE = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+NO_NVML = "no NVML on a profile without GPUs: clocks, power, temperature, throttling, ECC and Xids are not sampled"
+DIAG = "drain the node; run `dcgmi diag -r 3` (or `-r 4`) on that GPU and check `preflight xid`"
+
+
+class RankReport(ranks.RankReport):
+    """What checks/workers/burnin.py writes for one rank."""
+
+    step_noun: ClassVar[str] = "burst"
+
+    planned_seconds: float | None = None
+    gemm_n: int | None = None
+    gemms: int | None = None
+    copy_bytes: int | None = None
+    bursts: int = 0
+    burst_at: list[float] = Field(default_factory=list)
+    gemm_seconds: list[float] = Field(default_factory=list)
+    copy_seconds: list[float] = Field(default_factory=list)
+    wrong: list[dict] = Field(default_factory=list)
+    wrong_bursts: int = 0
+    burn_started_at: float | None = None  # time.time(): the NVML samples before it are not under load
+    burn_seconds: float | None = None
+    reference_checksum: str | None = None
+
+    def progress(self) -> int:
+        return self.bursts
+
+
+class BurninFacts(ranks.RunFacts):
+    uuids: dict[int, str] = Field(default_factory=dict)
+    traces: list[nvml.GpuTrace] = Field(default_factory=list)
+    nvml_note: str | None = None  # why there is no trace
+    new_xids: list[dict] = Field(default_factory=list)
+    xid_log: str | None = None  # where the Xids came from, or why they could not be read
+
+
+# ---- figures -----------------------------------------------------------------------
+
+
+def rank_figures(f: BurninFacts) -> dict[int, dict]:
+    """Per rank: its GEMM and copy rates (median burst), bursts, and the NVML summary of its GPU under load."""
+    by_bus = {t.pci_bus_id.lower(): t for t in f.traces}
+    by_index = {t.index: t for t in f.traces}
+    out: dict[int, dict] = {}
+    for o in f.ranks:
+        r = o.report
+        if not isinstance(r, RankReport) or not r.gemm_seconds:
+            continue
+        fig: dict = {"who": o.who, "gpu": o.gpu, "bursts": r.bursts, "burn_seconds": r.burn_seconds,
+                     "gemm_flops": 2.0 * (r.gemm_n or 0) ** 3 * (r.gemms or 1) / statistics.median(r.gemm_seconds),
+                     "copy_bytes_per_second": 2.0 * (r.copy_bytes or 0) / statistics.median(r.copy_seconds)}  # read + written
+        trace = by_bus.get((r.pci_bus_id or "").lower()) or by_index.get(ranks.gpu_index(o.gpu))  # type: ignore[arg-type]
+        if trace is not None:
+            fig.update(trace_summary(trace, r.burn_started_at, r.burn_seconds))
+        out[o.rank] = fig
+    return out
+
+
+def trace_summary(t: nvml.GpuTrace, started: float | None, seconds: float | None) -> dict:
+    """Min and median SM clock, max temperature, median and max power, and the share of samples
+    in each throttle reason, over the samples taken while the load ran."""
+    under = [s for s in t.samples if started is None or (started <= s[0] <= started + (seconds or 0))] or t.samples
+    clocks = [s[1] for s in under if s[1] is not None]
+    power = [s[2] for s in under if s[2] is not None]
+    temps = [s[3] for s in under if s[3] is not None]
+    reasons = [s[4] for s in under if s[4] is not None]
+    share = {name: sum(1 for bits in reasons if bits & CLOCKS_EVENTS[name]) / len(reasons) for name in THROTTLE} if reasons else {}
+    new_ecc = t.ecc_after - t.ecc_before if t.ecc_after is not None and t.ecc_before is not None else None
+    return {"samples": len(under), "clock_min_mhz": min(clocks, default=None), "clock_median_mhz": statistics.median(clocks) if clocks else None,
+            "temperature_max_c": max(temps, default=None), "power_median_w": statistics.median(power) if power else None,
+            "power_max_w": max(power, default=None), "throttle_share": share, "ecc_new": new_ecc, "ecc_before": t.ecc_before, "nvml_unanswered": t.unanswered}
+
+
+# ---- judging ------------------------------------------------------------------------
+
+
+def judge_wrong(f: BurninFacts) -> list[Finding]:
+    """A result that differs from the reference: the first rank to go wrong, when and in which burst."""
+    bad = [(o.report.wrong[0], o) for o in f.ranks if isinstance(o.report, RankReport) and o.report.wrong]
+    out = []
+    for first, o in sorted(bad, key=lambda b: b[0]["at_seconds"]):
+        rep = o.report
+        what = "GEMM result" if first["what"] == "gemm" else "copy"
+        cause = (f"{o.who}: the {what} of burst {first['burst']} ({first['at_seconds']:g} s into the burn-in) differs from the reference in "
+                 f"{first['elements']} element(s) (first at index {first['first_index']}, off by up to {first['max_abs_diff']:g}); "
+                 f"{rep.wrong_bursts} of {rep.bursts} bursts were wrong: the same inputs on the same GPU must give the same bits")
+        remedy = DIAG if o.gpu else "drain the host; run a verifying CPU stress test on it (`stress-ng --matrix 0 --verify`) and check its memory (memtest86+)"
+        out.append(Finding(FAIL, f"{o.gpu or o.who} computes wrong results under load (from {first['at_seconds']:g} s, burst {first['burst']})", cause, remedy))
+    return out
+
+
+def judge_nvml(figs: dict[int, dict], expect: BurninExpect) -> list[Finding]:
+    out = []
+    for fig in figs.values():
+        who = fig["gpu"] or fig["who"]
+        if fig.get("ecc_new"):
+            out.append(Finding(FAIL, f"{who}: {fig['ecc_new']} new uncorrectable ECC error(s) during burn-in",
+                               f"{who}'s volatile uncorrectable ECC count rose from {fig['ecc_before']} by {fig['ecc_new']} under load",
+                               "drain the node; reset the GPU (`nvidia-smi -r`) and check row remapping (`nvidia-smi -q -d ROW_REMAPPER`); RMA if it recurs"))
+        held = {k: v for k, v in (fig.get("throttle_share") or {}).items() if v > expect.throttle_fraction}
+        if held:
+            words = ", ".join(f"{k} in {v:.0%} of samples" for k, v in held.items())
+            out.append(Finding(FAIL, f"{who} throttled under sustained load ({', '.join(held)})",
+                               f"{who}: {words} (more than {expect.throttle_fraction:.0%} is sustained); max temperature {fig.get('temperature_max_c')} C",
+                               "check the node's cooling (fans, airflow, inlet temperature) and power delivery (PSUs, `nvidia-smi -q -d PERFORMANCE,POWER`)"))
+        median = fig.get("clock_median_mhz")
+        if expect.clock_floor_mhz is not None and median is not None and median < expect.clock_floor_mhz:
+            out.append(Finding(FAIL, f"{who}: SM clock sags to {median:g} MHz under load",
+                               f"{who}'s median SM clock under load was {median:g} MHz (min {fig['clock_min_mhz']}), under the {expect.clock_floor_mhz:g} MHz floor ({expect.clock_source})",
+                               "check clocks and their reasons (`nvidia-smi -q -d PERFORMANCE,CLOCK`), application clocks and power limits; " + DIAG))
+    return out
+
+
+def judge_xid(new: list[dict]) -> list[Finding]:
+    if not new:
+        return []
+    codes = ", ".join(sorted({f"Xid {e['code']} on {e['pci'] or 'an unknown GPU'}" for e in new}))
+    return [Finding(FAIL, f"new Xid during burn-in: {codes}", "the kernel logged " + "; ".join(e["raw"].strip() for e in new[:3]) + " while the burn-in ran",
+                    "look the codes up with `preflight xid`; " + DIAG)]
+
+
+# (figure key, its name for the band, higher is better, words, unit)
+OUTLIER_FIGURES = (("gemm_flops", "burnin_gemm_throughput", True, "GEMM throughput", 1e12, "TFLOP/s"),
+                   ("copy_bytes_per_second", "burnin_copy_bandwidth", True, "copy bandwidth", 1e9, "GB/s"),
+                   ("clock_median_mhz", "burnin_sm_clock", True, "median SM clock", 1, "MHz"),
+                   ("temperature_max_c", "burnin_temperature", False, "max temperature", 1, "C"))
+
+
+def judge_outliers(figs: dict[int, dict], band: OutlierExpect | None) -> list[Finding]:
+    if band is None:
+        return []
+    out = []
+    for key, name, higher, words, scale, unit in OUTLIER_FIGURES:
+        values = {fig["gpu"] or fig["who"]: fig[key] for fig in figs.values() if fig.get(key) is not None}
+        for o in outliers_mod.find(values, higher, band.band(name)):
+            cause = (f"{o.where}'s {words} under sustained load was {o.value / scale:.4g} {unit}, {o.off:.0%} worse than the node's median of "
+                     f"{o.median / scale:.4g} {unit} (warn past {band.band(name).warn:.0%}, fail past {band.band(name).fail:.0%}: {band.band(name).source})")
+            out.append(Finding(o.status, f"{o.where} is an outlier in {words} under load ({o.off:.0%} worse than the median)", cause,
+                               "compare that GPU's clocks, temperature and power with its peers' (`nvidia-smi -q -d PERFORMANCE,CLOCK,TEMPERATURE,POWER`); " + DIAG))
+    return out
+
+
+def judge(f: BurninFacts, figs: dict[int, dict], expect: BurninExpect, band: OutlierExpect | None) -> list[Finding]:
+    return (ranks.judge_run(f, "the burn-in", ranks.by_hand(f, "burnin.py"), judge_wrong(f))
+            + judge_nvml(figs, expect) + judge_xid(f.new_xids) + judge_outliers(figs, band))
+
+
+def measurements(f: BurninFacts, figs: dict[int, dict]) -> list[Measurement]:
+    out = []
+    units = (("gemm_flops", "burnin_gemm_throughput", "flops_per_second", 1), ("copy_bytes_per_second", "burnin_copy_bandwidth", "bytes_per_second", 1),
+             ("clock_min_mhz", "burnin_sm_clock_min", "hertz", 1e6), ("clock_median_mhz", "burnin_sm_clock_median", "hertz", 1e6),
+             ("temperature_max_c", "burnin_temperature_max", "celsius", 1), ("power_median_w", "burnin_power_median", "watts", 1),
+             ("power_max_w", "burnin_power_max", "watts", 1))
+    for rank, fig in figs.items():
+        labels = ranks.labels(rank, fig["gpu"], f.uuids)
+        out += [Measurement(name=name, unit=unit, value=fig[key] * scale, labels=labels) for key, name, unit, scale in units if fig.get(key) is not None]
+    return out
+
+
+# ---- gathering -------------------------------------------------------------------------
+
+
+def xid_counts(ctx: Context) -> tuple[list[xid.XidEvent] | None, str]:
+    try:
+        text, where = xid.read_kernel_log(ctx.host, timeout=10.0)
+    except xid.KernelLogUnavailable as e:
+        return None, f"kernel log unreadable: {e}"
+    return xid.parse(text), where
+
+
+def gather(ctx: Context, nproc: int, expect: BurninExpect, backend: str) -> BurninFacts:
+    python = str(ctx.settings.python) if ctx.settings.python else sys.executable
+    facts = BurninFacts(python=python, backend=backend, nproc=nproc, uuids=ranks.gpu_uuids(ctx.results))
+    left = ranks.time_left(ctx.deadline)
+    burst_timeout = min(60.0, max(5.0, left / 4))
+    args = ["--backend", backend, "--device", "cuda" if backend == "nccl" else "cpu", "--seconds", f"{expect.seconds:g}", "--gemm-n", str(expect.gemm_n),
+            "--gemms", str(expect.gemms_per_burst), "--copy-bytes", str(expect.copy_bytes), "--timeout", f"{burst_timeout:g}"]
+    worker = launch.Worker("burnin.py", args, nproc=nproc, rdzv_port=ctx.settings.rdzv_port)
+    before, sampler = None, None
+    if ctx.profile.has_gpus:
+        before, facts.xid_log = xid_counts(ctx)
+        try:
+            sampler = nvml.Sampler(expect.sample_seconds, left)
+        except OSError as e:
+            facts.nvml_note = f"the NVML sampler could not start: {e}"
+    else:
+        facts.nvml_note = NO_NVML
+    try:
+        ranks.collect(facts, worker, RankReport, ctx.host.environ, left, ranks.settle_rule(nproc, burst_timeout, burst_timeout + ranks.STUCK), ctx.progress, ctx.worlds)
+    finally:
+        if sampler is not None:
+            try:
+                facts.traces = sampler.stop(timeout=max(5.0, min(20.0, ctx.deadline - time.monotonic())))
+            except nvml.NvmlUnavailable as e:
+                facts.nvml_note = f"NVML sampling failed: {e.cause}"
+    if before is not None:
+        after, _ = xid_counts(ctx)
+        seen = {e.raw for e in before}
+        facts.new_xids = [{"code": e.code, "pci": e.pci, "raw": e.raw} for e in (after or []) if e.raw not in seen and e.kind == "xid"]
+    return facts
+
+
+def summary(f: BurninFacts, figs: dict[int, dict]) -> str:
+    parts = [f"{ranks.count(f)} under load"]
+    secs = [fig["burn_seconds"] for fig in figs.values() if fig.get("burn_seconds")]
+    if secs:
+        parts.append(f"{min(secs):.0f} s, {sum(fig['bursts'] for fig in figs.values())} bursts verified")
+    gemm = [fig["gemm_flops"] for fig in figs.values()]
+    if gemm:
+        parts.append(f"GEMM min {min(gemm) / 1e12:.3g} TFLOP/s")
+    clocks = [fig["clock_min_mhz"] for fig in figs.values() if fig.get("clock_min_mhz") is not None]
+    if clocks:
+        temps = [fig["temperature_max_c"] for fig in figs.values() if fig.get("temperature_max_c") is not None]
+        power = [fig["power_max_w"] for fig in figs.values() if fig.get("power_max_w") is not None]
+        parts.append(f"SM clock min {min(clocks)} MHz, max {max(temps, default='?')} C, max {max(power, default=0):.0f} W")
+    return ", ".join(parts)
+
+
+class Burnin(Check):
+    name = "burnin"
+    description = "minutes of verified GEMM and copy load on every GPU: no wrong result, no new ECC error or Xid, no sustained throttling, no sagging clock or outlier GPU"
+    requires = ("cuda",)
+    timeout_seconds = 600.0
+    order = 70
+
+    def applies(self, ctx: Context) -> str | None:
+        return f"profile {ctx.profile.name} has no [burnin] table" if ctx.profile.burnin is None else None
+
+    def ranks_wanted(self, ctx: Context) -> int | None:
+        return ctx.ranks(ctx.profile.burnin.ranks) if ctx.profile.burnin is not None else None
+
+    def run(self, ctx: Context) -> Result:
+        expect = ctx.profile.burnin
+        assert expect is not None  # applies() said so
+        backend = "nccl" if ctx.profile.has_gpus else "gloo"
+        facts = gather(ctx, ctx.ranks(expect.ranks), expect, backend)
+        figs = rank_figures(facts)
+        findings = judge(facts, figs, expect, ctx.profile.outliers)
+        details = facts.model_dump(mode="json", exclude={"traces"})
+        details["traces"] = {str(r): {k: v for k, v in fig.items() if k not in ("who",)} for r, fig in figs.items()}
+        details["nvml"] = facts.nvml_note or f"{len(facts.traces)} GPU(s) sampled every {expect.sample_seconds:g} s"
+        details["outliers"] = "judged against the node's median" if ctx.profile.outliers else f"profile {ctx.profile.name} has no [outliers] band: not judged"
+        return self.conclude(findings, summary(facts, figs), measurements=measurements(facts, figs), details=details)

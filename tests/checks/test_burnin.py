@@ -1,0 +1,142 @@
+"""The burnin check: its judges on the facts a burn-in gathers (a wrong result,
+throttling, new ECC errors and Xids, a sagging clock, an outlier GPU), the NVML
+sampler against the fake pynvml, and the worker for real on the cpu profile's
+gloo ranks through the CLI, healthy and with a rank whose results go wrong mid-burn."""
+
+import json
+import time
+from pathlib import Path
+
+import fakes
+from conftest import clean_env, run_preflight
+
+from preflight.checks import burnin
+from preflight.base.findings import Status
+from preflight.pipeline.profiles import BurninExpect, OutlierExpect
+from preflight.readers import nvml
+
+NVML = Path(__file__).parents[1] / "fixtures" / "nvml"
+EXPECT = BurninExpect(seconds=300, seconds_source="test", sizes_source="test", clock_floor_mhz=1590, clock_source="H100 SXM base clock")
+BAND = OutlierExpect(warn=0.05, fail=0.10, source="test band")
+T0 = 1_700_000_000.0
+THERMAL = 0x40  # hw_thermal_slowdown
+BRAKE = 0x80  # hw_power_brake_slowdown
+CAP = 0x4  # sw_power_cap: a GPU at its power limit under full load, not a fault
+
+
+def rank_report(rank: int, **kw) -> dict:
+    base = {"rank": rank, "local_rank": rank, "world_size": 4, "host": "n1", "pid": 100 + rank, "python": "py", "stage": "done", "backend": "nccl",
+            "device": "cuda", "pci_bus_id": f"00000000:{0x18 + rank:02x}:00.0", "planned_seconds": 300, "gemm_n": 8192, "gemms": 20,
+            "copy_bytes": 1 << 30, "bursts": 3, "burst_at": [0.0, 0.1, 0.2], "gemm_seconds": [0.25, 0.25, 0.25], "copy_seconds": [0.001] * 3,
+            "burn_started_at": T0, "burn_seconds": 300.0}
+    return {**base, **kw}
+
+
+def trace(rank: int, clock=1980, temp=70, power=650.0, reasons=(CAP,), ecc=(0, 0), n=10) -> nvml.GpuTrace:
+    """``n`` samples over the burn, the reasons taking turns, one sample before the load (idle, which must not count)."""
+    samples = [(T0 - 5, 345, 70.0, 35, 0x1)] + [(T0 + 30 * i, clock, power, temp, reasons[i % len(reasons)]) for i in range(n)]
+    return nvml.GpuTrace(index=rank, pci_bus_id=f"00000000:{0x18 + rank:02X}:00.0", samples=samples, ecc_before=ecc[0], ecc_after=ecc[1])
+
+
+def facts(reports: list[dict], traces: list[nvml.GpuTrace], **kw) -> burnin.BurninFacts:
+    f = burnin.BurninFacts(python="py", backend="nccl", nproc=len(reports), ended="exit 0", returncode=0, traces=traces, **kw)
+    for r in reports:
+        f.ranks.append(burnin.ranks.RankOutcome(rank=r["rank"], gpu=f"GPU {r['rank']}", report=burnin.RankReport.model_validate(r)))
+    return f
+
+
+def judged(f: burnin.BurninFacts, band=BAND) -> list:
+    return burnin.judge(f, burnin.rank_figures(f), EXPECT, band)
+
+
+def healthy(n=4, **changes) -> burnin.BurninFacts:
+    """``changes``: rank -> trace keyword arguments for that rank's GPU."""
+    return facts([rank_report(r) for r in range(n)], [trace(r, **changes.get(f"gpu{r}", {})) for r in range(n)])
+
+
+def test_a_healthy_burn_passes_and_reports_its_traces():
+    f = healthy()
+    assert judged(f) == []
+    figs = burnin.rank_figures(f)
+    assert figs[0]["clock_min_mhz"] == 1980 and figs[0]["samples"] == 10  # the idle sample before the load is left out
+    assert figs[0]["temperature_max_c"] == 70 and figs[0]["power_max_w"] == 650.0
+    names = {m.name for m in burnin.measurements(f, figs)}
+    assert {"burnin_sm_clock_min", "burnin_sm_clock_median", "burnin_temperature_max", "burnin_power_max", "burnin_gemm_throughput"} <= names
+
+
+def test_a_wrong_result_names_the_rank_the_burst_and_when():
+    reports = [rank_report(0), rank_report(1, wrong=[{"burst": 39, "at_seconds": 2.02, "what": "gemm", "elements": 1, "first_index": 46697, "max_abs_diff": 1.0}],
+                                           wrong_bursts=19)]
+    found = judged(facts(reports, [trace(0), trace(1)]))
+    assert [x.status for x in found] == [Status.FAIL]
+    assert found[0].summary == "GPU 1 computes wrong results under load (from 2.02 s, burst 39)"
+    assert "burst 39 (2.02 s into the burn-in)" in found[0].cause and "19 of 3 bursts" not in found[0].summary
+
+
+def test_sustained_thermal_or_power_brake_throttling_fails_and_a_moment_of_it_does_not():
+    f = healthy(gpu2={"reasons": (THERMAL, CAP)}, gpu3={"reasons": (BRAKE,) + (CAP,) * 19, "n": 20})
+    found = judged(f, band=None)
+    assert len(found) == 1 and found[0].summary == "GPU 2 throttled under sustained load (hw_thermal_slowdown)"
+    assert "hw_thermal_slowdown in 50% of samples" in found[0].cause  # GPU 3's 5% brake is under the 10% allowed
+
+
+def test_a_new_uncorrectable_ecc_error_fails():
+    found = judged(healthy(gpu1={"ecc": (0, 2)}), band=None)
+    assert [x.summary for x in found] == ["GPU 1: 2 new uncorrectable ECC error(s) during burn-in"]
+
+
+def test_a_clock_that_sags_below_the_profiles_floor_fails():
+    found = judged(healthy(n=2, gpu0={"clock": 1400}, gpu1={"clock": 1400}), band=None)
+    assert [x.summary for x in found] == ["GPU 0: SM clock sags to 1400 MHz under load", "GPU 1: SM clock sags to 1400 MHz under load"]
+    assert "under the 1590 MHz floor (H100 SXM base clock)" in found[0].cause
+
+
+def test_a_gpu_clocked_lower_or_hotter_than_its_peers_is_an_outlier():
+    # 1700 MHz clears the floor; against peers at 1980 it is 14% down: past the 10% FAIL band.
+    found = judged(healthy(gpu3={"clock": 1700}, gpu1={"temp": 76}))
+    by = {x.summary: x for x in found}
+    assert by["GPU 3 is an outlier in median SM clock under load (14% worse than the median)"].status == Status.FAIL
+    assert by["GPU 1 is an outlier in max temperature under load (9% worse than the median)"].status == Status.WARN
+    assert judged(healthy(gpu3={"clock": 1700}), band=None) == []  # no [outliers] band: not judged
+
+
+def test_a_new_xid_during_the_burn_fails():
+    f = healthy(n=1)
+    f.new_xids = [{"code": 79, "pci": "0000:18:00", "raw": "NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus."}]
+    assert [x.summary for x in judged(f)] == ["new Xid during burn-in: Xid 79 on 0000:18:00"]
+
+
+def test_the_sampler_reads_clocks_power_temperature_reasons_and_ecc_from_nvml(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(fakes.install_fake_pynvml(tmp_path / "nvml")))
+    monkeypatch.setenv("FAKE_NVML_FACTS", str(NVML / "h100-sxm-8x-healthy.json"))
+    sampler = nvml.Sampler(period=0.05, most=30)
+    time.sleep(0.5)
+    started = time.monotonic()
+    traces = sampler.stop()
+    assert time.monotonic() - started < 5  # closing stdin ends it at once, not at `most`
+    assert len(traces) == 8 and len(traces[0].samples) >= 3
+    stamp, clock, power, temp, reasons = traces[0].samples[-1]
+    assert clock == 1980 and power == 650.0 and temp is not None and reasons is not None
+    assert traces[0].ecc_before == traces[0].ecc_after == 0
+
+
+# ---- for real on the cpu profile (gloo ranks), through the CLI -------------------------------------
+
+
+def test_burnin_runs_on_the_cpu_profiles_ranks_and_says_there_is_no_nvml(tmp_path):
+    p = run_preflight(["run", "--profile", "cpu", "--level", "full", "--only", "burnin", "--json"], env={**clean_env(), "PREFLIGHT_LOCK_FILE": str(tmp_path / "lock")})
+    assert p.returncode == 0, p.stderr
+    result = json.loads(p.stdout)["checks"][0]
+    assert result["status"] == "PASS" and "2 gloo rank(s) under load" in result["summary"]
+    assert result["details"]["nvml"] == burnin.NO_NVML
+    assert all(fig["bursts"] > 10 for fig in result["details"]["traces"].values())
+
+
+def test_a_rank_whose_results_go_wrong_mid_burn_fails_the_full_level(tmp_path):
+    env = {**clean_env(), "PREFLIGHT_LOCK_FILE": str(tmp_path / "lock"), "PREFLIGHT_WORKER_FAULT": "1:wrong=2@burnin"}
+    p = run_preflight(["run", "--profile", "cpu", "--level", "full", "--only", "burnin", "--json"], env=env)
+    assert p.returncode == 1, p.stderr
+    result = json.loads(p.stdout)["checks"][0]
+    assert result["status"] == "FAIL" and result["summary"].startswith("rank 1 computes wrong results under load (from 2.")
+    wrong = result["details"]["ranks"][1]["report"]["wrong"][0]
+    assert wrong["at_seconds"] >= 2.0 and not result["details"]["ranks"][0]["report"]["wrong"]

@@ -1,0 +1,63 @@
+"""The memtest check: its judges on the facts a memory test gathers (a word read
+back wrong, patterns the time cap cut off), and the worker for real on the cpu
+profile's host buffers through the CLI, healthy and with a flipped bit."""
+
+import json
+
+from conftest import clean_env, run_preflight
+
+from preflight.base.findings import Status
+from preflight.checks import memtest
+from preflight.gpuwork import ranks
+from preflight.pipeline.profiles import MemtestExpect
+
+EXPECT = MemtestExpect(seconds=120, source="test")
+PATTERNS = [{"name": "address", "passes": 1, "seconds": 0.5, "mismatched_words": 0}, {"name": "walking_ones", "passes": 64, "seconds": 9.0, "mismatched_words": 0},
+            {"name": "random", "passes": 1, "seconds": 1.0, "mismatched_words": 0}]
+
+
+def facts(*reports: dict) -> memtest.MemtestFacts:
+    f = memtest.MemtestFacts(python="py", backend="nccl", nproc=len(reports), ended="exit 0", returncode=0)
+    for r, extra in enumerate(reports):
+        rep = {"rank": r, "local_rank": r, "world_size": len(reports), "host": "n1", "pid": 1, "python": "py", "stage": "done", "backend": "nccl",
+               "device": "cuda", "buffer_bytes": 72 << 30, "patterns": PATTERNS, "test_seconds": 10.5, **extra}
+        f.ranks.append(ranks.RankOutcome(rank=r, gpu=f"GPU {r}", report=memtest.RankReport.model_validate(rep)))
+    return f
+
+
+def test_intact_memory_passes():
+    f = facts({}, {})
+    assert memtest.judge(f, EXPECT) == []
+    assert memtest.summary(f) == "2 nccl rank(s), 72.0 GiB per GPU, patterns address, walking_ones, random read back intact, in 10.5 s"
+
+
+def test_a_word_read_back_wrong_names_the_gpu_the_pattern_and_the_first_offsets():
+    bad = [{"pattern": "walking_ones bit 17", "offset": 0x3A0000008, "wrote": "0x0000000000020000", "read": "0x0000000000000000"}]
+    patterns = [PATTERNS[0], {**PATTERNS[1], "mismatched_words": 3}, PATTERNS[2]]
+    found = memtest.judge(facts({}, {"mismatches": bad, "patterns": patterns}), EXPECT)
+    assert [x.status for x in found] == [Status.FAIL]
+    assert found[0].summary == "GPU 1: memory reads back wrong at offset 0x3a0000008 (walking_ones bit 17)"
+    assert "3 word(s) of GPU memory read back other than written in a 72.0 GiB buffer" in found[0].cause
+    assert "wrote 0x0000000000020000 read 0x0000000000000000" in found[0].cause
+
+
+def test_patterns_the_time_cap_cut_off_are_said_not_passed_over():
+    found = memtest.judge(facts({"not_reached": ["walking_ones", "random"], "patterns": PATTERNS[:1]}), EXPECT)
+    assert [x.status for x in found] == [Status.WARN]
+    assert "rank 0 (GPU 0): walking_ones, random" in found[0].cause
+
+
+def test_memtest_runs_over_the_cpu_profiles_host_buffers(tmp_path):
+    p = run_preflight(["run", "--profile", "cpu", "--level", "full", "--only", "memtest", "--json"], env={**clean_env(), "PREFLIGHT_LOCK_FILE": str(tmp_path / "lock")})
+    assert p.returncode == 0, p.stderr
+    result = json.loads(p.stdout)["checks"][0]
+    assert result["status"] == "PASS" and "64 MiB per host buffer, patterns address, walking_ones, random read back intact" in result["summary"]
+
+
+def test_a_flipped_bit_fails_naming_the_rank_and_its_offset(tmp_path):
+    env = {**clean_env(), "PREFLIGHT_LOCK_FILE": str(tmp_path / "lock"), "PREFLIGHT_WORKER_FAULT": "1:wrong=4096@memtest"}
+    p = run_preflight(["run", "--profile", "cpu", "--level", "full", "--only", "memtest", "--json"], env=env)
+    assert p.returncode == 1, p.stderr
+    result = json.loads(p.stdout)["checks"][0]
+    assert result["status"] == "FAIL" and result["summary"] == "rank 1: memory reads back wrong at offset 0x1000 (address)"
+    assert "offset 0x1000 wrote 0x0000000000000200 read 0x0000000000000201" in result["cause"]
