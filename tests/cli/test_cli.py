@@ -341,19 +341,7 @@ def test_list_names_every_check_and_what_it_verifies():
     assert "\nnccl       torchrun on every GPU" in r.stdout and "\nbandwidth  HBM, host<->device" in r.stdout
     assert "\ntrain " in r.stdout and r.stdout.rstrip().endswith("(after cuda)")  # memtest, the last, needs cuda only
     rows = json.loads(invoke("list", "--json").stdout)
-<<<<<<< ours
-<<<<<<< ours
-    assert [row["name"] for row in rows] == ["cuda", "topology", "pcie", "rdma", "shm", "nccl", "bandwidth", "train"] and rows[0]["timeout_seconds"] > 0
-||||||| base
-    assert [row["name"] for row in rows] == ["cuda", "topology", "shm", "nccl", "bandwidth", "train"] and rows[0]["timeout_seconds"] > 0
-=======
-    assert [row["name"] for row in rows] == ["cuda", "topology", "fabric", "firmware", "shm", "nccl", "bandwidth", "train"] and rows[0]["timeout_seconds"] > 0
->>>>>>> theirs
-||||||| base
-    assert [row["name"] for row in rows] == ["cuda", "topology", "shm", "nccl", "bandwidth", "train"] and rows[0]["timeout_seconds"] > 0
-=======
-    assert [row["name"] for row in rows] == ["cuda", "topology", "shm", "nccl", "bandwidth", "train", "burnin", "memtest"] and rows[0]["timeout_seconds"] > 0
->>>>>>> theirs
+    assert [row["name"] for row in rows] == ["cuda", "topology", "pcie", "rdma", "fabric", "firmware", "shm", "nccl", "bandwidth", "train", "burnin", "memtest"] and rows[0]["timeout_seconds"] > 0
 
 
 def test_list_in_a_profiles_order(plugin):

@@ -149,16 +149,8 @@ def test_a_gpu_profile_at_quick_runs_nvml_xid_topology_and_shm_and_starts_no_wor
         return Report.model_validate_json(report.read_text())
 
     healthy = quick("h100-sxm-8x-healthy.json")
-<<<<<<< ours
-    assert healthy.level == "quick" and [c.check for c in healthy.checks] == ["cuda", "topology", "pcie", "rdma", "shm"]
-    cuda, topology, pcie, rdma, shm = healthy.checks
-||||||| base
-    assert healthy.level == "quick" and [c.check for c in healthy.checks] == ["cuda", "topology", "shm"]
-    cuda, topology, shm = healthy.checks
-=======
-    assert healthy.level == "quick" and [c.check for c in healthy.checks] == ["cuda", "topology", "fabric", "firmware", "shm"]
-    cuda, topology, _, _, shm = healthy.checks
->>>>>>> theirs
+    assert healthy.level == "quick" and [c.check for c in healthy.checks] == ["cuda", "topology", "pcie", "rdma", "fabric", "firmware", "shm"]
+    cuda, topology, pcie, rdma, _, _, shm = healthy.checks
     parts = cuda.details["parts"]
     assert parts["inventory"] == "PASS" and parts["source"] == "FAIL" and parts["xid"] in ("PASS", "WARN")
     assert parts["cuda_init"] == "not run: the quick level starts no CUDA work (standard and full do)"
@@ -216,13 +208,5 @@ def test_the_recorded_reports_are_what_the_budget_tests_assume():
 def test_show_profile_lists_each_levels_checks_and_estimate_with_its_source():
     r = CliRunner().invoke(app, ["show-profile", "h100-sxm"])
     assert r.exit_code == 0, r.output
-<<<<<<< ours
-    assert "    quick: cuda, topology, pcie, rdma, shm; about 3 s\n      source: estimate, not measured" in r.stdout
-    assert "    full: cuda, topology, pcie, rdma, shm, nccl, bandwidth, train; about 60 s\n      source: as standard: full adds no check yet" in r.stdout
-||||||| base
-    assert "    quick: cuda, topology, shm; about 3 s\n      source: estimate, not measured" in r.stdout
-    assert "    full: cuda, topology, shm, nccl, bandwidth, train; about 60 s\n      source: as standard: full adds no check yet" in r.stdout
-=======
-    assert "    quick: cuda, topology, shm; about 3 s\n      source: estimate, not measured" in r.stdout
-    assert "    full: cuda, topology, shm, nccl, bandwidth, train, burnin, memtest; about 480 s\n      source: standard's 60 s (an estimate) plus the burn-in's 300 s" in r.stdout
->>>>>>> theirs
+    assert "    quick: cuda, topology, pcie, rdma, fabric, firmware, shm; about 3 s\n      source: estimate, not measured" in r.stdout
+    assert "    full: cuda, topology, pcie, rdma, fabric, firmware, shm, nccl, bandwidth, train, burnin, memtest; about 480 s\n      source: standard's 60 s (an estimate) plus the burn-in's 300 s" in r.stdout

@@ -33,13 +33,7 @@ def test_every_builtin_profile_has_three_nested_levels_with_cited_estimates(name
     assert "burnin" in full.source or "burn-in" in full.source
     assert quick.seconds < standard.seconds
     if p.gpu is not None:
-<<<<<<< ours
-        assert quick.checks == ["cuda", "topology", "pcie", "rdma", "shm"]  # rdma reads sysfs twice, no load
-||||||| base
-        assert quick.checks == ["cuda", "topology", "shm"]
-=======
-        assert quick.checks == ["cuda", "topology", "fabric", "firmware", "shm"]  # the platform checks need no load
->>>>>>> theirs
+        assert quick.checks == ["cuda", "topology", "pcie", "rdma", "fabric", "firmware", "shm"]  # the platform checks need no load
         assert "estimate, not measured" in quick.source and "estimate, not measured" in standard.source
     else:
         assert quick.checks == ["shm"] and "CI VM" in quick.source and "CI VM" in standard.source  # measured here
