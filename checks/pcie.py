@@ -197,7 +197,7 @@ class Pcie(Check):
     name = "pcie"
     description = "PCIe under the GPUs and NICs: ACS redirect on shared switch ports, the IOMMU mode, switch links at full width and speed"
     timeout_seconds = 30.0
-    order = 25
+    order = 22
 
     def applies(self, ctx: Context) -> str | None:
         if not ctx.profile.has_gpus:

@@ -65,7 +65,7 @@ def test_auto_without_a_driver_fails_with_the_cause_and_the_dry_run_hint(tmp_pat
         (["--profile", "cpu", "--only", "nosuch"], "only (--only, PREFLIGHT_ONLY or config): nosuch: no such check; installed checks:"),
         (["--profile", "cpu", "--skip", "nosuch"], "skip (--skip, PREFLIGHT_SKIP or config): nosuch: no such check"),
         (["--profile", "cpu", "--only", "shm", "--skip", "shm"], "only and skip both name shm"),
-        (["--profile", "cpu", "--skip", "shm,nccl,bandwidth,train"], "no check left to run: skip removes every check of profile cpu (shm, nccl, bandwidth, train)"),
+        (["--profile", "cpu", "--skip", "shm,nccl,bandwidth,train"], "no check left to run: skip removes every check of profile cpu at level standard (shm, nccl, bandwidth, train)"),
         (["--profile", "cpu", "--rdzv-port", "70000"], "--rdzv-port: Input should be less than or equal to 65535"),
         (["--profile", "cpu", "--nproc-per-node", "0"], "--nproc-per-node: Input should be greater than or equal to 1"),
         (["--profile", "cpu", "--lock-timeout", "-1"], "--lock-timeout: Input should be greater than or equal to 0"),
