@@ -38,7 +38,8 @@ from preflight.gpuwork import launch, meeting, ranks
 from preflight.pipeline import shape
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.findings import Finding, Measurement, Status, worst
-from preflight.pipeline.profiles import BandwidthExpect, OutlierExpect, ResolvedFloor
+from preflight.pipeline.profiles import ResolvedFloor
+from preflight.pipeline.expectations import BandwidthExpect, OutlierExpect
 from preflight.base.units import fmt_value
 
 FAIL, WARN = Status.FAIL, Status.WARN

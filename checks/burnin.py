@@ -27,7 +27,7 @@ from preflight.base.findings import Finding, Measurement, Status
 from preflight.checkkit import outliers as outliers_mod
 from preflight.gpuwork import launch, ranks
 from preflight.pipeline.check import Check, Context, Result
-from preflight.pipeline.profiles import BurninExpect, OutlierExpect
+from preflight.pipeline.expectations import BurninExpect, OutlierExpect
 from preflight.readers import nvml, xid
 from preflight.readers.nvml_query import CLOCKS_EVENTS
 

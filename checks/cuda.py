@@ -29,7 +29,7 @@ from preflight.readers import nvml, xid
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.findings import Finding, Measurement, Status, worst
 from preflight.readers.nvml import Gpu, Inventory, PcieLink
-from preflight.pipeline.profiles import GpuExpect
+from preflight.pipeline.expectations import GpuExpect
 from preflight.pipeline.shape import NodeShape
 
 MARGIN = 5.0  # seconds kept from the check's deadline to judge and report a hung worker

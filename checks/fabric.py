@@ -22,7 +22,7 @@ from preflight.base.findings import Finding, Status, worst
 from preflight.base.host import Host
 from preflight.base.units import format_cpulist
 from preflight.pipeline.check import Check, Context, Result
-from preflight.pipeline.profiles import FabricExpect
+from preflight.pipeline.expectations import FabricExpect
 from preflight.pipeline.shape import FABRIC_WORDS, NodeShape
 from preflight.readers import nvml
 from preflight.readers.nvml import Gpu, Inventory

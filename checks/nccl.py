@@ -26,7 +26,7 @@ from preflight.readers import nccl_env, nccl_log, nccl_net
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.findings import Finding, Measurement, Status, worst
 from preflight.base.host import Host
-from preflight.pipeline.profiles import NcclExpect
+from preflight.pipeline.expectations import NcclExpect
 from preflight.pipeline.shape import FABRIC_WORDS, NodeShape
 from preflight.base.units import fmt_bytes, fmt_seconds
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from preflight.base.findings import Finding, Measurement, Status, worst
 from preflight.pipeline.check import Check, Context, Result
-from preflight.pipeline.profiles import RdmaExpect
+from preflight.pipeline.expectations import RdmaExpect
 from preflight.readers import ibports
 from preflight.readers.ibports import ERROR_COUNTERS, Port, RdmaFacts
 

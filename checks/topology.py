@@ -19,7 +19,7 @@ from preflight.base.host import Host
 from preflight.base.units import format_cpulist, parse_cpulist
 from preflight.checkkit.placement import advise
 from preflight.pipeline.check import Check, Context, Result
-from preflight.pipeline.profiles import TopologyExpect
+from preflight.pipeline.expectations import TopologyExpect
 from preflight.pipeline.settings import Settings
 from preflight.pipeline.shape import NodeShape
 from preflight.readers import layout, nvml

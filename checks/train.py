@@ -30,7 +30,8 @@ from preflight.pipeline import shape
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.findings import Finding, Status, worst
 from preflight.checkkit.figures import Figure, median, quantile
-from preflight.pipeline.profiles import OutlierExpect, ResolvedFloor, TrainExpect
+from preflight.pipeline.profiles import ResolvedFloor
+from preflight.pipeline.expectations import OutlierExpect, TrainExpect
 from preflight.base.units import fmt_seconds, fmt_value
 
 FAIL, WARN = Status.FAIL, Status.WARN

@@ -12,7 +12,8 @@ from preflight.checks.bandwidth import BandwidthFacts, Figure, RankReport, StepR
 from preflight.gpuwork import ranks
 from preflight.pipeline.check import Result
 from preflight.base.findings import Status
-from preflight.pipeline.profiles import BandwidthExpect, ResolvedFloor
+from preflight.pipeline.profiles import ResolvedFloor
+from preflight.pipeline.expectations import BandwidthExpect
 
 FAIL, WARN = Status.FAIL, Status.WARN
 BPS, SECONDS = "bytes_per_second", "seconds"

@@ -12,7 +12,7 @@ from conftest import clean_env, run_preflight
 
 from preflight.checks import burnin
 from preflight.base.findings import Status
-from preflight.pipeline.profiles import BurninExpect, OutlierExpect
+from preflight.pipeline.expectations import BurninExpect, OutlierExpect
 from preflight.readers import nvml
 
 NVML = Path(__file__).parents[1] / "fixtures" / "nvml"

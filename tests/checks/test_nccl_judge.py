@@ -16,7 +16,7 @@ from preflight.readers import nccl_env, nccl_log
 from preflight.pipeline.check import Result
 from preflight.base.findings import Status
 from preflight.base.host import Host
-from preflight.pipeline.profiles import NcclExpect
+from preflight.pipeline.expectations import NcclExpect
 
 FAIL, WARN = Status.FAIL, Status.WARN
 PY = "/opt/venv/bin/python"

@@ -10,7 +10,7 @@ from preflight.checks.bandwidth import BandwidthFacts, StepResult
 from preflight.checks.workers import _rank
 from preflight.gpuwork import ranks
 from preflight.outputs import metrics
-from preflight.pipeline.profiles import OutlierExpect, TrainExpect
+from preflight.pipeline.expectations import OutlierExpect, TrainExpect
 
 FAIL, WARN = Status.FAIL, Status.WARN
 PY = "/opt/venv/bin/python"

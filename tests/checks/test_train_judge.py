@@ -12,7 +12,8 @@ from preflight.checks.train import Figure, RankReport, TrainFacts
 from preflight.checkkit import figures as figs_mod
 from preflight.gpuwork import ranks
 from preflight.base.findings import Status
-from preflight.pipeline.profiles import ResolvedFloor, TrainExpect
+from preflight.pipeline.profiles import ResolvedFloor
+from preflight.pipeline.expectations import TrainExpect
 
 FAIL, WARN = Status.FAIL, Status.WARN
 FLOPS, SECONDS, RATIO = "flops_per_second", "seconds", "ratio"

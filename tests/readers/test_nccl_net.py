@@ -6,7 +6,7 @@ from conftest import FIXTURES
 from fakes import NVIDIA_OPEN_VERSION, NVIDIA_PROPRIETARY_VERSION, rdma_host
 from pydantic import ValidationError
 
-from preflight.pipeline import profiles
+from preflight.pipeline import expectations, profiles
 from preflight.base.findings import Status
 from preflight.base.host import Host
 from preflight.readers.nccl_log import parse
@@ -220,8 +220,8 @@ def test_gathered_facts_feed_the_judge(tmp_path):
 
 def test_network_other_than_any_needs_a_source():
     with pytest.raises(ValidationError, match="network = 'ib' needs network_source"):
-        profiles.NcclExpect(init_source="x", network="ib")
-    assert profiles.NcclExpect(init_source="x").network == "any"
+        expectations.NcclExpect(init_source="x", network="ib")
+    assert expectations.NcclExpect(init_source="x").network == "any"
 
 
 @pytest.mark.parametrize("name", ["h100-sxm", "h200-sxm", "a100-sxm4-80gb"])
