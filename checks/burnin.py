@@ -95,7 +95,9 @@ def rank_figures(f: BurninFacts) -> dict[int, dict]:
 def trace_summary(t: nvml.GpuTrace, started: float | None, seconds: float | None) -> dict:
     """Min and median SM clock, max temperature, median and max power, and the share of samples
     in each throttle reason, over the samples taken while the load ran."""
-    under = [s for s in t.samples if started is None or (started <= s[0] <= started + (seconds or 0))] or t.samples
+    # Only samples taken while the load ran: an idle GPU's low clock is not a sag. A rank with
+    # no burn window (it died before its first burst) has none.
+    under = [s for s in t.samples if started is not None and seconds is not None and started <= s[0] <= started + seconds]
     clocks = [s[1] for s in under if s[1] is not None]
     power = [s[2] for s in under if s[2] is not None]
     temps = [s[3] for s in under if s[3] is not None]
@@ -155,11 +157,12 @@ def judge_xid(new: list[dict]) -> list[Finding]:
                     "look the codes up with `preflight xid`; " + DIAG)]
 
 
-# (figure key, its name for the band, higher is better, words, unit)
+# (figure key, its name for the band, higher is better, words, scale, unit). Not temperature:
+# a ratio of Celsius values means nothing, and GPUs at different places in a chassis's
+# airflow run 10-15 C apart under the same load; a GPU too hot shows as thermal slowdown.
 OUTLIER_FIGURES = (("gemm_flops", "burnin_gemm_throughput", True, "GEMM throughput", 1e12, "TFLOP/s"),
                    ("copy_bytes_per_second", "burnin_copy_bandwidth", True, "copy bandwidth", 1e9, "GB/s"),
-                   ("clock_median_mhz", "burnin_sm_clock", True, "median SM clock", 1, "MHz"),
-                   ("temperature_max_c", "burnin_temperature", False, "max temperature", 1, "C"))
+                   ("clock_median_mhz", "burnin_sm_clock", True, "median SM clock", 1, "MHz"))
 
 
 def judge_outliers(figs: dict[int, dict], band: OutlierExpect | None) -> list[Finding]:
@@ -176,9 +179,21 @@ def judge_outliers(figs: dict[int, dict], band: OutlierExpect | None) -> list[Fi
     return out
 
 
+def judge_unwatched(f: BurninFacts) -> list[Finding]:
+    """On a GPU node, a burn-in that could not watch the GPUs must not read as a full pass."""
+    out = []
+    if f.nvml_note and f.nvml_note != NO_NVML:
+        out.append(Finding(WARN, "burn-in ran unwatched by NVML: clocks, power, throttling and ECC not judged", f.nvml_note,
+                           "check that NVML answers (`nvidia-smi -q -d PERFORMANCE,POWER,ECC`) and run the burn-in again"))
+    if f.xid_log and f.xid_log.startswith(XID_UNJUDGED):
+        out.append(Finding(WARN, "Xids during burn-in not judged", f.xid_log,
+                           "give the run read access to the kernel log (dmesg, journalctl or /dev/kmsg) and run the burn-in again"))
+    return out
+
+
 def judge(f: BurninFacts, figs: dict[int, dict], expect: BurninExpect, band: OutlierExpect | None) -> list[Finding]:
     return (ranks.judge_run(f, "the burn-in", ranks.by_hand(f, "burnin.py"), judge_wrong(f))
-            + judge_nvml(figs, expect) + judge_xid(f.new_xids) + judge_outliers(figs, band))
+            + judge_nvml(figs, expect) + judge_xid(f.new_xids) + judge_outliers(figs, band) + judge_unwatched(f))
 
 
 def measurements(f: BurninFacts, figs: dict[int, dict]) -> list[Measurement]:
@@ -196,11 +211,14 @@ def measurements(f: BurninFacts, figs: dict[int, dict]) -> list[Measurement]:
 # ---- gathering -------------------------------------------------------------------------
 
 
+XID_UNJUDGED = "not judged: "
+
+
 def xid_counts(ctx: Context) -> tuple[list[xid.XidEvent] | None, str]:
     try:
         text, where = xid.read_kernel_log(ctx.host, timeout=10.0)
     except xid.KernelLogUnavailable as e:
-        return None, f"kernel log unreadable: {e}"
+        return None, f"{XID_UNJUDGED}kernel log unreadable: {e}"
     return xid.parse(text), where
 
 
@@ -230,9 +248,15 @@ def gather(ctx: Context, nproc: int, expect: BurninExpect, backend: str) -> Burn
             except nvml.NvmlUnavailable as e:
                 facts.nvml_note = f"NVML sampling failed: {e.cause}"
     if before is not None:
-        after, _ = xid_counts(ctx)
-        seen = {e.raw for e in before}
-        facts.new_xids = [{"code": e.code, "pci": e.pci, "raw": e.raw} for e in (after or []) if e.raw not in seen and e.kind == "xid"]
+        after, where = xid_counts(ctx)
+        if after is None:
+            facts.xid_log = where
+        elif where != facts.xid_log:
+            # Lines are compared as printed: from two sources every old Xid would read as new.
+            facts.xid_log = f"{XID_UNJUDGED}the kernel log was read from {facts.xid_log} before the burn-in and from {where} after"
+        else:
+            seen = {e.raw for e in before}
+            facts.new_xids = [{"code": e.code, "pci": e.pci, "raw": e.raw} for e in after if e.raw not in seen and e.kind == "xid"]
     return facts
 
 
