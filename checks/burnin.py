@@ -68,6 +68,7 @@ class BurninFacts(ranks.RunFacts):
     nvml_note: str | None = None  # why there is no trace
     new_xids: list[dict] = Field(default_factory=list)
     xid_log: str | None = None  # where the Xids came from, or why they could not be read
+    shortened: str | None = None  # why the burn ran shorter than the profile asks
 
 
 # ---- figures -----------------------------------------------------------------------
@@ -185,6 +186,9 @@ def judge_unwatched(f: BurninFacts) -> list[Finding]:
     if f.nvml_note and f.nvml_note != NO_NVML:
         out.append(Finding(WARN, "burn-in ran unwatched by NVML: clocks, power, throttling and ECC not judged", f.nvml_note,
                            "check that NVML answers (`nvidia-smi -q -d PERFORMANCE,POWER,ECC`) and run the burn-in again"))
+    if f.shortened:
+        out.append(Finding(WARN, "burn-in shortened to fit the check's deadline", f.shortened,
+                           "raise [timeouts] burnin (in a site profile of the same name) above [burnin] seconds plus a minute"))
     if f.xid_log and f.xid_log.startswith(XID_UNJUDGED):
         out.append(Finding(WARN, "Xids during burn-in not judged", f.xid_log,
                            "give the run read access to the kernel log (dmesg, journalctl or /dev/kmsg) and run the burn-in again"))
@@ -212,6 +216,14 @@ def measurements(f: BurninFacts, figs: dict[int, dict]) -> list[Measurement]:
 
 
 XID_UNJUDGED = "not judged: "
+# What the check needs beside the burn itself: the launch or stage start, the reference
+# product, the last burst past the time, and the NVML sampler's stop.
+BURN_MARGIN = 60.0
+
+
+def burn_seconds(asked: float, left: float) -> float:
+    """The burn's length: as asked, unless the check's deadline leaves less room."""
+    return round(min(asked, max(1.0, left - BURN_MARGIN)), 1)
 
 
 def xid_counts(ctx: Context) -> tuple[list[xid.XidEvent] | None, str]:
@@ -227,7 +239,11 @@ def gather(ctx: Context, nproc: int, expect: BurninExpect, backend: str) -> Burn
     facts = BurninFacts(python=python, backend=backend, nproc=nproc, uuids=ranks.gpu_uuids(ctx.results))
     left = ranks.time_left(ctx.deadline)
     burst_timeout = min(60.0, max(5.0, left / 4))
-    args = ["--backend", backend, "--device", "cuda" if backend == "nccl" else "cpu", "--seconds", f"{expect.seconds:g}", "--gemm-n", str(expect.gemm_n),
+    seconds = burn_seconds(expect.seconds, left)
+    if seconds < expect.seconds:
+        facts.shortened = (f"[burnin] seconds = {expect.seconds:g}, but the check has {left:.0f} s in all (its timeout) and needs "
+                           f"{BURN_MARGIN:g} s of it beside the burn: it burned {seconds:g} s")
+    args = ["--backend", backend, "--device", "cuda" if backend == "nccl" else "cpu", "--seconds", f"{seconds:g}", "--gemm-n", str(expect.gemm_n),
             "--gemms", str(expect.gemms_per_burst), "--copy-bytes", str(expect.copy_bytes), "--timeout", f"{burst_timeout:g}"]
     worker = launch.Worker("burnin.py", args, nproc=nproc, rdzv_port=ctx.settings.rdzv_port)
     before, sampler = None, None

@@ -34,6 +34,7 @@ class RankReport(ranks.RankReport):
 
     buffer_bytes: int | None = None
     free_bytes: int | None = None
+    total_bytes: int | None = None  # the GPU's memory; None on the host
     patterns: list[dict] = Field(default_factory=list)  # {name, passes, seconds, mismatched_words}
     mismatches: list[dict] = Field(default_factory=list)  # {pattern, offset, wrote, read}: the first few
     not_reached: list[str] = Field(default_factory=list)
@@ -66,13 +67,22 @@ def judge_mismatches(f: MemtestFacts) -> list[Finding]:
 
 
 def judge_coverage(f: MemtestFacts, expect: MemtestExpect) -> list[Finding]:
-    """Patterns the time cap cut off: the memory is not vouched for by them."""
+    """Patterns the time cap cut off, and GPUs of which too little was free to test:
+    the memory is not vouched for by a pass that did not cover it."""
+    out = []
     cut = {o.who: o.report.not_reached for o in f.ranks if isinstance(o.report, RankReport) and o.report.not_reached}
-    if not cut:
-        return []
-    words = "; ".join(f"{who}: {', '.join(names)}" for who, names in cut.items())
-    return [Finding(WARN, "memory test cut short by its time cap", f"patterns not reached within [memtest] seconds = {expect.seconds:g}: {words}",
-                    "raise [memtest] seconds in the profile, or lower [memtest] fraction")]
+    if cut:
+        words = "; ".join(f"{who}: {', '.join(names)}" for who, names in cut.items())
+        out.append(Finding(WARN, "memory test cut short by its time cap", f"patterns not reached within [memtest] seconds = {expect.seconds:g}: {words}",
+                           "raise [memtest] seconds in the profile, or lower [memtest] fraction"))
+    # Half of what the profile's fraction of a whole GPU would be: another process holds the rest.
+    small = {o.gpu or o.who: o.report for o in f.ranks if isinstance(o.report, RankReport) and o.report.total_bytes and o.report.buffer_bytes is not None
+             and o.report.buffer_bytes < expect.fraction * o.report.total_bytes / 2}
+    if small:
+        words = "; ".join(f"{who}: {_size(r.buffer_bytes)} of {_size(r.total_bytes)} ({_size(r.free_bytes or 0)} free)" for who, r in small.items())
+        out.append(Finding(WARN, f"memory test covered under half of {', '.join(small)}'s memory", f"too little was free to test: {words}",
+                           "run the full level on an idle node (`nvidia-smi` lists what holds GPU memory)"))
+    return out
 
 
 def judge(f: MemtestFacts, expect: MemtestExpect) -> list[Finding]:

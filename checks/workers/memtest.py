@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     me = _rank.whoami()
     _rank.redirect_output(args.out, me.local_rank)
     report = _rank.base_report(me)
-    report.update(backend=args.backend, device=args.device, buffer_bytes=None, free_bytes=None, patterns=[], mismatches=[], not_reached=[], step=0)
+    report.update(backend=args.backend, device=args.device, buffer_bytes=None, free_bytes=None, total_bytes=None, patterns=[], mismatches=[], not_reached=[], step=0)
     save = lambda: _rank.write_report(args.out, me.local_rank, report)  # noqa: E731
     fault = _rank.Fault(me.rank, first_op="memtest")
     fault.at("start")
@@ -59,9 +59,9 @@ def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
     torch, _dist, device = started
     gpu = device.type == "cuda"
     if gpu:
-        free, _total = torch.cuda.mem_get_info(device)
+        free, total = torch.cuda.mem_get_info(device)
         size = int(free * args.fraction) - 2 * CHUNK_WORDS * 8  # room for a chunk's generated pattern and its compare
-        report["free_bytes"] = free
+        report.update(free_bytes=free, total_bytes=total)
     else:
         size = args.host_bytes
     words = max(1, size // 8)

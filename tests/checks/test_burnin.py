@@ -157,3 +157,12 @@ def test_a_rank_whose_results_go_wrong_mid_burn_fails_the_full_level(tmp_path):
     assert result["status"] == "FAIL" and result["summary"].startswith("rank 1 computes wrong results under load (from 2.")
     wrong = result["details"]["ranks"][1]["report"]["wrong"][0]
     assert wrong["at_seconds"] >= 2.0 and not result["details"]["ranks"][0]["report"]["wrong"]
+
+
+def test_a_burn_longer_than_the_checks_deadline_is_shortened_and_says_so():
+    # A site asking CoreWeave's 20 minutes of a check whose deadline is 10 minutes: the burn fits
+    # the deadline (not a hang killed at 600 s) and the result says it ran shorter.
+    assert burnin.burn_seconds(1200, 600) == 540 and burnin.burn_seconds(300, 600) == 300 and burnin.burn_seconds(3, 2) == 1.0
+    f = healthy(n=1)
+    f.shortened = "[burnin] seconds = 1200, but the check has 600 s in all"
+    assert [(x.summary, x.status) for x in judged(f)] == [("burn-in shortened to fit the check's deadline", Status.WARN)]

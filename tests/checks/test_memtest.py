@@ -47,6 +47,14 @@ def test_patterns_the_time_cap_cut_off_are_said_not_passed_over():
     assert "rank 0 (GPU 0): walking_ones, random" in found[0].cause
 
 
+def test_a_gpu_of_which_too_little_was_free_to_test_warns_instead_of_passing():
+    # 80 GiB GPUs: GPU 1 had 0.5 GiB free (another process holds the rest) and its test covered almost nothing.
+    found = memtest.judge(facts({"total_bytes": 80 << 30, "free_bytes": 76 << 30},
+                                {"total_bytes": 80 << 30, "free_bytes": 1 << 29, "buffer_bytes": 8}), EXPECT)
+    assert [(x.summary, x.status) for x in found] == [("memory test covered under half of GPU 1's memory", Status.WARN)]
+    assert found[0].cause == "too little was free to test: GPU 1: 0 MiB of 80.0 GiB (512 MiB free)"
+
+
 def test_memtest_runs_over_the_cpu_profiles_host_buffers(tmp_path):
     p = run_preflight(["run", "--profile", "cpu", "--level", "full", "--only", "memtest", "--json"], env={**clean_env(), "PREFLIGHT_LOCK_FILE": str(tmp_path / "lock")})
     assert p.returncode == 0, p.stderr
