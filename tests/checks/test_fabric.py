@@ -192,6 +192,25 @@ def test_nvml_s_fabric_state_arrives_through_the_nvml_child(tmp_path, monkeypatc
     assert nvml.inventory().gpus[0].fabric is None  # A100: "not supported"
 
 
+def test_the_fake_nvml_fills_the_fabric_struct_only_through_a_pointer(tmp_path, monkeypatch):
+    # The C call writes through its argument: a Structure passed by value leaves the
+    # caller's copy zero (every GPU "not supported") on a real driver, so the fake refuses it.
+    import ctypes
+    import importlib.util
+    monkeypatch.setenv("FAKE_NVML_FACTS", str(NVML / "h100-sxm-8x-fabric-completed.json"))
+    spec = importlib.util.spec_from_file_location("fake_pynvml", fakes.install_fake_pynvml(tmp_path / "nvml") / "pynvml.py")
+    fake = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fake)
+    info = fake.c_nvmlGpuFabricInfo_t()
+    with pytest.raises(TypeError, match="by value"):
+        fake.nvmlDeviceGetGpuFabricInfo(0, info)
+    fake.nvmlDeviceGetGpuFabricInfo(0, ctypes.byref(info))
+    assert info.state == 3
+    other = fake.c_nvmlGpuFabricInfo_t()
+    fake.nvmlDeviceGetGpuFabricInfo(1, ctypes.pointer(other))
+    assert other.state == 3
+
+
 def test_a_failed_registration_s_status_is_nvml_s_error_string(tmp_path, monkeypatch):
     facts = json.loads((NVML / "h100-sxm-8x-fabric-completed.json").read_text())
     facts["gpus"][3]["fabric"] = {"state": "completed", "status": "Insufficient Resources"}
