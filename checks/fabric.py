@@ -39,6 +39,7 @@ START_FM = ("start the fabric manager: `systemctl enable --now nvidia-fabricmana
 class Manager(BaseModel):
     state: Literal["running", "stopped", "unknown"]
     how: str  # how that was learnt, or why it could not be
+    systemd: str | None = None  # `systemctl is-active`'s word where it gave one ("activating": still starting)
 
 
 class FabricFacts(BaseModel):
@@ -54,20 +55,23 @@ def manager_state(host: Host, timeout: float = SYSTEMCTL_TIMEOUT) -> Manager:
     why = "systemctl is not installed"
     exe = shutil.which("systemctl", path=host.environ.get("PATH", os.defpath))
     if exe:
-        done = host.run([exe, "is-active", UNIT], timeout, cwd="/")
-        word = (done.stdout.strip().splitlines() or [""])[0]
-        if done.timed_out:
+        try:
+            done = host.run([exe, "is-active", UNIT], timeout, cwd="/")
+        except OSError as e:  # vanished, or not executable here: systemd's word is unknown, not an error of the check
+            done, why = None, f"systemctl could not run ({e.strerror or e})"
+        word = (done.stdout.strip().splitlines() or [""])[0] if done else ""
+        if done is not None and done.timed_out:
             why = f"`systemctl is-active {UNIT}` did not answer within {timeout:g} s"
         elif word == "active":
-            return Manager(state="running", how=f"systemd unit {UNIT} active")
+            return Manager(state="running", how=f"systemd unit {UNIT} active", systemd=word)
         elif word in ("inactive", "failed", "activating", "deactivating", "reloading"):
             # systemd answers for its own units only: a daemon started by hand (or by a
             # container's entrypoint) runs beside an inactive unit.
             pid = process(host)
             if pid is not None:
-                return Manager(state="running", how=f"process {DAEMON} (pid {pid}), systemd unit {UNIT} {word}")
-            return Manager(state="stopped", how=f"systemd unit {UNIT} is {word}")
-        else:  # "System has not been booted with systemd", no D-Bus in a container
+                return Manager(state="running", how=f"process {DAEMON} (pid {pid}), systemd unit {UNIT} {word}", systemd=word)
+            return Manager(state="stopped", how=f"systemd unit {UNIT} is {word}", systemd=word)
+        elif done is not None:  # "System has not been booted with systemd", no D-Bus in a container
             why = "systemctl cannot tell: " + ((done.stderr.strip().splitlines() or [word or f"exit {done.returncode}"])[-1])
     pid = process(host)
     if pid is not None:
@@ -99,19 +103,45 @@ def gather(host: Host, fake: object | None, timeout: float) -> FabricFacts:
 # ---- judging ---------------------------------------------------------------
 
 
-def judge_manager(m: Manager, inv: Inventory, fabric_state_known: bool) -> list[Finding]:
+CUDA_CATCHES = ("the cuda check catches a stopped manager: CUDA init then fails with 'system not yet initialized' "
+                "(cudaErrorSystemNotReady)")
+
+
+def judge_manager(m: Manager, inv: Inventory, registered: bool, gpus_judged: bool, no_switch: str | None) -> tuple[list[Finding], str | None, str | None]:
+    """The fabric manager: findings, why the part was not judged (or None), and a note for a pass on the GPUs' word (or None).
+
+    ``registered``: every GPU reports its fabric registration COMPLETED with success.
+    ``no_switch``: why no NVSwitch shows on this bus (a VM whose host keeps the switches), or None.
+    """
+    if m.state == "running":
+        return [], None, None
+    if registered:
+        # A completed registration proves a manager programmed the switches; in a shared-NVSwitch
+        # VM it runs on the host, so not seeing it here is no fault.
+        return [], None, (f"nvidia-fabricmanager not seen here ({m.how}), but every GPU's fabric registration completed: "
+                          "a fabric manager (on the host, where this is a VM) did its work")
+    if no_switch:
+        return [], f"{no_switch}; the fabric manager runs where the switches are", None
     fix = START_FM.format(driver=inv.driver_version)
     if m.state == "stopped":
+        if m.systemd == "activating":
+            return [Finding(FAIL, "nvidia-fabricmanager is still starting",
+                            f"{m.how}: the fabric manager is still starting (right after boot it takes a while to program the switches); "
+                            "until it has, CUDA init fails with 'system not yet initialized' (cudaErrorSystemNotReady)",
+                            "wait for `systemctl is-active nvidia-fabricmanager` to say active and run again; if it stays activating, "
+                            "read `journalctl -u nvidia-fabricmanager` and /var/log/fabricmanager.log")], None, None
         return [Finding(FAIL, "nvidia-fabricmanager is not running",
                         f"{m.how}: on an NVSwitch board nothing crosses the switches until the fabric manager has programmed them, "
                         "so CUDA init fails with 'system not yet initialized' (cudaErrorSystemNotReady) or the GPUs have no NVLink peers",
-                        fix)]
-    if m.state == "unknown" and not fabric_state_known:
-        # Where every GPU reports a completed registration, the manager did its work; elsewhere nothing vouches for it.
-        return [Finding(WARN, "fabric manager state unknown", f"whether nvidia-fabricmanager runs is unknown ({m.how}), "
-                        "and the GPUs report no fabric state that would show it did its work",
-                        "run preflight on the host (or with the host's /proc and systemd), or check `systemctl status nvidia-fabricmanager` there")]
-    return []
+                        fix)], None, None
+    if not gpus_judged:
+        # Nothing here can say (A100 has no NVML fabric state, a container hides the host's systemd and
+        # processes): a WARN would sound on every healthy such node.
+        return [], f"whether nvidia-fabricmanager runs is unknown ({m.how}) and the GPUs report no fabric state; {CUDA_CATCHES}", None
+    # The GPUs report a state, not every one completed: the gpus part names them; say why the manager cannot be vouched for.
+    return [Finding(WARN, "fabric manager state unknown", f"whether nvidia-fabricmanager runs is unknown ({m.how}), "
+                    "and not every GPU reports a completed fabric registration that would show it did its work",
+                    "run preflight on the host (or with the host's /proc and systemd), or check `systemctl status nvidia-fabricmanager` there")], None, None
 
 
 def _gpus(gpus: list[Gpu]) -> str:
@@ -172,22 +202,31 @@ def judge_switches(shape: NodeShape, expect: FabricExpect) -> tuple[list[Finding
     return [], None
 
 
-def judge(facts: FabricFacts, shape: NodeShape, expect: FabricExpect) -> tuple[dict[str, list[Finding]], dict[str, str]]:
-    """Findings by part, and each part not judged with its reason."""
+def judge(facts: FabricFacts, shape: NodeShape, expect: FabricExpect) -> tuple[dict[str, list[Finding]], dict[str, str], dict[str, str]]:
+    """Findings by part, each part not judged with its reason, and notes on parts that passed on indirect evidence."""
     parts: dict[str, list[Finding]] = {}
     unjudged: dict[str, str] = {}
+    notes: dict[str, str] = {}
     if expect.gpu_fabric_state:
         parts["gpus"], why = judge_gpus(facts.inventory)
         if why:
             unjudged["gpus"] = why
     else:
         unjudged["gpus"] = f"this GPU predates NVML's GPU fabric state ({expect.state_source})"
-    completed = "gpus" not in unjudged and all(g.fabric is not None and g.fabric.state == "completed" for g in facts.inventory.gpus)
-    parts["manager"] = judge_manager(facts.manager, facts.inventory, completed)
+    gpus = facts.inventory.gpus
+    registered = "gpus" not in unjudged and bool(gpus) and all(
+        g.fabric is not None and g.fabric.state == "completed" and g.fabric.status == "success" for g in gpus)
     parts["nvswitches"], why = judge_switches(shape, expect)
     if why:
         unjudged["nvswitches"] = why
-    return parts, unjudged
+    no_switch = ("no NVSwitch on this PCI bus: a VM whose host keeps the switches (shared NVSwitch virtualization)"
+                 if shape.pci_gpus is not None and shape.nvswitches == 0 else None)
+    parts["manager"], why, note = judge_manager(facts.manager, facts.inventory, registered, "gpus" not in unjudged, no_switch)
+    if why:
+        unjudged["manager"] = why
+    if note:
+        notes["manager"] = note
+    return parts, unjudged, notes
 
 
 # ---- the check ---------------------------------------------------------------
@@ -216,15 +255,18 @@ class Fabric(Check):
             facts = gather(ctx.host, ctx.settings.nvml_fake, timeout=20.0)
         except nvml.NvmlUnavailable as e:
             return self.result(FAIL, e.cause, cause=e.cause, remedy=e.remedy)
-        parts, unjudged = judge(facts, ctx.shape, ctx.profile.fabric)
+        parts, unjudged, notes = judge(facts, ctx.shape, ctx.profile.fabric)
         if ctx.settings.nvml_fake is not None:  # fail closed, as the cuda check does
             parts["source"] = [nvml.fake_finding(str(ctx.settings.nvml_fake))]
         details = {"manager": facts.manager.model_dump(), "nvswitches": ctx.shape.nvswitches,
                    "gpus": {str(g.index): g.fabric.model_dump() if g.fabric else None for g in facts.inventory.gpus},
-                   "parts": {name: worst(found) for name, found in parts.items()}, "not_judged": unjudged}
-        lines = [f"{part}: not judged: {why}" for part, why in unjudged.items()]
+                   "parts": {name: "SKIP" if name in unjudged else worst(found) for name, found in parts.items()},
+                   "not_judged": unjudged, "notes": notes}
+        lines = [f"{part}: not judged: {why}" for part, why in unjudged.items()] + [f"{part}: {note}" for part, note in notes.items()]
         n = len(facts.inventory.gpus)
-        ok = (f"fabric manager {facts.manager.state} ({facts.manager.how})"
+        m = facts.manager
+        ok = (("fabric manager not judged" if "manager" in unjudged else
+               f"fabric manager {m.state} ({m.how})" if "manager" not in notes else f"fabric manager not seen here ({m.how})")
               + ("" if "gpus" in unjudged else f"; fabric registration completed on all {n} GPUs")
               + ("" if "nvswitches" in unjudged else f"; {ctx.shape.nvswitches} of {ctx.profile.fabric.nvswitches} NVSwitches on the bus"))
         return self.conclude([f for found in parts.values() for f in found], ok, details=details, lines=lines)

@@ -5,10 +5,10 @@ was built with.
 
 GPUs of one board on different VBIOS or InfoROM versions are the odd-one-out
 faults: a GPU left behind by a partial firmware update clocks, throttles or
-fails differently from its peers. A torch built for a newer CUDA than the
-driver supports fails at init ("driver version is insufficient") or, within
-one major version, runs under minor-version compatibility without the
-features that need the newer driver.
+fails differently from its peers. A torch built for a newer CUDA major than
+the driver supports fails at init ("driver version is insufficient"); within
+one major version it runs under minor-version compatibility, which is how
+PyTorch's own wheels are meant to run (a cu128 wheel on a 12.4 driver).
 """
 
 from __future__ import annotations
@@ -159,22 +159,30 @@ def judge_cuda(inv: Inventory, torch: TorchCuda | None, skipped: str | None) -> 
     if inv.cuda_driver_version is None:
         return [], "NVML does not say which CUDA version the driver supports"
     driver, runtime = _version(inv.cuda_driver_version)[:2], _version(torch.cuda)[:2]
-    if driver >= runtime:
+    if driver[0] >= runtime[0]:  # a newer minor of the same major: minor-version compatibility (compat_note)
         return [], None
     fix = f"install a driver that supports CUDA {torch.cuda} or newer, or a torch built for CUDA {inv.cuda_driver_version} or older"
-    if driver[0] < runtime[0]:
-        return [Finding(FAIL, f"torch needs CUDA {torch.cuda}, the driver supports {inv.cuda_driver_version}",
+    return [Finding(FAIL, f"torch needs CUDA {torch.cuda}, the driver supports {inv.cuda_driver_version}",
                         f"torch {torch.torch} was built with CUDA {torch.cuda}; driver {inv.driver_version} supports CUDA up to "
                         f"{inv.cuda_driver_version}: CUDA init fails with 'driver version is insufficient for CUDA runtime version' "
                         f"(a CUDA major version needs a driver of its own branch, {COMPAT})", fix)], None
-    return [Finding(WARN, f"torch's CUDA {torch.cuda} is newer than the driver's {inv.cuda_driver_version}",
-                    f"torch {torch.torch} was built with CUDA {torch.cuda}; driver {inv.driver_version} supports CUDA "
-                    f"{inv.cuda_driver_version}: it runs under minor-version compatibility, but PTX compiled for the newer CUDA "
-                    f"and calls that need the newer driver fail ({COMPAT})", fix)], None
 
 
-def judge(facts: FirmwareFacts, vbios_pin: str | None = None, inforom_pin: str | None = None) -> tuple[dict[str, list[Finding]], dict[str, str]]:
-    """Findings by part, and each part not judged with its reason."""
+def compat_note(inv: Inventory, torch: TorchCuda | None) -> str | None:
+    """Why a torch of a newer CUDA minor than the driver's passes, for details; None where it does not apply."""
+    if torch is None or torch.cuda is None or inv.cuda_driver_version is None:
+        return None
+    driver, runtime = _version(inv.cuda_driver_version)[:2], _version(torch.cuda)[:2]
+    if driver >= runtime or driver[0] != runtime[0]:
+        return None
+    # PyTorch's wheels bundle their CUDA runtime and rely on this; only PTX JIT of newer code and
+    # the newest APIs need the newer driver, which the cuda and train checks would meet.
+    return (f"torch {torch.torch} built for CUDA {torch.cuda} runs on driver {inv.driver_version} (CUDA {inv.cuda_driver_version}) "
+            f"under minor-version compatibility ({COMPAT})")
+
+
+def judge(facts: FirmwareFacts, vbios_pin: str | None = None, inforom_pin: str | None = None) -> tuple[dict[str, list[Finding]], dict[str, str], dict[str, str]]:
+    """Findings by part, each part not judged with its reason, and notes on parts that passed by a rule worth saying."""
     gpus = facts.inventory.gpus
     parts: dict[str, list[Finding]] = {}
     unjudged: dict[str, str] = {}
@@ -187,7 +195,8 @@ def judge(facts: FirmwareFacts, vbios_pin: str | None = None, inforom_pin: str |
         parts[part], why = found
         if why:
             unjudged[part] = why
-    return parts, unjudged
+    note = compat_note(facts.inventory, facts.torch) if "cuda" not in unjudged else None
+    return parts, unjudged, ({"cuda": note} if note else {})
 
 
 # ---- the check ---------------------------------------------------------------
@@ -211,15 +220,15 @@ class Firmware(Check):
             return self.result(FAIL, e.cause, cause=e.cause, remedy=e.remedy)
         if not facts.inventory.gpus:
             return self.result(Status.SKIP, "NVML lists no GPU: no firmware to compare")
-        parts, unjudged = judge(facts, ctx.settings.vbios_version, ctx.settings.inforom_version)
+        parts, unjudged, notes = judge(facts, ctx.settings.vbios_version, ctx.settings.inforom_version)
         if ctx.settings.nvml_fake is not None:  # fail closed, as the cuda check does
             parts["source"] = [nvml.fake_finding(str(ctx.settings.nvml_fake))]
         inv = facts.inventory
         details = {"driver": inv.driver_version, "kernel_driver": facts.kernel_driver, "cuda_driver": inv.cuda_driver_version,
                    "torch": facts.torch.model_dump() if facts.torch else None,
                    "gpus": {str(g.index): {"vbios": g.vbios, "inforom_image": g.inforom_image} for g in inv.gpus},
-                   "parts": {name: worst(found) for name, found in parts.items()}, "not_judged": unjudged}
-        lines = [f"{part}: not judged: {why}" for part, why in unjudged.items()]
+                   "parts": {name: worst(found) for name, found in parts.items()}, "not_judged": unjudged, "notes": notes}
+        lines = [f"{part}: not judged: {why}" for part, why in unjudged.items()] + [f"{part}: {note}" for part, note in notes.items()]
         vbios = sorted({g.vbios for g in inv.gpus if g.vbios})
         inforom = sorted({g.inforom_image for g in inv.gpus if g.inforom_image})
         ok = (f"driver {inv.driver_version} (CUDA {inv.cuda_driver_version}) on {len(inv.gpus)} GPUs"

@@ -200,7 +200,7 @@ FAKE_PYNVML = """
 # A stand-in for nvidia-ml-py, driven by FAKE_NVML (a failure mode) and
 # FAKE_NVML_FACTS (the FakeNvml JSON whose facts it serves), so the real
 # adapter in preflight/readers/nvml.py runs against known answers.
-import json, os, signal, time
+import ctypes, json, os, signal, time
 
 class NVMLError(Exception):
     pass
@@ -284,12 +284,23 @@ NVML_SUCCESS = 0
 FABRIC_CODES = {"not_supported": 0, "not_started": 1, "in_progress": 2, "completed": 3}
 ERRORS = {}  # code -> NVML's error string, for the fabric status a file names
 
-class c_nvmlGpuFabricInfo_t:
-    def __init__(self):
-        self.clusterUuid, self.status, self.cliqueId, self.state = bytes(16), 0, 0, 0
+class c_nvmlGpuFabricInfo_t(ctypes.Structure):
+    _fields_ = [("clusterUuid", ctypes.c_uint8 * 16), ("status", ctypes.c_int),
+                ("cliqueId", ctypes.c_uint32), ("state", ctypes.c_uint)]
 
-def nvmlDeviceGetGpuFabricInfo(h, info):
+def _pointee(arg):
+    # nvidia-ml-py hands the argument to the C function unchanged, and ctypes passes
+    # a bare Structure by value: NVML then writes through garbage and the caller's
+    # struct stays zero. Only a pointer (byref or pointer()) reaches the caller's memory.
+    if isinstance(arg, ctypes._Pointer):
+        return arg.contents
+    if type(arg).__name__ == "CArgObject":  # what ctypes.byref returns
+        return arg._obj
+    raise TypeError(f"nvmlDeviceGetGpuFabricInfo needs a pointer to the struct (ctypes.byref), got {type(arg).__name__} by value")
+
+def nvmlDeviceGetGpuFabricInfo(h, arg):
     # As nvidia-ml-py: fills the struct, returns NVML_SUCCESS; A100 and older raise "not supported".
+    info = _pointee(arg)
     fabric = _given(h, "fabric")
     info.state = FABRIC_CODES[fabric["state"]]
     status = fabric.get("status", "success")

@@ -7,6 +7,7 @@ and the parent validates it.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import operator
 import sys
@@ -231,7 +232,9 @@ def _fabric(pynvml: Any, h: Any, unanswered: dict[str, str]) -> dict[str, str] |
     if make is None:
         return None
     info = make()
-    if _optional(pynvml, "nvmlDeviceGetGpuFabricInfo", h, info, unanswered=unanswered) is None:
+    # nvidia-ml-py hands the argument to C unchanged: a bare Structure would go by value,
+    # NVML would write through garbage and every GPU would read "not supported".
+    if _optional(pynvml, "nvmlDeviceGetGpuFabricInfo", h, ctypes.byref(info), unanswered=unanswered) is None:
         return None
     state = FABRIC_STATES.get(info.state)
     if state is None:  # a state newer than this code: unknown, and not healthy

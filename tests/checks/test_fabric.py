@@ -61,7 +61,7 @@ def node(root: Path, inv) -> shape.NodeShape:
 def judged(nvml_file: str, manager=RUNNING, switches: int = 4, profile=H100, tmp_path: Path | None = None):
     inv = FakeNvml(NVML / nvml_file)
     n = node(hgx(tmp_path, switches), inv) if tmp_path else shape.NodeShape(gpus=8, gpus_from="t", fabric="nvswitch", pci_gpus=[str(i) for i in range(8)], nvswitches=switches)
-    parts, unjudged = fabric.judge(fabric.FabricFacts(manager=manager, inventory=inv), n, profile.fabric)
+    parts, unjudged, _ = fabric.judge(fabric.FabricFacts(manager=manager, inventory=inv), n, profile.fabric)
     return [f for found in parts.values() for f in found], unjudged
 
 
@@ -74,10 +74,38 @@ def test_a_healthy_hgx_h100_passes_every_part(tmp_path):
 
 
 def test_a_stopped_fabric_manager_fails_with_the_cuda_error_and_the_fix():
-    (f,) = judged("h100-sxm-8x-fabric-completed.json", manager=STOPPED)[0]
+    # A100: no GPU fabric state vouches for the switches, so systemd's "failed" decides.
+    (f,) = judged("a100-sxm4-8x-firmware.json", manager=STOPPED, profile=A100, switches=6)[0]
     assert (f.status, f.summary) == (FAIL, "nvidia-fabricmanager is not running")
     assert "system not yet initialized" in f.cause and "is failed" in f.cause
-    assert "systemctl enable --now nvidia-fabricmanager" in f.remedy and "driver's (550.54.15)" in f.remedy
+    assert "systemctl enable --now nvidia-fabricmanager" in f.remedy and "driver's (" in f.remedy
+
+
+def test_a_manager_still_starting_says_so():
+    starting = fabric.Manager(state="stopped", how="systemd unit nvidia-fabricmanager is activating", systemd="activating")
+    found, _ = judged("a100-sxm4-8x-firmware.json", manager=starting, profile=A100, switches=6)
+    assert [(g.status, g.summary) for g in found] == [(FAIL, "nvidia-fabricmanager is still starting")]
+    assert "still starting" in found[0].cause and "run again" in found[0].remedy
+
+
+def test_a_shared_nvswitch_vm_passes_on_the_gpus_completed_registration():
+    # The host runs the manager: here the unit is inactive and no process shows, but every GPU registered.
+    unseen = fabric.Manager(state="stopped", how="systemd unit nvidia-fabricmanager is inactive", systemd="inactive")
+    inv = FakeNvml(NVML / "h100-sxm-8x-fabric-completed.json")
+    vm = shape.NodeShape(gpus=8, gpus_from="t", fabric="nvswitch", pci_gpus=[str(i) for i in range(8)], nvswitches=0)
+    parts, unjudged, notes = fabric.judge(fabric.FabricFacts(manager=unseen, inventory=inv), vm, H100.fabric)
+    assert [f for found in parts.values() for f in found] == []
+    assert "registration completed" in notes["manager"] and "is inactive" in notes["manager"] and "manager" not in unjudged
+    # Bare metal with the switches on the bus: the completed registration vouches just the same.
+    found, _ = judged("h100-sxm-8x-fabric-completed.json", manager=unseen)
+    assert found == []
+
+
+def test_no_nvswitch_on_the_bus_leaves_the_manager_unjudged():
+    # A VM whose host keeps the switches, on a GPU without NVML fabric state: nothing here to judge.
+    unseen = fabric.Manager(state="stopped", how="systemd unit nvidia-fabricmanager is inactive", systemd="inactive")
+    found, unjudged = judged("a100-sxm4-8x-firmware.json", manager=unseen, profile=A100, switches=0)
+    assert found == [] and "no NVSwitch on this PCI bus" in unjudged["manager"]
 
 
 def test_gpus_never_registered_fail_as_one_finding_naming_them():
@@ -118,9 +146,10 @@ def test_switches_hidden_from_a_vm_or_part_of_the_board_are_not_judged():
 def test_a100_is_judged_without_the_gpu_fabric_state_it_predates(tmp_path):
     found, unjudged = judged("a100-sxm4-8x-firmware.json", profile=A100, switches=6)
     assert found == [] and "predates NVML's GPU fabric state" in unjudged["gpus"]
-    # Nothing vouches for an unknown manager on A100: it warns.
-    found, _ = judged("a100-sxm4-8x-firmware.json", profile=A100, switches=6, manager=fabric.Manager(state="unknown", how="no systemd"))
-    assert [(f.status, f.summary) for f in found] == [(WARN, "fabric manager state unknown")]
+    # An HGX A100 in a container cannot see the manager and its GPUs report no fabric state: that part
+    # is not judged (a WARN would sound on every healthy one); the cuda check catches a stopped manager.
+    found, unjudged = judged("a100-sxm4-8x-firmware.json", profile=A100, switches=6, manager=fabric.Manager(state="unknown", how="no systemd"))
+    assert found == [] and "the cuda check catches a stopped manager" in unjudged["manager"]
 
 
 def test_an_unknown_manager_passes_where_every_gpu_reports_a_completed_registration():
@@ -160,7 +189,7 @@ def test_systemd_s_word_decides_where_it_answers(tmp_path):
     active = Host(root, environ={"PATH": str(fakes.systemctl(tmp_path / "a", "active"))})
     assert fabric.manager_state(active).state == "running"
     failed = Host(root, environ={"PATH": str(fakes.systemctl(tmp_path / "f", "failed", exit_code=3))})
-    assert fabric.manager_state(failed) == fabric.Manager(state="stopped", how="systemd unit nvidia-fabricmanager is failed")
+    assert fabric.manager_state(failed) == fabric.Manager(state="stopped", how="systemd unit nvidia-fabricmanager is failed", systemd="failed")
 
 
 def test_a_daemon_started_outside_systemd_counts_as_running(tmp_path):
@@ -173,6 +202,15 @@ def test_without_systemd_and_no_process_in_sight_the_state_is_unknown(tmp_path):
     no_systemd = fakes.systemctl(tmp_path / "c", message="System has not been booted with systemd as init system (PID 1). Can't operate.")
     m = fabric.manager_state(Host(hgx(tmp_path), environ={"PATH": str(no_systemd)}))
     assert m.state == "unknown" and "booted with systemd" in m.how
+
+
+def test_a_systemctl_that_cannot_run_leaves_the_state_unknown(tmp_path):
+    d = tmp_path / "x"
+    d.mkdir()
+    (d / "systemctl").write_text("#!/nonexistent/interpreter\n")
+    (d / "systemctl").chmod(0o755)
+    m = fabric.manager_state(Host(hgx(tmp_path), environ={"PATH": str(d)}))
+    assert m.state == "unknown" and "systemctl could not run" in m.how
 
 
 def test_a_hanging_systemctl_is_cut_at_its_deadline(tmp_path):
@@ -190,6 +228,25 @@ def test_nvml_s_fabric_state_arrives_through_the_nvml_child(tmp_path, monkeypatc
     assert inv.gpus[0].inforom_image == "G520.0200.00.05" and inv.gpus[0].unanswered == {}
     monkeypatch.setenv("FAKE_NVML_FACTS", str(NVML / "a100-sxm4-8x-firmware.json"))
     assert nvml.inventory().gpus[0].fabric is None  # A100: "not supported"
+
+
+def test_the_fake_nvml_fills_the_fabric_struct_only_through_a_pointer(tmp_path, monkeypatch):
+    # The C call writes through its argument: a Structure passed by value leaves the
+    # caller's copy zero (every GPU "not supported") on a real driver, so the fake refuses it.
+    import ctypes
+    import importlib.util
+    monkeypatch.setenv("FAKE_NVML_FACTS", str(NVML / "h100-sxm-8x-fabric-completed.json"))
+    spec = importlib.util.spec_from_file_location("fake_pynvml", fakes.install_fake_pynvml(tmp_path / "nvml") / "pynvml.py")
+    fake = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fake)
+    info = fake.c_nvmlGpuFabricInfo_t()
+    with pytest.raises(TypeError, match="by value"):
+        fake.nvmlDeviceGetGpuFabricInfo(0, info)
+    fake.nvmlDeviceGetGpuFabricInfo(0, ctypes.byref(info))
+    assert info.state == 3
+    other = fake.c_nvmlGpuFabricInfo_t()
+    fake.nvmlDeviceGetGpuFabricInfo(1, ctypes.pointer(other))
+    assert other.state == 3
 
 
 def test_a_failed_registration_s_status_is_nvml_s_error_string(tmp_path, monkeypatch):
