@@ -119,7 +119,8 @@ def judge_counters(facts: RdmaFacts) -> list[Finding]:
             out.append(Finding(WARN, f"{p.where}: port_xmit_discards +{discards} in {secs}",
                                f"{p.where} dropped {discards} packets on send in {secs}: congestion, or a peer that stopped taking traffic",
                                "check the fabric's congestion and the peer port (`perfquery` on the switch side)"))
-        stuck = [n for n, v in p.counters.items() if v >= (1 << ERROR_COUNTERS[n]) - 1 and n not in grew]
+        # Discards count congestion, not the cable: a full counter says nothing about the link.
+        stuck = [n for n, v in p.counters.items() if v >= (1 << ERROR_COUNTERS[n]) - 1 and n not in grew and n != "port_xmit_discards"]
         if stuck:
             out.append(Finding(WARN, f"{p.where}: {', '.join(stuck)} at the counter's ceiling",
                                f"{', '.join(f'{n} = {p.counters[n]}' for n in stuck)} on {p.where}: the counter stops at its ceiling, "

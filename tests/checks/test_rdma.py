@@ -123,6 +123,11 @@ def test_a_counter_stuck_at_its_ceiling_warns_since_growth_is_invisible():
     assert "perfquery -x" in out[0].remedy
 
 
+def test_transmit_discards_at_their_ceiling_are_no_warning():
+    # Congestion fills port_xmit_discards on a healthy link; it says nothing about the cable.
+    assert found(facts(port(first={"port_xmit_discards": 65535}))) == []
+
+
 def test_transmit_discards_growing_warn_as_congestion():
     out = found(facts(port(first={"port_xmit_discards": 5}, later={"port_xmit_discards": 900})))
     assert [(x.status, x.summary) for x in out] == [(WARN, "mlx5_0 port 1: port_xmit_discards +895 in 3 s")]
