@@ -158,7 +158,10 @@ class Rdma(Check):
     wait: Callable[[float], None] = staticmethod(time.sleep)
 
     def applies(self, ctx: Context) -> str | None:
-        if not ibports.read_ports(ctx.host):
+        ports, unread = ibports.scan(ctx.host)
+        if not ports and unread:
+            return f"RDMA ports not judged: {'; '.join(unread)}"
+        if not ports:
             return NO_DEVICE
         return None
 
@@ -181,4 +184,9 @@ class Rdma(Check):
             ok += "; GPUDirect RDMA by " + ("nvidia-peermem" if facts.peermem or facts.memory_peers else "dma-buf")
         if details["since_boot"]:
             ok += f"; {len(details['since_boot'])} counts since boot, not growing (details.since_boot)"
-        return self.conclude(findings, ok, measurements=measurements(facts, expect), details=details)
+        lines = []
+        if facts.unread:
+            details["unjudged"] = {"ports": "; ".join(facts.unread)}
+            lines = [f"not judged: the ports under {u}" for u in facts.unread]
+            ok += "; " + "; ".join(lines)
+        return self.conclude(findings, ok, measurements=measurements(facts, expect), details=details, lines=lines)

@@ -63,6 +63,7 @@ class Port(BaseModel):
 
 class RdmaFacts(BaseModel):
     ports: list[Port] = []
+    unread: list[str] = []  # sysfs directories that could not be listed: their ports are not judged
     interval_seconds: float = 0.0  # how far apart the two reads were
     peermem: list[str] = []  # peer-memory modules loaded
     memory_peers: bool = False  # nv_mem registered with the RDMA core (MLNX_OFED's peer-memory API)
@@ -100,17 +101,32 @@ def _counters(port: Path) -> dict[str, int]:
     return out
 
 
-def read_ports(host: Host) -> list[Port]:
-    root = host.path("/sys/class/infiniband")
-    out = []
-    for dev in sorted(root.iterdir(), key=lambda p: p.name) if root.is_dir() else []:
-        ports = dev / "ports"
-        for p in sorted(ports.iterdir(), key=lambda p: int(p.name)) if ports.is_dir() else []:
-            if not p.name.isdigit():
-                continue
+def _entries(host: Host, rel: str, unread: list[str]) -> list[Path]:
+    """The entries of a sysfs directory; one that exists but cannot be listed (a
+    container's masked /sys, a permission) is said in ``unread``, not raised."""
+    path = host.path(rel)
+    try:
+        return sorted(path.iterdir(), key=lambda p: p.name) if path.is_dir() else []
+    except OSError as e:
+        unread.append(f"{rel} could not be listed ({e.strerror or e})")
+        return []
+
+
+def scan(host: Host) -> tuple[list[Port], list[str]]:
+    """Every RDMA port, and the directories that could not be listed."""
+    out: list[Port] = []
+    unread: list[str] = []
+    for dev in _entries(host, "/sys/class/infiniband", unread):
+        # A port is a numbered directory; anything else under ports/ is not one.
+        numbered = [p for p in _entries(host, f"/sys/class/infiniband/{dev.name}/ports", unread) if p.name.isdigit()]
+        for p in sorted(numbered, key=lambda p: int(p.name)):
             out.append(Port(device=dev.name, port=int(p.name), state=_name(_read(p / "state")), phys_state=_name(_read(p / "phys_state")),
                             rate=_read(p / "rate"), link_layer=_read(p / "link_layer"), counters=_counters(p)))
-    return out
+    return out, unread
+
+
+def read_ports(host: Host) -> list[Port]:
+    return scan(host)[0]
 
 
 def _modules(host: Host) -> set[str]:
@@ -119,7 +135,7 @@ def _modules(host: Host) -> set[str]:
 
 
 def gather(host: Host, interval: float, wait: Callable[[float], None] = time.sleep) -> RdmaFacts:
-    ports = read_ports(host)
+    ports, unread = scan(host)
     waited = 0.0
     if ports:
         start = time.monotonic()
@@ -134,7 +150,7 @@ def gather(host: Host, interval: float, wait: Callable[[float], None] = time.sle
     version = _read(host.path("/proc/driver/nvidia/version"))
     setting = nccl_env.effective(nccl_env.read(host)).get("NCCL_DMABUF_ENABLE")
     return RdmaFacts(
-        ports=ports, interval_seconds=round(waited, 3),
+        ports=ports, unread=unread, interval_seconds=round(waited, 3),
         peermem=[m for m in PEERMEM if host.path(f"/sys/module/{m}").is_dir() or m in loaded],
         memory_peers=any(host.path(p).exists() for p in MEMORY_PEERS),
         kernel=_read(host.path("/proc/sys/kernel/osrelease")),

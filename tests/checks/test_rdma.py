@@ -242,6 +242,32 @@ def test_no_rdma_device_skips_with_the_reason(root):
     assert run(root) == r.NO_DEVICE == "no InfiniBand/RoCE device in /sys/class/infiniband"
 
 
+def test_a_stray_entry_under_ports_is_no_port(root):
+    (root / IB / "mlx5_0/ports/README").write_text("not a port\n")
+    assert len(ibports.read_ports(Host(root))) == 12
+
+
+def test_an_unlisted_ports_directory_is_said_not_raised(root, monkeypatch):
+    # Root reads anything: the permission error a non-root run or a masked /sys gives is raised here.
+    listing = Path.iterdir
+
+    def iterdir(self):
+        if self.name == "ports" and self.parent.name == "mlx5_3":
+            raise PermissionError(13, "Permission denied")
+        return listing(self)
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+    res = run(root)
+    assert res.status == PASS and res.details["unjudged"] == {"ports": "/sys/class/infiniband/mlx5_3/ports could not be listed (Permission denied)"}
+    assert "not judged: the ports under /sys/class/infiniband/mlx5_3/ports" in res.summary and "11/11 RDMA ports" in res.summary
+
+
+def test_an_unlisted_rdma_class_skips_saying_so(root, monkeypatch):
+    listing = Path.iterdir
+    monkeypatch.setattr(Path, "iterdir", lambda self: (_ for _ in ()).throw(PermissionError(13, "Permission denied"))
+                        if self.name == "infiniband" else listing(self))
+    assert run(root) == "RDMA ports not judged: /sys/class/infiniband could not be listed (Permission denied)"
+
+
 def test_gpudirect_is_not_judged_on_a_node_without_gpus(root):
     shutil.rmtree(root / "sys/module/nvidia_peermem")
     edit(root, "proc/modules", "")
