@@ -52,14 +52,15 @@ def not_applicable(facts: PcieFacts) -> str | None:
 
 
 def shared_switch_ports(a: Endpoint, b: Endpoint) -> list[str]:
-    """The bridges between two devices below a shared switch: the ports under the point where
-    their paths part. Devices under different root ports meet in the root complex anyway, so
-    ACS there decides nothing."""
+    """The two downstream ports of the shared switch where the paths of two devices part:
+    peer traffic between them turns around there, so only their ACS redirect decides.
+    Ports further down lead to one device each and carry no peer traffic between the two;
+    devices under different root ports meet in the root complex anyway."""
     pa, pb = a.bridges or [], b.bridges or []
     k = 0
     while k < min(len(pa), len(pb)) and pa[k] == pb[k]:
         k += 1
-    return pa[k:] + pb[k:] if k else []
+    return pa[k:k + 1] + pb[k:k + 1] if k else []
 
 
 def judge_acs(facts: PcieFacts) -> tuple[list[Finding], str | None]:

@@ -70,6 +70,19 @@ def test_source_validation_alone_warns():
     assert [f.status for f in found] == [WARN] and "SrcValid+ at d1" in found[0].cause
 
 
+def test_only_the_ports_where_the_paths_part_are_judged():
+    # g1 sits below a second, one-device switch under d1: its ports lead to g1 alone.
+    f = facts()
+    f.gpus[0] = gpu("g1", ["rp", "up", "d1", "up2", "d3"])
+    f.bridges.update({b: Bridge(bdf=b, acs=Acs(cap=0x7F, ctl=0x0C, source="config space")) for b in ("up2", "d3")})
+    assert check.shared_switch_ports(*f.gpus) == ["d1", "d2"]
+    assert check.judge_acs(f) == ([], None)
+    f.bridges["d1"] = Bridge(bdf="d1", acs=Acs(cap=0x7F, ctl=0x0C, source="config space"))
+    found, _ = check.judge_acs(f)
+    assert [x.summary for x in found] == ["ACS redirects peer traffic on 1 switch port between GPUs/NICs"]
+    assert "d1 (ACSCtl ReqRedir+ CmpltRedir+) between GPU g1 and GPU g2" in found[0].cause
+
+
 def test_devices_under_different_root_ports_share_no_switch_port():
     a, b = gpu("g1", ["rp1", "up1", "d1"]), gpu("g2", ["rp2", "up2", "d2"])
     assert check.shared_switch_ports(a, b) == []
