@@ -24,9 +24,9 @@ FAIL, WARN = Status.FAIL, Status.WARN
 NVML = Path(__file__).parents[1] / "fixtures" / "nvml" / "h100-sxm-8x-healthy.json"
 
 
-def gathered(root: Path) -> PcieFacts:
-    h = Host(root, environ={"PATH": ""})
-    return pcie.gather(h, pci_nvidia(h).gpus or [])
+def gathered(root: Path, path: str = "", as_root: bool | None = None) -> PcieFacts:
+    h = Host(root, environ={"PATH": path})
+    return pcie.gather(h, pci_nvidia(h).gpus or [], root=as_root)
 
 
 @pytest.fixture
@@ -185,9 +185,35 @@ def test_config_space_cut_to_64_bytes_skips_acs_with_the_reason(tree):
     root = tree("fail")  # a non-root run: sysfs gives 64 bytes of config space
     for config in (root / "sys/devices").rglob("config"):
         config.write_bytes(config.read_bytes()[:64])
-    parts, unjudged = check.judge(gathered(root))
+    parts, unjudged = check.judge(gathered(root, as_root=False))
     assert parts["acs"] == [] and "extended capabilities (ACS among them) are shown to root only" in unjudged["acs"]
     assert parts["links"]  # the rest is still judged
+
+
+def test_a_256_byte_config_space_read_as_root_is_a_bridge_without_acs(tree):
+    root = tree("fail")
+    for config in (root / "sys/devices").rglob("config"):
+        config.write_bytes(config.read_bytes()[:256])
+    f = gathered(root, as_root=True)
+    parts, unjudged = check.judge(f)
+    assert parts["acs"] == [] and "acs" not in unjudged  # a conventional bridge cannot redirect: judged, fine
+    bridge = f.bridges["0000:12:01.0"]
+    assert bridge.acs_unread is None and bridge.no_acs and "no extended configuration space, so no ACS capability" in bridge.no_acs
+    assert "shown to root only" in check.judge(gathered(root, as_root=False))[1]["acs"]
+
+
+def test_lspci_that_cannot_be_started_leaves_acs_unjudged_saying_so(tree, tmp_path):
+    root = tree("fail")
+    for config in (root / "sys/devices").rglob("config"):
+        config.unlink()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    lspci = bin_dir / "lspci"
+    lspci.write_text("#!/nonexistent/interpreter\n")  # on PATH, executable, but exec fails: OSError
+    lspci.chmod(0o755)
+    parts, unjudged = check.judge(gathered(root, path=str(bin_dir)))
+    assert parts["acs"] == [] and "lspci unavailable (No such file or directory)" in unjudged["acs"]
+    assert "its sysfs config file could not be read" in unjudged["acs"]
 
 
 # ---- preflight run, for real -----------------------------------------------------------------------
