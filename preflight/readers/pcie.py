@@ -56,6 +56,7 @@ class Endpoint(BaseModel):
     bridges: list[str] | None = None  # root port first; None: sysfs does not show where it sits
     iommu_group: str | None = None
     iommu_type: str | None = None  # sysfs iommu_groups/N/type: identity, DMA, DMA-FQ, ...
+    rdma: bool = False  # an RDMA device (/sys/class/infiniband): GPUDirect RDMA can reach the GPUs through it
 
     def label(self) -> str:
         return f"{self.kind} {self.bdf}" if self.name == self.bdf else f"{self.kind} {self.name} ({self.bdf})"
@@ -169,9 +170,9 @@ def _iommu(host: Host, bdf: str) -> tuple[str | None, str | None]:
     return name, _read(host.path(f"/sys/kernel/iommu_groups/{name}/type"))
 
 
-def _endpoint(host: Host, kind: str, name: str, bdf: str) -> Endpoint:
+def _endpoint(host: Host, kind: str, name: str, bdf: str, rdma: bool = False) -> Endpoint:
     group, kind_of = _iommu(host, bdf)
-    return Endpoint(kind=kind, name=name, bdf=bdf, bridges=bridges_above(host, bdf), iommu_group=group, iommu_type=kind_of)
+    return Endpoint(kind=kind, name=name, bdf=bdf, bridges=bridges_above(host, bdf), iommu_group=group, iommu_type=kind_of, rdma=rdma)
 
 
 def _listdir(path: Path) -> list[Path]:
@@ -181,9 +182,10 @@ def _listdir(path: Path) -> list[Path]:
         return []
 
 
-def nic_addresses(host: Host) -> dict[str, str]:
-    """PCI address -> name of every RDMA device and every network device with a PCI parent."""
-    out: dict[str, str] = {}
+def nic_addresses(host: Host) -> dict[str, tuple[str, bool]]:
+    """PCI address -> (name, whether it is an RDMA device) of every RDMA device and every
+    network device with a PCI parent; an RDMA device keeps its RDMA name."""
+    out: dict[str, tuple[str, bool]] = {}
     for cls in ("infiniband", "net"):
         for entry in _listdir(host.path(f"/sys/class/{cls}")):
             try:
@@ -191,7 +193,7 @@ def nic_addresses(host: Host) -> dict[str, str]:
             except OSError:
                 continue  # virtual: no device behind it
             if BDF.match(bdf):
-                out.setdefault(bdf, entry.name)
+                out.setdefault(bdf, (entry.name, cls == "infiniband"))
     return out
 
 
@@ -242,7 +244,7 @@ def gather(host: Host, gpus: list[str], deadline_s: float = LSPCI_TIMEOUT, root:
                       iommu_units=[p.name for p in _listdir(host.path("/sys/class/iommu"))],
                       iommu_groups=len(_listdir(host.path("/sys/kernel/iommu_groups"))))
     facts.gpus = [_endpoint(host, "GPU", bdf, bdf) for bdf in gpus]
-    facts.nics = [_endpoint(host, "NIC", name, bdf) for bdf, name in sorted(nic_addresses(host).items()) if bdf not in gpus]
+    facts.nics = [_endpoint(host, "NIC", name, bdf, rdma) for bdf, (name, rdma) in sorted(nic_addresses(host).items()) if bdf not in gpus]
     for e in facts.gpus + facts.nics:
         for bdf in e.bridges or []:
             if bdf not in facts.bridges:

@@ -109,6 +109,20 @@ def test_iommu_mode(types, cmdline, groups, want):
     assert [x.summary for x in found] == want and all(x.status == WARN and "iommu=pt" in x.remedy for x in found)
 
 
+def test_iommu_is_not_judged_without_a_gpu_peer_or_rdma_path():
+    # One GPU and a management NIC (a net device, no RDMA): no DMA crosses between devices.
+    lone = PcieFacts(gpus=[gpu("g0", ["rp"], iommu="DMA-FQ")], nics=[gpu("n0", ["rp2"], kind="NIC", name="eno1", iommu="DMA-FQ")],
+                     cmdline="intel_iommu=on", iommu_groups=40)
+    parts, unjudged = check.judge(lone)
+    assert parts["iommu"] == [] and unjudged == {"iommu": "no GPU peer or RDMA path"}
+    # The same GPU beside an RDMA NIC has a GPUDirect RDMA path: judged, the management NIC left out.
+    rdma = gpu("n1", ["rp3"], kind="NIC", name="mlx5_0", iommu="DMA-FQ").model_copy(update={"rdma": True})
+    with_rdma = lone.model_copy(update={"nics": lone.nics + [rdma]})
+    parts, unjudged = check.judge(with_rdma)
+    assert [x.summary for x in parts["iommu"]] == ["IOMMU translates DMA for 2 GPU/NICs"] and "iommu" not in unjudged
+    assert "eno1" not in parts["iommu"][0].cause
+
+
 def test_a_narrow_switch_link_fails_and_an_endpoint_link_is_not_judged_here():
     full = PciLink(speed="32.0 GT/s PCIe", width=16, max_speed="32.0 GT/s PCIe", max_width=16)
     narrow = full.model_copy(update={"width": 8})
@@ -154,6 +168,7 @@ def test_the_healthy_hgx_tree_passes():
     assert len(f.gpus) == 8 and len(f.nics) == 12
     assert f.gpus[0].bridges == ["0000:10:01.0", "0000:11:00.0", "0000:12:00.0", "0000:13:00.0", "0000:14:01.0"]
     assert {n.name for n in f.nics} >= {"mlx5_0", "mlx5_11"} and f.gpus[0].iommu_type == "identity"
+    assert all(n.rdma == n.name.startswith("mlx5_") for n in f.nics)
     assert check.not_applicable(f) is None
     parts, unjudged = check.judge(f)
     assert parts == {"acs": [], "iommu": [], "links": []} and unjudged == {}
