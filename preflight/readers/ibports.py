@@ -25,6 +25,7 @@ from pydantic import BaseModel
 from preflight.base.host import Host
 from preflight.readers import nccl_env
 from preflight.readers.nccl_net import MEMORY_PEERS, PEERMEM
+from preflight.readers.pcie import bridges_above
 
 # Counter -> its width in bits in the IBA PortCounters attribute: a counter
 # stops at its ceiling (it does not wrap), and then cannot show growth.
@@ -50,6 +51,8 @@ class Port(BaseModel):
     counters: dict[str, int] = {}  # the first read
     counters_later: dict[str, int] = {}  # the second read
     state_later: str | None = None
+    pci: str | None = None  # the device's PCI address
+    near_gpu: bool | None = None  # shares a PCIe switch with a GPU; None: sysfs cannot tell
 
     @property
     def where(self) -> str:
@@ -71,6 +74,7 @@ class RdmaFacts(BaseModel):
     driver: str | None = None  # /sys/module/nvidia/version
     nvidia_open: bool | None = None  # the open GPU kernel modules; None: no NVIDIA driver seen
     dmabuf_setting: tuple[str, str] | None = None  # NCCL_DMABUF_ENABLE's (value, where) as NCCL reads it
+    ib_hca: tuple[str, str] | None = None  # NCCL_IB_HCA's (value, where): the devices NCCL is told to use
 
     def dmabuf_capable(self) -> bool | None:
         """dma-buf GPUDirect RDMA: the open modules on Linux >= 5.12; None where unknown."""
@@ -129,13 +133,31 @@ def read_ports(host: Host) -> list[Port]:
     return scan(host)[0]
 
 
+def near_gpus(host: Host, ports: list[Port], gpus: list[str]) -> None:
+    """Set each port's PCI address and whether it shares a PCIe switch with a GPU: both
+    paths pass one bridge below the root port. That is a NIC NCCL pairs with a GPU for
+    GPUDirect RDMA; one alone under its root port is storage or management."""
+    paths = [p for p in (bridges_above(host, g) for g in gpus) if p]
+    for port in ports:
+        try:
+            port.pci = host.path(f"/sys/class/infiniband/{port.device}/device").resolve(strict=True).name
+        except OSError:
+            continue
+        mine = bridges_above(host, port.pci)
+        if mine is None or not paths:
+            continue  # a VM, or no GPU placed: proximity cannot be told
+        port.near_gpu = any(len(mine) >= 2 and len(g) >= 2 and mine[:2] == g[:2] for g in paths)
+
+
 def _modules(host: Host) -> set[str]:
     text = _read(host.path("/proc/modules")) or ""
     return {line.split()[0] for line in text.splitlines() if line.strip()}
 
 
-def gather(host: Host, interval: float, wait: Callable[[float], None] = time.sleep) -> RdmaFacts:
+def gather(host: Host, interval: float, wait: Callable[[float], None] = time.sleep, gpus: list[str] | None = None) -> RdmaFacts:
+    """``gpus``: the GPUs' PCI addresses, to tell the compute NICs (beside a GPU) from the rest."""
     ports, unread = scan(host)
+    near_gpus(host, ports, gpus or [])
     waited = 0.0
     if ports:
         start = time.monotonic()
@@ -148,7 +170,8 @@ def gather(host: Host, interval: float, wait: Callable[[float], None] = time.sle
             p.state_later = again.state if again else None
     loaded = _modules(host)
     version = _read(host.path("/proc/driver/nvidia/version"))
-    setting = nccl_env.effective(nccl_env.read(host)).get("NCCL_DMABUF_ENABLE")
+    nccl = nccl_env.effective(nccl_env.read(host))
+    setting = nccl.get("NCCL_DMABUF_ENABLE")
     return RdmaFacts(
         ports=ports, unread=unread, interval_seconds=round(waited, 3),
         peermem=[m for m in PEERMEM if host.path(f"/sys/module/{m}").is_dir() or m in loaded],
@@ -156,4 +179,4 @@ def gather(host: Host, interval: float, wait: Callable[[float], None] = time.sle
         kernel=_read(host.path("/proc/sys/kernel/osrelease")),
         driver=_read(host.path("/sys/module/nvidia/version")),
         nvidia_open=None if version is None else "Open Kernel Module" in version,
-        dmabuf_setting=setting)
+        dmabuf_setting=setting, ib_hca=nccl.get("NCCL_IB_HCA"))

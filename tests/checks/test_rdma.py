@@ -89,10 +89,50 @@ def test_a_port_in_init_points_at_the_subnet_manager():
     assert [x.summary for x in out] == ["mlx5_0 port 1 INIT"] and "subnet manager" in out[0].cause and "opensm" in out[0].remedy
 
 
-def test_a_storage_ethernet_port_down_is_only_a_warning():
-    out = found(facts(port(), port("mlx5_4", state="DOWN", phys="Disabled", layer="Ethernet", rate="200 Gb/sec (4X HDR)")))
-    assert [(x.status, x.summary) for x in out] == [(WARN, "mlx5_4 port 1 DOWN")]
-    assert "administratively disabled" in out[0].remedy
+def test_a_storage_ethernet_port_down_is_reported_not_judged():
+    # It was a WARN: a port no job uses says nothing about the job (an uncabled spare is normal).
+    f = facts(port(), port("mlx5_4", state="DOWN", phys="Disabled", layer="Ethernet", rate="200 Gb/sec (4X HDR)"))
+    assert found(f) == [] and r.other_ports(f, H100.rdma) == ["mlx5_4 port 1 (Ethernet) DOWN (physical state Disabled)"]
+
+
+def test_an_infiniband_storage_port_away_from_the_gpus_is_no_compute_port():
+    storage = port("mlx5_10", rate="200 Gb/sec (4X HDR)").model_copy(update={"near_gpu": False})
+    f = facts(port().model_copy(update={"near_gpu": True}), storage)
+    assert found(f) == [] and r.other_ports(f, H100.rdma) == ["mlx5_10 port 1 (InfiniBand) at 200 Gb/sec (4X HDR)"]
+    near = storage.model_copy(update={"near_gpu": True})  # beside a GPU: a rail, held to the rate
+    assert [x.summary for x in found(facts(port(), near))] == ["mlx5_10 port 1 at 200 Gb/sec (4X HDR), 400 Gb/sec expected"]
+
+
+@pytest.mark.parametrize("profile", ["a100-pcie", "h100-pcie", "h100-nvl"])
+def test_the_unused_second_port_of_a_dual_port_card_passes_on_pcie_profiles(profile):
+    spare = port(state="DOWN", phys="Polling").model_copy(update={"port": 2})
+    f = facts(port(), spare)
+    assert found(f, expect=resolved(profile).rdma) == [] and r.other_ports(f, resolved(profile).rdma) == [
+        "mlx5_0 port 2 (InfiniBand) DOWN (physical state Polling)"]
+    # Both ports down is a cable fault on the card, not a spare.
+    assert [x.summary for x in found(facts(port(state="DOWN", phys="Polling"), spare), expect=resolved(profile).rdma)] == [
+        "mlx5_0 port 1 DOWN", "mlx5_0 port 2 DOWN"]
+
+
+@pytest.mark.parametrize("spec, named", [
+    ("mlx5_0", {"mlx5_0:1", "mlx5_0:2"}),  # a prefix: NCCL matches mlx5_0* too
+    ("mlx5_1", {"mlx5_1:1", "mlx5_10:1"}),
+    ("=mlx5_1", {"mlx5_1:1"}),
+    ("mlx5_0:1,mlx5_1:1", {"mlx5_0:1", "mlx5_1:1", "mlx5_10:1"}),
+    ("^mlx5_1", {"mlx5_0:1", "mlx5_0:2"}),
+    ("^=mlx5_1", {"mlx5_0:1", "mlx5_0:2", "mlx5_10:1"}),
+    ("^mlx5_0:2", {"mlx5_0:1", "mlx5_1:1", "mlx5_10:1"}),
+])
+def test_nccl_ib_hca_syntax(spec, named):
+    ports = [("mlx5_0", 1), ("mlx5_0", 2), ("mlx5_1", 1), ("mlx5_10", 1)]
+    assert {f"{d}:{p}" for d, p in ports if r.hca_names(spec)(d, p)} == named
+
+
+def test_nccl_ib_hca_decides_the_compute_ports():
+    down = port("mlx5_1", state="DOWN", phys="LinkUp")
+    assert [x.summary for x in found(facts(port(), down))] == ["mlx5_1 port 1 DOWN"]
+    assert found(facts(port(), down, ib_hca=("=mlx5_0", "the environment"))) == []
+    assert found(facts(port(), down, ib_hca=("^mlx5_1", "/etc/nccl.conf"))) == []
 
 
 def test_a_compute_port_below_the_profiles_rate_fails():
@@ -192,6 +232,30 @@ def test_the_healthy_tree_passes_with_peermem():
     rates = {m.labels["device"]: (m.value, m.floor) for m in res.measurements if m.name == "rdma_port_rate"}
     assert rates["mlx5_0"] == (400, 400) and rates["mlx5_4"] == (200, None)
     assert res.details["parts"] == {"gpudirect": "PASS", "ports": "PASS", "counters": "PASS"}
+
+
+def test_nics_beside_the_gpus_are_the_compute_ports_in_a_recorded_tree(tmp_path):
+    """The HGX tree with resolved PCI paths (tests/fixtures/pcie/pass): mlx5_4/5/10/11 sit under
+    their own root ports (storage), the other eight share a switch with a GPU."""
+    root = tmp_path / "pass"
+    shutil.copytree(TREE.parent.parent / "pcie" / "pass", root, symlinks=True)
+    for dev in (root / IB).iterdir():
+        (dev / "ports/1/counters").mkdir(parents=True)
+        storage = dev.name in ("mlx5_4", "mlx5_5", "mlx5_10", "mlx5_11")
+        for name, text in {"state": "1: DOWN" if dev.name == "mlx5_11" else "4: ACTIVE", "phys_state": "5: LinkUp",
+                           "rate": "200 Gb/sec (4X HDR)" if storage else "400 Gb/sec (4X NDR)", "link_layer": "InfiniBand"}.items():
+            (dev / "ports/1" / name).write_text(text + "\n")
+    h = Host(root)
+    from preflight.pipeline.shape import pci_nvidia
+    f = ibports.gather(h, 0, lambda s: None, pci_nvidia(h).gpus)
+    assert r.judge_ports(f, H100.rdma) == []
+    assert r.other_ports(f, H100.rdma) == ["mlx5_10 port 1 (InfiniBand) at 200 Gb/sec (4X HDR)",
+                                           "mlx5_11 port 1 (InfiniBand) DOWN (physical state LinkUp)",
+                                           "mlx5_4 port 1 (InfiniBand) at 200 Gb/sec (4X HDR)", "mlx5_5 port 1 (InfiniBand) at 200 Gb/sec (4X HDR)"]
+    assert r.chosen_by(f) == "the profile's link_layer and a PCIe switch shared with a GPU"
+    edit(root, f"{IB}/mlx5_0/ports/1/rate", "200 Gb/sec (4X HDR)")
+    f = ibports.gather(h, 0, lambda s: None, pci_nvidia(h).gpus)
+    assert [x.summary for x in r.judge_ports(f, H100.rdma)] == ["mlx5_0 port 1 at 200 Gb/sec (4X HDR), 400 Gb/sec expected"]
 
 
 def test_peermem_seen_in_proc_modules_alone(root):
