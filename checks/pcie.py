@@ -52,14 +52,15 @@ def not_applicable(facts: PcieFacts) -> str | None:
 
 
 def shared_switch_ports(a: Endpoint, b: Endpoint) -> list[str]:
-    """The bridges between two devices below a shared switch: the ports under the point where
-    their paths part. Devices under different root ports meet in the root complex anyway, so
-    ACS there decides nothing."""
+    """The two downstream ports of the shared switch where the paths of two devices part:
+    peer traffic between them turns around there, so only their ACS redirect decides.
+    Ports further down lead to one device each and carry no peer traffic between the two;
+    devices under different root ports meet in the root complex anyway."""
     pa, pb = a.bridges or [], b.bridges or []
     k = 0
     while k < min(len(pa), len(pb)) and pa[k] == pb[k]:
         k += 1
-    return pa[k:] + pb[k:] if k else []
+    return pa[k:k + 1] + pb[k:k + 1] if k else []
 
 
 def judge_acs(facts: PcieFacts) -> tuple[list[Finding], str | None]:
@@ -116,8 +117,21 @@ def _cmdline_says(cmdline: str) -> tuple[str | None, str]:
     return None, ""
 
 
+NO_PEER_PATH = "no GPU peer or RDMA path"
+
+
+def peer_path(facts: PcieFacts) -> bool:
+    """Whether any DMA crosses between devices: GPU to GPU (P2P), or GPU to an RDMA NIC
+    (GPUDirect RDMA). A management NIC (a net device without RDMA) has no such path."""
+    return len(facts.gpus) >= 2 or bool(facts.gpus and any(n.rdma for n in facts.nics))
+
+
 def judge_iommu(facts: PcieFacts) -> list[Finding]:
-    devices = facts.gpus + facts.nics
+    """Only devices on a peer path: a translated IOMMU slows and breaks peer DMA, not a
+    lone GPU's copies to host memory or a management NIC's traffic."""
+    if not peer_path(facts):
+        return []
+    devices = facts.gpus + [n for n in facts.nics if n.rdma]
     if not facts.iommu_groups:
         return []  # no IOMMU groups: DMA is not remapped at all
     translated = [e for e in devices if e.iommu_type in TRANSLATED]
@@ -187,7 +201,10 @@ def judge_links(facts: PcieFacts) -> list[Finding]:
 def judge(facts: PcieFacts) -> tuple[dict[str, list[Finding]], dict[str, str]]:
     """Findings by part, and the parts left unjudged with the reason."""
     acs, why = judge_acs(facts)
-    return {"acs": acs, "iommu": judge_iommu(facts), "links": judge_links(facts)}, ({"acs": why} if why else {})
+    unjudged = {"acs": why} if why else {}
+    if not peer_path(facts):
+        unjudged["iommu"] = NO_PEER_PATH
+    return {"acs": acs, "iommu": judge_iommu(facts), "links": judge_links(facts)}, unjudged
 
 
 # ---- the check ----------------------------------------------------------------------------------
@@ -216,7 +233,7 @@ class Pcie(Check):
         details["unjudged"] = unjudged
         findings = [f for found in parts.values() for f in found]
         acs = "ACS not judged" if "acs" in unjudged else "no ACS redirect on shared switch ports"
-        iommu = "IOMMU off" if not facts.iommu_groups else "IOMMU in passthrough"
+        iommu = "IOMMU not judged" if "iommu" in unjudged else "IOMMU off" if not facts.iommu_groups else "IOMMU in passthrough"
         ok = (f"{len(facts.gpus)} GPUs, {len(facts.nics)} NICs, {len(facts.bridges)} bridges on their paths: {acs}, "
               f"{len(switch_links(facts))} switch links at full width and speed, {iommu}")
         if unjudged:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from preflight.base.findings import Finding, Measurement, Status, worst
 from preflight.pipeline.check import Check, Context, Result
 from preflight.pipeline.expectations import RdmaExpect
+from preflight.pipeline.shape import pci_nvidia
 from preflight.readers import ibports
 from preflight.readers.ibports import ERROR_COUNTERS, Port, RdmaFacts
 
@@ -30,15 +31,65 @@ LINK_FIX = ("check the cable and transceiver and the switch port (`ibstat`, `mlx
 GENERIC = RdmaExpect(link_layer="any", interval_source="default: 3 s between the two reads of the counters")
 
 
-def compute(port: Port, expect: RdmaExpect) -> bool:
-    """Whether the port carries the job's traffic (by its link layer, as the profile says)."""
-    return expect.link_layer == "any" or port.link_layer == expect.link_layer
+def hca_names(spec: str) -> Callable[[str, int], bool]:
+    """NCCL_IB_HCA as NCCL reads it: a comma list of dev[:port], each a prefix of the
+    device name unless the list starts with "="; a leading "^" excludes those listed
+    (NCCL env docs, NCCL_IB_HCA)."""
+    text = spec.strip()
+    exclude = text.startswith("^")
+    text = text[1:] if exclude else text
+    exact = text.startswith("=")
+    text = text[1:] if exact else text
+    items = []
+    for item in filter(None, (i.strip() for i in text.split(","))):
+        dev, _, port = item.partition(":")
+        items.append((dev, int(port) if port.isdigit() else None))
+
+    def listed(dev: str, port: int) -> bool:
+        return any((dev == d if exact else dev.startswith(d)) and p in (None, port) for d, p in items)
+    return lambda dev, port: listed(dev, port) != exclude
+
+
+UNCABLED = ("Polling", "Disabled")
+
+
+def _card(p: Port) -> str:
+    """The adapter a port is on: its PCI address without the function (a dual-port card
+    shows as two functions, or as one device with two ports)."""
+    return p.pci.rsplit(".", 1)[0] if p.pci else p.device
+
+
+def spare(port: Port, facts: RdmaFacts) -> bool:
+    """An uncabled or disabled port on a card whose other port runs: the dual-port
+    card's unused port, which no job uses unless NCCL_IB_HCA names it."""
+    return port.phys_state in UNCABLED and any(o is not port and _card(o) == _card(port) and o.state == "ACTIVE" for o in facts.ports)
+
+
+def compute(port: Port, expect: RdmaExpect, facts: RdmaFacts | None = None) -> bool:
+    """Whether the port carries the job's traffic: named in NCCL_IB_HCA where that is set;
+    else of the profile's link layer, not a card's spare port and, where sysfs tells,
+    beside a GPU (a storage port sits elsewhere)."""
+    if facts is not None and facts.ib_hca is not None:
+        return hca_names(facts.ib_hca[0])(port.device, port.port)
+    if expect.link_layer != "any" and port.link_layer != expect.link_layer:
+        return False
+    if facts is not None and spare(port, facts):
+        return False
+    return port.near_gpu is not False
+
+
+def chosen_by(facts: RdmaFacts) -> str:
+    if facts.ib_hca is not None:
+        return f"NCCL_IB_HCA={facts.ib_hca[0]} ({facts.ib_hca[1]})"
+    if any(p.near_gpu is not None for p in facts.ports):
+        return "the profile's link_layer and a PCIe switch shared with a GPU"
+    return "the profile's link_layer (sysfs does not show which NICs sit beside the GPUs)"
 
 
 def judge_gpudirect(facts: RdmaFacts, expect: RdmaExpect, gpus: int) -> list[Finding]:
     """GPUDirect RDMA needs nvidia-peermem (or MLNX_OFED's nv_peer_mem) or dma-buf
     (the open GPU kernel modules on Linux >= 5.12, NCCL_DMABUF_ENABLE not 0)."""
-    if not expect.gpudirect or not gpus or not any(compute(p, expect) for p in facts.ports):
+    if not expect.gpudirect or not gpus or not any(compute(p, expect, facts) for p in facts.ports):
         return []
     if facts.peermem or facts.memory_peers:
         return []
@@ -72,7 +123,8 @@ def judge_gpudirect(facts: RdmaFacts, expect: RdmaExpect, gpus: int) -> list[Fin
 def judge_ports(facts: RdmaFacts, expect: RdmaExpect) -> list[Finding]:
     out = []
     for p in facts.ports:
-        status = FAIL if compute(p, expect) else WARN
+        if not compute(p, expect, facts):
+            continue  # an uncabled spare or storage port says nothing about the job: other_ports() reports it
         if p.state != "ACTIVE":
             if p.state in ("INIT", "ARMED"):
                 cause = (f"{p.where} ({p.link_layer}) is {p.state} with the link {p.phys_state or 'up'}: the cable is fine but no "
@@ -82,14 +134,25 @@ def judge_ports(facts: RdmaFacts, expect: RdmaExpect) -> list[Finding]:
                 cause = f"{p.where} ({p.link_layer}) is {p.state or 'unreadable'} (physical state {p.phys_state or 'unknown'})"
                 fix = ("the port is administratively disabled: enable it (`ibportstate`, `ip link set ... up`)" if p.phys_state == "Disabled"
                        else LINK_FIX)
-            if status == WARN:
-                cause += "; it is not a compute port of this profile, so it only matters if the job or storage uses it"
-            out.append(Finding(status, f"{p.where} {p.state or 'unreadable'}", cause, fix))
-        elif status == FAIL and expect.rate_gbps and p.gbps is not None and p.gbps < expect.rate_gbps:
+            out.append(Finding(FAIL, f"{p.where} {p.state or 'unreadable'}", cause, fix))
+        elif expect.rate_gbps and p.gbps is not None and p.gbps < expect.rate_gbps:
             out.append(Finding(FAIL, f"{p.where} at {p.rate}, {expect.rate_gbps:g} Gb/sec expected",
                                f"{p.where} trained at {p.rate}, below the {expect.rate_gbps:g} Gb/sec this SKU's compute NICs run at: "
                                "a degraded cable or transceiver, lanes down, or a slower switch port; this rail carries less than its share",
                                LINK_FIX))
+    return out
+
+
+def other_ports(facts: RdmaFacts, expect: RdmaExpect) -> list[str]:
+    """Ports that are no compute port and are down or below the compute rate: reported only."""
+    out = []
+    for p in facts.ports:
+        if compute(p, expect, facts):
+            continue
+        if p.state != "ACTIVE":
+            out.append(f"{p.where} ({p.link_layer}) {p.state or 'unreadable'} (physical state {p.phys_state or 'unknown'})")
+        elif expect.rate_gbps and p.gbps is not None and p.gbps < expect.rate_gbps:
+            out.append(f"{p.where} ({p.link_layer}) at {p.rate}")
     return out
 
 
@@ -119,7 +182,8 @@ def judge_counters(facts: RdmaFacts) -> list[Finding]:
             out.append(Finding(WARN, f"{p.where}: port_xmit_discards +{discards} in {secs}",
                                f"{p.where} dropped {discards} packets on send in {secs}: congestion, or a peer that stopped taking traffic",
                                "check the fabric's congestion and the peer port (`perfquery` on the switch side)"))
-        stuck = [n for n, v in p.counters.items() if v >= (1 << ERROR_COUNTERS[n]) - 1 and n not in grew]
+        # Discards count congestion, not the cable: a full counter says nothing about the link.
+        stuck = [n for n, v in p.counters.items() if v >= (1 << ERROR_COUNTERS[n]) - 1 and n not in grew and n != "port_xmit_discards"]
         if stuck:
             out.append(Finding(WARN, f"{p.where}: {', '.join(stuck)} at the counter's ceiling",
                                f"{', '.join(f'{n} = {p.counters[n]}' for n in stuck)} on {p.where}: the counter stops at its ceiling, "
@@ -137,7 +201,7 @@ def measurements(facts: RdmaFacts, expect: RdmaExpect) -> list[Measurement]:
         labels = {"device": p.device, "port": str(p.port)}
         if p.gbps is not None:
             out.append(Measurement(name="rdma_port_rate", unit="gbit_per_second", value=p.gbps, labels=labels,
-                                   floor=expect.rate_gbps if compute(p, expect) else None))
+                                   floor=expect.rate_gbps if compute(p, expect, facts) else None))
         for n, v in p.counters.items():
             out.append(Measurement(name=f"rdma_{n}", unit="count", value=p.counters_later.get(n, v), labels=labels))
     return out
@@ -157,7 +221,10 @@ class Rdma(Check):
     wait: Callable[[float], None] = staticmethod(time.sleep)
 
     def applies(self, ctx: Context) -> str | None:
-        if not ibports.read_ports(ctx.host):
+        ports, unread = ibports.scan(ctx.host)
+        if not ports and unread:
+            return f"RDMA ports not judged: {'; '.join(unread)}"
+        if not ports:
             return NO_DEVICE
         return None
 
@@ -165,12 +232,15 @@ class Rdma(Check):
         expect = ctx.profile.rdma or GENERIC
         # The wait stays inside the check's deadline, with a second left to read and judge.
         interval = max(0.0, min(expect.interval_seconds, ctx.deadline - time.monotonic() - 1)) if math.isfinite(ctx.deadline) else expect.interval_seconds
-        facts = ibports.gather(ctx.host, interval, self.wait)
+        gpus_at = list(ctx.shape.slots) if ctx.shape and ctx.shape.slots else (pci_nvidia(ctx.host).gpus or [])
+        facts = ibports.gather(ctx.host, interval, self.wait, gpus_at)
         gpus = ctx.shape.gpus if ctx.shape and ctx.profile.has_gpus else 0
         parts = judge(facts, expect, gpus)
         details = facts.model_dump(mode="json")
         details["parts"] = {name: worst(found) for name, found in parts.items()}
         details["since_boot"] = since_boot(facts)
+        details["compute_ports"] = {"chosen_by": chosen_by(facts), "ports": [p.where for p in facts.ports if compute(p, expect, facts)]}
+        details["other_ports"] = other_ports(facts, expect)  # down or slower, but no compute port: not judged
         if not gpus or not expect.gpudirect:
             details["gpudirect"] = "not judged: " + ("no GPU on this node" if not gpus else f"profile {ctx.profile.name} does not expect GPUDirect RDMA")
         findings = [f for found in parts.values() for f in found]
@@ -180,4 +250,9 @@ class Rdma(Check):
             ok += "; GPUDirect RDMA by " + ("nvidia-peermem" if facts.peermem or facts.memory_peers else "dma-buf")
         if details["since_boot"]:
             ok += f"; {len(details['since_boot'])} counts since boot, not growing (details.since_boot)"
-        return self.conclude(findings, ok, measurements=measurements(facts, expect), details=details)
+        lines = []
+        if facts.unread:
+            details["unjudged"] = {"ports": "; ".join(facts.unread)}
+            lines = [f"not judged: the ports under {u}" for u in facts.unread]
+            ok += "; " + "; ".join(lines)
+        return self.conclude(findings, ok, measurements=measurements(facts, expect), details=details, lines=lines)

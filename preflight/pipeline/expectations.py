@@ -81,8 +81,9 @@ class RdmaExpect(BaseModel):
     # multi-node jobs with a NIC beside each GPU. False: not judged (PCIe cards, GB10).
     gpudirect: bool = False
     gpudirect_source: str | None = None
-    # The ports that carry the job's traffic, by their link_layer: their state and
-    # rate FAIL; another port down (a storage NIC's spare port) is a WARN.
+    # The link layer of the ports that carry the job's traffic (with NCCL_IB_HCA
+    # unset, and only those beside a GPU where sysfs tells): their state and rate
+    # FAIL; another port down or slower is only reported (details.other_ports).
     link_layer: Literal["InfiniBand", "Ethernet", "any"] = "InfiniBand"
     # The rate each compute port must run at, in Gb/s (sysfs "400 Gb/sec (4X NDR)"); None: not judged.
     rate_gbps: float | None = Field(default=None, gt=0, allow_inf_nan=False)

@@ -25,6 +25,7 @@ from pydantic import BaseModel
 from preflight.base.host import Host
 from preflight.readers import nccl_env
 from preflight.readers.nccl_net import MEMORY_PEERS, PEERMEM
+from preflight.readers.pcie import bridges_above
 
 # Counter -> its width in bits in the IBA PortCounters attribute: a counter
 # stops at its ceiling (it does not wrap), and then cannot show growth.
@@ -50,6 +51,8 @@ class Port(BaseModel):
     counters: dict[str, int] = {}  # the first read
     counters_later: dict[str, int] = {}  # the second read
     state_later: str | None = None
+    pci: str | None = None  # the device's PCI address
+    near_gpu: bool | None = None  # shares a PCIe switch with a GPU; None: sysfs cannot tell
 
     @property
     def where(self) -> str:
@@ -63,6 +66,7 @@ class Port(BaseModel):
 
 class RdmaFacts(BaseModel):
     ports: list[Port] = []
+    unread: list[str] = []  # sysfs directories that could not be listed: their ports are not judged
     interval_seconds: float = 0.0  # how far apart the two reads were
     peermem: list[str] = []  # peer-memory modules loaded
     memory_peers: bool = False  # nv_mem registered with the RDMA core (MLNX_OFED's peer-memory API)
@@ -70,6 +74,7 @@ class RdmaFacts(BaseModel):
     driver: str | None = None  # /sys/module/nvidia/version
     nvidia_open: bool | None = None  # the open GPU kernel modules; None: no NVIDIA driver seen
     dmabuf_setting: tuple[str, str] | None = None  # NCCL_DMABUF_ENABLE's (value, where) as NCCL reads it
+    ib_hca: tuple[str, str] | None = None  # NCCL_IB_HCA's (value, where): the devices NCCL is told to use
 
     def dmabuf_capable(self) -> bool | None:
         """dma-buf GPUDirect RDMA: the open modules on Linux >= 5.12; None where unknown."""
@@ -100,17 +105,48 @@ def _counters(port: Path) -> dict[str, int]:
     return out
 
 
-def read_ports(host: Host) -> list[Port]:
-    root = host.path("/sys/class/infiniband")
-    out = []
-    for dev in sorted(root.iterdir(), key=lambda p: p.name) if root.is_dir() else []:
-        ports = dev / "ports"
-        for p in sorted(ports.iterdir(), key=lambda p: int(p.name)) if ports.is_dir() else []:
-            if not p.name.isdigit():
-                continue
+def _entries(host: Host, rel: str, unread: list[str]) -> list[Path]:
+    """The entries of a sysfs directory; one that exists but cannot be listed (a
+    container's masked /sys, a permission) is said in ``unread``, not raised."""
+    path = host.path(rel)
+    try:
+        return sorted(path.iterdir(), key=lambda p: p.name) if path.is_dir() else []
+    except OSError as e:
+        unread.append(f"{rel} could not be listed ({e.strerror or e})")
+        return []
+
+
+def scan(host: Host) -> tuple[list[Port], list[str]]:
+    """Every RDMA port, and the directories that could not be listed."""
+    out: list[Port] = []
+    unread: list[str] = []
+    for dev in _entries(host, "/sys/class/infiniband", unread):
+        # A port is a numbered directory; anything else under ports/ is not one.
+        numbered = [p for p in _entries(host, f"/sys/class/infiniband/{dev.name}/ports", unread) if p.name.isdigit()]
+        for p in sorted(numbered, key=lambda p: int(p.name)):
             out.append(Port(device=dev.name, port=int(p.name), state=_name(_read(p / "state")), phys_state=_name(_read(p / "phys_state")),
                             rate=_read(p / "rate"), link_layer=_read(p / "link_layer"), counters=_counters(p)))
-    return out
+    return out, unread
+
+
+def read_ports(host: Host) -> list[Port]:
+    return scan(host)[0]
+
+
+def near_gpus(host: Host, ports: list[Port], gpus: list[str]) -> None:
+    """Set each port's PCI address and whether it shares a PCIe switch with a GPU: both
+    paths pass one bridge below the root port. That is a NIC NCCL pairs with a GPU for
+    GPUDirect RDMA; one alone under its root port is storage or management."""
+    paths = [p for p in (bridges_above(host, g) for g in gpus) if p]
+    for port in ports:
+        try:
+            port.pci = host.path(f"/sys/class/infiniband/{port.device}/device").resolve(strict=True).name
+        except OSError:
+            continue
+        mine = bridges_above(host, port.pci)
+        if mine is None or not paths:
+            continue  # a VM, or no GPU placed: proximity cannot be told
+        port.near_gpu = any(len(mine) >= 2 and len(g) >= 2 and mine[:2] == g[:2] for g in paths)
 
 
 def _modules(host: Host) -> set[str]:
@@ -118,8 +154,10 @@ def _modules(host: Host) -> set[str]:
     return {line.split()[0] for line in text.splitlines() if line.strip()}
 
 
-def gather(host: Host, interval: float, wait: Callable[[float], None] = time.sleep) -> RdmaFacts:
-    ports = read_ports(host)
+def gather(host: Host, interval: float, wait: Callable[[float], None] = time.sleep, gpus: list[str] | None = None) -> RdmaFacts:
+    """``gpus``: the GPUs' PCI addresses, to tell the compute NICs (beside a GPU) from the rest."""
+    ports, unread = scan(host)
+    near_gpus(host, ports, gpus or [])
     waited = 0.0
     if ports:
         start = time.monotonic()
@@ -132,12 +170,13 @@ def gather(host: Host, interval: float, wait: Callable[[float], None] = time.sle
             p.state_later = again.state if again else None
     loaded = _modules(host)
     version = _read(host.path("/proc/driver/nvidia/version"))
-    setting = nccl_env.effective(nccl_env.read(host)).get("NCCL_DMABUF_ENABLE")
+    nccl = nccl_env.effective(nccl_env.read(host))
+    setting = nccl.get("NCCL_DMABUF_ENABLE")
     return RdmaFacts(
-        ports=ports, interval_seconds=round(waited, 3),
+        ports=ports, unread=unread, interval_seconds=round(waited, 3),
         peermem=[m for m in PEERMEM if host.path(f"/sys/module/{m}").is_dir() or m in loaded],
         memory_peers=any(host.path(p).exists() for p in MEMORY_PEERS),
         kernel=_read(host.path("/proc/sys/kernel/osrelease")),
         driver=_read(host.path("/sys/module/nvidia/version")),
         nvidia_open=None if version is None else "Open Kernel Module" in version,
-        dmabuf_setting=setting)
+        dmabuf_setting=setting, ib_hca=nccl.get("NCCL_IB_HCA"))

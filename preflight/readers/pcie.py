@@ -6,11 +6,14 @@ device and its root bus (/sys/devices/pci0000:15/0000:15:01.0/.../0000:1b:00.0).
 ACS lives in the PCIe extended configuration space (offset 0x100 up), which
 the kernel shows only to root: without it the sysfs `config` file is 64 or
 256 bytes long, and ACS is reported unread with that reason, never guessed.
-`lspci -vvv` is the fallback where the config file cannot be read at all.
+As root, 256 bytes means the device has no extended space (a conventional
+PCI bridge), so no ACS. `lspci -vvv` is the fallback where the config file
+cannot be read at all; where lspci cannot run either, ACS stays unread.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import struct
@@ -43,6 +46,7 @@ class Bridge(BaseModel):
     link: PciLink | None = None
     acs: Acs | None = None  # None: no ACS capability, or unread (acs_unread says why)
     acs_unread: str | None = None
+    no_acs: str | None = None  # why the port has no ACS capability at all, where sysfs shows it
 
 
 class Endpoint(BaseModel):
@@ -52,6 +56,7 @@ class Endpoint(BaseModel):
     bridges: list[str] | None = None  # root port first; None: sysfs does not show where it sits
     iommu_group: str | None = None
     iommu_type: str | None = None  # sysfs iommu_groups/N/type: identity, DMA, DMA-FQ, ...
+    rdma: bool = False  # an RDMA device (/sys/class/infiniband): GPUDirect RDMA can reach the GPUs through it
 
     def label(self) -> str:
         return f"{self.kind} {self.bdf}" if self.name == self.bdf else f"{self.kind} {self.name} ({self.bdf})"
@@ -165,9 +170,9 @@ def _iommu(host: Host, bdf: str) -> tuple[str | None, str | None]:
     return name, _read(host.path(f"/sys/kernel/iommu_groups/{name}/type"))
 
 
-def _endpoint(host: Host, kind: str, name: str, bdf: str) -> Endpoint:
+def _endpoint(host: Host, kind: str, name: str, bdf: str, rdma: bool = False) -> Endpoint:
     group, kind_of = _iommu(host, bdf)
-    return Endpoint(kind=kind, name=name, bdf=bdf, bridges=bridges_above(host, bdf), iommu_group=group, iommu_type=kind_of)
+    return Endpoint(kind=kind, name=name, bdf=bdf, bridges=bridges_above(host, bdf), iommu_group=group, iommu_type=kind_of, rdma=rdma)
 
 
 def _listdir(path: Path) -> list[Path]:
@@ -177,9 +182,10 @@ def _listdir(path: Path) -> list[Path]:
         return []
 
 
-def nic_addresses(host: Host) -> dict[str, str]:
-    """PCI address -> name of every RDMA device and every network device with a PCI parent."""
-    out: dict[str, str] = {}
+def nic_addresses(host: Host) -> dict[str, tuple[str, bool]]:
+    """PCI address -> (name, whether it is an RDMA device) of every RDMA device and every
+    network device with a PCI parent; an RDMA device keeps its RDMA name."""
+    out: dict[str, tuple[str, bool]] = {}
     for cls in ("infiniband", "net"):
         for entry in _listdir(host.path(f"/sys/class/{cls}")):
             try:
@@ -187,7 +193,7 @@ def nic_addresses(host: Host) -> dict[str, str]:
             except OSError:
                 continue  # virtual: no device behind it
             if BDF.match(bdf):
-                out.setdefault(bdf, entry.name)
+                out.setdefault(bdf, (entry.name, cls == "infiniband"))
     return out
 
 
@@ -198,45 +204,58 @@ def read_config(host: Host, bdf: str) -> bytes | None:
         return None
 
 
-def _lspci(host: Host, deadline_s: float) -> tuple[dict[str, Acs | None], set[str]] | None:
+def _lspci(host: Host, deadline_s: float) -> tuple[dict[str, Acs | None], set[str]] | str:
+    """What `lspci -vvv` says of ACS, or why it could not say."""
     exe = shutil.which("lspci", path=host.environ.get("PATH"))
     if exe is None:
-        return None
-    done = host.run([exe, "-vvv", "-D"], timeout=max(1.0, min(LSPCI_TIMEOUT, deadline_s)))
-    return parse_lspci(done.stdout) if done.returncode == 0 else None
+        return "lspci unavailable (not on PATH)"
+    try:
+        done = host.run([exe, "-vvv", "-D"], timeout=max(1.0, min(LSPCI_TIMEOUT, deadline_s)))
+    except OSError as e:  # on PATH but not runnable: a broken install, a missing interpreter
+        return f"lspci unavailable ({e.strerror or e})"
+    if done.timed_out:
+        return f"lspci did not answer within {max(1.0, min(LSPCI_TIMEOUT, deadline_s)):g} s"
+    return parse_lspci(done.stdout) if done.returncode == 0 else f"lspci exited {done.returncode}"
 
 
-def read_bridge(host: Host, bdf: str) -> Bridge:
+def read_bridge(host: Host, bdf: str, root: bool) -> Bridge:
     bridge = Bridge(bdf=bdf, link=pci_link(host.path(f"/sys/bus/pci/devices/{bdf}")))
     config = read_config(host, bdf)
     if config is None:
         bridge.acs_unread = "its sysfs config file could not be read"
+    elif len(config) == 0x100 and root:
+        # Root is shown all the config space there is: 256 bytes is a conventional PCI
+        # bridge, which has no extended capabilities, so no ACS to switch on.
+        bridge.no_acs = "256 bytes of config space read as root: no extended configuration space, so no ACS capability"
     elif len(config) <= 0x100:
         bridge.acs_unread = (f"only {len(config)} bytes of its config space are readable: the extended capabilities "
-                             "(ACS among them) are shown to root only")
+                             "(ACS among them) are shown to root only" if not root else
+                             f"only {len(config)} bytes of its config space could be read, even as root")
     else:
         bridge.acs = acs_from_config(config)
     return bridge
 
 
-def gather(host: Host, gpus: list[str], deadline_s: float = LSPCI_TIMEOUT) -> PcieFacts:
-    """The paths of ``gpus`` (PCI addresses) and of every NIC, with the bridges on them."""
+def gather(host: Host, gpus: list[str], deadline_s: float = LSPCI_TIMEOUT, root: bool | None = None) -> PcieFacts:
+    """The paths of ``gpus`` (PCI addresses) and of every NIC, with the bridges on them.
+    ``root``: whether this run sees all of config space (default: running as root)."""
+    root = os.geteuid() == 0 if root is None else root
     facts = PcieFacts(cmdline=_read(host.path("/proc/cmdline")),
                       iommu_units=[p.name for p in _listdir(host.path("/sys/class/iommu"))],
                       iommu_groups=len(_listdir(host.path("/sys/kernel/iommu_groups"))))
     facts.gpus = [_endpoint(host, "GPU", bdf, bdf) for bdf in gpus]
-    facts.nics = [_endpoint(host, "NIC", name, bdf) for bdf, name in sorted(nic_addresses(host).items()) if bdf not in gpus]
+    facts.nics = [_endpoint(host, "NIC", name, bdf, rdma) for bdf, (name, rdma) in sorted(nic_addresses(host).items()) if bdf not in gpus]
     for e in facts.gpus + facts.nics:
         for bdf in e.bridges or []:
             if bdf not in facts.bridges:
-                facts.bridges[bdf] = read_bridge(host, bdf)
+                facts.bridges[bdf] = read_bridge(host, bdf, root)
     unreadable = [b for b in facts.bridges.values() if b.acs_unread and "could not be read" in b.acs_unread]
     if unreadable:
         # No config file at all (a sandbox's /sys): lspci may still reach the bus another way.
         listed = _lspci(host, deadline_s)
-        if listed is not None:
-            acs, denied = listed
-            for b in unreadable:
-                if b.bdf in acs and b.bdf not in denied:
-                    b.acs, b.acs_unread = acs[b.bdf], None
+        for b in unreadable:
+            if isinstance(listed, str):
+                b.acs_unread = f"{b.acs_unread}, and {listed}"
+            elif b.bdf in listed[0] and b.bdf not in listed[1]:
+                b.acs, b.acs_unread = listed[0][b.bdf], None
     return facts

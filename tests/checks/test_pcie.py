@@ -24,9 +24,9 @@ FAIL, WARN = Status.FAIL, Status.WARN
 NVML = Path(__file__).parents[1] / "fixtures" / "nvml" / "h100-sxm-8x-healthy.json"
 
 
-def gathered(root: Path) -> PcieFacts:
-    h = Host(root, environ={"PATH": ""})
-    return pcie.gather(h, pci_nvidia(h).gpus or [])
+def gathered(root: Path, path: str = "", as_root: bool | None = None) -> PcieFacts:
+    h = Host(root, environ={"PATH": path})
+    return pcie.gather(h, pci_nvidia(h).gpus or [], root=as_root)
 
 
 @pytest.fixture
@@ -70,6 +70,19 @@ def test_source_validation_alone_warns():
     assert [f.status for f in found] == [WARN] and "SrcValid+ at d1" in found[0].cause
 
 
+def test_only_the_ports_where_the_paths_part_are_judged():
+    # g1 sits below a second, one-device switch under d1: its ports lead to g1 alone.
+    f = facts()
+    f.gpus[0] = gpu("g1", ["rp", "up", "d1", "up2", "d3"])
+    f.bridges.update({b: Bridge(bdf=b, acs=Acs(cap=0x7F, ctl=0x0C, source="config space")) for b in ("up2", "d3")})
+    assert check.shared_switch_ports(*f.gpus) == ["d1", "d2"]
+    assert check.judge_acs(f) == ([], None)
+    f.bridges["d1"] = Bridge(bdf="d1", acs=Acs(cap=0x7F, ctl=0x0C, source="config space"))
+    found, _ = check.judge_acs(f)
+    assert [x.summary for x in found] == ["ACS redirects peer traffic on 1 switch port between GPUs/NICs"]
+    assert "d1 (ACSCtl ReqRedir+ CmpltRedir+) between GPU g1 and GPU g2" in found[0].cause
+
+
 def test_devices_under_different_root_ports_share_no_switch_port():
     a, b = gpu("g1", ["rp1", "up1", "d1"]), gpu("g2", ["rp2", "up2", "d2"])
     assert check.shared_switch_ports(a, b) == []
@@ -94,6 +107,20 @@ def test_iommu_mode(types, cmdline, groups, want):
     f = PcieFacts(gpus=[gpu(f"g{i}", ["rp"], iommu=t) for i, t in enumerate(types)], cmdline=cmdline, iommu_groups=groups)
     found = check.judge_iommu(f)
     assert [x.summary for x in found] == want and all(x.status == WARN and "iommu=pt" in x.remedy for x in found)
+
+
+def test_iommu_is_not_judged_without_a_gpu_peer_or_rdma_path():
+    # One GPU and a management NIC (a net device, no RDMA): no DMA crosses between devices.
+    lone = PcieFacts(gpus=[gpu("g0", ["rp"], iommu="DMA-FQ")], nics=[gpu("n0", ["rp2"], kind="NIC", name="eno1", iommu="DMA-FQ")],
+                     cmdline="intel_iommu=on", iommu_groups=40)
+    parts, unjudged = check.judge(lone)
+    assert parts["iommu"] == [] and unjudged == {"iommu": "no GPU peer or RDMA path"}
+    # The same GPU beside an RDMA NIC has a GPUDirect RDMA path: judged, the management NIC left out.
+    rdma = gpu("n1", ["rp3"], kind="NIC", name="mlx5_0", iommu="DMA-FQ").model_copy(update={"rdma": True})
+    with_rdma = lone.model_copy(update={"nics": lone.nics + [rdma]})
+    parts, unjudged = check.judge(with_rdma)
+    assert [x.summary for x in parts["iommu"]] == ["IOMMU translates DMA for 2 GPU/NICs"] and "iommu" not in unjudged
+    assert "eno1" not in parts["iommu"][0].cause
 
 
 def test_a_narrow_switch_link_fails_and_an_endpoint_link_is_not_judged_here():
@@ -141,6 +168,7 @@ def test_the_healthy_hgx_tree_passes():
     assert len(f.gpus) == 8 and len(f.nics) == 12
     assert f.gpus[0].bridges == ["0000:10:01.0", "0000:11:00.0", "0000:12:00.0", "0000:13:00.0", "0000:14:01.0"]
     assert {n.name for n in f.nics} >= {"mlx5_0", "mlx5_11"} and f.gpus[0].iommu_type == "identity"
+    assert all(n.rdma == n.name.startswith("mlx5_") for n in f.nics)
     assert check.not_applicable(f) is None
     parts, unjudged = check.judge(f)
     assert parts == {"acs": [], "iommu": [], "links": []} and unjudged == {}
@@ -172,9 +200,35 @@ def test_config_space_cut_to_64_bytes_skips_acs_with_the_reason(tree):
     root = tree("fail")  # a non-root run: sysfs gives 64 bytes of config space
     for config in (root / "sys/devices").rglob("config"):
         config.write_bytes(config.read_bytes()[:64])
-    parts, unjudged = check.judge(gathered(root))
+    parts, unjudged = check.judge(gathered(root, as_root=False))
     assert parts["acs"] == [] and "extended capabilities (ACS among them) are shown to root only" in unjudged["acs"]
     assert parts["links"]  # the rest is still judged
+
+
+def test_a_256_byte_config_space_read_as_root_is_a_bridge_without_acs(tree):
+    root = tree("fail")
+    for config in (root / "sys/devices").rglob("config"):
+        config.write_bytes(config.read_bytes()[:256])
+    f = gathered(root, as_root=True)
+    parts, unjudged = check.judge(f)
+    assert parts["acs"] == [] and "acs" not in unjudged  # a conventional bridge cannot redirect: judged, fine
+    bridge = f.bridges["0000:12:01.0"]
+    assert bridge.acs_unread is None and bridge.no_acs and "no extended configuration space, so no ACS capability" in bridge.no_acs
+    assert "shown to root only" in check.judge(gathered(root, as_root=False))[1]["acs"]
+
+
+def test_lspci_that_cannot_be_started_leaves_acs_unjudged_saying_so(tree, tmp_path):
+    root = tree("fail")
+    for config in (root / "sys/devices").rglob("config"):
+        config.unlink()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    lspci = bin_dir / "lspci"
+    lspci.write_text("#!/nonexistent/interpreter\n")  # on PATH, executable, but exec fails: OSError
+    lspci.chmod(0o755)
+    parts, unjudged = check.judge(gathered(root, path=str(bin_dir)))
+    assert parts["acs"] == [] and "lspci unavailable (No such file or directory)" in unjudged["acs"]
+    assert "its sysfs config file could not be read" in unjudged["acs"]
 
 
 # ---- preflight run, for real -----------------------------------------------------------------------

@@ -89,10 +89,50 @@ def test_a_port_in_init_points_at_the_subnet_manager():
     assert [x.summary for x in out] == ["mlx5_0 port 1 INIT"] and "subnet manager" in out[0].cause and "opensm" in out[0].remedy
 
 
-def test_a_storage_ethernet_port_down_is_only_a_warning():
-    out = found(facts(port(), port("mlx5_4", state="DOWN", phys="Disabled", layer="Ethernet", rate="200 Gb/sec (4X HDR)")))
-    assert [(x.status, x.summary) for x in out] == [(WARN, "mlx5_4 port 1 DOWN")]
-    assert "administratively disabled" in out[0].remedy
+def test_a_storage_ethernet_port_down_is_reported_not_judged():
+    # It was a WARN: a port no job uses says nothing about the job (an uncabled spare is normal).
+    f = facts(port(), port("mlx5_4", state="DOWN", phys="Disabled", layer="Ethernet", rate="200 Gb/sec (4X HDR)"))
+    assert found(f) == [] and r.other_ports(f, H100.rdma) == ["mlx5_4 port 1 (Ethernet) DOWN (physical state Disabled)"]
+
+
+def test_an_infiniband_storage_port_away_from_the_gpus_is_no_compute_port():
+    storage = port("mlx5_10", rate="200 Gb/sec (4X HDR)").model_copy(update={"near_gpu": False})
+    f = facts(port().model_copy(update={"near_gpu": True}), storage)
+    assert found(f) == [] and r.other_ports(f, H100.rdma) == ["mlx5_10 port 1 (InfiniBand) at 200 Gb/sec (4X HDR)"]
+    near = storage.model_copy(update={"near_gpu": True})  # beside a GPU: a rail, held to the rate
+    assert [x.summary for x in found(facts(port(), near))] == ["mlx5_10 port 1 at 200 Gb/sec (4X HDR), 400 Gb/sec expected"]
+
+
+@pytest.mark.parametrize("profile", ["a100-pcie", "h100-pcie", "h100-nvl"])
+def test_the_unused_second_port_of_a_dual_port_card_passes_on_pcie_profiles(profile):
+    spare = port(state="DOWN", phys="Polling").model_copy(update={"port": 2})
+    f = facts(port(), spare)
+    assert found(f, expect=resolved(profile).rdma) == [] and r.other_ports(f, resolved(profile).rdma) == [
+        "mlx5_0 port 2 (InfiniBand) DOWN (physical state Polling)"]
+    # Both ports down is a cable fault on the card, not a spare.
+    assert [x.summary for x in found(facts(port(state="DOWN", phys="Polling"), spare), expect=resolved(profile).rdma)] == [
+        "mlx5_0 port 1 DOWN", "mlx5_0 port 2 DOWN"]
+
+
+@pytest.mark.parametrize("spec, named", [
+    ("mlx5_0", {"mlx5_0:1", "mlx5_0:2"}),  # a prefix: NCCL matches mlx5_0* too
+    ("mlx5_1", {"mlx5_1:1", "mlx5_10:1"}),
+    ("=mlx5_1", {"mlx5_1:1"}),
+    ("mlx5_0:1,mlx5_1:1", {"mlx5_0:1", "mlx5_1:1", "mlx5_10:1"}),
+    ("^mlx5_1", {"mlx5_0:1", "mlx5_0:2"}),
+    ("^=mlx5_1", {"mlx5_0:1", "mlx5_0:2", "mlx5_10:1"}),
+    ("^mlx5_0:2", {"mlx5_0:1", "mlx5_1:1", "mlx5_10:1"}),
+])
+def test_nccl_ib_hca_syntax(spec, named):
+    ports = [("mlx5_0", 1), ("mlx5_0", 2), ("mlx5_1", 1), ("mlx5_10", 1)]
+    assert {f"{d}:{p}" for d, p in ports if r.hca_names(spec)(d, p)} == named
+
+
+def test_nccl_ib_hca_decides_the_compute_ports():
+    down = port("mlx5_1", state="DOWN", phys="LinkUp")
+    assert [x.summary for x in found(facts(port(), down))] == ["mlx5_1 port 1 DOWN"]
+    assert found(facts(port(), down, ib_hca=("=mlx5_0", "the environment"))) == []
+    assert found(facts(port(), down, ib_hca=("^mlx5_1", "/etc/nccl.conf"))) == []
 
 
 def test_a_compute_port_below_the_profiles_rate_fails():
@@ -121,6 +161,11 @@ def test_a_counter_stuck_at_its_ceiling_warns_since_growth_is_invisible():
     out = found(facts(port(first={"symbol_error": 65535, "link_downed": 255})))
     assert [(x.status, x.summary) for x in out] == [(WARN, "mlx5_0 port 1: symbol_error, link_downed at the counter's ceiling")]
     assert "perfquery -x" in out[0].remedy
+
+
+def test_transmit_discards_at_their_ceiling_are_no_warning():
+    # Congestion fills port_xmit_discards on a healthy link; it says nothing about the cable.
+    assert found(facts(port(first={"port_xmit_discards": 65535}))) == []
 
 
 def test_transmit_discards_growing_warn_as_congestion():
@@ -189,6 +234,30 @@ def test_the_healthy_tree_passes_with_peermem():
     assert res.details["parts"] == {"gpudirect": "PASS", "ports": "PASS", "counters": "PASS"}
 
 
+def test_nics_beside_the_gpus_are_the_compute_ports_in_a_recorded_tree(tmp_path):
+    """The HGX tree with resolved PCI paths (tests/fixtures/pcie/pass): mlx5_4/5/10/11 sit under
+    their own root ports (storage), the other eight share a switch with a GPU."""
+    root = tmp_path / "pass"
+    shutil.copytree(TREE.parent.parent / "pcie" / "pass", root, symlinks=True)
+    for dev in (root / IB).iterdir():
+        (dev / "ports/1/counters").mkdir(parents=True)
+        storage = dev.name in ("mlx5_4", "mlx5_5", "mlx5_10", "mlx5_11")
+        for name, text in {"state": "1: DOWN" if dev.name == "mlx5_11" else "4: ACTIVE", "phys_state": "5: LinkUp",
+                           "rate": "200 Gb/sec (4X HDR)" if storage else "400 Gb/sec (4X NDR)", "link_layer": "InfiniBand"}.items():
+            (dev / "ports/1" / name).write_text(text + "\n")
+    h = Host(root)
+    from preflight.pipeline.shape import pci_nvidia
+    f = ibports.gather(h, 0, lambda s: None, pci_nvidia(h).gpus)
+    assert r.judge_ports(f, H100.rdma) == []
+    assert r.other_ports(f, H100.rdma) == ["mlx5_10 port 1 (InfiniBand) at 200 Gb/sec (4X HDR)",
+                                           "mlx5_11 port 1 (InfiniBand) DOWN (physical state LinkUp)",
+                                           "mlx5_4 port 1 (InfiniBand) at 200 Gb/sec (4X HDR)", "mlx5_5 port 1 (InfiniBand) at 200 Gb/sec (4X HDR)"]
+    assert r.chosen_by(f) == "the profile's link_layer and a PCIe switch shared with a GPU"
+    edit(root, f"{IB}/mlx5_0/ports/1/rate", "200 Gb/sec (4X HDR)")
+    f = ibports.gather(h, 0, lambda s: None, pci_nvidia(h).gpus)
+    assert [x.summary for x in r.judge_ports(f, H100.rdma)] == ["mlx5_0 port 1 at 200 Gb/sec (4X HDR), 400 Gb/sec expected"]
+
+
 def test_peermem_seen_in_proc_modules_alone(root):
     shutil.rmtree(root / "sys/module/nvidia_peermem")
     assert ibports.gather(Host(root), 3, lambda s: None).peermem == ["nvidia_peermem"]
@@ -235,6 +304,32 @@ def test_the_open_modules_on_a_new_kernel_pass_by_dmabuf_until_nccl_is_told_not_
 def test_no_rdma_device_skips_with_the_reason(root):
     shutil.rmtree(root / IB)
     assert run(root) == r.NO_DEVICE == "no InfiniBand/RoCE device in /sys/class/infiniband"
+
+
+def test_a_stray_entry_under_ports_is_no_port(root):
+    (root / IB / "mlx5_0/ports/README").write_text("not a port\n")
+    assert len(ibports.read_ports(Host(root))) == 12
+
+
+def test_an_unlisted_ports_directory_is_said_not_raised(root, monkeypatch):
+    # Root reads anything: the permission error a non-root run or a masked /sys gives is raised here.
+    listing = Path.iterdir
+
+    def iterdir(self):
+        if self.name == "ports" and self.parent.name == "mlx5_3":
+            raise PermissionError(13, "Permission denied")
+        return listing(self)
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+    res = run(root)
+    assert res.status == PASS and res.details["unjudged"] == {"ports": "/sys/class/infiniband/mlx5_3/ports could not be listed (Permission denied)"}
+    assert "not judged: the ports under /sys/class/infiniband/mlx5_3/ports" in res.summary and "11/11 RDMA ports" in res.summary
+
+
+def test_an_unlisted_rdma_class_skips_saying_so(root, monkeypatch):
+    listing = Path.iterdir
+    monkeypatch.setattr(Path, "iterdir", lambda self: (_ for _ in ()).throw(PermissionError(13, "Permission denied"))
+                        if self.name == "infiniband" else listing(self))
+    assert run(root) == "RDMA ports not judged: /sys/class/infiniband could not be listed (Permission denied)"
 
 
 def test_gpudirect_is_not_judged_on_a_node_without_gpus(root):
