@@ -280,14 +280,19 @@ def _judge_ranks(f: RunFacts, by_hand: str, said: tuple[str, str, str] | None) -
                 head = f"{o.who} hung {stage_words(r)}"
                 culprits.append((head, f"{head} and was stopped {how}: last log line: {o.last_line}", o.rank, o.exit, r.progress()))
     failed.sort(key=lambda t: t[0])
+    root = f.root_cause
+    if failed and any(o.rank == root for _, o in failed):
+        # torchrun names the first exit it saw in one of its polls (0.1 s apart); ranks that
+        # raised both within one poll are told apart by their own clocks, which are finer.
+        root = failed[0][1].rank
     # One list, most likely cause first: the rank torchrun saw fail first; then
     # ranks that hung, died by their own hand or never reported (least far
     # first); then ranks that raised (earliest error first); last, ranks
     # torchrun itself stopped (SIGTERM in its teardown), which are victims.
-    entries = [(c[2] != f.root_cause, 2 if c[3] == "killed by SIGTERM" else 0, c[4], c[0], c[1]) for c in culprits]
+    entries = [(c[2] != root, 2 if c[3] == "killed by SIGTERM" else 0, c[4], c[0], c[1]) for c in culprits]
     for i, (_, o) in enumerate(failed):
         head = f"{o.who} failed {stage_words(o.report)}"
-        entries.append((o.rank != f.root_cause, 1, i, head, f"{head}: {o.report.error}"))  # type: ignore[union-attr]
+        entries.append((o.rank != root, 1, i, head, f"{head}: {o.report.error}"))  # type: ignore[union-attr]
     if not entries:
         return []
     entries.sort(key=lambda e: e[:3])

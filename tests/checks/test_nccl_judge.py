@@ -702,6 +702,16 @@ def test_a_rank_that_raised_leads_over_the_peer_torchrun_then_terminated():
     assert x.summary.startswith("rank 1 (GPU 1) failed")
 
 
+def test_of_two_ranks_that_raised_the_earlier_error_leads_whichever_exit_torchrun_saw_first():
+    # Rank 1 raised; rank 0's collective then failed. On a busy machine both exited within one of
+    # torchrun's polls, and torchrun named rank 0 as its first observed failure.
+    raised = outcome(1, report(1, stage="all_reduce_fp32_small", ops=[], error="RuntimeError: PREFLIGHT_WORKER_FAULT asked rank to raise", error_time=5.0), exit="exit 1")
+    waited = outcome(0, report(0, stage="all_reduce_fp32_small", ops=[], error="RuntimeError: gloo: Connection closed by peer", error_time=5.2), exit="exit 1")
+    (x,) = nccl.judge_run(facts([waited, raised], ended="exit 1", returncode=1, root_cause=0))
+    assert x.summary == "rank 1 (GPU 1) failed in all_reduce_fp32_small (op 1)"
+    assert x.cause.startswith("rank 1 (GPU 1) failed first") and "rank 0 (GPU 0) then failed" in x.cause
+
+
 def test_across_nodes_sockets_on_an_ib_profile_fail_naming_the_cause():
     # A group run's facts (2 nodes, one GPU each): this node has rank 0; NCCL's log says sockets because IB was disabled.
     from preflight.readers import nccl_net
