@@ -95,7 +95,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Site:
     floor = re.search(r"^\[floors\.\w+\]\n(?:\w+ = .*\n)+", profile_lines, re.M)
     assert floor, "README's profile lines hold no [floors.NAME] table"
     assert "[levels.standard] and [levels.full]" in profile_lines, "README no longer says which levels to add the check to"
-    text, n = re.subn(r'^checks = \[(.*"train")\]$', rf'checks = [\1, "{name}", "{BROKEN}"]', CPU_TOML.read_text(), flags=re.M)
+    text, n = re.subn(r'^checks = \[(.*"train".*)\]$', rf'checks = [\1, "{name}", "{BROKEN}"]', CPU_TOML.read_text(), flags=re.M)
     assert n == 3, "cpu.toml's checks lines changed (checks, [levels.standard], [levels.full]): the site profile was not written"
     profiles = top / "profiles"
     profiles.mkdir()
