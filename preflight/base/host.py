@@ -20,6 +20,15 @@ import psutil
 from preflight.base.units import parse_cpulist
 
 
+def read_stripped(path: str | Path) -> str | None:
+    """A small text file (sysfs, /proc) without its surrounding whitespace; None where it
+    cannot be read. Bytes that are not UTF-8 become U+FFFD rather than an exception."""
+    try:
+        return Path(path).read_text(errors="replace").strip()
+    except OSError:
+        return None
+
+
 @dataclass(frozen=True)
 class Completed:
     argv: tuple[str, ...]

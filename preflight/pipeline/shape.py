@@ -24,7 +24,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from preflight.base.host import Host
+from preflight.base.host import Host, read_stripped
 from preflight.readers.nvml import Inventory
 from preflight.base.units import format_cpulist
 
@@ -82,13 +82,6 @@ class NodeShape(BaseModel):
 # ---- gathering -----------------------------------------------------------------
 
 
-def _read(path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return None
-
-
 def pci_nvidia(host: Host) -> PciNvidia:
     devices = host.path("/sys/bus/pci/devices")
     try:
@@ -99,7 +92,7 @@ def pci_nvidia(host: Host) -> PciNvidia:
         return PciNvidia()
     gpus, switches = [], 0
     for entry in entries:
-        vendor, klass = _read(entry / "vendor"), _read(entry / "class") or ""
+        vendor, klass = read_stripped(entry / "vendor"), read_stripped(entry / "class") or ""
         if vendor != "0x10de":
             continue
         if klass[:6] in GPU_CLASSES:
@@ -132,7 +125,7 @@ def driver_minors(host: Host) -> dict[str, int]:
     except OSError:
         return {}
     for entry in entries:
-        m = re.search(r"^Device Minor:\s*([0-9]+)", _read(entry / "information") or "", re.M)
+        m = re.search(r"^Device Minor:\s*([0-9]+)", read_stripped(entry / "information") or "", re.M)
         if m:
             out[entry.name.lower()] = int(m.group(1))
     return out

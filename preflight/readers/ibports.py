@@ -22,9 +22,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from preflight.base.host import Host
+from preflight.base.host import Host, read_stripped
 from preflight.readers import nccl_env
-from preflight.readers.nccl_net import MEMORY_PEERS, PEERMEM
+from preflight.readers.nccl_net import MEMORY_PEERS, PEERMEM, dmabuf_possible
 from preflight.readers.pcie import bridges_above
 
 # Counter -> its width in bits in the IBA PortCounters attribute: a counter
@@ -77,18 +77,7 @@ class RdmaFacts(BaseModel):
     ib_hca: tuple[str, str] | None = None  # NCCL_IB_HCA's (value, where): the devices NCCL is told to use
 
     def dmabuf_capable(self) -> bool | None:
-        """dma-buf GPUDirect RDMA: the open modules on Linux >= 5.12; None where unknown."""
-        m = re.match(r"(\d+)\.(\d+)", self.kernel or "")
-        if m is None or self.nvidia_open is None:
-            return None
-        return self.nvidia_open and (int(m[1]), int(m[2])) >= (5, 12)
-
-
-def _read(p: Path) -> str | None:
-    try:
-        return p.read_text(errors="replace").strip()
-    except OSError:
-        return None
+        return dmabuf_possible(self.kernel, self.nvidia_open)
 
 
 def _name(text: str | None) -> str | None:
@@ -99,7 +88,7 @@ def _name(text: str | None) -> str | None:
 def _counters(port: Path) -> dict[str, int]:
     out = {}
     for name in ERROR_COUNTERS:
-        text = _read(port / "counters" / name)
+        text = read_stripped(port / "counters" / name)
         if text is not None and text.isdigit():
             out[name] = int(text)
     return out
@@ -124,8 +113,8 @@ def scan(host: Host) -> tuple[list[Port], list[str]]:
         # A port is a numbered directory; anything else under ports/ is not one.
         numbered = [p for p in _entries(host, f"/sys/class/infiniband/{dev.name}/ports", unread) if p.name.isdigit()]
         for p in sorted(numbered, key=lambda p: int(p.name)):
-            out.append(Port(device=dev.name, port=int(p.name), state=_name(_read(p / "state")), phys_state=_name(_read(p / "phys_state")),
-                            rate=_read(p / "rate"), link_layer=_read(p / "link_layer"), counters=_counters(p)))
+            out.append(Port(device=dev.name, port=int(p.name), state=_name(read_stripped(p / "state")), phys_state=_name(read_stripped(p / "phys_state")),
+                            rate=read_stripped(p / "rate"), link_layer=read_stripped(p / "link_layer"), counters=_counters(p)))
     return out, unread
 
 
@@ -150,7 +139,7 @@ def near_gpus(host: Host, ports: list[Port], gpus: list[str]) -> None:
 
 
 def _modules(host: Host) -> set[str]:
-    text = _read(host.path("/proc/modules")) or ""
+    text = read_stripped(host.path("/proc/modules")) or ""
     return {line.split()[0] for line in text.splitlines() if line.strip()}
 
 
@@ -169,14 +158,14 @@ def gather(host: Host, interval: float, wait: Callable[[float], None] = time.sle
             p.counters_later = again.counters if again else {}
             p.state_later = again.state if again else None
     loaded = _modules(host)
-    version = _read(host.path("/proc/driver/nvidia/version"))
+    version = read_stripped(host.path("/proc/driver/nvidia/version"))
     nccl = nccl_env.effective(nccl_env.read(host))
     setting = nccl.get("NCCL_DMABUF_ENABLE")
     return RdmaFacts(
         ports=ports, unread=unread, interval_seconds=round(waited, 3),
         peermem=[m for m in PEERMEM if host.path(f"/sys/module/{m}").is_dir() or m in loaded],
         memory_peers=any(host.path(p).exists() for p in MEMORY_PEERS),
-        kernel=_read(host.path("/proc/sys/kernel/osrelease")),
-        driver=_read(host.path("/sys/module/nvidia/version")),
+        kernel=read_stripped(host.path("/proc/sys/kernel/osrelease")),
+        driver=read_stripped(host.path("/sys/module/nvidia/version")),
         nvidia_open=None if version is None else "Open Kernel Module" in version,
         dmabuf_setting=setting, ib_hca=nccl.get("NCCL_IB_HCA"))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from preflight.base.host import Host
+from preflight.base.host import Host, read_stripped
 from preflight.base.units import format_cpulist, parse_cpulist
 from preflight.readers import nvml, topo
 from preflight.readers.nvml import Inventory
@@ -95,13 +95,6 @@ class TopologyFacts(BaseModel):
 # ---- gathering -----------------------------------------------------------------
 
 
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return None
-
-
 def _int(text: str | None) -> int | None:
     try:
         return int(text) if text is not None else None
@@ -110,7 +103,7 @@ def _int(text: str | None) -> int | None:
 
 
 def pci_link(dev: Path) -> PciLink | None:
-    raw = {f: _read(dev / f) for f in ("current_link_speed", "current_link_width", "max_link_speed", "max_link_width")}
+    raw = {f: read_stripped(dev / f) for f in ("current_link_speed", "current_link_width", "max_link_speed", "max_link_width")}
     if all(v is None for v in raw.values()):
         return None
     return PciLink(speed=raw["current_link_speed"], width=_int(raw["current_link_width"]),
@@ -118,7 +111,7 @@ def pci_link(dev: Path) -> PciLink | None:
 
 
 def _numa_node(dev: Path) -> int | None:
-    node = _int(_read(dev / "numa_node"))
+    node = _int(read_stripped(dev / "numa_node"))
     return node if node is not None and node >= 0 else None  # -1: the firmware did not say
 
 
@@ -128,7 +121,7 @@ def gpu_places(host: Host, inventory: Inventory) -> list[GpuPlace]:
         pci = nvml.short_pci(g.pci_bus_id)
         dev = host.path(f"/sys/bus/pci/devices/{pci}")
         out.append(GpuPlace(index=g.index, pci=pci, uuid=g.uuid, numa_node=_numa_node(dev),
-                            local_cpus=_read(dev / "local_cpulist"), link=pci_link(dev),
+                            local_cpus=read_stripped(dev / "local_cpulist"), link=pci_link(dev),
                             nvlinks_active=g.nvlinks_active, nvlinks_down=g.nvlinks_down))
     return out
 
@@ -141,9 +134,9 @@ def nics(host: Host) -> list[Nic]:
         dev = entry / "device"
         ports = []
         for p in sorted((entry / "ports").iterdir()) if (entry / "ports").is_dir() else []:
-            state = _read(p / "state") or "unknown"
+            state = read_stripped(p / "state") or "unknown"
             ports.append(IbPort(port=_int(p.name) or 0, state=state.split(":", 1)[-1].strip(),
-                                rate=_read(p / "rate"), link_layer=_read(p / "link_layer")))
+                                rate=read_stripped(p / "rate"), link_layer=read_stripped(p / "link_layer")))
         netdevs = sorted(n.name for n in (dev / "net").iterdir()) if (dev / "net").is_dir() else []
         pci = dev.resolve().name if dev.exists() else None
         out.append(Nic(name=entry.name, pci=pci, numa_node=_numa_node(dev), netdevs=netdevs, ports=ports, link=pci_link(dev)))
@@ -156,10 +149,10 @@ def cpu_quota(host: Host) -> float | None:
     for v2, levels in host.cgroup_levels("cpu"):
         for level in levels:
             if v2:
-                parts = (_read(level / "cpu.max") or "max").split()
+                parts = (read_stripped(level / "cpu.max") or "max").split()
                 limit, period = (parts + ["100000"])[:2]
             else:
-                limit, period = _read(level / "cpu.cfs_quota_us") or "-1", _read(level / "cpu.cfs_period_us") or "100000"
+                limit, period = read_stripped(level / "cpu.cfs_quota_us") or "-1", read_stripped(level / "cpu.cfs_period_us") or "100000"
             if limit in ("max", "-1") or not limit.isdigit() or not period.isdigit() or int(period) == 0:
                 continue
             cpus = int(limit) / int(period)
@@ -171,9 +164,9 @@ def machine_cpus(host: Host) -> Cpus:
     base = host.path("/sys/devices/system/node")
     nodes = {}
     for d in sorted(base.glob("node[0-9]*"), key=lambda p: int(p.name[4:])) if base.is_dir() else []:
-        if text := _read(d / "cpulist"):  # a memory-only node (CXL, HBM) has an empty list
+        if text := read_stripped(d / "cpulist"):  # a memory-only node (CXL, HBM) has an empty list
             nodes[d.name[4:]] = text
-    online = _read(host.path("/sys/devices/system/cpu/online")) or format_cpulist(host.allowed_cpus())
+    online = read_stripped(host.path("/sys/devices/system/cpu/online")) or format_cpulist(host.allowed_cpus())
     return Cpus(online=online, nodes=nodes, allowed=format_cpulist(host.allowed_cpus()), quota=cpu_quota(host))
 
 
@@ -214,7 +207,7 @@ def torch_numa_binding(python: str, timeout: float = 10.0) -> bool | None:
         where = [line for line in done.stdout.splitlines() if line.strip()][-1:]
     if not where:
         return None
-    text = _read(Path(where[0]) / "distributed" / "run.py")
+    text = read_stripped(Path(where[0]) / "distributed" / "run.py")
     return None if text is None else "--numa-binding" in text
 
 
@@ -276,7 +269,6 @@ def socket_groups(facts: TopologyFacts) -> int:
 def numa_span(facts: TopologyFacts) -> int:
     """NUMA nodes the GPUs sit on; where their numbers are missing, the disjoint CPU sets stand for them."""
     return max(len({node for i in range(gpu_count(facts)) if (node := gpu_numa(facts, i)) is not None}), socket_groups(facts))
-
 
 
 def rank_gpus(facts: TopologyFacts, n: int) -> list[int]:

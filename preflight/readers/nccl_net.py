@@ -28,12 +28,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from pathlib import Path
 
 from pydantic import BaseModel
 
 from preflight.base.findings import Finding, Status
-from preflight.base.host import Host
+from preflight.base.host import Host, read_stripped
 from preflight.readers.nccl_log import Channel, NcclLog
 
 ENV_VARS = ("NCCL_IB_DISABLE", "NCCL_NET", "NCCL_NET_PLUGIN", "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "NCCL_NET_GDR_LEVEL")
@@ -54,18 +53,7 @@ class NetFacts(BaseModel):
     env: dict[str, str] = {}
 
     def dmabuf_capable(self) -> bool | None:
-        """Whether GPUDirect RDMA through dma-buf is possible here (open modules, Linux >= 5.12)."""
-        m = re.match(r"(\d+)\.(\d+)", self.kernel or "")
-        if m is None or self.nvidia_open is None:
-            return None
-        return self.nvidia_open and (int(m[1]), int(m[2])) >= (5, 12)
-
-
-def _read(p: Path) -> str | None:
-    try:
-        return p.read_text(errors="replace").strip()
-    except OSError:
-        return None
+        return dmabuf_possible(self.kernel, self.nvidia_open)
 
 
 def gather(host: Host, env: Mapping[str, str]) -> NetFacts:
@@ -75,14 +63,14 @@ def gather(host: Host, env: Mapping[str, str]) -> NetFacts:
     for dev in devices:
         ports = root / dev / "ports"
         for port in sorted(ports.iterdir(), key=lambda p: p.name) if ports.is_dir() else []:
-            if port.name.isdigit() and (_read(port / "state") or "").split(":")[-1].strip() == "ACTIVE":
+            if port.name.isdigit() and (read_stripped(port / "state") or "").split(":")[-1].strip() == "ACTIVE":
                 active.setdefault(dev, []).append(int(port.name))
-    version = _read(host.path("/proc/driver/nvidia/version"))
+    version = read_stripped(host.path("/proc/driver/nvidia/version"))
     return NetFacts(
         ib_devices=devices, active_ports=active,
         peermem=[m for m in PEERMEM if host.path(f"/sys/module/{m}").is_dir()],
         memory_peers=any(host.path(p).exists() for p in MEMORY_PEERS),
-        kernel=_read(host.path("/proc/sys/kernel/osrelease")),
+        kernel=read_stripped(host.path("/proc/sys/kernel/osrelease")),
         nvidia_open=None if version is None else "Open Kernel Module" in version,
         env={k: env[k] for k in ENV_VARS if k in env})
 
@@ -268,3 +256,12 @@ def judge(log: NcclLog, facts: NetFacts, expect: str, local_ranks: set[int] | No
         out.append(_finding(f"NCCL used RDMA without GPUDirect RDMA ({len(slow)} peers): traffic is staged through host memory",
                             causes, slow, expect))
     return out, details
+
+
+def dmabuf_possible(kernel: str | None, nvidia_open: bool | None) -> bool | None:
+    """Whether GPUDirect RDMA through dma-buf is possible: NVIDIA's open kernel modules on
+    Linux >= 5.12 (where the kernel's dma-buf export for peer devices arrived); None where unknown."""
+    m = re.match(r"(\d+)\.(\d+)", kernel or "")
+    if m is None or nvidia_open is None:
+        return None
+    return nvidia_open and (int(m[1]), int(m[2])) >= (5, 12)

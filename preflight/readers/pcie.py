@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from preflight.base.host import Host
+from preflight.base.host import Host, read_stripped
 from preflight.readers.layout import PciLink, pci_link
 
 # A PCI address as sysfs names it; VMD domains have five hex digits (10000:e0:01.0).
@@ -138,13 +138,6 @@ def parse_lspci(text: str) -> tuple[dict[str, Acs | None], set[str]]:
 # ---- sysfs -------------------------------------------------------------------------------
 
 
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return None
-
-
 def bridges_above(host: Host, bdf: str) -> list[str] | None:
     """The bridges between a device and its root bus, root port first; None where the
     device's sysfs entry is not a link into /sys/devices (nothing to say where it sits)."""
@@ -167,7 +160,7 @@ def _iommu(host: Host, bdf: str) -> tuple[str | None, str | None]:
         name = group.resolve(strict=True).name
     except OSError:
         return None, None
-    return name, _read(host.path(f"/sys/kernel/iommu_groups/{name}/type"))
+    return name, read_stripped(host.path(f"/sys/kernel/iommu_groups/{name}/type"))
 
 
 def _endpoint(host: Host, kind: str, name: str, bdf: str, rdma: bool = False) -> Endpoint:
@@ -240,7 +233,7 @@ def gather(host: Host, gpus: list[str], deadline_s: float = LSPCI_TIMEOUT, root:
     """The paths of ``gpus`` (PCI addresses) and of every NIC, with the bridges on them.
     ``root``: whether this run sees all of config space (default: running as root)."""
     root = os.geteuid() == 0 if root is None else root
-    facts = PcieFacts(cmdline=_read(host.path("/proc/cmdline")),
+    facts = PcieFacts(cmdline=read_stripped(host.path("/proc/cmdline")),
                       iommu_units=[p.name for p in _listdir(host.path("/sys/class/iommu"))],
                       iommu_groups=len(_listdir(host.path("/sys/kernel/iommu_groups"))))
     facts.gpus = [_endpoint(host, "GPU", bdf, bdf) for bdf in gpus]
