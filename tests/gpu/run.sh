@@ -8,6 +8,7 @@
 #   OUT=/tmp/out bash tests/gpu/run.sh
 #   SELFTEST_ARGS='--stage nccl' bash tests/gpu/run.sh    # other selftest options
 #   PYTEST_SECONDS=0 bash tests/gpu/run.sh                # no pytest
+#   FULL=1 bash tests/gpu/run.sh                          # burnin and memtest alone (full.json, full.log)
 #
 # Exit: selftest's code (0 pass, 1 a stage failed or was skipped), else pytest's.
 set -uo pipefail
@@ -34,6 +35,17 @@ cd "$work" || exit 3
 
 python3 -m preflight version
 timeout 30 nvidia-smi -L || echo "run.sh: nvidia-smi did not answer"
+
+# FULL=1: the full level's long checks alone (burn-in 300 s, memory test up to 120 s), in place
+# of the selftest and pytest, so the call stays within the device's 10 minutes.
+if [ "${FULL:-0}" = 1 ]; then
+  timeout -k 10 560 python3 -m preflight run --profile "${PROFILE:-auto}" --level full --only burnin,memtest --keep-going \
+    --scratch --json > "$out/full.json" 2> "$out/full.log"
+  frc=$?
+  tail -40 "$out/full.log"
+  echo "run.sh: full level (burnin, memtest) exit $frc; results in $out/full.json"
+  exit "$frc"
+fi
 
 # shellcheck disable=SC2086  # SELFTEST_ARGS is split on purpose
 timeout -k 10 $((budget + 60)) python3 -m preflight selftest ${SELFTEST_ARGS:---strict} --budget "$budget" \
