@@ -163,15 +163,26 @@ def _gts(speed: str | None) -> float | None:
     return float(m.group(1)) if m else None
 
 
+# Ports whose PCIe link leads away from the CPU: a root port, a switch's downstream port,
+# and a PCI-to-PCIe bridge (its secondary side is PCIe).
+DOWNSTREAM_FACING = ("root", "downstream", "pci-to-pcie")
+
+
 def switch_links(facts: PcieFacts) -> list[tuple[str, str]]:
-    """(upper port, switch upstream port) of each bridge-to-bridge link on the paths. A path
-    reads root port, then each switch as its upstream then downstream port, so the
-    physical links between bridges are positions (0, 1), (2, 3), ..."""
+    """(upper port, switch upstream port) of each bridge-to-bridge link on the paths: a
+    downstream-facing port and the switch upstream port below it, by their Device/Port Type.
+    Where a path's types are not all known (config space unreadable), a path reads root
+    port, then each switch as its upstream then downstream port: positions (0, 1), (2, 3), ..."""
     links: dict[tuple[str, str], None] = {}
     for e in facts.gpus + facts.nics:
         chain = e.bridges or []
-        for i in range(0, len(chain) - 1, 2):
-            links[(chain[i], chain[i + 1])] = None
+        types = [facts.bridges[b].port_type if b in facts.bridges else None for b in chain]
+        if chain and all(types):
+            pairs = [(chain[i], chain[i + 1]) for i in range(len(chain) - 1)
+                     if types[i] in DOWNSTREAM_FACING and types[i + 1] == "upstream"]
+        else:
+            pairs = [(chain[i], chain[i + 1]) for i in range(0, len(chain) - 1, 2)]
+        links.update(dict.fromkeys(pairs))
     return list(links)
 
 

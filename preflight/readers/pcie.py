@@ -27,6 +27,9 @@ from preflight.readers.layout import PciLink, pci_link
 # A PCI address as sysfs names it; VMD domains have five hex digits (10000:e0:01.0).
 BDF = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 ACS_ID = 0x000D  # PCIe extended capability ID of Access Control Services
+PCIE_ID = 0x10  # capability ID of the PCI Express capability (in the first 256 bytes)
+# Device/Port Type, bits 7:4 of the PCI Express Capabilities register (PCIe base spec 7.5.3.2).
+PORT_TYPES = {0x4: "root", 0x5: "upstream", 0x6: "downstream", 0x7: "pcie-to-pci", 0x8: "pci-to-pcie"}
 # ACS control bits (PCIe base spec, ACS Control Register), in lspci's words.
 ACS_BITS = {"SrcValid": 0, "TransBlk": 1, "ReqRedir": 2, "CmpltRedir": 3, "UpstreamFwd": 4, "EgressCtrl": 5, "DirectTrans": 6}
 LSPCI_TIMEOUT = 15.0
@@ -47,6 +50,7 @@ class Bridge(BaseModel):
     acs: Acs | None = None  # None: no ACS capability, or unread (acs_unread says why)
     acs_unread: str | None = None
     no_acs: str | None = None  # why the port has no ACS capability at all, where sysfs shows it
+    port_type: str | None = None  # PORT_TYPES' word; None where its config space was not readable
 
 
 class Endpoint(BaseModel):
@@ -86,6 +90,21 @@ def ext_caps(config: bytes) -> dict[int, int]:
         found.setdefault(header & 0xFFFF, offset)
         offset = (header >> 20) & 0xFFC
     return found
+
+
+def port_type(config: bytes) -> str | None:
+    """The bridge's Device/Port Type from its PCI Express capability, walking the
+    capability list from the pointer at 0x34; None where the list or capability is absent."""
+    if len(config) < 0x40 or not struct.unpack_from("<H", config, 0x06)[0] & 0x10:  # Status: capability list present
+        return None
+    offset, seen = config[0x34] & 0xFC, set()
+    while 0x40 <= offset <= len(config) - 4 and offset not in seen:
+        seen.add(offset)
+        if config[offset] == PCIE_ID:
+            kind = (struct.unpack_from("<H", config, offset + 2)[0] >> 4) & 0xF
+            return PORT_TYPES.get(kind, f"type {kind:#x}")
+        offset = config[offset + 1] & 0xFC
+    return None
 
 
 def acs_from_config(config: bytes) -> Acs | None:
@@ -214,6 +233,7 @@ def _lspci(host: Host, deadline_s: float) -> tuple[dict[str, Acs | None], set[st
 def read_bridge(host: Host, bdf: str, root: bool) -> Bridge:
     bridge = Bridge(bdf=bdf, link=pci_link(host.path(f"/sys/bus/pci/devices/{bdf}")))
     config = read_config(host, bdf)
+    bridge.port_type = port_type(config) if config else None
     if config is None:
         bridge.acs_unread = "its sysfs config file could not be read"
     elif len(config) == 0x100 and root:

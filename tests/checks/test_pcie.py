@@ -138,6 +138,37 @@ def test_a_narrow_switch_link_fails_and_an_endpoint_link_is_not_judged_here():
     assert check.judge_links(f) == []
 
 
+def test_switch_links_follow_the_port_types_where_config_space_tells_them():
+    # A non-switch bridge (a retimer's or a PCIe-to-PCI bridge's) between the root port and the
+    # switch breaks the positions' rhythm: by position the switch's downstream port and the GPU's
+    # idle link would be judged; by type, the link into the switch is.
+    full = PciLink(speed="32.0 GT/s PCIe", width=16, max_speed="32.0 GT/s PCIe", max_width=16)
+    idle = full.model_copy(update={"speed": "2.5 GT/s PCIe"})  # the port above an idle GPU
+    kinds = {"rp": "root", "br": "pci-to-pcie", "up": "upstream", "down": "downstream"}
+    f = PcieFacts(gpus=[gpu("g1", ["rp", "br", "up", "down"])],
+                  bridges={b: Bridge(bdf=b, link=idle if b == "down" else full, port_type=t) for b, t in kinds.items()})
+    assert check.switch_links(f) == [("br", "up")] and check.judge_links(f) == []
+    f.bridges["up"] = f.bridges["up"].model_copy(update={"link": full.model_copy(update={"width": 8})})
+    assert [x.summary for x in check.judge_links(f)] == ["switch link br -> up runs at x8 of x16"]
+    f.bridges["br"] = f.bridges["br"].model_copy(update={"port_type": None})  # one unknown: positions, as before
+    assert check.switch_links(f) == [("rp", "br"), ("up", "down")]
+
+
+def test_the_port_type_is_read_from_the_pci_express_capability():
+    config = bytearray(256)
+    struct.pack_into("<H", config, 0x06, 0x10)  # Status: a capability list
+    config[0x34] = 0x40
+    config[0x40:0x42] = bytes([0x01, 0x60])  # power management, next at 0x60
+    config[0x60:0x62] = bytes([0x10, 0x00])  # PCI Express, the last
+    struct.pack_into("<H", config, 0x62, 0x0052)  # version 2, Device/Port Type 5: a switch upstream port
+    assert pcie.port_type(bytes(config)) == "upstream"
+    struct.pack_into("<H", config, 0x62, 0x0042)
+    assert pcie.port_type(bytes(config)) == "root"
+    assert pcie.port_type(bytes(64)) is None  # no capability list
+    config[0x40:0x42] = bytes([0x01, 0x40])  # a loop: stops
+    assert pcie.port_type(bytes(config)) is None
+
+
 # ---- config space and lspci ----------------------------------------------------------------------
 
 
