@@ -13,6 +13,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # Test-only fault injection, inert unless set: "RANK:KIND[@OP]" (RANK * for all), for example
@@ -94,6 +95,26 @@ def base_report(r: Rank) -> dict:
         "error": None,
         "started": time.time(),
     }
+
+
+def begin(out: str | None, first_op: str, reading: int | None = None, **fields) -> tuple[Rank, dict, Callable[[], None], Fault]:
+    """What every worker does first: learn its rank, send its output to its log, and
+    write its first report (base_report and ``fields``; ``reading`` too where the worker
+    measures again to confirm) once the "start" fault has had its chance (a rank that
+    never reports at all). Returns the rank, the report, the ``save`` that rewrites it,
+    and the fault knob."""
+    me = whoami()
+    redirect_output(out, me.local_rank)
+    report = base_report(me)
+    report.update(fields if reading is None else {**fields, "reading": reading})
+
+    def save() -> None:
+        write_report(out, me.local_rank, report)
+
+    fault = Fault(me.rank, first_op=first_op, reading=reading or 1)
+    fault.at("start")
+    save()
+    return me, report, save, fault
 
 
 class Fault:

@@ -80,15 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reading", type=int, default=1, help="which launch this is: 2 when the check measures again to confirm a figure beyond its floor")
     args = p.parse_args(argv)
 
-    me = _rank.whoami()
-    _rank.redirect_output(args.out, me.local_rank)
     steps = [s for s in (args.steps or "").split(",") if s] or list(GPU_STEPS if args.device == "cuda" else CPU_STEPS)
-    report = _rank.base_report(me)
-    report.update(backend=args.backend, device=args.device, reading=args.reading, steps=steps, step=0, results=[], binding=None, step_seconds={})
-    save = lambda: _rank.write_report(args.out, me.local_rank, report)  # noqa: E731
-    fault = _rank.Fault(me.rank, first_op=steps[0], reading=args.reading)
-    fault.at("start")
-    save()
+    me, report, save, fault = _rank.begin(args.out, steps[0], reading=args.reading, backend=args.backend, device=args.device, steps=steps, step=0,
+                                          results=[], binding=None, step_seconds={})
 
     def body() -> int:
         # Before torch starts its threads, so they inherit the binding, and before any buffer is allocated.

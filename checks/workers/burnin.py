@@ -41,15 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1234)
     args = p.parse_args(argv)
 
-    me = _rank.whoami()
-    _rank.redirect_output(args.out, me.local_rank)
-    report = _rank.base_report(me)
-    report.update(backend=args.backend, device=args.device, planned_seconds=args.seconds, gemm_n=args.gemm_n, gemms=args.gemms,
-                  copy_bytes=args.copy_bytes, bursts=0, burst_at=[], gemm_seconds=[], copy_seconds=[], wrong=[], wrong_bursts=0, step=0)
-    save = lambda: _rank.write_report(args.out, me.local_rank, report)  # noqa: E731
-    fault = _rank.Fault(me.rank, first_op="burnin")
-    fault.at("start")
-    save()
+    me, report, save, fault = _rank.begin(args.out, "burnin", backend=args.backend, device=args.device, planned_seconds=args.seconds,
+                                          gemm_n=args.gemm_n, gemms=args.gemms, copy_bytes=args.copy_bytes, bursts=0, burst_at=[], gemm_seconds=[],
+                                          copy_seconds=[], wrong=[], wrong_bursts=0, step=0)
     return _rank.guarded(lambda: run(args, me, report, save, fault), report, save)
 
 

@@ -40,14 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=60.0, help="the most one pass over the buffer may take")
     args = p.parse_args(argv)
 
-    me = _rank.whoami()
-    _rank.redirect_output(args.out, me.local_rank)
-    report = _rank.base_report(me)
-    report.update(backend=args.backend, device=args.device, buffer_bytes=None, free_bytes=None, total_bytes=None, patterns=[], mismatches=[], not_reached=[], step=0)
-    save = lambda: _rank.write_report(args.out, me.local_rank, report)  # noqa: E731
-    fault = _rank.Fault(me.rank, first_op="memtest")
-    fault.at("start")
-    save()
+    me, report, save, fault = _rank.begin(args.out, "memtest", backend=args.backend, device=args.device, buffer_bytes=None, free_bytes=None,
+                                          total_bytes=None, patterns=[], mismatches=[], not_reached=[], step=0)
     return _rank.guarded(lambda: run(args, me, report, save, fault), report, save)
 
 

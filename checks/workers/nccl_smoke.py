@@ -41,14 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nccl-debug", action="store_true", help="write NCCL_DEBUG=INFO output to nccl.rank{N}.log in --out")
     args = p.parse_args(argv)
 
-    me = _rank.whoami()
-    _rank.redirect_output(args.out, me.local_rank)
-    report = _rank.base_report(me)
-    report.update(backend=args.backend, device=args.device, ops=[], init_seconds=None, first_collective_seconds=None)
-    save = lambda: _rank.write_report(args.out, me.local_rank, report)  # noqa: E731
-    fault = _rank.Fault(me.rank, first_op="all_reduce_fp32_small")
-    fault.at("start")  # before the first report: a rank that never reports at all
-    save()
+    me, report, save, fault = _rank.begin(args.out, "all_reduce_fp32_small", backend=args.backend, device=args.device, ops=[], init_seconds=None,
+                                          first_collective_seconds=None)
     return _rank.guarded(lambda: run(args, me, report, save, fault), report, save)
 
 

@@ -70,15 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reading", type=int, default=1, help="which launch this is: 2 when the check measures again to confirm a figure beyond its floor")
     args = p.parse_args(argv)
 
-    me = _rank.whoami()
-    _rank.redirect_output(args.out, me.local_rank)
-    report = _rank.base_report(me)
-    report.update(backend=args.backend, device=args.device, reading=args.reading, losses=[], step_seconds=[], compute_seconds=[], gemm_seconds=[], params=None,
-                  logits_checksum=None, logits_checksums=None, param_checksums=None, nonfinite_step=None, shrunk=None, tokens_per_step=None)
-    save = lambda: _rank.write_report(args.out, me.local_rank, report)  # noqa: E731
-    fault = _rank.Fault(me.rank, first_op="steps", reading=args.reading)
-    fault.at("start")
-    save()
+    me, report, save, fault = _rank.begin(args.out, "steps", reading=args.reading, backend=args.backend, device=args.device, losses=[],
+                                          step_seconds=[], compute_seconds=[], gemm_seconds=[], params=None, logits_checksum=None,
+                                          logits_checksums=None, param_checksums=None, nonfinite_step=None, shrunk=None, tokens_per_step=None)
     return _rank.guarded(lambda: run(args, me, report, save, fault), report, save)
 
 
