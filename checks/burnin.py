@@ -24,7 +24,8 @@ from typing import ClassVar
 from pydantic import Field
 
 from preflight.base.findings import Finding, Measurement, Status
-from preflight.checkkit import outliers as outliers_mod
+from preflight.checkkit import outliers
+from preflight.checkkit.figures import Figure
 from preflight.gpuwork import launch, ranks
 from preflight.pipeline.check import Check, Context, Result
 from preflight.pipeline.expectations import BurninExpect, OutlierExpect
@@ -107,7 +108,8 @@ def trace_summary(t: nvml.GpuTrace, started: float | None, seconds: float | None
     new_ecc = t.ecc_after - t.ecc_before if t.ecc_after is not None and t.ecc_before is not None else None
     return {"samples": len(under), "clock_min_mhz": min(clocks, default=None), "clock_median_mhz": statistics.median(clocks) if clocks else None,
             "temperature_max_c": max(temps, default=None), "power_median_w": statistics.median(power) if power else None,
-            "power_max_w": max(power, default=None), "throttle_share": share, "ecc_new": new_ecc, "ecc_before": t.ecc_before, "nvml_unanswered": t.unanswered}
+            "power_max_w": max(power, default=None), "throttle_share": share, "ecc_new": new_ecc, "ecc_before": t.ecc_before,
+            "clock_max_mhz": t.max_sm_clock_mhz, "nvml_unanswered": t.unanswered}
 
 
 # ---- judging ------------------------------------------------------------------------
@@ -142,10 +144,11 @@ def judge_nvml(figs: dict[int, dict], expect: BurninExpect) -> list[Finding]:
             out.append(Finding(FAIL, f"{who} throttled under sustained load ({', '.join(held)})",
                                f"{who}: {words} (more than {expect.throttle_fraction:.0%} is sustained); max temperature {fig.get('temperature_max_c')} C",
                                "check the node's cooling (fans, airflow, inlet temperature) and power delivery (PSUs, `nvidia-smi -q -d PERFORMANCE,POWER`)"))
-        median = fig.get("clock_median_mhz")
-        if expect.clock_floor_mhz is not None and median is not None and median < expect.clock_floor_mhz:
+        median, floor = fig.get("clock_median_mhz"), expect.clock_floor(fig.get("clock_max_mhz"))
+        if floor is not None and median is not None and median < floor:
+            of = f", {expect.clock_floor_fraction:.0%} of its {fig['clock_max_mhz']} MHz top clock" if expect.clock_floor_mhz is None else ""
             out.append(Finding(FAIL, f"{who}: SM clock sags to {median:g} MHz under load",
-                               f"{who}'s median SM clock under load was {median:g} MHz (min {fig['clock_min_mhz']}), under the {expect.clock_floor_mhz:g} MHz floor ({expect.clock_source})",
+                               f"{who}'s median SM clock under load was {median:g} MHz (min {fig['clock_min_mhz']}), under the {floor:g} MHz floor{of} ({expect.clock_source})",
                                "check clocks and their reasons (`nvidia-smi -q -d PERFORMANCE,CLOCK`), application clocks and power limits; " + DIAG))
     return out
 
@@ -158,26 +161,26 @@ def judge_xid(new: list[dict]) -> list[Finding]:
                     "look the codes up with `preflight xid`; " + DIAG)]
 
 
-# (figure key, its name for the band, higher is better, words, scale, unit). Not temperature:
+# (figure key, its name: its band's and its shortfall metric's, unit, scale). Not temperature:
 # a ratio of Celsius values means nothing, and GPUs at different places in a chassis's
 # airflow run 10-15 C apart under the same load; a GPU too hot shows as thermal slowdown.
-OUTLIER_FIGURES = (("gemm_flops", "burnin_gemm_throughput", True, "GEMM throughput", 1e12, "TFLOP/s"),
-                   ("copy_bytes_per_second", "burnin_copy_bandwidth", True, "copy bandwidth", 1e9, "GB/s"),
-                   ("clock_median_mhz", "burnin_sm_clock", True, "median SM clock", 1, "MHz"))
+OUTLIER_FIGURES = (("gemm_flops", "burnin_gemm_throughput", "flops_per_second", 1), ("copy_bytes_per_second", "burnin_copy_bandwidth", "bytes_per_second", 1),
+                   ("clock_median_mhz", "burnin_sm_clock", "hertz", 1e6))
+WORDS = {"burnin_gemm_throughput": "GEMM throughput under sustained load", "burnin_copy_bandwidth": "copy bandwidth under sustained load",
+         "burnin_sm_clock": "median SM clock under sustained load"}
+REASONS = {name: "its clocks, temperature and power against its peers' (`nvidia-smi -q -d PERFORMANCE,CLOCK,TEMPERATURE,POWER`), "
+                 "its cooling and power delivery, then `dcgmi diag -r 3` on that GPU" for _, name, _, _ in OUTLIER_FIGURES}
+RERUN = "preflight run --level full --only burnin"
 
 
-def judge_outliers(figs: dict[int, dict], band: OutlierExpect | None) -> list[Finding]:
-    if band is None:
-        return []
-    out = []
-    for key, name, higher, words, scale, unit in OUTLIER_FIGURES:
-        values = {fig["gpu"] or fig["who"]: fig[key] for fig in figs.values() if fig.get(key) is not None}
-        for o in outliers_mod.find(values, higher, band.band(name)):
-            cause = (f"{o.where}'s {words} under sustained load was {o.value / scale:.4g} {unit}, {o.off:.0%} worse than the node's median of "
-                     f"{o.median / scale:.4g} {unit} (warn past {band.band(name).warn:.0%}, fail past {band.band(name).fail:.0%}: {band.band(name).source})")
-            out.append(Finding(o.status, f"{o.where} is an outlier in {words} under load ({o.off:.0%} worse than the median)", cause,
-                               "compare that GPU's clocks, temperature and power with its peers' (`nvidia-smi -q -d PERFORMANCE,CLOCK,TEMPERATURE,POWER`); " + DIAG))
-    return out
+def outlier_figures(f: BurninFacts, figs: dict[int, dict]) -> list[Figure]:
+    """Each rank's rates and median clock as figures (checkkit/figures.py), for the node's median."""
+    return [Figure(name=name, unit=unit, value=fig[key] * scale, where=fig["gpu"] or fig["who"], rank=rank, labels=ranks.labels(rank, fig["gpu"], f.uuids))
+            for rank, fig in figs.items() for key, name, unit, scale in OUTLIER_FIGURES if fig.get(key) is not None]
+
+
+def judge_outliers(f: BurninFacts, figs: dict[int, dict], band: OutlierExpect | None) -> list[Finding]:
+    return outliers.judge(outlier_figures(f, figs), band, tuple(WORDS), WORDS, REASONS, RERUN)
 
 
 def judge_unwatched(f: BurninFacts) -> list[Finding]:
@@ -197,10 +200,10 @@ def judge_unwatched(f: BurninFacts) -> list[Finding]:
 
 def judge(f: BurninFacts, figs: dict[int, dict], expect: BurninExpect, band: OutlierExpect | None) -> list[Finding]:
     return (ranks.judge_run(f, "the burn-in", ranks.by_hand(f, "burnin.py"), judge_wrong(f))
-            + judge_nvml(figs, expect) + judge_xid(f.new_xids) + judge_outliers(figs, band) + judge_unwatched(f))
+            + judge_nvml(figs, expect) + judge_xid(f.new_xids) + judge_outliers(f, figs, band) + judge_unwatched(f))
 
 
-def measurements(f: BurninFacts, figs: dict[int, dict]) -> list[Measurement]:
+def measurements(f: BurninFacts, figs: dict[int, dict], band: OutlierExpect | None) -> list[Measurement]:
     out = []
     units = (("gemm_flops", "burnin_gemm_throughput", "flops_per_second", 1), ("copy_bytes_per_second", "burnin_copy_bandwidth", "bytes_per_second", 1),
              ("clock_min_mhz", "burnin_sm_clock_min", "hertz", 1e6), ("clock_median_mhz", "burnin_sm_clock_median", "hertz", 1e6),
@@ -209,7 +212,7 @@ def measurements(f: BurninFacts, figs: dict[int, dict]) -> list[Measurement]:
     for rank, fig in figs.items():
         labels = ranks.labels(rank, fig["gpu"], f.uuids)
         out += [Measurement(name=name, unit=unit, value=fig[key] * scale, labels=labels) for key, name, unit, scale in units if fig.get(key) is not None]
-    return out
+    return out + outliers.measurements(outlier_figures(f, figs), band, tuple(WORDS))
 
 
 # ---- gathering -------------------------------------------------------------------------
@@ -316,4 +319,4 @@ class Burnin(Check):
         details["traces"] = {str(r): {k: v for k, v in fig.items() if k not in ("who",)} for r, fig in figs.items()}
         details["nvml"] = facts.nvml_note or f"{len(facts.traces)} GPU(s) sampled every {expect.sample_seconds:g} s"
         details["outliers"] = "judged against the node's median" if ctx.profile.outliers else f"profile {ctx.profile.name} has no [outliers] band: not judged"
-        return self.conclude(findings, summary(facts, figs), measurements=measurements(facts, figs), details=details)
+        return self.conclude(findings, summary(facts, figs), measurements=measurements(facts, figs, ctx.profile.outliers), details=details)

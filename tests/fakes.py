@@ -340,6 +340,7 @@ nvmlDeviceGetPowerManagementDefaultLimit = lambda h: int(_fact(h, "power_default
 nvmlDeviceGetTemperature = lambda h, sensor: _fact(h, "temperature_c")
 # The burn-in's sampler (nvml_query._samples): a fixed SM clock and power where the facts name none.
 nvmlDeviceGetClockInfo = lambda h, clock: DEVICES[h].get("sm_clock_mhz", 1980) if _fact(h, "name") else None
+nvmlDeviceGetMaxClockInfo = lambda h, clock: DEVICES[h].get("max_sm_clock_mhz", 1980) if _fact(h, "name") else None
 nvmlDeviceGetPowerUsage = lambda h: int(DEVICES[h].get("power_w", 650.0) * 1000) if _fact(h, "name") else None
 nvmlDeviceGetCurrPcieLinkGeneration = lambda h: _fact(h, "pcie", "gen")
 nvmlDeviceGetCurrPcieLinkWidth = lambda h: _fact(h, "pcie", "width")

@@ -39,6 +39,8 @@ def fmt_value(value: float, unit: str) -> str:
         return f"{value:,.0f} tokens/s"
     if unit == "ratio":
         return f"{value:.3g}"
+    if unit == "hertz":
+        return f"{value / 1e6:.0f} MHz"
     return f"{value:g} {unit}"
 
 

@@ -258,17 +258,27 @@ class BurninExpect(BaseModel):
     copy_bytes: int = Field(default=1 << 30, ge=1 << 20, le=64 << 30)  # the HBM (host memory) copy of each burst
     sizes_source: str = Field(min_length=1)
     sample_seconds: float = Field(default=1.0, gt=0, le=60, allow_inf_nan=False)  # NVML's sampling period
-    # The SM clock's median under load must not sag below this (MHz); None: not judged against a floor.
+    # The SM clock's median under load must not sag below this (MHz), or below this share of
+    # the GPU's own top SM clock as NVML reports it; a site's clock_floor_mhz wins. Neither: not judged.
     clock_floor_mhz: float | None = Field(default=None, gt=0)
+    clock_floor_fraction: float | None = Field(default=None, ge=0.1, le=1)
     # Thermal or power-brake throttling in more than this fraction of the samples is sustained.
     throttle_fraction: float = Field(default=0.1, ge=0, lt=1)
     clock_source: str | None = None
 
     @model_validator(mode="after")
     def _cited(self) -> BurninExpect:
-        if self.clock_floor_mhz is not None and not self.clock_source:
-            raise ValueError("clock_floor_mhz needs clock_source")
+        if (self.clock_floor_mhz is not None or self.clock_floor_fraction is not None) and not self.clock_source:
+            raise ValueError("clock_floor_mhz and clock_floor_fraction need clock_source")
         return self
+
+    def clock_floor(self, max_mhz: float | None) -> float | None:
+        """The SM clock floor (MHz) for a GPU whose top SM clock is ``max_mhz``, or None."""
+        if self.clock_floor_mhz is not None:
+            return self.clock_floor_mhz
+        if self.clock_floor_fraction is not None and max_mhz:
+            return self.clock_floor_fraction * max_mhz
+        return None
 
 
 class MemtestExpect(BaseModel):

@@ -221,6 +221,7 @@ class GpuTrace(_Facts):
     samples: list[tuple[float, int | None, float | None, int | None, int | None]]
     ecc_before: int | None = None  # volatile uncorrectable ECC errors
     ecc_after: int | None = None
+    max_sm_clock_mhz: int | None = None  # the GPU's own top SM clock: the burn-in's clock floor is a share of it
     unanswered: dict[str, str] = Field(default_factory=dict)
 
 

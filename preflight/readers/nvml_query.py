@@ -333,8 +333,9 @@ def _samples(pynvml: Any, period: float, most: float) -> dict[str, Any]:
     for i in range(pynvml.nvmlDeviceGetCount()):
         h = pynvml.nvmlDeviceGetHandleByIndex(i)
         gpus.append((h, {"index": i, "pci_bus_id": _text(pynvml.nvmlDeviceGetPciInfo(h).busId), "samples": [], "unanswered": {},
-                         "ecc_before": None, "ecc_after": None}))
+                         "ecc_before": None, "ecc_after": None, "max_sm_clock_mhz": None}))
     for h, g in gpus:
+        g["max_sm_clock_mhz"] = _optional(pynvml, "nvmlDeviceGetMaxClockInfo", h, 1, unanswered=g["unanswered"])  # NVML_CLOCK_SM
         g["ecc_before"] = _optional(pynvml, "nvmlDeviceGetTotalEccErrors", h, 1, 0, unanswered=g["unanswered"])  # UNCORRECTED, VOLATILE
     end = time.monotonic() + most
     while True:

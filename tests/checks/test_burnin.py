@@ -7,6 +7,8 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 import fakes
 from conftest import clean_env, run_preflight
 
@@ -32,10 +34,11 @@ def rank_report(rank: int, **kw) -> dict:
     return {**base, **kw}
 
 
-def trace(rank: int, clock=1980, temp=70, power=650.0, reasons=(CAP,), ecc=(0, 0), n=10) -> nvml.GpuTrace:
+def trace(rank: int, clock=1980, temp=70, power=650.0, reasons=(CAP,), ecc=(0, 0), n=10, top=1980) -> nvml.GpuTrace:
     """``n`` samples over the burn, the reasons taking turns, one sample before the load (idle, which must not count)."""
     samples = [(T0 - 5, 345, 70.0, 35, 0x1)] + [(T0 + 30 * i, clock, power, temp, reasons[i % len(reasons)]) for i in range(n)]
-    return nvml.GpuTrace(index=rank, pci_bus_id=f"00000000:{0x18 + rank:02X}:00.0", samples=samples, ecc_before=ecc[0], ecc_after=ecc[1])
+    return nvml.GpuTrace(index=rank, pci_bus_id=f"00000000:{0x18 + rank:02X}:00.0", samples=samples, ecc_before=ecc[0], ecc_after=ecc[1],
+                         max_sm_clock_mhz=top)
 
 
 def facts(reports: list[dict], traces: list[nvml.GpuTrace], **kw) -> burnin.BurninFacts:
@@ -60,8 +63,12 @@ def test_a_healthy_burn_passes_and_reports_its_traces():
     figs = burnin.rank_figures(f)
     assert figs[0]["clock_min_mhz"] == 1980 and figs[0]["samples"] == 10  # the idle sample before the load is left out
     assert figs[0]["temperature_max_c"] == 70 and figs[0]["power_max_w"] == 650.0
-    names = {m.name for m in burnin.measurements(f, figs)}
+    names = {m.name for m in burnin.measurements(f, figs, BAND)}
     assert {"burnin_sm_clock_min", "burnin_sm_clock_median", "burnin_temperature_max", "burnin_power_max", "burnin_gemm_throughput"} <= names
+    # Each figure's shortfall against the node's median, with the FAIL band as its ceiling, as the other measuring checks write it.
+    short = {(m.name, m.labels["gpu"]): m for m in burnin.measurements(f, figs, BAND) if m.name.endswith("_median_shortfall")}
+    assert {n for n, _ in short} == {"burnin_gemm_throughput_median_shortfall", "burnin_copy_bandwidth_median_shortfall", "burnin_sm_clock_median_shortfall"}
+    assert short[("burnin_sm_clock_median_shortfall", "0")].value == 0 and short[("burnin_sm_clock_median_shortfall", "0")].ceiling == 0.10
 
 
 def test_a_wrong_result_names_the_rank_the_burst_and_when():
@@ -91,13 +98,38 @@ def test_a_clock_that_sags_below_the_profiles_floor_fails():
     assert "under the 1590 MHz floor (H100 SXM base clock)" in found[0].cause
 
 
+def test_the_shipped_floor_is_half_the_gpus_own_top_clock_and_passes_a_power_capped_gpu():
+    """The GPU profiles' floor: HW slowdown and the power brake cut clocks by 2x or more (nvml.h),
+    while a healthy GPU held at its power cap runs far above half its top clock."""
+    shipped = BurninExpect(seconds=300, seconds_source="test", sizes_source="test", clock_floor_fraction=0.5, clock_source="nvml.h")
+    # A healthy H100 PCIe at its power cap in a hot chassis: 1384 of 1755 MHz. A braked V100: 382 of 1530.
+    capped = healthy(n=2, gpu0={"clock": 1384, "top": 1755}, gpu1={"clock": 1384, "top": 1755})
+    assert burnin.judge(capped, burnin.rank_figures(capped), shipped, None) == []
+    braked = healthy(n=2, gpu1={"clock": 382, "top": 1530})
+    found = burnin.judge(braked, burnin.rank_figures(braked), shipped, None)
+    assert [x.summary for x in found] == ["GPU 1: SM clock sags to 382 MHz under load"]
+    assert "under the 765 MHz floor, 50% of its 1530 MHz top clock (nvml.h)" in found[0].cause
+    # NVML did not say the top clock: no floor to judge against, so no verdict from it.
+    unknown = healthy(n=1, gpu0={"clock": 382, "top": None})
+    assert burnin.judge(unknown, burnin.rank_figures(unknown), shipped, None) == []
+
+
+def test_a_floor_needs_its_source():
+    with pytest.raises(ValueError, match="need clock_source"):
+        BurninExpect(seconds=1, seconds_source="t", sizes_source="t", clock_floor_fraction=0.5)
+
+
 def test_a_gpu_clocked_lower_than_its_peers_is_an_outlier_and_a_warmer_one_is_not():
     # 1700 MHz clears the floor; against peers at 1980 it is 14% down: past the 10% FAIL band.
     # GPU 1 runs 6 C warmer than its peers, as GPUs downstream in a chassis's airflow do: a healthy
     # node (a GPU too hot shows as thermal slowdown, judged above).
     found = judged(healthy(gpu3={"clock": 1700}, gpu1={"temp": 76}))
-    assert [(x.summary, x.status) for x in found] == [("GPU 3 is an outlier in median SM clock under load (14% worse than the median)", Status.FAIL)]
+    assert [(x.summary, x.status) for x in found] == [("GPU 3 median SM clock under sustained load 1700 MHz, 14% under the node's median 1980 MHz", Status.FAIL)]
+    assert "clears the absolute floor" in found[0].cause and "preflight run --level full --only burnin" in found[0].remedy
     assert judged(healthy(gpu3={"clock": 1700}), band=None) == []  # no [outliers] band: not judged
+    lagging = healthy(gpu3={"clock": 1700})
+    short = [m for m in burnin.measurements(lagging, burnin.rank_figures(lagging), BAND) if m.name == "burnin_sm_clock_median_shortfall" and m.labels["gpu"] == "3"]
+    assert round(short[0].value, 3) == 0.141
 
 
 def test_a_rank_that_died_before_its_burn_is_not_judged_by_its_idle_samples():
@@ -134,7 +166,7 @@ def test_the_sampler_reads_clocks_power_temperature_reasons_and_ecc_from_nvml(tm
     assert len(traces) == 8 and len(traces[0].samples) >= 3
     stamp, clock, power, temp, reasons = traces[0].samples[-1]
     assert clock == 1980 and power == 650.0 and temp is not None and reasons is not None
-    assert traces[0].ecc_before == traces[0].ecc_after == 0
+    assert traces[0].ecc_before == traces[0].ecc_after == 0 and traces[0].max_sm_clock_mhz == 1980
 
 
 # ---- for real on the cpu profile (gloo ranks), through the CLI -------------------------------------
