@@ -156,10 +156,17 @@ def other_ports(facts: RdmaFacts, expect: RdmaExpect) -> list[str]:
     return out
 
 
-def judge_counters(facts: RdmaFacts) -> list[Finding]:
-    """Growth between the two reads: FAIL (WARN for discards, which congestion causes too).
-    Counts since boot that did not grow are no finding, unless a counter sits at
-    its ceiling, where growth could not be seen."""
+def slow_symbol_errors(p: Port, expect: RdmaExpect, interval: float) -> float | None:
+    """symbol_error's growth per second where it grew no faster than the profile allows, else None."""
+    grew = p.counters_later.get("symbol_error", 0) - p.counters.get("symbol_error", 0)
+    rate = grew / max(interval, 1e-3)
+    return rate if 0 < grew and rate <= expect.symbol_errors_per_second else None
+
+
+def judge_counters(facts: RdmaFacts, expect: RdmaExpect) -> list[Finding]:
+    """Growth between the two reads: FAIL (WARN for discards, which congestion causes too;
+    symbol errors only past the profile's rate). Counts since boot that did not grow are
+    no finding, unless a counter sits at its ceiling, where growth could not be seen."""
     out = []
     secs = f"{facts.interval_seconds:g} s"
     for p in facts.ports:
@@ -173,10 +180,14 @@ def judge_counters(facts: RdmaFacts) -> list[Finding]:
                                f"{p.counters['link_downed']} to {p.counters_later['link_downed']} in {secs}): every flap drops the job's connections",
                                LINK_FIX))
         discards = grew.pop("port_xmit_discards", 0)
+        if slow_symbol_errors(p, expect, facts.interval_seconds) is not None:
+            grew.pop("symbol_error")  # raw bit errors at a rate FEC corrects: details.slow_symbol_errors
         if grew:
             said = ", ".join(f"{n} +{d}" for n, d in grew.items())
+            rate = (f"; symbol_error at {grew['symbol_error'] / max(facts.interval_seconds, 1e-3):.3g}/s, past {expect.symbol_errors_per_second:g}/s "
+                    f"({expect.symbol_source})") if "symbol_error" in grew else ""
             out.append(Finding(FAIL, f"{p.where}: {said} in {secs}",
-                               f"error counters of {p.where} grew while it was watched ({said} in {secs}): the link is corrupting "
+                               f"error counters of {p.where} grew while it was watched ({said} in {secs}{rate}): the link is corrupting "
                                "traffic now, and NCCL's retries stall or time out", LINK_FIX))
         if discards:
             out.append(Finding(WARN, f"{p.where}: port_xmit_discards +{discards} in {secs}",
@@ -192,7 +203,7 @@ def judge_counters(facts: RdmaFacts) -> list[Finding]:
 
 
 def judge(facts: RdmaFacts, expect: RdmaExpect, gpus: int) -> dict[str, list[Finding]]:
-    return {"gpudirect": judge_gpudirect(facts, expect, gpus), "ports": judge_ports(facts, expect), "counters": judge_counters(facts)}
+    return {"gpudirect": judge_gpudirect(facts, expect, gpus), "ports": judge_ports(facts, expect), "counters": judge_counters(facts, expect)}
 
 
 def measurements(facts: RdmaFacts, expect: RdmaExpect) -> list[Measurement]:
@@ -239,6 +250,8 @@ class Rdma(Check):
         details = facts.model_dump(mode="json")
         details["parts"] = {name: worst(found) for name, found in parts.items()}
         details["since_boot"] = since_boot(facts)
+        details["slow_symbol_errors"] = {p.where: f"{r:.3g}/s, within {expect.symbol_errors_per_second:g}/s" for p in facts.ports
+                                         if (r := slow_symbol_errors(p, expect, facts.interval_seconds)) is not None}
         details["compute_ports"] = {"chosen_by": chosen_by(facts), "ports": [p.where for p in facts.ports if compute(p, expect, facts)]}
         details["other_ports"] = other_ports(facts, expect)  # down or slower, but no compute port: not judged
         if not gpus or not expect.gpudirect:
@@ -248,6 +261,8 @@ class Rdma(Check):
         ok = f"{up}/{len(facts.ports)} RDMA ports ACTIVE, no error counter grew in {facts.interval_seconds:g} s"
         if gpus and expect.gpudirect:
             ok += "; GPUDirect RDMA by " + ("nvidia-peermem" if facts.peermem or facts.memory_peers else "dma-buf")
+        if details["slow_symbol_errors"]:
+            ok += f"; symbol_error grew on {len(details['slow_symbol_errors'])} port(s) within {expect.symbol_errors_per_second:g}/s (details.slow_symbol_errors)"
         if details["since_boot"]:
             ok += f"; {len(details['since_boot'])} counts since boot, not growing (details.since_boot)"
         lines = []

@@ -91,6 +91,12 @@ class RdmaExpect(BaseModel):
     # Seconds between the two reads of the error counters.
     interval_seconds: float = Field(default=3.0, gt=0, le=60, allow_inf_nan=False)
     interval_source: str = Field(min_length=1)
+    # symbol_error growing faster than this (per second) FAILs; slower is reported only. PAM4
+    # links (HDR, NDR, 200/400 GbE) count raw bit errors as a matter of course, and even at the
+    # IBTA's 1e-12 BER a 200 Gb/s link counts 0.2 a second: one error in the watch is no fault.
+    symbol_errors_per_second: float = Field(default=10.0, ge=0, allow_inf_nan=False)
+    symbol_source: str = ("10/s: NVIDIA NVSentinel's NIC health monitor's symbol_error rate threshold for PAM4 links "
+                          "(docs/nic-health-monitor/link-counter-detection.md), 50x the count of a 200 Gb/s link at the IBTA's 1e-12 BER")
 
     @model_validator(mode="after")
     def _cited(self) -> RdmaExpect:
