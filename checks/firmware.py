@@ -18,11 +18,12 @@ import re
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 
 from pydantic import BaseModel
 
 from preflight.base.findings import Finding, Status, worst
-from preflight.base.host import Host
+from preflight.base.host import Host, read_stripped
 from preflight.base.units import format_cpulist
 from preflight.pipeline.check import Check, Context, Result
 from preflight.readers import nvml
@@ -49,6 +50,10 @@ class FirmwareFacts(BaseModel):
     kernel_driver_error: str | None = None
     torch: TorchCuda | None = None  # None: not asked
     torch_skipped: str | None = None
+    # NVSwitch PCI address -> its BIOS (firmware) version, None where the driver says N/A;
+    # empty with nvswitch_absent saying why on a node without NVSwitch.
+    nvswitch_bios: dict[str, str | None] = {}
+    nvswitch_absent: str | None = None
 
 
 # ---- gathering -------------------------------------------------------------
@@ -62,6 +67,26 @@ def kernel_driver(host: Host) -> tuple[str | None, str | None]:
         return None, f"/proc/driver/nvidia/version unreadable ({e.strerror})"
     m = re.search(r"Kernel Module(?: for \S+)?\s+([0-9]+(?:\.[0-9]+)+)", text)
     return (m.group(1), None) if m else (None, "/proc/driver/nvidia/version names no kernel module version")
+
+
+NVSWITCH_PROC = "/proc/driver/nvidia-nvswitch/devices"
+
+
+def nvswitch_bios(host: Host) -> tuple[dict[str, str | None], str | None]:
+    """Each NVSwitch's BIOS version, as the nvidia-nvswitch driver prints it in
+    <address>/information ("BIOS Version: 96.10.6d.00.01", or "N/A" where it read
+    none: kernel-open/nvidia/procfs_nvswitch.c). NVML does not expose it."""
+    try:
+        found = sorted(host.path(NVSWITCH_PROC).iterdir())
+    except OSError:
+        return {}, f"no NVSwitch on this node ({NVSWITCH_PROC} absent)"
+    if not found:
+        return {}, f"no NVSwitch on this node ({NVSWITCH_PROC} empty)"
+    out: dict[str, str | None] = {}
+    for dev in found:
+        m = re.search(r"^BIOS Version:\s*(\S+)", read_stripped(dev / "information") or "", re.M)
+        out[dev.name] = m.group(1).upper() if m and m.group(1) != "N/A" else None
+    return out, None
 
 
 def ask_torch(host: Host, python: str, timeout: float) -> TorchCuda:
@@ -85,6 +110,7 @@ def gather(ctx: Context) -> FirmwareFacts:
     inventory = nvml.inventory(ctx.settings.nvml_fake, timeout=20.0)
     driver, why = kernel_driver(ctx.host)
     facts = FirmwareFacts(inventory=inventory, kernel_driver=driver, kernel_driver_error=why)
+    facts.nvswitch_bios, facts.nvswitch_absent = nvswitch_bios(ctx.host)
     if ctx.settings.level == "quick":
         facts.torch_skipped = QUICK
     else:
@@ -101,23 +127,34 @@ def _version(v: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"[0-9]+", v))
 
 
-def judge_uniform(what: str, values: dict[int, str | None], pin: str | None, pin_key: str) -> tuple[list[Finding], str | None]:
-    """One version across the GPUs (and the pin): findings, and why not judged (or None)."""
+def gpus(keys) -> str:
+    return f"GPU {format_cpulist(sorted(keys))}"
+
+
+def switches(keys) -> str:
+    return f"NVSwitch {', '.join(sorted(keys))}"
+
+
+def judge_uniform(what: str, values: dict, pin: str | None, pin_key: str | None, name: Callable = gpus, noun: str = "GPUs",
+                  one: str = "GPU", source: str = "NVML") -> tuple[list[Finding], str | None]:
+    """One version across the members (GPUs by index, or NVSwitches by PCI address) and the
+    pin: findings, and why not judged (or None). ``name`` names a set of members, ``noun``
+    and ``one`` say what they are, ``source`` where the versions come from."""
     said = {i: v for i, v in values.items() if v is not None}
     if not said:
-        return [], f"NVML gives no {what} version for any GPU"
+        return [], f"{source} gives no {what} version for any {one}"
     out = []
     silent = sorted(set(values) - set(said))
     if silent:
-        out.append(Finding(WARN, f"GPU {format_cpulist(silent)}: {what} version unknown",
-                           f"NVML gives no {what} version for GPU {format_cpulist(silent)} while it does for the others",
+        out.append(Finding(WARN, f"{name(silent)}: {what} version unknown",
+                           f"{source} gives no {what} version for {name(silent)} while it does for the others",
                            "compare `nvidia-smi -q` across the GPUs; look for Xid errors (`preflight xid`)"))
     counts = Counter(said.values()).most_common()
     if pin is not None:
         odd = {i: v for i, v in said.items() if v != pin}
         if odd:
-            found = ", ".join(f"GPU {format_cpulist([i for i in odd if odd[i] == v])} {v}" for v in sorted(set(odd.values())))
-            out.append(Finding(FAIL, f"{what} not the site's {pin} on GPU {format_cpulist(sorted(odd))}",
+            found = ", ".join(f"{name([i for i in odd if odd[i] == v])} {v}" for v in sorted(set(odd.values())))
+            out.append(Finding(FAIL, f"{what} not the site's {pin} on {name(odd)}",
                                f"the site config pins {what} {pin} ({pin_key}); found {found}",
                                f"{FLASH}; or change {pin_key} in the config"))
         return out, None
@@ -125,14 +162,14 @@ def judge_uniform(what: str, values: dict[int, str | None], pin: str | None, pin
         return out, None
     top, n = counts[0]
     if n == counts[1][1]:  # no majority: name every group
-        groups = "; ".join(f"GPU {format_cpulist(sorted(i for i, v in said.items() if v == ver))} on {ver}" for ver, _ in counts)
-        out.append(Finding(FAIL, f"GPUs on {len(counts)} {what} versions",
-                           f"the node's GPUs run different {what} versions with no majority: {groups}", FLASH))
+        groups = "; ".join(f"{name([i for i, v in said.items() if v == ver])} on {ver}" for ver, _ in counts)
+        out.append(Finding(FAIL, f"{noun} on {len(counts)} {what} versions",
+                           f"the node's {noun} run different {what} versions with no majority: {groups}", FLASH))
         return out, None
     odd = sorted(i for i, v in said.items() if v != top)
-    found = ", ".join(f"GPU {i} {said[i]}" for i in odd)
-    out.append(Finding(FAIL, f"GPU {format_cpulist(odd)} on another {what} than the other {n}",
-                       f"{found}; the other {n} GPUs run {what} {top}: a GPU left behind by a partial firmware update "
+    found = ", ".join(f"{name([i])} {said[i]}" for i in odd)
+    out.append(Finding(FAIL, f"{name(odd)} on another {what} than the other {n}",
+                       f"{found}; the other {n} {noun} run {what} {top}: a part left behind by a partial firmware update "
                        "behaves differently from its peers (the odd-one-out faults)", FLASH))
     return out, None
 
@@ -191,7 +228,11 @@ def judge(facts: FirmwareFacts, vbios_pin: str | None = None, inforom_pin: str |
         ("vbios", judge_uniform("VBIOS", {g.index: g.vbios for g in gpus}, vbios_pin, "vbios_version")),
         ("inforom", judge_uniform("InfoROM image", {g.index: g.inforom_image for g in gpus}, inforom_pin, "inforom_version")),
         ("cuda", judge_cuda(facts.inventory, facts.torch, facts.torch_skipped)),
+        # No NVSwitch is not applicable, not unjudged: the fabric check counts the switches a profile expects.
+        ("nvswitch", judge_uniform("NVSwitch BIOS", facts.nvswitch_bios, None, None, switches, "NVSwitches", "NVSwitch", NVSWITCH_PROC)),
     ):
+        if part == "nvswitch" and not facts.nvswitch_bios:
+            continue
         parts[part], why = found
         if why:
             unjudged[part] = why
@@ -204,7 +245,7 @@ def judge(facts: FirmwareFacts, vbios_pin: str | None = None, inforom_pin: str |
 
 class Firmware(Check):
     name = "firmware"
-    description = "one VBIOS and InfoROM version across the GPUs (and the site's pin), the driver loaded, torch's CUDA runtime within the driver's"
+    description = "one VBIOS and InfoROM version across the GPUs (and the site's pin), one BIOS across the NVSwitches, the driver loaded, torch's CUDA runtime within the driver's"
     timeout_seconds = 90.0
     order = 26
 
@@ -227,6 +268,7 @@ class Firmware(Check):
         details = {"driver": inv.driver_version, "kernel_driver": facts.kernel_driver, "cuda_driver": inv.cuda_driver_version,
                    "torch": facts.torch.model_dump() if facts.torch else None,
                    "gpus": {str(g.index): {"vbios": g.vbios, "inforom_image": g.inforom_image} for g in inv.gpus},
+                   "nvswitch_bios": facts.nvswitch_bios or facts.nvswitch_absent,
                    "parts": {name: worst(found) for name, found in parts.items()}, "not_judged": unjudged, "notes": notes}
         lines = [f"{part}: not judged: {why}" for part, why in unjudged.items()] + [f"{part}: {note}" for part, note in notes.items()]
         vbios = sorted({g.vbios for g in inv.gpus if g.vbios})
@@ -234,5 +276,7 @@ class Firmware(Check):
         ok = (f"driver {inv.driver_version} (CUDA {inv.cuda_driver_version}) on {len(inv.gpus)} GPUs"
               + (f", VBIOS {vbios[0]}" if "vbios" not in unjudged and vbios else "")
               + (f", InfoROM {inforom[0]}" if "inforom" not in unjudged and inforom else "")
+              + (f", {len(facts.nvswitch_bios)} NVSwitches on BIOS {sorted({v for v in facts.nvswitch_bios.values() if v})[0]}"
+                 if "nvswitch" not in unjudged and any(facts.nvswitch_bios.values()) else "")
               + (f"; torch {facts.torch.torch} built for CUDA {facts.torch.cuda}" if "cuda" not in unjudged and facts.torch else ""))
         return self.conclude([f for found in parts.values() for f in found], ok, details=details, lines=lines)

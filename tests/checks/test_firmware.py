@@ -4,11 +4,12 @@ VBIOS and InfoROM lines of real `nvidia-smi -q` output), the gatherer with
 fail or hang, and one CLI run."""
 
 import json
+import subprocess
 import time
 from pathlib import Path
 
 import fakes
-from conftest import run_preflight
+from conftest import needs_root, run_preflight
 from cuda_facts import python_script
 from preflight.checks import firmware
 
@@ -21,6 +22,7 @@ from preflight.readers import nvml
 from preflight.readers.nvml import FakeNvml
 
 NVML = Path(__file__).parents[1] / "fixtures" / "nvml"
+NVSWITCH = Path(__file__).parents[1] / "fixtures" / "nvswitch"
 FAIL, WARN, SKIP = Status.FAIL, Status.WARN, Status.SKIP
 TORCH_124 = firmware.TorchCuda(torch="2.4.1+cu124", cuda="12.4")
 
@@ -60,6 +62,29 @@ def test_a_site_pin_fails_every_gpu_off_it_even_when_they_agree():
     assert [(f.status, f.summary) for f in found] == [(FAIL, "VBIOS not the site's 96.00.A5.00.03 on GPU 0-7")]
     assert "vbios_version" in found[0].cause and "found GPU 0-7 96.00.A5.00.01" in found[0].cause
     assert judged(facts("h100-sxm-8x-fabric-completed.json"), vbios_pin="96.00.A5.00.01", inforom_pin="G520.0200.00.05") == ([], {})
+
+
+def test_nvswitches_on_one_bios_pass_and_the_one_left_behind_is_named():
+    f = facts("h100-sxm-8x-fabric-completed.json")
+    f.nvswitch_bios, _ = firmware.nvswitch_bios(Host(NVSWITCH / "hgx-h100-one-bios"))
+    assert judged(f) == ([], {})
+    f.nvswitch_bios, _ = firmware.nvswitch_bios(Host(NVSWITCH / "hgx-h100-switch-07-odd"))
+    (x,), _ = judged(f)
+    assert (x.status, x.summary) == (FAIL, "NVSwitch 0000:07:00.0 on another NVSwitch BIOS than the other 3")
+    assert "NVSwitch 0000:07:00.0 96.10.55.00.01; the other 3 NVSwitches run NVSwitch BIOS 96.10.6D.00.01" in x.cause and "nvfwupd" in x.remedy
+
+
+def test_an_nvswitch_whose_bios_the_driver_cannot_say_warns_and_no_nvswitch_is_not_applicable(tmp_path):
+    assert firmware.nvswitch_bios(Host(NVSWITCH / "hgx-h100-bios-na"))[0]["0000:06:00.0"] is None
+    f = facts("h100-sxm-8x-fabric-completed.json")
+    f.nvswitch_bios, _ = firmware.nvswitch_bios(Host(NVSWITCH / "hgx-h100-bios-na"))
+    (x,), _ = judged(f)
+    assert (x.status, x.summary) == (WARN, "NVSwitch 0000:06:00.0: NVSwitch BIOS version unknown")
+    # A PCIe node: no NVSwitch driver directory. Not a part at all, so no "not judged" line either.
+    f.nvswitch_bios, f.nvswitch_absent = firmware.nvswitch_bios(Host(tmp_path))
+    assert f.nvswitch_bios == {} and "absent" in f.nvswitch_absent
+    parts, unjudged, _ = firmware.judge(f)
+    assert "nvswitch" not in parts and "nvswitch" not in unjudged
 
 
 def test_missing_nvml_answers_skip_that_part_with_the_reason():
@@ -156,3 +181,19 @@ def test_a_bad_pin_in_the_config_is_one_line_and_exit_2(tmp_path):
     config.write_text('vbios_version = "96.00"\n')
     p = run_preflight(["run", "--profile", "h100-sxm", "--only", "firmware", "--config", str(config)])
     assert p.returncode == 2 and "vbios_version" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+@needs_root
+def test_preflight_run_only_firmware_names_the_nvswitch_left_behind(tmp_path):
+    """The driver's /proc tree of an HGX board with one switch on an older BIOS, mounted over
+    /proc/driver in a private mount namespace."""
+    report = tmp_path / "r.json"
+    python = python_script(tmp_path, 'echo \'{"torch": "2.4.1+cu124", "cuda": "12.4"}\'\n')
+    cmd = (f"mount --bind {NVSWITCH / 'hgx-h100-switch-07-odd/proc/driver'} /proc/driver && exec {' '.join(fakes.PREFLIGHT)} run --profile h100-sxm "
+           f"--only firmware --report {report} --python {python} --lock-file {tmp_path / 'lock'} --nvml-fake {NVML / 'h100-sxm-8x-fabric-completed.json'}")
+    p = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1, p.stderr
+    (r,) = json.loads(report.read_text())["checks"]
+    assert r["details"]["parts"]["nvswitch"] == "FAIL" and r["details"]["nvswitch_bios"]["0000:07:00.0"] == "96.10.55.00.01"
+    # (+1 more: NVML facts from --nvml-fake fail closed)
+    assert r["summary"].startswith("NVSwitch 0000:07:00.0 on another NVSwitch BIOS than the other 3") and "96.10.6D.00.01" in r["cause"]
