@@ -285,8 +285,9 @@ def cohort(kinds: dict[frozenset[int], str], all_nvlink: bool):
     return of
 
 
-def judge_outliers(figs: list[Figure], expect: OutlierExpect | None, kinds: dict[frozenset[int], str], all_nvlink: bool) -> list[Finding]:
-    return outliers.judge(figs, expect, MEMBERS, WORDS, REASONS, RERUN, cohort(kinds, all_nvlink))
+def judge_outliers(figs: list[Figure], expect: OutlierExpect | None, kinds: dict[frozenset[int], str], all_nvlink: bool,
+                   first: list[Figure] | None = None, why: str | None = None) -> list[Finding]:
+    return outliers.judge(figs, expect, MEMBERS, WORDS, REASONS, RERUN, cohort(kinds, all_nvlink), first, why)
 
 
 def judge_peer_access(f: BandwidthFacts, nvlink_pairs: set[frozenset[int]], all_nvlink: bool) -> list[Finding]:
@@ -483,9 +484,12 @@ class Bandwidth(Check):
         for name in (WHOLE_NODE if ctx.meeting else INTERNODE_FLOORS):
             floors.pop(name, None)
         parts = judge(facts, figs, floors, expect, linked_pairs(ctx.results.get("topology"), ("NV",)) or set(), all_nvlink)
-        # Confirm before FAIL: the steps whose figures missed a floor run again, once (preflight/checkkit/confirm.py).
+        # Confirm before FAIL: the steps whose figures missed a floor, or were past the FAIL band
+        # against the node's median, run again, once (preflight/checkkit/confirm.py).
+        kinds = link_kinds(ctx.results.get("topology"))
         again, again_figs, again_parts, redo, why = None, None, None, [], None
-        missed = confirm.missed(figs, floors)
+        odd = outliers.failing(figs, ctx.profile.outliers, MEMBERS, cohort(kinds, all_nvlink))
+        missed = list(dict.fromkeys(confirm.missed(figs, floors) + odd))
         if missed:
             redo = steps_again(missed, facts.steps)
             hard = [x for name, found in parts.items() if name != "floors" for x in found]
@@ -500,10 +504,12 @@ class Bandwidth(Check):
         settled = confirm.settle(figs, again_figs, floors, lambda g: judge_floors(g, floors, expect.margin), WORDS, RERUN, why)
         parts = confirm.combine(parts, again_parts, settled, ("floors",), lambda name: "floors")
         # From here on the figures are those the verdict rests on, the measurements included: the second reading's where there is one.
-        figs = settled.figures
-        # Against the node's own median: on the figures the verdict rests on, after the floors.
-        kinds = link_kinds(ctx.results.get("topology"))
-        parts["outliers"] = judge_outliers(figs, ctx.profile.outliers, kinds, all_nvlink)
+        first, figs = figs, settled.figures
+        # Against the node's own median: on the figures the verdict rests on, after the floors;
+        # a name measured again is held to both readings.
+        redone = {g.key for g in again_figs or []} & set(odd)
+        parts["outliers"] = judge_outliers(figs, ctx.profile.outliers, kinds, all_nvlink, [g for g in first if g.key in redone] if redone else None,
+                                           why if odd and not redone else None)
         details = facts.model_dump(mode="json")
         details["parts"] = {name: worst(found) for name, found in parts.items()}
         details["confirm"] = confirm.details(settled, 2 if again else 1, redo if again else [], why)

@@ -269,11 +269,12 @@ def judge_straggler(figs: list[Figure], expect: TrainExpect) -> list[Finding]:
     return out
 
 
-def judge_outliers(figs: list[Figure], expect: OutlierExpect | None) -> list[Finding]:
+def judge_outliers(figs: list[Figure], expect: OutlierExpect | None, first: list[Figure] | None = None, why: str | None = None) -> list[Finding]:
     """Each GPU's GEMM and each rank's own compute time against the node's median: the
     straggler ratio holds the slowest to a fixed bound; this names every rank, GEMM
-    included, worse than its peers by the profile's band."""
-    return outliers.judge(figs, expect, MEMBERS, WORDS, REASONS, RERUN)
+    included, worse than its peers by the profile's band (past the FAIL band on both
+    readings where it was measured again)."""
+    return outliers.judge(figs, expect, MEMBERS, WORDS, REASONS, RERUN, first=first, why=why)
 
 
 def judge_setup(f: TrainFacts) -> list[Finding]:
@@ -378,7 +379,8 @@ class Train(Check):
         # Confirm before FAIL: a figure beyond its floor (or the straggler bound) is measured again,
         # once, by the whole probe in a second launch (preflight/checkkit/confirm.py).
         again, again_figs, again_parts, why = None, None, None, None
-        if confirm.missed(figs, floors):
+        odd = outliers.failing(figs, ctx.profile.outliers, MEMBERS)  # past the FAIL band against the node's median: measured again too
+        if confirm.missed(figs, floors) or odd:
             hard = [x for name, found in parts.items() if name not in SOFT for x in found]
             why = confirm.why_not(hard, False, confirm.need_seconds(facts.seconds), ranks.time_left(ctx.deadline))
             if why is None:
@@ -389,8 +391,10 @@ class Train(Check):
         settled = confirm.settle(figs, again_figs, floors, soft_judge, WORDS, RERUN, why)
         parts = confirm.combine(parts, again_parts, settled, SOFT, lambda name: "straggler" if name == "train_straggler_ratio" else "speed")
         # From here on the figures are those the verdict rests on, the measurements included: the second reading's where there is one.
-        figs = settled.figures
-        parts["outliers"] = judge_outliers(figs, ctx.profile.outliers)  # against the node's own median, on the figures the verdict rests on
+        first, figs = figs, settled.figures
+        # Against the node's own median, on the figures the verdict rests on; a name measured again is held to both readings.
+        redone = set(odd) if again else set()
+        parts["outliers"] = judge_outliers(figs, ctx.profile.outliers, [g for g in first if g.key in redone] if redone else None, why if odd and not again else None)
         details = facts.model_dump(mode="json")
         details["parts"] = {name: worst(found) for name, found in parts.items()}
         details["confirm"] = confirm.details(settled, 2 if again else 1, ["the whole probe"] if again else [], why)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 from preflight.base.findings import Finding, Measurement, Status
@@ -68,20 +68,39 @@ def find(values: dict[str, float], higher_is_better: bool, band: Band) -> list[O
 # ---- the measuring checks' figures (preflight.checkkit.figures) against their node's median ----
 
 
+def failing(figs: list[Figure], expect: OutlierExpect | None, keys: tuple[str, ...], cohort: Callable[[Figure], str | None] | None = None) -> list[str]:
+    """The figure names with a member past the FAIL band: measured again before they FAIL
+    (checkkit/confirm.py), as a figure beyond its floor is."""
+    if expect is None:
+        return []
+    return [key for key, groups in _groups(figs, keys, cohort).items()
+            if any(o.status == Status.FAIL for _, group in groups for o, _ in _found(group, expect.band(key)))]
+
+
 def judge(figs: list[Figure], expect: OutlierExpect | None, keys: tuple[str, ...], words: dict[str, str], reasons: dict[str, str], rerun: str,
-          cohort: Callable[[Figure], str | None] | None = None) -> list[Finding]:
+          cohort: Callable[[Figure], str | None] | None = None, first: list[Figure] | None = None, why: str | None = None) -> list[Finding]:
     """Each figure named in ``keys`` (one per GPU, pair or rank) against the median of its
     peers: one finding per figure name and status, naming every member past the band,
     worst first. ``cohort`` splits a name's members into groups judged apart (P2P pairs by
     their link: NVLink pairs are not held to PCIe pairs' median); None leaves a member out.
-    ``expect`` None: the profile asks for no such judgement."""
+    ``expect`` None: the profile asks for no such judgement.
+
+    Confirm before FAIL: ``first`` holds the first reading's figures of the names measured
+    again (``figs`` then holds the second's). A member FAILs only past the FAIL band on both
+    readings; past it on one reading only it WARNs. A name past the FAIL band that was not
+    measured again keeps its FAIL, saying ``why``."""
     if expect is None:
         return []
     out = []
+    again = _fails(first, expect, keys, cohort) if first is not None else {}
     for key, groups in _groups(figs, keys, cohort).items():
         band = expect.band(key)
         what = words.get(key, key)
         found = [(o, g, _among(c, len(group)) if len(groups) > 1 else "") for c, group in groups for o, g in _found(group, band)]
+        once: set[str] = set()
+        if key in again:
+            medians = {g.where: statistics.median(m.value for m in group) for _, group in groups for g in group}
+            found, once = _confirmed(found, again[key], key, figs, medians)
         found.sort(key=lambda ogc: ogc[0].off, reverse=True)
         for status in (Status.FAIL, Status.WARN):
             hit = [(o, g, among) for o, g, among in found if o.status == status]
@@ -89,13 +108,16 @@ def judge(figs: list[Figure], expect: OutlierExpect | None, keys: tuple[str, ...
                 continue
             o, g, _ = hit[0]
             limit = band.fail if status == Status.FAIL else band.warn
-            head = f"{g.where} {what} {_text(o, g)}"
+            head = f"{g.where} {what} {_text(o, g)}" + (" (past the FAIL band on one reading of two: transient)" if g.where in once else "")
             shown = "; ".join(f"{g.where}: {_text(o, g)}{among}{figs_mod.unsure_text(g)}" for o, g, among in hit[:8])
             more = f"; and {len(hit) - 8} more" if len(hit) > 8 else ""
             of = sum(len(group) for _, group in groups)
-            cause = (f"{what} more than {limit:.0%} worse than the median of the node's own {of} figures on {len(hit)} of them "
+            once = ", or past the FAIL band on one of two readings," if status == Status.WARN and key in again else ""
+            cause = (f"{what} more than {limit:.0%} worse than the median of the node's own {of} figures{once} on {len(hit)} of them "
                      f"(WARN past {band.warn:.0%}, FAIL past {band.fail:.0%}: {band.source}): {shown}{more}. "
                      "Identical parts should measure alike, so this one is held back even where it clears the absolute floor")
+            if status == Status.FAIL:
+                head, cause = _said(head, cause, key, again, why)
             reason = reasons.get(key, "see the figure in details.figures")
             if status == Status.FAIL:
                 remedy = f"likely causes on that one: {reason}; drain the node until it measures like its peers, then rerun `{rerun}`"
@@ -124,6 +146,57 @@ def measurements(figs: list[Figure], expect: OutlierExpect | None, keys: tuple[s
                 off = worse_by(g.value, med, _higher(g))
                 out.append(Measurement(name=f"{g.name}_median_shortfall", unit="ratio", value=round(off, 6), labels=g.labels, ceiling=band.fail))
     return out
+
+
+# ---- confirm before FAIL -------------------------------------------------------------------
+
+
+def _fails(figs: list[Figure], expect: OutlierExpect, keys: tuple[str, ...], cohort) -> dict[str, dict[str, Outlier]]:
+    """Name -> member -> its outlier past the FAIL band, on one reading; every name judged is a key."""
+    out: dict[str, dict[str, Outlier]] = {}
+    for key, groups in _groups(figs, keys, cohort).items():
+        out[key] = {o.where: o for _, group in groups for o, _ in _found(group, expect.band(key)) if o.status == Status.FAIL}
+    return out
+
+
+def _confirmed(found: list, first: dict[str, Outlier], key: str, figs: list[Figure], medians: dict[str, float]) -> tuple[list, set[str]]:
+    """The second reading's outliers, a FAIL kept only where the first reading failed the
+    member too; a member past the FAIL band on one reading only WARNs, also where the second
+    reading puts it within the band (then it gets an outlier of its own). Returns them and
+    the members past the FAIL band on one reading only. ``medians``: member -> its group's
+    median on the second reading."""
+    out, seen, once = [], set(), set()
+    for o, g, among in found:
+        seen.add(o.where)
+        if o.status == Status.FAIL and o.where not in first:
+            o = replace(o, status=Status.WARN)
+            among += f"; past the FAIL band on the second reading only, {_first_text(None)}"
+            once.add(o.where)
+        elif o.where in first:
+            among += f"; {_first_text(first[o.where])}"
+            if o.status != Status.FAIL:
+                once.add(o.where)
+        out.append((o, g, among))
+    for where, o1 in first.items():
+        g = next((g for g in figs if g.key == key and g.where == where), None)
+        if where not in seen and g is not None and where in medians:
+            now = Outlier(where, g.value, medians[where], worse_by(g.value, medians[where], _higher(g)), Status.WARN)
+            out.append((now, g, f"; {_first_text(o1)}, within the band on the second"))
+            once.add(where)
+    return out, once
+
+
+def _first_text(o: Outlier | None) -> str:
+    return "the first reading within it" if o is None else f"the first reading {o.off:.0%} off the median"
+
+
+def _said(head: str, cause: str, key: str, again: dict[str, dict[str, Outlier]], why: str | None) -> tuple[str, str]:
+    """A FAIL's words: confirmed by a second reading, or why there was none."""
+    if key in again:
+        return head + " (confirmed on a second reading)", cause + ". Measured again in the same run, it was past the FAIL band both times"
+    if why:
+        return head + " (not confirmed)", cause + f". Not confirmed: {why}"
+    return head, cause
 
 
 def _higher(g: Figure) -> bool:

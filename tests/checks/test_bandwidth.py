@@ -279,3 +279,26 @@ def test_ranks_that_cannot_converge_run_every_collective_to_the_same_cap(tmp_pat
     for rank in got:
         assert len(rank["memcpy"]["seconds"]) == 9 and len(rank["all_reduce"]["seconds"]) == 9 and len(rank["latency"]["samples"]) == 130
         assert {r["stopped"] for r in rank.values()} == {"max_repeats"} and {r["tolerance"] for r in rank.values()} == {1e-9}
+
+
+def test_a_rank_past_the_median_s_fail_band_once_is_measured_again_and_only_warns(roomy, tmp_path):
+    """Confirm before FAIL holds for the node's median too: slow-once=4 puts rank 1 60% under the
+    median of two on the first reading (past the cpu band's 45% FAIL), the memcpy step runs
+    again, and rank 1 measures like rank 0: a passing load, a WARN."""
+    p, report, _ = run_bandwidth({**roomy, "PREFLIGHT_WORKER_FAULT": "1:slow-once=4@memcpy"}, tmp_path)
+    r = result(report)
+    assert r.details["confirm"]["launches"] == 2 and r.details["confirm"]["remeasured"] == ["memcpy"], r.details["confirm"]
+    assert p.returncode == 0 and r.status == "WARN", (r.summary, r.cause)
+    assert r.details["parts"]["outliers"] == "WARN" and r.summary.startswith("rank 1 host memcpy ") and r.summary.endswith("(past the FAIL band on one reading of two: transient)")
+    assert "the first reading 6" in r.cause or "the first reading 5" in r.cause, r.cause  # 60% off the median on the first reading
+    assert not workers_left(tmp_path)
+
+
+def test_a_rank_past_the_median_s_fail_band_on_both_readings_fails_confirmed(roomy, tmp_path):
+    p, report, _ = run_bandwidth({**roomy, "PREFLIGHT_WORKER_FAULT": "1:slow=4@memcpy"}, tmp_path)
+    r = result(report)
+    assert p.returncode == 1 and r.details["parts"]["outliers"] == "FAIL", (r.summary, r.details["parts"])
+    assert r.details["confirm"]["launches"] == 2
+    assert r.summary.startswith("rank 1 host memcpy ") and r.summary.endswith("(confirmed on a second reading)"), r.summary
+    assert "past the FAIL band both times" in r.cause and "rank 0" not in r.cause.split(":", 2)[-1].split(".")[0]
+    assert not workers_left(tmp_path)

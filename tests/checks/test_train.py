@@ -97,6 +97,7 @@ def test_a_slow_rank_fails_as_a_straggler_confirmed_by_a_second_reading(roomy, t
     verdict, first, second = straggler_reading(r)
     assert verdict == "confirmed" and first > 2 and second > 2 and "(confirmed: " in r.cause + r.summary
     assert r.details["parts"]["straggler"] == "FAIL" and r.details["confirm"]["launches"] == 2
+    assert r.details["parts"]["outliers"] == "FAIL"  # past the median's FAIL band on both readings too
     assert [o["report"]["reading"] for o in r.details["second_run"]["ranks"]] == [2, 2]
     assert next(m for m in r.measurements if m.name == "train_straggler").value == second  # the metric is the second reading
     assert not workers_left(tmp_path)
@@ -108,6 +109,7 @@ def test_a_rank_slow_on_the_first_reading_only_warns_transient_with_both_reading
     verdict, first, second = straggler_reading(r)
     assert verdict == "transient" and first > 2 > second
     assert r.details["parts"]["straggler"] == "WARN" and r.details["confirm"]["launches"] == 2
+    assert r.details["parts"]["outliers"] in ("PASS", "WARN")  # past the median's FAIL band on the first reading only: never a FAIL
     assert "slowest rank over the median (own compute) was over the 2 ceiling" in r.cause and "on the first of two readings in this run only" in r.cause
     assert any(line.startswith("slowest rank over the median (own compute): transient: first reading ") for line in r.lines)
     assert not workers_left(tmp_path)
