@@ -367,3 +367,28 @@ def test_the_wait_is_the_profiles_interval_and_stays_inside_the_deadline():
     c.deadline = time.monotonic() + 1.5
     check.run(c)
     assert asked[0] == 3 and asked[1] <= 0.5
+
+
+# ---- a real node's recorded tree (tests/fixtures/rdma/SOURCE.md) ----------------------------
+
+GPUD_H100 = Path(__file__).parents[1] / "fixtures" / "rdma" / "gpud-h100"
+
+
+def test_a_real_h100_nodes_ports_are_up_and_its_counters_at_their_ceiling_warn():
+    """Eight NDR ports at 400 Gb/s and a 200 Gb/s Ethernet bond, as gpud recorded them. The
+    recording holds no GPU or module files, so the ports are judged alone (gpus=0). Every
+    port's 4-bit excessive_buffer_overrun_errors sits at 15 and mlx5_1's link_downed at 255:
+    growth there cannot be seen, which is a WARN with the way to clear them, never a pass in silence."""
+    res = run(GPUD_H100, gpus=0)
+    assert res.status == WARN and res.details["parts"] == {"gpudirect": "PASS", "ports": "PASS", "counters": "WARN"}, (res.summary, res.cause)
+    assert res.summary == "mlx5_0 port 1: excessive_buffer_overrun_errors at the counter's ceiling (+8 more)"
+    assert "link_downed = 255, excessive_buffer_overrun_errors = 15 on mlx5_1 port 1" in res.cause and "perfquery -x" in res.remedy
+    assert "mlx5_7 port 1 port_rcv_errors 14" in res.details["since_boot"]
+    assert res.details["compute_ports"]["ports"] == [f"mlx5_{i} port 1" for i in (0, 1, 4, 5, 6, 7, 8, 9)]  # the bond is Ethernet: not a compute port
+
+
+def test_a_real_h100_nodes_port_whose_errors_grow_between_the_reads_fails(tmp_path):
+    tree = tmp_path / "gpud"
+    shutil.copytree(GPUD_H100, tree)
+    res = run(tree, then(tree, **{counter("mlx5_7", "port_rcv_errors").replace("/", "__"): "19"}), gpus=0)
+    assert res.status == FAIL and res.summary.startswith("mlx5_7 port 1: port_rcv_errors +5 in 3 s"), res.summary
