@@ -334,6 +334,12 @@ def kernel_lines(text: str) -> int:
     return sum(1 for line in text.splitlines() if _MARK.search(line) or _KMSG.match(line) or _KERNEL_LINE.match(line))
 
 
+def looks_like(text: str) -> bool:
+    """A kernel log with an NVIDIA driver event in it (`preflight explain`): an NVRM or
+    SXid line, as printed by dmesg, journalctl, syslog or /dev/kmsg."""
+    return any(_MARK.search(line) for line in text.splitlines()[:20000])
+
+
 def read_file(path: Path | str) -> str:
     """A saved kernel log for --from; every problem is a one-line UsageError.
 
