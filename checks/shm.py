@@ -219,15 +219,13 @@ def gather(host: Host, segment_bytes: int, deadline: float = math.inf) -> ShmFac
     return facts
 
 
-def judge(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurement]]:
-    """Pure: what is wrong with these facts, against a floor in bytes."""
-    gib = max(1, int(-(-floor // 2**30)))
-    fix_size = FIX_SIZE.format(floor=fmt_bytes(floor), gib=gib)
+def fix_size(floor: float) -> str:
+    return FIX_SIZE.format(floor=fmt_bytes(floor), gib=max(1, int(-(-floor // 2**30))))
+
+
+def judge_mount(f: ShmFacts) -> list[Finding]:
+    """Pure: what is wrong with the filesystem that backs /dev/shm."""
     found: list[Finding] = []
-    measurements: list[Measurement] = []
-    if not f.exists:
-        found.append(Finding(Status.FAIL, f"{f.path} does not exist", f"{f.path} is missing: NCCL and DataLoader workers cannot create shared memory", fix_size))
-        return found, measurements
     m = f.mount
     if m is None:
         found.append(Finding(
@@ -248,6 +246,14 @@ def judge(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurement]]:
             f"{f.path} is on {m.fstype} ({m.source}, mounted at {m.mount_point}), so NCCL's shared-memory buffers would not be backed by RAM",
             "mount a tmpfs on /dev/shm (`mount -t tmpfs -o size=...g tmpfs /dev/shm`, or Docker's --shm-size)",
         ))
+    return found
+
+
+def judge_space(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurement]]:
+    """Pure: /dev/shm's size and free space against a floor in bytes. A `df` capture
+    (preflight explain) is judged by this alone, as the check judges its statvfs."""
+    found: list[Finding] = []
+    measurements: list[Measurement] = []
     if f.size_bytes is not None:
         measurements.append(Measurement(name="shm_size", unit="bytes", value=f.size_bytes, floor=floor))
         if f.size_bytes < floor:
@@ -255,7 +261,7 @@ def judge(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurement]]:
             found.append(Finding(
                 Status.FAIL, f"{f.path} is {fmt_bytes(f.size_bytes)}, below the {fmt_bytes(floor)} floor",
                 f"{f.path} is {fmt_bytes(f.size_bytes)}{docker}; NCCL fails creating its shared-memory segments "
-                "or dies of SIGBUS, and DataLoader workers crash", fix_size,
+                "or dies of SIGBUS, and DataLoader workers crash", fix_size(floor),
             ))
     if f.free_bytes is not None:
         measurements.append(Measurement(name="shm_free", unit="bytes", value=f.free_bytes, floor=floor))
@@ -266,6 +272,18 @@ def judge(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurement]]:
                 f"{fmt_bytes(f.size_bytes - f.free_bytes)} of {f.path} is in use" + (f"; largest files: {stale}" if stale else ""),
                 f"remove stale segments left by crashed jobs (`ls -laS {f.path}`), or make /dev/shm bigger",
             ))
+    return found, measurements
+
+
+def judge(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurement]]:
+    """Pure: what is wrong with these facts, against a floor in bytes."""
+    if not f.exists:
+        return [Finding(Status.FAIL, f"{f.path} does not exist", f"{f.path} is missing: NCCL and DataLoader workers cannot create shared memory",
+                        fix_size(floor))], []
+    found = judge_mount(f)
+    space, measurements = judge_space(f, floor)
+    found += space
+    m = f.mount
     if f.mode is not None and f.mode & 0o777 != 0o777:
         found.append(Finding(
             Status.FAIL, f"{f.path} has mode {f.mode:04o}, not world-writable",
@@ -295,7 +313,7 @@ def judge(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurement]]:
         if f.segment_error and not f.write_error:
             found.append(Finding(
                 Status.FAIL, f"a {fmt_bytes(f.segment_bytes)} segment in {f.path} could not be used",
-                f"{f.segment_error}: the tmpfs promises more memory than it can back, and NCCL would die of SIGBUS", fix_size,
+                f"{f.segment_error}: the tmpfs promises more memory than it can back, and NCCL would die of SIGBUS", fix_size(floor),
             ))
         elif f.segment_seconds:
             measurements.append(Measurement(name="shm_segment_duration", unit="seconds", value=f.segment_seconds))

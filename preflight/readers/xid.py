@@ -346,7 +346,15 @@ def read_file(path: Path | str) -> str:
     A file with no kernel log line is refused: read as a log with no GPU
     event, the wrong file (or an empty one) would pass for a healthy node."""
     text = capture.read_text(path, MAX_FILE_BYTES, "pass an excerpt (grep -e NVRM -e SXid)")
-    if not kernel_lines(text):
-        what = "is empty: it holds no kernel log lines" if not text.strip() else "holds no kernel log lines (dmesg, journalctl, syslog or /dev/kmsg)"
-        raise UsageError(f"--from {path}: {what}; save the node's `dmesg -T` or `journalctl -k -b` to a file and pass that")
+    why = not_a_kernel_log(text)
+    if why:
+        raise UsageError(f"--from {path}: {why}")
     return text
+
+
+def not_a_kernel_log(text: str) -> str | None:
+    """Why ``text`` is refused as a kernel log (`xid --from` and `explain` say the same), or None."""
+    if kernel_lines(text):
+        return None
+    what = "is empty: it holds no kernel log lines" if not text.strip() else "holds no kernel log lines (dmesg, journalctl, syslog or /dev/kmsg)"
+    return f"{what}; save the node's `dmesg -T` or `journalctl -k -b` to a file and pass that"
