@@ -179,8 +179,8 @@ def _by_hand(f: NcclFacts) -> str:
 def judge_run(f: NcclFacts) -> list[Finding]:
     """Did every rank run every op to the right answer, in time, and leave nothing behind?"""
     said = None
-    if f.nccl and f.nccl.problems:
-        p = f.nccl.problems[0]
+    # A warning (a CollNet fallback) does not stop a run: the first failure NCCL logged is what to name.
+    if f.nccl and (p := next((p for p in f.nccl.problems if p.severity == "fail"), None)):
         said = (p.title, p.text, p.fix)
     return ranks.judge_run(f, "the NCCL smoke test", _by_hand(f), _judge_answers(f), said)
 

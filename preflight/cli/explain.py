@@ -153,7 +153,8 @@ def nccl_log(
 ) -> int:
     """Explain an NCCL log: version, network, transport per rank pair, NCCL's warnings, known errors and their fix.
 
-    Exit 1 when the log shows a known NCCL problem, 2 when the file holds no NCCL output."""
+    Exit 1 when the log shows a known NCCL failure (a warning, such as a CollNet fallback, exits 0),
+    2 when the file holds no NCCL output."""
     from preflight.outputs import nccl_log_text
     from preflight.readers import capture
     from preflight.readers import nccl_log as nccl
@@ -163,4 +164,4 @@ def nccl_log(
     if not log.nccl_lines and not log.problems:  # the wrong file: a gate must not read that as a clean run
         raise UsageError(f"{file} holds no NCCL output; run the job with NCCL_DEBUG=INFO (and NCCL_DEBUG_FILE=/path/nccl.%h.%p.log for a file per process) and pass that log")
     _emit(json.dumps(nccl_log_text.to_json(log, str(file)), indent=2) + "\n" if json_out else nccl_log_text.render(log, str(file)))
-    return 1 if log.problems else 0
+    return 1 if any(p.severity == "fail" for p in log.problems) else 0

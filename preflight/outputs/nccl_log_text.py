@@ -58,7 +58,7 @@ def render(log: NcclLog, source: str) -> str:
         out.append(f"problems      {len(log.problems)}, in the order they appear: the first is usually the cause")
     for p in log.problems:
         seen = f", {p.count} lines" if p.count > 1 else ""
-        out.append(f"PROBLEM {p.category}: {p.title} (line {p.line}{seen})")
+        out.append(f"{'PROBLEM' if p.severity == 'fail' else 'WARNING'} {p.category}: {p.title} (line {p.line}{seen})")
         out.append(f"  {p.text}")
         out.append(f"  cause: {p.cause}")
         out.append(f"  fix: {p.fix}")

@@ -14,6 +14,7 @@ import bisect
 import itertools
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import BaseModel
 
@@ -22,6 +23,8 @@ class Problem(BaseModel):
     """A known error signature; one per category, at its first occurrence."""
 
     category: str
+    # "fail": the job broke or cannot start; "warn": it runs, without something it asked for
+    severity: Literal["fail", "warn"] = "fail"
     title: str
     line: int
     text: str  # the first line that showed it, as printed (500 characters at most)
@@ -40,6 +43,7 @@ class _Sig:
     title: str
     cause: str
     fix: str
+    severity: Literal["fail", "warn"] = "fail"
 
 
 _SHM_FIX = ("give /dev/shm more space: `docker run --shm-size=1g` (or --ipc=host); in Kubernetes mount an emptyDir "
@@ -50,10 +54,13 @@ _FIRST = "find the rank that failed first and read its log"
 # Order matters only for reading; each category is matched on its own.
 _SIGS: dict[str, _Sig] = {
     # https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting/runtime_and_mpi_issues.html
-    # ("Shared memory", "Docker"); https://kubernetes.io/docs/concepts/storage/volumes/#emptydir
+    # ("Shared memory", "Docker"); https://kubernetes.io/docs/concepts/storage/volumes/#emptydir. NCCL up
+    # to 2.11 grew the segment with posix_fallocate in include/shm.h, whose WARN names no path:
+    # "include/shm.h:28 NCCL WARN Call to posix_fallocate failed : No space left on device".
     "shm_no_space": _Sig(
-        ("/dev/shm",),
-        r"failed to extend /dev/shm|/dev/shm/\S+.*No space left on device",
+        ("/dev/shm", "posix_fallocate"),
+        r"failed to extend /dev/shm|/dev/shm/\S+.*No space left on device"
+        r"|Call to posix_fallocate failed ?: ?No space left on device",
         "/dev/shm is too small for NCCL's shared-memory segments",
         "NCCL could not grow a segment in /dev/shm to the size it needs: /dev/shm is full or too small "
         "(Docker's default is 64 MiB). NCCL uses these segments between the processes of one node, so init fails",
@@ -100,6 +107,27 @@ _SIGS: dict[str, _Sig] = {
         "check the links at both ends (`ibstat`, `ibv_devinfo`, switch port counters) and run ib_write_bw "
         "between the two nodes; on RoCE set NCCL_IB_GID_INDEX and NCCL_IB_TC as the fabric requires; raise "
         "NCCL_IB_TIMEOUT only for a slow fabric, it does not fix a broken one"),
+    # NCCL's own words when in-network reduction cannot be set up (transport.cc since 2.9, "using %s
+    # instead" in 2.7-2.8; graph/tuning.cc and init.cc 2.9-2.21); the job goes on without it.
+    # https://docs.nvidia.com/networking/display/sharpltsv391/using+nvidia+sharp+with+nvidia+nccl (what
+    # SHARP needs), https://docs.nvidia.com/networking/display/hpcxv226/NCCL-RDMA-SHARP-Plugins
+    # (NCCL_COLLNET_ENABLE=1), https://docs.nvidia.com/networking/display/sharpv3110/Running+NVIDIA+SHARP+Aggregation+Manager+(AM)+Daemons
+    # The INFO "less than CollNet node threshold, disabling CollNet" is by design (a one-node communicator) and not matched.
+    "collnet_fallback": _Sig(
+        ("Cannot initialize CollNet", "CollNet is not supported", "disabling CollNet"),
+        r"Cannot initialize CollNet, using .+ instead|CollNet is not supported or fails to initialize"
+        r"|CollNet currently only supports up to \d+ GPUs per node, disabling CollNet",
+        "CollNet (SHARP in-network reduction) could not be used: NCCL fell back to the point-to-point network",
+        "the job asked for in-network reduction (NCCL_COLLNET_ENABLE=1 or NCCL_ALGO=COLLNET: SHARP, where the "
+        "InfiniBand switches add up the data) and NCCL could not set it up, so it runs without it: all_reduce "
+        "across nodes goes over the point-to-point network (ring/tree) and is slower than the job was sized "
+        "for; nothing fails, which is why only this line says so",
+        "check that the SHARP plugin loads (HPC-X or nccl-rdma-sharp-plugins' libnccl-net.so on LD_LIBRARY_PATH; "
+        "the log's \"NET/Plugin\" lines name the coll plugin) and that NCCL_COLLNET_ENABLE is meant to be set "
+        "here; that the SHARP aggregation manager (sharp_am) runs beside the subnet manager or in UFM; that the "
+        "HCAs (ConnectX-6 HDR or newer) and switches (Quantum HDR or newer) support SHARP and GPUDirect RDMA "
+        "works; where the WARN names a GPUs-per-node limit, use fewer GPUs per node in the communicator",
+        "warn"),
     # https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-socket-ifname and the
     # "IP Network Interfaces" part of https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html
     "socket": _Sig(
@@ -215,8 +243,8 @@ def problems(found: dict[str, dict], nranks: int | None) -> list[Problem]:
         title, cause = sig.title, sig.cause
         if name == "watchdog_timeout":
             title, cause = _watchdog(hit, nranks, cause)
-        out.append(Problem(category=name, title=title, line=hit["line"], text=hit["text"], count=hit["count"],
-                           cause=cause, fix=sig.fix))
+        out.append(Problem(category=name, severity=sig.severity, title=title, line=hit["line"], text=hit["text"],
+                           count=hit["count"], cause=cause, fix=sig.fix))
     return sorted(out, key=lambda p: p.line)
 
 

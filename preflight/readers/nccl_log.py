@@ -93,11 +93,15 @@ _CHANNEL = re.compile(
 _NET_T = r"NET/(?P<net>[A-Za-z][\w .-]*?)/\d{1,4}(?:\(\d{1,9}\))?(?:/GDRDMA)?(?:\(PCI\))?(?:/Shared)?"
 # Transports NCCL prints, whole; a cut or interleaved one does not match.
 _KNOWN = {
-    "P2P": re.compile(r"P2P/(?:IPC|CUMEM|MNNVL|direct pointer|indirect/\d+\[\d+\])(?:/read)?(?:/CE)?"),
+    # "common device" (two ranks on one GPU) up to 2.7; the intermediate GPU of "indirect" in brackets
+    # as the ends are: a device number, or before ~2.18 a PCI bus id in hex ("indirect/2[1b000]").
+    "P2P": re.compile(r"P2P/(?:IPC|CUMEM|MNNVL|direct pointer|common device|indirect/\d+\[[0-9a-fA-F]+\])(?:/read)?(?:/CE)?"),
     "SHM": re.compile(r"SHM/(?:direct|CE)/(?:direct|CE)"),
     "NET": re.compile(_NET_T),
     "COLLNET": re.compile("COLL" + _NET_T),
 }
+# SHM as NCCL 2.4-2.11 printed it (transport/shm.cc), and in plain words as some excerpts give it.
+_SHM_WORDS = ("direct shared memory", "shared memory")
 _OTHER = re.compile(r"[A-Z][A-Za-z0-9_]*(?:/[\w .()\[\]-]+)*")  # a kind this parser does not know yet
 _WHERE = re.compile(r"[\w./-]+:\d+")
 _DEVTOK = re.compile(r"\[(\d{1,4})\]")
@@ -113,11 +117,20 @@ _ENV = re.compile(r"(?P<name>NCCL_[A-Z0-9_]+) set by environment to (?P<value>\S
 _NRANKS = re.compile(r"n[Rr]anks (?P<n>\d{1,9})(?: nNodes (?P<nodes>\d{1,9}))?")
 _NVLS = re.compile(r"NVLS multicast support is (?P<not>not )?available")
 _NCCL = re.compile(r"NCCL (?:INFO|WARN|TRACE)\b|NCCL version \d")
+# What only NCCL or torch's NCCL backend writes: NCCL's own lines after their prefix, its version line,
+# and torch's watchdog and error lines (ProcessGroupNCCL.cpp, "NCCL error", NCCL's result names).
+_LOOKS = re.compile(r"(?:^|[\s\]>:])NCCL (?:INFO|WARN|TRACE) |(?:^|\s)NCCL version \d+\.\d+\.\d+"
+                    r"|Watchdog caught collective operation timeout|ProcessGroupNCCL\.cpp:\d+|\bNCCL error\b"
+                    r"|\bnccl(?:SystemError|InternalError|UnhandledCudaError|InvalidUsage|InvalidArgument|RemoteError)\b")
+# Past the first lines only a line holding one of these is tried with _LOOKS: one C-speed scan of the text.
+_LOOKS_SCAN = re.compile(r"NCCL (?:INFO|WARN|TRACE) |NCCL version \d|Watchdog caught collective|ProcessGroupNCCL\.cpp:"
+                         r"|NCCL error|nccl(?:System|Internal|UnhandledCuda|InvalidUsage|InvalidArgument|Remote)")
+LOOKS_LINES = 200
 
 
 def _transport(t: str) -> tuple[str, str | None] | None:
     """(kind, net) of a transport NCCL prints, or None for a cut or garbled one."""
-    if t == "direct shared memory":  # SHM before 2.8
+    if t in _SHM_WORDS:
         return "SHM", None
     kind = t.split("/", 1)[0]
     if kind in _KNOWN:
@@ -198,6 +211,23 @@ class _Facts:
                 self.nnodes = max(self.nnodes or 0, int(m["nodes"]))
         if "NVLS multicast" in line and (m := _NVLS.search(line)):
             self.nvls = not m["not"] and self.nvls is not False
+
+
+def looks_like(text: str) -> bool:
+    """Whether ``text`` holds lines NCCL or torch's NCCL backend wrote: an NCCL_DEBUG log, or a job's
+    log with NCCL's errors in it. The first lines are read whole; past them, where a long training log
+    may end in the one error line that matters, only lines holding NCCL's words are looked at. An
+    nccl-tests output run with NCCL_DEBUG=INFO says True as well: the caller tries that kind first."""
+    head = text.split("\n", LOOKS_LINES)
+    if any(_LOOKS.search(line[:4096]) for line in head[:LOOKS_LINES]):
+        return True
+    rest = head[LOOKS_LINES] if len(head) > LOOKS_LINES else ""
+    for m in _LOOKS_SCAN.finditer(rest):
+        start = rest.rfind("\n", 0, m.start()) + 1
+        end = rest.find("\n", m.end())
+        if _LOOKS.search(rest[start:min(len(rest) if end < 0 else end, start + 4096)]):
+            return True
+    return False
 
 
 def parse(text: str) -> NcclLog:

@@ -3,11 +3,12 @@
 The matrix is a tab-separated table whose layout drifted across drivers: the
 header may lack its leading tab, old drivers have no NUMA column and call
 SYS "SOC", drivers since ~545 add "GPU NUMA ID" and put an empty field before
-it, NIC rows end with any number of empty fields. So columns are matched by
-header name, empty affinity fields are dropped before they are matched, and
-anything that does not fit (a fused cell, a mangled header, an asymmetric
-matrix) is a TopoParseError naming the line: a wrong layout would give wrong
-pinning advice, which is worse than none.
+it, NIC rows end with any number of empty fields, an affinity nvidia-smi could
+not read is an empty cell. So columns are matched by header name, cells are
+split as topo_cells says (padding told from a cell printed empty, which is
+"unknown" and said in the notes), and anything that does not fit (a fused
+cell, a mangled header, an asymmetric matrix) is a TopoParseError naming the
+line: a wrong layout would give wrong pinning advice, which is worse than none.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import re
 from pydantic import BaseModel, ConfigDict, computed_field
 
 from preflight.base.units import parse_cpulist
+from preflight.readers.topo_cells import AFFINITY, affinity_values, header_cells, row_cells
 
 MAX_BYTES = 1 << 20  # an 8-GPU, 12-NIC matrix with its legends is 5 KiB
 MAX_COLUMNS = 1024  # GPUs + NICs + affinity columns; real nodes have a few dozen
@@ -24,10 +26,12 @@ LINK = re.compile(r"^(X|NV[1-9][0-9]*|PIX|PXB|PHB|NODE|SYS|SOC)$")
 # How far a GPU is from a NIC, nearest first. SOC is what old drivers call SYS.
 DISTANCE = ["PIX", "PXB", "PHB", "NODE", "SYS", "SOC"]
 NEAR = ("PIX", "PXB")  # no host bridge between them: GPUDirect RDMA at full speed
-AFFINITY = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
 _GPU = re.compile(r"^GPU([0-9]+)$")
 _NIC_LABEL = re.compile(r"^(?!GPU[0-9])[A-Za-z][A-Za-z0-9_.:-]*$")
 _LEGEND = re.compile(r"^\s*(NIC[0-9]+)\s*:\s*(\S+)\s*$")
+_HEADER = re.compile(r"^\s*GPU0(\s|$)")
+_FIRST_ROW = re.compile(r"^GPU0[\t ]+X(\s|$)")
+LOOKS_LINES = 200  # looks_like reads this many lines: a matrix sits near the top of what was pasted
 
 
 class TopoParseError(ValueError):
@@ -106,26 +110,20 @@ class Topo(BaseModel):
 # ---- parsing ---------------------------------------------------------------
 
 
-def _cells(line: str, tabs: bool) -> list[str]:
-    if tabs:
-        return [c.strip() for c in line.split("\t")]
-    # A capture pasted through a terminal has spaces for tabs: protect the
-    # two-word column names, then split on runs of blanks.
-    for i, name in enumerate(AFFINITY):
-        line = line.replace(name, f"\0{i}")
-    return [AFFINITY[int(c[1])] if c.startswith("\0") else c for c in line.split()]
+def looks_like(text: str) -> bool:
+    """Whether ``text`` holds a `nvidia-smi topo -m` matrix, damaged or not: a header line that
+    starts with GPU0 and, next, the GPU0 row with X on its diagonal."""
+    lines = text.split("\n", LOOKS_LINES)[:LOOKS_LINES]
+    for i, line in enumerate(lines[:-1]):
+        if _HEADER.match(line) and _FIRST_ROW.match(lines[i + 1]):
+            return True
+    return False
 
 
-def _header(lines: list[str]) -> tuple[int, list[str], bool]:
+def _header(lines: list[str]) -> tuple[int, list[str]]:
     for i, line in enumerate(lines):
-        if re.match(r"^\s*GPU0(\s|$)", line):
-            tabs = "\t" in line
-            cells = _cells(line, tabs)
-            while cells and cells[0] == "":
-                cells.pop(0)
-            while cells and cells[-1] == "":
-                cells.pop()
-            return i, cells, tabs
+        if _HEADER.match(line):
+            return i, header_cells(line)
     raise TopoParseError(None, "no header line starting with GPU0: this is not the output of `nvidia-smi topo -m`")
 
 
@@ -157,17 +155,34 @@ def _affinity(values: list[str], columns: list[str], line: int) -> dict[str, obj
     got = dict(zip(columns, values))
     out: dict[str, object] = {}
     try:
-        if (cpu := got.get("CPU Affinity")) not in (None, "N/A"):
+        if (cpu := got.get("CPU Affinity")) not in (None, "N/A", ""):
             out.update(cpu_affinity=cpu, cpus=parse_cpulist(cpu))
-        if (numa := got.get("NUMA Affinity")) not in (None, "N/A"):
+        if (numa := got.get("NUMA Affinity")) not in (None, "N/A", ""):
             out.update(numa_affinity=numa, numa_nodes=parse_cpulist(numa))
-        if (gid := got.get("GPU NUMA ID")) not in (None, "N/A"):
+        if (gid := got.get("GPU NUMA ID")) not in (None, "N/A", ""):
             if not gid.isdigit():
                 raise ValueError(f"{gid!r} is not a NUMA node number")
             out["gpu_numa_id"] = int(gid)
     except ValueError as e:
         raise TopoParseError(line, f"affinity value {e}") from None
     return out
+
+
+def _gpu_affinity(tail: list[str], columns: list[str], row: str, lineno: int, last_line: bool, cut: bool,
+                  notes: list[str]) -> list[str]:
+    """The affinity values of GPU row ``row`` ("" for a cell printed empty), as many as are sure:
+    on the text's last line the value it ends in may be cut short, so it is left out, with a note."""
+    values, left = affinity_values(tail, columns)
+    read = [v for v in values if v is not None]  # None only after the row's last cell
+    if left or (len(read) < len(columns) and not last_line):
+        given = len([c for c in tail if c != ""])
+        raise TopoParseError(lineno, f"row {row} has {given} affinity values for {len(columns)} affinity columns "
+                             f"({', '.join(columns) or 'none'}); rows and header disagree")
+    if last_line and read and (cut or len(read) < len(columns)):
+        read = read[:-1]  # the value the text ends in may be cut short: unknown, not wrong
+    if len(read) < len(columns):
+        notes.append(f"the capture ends inside row {row}: {', '.join(columns[len(read):])} unknown")
+    return read
 
 
 def parse(text: str) -> Topo:
@@ -179,7 +194,7 @@ def parse(text: str) -> Topo:
     lines = text.splitlines()
     # Without a final newline the last line may be cut mid-value ("0-2" of "0-23").
     cut = not text.endswith(("\n", "\r"))
-    start, header, tabs = _header(lines)
+    start, header = _header(lines)
     n_gpu, nic_labels, columns = _split_header(header, start + 1)
     if n_gpu == 0:
         raise TopoParseError(start + 1, "header names no GPU column")
@@ -188,6 +203,7 @@ def parse(text: str) -> Topo:
     matrix: dict[str, list[str]] = {}
     gpus: list[TopoGpu] = []
     notes: list[str] = []
+    empty: dict[str, list[int]] = {}  # affinity column -> GPUs whose cell nvidia-smi printed empty
     rows = lines[start + 1:]
     end = len(rows)
     for offset, raw in enumerate(rows):
@@ -196,7 +212,7 @@ def parse(text: str) -> Topo:
             end = offset
             break
         expected = labels[len(matrix)] if len(matrix) < width else None
-        cells = _cells(raw, tabs)
+        cells = row_cells(raw)
         if expected is None:
             raise TopoParseError(lineno, f"row {cells[0]!r} after the last row the header announces ({labels[-1]})")
         if cells[0] != expected:
@@ -218,26 +234,25 @@ def parse(text: str) -> Topo:
             raise TopoParseError(lineno, f"row {expected}, column {label}: {cell!r} is not a link type that belongs there "
                                  "(X on the diagonal only; NV# between GPUs; PIX, PXB, PHB, NODE, SYS, SOC); cells fused or split")
         matrix[expected] = link_cells
-        extra = [c for c in cells[1 + width:] if c != ""]
         if expected.startswith("GPU"):
-            if len(extra) > len(columns) or (len(extra) < len(columns) and not last_line):
-                raise TopoParseError(lineno, f"row {expected} has {len(extra)} affinity values for {len(columns)} affinity columns ({', '.join(columns) or 'none'}); rows and header disagree")
-            if last_line and extra and (cut or len(extra) < len(columns)):
-                extra = extra[:-1]  # the value the text ends in may be cut short: unknown, not wrong
-            if len(extra) < len(columns):
-                notes.append(f"the capture ends inside row {expected}: {', '.join(columns[len(extra):])} unknown")
+            read = _gpu_affinity(cells[1 + width:], columns, expected, lineno, last_line, cut, notes)
+            for column, value in zip(columns, read):
+                if value == "":
+                    empty.setdefault(column, []).append(len(gpus))
             nics = dict(zip(nic_labels, link_cells[n_gpu:]))
-            gpus.append(TopoGpu(index=len(gpus), nics=nics, **_affinity(extra, columns, lineno)))  # type: ignore[arg-type]
-        elif extra:
+            gpus.append(TopoGpu(index=len(gpus), nics=nics, **_affinity(read, columns, lineno)))  # type: ignore[arg-type]
+        elif extra := [c for c in cells[1 + width:] if c != ""]:
             raise TopoParseError(lineno, f"NIC row {expected} carries values after its links: {extra[0]!r}")
     if len(gpus) < n_gpu:
         raise TopoParseError(start + 2 + len(matrix), f"{len(gpus)} GPU rows for {n_gpu} GPU columns: the capture is cut off inside the GPU rows")
+    notes[:0] = [f"{column} printed empty for GPU {', '.join(map(str, which))}: unknown for {'it' if len(which) == 1 else 'them'}"
+                 for column, which in empty.items()]  # first: they are about GPUs, the cut-off notes about NICs
     if len(matrix) < width:
         notes.append(f"no rows for {', '.join(labels[len(matrix):])}: the capture was cut off; GPU facts are complete")
     _check_symmetry(matrix, labels, start)
     tail = lines[start + 1 + end:]
     for i, line in enumerate(tail):
-        if re.match(r"^\s*GPU0(\s|$)", line):
+        if _HEADER.match(line):
             raise TopoParseError(start + 2 + end + i, "a second matrix header: the file holds more than one capture; pass one")
     names = _nic_names(tail[:-1] if cut and tail else tail, nic_labels, notes)
     gpus = [g.model_copy(update={"nics": {names[k]: v for k, v in g.nics.items()}}) for g in gpus]

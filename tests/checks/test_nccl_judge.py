@@ -480,6 +480,16 @@ def test_a_failed_run_carries_what_nccl_said_in_its_cause():
     assert parts["log"] == []  # said once, in the run's cause
 
 
+def test_a_failed_run_names_nccls_first_failure_not_a_warning_before_it():
+    collnet = "dgx-01:5501:5630 [0] transport.cc:356 NCCL WARN Cannot initialize CollNet, using point-to-point network instead\n"
+    log = nccl_log.parse(collnet + next((FIXTURES / "nccl").glob("E04_*.log")).read_text())
+    assert [p.category for p in log.problems][:2] == ["collnet_fallback", "shm_no_space"]
+    ranks = [outcome(0, report(0, stage="init", ops=[], error="DistBackendError: NCCL error: unhandled system error", error_time=1.0)),
+             outcome(1, report(1, stage="init", ops=[], error="DistBackendError: NCCL error: remote process exited", error_time=2.0))]
+    (x,) = nccl.judge_run(facts(ranks, ended="exit 1", returncode=1, nccl=log))
+    assert "NCCL said (/dev/shm is too small for NCCL's shared-memory segments)" in x.cause and "CollNet" not in x.cause
+
+
 def test_leftover_processes_fail_naming_the_pid():
     f = healthy(leftover=["pid 4242 (/opt/venv/bin/python -u nccl_smoke.py)"])
     found = nccl.judge_run(f)

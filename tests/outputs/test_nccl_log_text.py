@@ -76,6 +76,22 @@ def test_cli_error_log_prints_cause_and_fix_and_exits_1():
     assert data["warnings"][0]["where"] == "misc/shmutils.cc:88"
 
 
+def test_cli_collnet_fallback_is_a_warning_and_exits_0():
+    (path,) = (NCCL / "handmade").glob("H04_*.log")
+    r = run_preflight(["nccl-log", str(path)])
+    assert r.returncode == 0, r.stderr
+    assert "WARNING collnet_fallback: CollNet (SHARP in-network reduction) could not be used" in r.stdout and "PROBLEM" not in r.stdout
+    assert "fix: check that the SHARP plugin loads" in r.stdout
+    r = run_preflight(["nccl-log", str(path), "--json"])
+    assert r.returncode == 0 and [(p["category"], p["severity"]) for p in json.loads(r.stdout)["problems"]] == [("collnet_fallback", "warn")]
+
+
+def test_cli_a_failure_beside_a_warning_still_exits_1():
+    (path,) = (NCCL / "handmade").glob("H03_*.log")
+    r = run_preflight(["nccl-log", str(path)])
+    assert r.returncode == 1 and "PROBLEM shm_no_space: /dev/shm is too small" in r.stdout
+
+
 def test_cli_torch_log_without_nccl_debug_lines_still_explains_the_timeout():
     r = run_preflight(["nccl-log", str(next(NCCL.glob("W01_*.log")))])
     assert r.returncode == 1 and "no NCCL debug output here" in r.stdout and "ALLREDUCE (SeqNum 808) timed out" in r.stdout

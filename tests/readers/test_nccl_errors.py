@@ -7,6 +7,8 @@ import json
 from conftest import FIXTURES
 from conftest import nccl_fixture_text as fixture
 
+import pytest
+
 from preflight.readers.nccl_log import parse
 
 NCCL = FIXTURES / "nccl"
@@ -41,3 +43,55 @@ def test_problem_causes_and_fixes_say_what_an_operator_does():
         assert words in fixes["ib_verbs"]
     assert "NCCL_SOCKET_IFNAME" in fixes["socket"] and "failed first" in fixes["socket"]
 
+
+
+HANDMADE = NCCL / "handmade"
+
+
+def handmade(prefix: str) -> str:
+    (path,) = HANDMADE.glob(prefix + "_*.log")
+    return path.read_text()
+
+
+def test_old_nccls_posix_fallocate_failure_is_dev_shm_too_small():
+    """NCCL up to 2.11 grew its segment in include/shm.h; its WARN names no /dev/shm path."""
+    log = parse(handmade("H03"))
+    assert [(p.category, p.severity, p.line, p.count) for p in log.problems] == [
+        ("shm_no_space", "fail", 12, 1), ("unhandled_system_error", "fail", 26, 1)]
+    shm = log.problems[0]
+    assert shm.text.endswith("include/shm.h:28 NCCL WARN Call to posix_fallocate failed : No space left on device")
+    new = parse(fixture("E03")).problems[0]
+    assert (shm.title, shm.cause, shm.fix) == (new.title, new.cause, new.fix)
+    # posix_fallocate failing for another reason is not a full /dev/shm
+    assert not parse("x [0] include/shm.h:28 NCCL WARN Call to posix_fallocate failed : Operation not supported\n").problems
+
+
+COLLNET = [
+    ("transport.cc:356 NCCL WARN Cannot initialize CollNet, using point-to-point network instead", True),  # 2.9 and later
+    ("init.cc:524 NCCL WARN Cannot initialize CollNet, using IB instead", True),  # 2.7-2.8
+    ("graph/tuning.cc:276 NCCL WARN CollNet is not supported or fails to initialize, ignoring NCCL_ALGO=COLLNET", True),
+    ("init.cc:1198 NCCL WARN CollNet currently only supports up to 8 GPUs per node, disabling CollNet", True),
+    # by design: a communicator within one node has nothing to reduce in the switches
+    ("NCCL INFO Communicator has 1 nodes which is less than CollNet node threshold 2, disabling CollNet", False),
+]
+
+
+@pytest.mark.parametrize("line, fell_back", COLLNET, ids=["p2p-instead", "net-instead-2.7", "algo-ignored", "gpus-per-node", "node-threshold"])
+def test_collnet_that_could_not_be_set_up_is_a_warning(line, fell_back):
+    problems = parse(f"dgx-01:5501:5630 [0] {line}\n").problems
+    assert [(p.category, p.severity) for p in problems] == ([("collnet_fallback", "warn")] if fell_back else [])
+
+
+def test_collnet_fallback_says_what_the_job_lost_and_what_to_check():
+    log = parse(handmade("H04"))
+    (p,) = log.problems
+    assert (p.category, p.severity, p.line) == ("collnet_fallback", "warn", 17)
+    assert log.env["NCCL_COLLNET_ENABLE"] == "1" and log.nnodes == 2
+    assert "in-network reduction" in p.cause and "all_reduce across nodes" in p.cause and "slower" in p.cause
+    for words in ("SHARP plugin", "NCCL_COLLNET_ENABLE", "sharp_am", "ConnectX-6", "Quantum"):
+        assert words in p.fix
+
+
+def test_every_other_known_problem_is_a_failure():
+    severities = {p.category: p.severity for name in LOGS for p in parse((NCCL / name).read_text()).problems}
+    assert len(severities) >= 5 and set(severities.values()) == {"fail"}

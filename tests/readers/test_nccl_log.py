@@ -113,6 +113,16 @@ CHANNELS = [
     ("Channel 01 : 2[c7000] -> 0[87000] [receive] via NET/IB/5/GDRDMA", (1, 2, None, 0, None, "receive", "NET", "IB", True), ("c7000", "87000")),
     ("Channel 00/0 : 0[0] -> 4[4] via P2P/indirect/2[2]", (0, 0, 0, 4, 4, None, "P2P", None, False), None),
     ("Channel 00/0 : 0[0] -> 1[1] via NVLS/IPC", (0, 0, 0, 1, 1, None, "NVLS", None, False), None),
+    # NCCL 2.7-2.8: "Channel NN :" without the connection index, the PCI bus id in the brackets
+    ("Channel 00 : 0[1000] -> 1[2000] via direct shared memory", (0, 0, None, 1, None, None, "SHM", None, False), ("1000", "2000")),
+    ("Channel 00 : 0[1000] -> 1[2000] via shared memory", (0, 0, None, 1, None, None, "SHM", None, False), ("1000", "2000")),
+    ("Channel 01 : 0[1000] -> 1[2000] via P2P/direct pointer", (1, 0, None, 1, None, None, "P2P", None, False), ("1000", "2000")),
+    ("Channel 01 : 0[1000] -> 1[2000] via P2P/IPC", (1, 0, None, 1, None, None, "P2P", None, False), ("1000", "2000")),
+    ("Channel 01 : 0[1000] -> 1[2000] via P2P/IPC/read", (1, 0, None, 1, None, None, "P2P", None, False), ("1000", "2000")),
+    ("Channel 00 : 1[2000] -> 2[1000] [send] via NET/IB/0", (0, 1, None, 2, None, "send", "NET", "IB", False), ("2000", "1000")),
+    ("Channel 00 : 3[2000] -> 0[1000] [receive] via NET/Socket/0", (0, 3, None, 0, None, "receive", "NET", "Socket", False), ("2000", "1000")),
+    ("Channel 00 : 0[1b000] -> 4[3d000] via P2P/indirect/2[1c000]", (0, 0, None, 4, None, None, "P2P", None, False), ("1b000", "3d000")),
+    ("Ring 00 : 0[0] -> 1[0] via P2P/common device", (0, 0, 0, 1, 0, None, "P2P", None, False), None),  # two ranks on one GPU, up to 2.7
 ]
 
 
@@ -121,6 +131,25 @@ def test_each_channel_line_form(line, facts, buses):
     (c,) = parse(f"host:1:2 [0] NCCL INFO {line}\n").channels
     assert (c.channel, c.src_rank, c.src_dev, c.dst_rank, c.dst_dev, c.direction, c.kind, c.net, c.gdr) == facts
     assert c.transport == line.split(" via ")[1] and (c.src_bus, c.dst_bus) == (buses or (None, None))
+
+
+HANDMADE = NCCL / "handmade"
+
+
+@pytest.mark.parametrize("prefix, network, kinds, peers", [
+    ("H01", ["IB"], {"direct shared memory": ["SHM", None, False], "NET/IB/0": ["NET", "IB", False]},
+     {"3->0": ["NET/IB/0"], "1->2": ["NET/IB/0"], "0->1": ["direct shared memory"], "1->0": ["direct shared memory"]}),
+    ("H02", ["Socket"], {"P2P/IPC": ["P2P", None, False], "NET/Socket/0": ["NET", "Socket", False]},
+     {"3->0": ["NET/Socket/0"], "1->2": ["NET/Socket/0"], "0->1": ["P2P/IPC"], "1->0": ["P2P/IPC"]}),
+], ids=["H01-shm-ib", "H02-p2p-socket"])
+def test_an_nccl_2_7_log_gives_every_channel_with_its_transport(prefix, network, kinds, peers):
+    (path,) = HANDMADE.glob(prefix + "_*.log")
+    log = parse(path.read_text())
+    assert (log.version, log.networks, log.nranks) == ("2.7.8+cuda11.0", network, 4)
+    assert len(log.channels) == 8 and not log.skipped and not log.problems
+    assert {c.transport: [c.kind, c.net, c.gdr] for c in log.channels} == kinds
+    assert {f"{a}->{b}": t for (a, b), t in log.peers().items()} == peers
+    assert all(c.src_bus and c.dst_bus and c.src_dev is None for c in log.channels)
 
 
 def test_a_bus_id_anywhere_means_every_bracket_of_that_log_is_one():
@@ -225,3 +254,38 @@ def test_the_interface_other_code_imports():
     assert nccl_log.MAX_BYTES == 64 << 20
     assert set(Channel.model_fields) >= {"line", "channel", "src_rank", "src_dev", "dst_rank", "dst_dev", "direction", "transport", "kind", "net", "gdr"}
     assert callable(nccl_log.parse) and callable(nccl_log_text.render) and callable(nccl_log_text.to_json)
+
+
+# --- looks_like ---------------------------------------------------------------------------
+
+def test_looks_like_says_yes_to_every_nccl_log():
+    paths = list(NCCL.rglob("*.log"))
+    assert len(paths) >= 17
+    for path in paths:
+        assert nccl_log.looks_like(path.read_text()), path.name
+
+
+@pytest.mark.parametrize("line", [
+    "host-1:5969:5969 [0] NCCL INFO Using network IB",
+    "[2026-03-18 11:13:09] host-1:5969:5969 [0] misc/socket.cc:537 NCCL WARN ncclSocketInit: connecting",
+    "NCCL version 2.7.8+cuda11.0",
+    "[rank1]:[E626 06:24:44.903881913 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: x",
+    "RuntimeError: NCCL error in: /pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:784, unhandled system error, NCCL version 2.7.8",
+    "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:275, ncclRemoteError",
+], ids=["info", "warn", "version", "watchdog", "runtime-error", "dist-backend-error"])
+def test_looks_like_finds_nccls_words_in_the_first_lines_and_past_them(line):
+    assert nccl_log.looks_like(line + "\n")
+    training = "".join(f"epoch 0 step {i} loss 2.{i % 97:02d}\n" for i in range(5000))
+    assert nccl_log.looks_like(training + line + "\n")
+    assert not nccl_log.looks_like(training)
+
+
+def test_looks_like_says_no_to_every_other_kind_of_capture():
+    """nccl-tests output says yes only where NCCL_DEBUG put NCCL's own lines into it."""
+    paths = [p for kind in ("topo", "nccltests", "xid", "df", "nvsmi", "dcgmi", "pcie_notice")
+             for p in (FIXTURES / kind).rglob("*") if p.is_file() and p.suffix in (".txt", ".log")]
+    assert len(paths) >= 20
+    for path in paths:
+        text = path.read_text(errors="replace")
+        assert nccl_log.looks_like(text) is (path.parent.name == "nccltests" and ("NCCL INFO" in text or "NCCL WARN" in text)), path.name
+    assert not nccl_log.looks_like("") and not nccl_log.looks_like("libnccl2 is installed\nnccl-tests 2.13.8\n")

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import GPU_KEYS, assert_index_facts
 
-from preflight.readers.topo import TopoParseError, parse
+from preflight.readers.topo import TopoParseError, looks_like, parse
 
 TOPO = Path(__file__).parents[1] / "fixtures" / "topo"
 EXPECTED = json.loads((TOPO / "expected.json").read_text())
@@ -264,3 +264,129 @@ def test_nul_bytes_in_a_space_separated_capture_are_a_parse_error():
     text = join(C02.expandtabs().splitlines()[:5]) + "\0" * 64
     with pytest.raises(TopoParseError, match="NUL bytes"):
         parse(text)
+
+
+# ---- layouts no recorded capture has: tests/fixtures/topo/handmade ---------------------
+# H1: CPU Affinity printed empty for GPU2 and GPU3; H2: the header's affinity names joined by spaces;
+# H3: every header name joined by spaces. The rows keep nvidia-smi's tabs in all three.
+
+HANDMADE = TOPO / "handmade"
+
+
+def handmade(prefix: str) -> str:
+    (path,) = HANDMADE.glob(f"{prefix}_*.txt")
+    return path.read_text()
+
+
+def affinities(topo) -> list[tuple]:
+    return [(g.cpu_affinity, g.cpus and (g.cpus[0], g.cpus[-1]), g.numa_affinity, g.numa_nodes, g.gpu_numa_id) for g in topo.gpus]
+
+
+def test_an_affinity_printed_empty_is_unknown_for_that_gpu_and_said():
+    topo = parse(handmade("H1"))
+    assert affinities(topo) == [("0-23", (0, 23), "0", [0], None)] * 2 + [(None, None, "1", [1], None)] * 2
+    assert topo.notes == ["CPU Affinity printed empty for GPU 2, 3: unknown for them"]
+    assert topo.cpu_groups == ["0-23"] and topo.numa_nodes == [0, 1] and topo.spans_numa is True
+    assert topo.nics == ["mlx5_0", "mlx5_1"] and topo.nearest_nics == {"0": ["mlx5_0"], "1": ["mlx5_0"], "2": ["mlx5_1"], "3": ["mlx5_1"]}
+    assert topo.links == {"0-1": "NV12", "0-2": "SYS", "0-3": "SYS", "1-2": "SYS", "1-3": "SYS", "2-3": "NV12"}
+
+
+C28 = capture("28")  # GPU0\t X \t0-7\t\tN/A\t\tN/A: an empty field before every N/A
+
+
+@pytest.mark.parametrize("text, want, note", [
+    (None, None, None),  # 02's layout (~545), CPU and NUMA both empty for GPU3
+    (C28.replace("\t0-7\t", "\t\t", 1), (None, None, None, None, None), "CPU Affinity printed empty for GPU 0: unknown for it"),
+    (C28.replace("\t0-7\t\tN/A", "\t0-7\t", 1), ("0-7", (0, 7), None, None, None), "NUMA Affinity printed empty for GPU 0: unknown for it"),
+    # a GPU that is its own NUMA node, with its padding, beside an empty CPU Affinity
+    (capture("18").replace("\t0-23\t0\t\tN/A", "\t\t1\t\t4"), (None, None, "1", [1], 4), "CPU Affinity printed empty for GPU 0, 1: unknown for them"),
+], ids=["02-gpu3-cpu-and-numa-empty", "28-cpu-empty", "28-numa-empty", "18-cpu-empty-numeric-gpu-numa-id"])
+def test_empty_cells_in_every_driver_layout_are_unknown(text, want, note):
+    if text is None:
+        text = edit_cells(C02, "GPU3", lambda c: c.__setitem__(slice(21, 23), ["", ""]))
+        topo = parse(text)
+        assert affinities(topo)[3] == (None, None, None, None, None) and affinities(topo)[2][0] == "0-191"
+        assert topo.notes == ["CPU Affinity printed empty for GPU 3: unknown for it", "NUMA Affinity printed empty for GPU 3: unknown for it"]
+        assert topo.numa_nodes is None and topo.spans_numa is None
+        return
+    topo = parse(text)
+    assert affinities(topo)[0] == want
+    assert topo.notes == [note]
+
+
+def test_empty_cells_never_make_the_judge_invent_a_finding():
+    """GPU2 and GPU3 say nothing about their CPUs and NUMA node: no NUMA finding and no CPU split is drawn from them."""
+    from preflight.checks.topology import GENERIC, judge
+    from preflight.readers.layout import TopologyFacts
+
+    text = handmade("H1").replace("\t\t1\t\tN/A", "\t\t\t\tN/A")
+    facts = TopologyFacts(matrix=parse(text), matrix_source="h1")
+    assert facts.matrix.spans_numa is None and facts.matrix.cpu_groups == ["0-23"]
+    found = [f for part in judge(facts, GENERIC, None, None).values() for f in part]
+    assert not [f for f in found if "NUMA" in f.summary or "CPU" in f.summary], [f.summary for f in found]
+
+
+@pytest.mark.parametrize("prefix", ["H2", "H3"])
+def test_a_header_whose_names_a_paste_joined_with_spaces_matches_its_tab_rows(prefix):
+    text = handmade(prefix)
+    tabbed = "\t" + "\t".join(["GPU0", "GPU1", "GPU2", "GPU3", "NIC0", "NIC1", "CPU Affinity", "NUMA Affinity", "GPU NUMA ID"])
+    want = parse(join([tabbed, *text.splitlines()[1:]]))
+    topo = parse(text)
+    assert topo.model_dump() == want.model_dump() and topo.notes == []
+    assert topo.columns == ["CPU Affinity", "NUMA Affinity", "GPU NUMA ID"]
+    assert affinities(topo) == [("0-23", (0, 23), "0", [0], None)] * 2 + [("24-47", (24, 47), "1", [1], None)] * 2
+    assert topo.spans_numa is True and topo.nearest_nics["2"] == ["mlx5_1"]
+
+
+def test_a_space_joined_header_with_empty_cells_in_its_tab_rows():
+    rows = handmade("H1").splitlines()[1:]
+    topo = parse(join([handmade("H3").splitlines()[0], *rows]))
+    assert affinities(topo)[2] == (None, None, "1", [1], None)
+    assert topo.notes == ["CPU Affinity printed empty for GPU 2, 3: unknown for them"]
+
+
+@pytest.mark.parametrize("header, fragment", [
+    ("\tGPU0\tGPU1\tGPU2\tGPU3\tNIC0\tNIC1\tCPU Affinity NUMA Afinity GPU NUMA ID", "'CPU Affinity NUMA Afinity GPU NUMA ID'"),
+    ("\tGPU0\tGPU1\tGPU2\tGPU3\tNIC0\tNIC1\tCPU AffinityNUMA Affinity GPU NUMA ID", "'CPU AffinityNUMA Affinity GPU NUMA ID'"),
+    ("\tGPU0 GPU1 GPU3 GPU2\tNIC0\tNIC1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID", "GPU3 where GPU2 belongs"),
+], ids=["misspelt-name", "fused-names", "gpus-out-of-order"])
+def test_a_space_joined_header_is_split_only_into_names_it_knows(header, fragment):
+    with pytest.raises(TopoParseError) as e:
+        parse(join([header, *handmade("H2").splitlines()[1:]]))
+    assert e.value.line == 1 and fragment in str(e.value)
+
+
+@pytest.mark.parametrize("edit, line, fragment", [
+    # CPU Affinity and NUMA Affinity fused into one cell: the padding before N/A must not make it fit
+    (lambda t: t.replace("GPU0\t X \tNV18\tNV18\tNV18\tNV18\tNV18\tNV18\tNV18\tPIX\tNODE\tNODE\tNODE\tNODE\tNODE\tNODE\tNODE\tNODE\tNODE\tNODE\tNODE\t0-191\t0",
+                         "GPU0\t X \tNV18\tNV18\tNV18\tNV18\tNV18\tNV18\tNV18\tPIX\tNODE\tNODE\tNODE\tNODE\tNODE\tNODE\tNODE\tNODE\tNODE\tNODE\tNODE\t0-1910", 1),
+     2, "row GPU0 has 2 affinity values for 3"),
+    (lambda t: edit_cells(t, "GPU1", lambda c: c.append("7")), 3, "row GPU1 has 4 affinity values for 3"),
+], ids=["fused-cpu-numa", "one-value-too-many"])
+def test_damaged_affinity_cells_are_still_rejected(edit, line, fragment):
+    with pytest.raises(TopoParseError) as e:
+        parse(edit(C02))
+    assert e.value.line == line and fragment in str(e.value)
+
+
+# ---- looks_like ------------------------------------------------------------------------
+
+OTHER_KINDS = ["nccl", "nccltests", "xid", "df", "nvsmi", "dcgmi", "pcie_notice"]
+
+
+def test_looks_like_says_yes_to_every_matrix_damaged_or_not():
+    paths = [*TOPO.glob("*.txt"), *(TOPO / "malformed").glob("*.txt"), *HANDMADE.glob("*.txt")]
+    assert len(paths) >= 12
+    for path in paths:
+        assert looks_like(path.read_text()), path.name
+        assert looks_like(path.read_text().expandtabs()), path.name
+
+
+def test_looks_like_says_no_to_every_other_kind_of_capture():
+    from conftest import FIXTURES
+
+    paths = [p for kind in OTHER_KINDS for p in (FIXTURES / kind).rglob("*") if p.is_file() and p.suffix in (".txt", ".log")]
+    assert len(paths) >= 20
+    for path in paths:
+        assert not looks_like(path.read_text(errors="replace")), path.name
+    assert not looks_like("") and not looks_like("\tGPU0\tGPU1\n") and not looks_like("GPU0 is hot\nGPU0 fan 80%\n")
