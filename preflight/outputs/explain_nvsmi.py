@@ -61,7 +61,7 @@ def explain(text: str, source: str, profile: ResolvedProfile | None = None) -> E
         if link is None and gen and top and gen < top:
             found.append(Item(severity="info", summary=f"{name}: PCIe Gen{gen} of Gen{top} not judged", gpu=g.bus_id,
                               cause=f"{name} was not at work when captured ({why}): an idle GPU drops its link to Gen1 to save power",
-                              fix="capture `nvidia-smi -q -d PERFORMANCE,PCI` (or run `preflight run --only cuda`) while a job loads the GPU"))
+                              fix="capture the whole `nvidia-smi -q` while a job loads the GPU (`-d` has no PCIe section), or run `preflight run --only cuda`, which reads the link under load"))
     return Explained(kind=KIND, title=TITLE, source=source, findings=found, facts=facts)
 
 
