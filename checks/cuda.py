@@ -258,7 +258,7 @@ def judge_link(g: Gpu, loaded: PcieLink | None) -> list[Finding]:
         cause = f"{who}'s PCIe link trained at x{width}, its slot and GPU allow x{idle.width_max}: host<->GPU copies run at {width / idle.width_max:.0%} speed"
         out.append(Finding(FAIL, f"{who}: PCIe link x{width} of x{idle.width_max}", cause, fix))
     if loaded and loaded.gen and idle.gen_max and loaded.gen < idle.gen_max:
-        cause = f"{who}'s PCIe link ran at Gen{loaded.gen} while the worker copied to it; GPU and slot allow Gen{idle.gen_max}"
+        cause = f"{who}'s PCIe link ran at Gen{loaded.gen} under load; GPU and slot allow Gen{idle.gen_max}"
         out.append(Finding(FAIL, f"{who}: PCIe Gen{loaded.gen} of Gen{idle.gen_max} under load", cause, fix))
     return out
 
