@@ -46,6 +46,7 @@ app.command(short_help="Run nccl and bandwidth on node pairs; name the slow one.
 app.command("list", short_help="The installed checks, cheapest first.")(explain.list_checks)
 app.command("show-profile", cls=_Command, short_help="A profile's checks and floors, with their sources.")(explain.show_profile)
 app.command(short_help="The GPUs NVML sees, and the profile `auto` picks.")(explain.detect)
+app.command(cls=_Command, short_help="What a saved capture is, and what is wrong in it.")(explain.explain)
 app.command(short_help="Explain the NVIDIA Xid/SXid errors in a kernel log.")(explain.xid)
 app.command(short_help="GPU/NIC/CPU layout, what is wrong with it, rank pinning.")(explain.topology)
 app.command("nccl-log", cls=_Command, short_help="Explain an NCCL log: transports, warnings, known errors.")(explain.nccl_log)

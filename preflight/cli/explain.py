@@ -1,5 +1,5 @@
-"""The explainers: `preflight list`, `show-profile`, `detect`, `xid`, `topology`
-and `nccl-log`. Each reads (this node, or a saved file), judges, and prints."""
+"""The explainers: `preflight list`, `show-profile`, `detect`, `explain`, `xid`,
+`topology` and `nccl-log`. Each reads (this node, or a saved file), judges, and prints."""
 
 # No `from __future__ import annotations`: see preflight/cli/common.py.
 import json
@@ -156,12 +156,31 @@ def nccl_log(
     Exit 1 when the log shows a known NCCL failure (a warning, such as a CollNet fallback, exits 0),
     2 when the file holds no NCCL output."""
     from preflight.outputs import nccl_log_text
+    from preflight.outputs.explain_nccl_log import NO_NCCL
     from preflight.readers import capture
     from preflight.readers import nccl_log as nccl
 
     text = capture.read_text(file, nccl.MAX_BYTES, "pass one rank's log, or an excerpt (grep -e NCCL -e Watchdog)", option=None)
     log = nccl.parse(text)
     if not log.nccl_lines and not log.problems:  # the wrong file: a gate must not read that as a clean run
-        raise UsageError(f"{file} holds no NCCL output; run the job with NCCL_DEBUG=INFO (and NCCL_DEBUG_FILE=/path/nccl.%h.%p.log for a file per process) and pass that log")
+        raise UsageError(f"{file} {NO_NCCL}")
     _emit(json.dumps(nccl_log_text.to_json(log, str(file)), indent=2) + "\n" if json_out else nccl_log_text.render(log, str(file)))
     return 1 if any(p.severity == "fail" for p in log.problems) else 0
+
+
+@_exit_codes
+def explain(
+    file: Annotated[Path, typer.Argument(metavar="FILE", help="A saved capture: nvidia-smi -q, dcgmi diag, nccl-tests output, a kernel log, df, nvidia-smi topo -m, an NCCL log.", show_default=False)],
+    profile: Annotated[Optional[str], typer.Option("--profile", "-p", metavar="NAME", help=f"Judge against this profile: {PROFILE_HELP} [default: the GPU model the capture names, where it names one]")] = None,
+    config: ConfigOpt = None,
+    json_out: JsonOpt = False,
+) -> int:
+    """Say what a saved capture is, and what is wrong in it: each finding with its cause and fix.
+
+    Exit 1 when a finding fails, 2 when the file is of no kind preflight knows."""
+    from preflight.outputs import explain_file, explained
+
+    s = _settings(config, profile=profile)
+    found = explain_file.explain(file, s, profile_named=profile is not None)
+    _emit(json.dumps(found.to_json(), indent=2) + "\n" if json_out else explained.render(found))
+    return 1 if found.failed else 0

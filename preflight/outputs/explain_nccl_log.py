@@ -1,8 +1,8 @@
 """`preflight explain` of an NCCL log (NCCL_DEBUG=INFO, or a PyTorch/NCCL error
 log): what `preflight nccl-log` reports, as findings and facts.
 
-Each known problem (readers/nccl_errors.py) fails, as it makes `nccl-log`
-exit 1, with its cause and fix. A setting NCCL reports that takes a fast
+Each known problem (readers/nccl_errors.py) is a finding of its own severity
+(a failure makes `nccl-log` exit 1; a CollNet fallback warns), with its cause and fix. A setting NCCL reports that takes a fast
 path away (NCCL_P2P_DISABLE=1: NVLink/PCIe peer traffic through host memory
 or the network instead) warns, in nccl_log_text's words: it explains a slow
 transport. Two NCCL versions in one job warn. The facts are the version, the
@@ -19,7 +19,7 @@ from preflight.readers import nccl_log
 from preflight.readers.nccl_log import NcclLog
 
 KIND, TITLE = "nccl-log", "NCCL log"
-# What `preflight nccl-log FILE` says of a file with no NCCL output (preflight/cli/explain.py), after the file's name.
+# What `preflight nccl-log FILE` and `explain` say of a file with no NCCL output, after the file's name.
 NO_NCCL = ("holds no NCCL output; run the job with NCCL_DEBUG=INFO (and NCCL_DEBUG_FILE=/path/nccl.%h.%p.log for a file "
            "per process) and pass that log")
 _ENV_FIX = {
@@ -35,7 +35,7 @@ def judge(log: NcclLog) -> list[Item]:
     out = []
     for p in log.problems:
         more = f", and {p.count - 1} more line(s)" if p.count > 1 else ""
-        out.append(Item(severity="fail", summary=p.title, cause=f"{p.cause} (line {p.line}{more}: {p.text})", fix=p.fix))
+        out.append(Item(severity=p.severity, summary=p.title, cause=f"{p.cause} (line {p.line}{more}: {p.text})", fix=p.fix))
     for (name, value), note in nccl_log_text._ENV_NOTES.items():
         if log.env.get(name) == value:
             out.append(Item(severity="warn", summary=f"{name}={value}: {note}",

@@ -334,10 +334,15 @@ def kernel_lines(text: str) -> int:
     return sum(1 for line in text.splitlines() if _MARK.search(line) or _KMSG.match(line) or _KERNEL_LINE.match(line))
 
 
-def looks_like(text: str) -> bool:
-    """A kernel log with an NVIDIA driver event in it (`preflight explain`): an NVRM or
-    SXid line, as printed by dmesg, journalctl, syslog or /dev/kmsg."""
+def has_driver_lines(text: str) -> bool:
+    """A kernel log with an NVIDIA driver line in it (`preflight explain`): NVRM or SXid."""
     return any(_MARK.search(line) for line in text.splitlines()[:20000])
+
+
+def looks_like(text: str) -> bool:
+    """A kernel log at all (dmesg, journalctl, syslog, /dev/kmsg), GPU events or none: a
+    log with none is an answer too, not a file of no known kind. Its first 200 lines tell."""
+    return kernel_lines("\n".join(text.splitlines()[:200])) > 0
 
 
 def read_file(path: Path | str) -> str:

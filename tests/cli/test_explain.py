@@ -1,0 +1,119 @@
+"""`preflight explain FILE` through the CLI: every real capture placed as its kind and
+judged (exit 1 where a finding fails), the JSON's shape, and bad input refused in
+one line with exit 2. The readers and explainers are tested on the same files in
+tests/readers and tests/outputs, with the captures' INDEX facts."""
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from conftest import run_preflight
+
+FIX = Path(__file__).parents[1] / "fixtures"
+
+# (capture, the kind it is taken for, exit code): a fail finding exits 1.
+CAPTURES = [
+    ("nvsmi/q_01_a100-sxm4-80gb_ECC-DRAM-correctable-177_remapped-rows-pending-Yes_bank-histogram_ELIDED.txt", "nvidia-smi-q", 1),
+    ("nvsmi/q_04_v100-sxm2-32gb-dell-c4130_HW-Slowdown-Active_HW-Power-Brake-Active_clocks-382MHz_DEINDENTED.txt", "nvidia-smi-q", 1),
+    ("nvsmi/q_08_a100-sxm4-80gb_driver555_full-q_GPU1-of-4_clean-baseline_no-timestamp-line.txt", "nvidia-smi-q", 0),
+    ("nvsmi/q_10_rtx5090_driver570.124.06_full-q_Link-Width-Current-8x-Max-16x_gen1-of-5-idle_SW-Power-Cap-Active-P8_Remapped-Rows-NA-single-line.txt", "nvidia-smi-q", 1),
+    ("nvsmi/dcgmi_01_diag-r2_gpu0-memory-fail_thermal-violation-warning_table-fragment.txt", "dcgmi-diag", 1),
+    ("pcie_notice/pcie_01_dmesg-limited-by-16GTs-x16_h100-capable-32GTs_ELIDED.txt", "pcie-notice", 1),
+    ("df/shm_01_docker-default-64M_df-h_gh200-container.txt", "df", 1),
+    ("topo/02_h100-sxm-8x_nv18_12nic_single-numa-0-191_gpu-numa-id.txt", "topology", 0),
+    ("topo/08_a100-pcie-2x_no-nvlink_SYS_split-numa-0-1_2mlx5.txt", "topology", 0),
+    ("topo/28_tesla-p4-1gpu_NUMA-Affinity-N-A_double-tabs.txt", "topology", 0),
+    ("topo/handmade/H1_4gpu-2nic_cpu-affinity-empty-for-gpu2-gpu3_double-tabs.txt", "topology", 0),
+    ("xid/01_xid63_row-remapper-new-row-marked_a100.txt", "kernel-log", 1),
+    ("xid/03_xid79_one-liner_no-pid_NVSentinel-155-comment.txt", "kernel-log", 1),
+    ("xid/no-gpu-event_dmesg_dev-machine-boot.txt", "kernel-log", 0),
+    ("nccl/E04_shm_No-space-left-28_then-socket-errors_timestamped_pytorch-ci-infra-490.log", "nccl-log", 1),
+    ("nccl/02_nccl2.27.5_2gpu-consumer_NET-Socket-16ifaces_SHM-direct-direct_isAllDirectP2p0.log", "nccl-log", 0),
+    ("nccl/handmade/H04_nccl2.21.5_2node-16gpu_NCCL_COLLNET_ENABLE-1_Cannot-initialize-CollNet_point-to-point-fallback_handmade.log", "nccl-log", 0),
+    ("nccl/handmade/H03_nccl2.7.8_docker-64MiB-dev-shm_include-shm.h-28_posix_fallocate-No-space-left_handmade.log", "nccl-log", 1),
+]
+
+
+def explain(*args: str, timeout: float = 60) -> tuple:
+    p = run_preflight(["explain", *args], timeout=timeout)
+    return p, (json.loads(p.stdout) if "--json" in args and p.returncode in (0, 1) else None)
+
+
+@pytest.mark.parametrize("capture, kind, rc", CAPTURES, ids=[c[0].split("/")[-1][:40] for c in CAPTURES])
+def test_each_real_capture_is_placed_as_its_kind_and_judged(capture, kind, rc):
+    path = FIX / capture
+    assert path.exists(), path
+    p, doc = explain(str(path), "--json")
+    assert p.returncode == rc, (p.stdout[-2000:], p.stderr)
+    assert doc["kind"] == kind and doc["source"] == str(path)
+    for item in doc["findings"]:
+        assert item["severity"] in ("fail", "warn", "info") and item["summary"]
+    assert any(i["severity"] == "fail" for i in doc["findings"]) == (rc == 1)
+    assert doc["facts"], "the facts read are in the answer"
+
+
+def test_the_text_says_what_the_file_was_taken_for_and_each_finding_with_its_fix():
+    path = FIX / CAPTURES[0][0]
+    p, _ = explain(str(path))
+    assert p.returncode == 1
+    first, *rest = p.stdout.splitlines()
+    assert first == f"{path}: nvidia-smi -q"
+    assert any(line.strip().startswith("FAIL") for line in rest) and any(line.strip().startswith("fix:") for line in rest)
+
+
+def test_a_file_of_no_known_kind_is_one_line_naming_the_kinds_known(tmp_path):
+    other = tmp_path / "notes.txt"
+    other.write_text("the node felt slow yesterday\nmaybe the network?\n")
+    p, _ = explain(str(other))
+    assert p.returncode == 2 and p.stdout == ""
+    (line,) = p.stderr.strip().splitlines()
+    assert "not a capture preflight knows" in line and "nvidia-smi -q" in line and "nccl-tests" in line and "df" in line
+
+
+@pytest.mark.parametrize("content, words", [
+    (b"\x7fELF\x02\x01\x01\x00\x00\x00" + bytes(range(256)) * 4, "is not text"),
+    (b"", "empty"),
+    (b"   \n\n", "empty"),
+])
+def test_binary_or_empty_input_is_refused_in_one_line(tmp_path, content, words):
+    f = tmp_path / "capture"
+    f.write_bytes(content)
+    p, _ = explain(str(f), "--json")
+    assert p.returncode == 2 and p.stdout == ""
+    (line,) = p.stderr.strip().splitlines()
+    assert words in line
+
+
+def test_a_damaged_capture_of_a_known_kind_is_refused_in_one_line():
+    """A matrix whose cells a paste fused (PIXNODE) is a topology capture, and a damaged one."""
+    p, _ = explain(str(FIX / "topo/malformed/M1_h100-8x_nv18_12nic_PASTE-CORRUPTED-PIXNODE.txt"))
+    assert p.returncode == 2 and p.stdout == ""
+    (line,) = p.stderr.strip().splitlines()
+    assert "PIXNODE" in line or "nvidia-smi topo -m" in line, line
+
+
+def test_a_300_mb_file_is_refused_quickly(tmp_path):
+    big = tmp_path / "huge.log"
+    with big.open("wb") as f:
+        f.truncate(300 << 20)  # sparse: no 300 MB written to this disk
+    started = time.monotonic()
+    p, _ = explain(str(big))
+    took = time.monotonic() - started
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "larger than 64 MiB" in p.stderr, p.stderr
+    assert took < 30  # bounded: at most 64 MiB is read before the refusal
+
+
+def test_a_missing_file_or_a_directory_is_refused_in_one_line(tmp_path):
+    for path in (tmp_path / "nope.txt", tmp_path):
+        p, _ = explain(str(path))
+        assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_the_existing_commands_still_read_their_files():
+    p = run_preflight(["xid", "--from", str(FIX / "xid/01_xid63_row-remapper-new-row-marked_a100.txt")])
+    assert p.returncode == 1 and "Xid 63" in p.stdout
+    p = run_preflight(["topology", "--from", str(FIX / "topo/02_h100-sxm-8x_nv18_12nic_single-numa-0-191_gpu-numa-id.txt")])
+    assert p.returncode == 0, p.stderr
+    p = run_preflight(["nccl-log", str(FIX / "nccl/E04_shm_No-space-left-28_then-socket-errors_timestamped_pytorch-ci-infra-490.log")])
+    assert p.returncode == 1
