@@ -54,15 +54,19 @@ def _gbps(v: float) -> str:
     return fmt_value(v * 1e9, BPS)
 
 
+NETWORK_ONLY = ("NCCL_IB_DISABLE", "NCCL_NET", "NCCL_NET_GDR_LEVEL")  # they change nothing within one node
+
+
 def low_settings(t: Table) -> list[str]:
-    """The visible settings that can hold busbw down, each with what it does."""
+    """The visible settings that can hold this run's busbw down, each with what it does."""
     found = {name: [(value, "the run's environment")] for name, value in t.settings.items()}
-    out = [f"{name}={value} ({cost})" for name, value, _, cost in nccl_env.switches_on(found)]
+    out = [(name, f"{name}={value} ({cost})") for name, value, _, cost in nccl_env.switches_on(found)]
     for name, cost in PINS.items():
         value = t.settings.get(name)
         if value and not (name == "NCCL_NVLS_ENABLE" and value != "0"):
-            out.append(f"{name}={value} ({cost})")
-    return out
+            out.append((name, f"{name}={value} ({cost})"))
+    one_node = (t.nodes or 1) == 1 and not {"NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE"} <= set(n for n, _ in out)
+    return [text for name, text in out if not (one_node and name in NETWORK_ONLY)]
 
 
 def pick_profile(t: Table, given: ResolvedProfile | None) -> tuple[ResolvedProfile | None, str]:

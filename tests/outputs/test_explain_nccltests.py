@@ -152,3 +152,9 @@ def test_damaged_output_is_one_usage_line_naming_the_file(text, says):
     with pytest.raises(UsageError, match=says) as e:
         explain_nccltests.explain(text, "cut.txt", None)
     assert str(e.value).startswith("cut.txt: ") and "\n" not in str(e.value)
+
+
+def test_a_network_switch_is_not_blamed_for_a_low_figure_within_one_node():
+    low = (FIXTURES / "nccltests").glob("h05_*.txt").__next__().read_text().replace("NCCL_P2P_DISABLE", "NCCL_IB_DISABLE")
+    fail = next(i for i in explain_nccltests.explain(low, "ib.txt", None).findings if i.severity == "fail")
+    assert "NCCL_IB_DISABLE" not in fail.cause and "settings visible" not in fail.cause
