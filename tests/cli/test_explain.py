@@ -30,6 +30,10 @@ CAPTURES = [
     ("xid/no-gpu-event_dmesg_dev-machine-boot.txt", "kernel-log", 0),
     ("nccl/E04_shm_No-space-left-28_then-socket-errors_timestamped_pytorch-ci-infra-490.log", "nccl-log", 1),
     ("nccl/02_nccl2.27.5_2gpu-consumer_NET-Socket-16ifaces_SHM-direct-direct_isAllDirectP2p0.log", "nccl-log", 0),
+    ("nccltests/02_a100-sxm4-80gb-x8_all_reduce_perf_single-process-g8_thanos.txt", "nccl-tests", 0),
+    ("nccltests/15_h100-80gb-hbm3-x8_single-node_all_reduce_g8_old-hex-busid_peak-476.53_nccl-tests-290.txt", "nccl-tests", 0),
+    ("nccltests/16_h100x8_2node-16gpu-ndr-ib_all_reduce_srun-l-rank-label-prefix_check0-NA-wrong_peak-167.87-at-256MB_DEGRADED_nccl-tests-290.txt", "nccl-tests", 1),
+    ("nccltests/19_a40-x4-across-SYS_NCCL_P2P_DISABLE-1_g4_all_reduce_DEGRADED-1.4GBs_table-only.txt", "nccl-tests", 0),
     ("nccl/handmade/H04_nccl2.21.5_2node-16gpu_NCCL_COLLNET_ENABLE-1_Cannot-initialize-CollNet_point-to-point-fallback_handmade.log", "nccl-log", 0),
     ("nccl/handmade/H03_nccl2.7.8_docker-64MiB-dev-shm_include-shm.h-28_posix_fallocate-No-space-left_handmade.log", "nccl-log", 1),
 ]
@@ -51,6 +55,18 @@ def test_each_real_capture_is_placed_as_its_kind_and_judged(capture, kind, rc):
         assert item["severity"] in ("fail", "warn", "info") and item["summary"]
     assert any(i["severity"] == "fail" for i in doc["findings"]) == (rc == 1)
     assert doc["facts"], "the facts read are in the answer"
+
+
+def test_nccl_tests_output_is_judged_by_the_profile_named_when_its_header_names_no_gpu():
+    """11 is mpirun --tag-output with one row pasted: no rank lines, so no GPU model. Without
+    --profile it is not judged, and says how to judge it; with h100-sxm its 468.6 GB/s is normal."""
+    path = str(FIX / "nccltests/11_aws-p5.48xlarge-8xh100_single-node_all_reduce_NVLS_mpirun-tag-output-prefix_ONE-SIZE-ROW-EXCERPT.txt")
+    p, doc = explain(path, "--json")
+    assert p.returncode == 0 and doc["kind"] == "nccl-tests" and doc["findings"][0]["summary"].startswith("no profile to judge by")
+    p, doc = explain(path, "--json", "--profile", "h100-sxm")
+    assert p.returncode == 0 and doc["findings"][0]["summary"].startswith("normal: all_reduce bus bandwidth 468.6 GB/s"), doc["findings"]
+    p, _ = explain(path, "--profile", "no-such-gpu")
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
 def test_the_text_says_what_the_file_was_taken_for_and_each_finding_with_its_fix():
