@@ -28,6 +28,7 @@ from test_serve import serving
 
 EXAMPLES = Path(__file__).parents[2] / "examples" / "prometheus"
 RULES = EXAMPLES / "preflight-rules.yml"
+FLEET_RULES = EXAMPLES / "preflight-fleet-rules.yml"
 
 promtool = pytest.mark.skipif(not shutil.which("promtool"), reason="promtool is not installed (Debian package prometheus)")
 prometheus = pytest.mark.skipif(not shutil.which("prometheus"), reason="prometheus is not installed (Debian package prometheus)")
@@ -62,6 +63,33 @@ def test_the_below_floor_alert_compares_every_figure_the_bandwidth_check_has_a_f
             continue  # the same family as its p50, told apart by the stat label
         op, limit = ("<", "floor") if bound == "min" else (">", "ceiling")
         assert f"preflight_{name}_{unit} {op} preflight_{name}_{limit}_{unit}" in expr, name
+
+
+@promtool
+def test_the_fleet_rules_are_valid():
+    p = run("promtool", "check", "rules", str(FLEET_RULES))
+    assert p.returncode == 0 and "SUCCESS: 4 rules found" in p.stdout, p.stdout + p.stderr
+
+
+@promtool
+def test_the_fleet_rules_flag_the_node_behind_its_profiles_median_and_no_other():
+    # A recorded fleet: 5 h100-sxm nodes (one 15% slower in HBM copy, one 20% longer
+    # train step) and 2 h100-pcie nodes; the test file holds the recorded values too.
+    p = run("promtool", "test", "rules", "preflight-fleet-rules.test.yml")
+    assert p.returncode == 0 and "SUCCESS" in p.stdout, p.stdout + p.stderr
+
+
+def test_the_fleet_rules_compare_every_figure_a_node_measures_of_its_own():
+    # A per-node figure family added to the bandwidth check without its name here
+    # would never be compared across the fleet. The internode_ figures are the
+    # network's, the same on every node of a group; a p99 shares its p50's family.
+    from checks.bandwidth import FLOORS
+
+    text = FLEET_RULES.read_text()
+    for name in FLOORS:
+        if name.startswith("internode_") or name.endswith("_p99"):
+            continue
+        assert re.search(rf"[(|]{re.escape(name)}[|)]", text), name
 
 
 @promtool
