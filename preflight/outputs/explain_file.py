@@ -36,5 +36,6 @@ def explain(path: Path, settings: Settings, profile_named: bool) -> Explained:
     kind = kinds.guess(text)
     if kind is None:
         raise UsageError(f"{path}: not a capture preflight knows; it reads {kinds.KNOWN}")
-    profile = pipeline.resolve_profile(settings) if profile_named else None
+    # `auto` picks this machine's profile, which says nothing of a file from another: the capture's own GPU model decides.
+    profile = pipeline.resolve_profile(settings) if profile_named and settings.profile != "auto" else None
     return EXPLAINERS[kind].explain(text, str(path), profile)

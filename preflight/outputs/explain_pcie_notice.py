@@ -56,6 +56,29 @@ def name(n: Notice, facts: PcieNotices) -> str:
     return f"{n.device} ({what})" if what else n.device
 
 
+def severity(n: Notice, facts: PcieNotices) -> tuple[str, str]:
+    """How much a limited link matters, and why: a GPU's or NIC's cut link fails; a cut
+    only to Gen1 speed warns, since GPU drivers manage link power and a GPU probed idle
+    can sit at 2.5 GT/s (the kernel stopped printing those for that reason, Helgaas 2019);
+    another kind of device (storage, USB, the BMC's VGA) is information. A device the
+    capture does not identify fails only where it is an x16 device (in a server, a GPU,
+    NIC or accelerator) cut above Gen1; else it warns."""
+    dev = facts.devices.get(n.device)
+    what = dev.label() if dev else None
+    nic_driver = n.driver not in (None, "pci")
+    gen1_only = n.link.generation == 1 and n.link.width >= n.capable.width
+    if what in ("VGA controller", "PCIe bridge") or (dev is not None and what is None):
+        return "info", f"{what or 'the device'} is no GPU or NIC a job uses"
+    if gen1_only:
+        return "warn", ("a link at Gen1 speed alone may be link power management when the device was probed idle; "
+                        "read LnkSta while it works (`sudo lspci -vv -s DEV`) before acting")
+    if what in ("NVIDIA GPU", "NIC") or nic_driver:
+        return "fail", ""
+    if n.capable.width >= 16:
+        return "fail", "the capture does not say what the device is, but an x16 device in a server is a GPU, NIC or accelerator"
+    return "warn", "the capture does not say what the device is (no enumeration line): a fault if it is a GPU or NIC"
+
+
 def judge(facts: PcieNotices) -> list[Item]:
     """Pure: one item per device, from the last notice it printed."""
     out = []
@@ -71,13 +94,14 @@ def judge(facts: PcieNotices) -> list[Item]:
         at = n.limited_at or "an unnamed device"
         where = ("its own link" if n.limited_at == n.device else f"the link at {at} (above it)" if n.limited_at
                  else "a link the kernel did not name")
+        level, why = severity(n, facts)
         out.append(Item(
-            severity="fail", gpu=n.device,
+            severity=level, gpu=n.device,
             summary=f"PCIe link at {n.link}, capable of {n.capable}: {share}",
             cause=(f"when the kernel enumerated {who} (line {n.line}), the slowest link on its path to the CPU, {where}, ran at "
-                   f"{' and '.join(cut)}: {n.available_gbps:g} of {n.capable_gbps:g} Gb/s. The kernel prints this once, at probe, comparing "
-                   f"the link as trained with what the device can do (not an idle power-saving state), so every host<->device "
-                   f"copy (and GPUDirect RDMA through that link) gets {share} until the link is fixed"),
+                   f"{' and '.join(cut)}: {n.available_gbps:g} of {n.capable_gbps:g} Gb/s, the link as trained against what the "
+                   f"device can do; while it stays so, every host<->device copy (and GPUDirect RDMA through that link) gets {share}"
+                   + (f". {why.replace('DEV', n.device)}" if why else "")),
             fix=FIX.format(where="its slot" if n.limited_at in (None, n.device) else f"its slot and the switch or riser at {at}",
                            dev=n.device, at=f" (and `sudo lspci -vv -s {at}`)" if n.limited_at and n.limited_at != n.device else ""),
         ))

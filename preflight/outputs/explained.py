@@ -66,5 +66,5 @@ def render(e: Explained) -> str:
         if i.fix:
             out.append(f"        fix:   {i.fix}")
     if not e.findings:
-        out.append("  nothing wrong found")
+        out.append("  nothing wrong found in what the file holds (--json: the facts read, and what could not be judged)")
     return "\n".join(out) + "\n"

@@ -26,7 +26,6 @@ import re
 
 from pydantic import BaseModel
 
-MAX_BYTES = 1 << 20  # df of a node with every container's mounts is a few hundred KiB
 SHM_MOUNTS = ("/dev/shm", "/run/shm")  # /run/shm: older Debian/Ubuntu, where /dev/shm links to it
 
 _HEADER = re.compile(

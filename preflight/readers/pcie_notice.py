@@ -27,7 +27,6 @@ import re
 
 from pydantic import BaseModel
 
-MAX_BYTES = 64 << 20  # a whole kernel log is a few MiB; grep'd notices are a few lines
 
 _BDF = r"[0-9a-fA-F]{4,}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]"  # VMD domains have 5 hex digits
 _SPEED = r"(?:\d+(?:\.\d+)? GT/s(?: PCIe)?|Unknown(?: speed)?)"
@@ -84,7 +83,8 @@ class Device(BaseModel):
         """"NVIDIA GPU", "NIC": what a person calls it, where the class says; None otherwise."""
         base = self.class_code[:4]
         if base in ("0300", "0302"):
-            return "NVIDIA GPU" if self.vendor == NVIDIA else "GPU"
+            # Another vendor's VGA controller on a server is the BMC's (ASPEED): not a GPU a job uses.
+            return "NVIDIA GPU" if self.vendor == NVIDIA else "VGA controller"
         if base in ("0200", "0207"):
             return "NIC"
         if base == "0604":

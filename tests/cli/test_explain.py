@@ -65,6 +65,8 @@ def test_nccl_tests_output_is_judged_by_the_profile_named_when_its_header_names_
     assert p.returncode == 0 and doc["kind"] == "nccl-tests" and doc["findings"][0]["summary"].startswith("no profile to judge by")
     p, doc = explain(path, "--json", "--profile", "h100-sxm")
     assert p.returncode == 0 and doc["findings"][0]["summary"].startswith("normal: all_reduce bus bandwidth 468.6 GB/s"), doc["findings"]
+    p, doc = explain(path, "--json", "--profile", "auto")  # auto is this machine's GPU, not the capture's: as no profile
+    assert p.returncode == 0 and doc["findings"][0]["summary"].startswith("no profile to judge by"), doc["findings"]
     p, _ = explain(path, "--profile", "no-such-gpu")
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
 
@@ -133,3 +135,15 @@ def test_the_existing_commands_still_read_their_files():
     assert p.returncode == 0, p.stderr
     p = run_preflight(["nccl-log", str(FIX / "nccl/E04_shm_No-space-left-28_then-socket-errors_timestamped_pytorch-ci-infra-490.log")])
     assert p.returncode == 1
+
+
+def test_a_long_kernel_log_whose_xid_comes_after_a_pcie_notice_is_a_kernel_log(tmp_path):
+    """The Xid decides the kind wherever it is: a journal's boot lines (a NIC's bandwidth
+    notice among them) may run to tens of thousands of lines before the GPU falls off the bus."""
+    log = tmp_path / "journal.txt"
+    boot = "[   14.912345] mlx5_core 0000:29:00.0: 504.112 Gb/s available PCIe bandwidth (32.0 GT/s PCIe x16 link)\n"
+    noise = "".join(f"[   20.{i}] audit: type=1400 audit(1.1:2): apparmor=\"STATUS\" operation=\"profile_load\"\n" for i in range(25000))
+    log.write_text(boot + noise + "[ 1234.567890] NVRM: Xid (PCI:0000:1b:00): 79, pid=1234, name=python, GPU has fallen off the bus.\n")
+    p, doc = explain(str(log), "--json")
+    assert p.returncode == 1 and doc["kind"] == "kernel-log", (doc or {}).get("kind")
+    assert any("Xid 79" in i["summary"] and i["severity"] == "fail" for i in doc["findings"])
