@@ -38,6 +38,7 @@ DRAIN = "drain the node and run `dcgmi diag -r 3` on it; open an RMA if the faul
 RESET = "reset the GPU (`nvidia-smi -r -i {i}`, with no process on it) or reboot the node"
 TORCH = "point --python at the training environment's interpreter, or install a CUDA build of torch there"
 FAIL, WARN = Status.FAIL, Status.WARN
+HELD = "in every reading"  # the live check's clocks events: what held through its window of NVML readings
 QUICK = "the quick level starts no CUDA work (standard and full do)"
 
 
@@ -96,7 +97,8 @@ def _version(v: str) -> tuple[int, ...]:
     return tuple(int(p) for p in v.split(".") if p.isdigit())
 
 
-def _who(g: Gpu) -> str:
+def who(g: Gpu) -> str:
+    """How every finding names a GPU; `preflight explain` swaps it for the name its capture prints."""
     return f"GPU {g.index} ({nvml.short_pci(g.pci_bus_id)})"
 
 
@@ -130,12 +132,15 @@ def judge_inventory(
     expect: GpuExpect | None,
     driver_pin: str | None = None,
     loaded: dict[str, PcieLink] | None = None,
+    held: str = HELD,
+    mixed: bool = True,
 ) -> list[Finding]:
+    """`held` and `mixed`: for `preflight explain`, whose capture is one reading and may
+    have cut a GPU's model (it judges the models itself with judge_models)."""
     out = judge_count(inv, shape)
     models = Counter((g.name, g.pci_device_id) for g in inv.gpus)
-    if len(models) > 1:
-        mix = ", ".join(f"{n} x {name}" + (f" ({dev})" if dev else "") for (name, dev), n in models.most_common())
-        out.append(Finding(FAIL, "mixed GPU models", f"one node, several SKUs: {mix}", "a data-parallel job runs at the slowest GPU's speed: make the node uniform, or drain it"))
+    if mixed:
+        out += judge_models(models)
     if expect is not None:
         for name, dev in models:
             if dev and expect.pci_device_ids and dev not in expect.pci_device_ids:
@@ -149,42 +154,50 @@ def judge_inventory(
         out.append(Finding(FAIL, f"driver {inv.driver_version}, site pins {driver_pin}", cause, f"install driver {driver_pin}, or change driver_version in the config"))
     fabric = shape.fabric if shape else "unknown"
     for g in inv.gpus:
-        out += judge_gpu(g, expect, (loaded or {}).get(g.pci_bus_id), fabric)
+        out += judge_gpu(g, expect, (loaded or {}).get(g.pci_bus_id), fabric, held)
     return out
 
 
-def judge_gpu(g: Gpu, expect: GpuExpect | None, loaded: PcieLink | None = None, fabric: str = "unknown") -> list[Finding]:
-    who, reset = _who(g), RESET.format(i=g.index)
+def judge_models(models: Counter[tuple[str, str | None]]) -> list[Finding]:
+    """GPUs by (name, PCI device id): more than one key is more than one SKU."""
+    if len(models) <= 1:
+        return []
+    mix = ", ".join(f"{n} x {name}" + (f" ({dev})" if dev else "") for (name, dev), n in models.most_common())
+    return [Finding(FAIL, "mixed GPU models", f"one node, several SKUs: {mix}", "a data-parallel job runs at the slowest GPU's speed: make the node uniform, or drain it")]
+
+
+def judge_gpu(g: Gpu, expect: GpuExpect | None, loaded: PcieLink | None = None, fabric: str = "unknown", held: str = HELD) -> list[Finding]:
+    name, reset = who(g), RESET.format(i=g.index)
     out: list[Finding] = []
     if g.ecc_uncorrectable_volatile:
-        cause = f"{who} has {g.ecc_uncorrectable_volatile} uncorrectable (volatile) ECC errors since the driver loaded: its memory returned wrong data"
-        out.append(Finding(FAIL, f"{who}: uncorrectable ECC errors", cause, f"{reset}; {DRAIN}"))
+        cause = f"{name} has {g.ecc_uncorrectable_volatile} uncorrectable (volatile) ECC errors since the driver loaded: its memory returned wrong data"
+        out.append(Finding(FAIL, f"{name}: uncorrectable ECC errors", cause, f"{reset}; {DRAIN}"))
     if g.ecc_mode is False:
-        out.append(Finding(WARN, f"{who}: ECC is off", f"ECC is disabled on {who}: memory errors go undetected", f"`nvidia-smi -i {g.index} -e 1` and reboot"))
+        out.append(Finding(WARN, f"{name}: ECC is off", f"ECC is disabled on {name}: memory errors go undetected", f"`nvidia-smi -i {g.index} -e 1` and reboot"))
     rows = g.remapped_rows
     if rows and rows.failure:
-        out.append(Finding(FAIL, f"{who}: row remapping failed", f"{who} could not remap a failing memory row (out of spare rows)", "drain the node and RMA the GPU"))
+        out.append(Finding(FAIL, f"{name}: row remapping failed", f"{name} could not remap a failing memory row (out of spare rows)", "drain the node and RMA the GPU"))
     elif rows and rows.pending:
-        cause = f"{who} has a memory row remap pending ({rows.uncorrectable} uncorrectable, {rows.correctable} correctable rows remapped): the faulty row is still in use"
-        out.append(Finding(FAIL, f"{who}: row remap pending", cause, f"{reset}: a reset activates the remap (reset required)"))
+        cause = f"{name} has a memory row remap pending ({rows.uncorrectable} uncorrectable, {rows.correctable} correctable rows remapped): the faulty row is still in use"
+        out.append(Finding(FAIL, f"{name}: row remap pending", cause, f"{reset}: a reset activates the remap (reset required)"))
     if g.retired_pages_pending:
-        out.append(Finding(FAIL, f"{who}: page retirement pending", f"{who} has retired memory pages waiting for a reset", f"{reset}: a reset completes the retirement (reset required)"))
+        out.append(Finding(FAIL, f"{name}: page retirement pending", f"{name} has retired memory pages waiting for a reset", f"{reset}: a reset completes the retirement (reset required)"))
     out += judge_link(g, loaded)
-    out += _judge_clocks(g)
+    out += _judge_clocks(g, held)
     out += _judge_unanswered(g)
     if g.persistence_mode is False:
-        cause = f"persistence mode is off on {who}: every CUDA start re-initialises the GPU (seconds each)"
-        out.append(Finding(WARN, f"{who}: persistence mode off", cause, "enable nvidia-persistenced (`systemctl enable --now nvidia-persistenced`)"))
+        cause = f"persistence mode is off on {name}: every CUDA start re-initialises the GPU (seconds each)"
+        out.append(Finding(WARN, f"{name}: persistence mode off", cause, "enable nvidia-persistenced (`systemctl enable --now nvidia-persistenced`)"))
     if g.mig_mode and (expect is None or expect.whole_gpus):
-        out.append(Finding(FAIL, f"{who}: MIG enabled", f"MIG mode is on for {who}; the profile expects whole GPUs", f"`nvidia-smi -i {g.index} -mig 0`, then reset the GPU"))
+        out.append(Finding(FAIL, f"{name}: MIG enabled", f"MIG mode is on for {name}; the profile expects whole GPUs", f"`nvidia-smi -i {g.index} -mig 0`, then reset the GPU"))
     if g.power_limit_w and g.power_default_limit_w and g.power_limit_w < g.power_default_limit_w * 0.99:
-        cause = f"{who}'s power limit is {g.power_limit_w:g} W, below its default {g.power_default_limit_w:g} W"
-        out.append(Finding(WARN, f"{who}: power capped", cause, f"`nvidia-smi -i {g.index} -pl {g.power_default_limit_w:g}` unless the cap is intended"))
+        cause = f"{name}'s power limit is {g.power_limit_w:g} W, below its default {g.power_default_limit_w:g} W"
+        out.append(Finding(WARN, f"{name}: power capped", cause, f"`nvidia-smi -i {g.index} -pl {g.power_default_limit_w:g}` unless the cap is intended"))
     if expect and expect.nvlinks:
         out += _judge_nvlinks(g, expect, fabric)
     if expect and expect.memory_min_bytes and g.memory_total_bytes is not None and g.memory_total_bytes < expect.memory_min_bytes:
-        cause = f"{who} reports {g.memory_total_bytes} bytes of memory, the SKU at least {expect.memory_min_bytes} ({expect.memory_source})"
-        out.append(Finding(FAIL, f"{who}: less memory than the SKU", cause, "check the GPU model and retired pages; " + DRAIN))
+        cause = f"{name} reports {g.memory_total_bytes} bytes of memory, the SKU at least {expect.memory_min_bytes} ({expect.memory_source})"
+        out.append(Finding(FAIL, f"{name}: less memory than the SKU", cause, "check the GPU model and retired pages; " + DRAIN))
     return out
 
 
@@ -195,33 +208,34 @@ HEALTH_QUERIES = ("nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows", "n
 def _judge_unanswered(g: Gpu) -> list[Finding]:
     if not g.unanswered:
         return []
-    who = _who(g)
+    name = who(g)
     calls = ", ".join(f"{fn} ({err})" for fn, err in g.unanswered.items())
     status = FAIL if any(fn in g.unanswered for fn in HEALTH_QUERIES) else WARN
     what = "its memory health is unknown" if status == FAIL else "some facts are unknown"
-    return [Finding(status, f"{who}: NVML queries failed", f"NVML could not answer {calls} for {who}: {what}", RESET.format(i=g.index) + "; if it persists, " + DRAIN)]
+    return [Finding(status, f"{name}: NVML queries failed", f"NVML could not answer {calls} for {name}: {what}", RESET.format(i=g.index) + "; if it persists, " + DRAIN)]
 
 
-def _judge_clocks(g: Gpu) -> list[Finding]:
+def _judge_clocks(g: Gpu, held: str = HELD) -> list[Finding]:
     """Judged on what held through the NVML child's window of readings
-    (``clocks_events``); events seen in some readings only are ``transient``."""
+    (``clocks_events``); events seen in some readings only are ``transient``.
+    `held` says where the held events were seen, in the cause."""
     # HW slowdown is also set when the cause is thermal; the thermal bits say so.
-    events, transient, who = set(g.clocks_events or []), set(g.clocks_events_transient or []), _who(g)
+    events, transient, name = set(g.clocks_events or []), set(g.clocks_events_transient or []), who(g)
     thermal = {"hw_thermal_slowdown", "sw_thermal_slowdown"}
     if "hw_power_brake_slowdown" in events:
-        cause = f"{who} is held back by hardware power brake (the system asserted it: PSU or power-delivery fault)"
-        return [Finding(FAIL, f"{who}: power brake active", cause, "check the node's power supplies and BMC event log; " + DRAIN)]
+        cause = f"{name} is held back by hardware power brake (the system asserted it: PSU or power-delivery fault)"
+        return [Finding(FAIL, f"{name}: power brake active", cause, "check the node's power supplies and BMC event log; " + DRAIN)]
     if (events | transient) & thermal:
         temp = f" at {g.temperature_c} C" if g.temperature_c is not None else ""
         now = "" if events & thermal else " in some readings (transient)"
-        return [Finding(WARN, f"{who}: thermal slowdown", f"{who} is slowed by temperature{temp}{now}", "check fans, airflow and inlet temperature; the GPU throttles under load")]
+        return [Finding(WARN, f"{name}: thermal slowdown", f"{name} is slowed by temperature{temp}{now}", "check fans, airflow and inlet temperature; the GPU throttles under load")]
     if "hw_slowdown" in events:
-        cause = f"{who} runs with HW slowdown engaged in every reading (clocks cut by half or more: power or temperature sensor)"
-        return [Finding(FAIL, f"{who}: hardware slowdown active", cause, "check the BMC's power and thermal events and `nvidia-smi -q -d PERFORMANCE`; " + DRAIN)]
+        cause = f"{name} runs with HW slowdown engaged {held} (clocks cut by half or more: power or temperature sensor)"
+        return [Finding(FAIL, f"{name}: hardware slowdown active", cause, "check the BMC's power and thermal events and `nvidia-smi -q -d PERFORMANCE`; " + DRAIN)]
     if "hw_power_brake_slowdown" in transient:
         # Not a clock-change artefact: the system asserted the brake, briefly. Worth a look, not a drain.
-        cause = f"{who} was held back by hardware power brake in some readings only (transient): the system asserts it on a PSU or power-delivery fault"
-        return [Finding(WARN, f"{who}: power brake asserted (transient)", cause, "check the node's power supplies and BMC event log")]
+        cause = f"{name} was held back by hardware power brake in some readings only (transient): the system asserts it on a PSU or power-delivery fault"
+        return [Finding(WARN, f"{name}: power brake asserted (transient)", cause, "check the node's power supplies and BMC event log")]
     # HW slowdown in some readings only: no finding. nvml.h documents the bit as
     # also reported during P-state or clock changes, which a healthy GPU goes
     # through all the time; a real slowdown holds through the window and FAILs
@@ -233,33 +247,33 @@ def _judge_nvlinks(g: Gpu, expect: GpuExpect, fabric: str) -> list[Finding]:
     """Links are judged only where the node joins its GPUs by NVLink: a GPU with no
     NVLink peer (a bridge-less PCIe card, a lone SXM GPU in a VM) answers
     "inactive" on every link, and that is its shape, not a fault."""
-    who = _who(g)
+    name = who(g)
     joined = fabric in ("nvswitch", "nvlink")
     if g.nvlinks_active is None:
         if fabric != "nvswitch":
             return []
-        cause = f"NVML does not report NVLink state for {who} on a node with NVSwitch, and its SKU has {expect.nvlinks} links (a VM that hides NVLink, or a driver fault)"
-        return [Finding(WARN, f"{who}: NVLink state unknown", cause, "check `nvidia-smi nvlink -s`; the topology check measures the links")]
+        cause = f"NVML does not report NVLink state for {name} on a node with NVSwitch, and its SKU has {expect.nvlinks} links (a VM that hides NVLink, or a driver fault)"
+        return [Finding(WARN, f"{name}: NVLink state unknown", cause, "check `nvidia-smi nvlink -s`; the topology check measures the links")]
     if g.nvlinks_active >= expect.nvlinks or (g.nvlinks_active == 0 and not joined):
         return []
     down = f" (down: link {', '.join(map(str, g.nvlinks_down))})" if g.nvlinks_down else ""
-    cause = f"{who} has {g.nvlinks_active} active NVLinks{down}, the SKU has {expect.nvlinks} ({expect.nvlinks_source})"
+    cause = f"{name} has {g.nvlinks_active} active NVLinks{down}, the SKU has {expect.nvlinks} ({expect.nvlinks_source})"
     remedy = f"check nvidia-fabricmanager and `nvidia-smi nvlink -s -i {g.index}`; {RESET.format(i=g.index)}; {DRAIN}"
-    return [Finding(FAIL, f"{who}: {g.nvlinks_active} of {expect.nvlinks} NVLinks active", cause, remedy)]
+    return [Finding(FAIL, f"{name}: {g.nvlinks_active} of {expect.nvlinks} NVLinks active", cause, remedy)]
 
 
 def judge_link(g: Gpu, loaded: PcieLink | None) -> list[Finding]:
     """Width from any reading (links do not narrow at idle); generation only under load."""
-    idle, who = g.pcie, _who(g)
+    idle, name = g.pcie, who(g)
     width = loaded.width if loaded and loaded.width else idle.width
     fix = "reseat the GPU or its riser/cable, check the slot's BIOS link settings; " + DRAIN
     out = []
     if width and idle.width_max and width < idle.width_max:
-        cause = f"{who}'s PCIe link trained at x{width}, its slot and GPU allow x{idle.width_max}: host<->GPU copies run at {width / idle.width_max:.0%} speed"
-        out.append(Finding(FAIL, f"{who}: PCIe link x{width} of x{idle.width_max}", cause, fix))
+        cause = f"{name}'s PCIe link trained at x{width}, its slot and GPU allow x{idle.width_max}: host<->GPU copies run at {width / idle.width_max:.0%} speed"
+        out.append(Finding(FAIL, f"{name}: PCIe link x{width} of x{idle.width_max}", cause, fix))
     if loaded and loaded.gen and idle.gen_max and loaded.gen < idle.gen_max:
-        cause = f"{who}'s PCIe link ran at Gen{loaded.gen} under load; GPU and slot allow Gen{idle.gen_max}"
-        out.append(Finding(FAIL, f"{who}: PCIe Gen{loaded.gen} of Gen{idle.gen_max} under load", cause, fix))
+        cause = f"{name}'s PCIe link ran at Gen{loaded.gen} under load; GPU and slot allow Gen{idle.gen_max}"
+        out.append(Finding(FAIL, f"{name}: PCIe Gen{loaded.gen} of Gen{idle.gen_max} under load", cause, fix))
     return out
 
 
@@ -318,7 +332,7 @@ def _gpu_of(cuda_index: int, r: InitReport, inv: Inventory) -> tuple[str, str]:
     if g is None and bus is None and r.cuda_visible_devices is None:
         g = next((x for x in inv.gpus if x.index == cuda_index), None)
     if g is not None:
-        return _who(g), str(g.index)
+        return who(g), str(g.index)
     return f"CUDA device {cuda_index}" + (f" ({nvml.short_pci(bus)})" if bus else ""), "N"
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from preflight.base.errors import UsageError
 from preflight.checks.cuda import DRAIN
 from preflight.outputs.explained import Explained, Item
 from preflight.pipeline.profiles import ResolvedProfile
@@ -26,7 +27,10 @@ _SEVERITY = {"error": "fail", "warning": "warn", "info": "info"}
 
 
 def explain(text: str, source: str, profile: ResolvedProfile | None = None) -> Explained:
-    diag = dcgmi.parse(text)
+    try:
+        diag = dcgmi.parse(text)
+    except UsageError as e:
+        raise UsageError(f"{source}: {e}") from None
     found: list[Item] = []
     per_gpu = {r.test for r in diag.results if r.gpu is not None}
     for r in diag.results:

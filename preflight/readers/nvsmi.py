@@ -71,6 +71,7 @@ _FIELDS: dict[str, tuple[set, set[str], bool]] = {
     "clocks.sm": ({"Clocks"}, {"SM"}, False),
     "clocks.memory": ({"Clocks"}, {"Memory"}, False),
     "clocks.sm_max": ({"Max Clocks"}, {"SM"}, False),
+    "clocks.graphics_max": ({"Max Clocks"}, {"Graphics"}, False),
     "power.draw": (_POWER, {"Power Draw"}, False),
     "power.draw_average": (_POWER, {"Average Power Draw"}, False),
     "power.limit": (_POWER, {"Current Power Limit", "Enforced Power Limit"}, False),
@@ -131,11 +132,14 @@ class SmiGpu(BaseModel):
     remapped_rows_na: bool = False  # the one-line `Remapped Rows : N/A`: this GPU does not remap rows
     pcie: Pcie = Field(default_factory=Pcie)
     clocks_events: dict[str, bool] = Field(default_factory=dict)  # NVML's reason name -> Active
-    clocks_mhz: dict[str, int | None] = Field(default_factory=dict)  # graphics, sm, memory, sm_max
+    clocks_mhz: dict[str, int | None] = Field(default_factory=dict)  # graphics, sm, memory, sm_max, graphics_max
     power_draw_w: float | None = None
     power_limit_w: float | None = None
     power_default_limit_w: float | None = None
     not_printed: list[str] = Field(default_factory=list)  # GROUPS with no line in the capture
+    # Fields whose line is there with no answer (N/A, blank), as "remap.failure", "ecc.volatile DRAM Uncorrectable":
+    # a fact missing from the capture and one the driver would not give are told apart.
+    printed_na: list[str] = Field(default_factory=list)
 
     @property
     def events_active(self) -> list[str]:
@@ -263,11 +267,12 @@ def _gpu(b: _Block) -> SmiGpu:
         pcie=Pcie(**{k: _int(v.get("pcie." + k)) for k in Pcie.model_fields}),
         clocks_events={f.removeprefix("reasons."): val.lower() == "active" for f, val in v.items()
                        if f.startswith("reasons.") and val.lower() in ("active", "not active")},
-        clocks_mhz={k: _int(v["clocks." + k]) for k in ("graphics", "sm", "memory", "sm_max") if "clocks." + k in v},
+        clocks_mhz={k: _int(v["clocks." + k]) for k in ("graphics", "sm", "memory", "sm_max", "graphics_max") if "clocks." + k in v},
         power_draw_w=_float(v.get("power.draw", v.get("power.draw_average"))),
         power_limit_w=_float(v.get("power.limit", v.get("power.limit_old"))),
         power_default_limit_w=_float(v.get("power.default_limit")),
         not_printed=[grp for grp in GROUPS if not any(f.startswith(grp + ".") for f in v)],
+        printed_na=[f for f, val in v.items() if _text(val) is None],
     )
     counters = {f.removeprefix("ecc."): _int(val) for f, val in v.items() if f.startswith("ecc.") and f != "ecc.mode"}
     g.ecc = Ecc(mode=_flag(v.get("ecc.mode")), counters=counters,

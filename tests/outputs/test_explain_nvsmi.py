@@ -78,11 +78,6 @@ def test_d_ecc_output_judges_ecc_alone():
     assert e.facts["gpus"][0]["unjudged"]["pcie_width"] == "not in the capture"
 
 
-def test_a_three_line_grep_fragment_judges_hw_slowdown():
-    e = explain("q_hand_grep-3-lines")
-    assert seen(e) == [("fail", None, "the GPU: hardware slowdown active")]
-
-
 def test_gpus_of_a_fragment_with_no_gpu_line_are_named_by_their_order():
     text = "        Pending Page Blacklist            : No\n        Pending Page Blacklist            : Yes\n"
     e = explain_nvsmi.explain(text, "paste", None)
@@ -112,3 +107,85 @@ def test_a_profile_adds_only_what_the_cuda_judge_takes():
 def test_damaged_capture_is_a_usage_error():
     with pytest.raises(UsageError, match="no nvidia-smi -q field"):
         explain_nvsmi.explain("==============NVSMI LOG==============\nnothing here\n", "bad.txt", None)
+
+
+GREP_A3 = """    Remapped Rows
+        Correctable Error                 : 1
+        Uncorrectable Error               : 0
+        Pending                           : Yes
+"""
+
+
+def test_a_grep_a3_of_remapped_rows_with_pending_yes_fails_and_says_failure_was_cut():
+    # `nvidia-smi -q | grep -A3 "Remapped Rows"` drops the fourth line (Remapping Failure Occurred).
+    e = explain_nvsmi.explain(GREP_A3, "grep.txt", None)
+    assert seen(e) == [("fail", None, "the GPU: row remap pending")]
+    assert "0 uncorrectable, 1 correctable rows remapped" in e.findings[0].cause
+    assert e.facts["gpus"][0]["unjudged"]["remapped_rows"] == "failure not in the capture"
+
+
+def test_pending_alone_fails_and_its_unknown_counts_are_said_unknown():
+    e = explain_nvsmi.explain("    Remapped Rows\n        Pending : Yes\n", "x", None)
+    assert seen(e) == [("fail", None, "the GPU: row remap pending")]
+    assert "counts not in the capture" in e.findings[0].cause and "0 uncorrectable" not in e.findings[0].cause
+    assert e.facts["gpus"][0]["unjudged"]["remapped_rows"] == "correctable, uncorrectable, failure not in the capture"
+
+
+def test_a_section_the_capture_cut_is_not_called_printed_na():
+    # ECC Mode printed, its counters cut by the paste: nothing was printed N/A.
+    text = "GPU 00000000:18:00.0\n    ECC Mode\n        Current : Enabled\n        Pending : Enabled\n"
+    assert explain_nvsmi.explain(text, "x", None).facts["gpus"][0]["unjudged"]["ecc_volatile_uncorrectable"] == "not in the capture"
+
+
+MIXED = """Driver Version                            : 555.42.02
+Attached GPUs                             : 4
+GPU 00000000:68:00.0
+    Product Name                          : NVIDIA A100-SXM4-80GB
+    PCI
+        Device Id                         : 0x20B210DE
+        Bus Id                            : 00000000:68:00.0
+[...]
+GPU 00000000:B8:00.0
+    Product Name                          : NVIDIA A100-SXM4-80GB
+    ECC Errors
+        Volatile
+            DRAM Uncorrectable            : 0
+"""
+
+
+def test_an_elided_paste_is_not_mixed_models_for_a_device_id_it_cut():
+    assert explain_nvsmi.explain(MIXED, "x", None).findings == []
+    no_name = MIXED.replace("    Product Name                          : NVIDIA A100-SXM4-80GB\n    ECC", "    ECC")
+    assert explain_nvsmi.explain(no_name, "x", None).findings == []  # a GPU of unknown model is no other model
+    other = MIXED.replace("A100-SXM4-80GB\n    ECC", "H100 80GB HBM3\n    ECC")
+    assert [i.summary for i in explain_nvsmi.explain(other, "x", None).findings] == ["mixed GPU models"]
+
+
+def test_one_snapshots_hw_slowdown_without_a_cut_clock_is_a_warn_saying_how_to_confirm():
+    e = explain("q_hand_grep-3-lines")
+    assert seen(e) == [("warn", None, "the GPU: HW slowdown active in one snapshot")]
+    assert "every reading" not in e.findings[0].cause and "one snapshot" in e.findings[0].cause
+    assert "nvidia-smi -q -d PERFORMANCE" in e.findings[0].fix
+
+
+def test_hw_slowdown_at_work_with_the_clock_at_full_speed_is_a_warn_and_cut_in_half_a_fail():
+    text = ("GPU 00000000:18:00.0\n    Performance State : P0\n    Clocks Event Reasons\n        Idle : Not Active\n"
+            "        HW Slowdown : Active\n    Clocks\n        SM : {sm} MHz\n    Max Clocks\n        SM : 1410 MHz\n")
+    assert seen(explain_nvsmi.explain(text.format(sm=1400), "x", None)) == [
+        ("warn", "00000000:18:00.0", "GPU 00000000:18:00.0: HW slowdown active in one snapshot")]
+    (fail,) = explain_nvsmi.explain(text.format(sm=600), "x", None).findings
+    assert (fail.severity, fail.summary) == ("fail", "GPU 00000000:18:00.0: hardware slowdown active")
+    assert "every reading" not in fail.cause and "600 MHz of 1410 MHz" in fail.cause
+    idle = text.format(sm=600).replace("P0", "P8")
+    assert [i.severity for i in explain_nvsmi.explain(idle, "x", None).findings] == ["warn"]
+
+
+def test_parse_errors_name_the_file():
+    with pytest.raises(UsageError, match=r"^smi_attached\.txt: no nvidia-smi -q field"):
+        explain_nvsmi.explain("Attached GPUs                             : 8\n", "smi_attached.txt", None)
+
+
+def test_dcgmi_parse_errors_name_the_file():
+    from preflight.outputs import explain_dcgmi
+    with pytest.raises(UsageError, match=r"^diag\.txt: no dcgmi diag result"):
+        explain_dcgmi.explain("+----+\n| nothing |\n", "diag.txt", None)
