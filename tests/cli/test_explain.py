@@ -133,3 +133,11 @@ def test_the_existing_commands_still_read_their_files():
     assert p.returncode == 0, p.stderr
     p = run_preflight(["nccl-log", str(FIX / "nccl/E04_shm_No-space-left-28_then-socket-errors_timestamped_pytorch-ci-infra-490.log")])
     assert p.returncode == 1
+
+
+def test_an_nccl_tests_header_with_no_rows_is_refused_as_nccl_tests_output():
+    # The column header is not the last line (a failure line follows): still found, and parse's one line said.
+    p, _ = explain(str(FIX / "nccltests/malformed/h07_a100x2_all_reduce_header-only_Test-CUDA-failure-out-of-memory_HANDWRITTEN.txt"))
+    assert p.returncode == 2 and p.stdout == ""
+    (line,) = p.stderr.strip().splitlines()
+    assert "table header with no rows under it" in line, line
