@@ -16,6 +16,7 @@ from preflight.outputs import nccl_log_text
 from preflight.outputs.explained import Explained, Item
 from preflight.pipeline.profiles import ResolvedProfile
 from preflight.readers import nccl_log
+from preflight.readers.nccl_errors import Problem
 from preflight.readers.nccl_log import NcclLog
 
 KIND, TITLE = "nccl-log", "NCCL log"
@@ -30,12 +31,19 @@ _ENV_FIX = {
 }
 
 
-def judge(log: NcclLog) -> list[Item]:
-    """Pure: the known problems, then the settings and versions that slow or split the job."""
+def problem_items(problems: list[Problem]) -> list[Item]:
+    """Each known NCCL error as a finding of its severity, naming the line that showed it
+    (also what `explain` says of the errors in nccl-tests output)."""
     out = []
-    for p in log.problems:
+    for p in problems:
         more = f", and {p.count - 1} more line(s)" if p.count > 1 else ""
         out.append(Item(severity=p.severity, summary=p.title, cause=f"{p.cause} (line {p.line}{more}: {p.text})", fix=p.fix))
+    return out
+
+
+def judge(log: NcclLog) -> list[Item]:
+    """Pure: the known problems, then the settings and versions that slow or split the job."""
+    out = problem_items(log.problems)
     for (name, value), note in nccl_log_text._ENV_NOTES.items():
         if log.env.get(name) == value:
             out.append(Item(severity="warn", summary=f"{name}={value}: {note}",

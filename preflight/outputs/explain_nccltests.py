@@ -12,7 +12,10 @@ a table that stops short of it is judged only where it already meets the floor.
 
 A non-zero #wrong (or out-of-bounds count) fails; a row far below both its
 neighbours warns; NCCL settings visible in the output that hold busbw down are
-named where they explain a low figure.
+named where they explain a low figure. A run that failed fails: nccl-tests'
+"Test ... failure" lines, the launcher's non-zero exit, or a table that stops
+before the header's maxBytes beside an NCCL WARN; the known NCCL errors in the
+text are nccl-log's findings. A table that stops short with no error shown warns.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from preflight.base.units import fmt_bytes, fmt_value
 from preflight.checkkit.figures import Figure
 from preflight.checks import bandwidth
 from preflight.checks.nccl import judge_env
+from preflight.outputs.explain_nccl_log import problem_items
 from preflight.outputs.explained import Explained, Item, items
 from preflight.pipeline import profiles, shape
 from preflight.pipeline.profiles import ResolvedProfile
@@ -123,6 +127,8 @@ def judge_floor(t: Table, p: ResolvedProfile | None, why: str) -> tuple[list[Ite
     top = t.peak(big or [r for r in t.rows if r.size == max(x.size for x in t.rows)])
     where = f"{t.ranks} ranks" + (f" on {nodes} nodes" if nodes > 1 else "" if t.nodes else " (taken as one node)")
     fig = Figure(name=name, unit=BPS, value=top.busbw_gbps * 1e9, where=f"{where}, {fmt_bytes(top.size)} {top.column}", bytes=top.size)
+    if floor.origin.startswith("profile "):  # "profile /abs/path/h100-sxm.toml": a path on this machine says nothing to the reader
+        floor = floor.model_copy(update={"origin": f"profile {p.name}"})
     found = bandwidth.judge_floors([fig], {name: floor}, p.bandwidth.margin if p.bandwidth else 0.05)
     what = bandwidth.WORDS[name]
     judged = {"floor": name, "floor_gbps": floor.value / 1e9, "floor_source": floor.source, "busbw_gbps": top.busbw_gbps, "size": top.size,
@@ -166,6 +172,34 @@ def judge_wrong(t: Table) -> list[Item]:
     return out
 
 
+def stops_short(t: Table) -> bool:
+    """The size after the last row still fits under the header's maxBytes: nccl-tests would have run it.
+    (A printed size is rounded down to whole elements per rank, a few bytes under the loop's: that
+    only makes the next size smaller, so a sweep cut one size short is still seen.)"""
+    if t.max_bytes is None or t.last_size is None:
+        return False  # rows without the header: an excerpt, whose whole extent is unknown
+    nxt = t.last_size + t.step_bytes if t.step_bytes else t.last_size * (t.step_factor or 2)
+    return nxt <= t.max_bytes
+
+
+def judge_end(t: Table) -> list[Item]:
+    """A run that failed (nccl-tests' failure line, the launcher's exit, or a WARN where the table stops short)
+    fails; a table that stops short with no error shown warns."""
+    short = stops_short(t)
+    shown = [f for f in t.failed if f.what != "warn"] or (t.failed if short else [])
+    end = f"the table ends at {fmt_bytes(t.last_size or 0)} of maxBytes {fmt_bytes(t.max_bytes or 0)}"
+    if shown:
+        f = shown[0]
+        return [Item(severity="fail", summary=f"the run failed: {end if short else f.text}",
+                     cause=f"line {f.line}: {f.text}" + (f"; nccl-tests prints a row for each size up to maxBytes, and stopped at line {t.rows[-1].line}" if short else ""),
+                     fix="fix the error the output names (the NCCL error findings here say how), then rerun the whole sweep")]
+    if short:
+        return [Item(severity="warn", summary=f"{end}: the run crashed, hung, or the paste was cut",
+                     cause="nccl-tests prints a row for each size from minBytes to maxBytes, and the output shows no error",
+                     fix="save the whole output of every rank (stdout and stderr); if the run hung at the next size, rerun it with NCCL_DEBUG=WARN and a timeout")]
+    return []
+
+
 def dips(rows: list[Row]) -> list[tuple[Row, str, float, float, float]]:
     """(row, column, busbw, before, after) for each row under DIP x both neighbours of its run of sizes."""
     out = []
@@ -201,13 +235,17 @@ def explain(text: str, source: str, profile: ResolvedProfile | None) -> Explaine
     except nccltests.Unreadable as e:
         raise nccltests.Unreadable(f"{source}: {e}") from None
     p, why = pick_profile(t, profile)
-    found, judged = judge_floor(t, p, why)
-    found += judge_wrong(t) + judge_dips(t)
+    floor, judged = judge_floor(t, p, why)
+    found = judge_end(t) + problem_items(t.problems) + floor + judge_wrong(t) + judge_dips(t)
     switches = {name: [(value, "the run's environment")] for name, value in t.settings.items()}
     found += items(judge_env(switches))
     if t.cut:
         found.append(Item(severity="info", summary=f"{len(t.cut)} row(s) cut or garbled, not read (line {', '.join(map(str, t.cut[:5]))})",
                           cause="a row with fewer or more columns than the table's: the output was cut, or another process's lines ran into it"))
+    if t.rows_not_read:
+        found.append(Item(severity="info", summary=f"only the first {len(t.rows)} rows were read: {t.rows_not_read} more were not",
+                          cause=f"a table has under ~100 sizes per type; past {nccltests.MAX_ROWS} rows the file is many runs, or junk",
+                          fix="save each run's output to its own file and explain each"))
     if t.other_runs:
         found.append(Item(severity="info", summary=f"another run begins at line {t.other_runs[0]}: only the first was read",
                           fix="save each run's output to its own file and explain each"))

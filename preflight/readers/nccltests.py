@@ -17,7 +17,9 @@ Formats, from nccl-tests' sources (src/common.cu, later src/util.cu):
   "# Out of bounds values : 0 OK", "# Avg bus bandwidth    : 66.2058".
 Launchers prefix lines ("[1,0]<stdout>:" mpirun --tag-output, " 0: " srun -l,
 "[0] " mpiexec -l) and NCCL INFO lines interleave: each fact is found by its
-own wording wherever it sits in a line.
+own wording wherever it sits in a line. A run that fails prints NCCL WARN lines,
+"Test NCCL failure common.cu:1005 '...'" or "Test failure common.cu:891", and the
+launcher's exit notice; the known NCCL errors among them are nccl_errors' Problems.
 """
 
 from __future__ import annotations
@@ -28,14 +30,21 @@ import re
 from pydantic import BaseModel
 
 from preflight.base.errors import UsageError
+from preflight.readers import nccl_errors
+from preflight.readers.nccl_errors import Problem
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "alltoallv", "alltoall", "sendrecv", "gather", "scatter", "hypercube")
 # nccl-tests' type names (test_typenames, old and new), so a stray "8 2 words" in a log is not a row.
 _TYPE = r"(?:u?int(?:8|16|32|64)?|char|half|float(?:16|32|64)?|double|bfloat16|bf16|f8e4m3|f8e5m2|fp8\w*)"
 _ROW = re.compile(rf"(?<![\w.:/-])(\d+)\s+(\d+)\s+({_TYPE})(?=\s|$)(.*)$")
-_COLUMNS = re.compile(r"#\s*(size|bytes)\s+(count|N)\s+type\b(.*)$")
+_COLUMNS = re.compile(r"#\s*(size|bytes)\s+(count|N)\s+type\b(.*)$", re.M)  # re.M: looks_like searches the whole text
 _RANK = re.compile(r"#\s+Rank\s+(\d+)\s+(?:Group\s+(\d+)\s+)?(?:Pid\s+(\d+)\s+)?on\s+(\S+)\s+device\s+(\d+)\s+\[([^\]]*)\]\s*(.*?)\s*$")
-_RUN = re.compile(r"nThread\s+(\d+)\s+nGpus\s+(\d+)\s+minBytes\s+\d+\s+maxBytes\s+\d+(?:.*validation:\s*(\d+))?")
+_RUN = re.compile(r"nThread\s+(\d+)\s+nGpus\s+(\d+)\s+minBytes\s+\d+\s+maxBytes\s+(\d+)(?:\s+step:\s*(\d+)\((factor|bytes)\))?(?:.*validation:\s*(\d+))?")
+# nccl-tests' TESTCHECK/NCCLCHECK/CUDACHECK lines, and mpirun's, srun's and pdsh's notices of a rank that exited badly.
+_FAILED = re.compile(r"\bTest (?:\w+ )?failure\b|\bnon-zero exit\b|[Ee]xit(?:ed)?(?: with)?(?: exit)? (?:code|status):? *[1-9]|exited on signal \d+")
+# Real tables have under ~100 sizes per type; past this many rows a file is a log of many runs or junk,
+# and a Row per line would cost seconds and gigabytes.
+MAX_ROWS = 10_000
 _AVG = re.compile(r"Avg bus bandwidth\s*:\s*([0-9.eE+-]+)")
 _OOB = re.compile(r"Out of bounds values\s*:\s*(\d+)")
 _VERSION = re.compile(r"nccl-tests version\s+(\S+)")
@@ -69,6 +78,14 @@ class Row(BaseModel):
     out_of_place: Timing
     in_place: Timing | None = None
     line: int = 0  # 1-based line number in the text
+
+
+class Failure(BaseModel):
+    """A line that shows the run failing."""
+
+    what: str  # "test": nccl-tests' "Test ... failure"; "exit": the launcher's exit notice; "warn": an NCCL WARN
+    line: int
+    text: str
 
 
 class Rank(BaseModel):
@@ -107,6 +124,13 @@ class Table(BaseModel):
     layout: str = "size count type redop root"
     cut: list[int] = []  # lines that began a row but were cut or garbled: not read
     other_runs: list[int] = []  # lines where another run's table begins: not read
+    max_bytes: int | None = None  # the header's -e: where a whole sweep ends
+    step_factor: int | None = None  # -f (default 2) or -i: the header's "step: 2(factor)" / "step: 1048576(bytes)"
+    step_bytes: int | None = None
+    last_size: int | None = None  # the last row's size, read or not
+    rows_not_read: int = 0  # rows past MAX_ROWS
+    failed: list[Failure] = []  # the first line of each kind that shows the run failing
+    problems: list[Problem] = []  # the known NCCL errors in the text (nccl_errors)
 
     @property
     def types(self) -> list[str]:
@@ -195,10 +219,19 @@ def parse(text: str) -> Table:
     rows: list[Row] = []
     ranks: dict[int, Rank] = {}
     cols: _Columns | None = None
-    facts: dict = {"settings": {}, "cut": [], "other_runs": []}
+    facts: dict = {"settings": {}, "cut": [], "other_runs": [], "rows_not_read": 0}
     binaries: list[str] = []
     label = None  # the launcher's label of the process whose rows are read
-    for number, line in enumerate(text.splitlines(), 1):
+    lines = text.split("\n")
+    flagged, found = nccl_errors.flagged(text, lines), {}
+    failed: dict[str, Failure] = {}
+    for number, line in enumerate(lines, 1):
+        line = line.rstrip("\r")
+        if number - 1 in flagged:  # the cap bounds the patterns' work on a pathological line, as in nccl_log
+            nccl_errors.record(found, line[:4096], number, flagged[number - 1])
+        if "NCCL WARN" in line or (("ailure" in line or "xit" in line) and _FAILED.search(line)):
+            what = "warn" if "NCCL WARN" in line else "exit" if "xit" in line and "ailure" not in line else "test"
+            failed.setdefault(what, Failure(what=what, line=number, text=line.strip()[:500]))
         if "NCCL" in line:
             for m in _SETTING.finditer(line):
                 facts["settings"].setdefault(m[1], m[2].removesuffix("."))  # NCCL ends "set by environment to 1."
@@ -208,6 +241,10 @@ def parse(text: str) -> Table:
             binaries.append(m[1])
         if m := _ROW.search(line):
             if "#" in line[: m.start()]:
+                continue
+            if len(rows) >= MAX_ROWS:  # only counted, whoever printed them: cheap, as a huge file needs
+                facts["rows_not_read"] += 1
+                facts["last_size"] = int(m[1])
                 continue
             lm = _LABEL.match(line)
             who = next((g for g in lm.groups() if g is not None), None) if lm else None
@@ -219,7 +256,7 @@ def parse(text: str) -> Table:
                 facts["cut"].append(number)
             elif not facts["other_runs"]:
                 rows.append(row)
-                label = who
+                label, facts["last_size"] = who, row.size
             continue
         if m := _RANK.search(line):
             r = int(m[1])
@@ -239,7 +276,9 @@ def parse(text: str) -> Table:
             if rows:
                 facts["other_runs"] = facts["other_runs"] or [number]
             else:
-                facts.update(ngpus=int(m[1]) * int(m[2]), validation=None if m[3] is None else m[3] != "0")
+                step = {m[5]: int(m[4])} if m[4] else {}
+                facts.update(ngpus=int(m[1]) * int(m[2]), validation=None if m[6] is None else m[6] != "0", max_bytes=int(m[3]),
+                             step_factor=step.get("factor"), step_bytes=step.get("bytes"))
         elif m := _VERSION.search(line):
             facts.setdefault("version", m[1])
     if not rows:
@@ -248,7 +287,8 @@ def parse(text: str) -> Table:
         if cols is not None:
             raise Unreadable(f"line {cols.line}: an nccl-tests table header with no rows under it: the run stopped before its first size finished; save the whole run")
         raise Unreadable("no nccl-tests table rows found (size count type redop root time algbw busbw #wrong ...)")
-    t = Table(rows=rows, ranks=None, rank_lines=sorted(ranks.values(), key=lambda r: r.rank), **facts)
+    t = Table(rows=rows, ranks=None, rank_lines=sorted(ranks.values(), key=lambda r: r.rank), failed=sorted(failed.values(), key=lambda f: f.line),
+              problems=nccl_errors.problems(found, len(ranks) or None), **facts)
     t.hosts = list(dict.fromkeys(r.host for r in t.rank_lines))
     t.gpus = list(dict.fromkeys(r.gpu for r in t.rank_lines if r.gpu))
     t.nodes = len(t.hosts) or None

@@ -147,3 +147,11 @@ def test_a_long_kernel_log_whose_xid_comes_after_a_pcie_notice_is_a_kernel_log(t
     p, doc = explain(str(log), "--json")
     assert p.returncode == 1 and doc["kind"] == "kernel-log", (doc or {}).get("kind")
     assert any("Xid 79" in i["summary"] and i["severity"] == "fail" for i in doc["findings"])
+
+
+def test_an_nccl_tests_header_with_no_rows_is_refused_as_nccl_tests_output():
+    # The column header is not the last line (a failure line follows): still found, and parse's one line said.
+    p, _ = explain(str(FIX / "nccltests/malformed/h07_a100x2_all_reduce_header-only_Test-CUDA-failure-out-of-memory_HANDWRITTEN.txt"))
+    assert p.returncode == 2 and p.stdout == ""
+    (line,) = p.stderr.strip().splitlines()
+    assert "table header with no rows under it" in line, line

@@ -10,6 +10,7 @@ from conftest import FIXTURES
 
 from preflight.base.errors import UsageError
 from preflight.outputs import explain_nccltests
+from preflight.readers import nccltests
 from preflight.pipeline import profiles
 
 
@@ -158,3 +159,44 @@ def test_a_network_switch_is_not_blamed_for_a_low_figure_within_one_node():
     low = (FIXTURES / "nccltests").glob("h05_*.txt").__next__().read_text().replace("NCCL_P2P_DISABLE", "NCCL_IB_DISABLE")
     fail = next(i for i in explain_nccltests.explain(low, "ib.txt", None).findings if i.severity == "fail")
     assert "NCCL_IB_DISABLE" not in fail.cause and "settings visible" not in fail.cause
+
+
+def test_a_crashed_run_fails_with_its_nccl_error_and_where_the_table_stops():
+    # h06: rows to 32 B of a -e 8G sweep, then a Cuda failure WARN and nccl-tests' "Test NCCL failure".
+    e = explain("h06_")
+    fails = [i for i in e.findings if i.severity == "fail"]
+    assert e.failed and fails[0].summary == "the run failed: the table ends at 32 B of maxBytes 8 GiB"
+    assert "Test NCCL failure common.cu:1005" in fails[0].cause
+    assert any(i.summary == "a CUDA call inside NCCL failed" and "line 19" in i.cause for i in fails)
+    assert e.facts["max_bytes"] == 8589934592 and e.facts["problems"][0]["category"] == "unhandled_cuda_error"
+
+
+def test_a_table_cut_before_max_bytes_without_an_error_warns():
+    text = (FIXTURES / "nccltests").glob("15_*.txt").__next__().read_text().split("  4294967296  ")[0].rsplit("\n", 1)[0] + "\n"
+    e = explain_nccltests.explain(text, "cut.txt", None)
+    warn = next(i for i in e.findings if i.severity == "warn")
+    assert warn.summary == "the table ends at 2 GiB of maxBytes 4 GiB: the run crashed, hung, or the paste was cut" and not e.failed
+
+
+def test_a_failure_line_after_a_whole_table_fails():
+    text = (FIXTURES / "nccltests").glob("15_*.txt").__next__().read_text() + "node005: Test failure common.cu:891\n"
+    e = explain_nccltests.explain(text, "late.txt", None)
+    assert e.failed and next(i for i in e.findings if i.severity == "fail").summary == "the run failed: node005: Test failure common.cu:891"
+
+
+def test_whole_tables_and_a_one_row_excerpt_are_not_called_cut():
+    # 11 is an excerpt the author cut on purpose (no header, so no maxBytes); the others end at their maxBytes.
+    for prefix in ("02_", "11_", "15_", "16_", "h01_", "h03_", "h04_", "h05_"):
+        assert not any("table ends" in i.summary or "run failed" in i.summary for i in explain(prefix).findings), prefix
+
+
+def test_rows_past_the_cap_are_said_in_the_facts():
+    row = "  1073741824  268435456  float  sum  -1  8247.6  130.19  227.83  0  8240.7  130.30  228.02  0\n"
+    e = explain_nccltests.explain(row * (nccltests.MAX_ROWS + 3), "many.txt", None)
+    assert len(e.facts["rows"]) == nccltests.MAX_ROWS and e.facts["rows_not_read"] == 3
+    assert any(i.summary == f"only the first {nccltests.MAX_ROWS} rows were read: 3 more were not" for i in e.findings)
+
+
+def test_the_floor_names_its_profile_not_a_path_on_this_machine():
+    fail = next(i for i in explain("16_").findings if i.severity == "fail")
+    assert "profile h100-sxm)" in fail.cause and ".toml" not in fail.cause and "/preflight/" not in fail.cause

@@ -195,3 +195,25 @@ def test_an_nccl_log_of_an_nccl_tests_run_without_its_table_is_not_nccl_tests():
     # nccl/05: nccl-tests' rank header, then NCCL INFO lines, no table: the NCCL log's transports are its answer.
     (path,) = (FIXTURES / "nccl").glob("05_*.log")
     assert "# Using devices" in path.read_text() and not nccltests.looks_like(path.read_text())
+
+
+def test_a_header_not_on_the_last_line_is_found_without_rows():
+    # The column header, then nccl-tests' failure line: looks_like must find the header on any line.
+    (path,) = (FIXTURES / "nccltests" / "malformed").glob("h07_*.txt")
+    assert nccltests.looks_like(path.read_text())
+    with pytest.raises(UsageError, match="no rows under it"):
+        nccltests.parse(path.read_text())
+
+
+def test_the_header_s_size_range_and_the_run_s_failure_lines_are_kept():
+    t = table("h06_")
+    assert (t.max_bytes, t.step_factor, t.last_size, len(t.rows)) == (8589934592, 2, 32, 3)
+    assert [(f.what, f.line) for f in t.failed] == [("warn", 19), ("test", 21), ("exit", 25)]
+    assert [p.category for p in t.problems] == ["unhandled_cuda_error"] and t.problems[0].count == 2
+    assert (table("15_").max_bytes, table("15_").last_size, table("15_").failed, table("11_").max_bytes) == (4294967296, 4294967296, [], None)
+
+
+def test_rows_past_the_cap_are_counted_not_kept():
+    row = "  1073741824  268435456  float  sum  -1  8247.6  130.19  227.83  0  8240.7  130.30  228.02  0\n"
+    t = nccltests.parse(row * (nccltests.MAX_ROWS + 5) + "# Avg bus bandwidth    : 227.8\n")
+    assert (len(t.rows), t.rows_not_read, t.last_size, t.avg_busbw_gbps) == (nccltests.MAX_ROWS, 5, 1073741824, 227.8)
