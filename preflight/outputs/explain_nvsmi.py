@@ -166,8 +166,8 @@ def snapshot_warning(g: nvsmi.SmiGpu, name: str, ok: bool, why: str) -> list[Ite
     normal = ("the system asserts the brake on a PSU or power-delivery fault, and may have for a moment" if brake
               else "a healthy GPU sets it for a moment during P-state and clock changes")
     cause = f"{name} printed {label} Active in this capture, which is one snapshot ({why}): {normal}"
-    fix = (f"run `nvidia-smi -q -d PERFORMANCE` a few times while a job loads the GPU (or `preflight run --only cuda`): "
-           f"Active in every reading with the clocks cut is a fault" + ("; check the node's power supplies and BMC event log" if brake else ""))
+    fix = ("run `nvidia-smi -q -d PERFORMANCE` a few times while a job loads the GPU (or `preflight run --only cuda`): "
+           "Active in every reading with the clocks cut is a fault" + ("; check the node's power supplies and BMC event log" if brake else ""))
     return [Item(severity="warn", summary=f"{name}: {label} active in one snapshot", cause=cause, fix=fix, gpu=g.bus_id)]
 
 
