@@ -112,6 +112,30 @@ def trace_summary(t: nvml.GpuTrace, started: float | None, seconds: float | None
             "clock_max_mhz": t.max_sm_clock_mhz, "nvml_unanswered": t.unanswered}
 
 
+SERIES_POINTS = 240  # per GPU in the report: a 5-minute burn sampled each second, thinned to a picture's worth
+
+
+def series(f: BurninFacts) -> dict[str, dict[str, list]]:
+    """Each GPU's samples under load as time series (seconds into its burn), for the report
+    page's traces: SM clock in Hz, power in W, temperature in C; None where NVML did not say."""
+    by_bus = {t.pci_bus_id.lower(): t for t in f.traces}
+    by_index = {t.index: t for t in f.traces}
+    out = {}
+    for o in f.ranks:
+        r = o.report
+        if not isinstance(r, RankReport) or r.burn_started_at is None or r.burn_seconds is None:
+            continue
+        trace = by_bus.get((r.pci_bus_id or "").lower()) or by_index.get(ranks.gpu_index(o.gpu))  # type: ignore[arg-type]
+        if trace is None:
+            continue
+        start, end = r.burn_started_at, r.burn_started_at + r.burn_seconds
+        under = [s for s in trace.samples if start <= s[0] <= end]
+        under = under[:: -(-len(under) // SERIES_POINTS) or 1]
+        out[o.gpu or o.who] = {"t": [round(s[0] - start, 3) for s in under], "clock_hz": [None if s[1] is None else s[1] * 1e6 for s in under],
+                               "power_w": [s[2] for s in under], "temperature_c": [s[3] for s in under]}
+    return out
+
+
 # ---- judging ------------------------------------------------------------------------
 
 
@@ -317,6 +341,8 @@ class Burnin(Check):
         findings = judge(facts, figs, expect, ctx.profile.outliers)
         details = facts.model_dump(mode="json", exclude={"traces"})
         details["traces"] = {str(r): {k: v for k, v in fig.items() if k not in ("who",)} for r, fig in figs.items()}
+        details["series"] = series(facts)
+        details["outlier_bands"] = outliers.bands(ctx.profile.outliers, tuple(WORDS))
         details["nvml"] = facts.nvml_note or f"{len(facts.traces)} GPU(s) sampled every {expect.sample_seconds:g} s"
         details["outliers"] = "judged against the node's median" if ctx.profile.outliers else f"profile {ctx.profile.name} has no [outliers] band: not judged"
         return self.conclude(findings, summary(facts, figs), measurements=measurements(facts, figs, ctx.profile.outliers), details=details)

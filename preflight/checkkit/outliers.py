@@ -148,6 +148,14 @@ def measurements(figs: list[Figure], expect: OutlierExpect | None, keys: tuple[s
     return out
 
 
+def bands(expect: OutlierExpect | None, keys: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """Each figure's WARN and FAIL bands, for the report's readers (the page marks
+    an outlier by them): the metrics carry only the FAIL band, as a ceiling."""
+    if expect is None:
+        return {}
+    return {key: {"warn": expect.band(key).warn, "fail": expect.band(key).fail} for key in keys}
+
+
 # ---- confirm before FAIL -------------------------------------------------------------------
 
 

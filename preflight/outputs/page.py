@@ -1,0 +1,168 @@
+"""`preflight report --html` and serve's `/`: the report as one page a person
+takes in at a glance.
+
+The page is one self-contained file: inline CSS and SVG, no script, no font,
+no image or style from anywhere else, and a Content-Security-Policy that
+forbids loading any, so it opens the same on an air-gapped node, from a mail
+attachment or behind serve. The order is the order of questions: is the node
+good (the banner, each problem with its cause and fix), where did the time
+go, which GPU is weakest, how do the GPUs talk (P2P, layout), did training
+and the burn-in behave, and, for a group, which node.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from preflight.outputs import page_facts as facts
+from preflight.outputs import page_layout, page_svg
+from preflight.outputs.page_svg import COLOURS, esc, fmt
+
+if TYPE_CHECKING:
+    from preflight.pipeline.report import Report
+
+# No script, no network: what a browser may load for this page is nothing but itself.
+POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
+STYLE = """
+body{font:14px/1.45 sans-serif;margin:0;color:#212121;background:#fff}
+main{max-width:1100px;margin:0 auto;padding:0 16px 40px}
+header.banner{color:#fff;padding:18px 24px;margin:0 0 12px}
+header.banner h1{margin:0;font-size:28px} header.banner p{margin:4px 0 0}
+.pass{background:#2e7d32}.fail{background:#c62828}.error{background:#6a1b9a}
+section{margin:22px 0} h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom:4px}
+h3{font-size:14px;margin:14px 0 4px}
+.problem{border-left:6px solid #c62828;background:#fff5f5;padding:8px 12px;margin:8px 0}
+.problem.WARN{border-color:#ef8f00;background:#fffaf0}.problem.ERROR{border-color:#6a1b9a;background:#f8f0ff}
+.problem b{font-family:monospace} .muted{color:#666} code{background:#f1f1f1;padding:0 3px}
+table{border-collapse:collapse} td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
+.st{font-weight:bold;font-family:monospace}
+.scroll{overflow-x:auto}
+"""
+STATUS_CLASS = {"PASS": "PASS", "WARN": "WARN", "FAIL": "FAIL", "ERROR": "ERROR", "SKIP": "SKIP"}
+
+
+def render(report: Report, source: str) -> str:
+    """The whole page for ``report``; ``source`` says where the report was read."""
+    parts = [_banner(report, source), _problems(report), _checks(report), _figures(report), _p2p(report),
+             _layout(report), _traces(report), _group(report)]
+    title = f"preflight {report.verdict.value.upper()}: {report.hostname}"
+    return _document(title, "".join(p for p in parts if p) + "</main>")
+
+
+def unavailable(state: str, error: str | None) -> str:
+    """serve's `/` when there is no report it can show: why, in the page's own form."""
+    body = (f'<header class="banner error"><h1>No report to show ({esc(state)})</h1>'
+            f'<p>{esc(error or "")}</p></header><main><p>Run <code>preflight run --report PATH</code> '
+            "with the path serve reads; <a href=\"/healthz\">/healthz</a> says the report's state.</p></main>")
+    return _document(f"preflight: report {state}", body)
+
+
+def _document(title: str, body: str) -> str:
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f'<meta http-equiv="Content-Security-Policy" content="{POLICY}">'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{esc(title)}</title><style>{STYLE}</style></head><body>{body}</body></html>\n")
+
+
+def _banner(r: Report, source: str) -> str:
+    verdict = r.verdict.value
+    said = {"pass": "this node is fit for the job", "fail": "a check failed: drain this node", "error": "preflight itself broke: the node is not vouched for"}
+    bits = [f"profile {r.profile or 'none'}", f"level {r.level or 'standard'}", f"finished {r.finished_at.isoformat(timespec='seconds')}",
+            f"{r.duration_seconds:.1f} s", f"preflight {r.version}"]
+    bits += [f"{k} {v}" for k, v in sorted(r.versions.items())]
+    if r.shape is not None:
+        bits.append(r.shape.describe())
+    if r.interrupted_by_signal:
+        bits.append(f"interrupted by signal {r.interrupted_by_signal}")
+    return (f'<header class="banner {verdict}" data-verdict="{verdict}"><h1>{esc(verdict.upper())}: {esc(r.hostname)}</h1>'
+            f"<p>{esc(said[verdict])}</p><p>{esc(' | '.join(bits))}</p><p class=\"src\">{esc(source)}</p></header><main>")
+
+
+def _problems(r: Report) -> str:
+    found = facts.problems(r)
+    if not found:
+        return "<section><h2>Problems</h2><p>None: every check that ran passed.</p></section>"
+    items = []
+    for p in found:
+        items.append(f'<div class="problem {p.status}" data-check="{esc(p.check)}"><b>{esc(p.check)} {esc(p.status)}</b>: {esc(p.summary)}'
+                     + (f"<br><span class=\"muted\">cause:</span> {esc(p.cause)}" if p.cause else "")
+                     + (f"<br><span class=\"muted\">fix:</span> {esc(p.remedy)}" if p.remedy else "") + "</div>")
+    return "<section><h2>Problems</h2>" + "".join(items) + "</section>"
+
+
+def _checks(r: Report) -> str:
+    rows = "".join(f'<tr><td>{esc(c.check)}</td><td class="st" style="color:{COLOURS.get(c.status.value, "#000")}">{esc(c.status.value)}</td>'
+                   f"<td>{c.duration_seconds:.2f} s</td><td>{esc(c.summary)}</td></tr>" for c in r.checks)
+    spans = facts.timeline(r)
+    return ("<section><h2>Checks, and where the time went</h2>"
+            f'<div class="scroll">{page_svg.timeline(spans, r.duration_seconds)}</div>'
+            f'<p class="muted">The run took {r.duration_seconds:.1f} s; the checks {sum(s.seconds for s in spans):.1f} s of it '
+            "(the rest: planning, reading the node, writing the verdict).</p>"
+            f"<table><tr><th>check</th><th>status</th><th>time</th><th>summary</th></tr>{rows}</table></section>")
+
+
+def _figures(r: Report) -> str:
+    groups = facts.bar_groups(r)
+    if not groups:
+        return "<section><h2>Per-GPU figures</h2><p>No per-GPU or per-rank figure held to a floor in this report.</p></section>"
+    out = ["<section><h2>Per-GPU figures against their floors</h2>"
+           '<p class="muted">Weakest first. The dashed line is the floor (or ceiling); red is past it; an orange or red ring '
+           "is an outlier against the node's own median.</p>"]
+    for g in groups:
+        title = g.name.replace("_", " ") + (f" ({g.variant})" if g.variant else "")
+        out.append(f'<h3>{esc(g.check)}: {esc(title)}</h3><div class="scroll">{page_svg.bars(g)}</div>')
+    return "".join(out) + "</section>"
+
+
+def _p2p(r: Report) -> str:
+    m = facts.p2p(r)
+    if m is None:
+        n = facts.gpu_count(r)
+        why = "no GPU on this profile" if n == 0 else "one GPU: no pair to copy between"
+        return f"<section><h2>GPU to GPU bandwidth</h2><p>{why}.</p></section>"
+    floor = f"; floor {fmt(m.floor, 'bytes_per_second')}, cells below it red with an x" if m.floor is not None else ""
+    return (f"<section><h2>GPU to GPU bandwidth (GB/s)</h2><p class=\"muted\">{esc(m.note)}{esc(floor)}.</p>"
+            f'<div class="scroll">{page_svg.heatmap(m)}</div></section>')
+
+
+def _layout(r: Report) -> str:
+    lay = page_layout.layout(r)
+    if lay is None:
+        return "<section><h2>Layout</h2><p>The topology check did not run, so the layout was not read.</p></section>"
+    return (f'<section><h2>Layout</h2><p class="muted">From {esc(lay.source)}.</p>'
+            f'<div class="scroll">{page_layout.picture(lay)}</div></section>')
+
+
+def _traces(r: Report) -> str:
+    out = []
+    for title, charts, absent in (("Training probe", facts.train_charts(r), "the train check recorded no steps"),
+                                  ("Burn-in", facts.burnin_charts(r), "no burn-in in this run (it runs at --level full)")):
+        body = "".join(f'<h3>{esc(c.title)}</h3><div class="scroll">{page_svg.chart(c)}</div>' for c in charts)
+        out.append(f"<section><h2>{title}</h2>{body or '<p>' + absent + '.</p>'}</section>")
+    return "".join(out)
+
+
+def _group(r: Report) -> str:
+    rows = facts.group_rows(r)
+    if rows is None:
+        return ""
+    g = r.group
+    names = sorted({k for row in rows for k in row.figures})
+    head = "".join(f"<th>{esc(n)}</th>" for n in names)
+    body = []
+    for row in rows:
+        colour = {"ok": COLOURS["PASS"], "failed": COLOURS["FAIL"], "missing": COLOURS["ERROR"]}[row.state]
+        cells = "".join(f"<td>{esc(_figure(n, row.figures[n]) if n in row.figures else '-')}</td>" for n in names)
+        body.append(f'<tr class="node" data-state="{row.state}"><td>{row.node_rank}</td><td>{esc(row.host)}</td><td>{esc(row.addr)}</td>'
+                    f'<td class="st" style="color:{colour}">{row.state}</td><td>{esc(row.why)}</td>{cells}</tr>')
+    said = f"{g.nnodes} nodes, meeting at {g.endpoint} (run {g.rdzv_id}); this is node rank {g.node_rank}" if g else ""
+    if g is not None and g.meeting_error:
+        said += f"; the meeting failed: {g.meeting_error}"
+    return (f"<section><h2>The group</h2><p>{esc(said)}.</p><div class=\"scroll\"><table><tr><th>node</th><th>host</th><th>address</th>"
+            f"<th>state</th><th>why</th>{head}</tr>{''.join(body)}</table></div></section>")
+
+
+def _figure(name: str, value: float) -> str:
+    base = name.split("/")[0]
+    unit = "seconds" if base.endswith(("latency", "duration")) else "bytes_per_second" if base.endswith("bandwidth") else ""
+    return fmt(value, unit)

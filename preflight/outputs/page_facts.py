@@ -1,0 +1,302 @@
+"""What the report page shows, taken out of a Report: plain data, no HTML.
+
+Each function reads one part of the report (problems, where the time went,
+per-GPU figures against their floors, the P2P matrix, the node's layout, the
+train and burn-in traces, the group) and says "nothing to show" with the
+reason rather than guessing. outputs/page.py lays the parts out and
+outputs/page_svg.py draws them; both are tested through these facts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from preflight.base.findings import Measurement, Status
+
+if TYPE_CHECKING:
+    from preflight.pipeline.check import Result
+    from preflight.pipeline.report import Report
+
+# Labels that name the member a figure belongs to; the rest say which figure it is.
+MEMBER = ("gpu", "rank", "UUID", "peer_gpu")
+SHORTFALL = "_median_shortfall"
+
+
+@dataclass(frozen=True)
+class Problem:
+    check: str
+    status: str  # FAIL, ERROR, WARN
+    summary: str
+    cause: str | None
+    remedy: str | None
+
+
+@dataclass(frozen=True)
+class Span:
+    """One check on the timeline: seconds from the run's start, or carried from an earlier run."""
+
+    check: str
+    status: str
+    start: float
+    seconds: float
+    carried_from: str | None = None
+
+
+@dataclass(frozen=True)
+class Bar:
+    who: str  # "GPU 3", "rank 1"
+    value: float
+    bound: float | None  # the floor (higher is better) or ceiling (lower is better) it is held to
+    higher_is_better: bool
+    off_median: float | None = None  # how much worse than the node's median, as a fraction
+    outlier: str | None = None  # "FAIL", "WARN": past the profile's outlier band
+
+    @property
+    def headroom(self) -> float | None:
+        """Value over floor (or ceiling over value): under 1 is past the bound."""
+        if self.bound is None or self.bound <= 0 or self.value <= 0:
+            return None
+        return self.value / self.bound if self.higher_is_better else self.bound / self.value
+
+    @property
+    def past_bound(self) -> bool:
+        return self.headroom is not None and self.headroom < 1
+
+
+@dataclass(frozen=True)
+class BarGroup:
+    check: str
+    name: str  # the measurement's name: "hbm_copy_bandwidth"
+    unit: str
+    variant: str  # the non-member labels, "" for most: "op=all_reduce"
+    bars: list[Bar]  # weakest first
+
+
+@dataclass(frozen=True)
+class Cell:
+    src: int
+    dst: int
+    value: float | None  # bytes per second; None: not measured
+    below_floor: bool = False
+    outlier: str | None = None
+
+
+@dataclass(frozen=True)
+class Matrix:
+    gpus: int
+    cells: list[Cell]  # every ordered pair, src-major
+    floor: float | None
+    note: str  # where the figures came from, or why there are none
+
+
+@dataclass(frozen=True)
+class Series:
+    label: str  # "rank 0", "GPU 3"
+    xs: list[float]
+    ys: list[float]
+
+
+@dataclass(frozen=True)
+class Chart:
+    title: str
+    x_label: str
+    unit: str  # fmt_value's unit for the y axis
+    series: list[Series]
+
+
+@dataclass
+class GroupRow:
+    node_rank: int
+    host: str
+    addr: str
+    state: str  # "ok", "failed", "missing"
+    why: str
+    figures: dict[str, float] = field(default_factory=dict)
+
+
+def problems(report: Report) -> list[Problem]:
+    """Every check that did not pass, failures first, each with its cause and fix."""
+    order = {Status.FAIL: 0, Status.ERROR: 1, Status.WARN: 2}
+    bad = [c for c in report.checks if c.status in order]
+    bad.sort(key=lambda c: order[c.status])
+    return [Problem(c.check, str(c.status.value), c.summary, c.cause, c.remedy) for c in bad]
+
+
+def timeline(report: Report) -> list[Span]:
+    """Checks in the order they ran; a check carried from an earlier run took none of this run's time."""
+    out, at = [], 0.0
+    for c in report.checks:
+        carried = c.details.get("carried_from")
+        if carried:
+            out.append(Span(c.check, c.status.value, at, 0.0, carried_from=str(carried)))
+            continue
+        out.append(Span(c.check, c.status.value, at, c.duration_seconds))
+        at += c.duration_seconds
+    return out
+
+
+def _member(m: Measurement) -> str | None:
+    if "peer_gpu" in m.labels:
+        return None  # a pair: the heatmap's
+    if "gpu" in m.labels:
+        return f"GPU {m.labels['gpu']}"
+    if "rank" in m.labels:
+        return f"rank {m.labels['rank']}"
+    return None
+
+
+def _variant(m: Measurement) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(m.labels.items()) if k not in MEMBER)
+
+
+def _outlier(off: float | None, bands: dict | None, ceiling: float | None) -> str | None:
+    if off is None:
+        return None
+    fail = (bands or {}).get("fail", ceiling)
+    if fail is not None and off > fail:
+        return "FAIL"
+    warn = (bands or {}).get("warn")
+    return "WARN" if warn is not None and off > warn else None
+
+
+def bar_groups(report: Report) -> list[BarGroup]:
+    """Each per-GPU (or per-rank) figure held to a floor or judged against the node's
+    median, one bar per member, weakest first; groups with a member past its bound first."""
+    out = []
+    for c in report.checks:
+        off = {(m.name.removesuffix(SHORTFALL), tuple(sorted(m.labels.items()))): m for m in c.measurements if m.name.endswith(SHORTFALL)}
+        bands = c.details.get("outlier_bands") or {}
+        groups: dict[tuple[str, str], list[Bar]] = {}
+        units: dict[tuple[str, str], str] = {}
+        for m in c.measurements:
+            who = _member(m)
+            if who is None or m.name.endswith(SHORTFALL):
+                continue
+            short = off.get((m.name, tuple(sorted(m.labels.items()))))
+            if m.floor is None and m.ceiling is None and short is None:
+                continue  # a figure nothing judges (temperature at rest) is not drawn against anything
+            delta = short.value if short is not None else None
+            bar = Bar(who, m.value, m.floor if m.floor is not None else m.ceiling, m.ceiling is None,
+                      delta, _outlier(delta, bands.get(m.name), short.ceiling if short else None))
+            key = (m.name, _variant(m))
+            groups.setdefault(key, []).append(bar)
+            units[key] = m.unit
+        for (name, variant), bars in groups.items():
+            bars.sort(key=_weakness)
+            out.append(BarGroup(c.check, name, units[(name, variant)], variant, bars))
+    out.sort(key=lambda g: not any(b.past_bound or b.outlier for b in g.bars))
+    return out
+
+
+def _weakness(b: Bar) -> float:
+    if b.headroom is not None:
+        return b.headroom
+    return -(b.off_median or 0.0)
+
+
+def gpu_count(report: Report) -> int:
+    """How many GPUs the run had: the node's shape, else NVML's inventory."""
+    if report.shape is not None and report.shape.gpus:
+        return report.shape.gpus
+    for c in report.checks:
+        inv = c.details.get("inventory") if c.check == "cuda" else None
+        if isinstance(inv, dict) and isinstance(inv.get("gpus"), list):
+            return len(inv["gpus"])
+    return 0
+
+
+def p2p(report: Report) -> Matrix | None:
+    """GPU -> GPU copy bandwidth for every ordered pair; None on a node of one GPU or none."""
+    n = gpu_count(report)
+    if n < 2:
+        return None
+    bw = next((c for c in report.checks if c.check == "bandwidth"), None)
+    found: dict[tuple[int, int], Measurement] = {}
+    short: dict[tuple[int, int], Measurement] = {}
+    for m in bw.measurements if bw is not None else []:
+        if m.name in ("p2p_bandwidth", "p2p_bandwidth" + SHORTFALL) and "peer_gpu" in m.labels:
+            try:
+                pair = (int(m.labels["gpu"]), int(m.labels["peer_gpu"]))
+            except (KeyError, ValueError):
+                continue
+            (short if m.name.endswith(SHORTFALL) else found)[pair] = m
+    bands = ((bw.details.get("outlier_bands") or {}).get("p2p_bandwidth") if bw is not None else None)
+    floor = next((m.floor for m in found.values() if m.floor is not None), None)
+    cells = []
+    for a in range(n):
+        for b in range(n):
+            if a == b:
+                continue
+            m = found.get((a, b))
+            s = short.get((a, b))
+            cells.append(Cell(a, b, m.value if m else None, bool(m and m.floor is not None and m.value < m.floor),
+                              _outlier(s.value if s else None, bands, s.ceiling if s else None)))
+    if found:
+        note = f"{len(found)} of {n * (n - 1)} ordered pairs measured by the bandwidth check"
+    elif bw is None:
+        note = "not measured: the bandwidth check did not run"
+    else:
+        note = f"not measured: bandwidth {bw.status.value}: {bw.summary}"
+    return Matrix(n, cells, floor, note)
+
+
+def _rank_reports(c: Result | None) -> list[tuple[str, dict]]:
+    out = []
+    for r in (c.details.get("ranks") or []) if c is not None else []:
+        rep = r.get("report") if isinstance(r, dict) else None
+        if isinstance(rep, dict):
+            out.append((r.get("gpu") or f"rank {r.get('rank')}", rep))
+    return out
+
+
+def train_charts(report: Report) -> list[Chart]:
+    """The probe's loss and step time at each step, one line per rank."""
+    rows = _rank_reports(next((c for c in report.checks if c.check == "train"), None))
+    loss = [Series(who, [float(i) for i in range(len(r["losses"]))], [float(v) for v in r["losses"]]) for who, r in rows if r.get("losses")]
+    steps = [Series(who, [float(i) for i in range(len(r["step_seconds"]))], [float(v) for v in r["step_seconds"]]) for who, r in rows if r.get("step_seconds")]
+    out = []
+    if loss:
+        out.append(Chart("training loss", "step", "", loss))
+    if steps:
+        out.append(Chart("training step time", "step", "seconds", steps))
+    return out
+
+
+def burnin_charts(report: Report) -> list[Chart]:
+    """The burn-in's GEMM rate per burst (every profile) and its NVML samples (GPUs)."""
+    c = next((c for c in report.checks if c.check == "burnin"), None)
+    out = []
+    rate = []
+    for who, r in _rank_reports(c):
+        at, secs, n, k = r.get("burst_at") or [], r.get("gemm_seconds") or [], r.get("gemm_n") or 0, r.get("gemms") or 1
+        pts = [(t, 2.0 * n**3 * k / s) for t, s in zip(at, secs) if s and s > 0]
+        if pts and n:
+            rate.append(Series(who, [p[0] for p in pts], [p[1] for p in pts]))
+    if rate:
+        out.append(Chart("burn-in GEMM throughput per burst", "seconds into the burn", "flops_per_second", rate))
+    series = (c.details.get("series") or {}) if c is not None else {}
+    for key, title, unit in (("clock_hz", "SM clock under load", "hertz"), ("power_w", "power draw", "watts"), ("temperature_c", "GPU temperature", "celsius")):
+        lines = []
+        for who, s in sorted(series.items()):
+            pts = [(float(t), float(v)) for t, v in zip(s.get("t") or [], s.get(key) or []) if v is not None] if isinstance(s, dict) else []
+            if pts:
+                lines.append(Series(who, [p[0] for p in pts], [p[1] for p in pts]))
+        if lines:
+            out.append(Chart(title, "seconds into the burn", unit, lines))
+    return out
+
+
+def group_rows(report: Report) -> list[GroupRow] | None:
+    """A run across nodes, as node rank 0 recorded it: every node, the missing ones too."""
+    g = report.group
+    if g is None:
+        return None
+    rows = []
+    for n in sorted(g.nodes, key=lambda n: n.node_rank):
+        extra = n.model_extra or {}
+        figures = {k: float(v) for k, v in (extra.get("figures") or {}).items() if isinstance(v, (int, float))}
+        rows.append(GroupRow(n.node_rank, str(extra.get("host") or ""), str(extra.get("addr") or ""),
+                             "ok" if n.ok else "failed", str(extra.get("why") or ""), figures))
+    rows += [GroupRow(r, "", "", "missing", "never reached the meeting point") for r in g.missing]
+    return sorted(rows, key=lambda r: r.node_rank)
