@@ -17,6 +17,7 @@ tools=(
     "slurmd slurmd"
     "sbatch slurm-client"
     "tmux tmux"                      # a real terminal for the live progress line (capture-pane)
+    "chromium chromium"              # the report page, rendered headless to PNG
 )
 
 missing=()

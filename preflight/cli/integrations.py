@@ -1,5 +1,5 @@
 """Where the last report goes, never running a check: `preflight status`,
-`serve`, `slurm-healthcheck` and `kube-label`."""
+`serve`, `report`, `slurm-healthcheck` and `kube-label`."""
 
 # No `from __future__ import annotations`: see preflight/cli/common.py.
 from pathlib import Path
@@ -35,7 +35,8 @@ def serve(
     report: ReportOpt = None,
     config: ConfigOpt = None,
 ) -> int:
-    """Serve the last report: /metrics for Prometheus, /report (JSON), /healthz. A scrape never runs a check."""
+    """Serve the last report: / (the page `preflight report --html` writes), /metrics for Prometheus,
+    /report (JSON), /healthz. A request never runs a check."""
     from preflight.base.signals import interrupting
     from preflight.outputs import serve as server_mod
     from preflight.pipeline.report import DEFAULT_REPORT_PATH
@@ -43,7 +44,7 @@ def serve(
     s = _settings(config, listen=listen, report=report)
     path = s.report or DEFAULT_REPORT_PATH
     server = server_mod.bind(s.listen, path)
-    _console().note(f"serving {path} at http://{s.listen}/metrics (also /report, /healthz)")
+    _console().note(f"serving {path} at http://{s.listen}/ (the page; also /metrics, /report, /healthz)")
     # SIGTERM from systemd asks the loop to stop between connections: an exception
     # raised wherever the main thread happens to be could cut a hand-off in half.
     try:
@@ -51,6 +52,34 @@ def serve(
             server.serve_forever()
     finally:
         server.server_close()
+    return 0
+
+
+@_exit_codes
+def report(
+    path: Annotated[Optional[Path], typer.Argument(metavar="REPORT.json", help="A report `preflight run --report` wrote. [default: the last report: --report in the config, else /var/lib/preflight/report.json]")] = None,
+    html: Annotated[Path, typer.Option("--html", metavar="OUT.html", help="Write the page here, atomically; `-` for stdout.")] = ...,  # type: ignore[assignment]
+    config: ConfigOpt = None,
+) -> int:
+    """A report as one self-contained HTML page: the verdict, each problem's cause and fix, where the time
+    went, per-GPU figures against their floors, the P2P heatmap, the layout, the train and burn-in traces
+    and the group. It loads nothing from anywhere: it opens on an air-gapped node. Never runs a check."""
+    from preflight.base.errors import UsageError
+    from preflight.outputs import last_report, page
+    from preflight.pipeline.report import DEFAULT_REPORT_PATH, check_writable, write_atomic
+
+    source = path or _settings(config).report or DEFAULT_REPORT_PATH
+    out = None if str(html) == "-" else check_writable(html, "--html")
+    loaded = last_report.load(source)
+    if loaded.report is None:
+        fix = "; if it was cut short, write it again with `preflight run --report PATH`" if loaded.error and loaded.error.startswith("not a preflight report") else ""
+        raise UsageError(f"{loaded.error}{fix}")
+    text = page.render(loaded.report, str(source))
+    if out is None:
+        _emit(text)
+        return 0
+    write_atomic(out, text)
+    _console().note(f"wrote {out} ({len(text.encode()) // 1024} KiB): open it in a browser")
     return 0
 
 

@@ -86,12 +86,15 @@ def _read(path: Path) -> bytes | Loaded:
 def _validated(path: Path, data: bytes) -> Loaded:
     from pydantic import ValidationError
 
-    from preflight.pipeline.report import Report
+    from preflight.pipeline.report import SCHEMA_VERSION, Report
 
     try:
         return Loaded(State.OK, Report.model_validate_json(data), raw=data)
     except ValidationError as e:
         err = e.errors()[0]
+        if err["loc"] == ("schema_version",) and isinstance(err.get("input"), int) and err["input"] > SCHEMA_VERSION:
+            return Loaded(State.INVALID, error=f"{path} is a report of schema {err['input']}, from a newer preflight than this one "
+                                               f"(it reads schema {SCHEMA_VERSION}): read it with that preflight, or upgrade this one")
         where = ".".join(str(p) for p in err["loc"]) or "the top level"
         return Loaded(State.INVALID, error=f"not a preflight report: {path} ({where}: {err['msg']})")
 

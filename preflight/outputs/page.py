@@ -35,6 +35,7 @@ h3{font-size:14px;margin:14px 0 4px}
 .problem.WARN{border-color:#ef8f00;background:#fffaf0}.problem.ERROR{border-color:#6a1b9a;background:#f8f0ff}
 .problem b{font-family:monospace} .muted{color:#666} code{background:#f1f1f1;padding:0 3px}
 table{border-collapse:collapse} td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
+td.time{white-space:nowrap}
 .st{font-weight:bold;font-family:monospace}
 .scroll{overflow-x:auto}
 """
@@ -92,7 +93,7 @@ def _problems(r: Report) -> str:
 
 def _checks(r: Report) -> str:
     rows = "".join(f'<tr><td>{esc(c.check)}</td><td class="st" style="color:{COLOURS.get(c.status.value, "#000")}">{esc(c.status.value)}</td>'
-                   f"<td>{c.duration_seconds:.2f} s</td><td>{esc(c.summary)}</td></tr>" for c in r.checks)
+                   f"<td class=\"time\">{c.duration_seconds:.2f} s</td><td>{esc(c.summary)}</td></tr>" for c in r.checks)
     spans = facts.timeline(r)
     return ("<section><h2>Checks, and where the time went</h2>"
             f'<div class="scroll">{page_svg.timeline(spans, r.duration_seconds)}</div>'
@@ -128,17 +129,25 @@ def _p2p(r: Report) -> str:
 def _layout(r: Report) -> str:
     lay = page_layout.layout(r)
     if lay is None:
-        return "<section><h2>Layout</h2><p>The topology check did not run, so the layout was not read.</p></section>"
+        return f"<section><h2>Layout</h2>{_absent(r, 'topology')}</section>"
     return (f'<section><h2>Layout</h2><p class="muted">From {esc(lay.source)}.</p>'
             f'<div class="scroll">{page_layout.picture(lay)}</div></section>')
 
 
+def _absent(r: Report, check: str, note: str = "") -> str:
+    """Why a section has nothing to draw: the check was not in the run, or what it said."""
+    c = next((c for c in r.checks if c.check == check), None)
+    if c is None:
+        return f"<p>The {check} check was not in this run{note}.</p>"
+    return f"<p>{esc(check)} {esc(c.status.value)}: {esc(c.summary)}</p>"
+
+
 def _traces(r: Report) -> str:
     out = []
-    for title, charts, absent in (("Training probe", facts.train_charts(r), "the train check recorded no steps"),
-                                  ("Burn-in", facts.burnin_charts(r), "no burn-in in this run (it runs at --level full)")):
+    for title, check, charts, note in (("Training probe", "train", facts.train_charts(r), ""),
+                                       ("Burn-in", "burnin", facts.burnin_charts(r), " (it runs at --level full)")):
         body = "".join(f'<h3>{esc(c.title)}</h3><div class="scroll">{page_svg.chart(c)}</div>' for c in charts)
-        out.append(f"<section><h2>{title}</h2>{body or '<p>' + absent + '.</p>'}</section>")
+        out.append(f"<section><h2>{title}</h2>{body or _absent(r, check, note)}</section>")
     return "".join(out)
 
 

@@ -97,8 +97,8 @@ def picture(lay: Layout) -> str:
     col_h = 40 + box_h + 20 + nic_rows * (box_h + gap) + 10
     body, where, x = [], {}, 10
     for node, cpus, gpus, nics, slots in columns:
-        w = slots * (box_w + gap) + gap
         title = f"NUMA node {node}" + (f" (CPUs {cpus})" if cpus else "") if node != UNKNOWN else "NUMA node unknown"
+        w = max(slots * (box_w + gap) + gap, int(len(title[:48]) * 7 + 20))
         body.append(f'<g class="numa" data-node="{esc(node)}"><rect x="{x}" y="{top}" width="{w}" height="{col_h}" rx="8" fill="#f3f6fb" stroke="#90a4ae"/>'
                     f'<text x="{x + 10}" y="{top + 18}" fill="#37474f">{esc(title[:48])}</text></g>')
         for i, p in enumerate(gpus):

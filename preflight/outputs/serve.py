@@ -1,5 +1,6 @@
 """`preflight serve`: the last report over HTTP, for Prometheus and for people.
 
+  /         the report as a page for people (outputs/page.py)
   /metrics  the report as metrics, rendered at each scrape from the file on
             disk (a scrape never starts GPU work), plus serve's own process
             metrics
@@ -37,12 +38,13 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 
-from preflight.outputs import last_report
+from preflight.outputs import last_report, page
 from preflight.base.errors import UsageError
 from preflight.outputs.metrics import ReportCollector
 
 # The classic text format every Prometheus since 2.0 reads (the names are all legacy-valid).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+HTML = "text/html; charset=utf-8"
 WORKERS = 8
 MAX_WAITING = 256
 MAX_REQUEST = 16 * 1024  # a scrape's request is a few hundred bytes
@@ -92,9 +94,13 @@ class _Handler(BaseHTTPRequestHandler):
             loaded = self.server.load()
             self._send(200, f"ok; report {loaded.state}{': ' + loaded.error if loaded.error else ''}\n".encode(), "text/plain; charset=utf-8")
         elif path == "/":
-            self._send(200, b"preflight: /metrics /report /healthz\n", "text/plain; charset=utf-8")
+            loaded = self.server.load()
+            if loaded.report is None:
+                self._send(503, page.unavailable(str(loaded.state), loaded.error).encode(), HTML)
+            else:
+                self._send(200, page.render(loaded.report, str(self.server.report)).encode(), HTML)
         else:
-            self._send(404, b"not found; try /metrics, /report or /healthz\n", "text/plain; charset=utf-8")
+            self._send(404, b"not found; try /, /metrics, /report or /healthz\n", "text/plain; charset=utf-8")
 
     def do_HEAD(self) -> None:  # noqa: N802
         self.do_GET()

@@ -63,7 +63,8 @@ class GroupRecord(BaseModel):
 class Report(BaseModel):
     model_config = ConfigDict(validate_assignment=True)
 
-    schema_version: int = SCHEMA_VERSION
+    # A newer preflight's report may mean its fields differently: refused, never half-read.
+    schema_version: int = Field(default=SCHEMA_VERSION, ge=1, le=SCHEMA_VERSION)
     tool: str = "preflight"
     version: str
     hostname: str
@@ -227,7 +228,7 @@ def probe_write(directory: Path) -> None:
         pass
 
 
-def check_writable(path: Path) -> Path:
+def check_writable(path: Path, what: str = "report") -> Path:
     """Refuse, before any check runs, a report path that could not be written.
 
     Returns the path to write: a symlink is followed to its target, so the
@@ -235,16 +236,16 @@ def check_writable(path: Path) -> Path:
     """
     target = path.resolve()
     if target.is_dir():
-        raise UsageError(f"report {path}: is a directory; give a file path such as {path / 'report.json'}")
+        raise UsageError(f"{what} {path}: is a directory; give a file path such as {path / ('report.json' if what == 'report' else 'report.html')}")
     if target.exists() and not target.is_file():
-        raise UsageError(f"report {path}: is not a regular file (a device, pipe or socket would be replaced); give a file path")
+        raise UsageError(f"{what} {path}: is not a regular file (a device, pipe or socket would be replaced); give a file path")
     parent = target.parent
     if not parent.is_dir():
-        raise UsageError(f"report {path}: directory {parent} does not exist; create it (mkdir -p {parent}) or choose another path")
+        raise UsageError(f"{what} {path}: directory {parent} does not exist; create it (mkdir -p {parent}) or choose another path")
     try:
         probe_write(parent)
     except OSError as e:
-        raise UsageError(f"report {path}: cannot write in {parent} ({e.strerror}); choose a writable directory") from None
+        raise UsageError(f"{what} {path}: cannot write in {parent} ({e.strerror}); choose a writable directory") from None
     return target
 
 

@@ -318,7 +318,7 @@ GROUP_RECORD = {
     "meeting_error": (_opt(_str), None),
 }
 REPORT = {
-    "schema_version": (_int(), 1),
+    "schema_version": (_int(lo=1, hi=1), 1),  # the Report model's SCHEMA_VERSION
     "tool": (_str, "preflight"),
     "version": (_str, _REQUIRED),
     "hostname": (_str, _REQUIRED),

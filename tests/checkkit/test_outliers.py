@@ -46,6 +46,12 @@ def test_a_figure_may_have_a_band_of_its_own_and_warn_must_sit_below_fail():
         OutlierBand(warn=0.3, fail=0.2, source="s")
 
 
+def test_the_bands_each_figure_is_judged_by_are_recorded_for_the_reports_readers():
+    expect = OutlierExpect(warn=0.1, fail=0.2, source="s", figures={"step_time": {"warn": 0.3, "fail": 0.5, "source": "noisy"}})
+    assert outliers.bands(expect, ("step_time", "memcpy_bandwidth")) == {"step_time": {"warn": 0.3, "fail": 0.5}, "memcpy_bandwidth": {"warn": 0.1, "fail": 0.2}}
+    assert outliers.bands(None, ("step_time",)) == {}
+
+
 # ---- confirm before FAIL: the outlier judge on two readings -------------------------------------
 
 EXPECT = OutlierExpect(warn=0.10, fail=0.20, source="test band")

@@ -71,6 +71,17 @@ def test_a_healthy_burn_passes_and_reports_its_traces():
     assert short[("burnin_sm_clock_median_shortfall", "0")].value == 0 and short[("burnin_sm_clock_median_shortfall", "0")].ceiling == 0.10
 
 
+def test_the_series_for_the_report_page_are_the_samples_under_load_thinned():
+    f = healthy(n=2)
+    f.traces[1] = trace(1, n=1000)  # a long burn sampled often: thinned to at most SERIES_POINTS
+    f.ranks[1].report.burn_seconds = 30.0 * 1000
+    got = burnin.series(f)
+    assert set(got) == {"GPU 0", "GPU 1"}
+    assert got["GPU 0"]["t"][0] == 0 and len(got["GPU 0"]["t"]) == 10  # the idle sample before the burn is left out
+    assert got["GPU 0"]["clock_hz"][0] == 1980e6 and got["GPU 0"]["temperature_c"][0] == 70 and got["GPU 0"]["power_w"][0] == 650.0
+    assert 200 <= len(got["GPU 1"]["t"]) <= burnin.SERIES_POINTS and got["GPU 1"]["t"] == sorted(got["GPU 1"]["t"])
+
+
 def test_a_wrong_result_names_the_rank_the_burst_and_when():
     reports = [rank_report(0), rank_report(1, wrong=[{"burst": 39, "at_seconds": 2.02, "what": "gemm", "elements": 1, "first_index": 46697, "max_abs_diff": 1.0}],
                                            wrong_bursts=19)]

@@ -179,6 +179,23 @@ def test_report_serves_the_json_as_written(tmp_path):
     assert missing[0] == 404 and "/metrics" in missing[2]
 
 
+def test_slash_is_the_report_page_and_follows_the_file(tmp_path):
+    report = report_file(tmp_path / "report.json", "cpu-pass")
+    with serving(report) as (base, _):
+        code, ctype, text = get(base + "/")
+        assert code == 200 and ctype == "text/html; charset=utf-8"
+        assert 'data-verdict="pass"' in text and "Content-Security-Policy" in text
+        report_file(report, "shm-64m-fail")  # the next run's verdict, written while serve runs
+        code, _, text = get(base + "/")
+    assert code == 200 and 'data-verdict="fail"' in text and "64 MiB" in text
+
+
+def test_slash_without_a_report_says_why_in_a_page(tmp_path):
+    with serving(tmp_path / "none.json") as (base, _):
+        code, ctype, text = get(base + "/")
+    assert code == 503 and ctype.startswith("text/html") and "No report to show (missing)" in text
+
+
 def test_sigterm_stops_serve_cleanly(tmp_path):
     with serving(tmp_path / "report.json") as (_, proc):
         proc.send_signal(signal.SIGTERM)

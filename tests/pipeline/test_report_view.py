@@ -229,7 +229,7 @@ def kind(model: type) -> dict[str, str]:
 # tables and rules), then this picture follows.
 MODELS = {
     Report: (report_view.REPORT, {
-        "schema_version": "int = default", "tool": "str = default", "version": "str", "hostname": "str",
+        "schema_version": "int [Ge(ge=1), Le(le=1)] = default", "tool": "str = default", "version": "str", "hostname": "str",
         "boot_id": "str | None", "profile": "str | None", "profile_chosen_because": "str | None = default",
         "level": "Optional[Literal['quick', 'standard', 'full']] = default", "level_chosen_because": "str | None = default",
         "config": "str | None = default", "started_at": "datetime", "finished_at": "datetime", "duration_seconds": "float",

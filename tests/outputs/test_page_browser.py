@@ -1,0 +1,107 @@
+"""The report page as a person sees it: `preflight report --html` on recorded
+reports, opened in headless Chromium. Each page must load nothing from
+anywhere, log nothing to the console, and show what it promises: the
+verdict's colour, one heatmap cell per ordered GPU pair, a bar per GPU.
+The screenshots are kept under $PAGE_SCREENSHOTS when it is set.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from browser import CHROMIUM, look, png_pixel, png_size
+
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium: install Debian's chromium (tests/install-tools.sh does)")
+REPORTS = Path(__file__).parent.parent / "fixtures" / "reports"
+GREEN, RED = (46, 125, 50), (198, 40, 40)
+
+
+def page_of(report: Path, tmp_path: Path) -> Path:
+    out = tmp_path / f"{report.stem}.html"
+    subprocess.run([sys.executable, "-m", "preflight", "report", str(report), "--html", str(out)], check=True, capture_output=True, timeout=60)
+    return out
+
+
+def seen(name: str, tmp_path: Path, height: int = 3000):  # noqa: ANN201
+    page = page_of(REPORTS / f"{name}.json", tmp_path)
+    got = look(page, tmp_path, height=height)
+    keep = os.environ.get("PAGE_SCREENSHOTS")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        (Path(keep) / f"{name}.png").write_bytes(got.png)
+        shutil.copy(page, Path(keep) / f"{name}.html")
+    assert got.console == [], f"the page logged to the console: {got.console}"
+    assert got.requests == [], f"the page reached off the machine: {got.requests}"
+    assert png_size(got.png) == (1280, height)
+    return got
+
+
+def count(dom: str, cls: str) -> int:
+    return len(re.findall(rf'<g class="{cls}"', dom))
+
+
+def test_a_cpu_pass_is_green_with_a_bar_per_rank_and_its_training_curves(tmp_path: Path):
+    got = seen("cpu-pass", tmp_path)
+    assert png_pixel(got.png, 5, 5) == GREEN
+    assert 'data-verdict="pass"' in got.dom
+    assert count(got.dom, "bar") == 4  # memcpy and GEMM, for each of the 2 ranks
+    assert count(got.dom, "line") == 4  # loss and step time, for each rank
+    assert count(got.dom, "span") == 4  # shm, nccl, bandwidth, train on the timeline
+    assert "no GPU on this profile" in got.dom
+
+
+def test_a_64m_dev_shm_is_red_and_says_its_cause_and_fix(tmp_path: Path):
+    got = seen("shm-64m-fail", tmp_path, height=1200)
+    assert png_pixel(got.png, 5, 5) == RED
+    problem = re.search(r'<div class="problem FAIL" data-check="shm">(.*?)</div>', got.dom, re.S)
+    assert problem and "64 MiB" in problem[1] and "cause:" in problem[1] and "fix:" in problem[1]
+
+
+def test_the_fake_8x_h100_has_56_pair_cells_and_a_bar_per_gpu(tmp_path: Path):
+    got = seen("h100-fake-hw-slowdown", tmp_path, height=3200)
+    assert png_pixel(got.png, 5, 5) == RED
+    cells = re.findall(r'<g class="cell" data-src="(\d)" data-dst="(\d)"', got.dom)
+    assert len(cells) == 56 and len(set(cells)) == 56 and all(a != b for a, b in cells)
+    assert "not measured: bandwidth SKIP" in got.dom  # the run never got that far: said, not drawn as zero
+    bars = re.findall(r'<g class="bar" data-who="GPU (\d)"', got.dom)
+    assert sorted(set(bars)) == [str(i) for i in range(8)]
+    assert count(got.dom, "gpu") == 8  # the layout's GPU boxes
+
+
+def test_a_2_node_group_lists_both_nodes_with_their_figures(tmp_path: Path):
+    got = seen("group-pass-node0", tmp_path, height=2400)
+    rows = re.findall(r'<tr class="node" data-state="(\w+)">', got.dom)
+    assert rows == ["ok", "ok"]
+    assert "internode_allreduce_bus_bandwidth" in got.dom
+
+
+def test_a_node_kept_out_of_its_group_is_shown_failed_with_why(tmp_path: Path):
+    got = seen("group-keptout-node0", tmp_path, height=1600)
+    rows = re.findall(r'<tr class="node" data-state="(\w+)">.*?</tr>', got.dom, re.S)
+    assert rows == ["ok", "failed"]
+    assert "64 MiB" in got.dom
+
+
+# The harness itself: a page that does reach out is caught, both ways.
+
+
+def test_an_external_load_is_refused_and_logged(tmp_path: Path):
+    page = page_of(REPORTS / "shm-64m-fail.json", tmp_path)
+    page.write_text(page.read_text().replace("<main>", '<main><img src="http://198.51.100.7/x.png">'))
+    got = look(page, tmp_path, height=400)
+    assert any("198.51.100.7" in line for line in got.console)
+    assert got.requests == []  # the page's policy stopped it before the network
+
+
+def test_an_external_load_without_the_policy_reaches_the_proxy(tmp_path: Path):
+    page = page_of(REPORTS / "shm-64m-fail.json", tmp_path)
+    text = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", page.read_text())
+    page.write_text(text.replace("<main>", '<main><img src="http://198.51.100.7/x.png">'))
+    got = look(page, tmp_path, height=400)
+    assert any("198.51.100.7" in line for line in got.requests)
