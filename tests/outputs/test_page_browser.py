@@ -46,13 +46,15 @@ def count(dom: str, cls: str) -> int:
     return len(re.findall(rf'<g class="{cls}"', dom))
 
 
-def test_a_cpu_pass_is_green_with_a_bar_per_rank_and_its_training_curves(tmp_path: Path):
-    got = seen("cpu-pass", tmp_path)
+def test_a_cpu_pass_at_the_full_level_is_green_with_bars_and_every_trace(tmp_path: Path):
+    got = seen("cpu-full-pass", tmp_path, height=3600)
     assert png_pixel(got.png, 5, 5) == GREEN
     assert 'data-verdict="pass"' in got.dom
-    assert count(got.dom, "bar") == 4  # memcpy and GEMM, for each of the 2 ranks
-    assert count(got.dom, "line") == 4  # loss and step time, for each rank
-    assert count(got.dom, "span") == 4  # shm, nccl, bandwidth, train on the timeline
+    bars = re.findall(r'<g class="bar" data-who="(rank \d)"', got.dom)
+    assert bars.count("rank 0") == bars.count("rank 1") == 5  # memcpy, GEMM, compute time, burn-in GEMM and copy
+    lines = re.findall(r'<g class="line" data-series="(rank \d)"', got.dom)
+    assert len(lines) == 6  # loss, step time and burn-in GEMM rate, for each of the 2 ranks
+    assert count(got.dom, "span") == 6  # shm, nccl, bandwidth, train, burnin, memtest on the timeline
     assert "no GPU on this profile" in got.dom
 
 
