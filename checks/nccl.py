@@ -28,7 +28,7 @@ from preflight.base.findings import Finding, Measurement, Status, worst
 from preflight.base.host import Host
 from preflight.pipeline.expectations import NcclExpect
 from preflight.pipeline.shape import FABRIC_WORDS, NodeShape
-from preflight.base.units import fmt_bytes, fmt_seconds
+from preflight.base.units import fmt_bytes, fmt_value
 
 FAIL, WARN = Status.FAIL, Status.WARN
 TORCH = ranks.TORCH
@@ -310,7 +310,8 @@ def lines(f: NcclFacts, expect: NcclExpect) -> list[str]:
         return []
     out = [f"slowest rank per op: small = {fmt_bytes(expect.small_bytes)}, large = {fmt_bytes(expect.large_bytes)}"]
     for base, times in table.items():
-        out.append(f"  {base:<16} " + "  ".join(f"{size} {fmt_seconds(sec)}" if size != "none" else fmt_seconds(sec) for size, sec in times.items()))
+        # fmt_value: an op under a millisecond (every op on NVLink) reads in microseconds, not "0 ms".
+        out.append(f"  {base:<16} " + "  ".join(f"{size} {fmt_value(sec, 'seconds')}" if size != "none" else fmt_value(sec, "seconds") for size, sec in times.items()))
     return out
 
 

@@ -90,11 +90,23 @@ class Matrix:
     note: str  # where the figures came from, or why there are none
 
 
+POINTS = 600  # per line: a 5-minute burn keeps thousands of bursts a GPU; a picture needs a few hundred
+
+
 @dataclass(frozen=True)
 class Series:
     label: str  # "rank 0", "GPU 3"
     xs: list[float]
     ys: list[float]
+
+    @staticmethod
+    def thinned(label: str, pts: list[tuple[float, float]], worst=min) -> Series:  # noqa: ANN001
+        """At most POINTS points, keeping each stretch's worst (a clock's lowest, a temperature's
+        highest): the moment that went wrong is what a person looks for."""
+        step = -(-len(pts) // POINTS)
+        if step > 1:
+            pts = [worst(pts[i:i + step], key=lambda p: p[1]) for i in range(0, len(pts), step)]
+        return Series(label, [p[0] for p in pts], [p[1] for p in pts])
 
 
 @dataclass(frozen=True)
@@ -173,12 +185,15 @@ def bar_groups(report: Report) -> list[BarGroup]:
             who = _member(m)
             if who is None or m.name.endswith(SHORTFALL):
                 continue
-            short = off.get((m.name, tuple(sorted(m.labels.items()))))
+            key = tuple(sorted(m.labels.items()))
+            # The burn-in judges its clock's median as burnin_sm_clock and writes it as burnin_sm_clock_median.
+            judged = m.name if (m.name, key) in off else m.name.removesuffix("_median")
+            short = off.get((judged, key))
             if m.floor is None and m.ceiling is None and short is None:
                 continue  # a figure nothing judges (temperature at rest) is not drawn against anything
             delta = short.value if short is not None else None
             bar = Bar(who, m.value, m.floor if m.floor is not None else m.ceiling, m.ceiling is None,
-                      delta, _outlier(delta, bands.get(m.name), short.ceiling if short else None))
+                      delta, _outlier(delta, bands.get(judged), short.ceiling if short else None))
             key = (m.name, _variant(m))
             groups.setdefault(key, []).append(bar)
             units[key] = m.unit
@@ -272,16 +287,17 @@ def burnin_charts(report: Report) -> list[Chart]:
         at, secs, n, k = r.get("burst_at") or [], r.get("gemm_seconds") or [], r.get("gemm_n") or 0, r.get("gemms") or 1
         pts = [(t, 2.0 * n**3 * k / s) for t, s in zip(at, secs) if s and s > 0]
         if pts and n:
-            rate.append(Series(who, [p[0] for p in pts], [p[1] for p in pts]))
+            rate.append(Series.thinned(who, pts))
     if rate:
         out.append(Chart("burn-in GEMM throughput per burst", "seconds into the burn", "flops_per_second", rate))
     series = (c.details.get("series") or {}) if c is not None else {}
-    for key, title, unit in (("clock_hz", "SM clock under load", "hertz"), ("power_w", "power draw", "watts"), ("temperature_c", "GPU temperature", "celsius")):
+    for key, title, unit, worst in (("clock_hz", "SM clock under load", "hertz", min), ("power_w", "power draw", "watts", max),
+                                    ("temperature_c", "GPU temperature", "celsius", max)):
         lines = []
         for who, s in sorted(series.items()):
             pts = [(float(t), float(v)) for t, v in zip(s.get("t") or [], s.get(key) or []) if v is not None] if isinstance(s, dict) else []
             if pts:
-                lines.append(Series(who, [p[0] for p in pts], [p[1] for p in pts]))
+                lines.append(Series.thinned(who, pts, worst))
         if lines:
             out.append(Chart(title, "seconds into the burn", unit, lines))
     return out

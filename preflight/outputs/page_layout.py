@@ -83,7 +83,7 @@ def _all_pairs(n: int, links: dict[tuple[int, int], str]) -> bool:
 def picture(lay: Layout) -> str:
     """NUMA nodes side by side; GPUs in a row on each, NICs under them. Every GPU pair joined
     alike (NVSwitch, or a full mesh) is one shared bar; otherwise each NVLink is an arc."""
-    box_w, box_h, gap = 96, 46, 12
+    box_w, box_h, gap = 118, 46, 12
     columns = []
     for node, cpus in lay.numa.items():
         gpus = [p for p in lay.parts if p.kind == "gpu" and p.numa == node]
@@ -95,11 +95,12 @@ def picture(lay: Layout) -> str:
     top = 60 if arcs else 20
     nic_rows = max((len(c[3]) + 3) // 4 for c in columns) if columns else 0
     col_h = 40 + box_h + 20 + nic_rows * (box_h + gap) + 10
-    body, where, x = [], {}, 10
+    # Painted in this order (SVG has no z-index): NUMA boxes, the wires to the switch, the parts, the links.
+    backdrop, wires, body, where, x = [], [], [], {}, 10
     for node, cpus, gpus, nics, slots in columns:
         title = f"NUMA node {node}" + (f" (CPUs {cpus})" if cpus else "") if node != UNKNOWN else "NUMA node unknown"
         w = max(slots * (box_w + gap) + gap, int(len(title[:48]) * 7 + 20))
-        body.append(f'<g class="numa" data-node="{esc(node)}"><rect x="{x}" y="{top}" width="{w}" height="{col_h}" rx="8" fill="#f3f6fb" stroke="#90a4ae"/>'
+        backdrop.append(f'<g class="numa" data-node="{esc(node)}"><rect x="{x}" y="{top}" width="{w}" height="{col_h}" rx="8" fill="#f3f6fb" stroke="#90a4ae"/>'
                     f'<text x="{x + 10}" y="{top + 18}" fill="#37474f">{esc(title[:48])}</text></g>')
         for i, p in enumerate(gpus):
             bx, by = x + gap + i * (box_w + gap), top + 30
@@ -116,8 +117,7 @@ def picture(lay: Layout) -> str:
         label = "NVSwitch: every GPU pair over NVLink" if lay.fabric == "nvswitch" else f"every GPU pair joined by {next(iter(lay.links.values()))}"
         body.append(f'<g class="fabric"><rect x="10" y="{y}" width="{width - 20}" height="16" rx="4" fill="#7e57c2"/>'
                     f'<text x="{width / 2}" y="{y + 12}" text-anchor="middle" fill="#fff">{esc(label)}</text></g>')
-        for cx, cy in where.values():
-            body.append(f'<line x1="{cx}" y1="{cy + box_h}" x2="{cx}" y2="{y}" stroke="#7e57c2" stroke-width="2" stroke-dasharray="2 3"/>')
+        wires += [f'<line x1="{cx}" y1="{cy + box_h}" x2="{cx}" y2="{y}" stroke="#7e57c2" stroke-width="2" stroke-dasharray="2 3"/>' for cx, cy in where.values()]
     for (a, b), kind in sorted(lay.links.items()) if arcs else []:
         if a in where and b in where:
             (ax, ay), (bx, by) = where[a], where[b]
@@ -125,7 +125,7 @@ def picture(lay: Layout) -> str:
             body.append(f'<g class="nvlink" data-pair="{a}-{b}"><title>GPU {a} - GPU {b}: {esc(kind)}</title>'
                         f'<path d="M{ax},{ay} C{ax},{ay - lift} {bx},{by - lift} {bx},{by}" fill="none" stroke="#7e57c2" stroke-width="2"/>'
                         f'<text x="{(ax + bx) / 2}" y="{ay - lift * 0.75 - 2:.1f}" text-anchor="middle" font-size="10" fill="#4527a0">{esc(kind)}</text></g>')
-    return svg_doc(int(width), int(height), body, "the node's layout: NUMA nodes, GPUs, NICs and NVLinks")
+    return svg_doc(int(width), int(height), backdrop + wires + body, "the node's layout: NUMA nodes, GPUs, NICs and NVLinks")
 
 
 def _box(p: Part, x: float, y: float, w: int, h: int, fill: str) -> str:
@@ -134,4 +134,4 @@ def _box(p: Part, x: float, y: float, w: int, h: int, fill: str) -> str:
     return (f'<g class="{p.kind}" data-name="{esc(p.name)}"><title>{esc(tip)}</title>'
             f'<rect x="{x}" y="{y}" width="{w}" height="{h}" rx="5" fill="{fill}" stroke="{stroke}" stroke-width="{3 if p.bad else 1}"/>'
             f'<text x="{x + w / 2}" y="{y + 18}" text-anchor="middle" font-weight="bold">{esc(p.name[:14])}</text>'
-            f'<text x="{x + w / 2}" y="{y + 34}" text-anchor="middle" font-size="10" fill="#455a64">{esc(p.note[:18])}</text></g>')
+            f'<text x="{x + w / 2}" y="{y + 34}" text-anchor="middle" font-size="10" fill="#455a64">{esc(p.note[:24])}</text></g>')

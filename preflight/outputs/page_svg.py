@@ -143,15 +143,34 @@ def _ticks(lo: float, hi: float, count: int = 4) -> list[float]:
     return [first + i * step for i in range(int((hi - first) / step) + 1)]
 
 
+def _labels(ticks: list[float], unit: str) -> list[str]:
+    """Tick labels that differ from each other: '28 ms' five times says nothing."""
+    said = [fmt(t, unit) for t in ticks]
+    if len(set(said)) == len(said):
+        return said
+    scale, suffix = {"seconds": (1e3, " ms"), "hertz": (1e-6, " MHz"), "flops_per_second": (1e-12, " TFLOP/s"),
+                     "bytes_per_second": (1e-9, " GB/s")}.get(unit, (1.0, ""))
+    for digits in range(1, 7):
+        said = [f"{t * scale:.{digits}f}{suffix}" for t in ticks]
+        if len(set(said)) == len(said):
+            break
+    return said
+
+
 def chart(c: Chart) -> str:
-    """Lines on shared axes, one colour per series, a legend under the plot."""
-    width, height, left, right, top, plot_h = 760, 250, 90, 20, 10, 180
+    """Lines on shared axes, one colour per series, a legend under the plot. A figure with a
+    unit starts its axis at zero, so a wobble of a percent does not look like a fault; the loss
+    (no unit) is drawn over its own range, where its shape is what matters."""
+    width, height, left, right, top, plot_h = 760, 250, 110, 20, 10, 180
     xs = [x for s in c.series for x in s.xs]
     ys = [y for s in c.series for y in s.ys]
     x0, x1 = min(xs), max(xs)
     y0, y1 = min(ys), max(ys)
-    pad = (y1 - y0) * 0.1 or abs(y1) * 0.1 or 1.0
-    y0, y1 = (y0 - pad if y0 - pad > 0 or y0 < 0 else 0.0), y1 + pad
+    if c.unit and y0 >= 0:
+        y0, y1 = 0.0, y1 * 1.1 or 1.0
+    else:
+        pad = (y1 - y0) * 0.1 or abs(y1) * 0.1 or 1.0
+        y0, y1 = y0 - pad, y1 + pad
     sx = (width - left - right) / ((x1 - x0) or 1)
     sy = plot_h / ((y1 - y0) or 1)
 
@@ -159,10 +178,11 @@ def chart(c: Chart) -> str:
         return f"{left + (x - x0) * sx:.1f},{top + plot_h - (y - y0) * sy:.1f}"
 
     body = [f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{plot_h}" fill="#fafafa" stroke="#ccc"/>']
-    for t in _ticks(y0, y1):
+    ticks = _ticks(y0, y1)
+    for t, said in zip(ticks, _labels(ticks, c.unit)):
         y = top + plot_h - (t - y0) * sy
         body.append(f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e5e5"/>'
-                    f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{esc(fmt(t, c.unit))}</text>')
+                    f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{esc(said)}</text>')
     for t in _ticks(x0, x1):
         x = left + (t - x0) * sx
         body.append(f'<text x="{x:.1f}" y="{top + plot_h + 16}" text-anchor="middle">{t:g}</text>')

@@ -624,6 +624,9 @@ def test_lines_show_the_slowest_rank_per_op():
         "  barrier          3 ms",
     ]
     assert nccl.lines(facts([outcome(0, None)]), expect()) == []
+    # On NVLink every op is under a millisecond: said in microseconds, never "0 ms".
+    fast = nccl.lines(facts([timed(0, 28e-6, 0.0004, 12e-6)]), expect())
+    assert fast[1:] == ["  all_reduce_fp32  small 28.0 us  large 400.0 us", "  barrier          12.0 us"]
 
 
 def test_measurements_name_init_first_collective_and_each_op():

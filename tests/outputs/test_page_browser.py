@@ -2,6 +2,8 @@
 reports, opened in headless Chromium. Each page must load nothing from
 anywhere, log nothing to the console, and show what it promises: the
 verdict's colour, one heatmap cell per ordered GPU pair, a bar per GPU.
+Reports: the recorded ones of tests/fixtures/reports, and the 8x H100 one built
+there by the checks' own code (no GPU was at hand to record one).
 The screenshots are kept under $PAGE_SCREENSHOTS when it is set.
 """
 
@@ -74,6 +76,17 @@ def test_the_fake_8x_h100_has_56_pair_cells_and_a_bar_per_gpu(tmp_path: Path):
     bars = re.findall(r'<g class="bar" data-who="GPU (\d)"', got.dom)
     assert sorted(set(bars)) == [str(i) for i in range(8)]
     assert count(got.dom, "gpu") == 8  # the layout's GPU boxes
+
+
+def test_the_built_8x_h100_shows_the_slow_pair_and_the_outlier_gpus(tmp_path: Path):
+    got = seen("h100-8x-built", tmp_path, height=7000)
+    assert png_pixel(got.png, 5, 5) == RED
+    cells = re.findall(r'<g class="cell" data-src="(\d)" data-dst="(\d)" data-below-floor="(\w+)"', got.dom)
+    assert len(cells) == 56 and [(a, b) for a, b, below in cells if below == "true"] == [("2", "5")]
+    ringed = re.findall(r'<g class="bar" data-who="(GPU \d)" data-past-bound="false" data-outlier="WARN"', got.dom)
+    assert sorted(set(ringed)) == ["GPU 3", "GPU 6"]  # GPU 6's HBM copy, GPU 3's clock under the burn-in
+    assert count(got.dom, "gpu") == 8 and count(got.dom, "nic") == 12 and count(got.dom, "numa") == 2
+    assert count(got.dom, "line") == 8 * 6  # loss, step time, burn-in GEMM rate, clock, power, temperature per GPU
 
 
 def test_a_2_node_group_lists_both_nodes_with_their_figures(tmp_path: Path):

@@ -77,3 +77,10 @@ def test_the_layout_train_and_burnin_pictures_have_their_facts(built):
     gpu3 = next(s for s in charts["SM clock under load"].series if s.label == "GPU 3")
     late = [y for x, y in zip(gpu3.xs, gpu3.ys) if x > 30]
     assert len(gpu3.xs) == 60 and late and max(late) < 1.5e9
+
+
+def test_gpu_3s_sagging_burnin_clock_is_a_ringed_bar(built):
+    # The burn-in judges the clock's median as burnin_sm_clock and writes it as burnin_sm_clock_median: one bar, marked.
+    clock = next(g for g in page_facts.bar_groups(built) if g.name == "burnin_sm_clock_median")
+    assert clock.bars[0].who == "GPU 3" and clock.bars[0].outlier == "WARN"
+    assert all(b.outlier is None for b in clock.bars[1:])
