@@ -123,17 +123,28 @@ def series(f: BurninFacts) -> dict[str, dict[str, list]]:
     out = {}
     for o in f.ranks:
         r = o.report
-        if not isinstance(r, RankReport) or r.burn_started_at is None or r.burn_seconds is None:
+        if not isinstance(r, RankReport) or r.burn_started_at is None:
             continue
+        # A rank that hung or died mid-burn never wrote burn_seconds: its last burst bounds it, and it is the one to look at.
+        seconds = r.burn_seconds if r.burn_seconds is not None else (r.burst_at[-1] if r.burst_at else None)
         trace = by_bus.get((r.pci_bus_id or "").lower()) or by_index.get(ranks.gpu_index(o.gpu))  # type: ignore[arg-type]
-        if trace is None:
+        if trace is None or seconds is None:
             continue
-        start, end = r.burn_started_at, r.burn_started_at + r.burn_seconds
-        under = [s for s in trace.samples if start <= s[0] <= end]
-        under = under[:: -(-len(under) // SERIES_POINTS) or 1]
-        out[o.gpu or o.who] = {"t": [round(s[0] - start, 3) for s in under], "clock_hz": [None if s[1] is None else s[1] * 1e6 for s in under],
-                               "power_w": [s[2] for s in under], "temperature_c": [s[3] for s in under]}
+        start = r.burn_started_at
+        under = [s for s in trace.samples if start <= s[0] <= start + seconds]
+        step = -(-len(under) // SERIES_POINTS) or 1
+        # Thinned a window at a time keeping each window's worst (lowest clock, highest power and heat), so a dip survives.
+        windows = [under[i:i + step] for i in range(0, len(under), step)]
+        out[o.gpu or o.who] = {"t": [round(w[0][0] - start, 3) for w in windows],
+                               "clock_hz": [_worst(min, [s[1] for s in w], 1e6) for w in windows],
+                               "power_w": [_worst(max, [s[2] for s in w]) for w in windows],
+                               "temperature_c": [_worst(max, [s[3] for s in w]) for w in windows]}
     return out
+
+
+def _worst(pick, values: list, scale: float = 1.0) -> float | None:  # noqa: ANN001
+    said = [v for v in values if v is not None]
+    return pick(said) * scale if said else None
 
 
 # ---- judging ------------------------------------------------------------------------

@@ -40,7 +40,7 @@ app.command(short_help="Run the profile's checks in order and print the verdict.
 app.command(short_help="Measure a known-good node and write site floors from it.")(run.calibrate)
 app.command(short_help="Does the last report vouch for this node now?")(integrations.status)
 app.command(short_help="Serve the last report: / (the page), /metrics, /report, /healthz.")(integrations.serve)
-app.command(short_help="A report as one self-contained HTML page.")(integrations.report)
+app.command(cls=_Command, short_help="A report as one self-contained HTML page.")(integrations.report)
 app.command("slurm-healthcheck", short_help="Slurm: drain or resume this node from its last report.")(integrations.slurm_healthcheck)
 app.command("kube-label", short_help="Kubernetes: label (and taint) this node from its report.")(integrations.kube_label)
 app.command(short_help="Run nccl and bandwidth on node pairs; name the slow one.")(multinode.pairwise)

@@ -57,8 +57,8 @@ def serve(
 
 @_exit_codes
 def report(
-    path: Annotated[Optional[Path], typer.Argument(metavar="REPORT.json", help="A report `preflight run --report` wrote. [default: the last report: --report in the config, else /var/lib/preflight/report.json]")] = None,
-    html: Annotated[Path, typer.Option("--html", metavar="OUT.html", help="Write the page here, atomically; `-` for stdout.")] = ...,  # type: ignore[assignment]
+    path: Annotated[Optional[Path], typer.Argument(metavar="REPORT", help="A report (JSON) `preflight run --report` wrote. [default: the last report: --report in the config, else /var/lib/preflight/report.json]")] = None,
+    html: Annotated[Path, typer.Option("--html", metavar="FILE", help="Write the page (HTML) here, atomically; `-` for stdout.")] = ...,  # type: ignore[assignment]
     config: ConfigOpt = None,
 ) -> int:
     """A report as one self-contained HTML page: the verdict, each problem's cause and fix, where the time

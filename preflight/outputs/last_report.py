@@ -92,7 +92,7 @@ def _validated(path: Path, data: bytes) -> Loaded:
         return Loaded(State.OK, Report.model_validate_json(data), raw=data)
     except ValidationError as e:
         err = e.errors()[0]
-        if err["loc"] == ("schema_version",) and isinstance(err.get("input"), int) and err["input"] > SCHEMA_VERSION:
+        if err["loc"] == ("schema_version",) and err["type"] == "less_than_equal":
             return Loaded(State.INVALID, error=f"{path} is a report of schema {err['input']}, from a newer preflight than this one "
                                                f"(it reads schema {SCHEMA_VERSION}): read it with that preflight, or upgrade this one")
         where = ".".join(str(p) for p in err["loc"]) or "the top level"

@@ -86,6 +86,7 @@ def _problems(r: Report) -> str:
     items = []
     for p in found:
         items.append(f'<div class="problem {p.status}" data-check="{esc(p.check)}"><b>{esc(p.check)} {esc(p.status)}</b>: {esc(p.summary)}'
+                     + (f" <i>(measured by {esc(p.carried)}, carried into this report)</i>" if p.carried else "")
                      + (f"<br><span class=\"muted\">cause:</span> {esc(p.cause)}" if p.cause else "")
                      + (f"<br><span class=\"muted\">fix:</span> {esc(p.remedy)}" if p.remedy else "") + "</div>")
     return "<section><h2>Problems</h2>" + "".join(items) + "</section>"
@@ -93,7 +94,8 @@ def _problems(r: Report) -> str:
 
 def _checks(r: Report) -> str:
     rows = "".join(f'<tr><td>{esc(c.check)}</td><td class="st" style="color:{COLOURS.get(c.status.value, "#000")}">{esc(c.status.value)}</td>'
-                   f"<td class=\"time\">{c.duration_seconds:.2f} s</td><td>{esc(c.summary)}</td></tr>" for c in r.checks)
+                   f"<td class=\"time\">{'carried' if facts.carried(c) else f'{c.duration_seconds:.2f} s'}</td>"
+                   f"<td>{esc(c.summary)}{' <i>(measured by ' + esc(facts.carried(c)) + ')</i>' if facts.carried(c) else ''}</td></tr>" for c in r.checks)
     spans = facts.timeline(r)
     return ("<section><h2>Checks, and where the time went</h2>"
             f'<div class="scroll">{page_svg.timeline(spans, r.duration_seconds)}</div>'
@@ -108,9 +110,10 @@ def _figures(r: Report) -> str:
         return "<section><h2>Per-GPU figures</h2><p>No per-GPU or per-rank figure held to a floor in this report.</p></section>"
     out = ["<section><h2>Per-GPU figures against their floors</h2>"
            '<p class="muted">Weakest first. The dashed line is the floor (or ceiling); red is past it; an orange or red ring '
-           "is an outlier against the node's own median.</p>"]
+           "is past the WARN or FAIL band against the node's own median on the reading the report holds (the check's line says "
+           "whether a second reading confirmed it).</p>"]
     for g in groups:
-        title = g.name.replace("_", " ") + (f" ({g.variant})" if g.variant else "")
+        title = g.name.replace("_", " ") + (f" ({g.variant})" if g.variant else "") + (f", measured by {g.carried}" if g.carried else "")
         out.append(f'<h3>{esc(g.check)}: {esc(title)}</h3><div class="scroll">{page_svg.bars(g)}</div>')
     return "".join(out) + "</section>"
 

@@ -9,6 +9,7 @@ outputs/page_svg.py draws them; both are tested through these facts.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,18 @@ class Problem:
     summary: str
     cause: str | None
     remedy: str | None
+    carried: str | None = None  # "the run of <time>, level <level>": measured before this run
+
+
+def carried(c: Result, name: str | None = None) -> str | None:
+    """When a result (or, with ``name``, one of its figures) was measured by an earlier run
+    and kept in this report (pipeline/report.py carry_forward); None: by this run."""
+    if c.details.get("carried_from"):
+        return f"the run of {str(c.details['carried_from'])[:19]}, level {c.details.get('carried_level') or 'standard'}"
+    kept = c.details.get("carried_measurements") or {}
+    if name is not None and name in (kept.get("names") or []):
+        return f"the run of {str(kept.get('from'))[:19]}, level {kept.get('level') or 'standard'}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -54,14 +67,18 @@ class Bar:
 
     @property
     def headroom(self) -> float | None:
-        """Value over floor (or ceiling over value): under 1 is past the bound."""
-        if self.bound is None or self.bound <= 0 or self.value <= 0:
+        """Value over floor (or ceiling over value), for ordering: under 1 is past the bound."""
+        if self.bound is None or self.bound <= 0:
             return None
+        if self.value <= 0:
+            return 0.0 if self.higher_is_better else math.inf  # every NVLink down: the weakest there is
         return self.value / self.bound if self.higher_is_better else self.bound / self.value
 
     @property
     def past_bound(self) -> bool:
-        return self.headroom is not None and self.headroom < 1
+        if self.bound is None:
+            return False
+        return self.value < self.bound if self.higher_is_better else self.value > self.bound
 
 
 @dataclass(frozen=True)
@@ -71,6 +88,7 @@ class BarGroup:
     unit: str
     variant: str  # the non-member labels, "" for most: "op=all_reduce"
     bars: list[Bar]  # weakest first
+    carried: str | None = None  # measured by an earlier run (see ``carried``)
 
 
 @dataclass(frozen=True)
@@ -132,7 +150,7 @@ def problems(report: Report) -> list[Problem]:
     order = {Status.FAIL: 0, Status.ERROR: 1, Status.WARN: 2}
     bad = [c for c in report.checks if c.status in order]
     bad.sort(key=lambda c: order[c.status])
-    return [Problem(c.check, str(c.status.value), c.summary, c.cause, c.remedy) for c in bad]
+    return [Problem(c.check, str(c.status.value), c.summary, c.cause, c.remedy, carried(c)) for c in bad]
 
 
 def timeline(report: Report) -> list[Span]:
@@ -192,14 +210,16 @@ def bar_groups(report: Report) -> list[BarGroup]:
             if m.floor is None and m.ceiling is None and short is None:
                 continue  # a figure nothing judges (temperature at rest) is not drawn against anything
             delta = short.value if short is not None else None
-            bar = Bar(who, m.value, m.floor if m.floor is not None else m.ceiling, m.ceiling is None,
+            # A floor means higher is better, a ceiling lower; with neither, a time is better shorter (as outliers.py has it).
+            higher = m.floor is not None or (m.ceiling is None and m.unit != "seconds")
+            bar = Bar(who, m.value, m.floor if m.floor is not None else m.ceiling, higher,
                       delta, _outlier(delta, bands.get(judged), short.ceiling if short else None))
             key = (m.name, _variant(m))
             groups.setdefault(key, []).append(bar)
             units[key] = m.unit
         for (name, variant), bars in groups.items():
             bars.sort(key=_weakness)
-            out.append(BarGroup(c.check, name, units[(name, variant)], variant, bars))
+            out.append(BarGroup(c.check, name, units[(name, variant)], variant, bars, carried(c, name)))
     out.sort(key=lambda g: not any(b.past_bound or b.outlier for b in g.bars))
     return out
 
@@ -223,10 +243,13 @@ def gpu_count(report: Report) -> int:
 
 def p2p(report: Report) -> Matrix | None:
     """GPU -> GPU copy bandwidth for every ordered pair; None on a node of one GPU or none."""
-    n = gpu_count(report)
+    bw = next((c for c in report.checks if c.check == "bandwidth"), None)
+    seen = [int(m.labels[k]) for m in (bw.measurements if bw is not None else []) if m.name == "p2p_bandwidth"
+            for k in ("gpu", "peer_gpu") if m.labels.get(k, "").isdigit()]
+    # The pairs measured widen the axis: an older report with no shape, or GPUs numbered past the shape's count.
+    n = max(gpu_count(report), 1 + max(seen, default=-1))
     if n < 2:
         return None
-    bw = next((c for c in report.checks if c.check == "bandwidth"), None)
     found: dict[tuple[int, int], Measurement] = {}
     short: dict[tuple[int, int], Measurement] = {}
     for m in bw.measurements if bw is not None else []:
@@ -249,6 +272,8 @@ def p2p(report: Report) -> Matrix | None:
                               _outlier(s.value if s else None, bands, s.ceiling if s else None)))
     if found:
         note = f"{len(found)} of {n * (n - 1)} ordered pairs measured by the bandwidth check"
+        if bw is not None and (when := carried(bw, "p2p_bandwidth")):
+            note += f" of {when}, carried into this report"
     elif bw is None:
         note = "not measured: the bandwidth check did not run"
     else:
@@ -265,11 +290,26 @@ def _rank_reports(c: Result | None) -> list[tuple[str, dict]]:
     return out
 
 
+def _finite(v: object) -> float | None:
+    """A number that can be drawn; the worker writes a diverged loss as "nan" or "inf"."""
+    try:
+        f = float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _steps(who: str, values: list | None) -> Series | None:
+    """One value a step, the ones that cannot be drawn left out (the check's own line says where the loss went non-finite)."""
+    pts = [(float(i), f) for i, v in enumerate(values or []) if (f := _finite(v)) is not None]
+    return Series(who, [p[0] for p in pts], [p[1] for p in pts]) if pts else None
+
+
 def train_charts(report: Report) -> list[Chart]:
     """The probe's loss and step time at each step, one line per rank."""
     rows = _rank_reports(next((c for c in report.checks if c.check == "train"), None))
-    loss = [Series(who, [float(i) for i in range(len(r["losses"]))], [float(v) for v in r["losses"]]) for who, r in rows if r.get("losses")]
-    steps = [Series(who, [float(i) for i in range(len(r["step_seconds"]))], [float(v) for v in r["step_seconds"]]) for who, r in rows if r.get("step_seconds")]
+    loss = [s for who, r in rows if (s := _steps(who, r.get("losses")))]
+    steps = [s for who, r in rows if (s := _steps(who, r.get("step_seconds")))]
     out = []
     if loss:
         out.append(Chart("training loss", "step", "", loss))

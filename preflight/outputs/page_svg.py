@@ -162,6 +162,9 @@ def chart(c: Chart) -> str:
     unit starts its axis at zero, so a wobble of a percent does not look like a fault; the loss
     (no unit) is drawn over its own range, where its shape is what matters."""
     width, height, left, right, top, plot_h = 760, 250, 110, 20, 10, 180
+    c = Chart(c.title, c.x_label, c.unit, [s for s in c.series if all(map(math.isfinite, s.xs + s.ys)) and s.xs])
+    if not c.series:
+        return '<p class="muted">nothing that can be drawn</p>'
     xs = [x for s in c.series for x in s.xs]
     ys = [y for s in c.series for y in s.ys]
     x0, x1 = min(xs), max(xs)

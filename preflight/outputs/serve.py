@@ -98,7 +98,7 @@ class _Handler(BaseHTTPRequestHandler):
             if loaded.report is None:
                 self._send(503, page.unavailable(str(loaded.state), loaded.error).encode(), HTML)
             else:
-                self._send(200, page.render(loaded.report, str(self.server.report)).encode(), HTML)
+                self._send(*self.server.page(loaded.report), HTML)
         else:
             self._send(404, b"not found; try /, /metrics, /report or /healthz\n", "text/plain; charset=utf-8")
 
@@ -164,6 +164,17 @@ class Server(ThreadingMixIn, HTTPServer):
                 self._said = said
                 sys.stderr.write(said)
             return generate_latest(self.unrenderable)
+
+    def page(self, report: Any) -> tuple[int, bytes]:
+        """`/`: the page, or, where a report the model took cannot be drawn, why, as metrics() does."""
+        try:
+            return 200, page.render(report, str(self.report)).encode()
+        except Exception as e:  # a bug in drawing must not cost the scrape or the thread
+            said = f"preflight serve: cannot render {self.report} as a page: {e!r}\n"
+            if said != self._said:
+                self._said = said
+                sys.stderr.write(said)
+            return 500, page.unavailable("invalid", "the report cannot be drawn as a page; /report has it as written").encode()
 
     def server_bind(self) -> None:
         # TCPServer's bind: HTTPServer's also looks up this host's FQDN, a DNS wait at boot.

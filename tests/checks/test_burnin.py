@@ -80,6 +80,13 @@ def test_the_series_for_the_report_page_are_the_samples_under_load_thinned():
     assert got["GPU 0"]["t"][0] == 0 and len(got["GPU 0"]["t"]) == 10  # the idle sample before the burn is left out
     assert got["GPU 0"]["clock_hz"][0] == 1980e6 and got["GPU 0"]["temperature_c"][0] == 70 and got["GPU 0"]["power_w"][0] == 650.0
     assert 200 <= len(got["GPU 1"]["t"]) <= burnin.SERIES_POINTS and got["GPU 1"]["t"] == sorted(got["GPU 1"]["t"])
+    # A dip of one sample survives the thinning, and a rank that hung mid-burn keeps its trace up to its last burst.
+    f.traces[1].samples[501] = (f.traces[1].samples[501][0], 700, 650.0, 70, CAP)
+    f.ranks[1].report.burn_seconds = None
+    f.ranks[1].report.burst_at = [0.0, 30.0 * 600]
+    got = burnin.series(f)
+    assert min(got["GPU 1"]["clock_hz"]) == 700e6 and 100 <= len(got["GPU 1"]["t"]) <= burnin.SERIES_POINTS
+    assert max(got["GPU 1"]["t"]) <= 30.0 * 600
 
 
 def test_a_wrong_result_names_the_rank_the_burst_and_when():

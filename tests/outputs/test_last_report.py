@@ -96,11 +96,12 @@ def test_an_unusable_report_is_unknown_never_a_pass(tmp_path, content, state, wo
 
 def test_a_report_of_a_newer_schema_is_refused_never_half_read(tmp_path):
     # A newer preflight may mean a field differently: a pass it wrote vouches for nothing here.
-    path = report_file(tmp_path / "report.json", "cpu-pass", schema_version=2)
-    for loaded in (load(path), last_report.load_view(path)):
-        assert loaded.state == State.INVALID and loaded.report is None
-        assert "schema 2, from a newer preflight" in loaded.error and "reads schema 1" in loaded.error
-        assert standing(loaded, BOOT, last_report.now()).vouched is None
+    for version in (2, "2", 2.0):
+        path = report_file(tmp_path / "report.json", "cpu-pass", schema_version=version)
+        for loaded in (load(path), last_report.load_view(path)):
+            assert loaded.state == State.INVALID and loaded.report is None
+            assert "schema 2" in loaded.error and "from a newer preflight" in loaded.error and "reads schema 1" in loaded.error
+            assert standing(loaded, BOOT, last_report.now()).vouched is None
 
 
 def test_a_directory_in_place_of_the_report_is_unreadable(tmp_path):

@@ -123,3 +123,56 @@ def test_a_group_lists_every_node_and_the_missing_ones():
     assert [(x.node_rank, x.state) for x in rows] == [(0, "ok"), (1, "missing")]
     assert rows[0].figures["internode_allreduce_bus_bandwidth"] > 0
     assert facts.group_rows(recorded("cpu-pass")) is None
+
+
+def test_a_figure_of_zero_against_its_floor_is_past_it_and_weakest():
+    r = recorded("h100-fake-hw-slowdown")
+    cuda = r.checks[0]
+    ms = [m.model_copy(update={"value": 0.0, "floor": 18.0}) if m.name == "gpu_nvlinks_active" and m.labels["gpu"] == "5"
+          else m.model_copy(update={"floor": 18.0}) if m.name == "gpu_nvlinks_active" else m for m in cuda.measurements]
+    r.checks[0] = cuda.model_copy(update={"measurements": ms})
+    links = next(g for g in facts.bar_groups(r) if g.name == "gpu_nvlinks_active")
+    assert links.bars[0].who == "GPU 5" and links.bars[0].past_bound
+    assert not any(b.past_bound for b in links.bars[1:])
+
+
+def test_a_diverged_loss_leaves_its_steps_out_and_the_page_still_draws():
+    from preflight.outputs import page
+
+    r = recorded("cpu-pass")
+    train = next(c for c in r.checks if c.check == "train")
+    for rank in train.details["ranks"]:
+        rank["report"]["losses"][3:] = ["nan", "inf", "-inf"]
+    r.checks[3] = train.model_copy(update={"details": train.details})
+    loss = facts.train_charts(r)[0]
+    assert [s.xs for s in loss.series] == [[0.0, 1.0, 2.0]] * 2
+    for rank in train.details["ranks"]:
+        rank["report"]["losses"] = ["nan"] * 4
+    assert [c.title for c in facts.train_charts(r)] == ["training step time"]
+    assert "training step time" in page.render(r, "test")
+
+
+def test_the_p2p_axis_widens_to_the_gpus_the_pairs_name():
+    values = {(a, b): 380 * GB for a in range(4, 8) for b in range(4, 8) if a != b}  # CUDA_VISIBLE_DEVICES=4,5,6,7
+    r = p2p_report(values)
+    r.shape = None
+    r.checks = [c for c in r.checks if c.check != "cuda"]
+    m = facts.p2p(r)
+    assert m is not None and m.gpus == 8 and sum(c.value is not None for c in m.cells) == 12
+
+
+def test_a_result_carried_from_an_earlier_run_says_so_everywhere_it_is_drawn():
+    r = recorded("cpu-pass")
+    bw = r.checks[2]
+    r.checks[2] = bw.model_copy(update={"status": Status.FAIL, "details": {**bw.details, "carried_from": "2026-11-22T01:00:00+00:00", "carried_level": "full"}})
+    (p,) = facts.problems(r)
+    assert p.carried == "the run of 2026-11-22T01:00:00, level full"
+    memcpy = next(g for g in facts.bar_groups(r) if g.name == "memcpy_bandwidth")
+    assert memcpy.carried == p.carried
+    # A lighter look that kept a deeper run's figures: those figures, not the whole check, are the earlier run's.
+    train = r.checks[3]
+    kept = {"from": "2026-11-22T01:00:00+00:00", "level": "full", "names": ["gemm_throughput"]}
+    r.checks[3] = train.model_copy(update={"details": {**train.details, "carried_measurements": kept}})
+    assert facts.carried(r.checks[3]) is None
+    gemm = next(g for g in facts.bar_groups(r) if g.name == "gemm_throughput")
+    assert gemm.carried == "the run of 2026-11-22T01:00:00, level full"
