@@ -355,5 +355,6 @@ class Burnin(Check):
         details["series"] = series(facts)
         details["outlier_bands"] = outliers.bands(ctx.profile.outliers, tuple(WORDS))
         details["nvml"] = facts.nvml_note or f"{len(facts.traces)} GPU(s) sampled every {expect.sample_seconds:g} s"
-        details["outliers"] = "judged against the node's median" if ctx.profile.outliers else f"profile {ctx.profile.name} has no [outliers] band: not judged"
+        details["outliers_judged"] = "against the node's median" if ctx.profile.outliers else f"profile {ctx.profile.name} has no [outliers] band: not judged"
+        details["outliers"] = outliers.statuses(outlier_figures(facts, figs), ctx.profile.outliers, tuple(WORDS))
         return self.conclude(findings, summary(facts, figs), measurements=measurements(facts, figs, ctx.profile.outliers), details=details)

@@ -404,6 +404,7 @@ class Train(Check):
         details["unjudged"] = unjudged = {k: v for k, v in unjudged.items() if k in {g.name for g in figs}}
         details["full_node"] = nproc == ((ctx.shape.gpus if ctx.shape else 0) or expect.ranks)
         details["outlier_bands"] = outliers.bands(ctx.profile.outliers, MEMBERS)
+        details["outliers"] = outliers.statuses(figs, ctx.profile.outliers, MEMBERS, first=[g for g in first if g.key in redone] if redone else None)
         findings = [x for found in parts.values() for x in found]
         result = self.conclude(findings, summary(facts, figs), measurements=figs_mod.measurements(figs, floors) + outliers.measurements(figs, ctx.profile.outliers, MEMBERS), details=details)
         result.lines = figs_mod.lines(figs, floors, WORDS)

@@ -93,15 +93,9 @@ def judge(figs: list[Figure], expect: OutlierExpect | None, keys: tuple[str, ...
         return []
     out = []
     again = _fails(first, expect, keys, cohort) if first is not None else {}
-    for key, groups in _groups(figs, keys, cohort).items():
+    for key, (groups, found, once) in _judged(figs, expect, keys, cohort, again).items():
         band = expect.band(key)
         what = words.get(key, key)
-        found = [(o, g, _among(c, len(group)) if len(groups) > 1 else "") for c, group in groups for o, g in _found(group, band)]
-        once: set[str] = set()
-        if key in again:
-            medians = {g.where: statistics.median(m.value for m in group) for _, group in groups for g in group}
-            found, once = _confirmed(found, again[key], key, figs, medians)
-        found.sort(key=lambda ogc: ogc[0].off, reverse=True)
         for status in (Status.FAIL, Status.WARN):
             hit = [(o, g, among) for o, g, among in found if o.status == status]
             if not hit:
@@ -125,6 +119,34 @@ def judge(figs: list[Figure], expect: OutlierExpect | None, keys: tuple[str, ...
                 remedy = f"watch it: rerun `{rerun}`; if it stays behind its peers, check {reason.split(', ')[0]}"
             out.append(Finding(status, head, cause, remedy))
     return out
+
+
+def _judged(figs: list[Figure], expect: OutlierExpect, keys: tuple[str, ...], cohort, again: dict[str, dict[str, Outlier]]) -> dict:
+    """Name -> (its groups, its outliers worst first as (Outlier, Figure, words), the members past
+    the FAIL band on one reading only): what ``judge`` words and ``statuses`` records."""
+    out = {}
+    for key, groups in _groups(figs, keys, cohort).items():
+        band = expect.band(key)
+        found = [(o, g, _among(c, len(group)) if len(groups) > 1 else "") for c, group in groups for o, g in _found(group, band)]
+        once: set[str] = set()
+        if key in again:
+            medians = {g.where: statistics.median(m.value for m in group) for _, group in groups for g in group}
+            found, once = _confirmed(found, again[key], key, figs, medians)
+        found.sort(key=lambda ogc: ogc[0].off, reverse=True)
+        out[key] = (groups, found, once)
+    return out
+
+
+def statuses(figs: list[Figure], expect: OutlierExpect | None, keys: tuple[str, ...], cohort: Callable[[Figure], str | None] | None = None,
+             first: list[Figure] | None = None) -> list[dict]:
+    """Each member ``judge`` names and the status it gives it (after the second reading, as
+    judge confirms), for the report's readers: the page rings a bar by the verdict, not by
+    one reading. ``[{"name", "labels", "status"}]``, worst first per name."""
+    if expect is None:
+        return []
+    again = _fails(first, expect, keys, cohort) if first is not None else {}
+    return [{"name": g.name, "labels": g.labels, "status": o.status.value}
+            for _, found, _ in _judged(figs, expect, keys, cohort, again).values() for o, g, _ in found]
 
 
 def measurements(figs: list[Figure], expect: OutlierExpect | None, keys: tuple[str, ...], cohort: Callable[[Figure], str | None] | None = None) -> list[Measurement]:

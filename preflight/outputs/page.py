@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from preflight.outputs import page_facts as facts
-from preflight.outputs import page_layout, page_svg
+from preflight.outputs import page_layout, page_svg, page_traces
 from preflight.outputs.page_svg import COLOURS, esc, fmt
 
 if TYPE_CHECKING:
@@ -110,8 +110,7 @@ def _figures(r: Report) -> str:
         return "<section><h2>Per-GPU figures</h2><p>No per-GPU or per-rank figure held to a floor in this report.</p></section>"
     out = ["<section><h2>Per-GPU figures against their floors</h2>"
            '<p class="muted">Weakest first. The dashed line is the floor (or ceiling); red is past it; an orange or red ring '
-           "is past the WARN or FAIL band against the node's own median on the reading the report holds (the check's line says "
-           "whether a second reading confirmed it).</p>"]
+           "is an outlier against the node's own median, WARN or FAIL as the check judged it (after a second reading where it took one).</p>"]
     for g in groups:
         title = g.name.replace("_", " ") + (f" ({g.variant})" if g.variant else "") + (f", measured by {g.carried}" if g.carried else "")
         out.append(f'<h3>{esc(g.check)}: {esc(title)}</h3><div class="scroll">{page_svg.bars(g)}</div>')
@@ -147,8 +146,8 @@ def _absent(r: Report, check: str, note: str = "") -> str:
 
 def _traces(r: Report) -> str:
     out = []
-    for title, check, charts, note in (("Training probe", "train", facts.train_charts(r), ""),
-                                       ("Burn-in", "burnin", facts.burnin_charts(r), " (it runs at --level full)")):
+    for title, check, charts, note in (("Training probe", "train", page_traces.train_charts(r), ""),
+                                       ("Burn-in", "burnin", page_traces.burnin_charts(r), " (it runs at --level full)")):
         body = "".join(f'<h3>{esc(c.title)}</h3><div class="scroll">{page_svg.chart(c)}</div>' for c in charts)
         out.append(f"<section><h2>{title}</h2>{body or _absent(r, check, note)}</section>")
     return "".join(out)

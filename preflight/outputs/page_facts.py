@@ -1,10 +1,10 @@
 """What the report page shows, taken out of a Report: plain data, no HTML.
 
 Each function reads one part of the report (problems, where the time went,
-per-GPU figures against their floors, the P2P matrix, the node's layout, the
-train and burn-in traces, the group) and says "nothing to show" with the
-reason rather than guessing. outputs/page.py lays the parts out and
-outputs/page_svg.py draws them; both are tested through these facts.
+per-GPU figures against their floors, the P2P matrix, the group) and says
+"nothing to show" with the reason rather than guessing; page_traces.py and
+page_layout.py read the traces and the layout. outputs/page.py lays the parts
+out and outputs/page_svg.py draws them; both are tested through these facts.
 """
 
 from __future__ import annotations
@@ -108,33 +108,6 @@ class Matrix:
     note: str  # where the figures came from, or why there are none
 
 
-POINTS = 600  # per line: a 5-minute burn keeps thousands of bursts a GPU; a picture needs a few hundred
-
-
-@dataclass(frozen=True)
-class Series:
-    label: str  # "rank 0", "GPU 3"
-    xs: list[float]
-    ys: list[float]
-
-    @staticmethod
-    def thinned(label: str, pts: list[tuple[float, float]], worst=min) -> Series:  # noqa: ANN001
-        """At most POINTS points, keeping each stretch's worst (a clock's lowest, a temperature's
-        highest): the moment that went wrong is what a person looks for."""
-        step = -(-len(pts) // POINTS)
-        if step > 1:
-            pts = [worst(pts[i:i + step], key=lambda p: p[1]) for i in range(0, len(pts), step)]
-        return Series(label, [p[0] for p in pts], [p[1] for p in pts])
-
-
-@dataclass(frozen=True)
-class Chart:
-    title: str
-    x_label: str
-    unit: str  # fmt_value's unit for the y axis
-    series: list[Series]
-
-
 @dataclass
 class GroupRow:
     node_rank: int
@@ -180,7 +153,20 @@ def _variant(m: Measurement) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(m.labels.items()) if k not in MEMBER)
 
 
-def _outlier(off: float | None, bands: dict | None, ceiling: float | None) -> str | None:
+def _verdicts(c: Result) -> dict[tuple[str, tuple], str] | None:
+    """The status the check's outlier judge gave each member it named (details.outliers: after
+    the second reading, as the verdict has it); None for a report from before it was recorded."""
+    said = c.details.get("outliers")
+    if not isinstance(said, list):
+        return None
+    return {(v["name"], tuple(sorted(v["labels"].items()))): v["status"] for v in said if isinstance(v, dict) and "labels" in v}
+
+
+def _outlier(off: float | None, bands: dict | None, ceiling: float | None, verdict: tuple[dict, tuple] | None = None) -> str | None:
+    """The mark a member gets: the check's own verdict where it recorded one, else its shortfall
+    against the recorded bands (an older report: the FAIL band alone, the ceiling)."""
+    if verdict is not None:
+        return verdict[0].get(verdict[1])
     if off is None:
         return None
     fail = (bands or {}).get("fail", ceiling)
@@ -197,6 +183,7 @@ def bar_groups(report: Report) -> list[BarGroup]:
     for c in report.checks:
         off = {(m.name.removesuffix(SHORTFALL), tuple(sorted(m.labels.items()))): m for m in c.measurements if m.name.endswith(SHORTFALL)}
         bands = c.details.get("outlier_bands") or {}
+        verdicts = _verdicts(c)
         groups: dict[tuple[str, str], list[Bar]] = {}
         units: dict[tuple[str, str], str] = {}
         for m in c.measurements:
@@ -213,7 +200,7 @@ def bar_groups(report: Report) -> list[BarGroup]:
             # A floor means higher is better, a ceiling lower; with neither, a time is better shorter (as outliers.py has it).
             higher = m.floor is not None or (m.ceiling is None and m.unit != "seconds")
             bar = Bar(who, m.value, m.floor if m.floor is not None else m.ceiling, higher,
-                      delta, _outlier(delta, bands.get(judged), short.ceiling if short else None))
+                      delta, _outlier(delta, bands.get(judged), short.ceiling if short else None, (verdicts, (judged, key)) if verdicts is not None else None))
             key = (m.name, _variant(m))
             groups.setdefault(key, []).append(bar)
             units[key] = m.unit
@@ -260,6 +247,7 @@ def p2p(report: Report) -> Matrix | None:
                 continue
             (short if m.name.endswith(SHORTFALL) else found)[pair] = m
     bands = ((bw.details.get("outlier_bands") or {}).get("p2p_bandwidth") if bw is not None else None)
+    verdicts = _verdicts(bw) if bw is not None else None
     floor = next((m.floor for m in found.values() if m.floor is not None), None)
     cells = []
     for a in range(n):
@@ -269,7 +257,8 @@ def p2p(report: Report) -> Matrix | None:
             m = found.get((a, b))
             s = short.get((a, b))
             cells.append(Cell(a, b, m.value if m else None, bool(m and m.floor is not None and m.value < m.floor),
-                              _outlier(s.value if s else None, bands, s.ceiling if s else None)))
+                              _outlier(s.value if s else None, bands, s.ceiling if s else None,
+                                       (verdicts, ("p2p_bandwidth", tuple(sorted(m.labels.items())) if m else ())) if verdicts is not None else None)))
     if found:
         note = f"{len(found)} of {n * (n - 1)} ordered pairs measured by the bandwidth check"
         if bw is not None and (when := carried(bw, "p2p_bandwidth")):
@@ -279,68 +268,6 @@ def p2p(report: Report) -> Matrix | None:
     else:
         note = f"not measured: bandwidth {bw.status.value}: {bw.summary}"
     return Matrix(n, cells, floor, note)
-
-
-def _rank_reports(c: Result | None) -> list[tuple[str, dict]]:
-    out = []
-    for r in (c.details.get("ranks") or []) if c is not None else []:
-        rep = r.get("report") if isinstance(r, dict) else None
-        if isinstance(rep, dict):
-            out.append((r.get("gpu") or f"rank {r.get('rank')}", rep))
-    return out
-
-
-def _finite(v: object) -> float | None:
-    """A number that can be drawn; the worker writes a diverged loss as "nan" or "inf"."""
-    try:
-        f = float(v)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
-
-
-def _steps(who: str, values: list | None) -> Series | None:
-    """One value a step, the ones that cannot be drawn left out (the check's own line says where the loss went non-finite)."""
-    pts = [(float(i), f) for i, v in enumerate(values or []) if (f := _finite(v)) is not None]
-    return Series(who, [p[0] for p in pts], [p[1] for p in pts]) if pts else None
-
-
-def train_charts(report: Report) -> list[Chart]:
-    """The probe's loss and step time at each step, one line per rank."""
-    rows = _rank_reports(next((c for c in report.checks if c.check == "train"), None))
-    loss = [s for who, r in rows if (s := _steps(who, r.get("losses")))]
-    steps = [s for who, r in rows if (s := _steps(who, r.get("step_seconds")))]
-    out = []
-    if loss:
-        out.append(Chart("training loss", "step", "", loss))
-    if steps:
-        out.append(Chart("training step time", "step", "seconds", steps))
-    return out
-
-
-def burnin_charts(report: Report) -> list[Chart]:
-    """The burn-in's GEMM rate per burst (every profile) and its NVML samples (GPUs)."""
-    c = next((c for c in report.checks if c.check == "burnin"), None)
-    out = []
-    rate = []
-    for who, r in _rank_reports(c):
-        at, secs, n, k = r.get("burst_at") or [], r.get("gemm_seconds") or [], r.get("gemm_n") or 0, r.get("gemms") or 1
-        pts = [(t, 2.0 * n**3 * k / s) for t, s in zip(at, secs) if s and s > 0]
-        if pts and n:
-            rate.append(Series.thinned(who, pts))
-    if rate:
-        out.append(Chart("burn-in GEMM throughput per burst", "seconds into the burn", "flops_per_second", rate))
-    series = (c.details.get("series") or {}) if c is not None else {}
-    for key, title, unit, worst in (("clock_hz", "SM clock under load", "hertz", min), ("power_w", "power draw", "watts", max),
-                                    ("temperature_c", "GPU temperature", "celsius", max)):
-        lines = []
-        for who, s in sorted(series.items()):
-            pts = [(float(t), float(v)) for t, v in zip(s.get("t") or [], s.get(key) or []) if v is not None] if isinstance(s, dict) else []
-            if pts:
-                lines.append(Series.thinned(who, pts, worst))
-        if lines:
-            out.append(Chart(title, "seconds into the burn", unit, lines))
-    return out
 
 
 def group_rows(report: Report) -> list[GroupRow] | None:

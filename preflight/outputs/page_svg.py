@@ -13,7 +13,8 @@ import html
 import math
 
 from preflight.base.units import fmt_value
-from preflight.outputs.page_facts import BarGroup, Chart, Matrix, Span
+from preflight.outputs.page_facts import BarGroup, Matrix, Span
+from preflight.outputs.page_traces import Chart
 
 COLOURS = {"PASS": "#2e7d32", "WARN": "#ef8f00", "FAIL": "#c62828", "ERROR": "#6a1b9a", "SKIP": "#9e9e9e"}
 LINES = ["#1565c0", "#c62828", "#2e7d32", "#ef8f00", "#6a1b9a", "#00838f", "#ad1457", "#4e342e"]

@@ -95,23 +95,6 @@ def test_pairs_not_measured_are_said_and_not_drawn_as_zero():
     assert facts.p2p(recorded("cpu-pass")) is None  # no GPU: no matrix
 
 
-def test_train_traces_are_each_ranks_loss_and_step_time():
-    charts = facts.train_charts(recorded("cpu-pass"))
-    assert [c.title for c in charts] == ["training loss", "training step time"]
-    loss = charts[0].series[0]
-    assert loss.label == "rank 0" and len(loss.ys) == 8 and loss.ys[0] > loss.ys[-1]
-
-
-def test_burnin_traces_read_the_sampled_series():
-    r = recorded("cpu-pass")
-    series = {"GPU 0": {"t": [0.0, 1.0, 2.0], "clock_hz": [1.98e9, None, 1.4e9], "power_w": [650.0, 690.0, 700.0], "temperature_c": [40, 60, 75]}}
-    r.checks.append(Result(check="burnin", status=Status.PASS, summary="ok", details={"series": series}))
-    charts = {c.title: c for c in facts.burnin_charts(r)}
-    assert set(charts) == {"SM clock under load", "power draw", "GPU temperature"}
-    clock = charts["SM clock under load"].series[0]
-    assert clock.xs == [0.0, 2.0] and clock.ys == [1.98e9, 1.4e9]  # the sample NVML did not answer is left out
-
-
 def test_a_group_lists_every_node_and_the_missing_ones():
     rows = facts.group_rows(recorded("group-keptout-node0"))
     assert [(r.node_rank, r.state) for r in rows] == [(0, "ok"), (1, "failed")]
@@ -134,22 +117,6 @@ def test_a_figure_of_zero_against_its_floor_is_past_it_and_weakest():
     links = next(g for g in facts.bar_groups(r) if g.name == "gpu_nvlinks_active")
     assert links.bars[0].who == "GPU 5" and links.bars[0].past_bound
     assert not any(b.past_bound for b in links.bars[1:])
-
-
-def test_a_diverged_loss_leaves_its_steps_out_and_the_page_still_draws():
-    from preflight.outputs import page
-
-    r = recorded("cpu-pass")
-    train = next(c for c in r.checks if c.check == "train")
-    for rank in train.details["ranks"]:
-        rank["report"]["losses"][3:] = ["nan", "inf", "-inf"]
-    r.checks[3] = train.model_copy(update={"details": train.details})
-    loss = facts.train_charts(r)[0]
-    assert [s.xs for s in loss.series] == [[0.0, 1.0, 2.0]] * 2
-    for rank in train.details["ranks"]:
-        rank["report"]["losses"] = ["nan"] * 4
-    assert [c.title for c in facts.train_charts(r)] == ["training step time"]
-    assert "training step time" in page.render(r, "test")
 
 
 def test_the_p2p_axis_widens_to_the_gpus_the_pairs_name():
@@ -176,3 +143,16 @@ def test_a_result_carried_from_an_earlier_run_says_so_everywhere_it_is_drawn():
     assert facts.carried(r.checks[3]) is None
     gemm = next(g for g in facts.bar_groups(r) if g.name == "gemm_throughput")
     assert gemm.carried == "the run of 2026-11-22T01:00:00, level full"
+
+
+def test_a_ring_follows_the_checks_verdict_after_its_second_reading():
+    r = recorded("cpu-pass")
+    bw = r.checks[2]
+    # One reading put rank 0 past the FAIL band, the second did not: the check said WARN (transient).
+    shortfall = [Measurement(name="memcpy_bandwidth_median_shortfall", unit="ratio", value=v, labels={"rank": k}, ceiling=0.45)
+                 for k, v in (("0", 0.5), ("1", -0.5))]
+    details = {**bw.details, "outlier_bands": {"memcpy_bandwidth": {"warn": 0.25, "fail": 0.45}},
+               "outliers": [{"name": "memcpy_bandwidth", "labels": {"rank": "0"}, "status": "WARN"}]}
+    r.checks[2] = bw.model_copy(update={"measurements": bw.measurements + shortfall, "details": details})
+    memcpy = next(g for g in facts.bar_groups(r) if g.name == "memcpy_bandwidth")
+    assert {b.who: b.outlier for b in memcpy.bars} == {"rank 0": "WARN", "rank 1": None}

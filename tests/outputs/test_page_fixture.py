@@ -10,7 +10,7 @@ import importlib.util
 import pytest
 from conftest import REPORTS
 
-from preflight.outputs import page_facts, page_layout
+from preflight.outputs import page_facts, page_layout, page_traces
 from preflight.pipeline.report import Report
 
 FIXTURE = REPORTS / "h100-8x-built.json"
@@ -70,9 +70,9 @@ def test_the_layout_train_and_burnin_pictures_have_their_facts(built):
     gpus = {p.name: p.numa for p in lay.parts if p.kind == "gpu"}
     assert gpus == {f"GPU {i}": "0" if i < 4 else "1" for i in range(8)}
     assert sum(p.kind == "nic" for p in lay.parts) == 12
-    loss, steps = page_facts.train_charts(built)
+    loss, steps = page_traces.train_charts(built)
     assert len(loss.series) == 8 and all(len(s.ys) == 20 and s.ys[-1] < s.ys[0] for s in loss.series)
-    charts = {c.title: c for c in page_facts.burnin_charts(built)}
+    charts = {c.title: c for c in page_traces.burnin_charts(built)}
     assert set(charts) == {"burn-in GEMM throughput per burst", "SM clock under load", "power draw", "GPU temperature"}
     gpu3 = next(s for s in charts["SM clock under load"].series if s.label == "GPU 3")
     late = [y for x, y in zip(gpu3.xs, gpu3.ys) if x > 30]
