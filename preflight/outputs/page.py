@@ -121,7 +121,8 @@ def _p2p(r: Report) -> str:
     m = facts.p2p(r)
     if m is None:
         n = facts.gpu_count(r)
-        why = "no GPU on this profile" if n == 0 else "one GPU: no pair to copy between"
+        # The count comes from the node's shape or the cuda check: a run with neither (the cpu profile, `--only shm`) names none.
+        why = "no GPU in this report" if n == 0 else "one GPU: no pair to copy between"
         return f"<section><h2>GPU to GPU bandwidth</h2><p>{why}.</p></section>"
     floor = f"; floor {fmt(m.floor, 'bytes_per_second')}, cells below it red with an x" if m.floor is not None else ""
     return (f"<section><h2>GPU to GPU bandwidth (GB/s)</h2><p class=\"muted\">{esc(m.note)}{esc(floor)}.</p>"

@@ -57,7 +57,7 @@ def test_a_cpu_pass_at_the_full_level_is_green_with_bars_and_every_trace(tmp_pat
     lines = re.findall(r'<g class="line" data-series="(rank \d)"', got.dom)
     assert len(lines) == 6  # loss, step time and burn-in GEMM rate, for each of the 2 ranks
     assert count(got.dom, "span") == 6  # shm, nccl, bandwidth, train, burnin, memtest on the timeline
-    assert "no GPU on this profile" in got.dom
+    assert "no GPU in this report" in got.dom
 
 
 def test_a_64m_dev_shm_is_red_and_says_its_cause_and_fix(tmp_path: Path):

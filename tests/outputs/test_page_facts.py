@@ -156,3 +156,13 @@ def test_a_ring_follows_the_checks_verdict_after_its_second_reading():
     r.checks[2] = bw.model_copy(update={"measurements": bw.measurements + shortfall, "details": details})
     memcpy = next(g for g in facts.bar_groups(r) if g.name == "memcpy_bandwidth")
     assert {b.who: b.outlier for b in memcpy.bars} == {"rank 0": "WARN", "rank 1": None}
+
+
+def test_one_gpu_has_no_pair_and_the_page_says_so():
+    from preflight.outputs import page
+
+    r = recorded("h100-fake-hw-slowdown")
+    r.checks[0].details["inventory"]["gpus"] = r.checks[0].details["inventory"]["gpus"][:1]
+    assert facts.gpu_count(r) == 1 and facts.p2p(r) is None
+    assert "one GPU: no pair to copy between" in page.render(r, "test")
+    assert "no GPU in this report" in page.render(recorded("shm-64m-fail"), "test")
