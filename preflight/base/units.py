@@ -41,6 +41,10 @@ def fmt_value(value: float, unit: str) -> str:
         return f"{value:.3g}"
     if unit == "hertz":
         return f"{value / 1e6:.0f} MHz"
+    if unit == "celsius":
+        return f"{value:.0f} C"
+    if unit == "watts":
+        return f"{value:.0f} W"
     return f"{value:g} {unit}"
 
 

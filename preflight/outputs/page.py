@@ -93,15 +93,18 @@ def _problems(r: Report) -> str:
 
 
 def _checks(r: Report) -> str:
-    rows = "".join(f'<tr><td>{esc(c.check)}</td><td class="st" style="color:{COLOURS.get(c.status.value, "#000")}">{esc(c.status.value)}</td>'
-                   f"<td class=\"time\">{'carried' if facts.carried(c) else f'{c.duration_seconds:.2f} s'}</td>"
-                   f"<td>{esc(c.summary)}{' <i>(measured by ' + esc(facts.carried(c)) + ')</i>' if facts.carried(c) else ''}</td></tr>" for c in r.checks)
+    rows = []
+    for c in r.checks:
+        when = facts.carried(c)
+        rows.append(f'<tr><td>{esc(c.check)}</td><td class="st" style="color:{COLOURS.get(c.status.value, "#000")}">{esc(c.status.value)}</td>'
+                    f"<td class=\"time\">{'carried' if when else f'{c.duration_seconds:.2f} s'}</td>"
+                    f"<td>{esc(c.summary)}{f' <i>(measured by {esc(when)})</i>' if when else ''}</td></tr>")
     spans = facts.timeline(r)
     return ("<section><h2>Checks, and where the time went</h2>"
             f'<div class="scroll">{page_svg.timeline(spans, r.duration_seconds)}</div>'
             f'<p class="muted">The run took {r.duration_seconds:.1f} s; the checks {sum(s.seconds for s in spans):.1f} s of it '
             "(the rest: planning, reading the node, writing the verdict).</p>"
-            f"<table><tr><th>check</th><th>status</th><th>time</th><th>summary</th></tr>{rows}</table></section>")
+            f"<table><tr><th>check</th><th>status</th><th>time</th><th>summary</th></tr>{''.join(rows)}</table></section>")
 
 
 def _figures(r: Report) -> str:

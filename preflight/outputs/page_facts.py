@@ -162,11 +162,12 @@ def _verdicts(c: Result) -> dict[tuple[str, tuple], str] | None:
     return {(v["name"], tuple(sorted(v["labels"].items()))): v["status"] for v in said if isinstance(v, dict) and "labels" in v}
 
 
-def _outlier(off: float | None, bands: dict | None, ceiling: float | None, verdict: tuple[dict, tuple] | None = None) -> str | None:
-    """The mark a member gets: the check's own verdict where it recorded one, else its shortfall
-    against the recorded bands (an older report: the FAIL band alone, the ceiling)."""
-    if verdict is not None:
-        return verdict[0].get(verdict[1])
+def _outlier(off: float | None, bands: dict | None, ceiling: float | None, verdicts: dict | None, key: tuple) -> str | None:
+    """The mark a member (``key``: figure name, sorted labels) gets: the check's own verdict where
+    it recorded them, else its shortfall against the recorded bands (an older report: the FAIL
+    band alone, the ceiling)."""
+    if verdicts is not None:
+        return verdicts.get(key)
     if off is None:
         return None
     fail = (bands or {}).get("fail", ceiling)
@@ -200,7 +201,7 @@ def bar_groups(report: Report) -> list[BarGroup]:
             # A floor means higher is better, a ceiling lower; with neither, a time is better shorter (as outliers.py has it).
             higher = m.floor is not None or (m.ceiling is None and m.unit != "seconds")
             bar = Bar(who, m.value, m.floor if m.floor is not None else m.ceiling, higher,
-                      delta, _outlier(delta, bands.get(judged), short.ceiling if short else None, (verdicts, (judged, key)) if verdicts is not None else None))
+                      delta, _outlier(delta, bands.get(judged), short.ceiling if short else None, verdicts, (judged, key)))
             key = (m.name, _variant(m))
             groups.setdefault(key, []).append(bar)
             units[key] = m.unit
@@ -257,8 +258,8 @@ def p2p(report: Report) -> Matrix | None:
             m = found.get((a, b))
             s = short.get((a, b))
             cells.append(Cell(a, b, m.value if m else None, bool(m and m.floor is not None and m.value < m.floor),
-                              _outlier(s.value if s else None, bands, s.ceiling if s else None,
-                                       (verdicts, ("p2p_bandwidth", tuple(sorted(m.labels.items())) if m else ())) if verdicts is not None else None)))
+                              _outlier(s.value if s else None, bands, s.ceiling if s else None, verdicts,
+                                       ("p2p_bandwidth", tuple(sorted(m.labels.items())) if m else ()))))
     if found:
         note = f"{len(found)} of {n * (n - 1)} ordered pairs measured by the bandwidth check"
         if bw is not None and (when := carried(bw, "p2p_bandwidth")):

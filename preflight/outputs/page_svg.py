@@ -26,13 +26,8 @@ def esc(text: object) -> str:
 
 
 def fmt(value: float, unit: str) -> str:
-    if unit == "celsius":
-        return f"{value:.0f} C"
-    if unit == "watts":
-        return f"{value:.0f} W"
-    if not unit:
-        return f"{value:.4g}"
-    return fmt_value(value, unit)
+    """fmt_value, and a bare number (a loss) for no unit."""
+    return fmt_value(value, unit) if unit else f"{value:.4g}"
 
 
 def svg_doc(width: int, height: int, body: list[str], label: str) -> str:

@@ -159,10 +159,7 @@ class Server(ThreadingMixIn, HTTPServer):
         try:
             return generate_latest(self.registry)
         except Exception as e:  # the model lets nothing through that breaks this; a future writer might
-            said = f"preflight serve: cannot render {self.report} as metrics: {e!r}\n"
-            if said != self._said:  # once per fault, not once per scrape
-                self._said = said
-                sys.stderr.write(said)
+            self._fault(f"cannot render {self.report} as metrics: {e!r}")
             return generate_latest(self.unrenderable)
 
     def page(self, report: Any) -> tuple[int, bytes]:
@@ -170,11 +167,14 @@ class Server(ThreadingMixIn, HTTPServer):
         try:
             return 200, page.render(report, str(self.report)).encode()
         except Exception as e:  # a bug in drawing must not cost the scrape or the thread
-            said = f"preflight serve: cannot render {self.report} as a page: {e!r}\n"
-            if said != self._said:
-                self._said = said
-                sys.stderr.write(said)
+            self._fault(f"cannot render {self.report} as a page: {e!r}")
             return 500, page.unavailable("invalid", "the report cannot be drawn as a page; /report has it as written").encode()
+
+    def _fault(self, what: str) -> None:
+        said = f"preflight serve: {what}\n"
+        if said != self._said:  # once per fault, not once per request
+            self._said = said
+            sys.stderr.write(said)
 
     def server_bind(self) -> None:
         # TCPServer's bind: HTTPServer's also looks up this host's FQDN, a DNS wait at boot.
