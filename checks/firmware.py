@@ -31,7 +31,9 @@ from preflight.readers.nvml import MISMATCH, Inventory
 
 FAIL, WARN = Status.FAIL, Status.WARN
 TORCH_TIMEOUT = 60.0  # importing torch from a cold page cache on a network filesystem takes tens of seconds
-ASK_TORCH = "import json, torch; print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda}))"
+# Dies with the agent (PR_SET_PDEATHSIG): a torch import can take seconds, and nothing outlives a killed run.
+ASK_TORCH = ("import ctypes\ntry: ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)\nexcept Exception: pass\n"
+             "import json, torch; print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda}))")
 QUICK = "the quick level starts no torch (standard and full do)"
 COMPAT = "https://docs.nvidia.com/deploy/cuda-compatibility/"
 FLASH = ("update the odd GPUs' firmware to the node's version with the vendor's firmware package (nvfwupd on HGX/DGX, "

@@ -34,6 +34,27 @@ from dataclasses import dataclass
 FAULT_ENV = "PREFLIGHT_WORKER_FAULT"
 
 
+def _die_with_launcher() -> None:
+    """A rank dies with the torchrun that started it, as torchrun dies with the agent
+    (preflight/base/tether.py), so nothing of a killed run lives on: ranks run in
+    sessions of their own, where no group kill reaches them. A plain worker is the
+    launcher itself; a worker run by hand has no launcher to follow."""
+    launcher = os.environ.get("PREFLIGHT_LAUNCHER_PID", "")
+    if not launcher.isdigit() or int(launcher) == os.getpid():
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(launcher):
+        os._exit(1)  # torchrun was gone before the signal was set
+
+
+_die_with_launcher()
+
+
 # Set by world.py when this rank runs workers one after another in one launch (a
 # stage each): torch was imported once, and the process group outlives each worker.
 WORLD: dict = {"active": False, "import_seconds": None, "stage": 0}

@@ -8,14 +8,18 @@ node that stays out is named by every peer at once, and one that never comes
 is named when the meeting's time is up. torchrun's own store cannot do this:
 it lives only while a launch does, and says how many nodes came, never which.
 
-Keys: {id}/open; {id}/{phase}/{node}: the node's JSON post; {id}/bye/{node}:
+Keys: {id}/open; {id}/secret: node rank 0's random word for this run, which
+every node adds to torchrun's rendezvous id; {id}/{phase}/{node}: the node's JSON post; {id}/bye/{node}:
 its last read is done, so rank 0 may close the store. A node that posted in a
 later phase has moved on without this one: it counts as out, with its post.
 
 Writes rank0.json in --out: {"stage", "nodes": {rank: post}, "missing": [...],
-"error"}. Standard library and torch only. By hand, on two nodes:
-  python meeting.py host --endpoint 0.0.0.0:29501 --id t --nnodes 2
-  python meeting.py call --endpoint node0:29501 --id t --nnodes 2 --node-rank 1 --phase nccl --status '{"ok": true}'
+"error", "secret"}. The store listens only on the endpoint's address; the id
+and the secret come in the environment (PREFLIGHT_MEETING_ID,
+PREFLIGHT_MEETING_SECRET), never on a command line every user can read.
+Standard library and torch only. By hand, on two nodes:
+  PREFLIGHT_MEETING_ID=t python meeting.py host --endpoint node0:29501 --nnodes 2
+  PREFLIGHT_MEETING_ID=t python meeting.py call --endpoint node0:29501 --nnodes 2 --node-rank 1 --phase nccl --status '{"ok": true}'
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ def main() -> int:
     p.add_argument("mode", choices=["host", "call"])
     p.add_argument("--out", help="directory for rank0.json (default: print it)")
     p.add_argument("--endpoint", required=True, help="HOST:PORT of the meeting store")
-    p.add_argument("--id", required=True)
+    p.add_argument("--id", default=os.environ.get("PREFLIGHT_MEETING_ID"), help="the group's id [PREFLIGHT_MEETING_ID]")
     p.add_argument("--nnodes", type=int, required=True)
     p.add_argument("--node-rank", type=int, default=0)
     p.add_argument("--phase", choices=PHASES, default="nccl")
@@ -47,6 +51,8 @@ def main() -> int:
     p.add_argument("--wait-all", action="store_true", help="wait for every node, not only until one is out")
     p.add_argument("--expect", default="", help="bye: the nodes to wait for, comma-separated (default: all)")
     args = p.parse_args()
+    if not args.id:
+        p.error("give the group's id: PREFLIGHT_MEETING_ID or --id")
     report: dict = {"stage": "import", "error": None, "nodes": {}, "missing": []}
 
     def save() -> None:
@@ -66,7 +72,9 @@ def main() -> int:
     host = host.strip("[]")
     deadline = time.monotonic() + args.timeout
     if args.mode == "host":
-        store = TCPStore(host, int(port), is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=30))
+        listener = listen(host, int(port))
+        store = TCPStore(host, int(port), is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=30), master_listen_fd=listener.fileno())
+        store.set(f"{args.id}/secret", os.environ.get("PREFLIGHT_MEETING_SECRET", ""))
         store.set(f"{args.id}/open", "1")
         report.update(stage="serving")
         save()
@@ -81,6 +89,7 @@ def main() -> int:
     if store is None:
         return 1
     me = args.node_rank
+    report["secret"] = store.get(f"{args.id}/secret").decode() if store.check([f"{args.id}/secret"]) else None
     store.set(f"{args.id}/{args.phase}/{me}", args.status)
     report.update(stage="waiting")
     save()
@@ -118,6 +127,19 @@ def main() -> int:
         except Exception:  # noqa: BLE001 - rank 0 already gone: nothing left to tell it
             pass
     return 0
+
+
+def listen(host: str, port: int):
+    """A socket listening on the endpoint's address only: a TCPStore left to itself listens
+    on every interface of the node, where any network it is on could reach it."""
+    import socket
+
+    family, kind, proto, _, addr = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    s = socket.socket(family, kind, proto)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(addr)
+    s.listen(128)
+    return s
 
 
 def report_ok(report: dict) -> bool:

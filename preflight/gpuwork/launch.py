@@ -1,23 +1,31 @@
 """Run a worker script (checks/workers/) in child processes, and never hang on it.
 
-One plain process, or torchrun with N local ranks (``--rdzv-backend c10d`` on
-a loopback port the agent picks: ``--standalone`` semantics), under the
-interpreter the settings name (``--python``: the training environment's own
-torch), in a session of its own, with a deadline. Each rank writes its
-verdict to rank{N}.json and its output to rank{N}.log in a private
-directory; torchrun's own output goes to a log beside them. Workers may
-rewrite their JSON as they go, so after a hang the last thing a rank reported
-says where it stopped.
+One plain process, or torchrun with N local ranks, under the interpreter the
+settings name (``--python``: the training environment's own torch), in a
+session of its own, with a deadline. Each rank writes its verdict to
+rank{N}.json and its output to rank{N}.log in a private directory; torchrun's
+own output goes to a log beside them. Workers may rewrite their JSON as they
+go, so after a hang the last thing a rank reported says where it stopped.
 
-Past the deadline the whole process group gets SIGTERM, then SIGKILL, and so
-does every process below it (torchrun starts each rank in a session of its
-own). Every process started carries a token in its environment; after any
-outcome the launcher looks for that token and reports what it could not kill.
+On one node, torchrun meets its ranks through its static rendezvous (its
+default: a TCPStore on 127.0.0.1, rank assignment in JSON, nothing unpickled)
+inside a network namespace of the launch's own (base/tether.py): no other
+host and no other process of the node can reach the store or the ranks'
+sockets. Across nodes, the c10d rendezvous the group needs, its id passed in
+the environment (PET_RDZV_ID), never on a command line every user can read.
+
+Every process started dies with the agent (base/tether.py). Past the deadline
+the whole process group gets SIGTERM, then SIGKILL, and so does every process
+below it (torchrun starts each rank in a session of its own). Every process
+started carries a token in its environment; after any outcome the launcher
+looks for that token and reports what it could not kill. A private directory
+a killed run left in TMPDIR is removed by the next launch.
 """
 
 from __future__ import annotations
 
 import atexit
+import fcntl
 import importlib.util
 import json
 import os
@@ -36,7 +44,7 @@ from typing import Any
 
 import psutil
 
-from preflight.base import host
+from preflight.base import host, tether
 from preflight.base.progress import Progress, stage_of
 
 # checks/ installs as preflight.checks; the workers are plain files beside it,
@@ -95,6 +103,7 @@ class Finished:
     leftover: list[str] = field(default_factory=list)  # processes that outlived the sweep
     endpoint: str | None = None
     world: dict[str, Any] | None = None  # run as a stage of a shared launch: which launch, which stage (gpuwork/world.py)
+    isolation: dict[str, Any] | None = None  # where the ranks' sockets lived (tether.isolation)
 
     @property
     def how_it_ended(self) -> str:
@@ -118,10 +127,11 @@ class Running:
         self._nproc = worker.nproc
         self._seen: dict[int, tuple[tuple[int, int, int], Any]] = {}  # rank -> (file identity, report), for stage()
         self._progress = progress
-        self._dir = _private_dir()
+        self._dir, self._owner = _private_dir()
         self.out_dir = self._dir / "out"
         self.out_dir.mkdir()
         self._log = self._dir / "launcher.log"
+        self._isolation = self._dir / "isolation.json"
         self.token = secrets.token_hex(8)
         self.endpoint = None
         _live.add(self._dir)
@@ -138,17 +148,20 @@ class Running:
         # would die on import and the check would blame torchrun.
         env.pop("PYTHONSAFEPATH", None)
         argv = [python, str(WORKERS_DIR / worker.script), "--out", str(self.out_dir), *worker.args]
+        private_net = False
         if worker.nproc is not None and worker.group is not None:
             g = worker.group
             self.endpoint = g.endpoint
             # Host detection by hostname fails between nodes that do not resolve each
             # other, so node rank 0 says it hosts the store and each agent names its address.
+            # The id rides in the environment: /proc/PID/cmdline is every user's to read.
             argv[1:1] = [
                 "-m", "torch.distributed.run", "--nnodes", str(g.nnodes), "--nproc-per-node", str(worker.nproc),
-                "--rdzv-backend", "c10d", "--rdzv-endpoint", g.endpoint, "--rdzv-id", g.rdzv_id,
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", g.endpoint,
                 "--rdzv-conf", f"is_host={str(g.node_rank == 0).lower()},join_timeout={int(g.join_timeout)}",
                 "--local-addr", g.local_addr, "--max-restarts", "0", "--monitor-interval", "0.1",
             ]  # fmt: skip
+            env["PET_RDZV_ID"] = g.rdzv_id
             env["PREFLIGHT_NODE_RANK"] = str(g.node_rank)
             if g.ifname:
                 # Without it gloo binds the address the hostname resolves to (often 127.0.1.1)
@@ -161,24 +174,41 @@ class Running:
                 if worker.rdzv_port:
                     check_port_free(port)
             except LaunchError:
-                shutil.rmtree(self._dir, ignore_errors=True)
+                self._remove()
                 raise
             self.endpoint = f"127.0.0.1:{port}"
+            # torchrun's default (static) rendezvous: a store on loopback, ranks assigned in
+            # JSON. The c10d one unpickles what its store holds, and any local user could
+            # write there. The ranks' sockets stay on loopback too (inside the launch's own
+            # network, the only interface there is): a job's interface names are judged by
+            # the nccl check before the launch, against the node's interfaces.
             argv[1:1] = [
                 "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(worker.nproc),
-                "--rdzv-backend", "c10d", "--rdzv-endpoint", self.endpoint, "--rdzv-id", f"preflight-{self.token}",
+                "--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--master-port", str(port), "--node-rank", "0",
                 "--max-restarts", "0", "--monitor-interval", "0.1",
             ]  # fmt: skip
+            env.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
+            private_net = True
         self._started = time.monotonic()
         self.deadline = self._started + timeout
         with open(self._log, "wb") as log:
             try:
-                self.proc = subprocess.Popen(argv, cwd=self._dir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                self.proc = tether.popen(argv, private_net=private_net, report=str(self._isolation), cwd=self._dir, env=env,
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             except OSError:
-                shutil.rmtree(self._dir, ignore_errors=True)
+                self._remove()
                 raise
         if progress is not None:
             progress.follow(self.stage)
+
+    def isolation(self) -> dict | None:
+        """Where the launch's sockets live: {"network": "private"}, or "host" and why."""
+        return tether.isolation(str(self._isolation))
+
+    def _remove(self) -> None:
+        shutil.rmtree(self._dir, ignore_errors=True)
+        _live.discard(self._dir)
+        os.close(self._owner)
 
     def report(self, rank: int = 0) -> Any:
         """What the rank has written so far, or None."""
@@ -215,8 +245,8 @@ class Running:
             if self._progress is not None:
                 self._progress.unfollow(self.stage)
             self.end()
-            shutil.rmtree(self._dir, ignore_errors=True)
-            _live.discard(self._dir)
+            if self._dir in _live:
+                self._remove()
 
     def end(self, grace: float = 2.0) -> list[str]:
         """Stop the worker and everything it started (SIGTERM, and SIGKILL after
@@ -246,6 +276,7 @@ class Running:
             root_cause=torchrun_root_cause(log_tail),
             leftover=leftover,
             endpoint=self.endpoint,
+            isolation=self.isolation(),
             **read_out(self.out_dir),
         )
 
@@ -305,18 +336,68 @@ def start(python: str, worker: Worker, timeout: float, progress: Progress | None
     return Running(python, worker, timeout, progress)
 
 
-def _private_dir() -> Path:
+PREFIX = "preflight-worker-"
+OWNER = "owner.lock"  # flock'ed by the agent while the directory is in use
+STALE_UNOWNED = 3600.0  # seconds: a directory with no owner file (an older preflight's) is left this long
+
+
+def _private_dir() -> tuple[Path, int]:
+    """A new private directory under $TMPDIR, and the descriptor whose flock says it is in use.
+    Directories that killed runs left there are removed first."""
     # Python's tempfile quietly falls back to /tmp when $TMPDIR is unusable; the
     # job would not, so neither does the check: the setting is named instead.
     where = os.environ.get("TMPDIR") or None
     try:
-        return Path(tempfile.mkdtemp(prefix="preflight-worker-", dir=where))
+        made = Path(tempfile.mkdtemp(prefix=PREFIX, dir=where))
+        owner = os.open(made / OWNER, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as e:
         place = f"TMPDIR={where}" if where else "the temporary directory"
         raise LaunchError(
             f"{place} is not usable ({e.strerror or e}): the workers cannot write their results there, and the job's own temporary files would fail the same way",
             "point TMPDIR at a writable directory on a local disk with free space (or unset it)",
         ) from None
+    fcntl.flock(owner, fcntl.LOCK_EX)
+    sweep(made.parent, keep=made)
+    return made, owner
+
+
+def sweep(where: Path, keep: Path | None = None) -> list[str]:
+    """Remove this user's private directories under ``where`` that no live run owns (a run
+    killed before it could clean up); their names. Another user's are never touched, nor
+    anything that is not a plain directory."""
+    removed = []
+    try:
+        entries = list(os.scandir(where))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith(PREFIX) or Path(entry.path) == keep:
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if not entry.is_dir(follow_symlinks=False) or st.st_uid != os.geteuid() or not _abandoned(entry.path, st):
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)  # fd-based on Linux: a link inside is removed, never followed
+        removed.append(entry.name)
+    return removed
+
+
+def _abandoned(path: str, st: os.stat_result) -> bool:
+    try:
+        fd = os.open(os.path.join(path, OWNER), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return time.time() - st.st_mtime > STALE_UNOWNED
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False  # its run is alive
+    finally:
+        os.close(fd)
 
 
 def free_port() -> int:

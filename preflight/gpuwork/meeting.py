@@ -10,6 +10,7 @@ ones that never came, the ones that stopped answering.
 from __future__ import annotations
 
 import json
+import secrets
 import socket
 import time
 from dataclasses import dataclass, field
@@ -45,6 +46,9 @@ class Meeting:
         self.broken = False  # a meeting found the group cannot go on: no more meetings but bye
         self.final: Gathered | None = None  # the last meeting: after the group checks, or the one it stayed out of
         self.missing: set[int] = set()  # nodes that did not come to a meeting within its wait
+        # Node rank 0's random word for this run, handed to the others at the meeting: torchrun's
+        # rendezvous id carries it, so the key its store unpickles is not one anyone can guess.
+        self.secret: str | None = secrets.token_hex(16) if group.node_rank == 0 else None
         if group.node_rank == 0:
             self._host(budget)
 
@@ -57,9 +61,9 @@ class Meeting:
                     f"--rdzv-endpoint {self.group.endpoint}: port {port} is in use on this node "
                     "(node rank 0 hosts torchrun's store on PORT and preflight's on PORT+1); stop what holds it or choose another port"
                 ) from None
-        args = ["host", "--endpoint", f"{self.group.host}:{self.group.meeting_port}", "--id", self.group.rdzv_id, "--nnodes", str(self.group.nnodes), "--timeout", f"{budget:g}"]
+        args = ["host", "--endpoint", f"{self.group.host}:{self.group.meeting_port}", "--nnodes", str(self.group.nnodes), "--timeout", f"{budget:g}"]
         try:
-            self.host = launch.start(self.python, launch.Worker("meeting.py", args), budget)
+            self.host = launch.start(self.python, launch.Worker("meeting.py", args, env=self._env(PREFLIGHT_MEETING_SECRET=self.secret or "")), budget)
         except (launch.LaunchError, OSError) as e:
             raise UsageError(f"node rank 0 could not host the meeting point: {getattr(e, 'cause', None) or e}") from None
         until = time.monotonic() + START
@@ -76,7 +80,7 @@ class Meeting:
         """Post, then read the others' posts until all came (or, unless ``wait_all``, one is out) or ``timeout`` passes."""
         me = {"host": socket.gethostname(), "addr": self.side.addr, **post}
         args = [
-            "call", "--endpoint", f"{self.group.host}:{self.group.meeting_port}", "--id", self.group.rdzv_id, "--nnodes", str(self.group.nnodes),
+            "call", "--endpoint", f"{self.group.host}:{self.group.meeting_port}", "--nnodes", str(self.group.nnodes),
             "--node-rank", str(self.group.node_rank), "--phase", phase, "--status", json.dumps(me), "--timeout", f"{timeout:g}",
         ]  # fmt: skip
         if wait_all:
@@ -86,11 +90,12 @@ class Meeting:
         self.reached = phase
         started = time.monotonic()
         try:
-            done = launch.start(self.python, launch.Worker("meeting.py", args), timeout + START).wait()  # its clock starts after torch's import
+            done = launch.start(self.python, launch.Worker("meeting.py", args, env=self._env()), timeout + START).wait()  # its clock starts after torch's import
         except (launch.LaunchError, OSError) as e:
             return Gathered(phase, error=f"the meeting could not start: {getattr(e, 'cause', None) or e}")
         rep = done.reports.get(0) or {}
         error = rep.get("error")
+        self.secret = self.secret or rep.get("secret")
         if rep.get("error_kind") == "no_torch":
             error = f"this node cannot meet the group: torch is not importable by {self.python} ({error}); point --python at the training environment's interpreter"
         g = Gathered(phase, {int(r): n for r, n in (rep.get("nodes") or {}).items()}, list(rep.get("missing") or []), error, round(time.monotonic() - started, 3))
@@ -100,6 +105,10 @@ class Meeting:
         if not g.out():  # a meeting cut short by a node staying out says nothing of who was yet to come
             self.missing.update(g.missing)
         return g
+
+    def _env(self, **more: str) -> dict[str, str]:
+        """The group's id goes to the meeting worker in its environment: a command line is every user's to read."""
+        return {"PREFLIGHT_MEETING_ID": self.group.rdzv_id, **more}
 
     def close(self, expect: list[int], wait: float) -> None:
         """Node rank 0: keep the store until ``expect`` have said bye (at most ``wait`` s), then end it."""
@@ -197,7 +206,9 @@ def torchrun_group(ctx: Any, check: str, left: float) -> launch.Group | None:
     if m is None:
         return None
     # An id per check: a node that finished nccl first must not join rank 0's nccl store, still closing, for bandwidth.
-    return launch.Group(m.group.nnodes, m.group.node_rank, m.group.endpoint, f"{m.group.rdzv_id}-{check}", m.side.addr, m.side.ifname, max(5.0, min(60.0, left / 3)))
+    # Node rank 0's secret for this run makes it one nobody outside the group can guess.
+    rid = f"{m.group.rdzv_id}-{check}" + (f"-{m.secret}" if m.secret else "")
+    return launch.Group(m.group.nnodes, m.group.node_rank, m.group.endpoint, rid, m.side.addr, m.side.ifname, max(5.0, min(60.0, left / 3)))
 
 
 def after(ctx: Any, results: list[Any]) -> None:

@@ -94,6 +94,7 @@ class RunFacts(BaseModel):
     leftover: list[str] = Field(default_factory=list)
     root_cause: int | None = None  # the rank torchrun saw fail first
     world: dict | None = None  # a stage of the run's shared launch: {"launch": N, "stage": K, "ended_it": bool}
+    isolation: dict | None = None  # where the ranks' sockets lived: {"network": "private"}, or "host" and why
     ranks: list[RankOutcome] = Field(default_factory=list)
 
 
@@ -197,6 +198,7 @@ def collect(f: RunFacts, worker: launch.Worker, model: type[RankReport], env: di
     f.endpoint, f.ended, f.returncode = done.endpoint, done.how_it_ended, done.returncode
     f.timed_out, f.settled, f.seconds = done.timed_out, done.settled, round(done.seconds, 3)
     f.log_tail, f.leftover, f.root_cause, f.world = done.log_tail, done.leftover, done.root_cause, done.world
+    f.isolation = done.isolation
     for r in range(f.nproc):
         outcome = RankOutcome(rank=r, gpu=gpu_of(r, env, f.backend), last_line=done.last_line(r))
         if r in done.rank_exits:

@@ -175,6 +175,7 @@ class Stage:
             leftover=leftover,
             endpoint=self.endpoint,
             world={"launch": self.world.number, "stage": self.k, "ended_it": not clean},
+            isolation=self.world.running.isolation(),
             **launch.read_out(self.out_dir),
         )
 

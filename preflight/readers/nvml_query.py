@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import json
 import operator
+import os
 import sys
 import time
 from functools import reduce
@@ -361,5 +362,9 @@ def _line(answer: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
+    # A wedged driver can hold this query for good: it must not outlive the agent that asked.
+    from preflight.base.tether import die_with_parent
+
+    die_with_parent(os.getppid())
     print(_line(_child(*(sys.argv[1:] or ["inventory"]))))
     sys.exit(0)

@@ -1,0 +1,238 @@
+"""Children that die with the agent, and ranks that nobody else can reach.
+
+The agent runs as root, and a run can be killed at any moment (the OOM killer,
+systemd's final SIGKILL, a person). Its launches must not live on after it:
+a rank left running holds GPU memory, and a long burn-in would heat the GPUs
+for minutes beside the next run. Linux's parent-death signal
+(PR_SET_PDEATHSIG) kills a process the moment its parent dies, but "parent"
+means the *thread* that forked it: a check's thread ends while the launch it
+started serves later checks. So every tethered child is forked by one thread
+that lives as long as the agent (``_Spawner``), through this file run as a
+script (a trampoline of the standard library only, under the agent's own
+Python): it sets the signal, makes sure its parent is still the agent, and
+execs the command. torchrun's ranks tie themselves to torchrun the same way
+(checks/workers/_rank.py), so the agent's death takes the whole tree within
+milliseconds, ranks in sessions of their own included.
+
+The trampoline also gives a single-node launch a network of its own: a new
+network namespace holding only a loopback interface (``--net private``). The
+rendezvous store, gloo's and NCCL's sockets then listen where no other host
+and no other process of this machine can connect: nothing another user writes
+can reach the ranks. Root gets the namespace directly; any other user through
+a user namespace of their own, where the kernel allows it. Where neither is
+allowed (a container without CAP_SYS_ADMIN), the launch runs on the host's
+network and the trampoline says why (``isolation``).
+
+The descriptors ``hold`` names (the run lock) are inherited by every tethered
+child, so the lock stays held while anything the run started still lives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+AGENT_ENV = "PREFLIGHT_AGENT"  # "PID:STARTTIME" of the agent that started this process
+LAUNCHER_ENV = "PREFLIGHT_LAUNCHER_PID"  # the pid the trampoline exec'ed into (torchrun, or a plain worker)
+PR_SET_PDEATHSIG = 1
+CLONE_NEWNET = 0x40000000
+CLONE_NEWUSER = 0x10000000
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+EXIT_ORPHANED = 125  # the agent was gone before the command could start
+
+
+def start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22), which
+    with the pid names one process for the whole boot; None where it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def agent_mark(pid: int | None = None) -> str:
+    """This process as its children's environment names it: "PID:STARTTIME"."""
+    pid = os.getpid() if pid is None else pid
+    return f"{pid}:{start_time(pid) or '?'}"
+
+
+def mark_alive(mark: str) -> bool:
+    """Whether the process an ``agent_mark`` names still runs (a reused pid does not count)."""
+    pid, _, started = mark.partition(":")
+    return pid.isdigit() and started != "?" and start_time(int(pid)) == started
+
+
+def die_with_parent(parent: int) -> bool:
+    """SIGKILL this process when ``parent`` dies; False where the parent is already gone
+    (the signal only covers a death after it is set, so the parent is checked after)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the agent's sweep by environment is the only net
+    return os.getppid() == parent
+
+
+# --- the agent's side -------------------------------------------------------
+
+_held: set[int] = set()
+
+
+def hold(fd: int) -> None:
+    """Every tethered child inherits ``fd`` from now on (the run lock: held while they live)."""
+    _held.add(fd)
+
+
+def release(fd: int) -> None:
+    _held.discard(fd)
+
+
+class _Spawner:
+    """One thread, alive as long as the agent, forks every tethered child, so that the
+    parent-death signal fires when the agent dies and not when a check's thread ends."""
+
+    def __init__(self) -> None:
+        import queue
+        import threading
+
+        self._jobs: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def popen(self, argv: list[str], kwargs: dict):
+        import subprocess
+        import threading
+
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._serve, name="preflight-spawner", daemon=True)
+                self._thread.start()
+        done, box = threading.Event(), {}
+        self._jobs.put((argv, kwargs, box, done))
+        done.wait()
+        if "error" in box:
+            raise box["error"]
+        proc: subprocess.Popen = box["proc"]
+        return proc
+
+    def _serve(self) -> None:
+        import subprocess
+
+        while True:
+            argv, kwargs, box, done = self._jobs.get()
+            try:
+                box["proc"] = subprocess.Popen(argv, **kwargs)
+            except BaseException as e:  # noqa: BLE001 - handed back to the caller's thread
+                box["error"] = e
+            done.set()
+
+
+_spawner = _Spawner()
+
+
+def popen(argv: list[str], *, private_net: bool = False, report: str | None = None, **kwargs):
+    """``subprocess.Popen(argv, **kwargs)``, tethered: the command dies with the agent.
+    ``private_net`` runs it in a network namespace of its own with only loopback up;
+    ``report`` names a file where the trampoline writes whether it got one (``isolation``).
+    Raises OSError as Popen would where the command cannot be found or run."""
+    import shutil
+
+    env = kwargs.get("env")
+    path = (env if env is not None else os.environ).get("PATH", os.defpath)
+    exe = shutil.which(argv[0], path=path) if os.sep not in argv[0] else argv[0]
+    if exe is None or not os.path.exists(exe):
+        raise FileNotFoundError(2, "No such file or directory", argv[0])
+    if os.path.isdir(exe) or not os.access(exe, os.X_OK):
+        raise PermissionError(13, "Permission denied", argv[0])
+    me = os.getpid()
+    wrapped = [sys.executable, "-I", "-S", __file__, "--agent", str(me)]
+    if private_net:
+        wrapped += ["--net", "private"]
+    if report:
+        wrapped += ["--report", report]
+    kwargs["env"] = {**(env if env is not None else os.environ), AGENT_ENV: agent_mark(me)}
+    kwargs["pass_fds"] = tuple(sorted({*kwargs.get("pass_fds", ()), *_held}))
+    return _spawner.popen([*wrapped, "--", exe, *argv[1:]], kwargs)
+
+
+def isolation(report: str) -> dict | None:
+    """What the trampoline wrote to ``report``: {"network": "private"} or {"network": "host",
+    "why": ...}; None before it has run."""
+    try:
+        with open(report) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+# --- the trampoline's side (run as a script, standard library only) -------
+
+
+def _private_network() -> dict:
+    """Move this process into a new network namespace with loopback up; what happened."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    uid, gid = os.geteuid(), os.getegid()
+    tried = []
+    for flags, how in ((CLONE_NEWNET, "a network namespace"), (CLONE_NEWUSER | CLONE_NEWNET, "a user and network namespace")):
+        if libc.unshare(flags) == 0:
+            break
+        tried.append(f"{how}: {os.strerror(ctypes.get_errno())}")
+    else:
+        return {"network": "host", "why": "the kernel refused " + "; ".join(tried)}
+    try:
+        if flags & CLONE_NEWUSER:
+            # The same ids inside as outside: files and GPU device nodes see the same user.
+            for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+                with open(f"/proc/self/{name}", "w") as f:
+                    f.write(text)
+        _loopback_up()
+    except OSError as e:
+        # Half made: this process cannot go back, so it must not run the ranks here.
+        return {"network": "broken", "why": f"the private network could not be set up: {e.strerror or e}"}
+    return {"network": "private"}
+
+
+def _loopback_up() -> None:
+    import fcntl
+    import socket
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        ifreq = struct.pack("16sH22x", b"lo", 0)
+        flags = struct.unpack("16sH22x", fcntl.ioctl(s, SIOCGIFFLAGS, ifreq))[1]
+        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))
+
+
+def _main(argv: list[str]) -> int:
+    sep = argv.index("--")
+    opts, command = argv[:sep], argv[sep + 1 :]
+    get = lambda name: opts[opts.index(name) + 1] if name in opts else None  # noqa: E731
+    agent, net, report = int(get("--agent") or 0), get("--net"), get("--report")
+    outcome = _private_network() if net == "private" else {"network": "host", "why": "not asked"}
+    if report:
+        tmp = report + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(outcome, f)
+        os.replace(tmp, report)
+    if outcome["network"] == "broken":
+        print(f"preflight: {outcome['why']}", file=sys.stderr)
+        return 126
+    if not die_with_parent(agent):
+        return EXIT_ORPHANED
+    os.environ[LAUNCHER_ENV] = str(os.getpid())
+    try:
+        os.execv(command[0], command)
+    except OSError as e:
+        print(f"preflight: cannot run {command[0]}: {e.strerror or e}", file=sys.stderr)
+        return 127
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -1,0 +1,101 @@
+"""A rendezvous no one else can reach or write, attacked for real.
+
+tests/rdzv_attacker.py, running as `nobody`, reads the run's endpoints and ids
+from /proc, connects to every port the run's processes listen on, and stores a
+pickled object under every key torchrun's launcher reads. Unpickled, the object
+makes a directory. Root must not run it, and the run's verdict must not change.
+From another network namespace (another host), the run's ports refuse."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import netns
+from conftest import clean_env, run_preflight
+
+ATTACKER = Path(__file__).parents[1] / "rdzv_attacker.py"
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the attacker drops from root to nobody")
+
+
+def start_attacker(tmp_path: Path, wrap: list[str], addr: str | None = None) -> tuple[subprocess.Popen, Path]:
+    """The attacker, watching as nobody; it attacks only this test's run (its TMPDIR), never another on the machine."""
+    (tmp_path / "tmp").mkdir()
+    out = tmp_path / "attacker.json"
+    argv = [*wrap, sys.executable, str(ATTACKER), "--out", str(out), "--mark", str(tmp_path / "pwned"), "--under", str(tmp_path / "tmp"), *(["--addr", addr] if addr else [])]
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
+    # It imports torch as root, then drops to nobody: the run starts only once it watches as nobody.
+    until = time.monotonic() + 180
+    while time.monotonic() < until and proc.poll() is None:
+        try:
+            uid = next(line.split()[1] for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines() if line.startswith("Uid:"))
+        except (OSError, StopIteration):
+            uid = None
+        if uid == "65534":
+            return proc, out
+        time.sleep(0.1)
+    proc.kill()
+    pytest.fail(f"the attacker never became nobody (exit {proc.poll()})")
+
+
+def stop_attacker(proc: subprocess.Popen, out: Path) -> dict:
+    proc.terminate()
+    proc.wait(30)
+    return json.loads(out.read_text())
+
+
+def run_args(tmp_path: Path) -> list[str]:
+    return ["run", "--profile", "cpu", "--only", "nccl,bandwidth", "--report", str(tmp_path / "report.json"), "--lock-file", str(tmp_path / "lock")]
+
+
+def test_a_local_user_cannot_reach_or_write_the_rendezvous(tmp_path: Path) -> None:
+    attacker, out = start_attacker(tmp_path, [])
+    try:
+        done = run_preflight(run_args(tmp_path), env={**clean_env(), "TMPDIR": str(tmp_path / "tmp")}, timeout=600)
+    finally:
+        log = stop_attacker(attacker, out)
+    assert not (tmp_path / "pwned").exists(), f"root ran the attacker's pickle: {log}"
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["verdict"] == "pass"
+    assert log["uid"] == 65534
+    # The attack was aimed: it saw the store's port on torchrun's command line and the
+    # ranks' listening sockets in /proc, and the store's port refused it.
+    ports = [s.rsplit(":", 1)[1] for s in log["seen"]]
+    assert log["seen"], log
+    nccl = next(c for c in report["checks"] if c["check"] == "nccl")
+    assert nccl["details"]["isolation"] == {"network": "private"}
+    master = nccl["details"]["endpoint"].rsplit(":", 1)[1]
+    assert master in ports, log
+    assert f"127.0.0.1:{master}" in " ".join(log["refused"]), log
+
+
+@netns.needs_netns
+def test_another_network_namespace_is_refused(tmp_path: Path) -> None:
+    """Two hosts on a bridge: the run on the first, the attacker on the second, aiming at
+    every port the run's processes listen on, at the first host's address."""
+    net = netns.make(2)
+    try:
+        run_host, other = net.hosts
+        attacker, out = start_attacker(tmp_path, other.argv(), addr=run_host.addr)
+        try:
+            env = {**clean_env(), "TMPDIR": str(tmp_path / "tmp")}
+            from fakes import PREFLIGHT
+
+            done = subprocess.run(run_host.argv(*PREFLIGHT, *run_args(tmp_path)), env=env, capture_output=True, text=True, timeout=600)
+        finally:
+            log = stop_attacker(attacker, out)
+    finally:
+        net.cleanup()
+    assert done.returncode == 0, done.stderr
+    assert log["seen"], log
+    assert all(s.startswith(run_host.addr) for s in log["seen"]), log
+    assert log["connected"] == [], f"reached the run from another namespace: {log}"
+    assert not (tmp_path / "pwned").exists()
