@@ -75,7 +75,8 @@ def _group_flags(multi_node: bool, nnodes: Optional[int], node_rank: Optional[in
     if given:
         raise UsageError(f"--multi-node reads {', '.join(given)} from Slurm's environment; give one or the other")
     g = multinode.from_slurm(os.environ)
-    return {"nnodes": g.nnodes, "node_rank": g.node_rank, "rdzv_endpoint": g.endpoint, "rdzv_id": rdzv_id or g.rdzv_id}
+    # A secret id the job put in its environment (multinode.sbatch does) wins over the job's number.
+    return {"nnodes": g.nnodes, "node_rank": g.node_rank, "rdzv_endpoint": g.endpoint, "rdzv_id": rdzv_id or os.environ.get("PREFLIGHT_RDZV_ID") or g.rdzv_id}
 
 
 @_exit_codes
