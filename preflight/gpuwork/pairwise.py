@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from preflight.base.errors import Interrupted, UsageError
+from preflight.base import tether
 from preflight.base.host import stop
 from preflight.base.signals import interrupting
 from preflight.gpuwork.multinode import expand_hostlist
@@ -269,7 +270,7 @@ def run_round(launch: Launch, rnd: int, pairs: list[tuple[Host, Host]], index: M
                 out, err = files.enter_context(tempfile.TemporaryFile()), files.enter_context(tempfile.TemporaryFile())
                 argv = launch.argv(rnd, pair, (index[pair[0].name], index[pair[1].name]), rank)
                 try:
-                    procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True))
+                    procs.append(tether.popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True))  # dies with us
                     sides.append((pair[rank].name, procs[-1], out, err))
                 except OSError as e:
                     sides.append(Side(pair[rank].name, 127, None, f"could not start {argv[0]}: {e.strerror or e}"))  # 127: as a shell says it

@@ -36,6 +36,7 @@ from typing import Callable
 import psutil
 
 from preflight import __version__
+from preflight.base import tether
 from preflight.gpuwork import launch
 from preflight.base.errors import UsageError
 from preflight.gpuwork.selftest_report import (
@@ -117,8 +118,9 @@ def run_children(many: list[list[str]], deadline: float, workdir: Path) -> list[
             with out.open("wb") as o, err.open("wb") as e:
                 # cwd is a scratch folder, so `-m preflight` imports the installed
                 # package, never a source tree the caller happens to stand in.
-                proc = subprocess.Popen([sys.executable, "-m", "preflight", *args], stdout=o, stderr=e, stdin=subprocess.DEVNULL,
-                                        cwd=workdir, env={**os.environ, TOKEN_ENV: token}, start_new_session=True)
+                # Tethered: a killed selftest takes its runs, and their ranks, with it.
+                proc = tether.popen([sys.executable, "-m", "preflight", *args], stdout=o, stderr=e, stdin=subprocess.DEVNULL,
+                                    cwd=workdir, env={**os.environ, TOKEN_ENV: token}, start_new_session=True)
             runs.append(_Running(proc, token, out, err))
         for r in runs:
             try:
