@@ -99,12 +99,48 @@ def hosts(count: int, tmp_path: Path) -> Iterator[tuple[netns.Net, list[Node]]]:
             net.cleanup()
 
 
+class Watch:
+    """While a group runs: every command line of the machine that names the group's id (none
+    may: every user reads them), and what listens on the meeting port in node rank 0's namespace."""
+
+    def __init__(self, net: netns.Net, rid: str):
+        self.net, self.rid = net, rid
+        self.cmdlines: set[str] = set()
+        self.meeting: set[str] = set()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        import psutil
+
+        while not self.done.is_set():
+            for p in psutil.process_iter(["cmdline"]):
+                line = " ".join(p.info["cmdline"] or [])
+                if self.rid in line and "pytest" not in line:
+                    self.cmdlines.add(line[:200])
+            ss = subprocess.run(self.net.hosts[0].argv("ss", "-ltnH"), capture_output=True, text=True, timeout=30).stdout
+            self.meeting |= {row.split()[3] for row in ss.splitlines() if row.split()[3].endswith(":29501")}
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(30)
+
+
 def test_two_nodes_pass_and_both_report_the_inter_node_figures(tmp_path, env):
     with hosts(2, tmp_path) as (net, nodes):
+        watch = Watch(net, f"t-{net.tag}")
         for i in range(2):
             (tmp_path / f"prom{i}").mkdir()
             nodes.append(start(net, tmp_path, env, i, 2, "--only", "shm,nccl,bandwidth", "--textfile-dir", str(tmp_path / f"prom{i}")))
         assert [n.wait() for n in nodes] == [0, 0], "\n".join(n.out for n in nodes)
+        watch.stop()
+        # The id is on preflight's own command line here (the test gives --rdzv-id), but on
+        # none of the processes it starts: torchrun and the meeting take it from the environment.
+        assert any("-m preflight run" in c for c in watch.cmdlines), "the watch saw no command line at all"
+        assert {c for c in watch.cmdlines if "-m preflight run" not in c} == set(), watch.cmdlines
+        assert watch.meeting == {f"{net.hosts[0].addr}:29501"}, "the meeting store listens beyond the endpoint's address"
         for n in nodes:
             bw = n.check("bandwidth")
             got = {(m["name"], m["labels"].get("stat")): m for m in bw["measurements"]}
