@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from preflight.readers import nccl_env
+from preflight.readers import jobs, nccl_env
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.findings import Finding, Measurement, Status
 from preflight.base.host import Host
@@ -56,6 +56,9 @@ class ShmFacts:
     segment_seconds: float | None = None
     largest_files: list[tuple[str, int]] = field(default_factory=list)
     shm_disabled_by: list[str] = field(default_factory=list)  # "environment", "/etc/nccl.conf"
+    # Slurm jobs running here besides the one this run serves (a prolog's SLURM_JOB_ID): the
+    # space and inodes in use may be theirs, so they are reported, not judged.
+    other_jobs: list[str] = field(default_factory=list)
 
 
 def _unescape(s: str) -> str:
@@ -178,9 +181,14 @@ def touch_segment(directory: Path, size: int, deadline: float = math.inf) -> tup
         os.close(fd)
 
 
+SHARED_SEGMENT = CHUNK  # bytes written while other jobs run here: writable, without taking their space
+
+
 def gather(host: Host, segment_bytes: int, deadline: float = math.inf) -> ShmFacts:
     path = host.path(SHM)
-    facts = ShmFacts(path=SHM, exists=path.is_dir(), shm_disabled_by=_shm_disabled_by(host))
+    facts = ShmFacts(path=SHM, exists=path.is_dir(), shm_disabled_by=_shm_disabled_by(host), other_jobs=jobs.others(host))
+    if facts.other_jobs:
+        segment_bytes = min(segment_bytes, SHARED_SEGMENT)
     facts.mem_total_bytes = _mem_total(host)
     facts.cgroup_headroom_bytes = _cgroup_headroom(host)
     if not facts.exists:
@@ -249,9 +257,19 @@ def judge_mount(f: ShmFacts) -> list[Finding]:
     return found
 
 
+def beside(f: ShmFacts) -> str | None:
+    """Why the free space is not the node's to answer for: other jobs run here."""
+    if not f.other_jobs:
+        return None
+    one = len(f.other_jobs) == 1
+    return f"Slurm job{'' if one else 's'} {', '.join(f.other_jobs)} {'runs' if one else 'run'} on this node"
+
+
 def judge_space(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurement]]:
     """Pure: /dev/shm's size and free space against a floor in bytes. A `df` capture
-    (preflight explain) is judged by this alone, as the check judges its statvfs."""
+    (preflight explain) is judged by this alone, as the check judges its statvfs.
+    The size is what the node offers every job; the free space is judged only where
+    no other job runs here: on a node jobs share, what is in use may be theirs."""
     found: list[Finding] = []
     measurements: list[Measurement] = []
     if f.size_bytes is not None:
@@ -263,7 +281,9 @@ def judge_space(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurem
                 f"{f.path} is {fmt_bytes(f.size_bytes)}{docker}; NCCL fails creating its shared-memory segments "
                 "or dies of SIGBUS, and DataLoader workers crash", fix_size(floor),
             ))
-    if f.free_bytes is not None:
+    if f.free_bytes is not None and f.other_jobs:
+        measurements.append(Measurement(name="shm_free", unit="bytes", value=f.free_bytes))  # no floor: not judged
+    elif f.free_bytes is not None:
         measurements.append(Measurement(name="shm_free", unit="bytes", value=f.free_bytes, floor=floor))
         if f.size_bytes is not None and f.size_bytes >= floor > f.free_bytes:
             stale = ", ".join(f"{name} ({fmt_bytes(size)})" for name, size in f.largest_files)
@@ -290,7 +310,7 @@ def judge(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurement]]:
             f"only some users can create files in {f.path} (mode {f.mode:04o}); a job that does not run as root fails in shm_open",
             "give /dev/shm mode 1777 (`chmod 1777 /dev/shm`), as every distribution ships it",
         ))
-    if f.free_inodes == 0:
+    if f.free_inodes == 0 and not f.other_jobs:
         found.append(Finding(Status.FAIL, f"{f.path} has no free inodes", f"{f.path} cannot hold another file", f"remove stale files from {f.path}"))
     if f.write_error:
         if f.write_error == "read-only":
@@ -358,4 +378,6 @@ class Shm(Check):
             size = f"{fmt_bytes(facts.size_bytes)} {fs}, {fmt_bytes(facts.free_bytes or 0)} free"
         segment = f"; a {fmt_bytes(facts.segment_bytes)} segment was created and written" if facts.segment_bytes else ""
         ok = f"{facts.path}: {size}{segment}"
+        if why := beside(facts):
+            ok += f"; the free space is not judged: {why}"
         return self.conclude(findings, ok, measurements=measurements, details=asdict(facts))

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -147,6 +149,29 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                               env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 1, done.stderr
     return {"pass": d / "pass.json", "fail": d / "fail.json"}
+
+
+HOLD_LOCK = (
+    "import sys\nfrom pathlib import Path\nfrom preflight.pipeline.lock import run_lock\n"
+    "with run_lock(Path(sys.argv[1]), 0):\n    print('held', flush=True)\n    sys.stdin.read()\n"
+)
+
+
+@contextlib.contextmanager
+def lock_held(path: Path) -> Iterator[int]:
+    """Another preflight run's hold on the lock (a recheck, an admin's standard run), taken as
+    every run takes it (preflight.pipeline.lock.run_lock) in a process of its own; yields its pid."""
+    p = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline() == "held\n", f"the holder did not take {path}"
+        yield p.pid
+    finally:
+        p.stdin.close()  # lets it go
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 # `nvidia-smi topo -m` captures and the facts tests/fixtures/topo/expected.json states for each.

@@ -225,6 +225,9 @@ def test_the_prologs_preflight_commands_are_valid(recorders: Path) -> None:
     parse(status)
     # Then a fresh look at the quick level, within a budget, into the same report.
     assert run[:5] == ["run", "--level", "quick", "--budget", "10"] and run[-2:] == ["--report", "/var/lib/preflight/report.json"]
+    # Another run holding the lock is waited for briefly, then the last report (which status vouched for) stands.
+    assert run[run.index("--lock-timeout") + 1] == "5" and run[run.index("--if-locked") + 1] == "skip"
+    assert not [a for a in run if "lock-file" in a]  # the lock is preflight's own setting, the recheck's and the gate's
     parse(run)
     done = subprocess.run([str(SLURM / "prolog.sh")], env=_env(recorders, PREFLIGHT_MAX_AGE="86400", PREFLIGHT_BUDGET="4.5"), capture_output=True, text=True, timeout=30)
     status, run = calls(recorders.parent / "preflight.calls")
@@ -284,6 +287,37 @@ def test_the_prolog_refuses_a_vouched_node_whose_quick_look_fails_and_keeps_the_
     assert (after["verdict"], after["level"]) == ("fail", "quick")
     kept = {c["check"]: c["details"]["carried_from"] for c in after["checks"] if "carried_from" in c["details"]}
     assert set(kept) == {"nccl", "bandwidth", "train"} and set(kept.values()) == {gate["finished_at"]}
+
+
+def test_the_prolog_lets_the_job_run_on_the_last_report_while_another_run_holds_the_lock(tmp_path: Path, real_prolog) -> None:
+    from conftest import lock_held, report_file
+
+    report = report_file(tmp_path / "report.json", "cpu-pass")
+    before = report.read_text()
+    with lock_held(tmp_path / "lock") as holder:  # real_prolog's lock: a standard run, an admin's, the gate again
+        ok = real_prolog(PREFLIGHT_REPORT=str(report))
+    assert ok.returncode == 0 and ok.stderr == "", ok.stderr
+    assert report.read_text() == before  # no look taken: the holder writes the verdict
+    said = calls(tmp_path / "logger.calls")[-1][-1]
+    assert said.startswith(f"preflight prolog: job 4242 on gpu17: preflight: not run: another preflight run (pid {holder}) still holds "), said
+    # Lock free again: the prolog takes its own look.
+    assert real_prolog(PREFLIGHT_REPORT=str(report)).returncode == 0
+    assert json.loads(report.read_text())["level"] == "quick"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare for a private /dev/shm")
+def test_the_prolog_refuses_a_job_on_a_node_whose_dev_shm_is_too_small_for_any_job(tmp_path: Path, recorders: Path) -> None:
+    from conftest import report_file
+
+    report = report_file(tmp_path / "report.json", "cpu-pass")
+    (recorders / "preflight").unlink()
+    env = _env(recorders, SLURM_JOB_ID="4242", SLURMD_NODENAME="gpu17", PREFLIGHT_PROFILE="cpu", PREFLIGHT_LOCK_FILE=str(tmp_path / "lock"),
+               PREFLIGHT_REPORT=str(report))
+    # An idle node (its own PID namespace: no job but this one) with Docker's 64 MiB /dev/shm.
+    done = subprocess.run(["unshare", "--mount", "--pid", "--fork", "--mount-proc", "sh", "-c",
+                           f'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec {SLURM / "prolog.sh"}'], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.startswith("preflight prolog: job 4242 refused on gpu17: [FAIL] shm") and "/dev/shm is 64 MiB, below the 1 GiB floor" in done.stderr
 
 
 def test_the_prolog_refuses_where_the_quick_level_does_not_fit_its_budget(tmp_path: Path, real_prolog) -> None:

@@ -12,6 +12,36 @@
 #    A non-zero verdict refuses the job, and the report then tells
 #    preflight-healthcheck and the metrics why.
 #
+# Never a refusal for preflight's own reasons:
+# - Another preflight run holding the lock (the hourly recheck, an admin's
+#   run, the boot gate run again) is waited for 5 s, time for a recheck's
+#   quick look to end; this prolog then takes its own. A run still holding it
+#   then (the standard level takes a minute or more) is not waited for:
+#   `--if-locked skip` exits 0, and the job is judged by the last report,
+#   which step 1 found vouching (and recent enough, where PREFLIGHT_MAX_AGE is
+#   set: a run that never lets go does not keep a node in service for ever).
+#   That run writes its own verdict; if it fails, preflight-healthcheck
+#   drains the node with the cause at its next interval (a drain lets the
+#   running job finish). Waiting for it would hold the job for minutes;
+#   refusing would drain a healthy node "Prolog error", which nothing lifts
+#   but a person. The lock is preflight's own setting (--lock-file,
+#   PREFLIGHT_LOCK_FILE, the config file), the same for this run, the recheck
+#   and the gate, so it is never named here. An admin's standard run on a
+#   node in service measures beside the jobs it lets in:
+#   drain the node first for figures of the node alone.
+# - On a node jobs share (jobs not --exclusive), the quick look judges what
+#   the node offers, not what the jobs running on it use. preflight sees them
+#   itself, with no Slurm command: every job step runs under a slurmstepd
+#   titled "slurmstepd: [JOBID.STEP]" in /proc, and SLURM_JOB_ID (set here)
+#   is the job about to start. While another job runs here, /dev/shm's size,
+#   filesystem and mode are judged and a 1 MiB segment is written (not 64 MiB:
+#   the space is the jobs'); its free space and inodes are only reported, as
+#   what is in use may be that job's. The quick level does no GPU work and
+#   never judges a GPU by the processes on it, so GPUs other jobs hold are no
+#   finding either. With no other job here everything is judged: a /dev/shm
+#   too small for any job (64 MiB) fails on any node, and leftovers of crashed
+#   jobs filling it fail as soon as no other job runs beside them.
+#
 # A non-zero exit makes Slurm drain the node with reason "Prolog error" and
 # requeue the job (held, unless SchedulerParameters has nohold_on_prolog_fail).
 #
@@ -66,9 +96,12 @@ unset PREFLIGHT_MAX_AGE
 # is in the report). --budget refuses (exit 2) before anything runs where the
 # quick level is not expected to fit; the checks' own deadlines end a wedged
 # driver's hang, and timeout is the last stop (the run then records the
-# interruption). The lock is the boot gate's and the recheck's: wait for one
-# of them a few seconds only.
-said=$(timeout 30 preflight run --level quick --budget "${PREFLIGHT_BUDGET:-10}" --lock-timeout 5 -q --report "$report" 2>&1)
+# interruption). Another run holding the lock: see the top.
+said=$(timeout 30 preflight run --level quick --budget "${PREFLIGHT_BUDGET:-10}" --lock-timeout 5 --if-locked skip -q --report "$report" 2>&1)
 rc=$?
 [ "$rc" -eq 0 ] || refuse "$(printf '%s' "$said" | tr '\n' ' ')" "$rc"
+# A look not taken (another run held the lock) is worth a line in the journal: the job ran on the last report.
+case "$said" in
+    *"not run:"*) command -v logger >/dev/null && logger -t preflight-prolog -- "preflight prolog: job ${SLURM_JOB_ID:-?} on ${SLURMD_NODENAME:-$(hostname -s)}: $(printf '%s' "$said" | tr '\n' ' ')" ;;
+esac
 exit 0

@@ -24,6 +24,7 @@ def run(
     report: Annotated[Optional[Path], typer.Option("--report", metavar="FILE", help="Write the JSON report here, atomically.")] = None,
     textfile_dir: Annotated[Optional[Path], typer.Option("--textfile-dir", metavar="DIR", help="Write preflight.prom here, atomically, for node_exporter's textfile collector.")] = None,
     if_idle: Annotated[bool, typer.Option("--if-idle", help="Do nothing (exit 0, last report kept) while a process holds a GPU: for periodic rechecks.")] = False,
+    if_locked: Annotated[Optional[str], typer.Option("--if-locked", metavar="ACTION", help="When another run still holds the lock after --lock-timeout: error (exit 2), or skip (exit 0, nothing written: the last report stands and that run writes its own verdict; for the Slurm prolog). [default: error]")] = None,
     config: ConfigOpt = None,
     lock_file: Annotated[Optional[Path], typer.Option("--lock-file", metavar="FILE", help="Lock that keeps runs apart. [default: /run/lock/preflight.lock]")] = None,
     lock_timeout: Annotated[Optional[float], typer.Option("--lock-timeout", metavar="SECONDS", help="Seconds to wait for another run to finish. [default: 60]")] = None,
@@ -46,6 +47,8 @@ def run(
     from preflight.outputs import gate
     from preflight.pipeline import settings as settings_mod
 
+    if if_locked not in (None, "error", "skip"):
+        raise UsageError(f"--if-locked {if_locked!r}: say error (exit 2 when another run holds the lock) or skip (exit 0, the last report stands)")
     console = _console(quiet, verbose)
     s = _settings(
         config, profile=profile, level=level, budget=budget, only=only, skip=skip, keep_going=keep_going,
@@ -57,7 +60,7 @@ def run(
         console.note(said)
     for name in settings_mod.unknown_env():
         console.note(f"warning: {name} is not a preflight setting and is ignored")
-    result = gate.run(s, console, if_idle)
+    result = gate.run(s, console, if_idle, if_locked or "error")
     if result is None:
         return 0
     console.summary(result)

@@ -7,22 +7,24 @@ afterwards is left as it was, and a run that passed exits 3.
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from preflight.base.signals import interrupting
 from preflight.outputs import metrics
 from preflight.pipeline import plan as pipeline, report as reports
-from preflight.pipeline.lock import run_lock
+from preflight.pipeline.lock import LockHeld, run_lock
 
 if TYPE_CHECKING:
     from preflight.outputs.console import Console
     from preflight.pipeline.settings import Settings
 
 
-def run(s: Settings, console: Console, if_idle: bool = False) -> reports.Report | None:
-    """The run's report, written; None when ``if_idle`` found a GPU held (nothing
-    run, the last report stands). Raises UsageError before any check for bad input."""
+def run(s: Settings, console: Console, if_idle: bool = False, if_locked: str = "error") -> reports.Report | None:
+    """The run's report, written; None when nothing ran and the last report stands:
+    ``if_idle`` found a GPU held, or with ``if_locked="skip"`` another run still held
+    the lock after ``s.lock_timeout``. Raises UsageError before any check for bad input."""
     report_path = reports.check_writable(s.report) if s.report is not None else None
     textfile = metrics.check_textfile_dir(s.textfile_dir) if s.textfile_dir is not None else None
     with interrupting():  # the runner stops the running check's workers and still writes the report
@@ -30,7 +32,16 @@ def run(s: Settings, console: Console, if_idle: bool = False) -> reports.Report 
         if if_idle and (held := pipeline.gpus_busy(s)):
             console.note(f"not run: {held}; the last report stands")
             return None
-        with run_lock(s.lock_file, s.lock_timeout, lambda who: console.note(f"waiting for {who} to release {s.lock_file}")):
+        with ExitStack() as locked:
+            try:
+                locked.enter_context(run_lock(s.lock_file, s.lock_timeout, lambda who: console.note(f"waiting for {who} to release {s.lock_file}")))
+            except LockHeld as e:
+                if if_locked != "skip":
+                    raise
+                # Said even with -q: this run judged nothing, and whoever reads its output must know.
+                console.line(f"preflight: not run: another preflight run ({e.holder}) still holds {s.lock_file} after {s.lock_timeout:g} s; "
+                             "the last report stands, and that run writes its own verdict")
+                return None
             result = pipeline.execute(the_plan, s, console)
             result.level, result.level_chosen_because = the_plan.level, the_plan.level_chosen_because
             before = reports.read_previous(report_path)

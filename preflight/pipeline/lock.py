@@ -12,6 +12,14 @@ from pathlib import Path
 from preflight.base.errors import UsageError
 
 
+class LockHeld(UsageError):
+    """Another run still held the lock when the wait ran out (``run --if-locked skip`` ends here, exit 0)."""
+
+    def __init__(self, message: str, holder: str):
+        super().__init__(message)
+        self.holder = holder
+
+
 def _holder(fd: int) -> str:
     try:
         pid = os.pread(fd, 32, 0).decode().strip()
@@ -52,9 +60,10 @@ def run_lock(path: Path, timeout: float, on_wait: Callable[[str], None] = lambda
             except BlockingIOError:
                 holder = _holder(fd)
                 if time.monotonic() >= deadline:
-                    raise UsageError(
+                    raise LockHeld(
                         f"another preflight run ({holder}) holds {path}; waited {timeout:g} s. "
-                        "Wait for it to finish, or raise --lock-timeout"
+                        "Wait for it to finish, or raise --lock-timeout",
+                        holder,
                     ) from None
                 if not waited:
                     on_wait(holder)

@@ -110,6 +110,34 @@ def test_unknown_filesystem_warns_rather_than_claiming_tmpfs():
     assert f.status is Status.WARN and "cannot tell which filesystem" in f.summary
 
 
+# --- a node jobs share: what the node offers, not what the other jobs use ------------
+
+def test_beside_another_job_the_free_space_and_inodes_are_reported_not_judged():
+    facts = healthy(size_bytes=1536 * MiB, free_bytes=736 * MiB, free_inodes=0, largest_files=[("job-a", 800 * MiB)],
+                    segment_bytes=MiB, other_jobs=["41"])
+    findings, ms = judge(facts, GiB)
+    assert findings == []
+    free = next(m for m in ms if m.name == "shm_free")
+    assert free.value == 736 * MiB and free.floor is None  # no floor: no metric says it is past one
+    assert shm.beside(facts) == "Slurm job 41 runs on this node"
+    assert shm.beside(healthy(other_jobs=["41", "57"])) == "Slurm jobs 41, 57 run on this node"
+    # The same facts with no other job here: leftovers, judged.
+    (f,), _ = judge(healthy(size_bytes=1536 * MiB, free_bytes=736 * MiB, largest_files=[("job-a", 800 * MiB)], segment_bytes=0), GiB)
+    assert f.status is Status.FAIL and f.summary == "only 736 MiB of /dev/shm is free, below the 1 GiB floor"
+
+
+def test_beside_another_job_what_the_node_offers_is_still_judged():
+    # Too small for any job, on disk, or read-only: the node's own fault, whoever runs on it.
+    for facts, summary in (
+        (healthy(size_bytes=64 * MiB, free_bytes=10 * MiB, segment_bytes=0), "/dev/shm is 64 MiB, below the 1 GiB floor"),
+        (healthy(mount=Mount("/dev/shm", "ext4", "/dev/vda", ["rw"])), "/dev/shm is ext4, not tmpfs"),
+        (healthy(write_error="read-only", segment_bytes=0), "/dev/shm is not writable (read-only)"),
+        (healthy(mode=0o700), "/dev/shm has mode 0700, not world-writable"),
+    ):
+        (f,), _ = judge(ShmFacts(**{**facts.__dict__, "other_jobs": ["41"]}), GiB)
+        assert (f.status, f.summary) == (Status.FAIL, summary)
+
+
 def test_missing_dev_shm_fails():
     (f,), _ = judge(ShmFacts(path="/dev/shm", exists=False), GiB)
     assert f.status is Status.FAIL and f.summary == "/dev/shm does not exist"
@@ -253,9 +281,22 @@ def test_touch_segment_reports_enospc_instead_of_sigbus():
 
 
 def in_private_shm(setup: str, args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run preflight in its own mount namespace after ``setup`` remounts /dev/shm."""
+    """Run preflight in its own mount namespace after ``setup`` remounts /dev/shm, and in a PID
+    namespace of its own: it sees the Slurm jobs ``setup`` starts, not those running elsewhere
+    on this machine (another test's cluster), which would make any /dev/shm a shared one."""
     cmd = f"{setup} && exec {' '.join(map(shlex.quote, fakes.PREFLIGHT))} {args}"
-    return subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run(["unshare", "--mount", "--pid", "--fork", "--mount-proc", "sh", "-c", cmd],
+                          capture_output=True, text=True, timeout=120, env=env)
+
+
+def slurm_job(tmp_path: Path, job: str) -> str:
+    """Shell that leaves a process titled as Slurm job ``job``'s batch slurmstepd running
+    (the kernel names it after its file), as a job's step shows in /proc."""
+    stepd = tmp_path / "slurmstepd"
+    stepd.write_bytes(Path("/bin/sleep").read_bytes())
+    stepd.chmod(0o755)
+    started = f"{{ bash -c 'exec -a \"slurmstepd: [{job}.batch]\" {stepd} 300' & }}"
+    return f"{started} && until pgrep -x slurmstepd >/dev/null; do sleep 0.05; done"  # titled before preflight looks
 
 
 @needs_root
@@ -282,6 +323,31 @@ def test_nearly_full_dev_shm_fails_naming_the_leftover():
     (r,) = Report.model_validate_json(p.stdout).checks
     assert "of /dev/shm is free, below the 1 GiB floor" in r.summary
     assert "nccl-stale-segment (700 MiB)" in r.cause
+
+
+@needs_root
+def test_another_jobs_files_are_not_judged_as_the_nodes_and_not_taken_from(tmp_path):
+    # A 1.5 GiB tmpfs with 800 MiB of job 41's data in it, job 41 still running: the node offers
+    # 1.5 GiB, above the 1 GiB floor; the 736 MiB left is reported, and only 1 MiB is written.
+    setup = f"mount -t tmpfs -o size=1536m tmpfs /dev/shm && head -c 800M /dev/zero > /dev/shm/job-41-data && {slurm_job(tmp_path, '41')}"
+    p = in_private_shm(setup, "run --profile cpu --level quick --json")
+    assert p.returncode == 0, p.stderr
+    (r,) = Report.model_validate_json(p.stdout).checks
+    assert r.status is Status.PASS and r.details["other_jobs"] == ["41"]
+    assert r.summary == ("/dev/shm: 1.5 GiB tmpfs, 736 MiB free; a 1 MiB segment was created and written; "
+                         "the free space is not judged: Slurm job 41 runs on this node")
+    # The job the run serves (a prolog's SLURM_JOB_ID) is not another: its node is idle, and the data a leftover.
+    p = in_private_shm(setup, "run --profile cpu --level quick --json", env={**os.environ, "SLURM_JOB_ID": "41"})
+    assert p.returncode == 1, p.stderr
+    (r,) = Report.model_validate_json(p.stdout).checks
+    assert r.summary == "only 736 MiB of /dev/shm is free, below the 1 GiB floor" and "job-41-data (800 MiB)" in r.cause
+
+
+@needs_root
+def test_a_dev_shm_too_small_for_any_job_fails_beside_another_job_too(tmp_path):
+    p = in_private_shm(f"mount -t tmpfs -o size=64m tmpfs /dev/shm && {slurm_job(tmp_path, '41')}", "run --profile cpu --level quick")
+    assert p.returncode == 1, p.stderr
+    assert "/dev/shm is 64 MiB, below the 1 GiB floor" in p.stderr
 
 
 @needs_root

@@ -1,9 +1,10 @@
-"""`preflight slurm-healthcheck` against a real Slurm: Debian's munged, slurmctld
-and slurmd started here as one node in one partition, every file, socket, port
-and log private to the test (a generated slurm.conf and munge key under a
+"""`preflight slurm-healthcheck` and the prolog against a real Slurm: Debian's munged,
+slurmctld and slurmd started here as one node in one partition, every file, socket,
+port and log private to the test (a generated slurm.conf and munge key under a
 temporary directory, SLURM_CONF for the clients), stopped with their process
 groups after. The shipped HealthCheckProgram wrapper is slurmd's, as
-slurm.conf.snippet installs it.
+slurm.conf.snippet installs it, and so is examples/slurm/prolog.sh where a test
+asks for the prolog.
 
 A daemon that cannot start makes the test skip and say why; every wait has a
 deadline."""
@@ -11,6 +12,7 @@ deadline."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shlex
@@ -26,7 +28,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import report_file
+from conftest import lock_held, report_file
 from preflight.gpuwork.launch import free_port
 
 SBIN = f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin"
@@ -46,8 +48,14 @@ CALL = 20.0  # per client command: slurmctld answers a single node in millisecon
 
 
 class Cluster:
-    def __init__(self, root: Path, interval: int):
+    def __init__(self, root: Path, interval: int, prolog: bool = False, cpus: int = 1, shm: str | None = None):
+        """``prolog``: the shipped prolog as Prolog= (PrologFlags=Alloc, the cpu profile, a lock of
+        its own); ``cpus``: jobs of one CPU that may share the node; ``shm``: slurmd, and so every
+        prolog and job, in a mount namespace of its own with a tmpfs of this size on /dev/shm,
+        and a PID namespace of its own, so a prolog sees this cluster's jobs alone in /proc."""
         self.root, self.node, self.interval = root, socket.gethostname().split(".")[0], interval
+        self.prolog, self.cpus, self.shm = prolog, cpus, shm
+        self.lock = root / "preflight.lock"
         self.report = root / "report.json"
         self.token = uuid.uuid4().hex
         self.conf = root / "slurm.conf"
@@ -73,6 +81,15 @@ class Cluster:
         healthcheck.write_text(f"{first}\nexport SLURM_CONF={self.conf}\nexec >>{self.root}/healthcheck.log 2>&1\n{rest}")
         healthcheck.chmod(0o755)
         r = self.root
+        prolog = ""
+        if self.prolog:
+            # slurmd gives a prolog an empty environment, as it does HealthCheckProgram: the settings a site
+            # puts in its own wrapper or config file, here this test's preflight, report, profile and lock.
+            wrapper = r / "prolog"
+            wrapper.write_text(f"#!/bin/sh\nexport PATH={PREFLIGHT.parent}:/usr/bin:/bin PREFLIGHT_REPORT={self.report} PREFLIGHT_PROFILE=cpu "
+                               f"PREFLIGHT_LOCK_FILE={self.lock}\nexec >>{r}/prolog.log 2>&1\nexec {EXAMPLES / 'prolog.sh'}\n")
+            wrapper.chmod(0o755)
+            prolog = f"Prolog={wrapper}\nPrologFlags=Alloc\n"
         self.conf.write_text(f"""\
 ClusterName=preflighttest
 SlurmctldHost={self.node}(127.0.0.1)
@@ -101,13 +118,14 @@ ReturnToService=2
 SlurmdTimeout=30
 HealthCheckProgram={healthcheck}
 HealthCheckInterval={self.interval}
-NodeName={self.node} NodeAddr=127.0.0.1 NodeHostname={self.node} CPUs=1 State=UNKNOWN
+{prolog}NodeName={self.node} NodeAddr=127.0.0.1 NodeHostname={self.node} CPUs={self.cpus} State=UNKNOWN
 PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """)
 
-    def start(self, name: str, args: list[str], ready, what: str, timeout: float = 30.0) -> None:
+    def start(self, name: str, args: list[str], ready, what: str, timeout: float = 30.0, within: list[str] = ()) -> None:
+        """``within``: a command that runs the daemon (its path and arguments appended)."""
         log = open(self.root / f"{name}.out", "wb")
-        self.daemons[name] = subprocess.Popen([shutil.which(name, path=SBIN), *args], env=self.env, cwd=self.root,
+        self.daemons[name] = subprocess.Popen([*within, shutil.which(name, path=SBIN), *args], env=self.env, cwd=self.root,
                                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         deadline = time.monotonic() + timeout
@@ -136,7 +154,17 @@ PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                               f"--log-file={r}/munged.log", f"--seed-file={r}/munged.seed"],
                    lambda: (r / "munge.sock").exists(), "create its socket")
         self.start("slurmctld", ["-D", "-f", str(self.conf)], lambda: self.run("scontrol", "ping", check=False).returncode == 0, "answer scontrol ping")
-        self.start("slurmd", ["-D", "-f", str(self.conf), "-N", self.node], self.registered, "register with slurmctld")
+        within = []
+        if self.shm:
+            within = ["unshare", "--mount", "--pid", "--fork", "--mount-proc", "sh", "-c", f'mount -t tmpfs -o size={self.shm} tmpfs /dev/shm && exec "$0" "$@"']
+        self.start("slurmd", ["-D", "-f", str(self.conf), "-N", self.node], self.registered, "register with slurmctld", within=within)
+
+    def dev_shm(self) -> Path:
+        """The /dev/shm slurmd, its prologs and its jobs see: its own tmpfs where ``shm`` gave one."""
+        slurmd = psutil.Process(self.daemons["slurmd"].pid)
+        if slurmd.name() != "slurmd":  # unshare --fork waits in the host's namespaces for the slurmd it started
+            (slurmd,) = slurmd.children()
+        return Path(f"/proc/{slurmd.pid}/root/dev/shm")
 
     def health_checks(self) -> int:
         """How many times slurmd has run HealthCheckProgram (one line of output each)."""
@@ -207,10 +235,10 @@ PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 
 
 @contextlib.contextmanager
-def running(root: Path, interval: int):
-    c = Cluster(root, interval)
-    # The node boots with a failed gate: the report is there before slurmd starts, as the drop-in orders it.
-    report_file(c.report, "shm-64m-fail")
+def running(root: Path, interval: int, gate: str = "shm-64m-fail", **how):
+    c = Cluster(root, interval, **how)
+    # The gate's report is there before slurmd starts, as the drop-in orders it: by default a failed one.
+    report_file(c.report, gate)
     try:
         c.boot()
         c.boot_state = c.state()
@@ -297,3 +325,72 @@ def test_the_dry_run_line_is_the_command_a_run_would_send(cluster):
         assert cluster.healthcheck("--dry-run").stdout.startswith("nothing: not vouched (shm FAIL")
     finally:
         cluster.run("scontrol", "update", f"NodeName={cluster.node}", "State=RESUME")
+
+
+# --- the prolog: never a drain for preflight's own reasons ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def prolog_cluster(tmp_path_factory):
+    """The shipped prolog before every job, on a node of 2 CPUs that jobs of one CPU share, whose
+    /dev/shm is a 1.5 GiB tmpfs of its own; the gate passed."""
+    with running(tmp_path_factory.mktemp("slurm"), 3600, gate="cpu-pass", prolog=True, cpus=2, shm="1536m") as c:
+        assert c.boot_state == ("idle", "none"), c.boot_state
+        yield c
+
+
+def ran(c: Cluster, job: str, timeout: float = 120.0) -> None:
+    """The job ran to its end, and the node is still in service: the prolog let it in,
+    and what it wrote in the report gives the health check no cause to drain."""
+    def ended() -> str | None:  # or refused: a drained node takes the job no more
+        state = c.job_state(job)[0]
+        return state if state not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING") or "drain" in c.state()[0] else None
+
+    state = c.wait(f"job {job} to end", ended, timeout)
+    prolog = (c.root / "prolog.log").read_text() if (c.root / "prolog.log").exists() else "nothing"
+    assert state == "COMPLETED", f"job {job}: {state}, {c.job_state(job)[1]}; node {c.state()}; the prolog said: {prolog}"
+    p = c.healthcheck()
+    assert p.returncode == 0 and "drain" not in c.state()[0], (p.stdout + p.stderr, c.state())
+
+
+def test_a_job_runs_while_another_preflight_run_holds_the_lock(prolog_cluster):
+    c = prolog_cluster
+    report_file(c.report, "cpu-pass")
+    before = c.report.read_text()
+    with lock_held(c.lock):  # a standard run, an admin's, the gate run again: they take it the same way
+        job = c.job()
+        ran(c, job)  # the prolog waited its 5 s and judged by the last report
+        assert c.report.read_text() == before  # the holder writes the verdict, not the prolog
+    job = c.job()
+    ran(c, job)  # the lock free: the prolog took its own quick look into the node's report
+    assert json.loads(c.report.read_text())["level"] == "quick"
+    assert (c.root / f"job-{job}.out").read_text().strip() == f"ran on {c.node}"
+
+
+def test_a_second_job_runs_beside_a_job_that_filled_dev_shm_and_its_leftovers_are_caught_once_it_ends(prolog_cluster):
+    c = prolog_cluster
+    report_file(c.report, "cpu-pass")
+    ready = c.root / "job-a-ready"
+    first = c.run("sbatch", "--parsable", "-D", str(c.root), "-o", f"{c.root}/job-%j.out", "--wrap",
+                  f"head -c 800M /dev/zero > /dev/shm/job-a-data && touch {ready} && exec sleep 600").stdout.strip()
+    try:
+        c.wait("the first job to fill 800 MiB of /dev/shm", ready.exists, 120)
+        assert (c.dev_shm() / "job-a-data").stat().st_size == 800 << 20
+        second = c.job()
+        ran(c, second)
+        shm = next(r for r in json.loads(c.report.read_text())["checks"] if r["check"] == "shm")
+        assert shm["status"] == "PASS" and shm["summary"].endswith(f"the free space is not judged: Slurm job {first} runs on this node"), shm
+        assert "736 MiB free" in shm["summary"]  # what the first job left: reported, not held against the node
+    finally:
+        c.run("scancel", first)
+    c.wait("the first job to end", lambda: c.job_state(first)[0] not in ("RUNNING", "COMPLETING"), 60)
+    # Its 800 MiB stayed behind (a crashed job's segments do): on the now idle node they are a leftover.
+    third = c.job()
+    try:
+        c.wait("the prolog to refuse the third job", lambda: "drain" in c.state()[0], 120)
+        assert c.state() == ("drained", "Prolog error")
+        assert "only 736 MiB of /dev/shm is free, below the 1 GiB floor" in (c.root / "prolog.log").read_text()
+    finally:
+        c.run("scancel", third)
+        (c.dev_shm() / "job-a-data").unlink(missing_ok=True)
+        c.run("scontrol", "update", f"NodeName={c.node}", "State=RESUME")

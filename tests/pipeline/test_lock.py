@@ -5,7 +5,7 @@ import time
 import pytest
 
 from preflight.base.errors import UsageError
-from preflight.pipeline.lock import run_lock
+from preflight.pipeline.lock import LockHeld, run_lock
 
 HOLD = "import fcntl, os, sys, time; f = open(sys.argv[1], 'w'); fcntl.flock(f, fcntl.LOCK_EX); f.write(str(os.getpid())); f.flush(); print('held', flush=True); time.sleep(float(sys.argv[2]))"
 
@@ -22,9 +22,10 @@ def test_second_run_waits_then_gives_up_naming_the_holder(tmp_path):
     try:
         waited = []
         start = time.monotonic()
-        with pytest.raises(UsageError, match=rf"another preflight run \(pid {holder.pid}\) holds .*; waited 0.5 s"):
+        with pytest.raises(UsageError, match=rf"another preflight run \(pid {holder.pid}\) holds .*; waited 0.5 s") as refused:
             with run_lock(lock, 0.5, waited.append):
                 pass
+        assert isinstance(refused.value, LockHeld) and refused.value.holder == f"pid {holder.pid}"  # what --if-locked skip names
         assert 0.5 <= time.monotonic() - start < 5
         assert waited == [f"pid {holder.pid}"]
     finally:

@@ -1,0 +1,58 @@
+"""The Slurm jobs running on this node now, read from /proc alone.
+
+Every step of a Slurm job (its batch script, each srun, the extern step)
+runs under a slurmstepd on the node, which titles itself
+``slurmstepd: [JOBID.STEP]`` over its command line. Reading those titles needs
+no Slurm command: a prolog must not call back into slurmctld, which may be
+waiting for it (examples/slurm/prolog.sh).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from preflight.base.host import Host
+
+# "slurmstepd: [41.batch]", "[41.0]", "[41.extern]", "[41.interactive]"; the title is
+# written over argv, so whatever follows it (NULs, spaces) is padding.
+TITLE = re.compile(rb"slurmstepd: \[(\d+)\.[^\]\s]+\]")
+
+
+def job_of(comm: str, cmdline: bytes) -> str | None:
+    """The job id a process runs a step of, or None where it is no titled slurmstepd
+    (one still starting has not written its title yet: its job is not known)."""
+    if comm.strip() != "slurmstepd":
+        return None
+    found = TITLE.match(cmdline)
+    return found.group(1).decode() if found else None
+
+
+def running(host: Host) -> list[str]:
+    """Ids of the Slurm jobs with a step on this node, lowest first."""
+    jobs: set[str] = set()
+    try:
+        entries = list(os.scandir(host.path("/proc")))
+    except OSError:
+        return []
+    for e in entries:
+        if not e.name.isdigit():
+            continue
+        try:
+            with open(os.path.join(e.path, "comm"), "rb") as f:
+                comm = f.read(64).decode(errors="replace")
+            if comm.strip() != "slurmstepd":
+                continue
+            with open(os.path.join(e.path, "cmdline"), "rb") as f:
+                job = job_of(comm, f.read(256))
+        except OSError:  # gone since the listing, or not ours to read
+            continue
+        if job is not None:
+            jobs.add(job)
+    return sorted(jobs, key=int)
+
+
+def others(host: Host) -> list[str]:
+    """The Slurm jobs running here other than the one this process serves: in a prolog
+    (and in anything run inside a job) SLURM_JOB_ID is that job, not another."""
+    own = (host.environ.get("SLURM_JOB_ID") or "").strip()
+    return [j for j in running(host) if j != own]

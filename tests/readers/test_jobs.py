@@ -1,0 +1,57 @@
+"""The Slurm jobs running on a node, from /proc: a recorded tree of a real Slurm with two
+jobs (tests/fixtures/proc), titles as slurmstepd writes them, and a real process that
+titles itself as a slurmstepd does."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from preflight.base.host import Host
+from preflight.readers import jobs
+
+TWO_JOBS = Path(__file__).parents[1] / "fixtures" / "proc" / "slurm-22.05-two-jobs"
+
+
+def test_the_jobs_of_a_real_node_are_read_from_their_slurmstepd_titles():
+    # Job 1's batch step; job 2's batch step and its srun step 2.0: two jobs, each once.
+    assert jobs.running(Host(root=TWO_JOBS)) == ["1", "2"]
+
+
+def test_the_job_a_prolog_serves_is_not_another():
+    assert jobs.others(Host(root=TWO_JOBS, environ={"SLURM_JOB_ID": "2"})) == ["1"]
+    assert jobs.others(Host(root=TWO_JOBS, environ={"SLURM_JOB_ID": "3"})) == ["1", "2"]
+    assert jobs.others(Host(root=TWO_JOBS, environ={})) == ["1", "2"]  # outside any job: every job is another's
+
+
+def test_only_a_titled_slurmstepd_names_a_job():
+    assert jobs.job_of("slurmstepd\n", b"slurmstepd: [41.extern]\x00") == "41"
+    assert jobs.job_of("slurmstepd\n", b"slurmstepd: [41.interactive]\x00\x00\x00") == "41"
+    # Still starting (not titled yet), or another program borrowing the words.
+    assert jobs.job_of("slurmstepd\n", b"/usr/sbin/slurmstepd\x00") is None
+    assert jobs.job_of("bash\n", b"slurmstepd: [41.batch]\x00") is None
+    assert jobs.job_of("slurmstepd\n", b"slurmstepd: [x.batch]\x00") is None
+
+
+def test_no_proc_no_jobs(tmp_path):
+    assert jobs.running(Host(root=tmp_path)) == []
+
+
+def test_a_live_process_titled_as_a_slurmstepd_is_seen_and_gone_when_it_ends(tmp_path):
+    # The kernel names a process after the file it runs (comm); the title is its argv, as slurmstepd writes it.
+    stepd = tmp_path / "slurmstepd"
+    shutil.copy("/bin/sleep", stepd)
+    job = "987654321"  # far from any job id a test cluster on this machine hands out
+    p = subprocess.Popen(["bash", "-c", f'exec -a "slurmstepd: [{job}.batch]" {stepd} 300'])
+    try:
+        deadline = time.monotonic() + 30
+        while job not in jobs.running(Host()):
+            assert time.monotonic() < deadline, "the titled process never showed in /proc"
+            time.sleep(0.05)
+        assert job not in jobs.others(Host(environ={"SLURM_JOB_ID": job}))
+    finally:
+        p.kill()
+        p.wait()
+    assert job not in jobs.running(Host())
