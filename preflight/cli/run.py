@@ -25,7 +25,7 @@ def run(
     textfile_dir: Annotated[Optional[Path], typer.Option("--textfile-dir", metavar="DIR", help="Write preflight.prom here, atomically, for node_exporter's textfile collector.")] = None,
     if_idle: Annotated[bool, typer.Option("--if-idle", help="Do nothing (exit 0, last report kept) while a process holds a GPU: for periodic rechecks.")] = False,
     config: ConfigOpt = None,
-    lock_file: Annotated[Optional[Path], typer.Option("--lock-file", metavar="FILE", help="Lock that keeps runs apart: a file only you can open, never through a symlink. [default: /run/preflight/preflight.lock as root, else $XDG_RUNTIME_DIR/preflight.lock or /tmp/preflight-UID/preflight.lock]")] = None,
+    lock_file: Annotated[Optional[Path], typer.Option("--lock-file", metavar="FILE", help="Lock that keeps runs apart: a file only you can open, never through a symlink. [default: /run/preflight/preflight.lock; not as root: $XDG_RUNTIME_DIR/preflight.lock, else one under /tmp of your own]")] = None,
     lock_timeout: Annotated[Optional[float], typer.Option("--lock-timeout", metavar="SECONDS", help="Seconds to wait for another run to finish. [default: 60]")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only problems and the verdict.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every measurement and cause.")] = False,

@@ -51,7 +51,7 @@ def _refuse(path: Path, why: str) -> UsageError:
 
 
 def _directory(path: Path) -> int:
-    """The lock's directory, made (0755, one level) if missing, as an O_PATH descriptor;
+    """The lock's directory, made (one level) if missing, as an O_PATH descriptor;
     refused where another user could replace what is in it."""
     default = path == default_path()
     fix = ("remove it (preflight makes it anew) or give --lock-file" if default
@@ -59,8 +59,8 @@ def _directory(path: Path) -> int:
     try:
         with safefile.locate(path.parent, follow_last=False) as place:
             if place.st is None:
-                try:
-                    os.mkdir(place.name, 0o755, dir_fd=place.dir_fd)
+                try:  # root's is 0755 for anyone to see who holds it; a user's own, theirs alone
+                    os.mkdir(place.name, 0o755 if os.geteuid() == 0 else 0o700, dir_fd=place.dir_fd)
                 except FileExistsError:
                     pass
             elif stat.S_ISLNK(place.st.st_mode):
@@ -96,6 +96,8 @@ def _open(path: Path, d: int) -> int:
                 return os.open(path.name, flags | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=d)
             except FileExistsError:
                 continue  # another run made it first
+            except OSError as e:
+                raise _refuse(path, f"cannot create it ({e.strerror}); choose a path you can write (--lock-file)") from None
         except OSError as e:
             if e.errno == errno.ELOOP:
                 raise _refuse(path, "is a symlink, which another user may have planted; remove it, or choose another --lock-file") from None

@@ -224,3 +224,32 @@ def test_a_read_only_descriptor_nobody_holds_on_a_readable_lock_stops_no_run(sti
     finally:
         os.killpg(holder.pid, 9)
         holder.wait()
+
+
+@needs_nobody
+def test_a_user_who_is_not_root_gets_a_lock_of_their_own():
+    """nobody, with no runtime directory, by hand: /tmp/preflight-65534, theirs alone,
+    and refused in one line when another user made that directory first."""
+    mine = Path("/tmp/preflight-65534")
+    code = ("from preflight.base.errors import UsageError\n"
+            "from preflight.pipeline.lock import default_path, run_lock\n"
+            "try:\n"
+            "    with run_lock(default_path(), 0):\n"
+            "        print(default_path())\n"
+            "except UsageError as e:\n"
+            "    print(e)\n")
+    here = str(Path(lock.__file__).parents[2])  # this checkout: stdlib and preflight.base only
+    run = ["env", "-u", "XDG_RUNTIME_DIR", f"PYTHONPATH={here}", "/usr/bin/python3", "-c", code]
+    if mine.exists():
+        pytest.skip(f"{mine} exists already; remove it to run this test")
+    try:
+        done = as_nobody(*run)
+        assert done.stdout.strip() == str(mine / "preflight.lock"), done.stderr
+        assert (stat.S_IMODE(mine.stat().st_mode), mine.stat().st_uid) == (0o700, 65534)
+        assert stat.S_IMODE((mine / "preflight.lock").stat().st_mode) == 0o600
+        subprocess.run(["rm", "-r", str(mine)], check=True)
+        mine.mkdir(mode=0o755)  # root's: nobody can make no lock in it
+        done = as_nobody(*run)
+        assert done.stdout.strip().startswith(f"lock file {mine}/preflight.lock: cannot create it (Permission denied)"), done.stderr
+    finally:
+        subprocess.run(["rm", "-rf", str(mine)])
