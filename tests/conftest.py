@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -128,6 +129,30 @@ def report_file(path: Path, fixture: str, boot: str | None = "this", age: float 
 
 
 # ---- shared by more than one test module -------------------------------------
+
+
+# An unprivileged local user, for what one can do to a run as root: /usr/bin's
+# python (this venv's may sit where nobody cannot reach), ln, flock.
+NOBODY_PYTHON = "/usr/bin/python3"
+needs_nobody = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("runuser") or not os.access(NOBODY_PYTHON, os.X_OK),
+    reason="needs root, runuser and /usr/bin/python3 to act as user nobody",
+)
+
+
+def as_nobody(*cmd: str, **kw) -> subprocess.CompletedProcess:
+    """``cmd`` run as user nobody (runuser), as another user on the node would."""
+    return subprocess.run(["runuser", "-u", "nobody", "--", *cmd], capture_output=True, text=True, timeout=60, **kw)
+
+
+@pytest.fixture
+def sticky() -> Iterator[Path]:
+    """A fresh directory like /tmp (root's, 1777) that user nobody can reach."""
+    d = Path(tempfile.mkdtemp(prefix="preflight-sticky-", dir="/tmp"))
+    d.chmod(0o1777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
 
 
 @pytest.fixture(scope="module")

@@ -66,10 +66,11 @@ def report(
     and the group. It loads nothing from anywhere: it opens on an air-gapped node. Never runs a check."""
     from preflight.base.errors import UsageError
     from preflight.outputs import last_report, page
-    from preflight.pipeline.report import DEFAULT_REPORT_PATH, check_writable, write_atomic
+    from preflight.base import safefile
+    from preflight.pipeline.report import DEFAULT_REPORT_PATH
 
     source = path or _settings(config).report or DEFAULT_REPORT_PATH
-    out = None if str(html) == "-" else check_writable(html, "--html")
+    out = None if str(html) == "-" else safefile.check(html, f"--html {html}", "report.html")
     loaded = last_report.load(source)
     if loaded.report is None:
         fix = "; if it was cut short, write it again with `preflight run --report PATH`" if loaded.error and loaded.error.startswith("not a preflight report") else ""
@@ -78,7 +79,7 @@ def report(
     if out is None:
         _emit(text)
         return 0
-    write_atomic(out, text)
+    safefile.write_atomic(out, text)
     _console().note(f"wrote {out} ({len(text.encode()) // 1024} KiB): open it in a browser")
     return 0
 

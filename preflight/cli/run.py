@@ -26,7 +26,7 @@ def run(
     if_idle: Annotated[bool, typer.Option("--if-idle", help="Do nothing (exit 0, last report kept) while a process holds a GPU: for periodic rechecks.")] = False,
     if_locked: Annotated[Optional[str], typer.Option("--if-locked", metavar="ACTION", help="When another run still holds the lock after --lock-timeout: error (exit 2), or skip (exit 0, nothing written: the last report stands and that run writes its own verdict; for the Slurm prolog). [default: error]")] = None,
     config: ConfigOpt = None,
-    lock_file: Annotated[Optional[Path], typer.Option("--lock-file", metavar="FILE", help="Lock that keeps runs apart. [default: /run/lock/preflight.lock]")] = None,
+    lock_file: Annotated[Optional[Path], typer.Option("--lock-file", metavar="FILE", help="Lock that keeps runs apart: a file only you can open, never through a symlink. [default: /run/preflight/preflight.lock; not as root: $XDG_RUNTIME_DIR/preflight.lock, else one under /tmp of your own]")] = None,
     lock_timeout: Annotated[Optional[float], typer.Option("--lock-timeout", metavar="SECONDS", help="Seconds to wait for another run to finish. [default: 60]")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only problems and the verdict.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every measurement and cause.")] = False,

@@ -38,6 +38,7 @@ import psutil
 from preflight import __version__
 from preflight.base import tether
 from preflight.gpuwork import launch
+from preflight.base import safefile
 from preflight.base.errors import UsageError
 from preflight.gpuwork.selftest_report import (
     Outcome, StageResult, judge_inventory, judge_run, last_lines, parse_json, render_stage, render_summary, verdict,
@@ -205,24 +206,16 @@ def check_inputs(stages: list[str] | None, budget: float | None, out: Path | Non
     if budget is not None and not (budget > 0 and math.isfinite(budget)):
         raise UsageError(f"--budget {budget:g}: give seconds above 0, e.g. 540")
     if out is not None:
-        if out.is_dir():
-            raise UsageError(f"--out {out}: is a directory; give a file name")
-        try:
-            tempfile.TemporaryFile(dir=out.parent or ".").close()
-        except OSError as e:
-            raise UsageError(f"--out {out}: cannot write in {out.parent}: {e.strerror or e}") from None
+        safefile.check(out, f"--out {out}", "selftest.json")
     return [s for s in STAGES if s in chosen] if chosen else list(STAGES)
 
 
 def _write(out: Path, doc: dict) -> None:
     """Atomically, after every stage: a selftest cut short still leaves what it found."""
-    with tempfile.NamedTemporaryFile("w", dir=out.parent, prefix=f".{out.name}.", delete=False) as f:
-        json.dump(doc, f, indent=2)
-        f.write("\n")
     umask = os.umask(0)
     os.umask(umask)
-    os.chmod(f.name, 0o666 & ~umask)  # as open() would have made it, not the temp file's 0600
-    os.replace(f.name, out)
+    # As open() would have made it, not the temp file's 0600; never through a planted link.
+    safefile.write_atomic(out, json.dumps(doc, indent=2) + "\n", 0o666 & ~umask)
 
 
 def _torch_version() -> str:

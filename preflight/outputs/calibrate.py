@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING
 
 from preflight.pipeline import plan as pipeline, registry
 from preflight.pipeline.check import Result
+from preflight.base import safefile
 from preflight.base.findings import Status
 from preflight.base.errors import UsageError
 from preflight.base.signals import interrupting
 from preflight.pipeline.lock import run_lock
-from preflight.pipeline.report import Report, write_atomic
+from preflight.pipeline.report import Report
 from preflight.pipeline.shape import NodeShape
 
 if TYPE_CHECKING:
@@ -220,19 +221,11 @@ def check_repeats(repeats: int) -> int:
 
 
 def check_output(path: Path, force: bool) -> Path:
-    """Refuse before measuring anything: a file we would overwrite, or a directory we cannot write."""
-    if path.exists() and not force:
+    """Refuse before measuring anything: a file we would overwrite, a directory we
+    cannot write, a link another user could have planted on the way (base/safefile.py)."""
+    if (path.exists() or path.is_symlink()) and not force and not path.is_dir():
         raise UsageError(f"--output {path}: already exists; pass --force to replace it, or choose another file")
-    if path.is_dir():
-        raise UsageError(f"--output {path}: is a directory; name a file, e.g. {path / 'floors.toml'}")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise UsageError(f"--output {path}: directory {parent} does not exist; create it first")
-    import os
-
-    if not os.access(parent, os.W_OK):
-        raise UsageError(f"--output {path}: directory {parent} is not writable")
-    return path
+    return safefile.check(path, f"--output {path}", "floors.toml")
 
 
 def run(s: Settings, output: Path, fraction: float, repeats: int, console: Console) -> int:
@@ -270,6 +263,6 @@ def run(s: Settings, output: Path, fraction: float, repeats: int, console: Conso
         console.error(f"no floors written: {e}")
         return 1
     whole_node = tuple(name for r in runs[0] for name in registry.load(r.check).whole_node)
-    write_atomic(output, render(found, fraction, result.hostname, resolved.name, result.finished_at, result.shape, whole_node))
+    safefile.write_atomic(output, render(found, fraction, result.hostname, resolved.name, result.finished_at, result.shape, whole_node))
     console.note(f"wrote {len(found)} floors to {output} ({fraction:g} x this node's weakest figures over {repeats} runs); use it with --config {output}")
     return 0

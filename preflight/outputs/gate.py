@@ -2,7 +2,8 @@
 its verdict left where machines read it (the textfile, then the report).
 
 Both paths are refused before a check runs; a file that cannot be written
-afterwards is left as it was, and a run that passed exits 3.
+afterwards is left as it was, and a run that passed exits 3. Neither is ever
+written through a link another user could have planted (base/safefile.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from preflight.base import safefile
 from preflight.base.signals import interrupting
 from preflight.outputs import metrics
 from preflight.pipeline import plan as pipeline, report as reports
@@ -25,7 +27,7 @@ def run(s: Settings, console: Console, if_idle: bool = False, if_locked: str = "
     """The run's report, written; None when nothing ran and the last report stands:
     ``if_idle`` found a GPU held, or with ``if_locked="skip"`` another run still held
     the lock after ``s.lock_timeout``. Raises UsageError before any check for bad input."""
-    report_path = reports.check_writable(s.report) if s.report is not None else None
+    report_path = safefile.check(s.report, f"report {s.report}") if s.report is not None else None
     textfile = metrics.check_textfile_dir(s.textfile_dir) if s.textfile_dir is not None else None
     with interrupting():  # the runner stops the running check's workers and still writes the report
         the_plan = pipeline.plan(s)  # may ask NVML (bounded), so it runs under the handlers too
@@ -67,7 +69,7 @@ def write(result: reports.Report, textfile: Path | None, report_path: Path | Non
     report then says so too, so the gate and every reader of the report agree."""
     for what, path, put in (
         ("the metrics", textfile, lambda d: metrics.write_textfile(d, result)),
-        ("the report", report_path, lambda p: reports.write_atomic(p, result.model_dump_json(indent=2) + "\n")),
+        ("the report", report_path, lambda p: safefile.write_atomic(p, result.model_dump_json(indent=2) + "\n")),
     ):
         if path is None:
             continue

@@ -17,19 +17,19 @@ hostname label: the scrape adds ``instance``.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, write_to_textfile
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from preflight.base.findings import Status
+from preflight.base import safefile
 from preflight.base.errors import UsageError
 from preflight.outputs.last_report import Loaded, State, standing
-from preflight.pipeline.report import GroupRecord, Report, Verdict, probe_write
+from preflight.pipeline.report import GroupRecord, Report, Verdict
 from preflight.pipeline.report_view import LEVELS
 
 PREFIX = "preflight_"
@@ -166,8 +166,6 @@ class ReportCollector:
 
 
 def render(collector: ReportCollector) -> bytes:
-    from prometheus_client import generate_latest
-
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     return generate_latest(registry)
@@ -179,21 +177,16 @@ def check_textfile_dir(directory: Path) -> Path:
     if not directory.is_dir():
         what = "is not a directory" if directory.exists() else "does not exist"
         raise UsageError(f"{where} {what}; create it (mkdir -p {directory}) or point it at node_exporter's --collector.textfile.directory")
-    try:
-        probe_write(directory)
-    except OSError as e:
-        raise UsageError(f"{where}: cannot write in it ({e.strerror}); choose a writable directory") from None
+    safefile.check(directory / TEXTFILE, where, TEXTFILE)
     return directory
 
 
 def write_textfile(directory: Path, report: Report) -> Path:
-    """DIR/preflight.prom, atomically (a temp file in DIR, then rename): node_exporter
-    reads only *.prom, so it never sees half a file."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(ReportCollector(lambda: Loaded(State.OK, report)))
+    """DIR/preflight.prom, atomically (a temp file of our own in DIR, then rename):
+    node_exporter reads only *.prom, so it never sees half a file. Never through a
+    link another user planted (base/safefile.py); 0644, for node_exporter's own user."""
     path = directory / TEXTFILE
-    write_to_textfile(str(path), registry)
-    os.chmod(path, 0o644)  # node_exporter often runs as its own user
+    safefile.write_atomic(path, render(ReportCollector(lambda: Loaded(State.OK, report))), 0o644)
     return path
 
 
@@ -201,11 +194,12 @@ def previous_success(directory: Path) -> datetime | None:
     """The last pass the textfile this run replaces knew of (runs with a textfile but no --report)."""
     from datetime import timezone
 
+    raw = safefile.read_own(directory / TEXTFILE)  # not one another user wrote: it would lend a pass
     try:
-        text = (directory / TEXTFILE).read_text()
+        text = (raw or b"").decode()
         for family in text_string_to_metric_families(text):
             if family.name == PREFIX + "last_success_timestamp_seconds" and family.samples:
                 return datetime.fromtimestamp(family.samples[0].value, timezone.utc)
-    except (OSError, ValueError):
+    except ValueError:
         pass  # none, or not ours: no pass is known
     return None

@@ -1,15 +1,121 @@
-"""One run at a time: a boot unit, a timer and a person must not run GPU work at once."""
+"""One run at a time: a boot unit, a timer and a person must not run GPU work at once.
+
+An flock on one open file description: the kernel releases it when the last
+descriptor of it closes, so a killed run leaves no stale lock, and whatever
+inherits the descriptor holds the lock as long as it lives.
+
+No other user can hold it or aim it elsewhere. The file is root's (the
+runner's), 0600, so no one else can open it at all: flock works on a read-only
+descriptor, and a lock others could open is a lock others could hold, which
+makes every run exit 2 and a Slurm prolog drain a healthy node. It is opened
+with O_NOFOLLOW in a directory reached without a link another user could
+have made, and never truncated. By default it lives in /run/preflight
+(created 0755, refused if another user owns it or others can write it); a
+user who is not root gets a directory of their own.
+"""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from preflight.base import safefile, tether
 from preflight.base.errors import UsageError
+
+ROOT_DIR = Path("/run/preflight")
+NAME = "preflight.lock"
+PID_WIDTH = 10  # the holder's pid, padded, at offset 0: rewritten in place, never truncated
+_OTHERS = stat.S_IWGRP | stat.S_IWOTH
+
+
+def default_path(euid: int | None = None, environ: Mapping[str, str] | None = None) -> Path:
+    """Root: /run/preflight/preflight.lock. Anyone else: their runtime directory
+    (``$XDG_RUNTIME_DIR``, theirs alone), else /tmp/preflight-UID/, as tmux does."""
+    euid = os.geteuid() if euid is None else euid
+    if euid == 0:
+        return ROOT_DIR / NAME
+    runtime = (os.environ if environ is None else environ).get("XDG_RUNTIME_DIR", "")
+    if runtime.startswith("/"):
+        return Path(runtime) / NAME
+    return Path("/tmp") / f"preflight-{euid}" / NAME
+
+
+def _refuse(path: Path, why: str) -> UsageError:
+    return UsageError(f"lock file {path}: {why}")
+
+
+def _directory(path: Path) -> int:
+    """The lock's directory, made (one level) if missing, as an O_PATH descriptor;
+    refused where another user could replace what is in it."""
+    default = path == default_path()
+    fix = ("remove it (preflight makes it anew) or give --lock-file" if default
+           else f"give --lock-file in a directory only you can write, such as the default {default_path()}")
+    try:
+        with safefile.locate(path.parent, follow_last=False) as place:
+            if place.st is None:
+                try:  # root's is 0755 for anyone to see who holds it; a user's own, theirs alone
+                    os.mkdir(place.name, 0o755 if os.geteuid() == 0 else 0o700, dir_fd=place.dir_fd)
+                except FileExistsError:
+                    pass
+            elif stat.S_ISLNK(place.st.st_mode):
+                raise _refuse(path, f"its directory {path.parent} is a symlink, and the lock is never reached through one; {fix}")
+            fd = os.open(place.name, safefile.DIR_FLAGS, dir_fd=place.dir_fd)
+    except safefile.Untrusted as e:
+        raise _refuse(path, f"{e.strerror}; {fix}") from None
+    except OSError as e:
+        where = e.filename if e.errno == errno.ENOENT and e.filename else path.parent
+        what = "is not a directory" if e.errno in (errno.ENOTDIR, errno.ELOOP) else e.strerror.lower() if e.strerror else str(e)
+        raise _refuse(path, f"{where}: {what}; {fix}") from None
+    st = os.fstat(fd)
+    why = None
+    if st.st_uid not in (0, os.geteuid()):
+        why = f"its directory {path.parent} is {safefile.owner(st.st_uid)}'s, who could replace the lock"
+    elif st.st_mode & _OTHERS and (default or not st.st_mode & stat.S_ISVTX):
+        # Sticky (/tmp): others cannot replace our file there, and one of theirs is refused below.
+        why = f"other users can write its directory {path.parent} (mode {stat.S_IMODE(st.st_mode):04o}), so they could replace the lock"
+    if why:
+        os.close(fd)
+        raise _refuse(path, f"{why}; {fix}")
+    return fd
+
+
+def _open(path: Path, d: int) -> int:
+    """The lock file, ours and 0600, opened read-write without following a link."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    for _ in range(safefile.MAX_STEPS):
+        try:
+            fd = os.open(path.name, flags, dir_fd=d)
+        except FileNotFoundError:
+            try:
+                return os.open(path.name, flags | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=d)
+            except FileExistsError:
+                continue  # another run made it first
+            except OSError as e:
+                raise _refuse(path, f"cannot create it ({e.strerror}); choose a path you can write (--lock-file)") from None
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise _refuse(path, "is a symlink, which another user may have planted; remove it, or choose another --lock-file") from None
+            raise _refuse(path, f"cannot open ({e.strerror}); choose a path you can write (--lock-file)") from None
+        st = os.fstat(fd)
+        why = ("is not a regular file" if not stat.S_ISREG(st.st_mode)
+               else f"is {safefile.owner(st.st_uid)}'s, who could hold it and stop every run" if st.st_uid != os.geteuid() else None)
+        if why:
+            os.close(fd)
+            raise _refuse(path, f"{why}; remove it, or choose another --lock-file in a directory only you can write")
+        if st.st_mode & 0o077:
+            # Others may have opened it while it was readable (an older preflight made it 0644) and
+            # hold it still: lock a fresh 0600 file in its place; their descriptor keeps the old one.
+            os.close(fd)
+            tmp, fd = safefile.create_temp(d, path.name)
+            os.replace(tmp, path.name, src_dir_fd=d, dst_dir_fd=d)
+        return fd
+    raise _refuse(path, "keeps changing while it is opened; choose another --lock-file")
 
 
 class LockHeld(UsageError):
@@ -22,58 +128,67 @@ class LockHeld(UsageError):
 
 def _holder(fd: int) -> str:
     try:
-        pid = os.pread(fd, 32, 0).decode().strip()
+        pid = os.pread(fd, 32, 0).decode(errors="replace").split("\n", 1)[0].strip()
         return f"pid {pid}" if pid.isdigit() else "another process"
     except OSError:
         return "another process"
 
 
-def _open(path: Path) -> int:
+def _still_named(d: int, name: str, fd: int) -> bool:
+    """Whether the name still is the file we locked: a run that replaced a loose lock file, or
+    one that raced us to it, leaves us holding a file no other run will open."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except PermissionError:
-        # A lock file root created is read-only to others; flock works on a read-only fd.
-        try:
-            return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as e:
-            raise UsageError(f"lock file {path}: cannot open ({e.strerror}); choose a path you can write (--lock-file)") from None
-    except OSError as e:
-        raise UsageError(f"lock file {path}: cannot open ({e.strerror}); choose a path you can write (--lock-file)") from None
+        there = os.stat(name, dir_fd=d, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (there.st_dev, there.st_ino) == (held.st_dev, held.st_ino)
 
 
 @contextmanager
-def run_lock(path: Path, timeout: float, on_wait: Callable[[str], None] = lambda _: None) -> Iterator[None]:
-    """Hold an exclusive flock on ``path``; wait up to ``timeout`` seconds for it.
-
-    The lock dies with the process (flock is released on close or death), so a
-    killed run never leaves a stale lock behind.
-    """
-    fd = _open(path)
+def run_lock(path: Path, timeout: float, on_wait: Callable[[str], None] = lambda _: None) -> Iterator[int]:
+    """Hold an exclusive flock on ``path``, waiting up to ``timeout`` seconds for
+    it; yields the descriptor. Bad paths are a UsageError (exit 2)."""
+    d = _directory(path)
     try:
         deadline = time.monotonic() + timeout
         waited = False
         while True:
+            fd = _open(path, d)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                holder = _holder(fd)
-                if time.monotonic() >= deadline:
-                    raise LockHeld(
-                        f"another preflight run ({holder}) holds {path}; waited {timeout:g} s. "
-                        "Wait for it to finish, or raise --lock-timeout",
-                        holder,
-                    ) from None
-                if not waited:
-                    on_wait(holder)
-                    waited = True
-                time.sleep(0.1)
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        holder = _holder(fd)
+                        if time.monotonic() >= deadline:
+                            raise LockHeld(
+                                f"another preflight run ({holder}) holds {path}; waited {timeout:g} s. "
+                                "Wait for it to finish, or raise --lock-timeout",
+                                holder,
+                            ) from None
+                        if not waited:
+                            on_wait(holder)
+                            waited = True
+                        time.sleep(0.1)
+                if _still_named(d, path.name, fd):
+                    break
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)  # locked a file since replaced: take the one the name holds now
         try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        except OSError:
-            pass  # read-only lock file: the lock holds, only the holder's pid goes unsaid
-        yield
+            try:
+                os.pwrite(fd, f"{os.getpid():<{PID_WIDTH}}\n".encode(), 0)
+            except OSError:
+                pass  # a full disk: the lock holds, only the holder's pid goes unsaid
+            # Every launch holds it too (base/tether.py): the lock is not free while anything
+            # this run started still lives, even after the agent itself was killed.
+            tether.hold(fd)
+            yield fd
+        finally:
+            tether.release(fd)
+            os.close(fd)
     finally:
-        os.close(fd)
+        os.close(d)

@@ -1,9 +1,9 @@
-"""The verdict as machines read it: the Report model and its atomic write."""
+"""The verdict as machines read it: the Report model, its verdict and what a run keeps of the last one.
+
+It is written by base/safefile.py (outputs/gate.py), as everything root writes at a path a person gave."""
 
 from __future__ import annotations
 
-import os
-import tempfile
 from datetime import datetime
 from pathlib import Path
 
@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from preflight.pipeline import levels
 from preflight.pipeline.check import Result
 from preflight.base.findings import Measurement, Status
-from preflight.base.errors import UsageError
+from preflight.base import safefile
 
 # Defined beside the reader that needs no pydantic (status); re-exported here.
 from preflight.pipeline.report_view import DEFAULT_REPORT_PATH, MAX_NODES, Verdict  # noqa: F401
@@ -126,12 +126,14 @@ def versions_of(results: list[Result]) -> dict[str, str]:
 
 
 def read_previous(path: Path | None) -> Report | None:
-    """The report this run is about to replace; None if there is none we can trust."""
-    if path is None:
+    """The report this run is about to replace; None if there is none we can trust:
+    one another user could have written or put there (a report in /tmp) must not
+    lend this run results it never measured (carry_forward)."""
+    if path is None or (raw := safefile.read_own(path)) is None:
         return None
     try:
-        return Report.model_validate_json(path.read_bytes())
-    except (OSError, ValidationError):
+        return Report.model_validate_json(raw)
+    except ValidationError:
         return None
 
 
@@ -219,55 +221,3 @@ def _deeper_of(new: Result, old: Result, before: Report, level: str | None) -> R
         "measurements": [m for m in new.measurements if key(m) not in replaced] + taken,
         "details": {**new.details, "carried_measurements": carried},
     })
-
-
-def probe_write(directory: Path) -> None:
-    """Raise OSError unless a file can be created in ``directory``. Trying is the
-    only honest test: root passes os.access() on a read-only mount."""
-    with tempfile.NamedTemporaryFile(dir=directory, prefix=".preflight-probe-"):
-        pass
-
-
-def check_writable(path: Path, what: str = "report") -> Path:
-    """Refuse, before any check runs, a report path that could not be written.
-
-    Returns the path to write: a symlink is followed to its target, so the
-    atomic rename replaces the file it points at, never the link itself.
-    """
-    target = path.resolve()
-    if target.is_dir():
-        raise UsageError(f"{what} {path}: is a directory; give a file path such as {path / ('report.json' if what == 'report' else 'report.html')}")
-    if target.exists() and not target.is_file():
-        raise UsageError(f"{what} {path}: is not a regular file (a device, pipe or socket would be replaced); give a file path")
-    parent = target.parent
-    if not parent.is_dir():
-        raise UsageError(f"{what} {path}: directory {parent} does not exist; create it (mkdir -p {parent}) or choose another path")
-    try:
-        probe_write(parent)
-    except OSError as e:
-        raise UsageError(f"{what} {path}: cannot write in {parent} ({e.strerror}); choose a writable directory") from None
-    return target
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Temp file in the same directory, fsync, rename: a reader (or a crash)
-    sees the old report or the new one, never half of one."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # the rename itself survives a power cut
-    finally:
-        os.close(dir_fd)

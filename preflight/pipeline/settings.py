@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, PrivateAttr, StrictBool, Tag, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
-from preflight.pipeline import levels, tomlfile
+from preflight.pipeline import levels, lock, tomlfile
 from preflight.base.errors import UsageError
 from preflight.pipeline.profiles import FloorValue, SiteFloor
 from preflight.pipeline.report_view import MAX_NODES
@@ -58,7 +58,8 @@ class _Common(BaseModel):
     skip: CheckList = Field(default_factory=list)
     keep_going: bool = False
     report: Path | None = None
-    lock_file: Path = Path("/run/lock/preflight.lock")
+    # Root: /run/preflight/preflight.lock; anyone else: a directory of their own (pipeline/lock.py).
+    lock_file: Path = Field(default_factory=lock.default_path)
     lock_timeout: float = Field(default=60.0, ge=0, le=86400, allow_inf_nan=False)
     profiles_dir: Path = Path("/etc/preflight/profiles")
     # The interpreter that runs GPU workers: the training environment's own, so

@@ -1,7 +1,6 @@
 """`preflight run --level` and `--budget` as a person and the integrations use them:
 real processes on the cpu profile, and the fake NVML for a GPU profile at quick."""
 
-import fcntl
 import json
 import os
 import subprocess
@@ -15,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from preflight.cli.app import app
+from preflight.pipeline.lock import run_lock
 from preflight.pipeline.report import Report
 
 NVML = Path(__file__).parents[1] / "fixtures" / "nvml"
@@ -171,8 +171,7 @@ def test_calibrate_runs_the_standard_level_whatever_the_config_asks_for(tmp_path
     """Calibrate plans its runs before it takes the lock: held elsewhere, it stops there
     (exit 2), having planned bandwidth and train at standard; at quick the plan would refuse."""
     lock = tmp_path / "lock"
-    with open(lock, "w") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
+    with run_lock(lock, 0):  # another run holds it (flock is per open file: this process's second open waits too)
         r = CliRunner().invoke(app, ["calibrate", "--profile", "cpu", "-o", str(tmp_path / "floors.toml")],
                                env={"PREFLIGHT_LEVEL": "quick", "PREFLIGHT_LOCK_FILE": str(lock), "PREFLIGHT_LOCK_TIMEOUT": "0"})
     assert r.exit_code == 2, r.output

@@ -76,7 +76,7 @@ def test_on_fake_nvml_facts_the_gpu_stages_run_and_a_failing_check_fails_the_sel
 @pytest.mark.parametrize("args, said", [
     (["--stage", "nccl,gpu"], "--stage gpu: no such stage"),
     (["--budget", "0"], "--budget 0: give seconds above 0"),
-    (["--out", "/nonexistent/dir/selftest.json"], "--out /nonexistent/dir/selftest.json: cannot write in /nonexistent/dir"),
+    (["--out", "/nonexistent/dir/selftest.json"], "--out /nonexistent/dir/selftest.json: directory /nonexistent/dir does not exist; create it"),
 ])
 def test_bad_input_is_one_line_and_exit_2_before_anything_runs(args, said, tmp_path):
     r = CliRunner().invoke(app, ["selftest", *args])

@@ -229,7 +229,7 @@ def test_a_bad_textfile_dir_is_refused_before_any_check_runs(tmp_path, case):
     (line,) = p.stderr.strip().splitlines()
     assert line.startswith(f"preflight: error: textfile dir {d}") and p.stdout == ""
     assert not report.exists() and "[PASS]" not in p.stderr  # nothing ran, nothing written
-    expected = {"missing": "does not exist", "a-file": "is not a directory", "read-only": "cannot write in it (Read-only file system)"}[case]
+    expected = {"missing": "does not exist", "a-file": "is not a directory", "read-only": f"cannot write in {d} (Read-only file system)"}[case]
     assert expected in line
 
 

@@ -3,6 +3,8 @@ and a load balancer's health probe get, and how it refuses bad input."""
 
 from __future__ import annotations
 
+import email
+import http.client
 import json
 import os
 import shutil
@@ -20,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import fakes
 from conftest import clean_env, report_file
-from preflight.outputs import serve
+from preflight.outputs import page, serve
 from preflight.gpuwork.launch import free_port
 
 promtool = pytest.mark.skipif(not shutil.which("promtool"), reason="promtool is not installed (Debian package prometheus)")
@@ -188,6 +190,32 @@ def test_slash_is_the_report_page_and_follows_the_file(tmp_path):
         report_file(report, "shm-64m-fail")  # the next run's verdict, written while serve runs
         code, _, text = get(base + "/")
     assert code == 200 and 'data-verdict="fail"' in text and "64 MiB" in text
+
+
+def test_every_answer_carries_the_pages_policy_and_nosniff_and_names_no_version(tmp_path):
+    report = report_file(tmp_path / "report.json", "cpu-pass")
+    with serving(report) as (base, _):
+        port = int(base.rsplit(":", 1)[1])
+        answers = []
+        for path in ("/", "/metrics", "/report", "/healthz", "/nowhere"):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            conn.request("GET", path)
+            r = conn.getresponse()
+            r.read()
+            answers.append((path, r.status, r.headers))
+            conn.close()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:  # http.server's own error page
+            raw.sendall(b"BREW / HTTP/1.0\r\n\r\n")
+            head = b""
+            while b"\r\n\r\n" not in head and (chunk := raw.recv(4096)):
+                head += chunk
+        error = email.message_from_bytes(head.split(b"\r\n", 1)[1])
+        answers.append(("BREW /", int(head.split()[1]), error))
+    assert [(p, code) for p, code, _ in answers] == [("/", 200), ("/metrics", 200), ("/report", 200), ("/healthz", 200), ("/nowhere", 404), ("BREW /", 501)]
+    for path, _, headers in answers:
+        assert headers["Content-Security-Policy"] == page.POLICY, path
+        assert headers["X-Content-Type-Options"] == "nosniff", path
+        assert headers["Server"] == "preflight", path  # no "Python/3.x", no library version
 
 
 def test_slash_without_a_report_says_why_in_a_page(tmp_path):
