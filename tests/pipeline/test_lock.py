@@ -254,3 +254,22 @@ def test_a_user_who_is_not_root_gets_a_lock_of_their_own():
         assert done.stdout.strip().startswith(f"lock file {mine}/preflight.lock: cannot create it (Permission denied)"), done.stderr
     finally:
         subprocess.run(["rm", "-rf", str(mine)])
+
+
+def test_the_lock_stays_held_while_a_launch_of_the_run_lives(tmp_path):
+    # A launch (base/tether.py) inherits the held lock: a run's ranks that outlived their
+    # agent (stuck in the driver, say) keep the next run from starting beside them.
+    from preflight.base import tether
+
+    path = tmp_path / "preflight.lock"
+    with run_lock(path, 0):
+        child = tether.popen(["sleep", "60"])
+    try:
+        with pytest.raises(LockHeld):
+            with run_lock(path, 0.3):
+                pass
+    finally:
+        child.kill()
+        child.wait()
+    with run_lock(path, 5):
+        pass
