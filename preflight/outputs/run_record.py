@@ -67,7 +67,7 @@ def read(report: Path) -> Started | None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid not in _writers(report):
             return None  # a record another user planted in a shared directory steers nothing
-        data = json.loads(os.read(fd, MAX_BYTES + 1)[:MAX_BYTES])
+        data = json.loads(os.read(fd, MAX_BYTES))  # a longer file is cut, and then not JSON: not ours
         started, deadline = datetime.fromisoformat(data["started_at"]), datetime.fromisoformat(data["deadline"])
         pid, ticks, boot = int(data["pid"]), data["process_start"], data["boot_id"]
         if started.tzinfo is None or deadline.tzinfo is None:
@@ -102,7 +102,7 @@ def _alive(pid: int, ticks: object, namespace: object) -> bool | None:
         return None
     except (OSError, ValueError, IndexError):
         return None
-    return state not in "ZXx" and now_ticks == ticks  # a zombie has ended; other ticks: the pid was reused
+    return state not in ("Z", "X", "x") and now_ticks == ticks  # a zombie has ended; other ticks: the pid was reused
 
 
 def _stat(pid: int) -> tuple[str, int]:

@@ -226,7 +226,10 @@ def test_a_crash_mid_run_leaves_the_previous_report_intact(tmp_path):
     before = report.read_text()
     p = run_preflight(["run", "--profile", "crash", "--report", str(report)], env=env)
     assert p.returncode == -signal.SIGKILL
-    assert report.read_text() == before and os.listdir(out) == ["report.json"]
+    # The report is untouched, and beside it the record of the run that died: the pass no longer vouches.
+    assert report.read_text() == before and sorted(os.listdir(out)) == ["report.json", "report.json.started"]
+    st = run_preflight(["status", "--report", str(report)])
+    assert st.returncode == 1 and st.stdout.startswith("NOT vouched: a run started at ") and "did not finish" in st.stdout
 
 
 def test_a_second_run_waits_for_the_lock_then_exits_2(tmp_path):
