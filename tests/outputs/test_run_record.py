@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -71,6 +74,38 @@ def test_from_another_pid_namespace_it_cannot_tell(tmp_path):
     code = f"from pathlib import Path; from preflight.outputs import run_record; print(run_record.read(Path({str(report)!r})).alive)"
     p = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and p.stdout.strip() == "None", p.stderr
+
+
+def _per_mount_proc() -> bool:
+    """Since Linux 5.8 each mount of /proc has its own hidepid: one in a private mount namespace leaves the host's alone."""
+    release = os.uname().release.split(".")
+    return (int(release[0]), int(re.match(r"\d+", release[1]).group())) >= (5, 8)
+
+
+@needs_root
+@pytest.mark.skipif(not shutil.which("runuser") or not _per_mount_proc(), reason="needs runuser and a kernel with per-mount /proc options")
+def test_where_proc_hides_the_run_a_dead_one_is_still_told_from_a_live_one():
+    # serve runs as its own user with ProtectProc=invisible: the gate's /proc/PID is hidden from it.
+    shared = Path(tempfile.mkdtemp(prefix="preflight-hidepid-"))  # not under pytest's 0700 tmp: nobody must read it
+    try:
+        shared.chmod(0o755)
+        report = shared / "report.json"
+        report.write_text("{}")
+        report.chmod(0o644)
+        # run_record is standard library only, as `status` needs it: any python nobody may run reads it from the checkout.
+        load = f"import sys; sys.path.insert(0, {str(Path(run_record.__file__).parents[2])!r}); from preflight.outputs import run_record"
+        code = f"{load}; from pathlib import Path; print(run_record.read(Path({str(report)!r})).alive)"
+        python = next((p for p in (sys.executable, "/usr/bin/python3") if subprocess.run(
+            ["runuser", "-u", "nobody", "--", p, "-c", load], capture_output=True).returncode == 0), None)
+        if python is None:
+            pytest.skip("no python that user nobody may run, with this checkout readable to it")
+        for alive, seen in ((True, "None"), (False, "False")):  # live but hidden: the deadline decides; gone: kill(pid, 0) says so
+            run_record_file(report, now(), alive=alive).chmod(0o644)
+            p = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t proc -o hidepid=invisible proc /proc && exec runuser -u nobody -- "
+                                f"{shlex.quote(python)} -c {shlex.quote(code)}"], capture_output=True, text=True, timeout=60)
+            assert p.returncode == 0 and p.stdout.strip() == seen, p.stderr
+    finally:
+        shutil.rmtree(shared)
 
 
 def test_a_record_another_user_planted_in_a_shared_directory_is_ignored(tmp_path):
