@@ -128,6 +128,26 @@ def report_file(path: Path, fixture: str, boot: str | None = "this", age: float 
     return path
 
 
+def run_record_file(report: Path, started_at, alive: bool, deadline_after: float = 3600.0) -> Path:
+    """The record (preflight/outputs/run_record.py) of a run that started at ``started_at``, beside
+    ``report``: this test process's own (alive), or a real process's that wrote it and exited (gone)."""
+    from datetime import timedelta
+
+    from preflight.outputs import last_report, run_record
+
+    deadline = started_at + timedelta(seconds=deadline_after)
+    if alive:
+        text = run_record.render(started_at, deadline, last_report.this_boot())
+    else:
+        code = ("import sys; from datetime import datetime; from preflight.outputs import last_report, run_record; "
+                "print(run_record.render(datetime.fromisoformat(sys.argv[1]), datetime.fromisoformat(sys.argv[2]), last_report.this_boot()), end='')")
+        text = subprocess.run([sys.executable, "-c", code, started_at.isoformat(), deadline.isoformat()],
+                              capture_output=True, text=True, check=True, timeout=60).stdout  # reaped: its pid is gone
+    path = run_record.path_for(report)
+    path.write_text(text)
+    return path
+
+
 # ---- shared by more than one test module -------------------------------------
 
 

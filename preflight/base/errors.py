@@ -1,5 +1,7 @@
 """Errors the CLI turns into exit codes."""
 
+import signal
+
 
 class UsageError(Exception):
     """Bad input from a person or a config file: one line, exit code 2.
@@ -17,3 +19,11 @@ class Interrupted(BaseException):
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
+
+
+def signal_name(signum: int) -> str:
+    """SIGTERM for 15: what a person reads in "interrupted by SIGTERM"."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

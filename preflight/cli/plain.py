@@ -111,6 +111,8 @@ def npd_line(reason: str, limit: int = 80) -> str:
 
 def status(report: Path | None, npd: bool, max_age: float | None, config: Path | None, json_out: bool) -> int:
     """`preflight status`: exit 0 vouched, 1 not; with --npd, 2 where no report is usable."""
+    from preflight.outputs import last_report
+
     loaded, st = standing(report, config, max_age)
     if npd:
         emit(npd_line(st.reason))
@@ -119,9 +121,12 @@ def status(report: Path | None, npd: bool, max_age: float | None, config: Path |
         r = loaded.report
         emit(json.dumps({"vouched": st.vouched, "reason": st.reason, "report_state": str(loaded.state),
                          "verdict": str(r.verdict) if r else None, "profile": r.profile if r else None,
-                         "current_boot": st.current_boot, "age_seconds": st.age_seconds}, indent=2) + "\n")
+                         "current_boot": st.current_boot, "age_seconds": st.age_seconds,
+                         "run_under_way_since": st.under_way.isoformat() if st.under_way else None}, indent=2) + "\n")
     else:
-        emit({True: "vouched", False: "NOT vouched", None: "unknown"}[st.vouched] + f": {st.reason}\n")
+        # A run under way leaves the last verdict standing until it writes its own: said, after it.
+        running = f"; a run started at {last_report.utc(st.under_way)} is under way" if st.under_way else ""
+        emit({True: "vouched", False: "NOT vouched", None: "unknown"}[st.vouched] + f": {st.reason}{running}\n")
     return 0 if st.vouched else 1
 
 

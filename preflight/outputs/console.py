@@ -24,6 +24,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from preflight.pipeline.check import Check, Result
+from preflight.base.errors import signal_name
 from preflight.base.findings import Status
 from preflight.base.progress import Progress, RateLimit, line as progress_line
 from preflight.pipeline.report import Report
@@ -132,10 +133,14 @@ class Console:
                 except (BrokenPipeError, ValueError):
                     self._gone()
         style = {"pass": "bold green", "fail": "bold red"}.get(report.verdict.value, "bold magenta")
+        verdict = report.verdict.value.upper()
+        if report.interrupted_by_signal:  # stopped, not broken: it did not finish, so it vouches for nothing
+            sig = signal_name(report.interrupted_by_signal)
+            verdict, style = (f"FAIL, interrupted by {sig}", style) if report.verdict.value == "fail" else (f"INTERRUPTED by {sig}", "bold yellow")
         # The level is said where it is not the boot gate's (standard): a lighter or deeper look must not read as the gate's.
         level = f", level {report.level}" if report.level not in (None, "standard") else ""
         self.line(
-            f"preflight: {report.verdict.value.upper()} (profile {report.profile or 'none'}{level}; {tally or 'no checks'}) "
+            f"preflight: {verdict} (profile {report.profile or 'none'}{level}; {tally or 'no checks'}) "
             f"in {fmt_seconds(report.duration_seconds)}, exit {report.exit_code}",
             style,
         )

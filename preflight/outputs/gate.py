@@ -1,26 +1,36 @@
 """`preflight run` once its settings are read: the plan run under the lock, and
-its verdict left where machines read it (the textfile, then the report).
+its verdict left where machines read it.
 
-Both paths are refused before a check runs; a file that cannot be written
-afterwards is left as it was, and a run that passed exits 3. Neither is ever
+Both paths are refused before a check runs. Under the lock, before the first
+check, the run records beside its report that it started (run_record): a run
+that dies before its report is written leaves the node not vouched, where the
+last report alone would go on vouching. The verdict is then written so that no
+file and no console line says PASS of a run whose report is not on disk: see
+``write``. Neither file is ever
 written through a link another user could have planted (base/safefile.py).
 """
 
 from __future__ import annotations
 
+import os
 from contextlib import ExitStack
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from preflight.base import safefile
+from preflight.base.errors import UsageError, signal_name
 from preflight.base.signals import interrupting
-from preflight.outputs import metrics
+from preflight.outputs import last_report, metrics, run_record
 from preflight.pipeline import plan as pipeline, report as reports
 from preflight.pipeline.lock import LockHeld, run_lock
 
 if TYPE_CHECKING:
     from preflight.outputs.console import Console
     from preflight.pipeline.settings import Settings
+
+# Past the checks' own deadlines: reading the node's shape, starting and ending the ranks, writing the verdict.
+SLACK_SECONDS = 120.0
 
 
 def run(s: Settings, console: Console, if_idle: bool = False, if_locked: str = "error") -> reports.Report | None:
@@ -44,40 +54,111 @@ def run(s: Settings, console: Console, if_idle: bool = False, if_locked: str = "
                 console.line(f"preflight: not run: another preflight run ({e.holder}) still holds {s.lock_file} after {s.lock_timeout:g} s; "
                              "the last report stands, and that run writes its own verdict")
                 return None
-            result = pipeline.execute(the_plan, s, console)
+            deadline = the_plan.started_at + timedelta(seconds=pipeline.seconds_at_most(the_plan, s) + SLACK_SECONDS)
+            record = begin(s.report, the_plan.started_at, deadline, console) if s.report is not None else None
+            try:
+                result = pipeline.execute(the_plan, s, console)
+            except UsageError:
+                if record is not None:
+                    _settle(record)  # bad input found late (one line, exit 2): nothing was looked at, nothing is left
+                raise
             result.level, result.level_chosen_because = the_plan.level, the_plan.level_chosen_because
             before = reports.read_previous(report_path)
             kept = reports.carry_forward(result, before, the_plan.profile.checks if the_plan.profile else [], across_nodes=the_plan.group is not None)
             _tell_kept(kept, result, console)
-            result.last_success_at = reports.last_success(result, before) or (metrics.previous_success(textfile) if textfile else None)
-            write(result, textfile, report_path, console)
+            earlier = reports.earlier_success(before) or (metrics.previous_success(textfile) if textfile else None)
+            result.last_success_at = result.finished_at if result.verdict == reports.Verdict.PASS else earlier
+            write(result, textfile, report_path, console, record, earlier)
     return result
+
+
+def begin(report: Path, started_at: datetime, deadline: datetime, console: Console) -> Path | None:
+    """This run's record beside its report (run_record), or None where it cannot be
+    written: said, and the run goes on (its report, once written, needs no record)."""
+    path = run_record.path_for(report)
+    try:
+        # The report's own writer: one way to put a file where root writes.
+        safefile.write_atomic(path, run_record.render(started_at, deadline, last_report.this_boot()))
+    except OSError as e:
+        console.error(f"could not record this run's start in {path}: {e.strerror or e}; should this run die before "
+                      "its report is written, the last report would still stand")
+        return None
+    return path
 
 
 def _tell_kept(kept: list[reports.Result], result: reports.Report, console: Console) -> None:
     """What this run's report holds that an earlier, deeper or fuller run measured."""
+    now = datetime.now(timezone.utc)
     for when in dict.fromkeys(c.details["carried_from"] for c in kept):
         same = [c for c in kept if c.details["carried_from"] == when]
-        console.note(f"kept from the run of {when} (this boot, level {same[0].details['carried_level']}): " + ", ".join(f"{c.check} {c.status}" for c in same))
+        if stood_in := [c for c in same if "interrupted" in c.details]:
+            sig = signal_name(stood_in[0].details["interrupted"]["signal"])
+            console.note(f"interrupted by {sig}: kept the results of the run of {when}{_age(when, now)} (level {same[0].details['carried_level']}) "
+                         "for what this run did not finish: " + ", ".join(f"{c.check} {c.status}" for c in stood_in))
+        if rest := [c for c in same if "interrupted" not in c.details]:
+            console.note(f"kept from the run of {when} (this boot, level {same[0].details['carried_level']}): " + ", ".join(f"{c.check} {c.status}" for c in rest))
     for c in result.checks:
         if figures := c.details.get("carried_measurements"):
             console.note(f"{c.check}: kept the {figures['level']} run's {', '.join(figures['names'])} of {figures['from']}, which level {result.level} does not measure or judge")
 
 
-def write(result: reports.Report, textfile: Path | None, report_path: Path | None, console: Console) -> None:
-    """The textfile first: if it cannot be written the run is an ERROR, and the
-    report then says so too, so the gate and every reader of the report agree."""
-    for what, path, put in (
-        ("the metrics", textfile, lambda d: metrics.write_textfile(d, result)),
-        ("the report", report_path, lambda p: safefile.write_atomic(p, result.model_dump_json(indent=2) + "\n")),
-    ):
-        if path is None:
-            continue
+def _age(when: object, now: datetime) -> str:
+    try:
+        return ", " + last_report.ago((now - datetime.fromisoformat(str(when))).total_seconds())
+    except (TypeError, ValueError):
+        return ""
+
+
+def write(result: reports.Report, textfile: Path | None, report_path: Path | None, console: Console,
+          record: Path | None = None, earlier_success: datetime | None = None) -> None:
+    """The textfile, then the report, each with the verdict the console prints last.
+
+    A file that cannot be written is left as it was, and the run vouches for
+    nothing: a pass becomes an ERROR, exit 3 (a failure keeps its verdict and
+    code), in what is written after it. So a textfile that cannot be written
+    makes the report an ERROR; and a report that cannot be written takes back
+    the PASS the textfile just said (written again as the ERROR, or removed
+    where even that fails). Once the report is written, the record of the run's
+    start is removed: the report now speaks for that run."""
+    passed = result.verdict == reports.Verdict.PASS
+    metrics_written = textfile is not None and _put("the metrics", textfile, lambda d: metrics.write_textfile(d, result), result, console, earlier_success)
+    if report_path is None:
+        return
+    if _put("the report", report_path, lambda p: safefile.write_atomic(p, result.model_dump_json(indent=2) + "\n"), result, console, earlier_success):
+        if record is not None:
+            _settle(record)
+    elif metrics_written and passed and textfile is not None:
+        _take_back(textfile, result, console)
+
+
+def _put(what: str, path: Path, put: Callable[[Path], object], result: reports.Report, console: Console, earlier_success: datetime | None) -> bool:
+    try:
+        put(path)
+        return True
+    except OSError as e:
+        console.error(f"could not write {what} to {path}: {e.strerror or e}; the previous file is unchanged")
+        if result.verdict == reports.Verdict.PASS:
+            result.verdict = reports.Verdict.ERROR  # what is written next must not vouch for a run that exits 3
+            result.last_success_at = earlier_success
+        result.exit_code = result.exit_code or reports.EXIT_CODES[reports.Verdict.ERROR]
+        return False
+
+
+def _take_back(textfile: Path, result: reports.Report, console: Console) -> None:
+    """The textfile says PASS of a run whose report could not be written: say the ERROR instead, or nothing."""
+    try:
+        metrics.write_textfile(textfile, result)
+    except OSError:
+        path = textfile / metrics.TEXTFILE
         try:
-            put(path)
+            os.unlink(path)  # frees space, never needs it
+            console.error(f"removed {path}: it said PASS of this run, whose report could not be written")
         except OSError as e:
-            # The verdict still stands and is printed; a failed gate stays failed, a pass exits 3.
-            console.error(f"could not write {what} to {path}: {e.strerror or e}; the previous file is unchanged")
-            result.exit_code = result.exit_code or reports.EXIT_CODES[reports.Verdict.ERROR]
-            if path is textfile and result.verdict == reports.Verdict.PASS:
-                result.verdict = reports.Verdict.ERROR  # the report written next must not vouch for a run that exits 3
+            console.error(f"could not take back the PASS in {path}: {e.strerror or e}")
+
+
+def _settle(record: Path) -> None:
+    try:
+        os.unlink(record)
+    except OSError:
+        pass  # left behind, it is still settled: the report started no earlier than its run (last_report.standing)

@@ -4,7 +4,9 @@
 run a check: they read the report the last `preflight run --report` wrote and
 judge it here, in one place, so they cannot disagree. A report vouches for the
 node only if it passed, in this boot (a pass before the last reboot says
-nothing about the GPUs now), and, where the caller sets a limit, recently.
+nothing about the GPUs now), and, where the caller sets a limit, recently;
+and only while no run that started after it has died without writing its own
+(run_record: a run under way leaves the last verdict standing).
 `load` gives the Report model (serve renders all of it); `load_view` gives
 what the judge reads, without importing pydantic where the file is in the
 form preflight writes (report_view), so `status` starts fast.
@@ -19,6 +21,9 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from preflight.base.errors import signal_name
+from preflight.outputs import run_record
+from preflight.outputs.run_record import Started
 from preflight.pipeline.report_view import VOUCHING, ReportView, Verdict, view
 
 if TYPE_CHECKING:
@@ -45,22 +50,25 @@ class Loaded(NamedTuple):
     report: Report | ReportView | None = None
     error: str | None = None  # why it is not OK, in words
     raw: bytes = b""  # the file as written, for serve's /report
+    started: Started | None = None  # the record of a run that started and has not written its report
 
 
 def load(path: Path) -> Loaded:
     """The report as the Report model, for readers of all of it (serve)."""
+    started = run_record.read(path)  # first: a run that ends meanwhile has written its report by the time it is read
     data = _read(path)
-    return data if isinstance(data, Loaded) else _validated(path, data)
+    return (data if isinstance(data, Loaded) else _validated(path, data))._replace(started=started)
 
 
 def load_view(path: Path) -> Loaded:
     """The report as a judge reads it (status, slurm-healthcheck, kube-label): without
     pydantic where it is in the form `preflight run` writes, else exactly as ``load``."""
+    started = run_record.read(path)
     data = _read(path)
     if isinstance(data, Loaded):
-        return data
+        return data._replace(started=started)
     seen = view(data)
-    return Loaded(State.OK, seen, raw=data) if seen is not None else _validated(path, data)
+    return (Loaded(State.OK, seen, raw=data) if seen is not None else _validated(path, data))._replace(started=started)
 
 
 def _read(path: Path) -> bytes | Loaded:
@@ -117,9 +125,12 @@ class Cached:
             key = (st.st_ino, st.st_mtime_ns, st.st_size)
         except OSError:
             key = None
+        started = run_record.read(self.path)  # each time: a run starts and dies without touching the report
         with self._lock:
             if key is None or key != self._key or self._loaded is None:
                 self._loaded, self._key = load(self.path), key
+            if self._loaded.started != started:
+                self._loaded = self._loaded._replace(started=started)
             return self._loaded
 
 
@@ -137,6 +148,7 @@ class Standing(NamedTuple):
     reason: str  # one line, for a person, a Slurm drain reason or an NPD message
     current_boot: bool | None = None
     age_seconds: float | None = None
+    under_way: datetime | None = None  # when the run now under way started: the last verdict stands meanwhile
 
 
 def booted_at() -> datetime | None:
@@ -151,20 +163,26 @@ def booted_at() -> datetime | None:
 
 
 def standing(loaded: Loaded, boot_id: str | None, now: datetime, max_age: float | None = None, booted: datetime | None = None) -> Standing:
-    """Judge the last report: the one rule every reader of it applies. Without a
-    boot id on either side, a report that finished before ``booted`` is of an earlier boot."""
+    """Judge the last report, and the record of a run that started after it: the one
+    rule every reader of it applies. Without a boot id on either side, a report
+    that finished (or a run that started) before ``booted`` is of an earlier boot."""
     r = loaded.report
+    run = _newer_run(loaded.started, r, boot_id, booted)
+    dead = run is not None and not (run.alive or (run.alive is None and now < run.deadline))
+    if dead:
+        age = (now - run.started_at).total_seconds()
+        current = None if r is None else _current(r, boot_id, booted)
+        return Standing(False, f"a run started at {utc(run.started_at)} did not finish ({ago(age)})", current,
+                        None if r is None else (now - r.finished_at).total_seconds())
+    under_way = run.started_at if run is not None else None
     if r is None:
-        return Standing(None, loaded.error or f"report {loaded.state}")
+        return Standing(None, loaded.error or f"report {loaded.state}", under_way=under_way)
     age = (now - r.finished_at).total_seconds()
-    if boot_id is not None and r.boot_id is not None:
-        current: bool | None = r.boot_id == boot_id
-    else:
-        current = None if booted is None else r.finished_at >= booted
-    when = f"{age / 3600:.1f} h ago" if age >= 3600 else f"{max(age, 0):.0f} s ago"
+    current = _current(r, boot_id, booted)
+    when = ago(age)
 
     def said(vouched: bool, reason: str) -> Standing:
-        return Standing(vouched, reason, current, age)
+        return Standing(vouched, reason, current, age, under_way)
 
     if r.verdict != Verdict.PASS:
         return said(False, _why_not(r) + f" ({when})")
@@ -177,10 +195,39 @@ def standing(loaded: Loaded, boot_id: str | None, now: datetime, max_age: float 
     return said(True, f"passed {when}, profile {r.profile}")
 
 
+def _current(r: Report | ReportView, boot_id: str | None, booted: datetime | None) -> bool | None:
+    if boot_id is not None and r.boot_id is not None:
+        return r.boot_id == boot_id
+    return None if booted is None else r.finished_at >= booted
+
+
+def _newer_run(run: Started | None, r: Report | ReportView | None, boot_id: str | None, booted: datetime | None) -> Started | None:
+    """The record of a run that started after the report and in this boot, or None. A run
+    of an earlier boot is the boot rule's: its report, if any, is of that boot too."""
+    if run is None or (r is not None and r.started_at >= run.started_at):
+        return None  # settled: the report is that run's, or a later one's
+    if boot_id is not None and run.boot_id is not None:
+        return run if run.boot_id == boot_id else None
+    return None if booted is not None and run.started_at < booted else run
+
+
+def ago(seconds: float) -> str:
+    """How long ago, as every reader's line says it: 40 s ago, 2.0 h ago."""
+    return f"{seconds / 3600:.1f} h ago" if seconds >= 3600 else f"{max(seconds, 0):.0f} s ago"
+
+
+def utc(t: datetime) -> str:
+    """A time as every reader's line writes it: UTC, to the second, 2026-11-26T22:24:18Z."""
+    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _why_not(r: Report | ReportView) -> str:
-    if r.interrupted_by_signal:
-        return f"run interrupted by signal {r.interrupted_by_signal}"
     bad = [c for c in r.checks if c.status not in VOUCHING]  # Status.ok, for a Status or its value
+    failed = [c for c in bad if c.status == "FAIL"]
+    if failed:  # a node problem found is the reason, even in a run a signal then stopped
+        return f"{failed[0].check} FAIL: {failed[0].summary}"
+    if r.interrupted_by_signal:
+        return f"a run started at {utc(r.started_at)} was interrupted by {signal_name(r.interrupted_by_signal)}"
     if not bad:
         return f"verdict {r.verdict}"
     first = bad[0]

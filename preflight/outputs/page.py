@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from preflight.base.errors import signal_name
 from preflight.outputs import page_facts as facts
 from preflight.outputs import page_layout, page_svg, page_traces
 from preflight.outputs.page_svg import COLOURS, esc, fmt
 
 if TYPE_CHECKING:
+    from preflight.outputs.last_report import Standing
     from preflight.pipeline.report import Report
 
 # No script, no network: what a browser may load for this page is nothing but itself.
@@ -28,11 +30,11 @@ body{font:14px/1.45 sans-serif;margin:0;color:#212121;background:#fff}
 main{max-width:1100px;margin:0 auto;padding:0 16px 40px}
 header.banner{color:#fff;padding:18px 24px;margin:0 0 12px}
 header.banner h1{margin:0;font-size:28px} header.banner p{margin:4px 0 0}
-.pass{background:#2e7d32}.fail{background:#c62828}.error{background:#6a1b9a}
+.pass{background:#2e7d32}.fail{background:#c62828}.error{background:#6a1b9a}.interrupted{background:#a15c00}.unvouched{background:#546e7a}
 section{margin:22px 0} h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom:4px}
 h3{font-size:14px;margin:14px 0 4px}
 .problem{border-left:6px solid #c62828;background:#fff5f5;padding:8px 12px;margin:8px 0}
-.problem.WARN{border-color:#ef8f00;background:#fffaf0}.problem.ERROR{border-color:#6a1b9a;background:#f8f0ff}
+.problem.WARN{border-color:#ef8f00;background:#fffaf0}.problem.ERROR{border-color:#6a1b9a;background:#f8f0ff}.problem.INTERRUPTED{border-color:#a15c00;background:#fff8ee}
 .problem b{font-family:monospace} .muted{color:#666} code{background:#f1f1f1;padding:0 3px}
 table{border-collapse:collapse} td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
 td.time{white-space:nowrap}
@@ -42,9 +44,10 @@ td.time{white-space:nowrap}
 STATUS_CLASS = {"PASS": "PASS", "WARN": "WARN", "FAIL": "FAIL", "ERROR": "ERROR", "SKIP": "SKIP"}
 
 
-def render(report: Report, source: str) -> str:
-    """The whole page for ``report``; ``source`` says where the report was read."""
-    parts = [_banner(report, source), _problems(report), _checks(report), _figures(report), _p2p(report),
+def render(report: Report, source: str, standing: Standing | None = None) -> str:
+    """The whole page for ``report``; ``source`` says where the report was read; ``standing``
+    (serve's) what the report vouches for now, where that is no longer its verdict."""
+    parts = [_banner(report, source, standing), _problems(report), _checks(report), _figures(report), _p2p(report),
              _layout(report), _traces(report), _group(report)]
     title = f"preflight {report.verdict.value.upper()}: {report.hostname}"
     return _document(title, "".join(p for p in parts if p) + "</main>")
@@ -65,22 +68,33 @@ def _document(title: str, body: str) -> str:
             f"<title>{esc(title)}</title><style>{STYLE}</style></head><body>{body}</body></html>\n")
 
 
-def _banner(r: Report, source: str) -> str:
+def _banner(r: Report, source: str, standing: Standing | None = None) -> str:
     verdict = r.verdict.value
     said = {"pass": "this node is fit for the job", "fail": "a check failed: drain this node", "error": "preflight itself broke: the node is not vouched for"}
+    kind, head, line = verdict, verdict.upper(), said[verdict]
+    if r.interrupted_by_signal:  # stopped, not broken
+        sig = signal_name(r.interrupted_by_signal)
+        if verdict == "error":
+            kind, head = "interrupted", "INTERRUPTED"
+            line = (f"the run was interrupted by {sig} before it finished: the node is not vouched for; "
+                    "what it did not finish keeps the last complete results, each marked with the run that measured it")
+        else:
+            line += f"; the run was then interrupted by {sig}"
+    if standing is not None and not standing.vouched and verdict == "pass":
+        kind, head, line = "unvouched", "NOT VOUCHED", f"not vouched now: {standing.reason}; this report passed"
     bits = [f"profile {r.profile or 'none'}", f"level {r.level or 'standard'}", f"finished {r.finished_at.isoformat(timespec='seconds')}",
             f"{r.duration_seconds:.1f} s", f"preflight {r.version}"]
     bits += [f"{k} {v}" for k, v in sorted(r.versions.items())]
     if r.shape is not None:
         bits.append(r.shape.describe())
     if r.interrupted_by_signal:
-        bits.append(f"interrupted by signal {r.interrupted_by_signal}")
-    return (f'<header class="banner {verdict}" data-verdict="{verdict}"><h1>{esc(verdict.upper())}: {esc(r.hostname)}</h1>'
-            f"<p>{esc(said[verdict])}</p><p>{esc(' | '.join(bits))}</p><p class=\"src\">{esc(source)}</p></header><main>")
+        bits.append(f"interrupted by {signal_name(r.interrupted_by_signal)}")
+    return (f'<header class="banner {kind}" data-verdict="{verdict}"><h1>{esc(head)}: {esc(r.hostname)}</h1>'
+            f"<p>{esc(line)}</p><p>{esc(' | '.join(bits))}</p><p class=\"src\">{esc(source)}</p></header><main>")
 
 
 def _problems(r: Report) -> str:
-    found = facts.problems(r)
+    found = [p for p in (facts.interruption(r), *facts.problems(r)) if p is not None]
     if not found:
         return "<section><h2>Problems</h2><p>None: every check that ran passed.</p></section>"
     items = []
@@ -98,7 +112,8 @@ def _checks(r: Report) -> str:
         when = facts.carried(c)
         rows.append(f'<tr><td>{esc(c.check)}</td><td class="st" style="color:{COLOURS.get(c.status.value, "#000")}">{esc(c.status.value)}</td>'
                     f"<td class=\"time\">{'carried' if when else f'{c.duration_seconds:.2f} s'}</td>"
-                    f"<td>{esc(c.summary)}{f' <i>(measured by {esc(when)})</i>' if when else ''}</td></tr>")
+                    f"<td>{esc(c.summary)}{f' <i>(measured by {esc(when)})</i>' if when else ''}"
+                    f"{f' <i>(this run: {esc(cut)})</i>' if (cut := (c.details.get('interrupted') or {}).get('summary')) else ''}</td></tr>")
     spans = facts.timeline(r)
     return ("<section><h2>Checks, and where the time went</h2>"
             f'<div class="scroll">{page_svg.timeline(spans, r.duration_seconds)}</div>'

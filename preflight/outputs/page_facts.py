@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from preflight.base.errors import signal_name
 from preflight.base.findings import Measurement, Status
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ SHORTFALL = "_median_shortfall"
 @dataclass(frozen=True)
 class Problem:
     check: str
-    status: str  # FAIL, ERROR, WARN
+    status: str  # FAIL, ERROR, WARN; INTERRUPTED for the run itself (interruption)
     summary: str
     cause: str | None
     remedy: str | None
@@ -124,6 +125,24 @@ def problems(report: Report) -> list[Problem]:
     bad = [c for c in report.checks if c.status in order]
     bad.sort(key=lambda c: order[c.status])
     return [Problem(c.check, str(c.status.value), c.summary, c.cause, c.remedy, carried(c)) for c in bad]
+
+
+def interruption(report: Report) -> Problem | None:
+    """A run a signal stopped, as the first problem: it did not finish, so it vouches
+    for nothing, though every result it holds may pass (kept from the run before)."""
+    if not report.interrupted_by_signal:
+        return None
+    sig = signal_name(report.interrupted_by_signal)
+    stopped = [c.check for c in report.checks if (c.details.get("interrupted") or {}).get("status") == "ERROR"
+               or (c.status == Status.ERROR and "interrupted_by_signal" in c.details)]
+    kept = [c.check for c in report.checks if "interrupted" in c.details]
+    summary = f"interrupted by {sig}" + (f" while {stopped[0]} ran" if stopped else "") + ": the run did not finish"
+    if kept:
+        summary += f"; {', '.join(kept)} keep the last complete results, from an earlier run"
+    return Problem("run", "INTERRUPTED", summary,
+                   f"preflight was stopped ({sig}: systemd's TimeoutStartSec, a caller's timeout, Ctrl-C) before it finished; "
+                   "the node is not vouched for until a run finishes",
+                   "let the run finish: raise the unit's TimeoutStartSec or the caller's timeout if its budget is too small, then run preflight again")
 
 
 def timeline(report: Report) -> list[Span]:

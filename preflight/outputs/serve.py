@@ -110,7 +110,7 @@ class _Handler(BaseHTTPRequestHandler):
             if loaded.report is None:
                 self._send(503, page.unavailable(str(loaded.state), loaded.error).encode(), HTML)
             else:
-                self._send(*self.server.page(loaded.report), HTML)
+                self._send(*self.server.page(loaded), HTML)
         else:
             self._send(404, b"not found; try /, /metrics, /report or /healthz\n", "text/plain; charset=utf-8")
 
@@ -174,10 +174,12 @@ class Server(ThreadingMixIn, HTTPServer):
             self._fault(f"cannot render {self.report} as metrics: {e!r}")
             return generate_latest(self.unrenderable)
 
-    def page(self, report: Any) -> tuple[int, bytes]:
-        """`/`: the page, or, where a report the model took cannot be drawn, why, as metrics() does."""
+    def page(self, loaded: last_report.Loaded) -> tuple[int, bytes]:
+        """`/`: the page, with what the report vouches for now (the rule /metrics' preflight_vouched
+        applies), or, where a report the model took cannot be drawn, why, as metrics() does."""
         try:
-            return 200, page.render(report, str(self.report)).encode()
+            now = last_report.standing(loaded, last_report.this_boot(), last_report.now(), booted=last_report.booted_at())
+            return 200, page.render(loaded.report, str(self.report), now).encode()
         except Exception as e:  # a bug in drawing must not cost the scrape or the thread
             self._fault(f"cannot render {self.report} as a page: {e!r}")
             return 500, page.unavailable("invalid", "the report cannot be drawn as a page; /report has it as written").encode()

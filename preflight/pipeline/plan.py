@@ -23,8 +23,8 @@ from preflight.base.errors import UsageError
 from preflight.base.host import Host
 from preflight.base.progress import Progress
 from preflight.pipeline.profiles import DetectionFailed, ResolvedProfile
-from preflight.pipeline.report import EXIT_CODES, Report, read_previous, verdict_of, versions_of
-from preflight.pipeline.runner import run_checks
+from preflight.pipeline.report import Report, exit_code_of, read_previous, verdict_of, versions_of
+from preflight.pipeline.runner import MAX_TIMEOUT, run_checks
 from preflight.base.errors import Interrupted
 from preflight.pipeline.settings import Settings
 
@@ -131,6 +131,15 @@ def plan(settings: Settings) -> Plan:
     _known_floors(profile, checks)
     group, side = _group(settings, selected)
     return Plan(profile, checks, started_at=started_at, group=group, side=side, level=level, level_chosen_because=why)
+
+
+def seconds_at_most(plan: Plan, settings: Settings) -> float:
+    """The longest the plan's checks may take, each to its deadline, and a group's
+    meetings: a run not done by then is not coming back (outputs/run_record.py)."""
+    if plan.profile is None:
+        return 0.0
+    checks = sum(min(plan.profile.timeouts.get(c.name, c.timeout_seconds), MAX_TIMEOUT) for c in plan.checks)
+    return checks + (3 * settings.rdzv_timeout + 2 * meeting.BYE if plan.group else 0.0)
 
 
 def _group(settings: Settings, selected: list[str]) -> tuple[multinode.Group | None, multinode.LocalSide | None]:
@@ -243,7 +252,7 @@ def execute(plan: Plan, settings: Settings, console: Display, host: Host | None 
             if ctx.meeting and ctx.meeting.host:  # interrupted: the store goes with the run
                 ctx.meeting.host.wait(lambda _: True)
     finished = datetime.now(timezone.utc)
-    verdict = verdict_of(results)
+    verdict = verdict_of(results, interrupted)
     return Report(
         version=__version__,
         hostname=host.hostname(),
@@ -255,7 +264,7 @@ def execute(plan: Plan, settings: Settings, console: Display, host: Host | None 
         finished_at=finished,
         duration_seconds=round((finished - started).total_seconds(), 6),
         verdict=verdict,
-        exit_code=128 + interrupted if interrupted else EXIT_CODES[verdict],
+        exit_code=exit_code_of(verdict, interrupted),
         keep_going=settings.keep_going,
         interrupted_by_signal=interrupted,
         versions=versions_of(results),

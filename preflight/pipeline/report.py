@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from preflight.pipeline import levels
 from preflight.pipeline.check import Result
+from preflight.pipeline.runner import CUT_SHORT
 from preflight.base.findings import Measurement, Status
 from preflight.base import safefile
 
@@ -96,15 +97,22 @@ class Report(BaseModel):
     checks: list[Result]
 
 
-def verdict_of(results: list[Result]) -> Verdict:
+def verdict_of(results: list[Result], interrupted: int | None = None) -> Verdict:
     """Any FAIL is a node problem (exit 1); else any ERROR is a tool problem
-    (exit 3). Both are non-zero, so a gate fails closed either way."""
+    (exit 3). Both are non-zero, so a gate fails closed either way. A run a
+    signal stopped did not finish: it vouches for nothing, whatever the results
+    it kept from an earlier run say (ERROR, unless a check failed)."""
     statuses = {r.status for r in results}
     if Status.FAIL in statuses:
         return Verdict.FAIL
-    if Status.ERROR in statuses:
+    if Status.ERROR in statuses or interrupted:
         return Verdict.ERROR
     return Verdict.PASS
+
+
+def exit_code_of(verdict: Verdict, interrupted: int | None = None) -> int:
+    """128+N for a run signal N stopped, as a shell reports a command it killed; else the verdict's."""
+    return 128 + interrupted if interrupted else EXIT_CODES[verdict]
 
 
 def versions_of(results: list[Result]) -> dict[str, str]:
@@ -139,8 +147,11 @@ def read_previous(path: Path | None) -> Report | None:
 
 def last_success(report: Report, before: Report | None) -> datetime | None:
     """This run's finish if it passed, else the last pass the report it replaces knew of."""
-    if report.verdict == Verdict.PASS:
-        return report.finished_at
+    return report.finished_at if report.verdict == Verdict.PASS else earlier_success(before)
+
+
+def earlier_success(before: Report | None) -> datetime | None:
+    """The last pass the report a run replaces knew of."""
     if before is None:
         return None
     # A report written before last_success_at existed still says whether it passed.
@@ -162,6 +173,11 @@ def carry_forward(report: Report, before: Report | None, order: list[str], acros
       otherwise takes this look's result plus the deeper one's figures it did
       not take, or took unjudged (details.carried_measurements).
 
+    A run a signal stopped (SIGTERM) keeps the same way what it did not finish:
+    the check it stopped and those it then skipped (marked runner.CUT_SHORT)
+    take the previous result, with details.interrupted saying what this run
+    had of it; its verdict still vouches for nothing (verdict_of).
+
     Each kept result says when and at which level it was measured
     (details.carried_from, details.carried_level), which later runs keep.
     Returns the results kept whole."""
@@ -169,18 +185,20 @@ def carry_forward(report: Report, before: Report | None, order: list[str], acros
         return []
     if across_nodes or before.group is not None or report.group is not None:
         return []  # a group's nccl and bandwidth say nothing of this node alone, nor it of them
+    old = {c.check: c for c in before.checks}
+    # What this run left unfinished, where the report it replaces has a finished result to keep.
+    cut = {c.check: c for c in report.checks if CUT_SHORT in c.details and c.check in old and CUT_SHORT not in old[c.check].details}
     ran = {c.check for c in report.checks}
     left_out = [_carried(c, before) for c in before.checks if c.check not in ran and c.check in order]
-    old = {c.check: c for c in before.checks}
-    looked_again = [_deeper_of(c, old[c.check], before, report.level) if c.check in old else c for c in report.checks]
-    if not left_out and looked_again == report.checks:
+    stood_in = [_stood_in(old[c.check], before, c) for c in cut.values()]
+    looked_again = [_deeper_of(c, old[c.check], before, report.level) if c.check in old else c for c in report.checks if c.check not in cut]
+    if not left_out and not stood_in and looked_again == report.checks:
         return []
-    report.checks = sorted([*looked_again, *left_out], key=lambda c: order.index(c.check) if c.check in order else -1)
+    report.checks = sorted([*looked_again, *left_out, *stood_in], key=lambda c: order.index(c.check) if c.check in order else -1)
     report.versions = {**versions_of(report.checks), **report.versions}  # what this run saw wins
-    if report.interrupted_by_signal is None:
-        report.verdict = verdict_of(report.checks)
-        report.exit_code = EXIT_CODES[report.verdict]
-    return [*left_out, *(c for c in looked_again if "carried_from" in c.details)]
+    report.verdict = verdict_of(report.checks, report.interrupted_by_signal)
+    report.exit_code = exit_code_of(report.verdict, report.interrupted_by_signal)
+    return [*left_out, *stood_in, *(c for c in looked_again if "carried_from" in c.details)]
 
 
 def _measured(c: Result, before: Report) -> tuple[str, str]:
@@ -190,7 +208,15 @@ def _measured(c: Result, before: Report) -> tuple[str, str]:
 
 def _carried(c: Result, before: Report) -> Result:
     when, level = _measured(c, before)
-    return c.model_copy(update={"details": {**c.details, "carried_from": when, "carried_level": level}})
+    details = {k: v for k, v in c.details.items() if k != "interrupted"}  # an earlier run's interruption is not this one's
+    return c.model_copy(update={"details": {**details, "carried_from": when, "carried_level": level}})
+
+
+def _stood_in(old: Result, before: Report, cut: Result) -> Result:
+    """The previous result of a check this run did not finish, with what this run had of it."""
+    kept = _carried(old, before)
+    kept.details["interrupted"] = {"signal": cut.details[CUT_SHORT], "status": cut.status.value, "summary": cut.summary}
+    return kept
 
 
 def _judged(m: Measurement) -> bool:

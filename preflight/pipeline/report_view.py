@@ -33,7 +33,7 @@ MAX_NODES = 4096
 class Verdict(str, Enum):
     PASS = "pass"  # warnings allowed
     FAIL = "fail"  # a check failed: drain the node
-    ERROR = "error"  # preflight itself broke: the node is not vouched for
+    ERROR = "error"  # preflight itself broke, or a signal stopped the run (interrupted_by_signal): the node is not vouched for
 
     def __str__(self) -> str:
         return self.value
@@ -60,6 +60,7 @@ class ReportView(NamedTuple):
     verdict: Verdict
     profile: str | None
     boot_id: str | None
+    started_at: datetime
     finished_at: datetime
     interrupted_by_signal: int | None
     checks: list[CheckView]
@@ -82,7 +83,7 @@ def view(data: bytes) -> ReportView | None:
     except (Declined, ValueError, RecursionError):
         return None
     checks = [CheckView(c["check"], c["status"], c["summary"]) for c in r["checks"]]
-    return ReportView(Verdict(r["verdict"]), r["profile"], r["boot_id"], r["finished_at"], r["interrupted_by_signal"], checks)
+    return ReportView(Verdict(r["verdict"]), r["profile"], r["boot_id"], r["started_at"], r["finished_at"], r["interrupted_by_signal"], checks)
 
 
 # ---- JSON as both parsers read it alike --------------------------------------------

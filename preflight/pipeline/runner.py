@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from preflight.pipeline.check import Check, Context, Result, Status
-from preflight.base.errors import Interrupted
+from preflight.base.errors import Interrupted, signal_name
 from preflight.base.host import become_subreaper, descendants, kill_processes
 
 
@@ -29,6 +29,15 @@ MAX_TIMEOUT = 86400.0  # a plugin's own timeout_seconds is capped like a profile
 class Outcome:
     results: list[Result] = field(default_factory=list)
     interrupted_by: int | None = None  # the signal that stopped the run
+
+
+CUT_SHORT = "interrupted_by_signal"
+
+
+def cut_short(signum: int) -> dict[str, int]:
+    """The mark (in details) of a result the interruption made: the check it stopped, and
+    those it skipped. The report keeps the previous run's result in its place (report.carry_forward)."""
+    return {CUT_SHORT: signum}
 
 
 Hook = Callable[[Check], None]
@@ -123,7 +132,8 @@ def _before(before: Callable[[Check], Result | None], check: Check, outcome: Out
         result = before(check)
     except Interrupted as sig:
         outcome.interrupted_by = sig.signum
-        result = check.result(Status.ERROR, f"interrupted by signal {sig.signum} while meeting the group", cause="preflight was stopped (SIGTERM or Ctrl-C)")
+        result = check.result(Status.ERROR, f"interrupted by {signal_name(sig.signum)} while meeting the group", cause="preflight was stopped (SIGTERM or Ctrl-C)",
+                              details=cut_short(sig.signum))
     if result is not None:
         result.duration_seconds = round(time.monotonic() - started, 6)
     return result
@@ -146,7 +156,7 @@ def run_checks(
     stopped_by: Result | None = None
     for check in checks:
         if outcome.interrupted_by is not None:
-            result = check.result(Status.SKIP, "skipped: the run was interrupted")
+            result = check.result(Status.SKIP, f"skipped: the run was interrupted by {signal_name(outcome.interrupted_by)}", details=cut_short(outcome.interrupted_by))
         elif stopped_by is not None and not keep_going:
             verb = "errored" if stopped_by.status is Status.ERROR else "failed"
             result = check.result(Status.SKIP, f"skipped: {stopped_by.check} {verb}")
@@ -165,10 +175,11 @@ def run_checks(
                 outcome.interrupted_by = sig.signum
                 result = check.result(
                     Status.ERROR,
-                    f"interrupted by signal {sig.signum} while running",
+                    f"interrupted by {signal_name(sig.signum)} while running",
                     cause="preflight was stopped (SIGTERM from systemd's TimeoutStartSec, or Ctrl-C)",
                     remedy="let the run finish; raise TimeoutStartSec if the unit's budget is too small",
                     duration_seconds=round(time.monotonic() - started, 6),
+                    details=cut_short(sig.signum),
                 )
             finally:
                 # On every way out (an exception too): the live line is taken down before anything else is printed.

@@ -226,7 +226,10 @@ def test_a_crash_mid_run_leaves_the_previous_report_intact(tmp_path):
     before = report.read_text()
     p = run_preflight(["run", "--profile", "crash", "--report", str(report)], env=env)
     assert p.returncode == -signal.SIGKILL
-    assert report.read_text() == before and os.listdir(out) == ["report.json"]
+    # The report is untouched, and beside it the record of the run that died: the pass no longer vouches.
+    assert report.read_text() == before and sorted(os.listdir(out)) == ["report.json", "report.json.started"]
+    st = run_preflight(["status", "--report", str(report)])
+    assert st.returncode == 1 and st.stdout.startswith("NOT vouched: a run started at ") and "did not finish" in st.stdout
 
 
 def test_a_second_run_waits_for_the_lock_then_exits_2(tmp_path):
@@ -455,7 +458,8 @@ def test_a_report_that_cannot_be_written_keeps_the_verdict_and_the_old_report(tm
     p = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, timeout=120)
     assert "could not write the report to" in p.stderr and "No space left on device" in p.stderr
     assert "Traceback" not in p.stderr
-    assert "preflight: PASS (profile cpu; 4 pass)" in p.stderr and "exit 3" in p.stderr  # the verdict, and the real code
+    # Every check passed, but a run whose report is not written vouches for nothing: never "PASS ... exit 3".
+    assert "preflight: ERROR (profile cpu; 4 pass)" in p.stderr and "exit 3" in p.stderr and "preflight: PASS" not in p.stderr
     assert p.stdout.splitlines() == ["rc=3", "previous", "filler", "report.json"]
 
 

@@ -1,15 +1,207 @@
-"""`preflight run` around its checks: another run holding the lock, with and without
-`--if-locked skip` (what the Slurm prolog runs). Real processes: the holder takes the
-lock as every run does (conftest.lock_held), the run is `python -m preflight`."""
+"""`preflight run`'s verdict where machines read it (preflight/outputs/gate.py), as real
+processes on the cpu profile (gloo torchrun): what every reader of the report says of a
+run killed or stopped mid-way, the textfile, the report and the console agreeing when
+the disk is too full for the report, and another run holding the lock, with and
+without `--if-locked skip` (what the Slurm prolog runs; the holder takes the lock as
+every run does, conftest.lock_held)."""
 
 from __future__ import annotations
 
 import json
+import re
+import secrets
+import signal
 import subprocess
-
-from conftest import clean_env, lock_held, run_preflight
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
 
 import fakes
+from conftest import clean_env, lock_held, needs_root, report_file, run_preflight
+from preflight.gpuwork.launch import marked
+from preflight.outputs import last_report, run_record
+from preflight.pipeline.report import Report
+
+MARK = "PREFLIGHT_TEST_GATE"  # carried by everything a run here starts, so the test ends what a killed agent leaves
+
+
+@contextmanager
+def a_run(tmp_path: Path, report: Path, *extra: str) -> Iterator[tuple[subprocess.Popen, list[str]]]:
+    """`preflight run --profile cpu --report REPORT`, yielded once its bandwidth check has
+    begun. Rank 1 stops itself (SIGSTOP) at bandwidth's first step, so the check cannot
+    end on its own while the test interrupts it, however loaded the machine. Whatever
+    the run started is killed on the way out."""
+    token = secrets.token_hex(8)
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    env = {**clean_env(), "TMPDIR": str(tmp_path / "tmp"), "PREFLIGHT_WORKER_FAULT": "1:stop@memcpy", MARK: token}
+    proc = subprocess.Popen([*fakes.PREFLIGHT, "run", "--profile", "cpu", "--report", str(report), *extra],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    began = threading.Event()
+
+    def follow() -> None:
+        for line in proc.stderr:
+            lines.append(line)
+            if line.startswith("  ... bandwidth"):
+                began.set()
+
+    reader = threading.Thread(target=follow, daemon=True)
+    reader.start()
+    try:
+        assert began.wait(300), "bandwidth never began:\n" + "".join(lines)
+        yield proc, lines
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=60)
+        for p in marked(token, MARK):  # a killed agent's torchrun and ranks (ending them is the launcher's job, not this test's subject)
+            p.kill()
+        reader.join(timeout=10)
+
+
+def started_at(report: Path) -> str:
+    """When the run under way started, as every reader's line says it."""
+    return last_report.utc(datetime.fromisoformat(json.loads(run_record.path_for(report).read_text())["started_at"]))
+
+
+def readers(report: Path) -> dict[str, subprocess.CompletedProcess]:
+    """Every reader of the report, as NPD, a Slurm prolog and health check, and a node agent run it."""
+    at = ["--report", str(report)]
+    return {
+        "status": run_preflight(["status", *at]),
+        "npd": run_preflight(["status", "--npd", *at]),
+        "slurm": run_preflight(["slurm-healthcheck", "--dry-run", "--node", "gpu-01", *at]),
+        "kube": run_preflight(["kube-label", "--dry-run", "--node", "gpu-01", *at]),
+    }
+
+
+def test_a_run_under_way_leaves_the_last_pass_standing_and_a_killed_one_leaves_the_node_not_vouched(tmp_path):
+    report = report_file(tmp_path / "report.json", "cpu-pass", age=600)
+    before = report.read_bytes()
+    with a_run(tmp_path, report) as (agent, _):
+        when = started_at(report)
+        during = readers(report)
+        agent.kill()  # SIGKILL of the agent: the OOM killer, systemd's final kill
+        assert agent.wait(timeout=60) == -signal.SIGKILL
+        after = readers(report)
+    # Under way: the last verdict stands (a recheck must not flip a node), and status says a run is going.
+    assert during["status"].returncode == 0 and during["status"].stdout.startswith("vouched: passed")
+    assert f"a run started at {when} is under way" in during["status"].stdout
+    assert during["npd"].returncode == 0 and during["slurm"].returncode == 0 and during["kube"].returncode == 0
+    # Gone without a report: every reader, by the one rule.
+    died = f"a run started at {when} did not finish"
+    assert after["status"].returncode == 1 and re.fullmatch(rf"NOT vouched: {died} \(\d+ s ago\)\n", after["status"].stdout)
+    assert after["npd"].returncode == 1 and after["npd"].stdout.startswith(died) and len(after["npd"].stdout.encode()) <= 80
+    assert after["slurm"].returncode == 1 and after["slurm"].stdout.startswith(f"not vouched: {died}")
+    assert f"'Reason=preflight: {died}'" in after["slurm"].stdout
+    assert after["kube"].returncode == 1 and f"NOT vouched ({died}" in after["kube"].stdout and '"preflight/result": "fail"' in after["kube"].stdout
+    assert report.read_bytes() == before  # the killed run wrote nothing over the last report
+    # The next run starts clean: its report settles the record, and the node is vouched again.
+    p = run_preflight(["run", "--profile", "cpu", "--only", "shm", "-q", "--report", str(report)])
+    assert p.returncode == 0, p.stderr
+    assert not run_record.path_for(report).exists()
+    again = run_preflight(["status", "--report", str(report)])
+    assert again.returncode == 0 and again.stdout.startswith("vouched: passed") and "under way" not in again.stdout
+
+
+def test_a_sigtermed_run_keeps_the_last_figures_with_their_age_and_says_it_was_interrupted(tmp_path):
+    report = report_file(tmp_path / "report.json", "cpu-pass", age=600)
+    gate = Report.model_validate_json(report.read_bytes())
+    with a_run(tmp_path, report) as (agent, lines):
+        when = started_at(report)
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=60) == 143
+    said = "".join(lines)
+    r = Report.model_validate_json(report.read_bytes())
+    assert (r.verdict, r.exit_code, r.interrupted_by_signal) == ("error", 143, 15)  # it did not finish: it vouches for nothing
+    by = {c.check: c for c in r.checks}
+    for name in ("shm", "nccl"):  # what it finished is its own
+        assert by[name].status.ok and "carried_from" not in by[name].details
+    for name, status in (("bandwidth", "ERROR"), ("train", "SKIP")):  # what it did not finish keeps the gate's figures
+        kept, old = by[name], next(c for c in gate.checks if c.check == name)
+        assert kept.status == "PASS" and kept.measurements == old.measurements and kept.measurements
+        assert kept.details["carried_from"] == gate.finished_at.isoformat() and kept.details["carried_level"] == "standard"
+        assert kept.details["interrupted"]["status"] == status and "SIGTERM" in kept.details["interrupted"]["summary"]
+    # The console: what was kept and how old it is, and a last line that says interrupted, not broken.
+    assert re.search(rf"interrupted by SIGTERM: kept the results of the run of {re.escape(gate.finished_at.isoformat())}, \d+ s ago "
+                     r"\(level standard\) for what this run did not finish: bandwidth PASS, train PASS", said), said
+    assert re.search(r"^preflight: INTERRUPTED by SIGTERM \(profile cpu; [^;]*; 2 kept from an earlier run\) in .*, exit 143$", said, re.M), said
+    assert "ERROR (" not in said and "broke" not in said
+    assert not run_record.path_for(report).exists()  # the report speaks for the run now
+    st = run_preflight(["status", "--report", str(report)])
+    assert st.returncode == 1 and st.stdout.startswith(f"NOT vouched: a run started at {when} was interrupted by SIGTERM")
+    page = run_preflight(["report", str(report), "--html", "-"])
+    assert page.returncode == 0 and '<header class="banner interrupted" data-verdict="error"><h1>INTERRUPTED: ' in page.stdout
+    assert "interrupted by SIGTERM while bandwidth ran" in page.stdout and "broke" not in page.stdout
+    assert f"measured by the run of {gate.finished_at.isoformat()[:19]}, level standard" in page.stdout
+
+
+# ---- a disk too full for the report: nothing says PASS of a run whose report is not written ----
+
+RUN = " ".join([*fakes.PREFLIGHT, "run", "--profile", "cpu", "--only", "shm"])
+
+
+def in_private_mounts(script: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=300, env=clean_env())
+
+
+def last_line(stderr: str) -> str:
+    return stderr.rstrip("\n").rsplit("\n", 1)[-1]
+
+
+@needs_root
+def test_a_report_the_disk_cannot_take_leaves_no_pass_in_the_textfile_or_on_the_console(tmp_path):
+    out, metrics = tmp_path / "out", tmp_path / "metrics"
+    out.mkdir(), metrics.mkdir()
+    # The report's disk is full (one 4 KiB page, the previous report's); the textfile's has room.
+    p = in_private_mounts(f"mount -t tmpfs -o size=4k tmpfs {out} && echo previous > {out}/report.json && "
+                          f"{RUN} --report {out}/report.json --textfile-dir {metrics}; echo rc=$?; cat {out}/report.json; ls -A {out}")
+    assert p.stdout.splitlines() == ["rc=3", "previous", "report.json"], p.stderr  # the previous report, and nothing else
+    assert "could not write the report to" in p.stderr and "Traceback" not in p.stderr
+    assert re.fullmatch(r"preflight: ERROR \(profile cpu; 1 pass\) in .*, exit 3", last_line(p.stderr)), p.stderr
+    prom = (metrics / "preflight.prom").read_text()
+    assert "preflight_run_passed 0.0" in prom and "preflight_run_exit_code 3.0" in prom
+
+
+@needs_root
+def test_a_textfile_that_said_pass_is_taken_back_when_the_report_then_fails(tmp_path):
+    out, roomy = tmp_path / "out", tmp_path / "roomy"
+    out.mkdir(), roomy.mkdir()
+    assert run_preflight([*RUN.split()[len(fakes.PREFLIGHT):], "--textfile-dir", str(roomy)]).returncode == 0
+    pages = -(-(roomy / "preflight.prom").stat().st_size // 4096)
+    # One disk for both, with room for the run's record (a page) and the textfile only: the report finds none,
+    # and the textfile cannot be written again either: it is removed rather than left saying PASS.
+    size = 4096 * (1 + 1 + pages)  # the previous report, the record, the textfile
+    p = in_private_mounts(f"mount -t tmpfs -o size={size} tmpfs {out} && echo previous > {out}/report.json && "
+                          f"{RUN} --report {out}/report.json --textfile-dir {out}; echo rc=$?; cat {out}/report.json; ls -A {out}")
+    assert p.stdout.splitlines() == ["rc=3", "previous", "report.json", "report.json.started"], p.stderr
+    assert f"removed {out}/preflight.prom: it said PASS of this run, whose report could not be written" in p.stderr
+    assert re.fullmatch(r"preflight: ERROR \(profile cpu; 1 pass\) in .*, exit 3", last_line(p.stderr)), p.stderr
+
+
+@needs_root
+def test_a_textfile_the_disk_cannot_take_makes_the_report_an_error(tmp_path):
+    out, metrics = tmp_path / "out", tmp_path / "metrics"
+    out.mkdir(), metrics.mkdir()
+    p = in_private_mounts(f"mount -t tmpfs -o size=4k tmpfs {metrics} && head -c 4096 /dev/zero > {metrics}/filler; "
+                          f"{RUN} --report {out}/report.json --textfile-dir {metrics}; echo rc=$?")
+    assert p.stdout.splitlines() == ["rc=3"] and "could not write the metrics to" in p.stderr, p.stderr
+    r = Report.model_validate_json((out / "report.json").read_bytes())
+    assert (r.verdict, r.exit_code, r.last_success_at) == ("error", 3, None)  # no pass to remember either
+    assert re.fullmatch(r"preflight: ERROR \(profile cpu; 1 pass\) in .*, exit 3", last_line(p.stderr)), p.stderr
+    assert run_preflight(["status", "--report", str(out / "report.json")]).returncode == 1
+
+
+def test_bad_input_found_once_the_run_has_started_leaves_no_record(tmp_path):
+    # Found after the lock, when the node's shape is read: one line, exit 2, nothing written, the record included.
+    fake = Path(__file__).parents[1] / "fixtures" / "nvml" / "h100-sxm-8x-healthy.json"
+    p = run_preflight(["run", "--nvml-fake", str(fake), "--nproc-per-node", "16", "--report", str(tmp_path / "r.json")])
+    assert p.returncode == 2 and "give at most 8" in p.stderr and list(tmp_path.iterdir()) == []
+
+
+# ---- another run holding the lock ---------------------------------------------------------
 
 
 def env_with(lock) -> dict[str, str]:

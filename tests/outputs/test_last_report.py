@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
-from conftest import REPORTS, report_file, run_preflight
+from conftest import REPORTS, report_file, run_preflight, run_record_file
 from preflight.outputs import last_report
 from preflight.outputs.last_report import State, load, standing
+from preflight.outputs.run_record import Started
 
 BOOT = "9cf6e1ac-c217-4d2f-bda9-3b4a7183a613"  # the boot the fixtures were recorded in
 
@@ -68,11 +70,85 @@ def test_booted_at_reads_this_machines_boot_time():
     assert booted is not None and booted < last_report.now()
 
 
-def test_an_interrupted_run_says_so():
+def test_an_interrupted_run_says_so_naming_the_signal_and_when_it_started():
     loaded = load(REPORTS / "cpu-pass.json")
-    r = loaded.report.model_copy(update={"verdict": "fail", "interrupted_by_signal": 15, "exit_code": 143})
+    r = loaded.report.model_copy(update={"verdict": "error", "interrupted_by_signal": 15, "exit_code": 143})
     st = standing(last_report.Loaded(State.OK, r), BOOT, r.finished_at)
-    assert st.vouched is False and st.reason.startswith("run interrupted by signal 15")
+    assert st.vouched is False and st.reason == f"a run started at {last_report.utc(r.started_at)} was interrupted by SIGTERM (0 s ago)"
+
+
+def test_a_failure_found_before_the_interruption_is_the_reason():
+    # A node problem is what a drain reason must name, not that the run was then stopped.
+    loaded = load(REPORTS / "shm-64m-fail.json")
+    r = loaded.report.model_copy(update={"interrupted_by_signal": 15, "exit_code": 143})
+    st = standing(last_report.Loaded(State.OK, r), BOOT, r.finished_at)
+    assert st.vouched is False and st.reason.startswith("shm FAIL: /dev/shm is 64 MiB")
+
+
+# A run that started after the report (outputs/run_record.py): under way, the last verdict
+# stands; gone without writing its report, the node is not vouched.
+
+
+def with_run(fixture: str, alive: bool | None, after: float = 30.0, boot: str | None = BOOT, deadline: float = 600.0):
+    """The fixture's report with the record of a run that started ``after`` seconds after it finished."""
+    loaded = load(REPORTS / f"{fixture}.json")
+    start = loaded.report.finished_at + timedelta(seconds=after)
+    return loaded._replace(started=Started(start, start + timedelta(seconds=deadline), boot, alive)), start
+
+
+def test_a_run_under_way_leaves_the_last_verdict_standing():
+    for fixture in ("cpu-pass", "shm-64m-fail"):
+        loaded, start = with_run(fixture, alive=True)
+        alone = standing(load(REPORTS / f"{fixture}.json"), BOOT, start + timedelta(seconds=60))
+        st = standing(loaded, BOOT, start + timedelta(seconds=60))
+        assert st == alone._replace(under_way=start)
+
+
+def test_a_run_that_died_leaves_the_node_not_vouched_naming_when_it_started():
+    loaded, start = with_run("cpu-pass", alive=False)
+    st = standing(loaded, BOOT, start + timedelta(seconds=1639))
+    assert st.vouched is False and st.reason == f"a run started at {last_report.utc(start)} did not finish (1639 s ago)"
+    assert st.current_boot is True and st.age_seconds == 1639 + 30  # the report's, as serve exports it
+
+
+def test_a_run_its_report_speaks_for_is_settled():
+    # Its record was left behind (removing it failed): the report started no earlier than the run.
+    loaded, start = with_run("cpu-pass", alive=False, after=0.0)
+    loaded = loaded._replace(started=loaded.started._replace(started_at=loaded.report.started_at))
+    assert standing(loaded, BOOT, start + timedelta(seconds=60)).vouched is True
+
+
+def test_a_run_of_an_earlier_boot_is_left_to_the_boot_rule():
+    loaded, start = with_run("cpu-pass", alive=False)
+    st = standing(loaded, "this-boot", start + timedelta(seconds=60))
+    assert st.vouched is False and "before the last reboot" in st.reason
+    # Without boot ids, the boot time tells: the run started before this boot.
+    loaded = loaded._replace(started=loaded.started._replace(boot_id=None))
+    st = standing(loaded, None, start + timedelta(hours=2), booted=start + timedelta(hours=1))
+    assert st.vouched is False and "before the last reboot" in st.reason
+
+
+def test_where_the_run_cannot_be_looked_at_its_deadline_decides():
+    loaded, start = with_run("cpu-pass", alive=None, deadline=600)
+    assert standing(loaded, BOOT, start + timedelta(seconds=599)).vouched is True
+    st = standing(loaded, BOOT, start + timedelta(seconds=601))
+    assert st.vouched is False and "did not finish" in st.reason
+
+
+def test_a_dead_run_with_no_report_is_not_vouched_rather_than_unknown(tmp_path):
+    loaded = load(tmp_path / "none.json")
+    start = last_report.now()
+    loaded = loaded._replace(started=Started(start, start, BOOT, False))
+    assert standing(loaded, BOOT, start).vouched is False
+    assert standing(loaded._replace(started=Started(start, start, BOOT, True)), BOOT, start).vouched is None
+
+
+def test_serve_exports_a_dead_run_as_not_vouched():
+    from preflight.outputs.metrics import ReportCollector, render
+
+    loaded, start = with_run("cpu-pass", alive=False)
+    text = render(ReportCollector(lambda: loaded, live=lambda: (BOOT, start + timedelta(seconds=60), None))).decode()
+    assert "preflight_vouched 0.0" in text and "preflight_run_passed 1.0" in text  # the report passed; it vouches for nothing now
 
 
 @pytest.mark.parametrize(
@@ -216,3 +292,19 @@ def test_status_never_writes_or_runs_anything(tmp_path):
     before = path.read_bytes()
     status("--report", str(path))
     assert path.read_bytes() == before and sorted(p.name for p in Path(tmp_path).iterdir()) == ["r.json"]
+
+
+def test_status_says_a_run_under_way_and_a_run_that_died(tmp_path):
+    path = report_file(tmp_path / "r.json", "cpu-pass", age=600)
+    started = last_report.now() - timedelta(seconds=60)
+    run_record_file(path, started, alive=True)  # this test's own process: under way
+    at = re.escape(last_report.utc(started))
+    code, out = status("--report", str(path))
+    assert code == 0 and re.fullmatch(rf"vouched: passed \d+ s ago, profile cpu; a run started at {at} is under way\n", out), out
+    code, out = status("--report", str(path), "--json")
+    assert code == 0 and json.loads(out)["run_under_way_since"] == started.isoformat()
+    run_record_file(path, started, alive=False)  # a process that is gone
+    code, out = status("--report", str(path))
+    assert code == 1 and re.fullmatch(rf"NOT vouched: a run started at {at} did not finish \(\d+ s ago\)\n", out), out
+    code, out = status("--npd", "--report", str(path))
+    assert code == 1 and re.fullmatch(rf"a run started at {at} did not finish \(\d+ s ago\)\n", out), out

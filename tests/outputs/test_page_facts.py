@@ -166,3 +166,27 @@ def test_one_gpu_has_no_pair_and_the_page_says_so():
     assert facts.gpu_count(r) == 1 and facts.p2p(r) is None
     assert "one GPU: no pair to copy between" in page.render(r, "test")
     assert "no GPU in this report" in page.render(recorded("shm-64m-fail"), "test")
+
+
+def test_an_interrupted_run_is_its_first_problem_and_the_page_says_interrupted_not_broken():
+    from preflight.outputs import page
+    from preflight.pipeline.report import carry_forward
+    from preflight.pipeline.runner import cut_short
+
+    before = recorded("cpu-pass")
+    r = recorded("cpu-pass").model_copy(update={"interrupted_by_signal": 15, "exit_code": 143, "verdict": "error"})
+    r.checks[2] = Result(check="bandwidth", status=Status.ERROR, summary="interrupted by SIGTERM while running", details=cut_short(15))
+    r.checks[3] = Result(check="train", status=Status.SKIP, summary="skipped: the run was interrupted by SIGTERM", details=cut_short(15))
+    assert facts.problems(r)[0].check == "bandwidth"  # nothing to carry yet: its own ERROR
+    carry_forward(r, before, ["shm", "nccl", "bandwidth", "train"])
+    (run,) = [p for p in [facts.interruption(r)] if p]
+    assert run.check == "run" and run.status == "INTERRUPTED" and facts.problems(r) == []  # what it holds passed
+    assert run.summary == "interrupted by SIGTERM while bandwidth ran: the run did not finish; bandwidth, train keep the last complete results, from an earlier run"
+    html = page.render(r, "test")
+    assert '<header class="banner interrupted" data-verdict="error"><h1>INTERRUPTED: ' in html and "broke" not in html
+    assert "(this run: interrupted by SIGTERM while running)" in html and "(this run: skipped: the run was interrupted by SIGTERM)" in html
+    # A check that failed before the signal keeps the FAIL banner, and the interruption is said beside it.
+    failed = recorded("shm-64m-fail").model_copy(update={"interrupted_by_signal": 15, "exit_code": 143})
+    html = page.render(failed, "test")
+    assert 'class="banner fail"' in html and "a check failed: drain this node; the run was then interrupted by SIGTERM" in html
+    assert facts.interruption(recorded("cpu-pass")) is None

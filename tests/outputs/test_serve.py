@@ -21,7 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import fakes
-from conftest import clean_env, report_file
+from conftest import clean_env, report_file, run_record_file
 from preflight.outputs import page, serve
 from preflight.gpuwork.launch import free_port
 
@@ -216,6 +216,25 @@ def test_every_answer_carries_the_pages_policy_and_nosniff_and_names_no_version(
         assert headers["Content-Security-Policy"] == page.POLICY, path
         assert headers["X-Content-Type-Options"] == "nosniff", path
         assert headers["Server"] == "preflight", path  # no "Python/3.x", no library version
+
+
+def test_a_run_that_died_after_the_report_is_not_vouched_on_the_page_or_in_the_metrics(tmp_path):
+    from datetime import datetime, timedelta, timezone
+
+    from preflight.outputs.last_report import utc
+
+    report = report_file(tmp_path / "report.json", "cpu-pass", age=600)
+    started = datetime.now(timezone.utc) - timedelta(seconds=60)
+    with serving(report) as (base, _):
+        run_record_file(report, started, alive=True)  # this test's own process: a run under way
+        fam = families(get(base + "/metrics")[2])
+        assert value(fam, "preflight_vouched") == 1 and 'class="banner pass"' in get(base + "/")[2]
+        run_record_file(report, started, alive=False)  # a process that is gone, its report never written
+        fam = families(get(base + "/metrics")[2])
+        code, _, page = get(base + "/")
+    assert value(fam, "preflight_vouched") == 0 and value(fam, "preflight_run_passed") == 1  # the report passed; it vouches for nothing now
+    assert code == 200 and '<header class="banner unvouched" data-verdict="pass"><h1>NOT VOUCHED: ' in page
+    assert f"not vouched now: a run started at {utc(started)} did not finish" in page
 
 
 def test_slash_without_a_report_says_why_in_a_page(tmp_path):

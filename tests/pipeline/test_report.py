@@ -78,7 +78,7 @@ def test_carried_results_keep_when_they_were_measured_across_rechecks():
     assert second.checks[3].details["carried_from"] == gate.finished_at.isoformat()
 
 
-def test_nothing_is_carried_from_another_boot_or_profile_or_into_an_interrupted_run():
+def test_nothing_is_carried_from_another_boot_or_profile_and_an_interrupted_run_keeps_its_exit_code():
     from preflight.pipeline.report import carry_forward
 
     for change in ({"boot_id": "an-earlier-boot"}, {"profile": "h100-sxm"}):
@@ -90,6 +90,60 @@ def test_nothing_is_carried_from_another_boot_or_profile_or_into_an_interrupted_
     interrupted.checks = interrupted.checks[:1]
     carry_forward(interrupted, _recorded("cpu-pass"), ORDER)
     assert interrupted.exit_code == 143
+
+
+def test_an_interrupted_run_vouches_for_nothing_and_exits_128_plus_the_signal():
+    from preflight.pipeline.report import exit_code_of
+
+    assert verdict_of(results(Status.PASS, Status.PASS), interrupted=15) is Verdict.ERROR
+    assert verdict_of(results(Status.PASS, Status.FAIL), interrupted=15) is Verdict.FAIL  # a node problem found still leads
+    assert exit_code_of(Verdict.ERROR, 15) == 143 and exit_code_of(Verdict.FAIL, 2) == 130 and exit_code_of(Verdict.FAIL) == 1
+
+
+def _sigtermed(before):  # noqa: ANN001, ANN202
+    """cpu-pass as a run SIGTERM stopped in bandwidth: nccl and shm done, bandwidth ERROR, train skipped."""
+    from preflight.pipeline.runner import cut_short
+
+    now = _recorded("cpu-pass").model_copy(update={"interrupted_by_signal": 15, "exit_code": 143, "verdict": "error",
+                                                   "finished_at": before.finished_at.replace(year=2030)})
+    now.checks[2] = Result(check="bandwidth", status=Status.ERROR, summary="interrupted by SIGTERM while running", details=cut_short(15))
+    now.checks[3] = Result(check="train", status=Status.SKIP, summary="skipped: the run was interrupted by SIGTERM", details=cut_short(15))
+    return now
+
+
+def test_a_sigtermed_run_keeps_the_last_complete_results_of_what_it_did_not_finish():
+    from preflight.pipeline.report import carry_forward
+
+    before = _recorded("cpu-pass")
+    now = _sigtermed(before)
+    kept = carry_forward(now, before, ORDER)
+    assert [c.check for c in kept] == ["bandwidth", "train"] and [c.check for c in now.checks] == ORDER
+    for fresh, old in zip(now.checks[:2], before.checks[:2]):
+        assert fresh == old and "carried_from" not in fresh.details  # what it finished is its own
+    for c, old, status in zip(now.checks[2:], before.checks[2:], ("ERROR", "SKIP")):
+        assert (c.status, c.measurements) == (old.status, old.measurements) and c.measurements  # the figures, not a SKIP
+        assert c.details["carried_from"] == before.finished_at.isoformat() and c.details["carried_level"] == "standard"
+        assert c.details["interrupted"] == {"signal": 15, "status": status, "summary": (
+            "interrupted by SIGTERM while running" if status == "ERROR" else "skipped: the run was interrupted by SIGTERM")}
+    assert (now.verdict, now.exit_code, now.interrupted_by_signal) == ("error", 143, 15)  # it did not finish: it vouches for nothing
+
+
+def test_a_sigtermed_run_keeps_an_earlier_fail_and_nothing_it_cannot_stand_behind():
+    from preflight.pipeline.report import carry_forward
+
+    before = _recorded("cpu-pass")
+    before.checks[2] = before.checks[2].model_copy(update={"status": Status.FAIL, "summary": "host memcpy below floor on rank 1"})
+    now = _sigtermed(before)
+    carry_forward(now, before, ORDER)
+    assert (now.checks[2].status, now.verdict, now.exit_code) == ("FAIL", "fail", 143)
+    # A result the earlier run itself did not finish is no figure to keep: this run's own stands.
+    before, now = _sigtermed(_recorded("cpu-pass")), _sigtermed(_recorded("cpu-pass"))
+    before.finished_at = before.finished_at.replace(year=2029)
+    assert carry_forward(now, before, ORDER) == [] and [c.status for c in now.checks] == ["PASS", "PASS", "ERROR", "SKIP"]
+    # Nor from another boot: the run's own ERROR and SKIP stand.
+    now = _sigtermed(_recorded("cpu-pass"))
+    assert carry_forward(now, _recorded("cpu-pass").model_copy(update={"boot_id": "an-earlier-boot"}), ORDER) == []
+    assert [c.status for c in now.checks] == ["PASS", "PASS", "ERROR", "SKIP"] and now.verdict == "error"
 
 
 def test_nothing_is_carried_to_or_from_a_run_across_nodes():

@@ -33,7 +33,7 @@ def model_reads(data: bytes) -> Report | None:
 
 def judged(r) -> tuple:  # noqa: ANN001
     """Everything a judge reads of a report (last_report.standing, status --json)."""
-    return (str(r.verdict), r.profile, r.boot_id, r.finished_at, r.interrupted_by_signal,
+    return (str(r.verdict), r.profile, r.boot_id, r.started_at, r.finished_at, r.interrupted_by_signal,
             [(c.check, str(c.status), c.summary) for c in r.checks])
 
 
