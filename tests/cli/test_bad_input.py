@@ -133,7 +133,7 @@ def test_a_node_rank_past_the_group_is_refused_from_flag_config_and_environment(
 
 
 @pytest.mark.parametrize("args, words", [
-    (["kube-label", "--dry-run", "--node", "n1", "--every", "1e300"], "--every 1e+300: give a number of seconds from above 0 to 86400"),
+    (["kube-label", "--dry-run", "--node", "n1", "--every", "1e300"], "--every 1e+300: give a number of seconds above 0, at most 86400"),
     (["status", "--max-age", "1e400"], "--max-age inf: give a number of seconds above 0"),
     (["pairwise", "--hosts", "{hosts}", "--exec", "false {{host}}", "--timeout", "1e300"], "--timeout 1e+300: give the seconds a pair may take"),
 ])

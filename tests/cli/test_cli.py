@@ -626,7 +626,7 @@ def test_xid_from_a_missing_file_is_a_usage_error(tmp_path):
 
 
 @pytest.mark.parametrize("name, content", [
-    ("README.md", None),
+    ("pyproject.toml", None),  # the wrong file (README.md is a document: tests/cli/test_bad_input.py)
     ("empty.log", ""),
     ("journal.txt", "-- No entries --\n"),  # journalctl -k that could read nothing
     ("nccl.log", (Path(__file__).parents[1] / "fixtures" / "nccl" / "E14_nccl2.29.2_P2P+SHM-disabled_NET-Socket-0-Shared_ncclSocketInit-family1-internal-error.log").read_text()),

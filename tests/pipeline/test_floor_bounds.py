@@ -16,7 +16,7 @@ PROFILES = Path(__file__).parents[2] / "preflight" / "pipeline" / "profiles"
 @pytest.mark.parametrize("value, unit, bound, words", [
     (0, "bytes", "min", "= 0 bytes (0 B) passes every node"),
     (16, "bytes", "min", "= 16 bytes (16 B) judges nothing: under 1 MiB"),
-    (1e5, "bytes_per_second", "min", "under 0.001 GB/s"),
+    (16, "bytes_per_second", "min", "under 1e-06 GB/s"),
     (0, "seconds", "max", "fails every node"),
     (7200, "seconds", "max", "over 3600.00 s"),
     (0.001, "ratio", "min", "under 0.01"),
