@@ -131,7 +131,7 @@ def run_init(python: str, timeout: float, read_links: bool, progress: Progress |
             outcome.unreadable = f"its report does not fit the expected shape ({err['loc']}: {err['msg']})"
     else:
         outcome.unreadable = done.unreadable.get(0, "it wrote no report")
-        if not done.timed_out:  # it ended without a report: is the interpreter a Python at all?
+        if not done.timed_out and done.returncode is not None and done.returncode >= 0:  # ended by itself, no report: a Python at all?
             outcome.interpreter = interpreter_mod.ask(python)
     r = outcome.report
     if r is None or r.load_end != "stop":

@@ -18,7 +18,7 @@ from preflight.base.findings import Finding, Status
 from preflight.base.host import Host
 
 ASK = ("-c", "import sys; print('python %d.%d' % sys.version_info[:2])")
-TIMEOUT = 20.0  # a Python starts in well under a second, even on a loaded node
+TIMEOUT = 10.0  # a Python starts in well under a second, even on a loaded node
 REMEDY = ("point --python (PREFLIGHT_PYTHON, or python in the config file) at the training environment's "
           "interpreter, e.g. /opt/venv/bin/python")
 

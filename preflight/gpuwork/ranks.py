@@ -220,7 +220,9 @@ def collect(f: RunFacts, worker: launch.Worker, model: type[RankReport], env: di
         else:
             outcome.unreadable = done.unreadable.get(r)
         f.ranks.append(outcome)
-    if f.silent() and not f.timed_out:  # a slow torch import times out; an interpreter that is no Python ends at once
+    # An interpreter that is no Python ends torchrun at once, by itself. Not asked where torchrun was
+    # stopped (a deadline: a slow torch import; a signal: the run is ending) or any rank spoke.
+    if f.silent() and not f.timed_out and f.returncode is not None and f.returncode >= 0:
         f.interpreter = interpreter_mod.ask(f.python)
     return done
 
