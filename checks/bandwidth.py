@@ -35,7 +35,7 @@ from preflight.checkkit import confirm
 from preflight.checkkit import outliers
 from preflight.checkkit.placement import linked_pairs
 from preflight.gpuwork import launch, meeting, ranks
-from preflight.pipeline import shape
+from preflight.pipeline import floor_bounds, shape
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.findings import Finding, Measurement, Status, worst
 from preflight.pipeline.profiles import ResolvedFloor
@@ -457,6 +457,7 @@ class Bandwidth(Check):
     timeout_seconds = 120.0
     order = 50
     floor_units: ClassVar[dict[str, tuple[str, str]]] = FLOORS
+    floor_sane = floor_bounds.by_unit(FLOORS)
     whole_node: ClassVar[tuple[str, ...]] = WHOLE_NODE + INTERNODE_FLOORS
 
     def required_floors(self, profile) -> tuple[str, ...]:

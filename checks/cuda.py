@@ -23,7 +23,7 @@ from collections import Counter
 
 from pydantic import BaseModel
 
-from preflight.gpuwork import launch
+from preflight.gpuwork import interpreter, launch
 from preflight.gpuwork.cuda_init import InitOutcome, InitReport, loaded_links, run_init
 from preflight.readers import nvml, xid
 from preflight.pipeline.check import Check, Context, Result
@@ -348,7 +348,8 @@ def judge_init(init: InitOutcome | None, inv: Inventory) -> list[Finding]:
             return [Finding(FAIL, "torch is not importable", f"torch not importable by {python}: {missing}", TORCH)]
         if init.timed_out:
             return [Finding(FAIL, "CUDA init hung", f"the cuda_init worker under {python} hung before reporting ({init.ended}); last output: {init.last_output()}", by_hand)]
-        return [Finding(FAIL, "the CUDA init worker failed", f"the cuda_init worker under {python} {init.ended}{why}; last output: {init.last_output()}", by_hand)]
+        cause = f"the cuda_init worker under {python} {init.ended}{why}; last output: {init.last_output()}"
+        return [interpreter.judge(python, init.interpreter, cause) or Finding(FAIL, "the CUDA init worker failed", cause, by_hand)]
     if r.current is not None and (init.timed_out or init.returncode != 0):
         who, i = _gpu_of(r.current, r, inv)
         how = "hung" if init.timed_out else "died"

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from preflight.readers import jobs, nccl_env
+from preflight.pipeline import floor_bounds
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.findings import Finding, Measurement, Status
 from preflight.base.host import Host
@@ -361,6 +362,7 @@ class Shm(Check):
     description = "/dev/shm is a tmpfs, big enough, writable, backed by memory; NCCL_SHM_DISABLE is not set"
     floors = ("shm_min_bytes",)
     floor_units = {"shm_min_bytes": ("bytes", "min")}
+    floor_sane = floor_bounds.by_unit(floor_units)
     timeout_seconds = 60.0
     order = 30
 

@@ -18,6 +18,7 @@ from preflight.base.findings import Finding, Measurement, Status, worst
 from preflight.base.host import Host
 from preflight.base.units import format_cpulist, parse_cpulist
 from preflight.checkkit.placement import advise
+from preflight.pipeline import floor_bounds
 from preflight.pipeline.check import Check, Context, Result
 from preflight.pipeline.expectations import TopologyExpect
 from preflight.pipeline.settings import Settings
@@ -321,6 +322,7 @@ class Topology(Check):
     timeout_seconds = 30.0
     order = 20
     floor_units = {"vcpus_per_gpu": ("ratio", "min")}
+    floor_sane = floor_bounds.by_unit(floor_units)
 
     def applies(self, ctx: Context) -> str | None:
         if not ctx.profile.has_gpus or ctx.profile.topology is None:

@@ -26,7 +26,7 @@ from preflight.checkkit import figures as figs_mod
 from preflight.checkkit import confirm
 from preflight.checkkit import outliers
 from preflight.gpuwork import launch, ranks
-from preflight.pipeline import shape
+from preflight.pipeline import floor_bounds, shape
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.findings import Finding, Status, worst
 from preflight.checkkit.figures import Figure, median, quantile
@@ -346,6 +346,7 @@ class Train(Check):
     timeout_seconds = 180.0
     order = 60
     floor_units: ClassVar[dict[str, tuple[str, str]]] = FLOORS
+    floor_sane = floor_bounds.by_unit(FLOORS)
     whole_node: ClassVar[tuple[str, ...]] = tuple(name for name in FLOORS if name != "gemm_throughput")  # GEMM is per GPU
 
     def required_floors(self, profile) -> tuple[str, ...]:

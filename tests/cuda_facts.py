@@ -6,6 +6,7 @@ import stat
 from pathlib import Path
 
 from preflight.checks import cuda
+from preflight.gpuwork import interpreter
 from preflight.gpuwork.cuda_init import InitOutcome, InitReport
 from preflight.readers.nvml import FakeNvml, PcieLink
 
@@ -30,8 +31,9 @@ def loaded_reading(inv, slow: int | None = None, gen: int = 3) -> dict[str, Pcie
 
 
 def python_script(tmp_path: Path, body: str) -> str:
-    """An executable that stands in for the training environment's python."""
+    """An executable that stands in for the training environment's python: asked for its
+    version (preflight/gpuwork/interpreter.py) it answers as a Python does; else it runs ``body``."""
     path = tmp_path / "python"
-    path.write_text("#!/bin/sh\n" + body)
+    path.write_text(f'#!/bin/sh\nif [ "$1 $2" = "{" ".join(interpreter.ASK)}" ]; then echo "python 3.12"; exit 0; fi\n' + body)
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return str(path)

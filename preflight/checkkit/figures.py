@@ -165,8 +165,25 @@ def judge_floors(figs: list[Figure], floors: dict[str, ResolvedFloor], margin: f
             g = (max if floor.bound == "max" else min)(marginal, key=lambda m: m.value)
             cause = f"{what} within {margin:.0%} of its {limit} {bound} on {len(marginal)} of {len(group)}: " + "; ".join(f"{m.where}: {fmt_value(m.value, m.unit)}{unsure_text(m)}" for m in marginal[:8])
             out.append(Finding(WARN, f"{what} marginal on {g.where} ({fmt_value(g.value, g.unit)}, {bound} {limit})", cause,
-                               f"the node is near its {bound}: watch it, and check {reasons.get(name, 'the figure').split(', ')[0]}"))
+                               f"the node is near its {bound}: watch it, and check {first_cause(reasons.get(name, 'the figure'))}"))
     return out
+
+
+def first_cause(reasons: str) -> str:
+    """The first of a REASONS entry's likely causes, whole: the list is split at ", " only outside
+    parentheses and backquotes, so "clocks held down (power brake, thermal ...: `nvidia-smi ...`)"
+    keeps its parenthesis and its command."""
+    depth, quoted = 0, False
+    for i, ch in enumerate(reasons):
+        if ch == "`":
+            quoted = not quoted
+        elif not quoted and ch in "([":
+            depth += 1
+        elif not quoted and ch in ")]":
+            depth = max(0, depth - 1)
+        elif not quoted and not depth and reasons.startswith(", ", i):
+            return reasons[:i]
+    return reasons
 
 
 def beyond(value: float, floor: ResolvedFloor, margin: float) -> bool:

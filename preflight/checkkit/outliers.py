@@ -116,7 +116,7 @@ def judge(figs: list[Figure], expect: OutlierExpect | None, keys: tuple[str, ...
             if status == Status.FAIL:
                 remedy = f"likely causes on that one: {reason}; drain the node until it measures like its peers, then rerun `{rerun}`"
             else:
-                remedy = f"watch it: rerun `{rerun}`; if it stays behind its peers, check {reason.split(', ')[0]}"
+                remedy = f"watch it: rerun `{rerun}`; if it stays behind its peers, check {figs_mod.first_cause(reason)}"
             out.append(Finding(status, head, cause, remedy))
     return out
 

@@ -2,6 +2,7 @@
 `serve`, `report`, `slurm-healthcheck` and `kube-label`."""
 
 # No `from __future__ import annotations`: see preflight/cli/common.py.
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -99,8 +100,9 @@ def slurm_healthcheck(
     from preflight.outputs import slurm
     from preflight.base.host import Host
 
+    where = "--node" if node else "SLURMD_NODENAME" if os.environ.get("SLURMD_NODENAME") else "this host's short name"
+    name = slurm.one_node(node or slurm.node_name(), where)
     _, st = plain.standing(report, config, max_age)
-    name = node or slurm.node_name()
     if dry_run:
         _emit(slurm.preview(Host(), st, name))
         return 0 if st.vouched else 1

@@ -9,6 +9,7 @@ or raises into preflight's exit codes, on either path.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -88,7 +89,7 @@ def standing(report: Path | None, config: Path | None, max_age: float | None) ->
     from preflight.pipeline import settings_view
     from preflight.pipeline.report_view import DEFAULT_REPORT_PATH
 
-    if max_age is not None and not max_age > 0:
+    if max_age is not None and not 0 < max_age < math.inf:
         raise UsageError(f"--max-age {max_age:g}: give a number of seconds above 0, e.g. 86400 for a day")
     try:
         path = settings_view.report_path(report, config)

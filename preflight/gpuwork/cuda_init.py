@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from preflight.base.progress import Progress
-from preflight.gpuwork import launch
+from preflight.gpuwork import interpreter as interpreter_mod, launch
 from preflight.gpuwork.world import Worlds
 from preflight.readers import nvml
 from preflight.readers.nvml import Gpu, Inventory, PcieLink
@@ -69,6 +69,7 @@ class InitOutcome(BaseModel):
     unreadable: str | None = None  # why the worker's report could not be used
     log_tail: list[str] = []
     links_unread: str | None = None  # why NVML has no reading of the links taken under load
+    interpreter: interpreter_mod.Answer | None = None  # asked where the worker ended at once without a word
 
     def last_output(self) -> str:
         return self.log_tail[-1] if self.log_tail else "none"
@@ -130,6 +131,8 @@ def run_init(python: str, timeout: float, read_links: bool, progress: Progress |
             outcome.unreadable = f"its report does not fit the expected shape ({err['loc']}: {err['msg']})"
     else:
         outcome.unreadable = done.unreadable.get(0, "it wrote no report")
+        if not done.timed_out and done.returncode is not None and done.returncode >= 0:  # ended by itself, no report: a Python at all?
+            outcome.interpreter = interpreter_mod.ask(python)
     r = outcome.report
     if r is None or r.load_end != "stop":
         return outcome, None  # the load ended before NVML read: those were idle numbers

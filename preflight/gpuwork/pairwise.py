@@ -304,8 +304,8 @@ def main(hosts: Path | None, exec_template: str | None, preflight_cmd: str, prof
         raise UsageError(f"--tolerance {tolerance:g}: give a fraction in (0, 1], e.g. 0.5: a pair under half the median busbw is slow")
     if not 1 <= port < 65535:  # preflight run refuses 65535: node rank 0 also listens on PORT+1
         raise UsageError(f"--port {port}: give the rendezvous port, 1-65534 (default 29500); PORT and PORT+1 must be open between the hosts")
-    if not timeout > 0:
-        raise UsageError(f"--timeout {timeout:g}: give the seconds a pair may take, above 0, e.g. 300")
+    if not 0 < timeout <= 86400:
+        raise UsageError(f"--timeout {timeout:g}: give the seconds a pair may take, above 0, at most 86400 (a day), e.g. 300")
     chosen, template = choose_hosts(hosts, exec_template, os.environ if env is None else env)
     words = {}
     for flag, text in (("--exec", template), ("--preflight", preflight_cmd)):

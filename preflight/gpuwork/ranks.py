@@ -16,7 +16,7 @@ from typing import Callable, ClassVar
 
 from pydantic import BaseModel, Field, SerializeAsAny, ValidationError
 
-from preflight.gpuwork import launch
+from preflight.gpuwork import interpreter as interpreter_mod, launch
 from preflight.gpuwork.world import Worlds
 from preflight.base.findings import Finding, Status
 from preflight.base.progress import Progress
@@ -26,6 +26,7 @@ MARGIN = 3.0  # seconds kept from the check's deadline to sweep processes and ju
 STUCK = 3.0  # once a rank has failed, a rank that reports no progress for this long is stuck
 DONE_GRACE = 10.0  # after every rank reported success, the most their exit (NCCL teardown) may take
 TORCH = "point --python at the training environment's interpreter, or install torch there"
+OOM_HINT = "if no one killed it, look for the kernel's OOM killer (`journalctl -k | grep -i -e oom -e 'killed process'`); "
 RESET_HINT = "check that GPU with `preflight run --only cuda` and `preflight xid`; reset it (`nvidia-smi -r -i N`) or reboot"
 
 
@@ -96,6 +97,13 @@ class RunFacts(BaseModel):
     world: dict | None = None  # a stage of the run's shared launch: {"launch": N, "stage": K, "ended_it": bool}
     isolation: dict | None = None  # where the ranks' sockets lived: {"network": "private"}, or "host" and why
     ranks: list[RankOutcome] = Field(default_factory=list)
+    # Asked only where no rank said a word: whether the interpreter is a Python at all.
+    interpreter: interpreter_mod.Answer | None = None
+
+    def silent(self) -> bool:
+        """No rank said a word or died of its own: torchrun never got them going. A rank
+        torchrun stopped in its teardown (SIGTERM) is no sign it ever ran."""
+        return not any(o.report or o.last_line != "none" or (o.exit and o.exit != "killed by SIGTERM") for o in self.ranks)
 
 
 def count(f: RunFacts) -> str:
@@ -214,6 +222,10 @@ def collect(f: RunFacts, worker: launch.Worker, model: type[RankReport], env: di
         else:
             outcome.unreadable = done.unreadable.get(r)
         f.ranks.append(outcome)
+    # An interpreter that is no Python ends torchrun at once, by itself. Not asked where torchrun was
+    # stopped (a deadline: a slow torch import; a signal: the run is ending) or any rank spoke.
+    if f.silent() and not f.timed_out and f.returncode is not None and f.returncode >= 0:
+        f.interpreter = interpreter_mod.ask(f.python)
     return done
 
 
@@ -243,12 +255,15 @@ def judge_run(f: RunFacts, what: str, by_hand: str, wrong: list[Finding] | None 
     if no_device:
         lib = "NCCL" if f.backend == "nccl" else what
         return out + [Finding(FAIL, f"no CUDA device for {lib}", f"{no_device.error} (under {f.python})", "run the cuda check (`preflight run --only cuda`); " + TORCH)]
-    if not any(o.report or o.last_line != "none" for o in f.ranks):
-        # No rank said a word: torchrun itself failed (rendezvous, a port taken in a race) or was slow.
+    if f.silent():
+        # No rank said a word: torchrun itself failed (rendezvous, a port taken in a race) or was slow,
+        # or --python is no Python at all (then it says so).
         last = " | ".join(f.log_tail[-3:]) or "none"
         ended = f"was {f.ended}" if f.timed_out else f"ended ({f.ended})"
         remedy = "raise the check's timeout in the profile's [timeouts] if this node is slow to import torch; " if f.timed_out else ""
         cause = f"torchrun {ended} before any rank started; its last output: {last}"
+        if not_python := interpreter_mod.judge(f.python, f.interpreter, cause):
+            return out + [not_python]
         return out + [Finding(FAIL, "torchrun never started the ranks", cause, remedy + by_hand)]
     out += _judge_ranks(f, by_hand, said)
     out += wrong or []
@@ -306,7 +321,9 @@ def _judge_ranks(f: RunFacts, by_hand: str, said: tuple[str, str, str] | None) -
     if said:
         title, text, fix = said
         return [Finding(FAIL, summary, f"{cause}; NCCL said ({title}): {text.strip()}", f"{fix}; {by_hand}")]
-    return [Finding(FAIL, summary, cause, f"{RESET_HINT if f.backend == 'nccl' else 'look at that rank'}; {by_hand}")]
+    # A SIGKILL no one sent by hand is most often the kernel's OOM killer, which says so in its log.
+    oom = OOM_HINT if "(killed by SIGKILL)" in summary else ""
+    return [Finding(FAIL, summary, cause, f"{oom}{RESET_HINT if f.backend == 'nccl' else 'look at that rank'}; {by_hand}")]
 
 
 def stage_words(r: RankReport | None) -> str:

@@ -94,8 +94,8 @@ class Console:
             live.stop()
 
     def finish(self, result: Result) -> None:
-        if self.quiet and result.status.ok:
-            return
+        if self.quiet and result.status in (Status.PASS, Status.SKIP):
+            return  # a WARN is a problem the page lists too: --quiet keeps it
         self.line(f"[{result.status}] {result.check} ({fmt_seconds(result.duration_seconds)}): {result.summary}", _STYLE[result.status])
         for text in result.lines:
             self.line(f"        {text}", "dim")

@@ -236,8 +236,8 @@ def main(node: str | None, taint: bool, every: float | None, dry_run: bool, api_
         console.note(f"no --node or NODE_NAME: the node name is taken from the hostname, {name}")
     if not name:
         raise UsageError("no node name: set NODE_NAME from the downward API (env valueFrom.fieldRef.fieldPath: spec.nodeName) or pass --node NAME")
-    if every is not None and not every > 0:
-        raise UsageError(f"--every {every:g}: give a number of seconds above 0, e.g. 60")
+    if every is not None and not 0 < every <= 86400:
+        raise UsageError(f"--every {every:g}: give a number of seconds above 0, at most 86400 (a day), e.g. 60")
     if api_server is not None and not api_server.startswith(("http://", "https://")):
         raise UsageError(f"--api-server {api_server}: give a URL, e.g. http://127.0.0.1:8001 for `kubectl proxy`")
     no_api = ""

@@ -19,6 +19,7 @@ import shutil
 import socket
 from dataclasses import dataclass
 
+from preflight.base.errors import UsageError
 from preflight.base.host import Host
 from preflight.outputs.last_report import Standing
 
@@ -61,6 +62,26 @@ def node_name(environ: dict[str, str] | None = None) -> str:
     """slurmd's name for this node: SLURMD_NODENAME where slurmd sets it, else the short hostname."""
     environ = os.environ if environ is None else environ
     return environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+# One NodeName: a hostname's letters, digits, '.', '_' and '-'. scontrol reads '[', ']', ',' and
+# spaces as a host list ("gpu-[01-99]" is 99 nodes) and "ALL" as every node: a drain meant for
+# this node must not reach another.
+_ONE_NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def one_node(name: str, where: str) -> str:
+    """``name`` if it names exactly one Slurm node; else a UsageError saying where it came from."""
+    if _ONE_NODE.fullmatch(name) and name.upper() != "ALL":
+        return name
+    if name.upper() == "ALL":
+        what = "scontrol reads it as every node"
+    elif re.search(r"[\[\],\s]", name):
+        what = "a host list, which scontrol would expand to many nodes"
+    else:
+        what = "not a node name"
+    raise UsageError(f"{where} {name!r}: {what}; give this node's own NodeName: letters, digits, '.', '_' and '-', "
+                     "at most 64 (as `scontrol show hostnames` prints it)")
 
 
 def parse_node(text: str, name: str) -> Node:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from preflight.base.findings import SEVERITY, Finding, Measurement, Status, worst  # noqa: F401  (the plugin interface re-exports them)
 from preflight.base.progress import Progress
+from preflight.pipeline.floor_bounds import Sane
 from preflight.gpuwork.world import Worlds
 
 if TYPE_CHECKING:
@@ -84,6 +85,9 @@ class Check(ABC):
     # Every floor the check may read -> (unit, bound): a profile's floor of that
     # name in another unit ("GB/s") or bound is refused before anything runs.
     floor_units: ClassVar[dict[str, tuple[str, str]]] = {}
+    # Floor name -> how low (a ceiling: how high) it may sensibly go (preflight.pipeline.floor_bounds):
+    # a floor past it judges nothing and is refused before anything runs. Every floor must be above 0.
+    floor_sane: ClassVar[dict[str, Sane]] = {}
     # Floors of figures the whole node makes together (a collective's busbw, a step's time):
     # they judge only the shape they were measured on (preflight.pipeline.shape.fitting_floors).
     whole_node: ClassVar[tuple[str, ...]] = ()

@@ -25,10 +25,10 @@ class GpuExpect(BaseModel):
     pci_device_ids: list[Annotated[str, Field(pattern=r"^0x[0-9a-f]{4}$")]] = Field(default_factory=list)
     driver_min: str = Field(pattern=_VERSION)  # oldest driver branch that supports the SKU
     driver_source: str = Field(min_length=1)
-    nvlinks: int = Field(default=0, ge=0)  # active NVLink links per GPU; 0: none expected
+    nvlinks: int = Field(default=0, ge=0, le=64)  # active NVLink links per GPU; 0: none expected
     nvlinks_source: str | None = None
     whole_gpus: bool = True  # MIG must be off: the job wants whole GPUs
-    memory_min_bytes: int = Field(default=0, ge=0)  # NVML memory total at least this
+    memory_min_bytes: int = Field(default=0, ge=0, le=1 << 44)  # NVML memory total at least this
     memory_source: str | None = None
 
     @model_validator(mode="after")
@@ -49,12 +49,12 @@ class TopologyExpect(BaseModel):
     # Which GPU pairs NVLink joins: "all" (NVSwitch boards), "pairs" (bridged
     # two-GPU boards: every GPU has one NVLink peer), or "none" (no promise).
     nvlink: Literal["all", "pairs", "none"] = "none"
-    nvlink_width: int = Field(default=0, ge=0)  # the N of NV<N> between joined GPUs
+    nvlink_width: int = Field(default=0, ge=0, le=64)  # the N of NV<N> between joined GPUs
     nvlink_source: str | None = None
     # GPUs on more NUMA nodes than this: WARN (ranks must be pinned); than
     # numa_fail_above: FAIL (the BIOS NUMA setting is not the fleet's).
-    numa_warn_above: int = Field(ge=1)
-    numa_fail_above: int | None = Field(default=None, ge=1)
+    numa_warn_above: int = Field(ge=1, le=1024)
+    numa_fail_above: int | None = Field(default=None, ge=1, le=1024)
     numa_source: str = Field(min_length=1)
     # Built for multi-node jobs: every GPU needs a NIC at PIX or PXB.
     nic_per_gpu: bool = False
@@ -237,7 +237,7 @@ class TrainExpect(Converging):
     straggler_max: float = Field(default=1.15, gt=1, le=10)
     straggler_source: str = Field(min_length=1)
     # Dense bf16 peak of one GPU (flop/s), for MFU; None: MFU is not computed (CPU).
-    peak_flops: float | None = Field(default=None, gt=0)
+    peak_flops: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     peak_source: str | None = None
     margin: float = Field(default=0.05, ge=0, le=0.5)
     sizes_source: str = Field(min_length=1)
@@ -266,7 +266,7 @@ class BurninExpect(BaseModel):
     sample_seconds: float = Field(default=1.0, gt=0, le=60, allow_inf_nan=False)  # NVML's sampling period
     # The SM clock's median under load must not sag below this (MHz), or below this share of
     # the GPU's own top SM clock as NVML reports it; a site's clock_floor_mhz wins. Neither: not judged.
-    clock_floor_mhz: float | None = Field(default=None, gt=0)
+    clock_floor_mhz: float | None = Field(default=None, gt=0, le=10000, allow_inf_nan=False)
     clock_floor_fraction: float | None = Field(default=None, ge=0.1, le=1)
     # Thermal or power-brake throttling in more than this fraction of the samples is sustained.
     throttle_fraction: float = Field(default=0.1, ge=0, lt=1)
@@ -296,7 +296,7 @@ class MemtestExpect(BaseModel):
     fraction: float = Field(default=0.9, gt=0, le=0.98)  # of the GPU's free memory
     host_bytes: int | None = Field(default=None, ge=1 << 20, le=64 << 30)  # the host buffer on a profile without GPUs
     seconds: float = Field(gt=0, le=86400, allow_inf_nan=False)  # the cap: patterns not reached by then are said so
-    seed: int = Field(default=20260522, ge=0)
+    seed: int = Field(default=20260522, ge=0, le=2**32 - 1)  # the worker seeds torch with seed * 1000003 + offset: within 64 bits
     source: str = Field(min_length=1)
 
 

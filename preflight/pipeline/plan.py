@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from preflight import __version__
 from preflight.gpuwork import meeting, multinode, world
 from preflight.readers import nvml
-from preflight.pipeline import levels, profiles, registry, shape
+from preflight.pipeline import floor_bounds, levels, profiles, registry, shape
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.findings import Status
 from preflight.base.errors import UsageError
@@ -153,18 +153,31 @@ def _group(settings: Settings, selected: list[str]) -> tuple[multinode.Group | N
 
 def _known_floors(profile: ResolvedProfile, selected: list[Check]) -> None:
     """Every floor must be one some installed check reads: a misspelt name would never be judged.
-    A plugin that fails to load cannot say which it reads, so then nothing is refused."""
+    A plugin that fails to load cannot say which it reads, so then no name is refused.
+    Every floor must judge something (``_sane_floors``)."""
     known: set[str] = set()
+    sane: dict[str, floor_bounds.Sane] = {}
+    broken = False
     loaded = {c.name: c for c in selected}
     for name in registry.names():
         check = loaded.get(name) or registry.load(name)
         if isinstance(check, registry.BrokenPlugin):
-            return
+            broken = True
+            continue
         known |= set(check.floors) | set(check.floor_units) | set(check.required_floors(profile))
+        sane.update(check.floor_sane)
     stray = sorted(set(profile.floors) - known)
-    if stray:
+    if stray and not broken:
         f = profile.floors[stray[0]]
         raise UsageError(f"{f.origin}: floor {stray[0]!r} is read by no installed check; known floors: {', '.join(sorted(known))}")
+    _sane_floors(profile, sane)
+
+
+def _sane_floors(profile: ResolvedProfile, sane: dict[str, floor_bounds.Sane]) -> None:
+    """A floor of 0, or one so low (a ceiling so high) that it judges nothing, turns its check off unseen: refused."""
+    for name, f in profile.floors.items():
+        if why := floor_bounds.problem(f.value, f.unit, f.bound, sane.get(name)):
+            raise UsageError(f"{f.origin}: floor {name!r} {why}")
 
 
 def read_shape(settings: Settings, host: Host) -> shape.NodeShape:

@@ -72,7 +72,7 @@ class _Common(BaseModel):
     # A group of nodes (preflight/gpuwork/multinode.py): nccl and bandwidth run across all of
     # them. nnodes 1 is a single node; the endpoint is node rank 0's HOST:PORT.
     nnodes: int = Field(default=1, ge=1, le=MAX_NODES)
-    node_rank: int = Field(default=0, ge=0)
+    node_rank: int = Field(default=0, ge=0, lt=MAX_NODES)  # and below nnodes: load() says so naming both
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None
     # How long a node waits for its peers at each meeting (before nccl): nodes of
@@ -256,10 +256,23 @@ def load(flags: dict[str, Any], config: Path | None = None, environ: dict[str, s
     finally:
         _file_data.reset(token)
     settings._config, settings._floor_overrides = path, origins
+    if settings.node_rank >= settings.nnodes:
+        rank, nodes = _origin("node_rank", given, environ, path, data), _origin("nnodes", given, environ, path, data)
+        raise UsageError(f"node_rank {settings.node_rank} ({rank}) is not below nnodes {settings.nnodes} ({nodes}): a group of N nodes "
+                         "has node ranks 0 to N-1; give each node its own rank below nnodes (a single node is rank 0)")
     if settings.profiles_dir.exists() and not settings.profiles_dir.is_dir():
         # A missing directory only means no site profiles; a file there is a mistake.
         raise UsageError(f"profiles_dir {settings.profiles_dir}: not a directory; point it at a directory of NAME.toml profiles")
     return settings
+
+
+def _origin(field: str, given: dict[str, Any], environ: dict[str, str], path: Path | None, data: dict[str, Any]) -> str:
+    """Where a setting's value came from, in the words a person would look for it."""
+    if field in given:
+        return "--" + field.replace("_", "-")
+    if ENV_PREFIX + field.upper() in environ:
+        return ENV_PREFIX + field.upper()
+    return f"config {path}" if field in data else "the default"
 
 
 def unknown_env(environ: dict[str, str] | None = None) -> list[str]:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from preflight.pipeline.report_view import LEVELS, MAX_NODES, Declined, one_of
+from preflight.readers import capture
 
 # As in settings.py and tomlfile.py, which import pydantic; the tests hold them equal.
 DEFAULT_CONFIG = Path("/etc/preflight/config.toml")
@@ -66,13 +67,19 @@ def _config(path: Path) -> dict[str, Any]:
         import tomli as tomllib
 
     try:
-        st = path.stat()  # before open(): a FIFO would block
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BYTES:
-            raise Unsure
-        data = tomllib.loads(path.read_bytes().decode("utf-8"))
-    except (OSError, ValueError):  # UnicodeDecodeError and TOMLDecodeError are ValueErrors
+        fd, st = capture.open_nonblocking(path)  # a FIFO must not block, even one swapped in after a stat
+        try:
+            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BYTES:
+                raise Unsure
+            data = tomllib.loads(capture.read_regular(fd, MAX_BYTES).decode("utf-8"))
+        finally:
+            os.close(fd)
+    except (OSError, ValueError, RecursionError):  # UnicodeDecodeError and TOMLDecodeError are ValueErrors
         raise Unsure from None
-    return _table(_CONFIG)(data)
+    config = _table(_CONFIG)(data)
+    if config.get("node_rank", 0) >= config.get("nnodes", 1):
+        raise Unsure  # the loader names both settings
+    return config
 
 
 # ---- the settings models' field types, strictly -------------------------------------
@@ -192,7 +199,7 @@ _CONFIG = {
     "nproc_per_node": _int(1, MAX_GPUS),
     "rdzv_port": _int(0, 65535),
     "nnodes": _int(1, MAX_NODES),
-    "node_rank": _int(0),
+    "node_rank": _int(0, MAX_NODES - 1),
     "rdzv_endpoint": _str,
     "rdzv_id": _str,
     "rdzv_timeout": _number(0, 86400, above=True),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import stat
 import sys
@@ -11,6 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from preflight.base.errors import UsageError
+from preflight.readers import capture
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -25,25 +27,58 @@ _KEY = re.compile(r"^\s*(\"[^\"]*\"|'[^']*'|[A-Za-z0-9_.\-\" ]+?)\s*=")
 def load(path: Path, what: str) -> tuple[dict[str, Any], str]:
     """Parse ``path``; ``what`` ("config", "profile") starts every error message."""
     try:
-        st = path.stat()  # before open(): opening a FIFO would block, /dev/zero never ends
-        if stat.S_ISDIR(st.st_mode):
-            raise UsageError(f"{what} file {path} is a directory, not a TOML file")
-        if not stat.S_ISREG(st.st_mode):
-            raise UsageError(f"{what} file {path} is not a regular file")
-        if st.st_size > MAX_BYTES:
-            raise UsageError(f"{what} file {path} is {st.st_size} bytes; a {what} file is at most {MAX_BYTES // 1024} KiB")
-        raw = path.read_bytes()
+        # Opened without blocking and judged by what was opened: a FIFO would block, /dev/zero never ends.
+        fd, st = capture.open_nonblocking(path)
+        try:
+            if stat.S_ISDIR(st.st_mode):
+                raise UsageError(f"{what} file {path} is a directory, not a TOML file")
+            if not stat.S_ISREG(st.st_mode):
+                raise UsageError(f"{what} file {path} is not a regular file")
+            if st.st_size > MAX_BYTES:
+                raise UsageError(f"{what} file {path} is {st.st_size} bytes; a {what} file is at most {MAX_BYTES // 1024} KiB")
+            raw = capture.read_regular(fd, MAX_BYTES + 1)
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         raise UsageError(f"{what} file {path} does not exist") from None
     except OSError as e:
         raise UsageError(f"{what} file {path} cannot be read: {e.strerror}") from None
+    if len(raw) > MAX_BYTES:
+        raise UsageError(f"{what} file {path} is over {MAX_BYTES // 1024} KiB; a {what} file is at most that")
     try:
         text = raw.decode("utf-8")
-        return tomllib.loads(text), text
+        data = tomllib.loads(text)
     except UnicodeDecodeError:
         raise UsageError(f"{what} file {path} is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"{what} file {path}: invalid TOML: {e}") from None
+    except RecursionError:  # tomllib recurses once per level of nesting
+        raise UsageError(too_deep(what, path)) from None
+    if depth(data) > MAX_DEPTH:
+        raise UsageError(too_deep(what, path))
+    return data, text
+
+
+# The deepest a profile goes is 4 (a figure's band in [outliers.figures.NAME], a level's list of
+# checks); a config, 2 ([floors.NAME]). A file past this is not one a person wrote for preflight.
+MAX_DEPTH = 16
+
+
+def depth(value: Any) -> int:
+    """How deep tables and arrays nest in ``value`` (a scalar is 0), counted without recursion."""
+    deepest, todo = 0, [(value, 0)]
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, dict):
+            v = list(v.values())
+        if isinstance(v, list):
+            deepest = max(deepest, d + 1)
+            todo += [(item, d + 1) for item in v]
+    return deepest
+
+
+def too_deep(what: str, path: Path) -> str:
+    return f"{what} file {path} nests tables or arrays more than {MAX_DEPTH} deep; no config or profile goes past 4 ([outliers.figures.NAME], [levels.NAME] checks)"
 
 
 def _unquote(key: str) -> str:

@@ -492,6 +492,14 @@ def test_python_that_does_not_exist_is_a_usage_error(tmp_path):
     assert p.returncode == 2 and "no such file; point it at the training environment's interpreter" in p.stderr
 
 
+def test_python_that_is_no_python_fails_naming_it_with_its_exit_status(tmp_path):
+    p = run_preflight(["run", "--profile", "h100-sxm", "--only", "cuda", "--json", "--python", "/bin/false", "--nvml-fake", str(NVML / "h100-sxm-8x-healthy.json")])
+    (c,) = Report.model_validate_json(p.stdout).checks
+    assert p.returncode == 1 and c.status == "FAIL"
+    assert "/bin/false exited 1 with no output; the cuda_init worker under /bin/false exit 1" in c.cause, c.cause
+    assert "point --python (PREFLIGHT_PYTHON, or python in the config file) at the training environment's interpreter" in c.remedy
+
+
 def test_python_without_torch_fails_naming_the_interpreter(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)

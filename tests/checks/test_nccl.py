@@ -154,6 +154,60 @@ def test_an_interpreter_without_torch_is_named(fast, tmp_path):
     assert "--python" in r.remedy
 
 
+@pytest.mark.parametrize("body, did", [(None, "exited 1 with no output"), ("echo hello\n", "exited 0, printing 'hello'")])
+def test_a_python_that_is_no_python_is_named_with_what_it_did(fast, tmp_path, body, did):
+    python = Path("/bin/false")
+    if body is not None:
+        python = tmp_path / "python"
+        python.write_text("#!/bin/sh\n" + body)
+        python.chmod(0o755)
+    p, report, took = run_nccl(fast, tmp_path, "--python", str(python))  # before: "torchrun never started the ranks ... last output: none"
+    r = nccl_result(report)
+    assert p.returncode == 1 and r.summary == f"{python} is not a Python interpreter", r.summary
+    assert f"asked to print its version (`{python} -c " in r.cause and f"{python} {did}" in r.cause, r.cause
+    assert r.remedy.startswith("point --python (PREFLIGHT_PYTHON, or python in the config file) at the training environment's interpreter")
+    assert took < DEADLINE and not workers_left(tmp_path)
+
+
+def _kill_rank_before_it_reports(proc: subprocess.Popen, local_rank: str) -> int:
+    """SIGKILL the rank of ``proc``'s run (found among its own descendants by the LOCAL_RANK torchrun gives
+    it) as soon as it exists: it is still starting, before it can write a report or a line. Its pid."""
+    import psutil
+
+    agent = psutil.Process(proc.pid)
+    until = time.monotonic() + 60
+    while time.monotonic() < until:
+        for child in agent.children(recursive=True):
+            try:
+                if child.environ().get("LOCAL_RANK") == local_rank:
+                    child.kill()
+                    return child.pid
+            except psutil.Error:
+                continue
+        time.sleep(0.01)
+    raise AssertionError("the rank never started")
+
+
+def test_a_rank_killed_before_its_first_report_is_named_not_torchrun(fast, tmp_path):
+    report = tmp_path / "report.json"
+    (tmp_path / "tmp").mkdir()
+    env = {"TMPDIR": str(tmp_path / "tmp"), **fast}
+    proc = subprocess.Popen([*fakes.PREFLIGHT, "run", "--profile", "cpu-fast", "--only", "nccl", "--report", str(report)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _kill_rank_before_it_reports(proc, "1")
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    r = nccl_result(Report.model_validate_json(report.read_text()))
+    # before: "torchrun never started the ranks ... run it by hand", with root_cause 1 and exitcode -9 in the details
+    assert proc.returncode == 1 and r.summary == "rank 1 never reported (killed by SIGKILL)", (r.summary, r.cause)
+    assert r.cause.startswith("rank 1 never reported (killed by SIGKILL)") and r.details["root_cause"] == 1
+    assert "OOM killer" in r.remedy
+    assert not workers_left(tmp_path)
+
+
 def test_a_missing_tmpdir_is_named(fast, tmp_path):
     p, report, _ = run_nccl({**fast, "TMPDIR": str(tmp_path / "gone")}, tmp_path)
     r = nccl_result(report)

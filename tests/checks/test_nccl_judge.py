@@ -405,6 +405,16 @@ def test_no_cuda_device():
     assert "sees no CUDA device" in x.cause and "--only cuda" in x.remedy
 
 
+def test_a_rank_killed_before_it_said_a_word_is_named_not_torchrun():
+    # torchrun's summary holds the ranks' exits even where no rank wrote a line: rank 1 died, rank 0 was stopped.
+    silent = [outcome(0, None, exit="killed by SIGTERM", last_line="none"), outcome(1, None, exit="killed by SIGKILL", last_line="none")]
+    (x,) = nccl.judge_run(facts(silent, ended="exit 1", returncode=1, root_cause=1))
+    assert x.summary == "rank 1 (GPU 1) never reported (killed by SIGKILL)" and "OOM killer" in x.remedy
+    only_stopped = [outcome(r, None, exit="killed by SIGTERM", last_line="none") for r in (0, 1)]
+    (y,) = nccl.judge_run(facts(only_stopped, ended="killed at the deadline after 45 s", returncode=None, timed_out=True))
+    assert y.summary == "torchrun never started the ranks"  # stopped in torchrun's teardown: no sign they ever ran
+
+
 def test_a_killed_rank_that_never_reported_is_named_first():
     peer = report(0, stage="all_reduce_fp32_small", error="DistBackendError: NCCL error: remote process exited or there was a network error, Connection reset by peer",
                   error_time=1000.0)

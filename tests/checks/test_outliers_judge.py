@@ -153,6 +153,16 @@ def test_a_rank_slower_at_its_own_compute_is_named_by_the_median_and_the_straggl
     assert len(compute) == 8 and compute["3"].value == 0.52
 
 
+def test_a_warned_outlier_s_fix_line_names_its_first_cause_whole():
+    # train's causes start "clocks held down (power brake, thermal or HW slowdown: `nvidia-smi -q -d PERFORMANCE,CLOCK`), ...":
+    # cut at the first ", " the line read "check clocks held down (power brake".
+    figs = train.figures(train_facts({}, {6: 0.0015 / 0.85}), TrainExpect(sizes_source="t", straggler_source="t"))
+    (warn,) = train.judge_outliers(figs, BAND)
+    assert warn.status == WARN
+    assert warn.remedy.endswith("if it stays behind its peers, check clocks held down (power brake, thermal or HW slowdown: "
+                                "`nvidia-smi -q -d PERFORMANCE,CLOCK`)"), warn.remedy
+
+
 def test_a_band_of_its_own_for_one_figure():
     wide = OutlierExpect(warn=0.10, fail=0.20, source="s", figures={"train_compute_duration": {"warn": 0.4, "fail": 0.6, "source": "noisy cores"}})
     figs = train.figures(train_facts({3: 0.52}, {}), TrainExpect(sizes_source="t", straggler_source="t"))

@@ -48,6 +48,16 @@ def test_json_report_validates_against_the_model_and_is_written_too(tmp_path):
     assert raw["started_at"].endswith("Z")  # RFC 3339 in UTC
 
 
+def test_quiet_keeps_warn_lines_as_the_page_lists_them_under_problems(tmp_path):
+    env = {**clean_env(), "NCCL_SHM_DISABLE": "1"}  # the shm check warns: a debugging switch left on
+    p = run_preflight(["run", "--profile", "cpu", "--only", "shm", "-q", "--report", str(tmp_path / "r.json")], env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    lines = p.stderr.splitlines()
+    assert lines[0].startswith("[WARN] shm (") and "NCCL_SHM_DISABLE=1 is set" in lines[0], p.stderr  # before: hidden by -q
+    assert any(line.strip().startswith("fix: unset NCCL_SHM_DISABLE") for line in lines)
+    assert lines[-1].startswith("preflight: PASS (profile cpu; 1 warn)")
+
+
 @no_driver
 def test_auto_without_a_driver_fails_with_the_cause_and_the_dry_run_hint(tmp_path):
     path = tmp_path / "r.json"
@@ -620,7 +630,7 @@ def test_xid_from_a_missing_file_is_a_usage_error(tmp_path):
 
 
 @pytest.mark.parametrize("name, content", [
-    ("README.md", None),
+    ("pyproject.toml", None),  # the wrong file (README.md is a document: tests/cli/test_bad_input.py)
     ("empty.log", ""),
     ("journal.txt", "-- No entries --\n"),  # journalctl -k that could read nothing
     ("nccl.log", (Path(__file__).parents[1] / "fixtures" / "nccl" / "E14_nccl2.29.2_P2P+SHM-disabled_NET-Socket-0-Shared_ncclSocketInit-family1-internal-error.log").read_text()),

@@ -72,6 +72,11 @@ CONFIGS = [
     "nnodes = 0\n",
     "nnodes = 5000\n",
     "node_rank = -1\n",
+    "node_rank = 99999999999999999999\n",
+    "node_rank = 1\n",  # a single node (nnodes 1) is node rank 0
+    "nnodes = 2\nnode_rank = 2\n",
+    "a = " + "[" * 1000 + "]" * 1000 + "\n",  # deeper than tomllib recurses
+    "a = " + "[" * 100 + "]" * 100 + "\n",
     "rdzv_timeout = 0\n",
     'driver_version = "latest"\n',
     'driver_version = "550.54\\n"\n',
