@@ -10,6 +10,7 @@ SLURM_NODEID, and the first host of SLURM_JOB_NODELIST as the endpoint.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 import socket
 import time
@@ -25,6 +26,7 @@ DEFAULT_PORT = 29500  # torchrun's own default rendezvous port: what a site's fi
 # may join, and what they found. Apart from torchrun's store, which lives and dies
 # with each launch, so a node never talks to the wrong one.
 MEETING_OFFSET = 1
+MAX_HOSTS = 65536  # Slurm's largest clusters are tens of thousands of nodes; a range past this is a typo, and would be built in memory
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,8 @@ def expand_hostlist(text: str) -> list[str]:
     for item in _split_top(text.strip()):
         parts = re.split(r"(\[[^\]]*\])", item)
         choices = [_range(p[1:-1], text) if p.startswith("[") else [p] for p in parts if p]
+        if len(hosts) + math.prod(len(c) for c in choices) > MAX_HOSTS:
+            raise ValueError(f"{text!r} names more than {MAX_HOSTS} hosts")
         hosts += ["".join(c) for c in itertools.product(*choices)]
     if not hosts:
         raise ValueError(f"no host in {text!r}")
@@ -110,6 +114,8 @@ def _range(spec: str, text: str) -> list[str]:
             continue
         if int(hi) < int(lo):
             raise ValueError(f"range {piece!r} in {text!r} runs backwards")
+        if int(hi) - int(lo) >= MAX_HOSTS:
+            raise ValueError(f"range {piece!r} in {text!r} names more than {MAX_HOSTS} hosts")
         out += [str(n).zfill(len(lo)) for n in range(int(lo), int(hi) + 1)]
     return out
 

@@ -33,7 +33,7 @@ def test_expand_hostlist_as_slurm_does(text, hosts):
     assert multinode.expand_hostlist(text) == hosts
 
 
-@pytest.mark.parametrize("text", ["gpu[01-03", "gpu]01[", "gpu[3-1]", "gpu[a-b]", ""])
+@pytest.mark.parametrize("text", ["gpu[01-03", "gpu]01[", "gpu[3-1]", "gpu[a-b]", "", "gpu[0-999999999]", "r[1-1000]n[1-1000]"])
 def test_a_malformed_hostlist_is_refused(text):
     with pytest.raises(ValueError):
         multinode.expand_hostlist(text)
