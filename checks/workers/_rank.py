@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import _tether
+
 # Test-only fault injection, inert unless set: "RANK:KIND[@OP]" (RANK * for all), for example
 # "1:kill@all_reduce_fp32_large"; several, comma-separated ("1:slow@memcpy,0:kill@latency"),
 # so a test can pair a slow figure with a hard fault. KIND is kill (SIGKILL itself), stop (SIGSTOP
@@ -34,25 +36,7 @@ from dataclasses import dataclass
 FAULT_ENV = "PREFLIGHT_WORKER_FAULT"
 
 
-def _die_with_launcher() -> None:
-    """A rank dies with the torchrun that started it, as torchrun dies with the agent
-    (preflight/base/tether.py), so nothing of a killed run lives on: ranks run in
-    sessions of their own, where no group kill reaches them. A plain worker is the
-    launcher itself; a worker run by hand has no launcher to follow."""
-    launcher = os.environ.get("PREFLIGHT_LAUNCHER_PID", "")
-    if not launcher.isdigit() or int(launcher) == os.getpid():
-        return
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != int(launcher):
-        os._exit(1)  # torchrun was gone before the signal was set
-
-
-_die_with_launcher()
+_tether.tie()  # first of all: nothing of a killed run may live on
 
 
 # Set by world.py when this rank runs workers one after another in one launch (a

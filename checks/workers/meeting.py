@@ -72,8 +72,7 @@ def main() -> int:
     host = host.strip("[]")
     deadline = time.monotonic() + args.timeout
     if args.mode == "host":
-        listener = listen(host, int(port))
-        store = TCPStore(host, int(port), is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=30), master_listen_fd=listener.fileno())
+        store = serve(TCPStore, host, int(port))
         store.set(f"{args.id}/secret", os.environ.get("PREFLIGHT_MEETING_SECRET", ""))
         store.set(f"{args.id}/open", "1")
         report.update(stage="serving")
@@ -127,6 +126,21 @@ def main() -> int:
         except Exception:  # noqa: BLE001 - rank 0 already gone: nothing left to tell it
             pass
     return 0
+
+
+def serve(TCPStore, host: str, port: int):  # noqa: N803 - torch's class, passed in
+    """Node rank 0's store, listening on the endpoint's address only. torch's libuv backend
+    (the default from 2.4) takes a listening socket only from 2.8 on; the older backend takes
+    it everywhere. A torch too old for either listens on every interface, as it always did."""
+    timeout = datetime.timedelta(seconds=30)
+    fd = listen(host, port).detach()  # the store's from now on: a socket object would close it when collected
+    for extra in ({}, {"use_libuv": False}):
+        try:
+            return TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timeout, master_listen_fd=fd, **extra)
+        except (TypeError, NotImplementedError, RuntimeError, ValueError):
+            continue
+    os.close(fd)
+    return TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timeout)
 
 
 def listen(host: str, port: int):

@@ -174,29 +174,59 @@ def isolation(report: str) -> dict | None:
 
 
 def _private_network() -> dict:
-    """Move this process into a new network namespace with loopback up; what happened."""
+    """Move this process into a new network namespace with loopback up; what happened.
+    Never leaves it half made: a launch either gets the whole namespace or the host's network."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
-    uid, gid = os.geteuid(), os.getegid()
-    tried = []
-    for flags, how in ((CLONE_NEWNET, "a network namespace"), (CLONE_NEWUSER | CLONE_NEWNET, "a user and network namespace")):
-        if libc.unshare(flags) == 0:
-            break
-        tried.append(f"{how}: {os.strerror(ctypes.get_errno())}")
-    else:
-        return {"network": "host", "why": "the kernel refused " + "; ".join(tried)}
+    if os.geteuid() == 0:
+        # Root only ever takes a plain network namespace: in a user namespace it would lose its
+        # power over other users' files (a --python in a user's 0700 venv). Where loopback cannot
+        # be brought up there (CAP_SYS_ADMIN without CAP_NET_ADMIN, as `docker --cap-add SYS_ADMIN`
+        # gives), it goes back to the namespace it came from.
+        home = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if libc.unshare(CLONE_NEWNET) != 0:
+                return {"network": "host", "why": f"the kernel refused a network namespace: {os.strerror(ctypes.get_errno())}"}
+            try:
+                _loopback_up()
+                return {"network": "private"}
+            except OSError as e:
+                if libc.setns(home, CLONE_NEWNET) != 0:
+                    return {"network": "broken", "why": f"loopback could not be brought up ({e.strerror or e}), nor the host's network taken back"}
+                return {"network": "host", "why": f"loopback could not be brought up in a network namespace: {e.strerror or e}"}
+        finally:
+            os.close(home)
+    # Anyone else needs a user namespace of their own, which cannot be left again: try it in a
+    # child first, and take it here only where the child got all of it.
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _enter_user_network(libc)
+            os._exit(0)
+        except BaseException:  # noqa: BLE001 - the child says only yes or no
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        return {"network": "host", "why": "the kernel refused a user and network namespace (user namespaces off, or no CAP_NET_ADMIN there)"}
     try:
-        if flags & CLONE_NEWUSER:
-            # The same ids inside as outside: files and GPU device nodes see the same user.
-            for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
-                with open(f"/proc/self/{name}", "w") as f:
-                    f.write(text)
-        _loopback_up()
+        _enter_user_network(libc)
     except OSError as e:
-        # Half made: this process cannot go back, so it must not run the ranks here.
         return {"network": "broken", "why": f"the private network could not be set up: {e.strerror or e}"}
     return {"network": "private"}
+
+
+def _enter_user_network(libc) -> None:
+    import ctypes
+
+    uid, gid = os.geteuid(), os.getegid()
+    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    # The same ids inside as outside: files and GPU device nodes see the same user.
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+    _loopback_up()
 
 
 def _loopback_up() -> None:

@@ -11,8 +11,9 @@ On one node, torchrun meets its ranks through its static rendezvous (its
 default: a TCPStore on 127.0.0.1, rank assignment in JSON, nothing unpickled)
 inside a network namespace of the launch's own (base/tether.py): no other
 host and no other process of the node can reach the store or the ranks'
-sockets. Across nodes, the c10d rendezvous the group needs, its id passed in
-the environment (PET_RDZV_ID), never on a command line every user can read.
+sockets. Across nodes, the static rendezvous too (each node its own
+--node-rank), its id passed in the environment (PET_RDZV_ID), never on a
+command line every user can read.
 
 Every process started dies with the agent (base/tether.py). Past the deadline
 the whole process group gets SIGTERM, then SIGKILL, and so does every process
@@ -152,14 +153,16 @@ class Running:
         if worker.nproc is not None and worker.group is not None:
             g = worker.group
             self.endpoint = g.endpoint
-            # Host detection by hostname fails between nodes that do not resolve each
-            # other, so node rank 0 says it hosts the store and each agent names its address.
-            # The id rides in the environment: /proc/PID/cmdline is every user's to read.
+            # torchrun's static rendezvous across nodes too: every node knows its rank, node
+            # rank 0 hosts the store, and nothing any peer writes there is unpickled (the c10d
+            # rendezvous unpickles its state: whoever reached the port ran code as root on
+            # every node). The id, a key prefix, rides in the environment: /proc/PID/cmdline
+            # is every user's to read.
             argv[1:1] = [
                 "-m", "torch.distributed.run", "--nnodes", str(g.nnodes), "--nproc-per-node", str(worker.nproc),
-                "--rdzv-backend", "c10d", "--rdzv-endpoint", g.endpoint,
-                "--rdzv-conf", f"is_host={str(g.node_rank == 0).lower()},join_timeout={int(g.join_timeout)}",
-                "--local-addr", g.local_addr, "--max-restarts", "0", "--monitor-interval", "0.1",
+                "--rdzv-backend", "static", "--rdzv-endpoint", g.endpoint, "--node-rank", str(g.node_rank),
+                "--rdzv-conf", f"timeout={int(g.join_timeout)}", "--local-addr", g.local_addr,
+                "--max-restarts", "0", "--monitor-interval", "0.1",
             ]  # fmt: skip
             env["PET_RDZV_ID"] = g.rdzv_id
             env["PREFLIGHT_NODE_RANK"] = str(g.node_rank)

@@ -1,6 +1,6 @@
 """Which group of nodes this one belongs to, for the checks that span nodes.
 
-A group is what torchrun's c10d rendezvous needs: how many nodes, this node's
+A group is what torchrun's rendezvous across nodes needs: how many nodes, this node's
 rank among them, the endpoint every node meets at, and an id for the
 rendezvous. Given by hand, or read from Slurm's environment, where `srun -N 4
 --ntasks-per-node=1 preflight run --multi-node` sets everything: SLURM_NNODES,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -106,3 +107,25 @@ def test_a_child_inherits_the_descriptors_held_for_it(tmp_path: Path) -> None:
     finally:
         tether.release(fd)
         os.close(fd)
+
+
+@needs_root
+@pytest.mark.skipif(not shutil.which("setpriv"), reason="util-linux's setpriv drops the capability")
+def test_without_net_admin_the_launch_runs_on_the_hosts_network_and_says_why(tmp_path: Path) -> None:
+    # Root with CAP_SYS_ADMIN but not CAP_NET_ADMIN (`docker run --cap-add SYS_ADMIN`) gets a
+    # namespace whose loopback it cannot bring up: it must go back, not start ranks there.
+    report = tmp_path / "isolation.json"
+    agent = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(tether.__file__).parents[2])!r})
+        from preflight.base import tether
+        p = tether.popen([sys.executable, "-c", "import socket; print(sorted(n for _, n in socket.if_nameindex()))"],
+                         private_net=True, report={str(report)!r})
+        sys.exit(p.wait())
+    """)
+    done = subprocess.run(["setpriv", "--inh-caps=-net_admin", "--bounding-set=-net_admin", sys.executable, "-c", agent],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() != "['lo']"  # the host's interfaces
+    said = tether.isolation(str(report))
+    assert said["network"] == "host" and "loopback could not be brought up" in said["why"]

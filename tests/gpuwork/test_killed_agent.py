@@ -7,6 +7,7 @@ next run removes the folder the killed one left in TMPDIR and passes."""
 from __future__ import annotations
 
 import signal
+import sys
 import subprocess
 import time
 from pathlib import Path
@@ -87,3 +88,40 @@ def test_nothing_of_a_killed_run_lives_on_and_the_next_run_starts_clean(tmp_path
     done = subprocess.run([*PREFLIGHT, *run_args(tmp_path, check)], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert list((tmp_path / "tmp").glob("preflight-worker-*")) == [], "the next run did not remove the killed run's folder"
+
+
+def test_under_a_python_wrapper_that_does_not_exec_the_run_passes_and_nothing_outlives_a_killed_agent(tmp_path: Path) -> None:
+    # A site's --python is often a script that sets the environment and runs the interpreter
+    # without exec (`conda run` does the same): torchrun is then the wrapper's child, not the
+    # process the trampoline became, and the ranks must tie themselves to what really started them.
+    env = long_burn(tmp_path)
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\n"{sys.executable}" "$@"\n')
+    wrapper.chmod(0o755)
+    args = [*run_args(tmp_path, "nccl"), "--python", str(wrapper)]
+    done = subprocess.run([*PREFLIGHT, *args], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+
+    with open(tmp_path / "agent.log", "wb") as log:
+        agent = subprocess.Popen([*PREFLIGHT, *run_args(tmp_path, "burnin"), "--python", str(wrapper)], env=env,
+                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    try:
+        until = time.monotonic() + 240
+        while not list((tmp_path / "tmp").glob("preflight-worker-*/out/stage*/rank1.json")):
+            assert agent.poll() is None and time.monotonic() < until, (tmp_path / "agent.log").read_text()
+            time.sleep(0.05)
+        procs = the_runs_processes(tmp_path)
+        ranks = [p for p in procs if "torch.distributed.run" not in " ".join(p.cmdline())]
+        agent.send_signal(signal.SIGKILL)
+        agent.wait(10)
+        time.sleep(1.0)
+        assert running(ranks) == [], "a rank outlived its agent by a second"
+        until = time.monotonic() + 10  # torchrun, orphaned by the wrapper, ends once its ranks are gone
+        while running(procs) and time.monotonic() < until:
+            time.sleep(0.1)
+        assert running(procs) == []
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+        for p in the_runs_processes(tmp_path):
+            p.kill()

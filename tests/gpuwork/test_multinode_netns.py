@@ -7,6 +7,7 @@ endpoint nobody serves, a link set down in the middle of a run."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -117,7 +118,7 @@ class Watch:
         while not self.done.is_set():
             for p in psutil.process_iter(["cmdline"]):
                 line = " ".join(p.info["cmdline"] or [])
-                if self.rid in line and "pytest" not in line:
+                if self.rid in line and p.pid != os.getpid():
                     self.cmdlines.add(line[:200])
             ss = subprocess.run(self.net.hosts[0].argv("ss", "-ltnH"), capture_output=True, text=True, timeout=30).stdout
             self.meeting |= {row.split()[3] for row in ss.splitlines() if row.split()[3].endswith(":29501")}

@@ -19,6 +19,7 @@ import pytest
 
 import netns
 from conftest import clean_env, run_preflight
+from fakes import PREFLIGHT
 
 ATTACKER = Path(__file__).parents[1] / "rdzv_attacker.py"
 
@@ -27,9 +28,9 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the attacker drops fr
 
 def start_attacker(tmp_path: Path, wrap: list[str], addr: str | None = None) -> tuple[subprocess.Popen, Path]:
     """The attacker, watching as nobody; it attacks only this test's run (its TMPDIR), never another on the machine."""
-    (tmp_path / "tmp").mkdir()
+    (tmp_path / "tmp").mkdir(exist_ok=True)
     out = tmp_path / "attacker.json"
-    argv = [*wrap, sys.executable, str(ATTACKER), "--out", str(out), "--mark", str(tmp_path / "pwned"), "--under", str(tmp_path / "tmp"), *(["--addr", addr] if addr else [])]
+    argv = [*wrap, sys.executable, str(ATTACKER), "--out", str(out), "--mark", str(tmp_path / "pwned"), "--under", str(tmp_path), *(["--addr", addr] if addr else [])]
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
     # It imports torch as root, then drops to nobody: the run starts only once it watches as nobody.
     until = time.monotonic() + 180
@@ -99,3 +100,36 @@ def test_another_network_namespace_is_refused(tmp_path: Path) -> None:
     assert all(s.startswith(run_host.addr) for s in log["seen"]), log
     assert log["connected"] == [], f"reached the run from another namespace: {log}"
     assert not (tmp_path / "pwned").exists()
+
+
+@netns.needs_netns
+def test_a_peer_of_a_group_that_learns_its_id_still_cannot_run_code_on_its_nodes(tmp_path: Path) -> None:
+    """The exposure a group keeps (README, "Many nodes"): a third host on the group's network
+    that knows the group's id (here it reads it off the agents' command lines) reads the
+    per-run word at the meeting point and writes torchrun's store. It may disturb the run;
+    it must not run code: torchrun's static rendezvous unpickles nothing on any node."""
+    net = netns.make(3)
+    try:
+        (tmp_path / "tmp").mkdir()
+        attacker, out = start_attacker(tmp_path, net.hosts[2].argv())
+        env = {**clean_env(), "TMPDIR": str(tmp_path / "tmp")}
+        nodes = []
+        try:
+            for i in range(2):
+                argv = [*PREFLIGHT, "run", "--profile", "cpu", "--only", "nccl", "--nnodes", "2", "--node-rank", str(i),
+                        "--rdzv-endpoint", f"{net.hosts[0].addr}:29500", "--rdzv-id", f"t-{net.tag}", "--rdzv-timeout", "120",
+                        "--lock-file", str(tmp_path / f"{i}.lock"), "--report", str(tmp_path / f"report{i}.json")]
+                nodes.append(subprocess.Popen(net.hosts[i].argv(*argv), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                              start_new_session=True))
+            for n in nodes:
+                n.wait(600)
+        finally:
+            for n in nodes:
+                if n.poll() is None:
+                    n.kill()
+            log = stop_attacker(attacker, out)
+    finally:
+        net.cleanup()
+    assert log["secrets"], f"the attacker never read the meeting point: {log}"
+    assert any(s.endswith(":29500") for s in log["stored"]), f"the attack never reached torchrun's store: {log}"
+    assert not (tmp_path / "pwned").exists(), f"a node unpickled the attacker's object: {log}"
