@@ -172,13 +172,10 @@ class Running:
                 for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
                     env.setdefault(name, g.ifname)
         elif worker.nproc is not None:
-            try:
-                port = worker.rdzv_port or free_port()
-                if worker.rdzv_port:
-                    check_port_free(port)
-            except LaunchError:
-                self._remove()
-                raise
+            # The port is taken inside the launch's own network, where nothing else listens: a
+            # port a job's torchrun holds on the host is no obstacle (on the host's network, where
+            # the kernel refuses a namespace, a taken port is torchrun's own error).
+            port = worker.rdzv_port or free_port()
             self.endpoint = f"127.0.0.1:{port}"
             # torchrun's default (static) rendezvous: a store on loopback, ranks assigned in
             # JSON. The c10d one unpickles what its store holds, and any local user could
@@ -191,6 +188,11 @@ class Running:
                 "--max-restarts", "0", "--monitor-interval", "0.1",
             ]  # fmt: skip
             env.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
+            # One node needs no network transport, and the launch's own network has no NIC: an
+            # external net plugin (aws-ofi-nccl, GCP's TCPX) or a pinned NCCL_NET would fail NCCL's
+            # init there on a node where jobs run fine. The fabric is the multi-node run's to prove.
+            env["NCCL_NET_PLUGIN"] = "none"
+            env.pop("NCCL_NET", None)
             private_net = True
         self._started = time.monotonic()
         self.deadline = self._started + timeout
@@ -342,6 +344,7 @@ def start(python: str, worker: Worker, timeout: float, progress: Progress | None
 PREFIX = "preflight-worker-"
 OWNER = "owner.lock"  # flock'ed by the agent while the directory is in use
 STALE_UNOWNED = 3600.0  # seconds: a directory with no owner file (an older preflight's) is left this long
+YOUNG = 60.0  # seconds: a directory this new is never swept, whatever its lock says
 
 
 def _private_dir() -> tuple[Path, int]:
@@ -350,6 +353,8 @@ def _private_dir() -> tuple[Path, int]:
     # Python's tempfile quietly falls back to /tmp when $TMPDIR is unusable; the
     # job would not, so neither does the check: the setting is named instead.
     where = os.environ.get("TMPDIR") or None
+    if (why := _unsafe_parent(where or tempfile.gettempdir())) is not None:
+        raise LaunchError(why, "point TMPDIR at a directory of root's (or yours), or a sticky one such as /tmp")
     try:
         made = Path(tempfile.mkdtemp(prefix=PREFIX, dir=where))
         owner = os.open(made / OWNER, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -362,6 +367,20 @@ def _private_dir() -> tuple[Path, int]:
     fcntl.flock(owner, fcntl.LOCK_EX)
     sweep(made.parent, keep=made)
     return made, owner
+
+
+def _unsafe_parent(where: str) -> str | None:
+    """Why the workers' folder may not go in ``where``: another user could rename it away and
+    put one of theirs, full of links, in its place (a sticky directory forbids that)."""
+    try:
+        st = os.stat(where)
+    except OSError:
+        return None  # mkdtemp says what is wrong with it
+    if st.st_uid not in (0, os.geteuid()):
+        return f"TMPDIR={where} belongs to another user (uid {st.st_uid}), who could replace the workers' folder"
+    if st.st_mode & 0o022 and not st.st_mode & 0o1000:
+        return f"TMPDIR={where} is writable by other users and not sticky: they could replace the workers' folder"
+    return None
 
 
 def sweep(where: Path, keep: Path | None = None) -> list[str]:
@@ -378,7 +397,9 @@ def sweep(where: Path, keep: Path | None = None) -> list[str]:
             continue
         try:
             st = entry.stat(follow_symlinks=False)
-            if not entry.is_dir(follow_symlinks=False) or st.st_uid != os.geteuid() or not _abandoned(entry.path, st):
+            # A young folder may be a live run's between its making and its lock.
+            young = time.time() - st.st_mtime < YOUNG
+            if not entry.is_dir(follow_symlinks=False) or st.st_uid != os.geteuid() or young or not _abandoned(entry.path, st):
                 continue
         except OSError:
             continue

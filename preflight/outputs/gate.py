@@ -54,7 +54,8 @@ def run(s: Settings, console: Console, if_idle: bool = False, if_locked: str = "
                 console.line(f"preflight: not run: another preflight run ({e.holder}) still holds {s.lock_file} after {s.lock_timeout:g} s; "
                              "the last report stands, and that run writes its own verdict")
                 return None
-            deadline = the_plan.started_at + timedelta(seconds=pipeline.seconds_at_most(the_plan, s) + SLACK_SECONDS)
+            # From now, not from the plan: the wait for the lock (up to --lock-timeout) is not the run's.
+            deadline = datetime.now(timezone.utc) + timedelta(seconds=pipeline.seconds_at_most(the_plan, s) + SLACK_SECONDS)
             record = begin(s.report, the_plan.started_at, deadline, console) if s.report is not None else None
             try:
                 result = pipeline.execute(the_plan, s, console)

@@ -132,15 +132,16 @@ def test_a_socket_interface_that_does_not_exist_fails_before_launching(fast, tmp
     assert not workers_left(tmp_path)
 
 
-def test_a_taken_rendezvous_port_is_named(fast, tmp_path):
+def test_a_rendezvous_port_a_job_holds_on_the_host_is_no_obstacle(fast, tmp_path):
+    # The ranks meet in a network of their own (base/tether.py): the port is free there.
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
         p, report, _ = run_nccl(fast, tmp_path, "--rdzv-port", str(port))
     r = nccl_result(report)
-    assert p.returncode == 1 and f"rendezvous port 127.0.0.1:{port} is taken by pid" in r.cause
-    assert "another port" in r.remedy
+    assert p.returncode == 0, r.cause
+    assert r.details["endpoint"] == f"127.0.0.1:{port}" and r.details["isolation"] == {"network": "private"}
 
 
 def test_an_interpreter_without_torch_is_named(fast, tmp_path):

@@ -90,15 +90,19 @@ def test_an_unusable_tmpdir_is_named(monkeypatch, tmp_path):
     assert "TMPDIR" in e.value.remedy
 
 
-def test_a_taken_rendezvous_port_is_named_with_its_holder(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        port = s.getsockname()[1]
-        with pytest.raises(launch.LaunchError) as e:
-            launch.start(sys.executable, launch.Worker(RANKS, nproc=2, rdzv_port=port), timeout=5)
-    assert f"127.0.0.1:{port} is taken by pid {os.getpid()}" in e.value.cause
-    assert not any(tmp_path.iterdir())
+def test_a_tmpdir_another_user_could_swap_the_folder_in_is_refused(tmp_path, monkeypatch):
+    # Writable by others and not sticky: they could rename the workers' folder away and put
+    # one of theirs, full of links, in its place.
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    loose.chmod(0o777)
+    monkeypatch.setenv("TMPDIR", str(loose))
+    with pytest.raises(launch.LaunchError) as e:
+        launch.start(sys.executable, launch.Worker(RANKS), timeout=5)
+    assert f"TMPDIR={loose} is writable by other users and not sticky" in e.value.cause
+    assert not any(loose.iterdir())
+    loose.chmod(0o1777)  # sticky, as /tmp: fine
+    launch.start(sys.executable, launch.Worker(RANKS), timeout=5).wait()
 
 
 def test_no_private_directory_is_left_behind(monkeypatch, tmp_path):
