@@ -169,10 +169,14 @@ def standing(loaded: Loaded, boot_id: str | None, now: datetime, max_age: float 
     r = loaded.report
     run = _newer_run(loaded.started, r, boot_id, booted)
     dead = run is not None and not (run.alive or (run.alive is None and now < run.deadline))
-    if dead:
+    # Alive past every check's deadline is a run stuck for good (an fsync on a hung disk, a
+    # stopped process): it vouches for nothing, however long it lingers.
+    stuck = run is not None and run.alive is True and now >= run.deadline
+    if dead or stuck:
         age = (now - run.started_at).total_seconds()
         current = None if r is None else _current(r, boot_id, booted)
-        return Standing(False, f"a run started at {utc(run.started_at)} did not finish ({ago(age)})", current,
+        what = "is still running past its deadline" if stuck else "did not finish"
+        return Standing(False, f"a run started at {utc(run.started_at)} {what} ({ago(age)})", current,
                         None if r is None else (now - r.finished_at).total_seconds())
     under_way = run.started_at if run is not None else None
     if r is None:

@@ -104,6 +104,14 @@ def test_a_run_under_way_leaves_the_last_verdict_standing():
         assert st == alone._replace(under_way=start)
 
 
+def test_a_run_alive_past_its_deadline_is_stuck_and_vouches_for_nothing():
+    # An fsync on a hung root disk, a stopped agent: it lives, and will never write its report.
+    loaded, start = with_run("cpu-pass", alive=True, deadline=600.0)
+    assert standing(loaded, BOOT, start + timedelta(seconds=599)).vouched is True
+    st = standing(loaded, BOOT, start + timedelta(seconds=601))
+    assert st.vouched is False and st.reason == f"a run started at {last_report.utc(start)} is still running past its deadline (601 s ago)"
+
+
 def test_a_run_that_died_leaves_the_node_not_vouched_naming_when_it_started():
     loaded, start = with_run("cpu-pass", alive=False)
     st = standing(loaded, BOOT, start + timedelta(seconds=1639))
