@@ -148,7 +148,7 @@ def test_a_dead_run_with_no_report_is_not_vouched_rather_than_unknown(tmp_path):
     start = last_report.now()
     loaded = loaded._replace(started=Started(start, start, BOOT, False))
     assert standing(loaded, BOOT, start).vouched is False
-    assert standing(loaded._replace(started=Started(start, start, BOOT, True)), BOOT, start).vouched is None
+    assert standing(loaded._replace(started=Started(start, start + timedelta(seconds=600), BOOT, True)), BOOT, start).vouched is None
 
 
 def test_serve_exports_a_dead_run_as_not_vouched():
