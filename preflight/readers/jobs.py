@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
+
 from preflight.base.host import Host
 
 # "slurmstepd: [41.batch]", "[41.0]", "[41.extern]", "[41.interactive]"; the title is
@@ -42,6 +44,8 @@ def running(host: Host) -> list[str]:
                 comm = f.read(64).decode(errors="replace")
             if comm.strip() != "slurmstepd":
                 continue
+            if not _roots(e.path, recorded=host.root != Path("/")):
+                continue
             with open(os.path.join(e.path, "cmdline"), "rb") as f:
                 job = job_of(comm, f.read(256))
         except OSError:  # gone since the listing, or not ours to read
@@ -49,6 +53,22 @@ def running(host: Host) -> list[str]:
         if job is not None:
             jobs.add(job)
     return sorted(jobs, key=int)
+
+
+def _roots(proc: str, recorded: bool) -> bool:
+    """Whether the process runs as root, as slurmd starts every slurmstepd: any user can
+    title a process "slurmstepd: [1.0]" (and hide a full /dev/shm behind it), none but
+    root can make one of root's. Read from status (Uid: real effective saved fs), which a
+    process cannot change, unlike the owner of its /proc directory. A recorded tree
+    without it (tests/fixtures/proc) says nothing against the title."""
+    try:
+        with open(os.path.join(proc, "status"), "rb") as f:
+            for line in f.read(4096).splitlines():
+                if line.startswith(b"Uid:"):
+                    return line.split()[1:2] == [b"0"]
+    except FileNotFoundError:
+        return recorded
+    return False
 
 
 def others(host: Host) -> list[str]:

@@ -4,9 +4,13 @@ titles itself as a slurmstepd does."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 from pathlib import Path
 
 from preflight.base.host import Host
@@ -55,3 +59,39 @@ def test_a_live_process_titled_as_a_slurmstepd_is_seen_and_gone_when_it_ends(tmp
         p.kill()
         p.wait()
     assert job not in jobs.running(Host())
+
+
+def test_a_process_another_user_titles_as_a_slurmstepd_names_no_job():
+    # Any user can write that title over a process of theirs (and so hide a full /dev/shm
+    # from the shm check); only slurmd, as root, starts a real one.
+    where = Path(tempfile.mkdtemp(dir="/tmp"))  # nobody must reach it: pytest's own tmp is root's alone
+    try:
+        where.chmod(0o755)
+        stepd = where / "slurmstepd"
+        shutil.copy("/bin/sleep", stepd)
+        stepd.chmod(0o755)
+        job = "987654322"
+        p = subprocess.Popen(["runuser", "-u", "nobody", "--", "bash", "-c", f'exec -a "slurmstepd: [{job}.batch]" {stepd} 300'],
+                             start_new_session=True)
+        try:
+            deadline = time.monotonic() + 30
+            while not any(c.startswith(f"slurmstepd: [{job}.".encode()) for c in _cmdlines()):
+                assert time.monotonic() < deadline, "the titled process never showed in /proc"
+                time.sleep(0.05)
+            assert job not in jobs.running(Host())
+        finally:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    finally:
+        shutil.rmtree(where)
+
+
+def _cmdlines() -> list[bytes]:
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                out.append(f.read())
+        except OSError:
+            pass
+    return out
