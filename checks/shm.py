@@ -134,18 +134,32 @@ def _shm_disabled_by(host: Host) -> list[str]:
     return [where for value, where in nccl_env.read(host).get("NCCL_SHM_DISABLE", []) if value.strip() == "1"]
 
 
+SCAN_MOST, SCAN_SECONDS = 10_000, 0.5  # any user can fill /dev/shm with millions of empty files
+
+
 def _largest_files(directory: Path, n: int = 3) -> list[tuple[str, int]]:
+    """The largest files among the first SCAN_MOST looked at within SCAN_SECONDS: names for
+    the cause of a full /dev/shm, never a listing that takes the quick level's whole budget."""
     sizes = []
+    until = time.monotonic() + SCAN_SECONDS
     try:
-        for entry in os.scandir(directory):
-            try:
-                if entry.is_file(follow_symlinks=False):
-                    sizes.append((entry.name, entry.stat(follow_symlinks=False).st_blocks * 512))
-            except OSError:
-                continue
+        with os.scandir(directory) as entries:
+            for i, entry in enumerate(entries):
+                if i >= SCAN_MOST or time.monotonic() > until:
+                    break
+                try:
+                    if entry.is_file(follow_symlinks=False):
+                        sizes.append((_printable(entry.name), entry.stat(follow_symlinks=False).st_blocks * 512))
+                except OSError:
+                    continue
     except OSError:
         return []
     return sorted(sizes, key=lambda kv: kv[1], reverse=True)[:n]
+
+
+def _printable(name: str) -> str:
+    """A file name any user chose, fit for a terminal: control characters escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in name)
 
 
 def touch_segment(directory: Path, size: int, deadline: float = math.inf) -> tuple[str | None, float]:
