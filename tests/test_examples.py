@@ -305,6 +305,26 @@ def test_the_prolog_lets_the_job_run_on_the_last_report_while_another_run_holds_
     assert json.loads(report.read_text())["level"] == "quick"
 
 
+def test_after_a_run_that_died_the_prolog_takes_a_fresh_look_only_where_this_boot_passed(tmp_path: Path, real_prolog) -> None:
+    # An OOM-killed recheck after the gate passed is no verdict on the node: the quick look
+    # keeps the gate's results and decides. A gate of this boot that died is: no look stands in.
+    from datetime import datetime, timedelta, timezone
+
+    from conftest import report_file, run_record_file
+
+    report = report_file(tmp_path / "report.json", "cpu-pass", age=600)
+    run_record_file(report, datetime.now(timezone.utc) - timedelta(seconds=300), alive=False)
+    ok = real_prolog(PREFLIGHT_REPORT=str(report))
+    assert ok.returncode == 0 and ok.stderr == "", ok.stderr
+    after = json.loads(report.read_text())
+    assert (after["verdict"], after["level"]) == ("pass", "quick") and {"nccl", "bandwidth", "train"} <= {
+        c["check"] for c in after["checks"] if "carried_from" in c["details"]}
+    earlier = report_file(tmp_path / "earlier.json", "cpu-pass", boot="another", age=600)
+    run_record_file(earlier, datetime.now(timezone.utc) - timedelta(seconds=300), alive=False)
+    refused = real_prolog(PREFLIGHT_REPORT=str(earlier))
+    assert refused.returncode == 1 and "did not finish" in refused.stderr, refused.stderr
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare for a private /dev/shm")
 def test_the_prolog_refuses_a_job_on_a_node_whose_dev_shm_is_too_small_for_any_job(tmp_path: Path, recorders: Path) -> None:
     from conftest import report_file

@@ -88,7 +88,15 @@ refuse() {
 # On a healthy node this step takes tens of milliseconds.
 said=$(timeout 8 preflight status --report "$report" ${age[@]+"${age[@]}"} 2>&1)  # the odd form: bash < 4.4 calls an empty array unbound under set -u
 rc=$?
-[ "$rc" -eq 0 ] || refuse "$said" "$rc"
+if [ "$rc" -ne 0 ]; then
+    case "$said" in
+        # A run that died (OOM-killed, say) after a pass of this boot: not a verdict on the
+        # node. Step 2's fresh look keeps that pass's results and decides; refusing here
+        # would drain a healthy node for preflight's own trouble.
+        *"did not finish"*"the last run that finished passed"*) ;;
+        *) refuse "$said" "$rc" ;;
+    esac
+fi
 
 # Not a setting of `run`, which would warn about it.
 unset PREFLIGHT_MAX_AGE

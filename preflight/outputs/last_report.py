@@ -176,8 +176,13 @@ def standing(loaded: Loaded, boot_id: str | None, now: datetime, max_age: float 
         age = (now - run.started_at).total_seconds()
         current = None if r is None else _current(r, boot_id, booted)
         what = "is still running past its deadline" if stuck else "did not finish"
-        return Standing(False, f"a run started at {utc(run.started_at)} {what} ({ago(age)})", current,
-                        None if r is None else (now - r.finished_at).total_seconds())
+        reason = f"a run started at {utc(run.started_at)} {what} ({ago(age)})"
+        if dead and r is not None and r.verdict == Verdict.PASS and current is True:
+            # Said, because what comes next differs: a fresh look (the Slurm prolog's, the
+            # recheck's) keeps that pass's results and may vouch again; after a run of an
+            # earlier boot, or a failure, only a run as deep as the gate may.
+            reason += f"; the last run that finished passed ({ago((now - r.finished_at).total_seconds())})"
+        return Standing(False, reason, current, None if r is None else (now - r.finished_at).total_seconds())
     under_way = run.started_at if run is not None else None
     if r is None:
         return Standing(None, loaded.error or f"report {loaded.state}", under_way=under_way)
