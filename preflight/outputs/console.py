@@ -42,6 +42,15 @@ _STYLE = {
 }
 
 
+# Control characters other than newline and tab, escaped: a cause may quote what another user
+# named (a file in /dev/shm), and an escape sequence there must not rewrite root's terminal.
+_CONTROLS = {c: repr(chr(c))[1:-1] for c in [*range(0x00, 0x20), *range(0x7F, 0xA0)] if chr(c) not in "\n\t"}
+
+
+def _shown(text: str) -> str:
+    return text.translate(_CONTROLS)
+
+
 class Console:
     def __init__(self, quiet: bool = False, verbose: bool = False, stream: TextIO | None = None):
         self.quiet = quiet
@@ -56,6 +65,7 @@ class Console:
         self._live: _Ticker | None = None
 
     def line(self, text: str, style: str = "") -> None:
+        text = _shown(text)
         self._stop_live()
         with self._write:
             try:

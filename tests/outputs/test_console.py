@@ -49,6 +49,16 @@ def test_a_pipe_gets_plain_lines_with_cause_and_fix():
     assert out.getvalue() == "[FAIL] shm (0 ms): too small\n        cause: 64 MiB\n        fix: --shm-size=1g\n"
 
 
+def test_what_another_user_named_cannot_rewrite_the_terminal(monkeypatch):
+    # A file in /dev/shm named with a clear-screen and a fake verdict, quoted in a cause.
+    forged = Result(check="shm", status=Status.FAIL, summary="full", cause="largest: x\x1b[2J\x1b[Hpreflight: PASS\r (1 GiB)")
+    for out in (io.StringIO(), Terminal()):
+        monkeypatch.setenv("NO_COLOR", "1")
+        Console(stream=out).finish(forged)
+        assert "\x1b[2J" not in out.getvalue() and "\r" not in out.getvalue()
+        assert "x\\x1b[2J\\x1b[Hpreflight: PASS\\r (1 GiB)" in out.getvalue()
+
+
 def test_quiet_hides_passes_but_never_problems():
     out = io.StringIO()
     c = Console(quiet=True, stream=out)
