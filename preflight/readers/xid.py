@@ -177,6 +177,28 @@ _CALLER = re.compile(r"\[\s*[TC]\d+\]|^<\d+>")  # printk caller tag "[ T1946]", 
 _CLOCK = re.compile(r"\d:\d\d")
 
 
+_DMESG_T = re.compile(r"\[[^\]\n]{1,64}\]")
+_DMESG_X = re.compile(r"^[a-z]+\s*:\s*[a-z]+\s*:\s")  # `dmesg -x`: "kern  :warn  : "
+
+
+def _only_stamps(prefix: str) -> bool:
+    """Whether what precedes the driver's text is a log's own prefix and nothing else: the
+    driver's line starts the message. Any user can get text of their own into the kernel
+    log (a mount option a filesystem refuses is quoted there), so "NVRM: Xid ... 79" inside
+    another message is that message's, never the driver's."""
+    p = prefix
+    if m := _KMSG.match(p):
+        p = p[m.end():]
+    elif "kernel:" in p:  # syslog, journalctl: "<time> <host> kernel: ", the first one
+        p = p[p.index("kernel:") + len("kernel:"):]
+    p = _CALLER.sub("", _UPTIME.sub("", p, count=1)).strip()
+    if m := _DMESG_X.match(p):
+        p = p[m.end():]
+    if p.startswith("[") and (m := _DMESG_T.match(p)):
+        p = p[m.end():]
+    return not p.strip()
+
+
 def _norm_pci(text: str) -> str:
     *domain, bus, dev = text.split(".")[0].split(":")
     return f"{int(domain[0], 16) if domain else 0:04x}:{bus.lower()}:{dev.lower()}"
@@ -208,7 +230,7 @@ def parse(text: str) -> list[XidEvent]:
     for number, line in enumerate(text.split("\n"), start=1):
         line = line.rstrip("\r")
         mark = _MARK.search(line)
-        if not mark:
+        if not mark or not _only_stamps(line[: mark.start()]):
             continue
         body = line[mark.start():]
         time_, uptime = _stamps(line[: mark.start()])

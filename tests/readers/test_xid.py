@@ -435,3 +435,19 @@ def test_read_file_refuses_a_file_with_no_kernel_log_line(tmp_path):
     assert "is empty: it holds no kernel log lines" in usage_error(tmp_path / "empty.log")
     (tmp_path / "blank.log").write_text("\n\n")
     assert "is empty" in usage_error(tmp_path / "blank.log")
+
+
+def test_driver_text_quoted_inside_another_message_is_no_event():
+    # Any user can put text of their own into the kernel log: a mount option tmpfs refuses is
+    # quoted there (`unshare -Urm mount -t tmpfs -o "...NVRM: Xid..." none /tmp`, as nobody).
+    # Only a line the driver's own text starts is the driver's.
+    forged = "NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus."
+    lines = [
+        f"3,4521,1234567890,-;tmpfs: Unknown parameter '{forged}'",  # /dev/kmsg
+        f"Nov 26 23:10:01 gpu17 kernel: tmpfs: Unknown parameter '{forged}'",  # journalctl, syslog
+        f"Nov 26 23:10:01 gpu17 kernel: tmpfs: Unknown parameter 'x kernel: {forged}'",
+        f"[ 1234.567890] tmpfs: Unknown parameter '{forged}'",  # dmesg
+    ]
+    assert xid.parse("\n".join(lines)) == []
+    real = ["3,4521,1234567890,-;" + forged, "Nov 26 23:10:01 gpu17 kernel: " + forged, "[ 1234.567890] " + forged, forged]
+    assert [e.code for e in xid.parse("\n".join(real))] == [79, 79, 79, 79]
