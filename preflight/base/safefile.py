@@ -201,6 +201,18 @@ def write_atomic(path: Path | str, data: bytes | str, mode: int = 0o644) -> None
             os.close(d)
 
 
+def remove(path: Path | str) -> None:
+    """Unlink ``path``'s last name in its directory, reached as ``locate`` reaches it: never
+    through a link another user could have made. Raises OSError (FileNotFoundError) as unlink."""
+    p = Path(path)
+    with locate(p.parent) as place:
+        d = os.dup(place.dir_fd) if place.name == "." else os.open(place.name, DIR_FLAGS, dir_fd=place.dir_fd)
+    try:
+        os.unlink(p.name, dir_fd=d)
+    finally:
+        os.close(d)
+
+
 def read_own(path: Path | str, limit: int = 64 << 20) -> bytes | None:
     """The file at ``path`` if no other user could have written it or put it
     there (root's or this user's, not writable by others, in a directory others

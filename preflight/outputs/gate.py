@@ -152,7 +152,7 @@ def _take_back(textfile: Path, result: reports.Report, console: Console) -> None
     except OSError:
         path = textfile / metrics.TEXTFILE
         try:
-            os.unlink(path)  # frees space, never needs it
+            safefile.remove(path)  # frees space, never needs it; never through a planted link
             console.error(f"removed {path}: it said PASS of this run, whose report could not be written")
         except OSError as e:
             console.error(f"could not take back the PASS in {path}: {e.strerror or e}")
@@ -160,6 +160,6 @@ def _take_back(textfile: Path, result: reports.Report, console: Console) -> None
 
 def _settle(record: Path) -> None:
     try:
-        os.unlink(record)
+        safefile.remove(record)  # never through a link another user planted on the way
     except OSError:
         pass  # left behind, it is still settled: the report started no earlier than its run (last_report.standing)

@@ -174,3 +174,23 @@ def test_only_a_file_no_other_user_could_have_written_is_read_back(sticky, tmp_p
     (sticky / "root.json").write_text("root's, in a sticky directory")
     assert safefile.read_own(sticky / "root.json") == b"root's, in a sticky directory"
     assert safefile.read_own(tmp_path / "missing.json") is None
+
+
+def test_remove_unlinks_the_name_and_never_goes_through_another_users_link(tmp_path):
+    target = tmp_path / "dir"
+    target.mkdir()
+    (target / "f").write_text("x")
+    safefile.remove(target / "f")
+    assert not (target / "f").exists()
+    with pytest.raises(FileNotFoundError):
+        safefile.remove(target / "f")
+    # Through a link another user made in a sticky directory: refused, the file left alone.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    (target / "f").write_text("x")
+    (shared / "via").symlink_to(target)
+    os.lchown(shared / "via", 65534, 65534)
+    with pytest.raises(safefile.Untrusted):
+        safefile.remove(shared / "via" / "f")
+    assert (target / "f").read_text() == "x"
