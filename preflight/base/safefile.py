@@ -206,6 +206,8 @@ def remove(path: Path | str) -> None:
     through a link another user could have made. Raises OSError (FileNotFoundError) as unlink."""
     p = Path(path)
     with locate(p.parent) as place:
+        if why := place.planted:
+            raise Untrusted(f"{p.parent} is a symlink another user could have made ({why})", str(p.parent))
         d = os.dup(place.dir_fd) if place.name == "." else os.open(place.name, DIR_FLAGS, dir_fd=place.dir_fd)
     try:
         os.unlink(p.name, dir_fd=d)
