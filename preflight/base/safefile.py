@@ -165,40 +165,71 @@ def _writable_dir(dir_fd: int) -> int:
         return os.dup(dir_fd)
 
 
-def write_atomic(path: Path | str, data: bytes | str, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data`` (mode ``mode``): a reader sees the old file or
-    the new one, a failure leaves the old one and no temporary file. An untrusted
-    link at ``path`` is itself replaced."""
+class Staged:
+    """A file written whole beside its name, not yet in its place: ``commit`` renames it over
+    the name (and fsyncs the directory), ``discard`` removes it. Either closes it."""
+
+    def __init__(self, d: int, tmp: str, name: str):
+        self._d, self._tmp, self._name = d, tmp, name
+
+    def commit(self) -> None:
+        try:
+            os.replace(self._tmp, self._name, src_dir_fd=self._d, dst_dir_fd=self._d)
+        except BaseException:
+            self.discard()
+            raise
+        try:
+            os.fsync(self._d)  # the rename itself survives a power cut
+        except OSError as e:
+            if e.errno != errno.EBADF:  # an O_PATH descriptor (a directory we may not read)
+                raise
+        finally:
+            os.close(self._d)
+
+    def discard(self) -> None:
+        try:
+            os.unlink(self._tmp, dir_fd=self._d)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(self._d)
+
+
+def stage(path: Path | str, data: bytes | str, mode: int = 0o644) -> Staged:
+    """``data`` written (mode ``mode``, fsynced) to a temporary file of our own in ``path``'s
+    directory, to be put in place later: a failure leaves the old file and no temporary one."""
     body = data.encode() if isinstance(data, str) else data
     with locate(path) as place:
         if place.st is not None and stat.S_ISDIR(place.st.st_mode):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
         d = _writable_dir(place.dir_fd)
+        name = place.name
+    try:
+        tmp, fd = create_temp(d, name)
+    except BaseException:
+        os.close(d)
+        raise
+    staged = Staged(d, tmp, name)
+    try:
         try:
-            tmp, fd = create_temp(d, place.name)
-            try:
-                try:
-                    view = memoryview(body)
-                    while view:
-                        view = view[os.write(fd, view):]
-                    os.fchmod(fd, mode)  # by descriptor: the umask does not choose it, and no name is followed
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                os.replace(tmp, place.name, src_dir_fd=d, dst_dir_fd=d)
-            except BaseException:
-                try:
-                    os.unlink(tmp, dir_fd=d)
-                except FileNotFoundError:
-                    pass
-                raise
-            try:
-                os.fsync(d)  # the rename itself survives a power cut
-            except OSError as e:
-                if e.errno != errno.EBADF:  # an O_PATH descriptor (a directory we may not read)
-                    raise
+            view = memoryview(body)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fchmod(fd, mode)  # by descriptor: the umask does not choose it, and no name is followed
+            os.fsync(fd)
         finally:
-            os.close(d)
+            os.close(fd)
+    except BaseException:
+        staged.discard()
+        raise
+    return staged
+
+
+def write_atomic(path: Path | str, data: bytes | str, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``data`` (mode ``mode``): a reader sees the old file or
+    the new one, a failure leaves the old one and no temporary file. An untrusted
+    link at ``path`` is itself replaced."""
+    stage(path, data, mode).commit()
 
 
 def remove(path: Path | str) -> None:

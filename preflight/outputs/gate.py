@@ -114,22 +114,30 @@ def write(result: reports.Report, textfile: Path | None, report_path: Path | Non
           record: Path | None = None, earlier_success: datetime | None = None) -> None:
     """The textfile, then the report, each with the verdict the console prints last.
 
-    A file that cannot be written is left as it was, and the run vouches for
-    nothing: a pass becomes an ERROR, exit 3 (a failure keeps its verdict and
-    code), in what is written after it. So a textfile that cannot be written
-    makes the report an ERROR; and a report that cannot be written takes back
-    the PASS the textfile just said (written again as the ERROR, or removed
-    where even that fails). Once the report is written, the record of the run's
+    The textfile is written first beside its name and put in place only once the
+    report is on disk: a run killed between the two leaves the last run's textfile,
+    never a PASS of a run whose report is missing. A file that cannot be written
+    is left as it was, and the run vouches for nothing: a pass becomes an ERROR,
+    exit 3 (a failure keeps its verdict and code), in what is written after it.
+    So a textfile that cannot be written makes the report an ERROR; and a report
+    that cannot be written turns the textfile into that ERROR (or, where even
+    that fails, removes it). Once the report is written, the record of the run's
     start is removed: the report now speaks for that run."""
     passed = result.verdict == reports.Verdict.PASS
-    metrics_written = textfile is not None and _put("the metrics", textfile, lambda d: metrics.write_textfile(d, result), result, console, earlier_success)
-    if report_path is None:
+    staged: list[safefile.Staged] = []
+    if textfile is not None:
+        _put("the metrics", textfile, lambda d: staged.append(metrics.stage_textfile(d, result)), result, console, earlier_success)
+    if report_path is not None and not _put("the report", report_path, lambda p: safefile.write_atomic(p, result.model_dump_json(indent=2) + "\n"),
+                                            result, console, earlier_success):
+        for s in staged:
+            s.discard()
+        if staged and passed and textfile is not None:
+            _take_back(textfile, result, console)
         return
-    if _put("the report", report_path, lambda p: safefile.write_atomic(p, result.model_dump_json(indent=2) + "\n"), result, console, earlier_success):
-        if record is not None:
-            _settle(record)
-    elif metrics_written and passed and textfile is not None:
-        _take_back(textfile, result, console)
+    for s in staged:
+        _put("the metrics", textfile, lambda _: s.commit(), result, console, earlier_success)  # type: ignore[arg-type]
+    if record is not None and report_path is not None:
+        _settle(record)
 
 
 def _put(what: str, path: Path, put: Callable[[Path], object], result: reports.Report, console: Console, earlier_success: datetime | None) -> bool:
@@ -146,7 +154,8 @@ def _put(what: str, path: Path, put: Callable[[Path], object], result: reports.R
 
 
 def _take_back(textfile: Path, result: reports.Report, console: Console) -> None:
-    """The textfile says PASS of a run whose report could not be written: say the ERROR instead, or nothing."""
+    """The report could not be written: the textfile says this run's ERROR rather than the last
+    run's verdict, or, where even that cannot be written, nothing."""
     try:
         metrics.write_textfile(textfile, result)
     except OSError:

@@ -185,9 +185,13 @@ def write_textfile(directory: Path, report: Report) -> Path:
     """DIR/preflight.prom, atomically (a temp file of our own in DIR, then rename):
     node_exporter reads only *.prom, so it never sees half a file. Never through a
     link another user planted (base/safefile.py); 0644, for node_exporter's own user."""
-    path = directory / TEXTFILE
-    safefile.write_atomic(path, render(ReportCollector(lambda: Loaded(State.OK, report))), 0o644)
-    return path
+    stage_textfile(directory, report).commit()
+    return directory / TEXTFILE
+
+
+def stage_textfile(directory: Path, report: Report) -> safefile.Staged:
+    """The textfile written beside its name, put in place by ``commit`` (gate.py: once the report is)."""
+    return safefile.stage(directory / TEXTFILE, render(ReportCollector(lambda: Loaded(State.OK, report))), 0o644)
 
 
 def previous_success(directory: Path) -> datetime | None:

@@ -194,3 +194,16 @@ def test_remove_unlinks_the_name_and_never_goes_through_another_users_link(tmp_p
     with pytest.raises(safefile.Untrusted):
         safefile.remove(shared / "via" / "f")
     assert (target / "f").read_text() == "x"
+
+
+def test_a_staged_file_takes_its_place_only_when_committed(tmp_path):
+    # gate.py stages the textfile and commits it once the report is on disk: a run killed
+    # between the two leaves the last run's textfile, never one the report does not back.
+    target = tmp_path / "preflight.prom"
+    target.write_text("last run\n")
+    staged = safefile.stage(target, "this run\n")
+    assert target.read_text() == "last run\n"
+    staged.commit()
+    assert target.read_text() == "this run\n" and [p.name for p in tmp_path.iterdir()] == ["preflight.prom"]
+    safefile.stage(target, "discarded\n").discard()
+    assert target.read_text() == "this run\n" and [p.name for p in tmp_path.iterdir()] == ["preflight.prom"]

@@ -167,18 +167,18 @@ def test_a_report_the_disk_cannot_take_leaves_no_pass_in_the_textfile_or_on_the_
 
 
 @needs_root
-def test_a_textfile_that_said_pass_is_taken_back_when_the_report_then_fails(tmp_path):
+def test_a_textfile_never_says_pass_of_a_run_whose_report_was_not_written(tmp_path):
     out, roomy = tmp_path / "out", tmp_path / "roomy"
     out.mkdir(), roomy.mkdir()
     assert run_preflight([*RUN.split()[len(fakes.PREFLIGHT):], "--textfile-dir", str(roomy)]).returncode == 0
     pages = -(-(roomy / "preflight.prom").stat().st_size // 4096)
-    # One disk for both, with room for the run's record (a page) and the textfile only: the report finds none,
-    # and the textfile cannot be written again either: it is removed rather than left saying PASS.
+    # One disk for both, with room for the run's record (a page) and the textfile only: the textfile is
+    # written beside its name, the report finds no room, and the textfile put in place says the ERROR.
     size = 4096 * (1 + 1 + pages)  # the previous report, the record, the textfile
     p = in_private_mounts(f"mount -t tmpfs -o size={size} tmpfs {out} && echo previous > {out}/report.json && "
-                          f"{RUN} --report {out}/report.json --textfile-dir {out}; echo rc=$?; cat {out}/report.json; ls -A {out}")
-    assert p.stdout.splitlines() == ["rc=3", "previous", "report.json", "report.json.started"], p.stderr
-    assert f"removed {out}/preflight.prom: it said PASS of this run, whose report could not be written" in p.stderr
+                          f"{RUN} --report {out}/report.json --textfile-dir {out}; echo rc=$?; cat {out}/report.json; ls -A {out}; "
+                          f"grep -h '^preflight_run_passed ' {out}/preflight.prom")
+    assert p.stdout.splitlines() == ["rc=3", "previous", "preflight.prom", "report.json", "report.json.started", "preflight_run_passed 0.0"], p.stderr
     assert re.fullmatch(r"preflight: ERROR \(profile cpu; 1 pass\) in .*, exit 3", last_line(p.stderr)), p.stderr
 
 
