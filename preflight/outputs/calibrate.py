@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from preflight.pipeline import plan as pipeline, registry
+from preflight.pipeline import floor_bounds, plan as pipeline, registry
 from preflight.pipeline.check import Result
 from preflight.base import safefile
 from preflight.base.findings import Status
@@ -151,6 +151,16 @@ def floors(runs: list[list[Result]], fraction: float, bounds: dict[str, tuple[st
     return out
 
 
+def unusable(found: dict[str, dict], sane: dict[str, floor_bounds.Sane], fraction: float) -> str | None:
+    """Why these floors must not be written: one that every later run would refuse, as judging
+    nothing (pipeline/floor_bounds.py), would turn every run on the node into exit 2. Pure."""
+    for name, f in found.items():
+        if why := floor_bounds.problem(f["value"], f["unit"], f["bound"], sane.get(name)):
+            return (f"{name} {why.removeprefix('= ')} (this node measured {f['measured']:g} {f['unit']}, x {fraction:g}); "
+                    "every run would refuse such a floor: calibrate on a node that does the work, or give a higher --fraction")
+    return None
+
+
 def spread(values: list[float]) -> float:
     """The strongest run over the weakest (max / min; 1.0 when all agree)."""
     low = min(values)
@@ -261,6 +271,11 @@ def run(s: Settings, output: Path, fraction: float, repeats: int, console: Conso
         found = floors(runs, fraction, bounds)
     except Refused as e:
         console.error(f"no floors written: {e}")
+        return 1
+    # A floor every later run would refuse (floor_bounds: one that judges nothing) is not written:
+    # the file would turn every run on the node into exit 2.
+    if why := unusable(found, {name: b for r in runs[0] for name, b in registry.load(r.check).floor_sane.items()}, fraction):
+        console.error(f"no floors written: {why}")
         return 1
     whole_node = tuple(name for r in runs[0] for name in registry.load(r.check).whole_node)
     safefile.write_atomic(output, render(found, fraction, result.hostname, resolved.name, result.finished_at, result.shape, whole_node))

@@ -259,3 +259,16 @@ def test_floors_from_three_runs_pass_five_runs_that_follow(tmp_path):
         assert r.returncode == 0, f"run {i + 1} of 5 failed the floors calibrated a moment before: {r.stderr}"
     judged = {m.name: m.floor for c in Report.model_validate_json(report.read_text()).checks for m in c.measurements}
     assert judged["memcpy_bandwidth"] == memcpy["value"]  # judged against the calibrated floors, not the profile's
+
+
+def test_a_floor_every_later_run_would_refuse_is_not_written():
+    # A node far too weak (or a --fraction far too low) makes a floor under what floor_bounds
+    # lets a profile say: written, it would turn every run on the node into exit 2.
+    from preflight.outputs.calibrate import unusable
+    from preflight.pipeline.floor_bounds import BY_UNIT
+
+    weak = {"train_mfu": {"value": 0.004, "unit": "ratio", "bound": "min", "measured": 0.008}}
+    why = unusable(weak, {"train_mfu": BY_UNIT["ratio"]}, 0.5)
+    assert why is not None and why.startswith("train_mfu 0.004 ratio") and "this node measured 0.008 ratio, x 0.5" in why
+    fine = {"train_mfu": {"value": 0.2, "unit": "ratio", "bound": "min", "measured": 0.4}}
+    assert unusable(fine, {"train_mfu": BY_UNIT["ratio"]}, 0.5) is None
