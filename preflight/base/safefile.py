@@ -246,6 +246,23 @@ def remove(path: Path | str) -> None:
         os.close(d)
 
 
+def steerable(path: Path | str) -> str | None:
+    """Why another user could change what ``path`` runs (it, or a directory on the way to
+    it, is theirs or writable by others), or None. For a program root runs: its owner decides
+    what root does."""
+    real = Path(os.path.realpath(path))
+    for p in [real, *real.parents]:
+        try:
+            st = os.stat(p)
+        except OSError:
+            return None  # not there: running it says so
+        if st.st_uid not in (0, os.geteuid()):
+            return f"{p} is {owner(st.st_uid)}'s"
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
+            return f"{p} is writable by {'its group' if not st.st_mode & stat.S_IWOTH else 'every user'}"
+    return None
+
+
 def read_own(path: Path | str, limit: int = 64 << 20) -> bytes | None:
     """The file at ``path`` if no other user could have written it or put it
     there (root's or this user's, not writable by others, in a directory others

@@ -13,6 +13,8 @@ written through a link another user could have planted (base/safefile.py).
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 from contextlib import ExitStack
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -41,6 +43,10 @@ def run(s: Settings, console: Console, if_idle: bool = False, if_locked: str = "
     textfile = metrics.check_textfile_dir(s.textfile_dir) if s.textfile_dir is not None else None
     with interrupting():  # the runner stops the running check's workers and still writes the report
         the_plan = pipeline.plan(s)  # may ask NVML (bounded), so it runs under the handlers too
+        python = str(s.python) if s.python is not None else sys.executable
+        if os.geteuid() == 0 and (who := safefile.steerable(shutil.which(python) or python)):
+            # Said, not refused: a team's training venv is common, and refusing would fail the gate.
+            console.line(f"preflight: warning: the workers' Python {python} runs as root, and another user decides what it does: {who}")
         if if_idle and (held := pipeline.gpus_busy(s)):
             console.note(f"not run: {held}; the last report stands")
             return None

@@ -8,6 +8,8 @@ every run does, conftest.lock_held)."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 import re
 import secrets
 import signal
@@ -257,3 +259,17 @@ def test_if_locked_takes_error_or_skip_only(tmp_path):
     assert p.returncode == 2 and p.stderr.count("\n") == 1
     assert "--if-locked 'wait': say error (exit 2 when another run holds the lock) or skip" in p.stderr
     assert not (tmp_path / "r.json").exists()
+
+
+@needs_root
+def test_a_python_another_user_can_change_is_said(tmp_path):
+    # Root runs it: whoever owns it, or can write where it lies, decides what root does.
+    venv = tmp_path / "team-venv"
+    venv.mkdir()
+    python = venv / "python"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    os.chown(python, 65534, 65534)
+    p = run_preflight(["run", "--profile", "cpu", "--only", "shm", "--python", str(python), "--report", str(tmp_path / "r.json")])
+    assert p.returncode == 0, p.stderr
+    assert f"preflight: warning: the workers' Python {python} runs as root, and another user decides what it does: {python} is nobody's" in p.stderr
