@@ -28,6 +28,9 @@ from dataclasses import dataclass
 # A kind may carry a number, KIND=VALUE (Fault.value): slow=2 stretches each timed repeat to
 # twice its length (a rank 2x slower that still clears an absolute floor: the node-median
 # outlier test; slow_seconds); what the number means is the worker's to say where it reads it.
+# A number in seconds, slow=0.5s (Fault.pauses), makes each timed repeat sleep that long
+# instead: a fault fixed in time, which no load on the machine can shrink or stretch the way
+# it does a multiple of the repeat's own (noisy) length.
 # OP names the step it fires at ("start": before the rank has written anything);
 # without it, the worker's first step. The tests prove each fault ends in a
 # FAIL naming the rank (slow-once: a WARN "transient"); nothing else reads it.
@@ -124,6 +127,7 @@ class Fault:
     def __init__(self, rank: int, first_op: str, reading: int = 1):
         self.kinds: dict[str, str] = {}  # op -> kind, for this rank
         self.values: dict[str, float] = {}  # op -> the number a kind carries ("slow=2": 2)
+        self.pauses: dict[str, float] = {}  # op -> the seconds a kind carries ("slow=0.5s": 0.5)
         self.reading = reading
         for spec in os.environ.get(FAULT_ENV, "").split(","):
             who, _, what = spec.partition(":")
@@ -132,7 +136,10 @@ class Fault:
                 kind, _, value = kind.partition("=")
                 op = op.strip() or first_op
                 self.kinds[op] = kind.strip()
-                if value.strip():
+                value = value.strip()
+                if value.endswith("s"):
+                    self.pauses[op] = float(value[:-1])
+                elif value:
                     self.values[op] = float(value)
 
     def value(self, op: str, default: float) -> float:
@@ -156,11 +163,14 @@ class Fault:
         return kind
 
 
-def slow_seconds(elapsed: float, factor: float | None, times: float, least: float) -> float:
+def slow_seconds(elapsed: float, factor: float | None, times: float, least: float, pause: float | None = None) -> float:
     """What the slow fault sleeps after a timed repeat that took ``elapsed``, inside the
-    timed region: slow=F (``factor``) stretches the repeat to F times its length, with no
-    floor, so the figure reads 1/F of the rank's own; plain slow sleeps ``times`` its
-    length, at least ``least`` seconds (a figure far under any floor)."""
+    timed region: slow=Ns (``pause``) sleeps N seconds whatever the repeat took; slow=F
+    (``factor``) stretches the repeat to F times its length, with no floor, so the figure
+    reads 1/F of the rank's own; plain slow sleeps ``times`` its length, at least ``least``
+    seconds (a figure far under any floor)."""
+    if pause is not None:
+        return pause
     if factor is not None:
         return max(0.0, (factor - 1) * elapsed)
     return max(least, times * elapsed)
