@@ -266,8 +266,12 @@ def start_torch(want: str, local_rank: int, report: dict, save):
         report.update(stage="import", error=f"{type(e).__name__}: {e}", error_kind="no_torch")
         save()
         return None
-    # In a shared launch the first stage pays the import (world.py timed it); the next pay nothing.
-    seconds = WORLD["import_seconds"] if WORLD["active"] and WORLD["stage"] == 1 else round(time.perf_counter() - t0, 4)
+    # In a shared launch the first stage pays the import (world.py timed it); the next pay nothing,
+    # and say so rather than time a lookup in sys.modules (a loaded machine can preempt even that).
+    if WORLD["active"]:
+        seconds = WORLD["import_seconds"] if WORLD["stage"] == 1 else 0.0
+    else:
+        seconds = round(time.perf_counter() - t0, 4)
     report.update(torch_version=torch.__version__, import_seconds=seconds, stage="init")
     device = torch.device("cpu")
     if want == "cuda":
