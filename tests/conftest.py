@@ -91,12 +91,16 @@ def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("PREFLIGHT_") or k == "PREFLIGHT_LOCK_FILE"}
 
 
-def fast_profile(tmp_path: Path, check: str, deadline: float) -> dict[str, str]:
+def fast_profile(tmp_path: Path, check: str, deadline: float, edits: dict[str, str] | None = None) -> dict[str, str]:
     """The cpu profile with a 4 s collective timeout and ``deadline`` for ``check``,
-    as a site profile "cpu-fast" an operator would write: a hang is found in seconds."""
+    as a site profile "cpu-fast" an operator would write: a hang is found in seconds.
+    ``edits``: more text replaced in it (each must be found once)."""
     site = tmp_path / "profiles"
     site.mkdir()
     text = CPU_TOML.read_text().replace('name = "cpu"', 'name = "cpu-fast"').replace("op_timeout_seconds = 20", "op_timeout_seconds = 4")
+    for old, new in (edits or {}).items():
+        assert text.count(old) == 1, f"{old!r} is not in cpu.toml once"
+        text = text.replace(old, new)
     (site / "cpu-fast.toml").write_text(text + f"\n[timeouts]\n{check} = {deadline}\n")
     return {**clean_env(), "PREFLIGHT_PROFILES_DIR": str(site)}
 

@@ -30,6 +30,9 @@ import _tether
 # A kind may carry a number, KIND=VALUE (Fault.value): slow=2 stretches each timed repeat to
 # twice its length (a rank 2x slower that still clears an absolute floor: the node-median
 # outlier test; slow_seconds); what the number means is the worker's to say where it reads it.
+# A number in seconds, slow=0.5s (Fault.pauses), makes each timed repeat sleep that long
+# instead: a fault fixed in time, which no load on the machine can shrink or stretch the way
+# it does a multiple of the repeat's own (noisy) length.
 # OP names the step it fires at ("start": before the rank has written anything);
 # without it, the worker's first step. The tests prove each fault ends in a
 # FAIL naming the rank (slow-once: a WARN "transient"); nothing else reads it.
@@ -129,6 +132,7 @@ class Fault:
     def __init__(self, rank: int, first_op: str, reading: int = 1):
         self.kinds: dict[str, str] = {}  # op -> kind, for this rank
         self.values: dict[str, float] = {}  # op -> the number a kind carries ("slow=2": 2)
+        self.pauses: dict[str, float] = {}  # op -> the seconds a kind carries ("slow=0.5s": 0.5)
         self.reading = reading
         for spec in os.environ.get(FAULT_ENV, "").split(","):
             who, _, what = spec.partition(":")
@@ -137,7 +141,10 @@ class Fault:
                 kind, _, value = kind.partition("=")
                 op = op.strip() or first_op
                 self.kinds[op] = kind.strip()
-                if value.strip():
+                value = value.strip()
+                if value.endswith("s"):
+                    self.pauses[op] = float(value[:-1])
+                elif value:
                     self.values[op] = float(value)
 
     def value(self, op: str, default: float) -> float:
@@ -161,11 +168,14 @@ class Fault:
         return kind
 
 
-def slow_seconds(elapsed: float, factor: float | None, times: float, least: float) -> float:
+def slow_seconds(elapsed: float, factor: float | None, times: float, least: float, pause: float | None = None) -> float:
     """What the slow fault sleeps after a timed repeat that took ``elapsed``, inside the
-    timed region: slow=F (``factor``) stretches the repeat to F times its length, with no
-    floor, so the figure reads 1/F of the rank's own; plain slow sleeps ``times`` its
-    length, at least ``least`` seconds (a figure far under any floor)."""
+    timed region: slow=Ns (``pause``) sleeps N seconds whatever the repeat took; slow=F
+    (``factor``) stretches the repeat to F times its length, with no floor, so the figure
+    reads 1/F of the rank's own; plain slow sleeps ``times`` its length, at least ``least``
+    seconds (a figure far under any floor)."""
+    if pause is not None:
+        return pause
     if factor is not None:
         return max(0.0, (factor - 1) * elapsed)
     return max(least, times * elapsed)
@@ -261,8 +271,12 @@ def start_torch(want: str, local_rank: int, report: dict, save):
         report.update(stage="import", error=f"{type(e).__name__}: {e}", error_kind="no_torch")
         save()
         return None
-    # In a shared launch the first stage pays the import (world.py timed it); the next pay nothing.
-    seconds = WORLD["import_seconds"] if WORLD["active"] and WORLD["stage"] == 1 else round(time.perf_counter() - t0, 4)
+    # In a shared launch the first stage pays the import (world.py timed it); the next pay nothing,
+    # and say so rather than time a lookup in sys.modules (a loaded machine can preempt even that).
+    if WORLD["active"]:
+        seconds = WORLD["import_seconds"] if WORLD["stage"] == 1 else 0.0
+    else:
+        seconds = round(time.perf_counter() - t0, 4)
     report.update(torch_version=torch.__version__, import_seconds=seconds, stage="init")
     device = torch.device("cpu")
     if want == "cuda":

@@ -52,7 +52,7 @@ HOST_BLOCK = 1_000_003  # values drawn at random for a host buffer, then repeate
 FREE_SHARE = 0.7  # of the memory free now: NCCL's buffers and peers' contexts need the rest
 # The slow fault sleeps this many times the repeat's own length, and at least
 # SLOW_MIN seconds: a 64 MiB memcpy then reads under 1.4 GB/s on any machine.
-# slow=F instead stretches each repeat to F times its length (_rank.slow_seconds).
+# slow=F instead stretches each repeat to F times its length, slow=Ns sleeps N seconds (_rank.slow_seconds).
 SLOW, SLOW_MIN = 3.0, 0.1
 GRACE = _rank.GRACE  # the process group's timeout exceeds the worker's own by this much
 
@@ -120,6 +120,7 @@ def run(args, me: _rank.Rank, steps: list[str], report: dict, save, fault: _rank
         save()
         bench.slow = fault.at(name) == "slow"
         bench.factor = fault.values.get(name)  # slow=F: the factor; None: plain slow
+        bench.pause = fault.pauses.get(name)  # slow=Ns: seconds a repeat, whatever it took
         t = time.perf_counter()
         report["results"].extend(getattr(bench, name)())
         report["step_seconds"][name] = round(time.perf_counter() - t, 4)  # where the budget goes
@@ -143,6 +144,7 @@ class Bench:
         self.cuda = device.type == "cuda"
         self.slow = False
         self.factor: float | None = None  # slow=F's F
+        self.pause: float | None = None  # slow=Ns's N
         self.alone = False  # measuring while the other ranks wait their turn: this rank decides its repeats alone
         self.rule = _converge.Rule(args.tolerance, args.repeats, max(args.repeats, args.max_repeats), args.max_seconds)
         self.cache = _gpu_cache(torch, device) if self.cuda else _cpu_cache()
@@ -306,7 +308,7 @@ class Bench:
             t = time.perf_counter()
             self._blocking(x)
             if self.slow:
-                time.sleep(_rank.slow_seconds(time.perf_counter() - t, self.factor, SLOW, SLOW_MIN))
+                time.sleep(_rank.slow_seconds(time.perf_counter() - t, self.factor, SLOW, SLOW_MIN, self.pause))
             return round(time.perf_counter() - t, 9)
 
         a = self.args
@@ -406,7 +408,7 @@ class Bench:
             if self.cuda:
                 self.torch.cuda.synchronize(self.device)
             # Inside the timed region: with CUDA events too, the end is recorded after the sleep.
-            time.sleep(_rank.slow_seconds(time.perf_counter() - t, self.factor, SLOW, SLOW_MIN))
+            time.sleep(_rank.slow_seconds(time.perf_counter() - t, self.factor, SLOW, SLOW_MIN, self.pause))
         if self.cuda:
             end.record()
             self._finish("a timed repeat", end)

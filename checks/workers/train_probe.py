@@ -98,6 +98,7 @@ def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
         save()
         kind = fault.at(stage)
         probe.factor = fault.values.get(stage)  # slow=F: the factor; None: plain slow
+        probe.pause = fault.pauses.get(stage)  # slow=Ns: seconds a pass, whatever it took
         getattr(probe, stage)(report, kind, save)
         save()
     report.update(stage="done", seconds=round(time.perf_counter() - t0, 4))
@@ -116,6 +117,7 @@ class Probe:
         self.torch, self.dist, self.F, self.device, self.me, self.args = torch, dist, F, device, me, args
         self.cuda = device.type == "cuda"
         self.factor: float | None = None  # slow=F's F at the stage running
+        self.pause: float | None = None  # slow=Ns's N at the stage running
         self.layers, self.batch, self.shrunk = args.layers, args.batch, None
         if self.cuda:
             self._fit_memory()
@@ -285,7 +287,7 @@ class Probe:
 
     def _slow(self, t: float) -> None:
         self._sync()
-        time.sleep(_rank.slow_seconds(time.perf_counter() - t, self.factor, SLOW, 0.05))
+        time.sleep(_rank.slow_seconds(time.perf_counter() - t, self.factor, SLOW, 0.05, self.pause))
 
     def _gather(self, value: int) -> list[int]:
         """Every rank's integer, exactly (int64 on the device, as NCCL needs)."""

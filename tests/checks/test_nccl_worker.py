@@ -161,3 +161,6 @@ def test_a_fault_kind_may_carry_a_number_for_the_worker_to_read(monkeypatch):
     assert one.value("memcpy", 3.0) == 2.5 and one.value("burn", 0.0) == 30.0
     zero = _rank.Fault(0, first_op="memcpy")
     assert zero.kinds == {"burn": "wrong", "latency": "kill"} and zero.value("latency", 3.0) == 3.0
+    monkeypatch.setenv(_rank.FAULT_ENV, "1:slow-once=0.5s@memcpy")
+    seconds = _rank.Fault(1, first_op="memcpy")
+    assert seconds.kinds == {"memcpy": "slow-once"} and seconds.pauses == {"memcpy": 0.5} and seconds.values == {}

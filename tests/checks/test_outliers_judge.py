@@ -174,3 +174,9 @@ def test_slow_with_a_factor_stretches_each_repeat_to_that_many_times_its_length(
     assert abs(_rank.slow_seconds(0.010, 1.15, 3.0, 0.1) - 0.0015) < 1e-12
     assert _rank.slow_seconds(0.010, None, 3.0, 0.1) == 0.1  # plain slow: 3x its length, at least 0.1 s
     assert _rank.slow_seconds(0.5, None, 3.0, 0.1) == 1.5
+
+
+def test_slow_in_seconds_sleeps_that_long_whatever_the_repeat_took():
+    # A fault fixed in time: a loaded machine stretches the repeat, never the sleep after it.
+    assert _rank.slow_seconds(0.010, None, 3.0, 0.1, pause=0.5) == 0.5
+    assert _rank.slow_seconds(0.300, None, 3.0, 0.1, pause=0.5) == 0.5
