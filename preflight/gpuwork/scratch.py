@@ -1,0 +1,101 @@
+"""The private directories launches work in, under $TMPDIR: made, owned while in use, and
+swept once a killed run left them.
+
+Each holds a launch's rank reports and logs (gpuwork/launch.py). The agent
+flock's an ``owner.lock`` inside for as long as the directory is in use, so the
+next launch can tell a killed run's directory (lock free) from a live one's and
+remove it. A TMPDIR another user could swap the directory in (theirs, or
+writable by others and not sticky) is refused.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+PREFIX = "preflight-worker-"
+OWNER = "owner.lock"  # flock'ed by the agent while the directory is in use
+STALE_UNOWNED = 3600.0  # seconds: a directory with no owner file (an older preflight's) is left this long
+YOUNG = 60.0  # seconds: a directory this new is never swept, whatever its lock says
+
+
+def make(error: type[Exception]) -> tuple[Path, int]:
+    """A new private directory under $TMPDIR, and the descriptor whose flock says it is in use;
+    ``error(cause, remedy)`` is raised where TMPDIR will not do. Directories that killed runs
+    left there are removed first."""
+    # Python's tempfile quietly falls back to /tmp when $TMPDIR is unusable; the
+    # job would not, so neither does the check: the setting is named instead.
+    where = os.environ.get("TMPDIR") or None
+    if (why := _unsafe_parent(where or tempfile.gettempdir())) is not None:
+        raise error(why, "point TMPDIR at a directory of root's (or yours), or a sticky one such as /tmp")
+    try:
+        made = Path(tempfile.mkdtemp(prefix=PREFIX, dir=where))
+        owner = os.open(made / OWNER, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        place = f"TMPDIR={where}" if where else "the temporary directory"
+        raise error(
+            f"{place} is not usable ({e.strerror or e}): the workers cannot write their results there, and the job's own temporary files would fail the same way",
+            "point TMPDIR at a writable directory on a local disk with free space (or unset it)",
+        ) from None
+    fcntl.flock(owner, fcntl.LOCK_EX)
+    sweep(made.parent, keep=made)
+    return made, owner
+
+
+def _unsafe_parent(where: str) -> str | None:
+    """Why the workers' folder may not go in ``where``: another user could rename it away and
+    put one of theirs, full of links, in its place (a sticky directory forbids that)."""
+    try:
+        st = os.stat(where)
+    except OSError:
+        return None  # mkdtemp says what is wrong with it
+    if st.st_uid not in (0, os.geteuid()):
+        return f"TMPDIR={where} belongs to another user (uid {st.st_uid}), who could replace the workers' folder"
+    if st.st_mode & 0o022 and not st.st_mode & 0o1000:
+        return f"TMPDIR={where} is writable by other users and not sticky: they could replace the workers' folder"
+    return None
+
+
+def sweep(where: Path, keep: Path | None = None) -> list[str]:
+    """Remove this user's private directories under ``where`` that no live run owns (a run
+    killed before it could clean up); their names. Another user's are never touched, nor
+    anything that is not a plain directory."""
+    removed = []
+    try:
+        entries = list(os.scandir(where))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith(PREFIX) or Path(entry.path) == keep:
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+            # A young folder may be a live run's between its making and its lock.
+            young = time.time() - st.st_mtime < YOUNG
+            if not entry.is_dir(follow_symlinks=False) or st.st_uid != os.geteuid() or young or not _abandoned(entry.path, st):
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)  # fd-based on Linux: a link inside is removed, never followed
+        removed.append(entry.name)
+    return removed
+
+
+def _abandoned(path: str, st: os.stat_result) -> bool:
+    try:
+        fd = os.open(os.path.join(path, OWNER), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return time.time() - st.st_mtime > STALE_UNOWNED
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False  # its run is alive
+    finally:
+        os.close(fd)
