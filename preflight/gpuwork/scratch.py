@@ -20,7 +20,7 @@ from pathlib import Path
 PREFIX = "preflight-worker-"
 OWNER = "owner.lock"  # flock'ed by the agent while the directory is in use
 STALE_UNOWNED = 3600.0  # seconds: a directory with no owner file (an older preflight's) is left this long
-YOUNG = 60.0  # seconds: a directory this new is never swept, whatever its lock says
+NEW = ".preflight-new-"  # a directory's name until its lock is held
 
 
 def make(error: type[Exception]) -> tuple[Path, int]:
@@ -33,15 +33,19 @@ def make(error: type[Exception]) -> tuple[Path, int]:
     if (why := _unsafe_parent(where or tempfile.gettempdir())) is not None:
         raise error(why, "point TMPDIR at a directory of root's (or yours), or a sticky one such as /tmp")
     try:
-        made = Path(tempfile.mkdtemp(prefix=PREFIX, dir=where))
-        owner = os.open(made / OWNER, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        # Made under a name no sweep looks at, locked, and only then given its own: a directory
+        # named PREFIX... is locked from the moment it exists, so no sweep can take a live one.
+        new = Path(tempfile.mkdtemp(prefix=NEW, dir=where))
+        owner = os.open(new / OWNER, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fcntl.flock(owner, fcntl.LOCK_EX)
+        made = new.with_name(PREFIX + new.name.removeprefix(NEW))
+        os.rename(new, made)  # the random part is mkdtemp's: no other directory has this name
     except OSError as e:
         place = f"TMPDIR={where}" if where else "the temporary directory"
         raise error(
             f"{place} is not usable ({e.strerror or e}): the workers cannot write their results there, and the job's own temporary files would fail the same way",
             "point TMPDIR at a writable directory on a local disk with free space (or unset it)",
         ) from None
-    fcntl.flock(owner, fcntl.LOCK_EX)
     sweep(made.parent, keep=made)
     return made, owner
 
@@ -70,13 +74,14 @@ def sweep(where: Path, keep: Path | None = None) -> list[str]:
     except OSError:
         return removed
     for entry in entries:
-        if not entry.name.startswith(PREFIX) or Path(entry.path) == keep:
+        unnamed = entry.name.startswith(NEW)  # killed between its making and its lock: only once long dead
+        if not (entry.name.startswith(PREFIX) or unnamed) or Path(entry.path) == keep:
             continue
         try:
             st = entry.stat(follow_symlinks=False)
-            # A young folder may be a live run's between its making and its lock.
-            young = time.time() - st.st_mtime < YOUNG
-            if not entry.is_dir(follow_symlinks=False) or st.st_uid != os.geteuid() or young or not _abandoned(entry.path, st):
+            if not entry.is_dir(follow_symlinks=False) or st.st_uid != os.geteuid():
+                continue
+            if (unnamed and time.time() - st.st_mtime < STALE_UNOWNED) or not _abandoned(entry.path, st):
                 continue
         except OSError:
             continue

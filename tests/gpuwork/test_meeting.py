@@ -64,9 +64,13 @@ def test_the_torchrun_line_joins_the_group_from_this_nodes_address(tmp_path, mon
     assert argv[:2] == ["-m", "torch.distributed.run"]
     pairs = dict(zip(argv[2::2], argv[3::2]))
     assert pairs["--nnodes"] == "2" and pairs["--nproc-per-node"] == "4" and pairs["--rdzv-endpoint"] == "10.0.0.1:29500"
-    assert pairs["--rdzv-conf"] == "is_host=false,join_timeout=20" and pairs["--local-addr"] == "10.0.0.2"
+    # torchrun's static rendezvous: this node's rank given, nothing unpickled from the store.
+    assert pairs["--rdzv-backend"] == "static" and pairs["--node-rank"] == "1"
+    assert pairs["--rdzv-conf"] == "timeout=20" and pairs["--local-addr"] == "10.0.0.2"
     seen = dict(line.split("=", 1) for line in (tmp_path / "env").read_text().splitlines() if "=" in line)
     assert seen["GLOO_SOCKET_IFNAME"] == "eth7" and seen["NCCL_SOCKET_IFNAME"] == "eth7" and seen["PREFLIGHT_NODE_RANK"] == "1"
+    # The id in the environment: a command line is every user's to read.
+    assert "--rdzv-id" not in argv and "job-7-nccl" not in " ".join(argv) and seen["PET_RDZV_ID"] == "job-7-nccl"
 
 
 def test_local_side_finds_the_interface_towards_the_endpoint():
