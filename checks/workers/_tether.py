@@ -45,8 +45,10 @@ def _watch_agent() -> None:
     its start time in PREFLIGHT_AGENT) from a thread of their own and end the moment it is
     gone; torchrun then ends with its ranks."""
     pid, _, started = os.environ.get("PREFLIGHT_AGENT", "").partition(":")
-    if not pid.isdigit() or started in ("", "?") or _start_time(int(pid)) != started:
-        return
+    if not pid.isdigit() or started in ("", "?"):
+        return  # run by hand: no agent to follow
+    if _start_time(int(pid)) != started:
+        os._exit(1)  # the agent died before this rank started
     try:
         fd = os.pidfd_open(int(pid))  # readable once the process has exited (Linux 5.3)
     except (AttributeError, OSError):

@@ -90,10 +90,11 @@ said=$(timeout 8 preflight status --report "$report" ${age[@]+"${age[@]}"} 2>&1)
 rc=$?
 if [ "$rc" -ne 0 ]; then
     case "$said" in
-        # A run that died (OOM-killed, say) after a pass of this boot: not a verdict on the
-        # node. Step 2's fresh look keeps that pass's results and decides; refusing here
-        # would drain a healthy node for preflight's own trouble.
-        *"did not finish"*"the last run that finished passed"*) ;;
+        # A run that died (OOM-killed, say) or that a signal stopped with nothing failed,
+        # after a pass that still stands (this boot, within the age allowed): not a verdict
+        # on the node. Step 2's fresh look keeps that pass's results and decides; refusing
+        # here would drain a healthy node for preflight's own trouble.
+        *"; the last run that finished passed ("*) ;;
         *) refuse "$said" "$rc" ;;
     esac
 fi

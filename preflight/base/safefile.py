@@ -250,8 +250,11 @@ def steerable(path: Path | str) -> str | None:
     """Why another user could change what ``path`` runs (it, or a directory on the way to
     it, is theirs or writable by others), or None. For a program root runs: its owner decides
     what root does."""
-    real = Path(os.path.realpath(path))
-    for p in [real, *real.parents]:
+    given, real = Path(os.path.abspath(path)), Path(os.path.realpath(path))
+    # Both ways: a venv's bin/python is a link out of the venv, whose site-packages it imports.
+    for p in dict.fromkeys([given, *given.parents, real, *real.parents]):
+        if p == given and os.path.islink(p):
+            continue  # a link's own mode means nothing, and its directory is looked at next
         try:
             st = os.stat(p)
         except OSError:

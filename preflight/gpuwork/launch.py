@@ -128,13 +128,17 @@ class Running:
         self._seen: dict[int, tuple[tuple[int, int, int], Any]] = {}  # rank -> (file identity, report), for stage()
         self._progress = progress
         self._dir, self._owner = scratch.make(LaunchError)
+        _live.add(self._dir)
         self.out_dir = self._dir / "out"
-        self.out_dir.mkdir()
+        try:
+            self.out_dir.mkdir()
+        except OSError:
+            self._remove()
+            raise
         self._log = self._dir / "launcher.log"
         self._isolation = self._dir / "isolation.json"
         self.token = secrets.token_hex(8)
         self.endpoint = None
-        _live.add(self._dir)
         env = {
             **os.environ,
             **worker.env,
@@ -195,13 +199,13 @@ class Running:
             private_net = True
         self._started = time.monotonic()
         self.deadline = self._started + timeout
-        with open(self._log, "wb") as log:
-            try:
+        try:
+            with open(self._log, "wb") as log:
                 self.proc = tether.popen(argv, private_net=private_net, report=str(self._isolation), cwd=self._dir, env=env,
                                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            except OSError:
-                self._remove()
-                raise
+        except OSError:
+            self._remove()
+            raise
         if progress is not None:
             progress.follow(self.stage)
 

@@ -10,8 +10,10 @@ writable by others and not sticky) is refused.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import secrets
 import shutil
 import tempfile
 import time
@@ -33,21 +35,43 @@ def make(error: type[Exception]) -> tuple[Path, int]:
     if (why := _unsafe_parent(where or tempfile.gettempdir())) is not None:
         raise error(why, "point TMPDIR at a directory of root's (or yours), or a sticky one such as /tmp")
     try:
-        # Made under a name no sweep looks at, locked, and only then given its own: a directory
-        # named PREFIX... is locked from the moment it exists, so no sweep can take a live one.
+        # Made under a name no sweep looks at, locked, and only then given a name of its own: a
+        # directory named PREFIX... is locked from the moment it exists, so no sweep takes a live one.
         new = Path(tempfile.mkdtemp(prefix=NEW, dir=where))
+    except OSError as e:
+        raise error(*_unusable(where, e)) from None
+    owner = -1
+    try:
         owner = os.open(new / OWNER, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         fcntl.flock(owner, fcntl.LOCK_EX)
-        made = new.with_name(PREFIX + new.name.removeprefix(NEW))
-        os.rename(new, made)  # the random part is mkdtemp's: no other directory has this name
+        made = _rename(new)
     except OSError as e:
-        place = f"TMPDIR={where}" if where else "the temporary directory"
-        raise error(
-            f"{place} is not usable ({e.strerror or e}): the workers cannot write their results there, and the job's own temporary files would fail the same way",
-            "point TMPDIR at a writable directory on a local disk with free space (or unset it)",
-        ) from None
+        if owner >= 0:
+            os.close(owner)
+        shutil.rmtree(new, ignore_errors=True)
+        raise error(*_unusable(where, e)) from None
     sweep(made.parent, keep=made)
     return made, owner
+
+
+def _rename(new: Path) -> Path:
+    """``new`` under a fresh random name of PREFIX's. Not one derived from ``new``'s, which every
+    user sees: one of them could put a file there first and fail the launch."""
+    for _ in range(8):
+        made = new.with_name(PREFIX + secrets.token_hex(8))
+        try:
+            os.rename(new, made)
+            return made
+        except OSError as e:
+            if e.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+                raise
+    raise OSError(errno.EEXIST, "no free name for the workers' directory", str(new.parent))
+
+
+def _unusable(where: str | None, e: OSError) -> tuple[str, str]:
+    place = f"TMPDIR={where}" if where else "the temporary directory"
+    return (f"{place} is not usable ({e.strerror or e}): the workers cannot write their results there, and the job's own temporary files would fail the same way",
+            "point TMPDIR at a writable directory on a local disk with free space (or unset it)")
 
 
 def _unsafe_parent(where: str) -> str | None:

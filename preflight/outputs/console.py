@@ -136,7 +136,7 @@ class Console:
             for col in ("check", "status", "time", "summary"):
                 table.add_column(col)
             for r in report.checks:
-                table.add_row(r.check, f"[{_STYLE[r.status]}]{r.status}[/]", fmt_seconds(r.duration_seconds), escape(r.summary))
+                table.add_row(r.check, f"[{_STYLE[r.status]}]{r.status}[/]", fmt_seconds(r.duration_seconds), escape(_shown(r.summary)))
             with self._write:
                 try:
                     self.rich.print(table)
@@ -194,6 +194,7 @@ class _Ticker(threading.Thread):
     def _draw(self, text: str) -> None:
         """Over the line drawn before: a carriage return, the text, spaces over
         what is left of the old one; "" erases it and leaves the cursor at the line's start."""
+        text = _shown(text)
         c = self.console
         with c._write:
             if not self._drawn and not text:

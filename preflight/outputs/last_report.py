@@ -162,6 +162,11 @@ def booted_at() -> datetime | None:
     return None
 
 
+# What readers add where the run that did not finish followed a pass that still stands on its own:
+# the prolog and the Kubernetes recheck then take a fresh look rather than refuse.
+PASSED_BEFORE = "; the last run that finished passed ({})"
+
+
 def standing(loaded: Loaded, boot_id: str | None, now: datetime, max_age: float | None = None, booted: datetime | None = None) -> Standing:
     """Judge the last report, and the record of a run that started after it: the one
     rule every reader of it applies. Without a boot id on either side, a report
@@ -177,11 +182,11 @@ def standing(loaded: Loaded, boot_id: str | None, now: datetime, max_age: float 
         current = None if r is None else _current(r, boot_id, booted)
         what = "is still running past its deadline" if stuck else "did not finish"
         reason = f"a run started at {utc(run.started_at)} {what} ({ago(age)})"
-        if dead and r is not None and r.verdict == Verdict.PASS and current is True:
+        if dead and r is not None and standing(loaded._replace(started=None), boot_id, now, max_age, booted).vouched:
             # Said, because what comes next differs: a fresh look (the Slurm prolog's, the
             # recheck's) keeps that pass's results and may vouch again; after a run of an
-            # earlier boot, or a failure, only a run as deep as the gate may.
-            reason += f"; the last run that finished passed ({ago((now - r.finished_at).total_seconds())})"
+            # earlier boot, a failure or a pass too old, only a run as deep as the gate may.
+            reason += PASSED_BEFORE.format(ago((now - r.finished_at).total_seconds()))
         return Standing(False, reason, current, None if r is None else (now - r.finished_at).total_seconds())
     under_way = run.started_at if run is not None else None
     if r is None:
@@ -194,7 +199,13 @@ def standing(loaded: Loaded, boot_id: str | None, now: datetime, max_age: float 
         return Standing(vouched, reason, current, age, under_way)
 
     if r.verdict != Verdict.PASS:
-        return said(False, _why_not(r) + f" ({when})")
+        reason = _why_not(r) + f" ({when})"
+        last = r.last_success_at
+        if r.interrupted_by_signal and not any(c.status == "FAIL" for c in r.checks) and last is not None and current is True \
+                and (booted is None or last >= booted) and -300 <= (now - last).total_seconds() <= (max_age if max_age is not None else float("inf")):
+            # A run a signal stopped, with nothing failed: as a run that died, no verdict on the node.
+            reason += PASSED_BEFORE.format(ago((now - last).total_seconds()))
+        return said(False, reason)
     if current is False:
         return said(False, f"last pass was before the last reboot ({when}); run preflight again")
     if age < -300:

@@ -64,6 +64,7 @@ class ReportView(NamedTuple):
     finished_at: datetime
     interrupted_by_signal: int | None
     checks: list[CheckView]
+    last_success_at: datetime | None = None
 
 
 class Declined(Exception):
@@ -83,7 +84,8 @@ def view(data: bytes) -> ReportView | None:
     except (Declined, ValueError, RecursionError):
         return None
     checks = [CheckView(c["check"], c["status"], c["summary"]) for c in r["checks"]]
-    return ReportView(Verdict(r["verdict"]), r["profile"], r["boot_id"], r["started_at"], r["finished_at"], r["interrupted_by_signal"], checks)
+    return ReportView(Verdict(r["verdict"]), r["profile"], r["boot_id"], r["started_at"], r["finished_at"], r["interrupted_by_signal"], checks,
+                      r["last_success_at"])
 
 
 # ---- JSON as both parsers read it alike --------------------------------------------

@@ -178,20 +178,28 @@ _CLOCK = re.compile(r"\d:\d\d")
 
 
 _DMESG_T = re.compile(r"\[[^\]\n]{1,64}\]")
-_DMESG_X = re.compile(r"^[a-z]+\s*:\s*[a-z]+\s*:\s")  # `dmesg -x`: "kern  :warn  : "
+_DMESG_X = re.compile(r"^[a-z]+\s*:\s*[a-z]+\s*:(?:\s|$)")  # `dmesg -x`: "kern  :warn  : "
+_ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[,.]\d+)?(?:[+-]\d\d:?\d\d|Z)?(?:\s|$)")  # dmesg --time-format=iso
+# syslog's and journalctl's "<time> <host> kernel: ": a few words (time, host), none quoted and
+# none a label of its own ("tmpfs:"), then "kernel:" as a word.
+_SYSLOG = re.compile(r"^(?:<\d+>)?(?:[^\s'\"`]*[^\s:'\"`]\s+){1,6}kernel:(?:\s|$)")
 
 
 def _only_stamps(prefix: str) -> bool:
     """Whether what precedes the driver's text is a log's own prefix and nothing else: the
     driver's line starts the message. Any user can get text of their own into the kernel
     log (a mount option a filesystem refuses is quoted there), so "NVRM: Xid ... 79" inside
-    another message is that message's, never the driver's."""
+    another message is that message's, never the driver's. (A newline in such text still
+    starts a line of its own in dmesg's and syslog's output, as in the kernel's records;
+    /dev/kmsg, read first, keeps it inside its record.)"""
     p = prefix
     if m := _KMSG.match(p):
         p = p[m.end():]
-    elif "kernel:" in p:  # syslog, journalctl: "<time> <host> kernel: ", the first one
-        p = p[p.index("kernel:") + len("kernel:"):]
+    elif m := _SYSLOG.match(p):
+        p = p[m.end():]
     p = _CALLER.sub("", _UPTIME.sub("", p, count=1)).strip()
+    if m := _ISO.match(p):
+        p = p[m.end():].strip()
     if m := _DMESG_X.match(p):
         p = p[m.end():]
     if p.startswith("[") and (m := _DMESG_T.match(p)):

@@ -207,3 +207,15 @@ def test_a_staged_file_takes_its_place_only_when_committed(tmp_path):
     assert target.read_text() == "this run\n" and [p.name for p in tmp_path.iterdir()] == ["preflight.prom"]
     safefile.stage(target, "discarded\n").discard()
     assert target.read_text() == "this run\n" and [p.name for p in tmp_path.iterdir()] == ["preflight.prom"]
+
+
+@needs_root
+def test_a_venv_another_user_owns_is_steerable_though_its_python_links_out_of_it(tmp_path):
+    # bin/python of a venv is a link to the system's interpreter: the venv (its site-packages,
+    # which that Python imports as root) is what another user controls.
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    assert safefile.steerable(venv / "bin" / "python") is None
+    os.chown(venv, 65534, 65534)
+    assert safefile.steerable(venv / "bin" / "python") == f"{venv} is nobody's"

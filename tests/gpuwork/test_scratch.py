@@ -29,3 +29,20 @@ def test_a_live_directory_is_never_swept_and_a_dead_ones_is(tmp_path, monkeypatc
     assert scratch.sweep(tmp_path, keep=mine) == [os.path.basename(dead)]
     assert not os.path.exists(dead) and mine.is_dir()
     os.close(owner)
+
+
+def test_a_name_another_user_puts_in_the_way_cannot_fail_a_launch(tmp_path, monkeypatch):
+    # The directory's final name is drawn afresh, never derived from the one it was made under
+    # (which every user sees): squatting every name the first one suggests changes nothing.
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    real = scratch.tempfile.mkdtemp
+
+    def squatted(prefix: str, dir: str) -> str:  # noqa: A002 - tempfile's own name
+        made = real(prefix=prefix, dir=dir)
+        (tmp_path / (scratch.PREFIX + os.path.basename(made).removeprefix(scratch.NEW))).write_text("in the way")
+        return made
+
+    monkeypatch.setattr(scratch.tempfile, "mkdtemp", squatted)
+    made, owner = scratch.make(Refused)
+    assert made.is_dir() and (made / scratch.OWNER).exists()
+    os.close(owner)

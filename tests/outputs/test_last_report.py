@@ -74,7 +74,11 @@ def test_an_interrupted_run_says_so_naming_the_signal_and_when_it_started():
     loaded = load(REPORTS / "cpu-pass.json")
     r = loaded.report.model_copy(update={"verdict": "error", "interrupted_by_signal": 15, "exit_code": 143})
     st = standing(last_report.Loaded(State.OK, r), BOOT, r.finished_at)
-    assert st.vouched is False and st.reason == f"a run started at {last_report.utc(r.started_at)} was interrupted by SIGTERM (0 s ago)"
+    said = f"a run started at {last_report.utc(r.started_at)} was interrupted by SIGTERM (0 s ago)"
+    # Nothing failed, after a pass of this boot: as a run that died, it says so (the prolog takes a fresh look).
+    assert st.vouched is False and st.reason == said + f"; the last run that finished passed ({last_report.ago((r.finished_at - r.last_success_at).total_seconds())})"
+    first = r.model_copy(update={"last_success_at": None})  # no pass before it: nothing to build on
+    assert standing(last_report.Loaded(State.OK, first), BOOT, r.finished_at).reason == said
 
 
 def test_a_failure_found_before_the_interruption_is_the_reason():
@@ -117,6 +121,15 @@ def test_a_run_that_died_leaves_the_node_not_vouched_naming_when_it_started():
     st = standing(loaded, BOOT, start + timedelta(seconds=1639))
     assert st.vouched is False and st.reason == f"a run started at {last_report.utc(start)} did not finish (1639 s ago); the last run that finished passed (1669 s ago)"
     assert st.current_boot is True and st.age_seconds == 1639 + 30  # the report's, as serve exports it
+
+
+def test_a_dead_run_after_a_pass_too_old_to_stand_gives_no_fresh_look():
+    # PREFLIGHT_MAX_AGE in the prolog: a pass past it refuses on its own, and a run that died
+    # after it must not open the way to a fresh quick look that would vouch again.
+    loaded, start = with_run("cpu-pass", alive=False)
+    assert "the last run that finished passed" in standing(loaded, BOOT, start + timedelta(seconds=60), max_age=3600).reason
+    st = standing(loaded, BOOT, start + timedelta(seconds=60), max_age=60)
+    assert st.vouched is False and "did not finish" in st.reason and "the last run that finished passed" not in st.reason
 
 
 def test_a_run_its_report_speaks_for_is_settled():

@@ -447,7 +447,11 @@ def test_driver_text_quoted_inside_another_message_is_no_event():
         f"Nov 26 23:10:01 gpu17 kernel: tmpfs: Unknown parameter '{forged}'",  # journalctl, syslog
         f"Nov 26 23:10:01 gpu17 kernel: tmpfs: Unknown parameter 'x kernel: {forged}'",
         f"[ 1234.567890] tmpfs: Unknown parameter '{forged}'",  # dmesg
+        f"[ 1234.567890] tmpfs: Unknown parameter 'kernel: {forged}'",  # a "kernel:" of the user's own
+        f"[Fri Aug 30 11:43:09 2024] tmpfs: Unknown parameter 'kernel: {forged}'",
     ]
     assert xid.parse("\n".join(lines)) == []
-    real = ["3,4521,1234567890,-;" + forged, "Nov 26 23:10:01 gpu17 kernel: " + forged, "[ 1234.567890] " + forged, forged]
-    assert [e.code for e in xid.parse("\n".join(real))] == [79, 79, 79, 79]
+    real = ["3,4521,1234567890,-;" + forged, "Nov 26 23:10:01 gpu17 kernel: " + forged, "[ 1234.567890] " + forged, forged,
+            "kern  :warn  : [ 1234.567890] " + forged, "kern  :warn  : " + forged,  # dmesg -x, with and without --notime
+            "2024-08-30T11:43:09,123456+00:00 " + forged]  # dmesg --time-format=iso
+    assert [e.code for e in xid.parse("\n".join(real))] == [79] * 7
