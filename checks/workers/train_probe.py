@@ -251,9 +251,10 @@ class Probe:
         read higher at the same cap (the H200 in tests/fixtures/node/h200-1x-vm: 755 TFLOP/s
         there, 674 here). The untimed bursts before the first timed one run until the power
         limiter has settled the clocks: a GPU under a GEMM boosts for its first ~0.1 s (that
-        H200: 741 TFLOP/s in its first burst after two warm-up matmuls, 674 in every later
-        one), and a statistic over both regimes measured neither. The output is allocated
-        once, outside the timed loop, as the burn-in's."""
+        H200: 741 TFLOP/s in its first burst after two warm-up matmuls, 629-678 in the
+        nine after), and a statistic over both regimes mixes them (there one burst in ten;
+        more with fewer repeats or a longer boost). The output is allocated once, outside
+        the timed loop, as the burn-in's."""
         torch, n, burst = self.torch, self.args.gemm_n, self.args.gemm_burst
         dtype = torch.bfloat16 if self.cuda else torch.float32
         a = torch.randn(n, n, device=self.device, dtype=dtype)

@@ -77,7 +77,7 @@ def probe_for_gemm(warmup_seconds: float):
 
 
 def test_the_gemm_runs_untimed_bursts_until_the_clocks_settle_before_it_times_one():
-    # The H200's first burst after two warm-up matmuls read 741 TFLOP/s, every later one 674:
+    # The H200's first burst after two warm-up matmuls read 741 TFLOP/s, the nine after 629-678:
     # boost, then the power cap (tests/fixtures/node/h200-1x-vm/report-standard-keep-going.json).
     report: dict = {}
     probe_for_gemm(0.2).gemm(report, None, lambda: None)
