@@ -27,15 +27,17 @@ from pathlib import Path
 
 LEVELS = (("quick", "quick.json"), ("standard", "standard.json"), ("full (burnin, memtest)", "full.json"))
 # preflight's figure (check, measurement) beside the plain loop's key in reference.json
+# and whether the two measure the same thing (then they should agree within AGREE).
 BESIDE = (
-    ("bandwidth", "hbm_copy_bandwidth", "d2d_copy_rw_Bps", "HBM copy (read + write)"),
-    ("bandwidth", "h2d_bandwidth", "h2d_Bps", "H2D pinned"),
-    ("bandwidth", "d2h_bandwidth", "d2h_Bps", "D2H pinned"),
-    ("train", "gemm_throughput", "gemm_bf16_8192_Fps", "train GEMM / sustained randn loop"),
-    ("train", "gemm_throughput", "gemm_bf16_8192_first_Fps", "train GEMM / first burst of a short loop"),
-    ("burnin", "burnin_gemm_throughput", "gemm_bf16_8192_uniform12_Fps", "burn-in GEMM / sustained [1, 2) loop"),
-    ("burnin", "burnin_gemm_throughput", "gemm_bf16_8192_Fps", "burn-in GEMM / sustained randn loop"),
+    ("bandwidth", "hbm_copy_bandwidth", "d2d_copy_rw_Bps", "HBM copy (read + write)", True),
+    ("bandwidth", "h2d_bandwidth", "h2d_Bps", "H2D pinned", True),
+    ("bandwidth", "d2h_bandwidth", "d2h_Bps", "D2H pinned", True),
+    ("train", "gemm_throughput", "gemm_bf16_8192_Fps", "train GEMM / sustained randn loop", True),
+    ("train", "gemm_throughput", "gemm_bf16_8192_first_Fps", "train GEMM / first burst of a short loop", False),
+    ("burnin", "burnin_gemm_throughput", "gemm_bf16_8192_uniform12_Fps", "burn-in GEMM / sustained [1, 2) loop", True),
+    ("burnin", "burnin_gemm_throughput", "gemm_bf16_8192_Fps", "burn-in GEMM / sustained randn loop", False),
 )
+AGREE = 0.05  # like for like, a figure within this fraction of the plain loop's agrees
 
 
 def site_profile(src: Path, dest: Path, seconds: dict[str, float]) -> None:
@@ -79,10 +81,18 @@ def _figure(report: dict | None, check: str, name: str) -> float | None:
     return min(values) if values else None
 
 
+def _traces(report: dict) -> dict:
+    """The burn-in's NVML traces per GPU (clocks, power, temperature), as its check wrote them."""
+    for c in report.get("checks", []):
+        if c.get("check") == "burnin":
+            return (c.get("details") or {}).get("traces") or {}
+    return {}
+
+
 def _fmt(value: float) -> str:
     for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6)):
         if value >= scale:
-            return f"{value / scale:.1f} {unit}"
+            return f"{value / scale:.4g} {unit}"
     return f"{value:.3g} "
 
 
@@ -113,15 +123,21 @@ def summary(out: Path) -> tuple[dict, list[str]]:
             lines.append(f"  {level}: {', '.join(said)}")
 
     lines.append("== preflight's figures beside the plain loop's (tests/gpu/reference.py)")
-    for check, name, key, words in BESIDE:
+    if reference:
+        lines.append(f"  the plain loop on {reference.get('device')}, torch {reference.get('torch')}: {json.dumps(reference.get('method', 'method not recorded'))}")
+    for check, name, key, words, alike in BESIDE:
         level = "full (burnin, memtest)" if check == "burnin" else "standard"
         mine, theirs = _figure(reports[level], check, name), (reference or {}).get(key)
-        row = {"what": words, "preflight": mine, "reference": theirs, "ratio": mine / theirs if mine and theirs else None}
+        row = {"what": words, "preflight": mine, "reference": theirs, "ratio": mine / theirs if mine and theirs else None, "like_for_like": alike}
         doc["figures"].append(row)
         if mine is None or theirs is None:
             lines.append(f"  {words}: {'preflight gave no figure' if mine is None else 'the plain loop gave no figure'}")
-        else:
-            lines.append(f"  {words}: {_fmt(mine)} / {_fmt(theirs)} = {row['ratio']:.3f}")
+            continue
+        said = ("agrees" if abs(row["ratio"] - 1) <= AGREE else f"DISAGREES (beyond {AGREE:.0%})") if alike else "not like for like"
+        lines.append(f"  {words}: {_fmt(mine)} / {_fmt(theirs)} = {row['ratio']:.3f}, {said}")
+    for gpu, t in ((reports["full (burnin, memtest)"] or {}).get("checks") and _traces(reports["full (burnin, memtest)"]) or {}).items():
+        lines.append(f"  burn-in {t.get('gpu', gpu)}: SM clock {t.get('clock_min_mhz')}-{t.get('clock_median_mhz')} MHz (min-median, top {t.get('clock_max_mhz')}), "
+                     f"{t.get('power_median_w')} W median, {t.get('temperature_max_c')} C max")
 
     lines.append("== acceptance: PASS at every level, no WARN")
     ok = True

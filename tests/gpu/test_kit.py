@@ -88,7 +88,7 @@ def test_the_reference_loop_dry_runs_on_cpu_with_the_keys_the_summary_reads(tmp_
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     doc = json.loads(out.read_text())
-    keys = {key for _, _, key, _ in kit.BESIDE}
+    keys = {row[2] for row in kit.BESIDE}
     assert keys <= set(doc) and all(doc[k] > 0 for k in keys)
     assert doc["method"]["gemm_n"] == 64 and doc["device"] == "cpu (dry run)"
     # The node's recorded plain loop has the keys of the figures it measured.
@@ -133,6 +133,9 @@ def test_the_summary_of_the_h200_node_as_0_2_0_saw_it_lists_every_warn_and_fail_
     assert ratios["train GEMM / sustained randn loop"] == pytest.approx(673.88 / 747.61, abs=1e-3)  # the 0.90 of issue 33
     assert ratios["burn-in GEMM / sustained [1, 2) loop"] is None  # the recorded loop did not measure it
     assert "burn-in GEMM / sustained [1, 2) loop: the plain loop gave no figure" in text
+    assert "train GEMM / sustained randn loop: 673.9 T / 747.6 T = 0.901, DISAGREES (beyond 5%)" in text
+    assert "HBM copy (read + write): 4.103 T / 4.214 T = 0.974, agrees" in text
+    assert "  burn-in GPU 0: SM clock 1665-1695 MHz (min-median, top 1980), 692.454 W median, 57 C max" in lines
     assert "bare torchrun: 10.7 s, 11.2 s" in text and "standard: 41.0 s wall (3.83x the bare torchrun), 39.9 s of checks" in text
     assert "  full (burnin, memtest): 68.7 s of checks" in lines and "torchrun1" not in text
 
