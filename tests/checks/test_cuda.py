@@ -575,3 +575,17 @@ def test_a_one_gpu_h100_pcie_without_bridges_passes():
     report = report.model_copy(update={"devices": report.devices[:1], "pci_bus_ids": report.pci_bus_ids[:1], "device_count": 1})
     init = InitOutcome(python=report.python, ended="exit 0", returncode=0, timed_out=False, seconds=1.0, report=report)
     assert judged(cuda.CudaFacts(inventory=inv, kernel_log="/dev/kmsg", init=init), profile=pcie, node=node) == []
+
+
+def test_prohibited_compute_mode_fails_naming_the_mode_and_the_fix():
+    f = facts("h100-sxm-8x-prohibited.json", init=None)
+    fails = only(judged(f))
+    assert len(fails) == 8 and fails[0].summary == "GPU 0 (0000:1b:00.0): compute mode PROHIBITED"
+    assert "no process can create a CUDA context" in fails[0].cause and "`nvidia-smi -i 0 -c DEFAULT`" in fails[0].remedy
+    assert [g.index for g in cuda.prohibited(f.inventory)] == list(range(8))  # CUDA init is not tried there
+
+
+def test_exclusive_process_compute_mode_is_what_a_job_of_one_process_per_gpu_needs():
+    f = facts("h100-sxm-8x-exclusive-process.json")
+    assert {g.compute_mode for g in f.inventory.gpus} == {"exclusive_process"}
+    assert judged(f) == [] and cuda.prohibited(f.inventory) == []
