@@ -37,6 +37,7 @@ from preflight.checkkit.placement import linked_pairs
 from preflight.gpuwork import launch, meeting, ranks
 from preflight.pipeline import floor_bounds, shape
 from preflight.pipeline.check import Check, Context, Result
+from preflight.readers import nvml
 from preflight.base.findings import Finding, Measurement, Status, worst
 from preflight.pipeline.profiles import ResolvedFloor
 from preflight.pipeline.expectations import BandwidthExpect, OutlierExpect
@@ -156,6 +157,7 @@ class BandwidthFacts(ranks.RunFacts):
     steps: list[str] = Field(default_factory=list)
     binding: dict[str, dict] = Field(default_factory=dict)  # local rank -> {node, cpus} asked for
     uuids: dict[int, str] = Field(default_factory=dict)  # nvidia-smi index -> GPU UUID (cuda check)
+    left_out: str | None = None  # why a step the node would run was left out (p2p on GPUs in EXCLUSIVE_PROCESS mode)
 
 
 Figure, median, quantile, spread = figs_mod.Figure, figs_mod.median, figs_mod.quantile, figs_mod.spread
@@ -345,9 +347,10 @@ def by_hand(f: BandwidthFacts) -> str:
 # ---- gathering ------------------------------------------------------------------
 
 
-def steps_for(gpu: bool, nproc: int, expect: BandwidthExpect, nnodes: int = 1) -> list[str]:
+def steps_for(gpu: bool, nproc: int, expect: BandwidthExpect, nnodes: int = 1, one_process: str | None = None) -> list[str]:
+    """``one_process``: why a GPU admits one process only (exclusive_gpus), which leaves p2p out."""
     steps = ["hbm_copy", "h2d", "d2h"] if gpu else ["memcpy"]
-    if gpu and nproc > 1:
+    if gpu and nproc > 1 and one_process is None:
         steps.append("p2p")
     if nproc * nnodes > 1:  # one rank has no peer to reduce with: nccl-tests prints busbw 0
         steps += ["all_reduce", "all_gather", "reduce_scatter", "latency"]
@@ -375,6 +378,30 @@ def seconds_skipped(f: BandwidthFacts, redo: list[str]) -> float:
     return sum(sec for step, sec in slowest.items() if step not in redo)
 
 
+def exclusive_gpus(modes: dict[int, str | None]) -> str | None:
+    """Why the p2p step cannot run, in words, where a GPU admits one process: its copies
+    write from each rank's process into a peer's GPU, which needs a second context there
+    (a job's NCCL reaches its peers through CUDA IPC inside its own context, and runs)."""
+    held = sorted(i for i, mode in modes.items() if mode in ("exclusive_process", "exclusive_thread"))
+    if not held:
+        return None
+    which = "every GPU is" if len(held) == len(modes) else f"GPU {', '.join(map(str, held))} {'is' if len(held) == 1 else 'are'}"
+    return (f"GPU->GPU copies not measured: {which} in compute mode EXCLUSIVE_PROCESS (NVML), one process per GPU, and a copy from "
+            "one rank's process into a peer's GPU would need a second context there; the collectives, through NCCL, are measured")
+
+
+def compute_modes(ctx: Context) -> dict[int, str | None]:
+    """Each GPU's compute mode: from the cuda check's inventory, else NVML (--only bandwidth); {} where neither answers."""
+    modes = ranks.compute_modes(ctx.results)
+    if modes is not None:
+        return modes
+    try:
+        inv = nvml.inventory(ctx.settings.nvml_fake, timeout=min(10.0, ranks.time_left(ctx.deadline)))
+    except nvml.NvmlUnavailable:
+        return {}  # the cuda check says why NVML is silent; the workers find out for themselves
+    return {g.index: g.compute_mode for g in inv.gpus}
+
+
 def binding(ctx: Context) -> dict[str, dict]:
     """local rank -> {node, cpus}: the topology check's advice, as nvbandwidth binds each GPU's host buffers."""
     topo = ctx.results.get("topology")
@@ -395,8 +422,9 @@ def gather(ctx: Context, nproc: int, expect: BandwidthExpect, backend: str, step
     python = str(ctx.settings.python) if ctx.settings.python else sys.executable
     gpu = backend == "nccl"
     nnodes = ctx.meeting.group.nnodes if ctx.meeting else 1
-    steps = steps or steps_for(gpu, nproc, expect, nnodes)
-    facts = BandwidthFacts(python=python, backend=backend, nproc=nproc, steps=steps, binding=binding(ctx) if gpu else {}, uuids=uuids(ctx))
+    one_process = exclusive_gpus(compute_modes(ctx)) if gpu and nproc > 1 else None
+    steps = steps or steps_for(gpu, nproc, expect, nnodes, one_process)
+    facts = BandwidthFacts(python=python, backend=backend, nproc=nproc, steps=steps, binding=binding(ctx) if gpu else {}, uuids=uuids(ctx), left_out=one_process)
     left = ranks.time_left(ctx.deadline)
     op_timeout = min(expect.op_timeout_seconds, max(2.0, left / 3))
     args = [
@@ -525,6 +553,6 @@ class Bandwidth(Check):
         result = self.conclude(findings, summary(facts, figs), measurements=measurements(figs, floors, ctx.profile.outliers, kinds, all_nvlink), details=details)
         result.lines = lines(figs, floors) + time_line(facts)
         result.lines += settled.lines + [t.replace("time:", "time, second reading:", 1) for t in (time_line(again) if again else [])]
-        result.lines += shape.unjudged_lines(unjudged)
+        result.lines += shape.unjudged_lines(unjudged) + ([facts.left_out] if facts.left_out else [])
         return result
 

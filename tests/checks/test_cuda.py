@@ -437,6 +437,25 @@ def test_cuda_init_on_every_real_gpu():
     print({d.index: d.seconds for d in outcome.report.devices}, outcome.seconds, loaded)
 
 
+@pytest.mark.gpu
+def test_cuda_init_in_the_shared_launch_leaves_each_rank_its_own_gpu():
+    # One rank per GPU, as the run starts them: each probes and loads only its own, so
+    # on a node in EXCLUSIVE_PROCESS mode the next stage's ranks can still take theirs.
+    from preflight.gpuwork.world import Worlds
+    from preflight.readers import nvml
+
+    inv = nvml.inventory()
+    worlds = Worlds()
+    try:
+        outcome, loaded = cuda.run_init(sys.executable, timeout=180, read_links=True, worlds=worlds, nproc=len(inv.gpus))
+    finally:
+        worlds.close()
+    r = outcome.report
+    assert r and r.stage == "done" and cuda.judge_init(outcome, inv) == [], outcome
+    assert r.probed == {k: [k] for k in range(len(inv.gpus))} and [d.rank for d in r.devices] == list(range(len(inv.gpus)))
+    assert loaded and set(loaded) == {g.pci_bus_id for g in inv.gpus}
+
+
 
 # ---- through the CLI, as the "done when" reads -------------------------
 
