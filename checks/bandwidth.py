@@ -32,12 +32,13 @@ from pydantic import BaseModel, Field
 
 from preflight.checkkit import figures as figs_mod
 from preflight.checkkit import confirm
+from preflight.checkkit import nvls as nvls_mod
 from preflight.checkkit import outliers
 from preflight.checkkit.placement import linked_pairs
 from preflight.gpuwork import launch, meeting, ranks
 from preflight.pipeline import floor_bounds, shape
 from preflight.pipeline.check import Check, Context, Result
-from preflight.readers import nvml
+from preflight.readers import nccl_env, nvml
 from preflight.base.findings import Finding, Measurement, Status, worst
 from preflight.pipeline.profiles import ResolvedFloor
 from preflight.pipeline.expectations import BandwidthExpect, OutlierExpect
@@ -55,6 +56,7 @@ FLOORS = {
     "p2p_bandwidth": (BPS, "min"),
     "memcpy_bandwidth": (BPS, "min"),
     "allreduce_bus_bandwidth": (BPS, "min"),
+    "allreduce_bus_bandwidth_ring": (BPS, "min"),  # where NCCL ran rings, not NVLS (checkkit/nvls.py)
     "allgather_bus_bandwidth": (BPS, "min"),
     "reducescatter_bus_bandwidth": (BPS, "min"),
     "allreduce_latency": (SECONDS, "max"),  # p50 of the blocking small all_reduce
@@ -68,7 +70,7 @@ FLOORS = {
 # Step in the worker -> the figure's name (= its floor's name and its metric's).
 PER_DEVICE = {"hbm_copy": "hbm_copy_bandwidth", "memcpy": "memcpy_bandwidth", "h2d": "h2d_bandwidth", "d2h": "d2h_bandwidth", "p2p": "p2p_bandwidth"}
 # Floors a run over fewer ranks than the node's cannot be held to (busbw and latency depend on the rank count).
-WHOLE_NODE = ("allreduce_bus_bandwidth", "allgather_bus_bandwidth", "reducescatter_bus_bandwidth", "allreduce_latency", "allreduce_latency_p99")
+WHOLE_NODE = ("allreduce_bus_bandwidth", "allreduce_bus_bandwidth_ring", "allgather_bus_bandwidth", "reducescatter_bus_bandwidth", "allreduce_latency", "allreduce_latency_p99")
 COLLECTIVE = {"all_reduce": "allreduce_bus_bandwidth", "all_gather": "allgather_bus_bandwidth", "reduce_scatter": "reducescatter_bus_bandwidth"}
 INTERNODE = {name: f"internode_{name}" for name in COLLECTIVE.values()}
 INTERNODE_FLOORS = tuple(name for name in FLOORS if name.startswith("internode_"))
@@ -512,6 +514,9 @@ class Bandwidth(Check):
         # Across nodes the inter-node floors judge the collectives; alone, they judge nothing.
         for name in (WHOLE_NODE if ctx.meeting else INTERNODE_FLOORS):
             floors.pop(name, None)
+        # The all_reduce against the floor of the algorithm NCCL ran: NVLS, or rings.
+        nvls = nvls_mod.decide(nccl_env.read(ctx.host), ctx.results["nccl"].details if "nccl" in ctx.results else None)
+        both, floors = floors, nvls_mod.fit(floors, nvls)
         parts = judge(facts, figs, floors, expect, linked_pairs(ctx.results.get("topology"), ("NV",)) or set(), all_nvlink)
         # Confirm before FAIL: the steps whose figures missed a floor, or were past the FAIL band
         # against the node's median, run again, once (preflight/checkkit/confirm.py).
@@ -537,6 +542,7 @@ class Bandwidth(Check):
         # Against the node's own median: on the figures the verdict rests on, after the floors;
         # a name measured again is held to both readings.
         redone = {g.key for g in again_figs or []} & set(odd)
+        parts["nvls"], nvls_lines = nvls_mod.explain([g.value for g in figs if g.key == "allreduce_bus_bandwidth"], both, nvls)
         parts["outliers"] = judge_outliers(figs, ctx.profile.outliers, kinds, all_nvlink, [g for g in first if g.key in redone] if redone else None,
                                            why if odd and not redone else None)
         details = facts.model_dump(mode="json")
@@ -545,6 +551,7 @@ class Bandwidth(Check):
         if again:
             details["second_run"] = again.model_dump(mode="json")
         details["figures"] = [g.model_dump(mode="json") for g in figs]
+        details["nvls"] = nvls.model_dump()
         details["unjudged"] = unjudged = {k: v for k, v in unjudged.items() if k in {g.name for g in figs}}
         details["full_node"] = nproc == ((ctx.shape.gpus if ctx.shape else 0) or expect.ranks)
         details["outlier_bands"] = outliers.bands(ctx.profile.outliers, MEMBERS)
@@ -553,6 +560,6 @@ class Bandwidth(Check):
         result = self.conclude(findings, summary(facts, figs), measurements=measurements(figs, floors, ctx.profile.outliers, kinds, all_nvlink), details=details)
         result.lines = lines(figs, floors) + time_line(facts)
         result.lines += settled.lines + [t.replace("time:", "time, second reading:", 1) for t in (time_line(again) if again else [])]
-        result.lines += shape.unjudged_lines(unjudged) + ([facts.left_out] if facts.left_out else [])
+        result.lines += nvls_lines + shape.unjudged_lines(unjudged) + ([facts.left_out] if facts.left_out else [])
         return result
 
