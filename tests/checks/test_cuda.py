@@ -608,3 +608,14 @@ def test_exclusive_process_compute_mode_is_what_a_job_of_one_process_per_gpu_nee
     f = facts("h100-sxm-8x-exclusive-process.json")
     assert {g.compute_mode for g in f.inventory.gpus} == {"exclusive_process"}
     assert judged(f) == [] and cuda.prohibited(f.inventory) == []
+
+
+def test_a_fake_prohibited_node_fails_naming_the_mode_and_tries_no_cuda_init(tmp_path):
+    report = tmp_path / "r.json"
+    p = run_preflight(["run", "--profile", "h100-sxm", "--only", "cuda", "--report", str(report), "--nvml-fake", str(NVML / "h100-sxm-8x-prohibited.json")])
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    (c,) = Report.model_validate_json(report.read_text()).checks
+    assert c.details["parts"]["inventory"] == "FAIL" and c.details["init"] is None
+    assert c.details["parts"]["cuda_init"] == "not run: NVML reports compute mode PROHIBITED on " + ", ".join(
+        f"GPU {g.index} ({nvml.short_pci(g.pci_bus_id)})" for g in FakeNvml(NVML / "h100-sxm-8x-prohibited.json").gpus)
+    assert "compute mode PROHIBITED" in c.summary and "`nvidia-smi -i 0 -c DEFAULT`" in c.remedy
