@@ -571,3 +571,14 @@ def test_pcie_only_gpus_of_an_nvlink_model_are_not_held_to_nvlink(tmp_path):
     ctx, r = run_shaped(host(vm_root(tmp_path, 2, switches=False), text, tmp=tmp_path), cut_nvml(tmp_path, 2, nvlinks_active=0, nvlink_remote=None))
     assert ctx.shape.fabric == "pcie"
     assert r.details["parts"]["nvlink"] == "PASS"
+
+
+def test_the_h200_node_through_its_own_nvidia_smi_capture_passes_with_no_warn(tmp_path):
+    # The capture byte for byte (its header in driver 580's ANSI underline): read, or built from
+    # NVML and sysfs where the reader refuses it, the node passes and its rank goes to node 0.
+    smi = fakes.nvidia_smi(tmp_path / "bin", FIXTURES / "node" / "h200-1x-vm" / "nvidia-smi-topo-m.txt")
+    ctx, r = run_shaped(Host(h200_vm(tmp_path), environ={"PATH": str(smi)}), H200_NVML, profile=resolved("h200-sxm"))
+    assert {p: s for p, s in r.details["parts"].items() if p != "source"} == dict.fromkeys(("matrix", "nvlink", "numa", "nics", "cpus", "pcie", "agreement"), "PASS")
+    assert [(x["numa_node"], x["cpus"]) for x in r.details["advice"]["ranks"]] == [(0, "0-15")]
+    assert [m.name for m in r.measurements if m.name == "tool_unreadable"] == ([] if r.details["matrix_source"] == "nvidia-smi topo -m" else ["tool_unreadable"])
+
