@@ -90,7 +90,8 @@ def _numa(g: GpuPlace, cpus: set[int], nodes: dict[int, set[int]]) -> tuple[list
 def _links(places: list[GpuPlace], unanswered: dict[str, str]) -> dict[str, int]:
     """GPU pair -> NVLinks between them, as `topo -m` counts them: NVSwitch links (the
     fewer of the two GPUs') plus direct links (bridges, a direct mesh)."""
-    unknown = [g for g in places if not _knows_links(g)]
+    buses = {g.pci for g in places}
+    unknown = [g for g in places if not _knows_links(g, buses)]
     if unknown and len(places) > 1:
         who = ", ".join(str(g.index) for g in unknown)
         unanswered[LINKS] = (f"NVML does not say which GPUs the NVLinks of GPU {who} reach (link state or far end unanswered) "
@@ -98,14 +99,17 @@ def _links(places: list[GpuPlace], unanswered: dict[str, str]) -> dict[str, int]
     out = {}
     for a in places:
         for b in places:
-            if a.index < b.index and _knows_links(a) and _knows_links(b) and a.nvlinks_active and b.nvlinks_active:
+            if a.index < b.index and a not in unknown and b not in unknown and a.nvlinks_active and b.nvlinks_active:
                 switched = min((a.nvlink_remote or {}).get("switch", 0), (b.nvlink_remote or {}).get("switch", 0))
                 direct = [n for n in ((a.nvlink_peers or {}).get(b.pci), (b.nvlink_peers or {}).get(a.pci)) if n]
                 out[f"{a.index}-{b.index}"] = switched + (min(direct) if direct else 0)
     return out
 
 
-def _knows_links(g: GpuPlace) -> bool:
+def _knows_links(g: GpuPlace, buses: set[str]) -> bool:
+    """Whether NVML says where every active link of ``g`` ends. A link of unknown kind
+    counts only once its far end is one of the GPUs here: it may as well end at a
+    switch, and reading it as no link would fail a healthy board."""
     if g.nvlinks_active is None:
         return False
     if g.nvlinks_active == 0:
@@ -113,7 +117,11 @@ def _knows_links(g: GpuPlace) -> bool:
     if g.nvlink_remote is None:
         return False
     to_gpus = g.nvlink_remote.get("gpu", 0) + g.nvlink_remote.get("unknown", 0)
-    return not to_gpus or g.nvlink_peers is not None
+    if not to_gpus:
+        return True
+    if g.nvlink_peers is None:
+        return False
+    return not g.nvlink_remote.get("unknown", 0) or sum(n for bus, n in g.nvlink_peers.items() if bus in buses) == to_gpus
 
 
 def _distance(a: list[str] | None, b: list[str] | None, ga: TopoGpu, gb: TopoGpu, machine_nodes: int) -> str | None:

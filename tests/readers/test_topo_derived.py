@@ -79,3 +79,10 @@ def test_the_numa_node_of_a_gpu_the_kernel_does_not_place_comes_from_its_cpus(ro
     f = derived(root, HEALTHY)
     assert f.matrix.gpus[5].numa_nodes == [1]
     assert f.answered["NUMA node of each GPU"] == "sysfs numa_node; sysfs: the NUMA node whose CPUs hold its local_cpulist"
+
+
+def test_links_of_unknown_kind_that_end_at_no_gpu_here_leave_the_pairs_unanswered(root, tmp_path):
+    # A driver that cannot name the far end's kind: the links may end at an NVSwitch, so no pair is read as unlinked.
+    odd = {"nvlink_remote": {"unknown": 18}, "nvlink_peers": {"00000000:05:00.0": 18}}  # the NVSwitch's bus id
+    f = derived(root, nvml_with(tmp_path, **{f"g{i}": odd for i in range(8)}))
+    assert "GPU 0, 1, 2, 3, 4, 5, 6, 7" in f.unanswered["GPU links (NVLink)"]
