@@ -356,7 +356,7 @@ class Topology(Check):
             parts["source"] = [nvml.fake_finding(str(ctx.settings.nvml_fake))]
         advice = advise(facts)
         src = sources(facts)
-        details = facts.model_dump(mode="json") | src.details()
+        details = facts.model_dump(mode="json", exclude={"answered"}) | src.details()  # answered: as details.sources
         details["parts"] = {name: worst(found) for name, found in parts.items()}
         details["advice"] = advice.model_dump(mode="json")
         findings = [f for found in parts.values() for f in found]
