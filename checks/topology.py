@@ -186,7 +186,7 @@ def judge_nics(facts: TopologyFacts, expect: TopologyExpect, shape: NodeShape | 
                         "run `nvidia-smi topo -m` by hand and read each GPU's row for a NIC at PIX or PXB")]
     remedy = "check that the NICs are seated and their driver (mlx5_core, mlx5_ib) is loaded (`ibv_devinfo`); a node built for multi-node jobs needs one NIC beside each GPU"
     if not m.nics:
-        return [Finding(FAIL, "no NIC in the GPU topology", "`nvidia-smi topo -m` lists no NIC: multi-node traffic would leave through "
+        return [Finding(FAIL, "no NIC in the GPU topology", f"{'`nvidia-smi topo -m`' if facts.matrix_source != topo_derived.SOURCE else 'sysfs (/sys/class/infiniband)'} lists no NIC: multi-node traffic would leave through "
                         "the host's other network at a fraction of the speed, without GPUDirect RDMA", remedy)]
     out = []
     # The matrix names RDMA devices (mlx5_0) or, on some drivers, netdevs (ibp24s0): look up both.

@@ -582,3 +582,10 @@ def test_the_h200_node_through_its_own_nvidia_smi_capture_passes_with_no_warn(tm
     assert [(x["numa_node"], x["cpus"]) for x in r.details["advice"]["ranks"]] == [(0, "0-15")]
     assert [m.name for m in r.measurements if m.name == "tool_unreadable"] == ([] if r.details["matrix_source"] == "nvidia-smi topo -m" else ["tool_unreadable"])
 
+
+
+def test_a_node_pinned_multi_node_without_a_nic_still_fails_from_sysfs(tmp_path):
+    ctx, r = run_shaped(Host(h200_vm(tmp_path), environ={"PATH": stand_in(tmp_path, "garbage")}), H200_NVML, profile=resolved("h200-sxm"), node_multi_node=True)
+    (found,) = [x for x in t.judge(t.gather(ctx.host, ctx.settings, time.monotonic() + 30), resolved("h200-sxm").topology, 12, ctx.shape, True)["nics"]]
+    assert found.status == FAIL and found.summary == "no NIC in the GPU topology" and found.cause.startswith("sysfs (/sys/class/infiniband) lists no NIC")
+    assert r.details["parts"]["nics"] == "FAIL"
