@@ -34,7 +34,7 @@ from preflight.checkkit import figures as figs_mod
 from preflight.checkkit import confirm
 from preflight.checkkit import nvls as nvls_mod
 from preflight.checkkit import outliers
-from preflight.checkkit.placement import linked_pairs
+from preflight.checkkit.placement import linked_pairs, numa_nodes
 from preflight.gpuwork import launch, meeting, ranks
 from preflight.pipeline import floor_bounds, shape
 from preflight.pipeline.check import Check, Context, Result
@@ -158,6 +158,7 @@ class RankReport(ranks.RankReport):
 class BandwidthFacts(ranks.RunFacts):
     steps: list[str] = Field(default_factory=list)
     binding: dict[str, dict] = Field(default_factory=dict)  # local rank -> {node, cpus} asked for
+    numa_nodes: int | None = None  # NUMA nodes with CPUs on this machine: with one, there is nothing to bind to
     uuids: dict[int, str] = Field(default_factory=dict)  # nvidia-smi index -> GPU UUID (cuda check)
     left_out: str | None = None  # why a step the node would run was left out (p2p on GPUs in EXCLUSIVE_PROCESS mode)
 
@@ -322,7 +323,7 @@ def judge_setup(f: BandwidthFacts) -> list[Finding]:
         remedy = "find what holds the memory (`nvidia-smi`, other jobs) before trusting the node; or lower the sizes in the profile's [bandwidth]"
         out.append(Finding(WARN, "buffer sizes clamped to free memory", cause, remedy))
     unbound = [f"rank {o.rank}: {o.report.binding['error']}" for o in f.ranks if isinstance(o.report, RankReport) and o.report.binding and o.report.binding.get("error")]
-    if f.backend == "nccl":
+    if f.backend == "nccl" and f.numa_nodes != 1:
         reports = [o for o in f.ranks if isinstance(o.report, RankReport)]
         unbound += [f"{o.who}: no NUMA advice from the topology check" for o in reports if not o.report.binding]  # type: ignore[union-attr]
     if unbound:
@@ -426,7 +427,8 @@ def gather(ctx: Context, nproc: int, expect: BandwidthExpect, backend: str, step
     nnodes = ctx.meeting.group.nnodes if ctx.meeting else 1
     one_process = exclusive_gpus(compute_modes(ctx)) if gpu and nproc > 1 else None
     steps = steps or steps_for(gpu, nproc, expect, nnodes, one_process)
-    facts = BandwidthFacts(python=python, backend=backend, nproc=nproc, steps=steps, binding=binding(ctx) if gpu else {}, uuids=uuids(ctx), left_out=one_process)
+    facts = BandwidthFacts(python=python, backend=backend, nproc=nproc, steps=steps, binding=binding(ctx) if gpu else {}, uuids=uuids(ctx),
+                           numa_nodes=numa_nodes(ctx.results.get("topology"), ctx.host) if gpu else None, left_out=one_process)
     left = ranks.time_left(ctx.deadline)
     op_timeout = min(expect.op_timeout_seconds, max(2.0, left / 3))
     args = [

@@ -18,12 +18,13 @@ from preflight.base.findings import Finding, Measurement, Status, worst
 from preflight.base.host import Host
 from preflight.base.units import format_cpulist, parse_cpulist
 from preflight.checkkit.placement import advise
+from preflight.checkkit.sources import Sources
 from preflight.pipeline import floor_bounds
 from preflight.pipeline.check import Check, Context, Result
 from preflight.pipeline.expectations import TopologyExpect
 from preflight.pipeline.settings import Settings
 from preflight.pipeline.shape import NodeShape
-from preflight.readers import layout, nvml
+from preflight.readers import layout, nvml, topo_derived
 from preflight.readers.layout import (NVIDIA_SMI_TIMEOUT, TopologyFacts, gpu_count, gpu_numa, numa_span, numa_unknown,
                                       nvlink_count, rank_gpus)
 from preflight.readers.topo import NEAR, Topo
@@ -33,11 +34,12 @@ PIN = "bind each rank to its GPU's NUMA node (the advice, details.advice in the 
 
 
 def gather(host: Host, settings: Settings, deadline: float) -> TopologyFacts:
-    """The layout, read as the settings say (the NVML source, the job's interpreter).
+    """The layout, read as the settings say (the NVML source, the job's interpreter);
+    where `nvidia-smi topo -m` cannot be read, its matrix built from NVML and sysfs.
     Raises NvmlUnavailable when NVML cannot answer at all."""
     python = str(settings.python) if settings.python else sys.executable
     # NVIDIA_SMI_TIMEOUT is looked up here at each call, so a test can shorten it.
-    return layout.gather(host, settings.nvml_fake, python, deadline, NVIDIA_SMI_TIMEOUT)
+    return topo_derived.complete(host, layout.gather(host, settings.nvml_fake, python, deadline, NVIDIA_SMI_TIMEOUT))
 
 
 # ---- judging -------------------------------------------------------------------
@@ -67,6 +69,12 @@ def judge_links(facts: TopologyFacts, expect: TopologyExpect, shape: NodeShape |
     out = []
     down = {g.index: g.nvlinks_down for g in facts.gpus if g.nvlinks_down}
     mode = link_mode(expect, shape)
+    if topo_derived.LINKS in facts.unanswered:
+        # No source says which GPUs the links join: nothing to hold the node to, and nothing to clear it by.
+        if mode != "none" and gpu_count(facts) > 1:
+            out.append(Finding(WARN, "NVLink pairs unknown", facts.unanswered[topo_derived.LINKS] + ": NVLink between the GPUs was not judged",
+                               "run `nvidia-smi topo -m` and `nvidia-smi nvlink -s` by hand; update nvidia-ml-py to the driver's generation"))
+        m = None
     if m is not None and mode in ("mesh", "peers"):
         out += _left_out(m, every_pair=mode == "mesh")
     if m is not None and mode == "all":
@@ -139,7 +147,7 @@ def judge_numa(facts: TopologyFacts, expect: TopologyExpect) -> list[Finding]:
     if unknown and several:
         who = name_list([str(i) for i in unknown])
         if facts.live:
-            cause = f"neither the kernel (numa_node -1) nor nvidia-smi knows the NUMA node of GPU {who} on a machine with several"
+            cause = f"neither the kernel (numa_node -1) nor {'NVML' if facts.matrix_source == topo_derived.SOURCE else 'nvidia-smi'} knows the NUMA node of GPU {who} on a machine with several"
             remedy = "enable NUMA reporting in the BIOS (ACPI SRAT / PCIe proximity); meanwhile bind their ranks by the CPU lists in the advice"
         else:
             cause = f"the capture does not say which NUMA node GPU {who} sits on (no NUMA column, or N/A), and its GPUs use different CPUs"
@@ -149,7 +157,7 @@ def judge_numa(facts: TopologyFacts, expect: TopologyExpect) -> list[Finding]:
     limit = expect.numa_fail_above
     status = FAIL if limit is not None and span > limit else WARN if span > expect.numa_warn_above else None
     if status is not None:
-        if known and not unknown:
+        if known and (not unknown or facts.matrix is None):
             split = "; ".join(f"node {node}: GPU {format_cpulist([i for i, x in known.items() if x == node])}" for node in sorted(set(known.values())))
         else:  # the CPU sets stand for the sockets
             m = facts.matrix
@@ -173,9 +181,12 @@ def judge_nics(facts: TopologyFacts, expect: TopologyExpect, shape: NodeShape | 
         return []
     if shape is not None and not multi_node and (shape.gpus <= 1 or not (m.nics or facts.nics)):
         return []
+    if topo_derived.NICS in facts.unanswered:
+        return [Finding(WARN, "GPU-NIC distance unknown", facts.unanswered[topo_derived.NICS] + ": whether each GPU has a NIC at PIX/PXB was not judged",
+                        "run `nvidia-smi topo -m` by hand and read each GPU's row for a NIC at PIX or PXB")]
     remedy = "check that the NICs are seated and their driver (mlx5_core, mlx5_ib) is loaded (`ibv_devinfo`); a node built for multi-node jobs needs one NIC beside each GPU"
     if not m.nics:
-        return [Finding(FAIL, "no NIC in the GPU topology", "`nvidia-smi topo -m` lists no NIC: multi-node traffic would leave through "
+        return [Finding(FAIL, "no NIC in the GPU topology", f"{'`nvidia-smi topo -m`' if facts.matrix_source != topo_derived.SOURCE else 'sysfs (/sys/class/infiniband)'} lists no NIC: multi-node traffic would leave through "
                         "the host's other network at a fraction of the speed, without GPUDirect RDMA", remedy)]
     out = []
     # The matrix names RDMA devices (mlx5_0) or, on some drivers, netdevs (ibp24s0): look up both.
@@ -238,7 +249,7 @@ def judge_cpus(facts: TopologyFacts, floor: float | None) -> list[Finding]:
 def judge_agreement(facts: TopologyFacts) -> list[Finding]:
     """Where nvidia-smi and the kernel disagree, the pinning advice may be wrong."""
     m = facts.matrix
-    if m is None or not facts.gpus:
+    if m is None or not facts.gpus or facts.matrix_source == topo_derived.SOURCE:  # built from the very facts it would be held to
         return []
     out = []
     if len(m.gpus) != len(facts.gpus):
@@ -278,8 +289,11 @@ def judge(facts: TopologyFacts, expect: TopologyExpect, vcpu_floor: float | None
     node's (None for a saved capture, judged by the profile's word alone)."""
     matrix = []
     if facts.matrix is None:
-        matrix.append(Finding(FAIL, "GPU topology unreadable", f"no GPU link matrix: {facts.matrix_error}",
-                              "run `nvidia-smi topo -m` by hand; reinstall the driver's userspace if nvidia-smi is missing"))
+        # Neither nvidia-smi nor NVML and sysfs gave a matrix (a GPU NVML lost leaves the others unnumbered):
+        # a reader's trouble, not a layout fault; a lost or missing GPU is the cuda check's FAIL.
+        lost = f"; NVML lists GPU {', '.join(str(g.index) for g in facts.gpus)} only, so the GPUs cannot be numbered into a matrix" if facts.gpus else ""
+        matrix.append(Finding(WARN, "GPU layout not judged", f"no GPU link matrix: {facts.matrix_error}{lost}: links, NUMA split and NICs were not judged",
+                              "run `nvidia-smi topo -m` by hand; reinstall the driver's userspace if nvidia-smi is missing; `preflight detect` lists the GPUs NVML sees"))
     return {
         "matrix": matrix,
         "nvlink": judge_links(facts, expect, shape),
@@ -306,7 +320,7 @@ def measurements(facts: TopologyFacts, vcpu_floor: float | None, expect: Topolog
             out.append(Measurement(name="vcpus_per_gpu", unit="ratio", value=round(facts.cpus.usable() / n, 3), floor=vcpu_floor))
     if span := numa_span(facts):
         out.append(Measurement(name="gpu_numa", unit="nodes", value=span, ceiling=expect.numa_fail_above if expect else None))
-    m = facts.matrix
+    m = facts.matrix if topo_derived.LINKS not in facts.unanswered else None
     for g in facts.gpus:
         if m and g.index < len(m.gpus) and len(m.gpus) > 1:
             width = min(nvlink_count(m.link(g.index, j)) for j in range(len(m.gpus)) if j != g.index)
@@ -341,11 +355,25 @@ class Topology(Check):
         if ctx.settings.nvml_fake is not None:  # fail closed, as the cuda check does
             parts["source"] = [nvml.fake_finding(str(ctx.settings.nvml_fake))]
         advice = advise(facts)
-        details = facts.model_dump(mode="json")
+        src = sources(facts)
+        details = facts.model_dump(mode="json", exclude={"answered"}) | src.details()  # answered: as details.sources
         details["parts"] = {name: worst(found) for name, found in parts.items()}
         details["advice"] = advice.model_dump(mode="json")
         findings = [f for found in parts.values() for f in found]
         ok = f"{ctx.shape.describe() if ctx.shape else f'{gpu_count(facts)} GPUs'}; {advice.summary}"
         if facts.cpus:
             ok += f"; {facts.cpus.usable() / max(1, gpu_count(facts)):.1f} vCPUs per GPU"
-        return self.conclude(findings, ok, measurements=measurements(facts, floor, ctx.profile.topology, ctx.shape), details=details)
+        result = self.conclude(findings, ok, measurements=measurements(facts, floor, ctx.profile.topology, ctx.shape) + src.measurements(), details=details)
+        if line := src.line():
+            result.lines.append(line)
+        return result
+
+
+def sources(facts: TopologyFacts) -> Sources:
+    """Which source answered each fact the judges read, and what could not be read."""
+    src = Sources()
+    for fact, source in facts.answered.items():
+        src.took(fact, source)
+    if facts.matrix_error:
+        src.failed("nvidia-smi topo -m", facts.matrix_error, facts.matrix_source if facts.matrix is not None else None)
+    return src

@@ -386,6 +386,28 @@ if any(g.get("nvlink_remote") for g in DEVICES.values()):
             raise NVMLError_NotSupported("Not Supported")
         return kinds[active.index(link)]
 
+# Where each GPU sits (cpu_affinity a CPU list, numa_affinity node numbers), served as
+# NVML's masks of 64-bit words; nvmlDeviceGetNvLinkRemotePciInfo exists only where some
+# GPU has nvlink_peers: its active links ending at a GPU take those bus ids, in order.
+def _mask(items, words):
+    bits = [int(x) for x in items] if isinstance(items, list) else [
+        n for part in items.split(",") for n in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)]
+    return [sum(1 << (b - 64 * w) for b in bits if b // 64 == w) for w in range(words)]
+
+nvmlDeviceGetCpuAffinityWithinScope = lambda h, words, scope: _mask(_given(h, "cpu_affinity"), words)
+nvmlDeviceGetMemoryAffinity = lambda h, words, scope: _mask(_given(h, "numa_affinity"), words)
+nvmlDeviceGetNumaNodeId = lambda h: _given(h, "gpu_numa_id")
+
+if any(g.get("nvlink_peers") for g in DEVICES.values()):
+    def nvmlDeviceGetNvLinkRemotePciInfo(h, link):
+        far = [bus for bus, n in (DEVICES[h].get("nvlink_peers") or {}).items() for _ in range(n)]
+        kinds = [k for k, n in (DEVICES[h].get("nvlink_remote") or {}).items() for _ in range(n)]
+        active = [i for i, s in enumerate(_links(h)) if s]
+        to_gpu = [i for k, i in zip(kinds, active) if k == "gpu"]
+        if link not in to_gpu or to_gpu.index(link) >= len(far):
+            raise NVMLError_NotSupported("Not Supported")
+        return _Pci(far[to_gpu.index(link)], None)
+
 
 def _answering(name, f):
     # A call the facts list under "unanswered" fails with NVML's "Unknown Error".

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+from preflight.base.host import Host
 from preflight.base.units import format_cpulist, parse_cpulist
 from preflight.pipeline.check import Result
-from preflight.readers.layout import TopologyFacts, gpu_count, gpu_numa, numa_unknown, rank_gpus, socket_groups
+from preflight.readers.layout import TopologyFacts, gpu_count, gpu_numa, machine_cpus, numa_unknown, rank_gpus, socket_groups
+from preflight.readers.topo_derived import LINKS
 
 
 class RankAdvice(BaseModel):
@@ -97,13 +99,27 @@ def _caveats(facts: TopologyFacts, ranks: list[RankAdvice]) -> str:
 def linked_pairs(result: Result | None, kinds: tuple[str, ...]) -> set[frozenset[int]] | None:
     """Pairs of GPUs (nvidia-smi indices) whose `nvidia-smi topo -m` link in the
     topology check's result starts with one of ``kinds`` ("NV" for NVLink, "PIX"/"PXB"
-    for one PCIe switch); None where the check did not read a matrix."""
+    for one PCIe switch); None where the check did not read a matrix, or no source told its NVLinks."""
     matrix = result.details.get("matrix") if result else None
     if not matrix or not matrix.get("links"):
         return None
+    if "NV" in kinds and LINKS in (result.details.get("unanswered") or {}):  # type: ignore[union-attr]
+        return None  # built without NVML's word on the links: its cells hold no NVLink, known or not
     pairs = set()
     for key, kind in matrix["links"].items():
         a, _, b = key.partition("-")
         if str(kind).startswith(kinds) and a.isdigit() and b.isdigit():
             pairs.add(frozenset((int(a), int(b))))
     return pairs
+
+
+def numa_nodes(result: Result | None, host: Host) -> int | None:
+    """How many NUMA nodes with CPUs this machine has: the topology check's reading,
+    else sysfs. One node leaves nothing to bind a rank to; None: neither says."""
+    cpus = result.details.get("cpus") if result else None
+    if isinstance(cpus, dict) and cpus.get("nodes"):
+        return len(cpus["nodes"])
+    try:
+        return len(machine_cpus(host).nodes) or None
+    except OSError:
+        return None

@@ -72,7 +72,12 @@ def layout(report: Report) -> Layout | None:
         if str(kind).startswith("NV") and a.isdigit() and b.isdigit():
             links[(int(a), int(b))] = str(kind)
     fabric = report.shape.fabric if report.shape is not None else "unknown"
-    source = "nvidia-smi topo -m, sysfs and NVML" if matrix else f"sysfs and NVML (no link matrix: {d.get('matrix_error') or 'not read'})"
+    if matrix and d.get("matrix_source", "nvidia-smi topo -m") == "nvidia-smi topo -m":
+        source = "nvidia-smi topo -m, sysfs and NVML"
+    elif matrix:  # built from NVML and sysfs where nvidia-smi's matrix could not be read
+        source = f"{d['matrix_source']} (`nvidia-smi topo -m` unreadable: {d.get('matrix_error') or 'not read'})"
+    else:
+        source = f"sysfs and NVML (no link matrix: {d.get('matrix_error') or 'not read'})"
     return Layout(dict(sorted(numa.items(), key=lambda kv: (kv[0] == UNKNOWN, kv[0].zfill(4)))), parts, links, fabric, source)
 
 

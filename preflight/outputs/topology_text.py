@@ -13,7 +13,7 @@ from preflight.base.errors import UsageError
 from preflight.base.findings import Finding, Status
 from preflight.base.host import Host
 from preflight.checkkit.placement import Advice, advise
-from preflight.checks.topology import GENERIC, Topology, gather, judge, name_list
+from preflight.checks.topology import GENERIC, Topology, gather, judge, name_list, sources
 from preflight.pipeline import plan as pipeline
 from preflight.pipeline import profiles
 from preflight.pipeline.profiles import ResolvedProfile
@@ -44,7 +44,8 @@ def explain_capture(path: Path, settings: Settings, profile_named: bool) -> tupl
 
 def explain_host(settings: Settings, note: Callable[[str], None]) -> tuple[str, dict, bool]:
     """`preflight topology` on this machine; ``note`` hears that no profile could be picked.
-    Raises Unreadable when NVML or `nvidia-smi topo -m` cannot answer."""
+    Raises Unreadable when NVML cannot answer; where `nvidia-smi topo -m` cannot, the
+    layout comes from NVML and sysfs, and the text says so."""
     pipeline.check_inputs(settings)
     host = Host()
     try:
@@ -76,6 +77,7 @@ def explain(facts: TopologyFacts, profile: ResolvedProfile | None, live: bool, f
     data = facts.matrix.model_dump(mode="json") if facts.matrix else {}
     if live:
         data["machine"] = facts.model_dump(mode="json", include={"gpus", "nics", "cpus", "cuda_visible_devices", "torch_numa_binding"})
+        data.update(sources(facts).details(), matrix_source=facts.matrix_source, unanswered=facts.unanswered)
     data["profile"] = profile.name if profile else None
     data["shape"] = shape.model_dump(mode="json") if shape else None
     data["findings"] = [{"part": part, "status": f.status.value, "summary": f.summary, "cause": f.cause, "remedy": f.remedy}
@@ -142,6 +144,9 @@ def render(facts: TopologyFacts, parts: dict[str, list[Finding]], advice: Advice
             lines.append(f"  NICs beside no GPU: {', '.join(others)}")
         lines += [f"  {s}" for s in _link_summary(m)] if m.links else []
         lines += [f"  note: {n}" for n in m.notes]
+        lines += [f"  unanswered: {fact}: {why}" for fact, why in facts.unanswered.items()]
+        if facts.matrix_error and (unread := sources(facts).line()):
+            lines.append(f"  {unread}")
     else:
         lines.append(f"no GPU link matrix: {facts.matrix_error}")
     findings = [f for found in parts.values() for f in found]

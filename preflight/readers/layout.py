@@ -46,6 +46,14 @@ class GpuPlace(BaseModel):
     link: PciLink | None = None
     nvlinks_active: int | None = None  # NVML; None: unknown
     nvlinks_down: list[int] = []
+    # NVML's word on where the GPU sits and what its links reach (nvml.Gpu's fields of the
+    # same names, bus ids in sysfs form): readers.topo_derived builds the matrix from them
+    # where `nvidia-smi topo -m` cannot be read.
+    cpu_affinity: str | None = None
+    numa_affinity: list[int] | None = None
+    gpu_numa_id: int | None = None
+    nvlink_remote: dict[str, int] | None = None
+    nvlink_peers: dict[str, int] | None = None
 
 
 class IbPort(BaseModel):
@@ -79,6 +87,10 @@ class TopologyFacts(BaseModel):
     matrix: Topo | None = None
     matrix_error: str | None = None  # why there is no matrix
     matrix_source: str = "nvidia-smi topo -m"
+    # Where the matrix came from other sources (readers.topo_derived): each of its facts ->
+    # the source that answered it, and the facts no source answered -> why.
+    answered: dict[str, str] = {}
+    unanswered: dict[str, str] = {}
     gpus: list[GpuPlace] = []  # empty when explaining a saved capture
     nics: list[Nic] = []
     cpus: Cpus | None = None
@@ -122,7 +134,9 @@ def gpu_places(host: Host, inventory: Inventory) -> list[GpuPlace]:
         dev = host.path(f"/sys/bus/pci/devices/{pci}")
         out.append(GpuPlace(index=g.index, pci=pci, uuid=g.uuid, numa_node=_numa_node(dev),
                             local_cpus=read_stripped(dev / "local_cpulist"), link=pci_link(dev),
-                            nvlinks_active=g.nvlinks_active, nvlinks_down=g.nvlinks_down))
+                            nvlinks_active=g.nvlinks_active, nvlinks_down=g.nvlinks_down,
+                            cpu_affinity=g.cpu_affinity, numa_affinity=g.numa_affinity, gpu_numa_id=g.gpu_numa_id, nvlink_remote=g.nvlink_remote,
+                            nvlink_peers={nvml.short_pci(bus): n for bus, n in g.nvlink_peers.items()} if g.nvlink_peers else None))
     return out
 
 

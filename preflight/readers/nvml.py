@@ -104,6 +104,15 @@ class Gpu(_Facts):
     # on HGX), "gpu" (a bridge or a direct link), "ibmnpu", "unknown" (NVML did not
     # say); None where no link is active or nvidia-ml-py cannot ask.
     nvlink_remote: dict[str, Annotated[int, Field(ge=1)]] | None = None
+    # Where the GPU sits and which GPUs its links reach, as NVML says: the facts
+    # `nvidia-smi topo -m` prints, for when its matrix cannot be read. None where
+    # NVML did not say (a driver without the call, a fake file written before them).
+    cpu_affinity: str | None = None  # CPU list of the GPU's NUMA node, nvmlDeviceGetCpuAffinityWithinScope
+    numa_affinity: list[Annotated[int, Field(ge=0)]] | None = None  # nvmlDeviceGetMemoryAffinity, NUMA-node scope
+    gpu_numa_id: int | None = Field(default=None, ge=0)  # nvmlDeviceGetNumaNodeId: a GPU that is a NUMA node of its own
+    # Active links whose far end is a GPU, by that GPU's PCI bus id as NVML prints it
+    # (nvmlDeviceGetNvLinkRemotePciInfo_v2); None where no link ends at a GPU, or NVML cannot say.
+    nvlink_peers: dict[BusId, Annotated[int, Field(ge=1)]] | None = None
     # None: NVML has no fabric state for this GPU (before Hopper, or a driver without the call).
     fabric: GpuFabric | None = None
     processes: list[GpuProcess] | None = None  # compute processes on the GPU now; None: NVML did not say

@@ -36,6 +36,7 @@ CLOCKS_EVENTS = {
 NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS
 # nvml.h's nvmlNvLinkDeviceType_t: what sits at the far end of an active link.
 NVLINK_REMOTE = {0: "gpu", 1: "ibmnpu", 2: "switch"}  # NVML_NVLINK_DEVICE_TYPE_GPU, _IBMNPU, _SWITCH; 0xFF: unknown
+AFFINITY_SCOPE_NODE = 0  # nvml.h NVML_AFFINITY_SCOPE_NODE: the NUMA node, as `nvidia-smi topo -m` prints it
 # nvml.h's NVML_GPU_FABRIC_STATE_*: NOT_SUPPORTED, NOT_STARTED, IN_PROGRESS, COMPLETED.
 FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
 # HW slowdown is documented as also reported during P-state and clock changes
@@ -226,6 +227,7 @@ def _gpu(pynvml: Any, i: int, h: Any, bus: str, device_id: int) -> dict[str, Any
         "power_limit_w": power / 1000 if power is not None else None,
         "power_default_limit_w": default_power / 1000 if default_power is not None else None,
         **_nvlinks(pynvml, h, unanswered),
+        **_placement(pynvml, h),
         "fabric": _fabric(pynvml, h, unanswered),
         "processes": [{"pid": p.pid, "used_memory_bytes": _bytes(getattr(p, "usedGpuMemory", None))} for p in procs] if procs is not None else None,
         "unanswered": unanswered,
@@ -286,7 +288,7 @@ def _link(pynvml: Any, h: Any, unanswered: dict[str, str] | None = None) -> dict
 
 
 def _nvlinks(pynvml: Any, h: Any, unanswered: dict[str, str]) -> dict[str, Any]:
-    unknown = {"nvlinks_active": None, "nvlinks_down": [], "nvlink_remote": None}
+    unknown = {"nvlinks_active": None, "nvlinks_down": [], "nvlink_remote": None, "nvlink_peers": None}
     if not hasattr(pynvml, "nvmlDeviceGetNvLinkState"):
         return unknown
     states = {link: _optional(pynvml, "nvmlDeviceGetNvLinkState", h, link, unanswered=unanswered) for link in range(NVLINK_MAX_LINKS)}
@@ -298,24 +300,93 @@ def _nvlinks(pynvml: Any, h: Any, unanswered: dict[str, str]) -> dict[str, Any]:
         # Every link answers "inactive": a GPU with no NVLink partner (a PCIe
         # card without bridges, a lone SXM GPU in a VM; DCGM reports the same).
         # No partner is not a link down; whether one was expected is the judge's call.
-        return {"nvlinks_active": 0, "nvlinks_down": [], "nvlink_remote": None}
+        return {"nvlinks_active": 0, "nvlinks_down": [], "nvlink_remote": None, "nvlink_peers": None}
+    kinds = _far_ends(pynvml, h, active, unanswered)
     return {
         "nvlinks_active": len(active),
         "nvlinks_down": [k for k, s in present.items() if not s],  # one link up: the rest should be too
-        "nvlink_remote": _remote(pynvml, h, active, unanswered),
+        "nvlink_remote": _remote(kinds),
+        "nvlink_peers": _peers(pynvml, h, kinds or dict.fromkeys(active, "unknown")),
     }
 
 
-def _remote(pynvml: Any, h: Any, active: list[int], unanswered: dict[str, str]) -> dict[str, int] | None:
-    """Active links by what is at their far end: NVSwitch, a GPU (bridge or direct), IBM NPU."""
+def _far_ends(pynvml: Any, h: Any, active: list[int], unanswered: dict[str, str]) -> dict[int, str] | None:
+    """Each active link -> what is at its far end: NVSwitch, a GPU (bridge or direct), IBM NPU."""
     if not hasattr(pynvml, "nvmlDeviceGetNvLinkRemoteDeviceType"):
         return None
-    out: dict[str, int] = {}
+    out: dict[int, str] = {}
     for link in active:
         kind = _optional(pynvml, "nvmlDeviceGetNvLinkRemoteDeviceType", h, link, unanswered=unanswered)
-        name = NVLINK_REMOTE.get(kind, "unknown") if isinstance(kind, int) else "unknown"
+        out[link] = NVLINK_REMOTE.get(kind, "unknown") if isinstance(kind, int) else "unknown"
+    return out
+
+
+def _remote(kinds: dict[int, str] | None) -> dict[str, int] | None:
+    if kinds is None:
+        return None
+    out: dict[str, int] = {}
+    for name in kinds.values():
         out[name] = out.get(name, 0) + 1
     return out
+
+
+def _peers(pynvml: Any, h: Any, kinds: dict[int, str]) -> dict[str, int] | None:
+    """Links whose far end may be a GPU, counted by that device's PCI bus id: which GPU
+    pairs a bridge or a direct link joins, as `nvidia-smi topo -m` prints NV<n>. Links
+    to an NVSwitch are not asked (every pair through the switches shares them).
+    None where none is known; a placement fact, so its errors are no health finding."""
+    asked = [link for link, kind in kinds.items() if kind in ("gpu", "unknown")]
+    out: dict[str, int] = {}
+    for link in asked:
+        # nvidia-ml-py's nvmlDeviceGetNvLinkRemotePciInfo calls NVML's _v2 entry point.
+        info = _optional(pynvml, "nvmlDeviceGetNvLinkRemotePciInfo", h, link)
+        if info is None:
+            if kinds[link] == "gpu":
+                return None  # a GPU link whose far end is unknown: the pairs cannot be told
+            continue
+        bus = _text(info.busId)
+        out[bus] = out.get(bus, 0) + 1
+    return out or None
+
+
+def _placement(pynvml: Any, h: Any) -> dict[str, Any]:
+    """Where the GPU sits, as NVML says (what `nvidia-smi topo -m` prints in its affinity
+    columns), for when that matrix cannot be read. A placement fact NVML does not give
+    is None, never a health finding: the topology check takes it from sysfs instead."""
+    words = 64  # 64-bit words of a CPU mask: 4096 CPUs
+    cpus = _optional(pynvml, "nvmlDeviceGetCpuAffinityWithinScope", h, words, AFFINITY_SCOPE_NODE)
+    if cpus is None:
+        cpus = _optional(pynvml, "nvmlDeviceGetCpuAffinity", h, words)
+    nodes = _optional(pynvml, "nvmlDeviceGetMemoryAffinity", h, 4, AFFINITY_SCOPE_NODE)
+    gpu_node = _optional(pynvml, "nvmlDeviceGetNumaNodeId", h)
+    cpu_list = _bits(cpus)
+    node_list = _bits(nodes)
+    return {
+        "cpu_affinity": _ranges(cpu_list) if cpu_list else None,
+        "numa_affinity": node_list or None,
+        "gpu_numa_id": gpu_node if isinstance(gpu_node, int) and gpu_node >= 0 else None,
+    }
+
+
+def _bits(mask: Any) -> list[int]:
+    """The set bits of NVML's mask (an array of 64-bit words, lowest first)."""
+    if mask is None:
+        return []
+    try:
+        return [w * 64 + b for w, word in enumerate(mask) for b in range(64) if int(word) >> b & 1]
+    except (TypeError, ValueError):
+        return []
+
+
+def _ranges(items: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5", the kernel's CPU-list form."""
+    out: list[str] = []
+    for x in sorted(items):
+        if out and x == int(out[-1].split("-")[-1]) + 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{x}"
+        else:
+            out.append(str(x))
+    return ",".join(out)
 
 
 def _pcie(pynvml: Any) -> dict[str, Any]:

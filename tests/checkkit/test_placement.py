@@ -9,10 +9,11 @@ import sys
 import pytest
 from conftest import make_ctx
 from preflight.checkkit import placement as t
-from preflight.checkkit.placement import linked_pairs
+from preflight.checkkit.placement import linked_pairs, numa_nodes
 from topology_cases import edit, gathered, host, matrix, root  # noqa: F401 (root: a fixture)
 
 from preflight.base.findings import Status
+from preflight.base.host import Host
 from preflight.pipeline.check import Result
 from preflight.readers import topo
 
@@ -86,3 +87,17 @@ def test_nvlink_pairs_without_a_usable_matrix_are_none(details):
 
 def test_nvlink_pairs_without_a_topology_result_are_none():
     assert linked_pairs(make_ctx().results.get("topology"), ("NV",)) is None
+
+
+def test_nvlink_pairs_no_source_told_are_none_not_an_empty_set():
+    # A matrix built from sysfs alone fills its cells with PCIe distances: they say nothing of NVLink.
+    details = {"matrix": {"links": {"0-1": "SYS"}}, "unanswered": {"GPU links (NVLink)": "NVML does not say ..."}}
+    result = Result(check="topology", status=Status.WARN, summary="x", details=details)
+    assert linked_pairs(result, ("NV",)) is None and linked_pairs(result, ("PIX", "PXB")) == set()
+
+
+def test_the_numa_nodes_come_from_the_topology_check_else_from_sysfs(tmp_path):
+    from topology_cases import TREE, h200_vm
+
+    assert numa_nodes(Result(check="topology", status=Status.PASS, summary="ok", details={"cpus": {"nodes": {"0": "0-15"}}}), Host(TREE)) == 1
+    assert numa_nodes(None, Host(TREE)) == 2 and numa_nodes(None, Host(h200_vm(tmp_path))) == 1

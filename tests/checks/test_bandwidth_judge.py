@@ -357,6 +357,15 @@ def test_a_gpu_rank_without_numa_advice_warns_that_host_copies_may_read_low():
     assert "rank 1 (GPU 1): no NUMA advice from the topology check" in x.cause and "rank 0" not in x.cause
 
 
+def test_on_a_machine_of_one_numa_node_a_rank_without_advice_is_no_finding():
+    # The real H200 VM: 16 CPUs on NUMA node 0, nothing a rank could be bound away from.
+    f = per_rank(1, lambda r: [step("h2d", bytes=GIB, moved_bytes=GIB, seconds=[0.01])], numa_nodes=1)
+    f.ranks[0].report.binding = None
+    assert bandwidth.judge_setup(f) == []
+    f.numa_nodes = 2
+    assert [x.summary for x in bandwidth.judge_setup(f)] == ["ranks not bound to their GPU's NUMA node"]
+
+
 def test_cpu_ranks_need_no_numa_binding():
     f = per_rank(2, lambda r: [step("memcpy", bytes=GIB, moved_bytes=2 * GIB, seconds=[0.2])], backend="gloo")
     assert bandwidth.judge_setup(f) == []
@@ -537,6 +546,37 @@ def test_binding_without_topology_or_advice_is_empty():
     assert bandwidth.binding(ctx) == {}
     ctx.results["topology"] = Result(check="topology", status=Status.PASS, summary="ok", details={"advice": None})
     assert bandwidth.binding(ctx) == {}
+
+
+def test_where_the_matrix_is_unreadable_the_binding_comes_from_sysfs_and_nvml(tmp_path):
+    import shutil
+
+    from preflight.base.host import Host
+    from preflight.checks import topology
+    from preflight.pipeline import profiles
+    from topology_cases import FIXTURES, TREE, h200_vm, unreadable_smi
+
+    def profile(name: str) -> profiles.ResolvedProfile:
+        path = profiles.BUILTIN_DIR / f"{name}.toml"
+        return profiles.resolve(profiles.load(path), path, {}, f"--profile {name}")
+
+    garbage = {"PATH": str(unreadable_smi(tmp_path))}
+    # The DGX H100 of tests/fixtures/topo/03, two NUMA nodes: each rank goes to its GPU's node.
+    shutil.copytree(TREE, tmp_path / "hgx", symlinks=True)
+    ctx = make_ctx(host=Host(tmp_path / "hgx", environ=garbage))
+    ctx.profile = profile("h100-sxm")
+    ctx.settings = ctx.settings.model_copy(update={"nvml_fake": FIXTURES / "nvml" / "h100-sxm-8x-healthy.json"})
+    ctx.results["topology"] = topology.Topology().run(ctx)
+    assert ctx.results["topology"].details["unread"]
+    assert bandwidth.binding(ctx) == {str(r): {"node": r // 4, "cpus": "0-55,112-167" if r < 4 else "56-111,168-223"} for r in range(8)}
+    assert bandwidth.numa_nodes(ctx.results["topology"], ctx.host) == 2
+    # The real H200 VM, one NUMA node: its rank's node and CPUs all the same, and nothing to warn of.
+    ctx = make_ctx(host=Host(h200_vm(tmp_path), environ=garbage))
+    ctx.profile = profile("h200-sxm")
+    ctx.settings = ctx.settings.model_copy(update={"nvml_fake": FIXTURES / "nvml" / "h200-1x-vm.json"})
+    ctx.results["topology"] = topology.Topology().run(ctx)
+    assert bandwidth.binding(ctx) == {"0": {"node": 0, "cpus": "0-15"}}
+    assert bandwidth.numa_nodes(None, ctx.host) == bandwidth.numa_nodes(ctx.results["topology"], ctx.host) == 1
 
 
 def test_uuids_read_the_cuda_inventory_by_index():

@@ -12,7 +12,11 @@ import psutil
 import pytest
 from preflight.checks import topology as t
 from preflight.readers import layout
-from topology_cases import HEALTHY, ONE_NODE, SPLIT, TOPO, TREE, edit, gathered, host, matrix, root  # noqa: F401 (root: a fixture)
+from topology_cases import (FIXTURES, HEALTHY, ONE_NODE, PCI_GROUPS, SPLIT, TOPO, TREE, edit, gathered, h200_vm, host, matrix, pci_tree,  # noqa: F401
+                            root, unreadable_smi)
+
+AFFINITY = FIXTURES / "nvml" / "h100-sxm-8x-affinity.json"
+H200_NVML = FIXTURES / "nvml" / "h200-1x-vm.json"
 
 from preflight.pipeline import profiles
 from preflight.readers import topo
@@ -342,30 +346,140 @@ def test_the_check_fails_closed_on_fake_nvml_but_reports_every_part(root):
     assert r.details["parts"]["nvlink"] == "PASS" and r.details["advice"]["bind"] is True
 
 
-def test_nvidia_smi_missing_fails_with_the_cause(root, tmp_path):
-    h = Host(root, environ={"PATH": str(tmp_path / "empty")})
-    r = t.Topology().run(ctx_for(h, nvml_fake=HEALTHY))
-    assert r.status == FAIL and "nvidia-smi is not on PATH" in r.cause and r.details["parts"]["matrix"] == "FAIL"
+# A reader's trouble is never the node's fault: where `nvidia-smi topo -m` cannot be
+# read (missing, failing, hung, a layout no reader knows), the layout comes from NVML
+# and sysfs, the details and a metric say so, and the node is judged on those facts.
+
+def stand_in(tmp: Path, how: str) -> Host | str:
+    if how == "missing":
+        return str(tmp / "empty")
+    if how == "failing":
+        return str(fakes.nvidia_smi(tmp / "bin", exit_code=9, message="NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."))
+    if how == "hung":
+        return str(fakes.nvidia_smi(tmp / "bin", hang=True))
+    if how == "nothing":
+        return str(unreadable_smi(tmp, ""))
+    if how == "garbage":
+        return str(unreadable_smi(tmp))
+    return str(fakes.nvidia_smi(tmp / "bin", TOPO / "malformed" / "M1_h100-8x_nv18_12nic_PASTE-CORRUPTED-PIXNODE.txt"))
 
 
-def test_nvidia_smi_failing_is_a_fail_with_its_own_words(root, tmp_path):
-    bin_dir = fakes.nvidia_smi(tmp_path / "bin", exit_code=9, message="NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.")
-    r = t.Topology().run(ctx_for(Host(root, environ={"PATH": str(bin_dir)}), nvml_fake=HEALTHY))
-    assert "failed (exit 9): NVIDIA-SMI has failed because it couldn't communicate" in r.cause
+UNREAD = {"missing": "nvidia-smi is not on PATH", "failing": "failed (exit 9): NVIDIA-SMI has failed because it couldn't communicate",
+          "hung": "did not answer in 1 s", "nothing": "cannot read", "garbage": "it is binary", "damaged": "line 7"}
 
 
-def test_a_hung_nvidia_smi_is_killed_at_its_deadline(root, tmp_path, monkeypatch):
+@pytest.mark.parametrize("how", list(UNREAD))
+def test_an_unreadable_matrix_is_no_fault_of_the_node_and_the_layout_comes_from_nvml_and_sysfs(root, tmp_path, monkeypatch, how):
     monkeypatch.setattr(t, "NVIDIA_SMI_TIMEOUT", 1.0)
-    bin_dir = fakes.nvidia_smi(tmp_path / "bin", hang=True)
+    pci_tree(root)
     started = time.monotonic()
-    r = t.Topology().run(ctx_for(Host(root, environ={"PATH": str(bin_dir)}), nvml_fake=HEALTHY))
-    assert time.monotonic() - started < 10 and "did not answer in 1 s" in r.cause
+    r = t.Topology().run(ctx_for(Host(root, environ={"PATH": stand_in(tmp_path, how)}), nvml_fake=AFFINITY))
+    assert time.monotonic() - started < 10
     assert not [p for p in psutil.Process().children(recursive=True) if "sleep" in " ".join(p.cmdline())]
+    assert UNREAD[how] in r.details["unread"]["nvidia-smi topo -m"]
+    assert failed_parts(r) == {} and r.details["parts"]["matrix"] == "PASS"
+    # Judged as the printed matrix is judged: the DGX H100's 4+4 split warns, and nothing else.
+    assert [p for p, status in r.details["parts"].items() if status == "WARN"] == ["numa"]
+    assert r.details["matrix_source"] == "NVML and sysfs" and r.details["sources"]["GPU-NIC distance"] == "sysfs (the PCI tree above each GPU and NIC)"
+    (unread,) = [m for m in r.measurements if m.name == "tool_unreadable"]
+    assert unread.labels == {"tool": "nvidia-smi topo -m", "fallback": "NVML and sysfs"} and unread.value == 1
+    assert any(line.startswith("unreadable output, not the node's fault: nvidia-smi topo -m:") for line in r.lines)
+    assert r.details["advice"]["bind"] is True and [x["numa_node"] for x in r.details["advice"]["ranks"]] == [0, 0, 0, 0, 1, 1, 1, 1]
 
 
-def test_unreadable_output_is_a_fail_naming_the_line(root, tmp_path):
-    r = t.Topology().run(ctx_for(host(root, TOPO / "malformed" / "M1_h100-8x_nv18_12nic_PASTE-CORRUPTED-PIXNODE.txt"), nvml_fake=HEALTHY))
-    assert r.status == FAIL and "line 7" in r.cause and "PIXNODE" in r.cause
+def test_the_findings_from_nvml_and_sysfs_are_those_of_the_printed_matrix(root, tmp_path):
+    pci_tree(root)
+    printed = t.Topology().run(ctx_for(host(root), nvml_fake=AFFINITY))
+    built = t.Topology().run(ctx_for(Host(root, environ={"PATH": stand_in(tmp_path, "garbage")}), nvml_fake=AFFINITY))
+    assert (built.status, built.summary, built.cause) == (printed.status, printed.summary, printed.cause)
+    assert built.details["parts"] == printed.details["parts"] and built.details["advice"] == printed.details["advice"]
+    assert "unread" not in printed.details and printed.details["sources"]["GPU links (NVLink)"] == "nvidia-smi topo -m"
+
+
+def test_a_single_socket_hgx_from_nvml_and_sysfs_passes_with_nothing_to_bind(root, tmp_path):
+    for node in ("1", "0"):
+        shutil.rmtree(root / f"sys/devices/system/node/node{node}")
+    (root / "sys/devices/system/node/node0").mkdir()
+    for bus in ("1b", "43", "52", "61", "9d", "c3", "d1", "df"):
+        edit(root, f"sys/bus/pci/devices/0000:{bus}:00.0/numa_node", "0")
+        edit(root, f"sys/bus/pci/devices/0000:{bus}:00.0/local_cpulist", "0-191")
+    for nic in ("18", "40", "4f", "5e", "29", "9a", "c0", "ce", "dc", "aa"):
+        for fn in ("0", "1") if nic in ("29", "aa") else ("0",):
+            edit(root, f"sys/bus/pci/devices/0000:{nic}:00.{fn}/numa_node", "0")
+    edit(root, "sys/devices/system/node/node0/cpulist", "0-191")
+    edit(root, "sys/devices/system/cpu/online", "0-191")
+    edit(root, "proc/self/status", "Cpus_allowed_list:\t0-191")
+    pci_tree(root)
+    f = t.gather(Host(root, environ={"PATH": stand_in(tmp_path, "garbage")}), Settings(nvml_fake=HEALTHY), time.monotonic() + 30)
+    assert f.matrix_source == "NVML and sysfs" and judged(f) == []
+    assert t.advise(f).summary == "every GPU is on NUMA node 0: no per-rank binding needed"
+
+
+def built_from(root: Path, tmp: Path, nvml_file: Path = None, **by_gpu) -> t.TopologyFacts:
+    data = json.loads((nvml_file or AFFINITY).read_text())
+    for g in data["gpus"]:
+        g.update(by_gpu.get(f"g{g['index']}", {}))
+    (tmp / "nvml.json").write_text(json.dumps(data))
+    return t.gather(Host(root, environ={"PATH": stand_in(tmp, "garbage")}), Settings(nvml_fake=tmp / "nvml.json"), time.monotonic() + 30)
+
+
+def test_a_4_plus_4_split_still_fails_where_the_profile_allows_one_node(root, tmp_path):
+    strict = H100.topology.model_copy(update={"numa_fail_above": 1})
+    found = t.judge(built_from(pci_tree(root), tmp_path), strict, 12)["numa"]
+    assert [(x.status, x.summary) for x in found] == [(FAIL, "GPUs span 2 NUMA nodes (node 0: GPU 0-3; node 1: GPU 4-7)")]
+
+
+def test_a_gpu_with_an_nvlink_down_still_fails_naming_the_link_from_nvml(root, tmp_path):
+    f = built_from(pci_tree(root), tmp_path, g3={"nvlinks_active": 17, "nvlinks_down": [5], "nvlink_remote": {"switch": 17}})
+    failed = [x for x in judged(f) if x.status == FAIL]
+    assert [x.summary for x in failed] == ["GPU 3 has NV17 to every peer, NV18 expected"]
+    assert "NVML reports its link(s) 5 down" in failed[0].cause
+
+
+def test_a_gpu_with_every_nvlink_down_on_an_nvswitch_board_still_fails(root, tmp_path):
+    from preflight.pipeline.shape import NodeShape
+
+    f = built_from(pci_tree(root), tmp_path, g5={"nvlinks_active": 0, "nvlink_remote": None})
+    node = NodeShape(gpus=8, gpus_from="test", fabric="nvswitch", fabric_from="test")
+    failed = [x for x in t.judge(f, H100.topology, 12, node)["nvlink"] if x.status == FAIL]
+    # PXB to GPU 4 behind their shared switch, NODE to GPU 6-7, SYS across the socket: no NVLink to any.
+    assert [x.summary for x in failed] == ["GPU 5 has NODE/PXB/SYS to every peer, NV18 expected"]
+
+
+def test_a_gpu_whose_nic_is_far_still_fails_from_the_pci_tree(root, tmp_path):
+    # GPU 0 and 1's NICs moved off their switch to a root bus of their own: NODE, not PIX/PXB.
+    groups = [("1b:00.0", "43:00.0"), ("18:00.0", "40:00.0"), *PCI_GROUPS[1:]]
+    found = judged(built_from(pci_tree(root, groups), tmp_path))
+    assert [x.summary for x in found if x.status == FAIL] == ["GPU 0 has no NIC at PIX/PXB", "GPU 1 has no NIC at PIX/PXB"]
+
+
+def test_where_no_source_tells_the_nvlink_pairs_it_warns_and_fails_nothing(root, tmp_path):
+    f = built_from(pci_tree(root), tmp_path, g2={"nvlink_remote": None})
+    found = t.judge(f, H100.topology, 12)
+    assert [(x.status, x.summary) for x in found["nvlink"]] == [(WARN, "NVLink pairs unknown")]
+    assert not [x for part in found.values() for x in part if x.status == FAIL]
+    assert not [m for m in t.measurements(f, 12, H100.topology) if m.name == "gpu_nvlink_peer_min"]
+
+
+def test_where_the_pci_tree_is_hidden_the_nic_distance_warns_and_fails_nothing(root, tmp_path):
+    found = t.judge(built_from(root, tmp_path), H100.topology, 12)
+    assert [(x.status, x.summary) for x in found["nics"]] == [(WARN, "GPU-NIC distance unknown")]
+
+
+def test_a_lost_gpu_with_the_matrix_unreadable_leaves_the_layout_unjudged_not_failed(root, tmp_path):
+    r = t.Topology().run(ctx_for(Host(root, environ={"PATH": stand_in(tmp_path, "garbage")}), nvml_fake=FIXTURES / "nvml" / "h100-sxm-gpu-lost.json"))
+    assert failed_parts(r) == {} and r.details["parts"]["matrix"] == "WARN"
+    assert "NVML lists GPU 0, 1, 2, 3, 5, 6, 7 only" in r.cause
+
+
+def test_the_h200_node_with_its_matrix_unreadable_passes_from_sysfs_with_no_warn(tmp_path):
+    ctx, r = run_shaped(Host(h200_vm(tmp_path), environ={"PATH": stand_in(tmp_path, "garbage")}), H200_NVML, profile=resolved("h200-sxm"))
+    assert ctx.shape.fabric == "single"
+    assert {p: s for p, s in r.details["parts"].items() if p != "source"} == dict.fromkeys(("matrix", "nvlink", "numa", "nics", "cpus", "pcie", "agreement"), "PASS")
+    assert r.details["sources"]["NUMA node of each GPU"] == "sysfs: the NUMA node whose CPUs hold its local_cpulist"
+    assert r.details["advice"]["ranks"][0] | {"nic": None} == {"local_rank": 0, "gpu": 0, "numa_node": 0, "cpus": "0-15", "nic": None, "nic_link": None,
+                                                              "numactl": "numactl --cpunodebind=0 --membind=0"}
+    assert r.details["advice"]["bind"] is False
 
 
 # ---- the node's own shape: 1, 2, 4 and 8 GPUs of one model, containers, no NICs ----------
@@ -478,3 +592,21 @@ def test_pcie_only_gpus_of_an_nvlink_model_are_not_held_to_nvlink(tmp_path):
     ctx, r = run_shaped(host(vm_root(tmp_path, 2, switches=False), text, tmp=tmp_path), cut_nvml(tmp_path, 2, nvlinks_active=0, nvlink_remote=None))
     assert ctx.shape.fabric == "pcie"
     assert r.details["parts"]["nvlink"] == "PASS"
+
+
+def test_the_h200_node_through_its_own_nvidia_smi_capture_passes_with_no_warn(tmp_path):
+    # The capture byte for byte (its header in driver 580's ANSI underline): read, or built from
+    # NVML and sysfs where the reader refuses it, the node passes and its rank goes to node 0.
+    smi = fakes.nvidia_smi(tmp_path / "bin", FIXTURES / "node" / "h200-1x-vm" / "nvidia-smi-topo-m.txt")
+    ctx, r = run_shaped(Host(h200_vm(tmp_path), environ={"PATH": str(smi)}), H200_NVML, profile=resolved("h200-sxm"))
+    assert {p: s for p, s in r.details["parts"].items() if p != "source"} == dict.fromkeys(("matrix", "nvlink", "numa", "nics", "cpus", "pcie", "agreement"), "PASS")
+    assert [(x["numa_node"], x["cpus"]) for x in r.details["advice"]["ranks"]] == [(0, "0-15")]
+    assert [m.name for m in r.measurements if m.name == "tool_unreadable"] == ([] if r.details["matrix_source"] == "nvidia-smi topo -m" else ["tool_unreadable"])
+
+
+
+def test_a_node_pinned_multi_node_without_a_nic_still_fails_from_sysfs(tmp_path):
+    ctx, r = run_shaped(Host(h200_vm(tmp_path), environ={"PATH": stand_in(tmp_path, "garbage")}), H200_NVML, profile=resolved("h200-sxm"), node_multi_node=True)
+    (found,) = [x for x in t.judge(t.gather(ctx.host, ctx.settings, time.monotonic() + 30), resolved("h200-sxm").topology, 12, ctx.shape, True)["nics"]]
+    assert found.status == FAIL and found.summary == "no NIC in the GPU topology" and found.cause.startswith("sysfs (/sys/class/infiniband) lists no NIC")
+    assert r.details["parts"]["nics"] == "FAIL"

@@ -738,9 +738,10 @@ def test_topology_rows_and_header_that_disagree_are_refused(tmp_path):
 def test_topology_on_a_machine_without_gpus_says_to_use_a_capture(tmp_path, monkeypatch):
     r = invoke("topology")
     assert r.exit_code == 1 and "no NVIDIA driver" in r.stderr and "--from FILE" in r.stderr
-    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi: the layout comes from NVML and sysfs, and it says so
     r = invoke("topology", "--nvml-fake", str(HEALTHY_NVML))
-    assert r.exit_code == 1 and "nvidia-smi is not on PATH" in r.stderr and "--from FILE" in r.stderr
+    assert r.exit_code == 1 and "8 GPU(s), 0 NIC(s) from NVML and sysfs" in r.stdout  # 1: the fake facts fail closed
+    assert "nvidia-smi topo -m: nvidia-smi is not on PATH" in r.stdout and "(read from NVML and sysfs instead)" in r.stdout
 
 
 def test_topology_live_judges_this_machines_real_cpus(tmp_path, monkeypatch):

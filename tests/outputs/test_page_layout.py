@@ -64,3 +64,13 @@ def test_a_gpu_with_a_link_down_is_drawn_red():
 def test_no_topology_check_no_picture():
     r = Report.model_validate_json((HERE / "reports" / "cpu-pass.json").read_bytes())
     assert page_layout.layout(r) is None
+
+
+def test_a_matrix_built_from_nvml_and_sysfs_says_so_and_why():
+    r = with_matrix("03_h100-sxm-8x_nv18_12nic_2numa_no-leading-tab-header.txt")
+    c = next(c for c in r.checks if c.check == "topology")
+    c.details.update({"matrix_source": "NVML and sysfs", "matrix_error": "nvidia-smi is not on PATH"})
+    lay = page_layout.layout(r)
+    assert lay.source == "NVML and sysfs (`nvidia-smi topo -m` unreadable: nvidia-smi is not on PATH)"
+    assert len(lay.links) == 28
+    assert page_layout.layout(with_matrix("03_h100-sxm-8x_nv18_12nic_2numa_no-leading-tab-header.txt")).source == "nvidia-smi topo -m, sysfs and NVML"

@@ -70,3 +70,15 @@ def test_the_same_capture_prints_the_same_text_in_every_process():
     outs = {subprocess.run([*fakes.PREFLIGHT, "topology", "--from", str(capture)], capture_output=True, text=True, timeout=60,
                            env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in range(4)}
     assert len(outs) == 1 and "PIX/PXB" in next(iter(outs))
+
+
+def test_this_machine_with_an_unreadable_matrix_shows_the_layout_from_nvml_and_sysfs(tmp_path, monkeypatch):
+    from topology_cases import unreadable_smi
+
+    monkeypatch.setenv("PATH", f"{unreadable_smi(tmp_path)}:{os.environ['PATH']}")
+    text, data, _ = tt.explain_host(Settings(nvml_fake=FIXTURES / "nvml" / "h100-sxm-8x-affinity.json"), lambda _: None)
+    assert "\n8 GPU(s), 0 NIC(s) from NVML and sysfs\n" in text
+    assert "\n  GPU4  1     56-111,168-223" in text  # NVML's word: this machine's sysfs has no such GPU to place
+    assert "\n  unreadable output, not the node's fault: nvidia-smi topo -m: " in text and "(read from NVML and sysfs instead)" in text
+    assert data["matrix_source"] == "NVML and sysfs" and "nvidia-smi topo -m" in data["unread"]
+    assert data["links"]["0-7"] == "NV18"

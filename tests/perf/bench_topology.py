@@ -2,7 +2,8 @@
 second" on a node (it is a parser and a few file reads).
 
 Parts: parsing a 8-GPU, 12-NIC capture, the NVML child, `nvidia-smi topo -m`
-(a stand-in printing that capture where there is no GPU), the sysfs reads
+(a stand-in printing that capture where there is no GPU), the same matrix
+built from NVML and sysfs where nvidia-smi's cannot be read, the sysfs reads
 (the recorded HGX tree, and this machine's /sys), the torchrun
 --numa-binding lookup, the judges and advice, and the whole
 `preflight run --only topology`. On a GPU node everything is real.
@@ -28,7 +29,7 @@ import timing  # noqa: E402
 from preflight.checkkit import placement  # noqa: E402
 from preflight.checks import topology  # noqa: E402
 
-from preflight.readers import layout, nvml, topo  # noqa: E402
+from preflight.readers import layout, nvml, topo, topo_derived  # noqa: E402
 from preflight.base.host import Host  # noqa: E402
 from preflight.pipeline.settings import Settings  # noqa: E402
 
@@ -64,6 +65,11 @@ def main() -> None:
     facts = topology.gather(Host(TREE, environ=os.environ), s, time.monotonic() + 30)
     expect = topology.GENERIC
     timed("judges + advice", lambda: (topology.judge(facts, expect, 12), placement.advise(facts)))
+    # Where `nvidia-smi topo -m` cannot be read: the matrix built from NVML and sysfs instead.
+    unread = facts.model_copy(update={"matrix": None, "matrix_error": "unreadable", "answered": {}})
+    timed("matrix from NVML and sysfs (recorded HGX tree)", lambda: topo_derived.complete(Host(TREE), unread))
+    built = topo_derived.complete(Host(TREE), unread)
+    timed("judges + advice on that matrix", lambda: (topology.judge(built, expect, 12), placement.advise(built)))
     args = [sys.executable, "-m", "preflight", "run", "--profile", "h100-sxm", "--only", "topology", "-q", "--lock-file", str(tmp / "lock")]
     if not REAL:
         args += ["--nvml-fake", str(FACTS)]

@@ -229,3 +229,23 @@ def test_an_unexpected_error_outside_the_optional_queries_is_still_one_clear_ans
     with pytest.raises(NvmlUnavailable) as e:
         nvml.inventory()
     assert e.value.cause.startswith("the NVML query failed unexpectedly: ValueError") and "reset the GPU" in e.value.remedy
+
+
+def test_where_each_gpu_sits_and_which_gpus_its_links_reach_are_read(fake_nvml, tmp_path):
+    # Two PCIe GPUs joined by an NVLink bridge of 12 links (H100 NVL), each placed on its NUMA node.
+    data = json.loads((FIXTURES / "h100-sxm-8x-affinity.json").read_text())
+    data["gpus"] = data["gpus"][:2]
+    buses = [g["pci_bus_id"] for g in data["gpus"]]
+    for i, g in enumerate(data["gpus"]):
+        g.update(nvlinks_active=12, nvlink_remote={"gpu": 12}, nvlink_peers={buses[1 - i]: 12}, gpu_numa_id=None)
+    (tmp_path / "facts.json").write_text(json.dumps(data))
+    fake_nvml(facts=tmp_path / "facts.json")
+    a, b = nvml.inventory().gpus
+    assert (a.cpu_affinity, a.numa_affinity, a.nvlink_peers) == ("0-55,112-167", [0], {"00000000:43:00.0": 12})
+    assert b.nvlink_peers == {"00000000:1B:00.0": 12} and b.unanswered == {}
+
+
+def test_placement_nvml_cannot_give_is_unknown_and_no_health_finding(fake_nvml):
+    fake_nvml("oops:nvmlDeviceGetCpuAffinityWithinScope,nvmlDeviceGetMemoryAffinity", FIXTURES / "h100-sxm-8x-affinity.json")
+    g = nvml.inventory().gpus[0]
+    assert (g.cpu_affinity, g.numa_affinity, g.unanswered) == (None, None, {})
