@@ -57,3 +57,20 @@ def matrix(n: int, links: dict[str, str], numa: list, cpus: list[str] | None = N
         cpu = cpus[a] if cpus else f"{int(str(node)[0]) * 16 if node != 'N/A' else 0}-{int(str(node)[0]) * 16 + 15 if node != 'N/A' else 15}"
         rows.append(f"GPU{a}\t" + "\t".join(cells) + f"\t{cpu}\t{node}\t\tN/A")
     return "\n".join(rows) + "\n\nLegend:\n\n  X    = Self\n"
+
+
+H200_TOPO = FIXTURES / "node" / "h200-1x-vm" / "nvidia-smi-topo-m.txt"  # driver 580, as a pipe received it
+# Every capture of a matrix: each must read, with its header as driver 580 prints it, exactly as it reads without.
+ALL_TOPO = sorted([*TOPO.glob("*.txt"), *(TOPO / "handmade").glob("*.txt"), *(TOPO / "malformed").glob("*.txt")])
+
+
+def driver_580(text: str) -> str:
+    """``text`` with its matrix header as driver 580 prints it even into a pipe: the header
+    line's text wrapped in ESC[4m ... ESC[0m, a leading tab kept outside (see H200_TOPO)."""
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith("GPU0"):
+            lead = line[:len(line) - len(line.lstrip())]
+            lines[i] = f"{lead}\x1b[4m{line[len(lead):]}\x1b[0m"
+            return "\n".join(lines)
+    raise AssertionError("no header line")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from preflight.base import tooltext
 from preflight.base.host import Host, read_stripped
 from preflight.readers.layout import PciLink, pci_link
 
@@ -132,6 +133,7 @@ def _flags(text: str) -> int:
 def parse_lspci(text: str) -> tuple[dict[str, Acs | None], set[str]]:
     """`lspci -vvv` -> (PCI address -> its ACS, None where it lists no ACS capability;
     the addresses whose capabilities lspci could not read, "<access denied>")."""
+    text = tooltext.clean(text)  # a capture with terminal escapes reads as the same capture without
     acs: dict[str, Acs | None] = {}
     denied: set[str] = set()
     current, cap = None, None

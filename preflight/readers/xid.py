@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict
 
 from preflight.readers import capture
+from preflight.base import tooltext
 from preflight.base.errors import UsageError
 
 if TYPE_CHECKING:
@@ -233,6 +234,7 @@ def _stamps(prefix: str) -> tuple[str | None, float | None]:
 
 def parse(text: str) -> list[XidEvent]:
     """Every Xid, SXid, fallen-off-the-bus and failed-initialisation event in ``text``."""
+    text = tooltext.clean(text)  # a capture with terminal escapes reads as the same capture without
     events: list[XidEvent] = []
     init: dict[str | None, dict] = {}  # per GPU: the first line, and attempts counted both ways
     for number, line in enumerate(text.split("\n"), start=1):
@@ -361,12 +363,14 @@ _KERNEL_LINE = re.compile(
 
 def kernel_lines(text: str) -> int:
     """How many lines of ``text`` a kernel log holds: none means it is not one."""
+    text = tooltext.clean(text)  # a capture with terminal escapes reads as the same capture without
     return sum(1 for line in text.splitlines() if _MARK.search(line) or _KMSG.match(line) or _KERNEL_LINE.match(line))
 
 
 def has_driver_lines(text: str) -> bool:
     """A kernel log with an NVIDIA driver line anywhere in it (`preflight explain`): NVRM or
     SXid. The whole text: a long journal's Xid may come hours after its boot lines."""
+    text = tooltext.clean(text)  # a capture with terminal escapes reads as the same capture without
     if "NVRM" not in text and "SXid" not in text:
         return False
     return any(_MARK.search(line) for line in text.splitlines() if "NVRM" in line or "SXid" in line)
