@@ -24,14 +24,15 @@ from collections.abc import Mapping
 # in xterm's use, BEL; one left open ends at the line's end, never eating the next line.
 # Any other escape is ESC, intermediates, one final byte (ESC ( B, ESC =, ESC 7).
 _ESCAPE = re.compile(
-    r"\x1b\[[0-?]*[ -/]*[@-~]"
-    r"|\x1b[\]PX^_][^\x07\x1b\n]*(?:\x07|\x1b\\)?"
-    r"|\x1b[ -/]*[0-~]"
-    r"|\x1b"  # a lone ESC (a sequence cut off at the end of the text)
-    r"|[\x07\x0e\x0f]"  # BEL; SO and SI, the charset shifts some terminals' reset (sgr0) emits
+    r"\x1b(?:\[[0-?]*[ -/]*[@-~]"
+    r"|[\]PX^_][^\x07\x1b\n]*(?:\x07|\x1b\\)?"
+    r"|[ -/]*[0-~]"
+    r"|)"  # a lone ESC (a sequence cut off at the end of the text)
 )
+# BEL; SO and SI, the charset shifts some terminals' reset (sgr0) emits.
+_STRAY = str.maketrans("", "", "\x07\x0e\x0f")
 _OVERSTRIKE = re.compile(r"[^\x08\n]\x08")  # "_\bX" underlines X, "X\bX" bolds it: X is what shows
-_SIGNS = re.compile(r"[\x1b\x07\x08\x0e\x0f\r]")
+_SIGNS = "\x1b\x07\x08\x0e\x0f\r"
 
 
 def clean(text: str) -> str:
@@ -42,9 +43,12 @@ def clean(text: str) -> str:
     text with CRs and no LF at all keeps them: it is CR-separated lines
     (old Mac files), which splitlines() already reads as lines.
     """
-    if not _SIGNS.search(text):
-        return text  # the common case: a tool that printed plain text
-    text = _ESCAPE.sub("", text)
+    if not any(sign in text for sign in _SIGNS):
+        return text  # the common case: a tool that printed plain text (a memchr per sign, no regex)
+    if "\x1b" in text:
+        text = _ESCAPE.sub("", text)
+    if any(stray in text for stray in "\x07\x0e\x0f"):
+        text = text.translate(_STRAY)
     while "\x08" in text:
         cleaned = _OVERSTRIKE.sub("", text)
         if cleaned == text:
@@ -53,7 +57,7 @@ def clean(text: str) -> str:
         text = cleaned
     if "\r" in text:
         text = text.replace("\r\n", "\n")
-        if "\n" in text:
+        if "\r" in text and "\n" in text:
             text = "\n".join(_last_write(line) for line in text.split("\n"))
     return text
 
