@@ -32,11 +32,13 @@ from pydantic import BaseModel, Field
 
 from preflight.checkkit import figures as figs_mod
 from preflight.checkkit import confirm
+from preflight.checkkit import nvls as nvls_mod
 from preflight.checkkit import outliers
 from preflight.checkkit.placement import linked_pairs
 from preflight.gpuwork import launch, meeting, ranks
 from preflight.pipeline import floor_bounds, shape
 from preflight.pipeline.check import Check, Context, Result
+from preflight.readers import nccl_env, nvml
 from preflight.base.findings import Finding, Measurement, Status, worst
 from preflight.pipeline.profiles import ResolvedFloor
 from preflight.pipeline.expectations import BandwidthExpect, OutlierExpect
@@ -54,6 +56,7 @@ FLOORS = {
     "p2p_bandwidth": (BPS, "min"),
     "memcpy_bandwidth": (BPS, "min"),
     "allreduce_bus_bandwidth": (BPS, "min"),
+    "allreduce_bus_bandwidth_ring": (BPS, "min"),  # where NCCL ran rings, not NVLS (checkkit/nvls.py)
     "allgather_bus_bandwidth": (BPS, "min"),
     "reducescatter_bus_bandwidth": (BPS, "min"),
     "allreduce_latency": (SECONDS, "max"),  # p50 of the blocking small all_reduce
@@ -67,7 +70,7 @@ FLOORS = {
 # Step in the worker -> the figure's name (= its floor's name and its metric's).
 PER_DEVICE = {"hbm_copy": "hbm_copy_bandwidth", "memcpy": "memcpy_bandwidth", "h2d": "h2d_bandwidth", "d2h": "d2h_bandwidth", "p2p": "p2p_bandwidth"}
 # Floors a run over fewer ranks than the node's cannot be held to (busbw and latency depend on the rank count).
-WHOLE_NODE = ("allreduce_bus_bandwidth", "allgather_bus_bandwidth", "reducescatter_bus_bandwidth", "allreduce_latency", "allreduce_latency_p99")
+WHOLE_NODE = ("allreduce_bus_bandwidth", "allreduce_bus_bandwidth_ring", "allgather_bus_bandwidth", "reducescatter_bus_bandwidth", "allreduce_latency", "allreduce_latency_p99")
 COLLECTIVE = {"all_reduce": "allreduce_bus_bandwidth", "all_gather": "allgather_bus_bandwidth", "reduce_scatter": "reducescatter_bus_bandwidth"}
 INTERNODE = {name: f"internode_{name}" for name in COLLECTIVE.values()}
 INTERNODE_FLOORS = tuple(name for name in FLOORS if name.startswith("internode_"))
@@ -156,6 +159,7 @@ class BandwidthFacts(ranks.RunFacts):
     steps: list[str] = Field(default_factory=list)
     binding: dict[str, dict] = Field(default_factory=dict)  # local rank -> {node, cpus} asked for
     uuids: dict[int, str] = Field(default_factory=dict)  # nvidia-smi index -> GPU UUID (cuda check)
+    left_out: str | None = None  # why a step the node would run was left out (p2p on GPUs in EXCLUSIVE_PROCESS mode)
 
 
 Figure, median, quantile, spread = figs_mod.Figure, figs_mod.median, figs_mod.quantile, figs_mod.spread
@@ -345,9 +349,10 @@ def by_hand(f: BandwidthFacts) -> str:
 # ---- gathering ------------------------------------------------------------------
 
 
-def steps_for(gpu: bool, nproc: int, expect: BandwidthExpect, nnodes: int = 1) -> list[str]:
+def steps_for(gpu: bool, nproc: int, expect: BandwidthExpect, nnodes: int = 1, one_process: str | None = None) -> list[str]:
+    """``one_process``: why a GPU admits one process only (exclusive_gpus), which leaves p2p out."""
     steps = ["hbm_copy", "h2d", "d2h"] if gpu else ["memcpy"]
-    if gpu and nproc > 1:
+    if gpu and nproc > 1 and one_process is None:
         steps.append("p2p")
     if nproc * nnodes > 1:  # one rank has no peer to reduce with: nccl-tests prints busbw 0
         steps += ["all_reduce", "all_gather", "reduce_scatter", "latency"]
@@ -375,6 +380,30 @@ def seconds_skipped(f: BandwidthFacts, redo: list[str]) -> float:
     return sum(sec for step, sec in slowest.items() if step not in redo)
 
 
+def exclusive_gpus(modes: dict[int, str | None]) -> str | None:
+    """Why the p2p step cannot run, in words, where a GPU admits one process: its copies
+    write from each rank's process into a peer's GPU, which needs a second context there
+    (a job's NCCL reaches its peers through CUDA IPC inside its own context, and runs)."""
+    held = sorted(i for i, mode in modes.items() if mode in ("exclusive_process", "exclusive_thread"))
+    if not held:
+        return None
+    which = "every GPU is" if len(held) == len(modes) else f"GPU {', '.join(map(str, held))} {'is' if len(held) == 1 else 'are'}"
+    return (f"GPU->GPU copies not measured: {which} in compute mode EXCLUSIVE_PROCESS (NVML), one process per GPU, and a copy from "
+            "one rank's process into a peer's GPU would need a second context there; the collectives, through NCCL, are measured")
+
+
+def compute_modes(ctx: Context) -> dict[int, str | None]:
+    """Each GPU's compute mode: from the cuda check's inventory, else NVML (--only bandwidth); {} where neither answers."""
+    modes = ranks.compute_modes(ctx.results)
+    if modes is not None:
+        return modes
+    try:
+        inv = nvml.inventory(ctx.settings.nvml_fake, timeout=min(10.0, ranks.time_left(ctx.deadline)))
+    except nvml.NvmlUnavailable:
+        return {}  # the cuda check says why NVML is silent; the workers find out for themselves
+    return {g.index: g.compute_mode for g in inv.gpus}
+
+
 def binding(ctx: Context) -> dict[str, dict]:
     """local rank -> {node, cpus}: the topology check's advice, as nvbandwidth binds each GPU's host buffers."""
     topo = ctx.results.get("topology")
@@ -395,8 +424,9 @@ def gather(ctx: Context, nproc: int, expect: BandwidthExpect, backend: str, step
     python = str(ctx.settings.python) if ctx.settings.python else sys.executable
     gpu = backend == "nccl"
     nnodes = ctx.meeting.group.nnodes if ctx.meeting else 1
-    steps = steps or steps_for(gpu, nproc, expect, nnodes)
-    facts = BandwidthFacts(python=python, backend=backend, nproc=nproc, steps=steps, binding=binding(ctx) if gpu else {}, uuids=uuids(ctx))
+    one_process = exclusive_gpus(compute_modes(ctx)) if gpu and nproc > 1 else None
+    steps = steps or steps_for(gpu, nproc, expect, nnodes, one_process)
+    facts = BandwidthFacts(python=python, backend=backend, nproc=nproc, steps=steps, binding=binding(ctx) if gpu else {}, uuids=uuids(ctx), left_out=one_process)
     left = ranks.time_left(ctx.deadline)
     op_timeout = min(expect.op_timeout_seconds, max(2.0, left / 3))
     args = [
@@ -484,6 +514,9 @@ class Bandwidth(Check):
         # Across nodes the inter-node floors judge the collectives; alone, they judge nothing.
         for name in (WHOLE_NODE if ctx.meeting else INTERNODE_FLOORS):
             floors.pop(name, None)
+        # The all_reduce against the floor of the algorithm NCCL ran: NVLS, or rings.
+        nvls = nvls_mod.decide(nccl_env.read(ctx.host), ctx.results["nccl"].details if "nccl" in ctx.results else None)
+        both, floors = floors, nvls_mod.fit(floors, nvls)
         parts = judge(facts, figs, floors, expect, linked_pairs(ctx.results.get("topology"), ("NV",)) or set(), all_nvlink)
         # Confirm before FAIL: the steps whose figures missed a floor, or were past the FAIL band
         # against the node's median, run again, once (preflight/checkkit/confirm.py).
@@ -509,6 +542,7 @@ class Bandwidth(Check):
         # Against the node's own median: on the figures the verdict rests on, after the floors;
         # a name measured again is held to both readings.
         redone = {g.key for g in again_figs or []} & set(odd)
+        parts["nvls"], nvls_lines = nvls_mod.explain([g.value for g in figs if g.key == "allreduce_bus_bandwidth"], both, nvls)
         parts["outliers"] = judge_outliers(figs, ctx.profile.outliers, kinds, all_nvlink, [g for g in first if g.key in redone] if redone else None,
                                            why if odd and not redone else None)
         details = facts.model_dump(mode="json")
@@ -517,6 +551,7 @@ class Bandwidth(Check):
         if again:
             details["second_run"] = again.model_dump(mode="json")
         details["figures"] = [g.model_dump(mode="json") for g in figs]
+        details["nvls"] = nvls.model_dump()
         details["unjudged"] = unjudged = {k: v for k, v in unjudged.items() if k in {g.name for g in figs}}
         details["full_node"] = nproc == ((ctx.shape.gpus if ctx.shape else 0) or expect.ranks)
         details["outlier_bands"] = outliers.bands(ctx.profile.outliers, MEMBERS)
@@ -525,6 +560,6 @@ class Bandwidth(Check):
         result = self.conclude(findings, summary(facts, figs), measurements=measurements(figs, floors, ctx.profile.outliers, kinds, all_nvlink), details=details)
         result.lines = lines(figs, floors) + time_line(facts)
         result.lines += settled.lines + [t.replace("time:", "time, second reading:", 1) for t in (time_line(again) if again else [])]
-        result.lines += shape.unjudged_lines(unjudged)
+        result.lines += nvls_lines + shape.unjudged_lines(unjudged) + ([facts.left_out] if facts.left_out else [])
         return result
 

@@ -76,6 +76,10 @@ def gather(ctx: Context) -> CudaFacts:
         # A lost GPU can hang CUDA init for the whole deadline; NVML already named the fault.
         facts.init_skipped = "NVML reports lost GPUs" if inventory.lost else "NVML reports no GPU"
         return facts
+    if fenced := prohibited(inventory):
+        # CUDA init could only fail there, with the driver's "busy or unavailable"; NVML already said why.
+        facts.init_skipped = f"NVML reports compute mode PROHIBITED on {', '.join(who(g) for g in fenced)}"
+        return facts
     python = str(ctx.settings.python) if ctx.settings.python else sys.executable
     facts.init, loaded = run_init(python, _left(ctx) - MARGIN, read_links=fake is None, progress=ctx.progress,
                                   worlds=ctx.worlds, nproc=launch_ranks(ctx), rdzv_port=ctx.settings.rdzv_port)
@@ -190,6 +194,7 @@ def judge_gpu(g: Gpu, expect: GpuExpect | None, loaded: PcieLink | None = None, 
     if g.retired_pages_pending:
         out.append(Finding(FAIL, f"{name}: page retirement pending", f"{name} has retired memory pages waiting for a reset", f"{reset}: a reset completes the retirement (reset required)"))
     out += judge_link(g, loaded)
+    out += judge_compute_mode(g)
     out += _judge_clocks(g, held)
     out += _judge_unanswered(g)
     if g.persistence_mode is False:
@@ -206,6 +211,21 @@ def judge_gpu(g: Gpu, expect: GpuExpect | None, loaded: PcieLink | None = None, 
         cause = f"{name} reports {g.memory_total_bytes} bytes of memory, the SKU at least {expect.memory_min_bytes} ({expect.memory_source})"
         out.append(Finding(FAIL, f"{name}: less memory than the SKU", cause, "check the GPU model and retired pages; " + DRAIN))
     return out
+
+
+def judge_compute_mode(g: Gpu) -> list[Finding]:
+    """What a job can do in the GPU's compute mode: PROHIBITED lets no process create a
+    context, so no job runs there; EXCLUSIVE_PROCESS lets one process hold it, which is
+    what a job of one process per GPU is, so it is no finding (the checks that would need
+    a second context on a GPU leave those steps out and say why)."""
+    if g.compute_mode != "prohibited":
+        return []
+    cause = f"{who(g)} is in compute mode PROHIBITED: no process can create a CUDA context on it, so no job can use it"
+    return [Finding(FAIL, f"{who(g)}: compute mode PROHIBITED", cause, f"`nvidia-smi -i {g.index} -c DEFAULT` (as root), unless the GPU was fenced off on purpose")]
+
+
+def prohibited(inv: Inventory) -> list[Gpu]:
+    return [g for g in inv.gpus if g.compute_mode == "prohibited"]
 
 
 # Health queries whose silence must fail the gate: unknown ECC or remap state is not clean.

@@ -50,6 +50,9 @@ class ShmFacts:
     free_inodes: int | None = None  # None: no limit (nr_inodes=0)
     mode: int | None = None  # permission bits of the directory
     mem_total_bytes: int | None = None
+    # MemAvailable: what the kernel can give a new segment without swapping (a tmpfs page is
+    # RAM or swap, never reclaimable cache), so /dev/shm backs no more than this, whatever its size.
+    mem_available_bytes: int | None = None
     cgroup_headroom_bytes: int | None = None  # memory.max - memory.current; tmpfs pages count there
     write_error: str | None = None
     segment_bytes: int = 0
@@ -93,14 +96,17 @@ def mount_of(path: str, mounts: list[Mount]) -> Mount | None:
     return best
 
 
-def _mem_total(host: Host) -> int | None:
+def _meminfo(host: Host) -> dict[str, int]:
+    """/proc/meminfo's kB figures in bytes; empty where it cannot be read."""
+    found: dict[str, int] = {}
     try:
         for line in host.read_text("/proc/meminfo").splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
+            name, _, rest = line.partition(":")
+            if name in ("MemTotal", "MemAvailable"):
+                found[name] = int(rest.split()[0]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return None
+    return found
 
 
 UNLIMITED = 2**60  # cgroup v1 writes "no limit" as a number near 2**63
@@ -204,7 +210,8 @@ def gather(host: Host, segment_bytes: int, deadline: float = math.inf) -> ShmFac
     facts = ShmFacts(path=SHM, exists=path.is_dir(), shm_disabled_by=_shm_disabled_by(host), other_jobs=jobs.others(host))
     if facts.other_jobs:
         segment_bytes = min(segment_bytes, SHARED_SEGMENT)
-    facts.mem_total_bytes = _mem_total(host)
+    meminfo = _meminfo(host)
+    facts.mem_total_bytes, facts.mem_available_bytes = meminfo.get("MemTotal"), meminfo.get("MemAvailable")
     facts.cgroup_headroom_bytes = _cgroup_headroom(host)
     if not facts.exists:
         return facts
@@ -235,6 +242,8 @@ def gather(host: Host, segment_bytes: int, deadline: float = math.inf) -> ShmFac
     headroom = facts.cgroup_headroom_bytes
     if headroom is not None and headroom < segment_bytes:
         return facts  # writing would summon the OOM killer; the judge reports the limit instead
+    if facts.mem_available_bytes is not None and facts.mem_available_bytes < segment_bytes:
+        return facts  # likewise for the node's memory: the judge reports what is available
     facts.segment_bytes = segment_bytes
     facts.segment_error, facts.segment_seconds = touch_segment(path, segment_bytes, deadline)
     if facts.segment_error and facts.segment_error.startswith("cannot create"):
@@ -310,6 +319,32 @@ def judge_space(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurem
     return found, measurements
 
 
+def judge_memory(f: ShmFacts, floor: float, space_short: bool = False) -> tuple[list[Finding], list[Measurement]]:
+    """Pure: whether the node's memory can back a segment of the floor's size.
+
+    The kernel lets a tmpfs be sized above RAM, and Kubernetes' memory-backed emptyDir and
+    many VM images mount /dev/shm so (the H200 VM in tests/fixtures/node/h200-1x-vm: 128 GiB
+    on 125.8 GiB), so a size above RAM is no finding. What a new segment can really get is
+    the free space (judged by judge_space), the memory the kernel has available, and the
+    memory cgroup's headroom (judged in judge): the least of them binds. MemAvailable is not
+    judged beside other jobs (what they hold is theirs), nor where the size or the free space
+    has already failed (one cause, said once)."""
+    if f.mem_available_bytes is None:
+        return [], []
+    judged = not f.other_jobs and not space_short
+    measurements = [Measurement(name="shm_memory_available", unit="bytes", value=f.mem_available_bytes, floor=floor if judged else None)]
+    if not judged or f.mem_available_bytes >= floor:
+        return [], measurements
+    total = f" of {fmt_bytes(f.mem_total_bytes)}" if f.mem_total_bytes else ""
+    return [Finding(
+        Status.FAIL, f"only {fmt_bytes(f.mem_available_bytes)} of memory is available to back {f.path}, below the {fmt_bytes(floor)} floor",
+        f"the kernel has {fmt_bytes(f.mem_available_bytes)}{total} available (MemAvailable); pages in {f.path} are memory, "
+        "so a segment of the floor's size would push the node into swap or the OOM killer, whatever the tmpfs's size says",
+        "free memory: stop what holds it (`ps aux --sort=-rss | head`) and remove stale files from /dev/shm; "
+        "or give the node more memory",
+    )], measurements
+
+
 def judge(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurement]]:
     """Pure: what is wrong with these facts, against a floor in bytes."""
     if not f.exists:
@@ -318,7 +353,6 @@ def judge(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurement]]:
     found = judge_mount(f)
     space, measurements = judge_space(f, floor)
     found += space
-    m = f.mount
     if f.mode is not None and f.mode & 0o777 != 0o777:
         found.append(Finding(
             Status.FAIL, f"{f.path} has mode {f.mode:04o}, not world-writable",
@@ -353,12 +387,9 @@ def judge(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurement]]:
         elif f.segment_seconds:
             measurements.append(Measurement(name="shm_segment_duration", unit="seconds", value=f.segment_seconds))
             measurements.append(Measurement(name="shm_write_bandwidth", unit="bytes_per_second", value=f.segment_bytes / f.segment_seconds))
-    if m is not None and m.fstype == "tmpfs" and f.mem_total_bytes and f.size_bytes and f.size_bytes > f.mem_total_bytes:
-        found.append(Finding(
-            Status.WARN, f"{f.path} ({fmt_bytes(f.size_bytes)}) is larger than physical memory ({fmt_bytes(f.mem_total_bytes)})",
-            "a tmpfs larger than RAM cannot back what it promises; large segments would be swapped out or OOM-killed",
-            "size /dev/shm below physical memory (half of RAM is the kernel's default)",
-        ))
+    memory, measured = judge_memory(f, floor, space_short=bool(space))
+    found += memory
+    measurements += measured
     if f.shm_disabled_by:
         found.append(Finding(
             Status.WARN, f"NCCL_SHM_DISABLE=1 is set ({', '.join(f.shm_disabled_by)})",

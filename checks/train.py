@@ -74,6 +74,7 @@ class RankReport(ranks.RankReport):
     step_seconds: list[float] = Field(default_factory=list)
     compute_seconds: list[float] = Field(default_factory=list)
     gemm_seconds: list[float] = Field(default_factory=list)
+    gemm_warmup: dict | None = None  # matmuls and seconds run untimed before the first timed burst
     params: int | None = None
     tokens_per_step: int | None = None
     model: dict = Field(default_factory=dict)
@@ -308,7 +309,8 @@ def gather(ctx: Context, nproc: int, expect: TrainExpect, backend: str, uuids: d
     args = ["--backend", backend, "--device", "cuda" if backend == "nccl" else "cpu", "--timeout", f"{op_timeout:g}",
             "--layers", str(e.layers), "--d-model", str(e.d_model), "--heads", str(e.heads), "--seq", str(e.seq), "--batch", str(e.batch),
             "--vocab", str(e.vocab), "--warmup-steps", str(e.warmup_steps), "--steps", str(e.steps), "--compute-steps", str(e.compute_steps),
-            "--gemm-n", str(e.gemm_n), "--gemm-repeats", str(e.gemm_repeats), "--gemm-burst", str(e.gemm_burst), "--reading", str(reading),
+            "--gemm-n", str(e.gemm_n), "--gemm-repeats", str(e.gemm_repeats), "--gemm-burst", str(e.gemm_burst),
+            "--gemm-warmup-seconds", f"{e.gemm_warmup_seconds:g}", "--reading", str(reading),
             "--tolerance", f"{e.tolerance:g}", "--max-steps", str(e.max_steps), "--max-compute-steps", str(e.max_compute_steps),
             "--max-gemm-repeats", str(e.max_gemm_repeats), "--max-seconds", f"{e.max_seconds:g}"]  # fmt: skip
     # TunableOp would let each GPU pick its own GEMM kernels: the agreement check needs the same ones everywhere.

@@ -324,6 +324,7 @@ nvmlDeviceGetVbiosVersion = lambda h: _fact(h, "vbios")
 nvmlDeviceGetInforomImageVersion = lambda h: _given(h, "inforom_image")
 nvmlDeviceGetPersistenceMode = lambda h: int(_fact(h, "persistence_mode"))
 nvmlDeviceGetMigMode = lambda h: [int(_fact(h, "mig_mode")), int(_fact(h, "mig_mode"))]
+nvmlDeviceGetComputeMode = lambda h: {"default": 0, "exclusive_thread": 1, "prohibited": 2, "exclusive_process": 3}[_given(h, "compute_mode")]
 nvmlDeviceGetMemoryInfo = lambda h: _Memory(_fact(h, "memory_total_bytes"))
 nvmlDeviceGetEccMode = lambda h: [int(_fact(h, "ecc_mode")), int(_fact(h, "ecc_mode"))]
 nvmlDeviceGetTotalEccErrors = lambda h, kind, counter: _fact(

@@ -5,8 +5,9 @@ against a float64 CPU reference, then (with --load-seconds) host-to-device
 copies on every GPU so the agent can read the PCIe links under load: idle
 links drop to Gen1 to save power, so an idle reading proves nothing.
 
-The report (rank0.json in --out) is rewritten at every stage, so after a hang
-the agent knows which GPU never answered. Standard library and torch only:
+The report (rank{N}.json in --out) is rewritten at every stage, so after a hang
+the agent knows which GPU never answered. In a shared launch each rank probes
+only its own GPU (``owned``) and leaves no context on another rank's. Standard library and torch only:
 this runs under the training environment's interpreter. By hand:
 
     python cuda_init.py            # prints the report as JSON
@@ -30,18 +31,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load-seconds", type=float, default=0.0, help="copy to every GPU until --stop appears, this long at most")
     parser.add_argument("--stop", help="end the load early once this file exists")
     args = parser.parse_args(argv)
+    rank, ranks = 0, 1  # a process of its own probes every device
     if _rank.WORLD["active"]:
-        # A stage of a shared launch: rank 0 probes every device, as the plain process
-        # does, and the other ranks wait for the next stage.
-        if _rank.whoami().local_rank != 0:
-            return 0
-        _rank.redirect_output(args.out, 0)
+        # A stage of a shared launch: each rank probes only the devices it owns (see owned).
+        me = _rank.whoami()
+        rank, ranks = me.local_rank, me.local_world_size
+        _rank.redirect_output(args.out, rank)
 
     started = time.monotonic()
-    report: dict = {"python": sys.executable, "stage": "import", "error": None, "error_kind": None, "devices": []}
+    report: dict = {"python": sys.executable, "stage": "import", "error": None, "error_kind": None, "devices": [], "rank": rank, "ranks": ranks}
     report["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
     report["cuda_device_order"] = os.environ.get("CUDA_DEVICE_ORDER")
-    save = lambda: _write(args.out, report)  # noqa: E731
+    save = lambda: _write(args.out, rank, report)  # noqa: E731
     save()
 
     try:
@@ -83,19 +84,33 @@ def main(argv: list[str] | None = None) -> int:
         save()
         return 1
 
+    mine = report["probed"] = owned(rank, ranks, count)
+    save()
     torch.backends.cuda.matmul.allow_tf32 = False  # TF32 would fail an fp32 accuracy bound
-    for i in range(count):
+    if mine and ranks > 1:
+        # Anything torch places implicitly (the pinned host buffer's context) lands on this rank's own GPU.
+        torch.cuda.set_device(mine[0])
+    for i in mine:
         report["current"] = i
         save()
         report["devices"].append(_probe(torch, i, args.size))
     report["current"] = None
     healthy = all(d["error"] is None and d["error_ratio"] <= 1.0 for d in report["devices"])
 
-    if healthy and args.load_seconds > 0:
-        report["load_end"] = _load(torch, count, args.load_seconds, args.stop, lambda: (report.update(stage="load"), save()))
+    if healthy and mine and args.load_seconds > 0:
+        report["load_end"] = _load(torch, mine, args.load_seconds, args.stop, lambda: (report.update(stage="load"), save()))
     report.update(stage="done", seconds=round(time.monotonic() - started, 4))
     save()
     return 0 if healthy else 1
+
+
+def owned(rank: int, ranks: int, count: int) -> list[int]:
+    """The CUDA devices a rank probes: its own (cuda:LOCAL_RANK, the one it uses in every
+    later stage) and, where the devices outnumber the ranks, every ``ranks``-th one after.
+    A context lives until its process exits, so one made here on another rank's GPU would
+    keep that rank off it in EXCLUSIVE_PROCESS mode ("all CUDA-capable devices are busy
+    or unavailable"); torch.cuda.init(), device_count() and the device properties make none."""
+    return list(range(rank, count, max(1, ranks)))
 
 
 def _probe(torch, i: int, n: int) -> dict:
@@ -125,13 +140,13 @@ def _probe(torch, i: int, n: int) -> dict:
     return d
 
 
-def _load(torch, count: int, seconds: float, stop: str | None, loading) -> str:
+def _load(torch, devices: list[int], seconds: float, stop: str | None, loading) -> str:
     """Keep every GPU's PCIe link busy until ``stop`` appears ("stop") or
     time is up ("time"): a reading taken after "time" saw idle links.
     ``loading()`` announces the load once the first copies have finished,
     so the agent never reads the links before traffic has started."""
     host = torch.empty(64 << 20, dtype=torch.uint8).pin_memory()
-    targets = [torch.empty_like(host, device=f"cuda:{i}") for i in range(count)]
+    targets = [torch.empty_like(host, device=f"cuda:{i}") for i in devices]
     end = time.monotonic() + seconds
     announced = False
     while time.monotonic() < end:
@@ -139,7 +154,7 @@ def _load(torch, count: int, seconds: float, stop: str | None, loading) -> str:
             return "stop"
         for t in targets:
             t.copy_(host, non_blocking=True)
-        for i in range(count):
+        for i in devices:
             torch.cuda.synchronize(i)
         if not announced:
             loading()
@@ -172,12 +187,12 @@ def _nccl_version(torch) -> str | None:
     return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
 
 
-def _write(out: str | None, report: dict) -> None:
+def _write(out: str | None, rank: int, report: dict) -> None:
     if out is None:
         if report["stage"] == "done" or report["error"]:
             print(json.dumps(report, indent=2))
         return
-    _rank.write_report(out, 0, report)
+    _rank.write_report(out, rank, report)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-gemm-repeats", type=int, default=30, help="or this many GEMM bursts")
     p.add_argument("--max-seconds", type=float, default=5.0, help="or until a figure has taken this long")
     p.add_argument("--gemm-burst", type=int, default=50, help="matmuls back to back in each timed repeat")
+    p.add_argument("--gemm-warmup-seconds", type=float, default=0.5, help="untimed matmul bursts for at least this long before the first timed one")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--reading", type=int, default=1, help="which launch this is: 2 when the check measures again to confirm a figure beyond its floor")
@@ -239,15 +240,33 @@ class Probe:
         report["param_checksums"] = [str(c) for c in self._gather(_bits_checksum(self.torch, list(self.model.parameters())))]
 
     def gemm(self, report: dict, kind: str | None, save) -> None:
-        """n x n x n matmul on random data, bf16 on GPU (fp32 on CPU): each repeat a
+        """n x n x n matmul on normal random data, bf16 on GPU (fp32 on CPU): each repeat a
         burst of back-to-back matmuls long enough (about 100 ms on an H100) that a
-        power cap or power brake shows, as MAMF's loops do; the per-matmul time reported."""
+        power cap or power brake shows, as MAMF's loops do; the per-matmul time reported.
+
+        Normal data, as a plain loop's torch.randn and as a job's weights and activations:
+        a GEMM's power depends on the bits it multiplies (Horace He, "Strangely, matrix
+        multiplications on GPUs run faster when given predictable data", 2024: an A100 at
+        its cap read 15% more on zeros than on randn), so the burn-in's inputs in [1, 2)
+        read higher at the same cap (the H200 in tests/fixtures/node/h200-1x-vm: 755 TFLOP/s
+        there, 674 here). The untimed bursts before the first timed one run until the power
+        limiter has settled the clocks: a GPU under a GEMM boosts for its first ~0.1 s (that
+        H200: 741 TFLOP/s in its first burst after two warm-up matmuls, 629-678 in the
+        nine after), and a statistic over both regimes mixes them (there one burst in ten;
+        more with fewer repeats or a longer boost). The output is allocated once, outside
+        the timed loop, as the burn-in's."""
         torch, n, burst = self.torch, self.args.gemm_n, self.args.gemm_burst
         dtype = torch.bfloat16 if self.cuda else torch.float32
         a = torch.randn(n, n, device=self.device, dtype=dtype)
         b = torch.randn(n, n, device=self.device, dtype=dtype)
-        for _ in range(2):
-            a @ b
+        out = torch.empty_like(a)
+        warm, t = 0, time.perf_counter()
+        while warm < 2 or time.perf_counter() - t < self.args.gemm_warmup_seconds:
+            for _ in range(burst if warm else 2):
+                torch.matmul(a, b, out=out)
+            warm += burst if warm else 2
+            self._sync()
+        report["gemm_warmup"] = {"matmuls": warm, "seconds": round(time.perf_counter() - t, 4)}
 
         def once(i: int) -> float:
             self._sync()
@@ -256,7 +275,7 @@ class Probe:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
             for _ in range(burst):
-                a @ b
+                torch.matmul(a, b, out=out)
             if kind == "slow":
                 self._slow(t)
             if self.cuda:

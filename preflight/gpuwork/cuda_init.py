@@ -34,6 +34,7 @@ class DeviceReport(BaseModel):
     error: str | None = None
     memory_free_bytes: int | None = None
     memory_total_bytes: int | None = None
+    rank: int | None = None  # the rank that probed it, in a shared launch
 
 
 class InitReport(BaseModel):
@@ -57,6 +58,9 @@ class InitReport(BaseModel):
     device_count: int | None = None
     load_end: str | None = None  # "stop": loaded until NVML had read the links; "time": not
     seconds: float | None = None
+    # Which CUDA devices each rank that reported probed (by local rank; None: it stopped before
+    # it chose): in a shared launch each its own, so none holds a context on another's GPU.
+    probed: dict[int, list[int] | None] = {}
 
 
 class InitOutcome(BaseModel):
@@ -84,7 +88,7 @@ def run_init(python: str, timeout: float, read_links: bool, progress: Progress |
     reading (every GPU's link, by NVML bus id) is returned only where it was
     taken under load; ``loaded_links`` picks the GPUs the worker copied to.
     Given the run's ``worlds``, it is the first stage of the launch of ``nproc``
-    ranks the later checks share (rank 0 probes every GPU); else a process of its own."""
+    ranks the later checks share (each rank probes its own GPU: ``merge``); else a process of its own."""
     loaded, unread = None, None if read_links else "not read: the NVML facts are not this node's (--nvml-fake)"
     with tempfile.TemporaryDirectory(prefix="preflight-cuda-") as tmp:
         stop = Path(tmp) / "stop"
@@ -100,9 +104,10 @@ def run_init(python: str, timeout: float, read_links: bool, progress: Progress |
         except OSError as e:
             ended = f"could not be started: {e.strerror or e}"
             return InitOutcome(python=python, ended=ended, returncode=None, timed_out=False, seconds=0.0), None
+        ranks = range(nproc if worlds is not None else 1)
         try:
             while running.alive() and time.monotonic() < running.deadline:
-                if (running.report() or {}).get("stage") == "load":
+                if loading([running.report(k) for k in ranks]):
                     if read_links:
                         try:
                             loaded = nvml.pcie_links(timeout=min(10.0, max(1.0, running.deadline - time.monotonic())))
@@ -125,7 +130,7 @@ def run_init(python: str, timeout: float, read_links: bool, progress: Progress |
     )
     if 0 in done.reports:
         try:
-            outcome.report = InitReport.model_validate(done.reports[0])
+            outcome.report = InitReport.model_validate(merge({k: done.reports.get(k) for k in ranks}))
         except ValidationError as e:
             err = e.errors()[0]
             outcome.unreadable = f"its report does not fit the expected shape ({err['loc']}: {err['msg']})"
@@ -137,6 +142,47 @@ def run_init(python: str, timeout: float, read_links: bool, progress: Progress |
     if r is None or r.load_end != "stop":
         return outcome, None  # the load ended before NVML read: those were idle numbers
     return outcome, loaded
+
+
+STAGES = ("import", "init", "devices", "load", "done")
+
+
+def loading(reports: list[dict | None]) -> bool:
+    """Whether every rank is past its probes and one at least is copying: each loads its own
+    GPUs, and a reading taken while one still probes would find its links idle."""
+    stages = [(r or {}).get("stage") for r in reports]
+    return all(s in ("load", "done") for s in stages) and "load" in stages
+
+
+def merge(reports: dict[int, dict | None]) -> dict:
+    """The ranks' reports (by local rank, rank 0's present) as one, as a process probing every
+    GPU would have written it: every rank's devices, the stage the slowest rank reached, the
+    GPU a rank was probing when it stopped, the first rank's error, the load ended by the stop
+    file only where every rank's was. A rank with no report stopped before it could write one."""
+    first = reports[0] or {}
+    out = dict(first)
+    devices, probed = [], {}
+    for k, r in sorted(reports.items()):
+        if r is None:
+            out["stage"] = "import"
+            continue
+        devices += [{**d, "rank": k} for d in r.get("devices") or []]
+        probed[k] = r.get("probed")
+        if _order(r.get("stage")) < _order(out.get("stage")):
+            out["stage"] = r["stage"]
+        if out.get("current") is None and r.get("current") is not None:
+            out["current"] = r["current"]
+        if out.get("error") is None and r.get("error") is not None:
+            out.update(error=r["error"], error_kind=r.get("error_kind"))
+    ends = [r.get("load_end") for r in reports.values() if r and r.get("load_end")]
+    out["load_end"] = None if not ends else "stop" if all(e == "stop" for e in ends) else "time"
+    times = [r["seconds"] for r in reports.values() if r and r.get("seconds") is not None]
+    out.update(devices=sorted(devices, key=lambda d: d["index"]), probed=probed, seconds=max(times) if times else None)
+    return out
+
+
+def _order(stage: str | None) -> int:
+    return STAGES.index(stage) if stage in STAGES else len(STAGES)
 
 
 def loaded_links(init: InitOutcome | None, loaded: dict[str, PcieLink] | None, inv: Inventory) -> tuple[dict[str, PcieLink] | None, str | None]:

@@ -146,6 +146,13 @@ def gpu_uuids(results: dict) -> dict[int, str]:
     return {g["index"]: g["uuid"] for g in gpus if "index" in g and "uuid" in g}
 
 
+def compute_modes(results: dict) -> dict[int, str | None] | None:
+    """nvidia-smi index -> NVML's compute mode, from the cuda check's inventory; None where it did not run."""
+    cuda = results.get("cuda")
+    gpus = ((cuda.details.get("inventory") or {}).get("gpus") or []) if cuda else []
+    return {g["index"]: g.get("compute_mode") for g in gpus if "index" in g} or None
+
+
 def labels(rank: int, gpu: str | None, uuids: dict[int, str]) -> dict[str, str]:
     """A rank's metric labels: dcgm-exporter's `gpu` and `UUID` (so joins work), or `rank` on CPU."""
     index = gpu_index(gpu)

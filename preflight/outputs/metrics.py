@@ -147,28 +147,48 @@ class ReportCollector:
 
     def collect(self) -> Iterator[Metric]:
         loaded = self.load()
-        st = None
-        if self.live is not None:
-            state = GaugeMetricFamily(PREFIX + "report_state", "The report serve read at this scrape: one-hot over ok, missing, unreadable and invalid.", labels=["state"])
-            for s in State:
-                state.add_metric([s.value], float(loaded.state == s))
-            yield state
-            boot_id, now, booted = self.live()
-            st = standing(loaded, boot_id, now, booted=booted)
-            yield gauge("vouched", "1 if the last report vouches for this node now: a pass, in this boot. 0 otherwise, also without a usable report.", float(bool(st.vouched)))
+        yield from self.standing(loaded)
+        if loaded.report is not None:  # no preflight_run_passed at all without one: never a stale 1
+            yield from report_families(loaded.report)
+
+    def standing(self, loaded: Loaded) -> Iterator[Metric]:
+        """What changes with the clock and the boot, not with the report: serve's own part."""
+        if self.live is None:
+            return
+        state = GaugeMetricFamily(PREFIX + "report_state", "The report serve read at this scrape: one-hot over ok, missing, unreadable and invalid.", labels=["state"])
+        for s in State:
+            state.add_metric([s.value], float(loaded.state == s))
+        yield state
+        boot_id, now, booted = self.live()
+        st = standing(loaded, boot_id, now, booted=booted)
+        yield gauge("vouched", "1 if the last report vouches for this node now: a pass, in this boot. 0 otherwise, also without a usable report.", float(bool(st.vouched)))
         if loaded.report is None:
-            return  # no preflight_run_passed at all: never a stale 1
-        if st is not None:
-            if st.current_boot is not None:
-                yield gauge("report_current_boot", "1 if the report was written in this boot, 0 if before the last reboot (it vouches for nothing now).", float(st.current_boot))
-            yield gauge("report_age_seconds", "Seconds since the report's run finished.", st.age_seconds)
-        yield from report_families(loaded.report)
+            return
+        if st.current_boot is not None:
+            yield gauge("report_current_boot", "1 if the report was written in this boot, 0 if before the last reboot (it vouches for nothing now).", float(st.current_boot))
+        yield gauge("report_age_seconds", "Seconds since the report's run finished.", st.age_seconds)
 
 
-def render(collector: ReportCollector) -> bytes:
+class StandingCollector:
+    """Only ``ReportCollector.standing``: serve renders this at each scrape and the
+    report's own families once per report (``render_report``)."""
+
+    def __init__(self, of: ReportCollector):
+        self.of = of
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.of.standing(self.of.load())
+
+
+def render(collector: ReportCollector | StandingCollector) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     return generate_latest(registry)
+
+
+def render_report(report: Report) -> bytes:
+    """The report's own families, as the textfile holds them."""
+    return render(ReportCollector(lambda: Loaded(State.OK, report)))
 
 
 def check_textfile_dir(directory: Path) -> Path:
@@ -191,7 +211,7 @@ def write_textfile(directory: Path, report: Report) -> Path:
 
 def stage_textfile(directory: Path, report: Report) -> safefile.Staged:
     """The textfile written beside its name, put in place by ``commit`` (gate.py: once the report is)."""
-    return safefile.stage(directory / TEXTFILE, render(ReportCollector(lambda: Loaded(State.OK, report))), 0o644)
+    return safefile.stage(directory / TEXTFILE, render_report(report), 0o644)
 
 
 def previous_success(directory: Path) -> datetime | None:

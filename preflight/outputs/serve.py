@@ -1,9 +1,10 @@
 """`preflight serve`: the last report over HTTP, for Prometheus and for people.
 
   /         the report as a page for people (outputs/page.py)
-  /metrics  the report as metrics, rendered at each scrape from the file on
-            disk (a scrape never starts GPU work), plus serve's own process
-            metrics
+  /metrics  the report as metrics from the file on disk (a scrape never
+            starts GPU work): the report's own families rendered once per
+            report, what changes with the clock (vouched, age) and serve's
+            own process metrics at each scrape
   /report   the report JSON as written
   /healthz  200 while serve is up; says what state the report is in
 
@@ -40,7 +41,8 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 
 from preflight.outputs import last_report, page
 from preflight.base.errors import UsageError
-from preflight.outputs.metrics import ReportCollector
+from preflight.outputs import metrics as metrics_mod
+from preflight.outputs.metrics import ReportCollector, StandingCollector
 
 # The classic text format every Prometheus since 2.0 reads (the names are all legacy-valid).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -155,6 +157,10 @@ class Server(ThreadingMixIn, HTTPServer):
         self.registry = self._registry(lambda: self.load())  # read at each scrape
         # What /metrics says of a report that parsed but cannot be rendered: invalid, never a dropped scrape.
         self.unrenderable = self._registry(lambda: last_report.Loaded(last_report.State.INVALID, error="the report cannot be rendered as metrics"))
+        # A report is rendered once, not at each scrape (a big one takes milliseconds a scrape would
+        # wait for): what was rendered, and from which report object (Cached gives a new one per change).
+        self._rendered: dict[str, tuple[Any, Any, bytes]] = {}
+        self._render_lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(WORKERS)
         self._heads: dict[socket.socket, bytes] = {}  # each request as the main thread read it, for its handler
         self._stopping = threading.Event()
@@ -162,14 +168,29 @@ class Server(ThreadingMixIn, HTTPServer):
 
     @staticmethod
     def _registry(load: Callable[[], last_report.Loaded]) -> CollectorRegistry:
+        """What a scrape renders each time: the standing (vouched, age: they change with the
+        clock) and serve's own process metrics. The report's families come from ``_once``."""
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(ReportCollector(load, live=lambda: (last_report.this_boot(), last_report.now(), last_report.booted_at())))
+        registry.register(StandingCollector(ReportCollector(load, live=lambda: (last_report.this_boot(), last_report.now(), last_report.booted_at()))))
         ProcessCollector(registry=registry)  # process_resident_memory_bytes, open fds: serve's own health
         return registry
 
+    def _once(self, what: str, report: Any, key: Any, make: Callable[[], bytes]) -> bytes:
+        """``make()`` for this report object and ``key``, rendered once and kept until either changes."""
+        with self._render_lock:
+            held = self._rendered.get(what)
+            if held is not None and held[0] is report and held[1] == key:
+                return held[2]
+        body = make()  # outside the lock: a render never holds up a scrape of the one before
+        with self._render_lock:
+            self._rendered[what] = (report, key, body)
+        return body
+
     def metrics(self) -> bytes:
         try:
-            return generate_latest(self.registry)
+            loaded = self.load()
+            own = b"" if loaded.report is None else self._once("metrics", loaded.report, None, lambda: metrics_mod.render_report(loaded.report))
+            return generate_latest(self.registry) + own
         except Exception as e:  # the model lets nothing through that breaks this; a future writer might
             self._fault(f"cannot render {self.report} as metrics: {e!r}")
             return generate_latest(self.unrenderable)
@@ -179,7 +200,9 @@ class Server(ThreadingMixIn, HTTPServer):
         applies), or, where a report the model took cannot be drawn, why, as metrics() does."""
         try:
             now = last_report.standing(loaded, last_report.this_boot(), last_report.now(), booted=last_report.booted_at())
-            return 200, page.render(loaded.report, str(self.report), now).encode()
+            # The page shows the standing only where it no longer vouches (its reason): that is its key.
+            key = None if now.vouched else now.reason
+            return 200, self._once("page", loaded.report, key, lambda: page.render(loaded.report, str(self.report), now).encode())
         except Exception as e:  # a bug in drawing must not cost the scrape or the thread
             self._fault(f"cannot render {self.report} as a page: {e!r}")
             return 500, page.unavailable("invalid", "the report cannot be drawn as a page; /report has it as written").encode()

@@ -77,6 +77,9 @@ class Gpu(_Facts):
     inforom_image: str | None = None  # nvmlDeviceGetInforomImageVersion, "G520.0200.00.05"
     persistence_mode: bool | None = None
     mig_mode: bool | None = None
+    # nvmlDeviceGetComputeMode: "exclusive_process" lets one process hold a context on the GPU,
+    # "prohibited" none; None where NVML did not say (facts recorded before it was read).
+    compute_mode: Literal["default", "exclusive_thread", "prohibited", "exclusive_process"] | None = None
     memory_total_bytes: int | None = Field(default=None, ge=0)
     ecc_mode: bool | None = None
     ecc_uncorrectable_volatile: int | None = Field(default=None, ge=0)

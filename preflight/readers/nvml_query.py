@@ -180,6 +180,10 @@ def _reasons(pynvml: Any, h: Any, unanswered: dict[str, str]) -> int | None:
     return reasons if isinstance(reasons, int) else None
 
 
+# nvml.h NVML_COMPUTEMODE_*; a code outside it reads as not said.
+COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
+
+
 def _gpu(pynvml: Any, i: int, h: Any, bus: str, device_id: int) -> dict[str, Any]:
     unanswered: dict[str, str] = {}
     opt = lambda fn, *a: _optional(pynvml, fn, h, *a, unanswered=unanswered)  # noqa: E731
@@ -208,6 +212,7 @@ def _gpu(pynvml: Any, i: int, h: Any, bus: str, device_id: int) -> dict[str, Any
         "inforom_image": _maybe_text(opt("nvmlDeviceGetInforomImageVersion")),
         "persistence_mode": _flag(opt("nvmlDeviceGetPersistenceMode")),
         "mig_mode": _flag(mig[0]) if mig else None,
+        "compute_mode": COMPUTE_MODES.get(opt("nvmlDeviceGetComputeMode")),
         "memory_total_bytes": memory.total if memory else None,
         "ecc_mode": _flag(ecc[0]) if ecc else None,
         "ecc_uncorrectable_volatile": opt("nvmlDeviceGetTotalEccErrors", 1, 0),  # UNCORRECTED, VOLATILE

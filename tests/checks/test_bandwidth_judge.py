@@ -14,6 +14,12 @@ from preflight.pipeline.check import Result
 from preflight.base.findings import Status
 from preflight.pipeline.profiles import ResolvedFloor
 from preflight.pipeline.expectations import BandwidthExpect
+from pathlib import Path
+
+from preflight.base.host import Host
+from preflight.pipeline import profiles
+from preflight.pipeline.shape import NodeShape
+from preflight.readers.nvml import FakeNvml
 
 FAIL, WARN = Status.FAIL, Status.WARN
 BPS, SECONDS = "bytes_per_second", "seconds"
@@ -636,3 +642,90 @@ def test_confirming_a_reading_that_did_not_converge_says_so_in_both_readings():
     assert x.cause.endswith("first reading: 53.7 GB/s on GPU 0 (not converged within +-2%: known to +-10.0% after 30 repeats, "
                             "at its cap of repeats); second reading: 53.7 GB/s on GPU 0")
     assert settled.lines == ["host->device copy: confirmed: first reading 53.7 GB/s on GPU 0 (not converged: +-10%), second 53.7 GB/s on GPU 0; floor 60.0 GB/s"]
+
+
+# --- compute modes: GPUs that admit one process each ---------------------------------------------------
+
+NVML_FIXTURES = Path(__file__).parents[1] / "fixtures" / "nvml"
+
+
+def cuda_result(nvml_file: str) -> Result:
+    """The cuda check's result as the bandwidth check reads it: the NVML inventory in its details."""
+    inv = FakeNvml(NVML_FIXTURES / nvml_file)
+    return Result(check="cuda", status=Status.PASS, summary="ok", details={"inventory": inv.model_dump(mode="json")})
+
+
+def test_gpus_in_exclusive_process_mode_leave_the_p2p_step_out_saying_why():
+    ctx = make_ctx()
+    ctx.results["cuda"] = cuda_result("h100-sxm-8x-exclusive-process.json")
+    why = bandwidth.exclusive_gpus(bandwidth.compute_modes(ctx))
+    assert why is not None and "every GPU is in compute mode EXCLUSIVE_PROCESS" in why and "second context" in why
+    assert bandwidth.steps_for(True, 8, expect(), one_process=why) == ["hbm_copy", "h2d", "d2h", "all_reduce", "all_gather", "reduce_scatter", "latency", "graph_latency"]
+
+
+@pytest.mark.parametrize("nvml_file", ["h100-sxm-8x-healthy.json", "h100-sxm-8x-prohibited.json"])
+def test_gpus_in_default_mode_keep_the_p2p_step(nvml_file):
+    # PROHIBITED fails the cuda check first (tests/checks/test_cuda.py); nothing here to leave out.
+    ctx = make_ctx()
+    ctx.results["cuda"] = cuda_result(nvml_file)
+    assert bandwidth.exclusive_gpus(bandwidth.compute_modes(ctx)) is None
+    assert "p2p" in bandwidth.steps_for(True, 8, expect(), one_process=None)
+
+
+def test_one_gpu_in_exclusive_mode_is_named():
+    assert bandwidth.exclusive_gpus({0: "default", 1: "exclusive_process", 2: None}).startswith("GPU->GPU copies not measured: GPU 1 is in compute mode")
+
+
+def test_without_the_cuda_check_the_compute_modes_come_from_nvml():
+    ctx = make_ctx()
+    ctx.settings = ctx.settings.model_copy(update={"nvml_fake": NVML_FIXTURES / "h100-sxm-8x-exclusive-process.json"})
+    assert bandwidth.compute_modes(ctx) == {i: "exclusive_process" for i in range(8)}
+
+
+def test_the_gather_leaves_p2p_out_on_an_exclusive_node(monkeypatch):
+    seen = {}
+
+    def collect(facts, worker, *args, **kw):
+        seen["steps"] = worker.args[worker.args.index("--steps") + 1]
+
+    monkeypatch.setattr(bandwidth.ranks, "collect", collect)
+    ctx = make_ctx()
+    ctx.results["cuda"] = cuda_result("h100-sxm-8x-exclusive-process.json")
+    facts = bandwidth.gather(ctx, 8, expect(), "nccl")
+    assert "p2p" not in seen["steps"].split(",") and facts.left_out and "EXCLUSIVE_PROCESS" in facts.left_out
+    ctx.results["cuda"] = cuda_result("h100-sxm-8x-healthy.json")
+    assert "p2p" in bandwidth.gather(ctx, 8, expect(), "nccl").steps and seen["steps"].split(",")[3] == "p2p"
+
+
+# --- the all_reduce against the floor of the algorithm NCCL ran -------------------------------------------
+
+
+def h100_ctx(env: dict[str, str]):
+    path = profiles.BUILTIN_DIR / "h100-sxm.toml"
+    ctx = make_ctx(host=Host(environ=env))
+    ctx.profile = profiles.resolve(profiles.load(path), path, {}, "test")
+    ctx.shape = NodeShape(gpus=8, gpus_from="test", fabric="nvswitch", fabric_from="test")
+    return ctx
+
+
+def all_reduce_at(busbw: float) -> BandwidthFacts:
+    """Eight ranks' 4 GiB all_reduce, every repeat at ``busbw`` (nccl-tests' busbw = algbw x 2(n-1)/n)."""
+    seconds = 4 * GIB / (busbw / (2 * 7 / 8))
+    return per_rank(8, lambda r: [step("all_reduce", bytes=4 * GIB, seconds=[seconds] * 10, tolerance=0.02, stopped="converged")])
+
+
+@pytest.mark.parametrize("env, busbw, status, said", [
+    ({"NCCL_NVLS_ENABLE": "0"}, 368 * GB, Status.PASS, "NVLS was off (NCCL_NVLS_ENABLE=0 in the environment)"),
+    ({"NCCL_NVLS_ENABLE": "0"}, 200 * GB, FAIL, "NVLink or NVSwitch"),
+    ({}, 480 * GB, Status.PASS, None),
+    ({}, 368 * GB, WARN, "NVLS state unknown"),
+])
+def test_an_h100_all_reduce_is_judged_against_the_algorithm_nccl_ran(monkeypatch, env, busbw, status, said):
+    # Before: 368 GB/s with NVLS off FAILed "confirmed" against 430 GB/s, blaming NVLink or NVSwitch.
+    monkeypatch.setattr(bandwidth, "gather", lambda *a, **kw: all_reduce_at(busbw))
+    result = bandwidth.Bandwidth().run(h100_ctx(env))
+    assert result.status == status
+    told = str(result.model_dump())
+    assert said is None or said in told
+    if status != FAIL:
+        assert "NVLink or NVSwitch port down" not in told

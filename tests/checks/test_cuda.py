@@ -440,6 +440,25 @@ def test_cuda_init_on_every_real_gpu():
     print({d.index: d.seconds for d in outcome.report.devices}, outcome.seconds, loaded)
 
 
+@pytest.mark.gpu
+def test_cuda_init_in_the_shared_launch_leaves_each_rank_its_own_gpu():
+    # One rank per GPU, as the run starts them: each probes and loads only its own, so
+    # on a node in EXCLUSIVE_PROCESS mode the next stage's ranks can still take theirs.
+    from preflight.gpuwork.world import Worlds
+    from preflight.readers import nvml
+
+    inv = nvml.inventory()
+    worlds = Worlds()
+    try:
+        outcome, loaded = cuda.run_init(sys.executable, timeout=180, read_links=True, worlds=worlds, nproc=len(inv.gpus))
+    finally:
+        worlds.close()
+    r = outcome.report
+    assert r and r.stage == "done" and cuda.judge_init(outcome, inv) == [], outcome
+    assert r.probed == {k: [k] for k in range(len(inv.gpus))} and [d.rank for d in r.devices] == list(range(len(inv.gpus)))
+    assert loaded and set(loaded) == {g.pci_bus_id for g in inv.gpus}
+
+
 
 # ---- through the CLI, as the "done when" reads -------------------------
 
@@ -578,6 +597,31 @@ def test_a_one_gpu_h100_pcie_without_bridges_passes():
     report = report.model_copy(update={"devices": report.devices[:1], "pci_bus_ids": report.pci_bus_ids[:1], "device_count": 1})
     init = InitOutcome(python=report.python, ended="exit 0", returncode=0, timed_out=False, seconds=1.0, report=report)
     assert judged(cuda.CudaFacts(inventory=inv, kernel_log="/dev/kmsg", init=init), profile=pcie, node=node) == []
+
+
+def test_prohibited_compute_mode_fails_naming_the_mode_and_the_fix():
+    f = facts("h100-sxm-8x-prohibited.json", init=None)
+    fails = only(judged(f))
+    assert len(fails) == 8 and fails[0].summary == "GPU 0 (0000:1b:00.0): compute mode PROHIBITED"
+    assert "no process can create a CUDA context" in fails[0].cause and "`nvidia-smi -i 0 -c DEFAULT`" in fails[0].remedy
+    assert [g.index for g in cuda.prohibited(f.inventory)] == list(range(8))  # CUDA init is not tried there
+
+
+def test_exclusive_process_compute_mode_is_what_a_job_of_one_process_per_gpu_needs():
+    f = facts("h100-sxm-8x-exclusive-process.json")
+    assert {g.compute_mode for g in f.inventory.gpus} == {"exclusive_process"}
+    assert judged(f) == [] and cuda.prohibited(f.inventory) == []
+
+
+def test_a_fake_prohibited_node_fails_naming_the_mode_and_tries_no_cuda_init(tmp_path):
+    report = tmp_path / "r.json"
+    p = run_preflight(["run", "--profile", "h100-sxm", "--only", "cuda", "--report", str(report), "--nvml-fake", str(NVML / "h100-sxm-8x-prohibited.json")])
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    (c,) = Report.model_validate_json(report.read_text()).checks
+    assert c.details["parts"]["inventory"] == "FAIL" and c.details["init"] is None
+    assert c.details["parts"]["cuda_init"] == "not run: NVML reports compute mode PROHIBITED on " + ", ".join(
+        f"GPU {g.index} ({nvml.short_pci(g.pci_bus_id)})" for g in FakeNvml(NVML / "h100-sxm-8x-prohibited.json").gpus)
+    assert "compute mode PROHIBITED" in c.summary and "`nvidia-smi -i 0 -c DEFAULT`" in c.remedy
 
 
 # ---- the Xid scan when journalctl's output cannot be read --------------------------------------

@@ -275,4 +275,5 @@ def test_nccl_on_every_gpu_of_this_node(tmp_path):
     r = nccl_result(report)
     assert r.status in ("PASS", "WARN"), (r.cause, p.stderr)
     assert r.summary.startswith(f"{gpus} nccl rank(s): 13 ops right on every rank") and r.details["nccl_log"]["version"]
+    assert "nvls" in r.details["nccl_log"]  # the bandwidth check's all_reduce floor follows it
     assert r.details["ranks"][0]["report"]["nccl_version"] and not workers_left(tmp_path)

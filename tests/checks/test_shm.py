@@ -5,6 +5,7 @@ import json
 import os
 import shlex
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -155,9 +156,44 @@ def test_container_memory_limit_below_the_floor_fails():
     assert f.status is Status.FAIL and "memory limit leaves 200 MiB" in f.summary
 
 
-def test_tmpfs_bigger_than_ram_warns():
-    (f,), _ = judge(healthy(size_bytes=128 * GiB), GiB)
-    assert f.status is Status.WARN and "larger than physical memory" in f.summary
+def h200_vm_shm() -> ShmFacts:
+    """The H200 VM's own /dev/shm as 0.2.0 gathered it (tests/fixtures/node/h200-1x-vm/report-quick-keep-going.json):
+    the top of two stacked tmpfs mounts, 128 GiB on 125.8 GiB of RAM; MemAvailable 125 GiB is
+    `free -g`'s available column in node-facts.txt, which 0.2.0 did not gather."""
+    report = json.loads((FIXTURES / "node" / "h200-1x-vm" / "report-quick-keep-going.json").read_text())
+    details = dict(next(c for c in report["checks"] if c["check"] == "shm")["details"])
+    details["mount"] = Mount(**details["mount"])
+    return ShmFacts(**details, mem_available_bytes=125 * GiB)
+
+
+def test_a_tmpfs_sized_above_ram_is_no_finding_while_memory_backs_the_floor():
+    facts = h200_vm_shm()
+    assert facts.size_bytes == 128 * GiB > facts.mem_total_bytes
+    findings, ms = judge(facts, 16 * GiB)  # h200-sxm's floor
+    assert findings == []
+    available = next(m for m in ms if m.name == "shm_memory_available")
+    assert (available.value, available.floor) == (125 * GiB, 16 * GiB)
+
+
+def test_too_little_memory_to_back_the_floor_fails_whatever_the_size_says():
+    (f,), _ = judge(replace(h200_vm_shm(), mem_available_bytes=6 * GiB, segment_bytes=0), 16 * GiB)
+    assert f.status is Status.FAIL
+    assert f.summary == "only 6 GiB of memory is available to back /dev/shm, below the 16 GiB floor"
+    assert "MemAvailable" in f.cause and "125.8 GiB" in f.cause
+
+
+def test_available_memory_is_not_judged_beside_other_jobs_nor_twice_with_the_free_space():
+    findings, ms = judge(healthy(mem_available_bytes=100 * MiB, other_jobs=["41"]), GiB)
+    assert findings == [] and next(m for m in ms if m.name == "shm_memory_available").floor is None
+    (f,), _ = judge(healthy(free_bytes=100 * MiB, mem_available_bytes=100 * MiB, segment_bytes=0), GiB)
+    assert f.summary == "only 100 MiB of /dev/shm is free, below the 1 GiB floor"
+
+
+def test_no_segment_is_written_where_memory_cannot_back_it(monkeypatch):
+    monkeypatch.setattr(shm, "_meminfo", lambda host: {"MemTotal": 64 * GiB, "MemAvailable": 10 * MiB})
+    monkeypatch.setattr(shm, "_cgroup_headroom", lambda host: None)
+    facts = shm.gather(Host(), 64 * MiB)
+    assert facts.mem_available_bytes == 10 * MiB and facts.segment_bytes == 0 and facts.segment_error is None
 
 
 def test_nccl_shm_disable_warns_with_the_cost():
@@ -375,6 +411,18 @@ def test_big_enough_private_tmpfs_passes_and_nccl_shm_disable_warns():
     (r,) = json.loads(p.stdout)["checks"]
     assert r["status"] == "WARN" and "NCCL_SHM_DISABLE=1" in r["summary"]
     assert "14x slower" in r["cause"]
+
+
+@needs_root
+def test_a_private_tmpfs_sized_at_twice_this_machines_ram_passes_without_a_warning():
+    # As the H200 VM mounts it: the kernel allows a tmpfs above RAM, and only what memory backs is judged.
+    total_kib = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal:"))
+    p = in_private_shm(f"mount -t tmpfs -o size={2 * total_kib}k tmpfs /dev/shm", "run --profile cpu --only shm --json")
+    assert p.returncode == 0, p.stderr
+    (r,) = json.loads(p.stdout)["checks"]
+    assert r["status"] == "PASS", r["summary"]
+    assert r["details"]["size_bytes"] > r["details"]["mem_total_bytes"]
+    assert "1 GiB segment was created and written" in r["summary"]
 
 
 @needs_root

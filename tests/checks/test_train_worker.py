@@ -5,6 +5,7 @@ The whole worker runs for real in test_train.py."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import sys
 
@@ -63,3 +64,29 @@ def test_the_model_has_the_parameters_the_flop_count_assumes(layers, d, heads, s
     assert sum(p.numel() for p in model.parameters()) == 12 * layers * d * d + vocab * d + seq * d + (2 * layers + 1) * d
     logits = model(torch.randint(0, vocab, (2, seq)))
     assert logits.shape == (2, seq, vocab)
+
+
+def probe_for_gemm(warmup_seconds: float):
+    """A Probe with what its gemm stage uses, on this CPU, one rank (no process group)."""
+    probe = object.__new__(worker.Probe)
+    probe.torch, probe.cuda, probe.device, probe.factor, probe.pause = torch, False, torch.device("cpu"), None, None
+    probe.args = argparse.Namespace(gemm_n=64, gemm_burst=5, gemm_warmup_seconds=warmup_seconds, gemm_repeats=5, max_gemm_repeats=5,
+                                    tolerance=10.0, max_seconds=60.0)
+    probe._more = lambda flag: flag
+    return probe
+
+
+def test_the_gemm_runs_untimed_bursts_until_the_clocks_settle_before_it_times_one():
+    # The H200's first burst after two warm-up matmuls read 741 TFLOP/s, the nine after 629-678:
+    # boost, then the power cap (tests/fixtures/node/h200-1x-vm/report-standard-keep-going.json).
+    report: dict = {}
+    probe_for_gemm(0.2).gemm(report, None, lambda: None)
+    assert report["gemm_warmup"]["seconds"] >= 0.2 and report["gemm_warmup"]["matmuls"] > 2
+    assert (report["gemm_warmup"]["matmuls"] - 2) % 5 == 0  # whole bursts after the first two
+    assert len(report["gemm_seconds"]) == 5 and all(s > 0 for s in report["gemm_seconds"])
+
+
+def test_no_warm_up_seconds_still_runs_two_matmuls_first():
+    report: dict = {}
+    probe_for_gemm(0).gemm(report, None, lambda: None)
+    assert report["gemm_warmup"]["matmuls"] == 2

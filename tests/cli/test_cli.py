@@ -772,7 +772,7 @@ def test_run_topology_in_a_container_cpuset_on_the_recorded_node(tmp_path):
     p = subprocess.run(["unshare", "-m", "sh", "-c", cmd], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 1, p.stderr
     result = Report.model_validate_json(report.read_text()).checks[0]
-    assert result.details["parts"] == {"matrix": "PASS", "nvlink": "PASS", "numa": "WARN", "nics": "PASS",
+    assert result.details["parts"] == {"matrix": "PASS", "nvlink": "PASS", "numa": "PASS", "nics": "PASS",
                                        "cpus": "FAIL", "pcie": "PASS", "agreement": "PASS", "source": "FAIL"}
     assert "224 CPUs online; this process's cpuset allows 1 (0)" in result.cause
     assert result.details["advice"]["ranks"][7]["cpus"] is None  # CPU 0 is on node 0: nothing to give GPU 7's rank

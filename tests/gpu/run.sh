@@ -1,66 +1,195 @@
 #!/usr/bin/env bash
-# On the GPU node, from a copy of the repository with the .whl/ that
-# tests/gpu/prepare.sh made (no network needed): install the wheels with
-# --no-deps beside the image's own packages, then run the acceptance kit
-# (`preflight selftest`) and the tests marked gpu. Results go to $OUT
-# (selftest.json, selftest.log, pytest-gpu.log).
+# shellcheck disable=SC2329  # the do_* functions are called through step, by name
+# The GPU acceptance kit: a first contact with a GPU node in one run of at most
+# 8 minutes (the device call's limit is 10), without network. From a copy of
+# the repository with the .whl/ that tests/gpu/prepare.sh made:
 #
 #   OUT=/tmp/out bash tests/gpu/run.sh
-#   SELFTEST_ARGS='--stage nccl' bash tests/gpu/run.sh    # other selftest options
-#   PYTEST_SECONDS=0 bash tests/gpu/run.sh                # no pytest
-#   FULL=1 bash tests/gpu/run.sh                          # burnin and memtest alone (full.json, full.log)
+#   STEPS='captures reference' OUT=/tmp/out bash tests/gpu/run.sh    # some steps only
 #
-# Exit: selftest's code (0 pass, 1 a stage failed or was skipped), else pytest's.
+# Steps, each under its own budget (kill grace included) and each run whatever
+# the one before did:
+#   setup      install the wheels with --no-deps beside the image's packages; version, nvidia-smi -L
+#   captures   the node as its tools print it, bytes untouched (cmd > file), in $OUT/captures/
+#   reference  a plain torch loop (tests/gpu/reference.py): HBM copy, H2D, D2H, bf16 GEMM
+#   torchrun   a bare torchrun (tests/gpu/bare.py: torch import, NCCL group, one all_reduce), twice
+#   quick      preflight run --level quick --keep-going
+#   standard   preflight run --level standard --keep-going
+#   full       the full level's burnin and memtest, shortened by a site profile (45 s, 30 s)
+#   pytest     pytest -m gpu
+#   summary    tests/gpu/kit.py summary: times, ratios to the plain loop, the acceptance
+# Results in $OUT: kit.log (all of it), steps.tsv, captures/, reference.json,
+# quick.json, standard.json, full.json (+ .log), pytest-gpu.log, acceptance.json.
+#
+# Exit: the summary's (0: PASS at every level with no WARN), else 1.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 3
+repo=$PWD
 dir=${WHEEL_DIR:-.whl}
 site=${SITE_DIR:-/tmp/site}
 out=${OUT:-$(mktemp -d /tmp/preflight-gpu.XXXXXX)}
-mkdir -p "$out"
-budget=${SELFTEST_BUDGET:-360}        # seconds; with pytest's 150, run.sh stays within 10 minutes
-pytest_seconds=${PYTEST_SECONDS:-150}
-
-ls "$dir"/*.whl >/dev/null 2>&1 || { echo "run.sh: no wheels in $dir: run tests/gpu/prepare.sh first, where there is network" >&2; exit 2; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$dir"/*.whl || exit 3
-export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-# Everything runs from an empty folder: `python3 -m preflight`, here and in every
-# child the tests start, must import the installed wheel, not ./preflight (the
-# source tree lacks preflight.checks, which the wheel maps from checks/).
-# PYTHONSAFEPATH would do it too, but it also keeps the workers, which run by
-# path, from importing their sibling _rank.py.
-repo=$PWD
+mkdir -p "$out/captures"
 out=$(cd "$out" && pwd)
+steps=" ${STEPS:-setup captures reference torchrun quick standard full pytest} summary "
+
+# Seconds each step may take, its children's kill grace included: they add up to
+# at most 480 (tests/gpu/test_kit.py holds them to it), so the whole kit ends
+# within 8 minutes whatever hangs.
+B_SETUP=20
+B_CAPTURES=35
+B_REFERENCE=45
+B_TORCHRUN=40
+B_QUICK=30
+B_STANDARD=110
+B_FULL=120
+B_PYTEST=60
+B_SUMMARY=10
+
+exec > >(tee -a "$out/kit.log") 2>&1
+echo "run.sh: budgets (s): setup $B_SETUP, captures $B_CAPTURES, reference $B_REFERENCE, torchrun $B_TORCHRUN," \
+  "quick $B_QUICK, standard $B_STANDARD, full $B_FULL, pytest $B_PYTEST, summary $B_SUMMARY;" \
+  "total $((B_SETUP + B_CAPTURES + B_REFERENCE + B_TORCHRUN + B_QUICK + B_STANDARD + B_FULL + B_PYTEST + B_SUMMARY))"
+: > "$out/steps.tsv"
+
+# within SECONDS CMD...: CMD under a deadline; SIGTERM at SECONDS - 2, SIGKILL 2 s later.
+within() {
+  local s=$1
+  shift
+  timeout -k 2 "$((s > 3 ? s - 2 : 1))" "$@"
+}
+
+# step NAME BUDGET FUNCTION: run the step's function if chosen, record its seconds and exit code.
+step() {
+  local name=$1 budget=$2 fn=$3 t0 t1 rc
+  case "$steps" in *" $name "*) ;; *) return 0 ;; esac
+  echo "== $name (budget $budget s) $(date -u +%H:%M:%S)"
+  t0=$(date +%s%N)
+  "$fn" "$budget"
+  rc=$?
+  t1=$(date +%s%N)
+  printf '%s\t%s\t%s\t%s\n' "$name" "$budget" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", (b - a) / 1e9 }')" "$rc" >> "$out/steps.tsv"
+  echo "== $name: exit $rc"
+}
+
+# cap NAME SECONDS CMD...: the command's stdout into captures/NAME, byte for byte; its stderr and
+# exit code beside it. A tool the node lacks is said, not failed.
+cap() {
+  local name=$1 s=$2
+  shift 2
+  if ! command -v "$1" >/dev/null 2>&1; then
+    echo "$name: $1 not found" >> "$out/captures/INDEX.txt"
+    return 0
+  fi
+  within "$s" "$@" > "$out/captures/$name" 2> "$out/captures/$name.stderr"
+  echo "$name: exit $? ($*)" >> "$out/captures/INDEX.txt"
+}
+
+do_setup() {
+  if ls "$dir"/*.whl >/dev/null 2>&1; then
+    within 14 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$dir"/*.whl || return 3
+  else
+    echo "run.sh: no wheels in $dir (tests/gpu/prepare.sh makes them where there is network): using the preflight already installed"
+  fi
+  within 3 python3 -m preflight version
+  within 3 nvidia-smi -L || echo "run.sh: nvidia-smi did not answer"
+}
+
+# Each cap's seconds include its kill grace; they add up to B_CAPTURES at most.
+do_captures() {
+  : > "$out/captures/INDEX.txt"
+  cap nvidia-smi-q.txt 10 nvidia-smi -q
+  cap nvidia-smi-topo-m.txt 4 nvidia-smi topo -m
+  cap nvidia-smi-q-d-performance-clock-power.txt 5 nvidia-smi -q -d PERFORMANCE,CLOCK,POWER
+  cap lspci-vvv.txt 4 lspci -vvv
+  cap dmesg-tail.txt 3 sh -c 'dmesg | tail -n 300'
+  cap df-dev-shm.txt 3 df -B1 /dev/shm
+  cap mount-dev-shm.txt 3 sh -c 'grep " /dev/shm " /proc/self/mountinfo; mount | grep " /dev/shm "'
+  cap numactl-H.txt 3 numactl -H
+  cat "$out/captures/INDEX.txt"
+}
+
+do_reference() {
+  # shellcheck disable=SC2086  # REFERENCE_ARGS is split on purpose
+  within "$1" python3 "$repo/tests/gpu/reference.py" --out "$out/reference.json" ${REFERENCE_ARGS:-}
+}
+
+gpus() {
+  local n
+  n=$(within 3 nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+  echo "${n:-0}"
+}
+
+do_torchrun() {
+  local n rc=0 i t0 t1
+  n=$(gpus)  # 3 s of the budget
+  [ "$n" -gt 0 ] || n=1
+  for i in 1 2; do
+    t0=$(date +%s%N)
+    within "$((($1 - 4) / 2))" python3 -m torch.distributed.run --standalone --nproc-per-node "$n" "$repo/tests/gpu/bare.py" || rc=$?
+    t1=$(date +%s%N)
+    printf '%s\t%s\t%s\t%s\n' "torchrun$i" 0 "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", (b - a) / 1e9 }')" "$rc" >> "$out/steps.tsv"
+    echo "bare torchrun $i ($n ranks): $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", (b - a) / 1e9 }') s, exit $rc"
+  done
+  return "$rc"
+}
+
+do_quick() {
+  within "$1" python3 -m preflight run --profile "${PROFILE:-auto}" --level quick --keep-going --json --scratch \
+    > "$out/quick.json" 2> "$out/quick.log"
+}
+
+do_standard() {
+  within "$1" python3 -m preflight run --profile "${PROFILE:-auto}" --level standard --keep-going --json --scratch \
+    > "$out/standard.json" 2> "$out/standard.log"
+}
+
+# A site profile of the same name replaces the built-in one (PREFLIGHT_PROFILES_DIR): the
+# detected profile, copied with [burnin] seconds = 45 and [memtest] seconds = 30.
+do_full() {
+  local name builtin profiles
+  name=${PROFILE:-$(within 10 python3 -m preflight detect --json 2>/dev/null | python3 -c 'import json, sys; print(json.load(sys.stdin).get("profile") or "")' 2>/dev/null)}
+  builtin=$(python3 -c 'import sys, preflight.pipeline as p; from pathlib import Path; print(Path(p.__file__).parent / "profiles" / (sys.argv[1] + ".toml"))' "$name" 2>/dev/null)
+  if [ -z "$name" ] || [ ! -f "$builtin" ]; then
+    echo "run.sh: no profile detected ('$name'): the full level is not run"
+    return 2
+  fi
+  profiles=$(mktemp -d /tmp/preflight-site-profiles.XXXXXX)
+  python3 "$repo/tests/gpu/kit.py" site-profile "$builtin" "$profiles/$name.toml" --burnin 45 --memtest 30 || return 2
+  cp "$profiles/$name.toml" "$out/site-profile-$name.toml"
+  PREFLIGHT_PROFILES_DIR=$profiles within "$(($1 - 14))" python3 -m preflight run --profile "$name" --level full --only burnin,memtest \
+    --keep-going --json --scratch > "$out/full.json" 2> "$out/full.log"
+}
+
+do_pytest() {
+  python3 -c 'import pytest' 2>/dev/null || { echo "run.sh: pytest is not installed here"; return 5; }
+  within "$1" python3 -m pytest -c "$repo/pyproject.toml" --rootdir "$repo" -m gpu -q -rA -p no:cacheprovider \
+    --continue-on-collection-errors "$repo/tests" > "$out/pytest-gpu.log" 2>&1
+  local rc=$?
+  tail -15 "$out/pytest-gpu.log"
+  return "$rc"
+}
+
+do_summary() {
+  within "$1" python3 "$repo/tests/gpu/kit.py" summary "$out"
+}
+
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# From an empty folder: `python3 -m preflight`, here and in every child, must import the
+# installed wheel, not ./preflight (the source tree lacks preflight.checks, which the
+# wheel maps from checks/). PYTHONSAFEPATH would do it too, but it also keeps the
+# workers, which run by path, from importing their sibling _rank.py.
 work=$(mktemp -d /tmp/preflight-gpu-cwd.XXXXXX)
 cd "$work" || exit 3
 
-python3 -m preflight version
-timeout 30 nvidia-smi -L || echo "run.sh: nvidia-smi did not answer"
-
-# FULL=1: the full level's long checks alone (burn-in 300 s, memory test up to 120 s), in place
-# of the selftest and pytest, so the call stays within the device's 10 minutes.
-if [ "${FULL:-0}" = 1 ]; then
-  timeout -k 10 560 python3 -m preflight run --profile "${PROFILE:-auto}" --level full --only burnin,memtest --keep-going \
-    --scratch --json > "$out/full.json" 2> "$out/full.log"
-  frc=$?
-  tail -40 "$out/full.log"
-  echo "run.sh: full level (burnin, memtest) exit $frc; results in $out/full.json"
-  exit "$frc"
-fi
-
-# shellcheck disable=SC2086  # SELFTEST_ARGS is split on purpose
-timeout -k 10 $((budget + 60)) python3 -m preflight selftest ${SELFTEST_ARGS:---strict} --budget "$budget" \
-  --out "$out/selftest.json" 2>&1 | tee "$out/selftest.log"
-rc=${PIPESTATUS[0]}
-
-prc=0
-if [ "$pytest_seconds" -gt 0 ] && python3 -c 'import pytest' 2>/dev/null; then
-  timeout -k 10 "$pytest_seconds" python3 -m pytest -c "$repo/pyproject.toml" --rootdir "$repo" -m gpu -q -rA \
-    -p no:cacheprovider --continue-on-collection-errors "$repo/tests" \
-    2>&1 | tee "$out/pytest-gpu.log"
-  prc=${PIPESTATUS[0]}
-else
-  echo "run.sh: pytest not run (not installed here, or PYTEST_SECONDS=0)"
-fi
-echo "run.sh: selftest exit $rc, pytest exit $prc; results in $out"
-[ "$rc" -ne 0 ] && exit "$rc"
-exit "$prc"
+step setup "$B_SETUP" do_setup
+step captures "$B_CAPTURES" do_captures
+step reference "$B_REFERENCE" do_reference
+step torchrun "$B_TORCHRUN" do_torchrun
+step quick "$B_QUICK" do_quick
+step standard "$B_STANDARD" do_standard
+step full "$B_FULL" do_full
+step pytest "$B_PYTEST" do_pytest
+step summary "$B_SUMMARY" do_summary
+rc=$(awk -F'\t' '$1 == "summary" { print $4 }' "$out/steps.tsv")
+echo "run.sh: results in $out"
+exit "${rc:-1}"

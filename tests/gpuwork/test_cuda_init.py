@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import cuda_facts
 from cuda_facts import NVML, facts, loaded_reading, python_script
 
 from preflight.gpuwork import cuda_init as cuda
@@ -58,3 +59,75 @@ def test_the_worker_runs_by_hand_and_prints_its_report():
     done = subprocess.run([sys.executable, str(cuda.launch.WORKERS_DIR / "cuda_init.py")], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert json.loads(done.stdout)["error_kind"] == "cpu_build"
+
+
+# ---- the shared launch: each rank probes its own GPU ------------------------------------
+
+def _worker():
+    import importlib.util
+
+    sys.path.insert(0, str(cuda.launch.WORKERS_DIR))  # the worker imports _rank from beside it, as torchrun runs it
+    spec = importlib.util.spec_from_file_location("cuda_init_worker", cuda.launch.WORKERS_DIR / "cuda_init.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("rank, ranks, count, devices", [
+    (0, 1, 8, list(range(8))),  # a process of its own: every GPU
+    (3, 8, 8, [3]),  # one rank per GPU: its own and no other's
+    (1, 4, 8, [1, 5]),  # fewer ranks than GPUs: the ones no rank uses are shared out
+    (3, 4, 2, []),  # a rank with no GPU of its own touches none
+])
+def test_a_rank_probes_only_the_gpus_it_owns(rank, ranks, count, devices):
+    assert _worker().owned(rank, ranks, count) == devices
+
+
+def _split(report: dict, ranks: int) -> dict[int, dict]:
+    """healthy-8x.json as eight ranks write it, each having probed its own device."""
+    return {k: {**report, "devices": [d for d in report["devices"] if d["index"] % ranks == k], "probed": list(range(k, 8, ranks))} for k in range(ranks)}
+
+
+def test_the_ranks_reports_read_as_one_probe_of_every_gpu():
+    whole = json.loads((cuda_facts.INIT / "healthy-8x.json").read_text())
+    merged = cuda.InitReport.model_validate(cuda.merge(_split(whole, 8)))
+    assert [d.index for d in merged.devices] == list(range(8)) and [d.rank for d in merged.devices] == list(range(8))
+    assert merged.probed == {k: [k] for k in range(8)}
+    assert merged.stage == "done" and merged.load_end == "stop" and merged.current is None
+    assert merged.model_dump(exclude={"devices", "probed"}) == cuda.InitReport.model_validate(whole).model_dump(exclude={"devices", "probed"})
+
+
+def test_a_rank_hung_on_its_gpu_is_named_and_so_is_its_gpu():
+    from preflight.checks import cuda as check
+
+    whole = json.loads((cuda_facts.INIT / "healthy-8x.json").read_text())
+    reports = _split(whole, 8)
+    reports[3] = {**reports[3], "stage": "devices", "current": 3, "devices": [], "load_end": None, "seconds": None}
+    merged = cuda.InitReport.model_validate(cuda.merge(reports))
+    assert merged.stage == "devices" and merged.current == 3 and merged.load_end == "stop"
+    f = facts("h100-sxm-8x-healthy.json")
+    outcome = f.init.model_copy(update={"report": merged, "timed_out": True, "returncode": None, "ended": "killed at the deadline after 55 s"})
+    [finding] = check.judge_init(outcome, f.inventory)
+    assert finding.summary == "CUDA init hung on GPU 3 (0000:61:00.0)"
+
+
+def test_the_links_are_read_only_once_every_rank_is_copying():
+    assert not cuda.loading([{"stage": "load"}, {"stage": "devices"}])
+    assert not cuda.loading([{"stage": "load"}, None])
+    assert cuda.loading([{"stage": "load"}, {"stage": "load"}])
+    assert cuda.loading([{"stage": "load"}, {"stage": "done"}])  # a rank with no GPU of its own
+    assert not cuda.loading([{"stage": "done"}, {"stage": "done"}])
+
+
+def test_in_a_shared_launch_every_rank_runs_the_cuda_stage_itself():
+    # Real gloo ranks on CPU torch: each stops at "CPU-only build", but each wrote its own
+    # report, so none sat idle while another made contexts on every GPU.
+    from preflight.gpuwork.world import Worlds
+
+    worlds = Worlds()
+    try:
+        outcome, _ = cuda.run_init(sys.executable, timeout=120, read_links=False, worlds=worlds, nproc=2)
+    finally:
+        worlds.close()
+    assert outcome.report is not None and outcome.report.error_kind == "cpu_build"
+    assert outcome.report.probed == {0: None, 1: None}

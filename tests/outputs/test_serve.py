@@ -158,6 +158,42 @@ def test_a_report_that_parsed_but_cannot_be_rendered_is_invalid_not_a_dropped_sc
     assert "cannot render" in capfd.readouterr().err
 
 
+def test_a_report_is_rendered_once_and_the_clock_at_each_scrape(tmp_path, monkeypatch):
+    """A scrape of an unchanged report renders nothing of it again (a big report took
+    milliseconds each time); its age and the standing still move with every scrape."""
+    from preflight.outputs import metrics
+
+    renders = {"metrics": 0, "page": 0}
+    real_metrics, real_page = metrics.render_report, page.render
+
+    def counted(name, real):
+        def call(*args, **kwargs):
+            renders[name] += 1
+            return real(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(metrics, "render_report", counted("metrics", real_metrics))
+    monkeypatch.setattr(page, "render", counted("page", real_page))
+    report = report_file(tmp_path / "report.json", "cpu-pass", age=600)
+    server = serve.Server(("127.0.0.1", 0), report)
+    try:
+        ages = []
+        for _ in range(5):
+            fam = families(server.metrics().decode())
+            ages.append(value(fam, "preflight_report_age_seconds"))
+            assert value(fam, "preflight_run_passed") == 1 and value(fam, "preflight_vouched") == 1
+            assert server.page(server.load())[0] == 200
+            time.sleep(0.01)
+        assert renders == {"metrics": 1, "page": 1} and ages == sorted(ages) and ages[-1] > ages[0]
+        report_file(tmp_path / "new.json", "shm-64m-fail").replace(report)  # the next run's report
+        fam = families(server.metrics().decode())
+        code, body = server.page(server.load())
+        assert value(fam, "preflight_run_passed") == 0 and b'data-verdict="fail"' in body
+        assert renders == {"metrics": 2, "page": 2}
+    finally:
+        server.server_close()
+
+
 def test_each_scrape_reads_the_report_written_since(tmp_path):
     report = report_file(tmp_path / "report.json", "cpu-pass")
     with serving(report) as (base, _):

@@ -1,15 +1,17 @@
 """`preflight serve` under load: scrape latency, resident memory and threads.
 
-Serves a report the size of an 8-GPU node's (the recorded h100 report plus a
-bandwidth check's per-GPU, per-pair and collective figures), then:
+Serves the built 8x H100 report (an 8-GPU node's every figure), then:
   1. idle: resident memory after start-up and one scrape;
-  2. one client: 200 scrapes in a row, latency p50/p99 (what Prometheus sees);
-  3. burst: CLIENTS concurrent clients scraping /metrics back to back, TOTAL
+  2. one client: 200 scrapes in a row, latency p50/p99 (what Prometheus sees;
+     target p99 within 10 ms on a 2-core machine);
+  3. twenty clients: 20 concurrent clients, 1000 scrapes in all (target p99
+     within 100 ms on a 2-core machine);
+  4. burst: CLIENTS concurrent clients scraping /metrics back to back, TOTAL
      scrapes in all; latency p50/p99/max, scrapes per second, peak RSS
      (VmHWM) and the most threads seen;
-  4. stalled clients: SLOW connections that send nothing, then one scrape:
+  5. stalled clients: SLOW connections that send nothing, then one scrape:
      how long it waits and the threads meanwhile;
-  5. trickling clients: SLOW connections sending a byte at a time while scrapes run.
+  6. trickling clients: SLOW connections sending a byte at a time while scrapes run.
 Run: python tests/perf/bench_serve.py [TOTAL] [CLIENTS] [SLOW]
 """
 
@@ -34,21 +36,10 @@ SLOW = int(sys.argv[3]) if len(sys.argv) > 3 else 200
 
 
 def big_report(path: Path) -> int:
-    data = json.loads((ROOT / "tests/fixtures/reports/h100-fake-hw-slowdown.json").read_text())
+    """The built 8x H100 report (tests/fixtures/reports/h100-8x-built.json: every check's
+    figures of an 8-GPU node, pairs and all), made this boot's so it vouches."""
+    data = json.loads((ROOT / "tests/fixtures/reports/h100-8x-built.json").read_text())
     data["boot_id"] = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    uuid = "GPU-5c1b0c7e-8f2a-4d3b-9e6a-00000000000{}"
-    ms = []
-    for g in range(8):
-        gl = {"gpu": str(g), "UUID": uuid.format(g)}
-        for name, v, floor in (("hbm_copy_bandwidth", 3.1e12, 2.3e12), ("h2d_bandwidth", 55e9, 48e9), ("d2h_bandwidth", 55e9, 48e9)):
-            ms.append({"name": name, "unit": "bytes_per_second", "value": v, "labels": gl, "floor": floor})
-        for p in range(8):
-            if p != g:
-                ms.append({"name": "p2p_bandwidth", "unit": "bytes_per_second", "value": 370e9, "labels": {**gl, "peer_gpu": str(p)}, "floor": 335e9})
-    for c in ("all_reduce", "all_gather", "reduce_scatter"):
-        ms.append({"name": c.replace("_", "") + "_bus_bandwidth", "unit": "bytes_per_second", "value": 470e9, "labels": {"collective": c}, "floor": 430e9})
-    bandwidth = next(c for c in data["checks"] if c["check"] == "bandwidth")
-    bandwidth.update(status="PASS", measurements=ms)
     path.write_text(json.dumps(data, indent=2))
     return sum(len(c["measurements"]) for c in data["checks"])
 
@@ -76,6 +67,31 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+def burst(port: int, total: int, clients: int) -> tuple[list[float], float]:
+    """``total`` scrapes by ``clients`` concurrent clients: each scrape's latency, and the wall time."""
+    latencies: list[float] = []
+    lock = threading.Lock()
+    left = [total]
+
+    def client() -> None:
+        while True:
+            with lock:
+                if left[0] <= 0:
+                    return
+                left[0] -= 1
+            t, _ = scrape(port)
+            with lock:
+                latencies.append(t)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for c in threads:
+        c.start()
+    for c in threads:
+        c.join()
+    return latencies, time.perf_counter() - t0
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
@@ -97,7 +113,12 @@ def main() -> None:
             print(f"idle after one scrape: RSS {status_field(proc.pid, 'VmRSS') / 1024:.1f} MiB, threads {status_field(proc.pid, 'Threads')}")
 
             alone = [scrape(port)[0] for _ in range(200)]
-            print(f"one client, 200 scrapes in a row: latency p50 {pct(alone, 0.5) * 1e3:.1f} ms, p99 {pct(alone, 0.99) * 1e3:.1f} ms")
+            print(f"one client, 200 scrapes in a row: latency p50 {pct(alone, 0.5) * 1e3:.1f} ms, p99 {pct(alone, 0.99) * 1e3:.1f} ms "
+                  "(target: p99 within 10 ms on 2 cores)")
+
+            twenty = burst(port, 1000, 20)[0]
+            print(f"twenty clients, 1000 scrapes: latency p50 {pct(twenty, 0.5) * 1e3:.1f} ms, p99 {pct(twenty, 0.99) * 1e3:.1f} ms "
+                  "(target: p99 within 100 ms on 2 cores)")
 
             threads_seen = [0]
             stop = threading.Event()
@@ -109,27 +130,7 @@ def main() -> None:
 
             watcher = threading.Thread(target=watch, daemon=True)
             watcher.start()
-            latencies: list[float] = []
-            lock = threading.Lock()
-            left = [TOTAL]
-
-            def client() -> None:
-                while True:
-                    with lock:
-                        if left[0] <= 0:
-                            return
-                        left[0] -= 1
-                    t, _ = scrape(port)
-                    with lock:
-                        latencies.append(t)
-
-            t0 = time.perf_counter()
-            clients = [threading.Thread(target=client) for _ in range(CLIENTS)]
-            for c in clients:
-                c.start()
-            for c in clients:
-                c.join()
-            wall = time.perf_counter() - t0
+            latencies, wall = burst(port, TOTAL, CLIENTS)
             print(f"burst: {TOTAL} scrapes by {CLIENTS} concurrent clients in {wall:.1f} s ({TOTAL / wall:.0f}/s); "
                   f"latency p50 {pct(latencies, 0.5) * 1e3:.1f} ms, p99 {pct(latencies, 0.99) * 1e3:.1f} ms, max {max(latencies) * 1e3:.1f} ms")
             print(f"  serve: peak RSS (VmHWM) {status_field(proc.pid, 'VmHWM') / 1024:.1f} MiB, RSS now {status_field(proc.pid, 'VmRSS') / 1024:.1f} MiB, "

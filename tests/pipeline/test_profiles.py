@@ -1,5 +1,7 @@
+import json
+
 import pytest
-from conftest import no_driver
+from conftest import FIXTURES, no_driver
 
 from preflight.pipeline import profiles
 from preflight.base.errors import UsageError
@@ -278,6 +280,34 @@ def test_hbm_copy_floor_comes_from_the_worker_s_method_and_clears_a_healthy_boar
     warn_band_top = floor.value * (1 + p.bandwidth.margin)
     assert warn_band_top * (1 + HBM_COPY_CLEARANCE) <= measured
     assert "bandwidth worker's method" in floor.source and "issue 18" in floor.source
+
+
+def h200_gemm_measured() -> float:
+    """The train check's GEMM on the healthy H200 (tests/fixtures/node/h200-1x-vm), as recorded."""
+    report = json.loads((FIXTURES / "node" / "h200-1x-vm" / "report-standard-keep-going.json").read_text())
+    train = next(c for c in report["checks"] if c["check"] == "train")
+    return next(m["value"] for m in train["measurements"] if m["name"] == "gemm_throughput")
+
+
+# The MAMF table's best-shape figure each GEMM floor rests on (ml-engineering), and the H200's own.
+GEMM_MAMF = {"h100-sxm": 792.1e12, "h200-sxm": 792.1e12, "a100-pcie": 256.4e12, "a100-sxm4-80gb": 267.9e12}
+
+
+def test_the_h200_gemm_floor_stays_below_0_8x_the_healthy_figure_its_method_read():
+    measured = h200_gemm_measured()
+    assert measured == pytest.approx(673.9e12, rel=1e-3)
+    floor = profiles.load(profiles.find("h200-sxm", None)).floors["gemm_throughput"]
+    assert floor.value <= 0.8 * measured
+    assert "673.9 TFLOP/s" in floor.source and "h200-1x-vm" in floor.source
+
+
+@pytest.mark.parametrize("name", sorted(GEMM_MAMF))
+def test_every_mamf_gemm_floor_leaves_the_h200_s_margin_under_what_the_method_reads(name):
+    # The method read 0.85 of MAMF on the healthy H200; a floor at 0.8 of MAMF sat 6% under it.
+    reads = h200_gemm_measured() / GEMM_MAMF["h200-sxm"]
+    floor = profiles.load(profiles.find(name, None)).floors["gemm_throughput"]
+    assert f"{GEMM_MAMF[name] / 1e12:.1f} TFLOP/s MAMF" in floor.source
+    assert floor.value <= 0.8 * reads * GEMM_MAMF[name]
 
 
 def test_every_profile_that_measures_cites_where_its_tolerance_and_caps_came_from():

@@ -1,0 +1,120 @@
+"""The all_reduce judged against the floor of the algorithm NCCL ran (preflight/checkkit/nvls.py):
+the fact from the environment and NCCL's log (recorded files), the judge on recorded figures
+with the h100-sxm profile's own floors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from preflight.base.findings import Status
+from preflight.checkkit import nvls
+from preflight.checks import bandwidth
+from preflight.checks.bandwidth import Figure
+from preflight.pipeline import profiles
+from preflight.readers import nccl_log
+
+NCCL = Path(__file__).parents[1] / "fixtures" / "nccl"
+
+
+def builtin(name: str) -> profiles.ResolvedProfile:
+    path = profiles.BUILTIN_DIR / f"{name}.toml"
+    return profiles.resolve(profiles.load(path), path, {}, "test")
+
+
+H100, H200 = builtin("h100-sxm"), builtin("h200-sxm")
+GB = 1e9
+ON = nvls.Nvls(on=True, source="NCCL's log of the nccl check: NVLS multicast support is available")
+OFF = nvls.Nvls(on=False, source="NCCL_NVLS_ENABLE=0 in the environment")
+UNKNOWN = nvls.Nvls(on=None, source="unknown: no NCCL setting names it and the nccl check did not run")
+
+
+def judged(busbw: float, fact: nvls.Nvls, profile=H100):
+    """What the bandwidth check says of an 8-GPU all_reduce at ``busbw``: the floors' findings and nvls's."""
+    floors = dict(profile.floors)
+    figs = [Figure(name="allreduce_bus_bandwidth", unit="bytes_per_second", value=busbw, where="8 ranks")]
+    found = bandwidth.judge_floors(figs, nvls.fit(floors, fact), 0.05)
+    more, lines = nvls.explain([busbw], floors, fact)
+    return found + more, lines
+
+
+def test_every_nvswitch_profile_cites_a_ring_floor_under_its_nvls_floor():
+    for p in (H100, H200):
+        ring, top = p.floors[nvls.RING_FLOOR], p.floors[nvls.NVLS_FLOOR]
+        assert ring.value < top.value and "nccl-tests/issues/212" in ring.source and ring.gpus == top.gpus == 8
+
+
+def test_nvls_on_at_480_passes():
+    assert judged(480 * GB, ON) == ([], [])
+
+
+def test_nvls_on_under_its_floor_still_fails_blaming_nvlink():
+    [f], _ = judged(368 * GB, ON)
+    assert f.status == Status.FAIL and "430.0 GB/s floor" in f.cause and "NVLink or NVSwitch" in f.remedy
+
+
+@pytest.mark.parametrize("profile", [H100, H200], ids=["h100", "h200"])
+def test_nvls_off_at_368_passes_saying_rings_explain_it(profile):
+    found, [line] = judged(368 * GB, OFF, profile)
+    assert found == []
+    assert "NVLS was off (NCCL_NVLS_ENABLE=0 in the environment)" in line and "ring floor 330.0 GB/s" in line and "NVLS floor 430.0 GB/s" in line
+
+
+def test_nvls_off_at_200_fails_blaming_nvlink_against_the_ring_floor():
+    [f], lines = judged(200 * GB, OFF)
+    assert f.status == Status.FAIL and "330.0 GB/s floor" in f.cause and "nccl-tests/issues/309" in f.cause
+    assert "NVLink or NVSwitch" in f.remedy and lines == []
+
+
+def test_nvls_unknown_at_368_warns_that_the_fact_is_missing_and_blames_no_link():
+    [f], lines = judged(368 * GB, UNKNOWN)
+    assert f.status == Status.WARN and f.summary == "all_reduce busbw 368.0 GB/s: NVLS state unknown"
+    assert "NVLS being off would explain it" in f.cause and "NVLink" not in f.remedy and lines == []
+
+
+def test_nvls_unknown_at_480_passes_and_at_200_fails():
+    assert judged(480 * GB, UNKNOWN) == ([], [])
+    assert [f.status for f in judged(200 * GB, UNKNOWN)[0]] == [Status.FAIL]
+
+
+def test_a_site_s_own_all_reduce_floor_stands_whatever_ran():
+    floors = dict(H100.floors)
+    floors[nvls.NVLS_FLOOR] = floors[nvls.NVLS_FLOOR].model_copy(update={"value": 400 * GB, "origin": "config /etc/preflight/config.toml line 3"})
+    fitted = nvls.fit(floors, OFF)
+    assert fitted[nvls.NVLS_FLOOR].value == 400 * GB and nvls.RING_FLOOR not in fitted
+    assert nvls.explain([368 * GB], floors, UNKNOWN) == ([], [])
+
+
+@pytest.mark.parametrize("env, on", [
+    ({"NCCL_NVLS_ENABLE": [("0", "environment")]}, False),
+    ({"NCCL_NVLS_ENABLE": [("1", "environment")]}, None),
+    ({"NCCL_ALGO": [("Ring,Tree", "/etc/nccl.conf")]}, False),
+    ({"NCCL_ALGO": [("^NVLS", "environment")]}, False),
+    ({"NCCL_ALGO": [("^NVLSTree", "environment")]}, None),
+    ({"NCCL_ALGO": [("NVLS,Ring", "environment")]}, None),
+    ({"NCCL_ALGO": [("allreduce:ring;allgather:ring", "environment")]}, False),
+    ({"NCCL_ALGO": [("allgather:ring", "environment")]}, None),
+    ({}, None),
+])
+def test_the_environment_says_when_nvls_cannot_run(env, on):
+    found = nvls.from_env(env)
+    assert (found.on if found else None) is on
+
+
+@pytest.mark.parametrize("log, on", [
+    ("05_nccl2.18.3_8xH800-single-process_nccl-tests-header_NET-Socket_NVLS-available_P2P-direct-pointer.log", True),
+    ("01a_vllm083_nccl2.21.5_8xGPU_NET-IB-listed_P2P-IPC-read_rank0-init.log", False),
+    ("02_nccl2.27.5_2gpu-consumer_NET-Socket-16ifaces_SHM-direct-direct_isAllDirectP2p0.log", None),
+])
+def test_nccl_s_own_nvls_line_answers_through_the_nccl_check_s_details(log, on):
+    parsed = nccl_log.parse((NCCL / log).read_text(errors="replace"))
+    fact = nvls.decide({}, {"nccl_log": {"nvls": parsed.nvls}})
+    assert fact.on is on
+    if on is None:
+        assert fact.source.startswith("unknown: ") and "no NVLS line" in fact.source
+
+
+def test_a_setting_wins_over_the_log():
+    fact = nvls.decide({"NCCL_NVLS_ENABLE": [("0", "the environment")]}, {"nccl_log": {"nvls": True}})
+    assert fact == nvls.Nvls(on=False, source="NCCL_NVLS_ENABLE=0 in the environment")
