@@ -9,6 +9,7 @@ from pathlib import Path
 
 import fakes
 import pytest
+from recorded_node import header_as_580 as driver_580  # noqa: F401 (the topology tests' name for it)
 
 from preflight.base.host import Host
 from preflight.readers import layout
@@ -62,15 +63,3 @@ def matrix(n: int, links: dict[str, str], numa: list, cpus: list[str] | None = N
 H200_TOPO = FIXTURES / "node" / "h200-1x-vm" / "nvidia-smi-topo-m.txt"  # driver 580, as a pipe received it
 # Every capture of a matrix: each must read, with its header as driver 580 prints it, exactly as it reads without.
 ALL_TOPO = sorted([*TOPO.glob("*.txt"), *(TOPO / "handmade").glob("*.txt"), *(TOPO / "malformed").glob("*.txt")])
-
-
-def driver_580(text: str) -> str:
-    """``text`` with its matrix header as driver 580 prints it even into a pipe: the header
-    line's text wrapped in ESC[4m ... ESC[0m, a leading tab kept outside (see H200_TOPO)."""
-    lines = text.split("\n")
-    for i, line in enumerate(lines):
-        if line.lstrip().startswith("GPU0"):
-            lead = line[:len(line) - len(line.lstrip())]
-            lines[i] = f"{lead}\x1b[4m{line[len(lead):]}\x1b[0m"
-            return "\n".join(lines)
-    raise AssertionError("no header line")
