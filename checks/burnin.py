@@ -26,6 +26,7 @@ from pydantic import Field
 from preflight.base.findings import Finding, Measurement, Status
 from preflight.checkkit import outliers
 from preflight.checkkit.figures import Figure
+from preflight.checkkit.sources import Sources, one_fact
 from preflight.gpuwork import launch, ranks
 from preflight.pipeline.check import Check, Context, Result
 from preflight.pipeline.expectations import BurninExpect, OutlierExpect
@@ -69,6 +70,7 @@ class BurninFacts(ranks.RunFacts):
     nvml_note: str | None = None  # why there is no trace
     new_xids: list[dict] = Field(default_factory=list)
     xid_log: str | None = None  # where the Xids came from, or why they could not be read
+    xid_unread: dict[str, str] = Field(default_factory=dict)  # each kernel-log source that could not be read, and why
     shortened: str | None = None  # why the burn ran shorter than the profile asks
 
 
@@ -264,12 +266,20 @@ def burn_seconds(asked: float, left: float) -> float:
     return round(min(asked, max(1.0, left - BURN_MARGIN)), 1)
 
 
-def xid_counts(ctx: Context) -> tuple[list[xid.XidEvent] | None, str]:
+def xid_counts(ctx: Context, facts: BurninFacts) -> tuple[list[xid.XidEvent] | None, str]:
+    """The kernel log's events and where they were read (or why not); the sources that could not be read go to ``facts``."""
     try:
-        text, where = xid.read_kernel_log(ctx.host, timeout=10.0)
+        log = xid.read_log(ctx.host, timeout=10.0)
     except xid.KernelLogUnavailable as e:
+        facts.xid_unread.update(e.unread)
         return None, f"{XID_UNJUDGED}kernel log unreadable: {e}"
-    return xid.parse(text), where
+    facts.xid_unread.update(log.unread)
+    return xid.parse(log.text), log.source
+
+
+def kernel_log_sources(where: str, unread: dict[str, str]) -> Sources:
+    """Which source gave the kernel log (``where``, else why none did) and which could not, for details and the metric."""
+    return one_fact("kernel log", where if where and not where.startswith(XID_UNJUDGED) else None, unread)
 
 
 def gather(ctx: Context, nproc: int, expect: BurninExpect, backend: str) -> BurninFacts:
@@ -286,7 +296,7 @@ def gather(ctx: Context, nproc: int, expect: BurninExpect, backend: str) -> Burn
     worker = launch.Worker("burnin.py", args, nproc=nproc, rdzv_port=ctx.settings.rdzv_port)
     before, sampler = None, None
     if ctx.profile.has_gpus:
-        before, facts.xid_log = xid_counts(ctx)
+        before, facts.xid_log = xid_counts(ctx, facts)
         try:
             sampler = nvml.Sampler(expect.sample_seconds, left)
         except OSError as e:
@@ -302,7 +312,7 @@ def gather(ctx: Context, nproc: int, expect: BurninExpect, backend: str) -> Burn
             except nvml.NvmlUnavailable as e:
                 facts.nvml_note = f"NVML sampling failed: {e.cause}"
     if before is not None:
-        after, where = xid_counts(ctx)
+        after, where = xid_counts(ctx, facts)
         if after is None:
             facts.xid_log = where
         elif where != facts.xid_log:
@@ -357,4 +367,7 @@ class Burnin(Check):
         details["nvml"] = facts.nvml_note or f"{len(facts.traces)} GPU(s) sampled every {expect.sample_seconds:g} s"
         details["outliers_judged"] = "against the node's median" if ctx.profile.outliers else f"profile {ctx.profile.name} has no [outliers] band: not judged"
         details["outliers"] = outliers.statuses(outlier_figures(facts, figs), ctx.profile.outliers, tuple(WORDS))
-        return self.conclude(findings, summary(facts, figs), measurements=measurements(facts, figs, ctx.profile.outliers), details=details)
+        sources = kernel_log_sources(facts.xid_log or "", facts.xid_unread)
+        details.update(sources.details())
+        return self.conclude(findings, summary(facts, figs), measurements=measurements(facts, figs, ctx.profile.outliers) + sources.measurements(),
+                             details=details, lines=[line] if (line := sources.line()) else [])

@@ -23,6 +23,7 @@ from collections import Counter
 
 from pydantic import BaseModel
 
+from preflight.checkkit.sources import Sources, one_fact
 from preflight.gpuwork import interpreter, launch
 from preflight.gpuwork.cuda_init import InitOutcome, InitReport, loaded_links, run_init
 from preflight.readers import nvml, xid
@@ -46,6 +47,7 @@ class CudaFacts(BaseModel):
     inventory: Inventory
     xid_events: list[xid.XidEvent] = []
     kernel_log: str  # where the Xid scan read, or "unavailable: why"
+    kernel_log_unread: dict[str, str] = {}  # each source of the kernel log that could not be read, and why
     init: InitOutcome | None = None  # None: not attempted
     init_skipped: str | None = None
     pcie_loaded: dict[str, PcieLink] | None = None  # bus id -> link while the worker copied
@@ -62,11 +64,11 @@ def gather(ctx: Context) -> CudaFacts:
     inventory = nvml.inventory(fake, timeout=min(20.0, _left(ctx)))
     ctx.progress.stage("reading the kernel log")
     try:
-        text, where = xid.read_kernel_log(ctx.host, timeout=min(10.0, _left(ctx)))
-        events, kernel_log = xid.parse(text), where
+        log = xid.read_log(ctx.host, timeout=min(10.0, _left(ctx)))
+        events, kernel_log, unread = xid.parse(log.text), log.source, log.unread
     except xid.KernelLogUnavailable as e:
-        events, kernel_log = [], f"unavailable: {e}"
-    facts = CudaFacts(inventory=inventory, xid_events=events, kernel_log=kernel_log)
+        events, kernel_log, unread = [], f"unavailable: {e}", e.unread
+    facts = CudaFacts(inventory=inventory, xid_events=events, kernel_log=kernel_log, kernel_log_unread=unread)
     if ctx.settings.level == "quick":  # no torch, no GPU work: a prolog's seconds, a busy node's recheck
         facts.init_skipped = QUICK
         return facts
@@ -83,6 +85,11 @@ def gather(ctx: Context) -> CudaFacts:
                                   worlds=ctx.worlds, nproc=launch_ranks(ctx), rdzv_port=ctx.settings.rdzv_port)
     facts.pcie_loaded, facts.pcie_unjudged = loaded_links(facts.init, loaded, inventory)
     return facts
+
+
+def kernel_log_sources(where: str, unread: dict[str, str]) -> Sources:
+    """Which source gave the kernel log (``where``, else why none did) and which could not, for details and the metric."""
+    return one_fact("kernel log", None if where.startswith("unavailable") else where, unread)
 
 
 def launch_ranks(ctx: Context) -> int:
@@ -499,7 +506,11 @@ class Cuda(Check):
         findings = [f for found in parts.values() for f in found]
         # Said where a person reads it: an unjudged generation must not pass unnoticed.
         lines = [f"PCIe generation {details['pcie_generation']}"] if not facts.pcie_loaded and facts.init is not None else []
-        result = self.conclude(findings, summary(facts, ctx.shape), measurements=measurements(facts, ctx.profile.gpu, ctx.shape), details=details, lines=lines)
+        sources = kernel_log_sources(facts.kernel_log, facts.kernel_log_unread)
+        details.update(sources.details())
+        lines += [line] if (line := sources.line()) else []
+        result = self.conclude(findings, summary(facts, ctx.shape), measurements=measurements(facts, ctx.profile.gpu, ctx.shape) + sources.measurements(),
+                               details=details, lines=lines)
         passed = [name for name, found in parts.items() if not any(f.status == FAIL for f in found) and not (name == "cuda_init" and facts.init is None)]
         if findings and passed:
             result.summary += f" ({' and '.join(passed)} passed)"

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from preflight.base.findings import Finding, Status, worst
 from preflight.base.host import Host
 from preflight.base.units import format_cpulist
+from preflight.checkkit.sources import Sources
 from preflight.pipeline.check import Check, Context, Result
 from preflight.pipeline.expectations import FabricExpect
 from preflight.pipeline.shape import FABRIC_WORDS, NodeShape
@@ -40,6 +41,7 @@ class Manager(BaseModel):
     state: Literal["running", "stopped", "unknown"]
     how: str  # how that was learnt, or why it could not be
     systemd: str | None = None  # `systemctl is-active`'s word where it gave one ("activating": still starting)
+    unread: str | None = None  # why `systemctl is-active`'s answer could not be used, where it ran and gave none
 
 
 class FabricFacts(BaseModel):
@@ -50,34 +52,49 @@ class FabricFacts(BaseModel):
 # ---- gathering -------------------------------------------------------------
 
 
+SYSTEMCTL = f"systemctl is-active {UNIT}"
+STATES = ("active", "inactive", "failed", "activating", "deactivating", "reloading")  # systemctl is-active's words
+
+
 def manager_state(host: Host, timeout: float = SYSTEMCTL_TIMEOUT) -> Manager:
-    """Whether nv-fabricmanager runs: systemd's word, else its process."""
-    why = "systemctl is not installed"
+    """Whether nv-fabricmanager runs: systemd's word, else its process. Where systemctl
+    ran and gave no word (nothing, garbage, an error, a hang), ``unread`` says so: the
+    process, and the GPUs' own fabric registration, answer in its place."""
+    why, unread = "systemctl is not installed", None
     exe = shutil.which("systemctl", path=host.environ.get("PATH", os.defpath))
     if exe:
         try:
             done = host.run([exe, "is-active", UNIT], timeout, cwd="/")
         except OSError as e:  # vanished, or not executable here: systemd's word is unknown, not an error of the check
             done, why = None, f"systemctl could not run ({e.strerror or e})"
-        word = (done.stdout.strip().splitlines() or [""])[0] if done else ""
+            unread = why
+        word = (done.stdout.strip().splitlines() or [""])[0].strip() if done else ""
         if done is not None and done.timed_out:
-            why = f"`systemctl is-active {UNIT}` did not answer within {timeout:g} s"
+            why = f"`{SYSTEMCTL}` did not answer within {timeout:g} s"
+            unread = f"did not answer within {timeout:g} s"
         elif word == "active":
             return Manager(state="running", how=f"systemd unit {UNIT} active", systemd=word)
-        elif word in ("inactive", "failed", "activating", "deactivating", "reloading"):
+        elif word in STATES:
             # systemd answers for its own units only: a daemon started by hand (or by a
             # container's entrypoint) runs beside an inactive unit.
             pid = process(host)
             if pid is not None:
                 return Manager(state="running", how=f"process {DAEMON} (pid {pid}), systemd unit {UNIT} {word}", systemd=word)
             return Manager(state="stopped", how=f"systemd unit {UNIT} is {word}", systemd=word)
-        elif done is not None:  # "System has not been booted with systemd", no D-Bus in a container
-            why = "systemctl cannot tell: " + ((done.stderr.strip().splitlines() or [word or f"exit {done.returncode}"])[-1])
+        elif word == "unknown":  # older systemd's word for a unit it has not loaded: an answer, not garbage
+            why = f"systemd does not know the unit {UNIT}"
+        elif done is not None and (err := done.stderr.strip().splitlines()):
+            why = "systemctl cannot tell: " + err[-1]  # "System has not been booted with systemd", no D-Bus in a container
+            unread = f"exit {done.returncode}: {err[-1]}"
+        elif done is not None:
+            said = f"printed {word[:40]!r}, not a unit state" if word else "printed nothing"
+            why = f"`{SYSTEMCTL}` {said} (exit {done.returncode})"
+            unread = f"{said} (exit {done.returncode})"
     pid = process(host)
     if pid is not None:
-        return Manager(state="running", how=f"process {DAEMON} (pid {pid})")
+        return Manager(state="running", how=f"process {DAEMON} (pid {pid})", unread=unread)
     # Without systemd (a container) /proc shows this container's processes only: absence proves nothing.
-    return Manager(state="unknown", how=f"{why}, and no {DAEMON} process is visible here")
+    return Manager(state="unknown", how=f"{why}, and no {DAEMON} process is visible here", unread=unread)
 
 
 def process(host: Host) -> int | None:
@@ -229,6 +246,19 @@ def judge(facts: FabricFacts, shape: NodeShape, expect: FabricExpect) -> tuple[d
     return parts, unjudged, notes
 
 
+def manager_sources(m: Manager, registered: bool) -> Sources:
+    """Which source answered whether the fabric manager runs, and whether systemctl's output could not be read."""
+    sources = Sources()
+    answered = ("systemctl" if m.systemd else f"/proc ({DAEMON} process)") if m.state != "unknown" else None
+    if answered is None and registered:
+        answered = "NVML (every GPU's fabric registration completed)"
+    if answered:
+        sources.took("fabric manager", answered)
+    if m.unread:
+        sources.failed(SYSTEMCTL, m.unread, answered)
+    return sources
+
+
 # ---- the check ---------------------------------------------------------------
 
 
@@ -262,11 +292,15 @@ class Fabric(Check):
                    "gpus": {str(g.index): g.fabric.model_dump() if g.fabric else None for g in facts.inventory.gpus},
                    "parts": {name: "SKIP" if name in unjudged else worst(found) for name, found in parts.items()},
                    "not_judged": unjudged, "notes": notes}
+        sources = manager_sources(facts.manager, "manager" in notes)
+        details.update(sources.details())
         lines = [f"{part}: not judged: {why}" for part, why in unjudged.items()] + [f"{part}: {note}" for part, note in notes.items()]
+        lines += [line] if (line := sources.line()) else []
         n = len(facts.inventory.gpus)
         m = facts.manager
         ok = (("fabric manager not judged" if "manager" in unjudged else
                f"fabric manager {m.state} ({m.how})" if "manager" not in notes else f"fabric manager not seen here ({m.how})")
               + ("" if "gpus" in unjudged else f"; fabric registration completed on all {n} GPUs")
               + ("" if "nvswitches" in unjudged else f"; {ctx.shape.nvswitches} of {ctx.profile.fabric.nvswitches} NVSwitches on the bus"))
-        return self.conclude([f for found in parts.values() for f in found], ok, details=details, lines=lines)
+        return self.conclude([f for found in parts.values() for f in found], ok, details=details, lines=lines,
+                             measurements=sources.measurements())

@@ -13,7 +13,6 @@ PyTorch's own wheels are meant to run (a cu128 wheel on a 12.4 driver).
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import time
@@ -25,33 +24,28 @@ from pydantic import BaseModel
 from preflight.base.findings import Finding, Status, worst
 from preflight.base.host import Host, read_stripped
 from preflight.base.units import format_cpulist
+from preflight.checkkit.sources import Sources
 from preflight.pipeline.check import Check, Context, Result
 from preflight.readers import nvml
 from preflight.readers.nvml import MISMATCH, Inventory
+from preflight.readers.torch_build import ASK_TORCH, TORCH_TIMEOUT, TorchCuda, ask_torch, torch_version_file  # noqa: F401 (the check's names)
 
 FAIL, WARN = Status.FAIL, Status.WARN
-TORCH_TIMEOUT = 60.0  # importing torch from a cold page cache on a network filesystem takes tens of seconds
-# Dies with the agent (PR_SET_PDEATHSIG): a torch import can take seconds, and nothing outlives a killed run.
-ASK_TORCH = ("import ctypes\ntry: ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)\nexcept Exception: pass\n"
-             "import json, torch; print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda}))")
 QUICK = "the quick level starts no torch (standard and full do)"
+FALLBACK_SECONDS = 10.0  # where torch's import could not answer, for finding torch/version.py
 COMPAT = "https://docs.nvidia.com/deploy/cuda-compatibility/"
 FLASH = ("update the odd GPUs' firmware to the node's version with the vendor's firmware package (nvfwupd on HGX/DGX, "
          "or the OEM's bundle), then cold-reboot; until then drain the node")
 
 
-class TorchCuda(BaseModel):
-    torch: str | None = None
-    cuda: str | None = None  # torch.version.cuda; None: a CPU build
-    error: str | None = None  # why the interpreter did not say
-
-
 class FirmwareFacts(BaseModel):
     inventory: Inventory
-    kernel_driver: str | None = None  # the loaded module's version, from /proc/driver/nvidia/version
+    kernel_driver: str | None = None  # the loaded module's version, from /proc/driver/nvidia/version or /sys/module/nvidia/version
     kernel_driver_error: str | None = None
     torch: TorchCuda | None = None  # None: not asked
     torch_skipped: str | None = None
+    sources: dict[str, str] = {}  # fact -> the source that answered it
+    unread: dict[str, str] = {}  # source -> why it could not be read (another answered in its place where sources says so)
     # NVSwitch PCI address -> its BIOS (firmware) version, None where the driver says N/A;
     # empty with nvswitch_absent saying why on a node without NVSwitch.
     nvswitch_bios: dict[str, str | None] = {}
@@ -61,14 +55,34 @@ class FirmwareFacts(BaseModel):
 # ---- gathering -------------------------------------------------------------
 
 
+PROC_VERSION = "/proc/driver/nvidia/version"
+SYS_VERSION = "/sys/module/nvidia/version"  # the module's MODULE_VERSION: the same number, without the banner around it
+_MODULE = re.compile(r"Kernel Module(?: for \S+)?\s+([0-9]+(?:\.[0-9]+)+)")
+_VERSION = re.compile(r"[0-9]+(?:\.[0-9]+)+")
+
+
 def kernel_driver(host: Host) -> tuple[str | None, str | None]:
     """The loaded nvidia module's version, or why it is unknown."""
+    version, why, _, _ = kernel_driver_sources(host)
+    return version, why
+
+
+def kernel_driver_sources(host: Host) -> tuple[str | None, str | None, str | None, dict[str, str]]:
+    """(the loaded module's version, why it is unknown, the file that gave it, each file that
+    could not and why): the driver's banner in /proc, else the module's own version in sysfs."""
+    unread: dict[str, str] = {}
     try:
-        text = host.read_text("/proc/driver/nvidia/version")
+        m = _MODULE.search(host.read_text(PROC_VERSION))
+        if m:
+            return m.group(1), None, PROC_VERSION, unread
+        unread[PROC_VERSION] = "names no kernel module version"
     except OSError as e:
-        return None, f"/proc/driver/nvidia/version unreadable ({e.strerror})"
-    m = re.search(r"Kernel Module(?: for \S+)?\s+([0-9]+(?:\.[0-9]+)+)", text)
-    return (m.group(1), None) if m else (None, "/proc/driver/nvidia/version names no kernel module version")
+        unread[PROC_VERSION] = f"unreadable ({e.strerror})"
+    text = read_stripped(host.path(SYS_VERSION))
+    if text is not None and _VERSION.fullmatch(text):
+        return text, None, SYS_VERSION, unread
+    unread[SYS_VERSION] = "unreadable" if text is None else f"holds {text[:40]!r}, not a version"
+    return None, "; ".join(f"{path} {why}" for path, why in unread.items()), None, unread
 
 
 NVSWITCH_PROC = "/proc/driver/nvidia-nvswitch/devices"
@@ -91,34 +105,30 @@ def nvswitch_bios(host: Host) -> tuple[dict[str, str | None], str | None]:
     return out, None
 
 
-def ask_torch(host: Host, python: str, timeout: float) -> TorchCuda:
-    """torch.version.cuda of the job's interpreter, in a child with a deadline."""
-    try:
-        done = host.run([python, "-c", ASK_TORCH], timeout, cwd="/")  # cwd "/": no stray torch.py beside the caller
-    except OSError as e:
-        return TorchCuda(error=f"cannot run {python}: {e.strerror or e}")
-    if done.timed_out:
-        return TorchCuda(error=f"{python} did not import torch within {timeout:g} s")
-    try:
-        said = json.loads(done.stdout.strip().splitlines()[-1])
-        return TorchCuda(torch=str(said["torch"]), cuda=said["cuda"] and str(said["cuda"]))
-    except (ValueError, IndexError, KeyError, TypeError):
-        tail = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-        return TorchCuda(error=f"{python} could not say torch.version.cuda: {tail}")
-
-
 def gather(ctx: Context) -> FirmwareFacts:
     """Raises NvmlUnavailable when NVML cannot answer at all."""
     inventory = nvml.inventory(ctx.settings.nvml_fake, timeout=20.0)
-    driver, why = kernel_driver(ctx.host)
-    facts = FirmwareFacts(inventory=inventory, kernel_driver=driver, kernel_driver_error=why)
+    driver, why, source, unread = kernel_driver_sources(ctx.host)
+    facts = FirmwareFacts(inventory=inventory, kernel_driver=driver, kernel_driver_error=why, unread=unread)
+    if source:
+        facts.sources["kernel module version"] = source
     facts.nvswitch_bios, facts.nvswitch_absent = nvswitch_bios(ctx.host)
     if ctx.settings.level == "quick":
         facts.torch_skipped = QUICK
+        return facts
+    python = str(ctx.settings.python) if ctx.settings.python else sys.executable
+    # The import gets what is left but a few seconds, so the version file can still answer after a hang.
+    left = ctx.deadline - time.monotonic() - 2.0
+    facts.torch = ask_torch(ctx.host, python, max(1.0, min(TORCH_TIMEOUT, left - FALLBACK_SECONDS)))
+    if facts.torch.error is None:
+        facts.sources["torch.version.cuda"] = f"{python} (import torch)"
+        return facts
+    facts.unread[f"{python} (import torch)"] = facts.torch.error
+    read, path = torch_version_file(ctx.host, python, max(1.0, min(FALLBACK_SECONDS, ctx.deadline - time.monotonic() - 1.0)))
+    if path:
+        facts.torch, facts.sources["torch.version.cuda"] = read, path
     else:
-        python = str(ctx.settings.python) if ctx.settings.python else sys.executable
-        left = ctx.deadline - time.monotonic() - 2.0
-        facts.torch = ask_torch(ctx.host, python, max(1.0, min(TORCH_TIMEOUT, left)))
+        facts.torch = TorchCuda(error=f"{facts.torch.error}; {read.error}")
     return facts
 
 
@@ -272,7 +282,15 @@ class Firmware(Check):
                    "gpus": {str(g.index): {"vbios": g.vbios, "inforom_image": g.inforom_image} for g in inv.gpus},
                    "nvswitch_bios": facts.nvswitch_bios or facts.nvswitch_absent,
                    "parts": {name: worst(found) for name, found in parts.items()}, "not_judged": unjudged, "notes": notes}
+        sources = Sources()
+        for fact, source in facts.sources.items():
+            sources.took(fact, source)
+        for tool, why in facts.unread.items():
+            fact = "kernel module version" if tool in (PROC_VERSION, SYS_VERSION) else "torch.version.cuda"
+            sources.failed(tool, why, facts.sources.get(fact))
+        details.update(sources.details())
         lines = [f"{part}: not judged: {why}" for part, why in unjudged.items()] + [f"{part}: {note}" for part, note in notes.items()]
+        lines += [line] if (line := sources.line()) else []
         vbios = sorted({g.vbios for g in inv.gpus if g.vbios})
         inforom = sorted({g.inforom_image for g in inv.gpus if g.inforom_image})
         ok = (f"driver {inv.driver_version} (CUDA {inv.cuda_driver_version}) on {len(inv.gpus)} GPUs"
@@ -281,4 +299,5 @@ class Firmware(Check):
               + (f", {len(facts.nvswitch_bios)} NVSwitches on BIOS {sorted({v for v in facts.nvswitch_bios.values() if v})[0]}"
                  if "nvswitch" not in unjudged and any(facts.nvswitch_bios.values()) else "")
               + (f"; torch {facts.torch.torch} built for CUDA {facts.torch.cuda}" if "cuda" not in unjudged and facts.torch else ""))
-        return self.conclude([f for found in parts.values() for f in found], ok, details=details, lines=lines)
+        return self.conclude([f for found in parts.values() for f in found], ok, details=details, lines=lines,
+                             measurements=sources.measurements())

@@ -17,9 +17,11 @@ The facts come from sysfs (preflight.readers.pcie); the judges are pure.
 from __future__ import annotations
 
 import re
+import time
 from itertools import combinations
 
 from preflight.base.findings import Finding, Status, worst
+from preflight.checkkit.sources import Sources
 from preflight.pipeline.check import Check, Context, Result
 from preflight.pipeline.shape import pci_nvidia
 from preflight.readers import pcie
@@ -218,6 +220,20 @@ def judge(facts: PcieFacts) -> tuple[dict[str, list[Finding]], dict[str, str]]:
     return {"acs": acs, "iommu": judge_iommu(facts), "links": judge_links(facts)}, unjudged
 
 
+def pcie_sources(facts: PcieFacts) -> Sources:
+    """Where the paths and each bridge's ACS were read, and lspci's output where it could not be used."""
+    sources = Sources()
+    if facts.bridges:
+        sources.took("bridges and links", "sysfs")
+        read = sorted({b.acs.source for b in facts.bridges.values() if b.acs})
+        if read:
+            sources.took("ACS", " and ".join("sysfs config space" if r == "config space" else "lspci -vvv" for r in read))
+    if facts.lspci:
+        # lspci is asked only where sysfs could not give config space: nothing stands in for it.
+        sources.failed("lspci -vvv", facts.lspci)
+    return sources
+
+
 # ---- the check ----------------------------------------------------------------------------------
 
 
@@ -234,10 +250,11 @@ class Pcie(Check):
 
     def run(self, ctx: Context) -> Result:
         gpus = list(ctx.shape.slots) if ctx.shape and ctx.shape.slots else (pci_nvidia(ctx.host).gpus or [])
-        facts = pcie.gather(ctx.host, gpus)
+        facts = pcie.gather(ctx.host, gpus, deadline_s=min(pcie.LSPCI_TIMEOUT, ctx.deadline - time.monotonic() - 2.0))
+        sources = pcie_sources(facts)
         skip = not_applicable(facts)
         if skip:
-            return self.result(SKIP, skip, details=facts.model_dump(mode="json"))
+            return self.result(SKIP, skip, details={**facts.model_dump(mode="json"), **sources.details()}, measurements=sources.measurements())
         parts, unjudged = judge(facts)
         details = facts.model_dump(mode="json")
         details["parts"] = {part: ("SKIP" if part in unjudged else worst(found)) for part, found in parts.items()}
@@ -249,4 +266,6 @@ class Pcie(Check):
               f"{len(switch_links(facts))} switch links at full width and speed, {iommu}")
         if unjudged:
             ok += "; " + "; ".join(unjudged.values())
-        return self.conclude(findings, ok, details=details, lines=[f"not judged: {why}" for why in unjudged.values()])
+        details.update(sources.details())
+        lines = [f"not judged: {why}" for why in unjudged.values()] + ([line] if (line := sources.line()) else [])
+        return self.conclude(findings, ok, details=details, lines=lines, measurements=sources.measurements())

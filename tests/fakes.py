@@ -707,3 +707,25 @@ def systemctl(directory: Path, answer: str = "active", exit_code: int = 0, messa
     exe.write_text("\n".join(body) + "\n")
     exe.chmod(0o755)
     return directory
+
+
+# What a tool's stand-in prints in the bad-input tests: nothing at all, words no reader knows,
+# and an executable's bytes (NULs, invalid UTF-8, stray escapes) where text belongs.
+BAD_OUTPUT = {
+    "nothing": b"",
+    "garbage": b"Segmentation fault? ]]] [4m [ 0x7f } lorem ipsum\n\tcolumn\tsoup\t\t\n",
+    "binary": b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)) + b"\x1b[31m\xff\xfe\n",
+}
+
+
+def tool(directory: Path, name: str, prints: bytes | Path = b"", exit_code: int = 0, hang: bool = False) -> Path:
+    """A stand-in ``name`` on a PATH of its own, whatever its arguments: prints ``prints``
+    (bytes, or a file's bytes exactly) and exits ``exit_code``; or hangs past any deadline."""
+    directory.mkdir(parents=True, exist_ok=True)
+    out = directory / f"{name}.out"
+    out.write_bytes(prints.read_bytes() if isinstance(prints, Path) else prints)
+    body = ["#!/bin/sh", "sleep 600" if hang else "", f"cat '{out}'", f"exit {exit_code}"]
+    exe = directory / name
+    exe.write_text("\n".join(body) + "\n")
+    exe.chmod(0o755)
+    return directory

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import fakes
 import pytest
+from recorded_node import header_as_580 as driver_580  # noqa: F401 (the topology tests' name for it)
 
 from preflight.base.host import Host
 from preflight.readers import layout
@@ -57,6 +58,11 @@ def matrix(n: int, links: dict[str, str], numa: list, cpus: list[str] | None = N
         cpu = cpus[a] if cpus else f"{int(str(node)[0]) * 16 if node != 'N/A' else 0}-{int(str(node)[0]) * 16 + 15 if node != 'N/A' else 15}"
         rows.append(f"GPU{a}\t" + "\t".join(cells) + f"\t{cpu}\t{node}\t\tN/A")
     return "\n".join(rows) + "\n\nLegend:\n\n  X    = Self\n"
+
+
+H200_TOPO = FIXTURES / "node" / "h200-1x-vm" / "nvidia-smi-topo-m.txt"  # driver 580, as a pipe received it
+# Every capture of a matrix: each must read, with its header as driver 580 prints it, exactly as it reads without.
+ALL_TOPO = sorted([*TOPO.glob("*.txt"), *(TOPO / "handmade").glob("*.txt"), *(TOPO / "malformed").glob("*.txt")])
 
 
 # The DGX H100 PCI tree behind tests/fixtures/topo/03, one root bus per tuple: a GPU

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psutil
 
+from preflight.base import tooltext
 from preflight.base.units import parse_cpulist
 
 
@@ -103,20 +104,23 @@ class Host:
         raise OSError(f"no Cpus_allowed_list in {self.path('/proc/self/status')}")
 
     def run(self, argv: Sequence[str], timeout: float, cwd: str | None = None) -> Completed:
-        """Run a command in its own session; past the deadline kill its whole group."""
+        """Run a command in its own session; past the deadline kill its whole group.
+
+        Every tool preflight runs goes through here: in the C locale with no terminal
+        (tooltext.environment), its output decoded as UTF-8 (a bad byte becomes U+FFFD)
+        and cleaned of terminal control sequences (tooltext.clean) before a reader sees it."""
         proc = subprocess.Popen(
             list(argv),
             cwd=cwd,
+            env=tooltext.environment(os.environ),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            text=True,
-            errors="replace",
             start_new_session=True,
         )
         try:
             out, err = proc.communicate(timeout=timeout)
-            return Completed(tuple(argv), proc.returncode, out, err, False)
+            return Completed(tuple(argv), proc.returncode, _text(out), _text(err), False)
         except BaseException as e:
             stop(proc)  # the deadline, or a signal or error in this process: the child goes too
             if not isinstance(e, subprocess.TimeoutExpired):
@@ -128,8 +132,12 @@ class Host:
                 for stream in (proc.stdout, proc.stderr):
                     if stream:
                         stream.close()
-                out = err = ""
-            return Completed(tuple(argv), None, out or "", err or "", True)
+                out = err = b""
+            return Completed(tuple(argv), None, _text(out), _text(err), True)
+
+
+def _text(data: bytes | None) -> str:
+    return tooltext.clean((data or b"").decode("utf-8", errors="replace"))
 
 
 def stop(proc: subprocess.Popen, grace: float = 2.0) -> None:

@@ -56,3 +56,14 @@ class Sources:
         parts = [f"{tool}: {why}" + (f" (read from {self.fallback[tool]} instead)" if tool in self.fallback else "")
                  for tool, why in sorted(self.unread.items())]
         return "unreadable output, not the node's fault: " + "; ".join(parts)
+
+
+def one_fact(fact: str, answered: str | None, unread: dict[str, str]) -> Sources:
+    """A fact read from the first of several sources that could: ``answered`` gave it (None:
+    none did), each of ``unread`` (source -> why) could not, and ``answered`` stood in for them."""
+    sources = Sources()
+    if answered:
+        sources.took(fact, answered)
+    for tool, why in unread.items():
+        sources.failed(tool, why, answered)
+    return sources

@@ -17,6 +17,7 @@ import stat
 import time
 from pathlib import Path
 
+from preflight.base import tooltext
 from preflight.base.errors import UsageError
 
 # A FIFO's writer may open it a moment after we do (`mkfifo f; preflight explain f & dmesg > f`);
@@ -81,7 +82,9 @@ def read_text(path: Path | str, limit: int, too_big: str, option: str | None = "
         raise UsageError(f"{label}: larger than {_size(limit)}; {too_big}")
     if b"\0" in data[:65536]:
         raise UsageError(f"{label}: is not text (a compressed or binary file?); decompress it first")
-    text = data.decode("utf-8", errors="replace")
+    # As a tool's output reaches a reader through Host.run: a capture saved with its terminal escapes
+    # (driver 580's underlined topo -m header, a colourised log) reads as the same capture without.
+    text = tooltext.clean(data.decode("utf-8", errors="replace"))
     if document(text):
         raise UsageError(f"{label}: is a document (Markdown) that quotes captures, not a capture; save the tool's own output to a file and pass that")
     return text

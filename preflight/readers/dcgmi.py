@@ -16,6 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from preflight.base import tooltext
 from preflight.base.errors import UsageError
 
 PIECE = 45  # DATA_INFO_TAG_LEN in dcgmi/Diag.cpp: a message's characters per row
@@ -57,6 +58,7 @@ class DcgmDiag(BaseModel):
 def looks_like(text: str) -> bool:
     """A dcgmi diag table, or a fragment of one: its header or a section line, a result
     row (`| GPU Memory | Fail - GPU: 0 |`) or a message row (`| Warning | ... |`)."""
+    text = tooltext.clean(text)  # a capture with terminal escapes reads as the same capture without
     for line in text.splitlines()[:200]:
         if _HEADER.match(line) or _SECTION.match(line) or _FAILED_RUN.match(line.strip()):
             return True
@@ -70,6 +72,7 @@ def looks_like(text: str) -> bool:
 
 def parse(text: str) -> DcgmDiag:
     """Raises UsageError where no row is a test's result or a DCGM message."""
+    text = tooltext.clean(text)  # a capture with terminal escapes reads as the same capture without
     out = DcgmDiag()
     category: str | None = None
     test: str | None = None

@@ -26,6 +26,8 @@ import re
 
 from pydantic import BaseModel
 
+from preflight.base import tooltext
+
 SHM_MOUNTS = ("/dev/shm", "/run/shm")  # /run/shm: older Debian/Ubuntu, where /dev/shm links to it
 
 _HEADER = re.compile(
@@ -115,6 +117,7 @@ def _joined(lines: list[str], start: int) -> list[tuple[int, str]]:
 
 def parse(text: str) -> DfOutput:
     """The rows of ``text``; a text with no header and no row with unit-bearing sizes has none. Never raises."""
+    text = tooltext.clean(text)  # a capture with terminal escapes reads as the same capture without
     lines = text.split("\n")
     head = _header(lines)
     if head is not None:
@@ -139,6 +142,7 @@ def parse(text: str) -> DfOutput:
 def looks_like(text: str) -> bool:
     """Whether ``text`` is df output: its header in the first 200 lines, or a headerless
     /dev/shm row with unit-bearing sizes (`df -h | grep shm`)."""
+    text = tooltext.clean(text)  # a capture with terminal escapes reads as the same capture without
     lines = text.split("\n", 200)[:200]
     if _header(lines) is not None:
         return True

@@ -21,6 +21,7 @@ import re
 
 from pydantic import BaseModel
 
+from preflight.base import tooltext
 from preflight.readers import nccl_errors
 from preflight.readers.nccl_errors import Problem
 
@@ -218,6 +219,7 @@ def looks_like(text: str) -> bool:
     log with NCCL's errors in it. The first lines are read whole; past them, where a long training log
     may end in the one error line that matters, only lines holding NCCL's words are looked at. An
     nccl-tests output run with NCCL_DEBUG=INFO says True as well: the caller tries that kind first."""
+    text = tooltext.clean(text)  # a capture with terminal escapes reads as the same capture without
     head = text.split("\n", LOOKS_LINES)
     if any(_LOOKS.search(line[:4096]) for line in head[:LOOKS_LINES]):
         return True
@@ -232,6 +234,7 @@ def looks_like(text: str) -> bool:
 
 def parse(text: str) -> NcclLog:
     """Every fact in ``text``; never raises, never guesses."""
+    text = tooltext.clean(text)  # a capture with terminal escapes reads as the same capture without
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()

@@ -29,6 +29,7 @@ import re
 
 from pydantic import BaseModel
 
+from preflight.base import tooltext
 from preflight.base.errors import UsageError
 from preflight.readers import nccl_errors
 from preflight.readers.nccl_errors import Problem
@@ -216,6 +217,7 @@ def _row(m: re.Match, cols: _Columns | None, number: int) -> Row | None:
 
 def parse(text: str) -> Table:
     """Every fact of the first run's table in ``text``; Unreadable where there is no row."""
+    text = tooltext.clean(text)  # a capture with terminal escapes reads as the same capture without
     rows: list[Row] = []
     ranks: dict[int, Rank] = {}
     cols: _Columns | None = None
@@ -339,6 +341,7 @@ def looks_like(text: str) -> bool:
     it may follow thousands of lines; rows are sought only around a type name, a fast scan).
     The rank header alone is not: NCCL logs of nccl-tests runs begin with it, and without a
     table they answer NCCL's questions (transports, errors), not a bandwidth one."""
+    text = tooltext.clean(text)  # a capture with terminal escapes reads as the same capture without
     if _COLUMNS.search(text) or _AVG.search(text):
         return True
     for m in _TYPE_WORD.finditer(text):

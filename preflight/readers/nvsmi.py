@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from pydantic import BaseModel, Field
 
+from preflight.base import tooltext
 from preflight.base.errors import UsageError
 
 _BANNER = re.compile(r"^\s*=+\s*NVSMI LOG\s*=+\s*$")
@@ -168,6 +169,7 @@ def looks_like(text: str) -> bool:
     """An `nvidia-smi -q` of any layout: its banner, a `GPU <bus id>` line, a padded
     `key : value` line whose key is nvidia-smi's own, or one of its section names
     with a deeper `key : value` line under it (a de-indented or grepped paste)."""
+    text = tooltext.clean(text)  # a capture with terminal escapes reads as the same capture without
     lines = [line.expandtabs(8).rstrip() for line in text.splitlines()[:200]]
     lines = [line for line in lines if line.strip()]
     for i, line in enumerate(lines):
@@ -192,6 +194,7 @@ class _Block:
 
 def parse(text: str) -> SmiCapture:
     """Raises UsageError where not one line is an nvidia-smi -q fact."""
+    text = tooltext.clean(text)  # a capture with terminal escapes reads as the same capture without
     header: dict[str, str] = {}
     blocks: list[_Block] = []
     stack: list[tuple[int, str]] = []  # (indent, name) of the lines above this one

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from preflight.base import tooltext
 from preflight.base.host import Host, read_stripped
 from preflight.readers.layout import PciLink, pci_link
 
@@ -73,6 +74,7 @@ class PcieFacts(BaseModel):
     cmdline: str | None = None
     iommu_units: list[str] = []  # /sys/class/iommu: the IOMMUs the kernel drives
     iommu_groups: int = 0
+    lspci: str | None = None  # where `lspci -vvv` was asked for ACS (config space unreadable): why its output could not be used, or None
 
 
 # ---- config space -----------------------------------------------------------------------
@@ -132,6 +134,7 @@ def _flags(text: str) -> int:
 def parse_lspci(text: str) -> tuple[dict[str, Acs | None], set[str]]:
     """`lspci -vvv` -> (PCI address -> its ACS, None where it lists no ACS capability;
     the addresses whose capabilities lspci could not read, "<access denied>")."""
+    text = tooltext.clean(text)  # a capture with terminal escapes reads as the same capture without
     acs: dict[str, Acs | None] = {}
     denied: set[str] = set()
     current, cap = None, None
@@ -221,13 +224,20 @@ def _lspci(host: Host, deadline_s: float) -> tuple[dict[str, Acs | None], set[st
     exe = shutil.which("lspci", path=host.environ.get("PATH"))
     if exe is None:
         return "lspci unavailable (not on PATH)"
+    timeout = max(1.0, min(LSPCI_TIMEOUT, deadline_s))
     try:
-        done = host.run([exe, "-vvv", "-D"], timeout=max(1.0, min(LSPCI_TIMEOUT, deadline_s)))
+        done = host.run([exe, "-vvv", "-D"], timeout=timeout)
     except OSError as e:  # on PATH but not runnable: a broken install, a missing interpreter
         return f"lspci unavailable ({e.strerror or e})"
     if done.timed_out:
-        return f"lspci did not answer within {max(1.0, min(LSPCI_TIMEOUT, deadline_s)):g} s"
-    return parse_lspci(done.stdout) if done.returncode == 0 else f"lspci exited {done.returncode}"
+        return f"lspci did not answer within {timeout:.3g} s"
+    if done.returncode != 0:
+        return f"lspci exited {done.returncode}" + (f": {err[-1]}" if (err := done.stderr.strip().splitlines()) else "")
+    listed = parse_lspci(done.stdout)
+    if not listed[0]:
+        # Every machine has PCI devices; a text naming none is not lspci's answer (garbage, a binary, nothing).
+        return "lspci printed nothing" if not done.stdout.strip() else "lspci printed no PCI device (garbage, or not `lspci -vvv` output)"
+    return listed
 
 
 def read_bridge(host: Host, bdf: str, root: bool) -> Bridge:
@@ -266,9 +276,15 @@ def gather(host: Host, gpus: list[str], deadline_s: float = LSPCI_TIMEOUT, root:
     if unreadable:
         # No config file at all (a sandbox's /sys): lspci may still reach the bus another way.
         listed = _lspci(host, deadline_s)
+        if isinstance(listed, str):
+            facts.lspci = listed
         for b in unreadable:
             if isinstance(listed, str):
                 b.acs_unread = f"{b.acs_unread}, and {listed}"
-            elif b.bdf in listed[0] and b.bdf not in listed[1]:
+            elif b.bdf in listed[1]:
+                b.acs_unread = f"{b.acs_unread}, and lspci could not read its capabilities (access denied)"
+            elif b.bdf in listed[0]:
                 b.acs, b.acs_unread = listed[0][b.bdf], None
+            else:
+                b.acs_unread = f"{b.acs_unread}, and lspci does not list it"
     return facts

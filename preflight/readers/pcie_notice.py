@@ -27,6 +27,8 @@ import re
 
 from pydantic import BaseModel
 
+from preflight.base import tooltext
+
 
 _BDF = r"[0-9a-fA-F]{4,}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]"  # VMD domains have 5 hex digits
 _SPEED = r"(?:\d+(?:\.\d+)? GT/s(?: PCIe)?|Unknown(?: speed)?)"
@@ -112,6 +114,7 @@ def _link(speed: str, width: str) -> Link:
 
 def parse(text: str) -> PcieNotices:
     """Every PCIe bandwidth notice in ``text``; never raises."""
+    text = tooltext.clean(text)  # a capture with terminal escapes reads as the same capture without
     notices: list[Notice] = []
     devices: dict[str, Device] = {}
     lines = text.split("\n")
@@ -132,4 +135,5 @@ def parse(text: str) -> PcieNotices:
 
 def looks_like(text: str) -> bool:
     """Whether ``text`` holds a PCIe bandwidth notice in its first 200 lines."""
+    text = tooltext.clean(text)  # a capture with terminal escapes reads as the same capture without
     return any(_LOOKS.search(line) for line in text.split("\n", 200)[:200] if "PCIe bandwidth" in line)

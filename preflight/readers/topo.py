@@ -17,6 +17,7 @@ import re
 
 from pydantic import BaseModel, ConfigDict, computed_field
 
+from preflight.base import tooltext
 from preflight.base.units import parse_cpulist
 from preflight.readers.topo_cells import AFFINITY, affinity_values, header_cells, row_cells
 
@@ -113,6 +114,7 @@ class Topo(BaseModel):
 def looks_like(text: str) -> bool:
     """Whether ``text`` holds a `nvidia-smi topo -m` matrix, damaged or not: a header line that
     starts with GPU0 and, next, the GPU0 row with X on its diagonal."""
+    text = tooltext.clean(text)  # a capture with terminal escapes reads as the same capture without
     lines = text.split("\n", LOOKS_LINES)[:LOOKS_LINES]
     for i, line in enumerate(lines[:-1]):
         if _HEADER.match(line) and _FIRST_ROW.match(lines[i + 1]):
@@ -187,6 +189,7 @@ def _gpu_affinity(tail: list[str], columns: list[str], row: str, lineno: int, la
 
 def parse(text: str) -> Topo:
     """The matrix in ``text``; raises TopoParseError on anything it cannot vouch for."""
+    text = tooltext.clean(text)  # a capture with terminal escapes reads as the same capture without
     if not text.strip():
         raise TopoParseError(None, "the text is empty: no `nvidia-smi topo -m` matrix in it")
     if "\0" in text:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict
 
 from preflight.readers import capture
+from preflight.base import tooltext
 from preflight.base.errors import UsageError
 
 if TYPE_CHECKING:
@@ -233,6 +235,7 @@ def _stamps(prefix: str) -> tuple[str | None, float | None]:
 
 def parse(text: str) -> list[XidEvent]:
     """Every Xid, SXid, fallen-off-the-bus and failed-initialisation event in ``text``."""
+    text = tooltext.clean(text)  # a capture with terminal escapes reads as the same capture without
     events: list[XidEvent] = []
     init: dict[str | None, dict] = {}  # per GPU: the first line, and attempts counted both ways
     for number, line in enumerate(text.split("\n"), start=1):
@@ -280,9 +283,10 @@ def parse(text: str) -> list[XidEvent]:
 class KernelLogUnavailable(Exception):
     """No source of the kernel log could be read; ``cause`` says why, per source."""
 
-    def __init__(self, cause: str):
+    def __init__(self, cause: str, unread: dict[str, str] | None = None):
         super().__init__(cause)
         self.cause = cause
+        self.unread = unread or {}  # each source, and why it gave nothing a reader could use
 
 
 JOURNALCTL = ("journalctl", "-k", "-b", "--no-pager", "-o", "short-monotonic")
@@ -316,34 +320,61 @@ def _has_lines(out: str) -> bool:
     return any(line.strip() and not line.startswith("-- ") for line in out.splitlines())  # "-- No entries --"
 
 
+class KernelLog(BaseModel):
+    text: str
+    source: str  # where it was read: /dev/kmsg, or the command that printed it
+    unread: dict[str, str] = {}  # each source tried before, and why it gave nothing a reader could use
+
+
 def read_kernel_log(host: Host, timeout: float) -> tuple[str, str]:
     """(the kernel log since boot, where it came from), within ``timeout`` seconds."""
+    log = read_log(host, timeout)
+    return log.text, log.source
+
+
+def read_log(host: Host, timeout: float) -> KernelLog:
+    """The kernel log since boot from the first source that gives one, within ``timeout``
+    seconds, with what each source tried before it could not give; KernelLogUnavailable
+    naming every source where none can."""
     deadline = time.monotonic() + timeout
     kmsg = host.path("/dev/kmsg")
     try:
         text = _read_kmsg(kmsg, deadline)
         if _has_lines(text):
-            return text, str(kmsg)
-        failures = [f"{kmsg}: empty"]  # a sandbox's stand-in; a booted kernel has logged something
+            return KernelLog(text=text, source=str(kmsg))
+        unread = {str(kmsg): "empty"}  # a sandbox's stand-in; a booted kernel has logged something
     except OSError as e:
-        failures = [f"{kmsg}: {e.strerror or e}"]
-    for argv in (JOURNALCTL, DMESG):
+        unread = {str(kmsg): str(e.strerror or e)}
+    for i, argv in enumerate((JOURNALCTL, DMESG)):
+        name = argv[0]
         left = deadline - time.monotonic()
         if left <= 0:
-            failures.append(f"{argv[0]}: no time left")
+            unread[name] = "no time left"
             break
+        # A command that hangs may take only half of what is left: the next source still has its turn.
+        share = left if i == 1 else left / 2
+        exe = shutil.which(name, path=host.environ.get("PATH", os.defpath)) or name
         try:
-            done = host.run(argv, timeout=left)
+            done = host.run([exe, *argv[1:]], timeout=share)
         except OSError as e:
-            failures.append(f"{argv[0]}: {e.strerror or e}")
+            unread[name] = str(e.strerror or e)
             continue
-        # journalctl without read access to the journal exits 0 and prints nothing
-        # of the kernel's: an empty log is a failure to read, never a clean node.
-        if done.returncode == 0 and not done.timed_out and _has_lines(done.stdout):
-            return done.stdout, " ".join(argv)
-        why = "timed out" if done.timed_out else (done.stderr.strip().splitlines() or ["printed nothing"])[-1]
-        failures.append(f"{argv[0]}: {why}")
-    raise KernelLogUnavailable("; ".join(failures))
+        # journalctl without read access to the journal exits 0 and prints nothing of the
+        # kernel's: an empty log is a failure to read, never a clean node. Nor is a text with no
+        # kernel log line in it (garbage, a binary, another program's words): read as a log it
+        # would pass for a clean one.
+        if done.returncode == 0 and not done.timed_out and _has_lines(done.stdout) and kernel_lines(done.stdout):
+            return KernelLog(text=done.stdout, source=" ".join(argv), unread=unread)
+        if done.timed_out:
+            why = "timed out"
+        elif done.returncode != 0:
+            why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        elif not done.stdout.strip() or not _has_lines(done.stdout):
+            why = (done.stderr.strip().splitlines() or ["printed nothing"])[-1]
+        else:
+            why = "printed no kernel log line (garbage, or not a kernel log)"
+        unread[name] = why
+    raise KernelLogUnavailable("; ".join(f"{where}: {why}" for where, why in unread.items()), unread)
 
 
 # A kernel log line, in each form parse() reads: the driver's own text with any
@@ -361,12 +392,14 @@ _KERNEL_LINE = re.compile(
 
 def kernel_lines(text: str) -> int:
     """How many lines of ``text`` a kernel log holds: none means it is not one."""
+    text = tooltext.clean(text)  # a capture with terminal escapes reads as the same capture without
     return sum(1 for line in text.splitlines() if _MARK.search(line) or _KMSG.match(line) or _KERNEL_LINE.match(line))
 
 
 def has_driver_lines(text: str) -> bool:
     """A kernel log with an NVIDIA driver line anywhere in it (`preflight explain`): NVRM or
     SXid. The whole text: a long journal's Xid may come hours after its boot lines."""
+    text = tooltext.clean(text)  # a capture with terminal escapes reads as the same capture without
     if "NVRM" not in text and "SXid" not in text:
         return False
     return any(_MARK.search(line) for line in text.splitlines() if "NVRM" in line or "SXid" in line)

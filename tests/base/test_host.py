@@ -36,3 +36,16 @@ def test_paths_live_under_the_root(tmp_path):
     assert host.path("/dev/shm") == tmp_path / "dev" / "shm"
     assert host.boot_id() == "abc"
     assert Host(root=tmp_path / "empty").boot_id() is None
+
+
+def test_run_gives_tools_the_c_locale_and_no_terminal(monkeypatch):
+    monkeypatch.setenv("LANG", "de_DE.UTF-8")
+    monkeypatch.setenv("LC_NUMERIC", "de_DE.UTF-8")
+    monkeypatch.setenv("TERM", "xterm-256color")
+    done = Host().run(["sh", "-c", 'echo "$LC_ALL $LANG $TERM $NO_COLOR ${LC_NUMERIC-unset}"; [ -t 0 ] || echo no-tty'], timeout=10)
+    assert done.stdout == "C C dumb 1 unset\nno-tty\n"
+
+
+def test_run_hands_readers_text_without_terminal_control_sequences():
+    done = Host().run(["printf", "\\t\\033[4mGPU0\\tCPU Affinity\\033[0m\\r\\nGPU0\\t X \\t0-15\\n\\033[31merr\\033[0m\\n\\377"], timeout=10)
+    assert done.stdout == "\tGPU0\tCPU Affinity\nGPU0\t X \t0-15\nerr\n\ufffd"

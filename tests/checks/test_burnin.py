@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 import fakes
-from conftest import clean_env, run_preflight
+from conftest import clean_env, make_ctx, run_preflight
 
 from preflight.checks import burnin
 from preflight.base.findings import Status
+from preflight.base.host import Host
 from preflight.pipeline.expectations import BurninExpect, OutlierExpect
 from preflight.readers import nvml
 
@@ -221,3 +222,15 @@ def test_a_burn_longer_than_the_checks_deadline_is_shortened_and_says_so():
     f = healthy(n=1)
     f.shortened = "[burnin] seconds = 1200, but the check has 600 s in all"
     assert [(x.summary, x.status) for x in judged(f)] == [("burn-in shortened to fit the check's deadline", Status.WARN)]
+
+
+def test_the_xid_reading_names_an_unreadable_journalctl_and_reads_dmesg(tmp_path):
+    bin_dir = fakes.tool(tmp_path / "bin", "journalctl", prints=fakes.BAD_OUTPUT["binary"])
+    fakes.tool(bin_dir, "dmesg", prints=Path(__file__).parents[1] / "fixtures" / "xid" / "no-gpu-event_dmesg_dev-machine-boot.txt")
+    facts = burnin.BurninFacts(python="python", backend="nccl", nproc=1)
+    events, where = burnin.xid_counts(make_ctx(host=Host(tmp_path / "root", environ={"PATH": str(bin_dir)})), facts)
+    assert events == [] and where == "dmesg"
+    assert facts.xid_unread["journalctl"] == "printed no kernel log line (garbage, or not a kernel log)"
+    sources = burnin.kernel_log_sources(where, facts.xid_unread)
+    assert sources.details()["sources"] == {"kernel log": "dmesg"}
+    assert {m.labels["tool"]: m.labels["fallback"] for m in sources.measurements()}["journalctl"] == "dmesg"

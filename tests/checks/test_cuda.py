@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import fakes
 import psutil
 import pytest
 from cuda_facts import FIXTURES, INIT, NVML, facts, loaded_reading, python_script
@@ -17,6 +18,8 @@ from preflight.gpuwork.cuda_init import InitOutcome, InitReport
 
 from preflight.readers import nvml, xid
 from preflight.pipeline import profiles, shape
+from preflight.pipeline.check import Context
+from preflight.pipeline.settings import Settings
 from preflight.base.findings import Status
 from preflight.base.host import Host
 from preflight.readers.nvml import FakeNvml, PcieLink
@@ -619,3 +622,31 @@ def test_a_fake_prohibited_node_fails_naming_the_mode_and_tries_no_cuda_init(tmp
     assert c.details["parts"]["cuda_init"] == "not run: NVML reports compute mode PROHIBITED on " + ", ".join(
         f"GPU {g.index} ({nvml.short_pci(g.pci_bus_id)})" for g in FakeNvml(NVML / "h100-sxm-8x-prohibited.json").gpus)
     assert "compute mode PROHIBITED" in c.summary and "`nvidia-smi -i 0 -c DEFAULT`" in c.remedy
+
+
+# ---- the Xid scan when journalctl's output cannot be read --------------------------------------
+
+
+@pytest.mark.parametrize("bad", ["nothing", "garbage", "binary"])
+def test_an_unreadable_journalctl_is_named_and_dmesg_answers_for_the_xid_scan(tmp_path, bad):
+    bin_dir = fakes.tool(tmp_path / "bin", "journalctl", prints=fakes.BAD_OUTPUT[bad])
+    fakes.tool(bin_dir, "dmesg", prints=FIXTURES / "xid" / "no-gpu-event_dmesg_dev-machine-boot.txt")
+    ctx = Context(profile=H100, settings=Settings(level="quick", nvml_fake=NVML / "h100-sxm-8x-healthy.json"),
+                  host=Host(tmp_path / "root", environ={"PATH": str(bin_dir)}), deadline=time.monotonic() + 60, shape=HGX8)
+    r = cuda.Cuda().run(ctx)
+    assert r.details["parts"]["xid"] == Status.PASS and r.details["kernel_log"] == "dmesg"
+    assert r.details["sources"] == {"kernel log": "dmesg"}
+    assert set(r.details["unread"]) == {str(tmp_path / "root" / "dev" / "kmsg"), "journalctl"}
+    assert {m.labels["tool"]: m.labels["fallback"] for m in r.measurements if m.name == "tool_unreadable"}["journalctl"] == "dmesg"
+    assert any(line.startswith("unreadable output, not the node's fault") and "journalctl" in line for line in r.lines)
+
+
+def test_no_readable_kernel_log_warns_and_names_every_source(tmp_path):
+    bin_dir = fakes.tool(tmp_path / "bin", "journalctl", prints=fakes.BAD_OUTPUT["garbage"])
+    fakes.tool(bin_dir, "dmesg", prints=b"", exit_code=1)
+    ctx = Context(profile=H100, settings=Settings(level="quick", nvml_fake=NVML / "h100-sxm-8x-healthy.json"),
+                  host=Host(tmp_path / "root", environ={"PATH": str(bin_dir)}), deadline=time.monotonic() + 60, shape=HGX8)
+    r = cuda.Cuda().run(ctx)
+    assert r.details["parts"]["xid"] == Status.WARN and "sources" not in r.details
+    assert {m.labels["tool"]: m.labels["fallback"] for m in r.measurements if m.name == "tool_unreadable"} == {
+        str(tmp_path / "root" / "dev" / "kmsg"): "none", "journalctl": "none", "dmesg": "none"}

@@ -269,3 +269,52 @@ def test_preflight_run_only_fabric_judges_the_fake_node(tmp_path):
     (r,) = json.loads(report.read_text())["checks"]
     assert r["check"] == "fabric" and r["status"] == "FAIL" and r["details"]["parts"]["gpus"] == "FAIL"
     assert "GPU 5: fabric registration still in progress" in r["summary"] + r["cause"]
+
+
+# ---- systemctl's output unreadable: the node is not at fault ------------------------------------------
+
+
+def run_check(tmp_path: Path, systemctl_dir: Path, nvml_file: str, **root_kw) -> tuple:
+    inv = FakeNvml(NVML / nvml_file)
+    root = hgx(tmp_path, **root_kw)
+    ctx = Context(profile=H100, settings=Settings(nvml_fake=NVML / nvml_file), host=Host(root, environ={"PATH": str(systemctl_dir)}),
+                  deadline=time.monotonic() + 30, shape=node(root, inv))
+    started = time.monotonic()
+    r = fabric.Fabric().run(ctx)
+    return r, time.monotonic() - started
+
+
+BAD = [pytest.param(dict(prints=out), id=kind) for kind, out in fakes.BAD_OUTPUT.items()] + [
+    pytest.param(dict(prints=b"", exit_code=1), id="exit-1-silent"), pytest.param(dict(hang=True), id="hang")]
+
+
+@pytest.mark.parametrize("bad", BAD)
+def test_systemctl_unreadable_with_every_gpu_registered_passes_on_nvml_s_word_and_says_so(tmp_path, bad):
+    r, took = run_check(tmp_path, fakes.tool(tmp_path / "bin", "systemctl", **bad), "h100-sxm-8x-fabric-completed.json")
+    assert took < fabric.SYSTEMCTL_TIMEOUT + 5  # the stand-in's deadline, and the kill's grace
+    assert r.details["parts"]["manager"] == Status.PASS and r.details["parts"]["gpus"] == Status.PASS
+    assert [p for p, s in r.details["parts"].items() if s != Status.PASS] == ["source"]  # only the fake facts' FAIL
+    assert r.details["sources"] == {"fabric manager": "NVML (every GPU's fabric registration completed)"}
+    assert list(r.details["unread"]) == ["systemctl is-active nvidia-fabricmanager"]
+    [m] = [m for m in r.measurements if m.name == "tool_unreadable"]
+    assert m.labels == {"tool": "systemctl is-active nvidia-fabricmanager", "fallback": "NVML (every GPU's fabric registration completed)"}
+    assert any("systemctl is-active nvidia-fabricmanager" in line and "not the node's fault" in line for line in r.lines)
+
+
+@pytest.mark.parametrize("bad", BAD[:3])
+def test_systemctl_unreadable_the_process_answers(tmp_path, bad):
+    r, _ = run_check(tmp_path, fakes.tool(tmp_path / "bin", "systemctl", **bad), "h100-sxm-8x-fabric-not-started.json", fm_pid=2939)
+    assert r.details["manager"]["state"] == "running" and r.details["sources"] == {"fabric manager": "/proc (nv-fabricmanager process)"}
+    assert r.details["parts"]["manager"] == Status.PASS  # the GPUs' own registration is judged apart
+
+
+def test_garbage_is_quoted_not_taken_for_systemd_s_word(tmp_path):
+    m = fabric.manager_state(Host(hgx(tmp_path), environ={"PATH": str(fakes.tool(tmp_path / "b", "systemctl", prints=b"\x1b[1mbanana\x1b[0m\n"))}))
+    assert m.state == "unknown" and m.unread == "printed 'banana', not a unit state (exit 0)"
+    assert "printed 'banana'" in m.how
+
+
+def test_systemd_s_own_words_are_no_reader_s_trouble(tmp_path):
+    for word, code in (("inactive", 3), ("unknown", 3), ("active", 0)):
+        m = fabric.manager_state(Host(hgx(tmp_path / word), environ={"PATH": str(fakes.systemctl(tmp_path / word / "b", word, exit_code=code))}))
+        assert m.unread is None, word

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import fakes
+import pytest
 from conftest import needs_root, run_preflight
 from cuda_facts import python_script
 from preflight.checks import firmware
@@ -197,3 +198,61 @@ def test_preflight_run_only_firmware_names_the_nvswitch_left_behind(tmp_path):
     assert r["details"]["parts"]["nvswitch"] == "FAIL" and r["details"]["nvswitch_bios"]["0000:07:00.0"] == "96.10.55.00.01"
     # (+1 more: NVML facts from --nvml-fake fail closed)
     assert r["summary"].startswith("NVSwitch 0000:07:00.0 on another NVSwitch BIOS than the other 3") and "96.10.6D.00.01" in r["cause"]
+
+
+# ---- a source that cannot be read: the other answers, and the check says which ----------------------------------
+
+H100 = profiles.resolve(profiles.load(profiles.BUILTIN_DIR / "h100-sxm.toml"), profiles.BUILTIN_DIR / "h100-sxm.toml", {}, "--profile h100-sxm")
+BANNER = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n"
+
+
+def node_root(tmp_path: Path, proc: bytes | None, module: str | None = "550.54.15\n") -> Path:
+    root = tmp_path / "root"
+    if proc is not None:
+        (root / "proc/driver/nvidia").mkdir(parents=True)
+        (root / "proc/driver/nvidia/version").write_bytes(proc)
+    if module is not None:
+        (root / "sys/module/nvidia").mkdir(parents=True)
+        (root / "sys/module/nvidia/version").write_text(module)
+    return root
+
+
+@pytest.mark.parametrize("proc", [None, b"", fakes.BAD_OUTPUT["garbage"], fakes.BAD_OUTPUT["binary"]], ids=["absent", "empty", "garbage", "binary"])
+def test_an_unreadable_proc_version_leaves_the_module_s_own_version_to_answer(tmp_path, proc):
+    version, why, source, unread = firmware.kernel_driver_sources(Host(node_root(tmp_path, proc)))
+    assert (version, why, source) == ("550.54.15", None, "/sys/module/nvidia/version")
+    assert list(unread) == ["/proc/driver/nvidia/version"]
+
+
+def test_both_versions_unreadable_say_each_why(tmp_path):
+    version, why, source, unread = firmware.kernel_driver_sources(Host(node_root(tmp_path, b"junk", module="\x7fELF\n")))
+    assert version is None and source is None and set(unread) == {"/proc/driver/nvidia/version", "/sys/module/nvidia/version"}
+    assert why == "/proc/driver/nvidia/version names no kernel module version; /sys/module/nvidia/version holds '\\x7fELF', not a version"
+
+
+def test_the_proc_banner_still_answers_first(tmp_path):
+    assert firmware.kernel_driver_sources(Host(node_root(tmp_path, BANNER.encode(), module=None)))[:3] == ("550.54.15", None, "/proc/driver/nvidia/version")
+
+
+BAD_PYTHON = {"garbage": 'printf "%s\\n" "lorem ]] [ipsum"; exit 0\n', "nothing": "exit 0\n", "exit-1": "echo oops >&2; exit 1\n",
+              "binary": "head -c 300 /bin/sh; exit 0\n", "hang": "sleep 600\n"}
+
+
+@pytest.mark.parametrize("bad", BAD_PYTHON, ids=list(BAD_PYTHON))
+def test_an_interpreter_that_cannot_say_is_named_and_the_version_file_answers(tmp_path, bad):
+    site = tmp_path / "site" / "torch"
+    site.mkdir(parents=True)
+    (site / "version.py").write_text("__version__ = '2.3.1+cu121'\ncuda: Optional[str] = '12.1'\n")
+    python = python_script(tmp_path, f'case "$2" in *find_spec*) echo "{site}"; exit 0;; esac\n' + BAD_PYTHON[bad])
+    ctx = Context(profile=H100, settings=Settings(nvml_fake=NVML / "h100-sxm-8x-healthy.json", python=python),
+                  host=Host(node_root(tmp_path, b"\x1b[1mgarbage\x1b[0m\n")), deadline=time.monotonic() + 16)
+    started = time.monotonic()
+    r = firmware.Firmware().run(ctx)
+    assert time.monotonic() - started < 16 + 3
+    assert r.details["parts"]["driver"] == Status.PASS and r.details["parts"]["cuda"] == Status.PASS
+    assert r.details["torch"] == {"torch": "2.3.1+cu121", "cuda": "12.1", "error": None}
+    assert r.details["sources"] == {"kernel module version": "/sys/module/nvidia/version", "torch.version.cuda": str(site / "version.py")}
+    assert set(r.details["unread"]) == {"/proc/driver/nvidia/version", f"{python} (import torch)"}
+    assert {m.labels["tool"]: m.labels["fallback"] for m in r.measurements if m.name == "tool_unreadable"} == {
+        "/proc/driver/nvidia/version": "/sys/module/nvidia/version", f"{python} (import torch)": str(site / "version.py")}
+    assert [p for p, s in r.details["parts"].items() if s != Status.PASS] == ["source"]  # the fake facts' FAIL alone

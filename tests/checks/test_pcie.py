@@ -4,11 +4,12 @@ trees (tests/fixtures/pcie: pass, fail, a VM), the lspci parser on real output."
 import shutil
 import struct
 import subprocess
+import time
 from pathlib import Path
 
 import fakes
 import pytest
-from conftest import needs_root
+from conftest import make_ctx, needs_root
 
 from preflight.base.findings import Status
 from preflight.base.host import Host
@@ -287,3 +288,31 @@ def test_run_only_pcie_on_a_recorded_node(tmp_path, name, rc, status):
         assert "0000:12:01.0" in result.cause and "iommu=pt" in result.remedy
     else:
         assert result.summary == check.NOT_VISIBLE
+
+
+# ---- lspci's output unreadable: named, sysfs still answers the links ------------------------------------
+
+
+@pytest.mark.parametrize("bad, why", [
+    (dict(prints=b""), "lspci printed nothing"),
+    (dict(prints=fakes.BAD_OUTPUT["garbage"]), "lspci printed no PCI device (garbage, or not `lspci -vvv` output)"),
+    (dict(prints=fakes.BAD_OUTPUT["binary"]), "lspci printed no PCI device (garbage, or not `lspci -vvv` output)"),
+    (dict(prints=b"", exit_code=1), "lspci exited 1"),
+    (dict(hang=True), "lspci did not answer within "),
+], ids=["nothing", "garbage", "binary", "exit-1", "hang"])
+def test_an_unreadable_lspci_is_named_and_the_node_is_judged_on_sysfs(tree, tmp_path, bad, why):
+    root = tree("fail")  # one switch link trained at x8 of x16: a fault of the node
+    for config in (root / "sys/devices").rglob("config"):
+        config.unlink()
+    bin_dir = fakes.tool(tmp_path / "bin", "lspci", **bad)
+    ctx = make_ctx(host=Host(root, environ={"PATH": str(bin_dir)}))
+    ctx.deadline = time.monotonic() + 5  # leaves lspci 3 s
+    started = time.monotonic()
+    r = check.Pcie().run(ctx)
+    assert time.monotonic() - started < 3 + 4  # lspci's deadline, and the kill's grace
+    assert list(r.details["unread"]) == ["lspci -vvv"] and r.details["unread"]["lspci -vvv"].startswith(why)
+    assert r.details["sources"] == {"bridges and links": "sysfs"}
+    assert r.details["parts"]["acs"] == "SKIP" and r.details["unread"]["lspci -vvv"] in r.details["unjudged"]["acs"]
+    assert [(m.labels["tool"], m.labels["fallback"]) for m in r.measurements if m.name == "tool_unreadable"] == [("lspci -vvv", "none")]
+    assert r.status == FAIL and r.details["parts"]["links"] == FAIL  # the node's own fault still fails, with its cause
+    assert any(line.startswith("unreadable output, not the node's fault: lspci -vvv") for line in r.lines)

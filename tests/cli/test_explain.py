@@ -9,6 +9,10 @@ from pathlib import Path
 
 import pytest
 from conftest import run_preflight
+from topology_cases import ALL_TOPO, H200_TOPO, driver_580
+from typer.testing import CliRunner
+
+from preflight.cli.app import app
 
 FIX = Path(__file__).parents[1] / "fixtures"
 
@@ -155,3 +159,35 @@ def test_an_nccl_tests_header_with_no_rows_is_refused_as_nccl_tests_output():
     assert p.returncode == 2 and p.stdout == ""
     (line,) = p.stderr.strip().splitlines()
     assert "table header with no rows under it" in line, line
+
+
+# ---- driver 580's underlined header: `explain` and `topology --from` read the same bytes ---------------
+
+
+
+def _answer(args: list[str], path: Path) -> tuple[int, object]:
+    """Exit code and what was said, with the file's own name taken out (it differs between the two files)."""
+    r = CliRunner().invoke(app, [*args[:-1], str(path), args[-1]] if args[-1] == "--json" else [*args, str(path)])
+    if r.exit_code in (0, 1) and "--json" in args:
+        said = json.loads(r.stdout)
+        said.pop("source", None)
+        return r.exit_code, said
+    return r.exit_code, r.output.replace(str(path), "FILE")
+
+
+def test_the_h200_capture_is_one_gpu_on_cpus_0_15_numa_0_with_no_nic_and_no_nvlink():
+    code, said = _answer(["explain", "--json"], H200_TOPO)
+    assert code == 0 and said["kind"] == "topology" and said["findings"] == []
+    g = said["facts"]["gpus"]
+    assert [(x["index"], x["cpu_affinity"], x["numa_affinity"], x["gpu_numa_id"], x["nics"]) for x in g] == [(0, "0-15", "0", None, {})]
+    assert (said["facts"]["nics"], said["facts"]["links"]) == ([], {})
+    code, said = _answer(["topology", "--from", "--json"], H200_TOPO)
+    assert code == 0 and said["numa_nodes"] == [0] and said["findings"] == [] and said["links"] == {}
+
+
+@pytest.mark.parametrize("path", ALL_TOPO, ids=lambda p: p.name[:40])
+@pytest.mark.parametrize("args", [["explain", "--json"], ["topology", "--from", "--json"], ["topology", "--from"]], ids=" ".join)
+def test_each_topology_capture_with_a_driver_580_header_is_explained_as_the_original(path, args, tmp_path):
+    underlined = tmp_path / path.name
+    underlined.write_text(driver_580(path.read_text()))
+    assert _answer(args, underlined) == _answer(args, path)

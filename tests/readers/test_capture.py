@@ -75,3 +75,11 @@ def test_a_log_pasted_between_fences_is_still_a_capture():
     pasted = "```\nnode1:12:12 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\nnode1:12:12 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC\n```\n"
     assert not capture.document(pasted)
     assert capture.document("# Notes\n\nSee [the log](https://example.com/log).\n\n## Why\n\n" + pasted)
+
+
+def test_a_capture_saved_with_terminal_escapes_reads_as_the_same_capture_without(tmp_path):
+    plain = (FIXTURES / "topo" / "08_a100-pcie-2x_no-nvlink_SYS_split-numa-0-1_2mlx5.txt").read_text()
+    saved = tmp_path / "topo.txt"
+    saved.write_bytes(("\t\x1b[4m" + plain.lstrip("\t").replace("\n", "\x1b[0m\r\n", 1)).encode())
+    assert saved.read_text() != plain
+    assert read(saved) == plain

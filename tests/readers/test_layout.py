@@ -6,10 +6,13 @@ import os
 import sys
 from pathlib import Path
 
+import fakes
+from preflight.base import tooltext
 from preflight.base.host import Host
 from preflight.base.units import parse_cpulist
 from preflight.readers import layout as t
-from topology_cases import edit, gathered, host, root  # noqa: F401 (root: a fixture)
+from preflight.readers import topo
+from topology_cases import H200_TOPO, edit, gathered, host, root  # noqa: F401 (root: a fixture)
 
 
 def test_gather_reads_gpus_nics_numa_and_cpus_from_the_recorded_tree(root):
@@ -57,3 +60,16 @@ def test_an_older_torch_without_numa_binding_is_told_apart(tmp_path, monkeypatch
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
     other = str(Path(sys.executable).resolve())  # another path to an interpreter: asked in a child
     assert other != sys.executable and t.torch_numa_binding(other) is False
+
+
+def test_the_live_path_reads_the_h200_matrix_a_stand_in_nvidia_smi_prints_byte_for_byte(tmp_path):
+    """driver 580 underlines the header even into a pipe: what Host.run hands on is the matrix
+    without the escapes, and run_matrix reads one GPU on CPUs 0-15, NUMA node 0, no NIC, no NVLink."""
+    h = Host(tmp_path, environ={"PATH": str(fakes.nvidia_smi(tmp_path / "bin", H200_TOPO))})
+    done = h.run([str(tmp_path / "bin" / "nvidia-smi"), "topo", "-m"], timeout=30)
+    assert done.returncode == 0 and "\x1b" not in done.stdout
+    assert done.stdout == tooltext.clean(H200_TOPO.read_text())
+    got, why = t.run_matrix(h, timeout=30)
+    assert why is None and got == topo.parse(H200_TOPO.read_text())
+    assert [(g.cpu_affinity, g.numa_nodes, g.gpu_numa_id, g.nics) for g in got.gpus] == [("0-15", [0], None, {})]
+    assert (got.nics, got.links, got.notes) == ([], {}, [])

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from conftest import GPU_KEYS, assert_index_facts
+from topology_cases import ALL_TOPO, H200_TOPO, driver_580
 
 from preflight.readers.topo import TopoParseError, looks_like, parse
 
@@ -390,3 +391,32 @@ def test_looks_like_says_no_to_every_other_kind_of_capture():
     for path in paths:
         assert not looks_like(path.read_text(errors="replace")), path.name
     assert not looks_like("") and not looks_like("\tGPU0\tGPU1\n") and not looks_like("GPU0 is hot\nGPU0 fan 80%\n")
+
+
+# ---- driver 580: the header underlined even into a pipe ------------------------------------------
+
+
+def _read(text: str) -> object:
+    try:
+        return parse(text).model_dump(mode="json")
+    except TopoParseError as e:
+        return f"TopoParseError: {e}"
+
+
+def test_the_h200_capture_reads_as_one_gpu_on_cpus_0_15_numa_0_without_nic_or_nvlink():
+    raw = H200_TOPO.read_text()
+    assert "\x1b[4m" in raw  # byte for byte as driver 580 wrote it
+    t = parse(raw)
+    assert [(g.index, g.cpu_affinity, g.cpus, g.numa_affinity, g.numa_nodes, g.gpu_numa_id, g.nics) for g in t.gpus] == [
+        (0, "0-15", list(range(16)), "0", [0], None, {})]
+    assert (t.nics, t.links, t.notes, t.numa_nodes, t.spans_numa) == ([], {}, [], [0], False)
+    assert looks_like(raw)
+
+
+@pytest.mark.parametrize("path", ALL_TOPO, ids=lambda p: p.name[:40])
+def test_every_capture_with_a_driver_580_header_reads_as_the_original(path):
+    text = path.read_text()
+    underlined = driver_580(text)
+    assert underlined != text and "\x1b[4m" in underlined
+    assert _read(underlined) == _read(text)
+    assert looks_like(underlined) == looks_like(text)

@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+import fakes
 import pytest
 from conftest import FIXTURES
 
@@ -252,8 +253,9 @@ class FakeHost(Host):
         self.answers, self.asked = answers, []
 
     def run(self, argv, timeout, cwd=None):
-        self.asked.append((argv[0], timeout))
-        answer = self.answers[argv[0]]
+        name = Path(argv[0]).name  # the command as found on PATH
+        self.asked.append((name, timeout))
+        answer = self.answers[name]
         if isinstance(answer, Exception):
             raise answer
         return answer
@@ -455,3 +457,49 @@ def test_driver_text_quoted_inside_another_message_is_no_event():
             "kern  :warn  : [ 1234.567890] " + forged, "kern  :warn  : " + forged,  # dmesg -x, with and without --notime
             "2024-08-30T11:43:09,123456+00:00 " + forged]  # dmesg --time-format=iso
     assert [e.code for e in xid.parse("\n".join(real))] == [79] * 7
+
+
+# ---- journalctl's output unreadable: dmesg answers, and the log says who did ---------------------------
+
+LOG = XID / "03_xid79_one-liner_no-pid_NVSentinel-155-comment.txt"
+BAD = [pytest.param(dict(prints=out), id=kind) for kind, out in fakes.BAD_OUTPUT.items()] + [
+    pytest.param(dict(prints=b"", exit_code=1), id="exit-1-silent"), pytest.param(dict(hang=True), id="hang")]
+
+
+@pytest.mark.parametrize("bad", BAD)
+def test_an_unreadable_journalctl_hands_over_to_dmesg_within_the_deadline(tmp_path, bad):
+    bin_dir = fakes.tool(tmp_path / "bin", "journalctl", **bad)
+    fakes.tool(bin_dir, "dmesg", prints=LOG)
+    started = time.monotonic()
+    log = xid.read_log(Host(tmp_path / "root", environ={"PATH": str(bin_dir)}), timeout=4)
+    assert time.monotonic() - started < 4 + 3  # journalctl had half, and the kill's grace
+    assert log.source == "dmesg" and [e.code for e in parse(log.text)] == [79]
+    assert set(log.unread) == {str(tmp_path / "root" / "dev" / "kmsg"), "journalctl"}
+    assert log.unread["journalctl"] == {"nothing": "printed nothing", "garbage": "printed no kernel log line (garbage, or not a kernel log)",
+                                        "binary": "printed no kernel log line (garbage, or not a kernel log)",
+                                        "exit-1-silent": "exit 1", "hang": "timed out"}[_id(bad)]
+
+
+def _id(bad: dict) -> str:
+    if bad.get("hang"):
+        return "hang"
+    if bad.get("exit_code"):
+        return "exit-1-silent"
+    return next(k for k, v in fakes.BAD_OUTPUT.items() if v == bad["prints"])
+
+
+def test_garbage_from_every_source_is_no_clean_log(tmp_path):
+    bin_dir = fakes.tool(tmp_path / "bin", "journalctl", prints=fakes.BAD_OUTPUT["garbage"])
+    fakes.tool(bin_dir, "dmesg", prints=fakes.BAD_OUTPUT["binary"])
+    with pytest.raises(KernelLogUnavailable) as raised:
+        xid.read_log(Host(tmp_path / "root", environ={"PATH": str(bin_dir)}), timeout=4)
+    assert set(raised.value.unread) == {str(tmp_path / "root" / "dev" / "kmsg"), "journalctl", "dmesg"}
+    assert "dmesg: printed no kernel log line" in raised.value.cause
+
+
+def test_a_coloured_dmesg_reads_as_a_plain_one(tmp_path):
+    coloured = b"".join(b"\x1b[32m" + line[:14] + b"\x1b[0m" + line[14:] for line in LOG.read_bytes().splitlines(keepends=True))
+    bin_dir = fakes.tool(tmp_path / "bin", "journalctl", prints=b"", exit_code=1)
+    fakes.tool(bin_dir, "dmesg", prints=coloured)
+    log = xid.read_log(Host(tmp_path / "root", environ={"PATH": str(bin_dir)}), timeout=4)
+    assert parse(log.text) == parse(LOG.read_text())
