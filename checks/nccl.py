@@ -102,7 +102,7 @@ def gather(ctx: Context, nproc: int, expect: NcclExpect, backend: str) -> NcclFa
     if backend == "nccl":
         args.append("--nccl-debug")
     worker = launch.Worker("nccl_smoke.py", args, nproc=nproc, rdzv_port=ctx.settings.rdzv_port, group=meeting.torchrun_group(ctx, "nccl", left))
-    done = ranks.collect(facts, worker, RankReport, host.environ, left, ranks.settle_rule(nproc, ranks.STUCK, op_timeout + ranks.STUCK), ctx.progress, ctx.worlds)
+    done = ranks.collect(facts, worker, RankReport, host.environ, left, ranks.waited_out(nproc, op_timeout), ctx.progress, ctx.worlds)
     if done is None:
         return facts
     texts = [done.texts[name] for name in sorted(done.texts) if name.startswith("nccl.")]
