@@ -41,6 +41,7 @@ from preflight.base.findings import Finding, Measurement, Status, worst
 from preflight.pipeline.profiles import ResolvedFloor
 from preflight.pipeline.expectations import BandwidthExpect, OutlierExpect
 from preflight.base.units import fmt_value
+from preflight.readers import nccl_log as nccl_lines
 
 FAIL, WARN = Status.FAIL, Status.WARN
 BPS, SECONDS = "bytes_per_second", "seconds"
@@ -156,6 +157,9 @@ class BandwidthFacts(ranks.RunFacts):
     steps: list[str] = Field(default_factory=list)
     binding: dict[str, dict] = Field(default_factory=dict)  # local rank -> {node, cpus} asked for
     uuids: dict[int, str] = Field(default_factory=dict)  # nvidia-smi index -> GPU UUID (cuda check)
+    # This stage's own NCCL lines (each rank's, from the launch's log cut at the stage: gpuwork/world.py):
+    # the large collectives' connections, NVLS among them. None: NCCL wrote nothing here (gloo).
+    nccl_log: nccl_lines.Summary | None = None
 
 
 Figure, median, quantile, spread = figs_mod.Figure, figs_mod.median, figs_mod.quantile, figs_mod.spread
@@ -409,8 +413,15 @@ def gather(ctx: Context, nproc: int, expect: BandwidthExpect, backend: str, step
         "--max-seconds", f"{expect.max_seconds:g}",
     ]  # fmt: skip
     worker = launch.Worker("bandwidth.py", args, nproc=nproc, rdzv_port=ctx.settings.rdzv_port, group=meeting.torchrun_group(ctx, "bandwidth", left))
-    ranks.collect(facts, worker, RankReport, ctx.host.environ, left, ranks.settle_rule(nproc, ranks.STUCK, op_timeout + ranks.STUCK), ctx.progress, ctx.worlds)
+    done = ranks.collect(facts, worker, RankReport, ctx.host.environ, left, ranks.waited_out(nproc, op_timeout), ctx.progress, ctx.worlds)
+    facts.nccl_log = stage_nccl_log(done.texts if done else {})
     return facts
+
+
+def stage_nccl_log(texts: dict[str, str]) -> nccl_lines.Summary | None:
+    """The stage's NCCL lines (``nccl.rank{N}.log``, every rank's) summed up; None where there are none."""
+    logs = [texts[name] for name in sorted(texts) if name.startswith("nccl.")]
+    return nccl_lines.summary(nccl_lines.parse("\n".join(logs))) if any(t.strip() for t in logs) else None
 
 
 # ---- reporting ------------------------------------------------------------------

@@ -636,3 +636,16 @@ def test_confirming_a_reading_that_did_not_converge_says_so_in_both_readings():
     assert x.cause.endswith("first reading: 53.7 GB/s on GPU 0 (not converged within +-2%: known to +-10.0% after 30 repeats, "
                             "at its cap of repeats); second reading: 53.7 GB/s on GPU 0")
     assert settled.lines == ["host->device copy: confirmed: first reading 53.7 GB/s on GPU 0 (not converged: +-10%), second 53.7 GB/s on GPU 0; floor 60.0 GB/s"]
+
+
+def test_the_stage_s_own_nccl_lines_say_whether_its_collectives_ran_nvls():
+    # The lines NCCL wrote while bandwidth's large collectives set up (the launch's log cut at the
+    # stage: gpuwork/world.py), here the 8x H100 all_reduce run's: 16 NVLS channels, P2P and NVLS rings.
+    from conftest import FIXTURES
+
+    run = FIXTURES / "nccltests" / "11_aws-p5.48xlarge-8xh100_single-node_all_reduce_NVLS_mpirun-tag-output-prefix_ONE-SIZE-ROW-EXCERPT.txt"
+    s = bandwidth.stage_nccl_log({"nccl.rank0.log": run.read_text(), "rank0.log": "not NCCL's"})
+    assert s is not None and s.nvls_channels == 16
+    f = BandwidthFacts(python="py", backend="nccl", nproc=8, nccl_log=s)
+    assert f.model_dump(mode="json")["nccl_log"]["nvls_channels"] == 16  # in the check's details as it is
+    assert bandwidth.stage_nccl_log({}) is None and bandwidth.stage_nccl_log({"nccl.rank0.log": ""}) is None  # gloo: NCCL wrote nothing
