@@ -41,7 +41,8 @@ from preflight.base.findings import Finding, Measurement, Status, worst
 from preflight.pipeline.profiles import ResolvedFloor
 from preflight.pipeline.expectations import BandwidthExpect, OutlierExpect
 from preflight.base.units import fmt_value
-from preflight.readers import nccl_log as nccl_lines
+from preflight.checkkit import transports
+from preflight.readers import nccl_env, nccl_log as nccl_lines
 
 FAIL, WARN = Status.FAIL, Status.WARN
 BPS, SECONDS = "bytes_per_second", "seconds"
@@ -160,6 +161,7 @@ class BandwidthFacts(ranks.RunFacts):
     # This stage's own NCCL lines (each rank's, from the launch's log cut at the stage: gpuwork/world.py):
     # the large collectives' connections, NVLS among them. None: NCCL wrote nothing here (gloo).
     nccl_log: nccl_lines.Summary | None = None
+    nccl: nccl_lines.NcclLog | None = Field(default=None, exclude=True)  # the same lines whole, for the transport judge
 
 
 Figure, median, quantile, spread = figs_mod.Figure, figs_mod.median, figs_mod.quantile, figs_mod.spread
@@ -414,14 +416,26 @@ def gather(ctx: Context, nproc: int, expect: BandwidthExpect, backend: str, step
     ]  # fmt: skip
     worker = launch.Worker("bandwidth.py", args, nproc=nproc, rdzv_port=ctx.settings.rdzv_port, group=meeting.torchrun_group(ctx, "bandwidth", left))
     done = ranks.collect(facts, worker, RankReport, ctx.host.environ, left, ranks.waited_out(nproc, op_timeout), ctx.progress, ctx.worlds)
-    facts.nccl_log = stage_nccl_log(done.texts if done else {})
+    facts.nccl = stage_nccl_log(done.texts if done else {})
+    facts.nccl_log = nccl_lines.summary(facts.nccl) if facts.nccl else None
     return facts
 
 
-def stage_nccl_log(texts: dict[str, str]) -> nccl_lines.Summary | None:
-    """The stage's NCCL lines (``nccl.rank{N}.log``, every rank's) summed up; None where there are none."""
+def stage_nccl_log(texts: dict[str, str]) -> nccl_lines.NcclLog | None:
+    """The stage's NCCL lines (``nccl.rank{N}.log``, every rank's) parsed; None where there are none."""
     logs = [texts[name] for name in sorted(texts) if name.startswith("nccl.")]
-    return nccl_lines.summary(nccl_lines.parse("\n".join(logs))) if any(t.strip() for t in logs) else None
+    return nccl_lines.parse("\n".join(logs)) if any(t.strip() for t in logs) else None
+
+
+def judge_transports(f: BandwidthFacts, ctx: Context) -> list[Finding]:
+    """The large collectives' own channels, judged as the nccl check judges its smoke test's
+    (checkkit/transports.py): rings and NVLS that NCCL set up only for these sizes."""
+    if f.nccl is None or ctx.profile.nccl is None:
+        return []
+    topology = ctx.results.get("topology")
+    expect = transports.p2p_for_shape(ctx.profile.nccl, ctx.shape)
+    return transports.judge(f.nccl, f.ranks, nccl_env.read(ctx.host), expect, linked_pairs(topology, ("NV",)) or set(), linked_pairs(topology, ("PIX", "PXB")),
+                            during=" in the large collectives")
 
 
 # ---- reporting ------------------------------------------------------------------
@@ -496,6 +510,7 @@ class Bandwidth(Check):
         for name in (WHOLE_NODE if ctx.meeting else INTERNODE_FLOORS):
             floors.pop(name, None)
         parts = judge(facts, figs, floors, expect, linked_pairs(ctx.results.get("topology"), ("NV",)) or set(), all_nvlink)
+        parts["transports"] = judge_transports(facts, ctx)
         # Confirm before FAIL: the steps whose figures missed a floor, or were past the FAIL band
         # against the node's median, run again, once (preflight/checkkit/confirm.py).
         kinds = link_kinds(ctx.results.get("topology"))
