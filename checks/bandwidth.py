@@ -43,6 +43,8 @@ from preflight.base.findings import Finding, Measurement, Status, worst
 from preflight.pipeline.profiles import ResolvedFloor
 from preflight.pipeline.expectations import BandwidthExpect, OutlierExpect
 from preflight.base.units import fmt_value
+from preflight.checkkit import transports
+from preflight.readers import nccl_env, nccl_log as nccl_lines
 
 FAIL, WARN = Status.FAIL, Status.WARN
 BPS, SECONDS = "bytes_per_second", "seconds"
@@ -161,6 +163,10 @@ class BandwidthFacts(ranks.RunFacts):
     numa_nodes: int | None = None  # NUMA nodes with CPUs on this machine: with one, there is nothing to bind to
     uuids: dict[int, str] = Field(default_factory=dict)  # nvidia-smi index -> GPU UUID (cuda check)
     left_out: str | None = None  # why a step the node would run was left out (p2p on GPUs in EXCLUSIVE_PROCESS mode)
+    # This stage's own NCCL lines (each rank's, from the launch's log cut at the stage: gpuwork/world.py):
+    # the large collectives' connections, NVLS among them. None: NCCL wrote nothing here (gloo).
+    nccl_log: nccl_lines.Summary | None = None
+    nccl: nccl_lines.NcclLog | None = Field(default=None, exclude=True)  # the same lines whole, for the transport judge
 
 
 Figure, median, quantile, spread = figs_mod.Figure, figs_mod.median, figs_mod.quantile, figs_mod.spread
@@ -441,8 +447,27 @@ def gather(ctx: Context, nproc: int, expect: BandwidthExpect, backend: str, step
         "--max-seconds", f"{expect.max_seconds:g}",
     ]  # fmt: skip
     worker = launch.Worker("bandwidth.py", args, nproc=nproc, rdzv_port=ctx.settings.rdzv_port, group=meeting.torchrun_group(ctx, "bandwidth", left))
-    ranks.collect(facts, worker, RankReport, ctx.host.environ, left, ranks.settle_rule(nproc, ranks.STUCK, op_timeout + ranks.STUCK), ctx.progress, ctx.worlds)
+    done = ranks.collect(facts, worker, RankReport, ctx.host.environ, left, ranks.waited_out(nproc, op_timeout), ctx.progress, ctx.worlds)
+    facts.nccl = stage_nccl_log(done.texts if done else {})
+    facts.nccl_log = nccl_lines.summary(facts.nccl) if facts.nccl else None
     return facts
+
+
+def stage_nccl_log(texts: dict[str, str]) -> nccl_lines.NcclLog | None:
+    """The stage's NCCL lines (``nccl.rank{N}.log``, every rank's) parsed; None where there are none."""
+    logs = [texts[name] for name in sorted(texts) if name.startswith("nccl.")]
+    return nccl_lines.parse("\n".join(logs)) if any(t.strip() for t in logs) else None
+
+
+def judge_transports(f: BandwidthFacts, ctx: Context) -> list[Finding]:
+    """The large collectives' own channels, judged as the nccl check judges its smoke test's
+    (checkkit/transports.py): rings and NVLS that NCCL set up only for these sizes."""
+    if f.nccl is None or ctx.profile.nccl is None:
+        return []
+    topology = ctx.results.get("topology")
+    expect = transports.p2p_for_shape(ctx.profile.nccl, ctx.shape)
+    return transports.judge(f.nccl, f.ranks, nccl_env.read(ctx.host), expect, linked_pairs(topology, ("NV",)) or set(), linked_pairs(topology, ("PIX", "PXB")),
+                            during=" in the large collectives")
 
 
 # ---- reporting ------------------------------------------------------------------
@@ -520,6 +545,7 @@ class Bandwidth(Check):
         nvls = nvls_mod.decide(nccl_env.read(ctx.host), ctx.results["nccl"].details if "nccl" in ctx.results else None)
         both, floors = floors, nvls_mod.fit(floors, nvls)
         parts = judge(facts, figs, floors, expect, linked_pairs(ctx.results.get("topology"), ("NV",)) or set(), all_nvlink)
+        parts["transports"] = judge_transports(facts, ctx)
         # Confirm before FAIL: the steps whose figures missed a floor, or were past the FAIL band
         # against the node's median, run again, once (preflight/checkkit/confirm.py).
         kinds = link_kinds(ctx.results.get("topology"))

@@ -20,14 +20,15 @@ from typing import ClassVar
 import psutil
 from pydantic import BaseModel, Field
 
+from preflight.checkkit import transports
 from preflight.checkkit.placement import linked_pairs
+from preflight.checkkit.transports import p2p_for_shape
 from preflight.gpuwork import launch, meeting, ranks
 from preflight.readers import nccl_env, nccl_log, nccl_net
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.findings import Finding, Measurement, Status, worst
 from preflight.base.host import Host
 from preflight.pipeline.expectations import NcclExpect
-from preflight.pipeline.shape import FABRIC_WORDS, NodeShape
 from preflight.base.units import fmt_bytes, fmt_value
 
 FAIL, WARN = Status.FAIL, Status.WARN
@@ -102,7 +103,7 @@ def gather(ctx: Context, nproc: int, expect: NcclExpect, backend: str) -> NcclFa
     if backend == "nccl":
         args.append("--nccl-debug")
     worker = launch.Worker("nccl_smoke.py", args, nproc=nproc, rdzv_port=ctx.settings.rdzv_port, group=meeting.torchrun_group(ctx, "nccl", left))
-    done = ranks.collect(facts, worker, RankReport, host.environ, left, ranks.settle_rule(nproc, ranks.STUCK, op_timeout + ranks.STUCK), ctx.progress, ctx.worlds)
+    done = ranks.collect(facts, worker, RankReport, host.environ, left, ranks.waited_out(nproc, op_timeout), ctx.progress, ctx.worlds)
     if done is None:
         return facts
     texts = [done.texts[name] for name in sorted(done.texts) if name.startswith("nccl.")]
@@ -216,44 +217,8 @@ def judge_timing(f: NcclFacts, expect: NcclExpect) -> list[Finding]:
 
 
 def judge_transports(f: NcclFacts, expect: NcclExpect, nvlink_pairs: set[frozenset[int]], switch_pairs: set[frozenset[int]] | None = None) -> list[Finding]:
-    """Two ranks on this node should talk P2P (or NVLS). SHM between GPUs with
-    NVLink fails; elsewhere it earns the profile's ``p2p`` status, but where
-    the topology is known only for GPUs under one PCIe switch (``switch_pairs``:
-    PIX/PXB), since NCCL's default P2P level stops at PXB on purpose. A network
-    between two ranks of one node always fails."""
-    if f.nccl is None:
-        return []
-    # NCCL's log numbers ranks across the whole group; a node's outcomes know both numbers.
-    hosts = {(o.rank if o.global_rank is None else o.global_rank): o.report.host for o in f.ranks if o.report}
-    gpu = {(o.rank if o.global_rank is None else o.global_rank): o.gpu for o in f.ranks}
-    out: list[Finding] = []
-    by_status: dict[Status, list[str]] = defaultdict(list)
-    for (a, b), transports in sorted(f.nccl.peers().items()):
-        if hosts.get(a) is None or hosts.get(a) != hosts.get(b):
-            continue  # across nodes a network is right; unknown ranks cannot be judged
-        kinds = {t.split("/")[0] for t in transports}
-        if kinds <= {"P2P", "NVLS"}:
-            continue
-        pair = f"rank {a} ({gpu.get(a)}) -> rank {b} ({gpu.get(b)}) via {', '.join(transports)}"
-        ga, gb = ranks.gpu_index(gpu.get(a)), ranks.gpu_index(gpu.get(b))
-        nvlinked = ga is not None and gb is not None and frozenset((ga, gb)) in nvlink_pairs
-        if "NET" in kinds:
-            by_status[FAIL].append(pair)
-        elif nvlinked or expect.p2p == "fail":
-            by_status[FAIL].append(pair)
-        elif expect.p2p == "warn" and (switch_pairs is None or (ga is not None and gb is not None and frozenset((ga, gb)) in switch_pairs)):
-            by_status[WARN].append(pair)
-    switches = [f"{name}={value}" for name, value, _, _ in nccl_env.switches_on(f.env) if name != "NCCL_IB_DISABLE"]
-    hint = f" ({', '.join(switches)} set)" if switches else ""
-    for status, pairs in by_status.items():
-        shown = "; ".join(pairs[:4]) + (f"; and {len(pairs) - 4} more" if len(pairs) > 4 else "")
-        cause = f"{len(pairs)} pair(s) of GPUs on this node do not use P2P{hint}: {shown}; {expect.p2p_source or ''}".rstrip("; ")
-        remedy = (
-            "unset NCCL_P2P_DISABLE / NCCL_P2P_LEVEL; check NVLink (`nvidia-smi nvlink -s`) and nvidia-fabricmanager; "
-            "in a container allow IPC (--ipc=host); disable PCI ACS / IOMMU translation for P2P over PCIe"
-        )
-        out.append(Finding(status, f"GPUs fall back from P2P ({len(pairs)} pairs)", cause, remedy))
-    return out
+    """The smoke test's channels (checkkit/transports.py)."""
+    return transports.judge(f.nccl, f.ranks, f.env, expect, nvlink_pairs, switch_pairs)
 
 
 def judge_log(f: NcclFacts, run_failed: bool) -> list[Finding]:
@@ -265,16 +230,6 @@ def judge_log(f: NcclFacts, run_failed: bool) -> list[Finding]:
         w = f.nccl.warnings[0]
         out.append(Finding(WARN, f"NCCL warned {len(f.nccl.warnings)} time(s)", f"NCCL WARN {w.message}", "read the NCCL warnings in the report's details (nccl.warnings)"))
     return out
-
-
-def p2p_for_shape(expect: NcclExpect, shape: NodeShape | None) -> NcclExpect:
-    """The profile's "P2P or fail" is for GPUs joined by NVLink. On a node whose
-    GPUs are joined by PCIe only (a VM slice, bridge-less cards), P2P is a bonus
-    that ACS, an IOMMU or the hypervisor may forbid: a fallback warns."""
-    if expect.p2p != "fail" or shape is None or shape.fabric in ("nvswitch", "nvlink", "unknown"):
-        return expect
-    why = f"this node's GPUs are {FABRIC_WORDS[shape.fabric]} ({shape.fabric_from}): P2P over PCIe is not promised"
-    return expect.model_copy(update={"p2p": "warn", "p2p_source": why})
 
 
 def judge(f: NcclFacts, expect: NcclExpect, nvlink_pairs: set[frozenset[int]], switch_pairs: set[frozenset[int]] | None = None) -> dict[str, list[Finding]]:

@@ -315,7 +315,7 @@ def gather(ctx: Context, nproc: int, expect: TrainExpect, backend: str, uuids: d
             "--max-gemm-repeats", str(e.max_gemm_repeats), "--max-seconds", f"{e.max_seconds:g}"]  # fmt: skip
     # TunableOp would let each GPU pick its own GEMM kernels: the agreement check needs the same ones everywhere.
     worker = launch.Worker("train_probe.py", args, env={"PYTORCH_TUNABLEOP_ENABLED": "0"}, nproc=nproc, rdzv_port=ctx.settings.rdzv_port)
-    ranks.collect(facts, worker, RankReport, ctx.host.environ, left, ranks.settle_rule(nproc, ranks.STUCK, op_timeout + ranks.STUCK), ctx.progress, ctx.worlds)
+    ranks.collect(facts, worker, RankReport, ctx.host.environ, left, ranks.waited_out(nproc, op_timeout), ctx.progress, ctx.worlds)
     return facts
 
 

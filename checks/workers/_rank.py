@@ -197,8 +197,8 @@ def guarded(body, report: dict, save) -> int:
 
 
 # A process group's timeout exceeds the worker's own deadline (--timeout) by this
-# much where the worker waits itself (spin below): the rank then gives up first and
-# reports where it stopped, before NCCL's watchdog tears the process down.
+# much on NCCL, where every wait spins itself (spin below): the rank then gives up first and
+# reports where it stopped, before NCCL's watchdog tears the process down (SIGABRT, no report).
 GRACE = 10.0
 
 
@@ -221,24 +221,51 @@ def wait_for_gpu(torch, seconds: float, what: str, event=None) -> None:
     spin(event.query, seconds, what)
 
 
-def init_group(dist, backend: str, device, seconds: float, blocking: bool = True) -> None:
-    """init_process_group with a timeout on every collective, eager where torch allows.
-    ``blocking``: NCCL collectives past the timeout raise in the rank (a worker that
-    waits with its own deadline, and times what it waits for, passes False)."""
+def finish(torch, work, seconds: float, what: str, cuda: bool) -> None:
+    """Wait for a collective started with async_op=True, within ``seconds``. On the GPU
+    Work.wait() without blocking wait only makes the current stream wait for NCCL's,
+    so the host then spins on the stream with the deadline; gloo's wait raises at the
+    group's own timeout, which is the worker's (init_group)."""
+    work.wait()
+    if cuda:
+        wait_for_gpu(torch, seconds, what)
+
+
+def group_env() -> None:
+    """What ProcessGroupNCCL reads once, in its constructor, for every stage that will use
+    the group: no blocking wait (it polls with a sleep that lands in timed figures; every wait
+    here spins with its own deadline instead). Set before the group is made, by whichever
+    stage makes it: a later stage's setting would be read by nothing."""
+    os.environ["TORCH_NCCL_BLOCKING_WAIT"] = "0"
+
+
+NCCL_SUBSYS = "INIT,ENV,NET,P2P,SHM"  # version, env, network, and every channel's transport
+
+
+def nccl_debug(path: str) -> None:
+    """NCCL's INFO lines to ``path``. NCCL reads NCCL_DEBUG, NCCL_DEBUG_SUBSYS and
+    NCCL_DEBUG_FILE once per process, at its first call (src/debug.cc, ncclDebugInit),
+    and writes the file line-buffered: set before that call, and never again."""
+    os.environ.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS=NCCL_SUBSYS, NCCL_DEBUG_FILE=path)
+
+
+def init_group(dist, backend: str, device, seconds: float) -> None:
+    """init_process_group, eager where torch allows, for a worker whose every wait has
+    ``seconds`` as its deadline (spin, finish). The group's own timeout is that on gloo
+    (its waits raise then), and GRACE more on NCCL: its watchdog, which kills the process
+    without a word, is only the backstop behind the rank's own deadline. A group an earlier
+    stage made is kept, with this worker's timeout (where torch can change it)."""
     import datetime
     import inspect
 
-    timeout = datetime.timedelta(seconds=seconds)
+    timeout = datetime.timedelta(seconds=seconds + (GRACE if backend == "nccl" else 0))
     if WORLD["active"] and dist.is_initialized():
-        # An earlier stage made the group: keep it (an NCCL init costs seconds on 8 GPUs),
-        # with this worker's timeout where torch can change it.
+        # An NCCL init costs seconds on 8 GPUs: keep the group.
         if hasattr(dist.distributed_c10d, "_set_pg_timeout"):
             dist.distributed_c10d._set_pg_timeout(timeout)
         return
     if backend == "nccl":
-        # Blocking wait: a collective past the timeout raises in this rank, so it
-        # reports it, instead of the watchdog aborting the process silently.
-        os.environ["TORCH_NCCL_BLOCKING_WAIT"] = "1" if blocking else "0"
+        group_env()
         if "device_id" in inspect.signature(dist.init_process_group).parameters:  # torch >= 2.2
             dist.init_process_group("nccl", timeout=timeout, device_id=device)  # eager init, so init time is init time
         else:

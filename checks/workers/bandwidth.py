@@ -54,7 +54,6 @@ FREE_SHARE = 0.7  # of the memory free now: NCCL's buffers and peers' contexts n
 # SLOW_MIN seconds: a 64 MiB memcpy then reads under 1.4 GB/s on any machine.
 # slow=F instead stretches each repeat to F times its length, slow=Ns sleeps N seconds (_rank.slow_seconds).
 SLOW, SLOW_MIN = 3.0, 0.1
-GRACE = _rank.GRACE  # the process group's timeout exceeds the worker's own by this much
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +103,7 @@ def run(args, me: _rank.Rank, steps: list[str], report: dict, save, fault: _rank
     # timed region. Waits here spin on a CUDA event with their own deadline instead
     # (Bench._finish), inside the process group's timeout, so a rank still gives up first and says so.
     # gloo has no such wait to do: its own timeout is the rank's.
-    _rank.init_group(dist, args.backend, device, args.timeout + (GRACE if args.backend == "nccl" else 0), blocking=False)
+    _rank.init_group(dist, args.backend, device, args.timeout)
     report["init_seconds"] = round(time.perf_counter() - t, 4)
 
     def note(**facts) -> None:

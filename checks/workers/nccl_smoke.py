@@ -27,7 +27,6 @@ import time
 import _rank
 
 BF16_EXACT = 256  # integers up to 2^8 are exact in bf16's 8-bit significand
-NCCL_SUBSYS = "INIT,ENV,NET,P2P,SHM"  # version, env, network, and every channel's transport
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,9 +53,10 @@ def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
     torch, dist, device = started
     if device.type == "cuda":
         report["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
-    if args.nccl_debug and args.out and args.backend == "nccl":
-        # Read by NCCL at its first call, which is init_process_group below.
-        os.environ.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS=NCCL_SUBSYS, NCCL_DEBUG_FILE=os.path.join(args.out, f"nccl.rank{me.local_rank}.log"))
+    if args.nccl_debug and args.out and args.backend == "nccl" and not _rank.WORLD["active"]:
+        # Read by NCCL at its first call, which is init_process_group below. In a shared
+        # launch world.py set it for the whole process, and the agent gives this stage its part.
+        _rank.nccl_debug(os.path.join(args.out, f"nccl.rank{me.local_rank}.log"))
     save()
 
     t = time.perf_counter()
@@ -92,7 +92,7 @@ def start_group(dist, backend: str, device, timeout: float) -> None:
     sleep, which would land inside every op's figure. The ops' waits spin with
     ``timeout`` as their deadline instead (Ops._timed), inside the group's own
     timeout, so a rank still gives up first and says where. gloo's own timeout is the rank's."""
-    _rank.init_group(dist, backend, device, timeout + (_rank.GRACE if backend == "nccl" else 0), blocking=False)
+    _rank.init_group(dist, backend, device, timeout)
 
 
 class Ops:

@@ -86,6 +86,8 @@ def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
     F = torch.nn.functional
     save()
     t = time.perf_counter()
+    # Every wait below has --timeout as its deadline (_wait, _collective), so a rank whose peer
+    # hangs says where it stopped, before NCCL's watchdog would end it without a word.
     _rank.init_group(dist, args.backend, device, args.timeout)
     report["init_seconds"] = round(time.perf_counter() - t, 4)
 
@@ -140,7 +142,7 @@ class Probe:
         batch, layers = fit_model(free, a.batch, a.layers, a.d_model, a.seq, a.vocab)
         # Every rank must build the same model and batch (DDP): the smallest any rank can hold.
         agreed = self.torch.tensor([batch, layers], dtype=self.torch.int64, device=self.device)
-        self.dist.all_reduce(agreed, op=self.dist.ReduceOp.MIN)
+        self._collective(lambda: self.dist.all_reduce(agreed, op=self.dist.ReduceOp.MIN, async_op=True), "agreeing on the model's size")
         self.batch, self.layers = int(agreed[0]), int(agreed[1])
         if (self.batch, self.layers) != (a.batch, a.layers):
             self.shrunk = f"{a.batch} x {a.layers} layers asked, {self.batch} x {self.layers} layers used: {free / 2**30:.1f} GiB free on cuda:{self.device.index}"
@@ -151,9 +153,15 @@ class Probe:
             logits = model(x)
         return self.F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))
 
-    def _sync(self) -> None:
+    def _sync(self, what: str = "the queued GPU work") -> None:
+        """Until the GPU has done what is queued, within --timeout: the gradient all-reduce
+        DDP queued is in it, so a peer that stopped surfaces here as a TimeoutError."""
         if self.cuda:
-            self.torch.cuda.synchronize(self.device)
+            _rank.wait_for_gpu(self.torch, self.args.timeout, what)
+
+    def _collective(self, start, what: str) -> None:
+        """A collective ``start()`` launched with async_op=True, waited for within --timeout."""
+        _rank.finish(self.torch, start(), self.args.timeout, what, self.cuda)
 
     # -- stages ----------------------------------------------------------------------
 
@@ -169,7 +177,7 @@ class Probe:
         self.model.train()
         if kind == "wrong":
             logits[0, 0, 0] += 1.0  # one value off: what silent data corruption looks like
-        mine = _bits_checksum(torch, [logits])
+        mine = _bits_checksum(torch, [logits], lambda: self._sync("the logits' checksum"))
         report["logits_checksum"] = str(mine)
         report["logits_checksums"] = [str(c) for c in self._gather(mine)]
 
@@ -201,7 +209,10 @@ class Probe:
         if kind == "slow":
             self._slow(t)
         self.opt.step()
-        value = float(loss.item())  # waits for the step: the host loop as a job runs it
+        # Waits for the step, as a job's host loop does with loss.item(), but with a deadline:
+        # item() would wait on the gradient all-reduce for ever.
+        self._sync(f"training step {report.get('step', 0) + 1} (its gradient all-reduce)")
+        value = float(loss.item())
         seconds = time.perf_counter() - t
         if not math.isfinite(value) and report["nonfinite_step"] is None:
             report["nonfinite_step"] = len(report["losses"])
@@ -237,7 +248,7 @@ class Probe:
         if kind == "wrong":
             with self.torch.no_grad():
                 next(self.model.parameters()).view(-1)[0] += 1e-3  # the fault: a rank whose weights drifted
-        report["param_checksums"] = [str(c) for c in self._gather(_bits_checksum(self.torch, list(self.model.parameters())))]
+        report["param_checksums"] = [str(c) for c in self._gather(_bits_checksum(self.torch, list(self.model.parameters()), lambda: self._sync("the parameters' checksum")))]
 
     def gemm(self, report: dict, kind: str | None, save) -> None:
         """n x n x n matmul on normal random data, bf16 on GPU (fp32 on CPU): each repeat a
@@ -280,7 +291,7 @@ class Probe:
                 self._slow(t)
             if self.cuda:
                 end.record()
-                end.synchronize()
+                _rank.spin(end.query, self.args.timeout, "a GEMM burst")
                 seconds = start.elapsed_time(end) / 1e3
             else:
                 seconds = time.perf_counter() - t
@@ -301,7 +312,7 @@ class Probe:
     def _more(self, flag: float) -> float:
         """The largest flag of any rank ("repeat again" is 1), between timed repeats."""
         t = self.torch.tensor([flag], dtype=self.torch.float32, device=self.device)
-        self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX)
+        self._collective(lambda: self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX, async_op=True), "agreeing on more repeats")
         return float(t.item())
 
     def _slow(self, t: float) -> None:
@@ -312,7 +323,7 @@ class Probe:
         """Every rank's integer, exactly (int64 on the device, as NCCL needs)."""
         t = self.torch.tensor([value], dtype=self.torch.int64, device=self.device)
         out = [self.torch.zeros_like(t) for _ in range(self.me.world_size)]
-        self.dist.all_gather(out, t)
+        self._collective(lambda: self.dist.all_gather(out, t, async_op=True), "gathering every rank's checksum")
         return [int(x.item()) for x in out]
 
 
@@ -336,13 +347,18 @@ def fit_model(free: int, batch: int, layers: int, d: int, seq: int, vocab: int) 
     return batch, layers
 
 
-def _bits_checksum(torch, tensors) -> int:
-    """A sum of every value's bit pattern (as int32 words), mod 2^61: one flipped bit anywhere changes it."""
-    total = 0
+def _bits_checksum(torch, tensors, sync=lambda: None) -> int:
+    """A sum of every value's bit pattern (as int32 words), mod 2^61: one flipped bit anywhere changes it.
+    ``sync`` waits for the sums with a deadline before item() reads them."""
+    sums = []
     for x in tensors:
         flat = x.detach().float().contiguous().view(-1).view(torch.int32).to(torch.int64)
         weights = torch.arange(flat.numel(), device=flat.device, dtype=torch.int64) % 1000003 + 1  # never 0: every position counts
-        total = (total + int((flat * weights).sum().item())) % (2**61 - 1)
+        sums.append((flat * weights).sum())
+    sync()
+    total = 0
+    for s in sums:
+        total = (total + int(s.item())) % (2**61 - 1)
     return total
 
 

@@ -13,6 +13,12 @@ for the next check that needs ranks.
 
 The process group, once made by a stage, stays for the next stages
 (``_rank.init_group``); a worker's own ``_rank.end_group`` leaves it alone here.
+What NCCL and ProcessGroupNCCL read once per process is set here, before any
+stage runs: no blocking wait (``_rank.group_env``: every wait in every stage
+spins with its own deadline), and NCCL's INFO lines to one file per rank,
+``nccl.rank{N}.log`` in --out, which the agent cuts at each stage's end into
+that stage's folder (preflight/gpuwork/world.py), so each stage's lines reach
+its own check.
 A rank whose agent is gone, or that waits past --until, exits: an idle launch
 never outlives its run. Standard library (and what the workers import) only.
 """
@@ -41,6 +47,8 @@ def main() -> int:
 
     me = _rank.whoami()
     _rank.redirect_output(args.out, me.local_rank)  # between stages; each stage sends its output to its own folder
+    _rank.group_env()
+    _rank.nccl_debug(os.path.join(args.out, f"nccl.rank{me.local_rank}.log"))
     _rank.WORLD.update(active=True, import_seconds=_import_torch())
     modules: dict[str, object] = {}
     k = 1

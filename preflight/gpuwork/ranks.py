@@ -170,8 +170,13 @@ def settle_rule(nproc: int, stuck: float, waiting: float) -> Callable[[launch.Ru
     """Once a rank has failed, the rest either fail fast or never move again:
     stop as soon as every rank still alive has shown no progress for ``stuck``
     seconds in a step, or ``waiting`` seconds while importing torch or in
-    init (which report nothing while they work, and take seconds when healthy)."""
+    init (which report nothing while they work, and take seconds when healthy).
+    Once a rank has finished, a rank that then shows no progress for ``waiting``
+    seconds (the longest a wait may take, and some) is hung: the stage does not wait
+    for its deadline where nothing waits on the hung rank (burn-in, memtest), nor where
+    a peer's own deadline has no collective left to fire in."""
     seen: dict[int, tuple[object, float]] = {}
+    finished: list[float] = []  # when a rank was first seen done
 
     def settled(running: launch.Running) -> bool:
         now = time.monotonic()
@@ -183,8 +188,12 @@ def settle_rule(nproc: int, stuck: float, waiting: float) -> Callable[[launch.Ru
         if all(rep.get("stage") == "done" for rep in reports.values()):
             # Every rank reported success; a teardown that never ends must not wait for the deadline.
             return all(now - seen[r][1] >= DONE_GRACE for r in reports)
+        if not finished and any(rep.get("stage") == "done" for rep in reports.values()):
+            finished.append(now)
         if not any(rep.get("error") for rep in reports.values()):
-            return False
+            # Counted from the finish, not from the last progress: a healthy rank may have been
+            # in one long step (a GEMM series, a memtest pass) when its peer finished.
+            return bool(finished) and all(rep.get("stage") == "done" or now - max(seen[r][1], finished[0]) >= waiting for r, rep in reports.items())
 
         def idle(r: int, rep: dict) -> bool:
             limit = waiting if rep.get("stage") in (None, "import", "init", "build") else stuck
@@ -193,6 +202,15 @@ def settle_rule(nproc: int, stuck: float, waiting: float) -> Callable[[launch.Ru
         return all(rep.get("error") or rep.get("stage") == "done" or idle(r, rep) for r, rep in reports.items())
 
     return settled
+
+
+def waited_out(nproc: int, op_timeout: float) -> Callable[[launch.Running], bool]:
+    """settle_rule for ranks whose every wait has ``op_timeout`` as its deadline (nccl,
+    bandwidth, train): a rank left waiting for a hung peer fails by its own deadline
+    and says so, so a rank is hung only once it has been silent for longer than that.
+    Sooner, a rank still inside its own wait (of three ranks, the second one waiting
+    for the first that stopped) would be named hung beside the one that is."""
+    return settle_rule(nproc, op_timeout + STUCK, op_timeout + STUCK)
 
 
 def collect(f: RunFacts, worker: launch.Worker, model: type[RankReport], env: dict[str, str], left: float, settled, progress: Progress | None = None,
@@ -283,11 +301,31 @@ def judge_run(f: RunFacts, what: str, by_hand: str, wrong: list[Finding] | None 
     return out
 
 
+# A rank's end that says it waited for a peer past a deadline: its own (_rank.spin), gloo's,
+# or the group's, where NCCL's watchdog caught the collective (and, unless told otherwise,
+# ended the process with SIGABRT before it could write a word).
+WAITED = re.compile(r"not done after|timed out|\btimeout\b|watchdog", re.IGNORECASE)
+WATCHDOG = "NCCL's watchdog ends a rank whose collective outlives the group's timeout"
+
+
+def waited(o: RankOutcome) -> bool:
+    """Whether the rank ended waiting for a peer: a deadline's error, or NCCL's watchdog's SIGABRT."""
+    r = o.report
+    if r is not None and r.error:
+        return bool(WAITED.search(r.error))
+    return o.exit == "killed by SIGABRT"
+
+
 def _judge_ranks(f: RunFacts, by_hand: str, said: tuple[str, str, str] | None) -> list[Finding]:
     """The ranks that died, hung or never reported are the cause; the ranks that
-    then failed waiting for them are the symptom, said after."""
+    then failed waiting for them are the symptom, said after. A hung rank (alive,
+    no error, stopped reporting progress) is the cause before any rank that ended
+    waiting past a deadline, even the one torchrun saw fail first: in a hang that is
+    always a healthy peer whose wait timed out (or NCCL's watchdog killed)."""
     culprits: list[tuple[str, str, int, str | None, int]] = []  # (summary, what happened, rank, exit, steps done)
     failed: list[tuple[float, RankOutcome]] = []
+    hung = any(o.report and not o.report.error and o.report.stage != "done" and not o.exit for o in f.ranks)
+    victims = {o.rank for o in f.ranks if hung and waited(o)}
     for o in f.ranks:
         r = o.report
         if r is None:
@@ -296,24 +334,30 @@ def _judge_ranks(f: RunFacts, by_hand: str, said: tuple[str, str, str] | None) -
         elif r.error:
             failed.append((r.error_time or math.inf, o))
         elif r.stage != "done":
-            if o.exit:
+            if o.exit and o.rank in victims:
+                head = f"{o.who} then died {stage_words(r)} ({o.exit}: {WATCHDOG})"
+                culprits.append((head, f"{head}: last log line: {o.last_line}", o.rank, "waited", r.progress()))
+            elif o.exit:
                 head = f"{o.who} died {stage_words(r)} ({o.exit})"
                 culprits.append((head, f"{head}: last log line: {o.last_line}", o.rank, o.exit, r.progress()))
             else:
-                how = "at the deadline" if f.timed_out else "once it made no progress after another rank failed" if f.settled else f"when torchrun ended ({f.ended})"
+                others = "another rank failed" if any(x.report and x.report.error or x.exit for x in f.ranks) else "the other ranks finished"
+                how = "at the deadline" if f.timed_out else f"once it made no progress after {others}" if f.settled else f"when torchrun ended ({f.ended})"
                 head = f"{o.who} hung {stage_words(r)}"
                 culprits.append((head, f"{head} and was stopped {how}: last log line: {o.last_line}", o.rank, o.exit, r.progress()))
     failed.sort(key=lambda t: t[0])
-    root = f.root_cause
+    root = None if f.root_cause in victims else f.root_cause
     if failed and any(o.rank == root for _, o in failed):
         # torchrun names the first exit it saw in one of its polls (0.1 s apart); ranks that
         # raised both within one poll are told apart by their own clocks, which are finer.
         root = failed[0][1].rank
     # One list, most likely cause first: the rank torchrun saw fail first; then
     # ranks that hung, died by their own hand or never reported (least far
-    # first); then ranks that raised (earliest error first); last, ranks
-    # torchrun itself stopped (SIGTERM in its teardown), which are victims.
-    entries = [(c[2] != root, 2 if c[3] == "killed by SIGTERM" else 0, c[4], c[0], c[1]) for c in culprits]
+    # first); then ranks that raised (earliest error first) or that NCCL's watchdog
+    # ended while a peer hung; last, ranks torchrun itself stopped (SIGTERM in its
+    # teardown), which are victims.
+    tier = {"killed by SIGTERM": 2, "waited": 1}
+    entries = [(c[2] != root, tier.get(c[3] or "", 0), c[4], c[0], c[1]) for c in culprits]
     for i, (_, o) in enumerate(failed):
         head = f"{o.who} failed {stage_words(o.report)}"
         entries.append((o.rank != root, 1, i, head, f"{head}: {o.report.error}"))  # type: ignore[union-attr]

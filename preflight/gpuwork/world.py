@@ -8,6 +8,13 @@ the bandwidth probe and the training probe. A stage looks to its check as a
 launch of its own did: its own folder of rank reports and logs, its own
 deadline, a ``launch.Finished`` at the end, and the same judges read it.
 
+NCCL reads its debug settings once per process, so each rank writes one
+NCCL log for the whole launch (checks/workers/world.py sets it up before any
+stage runs); at each stage's end the agent moves what the log gained since the
+last stage into that stage's folder as ``nccl.rank{N}.log``, where its check
+reads it: the nccl check the smoke test's connections, bandwidth the large
+collectives' (NVLS, rings), each its own.
+
 A stage that does not end cleanly (a rank failed, died or hung, or the
 deadline passed) ends the whole launch, with every process in it: the next
 check that needs ranks (under --keep-going) gets a fresh one. A launch across
@@ -31,6 +38,7 @@ from preflight.base.progress import Progress, stage_of
 from preflight.gpuwork import launch
 
 CLOSE_GRACE = 5.0  # seconds the ranks get to exit once told to; then they are killed
+NCCL_LOG_LIMIT = 64 << 20  # the most of one rank's NCCL log a stage's folder gets (INFO lines: kilobytes a stage)
 IDLE_LIMIT = 7 * 86400.0  # a rank waiting for its next stage gives up after this, whatever else happens
 
 
@@ -51,6 +59,7 @@ class World:
         self.number, self.key = number, key
         self.stages = 0
         self.busy = False
+        self.nccl_read: dict[int, int] = {}  # local rank -> bytes of its NCCL log already given to a stage
         self.over = False  # ended: it takes no more stages
         args = ["--agent-pid", str(os.getpid()), "--until", f"{time.time() + IDLE_LIMIT:.0f}"]
         spec = launch.Worker("world.py", args, env=worker.env, nproc=worker.nproc, rdzv_port=worker.rdzv_port, group=worker.group)
@@ -86,6 +95,28 @@ class World:
             except psutil.Error:
                 pass
         return False
+
+    def cut_nccl_logs(self, into: Path, ended: bool) -> None:
+        """Move what each rank's NCCL log gained since the last stage into ``into``. A line
+        still being written stays for the next stage, unless the launch ``ended`` (then all
+        of it is this stage's). NCCL writes its file line-buffered (src/debug.cc), so a
+        stage's own lines are whole in it once the stage is over; a line a background
+        thread of NCCL writes after the stage lands in the next one's."""
+        for rank in range(self.key.nproc):
+            src = self.running.out_dir / f"nccl.rank{rank}.log"
+            start = self.nccl_read.get(rank, 0)
+            try:
+                fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)  # the ranks' folder: never through a link
+            except OSError:
+                continue
+            with os.fdopen(fd, "rb") as f:
+                f.seek(start)
+                data = f.read()
+            if not ended:
+                data = data[: data.rfind(b"\n") + 1]
+            self.nccl_read[rank] = start + len(data)
+            if data:
+                _write_new(into / f"nccl.rank{rank}.log", data[:NCCL_LOG_LIMIT])
 
     def end(self) -> list[str]:
         """Kill every process of the launch now; what survived, in words."""
@@ -156,6 +187,7 @@ class Stage:
                 self._progress.unfollow(self.stage)
         clean = codes is not None and not any(codes.values())
         leftover = [] if clean else self.world.end()
+        self.world.cut_nccl_logs(self.out_dir, ended=not clean)
         self.world.busy = False
         log_tail = self.world.running.launcher_log()
         if codes is not None:
@@ -238,3 +270,18 @@ def _write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """Write ``data`` as a new file at ``path`` in a folder the ranks write too: whatever a
+    rank left there under that name (a link, say) is removed, never followed or written through."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    except OSError:
+        return  # put back in the meantime: this stage goes without its NCCL lines
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)

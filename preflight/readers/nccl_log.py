@@ -67,6 +67,9 @@ class NcclLog(BaseModel):
     nranks: int | None  # the largest communicator in the log
     nnodes: int | None
     nvls: bool | None  # NVLS multicast: False once any device says "not available"
+    # NVLS channels a communicator set up ("N coll channels, ... K nvls channels"), the most of any:
+    # above 0, NCCL runs NVLS; 0 where it is off (NCCL_NVLS_ENABLE=0) or not possible; None: no such line.
+    nvls_channels: int | None = None
     channels: list[Channel]
     warnings: list[Warn]
     problems: list[Problem]
@@ -117,6 +120,7 @@ _DEV = re.compile(r"\[\d+\]([^\s\[\];]+)")
 _ENV = re.compile(r"(?P<name>NCCL_[A-Z0-9_]+) set by environment to (?P<value>\S.*)")
 _NRANKS = re.compile(r"n[Rr]anks (?P<n>\d{1,9})(?: nNodes (?P<nodes>\d{1,9}))?")
 _NVLS = re.compile(r"NVLS multicast support is (?P<not>not )?available")
+_NVLS_CHANNELS = re.compile(r"\bcoll channels, .*?\b(?P<n>\d{1,4}) nvls channels")
 _NCCL = re.compile(r"NCCL (?:INFO|WARN|TRACE)\b|NCCL version \d")
 # What only NCCL or torch's NCCL backend writes: NCCL's own lines after their prefix, its version line,
 # and torch's watchdog and error lines (ProcessGroupNCCL.cpp, "NCCL error", NCCL's result names).
@@ -190,6 +194,7 @@ class _Facts:
         self.nranks: int | None = None
         self.nnodes: int | None = None
         self.nvls: bool | None = None
+        self.nvls_channels: int | None = None
         self.found: dict[str, dict] = {}  # category -> first line, its text, count, ranks
 
     def info(self, line: str) -> None:
@@ -212,6 +217,8 @@ class _Facts:
                 self.nnodes = max(self.nnodes or 0, int(m["nodes"]))
         if "NVLS multicast" in line and (m := _NVLS.search(line)):
             self.nvls = not m["not"] and self.nvls is not False
+        if "nvls channels" in line and (m := _NVLS_CHANNELS.search(line)):
+            self.nvls_channels = max(self.nvls_channels or 0, int(m["n"]))
 
 
 def looks_like(text: str) -> bool:
@@ -266,8 +273,33 @@ def parse(text: str) -> NcclLog:
     return NcclLog(
         version=facts.versions[0] if facts.versions else None, versions=facts.versions, networks=facts.networks,
         ib_devices=facts.ib, socket_interfaces=facts.sock, env=facts.env, nranks=facts.nranks, nnodes=facts.nnodes,
-        nvls=facts.nvls, channels=channels, warnings=warnings, problems=nccl_errors.problems(facts.found, facts.nranks),
+        nvls=facts.nvls, nvls_channels=facts.nvls_channels, channels=channels, warnings=warnings, problems=nccl_errors.problems(facts.found, facts.nranks),
         lines=len(lines), nccl_lines=nccl_lines, skipped=skipped)
+
+
+class Summary(BaseModel):
+    """What one stage's NCCL lines say of the connections its collectives made, for a
+    check's details and judges (bandwidth: the large collectives' rings and NVLS)."""
+
+    version: str | None
+    networks: list[str]
+    nvls: bool | None  # NVLS multicast available on every device that said
+    nvls_channels: int | None  # above 0: NCCL set NVLS up for these collectives
+    transports: list[str]  # the kinds seen on any channel (P2P, SHM, NET, NVLS ...), in order
+    peers: dict[str, list[str]]  # "src->dst" -> the transports that pair used
+    warnings: list[str]
+    problems: list[dict]
+
+
+def summary(log: NcclLog) -> Summary:
+    peers = log.peers()
+    kinds: list[str] = []
+    for transports in peers.values():
+        for t in transports:
+            _add(kinds, t.split("/")[0])
+    return Summary(version=log.version, networks=log.networks, nvls=log.nvls, nvls_channels=log.nvls_channels, transports=kinds,
+                   peers={f"{a}->{b}": t for (a, b), t in sorted(peers.items())}, warnings=[w.message for w in log.warnings[:50]],
+                   problems=[p.model_dump() for p in log.problems])
 
 
 def _add(seen: list[str], item: str) -> None:

@@ -5,7 +5,7 @@ repeat, every latency sample), no processes."""
 from __future__ import annotations
 
 import pytest
-from conftest import make_ctx
+from conftest import make_ctx, nccl_fixture_text
 from preflight.checks import bandwidth
 from preflight.checks.bandwidth import BandwidthFacts, Figure, RankReport, StepResult
 
@@ -13,7 +13,8 @@ from preflight.gpuwork import ranks
 from preflight.pipeline.check import Result
 from preflight.base.findings import Status
 from preflight.pipeline.profiles import ResolvedFloor
-from preflight.pipeline.expectations import BandwidthExpect
+from preflight.pipeline.expectations import BandwidthExpect, NcclExpect
+from preflight.readers import nccl_log
 from pathlib import Path
 
 from preflight.base.host import Host
@@ -769,3 +770,33 @@ def test_an_h100_all_reduce_is_judged_against_the_algorithm_nccl_ran(monkeypatch
     assert said is None or said in told
     if status != FAIL:
         assert "NVLink or NVSwitch port down" not in told
+
+
+def test_the_stage_s_own_nccl_lines_say_whether_its_collectives_ran_nvls():
+    # The lines NCCL wrote while bandwidth's large collectives set up (the launch's log cut at the
+    # stage: gpuwork/world.py), here the 8x H100 all_reduce run's: 16 NVLS channels.
+    from conftest import FIXTURES
+
+    run = FIXTURES / "nccltests" / "11_aws-p5.48xlarge-8xh100_single-node_all_reduce_NVLS_mpirun-tag-output-prefix_ONE-SIZE-ROW-EXCERPT.txt"
+    log = bandwidth.stage_nccl_log({"nccl.rank0.log": run.read_text(), "rank0.log": "not NCCL's"})
+    assert log is not None and log.nvls_channels == 16
+    f = BandwidthFacts(python="py", backend="nccl", nproc=8, nccl=log, nccl_log=nccl_log.summary(log))
+    dumped = f.model_dump(mode="json")
+    assert dumped["nccl_log"]["nvls_channels"] == 16 and "nccl" not in dumped  # the summary in the details, not every channel line
+    assert bandwidth.stage_nccl_log({}) is None and bandwidth.stage_nccl_log({"nccl.rank0.log": ""}) is None  # gloo: NCCL wrote nothing
+
+
+def test_the_large_collectives_own_channels_are_judged_for_a_fallback_from_p2p():
+    # The 2-GPU consumer box (tests/fixtures/nccl/02): both directions over SHM. On a profile that wants
+    # P2P the bandwidth stage's own lines fail it, as the nccl check's smoke test's would.
+    log = nccl_log.parse(nccl_fixture_text("02"))
+    outcomes = [ranks.RankOutcome(rank=r, gpu=f"GPU {r}", report=RankReport(rank=r, local_rank=r, world_size=2, host="n", pid=r, python="py", stage="done",
+                                                                            backend="nccl", device="cuda")) for r in (0, 1)]
+    f = BandwidthFacts(python="py", backend="nccl", nproc=2, ranks=outcomes, nccl=log)
+    ctx = make_ctx()
+    assert bandwidth.judge_transports(f, ctx) == []  # a profile without [nccl] expects nothing
+    ctx.profile = ctx.profile.model_copy(update={"nccl": NcclExpect(init_source="test", p2p="fail", p2p_source="test: GPUs joined by NVLink")})
+    (x,) = bandwidth.judge_transports(f, ctx)
+    assert x.status is Status.FAIL and x.summary == "GPUs fall back from P2P in the large collectives (2 pairs)", x.summary
+    assert "rank 0 (GPU 0) -> rank 1 (GPU 1) via SHM/direct/direct" in x.cause
+    assert bandwidth.judge_transports(BandwidthFacts(python="py", backend="gloo", nproc=2, ranks=outcomes), ctx) == []  # gloo: no NCCL lines

@@ -4,7 +4,7 @@ profile's host buffers through the CLI, healthy and with a flipped bit."""
 
 import json
 
-from conftest import clean_env, run_preflight
+from conftest import clean_env, fast_profile, run_preflight, workers_left
 
 from preflight.base.findings import Status
 from preflight.checks import memtest
@@ -69,3 +69,18 @@ def test_a_flipped_bit_fails_naming_the_rank_and_its_offset(tmp_path):
     result = json.loads(p.stdout)["checks"][0]
     assert result["status"] == "FAIL" and result["summary"] == "rank 1: memory reads back wrong at offset 0x1000 (address)"
     assert "offset 0x1000 wrote 0x0000000000000200 read 0x0000000000000201" in result["cause"]
+
+
+def test_a_rank_hung_in_memtest_is_named_once_its_peer_finished_not_at_the_deadline(tmp_path):
+    # No rank waits on another here, so no error ever comes: the agent itself must see that rank 1
+    # stopped while rank 0 finished, and not wait out the check's 90 s.
+    env = {**fast_profile(tmp_path, "memtest", 90.0), "PREFLIGHT_LOCK_FILE": str(tmp_path / "lock"), "PREFLIGHT_WORKER_FAULT": "1:stop@memtest",
+           "TMPDIR": str(tmp_path / "tmp")}
+    (tmp_path / "tmp").mkdir()
+    p = run_preflight(["run", "--profile", "cpu-fast", "--level", "full", "--only", "memtest", "--json"], env=env, timeout=180)
+    assert p.returncode == 1, p.stderr
+    result = json.loads(p.stdout)["checks"][0]
+    assert result["status"] == "FAIL" and result["summary"].startswith("rank 1 hung"), result["summary"]
+    assert "once it made no progress after the other ranks finished" in result["cause"], result["cause"]
+    assert result["details"]["timed_out"] is False and result["duration_seconds"] < 90
+    assert not workers_left(tmp_path)

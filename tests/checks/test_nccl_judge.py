@@ -454,6 +454,42 @@ def test_a_hung_rank_is_named_before_the_peer_that_timed_out_waiting(kw, how):
     assert hung < then and "Watchdog caught" in x.cause
 
 
+# NCCL's watchdog, as torch 2.x words it in the rank's log before the SIGABRT (tests/fixtures/nccl/W01 has the whole line).
+WATCHDOG_LINE = "[rank0]:[E1127 02:14:07.523] [PG ID 0 PG GUID 0(default_pg) Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=41, OpType=ALLREDUCE) ran for 70000 milliseconds before timing out."
+
+
+def test_a_hung_rank_is_named_not_the_peer_the_watchdog_killed_first():
+    # Issue 33: the healthy rank 0 waited for rank 1 in all_gather_large; NCCL's watchdog ended it (SIGABRT),
+    # torchrun saw that exit first and named it the root cause. Rank 1 stopped reporting and was still there.
+    ranks = [outcome(0, report(0, stage="all_gather_large"), exit="killed by SIGABRT", last_line=WATCHDOG_LINE),
+             outcome(1, report(1, stage="all_gather_large"), last_line="rank 1: op 9")]
+    (x,) = nccl.judge_run(facts(ranks, ended="exit 1", returncode=1, root_cause=0, settled=True))
+    assert x.summary == "rank 1 (GPU 1) hung in all_gather_large (op 9)", x.summary
+    assert x.cause.startswith("rank 1 (GPU 1) hung in all_gather_large (op 9) and was stopped once it made no progress"), x.cause
+    assert "; rank 0 (GPU 0) then died in all_gather_large (op 9) (killed by SIGABRT: NCCL's watchdog ends a rank" in x.cause
+
+
+def test_a_hung_rank_is_named_not_the_peer_torchrun_saw_time_out_first():
+    # The peer's own deadline fired (the worker's spin) and it exited first: still the symptom.
+    late = report(0, stage="all_gather_large", error="TimeoutError: all_gather not done after 30 s: a peer stopped, or this GPU hangs", error_time=2000.0)
+    ranks = [outcome(0, late, exit="exit 1"), outcome(1, report(1, stage="all_gather_large"), last_line="rank 1: op 9")]
+    (x,) = nccl.judge_run(facts(ranks, ended="exit 1", returncode=1, root_cause=0, settled=True))
+    assert x.summary == "rank 1 (GPU 1) hung in all_gather_large (op 9)", x.summary
+    assert "; rank 0 (GPU 0) then failed in all_gather_large (op 9): TimeoutError" in x.cause
+
+
+def test_a_rank_that_raised_on_its_own_stays_the_cause_before_a_peer_left_waiting_for_it():
+    # Not a wait: rank 0's GPU faulted, and rank 1 then sat in the collective rank 0 never joined.
+    crash = report(0, stage="all_gather_large", error="RuntimeError: CUDA error: an illegal memory access was encountered", error_time=2000.0)
+    ranks = [outcome(0, crash, exit="exit 1"), outcome(1, report(1, stage="all_gather_large"))]
+    (x,) = nccl.judge_run(facts(ranks, ended="exit 1", returncode=1, root_cause=0, settled=True))
+    assert x.summary == "rank 0 (GPU 0) failed in all_gather_large (op 9)", x.summary
+    # Without a hung peer a SIGABRT is no sign of a wait: the rank died of its own.
+    alone = [outcome(0, report(0, stage="broadcast_large"), exit="killed by SIGABRT"), outcome(1, report(1, stage="broadcast_large", error="DistBackendError: remote process exited", error_time=3.0))]
+    (y,) = nccl.judge_run(facts(alone, ended="exit 1", returncode=1, root_cause=0))
+    assert y.summary == "rank 0 (GPU 0) died in broadcast_large (op 11) (killed by SIGABRT)", y.summary
+
+
 def test_a_rank_that_died_in_an_op_is_said_so():
     ranks = [outcome(0, report(0, stage="broadcast_large", error="DistBackendError: remote process exited", error_time=3.0)),
              outcome(1, report(1, stage="broadcast_large"), exit="killed by SIGSEGV")]

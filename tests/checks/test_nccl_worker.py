@@ -164,3 +164,20 @@ def test_a_fault_kind_may_carry_a_number_for_the_worker_to_read(monkeypatch):
     monkeypatch.setenv(_rank.FAULT_ENV, "1:slow-once=0.5s@memcpy")
     seconds = _rank.Fault(1, first_op="memcpy")
     assert seconds.kinds == {"memcpy": "slow-once"} and seconds.pauses == {"memcpy": 0.5} and seconds.values == {}
+
+
+def test_a_group_an_earlier_stage_made_outlasts_each_later_worker_s_own_deadline(monkeypatch):
+    # Issue 33: train kept the nccl stage's group with its own --timeout as the group's, so NCCL's
+    # watchdog fired exactly when the rank's own wait gave up, and killed it without a word.
+    set_to = []
+
+    class Reused(Dist):
+        distributed_c10d = type("c10d", (), {"_set_pg_timeout": staticmethod(lambda t: set_to.append(t.total_seconds()))})
+
+        def is_initialized(self) -> bool:
+            return True
+
+    monkeypatch.setitem(_rank.WORLD, "active", True)
+    _rank.init_group(Reused(), "nccl", "cuda:0", 60.0)
+    _rank.init_group(Reused(), "gloo", "cpu", 60.0)
+    assert set_to == [60.0 + _rank.GRACE, 60.0]

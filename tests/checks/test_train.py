@@ -176,3 +176,22 @@ def test_ranks_that_cannot_converge_train_as_many_steps_to_the_same_cap(tmp_path
         assert (len(rep["step_seconds"]), len(rep["compute_seconds"]), len(rep["gemm_seconds"])) == (7, 14, 8)
         assert rep["stopped"] == {"steps": "max_repeats", "compute": "max_repeats", "gemm": "max_repeats"} and rep["tolerance"] == 1e-9
         assert len(rep["losses"]) == 7 and len(set(rep["param_checksums"])) == 1  # the ranks stayed in step
+
+
+def test_a_rank_hung_in_train_on_the_group_the_nccl_stage_made_is_named_not_a_peer_that_waited(fast, tmp_path):
+    # Issue 33: train runs on the process group the nccl stage made (one launch, two stages). Rank 1
+    # stops in train's steps; ranks 0 and 2 wait for it within train's own deadline and say so, and
+    # the verdict names rank 1, the one that stopped reporting, within the check's deadline.
+    report = tmp_path / "report.json"
+    (tmp_path / "tmp").mkdir()
+    env = {**fast, "TMPDIR": str(tmp_path / "tmp"), "PREFLIGHT_WORKER_FAULT": "1:stop@steps"}
+    p = run_preflight(["run", "--profile", "cpu-fast", "--only", "nccl,train", "--nproc-per-node", "3", "--report", str(report)], env=env, timeout=180)
+    assert p.returncode == 1, p.stderr
+    nccl, train = Report.model_validate_json(report.read_text()).checks
+    assert nccl.status == "PASS" and train.status == "FAIL", (nccl.summary, train.summary)
+    assert train.details["world"] == {"launch": 1, "stage": 2, "ended_it": True}
+    assert train.summary == "rank 1 hung in steps (stage 3)", train.summary
+    assert train.cause.startswith("rank 1 hung in steps (stage 3) and was stopped once it made no progress after another rank failed"), train.cause
+    assert "rank 0 then failed in steps" in train.cause and "rank 2 then failed in steps" in train.cause
+    assert train.duration_seconds < DEADLINE and not train.details["timed_out"]
+    assert not workers_left(tmp_path)

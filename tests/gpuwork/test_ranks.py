@@ -113,6 +113,26 @@ def test_every_rank_done_but_never_exiting_settles_after_the_grace(clock):
     assert at(clock, rule, running, ranks.DONE_GRACE) is True
 
 
+def test_a_rank_idle_once_a_peer_finished_settles_after_the_waiting_time(clock):
+    # Burn-in and memtest ranks wait on no peer: a rank that hangs there raises no error anywhere.
+    rule = ranks.settle_rule(2, stuck=3.0, waiting=33.0)
+    running = FakeRunning({0: {"stage": "burnin", "step": 40}, 1: {"stage": "burnin", "step": 12}})
+    assert at(clock, rule, running, 0.0) is False
+    running.reports[0] = {"stage": "done", "step": 80}
+    assert at(clock, rule, running, 50.0) is False  # idle 50 s, but counted from the peer's finish
+    assert at(clock, rule, running, 82.9) is False
+    assert at(clock, rule, running, 83.0) is True
+
+
+def test_a_rank_still_progressing_after_its_peer_finished_is_waited_for(clock):
+    rule = ranks.settle_rule(2, stuck=3.0, waiting=33.0)
+    running = FakeRunning({0: {"stage": "done", "step": 66}, 1: {"stage": "walking_ones", "step": 30}})
+    assert at(clock, rule, running, 0.0) is False
+    for t in range(10, 200, 10):
+        running.reports[1] = {"stage": "walking_ones", "step": 30 + t}
+        assert at(clock, rule, running, float(t)) is False
+
+
 # --- the words for a rank and where it stopped -----------------------------------
 
 
@@ -136,3 +156,14 @@ def test_the_rerun_hint_is_the_torchrun_command_the_check_ran():
     hint = ranks.by_hand(f, "bandwidth.py")
     assert hint.startswith("run it by hand to see more: /opt/venv/bin/python -m torch.distributed.run --nproc-per-node 2 ")
     assert hint.endswith("workers/bandwidth.py --backend gloo --device cpu")
+
+
+def test_a_rank_inside_its_own_wait_is_not_taken_for_hung_before_that_wait_s_deadline(clock):
+    # Three ranks, rank 1 stopped: rank 0's wait timed out first, rank 2 is still inside its own 4 s wait.
+    rule = ranks.waited_out(3, op_timeout=4.0)
+    running = FakeRunning({0: dict(ERR), 1: {"stage": "steps", "step": 2}, 2: {"stage": "steps", "step": 2}})
+    assert at(clock, rule, running, 0.0) is False
+    assert at(clock, rule, running, 3.5) is False  # under settle_rule's 3 s, rank 2 would be named hung here
+    running.reports[2] = {**ERR, "error": "TimeoutError: training step 3 not done after 4 s: a peer stopped, or this GPU hangs"}
+    assert at(clock, rule, running, 4.2) is False  # rank 1 silent 4.2 s: it may still be in a wait of its own
+    assert at(clock, rule, running, 4.0 + ranks.STUCK) is True

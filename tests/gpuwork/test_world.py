@@ -18,6 +18,7 @@ import pytest
 from conftest import clean_env, run_preflight
 from preflight.gpuwork import launch, ranks
 from preflight.gpuwork.world import Worlds
+from preflight.readers import nccl_log
 from preflight.pipeline.report import Report
 
 DRIVER = launch.WORKERS_DIR / "world.py"
@@ -171,6 +172,67 @@ def test_a_third_party_worker_runs_as_a_stage_of_the_same_launch(tmp_path):
         assert [done[1].reports[r]["total"] for r in (0, 1)] == [21.0, 21.0]  # 10 + 11 on both ranks
         assert {done[0].reports[r]["pid"] for r in (0, 1)} == {done[1].reports[r]["pid"] for r in (0, 1)}
         assert worlds.launches == 1
+    finally:
+        worlds.close()
+    assert world_processes() == []
+
+
+# Stands in for NCCL on a machine with none: each rank writes a recorded NCCL log into the file
+# NCCL_DEBUG_FILE names, a line at a time, flushed, as NCCL's line-buffered file does.
+NCCL_WRITER = '''
+import argparse, os, sys
+import _rank
+
+def main(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("--out")
+    p.add_argument("--lines")
+    args = p.parse_args(argv)
+    me = _rank.whoami()
+    report = _rank.base_report(me)
+    report.update(backend="gloo", device="cpu", debug=os.environ.get("NCCL_DEBUG"), debug_file=os.environ.get("NCCL_DEBUG_FILE"))
+    with open(os.environ["NCCL_DEBUG_FILE"], "a") as f:
+        for line in open(args.lines).read().splitlines(keepends=True):
+            f.write(line)
+            f.flush()
+    report.update(stage="done")
+    _rank.write_report(args.out, me.local_rank, report)
+    return 0
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+NCCL_FIXTURES = Path(__file__).parent.parent / "fixtures"
+NVLS_RUN = "11_aws-p5.48xlarge-8xh100_single-node_all_reduce_NVLS_mpirun-tag-output-prefix_ONE-SIZE-ROW-EXCERPT.txt"
+
+
+def test_each_stage_gets_the_nccl_lines_its_own_collectives_wrote(tmp_path):
+    # NCCL reads NCCL_DEBUG_FILE once per process: one file per rank for the launch, cut at each stage's end.
+    script = tmp_path / "nccl_writer.py"
+    script.write_text(NCCL_WRITER)
+    smoke = NCCL_FIXTURES / "nccl" / "02_nccl2.27.5_2gpu-consumer_NET-Socket-16ifaces_SHM-direct-direct_isAllDirectP2p0.log"
+    # The 8x H100 all_reduce run: NVLS set up (16 nvls channels), as bandwidth's large collectives would.
+    collectives = tmp_path / "nvls.log"
+    collectives.write_text("".join(line.split("<stdout>:", 1)[1] for line in (NCCL_FIXTURES / "nccltests" / NVLS_RUN).read_text().splitlines(keepends=True)
+                                   if "NCCL INFO" in line))
+    worlds = Worlds()
+    try:
+        done = []
+        for lines in (smoke, collectives, None):
+            worker = launch.Worker(str(script), ["--lines", str(lines)], nproc=2) if lines else launch.Worker(
+                "nccl_smoke.py", ["--backend", "gloo", "--device", "cpu", "--large-bytes", "65536"], nproc=2)
+            f = ranks.RunFacts(python=sys.executable, backend="gloo", nproc=2)
+            done.append(ranks.collect(f, worker, ranks.RankReport, {}, 120, None, worlds=worlds))
+            assert ranks.judge_run(f, "the stage", "by hand") == []
+        assert [d.world["launch"] for d in done] == [1, 1, 1]
+        for r in (0, 1):
+            assert done[0].reports[r]["debug"] == "INFO" and done[0].reports[r]["debug_file"].endswith(f"nccl.rank{r}.log")
+            assert done[0].texts[f"nccl.rank{r}.log"] == smoke.read_text()
+            assert done[1].texts[f"nccl.rank{r}.log"] == collectives.read_text()
+        assert not any(name.startswith("nccl.") for name in done[2].texts)  # gloo: NCCL wrote nothing in that stage
+        assert nccl_log.parse(done[0].texts["nccl.rank0.log"]).nvls_channels == 0
+        assert nccl_log.parse(done[1].texts["nccl.rank0.log"]).nvls_channels == 16
     finally:
         worlds.close()
     assert world_processes() == []

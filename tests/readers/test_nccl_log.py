@@ -289,3 +289,15 @@ def test_looks_like_says_no_to_every_other_kind_of_capture():
         text = path.read_text(errors="replace")
         assert nccl_log.looks_like(text) is (path.parent.name == "nccltests" and ("NCCL INFO" in text or "NCCL WARN" in text)), path.name
     assert not nccl_log.looks_like("") and not nccl_log.looks_like("libnccl2 is installed\nnccl-tests 2.13.8\n")
+
+
+def test_nvls_channels_say_whether_nccl_set_nvls_up():
+    # "24 coll channels, 16 nvls channels": the 8x H100 run that used NVLS; "0 nvls channels": a 2-GPU consumer box.
+    nvls = (FIXTURES / "nccltests" / "11_aws-p5.48xlarge-8xh100_single-node_all_reduce_NVLS_mpirun-tag-output-prefix_ONE-SIZE-ROW-EXCERPT.txt").read_text()
+    assert nccl_log.parse(nvls).nvls_channels == 16
+    consumer = nccl_log.parse((FIXTURES / "nccl" / "02_nccl2.27.5_2gpu-consumer_NET-Socket-16ifaces_SHM-direct-direct_isAllDirectP2p0.log").read_text())
+    assert consumer.nvls_channels == 0
+    s = nccl_log.summary(consumer)
+    assert s.nvls_channels == 0 and s.transports == ["SHM"] and s.peers == {"0->1": ["SHM/direct/direct"], "1->0": ["SHM/direct/direct"]}
+    h800 = nccl_log.parse((FIXTURES / "nccl" / "05_nccl2.18.3_8xH800-single-process_nccl-tests-header_NET-Socket_NVLS-available_P2P-direct-pointer.log").read_text())
+    assert h800.nvls is True and h800.nvls_channels is None  # available, and no line says what NCCL set up
