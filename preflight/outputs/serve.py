@@ -154,9 +154,8 @@ class Server(ThreadingMixIn, HTTPServer):
         self.report = report
         self._said = ""  # the last render fault logged
         self.load = last_report.Cached(report)
-        self.registry = self._registry(lambda: self.load())  # read at each scrape
-        # What /metrics says of a report that parsed but cannot be rendered: invalid, never a dropped scrape.
-        self.unrenderable = self._registry(lambda: last_report.Loaded(last_report.State.INVALID, error="the report cannot be rendered as metrics"))
+        self.process = CollectorRegistry(auto_describe=False)
+        ProcessCollector(registry=self.process)  # process_resident_memory_bytes, open fds: serve's own health
         # A report is rendered once, not at each scrape (a big one takes milliseconds a scrape would
         # wait for): what was rendered, and from which report object (Cached gives a new one per change).
         self._rendered: dict[str, tuple[Any, Any, bytes]] = {}
@@ -167,13 +166,11 @@ class Server(ThreadingMixIn, HTTPServer):
         super().__init__(address, _Handler)
 
     @staticmethod
-    def _registry(load: Callable[[], last_report.Loaded]) -> CollectorRegistry:
-        """What a scrape renders each time: the standing (vouched, age: they change with the
-        clock) and serve's own process metrics. The report's families come from ``_once``."""
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(StandingCollector(ReportCollector(load, live=lambda: (last_report.this_boot(), last_report.now(), last_report.booted_at()))))
-        ProcessCollector(registry=registry)  # process_resident_memory_bytes, open fds: serve's own health
-        return registry
+    def _standing(loaded: last_report.Loaded) -> bytes:
+        """What a scrape renders each time: the standing of ``loaded`` (vouched, age: they
+        change with the clock). The report's own families come from ``_once``."""
+        live = ReportCollector(lambda: loaded, live=lambda: (last_report.this_boot(), last_report.now(), last_report.booted_at()))
+        return metrics_mod.render(StandingCollector(live))
 
     def _once(self, what: str, report: Any, key: Any, make: Callable[[], bytes]) -> bytes:
         """``make()`` for this report object and ``key``, rendered once and kept until either changes."""
@@ -187,21 +184,24 @@ class Server(ThreadingMixIn, HTTPServer):
         return body
 
     def metrics(self) -> bytes:
+        loaded = self.load()  # once: the standing and the report's families are of the same report
         try:
-            loaded = self.load()
             own = b"" if loaded.report is None else self._once("metrics", loaded.report, None, lambda: metrics_mod.render_report(loaded.report))
-            return generate_latest(self.registry) + own
+            return self._standing(loaded) + own + generate_latest(self.process)
         except Exception as e:  # the model lets nothing through that breaks this; a future writer might
             self._fault(f"cannot render {self.report} as metrics: {e!r}")
-            return generate_latest(self.unrenderable)
+            # A report that parsed but cannot be rendered: invalid, never a dropped scrape.
+            invalid = last_report.Loaded(last_report.State.INVALID, error="the report cannot be rendered as metrics")
+            return self._standing(invalid) + generate_latest(self.process)
 
     def page(self, loaded: last_report.Loaded) -> tuple[int, bytes]:
         """`/`: the page, with what the report vouches for now (the rule /metrics' preflight_vouched
         applies), or, where a report the model took cannot be drawn, why, as metrics() does."""
         try:
             now = last_report.standing(loaded, last_report.this_boot(), last_report.now(), booted=last_report.booted_at())
-            # The page shows the standing only where it no longer vouches (its reason): that is its key.
-            key = None if now.vouched else now.reason
+            # The page shows the standing only on a pass that no longer vouches (its reason, which may
+            # count seconds): that alone is its key, so a FAIL's page is rendered once.
+            key = now.reason if loaded.report.verdict.value == "pass" and not now.vouched else None
             return 200, self._once("page", loaded.report, key, lambda: page.render(loaded.report, str(self.report), now).encode())
         except Exception as e:  # a bug in drawing must not cost the scrape or the thread
             self._fault(f"cannot render {self.report} as a page: {e!r}")

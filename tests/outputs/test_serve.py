@@ -176,6 +176,9 @@ def test_a_report_is_rendered_once_and_the_clock_at_each_scrape(tmp_path, monkey
     monkeypatch.setattr(page, "render", counted("page", real_page))
     report = report_file(tmp_path / "report.json", "cpu-pass", age=600)
     server = serve.Server(("127.0.0.1", 0), report)
+    loads = []
+    load = server.load
+    server.load = lambda: loads.append(1) or load()
     try:
         ages = []
         for _ in range(5):
@@ -185,11 +188,15 @@ def test_a_report_is_rendered_once_and_the_clock_at_each_scrape(tmp_path, monkey
             assert server.page(server.load())[0] == 200
             time.sleep(0.01)
         assert renders == {"metrics": 1, "page": 1} and ages == sorted(ages) and ages[-1] > ages[0]
+        assert len(loads) == 10  # one read of the report per scrape and per page: both of the same report
         report_file(tmp_path / "new.json", "shm-64m-fail").replace(report)  # the next run's report
         fam = families(server.metrics().decode())
         code, body = server.page(server.load())
         assert value(fam, "preflight_run_passed") == 0 and b'data-verdict="fail"' in body
         assert renders == {"metrics": 2, "page": 2}
+        time.sleep(1.1)  # a FAIL's standing counts seconds; its page never shows it, so it is not drawn again
+        server.metrics()
+        assert server.page(server.load())[0] == 200 and renders == {"metrics": 2, "page": 2}
     finally:
         server.server_close()
 
