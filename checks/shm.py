@@ -112,12 +112,28 @@ def _meminfo(host: Host) -> dict[str, int]:
 UNLIMITED = 2**60  # cgroup v1 writes "no limit" as a number near 2**63
 
 
+def _inactive_file(level: Path, v2: bool) -> int:
+    """The cgroup's inactive file cache (memory.stat), which the kernel reclaims first; 0 if unread."""
+    want = "inactive_file" if v2 else "total_inactive_file"
+    try:
+        for line in (level / "memory.stat").read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == want:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 def _cgroup_headroom(host: Host) -> int | None:
     """Bytes this process's memory cgroup may still charge; None if unlimited or unknown.
 
     Pages written to /dev/shm are charged to the writer's memory cgroup, and
     every ancestor's limit applies too, so the tightest level along the path
     from the leaf to the root bounds /dev/shm, whatever the tmpfs size says.
+    The usage counted is the working set, as the kubelet counts it: the
+    cgroup's inactive file cache is reclaimed before the OOM killer is called,
+    so a container whose page cache filled its limit still has that room.
     """
     for v2, levels in host.cgroup_levels("memory"):
         limit_name, usage_name = ("memory.max", "memory.current") if v2 else ("memory.limit_in_bytes", "memory.usage_in_bytes")
@@ -128,6 +144,7 @@ def _cgroup_headroom(host: Host) -> int | None:
                 usage = int((level / usage_name).read_text().strip())
             except (OSError, ValueError):
                 continue
+            usage = max(0, usage - _inactive_file(level, v2))
             if limit != "max" and int(limit) < UNLIMITED:
                 room = int(limit) - usage
                 headroom = room if headroom is None else min(headroom, room)
@@ -242,7 +259,7 @@ def gather(host: Host, segment_bytes: int, deadline: float = math.inf) -> ShmFac
     headroom = facts.cgroup_headroom_bytes
     if headroom is not None and headroom < segment_bytes:
         return facts  # writing would summon the OOM killer; the judge reports the limit instead
-    if facts.mem_available_bytes is not None and facts.mem_available_bytes < segment_bytes:
+    if headroom is None and facts.mem_available_bytes is not None and facts.mem_available_bytes < segment_bytes:
         return facts  # likewise for the node's memory: the judge reports what is available
     facts.segment_bytes = segment_bytes
     facts.segment_error, facts.segment_seconds = touch_segment(path, segment_bytes, deadline)
@@ -328,10 +345,12 @@ def judge_memory(f: ShmFacts, floor: float, space_short: bool = False) -> tuple[
     the free space (judged by judge_space), the memory the kernel has available, and the
     memory cgroup's headroom (judged in judge): the least of them binds. MemAvailable is not
     judged beside other jobs (what they hold is theirs), nor where the size or the free space
-    has already failed (one cause, said once)."""
+    has already failed (one cause, said once), nor where a memory cgroup limit binds this
+    process: in a container /proc/meminfo is the host's (without lxcfs), and the limit's
+    headroom, judged in judge, is what a segment here can get."""
     if f.mem_available_bytes is None:
         return [], []
-    judged = not f.other_jobs and not space_short
+    judged = not f.other_jobs and not space_short and f.cgroup_headroom_bytes is None
     measurements = [Measurement(name="shm_memory_available", unit="bytes", value=f.mem_available_bytes, floor=floor if judged else None)]
     if not judged or f.mem_available_bytes >= floor:
         return [], measurements
@@ -340,8 +359,8 @@ def judge_memory(f: ShmFacts, floor: float, space_short: bool = False) -> tuple[
         Status.FAIL, f"only {fmt_bytes(f.mem_available_bytes)} of memory is available to back {f.path}, below the {fmt_bytes(floor)} floor",
         f"the kernel has {fmt_bytes(f.mem_available_bytes)}{total} available (MemAvailable); pages in {f.path} are memory, "
         "so a segment of the floor's size would push the node into swap or the OOM killer, whatever the tmpfs's size says",
-        "free memory: stop what holds it (`ps aux --sort=-rss | head`) and remove stale files from /dev/shm; "
-        "or give the node more memory",
+        "free memory: stop what holds it (`ps aux --sort=-rss | head`), remove stale files from /dev/shm and other "
+        "tmpfs mounts (`df -t tmpfs`) and stale SysV segments (`ipcs -m`, `ipcrm`); or give the node more memory",
     )], measurements
 
 

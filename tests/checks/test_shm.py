@@ -169,17 +169,25 @@ def h200_vm_shm() -> ShmFacts:
 def test_a_tmpfs_sized_above_ram_is_no_finding_while_memory_backs_the_floor():
     facts = h200_vm_shm()
     assert facts.size_bytes == 128 * GiB > facts.mem_total_bytes
-    findings, ms = judge(facts, 16 * GiB)  # h200-sxm's floor
+    assert judge(facts, 16 * GiB)[0] == []  # h200-sxm's floor; the VM's cgroup limit left 124.9 GiB
+    findings, ms = judge(replace(facts, cgroup_headroom_bytes=None), 16 * GiB)  # the same node with no memory cgroup limit
     assert findings == []
     available = next(m for m in ms if m.name == "shm_memory_available")
     assert (available.value, available.floor) == (125 * GiB, 16 * GiB)
 
 
 def test_too_little_memory_to_back_the_floor_fails_whatever_the_size_says():
-    (f,), _ = judge(replace(h200_vm_shm(), mem_available_bytes=6 * GiB, segment_bytes=0), 16 * GiB)
+    (f,), _ = judge(replace(h200_vm_shm(), mem_available_bytes=6 * GiB, cgroup_headroom_bytes=None, segment_bytes=0), 16 * GiB)
     assert f.status is Status.FAIL
     assert f.summary == "only 6 GiB of memory is available to back /dev/shm, below the 16 GiB floor"
-    assert "MemAvailable" in f.cause and "125.8 GiB" in f.cause
+    assert "MemAvailable" in f.cause and "125.8 GiB" in f.cause and "ipcs -m" in f.remedy
+
+
+def test_under_a_memory_limit_the_hosts_memavailable_is_reported_not_judged():
+    """A pod on a shared Kubernetes node: /proc/meminfo is the host's, lowered by neighbours
+    above their requests; this pod's limit leaves it room for the floor, which is what binds."""
+    findings, ms = judge(healthy(mem_available_bytes=6 * GiB, cgroup_headroom_bytes=20 * GiB), 16 * GiB)
+    assert findings == [] and next(m for m in ms if m.name == "shm_memory_available").floor is None
 
 
 def test_available_memory_is_not_judged_beside_other_jobs_nor_twice_with_the_free_space():
@@ -251,6 +259,18 @@ def test_cgroup_v2_headroom(tmp_path):
         "sys/fs/cgroup/kubepods/pod1/memory.current": str(GiB + 5),
     })
     assert shm._cgroup_headroom(host) == GiB - 5
+
+
+def test_the_cgroups_inactive_file_cache_counts_as_room(tmp_path):
+    """The kernel reclaims a cgroup's inactive page cache before it calls the OOM killer
+    (the kubelet's working set leaves it out too): a container whose cache filled its limit has room."""
+    host = _tree(tmp_path, {
+        "proc/self/cgroup": "0::/kubepods/pod1\n",
+        "sys/fs/cgroup/kubepods/pod1/memory.max": str(4 * GiB),
+        "sys/fs/cgroup/kubepods/pod1/memory.current": str(4 * GiB),
+        "sys/fs/cgroup/kubepods/pod1/memory.stat": f"anon {GiB}\nfile {3 * GiB}\ninactive_file {3 * GiB - 5}\nactive_file 5\n",
+    })
+    assert shm._cgroup_headroom(host) == 3 * GiB - 5
 
 
 def test_a_parent_cgroups_limit_binds_an_unlimited_leaf(tmp_path):
