@@ -610,3 +610,14 @@ def test_a_node_pinned_multi_node_without_a_nic_still_fails_from_sysfs(tmp_path)
     (found,) = [x for x in t.judge(t.gather(ctx.host, ctx.settings, time.monotonic() + 30), resolved("h200-sxm").topology, 12, ctx.shape, True)["nics"]]
     assert found.status == FAIL and found.summary == "no NIC in the GPU topology" and found.cause.startswith("sysfs (/sys/class/infiniband) lists no NIC")
     assert r.details["parts"]["nics"] == "FAIL"
+
+
+def test_a_dgx_a100_on_four_numa_nodes_is_its_design_and_eight_warn():
+    """DGX A100 runs NPS4: its eight GPUs sit two each on NUMA nodes 1, 3, 5, 7 (nccl#1505)."""
+    a100 = resolved("a100-sxm4-80gb").topology
+    links = {f"{a}-{b}": "NV12" for a in range(8) for b in range(a + 1, 8)}
+    design = t.TopologyFacts(matrix=topo.parse(matrix(8, links, [3, 3, 1, 1, 7, 7, 5, 5])))
+    assert t.judge(design, a100, None)["numa"] == []
+    nps8 = t.TopologyFacts(matrix=topo.parse(matrix(8, links, [0, 1, 2, 3, 4, 5, 6, 7], cpus=[f"{16 * i}-{16 * i + 15}" for i in range(8)])))
+    (warn,) = t.judge(nps8, a100, None)["numa"]
+    assert warn.status == WARN and warn.summary.startswith("GPUs span 8 NUMA nodes") and "more than the 4 expected" in warn.cause
