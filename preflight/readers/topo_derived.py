@@ -153,8 +153,9 @@ def _nic_cells(host: Host, facts: TopologyFacts, gpus: list[TopoGpu], chains: di
         chain = bridges_above(host, nic.pci) if nic.pci else None
         nic_place = TopoGpu(index=0, numa_nodes=[nic.numa_node] if nic.numa_node is not None else None)
         for place, g in zip(facts.gpus, gpus):
-            if chain is None or chains[place.pci] is None:
+            if not chain or not chains[place.pci]:
                 # Without the PCI tree a NIC on the GPU's own NUMA node may or may not be behind its switch.
+                # No bridge above a device (a VM's flat bus) hides the tree as much as no sysfs entry does.
                 unanswered[NICS] = (f"the PCI tree above GPU {g.index} or {nic.name} is hidden (no bridges in sysfs), "
                                     "so whether a NIC sits behind a GPU's PCIe switch is unknown")
                 return {}

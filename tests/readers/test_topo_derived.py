@@ -4,6 +4,7 @@ NVML facts) must give back the very matrix nvidia-smi printed, and a fact no
 source answers must be said unanswered, never guessed."""
 
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -52,6 +53,19 @@ def test_a_hidden_pci_tree_leaves_the_nic_distance_unanswered_not_guessed(root):
     f = derived(root)  # the recorded tree is flat, as in many VMs
     assert "GPU-NIC distance" not in f.answered and "hidden" in f.unanswered["GPU-NIC distance"]
     assert f.matrix.nics == [] and f.matrix.links["0-7"] == "NV18"
+
+
+def test_devices_on_a_flat_root_bus_leave_the_nic_distance_unanswered(root):
+    """A VM's passthrough devices sit on the root bus with no bridge above them: the
+    tree says nothing of which NIC shares a GPU's switch, so nothing is guessed from NUMA."""
+    devices = root / "sys/bus/pci/devices"
+    for dev in sorted(devices.iterdir()):
+        where = root / "sys/devices/pci0000:00" / dev.name
+        where.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(dev), str(where))
+        dev.symlink_to(Path("../../..") / where.relative_to(root / "sys"))
+    f = derived(root)
+    assert "GPU-NIC distance" not in f.answered and "hidden" in f.unanswered["GPU-NIC distance"] and f.matrix.nics == []
 
 
 def test_nvlinks_whose_far_end_nvml_cannot_name_leave_the_pairs_unanswered(root, tmp_path):
