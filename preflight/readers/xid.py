@@ -385,7 +385,7 @@ def _wrapped(host: Host, kmsg: str, source: str, deadline: float) -> KernelLog:
     if older is None:
         return KernelLog(text=kmsg, source=source, unread={"journalctl": why}, note=(
             f"{lost} and the journal could not be read: driver events older than that cannot be seen here"))
-    events = journal.before(older, usec, lambda line: bool(parse(line)))
+    events = journal.before(older, usec, lambda line: bool(_MARK.search(line) and parse(line)))
     return KernelLog(text="\n".join(events + [kmsg]), source=f"{source} + {' '.join(JOURNALCTL)}", note=(
         f"{lost}: the journal gave the {len(events)} driver line(s) older than it"))
 
