@@ -578,6 +578,13 @@ def test_dmesg_through_syslog_says_message_boundaries_are_lost(tmp_path):
 
 # ---- printk.time=0: dmesg prints no stamp ---------------------------------------------------------------
 
+def test_control_characters_a_user_put_in_dmesg_leave_it_a_kernel_log(tmp_path):
+    bin_dir = fakes.tool(tmp_path / "bin", "journalctl", prints=b"", exit_code=1)
+    fakes.tool(bin_dir, "dmesg", prints=b"[ 1.0] tmpfs: Unknown parameter 'y\x01\x0b\x1b\x7f'\n[ 2.0] NVRM: loading\n")
+    log = xid.read_log(Host(tmp_path / "root", environ={"PATH": str(bin_dir)}), timeout=4)
+    assert log.source == "dmesg" and parse(log.text) == []
+
+
 def test_a_dmesg_without_time_stamps_is_a_kernel_log(tmp_path):
     bin_dir = fakes.tool(tmp_path / "bin", "journalctl", prints=b"", exit_code=1)
     fakes.tool(bin_dir, "dmesg", prints=b"Linux version 6.8.0-49-generic (buildd@lcy02-amd64-103)\n"
@@ -610,7 +617,8 @@ def test_a_wrapped_ring_without_a_journal_says_what_cannot_be_seen(tmp_path):
     log = xid.read_log(Host(_kmsg_root(tmp_path, KMSG.read_text()), environ={"PATH": str(tmp_path / "none")}), timeout=4)
     assert [e.code for e in parse(log.text)] == [79, None, 154, 24007]
     assert log.source == str(tmp_path / "root" / "dev" / "kmsg")
-    assert "ring had wrapped" in log.note and "cannot be seen" in log.note and "journalctl" in log.unread
+    assert "ring had wrapped" in log.note and "cannot be seen" in log.note and "journalctl -k -b --no-pager -o json: " in log.note
+    assert log.unread == {}  # a node without a journal is no reader's trouble
 
 
 def test_a_ring_from_boot_asks_no_journal(tmp_path):
