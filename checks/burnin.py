@@ -71,6 +71,7 @@ class BurninFacts(ranks.RunFacts):
     new_xids: list[dict] = Field(default_factory=list)
     xid_log: str | None = None  # where the Xids came from, or why they could not be read
     xid_unread: dict[str, str] = Field(default_factory=dict)  # each kernel-log source that could not be read, and why
+    xid_note: str | None = None  # what the kernel log's reading could not see (a wrapped ring, no journal), or how it pieced it
     shortened: str | None = None  # why the burn ran shorter than the profile asks
 
 
@@ -274,6 +275,7 @@ def xid_counts(ctx: Context, facts: BurninFacts) -> tuple[list[xid.XidEvent] | N
         facts.xid_unread.update(e.unread)
         return None, f"{XID_UNJUDGED}kernel log unreadable: {e}"
     facts.xid_unread.update(log.unread)
+    facts.xid_note = log.note or facts.xid_note
     return xid.parse(log.text), log.source
 
 

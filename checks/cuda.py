@@ -48,6 +48,7 @@ class CudaFacts(BaseModel):
     xid_events: list[xid.XidEvent] = []
     kernel_log: str  # where the Xid scan read, or "unavailable: why"
     kernel_log_unread: dict[str, str] = {}  # each source of the kernel log that could not be read, and why
+    kernel_log_note: str | None = None  # what the Xid scan could not see (a wrapped ring, no journal), or how it pieced the log
     init: InitOutcome | None = None  # None: not attempted
     init_skipped: str | None = None
     pcie_loaded: dict[str, PcieLink] | None = None  # bus id -> link while the worker copied
@@ -65,10 +66,10 @@ def gather(ctx: Context) -> CudaFacts:
     ctx.progress.stage("reading the kernel log")
     try:
         log = xid.read_log(ctx.host, timeout=min(10.0, _left(ctx)))
-        events, kernel_log, unread = xid.parse(log.text), log.source, log.unread
+        events, kernel_log, unread, note = xid.parse(log.text), log.source, log.unread, log.note
     except xid.KernelLogUnavailable as e:
-        events, kernel_log, unread = [], f"unavailable: {e}", e.unread
-    facts = CudaFacts(inventory=inventory, xid_events=events, kernel_log=kernel_log, kernel_log_unread=unread)
+        events, kernel_log, unread, note = [], f"unavailable: {e}", e.unread, None
+    facts = CudaFacts(inventory=inventory, xid_events=events, kernel_log=kernel_log, kernel_log_unread=unread, kernel_log_note=note)
     if ctx.settings.level == "quick":  # no torch, no GPU work: a prolog's seconds, a busy node's recheck
         facts.init_skipped = QUICK
         return facts
@@ -509,6 +510,7 @@ class Cuda(Check):
         sources = kernel_log_sources(facts.kernel_log, facts.kernel_log_unread)
         details.update(sources.details())
         lines += [line] if (line := sources.line()) else []
+        lines += [f"kernel log: {facts.kernel_log_note}"] if facts.kernel_log_note else []
         result = self.conclude(findings, summary(facts, ctx.shape), measurements=measurements(facts, ctx.profile.gpu, ctx.shape) + sources.measurements(),
                                details=details, lines=lines)
         passed = [name for name, found in parts.items() if not any(f.status == FAIL for f in found) and not (name == "cuda_init" and facts.init is None)]

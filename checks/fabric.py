@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel
@@ -74,6 +76,10 @@ def manager_state(host: Host, timeout: float = SYSTEMCTL_TIMEOUT) -> Manager:
             unread = f"did not answer within {timeout:g} s"
         elif word == "active":
             return Manager(state="running", how=f"systemd unit {UNIT} active", systemd=word)
+        elif word == "failed":
+            # A failed unit is systemd's own finding about the daemon: a process that only
+            # looks like it (any user can name one so) never outweighs it.
+            return Manager(state="stopped", how=f"systemd unit {UNIT} is failed", systemd=word)
         elif word in STATES:
             # systemd answers for its own units only: a daemon started by hand (or by a
             # container's entrypoint) runs beside an inactive unit.
@@ -98,17 +104,34 @@ def manager_state(host: Host, timeout: float = SYSTEMCTL_TIMEOUT) -> Manager:
 
 
 def process(host: Host) -> int | None:
+    """The pid of the first fabric manager daemon in /proc (``is_daemon``), or None."""
     try:
         entries = [p for p in host.path("/proc").iterdir() if p.name.isdigit()]
     except OSError:
         return None
     for entry in sorted(entries, key=lambda p: int(p.name)):
-        try:
-            if (entry / "comm").read_text().strip() == COMM:
-                return int(entry.name)
-        except OSError:
-            continue  # gone meanwhile, or not ours to read
+        if is_daemon(entry):
+            return int(entry.name)
     return None
+
+
+def is_daemon(proc: Path) -> bool:
+    """Whether /proc/PID ``proc`` is a fabric manager only root could have started. Its name
+    proves nothing: any user can run a copy of sleep called nv-fabricmanager, or rename a
+    process (PR_SET_NAME), and so hide a stopped manager where nothing else answers (A100
+    has no NVML fabric state; a Kubernetes DaemonSet has no systemctl). Root's daemon runs
+    with real uid 0 (status's Uid: real effective saved fs, which no process can change)
+    from a file owned by root that no one else may write (else anyone could have put
+    their program there)."""
+    try:
+        if (proc / "comm").read_text().strip() != COMM:
+            return False
+        with open(proc / "status", "rb") as f:
+            uid = next((line.split()[1:2] for line in f.read(4096).splitlines() if line.startswith(b"Uid:")), None)
+        exe = os.stat(proc / "exe")  # the file it runs, even where it was replaced on disk since
+    except OSError:
+        return False  # gone meanwhile, or not ours to read: nothing vouches for it
+    return uid == [b"0"] and exe.st_uid == 0 and not exe.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
 def gather(host: Host, fake: object | None, timeout: float) -> FabricFacts:

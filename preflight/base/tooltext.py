@@ -4,7 +4,8 @@ the control sequences that make it show so; and the environment tools run in.
 Tools decorate their output whether or not a terminal reads it: driver 580's
 `nvidia-smi topo -m` wraps its header in ESC[4m ... ESC[0m even into a pipe,
 systemd colours by $TERM and $SYSTEMD_COLORS, progress lines rewrite
-themselves with CR, man-style pagers overstrike with backspaces. A reader
+themselves with CR (a CR inside a text that has line feeds is read as a space:
+kernel messages can carry one a user put there), man-style pagers overstrike with backspaces. A reader
 matches words and columns; these bytes would split a column name ("\\x1b[4mGPU0")
 or hide a line. So every tool's output (base/host.py) and every saved capture
 (readers/capture.py), and each parser at its own door, goes through ``clean``
@@ -32,16 +33,21 @@ _ESCAPE = re.compile(
 # BEL; SO and SI, the charset shifts some terminals' reset (sgr0) emits.
 _STRAY = str.maketrans("", "", "\x07\x0e\x0f")
 _OVERSTRIKE = re.compile(r"[^\x08\n]\x08")  # "_\bX" underlines X, "X\bX" bolds it: X is what shows
+_CR_LF = re.compile(r"\r+\n")  # "\r\r\n" too: a CR before a line feed moves the cursor and writes nothing
 _SIGNS = "\x1b\x07\x08\x0e\x0f\r"
 
 
 def clean(text: str) -> str:
     """``text`` as a terminal would show it, without control sequences; idempotent.
 
-    CR LF ends a line as LF does. A CR inside a line (a progress line that
-    rewrote itself) leaves what was written last, as a terminal shows it. A
-    text with CRs and no LF at all keeps them: it is CR-separated lines
-    (old Mac files), which splitlines() already reads as lines.
+    CR LF ends a line as LF does. A lone CR inside a text that has line feeds
+    is content, a space: a terminal would let what follows it overwrite the
+    line's start, but any user can get a CR into a kernel message (a mount
+    option a filesystem refuses is logged as given), and "what was written
+    last" would then drop the timestamp and the message's own prefix and leave
+    the user's forged driver line. A progress line so reads as all its writes
+    in a row, which no reader mistakes for anything. A text with CRs and no LF
+    at all keeps them: it is CR-separated lines (old Mac files).
     """
     if not any(sign in text for sign in _SIGNS):
         return text  # the common case: a tool that printed plain text (a memchr per sign, no regex)
@@ -56,19 +62,10 @@ def clean(text: str) -> str:
             break
         text = cleaned
     if "\r" in text:
-        text = text.replace("\r\n", "\n")
+        text = _CR_LF.sub("\n", text)
         if "\r" in text and "\n" in text:
-            text = "\n".join(_last_write(line) for line in text.split("\n"))
+            text = text.replace("\r", " ")
     return text
-
-
-def _last_write(line: str) -> str:
-    """What shows of a line a CR rewrote: the last non-empty write (a trailing CR moves the
-    cursor and writes nothing)."""
-    if "\r" not in line:
-        return line
-    writes = [w for w in line.split("\r") if w]
-    return writes[-1] if writes else ""
 
 
 # The agent's terminal is not the tool's: these describe a screen the tool's pipe does not have.

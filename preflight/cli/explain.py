@@ -108,7 +108,8 @@ def xid(
         text, source = xids.read_file(from_file), str(from_file)
     else:
         try:
-            text, source = xids.read_kernel_log(Host(), timeout=10.0)
+            log = xids.read_log(Host(), timeout=10.0)
+            text, source = log.text, log.source + (f" ({log.note})" if log.note else "")
         except xids.KernelLogUnavailable as e:  # this machine's doing, not bad input: exit 1
             _console().error(f"cannot read the kernel log: {e}; run as root, or save `dmesg` to a file and use --from FILE")
             return 1

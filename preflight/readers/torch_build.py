@@ -19,9 +19,10 @@ from pydantic import BaseModel
 from preflight.base.host import Host, read_stripped
 
 TORCH_TIMEOUT = 60.0  # importing torch from a cold page cache on a network filesystem takes tens of seconds
-# Dies with the agent (PR_SET_PDEATHSIG): a torch import can take seconds, and nothing outlives a killed run.
-ASK_TORCH = ("import ctypes\ntry: ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)\nexcept Exception: pass\n"
-             "import json, torch; print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda}))")
+# Dies with the agent (PR_SET_PDEATHSIG): a torch import can take seconds, an interpreter's start on a
+# cold network filesystem as long, and nothing outlives a killed run.
+DIES_WITH_AGENT = "import ctypes\ntry: ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)\nexcept Exception: pass\n"
+ASK_TORCH = DIES_WITH_AGENT + "import json, torch; print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda}))"
 
 
 class TorchCuda(BaseModel):
@@ -54,7 +55,7 @@ def ask_torch(host: Host, python: str, timeout: float) -> TorchCuda:
 # torch/version.py, as torch's build writes it: "__version__ = '2.11.0+cu130'", "cuda: Optional[str] = '13.0'".
 _TORCH_VERSION = re.compile(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", re.M)
 _TORCH_CUDA = re.compile(r"^cuda(?:\s*:[^=\n]*)?\s*=\s*(?:['\"]([^'\"]*)['\"]|None)\s*$", re.M)
-FIND_TORCH = "import importlib.util as u; s = u.find_spec('torch'); print(s.submodule_search_locations[0] if s else '')"
+FIND_TORCH = DIES_WITH_AGENT + "import importlib.util as u; s = u.find_spec('torch'); print(s.submodule_search_locations[0] if s else '')"
 
 
 def torch_version_file(host: Host, python: str, timeout: float) -> tuple[TorchCuda, str | None]:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from preflight.readers import capture
+from preflight.readers import capture, journal
 from preflight.base import tooltext
 from preflight.base.errors import UsageError
 
@@ -193,7 +193,14 @@ def _only_stamps(prefix: str) -> bool:
     log (a mount option a filesystem refuses is quoted there), so "NVRM: Xid ... 79" inside
     another message is that message's, never the driver's. (A newline in such text still
     starts a line of its own in dmesg's and syslog's output, as in the kernel's records;
-    /dev/kmsg, read first, keeps it inside its record.)"""
+    /dev/kmsg, read first, keeps it inside its record.)
+
+    A prefix of whitespace alone is refused: it is how dmesg and journalctl indent the
+    continuation of a message that holds a newline ("tmpfs: Unknown parameter 'y\n
+    NVRM: Xid ..."). The driver's own line has a time stamp before it, or starts the line
+    with "NVRM:" where printk.time=0."""
+    if prefix and not prefix.strip():
+        return False
     p = prefix
     if m := _KMSG.match(p):
         p = p[m.end():]
@@ -289,8 +296,10 @@ class KernelLogUnavailable(Exception):
         self.unread = unread or {}  # each source, and why it gave nothing a reader could use
 
 
-JOURNALCTL = ("journalctl", "-k", "-b", "--no-pager", "-o", "short-monotonic")
+JOURNALCTL = journal.JOURNALCTL
 DMESG = ("dmesg",)
+SYSLOG_NOTE = ("dmesg read the kernel log through syslog(2) (this process cannot read /dev/kmsg), which loses where a "
+               "message ends: the text after a newline inside a message reads as a line of its own")
 
 
 def _read_kmsg(path: Path, deadline: float) -> str:
@@ -317,13 +326,20 @@ def _read_kmsg(path: Path, deadline: float) -> str:
 
 
 def _has_lines(out: str) -> bool:
-    return any(line.strip() and not line.startswith("-- ") for line in out.splitlines())  # "-- No entries --"
+    return any(line.strip() and not line.startswith("-- ") for line in out.split("\n"))  # "-- No entries --"
+
+
+def _text(out: str) -> bool:
+    """Not a binary: no NUL. The kernel logs C strings, so no message holds one; other control
+    characters a user put in a message (dmesg prints some raw) must not make the log unreadable."""
+    return "\x00" not in out
 
 
 class KernelLog(BaseModel):
     text: str
-    source: str  # where it was read: /dev/kmsg, or the command that printed it
+    source: str  # where it was read: /dev/kmsg, the command that printed it, or both joined by " + "
     unread: dict[str, str] = {}  # each source tried before, and why it gave nothing a reader could use
+    note: str | None = None  # what this reading could not see, or how it was pieced together
 
 
 def read_kernel_log(host: Host, timeout: float) -> tuple[str, str]:
@@ -332,48 +348,96 @@ def read_kernel_log(host: Host, timeout: float) -> tuple[str, str]:
     return log.text, log.source
 
 
+def _run(host: Host, argv: tuple[str, ...], timeout: float):
+    exe = shutil.which(argv[0], path=host.environ.get("PATH", os.defpath)) or argv[0]
+    return host.run([exe, *argv[1:]], timeout=timeout)
+
+
+def _journal(host: Host, timeout: float) -> tuple[str | None, str]:
+    """The journal's kernel messages as dmesg lines (journal.lines), or None and why not."""
+    if timeout <= 0:
+        return None, "no time left"
+    try:
+        done = _run(host, JOURNALCTL, timeout)
+    except OSError as e:
+        return None, str(e.strerror or e)
+    # journalctl without read access to the journal exits 0 and prints nothing of the
+    # kernel's: an empty log is a failure to read, never a clean node. Nor is a text with no
+    # message in it (garbage, a binary, another program's words).
+    if done.timed_out:
+        return None, "timed out"
+    if done.returncode != 0:
+        return None, (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+    if not _has_lines(done.stdout):
+        return None, (done.stderr.strip().splitlines() or ["printed nothing"])[-1]
+    text = journal.lines(done.stdout)
+    return (text, "") if text else (None, "printed no kernel log line (garbage, or not a kernel log)")
+
+
+def _wrapped(host: Host, kmsg: str, source: str, deadline: float) -> KernelLog:
+    """/dev/kmsg's text, with the journal's driver events older than the ring's first record
+    where the ring has wrapped since boot (see readers/journal.py)."""
+    first = journal.first_record(kmsg)
+    if first is None or first[0] == 0:
+        return KernelLog(text=kmsg, source=source)
+    seq, usec = first
+    lost = f"the kernel ring had wrapped since boot (its oldest record is #{seq}, {usec / 1e6:.0f} s after boot)"
+    older, why = _journal(host, deadline - time.monotonic())
+    if older is None:
+        # A note, not an unread source: most nodes keep no journal of the kernel (or no journalctl
+        # in a container), and a ring that wrapped on a long-running node is no one's fault.
+        return KernelLog(text=kmsg, source=source, note=(
+            f"{lost} and the journal could not be read ({' '.join(JOURNALCTL)}: {why}): "
+            "driver events older than that cannot be seen here"))
+    events = journal.before(older, usec, lambda line: bool(_MARK.search(line) and parse(line)))
+    return KernelLog(text="\n".join(events + [kmsg]), source=f"{source} + {' '.join(JOURNALCTL)}", note=(
+        f"{lost}: the journal gave the {len(events)} driver line(s) older than it"))
+
+
 def read_log(host: Host, timeout: float) -> KernelLog:
     """The kernel log since boot from the first source that gives one, within ``timeout``
     seconds, with what each source tried before it could not give; KernelLogUnavailable
     naming every source where none can."""
     deadline = time.monotonic() + timeout
     kmsg = host.path("/dev/kmsg")
+    kmsg_denied = True
     try:
         text = _read_kmsg(kmsg, deadline)
         if _has_lines(text):
-            return KernelLog(text=text, source=str(kmsg))
+            return _wrapped(host, text, str(kmsg), deadline)
         unread = {str(kmsg): "empty"}  # a sandbox's stand-in; a booted kernel has logged something
+        kmsg_denied = False
     except OSError as e:
         unread = {str(kmsg): str(e.strerror or e)}
-    for i, argv in enumerate((JOURNALCTL, DMESG)):
-        name = argv[0]
-        left = deadline - time.monotonic()
-        if left <= 0:
-            unread[name] = "no time left"
-            break
-        # A command that hangs may take only half of what is left: the next source still has its turn.
-        share = left if i == 1 else left / 2
-        exe = shutil.which(name, path=host.environ.get("PATH", os.defpath)) or name
-        try:
-            done = host.run([exe, *argv[1:]], timeout=share)
-        except OSError as e:
-            unread[name] = str(e.strerror or e)
-            continue
-        # journalctl without read access to the journal exits 0 and prints nothing of the
-        # kernel's: an empty log is a failure to read, never a clean node. Nor is a text with no
-        # kernel log line in it (garbage, a binary, another program's words): read as a log it
-        # would pass for a clean one.
-        if done.returncode == 0 and not done.timed_out and _has_lines(done.stdout) and kernel_lines(done.stdout):
-            return KernelLog(text=done.stdout, source=" ".join(argv), unread=unread)
+    # A command that hangs may take only half of what is left: the next source still has its turn.
+    text, unread["journalctl"] = _journal(host, (deadline - time.monotonic()) / 2)
+    if text is not None:
+        del unread["journalctl"]
+        return KernelLog(text=text, source=" ".join(JOURNALCTL), unread=unread)
+    left = deadline - time.monotonic()
+    name = DMESG[0]
+    if left <= 0:
+        unread[name] = "no time left"
+        raise KernelLogUnavailable("; ".join(f"{where}: {why}" for where, why in unread.items()), unread)
+    try:
+        done = _run(host, DMESG, left)
+    except OSError as e:
+        unread[name] = str(e.strerror or e)
+    else:
+        # dmesg's own output is a kernel log whatever its lines look like: under printk.time=0
+        # a line has no time stamp, and a log without a driver line has no mark either. Only
+        # what no kernel prints (a binary) is refused.
+        if done.returncode == 0 and not done.timed_out and _has_lines(done.stdout) and _text(done.stdout):
+            return KernelLog(text=done.stdout, source=" ".join(DMESG), unread=unread,
+                             note=SYSLOG_NOTE if kmsg_denied else None)
         if done.timed_out:
-            why = "timed out"
+            unread[name] = "timed out"
         elif done.returncode != 0:
-            why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-        elif not done.stdout.strip() or not _has_lines(done.stdout):
-            why = (done.stderr.strip().splitlines() or ["printed nothing"])[-1]
+            unread[name] = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        elif not _has_lines(done.stdout):
+            unread[name] = (done.stderr.strip().splitlines() or ["printed nothing"])[-1]
         else:
-            why = "printed no kernel log line (garbage, or not a kernel log)"
-        unread[name] = why
+            unread[name] = "printed no kernel log line (garbage, or not a kernel log)"
     raise KernelLogUnavailable("; ".join(f"{where}: {why}" for where, why in unread.items()), unread)
 
 
@@ -393,7 +457,7 @@ _KERNEL_LINE = re.compile(
 def kernel_lines(text: str) -> int:
     """How many lines of ``text`` a kernel log holds: none means it is not one."""
     text = tooltext.clean(text)  # a capture with terminal escapes reads as the same capture without
-    return sum(1 for line in text.splitlines() if _MARK.search(line) or _KMSG.match(line) or _KERNEL_LINE.match(line))
+    return sum(1 for line in text.split("\n") if _MARK.search(line) or _KMSG.match(line) or _KERNEL_LINE.match(line))
 
 
 def has_driver_lines(text: str) -> bool:
@@ -402,13 +466,13 @@ def has_driver_lines(text: str) -> bool:
     text = tooltext.clean(text)  # a capture with terminal escapes reads as the same capture without
     if "NVRM" not in text and "SXid" not in text:
         return False
-    return any(_MARK.search(line) for line in text.splitlines() if "NVRM" in line or "SXid" in line)
+    return any(_MARK.search(line) for line in text.split("\n") if "NVRM" in line or "SXid" in line)
 
 
 def looks_like(text: str) -> bool:
     """A kernel log at all (dmesg, journalctl, syslog, /dev/kmsg), GPU events or none: a
     log with none is an answer too, not a file of no known kind. Its first 200 lines tell."""
-    return kernel_lines("\n".join(text.splitlines()[:200])) > 0
+    return kernel_lines("\n".join(text.split("\n")[:200])) > 0
 
 
 def read_file(path: Path | str) -> str:

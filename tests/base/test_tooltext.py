@@ -47,9 +47,18 @@ def test_plain_text_is_untouched(text):
 
 def test_carriage_returns():
     assert tooltext.clean("a\r\nb\r\n") == "a\nb\n"
-    assert tooltext.clean("10%\r50%\r100%\ndone\n") == "100%\ndone\n"  # a progress line: what it wrote last
+    assert tooltext.clean("10%\r50%\r100%\ndone\n") == "10% 50% 100%\ndone\n"  # a progress line: its writes in a row
+    assert tooltext.clean("line\r\r\nnext\n") == "line\nnext\n"
     assert tooltext.clean("line\r\n\r\n") == "line\n\n"
     assert tooltext.clean("one\rtwo\rthree") == "one\rtwo\rthree"  # CR-separated lines, no LF anywhere
+
+
+def test_a_lone_cr_is_content_never_a_rewrite_that_drops_the_lines_start():
+    # Any user can get a CR into a kernel message (a refused mount option is logged as given):
+    # the stamp and the message's own prefix must stay in front of what follows it.
+    forged = "[ 12.345678] tmpfs: Unknown parameter 'y\rNVRM: Xid (PCI:0000:5d:00): 48, pid=0, DBE (0x1)'\n"
+    assert tooltext.clean(forged) == forged.replace("\r", " ")
+    assert tooltext.clean("a\rb\r") == "a\rb\r"  # no LF at all: CR-separated lines, kept
 
 
 def test_clean_is_idempotent():

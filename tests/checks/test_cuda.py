@@ -650,3 +650,33 @@ def test_no_readable_kernel_log_warns_and_names_every_source(tmp_path):
     assert r.details["parts"]["xid"] == Status.WARN and "sources" not in r.details
     assert {m.labels["tool"]: m.labels["fallback"] for m in r.measurements if m.name == "tool_unreadable"} == {
         str(tmp_path / "root" / "dev" / "kmsg"): "none", "journalctl": "none", "dmesg": "none"}
+
+
+# ---- a kernel ring a user flushed: the journal still holds the Xid -------------------------------------
+
+
+def _wrapped_ring_ctx(tmp_path, kmsg: str, journal=None) -> Context:
+    # Both /dev/kmsg texts start past record #0: the ring wrapped since boot (a flood of messages can push an Xid out).
+    (tmp_path / "root" / "dev").mkdir(parents=True)
+    (tmp_path / "root" / "dev" / "kmsg").write_text((FIXTURES / "xid" / kmsg).read_text())
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if journal is not None:
+        fakes.tool(bin_dir, "journalctl", prints=journal)
+    return Context(profile=H100, settings=Settings(level="quick", nvml_fake=NVML / "h100-sxm-8x-healthy.json"),
+                   host=Host(tmp_path / "root", environ={"PATH": str(bin_dir)}), deadline=time.monotonic() + 60, shape=HGX8)
+
+
+def test_an_xid_pushed_out_of_a_wrapped_ring_is_read_from_the_journal(tmp_path):
+    r = cuda.Cuda().run(_wrapped_ring_ctx(tmp_path, "kmsg_xid79_fell-off-bus_xid154_sxid_handmade.txt",
+                                          FIXTURES / "journal" / "journalctl-json_ring-wrapped_xid48-at-3s_xid79-also-in-ring_handmade.txt"))
+    assert r.details["parts"]["xid"] == Status.FAIL
+    assert [e["code"] for e in r.details["xid_events"]] == [48, 79, None, 154, 24007]
+    assert r.details["kernel_log"].endswith(" + journalctl -k -b --no-pager -o json")
+    assert any(line.startswith("kernel log: the kernel ring had wrapped") for line in r.lines)
+
+
+def test_a_wrapped_ring_without_a_journal_is_a_note_not_a_warning(tmp_path):
+    r = cuda.Cuda().run(_wrapped_ring_ctx(tmp_path, "no-gpu-event_kmsg_dev-machine-boot.txt"))
+    assert r.details["parts"]["xid"] == Status.PASS
+    assert "cannot be seen" in r.details["kernel_log_note"]

@@ -2,8 +2,12 @@
 sysfs tree), the gatherer through the NVML child's fake and a `systemctl` on a
 PATH of its own, and one CLI run."""
 
+import contextlib
 import json
+import os
 import shutil
+import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -51,6 +55,8 @@ def hgx(tmp_path: Path, switches: int = 4, fm_pid: int | None = None) -> Path:
     if fm_pid is not None:
         (root / f"proc/{fm_pid}").mkdir(parents=True)
         (root / f"proc/{fm_pid}/comm").write_text("nv-fabricmanage\n")
+        (root / f"proc/{fm_pid}/status").write_text("Name:\tnv-fabricmanage\nUid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\n")
+        (root / f"proc/{fm_pid}/exe").symlink_to("/bin/sh")  # a file root owns and only root may write
     return root
 
 
@@ -196,6 +202,70 @@ def test_a_daemon_started_outside_systemd_counts_as_running(tmp_path):
     h = Host(hgx(tmp_path, fm_pid=2939), environ={"PATH": str(fakes.systemctl(tmp_path / "b", "inactive", exit_code=3))})
     m = fabric.manager_state(h)
     assert m.state == "running" and "pid 2939" in m.how
+
+
+def test_a_failed_unit_stays_failed_beside_a_process_of_that_name(tmp_path):
+    h = Host(hgx(tmp_path, fm_pid=2939), environ={"PATH": str(fakes.systemctl(tmp_path / "b", "failed", exit_code=3))})
+    assert fabric.manager_state(h) == fabric.Manager(state="stopped", how="systemd unit nvidia-fabricmanager is failed", systemd="failed")
+
+
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runuser"), reason="needs root and runuser to start another user's process")
+
+
+@contextlib.contextmanager
+def _named(argv: list[str]):
+    """A real process whose comm reads nv-fabricmanage, ended with its process group."""
+    p = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            named = [pid for pid in _family(p.pid) if _comm(pid) == fabric.COMM]  # runuser may run it as its child
+            if named:
+                break
+            assert p.poll() is None, "the stand-in process ended before it took the name"
+            time.sleep(0.05)
+        else:
+            pytest.fail("the stand-in process never took the name")
+        yield named[0]
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _family(pid: int) -> list[int]:
+    try:
+        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        children = []
+    return [pid] + [d for c in children for d in _family(c)]
+
+
+@ROOT_ONLY
+def test_a_process_another_user_named_nv_fabricmanager_is_not_the_daemon():
+    # PR_SET_NAME from a root-owned interpreter: only its real uid tells it from root's daemon.
+    rename = "import ctypes, time; ctypes.CDLL(None).prctl(15, b'nv-fabricmanager', 0, 0, 0); time.sleep(120)"
+    with _named(["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-c", rename]) as pid:
+        assert not fabric.is_daemon(Path(f"/proc/{pid}"))
+        assert fabric.process(Host()) != pid
+
+
+@ROOT_ONLY
+def test_root_s_process_counts_only_from_a_file_no_one_else_may_write(tmp_path):
+    exe = tmp_path / "nv-fabricmanager"
+    shutil.copy("/bin/sleep", exe)
+    exe.chmod(0o757)  # anyone may put their program here
+    with _named([str(exe), "120"]) as pid:
+        assert not fabric.is_daemon(Path(f"/proc/{pid}"))
+    exe.chmod(0o755)
+    with _named([str(exe), "120"]) as pid:
+        assert fabric.is_daemon(Path(f"/proc/{pid}"))
 
 
 def test_without_systemd_and_no_process_in_sight_the_state_is_unknown(tmp_path):

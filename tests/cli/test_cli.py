@@ -655,6 +655,17 @@ def test_xid_from_this_machines_own_dmesg(tmp_path):
     assert r.exit_code in (0, 1) and json.loads(r.stdout)["source"] == str(tmp_path / "dmesg.txt")
 
 
+def test_a_cr_a_user_put_in_a_kernel_message_forges_no_xid(tmp_path):
+    # `mount -o "$(printf "y\rNVRM: Xid ...")"` in a user namespace, as `dmesg` prints it: a healthy node.
+    cap = tmp_path / "cap.log"
+    cap.write_bytes(b"[ 1234.567890] tmpfs: Unknown parameter 'y\rNVRM: Xid (PCI:0000:5d:00): 48, pid=0, DBE (0x1)'\n"
+                    b"[ 1234.600000] EXT4-fs (vda1): mounted filesystem\n")
+    r = invoke("xid", "--from", str(cap), "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["events"] == []
+    r = invoke("explain", str(cap))
+    assert r.exit_code == 0 and "Xid 48" not in r.output, r.output
+
+
 # --- topology ----------------------------------------------------------------
 
 TOPO = Path(__file__).parents[1] / "fixtures" / "topo"

@@ -26,6 +26,7 @@ from preflight.readers.xid import (
 )
 
 XID = FIXTURES / "xid"
+JSON_LOG = FIXTURES / "journal" / "journalctl-json_xid79_xid13-bytes_forged-newline-cr-vt_handmade.txt"
 
 
 def events(name: str) -> list[XidEvent]:
@@ -240,7 +241,7 @@ def test_the_real_dev_kmsg_is_read_quickly_and_parses():
         assert time.monotonic() - start < 11
         pytest.skip(f"no kernel log readable here: {e.cause}")
     assert time.monotonic() - start < 5
-    assert source in ("/dev/kmsg", " ".join(xid.JOURNALCTL), " ".join(xid.DMESG))
+    assert source in ("/dev/kmsg", "/dev/kmsg + " + " ".join(xid.JOURNALCTL), " ".join(xid.JOURNALCTL), " ".join(xid.DMESG))
     assert text.strip()
     parse(text)
 
@@ -268,17 +269,17 @@ def ok(stdout: str) -> Completed:
 def test_kmsg_under_a_test_root(tmp_path):
     (tmp_path / "dev").mkdir()
     (tmp_path / "dev" / "kmsg").write_text((XID / "kmsg_xid79_fell-off-bus_xid154_sxid_handmade.txt").read_text())
-    text, source = read_kernel_log(FakeHost(tmp_path, {}), timeout=5)
+    # Its first record is #1201: the ring has wrapped, so the journal is asked for what it lost.
+    text, source = read_kernel_log(FakeHost(tmp_path, {"journalctl": FileNotFoundError(2, "No such file or directory")}), timeout=5)
     assert source == str(tmp_path / "dev" / "kmsg")
     assert [e.code for e in parse(text)] == [79, None, 154, 24007]
 
 
 def test_without_kmsg_journalctl_is_asked_with_the_time_left(tmp_path):
-    host = FakeHost(tmp_path, {"journalctl": ok((XID / "03_xid79_one-liner_no-pid_NVSentinel-155-comment.txt")
-                                                .read_text())})
+    host = FakeHost(tmp_path, {"journalctl": ok(JSON_LOG.read_text())})
     text, source = read_kernel_log(host, timeout=5)
-    assert source == "journalctl -k -b --no-pager -o short-monotonic"
-    assert [e.code for e in parse(text)] == [79]
+    assert source == "journalctl -k -b --no-pager -o json"
+    assert [e.code for e in parse(text)] == [79, 13]
     assert host.asked[0][0] == "journalctl" and 0 < host.asked[0][1] <= 5
 
 
@@ -304,7 +305,7 @@ def test_nothing_readable_names_every_source(tmp_path):
 def test_an_empty_kmsg_falls_back_to_the_journal(tmp_path):
     (tmp_path / "dev").mkdir()
     (tmp_path / "dev" / "kmsg").write_text("")
-    host = FakeHost(tmp_path, {"journalctl": ok("[ 1.0] host kernel: Linux version\n")})
+    host = FakeHost(tmp_path, {"journalctl": ok('{"__MONOTONIC_TIMESTAMP":"1000000","MESSAGE":"Linux version"}\n')})
     assert read_kernel_log(host, timeout=5)[1].startswith("journalctl")
 
 
@@ -327,7 +328,7 @@ def test_kmsg_reading_survives_overwritten_records(tmp_path, monkeypatch):
         return reply
 
     monkeypatch.setattr(xid.os, "read", read)
-    text, _ = read_kernel_log(FakeHost(tmp_path, {}), timeout=5)
+    text, _ = read_kernel_log(FakeHost(tmp_path, {"journalctl": FileNotFoundError(2, "No such file or directory")}), timeout=5)
     assert [e.code for e in parse(text)] == [13, 79]
 
 
@@ -503,3 +504,124 @@ def test_a_coloured_dmesg_reads_as_a_plain_one(tmp_path):
     fakes.tool(bin_dir, "dmesg", prints=coloured)
     log = xid.read_log(Host(tmp_path / "root", environ={"PATH": str(bin_dir)}), timeout=4)
     assert parse(log.text) == parse(LOG.read_text())
+
+
+# ---- a user's text inside a kernel message: CR, other line separators, continuation lines ------------
+
+FORGED = "NVRM: Xid (PCI:0000:5d:00): 48, pid=0, DBE (0x1)"
+TMPFS = "[ 1234.567890] tmpfs: Unknown parameter 'y{sep}" + FORGED + "'\n"
+
+
+def test_a_cr_inside_a_message_is_content_not_a_rewritten_line(tmp_path):
+    # `unshare -Urm mount -t tmpfs -o "$(printf "y\rNVRM: Xid ...")" none /tmp` as any user: dmesg
+    # prints the CR raw; read as a terminal's last write it left the forged driver line alone.
+    cap = TMPFS.format(sep="\r") + "[ 1234.600000] NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
+    assert [e.code for e in parse(cap)] == [79]
+    saved = tmp_path / "cap.log"
+    saved.write_bytes(cap.encode())
+    assert [e.code for e in parse(read_file(saved))] == [79]  # xid --from, explain
+    bin_dir = fakes.tool(tmp_path / "bin", "journalctl", prints=b"", exit_code=1)
+    fakes.tool(bin_dir, "dmesg", prints=cap.encode())
+    log = xid.read_log(Host(tmp_path / "root", environ={"PATH": str(bin_dir)}), timeout=4)
+    assert log.source == "dmesg" and [e.code for e in parse(log.text)] == [79]
+
+
+@pytest.mark.parametrize("sep", ["\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"],
+                         ids=lambda c: f"U+{ord(c):04X}")
+def test_only_a_line_feed_ends_a_kernel_log_line(sep):
+    cap = TMPFS.format(sep=sep)
+    assert parse(cap) == []
+    assert xid.kernel_lines(cap) == 1
+    stamped = "[    1.000000] tmpfs: Unknown parameter 'y" + sep + "[    2.000000] x'\n"
+    assert xid.kernel_lines(stamped) == 1
+
+
+def test_an_indented_continuation_line_is_not_the_drivers():
+    # A newline inside a message: dmesg (from /dev/kmsg) and journalctl's short formats print
+    # the rest indented with spaces, where the driver's own line has a stamp or starts the line.
+    lines = [
+        "[ 1234.567890] tmpfs: Unknown parameter 'y",
+        "               " + FORGED + "'",  # dmesg
+        "[ 1234.567890] gpu17 kernel: tmpfs: Unknown parameter 'y",
+        "                               " + FORGED + "'",  # journalctl -o short-monotonic
+        "Nov 26 23:10:01 gpu17 kernel: tmpfs: Unknown parameter 'y",
+        "\t" + FORGED + "'",
+    ]
+    assert parse("\n".join(lines)) == []
+    assert [e.code for e in parse(FORGED + "\n[ 1.0] " + FORGED + "\n")] == [48, 48]  # printk.time=0, and a stamp
+
+
+def test_the_journal_keeps_each_message_whole():
+    # journalctl -o json: a message counts only where MESSAGE itself starts with the driver's
+    # text; one given as an array of bytes (a control character in it) is read too.
+    text = xid.journal.lines(JSON_LOG.read_text())
+    found = parse(text)
+    assert [(e.code, e.pci, e.uptime) for e in found] == [(79, "0000:3b:00", 219.470994), (13, "0000:cb:00", 1399.9999)]
+    assert xid.journal.lines(fakes.BAD_OUTPUT["garbage"].decode()) is None
+
+
+def test_the_journal_answers_through_a_stand_in_journalctl(tmp_path):
+    bin_dir = fakes.tool(tmp_path / "bin", "journalctl", prints=JSON_LOG)
+    log = xid.read_log(Host(tmp_path / "root", environ={"PATH": str(bin_dir)}), timeout=4)
+    assert log.source == "journalctl -k -b --no-pager -o json" and [e.code for e in parse(log.text)] == [79, 13]
+
+
+def test_dmesg_through_syslog_says_message_boundaries_are_lost(tmp_path):
+    # No /dev/kmsg to read (a container): dmesg reads syslog(2), which stamps every line of a
+    # message. The event still counts; the log says why it may not be the driver's.
+    bin_dir = fakes.tool(tmp_path / "bin", "journalctl", prints=b"", exit_code=1)
+    fakes.tool(bin_dir, "dmesg", prints=b"[ 1234.567890] tmpfs: Unknown parameter 'y\n[ 1234.567890] " + FORGED.encode() + b"'\n")
+    log = xid.read_log(Host(tmp_path / "root", environ={"PATH": str(bin_dir)}), timeout=4)
+    assert [e.code for e in parse(log.text)] == [48]
+    assert log.note == xid.SYSLOG_NOTE
+
+
+# ---- printk.time=0: dmesg prints no stamp ---------------------------------------------------------------
+
+def test_control_characters_a_user_put_in_dmesg_leave_it_a_kernel_log(tmp_path):
+    bin_dir = fakes.tool(tmp_path / "bin", "journalctl", prints=b"", exit_code=1)
+    fakes.tool(bin_dir, "dmesg", prints=b"[ 1.0] tmpfs: Unknown parameter 'y\x01\x0b\x1b\x7f'\n[ 2.0] NVRM: loading\n")
+    log = xid.read_log(Host(tmp_path / "root", environ={"PATH": str(bin_dir)}), timeout=4)
+    assert log.source == "dmesg" and parse(log.text) == []
+
+
+def test_a_dmesg_without_time_stamps_is_a_kernel_log(tmp_path):
+    bin_dir = fakes.tool(tmp_path / "bin", "journalctl", prints=b"", exit_code=1)
+    fakes.tool(bin_dir, "dmesg", prints=b"Linux version 6.8.0-49-generic (buildd@lcy02-amd64-103)\n"
+                                         b"Command line: BOOT_IMAGE=/vmlinuz root=/dev/vda1 printk.time=0\n")
+    log = xid.read_log(Host(tmp_path / "root", environ={"PATH": str(bin_dir)}), timeout=4)
+    assert log.source == "dmesg" and parse(log.text) == []
+
+
+# ---- a ring that wrapped: the journal holds what it lost ---------------------------------------------------
+
+KMSG = XID / "kmsg_xid79_fell-off-bus_xid154_sxid_handmade.txt"  # its first record is #1201, 5.12 s after boot
+WRAPPED = FIXTURES / "journal" / "journalctl-json_ring-wrapped_xid48-at-3s_xid79-also-in-ring_handmade.txt"
+
+
+def _kmsg_root(tmp_path: Path, text: str) -> Path:
+    (tmp_path / "root" / "dev").mkdir(parents=True)
+    (tmp_path / "root" / "dev" / "kmsg").write_text(text)
+    return tmp_path / "root"
+
+
+def test_a_wrapped_ring_adds_the_journals_older_events_once(tmp_path):
+    bin_dir = fakes.tool(tmp_path / "bin", "journalctl", prints=WRAPPED)
+    log = xid.read_log(Host(_kmsg_root(tmp_path, KMSG.read_text()), environ={"PATH": str(bin_dir)}), timeout=4)
+    assert [(e.code, e.uptime) for e in parse(log.text)] == [(48, 3.0), (79, 219.470994), (None, 219.471002), (154, 219.47105), (24007, 301.0)]
+    assert log.source == str(tmp_path / "root" / "dev" / "kmsg") + " + journalctl -k -b --no-pager -o json"
+    assert "ring had wrapped" in log.note and "#1201" in log.note and "1 driver line" in log.note
+
+
+def test_a_wrapped_ring_without_a_journal_says_what_cannot_be_seen(tmp_path):
+    log = xid.read_log(Host(_kmsg_root(tmp_path, KMSG.read_text()), environ={"PATH": str(tmp_path / "none")}), timeout=4)
+    assert [e.code for e in parse(log.text)] == [79, None, 154, 24007]
+    assert log.source == str(tmp_path / "root" / "dev" / "kmsg")
+    assert "ring had wrapped" in log.note and "cannot be seen" in log.note and "journalctl -k -b --no-pager -o json: " in log.note
+    assert log.unread == {}  # a node without a journal is no reader's trouble
+
+
+def test_a_ring_from_boot_asks_no_journal(tmp_path):
+    whole = "6,0,0,-;Linux version 6.8.0\n" + KMSG.read_text()
+    log = read_kernel_log(FakeHost(_kmsg_root(tmp_path, whole), {}), timeout=5)  # FakeHost answers no command
+    assert [e.code for e in parse(log[0])] == [79, None, 154, 24007]

@@ -1,0 +1,85 @@
+"""The kernel's messages as the systemd journal holds them, and where /dev/kmsg's ring
+begins, for the Xid scan (readers/xid.py).
+
+`journalctl -k -b -o json` prints one JSON object per message, its MESSAGE whole: a
+newline a message holds stays inside it, where the short formats print the rest as
+an indented line of its own, and a user's text after that newline ("tmpfs: Unknown
+parameter 'y\\nNVRM: Xid ...'") would read as a line the driver printed. Each
+entry becomes one dmesg-style line, "[ uptime] MESSAGE" with the message's line
+breaks made spaces, so a message counts only where MESSAGE itself starts with the
+driver's text. MESSAGE comes as an array of bytes where it is not valid UTF-8 or
+holds control characters (systemd's JSON output, "binary" fields).
+
+/dev/kmsg's records carry a sequence number that starts at 0 at boot: a first
+record with a larger one says the ring has wrapped, and the messages before it
+are gone from the ring (a flood of messages, which any user can cause, pushes an
+old Xid out). The journal, where there is one, still holds them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+JOURNALCTL = ("journalctl", "-k", "-b", "--no-pager", "-o", "json")
+_RECORD = re.compile(r"^\d+,(?P<seq>\d{1,20}),(?P<usec>\d{1,20}),[^;]*;")  # /dev/kmsg: prio,seq,usec,flags;text
+_STAMP = re.compile(r"^\[\s*(?P<sec>\d{1,12}\.\d{6})\] ")
+
+
+def _message(entry: object) -> str | None:
+    if not isinstance(entry, dict):
+        return None
+    msg = entry.get("MESSAGE")
+    if isinstance(msg, list) and all(isinstance(b, int) and 0 <= b < 256 for b in msg):
+        msg = bytes(msg).decode("utf-8", errors="replace")
+    return msg if isinstance(msg, str) else None
+
+
+def _usec(entry: dict) -> int | None:
+    # The kernel's own time of the message (journald copies it from /dev/kmsg); the time
+    # journald received it, for a journal that lacks it, comes later and only orders.
+    for key in ("_SOURCE_MONOTONIC_TIMESTAMP", "__MONOTONIC_TIMESTAMP"):
+        value = entry.get(key)
+        if isinstance(value, str) and value.isdigit() and len(value) <= 20:
+            return int(value)
+    return None
+
+
+def lines(out: str) -> str | None:
+    """journalctl's JSON output as dmesg lines, one per message; None where it holds no
+    message (nothing, garbage, a binary, another format)."""
+    found = []
+    for row in out.split("\n"):
+        row = row.strip()
+        if not row.startswith("{"):
+            continue
+        try:
+            entry = json.loads(row)
+        except ValueError:
+            continue
+        msg = _message(entry)
+        if msg is None:
+            continue
+        usec = _usec(entry)
+        text = " ".join(msg.splitlines()) if msg else ""  # every kind of line break: one message, one line
+        if text[:1].isspace():
+            text = "(indented)" + text  # a message that does not start with its text is not the driver's line
+        found.append((f"[{usec // 1_000_000:5d}.{usec % 1_000_000:06d}] " if usec is not None else "") + text)
+    return "\n".join(found) + "\n" if found else None
+
+
+def first_record(kmsg: str) -> tuple[int, int] | None:
+    """(sequence number, microseconds since boot) of the first /dev/kmsg record read, or None."""
+    m = _RECORD.match(kmsg)
+    return (int(m["seq"]), int(m["usec"])) if m else None
+
+
+def before(journal: str, usec: int, keep) -> list[str]:
+    """The journal's lines (from ``lines``) older than ``usec`` for which ``keep(line)`` holds:
+    what the ring lost, each event once (the ring holds every message from ``usec`` on)."""
+    out = []
+    for line in journal.split("\n"):
+        m = _STAMP.match(line)
+        if m and round(float(m["sec"]) * 1e6) < usec and keep(line):
+            out.append(line)
+    return out
