@@ -58,6 +58,20 @@ def from_stage(log: Summary | None) -> Nvls | None:
     return None
 
 
+def from_shared(nccl_details: dict | None, stage_world: dict | None) -> Nvls | None:
+    """The nccl check's "K nvls channels" line, where the bandwidth stage reused the communicator
+    the nccl stage made: NCCL prints the line once, at the communicator's init, which in a shared
+    launch (gpuwork/world.py; _rank.init_group keeps the group) happened in the nccl stage."""
+    d = nccl_details or {}
+    channels, world = (d.get("nccl_log") or {}).get("nvls_channels"), d.get("world") or {}
+    if channels is None or not stage_world or world.get("launch") != stage_world.get("launch") or world.get("ended_it", True):
+        return None
+    where = f"NCCL's log of the nccl check, whose communicator the bandwidth stage reused (launch {world['launch']})"
+    if channels:
+        return Nvls(on=True, source=f"{where}: {channels} nvls channels (NCCL set NVLS up for it)")
+    return Nvls(on=False, source=f"{where}: 0 nvls channels (NCCL set no NVLS up for it)")
+
+
 def from_env(env: dict[str, list[tuple[str, str]]]) -> Nvls | None:
     """NCCL's settings (nccl_env.read): None where they leave NVLS to NCCL."""
     effective = nccl_env.effective(env)
@@ -96,10 +110,12 @@ def from_log(nccl_details: dict | None) -> Nvls | None:
     return Nvls(on=None, available=True, source=source) if said else Nvls(on=False, source=source)
 
 
-def decide(env: dict[str, list[tuple[str, str]]], nccl_details: dict | None, stage_log: Summary | None = None) -> Nvls:
-    """The bandwidth stage's own NCCL lines first (what its communicator set up), then the
-    environment (NCCL obeys it whatever the hardware offers), then the nccl check's NVLS line."""
-    found = from_stage(stage_log) or from_env(env) or from_log(nccl_details)
+def decide(env: dict[str, list[tuple[str, str]]], nccl_details: dict | None, stage_log: Summary | None = None,
+           stage_world: dict | None = None) -> Nvls:
+    """What the bandwidth stage's communicator set up first: its own NCCL lines, or the nccl
+    check's where it reused that stage's communicator (``stage_world``: its launch and stage);
+    then the environment (NCCL obeys it whatever the hardware offers); then the nccl check's NVLS line."""
+    found = from_stage(stage_log) or from_shared(nccl_details, stage_world) or from_env(env) or from_log(nccl_details)
     if found is None and stage_log is not None and stage_log.nvls:
         found = Nvls(on=None, available=True, source="NCCL's log of the bandwidth stage: NVLS multicast support is available")
     if found is not None:

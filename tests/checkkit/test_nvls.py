@@ -162,3 +162,19 @@ def test_available_alone_between_the_floors_names_both_causes_and_fails_nothing(
     assert judged(480 * GB, AVAILABLE) == ([], [])
     [f], _ = judged(200 * GB, AVAILABLE)  # under the ring floor too: the link, as before
     assert f.status == Status.FAIL and "NVLink or NVSwitch" in f.remedy
+
+
+def test_in_a_shared_launch_the_nccl_check_s_channels_line_is_the_bandwidth_communicator_s():
+    # The nccl stage made the group and bandwidth's stage reused it: NCCL printed "K nvls channels"
+    # once, at that communicator's init, so it is in the nccl check's lines, not the bandwidth stage's.
+    two_gpu = nccl_log.parse((NCCL / TWO_GPU).read_text(errors="replace"))
+    nccl_details = {"nccl_log": {"nvls": True, "nvls_channels": two_gpu.nvls_channels}, "world": {"launch": 1, "stage": 2, "ended_it": False}}
+    silent = stage("09_nccl2.28.9-cuda12.9_4xa100-vastai_grep-transport-lines_P2P-CUMEM-read-on-NVLink-pairs_SHM-direct-direct-across_prefix-stripped.log")
+    fact = nvls.decide({}, nccl_details, silent, {"launch": 1, "stage": 3, "ended_it": False})
+    assert fact.on is False and "whose communicator the bandwidth stage reused (launch 1): 0 nvls channels" in fact.source
+    # A fresh launch for bandwidth (the nccl stage ended its own) made a communicator of its own: the line is not its.
+    assert nvls.decide({}, nccl_details, silent, {"launch": 2, "stage": 1, "ended_it": False}).available
+    ended = {**nccl_details, "world": {"launch": 1, "stage": 2, "ended_it": True}}
+    assert nvls.decide({}, ended, silent, {"launch": 1, "stage": 3, "ended_it": False}).on is None
+    ran = {**nccl_details, "nccl_log": {"nvls": True, "nvls_channels": 16}}
+    assert nvls.decide({}, ran, None, {"launch": 1, "stage": 3, "ended_it": False}).on is True

@@ -846,3 +846,20 @@ def test_the_nccl_check_s_available_line_alone_names_both_causes(monkeypatch):
     result = bandwidth.Bandwidth().run(ctx)
     assert result.status == WARN and "either NVLS was not used by this communicator" in result.cause
     assert "NVLink or NVSwitch port down" not in str(result.model_dump())
+
+
+@pytest.mark.parametrize("launch, status", [(1, Status.PASS), (2, WARN)])
+def test_in_a_shared_launch_the_nccl_stage_s_channels_line_judges_the_reused_communicator(monkeypatch, launch, status):
+    # The group the nccl stage made (its "0 nvls channels" line among its own) served bandwidth's
+    # collectives in the same launch: rings ran and 368 GB/s passes. In a launch of its own it was not that communicator.
+    facts = all_reduce_at(368 * GB)
+    facts.world = {"launch": launch, "stage": 2 if launch == 1 else 1, "ended_it": False}
+    monkeypatch.setattr(bandwidth, "gather", lambda *a, **kw: facts)
+    ctx = h100_ctx({})
+    zero = nccl_log.parse(nccl_fixture_text("02")).nvls_channels
+    ctx.results["nccl"] = Result(check="nccl", status=Status.PASS, summary="ok",
+                                 details={"nccl_log": {"nvls": True, "nvls_channels": zero}, "world": {"launch": 1, "stage": 1, "ended_it": False}})
+    result = bandwidth.Bandwidth().run(ctx)
+    assert result.status == status and zero == 0
+    if status == Status.PASS:
+        assert "0 nvls channels" in str(result.model_dump()) and "NVLS was off" in "\n".join(result.lines)
