@@ -542,7 +542,7 @@ class Bandwidth(Check):
         for name in (WHOLE_NODE if ctx.meeting else INTERNODE_FLOORS):
             floors.pop(name, None)
         # The all_reduce against the floor of the algorithm NCCL ran: NVLS, or rings.
-        nvls = nvls_mod.decide(nccl_env.read(ctx.host), ctx.results["nccl"].details if "nccl" in ctx.results else None)
+        nvls = nvls_mod.decide(nccl_env.read(ctx.host), ctx.results["nccl"].details if "nccl" in ctx.results else None, facts.nccl_log, facts.world)
         both, floors = floors, nvls_mod.fit(floors, nvls)
         parts = judge(facts, figs, floors, expect, linked_pairs(ctx.results.get("topology"), ("NV",)) or set(), all_nvlink)
         parts["transports"] = judge_transports(facts, ctx)

@@ -378,11 +378,16 @@ def judge_init(init: InitOutcome | None, inv: Inventory) -> list[Finding]:
             return [Finding(FAIL, "CUDA init hung", f"the cuda_init worker under {python} hung before reporting ({init.ended}); last output: {init.last_output()}", by_hand)]
         cause = f"the cuda_init worker under {python} {init.ended}{why}; last output: {init.last_output()}"
         return [interpreter.judge(python, init.interpreter, cause) or Finding(FAIL, "the CUDA init worker failed", cause, by_hand)]
-    if r.current is not None and (init.timed_out or init.returncode != 0):
-        who, i = _gpu_of(r.current, r, inv)
+    # A report of one process (a recorded one) names its device in ``current`` alone.
+    unfinished = r.unfinished or ([r.current] if r.current is not None else [])
+    if unfinished and (init.timed_out or init.returncode != 0):
+        gpus = [_gpu_of(c, r, inv) for c in unfinished]
+        whos, i = " and ".join(w for w, _ in gpus), gpus[0][1] if len(gpus) == 1 else "N"
         how = "hung" if init.timed_out else "died"
-        cause = f"{who} did not finish its CUDA probe: the worker {init.ended}; last output: {init.last_output()}"
-        return [Finding(FAIL, f"CUDA init {how} on {who}", cause, RESET.format(i=i) + "; if it happens again, " + DRAIN)]
+        their = "its CUDA probe" if len(gpus) == 1 else "their CUDA probes (each rank probes its own GPU at once: none is known to be the one at fault)"
+        cause = f"{whos} did not finish {their}: the worker {init.ended}; last output: {init.last_output()}"
+        reset = RESET.format(i=i) + ("" if len(gpus) == 1 else f" (N: {', '.join(x for _, x in gpus)})")
+        return [Finding(FAIL, f"CUDA init {how} on {whos}", cause, reset + "; if it happens again, " + DRAIN)]
     if init.timed_out:
         stage = {"import": f"importing torch with {python}", "init": "torch.cuda.init()", "load": "copying to the GPUs"}.get(r.stage, r.stage)
         return [Finding(FAIL, "CUDA init hung", f"the cuda_init worker hung in {stage} ({init.ended}); last output: {init.last_output()}", RESET.format(i="N") + "; " + DRAIN)]

@@ -332,7 +332,9 @@ class Nccl(Check):
             details["nccl_log"] = {
                 "version": facts.nccl.version,
                 "networks": facts.nccl.networks,
-                "nvls": facts.nccl.nvls,  # NVLS multicast available: the bandwidth check's all_reduce floor follows it
+                "nvls": facts.nccl.nvls,  # NVLS multicast available (not that it ran): bandwidth reads it after its own stage's nvls channels and the settings
+                # "K nvls channels" of the communicators this stage made: bandwidth's too, where it reuses the group in a shared launch
+                "nvls_channels": facts.nccl.nvls_channels,
                 "peers": {f"{a}->{b}": t for (a, b), t in sorted(facts.nccl.peers().items())},
                 "warnings": [w.message for w in facts.nccl.warnings[:50]],
                 "problems": [p.model_dump() for p in facts.nccl.problems],

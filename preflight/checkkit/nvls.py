@@ -8,9 +8,20 @@ NCCL_NVLS_ENABLE=0 (its buffers cost GPU memory), where NCCL_ALGO leaves it
 out, and where the driver or the fabric has no multicast (VMs, older fabric
 software); all of these are healthy. So a node is held to the NVLS floor only
 where NVLS ran, and to the ring floor otherwise: a busbw between the two is
-what rings give, not a broken NVLink. The fact comes from whichever source
-answered: the environment NCCL runs under (a setting wins), else NCCL's own
-"NVLS multicast support is (not) available" line in the nccl check's log.
+what rings give, not a broken NVLink.
+
+"NVLS multicast support is available" does not mean NVLS ran: NCCL prints it
+early in init (src/transport/nvls.cc ncclNvlsInit), and clears NVLS later
+when its graph search found no NVLS channels (src/init.cc: "if
+(graphs[NCCL_ALGO_NVLS]->nChannels == 0) comm->nvlsSupport =
+comm->nvlsChannels = 0;"), before it prints "%d coll channels, %d collnet
+channels, %d nvls channels, ..." (src/init.cc, NVIDIA/nccl 5067397). So the
+fact comes, first, from the bandwidth stage's own NCCL lines: K nvls channels,
+K above 0, NVLS ran for its collectives; 0, or "not available", it did not.
+Then the environment NCCL runs under (a setting NCCL obeys), then the nccl
+check's "NVLS multicast support is (not) available" line. Where "available"
+is all any source said, NVLS may or may not have run: a busbw between the
+ring and the NVLS floors names both causes, never NVLink alone.
 """
 
 from __future__ import annotations
@@ -21,14 +32,44 @@ from preflight.base.findings import Finding, Status
 from preflight.base.units import fmt_value
 from preflight.pipeline.profiles import ResolvedFloor
 from preflight.readers import nccl_env
+from preflight.readers.nccl_log import Summary
 
 NVLS_FLOOR = "allreduce_bus_bandwidth"  # the profile's all_reduce floor: NVLS's where the profile has a ring one too
 RING_FLOOR = "allreduce_bus_bandwidth_ring"
 
 
 class Nvls(BaseModel):
-    on: bool | None  # None: no source said
+    on: bool | None  # whether NVLS ran; None: no source said
     source: str  # which source answered, in words; or why none did
+    available: bool = False  # with on None: NCCL said NVLS multicast is available, not whether it ran
+
+
+def from_stage(log: Summary | None) -> Nvls | None:
+    """The bandwidth stage's own NCCL lines: whether its collectives' communicator set NVLS up."""
+    if log is None:
+        return None
+    where = "NCCL's log of the bandwidth stage"
+    if log.nvls_channels:
+        return Nvls(on=True, source=f"{where}: {log.nvls_channels} nvls channels (NCCL set NVLS up for its collectives)")
+    if log.nvls_channels == 0:
+        return Nvls(on=False, source=f"{where}: 0 nvls channels (NCCL set no NVLS up for its collectives)")
+    if log.nvls is False:
+        return Nvls(on=False, source=f"{where}: NVLS multicast support is not available")
+    return None
+
+
+def from_shared(nccl_details: dict | None, stage_world: dict | None) -> Nvls | None:
+    """The nccl check's "K nvls channels" line, where the bandwidth stage reused the communicator
+    the nccl stage made: NCCL prints the line once, at the communicator's init, which in a shared
+    launch (gpuwork/world.py; _rank.init_group keeps the group) happened in the nccl stage."""
+    d = nccl_details or {}
+    channels, world = (d.get("nccl_log") or {}).get("nvls_channels"), d.get("world") or {}
+    if channels is None or not stage_world or world.get("launch") != stage_world.get("launch") or world.get("ended_it", True):
+        return None
+    where = f"NCCL's log of the nccl check, whose communicator the bandwidth stage reused (launch {world['launch']})"
+    if channels:
+        return Nvls(on=True, source=f"{where}: {channels} nvls channels (NCCL set NVLS up for it)")
+    return Nvls(on=False, source=f"{where}: 0 nvls channels (NCCL set no NVLS up for it)")
 
 
 def from_env(env: dict[str, list[tuple[str, str]]]) -> Nvls | None:
@@ -59,17 +100,24 @@ def allows_nvls(algo: str) -> bool:
 
 
 def from_log(nccl_details: dict | None) -> Nvls | None:
-    """The nccl check's reading of NCCL's INFO lines (details.nccl_log.nvls)."""
+    """The nccl check's reading of NCCL's INFO lines (details.nccl_log.nvls): "not available"
+    means NVLS did not run; "available" only that it could have (``available``, ``on`` None)."""
     said = ((nccl_details or {}).get("nccl_log") or {}).get("nvls")
     if said is None:
         return None
     words = "available" if said else "not available"
-    return Nvls(on=bool(said), source=f"NCCL's log of the nccl check: NVLS multicast support is {words}")
+    source = f"NCCL's log of the nccl check: NVLS multicast support is {words}"
+    return Nvls(on=None, available=True, source=source) if said else Nvls(on=False, source=source)
 
 
-def decide(env: dict[str, list[tuple[str, str]]], nccl_details: dict | None) -> Nvls:
-    """The environment first (NCCL obeys it whatever the hardware offers), then NCCL's own log."""
-    found = from_env(env) or from_log(nccl_details)
+def decide(env: dict[str, list[tuple[str, str]]], nccl_details: dict | None, stage_log: Summary | None = None,
+           stage_world: dict | None = None) -> Nvls:
+    """What the bandwidth stage's communicator set up first: its own NCCL lines, or the nccl
+    check's where it reused that stage's communicator (``stage_world``: its launch and stage);
+    then the environment (NCCL obeys it whatever the hardware offers); then the nccl check's NVLS line."""
+    found = from_stage(stage_log) or from_shared(nccl_details, stage_world) or from_env(env) or from_log(nccl_details)
+    if found is None and stage_log is not None and stage_log.nvls:
+        found = Nvls(on=None, available=True, source="NCCL's log of the bandwidth stage: NVLS multicast support is available")
     if found is not None:
         return found
     why = "the nccl check did not run" if nccl_details is None else "NCCL's log of the nccl check has no NVLS line (NCCL_DEBUG=INFO output missing, or an NCCL before 2.17)"
@@ -92,8 +140,8 @@ def fit(floors: dict[str, ResolvedFloor], nvls: Nvls) -> dict[str, ResolvedFloor
 def explain(values: list[float], floors: dict[str, ResolvedFloor], nvls: Nvls) -> tuple[list[Finding], list[str]]:
     """For an all_reduce busbw under the NVLS floor but at or over the ring floor: with NVLS
     off, a line saying rings explain it (the site's choice, no finding); with no source
-    answering, a WARN, since the judge lacks the fact that tells a healthy ring from a
-    degraded NVLS. Under the ring floor the floors' own FAIL (NVLink, NVSwitch) stands."""
+    answering, or NCCL saying only that NVLS is available, a WARN naming both causes, since
+    the judge lacks the fact that tells a healthy ring from a degraded NVLS. Under the ring floor the floors' own FAIL (NVLink, NVSwitch) stands."""
     top, ring = floors.get(NVLS_FLOOR), floors.get(RING_FLOOR)
     if not values or top is None or ring is None or nvls.on is True or not top.origin.startswith("profile"):
         return [], []
@@ -104,8 +152,16 @@ def explain(values: list[float], floors: dict[str, ResolvedFloor], nvls: Nvls) -
     if nvls.on is False:
         return [], [f"all_reduce busbw {busbw} is what NCCL's rings give: NVLS was off ({nvls.source}), so it is judged against the ring floor "
                     f"{ring_floor} ({ring.source}), not the NVLS floor {nvls_floor}"]
-    cause = (f"all_reduce busbw {busbw} is under the NVLS floor {nvls_floor} ({top.source}) and at or over the ring floor {ring_floor} "
-             f"({ring.source}): NVLS being off would explain it, a degraded NVLS would too, and no source said which ran ({nvls.source})")
-    remedy = ("run the nccl check before bandwidth with NCCL_DEBUG=INFO reaching it (its log says whether NVLS multicast is available), "
+    under = (f"all_reduce busbw {busbw} is under the NVLS floor {nvls_floor} ({top.source}) and at or over the ring floor {ring_floor} "
+             f"({ring.source})")
+    if nvls.available:
+        # NCCL drops NVLS after this line when its graph search finds no NVLS channels (src/init.cc).
+        cause = (f"{under}: either NVLS was not used by this communicator (NCCL said only that multicast is available: {nvls.source}; "
+                 f"it still runs rings where it sets no NVLS channels up) or NVLink/NVSwitch is degraded, and no line of NCCL's said which")
+        remedy = ("read NCCL's \"K nvls channels\" line with NCCL_DEBUG=INFO reaching the bandwidth stage (0: rings ran, this figure is theirs); "
+                  "with NVLS channels set up, check NVLink and NVSwitch (`nvidia-smi nvlink -s`, fabric manager)")
+        return [Finding(Status.WARN, f"all_reduce busbw {busbw}: NVLS may not have run", cause, remedy)], []
+    cause = f"{under}: NVLS being off would explain it, a degraded NVLS would too, and no source said which ran ({nvls.source})"
+    remedy = ("let NCCL_DEBUG=INFO reach the ranks (the bandwidth stage's \"K nvls channels\" line says whether NVLS ran), "
               "or set NCCL_NVLS_ENABLE=0 where NVLS is off on purpose")
     return [Finding(Status.WARN, f"all_reduce busbw {busbw}: NVLS state unknown", cause, remedy)], []

@@ -9,6 +9,7 @@ The cuda check (checks/cuda.py) gathers through here and judges the outcome.
 
 from __future__ import annotations
 
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -46,6 +47,9 @@ class InitReport(BaseModel):
     error_kind: str | None = None  # no_torch, cpu_build, init, no_device
     devices: list[DeviceReport] = []
     current: int | None = None  # the CUDA device being probed
+    # The CUDA devices a crash or hang is laid to, by ``merge``: the one whose rank died of its
+    # own where that is known, else every one still being probed when the launch ended.
+    unfinished: list[int] = []
     pci_bus_ids: list[str | None] = []  # by CUDA device index
     uuids: list[str | None] = []  # by CUDA device index, as torch prints them (no "GPU-")
     cuda_device_order: str | None = None  # the CUDA_DEVICE_ORDER the worker ran under
@@ -130,7 +134,10 @@ def run_init(python: str, timeout: float, read_links: bool, progress: Progress |
     )
     if 0 in done.reports:
         try:
-            outcome.report = InitReport.model_validate(merge({k: done.reports.get(k) for k in ranks}))
+            # A plain worker's own exit is its rank's; in a launch, torchrun's summary says each rank's.
+            exits = done.rank_exits if done.world else {0: done.returncode} if done.returncode is not None else {}
+            merged = merge({k: done.reports.get(k) for k in ranks}, exits, done.root_cause)
+            outcome.report = InitReport.model_validate(merged)
         except ValidationError as e:
             err = e.errors()[0]
             outcome.unreadable = f"its report does not fit the expected shape ({err['loc']}: {err['msg']})"
@@ -154,13 +161,22 @@ def loading(reports: list[dict | None]) -> bool:
     return all(s in ("load", "done") for s in stages) and "load" in stages
 
 
-def merge(reports: dict[int, dict | None]) -> dict:
+# What torchrun sends the other ranks once one has failed (and the agent at a deadline): a rank
+# that ended so was stopped, and says nothing about its GPU.
+_STOPPED = (-signal.SIGTERM, -signal.SIGKILL)
+
+
+def merge(reports: dict[int, dict | None], exits: dict[int, int] | None = None, root_cause: int | None = None) -> dict:
     """The ranks' reports (by local rank, rank 0's present) as one, as a process probing every
     GPU would have written it: every rank's devices, the stage the slowest rank reached, the
-    GPU a rank was probing when it stopped, the first rank's error, the load ended by the stop
-    file only where every rank's was. A rank with no report stopped before it could write one."""
+    GPUs the crash or hang is laid to (``unfinished``, ``current`` where that is one), the first
+    rank's error, the load ended by the stop file only where every rank's was. A rank with no
+    report stopped before it could write one. ``exits`` (local rank -> exit code, negative: the
+    signal) and ``root_cause`` are torchrun's, where it said them."""
     first = reports[0] or {}
     out = dict(first)
+    out["unfinished"] = _unfinished(reports, exits or {}, root_cause)
+    out["current"] = out["unfinished"][0] if len(out["unfinished"]) == 1 else None
     devices, probed = [], {}
     for k, r in sorted(reports.items()):
         if r is None:
@@ -170,8 +186,6 @@ def merge(reports: dict[int, dict | None]) -> dict:
         probed[k] = r.get("probed")
         if _order(r.get("stage")) < _order(out.get("stage")):
             out["stage"] = r["stage"]
-        if out.get("current") is None and r.get("current") is not None:
-            out["current"] = r["current"]
         if out.get("error") is None and r.get("error") is not None:
             out.update(error=r["error"], error_kind=r.get("error_kind"))
     ends = [r.get("load_end") for r in reports.values() if r and r.get("load_end")]
@@ -179,6 +193,19 @@ def merge(reports: dict[int, dict | None]) -> dict:
     times = [r["seconds"] for r in reports.values() if r and r.get("seconds") is not None]
     out.update(devices=sorted(devices, key=lambda d: d["index"]), probed=probed, seconds=max(times) if times else None)
     return out
+
+
+def _unfinished(reports: dict[int, dict | None], exits: dict[int, int], root_cause: int | None) -> list[int]:
+    """All ranks probe at once: when one crashes torchrun stops the others mid-probe, so the
+    first rank found probing is no culprit. The rank that died of its own (any end but the
+    SIGTERM or SIGKILL it was sent), torchrun's root cause first, names its GPU; where none did,
+    as in a hang, every GPU still being probed is named."""
+    probing = {k: r["current"] for k, r in reports.items() if r and r.get("current") is not None}
+    own = [k for k, code in exits.items() if code and code not in _STOPPED]
+    if own:
+        culprits = [root_cause] if root_cause in own and root_cause in probing else [k for k in own if k in probing]
+        return sorted({probing[k] for k in culprits})  # none: it died outside its probe, no GPU to name
+    return sorted(set(probing.values()))
 
 
 def _order(stage: str | None) -> int:

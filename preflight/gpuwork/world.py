@@ -19,7 +19,9 @@ A stage that does not end cleanly (a rank failed, died or hung, or the
 deadline passed) ends the whole launch, with every process in it: the next
 check that needs ranks (under --keep-going) gets a fresh one. A launch across
 nodes (the group checks of a run with --nnodes) is kept apart from this node's
-own (cuda, train).
+own (cuda, train), and never runs beside it: both hold CUDA contexts on this
+node's GPUs, which a GPU in EXCLUSIVE_PROCESS mode gives one process at a
+time, so the idle one is closed before the other starts.
 """
 
 from __future__ import annotations
@@ -213,7 +215,7 @@ class Stage:
 
 
 class Worlds:
-    """The run's launches: at most one on this node alone and one across the group, each
+    """The run's launches: one at a time, on this node alone or across the group, each
     started by the first stage that needs it. ``after_check`` names the processes of the
     idle ones, which the runner must not sweep away between checks; ``close`` ends them all."""
 
@@ -229,9 +231,11 @@ class Worlds:
         place = group is not None
         world = self._by_place.get(place)
         if world is None or world.key != key or not world.usable() or world.busy:
-            if world is not None:
-                world.close()
-                del self._by_place[place]
+            # Every launch runs on the same GPUs, this node's, and each of its ranks keeps the
+            # CUDA context it made: on a GPU in EXCLUSIVE_PROCESS mode a second launch's ranks
+            # cannot make theirs ("all CUDA-capable devices are busy or unavailable") while the
+            # first one lives, idle or not. So every other launch ends before a new one starts.
+            self._close_all()
             world = World(self.launches + 1, key, worker)  # raises as launch.start does: nothing is counted then
             self.launches += 1
             self._by_place[place] = world
@@ -261,6 +265,9 @@ class Worlds:
         return pids
 
     def close(self) -> None:
+        self._close_all()
+
+    def _close_all(self) -> None:
         for world in self._by_place.values():
             world.close()
         self._by_place.clear()

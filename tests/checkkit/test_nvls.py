@@ -25,7 +25,8 @@ def builtin(name: str) -> profiles.ResolvedProfile:
 
 H100, H200 = builtin("h100-sxm"), builtin("h200-sxm")
 GB = 1e9
-ON = nvls.Nvls(on=True, source="NCCL's log of the nccl check: NVLS multicast support is available")
+ON = nvls.Nvls(on=True, source="NCCL's log of the bandwidth stage: 16 nvls channels (NCCL set NVLS up for its collectives)")
+AVAILABLE = nvls.Nvls(on=None, available=True, source="NCCL's log of the nccl check: NVLS multicast support is available")
 OFF = nvls.Nvls(on=False, source="NCCL_NVLS_ENABLE=0 in the environment")
 UNKNOWN = nvls.Nvls(on=None, source="unknown: no NCCL setting names it and the nccl check did not run")
 
@@ -102,19 +103,78 @@ def test_the_environment_says_when_nvls_cannot_run(env, on):
     assert (found.on if found else None) is on
 
 
-@pytest.mark.parametrize("log, on", [
-    ("05_nccl2.18.3_8xH800-single-process_nccl-tests-header_NET-Socket_NVLS-available_P2P-direct-pointer.log", True),
-    ("01a_vllm083_nccl2.21.5_8xGPU_NET-IB-listed_P2P-IPC-read_rank0-init.log", False),
-    ("02_nccl2.27.5_2gpu-consumer_NET-Socket-16ifaces_SHM-direct-direct_isAllDirectP2p0.log", None),
+@pytest.mark.parametrize("log, on, available", [
+    # "available" is printed before NCCL's graph search, which may still clear NVLS: not proof it ran.
+    ("05_nccl2.18.3_8xH800-single-process_nccl-tests-header_NET-Socket_NVLS-available_P2P-direct-pointer.log", None, True),
+    ("01a_vllm083_nccl2.21.5_8xGPU_NET-IB-listed_P2P-IPC-read_rank0-init.log", False, False),
+    ("02_nccl2.27.5_2gpu-consumer_NET-Socket-16ifaces_SHM-direct-direct_isAllDirectP2p0.log", None, False),
 ])
-def test_nccl_s_own_nvls_line_answers_through_the_nccl_check_s_details(log, on):
+def test_nccl_s_own_nvls_line_answers_through_the_nccl_check_s_details(log, on, available):
     parsed = nccl_log.parse((NCCL / log).read_text(errors="replace"))
     fact = nvls.decide({}, {"nccl_log": {"nvls": parsed.nvls}})
-    assert fact.on is on
-    if on is None:
+    assert fact.on is on and fact.available is available
+    if on is None and not available:
         assert fact.source.startswith("unknown: ") and "no NVLS line" in fact.source
 
 
 def test_a_setting_wins_over_the_log():
     fact = nvls.decide({"NCCL_NVLS_ENABLE": [("0", "the environment")]}, {"nccl_log": {"nvls": True}})
     assert fact == nvls.Nvls(on=False, source="NCCL_NVLS_ENABLE=0 in the environment")
+
+
+def stage(log: str) -> nccl_log.Summary:
+    path = NCCL / log if (NCCL / log).exists() else NCCL.parent / "nccltests" / log
+    return nccl_log.summary(nccl_log.parse(path.read_text(errors="replace")))
+
+
+TWO_GPU = "02_nccl2.27.5_2gpu-consumer_NET-Socket-16ifaces_SHM-direct-direct_isAllDirectP2p0.log"  # "0 nvls channels"
+NVLS_RUN = "11_aws-p5.48xlarge-8xh100_single-node_all_reduce_NVLS_mpirun-tag-output-prefix_ONE-SIZE-ROW-EXCERPT.txt"  # "16 nvls channels"
+H800 = "05_nccl2.18.3_8xH800-single-process_nccl-tests-header_NET-Socket_NVLS-available_P2P-direct-pointer.log"  # "available", no channels line
+
+
+def test_the_bandwidth_stage_s_nvls_channels_decide_before_the_nccl_check_s_line():
+    said = {"nccl_log": {"nvls": True}}  # the nccl check: "NVLS multicast support is available"
+    off = nvls.decide({}, said, stage(TWO_GPU))
+    assert off.on is False and off.source == "NCCL's log of the bandwidth stage: 0 nvls channels (NCCL set no NVLS up for its collectives)"
+    ran = nvls.decide({}, said, stage(NVLS_RUN))
+    assert ran.on is True and "16 nvls channels" in ran.source
+
+
+def test_the_bandwidth_stage_s_lines_come_before_the_settings():
+    # What the communicator set up is what ran; a setting is what it was told.
+    assert nvls.decide({"NCCL_ALGO": [("Ring", "environment")]}, None, stage(NVLS_RUN)).on is True
+    # A stage whose lines say nothing of NVLS (the 4x A100's transport lines) leaves the settings to answer.
+    silent = stage("09_nccl2.28.9-cuda12.9_4xa100-vastai_grep-transport-lines_P2P-CUMEM-read-on-NVLink-pairs_SHM-direct-direct-across_prefix-stripped.log")
+    assert silent.nvls is None and silent.nvls_channels is None
+    assert nvls.decide({"NCCL_NVLS_ENABLE": [("0", "environment")]}, {"nccl_log": {"nvls": True}}, silent).on is False
+    assert nvls.decide({}, {"nccl_log": {"nvls": True}}, silent).available
+
+
+def test_a_stage_that_says_only_available_leaves_nvls_unproven():
+    fact = nvls.decide({}, None, stage(H800))
+    assert fact.on is None and fact.available and "bandwidth stage: NVLS multicast support is available" in fact.source
+
+
+def test_available_alone_between_the_floors_names_both_causes_and_fails_nothing():
+    [f], lines = judged(368 * GB, AVAILABLE)
+    assert f.status == Status.WARN and f.summary == "all_reduce busbw 368.0 GB/s: NVLS may not have run"
+    assert "NVLS was not used by this communicator" in f.cause and "NVLink/NVSwitch is degraded" in f.cause and lines == []
+    assert judged(480 * GB, AVAILABLE) == ([], [])
+    [f], _ = judged(200 * GB, AVAILABLE)  # under the ring floor too: the link, as before
+    assert f.status == Status.FAIL and "NVLink or NVSwitch" in f.remedy
+
+
+def test_in_a_shared_launch_the_nccl_check_s_channels_line_is_the_bandwidth_communicator_s():
+    # The nccl stage made the group and bandwidth's stage reused it: NCCL printed "K nvls channels"
+    # once, at that communicator's init, so it is in the nccl check's lines, not the bandwidth stage's.
+    two_gpu = nccl_log.parse((NCCL / TWO_GPU).read_text(errors="replace"))
+    nccl_details = {"nccl_log": {"nvls": True, "nvls_channels": two_gpu.nvls_channels}, "world": {"launch": 1, "stage": 2, "ended_it": False}}
+    silent = stage("09_nccl2.28.9-cuda12.9_4xa100-vastai_grep-transport-lines_P2P-CUMEM-read-on-NVLink-pairs_SHM-direct-direct-across_prefix-stripped.log")
+    fact = nvls.decide({}, nccl_details, silent, {"launch": 1, "stage": 3, "ended_it": False})
+    assert fact.on is False and "whose communicator the bandwidth stage reused (launch 1): 0 nvls channels" in fact.source
+    # A fresh launch for bandwidth (the nccl stage ended its own) made a communicator of its own: the line is not its.
+    assert nvls.decide({}, nccl_details, silent, {"launch": 2, "stage": 1, "ended_it": False}).available
+    ended = {**nccl_details, "world": {"launch": 1, "stage": 2, "ended_it": True}}
+    assert nvls.decide({}, ended, silent, {"launch": 1, "stage": 3, "ended_it": False}).on is None
+    ran = {**nccl_details, "nccl_log": {"nvls": True, "nvls_channels": 16}}
+    assert nvls.decide({}, ran, None, {"launch": 1, "stage": 3, "ended_it": False}).on is True

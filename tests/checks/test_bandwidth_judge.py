@@ -800,3 +800,66 @@ def test_the_large_collectives_own_channels_are_judged_for_a_fallback_from_p2p()
     assert x.status is Status.FAIL and x.summary == "GPUs fall back from P2P in the large collectives (2 pairs)", x.summary
     assert "rank 0 (GPU 0) -> rank 1 (GPU 1) via SHM/direct/direct" in x.cause
     assert bandwidth.judge_transports(BandwidthFacts(python="py", backend="gloo", nproc=2, ranks=outcomes), ctx) == []  # gloo: no NCCL lines
+
+
+def stage_summary(text: str) -> nccl_log.Summary:
+    return nccl_log.summary(nccl_log.parse(text))
+
+
+NVLS_RAN = "nccltests/11_aws-p5.48xlarge-8xh100_single-node_all_reduce_NVLS_mpirun-tag-output-prefix_ONE-SIZE-ROW-EXCERPT.txt"
+
+
+@pytest.mark.parametrize("stage_log, busbw, status, said", [
+    # NCCL's "0 nvls channels" (the 2-GPU box's lines): rings ran, 368 GB/s is theirs.
+    ("02", 368 * GB, Status.PASS, "0 nvls channels (NCCL set no NVLS up for its collectives)"),
+    # "16 nvls channels" (the 8x H100 all_reduce run): NVLS ran, so 368 GB/s is a degraded NVLink.
+    (NVLS_RAN, 368 * GB, FAIL, "NVLink or NVSwitch"),
+    (NVLS_RAN, 480 * GB, Status.PASS, None),
+    # The stage's lines say only "available" (NCCL 2.18.3, no channels line): both causes, no FAIL.
+    ("05", 368 * GB, WARN, "either NVLS was not used by this communicator"),
+    ("05", 200 * GB, FAIL, "NVLink or NVSwitch"),
+])
+def test_the_bandwidth_stage_s_own_nccl_lines_say_whether_nvls_ran(monkeypatch, stage_log, busbw, status, said):
+    # Before: the nccl check's "NVLS multicast support is available" held a node whose
+    # communicator ran rings to the 430 GB/s NVLS floor: FAIL, blaming NVLink.
+    from conftest import FIXTURES
+
+    text = (FIXTURES / stage_log).read_text() if "/" in stage_log else nccl_fixture_text(stage_log)
+    facts = all_reduce_at(busbw)
+    facts.nccl_log = stage_summary(text)
+    monkeypatch.setattr(bandwidth, "gather", lambda *a, **kw: facts)
+    ctx = h100_ctx({})
+    said_available = nccl_log.parse(nccl_fixture_text("05")).nvls
+    ctx.results["nccl"] = Result(check="nccl", status=Status.PASS, summary="ok", details={"nccl_log": {"nvls": said_available}})
+    result = bandwidth.Bandwidth().run(ctx)
+    assert result.status == status
+    told = str(result.model_dump())
+    assert said is None or said in told
+    if status == WARN:
+        assert "NVLink/NVSwitch is degraded" in result.cause and result.summary.endswith("NVLS may not have run")
+
+
+def test_the_nccl_check_s_available_line_alone_names_both_causes(monkeypatch):
+    monkeypatch.setattr(bandwidth, "gather", lambda *a, **kw: all_reduce_at(368 * GB))
+    ctx = h100_ctx({})
+    ctx.results["nccl"] = Result(check="nccl", status=Status.PASS, summary="ok", details={"nccl_log": {"nvls": True}})
+    result = bandwidth.Bandwidth().run(ctx)
+    assert result.status == WARN and "either NVLS was not used by this communicator" in result.cause
+    assert "NVLink or NVSwitch port down" not in str(result.model_dump())
+
+
+@pytest.mark.parametrize("launch, status", [(1, Status.PASS), (2, WARN)])
+def test_in_a_shared_launch_the_nccl_stage_s_channels_line_judges_the_reused_communicator(monkeypatch, launch, status):
+    # The group the nccl stage made (its "0 nvls channels" line among its own) served bandwidth's
+    # collectives in the same launch: rings ran and 368 GB/s passes. In a launch of its own it was not that communicator.
+    facts = all_reduce_at(368 * GB)
+    facts.world = {"launch": launch, "stage": 2 if launch == 1 else 1, "ended_it": False}
+    monkeypatch.setattr(bandwidth, "gather", lambda *a, **kw: facts)
+    ctx = h100_ctx({})
+    zero = nccl_log.parse(nccl_fixture_text("02")).nvls_channels
+    ctx.results["nccl"] = Result(check="nccl", status=Status.PASS, summary="ok",
+                                 details={"nccl_log": {"nvls": True, "nvls_channels": zero}, "world": {"launch": 1, "stage": 1, "ended_it": False}})
+    result = bandwidth.Bandwidth().run(ctx)
+    assert result.status == status and zero == 0
+    if status == Status.PASS:
+        assert "0 nvls channels" in str(result.model_dump()) and "NVLS was off" in "\n".join(result.lines)

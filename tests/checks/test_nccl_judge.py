@@ -785,3 +785,16 @@ def test_across_nodes_sockets_on_an_ib_profile_fail_naming_the_cause():
     assert found and found[0].status == Status.FAIL and "NCCL_IB_DISABLE" in found[0].cause and details
     alone = f.model_copy(update={"net": None})  # one node: no network judged
     assert nccl.judge_network(alone, expect) == ([], None)
+
+
+def test_the_details_carry_nccl_s_nvls_channels_for_the_bandwidth_check(monkeypatch):
+    # In a shared launch bandwidth reuses this stage's communicator, whose "K nvls channels" line
+    # NCCL printed here, at its init (checkkit/nvls.py from_shared).
+    monkeypatch.setattr(nccl, "gather", lambda *a, **kw: healthy(2, nccl=nccl_fixture("02"), world={"launch": 1, "stage": 2, "ended_it": False}))
+    from preflight.pipeline import profiles
+
+    ctx = make_ctx()
+    path = profiles.BUILTIN_DIR / "h100-sxm.toml"
+    ctx.profile = profiles.resolve(profiles.load(path), path, {}, "test")
+    r = nccl.Nccl().run(ctx)
+    assert r.details["nccl_log"]["nvls_channels"] == 0 and r.details["world"]["launch"] == 1

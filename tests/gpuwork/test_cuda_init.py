@@ -111,6 +111,57 @@ def test_a_rank_hung_on_its_gpu_is_named_and_so_is_its_gpu():
     assert finding.summary == "CUDA init hung on GPU 3 (0000:61:00.0)"
 
 
+def _mid_probe(ranks: tuple[int, ...]) -> dict[int, dict]:
+    """healthy-8x.json as eight ranks write it, the given ones stopped while probing their own GPU."""
+    reports = _split(json.loads((cuda_facts.INIT / "healthy-8x.json").read_text()), 8)
+    for k in ranks:
+        reports[k] = {**reports[k], "stage": "devices", "current": k, "devices": [], "load_end": None, "seconds": None}
+    return reports
+
+
+def _judged(merged: dict, **ended) -> str:
+    from preflight.checks import cuda as check
+
+    f = facts("h100-sxm-8x-healthy.json")
+    outcome = f.init.model_copy(update={"report": cuda.InitReport.model_validate(merged), **ended})
+    [finding] = check.judge_init(outcome, f.inventory)
+    return finding.summary
+
+
+def test_a_rank_that_crashed_names_its_gpu_not_the_one_torchrun_stopped_mid_probe():
+    # Every rank probes at once: rank 3 segfaults on GPU 3 and torchrun sends the others
+    # SIGTERM, rank 0 still in its probe of GPU 0. torchrun's own summary says which died of its own.
+    log = (cuda_facts.INIT / "torchrun-4-ranks-rank3-sigsegv.txt").read_text().splitlines()
+    exits, root = cuda.launch.torchrun_exits(log), cuda.launch.torchrun_root_cause(log)
+    assert exits == {0: -15, 1: -15, 2: -15, 3: -11} and root == 3
+    merged = cuda.merge(_mid_probe((0, 3)), exits, root)
+    assert merged["unfinished"] == [3] and merged["current"] == 3
+    assert _judged(merged, returncode=1, ended="exit 1") == "CUDA init died on GPU 3 (0000:61:00.0)"
+    # Without the root cause line, the rank that was not sent its end is still the one.
+    assert cuda.merge(_mid_probe((0, 3)), exits)["unfinished"] == [3]
+
+
+def test_a_crash_no_rank_owns_names_every_gpu_still_being_probed():
+    # torchrun said nothing (killed with the launch): no rank is known to have died of its own.
+    merged = cuda.merge(_mid_probe((0, 3)), {})
+    assert merged["unfinished"] == [0, 3] and merged["current"] is None
+    assert _judged(merged, returncode=1, ended="exit 1") == "CUDA init died on GPU 0 (0000:1b:00.0) and GPU 3 (0000:61:00.0)"
+
+
+def test_a_crash_outside_every_probe_names_no_gpu_a_stopped_rank_was_probing():
+    reports = _mid_probe((0,))
+    merged = cuda.merge(reports, {0: -15, 1: -15, 2: -15, 3: -11}, 3)  # rank 3 died past its probe
+    assert merged["unfinished"] == [] and merged["current"] is None
+
+
+def test_two_ranks_hung_on_their_gpus_are_both_named():
+    # At the deadline the agent kills the launch: every rank ends by its SIGKILL.
+    merged = cuda.merge(_mid_probe((0, 3)), {k: -9 for k in range(8)})
+    assert merged["unfinished"] == [0, 3]
+    assert _judged(merged, timed_out=True, returncode=None, ended="killed at the deadline after 55 s") == (
+        "CUDA init hung on GPU 0 (0000:1b:00.0) and GPU 3 (0000:61:00.0)")
+
+
 def test_the_links_are_read_only_once_every_rank_is_copying():
     assert not cuda.loading([{"stage": "load"}, {"stage": "devices"}])
     assert not cuda.loading([{"stage": "load"}, None])

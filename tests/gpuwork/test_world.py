@@ -269,3 +269,43 @@ def test_the_quick_level_starts_no_launch(tmp_path):
     assert p.returncode == 0, p.stderr
     assert [c.check for c in Report.model_validate_json(p.stdout).checks if "carried_from" not in c.details] == ["shm"]
     assert world_processes() == []
+
+
+def test_a_launch_across_nodes_starts_only_once_this_nodes_idle_launch_is_gone(monkeypatch):
+    # cuda_init runs in this node's launch, whose ranks keep their CUDA contexts; a group
+    # check's launch on the same GPUs, in EXCLUSIVE_PROCESS mode, could make none while
+    # they live. A group of one node on loopback is a launch across nodes all the same.
+    from preflight.gpuwork import world as world_mod
+
+    running_at_start: list[set[int]] = []
+    real_start = world_mod.launch.start
+    earlier: list[set[int]] = []
+
+    def start(*args, **kwargs):
+        running_at_start.append({pid for pids in earlier for pid in pids if _running(pid)})
+        return real_start(*args, **kwargs)
+
+    monkeypatch.setattr(world_mod.launch, "start", start)
+    group = launch.Group(1, 0, f"127.0.0.1:{launch.free_port()}", "preflight-test", "127.0.0.1", "lo", 30)
+    smoke = ["--backend", "gloo", "--device", "cpu", "--large-bytes", "65536"]
+    worlds = Worlds()
+    try:
+        done = []
+        for g in (None, group, None):
+            f = ranks.RunFacts(python=sys.executable, backend="gloo", nproc=2)
+            done.append(ranks.collect(f, launch.Worker("nccl_smoke.py", smoke, nproc=2, group=g), ranks.RankReport, {}, 120, None, worlds=worlds))
+            assert ranks.judge_run(f, "the stage", "by hand") == []
+            earlier.append(worlds.after_check())  # the idle launch's processes: torchrun and its ranks
+        assert all(earlier) and running_at_start == [set(), set(), set()]
+        assert [d.world["launch"] for d in done] == [1, 2, 3]  # back on this node alone: a fresh launch
+        assert not any(_running(pid) for pid in earlier[0] | earlier[1])
+    finally:
+        worlds.close()
+    assert world_processes() == []
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
