@@ -92,7 +92,8 @@ def test_an_hgx_h100_with_snc_on_spans_four_numa_nodes_and_warns(root):
     assert "more than the 2 expected" in found[0].cause and "NCCL proxy threads" in found[0].cause
 
 
-def test_a_single_socket_layout_passes_with_no_binding_needed(root):
+def single_socket(root: Path) -> Path:
+    """The recorded HGX tree with every GPU and all 192 CPUs on NUMA node 0."""
     for node in ("1", "0"):
         shutil.rmtree(root / f"sys/devices/system/node/node{node}")
     (root / "sys/devices/system/node/node0").mkdir()
@@ -102,7 +103,11 @@ def test_a_single_socket_layout_passes_with_no_binding_needed(root):
     edit(root, "sys/devices/system/node/node0/cpulist", "0-191")
     edit(root, "sys/devices/system/cpu/online", "0-191")
     edit(root, "proc/self/status", "Cpus_allowed_list:\t0-191")
-    f = gathered(host(root, ONE_NODE))
+    return root
+
+
+def test_a_single_socket_layout_passes_with_no_binding_needed(root):
+    f = gathered(host(single_socket(root), ONE_NODE))
     assert judged(f) == []
     advice = t.advise(f)
     assert not advice.bind and advice.summary == "every GPU is on NUMA node 0: no per-rank binding needed" and advice.launch == []
@@ -397,18 +402,10 @@ def test_the_findings_from_nvml_and_sysfs_are_those_of_the_printed_matrix(root, 
 
 
 def test_a_single_socket_hgx_from_nvml_and_sysfs_passes_with_nothing_to_bind(root, tmp_path):
-    for node in ("1", "0"):
-        shutil.rmtree(root / f"sys/devices/system/node/node{node}")
-    (root / "sys/devices/system/node/node0").mkdir()
-    for bus in ("1b", "43", "52", "61", "9d", "c3", "d1", "df"):
-        edit(root, f"sys/bus/pci/devices/0000:{bus}:00.0/numa_node", "0")
-        edit(root, f"sys/bus/pci/devices/0000:{bus}:00.0/local_cpulist", "0-191")
+    single_socket(root)
     for nic in ("18", "40", "4f", "5e", "29", "9a", "c0", "ce", "dc", "aa"):
         for fn in ("0", "1") if nic in ("29", "aa") else ("0",):
             edit(root, f"sys/bus/pci/devices/0000:{nic}:00.{fn}/numa_node", "0")
-    edit(root, "sys/devices/system/node/node0/cpulist", "0-191")
-    edit(root, "sys/devices/system/cpu/online", "0-191")
-    edit(root, "proc/self/status", "Cpus_allowed_list:\t0-191")
     pci_tree(root)
     f = t.gather(Host(root, environ={"PATH": stand_in(tmp_path, "garbage")}), Settings(nvml_fake=HEALTHY), time.monotonic() + 30)
     assert f.matrix_source == "NVML and sysfs" and judged(f) == []
