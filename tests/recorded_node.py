@@ -122,6 +122,12 @@ HGX_H100 = {
         "proc/self/mountinfo": "24 1 0:23 / /dev/shm rw,nosuid,nodev shared:7 - tmpfs tmpfs rw,size=1056681108k\n",
         **{f"sys/bus/pci/devices/0000:0{bus}:00.0/{name}": value
            for bus in (6, 7, 8) for name, value in (("vendor", "0x10de\n"), ("class", "0x068000\n"))},
+        # The tree holds no kernel log: a clean boot's, in /dev/kmsg's record format from the
+        # ring's first record (kernel Documentation/ABI/testing/dev-kmsg), the driver's load
+        # line with the tree's driver version (its proc/driver/nvidia/version).
+        "dev/kmsg": ("6,0,0,-;Linux version 5.15.0-105-generic (buildd@lcy02-amd64-007) #115-Ubuntu SMP\n"
+                     "4,1,4210511,-;nvidia: module license 'NVIDIA' taints kernel.\n"
+                     "6,2,4387120,-;NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n"),
     },
     "tools": {"nvidia-smi": {"topo -m": "topo-m-580.txt"}, "systemctl": {"is-active nvidia-fabricmanager": "fm-active.txt"}},
     "captures": {"topo-m-580.txt": lambda: header_as_580((HERE / "fixtures" / "topo" /

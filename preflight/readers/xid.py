@@ -349,7 +349,11 @@ def read_kernel_log(host: Host, timeout: float) -> tuple[str, str]:
 
 
 def _run(host: Host, argv: tuple[str, ...], timeout: float):
-    exe = shutil.which(argv[0], path=host.environ.get("PATH", os.defpath)) or argv[0]
+    # Looked up on the host's PATH only: a command the host does not have is not there, and
+    # the agent's own PATH (a recorded node's replay, a test) must not answer for it.
+    exe = shutil.which(argv[0], path=host.environ.get("PATH", os.defpath))
+    if exe is None:
+        raise FileNotFoundError(errno.ENOENT, f"{argv[0]} is not on PATH")
     return host.run([exe, *argv[1:]], timeout=timeout)
 
 
