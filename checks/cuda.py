@@ -305,8 +305,11 @@ def judge_link(g: Gpu, loaded: PcieLink | None) -> list[Finding]:
     return out
 
 
-def judge_xid(events: list[xid.XidEvent], inv: Inventory) -> list[Finding]:
-    """One finding per (kind, code, GPU): the worst of its events, and how often."""
+def judge_xid(events: list[xid.XidEvent], inv: Inventory, forgeable: bool = False) -> list[Finding]:
+    """One finding per (kind, code, GPU): the worst of its events, and how often. ``forgeable``:
+    the log came through syslog(2), where a message's end is lost and any user's message can
+    hold a line that reads as the driver's: a fatal event there WARNs (NVML's own facts, judged
+    apart, still FAIL a lost GPU, ECC errors or a pending remap)."""
     by_slot = {nvml.slot(g.pci_bus_id): g for g in inv.gpus}  # kernel lines print "0000:10:1c"
     groups: dict[tuple[str, int | None, str | None], list[xid.XidEvent]] = {}
     for e in events:
@@ -330,8 +333,13 @@ def judge_xid(events: list[xid.XidEvent], inv: Inventory) -> list[Finding]:
             status = WARN  # NVML's remap state is the truth: a reset since has activated it
         n = sum(e.count for e in group)
         times = f" ({n} times since boot)" if n > 1 else ""
+        doubt = ""
+        if forgeable and status == FAIL:
+            status = WARN
+            doubt = ("; read through syslog(2), which loses where a message ends, so another user's message may "
+                     "imitate this line: `journalctl -k -b | grep NVRM` on the host tells")
         action = info.action + ("; the event stays in the kernel log, so this check fails until the node reboots" if status == FAIL else "")
-        out.append(Finding(status, f"{label} on {gpu}", f"{label} on {gpu}{times}: {info.meaning}", action))
+        out.append(Finding(status, f"{label} on {gpu}", f"{label} on {gpu}{times}: {info.meaning}{doubt}", action))
     return out
 
 
@@ -422,7 +430,7 @@ def judge_init(init: InitOutcome | None, inv: Inventory) -> list[Finding]:
 def judge(facts: CudaFacts, shape: NodeShape | None, expect: GpuExpect | None, driver_pin: str | None) -> dict[str, list[Finding]]:
     """Findings by part, so a report says which part failed."""
     inv = facts.inventory
-    xids = judge_xid(facts.xid_events, inv)
+    xids = judge_xid(facts.xid_events, inv, forgeable=facts.kernel_log_note == xid.SYSLOG_NOTE)
     if facts.kernel_log.startswith("unavailable"):
         cause = f"the kernel log could not be read, so Xid errors since boot are unknown: {facts.kernel_log}"
         xids.append(Finding(WARN, "Xid scan impossible", cause, "run preflight as root (or set kernel.dmesg_restrict=0), or check `preflight xid` by hand"))

@@ -76,13 +76,11 @@ def manager_state(host: Host, timeout: float = SYSTEMCTL_TIMEOUT) -> Manager:
             unread = f"did not answer within {timeout:g} s"
         elif word == "active":
             return Manager(state="running", how=f"systemd unit {UNIT} active", systemd=word)
-        elif word == "failed":
-            # A failed unit is systemd's own finding about the daemon: a process that only
-            # looks like it (any user can name one so) never outweighs it.
-            return Manager(state="stopped", how=f"systemd unit {UNIT} is failed", systemd=word)
         elif word in STATES:
             # systemd answers for its own units only: a daemon started by hand (or by a
-            # container's entrypoint) runs beside an inactive unit.
+            # container's entrypoint) runs beside an inactive unit, or beside one that failed at
+            # boot and was then started by hand. Only root's daemon counts (is_daemon: uid 0, an
+            # executable no one else may write), never a process another user named so.
             pid = process(host)
             if pid is not None:
                 return Manager(state="running", how=f"process {DAEMON} (pid {pid}), systemd unit {UNIT} {word}", systemd=word)

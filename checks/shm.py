@@ -56,6 +56,7 @@ class ShmFacts:
     cgroup_headroom_bytes: int | None = None  # memory.max - memory.current; tmpfs pages count there
     write_error: str | None = None
     segment_bytes: int = 0
+    segment_skipped: str | None = None  # why no segment was written where one was asked for
     segment_error: str | None = None
     segment_seconds: float | None = None
     largest_files: list[tuple[str, int]] = field(default_factory=list)
@@ -259,8 +260,12 @@ def gather(host: Host, segment_bytes: int, deadline: float = math.inf) -> ShmFac
     headroom = facts.cgroup_headroom_bytes
     if headroom is not None and headroom < segment_bytes:
         return facts  # writing would summon the OOM killer; the judge reports the limit instead
-    if headroom is None and facts.mem_available_bytes is not None and facts.mem_available_bytes < segment_bytes:
-        return facts  # likewise for the node's memory: the judge reports what is available
+    if facts.mem_available_bytes is not None and facts.mem_available_bytes < segment_bytes:
+        # Likewise for the node's memory, under a cgroup limit too: pages past the host's
+        # MemAvailable push it into swap or the global OOM killer, which may take a neighbour's job.
+        facts.segment_skipped = (f"the node's MemAvailable ({fmt_bytes(facts.mem_available_bytes)}) could not back a "
+                                 f"{fmt_bytes(segment_bytes)} segment without pushing the host into swap or its OOM killer")
+        return facts
     facts.segment_bytes = segment_bytes
     facts.segment_error, facts.segment_seconds = touch_segment(path, segment_bytes, deadline)
     if facts.segment_error and facts.segment_error.startswith("cannot create"):
@@ -443,6 +448,8 @@ class Shm(Check):
         else:
             size = f"{fmt_bytes(facts.size_bytes)} {fs}, {fmt_bytes(facts.free_bytes or 0)} free"
         segment = f"; a {fmt_bytes(facts.segment_bytes)} segment was created and written" if facts.segment_bytes else ""
+        if facts.segment_skipped:
+            segment = f"; no segment written: {facts.segment_skipped}"
         ok = f"{facts.path}: {size}{segment}"
         if why := beside(facts):
             ok += f"; the free space is not judged: {why}"

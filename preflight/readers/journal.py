@@ -20,10 +20,19 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 JOURNALCTL = ("journalctl", "-k", "-b", "--no-pager", "-o", "json")
 _RECORD = re.compile(r"^\d+,(?P<seq>\d{1,20}),(?P<usec>\d{1,20}),[^;]*;")  # /dev/kmsg: prio,seq,usec,flags;text
 _STAMP = re.compile(r"^\[\s*(?P<sec>\d{1,12}\.\d{6})\] ")
+# Control characters a message may hold (the JSON gives its raw bytes): written as \xNN, as
+# /dev/kmsg writes them, so none can act on the text around it (a backspace run would
+# erase the line's time stamp and prefix before a user's "NVRM: Xid ..." in tooltext.clean).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def _escaped(text: str) -> str:
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def _message(entry: object) -> str | None:
@@ -45,13 +54,17 @@ def _usec(entry: dict) -> int | None:
     return None
 
 
-def lines(out: str) -> str | None:
+def lines(out: str, mark: re.Pattern | None = None, deadline: float | None = None) -> str | None:
     """journalctl's JSON output as dmesg lines, one per message; None where it holds no
-    message (nothing, garbage, a binary, another format)."""
+    message (nothing, garbage, a binary, another format). With ``mark``, only rows whose
+    raw text it finds are decoded (a driver line never comes as bytes: it holds no
+    control character); past ``deadline`` (time.monotonic) the rest is not read."""
     found = []
-    for row in out.split("\n"):
+    for k, row in enumerate(out.split("\n")):
+        if deadline is not None and k % 4096 == 0 and time.monotonic() > deadline:
+            break
         row = row.strip()
-        if not row.startswith("{"):
+        if not row.startswith("{") or (mark is not None and not mark.search(row)):
             continue
         try:
             entry = json.loads(row)
@@ -61,11 +74,18 @@ def lines(out: str) -> str | None:
         if msg is None:
             continue
         usec = _usec(entry)
-        text = " ".join(msg.splitlines()) if msg else ""  # every kind of line break: one message, one line
+        text = _escaped(" ".join(msg.splitlines())) if msg else ""  # every kind of line break: one message, one line
         if text[:1].isspace():
             text = "(indented)" + text  # a message that does not start with its text is not the driver's line
         found.append((f"[{usec // 1_000_000:5d}.{usec % 1_000_000:06d}] " if usec is not None else "") + text)
     return "\n".join(found) + "\n" if found else None
+
+
+def until(booted: float, usec: int) -> tuple[str, ...]:
+    """journalctl's arguments for the messages up to the ring's first record (``usec`` after
+    a boot at ``booted``, seconds since the epoch), with a minute's margin for the clock's
+    steps since boot: the ring holds the rest, and ``before`` drops what it holds."""
+    return ("--until", f"@{int(booted + usec / 1e6) + 60}")
 
 
 def first_record(kmsg: str) -> tuple[int, int] | None:

@@ -357,12 +357,14 @@ def _run(host: Host, argv: tuple[str, ...], timeout: float):
     return host.run([exe, *argv[1:]], timeout=timeout)
 
 
-def _journal(host: Host, timeout: float) -> tuple[str | None, str]:
-    """The journal's kernel messages as dmesg lines (journal.lines), or None and why not."""
+def _journal(host: Host, timeout: float, extra: tuple[str, ...] = (), mark: re.Pattern | None = None) -> tuple[str | None, str]:
+    """The journal's kernel messages as dmesg lines (journal.lines), or None and why not;
+    ``extra`` arguments for journalctl, ``mark`` as journal.lines takes it."""
     if timeout <= 0:
         return None, "no time left"
+    deadline = time.monotonic() + timeout
     try:
-        done = _run(host, JOURNALCTL, timeout)
+        done = _run(host, (*JOURNALCTL, *extra), timeout)
     except OSError as e:
         return None, str(e.strerror or e)
     # journalctl without read access to the journal exits 0 and prints nothing of the
@@ -374,8 +376,21 @@ def _journal(host: Host, timeout: float) -> tuple[str | None, str]:
         return None, (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
     if not _has_lines(done.stdout):
         return None, (done.stderr.strip().splitlines() or ["printed nothing"])[-1]
-    text = journal.lines(done.stdout)
+    text = journal.lines(done.stdout, mark, deadline)
+    if mark is not None and not text:
+        return "", ""  # read, and no driver line in it
     return (text, "") if text else (None, "printed no kernel log line (garbage, or not a kernel log)")
+
+
+def _booted(host: Host) -> float | None:
+    """When this machine booted, seconds since the epoch (btime in /proc/stat)."""
+    try:
+        for line in host.read_text("/proc/stat").splitlines():
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _wrapped(host: Host, kmsg: str, source: str, deadline: float) -> KernelLog:
@@ -386,7 +401,10 @@ def _wrapped(host: Host, kmsg: str, source: str, deadline: float) -> KernelLog:
         return KernelLog(text=kmsg, source=source)
     seq, usec = first
     lost = f"the kernel ring had wrapped since boot (its oldest record is #{seq}, {usec / 1e6:.0f} s after boot)"
-    older, why = _journal(host, deadline - time.monotonic())
+    # Only what the ring lost, and only rows that name the driver: a node up for months keeps a
+    # big journal, and this runs at every level.
+    booted = _booted(host)
+    older, why = _journal(host, deadline - time.monotonic(), journal.until(booted, usec) if booted else (), _MARK)
     if older is None:
         # A note, not an unread source: most nodes keep no journal of the kernel (or no journalctl
         # in a container), and a ring that wrapped on a long-running node is no one's fault.
@@ -394,8 +412,15 @@ def _wrapped(host: Host, kmsg: str, source: str, deadline: float) -> KernelLog:
             f"{lost} and the journal could not be read ({' '.join(JOURNALCTL)}: {why}): "
             "driver events older than that cannot be seen here"))
     events = journal.before(older, usec, lambda line: bool(_MARK.search(line) and parse(line)))
-    return KernelLog(text="\n".join(events + [kmsg]), source=f"{source} + {' '.join(JOURNALCTL)}", note=(
-        f"{lost}: the journal gave the {len(events)} driver line(s) older than it"))
+    said = f"{lost}: the journal gave the {len(events)} driver line(s) older than it"
+    if booted is not None and not _journal(host, deadline - time.monotonic(), journal.until(booted, JOURNAL_FROM_BOOT * 1e6))[0]:
+        # A journal vacuumed since boot (or one that never kept the kernel's first messages)
+        # says nothing of what the ring lost before its own first entry.
+        said += "; the journal itself holds no kernel message from the boot's first minute: driver events older than both cannot be seen here"
+    return KernelLog(text="\n".join(events + [kmsg]), source=f"{source} + {' '.join(JOURNALCTL)}", note=said)
+
+
+JOURNAL_FROM_BOOT = 0.0  # seconds after boot: journal.until's minute of margin makes it the first minute
 
 
 def read_log(host: Host, timeout: float) -> KernelLog:

@@ -279,6 +279,16 @@ def test_xid_on_a_known_gpu_names_its_index():
     assert fail.status == Status.FAIL and fail.summary == "Xid 79 on GPU 4 (0000:9d:00)"
 
 
+def test_a_fatal_xid_read_only_through_syslog2_warns_as_another_user_could_have_written_it():
+    """No /dev/kmsg and no journal (a container), dmesg through syslog(2): a message's end is lost,
+    so a user's newline makes a line that reads as the driver's. Not enough to drain a node."""
+    line = "[  219.470994] NVRM: Xid (PCI:0000:9d:00): 79, pid=1234, name=python, GPU has fallen off the bus.\n"
+    f = facts("h100-sxm-8x-healthy.json", xid_events=xid.parse(line), kernel_log_note=xid.SYSLOG_NOTE)
+    (warn,) = judged(f)
+    assert warn.status == Status.WARN and warn.summary == "Xid 79 on GPU 4 (0000:9d:00)"
+    assert "syslog(2)" in warn.cause and "journalctl -k -b" in warn.cause
+
+
 def test_xid63_after_the_remap_was_activated_only_warns():
     line = "NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: New row marked for remapping, reset gpu to activate.\n"
     pending = facts("a100-sxm4-8x-remap-pending.json", init=None, xid_events=xid.parse(line))

@@ -204,9 +204,19 @@ def test_a_daemon_started_outside_systemd_counts_as_running(tmp_path):
     assert m.state == "running" and "pid 2939" in m.how
 
 
-def test_a_failed_unit_stays_failed_beside_a_process_of_that_name(tmp_path):
+def test_a_unit_that_failed_at_boot_beside_roots_daemon_started_by_hand_counts_as_running(tmp_path):
+    # The recorded process is root's (uid 0) from a root-owned executable: is_daemon vouches for it.
     h = Host(hgx(tmp_path, fm_pid=2939), environ={"PATH": str(fakes.systemctl(tmp_path / "b", "failed", exit_code=3))})
-    assert fabric.manager_state(h) == fabric.Manager(state="stopped", how="systemd unit nvidia-fabricmanager is failed", systemd="failed")
+    m = fabric.manager_state(h)
+    assert m.state == "running" and "pid 2939" in m.how and m.systemd == "failed"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runuser"), reason="needs root and runuser to start another user's process")
+def test_a_failed_unit_stays_stopped_beside_another_users_process_of_that_name(tmp_path):
+    rename = "import ctypes, time; ctypes.CDLL(None).prctl(15, b'nv-fabricmanager', 0, 0, 0); time.sleep(120)"
+    with _named(["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-c", rename]):
+        h = Host(environ={"PATH": str(fakes.systemctl(tmp_path / "b", "failed", exit_code=3))})
+        assert fabric.manager_state(h) == fabric.Manager(state="stopped", how="systemd unit nvidia-fabricmanager is failed", systemd="failed")
 
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runuser"), reason="needs root and runuser to start another user's process")

@@ -183,6 +183,16 @@ def test_too_little_memory_to_back_the_floor_fails_whatever_the_size_says():
     assert "MemAvailable" in f.cause and "125.8 GiB" in f.cause and "ipcs -m" in f.remedy
 
 
+def test_no_segment_is_written_past_the_hosts_memavailable_under_a_cgroup_limit_either(monkeypatch):
+    """A job step or pod with room under its limit on a host short of memory: writing would push
+    the host into swap or its OOM killer, which may take a neighbour's job. Not written, and said."""
+    monkeypatch.setattr(shm, "_meminfo", lambda host: {"MemTotal": 64 * GiB, "MemAvailable": 10 * MiB})
+    monkeypatch.setattr(shm, "_cgroup_headroom", lambda host: 8 * GiB)
+    facts = shm.gather(Host(), 64 * MiB)
+    assert facts.segment_bytes == 0 and "MemAvailable (10 MiB) could not back a 64 MiB segment" in facts.segment_skipped
+    assert judge(facts, 64 * MiB)[0] == []  # under the limit the host's figure is reported, not judged
+
+
 def test_under_a_memory_limit_the_hosts_memavailable_is_reported_not_judged():
     """A pod on a shared Kubernetes node: /proc/meminfo is the host's, lowered by neighbours
     above their requests; this pod's limit leaves it room for the floor, which is what binds."""
