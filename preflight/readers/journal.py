@@ -83,9 +83,13 @@ def lines(out: str, mark: re.Pattern | None = None, deadline: float | None = Non
 
 def until(booted: float, usec: int) -> tuple[str, ...]:
     """journalctl's arguments for the messages up to the ring's first record (``usec`` after
-    a boot at ``booted``, seconds since the epoch), with a minute's margin for the clock's
-    steps since boot: the ring holds the rest, and ``before`` drops what it holds."""
-    return ("--until", f"@{int(booted + usec / 1e6) + 60}")
+    a boot at ``booted``, seconds since the epoch), with an hour's margin for the clock's
+    steps since boot (a machine without a clock it keeps sets it from NTP once up): the ring
+    holds the rest, and ``before`` drops what it holds by the kernel's own time."""
+    return ("--until", f"@{int(booted + usec / 1e6) + MARGIN}")
+
+
+MARGIN = 3600  # seconds
 
 
 def first_record(kmsg: str) -> tuple[int, int] | None:

@@ -416,11 +416,11 @@ def _wrapped(host: Host, kmsg: str, source: str, deadline: float) -> KernelLog:
     if booted is not None and not _journal(host, deadline - time.monotonic(), journal.until(booted, JOURNAL_FROM_BOOT * 1e6))[0]:
         # A journal vacuumed since boot (or one that never kept the kernel's first messages)
         # says nothing of what the ring lost before its own first entry.
-        said += "; the journal itself holds no kernel message from the boot's first minute: driver events older than both cannot be seen here"
+        said += "; the journal itself holds no kernel message from the boot's first hour: driver events older than both cannot be seen here"
     return KernelLog(text="\n".join(events + [kmsg]), source=f"{source} + {' '.join(JOURNALCTL)}", note=said)
 
 
-JOURNAL_FROM_BOOT = 0.0  # seconds after boot: journal.until's minute of margin makes it the first minute
+JOURNAL_FROM_BOOT = 0.0  # seconds after boot: journal.until's hour of margin makes it the first hour
 
 
 def read_log(host: Host, timeout: float) -> KernelLog:

@@ -629,35 +629,35 @@ def test_a_ring_from_boot_asks_no_journal(tmp_path):
 
 def _recording_journalctl(directory: Path, answer: Path, early: str) -> Path:
     """A journalctl that logs its arguments and prints ``answer``, or ``early`` for the
-    boot's-first-minute question (its --until is within a minute of boot)."""
+    boot's-first-hour question (its --until is an hour after boot)."""
     directory.mkdir(parents=True, exist_ok=True)
     exe = directory / "journalctl"
     exe.write_text(f'#!/bin/sh\necho "$*" >> {directory}/args\n'
-                   f'case "$*" in *"--until @1000060"*) printf %s \'{early}\';; *) cat {answer};; esac\n')
+                   f'case "$*" in *"--until @1003600"*) printf %s \'{early}\';; *) cat {answer};; esac\n')
     exe.chmod(0o755)
     return directory
 
 
 def test_a_wrapped_ring_asks_the_journal_only_for_what_the_ring_lost(tmp_path):
     """A node up for months keeps a big journal: only the messages up to the ring's first record
-    (5.12 s after a boot at 1000000, a minute's margin) are asked for, then the boot's first minute."""
+    (5.12 s after a boot at 1000000, an hour's margin) are asked for, then the boot's first hour."""
     root = _kmsg_root(tmp_path, KMSG.read_text())
     (root / "proc").mkdir()
     (root / "proc" / "stat").write_text("cpu 1 2 3\nbtime 1000000\n")
     first_minute = '{"_SOURCE_MONOTONIC_TIMESTAMP":"0","MESSAGE":"Linux version 6.8.0"}\n'
     bin_dir = _recording_journalctl(tmp_path / "bin", WRAPPED, first_minute)
     log = xid.read_log(Host(root, environ={"PATH": str(bin_dir)}), timeout=4)
-    assert (bin_dir / "args").read_text().splitlines() == ["-k -b --no-pager -o json --until @1000065", "-k -b --no-pager -o json --until @1000060"]
-    assert [e.code for e in parse(log.text)] == [48, 79, None, 154, 24007] and "reach" not in log.note and "first minute" not in log.note
+    assert (bin_dir / "args").read_text().splitlines() == ["-k -b --no-pager -o json --until @1003605", "-k -b --no-pager -o json --until @1003600"]
+    assert [e.code for e in parse(log.text)] == [48, 79, None, 154, 24007] and "reach" not in log.note and "first hour" not in log.note
 
 
 def test_a_journal_vacuumed_since_boot_says_older_events_cannot_be_seen(tmp_path):
     root = _kmsg_root(tmp_path, KMSG.read_text())
     (root / "proc").mkdir()
     (root / "proc" / "stat").write_text("btime 1000000\n")
-    bin_dir = _recording_journalctl(tmp_path / "bin", WRAPPED, "")  # nothing from the boot's first minute
+    bin_dir = _recording_journalctl(tmp_path / "bin", WRAPPED, "")  # nothing from the boot's first hour
     log = xid.read_log(Host(root, environ={"PATH": str(bin_dir)}), timeout=4)
-    assert "holds no kernel message from the boot's first minute" in log.note and "cannot be seen" in log.note
+    assert "holds no kernel message from the boot's first hour" in log.note and "cannot be seen" in log.note
 
 
 def test_a_backspace_run_in_a_journal_message_cannot_erase_its_prefix(tmp_path):
