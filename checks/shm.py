@@ -357,6 +357,12 @@ def judge_memory(f: ShmFacts, floor: float, space_short: bool = False) -> tuple[
         return [], []
     judged = not f.other_jobs and not space_short and f.cgroup_headroom_bytes is None
     measurements = [Measurement(name="shm_memory_available", unit="bytes", value=f.mem_available_bytes, floor=floor if judged else None)]
+    if f.segment_skipped and not judged and not f.other_jobs and not space_short:
+        # Under a cgroup limit the host's MemAvailable is not judged, but it stopped the write that
+        # proves the backing: the limit says yes, the host says no, and nothing settled it.
+        return [Finding(Status.WARN, f"{f.path}'s backing not proven: no segment was written",
+                        f"{f.segment_skipped}; this process's memory limit would allow it, the host's memory would not",
+                        "free memory on the host (`ps aux --sort=-rss | head`, `ipcs -m`, `df -t tmpfs`), then run again")], measurements
     if not judged or f.mem_available_bytes >= floor:
         return [], measurements
     total = f" of {fmt_bytes(f.mem_total_bytes)}" if f.mem_total_bytes else ""

@@ -25,6 +25,7 @@ import time
 JOURNALCTL = ("journalctl", "-k", "-b", "--no-pager", "-o", "json")
 _RECORD = re.compile(r"^\d+,(?P<seq>\d{1,20}),(?P<usec>\d{1,20}),[^;]*;")  # /dev/kmsg: prio,seq,usec,flags;text
 _STAMP = re.compile(r"^\[\s*(?P<sec>\d{1,12}\.\d{6})\] ")
+_BYTES = re.compile(r'"MESSAGE"\s*:\s*\[')  # MESSAGE as an array of bytes (journalctl spaces its JSON by version)
 # Control characters a message may hold (the JSON gives its raw bytes): written as \xNN, as
 # /dev/kmsg writes them, so none can act on the text around it (a backspace run would
 # erase the line's time stamp and prefix before a user's "NVRM: Xid ..." in tooltext.clean).
@@ -57,14 +58,15 @@ def _usec(entry: dict) -> int | None:
 def lines(out: str, mark: re.Pattern | None = None, deadline: float | None = None) -> str | None:
     """journalctl's JSON output as dmesg lines, one per message; None where it holds no
     message (nothing, garbage, a binary, another format). With ``mark``, only rows whose
-    raw text it finds are decoded (a driver line never comes as bytes: it holds no
-    control character); past ``deadline`` (time.monotonic) the rest is not read."""
+    raw text it finds are decoded, and rows whose MESSAGE comes as bytes (an Xid line names
+    its process, whose name any user sets, control characters and all); past ``deadline``
+    (time.monotonic) it raises CutShort: a partial log must never read as a whole one."""
     found = []
     for k, row in enumerate(out.split("\n")):
         if deadline is not None and k % 4096 == 0 and time.monotonic() > deadline:
-            break
+            raise CutShort(f"the deadline came after {k} of its messages were read")
         row = row.strip()
-        if not row.startswith("{") or (mark is not None and not mark.search(row)):
+        if not row.startswith("{") or (mark is not None and not mark.search(row) and not _BYTES.search(row)):
             continue
         try:
             entry = json.loads(row)
@@ -83,13 +85,18 @@ def lines(out: str, mark: re.Pattern | None = None, deadline: float | None = Non
 
 def until(booted: float, usec: int) -> tuple[str, ...]:
     """journalctl's arguments for the messages up to the ring's first record (``usec`` after
-    a boot at ``booted``, seconds since the epoch), with an hour's margin for the clock's
-    steps since boot (a machine without a clock it keeps sets it from NTP once up): the ring
-    holds the rest, and ``before`` drops what it holds by the kernel's own time."""
+    a boot at ``booted``, seconds since the epoch), with MARGIN for the clock's steps since
+    boot: the ring holds the rest, and ``before`` drops what it holds by the kernel's own time."""
     return ("--until", f"@{int(booted + usec / 1e6) + MARGIN}")
 
 
-MARGIN = 3600  # seconds
+# Seconds: journald stamps what it reads of the kernel at start-up with the clock of that
+# moment, which may run ahead by a UTC offset (an RTC kept in local time) until NTP sets it.
+MARGIN = 15 * 3600
+
+
+class CutShort(Exception):
+    """The deadline came while the journal's output was being read: what was read is partial."""
 
 
 def first_record(kmsg: str) -> tuple[int, int] | None:

@@ -16,6 +16,7 @@ and 144-150 are judged from the text they print. SXid lines print "Fatal" or
 from __future__ import annotations
 
 import errno
+import math
 import os
 import re
 import shutil
@@ -376,10 +377,17 @@ def _journal(host: Host, timeout: float, extra: tuple[str, ...] = (), mark: re.P
         return None, (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
     if not _has_lines(done.stdout):
         return None, (done.stderr.strip().splitlines() or ["printed nothing"])[-1]
-    text = journal.lines(done.stdout, mark, deadline)
+    try:
+        # Decoding gets a moment past the command's own deadline: journalctl may have used all of it.
+        text = journal.lines(done.stdout, mark, deadline + DECODE_GRACE)
+    except journal.CutShort as e:
+        return None, str(e)
     if mark is not None and not text:
         return "", ""  # read, and no driver line in it
     return (text, "") if text else (None, "printed no kernel log line (garbage, or not a kernel log)")
+
+
+DECODE_GRACE = 2.0  # seconds
 
 
 def _booted(host: Host) -> float | None:
@@ -387,7 +395,8 @@ def _booted(host: Host) -> float | None:
     try:
         for line in host.read_text("/proc/stat").splitlines():
             if line.startswith("btime "):
-                return float(line.split()[1])
+                value = float(line.split()[1])
+                return value if math.isfinite(value) and value > 0 else None
     except (OSError, ValueError, IndexError):
         pass
     return None
@@ -413,14 +422,18 @@ def _wrapped(host: Host, kmsg: str, source: str, deadline: float) -> KernelLog:
             "driver events older than that cannot be seen here"))
     events = journal.before(older, usec, lambda line: bool(_MARK.search(line) and parse(line)))
     said = f"{lost}: the journal gave the {len(events)} driver line(s) older than it"
-    if booted is not None and not _journal(host, deadline - time.monotonic(), journal.until(booted, JOURNAL_FROM_BOOT * 1e6))[0]:
-        # A journal vacuumed since boot (or one that never kept the kernel's first messages)
-        # says nothing of what the ring lost before its own first entry.
-        said += "; the journal itself holds no kernel message from the boot's first hour: driver events older than both cannot be seen here"
+    if booted is not None:
+        early, why = _journal(host, deadline - time.monotonic(), journal.until(booted, JOURNAL_FROM_BOOT * 1e6))
+        if early is None and why in ("printed nothing", "-- No entries --"):
+            # A journal vacuumed since boot (or one that never kept the kernel's first messages)
+            # says nothing of what the ring lost before its own first entry.
+            said += "; the journal itself holds no kernel message from around boot: driver events older than both cannot be seen here"
+        elif early is None:
+            said += f"; whether the journal reaches back to boot is unknown ({why})"
     return KernelLog(text="\n".join(events + [kmsg]), source=f"{source} + {' '.join(JOURNALCTL)}", note=said)
 
 
-JOURNAL_FROM_BOOT = 0.0  # seconds after boot: journal.until's hour of margin makes it the first hour
+JOURNAL_FROM_BOOT = 0.0  # seconds after boot: journal.until's margin makes it the hours around boot
 
 
 def read_log(host: Host, timeout: float) -> KernelLog:

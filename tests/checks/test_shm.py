@@ -190,7 +190,8 @@ def test_no_segment_is_written_past_the_hosts_memavailable_under_a_cgroup_limit_
     monkeypatch.setattr(shm, "_cgroup_headroom", lambda host: 8 * GiB)
     facts = shm.gather(Host(), 64 * MiB)
     assert facts.segment_bytes == 0 and "MemAvailable (10 MiB) could not back a 64 MiB segment" in facts.segment_skipped
-    assert judge(facts, 64 * MiB)[0] == []  # under the limit the host's figure is reported, not judged
+    (warn,) = judge(facts, 64 * MiB)[0]  # the host's figure is not judged under a limit, but the proof is missing
+    assert warn.status is Status.WARN and "not proven" in warn.summary and "memory limit would allow it" in warn.cause
 
 
 def test_under_a_memory_limit_the_hosts_memavailable_is_reported_not_judged():
