@@ -27,7 +27,7 @@ from preflight.checkkit.sources import Sources, one_fact
 from preflight.gpuwork import interpreter, launch
 from preflight.gpuwork.cuda_init import InitOutcome, InitReport, loaded_links, run_init
 from preflight.readers import nvml, xid
-from preflight.pipeline.check import Check, Context, Result
+from preflight.pipeline.check import Check, Context, Result, Waiting
 from preflight.base.findings import Finding, Measurement, Status, worst
 from preflight.readers.nvml import Gpu, Inventory, PcieLink
 from preflight.pipeline.expectations import GpuExpect
@@ -81,10 +81,15 @@ def gather(ctx: Context) -> CudaFacts:
         # CUDA init could only fail there, with the driver's "busy or unavailable"; NVML already said why.
         facts.init_skipped = f"NVML reports compute mode PROHIBITED on {', '.join(who(g) for g in fenced)}"
         return facts
+    return facts  # init_skipped None: CUDA init is wanted (``probe``)
+
+
+def probe(ctx: Context, facts: CudaFacts) -> CudaFacts:
+    """CUDA init on every GPU (the run's shared launch, its first stage), the links read under its load."""
     python = str(ctx.settings.python) if ctx.settings.python else sys.executable
-    facts.init, loaded = run_init(python, _left(ctx) - MARGIN, read_links=fake is None, progress=ctx.progress,
+    facts.init, loaded = run_init(python, _left(ctx) - MARGIN, read_links=ctx.settings.nvml_fake is None, progress=ctx.progress,
                                   worlds=ctx.worlds, nproc=launch_ranks(ctx), rdzv_port=ctx.settings.rdzv_port)
-    facts.pcie_loaded, facts.pcie_unjudged = loaded_links(facts.init, loaded, inventory)
+    facts.pcie_loaded, facts.pcie_unjudged = loaded_links(facts.init, loaded, facts.inventory)
     return facts
 
 
@@ -503,11 +508,19 @@ class Cuda(Check):
     def ranks_wanted(self, ctx: Context) -> int | None:
         return None if ctx.settings.level == "quick" else launch_ranks(ctx)  # quick starts no CUDA work
 
-    def run(self, ctx: Context) -> Result:
+    def run(self, ctx: Context) -> Result | Waiting:
         try:
             facts = gather(ctx)
         except nvml.NvmlUnavailable as e:
             return self.result(Status.FAIL, e.cause, cause=e.cause, remedy=e.remedy)
+        if facts.init_skipped is None and ctx.worlds is not None and ctx.worlds.starting() is not None:
+            # The ranks still import torch (seconds on a GPU node): the checks that need no
+            # ranks run meanwhile, and CUDA init goes on once the ranks are up.
+            worlds = ctx.worlds
+            return Waiting(ready=lambda: worlds.starting() is None, rest=lambda: self.judged(ctx, probe(ctx, facts)))
+        return self.judged(ctx, probe(ctx, facts) if facts.init_skipped is None else facts)
+
+    def judged(self, ctx: Context, facts: CudaFacts) -> Result:
         parts = judge(facts, ctx.shape, ctx.profile.gpu, ctx.settings.driver_version)
         details = facts.model_dump(mode="json")
         details["parts"] = {name: worst(found) for name, found in parts.items()}

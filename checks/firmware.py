@@ -25,7 +25,7 @@ from preflight.base.findings import Finding, Status, worst
 from preflight.base.host import Host, read_stripped
 from preflight.base.units import format_cpulist
 from preflight.checkkit.sources import Sources
-from preflight.pipeline.check import Check, Context, Result
+from preflight.pipeline.check import Check, Context, Result, Waiting
 from preflight.readers import nvml
 from preflight.readers.nvml import MISMATCH, Inventory
 from preflight.readers.torch_build import ASK_TORCH, TORCH_TIMEOUT, TorchCuda, ask_torch, torch_version_file  # noqa: F401 (the check's names)
@@ -115,8 +115,25 @@ def gather(ctx: Context) -> FirmwareFacts:
     facts.nvswitch_bios, facts.nvswitch_absent = nvswitch_bios(ctx.host)
     if ctx.settings.level == "quick":
         facts.torch_skipped = QUICK
-        return facts
+    return facts
+
+
+def torch_facts(ctx: Context, facts: FirmwareFacts) -> FirmwareFacts:
+    """torch.version.cuda of the job's interpreter: what the run's ranks said once they had
+    imported it (the same interpreter: no second import, seconds on a GPU node), else a child
+    that imports it, else its version file."""
     python = str(ctx.settings.python) if ctx.settings.python else sys.executable
+    # Resumed before the ranks were up (a check that needs them comes next): wait for them, but
+    # leave an import that fails at once (its error in words) and the version file their time.
+    ranks_by = ctx.deadline - FALLBACK_SECONDS - 7.0
+    said = ctx.worlds.torch_said(python, ranks_by) if ctx.worlds is not None else None
+    if said and not any(r.get("error") for r in said.values()):
+        builds = {(r.get("torch"), r.get("cuda")) for r in said.values()}
+        if len(builds) == 1:
+            (version, cuda), = builds
+            facts.torch = TorchCuda(torch=version, cuda=cuda)
+            facts.sources["torch.version.cuda"] = f"{python} (the ranks' own import, {len(said)} of {len(said)})"
+            return facts
     # The import gets what is left but a few seconds, so the version file can still answer after a hang.
     left = ctx.deadline - time.monotonic() - 2.0
     facts.torch = ask_torch(ctx.host, python, max(1.0, min(TORCH_TIMEOUT, left - FALLBACK_SECONDS)))
@@ -266,13 +283,23 @@ class Firmware(Check):
             return f"profile {ctx.profile.name} has no GPUs: no GPU firmware to compare"
         return None
 
-    def run(self, ctx: Context) -> Result:
+    def run(self, ctx: Context) -> Result | Waiting:
         try:
             facts = gather(ctx)
         except nvml.NvmlUnavailable as e:
             return self.result(FAIL, e.cause, cause=e.cause, remedy=e.remedy)
         if not facts.inventory.gpus:
             return self.result(Status.SKIP, "NVML lists no GPU: no firmware to compare")
+        if facts.torch_skipped:
+            return self.judged(ctx, facts)
+        if ctx.worlds is not None and ctx.worlds.starting() is not None:
+            # The run's ranks are importing the job's torch: they will say which it is.
+            worlds = ctx.worlds
+            return Waiting(ready=lambda: worlds.starting() is None, rest=lambda: self.judged(ctx, torch_facts(ctx, facts)),
+                           doing="waiting for the ranks to say which torch they imported")
+        return self.judged(ctx, torch_facts(ctx, facts))
+
+    def judged(self, ctx: Context, facts: FirmwareFacts) -> Result:
         parts, unjudged, notes = judge(facts, ctx.settings.vbios_version, ctx.settings.inforom_version)
         if ctx.settings.nvml_fake is not None:  # fail closed, as the cuda check does
             parts["source"] = [nvml.fake_finding(str(ctx.settings.nvml_fake))]

@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from preflight.pipeline.check import Check, Context, Result
+from preflight.pipeline.check import Check, Context, Result, Waiting
 from preflight.base.findings import Status
 
 HERE = Path(__file__).parent
@@ -109,6 +109,58 @@ class WrongReturn(Check):
 
     def run(self, ctx: Context) -> Result:
         return "PASS"  # type: ignore[return-value]
+
+
+class Ranks:
+    """Stands for the run's ranks while they import torch: ``up`` is set once they are, and
+    ``log`` records what ran when, for the runner's tests of checks that wait for them."""
+
+    def __init__(self) -> None:
+        self.up = threading.Event()
+        self.log: list[str] = []
+
+
+class WaitsForRanks(Check):
+    """Returns ``Waiting`` as cuda does while the ranks import torch; its rest ends in ``status``
+    (or sleeps ``hang`` seconds first, or raises)."""
+
+    description = "waits for the ranks"
+
+    def __init__(self, ranks: Ranks, name: str = "waits", status: Status = Status.PASS, hang: float = 0.0, raises: bool = False):
+        self.name, self.ranks, self.status, self.hang, self.raises = name, ranks, status, hang, raises  # type: ignore[misc]
+
+    def run(self, ctx: Context) -> Waiting:
+        self.ranks.log.append(f"{self.name}: first part")
+        return Waiting(ready=self.ranks.up.is_set, rest=self._rest)
+
+    def _rest(self) -> Result:
+        self.ranks.log.append(f"{self.name}: rest")
+        time.sleep(self.hang)
+        if self.raises:
+            raise RuntimeError("boom in the rest")
+        return self.result(self.status, "the rest ran")
+
+
+class Rankless(Check):
+    """Needs no ranks: logs that it ran, and may bring the ranks ``up`` as it ends."""
+
+    description = "needs no ranks"
+
+    def __init__(self, ranks: Ranks, name: str, status: Status = Status.PASS, brings_up: bool = False, requires: tuple[str, ...] = ()):
+        self.name, self.ranks, self.status, self.brings_up, self.requires = name, ranks, status, brings_up, requires  # type: ignore[misc]
+
+    def run(self, ctx: Context) -> Result:
+        self.ranks.log.append(self.name)
+        if self.brings_up:
+            self.ranks.up.set()
+        return self.result(self.status, "ran")
+
+
+class WantsRanks(Rankless):
+    """A stage in the run's launch of ranks (as nccl): the held checks go on before it."""
+
+    def ranks_wanted(self, ctx: Context) -> int | None:
+        return 1
 
 
 class Slow(Check):

@@ -50,6 +50,12 @@ def main() -> int:
     _rank.group_env()
     _rank.nccl_debug(os.path.join(args.out, f"nccl.rank{me.local_rank}.log"))
     _rank.WORLD.update(active=True, import_seconds=_import_torch())
+    # "slow=Ns@import": an import N seconds longer, as on a GPU node (only a spec naming
+    # @import fires here: a bare one is for the first stage's worker).
+    fault = _rank.Fault(me.local_rank, first_op="(a stage's first op)")
+    if fault.at("import") == "slow":
+        time.sleep(fault.pauses.get("import", 0.0))
+    _say_ready(args.out, me.local_rank)
     modules: dict[str, object] = {}
     k = 1
     while True:
@@ -77,6 +83,23 @@ def _import_torch() -> float | None:
     except Exception:  # ImportError, or CUDA libraries that fail to load (OSError)
         return None
     return round(time.perf_counter() - t, 4)
+
+
+def _say_ready(out: str, rank: int) -> None:
+    """``ready.rank{N}.json``: this rank is past its torch import, and which torch it got.
+    The agent runs the checks that need no ranks until every rank has said so, and the
+    firmware check takes torch.version.cuda from here rather than import torch again."""
+    torch = sys.modules.get("torch")
+    said = {"import_seconds": _rank.WORLD["import_seconds"]}
+    if torch is None:
+        said["error"] = "torch could not be imported (the first stage's report says why)"
+    else:
+        version = getattr(torch, "version", None)
+        said.update(torch=str(torch.__version__), cuda=getattr(version, "cuda", None))
+    tmp = os.path.join(out, f".ready.rank{rank}.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(said, f)
+    os.replace(tmp, os.path.join(out, f"ready.rank{rank}.json"))
 
 
 def _next(path: str, agent: int, until: float) -> dict | None:

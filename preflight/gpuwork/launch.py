@@ -303,8 +303,13 @@ def watch(going: Callable[[], bool], deadline: float, settled: Callable[[], bool
 
 def read_report(out_dir: Path, rank: int) -> Any:
     """What ``rank`` has written to ``out_dir`` so far (atomically, so whole or absent), or None."""
+    return read_json(out_dir / f"rank{rank}.json")
+
+
+def read_json(path: Path) -> Any:
+    """A file a rank wrote atomically: whole, or None while absent or unreadable."""
     try:
-        return json.loads((out_dir / f"rank{rank}.json").read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
 

@@ -70,6 +70,22 @@ class World:
     def usable(self) -> bool:
         return not self.over and self.running.alive()
 
+    def said_ready(self) -> dict[int, dict] | None:
+        """Each rank's ``ready.rank{N}.json`` (its torch import done, which torch), once every
+        rank has written one; None while any is still importing."""
+        said = {}
+        for rank in range(self.key.nproc):
+            report = launch.read_json(self.running.out_dir / f"ready.rank{rank}.json")
+            if not isinstance(report, dict):
+                return None
+            said[rank] = report
+        return said
+
+    def ready(self) -> bool:
+        """Whether a stage would start at once: every rank past its import, or the launch over
+        (the stage then says why, or starts a new launch)."""
+        return not self.usable() or self.said_ready() is not None
+
     def stage(self, worker: launch.Worker, timeout: float, progress: Progress | None) -> Stage:
         self.stages += 1
         self.busy = True
@@ -251,6 +267,22 @@ class Worlds:
         except (launch.LaunchError, OSError):
             return
         self.launches += 1
+
+    def starting(self) -> World | None:
+        """This node's launch while its ranks still import torch (one ``prestart`` began):
+        the checks that need no ranks run meanwhile."""
+        world = self._by_place.get(False)
+        return world if world is not None and world.stages == 0 and not world.ready() else None
+
+    def torch_said(self, python: str, deadline: float) -> dict[int, dict] | None:
+        """What this node's launch of ``python`` said of its torch, rank by rank, once every
+        rank has imported it (waited for until ``deadline``, a time.monotonic()); None where
+        no such launch is up, or it ended or the deadline passed before every rank said."""
+        world = self._by_place.get(False)
+        if world is None or world.key.python != python:
+            return None
+        launch.watch(lambda: world.usable() and world.said_ready() is None, deadline, poll=0.02)
+        return world.said_ready() if not world.over else None
 
     def after_check(self) -> set[int]:
         """Once a check is over: a launch still busy in its stage (the check was stopped

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -36,6 +37,19 @@ class Result(BaseModel):
     details: dict[str, Any] = Field(default_factory=dict)
     duration_seconds: float = 0.0
     lines: list[str] = Field(default_factory=list)  # a few lines a person reads under the summary (per-op figures)
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """What ``run`` returns, in place of its Result, when the rest of its work waits for
+    the run's ranks, which are still importing torch (``Worlds.starting``): the runner
+    runs the checks behind it that need no ranks meanwhile, then ``rest()`` under what is
+    left of this check's timeout, as soon as ``ready()`` or when nothing else can go on.
+    ``rest`` must not need a process the first part started: those are swept away between."""
+
+    ready: Callable[[], bool]
+    rest: Callable[[], Result]
+    doing: str = "waiting for the ranks to import torch"
 
 
 
@@ -109,8 +123,8 @@ class Check(ABC):
         return None
 
     @abstractmethod
-    def run(self, ctx: Context) -> Result:
-        """Gather facts, judge them, return the verdict."""
+    def run(self, ctx: Context) -> Result | Waiting:
+        """Gather facts, judge them, return the verdict (or, built in, ``Waiting``)."""
 
     def result(self, status: Status, summary: str, **kw: Any) -> Result:
         return Result(check=self.name, status=status, summary=summary, **kw)

@@ -17,7 +17,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from preflight.pipeline.check import Check, Context, Result, Status
+from preflight.pipeline.check import Check, Context, Result, Status, Waiting
 from preflight.base.errors import Interrupted, signal_name
 from preflight.base.host import become_subreaper, descendants, kill_processes
 
@@ -57,12 +57,16 @@ def _unmet_requirement(check: Check, done: dict[str, Result]) -> str | None:
     return None
 
 
-def _timed_run(check: Check, ctx: Context, timeout: float) -> Result:
-    """run() in a worker thread so a hung check cannot hang the agent."""
+def _timed_run(check: Check, ctx: Context, timeout: float, body: Callable[[], Result | Waiting] | None = None, whole: float | None = None) -> Result | Waiting:
+    """run() (or ``body``, a waiting check's rest, with what is left of the ``whole`` timeout) in a
+    worker thread so a hung check cannot hang the agent."""
     box: dict[str, object] = {}
 
     def target() -> None:
         try:
+            if body is not None:
+                box["result"] = body()
+                return
             reason = check.applies(ctx)
             box["result"] = check.result(Status.SKIP, reason) if reason else check.run(ctx)
         except BaseException as e:  # SystemExit from a plugin too: only this thread ends
@@ -73,6 +77,7 @@ def _timed_run(check: Check, ctx: Context, timeout: float) -> Result:
     thread.start()
     thread.join(timeout)
     if thread.is_alive():
+        timeout = whole or timeout
         return check.result(
             Status.FAIL,
             f"did not finish within {timeout:g} s",
@@ -91,6 +96,8 @@ def _timed_run(check: Check, ctx: Context, timeout: float) -> Result:
             details={"traceback": box["traceback"]},
         )
     result = box.get("result")
+    if isinstance(result, Waiting) and body is None:
+        return result
     if not isinstance(result, Result) or result.check != check.name:
         return check.result(
             Status.ERROR,
@@ -109,21 +116,34 @@ def _timed_run(check: Check, ctx: Context, timeout: float) -> Result:
     return result
 
 
-def run_check(check: Check, ctx: Context, timeout: float) -> Result:
+def run_check(check: Check, ctx: Context, timeout: float, body: Callable[[], Result | Waiting] | None = None, whole: float | None = None) -> Result | Waiting:
     before = descendants()
     started = time.monotonic()
     ctx.deadline = started + timeout
     try:
-        result = _timed_run(check, ctx, timeout)
+        result = _timed_run(check, ctx, timeout, body, whole)
     finally:
         # Runs on interrupt too: whatever the check started dies with it, but for the run's
         # launch of ranks waiting for the next check's stage (one still busy in a stage dies).
         spare = ctx.worlds.after_check() if ctx.worlds is not None else set()
         strays = kill_processes(descendants() - before - spare)
+    if isinstance(result, Waiting):
+        return result
     if strays:
         result.details["killed_processes"] = strays
     result.duration_seconds = round(time.monotonic() - started, 6)
     return result
+
+
+@dataclass
+class _Held:
+    """A check that returned ``Waiting``: where it stands in the plan, and what it has spent."""
+
+    index: int
+    check: Check
+    waiting: Waiting
+    timeout: float  # the check's whole timeout
+    seconds: float  # spent in its first part
 
 
 def _before(before: Callable[[Check], Result | None], check: Check, outcome: Outcome) -> Result | None:
@@ -139,6 +159,33 @@ def _before(before: Callable[[Check], Result | None], check: Check, outcome: Out
     return result
 
 
+def _beside(check: Check, ctx: Context, held: list[_Held]) -> bool:
+    """Whether ``check`` may run while ``held`` wait for the ranks: it needs none, and needs none of them."""
+    try:
+        wants = check.ranks_wanted(ctx)
+    except Exception:  # a plugin's bug: it runs in its turn, where its own run() says what is wrong
+        return False
+    return wants is None and not set(check.requires) & {h.check.name for h in held}
+
+
+def _ready(h: _Held) -> bool:
+    try:
+        return bool(h.waiting.ready())
+    except Exception:  # the rest runs now and meets whatever broke there, under its deadline
+        return True
+
+
+def _interrupted(check: Check, signum: int, what: str, seconds: float) -> Result:
+    return check.result(
+        Status.ERROR,
+        f"interrupted by {signal_name(signum)} while {what}",
+        cause="preflight was stopped (SIGTERM from systemd's TimeoutStartSec, or Ctrl-C)",
+        remedy="let the run finish; raise TimeoutStartSec if the unit's budget is too small",
+        duration_seconds=round(seconds, 6),
+        details=cut_short(signum),
+    )
+
+
 def run_checks(
     checks: list[Check],
     ctx: Context,
@@ -150,11 +197,61 @@ def run_checks(
     before: Callable[[Check], Result | None] = lambda _: None,
 ) -> Outcome:
     """``before`` runs ahead of each check, outside its timeout (a group check's
-    meeting with its peers); a Result it returns stands for the check's own."""
+    meeting with its peers); a Result it returns stands for the check's own.
+
+    A check whose rest waits for the ranks (it returned ``Waiting``) is held, and the
+    checks behind it that need no ranks, and not it, run while the ranks import torch;
+    it goes on as soon as it is ready, before the first check that cannot run beside it,
+    once a check has failed (so what is skipped names the first failure in the plan's
+    order), or at the end. A check that ran meanwhile keeps its result even where the
+    held one then fails: it was measured on this node. Results keep the plan's order,
+    and reach ``on_finish`` in it."""
     become_subreaper()
     outcome = Outcome()
-    stopped_by: Result | None = None
-    for check in checks:
+    results: list[Result | None] = [None] * len(checks)
+    held: list[_Held] = []
+    told = 0
+
+    def settle(i: int, result: Result) -> None:
+        nonlocal told
+        results[i] = result
+        ctx.results[checks[i].name] = result
+        while told < len(checks) and results[told] is not None:
+            on_finish(results[told])  # type: ignore[arg-type]
+            told += 1
+
+    def first_failure() -> Result | None:
+        return next((r for r in results if r is not None and r.status in (Status.FAIL, Status.ERROR)), None)
+
+    def resume(h: _Held) -> None:
+        started = time.monotonic()
+        if outcome.interrupted_by is not None:
+            settle(h.index, _interrupted(h.check, outcome.interrupted_by, h.waiting.doing, h.seconds))
+            return
+        ctx.progress.begin(h.check.name)
+        try:
+            on_start(h.check)
+            ctx.progress.stage(h.waiting.doing)
+            result = run_check(h.check, ctx, max(1.0, h.timeout - h.seconds), body=h.waiting.rest, whole=h.timeout)
+            assert isinstance(result, Result)  # _timed_run turns a second Waiting into an ERROR
+        except Interrupted as sig:
+            outcome.interrupted_by = sig.signum
+            result = _interrupted(h.check, sig.signum, "running", 0.0)
+        finally:
+            ctx.progress.end()
+        result.duration_seconds = round(h.seconds + time.monotonic() - started, 6)
+        settle(h.index, result)
+
+    def go_on(everyone: bool) -> None:
+        for h in list(held):
+            if everyone or _ready(h):
+                held.remove(h)
+                resume(h)
+
+    for i, check in enumerate(checks):
+        if held:
+            go_on(everyone=outcome.interrupted_by is not None or first_failure() is not None or not _beside(check, ctx, held))
+        stopped_by = first_failure()
         if outcome.interrupted_by is not None:
             result = check.result(Status.SKIP, f"skipped: the run was interrupted by {signal_name(outcome.interrupted_by)}", details=cut_short(outcome.interrupted_by))
         elif stopped_by is not None and not keep_going:
@@ -170,23 +267,18 @@ def run_checks(
             ctx.progress.begin(check.name)
             try:
                 on_start(check)
-                result = run_check(check, ctx, timeout)
+                ran = run_check(check, ctx, timeout)
             except Interrupted as sig:
                 outcome.interrupted_by = sig.signum
-                result = check.result(
-                    Status.ERROR,
-                    f"interrupted by {signal_name(sig.signum)} while running",
-                    cause="preflight was stopped (SIGTERM from systemd's TimeoutStartSec, or Ctrl-C)",
-                    remedy="let the run finish; raise TimeoutStartSec if the unit's budget is too small",
-                    duration_seconds=round(time.monotonic() - started, 6),
-                    details=cut_short(sig.signum),
-                )
+                ran = _interrupted(check, sig.signum, "running", time.monotonic() - started)
             finally:
                 # On every way out (an exception too): the live line is taken down before anything else is printed.
                 ctx.progress.end()
-        ctx.results[check.name] = result
-        outcome.results.append(result)
-        on_finish(result)
-        if stopped_by is None and result.status in (Status.FAIL, Status.ERROR):
-            stopped_by = result
+            if isinstance(ran, Waiting):
+                held.append(_Held(i, check, ran, timeout, time.monotonic() - started))
+                continue
+            result = ran
+        settle(i, result)
+    go_on(everyone=True)
+    outcome.results = [r for r in results if r is not None]
     return outcome

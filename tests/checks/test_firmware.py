@@ -4,6 +4,7 @@ VBIOS and InfoROM lines of real `nvidia-smi -q` output), the gatherer with
 fail or hang, and one CLI run."""
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -175,6 +176,26 @@ def test_preflight_run_only_firmware_names_the_odd_gpu(tmp_path):
     (r,) = json.loads(report.read_text())["checks"]
     assert r["status"] == "FAIL" and r["details"]["parts"]["vbios"] == "FAIL" and r["details"]["parts"]["cuda"] == "PASS"
     assert "GPU 6 96.00.74.00.0D" in r["cause"] and r["details"]["torch"]["cuda"] == "12.4"
+
+
+def test_firmware_takes_torch_from_the_runs_ranks_rather_than_import_it_again(tmp_path):
+    # nccl needs ranks, so the run starts them as it begins; firmware waits for their word on
+    # torch (their import held 3 s, as on a GPU node) instead of importing it in a child of its own.
+    import torch
+
+    report = tmp_path / "r.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFLIGHT_") or k == "PREFLIGHT_LOCK_FILE"}
+    env["PREFLIGHT_WORKER_FAULT"] = "*:slow=3s@import"
+    p = run_preflight(["run", "--profile", "h100-sxm", "--only", "firmware,nccl", "--keep-going", "--nproc-per-node", "1", "--report", str(report),
+                       "--nvml-fake", str(NVML / "h100-sxm-8x-healthy.json")], env=env, timeout=180)
+    assert p.returncode == 1, p.stderr  # fake NVML facts never pass
+    r = json.loads(report.read_text())["checks"][0]
+    assert r["check"] == "firmware" and r["details"]["torch"] == {"torch": torch.__version__, "cuda": torch.version.cuda, "error": None}
+    assert r["details"]["sources"]["torch.version.cuda"].endswith("(the ranks' own import, 1 of 1)")
+    # With no launch in the run (firmware alone), it asks the interpreter itself, as before.
+    p = run_preflight(["run", "--profile", "h100-sxm", "--only", "firmware", "--report", str(report), "--nvml-fake", str(NVML / "h100-sxm-8x-healthy.json")])
+    r = json.loads(report.read_text())["checks"][0]
+    assert r["details"]["sources"]["torch.version.cuda"].endswith("(import torch)")
 
 
 def test_a_bad_pin_in_the_config_is_one_line_and_exit_2(tmp_path):

@@ -22,6 +22,7 @@ from preflight.readers import nccl_log
 from preflight.pipeline.report import Report
 
 DRIVER = launch.WORKERS_DIR / "world.py"
+NVML = Path(__file__).parents[1] / "fixtures" / "nvml"
 
 
 def world_processes() -> list[psutil.Process]:
@@ -121,6 +122,41 @@ def test_an_idle_rank_exits_at_its_time_limit(tmp_path):
     finally:
         if rank.poll() is None:
             rank.kill()
+
+
+def test_each_rank_says_once_it_has_imported_torch_and_which_it_got():
+    import torch
+
+    worlds = Worlds()
+    worlds.prestart(sys.executable, 2, 0)
+    try:
+        said = worlds.torch_said(sys.executable, time.monotonic() + 90)
+        assert said is not None and sorted(said) == [0, 1]
+        for rank in said.values():
+            assert rank["torch"] == torch.__version__ and rank["cuda"] == torch.version.cuda and rank["import_seconds"] > 0
+        assert worlds.starting() is None  # up: nothing waits for it any more
+        assert worlds.torch_said("/another/python", time.monotonic() + 1) is None  # not that interpreter's launch
+    finally:
+        worlds.close()
+    assert world_processes() == []
+
+
+def test_the_checks_that_need_no_ranks_run_while_the_ranks_import_torch(tmp_path):
+    # The ranks' import held 6 s longer, as on a GPU node: cuda asks NVML and reads the kernel log,
+    # then waits for them while topology runs; CUDA init goes on once they are up.
+    env = {**clean_env(), "PREFLIGHT_WORKER_FAULT": "*:slow=6s@import"}
+    args = ["run", "--profile", "h100-sxm", "--nvml-fake", str(NVML / "h100-sxm-8x-healthy.json"), "--only", "cuda,topology",
+            "--nproc-per-node", "1", "--keep-going", "--report", str(tmp_path / "r.json")]
+    p = run_preflight(args, env=env, timeout=180)
+    started = [line.split()[1] for line in p.stderr.splitlines() if line.startswith("  ... ") and len(line.split()) == 2]
+    assert started == ["cuda", "topology", "cuda"], p.stderr
+    report = Report.model_validate_json((tmp_path / "r.json").read_text())
+    cuda, topology = report.checks
+    assert (cuda.check, topology.check) == ("cuda", "topology")
+    assert cuda.details["init"]["report"]["torch_version"]  # CUDA init ran (a CPU build here: it fails, as it must)
+    assert cuda.duration_seconds < report.duration_seconds
+    assert topology.status != "SKIP" and "carried_from" not in topology.details
+    assert world_processes() == []
 
 
 # A third-party worker joins the run's launch by path: a gloo all_reduce of each rank's number.

@@ -161,3 +161,99 @@ def test_progress_ends_when_a_signal_arrives_as_the_check_starts():
     outcome = run_checks([fakes.Passing()], ctx, on_start=interrupted)
     assert outcome.interrupted_by == 15 and outcome.results[0].status is Status.ERROR
     assert ended == [True] and ctx.progress.now()[0] is None
+
+
+# ---- checks that wait for the ranks (Waiting) ---------------------------------------
+
+
+def _waiting_run(checks, ranks, **kw):
+    told = []
+    outcome = run_checks(checks, make_ctx(), on_finish=lambda r: told.append(r.check), **kw)
+    return outcome, told
+
+
+def test_the_checks_that_need_no_ranks_run_while_a_check_waits_for_them():
+    ranks = fakes.Ranks()
+    checks = [fakes.WaitsForRanks(ranks), fakes.Rankless(ranks, "topology"), fakes.Rankless(ranks, "shm")]
+    outcome, told = _waiting_run(checks, ranks)
+    assert ranks.log == ["waits: first part", "topology", "shm", "waits: rest"]
+    # What a person and the report read keeps the plan's order.
+    assert statuses(outcome) == [("waits", Status.PASS), ("topology", Status.PASS), ("shm", Status.PASS)]
+    assert told == ["waits", "topology", "shm"]
+
+
+def test_a_waiting_check_goes_on_as_soon_as_the_ranks_are_up():
+    ranks = fakes.Ranks()
+    checks = [fakes.WaitsForRanks(ranks), fakes.Rankless(ranks, "topology", brings_up=True), fakes.Rankless(ranks, "shm")]
+    outcome, told = _waiting_run(checks, ranks)
+    assert ranks.log == ["waits: first part", "topology", "waits: rest", "shm"]
+    assert told == ["waits", "topology", "shm"]
+
+
+def test_a_check_that_needs_ranks_or_the_waiting_check_waits_for_it():
+    ranks = fakes.Ranks()
+    checks = [fakes.WaitsForRanks(ranks), fakes.Rankless(ranks, "topology"), fakes.WantsRanks(ranks, "nccl"), fakes.Rankless(ranks, "shm")]
+    _waiting_run(checks, ranks)
+    assert ranks.log == ["waits: first part", "topology", "waits: rest", "nccl", "shm"]
+    ranks = fakes.Ranks()
+    checks = [fakes.WaitsForRanks(ranks), fakes.Rankless(ranks, "reads-it", requires=("waits",)), fakes.Rankless(ranks, "shm")]
+    _waiting_run(checks, ranks)
+    assert ranks.log == ["waits: first part", "waits: rest", "reads-it", "shm"]
+
+
+def test_a_waiting_check_that_fails_still_stops_what_had_not_run():
+    ranks = fakes.Ranks()
+    checks = [fakes.WaitsForRanks(ranks, status=Status.FAIL), fakes.Rankless(ranks, "topology"), fakes.WantsRanks(ranks, "nccl")]
+    outcome, told = _waiting_run(checks, ranks)
+    # topology ran while it waited: a real result, kept; nccl had not, and is skipped naming the failure.
+    assert statuses(outcome) == [("waits", Status.FAIL), ("topology", Status.PASS), ("nccl", Status.SKIP)]
+    assert outcome.results[2].summary == "skipped: waits failed"
+    assert ranks.log == ["waits: first part", "topology", "waits: rest"]
+
+
+def test_a_failure_while_a_check_waits_resumes_it_and_skips_the_rest():
+    ranks = fakes.Ranks()
+    checks = [fakes.WaitsForRanks(ranks), fakes.Rankless(ranks, "topology", status=Status.FAIL), fakes.Rankless(ranks, "shm")]
+    outcome, told = _waiting_run(checks, ranks)
+    assert ranks.log == ["waits: first part", "topology", "waits: rest"]
+    assert statuses(outcome) == [("waits", Status.PASS), ("topology", Status.FAIL), ("shm", Status.SKIP)]
+    assert outcome.results[2].summary == "skipped: topology failed"
+    # Under --keep-going everything runs, and a failure ahead in the plan is named first.
+    ranks = fakes.Ranks()
+    checks = [fakes.WaitsForRanks(ranks, status=Status.FAIL), fakes.Rankless(ranks, "topology", status=Status.FAIL), fakes.Rankless(ranks, "shm")]
+    outcome, told = _waiting_run(checks, ranks, keep_going=True)
+    assert [r.status for r in outcome.results] == [Status.FAIL, Status.FAIL, Status.PASS]
+
+
+def test_the_rest_of_a_waiting_check_keeps_its_deadline_and_its_errors():
+    ranks = fakes.Ranks()
+    checks = [fakes.WaitsForRanks(ranks, hang=30), fakes.Rankless(ranks, "shm")]
+    started = time.monotonic()
+    outcome, _ = _waiting_run(checks, ranks, timeouts={"waits": 1.0})
+    assert time.monotonic() - started < 20
+    hung = outcome.results[0]
+    assert hung.status == Status.FAIL and "did not finish within" in hung.summary
+    assert hung.duration_seconds >= 1.0
+    ranks = fakes.Ranks()
+    outcome, _ = _waiting_run([fakes.WaitsForRanks(ranks, raises=True)], ranks)
+    assert outcome.results[0].status == Status.ERROR and "boom in the rest" in outcome.results[0].summary
+
+
+def test_a_signal_while_a_check_waits_ends_it_as_interrupted():
+    from preflight.base.errors import Interrupted
+
+    ranks = fakes.Ranks()
+
+    def on_start(check):
+        if check.name == "topology":
+            raise Interrupted(15)
+
+    checks = [fakes.WaitsForRanks(ranks), fakes.Rankless(ranks, "topology"), fakes.Rankless(ranks, "shm")]
+    outcome = run_checks(checks, make_ctx(), on_start=on_start)
+    assert outcome.interrupted_by == 15
+    waits, topology, shm = outcome.results
+    # The waiting check's rest never ran: it is interrupted, marked cut short so the last report's result stands in.
+    assert waits.status is Status.ERROR and "interrupted by SIGTERM while waiting for the ranks" in waits.summary
+    assert waits.details == {"interrupted_by_signal": 15}
+    assert topology.status is Status.ERROR and shm.status is Status.SKIP
+    assert ranks.log == ["waits: first part"]
