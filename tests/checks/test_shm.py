@@ -215,6 +215,31 @@ def test_no_segment_is_written_where_memory_cannot_back_it(monkeypatch):
     assert facts.mem_available_bytes == 10 * MiB and facts.segment_bytes == 0 and facts.segment_error is None
 
 
+def test_below_full_the_figures_must_hold_the_floor_before_the_small_segment_is_written(monkeypatch):
+    """The standard level writes 64 MiB, but only once the free space, the cgroup's headroom and
+    MemAvailable each hold the floor, as the floor's own write asked: the host short of the floor
+    under a limit with room is the same warning the 1 GiB write gave, not a pass on 64 MiB."""
+    monkeypatch.setattr(shm, "_meminfo", lambda host: {"MemTotal": 64 * GiB, "MemAvailable": 512 * MiB})
+    monkeypatch.setattr(shm, "_cgroup_headroom", lambda host: 8 * GiB)
+    facts = shm.gather(Host(), 64 * MiB, backs=GiB)
+    assert facts.segment_bytes == 0 and "MemAvailable (512 MiB) could not back a 1 GiB segment" in facts.segment_skipped
+    (warn,) = judge(facts, GiB)[0]
+    assert warn.status is Status.WARN and "not proven" in warn.summary
+    monkeypatch.setattr(shm, "_cgroup_headroom", lambda host: 512 * MiB)  # the limit itself short: FAIL, nothing written
+    facts = shm.gather(Host(), 64 * MiB, backs=GiB)
+    assert facts.segment_bytes == 0 and facts.segment_skipped is None
+    (fail,) = judge(facts, GiB)[0]
+    assert fail.status is Status.FAIL and "memory limit leaves 512 MiB" in fail.summary
+
+
+def test_where_no_figure_says_what_memory_backs_the_floors_size_is_written(monkeypatch):
+    # No MemAvailable and no cgroup limit: only a write of the whole proves the backing.
+    monkeypatch.setattr(shm, "_meminfo", lambda host: {})
+    monkeypatch.setattr(shm, "_cgroup_headroom", lambda host: None)
+    facts = shm.gather(Host(), 64 * MiB, backs=128 * MiB)
+    assert facts.segment_bytes == 128 * MiB and facts.segment_error is None, facts
+
+
 def test_nccl_shm_disable_warns_with_the_cost():
     (f,), _ = judge(healthy(shm_disabled_by=["the environment", "/etc/nccl.conf"]), GiB)
     assert f.status is Status.WARN
@@ -324,6 +349,20 @@ def test_passes_on_this_hosts_dev_shm_and_leaves_nothing_behind():
     assert set(os.listdir("/dev/shm")) == before
 
 
+def test_standard_writes_a_small_segment_and_full_the_floors_size():
+    before = set(os.listdir("/dev/shm"))
+    ctx = make_ctx({"shm_min_bytes": 256 * MiB})
+    r = shm.Shm().run(ctx)  # no level: standard
+    assert r.status in (Status.PASS, Status.WARN), r
+    assert r.details["segment_bytes"] == shm.PROOF_SEGMENT == 64 * MiB
+    if r.status is Status.PASS:
+        assert "; memory for the 256 MiB floor: " in r.summary
+    ctx.settings.level = "full"
+    r = shm.Shm().run(ctx)
+    assert r.details["segment_bytes"] == 256 * MiB and "256 MiB segment was created and written" in r.summary
+    assert set(os.listdir("/dev/shm")) == before
+
+
 def test_touch_segment_stops_at_its_deadline():
     import time as _time
 
@@ -428,10 +467,16 @@ def test_disk_directory_bind_mounted_on_dev_shm_fails(tmp_path):
 @needs_root
 @pytest.mark.parametrize("options", ["size=2g,nr_inodes=0", "size=0"])
 def test_unlimited_tmpfs_options_pass(options):
+    # The standard level writes the small segment; the kernel's memory figure backs the 1 GiB floor.
     p = in_private_shm(f"mount -t tmpfs -o {options} tmpfs /dev/shm", "run --profile cpu --only shm --json")
     assert p.returncode == 0, p.stderr
     (r,) = Report.model_validate_json(p.stdout).checks
-    assert r.status is Status.PASS and "1 GiB segment was created and written" in r.summary
+    assert r.status is Status.PASS and "64 MiB segment was created and written; memory for the 1 GiB floor: " in r.summary
+    if options == "size=0":  # no size for statvfs to give: the full level writes the floor's whole size
+        p = in_private_shm(f"mount -t tmpfs -o {options} tmpfs /dev/shm", "run --profile cpu --level full --only shm --json")
+        assert p.returncode == 0, p.stderr
+        (r,) = Report.model_validate_json(p.stdout).checks
+        assert r.status is Status.PASS and "1 GiB segment was created and written" in r.summary
 
 
 @needs_root
@@ -453,7 +498,7 @@ def test_a_private_tmpfs_sized_at_twice_this_machines_ram_passes_without_a_warni
     (r,) = json.loads(p.stdout)["checks"]
     assert r["status"] == "PASS", r["summary"]
     assert r["details"]["size_bytes"] > r["details"]["mem_total_bytes"]
-    assert "1 GiB segment was created and written" in r["summary"]
+    assert "64 MiB segment was created and written; memory for the 1 GiB floor: " in r["summary"]
 
 
 @needs_root
