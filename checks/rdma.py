@@ -6,13 +6,13 @@ without nvidia-peermem or dma-buf NCCL stages every inter-node byte through
 host memory (a 2-node all_reduce fell from ~180 to ~10 GB/s, NVIDIA/nccl#1676);
 a port that trained at HDR instead of NDR halves its rail; a link that counts
 symbol errors or goes down and up again stalls or kills the job's collectives.
-preflight/readers/ibports.py reads sysfs twice, a few seconds apart; the judges
-here are pure.
+preflight/readers/ibports.py reads sysfs twice, a few seconds apart (the first
+read as the run begins, so the wait runs beside the checks before this one); the
+judges here are pure.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 
@@ -239,12 +239,17 @@ class Rdma(Check):
             return NO_DEVICE
         return None
 
+    def begin(self, ctx: Context) -> None:
+        # The first read of the counters as the run begins: by this check's turn the interval
+        # has run (or most of it) beside the checks before it, and only what is left is waited.
+        ctx.readings[self.name] = ibports.first_read(ctx.host)
+
     def run(self, ctx: Context) -> Result:
         expect = ctx.profile.rdma or GENERIC
-        # The wait stays inside the check's deadline, with a second left to read and judge.
-        interval = max(0.0, min(expect.interval_seconds, ctx.deadline - time.monotonic() - 1)) if math.isfinite(ctx.deadline) else expect.interval_seconds
+        first = ctx.readings.pop(self.name, None)  # one run of the check per first read
         gpus_at = list(ctx.shape.slots) if ctx.shape and ctx.shape.slots else (pci_nvidia(ctx.host).gpus or [])
-        facts = ibports.gather(ctx.host, interval, self.wait, gpus_at)
+        # The wait stays inside the check's deadline, with a second left to read and judge.
+        facts = ibports.gather(ctx.host, expect.interval_seconds, self.wait, gpus_at, first, latest=ctx.deadline - 1)
         gpus = ctx.shape.gpus if ctx.shape and ctx.profile.has_gpus else 0
         parts = judge(facts, expect, gpus)
         details = facts.model_dump(mode="json")

@@ -369,6 +369,58 @@ def test_the_wait_is_the_profiles_interval_and_stays_inside_the_deadline():
     assert asked[0] == 3 and asked[1] <= 0.5
 
 
+def test_the_first_read_is_the_one_taken_as_the_run_began(root):
+    """begin() reads the counters as the run starts; what grew before the check's turn counts."""
+    edit(root, counter("mlx5_1", "symbol_error"), "3")
+    check, c = r.Rdma(), ctx(root)
+    check.begin(c)
+    edit(root, counter("mlx5_1", "symbol_error"), "151")  # while the checks before rdma ran
+    asked = []
+    check.wait = asked.append
+    res = check.run(c)
+    assert (res.status, res.summary) == (FAIL, "mlx5_1 port 1: symbol_error +148 in 3 s")
+    assert asked[0] <= 3 and c.readings == {}  # only what is left of the interval; the reading is used once
+
+
+def test_ports_that_changed_since_the_first_read_get_a_first_read_of_their_own(root, tmp_path):
+    # A boot gate runs while the node settles: the RDMA driver loaded after the run began.
+    (tmp_path / "ib").mkdir()
+    shutil.move(root / IB, tmp_path / "ib" / "infiniband")
+    check, c = r.Rdma(), ctx(root)
+    check.begin(c)
+    shutil.move(tmp_path / "ib" / "infiniband", root / IB)
+    asked = []
+    check.wait = asked.append
+    res = check.run(c)
+    assert res.status == PASS and res.summary.startswith("12/12 RDMA ports ACTIVE, no error counter grew in 3 s")
+    assert asked == [3]
+
+
+def test_the_second_read_comes_at_least_the_interval_after_the_first(root, monkeypatch):
+    """On the real clock: the first read as the run begins, other work between, and the second
+    read no sooner than the profile's interval after the first read's last counter."""
+    profile = H100.model_copy(update={"rdma": H100.rdma.model_copy(update={"interval_seconds": 0.3})})
+    reads = []
+    scan = ibports.scan
+
+    def timed_scan(host):
+        started = time.monotonic()
+        found = scan(host)
+        reads.append((started, time.monotonic()))
+        return found
+    monkeypatch.setattr(ibports, "scan", timed_scan)
+    check, c = r.Rdma(), ctx(root, profile=profile)
+    check.begin(c)
+    time.sleep(0.2)  # the checks before rdma
+    asked = []
+    check.wait = lambda s: (asked.append(s), time.sleep(s))
+    res = check.run(c)
+    assert res.status == PASS, res.cause
+    (_, first_done), (second_started, _) = reads[0], reads[-1]
+    assert second_started - first_done >= 0.3 and res.details["interval_seconds"] >= 0.3
+    assert asked[0] <= 0.1 + 1e-9  # the 0.2 s of other work was not waited again
+
+
 # ---- a real node's recorded tree (tests/fixtures/rdma/SOURCE.md) ----------------------------
 
 GPUD_H100 = Path(__file__).parents[1] / "fixtures" / "rdma" / "gpud-h100"
