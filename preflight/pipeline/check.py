@@ -114,8 +114,9 @@ class Check(ABC):
     def begin(self, ctx: Context) -> None:
         """Called on every check of the plan as the run begins, before the first check runs: a
         check that measures over an interval takes its first reading here (into ctx.readings),
-        so the interval runs beside the checks before it. Quick (reads, no child, no wait); where
-        it raises, the reading is dropped and the check takes its own at its turn."""
+        so the interval runs beside the checks before it. It returns at once (a read that may
+        block runs in a thread the check waits for within its own deadline); where it raises,
+        the reading is dropped and the check takes its own at its turn."""
 
     @abstractmethod
     def run(self, ctx: Context) -> Result:

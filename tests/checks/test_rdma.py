@@ -5,6 +5,7 @@ GPUDirect RDMA path) and not applicable (no RDMA device). The second read
 comes after a `wait` that edits the tree: no test sleeps."""
 
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -374,7 +375,8 @@ def test_the_first_read_is_the_one_taken_as_the_run_began(root):
     edit(root, counter("mlx5_1", "symbol_error"), "3")
     check, c = r.Rdma(), ctx(root)
     check.begin(c)
-    edit(root, counter("mlx5_1", "symbol_error"), "151")  # while the checks before rdma ran
+    c.readings["rdma"].thread.join()  # the first read done (in its thread), then the checks before rdma ran
+    edit(root, counter("mlx5_1", "symbol_error"), "151")
     asked = []
     check.wait = asked.append
     res = check.run(c)
@@ -388,12 +390,35 @@ def test_ports_that_changed_since_the_first_read_get_a_first_read_of_their_own(r
     shutil.move(root / IB, tmp_path / "ib" / "infiniband")
     check, c = r.Rdma(), ctx(root)
     check.begin(c)
+    c.readings["rdma"].thread.join()
     shutil.move(tmp_path / "ib" / "infiniband", root / IB)
     asked = []
     check.wait = asked.append
     res = check.run(c)
     assert res.status == PASS and res.summary.startswith("12/12 RDMA ports ACTIVE, no error counter grew in 3 s")
     assert asked == [3]
+
+
+def test_a_first_read_that_hangs_holds_neither_the_runs_start_nor_the_check_past_its_deadline(root, monkeypatch):
+    """A counter read goes to the adapter's firmware; a wedged one answers at the driver's timeout."""
+    release = threading.Event()
+    real = ibports.first_read
+
+    def first_read(host):
+        if threading.current_thread().name == "rdma-first-read":
+            release.wait(30)  # the wedged adapter
+        return real(host)
+    monkeypatch.setattr(ibports, "first_read", first_read)
+    check, c = r.Rdma(), ctx(root)
+    check.begin(c)
+    early = c.readings["rdma"]
+    try:
+        assert early.thread.is_alive()  # begin returned; the read is still held
+        c.deadline = time.monotonic() + 1.2
+        res = check.run(c)  # waits for it until a second before its deadline, then reads at its turn
+        assert res.status == PASS and early.first is None, res.summary
+    finally:
+        release.set()
 
 
 def test_the_second_read_comes_at_least_the_interval_after_the_first(root, monkeypatch):
@@ -411,6 +436,7 @@ def test_the_second_read_comes_at_least_the_interval_after_the_first(root, monke
     monkeypatch.setattr(ibports, "scan", timed_scan)
     check, c = r.Rdma(), ctx(root, profile=profile)
     check.begin(c)
+    c.readings["rdma"].thread.join()
     time.sleep(0.2)  # the checks before rdma
     asked = []
     check.wait = lambda s: (asked.append(s), time.sleep(s))
