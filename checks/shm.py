@@ -475,7 +475,8 @@ class Shm(Check):
             # pages a job's segments would take, faulted in for real (on a VM, from the host: seconds).
             segment, backs = floor, floor
         elif ctx.settings.level == "quick":
-            segment, backs = small, small  # a prolog's seconds: the figures are judged against the floor, the write needs only room for itself
+            # A prolog's seconds: the figures are judged against the floor; the write needs room for itself alone.
+            segment, backs = small, small
         else:
             segment, backs = small, floor  # the figures must hold the floor before the small segment is written
         facts = gather(ctx.host, segment, ctx.deadline, backs)

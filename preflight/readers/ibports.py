@@ -173,8 +173,9 @@ def _modules(host: Host) -> set[str]:
 def gather(host: Host, interval: float, wait: Callable[[float], None] = time.sleep, gpus: list[str] | None = None,
            first: FirstRead | None = None, latest: float = math.inf) -> RdmaFacts:
     """``gpus``: the GPUs' PCI addresses, to tell the compute NICs (beside a GPU) from the rest.
-    ``first``: the first read, taken earlier (else now, unless the ports changed since); the
-    second comes ``interval`` after it, or at ``latest`` (time.monotonic()) where that is sooner."""
+    ``first``: the first read, taken earlier; where there is none, or the ports changed since,
+    it is taken now. The second comes ``interval`` after it, or at ``latest`` (time.monotonic())
+    where that is sooner."""
     early = first is not None and _same_ports(first, host)
     if first is None or not early:
         first = first_read(host)
