@@ -6,22 +6,24 @@ without nvidia-peermem or dma-buf NCCL stages every inter-node byte through
 host memory (a 2-node all_reduce fell from ~180 to ~10 GB/s, NVIDIA/nccl#1676);
 a port that trained at HDR instead of NDR halves its rail; a link that counts
 symbol errors or goes down and up again stalls or kills the job's collectives.
-preflight/readers/ibports.py reads sysfs twice, a few seconds apart; the judges
-here are pure.
+preflight/readers/ibports.py reads sysfs twice, a few seconds apart (the first
+read as the run begins, so the wait runs beside the checks before this one); the
+judges here are pure.
 """
 
 from __future__ import annotations
 
-import math
+import threading
 import time
 from collections.abc import Callable
 
 from preflight.base.findings import Finding, Measurement, Status, worst
+from preflight.base.host import Host
 from preflight.pipeline.check import Check, Context, Result
 from preflight.pipeline.expectations import RdmaExpect
 from preflight.pipeline.shape import pci_nvidia
 from preflight.readers import ibports
-from preflight.readers.ibports import ERROR_COUNTERS, Port, RdmaFacts
+from preflight.readers.ibports import ERROR_COUNTERS, FirstRead, Port, RdmaFacts
 
 FAIL, WARN = Status.FAIL, Status.WARN
 NO_DEVICE = "no InfiniBand/RoCE device in /sys/class/infiniband"
@@ -223,6 +225,31 @@ def since_boot(facts: RdmaFacts) -> list[str]:
     return [f"{p.where} {n} {v}" for p in facts.ports for n, v in p.counters.items() if v and p.counters_later.get(n, v) == v]
 
 
+class EarlyRead:
+    """The counters' first read, taken in a thread of its own as the run begins: a counter read
+    goes to the adapter's firmware (a PMA query), and a wedged adapter answers only at the
+    driver's command timeout, which must hold neither the run's start nor this check past its deadline."""
+
+    def __init__(self, host: Host) -> None:
+        self.first: FirstRead | None = None
+        self.thread = threading.Thread(target=self._read, args=(host,), name="rdma-first-read", daemon=True)
+        self.thread.start()
+
+    def _read(self, host: Host) -> None:
+        try:
+            self.first = ibports.first_read(host)
+        except Exception:  # the check takes its own first read at its turn, and meets the trouble there
+            pass
+
+    def wait(self, until: float) -> FirstRead | None:
+        """The first read, once done by ``until`` (time.monotonic()); else None."""
+        self.thread.join(max(0.0, min(until - time.monotonic(), MAX_JOIN)))
+        return self.first
+
+
+MAX_JOIN = 3600.0  # a run with no deadline still waits no longer than this for the first read
+
+
 class Rdma(Check):
     name = "rdma"
     description = "RDMA NICs: GPUDirect RDMA possible (nvidia-peermem or dma-buf), ports ACTIVE at the SKU's rate, no error counter growing"
@@ -239,12 +266,18 @@ class Rdma(Check):
             return NO_DEVICE
         return None
 
+    def begin(self, ctx: Context) -> None:
+        # The first read of the counters as the run begins: by this check's turn the interval
+        # has run (or most of it) beside the checks before it, and only what is left is waited.
+        ctx.readings[self.name] = EarlyRead(ctx.host)
+
     def run(self, ctx: Context) -> Result:
         expect = ctx.profile.rdma or GENERIC
-        # The wait stays inside the check's deadline, with a second left to read and judge.
-        interval = max(0.0, min(expect.interval_seconds, ctx.deadline - time.monotonic() - 1)) if math.isfinite(ctx.deadline) else expect.interval_seconds
+        early = ctx.readings.pop(self.name, None)  # one run of the check per first read
+        first = early.wait(ctx.deadline - 1) if isinstance(early, EarlyRead) else None
         gpus_at = list(ctx.shape.slots) if ctx.shape and ctx.shape.slots else (pci_nvidia(ctx.host).gpus or [])
-        facts = ibports.gather(ctx.host, interval, self.wait, gpus_at)
+        # The wait stays inside the check's deadline, with a second left to read and judge.
+        facts = ibports.gather(ctx.host, expect.interval_seconds, self.wait, gpus_at, first, latest=ctx.deadline - 1)
         gpus = ctx.shape.gpus if ctx.shape and ctx.profile.has_gpus else 0
         parts = judge(facts, expect, gpus)
         details = facts.model_dump(mode="json")

@@ -223,14 +223,22 @@ def touch_segment(directory: Path, size: int, deadline: float = math.inf) -> tup
 SHARED_SEGMENT = CHUNK  # bytes written while other jobs run here: writable, without taking their space
 
 
-def gather(host: Host, segment_bytes: int, deadline: float = math.inf) -> ShmFacts:
+def gather(host: Host, segment_bytes: int, deadline: float = math.inf, backs: int | None = None) -> ShmFacts:
+    """``segment_bytes``: the segment written. ``backs`` (default: the segment): what the free
+    space, MemAvailable and the memory cgroup's headroom must each hold before anything is
+    written; past any of them the write is left out and the judge names the figure. Where the
+    kernel gives no figure for memory (neither MemAvailable nor a cgroup limit), only a write
+    proves the backing, so ``backs`` itself is written."""
     path = host.path(SHM)
     facts = ShmFacts(path=SHM, exists=path.is_dir(), shm_disabled_by=_shm_disabled_by(host), other_jobs=jobs.others(host))
+    backs = max(segment_bytes, backs or 0)
     if facts.other_jobs:
-        segment_bytes = min(segment_bytes, SHARED_SEGMENT)
+        segment_bytes, backs = min(segment_bytes, SHARED_SEGMENT), min(backs, SHARED_SEGMENT)
     meminfo = _meminfo(host)
     facts.mem_total_bytes, facts.mem_available_bytes = meminfo.get("MemTotal"), meminfo.get("MemAvailable")
     facts.cgroup_headroom_bytes = _cgroup_headroom(host)
+    if facts.mem_available_bytes is None and facts.cgroup_headroom_bytes is None:
+        segment_bytes = backs
     if not facts.exists:
         return facts
     try:
@@ -253,18 +261,18 @@ def gather(host: Host, segment_bytes: int, deadline: float = math.inf) -> ShmFac
         facts.write_error = "permission denied"
         return facts
     facts.largest_files = _largest_files(path)
-    too_small = facts.free_bytes is not None and facts.free_bytes < segment_bytes
+    too_small = facts.free_bytes is not None and facts.free_bytes < backs
     on_disk = facts.mount is not None and facts.mount.fstype not in ("tmpfs", "ramfs", "devtmpfs")
     if segment_bytes <= 0 or too_small or on_disk:
         return facts  # known already: ENOSPC, or a disk that says nothing about memory
     headroom = facts.cgroup_headroom_bytes
-    if headroom is not None and headroom < segment_bytes:
+    if headroom is not None and headroom < backs:
         return facts  # writing would summon the OOM killer; the judge reports the limit instead
-    if facts.mem_available_bytes is not None and facts.mem_available_bytes < segment_bytes:
+    if facts.mem_available_bytes is not None and facts.mem_available_bytes < backs:
         # Likewise for the node's memory, under a cgroup limit too: pages past the host's
         # MemAvailable push it into swap or the global OOM killer, which may take a neighbour's job.
         facts.segment_skipped = (f"the node's MemAvailable ({fmt_bytes(facts.mem_available_bytes)}) could not back a "
-                                 f"{fmt_bytes(segment_bytes)} segment without pushing the host into swap or its OOM killer")
+                                 f"{fmt_bytes(backs)} segment without pushing the host into swap or its OOM killer")
         return facts
     facts.segment_bytes = segment_bytes
     facts.segment_error, facts.segment_seconds = touch_segment(path, segment_bytes, deadline)
@@ -429,7 +437,25 @@ def judge(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurement]]:
     return found, measurements
 
 
-QUICK_SEGMENT = 64 << 20  # bytes written at the quick level: Docker's default /dev/shm, which NCCL alone outgrows
+# The segment written below the full level. It proves what no figure tells: that this tmpfs takes
+# a new file, reserves its pages (fallocate: ENOSPC here, not SIGBUS inside NCCL) and lets every
+# page be written and read back. Every page comes the same way, so that takes many pages, not the
+# floor's worth: 64 MiB is 16384 small pages or 32 huge ones (a huge=always tmpfs), Docker's whole
+# default /dev/shm, and 0.04 s at the H200 VM's 1.79 GB/s first-touch rate, where the 16 GiB floor
+# took 9.6 s. Whether memory backs the floor is the kernel's to say, and it says so at once: the
+# free space (statvfs), MemAvailable and the memory cgroup's headroom, each judged against it.
+PROOF_SEGMENT = 64 << 20
+
+
+def backed_by(f: ShmFacts) -> str | None:
+    """The figure that says memory backs the floor, where one was judged (not beside other jobs)."""
+    if f.other_jobs:
+        return None
+    if f.cgroup_headroom_bytes is not None:
+        return f"the memory limit's headroom ({fmt_bytes(f.cgroup_headroom_bytes)})"
+    if f.mem_available_bytes is not None:
+        return f"MemAvailable ({fmt_bytes(f.mem_available_bytes)})"
+    return None
 
 
 class Shm(Check):
@@ -442,11 +468,18 @@ class Shm(Check):
     order = 30
 
     def run(self, ctx: Context) -> Result:
-        floor = ctx.floor("shm_min_bytes")
-        # The floor's size is written at standard and full: a 16 GiB segment takes seconds. The quick
-        # level (a prolog's seconds) writes a small one: writable and backed by memory, the size by statvfs.
-        segment = min(int(floor), QUICK_SEGMENT) if ctx.settings.level == "quick" else int(floor)
-        facts = gather(ctx.host, segment, ctx.deadline)
+        floor = int(ctx.floor("shm_min_bytes"))
+        small = min(floor, PROOF_SEGMENT)
+        if ctx.settings.level == "full":
+            # Where time is the point (a burn-in's minutes), the floor's whole size is written too: the
+            # pages a job's segments would take, faulted in for real (on a VM, from the host: seconds).
+            segment, backs = floor, floor
+        elif ctx.settings.level == "quick":
+            # A prolog's seconds: the figures are judged against the floor; the write needs room for itself alone.
+            segment, backs = small, small
+        else:
+            segment, backs = small, floor  # the figures must hold the floor before the small segment is written
+        facts = gather(ctx.host, segment, ctx.deadline, backs)
         findings, measurements = judge(facts, floor)
         fs = facts.mount.fstype if facts.mount else "unknown filesystem"
         if facts.size_bytes is None:
@@ -454,6 +487,8 @@ class Shm(Check):
         else:
             size = f"{fmt_bytes(facts.size_bytes)} {fs}, {fmt_bytes(facts.free_bytes or 0)} free"
         segment = f"; a {fmt_bytes(facts.segment_bytes)} segment was created and written" if facts.segment_bytes else ""
+        if facts.segment_bytes and facts.segment_bytes < floor and (by := backed_by(facts)):
+            segment += f"; memory for the {fmt_bytes(floor)} floor: {by}"
         if facts.segment_skipped:
             segment = f"; no segment written: {facts.segment_skipped}"
         ok = f"{facts.path}: {size}{segment}"

@@ -74,6 +74,9 @@ class Context:
     # The run's launches of ranks (preflight.gpuwork.world), shared by the checks that need
     # ranks; None: each such check launches its own.
     worlds: Worlds | None = None
+    # What checks read as the run began (Check.begin), by check name: rdma's first read of its
+    # counters, so the interval to its second runs beside the checks before it.
+    readings: dict[str, Any] = field(default_factory=dict)
 
     def floor(self, name: str) -> float:
         return self.profile.floors[name].value
@@ -121,6 +124,13 @@ class Check(ABC):
         (preflight.gpuwork.world), or None where it starts none. The run starts that launch
         as it begins, so torchrun and the torch imports overlap the checks before this one."""
         return None
+
+    def begin(self, ctx: Context) -> None:
+        """Called on every check of the plan as the run begins, before the first check runs: a
+        check that measures over an interval takes its first reading here (into ctx.readings),
+        so the interval runs beside the checks before it. It returns at once (a read that may
+        block runs in a thread the check waits for within its own deadline); where it raises,
+        the reading is dropped and the check takes its own at its turn."""
 
     @abstractmethod
     def run(self, ctx: Context) -> Result | Waiting:

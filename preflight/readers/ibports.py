@@ -7,17 +7,21 @@ Disabled...), `rate` ("400 Gb/sec (4X NDR)": active width x speed),
 `link_layer` (InfiniBand or Ethernet) and `counters/`, the port's PMA
 PortCounters (IBA spec) as decimal numbers.
 
-The error counters are read twice, ``interval`` seconds apart: a count since
-boot says little (a link that retrained once at power-on), one that grows
-while we watch is a link failing now. ``wait`` is injected so a test can
-change the tree between the reads instead of sleeping.
+The error counters are read twice, at least ``interval`` seconds apart: a
+count since boot says little (a link that retrained once at power-on), one
+that grows while we watch is a link failing now. The first read may be taken
+as the run begins (``first_read``), so the interval runs beside other checks
+and the second read waits only for what is left of it. ``wait`` is injected
+so a test can change the tree between the reads instead of sleeping.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -122,6 +126,29 @@ def read_ports(host: Host) -> list[Port]:
     return scan(host)[0]
 
 
+@dataclass
+class FirstRead:
+    """The ports and their counters as first read, and when: time.monotonic() once the last
+    counter was read, so every counter's second read comes at least the interval after its first."""
+    ports: list[Port]
+    unread: list[str]
+    at: float
+
+
+def first_read(host: Host) -> FirstRead:
+    ports, unread = scan(host)
+    return FirstRead(ports, unread, time.monotonic())
+
+
+def _same_ports(first: FirstRead, host: Host) -> bool:
+    """Whether the ports listed now are those of the first read: a driver that loaded or a
+    port that went away since (a boot gate runs while the node settles) needs a first read of its own."""
+    unread: list[str] = []
+    now = {(dev.name, p.name) for dev in _entries(host, "/sys/class/infiniband", unread)
+           for p in _entries(host, f"/sys/class/infiniband/{dev.name}/ports", unread) if p.name.isdigit()}
+    return now == {(p.device, str(p.port)) for p in first.ports} and unread == first.unread
+
+
 def near_gpus(host: Host, ports: list[Port], gpus: list[str]) -> None:
     """Set each port's PCI address and whether it shares a PCIe switch with a GPU: both
     paths pass one bridge below the root port. That is a NIC NCCL pairs with a GPU for
@@ -143,15 +170,25 @@ def _modules(host: Host) -> set[str]:
     return {line.split()[0] for line in text.splitlines() if line.strip()}
 
 
-def gather(host: Host, interval: float, wait: Callable[[float], None] = time.sleep, gpus: list[str] | None = None) -> RdmaFacts:
-    """``gpus``: the GPUs' PCI addresses, to tell the compute NICs (beside a GPU) from the rest."""
-    ports, unread = scan(host)
+def gather(host: Host, interval: float, wait: Callable[[float], None] = time.sleep, gpus: list[str] | None = None,
+           first: FirstRead | None = None, latest: float = math.inf) -> RdmaFacts:
+    """``gpus``: the GPUs' PCI addresses, to tell the compute NICs (beside a GPU) from the rest.
+    ``first``: the first read, taken earlier; where there is none, or the ports changed since,
+    it is taken now. The second comes ``interval`` after it, or at ``latest`` (time.monotonic())
+    where that is sooner."""
+    early = first is not None and _same_ports(first, host)
+    if first is None or not early:
+        first = first_read(host)
+    ports = [p.model_copy(deep=True) for p in first.ports]
+    unread = list(first.unread)
     near_gpus(host, ports, gpus or [])
     waited = 0.0
     if ports:
-        start = time.monotonic()
-        wait(interval)
-        waited = max(interval, time.monotonic() - start)
+        before = time.monotonic() - first.at if early else 0.0  # a first read just taken waits the whole interval
+        left = max(0.0, min(interval - before, latest - time.monotonic()))
+        wait(left)
+        # The clock, or the wait where a test's stands in for the sleep.
+        waited = max(before + left, time.monotonic() - first.at)
         later = {(p.device, p.port): p for p in read_ports(host)}
         for p in ports:
             again = later.get((p.device, p.port))

@@ -5,6 +5,7 @@ GPUDirect RDMA path) and not applicable (no RDMA device). The second read
 comes after a `wait` that edits the tree: no test sleeps."""
 
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -367,6 +368,83 @@ def test_the_wait_is_the_profiles_interval_and_stays_inside_the_deadline():
     c.deadline = time.monotonic() + 1.5
     check.run(c)
     assert asked[0] == 3 and asked[1] <= 0.5
+
+
+def test_the_first_read_is_the_one_taken_as_the_run_began(root):
+    """begin() reads the counters as the run starts; what grew before the check's turn counts."""
+    edit(root, counter("mlx5_1", "symbol_error"), "3")
+    check, c = r.Rdma(), ctx(root)
+    check.begin(c)
+    c.readings["rdma"].thread.join()  # the first read done (in its thread), then the checks before rdma ran
+    edit(root, counter("mlx5_1", "symbol_error"), "151")
+    asked = []
+    check.wait = asked.append
+    res = check.run(c)
+    assert (res.status, res.summary) == (FAIL, "mlx5_1 port 1: symbol_error +148 in 3 s")
+    assert asked[0] <= 3 and c.readings == {}  # only what is left of the interval; the reading is used once
+
+
+def test_ports_that_changed_since_the_first_read_get_a_first_read_of_their_own(root, tmp_path):
+    # A boot gate runs while the node settles: the RDMA driver loaded after the run began.
+    (tmp_path / "ib").mkdir()
+    shutil.move(root / IB, tmp_path / "ib" / "infiniband")
+    check, c = r.Rdma(), ctx(root)
+    check.begin(c)
+    c.readings["rdma"].thread.join()
+    shutil.move(tmp_path / "ib" / "infiniband", root / IB)
+    asked = []
+    check.wait = asked.append
+    res = check.run(c)
+    assert res.status == PASS and res.summary.startswith("12/12 RDMA ports ACTIVE, no error counter grew in 3 s")
+    assert asked == [3]
+
+
+def test_a_first_read_that_hangs_holds_neither_the_runs_start_nor_the_check_past_its_deadline(root, monkeypatch):
+    """A counter read goes to the adapter's firmware; a wedged one answers at the driver's timeout."""
+    release = threading.Event()
+    real = ibports.first_read
+
+    def first_read(host):
+        if threading.current_thread().name == "rdma-first-read":
+            release.wait(30)  # the wedged adapter
+        return real(host)
+    monkeypatch.setattr(ibports, "first_read", first_read)
+    check, c = r.Rdma(), ctx(root)
+    check.begin(c)
+    early = c.readings["rdma"]
+    try:
+        assert early.thread.is_alive()  # begin returned; the read is still held
+        c.deadline = time.monotonic() + 1.2
+        res = check.run(c)  # waits for it until a second before its deadline, then reads at its turn
+        assert res.status == PASS and early.first is None, res.summary
+    finally:
+        release.set()
+
+
+def test_the_second_read_comes_at_least_the_interval_after_the_first(root, monkeypatch):
+    """On the real clock: the first read as the run begins, other work between, and the second
+    read no sooner than the profile's interval after the first read's last counter."""
+    profile = H100.model_copy(update={"rdma": H100.rdma.model_copy(update={"interval_seconds": 0.3})})
+    reads = []
+    scan = ibports.scan
+
+    def timed_scan(host):
+        started = time.monotonic()
+        found = scan(host)
+        reads.append((started, time.monotonic()))
+        return found
+    monkeypatch.setattr(ibports, "scan", timed_scan)
+    check, c = r.Rdma(), ctx(root, profile=profile)
+    check.begin(c)
+    c.readings["rdma"].thread.join()
+    time.sleep(0.2)  # the checks before rdma
+    asked = []
+    check.wait = lambda s: (asked.append(s), time.sleep(s))
+    res = check.run(c)
+    assert res.status == PASS, res.cause
+    (_, first_done), (second_started, _) = reads[0], reads[-1]
+    assert second_started - first_done >= 0.3 and res.details["interval_seconds"] >= 0.3
+    assert asked[0] <= 0.1 + 1e-9  # the 0.2 s of other work was not waited again
 
 
 # ---- a real node's recorded tree (tests/fixtures/rdma/SOURCE.md) ----------------------------
