@@ -144,6 +144,17 @@ class StepResult(BaseModel):
     tolerance: float | None = None  # what it repeated towards (the profile's); None: an older worker, not judged
 
 
+class Setup(BaseModel):
+    """What a rank made before timing a step (p2p: local rank 0's contexts on the other GPUs and every GPU's buffers)."""
+
+    by: str = "local rank 0"
+    gpus: int = 0
+    contexts: int = 0
+    contexts_seconds: float = 0.0
+    buffers_seconds: float = 0.0
+    bytes_per_gpu: int = 0
+
+
 class RankReport(ranks.RankReport):
     """What checks/workers/bandwidth.py writes for one rank."""
 
@@ -153,7 +164,7 @@ class RankReport(ranks.RankReport):
     binding: dict | None = None
     cache_bytes: int | None = None
     step_seconds: dict[str, float] = Field(default_factory=dict)  # wall time of each step on this rank
-    setup: dict[str, dict] = Field(default_factory=dict)  # step -> what this rank made before timing it (p2p: local rank 0's contexts and buffers)
+    setup: dict[str, Setup] = Field(default_factory=dict)  # step -> what this rank made before timing it
     reading: int = 1  # 2: the launch that measures again to confirm a figure beyond its floor
 
     def progress(self) -> int:
@@ -532,13 +543,13 @@ def time_line(f: BandwidthFacts) -> list[str]:
 
     def spent(step: str, sec: float) -> str:
         if step == "p2p" and made:
-            return f"p2p {sec:.1f} s ({made['contexts']} contexts {made['contexts_seconds']:.1f} s, buffers {made['buffers_seconds']:.1f} s)"
+            return f"p2p {sec:.1f} s ({made.contexts} contexts {made.contexts_seconds:.1f} s, buffers {made.buffers_seconds:.1f} s)"
         return f"{step} {sec:.1f} s"
 
     return ["time: import + init " + f"{init:.1f} s, " + ", ".join(spent(step, sec) for step, sec in slowest.items()) + (f"; torchrun {f.seconds:.1f} s" if f.seconds else "")]
 
 
-def p2p_setup(f: BandwidthFacts) -> dict | None:
+def p2p_setup(f: BandwidthFacts) -> Setup | None:
     """What local rank 0 made before timing the GPU->GPU copies (its contexts on the other GPUs, the buffers), as it reported it."""
     return next((o.report.setup["p2p"] for o in f.ranks if isinstance(o.report, RankReport) and "p2p" in o.report.setup), None)
 
@@ -547,10 +558,10 @@ def foreign_contexts(f: BandwidthFacts) -> dict | None:
     """The GPUs on which the P2P step left a context of another rank's process: local rank 0's,
     one on each other GPU, for as long as the launch lives (memtest then finds that much less free)."""
     made = p2p_setup(f)
-    if not made or not made.get("contexts"):
+    if not made or not made.contexts:
         return None
     gpu = {o.rank: o.gpu for o in f.ranks}
-    return {"process": "local rank 0", "gpus": [_who(r, gpu) for r in range(1, int(made["gpus"]))], "per_gpu": 1}
+    return {"process": made.by, "gpus": [_who(r, gpu) for r in range(1, made.gpus)], "per_gpu": 1}
 
 
 def foreign_line(f: BandwidthFacts) -> list[str]:

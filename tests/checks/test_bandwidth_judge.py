@@ -883,3 +883,10 @@ def test_local_rank_0_s_p2p_setup_is_said_with_the_gpus_left_holding_its_context
     assert bandwidth.foreign_contexts(f) == {"process": "local rank 0", "gpus": ["GPU 1", "GPU 2", "GPU 3"], "per_gpu": 1}
     assert bandwidth.foreign_line(f) == ["GPU->GPU copies made from local rank 0's process over every GPU: GPU 1, GPU 2, GPU 3 each hold that one context of it for the rest of the launch"]
     assert bandwidth.foreign_contexts(per_rank(2, lambda r: [])) is None and bandwidth.foreign_line(per_rank(2, lambda r: [])) == []
+
+
+def test_a_setup_not_in_the_worker_s_shape_is_a_report_that_does_not_fit_not_a_traceback_later():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        report(0, setup={"p2p": {"contexts": "seven"}})
