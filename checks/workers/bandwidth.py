@@ -621,7 +621,9 @@ def _gib(n: float) -> str:
 
 
 def _label(r: dict) -> str:
-    return r["step"] + (f"->{r['peer']}" if r.get("peer") is not None else "")
+    if r.get("peer") is None:
+        return r["step"]
+    return r["step"] + (f" {r['src']}" if r.get("src") is not None else "") + f"->{r['peer']}"
 
 
 def _median_rate(r: dict) -> str:

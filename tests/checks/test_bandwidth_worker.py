@@ -137,6 +137,12 @@ def test_the_other_ranks_only_wait_at_as_many_barriers_as_rank_0():
     assert len(barriers) == len([e for e in lead_torch.log if e == ("barrier",)]) == bandwidth.p2p_plan(4).barriers
 
 
+def test_by_hand_each_pair_has_its_own_line_entry():
+    results, _, _ = p2p_on(3)
+    assert [worker._label(r) for r in results[:3]] == ["p2p 0->1", "p2p 1->2", "p2p 2->0"]
+    assert worker._label({"step": "hbm_copy"}) == "hbm_copy"
+
+
 def test_the_check_s_plan_counts_what_the_worker_runs():
     for n in (1, 2, 3, 8):
         plan = bandwidth.p2p_plan(n)
