@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import defaultdict
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from pydantic import BaseModel, Field
 
@@ -133,13 +133,26 @@ class StepResult(BaseModel):
     samples: list[float] = Field(default_factory=list)  # latency: every blocking iteration
     sets: int = 1
     clamped: str | None = None
+    src: int | None = None  # p2p: the local rank (GPU) copied from; None: the reporting rank's (an older worker)
     peer: int | None = None  # p2p: the local rank (GPU) written to
     peer_access: bool | None = None
+    src_pci_bus_id: str | None = None
     peer_pci_bus_id: str | None = None
     ops_per_repeat: int = 1
     error: str | None = None
     stopped: str | None = None  # why the worker stopped repeating: converged, max_repeats or max_seconds
     tolerance: float | None = None  # what it repeated towards (the profile's); None: an older worker, not judged
+
+
+class Setup(BaseModel):
+    """What a rank made before timing a step (p2p: local rank 0's contexts on the other GPUs and every GPU's buffers)."""
+
+    by: str = "local rank 0"
+    gpus: int = 0
+    contexts: int = 0
+    contexts_seconds: float = 0.0
+    buffers_seconds: float = 0.0
+    bytes_per_gpu: int = 0
 
 
 class RankReport(ranks.RankReport):
@@ -151,6 +164,7 @@ class RankReport(ranks.RankReport):
     binding: dict | None = None
     cache_bytes: int | None = None
     step_seconds: dict[str, float] = Field(default_factory=dict)  # wall time of each step on this rank
+    setup: dict[str, Setup] = Field(default_factory=dict)  # step -> what this rank made before timing it
     reading: int = 1  # 2: the launch that measures again to confirm a figure beyond its floor
 
     def progress(self) -> int:
@@ -199,7 +213,7 @@ def figures(f: BandwidthFacts) -> list[Figure]:
     for r, rep in reports.items():
         for res in rep.results:
             if res.step in PER_DEVICE and res.seconds and res.moved_bytes:
-                out.append(_device_figure(f, r, res, gpu))
+                out.append(_device_figure(f, source(r, res), res, gpu))
             elif res.step not in PER_DEVICE:
                 by_step[res.step][r] = res
     n = f.nproc  # this node's ranks: the only reports it reads
@@ -240,6 +254,12 @@ def figures(f: BandwidthFacts) -> list[Figure]:
         out.append(Figure(name="allreduce_graph_latency", unit=SECONDS, value=median(times), where=f"{n} ranks", bytes=first.bytes, repeats=len(times), spread=spread(times),
                           **figs_mod.sureness(times, first.tolerance, first.stopped)))
     return out
+
+
+def source(rank: int, res: StepResult) -> int:
+    """The local rank (GPU) a figure belongs to: a P2P pair's source, which local rank 0
+    measures for every pair, else the rank that measured it."""
+    return res.src if res.src is not None else rank
 
 
 def _device_figure(f: BandwidthFacts, r: int, res: StepResult, gpu: dict[int, str | None]) -> Figure:
@@ -309,9 +329,10 @@ def judge_peer_access(f: BandwidthFacts, nvlink_pairs: set[frozenset[int]], all_
         for res in o.report.results if isinstance(o.report, RankReport) else []:
             if res.step != "p2p" or res.peer_access is not False:
                 continue
-            a, b = ranks.gpu_index(gpu.get(o.rank)), ranks.gpu_index(gpu.get(res.peer))
+            src = source(o.rank, res)
+            a, b = ranks.gpu_index(gpu.get(src)), ranks.gpu_index(gpu.get(res.peer))
             if all_nvlink or (a is not None and b is not None and frozenset((a, b)) in nvlink_pairs):
-                bad.append(f"{_who(o.rank, gpu)} -> {_who(res.peer, gpu) if res.peer is not None else '?'}")  # type: ignore[arg-type]
+                bad.append(f"{_who(src, gpu)} -> {_who(res.peer, gpu) if res.peer is not None else '?'}")  # type: ignore[arg-type]
     if not bad:
         return []
     said = "node's NVSwitch fabric" if all_nvlink else "topology"
@@ -356,6 +377,32 @@ def by_hand(f: BandwidthFacts) -> str:
 # ---- gathering ------------------------------------------------------------------
 
 
+class CopyPlan(NamedTuple):
+    """How one copy step is laid out on n GPUs, as the worker runs it: what a time model
+    multiplies its measured costs by (each field's cost in the comment)."""
+
+    timed: int  # figures timed one after the other (each: warm-up + repeats of one copy, the convergence rule's)
+    contexts: int  # CUDA contexts opened before any timing, one after the other (~0.13 s each on an H100)
+    allocations: int  # rounds of buffer making in series (every rank at once is one round): cudaMalloc, cudaHostAlloc, the fill
+    barriers: int  # gloo barriers between turns (a turn's deadline each)
+    foreign_contexts: int  # GPUs left holding one context of another rank's process, until the launch ends
+
+
+def p2p_plan(n: int) -> CopyPlan:
+    """The p2p step on n GPUs: local rank 0 opens a context on each other GPU and makes every
+    buffer (once), then times each ordered pair alone, the other ranks at a barrier per pair
+    (checks/workers/bandwidth.py pairs() lists them; a test holds the two alike)."""
+    if n < 2:
+        return CopyPlan(0, 0, 0, 0, 0)
+    return CopyPlan(timed=n * (n - 1), contexts=n - 1, allocations=1, barriers=n * (n - 1) + 2, foreign_contexts=n - 1)
+
+
+def host_copy_plan(n: int) -> CopyPlan:
+    """h2d or d2h on n GPUs: every rank pins and fills its host buffers at once (one round),
+    then each times its copies in its own turn while the others wait at a barrier."""
+    return CopyPlan(timed=n, contexts=0, allocations=1, barriers=n + 1, foreign_contexts=0)
+
+
 def steps_for(gpu: bool, nproc: int, expect: BandwidthExpect, nnodes: int = 1, one_process: str | None = None) -> list[str]:
     """``one_process``: why a GPU admits one process only (exclusive_gpus), which leaves p2p out."""
     steps = ["hbm_copy", "h2d", "d2h"] if gpu else ["memcpy"]
@@ -389,14 +436,15 @@ def seconds_skipped(f: BandwidthFacts, redo: list[str]) -> float:
 
 def exclusive_gpus(modes: dict[int, str | None]) -> str | None:
     """Why the p2p step cannot run, in words, where a GPU admits one process: its copies
-    write from each rank's process into a peer's GPU, which needs a second context there
-    (a job's NCCL reaches its peers through CUDA IPC inside its own context, and runs)."""
+    are made from local rank 0's process on every GPU, which needs a second context on
+    each GPU but rank 0's (a job's NCCL reaches its peers through CUDA IPC inside its own
+    context, and runs)."""
     held = sorted(i for i, mode in modes.items() if mode in ("exclusive_process", "exclusive_thread"))
     if not held:
         return None
     which = "every GPU is" if len(held) == len(modes) else f"GPU {', '.join(map(str, held))} {'is' if len(held) == 1 else 'are'}"
-    return (f"GPU->GPU copies not measured: {which} in compute mode EXCLUSIVE_PROCESS (NVML), one process per GPU, and a copy from "
-            "one rank's process into a peer's GPU would need a second context there; the collectives, through NCCL, are measured")
+    return (f"GPU->GPU copies not measured: {which} in compute mode EXCLUSIVE_PROCESS (NVML), one process per GPU, and the copies, "
+            "made from local rank 0's process over every GPU, would need a second context on each GPU but its own; the collectives, through NCCL, are measured")
 
 
 def compute_modes(ctx: Context) -> dict[int, str | None]:
@@ -491,7 +539,36 @@ def time_line(f: BandwidthFacts) -> list[str]:
     if not slowest:
         return []
     init = max((o.report.import_seconds or 0) + (o.report.init_seconds or 0) for o in f.ranks if o.report)
-    return ["time: import + init " + f"{init:.1f} s, " + ", ".join(f"{step} {sec:.1f} s" for step, sec in slowest.items()) + (f"; torchrun {f.seconds:.1f} s" if f.seconds else "")]
+    made = p2p_setup(f)
+
+    def spent(step: str, sec: float) -> str:
+        if step == "p2p" and made:
+            return f"p2p {sec:.1f} s ({made.contexts} contexts {made.contexts_seconds:.1f} s, buffers {made.buffers_seconds:.1f} s)"
+        return f"{step} {sec:.1f} s"
+
+    return ["time: import + init " + f"{init:.1f} s, " + ", ".join(spent(step, sec) for step, sec in slowest.items()) + (f"; torchrun {f.seconds:.1f} s" if f.seconds else "")]
+
+
+def p2p_setup(f: BandwidthFacts) -> Setup | None:
+    """What local rank 0 made before timing the GPU->GPU copies (its contexts on the other GPUs, the buffers), as it reported it."""
+    return next((o.report.setup["p2p"] for o in f.ranks if isinstance(o.report, RankReport) and "p2p" in o.report.setup), None)
+
+
+def foreign_contexts(f: BandwidthFacts) -> dict | None:
+    """The GPUs on which the P2P step left a context of another rank's process: local rank 0's,
+    one on each other GPU, for as long as the launch lives (memtest then finds that much less free)."""
+    made = p2p_setup(f)
+    if not made or not made.contexts:
+        return None
+    gpu = {o.rank: o.gpu for o in f.ranks}
+    return {"process": made.by, "gpus": [_who(r, gpu) for r in range(1, made.gpus)], "per_gpu": 1}
+
+
+def foreign_line(f: BandwidthFacts) -> list[str]:
+    held = foreign_contexts(f)
+    if held is None:
+        return []
+    return [f"GPU->GPU copies made from {held['process']}'s process over every GPU: {', '.join(held['gpus'])} each hold that one context of it for the rest of the launch"]
 
 
 def summary(f: BandwidthFacts, figs: list[Figure]) -> str:
@@ -583,11 +660,12 @@ class Bandwidth(Check):
         details["unjudged"] = unjudged = {k: v for k, v in unjudged.items() if k in {g.name for g in figs}}
         details["full_node"] = nproc == ((ctx.shape.gpus if ctx.shape else 0) or expect.ranks)
         details["outlier_bands"] = outliers.bands(ctx.profile.outliers, MEMBERS)
+        details["foreign_contexts"] = (again and foreign_contexts(again)) or foreign_contexts(facts)
         details["outliers"] = outliers.statuses(figs, ctx.profile.outliers, MEMBERS, cohort(kinds, all_nvlink), [g for g in first if g.key in redone] if redone else None)
         findings = [x for found in parts.values() for x in found]
         result = self.conclude(findings, summary(facts, figs), measurements=measurements(figs, floors, ctx.profile.outliers, kinds, all_nvlink), details=details)
         result.lines = lines(figs, floors) + time_line(facts)
         result.lines += settled.lines + [t.replace("time:", "time, second reading:", 1) for t in (time_line(again) if again else [])]
-        result.lines += nvls_lines + shape.unjudged_lines(unjudged) + ([facts.left_out] if facts.left_out else [])
+        result.lines += nvls_lines + shape.unjudged_lines(unjudged) + ([facts.left_out] if facts.left_out else []) + foreign_line(facts)
         return result
 

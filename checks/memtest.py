@@ -35,6 +35,7 @@ class RankReport(ranks.RankReport):
     buffer_bytes: int | None = None
     free_bytes: int | None = None
     total_bytes: int | None = None  # the GPU's memory; None on the host
+    contexts_elsewhere: list[int] = Field(default_factory=list)  # other GPUs (local ranks) this rank's process holds a context on
     patterns: list[dict] = Field(default_factory=list)  # {name, passes, seconds, mismatched_words}
     mismatches: list[dict] = Field(default_factory=list)  # {pattern, offset, wrote, read}: the first few
     not_reached: list[str] = Field(default_factory=list)
@@ -83,6 +84,14 @@ def judge_coverage(f: MemtestFacts, expect: MemtestExpect) -> list[Finding]:
         out.append(Finding(WARN, f"memory test covered under half of {', '.join(small)}'s memory", f"too little was free to test: {words}",
                            "run the full level on an idle node (`nvidia-smi` lists what holds GPU memory)"))
     return out
+
+
+def foreign_contexts(f: MemtestFacts) -> dict[str, str]:
+    """GPU -> whose context, besides its own rank's, takes part of its memory while it is
+    tested: in a launch shared with bandwidth, local rank 0's, which made the P2P copies."""
+    gpu = {o.rank: o.gpu or o.who for o in f.ranks}
+    return {gpu.get(j, f"local rank {j}"): f"a context of {o.who}'s process (bandwidth's GPU->GPU copies), not free to test"
+            for o in f.ranks if isinstance(o.report, RankReport) for j in o.report.contexts_elsewhere}
 
 
 def judge(f: MemtestFacts, expect: MemtestExpect) -> list[Finding]:
@@ -154,4 +163,5 @@ class Memtest(Check):
         backend = "nccl" if ctx.profile.has_gpus else "gloo"
         facts = gather(ctx, ctx.ranks(expect.ranks), expect, backend)
         findings = judge(facts, expect)
-        return self.conclude(findings, summary(facts), measurements=measurements(facts), details=facts.model_dump(mode="json"))
+        details = {**facts.model_dump(mode="json"), "foreign_contexts": foreign_contexts(facts)}
+        return self.conclude(findings, summary(facts), measurements=measurements(facts), details=details)

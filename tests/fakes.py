@@ -781,3 +781,177 @@ def tool(directory: Path, name: str, prints: bytes | Path = b"", exit_code: int 
     exe.write_text("\n".join(body) + "\n")
     exe.chmod(0o755)
     return directory
+
+
+# ---- torch on N GPUs, for the bandwidth worker's copy steps -----------------------------------
+# It stands where no multi-GPU machine can be had: this machine has no GPU and the GPU kit
+# one, so no pair of GPUs. It answers only what checks/workers/bandwidth.py's Bench calls in
+# its copy steps (p2p, h2d, d2h), as torch does, and records each call in `log` so a test can
+# hold the step's plan to the code: which process opens a context on which GPU, when buffers
+# are made, on which GPU's stream each copy and its events run, where the barriers fall. Time
+# is simulated: a copy adds its bytes over `rate(src, dst)` to the clock of the GPU whose
+# stream runs it, and an event reads that clock, so the figures come out of the rates given.
+
+
+class FakeDevice:
+    def __init__(self, kind: str, index: int | None = None):
+        self.type, self.index = kind, index
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, FakeDevice) and (self.type, self.index) == (other.type, other.index)
+
+    def __hash__(self) -> int:
+        return hash((self.type, self.index))
+
+
+class FakeTensor:
+    def __init__(self, torch: FakeTorch, n: int, device: FakeDevice, pinned: bool = False):
+        self._torch, self._n, self.device, self.pinned = torch, n, device, pinned
+
+    def numel(self) -> int:
+        return self._n
+
+    def uniform_(self, lo: float, hi: float) -> FakeTensor:
+        return self
+
+    def zero_(self) -> FakeTensor:
+        return self
+
+    def copy_(self, src: FakeTensor, non_blocking: bool = False) -> FakeTensor:
+        assert src.numel() == self._n, "a copy between buffers of different sizes"
+        self._torch._copy(src, self)
+        return self
+
+
+class FakeEvent:
+    def __init__(self, torch: FakeTorch, enable_timing: bool = False):
+        self._torch, self.device, self.at = torch, None, None
+
+    def record(self) -> None:
+        self.device = self._torch.cuda.current
+        self._torch._touch(self.device)
+        self.at = self._torch.clock[self.device]
+        self._torch.log.append(("event", self.device))
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        assert end.device == self.device, "events of two GPUs: CUDA refuses elapsed_time between them"
+        return (end.at - self.at) * 1e3
+
+
+class _FakeCudaDevice:
+    def __init__(self, cuda: _FakeCuda, index: int):
+        self._cuda, self._index, self._before = cuda, index, None
+
+    def __enter__(self) -> None:
+        self._before, self._cuda.current = self._cuda.current, self._index
+        self._cuda._torch._touch(self._index)
+
+    def __exit__(self, *exc: object) -> None:
+        self._cuda.current = self._before
+
+
+class _FakeCuda:
+    def __init__(self, torch: FakeTorch, gpus: int, current: int, free: int, no_access: set[tuple[int, int]]):
+        self._torch, self._gpus, self.current, self._free, self._no_access = torch, gpus, current, free, no_access
+
+    def device_count(self) -> int:
+        return self._gpus
+
+    def device(self, d: FakeDevice | int) -> _FakeCudaDevice:
+        return _FakeCudaDevice(self, _index(d))
+
+    def mem_get_info(self, d: FakeDevice | int) -> tuple[int, int]:
+        self._torch._touch(_index(d))
+        return self._free, 80 << 30
+
+    def get_device_properties(self, d: FakeDevice | int) -> Any:
+        from types import SimpleNamespace
+
+        i = _index(d)
+        return SimpleNamespace(name="Fake GPU", L2_cache_size=50 << 20, pci_domain_id=0, pci_bus_id=0x18 + i, pci_device_id=0)
+
+    def can_device_access_peer(self, a: int, b: int) -> bool:
+        return (a, b) not in self._no_access
+
+    def synchronize(self, d: FakeDevice | int | None = None) -> None:
+        self._torch._touch(self.current if d is None else _index(d))
+
+    def Event(self, enable_timing: bool = False) -> FakeEvent:  # noqa: N802 - torch's name
+        return FakeEvent(self._torch, enable_timing)
+
+    def empty_cache(self) -> None:
+        self._torch.log.append(("empty_cache",))
+
+
+def _index(d: FakeDevice | int) -> int:
+    return d if isinstance(d, int) else d.index  # type: ignore[return-value]
+
+
+class FakeTorch:
+    """torch (and torch.cuda) for one process on ``gpus`` GPUs, its current device ``current``."""
+
+    float32, float64 = "float32", "float64"
+
+    def __init__(self, gpus: int, current: int = 0, rate=lambda src, dst: 100e9, free: int = 79 << 30, no_access: set[tuple[int, int]] = frozenset()):
+        from collections import defaultdict
+
+        self.log: list[tuple] = []
+        self.rate = rate  # bytes/s of a copy from src to dst ("host" for host memory)
+        self.clock: dict[int, float] = defaultdict(float)  # seconds of work each GPU's stream has run
+        self.contexts: set[int] = set()  # GPUs this process has opened a context on
+        self.cuda = _FakeCuda(self, gpus, current, free, set(no_access))
+
+    def device(self, kind: str, index: int | None = None) -> FakeDevice:
+        return FakeDevice(kind, index)
+
+    def empty(self, n: int, dtype: str | None = None, device: FakeDevice | None = None, pin_memory: bool = False) -> FakeTensor:
+        device = device or FakeDevice("cpu")
+        if device.type == "cuda":
+            self._touch(device.index)
+            self.log.append(("malloc", device.index, n * 4))
+        elif pin_memory:
+            self.log.append(("pin", n * 4))
+        return FakeTensor(self, n, device, pin_memory)
+
+    def ones(self, n: int, device: FakeDevice | None = None) -> FakeTensor:
+        return self.empty(n, device=device)
+
+    def _touch(self, gpu: int | None) -> None:
+        """A CUDA call on a GPU opens this process's context there, the first time."""
+        if gpu is not None and gpu not in self.contexts:
+            self.contexts.add(gpu)
+            self.log.append(("context", gpu))
+
+    def _copy(self, src: FakeTensor, dst: FakeTensor) -> None:
+        a, b = src.device.index, dst.device.index
+        # torch runs a copy on the source GPU's current stream (a host copy: the GPU's).
+        stream = a if src.device.type == "cuda" else b
+        assert stream == self.cuda.current or stream is None, f"copy {a}->{b} issued with cuda:{self.cuda.current} current: its events would time another stream"
+        self.log.append(("copy", a, b))
+        self.clock[stream] += src.numel() * 4 / self.rate("host" if a is None else a, "host" if b is None else b)
+
+
+class FakeDist:
+    """torch.distributed for one rank: barriers counted, collectives answered at once."""
+
+    class ReduceOp:
+        MAX, MIN, SUM = "max", "min", "sum"
+
+    def __init__(self, torch: FakeTorch):
+        self._torch = torch
+
+    def new_group(self, backend: str | None = None, timeout: Any = None) -> str:
+        return "turns"
+
+    def barrier(self, group: Any = None) -> None:
+        self._torch.log.append(("barrier",))
+
+    def all_reduce(self, t: Any, op: Any = None, async_op: bool = False) -> Any:
+        from types import SimpleNamespace
+
+        return SimpleNamespace(wait=lambda: None)
+
+    all_gather_into_tensor = reduce_scatter_tensor = all_reduce

@@ -3,8 +3,9 @@ the way the reference tools measure it, timed and reported raw.
 
 On GPUs (NCCL): HBM copy on every GPU, pinned host<->device copies one GPU
 at a time (as nvbandwidth does: a PCIe switch shared by two GPUs must not
-halve the figure), copy-engine GPU->GPU copies for every ordered pair (in
-rounds where each GPU sends to one peer and receives from another), large
+halve the figure; the buffers pinned by every rank at once, before the turns),
+copy-engine GPU->GPU copies for every ordered pair, one pair at a time from
+local rank 0's process over every GPU (as nvbandwidth does), large
 all_reduce, all_gather and reduce_scatter, small all_reduce latency, and the
 same latency inside a CUDA graph. On CPU (gloo): host memcpy, one rank at a
 time so ranks do not share the memory bus, and the same collectives.
@@ -123,6 +124,7 @@ def run(args, me: _rank.Rank, steps: list[str], report: dict, save, fault: _rank
         t = time.perf_counter()
         report["results"].extend(getattr(bench, name)())
         report["step_seconds"][name] = round(time.perf_counter() - t, 4)  # where the budget goes
+        report["setup"] = bench.setup
         report["step"] += 1
         save()
     report.update(stage="done", doing=None, seconds=round(time.perf_counter() - t0, 4))
@@ -145,6 +147,7 @@ class Bench:
         self.factor: float | None = None  # slow=F's F
         self.pause: float | None = None  # slow=Ns's N
         self.alone = False  # measuring while the other ranks wait their turn: this rank decides its repeats alone
+        self.setup: dict[str, dict] = {}  # step -> what was made before its timing, and how long it took (p2p's contexts)
         self.rule = _converge.Rule(args.tolerance, args.repeats, max(args.repeats, args.max_repeats), args.max_seconds)
         self.cache = _gpu_cache(torch, device) if self.cuda else _cpu_cache()
         self.flag = torch.ones(1, device=device)  # the barrier's all_reduce
@@ -189,24 +192,36 @@ class Bench:
     # -- host <-> device ------------------------------------------------------
 
     def h2d(self) -> list[dict]:
-        return self._in_turn(lambda: self._host_copy("h2d"))
+        return self._host_copy("h2d")
 
     def d2h(self) -> list[dict]:
-        return self._in_turn(lambda: self._host_copy("d2h"))
+        return self._host_copy("d2h")
 
     def _host_copy(self, step: str) -> list[dict]:
         nbytes, clamped = self._fit(step, self.args.host_bytes, 1)
         self.note(bytes=nbytes)
         sets = self._sets(nbytes)
+        # Made and filled by every rank at once, before the turns: pinning host memory
+        # (cudaHostAlloc) took 0.3-0.6 s a rank, 8 in series when each rank pinned inside its
+        # own turn; only the copies need the PCIe path to themselves.
         dev = [self._random(nbytes) for _ in range(sets)]
         host = [self.torch.empty(nbytes // 4, dtype=self.torch.float32, pin_memory=True) for _ in range(sets)]
         for h, d in zip(host, dev):
             h.copy_(d)  # random host data too, filled on the GPU (filling 1 GiB on a CPU core takes a second)
-        if step == "h2d":
-            seconds, stopped = self._timed(lambda i: dev[i % sets].copy_(host[i % sets], non_blocking=True))
-        else:
-            seconds, stopped = self._timed(lambda i: host[i % sets].copy_(dev[i % sets], non_blocking=True))
-        return [self._result(step, nbytes, nbytes, seconds, sets, clamped, stopped)]
+
+        def measure() -> list[dict]:
+            if step == "h2d":
+                seconds, stopped = self._timed(lambda i: dev[i % sets].copy_(host[i % sets], non_blocking=True))
+            else:
+                seconds, stopped = self._timed(lambda i: host[i % sets].copy_(dev[i % sets], non_blocking=True))
+            return [self._result(step, nbytes, nbytes, seconds, sets, clamped, stopped)]
+
+        out = self._in_turn(measure)
+        # Back to torch's caching host allocator, which keeps them pinned: the next host step
+        # (d2h after h2d, the same sizes) takes them from there instead of pinning again.
+        host.clear()
+        dev.clear()
+        return out
 
     def _in_turn(self, measure) -> list[dict]:
         """Each local rank measures alone while the others wait at a barrier."""
@@ -227,40 +242,72 @@ class Bench:
     # -- GPU -> GPU -------------------------------------------------------------
 
     def p2p(self) -> list[dict]:
-        """Copy-engine writes from this GPU to every other one, one ordered pair at a
-        time across the node, as nvbandwidth measures them (the floors cite it):
-        a pair copying while others do would share NVSwitch or PCIe uplinks."""
-        n, me = min(self.me.local_world_size, self.torch.cuda.device_count()), self.me.local_rank
-        out = []
-        for k in range(1, n):
-            for turn in range(n):
-                self._sync(turn=True)
-                if turn == me:
-                    self.note(alone=True)
-                    self.alone = True
-                    out.append(self._p2p_pair((me + k) % n))
-                    self.alone = False
-                    self.note()
+        """Copy-engine writes between every ordered pair of GPUs, one pair at a time across the
+        node, as nvbandwidth measures them (the floors cite it): a pair copying while others do
+        would share NVSwitch or PCIe uplinks. As in nvbandwidth, one process drives every GPU:
+        local rank 0 opens one context on each other GPU and makes every buffer before any
+        timing, so no pair pays for a context (a rank per pair did: 56 contexts one after the
+        other on 8 GPUs, ~0.13 s each) and each GPU keeps at most one foreign context, rank 0's,
+        for the rest of the launch, not one per peer. The other ranks wait at a barrier before
+        each pair, each with a turn's deadline, as they waited out each other's turns before."""
+        n = min(self.me.local_world_size, self.torch.cuda.device_count())
+        driver = self.me.local_rank == 0
         self._sync(turn=True)
+        held = self._p2p_buffers(n) if driver and n > 1 else None
+        out = []
+        for src, dst in pairs(n):
+            self._sync(turn=True)
+            if held is not None:
+                self.note(alone=True, src=src, peer=dst)
+                self.alone = True
+                out.append(self._p2p_pair(held, src, dst))
+                self.alone = False
+                self.note()
+        self._sync(turn=True)
+        if held is not None:
+            held.clear()
+            self.torch.cuda.empty_cache()  # every GPU's cached blocks: the next stages (train, memtest) need the room
         return out
 
-    def _p2p_pair(self, peer: int) -> dict:
+    def _p2p_buffers(self, n: int) -> dict:
+        """Local rank 0's context on each other GPU (a CUDA call on a device opens this
+        process's context there), then a source and a destination per set on every GPU:
+        each GPU is the source of n-1 pairs and the destination of n-1. Says in the report
+        how long each took."""
         torch = self.torch
-        target = torch.device("cuda", peer)
-        access = bool(torch.cuda.can_device_access_peer(self.me.local_rank, peer))
-        free = min(int(torch.cuda.mem_get_info(self.device)[0]), int(torch.cuda.mem_get_info(target)[0]))  # dst lives on the peer
-        nbytes, clamped = fit("p2p", self.args.p2p_bytes, 1, free, f"cuda:{self.device.index} or cuda:{peer}")
-        self.note(bytes=nbytes, peer=peer)
+        t = time.perf_counter()
+        free = [int(torch.cuda.mem_get_info(torch.device("cuda", i))[0]) for i in range(n)]  # opens the contexts, one after the other
+        opened = time.perf_counter() - t
+        # Kept until the process ends (CUDA has no way to close a primary context torch opened):
+        # later stages of a shared launch (memtest) say so.
+        _rank.WORLD.setdefault("contexts_elsewhere", set()).update(range(1, n))
+        least = min(range(n), key=lambda i: free[i])
+        # Two buffers of the size on each GPU (its source and its destination), two sets at least.
+        nbytes, clamped = fit("p2p", self.args.p2p_bytes, 2, free[least], f"cuda:{least} (the least free of {n} GPUs)")
         sets = self._sets(nbytes)
-        srcs = [self._random(nbytes) for _ in range(sets)]
-        dsts = [torch.empty(nbytes // 4, dtype=torch.float32, device=target) for _ in range(sets)]
-        seconds, stopped = self._timed(lambda i: dsts[i % sets].copy_(srcs[i % sets], non_blocking=True))
-        result = self._result("p2p", nbytes, nbytes, seconds, sets, clamped, stopped)
-        result.update(peer=peer, peer_access=access, peer_pci_bus_id=_rank.pci_bus_id(torch.cuda.get_device_properties(peer)))
-        srcs.clear()
-        dsts.clear()
-        with torch.cuda.device(target):
-            torch.cuda.empty_cache()  # the next pair's peer needs the room, not this one
+        t = time.perf_counter()
+        gpus = [torch.device("cuda", i) for i in range(n)]
+        srcs = [[torch.empty(nbytes // 4, dtype=torch.float32, device=g).uniform_(1.0, 2.0) for _ in range(sets)] for g in gpus]
+        dsts = [[torch.empty(nbytes // 4, dtype=torch.float32, device=g) for _ in range(sets)] for g in gpus]
+        for g in gpus:
+            torch.cuda.synchronize(g)
+        self.setup["p2p"] = {"by": "local rank 0", "gpus": n, "contexts": n - 1, "contexts_seconds": round(opened, 4),
+                             "buffers_seconds": round(time.perf_counter() - t, 4), "bytes_per_gpu": 2 * sets * nbytes}
+        return {"srcs": srcs, "dsts": dsts, "bytes": nbytes, "sets": sets, "clamped": clamped}
+
+    def _p2p_pair(self, held: dict, src: int, dst: int) -> dict:
+        torch = self.torch
+        nbytes, sets = held["bytes"], held["sets"]
+        srcs, dsts = held["srcs"][src], held["dsts"][dst]
+        access = bool(torch.cuda.can_device_access_peer(src, dst))
+        self.note(bytes=nbytes, src=src, peer=dst)
+        on = torch.device("cuda", src)
+        # torch copies between GPUs on the source's current stream: its events time the copy.
+        with torch.cuda.device(on):
+            seconds, stopped = self._timed(lambda i: dsts[i % sets].copy_(srcs[i % sets], non_blocking=True), on=on)
+        result = self._result("p2p", nbytes, nbytes, seconds, sets, held["clamped"], stopped)
+        result.update(src=src, peer=dst, peer_access=access, src_pci_bus_id=_rank.pci_bus_id(torch.cuda.get_device_properties(src)),
+                      peer_pci_bus_id=_rank.pci_bus_id(torch.cuda.get_device_properties(dst)))
         return result
 
     # -- collectives --------------------------------------------------------------
@@ -370,17 +417,18 @@ class Bench:
 
     # -- timing ----------------------------------------------------------------------
 
-    def _timed(self, fn, barrier: bool = False) -> tuple[list[float], str]:
+    def _timed(self, fn, barrier: bool = False, on=None) -> tuple[list[float], str]:
         """Seconds of each timed repeat of ``fn(i)``, warm-up excluded, until the median
         is sure or a cap is reached; and why it stopped. ``barrier``: a collective, each
         repeat started together and judged by its slowest rank, so every rank decides alike.
         Alone in its turn a rank decides for itself; otherwise (each GPU its own copy, at
-        the same time) the ranks go on while any needs to, so they leave the step together."""
+        the same time) the ranks go on while any needs to, so they leave the step together.
+        ``on``: the GPU whose stream runs ``fn`` (the source of a P2P copy), else this rank's."""
 
         def once(i: int) -> float:
             if barrier:
                 self._sync()
-            return round(self._once(fn, i), 9)
+            return round(self._once(fn, i, on or self.device), 9)
 
         if barrier:
             return _converge.repeat(once, self.rule, self.args.warmup, slowest=self._max)
@@ -396,16 +444,16 @@ class Bench:
     def _more(self, flag: float) -> float:
         return self._max([flag])[0]
 
-    def _once(self, fn, i: int) -> float:
+    def _once(self, fn, i: int, on) -> float:
         if self.cuda:
             start, end = self.torch.cuda.Event(enable_timing=True), self.torch.cuda.Event(enable_timing=True)
-            self.torch.cuda.synchronize(self.device)
+            self.torch.cuda.synchronize(on)
             start.record()
         t = time.perf_counter()
         fn(i)
         if self.slow:
             if self.cuda:
-                self.torch.cuda.synchronize(self.device)
+                self.torch.cuda.synchronize(on)
             # Inside the timed region: with CUDA events too, the end is recorded after the sleep.
             time.sleep(_rank.slow_seconds(time.perf_counter() - t, self.factor, SLOW, SLOW_MIN, self.pause))
         if self.cuda:
@@ -467,6 +515,12 @@ class Bench:
 
     def _sure(self, stopped: str) -> dict:
         return {"stopped": stopped, "tolerance": self.args.tolerance}
+
+
+def pairs(n: int) -> list[tuple[int, int]]:
+    """Every ordered pair of n GPUs, (source, destination), in rounds: in round k each GPU
+    writes to the one k after it. checks/bandwidth.py's p2p_plan counts them alike."""
+    return [(src, (src + k) % n) for k in range(1, n) for src in range(n)]
 
 
 def fit(step: str, asked: int, per_byte: float, free: int | None, where: str) -> tuple[int, str | None]:
@@ -567,7 +621,9 @@ def _gib(n: float) -> str:
 
 
 def _label(r: dict) -> str:
-    return r["step"] + (f"->{r['peer']}" if r.get("peer") is not None else "")
+    if r.get("peer") is None:
+        return r["step"]
+    return r["step"] + (f" {r['src']}" if r.get("src") is not None else "") + f"->{r['peer']}"
 
 
 def _median_rate(r: dict) -> str:

@@ -55,7 +55,9 @@ def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
     if gpu:
         free, total = torch.cuda.mem_get_info(device)
         size = int(free * args.fraction) - 2 * CHUNK_WORDS * 8  # room for a chunk's generated pattern and its compare
-        report.update(free_bytes=free, total_bytes=total)
+        # The other GPUs this process holds a context on (bandwidth's P2P copies, local rank 0 only,
+        # in a launch shared by several stages): their free memory is that much less for their own rank.
+        report.update(free_bytes=free, total_bytes=total, contexts_elsewhere=sorted(_rank.WORLD.get("contexts_elsewhere", ())))
     else:
         size = args.host_bytes
     words = max(1, size // 8)

@@ -128,7 +128,7 @@ def _doing(r: dict, words: dict[str, str] = STAGE_WORDS) -> str:
     if isinstance(doing.get("bytes"), (int, float)) and doing["bytes"] > 0:
         text += " " + fmt_bytes(doing["bytes"])
     if isinstance(doing.get("peer"), int):
-        text += f" to cuda:{doing['peer']}"
+        text += (f" cuda:{doing['src']}" if isinstance(doing.get("src"), int) else "") + f" to cuda:{doing['peer']}"
     return text
 
 

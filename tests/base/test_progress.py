@@ -83,6 +83,13 @@ def test_a_rank_measuring_alone_is_named():
     assert stage_of(p2p, 8) == "p2p 256 MiB to cuda:5  rank 3/8"
 
 
+def test_the_one_process_measuring_every_gpu_pair_names_the_pair():
+    # checks/workers/bandwidth.py: local rank 0 copies between every ordered pair of GPUs.
+    p2p = [rank(r, "p2p", world=8) for r in range(8)]
+    p2p[0]["doing"] = {"alone": True, "bytes": 256 << 20, "src": 3, "peer": 5}
+    assert stage_of(p2p, 8) == "p2p 256 MiB cuda:3 to cuda:5  rank 0/8"
+
+
 def test_ranks_a_moment_apart_show_what_most_do():
     reports = [rank(0, "all_gather", world=3), rank(1, "all_reduce", world=3), rank(2, "all_reduce", world=3)]
     assert stage_of(reports, 3) == "all_reduce  3 ranks"

@@ -335,6 +335,15 @@ def test_no_peer_access_on_a_pcie_pair_is_nothing():
     assert bandwidth.judge_peer_access(p2p_facts({(0, 2): False}), {frozenset({0, 1})}, all_nvlink=False) == []
 
 
+def test_no_peer_access_in_local_rank_0_s_report_of_every_pair_names_the_pair():
+    # checks/workers/bandwidth.py: local rank 0 measures every ordered pair, each result naming its source.
+    pairs = [(a, b) for a in range(4) for b in range(4) if a != b]
+    results = [step("p2p", bytes=MIB, moved_bytes=MIB, seconds=[0.001], src=a, peer=b, peer_access=(a, b) != (2, 3)) for a, b in pairs]
+    f = per_rank(4, lambda r: results if r == 0 else [])
+    (x,) = bandwidth.judge_peer_access(f, set(), all_nvlink=True)
+    assert x.summary == "no peer access between NVLink GPUs (GPU 2 -> GPU 3)" and "1 ordered pair(s)" in x.cause
+
+
 def test_unknown_peer_access_is_nothing():
     assert bandwidth.judge_peer_access(p2p_facts({(0, 1): None}), set(), all_nvlink=True) == []
 
@@ -863,3 +872,21 @@ def test_in_a_shared_launch_the_nccl_stage_s_channels_line_judges_the_reused_com
     assert result.status == status and zero == 0
     if status == Status.PASS:
         assert "0 nvls channels" in str(result.model_dump()) and "NVLS was off" in "\n".join(result.lines)
+
+
+def test_local_rank_0_s_p2p_setup_is_said_with_the_gpus_left_holding_its_context():
+    setup = {"p2p": {"by": "local rank 0", "gpus": 4, "contexts": 3, "contexts_seconds": 0.41, "buffers_seconds": 0.12, "bytes_per_gpu": GIB}}
+    f = facts([outcome(r, report(r, world=4, step_seconds={"p2p": 1.3 if r == 0 else 1.31}, setup=setup if r == 0 else {}, import_seconds=2.0, init_seconds=1.0))
+               for r in range(4)])
+    (line,) = bandwidth.time_line(f)
+    assert "p2p 1.3 s (3 contexts 0.4 s, buffers 0.1 s)" in line, line
+    assert bandwidth.foreign_contexts(f) == {"process": "local rank 0", "gpus": ["GPU 1", "GPU 2", "GPU 3"], "per_gpu": 1}
+    assert bandwidth.foreign_line(f) == ["GPU->GPU copies made from local rank 0's process over every GPU: GPU 1, GPU 2, GPU 3 each hold that one context of it for the rest of the launch"]
+    assert bandwidth.foreign_contexts(per_rank(2, lambda r: [])) is None and bandwidth.foreign_line(per_rank(2, lambda r: [])) == []
+
+
+def test_a_setup_not_in_the_worker_s_shape_is_a_report_that_does_not_fit_not_a_traceback_later():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        report(0, setup={"p2p": {"contexts": "seven"}})

@@ -31,6 +31,15 @@ def test_intact_memory_passes():
     assert memtest.summary(f) == "2 nccl rank(s), 72.0 GiB per GPU, patterns address, walking_ones, random read back intact, in 10.5 s"
 
 
+def test_the_gpus_holding_local_rank_0_s_p2p_context_are_said_not_judged():
+    # In a launch shared with bandwidth, local rank 0's process made the GPU->GPU copies
+    # over every GPU and keeps one context on each of the others (checks/workers/bandwidth.py).
+    f = facts({"contexts_elsewhere": [1, 2]}, {}, {})
+    held = memtest.foreign_contexts(f)
+    assert sorted(held) == ["GPU 1", "GPU 2"] and "bandwidth's GPU->GPU copies" in held["GPU 1"] and "rank 0" in held["GPU 1"]
+    assert memtest.judge(f, EXPECT) == [] and memtest.foreign_contexts(facts({}, {})) == {}
+
+
 def test_a_word_read_back_wrong_names_the_gpu_the_pattern_and_the_first_offsets():
     bad = [{"pattern": "walking_ones bit 17", "offset": 0x3A0000008, "wrote": "0x0000000000020000", "read": "0x0000000000000000"}]
     patterns = [PATTERNS[0], {**PATTERNS[1], "mismatched_words": 3}, PATTERNS[2]]
