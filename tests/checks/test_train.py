@@ -63,6 +63,10 @@ def test_the_cpu_profile_trains_with_loss_falling_and_ranks_agreeing(tmp_path):
     assert all(set(rep["stopped"]) == {"steps", "compute", "gemm"} for rep in reports)
     step = next(m for m in r.measurements if m.name == "train_step_duration" and m.labels == {"stat": "p50"})
     assert step.repeats == len(reports[0]["step_seconds"]) and step.ci is not None and step.converged is not None
+    # Where the check's time went on each rank: the build in two parts, then each stage; and each warm-up step.
+    stages = ["agreement", "warmup", "steps", "compute", "checksum", "gemm"]
+    assert all(list(rep["phases"]) == ["model", "ddp", *stages] and all(s >= 0 for s in rep["phases"].values()) for rep in reports)
+    assert all(len(rep["warmup_seconds"]) == 2 for rep in reports)
     assert not workers_left(tmp_path)
 
 
