@@ -95,8 +95,8 @@ def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
 
     report["stage"] = "build"  # memory fit, model, DDP's broadcast: seconds on a big model
     save()
-    # Each part's seconds on this rank, the build split in two (DDP's first construction in a
-    # process imports torch._dynamo, a cost of its own): what the check's time is made of.
+    # Each part's seconds on this rank, the build split in two (DDP's and AdamW's first construction
+    # in a process imports torch._dynamo, a cost of its own): what the check's time is made of.
     phases = report["phases"]
     probe = Probe(torch, dist, F, device, me, args, phases)
     report.update(params=probe.params, tokens_per_step=probe.batch * args.seq * me.world_size, shrunk=probe.shrunk,
@@ -137,13 +137,13 @@ class Probe:
         with device if hasattr(device, "__enter__") else contextlib.nullcontext():
             self.model = _gpt(torch, args.vocab, args.d_model, args.heads, self.layers, args.seq).to(device)
         self.params = sum(p.numel() for p in self.model.parameters())
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=args.lr)
         g = torch.Generator().manual_seed(args.seed + 1 + me.rank)  # each rank its own fixed batch
         self.tokens = torch.randint(0, args.vocab, (self.batch, args.seq + 1), generator=g).to(device)
         phases["model"] = round(time.perf_counter() - t, 4)
         t = time.perf_counter()
         self.ddp = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=[device.index] if self.cuda else None)
-        phases["ddp"] = round(time.perf_counter() - t, 4)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=args.lr)
+        phases["ddp"] = round(time.perf_counter() - t, 4)  # with AdamW's: the first of either in a process imports torch._dynamo
 
     def _fit_memory(self) -> None:
         """Fewer sequences per step (then fewer layers) until the probe fits in half
