@@ -16,8 +16,10 @@ before it FAILs (preflight/checkkit/confirm.py); a wrong answer or NaN never is.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections import Counter
+from dataclasses import dataclass
 from typing import ClassVar
 
 from pydantic import Field
@@ -36,6 +38,8 @@ from preflight.base.units import fmt_seconds, fmt_value
 
 FAIL, WARN = Status.FAIL, Status.WARN
 FLOPS = "flops_per_second"
+# One untimed own forward+backward pass before the timed ones: the no_sync path's first run.
+COMPUTE_WARMUP = 1
 
 FLOORS = {
     "gemm_throughput": (FLOPS, "min"),  # per GPU: the n^3 bf16 matmul
@@ -75,6 +79,8 @@ class RankReport(ranks.RankReport):
     compute_seconds: list[float] = Field(default_factory=list)
     gemm_seconds: list[float] = Field(default_factory=list)
     gemm_warmup: dict | None = None  # matmuls and seconds run untimed before the first timed burst
+    warmup_seconds: list[float] = Field(default_factory=list)  # the untimed steps: the first pays the process's one-time costs
+    phases: dict[str, float] = Field(default_factory=dict)  # seconds of each part on this rank: model, ddp, then each stage
     params: int | None = None
     tokens_per_step: int | None = None
     model: dict = Field(default_factory=dict)
@@ -297,7 +303,74 @@ def judge(f: TrainFacts, figs: list[Figure], expect: TrainExpect, floors: dict[s
     }
 
 
+# ---- the plan ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the probe runs on each rank, in counts: the untimed warm-ups, and for each timed
+    figure its least count and its caps (the worker repeats past the least until the figure's
+    95% interval is within ``tolerance``: checks/workers/_converge.py). gather() hands the worker
+    these numbers, and the time model (tests/perf/) multiplies them by each part's measured cost."""
+
+    warmup_steps: int  # untimed steps: the first gives the loss before any update and pays the process's one-time costs
+    steps: int  # timed synchronized steps, at least: the step figures, the longest step, the loss's fall
+    max_steps: int
+    compute_warmup: int  # untimed own forward+backward passes before the timed ones
+    compute_steps: int
+    max_compute_steps: int
+    gemm_warmup_seconds: float  # untimed bursts (after two matmuls) until the power limiter settles
+    gemm_burst: int  # matmuls in each timed burst
+    gemm_repeats: int
+    max_gemm_repeats: int
+    max_seconds: float  # a figure's own time, past its least count
+    tolerance: float
+
+    def quiet(self) -> dict[str, int]:
+        """Repeats where a quiet figure stops: its least count, or the first count whose
+        statistic has a 95% interval at all (the median 6, the first quartile 13), within the cap."""
+        def first(least: int, most: int, q: float) -> int:
+            return min(most, next((n for n in range(least, most + 1) if figs_mod.interval_ranks(n, q) is not None), most))
+
+        return {"steps": first(self.steps, self.max_steps, 0.5), "compute": first(self.compute_steps, self.max_compute_steps, 0.25),
+                "gemm": first(self.gemm_repeats, self.max_gemm_repeats, 0.5)}
+
+    def seconds(self, step: float, compute: float, matmul: float) -> dict[str, float]:
+        """Each timed part's seconds on a quiet rank, from one step's, one own pass's and one
+        matmul's seconds (the H200: 0.0437, 0.0379, 0.00163); a figure stops at its quiet count
+        or where its next repeat would end past max_seconds, never before its least count."""
+        def timed(unit: float, n: int, least: int, warm: float = 0.0) -> float:
+            fits = int((self.max_seconds - warm) // unit) if unit > 0 else n
+            return unit * min(n, max(least, fits))
+
+        q, burst = self.quiet(), self.gemm_burst * matmul
+        gemm_warm = 2 * matmul + (math.ceil(max(0.0, self.gemm_warmup_seconds - 2 * matmul) / burst) * burst if burst > 0 else 0.0)
+        return {"warmup": self.warmup_steps * step, "steps": timed(step, q["steps"], self.steps),
+                "compute": self.compute_warmup * compute + timed(compute, q["compute"], self.compute_steps, self.compute_warmup * compute),
+                "gemm_warmup": gemm_warm, "gemm": timed(burst, q["gemm"], self.gemm_repeats)}
+
+
+def plan(expect: TrainExpect) -> Plan:
+    """The probe's plan for a profile's [train]."""
+    e = expect
+    return Plan(warmup_steps=e.warmup_steps, steps=e.steps, max_steps=e.max_steps, compute_warmup=COMPUTE_WARMUP, compute_steps=e.compute_steps,
+                max_compute_steps=e.max_compute_steps, gemm_warmup_seconds=e.gemm_warmup_seconds, gemm_burst=e.gemm_burst, gemm_repeats=e.gemm_repeats,
+                max_gemm_repeats=e.max_gemm_repeats, max_seconds=e.max_seconds, tolerance=e.tolerance)
+
+
 # ---- gathering and reporting ----------------------------------------------------------------
+
+
+def worker_args(expect: TrainExpect, backend: str, op_timeout: float, reading: int = 1) -> list[str]:
+    """The worker's command line: the model from [train], every count from its plan."""
+    e, n = expect, plan(expect)
+    return ["--backend", backend, "--device", "cuda" if backend == "nccl" else "cpu", "--timeout", f"{op_timeout:g}",
+            "--layers", str(e.layers), "--d-model", str(e.d_model), "--heads", str(e.heads), "--seq", str(e.seq), "--batch", str(e.batch),
+            "--vocab", str(e.vocab), "--warmup-steps", str(n.warmup_steps), "--steps", str(n.steps), "--compute-steps", str(n.compute_steps),
+            "--compute-warmup", str(n.compute_warmup), "--gemm-n", str(e.gemm_n), "--gemm-repeats", str(n.gemm_repeats), "--gemm-burst", str(n.gemm_burst),
+            "--gemm-warmup-seconds", f"{n.gemm_warmup_seconds:g}", "--reading", str(reading),
+            "--tolerance", f"{n.tolerance:g}", "--max-steps", str(n.max_steps), "--max-compute-steps", str(n.max_compute_steps),
+            "--max-gemm-repeats", str(n.max_gemm_repeats), "--max-seconds", f"{n.max_seconds:g}"]  # fmt: skip
 
 
 def gather(ctx: Context, nproc: int, expect: TrainExpect, backend: str, uuids: dict[int, str], reading: int = 1) -> TrainFacts:
@@ -305,14 +378,7 @@ def gather(ctx: Context, nproc: int, expect: TrainExpect, backend: str, uuids: d
     facts = TrainFacts(python=python, backend=backend, nproc=nproc, uuids=uuids)
     left = ranks.time_left(ctx.deadline)
     op_timeout = min(expect.op_timeout_seconds, max(2.0, left / 3))
-    e = expect
-    args = ["--backend", backend, "--device", "cuda" if backend == "nccl" else "cpu", "--timeout", f"{op_timeout:g}",
-            "--layers", str(e.layers), "--d-model", str(e.d_model), "--heads", str(e.heads), "--seq", str(e.seq), "--batch", str(e.batch),
-            "--vocab", str(e.vocab), "--warmup-steps", str(e.warmup_steps), "--steps", str(e.steps), "--compute-steps", str(e.compute_steps),
-            "--gemm-n", str(e.gemm_n), "--gemm-repeats", str(e.gemm_repeats), "--gemm-burst", str(e.gemm_burst),
-            "--gemm-warmup-seconds", f"{e.gemm_warmup_seconds:g}", "--reading", str(reading),
-            "--tolerance", f"{e.tolerance:g}", "--max-steps", str(e.max_steps), "--max-compute-steps", str(e.max_compute_steps),
-            "--max-gemm-repeats", str(e.max_gemm_repeats), "--max-seconds", f"{e.max_seconds:g}"]  # fmt: skip
+    args = worker_args(expect, backend, op_timeout, reading)
     # TunableOp would let each GPU pick its own GEMM kernels: the agreement check needs the same ones everywhere.
     worker = launch.Worker("train_probe.py", args, env={"PYTORCH_TUNABLEOP_ENABLED": "0"}, nproc=nproc, rdzv_port=ctx.settings.rdzv_port)
     ranks.collect(facts, worker, RankReport, ctx.host.environ, left, ranks.waited_out(nproc, op_timeout), ctx.progress, ctx.worlds)

@@ -56,9 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-steps", type=int, default=3)
     p.add_argument("--steps", type=int, default=10, help="timed training steps at least")
     p.add_argument("--compute-steps", type=int, default=3, help="forward+backward passes timed without the gradient sync, at least")
+    p.add_argument("--compute-warmup", type=int, default=1, help="untimed forward+backward passes before them")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--gemm-n", type=int, default=8192)
-    p.add_argument("--gemm-repeats", type=int, default=10, help="timed GEMM bursts at least")
+    p.add_argument("--gemm-repeats", type=int, default=6, help="timed GEMM bursts at least")
     p.add_argument("--tolerance", type=float, default=0.02, help="repeat until the 95%% interval of each figure's statistic is within this fraction of it")
     p.add_argument("--max-steps", type=int, default=30, help="or until this many timed steps")
     p.add_argument("--max-compute-steps", type=int, default=9, help="or this many compute passes")
@@ -73,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
 
     me, report, save, fault = _rank.begin(args.out, "steps", reading=args.reading, backend=args.backend, device=args.device, losses=[],
                                           step_seconds=[], compute_seconds=[], gemm_seconds=[], params=None, logits_checksum=None,
-                                          logits_checksums=None, param_checksums=None, nonfinite_step=None, shrunk=None, tokens_per_step=None)
+                                          logits_checksums=None, param_checksums=None, nonfinite_step=None, shrunk=None, tokens_per_step=None,
+                                          warmup_seconds=[], phases={})
     return _rank.guarded(lambda: run(args, me, report, save, fault), report, save)
 
 
@@ -93,7 +95,10 @@ def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
 
     report["stage"] = "build"  # memory fit, model, DDP's broadcast: seconds on a big model
     save()
-    probe = Probe(torch, dist, F, device, me, args)
+    # Each part's seconds on this rank, the build split in two (DDP's and AdamW's first construction
+    # in a process imports torch._dynamo, a cost of its own): what the check's time is made of.
+    phases = report["phases"]
+    probe = Probe(torch, dist, F, device, me, args, phases)
     report.update(params=probe.params, tokens_per_step=probe.batch * args.seq * me.world_size, shrunk=probe.shrunk,
                   model={"layers": probe.layers, "d_model": args.d_model, "heads": args.heads, "seq": args.seq, "batch": probe.batch, "vocab": args.vocab})
     for stage in STAGES:
@@ -102,7 +107,9 @@ def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
         kind = fault.at(stage)
         probe.factor = fault.values.get(stage)  # slow=F: the factor; None: plain slow
         probe.pause = fault.pauses.get(stage)  # slow=Ns: seconds a pass, whatever it took
+        t = time.perf_counter()
         getattr(probe, stage)(report, kind, save)
+        phases[stage] = round(time.perf_counter() - t, 4)
         save()
     report.update(stage="done", seconds=round(time.perf_counter() - t0, 4))
     save()
@@ -116,8 +123,9 @@ def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
 
 
 class Probe:
-    def __init__(self, torch, dist, F, device, me: _rank.Rank, args):
+    def __init__(self, torch, dist, F, device, me: _rank.Rank, args, phases: dict):
         self.torch, self.dist, self.F, self.device, self.me, self.args = torch, dist, F, device, me, args
+        t = time.perf_counter()
         self.cuda = device.type == "cuda"
         self.factor: float | None = None  # slow=F's F at the stage running
         self.pause: float | None = None  # slow=Ns's N at the stage running
@@ -129,10 +137,13 @@ class Probe:
         with device if hasattr(device, "__enter__") else contextlib.nullcontext():
             self.model = _gpt(torch, args.vocab, args.d_model, args.heads, self.layers, args.seq).to(device)
         self.params = sum(p.numel() for p in self.model.parameters())
-        self.ddp = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=[device.index] if self.cuda else None)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=args.lr)
         g = torch.Generator().manual_seed(args.seed + 1 + me.rank)  # each rank its own fixed batch
         self.tokens = torch.randint(0, args.vocab, (self.batch, args.seq + 1), generator=g).to(device)
+        phases["model"] = round(time.perf_counter() - t, 4)
+        t = time.perf_counter()
+        self.ddp = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=[device.index] if self.cuda else None)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=args.lr)
+        phases["ddp"] = round(time.perf_counter() - t, 4)  # with AdamW's: the first of either in a process imports torch._dynamo
 
     def _fit_memory(self) -> None:
         """Fewer sequences per step (then fewer layers) until the probe fits in half
@@ -220,6 +231,8 @@ class Probe:
         if timed:
             report["losses"].append(value if math.isfinite(value) else str(value))
             report["step_seconds"].append(round(seconds, 6))
+        else:
+            report["warmup_seconds"].append(round(seconds, 6))  # the first pays what a process pays once (kernels loaded, DDP's buckets)
         return value
 
     def compute(self, report: dict, kind: str | None, save) -> None:
@@ -240,7 +253,7 @@ class Probe:
             return round(time.perf_counter() - t, 6)
 
         a = self.args
-        report["compute_seconds"] = self._repeat(report, "compute", once, a.compute_steps, a.max_compute_steps, warmup=1, q=0.25)
+        report["compute_seconds"] = self._repeat(report, "compute", once, a.compute_steps, a.max_compute_steps, warmup=a.compute_warmup, q=0.25)
         self.opt.zero_grad(set_to_none=True)  # these gradients were never meant to be applied
 
     def checksum(self, report: dict, kind: str | None, save) -> None:

@@ -63,6 +63,10 @@ def test_the_cpu_profile_trains_with_loss_falling_and_ranks_agreeing(tmp_path):
     assert all(set(rep["stopped"]) == {"steps", "compute", "gemm"} for rep in reports)
     step = next(m for m in r.measurements if m.name == "train_step_duration" and m.labels == {"stat": "p50"})
     assert step.repeats == len(reports[0]["step_seconds"]) and step.ci is not None and step.converged is not None
+    # Where the check's time went on each rank: the build in two parts, then each stage; and each warm-up step.
+    stages = ["agreement", "warmup", "steps", "compute", "checksum", "gemm"]
+    assert all(list(rep["phases"]) == ["model", "ddp", *stages] and all(s >= 0 for s in rep["phases"].values()) for rep in reports)
+    assert all(len(rep["warmup_seconds"]) == 2 for rep in reports)
     assert not workers_left(tmp_path)
 
 
@@ -155,6 +159,12 @@ def test_train_on_every_gpu_of_this_node(tmp_path):
     print(p.stderr, f"check took {took:.1f} s")
     assert r.details["parts"]["run"] == "PASS" and r.details["parts"]["loss"] == "PASS" and r.details["parts"]["agreement"] == "PASS", (r.cause, p.stderr)
     assert {"gemm_throughput", "train_step_duration", "train_mfu"} <= {m.name for m in r.measurements}
+    # Where the check's time went on each rank, for the time model (checks/train.py plan): the parts' seconds, the warm-up steps'.
+    for o in r.details["ranks"]:
+        rep = o["report"]
+        print(f"rank {o['rank']}: phases {rep['phases']} s; warm-up steps {rep['warmup_seconds']} s; repeats: steps {len(rep['step_seconds'])}, "
+              f"own passes {len(rep['compute_seconds'])}, GEMM bursts {len(rep['gemm_seconds'])}; GEMM warm-up {rep['gemm_warmup']}")
+        assert list(rep["phases"]) == ["model", "ddp", "agreement", "warmup", "steps", "compute", "checksum", "gemm"]
     assert not workers_left(tmp_path)
 
 
