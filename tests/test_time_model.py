@@ -5,6 +5,7 @@ Pure: no run, no timing."""
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -79,3 +80,25 @@ def test_the_profiles_standard_estimate_is_the_models_8_gpu_projection(board):
     assert standard.seconds == math.ceil(tm.total(tm.project(8, c, profile)))
     assert standard.source.startswith("the time model (tests/perf/time_model.py") and f"{tm.total(tm.project(8, c, profile)):.1f} s on 8 GPUs" in standard.source
     assert profile.levels.quick.source.startswith("measured: ")
+
+
+@pytest.mark.gpu
+def test_the_benchs_gpu_probe_measures_a_context_pinned_buffers_and_copies_on_this_gpu():
+    """On the lent GPU machine: bench_time_model's probe of one GPU (its figures printed for the
+    note), the same costs the H200 report gives, on the same scale."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("nvidia-smi"):
+        pytest.skip("no NVIDIA driver here")
+    import bench_time_model as bench
+
+    bw = tm.profiles.load(tm.profiles.find("h200-sxm", None)).bandwidth
+    p = subprocess.run([sys.executable, "-c", bench.GPU_PROBE, str(bw.host_bytes), str(bw.copy_bytes)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    print(got)
+    assert {"cuda_context", "pinned_alloc", "h2d_copy", "d2h_copy", "hbm_copy_step"} <= set(got)
+    assert all(v > 0 for v in got.values())
+    # A GiB over any PCIe link a GPU node has (Gen3 x16 and up) takes well under a second.
+    assert got["h2d_copy"] < 1 and got["d2h_copy"] < 1
