@@ -13,7 +13,7 @@
 #   captures   the node as its tools print it, bytes untouched (cmd > file), in $OUT/captures/
 #   reference  a plain torch loop (tests/gpu/reference.py): HBM copy, H2D, D2H, bf16 GEMM
 #   verdict    tests/perf/bench_time_to_verdict.py: a bare torchrun (tests/gpu/bare.py: torch import,
-#              NCCL group, one all_reduce), the standard and the quick level (--keep-going), interleaved,
+#              NCCL group, one all_reduce), the quick and the standard level (--keep-going), interleaved,
 #              twice, with each check's share
 #   full       the full level's burnin and memtest, shortened by a site profile (45 s, 30 s)
 #   pytest     pytest -m gpu

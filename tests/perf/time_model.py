@@ -195,7 +195,10 @@ def project(n: int, c: dict[str, Cost], profile) -> list[tuple[str, float]]:
     Terms whose name starts with "  " run inside the row above them, which holds their sum or maximum."""
     bw, tr, rd = profile.bandwidth, profile.train, profile.rdma
     launch = c["torchrun_overhead"].seconds + c["torch_import"].seconds + c["cuda_init_stage"].seconds
-    agent = c["nvml_inventory"].seconds + 4 * c["topology"].seconds + c["firmware_rest"].seconds + c["shm_small"].seconds
+    # The quick level's checks are those that need no ranks; past cuda's NVML inventory, firmware
+    # (which shares it) and shm, each reads a tool's output or sysfs: counted as topology's time.
+    readers = [name for name in profile.levels.quick.checks if name not in ("cuda", "firmware", "shm")]
+    agent = c["nvml_inventory"].seconds + len(readers) * c["topology"].seconds + c["firmware_rest"].seconds + c["shm_small"].seconds
     interval = rd.interval_seconds if rd else 0.0
     rows = [("agent start (python, preflight, the plan)", c["agent_start"].seconds),
             ("first phase: the longest of", max(launch, agent, interval)),
