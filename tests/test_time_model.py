@@ -102,3 +102,10 @@ def test_the_benchs_gpu_probe_measures_a_context_pinned_buffers_and_copies_on_th
     assert all(v > 0 for v in got.values())
     # A GiB over any PCIe link a GPU node has (Gen3 x16 and up) takes well under a second.
     assert got["h2d_copy"] < 1 and got["d2h_copy"] < 1
+
+
+def test_a_bandwidth_step_the_model_does_not_know_is_refused_not_left_out(monkeypatch):
+    c, _, profile = tm.model()
+    monkeypatch.setattr(tm, "steps_for", lambda *a, **k: ["hbm_copy", "nvlink_sweep"])
+    with pytest.raises(ValueError, match="no cost for the bandwidth step 'nvlink_sweep'"):
+        tm.project(8, c, profile)
