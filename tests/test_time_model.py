@@ -23,7 +23,7 @@ def test_the_table_in_architecture_is_what_the_model_prints():
     text = tm.DOC.read_text()
     assert text.count(tm.BEGIN) == 1 and text.count(tm.END) == 1
     block = text[text.index(tm.BEGIN):text.index(tm.END) + len(tm.END)]
-    assert block == tm.doc_block(c, report, profile), "docs/ARCHITECTURE.md's time model table drifted: paste tm.doc_block's output"
+    assert block == tm.doc_block(c, report, profile), "docs/ARCHITECTURE.md's time model table drifted: python tests/perf/time_model.py --write"
 
 
 @pytest.mark.parametrize("board", BOARDS)
@@ -77,7 +77,7 @@ def test_the_profiles_standard_estimate_is_the_models_8_gpu_projection(board):
     c, _, _ = tm.model()
     profile = tm.profiles.load(tm.profiles.find(board, None))
     standard = profile.levels.standard
-    assert standard.seconds == math.ceil(tm.total(tm.project(8, c, profile)))
+    assert standard.seconds == math.ceil(tm.total(tm.project(8, c, profile))), f"set [levels.standard] seconds of {board} from the model's 8-GPU projection"
     assert standard.source.startswith("the time model (tests/perf/time_model.py") and f"{tm.total(tm.project(8, c, profile)):.1f} s on 8 GPUs" in standard.source
     assert profile.levels.quick.source.startswith("measured: ")
 

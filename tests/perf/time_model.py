@@ -320,3 +320,21 @@ def model(profile_name: str = "h200-sxm", measured: Path = MEASURED) -> tuple[di
 
 def doc_block(c: dict[str, Cost], report: dict[str, Cost], profile) -> str:
     return f"{BEGIN}\n{table(c, report, profile)}\n\nThe costs (`tests/perf/time_model.py`):\n\n{sources(c)}\n{END}"
+
+
+def main(argv: list[str]) -> int:
+    """Print the committed model's table; with --write, put it into docs/ARCHITECTURE.md
+    (after a plan or a recorded cost changed: tests/test_time_model.py then holds it)."""
+    c, report, profile = model()
+    block = doc_block(c, report, profile)
+    if "--write" in argv:
+        text = DOC.read_text()
+        DOC.write_text(text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):])
+    print(block)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))
