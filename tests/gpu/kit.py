@@ -12,7 +12,8 @@ shortened: a site profile of the same name replaces the built-in one
 preflight's reports; reference.json: tests/gpu/reference.py's plain loop;
 steps.tsv: each step's budget, seconds and exit code) and prints, and writes
 to OUT/acceptance.json: each step's time, the bare torchrun beside the quick
-and standard levels, preflight's figures beside the plain loop's as ratios,
+and standard levels (verdict.json, the verdict step's bench, where there is
+one: its rounds' walls and each check's share), preflight's figures beside the plain loop's as ratios,
 and the acceptance: PASS at every level with no WARN, else every WARN, FAIL
 and ERROR with its summary. Exit 0 on acceptance, 1 otherwise.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -111,16 +113,29 @@ def summary(out: Path) -> tuple[dict, list[str]]:
     lines.append(f"  total budget {sum(s['budget'] for s in steps.values()):.0f} s, spent {spent:.1f} s")
 
     lines.append("== time to a verdict beside a bare torchrun (torch import, NCCL group, one all_reduce)")
-    bare = [s["seconds"] for s in runs.values() if s["rc"] == 0]
+    bench = _load(out / "verdict.json")  # the verdict step (tests/perf/bench_time_to_verdict.py); older kits timed each in its own step
+    walls = {key: steps.get(key, {}).get("seconds") for key in ("quick", "standard", "full")}
+    if bench:
+        doc["time_to_verdict"] = bench
+        secs = bench.get("seconds") or {}  # only the runs that succeeded (a bare torchrun) or gave a verdict (a level)
+        bare = list(secs.get("bare torchrun") or [])
+        for key in ("quick", "standard"):
+            if secs.get(key):
+                walls[key] = statistics.median(secs[key])
+    else:
+        bare = [s["seconds"] for s in runs.values() if s["rc"] == 0]
     doc["bare_torchrun_seconds"] = bare
     lines.append(f"  bare torchrun: {', '.join(f'{x:.1f} s' for x in bare) or 'no run succeeded'}")
     for (level, _), key in zip(LEVELS, ("quick", "standard", "full")):
-        r, wall = reports[level], steps.get(key, {}).get("seconds")
+        r, wall = reports[level], walls[key]
         took = r.get("duration_seconds") if r else None
         if wall is not None or took is not None:
             said = [f"{wall:.1f} s wall" + (f" ({wall / min(bare):.2f}x the bare torchrun)" if bare else "")] if wall is not None else []
             said += [f"{took:.1f} s of checks"] if took is not None else []
             lines.append(f"  {level}: {', '.join(said)}")
+    for level, rows in ((bench or {}).get("checks") or {}).items():
+        lines.append(f"  {level}, each check's share (median of {bench.get('rounds')} rounds): "
+                     + ", ".join(f"{row['check']} {row['seconds']:.1f} s ({100 * (row['share'] or 0):.0f}%)" for row in rows))
 
     lines.append("== preflight's figures beside the plain loop's (tests/gpu/reference.py)")
     if reference:

@@ -12,14 +12,14 @@
 #   setup      install the wheels with --no-deps beside the image's packages; version, nvidia-smi -L
 #   captures   the node as its tools print it, bytes untouched (cmd > file), in $OUT/captures/
 #   reference  a plain torch loop (tests/gpu/reference.py): HBM copy, H2D, D2H, bf16 GEMM
-#   torchrun   a bare torchrun (tests/gpu/bare.py: torch import, NCCL group, one all_reduce), twice
-#   quick      preflight run --level quick --keep-going
-#   standard   preflight run --level standard --keep-going
+#   verdict    tests/perf/bench_time_to_verdict.py: a bare torchrun (tests/gpu/bare.py: torch import,
+#              NCCL group, one all_reduce), the quick and the standard level (--keep-going), interleaved,
+#              twice, with each check's share
 #   full       the full level's burnin and memtest, shortened by a site profile (45 s, 30 s)
 #   pytest     pytest -m gpu
 #   summary    tests/gpu/kit.py summary: times, ratios to the plain loop, the acceptance
 # Results in $OUT: kit.log (all of it), steps.tsv, captures/, reference.json,
-# quick.json, standard.json, full.json (+ .log), pytest-gpu.log, acceptance.json.
+# verdict.json, quick.json, standard.json, full.json (+ .log), pytest-gpu.log, acceptance.json.
 #
 # Exit: the summary's (0: PASS at every level with no WARN), else 1.
 set -uo pipefail
@@ -30,7 +30,7 @@ site=${SITE_DIR:-/tmp/site}
 out=${OUT:-$(mktemp -d /tmp/preflight-gpu.XXXXXX)}
 mkdir -p "$out/captures"
 out=$(cd "$out" && pwd)
-steps=" ${STEPS:-setup captures reference torchrun quick standard full pytest} summary "
+steps=" ${STEPS:-setup captures reference verdict full pytest} summary "
 
 # Seconds each step may take, its children's kill grace included: they add up to
 # at most 480 (tests/gpu/test_kit.py holds them to it), so the whole kit ends
@@ -38,17 +38,17 @@ steps=" ${STEPS:-setup captures reference torchrun quick standard full pytest} s
 B_SETUP=20
 B_CAPTURES=35
 B_REFERENCE=45
-B_TORCHRUN=40
-B_QUICK=30
-B_STANDARD=110
+# Two rounds of a bare torchrun, standard and quick: 112 s on the H200 before issue 34 (10.9 + 41.0 + 3.5 s a round)
+# plus two torch imports (the GPU count, the quick level's import probe).
+B_VERDICT=180
 B_FULL=120
 B_PYTEST=60
 B_SUMMARY=10
 
 exec > >(tee -a "$out/kit.log") 2>&1
-echo "run.sh: budgets (s): setup $B_SETUP, captures $B_CAPTURES, reference $B_REFERENCE, torchrun $B_TORCHRUN," \
-  "quick $B_QUICK, standard $B_STANDARD, full $B_FULL, pytest $B_PYTEST, summary $B_SUMMARY;" \
-  "total $((B_SETUP + B_CAPTURES + B_REFERENCE + B_TORCHRUN + B_QUICK + B_STANDARD + B_FULL + B_PYTEST + B_SUMMARY))"
+echo "run.sh: budgets (s): setup $B_SETUP, captures $B_CAPTURES, reference $B_REFERENCE, verdict $B_VERDICT," \
+  "full $B_FULL, pytest $B_PYTEST, summary $B_SUMMARY;" \
+  "total $((B_SETUP + B_CAPTURES + B_REFERENCE + B_VERDICT + B_FULL + B_PYTEST + B_SUMMARY))"
 : > "$out/steps.tsv"
 
 # within SECONDS CMD...: CMD under a deadline; SIGTERM at SECONDS - 2, SIGKILL 2 s later.
@@ -113,34 +113,11 @@ do_reference() {
   within "$1" python3 "$repo/tests/gpu/reference.py" --out "$out/reference.json" ${REFERENCE_ARGS:-}
 }
 
-gpus() {
-  local n
-  n=$(within 3 nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-  echo "${n:-0}"
-}
-
-do_torchrun() {
-  local n rc=0 i t0 t1
-  n=$(gpus)  # 3 s of the budget
-  [ "$n" -gt 0 ] || n=1
-  for i in 1 2; do
-    t0=$(date +%s%N)
-    within "$((($1 - 4) / 2))" python3 -m torch.distributed.run --standalone --nproc-per-node "$n" "$repo/tests/gpu/bare.py" || rc=$?
-    t1=$(date +%s%N)
-    printf '%s\t%s\t%s\t%s\n' "torchrun$i" 0 "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", (b - a) / 1e9 }')" "$rc" >> "$out/steps.tsv"
-    echo "bare torchrun $i ($n ranks): $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", (b - a) / 1e9 }') s, exit $rc"
-  done
-  return "$rc"
-}
-
-do_quick() {
-  within "$1" python3 -m preflight run --profile "${PROFILE:-auto}" --level quick --keep-going --json --scratch \
-    > "$out/quick.json" 2> "$out/quick.log"
-}
-
-do_standard() {
-  within "$1" python3 -m preflight run --profile "${PROFILE:-auto}" --level standard --keep-going --json --scratch \
-    > "$out/standard.json" 2> "$out/standard.log"
+# The bench stops starting rounds 8 s before the step's end, so its own figures are written;
+# it leaves the last round's reports as quick.json and standard.json (+ .log) for the summary.
+do_verdict() {
+  within "$1" python3 "$repo/tests/perf/bench_time_to_verdict.py" "${VERDICT_ROUNDS:-2}" --budget "$(($1 - 8))" --profile "${PROFILE:-auto}" \
+    --out "$out/verdict.json" --keep "$out"
 }
 
 # A site profile of the same name replaces the built-in one (PREFLIGHT_PROFILES_DIR): the
@@ -184,9 +161,7 @@ cd "$work" || exit 3
 step setup "$B_SETUP" do_setup
 step captures "$B_CAPTURES" do_captures
 step reference "$B_REFERENCE" do_reference
-step torchrun "$B_TORCHRUN" do_torchrun
-step quick "$B_QUICK" do_quick
-step standard "$B_STANDARD" do_standard
+step verdict "$B_VERDICT" do_verdict
 step full "$B_FULL" do_full
 step pytest "$B_PYTEST" do_pytest
 step summary "$B_SUMMARY" do_summary

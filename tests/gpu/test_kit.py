@@ -38,7 +38,7 @@ def test_run_sh_is_valid_bash_and_passes_shellcheck_where_installed():
 
 def test_the_step_budgets_add_up_to_at_most_8_minutes_and_every_step_has_one():
     b = budgets()
-    assert set(b) == {"SETUP", "CAPTURES", "REFERENCE", "TORCHRUN", "QUICK", "STANDARD", "FULL", "PYTEST", "SUMMARY"}
+    assert set(b) == {"SETUP", "CAPTURES", "REFERENCE", "VERDICT", "FULL", "PYTEST", "SUMMARY"}
     assert sum(b.values()) <= 480, b
     text = RUN.read_text()
     for name in b:
@@ -153,3 +153,41 @@ def test_the_summary_accepts_only_a_pass_at_every_level_with_no_warn(tmp_path):
     (out / "full.json").unlink()  # a level that left no report is no pass
     doc, lines = kit.summary(out)
     assert doc["accepted"] is False and "  full (burnin, memtest): no report" in lines
+
+
+def test_the_summary_takes_the_bare_torchrun_and_the_levels_walls_from_the_verdict_step(tmp_path):
+    out = node_out(tmp_path)
+    (out / "steps.tsv").write_text("verdict\t180\t121.3\t1\n")
+    bench = {"rounds": 3, "seconds": {"bare torchrun": [10.7, 11.2], "standard": [41.0, 43.0], "quick": [3.5, 3.7]},
+             "exit_codes": {"bare torchrun": [0, 0, 1], "standard": [1, 1, 1], "quick": [1, 1, 1]},
+             "checks": {"standard": [{"check": "cuda", "seconds": 9.4, "share": 0.236}, {"check": "train", "seconds": 11.0, "share": 0.276}]}}
+    (out / "verdict.json").write_text(json.dumps(bench))
+    doc, lines = kit.summary(out)
+    text = "\n".join(lines)
+    assert doc["bare_torchrun_seconds"] == [10.7, 11.2]  # the bench times only the bare runs that succeeded
+    assert "bare torchrun: 10.7 s, 11.2 s" in text and "standard: 42.0 s wall (3.93x the bare torchrun), 39.9 s of checks" in text
+    assert "quick: 3.6 s wall" in text
+    assert "  standard, each check's share (median of 3 rounds): cuda 9.4 s (24%), train 11.0 s (28%)" in lines
+    assert doc["time_to_verdict"] == bench and doc["steps"]["verdict"]["budget"] == 180
+    assert "  total budget 180 s, spent 121.3 s" in lines
+
+
+def test_the_verdict_step_runs_the_bench_and_leaves_the_levels_reports_for_the_summary(tmp_path):
+    """One real round on this machine's CPUs (gloo, the cpu profile): the kit's glue, not its figures."""
+    env = {**kit_env(tmp_path), "STEPS": "verdict", "PROFILE": "cpu", "VERDICT_ROUNDS": "1"}
+    # This interpreter itself (its venv, with torch and preflight), not a link to it, which would leave the venv behind.
+    python3 = tmp_path / "bin" / "python3"
+    python3.unlink()
+    python3.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    python3.chmod(0o755)
+    p = subprocess.run(["bash", str(RUN)], env=env, capture_output=True, text=True, timeout=300)
+    out = tmp_path / "out"
+    assert [row.split("\t")[0] for row in (out / "steps.tsv").read_text().splitlines()] == ["verdict", "summary"], p.stdout
+    bench = json.loads((out / "verdict.json").read_text())
+    assert (bench["backend"], bench["ranks"], bench["profile"], bench["rounds"]) == ("gloo", 2, "cpu", 1)
+    assert [row["check"] for row in bench["checks"]["standard"]] == ["shm", "nccl", "bandwidth", "train"]
+    for level in ("quick", "standard"):
+        assert json.loads((out / f"{level}.json").read_text())["level"] == level
+    acceptance = json.loads((out / "acceptance.json").read_text())
+    assert acceptance["bare_torchrun_seconds"] == bench["seconds"]["bare torchrun"] and acceptance["time_to_verdict"] == bench
+    assert "where the standard run's time goes" in p.stdout and "standard, each check's share (median of 1 rounds)" in p.stdout
