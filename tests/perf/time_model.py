@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from preflight.checks.bandwidth import bus_factor, steps_for
+from preflight.checks.bandwidth import p2p_plan as bandwidth_p2p_plan
+from preflight.checks.train import plan as train_plan
 from preflight.pipeline import profiles
 
 GPUS = (1, 2, 4, 8)
@@ -160,18 +162,18 @@ def dump_measured(costs: dict[str, Cost], gpu: bool, machine: str) -> str:
 
 
 def p2p_plan(n: int) -> tuple[int, int]:
-    """(contexts opened, ordered pairs copied) by the P2P step from local rank 0.
-    When checks/bandwidth.py has its own P2P plan, this one line becomes a call to it."""
-    return n - 1, n * (n - 1)
+    """(contexts opened, ordered pairs copied) by the P2P step from local rank 0: the worker's own plan."""
+    plan = bandwidth_p2p_plan(n)
+    return plan.contexts, plan.timed
 
 
 def train_counts(expect, observed: dict[str, int]) -> dict[str, int]:
-    """How many steps, compute passes and GEMM bursts the probe times: its least counts,
-    or as many as the H200 run needed to converge, within the caps.
-    When checks/train.py has its own train plan, this one line becomes a call to it."""
-    return {"steps": min(expect.max_steps, max(expect.steps, observed["step_seconds"])),
-            "compute": min(expect.max_compute_steps, max(expect.compute_steps, observed["compute_seconds"])),
-            "gemm": min(expect.max_gemm_repeats, max(expect.gemm_repeats, observed["gemm_seconds"]))}
+    """How many steps, compute passes and GEMM bursts the probe times (checks/train.py's plan):
+    its least counts, or as many as the H200 run needed to converge, within the caps."""
+    p = train_plan(expect)
+    return {"steps": min(p.max_steps, max(p.steps, observed["step_seconds"])),
+            "compute": min(p.max_compute_steps, max(p.compute_steps, observed["compute_seconds"])),
+            "gemm": min(p.max_gemm_repeats, max(p.gemm_repeats, observed["gemm_seconds"]))}
 
 
 def _floor(profile, name: str) -> float:
