@@ -46,10 +46,11 @@ def failing_python(tmp_path: Path) -> Path:
     return python
 
 
-def run(tmp_path: Path, *args: str) -> Report:
+def run(tmp_path: Path, *args: str, exit_codes: tuple[int, ...] = (1,)) -> Report:
+    """By default a run expected to fail: fake facts never vouch for a node, and no driver fails."""
     report = tmp_path / "report.json"
     r = CliRunner().invoke(app, ["run", *args, "--keep-going", "--report", str(report)])
-    assert r.exit_code == 1, r.output  # fake facts never vouch for a node; no driver fails
+    assert r.exit_code in exit_codes, r.output
     return Report.model_validate_json(report.read_text())
 
 
@@ -103,3 +104,15 @@ def test_nvml_that_does_not_answer_is_asked_once_and_every_check_still_fails_wit
     assert [c.check for c in rep.checks] == ["cuda", "topology", "firmware"]
     for c in rep.checks:
         assert c.status == "FAIL" and c.cause == "no NVIDIA driver: the NVML library libnvidia-ml.so.1 was not found", c
+
+
+@pytest.mark.gpu
+def test_a_quick_run_on_this_gpu_node_starts_one_nvml_child(tmp_path, counted):
+    """The real driver: detection, the shape and every check of the quick level judge one
+    NVML reading (shm skipped: its write is not NVML's, and the kit's quick step runs it)."""
+    rep = run(tmp_path, "--profile", "auto", "--level", "quick", "--skip", "shm", exit_codes=(0, 1))
+    assert rep.profile and rep.shape is not None and rep.shape.gpus >= 1
+    cuda = next(c for c in rep.checks if c.check == "cuda")
+    assert cuda.details["parts"]["inventory"] in ("PASS", "WARN") and cuda.details["inventory"]["source"] == "NVML", cuda
+    assert len(cuda.details["inventory"]["gpus"]) == rep.shape.gpus
+    assert counted["child"] == 1
