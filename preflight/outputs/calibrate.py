@@ -255,7 +255,8 @@ def run(s: Settings, output: Path, fraction: float, repeats: int, console: Conso
         again = pipeline.plan(s)
         # One lock over every run: a recheck timer's run in between would disturb the figures.
         def waiting(who: str) -> None:
-            first.inventory.forget()  # NVML's facts of a node another run was using: read again once it is done
+            if first.inventory:  # NVML's facts of a node another run was using: read again once it is done
+                first.inventory.forget()
             console.note(f"waiting for {who} to release {s.lock_file}")
 
         with run_lock(s.lock_file, s.lock_timeout, waiting):

@@ -54,7 +54,8 @@ def run(s: Settings, console: Console, if_idle: bool = False, if_locked: str = "
             def waiting(who: str) -> None:
                 # The NVML facts read so far are of a node another run was using (its processes,
                 # its clocks): the checks read the node again once that run is done.
-                the_plan.inventory.forget()
+                if the_plan.inventory:
+                    the_plan.inventory.forget()
                 console.note(f"waiting for {who} to release {s.lock_file}")
             try:
                 locked.enter_context(run_lock(s.lock_file, s.lock_timeout, waiting))

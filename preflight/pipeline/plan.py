@@ -41,8 +41,8 @@ class Plan:
     level: str = levels.DEFAULT  # how deep the run looks (preflight/pipeline/levels.py), and why
     level_chosen_because: str = "the default level"
     # The run's one NVML inventory: read where it is first needed (detection, the shape, an
-    # idle recheck) and handed to every check through the Context.
-    inventory: nvml.Shared = field(default_factory=nvml.Shared)
+    # idle recheck) and handed to every check through the Context; None: execute makes one.
+    inventory: nvml.Shared | None = None
 
 
 def resolve_profile(settings: Settings, inventory: nvml.Shared | None = None) -> ResolvedProfile:
@@ -236,10 +236,11 @@ def execute(plan: Plan, settings: Settings, console: Display, host: Host | None 
         console.finish(results[0])
     else:
         assert plan.profile is not None
+        reading = plan.inventory or nvml.Shared(settings.nvml_fake)
         ctx = Context(profile=plan.profile, settings=settings, host=host, progress=console.progress, worlds=world.Worlds(),
-                      shared_inventory=plan.inventory)
+                      shared_inventory=reading)
         if plan.profile.has_gpus:
-            ctx.shape = node_shape = read_shape(settings, host, plan.inventory)
+            ctx.shape = node_shape = read_shape(settings, host, reading)
             console.note(f"node: {node_shape.describe()}")
         console.note(f"level {plan.level}: {plan.level_chosen_because}")  # after the shape: bad input says one line alone
         if plan.group and plan.side:
