@@ -204,11 +204,12 @@ class Shared:
     readings, and checks that judge one node must judge one reading of it. A failure is
     kept too: NVML that did not answer at detection is not asked again for each check's
     whole deadline, and each check still gets its cause. ``forget`` drops the reading
-    where the node may have changed since (another run held it meanwhile)."""
+    where the node may have changed since (another run held it meanwhile). ``facts``:
+    a reading already made (a report built from recorded facts)."""
 
-    def __init__(self, fake: Path | None = None):
+    def __init__(self, fake: Path | None = None, facts: Inventory | None = None):
         self.fake = fake
-        self._got: Inventory | NvmlUnavailable | None = None
+        self._got: Inventory | NvmlUnavailable | None = facts
 
     def get(self, timeout: float = 20.0) -> Inventory:
         if self._got is None:

@@ -96,6 +96,8 @@ def test_a_shared_reading_asks_nvml_once_and_gives_every_caller_the_same_facts_o
     shared.forget()
     first = shared.get()
     assert len(first.gpus) == 8 and shared.get() is first and asked == ["inventory", "inventory"]
+    recorded = FakeNvml(FIXTURES / "h200-1x-vm.json")
+    assert nvml.Shared(facts=recorded).get() is recorded and len(asked) == 2  # a reading already made starts no child
 
 def test_a_pynvml_in_the_working_directory_is_never_imported(tmp_path, monkeypatch):
     # Running preflight as root from a directory someone else controls must not run their code.
