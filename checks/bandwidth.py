@@ -453,7 +453,7 @@ def compute_modes(ctx: Context) -> dict[int, str | None]:
     if modes is not None:
         return modes
     try:
-        inv = nvml.inventory(ctx.settings.nvml_fake, timeout=min(10.0, ranks.time_left(ctx.deadline)))
+        inv = ctx.inventory(timeout=min(10.0, ranks.time_left(ctx.deadline)))
     except nvml.NvmlUnavailable:
         return {}  # the cuda check says why NVML is silent; the workers find out for themselves
     return {g.index: g.compute_mode for g in inv.gpus}

@@ -62,7 +62,7 @@ def gather(ctx: Context) -> CudaFacts:
     """Raises NvmlUnavailable when NVML cannot answer at all."""
     fake = ctx.settings.nvml_fake
     ctx.progress.stage("asking NVML")  # a wedged driver stalls here until the query's deadline
-    inventory = nvml.inventory(fake, timeout=min(20.0, _left(ctx)))
+    inventory = ctx.inventory(timeout=min(20.0, _left(ctx)))
     ctx.progress.stage("reading the kernel log")
     try:
         log = xid.read_log(ctx.host, timeout=min(10.0, _left(ctx)))

@@ -132,9 +132,8 @@ def is_daemon(proc: Path) -> bool:
     return uid == [b"0"] and exe.st_uid == 0 and not exe.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
-def gather(host: Host, fake: object | None, timeout: float) -> FabricFacts:
-    """Raises NvmlUnavailable when NVML cannot answer at all."""
-    inventory = nvml.inventory(fake, timeout=timeout)  # type: ignore[arg-type]
+def gather(host: Host, inventory: Inventory) -> FabricFacts:
+    """The manager's state beside ``inventory``, the run's NVML facts (Context.inventory)."""
     return FabricFacts(manager=manager_state(host), inventory=inventory)
 
 
@@ -303,7 +302,7 @@ class Fabric(Check):
     def run(self, ctx: Context) -> Result:
         assert ctx.profile.fabric is not None and ctx.shape is not None
         try:
-            facts = gather(ctx.host, ctx.settings.nvml_fake, timeout=20.0)
+            facts = gather(ctx.host, ctx.inventory(timeout=20.0))
         except nvml.NvmlUnavailable as e:
             return self.result(FAIL, e.cause, cause=e.cause, remedy=e.remedy)
         parts, unjudged, notes = judge(facts, ctx.shape, ctx.profile.fabric)

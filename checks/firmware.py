@@ -107,7 +107,7 @@ def nvswitch_bios(host: Host) -> tuple[dict[str, str | None], str | None]:
 
 def gather(ctx: Context) -> FirmwareFacts:
     """Raises NvmlUnavailable when NVML cannot answer at all."""
-    inventory = nvml.inventory(ctx.settings.nvml_fake, timeout=20.0)
+    inventory = ctx.inventory(timeout=20.0)
     driver, why, source, unread = kernel_driver_sources(ctx.host)
     facts = FirmwareFacts(inventory=inventory, kernel_driver=driver, kernel_driver_error=why, unread=unread)
     if source:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 
 from preflight.base.findings import Finding, Measurement, Status, worst
 from preflight.base.host import Host
@@ -27,19 +28,21 @@ from preflight.pipeline.shape import NodeShape
 from preflight.readers import layout, nvml, topo_derived
 from preflight.readers.layout import (NVIDIA_SMI_TIMEOUT, TopologyFacts, gpu_count, gpu_numa, numa_span, numa_unknown,
                                       nvlink_count, rank_gpus)
+from preflight.readers.nvml import Inventory
 from preflight.readers.topo import NEAR, Topo
 
 FAIL, WARN = Status.FAIL, Status.WARN
 PIN = "bind each rank to its GPU's NUMA node (the advice, details.advice in the report, has the exact command)"
 
 
-def gather(host: Host, settings: Settings, deadline: float) -> TopologyFacts:
-    """The layout, read as the settings say (the NVML source, the job's interpreter);
-    where `nvidia-smi topo -m` cannot be read, its matrix built from NVML and sysfs.
+def gather(host: Host, settings: Settings, deadline: float, inventory: Inventory | None = None) -> TopologyFacts:
+    """The layout, read as the settings say (the NVML source, the job's interpreter), from
+    ``inventory`` where the run has read NVML (Context.inventory); where `nvidia-smi topo -m`
+    cannot be read, its matrix built from NVML and sysfs.
     Raises NvmlUnavailable when NVML cannot answer at all."""
     python = str(settings.python) if settings.python else sys.executable
     # NVIDIA_SMI_TIMEOUT is looked up here at each call, so a test can shorten it.
-    return topo_derived.complete(host, layout.gather(host, settings.nvml_fake, python, deadline, NVIDIA_SMI_TIMEOUT))
+    return topo_derived.complete(host, layout.gather(host, settings.nvml_fake, python, deadline, NVIDIA_SMI_TIMEOUT, inventory))
 
 
 # ---- judging -------------------------------------------------------------------
@@ -346,7 +349,8 @@ class Topology(Check):
     def run(self, ctx: Context) -> Result:
         assert ctx.profile.topology is not None
         try:
-            facts = gather(ctx.host, ctx.settings, ctx.deadline)
+            left = max(1.0, ctx.deadline - time.monotonic())
+            facts = gather(ctx.host, ctx.settings, ctx.deadline, ctx.inventory(timeout=min(20.0, left)))
         except nvml.NvmlUnavailable as e:
             return self.result(FAIL, e.cause, cause=e.cause, remedy=e.remedy)
         floor = ctx.profile.floors["vcpus_per_gpu"].value if "vcpus_per_gpu" in ctx.profile.floors else None

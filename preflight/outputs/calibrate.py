@@ -30,6 +30,7 @@ from preflight.base.signals import interrupting
 from preflight.pipeline.lock import run_lock
 from preflight.pipeline.report import Report
 from preflight.pipeline.shape import NodeShape
+from preflight.readers import nvml
 
 if TYPE_CHECKING:
     from preflight.outputs.console import Console
@@ -253,10 +254,16 @@ def run(s: Settings, output: Path, fraction: float, repeats: int, console: Conso
         s.only = [c for c in s.only if c in CHECKS]
         again = pipeline.plan(s)
         # One lock over every run: a recheck timer's run in between would disturb the figures.
-        with run_lock(s.lock_file, s.lock_timeout, lambda who: console.note(f"waiting for {who} to release {s.lock_file}")):
+        def waiting(who: str) -> None:
+            if first.inventory:  # NVML's facts of a node another run was using: read again once it is done
+                first.inventory.forget()
+            console.note(f"waiting for {who} to release {s.lock_file}")
+
+        with run_lock(s.lock_file, s.lock_timeout, waiting):
             for i in range(repeats):
                 console.note(f"calibrate: run {i + 1} of {repeats}")
-                the_plan = first if i == 0 else dataclasses.replace(again, started_at=datetime.now(timezone.utc))
+                # Each run judges the node as NVML sees it then: one inventory per run, as a gate's.
+                the_plan = first if i == 0 else dataclasses.replace(again, started_at=datetime.now(timezone.utc), inventory=nvml.Shared(s.nvml_fake))
                 result = pipeline.execute(the_plan, s, console)
                 if result.interrupted_by_signal:
                     console.error(f"no floors written: stopped by signal {result.interrupted_by_signal} in run {i + 1} of {repeats}")

@@ -47,12 +47,18 @@ def run(s: Settings, console: Console, if_idle: bool = False, if_locked: str = "
         if os.geteuid() == 0 and (who := safefile.steerable(shutil.which(python) or python)):
             # Said, not refused: a team's training venv is common, and refusing would fail the gate.
             console.line(f"preflight: warning: the workers' Python {python} runs as root, and another user decides what it does: {who}")
-        if if_idle and (held := pipeline.gpus_busy(s)):
+        if if_idle and (held := pipeline.gpus_busy(s, the_plan.inventory)):
             console.note(f"not run: {held}; the last report stands")
             return None
         with ExitStack() as locked:
+            def waiting(who: str) -> None:
+                # The NVML facts read so far are of a node another run was using (its processes,
+                # its clocks): the checks read the node again once that run is done.
+                if the_plan.inventory:
+                    the_plan.inventory.forget()
+                console.note(f"waiting for {who} to release {s.lock_file}")
             try:
-                locked.enter_context(run_lock(s.lock_file, s.lock_timeout, lambda who: console.note(f"waiting for {who} to release {s.lock_file}")))
+                locked.enter_context(run_lock(s.lock_file, s.lock_timeout, waiting))
             except LockHeld as e:
                 if if_locked != "skip":
                     raise

@@ -19,6 +19,7 @@ from preflight.base.findings import SEVERITY, Finding, Measurement, Status, wors
 from preflight.base.progress import Progress
 from preflight.pipeline.floor_bounds import Sane
 from preflight.gpuwork.world import Worlds
+from preflight.readers import nvml
 
 if TYPE_CHECKING:
     from preflight.base.host import Host
@@ -77,6 +78,16 @@ class Context:
     # What checks read as the run began (Check.begin), by check name: rdma's first read of its
     # counters, so the interval to its second runs beside the checks before it.
     readings: dict[str, Any] = field(default_factory=dict)
+    # The run's one NVML inventory (the plan's, where detection or the shape read it first);
+    # None: one of its own, made at the first check that asks.
+    shared_inventory: nvml.Shared | None = None
+
+    def inventory(self, timeout: float = 20.0) -> nvml.Inventory:
+        """The NVML facts every check of this run judges: read once, by whoever asks first
+        (``timeout`` bounds that read). Raises NvmlUnavailable, the same cause to each."""
+        if self.shared_inventory is None:
+            self.shared_inventory = nvml.Shared(self.settings.nvml_fake)
+        return self.shared_inventory.get(timeout)
 
     def floor(self, name: str) -> float:
         return self.profile.floors[name].value

@@ -40,15 +40,19 @@ class Plan:
     started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))  # detection counts
     level: str = levels.DEFAULT  # how deep the run looks (preflight/pipeline/levels.py), and why
     level_chosen_because: str = "the default level"
+    # The run's one NVML inventory: read where it is first needed (detection, the shape, an
+    # idle recheck) and handed to every check through the Context; None: execute makes one.
+    inventory: nvml.Shared | None = None
 
 
-def resolve_profile(settings: Settings) -> ResolvedProfile:
+def resolve_profile(settings: Settings, inventory: nvml.Shared | None = None) -> ResolvedProfile:
     """The profile named by the settings, with the site's floor overrides applied.
+    ``inventory``: the run's NVML reading, which `auto` reads from.
 
     Raises DetectionFailed when `auto` finds no driver or no matching profile.
     """
     if settings.profile == "auto":
-        name, why = profiles.detect(settings.profiles_dir, settings.nvml_fake)
+        name, why = profiles.detect(settings.profiles_dir, settings.nvml_fake, inventory)
     else:
         name, why = settings.profile, f"--profile {settings.profile}"
     path = profiles.find(name, settings.profiles_dir)
@@ -68,11 +72,12 @@ def check_inputs(settings: Settings) -> None:
         nvml.FakeNvml(settings.nvml_fake)  # a malformed file names its field and exits 2
 
 
-def gpus_busy(settings: Settings) -> str | None:
+def gpus_busy(settings: Settings, inventory: nvml.Shared | None = None) -> str | None:
     """Why a recheck must not run now (a job holds a GPU), or None. A node whose
-    NVML does not answer is not busy: the run goes ahead and names the fault."""
+    NVML does not answer is not busy: the run goes ahead and names the fault.
+    ``inventory``: the run's NVML reading (the plan's)."""
     try:
-        return nvml.busy(nvml.inventory(settings.nvml_fake))
+        return nvml.busy((inventory or nvml.Shared(settings.nvml_fake)).get())
     except nvml.NvmlUnavailable:
         return None
 
@@ -86,11 +91,13 @@ def plan(settings: Settings) -> Plan:
     if both:
         raise UsageError(f"only and skip both name {', '.join(both)}; name each check in one of them")
     started_at, started = datetime.now(timezone.utc), time.monotonic()
+    inventory = nvml.Shared(settings.nvml_fake)
     try:
-        profile = resolve_profile(settings)
+        profile = resolve_profile(settings, inventory)
     except DetectionFailed as e:
         asked = levels.choose(settings.level, None, {})  # a budget needs a profile's levels to weigh
-        return Plan(None, [], e, time.monotonic() - started, started_at=started_at, level=asked[0], level_chosen_because=asked[1])
+        return Plan(None, [], e, time.monotonic() - started, started_at=started_at, level=asked[0], level_chosen_because=asked[1],
+                    inventory=inventory)
     registry.check_names(profile.checks, f"profile {profile.name} ({profile.path}) lists check")
     previous = read_previous(settings.report) if settings.budget is not None else None
     level, why = levels.pick(profile, settings.level, settings.budget, settings.only, settings.skip, previous, settings.report)
@@ -130,7 +137,7 @@ def plan(settings: Settings) -> Plan:
                 )
     _known_floors(profile, checks)
     group, side = _group(settings, selected)
-    return Plan(profile, checks, started_at=started_at, group=group, side=side, level=level, level_chosen_because=why)
+    return Plan(profile, checks, started_at=started_at, group=group, side=side, level=level, level_chosen_because=why, inventory=inventory)
 
 
 def seconds_at_most(plan: Plan, settings: Settings) -> float:
@@ -180,11 +187,12 @@ def _sane_floors(profile: ResolvedProfile, sane: dict[str, floor_bounds.Sane]) -
             raise UsageError(f"{f.origin}: floor {name!r} {why}")
 
 
-def read_shape(settings: Settings, host: Host) -> shape.NodeShape:
-    """The node's shape (preflight.pipeline.shape). NVML may be silent: the shape is then read
-    from sysfs and /dev alone, and the cuda check names NVML's fault."""
+def read_shape(settings: Settings, host: Host, reading: nvml.Shared | None = None) -> shape.NodeShape:
+    """The node's shape (preflight.pipeline.shape), from ``reading`` (the run's NVML inventory) where
+    given. NVML may be silent: the shape is then read from sysfs and /dev alone, and the cuda
+    check names NVML's fault."""
     try:
-        inventory, why = nvml.inventory(settings.nvml_fake), None
+        inventory, why = (reading or nvml.Shared(settings.nvml_fake)).get(), None
     except nvml.NvmlUnavailable as e:
         inventory, why = None, e.cause
     found = shape.gather(host, inventory, settings.node_gpus, why)
@@ -228,9 +236,11 @@ def execute(plan: Plan, settings: Settings, console: Display, host: Host | None 
         console.finish(results[0])
     else:
         assert plan.profile is not None
-        ctx = Context(profile=plan.profile, settings=settings, host=host, progress=console.progress, worlds=world.Worlds())
+        reading = plan.inventory or nvml.Shared(settings.nvml_fake)
+        ctx = Context(profile=plan.profile, settings=settings, host=host, progress=console.progress, worlds=world.Worlds(),
+                      shared_inventory=reading)
         if plan.profile.has_gpus:
-            ctx.shape = node_shape = read_shape(settings, host)
+            ctx.shape = node_shape = read_shape(settings, host, reading)
             console.note(f"node: {node_shape.describe()}")
         console.note(f"level {plan.level}: {plan.level_chosen_because}")  # after the shape: bad input says one line alone
         if plan.group and plan.side:

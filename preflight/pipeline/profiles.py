@@ -29,7 +29,7 @@ from preflight.pipeline import levels as levels_mod, tomlfile
 from preflight.pipeline.expectations import (BandwidthExpect, BurninExpect, FabricExpect, GpuExpect, MemtestExpect, NcclExpect,
                                               OutlierExpect, RdmaExpect, TopologyExpect, TrainExpect)
 from preflight.base.errors import UsageError
-from preflight.readers.nvml import BROKEN, Inventory
+from preflight.readers.nvml import BROKEN, Inventory, Shared
 
 BUILTIN_DIR = Path(__file__).parent / "profiles"
 
@@ -341,12 +341,13 @@ def pick(gpus: list[tuple[str, str | None]], profiles: dict[str, Profile]) -> tu
     return chosen, f"auto: {len(gpus)} x {gpu} matched profile {chosen} by name {pattern!r}{confirmed}"
 
 
-def detect(site_dir: Path | None, fake: Path | None = None) -> tuple[str, str]:
-    """Pick a profile from what NVML (or the ``--nvml-fake`` file) reports: (name, why)."""
+def detect(site_dir: Path | None, fake: Path | None = None, reading: Shared | None = None) -> tuple[str, str]:
+    """Pick a profile from what NVML (or the ``--nvml-fake`` file) reports: (name, why).
+    ``reading``: the run's NVML inventory, which the checks then judge."""
     from preflight.readers import nvml
 
     try:
-        inventory = nvml.inventory(fake)
+        inventory = (reading or nvml.Shared(fake)).get()
     except nvml.NvmlUnavailable as e:
         raise NvmlUnreadable(e.cause, e.remedy) from None
     return choose(inventory, site_dir)

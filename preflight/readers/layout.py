@@ -225,11 +225,14 @@ def torch_numa_binding(python: str, timeout: float = 10.0) -> bool | None:
     return None if text is None else "--numa-binding" in text
 
 
-def gather(host: Host, nvml_fake: Path | None, python: str, deadline: float, smi_timeout: float = NVIDIA_SMI_TIMEOUT) -> TopologyFacts:
+def gather(host: Host, nvml_fake: Path | None, python: str, deadline: float, smi_timeout: float = NVIDIA_SMI_TIMEOUT,
+           inventory: nvml.Inventory | None = None) -> TopologyFacts:
     """This machine's layout; ``python`` is the interpreter whose torchrun the
-    job uses. Raises NvmlUnavailable when NVML cannot answer at all."""
+    job uses; ``inventory``: NVML's facts already read this run (else read here).
+    Raises NvmlUnavailable when NVML cannot answer at all."""
     left = max(1.0, deadline - time.monotonic())
-    inventory = nvml.inventory(nvml_fake, timeout=min(20.0, left))
+    if inventory is None:
+        inventory = nvml.inventory(nvml_fake, timeout=min(20.0, left))
     matrix, error = run_matrix(host, min(smi_timeout, left))
     return TopologyFacts(
         matrix=matrix,

@@ -198,6 +198,33 @@ def inventory(fake: Path | None = None, timeout: float = 20.0) -> Inventory:
         raise NvmlUnavailable(f"NVML answered facts preflight cannot read: {e.errors()[0]['msg']}", BROKEN) from None
 
 
+class Shared:
+    """One run's inventory: read at the first ask, then the same facts (or the same
+    failure) for every later one. Each read costs a child and its 0.4 s window of clock
+    readings, and checks that judge one node must judge one reading of it. A failure is
+    kept too: NVML that did not answer at detection is not asked again for each check's
+    whole deadline, and each check still gets its cause. ``forget`` drops the reading
+    where the node may have changed since (another run held it meanwhile). ``facts``:
+    a reading already made (a report built from recorded facts)."""
+
+    def __init__(self, fake: Path | None = None, facts: Inventory | None = None):
+        self.fake = fake
+        self._got: Inventory | NvmlUnavailable | None = facts
+
+    def get(self, timeout: float = 20.0) -> Inventory:
+        if self._got is None:
+            try:
+                self._got = inventory(self.fake, timeout)
+            except NvmlUnavailable as e:
+                self._got = e
+        if isinstance(self._got, NvmlUnavailable):
+            raise NvmlUnavailable(self._got.cause, self._got.remedy)
+        return self._got
+
+    def forget(self) -> None:
+        self._got = None
+
+
 def pcie_links(timeout: float = 10.0) -> dict[str, PcieLink]:
     """PCIe link state now, by PCI bus id: read while a worker loads the links."""
     try:

@@ -105,9 +105,9 @@ def test_a_quick_pass_keeps_the_gates_fail(tmp_path):
     assert Report.model_validate_json(report.read_text()).verdict == "fail"
 
 
-def test_the_quick_level_imports_no_torch_in_any_process(tmp_path):
-    """A site hook on the path of every Python this run could start says, as each
-    process ends, whether it imported torch; the control shows the hook at work."""
+def torch_marker(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A site hook on the path of every Python started with the environment returned: as
+    each process ends, it writes to the marker file whether it imported torch."""
     hook = tmp_path / "hook"
     hook.mkdir()
     marker = tmp_path / "pythons"
@@ -118,7 +118,13 @@ def test_the_quick_level_imports_no_torch_in_any_process(tmp_path):
         "        f.write(f\"torch={'torch' in sys.modules} {sys.argv}\\n\")\n"
         "atexit.register(_said)\n"
     )
-    env = env_with(tmp_path, PYTHONPATH=str(hook), PYTHON_MARKER=str(marker))
+    return marker, env_with(tmp_path, PYTHONPATH=str(hook), PYTHON_MARKER=str(marker))
+
+
+def test_the_quick_level_imports_no_torch_in_any_process(tmp_path):
+    """A site hook on the path of every Python this run could start says, as each
+    process ends, whether it imported torch; the control shows the hook at work."""
+    marker, env = torch_marker(tmp_path)
     control = subprocess.run([sys.executable, "-c", "import torch"], env=env, capture_output=True, timeout=120)
     assert control.returncode == 0 and marker.read_text().startswith("torch=True"), control.stderr
     marker.unlink()
@@ -126,6 +132,25 @@ def test_the_quick_level_imports_no_torch_in_any_process(tmp_path):
     assert p.returncode == 0, p.stderr
     (process,) = marker.read_text().splitlines()  # preflight alone: no worker, no other Python
     assert process.startswith("torch=False") and "preflight" in process
+
+
+def test_the_fake_8x_h100_quick_level_imports_no_torch_in_any_process(tmp_path):
+    """The same hook over a GPU profile's quick level (cuda, topology, pcie, rdma, fabric,
+    firmware, shm) on the 8-GPU H100 fake: no Python this run starts imports torch, the
+    agent included."""
+    marker, env = torch_marker(tmp_path)
+    bin_dir = fakes.nvidia_smi(tmp_path / "bin", SPLIT)
+    config = tmp_path / "config.toml"
+    config.write_text("[floors]\nshm_min_bytes = 1073741824\n")  # the 16 GiB floor takes half a minute on this VM
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    p = run_preflight(["run", "--profile", "auto", "--level", "quick", "--keep-going", "--nvml-fake", str(NVML / "h100-sxm-8x-healthy.json"),
+                       "--config", str(config), "--report", str(tmp_path / "report.json")], env=env)
+    assert p.returncode == 1 and "NVML facts are FAKE" in p.stderr, p.stderr  # fake facts never vouch for a node
+    report = Report.model_validate_json((tmp_path / "report.json").read_text())
+    assert report.profile == "h100-sxm" and [c.check for c in report.checks] == ["cuda", "topology", "pcie", "rdma", "fabric", "firmware", "shm"]
+    pythons = marker.read_text().splitlines()
+    assert pythons and all(line.startswith("torch=False") for line in pythons), pythons
+    assert any("preflight" in line for line in pythons)
 
 
 def test_a_gpu_profile_at_quick_runs_nvml_xid_topology_and_shm_and_starts_no_worker(tmp_path):

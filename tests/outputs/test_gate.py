@@ -273,3 +273,39 @@ def test_a_python_another_user_can_change_is_said(tmp_path):
     p = run_preflight(["run", "--profile", "cpu", "--only", "shm", "--python", str(python), "--report", str(tmp_path / "r.json")])
     assert p.returncode == 0, p.stderr
     assert f"preflight: warning: the workers' Python {python} runs as root, and another user decides what it does: {python} is nobody's" in p.stderr
+
+
+def test_a_run_that_waited_for_the_lock_reads_nvml_again_once_the_holder_lets_go(tmp_path, monkeypatch):
+    """What NVML said before the wait is of a node another run was using (its processes on
+    the GPUs, its clocks under its load): the checks judge one reading taken after it."""
+    from typer.testing import CliRunner
+
+    from conftest import HOLD_LOCK
+    from preflight.cli.app import app
+    from preflight.outputs import gate
+    from preflight.readers import nvml
+
+    said: list[str] = []
+    inventory, take_lock = nvml.inventory, gate.run_lock
+    monkeypatch.setattr(nvml, "inventory", lambda *a, **kw: said.append("read") or inventory(*a, **kw))
+    lock = tmp_path / "preflight.lock"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(lock)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+
+        def lock_seen_waiting(path, timeout, on_wait):
+            def waiting(who: str) -> None:
+                on_wait(who)
+                said.append("waited")
+                holder.stdin.close()  # the holder's run is done: it lets go
+            return take_lock(path, timeout, waiting)
+
+        monkeypatch.setattr(gate, "run_lock", lock_seen_waiting)
+        fake = Path(__file__).parents[1] / "fixtures" / "nvml" / "h100-sxm-8x-healthy.json"
+        r = CliRunner().invoke(app, ["run", "--nvml-fake", str(fake), "--level", "quick", "--only", "cuda", "--lock-file", str(lock),
+                                     "--lock-timeout", "120", "--report", str(tmp_path / "report.json")])
+    finally:
+        holder.kill()
+        holder.wait()
+    assert r.exit_code == 1 and "NVML facts are FAKE" in r.stderr, r.output  # fake facts never vouch for a node
+    assert said == ["read", "waited", "read"]  # detection's reading, then one for the shape and every check

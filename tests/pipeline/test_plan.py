@@ -1,11 +1,127 @@
-"""plan.execute: what the run does around the checks (here: the first readings taken as it begins)."""
+"""plan and execute: what the run does around the checks: the first readings taken as it begins,
+and one NVML inventory handed to the whole run (real `preflight run`s, in this process, with
+NVML's entry points wrapped to count what each run read)."""
 
+from __future__ import annotations
+
+from pathlib import Path
+
+import fakes
+import pytest
 from conftest import make_ctx
+from typer.testing import CliRunner
 
 from preflight.base.progress import Progress
+from preflight.cli.app import app
 from preflight.pipeline.check import Check, Context, Result, Status
 from preflight.pipeline.plan import Plan, execute
+from preflight.pipeline.report import Report
 from preflight.pipeline.settings import Settings
+from preflight.readers import nvml
+
+NVML = Path(__file__).parents[1] / "fixtures" / "nvml"
+HEALTHY = NVML / "h100-sxm-8x-healthy.json"
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """How many times this process read the inventory (the fake file or NVML), and how many
+    NVML children it started for one: each is counted, then done as it would have been."""
+    calls = {"inventory": 0, "child": 0}
+    inventory, ask = nvml.inventory, nvml._ask
+
+    def counting_inventory(*a, **kw):
+        calls["inventory"] += 1
+        return inventory(*a, **kw)
+
+    def counting_ask(what, timeout):
+        calls["child"] += what == "inventory"
+        return ask(what, timeout)
+
+    monkeypatch.setattr(nvml, "inventory", counting_inventory)
+    monkeypatch.setattr(nvml, "_ask", counting_ask)
+    return calls
+
+
+def failing_python(tmp_path: Path) -> Path:
+    """The workers' interpreter, failing at once: this run is about what the agent reads, and
+    starts no torch on this 2-core machine (cuda and firmware then FAIL, naming it)."""
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\necho 'no training environment here' >&2\nexit 1\n")
+    python.chmod(0o755)
+    return python
+
+
+def run(tmp_path: Path, *args: str, exit_codes: tuple[int, ...] = (1,)) -> Report:
+    """By default a run expected to fail: fake facts never vouch for a node, and no driver fails."""
+    report = tmp_path / "report.json"
+    r = CliRunner().invoke(app, ["run", *args, "--keep-going", "--report", str(report)])
+    assert r.exit_code in exit_codes, r.output
+    return Report.model_validate_json(report.read_text())
+
+
+@pytest.fixture
+def nvml_child(tmp_path, monkeypatch):
+    """The NVML child runs for real, against the stand-in nvidia-ml-py (tests/fakes.py):
+    ``nvml_child(facts)`` serves a FakeNvml file's facts, ``nvml_child(mode="nodriver")`` fails."""
+    monkeypatch.setenv("PYTHONPATH", str(fakes.install_fake_pynvml(tmp_path / "nvml")))
+
+    def use(facts: Path | None = None, mode: str = "") -> None:
+        monkeypatch.setenv("FAKE_NVML", mode)
+        if facts is not None:
+            monkeypatch.setenv("FAKE_NVML_FACTS", str(facts))
+
+    return use
+
+
+CHECKS = {"quick": ["cuda", "topology", "pcie", "rdma", "fabric", "firmware"],
+          "standard": ["cuda", "topology", "pcie", "rdma", "fabric", "firmware", "nccl", "bandwidth", "train"]}
+
+
+@pytest.mark.parametrize("level", ["quick", "standard"])
+def test_a_run_on_the_fake_file_reads_it_once_for_detection_the_shape_and_every_check(tmp_path, counted, level):
+    rep = run(tmp_path, "--level", level, "--nvml-fake", str(HEALTHY), "--python", str(failing_python(tmp_path)), "--skip", "shm")
+    assert rep.profile == "h100-sxm" and rep.shape is not None and rep.shape.gpus == 8
+    assert [c.check for c in rep.checks] == CHECKS[level]
+    assert rep.checks[0].details["parts"]["inventory"] == "PASS"
+    assert {c.check: c.summary for c in rep.checks if c.check in ("fabric", "firmware")} == dict.fromkeys(("fabric", "firmware"), "NVML facts are FAKE")
+    assert counted["inventory"] == 1
+
+
+@pytest.mark.parametrize("level", ["quick", "standard"])
+def test_a_run_starts_one_nvml_child_for_detection_the_shape_and_every_check(tmp_path, counted, nvml_child, level):
+    nvml_child(HEALTHY)
+    rep = run(tmp_path, "--level", level, "--python", str(failing_python(tmp_path)), "--skip", "shm")
+    assert rep.profile == "h100-sxm" and rep.shape is not None and rep.shape.gpus == 8
+    assert [c.check for c in rep.checks] == CHECKS[level]
+    cuda, fabric, firmware = rep.checks[0], rep.checks[4], rep.checks[5]
+    assert cuda.details["parts"]["inventory"] == "PASS" and cuda.details["inventory"]["source"] == "NVML"
+    assert (fabric.status, firmware.status) == ("PASS", "PASS") and firmware.summary.startswith("driver 550.54.15 (CUDA 12.4) on 8 GPUs")
+    assert counted["child"] == 1
+
+
+@pytest.mark.parametrize("level", ["quick", "standard"])
+def test_nvml_that_does_not_answer_is_asked_once_and_every_check_still_fails_with_its_cause(tmp_path, counted, nvml_child, level):
+    """The driver is missing: the one NVML child says so, the shape is read from sysfs
+    alone, and each check that judges NVML's facts FAILs with that cause, never a traceback."""
+    nvml_child(mode="nodriver")
+    rep = run(tmp_path, "--profile", "h100-sxm", "--level", level, "--python", str(failing_python(tmp_path)), "--only", "cuda,topology,firmware")
+    assert counted["child"] == 1
+    assert [c.check for c in rep.checks] == ["cuda", "topology", "firmware"]
+    for c in rep.checks:
+        assert c.status == "FAIL" and c.cause == "no NVIDIA driver: the NVML library libnvidia-ml.so.1 was not found", c
+
+
+@pytest.mark.gpu
+def test_a_quick_run_on_this_gpu_node_starts_one_nvml_child(tmp_path, counted):
+    """The real driver: detection, the shape and every check of the quick level judge one
+    NVML reading (shm skipped: its write is not NVML's, and the kit's quick step runs it)."""
+    rep = run(tmp_path, "--profile", "auto", "--level", "quick", "--skip", "shm", exit_codes=(0, 1))
+    assert rep.profile and rep.shape is not None and rep.shape.gpus >= 1
+    cuda = next(c for c in rep.checks if c.check == "cuda")
+    assert cuda.details["parts"]["inventory"] in ("PASS", "WARN") and cuda.details["inventory"]["source"] == "NVML", cuda
+    assert len(cuda.details["inventory"]["gpus"]) == rep.shape.gpus
+    assert counted["child"] == 1
 
 
 class Console:

@@ -80,6 +80,25 @@ def test_a_wedged_driver_cannot_hang_the_agent(fake_nvml):
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
 
 
+
+def test_a_shared_reading_asks_nvml_once_and_gives_every_caller_the_same_facts_or_failure(fake_nvml, monkeypatch):
+    asked = []
+    ask = nvml._ask
+    monkeypatch.setattr(nvml, "_ask", lambda what, timeout: asked.append(what) or ask(what, timeout))
+    fake_nvml("nodriver")
+    shared = nvml.Shared()
+    for _ in range(3):
+        with pytest.raises(NvmlUnavailable) as e:
+            shared.get()
+        assert "no NVIDIA driver" in e.value.cause and "--profile cpu" in e.value.remedy
+    assert asked == ["inventory"]
+    fake_nvml("", FIXTURES / "h100-sxm-8x-healthy.json")  # the driver loaded since: only a new reading sees it
+    shared.forget()
+    first = shared.get()
+    assert len(first.gpus) == 8 and shared.get() is first and asked == ["inventory", "inventory"]
+    recorded = FakeNvml(FIXTURES / "h200-1x-vm.json")
+    assert nvml.Shared(facts=recorded).get() is recorded and len(asked) == 2  # a reading already made starts no child
+
 def test_a_pynvml_in_the_working_directory_is_never_imported(tmp_path, monkeypatch):
     # Running preflight as root from a directory someone else controls must not run their code.
     monkeypatch.chdir(tmp_path)
