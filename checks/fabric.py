@@ -287,6 +287,7 @@ class Fabric(Check):
     description = "NVSwitch boards: nvidia-fabricmanager running, every GPU's fabric registration completed, every NVSwitch on the bus"
     timeout_seconds = 30.0
     order = 25
+    beside_ranks = True  # reads the node: runs while the ranks import torch
 
     def applies(self, ctx: Context) -> str | None:
         if not ctx.profile.has_gpus:

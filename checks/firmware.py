@@ -277,6 +277,7 @@ class Firmware(Check):
     description = "one VBIOS and InfoROM version across the GPUs (and the site's pin), one BIOS across the NVSwitches, the driver loaded, torch's CUDA runtime within the driver's"
     timeout_seconds = 90.0
     order = 26
+    beside_ranks = True  # reads the node: runs while the ranks import torch
 
     def applies(self, ctx: Context) -> str | None:
         if not ctx.profile.has_gpus:

@@ -242,6 +242,7 @@ class Pcie(Check):
     description = "PCIe under the GPUs and NICs: ACS redirect on shared switch ports, the IOMMU mode, switch links at full width and speed"
     timeout_seconds = 30.0
     order = 22
+    beside_ranks = True  # reads the node: runs while the ranks import torch
 
     def applies(self, ctx: Context) -> str | None:
         if not ctx.profile.has_gpus:

@@ -255,6 +255,7 @@ class Rdma(Check):
     description = "RDMA NICs: GPUDirect RDMA possible (nvidia-peermem or dma-buf), ports ACTIVE at the SKU's rate, no error counter growing"
     timeout_seconds = 30.0
     order = 23
+    beside_ranks = True  # reads the node: runs while the ranks import torch
     # Between the two reads of the counters; a test passes one that edits the tree instead of sleeping.
     wait: Callable[[float], None] = staticmethod(time.sleep)
 

@@ -466,6 +466,7 @@ class Shm(Check):
     floor_sane = floor_bounds.by_unit(floor_units)
     timeout_seconds = 60.0
     order = 30
+    beside_ranks = True  # reads the node: runs while the ranks import torch
 
     def run(self, ctx: Context) -> Result:
         floor = int(ctx.floor("shm_min_bytes"))

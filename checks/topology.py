@@ -338,6 +338,7 @@ class Topology(Check):
     description = "GPU/NIC/CPU layout: NVLink between GPU pairs, NUMA span, a NIC beside each GPU, vCPUs per GPU; per-rank pinning advice"
     timeout_seconds = 30.0
     order = 20
+    beside_ranks = True  # reads the node: runs while the ranks import torch
     floor_units = {"vcpus_per_gpu": ("ratio", "min")}
     floor_sane = floor_bounds.by_unit(floor_units)
 

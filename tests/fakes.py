@@ -122,16 +122,26 @@ class Ranks:
 
 class WaitsForRanks(Check):
     """Returns ``Waiting`` as cuda does while the ranks import torch; its rest ends in ``status``
-    (or sleeps ``hang`` seconds first, or raises)."""
+    (or sleeps ``hang`` seconds first, or raises). Like firmware, it may itself run beside a held check."""
 
     description = "waits for the ranks"
+    beside_ranks = True
 
-    def __init__(self, ranks: Ranks, name: str = "waits", status: Status = Status.PASS, hang: float = 0.0, raises: bool = False):
+    def __init__(self, ranks: Ranks, name: str = "waits", status: Status = Status.PASS, hang: float = 0.0, raises: bool = False,
+                 signal_when_asked: int | None = None):
         self.name, self.ranks, self.status, self.hang, self.raises = name, ranks, status, hang, raises  # type: ignore[misc]
+        self.signal_when_asked = signal_when_asked  # a signal that lands while the runner asks whether it is ready
 
     def run(self, ctx: Context) -> Waiting:
         self.ranks.log.append(f"{self.name}: first part")
-        return Waiting(ready=self.ranks.up.is_set, rest=self._rest)
+        return Waiting(ready=self._ready, rest=self._rest)
+
+    def _ready(self) -> bool:
+        if self.signal_when_asked is not None:
+            from preflight.base.errors import Interrupted
+
+            raise Interrupted(self.signal_when_asked)
+        return self.ranks.up.is_set()
 
     def _rest(self) -> Result:
         self.ranks.log.append(f"{self.name}: rest")
@@ -145,6 +155,7 @@ class Rankless(Check):
     """Needs no ranks: logs that it ran, and may bring the ranks ``up`` as it ends."""
 
     description = "needs no ranks"
+    beside_ranks = True
 
     def __init__(self, ranks: Ranks, name: str, status: Status = Status.PASS, brings_up: bool = False, requires: tuple[str, ...] = ()):
         self.name, self.ranks, self.status, self.brings_up, self.requires = name, ranks, status, brings_up, requires  # type: ignore[misc]
@@ -159,8 +170,28 @@ class Rankless(Check):
 class WantsRanks(Rankless):
     """A stage in the run's launch of ranks (as nccl): the held checks go on before it."""
 
+    beside_ranks = False
+
     def ranks_wanted(self, ctx: Context) -> int | None:
         return 1
+
+
+class StartingLaunch:
+    """Stands for the run's launch of ranks (``ctx.worlds``) while torchrun starts its ranks: each
+    time the runner asks which processes to spare, a new rank starts just after it was answered."""
+
+    def __init__(self) -> None:
+        self.ranks: list[subprocess.Popen] = []
+
+    def after_check(self) -> set[int]:
+        spare = {p.pid for p in self.ranks}
+        self.ranks.append(subprocess.Popen(["sleep", "60"], start_new_session=True))
+        return spare
+
+    def close(self) -> None:
+        for p in self.ranks:
+            p.kill()
+            p.wait()
 
 
 class Slow(Check):

@@ -91,7 +91,7 @@ def _say_ready(out: str, rank: int) -> None:
     firmware check takes torch.version.cuda from here rather than import torch again."""
     torch = sys.modules.get("torch")
     said = {"import_seconds": _rank.WORLD["import_seconds"]}
-    if torch is None:
+    if torch is None or said["import_seconds"] is None:  # torch, or torch.distributed, failed to import
         said["error"] = "torch could not be imported (the first stage's report says why)"
     else:
         version = getattr(torch, "version", None)

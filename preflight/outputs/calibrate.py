@@ -27,6 +27,7 @@ from preflight.base import safefile
 from preflight.base.findings import Status
 from preflight.base.errors import UsageError
 from preflight.base.signals import interrupting
+from preflight.pipeline import lock
 from preflight.pipeline.lock import run_lock
 from preflight.pipeline.report import Report
 from preflight.pipeline.shape import NodeShape
@@ -249,6 +250,7 @@ def run(s: Settings, output: Path, fraction: float, repeats: int, console: Conso
         # Floors come from the boot gate's checks as the gate runs them, whatever level the config asks for.
         s.level, s.budget = "standard", None
         s.only = checks_up_to(resolved.checks, resolved.name)
+        other_run = lock.held(s.lock_file) is not False  # before the plan reads NVML: as gate.run
         first = pipeline.plan(s)
         # The checks before the measuring ones vouch for the node once; the figures need every run.
         s.only = [c for c in s.only if c in CHECKS]
@@ -260,6 +262,8 @@ def run(s: Settings, output: Path, fraction: float, repeats: int, console: Conso
             console.note(f"waiting for {who} to release {s.lock_file}")
 
         with run_lock(s.lock_file, s.lock_timeout, waiting):
+            if other_run and first.inventory:
+                first.inventory.forget()
             for i in range(repeats):
                 console.note(f"calibrate: run {i + 1} of {repeats}")
                 # Each run judges the node as NVML sees it then: one inventory per run, as a gate's.

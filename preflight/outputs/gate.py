@@ -25,6 +25,7 @@ from preflight.base.errors import UsageError, signal_name
 from preflight.base.signals import interrupting
 from preflight.outputs import last_report, metrics, run_record
 from preflight.pipeline import plan as pipeline, report as reports
+from preflight.pipeline import lock
 from preflight.pipeline.lock import LockHeld, run_lock
 
 if TYPE_CHECKING:
@@ -42,6 +43,9 @@ def run(s: Settings, console: Console, if_idle: bool = False, if_locked: str = "
     report_path = safefile.check(s.report, f"report {s.report}") if s.report is not None else None
     textfile = metrics.check_textfile_dir(s.textfile_dir) if s.textfile_dir is not None else None
     with interrupting():  # the runner stops the running check's workers and still writes the report
+        # Asked before the plan reads NVML: a run that holds the lock now may be loading the GPUs
+        # while the plan reads them, and may be gone by the time this run takes the lock.
+        other_run = lock.held(s.lock_file) is not False
         the_plan = pipeline.plan(s)  # may ask NVML (bounded), so it runs under the handlers too
         python = str(s.python) if s.python is not None else sys.executable
         if os.geteuid() == 0 and (who := safefile.steerable(shutil.which(python) or python)):
@@ -59,6 +63,8 @@ def run(s: Settings, console: Console, if_idle: bool = False, if_locked: str = "
                 console.note(f"waiting for {who} to release {s.lock_file}")
             try:
                 locked.enter_context(run_lock(s.lock_file, s.lock_timeout, waiting))
+                if other_run and the_plan.inventory:
+                    the_plan.inventory.forget()  # read while another run held the node: read it again
             except LockHeld as e:
                 if if_locked != "skip":
                     raise

@@ -121,6 +121,9 @@ class Check(ABC):
     whole_node: ClassVar[tuple[str, ...]] = ()
     timeout_seconds: ClassVar[float] = 60.0
     order: ClassVar[int] = 100  # default position, cheapest first
+    # Whether it may run while a check before it waits for the run's ranks (``Waiting``): it needs
+    # no ranks and starts no stage. Built-in checks that read the node say so; a plugin runs in its turn.
+    beside_ranks: ClassVar[bool] = False
 
     def required_floors(self, profile: ResolvedProfile) -> tuple[str, ...]:
         """The floors a profile running this check must define."""

@@ -145,6 +145,22 @@ def _still_named(d: int, name: str, fd: int) -> bool:
     return (there.st_dev, there.st_ino) == (held.st_dev, held.st_ino)
 
 
+def held(path: Path, locks: str = "/proc/locks") -> bool | None:
+    """Whether a run holds the lock at ``path`` now, from the kernel's table of locks: nothing
+    is opened, made or locked (a run that holds it never sees this look). None: unknown."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+        with open(locks) as f:
+            table = f.read()
+    except FileNotFoundError:
+        return False if not path.exists() else None
+    except OSError:
+        return None
+    # "1: FLOCK  ADVISORY  WRITE 19790 fe:00:2148151 0 EOF": the device in hex, the inode in decimal.
+    mine = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    return any(len(row) > 5 and row[1] == "FLOCK" and row[5] == mine for row in (line.split() for line in table.splitlines()))
+
+
 @contextmanager
 def run_lock(path: Path, timeout: float, on_wait: Callable[[str], None] = lambda _: None) -> Iterator[int]:
     """Hold an exclusive flock on ``path``, waiting up to ``timeout`` seconds for

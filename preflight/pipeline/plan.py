@@ -252,11 +252,6 @@ def execute(plan: Plan, settings: Settings, console: Display, host: Host | None 
             if wanted:
                 ctx.worlds.prestart(str(settings.python) if settings.python else sys.executable, wanted, settings.rdzv_port)
         try:
-            for check in plan.checks:
-                try:
-                    check.begin(ctx)
-                except Exception:  # no early reading: the check reads at its turn, as it would without one
-                    ctx.readings.pop(check.name, None)
             outcome = run_checks(
                 plan.checks,
                 ctx,

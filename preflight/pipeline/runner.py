@@ -125,8 +125,11 @@ def run_check(check: Check, ctx: Context, timeout: float, body: Callable[[], Res
     finally:
         # Runs on interrupt too: whatever the check started dies with it, but for the run's
         # launch of ranks waiting for the next check's stage (one still busy in a stage dies).
+        # The processes are listed before the launch's: a rank torchrun starts in between (it
+        # starts them while the checks that need no ranks run) is in neither, never a stray.
+        now = descendants()
         spare = ctx.worlds.after_check() if ctx.worlds is not None else set()
-        strays = kill_processes(descendants() - before - spare)
+        strays = kill_processes(now - before - spare)
     if isinstance(result, Waiting):
         return result
     if strays:
@@ -160,12 +163,9 @@ def _before(before: Callable[[Check], Result | None], check: Check, outcome: Out
 
 
 def _beside(check: Check, ctx: Context, held: list[_Held]) -> bool:
-    """Whether ``check`` may run while ``held`` wait for the ranks: it needs none, and needs none of them."""
-    try:
-        wants = check.ranks_wanted(ctx)
-    except Exception:  # a plugin's bug: it runs in its turn, where its own run() says what is wrong
-        return False
-    return wants is None and not set(check.requires) & {h.check.name for h in held}
+    """Whether ``check`` may run while ``held`` wait for the ranks: it says it may (``beside_ranks``:
+    it needs no ranks and starts no stage), and it needs none of them."""
+    return check.beside_ranks and not set(check.requires) & {h.check.name for h in held}
 
 
 def _ready(h: _Held) -> bool:
@@ -199,13 +199,15 @@ def run_checks(
     """``before`` runs ahead of each check, outside its timeout (a group check's
     meeting with its peers); a Result it returns stands for the check's own.
 
-    A check whose rest waits for the ranks (it returned ``Waiting``) is held, and the
-    checks behind it that need no ranks, and not it, run while the ranks import torch;
-    it goes on as soon as it is ready, before the first check that cannot run beside it,
-    once a check has failed (so what is skipped names the first failure in the plan's
-    order), or at the end. A check that ran meanwhile keeps its result even where the
-    held one then fails: it was measured on this node. Results keep the plan's order,
-    and reach ``on_finish`` in it."""
+    Every check's ``begin`` runs first (its early reading). A check whose rest waits for the
+    ranks (it returned ``Waiting``) is held, and the checks behind it that say they may run
+    beside the ranks (``beside_ranks``) and do not require it run while the ranks import
+    torch; it goes on as soon as it is ready, before the first check that cannot run beside
+    it, once a check has failed (so what is skipped names the first failure in the plan's
+    order), or at the end; under fail-fast a held check behind a failure is skipped, as it
+    would have been in its turn. A check that ran meanwhile keeps its result even where the
+    held one then fails: it was measured on this node. Results keep the plan's order, and
+    reach ``on_finish`` in it. A signal between checks ends every held check as interrupted."""
     become_subreaper()
     outcome = Outcome()
     results: list[Result | None] = [None] * len(checks)
@@ -217,19 +219,25 @@ def run_checks(
         results[i] = result
         ctx.results[checks[i].name] = result
         while told < len(checks) and results[told] is not None:
-            on_finish(results[told])  # type: ignore[arg-type]
             told += 1
+            on_finish(results[told - 1])  # type: ignore[arg-type]
 
-    def first_failure() -> Result | None:
-        return next((r for r in results if r is not None and r.status in (Status.FAIL, Status.ERROR)), None)
+    def first_failure() -> tuple[int, Result] | None:
+        return next(((k, r) for k, r in enumerate(results) if r is not None and r.status in (Status.FAIL, Status.ERROR)), None)
 
     def resume(h: _Held) -> None:
         started = time.monotonic()
         if outcome.interrupted_by is not None:
             settle(h.index, _interrupted(h.check, outcome.interrupted_by, h.waiting.doing, h.seconds))
             return
-        ctx.progress.begin(h.check.name)
+        failed = first_failure()
+        if failed is not None and failed[0] < h.index and not keep_going:
+            # Fail-fast, as if it had run in its turn: a check before it failed, so its rest never runs.
+            verb = "errored" if failed[1].status is Status.ERROR else "failed"
+            settle(h.index, h.check.result(Status.SKIP, f"skipped: {failed[1].check} {verb}", duration_seconds=round(h.seconds, 6)))
+            return
         try:
+            ctx.progress.begin(h.check.name)
             on_start(h.check)
             ctx.progress.stage(h.waiting.doing)
             result = run_check(h.check, ctx, max(1.0, h.timeout - h.seconds), body=h.waiting.rest, whole=h.timeout)
@@ -243,20 +251,35 @@ def run_checks(
         settle(h.index, result)
 
     def go_on(everyone: bool) -> None:
+        """Resume the held checks that can go on (all of them, with ``everyone``), in the plan's
+        order. A signal anywhere here leaves each one either settled or still held."""
         for h in list(held):
-            if everyone or _ready(h):
-                held.remove(h)
+            if results[h.index] is None and (everyone or _ready(h)):
                 resume(h)
+            if results[h.index] is not None:
+                held.remove(h)
+
+    for check in checks:  # first readings, taken as the run begins (rdma's counters)
+        try:
+            check.begin(ctx)
+        except Interrupted as sig:
+            outcome.interrupted_by = sig.signum
+            break
+        except Exception:  # no early reading: the check reads at its turn, as it would without one
+            ctx.readings.pop(check.name, None)
 
     for i, check in enumerate(checks):
-        if held:
-            go_on(everyone=outcome.interrupted_by is not None or first_failure() is not None or not _beside(check, ctx, held))
-        stopped_by = first_failure()
+        try:
+            if held:
+                go_on(everyone=outcome.interrupted_by is not None or first_failure() is not None or not _beside(check, ctx, held))
+        except Interrupted as sig:  # between checks: every held one ends as interrupted below
+            outcome.interrupted_by = sig.signum
+        failed = first_failure()
         if outcome.interrupted_by is not None:
             result = check.result(Status.SKIP, f"skipped: the run was interrupted by {signal_name(outcome.interrupted_by)}", details=cut_short(outcome.interrupted_by))
-        elif stopped_by is not None and not keep_going:
-            verb = "errored" if stopped_by.status is Status.ERROR else "failed"
-            result = check.result(Status.SKIP, f"skipped: {stopped_by.check} {verb}")
+        elif failed is not None and not keep_going:
+            verb = "errored" if failed[1].status is Status.ERROR else "failed"
+            result = check.result(Status.SKIP, f"skipped: {failed[1].check} {verb}")
         elif reason := _unmet_requirement(check, ctx.results):
             result = check.result(Status.SKIP, f"skipped: {reason}")
         elif (met := _before(before, check, outcome)) is not None:
@@ -279,6 +302,10 @@ def run_checks(
                 continue
             result = ran
         settle(i, result)
-    go_on(everyone=True)
+    while held:
+        try:
+            go_on(everyone=True)
+        except Interrupted as sig:
+            outcome.interrupted_by = sig.signum
     outcome.results = [r for r in results if r is not None]
     return outcome

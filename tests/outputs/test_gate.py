@@ -309,3 +309,59 @@ def test_a_run_that_waited_for_the_lock_reads_nvml_again_once_the_holder_lets_go
         holder.wait()
     assert r.exit_code == 1 and "NVML facts are FAKE" in r.stderr, r.output  # fake facts never vouch for a node
     assert said == ["read", "waited", "read"]  # detection's reading, then one for the shape and every check
+
+
+def test_a_run_whose_nvml_reading_another_run_held_the_node_through_reads_it_again(tmp_path, monkeypatch):
+    """The other run lets go between this run's reading and its turn at the lock: the lock is
+    free when asked, so nothing waited, yet the reading is of that run's node."""
+    from typer.testing import CliRunner
+
+    from conftest import HOLD_LOCK
+    from preflight.cli.app import app
+    from preflight.outputs import gate
+    from preflight.readers import nvml
+
+    said: list[str] = []
+    inventory, plan = nvml.inventory, gate.pipeline.plan
+    monkeypatch.setattr(nvml, "inventory", lambda *a, **kw: said.append("read") or inventory(*a, **kw))
+    lock = tmp_path / "preflight.lock"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(lock)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+
+        def planned_as_the_holder_lets_go(s):
+            made = plan(s)
+            holder.stdin.close()  # its run is done just as this one's plan is
+            holder.wait()
+            said.append("released")
+            return made
+
+        monkeypatch.setattr(gate.pipeline, "plan", planned_as_the_holder_lets_go)
+        fake = Path(__file__).parents[1] / "fixtures" / "nvml" / "h100-sxm-8x-healthy.json"
+        r = CliRunner().invoke(app, ["run", "--nvml-fake", str(fake), "--level", "quick", "--only", "cuda", "--lock-file", str(lock),
+                                     "--lock-timeout", "120", "--report", str(tmp_path / "report.json")])
+    finally:
+        holder.kill()
+        holder.wait()
+    assert r.exit_code == 1 and "NVML facts are FAKE" in r.stderr, r.output
+    assert "waiting for" not in r.stderr  # the lock was free when asked
+    assert said == ["read", "released", "read"]
+
+
+def test_whether_a_run_holds_the_lock_is_read_from_the_kernel_without_touching_it(tmp_path):
+    from conftest import HOLD_LOCK
+    from preflight.pipeline import lock
+
+    path = tmp_path / "preflight.lock"
+    assert lock.held(path) is False  # no file: no run
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        before = path.stat()
+        assert lock.held(path) is True
+        assert path.stat().st_mtime_ns == before.st_mtime_ns  # nothing written
+    finally:
+        holder.stdin.close()
+        holder.wait()
+    assert lock.held(path) is False
+    assert lock.held(path, locks=str(tmp_path / "no-such-table")) is None

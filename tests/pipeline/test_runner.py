@@ -257,3 +257,52 @@ def test_a_signal_while_a_check_waits_ends_it_as_interrupted():
     assert waits.details == {"interrupted_by_signal": 15}
     assert topology.status is Status.ERROR and shm.status is Status.SKIP
     assert ranks.log == ["waits: first part"]
+
+
+def test_a_rank_started_while_a_check_ends_is_never_swept_away_as_its_stray():
+    # torchrun starts its ranks while the checks that need no ranks run: one that starts just as
+    # the runner lists the launch's processes must not be killed as the check's leftover.
+    ctx = make_ctx()
+    ctx.worlds = launch = fakes.StartingLaunch()
+    try:
+        outcome = run_checks([fakes.Passing(), fakes.Passing()], ctx)
+        assert [r.status for r in outcome.results] == [Status.PASS, Status.PASS]
+        assert all(p.poll() is None for p in launch.ranks), "a rank of the launch was killed"
+        assert not any("killed_processes" in r.details for r in outcome.results)
+    finally:
+        launch.close()
+
+
+def test_under_fail_fast_a_held_check_behind_a_failure_is_skipped_as_in_its_turn():
+    ranks = fakes.Ranks()
+    checks = [fakes.WaitsForRanks(ranks, status=Status.FAIL), fakes.Rankless(ranks, "topology"),
+              fakes.WaitsForRanks(ranks, name="firmware"), fakes.Rankless(ranks, "shm")]
+    outcome, told = _waiting_run(checks, ranks)
+    assert ranks.log == ["waits: first part", "topology", "firmware: first part", "shm", "waits: rest"]
+    assert statuses(outcome) == [("waits", Status.FAIL), ("topology", Status.PASS), ("firmware", Status.SKIP), ("shm", Status.PASS)]
+    assert outcome.results[2].summary == "skipped: waits failed" and told == ["waits", "topology", "firmware", "shm"]
+    # Under --keep-going its rest runs.
+    ranks = fakes.Ranks()
+    checks = [fakes.WaitsForRanks(ranks, status=Status.FAIL), fakes.WaitsForRanks(ranks, name="firmware")]
+    outcome, _ = _waiting_run(checks, ranks, keep_going=True)
+    assert statuses(outcome) == [("waits", Status.FAIL), ("firmware", Status.PASS)]
+
+
+def test_a_check_that_does_not_say_it_may_run_beside_the_ranks_runs_in_its_turn():
+    # A site's check may start a stage of the launch: it must not run before cuda's CUDA init.
+    ranks = fakes.Ranks()
+    plugin = fakes.Passing()
+    checks = [fakes.WaitsForRanks(ranks), fakes.Rankless(ranks, "topology"), plugin, fakes.Rankless(ranks, "shm")]
+    outcome, told = _waiting_run(checks, ranks)
+    assert ranks.log == ["waits: first part", "topology", "waits: rest", "shm"]
+    assert told == ["waits", "topology", "passing", "shm"]
+
+
+def test_a_signal_while_the_runner_asks_a_held_check_ends_it_as_interrupted():
+    ranks = fakes.Ranks()
+    checks = [fakes.WaitsForRanks(ranks, signal_when_asked=15), fakes.Rankless(ranks, "topology"), fakes.Rankless(ranks, "shm")]
+    outcome, told = _waiting_run(checks, ranks)
+    assert outcome.interrupted_by == 15
+    waits, topology, shm = outcome.results
+    assert waits.status is Status.ERROR and waits.details == {"interrupted_by_signal": 15}
+    assert topology.status is Status.SKIP and shm.status is Status.SKIP and told == ["waits", "topology", "shm"]
