@@ -55,8 +55,24 @@ print(json.dumps({"seconds": time.monotonic() - t, "said": said}), flush=True)
 """
 
 
-def launch(tmp_path: Path) -> list[str]:
-    (tmp_path / "rank.py").write_text(RANK)
+# The same rank holding GPU 0: a CUDA context and 256 MiB on it, through the driver
+# API (no torch import to wait for); its PID is written once it holds them.
+GPU_RANK = """
+import ctypes, os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+cuda = ctypes.CDLL("libcuda.so.1")
+dev, ctx, mem = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
+for call, args in (("cuInit", (0,)), ("cuDeviceGet", (ctypes.byref(dev), 0)), ("cuDevicePrimaryCtxRetain", (ctypes.byref(ctx), dev)),
+                   ("cuCtxSetCurrent", (ctx,)), ("cuMemAlloc_v2", (ctypes.byref(mem), ctypes.c_size_t(256 << 20)))):
+    rc = getattr(cuda, call)(*args)
+    assert rc == 0, (call, rc)
+open(sys.argv[1], "w").write(str(os.getpid()))
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def launch(tmp_path: Path, rank: str = RANK) -> list[str]:
+    (tmp_path / "rank.py").write_text(rank)
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
             str(tmp_path / "rank.py"), str(tmp_path / "rank.pid"), str(SLEEP)]
 
@@ -114,3 +130,17 @@ def test_a_bench_ended_by_sigterm_ends_the_torchrun_and_its_rank_first(tmp_path,
     assert d.returncode == 128 + signal.SIGTERM, (out, err[-3000:])
     assert "SIGTERM: ended" in err
     assert of_the_launch(tmp_path) == []
+
+
+@pytest.mark.gpu
+def test_a_hung_rank_holding_a_gpu_is_ended_at_the_deadline_of_the_kits_bench(tmp_path, no_leftovers):
+    """The kit's verdict step on a GPU node: the rank killed is one that held GPU 0."""
+    deadline = 10  # torchrun's start and cuInit on the node, with room; the kit's pytest step is 60 s in all
+    argv = launch(tmp_path, GPU_RANK)
+    p = subprocess.run([sys.executable, "-c", DRIVER, str(PERF), "verdict", str(deadline), *argv],
+                       capture_output=True, text=True, timeout=deadline + 60)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert (tmp_path / "rank.pid").exists(), f"the rank never held the GPU within {deadline} s: {out}"
+    assert f"ran past {deadline} s and was killed" in out["said"], out
+    assert of_the_launch(tmp_path) == [], out
