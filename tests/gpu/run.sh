@@ -4,8 +4,14 @@
 # 8 minutes (the device call's limit is 10), without network. From a copy of
 # the repository with the .whl/ that tests/gpu/prepare.sh made:
 #
-#   OUT=/tmp/out bash tests/gpu/run.sh
-#   STEPS='captures reference' OUT=/tmp/out bash tests/gpu/run.sh    # some steps only
+#   bash tests/gpu/run.sh                              # results in a fresh mktemp -d, printed
+#   STEPS='captures reference' bash tests/gpu/run.sh    # some steps only
+#
+# It runs as root: OUT (where results go, and are read back from) must be a new or
+# empty directory of the running user's that no one else can write to, and SITE_DIR
+# (first on every child's PYTHONPATH; by default a fresh mktemp -d, removed at the
+# end) one of the user's that no one else can write to; either is refused otherwise,
+# exit 2, before anything is written or imported.
 #
 # Steps, each under its own budget (kill grace included) and each run whatever
 # the one before did:
@@ -18,7 +24,7 @@
 #   full       the full level's burnin and memtest, shortened by a site profile (45 s, 30 s)
 #   pytest     pytest -m gpu
 #   summary    tests/gpu/kit.py summary: times, ratios to the plain loop, the acceptance
-# Results in $OUT: kit.log (all of it), steps.tsv, captures/, reference.json,
+# Results in $OUT (default: a fresh /tmp/preflight-gpu.XXXXXX, 0700): kit.log (all of it), steps.tsv, captures/, reference.json,
 # verdict.json, quick.json, standard.json, full.json (+ .log), pytest-gpu.log, acceptance.json.
 #
 # Exit: the summary's (0: PASS at every level with no WARN), else 1.
@@ -26,10 +32,72 @@ set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 3
 repo=$PWD
 dir=${WHEEL_DIR:-.whl}
-site=${SITE_DIR:-/tmp/site}
-out=${OUT:-$(mktemp -d /tmp/preflight-gpu.XXXXXX)}
-mkdir -p "$out/captures"
-out=$(cd "$out" && pwd)
+me=$(id -u)
+
+# unsafe PATH: why PATH, as far as it exists, is no place for this run (root, on a node)
+# to write to or import from; nothing when it is. Each directory on the way must be
+# root's or this user's and, where others may write to it, sticky (as /tmp is), else
+# another user could swap what comes below it; a link on the way must be root's or
+# this user's; the directory itself, this user's, no link, and written by no one else.
+unsafe() {
+  local path=$1 at="" part uid mode kind
+  local -a parts
+  IFS=/ read -ra parts <<< "${path#/}"
+  for part in "${parts[@]}"; do
+    [ -n "$part" ] || continue
+    at=$at/$part
+    [ -e "$at" ] || [ -L "$at" ] || return 0
+    read -r uid mode kind < <(stat -c '%u %a %F' -- "$at")
+    if [ "$uid" != 0 ] && [ "$uid" != "$me" ]; then
+      echo "$at belongs to uid $uid"
+      return 0
+    fi
+    if [ "$at" = "$path" ]; then
+      [ "$kind" = directory ] || { echo "$at is a $kind, not a directory"; return 0; }
+      [ "$uid" = "$me" ] || { echo "$at belongs to uid $uid, not to this user ($me)"; return 0; }
+      (( 8#$mode & 8#022 )) && { echo "$at can be written by others (mode $mode)"; return 0; }
+    elif [ "$kind" = directory ] && (( 8#$mode & 8#022 )) && ! (( 8#$mode & 8#1000 )); then
+      echo "$at can be written by others and is not sticky (mode $mode)"
+      return 0
+    fi
+  done
+}
+
+# private_dir NAME PATH EMPTY: PATH made absolute, checked, and made (0700) where it is not
+# there; with EMPTY=1 it must be empty, as a result planted in it would be read back as
+# this run's. The path is printed; a refusal is one line on stderr, and status 2.
+private_dir() {
+  local name=$1 path=$2 empty=$3 why
+  case "$path" in /*) ;; *) path=$PWD/$path ;; esac
+  path=$(printf '%s' "$path" | sed -e 's#//*#/#g' -e 's#\(.\)/$#\1#')
+  why=$(unsafe "$path")
+  if [ -z "$why" ] && [ ! -e "$path" ] && [ ! -L "$path" ]; then
+    mkdir -p -- "$(dirname -- "$path")" && mkdir -m 0700 -- "$path" || why="cannot make $path"
+    [ -n "$why" ] || why=$(unsafe "$path")  # what was made on the way: as safe now as it was checked
+  elif [ -z "$why" ] && [ "$empty" = 1 ] && [ -n "$(ls -A -- "$path")" ]; then
+    why="$path is not empty"
+  fi
+  if [ -n "$why" ]; then
+    echo "run.sh: refusing $name=$2: $why (leave $name unset for a fresh directory of mktemp's)" >&2
+    return 2
+  fi
+  printf '%s\n' "$path"
+}
+
+# Both on PYTHONPATH or written to by root: this user's own, or fresh from mktemp (0700).
+# A fresh site is removed at the end; SITE_DIR keeps the install for a later run.
+if [ -n "${SITE_DIR:-}" ]; then
+  site=$(private_dir SITE_DIR "$SITE_DIR" 0) || exit 2
+else
+  site=$(mktemp -d /tmp/preflight-site.XXXXXX) || exit 3
+  trap 'rm -rf -- "$site"' EXIT
+fi
+if [ -n "${OUT:-}" ]; then
+  out=$(private_dir OUT "$OUT" 1) || exit 2
+else
+  out=$(mktemp -d /tmp/preflight-gpu.XXXXXX) || exit 3
+fi
+mkdir "$out/captures" || exit 3
 steps=" ${STEPS:-setup captures reference verdict full pytest} summary "
 
 # Seconds each step may take, its children's kill grace included: they add up to

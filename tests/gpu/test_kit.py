@@ -1,5 +1,6 @@
 """The GPU acceptance kit's parts that run without a GPU: run.sh's syntax and
-budgets, its captures on this machine, the plain reference loop's dry run on
+budgets, its refusal of an OUT or SITE_DIR another user could plant, its
+captures on this machine, the plain reference loop's dry run on
 CPU, the site profile it writes, and the summary read from the H200 node's
 own reports (tests/fixtures/node/h200-1x-vm). No figure is measured here."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -191,3 +193,75 @@ def test_the_verdict_step_runs_the_bench_and_leaves_the_levels_reports_for_the_s
     acceptance = json.loads((out / "acceptance.json").read_text())
     assert acceptance["bare_torchrun_seconds"] == bench["seconds"]["bare torchrun"] and acceptance["time_to_verdict"] == bench
     assert "where the standard run's time goes" in p.stdout and "standard, each check's share (median of 1 rounds)" in p.stdout
+
+
+def as_nobody(path: Path) -> Path:
+    """PATH as another user's, as a user without root would plant it in /tmp."""
+    if os.geteuid() != 0:
+        pytest.skip("handing a directory to another user needs root")
+    nobody = pwd.getpwnam("nobody")
+    os.chown(path, nobody.pw_uid, nobody.pw_gid)
+    return path
+
+
+def planted(tmp_path: Path, case: str) -> dict[str, str]:
+    """The environment of a run whose OUT or SITE_DIR another user could use against root."""
+    d = tmp_path / "planted"
+    if case == "OUT another user's":
+        d.mkdir()
+        return {"OUT": str(as_nobody(d))}
+    if case == "OUT writable by others":
+        d.mkdir(mode=0o777)
+        d.chmod(0o777)
+        return {"OUT": str(d)}
+    if case == "OUT with a verdict in it":
+        d.mkdir(mode=0o700)
+        (d / "verdict.json").write_text('{"seconds": {"bare torchrun": [1.0]}}')
+        return {"OUT": str(d)}
+    if case == "OUT a link":
+        (tmp_path / "mine").mkdir(mode=0o700)
+        d.symlink_to(tmp_path / "mine")
+        return {"OUT": str(d)}
+    if case == "OUT under another user's directory":
+        d.mkdir(mode=0o755)
+        as_nobody(d)
+        return {"OUT": str(d / "out")}
+    if case == "SITE_DIR another user's":
+        d.mkdir()
+        (d / "sitecustomize.py").write_text("open(__file__ + '.ran', 'w')\n")
+        return {"SITE_DIR": str(as_nobody(d))}
+    if case == "SITE_DIR writable by others":
+        d.mkdir()
+        d.chmod(0o1777)  # sticky keeps others from removing it, not from planting a sitecustomize.py in it
+        return {"SITE_DIR": str(d)}
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize("case", ["OUT another user's", "OUT writable by others", "OUT with a verdict in it", "OUT a link",
+                                  "OUT under another user's directory", "SITE_DIR another user's", "SITE_DIR writable by others"])
+def test_run_sh_refuses_an_out_or_site_dir_another_user_could_plant_before_writing_or_importing_anything(tmp_path, case):
+    env = {**kit_env(tmp_path), "STEPS": " ", **planted(tmp_path, case)}
+    before = sorted(p.name for p in (tmp_path / "planted").iterdir()) if (tmp_path / "planted").is_dir() else None
+    p = subprocess.run(["bash", str(RUN)], env=env, capture_output=True, text=True, timeout=60)
+    name = case.split()[0]
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert p.stdout == "" and len(p.stderr.splitlines()) == 1 and p.stderr.startswith(f"run.sh: refusing {name}="), p.stderr
+    after = sorted(p.name for p in (tmp_path / "planted").iterdir()) if (tmp_path / "planted").is_dir() else None
+    assert after == before  # no kit.log, no steps.tsv, no captures: nothing written
+    assert not (tmp_path / "planted" / "out").exists() and not (tmp_path / "planted" / "sitecustomize.py.ran").exists()
+
+
+def test_run_sh_takes_an_empty_out_of_its_own_and_makes_a_new_one_and_its_site_0700(tmp_path):
+    bin_dir = tmp_path / "bin"
+    env = kit_env(tmp_path)
+    (bin_dir / "python3").unlink()  # a python3 that says which PYTHONPATH each child got
+    (bin_dir / "python3").write_text(f'#!/bin/sh\necho "$PYTHONPATH" >> {tmp_path}/pythonpath\nexec {sys.executable} "$@"\n')
+    (bin_dir / "python3").chmod(0o755)
+    (tmp_path / "empty").mkdir(mode=0o700)
+    for out in (tmp_path / "empty", tmp_path / "new" / "out"):
+        p = subprocess.run(["bash", str(RUN)], env={**env, "STEPS": " ", "OUT": str(out)}, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 1 and (out / "acceptance.json").exists(), (p.stdout, p.stderr)  # no level ran: not accepted
+        assert out.stat().st_mode & 0o777 == 0o700
+    site = (tmp_path / "pythonpath").read_text().splitlines()[0].split(":")[0]
+    assert site != "/tmp/site" and re.fullmatch(r"/tmp/preflight-site\.\w{6}", site), site  # fresh, from mktemp -d (0700)
+    assert not Path(site).exists()  # and removed at the end

@@ -1,7 +1,9 @@
 """The time model's costs, measured on the machine at hand, and its projection of
 the standard level on 1, 2, 4 and 8 GPUs (tests/perf/time_model.py).
 
-Measured here, on any machine (medians of --rounds runs, each a child with a deadline):
+Measured here, on any machine (medians of --rounds runs, each a child with a
+deadline, past which, and on SIGTERM or SIGINT, it is ended with every process
+it started: tests/perf/timing.py):
   torch_import        `python -c "import torch"` less `python -c pass`
   torchrun_overhead   a torchrun of one rank that imports nothing (the launcher's own start and the rank's)
   agent_start         `preflight run --level quick` less its report's duration (start-up, plan, report)
@@ -29,7 +31,6 @@ import argparse
 import json
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -39,6 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import time_model as tm  # noqa: E402
+import timing  # noqa: E402
 
 PY = sys.executable
 DEADLINE = 120.0  # any one child: far past what each takes, short of a hung one
@@ -80,19 +82,15 @@ dist.destroy_process_group()
 
 
 def run(argv: list[str], env: dict | None = None, timeout: float = DEADLINE) -> tuple[float, subprocess.CompletedProcess]:
-    """Wall seconds of a child in its own session; on the deadline its whole group is killed."""
-    t = time.perf_counter()
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.communicate()
+    """Wall seconds of a child in its own session; on the deadline it is ended with
+    every process below it (timing.run: a hung torchrun's ranks too)."""
+    ran = timing.run(argv, timeout, env)
+    if ran.killed:
         sys.exit(f"bench_time_model: {' '.join(argv[:6])} ran past {timeout:.0f} s and was killed")
-    seconds = time.perf_counter() - t
+    p = ran.done
     if p.returncode not in (0, 1):  # 1: a check failed on a busy machine: still a verdict, still timed
-        sys.exit(f"bench_time_model: {' '.join(argv[:6])} exited {p.returncode}: {err[-2000:]}")
-    return seconds, subprocess.CompletedProcess(argv, p.returncode, out, err)
+        sys.exit(f"bench_time_model: {' '.join(argv[:6])} exited {p.returncode}: {p.stderr[-2000:]}")
+    return ran.seconds, p
 
 
 def gpu_present() -> bool:
@@ -145,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="h200-sxm", help="the profile whose plan and floors are projected")
     ap.add_argument("--record", type=Path, help="write the measured costs here (JSON)")
     args = ap.parse_args(argv)
+    timing.guard()
     gpu = gpu_present()
     measured = measure(args.rounds, args.profile, gpu)
     if args.record:

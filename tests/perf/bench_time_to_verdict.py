@@ -15,7 +15,9 @@ both sides alike:
 Rounds alternate (bare, quick, standard, python) N times; medians, min and max
 are printed. Every run is `--keep-going --scratch --json` (every check runs;
 nothing of the node's own report or textfile is touched), under a lock file in
-a temporary directory, in its own session with a deadline; `--budget` bounds
+a temporary directory, in its own session with a deadline (past it, and on
+SIGTERM or SIGINT, the run is ended with every process it started, a hung
+torchrun's ranks included: tests/perf/timing.py); `--budget` bounds
 the whole bench (no round starts that the slowest round so far would not
 finish within it). `--out PATH` writes the figures as JSON; `--keep DIR`
 leaves the last round's reports and logs there as standard.json, quick.json,
@@ -31,13 +33,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import timing  # noqa: E402
 
 PY = sys.executable
 BARE = Path(__file__).resolve().parents[1] / "gpu" / "bare.py"
@@ -51,19 +55,15 @@ class OutOfTime(Exception):
 
 
 def timed(argv: list[str], env: dict[str, str], deadline: float) -> tuple[float, subprocess.CompletedProcess]:
-    """Wall seconds of a child in its own session; past ``deadline`` (monotonic) its whole group is killed."""
+    """Wall seconds of a child in its own session; past ``deadline`` (monotonic) it is
+    ended with every process below it (timing.run: a hung torchrun's ranks too)."""
     left = min(DEADLINE, deadline - time.monotonic())
     if left <= 1:
         raise OutOfTime(f"no time left for {' '.join(argv[:5])}")
-    t = time.perf_counter()
-    p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = p.communicate(timeout=left)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.communicate()
-        raise OutOfTime(f"{' '.join(argv[:5])} ran past {left:.0f} s and was killed") from None
-    return time.perf_counter() - t, subprocess.CompletedProcess(argv, p.returncode, out, err)
+    ran = timing.run(argv, left, env)
+    if ran.killed:
+        raise OutOfTime(f"{' '.join(argv[:5])} ran past {left:.0f} s and was killed")
+    return ran.seconds, ran.done
 
 
 def gpus(env: dict[str, str], deadline: float) -> int:
@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=3600.0, help="seconds the whole bench may take")
     ap.add_argument("--profile", help="default: auto on a GPU node, cpu without one")
     args = ap.parse_args(argv)
+    timing.guard()
     deadline = time.monotonic() + args.budget
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFLIGHT_")}
     n = gpus(env, deadline)
