@@ -86,15 +86,27 @@ def settle(first: Inventory, read: Callable[[float], Inventory], limit: float,
     return out
 
 
+class _Waited(nvml.Shared):
+    """The reading a check waited for, with how: the checks after it judge it without waiting again."""
+
+    def __init__(self, settled: Settled):
+        super().__init__(facts=settled.inventory)
+        self.settled = settled
+
+
 def settled_inventory(ctx: Context, timeout: float) -> Settled:
     """The run's inventory, waited on while any GPU's fabric registration is in progress (real
-    NVML only), within ``LIMIT_SECONDS`` and the check's deadline less ``MARGIN_SECONDS``.
-    A settled reading replaces the run's shared one. Raises NvmlUnavailable as Context.inventory."""
+    NVML only), within ``LIMIT_SECONDS`` and the check's deadline less ``MARGIN_SECONDS``; once a
+    run, so fabric after topology waits no second time. The reading waited for replaces the run's
+    shared one. Raises NvmlUnavailable as Context.inventory."""
     first = ctx.inventory(timeout=timeout)
-    if ctx.settings.nvml_fake is not None or not in_progress(first):
+    shared = ctx.shared_inventory
+    if isinstance(shared, _Waited):
+        return shared.settled
+    # A fake, or facts given to the run (a report built from a recording), never change: judged as they are.
+    if ctx.settings.nvml_fake is not None or (shared is not None and shared.given) or not in_progress(first):
         return Settled(first)
     limit = min(LIMIT_SECONDS, ctx.deadline - time.monotonic() - MARGIN_SECONDS)
     out = settle(first, lambda t: nvml.inventory(None, t), limit, every=EVERY_SECONDS)
-    if out.inventory is not first:
-        ctx.shared_inventory = nvml.Shared(facts=out.inventory)
+    ctx.shared_inventory = _Waited(out)
     return out

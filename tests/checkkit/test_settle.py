@@ -4,6 +4,7 @@ IN_PROGRESS, then every GPU's COMPLETED) with a stand-in clock: no test sleeps."
 import time
 from pathlib import Path
 
+import fakes
 import pytest
 
 from preflight.checkkit import settle
@@ -94,32 +95,41 @@ def test_a_read_that_fails_meanwhile_leaves_the_last_reading_standing():
 def ctx(**settings) -> Context:
     path = profiles.BUILTIN_DIR / "h100-sxm.toml"
     profile = profiles.resolve(profiles.load(path), path, {}, "--profile h100-sxm")
-    return Context(profile=profile, settings=Settings(**settings), host=Host(), deadline=time.monotonic() + 30,
-                   shared_inventory=nvml.Shared(facts=IN_PROGRESS))
+    return Context(profile=profile, settings=Settings(**settings), host=Host(), deadline=time.monotonic() + 30)
 
 
-def test_the_settled_reading_replaces_the_runs_shared_one(monkeypatch):
+def test_the_reading_waited_for_replaces_the_runs_shared_one_and_is_waited_for_once(monkeypatch):
     monkeypatch.setattr(settle, "EVERY_SECONDS", 0.0)
-    monkeypatch.setattr(nvml, "inventory", lambda fake=None, timeout=20.0: COMPLETED)
+    asked = fakes.nvml_readings(monkeypatch, IN_PROGRESS, COMPLETED)
     c = ctx()
     out = settle.settled_inventory(c, 20)
-    assert out.inventory is COMPLETED and out.reads == 1 and c.inventory() is COMPLETED
+    assert out.inventory is COMPLETED and out.reads == 1 and c.inventory() is COMPLETED and len(asked) == 2
+    assert settle.settled_inventory(c, 20) is out and len(asked) == 2  # fabric after topology: the same reading, no second wait
 
 
 def test_a_fake_inventory_is_judged_as_it_is(monkeypatch):
     # --nvml-fake's facts never change: waiting on them would only add the limit to the run.
-    monkeypatch.setattr(nvml, "inventory", lambda fake=None, timeout=20.0: COMPLETED)
+    asked = fakes.nvml_readings(monkeypatch, COMPLETED)
     c = ctx(nvml_fake=NVML / "h100-sxm-gpu5-fabric-in-progress.json")
     out = settle.settled_inventory(c, 20)
-    assert out.inventory is IN_PROGRESS and out.reads == 0 and c.inventory() is IN_PROGRESS
+    assert out.pending == [5] and out.reads == 0 and asked == []
+
+
+def test_facts_given_to_the_run_are_judged_as_they_are(monkeypatch):
+    # A report built from a recording: this machine's NVML must never stand in for the recorded node.
+    asked = fakes.nvml_readings(monkeypatch, COMPLETED)
+    c = ctx()
+    c.shared_inventory = nvml.Shared(facts=IN_PROGRESS)
+    out = settle.settled_inventory(c, 20)
+    assert out.inventory is IN_PROGRESS and out.reads == 0 and asked == []
 
 
 def test_the_wait_stays_inside_the_checks_deadline(monkeypatch):
-    monkeypatch.setattr(nvml, "inventory", lambda fake=None, timeout=20.0: IN_PROGRESS)
+    asked = fakes.nvml_readings(monkeypatch, IN_PROGRESS)
     c = ctx()
     c.deadline = time.monotonic() + settle.MARGIN_SECONDS - 1
     out = settle.settled_inventory(c, 20)
-    assert out.reads == 0 and out.pending == [5]
+    assert out.reads == 0 and out.pending == [5] and len(asked) == 1
 
 
 @pytest.mark.gpu

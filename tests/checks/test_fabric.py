@@ -408,11 +408,11 @@ def settling(tmp_path: Path, monkeypatch, later: str) -> tuple:
     """The run's reading shows GPU 5 registering (as at 0.5 s after the manager went active);
     NVML read again answers ``later``."""
     monkeypatch.setattr(settle, "EVERY_SECONDS", 0.0)
-    monkeypatch.setattr(nvml, "inventory", lambda fake=None, timeout=20.0: FakeNvml(NVML / later))
     first = FakeNvml(NVML / "h100-sxm-gpu5-fabric-in-progress.json")
+    fakes.nvml_readings(monkeypatch, first, FakeNvml(NVML / later))
     root = hgx(tmp_path)
     ctx = Context(profile=H100, settings=Settings(), host=Host(root, environ={"PATH": str(fakes.systemctl(tmp_path / "bin", "active"))}),
-                  deadline=time.monotonic() + 30, shape=node(root, first), shared_inventory=nvml.Shared(facts=first))
+                  deadline=time.monotonic() + 30, shape=node(root, first))
     return ctx, fabric.Fabric().run(ctx)
 
 

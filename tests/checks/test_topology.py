@@ -628,7 +628,6 @@ def test_nvlinks_read_while_the_fabric_registers_are_judged_on_the_settled_readi
     yet up, at the run's reading; registered with 18 links up when NVML is read again."""
     from preflight.checkkit import settle
     from preflight.pipeline.shape import NodeShape
-    from preflight.readers import nvml
     from preflight.readers.nvml import FakeNvml
 
     data = json.loads(AFFINITY.read_text())
@@ -637,10 +636,9 @@ def test_nvlinks_read_while_the_fabric_registers_are_judged_on_the_settled_readi
     data["gpus"][5].update(json.loads(AFFINITY.read_text())["gpus"][5] | {"fabric": {"state": "completed"}})
     (tmp_path / "registered.json").write_text(json.dumps(data))
     monkeypatch.setattr(settle, "EVERY_SECONDS", 0.0)
-    monkeypatch.setattr(nvml, "inventory", lambda fake=None, timeout=20.0: FakeNvml(tmp_path / "registered.json"))
+    fakes.nvml_readings(monkeypatch, FakeNvml(tmp_path / "registering.json"), FakeNvml(tmp_path / "registered.json"))
     ctx = ctx_for(Host(pci_tree(root), environ={"PATH": stand_in(tmp_path, "garbage")}))
     ctx.shape = NodeShape(gpus=8, gpus_from="test", fabric="nvswitch", fabric_from="test")
-    ctx.shared_inventory = nvml.Shared(facts=FakeNvml(tmp_path / "registering.json"))
     r = t.Topology().run(ctx)
     assert r.details["parts"]["nvlink"] == "PASS", (r.summary, r.cause)
     assert "every GPU's registration done" in r.details["settle"] and any("NVLink judged after waiting" in line for line in r.lines)
