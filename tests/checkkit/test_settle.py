@@ -79,6 +79,7 @@ def test_no_time_left_reads_nothing_again():
     clock = Clock()
     out = settle.settle(IN_PROGRESS, clock.reads(COMPLETED), 0, clock, clock.sleep)
     assert out.inventory is IN_PROGRESS and out.reads == 0 and clock.slept == []
+    assert out.describe() == "fabric registration in progress on GPU 5; no time left before the check's deadline to read NVML again"
 
 
 def test_a_read_that_fails_meanwhile_leaves_the_last_reading_standing():
@@ -130,6 +131,7 @@ def test_the_wait_stays_inside_the_checks_deadline(monkeypatch):
     c.deadline = time.monotonic() + settle.MARGIN_SECONDS - 1
     out = settle.settled_inventory(c, 20)
     assert out.reads == 0 and out.pending == [5] and len(asked) == 1
+    assert "no time left" in out.describe()
 
 
 @pytest.mark.gpu
