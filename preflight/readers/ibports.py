@@ -176,9 +176,13 @@ def _changed(first: FirstRead, host: Host) -> str | None:
     now, unread = _links(host)
     if set(now) != {(p.device, p.port) for p in first.ports} or unread != first.unread:
         return "the ports listed changed since the run began"
-    moved = [f"{p.where} {p.state} -> {now[(p.device, p.port)][0]}" if p.state != now[(p.device, p.port)][0]
-             else f"{p.where} {p.rate} -> {now[(p.device, p.port)][1]}"
-             for p in first.ports if (p.state, p.rate) != now[(p.device, p.port)]]
+    moved = []
+    for p in first.ports:
+        state, rate = now[(p.device, p.port)]
+        if p.state != state:
+            moved.append(f"{p.where} {p.state} -> {state}")
+        elif p.rate != rate:
+            moved.append(f"{p.where} {p.rate} -> {rate}")
     return f"{'; '.join(moved)} since the run began" if moved else None
 
 
@@ -206,8 +210,8 @@ def _modules(host: Host) -> set[str]:
 def gather(host: Host, interval: float, wait: Callable[[float], None] = time.sleep, gpus: list[str] | None = None,
            first: FirstRead | None = None, latest: float = math.inf) -> RdmaFacts:
     """``gpus``: the GPUs' PCI addresses, to tell the compute NICs (beside a GPU) from the rest.
-    ``first``: the first read, taken earlier; where there is none, or the ports changed since,
-    it is taken now. The second comes ``interval`` after it, or at ``latest`` (time.monotonic())
+    ``first``: the first read, taken earlier; where there is none, or the ports listed or any
+    port's state or rate changed since, it is taken now (``first_read`` in the facts says which). The second comes ``interval`` after it, or at ``latest`` (time.monotonic())
     where that is sooner."""
     changed = _changed(first, host) if first is not None else None
     early = first is not None and changed is None
