@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from preflight.base.findings import Finding, Status, worst
 from preflight.base.host import Host
 from preflight.base.units import format_cpulist
+from preflight.checkkit import settle
 from preflight.checkkit.sources import Sources
 from preflight.pipeline.check import Check, Context, Result
 from preflight.pipeline.expectations import FabricExpect
@@ -303,7 +304,9 @@ class Fabric(Check):
     def run(self, ctx: Context) -> Result:
         assert ctx.profile.fabric is not None and ctx.shape is not None
         try:
-            facts = gather(ctx.host, ctx.inventory(timeout=20.0))
+            # A boot gate can start while the fabric manager still registers the GPUs: wait for it, bounded.
+            waited = settle.settled_inventory(ctx, timeout=20.0)
+            facts = gather(ctx.host, waited.inventory)
         except nvml.NvmlUnavailable as e:
             return self.result(FAIL, e.cause, cause=e.cause, remedy=e.remedy)
         parts, unjudged, notes = judge(facts, ctx.shape, ctx.profile.fabric)
@@ -313,9 +316,12 @@ class Fabric(Check):
                    "gpus": {str(g.index): g.fabric.model_dump() if g.fabric else None for g in facts.inventory.gpus},
                    "parts": {name: "SKIP" if name in unjudged else worst(found) for name, found in parts.items()},
                    "not_judged": unjudged, "notes": notes}
+        if said := waited.describe():
+            details["settle"] = said  # how long it waited for the registration to complete
         sources = manager_sources(facts.manager, "manager" in notes)
         details.update(sources.details())
         lines = [f"{part}: not judged: {why}" for part, why in unjudged.items()] + [f"{part}: {note}" for part, note in notes.items()]
+        lines += [f"gpus: {said}"] if said else []
         lines += [line] if (line := sources.line()) else []
         n = len(facts.inventory.gpus)
         m = facts.manager

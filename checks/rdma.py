@@ -13,6 +13,7 @@ judges here are pure.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -64,7 +65,7 @@ def _card(p: Port) -> str:
 def spare(port: Port, facts: RdmaFacts) -> bool:
     """An uncabled or disabled port on a card whose other port runs: the dual-port
     card's unused port, which no job uses unless NCCL_IB_HCA names it."""
-    return port.phys_state in UNCABLED and any(o is not port and _card(o) == _card(port) and o.state == "ACTIVE" for o in facts.ports)
+    return port.phys_state in UNCABLED and any(o is not port and _card(o) == _card(port) and o.state_now == "ACTIVE" for o in facts.ports)
 
 
 def compute(port: Port, expect: RdmaExpect, facts: RdmaFacts | None = None) -> bool:
@@ -123,23 +124,25 @@ def judge_gpudirect(facts: RdmaFacts, expect: RdmaExpect, gpus: int) -> list[Fin
 
 
 def judge_ports(facts: RdmaFacts, expect: RdmaExpect) -> list[Finding]:
+    """State and rate as the second read found them: a port the subnet manager brings up while
+    the node settles is judged once it is up, not by how it stood as the run began."""
     out = []
     for p in facts.ports:
         if not compute(p, expect, facts):
             continue  # an uncabled spare or storage port says nothing about the job: other_ports() reports it
-        if p.state != "ACTIVE":
-            if p.state in ("INIT", "ARMED"):
-                cause = (f"{p.where} ({p.link_layer}) is {p.state} with the link {p.phys_state or 'up'}: the cable is fine but no "
+        if p.state_now != "ACTIVE":
+            if p.state_now in ("INIT", "ARMED"):
+                cause = (f"{p.where} ({p.link_layer}) is {p.state_now} with the link {p.phys_state or 'up'}: the cable is fine but no "
                          "subnet manager has configured the port, so it carries no traffic")
                 fix = "check that a subnet manager (opensm, UFM, the switch's SM) runs and reaches this port (`sminfo`, `ibstat`)"
             else:
-                cause = f"{p.where} ({p.link_layer}) is {p.state or 'unreadable'} (physical state {p.phys_state or 'unknown'})"
+                cause = f"{p.where} ({p.link_layer}) is {p.state_now or 'unreadable'} (physical state {p.phys_state or 'unknown'})"
                 fix = ("the port is administratively disabled: enable it (`ibportstate`, `ip link set ... up`)" if p.phys_state == "Disabled"
                        else LINK_FIX)
-            out.append(Finding(FAIL, f"{p.where} {p.state or 'unreadable'}", cause, fix))
+            out.append(Finding(FAIL, f"{p.where} {p.state_now or 'unreadable'}", cause, fix))
         elif expect.rate_gbps and p.gbps is not None and p.gbps < expect.rate_gbps:
-            out.append(Finding(FAIL, f"{p.where} at {p.rate}, {expect.rate_gbps:g} Gb/sec expected",
-                               f"{p.where} trained at {p.rate}, below the {expect.rate_gbps:g} Gb/sec this SKU's compute NICs run at: "
+            out.append(Finding(FAIL, f"{p.where} at {p.rate_now}, {expect.rate_gbps:g} Gb/sec expected",
+                               f"{p.where} trained at {p.rate_now}, below the {expect.rate_gbps:g} Gb/sec this SKU's compute NICs run at: "
                                "a degraded cable or transceiver, lanes down, or a slower switch port; this rail carries less than its share",
                                LINK_FIX))
     return out
@@ -151,10 +154,10 @@ def other_ports(facts: RdmaFacts, expect: RdmaExpect) -> list[str]:
     for p in facts.ports:
         if compute(p, expect, facts):
             continue
-        if p.state != "ACTIVE":
-            out.append(f"{p.where} ({p.link_layer}) {p.state or 'unreadable'} (physical state {p.phys_state or 'unknown'})")
+        if p.state_now != "ACTIVE":
+            out.append(f"{p.where} ({p.link_layer}) {p.state_now or 'unreadable'} (physical state {p.phys_state or 'unknown'})")
         elif expect.rate_gbps and p.gbps is not None and p.gbps < expect.rate_gbps:
-            out.append(f"{p.where} ({p.link_layer}) at {p.rate}")
+            out.append(f"{p.where} ({p.link_layer}) at {p.rate_now}")
     return out
 
 
@@ -165,6 +168,22 @@ def slow_symbol_errors(p: Port, expect: RdmaExpect, interval: float) -> float | 
     return rate if 0 < grew and rate <= expect.symbol_errors_per_second else None
 
 
+def states(p: Port) -> list[str]:
+    """The states the port was seen in, in order: the run's early read (where it was dropped), the two reads."""
+    seen = [s or "unreadable" for s in (p.state_early, p.state, p.state_later) if s is not None]
+    return [s for i, s in enumerate(seen) if i == 0 or s != seen[i - 1]]
+
+
+def flapped(p: Port) -> bool:
+    """The port changed state while watched, other than coming up: INIT or ARMED -> ACTIVE is
+    the subnet manager configuring a port whose link is up (a node still settling), and the
+    state the port ends in is judged by judge_ports. Leaving ACTIVE at any step is a flap."""
+    seen = states(p)
+    if len(seen) < 2:
+        return False
+    return any(a == "ACTIVE" for a in seen[:-1]) or not (seen[-1] == "ACTIVE" and all(s in ("INIT", "ARMED") for s in seen[:-1]))
+
+
 def judge_counters(facts: RdmaFacts, expect: RdmaExpect) -> list[Finding]:
     """Growth between the two reads: FAIL (WARN for discards, which congestion causes too;
     symbol errors only past the profile's rate). Counts since boot that did not grow are
@@ -172,9 +191,10 @@ def judge_counters(facts: RdmaFacts, expect: RdmaExpect) -> list[Finding]:
     out = []
     secs = f"{facts.interval_seconds:g} s"
     for p in facts.ports:
-        if p.state_later is not None and p.state_later != p.state:
-            out.append(Finding(FAIL, f"{p.where} flapping: {p.state} -> {p.state_later}",
-                               f"{p.where} went from {p.state} to {p.state_later} within {secs}", LINK_FIX))
+        if flapped(p):
+            seen = " -> ".join(states(p))
+            out.append(Finding(FAIL, f"{p.where} flapping: {seen}",
+                               f"{p.where} went {seen} within {secs}" + (" and since the run began" if p.state_early is not None else ""), LINK_FIX))
         grew = {n: p.counters_later[n] - v for n, v in p.counters.items() if n in p.counters_later and p.counters_later[n] > v}
         if grew.get("link_downed"):
             out.append(Finding(FAIL, f"{p.where} flapping: link_downed +{grew.pop('link_downed')} in {secs}",
@@ -247,7 +267,16 @@ class EarlyRead:
         return self.first
 
 
-MAX_JOIN = 3600.0  # a run with no deadline still waits no longer than this for the first read
+MAX_JOIN = 3600.0
+
+
+def has_devices(host: Host) -> bool:
+    """Whether /sys/class/infiniband lists a device: one listdir of the class directory (its
+    entries are links the driver made), no attribute of an adapter read."""
+    try:
+        return bool(os.listdir(host.path("/sys/class/infiniband")))
+    except OSError:
+        return False  # a run with no deadline still waits no longer than this for the first read
 
 
 class Rdma(Check):
@@ -270,7 +299,10 @@ class Rdma(Check):
     def begin(self, ctx: Context) -> None:
         # The first read of the counters as the run begins: by this check's turn the interval
         # has run (or most of it) beside the checks before it, and only what is left is waited.
-        ctx.readings[self.name] = EarlyRead(ctx.host)
+        # Only where there are ports to read: a run that will SKIP rdma starts no thread that
+        # could sit in a wedged adapter's sysfs read for the rest of the run.
+        if has_devices(ctx.host):
+            ctx.readings[self.name] = EarlyRead(ctx.host)
 
     def run(self, ctx: Context) -> Result:
         expect = ctx.profile.rdma or GENERIC
@@ -291,7 +323,7 @@ class Rdma(Check):
         if not gpus or not expect.gpudirect:
             details["gpudirect"] = "not judged: " + ("no GPU on this node" if not gpus else f"profile {ctx.profile.name} does not expect GPUDirect RDMA")
         findings = [f for found in parts.values() for f in found]
-        up = sum(p.state == "ACTIVE" for p in facts.ports)
+        up = sum(p.state_now == "ACTIVE" for p in facts.ports)
         ok = f"{up}/{len(facts.ports)} RDMA ports ACTIVE, no error counter grew in {facts.interval_seconds:g} s"
         if gpus and expect.gpudirect:
             ok += "; GPUDirect RDMA by " + ("nvidia-peermem" if facts.peermem or facts.memory_peers else "dma-buf")

@@ -18,6 +18,7 @@ import time
 from preflight.base.findings import Finding, Measurement, Status, worst
 from preflight.base.host import Host
 from preflight.base.units import format_cpulist, parse_cpulist
+from preflight.checkkit import settle
 from preflight.checkkit.placement import advise
 from preflight.checkkit.sources import Sources
 from preflight.pipeline import floor_bounds
@@ -351,7 +352,10 @@ class Topology(Check):
         assert ctx.profile.topology is not None
         try:
             left = max(1.0, ctx.deadline - time.monotonic())
-            facts = gather(ctx.host, ctx.settings, ctx.deadline, ctx.inventory(timeout=min(20.0, left)))
+            # On an NVSwitch board the fabric manager trains the NVLinks: while it still registers the
+            # GPUs a link reads inactive, so wait for it (bounded) before judging them.
+            waited = settle.settled_inventory(ctx, timeout=min(20.0, left))
+            facts = gather(ctx.host, ctx.settings, ctx.deadline, waited.inventory)
         except nvml.NvmlUnavailable as e:
             return self.result(FAIL, e.cause, cause=e.cause, remedy=e.remedy)
         floor = ctx.profile.floors["vcpus_per_gpu"].value if "vcpus_per_gpu" in ctx.profile.floors else None
@@ -364,6 +368,8 @@ class Topology(Check):
         details = facts.model_dump(mode="json", exclude={"answered"}) | src.details()  # answered: as details.sources
         details["parts"] = {name: worst(found) for name, found in parts.items()}
         details["advice"] = advice.model_dump(mode="json")
+        if said := waited.describe():
+            details["settle"] = said  # how long it waited for the fabric to register the GPUs
         findings = [f for found in parts.values() for f in found]
         ok = f"{ctx.shape.describe() if ctx.shape else f'{gpu_count(facts)} GPUs'}; {advice.summary}"
         if facts.cpus:
@@ -371,6 +377,8 @@ class Topology(Check):
         result = self.conclude(findings, ok, measurements=measurements(facts, floor, ctx.profile.topology, ctx.shape) + src.measurements(), details=details)
         if line := src.line():
             result.lines.append(line)
+        if said:
+            result.lines.append(f"NVLink judged after waiting: {said}")
         return result
 
 

@@ -508,6 +508,24 @@ for _n in [n for n in list(globals()) if n.startswith("nvmlDeviceGet") and n not
 """
 
 
+def nvml_readings(monkeypatch, *readings) -> list[float]:
+    """readers/nvml.inventory for real NVML answers ``readings`` (Inventory objects) in turn, the
+    last one thereafter: a node whose state moves between reads, such as a fabric still
+    registering its GPUs. Returns the timeouts the reads were given, one per read."""
+    from preflight.readers import nvml
+
+    asked: list[float] = []
+    real = nvml.inventory
+
+    def inventory(fake=None, timeout: float = 20.0):
+        if fake is not None:
+            return real(fake, timeout)
+        asked.append(timeout)
+        return readings[min(len(asked), len(readings)) - 1]
+    monkeypatch.setattr(nvml, "inventory", inventory)
+    return asked
+
+
 def install_fake_pynvml(root: Path) -> Path:
     """Write the fake `pynvml` into ``root``; put ``root`` first on PYTHONPATH to use it."""
     root.mkdir(parents=True, exist_ok=True)

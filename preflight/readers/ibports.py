@@ -11,8 +11,12 @@ The error counters are read twice, at least ``interval`` seconds apart: a
 count since boot says little (a link that retrained once at power-on), one
 that grows while we watch is a link failing now. The first read may be taken
 as the run begins (``first_read``), so the interval runs beside other checks
-and the second read waits only for what is left of it. ``wait`` is injected
-so a test can change the tree between the reads instead of sleeping.
+and the second read waits only for what is left of it. Only the counters are
+taken from that early read: a port's state and rate are judged from the second
+read, and where any port's state or rate changed between the early read and the
+check's turn (a boot gate runs while the subnet manager brings ports up) the
+early read is dropped and a first read of the full interval taken then. ``wait``
+is injected so a test can change the tree between the reads instead of sleeping.
 """
 
 from __future__ import annotations
@@ -55,6 +59,9 @@ class Port(BaseModel):
     counters: dict[str, int] = {}  # the first read
     counters_later: dict[str, int] = {}  # the second read
     state_later: str | None = None
+    rate_later: str | None = None
+    # The state at the run's early read, where it differed at the check's turn and that read was dropped.
+    state_early: str | None = None
     pci: str | None = None  # the device's PCI address
     near_gpu: bool | None = None  # shares a PCIe switch with a GPU; None: sysfs cannot tell
 
@@ -63,8 +70,17 @@ class Port(BaseModel):
         return f"{self.device} port {self.port}"
 
     @property
+    def state_now(self) -> str | None:
+        """The state the port is judged by: the second read's, where it gave one."""
+        return self.state_later if self.state_later is not None else self.state
+
+    @property
+    def rate_now(self) -> str | None:
+        return self.rate_later if self.rate_later is not None else self.rate
+
+    @property
     def gbps(self) -> float | None:
-        m = re.match(r"\s*([\d.]+)\s*Gb/sec", self.rate or "")
+        m = re.match(r"\s*([\d.]+)\s*Gb/sec", self.rate_now or "")
         return float(m[1]) if m else None
 
 
@@ -72,6 +88,7 @@ class RdmaFacts(BaseModel):
     ports: list[Port] = []
     unread: list[str] = []  # sysfs directories that could not be listed: their ports are not judged
     interval_seconds: float = 0.0  # how far apart the two reads were
+    first_read: str = "at the check's turn"  # when the first read was taken, and why an early one was dropped
     peermem: list[str] = []  # peer-memory modules loaded
     memory_peers: bool = False  # nv_mem registered with the RDMA core (MLNX_OFED's peer-memory API)
     kernel: str | None = None  # /proc/sys/kernel/osrelease
@@ -140,13 +157,33 @@ def first_read(host: Host) -> FirstRead:
     return FirstRead(ports, unread, time.monotonic())
 
 
-def _same_ports(first: FirstRead, host: Host) -> bool:
-    """Whether the ports listed now are those of the first read: a driver that loaded or a
-    port that went away since (a boot gate runs while the node settles) needs a first read of its own."""
+def _links(host: Host) -> tuple[dict[tuple[str, int], tuple[str | None, str | None]], list[str]]:
+    """Each port's state and rate now, and the directories that could not be listed: the
+    driver's cached attributes, no counter query to the adapter."""
     unread: list[str] = []
-    now = {(dev.name, p.name) for dev in _entries(host, "/sys/class/infiniband", unread)
-           for p in _entries(host, f"/sys/class/infiniband/{dev.name}/ports", unread) if p.name.isdigit()}
-    return now == {(p.device, str(p.port)) for p in first.ports} and unread == first.unread
+    out = {}
+    for dev in _entries(host, "/sys/class/infiniband", unread):
+        for p in _entries(host, f"/sys/class/infiniband/{dev.name}/ports", unread):
+            if p.name.isdigit():
+                out[(dev.name, int(p.name))] = (_name(read_stripped(p / "state")), read_stripped(p / "rate"))
+    return out, unread
+
+
+def _changed(first: FirstRead, host: Host) -> str | None:
+    """Why the early read cannot be the first of this check's two: the ports listed now are
+    not those it read (a driver that loaded or a port that went away since), or a port's
+    state or rate moved (a port the subnet manager brought up since). None where it stands."""
+    now, unread = _links(host)
+    if set(now) != {(p.device, p.port) for p in first.ports} or unread != first.unread:
+        return "the ports listed changed since the run began"
+    moved = []
+    for p in first.ports:
+        state, rate = now[(p.device, p.port)]
+        if p.state != state:
+            moved.append(f"{p.where} {p.state} -> {state}")
+        elif p.rate != rate:
+            moved.append(f"{p.where} {p.rate} -> {rate}")
+    return f"{'; '.join(moved)} since the run began" if moved else None
 
 
 def near_gpus(host: Host, ports: list[Port], gpus: list[str]) -> None:
@@ -173,13 +210,22 @@ def _modules(host: Host) -> set[str]:
 def gather(host: Host, interval: float, wait: Callable[[float], None] = time.sleep, gpus: list[str] | None = None,
            first: FirstRead | None = None, latest: float = math.inf) -> RdmaFacts:
     """``gpus``: the GPUs' PCI addresses, to tell the compute NICs (beside a GPU) from the rest.
-    ``first``: the first read, taken earlier; where there is none, or the ports changed since,
-    it is taken now. The second comes ``interval`` after it, or at ``latest`` (time.monotonic())
+    ``first``: the first read, taken earlier; where there is none, or the ports listed or any
+    port's state or rate changed since, it is taken now (``first_read`` in the facts says which). The second comes ``interval`` after it, or at ``latest`` (time.monotonic())
     where that is sooner."""
-    early = first is not None and _same_ports(first, host)
+    changed = _changed(first, host) if first is not None else None
+    early = first is not None and changed is None
+    dropped = first if first is not None and not early else None
     if first is None or not early:
         first = first_read(host)
+    said = ("as the run began" if early else f"at the check's turn: the early read was dropped ({changed})" if dropped
+            else "at the check's turn")
     ports = [p.model_copy(deep=True) for p in first.ports]
+    if dropped is not None:
+        before_states = {(p.device, p.port): p.state for p in dropped.ports}
+        for p in ports:
+            if (p.device, p.port) in before_states and before_states[(p.device, p.port)] != p.state:
+                p.state_early = before_states[(p.device, p.port)]
     unread = list(first.unread)
     near_gpus(host, ports, gpus or [])
     waited = 0.0
@@ -194,12 +240,13 @@ def gather(host: Host, interval: float, wait: Callable[[float], None] = time.sle
             again = later.get((p.device, p.port))
             p.counters_later = again.counters if again else {}
             p.state_later = again.state if again else None
+            p.rate_later = again.rate if again else None
     loaded = _modules(host)
     version = read_stripped(host.path("/proc/driver/nvidia/version"))
     nccl = nccl_env.effective(nccl_env.read(host))
     setting = nccl.get("NCCL_DMABUF_ENABLE")
     return RdmaFacts(
-        ports=ports, unread=unread, interval_seconds=round(waited, 3),
+        ports=ports, unread=unread, interval_seconds=round(waited, 3), first_read=said,
         peermem=[m for m in PEERMEM if host.path(f"/sys/module/{m}").is_dir() or m in loaded],
         memory_peers=any(host.path(p).exists() for p in MEMORY_PEERS),
         kernel=read_stripped(host.path("/proc/sys/kernel/osrelease")),

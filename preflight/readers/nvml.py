@@ -205,10 +205,12 @@ class Shared:
     kept too: NVML that did not answer at detection is not asked again for each check's
     whole deadline, and each check still gets its cause. ``forget`` drops the reading
     where the node may have changed since (another run held it meanwhile). ``facts``:
-    a reading already made (a report built from recorded facts)."""
+    a reading already made (a report built from recorded facts, or one a check waited
+    for); ``given`` says so, and nothing reads this node's NVML again to replace it."""
 
     def __init__(self, fake: Path | None = None, facts: Inventory | None = None):
         self.fake = fake
+        self.given = facts is not None
         self._got: Inventory | NvmlUnavailable | None = facts
 
     def get(self, timeout: float = 20.0) -> Inventory:

@@ -14,6 +14,7 @@ from pathlib import Path
 import fakes
 import pytest
 from conftest import run_preflight
+from preflight.checkkit import settle
 from preflight.checks import fabric
 
 from preflight.base.findings import Status
@@ -398,3 +399,32 @@ def test_systemd_s_own_words_are_no_reader_s_trouble(tmp_path):
     for word, code in (("inactive", 3), ("unknown", 3), ("active", 0)):
         m = fabric.manager_state(Host(hgx(tmp_path / word), environ={"PATH": str(fakes.systemctl(tmp_path / word / "b", word, exit_code=code))}))
         assert m.unread is None, word
+
+
+# ---- a node still settling: registration in progress as the boot gate starts ----------------
+
+
+def settling(tmp_path: Path, monkeypatch, later: str) -> tuple:
+    """The run's reading shows GPU 5 registering (as at 0.5 s after the manager went active);
+    NVML read again answers ``later``."""
+    monkeypatch.setattr(settle, "EVERY_SECONDS", 0.0)
+    first = FakeNvml(NVML / "h100-sxm-gpu5-fabric-in-progress.json")
+    fakes.nvml_readings(monkeypatch, first, FakeNvml(NVML / later))
+    root = hgx(tmp_path)
+    ctx = Context(profile=H100, settings=Settings(), host=Host(root, environ={"PATH": str(fakes.systemctl(tmp_path / "bin", "active"))}),
+                  deadline=time.monotonic() + 30, shape=node(root, first))
+    return ctx, fabric.Fabric().run(ctx)
+
+
+def test_a_registration_that_completes_within_the_wait_passes_and_later_checks_judge_the_settled_reading(tmp_path, monkeypatch):
+    ctx, r = settling(tmp_path, monkeypatch, "h100-sxm-8x-fabric-completed.json")
+    assert r.status == PASS and "fabric registration completed on all 8 GPUs" in r.summary, (r.summary, r.cause)
+    assert "read NVML 1 more time(s)" in r.details["settle"] and "every GPU's registration done" in r.details["settle"]
+    assert ctx.inventory().gpus[5].fabric.state == "completed"
+
+
+def test_a_registration_still_in_progress_after_the_wait_fails_saying_how_long_it_waited(tmp_path, monkeypatch):
+    monkeypatch.setattr(settle, "LIMIT_SECONDS", 0.05)
+    ctx, r = settling(tmp_path, monkeypatch, "h100-sxm-gpu5-fabric-in-progress.json")
+    assert (r.status, r.summary) == (FAIL, "GPU 5: fabric registration still in progress")
+    assert "GPU 5 still in progress" in r.details["settle"]

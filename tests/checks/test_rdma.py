@@ -385,15 +385,23 @@ def test_the_first_read_is_the_one_taken_as_the_run_began(root):
 
 
 def test_ports_that_changed_since_the_first_read_get_a_first_read_of_their_own(root, tmp_path):
-    # A boot gate runs while the node settles: the RDMA driver loaded after the run began.
+    # A boot gate runs while the node settles: an adapter's driver bound after the run began.
     (tmp_path / "ib").mkdir()
-    shutil.move(root / IB, tmp_path / "ib" / "infiniband")
+    shutil.move(root / IB / "mlx5_11", tmp_path / "ib" / "mlx5_11")
     check, c = r.Rdma(), ctx(root)
     check.begin(c)
     c.readings["rdma"].thread.join()
-    shutil.move(tmp_path / "ib" / "infiniband", root / IB)
+    shutil.move(tmp_path / "ib" / "mlx5_11", root / IB / "mlx5_11")
     asked = []
     check.wait = asked.append
+    res = check.run(c)
+    assert res.status == PASS and res.summary.startswith("12/12 RDMA ports ACTIVE, no error counter grew in 3 s")
+    assert asked == [3]
+    # The whole RDMA driver loaded after the run began: no early read (begin saw no device), one at the check's turn.
+    shutil.move(root / IB, tmp_path / "ib" / "infiniband")
+    check.begin(c)
+    shutil.move(tmp_path / "ib" / "infiniband", root / IB)
+    asked.clear()
     res = check.run(c)
     assert res.status == PASS and res.summary.startswith("12/12 RDMA ports ACTIVE, no error counter grew in 3 s")
     assert asked == [3]
@@ -470,3 +478,75 @@ def test_a_real_h100_nodes_port_whose_errors_grow_between_the_reads_fails(tmp_pa
     shutil.copytree(GPUD_H100, tree)
     res = run(tree, then(tree, **{counter("mlx5_7", "port_rcv_errors").replace("/", "__"): "19"}), gpus=0)
     assert res.status == FAIL and res.summary.startswith("mlx5_7 port 1: port_rcv_errors +5 in 3 s"), res.summary
+
+
+# ---- a node still settling: ports the subnet manager brings up as the run begins ----------
+
+
+def test_state_and_rate_are_judged_from_the_second_read():
+    came_up = port(state="INIT").model_copy(update={"state_later": "ACTIVE"})
+    retrained = port(rate="200 Gb/sec (4X HDR)").model_copy(update={"rate_later": "400 Gb/sec (4X NDR)"})
+    assert found(facts(came_up, retrained)) == []
+    slowed = port().model_copy(update={"rate_later": "200 Gb/sec (4X HDR)"})
+    assert [x.summary for x in found(facts(slowed))] == ["mlx5_0 port 1 at 200 Gb/sec (4X HDR), 400 Gb/sec expected"]
+
+
+def test_a_port_that_leaves_active_or_goes_down_while_watched_still_flaps():
+    dropped = port().model_copy(update={"state_later": "INIT"})
+    assert [x.summary for x in r.judge_counters(facts(dropped), H100.rdma)] == ["mlx5_0 port 1 flapping: ACTIVE -> INIT"]
+    down_up = port(state="DOWN", phys="Polling").model_copy(update={"state_later": "ACTIVE"})
+    assert [x.summary for x in r.judge_counters(facts(down_up), H100.rdma)] == ["mlx5_0 port 1 flapping: DOWN -> ACTIVE"]
+    bounced = port(state="INIT").model_copy(update={"state_early": "ACTIVE", "state_later": "ACTIVE"})
+    out = r.judge_counters(facts(bounced), H100.rdma)
+    assert [x.summary for x in out] == ["mlx5_0 port 1 flapping: ACTIVE -> INIT -> ACTIVE"] and "since the run began" in out[0].cause
+
+
+def test_a_port_init_as_the_run_began_and_active_at_the_checks_turn_passes_on_a_full_interval(root):
+    """The boot gate starts before the subnet manager has configured the port: INIT at the early
+    read, ACTIVE by rdma's turn. The early read is dropped and the interval measured whole."""
+    edit(root, f"{IB}/mlx5_6/ports/1/state", "2: INIT")
+    check, c = r.Rdma(), ctx(root)
+    check.begin(c)
+    c.readings["rdma"].thread.join()
+    edit(root, f"{IB}/mlx5_6/ports/1/state", "4: ACTIVE")
+    asked = []
+    check.wait = asked.append
+    res = check.run(c)
+    assert res.status == PASS and res.summary.startswith("12/12 RDMA ports ACTIVE"), (res.summary, res.cause)
+    assert asked == [3] and "mlx5_6 port 1 INIT -> ACTIVE since the run began" in res.details["first_read"]
+
+
+def test_a_port_that_trained_faster_since_the_run_began_is_judged_at_its_rate_now(root):
+    edit(root, f"{IB}/mlx5_0/ports/1/rate", "200 Gb/sec (4X HDR)")
+    check, c = r.Rdma(), ctx(root)
+    check.begin(c)
+    c.readings["rdma"].thread.join()
+    edit(root, f"{IB}/mlx5_0/ports/1/rate", "400 Gb/sec (4X NDR)")
+    asked = []
+    check.wait = asked.append
+    res = check.run(c)
+    assert res.status == PASS and asked == [3], (res.summary, res.cause)
+
+
+def test_a_port_that_came_up_between_the_two_reads_passes(root):
+    edit(root, f"{IB}/mlx5_6/ports/1/state", "3: ARMED")
+    res = run(root, then(root, **{f"{IB}/mlx5_6/ports/1/state".replace("/", "__"): "4: ACTIVE"}))
+    assert res.status == PASS, (res.summary, res.cause)
+
+
+def test_the_early_read_stands_where_nothing_changed(root):
+    check, c = r.Rdma(), ctx(root)
+    check.begin(c)
+    c.readings["rdma"].thread.join()
+    res = check.run(c)
+    assert res.status == PASS and res.details["first_read"] == "as the run began"
+
+
+def test_begin_starts_no_thread_on_a_node_without_rdma_ports(root):
+    shutil.rmtree(root / IB)
+    check, c = r.Rdma(), ctx(root)
+    check.begin(c)
+    assert c.readings == {} and check.applies(c) == r.NO_DEVICE
+    (root / IB).mkdir()
+    check.begin(c)
+    assert c.readings == {}

@@ -618,3 +618,27 @@ def test_a_dgx_a100_on_four_numa_nodes_is_its_design_and_eight_warn():
     nps8 = t.TopologyFacts(matrix=topo.parse(matrix(8, links, [0, 1, 2, 3, 4, 5, 6, 7], cpus=[f"{16 * i}-{16 * i + 15}" for i in range(8)])))
     (warn,) = t.judge(nps8, a100, None)["numa"]
     assert warn.status == WARN and warn.summary.startswith("GPUs span 8 NUMA nodes") and "more than the 4 expected" in warn.cause
+
+
+# ---- a node still settling: NVLinks judged once the fabric has registered the GPUs -------------
+
+
+def test_nvlinks_read_while_the_fabric_registers_are_judged_on_the_settled_reading(root, tmp_path, monkeypatch):
+    """On an NVSwitch board the fabric manager trains the links: GPU 5 registering, its links not
+    yet up, at the run's reading; registered with 18 links up when NVML is read again."""
+    from preflight.checkkit import settle
+    from preflight.pipeline.shape import NodeShape
+    from preflight.readers.nvml import FakeNvml
+
+    data = json.loads(AFFINITY.read_text())
+    data["gpus"][5].update({"nvlinks_active": 0, "nvlink_remote": None, "fabric": {"state": "in_progress"}})
+    (tmp_path / "registering.json").write_text(json.dumps(data))
+    data["gpus"][5].update(json.loads(AFFINITY.read_text())["gpus"][5] | {"fabric": {"state": "completed"}})
+    (tmp_path / "registered.json").write_text(json.dumps(data))
+    monkeypatch.setattr(settle, "EVERY_SECONDS", 0.0)
+    fakes.nvml_readings(monkeypatch, FakeNvml(tmp_path / "registering.json"), FakeNvml(tmp_path / "registered.json"))
+    ctx = ctx_for(Host(pci_tree(root), environ={"PATH": stand_in(tmp_path, "garbage")}))
+    ctx.shape = NodeShape(gpus=8, gpus_from="test", fabric="nvswitch", fabric_from="test")
+    r = t.Topology().run(ctx)
+    assert r.details["parts"]["nvlink"] == "PASS", (r.summary, r.cause)
+    assert "every GPU's registration done" in r.details["settle"] and any("NVLink judged after waiting" in line for line in r.lines)
