@@ -117,11 +117,26 @@ def run(argv: list[str], timeout: float, env: dict[str, str] | None = None, grac
                 pass
             out = err = ""
     seconds = time.perf_counter() - t
-    left = kill_processes(descendants())
+    # Ranks the child killed as it ended may come back to this subreaper dead but not yet
+    # collected (zombies): those are not left behind, only what still runs is.
+    _reap()
+    left = kill_processes(_running_below())
     if left:
         print(f"{' '.join(argv[:5])}: killed {len(left)} process(es) it left behind: {left}", file=sys.stderr, flush=True)
     _reap()
     return Ran(seconds, subprocess.CompletedProcess(argv, p.returncode, out or "", err or ""), killed)
+
+
+def _running_below() -> set[int]:
+    """Every process below this one that still runs (a zombie has ended)."""
+    out = set()
+    for pid in descendants():
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.add(pid)
+        except psutil.Error:
+            pass
+    return out
 
 
 def _reap() -> None:
