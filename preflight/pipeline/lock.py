@@ -157,8 +157,10 @@ def held(path: Path, locks: str = "/proc/locks") -> bool | None:
     except OSError:
         return None
     # "1: FLOCK  ADVISORY  WRITE 19790 fe:00:2148151 0 EOF": the device in hex, the inode in decimal.
-    mine = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    return any(len(row) > 5 and row[1] == "FLOCK" and row[5] == mine for row in (line.split() for line in table.splitlines()))
+    # Matched on the inode alone: on btrfs the device the kernel prints is not stat's. A lock on
+    # another file of that inode number only costs this run one more NVML reading.
+    return any(len(row) > 5 and row[1] == "FLOCK" and row[5].rsplit(":", 1)[-1] == str(st.st_ino)
+               for row in (line.split() for line in table.splitlines()))
 
 
 @contextmanager

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 
 from preflight import __version__
 from preflight.gpuwork import meeting, multinode, world
-from preflight.readers import nvml
+from preflight.readers import nvml, nvml_settle
 from preflight.pipeline import floor_bounds, levels, profiles, registry, shape
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.findings import Status
@@ -146,7 +146,8 @@ def seconds_at_most(plan: Plan, settings: Settings) -> float:
     if plan.profile is None:
         return 0.0
     checks = sum(min(plan.profile.timeouts.get(c.name, c.timeout_seconds), MAX_TIMEOUT) for c in plan.checks)
-    return checks + (3 * settings.rdzv_timeout + 2 * meeting.BYE if plan.group else 0.0)
+    settling = nvml_settle.LIMIT_SECONDS + nvml_settle.READ_TIMEOUT if plan.profile.has_gpus else 0.0  # execute's wait for the fabric
+    return checks + settling + (3 * settings.rdzv_timeout + 2 * meeting.BYE if plan.group else 0.0)
 
 
 def _group(settings: Settings, selected: list[str]) -> tuple[multinode.Group | None, multinode.LocalSide | None]:
@@ -237,6 +238,12 @@ def execute(plan: Plan, settings: Settings, console: Display, host: Host | None 
     else:
         assert plan.profile is not None
         reading = plan.inventory or nvml.Shared(settings.nvml_fake)
+        if plan.profile.has_gpus:
+            # A fabric still registering (a boot gate right after the fabric manager started) is
+            # waited for once, before the shape, so cuda, topology and fabric judge the settled node.
+            said = lambda gpus: console.note(f"NVSwitch fabric registration in progress on GPU {', '.join(map(str, gpus))}: "  # noqa: E731
+                                             f"waiting up to {nvml_settle.LIMIT_SECONDS:g} s for it")
+            reading = nvml_settle.wait(reading, nvml_settle.LIMIT_SECONDS, said)
         ctx = Context(profile=plan.profile, settings=settings, host=host, progress=console.progress, worlds=world.Worlds(),
                       shared_inventory=reading)
         if plan.profile.has_gpus:

@@ -215,9 +215,13 @@ def run_checks(
     told = 0
 
     def settle(i: int, result: Result) -> None:
-        nonlocal told
         results[i] = result
         ctx.results[checks[i].name] = result
+        tell()
+
+    def tell() -> None:
+        """Give on_finish every result it has not had, in the plan's order, up to the first not yet known."""
+        nonlocal told
         while told < len(checks) and results[told] is not None:
             told += 1
             on_finish(results[told - 1])  # type: ignore[arg-type]
@@ -301,10 +305,14 @@ def run_checks(
                 held.append(_Held(i, check, ran, timeout, time.monotonic() - started))
                 continue
             result = ran
-        settle(i, result)
-    while held:
+        try:
+            settle(i, result)
+        except Interrupted as sig:  # while the console showed it: the result stands, the rest is skipped
+            outcome.interrupted_by = sig.signum
+    while held or (told < len(checks) and results[told] is not None):
         try:
             go_on(everyone=True)
+            tell()
         except Interrupted as sig:
             outcome.interrupted_by = sig.signum
     outcome.results = [r for r in results if r is not None]

@@ -84,6 +84,16 @@ private_dir() {
   printf '%s\n' "$path"
 }
 
+# Wheels root installs: a WHEEL_DIR given must be as safe as SITE_DIR (the default, .whl/ in this checkout, is).
+if [ -n "${WHEEL_DIR:-}" ]; then
+  case "$dir" in /*) ;; *) dir=$PWD/$dir ;; esac
+  why=$(unsafe "$dir")
+  if [ -n "$why" ]; then
+    echo "run.sh: refusing WHEEL_DIR=$WHEEL_DIR: $why (leave WHEEL_DIR unset for the checkout's .whl/)" >&2
+    exit 2
+  fi
+fi
+
 # Both on PYTHONPATH or written to by root: this user's own, or fresh from mktemp (0700).
 # A fresh site is removed at the end; SITE_DIR keeps the install for a later run.
 if [ -n "${SITE_DIR:-}" ]; then
@@ -106,11 +116,13 @@ steps=" ${STEPS:-setup captures reference verdict full pytest} summary "
 B_SETUP=20
 B_CAPTURES=35
 B_REFERENCE=45
-# Two rounds of a bare torchrun, standard and quick: 112 s on the H200 before issue 34 (10.9 + 41.0 + 3.5 s a round)
-# plus two torch imports (the GPU count, the quick level's import probe).
-B_VERDICT=180
+# Two rounds of a bare torchrun, standard and quick: 112 s on the H200 before issue 34 (10.9 + 41.0 + 3.5 s a round),
+# about 80 s projected after it (docs/ARCHITECTURE.md's time model: standard 24.6 s on one GPU), plus two torch
+# imports (the GPU count, the quick level's import probe); a round that would not fit is not started.
+B_VERDICT=150
 B_FULL=120
-B_PYTEST=60
+# pytest -m gpu: eleven tests, five of them a launch of ranks each (torchrun and a torch import, ~9 s on the H200).
+B_PYTEST=90
 B_SUMMARY=10
 
 exec > >(tee -a "$out/kit.log") 2>&1

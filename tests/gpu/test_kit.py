@@ -234,11 +234,16 @@ def planted(tmp_path: Path, case: str) -> dict[str, str]:
         d.mkdir()
         d.chmod(0o1777)  # sticky keeps others from removing it, not from planting a sitecustomize.py in it
         return {"SITE_DIR": str(d)}
+    if case == "WHEEL_DIR another user's":
+        d.mkdir()
+        (d / "preflight-0-py3-none-any.whl").write_text("a wheel root would install")
+        return {"WHEEL_DIR": str(as_nobody(d))}
     raise AssertionError(case)
 
 
 @pytest.mark.parametrize("case", ["OUT another user's", "OUT writable by others", "OUT with a verdict in it", "OUT a link",
-                                  "OUT under another user's directory", "SITE_DIR another user's", "SITE_DIR writable by others"])
+                                  "OUT under another user's directory", "SITE_DIR another user's", "SITE_DIR writable by others",
+                                  "WHEEL_DIR another user's"])
 def test_run_sh_refuses_an_out_or_site_dir_another_user_could_plant_before_writing_or_importing_anything(tmp_path, case):
     env = {**kit_env(tmp_path), "STEPS": " ", **planted(tmp_path, case)}
     before = sorted(p.name for p in (tmp_path / "planted").iterdir()) if (tmp_path / "planted").is_dir() else None

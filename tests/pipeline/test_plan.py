@@ -168,3 +168,32 @@ def test_every_check_takes_its_first_reading_before_the_first_check_and_a_failed
         ("reads", Status.PASS, "taken after 0 checks"),
         ("broken", Status.PASS, "reading: None"),  # the check reads at its turn, as without a first reading
     ]
+
+
+def test_a_fabric_still_registering_is_waited_for_once_before_the_shape_and_every_check(tmp_path, monkeypatch):
+    """A boot gate right after the fabric manager started: GPU 5 still registering, its NVLinks not
+    yet trained, at the plan's reading; registered with 18 links when NVML is read again. cuda
+    (first, and at quick the one that would stop the run) judges the settled node, as every check does."""
+    import json
+
+    from preflight.readers import nvml_settle
+    from preflight.readers.nvml import FakeNvml
+
+    affinity = NVML / "h100-sxm-8x-affinity.json"
+    data = json.loads(affinity.read_text())
+    for g in data["gpus"]:
+        g["fabric"] = {"state": "completed"}
+    data["gpus"][5].update({"nvlinks_active": 0, "nvlink_remote": None, "fabric": {"state": "in_progress"}})
+    (tmp_path / "registering.json").write_text(json.dumps(data))
+    data["gpus"][5].update(json.loads(affinity.read_text())["gpus"][5] | {"fabric": {"state": "completed"}})
+    (tmp_path / "registered.json").write_text(json.dumps(data))
+    monkeypatch.setattr(nvml_settle, "EVERY_SECONDS", 0.0)
+    asked = fakes.nvml_readings(monkeypatch, FakeNvml(tmp_path / "registering.json"), FakeNvml(tmp_path / "registered.json"))
+    report = tmp_path / "report.json"
+    r = CliRunner().invoke(app, ["run", "--profile", "h100-sxm", "--level", "quick", "--only", "cuda,fabric", "--keep-going", "--report", str(report)])
+    assert "NVSwitch fabric registration in progress on GPU 5: waiting up to 20 s" in r.output, r.output
+    rep = Report.model_validate_json(report.read_text())
+    cuda, fabric = rep.checks
+    assert "NVLink" not in (cuda.cause or ""), cuda.cause
+    assert fabric.details["parts"]["gpus"] == "PASS", (fabric.summary, fabric.cause)
+    assert len(asked) == 2  # the plan's reading, and the one after the wait: no check reads again

@@ -306,3 +306,20 @@ def test_a_signal_while_the_runner_asks_a_held_check_ends_it_as_interrupted():
     waits, topology, shm = outcome.results
     assert waits.status is Status.ERROR and waits.details == {"interrupted_by_signal": 15}
     assert topology.status is Status.SKIP and shm.status is Status.SKIP and told == ["waits", "topology", "shm"]
+
+
+def test_a_signal_while_the_console_shows_a_result_keeps_every_result_and_shows_the_rest():
+    from preflight.base.errors import Interrupted
+
+    told, signalled = [], []
+
+    def on_finish(r):
+        told.append(r.check)
+        if not signalled:
+            signalled.append(True)
+            raise Interrupted(15)
+
+    outcome = run_checks([fakes.Passing(), fakes.Warning_(), fakes.Failing()], make_ctx(), on_finish=on_finish)
+    assert outcome.interrupted_by == 15
+    assert statuses(outcome) == [("passing", Status.PASS), ("warning", Status.SKIP), ("failing", Status.SKIP)]
+    assert told == ["passing", "warning", "failing"]
