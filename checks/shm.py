@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import math
 import os
-import secrets
-import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
-from preflight.readers import jobs, nccl_env
+from preflight.readers import jobs, memory, nccl_env
+from preflight.readers.shm_mount import Mount, largest_files, mount_of, parse_mountinfo, touch_segment
 from preflight.pipeline import floor_bounds
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.findings import Finding, Measurement, Status
@@ -23,21 +21,12 @@ from preflight.base.host import Host
 from preflight.base.units import fmt_bytes
 
 SHM = "/dev/shm"
-CHUNK = 1 << 20
 
 FIX_SIZE = (
     "give /dev/shm at least {floor}: `docker run --shm-size={gib}g` (or --ipc=host); in Kubernetes mount an "
     "emptyDir with medium: Memory and sizeLimit: {gib}Gi at /dev/shm; on a host `mount -o remount,size={gib}G /dev/shm` "
     "and the same size in /etc/fstab"
 )
-
-
-@dataclass
-class Mount:
-    mount_point: str
-    fstype: str
-    source: str
-    options: list[str]
 
 
 @dataclass
@@ -66,161 +55,11 @@ class ShmFacts:
     other_jobs: list[str] = field(default_factory=list)
 
 
-def _unescape(s: str) -> str:
-    """mountinfo writes space, tab, newline and backslash as octal escapes."""
-    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
-        s = s.replace(code, char)
-    return s
-
-
-def parse_mountinfo(text: str) -> list[Mount]:
-    mounts = []
-    for line in text.splitlines():
-        left, sep, right = line.partition(" - ")
-        fields, tail = left.split(), right.split()
-        if not sep or len(fields) < 6 or len(tail) < 2:
-            continue
-        options = fields[5].split(",") + (tail[2].split(",") if len(tail) > 2 else [])
-        mounts.append(Mount(_unescape(fields[4]), tail[0], _unescape(tail[1]), options))
-    return mounts
-
-
-def mount_of(path: str, mounts: list[Mount]) -> Mount | None:
-    """The mount that holds ``path``: the longest mount point above it, the
-    last one listed where several stack on the same point."""
-    best: Mount | None = None
-    for m in mounts:
-        mp = m.mount_point
-        if mp == "/" or path == mp or path.startswith(mp + "/"):
-            if best is None or len(mp) >= len(best.mount_point):
-                best = m
-    return best
-
-
-def _meminfo(host: Host) -> dict[str, int]:
-    """/proc/meminfo's kB figures in bytes; empty where it cannot be read."""
-    found: dict[str, int] = {}
-    try:
-        for line in host.read_text("/proc/meminfo").splitlines():
-            name, _, rest = line.partition(":")
-            if name in ("MemTotal", "MemAvailable"):
-                found[name] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return found
-
-
-UNLIMITED = 2**60  # cgroup v1 writes "no limit" as a number near 2**63
-
-
-def _inactive_file(level: Path, v2: bool) -> int:
-    """The cgroup's inactive file cache (memory.stat), which the kernel reclaims first; 0 if unread."""
-    want = "inactive_file" if v2 else "total_inactive_file"
-    try:
-        for line in (level / "memory.stat").read_text().splitlines():
-            name, _, value = line.partition(" ")
-            if name == want:
-                return int(value)
-    except (OSError, ValueError):
-        pass
-    return 0
-
-
-def _cgroup_headroom(host: Host) -> int | None:
-    """Bytes this process's memory cgroup may still charge; None if unlimited or unknown.
-
-    Pages written to /dev/shm are charged to the writer's memory cgroup, and
-    every ancestor's limit applies too, so the tightest level along the path
-    from the leaf to the root bounds /dev/shm, whatever the tmpfs size says.
-    The usage counted is the working set, as the kubelet counts it: the
-    cgroup's inactive file cache is reclaimed before the OOM killer is called,
-    so a container whose page cache filled its limit still has that room.
-    """
-    for v2, levels in host.cgroup_levels("memory"):
-        limit_name, usage_name = ("memory.max", "memory.current") if v2 else ("memory.limit_in_bytes", "memory.usage_in_bytes")
-        headroom = None
-        for level in levels:
-            try:
-                limit = (level / limit_name).read_text().strip()
-                usage = int((level / usage_name).read_text().strip())
-            except (OSError, ValueError):
-                continue
-            usage = max(0, usage - _inactive_file(level, v2))
-            if limit != "max" and int(limit) < UNLIMITED:
-                room = int(limit) - usage
-                headroom = room if headroom is None else min(headroom, room)
-        if headroom is not None:
-            return headroom
-    return None
-
-
 def _shm_disabled_by(host: Host) -> list[str]:
     return [where for value, where in nccl_env.read(host).get("NCCL_SHM_DISABLE", []) if value.strip() == "1"]
 
 
-SCAN_MOST, SCAN_SECONDS = 10_000, 0.5  # any user can fill /dev/shm with millions of empty files
-
-
-def _largest_files(directory: Path, n: int = 3) -> list[tuple[str, int]]:
-    """The largest files among the first SCAN_MOST looked at within SCAN_SECONDS: names for
-    the cause of a full /dev/shm, never a listing that takes the quick level's whole budget."""
-    sizes = []
-    until = time.monotonic() + SCAN_SECONDS
-    try:
-        with os.scandir(directory) as entries:
-            for i, entry in enumerate(entries):
-                if i >= SCAN_MOST or time.monotonic() > until:
-                    break
-                try:
-                    if entry.is_file(follow_symlinks=False):
-                        sizes.append((_printable(entry.name), entry.stat(follow_symlinks=False).st_blocks * 512))
-                except OSError:
-                    continue
-    except OSError:
-        return []
-    return sorted(sizes, key=lambda kv: kv[1], reverse=True)[:n]
-
-
-def _printable(name: str) -> str:
-    """A file name any user chose, fit for a terminal: control characters escaped."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in name)
-
-
-def touch_segment(directory: Path, size: int, deadline: float = math.inf) -> tuple[str | None, float]:
-    """Create a segment of ``size`` bytes and write every page of it.
-
-    fallocate first, so a tmpfs that cannot back the size answers ENOSPC here
-    instead of SIGBUS on a page fault, as it would inside NCCL. The file is
-    unlinked at once: the memory is freed when the fd closes, even if this
-    process is killed mid-way, so no stale segment is ever left behind.
-    """
-    name = directory / f"preflight-shm-{os.getpid()}-{secrets.token_hex(4)}"
-    start = time.monotonic()
-    try:
-        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    except OSError as e:
-        return f"cannot create {name}: {e.strerror}", 0.0
-    try:
-        os.unlink(name)
-        os.posix_fallocate(fd, 0, size)
-        pattern = (b"preflight" * (CHUNK // 9 + 1))[:CHUNK]
-        view = memoryview(pattern)  # slices of a memoryview do not copy
-        for offset in range(0, size, CHUNK):
-            if time.monotonic() > deadline:  # the runner gave up on us: stop writing into /dev/shm
-                return f"stopped after {fmt_bytes(offset)}: out of time", time.monotonic() - start
-            os.pwrite(fd, view[: min(CHUNK, size - offset)], offset)
-        for offset in (0, size // 2, max(0, size - 9)):
-            want = pattern[offset % CHUNK : offset % CHUNK + 9][: size - offset]
-            if os.pread(fd, len(want), offset) != want:
-                return f"data written at offset {offset} did not read back", time.monotonic() - start
-        return None, time.monotonic() - start
-    except OSError as e:
-        return f"could not reserve and write {fmt_bytes(size)}: {e.strerror}", time.monotonic() - start
-    finally:
-        os.close(fd)
-
-
-SHARED_SEGMENT = CHUNK  # bytes written while other jobs run here: writable, without taking their space
+SHARED_SEGMENT = 1 << 20  # bytes written while other jobs run here: writable, without taking their space
 
 
 def gather(host: Host, segment_bytes: int, deadline: float = math.inf, backs: int | None = None) -> ShmFacts:
@@ -234,9 +73,9 @@ def gather(host: Host, segment_bytes: int, deadline: float = math.inf, backs: in
     backs = max(segment_bytes, backs or 0)
     if facts.other_jobs:
         segment_bytes, backs = min(segment_bytes, SHARED_SEGMENT), min(backs, SHARED_SEGMENT)
-    meminfo = _meminfo(host)
+    meminfo = memory.meminfo(host)
     facts.mem_total_bytes, facts.mem_available_bytes = meminfo.get("MemTotal"), meminfo.get("MemAvailable")
-    facts.cgroup_headroom_bytes = _cgroup_headroom(host)
+    facts.cgroup_headroom_bytes = memory.cgroup_headroom(host)
     if facts.mem_available_bytes is None and facts.cgroup_headroom_bytes is None:
         segment_bytes = backs
     if not facts.exists:
@@ -260,7 +99,7 @@ def gather(host: Host, segment_bytes: int, deadline: float = math.inf, backs: in
     if not os.access(path, os.W_OK | os.X_OK):
         facts.write_error = "permission denied"
         return facts
-    facts.largest_files = _largest_files(path)
+    facts.largest_files = largest_files(path)
     too_small = facts.free_bytes is not None and facts.free_bytes < backs
     on_disk = facts.mount is not None and facts.mount.fstype not in ("tmpfs", "ramfs", "devtmpfs")
     if segment_bytes <= 0 or too_small or on_disk:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from preflight.base.errors import UsageError
-from preflight.checks.cuda import DRAIN
+from preflight.checkkit.gpu_health import DRAIN
 from preflight.outputs.explained import Explained, Item
 from preflight.pipeline.profiles import ResolvedProfile
 from preflight.readers import dcgmi

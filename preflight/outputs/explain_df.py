@@ -18,6 +18,7 @@ from preflight.pipeline import profiles
 from preflight.pipeline.profiles import ResolvedProfile
 from preflight.readers import df
 from preflight.readers.df import DfOutput, Row
+from preflight.readers.shm_mount import Mount
 
 KIND, TITLE = "df", "df output"
 FLOOR = "shm_min_bytes"
@@ -45,7 +46,7 @@ def shm_facts(row: Row) -> shm.ShmFacts:
     """The row as the shm check's facts. df prints a tmpfs mounted with size=0 (no limit) as size 0,
     Use% "-", as statvfs reports 0 blocks: no size, as the check reads it."""
     unlimited = row.size_bytes == 0 and row.use_percent is None
-    mount = shm.Mount(mount_point=row.mounted_on, fstype=row.type, source=row.filesystem, options=[]) if row.type else None
+    mount = Mount(mount_point=row.mounted_on, fstype=row.type, source=row.filesystem, options=[]) if row.type else None
     return shm.ShmFacts(path=row.mounted_on, exists=True, mount=mount,
                         size_bytes=None if unlimited else row.size_bytes, free_bytes=None if unlimited else row.avail_bytes)
 

@@ -1,5 +1,5 @@
 """`preflight explain` for a saved `nvidia-smi -q`: judged by the cuda check's own
-judge (one judge, two readers), so a pasted capture and a live run say the same
+judge (checkkit/gpu_health.py: one judge, two readers), so a pasted capture and a live run say the same
 about the same GPU.
 
 Each GPU block becomes the `nvml.Gpu` NVML would have answered, and the whole
@@ -31,7 +31,7 @@ from typing import Any
 from collections import Counter
 
 from preflight.base.errors import UsageError
-from preflight.checks import cuda
+from preflight.checkkit import gpu_health
 from preflight.outputs.explained import Explained, Item, items
 from preflight.pipeline.profiles import ResolvedProfile
 from preflight.readers import nvml, nvsmi
@@ -60,9 +60,9 @@ def explain(text: str, source: str, profile: ResolvedProfile | None = None) -> E
     inventory = nvml.Inventory(driver_version=capture.driver_version or "", cuda_driver_version=capture.cuda_version,
                                gpus=gpus, source=f"nvidia-smi -q {source}")
     models, mixed_unjudged = _models(capture.gpus, names)
-    found: list[Item] = items(cuda.judge_models(models)) if models else []
-    for f in cuda.judge_inventory(inventory, None, expect, None, loaded, held=_HELD, mixed=False):
-        who = next((i for i, gpu in enumerate(gpus) if cuda.who(gpu) in f.summary), None)
+    found: list[Item] = items(gpu_health.judge_models(models)) if models else []
+    for f in gpu_health.judge_inventory(inventory, None, expect, None, loaded, held=_HELD, mixed=False):
+        who = next((i for i, gpu in enumerate(gpus) if gpu_health.who(gpu) in f.summary), None)
         if who is None:
             found += items([f])
             continue
@@ -222,7 +222,7 @@ def _name(g: nvsmi.SmiGpu, i: int, count: int) -> str:
 
 
 def _rename(text: str, gpu: nvml.Gpu, name: str, bus: str | None) -> str:
-    text = text.replace(cuda.who(gpu), name)
+    text = text.replace(gpu_health.who(gpu), name)
     return re.sub(rf"(?<=-i ){gpu.index}\b", bus or "N", text)
 
 

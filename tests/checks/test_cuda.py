@@ -4,7 +4,6 @@ with interpreters made to hang, crash or talk nonsense."""
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import fakes
 import psutil
 import pytest
 from cuda_facts import FIXTURES, INIT, NVML, facts, loaded_reading, python_script
+from preflight.checkkit import gpu_health
 from preflight.checks import cuda
 from preflight.gpuwork.cuda_init import InitOutcome, InitReport
 
@@ -78,16 +78,6 @@ def test_seven_of_eight_without_sysfs_still_fails_from_the_device_nodes():
     assert "/dev/nvidia{0-7} (sysfs lists no PCI device)" in fails[0].cause
 
 
-def test_a_site_pin_fails_a_node_that_shows_fewer_gpus():
-    f = facts("h100-sxm-8x-healthy.json").inventory
-    four = f.model_copy(update={"gpus": f.gpus[:4]})
-    node = shape.judge_shape(shape.PciNvidia(gpus=None), None, {}, [], four, pinned=8)
-    fails = cuda.judge_count(four, node)
-    assert [x.summary for x in fails] == ["4 of 8 pinned GPUs visible"]
-    assert "the site pins 8 ([node] gpus" in fails[0].cause
-    assert cuda.judge_count(four, node.model_copy(update={"pinned": 4})) == []
-
-
 @pytest.mark.parametrize("n", [1, 2, 4, 8])
 def test_a_healthy_h100_sxm_node_of_any_size_passes(n):
     # The 8-GPU facts cut to n GPUs, as a 1-GPU VM, a partition, or a pod given n GPUs reports them.
@@ -98,15 +88,6 @@ def test_a_healthy_h100_sxm_node_of_any_size_passes(n):
     report = report.model_copy(update={"devices": report.devices[:n], "pci_bus_ids": report.pci_bus_ids[:n], "device_count": n})
     init = InitOutcome(python=report.python, ended="exit 0", returncode=0, timed_out=False, seconds=1.0, report=report)
     assert judged(cuda.CudaFacts(inventory=inv, kernel_log="/dev/kmsg", init=init), node=node) == []
-
-
-def test_a_lone_sxm_gpu_whose_links_all_read_inactive_passes():
-    # One H100 SXM in a VM: no NVLink peer, so every link answers "inactive" (DCGM says the same of a bridge-less card).
-    g = facts("h100-sxm-8x-healthy.json").inventory.gpus[0].model_copy(update={"nvlinks_active": 0, "nvlinks_down": []})
-    assert cuda.judge_gpu(g, H100.gpu, fabric="single") == []
-    assert cuda.judge_gpu(g, H100.gpu, fabric="pcie") == []
-    (fail,) = cuda.judge_gpu(g, H100.gpu, fabric="nvswitch")  # on a board whose other GPUs are joined, it is a fault
-    assert fail.summary == "GPU 0 (0000:1b:00.0): 0 of 18 NVLinks active"
 
 
 def test_pending_row_remap_says_reset_required():
@@ -180,21 +161,12 @@ def test_an_x8_link_fails_from_the_idle_reading():
     assert "50% speed" in fails[0].cause
 
 
-def test_an_idle_gen1_link_is_not_judged_but_a_loaded_one_is():
-    f = facts("h100-sxm-8x-healthy.json")
-    idle = f.inventory.gpus[0].model_copy(update={"pcie": PcieLink(gen=1, width=16, gen_max=5, width_max=16)})
-    assert cuda.judge_link(idle, None) == []  # idle links drop to Gen1 to save power
-    assert cuda.judge_link(idle, PcieLink(gen=5, width=16)) == []
-    (fail,) = cuda.judge_link(idle, PcieLink(gen=3, width=16))
-    assert fail.summary == "GPU 0 (0000:1b:00.0): PCIe Gen3 of Gen5 under load"
-
-
 def test_hw_slowdown_fails_thermal_warns_power_brake_fails():
     assert [f.summary for f in only(judged(facts("h100-sxm-hw-slowdown.json")))] == ["GPU 6 (0000:d1:00.0): hardware slowdown active"]
     g = facts("h100-sxm-8x-healthy.json").inventory.gpus[0]
-    thermal = cuda.judge_gpu(g.model_copy(update={"clocks_events": ["hw_slowdown", "hw_thermal_slowdown"]}), H100.gpu)
+    thermal = gpu_health.judge_gpu(g.model_copy(update={"clocks_events": ["hw_slowdown", "hw_thermal_slowdown"]}), H100.gpu)
     assert [(f.status, f.summary) for f in thermal] == [(Status.WARN, "GPU 0 (0000:1b:00.0): thermal slowdown")]
-    brake = cuda.judge_gpu(g.model_copy(update={"clocks_events": ["hw_slowdown", "hw_power_brake_slowdown"]}), H100.gpu)
+    brake = gpu_health.judge_gpu(g.model_copy(update={"clocks_events": ["hw_slowdown", "hw_power_brake_slowdown"]}), H100.gpu)
     assert [(f.status, f.summary) for f in brake] == [(Status.FAIL, "GPU 0 (0000:1b:00.0): power brake active")]
 
 
@@ -207,15 +179,7 @@ def test_hw_slowdown_in_some_readings_only_passes_as_nvml_reads_it(tmp_path, mon
     monkeypatch.setenv("FAKE_NVML_FACTS", str(NVML / "h100-sxm-hw-slowdown-transient.json"))
     inv = nvml.inventory()
     assert inv.gpus[6].clocks_events_transient == ["hw_slowdown"]
-    assert cuda.judge_inventory(inv, HGX8, H100.gpu) == []
-
-
-def test_transient_power_brake_or_thermal_warns_naming_it_transient():
-    g = facts("h100-sxm-8x-healthy.json").inventory.gpus[0]
-    brake = cuda.judge_gpu(g.model_copy(update={"clocks_events_transient": ["hw_slowdown", "hw_power_brake_slowdown"]}), H100.gpu)
-    assert [(f.status, f.summary) for f in brake] == [(Status.WARN, "GPU 0 (0000:1b:00.0): power brake asserted (transient)")]
-    hot = cuda.judge_gpu(g.model_copy(update={"clocks_events": ["hw_slowdown"], "clocks_events_transient": ["hw_thermal_slowdown"]}), H100.gpu)
-    assert [f.status for f in hot] == [Status.WARN] and "in some readings (transient)" in hot[0].cause
+    assert gpu_health.judge_inventory(inv, HGX8, H100.gpu) == []
 
 
 def test_mig_on_fails_where_whole_gpus_are_expected():
@@ -247,20 +211,6 @@ def test_driver_below_the_profile_minimum_or_off_the_site_pin_fails():
     assert [x.summary for x in only(judged(old))] == ["driver 470.82.01 is too old"]
     assert [x.summary for x in only(judged(f, pin="550.90.07"))] == ["driver 550.54.15, site pins 550.90.07"]
     assert judged(f, pin="550.54.15") == []
-
-
-def test_warnings_persistence_ecc_off_power_cap():
-    g = facts("h100-sxm-8x-healthy.json").inventory.gpus[0]
-    slow = g.model_copy(update={"persistence_mode": False, "ecc_mode": False, "power_limit_w": 500.0})
-    warns = cuda.judge_gpu(slow, H100.gpu)
-    assert {f.status for f in warns} == {Status.WARN}
-    assert [f.summary.split(": ", 1)[1] for f in warns] == ["ECC is off", "persistence mode off", "power capped"]
-
-
-def test_a_missing_nvlink_fails_naming_the_link():
-    g = facts("h100-sxm-8x-healthy.json").inventory.gpus[3]
-    (fail,) = cuda.judge_gpu(g.model_copy(update={"nvlinks_active": 17, "nvlinks_down": [5]}), H100.gpu, fabric="nvswitch")
-    assert fail.summary == "GPU 3 (0000:61:00.0): 17 of 18 NVLinks active" and "link 5" in fail.cause
 
 
 def test_fatal_xid_fails_application_xid_warns():
@@ -355,12 +305,6 @@ def test_xid_severity_is_the_worst_of_its_events_and_154_the_last():
 def test_an_unknown_xid_warns():
     found = judged(facts("h100-sxm-8x-healthy.json", xid_events=xid.parse("NVRM: Xid (PCI:0000:1b:00): 999, something new\n")))
     assert [(x.status, x.summary) for x in found] == [(Status.WARN, "Xid 999 on GPU 0 (0000:1b:00)")]
-
-
-def test_nvlink_state_unknown_on_an_nvlink_sku_warns():
-    g = facts("h100-sxm-8x-healthy.json").inventory.gpus[0].model_copy(update={"nvlinks_active": None})
-    assert [(f.status, f.summary) for f in cuda.judge_gpu(g, H100.gpu, fabric="nvswitch")] == [(Status.WARN, "GPU 0 (0000:1b:00.0): NVLink state unknown")]
-    assert cuda.judge_gpu(g, H100.gpu, fabric="unknown") == []  # a VM that hides NVLink and shows no NVSwitch: nothing to say
 
 
 def test_a_lost_gpu_without_an_address_is_named_from_sysfs():
@@ -570,7 +514,7 @@ def test_a_health_query_nvml_cannot_answer_fails_others_warn():
     assert [f.summary for f in fails] == ["GPU 3 (0000:61:00.0): NVML queries failed"]
     assert "nvmlDeviceGetTotalEccErrors (Unknown Error)" in fails[0].cause and "memory health is unknown" in fails[0].cause
     g = facts("h100-sxm-8x-healthy.json").inventory.gpus[0].model_copy(update={"unanswered": {"nvmlDeviceGetTemperature": "Unknown Error"}})
-    assert [f.status for f in cuda.judge_gpu(g, H100.gpu)] == [Status.WARN]
+    assert [f.status for f in gpu_health.judge_gpu(g, H100.gpu)] == [Status.WARN]
 
 
 def test_a_fake_file_cannot_claim_to_be_nvml(tmp_path):
@@ -579,21 +523,6 @@ def test_a_fake_file_cannot_claim_to_be_nvml(tmp_path):
     path = tmp_path / "sneaky.json"
     path.write_text(json.dumps(data))
     assert FakeNvml(path).source == f"fake {path}"
-
-
-def test_a_container_given_two_of_eight_gpus_is_not_failed_for_the_hosts_other_six(tmp_path):
-    root = tmp_path / "root"
-    shutil.copytree(TREE, root, symlinks=True)
-    for minor in range(2, 8):
-        (root / f"dev/nvidia{minor}").unlink()
-    whole = facts("h100-sxm-8x-healthy.json").inventory
-    two = whole.model_copy(update={"gpus": whole.gpus[:2]})
-    node = shape.gather(Host(root), two)
-    assert node.gpus == 2 and cuda.judge_count(two, node) == []
-    # ... but one of its own two missing from NVML is named by its slot.
-    one = whole.model_copy(update={"gpus": whole.gpus[1:2]})
-    (fail,) = cuda.judge_count(one, shape.gather(Host(root), one))
-    assert fail.summary == "1 of 2 GPUs visible" and "on the PCI bus but not in NVML: 0000:1b:00.0" in fail.cause
 
 
 def test_a_one_gpu_h100_pcie_without_bridges_passes():
@@ -615,13 +544,13 @@ def test_prohibited_compute_mode_fails_naming_the_mode_and_the_fix():
     fails = only(judged(f))
     assert len(fails) == 8 and fails[0].summary == "GPU 0 (0000:1b:00.0): compute mode PROHIBITED"
     assert "no process can create a CUDA context" in fails[0].cause and "`nvidia-smi -i 0 -c DEFAULT`" in fails[0].remedy
-    assert [g.index for g in cuda.prohibited(f.inventory)] == list(range(8))  # CUDA init is not tried there
+    assert [g.index for g in gpu_health.prohibited(f.inventory)] == list(range(8))  # CUDA init is not tried there
 
 
 def test_exclusive_process_compute_mode_is_what_a_job_of_one_process_per_gpu_needs():
     f = facts("h100-sxm-8x-exclusive-process.json")
     assert {g.compute_mode for g in f.inventory.gpus} == {"exclusive_process"}
-    assert judged(f) == [] and cuda.prohibited(f.inventory) == []
+    assert judged(f) == [] and gpu_health.prohibited(f.inventory) == []
 
 
 def test_a_fake_prohibited_node_fails_naming_the_mode_and_tries_no_cuda_init(tmp_path):

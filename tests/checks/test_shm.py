@@ -14,7 +14,9 @@ from conftest import FIXTURES, make_ctx, needs_root
 import fakes
 from preflight.base.findings import Status
 from preflight.checks import shm
-from preflight.checks.shm import Mount, ShmFacts, judge
+from preflight.checks.shm import ShmFacts, judge
+from preflight.readers import memory
+from preflight.readers.shm_mount import Mount
 from preflight.base.host import Host
 from preflight.base.units import fmt_bytes
 from preflight.pipeline.report import Report
@@ -187,8 +189,8 @@ def test_too_little_memory_to_back_the_floor_fails_whatever_the_size_says():
 def test_no_segment_is_written_past_the_hosts_memavailable_under_a_cgroup_limit_either(monkeypatch):
     """A job step or pod with room under its limit on a host short of memory: writing would push
     the host into swap or its OOM killer, which may take a neighbour's job. Not written, and said."""
-    monkeypatch.setattr(shm, "_meminfo", lambda host: {"MemTotal": 64 * GiB, "MemAvailable": 10 * MiB})
-    monkeypatch.setattr(shm, "_cgroup_headroom", lambda host: 8 * GiB)
+    monkeypatch.setattr(memory, "meminfo", lambda host: {"MemTotal": 64 * GiB, "MemAvailable": 10 * MiB})
+    monkeypatch.setattr(memory, "cgroup_headroom", lambda host: 8 * GiB)
     facts = shm.gather(Host(), 64 * MiB)
     assert facts.segment_bytes == 0 and "MemAvailable (10 MiB) could not back a 64 MiB segment" in facts.segment_skipped
     (warn,) = judge(facts, 64 * MiB)[0]  # the host's figure is not judged under a limit, but the proof is missing
@@ -210,8 +212,8 @@ def test_available_memory_is_not_judged_beside_other_jobs_nor_twice_with_the_fre
 
 
 def test_no_segment_is_written_where_memory_cannot_back_it(monkeypatch):
-    monkeypatch.setattr(shm, "_meminfo", lambda host: {"MemTotal": 64 * GiB, "MemAvailable": 10 * MiB})
-    monkeypatch.setattr(shm, "_cgroup_headroom", lambda host: None)
+    monkeypatch.setattr(memory, "meminfo", lambda host: {"MemTotal": 64 * GiB, "MemAvailable": 10 * MiB})
+    monkeypatch.setattr(memory, "cgroup_headroom", lambda host: None)
     facts = shm.gather(Host(), 64 * MiB)
     assert facts.mem_available_bytes == 10 * MiB and facts.segment_bytes == 0 and facts.segment_error is None
 
@@ -220,13 +222,13 @@ def test_below_full_the_figures_must_hold_the_floor_before_the_small_segment_is_
     """The standard level writes 64 MiB, but only once the free space, the cgroup's headroom and
     MemAvailable each hold the floor, as the floor's own write asked: the host short of the floor
     under a limit with room is the same warning the 1 GiB write gave, not a pass on 64 MiB."""
-    monkeypatch.setattr(shm, "_meminfo", lambda host: {"MemTotal": 64 * GiB, "MemAvailable": 512 * MiB})
-    monkeypatch.setattr(shm, "_cgroup_headroom", lambda host: 8 * GiB)
+    monkeypatch.setattr(memory, "meminfo", lambda host: {"MemTotal": 64 * GiB, "MemAvailable": 512 * MiB})
+    monkeypatch.setattr(memory, "cgroup_headroom", lambda host: 8 * GiB)
     facts = shm.gather(Host(), 64 * MiB, backs=GiB)
     assert facts.segment_bytes == 0 and "MemAvailable (512 MiB) could not back a 1 GiB segment" in facts.segment_skipped
     (warn,) = judge(facts, GiB)[0]
     assert warn.status is Status.WARN and "not proven" in warn.summary
-    monkeypatch.setattr(shm, "_cgroup_headroom", lambda host: 512 * MiB)  # the limit itself short: FAIL, nothing written
+    monkeypatch.setattr(memory, "cgroup_headroom", lambda host: 512 * MiB)  # the limit itself short: FAIL, nothing written
     facts = shm.gather(Host(), 64 * MiB, backs=GiB)
     assert facts.segment_bytes == 0 and facts.segment_skipped is None
     (fail,) = judge(facts, GiB)[0]
@@ -235,8 +237,8 @@ def test_below_full_the_figures_must_hold_the_floor_before_the_small_segment_is_
 
 def test_where_no_figure_says_what_memory_backs_the_floors_size_is_written(monkeypatch):
     # No MemAvailable and no cgroup limit: only a write of the whole proves the backing.
-    monkeypatch.setattr(shm, "_meminfo", lambda host: {})
-    monkeypatch.setattr(shm, "_cgroup_headroom", lambda host: None)
+    monkeypatch.setattr(memory, "meminfo", lambda host: {})
+    monkeypatch.setattr(memory, "cgroup_headroom", lambda host: None)
     facts = shm.gather(Host(), 64 * MiB, backs=128 * MiB)
     assert facts.segment_bytes == 128 * MiB and facts.segment_error is None, facts
 
@@ -247,32 +249,7 @@ def test_nccl_shm_disable_warns_with_the_cost():
     assert "14x slower" in f.cause and "/etc/nccl.conf" in f.summary
 
 
-# --- gatherer pieces, on recorded files ---------------------------------------
-
-def mounts(name):
-    return shm.parse_mountinfo((FIXTURES / "mountinfo" / name).read_text())
-
-
-def test_stacked_mounts_the_last_one_wins():
-    ms = mounts("host_stacked-dev-shm.txt")
-    assert sum(m.mount_point == "/dev/shm" for m in ms) == 2
-    m = shm.mount_of("/dev/shm", ms)
-    assert (m.fstype, m.options[-1]) == ("tmpfs", "size=24684084k")
-    assert m is [x for x in ms if x.mount_point == "/dev/shm"][-1]
-    assert shm.mount_of("/etc/hosts", ms).mount_point == "/"
-
-
-def test_64m_tmpfs_capture():
-    m = shm.mount_of("/dev/shm", mounts("unshare_64m-tmpfs.txt"))
-    assert m.fstype == "tmpfs" and "size=65536k" in m.options
-
-
-def test_bind_mounted_disk_and_escaped_spaces():
-    ms = mounts("unshare_bind-disk_ro-space.txt")
-    assert (shm.mount_of("/dev/shm", ms).fstype, shm.mount_of("/dev/shm", ms).source) == ("ext4", "/dev/vda")
-    spaced = shm.mount_of("/tmp/with space/file", ms)
-    assert spaced.mount_point == "/tmp/with space" and "ro" in spaced.options
-
+# --- gatherer pieces, on recorded files (the readers': tests/readers/test_shm_mount.py, test_memory.py)
 
 def test_nccl_shm_disable_found_in_env_and_nccl_conf(tmp_path):
     (tmp_path / "etc").mkdir()
@@ -280,58 +257,6 @@ def test_nccl_shm_disable_found_in_env_and_nccl_conf(tmp_path):
     host = Host(root=tmp_path, environ={"NCCL_SHM_DISABLE": "1", "NCCL_CONF_FILE": "/nonexistent.conf"})
     assert shm._shm_disabled_by(host) == ["the environment", "/etc/nccl.conf"]
     assert shm._shm_disabled_by(Host(root=tmp_path, environ={"NCCL_SHM_DISABLE": "0", "NCCL_CONF_FILE": "/x"})) == ["/etc/nccl.conf"]
-
-
-def _tree(root: Path, files: dict[str, str]) -> Host:
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    return Host(root=root)
-
-
-def test_cgroup_v2_headroom(tmp_path):
-    host = _tree(tmp_path, {
-        "proc/self/cgroup": "0::/kubepods/pod1\n",
-        "sys/fs/cgroup/kubepods/pod1/memory.max": str(2 * GiB),
-        "sys/fs/cgroup/kubepods/pod1/memory.current": str(GiB + 5),
-    })
-    assert shm._cgroup_headroom(host) == GiB - 5
-
-
-def test_the_cgroups_inactive_file_cache_counts_as_room(tmp_path):
-    """The kernel reclaims a cgroup's inactive page cache before it calls the OOM killer
-    (the kubelet's working set leaves it out too): a container whose cache filled its limit has room."""
-    host = _tree(tmp_path, {
-        "proc/self/cgroup": "0::/kubepods/pod1\n",
-        "sys/fs/cgroup/kubepods/pod1/memory.max": str(4 * GiB),
-        "sys/fs/cgroup/kubepods/pod1/memory.current": str(4 * GiB),
-        "sys/fs/cgroup/kubepods/pod1/memory.stat": f"anon {GiB}\nfile {3 * GiB}\ninactive_file {3 * GiB - 5}\nactive_file 5\n",
-    })
-    assert shm._cgroup_headroom(host) == 3 * GiB - 5
-
-
-def test_a_parent_cgroups_limit_binds_an_unlimited_leaf(tmp_path):
-    host = _tree(tmp_path, {
-        "proc/self/cgroup": "0::/slurm/job42/step0\n",
-        "sys/fs/cgroup/slurm/job42/step0/memory.max": "max",
-        "sys/fs/cgroup/slurm/job42/step0/memory.current": str(GiB),
-        "sys/fs/cgroup/slurm/job42/memory.max": str(600 * MiB + GiB),
-        "sys/fs/cgroup/slurm/job42/memory.current": str(GiB + 100 * MiB),
-        "sys/fs/cgroup/slurm/memory.max": "max",
-        "sys/fs/cgroup/slurm/memory.current": str(5 * GiB),
-    })
-    assert shm._cgroup_headroom(host) == 500 * MiB
-
-
-def test_cgroup_v1_headroom_and_unlimited(tmp_path):
-    files = {
-        "proc/self/cgroup": "9:name=systemd:/\n4:memory:/docker/abc\n0::/\n",
-        "sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes": str(4 * GiB),
-        "sys/fs/cgroup/memory/docker/abc/memory.usage_in_bytes": str(GiB),
-    }
-    assert shm._cgroup_headroom(_tree(tmp_path / "a", files)) == 3 * GiB
-    files["sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes"] = "9223372036854771712"
-    assert shm._cgroup_headroom(_tree(tmp_path / "b", files)) is None
 
 
 # --- real runs ------------------------------------------------------------------
@@ -362,29 +287,6 @@ def test_standard_writes_a_small_segment_and_full_the_floors_size():
     r = shm.Shm().run(ctx)
     assert r.details["segment_bytes"] == 256 * MiB and "256 MiB segment was created and written" in r.summary
     assert set(os.listdir("/dev/shm")) == before
-
-
-def test_touch_segment_stops_at_its_deadline():
-    import time as _time
-
-    error, seconds = shm.touch_segment(Path("/dev/shm"), 64 * MiB, deadline=_time.monotonic())
-    assert error == "stopped after 0 B: out of time" and seconds < 5
-
-
-@needs_root
-def test_touch_segment_reports_enospc_instead_of_sigbus():
-    # A small private tmpfs: the write must fail with ENOSPC, and the process
-    # that asked must survive to say so (an mmap'd write would die of SIGBUS).
-    code = (
-        "from pathlib import Path; from preflight.checks.shm import touch_segment; "
-        "print(touch_segment(Path('/dev/shm'), 128 << 20)[0]); import os; print(os.listdir('/dev/shm'))"
-    )
-    p = subprocess.run(
-        ["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=64m tmpfs /dev/shm && exec {shlex.quote(fakes.PREFLIGHT[0])} -c {shlex.quote(code)}"],
-        capture_output=True, text=True, timeout=60,
-    )
-    assert p.returncode == 0, p.stderr
-    assert p.stdout.splitlines() == ["could not reserve and write 128 MiB: No space left on device", "[]"]
 
 
 def in_private_shm(setup: str, args: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -8,6 +8,7 @@ from preflight.base.errors import UsageError
 from preflight.checks import shm
 from preflight.outputs import explain_df
 from preflight.pipeline import profiles
+from preflight.readers.shm_mount import Mount
 
 HERE = FIXTURES / "df"
 MiB, GiB = 2**20, 2**30
@@ -39,7 +40,7 @@ def test_dockers_64m_fails_with_the_shm_checks_words_against_the_generic_floor()
 
 def test_one_judge_two_readers_the_df_finding_is_the_checks_finding():
     e = explained("shm_01_")
-    facts = shm.ShmFacts(path="/dev/shm", exists=True, mount=shm.Mount("/dev/shm", "tmpfs", "shm", []), size_bytes=64 * MiB, free_bytes=64 * MiB)
+    facts = shm.ShmFacts(path="/dev/shm", exists=True, mount=Mount("/dev/shm", "tmpfs", "shm", []), size_bytes=64 * MiB, free_bytes=64 * MiB)
     (live,), _ = shm.judge(facts, GiB)
     assert (e.findings[0].summary, e.findings[0].cause, e.findings[0].fix) == (live.summary, live.cause, live.remedy)
 

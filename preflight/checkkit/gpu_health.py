@@ -1,0 +1,225 @@
+"""Every GPU's health as NVML reports it, judged: the count against the node's
+shape, one model, the profile's PCI device ids and driver floor, and per GPU
+ECC, row remaps and page retirement, the PCIe link, compute mode, clocks
+events, NVML queries that did not answer, persistence, MIG, power cap,
+NVLinks and memory size.
+
+Shared by the cuda check (NVML's inventory, the PCIe links read under the
+cuda_init worker's load) and `preflight explain` of a saved `nvidia-smi -q`
+(outputs/explain_nvsmi.py): one judge, two readers.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from preflight.base.findings import Finding, Status
+from preflight.pipeline.expectations import GpuExpect
+from preflight.pipeline.shape import NodeShape
+from preflight.readers import nvml
+from preflight.readers.nvml import Gpu, Inventory, PcieLink
+
+DRAIN = "drain the node and run `dcgmi diag -r 3` on it; open an RMA if the fault returns"
+RESET = "reset the GPU (`nvidia-smi -r -i {i}`, with no process on it) or reboot the node"
+FAIL, WARN = Status.FAIL, Status.WARN
+HELD = "in every reading"  # the live check's clocks events: what held through its window of NVML readings
+
+
+def _version(v: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in v.split(".") if p.isdigit())
+
+
+def who(g: Gpu) -> str:
+    """How every finding names a GPU; `preflight explain` swaps it for the name its capture prints."""
+    return f"GPU {g.index} ({nvml.short_pci(g.pci_bus_id)})"
+
+
+def judge_count(inv: Inventory, shape: NodeShape | None) -> list[Finding]:
+    """GPUs this process may use that NVML does not show, and a site's pinned count.
+    The count comes from the node (the PCI bus, its device nodes), never from the
+    profile: a container is not failed for the host's GPUs it was not given."""
+    out: list[Finding] = []
+    known = {nvml.short_pci(g.pci_bus_id) for g in [*inv.gpus, *inv.lost] if g.pci_bus_id}
+    silent = [bus for bus in (shape.slots if shape else []) if bus not in known]  # ours, on the bus, unknown to NVML
+    for lost in inv.lost:
+        where = nvml.short_pci(lost.pci_bus_id) if lost.pci_bus_id else "PCI address unknown"
+        hint = f"; on the PCI bus but not answering NVML: {', '.join(silent)}" if silent and not lost.pci_bus_id else ""
+        cause = f"NVML cannot reach GPU {lost.index} ({where}): {lost.error}{hint}"
+        out.append(Finding(FAIL, f"GPU {lost.index} ({where}) is lost", cause, RESET.format(i=lost.index) + "; if it stays lost, " + DRAIN))
+    seen = len(inv.gpus) + len(inv.lost)
+    fix = "look for 'fallen off the bus' in `preflight xid`; reseat or replace the GPU; " + DRAIN
+    if shape is not None and seen < shape.gpus:
+        named = f"; on the PCI bus but not in NVML: {', '.join(silent)}" if silent else ""
+        cause = f"NVML sees {seen} GPUs, this node gives the run {shape.gpus} ({shape.gpus_from}){named}"
+        out.append(Finding(FAIL, f"{seen} of {shape.gpus} GPUs visible", cause, fix))
+    if shape is not None and shape.pinned is not None and seen < shape.pinned:
+        cause = f"NVML sees {seen} GPUs, the site pins {shape.pinned} ([node] gpus, --node-gpus or PREFLIGHT_NODE_GPUS); the node shows {shape.gpus} ({shape.gpus_from})"
+        out.append(Finding(FAIL, f"{seen} of {shape.pinned} pinned GPUs visible", cause, fix + "; if this node is meant to have fewer, change the pin"))
+    return out
+
+
+def judge_inventory(
+    inv: Inventory,
+    shape: NodeShape | None,
+    expect: GpuExpect | None,
+    driver_pin: str | None = None,
+    loaded: dict[str, PcieLink] | None = None,
+    held: str = HELD,
+    mixed: bool = True,
+) -> list[Finding]:
+    """`held` and `mixed`: for `preflight explain`, whose capture is one reading and may
+    have cut a GPU's model (it judges the models itself with judge_models)."""
+    out = judge_count(inv, shape)
+    models = Counter((g.name, g.pci_device_id) for g in inv.gpus)
+    if mixed:
+        out += judge_models(models)
+    if expect is not None:
+        for name, dev in models:
+            if dev and expect.pci_device_ids and dev not in expect.pci_device_ids:
+                cause = f"PCI device id {dev} ({name}) is not one of the profile's {', '.join(expect.pci_device_ids)}"
+                out.append(Finding(FAIL, f"{name} is not this profile's GPU", cause, "run with the profile for this GPU (`preflight detect` names it)"))
+        if _version(inv.driver_version) < _version(expect.driver_min):
+            cause = f"driver {inv.driver_version} is older than {expect.driver_min}, the first that supports this GPU ({expect.driver_source})"
+            out.append(Finding(FAIL, f"driver {inv.driver_version} is too old", cause, f"install driver {expect.driver_min} or newer and reboot"))
+    if driver_pin and inv.driver_version != driver_pin:
+        cause = f"the site config pins driver {driver_pin}; this node runs {inv.driver_version}"
+        out.append(Finding(FAIL, f"driver {inv.driver_version}, site pins {driver_pin}", cause, f"install driver {driver_pin}, or change driver_version in the config"))
+    fabric = shape.fabric if shape else "unknown"
+    for g in inv.gpus:
+        out += judge_gpu(g, expect, (loaded or {}).get(g.pci_bus_id), fabric, held)
+    return out
+
+
+def judge_models(models: Counter[tuple[str, str | None]]) -> list[Finding]:
+    """GPUs by (name, PCI device id): more than one key is more than one SKU."""
+    if len(models) <= 1:
+        return []
+    mix = ", ".join(f"{n} x {name}" + (f" ({dev})" if dev else "") for (name, dev), n in models.most_common())
+    return [Finding(FAIL, "mixed GPU models", f"one node, several SKUs: {mix}", "a data-parallel job runs at the slowest GPU's speed: make the node uniform, or drain it")]
+
+
+def judge_gpu(g: Gpu, expect: GpuExpect | None, loaded: PcieLink | None = None, fabric: str = "unknown", held: str = HELD) -> list[Finding]:
+    name, reset = who(g), RESET.format(i=g.index)
+    out: list[Finding] = []
+    if g.ecc_uncorrectable_volatile:
+        cause = f"{name} has {g.ecc_uncorrectable_volatile} uncorrectable (volatile) ECC errors since the driver loaded: its memory returned wrong data"
+        out.append(Finding(FAIL, f"{name}: uncorrectable ECC errors", cause, f"{reset}; {DRAIN}"))
+    if g.ecc_mode is False:
+        out.append(Finding(WARN, f"{name}: ECC is off", f"ECC is disabled on {name}: memory errors go undetected", f"`nvidia-smi -i {g.index} -e 1` and reboot"))
+    rows = g.remapped_rows
+    if rows and rows.failure:
+        out.append(Finding(FAIL, f"{name}: row remapping failed", f"{name} could not remap a failing memory row (out of spare rows)", "drain the node and RMA the GPU"))
+    elif rows and rows.pending:
+        cause = f"{name} has a memory row remap pending ({rows.uncorrectable} uncorrectable, {rows.correctable} correctable rows remapped): the faulty row is still in use"
+        out.append(Finding(FAIL, f"{name}: row remap pending", cause, f"{reset}: a reset activates the remap (reset required)"))
+    if g.retired_pages_pending:
+        out.append(Finding(FAIL, f"{name}: page retirement pending", f"{name} has retired memory pages waiting for a reset", f"{reset}: a reset completes the retirement (reset required)"))
+    out += judge_link(g, loaded)
+    out += judge_compute_mode(g)
+    out += _judge_clocks(g, held)
+    out += _judge_unanswered(g)
+    if g.persistence_mode is False:
+        cause = f"persistence mode is off on {name}: every CUDA start re-initialises the GPU (seconds each)"
+        out.append(Finding(WARN, f"{name}: persistence mode off", cause, "enable nvidia-persistenced (`systemctl enable --now nvidia-persistenced`)"))
+    if g.mig_mode and (expect is None or expect.whole_gpus):
+        out.append(Finding(FAIL, f"{name}: MIG enabled", f"MIG mode is on for {name}; the profile expects whole GPUs", f"`nvidia-smi -i {g.index} -mig 0`, then reset the GPU"))
+    if g.power_limit_w and g.power_default_limit_w and g.power_limit_w < g.power_default_limit_w * 0.99:
+        cause = f"{name}'s power limit is {g.power_limit_w:g} W, below its default {g.power_default_limit_w:g} W"
+        out.append(Finding(WARN, f"{name}: power capped", cause, f"`nvidia-smi -i {g.index} -pl {g.power_default_limit_w:g}` unless the cap is intended"))
+    if expect and expect.nvlinks:
+        out += _judge_nvlinks(g, expect, fabric)
+    if expect and expect.memory_min_bytes and g.memory_total_bytes is not None and g.memory_total_bytes < expect.memory_min_bytes:
+        cause = f"{name} reports {g.memory_total_bytes} bytes of memory, the SKU at least {expect.memory_min_bytes} ({expect.memory_source})"
+        out.append(Finding(FAIL, f"{name}: less memory than the SKU", cause, "check the GPU model and retired pages; " + DRAIN))
+    return out
+
+
+def judge_compute_mode(g: Gpu) -> list[Finding]:
+    """What a job can do in the GPU's compute mode: PROHIBITED lets no process create a
+    context, so no job runs there; EXCLUSIVE_PROCESS lets one process hold it, which is
+    what a job of one process per GPU is, so it is no finding (the checks that would need
+    a second context on a GPU leave those steps out and say why)."""
+    if g.compute_mode != "prohibited":
+        return []
+    cause = f"{who(g)} is in compute mode PROHIBITED: no process can create a CUDA context on it, so no job can use it"
+    return [Finding(FAIL, f"{who(g)}: compute mode PROHIBITED", cause, f"`nvidia-smi -i {g.index} -c DEFAULT` (as root), unless the GPU was fenced off on purpose")]
+
+
+def prohibited(inv: Inventory) -> list[Gpu]:
+    return [g for g in inv.gpus if g.compute_mode == "prohibited"]
+
+
+# Health queries whose silence must fail the gate: unknown ECC or remap state is not clean.
+HEALTH_QUERIES = ("nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows", "nvmlDeviceGetRetiredPagesPendingStatus")
+
+
+def _judge_unanswered(g: Gpu) -> list[Finding]:
+    if not g.unanswered:
+        return []
+    name = who(g)
+    calls = ", ".join(f"{fn} ({err})" for fn, err in g.unanswered.items())
+    status = FAIL if any(fn in g.unanswered for fn in HEALTH_QUERIES) else WARN
+    what = "its memory health is unknown" if status == FAIL else "some facts are unknown"
+    return [Finding(status, f"{name}: NVML queries failed", f"NVML could not answer {calls} for {name}: {what}", RESET.format(i=g.index) + "; if it persists, " + DRAIN)]
+
+
+def _judge_clocks(g: Gpu, held: str = HELD) -> list[Finding]:
+    """Judged on what held through the NVML child's window of readings
+    (``clocks_events``); events seen in some readings only are ``transient``.
+    `held` says where the held events were seen, in the cause."""
+    # HW slowdown is also set when the cause is thermal; the thermal bits say so.
+    events, transient, name = set(g.clocks_events or []), set(g.clocks_events_transient or []), who(g)
+    thermal = {"hw_thermal_slowdown", "sw_thermal_slowdown"}
+    if "hw_power_brake_slowdown" in events:
+        cause = f"{name} is held back by hardware power brake (the system asserted it: PSU or power-delivery fault)"
+        return [Finding(FAIL, f"{name}: power brake active", cause, "check the node's power supplies and BMC event log; " + DRAIN)]
+    if (events | transient) & thermal:
+        temp = f" at {g.temperature_c} C" if g.temperature_c is not None else ""
+        now = "" if events & thermal else " in some readings (transient)"
+        return [Finding(WARN, f"{name}: thermal slowdown", f"{name} is slowed by temperature{temp}{now}", "check fans, airflow and inlet temperature; the GPU throttles under load")]
+    if "hw_slowdown" in events:
+        cause = f"{name} runs with HW slowdown engaged {held} (clocks cut by half or more: power or temperature sensor)"
+        return [Finding(FAIL, f"{name}: hardware slowdown active", cause, "check the BMC's power and thermal events and `nvidia-smi -q -d PERFORMANCE`; " + DRAIN)]
+    if "hw_power_brake_slowdown" in transient:
+        # Not a clock-change artefact: the system asserted the brake, briefly. Worth a look, not a drain.
+        cause = f"{name} was held back by hardware power brake in some readings only (transient): the system asserts it on a PSU or power-delivery fault"
+        return [Finding(WARN, f"{name}: power brake asserted (transient)", cause, "check the node's power supplies and BMC event log")]
+    # HW slowdown in some readings only: no finding. nvml.h documents the bit as
+    # also reported during P-state or clock changes, which a healthy GPU goes
+    # through all the time; a real slowdown holds through the window and FAILs
+    # above. The transient bit stays in the facts (details) for whoever looks.
+    return []
+
+
+def _judge_nvlinks(g: Gpu, expect: GpuExpect, fabric: str) -> list[Finding]:
+    """Links are judged only where the node joins its GPUs by NVLink: a GPU with no
+    NVLink peer (a bridge-less PCIe card, a lone SXM GPU in a VM) answers
+    "inactive" on every link, and that is its shape, not a fault."""
+    name = who(g)
+    joined = fabric in ("nvswitch", "nvlink")
+    if g.nvlinks_active is None:
+        if fabric != "nvswitch":
+            return []
+        cause = f"NVML does not report NVLink state for {name} on a node with NVSwitch, and its SKU has {expect.nvlinks} links (a VM that hides NVLink, or a driver fault)"
+        return [Finding(WARN, f"{name}: NVLink state unknown", cause, "check `nvidia-smi nvlink -s`; the topology check measures the links")]
+    if g.nvlinks_active >= expect.nvlinks or (g.nvlinks_active == 0 and not joined):
+        return []
+    down = f" (down: link {', '.join(map(str, g.nvlinks_down))})" if g.nvlinks_down else ""
+    cause = f"{name} has {g.nvlinks_active} active NVLinks{down}, the SKU has {expect.nvlinks} ({expect.nvlinks_source})"
+    remedy = f"check nvidia-fabricmanager and `nvidia-smi nvlink -s -i {g.index}`; {RESET.format(i=g.index)}; {DRAIN}"
+    return [Finding(FAIL, f"{name}: {g.nvlinks_active} of {expect.nvlinks} NVLinks active", cause, remedy)]
+
+
+def judge_link(g: Gpu, loaded: PcieLink | None) -> list[Finding]:
+    """Width from any reading (links do not narrow at idle); generation only under load."""
+    idle, name = g.pcie, who(g)
+    width = loaded.width if loaded and loaded.width else idle.width
+    fix = "reseat the GPU or its riser/cable, check the slot's BIOS link settings; " + DRAIN
+    out = []
+    if width and idle.width_max and width < idle.width_max:
+        cause = f"{name}'s PCIe link trained at x{width}, its slot and GPU allow x{idle.width_max}: host<->GPU copies run at {width / idle.width_max:.0%} speed"
+        out.append(Finding(FAIL, f"{name}: PCIe link x{width} of x{idle.width_max}", cause, fix))
+    if loaded and loaded.gen and idle.gen_max and loaded.gen < idle.gen_max:
+        cause = f"{name}'s PCIe link ran at Gen{loaded.gen} under load; GPU and slot allow Gen{idle.gen_max}"
+        out.append(Finding(FAIL, f"{name}: PCIe Gen{loaded.gen} of Gen{idle.gen_max} under load", cause, fix))
+    return out

@@ -1,0 +1,68 @@
+"""What memory the kernel and the memory cgroup would still give this process.
+
+A tmpfs page is RAM or swap, never reclaimable cache, so /dev/shm is backed by
+no more than /proc/meminfo's MemAvailable and the memory cgroup's headroom,
+whatever the tmpfs's size says. These are the figures that say so at once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from preflight.base.host import Host
+
+UNLIMITED = 2**60  # cgroup v1 writes "no limit" as a number near 2**63
+
+
+def meminfo(host: Host) -> dict[str, int]:
+    """/proc/meminfo's kB figures in bytes; empty where it cannot be read."""
+    found: dict[str, int] = {}
+    try:
+        for line in host.read_text("/proc/meminfo").splitlines():
+            name, _, rest = line.partition(":")
+            if name in ("MemTotal", "MemAvailable"):
+                found[name] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return found
+
+
+def _inactive_file(level: Path, v2: bool) -> int:
+    """The cgroup's inactive file cache (memory.stat), which the kernel reclaims first; 0 if unread."""
+    want = "inactive_file" if v2 else "total_inactive_file"
+    try:
+        for line in (level / "memory.stat").read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == want:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def cgroup_headroom(host: Host) -> int | None:
+    """Bytes this process's memory cgroup may still charge; None if unlimited or unknown.
+
+    Pages written to /dev/shm are charged to the writer's memory cgroup, and
+    every ancestor's limit applies too, so the tightest level along the path
+    from the leaf to the root bounds /dev/shm, whatever the tmpfs size says.
+    The usage counted is the working set, as the kubelet counts it: the
+    cgroup's inactive file cache is reclaimed before the OOM killer is called,
+    so a container whose page cache filled its limit still has that room.
+    """
+    for v2, levels in host.cgroup_levels("memory"):
+        limit_name, usage_name = ("memory.max", "memory.current") if v2 else ("memory.limit_in_bytes", "memory.usage_in_bytes")
+        headroom = None
+        for level in levels:
+            try:
+                limit = (level / limit_name).read_text().strip()
+                usage = int((level / usage_name).read_text().strip())
+            except (OSError, ValueError):
+                continue
+            usage = max(0, usage - _inactive_file(level, v2))
+            if limit != "max" and int(limit) < UNLIMITED:
+                room = int(limit) - usage
+                headroom = room if headroom is None else min(headroom, room)
+        if headroom is not None:
+            return headroom
+    return None

@@ -1,0 +1,92 @@
+"""The NVML inventory's judges (checkkit/gpu_health.py) on recorded NVML facts
+(tests/fixtures/nvml) and a recorded HGX H100 sysfs tree; the cuda check's
+tests (tests/checks/test_cuda.py) judge the same facts through the whole check."""
+
+import shutil
+
+from conftest import FIXTURES
+
+from preflight.base.findings import Status
+from preflight.base.host import Host
+from preflight.checkkit import gpu_health
+from preflight.pipeline import profiles, shape
+from preflight.readers.nvml import FakeNvml, Inventory, PcieLink
+
+H100 = profiles.load(profiles.BUILTIN_DIR / "h100-sxm.toml")
+NVML = FIXTURES / "nvml"
+TREE = FIXTURES / "sysfs" / "hgx-h100"
+
+
+def inventory(name: str) -> Inventory:
+    """Recorded facts, judged as if NVML had said them."""
+    return FakeNvml(NVML / name).model_copy(update={"source": "NVML"})
+
+
+def test_a_site_pin_fails_a_node_that_shows_fewer_gpus():
+    f = inventory("h100-sxm-8x-healthy.json")
+    four = f.model_copy(update={"gpus": f.gpus[:4]})
+    node = shape.judge_shape(shape.PciNvidia(gpus=None), None, {}, [], four, pinned=8)
+    fails = gpu_health.judge_count(four, node)
+    assert [x.summary for x in fails] == ["4 of 8 pinned GPUs visible"]
+    assert "the site pins 8 ([node] gpus" in fails[0].cause
+    assert gpu_health.judge_count(four, node.model_copy(update={"pinned": 4})) == []
+
+
+def test_a_lone_sxm_gpu_whose_links_all_read_inactive_passes():
+    # One H100 SXM in a VM: no NVLink peer, so every link answers "inactive" (DCGM says the same of a bridge-less card).
+    g = inventory("h100-sxm-8x-healthy.json").gpus[0].model_copy(update={"nvlinks_active": 0, "nvlinks_down": []})
+    assert gpu_health.judge_gpu(g, H100.gpu, fabric="single") == []
+    assert gpu_health.judge_gpu(g, H100.gpu, fabric="pcie") == []
+    (fail,) = gpu_health.judge_gpu(g, H100.gpu, fabric="nvswitch")  # on a board whose other GPUs are joined, it is a fault
+    assert fail.summary == "GPU 0 (0000:1b:00.0): 0 of 18 NVLinks active"
+
+
+def test_an_idle_gen1_link_is_not_judged_but_a_loaded_one_is():
+    idle = inventory("h100-sxm-8x-healthy.json").gpus[0].model_copy(update={"pcie": PcieLink(gen=1, width=16, gen_max=5, width_max=16)})
+    assert gpu_health.judge_link(idle, None) == []  # idle links drop to Gen1 to save power
+    assert gpu_health.judge_link(idle, PcieLink(gen=5, width=16)) == []
+    (fail,) = gpu_health.judge_link(idle, PcieLink(gen=3, width=16))
+    assert fail.summary == "GPU 0 (0000:1b:00.0): PCIe Gen3 of Gen5 under load"
+
+
+def test_transient_power_brake_or_thermal_warns_naming_it_transient():
+    g = inventory("h100-sxm-8x-healthy.json").gpus[0]
+    brake = gpu_health.judge_gpu(g.model_copy(update={"clocks_events_transient": ["hw_slowdown", "hw_power_brake_slowdown"]}), H100.gpu)
+    assert [(f.status, f.summary) for f in brake] == [(Status.WARN, "GPU 0 (0000:1b:00.0): power brake asserted (transient)")]
+    hot = gpu_health.judge_gpu(g.model_copy(update={"clocks_events": ["hw_slowdown"], "clocks_events_transient": ["hw_thermal_slowdown"]}), H100.gpu)
+    assert [f.status for f in hot] == [Status.WARN] and "in some readings (transient)" in hot[0].cause
+
+
+def test_warnings_persistence_ecc_off_power_cap():
+    g = inventory("h100-sxm-8x-healthy.json").gpus[0]
+    slow = g.model_copy(update={"persistence_mode": False, "ecc_mode": False, "power_limit_w": 500.0})
+    warns = gpu_health.judge_gpu(slow, H100.gpu)
+    assert {f.status for f in warns} == {Status.WARN}
+    assert [f.summary.split(": ", 1)[1] for f in warns] == ["ECC is off", "persistence mode off", "power capped"]
+
+
+def test_a_missing_nvlink_fails_naming_the_link():
+    g = inventory("h100-sxm-8x-healthy.json").gpus[3]
+    (fail,) = gpu_health.judge_gpu(g.model_copy(update={"nvlinks_active": 17, "nvlinks_down": [5]}), H100.gpu, fabric="nvswitch")
+    assert fail.summary == "GPU 3 (0000:61:00.0): 17 of 18 NVLinks active" and "link 5" in fail.cause
+
+
+def test_nvlink_state_unknown_on_an_nvlink_sku_warns():
+    g = inventory("h100-sxm-8x-healthy.json").gpus[0].model_copy(update={"nvlinks_active": None})
+    assert [(f.status, f.summary) for f in gpu_health.judge_gpu(g, H100.gpu, fabric="nvswitch")] == [(Status.WARN, "GPU 0 (0000:1b:00.0): NVLink state unknown")]
+    assert gpu_health.judge_gpu(g, H100.gpu, fabric="unknown") == []  # a VM that hides NVLink and shows no NVSwitch: nothing to say
+
+
+def test_a_container_given_two_of_eight_gpus_is_not_failed_for_the_hosts_other_six(tmp_path):
+    root = tmp_path / "root"
+    shutil.copytree(TREE, root, symlinks=True)
+    for minor in range(2, 8):
+        (root / f"dev/nvidia{minor}").unlink()
+    whole = inventory("h100-sxm-8x-healthy.json")
+    two = whole.model_copy(update={"gpus": whole.gpus[:2]})
+    node = shape.gather(Host(root), two)
+    assert node.gpus == 2 and gpu_health.judge_count(two, node) == []
+    # ... but one of its own two missing from NVML is named by its slot.
+    one = whole.model_copy(update={"gpus": whole.gpus[1:2]})
+    (fail,) = gpu_health.judge_count(one, shape.gather(Host(root), one))
+    assert fail.summary == "1 of 2 GPUs visible" and "on the PCI bus but not in NVML: 0000:1b:00.0" in fail.cause
