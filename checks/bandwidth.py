@@ -12,10 +12,11 @@ and the same collectives over gloo.
 
 The worker repeats each figure until the 95% interval of its median is within
 the profile's tolerance or a cap is reached, and reports every timed repeat;
-the arithmetic is here, in pure functions: a figure is the median of the
-repeats (with how sure it is, and whether it converged), a collective's repeat
-lasts as long as its slowest rank, bus bandwidth follows nccl-tests
-(doc/PERFORMANCE.md). A figure under its floor FAILs naming the GPU, pair
+the arithmetic is in pure functions (preflight/checkkit/bandwidth_figures.py:
+a figure is the median of the repeats, with how sure it is and whether it
+converged; a collective's repeat lasts as long as its slowest rank; bus
+bandwidth follows nccl-tests), the steps in preflight/checkkit/bandwidth_plan.py.
+Here: gather, and judge. A figure under its floor FAILs naming the GPU, pair
 or direction; within the profile's margin above it WARNs (marginal node).
 Before a figure FAILs, the steps that measured it run again, once
 (preflight/checkkit/confirm.py): under the floor twice is "confirmed", once "transient" (WARN).
@@ -25,29 +26,35 @@ from __future__ import annotations
 
 import json
 import sys
-from collections import defaultdict
-from typing import ClassVar, NamedTuple
-
-from pydantic import BaseModel, Field
+from typing import ClassVar
 
 from preflight.checkkit import figures as figs_mod
 from preflight.checkkit import confirm
 from preflight.checkkit import nvls as nvls_mod
 from preflight.checkkit import outliers
+from preflight.checkkit.bandwidth_figures import (
+    BPS, MEMBERS, REASONS, SECONDS, WORDS, BandwidthFacts, Figure, RankReport, cohort, figures, link_kinds, source, who,
+)
+from preflight.checkkit.bandwidth_plan import (
+    exclusive_gpus, foreign_contexts, foreign_line, seconds_skipped, steps_again, steps_for, time_line,
+)
 from preflight.checkkit.placement import linked_pairs, numa_nodes
 from preflight.gpuwork import launch, meeting, ranks
 from preflight.pipeline import floor_bounds, shape
 from preflight.pipeline.check import Check, Context, Result
-from preflight.readers import nccl_env, nvml
 from preflight.base.findings import Finding, Measurement, Status, worst
 from preflight.pipeline.profiles import ResolvedFloor
 from preflight.pipeline.expectations import BandwidthExpect, OutlierExpect
 from preflight.base.units import fmt_value
 from preflight.checkkit import transports
-from preflight.readers import nccl_env, nccl_log as nccl_lines
+from preflight.readers import nccl_env, nvml, nccl_log as nccl_lines
+
+# Kept importable from here: tests/perf/time_model.py and plugins read the step plan and
+# nccl-tests' factor from the check that runs them.
+from preflight.checkkit.bandwidth_figures import bus_factor  # noqa: F401
+from preflight.checkkit.bandwidth_plan import p2p_plan  # noqa: F401
 
 FAIL, WARN = Status.FAIL, Status.WARN
-BPS, SECONDS = "bytes_per_second", "seconds"
 
 # Floor name -> (unit, bound). Every floor this check may read; the pipeline
 # refuses a profile whose floor of that name has another unit or bound.
@@ -69,213 +76,9 @@ FLOORS = {
     "internode_reducescatter_bus_bandwidth": (BPS, "min"),
     "internode_allreduce_latency": (SECONDS, "max"),
 }
-# Step in the worker -> the figure's name (= its floor's name and its metric's).
-PER_DEVICE = {"hbm_copy": "hbm_copy_bandwidth", "memcpy": "memcpy_bandwidth", "h2d": "h2d_bandwidth", "d2h": "d2h_bandwidth", "p2p": "p2p_bandwidth"}
 # Floors a run over fewer ranks than the node's cannot be held to (busbw and latency depend on the rank count).
 WHOLE_NODE = ("allreduce_bus_bandwidth", "allreduce_bus_bandwidth_ring", "allgather_bus_bandwidth", "reducescatter_bus_bandwidth", "allreduce_latency", "allreduce_latency_p99")
-COLLECTIVE = {"all_reduce": "allreduce_bus_bandwidth", "all_gather": "allgather_bus_bandwidth", "reduce_scatter": "reducescatter_bus_bandwidth"}
-INTERNODE = {name: f"internode_{name}" for name in COLLECTIVE.values()}
 INTERNODE_FLOORS = tuple(name for name in FLOORS if name.startswith("internode_"))
-
-WORDS = {
-    "hbm_copy_bandwidth": "HBM copy",
-    "memcpy_bandwidth": "host memcpy",
-    "h2d_bandwidth": "host->device copy",
-    "d2h_bandwidth": "device->host copy",
-    "p2p_bandwidth": "GPU->GPU copy",
-    "allreduce_bus_bandwidth": "all_reduce bus bandwidth",
-    "allgather_bus_bandwidth": "all_gather bus bandwidth",
-    "reducescatter_bus_bandwidth": "reduce_scatter bus bandwidth",
-    "allreduce_latency": "small all_reduce latency p50",
-    "allreduce_latency_p99": "small all_reduce latency p99",
-    "allreduce_graph_latency": "small all_reduce latency in a CUDA graph",
-    "internode_allreduce_bus_bandwidth": "inter-node all_reduce bus bandwidth",
-    "internode_allgather_bus_bandwidth": "inter-node all_gather bus bandwidth",
-    "internode_reducescatter_bus_bandwidth": "inter-node reduce_scatter bus bandwidth",
-    "internode_allreduce_latency": "inter-node small all_reduce latency p50",
-    "internode_allreduce_latency_p99": "inter-node small all_reduce latency p99",
-}
-_COLL = (
-    "NCCL left NVLink for SHM or sockets (the nccl check's transports; NCCL_P2P_DISABLE, NCCL_P2P_LEVEL), "
-    "an NVLink or NVSwitch port down (`nvidia-smi nvlink -s`, nvidia-fabricmanager), one slow or throttled GPU holding every step back, "
-    "NCCL_ALGO / NCCL_PROTO / NCCL_*CHANNELS pinned in the environment, or ranks starved of CPU"
-)
-REASONS = {
-    "hbm_copy_bandwidth": "clocks held down (power brake, thermal or HW slowdown: `nvidia-smi -q -d PERFORMANCE,CLOCK`), a power cap below default, "
-    "another process on the GPU, or failing HBM (run `dcgmi diag -r 3`)",
-    "memcpy_bandwidth": "other work on the host, CPU frequency scaling, memory on a remote NUMA node, or a VM's memory bandwidth cap",
-    "h2d_bandwidth": "a PCIe link trained below its width or generation (the cuda check; `nvidia-smi -q -d PCIE`, `lspci -vv` LnkSta), "
-    "the rank not on its GPU's NUMA node (details.binding), IOMMU/ACS translation, or a PCIe switch uplink shared with busy NICs",
-    "p2p_bandwidth": "P2P not possible or disabled (peer access, IOMMU/ACS on PCIe), an NVLink down (`nvidia-smi nvlink -s`), "
-    "nvidia-fabricmanager not running on NVSwitch boards, or a throttled GPU",
-    "allreduce_bus_bandwidth": _COLL,
-    "allgather_bus_bandwidth": _COLL,
-    "reducescatter_bus_bandwidth": _COLL,
-    "allreduce_latency": "ranks starved of CPU (too few vCPUs per GPU, a cpuset or quota), CPU power saving (C-states, frequency), "
-    "NCCL_PROTO forcing Simple, NCCL falling back to sockets, or interrupts on the ranks' cores",
-}
-_NET = (
-    "NCCL on sockets instead of IB/RoCE or without GPUDirect RDMA (the nccl check's network findings; nvidia_peermem), "
-    "a NIC port down or trained at a lower speed (`ibstat`, `ethtool`), a congested or misconfigured fabric (PFC/ECN on RoCE), "
-    "or one slow node dragging the group (find it with `preflight pairwise`)"
-)
-REASONS.update({name: _NET for name in INTERNODE.values()})
-REASONS["internode_allreduce_latency"] = _NET
-REASONS["d2h_bandwidth"] = REASONS["h2d_bandwidth"]
-REASONS["allreduce_latency_p99"] = REASONS["allreduce_latency"]
-
-
-class StepResult(BaseModel):
-    step: str
-    bytes: int = 0
-    moved_bytes: int | None = None  # bytes a repeat moves (a copy reads and writes: 2 x bytes)
-    seconds: list[float] = Field(default_factory=list)  # every timed repeat, warm-up excluded
-    samples: list[float] = Field(default_factory=list)  # latency: every blocking iteration
-    sets: int = 1
-    clamped: str | None = None
-    src: int | None = None  # p2p: the local rank (GPU) copied from; None: the reporting rank's (an older worker)
-    peer: int | None = None  # p2p: the local rank (GPU) written to
-    peer_access: bool | None = None
-    src_pci_bus_id: str | None = None
-    peer_pci_bus_id: str | None = None
-    ops_per_repeat: int = 1
-    error: str | None = None
-    stopped: str | None = None  # why the worker stopped repeating: converged, max_repeats or max_seconds
-    tolerance: float | None = None  # what it repeated towards (the profile's); None: an older worker, not judged
-
-
-class Setup(BaseModel):
-    """What a rank made before timing a step (p2p: local rank 0's contexts on the other GPUs and every GPU's buffers)."""
-
-    by: str = "local rank 0"
-    gpus: int = 0
-    contexts: int = 0
-    contexts_seconds: float = 0.0
-    buffers_seconds: float = 0.0
-    bytes_per_gpu: int = 0
-
-
-class RankReport(ranks.RankReport):
-    """What checks/workers/bandwidth.py writes for one rank."""
-
-    steps: list[str] = Field(default_factory=list)
-    step: int = 0
-    results: list[StepResult] = Field(default_factory=list)
-    binding: dict | None = None
-    cache_bytes: int | None = None
-    step_seconds: dict[str, float] = Field(default_factory=dict)  # wall time of each step on this rank
-    setup: dict[str, Setup] = Field(default_factory=dict)  # step -> what this rank made before timing it
-    reading: int = 1  # 2: the launch that measures again to confirm a figure beyond its floor
-
-    def progress(self) -> int:
-        return self.step
-
-
-class BandwidthFacts(ranks.RunFacts):
-    steps: list[str] = Field(default_factory=list)
-    binding: dict[str, dict] = Field(default_factory=dict)  # local rank -> {node, cpus} asked for
-    numa_nodes: int | None = None  # NUMA nodes with CPUs on this machine: with one, there is nothing to bind to
-    uuids: dict[int, str] = Field(default_factory=dict)  # nvidia-smi index -> GPU UUID (cuda check)
-    left_out: str | None = None  # why a step the node would run was left out (p2p on GPUs in EXCLUSIVE_PROCESS mode)
-    # This stage's own NCCL lines (each rank's, from the launch's log cut at the stage: gpuwork/world.py):
-    # the large collectives' connections, NVLS among them. None: NCCL wrote nothing here (gloo).
-    nccl_log: nccl_lines.Summary | None = None
-    nccl: nccl_lines.NcclLog | None = Field(default=None, exclude=True)  # the same lines whole, for the transport judge
-
-
-Figure, median, quantile, spread = figs_mod.Figure, figs_mod.median, figs_mod.quantile, figs_mod.spread
-
-
-# ---- arithmetic (nccl-tests' definitions) ---------------------------------------
-
-
-def bus_factor(collective: str, n: int) -> float:
-    """busbw = algbw x this (nccl-tests doc/PERFORMANCE.md): the factor that makes
-    every collective's figure comparable to the hardware's link speed."""
-    if collective == "all_reduce":
-        return 2 * (n - 1) / n
-    if collective in ("all_gather", "reduce_scatter"):
-        return (n - 1) / n
-    raise ValueError(f"no bus bandwidth factor for {collective!r}")
-
-
-def algbw(nbytes: float, seconds: float) -> float:
-    """Bytes per second; ``nbytes`` is the whole buffer (all_gather's output, reduce_scatter's input)."""
-    return nbytes / seconds
-
-
-def figures(f: BandwidthFacts) -> list[Figure]:
-    """Every figure the ranks' repeats give: per device, per pair, per collective."""
-    out: list[Figure] = []
-    gpu = {o.rank: o.gpu for o in f.ranks}
-    reports = {o.rank: o.report for o in f.ranks if isinstance(o.report, RankReport)}
-    by_step: dict[str, dict[int, StepResult]] = defaultdict(dict)
-    for r, rep in reports.items():
-        for res in rep.results:
-            if res.step in PER_DEVICE and res.seconds and res.moved_bytes:
-                out.append(_device_figure(f, source(r, res), res, gpu))
-            elif res.step not in PER_DEVICE:
-                by_step[res.step][r] = res
-    n = f.nproc  # this node's ranks: the only reports it reads
-    # Across nodes the collective spans every node's ranks: busbw's factor is the world's,
-    # and its figures are judged by the inter-node floors.
-    world = max((rep.world_size for rep in reports.values()), default=n)
-    group = world > n
-    where = f"{world} ranks on {world // n} nodes" if group else f"{n} ranks"
-    for step, name in COLLECTIVE.items():
-        got = by_step.get(step, {})
-        if len(got) == n and world > 1 and all(x.seconds for x in got.values()):
-            # A repeat is over when its slowest rank is done.
-            times = [max(ts) for ts in zip(*(x.seconds for x in got.values()))]
-            first = next(iter(got.values()))
-            value = algbw(first.bytes, median(times)) * bus_factor(step, world)
-            name = INTERNODE.get(name, name) if group else name
-            out.append(Figure(name=name, unit=BPS, value=value, where=where, labels={"collective": step}, bytes=first.bytes, repeats=len(times), spread=spread(times),
-                              **figs_mod.sureness(times, first.tolerance, first.stopped)))
-    lat = by_step.get("latency", {})
-    if len(lat) == n and all(x.samples for x in lat.values()):
-        stats = ((0.5, "p50", "allreduce_latency"), (0.99, "p99", "allreduce_latency_p99"))
-        if group:
-            stats = ((0.5, "p50", "internode_allreduce_latency"), (0.99, "p99", "internode_allreduce_latency_p99"))  # p99: no floor, information
-        for q, stat, floor in stats:
-            per_rank = {r: quantile(x.samples, q) for r, x in lat.items()}
-            worst_rank = max(per_rank, key=lambda r: per_rank[r])
-            res = lat[worst_rank]
-            # The worker repeats until each rank's p50 is sure; the p99 of a few hundred samples has no such interval.
-            sure = figs_mod.sureness(res.samples, res.tolerance, res.stopped) if stat == "p50" else {}
-            out.append(Figure(name="internode_allreduce_latency" if group else "allreduce_latency", floor=floor, unit=SECONDS, value=per_rank[worst_rank],
-                              where=f"slowest of {len(lat)} ranks{' on this node' if group else ''}: {_who(worst_rank, gpu)}",
-                              labels={"stat": stat}, bytes=res.bytes, repeats=len(res.samples), rank=worst_rank, **sure))
-    graph = by_step.get("graph_latency", {})
-    if len(graph) == n and not group and all(x.seconds for x in graph.values()):
-        first = next(iter(graph.values()))
-        # Each repeat replays ops_per_repeat all_reduces: the slowest rank's replay, per op.
-        times = [max(ts) / first.ops_per_repeat for ts in zip(*(x.seconds for x in graph.values()))]
-        out.append(Figure(name="allreduce_graph_latency", unit=SECONDS, value=median(times), where=f"{n} ranks", bytes=first.bytes, repeats=len(times), spread=spread(times),
-                          **figs_mod.sureness(times, first.tolerance, first.stopped)))
-    return out
-
-
-def source(rank: int, res: StepResult) -> int:
-    """The local rank (GPU) a figure belongs to: a P2P pair's source, which local rank 0
-    measures for every pair, else the rank that measured it."""
-    return res.src if res.src is not None else rank
-
-
-def _device_figure(f: BandwidthFacts, r: int, res: StepResult, gpu: dict[int, str | None]) -> Figure:
-    name = PER_DEVICE[res.step]
-    med = median(res.seconds)
-    labels, where = ranks.labels(r, gpu.get(r), f.uuids), _who(r, gpu)
-    if res.peer is not None:
-        peer = gpu.get(res.peer) or f"local rank {res.peer}"  # one node: the peer is a local rank
-        labels["peer_gpu"] = peer.removeprefix("GPU ")
-        where = f"{where} -> {peer}"
-    return Figure(name=name, unit=BPS, value=res.moved_bytes / med, where=where, labels=labels, bytes=res.bytes,  # type: ignore[operator]
-                  repeats=len(res.seconds), spread=spread(res.seconds), rank=r, **figs_mod.sureness(res.seconds, res.tolerance, res.stopped))
-
-
-def _who(r: int, gpu: dict[int, str | None]) -> str:
-    return gpu.get(r) or f"rank {r}"
 
 
 # ---- judging -------------------------------------------------------------------
@@ -286,34 +89,6 @@ RERUN = "preflight run --only bandwidth"
 
 def judge_floors(figs: list[Figure], floors: dict[str, ResolvedFloor], margin: float) -> list[Finding]:
     return figs_mod.judge_floors(figs, floors, margin, WORDS, REASONS, RERUN)
-
-
-# Per GPU, per pair or per rank: each is also judged against the node's own median (checkkit/outliers.py).
-MEMBERS = tuple(PER_DEVICE.values())
-
-
-def link_kinds(topology: Result | None) -> dict[frozenset[int], str]:
-    """GPU pair -> its `nvidia-smi topo -m` link ("NV18", "PIX", "SYS"), from the topology check."""
-    matrix = topology.details.get("matrix") if topology else None
-    out = {}
-    for key, kind in ((matrix or {}).get("links") or {}).items():
-        a, _, b = str(key).partition("-")
-        if a.isdigit() and b.isdigit():
-            out[frozenset((int(a), int(b)))] = str(kind)
-    return out
-
-
-def cohort(kinds: dict[frozenset[int], str], all_nvlink: bool):
-    """Which P2P pairs share a median: those over the same kind of link (an NVLink pair is
-    not slow next to a pair that crosses the CPUs' interconnect). A pair whose link is not
-    known is judged only on an NVSwitch board, where every pair's path is alike."""
-    def of(g: Figure) -> str | None:
-        if g.key != "p2p_bandwidth":
-            return ""
-        a, b = ranks.gpu_index(f"GPU {g.labels.get('gpu')}"), ranks.gpu_index(f"GPU {g.labels.get('peer_gpu')}")
-        kind = kinds.get(frozenset((a, b))) if a is not None and b is not None else None
-        return kind or ("NVSwitch" if all_nvlink else None)
-    return of
 
 
 def judge_outliers(figs: list[Figure], expect: OutlierExpect | None, kinds: dict[frozenset[int], str], all_nvlink: bool,
@@ -332,7 +107,7 @@ def judge_peer_access(f: BandwidthFacts, nvlink_pairs: set[frozenset[int]], all_
             src = source(o.rank, res)
             a, b = ranks.gpu_index(gpu.get(src)), ranks.gpu_index(gpu.get(res.peer))
             if all_nvlink or (a is not None and b is not None and frozenset((a, b)) in nvlink_pairs):
-                bad.append(f"{_who(src, gpu)} -> {_who(res.peer, gpu) if res.peer is not None else '?'}")  # type: ignore[arg-type]
+                bad.append(f"{who(src, gpu)} -> {who(res.peer, gpu) if res.peer is not None else '?'}")  # type: ignore[arg-type]
     if not bad:
         return []
     said = "node's NVSwitch fabric" if all_nvlink else "topology"
@@ -374,77 +149,8 @@ def by_hand(f: BandwidthFacts) -> str:
     return ranks.by_hand(f, "bandwidth.py")
 
 
+
 # ---- gathering ------------------------------------------------------------------
-
-
-class CopyPlan(NamedTuple):
-    """How one copy step is laid out on n GPUs, as the worker runs it: what a time model
-    multiplies its measured costs by (each field's cost in the comment)."""
-
-    timed: int  # figures timed one after the other (each: warm-up + repeats of one copy, the convergence rule's)
-    contexts: int  # CUDA contexts opened before any timing, one after the other (~0.13 s each on an H100)
-    allocations: int  # rounds of buffer making in series (every rank at once is one round): cudaMalloc, cudaHostAlloc, the fill
-    barriers: int  # gloo barriers between turns (a turn's deadline each)
-    foreign_contexts: int  # GPUs left holding one context of another rank's process, until the launch ends
-
-
-def p2p_plan(n: int) -> CopyPlan:
-    """The p2p step on n GPUs: local rank 0 opens a context on each other GPU and makes every
-    buffer (once), then times each ordered pair alone, the other ranks at a barrier per pair
-    (checks/workers/bandwidth.py pairs() lists them; a test holds the two alike)."""
-    if n < 2:
-        return CopyPlan(0, 0, 0, 0, 0)
-    return CopyPlan(timed=n * (n - 1), contexts=n - 1, allocations=1, barriers=n * (n - 1) + 2, foreign_contexts=n - 1)
-
-
-def host_copy_plan(n: int) -> CopyPlan:
-    """h2d or d2h on n GPUs: every rank pins and fills its host buffers at once (one round),
-    then each times its copies in its own turn while the others wait at a barrier."""
-    return CopyPlan(timed=n, contexts=0, allocations=1, barriers=n + 1, foreign_contexts=0)
-
-
-def steps_for(gpu: bool, nproc: int, expect: BandwidthExpect, nnodes: int = 1, one_process: str | None = None) -> list[str]:
-    """``one_process``: why a GPU admits one process only (exclusive_gpus), which leaves p2p out."""
-    steps = ["hbm_copy", "h2d", "d2h"] if gpu else ["memcpy"]
-    if gpu and nproc > 1 and one_process is None:
-        steps.append("p2p")
-    if nproc * nnodes > 1:  # one rank has no peer to reduce with: nccl-tests prints busbw 0
-        steps += ["all_reduce", "all_gather", "reduce_scatter", "latency"]
-        if gpu and expect.graph:
-            steps.append("graph_latency")
-    return steps
-
-
-# A figure's name -> the worker's step that measures it: only those steps run again to confirm.
-STEP_OF = {**{v: k for k, v in PER_DEVICE.items()}, **{v: k for k, v in COLLECTIVE.items()}, "allreduce_latency": "latency", "allreduce_latency_p99": "latency"}
-
-
-def steps_again(missed: list[str], steps: list[str]) -> list[str]:
-    """The steps that measured the figures ``missed``, in the first run's order."""
-    want = {STEP_OF.get(name) for name in missed}
-    return [s for s in steps if s in want]
-
-
-def seconds_skipped(f: BandwidthFacts, redo: list[str]) -> float:
-    """Of the first launch's time, what its other steps took (the slowest rank's): a second launch of ``redo`` saves it."""
-    slowest: dict[str, float] = {}
-    for o in f.ranks:
-        for step, sec in (o.report.step_seconds if isinstance(o.report, RankReport) else {}).items():
-            slowest[step] = max(sec, slowest.get(step, 0.0))
-    return sum(sec for step, sec in slowest.items() if step not in redo)
-
-
-def exclusive_gpus(modes: dict[int, str | None]) -> str | None:
-    """Why the p2p step cannot run, in words, where a GPU admits one process: its copies
-    are made from local rank 0's process on every GPU, which needs a second context on
-    each GPU but rank 0's (a job's NCCL reaches its peers through CUDA IPC inside its own
-    context, and runs)."""
-    held = sorted(i for i, mode in modes.items() if mode in ("exclusive_process", "exclusive_thread"))
-    if not held:
-        return None
-    which = "every GPU is" if len(held) == len(modes) else f"GPU {', '.join(map(str, held))} {'is' if len(held) == 1 else 'are'}"
-    return (f"GPU->GPU copies not measured: {which} in compute mode EXCLUSIVE_PROCESS (NVML), one process per GPU, and the copies, "
-            "made from local rank 0's process over every GPU, would need a second context on each GPU but its own; the collectives, through NCCL, are measured")
 
 
 def compute_modes(ctx: Context) -> dict[int, str | None]:
@@ -528,47 +234,6 @@ def measurements(figs: list[Figure], floors: dict[str, ResolvedFloor], expect: O
 
 def lines(figs: list[Figure], floors: dict[str, ResolvedFloor]) -> list[str]:
     return figs_mod.lines(figs, floors, WORDS)
-
-
-def time_line(f: BandwidthFacts) -> list[str]:
-    """Where the check's time went, by step (the slowest rank's), so a profile can be tuned to its budget."""
-    slowest: dict[str, float] = {}
-    for o in f.ranks:
-        for step, sec in (o.report.step_seconds if isinstance(o.report, RankReport) else {}).items():
-            slowest[step] = max(sec, slowest.get(step, 0.0))
-    if not slowest:
-        return []
-    init = max((o.report.import_seconds or 0) + (o.report.init_seconds or 0) for o in f.ranks if o.report)
-    made = p2p_setup(f)
-
-    def spent(step: str, sec: float) -> str:
-        if step == "p2p" and made:
-            return f"p2p {sec:.1f} s ({made.contexts} contexts {made.contexts_seconds:.1f} s, buffers {made.buffers_seconds:.1f} s)"
-        return f"{step} {sec:.1f} s"
-
-    return ["time: import + init " + f"{init:.1f} s, " + ", ".join(spent(step, sec) for step, sec in slowest.items()) + (f"; torchrun {f.seconds:.1f} s" if f.seconds else "")]
-
-
-def p2p_setup(f: BandwidthFacts) -> Setup | None:
-    """What local rank 0 made before timing the GPU->GPU copies (its contexts on the other GPUs, the buffers), as it reported it."""
-    return next((o.report.setup["p2p"] for o in f.ranks if isinstance(o.report, RankReport) and "p2p" in o.report.setup), None)
-
-
-def foreign_contexts(f: BandwidthFacts) -> dict | None:
-    """The GPUs on which the P2P step left a context of another rank's process: local rank 0's,
-    one on each other GPU, for as long as the launch lives (memtest then finds that much less free)."""
-    made = p2p_setup(f)
-    if not made or not made.contexts:
-        return None
-    gpu = {o.rank: o.gpu for o in f.ranks}
-    return {"process": made.by, "gpus": [_who(r, gpu) for r in range(1, made.gpus)], "per_gpu": 1}
-
-
-def foreign_line(f: BandwidthFacts) -> list[str]:
-    held = foreign_contexts(f)
-    if held is None:
-        return []
-    return [f"GPU->GPU copies made from {held['process']}'s process over every GPU: {', '.join(held['gpus'])} each hold that one context of it for the rest of the launch"]
 
 
 def summary(f: BandwidthFacts, figs: list[Figure]) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from preflight.base.units import fmt_bytes, fmt_value
 from preflight.checkkit.figures import Figure
+from preflight.checkkit import bandwidth_figures
 from preflight.checks import bandwidth
 from preflight.checks.nccl import judge_env
 from preflight.outputs.explain_nccl_log import problem_items
@@ -103,17 +104,17 @@ def judge_floor(t: Table, p: ResolvedProfile | None, why: str) -> tuple[list[Ite
         return unjudged(why, "no profile to judge by")
     if not p.has_gpus:
         return unjudged(f"profile {p.name} has no GPU floors")
-    if t.collective not in bandwidth.COLLECTIVE:
+    if t.collective not in bandwidth_figures.COLLECTIVE:
         return unjudged(f"no profile has a floor for {t.collective or 'an unnamed collective'} (the output does not name it)" if not t.collective
-                        else f"no profile has a floor for {t.collective}; floors exist for {', '.join(bandwidth.COLLECTIVE)}")
+                        else f"no profile has a floor for {t.collective}; floors exist for {', '.join(bandwidth_figures.COLLECTIVE)}")
     if t.ranks is None:
         return unjudged("the rank count is not in the output (no rank lines, and busbw/algbw fits no single count)")
     nodes = t.nodes or 1
     if t.ranks % nodes:
         return unjudged(f"{t.ranks} ranks over {nodes} nodes: not the same GPU count on each node")
     per_node = t.ranks // nodes
-    name = bandwidth.COLLECTIVE[t.collective]
-    name = bandwidth.INTERNODE[name] if nodes > 1 else name
+    name = bandwidth_figures.COLLECTIVE[t.collective]
+    name = bandwidth_figures.INTERNODE[name] if nodes > 1 else name
     floor = p.floors.get(name)
     if floor is None:
         return unjudged(f"profile {p.name} has no {name} floor")
@@ -130,7 +131,7 @@ def judge_floor(t: Table, p: ResolvedProfile | None, why: str) -> tuple[list[Ite
     if floor.origin.startswith("profile "):  # "profile /abs/path/h100-sxm.toml": a path on this machine says nothing to the reader
         floor = floor.model_copy(update={"origin": f"profile {p.name}"})
     found = bandwidth.judge_floors([fig], {name: floor}, p.bandwidth.margin if p.bandwidth else 0.05)
-    what = bandwidth.WORDS[name]
+    what = bandwidth_figures.WORDS[name]
     judged = {"floor": name, "floor_gbps": floor.value / 1e9, "floor_source": floor.source, "busbw_gbps": top.busbw_gbps, "size": top.size,
               "column": top.column, "profile": p.name, "gpus_per_node": per_node, "nodes": nodes}
     if found and not big:

@@ -11,7 +11,7 @@ import pytest
 from preflight.base.findings import Status
 from preflight.checkkit import nvls
 from preflight.checks import bandwidth
-from preflight.checks.bandwidth import Figure
+from preflight.checkkit.bandwidth_figures import Figure
 from preflight.pipeline import profiles
 from preflight.readers import nccl_log
 

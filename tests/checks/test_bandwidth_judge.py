@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from conftest import make_ctx, nccl_fixture_text
 from preflight.checks import bandwidth
-from preflight.checks.bandwidth import BandwidthFacts, Figure, RankReport, StepResult
+from preflight.checkkit import bandwidth_figures, bandwidth_plan
+from preflight.checkkit.bandwidth_figures import BandwidthFacts, Figure, RankReport, StepResult
 
 from preflight.gpuwork import ranks
 from preflight.pipeline.check import Result
@@ -87,36 +88,36 @@ def h2d_on_8(values: dict[int, float], default: float = 55 * GB) -> list[Figure]
     ("reduce_scatter", 2, 0.5), ("reduce_scatter", 8, 0.875),
 ])
 def test_bus_factor_follows_nccl_tests(collective, n, factor):
-    assert bandwidth.bus_factor(collective, n) == pytest.approx(factor)
+    assert bandwidth_figures.bus_factor(collective, n) == pytest.approx(factor)
 
 
 def test_bus_factor_of_an_unknown_collective_raises():
     with pytest.raises(ValueError, match="broadcast"):
-        bandwidth.bus_factor("broadcast", 8)
+        bandwidth_figures.bus_factor("broadcast", 8)
 
 
 def test_median_of_odd_and_even_lists():
-    assert bandwidth.median([3.0, 1.0, 2.0]) == 2.0
-    assert bandwidth.median([4.0, 1.0, 3.0, 2.0]) == 2.5
-    assert bandwidth.median([7.0]) == 7.0
+    assert bandwidth_figures.median([3.0, 1.0, 2.0]) == 2.0
+    assert bandwidth_figures.median([4.0, 1.0, 3.0, 2.0]) == 2.5
+    assert bandwidth_figures.median([7.0]) == 7.0
 
 
 def test_quantile_is_nearest_rank_a_real_sample():
-    assert bandwidth.quantile([float(x) for x in range(200, 0, -1)], 0.99) == 198.0
-    assert bandwidth.quantile([float(x) for x in range(1, 101)], 0.5) == 50.0
-    assert bandwidth.quantile([float(x) for x in range(1, 101)], 0.99) == 99.0
-    assert bandwidth.quantile([5.0], 0.99) == 5.0
+    assert bandwidth_figures.quantile([float(x) for x in range(200, 0, -1)], 0.99) == 198.0
+    assert bandwidth_figures.quantile([float(x) for x in range(1, 101)], 0.5) == 50.0
+    assert bandwidth_figures.quantile([float(x) for x in range(1, 101)], 0.99) == 99.0
+    assert bandwidth_figures.quantile([5.0], 0.99) == 5.0
 
 
 def test_spread_is_range_over_median():
-    assert bandwidth.spread([1.0, 2.0, 3.0]) == pytest.approx(1.0)
-    assert bandwidth.spread([2.0, 2.0]) == 0.0
-    assert bandwidth.spread([]) is None
-    assert bandwidth.spread([0.0, 0.0, 0.0]) is None
+    assert bandwidth_figures.spread([1.0, 2.0, 3.0]) == pytest.approx(1.0)
+    assert bandwidth_figures.spread([2.0, 2.0]) == 0.0
+    assert bandwidth_figures.spread([]) is None
+    assert bandwidth_figures.spread([0.0, 0.0, 0.0]) is None
 
 
 def test_algbw_is_bytes_over_seconds():
-    assert bandwidth.algbw(GIB, 0.5) == 2 * GIB
+    assert bandwidth_figures.algbw(GIB, 0.5) == 2 * GIB
 
 
 # --- figures: per device ----------------------------------------------------------------
@@ -124,7 +125,7 @@ def test_algbw_is_bytes_over_seconds():
 
 def test_a_device_figure_is_moved_bytes_over_the_median_repeat():
     f = per_rank(1, lambda r: [step("hbm_copy", bytes=GIB, moved_bytes=2 * GIB, seconds=[0.002, 0.001, 0.004])])
-    (g,) = bandwidth.figures(f)
+    (g,) = bandwidth_figures.figures(f)
     assert g.name == "hbm_copy_bandwidth" and g.unit == BPS
     assert g.value == pytest.approx(2 * GIB / 0.002)
     assert (g.where, g.bytes, g.repeats, g.rank) == ("GPU 0", GIB, 3, 0)
@@ -135,7 +136,7 @@ def test_gpu_figures_carry_dcgm_labels_with_the_uuid_by_nvidia_smi_index():
     # CUDA_VISIBLE_DEVICES=3: local rank 0 drives nvidia-smi's GPU 3.
     rep = report(0, [step("h2d", bytes=512 * MIB, moved_bytes=512 * MIB, seconds=[0.02, 0.01, 0.03])], world=1)
     f = facts([outcome(0, rep, gpu="GPU 3")], uuids={3: "GPU-3f2a", 0: "GPU-0000"})
-    (g,) = bandwidth.figures(f)
+    (g,) = bandwidth_figures.figures(f)
     assert g.labels == {"gpu": "3", "UUID": "GPU-3f2a"}
     assert g.where == "GPU 3"
     assert g.value == pytest.approx(512 * MIB / 0.02)
@@ -143,12 +144,12 @@ def test_gpu_figures_carry_dcgm_labels_with_the_uuid_by_nvidia_smi_index():
 
 def test_a_gpu_without_a_known_uuid_has_only_its_index():
     f = per_rank(1, lambda r: [step("d2h", bytes=MIB, moved_bytes=MIB, seconds=[0.001])])
-    assert bandwidth.figures(f)[0].labels == {"gpu": "0"}
+    assert bandwidth_figures.figures(f)[0].labels == {"gpu": "0"}
 
 
 def test_gloo_figures_are_labelled_by_rank():
     f = per_rank(2, lambda r: [step("memcpy", bytes=64 * MIB, moved_bytes=128 * MIB, seconds=[0.01, 0.02, 0.01])], backend="gloo")
-    figs = bandwidth.figures(f)
+    figs = bandwidth_figures.figures(f)
     assert [(g.name, g.where, g.labels) for g in figs] == [("memcpy_bandwidth", "rank 0", {"rank": "0"}), ("memcpy_bandwidth", "rank 1", {"rank": "1"})]
     assert figs[1].value == pytest.approx(128 * MIB / 0.01)
 
@@ -156,7 +157,7 @@ def test_gloo_figures_are_labelled_by_rank():
 def test_p2p_figure_names_both_gpus():
     f = per_rank(2, lambda r: [step("p2p", bytes=256 * MIB, moved_bytes=256 * MIB, seconds=[0.001, 0.001, 0.001], peer=1 - r, peer_access=True)],
                  uuids={0: "GPU-a", 1: "GPU-b"})
-    figs = bandwidth.figures(f)
+    figs = bandwidth_figures.figures(f)
     assert [g.where for g in figs] == ["GPU 0 -> GPU 1", "GPU 1 -> GPU 0"]
     assert figs[0].labels == {"gpu": "0", "UUID": "GPU-a", "peer_gpu": "1"}
     assert figs[0].name == "p2p_bandwidth"
@@ -164,12 +165,12 @@ def test_p2p_figure_names_both_gpus():
 
 def test_a_step_without_repeats_gives_no_figure():
     f = per_rank(1, lambda r: [step("hbm_copy", bytes=GIB, moved_bytes=2 * GIB, seconds=[]), step("h2d", bytes=GIB, moved_bytes=None, seconds=[0.1])])
-    assert bandwidth.figures(f) == []
+    assert bandwidth_figures.figures(f) == []
 
 
 def test_ranks_without_a_report_give_no_figure():
     f = facts([outcome(0, None), outcome(1, None)])
-    assert bandwidth.figures(f) == []
+    assert bandwidth_figures.figures(f) == []
 
 
 # --- figures: collectives, latency ---------------------------------------------------------
@@ -182,7 +183,7 @@ ALL_REDUCE[7] = [0.012, 0.011, 0.013, 0.010, 0.020]
 
 def test_a_collective_repeat_lasts_as_long_as_its_slowest_rank():
     f = per_rank(8, lambda r: [step("all_reduce", bytes=GIB, moved_bytes=GIB, seconds=ALL_REDUCE[r])])
-    (g,) = bandwidth.figures(f)
+    (g,) = bandwidth_figures.figures(f)
     # per repeat max: 15, 11, 13, 10, 20 ms -> median 13 ms (the median of each rank's median would say 12 ms)
     assert g.name == "allreduce_bus_bandwidth" and g.where == "8 ranks"
     assert g.value == pytest.approx(GIB / 0.013 * 2 * 7 / 8)
@@ -193,26 +194,26 @@ def test_a_collective_repeat_lasts_as_long_as_its_slowest_rank():
 
 def test_all_gather_and_reduce_scatter_use_their_own_factor():
     f = per_rank(2, lambda r: [step("all_gather", bytes=GIB, seconds=[0.1, 0.1, 0.1]), step("reduce_scatter", bytes=GIB, seconds=[0.2, 0.2, 0.2])])
-    figs = {g.name: g for g in bandwidth.figures(f)}
+    figs = {g.name: g for g in bandwidth_figures.figures(f)}
     assert figs["allgather_bus_bandwidth"].value == pytest.approx(GIB / 0.1 * 0.5)
     assert figs["reducescatter_bus_bandwidth"].value == pytest.approx(GIB / 0.2 * 0.5)
 
 
 def test_a_collective_missing_on_a_rank_that_died_gives_no_figure():
     f = per_rank(2, lambda r: [step("all_reduce", bytes=GIB, seconds=[0.01, 0.01, 0.01])] if r == 0 else [])
-    assert by(bandwidth.figures(f), "allreduce_bus_bandwidth") == []
+    assert by(bandwidth_figures.figures(f), "allreduce_bus_bandwidth") == []
 
 
 def test_one_rank_gives_no_collective_figure():
     f = per_rank(1, lambda r: [step("all_reduce", bytes=GIB, seconds=[0.01, 0.01, 0.01])])
-    assert bandwidth.figures(f) == []
+    assert bandwidth_figures.figures(f) == []
 
 
 def test_latency_quantiles_are_per_rank_and_the_figure_names_the_slowest_rank():
     # rank 0: fast median, a tail of 5 slow samples in 200; rank 1: steady at 20 us
     samples = {0: [10 * US] * 195 + [1000 * US] * 5, 1: [20 * US] * 200}
     f = per_rank(2, lambda r: [step("latency", bytes=4096, samples=samples[r])])
-    p50, p99 = bandwidth.figures(f)
+    p50, p99 = bandwidth_figures.figures(f)
     assert (p50.name, p50.key, p50.labels, p50.unit) == ("allreduce_latency", "allreduce_latency", {"stat": "p50"}, SECONDS)
     assert p50.value == pytest.approx(20 * US) and p50.rank == 1 and p50.where == "slowest of 2 ranks: GPU 1"
     assert (p99.name, p99.key, p99.labels) == ("allreduce_latency", "allreduce_latency_p99", {"stat": "p99"})
@@ -223,14 +224,14 @@ def test_latency_quantiles_are_per_rank_and_the_figure_names_the_slowest_rank():
 def test_graph_latency_divides_the_slowest_repeat_by_the_ops_it_holds():
     seconds = {0: [0.0002, 0.0004, 0.0002], 1: [0.0006, 0.0002, 0.0002]}
     f = per_rank(2, lambda r: [step("graph_latency", bytes=4096, ops_per_repeat=20, seconds=seconds[r])])
-    (g,) = bandwidth.figures(f)
+    (g,) = bandwidth_figures.figures(f)
     assert g.name == "allreduce_graph_latency" and g.unit == SECONDS and g.where == "2 ranks"
     assert g.value == pytest.approx(0.0004 / 20)  # repeats' max: 0.6, 0.4, 0.2 ms -> median 0.4 ms
 
 
 def test_graph_latency_that_could_not_be_captured_gives_no_figure():
     f = per_rank(2, lambda r: [step("graph_latency", bytes=4096, error="RuntimeError: capture failed")])
-    assert bandwidth.figures(f) == []
+    assert bandwidth_figures.figures(f) == []
 
 
 # --- judge_floors ---------------------------------------------------------------------------
@@ -298,7 +299,7 @@ def test_latency_within_the_margin_below_its_ceiling_warns(value, status):
 
 def test_p99_latency_is_judged_against_its_own_ceiling():
     samples = [10 * US] * 195 + [400 * US] * 5  # p50 10 us, p99 400 us
-    figs = bandwidth.figures(per_rank(2, lambda r: [step("latency", bytes=4096, samples=samples)]))
+    figs = bandwidth_figures.figures(per_rank(2, lambda r: [step("latency", bytes=4096, samples=samples)]))
     assert bandwidth.judge_floors(figs, {"allreduce_latency": floor(50 * US, SECONDS, "max")}, 0.05) == []
     (x,) = bandwidth.judge_floors(figs, {"allreduce_latency": floor(50 * US, SECONDS, "max"), "allreduce_latency_p99": floor(300 * US, SECONDS, "max")}, 0.05)
     assert x.status is FAIL and x.summary.startswith("small all_reduce latency p99 over ceiling on slowest of 2 ranks")
@@ -409,7 +410,7 @@ def test_a_rank_killed_mid_measurement_fails_the_run_naming_it():
     dead = outcome(1, report(1, [step("hbm_copy", bytes=GIB, moved_bytes=2 * GIB, seconds=[0.001])], stage="all_reduce", step=4), exit="killed by SIGKILL")
     waiting = outcome(0, report(0, stage="all_reduce", step=4, error="RuntimeError: NCCL watchdog timeout", error_time=50.0), exit="exit 1")
     f = facts([waiting, dead], ended="exit 1", returncode=1, root_cause=1)
-    parts = bandwidth.judge(f, bandwidth.figures(f), {}, expect(), set(), False)
+    parts = bandwidth.judge(f, bandwidth_figures.figures(f), {}, expect(), set(), False)
     (x,) = parts["run"]
     assert x.status is FAIL and x.summary == "rank 1 (GPU 1) died in all_reduce (step 5) (killed by SIGKILL)"
     assert "rank 0 (GPU 0) then failed in all_reduce (step 5): RuntimeError: NCCL watchdog timeout" in x.cause
@@ -425,7 +426,7 @@ def test_a_launch_error_says_the_worker_could_not_start():
 
 def test_a_healthy_run_has_no_finding_in_any_part():
     f = per_rank(2, lambda r: [step("h2d", bytes=GIB, moved_bytes=GIB, seconds=[0.01])])
-    parts = bandwidth.judge(f, bandwidth.figures(f), {"h2d_bandwidth": floor(48 * GB)}, expect(), set(), False)
+    parts = bandwidth.judge(f, bandwidth_figures.figures(f), {"h2d_bandwidth": floor(48 * GB)}, expect(), set(), False)
     assert parts == {"run": [], "floors": [], "peer_access": [], "setup": []}
 
 
@@ -452,7 +453,7 @@ FLOORS = {"h2d_bandwidth": floor(48 * GB), "allreduce_bus_bandwidth": floor(40 *
 
 
 def test_measurements_carry_the_floor_or_the_ceiling():
-    ms = bandwidth.measurements(bandwidth.figures(full_run()), FLOORS)
+    ms = bandwidth.measurements(bandwidth_figures.figures(full_run()), FLOORS)
     h2d = [m for m in ms if m.name == "h2d_bandwidth"]
     assert [(m.labels, m.floor, m.ceiling, m.unit) for m in h2d] == [({"gpu": "0", "UUID": "GPU-a"}, 48 * GB, None, BPS), ({"gpu": "1", "UUID": "GPU-b"}, 48 * GB, None, BPS)]
     (ar,) = [m for m in ms if m.name == "allreduce_bus_bandwidth"]
@@ -463,7 +464,7 @@ def test_measurements_carry_the_floor_or_the_ceiling():
 
 
 def test_measurement_names_are_the_metric_names():
-    ms = bandwidth.measurements(bandwidth.figures(full_run()), FLOORS)
+    ms = bandwidth.measurements(bandwidth_figures.figures(full_run()), FLOORS)
     assert sorted({m.name for m in ms}) == ["allreduce_bus_bandwidth", "allreduce_graph_latency", "allreduce_latency", "h2d_bandwidth"]
     (graph,) = [m for m in ms if m.name == "allreduce_graph_latency"]
     assert graph.floor is None and graph.ceiling is None
@@ -487,7 +488,7 @@ def test_lines_show_the_size_of_a_single_figure_and_no_floor():
 
 
 def test_lines_judge_latency_by_its_worst_and_show_the_ceiling():
-    figs = bandwidth.figures(full_run())
+    figs = bandwidth_figures.figures(full_run())
     lines = bandwidth.lines(figs, FLOORS)
     assert len(lines) == 5  # h2d, all_reduce, p50, p99, graph
     p50 = next(x for x in lines if x.startswith("small all_reduce latency p50"))
@@ -511,7 +512,7 @@ def test_summary_names_the_weakest_of_each_figure():
 def test_summary_latency_p50_is_the_p50_not_the_p99():
     samples = [10 * US] * 195 + [400 * US] * 5
     f = per_rank(2, lambda r: [step("latency", bytes=4096, samples=samples)])
-    text = bandwidth.summary(f, bandwidth.figures(f))
+    text = bandwidth.summary(f, bandwidth_figures.figures(f))
     assert text.endswith("small all_reduce latency p50 10.0 us")
 
 
@@ -523,20 +524,20 @@ def test_summary_without_figures_says_so():
 
 
 def test_eight_gpus_run_every_step():
-    assert bandwidth.steps_for(True, 8, expect()) == ["hbm_copy", "h2d", "d2h", "p2p", "all_reduce", "all_gather", "reduce_scatter", "latency", "graph_latency"]
+    assert bandwidth_plan.steps_for(True, 8, expect()) == ["hbm_copy", "h2d", "d2h", "p2p", "all_reduce", "all_gather", "reduce_scatter", "latency", "graph_latency"]
 
 
 def test_graph_latency_only_where_the_profile_asks():
-    assert "graph_latency" not in bandwidth.steps_for(True, 8, expect(graph=False))
+    assert "graph_latency" not in bandwidth_plan.steps_for(True, 8, expect(graph=False))
 
 
 def test_one_gpu_has_no_collective_or_p2p():
-    assert bandwidth.steps_for(True, 1, expect()) == ["hbm_copy", "h2d", "d2h"]
+    assert bandwidth_plan.steps_for(True, 1, expect()) == ["hbm_copy", "h2d", "d2h"]
 
 
 def test_cpu_runs_memcpy_and_the_collectives():
-    assert bandwidth.steps_for(False, 4, expect()) == ["memcpy", "all_reduce", "all_gather", "reduce_scatter", "latency"]
-    assert bandwidth.steps_for(False, 1, expect()) == ["memcpy"]
+    assert bandwidth_plan.steps_for(False, 4, expect()) == ["memcpy", "all_reduce", "all_gather", "reduce_scatter", "latency"]
+    assert bandwidth_plan.steps_for(False, 1, expect()) == ["memcpy"]
 
 
 # --- binding and uuids from earlier checks ---------------------------------------------------------------
@@ -620,20 +621,20 @@ def host_copies(per_gpu: dict[int, tuple[list[float], str]], tolerance: float | 
 
 
 def test_a_figure_says_how_sure_it_is_and_that_it_converged():
-    (g,) = bandwidth.figures(host_copies({0: (QUIET, "converged")}))
+    (g,) = bandwidth_figures.figures(host_copies({0: (QUIET, "converged")}))
     assert g.repeats == 10 and g.ci == pytest.approx(0.0100 / 0.0099 - 1) and g.converged is True and g.stopped == "converged"
     (m,) = bandwidth.measurements([g], {})
     assert (m.repeats, m.ci, m.converged) == (10, g.ci, True)
 
 
 def test_a_figure_stopped_at_a_cap_wider_than_the_tolerance_did_not_converge():
-    quiet, noisy = bandwidth.figures(host_copies({0: (QUIET, "converged"), 1: (NOISY, "max_repeats")}))
+    quiet, noisy = bandwidth_figures.figures(host_copies({0: (QUIET, "converged"), 1: (NOISY, "max_repeats")}))
     assert quiet.converged is True
     assert noisy.converged is False and noisy.repeats == 30 and noisy.ci == pytest.approx(0.011 / 0.010 - 1)
 
 
 def test_a_report_from_a_worker_without_a_tolerance_is_not_judged_for_it():
-    (g,) = bandwidth.figures(host_copies({0: (NOISY, None)}, tolerance=None))
+    (g,) = bandwidth_figures.figures(host_copies({0: (NOISY, None)}, tolerance=None))
     assert g.converged is None and g.ci is not None
     assert "not converged" not in bandwidth.lines([g], {})[0]
 
@@ -642,21 +643,21 @@ def test_a_collective_is_as_sure_as_the_series_of_its_slowest_ranks():
     # Each rank alone is quiet, but which rank is slow changes: the per-repeat maximum is not.
     seconds = {0: [0.010, 0.013] * 5, 1: [0.013, 0.010] * 5}
     f = per_rank(2, lambda r: [step("all_reduce", bytes=GIB, moved_bytes=GIB, seconds=seconds[r], stopped="converged", tolerance=0.02)])
-    (g,) = bandwidth.figures(f)
+    (g,) = bandwidth_figures.figures(f)
     assert g.ci == 0.0 and g.converged is True
 
 
 def test_latency_p50_is_judged_for_sureness_and_its_p99_is_not():
     samples = [10 * US] * 195 + [1000 * US] * 5
     f = per_rank(2, lambda r: [step("latency", bytes=4096, samples=samples, stopped="converged", tolerance=0.02)])
-    p50, p99 = bandwidth.figures(f)
+    p50, p99 = bandwidth_figures.figures(f)
     assert p50.converged is True and p50.repeats == 200
     assert p99.converged is None and p99.ci is None
 
 
 def test_a_passing_figure_that_did_not_converge_still_passes_and_says_so():
     f = host_copies({0: (QUIET, "converged"), 1: (NOISY, "max_seconds")})
-    figs = bandwidth.figures(f)
+    figs = bandwidth_figures.figures(f)
     parts = bandwidth.judge(f, figs, {"h2d_bandwidth": floor(20 * GB)}, expect(), set(), False)
     assert parts["floors"] == []
     text = bandwidth.summary(f, figs)
@@ -669,14 +670,14 @@ def test_a_passing_figure_that_did_not_converge_still_passes_and_says_so():
 def test_a_figure_below_its_floor_that_did_not_converge_fails_saying_so():
     # GPU 1 reads about 53.7 GB/s, under a 60 GB/s floor, but its median is known only to +-10%.
     f = host_copies({0: ([s / 2 for s in QUIET], "converged"), 1: (NOISY, "max_repeats")})
-    (x,) = bandwidth.judge_floors(bandwidth.figures(f), {"h2d_bandwidth": floor(60 * GB)}, 0.05)
+    (x,) = bandwidth.judge_floors(bandwidth_figures.figures(f), {"h2d_bandwidth": floor(60 * GB)}, 0.05)
     assert x.status is FAIL and x.summary.startswith("host->device copy below floor on GPU 1 (")
     assert "on 1 of 2: GPU 1: 53.7 GB/s (not converged within +-2%: known to +-10.0% after 30 repeats, at its cap of repeats)" in x.cause
 
 
 def test_a_converged_figure_below_its_floor_fails_without_a_word_on_sureness():
     f = host_copies({0: (QUIET, "converged")})
-    (x,) = bandwidth.judge_floors(bandwidth.figures(f), {"h2d_bandwidth": floor(60 * GB)}, 0.05)
+    (x,) = bandwidth.judge_floors(bandwidth_figures.figures(f), {"h2d_bandwidth": floor(60 * GB)}, 0.05)
     assert x.status is FAIL and "converged" not in x.cause
 
 
@@ -684,9 +685,9 @@ def test_confirming_a_reading_that_did_not_converge_says_so_in_both_readings():
     from preflight.checkkit import confirm
 
     floors = {"h2d_bandwidth": floor(60 * GB)}
-    first = bandwidth.figures(host_copies({0: (NOISY, "max_repeats")}))
-    second = bandwidth.figures(host_copies({0: (QUIET, "converged")}))  # 53.7 GB/s again, now sure
-    settled = confirm.settle(first, second, floors, lambda g: bandwidth.judge_floors(g, floors, 0.05), bandwidth.WORDS, bandwidth.RERUN)
+    first = bandwidth_figures.figures(host_copies({0: (NOISY, "max_repeats")}))
+    second = bandwidth_figures.figures(host_copies({0: (QUIET, "converged")}))  # 53.7 GB/s again, now sure
+    settled = confirm.settle(first, second, floors, lambda g: bandwidth.judge_floors(g, floors, 0.05), bandwidth_figures.WORDS, bandwidth.RERUN)
     (x,) = settled.findings["h2d_bandwidth"]
     assert x.status is FAIL and x.summary.endswith("(confirmed: 53.7 GB/s on GPU 0 (not converged: +-10%), then 53.7 GB/s on GPU 0)")
     assert x.cause.endswith("first reading: 53.7 GB/s on GPU 0 (not converged within +-2%: known to +-10.0% after 30 repeats, "
@@ -708,9 +709,9 @@ def cuda_result(nvml_file: str) -> Result:
 def test_gpus_in_exclusive_process_mode_leave_the_p2p_step_out_saying_why():
     ctx = make_ctx()
     ctx.results["cuda"] = cuda_result("h100-sxm-8x-exclusive-process.json")
-    why = bandwidth.exclusive_gpus(bandwidth.compute_modes(ctx))
+    why = bandwidth_plan.exclusive_gpus(bandwidth.compute_modes(ctx))
     assert why is not None and "every GPU is in compute mode EXCLUSIVE_PROCESS" in why and "second context" in why
-    assert bandwidth.steps_for(True, 8, expect(), one_process=why) == ["hbm_copy", "h2d", "d2h", "all_reduce", "all_gather", "reduce_scatter", "latency", "graph_latency"]
+    assert bandwidth_plan.steps_for(True, 8, expect(), one_process=why) == ["hbm_copy", "h2d", "d2h", "all_reduce", "all_gather", "reduce_scatter", "latency", "graph_latency"]
 
 
 @pytest.mark.parametrize("nvml_file", ["h100-sxm-8x-healthy.json", "h100-sxm-8x-prohibited.json"])
@@ -718,12 +719,12 @@ def test_gpus_in_default_mode_keep_the_p2p_step(nvml_file):
     # PROHIBITED fails the cuda check first (tests/checks/test_cuda.py); nothing here to leave out.
     ctx = make_ctx()
     ctx.results["cuda"] = cuda_result(nvml_file)
-    assert bandwidth.exclusive_gpus(bandwidth.compute_modes(ctx)) is None
-    assert "p2p" in bandwidth.steps_for(True, 8, expect(), one_process=None)
+    assert bandwidth_plan.exclusive_gpus(bandwidth.compute_modes(ctx)) is None
+    assert "p2p" in bandwidth_plan.steps_for(True, 8, expect(), one_process=None)
 
 
 def test_one_gpu_in_exclusive_mode_is_named():
-    assert bandwidth.exclusive_gpus({0: "default", 1: "exclusive_process", 2: None}).startswith("GPU->GPU copies not measured: GPU 1 is in compute mode")
+    assert bandwidth_plan.exclusive_gpus({0: "default", 1: "exclusive_process", 2: None}).startswith("GPU->GPU copies not measured: GPU 1 is in compute mode")
 
 
 def test_without_the_cuda_check_the_compute_modes_come_from_nvml():
@@ -878,11 +879,11 @@ def test_local_rank_0_s_p2p_setup_is_said_with_the_gpus_left_holding_its_context
     setup = {"p2p": {"by": "local rank 0", "gpus": 4, "contexts": 3, "contexts_seconds": 0.41, "buffers_seconds": 0.12, "bytes_per_gpu": GIB}}
     f = facts([outcome(r, report(r, world=4, step_seconds={"p2p": 1.3 if r == 0 else 1.31}, setup=setup if r == 0 else {}, import_seconds=2.0, init_seconds=1.0))
                for r in range(4)])
-    (line,) = bandwidth.time_line(f)
+    (line,) = bandwidth_plan.time_line(f)
     assert "p2p 1.3 s (3 contexts 0.4 s, buffers 0.1 s)" in line, line
-    assert bandwidth.foreign_contexts(f) == {"process": "local rank 0", "gpus": ["GPU 1", "GPU 2", "GPU 3"], "per_gpu": 1}
-    assert bandwidth.foreign_line(f) == ["GPU->GPU copies made from local rank 0's process over every GPU: GPU 1, GPU 2, GPU 3 each hold that one context of it for the rest of the launch"]
-    assert bandwidth.foreign_contexts(per_rank(2, lambda r: [])) is None and bandwidth.foreign_line(per_rank(2, lambda r: [])) == []
+    assert bandwidth_plan.foreign_contexts(f) == {"process": "local rank 0", "gpus": ["GPU 1", "GPU 2", "GPU 3"], "per_gpu": 1}
+    assert bandwidth_plan.foreign_line(f) == ["GPU->GPU copies made from local rank 0's process over every GPU: GPU 1, GPU 2, GPU 3 each hold that one context of it for the rest of the launch"]
+    assert bandwidth_plan.foreign_contexts(per_rank(2, lambda r: [])) is None and bandwidth_plan.foreign_line(per_rank(2, lambda r: [])) == []
 
 
 def test_a_setup_not_in_the_worker_s_shape_is_a_report_that_does_not_fit_not_a_traceback_later():

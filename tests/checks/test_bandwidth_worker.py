@@ -81,7 +81,8 @@ from types import SimpleNamespace  # noqa: E402
 from fakes import FakeDist, FakeTorch  # noqa: E402
 
 from preflight.checks import bandwidth  # noqa: E402
-from preflight.checks.bandwidth import BandwidthFacts, RankReport, StepResult  # noqa: E402
+from preflight.checkkit import bandwidth_figures, bandwidth_plan  # noqa: E402
+from preflight.checkkit.bandwidth_figures import BandwidthFacts, RankReport, StepResult  # noqa: E402
 from preflight.gpuwork import ranks  # noqa: E402
 
 GB = 1e9
@@ -134,7 +135,7 @@ def test_the_other_ranks_only_wait_at_as_many_barriers_as_rank_0():
     leader, lead_torch, _ = p2p_on(4)
     assert results == [] and torch.contexts == {2}  # no context on a peer's GPU, no copy
     barriers = [e for e in torch.log if e == ("barrier",)]
-    assert len(barriers) == len([e for e in lead_torch.log if e == ("barrier",)]) == bandwidth.p2p_plan(4).barriers
+    assert len(barriers) == len([e for e in lead_torch.log if e == ("barrier",)]) == bandwidth_plan.p2p_plan(4).barriers
 
 
 def test_by_hand_each_pair_has_its_own_line_entry():
@@ -145,12 +146,12 @@ def test_by_hand_each_pair_has_its_own_line_entry():
 
 def test_the_check_s_plan_counts_what_the_worker_runs():
     for n in (1, 2, 3, 8):
-        plan = bandwidth.p2p_plan(n)
+        plan = bandwidth_plan.p2p_plan(n)
         assert plan.timed == len(worker.pairs(n)) == len(set(worker.pairs(n))) == n * (n - 1)
         assert plan.contexts == plan.foreign_contexts == max(0, n - 1)
     results, torch, _ = p2p_on(8)
-    assert len(results) == 56 and len([e for e in torch.log if e == ("barrier",)]) == bandwidth.p2p_plan(8).barriers
-    assert len([e for e in torch.log if e[0] == "context"]) == bandwidth.p2p_plan(8).contexts + 1  # and its own GPU's
+    assert len(results) == 56 and len([e for e in torch.log if e == ("barrier",)]) == bandwidth_plan.p2p_plan(8).barriers
+    assert len([e for e in torch.log if e[0] == "context"]) == bandwidth_plan.p2p_plan(8).contexts + 1  # and its own GPU's
 
 
 def test_every_pair_reaches_the_judges_as_its_own_figure():
@@ -161,7 +162,7 @@ def test_every_pair_reaches_the_judges_as_its_own_figure():
     reports = [RankReport(rank=r, local_rank=r, world_size=4, host="n", pid=r, python="py", stage="done", backend="nccl", device="cuda",
                           results=[StepResult(**x) for x in results] if r == 0 else []) for r in range(4)]
     f = BandwidthFacts(python="py", backend="nccl", nproc=4, ranks=[ranks.RankOutcome(rank=r, gpu=f"GPU {r}", report=reports[r]) for r in range(4)])
-    figs = [g for g in bandwidth.figures(f) if g.name == "p2p_bandwidth"]
+    figs = [g for g in bandwidth_figures.figures(f) if g.name == "p2p_bandwidth"]
     assert len(figs) == 12 and {(g.labels["gpu"], g.labels["peer_gpu"]) for g in figs} == {(str(a), str(c)) for a, c in worker.pairs(4)}
     by_pair = {(g.labels["gpu"], g.labels["peer_gpu"]): g for g in figs}
     assert by_pair[("2", "3")].value == pytest.approx(40 * GB) and by_pair[("3", "2")].value == pytest.approx(300 * GB)
@@ -183,7 +184,7 @@ def test_pinned_buffers_are_made_by_every_rank_before_the_first_turn():
         pins = [i for i, e in enumerate(torch.log) if e[0] == "pin"]
         first_barrier = torch.log.index(("barrier",))
         assert pins and max(pins) < first_barrier, (step, torch.log[:12])
-        assert len([e for e in torch.log if e == ("barrier",)]) == bandwidth.host_copy_plan(4).barriers
+        assert len([e for e in torch.log if e == ("barrier",)]) == bandwidth_plan.host_copy_plan(4).barriers
         assert r["step"] == step and r["moved_bytes"] == 256 * MIB and len(r["seconds"]) == ARGS["repeats"]
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from preflight.base.findings import Measurement, Status
 from preflight.checks import bandwidth, train
-from preflight.checks.bandwidth import BandwidthFacts, StepResult
+from preflight.checkkit import bandwidth_figures
+from preflight.checkkit.bandwidth_figures import BandwidthFacts, StepResult
 from preflight.checks.workers import _rank
 from preflight.gpuwork import ranks
 from preflight.outputs import metrics
@@ -39,7 +40,7 @@ def hbm_copy(slow_rank: int, slower_by: float, **kw):
 
 
 def test_one_gpu_15_percent_slower_on_hbm_copy_warns_naming_it_and_by_how_much():
-    figs = bandwidth.figures(bw_facts(hbm_copy(5, 0.15)))
+    figs = bandwidth_figures.figures(bw_facts(hbm_copy(5, 0.15)))
     (f,) = bandwidth.judge_outliers(figs, BAND, {}, all_nvlink=True)
     assert f.status == WARN
     assert f.summary.startswith("GPU 5 HBM copy 1826 GB/s, 15% under the node's median 2147 GB/s") or "15% under the node's median" in f.summary, f.summary
@@ -50,21 +51,21 @@ def test_one_gpu_15_percent_slower_on_hbm_copy_warns_naming_it_and_by_how_much()
 
 
 def test_one_gpu_25_percent_slower_fails_and_the_healthy_ones_are_never_named():
-    figs = bandwidth.figures(bw_facts(hbm_copy(2, 0.25)))
+    figs = bandwidth_figures.figures(bw_facts(hbm_copy(2, 0.25)))
     (f,) = bandwidth.judge_outliers(figs, BAND, {}, all_nvlink=True)
     assert f.status == FAIL and f.summary.startswith("GPU 2 HBM copy ") and "25% under the node's median" in f.summary
     assert "drain the node" in f.remedy and "GPU 0" not in f.cause
-    assert bandwidth.judge_outliers(bandwidth.figures(bw_facts(hbm_copy(2, 0.05))), BAND, {}, True) == []
+    assert bandwidth.judge_outliers(bandwidth_figures.figures(bw_facts(hbm_copy(2, 0.05))), BAND, {}, True) == []
 
 
 def test_a_profile_without_a_band_judges_nothing_against_the_median():
-    figs = bandwidth.figures(bw_facts(hbm_copy(2, 0.5)))
+    figs = bandwidth_figures.figures(bw_facts(hbm_copy(2, 0.5)))
     assert bandwidth.judge_outliers(figs, None, {}, True) == []
     assert not [m for m in bandwidth.measurements(figs, {}, None) if m.name.endswith("_median_shortfall")]
 
 
 def test_a_figure_that_did_not_converge_is_still_judged_and_says_so():
-    figs = bandwidth.figures(bw_facts(hbm_copy(5, 0.25, tolerance=0.02, stopped="max_repeats")))
+    figs = bandwidth_figures.figures(bw_facts(hbm_copy(5, 0.25, tolerance=0.02, stopped="max_repeats")))
     slow = next(g for g in figs if g.where == "GPU 5")
     slow.converged, slow.ci = False, 0.09  # its repeats stopped at the cap with a wide interval
     (f,) = bandwidth.judge_outliers(figs, BAND, {}, True)
@@ -87,10 +88,10 @@ KINDS = {frozenset((0, 1)): "NV4", frozenset((2, 3)): "NV4", **{frozenset((a, b)
 def test_a_p2p_pair_is_judged_against_the_pairs_over_the_same_kind_of_link():
     # Cross-socket pairs run at a fifth of the NVLink pairs: that is the board, not a fault.
     sys_pairs = {(a, b): 0.05 for a in range(4) for b in range(4) if a != b and frozenset((a, b)) in KINDS and KINDS[frozenset((a, b))] == "SYS"}
-    figs = bandwidth.figures(p2p_facts(sys_pairs))
+    figs = bandwidth_figures.figures(p2p_facts(sys_pairs))
     assert bandwidth.judge_outliers(figs, BAND, KINDS, all_nvlink=False) == []
     # One SYS pair 30% slower than the other SYS pairs: named, with both GPUs.
-    figs = bandwidth.figures(p2p_facts({**sys_pairs, (1, 3): 0.05 / 0.7}))
+    figs = bandwidth_figures.figures(p2p_facts({**sys_pairs, (1, 3): 0.05 / 0.7}))
     (f,) = bandwidth.judge_outliers(figs, BAND, KINDS, all_nvlink=False)
     assert f.status == FAIL and f.summary.startswith("GPU 1 -> GPU 3 GPU->GPU copy ") and "30% under the node's median" in f.summary
     assert "on 1 of them" in f.cause and "(the median of the 8 over SYS links)" in f.cause  # held to the 8 ordered SYS pairs only
@@ -99,7 +100,7 @@ def test_a_p2p_pair_is_judged_against_the_pairs_over_the_same_kind_of_link():
 
 
 def test_pairs_whose_link_is_unknown_are_judged_only_on_an_nvswitch_board():
-    figs = bandwidth.figures(p2p_facts({(1, 3): 0.02}))  # half the speed of the others
+    figs = bandwidth_figures.figures(p2p_facts({(1, 3): 0.02}))  # half the speed of the others
     assert bandwidth.judge_outliers(figs, BAND, {}, all_nvlink=False) == []
     (f,) = bandwidth.judge_outliers(figs, BAND, {}, all_nvlink=True)
     assert f.status == FAIL and "GPU 1 -> GPU 3" in f.summary
@@ -111,7 +112,7 @@ def test_memcpy_shortfall_becomes_a_metric_beside_its_ceiling():
         return [StepResult(step="memcpy", bytes=64 << 20, moved_bytes=128 << 20, seconds=[0.01 * (2 if r == 1 else 1)] * 7)]
     outcomes = [ranks.RankOutcome(rank=r, report=rank_report(bandwidth, r, 2, results=results(r), backend="gloo", device="cpu"), gpu=None, last_line="") for r in range(2)]
     f = BandwidthFacts(python=PY, backend="gloo", nproc=2, ended="exit 0", returncode=0, seconds=3.0, ranks=outcomes)
-    figs = bandwidth.figures(f)
+    figs = bandwidth_figures.figures(f)
     (finding,) = bandwidth.judge_outliers(figs, BAND, {}, False)
     assert finding.summary == "rank 1 host memcpy 6.71 GB/s, 33% under the node's median 10.1 GB/s"
     ms = [m for m in bandwidth.measurements(figs, {}, BAND) if m.name == "memcpy_bandwidth_median_shortfall"]

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from preflight.checks import bandwidth
+from preflight.checkkit import bandwidth_figures
 
 from preflight.gpuwork import launch
 from preflight.readers import nccltests
@@ -86,9 +86,9 @@ def worker_figures(gpu: bool, nproc: int) -> dict[str, float]:
             "--copy-bytes", str(sizes["copy"]), "--collective-bytes", str(sizes["collective"]), "--repeats", str(REPEATS), "--warmup", "3"]  # fmt: skip
     from preflight.gpuwork import ranks
 
-    facts = bandwidth.BandwidthFacts(python=sys.executable, backend="nccl" if gpu else "gloo", nproc=nproc)
-    ranks.collect(facts, launch.Worker("bandwidth.py", args, nproc=nproc), bandwidth.RankReport, dict(os.environ), 300, None)
-    figs = bandwidth.figures(facts)
+    facts = bandwidth_figures.BandwidthFacts(python=sys.executable, backend="nccl" if gpu else "gloo", nproc=nproc)
+    ranks.collect(facts, launch.Worker("bandwidth.py", args, nproc=nproc), bandwidth_figures.RankReport, dict(os.environ), 300, None)
+    figs = bandwidth_figures.figures(facts)
     assert figs, facts.log_tail
     # One rank's copy (they run one at a time) is the quantity the plain loop measures: the median over ranks.
     copies = [f.value for f in figs if f.name == f"{copy}_bandwidth"]

@@ -1,13 +1,13 @@
 """nccl-tests tables (tests/fixtures/nccltests: real runs on A100, H100 and A40,
 and hand-written variants of the layouts no capture has): the parser reads
-them, and the bandwidth check's arithmetic (checks/bandwidth.py: algbw,
+them, and the bandwidth check's arithmetic (checkkit/bandwidth_figures.py: algbw,
 bus_factor) gives back every busbw they print."""
 
 from __future__ import annotations
 
 import pytest
 from conftest import FIXTURES
-from preflight.checks import bandwidth
+from preflight.checkkit import bandwidth_figures
 
 from preflight.base.errors import UsageError
 from preflight.readers import nccltests
@@ -43,12 +43,12 @@ def test_every_printed_busbw_is_algbw_times_the_all_reduce_factor(path):
     definition (doc/PERFORMANCE.md), checked on every row and both columns,
     within the rounding of the printed time (4 digits) and busbw (2 decimals)."""
     t = nccltests.parse(path.read_text())
-    factor = bandwidth.bus_factor("all_reduce", t.ranks)
+    factor = bandwidth_figures.bus_factor("all_reduce", t.ranks)
     assert t.ranks == RANKS.get(path.name[:3], 8)
     checked = 0
     for row in t.rows:
         for timing in (row.out_of_place, row.in_place):
-            ours = bandwidth.algbw(row.size, timing.time_us * 1e-6)
+            ours = bandwidth_figures.algbw(row.size, timing.time_us * 1e-6)
             assert ours / 1e9 == pytest.approx(timing.algbw_gbps, rel=2e-3, abs=0.006), row
             assert ours * factor / 1e9 == pytest.approx(timing.busbw_gbps, rel=2e-3, abs=0.011), row
             checked += 1
@@ -57,8 +57,8 @@ def test_every_printed_busbw_is_algbw_times_the_all_reduce_factor(path):
 
 def test_all_gather_and_reduce_scatter_factors_are_n_minus_1_over_n():
     # 8 GPUs: 0.875; the size nccl-tests prints for them is the whole buffer.
-    assert bandwidth.bus_factor("all_gather", 8) == bandwidth.bus_factor("reduce_scatter", 8) == pytest.approx(0.875)
-    assert bandwidth.bus_factor("all_reduce", 2) == 1.0
+    assert bandwidth_figures.bus_factor("all_gather", 8) == bandwidth_figures.bus_factor("reduce_scatter", 8) == pytest.approx(0.875)
+    assert bandwidth_figures.bus_factor("all_reduce", 2) == 1.0
 
 
 def test_the_small_message_row_is_latency_bound():
