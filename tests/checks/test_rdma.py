@@ -516,6 +516,27 @@ def test_a_port_init_as_the_run_began_and_active_at_the_checks_turn_passes_on_a_
     assert asked == [3] and "mlx5_6 port 1 INIT -> ACTIVE since the run began" in res.details["first_read"]
 
 
+def test_one_port_coming_up_keeps_the_early_read_of_every_other_port(root):
+    """mlx5_6 turns ACTIVE after the early read, so it gets a first read of the full interval at
+    the check's turn; mlx5_2's link went down and came back since the run began: its early read
+    stands, and its growth is a flap, not lost with mlx5_6's early read."""
+    edit(root, f"{IB}/mlx5_6/ports/1/state", "2: INIT")
+    check, c = r.Rdma(), ctx(root)
+    check.begin(c)
+    c.readings["rdma"].thread.join()
+    edit(root, f"{IB}/mlx5_6/ports/1/state", "4: ACTIVE")
+    was = int((root / counter("mlx5_2", "link_downed")).read_text())
+    edit(root, counter("mlx5_2", "link_downed"), str(was + 1))
+    asked = []
+    check.wait = asked.append
+    res = check.run(c)
+    assert res.status == FAIL and res.summary.startswith("mlx5_2 port 1 flapping: link_downed +1 in "), (res.summary, res.cause)
+    assert asked == [3] and "mlx5_6 port 1 INIT -> ACTIVE since the run began" in res.details["first_read"]
+    ports = {f"{p['device']} port {p['port']}": p for p in res.details["ports"]}
+    assert ports["mlx5_6 port 1"]["state_early"] == "INIT" and ports["mlx5_2 port 1"]["state_early"] is None
+    assert ports["mlx5_2 port 1"]["interval_seconds"] >= ports["mlx5_6 port 1"]["interval_seconds"] == res.details["interval_seconds"]
+
+
 def test_a_port_that_trained_faster_since_the_run_began_is_judged_at_its_rate_now(root):
     edit(root, f"{IB}/mlx5_0/ports/1/rate", "200 Gb/sec (4X HDR)")
     check, c = r.Rdma(), ctx(root)
