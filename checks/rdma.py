@@ -175,13 +175,19 @@ def states(p: Port) -> list[str]:
 
 
 def flapped(p: Port) -> bool:
-    """The port changed state while watched, other than coming up: INIT or ARMED -> ACTIVE is
-    the subnet manager configuring a port whose link is up (a node still settling), and the
-    state the port ends in is judged by judge_ports. Leaving ACTIVE at any step is a flap."""
+    """The port left ACTIVE while watched: ACTIVE, then anything lower, at any step (the run's
+    early read included). A port climbing DOWN -> INIT -> ARMED -> ACTIVE is coming up (at boot
+    the link trains while DOWN, phys Polling, then the subnet manager configures it, and
+    network-online.target waits for none of it), and INIT <-> ARMED while the subnet manager
+    works is no flap either: judge_ports judges the state it ends in, and a link that went down
+    and came back while up is link_downed growing, judged below."""
+    return "ACTIVE" in states(p)[:-1]
+
+
+def came_up(p: Port) -> str | None:
+    """The states of a port that changed while watched without leaving ACTIVE, or None."""
     seen = states(p)
-    if len(seen) < 2:
-        return False
-    return any(a == "ACTIVE" for a in seen[:-1]) or not (seen[-1] == "ACTIVE" and all(s in ("INIT", "ARMED") for s in seen[:-1]))
+    return " -> ".join(seen) if len(seen) > 1 and not flapped(p) else None
 
 
 def seconds(p: Port, facts: RdmaFacts) -> float:
@@ -338,6 +344,9 @@ class Rdma(Check):
         if details["since_boot"]:
             ok += f"; {len(details['since_boot'])} counts since boot, not growing (details.since_boot)"
         lines = []
+        if rising := {p.where: seen for p in facts.ports if (seen := came_up(p))}:
+            details["came_up"] = rising  # ports brought up while watched: no flap, judged by the state they ended in
+            lines.append("came up while watched, not a flap: " + "; ".join(f"{where} {seen}" for where, seen in rising.items()))
         if facts.unread:
             details["unjudged"] = {"ports": "; ".join(facts.unread)}
             unjudged = [f"not judged: the ports under {u}" for u in facts.unread]
