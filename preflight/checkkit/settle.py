@@ -32,7 +32,9 @@ from preflight.readers.nvml import Inventory
 LIMIT_SECONDS = 20.0
 EVERY_SECONDS = 1.0  # between reads: each costs a child and its 0.4 s window of clock readings
 READ_TIMEOUT = 10.0  # one read's bound; the loop's limit bounds them all
-MARGIN_SECONDS = 6.0  # left before the check's deadline for what it does after (systemctl's 5 s, the judge)
+# Left before the check's deadline for what it does after: host.RESERVE_SECONDS (3 s) for the fallback and
+# the judges, and 3 s for a tool (nvidia-smi topo -m, systemctl), each of which answers in well under that.
+MARGIN_SECONDS = 6.0
 
 
 @dataclass
