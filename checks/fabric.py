@@ -12,16 +12,18 @@ the bus shows as a missing NVIDIA bridge in sysfs.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import stat
+import time
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel
 
 from preflight.base.findings import Finding, Status, worst
-from preflight.base.host import Host
+from preflight.base.host import Host, tool_time
 from preflight.base.units import format_cpulist
 from preflight.checkkit import settle
 from preflight.checkkit.sources import Sources
@@ -59,13 +61,16 @@ SYSTEMCTL = f"systemctl is-active {UNIT}"
 STATES = ("active", "inactive", "failed", "activating", "deactivating", "reloading")  # systemctl is-active's words
 
 
-def manager_state(host: Host, timeout: float = SYSTEMCTL_TIMEOUT) -> Manager:
+def manager_state(host: Host, timeout: float = SYSTEMCTL_TIMEOUT, skip: str | None = None) -> Manager:
     """Whether nv-fabricmanager runs: systemd's word, else its process. Where systemctl
-    ran and gave no word (nothing, garbage, an error, a hang), ``unread`` says so: the
-    process, and the GPUs' own fabric registration, answer in its place."""
+    ran and gave no word (nothing, garbage, an error, a hang), or was not run (``skip``:
+    why), ``unread`` says so: the process, and the GPUs' own fabric registration, answer
+    in its place."""
     why, unread = "systemctl is not installed", None
     exe = shutil.which("systemctl", path=host.environ.get("PATH", os.defpath))
-    if exe:
+    if exe and skip:
+        why, unread = f"`{SYSTEMCTL}` {skip}", skip
+    elif exe:
         try:
             done = host.run([exe, "is-active", UNIT], timeout, cwd="/")
         except OSError as e:  # vanished, or not executable here: systemd's word is unknown, not an error of the check
@@ -133,9 +138,15 @@ def is_daemon(proc: Path) -> bool:
     return uid == [b"0"] and exe.st_uid == 0 and not exe.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
-def gather(host: Host, inventory: Inventory) -> FabricFacts:
-    """The manager's state beside ``inventory``, the run's NVML facts (Context.inventory)."""
-    return FabricFacts(manager=manager_state(host), inventory=inventory)
+def gather(host: Host, inventory: Inventory, deadline: float = math.inf) -> FabricFacts:
+    """The manager's state beside ``inventory``, the run's NVML facts (Context.inventory);
+    systemctl is given what is left before ``deadline`` (a settle wait may have used most of
+    the check's time), less what the process scan and the judges need."""
+    timeout = tool_time(deadline, SYSTEMCTL_TIMEOUT)
+    if timeout is None:
+        return FabricFacts(manager=manager_state(host, skip=f"not run: {max(0.0, deadline - time.monotonic()):.1f} s were left "
+                                                            "before the check's deadline"), inventory=inventory)
+    return FabricFacts(manager=manager_state(host, timeout), inventory=inventory)
 
 
 # ---- judging ---------------------------------------------------------------
@@ -305,8 +316,8 @@ class Fabric(Check):
         assert ctx.profile.fabric is not None and ctx.shape is not None
         try:
             # A boot gate can start while the fabric manager still registers the GPUs: wait for it, bounded.
-            waited = settle.settled_inventory(ctx, timeout=20.0)
-            facts = gather(ctx.host, waited.inventory)
+            waited = settle.settled_inventory(ctx, timeout=min(20.0, max(1.0, ctx.deadline - time.monotonic())))
+            facts = gather(ctx.host, waited.inventory, ctx.deadline)
         except nvml.NvmlUnavailable as e:
             return self.result(FAIL, e.cause, cause=e.cause, remedy=e.remedy)
         parts, unjudged, notes = judge(facts, ctx.shape, ctx.profile.fabric)

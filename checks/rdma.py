@@ -175,13 +175,24 @@ def states(p: Port) -> list[str]:
 
 
 def flapped(p: Port) -> bool:
-    """The port changed state while watched, other than coming up: INIT or ARMED -> ACTIVE is
-    the subnet manager configuring a port whose link is up (a node still settling), and the
-    state the port ends in is judged by judge_ports. Leaving ACTIVE at any step is a flap."""
+    """The port left ACTIVE while watched: ACTIVE, then anything lower, at any step (the run's
+    early read included). A port climbing DOWN -> INIT -> ARMED -> ACTIVE is coming up (at boot
+    the link trains while DOWN, phys Polling, then the subnet manager configures it, and
+    network-online.target waits for none of it), and INIT <-> ARMED while the subnet manager
+    works is no flap either: judge_ports judges the state it ends in, and a link that went down
+    and came back while up is link_downed growing, judged below."""
+    return "ACTIVE" in states(p)[:-1]
+
+
+def came_up(p: Port) -> str | None:
+    """The states of a port that changed while watched without leaving ACTIVE, or None."""
     seen = states(p)
-    if len(seen) < 2:
-        return False
-    return any(a == "ACTIVE" for a in seen[:-1]) or not (seen[-1] == "ACTIVE" and all(s in ("INIT", "ARMED") for s in seen[:-1]))
+    return " -> ".join(seen) if len(seen) > 1 and not flapped(p) else None
+
+
+def seconds(p: Port, facts: RdmaFacts) -> float:
+    """How long the port was watched: its own interval, where its early read stood while another's was taken again."""
+    return p.interval_seconds if p.interval_seconds is not None else facts.interval_seconds
 
 
 def judge_counters(facts: RdmaFacts, expect: RdmaExpect) -> list[Finding]:
@@ -189,8 +200,9 @@ def judge_counters(facts: RdmaFacts, expect: RdmaExpect) -> list[Finding]:
     symbol errors only past the profile's rate). Counts since boot that did not grow are
     no finding, unless a counter sits at its ceiling, where growth could not be seen."""
     out = []
-    secs = f"{facts.interval_seconds:g} s"
     for p in facts.ports:
+        watched = seconds(p, facts)
+        secs = f"{watched:g} s"
         if flapped(p):
             seen = " -> ".join(states(p))
             out.append(Finding(FAIL, f"{p.where} flapping: {seen}",
@@ -202,11 +214,11 @@ def judge_counters(facts: RdmaFacts, expect: RdmaExpect) -> list[Finding]:
                                f"{p.counters['link_downed']} to {p.counters_later['link_downed']} in {secs}): every flap drops the job's connections",
                                LINK_FIX))
         discards = grew.pop("port_xmit_discards", 0)
-        if slow_symbol_errors(p, expect, facts.interval_seconds) is not None:
+        if slow_symbol_errors(p, expect, watched) is not None:
             grew.pop("symbol_error")  # raw bit errors at a rate FEC corrects: details.slow_symbol_errors
         if grew:
             said = ", ".join(f"{n} +{d}" for n, d in grew.items())
-            rate = (f"; symbol_error at {grew['symbol_error'] / max(facts.interval_seconds, 1e-3):.3g}/s, past {expect.symbol_errors_per_second:g}/s "
+            rate = (f"; symbol_error at {grew['symbol_error'] / max(watched, 1e-3):.3g}/s, past {expect.symbol_errors_per_second:g}/s "
                     f"({expect.symbol_source})") if "symbol_error" in grew else ""
             out.append(Finding(FAIL, f"{p.where}: {said} in {secs}",
                                f"error counters of {p.where} grew while it was watched ({said} in {secs}{rate}): the link is corrupting "
@@ -317,7 +329,7 @@ class Rdma(Check):
         details["parts"] = {name: worst(found) for name, found in parts.items()}
         details["since_boot"] = since_boot(facts)
         details["slow_symbol_errors"] = {p.where: f"{r:.3g}/s, within {expect.symbol_errors_per_second:g}/s" for p in facts.ports
-                                         if (r := slow_symbol_errors(p, expect, facts.interval_seconds)) is not None}
+                                         if (r := slow_symbol_errors(p, expect, seconds(p, facts))) is not None}
         details["compute_ports"] = {"chosen_by": chosen_by(facts), "ports": [p.where for p in facts.ports if compute(p, expect, facts)]}
         details["other_ports"] = other_ports(facts, expect)  # down or slower, but no compute port: not judged
         if not gpus or not expect.gpudirect:
@@ -332,8 +344,12 @@ class Rdma(Check):
         if details["since_boot"]:
             ok += f"; {len(details['since_boot'])} counts since boot, not growing (details.since_boot)"
         lines = []
+        if rising := {p.where: seen for p in facts.ports if (seen := came_up(p))}:
+            details["came_up"] = rising  # ports brought up while watched: no flap, judged by the state they ended in
+            lines.append("came up while watched, not a flap: " + "; ".join(f"{where} {seen}" for where, seen in rising.items()))
         if facts.unread:
             details["unjudged"] = {"ports": "; ".join(facts.unread)}
-            lines = [f"not judged: the ports under {u}" for u in facts.unread]
-            ok += "; " + "; ".join(lines)
+            unjudged = [f"not judged: the ports under {u}" for u in facts.unread]
+            lines += unjudged
+            ok += "; " + "; ".join(unjudged)
         return self.conclude(findings, ok, measurements=measurements(facts, expect), details=details, lines=lines)

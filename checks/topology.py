@@ -365,7 +365,7 @@ class Topology(Check):
             parts["source"] = [nvml.fake_finding(str(ctx.settings.nvml_fake))]
         advice = advise(facts)
         src = sources(facts)
-        details = facts.model_dump(mode="json", exclude={"answered"}) | src.details()  # answered: as details.sources
+        details = facts.model_dump(mode="json", exclude={"answered", "not_run"}) | src.details()  # as details.sources and .unread
         details["parts"] = {name: worst(found) for name, found in parts.items()}
         details["advice"] = advice.model_dump(mode="json")
         if said := waited.describe():
@@ -389,4 +389,6 @@ def sources(facts: TopologyFacts) -> Sources:
         src.took(fact, source)
     if facts.matrix_error:
         src.failed("nvidia-smi topo -m", facts.matrix_error, facts.matrix_source if facts.matrix is not None else None)
+    for tool, why in facts.not_run.items():  # the advice then names both ways to bind
+        src.failed(tool, why)
     return src

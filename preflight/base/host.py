@@ -30,6 +30,21 @@ def read_stripped(path: str | Path) -> str | None:
         return None
 
 
+# Kept before a check's deadline when a tool starts, for what follows it: a tool that ignores
+# SIGTERM at its deadline is given stop()'s 2 s grace before SIGKILL, then the check needs its
+# fallback source (sysfs, NVML already read) and its judges, well under a second.
+RESERVE_SECONDS = 3.0
+LEAST_SECONDS = 0.5  # a tool given less is not started: nvidia-smi alone loads NVML for longer
+
+
+def tool_time(deadline: float, cap: float, reserve: float = RESERVE_SECONDS) -> float | None:
+    """The seconds a tool starting now may take: ``cap``, or what is left before ``deadline``
+    (time.monotonic()) less ``reserve`` where that is sooner; None where too little is left
+    to start it (the caller says it unread, and its fallback answers)."""
+    left = min(cap, deadline - time.monotonic() - reserve)
+    return left if left >= LEAST_SECONDS else None
+
+
 @dataclass(frozen=True)
 class Completed:
     argv: tuple[str, ...]

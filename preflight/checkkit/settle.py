@@ -12,7 +12,9 @@ from preflight.pipeline.check import Context
 from preflight.readers import nvml
 from preflight.readers.nvml_settle import EVERY_SECONDS, LIMIT_SECONDS, READ_TIMEOUT, Settled, Waited, in_progress, settle  # noqa: F401 (the checks' names)
 
-MARGIN_SECONDS = 6.0  # left before the check's deadline for what it does after (systemctl's 5 s, the judge)
+# Left before the check's deadline for what it does after: host.RESERVE_SECONDS (3 s) for the fallback and
+# the judges, and 3 s for a tool (nvidia-smi topo -m, systemctl), each of which answers in well under that.
+MARGIN_SECONDS = 6.0
 
 
 def settled_inventory(ctx: Context, timeout: float) -> Settled:

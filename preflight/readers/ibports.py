@@ -13,9 +13,11 @@ that grows while we watch is a link failing now. The first read may be taken
 as the run begins (``first_read``), so the interval runs beside other checks
 and the second read waits only for what is left of it. Only the counters are
 taken from that early read: a port's state and rate are judged from the second
-read, and where any port's state or rate changed between the early read and the
-check's turn (a boot gate runs while the subnet manager brings ports up) the
-early read is dropped and a first read of the full interval taken then. ``wait``
+read, and a port whose state or rate changed between the early read and the
+check's turn (a boot gate runs while the subnet manager brings ports up), or
+that was not listed then, gets a first read of the full interval then; the
+other ports keep theirs, so a counter that grew on them since the run began
+still counts (each port's ``interval_seconds`` says how long it was watched). ``wait``
 is injected so a test can change the tree between the reads instead of sleeping.
 """
 
@@ -62,6 +64,9 @@ class Port(BaseModel):
     rate_later: str | None = None
     # The state at the run's early read, where it differed at the check's turn and that read was dropped.
     state_early: str | None = None
+    # Seconds between this port's two reads: more than RdmaFacts.interval_seconds where its early read
+    # stood while another port's was taken again; None (recorded facts): the facts' interval.
+    interval_seconds: float | None = None
     pci: str | None = None  # the device's PCI address
     near_gpu: bool | None = None  # shares a PCIe switch with a GPU; None: sysfs cannot tell
 
@@ -87,7 +92,7 @@ class Port(BaseModel):
 class RdmaFacts(BaseModel):
     ports: list[Port] = []
     unread: list[str] = []  # sysfs directories that could not be listed: their ports are not judged
-    interval_seconds: float = 0.0  # how far apart the two reads were
+    interval_seconds: float = 0.0  # how far apart the two reads were: the shortest of any port's
     first_read: str = "at the check's turn"  # when the first read was taken, and why an early one was dropped
     peermem: list[str] = []  # peer-memory modules loaded
     memory_peers: bool = False  # nv_mem registered with the RDMA core (MLNX_OFED's peer-memory API)
@@ -169,21 +174,40 @@ def _links(host: Host) -> tuple[dict[tuple[str, int], tuple[str | None, str | No
     return out, unread
 
 
-def _changed(first: FirstRead, host: Host) -> str | None:
-    """Why the early read cannot be the first of this check's two: the ports listed now are
-    not those it read (a driver that loaded or a port that went away since), or a port's
-    state or rate moved (a port the subnet manager brought up since). None where it stands."""
+def _changed(first: FirstRead, host: Host) -> bool:
+    """Whether anything moved since the early read: the ports listed (a driver that loaded or a
+    port that went away), or any port's state or rate. Read from the driver's cached attributes."""
     now, unread = _links(host)
-    if set(now) != {(p.device, p.port) for p in first.ports} or unread != first.unread:
-        return "the ports listed changed since the run began"
-    moved = []
-    for p in first.ports:
-        state, rate = now[(p.device, p.port)]
-        if p.state != state:
-            moved.append(f"{p.where} {p.state} -> {state}")
-        elif p.rate != rate:
-            moved.append(f"{p.where} {p.rate} -> {rate}")
-    return f"{'; '.join(moved)} since the run began" if moved else None
+    return (unread != first.unread or set(now) != {(p.device, p.port) for p in first.ports}
+            or any(now[(p.device, p.port)] != (p.state, p.rate) for p in first.ports))
+
+
+def _kept(first: FirstRead, host: Host) -> tuple[list[Port], dict[tuple[str, int], float], list[str], list[str]]:
+    """The ports listed now, each with its first read: the early one where its state and rate are
+    as they were (its counters' growth since the run began counts), else one taken now; when
+    each was taken; the directories that could not be listed now; what moved, port by port."""
+    now = first_read(host)
+    early = {(p.device, p.port): p for p in first.ports}
+    ports, at, moved = [], {}, []
+    for p in now.ports:
+        key = (p.device, p.port)
+        was = early.get(key)
+        if was is not None and (was.state, was.rate) == (p.state, p.rate):
+            ports.append(was.model_copy(deep=True))
+            at[key] = first.at
+            continue
+        fresh = p.model_copy(deep=True)
+        at[key] = now.at
+        if was is None:
+            moved.append(f"{p.where} listed")
+        elif was.state != p.state:
+            fresh.state_early = was.state
+            moved.append(f"{p.where} {was.state} -> {p.state}")
+        else:
+            moved.append(f"{p.where} {was.rate} -> {p.rate}")
+        ports.append(fresh)
+    moved += [f"{p.where} gone" for key, p in early.items() if key not in at]
+    return ports, at, now.unread, moved
 
 
 def near_gpus(host: Host, ports: list[Port], gpus: list[str]) -> None:
@@ -210,43 +234,49 @@ def _modules(host: Host) -> set[str]:
 def gather(host: Host, interval: float, wait: Callable[[float], None] = time.sleep, gpus: list[str] | None = None,
            first: FirstRead | None = None, latest: float = math.inf) -> RdmaFacts:
     """``gpus``: the GPUs' PCI addresses, to tell the compute NICs (beside a GPU) from the rest.
-    ``first``: the first read, taken earlier; where there is none, or the ports listed or any
-    port's state or rate changed since, it is taken now (``first_read`` in the facts says which). The second comes ``interval`` after it, or at ``latest`` (time.monotonic())
-    where that is sooner."""
-    changed = _changed(first, host) if first is not None else None
-    early = first is not None and changed is None
-    dropped = first if first is not None and not early else None
-    if first is None or not early:
+    ``first``: the first read, taken earlier; where there is none it is taken now, and where a
+    port's state or rate changed since (or it was not listed then) that port's is taken now,
+    the others keeping theirs (``first_read`` in the facts says which). The second read comes
+    ``interval`` after the latest first read, or at ``latest`` (time.monotonic()) where that is sooner."""
+    early_at = first.at if first is not None else None  # when the early read was taken
+    if first is None:
         first = first_read(host)
-    said = ("as the run began" if early else f"at the check's turn: the early read was dropped ({changed})" if dropped
-            else "at the check's turn")
-    ports = [p.model_copy(deep=True) for p in first.ports]
-    if dropped is not None:
-        before_states = {(p.device, p.port): p.state for p in dropped.ports}
-        for p in ports:
-            if (p.device, p.port) in before_states and before_states[(p.device, p.port)] != p.state:
-                p.state_early = before_states[(p.device, p.port)]
-    unread = list(first.unread)
+        ports = [p.model_copy(deep=True) for p in first.ports]
+        at = {(p.device, p.port): first.at for p in ports}
+        unread, said = list(first.unread), "at the check's turn"
+    elif not _changed(first, host):
+        ports = [p.model_copy(deep=True) for p in first.ports]
+        at = {(p.device, p.port): first.at for p in ports}
+        unread, said = list(first.unread), "as the run began"
+    else:
+        ports, at, unread, moved = _kept(first, host)
+        said = (f"as the run began, but at the check's turn for the ports that moved since ({'; '.join(moved)} since the run began)"
+                if moved else "as the run began")
     near_gpus(host, ports, gpus or [])
-    waited = 0.0
+    waited: dict[tuple[str, int], float] = {}
     if ports:
-        before = time.monotonic() - first.at if early else 0.0  # a first read just taken waits the whole interval
-        left = max(0.0, min(interval - before, latest - time.monotonic()))
+        started = time.monotonic()
+        # A first read taken at this turn waits the whole interval; an early read what is left of it.
+        before = {key: started - t if t == early_at else 0.0 for key, t in at.items()}
+        left = max(0.0, min(interval - min(before.values()), latest - started))
         wait(left)
         # The clock, or the wait where a test's stands in for the sleep.
-        waited = max(before + left, time.monotonic() - first.at)
+        after = time.monotonic()
+        waited = {key: max(before[key] + left, after - t) for key, t in at.items()}
         later = {(p.device, p.port): p for p in read_ports(host)}
         for p in ports:
-            again = later.get((p.device, p.port))
+            key = (p.device, p.port)
+            again = later.get(key)
             p.counters_later = again.counters if again else {}
             p.state_later = again.state if again else None
             p.rate_later = again.rate if again else None
+            p.interval_seconds = round(waited[key], 3)
     loaded = _modules(host)
     version = read_stripped(host.path("/proc/driver/nvidia/version"))
     nccl = nccl_env.effective(nccl_env.read(host))
     setting = nccl.get("NCCL_DMABUF_ENABLE")
     return RdmaFacts(
-        ports=ports, unread=unread, interval_seconds=round(waited, 3), first_read=said,
+        ports=ports, unread=unread, interval_seconds=round(min(waited.values(), default=0.0), 3), first_read=said,
         peermem=[m for m in PEERMEM if host.path(f"/sys/module/{m}").is_dir() or m in loaded],
         memory_peers=any(host.path(p).exists() for p in MEMORY_PEERS),
         kernel=read_stripped(host.path("/proc/sys/kernel/osrelease")),

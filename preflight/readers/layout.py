@@ -18,13 +18,15 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from preflight.base.host import Host, read_stripped
+from preflight.base.host import Host, read_stripped, tool_time
 from preflight.base.units import format_cpulist, parse_cpulist
 from preflight.readers import nvml, topo
 from preflight.readers.nvml import Inventory
 from preflight.readers.topo import Topo, TopoParseError
 
 NVIDIA_SMI_TIMEOUT = 15.0  # topo -m answers in well under a second; a wedged driver never does
+TORCHRUN_TIMEOUT = 10.0  # another interpreter asked where its torch is: a Python start, no torch import
+TORCHRUN_LOOKUP = "torchrun --numa-binding lookup"
 
 
 # ---- facts -------------------------------------------------------------------
@@ -97,6 +99,7 @@ class TopologyFacts(BaseModel):
     cuda_visible_devices: str | None = None
     torch_numa_binding: bool | None = None  # the installed torchrun has --numa-binding
     numactl: bool | None = None  # numactl is installed here; None: a capture from elsewhere
+    not_run: dict[str, str] = {}  # tool -> why it was not started (too little time left): its fact is unknown
 
     @property
     def live(self) -> bool:
@@ -204,7 +207,7 @@ def run_matrix(host: Host, timeout: float) -> tuple[Topo | None, str | None]:
         return None, f"`nvidia-smi topo -m` printed a matrix preflight cannot read ({e}); run it by hand and report the output"
 
 
-def torch_numa_binding(python: str, timeout: float = 10.0) -> bool | None:
+def torch_numa_binding(python: str, timeout: float = TORCHRUN_TIMEOUT) -> bool | None:
     """Does this interpreter's torchrun have --numa-binding? Read from its
     source, so torch is never imported (seconds, and a CUDA context)."""
     if python == sys.executable:
@@ -230,10 +233,22 @@ def gather(host: Host, nvml_fake: Path | None, python: str, deadline: float, smi
     """This machine's layout; ``python`` is the interpreter whose torchrun the
     job uses; ``inventory``: NVML's facts already read this run (else read here).
     Raises NvmlUnavailable when NVML cannot answer at all."""
-    left = max(1.0, deadline - time.monotonic())
     if inventory is None:
-        inventory = nvml.inventory(nvml_fake, timeout=min(20.0, left))
-    matrix, error = run_matrix(host, min(smi_timeout, left))
+        inventory = nvml.inventory(nvml_fake, timeout=min(20.0, max(1.0, deadline - time.monotonic())))
+    # Each tool's time is reckoned as it starts, from what is left then (a settle wait may have
+    # used most of the check's), with host.RESERVE_SECONDS kept for the fallback and the judges.
+    not_run: dict[str, str] = {}
+    if (smi := tool_time(deadline, smi_timeout)) is None:
+        matrix, error = None, f"`nvidia-smi topo -m` not run: {no_time(deadline)}"
+    else:
+        matrix, error = run_matrix(host, smi)
+    binding = None
+    if python == sys.executable:  # read in this process, no child to wait for
+        binding = torch_numa_binding(python)
+    elif (lookup := tool_time(deadline, TORCHRUN_TIMEOUT)) is None:
+        not_run[TORCHRUN_LOOKUP] = f"not run: {no_time(deadline)}"
+    else:
+        binding = torch_numa_binding(python, timeout=lookup)
     return TopologyFacts(
         matrix=matrix,
         matrix_error=error,
@@ -241,9 +256,15 @@ def gather(host: Host, nvml_fake: Path | None, python: str, deadline: float, smi
         nics=nics(host),
         cpus=machine_cpus(host),
         cuda_visible_devices=host.environ.get("CUDA_VISIBLE_DEVICES"),
-        torch_numa_binding=torch_numa_binding(python, timeout=min(10.0, left)),
+        torch_numa_binding=binding,
         numactl=shutil.which("numactl", path=host.environ.get("PATH", os.defpath)) is not None,
+        not_run=not_run,
     )
+
+
+def no_time(deadline: float) -> str:
+    return (f"{max(0.0, deadline - time.monotonic()):.1f} s were left before the check's deadline, kept for "
+            "the facts from NVML and sysfs and the judges")
 
 
 # ---- what the facts say, asked by the judges and the advice alike ---------------------

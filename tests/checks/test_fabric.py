@@ -428,3 +428,23 @@ def test_a_registration_still_in_progress_after_the_wait_fails_saying_how_long_i
     ctx, r = settling(tmp_path, monkeypatch, "h100-sxm-gpu5-fabric-in-progress.json")
     assert (r.status, r.summary) == (FAIL, "GPU 5: fabric registration still in progress")
     assert "GPU 5 still in progress" in r.details["settle"]
+
+
+def test_a_hanging_systemctl_late_in_the_checks_time_is_cut_before_its_deadline(tmp_path):
+    """systemctl's 5 s are bounded by what is left of the check (a settle wait may have used the
+    rest): the runner gets fabric's own verdict, NVML's word standing in, never "did not finish"."""
+    from preflight.pipeline import runner
+
+    nvml_file = "h100-sxm-8x-fabric-completed.json"
+    root = hgx(tmp_path)
+    ctx = Context(profile=H100, settings=Settings(nvml_fake=NVML / nvml_file), host=Host(root, environ={"PATH": str(fakes.systemctl(tmp_path / "h", hang=True))}),
+                  deadline=time.monotonic() + 30, shape=node(root, FakeNvml(NVML / nvml_file)))
+    r = runner.run_check(fabric.Fabric(), ctx, 5.0)
+    assert "did not finish" not in r.summary, r.summary
+    assert r.details["parts"]["manager"] == Status.PASS and list(r.details["unread"]) == ["systemctl is-active nvidia-fabricmanager"]
+
+
+def test_systemctl_with_no_time_left_is_not_started_and_said_unread(tmp_path):
+    h = Host(hgx(tmp_path), environ={"PATH": str(fakes.systemctl(tmp_path / "h", hang=True))})
+    facts = fabric.gather(h, FakeNvml(NVML / "h100-sxm-8x-fabric-completed.json"), deadline=time.monotonic() + 1)
+    assert facts.manager.state == "unknown" and facts.manager.unread.startswith("not run:")

@@ -491,14 +491,45 @@ def test_state_and_rate_are_judged_from_the_second_read():
     assert [x.summary for x in found(facts(slowed))] == ["mlx5_0 port 1 at 200 Gb/sec (4X HDR), 400 Gb/sec expected"]
 
 
-def test_a_port_that_leaves_active_or_goes_down_while_watched_still_flaps():
+def test_a_port_that_leaves_active_while_watched_still_flaps():
     dropped = port().model_copy(update={"state_later": "INIT"})
     assert [x.summary for x in r.judge_counters(facts(dropped), H100.rdma)] == ["mlx5_0 port 1 flapping: ACTIVE -> INIT"]
-    down_up = port(state="DOWN", phys="Polling").model_copy(update={"state_later": "ACTIVE"})
-    assert [x.summary for x in r.judge_counters(facts(down_up), H100.rdma)] == ["mlx5_0 port 1 flapping: DOWN -> ACTIVE"]
+    went_down = port().model_copy(update={"state_later": "DOWN"})
+    assert [x.summary for x in r.judge_counters(facts(went_down), H100.rdma)] == ["mlx5_0 port 1 flapping: ACTIVE -> DOWN"]
+    lost_early = port(state="DOWN", phys="Polling").model_copy(update={"state_early": "ACTIVE", "state_later": "DOWN"})
+    out = r.judge_counters(facts(lost_early), H100.rdma)
+    assert [x.summary for x in out] == ["mlx5_0 port 1 flapping: ACTIVE -> DOWN"] and "since the run began" in out[0].cause
     bounced = port(state="INIT").model_copy(update={"state_early": "ACTIVE", "state_later": "ACTIVE"})
     out = r.judge_counters(facts(bounced), H100.rdma)
     assert [x.summary for x in out] == ["mlx5_0 port 1 flapping: ACTIVE -> INIT -> ACTIVE"] and "since the run began" in out[0].cause
+
+
+def test_a_port_climbing_from_down_to_active_is_coming_up_not_flapping():
+    """At boot a port is DOWN (phys Polling) while its link trains, then INIT, ARMED, ACTIVE as the
+    subnet manager configures it, and network-online.target waits for none of it. DOWN -> ACTIVE
+    between the reads was once expected to flap: that was a wrong expectation (a climb that never
+    leaves ACTIVE is a port coming up); its end state is what judge_ports judges."""
+    down_up = port(state="DOWN", phys="Polling").model_copy(update={"state_later": "ACTIVE"})
+    assert r.judge_counters(facts(down_up), H100.rdma) == [] and found(facts(down_up)) == []
+    assert r.came_up(down_up) == "DOWN -> ACTIVE"
+    climbed = port(state="INIT").model_copy(update={"state_early": "DOWN", "state_later": "ACTIVE"})
+    assert found(facts(climbed)) == [] and r.came_up(climbed) == "DOWN -> INIT -> ACTIVE"
+    sm_at_work = port(state="ARMED").model_copy(update={"state_early": "INIT", "state_later": "INIT"})
+    assert r.judge_counters(facts(sm_at_work), H100.rdma) == []  # not a flap; INIT at the end is judge_ports' FAIL
+    assert [x.summary for x in r.judge_ports(facts(sm_at_work), H100.rdma)] == ["mlx5_0 port 1 INIT"]
+    # A link that went down and came back while up is still a flap, coming up or not.
+    downed = port(state="INIT", first={"link_downed": 0}, later={"link_downed": 1}).model_copy(update={"state_later": "ACTIVE"})
+    assert [x.summary for x in r.judge_counters(facts(downed), H100.rdma)] == ["mlx5_0 port 1 flapping: link_downed +1 in 3 s"]
+
+
+def test_a_port_that_came_up_while_watched_is_said_in_details_and_lines(root):
+    edit(root, f"{IB}/mlx5_6/ports/1/state", "1: DOWN")
+    edit(root, f"{IB}/mlx5_6/ports/1/phys_state", "2: Polling")
+    res = run(root, then(root, **{f"{IB}/mlx5_6/ports/1/state".replace("/", "__"): "4: ACTIVE",
+                                  f"{IB}/mlx5_6/ports/1/phys_state".replace("/", "__"): "5: LinkUp"}))
+    assert res.status == PASS, (res.summary, res.cause)
+    assert res.details["came_up"] == {"mlx5_6 port 1": "DOWN -> ACTIVE"}
+    assert "came up while watched, not a flap: mlx5_6 port 1 DOWN -> ACTIVE" in res.lines
 
 
 def test_a_port_init_as_the_run_began_and_active_at_the_checks_turn_passes_on_a_full_interval(root):
@@ -514,6 +545,27 @@ def test_a_port_init_as_the_run_began_and_active_at_the_checks_turn_passes_on_a_
     res = check.run(c)
     assert res.status == PASS and res.summary.startswith("12/12 RDMA ports ACTIVE"), (res.summary, res.cause)
     assert asked == [3] and "mlx5_6 port 1 INIT -> ACTIVE since the run began" in res.details["first_read"]
+
+
+def test_one_port_coming_up_keeps_the_early_read_of_every_other_port(root):
+    """mlx5_6 turns ACTIVE after the early read, so it gets a first read of the full interval at
+    the check's turn; mlx5_2's link went down and came back since the run began: its early read
+    stands, and its growth is a flap, not lost with mlx5_6's early read."""
+    edit(root, f"{IB}/mlx5_6/ports/1/state", "2: INIT")
+    check, c = r.Rdma(), ctx(root)
+    check.begin(c)
+    c.readings["rdma"].thread.join()
+    edit(root, f"{IB}/mlx5_6/ports/1/state", "4: ACTIVE")
+    was = int((root / counter("mlx5_2", "link_downed")).read_text())
+    edit(root, counter("mlx5_2", "link_downed"), str(was + 1))
+    asked = []
+    check.wait = asked.append
+    res = check.run(c)
+    assert res.status == FAIL and res.summary.startswith("mlx5_2 port 1 flapping: link_downed +1 in "), (res.summary, res.cause)
+    assert asked == [3] and "mlx5_6 port 1 INIT -> ACTIVE since the run began" in res.details["first_read"]
+    ports = {f"{p['device']} port {p['port']}": p for p in res.details["ports"]}
+    assert ports["mlx5_6 port 1"]["state_early"] == "INIT" and ports["mlx5_2 port 1"]["state_early"] is None
+    assert ports["mlx5_2 port 1"]["interval_seconds"] >= ports["mlx5_6 port 1"]["interval_seconds"] == res.details["interval_seconds"]
 
 
 def test_a_port_that_trained_faster_since_the_run_began_is_judged_at_its_rate_now(root):

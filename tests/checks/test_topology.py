@@ -642,3 +642,42 @@ def test_nvlinks_read_while_the_fabric_registers_are_judged_on_the_settled_readi
     r = t.Topology().run(ctx)
     assert r.details["parts"]["nvlink"] == "PASS", (r.summary, r.cause)
     assert "every GPU's registration done" in r.details["settle"] and any("NVLink judged after waiting" in line for line in r.lines)
+
+
+def test_a_hung_nvidia_smi_after_a_long_settle_wait_ends_inside_the_deadline_on_the_built_matrix(root, tmp_path, monkeypatch):
+    """The settle wait used most of the check's time (here a 9 s timeout: 3 s of waiting for the
+    fabric, the rest kept for what follows); nvidia-smi then hangs. Its time is reckoned as it
+    starts, with the fallback's kept back, so the runner gets topology's own verdict on the
+    matrix built from NVML and sysfs, never "did not finish": a reader's trouble is not the node's."""
+    from preflight.pipeline import runner
+    from preflight.pipeline.shape import NodeShape
+    from preflight.readers.nvml import FakeNvml
+
+    data = json.loads(AFFINITY.read_text())
+    data["gpus"][5]["fabric"] = {"state": "in_progress"}
+    (tmp_path / "registering.json").write_text(json.dumps(data))
+    data["gpus"][5]["fabric"] = {"state": "completed"}
+    (tmp_path / "registered.json").write_text(json.dumps(data))
+    registering, registered = FakeNvml(tmp_path / "registering.json"), FakeNvml(tmp_path / "registered.json")
+    fakes.nvml_readings(monkeypatch, registering, registering, registered)  # completed at the second read, ~2 s on
+    ctx = ctx_for(Host(pci_tree(root), environ={"PATH": stand_in(tmp_path, "hung")}))
+    ctx.shape = NodeShape(gpus=8, gpus_from="test", fabric="nvswitch", fabric_from="test")
+    r = runner.run_check(t.Topology(), ctx, 9.0)
+    assert "did not finish" not in r.summary, r.summary
+    assert r.details["matrix_source"] == "NVML and sysfs" and "did not answer in" in r.details["unread"]["nvidia-smi topo -m"]
+    assert failed_parts(r) == {} and "every GPU's registration done" in r.details["settle"]
+    assert not [p for p in psutil.Process().children(recursive=True) if "sleep" in " ".join(p.cmdline())]
+
+
+def test_a_tool_with_no_time_left_is_not_started_and_the_fallback_answers(root, tmp_path):
+    """A check reached with less than the fallback's reserve left starts no tool that could hang:
+    nvidia-smi (and another interpreter's torchrun lookup) are said not run, NVML and sysfs answer."""
+    other = tmp_path / "python"
+    other.write_text("#!/bin/sh\nsleep 600\n")
+    other.chmod(0o755)
+    ctx = ctx_for(Host(pci_tree(root), environ={"PATH": stand_in(tmp_path, "hung")}), timeout=2, nvml_fake=AFFINITY, python=other)
+    r = t.Topology().run(ctx)
+    assert "not run:" in r.details["unread"]["nvidia-smi topo -m"] and r.details["matrix_source"] == "NVML and sysfs"
+    assert "not run:" in r.details["unread"]["torchrun --numa-binding lookup"] and r.details["torch_numa_binding"] is None
+    assert failed_parts(r) == {}
+    assert not [p for p in psutil.Process().children(recursive=True) if "sleep" in " ".join(p.cmdline())]

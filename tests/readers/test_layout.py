@@ -4,9 +4,11 @@ torch's source."""
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import fakes
+import pytest
 from preflight.base import tooltext
 from preflight.base.host import Host
 from preflight.base.units import parse_cpulist
@@ -73,3 +75,20 @@ def test_the_live_path_reads_the_h200_matrix_a_stand_in_nvidia_smi_prints_byte_f
     assert why is None and got == topo.parse(H200_TOPO.read_text())
     assert [(g.cpu_affinity, g.numa_nodes, g.gpu_numa_id, g.nics) for g in got.gpus] == [("0-15", [0], None, {})]
     assert (got.nics, got.links, got.notes) == ([], {}, [])
+
+
+@pytest.mark.gpu
+def test_a_real_nvidia_smi_answers_in_what_a_full_settle_wait_leaves():
+    """On a real node: a settle wait that used all it may leaves settle.MARGIN_SECONDS of the
+    check; nvidia-smi topo -m is given that less host.RESERVE_SECONDS, and must still answer in
+    it, so a node that settled is judged on its own matrix, not the one built from NVML."""
+    from preflight.checkkit import settle
+    from preflight.readers import nvml
+
+    inventory = nvml.inventory()  # the run's reading, taken before topology's turn
+    started = time.monotonic()
+    f = t.gather(Host(), None, sys.executable, started + settle.MARGIN_SECONDS, inventory=inventory)
+    took = time.monotonic() - started
+    assert f.matrix_error is None and f.matrix is not None and len(f.matrix.gpus) == len(inventory.gpus), f.matrix_error
+    print(f"layout gathered with nvidia-smi topo -m on {len(inventory.gpus)} GPU(s) in {took:.2f} s "
+          f"of the {settle.MARGIN_SECONDS:g} s a full settle wait leaves")
