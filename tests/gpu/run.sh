@@ -31,7 +31,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 3
 repo=$PWD
-dir=${WHEEL_DIR:-.whl}
+dir=${WHEEL_DIR:-$repo/.whl}  # absolute: the steps run from a scratch directory of their own
 me=$(id -u)
 
 # unsafe PATH: why PATH, as far as it exists, is no place for this run (root, on a node)
@@ -87,7 +87,10 @@ private_dir() {
 # Wheels root installs: a WHEEL_DIR given must be as safe as SITE_DIR (the default, .whl/ in this checkout, is).
 if [ -n "${WHEEL_DIR:-}" ]; then
   case "$dir" in /*) ;; *) dir=$PWD/$dir ;; esac
+  dir=$(printf '%s' "$dir" | sed -e 's#//*#/#g' -e 's#\(.\)/$#\1#')  # as private_dir does: unsafe compares whole paths
   why=$(unsafe "$dir")
+  # One not there yet could be made by another user (under /tmp) before the setup step reads it.
+  [ -n "$why" ] || [ -d "$dir" ] || why="$dir is not a directory"
   if [ -n "$why" ]; then
     echo "run.sh: refusing WHEEL_DIR=$WHEEL_DIR: $why (leave WHEEL_DIR unset for the checkout's .whl/)" >&2
     exit 2

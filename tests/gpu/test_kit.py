@@ -238,12 +238,18 @@ def planted(tmp_path: Path, case: str) -> dict[str, str]:
         d.mkdir()
         (d / "preflight-0-py3-none-any.whl").write_text("a wheel root would install")
         return {"WHEEL_DIR": str(as_nobody(d))}
+    if case == "WHEEL_DIR writable by others, named with a trailing slash":
+        d.mkdir()
+        d.chmod(0o1777)
+        return {"WHEEL_DIR": str(d) + "/"}
+    if case == "WHEEL_DIR not there yet":
+        return {"WHEEL_DIR": str(d / "wheels")}
     raise AssertionError(case)
 
 
 @pytest.mark.parametrize("case", ["OUT another user's", "OUT writable by others", "OUT with a verdict in it", "OUT a link",
                                   "OUT under another user's directory", "SITE_DIR another user's", "SITE_DIR writable by others",
-                                  "WHEEL_DIR another user's"])
+                                  "WHEEL_DIR another user's", "WHEEL_DIR writable by others, named with a trailing slash", "WHEEL_DIR not there yet"])
 def test_run_sh_refuses_an_out_or_site_dir_another_user_could_plant_before_writing_or_importing_anything(tmp_path, case):
     env = {**kit_env(tmp_path), "STEPS": " ", **planted(tmp_path, case)}
     before = sorted(p.name for p in (tmp_path / "planted").iterdir()) if (tmp_path / "planted").is_dir() else None
@@ -270,3 +276,12 @@ def test_run_sh_takes_an_empty_out_of_its_own_and_makes_a_new_one_and_its_site_0
     site = (tmp_path / "pythonpath").read_text().splitlines()[0].split(":")[0]
     assert site != "/tmp/site" and re.fullmatch(r"/tmp/preflight-site\.\w{6}", site), site  # fresh, from mktemp -d (0700)
     assert not Path(site).exists()  # and removed at the end
+
+
+def test_the_setup_step_looks_for_the_checkouts_wheels_from_the_scratch_directory_it_runs_in(tmp_path):
+    # The steps run from a scratch directory: a relative .whl/ would be looked for there, and the
+    # kit would test whatever preflight the image has instead of this checkout's.
+    if (RUN.parents[2] / ".whl").exists():
+        pytest.skip("this checkout has wheels (tests/gpu/prepare.sh ran): the step would install them")
+    p = subprocess.run(["bash", str(RUN)], env={**kit_env(tmp_path), "STEPS": "setup"}, capture_output=True, text=True, timeout=120)
+    assert f"run.sh: no wheels in {RUN.parents[2] / '.whl'} " in p.stdout, p.stdout
