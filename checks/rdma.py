@@ -184,10 +184,23 @@ def flapped(p: Port) -> bool:
     return "ACTIVE" in states(p)[:-1]
 
 
+RISE = {"DOWN": 0, "INIT": 1, "ARMED": 1, "ACTIVE": 2}  # how far up a port is; INIT and ARMED alike (the subnet manager's steps)
+
+
 def came_up(p: Port) -> str | None:
-    """The states of a port that changed while watched without leaving ACTIVE, or None."""
+    """The states of a port that climbed while watched (never down a step), or None."""
     seen = states(p)
-    return " -> ".join(seen) if len(seen) > 1 and not flapped(p) else None
+    steps = [RISE.get(s) for s in seen]
+    rose = (len(seen) > 1 and None not in steps and all(a <= b for a, b in zip(steps, steps[1:]))  # type: ignore[operator]
+            and steps[-1] > steps[0])  # type: ignore[operator]
+    return " -> ".join(seen) if rose and not flapped(p) else None
+
+
+def changed(p: Port) -> str | None:
+    """The states of a port that moved while watched, neither coming up nor leaving ACTIVE (INIT -> DOWN
+    as the subnet manager retrains a link at boot): said, not judged a flap; judged by where it ends."""
+    seen = states(p)
+    return " -> ".join(seen) if len(seen) > 1 and not flapped(p) and not came_up(p) else None
 
 
 def seconds(p: Port, facts: RdmaFacts) -> float:
@@ -347,6 +360,9 @@ class Rdma(Check):
         if rising := {p.where: seen for p in facts.ports if (seen := came_up(p))}:
             details["came_up"] = rising  # ports brought up while watched: no flap, judged by the state they ended in
             lines.append("came up while watched, not a flap: " + "; ".join(f"{where} {seen}" for where, seen in rising.items()))
+        if moved := {p.where: seen for p in facts.ports if (seen := changed(p))}:
+            details["changed"] = moved  # moved below ACTIVE while watched: judged by the state they ended in
+            lines.append("changed while watched, judged by where it ended: " + "; ".join(f"{where} {seen}" for where, seen in moved.items()))
         if facts.unread:
             details["unjudged"] = {"ports": "; ".join(facts.unread)}
             unjudged = [f"not judged: the ports under {u}" for u in facts.unread]

@@ -243,7 +243,10 @@ def execute(plan: Plan, settings: Settings, console: Display, host: Host | None 
             # waited for once, before the shape, so cuda, topology and fabric judge the settled node.
             said = lambda gpus: console.note(f"NVSwitch fabric registration in progress on GPU {', '.join(map(str, gpus))}: "  # noqa: E731
                                              f"waiting up to {nvml_settle.LIMIT_SECONDS:g} s for it")
-            reading = nvml_settle.wait(reading, nvml_settle.LIMIT_SECONDS, said)
+            try:
+                reading = nvml_settle.wait(reading, nvml_settle.LIMIT_SECONDS, said)
+            except Interrupted as sig:  # up to ~20 s: the report still says every check was cut short
+                interrupted = sig.signum
         ctx = Context(profile=plan.profile, settings=settings, host=host, progress=console.progress, worlds=world.Worlds(),
                       shared_inventory=reading)
         if plan.profile.has_gpus:
@@ -267,6 +270,7 @@ def execute(plan: Plan, settings: Settings, console: Display, host: Host | None 
                 on_start=console.start,
                 on_finish=console.finish,
                 before=lambda check: meeting.gate(ctx, check),
+                interrupted_by=interrupted,
             )
             results, interrupted = outcome.results, outcome.interrupted_by
             if ctx.meeting and not interrupted:

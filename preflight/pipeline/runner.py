@@ -195,9 +195,12 @@ def run_checks(
     on_start: Hook = _noop,
     on_finish: FinishHook = _noop,
     before: Callable[[Check], Result | None] = lambda _: None,
+    interrupted_by: int | None = None,
 ) -> Outcome:
     """``before`` runs ahead of each check, outside its timeout (a group check's
     meeting with its peers); a Result it returns stands for the check's own.
+    ``interrupted_by``: a signal that stopped the run before its first check (every check
+    is then skipped, cut short, so the last report's results stand in).
 
     Every check's ``begin`` runs first (its early reading). A check whose rest waits for the
     ranks (it returned ``Waiting``) is held, and the checks behind it that say they may run
@@ -209,7 +212,7 @@ def run_checks(
     held one then fails: it was measured on this node. Results keep the plan's order, and
     reach ``on_finish`` in it. A signal between checks ends every held check as interrupted."""
     become_subreaper()
-    outcome = Outcome()
+    outcome = Outcome(interrupted_by=interrupted_by)
     results: list[Result | None] = [None] * len(checks)
     held: list[_Held] = []
     told = 0
@@ -263,7 +266,7 @@ def run_checks(
             if results[h.index] is not None:
                 held.remove(h)
 
-    for check in checks:  # first readings, taken as the run begins (rdma's counters)
+    for check in checks if interrupted_by is None else []:  # first readings, taken as the run begins (rdma's counters)
         try:
             check.begin(ctx)
         except Interrupted as sig:

@@ -31,6 +31,7 @@ from preflight.readers.nvml import Inventory
 LIMIT_SECONDS = 20.0
 EVERY_SECONDS = 1.0  # between reads: each costs a child and its 0.4 s window of clock readings
 READ_TIMEOUT = 10.0  # one read's bound; the loop's limit bounds them all
+LEAST_READ_SECONDS = 2.0  # a read's least time: the NVML child's start and its 0.4 s window, with room on 8 GPUs
 MARGIN_SECONDS = 6.0  # left before the check's deadline for what it does after (systemctl's 5 s, the judge)
 
 
@@ -79,11 +80,14 @@ def settle(first: Inventory, read: Callable[[float], Inventory], limit: float,
         left = limit - (clock() - start)
         if left <= 0:
             break
+        given = min(READ_TIMEOUT, max(left, 1.0))
         try:
-            out.inventory = read(min(READ_TIMEOUT, max(left, 1.0)))
+            out.inventory = read(given)
             out.reads += 1
         except nvml.NvmlUnavailable as e:
-            out.unread = f"NVML did not answer a later read ({e.cause}); the last reading is judged"
+            # A read given little of the wait's end can run out on a healthy node: that is the limit, not the driver.
+            out.unread = (f"the wait's limit came before NVML's next answer ({given:.1f} s left to read)" if given < LEAST_READ_SECONDS
+                          else f"NVML did not answer a later read ({e.cause})") + "; the last reading is judged"
         out.waited = clock() - start
         if out.unread:
             break
@@ -111,4 +115,4 @@ def wait(shared: nvml.Shared, limit: float, on_wait: Callable[[list[int]], None]
     if not in_progress(first) or limit <= 0:
         return shared
     on_wait(in_progress(first))
-    return Waited(settle(first, lambda t: nvml.inventory(None, t), limit))
+    return Waited(settle(first, lambda t: nvml.inventory(None, t), limit, every=EVERY_SECONDS))

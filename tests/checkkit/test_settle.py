@@ -146,3 +146,11 @@ def test_the_loop_reads_real_nvml_again_until_registration_is_done():
     assert out.reads == 1 and out.pending == [] and out.unread is None, out.describe()
     assert [g.uuid for g in out.inventory.gpus] == [g.uuid for g in real.gpus]
     print(f"one settle round on {len(real.gpus)} GPU(s): {time.monotonic() - started:.2f} s")
+
+
+def test_a_last_read_the_limit_cut_short_is_said_as_the_limit_not_as_a_wedged_driver():
+    clock = Clock()
+    out = settle.settle(IN_PROGRESS, clock.reads(nvml.NvmlUnavailable("NVML did not answer within 1 s: the driver is wedged", "fix")),
+                        1.5, clock, clock.sleep)
+    assert out.inventory is IN_PROGRESS and "the wait's limit came before NVML's next answer" in out.unread
+    assert "wedged" not in out.describe()

@@ -602,3 +602,17 @@ def test_begin_starts_no_thread_on_a_node_without_rdma_ports(root):
     (root / IB).mkdir()
     check.begin(c)
     assert c.readings == {}
+
+
+def test_a_port_that_moved_down_a_step_while_watched_is_said_as_changed_never_as_coming_up():
+    # INIT -> DOWN as the subnet manager retrains a link at boot is no flap (it never was ACTIVE),
+    # but it did not come up either: said as it is, and judged by where it ended.
+    retrained = port(state="INIT").model_copy(update={"state_later": "DOWN"})
+    assert r.came_up(retrained) is None and r.changed(retrained) == "INIT -> DOWN"
+    assert r.judge_counters(facts(retrained), H100.rdma) == []
+    lost = port(state="DOWN").model_copy(update={"state_early": "ARMED", "state_later": "ACTIVE"})
+    assert r.came_up(lost) is None and r.changed(lost) == "ARMED -> DOWN -> ACTIVE"
+    sm_at_work = port(state="ARMED").model_copy(update={"state_early": "INIT", "state_later": "INIT"})
+    assert r.came_up(sm_at_work) is None and r.changed(sm_at_work) == "INIT -> ARMED -> INIT"
+    climbed = port(state="INIT").model_copy(update={"state_early": "DOWN", "state_later": "ACTIVE"})
+    assert r.came_up(climbed) == "DOWN -> INIT -> ACTIVE" and r.changed(climbed) is None

@@ -197,3 +197,30 @@ def test_a_fabric_still_registering_is_waited_for_once_before_the_shape_and_ever
     assert "NVLink" not in (cuda.cause or ""), cuda.cause
     assert fabric.details["parts"]["gpus"] == "PASS", (fabric.summary, fabric.cause)
     assert len(asked) == 2  # the plan's reading, and the one after the wait: no check reads again
+
+
+def test_a_signal_while_the_run_waits_for_the_fabric_still_writes_the_report_with_every_check_cut_short(tmp_path, monkeypatch):
+    import json
+
+    from preflight.base.errors import Interrupted
+    from preflight.readers.nvml import FakeNvml
+
+    data = json.loads((NVML / "h100-sxm-8x-affinity.json").read_text())
+    for g in data["gpus"]:
+        g["fabric"] = {"state": "in_progress"}
+    (tmp_path / "registering.json").write_text(json.dumps(data))
+    reads = []
+
+    def inventory(fake=None, timeout=20.0):
+        reads.append(timeout)
+        if len(reads) > 1:
+            raise Interrupted(15)  # SIGTERM from systemd while the run waits
+        return FakeNvml(tmp_path / "registering.json")
+
+    monkeypatch.setattr(nvml, "inventory", inventory)
+    report = tmp_path / "report.json"
+    r = CliRunner().invoke(app, ["run", "--profile", "h100-sxm", "--level", "quick", "--only", "cuda,fabric", "--report", str(report)])
+    assert r.exit_code == 143, r.output
+    rep = Report.model_validate_json(report.read_text())
+    assert rep.interrupted_by_signal == 15 and [(c.check, c.status) for c in rep.checks] == [("cuda", "SKIP"), ("fabric", "SKIP")]
+    assert all(c.details == {"interrupted_by_signal": 15} for c in rep.checks)
