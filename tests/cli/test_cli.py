@@ -476,7 +476,8 @@ def test_a_report_that_cannot_be_written_keeps_the_verdict_and_the_old_report(tm
 
 def test_the_installed_console_script_works():
     script = os.path.join(os.path.dirname(sys.executable), "preflight")
-    p = subprocess.run([script, "run", "--profile", "cpu", "-q"], capture_output=True, text=True, timeout=120)
+    # shm only: the script is what is tested, and a figure compared on a loaded machine could WARN.
+    p = subprocess.run([script, "run", "--profile", "cpu", "--only", "shm", "-q"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stderr.startswith("preflight: PASS")
     assert "  ... " not in p.stderr  # -q in a log: no progress at all
 
