@@ -122,10 +122,10 @@ B_REFERENCE=45
 # Two rounds of a bare torchrun, standard and quick: 112 s on the H200 before issue 34 (10.9 + 41.0 + 3.5 s a round),
 # about 80 s projected after it (docs/ARCHITECTURE.md's time model: standard 24.6 s on one GPU), plus two torch
 # imports (the GPU count, the quick level's import probe); a round that would not fit is not started.
-B_VERDICT=150
+B_VERDICT=130
 B_FULL=120
-# pytest -m gpu: eleven tests, five of them a launch of ranks each (torchrun and a torch import, ~9 s on the H200).
-B_PYTEST=90
+# pytest -m gpu: twelve tests, six of them a launch of ranks each (torchrun and a torch import, ~9 s on the H200).
+B_PYTEST=110
 B_SUMMARY=10
 
 exec > >(tee -a "$out/kit.log") 2>&1
