@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from preflight.pipeline.check import Context
-from preflight.readers import nvml
+from preflight.readers import nvml_settle
 from preflight.readers.nvml_settle import EVERY_SECONDS, LIMIT_SECONDS, READ_TIMEOUT, Settled, Waited, in_progress, settle  # noqa: F401 (the checks' names)
 
 # Left before the check's deadline for what it does after: host.RESERVE_SECONDS (3 s) for the fallback and
@@ -24,11 +24,6 @@ def settled_inventory(ctx: Context, timeout: float) -> Settled:
     waited for replaces the run's shared one. Raises NvmlUnavailable as Context.inventory."""
     first = ctx.inventory(timeout=timeout)
     shared = ctx.shared_inventory
-    if isinstance(shared, Waited):
-        return shared.settled
-    if ctx.settings.nvml_fake is not None or (shared is not None and shared.given) or not in_progress(first):
-        return Settled(first)
-    limit = min(LIMIT_SECONDS, ctx.deadline - time.monotonic() - MARGIN_SECONDS)
-    out = settle(first, lambda t: nvml.inventory(None, t), limit, every=EVERY_SECONDS)
-    ctx.shared_inventory = Waited(out)
-    return out
+    if not isinstance(shared, Waited) and shared is not None:
+        ctx.shared_inventory = shared = nvml_settle.wait(shared, min(LIMIT_SECONDS, ctx.deadline - time.monotonic() - MARGIN_SECONDS))
+    return shared.settled if isinstance(shared, Waited) else Settled(first)

@@ -103,16 +103,16 @@ class Waited(nvml.Shared):
 
 
 def wait(shared: nvml.Shared, limit: float, on_wait: Callable[[list[int]], None] = lambda _: None) -> nvml.Shared:
-    """The run's reading, waited on (``limit`` seconds at most) where it is this node's NVML and
-    any GPU's registration is in progress: a ``Waited`` that every check shares, else ``shared``
-    as it was. A reading that failed is left for the checks to name."""
+    """The run's reading, waited on (``limit`` seconds at most; none left: said so, not read again)
+    where it is this node's NVML and any GPU's registration is in progress: a ``Waited`` that every
+    check shares, else ``shared`` as it was. A reading that failed is left for the checks to name."""
     if isinstance(shared, Waited) or shared.fake is not None or shared.given:
         return shared
     try:
         first = shared.get()
     except nvml.NvmlUnavailable:
         return shared
-    if not in_progress(first) or limit <= 0:
+    if not in_progress(first):
         return shared
     on_wait(in_progress(first))
     return Waited(settle(first, lambda t: nvml.inventory(None, t), limit, every=EVERY_SECONDS))

@@ -100,7 +100,7 @@ def ctx(**settings) -> Context:
 
 
 def test_the_reading_waited_for_replaces_the_runs_shared_one_and_is_waited_for_once(monkeypatch):
-    monkeypatch.setattr(settle, "EVERY_SECONDS", 0.0)
+    monkeypatch.setattr(settle.nvml_settle, "EVERY_SECONDS", 0.0)
     asked = fakes.nvml_readings(monkeypatch, IN_PROGRESS, COMPLETED)
     c = ctx()
     out = settle.settled_inventory(c, 20)

@@ -407,7 +407,7 @@ def test_systemd_s_own_words_are_no_reader_s_trouble(tmp_path):
 def settling(tmp_path: Path, monkeypatch, later: str) -> tuple:
     """The run's reading shows GPU 5 registering (as at 0.5 s after the manager went active);
     NVML read again answers ``later``."""
-    monkeypatch.setattr(settle, "EVERY_SECONDS", 0.0)
+    monkeypatch.setattr(settle.nvml_settle, "EVERY_SECONDS", 0.0)
     first = FakeNvml(NVML / "h100-sxm-gpu5-fabric-in-progress.json")
     fakes.nvml_readings(monkeypatch, first, FakeNvml(NVML / later))
     root = hgx(tmp_path)

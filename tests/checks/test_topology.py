@@ -648,7 +648,7 @@ def test_nvlinks_read_while_the_fabric_registers_are_judged_on_the_settled_readi
     (tmp_path / "registering.json").write_text(json.dumps(data))
     data["gpus"][5].update(json.loads(AFFINITY.read_text())["gpus"][5] | {"fabric": {"state": "completed"}})
     (tmp_path / "registered.json").write_text(json.dumps(data))
-    monkeypatch.setattr(settle, "EVERY_SECONDS", 0.0)
+    monkeypatch.setattr(settle.nvml_settle, "EVERY_SECONDS", 0.0)
     fakes.nvml_readings(monkeypatch, FakeNvml(tmp_path / "registering.json"), FakeNvml(tmp_path / "registered.json"))
     ctx = ctx_for(Host(pci_tree(root), environ={"PATH": stand_in(tmp_path, "garbage")}))
     ctx.shape = NodeShape(gpus=8, gpus_from="test", fabric="nvswitch", fabric_from="test")

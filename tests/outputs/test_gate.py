@@ -275,13 +275,21 @@ def test_a_python_another_user_can_change_is_said(tmp_path):
     assert f"preflight: warning: the workers' Python {python} runs as root, and another user decides what it does: {python} is nobody's" in p.stderr
 
 
+def quick_cuda_run(tmp_path: Path, lock: Path):
+    """`preflight run --level quick --only cuda` on the healthy 8x H100 facts, in this process (its NVML reads counted by the caller)."""
+    from typer.testing import CliRunner
+
+    from preflight.cli.app import app
+
+    fake = Path(__file__).parents[1] / "fixtures" / "nvml" / "h100-sxm-8x-healthy.json"
+    return CliRunner().invoke(app, ["run", "--nvml-fake", str(fake), "--level", "quick", "--only", "cuda", "--lock-file", str(lock),
+                                    "--lock-timeout", "120", "--report", str(tmp_path / "report.json")])
+
+
 def test_a_run_that_waited_for_the_lock_reads_nvml_again_once_the_holder_lets_go(tmp_path, monkeypatch):
     """What NVML said before the wait is of a node another run was using (its processes on
     the GPUs, its clocks under its load): the checks judge one reading taken after it."""
-    from typer.testing import CliRunner
-
     from conftest import HOLD_LOCK
-    from preflight.cli.app import app
     from preflight.outputs import gate
     from preflight.readers import nvml
 
@@ -301,9 +309,7 @@ def test_a_run_that_waited_for_the_lock_reads_nvml_again_once_the_holder_lets_go
             return take_lock(path, timeout, waiting)
 
         monkeypatch.setattr(gate, "run_lock", lock_seen_waiting)
-        fake = Path(__file__).parents[1] / "fixtures" / "nvml" / "h100-sxm-8x-healthy.json"
-        r = CliRunner().invoke(app, ["run", "--nvml-fake", str(fake), "--level", "quick", "--only", "cuda", "--lock-file", str(lock),
-                                     "--lock-timeout", "120", "--report", str(tmp_path / "report.json")])
+        r = quick_cuda_run(tmp_path, lock)
     finally:
         holder.kill()
         holder.wait()
@@ -314,10 +320,7 @@ def test_a_run_that_waited_for_the_lock_reads_nvml_again_once_the_holder_lets_go
 def test_a_run_whose_nvml_reading_another_run_held_the_node_through_reads_it_again(tmp_path, monkeypatch):
     """The other run lets go between this run's reading and its turn at the lock: the lock is
     free when asked, so nothing waited, yet the reading is of that run's node."""
-    from typer.testing import CliRunner
-
     from conftest import HOLD_LOCK
-    from preflight.cli.app import app
     from preflight.outputs import gate
     from preflight.readers import nvml
 
@@ -337,9 +340,7 @@ def test_a_run_whose_nvml_reading_another_run_held_the_node_through_reads_it_aga
             return made
 
         monkeypatch.setattr(gate.pipeline, "plan", planned_as_the_holder_lets_go)
-        fake = Path(__file__).parents[1] / "fixtures" / "nvml" / "h100-sxm-8x-healthy.json"
-        r = CliRunner().invoke(app, ["run", "--nvml-fake", str(fake), "--level", "quick", "--only", "cuda", "--lock-file", str(lock),
-                                     "--lock-timeout", "120", "--report", str(tmp_path / "report.json")])
+        r = quick_cuda_run(tmp_path, lock)
     finally:
         holder.kill()
         holder.wait()
