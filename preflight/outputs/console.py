@@ -173,7 +173,8 @@ class _Ticker(threading.Thread):
         """Returns once the live line is off the screen. If the wait is cut short
         (a signal), the thread still erases the line on its own as it ends."""
         self._stopping.set()
-        self.join()
+        if self.ident is not None:  # a signal between making it and starting it leaves one never run
+            self.join()
 
     def run(self) -> None:
         c = self.console

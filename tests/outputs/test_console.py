@@ -233,3 +233,22 @@ def test_the_verdict_line_names_a_level_other_than_the_gates():
     assert lines[None].startswith("preflight: PASS (profile cpu; 4 pass)") and lines["standard"] == lines[None]
     assert lines["quick"].startswith("preflight: PASS (profile cpu, level quick; 4 pass)")
     assert lines["full"].startswith("preflight: PASS (profile cpu, level full; 4 pass)")
+
+
+def test_a_signal_between_making_the_live_line_and_starting_it_ends_the_check_cleanly(monkeypatch):
+    # SIGTERM lands as a check begins: the runner takes the live line down, which was made but never
+    # run; that is a run interrupted, never an internal error (exit 3) that writes no report.
+    from preflight.base.errors import Interrupted
+
+    started = console_mod._Ticker.start
+
+    def signalled(self):
+        raise Interrupted(15)
+
+    monkeypatch.setattr(console_mod._Ticker, "start", signalled)
+    c = Console(stream=io.StringIO())
+    with pytest.raises(Interrupted):
+        c.start(SimpleNamespace(name="bandwidth"))
+    monkeypatch.setattr(console_mod._Ticker, "start", started)
+    c.progress.end()  # the runner's finally: takes the live line down
+    assert c._live is None
