@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import pkgutil
+import sys
 from importlib.metadata import EntryPoint, entry_points
 
 import preflight
@@ -17,11 +18,20 @@ from preflight.base.errors import UsageError
 GROUP = "preflight.checks"
 
 
+# One scan per import path: each reads the metadata of every installed distribution,
+# and a run asks about 30 times (0.35 s a quick run on a GPU image with 200 packages).
+_scanned: tuple[tuple[str, ...], dict[str, EntryPoint]] | None = None
+
+
 def _entry_points() -> dict[str, EntryPoint]:
-    found: dict[str, EntryPoint] = {}
-    for ep in entry_points(group=GROUP):
-        found.setdefault(ep.name, ep)  # the first installed distribution wins, as importlib orders them
-    return found
+    global _scanned
+    path = tuple(sys.path)
+    if _scanned is None or _scanned[0] != path:
+        found: dict[str, EntryPoint] = {}
+        for ep in entry_points(group=GROUP):
+            found.setdefault(ep.name, ep)  # the first installed distribution wins, as importlib orders them
+        _scanned = (path, found)
+    return dict(_scanned[1])
 
 
 def names() -> list[str]:

@@ -120,11 +120,12 @@ B_SETUP=20
 B_CAPTURES=35
 B_REFERENCE=45
 # Two rounds of a bare torchrun, standard and quick: 112 s on the H200 before issue 34 (10.9 + 41.0 + 3.5 s a round),
-# about 80 s projected after it (docs/ARCHITECTURE.md's time model: standard 24.6 s on one GPU), plus two torch
-# imports (the GPU count, the quick level's import probe); a round that would not fit is not started.
+# 59-76 s on an H200 after it (2026-11-27: 8-10 + 17-24 + 1.3-2.3 s a round), plus two torch imports (the GPU
+# count, the quick level's import probe); a round that would not fit is not started.
 B_VERDICT=130
 B_FULL=120
-# pytest -m gpu: twelve tests, six of them a launch of ranks each (torchrun and a torch import, ~9 s on the H200).
+# pytest -m gpu: twelve tests, six of them a launch of ranks each (torchrun and a torch import, ~9 s on the H200):
+# 87 s there (2026-11-27), collection included (pyproject's norecursedirs keeps it out of the recorded sysfs trees).
 B_PYTEST=110
 B_SUMMARY=10
 
@@ -169,7 +170,10 @@ cap() {
 
 do_setup() {
   if ls "$dir"/*.whl >/dev/null 2>&1; then
-    within 14 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$dir"/*.whl || return 3
+    # Compiled, as pip installs by default: an image that forbids writing bytecode
+    # (PYTHONDONTWRITEBYTECODE) otherwise compiles preflight and pydantic on every run,
+    # 0.6 s of the quick level's 1.9 s on the H200.
+    within 14 python3 -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target "$site" "$dir"/*.whl || return 3
   else
     echo "run.sh: no wheels in $dir (tests/gpu/prepare.sh makes them where there is network): using the preflight already installed"
   fi
