@@ -13,6 +13,8 @@ from enum import Enum
 
 from pydantic import BaseModel, Field, field_validator
 
+from preflight.base.actions import Next, default_for
+
 
 class Status(str, Enum):
     PASS = "PASS"
@@ -76,6 +78,11 @@ class Finding:
     summary: str
     cause: str
     remedy: str
+    act: Next | None = None  # what to do and whose fault it is; None: the status's (actions.default_for)
+
+    @property
+    def next(self) -> Next:
+        return self.act or default_for(self.status)
 
 
 SEVERITY = [Status.PASS, Status.SKIP, Status.WARN, Status.FAIL, Status.ERROR]

@@ -13,7 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
+
+from preflight.base.actions import Action, Domain, Next, default_for, highest
 
 from preflight.base.findings import SEVERITY, Finding, Measurement, Status, worst  # noqa: F401  (the plugin interface re-exports them)
 from preflight.base.progress import Progress
@@ -38,6 +40,25 @@ class Result(BaseModel):
     details: dict[str, Any] = Field(default_factory=dict)
     duration_seconds: float = 0.0
     lines: list[str] = Field(default_factory=list)  # a few lines a person reads under the summary (per-op figures)
+    # What to do about it (preflight.base.actions): the highest of its findings', else its status's.
+    action: Action | None = None
+    domain: Domain | None = None
+    action_source: str | None = None
+
+    @model_validator(mode="after")
+    def _status_action(self) -> Result:
+        """A result that names no action (a plugin's, one read from an older report) gets its status's."""
+        if self.action is None:
+            d = default_for(self.status)
+            self.action, self.domain, self.action_source = d.action, d.domain, d.source
+        elif self.domain is None:
+            self.domain = default_for(self.status).domain
+        return self
+
+    @property
+    def next(self) -> Next:
+        assert self.action is not None and self.domain is not None  # the validator's
+        return Next(self.action, self.domain, self.action_source or "")
 
 
 @dataclass(frozen=True)
@@ -159,6 +180,9 @@ class Check(ABC):
         if not findings:
             return self.result(Status.PASS, ok_summary, **kw)
         ranked = sorted(findings, key=lambda f: SEVERITY.index(f.status), reverse=True)
+        then = highest([f.next for f in ranked])
+        assert then is not None  # findings is not empty
+        kw = {"action": then.action, "domain": then.domain, "action_source": then.source, **kw}
         return self.result(
             ranked[0].status,
             ranked[0].summary + (f" (+{len(ranked) - 1} more)" if len(ranked) > 1 else ""),

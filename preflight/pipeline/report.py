@@ -9,8 +9,9 @@ from pathlib import Path
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, model_validator
 
+from preflight.base.actions import Action, Domain, Next, highest
 from preflight.pipeline import levels
 from preflight.pipeline.check import Result
 from preflight.pipeline.runner import CUT_SHORT
@@ -95,6 +96,36 @@ class Report(BaseModel):
     # How many GPUs the node gave the run and how they are joined, and how each was learnt.
     shape: NodeShape | None = None
     checks: list[Result]
+
+    # What to do about the node (preflight.base.actions), derived from the checks, so a result
+    # carried from an earlier run counts as it stands: the highest of the checks' actions.
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def action(self) -> Action:
+        return self._next()[0].action
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def domain(self) -> Domain:
+        return self._next()[0].domain
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def action_source(self) -> str:
+        return self._next()[0].source
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def action_check(self) -> str | None:
+        """The check whose finding decided the action; None where nothing asks for one."""
+        return self._next()[1]
+
+    def _next(self) -> tuple[Next, str | None]:
+        by_check = [(c.next, c.check) for c in self.checks]
+        best = highest([n for n, _ in by_check])
+        if best is None or best.action == Action.NONE:
+            return Next(Action.NONE, Domain.NODE, "nothing to do"), None
+        return best, next(check for n, check in by_check if n is best)
 
 
 def verdict_of(results: list[Result], interrupted: int | None = None) -> Verdict:

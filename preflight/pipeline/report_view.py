@@ -42,6 +42,9 @@ class Verdict(str, Enum):
 # findings.Status by value (base/findings.py imports pydantic); the tests hold them equal.
 STATUSES = ("PASS", "WARN", "FAIL", "SKIP", "ERROR")
 VOUCHING = ("PASS", "WARN", "SKIP")  # Status.ok: the node may take the job
+# actions.Action and actions.Domain by value, the ladder lowest first; the tests hold them equal.
+ACTIONS = ("none", "watch", "fix-job", "drain", "reset-gpu", "reboot", "service")
+DOMAINS = ("node", "software", "job")
 # How deep a run looked, lightest first (preflight/pipeline/levels.py).
 LEVELS = ("quick", "standard", "full")
 
@@ -282,6 +285,9 @@ RESULT = {
     "details": (_dict(_any), {}),
     "duration_seconds": (_float, 0.0),
     "lines": (_list(_str), []),
+    "action": (_opt(one_of(*ACTIONS)), None),
+    "domain": (_opt(one_of(*DOMAINS)), None),
+    "action_source": (_opt(_str), None),
 }
 NODE_SHAPE = {
     "gpus": (_int(), _REQUIRED),

@@ -14,6 +14,7 @@ import pytest
 from conftest import REPORTS
 from pydantic import ValidationError
 
+from preflight.base import actions
 from preflight.pipeline import report_view
 from preflight.pipeline.check import Result
 from preflight.base.findings import Measurement, Status
@@ -241,6 +242,8 @@ MODELS = {
         "check": "str", "status": "Status", "summary": "str", "cause": "str | None = default", "remedy": "str | None = default",
         "measurements": "list[base.findings.Measurement] = default", "details": "dict[str, Any] = default",
         "duration_seconds": "float = default", "lines": "list[str] = default",
+        "action": "base.actions.Action | None = default", "domain": "base.actions.Domain | None = default",
+        "action_source": "str | None = default",
     }),
     Measurement: (report_view.MEASUREMENT, {
         "name": "str", "unit": "str", "value": "float", "labels": "dict[str, str] = default",
@@ -261,7 +264,8 @@ MODELS = {
     }),
     GroupNode: (report_view.GROUP_NODE, {"node_rank": "int [Ge(ge=0)]", "ok": "bool = default"}),
 }
-VALIDATORS = {Measurement: {"_snake_case", "_label_names"}, GroupRecord: {"_ranks_in_the_group"}}
+# Result's fills in its status's action where none is named: it refuses nothing, so the view reads as the model.
+VALIDATORS = {Measurement: {"_snake_case", "_label_names"}, GroupRecord: {"_ranks_in_the_group"}, Result: {"_status_action"}}
 
 
 @pytest.mark.parametrize("model", list(MODELS), ids=[m.__name__ for m in MODELS])
@@ -289,6 +293,8 @@ def test_the_statuses_verdicts_and_levels_are_the_models():
     assert report_view.LEVELS == get_args(levels)
     assert set(report_view.VOUCHING) == {s.value for s in Status if s.ok}
     assert Verdict is report_view.Verdict
+    assert report_view.ACTIONS == tuple(a.value for a in actions.LADDER)
+    assert report_view.DOMAINS == tuple(d.value for d in actions.Domain)
 
 
 def test_the_view_reads_times_as_the_model_does():
