@@ -12,10 +12,11 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 
-from preflight.readers import jobs, memory, nccl_env
+from preflight.readers import container, jobs, memory, nccl_env
 from preflight.readers.shm_mount import Mount, largest_files, mount_of, parse_mountinfo, touch_segment
 from preflight.pipeline import floor_bounds
 from preflight.pipeline.check import Check, Context, Result
+from preflight.base.actions import Action, Domain, Next
 from preflight.base.findings import Finding, Measurement, Status
 from preflight.base.host import Host
 from preflight.base.units import fmt_bytes
@@ -53,6 +54,18 @@ class ShmFacts:
     # Slurm jobs running here besides the one this run serves (a prolog's SLURM_JOB_ID): the
     # space and inodes in use may be theirs, so they are reported, not judged.
     other_jobs: list[str] = field(default_factory=list)
+    # How this process is known to run in a container (readers/container.py), or None: then
+    # /dev/shm, its mount and the memory limit are what the container was started with.
+    container: str | None = None
+
+
+def owner(f: ShmFacts) -> Next:
+    """Whose a /dev/shm that is too small, read-only or not a tmpfs is: a container's is
+    what its job was started with (Docker's --shm-size, a pod's emptyDir), the job's to
+    fix, and the node takes other jobs; the host's is the node's configuration."""
+    if f.container:
+        return Next(Action.FIX_JOB, Domain.JOB, f"in a container ({f.container}): its /dev/shm is what the job was started with")
+    return Next(Action.DRAIN, Domain.SOFTWARE, "the host's /dev/shm is the node's configuration")
 
 
 def _shm_disabled_by(host: Host) -> list[str]:
@@ -69,7 +82,8 @@ def gather(host: Host, segment_bytes: int, deadline: float = math.inf, backs: in
     kernel gives no figure for memory (neither MemAvailable nor a cgroup limit), only a write
     proves the backing, so ``backs`` itself is written."""
     path = host.path(SHM)
-    facts = ShmFacts(path=SHM, exists=path.is_dir(), shm_disabled_by=_shm_disabled_by(host), other_jobs=jobs.others(host))
+    facts = ShmFacts(path=SHM, exists=path.is_dir(), shm_disabled_by=_shm_disabled_by(host), other_jobs=jobs.others(host),
+                     container=container.detect(host))
     backs = max(segment_bytes, backs or 0)
     if facts.other_jobs:
         segment_bytes, backs = min(segment_bytes, SHARED_SEGMENT), min(backs, SHARED_SEGMENT)
@@ -139,13 +153,13 @@ def judge_mount(f: ShmFacts) -> list[Finding]:
             Status.WARN, f"{f.path} is {m.fstype}, not its own tmpfs",
             f"{f.path} is on {m.fstype} ({m.mount_point}): memory-backed, but without a size of its own, "
             "so a runaway segment can take all of RAM",
-            "mount a tmpfs on /dev/shm (`mount -t tmpfs -o size=...g tmpfs /dev/shm`, or Docker's --shm-size)",
+            "mount a tmpfs on /dev/shm (`mount -t tmpfs -o size=...g tmpfs /dev/shm`, or Docker's --shm-size)", act=owner(f),
         ))
     elif m.fstype != "tmpfs":
         found.append(Finding(
             Status.FAIL, f"{f.path} is {m.fstype}, not tmpfs",
             f"{f.path} is on {m.fstype} ({m.source}, mounted at {m.mount_point}), so NCCL's shared-memory buffers would not be backed by RAM",
-            "mount a tmpfs on /dev/shm (`mount -t tmpfs -o size=...g tmpfs /dev/shm`, or Docker's --shm-size)",
+            "mount a tmpfs on /dev/shm (`mount -t tmpfs -o size=...g tmpfs /dev/shm`, or Docker's --shm-size)", act=owner(f),
         ))
     return found
 
@@ -172,7 +186,7 @@ def judge_space(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurem
             found.append(Finding(
                 Status.FAIL, f"{f.path} is {fmt_bytes(f.size_bytes)}, below the {fmt_bytes(floor)} floor",
                 f"{f.path} is {fmt_bytes(f.size_bytes)}{docker}; NCCL fails creating its shared-memory segments "
-                "or dies of SIGBUS, and DataLoader workers crash", fix_size(floor),
+                "or dies of SIGBUS, and DataLoader workers crash", fix_size(floor), act=owner(f),
             ))
     if f.free_bytes is not None and f.other_jobs:
         measurements.append(Measurement(name="shm_free", unit="bytes", value=f.free_bytes))  # no floor: not judged
@@ -222,11 +236,19 @@ def judge_memory(f: ShmFacts, floor: float, space_short: bool = False) -> tuple[
     )], measurements
 
 
+def _shm_switch_owner(f: ShmFacts) -> Next:
+    """NCCL_SHM_DISABLE=1 in the environment, a user's ~/.nccl.conf or a container's files is
+    the job's setting; in the host's /etc/nccl.conf it is the node's, for every job."""
+    if f.container or not any(where.startswith("/etc/") for where in f.shm_disabled_by):
+        return Next(Action.FIX_JOB, Domain.JOB, "NCCL_SHM_DISABLE is set in the job's environment or image")
+    return Next(Action.WATCH, Domain.SOFTWARE, "NCCL_SHM_DISABLE is set in the node's nccl.conf: every job there inherits it")
+
+
 def judge(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurement]]:
     """Pure: what is wrong with these facts, against a floor in bytes."""
     if not f.exists:
         return [Finding(Status.FAIL, f"{f.path} does not exist", f"{f.path} is missing: NCCL and DataLoader workers cannot create shared memory",
-                        fix_size(floor))], []
+                        fix_size(floor), act=owner(f))], []
     found = judge_mount(f)
     space, measurements = judge_space(f, floor)
     found += space
@@ -234,7 +256,7 @@ def judge(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurement]]:
         found.append(Finding(
             Status.FAIL, f"{f.path} has mode {f.mode:04o}, not world-writable",
             f"only some users can create files in {f.path} (mode {f.mode:04o}); a job that does not run as root fails in shm_open",
-            "give /dev/shm mode 1777 (`chmod 1777 /dev/shm`), as every distribution ships it",
+            "give /dev/shm mode 1777 (`chmod 1777 /dev/shm`), as every distribution ships it", act=owner(f),
         ))
     if f.free_inodes == 0 and not f.other_jobs:
         found.append(Finding(Status.FAIL, f"{f.path} has no free inodes", f"{f.path} cannot hold another file", f"remove stale files from {f.path}"))
@@ -248,12 +270,15 @@ def judge(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurement]]:
         found.append(Finding(
             Status.FAIL, f"{f.path} is not writable ({f.write_error})",
             f"creating a file in {f.path} failed ({f.write_error}); NCCL's shm_open fails the same way", fix,
+            act=owner(f) if f.write_error in ("read-only", "permission denied") else None,
         ))
     if f.cgroup_headroom_bytes is not None and f.cgroup_headroom_bytes < floor:
         found.append(Finding(
             Status.FAIL, f"the container's memory limit leaves {fmt_bytes(max(0, f.cgroup_headroom_bytes))}, below the {fmt_bytes(floor)} floor",
             "pages in /dev/shm are charged to the container's memory cgroup, so a segment of the floor's size would be OOM-killed",
             "raise the container's memory limit by at least the /dev/shm floor",
+            # The limit is the job's (a pod's resources, docker --memory), wherever preflight runs under it.
+            act=Next(Action.FIX_JOB, Domain.JOB, "the memory cgroup's limit is what the job or its container was started with"),
         ))
     if f.segment_bytes:
         if f.segment_error and not f.write_error:
@@ -272,6 +297,7 @@ def judge(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurement]]:
             Status.WARN, f"NCCL_SHM_DISABLE=1 is set ({', '.join(f.shm_disabled_by)})",
             f"NCCL_SHM_DISABLE=1 in {', '.join(f.shm_disabled_by)} {nccl_env.SWITCHES['NCCL_SHM_DISABLE'][1]}",
             "unset NCCL_SHM_DISABLE (it is a debugging switch) and remove it from nccl.conf",
+            act=_shm_switch_owner(f),
         ))
     return found, measurements
 

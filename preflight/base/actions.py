@@ -18,8 +18,8 @@ software's, then the job's: the more a fault costs to leave, the more it decides
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 
 
 class Action(str, Enum):
@@ -50,8 +50,9 @@ class Domain(str, Enum):
 _DOMAIN_WEIGHT = [Domain.JOB, Domain.SOFTWARE, Domain.NODE]  # the tie-break, least first
 
 
-@dataclass(frozen=True)
-class Next:
+# A NamedTuple, not a dataclass: `preflight status` reads actions from the report and must not
+# pay for importing dataclasses (see pipeline/report_view.py).
+class Next(NamedTuple):
     """An action, whose fault it is, and where that comes from (a catalog, NVML, a rule)."""
 
     action: Action
@@ -87,6 +88,18 @@ def highest(nexts: list[Next]) -> Next | None:
         if best is None or n.rank() > best.rank():
             best = n
     return best
+
+
+NOTHING = Next(Action.NONE, Domain.NODE, "nothing to do")
+
+
+def decide(by_check: list[tuple[Next, str]]) -> tuple[Next, str | None]:
+    """A run's action from its checks' (each with the check's name): the highest, and the
+    check it came from; NOTHING and None where no check asks for anything."""
+    best = highest([n for n, _ in by_check])
+    if best is None or best.action == Action.NONE:
+        return NOTHING, None
+    return best, next(check for n, check in by_check if n is best)
 
 
 def drain_prefix(n: Next) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from preflight.base.actions import Action, Domain, Next
 from preflight.base.findings import Finding, Status
 from preflight.pipeline.expectations import GpuExpect
 from preflight.pipeline.shape import NodeShape
@@ -22,7 +23,13 @@ from preflight.readers.nvml import Gpu, Inventory, PcieLink
 DRAIN = "drain the node and run `dcgmi diag -r 3` on it; open an RMA if the fault returns"
 RESET = "reset the GPU (`nvidia-smi -r -i {i}`, with no process on it) or reboot the node"
 FAIL, WARN = Status.FAIL, Status.WARN
-HELD = "in every reading"  # the live check's clocks events: what held through its window of NVML readings
+HELD = "in every reading"
+# What each kind of fault asks of a fleet's automation (preflight/base/actions.py), where the
+# status's default (a FAIL drains for a person) says less than is known.
+GONE = Next(Action.SERVICE, Domain.NODE, "a GPU the node has lost to NVML or the PCI bus: reseat or replace")
+RESET_FIXES = Next(Action.RESET_GPU, Domain.NODE, "a GPU reset completes it (nvidia-smi -r): pending remaps, retired pages, a GPU lost to NVML")
+WORN_OUT = Next(Action.SERVICE, Domain.NODE, "hardware beyond its own repair: out of spare rows, a PCIe link below the slot's, mixed boards")
+SETUP = Next(Action.DRAIN, Domain.SOFTWARE, "the node's setup (driver, MIG, compute mode, the site's pins): fix it before a job runs")  # the live check's clocks events: what held through its window of NVML readings
 
 
 def _version(v: str) -> tuple[int, ...]:
@@ -45,16 +52,16 @@ def judge_count(inv: Inventory, shape: NodeShape | None) -> list[Finding]:
         where = nvml.short_pci(lost.pci_bus_id) if lost.pci_bus_id else "PCI address unknown"
         hint = f"; on the PCI bus but not answering NVML: {', '.join(silent)}" if silent and not lost.pci_bus_id else ""
         cause = f"NVML cannot reach GPU {lost.index} ({where}): {lost.error}{hint}"
-        out.append(Finding(FAIL, f"GPU {lost.index} ({where}) is lost", cause, RESET.format(i=lost.index) + "; if it stays lost, " + DRAIN))
+        out.append(Finding(FAIL, f"GPU {lost.index} ({where}) is lost", cause, RESET.format(i=lost.index) + "; if it stays lost, " + DRAIN, act=RESET_FIXES))
     seen = len(inv.gpus) + len(inv.lost)
     fix = "look for 'fallen off the bus' in `preflight xid`; reseat or replace the GPU; " + DRAIN
     if shape is not None and seen < shape.gpus:
         named = f"; on the PCI bus but not in NVML: {', '.join(silent)}" if silent else ""
         cause = f"NVML sees {seen} GPUs, this node gives the run {shape.gpus} ({shape.gpus_from}){named}"
-        out.append(Finding(FAIL, f"{seen} of {shape.gpus} GPUs visible", cause, fix))
+        out.append(Finding(FAIL, f"{seen} of {shape.gpus} GPUs visible", cause, fix, act=GONE))
     if shape is not None and shape.pinned is not None and seen < shape.pinned:
         cause = f"NVML sees {seen} GPUs, the site pins {shape.pinned} ([node] gpus, --node-gpus or PREFLIGHT_NODE_GPUS); the node shows {shape.gpus} ({shape.gpus_from})"
-        out.append(Finding(FAIL, f"{seen} of {shape.pinned} pinned GPUs visible", cause, fix + "; if this node is meant to have fewer, change the pin"))
+        out.append(Finding(FAIL, f"{seen} of {shape.pinned} pinned GPUs visible", cause, fix + "; if this node is meant to have fewer, change the pin", act=GONE))
     return out
 
 
@@ -77,13 +84,13 @@ def judge_inventory(
         for name, dev in models:
             if dev and expect.pci_device_ids and dev not in expect.pci_device_ids:
                 cause = f"PCI device id {dev} ({name}) is not one of the profile's {', '.join(expect.pci_device_ids)}"
-                out.append(Finding(FAIL, f"{name} is not this profile's GPU", cause, "run with the profile for this GPU (`preflight detect` names it)"))
+                out.append(Finding(FAIL, f"{name} is not this profile's GPU", cause, "run with the profile for this GPU (`preflight detect` names it)", act=SETUP))
         if _version(inv.driver_version) < _version(expect.driver_min):
             cause = f"driver {inv.driver_version} is older than {expect.driver_min}, the first that supports this GPU ({expect.driver_source})"
-            out.append(Finding(FAIL, f"driver {inv.driver_version} is too old", cause, f"install driver {expect.driver_min} or newer and reboot"))
+            out.append(Finding(FAIL, f"driver {inv.driver_version} is too old", cause, f"install driver {expect.driver_min} or newer and reboot", act=SETUP))
     if driver_pin and inv.driver_version != driver_pin:
         cause = f"the site config pins driver {driver_pin}; this node runs {inv.driver_version}"
-        out.append(Finding(FAIL, f"driver {inv.driver_version}, site pins {driver_pin}", cause, f"install driver {driver_pin}, or change driver_version in the config"))
+        out.append(Finding(FAIL, f"driver {inv.driver_version}, site pins {driver_pin}", cause, f"install driver {driver_pin}, or change driver_version in the config", act=SETUP))
     fabric = shape.fabric if shape else "unknown"
     for g in inv.gpus:
         out += judge_gpu(g, expect, (loaded or {}).get(g.pci_bus_id), fabric, held)
@@ -95,7 +102,7 @@ def judge_models(models: Counter[tuple[str, str | None]]) -> list[Finding]:
     if len(models) <= 1:
         return []
     mix = ", ".join(f"{n} x {name}" + (f" ({dev})" if dev else "") for (name, dev), n in models.most_common())
-    return [Finding(FAIL, "mixed GPU models", f"one node, several SKUs: {mix}", "a data-parallel job runs at the slowest GPU's speed: make the node uniform, or drain it")]
+    return [Finding(FAIL, "mixed GPU models", f"one node, several SKUs: {mix}", "a data-parallel job runs at the slowest GPU's speed: make the node uniform, or drain it", act=WORN_OUT)]
 
 
 def judge_gpu(g: Gpu, expect: GpuExpect | None, loaded: PcieLink | None = None, fabric: str = "unknown", held: str = HELD) -> list[Finding]:
@@ -103,17 +110,17 @@ def judge_gpu(g: Gpu, expect: GpuExpect | None, loaded: PcieLink | None = None, 
     out: list[Finding] = []
     if g.ecc_uncorrectable_volatile:
         cause = f"{name} has {g.ecc_uncorrectable_volatile} uncorrectable (volatile) ECC errors since the driver loaded: its memory returned wrong data"
-        out.append(Finding(FAIL, f"{name}: uncorrectable ECC errors", cause, f"{reset}; {DRAIN}"))
+        out.append(Finding(FAIL, f"{name}: uncorrectable ECC errors", cause, f"{reset}; {DRAIN}", act=RESET_FIXES))
     if g.ecc_mode is False:
         out.append(Finding(WARN, f"{name}: ECC is off", f"ECC is disabled on {name}: memory errors go undetected", f"`nvidia-smi -i {g.index} -e 1` and reboot"))
     rows = g.remapped_rows
     if rows and rows.failure:
-        out.append(Finding(FAIL, f"{name}: row remapping failed", f"{name} could not remap a failing memory row (out of spare rows)", "drain the node and RMA the GPU"))
+        out.append(Finding(FAIL, f"{name}: row remapping failed", f"{name} could not remap a failing memory row (out of spare rows)", "drain the node and RMA the GPU", act=WORN_OUT))
     elif rows and rows.pending:
         cause = f"{name} has a memory row remap pending ({rows.uncorrectable} uncorrectable, {rows.correctable} correctable rows remapped): the faulty row is still in use"
-        out.append(Finding(FAIL, f"{name}: row remap pending", cause, f"{reset}: a reset activates the remap (reset required)"))
+        out.append(Finding(FAIL, f"{name}: row remap pending", cause, f"{reset}: a reset activates the remap (reset required)", act=RESET_FIXES))
     if g.retired_pages_pending:
-        out.append(Finding(FAIL, f"{name}: page retirement pending", f"{name} has retired memory pages waiting for a reset", f"{reset}: a reset completes the retirement (reset required)"))
+        out.append(Finding(FAIL, f"{name}: page retirement pending", f"{name} has retired memory pages waiting for a reset", f"{reset}: a reset completes the retirement (reset required)", act=RESET_FIXES))
     out += judge_link(g, loaded)
     out += judge_compute_mode(g)
     out += _judge_clocks(g, held)
@@ -122,7 +129,7 @@ def judge_gpu(g: Gpu, expect: GpuExpect | None, loaded: PcieLink | None = None, 
         cause = f"persistence mode is off on {name}: every CUDA start re-initialises the GPU (seconds each)"
         out.append(Finding(WARN, f"{name}: persistence mode off", cause, "enable nvidia-persistenced (`systemctl enable --now nvidia-persistenced`)"))
     if g.mig_mode and (expect is None or expect.whole_gpus):
-        out.append(Finding(FAIL, f"{name}: MIG enabled", f"MIG mode is on for {name}; the profile expects whole GPUs", f"`nvidia-smi -i {g.index} -mig 0`, then reset the GPU"))
+        out.append(Finding(FAIL, f"{name}: MIG enabled", f"MIG mode is on for {name}; the profile expects whole GPUs", f"`nvidia-smi -i {g.index} -mig 0`, then reset the GPU", act=SETUP))
     if g.power_limit_w and g.power_default_limit_w and g.power_limit_w < g.power_default_limit_w * 0.99:
         cause = f"{name}'s power limit is {g.power_limit_w:g} W, below its default {g.power_default_limit_w:g} W"
         out.append(Finding(WARN, f"{name}: power capped", cause, f"`nvidia-smi -i {g.index} -pl {g.power_default_limit_w:g}` unless the cap is intended"))
@@ -142,7 +149,7 @@ def judge_compute_mode(g: Gpu) -> list[Finding]:
     if g.compute_mode != "prohibited":
         return []
     cause = f"{who(g)} is in compute mode PROHIBITED: no process can create a CUDA context on it, so no job can use it"
-    return [Finding(FAIL, f"{who(g)}: compute mode PROHIBITED", cause, f"`nvidia-smi -i {g.index} -c DEFAULT` (as root), unless the GPU was fenced off on purpose")]
+    return [Finding(FAIL, f"{who(g)}: compute mode PROHIBITED", cause, f"`nvidia-smi -i {g.index} -c DEFAULT` (as root), unless the GPU was fenced off on purpose", act=SETUP)]
 
 
 def prohibited(inv: Inventory) -> list[Gpu]:
@@ -218,8 +225,8 @@ def judge_link(g: Gpu, loaded: PcieLink | None) -> list[Finding]:
     out = []
     if width and idle.width_max and width < idle.width_max:
         cause = f"{name}'s PCIe link trained at x{width}, its slot and GPU allow x{idle.width_max}: host<->GPU copies run at {width / idle.width_max:.0%} speed"
-        out.append(Finding(FAIL, f"{name}: PCIe link x{width} of x{idle.width_max}", cause, fix))
+        out.append(Finding(FAIL, f"{name}: PCIe link x{width} of x{idle.width_max}", cause, fix, act=WORN_OUT))
     if loaded and loaded.gen and idle.gen_max and loaded.gen < idle.gen_max:
         cause = f"{name}'s PCIe link ran at Gen{loaded.gen} under load; GPU and slot allow Gen{idle.gen_max}"
-        out.append(Finding(FAIL, f"{name}: PCIe Gen{loaded.gen} of Gen{idle.gen_max} under load", cause, fix))
+        out.append(Finding(FAIL, f"{name}: PCIe Gen{loaded.gen} of Gen{idle.gen_max} under load", cause, fix, act=WORN_OUT))
     return out

@@ -115,19 +115,25 @@ def status(report: Path | None, npd: bool, max_age: float | None, config: Path |
     from preflight.outputs import last_report
 
     loaded, st = standing(report, config, max_age)
+    r = loaded.report
+    # What the report asks be done (preflight/base/actions.py), while it speaks for this boot:
+    # automation that reads the line switches on its first words.
+    act = r if r is not None and st.current_boot is not False and str(r.action) != "none" else None
+    todo = f"[{act.domain}] {act.action}: " if act else ""
     if npd:
-        emit(npd_line(st.reason))
+        emit(npd_line(todo + st.reason))
         return {True: 0, False: 1, None: 2}[st.vouched]
     if json_out:
-        r = loaded.report
         emit(json.dumps({"vouched": st.vouched, "reason": st.reason, "report_state": str(loaded.state),
+                         "action": str(act.action) if act else "none", "domain": str(act.domain) if act else None,
+                         "action_source": act.action_source if act else None, "action_check": act.action_check if act else None,
                          "verdict": str(r.verdict) if r else None, "profile": r.profile if r else None,
                          "current_boot": st.current_boot, "age_seconds": st.age_seconds,
                          "run_under_way_since": st.under_way.isoformat() if st.under_way else None}, indent=2) + "\n")
     else:
         # A run under way leaves the last verdict standing until it writes its own: said, after it.
         running = f"; a run started at {last_report.utc(st.under_way)} is under way" if st.under_way else ""
-        emit({True: "vouched", False: "NOT vouched", None: "unknown"}[st.vouched] + f": {st.reason}{running}\n")
+        emit({True: "vouched", False: "NOT vouched", None: "unknown"}[st.vouched] + f": {todo}{st.reason}{running}\n")
     return 0 if st.vouched else 1
 
 

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from preflight.base.actions import LADDER, Domain
 from preflight.base.findings import Status
 from preflight.base import safefile
 from preflight.base.errors import UsageError
@@ -63,6 +64,16 @@ def report_families(r: Report) -> Iterator[Metric]:
     for name in LEVELS:
         level.add_metric([name], float((r.level or "standard") == name))
     yield level
+    # What a fleet's automation acts on (preflight/base/actions.py): one-hot over the ladder and the
+    # domains, so `preflight_action{action="reset-gpu"} == 1` selects the nodes to reset.
+    action = GaugeMetricFamily(PREFIX + "action", "What the last run asks be done about the node, one-hot over none, watch, fix-job, "
+                               "drain, reset-gpu, reboot and service (the highest of its findings').", labels=["action"])
+    for a in LADDER:
+        action.add_metric([a.value], float(r.action == a))
+    domain = GaugeMetricFamily(PREFIX + "action_domain", "Whose fault the action's finding is, one-hot over node, software and job.", labels=["domain"])
+    for d in Domain:
+        domain.add_metric([d.value], float(r.domain == d))
+    yield from (action, domain)
     passed = GaugeMetricFamily(PREFIX + "check_passed", "1 if the check passed (PASS or WARN), 0 if it failed, errored or was skipped.", labels=["check"])
     status = GaugeMetricFamily(PREFIX + "check_status", "The check's status, one-hot over PASS, WARN, FAIL, SKIP and ERROR.", labels=["check", "status"])
     duration = GaugeMetricFamily(PREFIX + "check_duration_seconds", "How long the check took.", labels=["check"])

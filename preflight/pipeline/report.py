@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, model_validator
 
-from preflight.base.actions import Action, Domain, Next, highest
+from preflight.base.actions import Action, Domain, Next, decide
 from preflight.pipeline import levels
 from preflight.pipeline.check import Result
 from preflight.pipeline.runner import CUT_SHORT
@@ -121,11 +121,7 @@ class Report(BaseModel):
         return self._next()[1]
 
     def _next(self) -> tuple[Next, str | None]:
-        by_check = [(c.next, c.check) for c in self.checks]
-        best = highest([n for n, _ in by_check])
-        if best is None or best.action == Action.NONE:
-            return Next(Action.NONE, Domain.NODE, "nothing to do"), None
-        return best, next(check for n, check in by_check if n is best)
+        return decide([(c.next, c.check) for c in self.checks])
 
 
 def verdict_of(results: list[Result], interrupted: int | None = None) -> Verdict:

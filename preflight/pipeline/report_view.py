@@ -23,6 +23,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
+from preflight.base.actions import NOTHING, Action, Domain, Next, decide, default_for
+
 # Where the systemd units write and `serve` reads; a manual run writes only with --report.
 DEFAULT_REPORT_PATH = Path("/var/lib/preflight/report.json")
 # The most nodes one group may have (--nnodes); readers of a report rely on it too:
@@ -55,6 +57,15 @@ class CheckView(NamedTuple):
     check: str
     status: str  # one of STATUSES
     summary: str
+    next: Next = NOTHING  # the result's action (Result.next), its status's where the report names none
+
+
+def _check_view(c: dict[str, Any]) -> CheckView:
+    if c["action"] is None:
+        then = default_for(c["status"])
+    else:  # as Result's validator fills in what a report leaves out
+        then = Next(Action(c["action"]), Domain(c["domain"]) if c["domain"] else default_for(c["status"]).domain, c["action_source"] or "")
+    return CheckView(c["check"], c["status"], c["summary"], then)
 
 
 class ReportView(NamedTuple):
@@ -68,6 +79,23 @@ class ReportView(NamedTuple):
     interrupted_by_signal: int | None
     checks: list[CheckView]
     last_success_at: datetime | None = None
+
+    # Report's computed action fields, derived the same way (actions.decide).
+    @property
+    def action(self) -> Action:
+        return decide([(c.next, c.check) for c in self.checks])[0].action
+
+    @property
+    def domain(self) -> Domain:
+        return decide([(c.next, c.check) for c in self.checks])[0].domain
+
+    @property
+    def action_source(self) -> str:
+        return decide([(c.next, c.check) for c in self.checks])[0].source
+
+    @property
+    def action_check(self) -> str | None:
+        return decide([(c.next, c.check) for c in self.checks])[1]
 
 
 class Declined(Exception):
@@ -86,7 +114,7 @@ def view(data: bytes) -> ReportView | None:
         r = _REPORT(doc)
     except (Declined, ValueError, RecursionError):
         return None
-    checks = [CheckView(c["check"], c["status"], c["summary"]) for c in r["checks"]]
+    checks = [_check_view(c) for c in r["checks"]]
     return ReportView(Verdict(r["verdict"]), r["profile"], r["boot_id"], r["started_at"], r["finished_at"], r["interrupted_by_signal"], checks,
                       r["last_success_at"])
 

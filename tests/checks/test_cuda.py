@@ -67,6 +67,8 @@ def test_seven_of_eight_names_the_missing_slot_from_sysfs():
     fails = only(judged(f, node=node))
     assert fails[0].summary == "7 of 8 GPUs visible"
     assert "on the PCI bus but not in NVML: 0000:c3:00.0" in fails[0].cause
+    # A fleet's automation reads what to do: a GPU gone from the node is hardware to service.
+    assert (fails[0].next.action.value, fails[0].next.domain.value) == ("service", "node")
 
 
 def test_seven_of_eight_without_sysfs_still_fails_from_the_device_nodes():

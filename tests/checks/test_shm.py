@@ -317,6 +317,42 @@ def test_docker_sized_64m_dev_shm_exits_1_naming_the_size_and_the_fix():
 
 
 @needs_root
+def test_a_containers_64m_dev_shm_is_the_jobs_to_fix():
+    # As Podman starts a container, its /run holds .containerenv (this machine may be a Docker
+    # container already: then /.dockerenv says so first).
+    setup = "mount -t tmpfs -o size=64m tmpfs /dev/shm && mount -t tmpfs tmpfs /run && touch /run/.containerenv"
+    p = in_private_shm(setup, "run --profile cpu --only shm --json")
+    assert p.returncode == 1, p.stderr
+    report = Report.model_validate_json(p.stdout)
+    assert (report.action.value, report.domain.value, report.action_check) == ("fix-job", "job", "shm")
+    assert report.action_source.startswith("in a container (") and "its /dev/shm is what the job was started with" in report.action_source
+
+
+def test_the_same_small_dev_shm_on_the_host_is_the_nodes_configuration(tmp_path):
+    (tmp_path / "dev" / "shm").mkdir(parents=True)
+    facts = shm.gather(Host(tmp_path, environ={}), 0)
+    assert facts.container is None
+    (f,), _ = judge(healthy(size_bytes=64 * MiB, free_bytes=64 * MiB, segment_bytes=0, container=facts.container), GiB)
+    assert f.status is Status.FAIL and (f.next.action.value, f.next.domain.value) == ("drain", "software")
+    (tmp_path / ".dockerenv").write_text("")
+    assert shm.gather(Host(tmp_path, environ={}), 0).container == "Docker (/.dockerenv)"
+
+
+def test_nccl_shm_disable_is_the_jobs_setting_unless_the_hosts_nccl_conf_sets_it():
+    (env,), _ = judge(healthy(shm_disabled_by=["the environment"]), GiB)
+    assert (env.status, env.next.action.value, env.next.domain.value) == (Status.WARN, "fix-job", "job")
+    (conf,), _ = judge(healthy(shm_disabled_by=["/etc/nccl.conf"]), GiB)
+    assert (conf.next.action.value, conf.next.domain.value) == ("watch", "software")
+    (boxed,), _ = judge(healthy(shm_disabled_by=["/etc/nccl.conf"], container="Docker (/.dockerenv)"), GiB)
+    assert boxed.next.domain.value == "job"
+
+
+def test_a_container_memory_limit_below_the_floor_is_the_jobs():
+    (f,), _ = judge(healthy(cgroup_headroom_bytes=100 * MiB, segment_bytes=0), GiB)
+    assert f.status is Status.FAIL and (f.next.action.value, f.next.domain.value) == ("fix-job", "job")
+
+
+@needs_root
 def test_read_only_dev_shm_fails():
     p = in_private_shm("mount -t tmpfs -o ro,size=2g tmpfs /dev/shm", "run --profile cpu --only shm --json")
     assert p.returncode == 1

@@ -254,6 +254,23 @@ def test_status_json_for_scripts(tmp_path):
     code, out = status("--report", str(path), "--json")
     data = json.loads(out)
     assert code == 1 and data["vouched"] is False and data["verdict"] == "fail" and data["current_boot"] is True
+    # A report from before actions: its FAIL asks for its status's action.
+    assert (data["action"], data["domain"], data["action_check"]) == ("drain", "node", "shm")
+
+
+def test_status_leads_with_the_action_while_the_report_speaks_for_this_boot(tmp_path):
+    path = report_file(tmp_path / "r.json", "shm-64m-fail")
+    data = json.loads(path.read_text())
+    data["checks"][0].update(action="fix-job", domain="job", action_source="in a container (Docker (/.dockerenv))")
+    path.write_text(json.dumps(data))
+    code, out = status("--report", str(path))
+    assert code == 1 and out.startswith("NOT vouched: [job] fix-job: shm FAIL: /dev/shm is 64 MiB")
+    code, out = status("--npd", "--report", str(path))
+    assert out.startswith("[job] fix-job: shm FAIL")
+    stale = report_file(tmp_path / "old.json", "shm-64m-fail", boot="an-earlier-boot")
+    code, out = status("--report", str(stale), "--json")
+    assert json.loads(out)["action"] == "none"  # the boot since then may have cleared it
+    assert status("--report", str(report_file(tmp_path / "p.json", "cpu-pass", age=30)))[1].startswith("vouched: passed")
 
 
 @pytest.mark.parametrize(
@@ -288,7 +305,7 @@ def test_npd_cuts_a_long_reason_at_80_bytes_on_a_character_boundary(tmp_path):
     path.write_text(json.dumps(data))
     code, out = status("--npd", "--report", str(path))
     line = out.rstrip("\n")
-    assert code == 1 and len(out.encode()) <= 80 and line.endswith("...") and "\n" not in line and line.startswith("shm FAIL: line one é")
+    assert code == 1 and len(out.encode()) <= 80 and line.endswith("...") and "\n" not in line and line.startswith("[node] drain: shm FAIL: line one é")
 
 
 def test_status_max_age_and_its_bad_input(tmp_path):

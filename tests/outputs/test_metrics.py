@@ -80,6 +80,17 @@ def test_check_status_is_one_hot_over_all_five_states():
     assert {s.labels["check"]: s.value for s in fam["preflight_check_passed"]} == {"shm": 0, "nccl": 0, "bandwidth": 0, "train": 0}
 
 
+def test_the_action_and_its_domain_are_one_hot_over_the_ladder():
+    # shm-64m-fail predates actions: its FAIL asks for its status's, a drain for a person.
+    fam = families(text_of("shm-64m-fail"))
+    action = {s.labels["action"]: s.value for s in fam["preflight_action"]}
+    assert list(action) == ["none", "watch", "fix-job", "drain", "reset-gpu", "reboot", "service"]
+    assert [a for a, v in action.items() if v == 1] == ["drain"]
+    assert {s.labels["domain"]: s.value for s in fam["preflight_action_domain"]} == {"node": 1, "software": 0, "job": 0}
+    fam = families(text_of("cpu-pass"))
+    assert [s.labels["action"] for s in fam["preflight_action"] if s.value == 1] == ["none"]
+
+
 def test_a_failed_run_has_passed_0_and_no_success_time():
     fam = families(text_of("shm-64m-fail"))
     assert fam["preflight_run_passed"][0].value == 0 and fam["preflight_run_exit_code"][0].value == 1

@@ -35,7 +35,8 @@ def model_reads(data: bytes) -> Report | None:
 def judged(r) -> tuple:  # noqa: ANN001
     """Everything a judge reads of a report (last_report.standing, status --json)."""
     return (str(r.verdict), r.profile, r.boot_id, r.started_at, r.finished_at, r.interrupted_by_signal,
-            [(c.check, str(c.status), c.summary) for c in r.checks])
+            [(c.check, str(c.status), c.summary, tuple(map(str, c.next))) for c in r.checks],
+            (str(r.action), str(r.domain), r.action_source, r.action_check))
 
 
 def assert_agree(data: bytes) -> bool:
@@ -56,7 +57,7 @@ def full_report() -> dict:
                       pci_gpus=[f"0000:{i:02x}:00.0" for i in range(8)], device_nodes=list(range(8)), nvml_gpus=8,
                       fabric="nvswitch", fabric_from="NVML: active NVLinks end at an NVSwitch", nvswitches=4,
                       nics=["mlx5_0", "mlx5_1"], pinned=8, notes=["a note"])
-    check = r.checks[0].model_copy(update={"measurements": [
+    check = r.checks[0].model_copy(update={"action": actions.Action.RESET_GPU, "domain": actions.Domain.NODE, "action_source": "Xid 48", "measurements": [
         Measurement(name="allreduce_bus_bandwidth", unit="bytes_per_second", value=1.5e11, labels={"gpu": "3", "UUID": "GPU-1"}, floor=1e11),
         Measurement(name="step_time", unit="seconds", value=0.25, ceiling=0.5),
     ], "cause": "a cause", "remedy": "a fix", "lines": ["a line"]})
