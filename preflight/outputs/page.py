@@ -82,6 +82,8 @@ def _banner(r: Report, source: str, standing: Standing | None = None) -> str:
             line += f"; the run was then interrupted by {sig}"
     if standing is not None and not standing.vouched and verdict == "pass":
         kind, head, line = "unvouched", "NOT VOUCHED", f"not vouched now: {standing.reason}; this report passed"
+    if str(r.action) != "none":  # what a fleet's automation acts on, in the words it reads (the JSON's action)
+        line += f"; action: {r.action} ({r.domain}, from {r.action_check}: {r.action_source})"
     bits = [f"profile {r.profile or 'none'}", f"level {r.level or 'standard'}", f"finished {r.finished_at.isoformat(timespec='seconds')}",
             f"{r.duration_seconds:.1f} s", f"preflight {r.version}"]
     bits += [f"{k} {v}" for k, v in sorted(r.versions.items())]
@@ -102,7 +104,8 @@ def _problems(r: Report) -> str:
         items.append(f'<div class="problem {p.status}" data-check="{esc(p.check)}"><b>{esc(p.check)} {esc(p.status)}</b>: {esc(p.summary)}'
                      + (f" <i>(measured by {esc(p.carried)}, carried into this report)</i>" if p.carried else "")
                      + (f"<br><span class=\"muted\">cause:</span> {esc(p.cause)}" if p.cause else "")
-                     + (f"<br><span class=\"muted\">fix:</span> {esc(p.remedy)}" if p.remedy else "") + "</div>")
+                     + (f"<br><span class=\"muted\">fix:</span> {esc(p.remedy)}" if p.remedy else "")
+                     + (f"<br><span class=\"muted\">action:</span> {esc(p.action)}" if p.action else "") + "</div>")
     return "<section><h2>Problems</h2>" + "".join(items) + "</section>"
 
 

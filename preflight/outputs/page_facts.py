@@ -33,6 +33,7 @@ class Problem:
     cause: str | None
     remedy: str | None
     carried: str | None = None  # "the run of <time>, level <level>": measured before this run
+    action: str | None = None  # "reset-gpu (node)": what the result asks be done (preflight/base/actions.py)
 
 
 def carried(c: Result, name: str | None = None) -> str | None:
@@ -124,7 +125,7 @@ def problems(report: Report) -> list[Problem]:
     order = {Status.FAIL: 0, Status.ERROR: 1, Status.WARN: 2}
     bad = [c for c in report.checks if c.status in order]
     bad.sort(key=lambda c: order[c.status])
-    return [Problem(c.check, str(c.status.value), c.summary, c.cause, c.remedy, carried(c)) for c in bad]
+    return [Problem(c.check, str(c.status.value), c.summary, c.cause, c.remedy, carried(c), f"{c.action} ({c.domain})") for c in bad]
 
 
 def interruption(report: Report) -> Problem | None:

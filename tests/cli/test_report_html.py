@@ -20,6 +20,9 @@ def test_a_report_becomes_one_self_contained_page(tmp_path: Path):
     assert f"wrote {out}" in done.stderr and done.stdout == ""
     page = out.read_text()
     assert page.startswith("<!DOCTYPE html>") and "FAIL: vm" in page
+    # What to do, as the JSON's action says it: in the banner and under each problem.
+    assert "; action: drain (node, from cuda: a failure with no more specific action" in page
+    assert '<span class="muted">action:</span> drain (node)</div>' in page
     # Nothing outside the file: no script, no link, no URL but the page's own text.
     assert "<script" not in page and "<link" not in page and re.search(r"\s(src|href)=", page) is None
     assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "") and "https://" not in page

@@ -24,6 +24,7 @@ def test_problems_come_failures_first_each_with_cause_and_fix():
     found = facts.problems(r)
     assert [p.check for p in found] == ["cuda", "topology"]
     assert all(p.status == "FAIL" and p.cause and p.remedy for p in found)
+    assert [p.action for p in found] == ["drain (node)", "drain (node)"]  # recorded before actions: each FAIL's
     assert facts.problems(recorded("cpu-pass")) == []
 
 
