@@ -608,7 +608,8 @@ class _KubeServer(ThreadingHTTPServer):
 
 
 class FakeKubeApi:
-    """A Kubernetes API server for one resource, on 127.0.0.1: GET and PATCH /api/v1/nodes/NAME.
+    """A Kubernetes API server for one resource, on 127.0.0.1: GET and PATCH /api/v1/nodes/NAME,
+    and GET /api/v1/nodes (the NodeList, every node in ``nodes``).
 
     ``nodes`` holds Node objects as the API serves them. A PATCH is recorded
     (content type, body) and applied as the real server applies a strategic
@@ -617,7 +618,8 @@ class FakeKubeApi:
     not the node's is refused with 409, and every write bumps it.
     ``fail = 403`` answers everything with that status (its Status message is
     the real one), ``conflicts = N`` refuses the next N PATCHes with 409 as if
-    another writer got in first, ``stall = S`` answers after S seconds.
+    another writer got in first, ``stall = S`` answers after S seconds, ``list_fail = 403``
+    refuses the node list alone (a ClusterRole without nodes: list).
     With ``tls=(cert, key)`` it serves HTTPS.
     """
 
@@ -626,6 +628,7 @@ class FakeKubeApi:
         self.patches: list[tuple[str, dict[str, Any]]] = []
         self.requests: list[tuple[str, str, str | None]] = []  # method, path, Authorization
         self.fail: int | None = None
+        self.list_fail: int | None = None
         self.conflicts = 0
         self.stall = 0.0
         self._lock = threading.Lock()
@@ -646,13 +649,15 @@ class FakeKubeApi:
         self.server.shutdown()
         self.server.server_close()
 
-    def count(self, method: str) -> int:
+    def count(self, method: str, node: str | None = None) -> int:
+        """Requests of ``method``; with ``node``, of that node's own path only (not the list)."""
         with self._lock:
-            return sum(1 for m, _, _ in self.requests if m == method)
+            return sum(1 for m, p, _ in self.requests if m == method and (node is None or p.split("?")[0] == f"/api/v1/nodes/{node}"))
 
     def _answer(self, h: BaseHTTPRequestHandler, body: bytes | None) -> None:
         time.sleep(self.stall)
-        name = h.path.split("?")[0].removeprefix("/api/v1/nodes/")
+        path = h.path.split("?")[0]
+        name = None if path == "/api/v1/nodes" else path.removeprefix("/api/v1/nodes/")
         with self._lock:
             self.requests.append((h.command, h.path, h.headers.get("Authorization")))
             code, answer = self._handle(h.command, name, h.headers.get("Content-Type"), body)
@@ -663,10 +668,14 @@ class FakeKubeApi:
         h.end_headers()
         h.wfile.write(data)
 
-    def _handle(self, method: str, name: str, ctype: str | None, body: bytes | None) -> tuple[int, dict[str, Any]]:
-        verb = method.lower()
-        if self.fail:
-            return self.fail, _status(self.fail, f'nodes "{name}" is forbidden: User "system:serviceaccount:preflight:preflight" cannot {verb} resource "nodes" in API group "" at the cluster scope')
+    def _handle(self, method: str, name: str | None, ctype: str | None, body: bytes | None) -> tuple[int, dict[str, Any]]:
+        verb = method.lower() if name is not None else "list"
+        fail = self.fail or (self.list_fail if name is None else None)
+        if fail:
+            what = f'nodes "{name}"' if name is not None else "nodes"
+            return fail, _status(fail, f'{what} is forbidden: User "system:serviceaccount:preflight:preflight" cannot {verb} resource "nodes" in API group "" at the cluster scope')
+        if name is None and body is None:
+            return 200, {"kind": "NodeList", "apiVersion": "v1", "items": list(self.nodes.values())}
         if name not in self.nodes:
             return 404, _status(404, f'nodes "{name}" not found')
         node = self.nodes[name]

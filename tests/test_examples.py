@@ -97,9 +97,10 @@ def test_the_commented_taint_option_is_valid_when_uncommented() -> None:
     parse(args)
 
 
-def test_the_cluster_role_grants_exactly_get_and_patch_on_nodes() -> None:
+def test_the_cluster_role_grants_exactly_get_list_and_patch_on_nodes() -> None:
+    # list: the taint cap counts the nodes preflight has tainted (kube-label --taint-cap).
     d = docs(K8S / "daemonset.yaml")
-    assert d["ClusterRole"]["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    assert d["ClusterRole"]["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]}]
     binding = d["ClusterRoleBinding"]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": d["ClusterRole"]["metadata"]["name"]}
     sa = d["ServiceAccount"]["metadata"]
@@ -264,7 +265,7 @@ def test_the_prolog_passes_a_vouched_node_and_refuses_the_rest(reports: dict[str
     assert after["level"] == "quick" and after["verdict"] == "pass"  # the quick look was written where every reader looks
     failed = real_prolog(PREFLIGHT_REPORT=str(reports["fail"]))
     assert failed.returncode == 1
-    said = "preflight prolog: job 4242 refused on gpu17: NOT vouched: shm FAIL: /dev/shm is 64 MiB, below the 1 GiB floor"
+    said = "preflight prolog: job 4242 refused on gpu17: NOT vouched: [software] drain: shm FAIL: /dev/shm is 64 MiB, below the 1 GiB floor"
     assert failed.stderr.startswith(said), failed.stderr
     assert calls(tmp_path / "logger.calls")[-1][-1].startswith(said)  # and to the journal
     missing = real_prolog(PREFLIGHT_REPORT=str(tmp_path / "none.json"))

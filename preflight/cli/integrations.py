@@ -124,13 +124,19 @@ def kube_label(
         "--taint/--no-taint", help="Also taint a node the report does not vouch for with preflight/failed=true:NoSchedule, and remove it when it passes again.",
     )] = False,
     every: Annotated[Optional[float], typer.Option("--every", metavar="SECONDS", help="Re-read the report and re-apply every SECONDS until SIGTERM. [default: once]")] = None,
+    taint_cap: Annotated[float, typer.Option(
+        "--taint-cap", metavar="SHARE", help="Add no taint while this share of the cluster's nodes (at least one) already carry preflight's: "
+        "a bad floor or driver rollout must not take the cluster out. Needs nodes: list.",
+    )] = 0.1,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the PATCH it would send and change nothing; with no cluster to read the node from, the most it would send.")] = False,
     config: ConfigOpt = None,
     # `kubectl proxy` or a test server instead of the in-cluster API server: not in --help.
     api_server: Annotated[Optional[str], typer.Option("--api-server", metavar="URL", hidden=True)] = None,
 ) -> int:
-    """Kubernetes: label this node preflight/result=pass|fail from the last report; with --taint, also taint
-    it while not vouched. Only its own label and taint are touched. Never runs a check.
+    """Kubernetes: label this node preflight/result=pass|fail (and preflight/action while the report asks for
+    one) from the last report, failing it too where the device plugin advertises fewer GPUs than the run
+    found; with --taint, also taint it while not vouched, unless the fault is the job's or the cap is
+    reached. Only its own labels and taint are touched. Never runs a check.
 
     Exit 0 vouched, 1 not vouched or the API server could not be told."""
     from preflight.outputs import kube
@@ -138,4 +144,4 @@ def kube_label(
     def judge():  # noqa: ANN202
         return plain.standing(report, config, max_age)[1]
 
-    return kube.main(node, taint, every, dry_run, api_server, judge, _console(), _emit)
+    return kube.main(node, taint, every, dry_run, api_server, judge, _console(), _emit, taint_cap)

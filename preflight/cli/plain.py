@@ -118,15 +118,15 @@ def status(report: Path | None, npd: bool, max_age: float | None, config: Path |
     r = loaded.report
     # What the report asks be done (preflight/base/actions.py), while it speaks for this boot:
     # automation that reads the line switches on its first words.
-    act = r if r is not None and st.current_boot is not False and str(r.action) != "none" else None
+    act = st.action if str(st.action.action) != "none" else None
     todo = f"[{act.domain}] {act.action}: " if act else ""
     if npd:
         emit(npd_line(todo + st.reason))
         return {True: 0, False: 1, None: 2}[st.vouched]
     if json_out:
         emit(json.dumps({"vouched": st.vouched, "reason": st.reason, "report_state": str(loaded.state),
-                         "action": str(act.action) if act else "none", "domain": str(act.domain) if act else None,
-                         "action_source": act.action_source if act else None, "action_check": act.action_check if act else None,
+                         "action": str(st.action.action), "domain": str(act.domain) if act else None,
+                         "action_source": act.source if act else None, "action_check": st.check,
                          "verdict": str(r.verdict) if r else None, "profile": r.profile if r else None,
                          "current_boot": st.current_boot, "age_seconds": st.age_seconds,
                          "run_under_way_since": st.under_way.isoformat() if st.under_way else None}, indent=2) + "\n")

@@ -1,7 +1,14 @@
-"""`preflight kube-label`: the last report as a Kubernetes node label, and opt-in a taint.
+"""`preflight kube-label`: the last report as Kubernetes node labels, and opt-in a taint.
 
 A DaemonSet runs it on each GPU node. It never runs a check, and touches only
-its own label and its own taint key. spec.taints is an atomic list (a strategic
+its own labels (preflight/result, and preflight/action while the report asks for
+one: preflight/base/actions.py) and its own taint key. It holds the scheduler's
+view to the report: a device plugin that advertises fewer GPUs
+(status.allocatable["nvidia.com/gpu"]) than the run found black-holes pods while
+the node says Ready, so that fails the node too. A taint is never added to a node
+whose fault is the job's (fix-job), nor past the cap on how many nodes of the
+cluster preflight may have tainted at once (``--taint-cap``): a bad floor or a bad
+driver rollout must not take a whole cluster out. spec.taints is an atomic list (a strategic
 merge patch replaces it whole), so a taint change sends the whole list just
 read with the node's resourceVersion: the API server refuses it (409) if anyone
 changed the node in between, and another controller's taint is never lost.
@@ -17,15 +24,19 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from preflight.base.actions import Action, Domain, Next, highest
 from preflight.base.errors import Interrupted, UsageError
 from preflight.base.signals import interrupting
 from preflight.outputs.last_report import Standing
 
 LABEL = "preflight/result"
+ACTION_LABEL = "preflight/action"
+GPU_RESOURCE = "nvidia.com/gpu"  # what the NVIDIA device plugin advertises
+TAINT_CAP = 0.1  # the share of the cluster's nodes preflight may have tainted at once (at least one node)
 TAINT_KEY = "preflight/failed"
 TAINT = {"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}
 TIMEOUT = 10.0
@@ -45,36 +56,73 @@ class Node:
     resource_version: str | None
     labels: dict[str, str]
     taints: list[dict[str, Any]]
+    allocatable_gpus: int | None = None  # status.allocatable["nvidia.com/gpu"]; None where none is advertised
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Node:
         meta, spec = data.get("metadata") or {}, data.get("spec") or {}
-        return cls(meta.get("resourceVersion"), dict(meta.get("labels") or {}), list(spec.get("taints") or []))
+        advertised = ((data.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE)
+        try:
+            gpus = int(str(advertised)) if advertised is not None else None
+        except ValueError:
+            gpus = None  # a quantity with a suffix is no GPU count a device plugin writes
+        return cls(meta.get("resourceVersion"), dict(meta.get("labels") or {}), list(spec.get("taints") or []), gpus)
+
+    def ours_tainted(self) -> bool:
+        return any(t.get("key") == TAINT_KEY for t in self.taints)
+
+
+def scheduler_view(st: Standing, node: Node) -> Standing:
+    """The standing, failed too where the device plugin advertises fewer GPUs than the run
+    found. More is no fault (time-slicing advertises replicas); none advertised is left alone:
+    a cluster may give GPUs another way (another resource name, DRA)."""
+    if st.gpus is None or node.allocatable_gpus is None or node.allocatable_gpus >= st.gpus:
+        return st
+    said = f"device plugin advertises {node.allocatable_gpus} of {st.gpus} GPUs ({GPU_RESOURCE} allocatable)"
+    plugin = Next(Action.DRAIN, Domain.SOFTWARE, f"{said}: pods asking for the rest are scheduled here and never start")
+    then = highest([st.action, plugin])
+    assert then is not None
+    reason = said if st.vouched else f"{said}; {st.reason}"
+    return st._replace(vouched=False, reason=reason, action=then, check="kube-label" if then is plugin else st.check)
 
 
 @dataclass(frozen=True)
 class Change:
     label: str  # what the label should say: "pass" or "fail"
     patch: dict[str, Any] | None  # None: the node already says it
-    what: tuple[str, ...] = ()  # the changes, in words
+    what: tuple[str, ...] = ()  # the changes, in words (and a taint the cap held back)
+    standing: Standing | None = None  # as judged against the node (scheduler_view), where it was read
 
 
-def decide(st: Standing, node: Node, taint: bool) -> Change:
+def decide(st: Standing, node: Node, taint: bool, capped: str | None = None) -> Change:
     """What to change so the node says what the report says; nothing when it already does.
-    A vouched node loses our taint even without --taint: it must not say "failed"."""
+    A vouched node loses our taint even without --taint: it must not say "failed"; so does one
+    whose fault is the job's (fix-job: the node is fine). ``capped``: why no taint may be added
+    now (the cap on tainted nodes), said instead."""
     want = "pass" if st.vouched else "fail"
     patch: dict[str, Any] = {}
     what: list[str] = []
+    labels: dict[str, str | None] = {}
     if node.labels.get(LABEL) != want:
-        patch["metadata"] = {"labels": {LABEL: want}}
+        labels[LABEL] = want
         what.append(f"label {LABEL}={want}")
+    action = None if st.action.action == Action.NONE else st.action.action.value
+    if node.labels.get(ACTION_LABEL) != action:
+        labels[ACTION_LABEL] = action  # None deletes it (a strategic merge patch's null)
+        what.append(f"label {ACTION_LABEL}={action}" if action else f"remove label {ACTION_LABEL}")
+    if labels:
+        patch["metadata"] = {"labels": labels}
     ours = [{k: t.get(k) for k in TAINT} for t in node.taints if t.get("key") == TAINT_KEY]
     others = [t for t in node.taints if t.get("key") != TAINT_KEY]
+    jobs = st.action.action == Action.FIX_JOB
     taints = None
-    if st.vouched and ours:
-        taints, said = others, f"remove taint {TAINT_KEY}"
-    elif not st.vouched and taint and ours != [TAINT]:
-        taints, said = [*others, TAINT], f"taint {TAINT_KEY}=true:NoSchedule"
+    if (st.vouched or jobs) and ours:
+        taints, said = others, f"remove taint {TAINT_KEY}" + (" (the fault is the job's: fix-job)" if jobs and not st.vouched else "")
+    elif not st.vouched and not jobs and taint and ours != [TAINT]:
+        if capped and not ours:
+            what.append(capped)
+        else:
+            taints, said = [*others, TAINT], f"taint {TAINT_KEY}=true:NoSchedule"
     if taints is not None:
         patch.setdefault("metadata", {})["resourceVersion"] = node.resource_version
         patch["spec"] = {"taints": taints}
@@ -115,11 +163,15 @@ class Api:
     def get_node(self, name: str) -> Node:
         return Node.from_json(self._call("GET", name))
 
+    def list_nodes(self) -> list[Node]:
+        return [Node.from_json(item) for item in self._call("GET", None).get("items") or []]
+
     def patch_node(self, name: str, patch: dict[str, Any]) -> None:
         self._call("PATCH", name, json.dumps(patch).encode())
 
-    def _call(self, method: str, name: str, body: bytes | None = None) -> dict[str, Any]:
-        url = f"{self.base}/api/v1/nodes/{urllib.parse.quote(name, safe='')}"
+    def _call(self, method: str, name: str | None, body: bytes | None = None) -> dict[str, Any]:
+        """``name`` None: the node list."""
+        url = f"{self.base}/api/v1/nodes" + (f"/{urllib.parse.quote(name, safe='')}" if name is not None else "")
         kind = {"Content-Type": PATCH_TYPE} if body is not None else {}
         req = urllib.request.Request(url, data=body, method=method, headers={"Accept": "application/json", **kind, **self._auth()})
         try:
@@ -156,30 +208,52 @@ class Api:
         return urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=ctx))
 
 
-def _http_error(e: urllib.error.HTTPError, method: str, name: str) -> KubeError:
+def _http_error(e: urllib.error.HTTPError, method: str, name: str | None) -> KubeError:
     try:
         said = ": " + str(json.loads(e.read())["message"])[:160]
     except (ValueError, OSError, TypeError, KeyError):
         said = ""
     fix = {
         401: "the API server refused the service account token: check the pod's serviceAccountName and token mount",
-        403: f"not allowed to {method.lower()} node {name}: grant the ServiceAccount a ClusterRole with nodes: get, patch (examples/kubernetes/daemonset.yaml)",
+        403: f"not allowed to {method.lower()} {f'node {name}' if name else 'the node list'}: grant the ServiceAccount a ClusterRole with nodes: get, list, patch (examples/kubernetes/daemonset.yaml)",
         404: f"no node named {name!r}: --node / NODE_NAME must be the Kubernetes node name (fieldRef spec.nodeName)",
         409: f"node {name} kept changing while we patched it",
     }.get(e.code, f"the API server refused {method} node {name}")
     return KubeError(f"{fix} ({e.code} {e.reason}{said})", e.code)
 
 
-def apply(api: Api, st: Standing, name: str, taint: bool, dry_run: bool = False, attempts: int = ATTEMPTS) -> Change:
-    """GET the node, decide, PATCH only what differs; read again if someone wrote in between."""
-    change = decide(st, api.get_node(name), taint)
+def past_cap(api: Api, name: str, share: float) -> str | None:
+    """Why no further node may be tainted now, or None: the nodes other than ``name`` that carry
+    our taint already, against ``share`` of the cluster's nodes (at least one). Where the list
+    cannot be read the cap cannot be kept, so nothing is tainted either."""
+    try:
+        nodes = api.list_nodes()
+    except KubeError as e:
+        return f"not tainted: the nodes preflight has tainted could not be counted for the cap ({e})"
+    tainted = sum(1 for n in nodes if n.ours_tainted())
+    allowed = max(1, int(share * len(nodes)))
+    if tainted < allowed:
+        return None
+    return (f"would taint: {tainted} of {len(nodes)} nodes already tainted by preflight, past the cap "
+            f"({share:.0%} of the nodes, at least 1: --taint-cap)")
+
+
+def apply(api: Api, st: Standing, name: str, taint: bool, dry_run: bool = False, attempts: int = ATTEMPTS, cap: float = TAINT_CAP) -> Change:
+    """GET the node, decide, PATCH only what differs; read again if someone wrote in between.
+    A taint this round would add is first held to the cap (the node list)."""
+    node = api.get_node(name)
+    st = scheduler_view(st, node)
+    change = decide(st, node, taint)
+    if change.patch and "spec" in change.patch and not node.ours_tainted() and (why := past_cap(api, name, cap)):
+        change = decide(st, node, taint, capped=why)
+    change = replace(change, standing=st)
     if dry_run or change.patch is None:
         return change
     try:
         api.patch_node(name, change.patch)
     except KubeError as e:
         if e.status == 409 and attempts > 1:
-            return apply(api, st, name, taint, dry_run, attempts - 1)
+            return apply(api, st, name, taint, dry_run, attempts - 1, cap)
         raise
     return change
 
@@ -193,7 +267,8 @@ class Round:
     key: tuple[object, ...] = ()  # the outcome: a log line is repeated only when it changes
 
 
-def run_round(api: Api | None, judge: Callable[[], Standing], name: str, taint: bool, dry_run: bool = False, no_api: str = "") -> Round:
+def run_round(api: Api | None, judge: Callable[[], Standing], name: str, taint: bool, dry_run: bool = False, no_api: str = "",
+              cap: float = TAINT_CAP) -> Round:
     """Read the verdict, bring the node in line: an error is a line, never a crash. A dry run
     says the PATCH it would send, and where the node cannot be read (``api`` None: ``no_api``
     says why), the most it could send: a preview needs no cluster."""
@@ -202,12 +277,16 @@ def run_round(api: Api | None, judge: Callable[[], Standing], name: str, taint: 
         st = judge()
         if api is None:
             raise KubeError(no_api)
-        change = apply(api, st, name, taint, dry_run)
+        change = apply(api, st, name, taint, dry_run, cap=cap)
+        st = change.standing or st
     except (KubeError, UsageError) as e:
         if not (dry_run and isinstance(e, KubeError)):
             return Round(False, f"{e}; node {name} left as it is", error=True, key=("error", str(e)))
         unread, change = str(e), decide_unread(st, taint)
-    did = f"{LABEL}={change.label} already, nothing to change" if change.patch is None else ("would " if dry_run else "") + ", ".join(change.what)
+    if change.patch is None:
+        did = "; ".join([f"{LABEL}={change.label} already, nothing to change", *change.what])
+    else:
+        did = ("would " if dry_run else "") + ", ".join(change.what)
     line = f"{name}: {'vouched' if st.vouched else 'NOT vouched'} ({st.reason}); {did}"
     if dry_run and change.patch is not None:
         line += (f" (node not read: {unread}; this is the most it would change)" if unread else "") + "\n" + request(name, change.patch)
@@ -227,7 +306,7 @@ def keep_applying(one: Callable[[], Round], every: float, say: Callable[[Round],
 
 
 def main(node: str | None, taint: bool, every: float | None, dry_run: bool, api_server: str | None,
-         judge: Callable[[], Standing], console: Any, emit: Callable[[str], None]) -> int:
+         judge: Callable[[], Standing], console: Any, emit: Callable[[str], None], cap: float = TAINT_CAP) -> int:
     """`preflight kube-label` once its flags are read (``judge``: the last report's standing now):
     one round, exit 0 vouched and 1 not, or with ``every`` a round every so often until SIGTERM, exit 0."""
     name = node or os.environ.get("NODE_NAME")
@@ -236,6 +315,8 @@ def main(node: str | None, taint: bool, every: float | None, dry_run: bool, api_
         console.note(f"no --node or NODE_NAME: the node name is taken from the hostname, {name}")
     if not name:
         raise UsageError("no node name: set NODE_NAME from the downward API (env valueFrom.fieldRef.fieldPath: spec.nodeName) or pass --node NAME")
+    if not 0 < cap <= 1:
+        raise UsageError(f"--taint-cap {cap:g}: give the share of the cluster's nodes preflight may have tainted at once, above 0 and at most 1, e.g. 0.1")
     if every is not None and not 0 < every <= 86400:
         raise UsageError(f"--every {every:g}: give a number of seconds above 0, at most 86400 (a day), e.g. 60")
     if api_server is not None and not api_server.startswith(("http://", "https://")):
@@ -256,12 +337,12 @@ def main(node: str | None, taint: bool, every: float | None, dry_run: bool, api_
             emit(r.line + "\n")
 
     if every is None:
-        r = run_round(api, lambda: st, name, taint, dry_run, no_api)
+        r = run_round(api, lambda: st, name, taint, dry_run, no_api, cap)
         say(r)
         return 0 if r.vouched else 1
     try:
         with interrupting():
-            keep_applying(lambda: run_round(api, judge, name, taint, dry_run, no_api), every, say)
+            keep_applying(lambda: run_round(api, judge, name, taint, dry_run, no_api, cap), every, say)
     except Interrupted:
         pass  # SIGTERM from the kubelet: a clean stop
     return 0

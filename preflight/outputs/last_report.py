@@ -21,6 +21,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from preflight.base.actions import NOTHING, Next
 from preflight.base.errors import signal_name
 from preflight.outputs import run_record
 from preflight.outputs.run_record import Started
@@ -149,6 +150,10 @@ class Standing(NamedTuple):
     current_boot: bool | None = None
     age_seconds: float | None = None
     under_way: datetime | None = None  # when the run now under way started: the last verdict stands meanwhile
+    # What the report asks be done (preflight/base/actions.py) while it speaks for this boot; NOTHING else.
+    action: Next = NOTHING
+    check: str | None = None  # the check whose finding decided the action
+    gpus: int | None = None  # the GPUs the report's run found on the node (its shape): the scheduler's view is held to it
 
 
 def booted_at() -> datetime | None:
@@ -195,8 +200,11 @@ def standing(loaded: Loaded, boot_id: str | None, now: datetime, max_age: float 
     current = _current(r, boot_id, booted)
     when = ago(age)
 
+    then, check = (Next(r.action, r.domain, r.action_source), r.action_check) if current is not False else (NOTHING, None)
+    gpus = r.gpus if isinstance(r, ReportView) else (r.shape.gpus if r.shape else None)
+
     def said(vouched: bool, reason: str) -> Standing:
-        return Standing(vouched, reason, current, age, under_way)
+        return Standing(vouched, reason, current, age, under_way, then, check, gpus)
 
     if r.verdict != Verdict.PASS:
         reason = _why_not(r) + f" ({when})"

@@ -79,6 +79,7 @@ class ReportView(NamedTuple):
     interrupted_by_signal: int | None
     checks: list[CheckView]
     last_success_at: datetime | None = None
+    gpus: int | None = None  # shape.gpus: how many GPUs the run found on the node
 
     # Report's computed action fields, derived the same way (actions.decide).
     @property
@@ -116,7 +117,7 @@ def view(data: bytes) -> ReportView | None:
         return None
     checks = [_check_view(c) for c in r["checks"]]
     return ReportView(Verdict(r["verdict"]), r["profile"], r["boot_id"], r["started_at"], r["finished_at"], r["interrupted_by_signal"], checks,
-                      r["last_success_at"])
+                      r["last_success_at"], r["shape"]["gpus"] if r["shape"] else None)
 
 
 # ---- JSON as both parsers read it alike --------------------------------------------

@@ -19,6 +19,7 @@ import yaml
 
 import fakes
 from conftest import clean_env
+from preflight.base.actions import Action, Domain, Next
 from preflight.outputs import kube
 from preflight.base.errors import UsageError
 from preflight.outputs.last_report import Standing
@@ -92,6 +93,92 @@ def test_a_fail_with_taint_labels_and_taints_keeping_every_other_taint() -> None
 def test_a_fail_without_taint_only_labels() -> None:
     change = kube.decide(FAILED, node(label="pass"), taint=False)
     assert change.patch == {"metadata": {"labels": {"preflight/result": "fail"}}}
+
+
+JOBS = FAILED._replace(action=Next(Action.FIX_JOB, Domain.JOB, "in a container (Docker (/.dockerenv)): its /dev/shm is what the job was started with"),
+                       check="shm")
+RESET = FAILED._replace(action=Next(Action.RESET_GPU, Domain.NODE, "NVIDIA Xid catalog (2026-11-22): Xid 48 WORKFLOW_XID_48"), check="cuda")
+
+
+def test_the_action_is_a_label_beside_the_result_and_leaves_with_the_pass() -> None:
+    change = kube.decide(RESET, node(label="pass"), taint=False)
+    assert change.patch == {"metadata": {"labels": {"preflight/result": "fail", "preflight/action": "reset-gpu"}}}
+    labelled = node_json(label="fail")
+    labelled["metadata"]["labels"]["preflight/action"] = "reset-gpu"
+    change = kube.decide(PASSED, kube.Node.from_json(labelled), taint=False)
+    assert change.patch == {"metadata": {"labels": {"preflight/result": "pass", "preflight/action": None}}}  # null deletes it
+    assert change.what == ("label preflight/result=pass", "remove label preflight/action")
+
+
+def test_the_jobs_fault_is_labelled_but_never_tainted_and_lifts_our_taint() -> None:
+    change = kube.decide(JOBS, node(label="pass"), taint=True)
+    assert change.patch == {"metadata": {"labels": {"preflight/result": "fail", "preflight/action": "fix-job"}}}
+    change = kube.decide(JOBS, node(label="fail", ours=OUR_TAINT), taint=True)
+    assert change.patch is not None and change.patch["spec"]["taints"] == OTHER_TAINTS
+    assert "remove taint preflight/failed (the fault is the job's: fix-job)" in change.what
+
+
+def test_a_device_plugin_advertising_fewer_gpus_than_the_run_found_fails_the_node() -> None:
+    short = node_json(label="pass")
+    short["status"] = {"allocatable": {"cpu": "224", "nvidia.com/gpu": "7"}}
+    st = kube.scheduler_view(PASSED._replace(gpus=8), kube.Node.from_json(short))
+    assert st.vouched is False and st.reason == "device plugin advertises 7 of 8 GPUs (nvidia.com/gpu allocatable)"
+    assert (st.action.action, st.action.domain, st.check) == (Action.DRAIN, Domain.SOFTWARE, "kube-label")
+    # A reset the report asks for stays the higher action; the reason names both.
+    st = kube.scheduler_view(RESET._replace(gpus=8), kube.Node.from_json(short))
+    assert st.action is RESET.action and st.reason.startswith("device plugin advertises 7 of 8 GPUs") and "shm FAIL" in st.reason
+    for advertised in ("8", "16", None):  # all of them, time-slicing's replicas, or another way of giving GPUs
+        fine = node_json(label="pass")
+        fine["status"] = {"allocatable": {"nvidia.com/gpu": advertised} if advertised else {}}
+        assert kube.scheduler_view(PASSED._replace(gpus=8), kube.Node.from_json(fine)) == PASSED._replace(gpus=8)
+    assert kube.scheduler_view(PASSED, kube.Node.from_json(short)) == PASSED  # a report without a shape (cpu) is not held to it
+
+
+def cluster(tainted: int, total: int) -> dict[str, dict[str, Any]]:
+    nodes = {"gpu-node-17": node_json(label="pass")}
+    for i in range(total - 1):
+        other = node_json(label="fail" if i < tainted else "pass", ours=OUR_TAINT if i < tainted else None)
+        other["metadata"]["name"] = f"gpu-node-{100 + i}"
+        nodes[f"gpu-node-{100 + i}"] = other
+    return nodes
+
+
+def test_no_taint_past_the_share_of_the_cluster_preflight_may_hold_and_one_within_it() -> None:
+    with fakes.FakeKubeApi(cluster(tainted=1, total=10)) as api:
+        change = kube.apply(kube.Api(api.url), FAILED, "gpu-node-17", taint=True)
+        assert change.patch == {"metadata": {"labels": {"preflight/result": "fail"}}}  # labelled, not tainted
+        assert "would taint: 1 of 10 nodes already tainted by preflight, past the cap (10% of the nodes, at least 1: --taint-cap)" in change.what
+        assert api.nodes["gpu-node-17"]["spec"]["taints"] == OTHER_TAINTS
+    with fakes.FakeKubeApi(cluster(tainted=1, total=20)) as api:
+        kube.apply(kube.Api(api.url), FAILED, "gpu-node-17", taint=True)
+        assert api.nodes["gpu-node-17"]["spec"]["taints"] == [*OTHER_TAINTS, OUR_TAINT]
+    with fakes.FakeKubeApi(cluster(tainted=1, total=10)) as api:  # a site that allows more
+        kube.apply(kube.Api(api.url), FAILED, "gpu-node-17", taint=True, cap=0.5)
+        assert api.nodes["gpu-node-17"]["spec"]["taints"] == [*OTHER_TAINTS, OUR_TAINT]
+
+
+def test_a_node_list_it_may_not_read_keeps_the_taint_off_and_says_why() -> None:
+    with fakes.FakeKubeApi(cluster(tainted=0, total=3)) as api:
+        api.list_fail = 403
+        change = kube.apply(kube.Api(api.url), FAILED, "gpu-node-17", taint=True)
+        assert api.nodes["gpu-node-17"]["spec"]["taints"] == OTHER_TAINTS
+        (said,) = [w for w in change.what if w.startswith("not tainted")]
+        assert "could not be counted for the cap" in said and "not allowed to get the node list" in said and "nodes: get, list, patch" in said
+
+
+def test_the_scheduler_view_through_the_cli(reports: dict[str, Path], tmp_path: Path) -> None:
+    report = json.loads(reports["pass"].read_text())
+    report["shape"] = {"gpus": 8, "gpus_from": "the PCI bus and /dev/nvidia0-7"}
+    (path := tmp_path / "r.json").write_text(json.dumps(report))
+    short = node_json(label="pass")
+    short["status"] = {"allocatable": {"nvidia.com/gpu": "7"}}
+    with fakes.FakeKubeApi({"gpu-node-17": short}) as api:
+        done = kube_label(api, path, "--taint")
+        assert done.returncode == 1, done.stderr
+        assert "NOT vouched (device plugin advertises 7 of 8 GPUs (nvidia.com/gpu allocatable))" in done.stdout
+        labels = api.nodes["gpu-node-17"]["metadata"]["labels"]
+        assert (labels["preflight/result"], labels["preflight/action"]) == ("fail", "drain")
+        assert api.nodes["gpu-node-17"]["spec"]["taints"] == [*OTHER_TAINTS, OUR_TAINT]
 
 
 def test_no_usable_report_is_not_vouched() -> None:
@@ -179,7 +266,7 @@ def test_a_conflict_reads_the_node_again_and_patches_the_fresh_copy() -> None:
         api.conflicts = 1  # another controller wrote between our GET and PATCH
         change = kube.apply(kube.Api(api.url), FAILED, "gpu-node-17", taint=True)
         assert change.what == ("label preflight/result=fail", "taint preflight/failed=true:NoSchedule")
-        assert api.count("GET") == 2 and len(api.patches) == 2
+        assert api.count("GET", "gpu-node-17") == 2 and len(api.patches) == 2
         assert api.patches[1][1]["metadata"]["resourceVersion"] == "81735"  # the fresh copy's
         assert api.nodes["gpu-node-17"]["spec"]["taints"] == [*OTHER_TAINTS, OUR_TAINT]
 
@@ -266,10 +353,11 @@ def test_fail_with_taint_then_pass_again(reports: dict[str, Path]) -> None:
         now = api.nodes["gpu-node-17"]
         assert now["metadata"]["labels"]["preflight/result"] == "fail"
         assert now["spec"]["taints"] == [*OTHER_TAINTS, OUR_TAINT]
-        assert {k: v for k, v in now["metadata"]["labels"].items() if k != "preflight/result"} == GPU_NODE["metadata"]["labels"]
+        assert now["metadata"]["labels"]["preflight/action"] == "drain"  # the host's small /dev/shm: the node's setup
+        assert {k: v for k, v in now["metadata"]["labels"].items() if not k.startswith("preflight/")} == GPU_NODE["metadata"]["labels"]
         passed = kube_label(api, reports["pass"], "--taint")
         assert passed.returncode == 0, passed.stderr
-        assert now["metadata"]["labels"]["preflight/result"] == "pass"
+        assert now["metadata"]["labels"]["preflight/result"] == "pass" and "preflight/action" not in now["metadata"]["labels"]
         assert now["spec"]["taints"] == OTHER_TAINTS
         assert [ctype for ctype, _ in api.patches] == ["application/strategic-merge-patch+json"] * 2
 
@@ -278,19 +366,20 @@ def test_fail_without_taint_only_labels(reports: dict[str, Path]) -> None:
     with fakes.FakeKubeApi({"gpu-node-17": node_json()}) as api:
         done = kube_label(api, reports["fail"])
         assert done.returncode == 1
-        assert api.patches == [("application/strategic-merge-patch+json", {"metadata": {"labels": {"preflight/result": "fail"}}})]
+        assert api.patches == [("application/strategic-merge-patch+json", {"metadata": {"labels": {"preflight/result": "fail", "preflight/action": "drain"}}})]
         assert api.nodes["gpu-node-17"]["spec"]["taints"] == OTHER_TAINTS
 
 
 def test_dry_run_reads_but_never_writes(reports: dict[str, Path]) -> None:
     with fakes.FakeKubeApi({"gpu-node-17": node_json()}) as api:
         done = kube_label(api, reports["fail"], "--taint", "--dry-run")
-        assert done.returncode == 1 and api.patches == [] and api.count("GET") == 1
+        # The node, then the node list the cap is counted on.
+        assert done.returncode == 1 and api.patches == [] and api.count("GET", "gpu-node-17") == 1 and api.count("GET") == 2
         line, request, body = done.stdout.splitlines()
-        assert line.endswith("would label preflight/result=fail, taint preflight/failed=true:NoSchedule")
+        assert line.endswith("would label preflight/result=fail, label preflight/action=drain, taint preflight/failed=true:NoSchedule")
         # The very PATCH the real round sends: the node's own taints back, with the resourceVersion read.
         assert request == "PATCH /api/v1/nodes/gpu-node-17 (application/strategic-merge-patch+json)"
-        assert json.loads(body) == {"metadata": {"labels": {"preflight/result": "fail"}, "resourceVersion": "81734"},
+        assert json.loads(body) == {"metadata": {"labels": {"preflight/result": "fail", "preflight/action": "drain"}, "resourceVersion": "81734"},
                                     "spec": {"taints": [*OTHER_TAINTS, OUR_TAINT]}}
 
 
@@ -301,7 +390,7 @@ def test_dry_run_outside_a_cluster_shows_the_patch_for_the_node_it_names(reports
     assert done.returncode == 1 and done.stderr == "", done.stderr
     line, request, body = done.stdout.splitlines()
     assert line.startswith("gpu-node-17: NOT vouched (shm FAIL: /dev/shm is 64 MiB")
-    assert "would label preflight/result=fail, taint preflight/failed=true:NoSchedule (node not read: not in a pod, KUBERNETES_SERVICE_HOST is not set" in line
+    assert "would label preflight/result=fail, label preflight/action=drain, taint preflight/failed=true:NoSchedule (node not read: not in a pod, KUBERNETES_SERVICE_HOST is not set" in line
     assert request == "PATCH /api/v1/nodes/gpu-node-17 (application/strategic-merge-patch+json)"
     assert json.loads(body)["spec"]["taints"][-1] == OUR_TAINT
     # No name given: the kubelet's default, the hostname, said on stderr.
@@ -320,8 +409,8 @@ def test_dry_run_with_the_api_server_unreachable_still_previews(reports: dict[st
                           env=kube_env(), capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and done.stderr == ""
     line, _, body = done.stdout.splitlines()
-    assert f"would label preflight/result=fail (node not read: cannot reach the API server at {url}: Connection refused; this is the most it would change)" in line
-    assert json.loads(body) == {"metadata": {"labels": {"preflight/result": "fail"}}}
+    assert f"would label preflight/result=fail, label preflight/action=drain (node not read: cannot reach the API server at {url}: Connection refused; this is the most it would change)" in line
+    assert json.loads(body) == {"metadata": {"labels": {"preflight/result": "fail", "preflight/action": "drain"}}}
 
 
 def test_forbidden_names_the_rbac_to_grant(reports: dict[str, Path]) -> None:
@@ -330,7 +419,7 @@ def test_forbidden_names_the_rbac_to_grant(reports: dict[str, Path]) -> None:
         done = kube_label(api, reports["pass"])
         assert done.returncode == 1 and api.patches == []
         assert done.stderr.count("\n") == 1
-        assert "not allowed to get node gpu-node-17: grant the ServiceAccount a ClusterRole with nodes: get, patch" in done.stderr
+        assert "not allowed to get node gpu-node-17: grant the ServiceAccount a ClusterRole with nodes: get, list, patch" in done.stderr
 
 
 def test_an_unknown_node_name_says_where_the_name_comes_from(reports: dict[str, Path]) -> None:
@@ -354,6 +443,8 @@ def test_no_api_server_is_one_line_and_exit_1(reports: dict[str, Path]) -> None:
     (["--node", "n"], {}, "KUBERNETES_SERVICE_HOST is not set"),
     (["--node", "n", "--every", "0"], {}, "--every 0: give a number of seconds above 0"),
     (["--node", "n", "--api-server", "127.0.0.1:8001"], {}, "--api-server 127.0.0.1:8001: give a URL"),
+    (["--node", "n", "--taint-cap", "0"], {}, "--taint-cap 0: give the share of the cluster's nodes preflight may have tainted at once"),
+    (["--node", "n", "--taint-cap", "1.5"], {}, "--taint-cap 1.5: give the share"),
 ])
 def test_usage_errors_exit_2_with_one_line(args: list[str], env: dict[str, str], said: str) -> None:
     done = subprocess.run([*fakes.PREFLIGHT, "kube-label", *args], env=kube_env(**env), capture_output=True, text=True, timeout=60)
