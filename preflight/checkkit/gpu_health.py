@@ -231,26 +231,28 @@ def judge_link(g: Gpu, loaded: PcieLink | None) -> list[Finding]:
 
 # What the driver's recovery action asks (nvml.h nvmlDeviceGpuRecoveryAction_t; NVIDIA's words
 # for each: docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/error-recovery-and-response-flags.html,
-# "Recovery action flag"), as a rung of the ladder: words, action, domain, cause, remedy.
+# "Recovery action flag", for none to drain-and-reset; the last three, newer, as nvidia-ml-py's
+# pynvml.py and cuda-python's DeviceGpuRecoveryAction name them), as a rung of the ladder:
+# words, action, domain, cause, remedy.
 # DRAIN_P2P is a drain: the GPU's peer-to-peer traffic must be quiesced before NVML names the
 # next action, so the node takes no new job (a job's P2P traffic is what must stop) until then.
 _RECOVERY = {
     "gpu_reset": ("GPU reset", Action.RESET_GPU, Domain.NODE, "{name} hit a fault that only a GPU reset clears",
-                  "stop every process on the GPU, then `nvidia-smi -r -i {i}`; NVML then reads none"),
+                  "stop every process on the GPU, then `nvidia-smi -r -i {i}`; new processes may use it after"),
     "node_reboot": ("node reboot", Action.REBOOT, Domain.NODE, "a fault on {name} may have left the OS in an inconsistent state",
                     "reboot the node"),
     "drain_p2p": ("drain P2P", Action.DRAIN, Domain.NODE, "{name} hit a fault that needs all its peer-to-peer traffic quiesced",
                   "take no new job on the node; stop the processes doing P2P on the GPU and turn UVM persistence mode off; "
-                  "run preflight again once they are gone: NVML then names the next action (often a reset)"),
+                  "run preflight again once they are gone: NVML then names one of the other actions"),
     "drain_and_reset": ("drain P2P and reset the GPU", Action.RESET_GPU, Domain.NODE,
                         "{name} hit a fault that needs its peer-to-peer traffic drained and then a GPU reset",
                         "take no new job on the node; stop every process on the GPU, then `nvidia-smi -r -i {i}`"),
     "bus_reset": ("PCIe bus reset", Action.RESET_GPU, Domain.NODE, "{name} hit a fault that needs its PCIe bus reset",
-                  "stop every process on the GPU, then reset its PCIe bus (`nvidia-smi -r -i {i}`, else a reboot)"),
+                  "stop every process on the GPU, then reset its PCIe bus (a secondary bus reset, from the host where this node is a VM), else reboot"),
     "system_reboot": ("system reboot", Action.REBOOT, Domain.NODE, "a fault on {name} needs the whole system restarted",
                       "reboot the system (where this node is a VM, its host)"),
     "recover_imex_domain": ("IMEX domain recovery", Action.DRAIN, Domain.SOFTWARE, "{name}'s IMEX domain (memory shared across nodes) needs recovery",
-                            "take no new job on the node; restart nvidia-imex across the domain's nodes, then run preflight again"),
+                            "take no new job on the node; have the IMEX domain recovered (nvidia-imex on the domain's nodes), then run preflight again"),
 }
 RECOVERY_WORDS = {"none": "none", **{k: v[0] for k, v in _RECOVERY.items()}}
 
