@@ -26,7 +26,7 @@ from collections import Counter
 
 from pydantic import BaseModel
 
-from preflight.checkkit.gpu_health import DRAIN, RESET, judge_inventory, prohibited, who
+from preflight.checkkit.gpu_health import DRAIN, RESET, judge_inventory, prohibited, recovery_actions, who
 from preflight.checkkit.sources import Sources, one_fact
 from preflight.gpuwork import interpreter, launch
 from preflight.gpuwork.cuda_init import InitOutcome, InitReport, loaded_links, run_init
@@ -328,6 +328,7 @@ class Cuda(Check):
         if facts.init is None:
             details["parts"]["cuda_init"] = f"not run: {facts.init_skipped}"
         details["pcie_generation"] = pcie_generation(facts)
+        details["recovery_action"] = recovery_actions(facts.inventory)  # by GPU index; where unknown, why
         if facts.init and facts.init.report:
             r = facts.init.report
             details["versions"] = {"driver": facts.inventory.driver_version, "cuda_driver": facts.inventory.cuda_driver_version, "torch": r.torch_version, "cuda_runtime": r.cuda_runtime, "nccl": r.nccl_version}

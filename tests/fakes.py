@@ -278,7 +278,8 @@ FAKES = [
 # nvmlDeviceGetNvLinkRemoteDeviceType exists only where some GPU has nvlink_remote
 # (facts recorded before it read as an nvidia-ml-py without the call); a GPU
 # without inforom_image or fabric answers those calls "not supported" (fabric
-# status: NVML's error string, served through nvmlErrorString).
+# status: NVML's error string, served through nvmlErrorString); the recovery action is a
+# field value of nvmlDeviceGetFieldValues, "not supported" where the facts name none.
 FAKE_PYNVML = """
 # A stand-in for nvidia-ml-py, driven by FAKE_NVML (a failure mode) and
 # FAKE_NVML_FACTS (the FakeNvml JSON whose facts it serves), so the real
@@ -388,13 +389,51 @@ def nvmlDeviceGetGpuFabricInfo(h, arg):
     info.state = FABRIC_CODES[fabric["state"]]
     status = fabric.get("status", "success")
     if status != "success":
-        code = next((c for c, text in ERRORS.items() if text == status), 900 + len(ERRORS))
-        ERRORS[code] = status
-        info.status = code
+        info.status = _error_code(status)
     return NVML_SUCCESS
+
+def _error_code(text):
+    code = next((c for c, known in ERRORS.items() if known == text), 900 + len(ERRORS))
+    ERRORS[code] = text
+    return code
 
 def nvmlErrorString(code):
     return ERRORS[code]
+
+# The recovery action, as NVML gives it: a field value (nvml.h NVML_FI_DEV_GET_GPU_RECOVERY_ACTION,
+# 230), each field with its own nvmlReturn while the call itself succeeds. No constant for the
+# field here, as in an nvidia-ml-py older than it: the child must use the number.
+RECOVERY_CODES = {"none": 0, "gpu_reset": 1, "node_reboot": 2, "drain_p2p": 3, "drain_and_reset": 4,
+                  "recover_imex_domain": 5, "bus_reset": 6, "system_reboot": 7}
+RECOVERY_ASK = "nvmlDeviceGetFieldValues(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)"
+
+class c_nvmlValue_t(ctypes.Union):
+    _fields_ = [("dVal", ctypes.c_double), ("uiVal", ctypes.c_uint), ("ulVal", ctypes.c_ulong), ("ullVal", ctypes.c_ulonglong),
+                ("sllVal", ctypes.c_longlong), ("siVal", ctypes.c_int), ("usVal", ctypes.c_ushort)]
+
+class c_nvmlFieldValue_t(ctypes.Structure):
+    _fields_ = [("fieldId", ctypes.c_uint32), ("scopeId", ctypes.c_uint32), ("timestamp", ctypes.c_int64),
+                ("latencyUsec", ctypes.c_int64), ("valueType", ctypes.c_uint), ("nvmlReturn", ctypes.c_uint),
+                ("value", c_nvmlValue_t)]
+
+def nvmlDeviceGetFieldValues(h, fieldIds):
+    # A GPU whose facts name no recovery_action answers NVML_ERROR_NOT_SUPPORTED (3), as a driver
+    # older than the field does; one whose "unanswered" names RECOVERY_ASK, that error's words;
+    # a "recovery_code" (a number) stands for a code newer than the child knows.
+    _fact(h, "name")  # a lost GPU raises, as every call on it does
+    g = DEVICES[h]
+    values = (c_nvmlFieldValue_t * len(fieldIds))()
+    for v, field in zip(values, fieldIds):
+        v.fieldId = field
+        failed = g.get("unanswered", {}).get(RECOVERY_ASK)
+        code = g.get("recovery_code", RECOVERY_CODES.get(g.get("recovery_action")))
+        if field == 230 and failed is not None:
+            v.nvmlReturn = _error_code(failed)
+        elif field == 230 and code is not None:
+            v.valueType, v.value.uiVal = 1, code  # NVML_VALUE_TYPE_UNSIGNED_INT
+        else:
+            v.nvmlReturn = 3
+    return values
 
 class _Memory:
     def __init__(self, total):

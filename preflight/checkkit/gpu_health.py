@@ -2,7 +2,7 @@
 shape, one model, the profile's PCI device ids and driver floor, and per GPU
 ECC, row remaps and page retirement, the PCIe link, compute mode, clocks
 events, NVML queries that did not answer, persistence, MIG, power cap,
-NVLinks and memory size.
+NVLinks, memory size and the recovery action the driver reports.
 
 Shared by the cuda check (NVML's inventory, the PCIe links read under the
 cuda_init worker's load) and `preflight explain` of a saved `nvidia-smi -q`
@@ -19,6 +19,7 @@ from preflight.pipeline.expectations import GpuExpect
 from preflight.pipeline.shape import NodeShape
 from preflight.readers import nvml
 from preflight.readers.nvml import Gpu, Inventory, PcieLink
+from preflight.readers.nvml_query import RECOVERY_ASK, RECOVERY_FIELD
 
 DRAIN = "drain the node and run `dcgmi diag -r 3` on it; open an RMA if the fault returns"
 RESET = "reset the GPU (`nvidia-smi -r -i {i}`, with no process on it) or reboot the node"
@@ -125,6 +126,7 @@ def judge_gpu(g: Gpu, expect: GpuExpect | None, loaded: PcieLink | None = None, 
     out += judge_compute_mode(g)
     out += _judge_clocks(g, held)
     out += _judge_unanswered(g)
+    out += judge_recovery(g)
     if g.persistence_mode is False:
         cause = f"persistence mode is off on {name}: every CUDA start re-initialises the GPU (seconds each)"
         out.append(Finding(WARN, f"{name}: persistence mode off", cause, "enable nvidia-persistenced (`systemctl enable --now nvidia-persistenced`)"))
@@ -161,11 +163,12 @@ HEALTH_QUERIES = ("nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows", "n
 
 
 def _judge_unanswered(g: Gpu) -> list[Finding]:
-    if not g.unanswered:
+    asked = {fn: err for fn, err in g.unanswered.items() if fn != RECOVERY_ASK}  # a recovery action unsaid is unknown, no finding
+    if not asked:
         return []
     name = who(g)
-    calls = ", ".join(f"{fn} ({err})" for fn, err in g.unanswered.items())
-    status = FAIL if any(fn in g.unanswered for fn in HEALTH_QUERIES) else WARN
+    calls = ", ".join(f"{fn} ({err})" for fn, err in asked.items())
+    status = FAIL if any(fn in asked for fn in HEALTH_QUERIES) else WARN
     what = "its memory health is unknown" if status == FAIL else "some facts are unknown"
     return [Finding(status, f"{name}: NVML queries failed", f"NVML could not answer {calls} for {name}: {what}", RESET.format(i=g.index) + "; if it persists, " + DRAIN)]
 
@@ -229,4 +232,58 @@ def judge_link(g: Gpu, loaded: PcieLink | None) -> list[Finding]:
     if loaded and loaded.gen and idle.gen_max and loaded.gen < idle.gen_max:
         cause = f"{name}'s PCIe link ran at Gen{loaded.gen} under load; GPU and slot allow Gen{idle.gen_max}"
         out.append(Finding(FAIL, f"{name}: PCIe Gen{loaded.gen} of Gen{idle.gen_max} under load", cause, fix, act=WORN_OUT))
+    return out
+
+
+# What the driver's recovery action asks (nvml.h nvmlDeviceGpuRecoveryAction_t; NVIDIA's words
+# for each: docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/error-recovery-and-response-flags.html,
+# "Recovery action flag", for none to drain-and-reset; the last three, newer, as nvidia-ml-py's
+# pynvml.py and cuda-python's DeviceGpuRecoveryAction name them), as a rung of the ladder:
+# words, action, domain, cause, remedy.
+# DRAIN_P2P is a drain: the GPU's peer-to-peer traffic must be quiesced before NVML names the
+# next action, so the node takes no new job (a job's P2P traffic is what must stop) until then.
+_RECOVERY = {
+    "gpu_reset": ("GPU reset", Action.RESET_GPU, Domain.NODE, "{name} hit a fault that only a GPU reset clears",
+                  "stop every process on the GPU, then `nvidia-smi -r -i {i}`; new processes may use it after"),
+    "node_reboot": ("node reboot", Action.REBOOT, Domain.NODE, "a fault on {name} may have left the OS in an inconsistent state",
+                    "reboot the node"),
+    "drain_p2p": ("drain P2P", Action.DRAIN, Domain.NODE, "{name} hit a fault that needs all its peer-to-peer traffic quiesced",
+                  "take no new job on the node; stop the processes doing P2P on the GPU and turn UVM persistence mode off; "
+                  "run preflight again once they are gone: NVML then names one of the other actions"),
+    "drain_and_reset": ("drain P2P and reset the GPU", Action.RESET_GPU, Domain.NODE,
+                        "{name} hit a fault that needs its peer-to-peer traffic drained and then a GPU reset",
+                        "take no new job on the node; stop every process on the GPU, then `nvidia-smi -r -i {i}`"),
+    "bus_reset": ("PCIe bus reset", Action.RESET_GPU, Domain.NODE, "{name} hit a fault that needs its PCIe bus reset",
+                  "stop every process on the GPU, then reset its PCIe bus (a secondary bus reset, from the host where this node is a VM), else reboot"),
+    "system_reboot": ("system reboot", Action.REBOOT, Domain.NODE, "a fault on {name} needs the whole system restarted",
+                      "reboot the system (where this node is a VM, its host)"),
+    "recover_imex_domain": ("IMEX domain recovery", Action.DRAIN, Domain.SOFTWARE, "{name}'s IMEX domain (memory shared across nodes) needs recovery",
+                            "take no new job on the node; have the IMEX domain recovered (nvidia-imex on the domain's nodes), then run preflight again"),
+}
+RECOVERY_WORDS = {"none": "none", **{k: v[0] for k, v in _RECOVERY.items()}}
+
+
+def judge_recovery(g: Gpu) -> list[Finding]:
+    """The driver's own word on what the GPU needs (NVML's recovery action): any action but
+    none FAILs, at its rung. Unsaid (an older driver, NVML that did not answer) is unknown,
+    never a finding: `recovery_actions` says it in details."""
+    if g.recovery_action in (None, "none"):
+        return []
+    words, action, domain, cause, remedy = _RECOVERY[g.recovery_action]
+    name, i = who(g), g.index
+    source = f"NVML recovery action on GPU {i}: {words} (nvmlDeviceGetFieldValues, field {RECOVERY_FIELD})"
+    cause = f"{cause.format(name=name)}: the driver reports recovery action {words} (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)"
+    return [Finding(FAIL, f"{name}: NVML asks for {words}", cause, remedy.format(i=i), act=Next(action, domain, source))]
+
+
+def recovery_actions(inv: Inventory) -> dict[str, str]:
+    """Each GPU's recovery action in words, by index, for details: unknown ones say why."""
+    out = {}
+    for g in inv.gpus:
+        if g.recovery_action is not None:
+            out[str(g.index)] = RECOVERY_WORDS[g.recovery_action]
+        elif RECOVERY_ASK in g.unanswered:
+            out[str(g.index)] = f"unknown (driver does not report it: NVML answered {g.unanswered[RECOVERY_ASK]})"
+        else:
+            out[str(g.index)] = "unknown (driver does not report it)"
     return out

@@ -115,6 +115,11 @@ class Gpu(_Facts):
     nvlink_peers: dict[BusId, Annotated[int, Field(ge=1)]] | None = None
     # None: NVML has no fabric state for this GPU (before Hopper, or a driver without the call).
     fabric: GpuFabric | None = None
+    # What the driver says the GPU needs to recover (nvml_query.RECOVERY_ACTIONS: NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+    # through nvmlDeviceGetFieldValues); None where NVML did not say (a driver older than the field, facts
+    # recorded before it was read; why, where NVML said, in `unanswered` under nvml_query.RECOVERY_ASK).
+    recovery_action: Literal["none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset",
+                             "recover_imex_domain", "bus_reset", "system_reboot"] | None = None
     processes: list[GpuProcess] | None = None  # compute processes on the GPU now; None: NVML did not say
     # NVML calls that failed with anything but "not supported" -> the error: unknown is not healthy.
     unanswered: dict[str, str] = Field(default_factory=dict)

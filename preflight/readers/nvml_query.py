@@ -48,6 +48,20 @@ CLOCK_SAMPLES, CLOCK_SAMPLE_GAP = 5, 0.1
 # What `unanswered` says where nvidia-ml-py asked for a versioned NVML entry
 # point the installed driver does not export (NVMLLibraryMismatchError).
 LACKS_VERSIONED = "this driver lacks the versioned call nvidia-ml-py makes; an nvidia-ml-py of the driver's generation answers it"
+# The driver's recovery action for a GPU, read as a field value: nvmlDeviceGetGpuRecoveryAction
+# is not in every nvidia-ml-py, nvmlDeviceGetFieldValues is. Field id and codes from nvml.h
+# (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION 230; nvmlDeviceGpuRecoveryAction_t, NVML_GPU_RECOVERY_ACTION_*),
+# as nvidia-ml-py 13.615.71's pynvml.py spells them; an nvidia-ml-py older than the field lacks
+# the name, hence the number.
+RECOVERY_FIELD = 230
+RECOVERY_ACTIONS = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p", 4: "drain_and_reset",
+                    5: "recover_imex_domain", 6: "bus_reset", 7: "system_reboot"}
+RECOVERY_ASK = "nvmlDeviceGetFieldValues(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)"  # its key in `unanswered`
+# A field's own nvmlReturn that means the driver does not know the field (NVML_ERROR_INVALID_ARGUMENT,
+# NVML_ERROR_NOT_SUPPORTED): a driver older than it. Unknown, as _optional reads "not supported".
+FIELD_ABSENT = (2, 3)
+# nvml.h nvmlValueType_t -> the member of nvmlValue_t that holds the number.
+FIELD_VALUE = {1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
 
 def _child(what: str, *args: str) -> dict[str, Any]:
@@ -229,6 +243,7 @@ def _gpu(pynvml: Any, i: int, h: Any, bus: str, device_id: int) -> dict[str, Any
         **_nvlinks(pynvml, h, unanswered),
         **_placement(pynvml, h),
         "fabric": _fabric(pynvml, h, unanswered),
+        "recovery_action": _recovery_action(pynvml, h, unanswered),
         "processes": [{"pid": p.pid, "used_memory_bytes": _bytes(getattr(p, "usedGpuMemory", None))} for p in procs] if procs is not None else None,
         "unanswered": unanswered,
     }
@@ -255,6 +270,32 @@ def _fabric(pynvml: Any, h: Any, unanswered: dict[str, str]) -> dict[str, str] |
         except Exception:  # noqa: BLE001 - the code still says it failed
             status = f"NVML error {info.status}"
     return {"state": state, "status": status}
+
+
+def _recovery_action(pynvml: Any, h: Any, unanswered: dict[str, str]) -> str | None:
+    """What the driver says this GPU needs to recover (a name of RECOVERY_ACTIONS), or None where
+    it does not say. The call succeeds whatever the field; each field carries its own nvmlReturn."""
+    asked: dict[str, str] = {}
+    field = getattr(pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", RECOVERY_FIELD)
+    values = _optional(pynvml, "nvmlDeviceGetFieldValues", h, [field], unanswered=asked)
+    if asked:  # keyed by the field, not the call: other fields may be read through it one day
+        unanswered[RECOVERY_ASK] = next(iter(asked.values()))
+    if not values:
+        return None
+    v = values[0]
+    if v.nvmlReturn in FIELD_ABSENT:
+        return None
+    if v.nvmlReturn:
+        try:
+            unanswered[RECOVERY_ASK] = _text(pynvml.nvmlErrorString(v.nvmlReturn))
+        except Exception:  # noqa: BLE001 - the code still says it failed
+            unanswered[RECOVERY_ASK] = f"NVML error {v.nvmlReturn}"
+        return None
+    code = int(getattr(v.value, FIELD_VALUE.get(v.valueType, "uiVal")))
+    if code not in RECOVERY_ACTIONS:  # an action newer than this code: said, not guessed
+        unanswered[RECOVERY_ASK] = f"recovery action {code}, which this preflight does not know"
+        return None
+    return RECOVERY_ACTIONS[code]
 
 
 def _bytes(v: Any) -> int | None:

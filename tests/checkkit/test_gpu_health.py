@@ -3,14 +3,18 @@
 tests (tests/checks/test_cuda.py) judge the same facts through the whole check."""
 
 import shutil
+from typing import get_args
 
+import pytest
 from conftest import FIXTURES
 
+from preflight.base.actions import Action, Domain, Next
 from preflight.base.findings import Status
 from preflight.base.host import Host
 from preflight.checkkit import gpu_health
 from preflight.pipeline import profiles, shape
-from preflight.readers.nvml import FakeNvml, Inventory, PcieLink
+from preflight.readers.nvml import FakeNvml, Gpu, Inventory, PcieLink
+from preflight.readers.nvml_query import RECOVERY_ACTIONS
 
 H100 = profiles.load(profiles.BUILTIN_DIR / "h100-sxm.toml")
 NVML = FIXTURES / "nvml"
@@ -90,3 +94,47 @@ def test_a_container_given_two_of_eight_gpus_is_not_failed_for_the_hosts_other_s
     one = whole.model_copy(update={"gpus": whole.gpus[1:2]})
     (fail,) = gpu_health.judge_count(one, shape.gather(Host(root), one))
     assert fail.summary == "1 of 2 GPUs visible" and "on the PCI bus but not in NVML: 0000:1b:00.0" in fail.cause
+
+
+# ---- the driver's recovery action (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) ----------------------------
+
+
+def _acting(action):
+    g = inventory("h100-sxm-gpu2-recovery-reset.json").gpus[2]
+    return g.model_copy(update={"recovery_action": action})
+
+
+@pytest.mark.parametrize("action, words, rung, remedy", [
+    ("gpu_reset", "GPU reset", Action.RESET_GPU, "`nvidia-smi -r -i 2`"),
+    ("node_reboot", "node reboot", Action.REBOOT, "reboot the node"),
+    ("drain_p2p", "drain P2P", Action.DRAIN, "take no new job on the node; stop the processes doing P2P"),
+    ("drain_and_reset", "drain P2P and reset the GPU", Action.RESET_GPU, "take no new job on the node; stop every process on the GPU, then `nvidia-smi -r -i 2`"),
+    ("bus_reset", "PCIe bus reset", Action.RESET_GPU, "reset its PCIe bus"),
+    ("system_reboot", "system reboot", Action.REBOOT, "reboot the system"),
+])
+def test_each_recovery_action_the_driver_reports_fails_at_its_rung(action, words, rung, remedy):
+    (fail,) = gpu_health.judge_gpu(_acting(action), H100.gpu, fabric="nvswitch")
+    assert fail.status == Status.FAIL and fail.summary == f"GPU 2 (0000:52:00.0): NVML asks for {words}"
+    assert f"the driver reports recovery action {words}" in fail.cause and remedy in fail.remedy
+    assert fail.next == Next(rung, Domain.NODE, f"NVML recovery action on GPU 2: {words} (nvmlDeviceGetFieldValues, field 230)")
+
+
+def test_an_imex_domain_to_recover_is_a_drain_in_the_software_domain():
+    (fail,) = gpu_health.judge_recovery(_acting("recover_imex_domain"))
+    assert (fail.next.action, fail.next.domain) == (Action.DRAIN, Domain.SOFTWARE) and "nvidia-imex" in fail.remedy
+
+
+def test_recovery_action_none_or_unsaid_is_no_finding_and_details_say_which():
+    inv = inventory("h100-sxm-gpu3-recovery-unanswered.json")
+    assert gpu_health.judge_inventory(inv, None, H100.gpu) == []  # GPU 3's field "Unknown Error": unknown, not a WARN
+    older = inventory("h100-sxm-8x-healthy.json")  # driver 550: older than the field
+    assert gpu_health.judge_inventory(older, None, H100.gpu) == []
+    said = gpu_health.recovery_actions(inv)
+    assert said["0"] == "none" and said["3"] == "unknown (driver does not report it: NVML answered Unknown Error)"
+    assert set(gpu_health.recovery_actions(older).values()) == {"unknown (driver does not report it)"}
+    assert gpu_health.recovery_actions(inventory("h100-sxm-gpu2-recovery-reset.json"))["2"] == "GPU reset"
+
+
+def test_every_recovery_action_the_child_can_name_has_a_rung():
+    assert set(get_args(get_args(Gpu.model_fields["recovery_action"].annotation)[0])) == set(RECOVERY_ACTIONS.values())
+    assert set(RECOVERY_ACTIONS.values()) == set(gpu_health.RECOVERY_WORDS)

@@ -465,6 +465,28 @@ def test_a_malformed_fake_exits_2_naming_the_field_and_writes_nothing(tmp_path):
     assert p.stderr.count("\n") == 1 and not report.exists()
 
 
+def test_nvml_asking_for_a_gpu_reset_makes_a_quick_runs_action_reset_gpu(tmp_path):
+    # The driver's recovery action outranks the fake facts' own FAIL (a drain): the run asks for the reset.
+    report = tmp_path / "r.json"
+    p = run_preflight(["run", "--profile", "h100-sxm", "--level", "quick", "--only", "cuda", "--report", str(report),
+                       "--nvml-fake", str(NVML / "h100-sxm-gpu2-recovery-reset.json")])
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    data = json.loads(report.read_text())
+    assert (data["action"], data["domain"], data["action_check"]) == ("reset-gpu", "node", "cuda")
+    assert data["action_source"] == "NVML recovery action on GPU 2: GPU reset (nvmlDeviceGetFieldValues, field 230)"
+    (c,) = data["checks"]
+    assert c["details"]["parts"]["inventory"] == "FAIL" and c["details"]["recovery_action"]["2"] == "GPU reset"
+    assert c["details"]["recovery_action"]["0"] == "none"
+
+
+def test_a_recovery_action_nvml_did_not_give_is_said_in_details_and_judged_no_further():
+    f = facts("h100-sxm-gpu3-recovery-unanswered.json", init=None)
+    assert judged(f) == []
+    r = cuda.Cuda().judged(Context(profile=H100, settings=Settings(level="quick"), host=Host(), shape=HGX8), f)
+    assert r.details["recovery_action"]["3"].startswith("unknown (driver does not report it")
+    assert r.status == Status.PASS and str(r.action) == "none"
+
+
 def test_python_that_does_not_exist_is_a_usage_error(tmp_path):
     p = run_preflight(["run", "--profile", "h100-sxm", "--python", str(tmp_path / "nope" / "python")])
     assert p.returncode == 2 and "no such file; point it at the training environment's interpreter" in p.stderr

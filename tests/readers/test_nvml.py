@@ -9,7 +9,7 @@ import fakes
 import psutil
 import pytest
 
-from preflight.readers import nvml
+from preflight.readers import nvml, nvml_query
 from preflight.base.errors import UsageError
 from preflight.readers.nvml import FakeNvml, NvmlUnavailable
 
@@ -268,3 +268,40 @@ def test_placement_nvml_cannot_give_is_unknown_and_no_health_finding(fake_nvml):
     fake_nvml("oops:nvmlDeviceGetCpuAffinityWithinScope,nvmlDeviceGetMemoryAffinity", FIXTURES / "h100-sxm-8x-affinity.json")
     g = nvml.inventory().gpus[0]
     assert (g.cpu_affinity, g.numa_affinity, g.unanswered) == (None, None, {})
+
+
+def test_the_recovery_action_is_read_per_gpu_as_a_field_value(fake_nvml):
+    # The fake nvidia-ml-py has no NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (as one older than the field): the child asks for 230.
+    fake_nvml(facts=FIXTURES / "h100-sxm-gpu2-recovery-reset.json")
+    gpus = nvml.inventory().gpus
+    assert [g.recovery_action for g in gpus] == ["none", "none", "gpu_reset", "none", "none", "none", "none", "none"]
+    assert all(g.unanswered == {} for g in gpus)
+
+
+def test_a_driver_older_than_the_recovery_field_leaves_it_unknown_and_records_nothing(fake_nvml):
+    fake_nvml(facts=FIXTURES / "h100-sxm-8x-healthy.json")  # driver 550: the field came with 565
+    gpus = nvml.inventory().gpus
+    assert [g.recovery_action for g in gpus] == [None] * 8 and all(g.unanswered == {} for g in gpus)
+
+
+def test_a_recovery_field_nvml_does_not_answer_is_unanswered_and_the_rest_stands(fake_nvml):
+    fake_nvml(facts=FIXTURES / "h100-sxm-gpu3-recovery-unanswered.json")
+    gpus = nvml.inventory().gpus
+    assert gpus[3].recovery_action is None and gpus[3].unanswered == {nvml_query.RECOVERY_ASK: "Unknown Error"}
+    assert gpus[3].ecc_uncorrectable_volatile == 0 and gpus[2].recovery_action == "none"
+
+
+def test_a_recovery_code_newer_than_preflight_is_said_not_guessed(fake_nvml, tmp_path):
+    data = json.loads((FIXTURES / "h100-sxm-gpu2-recovery-reset.json").read_text())
+    data["gpus"][2]["recovery_code"] = 9  # read by the fake nvidia-ml-py only: a code no nvml.h this code knows has
+    (tmp_path / "facts.json").write_text(json.dumps(data))
+    fake_nvml(facts=tmp_path / "facts.json")
+    g = nvml.inventory().gpus[2]
+    assert g.recovery_action is None and g.unanswered == {nvml_query.RECOVERY_ASK: "recovery action 9, which this preflight does not know"}
+
+
+def test_a_field_value_call_that_raises_is_unanswered_under_the_field(fake_nvml):
+    fake_nvml("oops:nvmlDeviceGetFieldValues", FIXTURES / "h100-sxm-gpu2-recovery-reset.json")
+    gpus = nvml.inventory().gpus
+    assert len(gpus) == 8 and all(g.recovery_action is None for g in gpus)
+    assert gpus[0].unanswered == {nvml_query.RECOVERY_ASK: "ValueError: invalid literal for int() with base 10: 'N/A'"}
