@@ -23,6 +23,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
+from preflight.base.actions import LADDER, Action, Domain, Next, highest
 from preflight.base.findings import Finding, Measurement, Status
 from preflight.checkkit import outliers
 from preflight.checkkit.figures import Figure
@@ -191,12 +192,24 @@ def judge_nvml(figs: dict[int, dict], expect: BurninExpect) -> list[Finding]:
     return out
 
 
+def _on_the_gpu(n: Next) -> Next:
+    if LADDER.index(n.action) >= LADDER.index(Action.DRAIN) and n.domain == Domain.NODE:
+        return n
+    return Next(max(n.action, Action.DRAIN, key=LADDER.index), Domain.NODE, f"{n.source}; in preflight's own burn-in, the GPU's fault")
+
+
 def judge_xid(new: list[dict]) -> list[Finding]:
+    """Any new Xid fails: the burn-in is a known-good application, so even a code the catalog
+    blames on the application (RESTART_APP; its workflows: "if known good APP ... REPORT_ISSUE")
+    is the GPU's. The action is the highest the codes' catalog buckets ask, at least a drain."""
     if not new:
         return []
     codes = ", ".join(sorted({f"Xid {e['code']} on {e['pci'] or 'an unknown GPU'}" for e in new}))
+    infos = [ev.info for e in new for ev in (xid.parse(e["raw"]) or [None]) if ev is not None]
+    infos += [xid.explain("xid", e["code"]) for e in new if not xid.parse(e["raw"])]
+    asked = [_on_the_gpu(i.act) for i in infos]
     return [Finding(FAIL, f"new Xid during burn-in: {codes}", "the kernel logged " + "; ".join(e["raw"].strip() for e in new[:3]) + " while the burn-in ran",
-                    "look the codes up with `preflight xid`; " + DIAG)]
+                    "look the codes up with `preflight xid`; " + DIAG, act=highest(asked))]
 
 
 # (figure key, its name: its band's and its shortfall metric's, unit, scale). Not temperature:

@@ -32,6 +32,7 @@ from preflight.gpuwork import interpreter, launch
 from preflight.gpuwork.cuda_init import InitOutcome, InitReport, loaded_links, run_init
 from preflight.readers import nvml, xid
 from preflight.pipeline.check import Check, Context, Result, Waiting
+from preflight.base.actions import Action, Next
 from preflight.base.findings import Finding, Measurement, Status, worst
 from preflight.readers.nvml import Inventory, PcieLink
 from preflight.pipeline.expectations import GpuExpect
@@ -135,8 +136,11 @@ def judge_xid(events: list[xid.XidEvent], inv: Inventory, forgeable: bool = Fals
         remap_done = g is not None and (
             (g.remapped_rows is not None and not g.remapped_rows.pending) or g.retired_pages_pending is False
         )
+        # The catalog's action, unless the judge knows better: a warning never takes the node out.
+        act = info.act
         if kind == "xid" and code == 63 and remap_done:
             status = WARN  # NVML's remap state is the truth: a reset since has activated it
+            act = Next(Action.WATCH, act.domain, f"{act.source}; NVML says the remap is active since (a reset has run)")
         n = sum(e.count for e in group)
         times = f" ({n} times since boot)" if n > 1 else ""
         doubt = ""
@@ -144,8 +148,9 @@ def judge_xid(events: list[xid.XidEvent], inv: Inventory, forgeable: bool = Fals
             status = WARN
             doubt = ("; read through syslog(2), which loses where a message ends, so another user's message may "
                      "imitate this line: `journalctl -k -b | grep NVRM` on the host tells")
+            act = Next(Action.WATCH, act.domain, f"{act.source}; read through syslog(2), where another user may have written it: watched")
         action = info.action + ("; the event stays in the kernel log, so this check fails until the node reboots" if status == FAIL else "")
-        out.append(Finding(status, f"{label} on {gpu}", f"{label} on {gpu}{times}: {info.meaning}{doubt}", action))
+        out.append(Finding(status, f"{label} on {gpu}", f"{label} on {gpu}{times}: {info.meaning}{doubt}", action, act=act))
     return out
 
 

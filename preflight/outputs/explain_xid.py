@@ -5,11 +5,13 @@ judged as explain_pcie_notice judges it.
 
 A fatal event fails (the node must not take a job); an application-level one
 warns; one that reports a finished recovery (Xid 154 to None) is information.
+Each finding carries the action its code's catalog bucket asks (readers/xid_catalog.py).
 The same event repeated on one GPU is one finding with its count.
 """
 
 from __future__ import annotations
 
+from preflight.base import actions
 from preflight.base.errors import UsageError
 from preflight.outputs import explain_pcie_notice, xid_text
 from preflight.outputs.explained import Explained, Item
@@ -45,8 +47,8 @@ def judge(events: list[XidEvent]) -> list[Item]:
         seen = f" (x{times})" if times > 1 else ""
         when = _when(first)
         lines = ", ".join(str(e.line) for e in same[:6]) + (" ..." if len(same) > 6 else "")
-        out.append(Item(
-            severity=SEVERITY[info.severity], gpu=first.pci or first.pci_raw,
+        out.append(Item.acting(
+            info.act, severity=SEVERITY[info.severity], gpu=first.pci or first.pci_raw,
             summary=f"{_label(first)}{seen}: {info.meaning}",
             cause=f"the driver logged, at line {lines}{f' ({when})' if when else ''}: {first.message or first.raw.strip()}",
             fix=info.action,
@@ -68,6 +70,9 @@ def explain(text: str, source: str, profile: ResolvedProfile | None) -> Explaine
         "gpus": sorted({e.pci for e in events if e.pci}),
         "kernel_lines": xid.kernel_lines(text),
     }
+    # The log's one action, as a run's is: the highest its events ask.
+    if (then := actions.highest([e.info.act for e in events])) is not None:
+        facts["action"] = {"action": str(then.action), "domain": str(then.domain), "source": then.source}
     if notices.notices:
         facts["pcie_notices"] = explain_pcie_notice.facts_of(notices)["devices"]
     findings = judge(events) + (explain_pcie_notice.judge(notices) if notices.notices else [])

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from preflight.base.actions import Next
 from preflight.base.findings import Finding, Status
 
 Severity = Literal["fail", "warn", "info"]
@@ -30,6 +31,18 @@ class Item(BaseModel):
     fix: str | None = None
     gpu: str | None = None  # "GPU 3", "00000000:18:00.0": the GPU it concerns, as the capture names it
     rank: str | None = None  # "rank 5", "node-2:3": the rank it concerns
+    # What automation does about it (base/actions.py), whose fault it is, and where that comes
+    # from; None where the explainer names no action of its own.
+    action: str | None = None
+    domain: str | None = None
+    action_source: str | None = None
+
+    @classmethod
+    def acting(cls, act: Next | None, **fields: Any) -> Item:
+        """An item that carries ``act`` (a finding's own action, where it names one)."""
+        if act is None:
+            return cls(**fields)
+        return cls(**fields, action=str(act.action), domain=str(act.domain), action_source=act.source)
 
 
 class Explained(BaseModel):
@@ -51,7 +64,8 @@ class Explained(BaseModel):
 
 def items(findings: list[Finding], gpu: str | None = None, rank: str | None = None) -> list[Item]:
     """A judge's findings as items; a PASS or SKIP finding is information."""
-    return [Item(severity=_SEVERITY.get(f.status, "info"), summary=f.summary, cause=f.cause, fix=f.remedy, gpu=gpu, rank=rank) for f in findings]
+    return [Item.acting(f.act, severity=_SEVERITY.get(f.status, "info"), summary=f.summary, cause=f.cause, fix=f.remedy, gpu=gpu, rank=rank)
+            for f in findings]
 
 
 def render(e: Explained) -> str:
@@ -65,6 +79,8 @@ def render(e: Explained) -> str:
             out.append(f"        cause: {i.cause}")
         if i.fix:
             out.append(f"        fix:   {i.fix}")
+        if i.action:
+            out.append(f"        next:  {i.action} [{i.domain}] ({i.action_source})")
     if not e.findings:
         out.append("  nothing wrong found in what the file holds (--json: the facts read, and what could not be judged)")
     return "\n".join(out) + "\n"

@@ -26,5 +26,6 @@ def describe(found: list[dict], source: str) -> str:
     for r in found:
         label = {"xid": f"Xid {r['code']}", "sxid": f"SXid {r['code']}"}.get(r["kind"], r["kind"])
         when = r["time"] or (f"{r['uptime']:.0f} s after boot" if r["uptime"] is not None else "time unknown")
-        out.append(f"{r['severity'].upper():5}  {label:9}  {r['pci'] or '?':12}  {when}\n       {r['meaning']}\n       action: {r['action']}")
+        out.append(f"{r['severity'].upper():5}  {label:9}  {r['pci'] or '?':12}  {when}\n       {r['meaning']}\n       action: {r['action']}"
+                   f"\n       next:   {r['act']['action']} [{r['act']['domain']}] ({r['act']['source']})")
     return "\n".join(out) + "\n"

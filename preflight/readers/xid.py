@@ -3,7 +3,8 @@
 Meanings, severities and actions follow NVIDIA's Xid catalog, its "Description"
 and "Resolution Bucket (Immediate Action)" columns:
 https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html
-(retrieved 2026-11-22). The bucket decides the severity: RESET_GPU,
+(retrieved 2026-11-22). Each event carries its code's catalog buckets and the action
+they ask on preflight's ladder (``XidInfo.act``, readers/xid_catalog.py). The bucket decides the severity: RESET_GPU,
 RESTART_BM, RESTART_VM, CHECK_MECHANICALS, CONTACT_SUPPORT and the WORKFLOW_XID_48 /
 NVLINK workflows are "fatal" (the node must not take a job); RESTART_APP, IGNORE
 and WORKFLOW_XID_45 are "app" (a warning). Two deliberate departures: Xid 63
@@ -26,7 +27,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from preflight.readers import capture, journal
+from preflight.base.actions import Action, Domain, Next
+from preflight.readers import capture, journal, xid_catalog
 from preflight.base import tooltext
 from preflight.base.errors import UsageError
 
@@ -43,7 +45,12 @@ class XidInfo(BaseModel):
     model_config = ConfigDict(frozen=True)
     meaning: str
     severity: Severity
-    action: str
+    action: str  # what to do, for a person
+    # The catalog's "Resolution Bucket (Immediate Action)" and "(Investigatory Action)": "unknown"
+    # where it names none, None for an event that is no Xid (an SXid, a failed initialisation).
+    bucket: str | None = None
+    investigate: str | None = None
+    act: Next  # what automation does, whose fault it is, and where that comes from
 
 
 class XidEvent(BaseModel):
@@ -121,37 +128,56 @@ _NONFATAL = re.compile(r"\bnon-?fatal\b", re.IGNORECASE)
 
 
 def explain(kind: str, code: int | None, message: str = "") -> XidInfo:
-    """Meaning, severity and action of one event; never raises."""
+    """Meaning, severity, action and catalog buckets of one event; never raises."""
     if kind == "fell_off_bus":
         kind, code = "xid", 79
     if kind == "init_failed":
-        return XidInfo(meaning="the GPU failed to initialise (RmInitAdapter failed)", severity="fatal", action=REBOOT)
+        return XidInfo(meaning="the GPU failed to initialise (RmInitAdapter failed)", severity="fatal", action=REBOOT,
+                       act=Next(Action.REBOOT, Domain.NODE, "the driver could not initialise the GPU (RmInitAdapter "
+                                "failed), which no reset of a GPU it never attached can clear: reboot"))
     if kind == "sxid":
-        if _NONFATAL.search(message):
-            return XidInfo(meaning=f"NVSwitch SXid {code}, non-fatal: the switch recovered", severity="app",
-                           action="watch for repeats on the same link (nvidia-smi nvlink -e)")
-        if re.match(r"\s*Fatal\b", message):
-            return XidInfo(meaning=f"NVSwitch SXid {code}, fatal", severity="fatal",
-                           action="reboot the node (it resets the NVSwitches and GPUs); " + RMA + " if it comes back")
-        return XidInfo(meaning=f"NVSwitch SXid {code} (fatal or not is not printed): look it up in the "
-                       "SXid tables of NVIDIA's Fabric Manager user guide", severity="app",
-                       action="look up the SXid before the next job")
+        return _sxid(code, message)
+    bucket, investigate = xid_catalog.buckets(code)
     if code == 154:  # "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"
         target = (m.group(1) if (m := _RECOVERY.search(message)) else "").lower()
         meaning = f"the driver asks for a recovery action: {target or 'not printed'}"
         if target == "none":
-            return XidInfo(meaning=meaning, severity="info", action="nothing: the recovery is complete")
-        if target == "drain p2p":
-            return XidInfo(meaning=meaning, severity="app", action="let peer-to-peer work drain, then reset the GPU")
-        return XidInfo(meaning=meaning, severity="fatal", action=REBOOT if "reboot" in target else RESET)
+            severity, action = "info", "nothing: the recovery is complete"
+        elif target == "drain p2p":
+            severity, action = "app", "let peer-to-peer work drain, then reset the GPU"
+        else:
+            severity, action = "fatal", REBOOT if "reboot" in target else RESET
+        return XidInfo(meaning=meaning, severity=severity, action=action, bucket=bucket, investigate=investigate,
+                       act=xid_catalog.act(code, bucket, severity, message, target))
     if code is None or code not in _TABLE:
         # A gate warns on what it cannot explain, rather than letting it pass unseen.
         return XidInfo(meaning=f"unknown Xid {code}: look it up in NVIDIA's Xid catalog ({CATALOG})",
-                       severity="app", action="look the code up before the next job")
+                       severity="app", action="look the code up before the next job", bucket=bucket,
+                       investigate=investigate, act=xid_catalog.act(code, bucket, "app", message))
     meaning, severity, action = _TABLE[code]
     if 144 <= code <= 150 and _NONFATAL.search(message):  # "145, RLW_REMAP Nonfatal XC0 i0 Link 02"
         severity, action = "app", "watch for repeats on the same link (nvidia-smi nvlink -e)"
-    return XidInfo(meaning=meaning, severity=severity, action=action)
+    return XidInfo(meaning=meaning, severity=severity, action=action, bucket=bucket, investigate=investigate,
+                   act=xid_catalog.act(code, bucket, severity, message))
+
+
+_FM_GUIDE = "NVIDIA Fabric Manager user guide, SXid tables"
+
+
+def _sxid(code: int | None, message: str) -> XidInfo:
+    """An NVSwitch SXid: not in the Xid catalog; the line says itself whether it is fatal."""
+    if _NONFATAL.search(message):
+        return XidInfo(meaning=f"NVSwitch SXid {code}, non-fatal: the switch recovered", severity="app",
+                       action="watch for repeats on the same link (nvidia-smi nvlink -e)",
+                       act=Next(Action.WATCH, Domain.NODE, f"{_FM_GUIDE}: SXid {code} printed Non-fatal, the switch recovered"))
+    if re.match(r"\s*Fatal\b", message):
+        return XidInfo(meaning=f"NVSwitch SXid {code}, fatal", severity="fatal",
+                       action="reboot the node (it resets the NVSwitches and GPUs); " + RMA + " if it comes back",
+                       act=Next(Action.REBOOT, Domain.NODE, f"{_FM_GUIDE}: SXid {code} printed Fatal; a reboot resets the NVSwitches and GPUs"))
+    return XidInfo(meaning=f"NVSwitch SXid {code} (fatal or not is not printed): look it up in the "
+                   "SXid tables of NVIDIA's Fabric Manager user guide", severity="app",
+                   action="look up the SXid before the next job",
+                   act=Next(Action.WATCH, Domain.NODE, f"{_FM_GUIDE}: SXid {code} printed neither Fatal nor Non-fatal: watched until looked up"))
 
 
 # --- parsing ---------------------------------------------------------------------

@@ -13,6 +13,7 @@ import fakes
 from conftest import clean_env, make_ctx, run_preflight
 
 from preflight.checks import burnin
+from preflight.base.actions import Action, Domain
 from preflight.base.findings import Status
 from preflight.base.host import Host
 from preflight.pipeline.expectations import BurninExpect, OutlierExpect
@@ -172,6 +173,19 @@ def test_a_new_xid_during_the_burn_fails():
     f = healthy(n=1)
     f.new_xids = [{"code": 79, "pci": "0000:18:00", "raw": "NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus."}]
     assert [x.summary for x in judged(f)] == ["new Xid during burn-in: Xid 79 on 0000:18:00"]
+
+
+def test_a_new_xid_during_the_burn_takes_the_highest_catalog_action_and_at_least_a_drain():
+    f = healthy(n=1)
+    f.new_xids = [{"code": 13, "pci": "0000:18:00", "raw": "NVRM: Xid (PCI:0000:18:00): 13, Graphics SM Warp Exception"},
+                  {"code": 79, "pci": "0000:18:00", "raw": "NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus."}]
+    (found,) = judged(f)
+    assert (found.next.action, found.next.domain) == (Action.REBOOT, Domain.NODE)
+    assert found.next.source.startswith("NVIDIA Xid catalog (2026-11-22): Xid 79 RESTART_BM")
+    f.new_xids = f.new_xids[:1]  # the known-good burn hit an application Xid: the GPU's fault, drained
+    (found,) = judged(f)
+    assert (found.status, found.next.action, found.next.domain) == (Status.FAIL, Action.DRAIN, Domain.NODE)
+    assert found.next.source.startswith("NVIDIA Xid catalog (2026-11-22): Xid 13 RESTART_APP")
 
 
 def test_the_sampler_reads_clocks_power_temperature_reasons_and_ecc_from_nvml(tmp_path, monkeypatch):

@@ -20,6 +20,7 @@ from preflight.readers import nvml, xid
 from preflight.pipeline import profiles, shape
 from preflight.pipeline.check import Context
 from preflight.pipeline.settings import Settings
+from preflight.base.actions import Action, Domain
 from preflight.base.findings import Status
 from preflight.base.host import Host
 from preflight.readers.nvml import FakeNvml, PcieLink
@@ -302,6 +303,51 @@ def test_xid_severity_is_the_worst_of_its_events_and_154_the_last():
     found = judged(facts("h100-sxm-8x-healthy.json", xid_events=xid.parse(log)))
     assert [(x.status, x.summary) for x in found] == [(Status.FAIL, "Xid 145 on GPU 0 (0000:1b:00)")]
     assert "fails until the node reboots" in found[0].remedy
+
+
+def xid_findings(log: str, **kw):
+    return judged(facts("h100-sxm-8x-healthy.json", xid_events=xid.parse(log), **kw))
+
+
+@pytest.mark.parametrize("line, status, action, domain, bucket", [
+    ("NVRM: Xid (PCI:0000:9d:00): 79, pid=1234, name=python, GPU has fallen off the bus.", Status.FAIL, Action.REBOOT, Domain.NODE, "79 RESTART_BM"),
+    ("NVRM: Xid (PCI:0000:9d:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 7, subpartition 1.",
+     Status.FAIL, Action.RESET_GPU, Domain.NODE, "48 WORKFLOW_XID_48"),
+    ("NVRM: Xid (PCI:0000:9d:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
+     Status.FAIL, Action.RESET_GPU, Domain.NODE, "154 XID_154"),
+    ("NVRM: Xid (PCI:0000:9d:00): 13, Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address", Status.WARN, Action.FIX_JOB, Domain.JOB, "13 RESTART_APP"),
+    ("NVRM: Xid (PCI:0000:9d:00): 31, pid=1942, name=llama-bench, Ch 00000008, intr 00000000. MMU Fault", Status.WARN, Action.FIX_JOB, Domain.JOB, "31 RESTART_APP"),
+])
+def test_each_xid_finding_carries_its_catalog_action(line, status, action, domain, bucket):
+    (found,) = xid_findings(line + "\n")
+    assert (found.status, found.next.action, found.next.domain) == (status, action, domain)
+    assert found.next.source.startswith(f"NVIDIA Xid catalog (2026-11-22): Xid {bucket}")
+
+
+def test_a_run_with_several_xids_takes_the_highest_action():
+    log = ("NVRM: Xid (PCI:0000:9d:00): 13, Graphics SM Warp Exception\n"
+           "NVRM: Xid (PCI:0000:1b:00): 48, An uncorrectable double bit error (DBE) has been detected\n"
+           "NVRM: Xid (PCI:0000:43:00): 79, GPU has fallen off the bus.\n")
+    r = cuda.Cuda().conclude(xid_findings(log), "ok")
+    assert (r.status, r.action, r.domain) == (Status.FAIL, Action.REBOOT, Domain.NODE)
+    assert r.action_source.startswith("NVIDIA Xid catalog (2026-11-22): Xid 79 RESTART_BM")
+    app_only = cuda.Cuda().conclude(xid_findings("NVRM: Xid (PCI:0000:9d:00): 13, Graphics SM Warp Exception\n"), "ok")
+    assert (app_only.status, app_only.action, app_only.domain) == (Status.WARN, Action.FIX_JOB, Domain.JOB)
+
+
+def test_an_xid_the_judge_only_warns_of_asks_no_more_than_a_watch():
+    line = "[  219.470994] NVRM: Xid (PCI:0000:9d:00): 79, pid=1234, name=python, GPU has fallen off the bus.\n"
+    (forged,) = xid_findings(line, kernel_log_note=xid.SYSLOG_NOTE)
+    assert (forged.status, forged.next.action) == (Status.WARN, Action.WATCH) and "syslog(2)" in forged.next.source
+    line = "NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: New row marked for remapping, reset gpu to activate.\n"
+    pending = facts("a100-sxm4-8x-remap-pending.json", init=None, xid_events=xid.parse(line))
+    (fail,) = [x for x in judged(pending, A100) if x.summary.startswith("Xid 63")]
+    assert fail.next.action == Action.RESET_GPU and "reset gpu to activate" in fail.next.source
+    activated = nvml.RemappedRows(correctable=1, uncorrectable=0, pending=False, failure=False)
+    gpus = [g.model_copy(update={"remapped_rows": activated}) for g in pending.inventory.gpus]
+    done = pending.model_copy(update={"inventory": pending.inventory.model_copy(update={"gpus": gpus})})
+    (warn,) = judged(done, A100)
+    assert (warn.status, warn.next.action) == (Status.WARN, Action.WATCH) and "remap is active" in warn.next.source
 
 
 def test_an_unknown_xid_warns():

@@ -10,7 +10,9 @@ from typer.testing import CliRunner
 
 from preflight.base.errors import UsageError
 from preflight.cli.app import app
-from preflight.outputs import explain_xid
+from preflight.outputs import explain_xid, xid_text
+from preflight.outputs.explained import render
+from preflight.readers import xid
 
 XID = FIXTURES / "xid"
 PCIE = FIXTURES / "pcie_notice" / "pcie_01_dmesg-limited-by-16GTs-x16_h100-capable-32GTs_ELIDED.txt"
@@ -90,3 +92,35 @@ def test_a_text_with_no_kernel_log_line_is_refused_in_the_xid_commands_words(tmp
         explain_xid.explain(content, str(path), None)
     r = CliRunner().invoke(app, ["xid", "--from", str(path)])
     assert r.exit_code == 2 and r.stderr == f"preflight: error: --from {e.value}\n"
+
+
+def test_the_xid_command_prints_and_dumps_each_events_action():
+    found = xid_text.rows(xid.parse(next(XID.glob("03_*")).read_text()))
+    assert found[0]["act"] == {"action": "reboot", "domain": "node",
+                               "source": "NVIDIA Xid catalog (2026-11-22): Xid 79 RESTART_BM; restart the machine"}
+    assert (found[0]["bucket"], found[0]["investigate"]) == ("RESTART_BM", "CONTACT_SUPPORT")
+    assert "next:   reboot [node] (NVIDIA Xid catalog (2026-11-22): Xid 79 RESTART_BM" in xid_text.describe(found, "log")
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in XID.glob("*.txt")))
+def test_every_xid_finding_carries_its_events_action(name):
+    e = explained(name)
+    events = {(ev["pci"], ev["act"]["action"], ev["act"]["domain"], ev["act"]["source"]) for ev in e.facts["events"]}
+    xid_items = [i for i in e.findings if not i.summary.startswith("PCIe link")]
+    assert {(i.gpu, i.action, i.domain, i.action_source) for i in xid_items} <= events
+    assert all(i.action for i in xid_items)
+
+
+def test_a_log_of_several_xids_acts_on_the_highest():
+    e = explained("05_")  # Xid 13 x3 (RESTART_APP) and Xid 109 (RESET_GPU) on one GPU
+    acts = {i.summary.split(":")[0]: (i.action, i.domain) for i in e.findings}
+    assert acts == {"Xid 109": ("reset-gpu", "node"), "Xid 13 (x3)": ("fix-job", "job")}
+    assert e.facts["action"] == {"action": "reset-gpu", "domain": "node", "source": "NVIDIA Xid catalog (2026-11-22): Xid 109 RESET_GPU; reset the GPU"}
+    assert "next:  reset-gpu [node] (NVIDIA Xid catalog (2026-11-22): Xid 109 RESET_GPU; reset the GPU)" in render(e)
+    assert "next:  fix-job [job]" in render(e)
+
+
+def test_xid_154_acts_on_the_recovery_it_names_and_a_log_without_events_names_no_action():
+    (reboot,) = [i for i in explained("kmsg_").findings if i.summary.startswith("Xid 154")]
+    assert (reboot.action, reboot.domain) == ("reboot", "node")
+    assert "action" not in explained("no-gpu-event_dmesg_dev").facts
