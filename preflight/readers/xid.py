@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_serializer
 
 from preflight.base.actions import Action, Domain, Next
 from preflight.readers import capture, journal, xid_catalog
@@ -51,6 +51,11 @@ class XidInfo(BaseModel):
     bucket: str | None = None
     investigate: str | None = None
     act: Next  # what automation does, whose fault it is, and where that comes from
+
+    @field_serializer("act")
+    def _act(self, n: Next) -> dict[str, str]:
+        """By name, as the report says an action (a NamedTuple would dump as a bare list)."""
+        return {"action": n.action.value, "domain": n.domain.value, "source": n.source}
 
 
 class XidEvent(BaseModel):
