@@ -55,6 +55,26 @@ class CheckView(NamedTuple):
     check: str
     status: str  # one of STATUSES
     summary: str
+    # As check.Result fills them in: its own, else its status's (actions.default_for).
+    action: str = "none"  # one of ACTIONS
+    domain: str = "node"  # one of DOMAINS
+    action_source: str = ""
+
+
+class ShapeView(NamedTuple):
+    gpus: int  # shape.NodeShape.gpus: how many GPUs the node gave the run
+
+
+# actions.default_for by value, and the tie-break between domains (least first); the tests hold them equal.
+ACTION_DEFAULTS = {
+    "PASS": ("none", "node", "nothing found"),
+    "SKIP": ("none", "node", "not judged"),
+    "WARN": ("watch", "node", "a warning: watched, nothing to do now"),
+    "FAIL": ("drain", "node", "a failure with no more specific action: drained for a person to investigate"),
+    "ERROR": ("drain", "software", "preflight could not judge this check: the gate fails closed"),
+}
+DOMAIN_WEIGHT = ("job", "software", "node")
+NOTHING_TO_DO = ("none", "node", "nothing to do")  # Report._next's, where no check asks for anything
 
 
 class ReportView(NamedTuple):
@@ -68,6 +88,48 @@ class ReportView(NamedTuple):
     interrupted_by_signal: int | None
     checks: list[CheckView]
     last_success_at: datetime | None = None
+    shape: ShapeView | None = None
+
+    # Report's computed action, domain, action_source and action_check, derived alike
+    # (actions.highest over the checks: the highest action, the node's domain first on a
+    # tie, the first given between equals).
+    def _next(self) -> tuple[tuple[str, str, str], str | None]:
+        best: CheckView | None = None
+        for c in self.checks:
+            if best is None or _rank(c) > _rank(best):
+                best = c
+        if best is None or best.action == "none":
+            return NOTHING_TO_DO, None
+        return (best.action, best.domain, best.action_source), best.check
+
+    @property
+    def action(self) -> str:
+        return self._next()[0][0]
+
+    @property
+    def domain(self) -> str:
+        return self._next()[0][1]
+
+    @property
+    def action_source(self) -> str:
+        return self._next()[0][2]
+
+    @property
+    def action_check(self) -> str | None:
+        return self._next()[1]
+
+
+def _rank(c: CheckView) -> tuple[int, int]:
+    return ACTIONS.index(c.action), DOMAIN_WEIGHT.index(c.domain)
+
+
+def _check_view(c: dict[str, Any]) -> CheckView:
+    """Result's _status_action: a result that names no action gets its status's, one without a domain its status's domain."""
+    action, domain, source = ACTION_DEFAULTS[c["status"]]
+    if c["action"] is not None:
+        action, source = c["action"], c["action_source"] or ""
+        domain = c["domain"] if c["domain"] is not None else domain
+    return CheckView(c["check"], c["status"], c["summary"], action, domain, source)
 
 
 class Declined(Exception):
@@ -86,9 +148,10 @@ def view(data: bytes) -> ReportView | None:
         r = _REPORT(doc)
     except (Declined, ValueError, RecursionError):
         return None
-    checks = [CheckView(c["check"], c["status"], c["summary"]) for c in r["checks"]]
+    checks = [_check_view(c) for c in r["checks"]]
+    shape = ShapeView(r["shape"]["gpus"]) if r["shape"] is not None else None
     return ReportView(Verdict(r["verdict"]), r["profile"], r["boot_id"], r["started_at"], r["finished_at"], r["interrupted_by_signal"], checks,
-                      r["last_success_at"])
+                      r["last_success_at"], shape)
 
 
 # ---- JSON as both parsers read it alike --------------------------------------------

@@ -7,6 +7,7 @@ validator added to them fails here until report_view knows it too."""
 from __future__ import annotations
 
 import copy
+from dataclasses import astuple
 import json
 from datetime import datetime, timedelta, timezone
 
@@ -35,7 +36,9 @@ def model_reads(data: bytes) -> Report | None:
 def judged(r) -> tuple:  # noqa: ANN001
     """Everything a judge reads of a report (last_report.standing, status --json)."""
     return (str(r.verdict), r.profile, r.boot_id, r.started_at, r.finished_at, r.interrupted_by_signal,
-            [(c.check, str(c.status), c.summary) for c in r.checks])
+            [(c.check, str(c.status), c.summary, str(c.action), str(c.domain), c.action_source or "") for c in r.checks],
+            # slurm-healthcheck's: the run's action and the check that decided it, and the node's GPUs
+            str(r.action), str(r.domain), r.action_source, r.action_check, r.shape.gpus if r.shape else None)
 
 
 def assert_agree(data: bytes) -> bool:
@@ -295,6 +298,21 @@ def test_the_statuses_verdicts_and_levels_are_the_models():
     assert Verdict is report_view.Verdict
     assert report_view.ACTIONS == tuple(a.value for a in actions.LADDER)
     assert report_view.DOMAINS == tuple(d.value for d in actions.Domain)
+    assert report_view.DOMAIN_WEIGHT == tuple(d.value for d in actions._DOMAIN_WEIGHT)
+    assert report_view.ACTION_DEFAULTS == {s: (n.action.value, n.domain.value, n.source) for s, n in actions._DEFAULTS.items()}
+    assert report_view.NOTHING_TO_DO == tuple(str(x) for x in astuple(Report.model_validate_json((REPORTS / "cpu-pass.json").read_bytes()).model_copy(update={"checks": []})._next()[0]))
+
+
+def test_the_run_s_action_is_derived_as_the_model_derives_it():
+    """Every ladder rung and domain against another: the highest, the node's domain on a tie, the first between equals."""
+    base = json.loads((REPORTS / "cpu-pass.json").read_bytes())
+    first = base["checks"][0]
+    pairs = [(a, d) for a in actions.LADDER for d in actions.Domain]
+    for (a1, d1), (a2, d2) in zip(pairs, reversed(pairs)):
+        checks = [{**first, "check": "one", "status": "FAIL", "action": a1.value, "domain": d1.value, "action_source": "s1"},
+                  {**first, "check": "two", "status": "WARN", "action": a2.value, "domain": d2.value},
+                  {**first, "check": "three", "status": "ERROR"}]
+        assert assert_agree(json.dumps({**base, "checks": checks, "verdict": "fail"}).encode())
 
 
 def test_the_view_reads_times_as_the_model_does():
