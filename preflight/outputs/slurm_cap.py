@@ -1,0 +1,71 @@
+"""A cap on how much of a partition preflight drains.
+
+A bad floor, a bad driver rollout or a bad preflight release makes every node FAIL at
+once, and a health check on every node would drain the whole partition (NVIDIA
+NVSentinel caps its quarantines for the same reason, NVSentinel#1713). Before it
+drains a node that is in service, slurm-healthcheck counts the nodes of the node's
+partitions whose drain reason is preflight's own; where that count has reached the
+share allowed (10% of the partition by default, at least one node), the node is left
+in service and the output says "would drain", so an alert (not an outage) tells a
+person. A node preflight already drained stays drained: the cap only stops new drains.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+DEFAULT_SHARE = 0.10
+# `sinfo -h -N -p PARTS -o FORMAT`: one line per node and partition, the reason last (it may hold '|').
+SINFO_FORMAT = "%N|%R|%E"
+
+
+class Row(NamedTuple):
+    node: str
+    partition: str
+    reason: str
+
+
+class Count(NamedTuple):
+    partition: str
+    drained: int  # by preflight, other than this node
+    nodes: int  # in the partition, this node among them
+    allowed: int  # drains the share allows there
+
+
+def parse_sinfo(text: str) -> list[Row]:
+    rows = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|", 2)
+        if len(parts) != 3:
+            raise ValueError(f"sinfo printed {line[:100]!r}, not NODE|PARTITION|REASON")
+        rows.append(Row(parts[0].strip(), parts[1].strip(), parts[2].strip()))
+    return rows
+
+
+def allowed(share: float, nodes: int) -> int:
+    """How many of a partition's nodes preflight may hold drained: the share, at least one."""
+    return max(1, math.floor(share * nodes + 1e-9))
+
+
+def counts(node: str, partitions: list[str], rows: list[Row], share: float, ours) -> list[Count]:  # noqa: ANN001
+    """Per partition of ``node``: its nodes, and those preflight drained (``ours(reason)``), this node aside."""
+    out = []
+    for p in partitions:
+        members = {r.node for r in rows if r.partition == p} | {node}
+        drained = {r.node for r in rows if r.partition == p and r.node != node and ours(r.reason)}
+        out.append(Count(p, len(drained), len(members), allowed(share, len(members))))
+    return out
+
+
+def past_cap(found: list[Count]) -> Count | None:
+    """The partition where one more drain would pass the cap (the fullest), or None."""
+    full = [c for c in found if c.drained >= c.allowed]
+    return max(full, key=lambda c: c.drained / c.nodes) if full else None
+
+
+def would_drain(c: Count, share: float) -> str:
+    return (f"would drain: {c.drained} of {c.nodes} nodes already drained by preflight, past the cap "
+            f"({share:.0%} of partition {c.partition}, at least 1 node; --drain-cap)")
