@@ -92,6 +92,7 @@ def slurm_healthcheck(
     max_age: MaxAgeOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the scontrol line it would run (or why nothing); change nothing. Needs no scontrol: without slurmctld it gives the line for each state the node could be in.")] = False,
     drain_cap: Annotated[Optional[float], typer.Option("--drain-cap", metavar="SHARE", help="Drain no node while this share of a partition's nodes (at least one) is already drained by preflight. [default: slurm_drain_cap in the config, else 0.1]")] = None,
+    textfile_dir: Annotated[Optional[Path], typer.Option("--textfile-dir", metavar="DIR", help="Also write preflight-slurm.prom here for node_exporter: whether the cap holds a drain back, and the counts.")] = None,
     config: ConfigOpt = None,
 ) -> int:
     """Slurm HealthCheckProgram: drain this node ("preflight [node] drain: <check> FAIL: ...") unless the last
@@ -115,12 +116,23 @@ def slurm_healthcheck(
     if dry_run:
         _emit(slurm.preview(Host(), st, name, loaded.report, share))
         return 0 if st.vouched else 1
+    if textfile_dir is not None:  # refused before slurmctld is asked anything
+        from preflight.base import safefile
+        from preflight.outputs.slurm_cap import TEXTFILE
+
+        if not textfile_dir.is_dir():
+            raise UsageError(f"--textfile-dir {textfile_dir} is not a directory; point it at node_exporter's --collector.textfile.directory")
+        safefile.check(textfile_dir / TEXTFILE, f"--textfile-dir {textfile_dir}", TEXTFILE)
     try:
         action = slurm.apply(Host(), st, name, loaded.report, share)
     except slurm.SlurmError as e:
         _console().error(f"{e}; node {name} left as it is")
         return 1
     _emit(action.why + "\n")
+    if textfile_dir is not None:
+        from preflight.outputs.slurm_cap import textfile
+
+        safefile.write_atomic(textfile_dir / TEXTFILE, textfile(name, action.held, list(action.counted)))
     return 0 if st.vouched else 1
 
 

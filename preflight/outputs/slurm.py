@@ -96,6 +96,8 @@ class Action:
     verb: str  # "drain", "resume" or "none"
     why: str
     reason: str | None = None  # the drain reason to set
+    held: slurm_cap.Count | None = None  # the partition whose cap held a drain back
+    counted: tuple[slurm_cap.Count, ...] = ()  # the cap's count, where it was made
 
 
 def node_name(environ: dict[str, str] | None = None) -> str:
@@ -253,10 +255,12 @@ def capped(host: Host, node: Node, action: Action, share: Callable[[], float]) -
     except ValueError as e:
         raise SlurmError(str(e)) from None
     cap = share()
-    full = slurm_cap.past_cap(slurm_cap.counts(node.name, list(node.partitions), rows, cap, ours))
+    found = slurm_cap.counts(node.name, list(node.partitions), rows, cap, ours)
+    full = slurm_cap.past_cap(found)
     if full is None:
-        return action
-    return Action("none", f"{action.why.removesuffix(f'; draining {node.name}')}; {slurm_cap.would_drain(full, cap)}", action.reason)
+        return Action(action.verb, action.why, action.reason, counted=tuple(found))
+    return Action("none", f"{action.why.removesuffix(f'; draining {node.name}')}; {slurm_cap.would_drain(full, cap)}", action.reason,
+                  full, tuple(found))
 
 
 def apply(host: Host, st: Standing, name: str, report: Report | ReportView | None = None,

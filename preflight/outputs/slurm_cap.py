@@ -69,3 +69,26 @@ def past_cap(found: list[Count]) -> Count | None:
 def would_drain(c: Count, share: float) -> str:
     return (f"would drain: {c.drained} of {c.nodes} nodes already drained by preflight, past the cap "
             f"({share:.0%} of partition {c.partition}, at least 1 node; --drain-cap)")
+
+
+TEXTFILE = "preflight-slurm.prom"  # beside run's preflight.prom in node_exporter's textfile directory
+
+
+def _label(v: str) -> str:
+    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def textfile(node: str, held: Count | None, counted: list[Count]) -> str:
+    """What `slurm-healthcheck --textfile-dir` leaves for node_exporter: whether it holds a drain back
+    (examples/prometheus/preflight-rules.yml alerts on it), and the counts where it made them."""
+    n = _label(node)
+    lines = ["# HELP preflight_slurm_drain_held 1 while slurm-healthcheck leaves this node in service that it would drain: the partition is past the cap",
+             "# TYPE preflight_slurm_drain_held gauge",
+             f'preflight_slurm_drain_held{{node="{n}"}} {1 if held else 0}']
+    for name, doc, value in (("drained_by_preflight", "nodes of the partition drained by preflight, this one aside", lambda c: c.drained),
+                             ("partition_nodes", "nodes in the partition", lambda c: c.nodes),
+                             ("drain_allowed", "drains by preflight the cap allows in the partition", lambda c: c.allowed)):
+        if counted:
+            lines += [f"# HELP preflight_slurm_{name} {doc}", f"# TYPE preflight_slurm_{name} gauge"]
+            lines += [f'preflight_slurm_{name}{{node="{n}",partition="{_label(c.partition)}"}} {value(c)}' for c in counted]
+    return "\n".join(lines) + "\n"

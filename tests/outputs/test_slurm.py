@@ -160,13 +160,15 @@ def test_a_long_reason_is_cut_for_sinfo():
 # The command, as slurmd runs it.
 
 
-def healthcheck(tmp_path: Path, fixture: str | None, state: str, *extra: str, exit_code: int = 0, message: str = "", hang: bool = False, boot: str = "this"):
+def healthcheck(tmp_path: Path, fixture: str | None, state: str, *extra: str, exit_code: int = 0, message: str = "", hang: bool = False, boot: str = "this",
+                sinfo: str = "", **changes):
     tmp_path.mkdir(parents=True, exist_ok=True)
     report = tmp_path / "report.json"
     if fixture is not None:
-        report_file(report, fixture, boot=boot)
+        report_file(report, fixture, boot=boot, **changes)
     log = tmp_path / "scontrol.log"
-    bindir = fakes.scontrol(tmp_path / "bin", (NODES / f"{state}.txt").read_text(), log, exit_code, message, hang)
+    bindir = fakes.scontrol(tmp_path / "bin", (NODES / f"{state}.txt").read_text(), log, exit_code, message, hang,
+                            (NODES / sinfo).read_text() if sinfo else "")
     env = {**clean_env(), "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}", "SLURMD_NODENAME": "gpu-01"}
     p = run_preflight(["slurm-healthcheck", "--report", str(report), *extra], env=env, timeout=120)
     calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
@@ -181,6 +183,35 @@ def test_a_failed_report_drains_the_node_with_a_preflight_reason(tmp_path):
     assert update[:3] == ["update", "NodeName=gpu-01", "State=DRAIN"]
     assert update[3] == f"Reason=preflight [node] drain: {SHM}"
     assert len(calls) == 2
+
+
+def test_slurms_gres_against_the_nodes_gpus_through_the_command(tmp_path):
+    # idle.txt: Gres=gpu:h100:8(S:0-1); the report says the node gave the run 7.
+    p, calls = healthcheck(tmp_path, "cpu-pass", "idle", shape={"gpus": 7, "gpus_from": "PCI bus"})
+    assert p.returncode == 0 and "but slurm-gres FAIL: Slurm's Gres says 8 GPUs, the node has 7; draining gpu-01" in p.stdout, p.stdout + p.stderr
+    assert calls[1][3] == "Reason=preflight [node] service: slurm-gres FAIL: Slurm's Gres says 8 GPUs, the node has 7"
+    p, calls = healthcheck(tmp_path / "8", "cpu-pass", "idle", shape={"gpus": 8, "gpus_from": "PCI bus"})
+    assert len(calls) == 1 and "draining" not in p.stdout
+
+
+def test_past_the_cap_the_command_drains_nothing_and_says_would_drain(tmp_path):
+    p, calls = healthcheck(tmp_path, "shm-64m-fail", "idle", "--textfile-dir", str(tmp_path), sinfo="sinfo-gpu-1-of-4-drained.txt")
+    assert p.returncode == 1 and calls == [["show", "node", "gpu-01"]], p.stdout + p.stderr
+    assert "would drain: 1 of 4 nodes already drained by preflight, past the cap (10% of partition gpu" in p.stdout
+    assert json.loads((tmp_path / "sinfo.log").read_text()) == ["-h", "-N", "-p", "gpu", "-o", "%N|%R|%E"]
+    assert 'preflight_slurm_drain_held{node="gpu-01"} 1' in (tmp_path / "preflight-slurm.prom").read_text()
+    # Half the partition allowed: the drain goes through.
+    p, calls = healthcheck(tmp_path / "wide", "shm-64m-fail", "idle", "--drain-cap", "0.5", sinfo="sinfo-gpu-1-of-4-drained.txt")
+    assert calls[1][:3] == ["update", "NodeName=gpu-01", "State=DRAIN"]
+    # A node preflight drained already is drained anew for a new cause without a count.
+    p, calls = healthcheck(tmp_path / "again", "shm-64m-fail", "drained-by-preflight", sinfo="sinfo-gpu-1-of-4-drained.txt")
+    assert calls[1][:3] == ["update", "NodeName=gpu-01", "State=DRAIN"] and not (tmp_path / "again" / "sinfo.log").exists()
+
+
+@pytest.mark.parametrize("cap", ["0", "1.5", "-0.1", "nan"])
+def test_a_drain_cap_that_is_no_share_is_refused(tmp_path, cap):
+    p, calls = healthcheck(tmp_path, "shm-64m-fail", "idle", "--drain-cap", cap)
+    assert p.returncode == 2 and "--drain-cap" in p.stderr and calls == []
 
 
 def test_a_pass_resumes_only_its_own_drain(tmp_path):

@@ -424,13 +424,17 @@ def test_past_the_cap_a_node_is_not_drained_and_the_output_says_so(partition):
     p = fleet.healthcheck(node="gpu-a")
     assert p.returncode == 1 and fleet.reason("gpu-a") == FAILED, p.stdout + p.stderr
     # One of four drained by preflight: 10% of four is under one, so one is the cap.
-    p = fleet.healthcheck(node="gpu-b")
+    p = fleet.healthcheck("--textfile-dir", str(fleet.root), node="gpu-b")
     assert p.returncode == 1 and "would drain: 1 of 4 nodes already drained by preflight, past the cap" in p.stdout, p.stdout + p.stderr
     assert not fleet.drained("gpu-b")
+    # What node_exporter reads and PreflightDrainCapReached (examples/prometheus/preflight-slurm-rules.yml) fires on.
+    prom = (fleet.root / "preflight-slurm.prom").read_text()
+    assert 'preflight_slurm_drain_held{node="gpu-b"} 1' in prom and 'preflight_slurm_drained_by_preflight{node="gpu-b",partition="test"} 1' in prom
     assert "would drain: 1 of 4" in fleet.healthcheck("--dry-run", node="gpu-b").stdout
     # A wider cap lets one more through, and no further.
-    p = fleet.healthcheck("--drain-cap", "0.5", node="gpu-b")
+    p = fleet.healthcheck("--drain-cap", "0.5", "--textfile-dir", str(fleet.root), node="gpu-b")
     assert "draining gpu-b" in p.stdout and fleet.reason("gpu-b") == FAILED, p.stdout + p.stderr
+    assert 'preflight_slurm_drain_held{node="gpu-b"} 0' in (fleet.root / "preflight-slurm.prom").read_text()
     p = fleet.healthcheck("--drain-cap", "0.5", node="gpu-c")
     assert "would drain: 2 of 4 nodes already drained by preflight, past the cap" in p.stdout and not fleet.drained("gpu-c")
 
