@@ -8,6 +8,8 @@ partitions whose drain reason is preflight's own; where that count has reached t
 share allowed (10% of the partition by default, at least one node), the node is left
 in service and the output says "would drain", so an alert (not an outage) tells a
 person. A node preflight already drained stays drained: the cap only stops new drains.
+The count is each node's own, made when its check runs: checks of many nodes in the
+same second each see it before the others' drains (slurm.conf.snippet: CYCLE).
 """
 
 from __future__ import annotations
