@@ -360,3 +360,25 @@ def test_node_name_falls_back_to_the_short_hostname():
 
     assert slurm.node_name({"SLURMD_NODENAME": "gpu-42"}) == "gpu-42"
     assert slurm.node_name({}) == socket.gethostname().split(".")[0]
+
+
+def test_the_cap_comes_from_the_config_where_no_flag_gives_it(tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text("slurm_drain_cap = 0.5\n")
+    p, calls = healthcheck(tmp_path / "run", "shm-64m-fail", "idle", "--config", str(config), sinfo="sinfo-gpu-1-of-4-drained.txt")
+    assert calls[1][:3] == ["update", "NodeName=gpu-01", "State=DRAIN"], p.stdout + p.stderr  # half of four: room for a second
+    config.write_text("slurm_drain_cap = 2\n")
+    p, calls = healthcheck(tmp_path / "bad", "shm-64m-fail", "idle", "--config", str(config), sinfo="sinfo-gpu-1-of-4-drained.txt")
+    assert p.returncode == 2 and "slurm_drain_cap: Input should be less than or equal to 1" in p.stderr and calls == []  # before slurmctld is asked
+
+
+def test_a_gres_it_cannot_read_is_said_and_not_held_against_the_node():
+    n = slurm.Node("gpu-01", "IDLE", None, "gpu:h100:8(S:0-1")
+    action = slurm.decide(PASS, n, REPORT[PASS]._replace(shape=view_shape(7)))
+    assert action.verb == "none" and "Gres=gpu:h100:8(S:0-1: cannot read" in action.why and "Slurm's GPUs not compared" in action.why
+
+
+def view_shape(gpus: int):  # noqa: ANN201
+    from preflight.pipeline.report_view import ShapeView
+
+    return ShapeView(gpus)
