@@ -382,3 +382,8 @@ def view_shape(gpus: int):  # noqa: ANN201
     from preflight.pipeline.report_view import ShapeView
 
     return ShapeView(gpus)
+
+
+def test_a_textfile_dir_that_is_not_there_is_refused_before_slurmctld_is_asked(tmp_path):
+    p, calls = healthcheck(tmp_path, "shm-64m-fail", "idle", "--textfile-dir", str(tmp_path / "missing"))
+    assert p.returncode == 2 and "--textfile-dir" in p.stderr and "not a directory" in p.stderr and calls == []
