@@ -746,12 +746,21 @@ def _status(code: int, message: str) -> dict[str, Any]:
     return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "reason": reason, "code": code}
 
 
-def scontrol(directory: Path, show: str, log: Path, exit_code: int = 0, message: str = "", hang: bool = False) -> Path:
+def scontrol(directory: Path, show: str, log: Path, exit_code: int = 0, message: str = "", hang: bool = False, sinfo: str = "") -> Path:
     """A Slurm `scontrol` on a PATH of its own: records every call's arguments
     (one JSON list per line in ``log``), prints ``show`` for `show node NAME`,
     and exits ``exit_code`` with ``message`` on stderr, or hangs as it does
-    when slurmctld does not answer."""
+    when slurmctld does not answer. Beside it an `sinfo` that prints ``sinfo``
+    (the cap's count) and records its calls in sinfo.log beside ``log``."""
     directory.mkdir(parents=True, exist_ok=True)
+    (directory / "sinfo").write_text(
+        f"#!{sys.executable}\n"
+        "import json, sys\n"
+        f"with open({str(log.parent / 'sinfo.log')!r}, 'a') as f:\n"
+        "    f.write(json.dumps(sys.argv[1:]) + '\\n')\n"
+        f"sys.stdout.write({sinfo!r})\n"
+    )
+    (directory / "sinfo").chmod(0o755)
     exe = directory / "scontrol"
     exe.write_text(
         f"#!{sys.executable}\n"

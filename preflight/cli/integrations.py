@@ -91,27 +91,48 @@ def slurm_healthcheck(
     node: Annotated[Optional[str], typer.Option("--node", metavar="NAME", help="This node's Slurm NodeName. [default: $SLURMD_NODENAME, else the short hostname]")] = None,
     max_age: MaxAgeOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the scontrol line it would run (or why nothing); change nothing. Needs no scontrol: without slurmctld it gives the line for each state the node could be in.")] = False,
+    drain_cap: Annotated[Optional[float], typer.Option("--drain-cap", metavar="SHARE", help="Drain no node while this share of a partition's nodes (at least one) is already drained by preflight. [default: slurm_drain_cap in the config, else 0.1]")] = None,
+    textfile_dir: Annotated[Optional[Path], typer.Option("--textfile-dir", metavar="DIR", help="Also write preflight-slurm.prom here for node_exporter: whether the cap holds a drain back, and the counts.")] = None,
     config: ConfigOpt = None,
 ) -> int:
-    """Slurm HealthCheckProgram: drain this node ("preflight: ...") unless the last report vouches for it;
-    resume it only from a drain of its own. Never runs a check.
+    """Slurm HealthCheckProgram: drain this node ("preflight [node] drain: <check> FAIL: ...") unless the last
+    report vouches for it and Slurm's Gres names the node's GPUs; resume it only from a drain of its own, once
+    the check that drained it passes. Never runs a check.
 
     Exit 0 vouched, 1 not vouched or Slurm could not be told."""
-    from preflight.outputs import slurm
+    from preflight.base.errors import UsageError
     from preflight.base.host import Host
+    from preflight.outputs import slurm
 
     where = "--node" if node else "SLURMD_NODENAME" if os.environ.get("SLURMD_NODENAME") else "this host's short name"
     name = slurm.one_node(node or slurm.node_name(), where)
-    _, st = plain.standing(report, config, max_age)
+    if drain_cap is not None and not 0 < drain_cap <= 1:
+        raise UsageError(f"--drain-cap {drain_cap:g}: give a share of a partition's nodes above 0 and at most 1, e.g. 0.1 for 10%")
+    loaded, st = plain.standing(report, config, max_age)
+
+    def share() -> float:  # read only where a drain is to be counted: the settings cost pydantic's import
+        return drain_cap if drain_cap is not None else _settings(config).slurm_drain_cap
+
     if dry_run:
-        _emit(slurm.preview(Host(), st, name))
+        _emit(slurm.preview(Host(), st, name, loaded.report, share))
         return 0 if st.vouched else 1
+    if textfile_dir is not None:  # refused before slurmctld is asked anything
+        from preflight.base import safefile
+        from preflight.outputs.slurm_cap import TEXTFILE
+
+        if not textfile_dir.is_dir():
+            raise UsageError(f"--textfile-dir {textfile_dir} is not a directory; point it at node_exporter's --collector.textfile.directory")
+        safefile.check(textfile_dir / TEXTFILE, f"--textfile-dir {textfile_dir}", TEXTFILE)
     try:
-        action = slurm.apply(Host(), st, name)
+        action = slurm.apply(Host(), st, name, loaded.report, share)
     except slurm.SlurmError as e:
         _console().error(f"{e}; node {name} left as it is")
         return 1
     _emit(action.why + "\n")
+    if textfile_dir is not None:
+        from preflight.outputs.slurm_cap import textfile
+
+        safefile.write_atomic(textfile_dir / TEXTFILE, textfile(name, action.held, list(action.counted)))
     return 0 if st.vouched else 1
 
 

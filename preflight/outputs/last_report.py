@@ -201,7 +201,7 @@ def standing(loaded: Loaded, boot_id: str | None, now: datetime, max_age: float 
     when = ago(age)
 
     then, check = (Next(r.action, r.domain, r.action_source), r.action_check) if current is not False else (NOTHING, None)
-    gpus = r.gpus if isinstance(r, ReportView) else (r.shape.gpus if r.shape else None)
+    gpus = r.shape.gpus if r.shape is not None else None  # NodeShape or the view's ShapeView
 
     def said(vouched: bool, reason: str) -> Standing:
         return Standing(vouched, reason, current, age, under_way, then, check, gpus)

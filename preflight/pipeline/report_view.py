@@ -68,6 +68,10 @@ def _check_view(c: dict[str, Any]) -> CheckView:
     return CheckView(c["check"], c["status"], c["summary"], then)
 
 
+class ShapeView(NamedTuple):
+    gpus: int  # shape.NodeShape.gpus: how many GPUs the node gave the run
+
+
 class ReportView(NamedTuple):
     """What `standing` and `status` read of a report, under the Report model's names."""
 
@@ -79,7 +83,7 @@ class ReportView(NamedTuple):
     interrupted_by_signal: int | None
     checks: list[CheckView]
     last_success_at: datetime | None = None
-    gpus: int | None = None  # shape.gpus: how many GPUs the run found on the node
+    shape: ShapeView | None = None  # shape.gpus is what the scheduler's views are held to
 
     # Report's computed action fields, derived the same way (actions.decide).
     @property
@@ -116,8 +120,9 @@ def view(data: bytes) -> ReportView | None:
     except (Declined, ValueError, RecursionError):
         return None
     checks = [_check_view(c) for c in r["checks"]]
+    shape = ShapeView(r["shape"]["gpus"]) if r["shape"] is not None else None
     return ReportView(Verdict(r["verdict"]), r["profile"], r["boot_id"], r["started_at"], r["finished_at"], r["interrupted_by_signal"], checks,
-                      r["last_success_at"], r["shape"]["gpus"] if r["shape"] else None)
+                      r["last_success_at"], shape)
 
 
 # ---- JSON as both parsers read it alike --------------------------------------------

@@ -80,6 +80,9 @@ class _Common(BaseModel):
     rdzv_timeout: float = Field(default=300.0, gt=0, le=86400, allow_inf_nan=False)
     # node_exporter's --collector.textfile.directory: `run` writes preflight.prom there.
     textfile_dir: Path | None = None
+    # slurm-healthcheck drains no node while this share of a partition (at least one node) is
+    # drained by preflight already: a bad floor or rollout must not empty a partition (outputs/slurm_cap.py).
+    slurm_drain_cap: float = Field(default=0.10, gt=0, le=1, allow_inf_nan=False)
     # Where `preflight serve` listens. Loopback unless the site chooses otherwise:
     # the report names the node's faults, which is not for every network to read.
     listen: str = "127.0.0.1:9842"

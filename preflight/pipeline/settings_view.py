@@ -204,6 +204,7 @@ _CONFIG = {
     "rdzv_id": _str,
     "rdzv_timeout": _number(0, 86400, above=True),
     "textfile_dir": _text,
+    "slurm_drain_cap": _number(0, 1, above=True),
     "listen": _text,
     "driver_version": _driver_version,
     "vbios_version": _firmware(r"[0-9A-Fa-f]{2}(\.[0-9A-Fa-f]{2}){4}"),

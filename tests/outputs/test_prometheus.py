@@ -256,3 +256,23 @@ def test_a_failing_run_fires_the_alert_through_node_exporter_and_a_passing_one_d
         # Not pending either: the pass is later than this boot by node_exporter's own clock.
         assert query(base, f'ALERTS{{instance="{nodes["pass"]}"}}') == []
         assert {a["metric"]["alertname"] for a in query(base, "ALERTS")} == {"PreflightNodeFailed", "PreflightCheckFailed"}
+
+
+@promtool
+def test_the_drain_cap_alert_fires_on_a_held_drain_and_on_nothing_else():
+    p = run("promtool", "check", "rules", "preflight-slurm-rules.yml")
+    assert p.returncode == 0 and "SUCCESS: 1 rules found" in p.stdout, p.stdout + p.stderr
+    p = run("promtool", "test", "rules", "preflight-slurm-rules.test.yml")
+    assert p.returncode == 0 and "SUCCESS" in p.stdout, p.stdout + p.stderr
+
+
+def test_the_drain_cap_alert_reads_the_series_slurm_healthcheck_writes():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from preflight.outputs import slurm_cap
+
+    held = slurm_cap.Count("gpu", 1, 4, 1)
+    written = {s.name: s for f in text_string_to_metric_families(slurm_cap.textfile("gpu-b", held, [held])) for s in f.samples}
+    assert written["preflight_slurm_drain_held"].labels == {"node": "gpu-b"} and written["preflight_slurm_drain_held"].value == 1
+    assert written["preflight_slurm_drained_by_preflight"].labels == {"node": "gpu-b", "partition": "gpu"}
+    assert "preflight_slurm_drain_held" in (EXAMPLES / "preflight-slurm-rules.yml").read_text()

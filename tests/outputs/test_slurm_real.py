@@ -28,7 +28,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import lock_held, report_file
+from conftest import REPORTS, lock_held, report_file
 from preflight.gpuwork.launch import free_port
 
 SBIN = f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin"
@@ -43,18 +43,22 @@ pytestmark = [
 EXAMPLES = Path(__file__).parents[2] / "examples" / "slurm"
 PREFLIGHT = Path(sys.executable).parent / "preflight"
 TOKEN = "PREFLIGHT_SLURM_TEST"  # on every daemon and job: the sweep after finds what a process group kill missed
-FAILED = "preflight: shm FAIL: /dev/shm is 64 MiB, below the 1 GiB floor"
+FAILED = "preflight [node] drain: shm FAIL: /dev/shm is 64 MiB, below the 1 GiB floor"
 CALL = 20.0  # per client command: slurmctld answers a single node in milliseconds
 
 
 class Cluster:
-    def __init__(self, root: Path, interval: int, prolog: bool = False, cpus: int = 1, shm: str | None = None):
+    def __init__(self, root: Path, interval: int, prolog: bool = False, cpus: int = 1, shm: str | None = None,
+                 ghosts: dict[str, str] | None = None):
         """``prolog``: the shipped prolog as Prolog= (PrologFlags=Alloc, the cpu profile, a lock of
         its own); ``cpus``: jobs of one CPU that may share the node; ``shm``: slurmd, and so every
         prolog and job, in a mount namespace of its own with a tmpfs of this size on /dev/shm,
-        and a PID namespace of its own, so a prolog sees this cluster's jobs alone in /proc."""
+        and a PID namespace of its own, so a prolog sees this cluster's jobs alone in /proc.
+        ``ghosts``: more nodes of the partition, by name, with their Gres= ("" for none), that
+        slurmctld knows and no slurmd serves: the health check is run for them by hand (--node)."""
         self.root, self.node, self.interval = root, socket.gethostname().split(".")[0], interval
         self.prolog, self.cpus, self.shm = prolog, cpus, shm
+        self.ghosts = ghosts or {}
         self.lock = root / "preflight.lock"
         self.report = root / "report.json"
         self.token = uuid.uuid4().hex
@@ -81,6 +85,10 @@ class Cluster:
         healthcheck.write_text(f"{first}\nexport SLURM_CONF={self.conf}\nexec >>{self.root}/healthcheck.log 2>&1\n{rest}")
         healthcheck.chmod(0o755)
         r = self.root
+        # Ports nothing listens on: slurmctld's pings go unanswered and each stays "not responding".
+        ghosts = "".join(f"NodeName={g} NodeAddr=127.0.0.1 Port={free_port()} CPUs=1{' Gres=' + gres if gres else ''} State=UNKNOWN\n"
+                         for g, gres in self.ghosts.items())
+        gres_types = "GresTypes=gpu\n" if any(self.ghosts.values()) else ""
         prolog = ""
         if self.prolog:
             # slurmd gives a prolog an empty environment, as it does HealthCheckProgram: the settings a site
@@ -118,8 +126,8 @@ ReturnToService=2
 SlurmdTimeout=30
 HealthCheckProgram={healthcheck}
 HealthCheckInterval={self.interval}
-{prolog}NodeName={self.node} NodeAddr=127.0.0.1 NodeHostname={self.node} CPUs={self.cpus} State=UNKNOWN
-PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+{gres_types}{prolog}NodeName={self.node} NodeAddr=127.0.0.1 NodeHostname={self.node} CPUs={self.cpus} State=UNKNOWN
+{ghosts}PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """)
 
     def start(self, name: str, args: list[str], ready, what: str, timeout: float = 30.0, within: list[str] = ()) -> None:
@@ -187,9 +195,16 @@ PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         state, _, reason = self.run("sinfo", "-h", "-N", "-n", self.node, "-o", "%T|%E").stdout.strip().partition("|")
         return state.rstrip("*"), reason
 
-    def healthcheck(self, *args: str) -> subprocess.CompletedProcess:
+    def healthcheck(self, *args: str, node: str | None = None) -> subprocess.CompletedProcess:
         """`preflight slurm-healthcheck` by hand, as an admin runs it on the node."""
-        return self.run(str(PREFLIGHT), "slurm-healthcheck", "--report", str(self.report), "--node", self.node, *args, check=False)
+        return self.run(str(PREFLIGHT), "slurm-healthcheck", "--report", str(self.report), "--node", node or self.node, *args, check=False)
+
+    def reason(self, node: str) -> str:
+        shown = self.run("scontrol", "show", "node", node).stdout
+        return re.search(r"^\s*Reason=(.*?)(?: \[[^\]]*@[^\]]*\])?\s*$", shown, re.MULTILINE).group(1)
+
+    def drained(self, node: str) -> bool:
+        return "DRAIN" in re.search(r"State=(\S+)", self.run("scontrol", "show", "node", node).stdout).group(1)
 
     def job(self) -> str:
         return self.run("sbatch", "--parsable", "-D", str(self.root), "-o", f"{self.root}/job-%j.out", "--wrap", "echo ran on $SLURMD_NODENAME").stdout.strip()
@@ -325,6 +340,103 @@ def test_the_dry_run_line_is_the_command_a_run_would_send(cluster):
         assert cluster.healthcheck("--dry-run").stdout.startswith("nothing: not vouched (shm FAIL")
     finally:
         cluster.run("scontrol", "update", f"NodeName={cluster.node}", "State=RESUME")
+
+
+def resume(c: Cluster) -> None:
+    c.run("scontrol", "update", f"NodeName={c.node}", "State=RESUME")
+
+
+def test_a_drain_is_lifted_only_once_the_check_that_drained_it_passes(cluster):
+    report_file(cluster.report, "shm-64m-fail")
+    assert cluster.healthcheck().returncode == 1 and cluster.state() == ("drained", FAILED)
+    try:
+        # A later run that passes but left shm out (a quick run of other checks): shm has not passed since.
+        pass_ = json.loads((REPORTS / "cpu-pass.json").read_text())
+        report_file(cluster.report, "cpu-pass", checks=[r for r in pass_["checks"] if r["check"] != "shm"])
+        p = cluster.healthcheck()
+        assert p.returncode == 0 and "stays drained: preflight drained it for shm, which does not pass yet: not in this report" in p.stdout, p.stdout + p.stderr
+        assert cluster.state() == ("drained", FAILED)
+        report_file(cluster.report, "cpu-pass")  # shm passes again
+        p = cluster.healthcheck()
+        assert p.returncode == 0 and "resuming" in p.stdout and "drain" not in cluster.state()[0], p.stdout + p.stderr
+    finally:
+        if "drain" in cluster.state()[0]:
+            resume(cluster)
+
+
+def test_a_drain_of_an_older_preflight_is_still_its_own(cluster):
+    old = "preflight: shm FAIL: /dev/shm is 64 MiB, below the 1 GiB floor"
+    cluster.run("scontrol", "update", f"NodeName={cluster.node}", "State=DRAIN", f"Reason={old}")
+    report_file(cluster.report, "cpu-pass")
+    p = cluster.healthcheck()
+    assert p.returncode == 0 and f"resuming {cluster.node}, drained earlier by preflight ({old})" in p.stdout, p.stdout + p.stderr
+    assert "drain" not in cluster.state()[0]
+
+
+# --- Slurm's Gres, and the cap on drains: nodes slurmctld knows that no slurmd serves ---------------
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """Four nodes in one partition: this one (slurmd), and three that slurmctld knows, with Gres, and no slurmd serves."""
+    ghosts = {"gpu-a": "gpu:h100:8", "gpu-b": "gpu:4", "gpu-c": "gpu:h100:4(S:0),gpu:a100:4(S:1)"}
+    with running(tmp_path_factory.mktemp("slurm"), 3600, gate="cpu-pass", ghosts=ghosts) as c:
+        yield c
+
+
+def with_gpus(c: Cluster, fixture: str, gpus: int) -> None:
+    shape = {"gpus": gpus, "gpus_from": "PCI bus and /dev/nvidia0-7"}
+    report_file(c.report, fixture, shape=shape)
+
+
+def test_a_node_whose_gres_names_more_gpus_than_it_has_is_drained_for_service(fleet):
+    with_gpus(fleet, "cpu-pass", 7)
+    p = fleet.healthcheck(node="gpu-a")
+    try:
+        assert p.returncode == 0 and "draining gpu-a" in p.stdout, p.stdout + p.stderr
+        assert fleet.reason("gpu-a") == "preflight [node] service: slurm-gres FAIL: Slurm's Gres says 8 GPUs, the node has 7"
+        p = fleet.healthcheck(node="gpu-a")
+        assert "already drained by preflight" in p.stdout and fleet.drained("gpu-a")
+        with_gpus(fleet, "cpu-pass", 8)  # the GPU is back (or replaced): the drain named slurm-gres, which now agrees
+        # Slurm refuses RESUME for a node that never registered (no slurmd serves gpu-a): the line it would send.
+        # test_a_drain_is_lifted_only_once_the_check_that_drained_it_passes resumes a served node for real.
+        p = fleet.healthcheck("--dry-run", node="gpu-a")
+        assert p.stdout.startswith("would run: scontrol update NodeName=gpu-a State=RESUME"), p.stdout + p.stderr
+        # More GPUs than configured: the config is out of date, the software's to fix (gpu-a held drained: past the cap).
+        p = fleet.healthcheck("--drain-cap", "1", node="gpu-b")
+        assert fleet.reason("gpu-b") == "preflight [software] drain: slurm-gres FAIL: Slurm's Gres says 4 GPUs, the node has 8", p.stdout
+        # Two GPU types of four: eight, as the node has.
+        assert "draining" not in fleet.healthcheck("--drain-cap", "1", node="gpu-c").stdout and not fleet.drained("gpu-c")
+    finally:
+        pass  # Slurm undrains no node that never registered: this cluster serves this test alone
+
+
+@pytest.fixture(scope="module")
+def partition(tmp_path_factory):
+    """Four nodes in one partition: this one (slurmd), and three that slurmctld knows and no slurmd serves."""
+    with running(tmp_path_factory.mktemp("slurm"), 3600, gate="cpu-pass", ghosts={"gpu-a": "", "gpu-b": "", "gpu-c": ""}) as c:
+        yield c
+
+
+def test_past_the_cap_a_node_is_not_drained_and_the_output_says_so(partition):
+    fleet = partition
+    report_file(fleet.report, "shm-64m-fail")
+    p = fleet.healthcheck(node="gpu-a")
+    assert p.returncode == 1 and fleet.reason("gpu-a") == FAILED, p.stdout + p.stderr
+    # One of four drained by preflight: 10% of four is under one, so one is the cap.
+    p = fleet.healthcheck("--textfile-dir", str(fleet.root), node="gpu-b")
+    assert p.returncode == 1 and "would drain: 1 of 4 nodes already drained by preflight, past the cap" in p.stdout, p.stdout + p.stderr
+    assert not fleet.drained("gpu-b")
+    # What node_exporter reads and PreflightDrainCapReached (examples/prometheus/preflight-slurm-rules.yml) fires on.
+    prom = (fleet.root / "preflight-slurm.prom").read_text()
+    assert 'preflight_slurm_drain_held{node="gpu-b"} 1' in prom and 'preflight_slurm_drained_by_preflight{node="gpu-b",partition="test"} 1' in prom
+    assert "would drain: 1 of 4" in fleet.healthcheck("--dry-run", node="gpu-b").stdout
+    # A wider cap lets one more through, and no further.
+    p = fleet.healthcheck("--drain-cap", "0.5", "--textfile-dir", str(fleet.root), node="gpu-b")
+    assert "draining gpu-b" in p.stdout and fleet.reason("gpu-b") == FAILED, p.stdout + p.stderr
+    assert 'preflight_slurm_drain_held{node="gpu-b"} 0' in (fleet.root / "preflight-slurm.prom").read_text()
+    p = fleet.healthcheck("--drain-cap", "0.5", node="gpu-c")
+    assert "would drain: 2 of 4 nodes already drained by preflight, past the cap" in p.stdout and not fleet.drained("gpu-c")
 
 
 # --- the prolog: never a drain for preflight's own reasons ----------------------------------

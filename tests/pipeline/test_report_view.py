@@ -36,7 +36,8 @@ def judged(r) -> tuple:  # noqa: ANN001
     """Everything a judge reads of a report (last_report.standing, status --json)."""
     return (str(r.verdict), r.profile, r.boot_id, r.started_at, r.finished_at, r.interrupted_by_signal,
             [(c.check, str(c.status), c.summary, tuple(map(str, c.next))) for c in r.checks],
-            (str(r.action), str(r.domain), r.action_source, r.action_check))
+            # slurm-healthcheck's: the run's action and the check that decided it, and the node's GPUs
+            (str(r.action), str(r.domain), r.action_source, r.action_check, r.shape.gpus if r.shape else None))
 
 
 def assert_agree(data: bytes) -> bool:
@@ -296,6 +297,18 @@ def test_the_statuses_verdicts_and_levels_are_the_models():
     assert Verdict is report_view.Verdict
     assert report_view.ACTIONS == tuple(a.value for a in actions.LADDER)
     assert report_view.DOMAINS == tuple(d.value for d in actions.Domain)
+
+
+def test_the_run_s_action_is_derived_as_the_model_derives_it():
+    """Every ladder rung and domain against another: the highest, the node's domain on a tie, the first between equals."""
+    base = json.loads((REPORTS / "cpu-pass.json").read_bytes())
+    first = base["checks"][0]
+    pairs = [(a, d) for a in actions.LADDER for d in actions.Domain]
+    for (a1, d1), (a2, d2) in zip(pairs, reversed(pairs)):
+        checks = [{**first, "check": "one", "status": "FAIL", "action": a1.value, "domain": d1.value, "action_source": "s1"},
+                  {**first, "check": "two", "status": "WARN", "action": a2.value, "domain": d2.value},
+                  {**first, "check": "three", "status": "ERROR"}]
+        assert assert_agree(json.dumps({**base, "checks": checks, "verdict": "fail"}).encode())
 
 
 def test_the_view_reads_times_as_the_model_does():
