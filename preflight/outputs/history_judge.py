@@ -18,7 +18,7 @@ the runs before it and this run's own figures, before its report is written:
 - **Lemons**: ``fails`` runs that failed a check of their own within ``days``
   make the node's action ``service`` (a WARN: this run's own verdict stands).
 
-The result's measurements are the metrics: ``history_failures_count`` in the
+The result's measurements are the metrics: ``history_failed_runs`` in the
 window, and ``history_drift_ratio`` (recent over earlier level) per judged figure.
 Pure: no file, no clock but the one given.
 """
@@ -109,7 +109,7 @@ def judge(report_checks_figures: list[tuple[str, str, str, str, float | None, fl
     """The ``history`` result of a run that measured ``report_checks_figures`` and failed
     ``this_failed``, against ``past`` (the runs before it)."""
     count, lemon_words = lemon(past.runs, this_failed, finished, fails, days)
-    measurements = [Measurement(name="history_failures", unit="count", value=count, labels={"days": f"{days:g}"})]
+    measurements = [Measurement(name="history_failed", unit="runs", value=count, labels={"days": f"{days:g}"})]
     drifting: list[Drifting] = []
     if expect is not None:
         for s in with_this_run(past, report_checks_figures):

@@ -8,6 +8,8 @@ machine. The run judged is always a real one."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -52,7 +54,9 @@ def test_ten_runs_with_memcpy_slowed_step_by_step_end_in_a_drift_warn_naming_the
     db = tmp_path / "history.db"
     for i, memcpy in enumerate([9, 9, 9, 9, 9, 8, 7, 6, 5]):
         history.append(db, recorded(10 - i, memcpy * GB), 90, 10000)
-    p = run(tmp_path, {**env, "PREFLIGHT_WORKER_FAULT": "*:slow=0.5s@memcpy"}, "--only", "bandwidth", profile="cpu-fast")
+    textfile = tmp_path / "textfile"
+    textfile.mkdir()
+    p = run(tmp_path, {**env, "PREFLIGHT_WORKER_FAULT": "*:slow=0.5s@memcpy"}, "--only", "bandwidth", "--textfile-dir", str(textfile), profile="cpu-fast")
     report = Report.model_validate_json((tmp_path / "report.json").read_text())
     assert p.returncode == 0 and report.verdict == "pass", p.stderr
     h = report.history
@@ -62,6 +66,11 @@ def test_ten_runs_with_memcpy_slowed_step_by_step_end_in_a_drift_warn_naming_the
     assert all(d["earlier"] == 9 * GB and d["recent"] == 6 * GB and d["floor"] == 1e7 for d in drifting.values())
     assert "[WARN] history" in p.stderr and "bandwidth memcpy_bandwidth{rank=0} drifting: 6 GB/s over the last 5 runs, 33.3% under its earlier 9 GB/s, since run 6 of " in p.stderr
     assert "profile cpu-fast [drift]: 2-core CI VM run to run" in h.cause
+    prom = (textfile / "preflight.prom").read_text()
+    assert 'preflight_history_drift_ratio{check="bandwidth",figure="memcpy_bandwidth",rank="0"} 0.666' in prom, prom
+    if shutil.which("promtool"):
+        lint = subprocess.run(["promtool", "check", "metrics"], input=prom, capture_output=True, text=True, timeout=60)
+        assert lint.returncode == 0 and lint.stdout == lint.stderr == "", lint.stderr
     # The run joined the history, and `history` shows the slide.
     shown = run_preflight(["history", "--report", str(tmp_path / "report.json"), "--figure", "memcpy_bandwidth", "--json"], env=env)
     data = json.loads(shown.stdout)
@@ -86,7 +95,7 @@ def test_three_fails_in_a_week_of_recorded_runs_make_a_passing_node_s_action_ser
     assert report.action_source.startswith("a lemon: failed 3 times in 7 days: shm, bandwidth, bandwidth")
     assert "[WARN] history" in p.stderr and "a lemon: failed 3 times in 7 days: shm, bandwidth, bandwidth" in p.stderr
     prom = (textfile / "preflight.prom").read_text()
-    assert 'preflight_history_failures_count{days="7"} 3.0' in prom, prom
+    assert 'preflight_history_failed_runs{days="7"} 3.0' in prom, prom
     # K in the config: four fails needed, so the same week is no lemon.
     p = run(tmp_path, {**env, "PREFLIGHT_LEMON_FAILS": "4"}, "--only", "shm")
     report = Report.model_validate_json((tmp_path / "report.json").read_text())

@@ -85,7 +85,7 @@ def test_three_fails_in_a_week_make_a_passing_node_s_action_service():
     assert r.status == "WARN" and r.action == Action.SERVICE and r.domain == "node"
     assert r.summary == "a lemon: failed 3 times in 7 days: shm, bandwidth, bandwidth"
     assert r.action_source.startswith("a lemon: failed 3 times in 7 days: shm, bandwidth, bandwidth (lemon_fails 3, lemon_days 7)")
-    assert next(m for m in r.measurements if m.name == "history_failures").value == 3
+    assert next(m for m in r.measurements if m.name == "history_failed").value == 3
 
 
 def test_fails_outside_the_window_or_too_few_are_no_lemon():
