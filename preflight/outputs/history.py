@@ -167,8 +167,9 @@ def _trusted(path: Path, create: bool) -> str | None:
         with safefile.locate(path, follow_last=False) as place:  # a link at the name is refused, never followed
             d = os.fstat(place.dir_fd)
             if d.st_uid not in mine or d.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-                raise HistoryError(f"{place.directory} is {safefile.owner(d.st_uid)}'s or other users can write it, and SQLite "
-                                   f"opens {place.name} and its -wal file by name there: keep the report in a directory only root can change")
+                who = f"is {safefile.owner(d.st_uid)}'s" if d.st_uid not in mine else "can be written by other users"
+                raise HistoryError(f"{place.directory} {who}, and SQLite opens {place.name} and its -wal file by name there: "
+                                   "keep the report in a directory only root can change")
             for name in (place.name, *(place.name + s for s in _SIDE_FILES)):
                 try:
                     st = os.stat(name, dir_fd=place.dir_fd, follow_symlinks=False)
@@ -179,7 +180,8 @@ def _trusted(path: Path, create: bool) -> str | None:
                 if not stat.S_ISREG(st.st_mode):
                     raise HistoryError(f"{place.directory / name} is not a regular file")
                 if st.st_uid not in mine or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-                    raise HistoryError(f"{place.directory / name} is {safefile.owner(st.st_uid)}'s or writable by others; move it aside")
+                    who = f"is {safefile.owner(st.st_uid)}'s" if st.st_uid not in mine else "is writable by other users"
+                    raise HistoryError(f"{place.directory / name} {who}: another user could have written it; move it aside")
             if place.st is None:
                 if not create:
                     return None

@@ -109,9 +109,22 @@ def test_a_directory_other_users_can_write_is_refused_even_sticky(tmp_path):
     d = tmp_path / "shared"
     d.mkdir()
     d.chmod(0o1777)
-    with pytest.raises(history.HistoryError, match="other users can write it"):
+    with pytest.raises(history.HistoryError, match="shared can be written by other users, and SQLite opens history.db"):
         history.append(d / "history.db", cpu_pass(), 90, 100)
     assert list(d.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
+def test_a_database_or_wal_another_user_could_have_written_is_refused(tmp_path):
+    db = tmp_path / "history.db"
+    history.append(db, cpu_pass(), 90, 100)
+    os.chown(db, 65534, 65534)
+    with pytest.raises(history.HistoryError, match=r"history.db is .*'s: another user could have written it; move it aside"):
+        history.read(db)
+    os.chown(db, 0, 0)
+    db.chmod(0o622)
+    with pytest.raises(history.HistoryError, match="history.db is writable by other users"):
+        history.append(db, cpu_pass(), 90, 100)
 
 
 def test_a_corrupt_database_is_one_line_and_left_as_it_is(tmp_path):
