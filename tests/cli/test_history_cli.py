@@ -78,6 +78,10 @@ def test_ten_runs_with_memcpy_slowed_step_by_step_end_in_a_drift_warn_naming_the
     rank0 = next(f for f in data["figures"] if f["labels"] == {"rank": "0"})
     assert [v["value"] / GB for v in rank0["values"][:9]] == [9, 9, 9, 9, 9, 8, 7, 6, 5] and rank0["values"][-1]["value"] < 1 * GB
     text = run_preflight(["history", "--report", str(tmp_path / "report.json"), "--check", "bandwidth", "--figure", "memcpy_bandwidth"], env=env).stdout
+    # The page gains the trends, and the drift is among its problems.
+    html = run_preflight(["report", str(tmp_path / "report.json"), "--html", "-"], env=env).stdout
+    assert "<h2>Trends over the last 10 runs</h2>" in html and "<td>memcpy_bandwidth <span class=muted>rank=0</span></td><td style=\"font-family:monospace\">██████▇▆▅▁</td>" in html
+    assert '<div class="problem WARN" data-check="history"><b>history WARN</b>: bandwidth memcpy_bandwidth{rank=0} drifting' in html
     assert "10 run(s) in " in text and "  bandwidth memcpy_bandwidth{rank=0}\n    ██████▇▆▅▁  9 GB/s -> " in text, text
 
 
