@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import traceback
 from contextlib import ExitStack
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -91,14 +92,14 @@ def run(s: Settings, console: Console, if_idle: bool = False, if_locked: str = "
             result.last_success_at = result.finished_at if result.verdict == reports.Verdict.PASS else earlier
             kept_history = None
             if report_path is not None:
-                kept_history = History(history.path_for(report_path), s.history_days, s.history_runs)
+                kept_history = Keep(history.path_for(report_path), s.history_days, s.history_runs)
                 if not judge_history(result, kept_history.path, the_plan.profile.drift if the_plan.profile else None, s, console):
                     kept_history = None  # said once: a history that cannot be read is not written to either
             write(result, textfile, report_path, console, record, earlier, kept_history)
     return result
 
 
-class History(NamedTuple):
+class Keep(NamedTuple):
     """Where a run's history goes, and how much of it is kept (Settings)."""
 
     path: Path
@@ -108,16 +109,22 @@ class History(NamedTuple):
 
 def judge_history(result: reports.Report, db: Path, expect: DriftExpect | None, s: Settings, console: Console) -> bool:
     """The run's ``history`` result (drift, lemons: outputs/history_judge.py), the report's
-    ``history``, judged before the report is written and printed where it says more than PASS. A history that cannot be read is said in one line
-    and a SKIP, and the run is then not added to it (False): the verdict never waits on it."""
+    ``history``, judged before the report is written and printed where it says more than PASS.
+    A history that cannot be read is said in one line and a SKIP, and the run is then not added
+    to it (False): the verdict never waits on it, nor on a fault of the judging itself."""
     since = result.finished_at - timedelta(days=s.lemon_days)
     try:
         past = history.read(db, since=since, per_figure=(expect.recent + expect.earlier - 1) if expect else 0) or history.History([], [])
+        result.history = history_judge.of_report(result, past, expect, s.lemon_fails, s.lemon_days)
     except history.HistoryError as e:
         console.error(f"history not kept: {e}; drift and lemons not judged, this run not added")
         result.history = reports.Result(check=history.CHECK, status=Status.SKIP, summary=f"history not kept: {e}")
         return False
-    result.history = history_judge.of_report(result, past, expect, s.lemon_fails, s.lemon_days)
+    except Exception as e:  # a bug here must not cost the run its verdict, whose checks all ran
+        console.error(f"history not judged: preflight broke judging it ({e!r}); this run not added")
+        result.history = reports.Result(check=history.CHECK, status=Status.SKIP, summary=f"history not judged: {e!r}",
+                                        details={"traceback": traceback.format_exc()})
+        return False
     if result.history.status != Status.PASS:
         console.finish(result.history)
     return True
@@ -161,7 +168,7 @@ def _age(when: object, now: datetime) -> str:
 
 
 def write(result: reports.Report, textfile: Path | None, report_path: Path | None, console: Console,
-          record: Path | None = None, earlier_success: datetime | None = None, kept: History | None = None) -> None:
+          record: Path | None = None, earlier_success: datetime | None = None, kept: Keep | None = None) -> None:
     """The textfile, then the report, each with the verdict the console prints last.
 
     The textfile is written first beside its name and put in place only once the
@@ -194,6 +201,8 @@ def write(result: reports.Report, textfile: Path | None, report_path: Path | Non
             history.append(kept.path, result, kept.days, kept.runs)
         except history.HistoryError as e:
             console.error(f"history not kept: {e}; the report is written")
+        except Exception as e:  # the report is written: a bug in the history must not turn it into exit 3
+            console.error(f"history not kept: preflight broke adding this run ({e!r}); the report is written")
 
 
 def _put(what: str, path: Path, put: Callable[[Path], object], result: reports.Report, console: Console, earlier_success: datetime | None) -> bool:
