@@ -147,8 +147,12 @@ def failed_of(report: Report) -> list[str]:
 
 
 def figures_of(report: Report) -> list[tuple[str, str, str, str, float | None, float | None, float]]:
-    """(check, name, labels, unit, floor, ceiling, value) of every figure this run measured itself."""
-    out = []
+    """(check, name, labels, unit, floor, ceiling, value) of every figure this run measured itself.
+    None of a run across nodes: its collectives are the group's, under the same names as this
+    node's own, and would make the node's trends (and drift) of two different things."""
+    out: list[tuple[str, str, str, str, float | None, float | None, float]] = []
+    if report.group is not None:
+        return out
     for c in report.checks:
         if c.check == CHECK or "carried_from" in c.details:
             continue

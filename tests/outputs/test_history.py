@@ -59,6 +59,13 @@ def test_a_result_carried_from_an_earlier_run_is_that_run_s_and_not_counted_agai
     assert not [s for s in history.read(db).series if s.check == "bandwidth"]
 
 
+def test_a_run_across_nodes_is_in_the_timeline_without_figures(tmp_path):
+    group = Report.model_validate_json((REPORTS / "group-pass-node0.json").read_text())
+    history.append(tmp_path / "history.db", group, 90, 100)
+    h = history.read(tmp_path / "history.db")
+    assert len(h.runs) == 1 and h.runs[0].verdict == group.verdict.value and h.series == []
+
+
 def test_runs_past_the_count_or_the_age_are_dropped_with_their_figures(tmp_path):
     db = tmp_path / "history.db"
     base = cpu_pass()
