@@ -12,7 +12,7 @@ Heavy modules are imported inside commands so `preflight --help` stays fast;
 # No `from __future__ import annotations`: see preflight/cli/common.py.
 import typer
 
-from preflight.cli import explain, integrations, multinode, plain, run
+from preflight.cli import explain, history, integrations, multinode, plain, run
 from preflight.cli.common import _Command, _exit_codes
 
 # Help is plain text: Rich markup would read "[floors]" or "[default: auto]" in a
@@ -39,6 +39,7 @@ def version() -> int:
 app.command(short_help="Run the profile's checks in order and print the verdict.")(run.run)
 app.command(short_help="Measure a known-good node and write site floors from it.")(run.calibrate)
 app.command(short_help="Does the last report vouch for this node now?")(integrations.status)
+app.command(short_help="The node's own past: verdicts and each figure's trend.")(history.history)
 app.command(short_help="Serve the last report: / (the page), /metrics, /report, /healthz.")(integrations.serve)
 app.command(cls=_Command, short_help="A report as one self-contained HTML page.")(integrations.report)
 app.command("slurm-healthcheck", short_help="Slurm: drain or resume this node from its last report.")(integrations.slurm_healthcheck)

@@ -76,7 +76,9 @@ def report(
     if loaded.report is None:
         fix = "; if it was cut short, write it again with `preflight run --report PATH`" if loaded.error and loaded.error.startswith("not a preflight report") else ""
         raise UsageError(f"{loaded.error}{fix}")
-    text = page.render(loaded.report, str(source))
+    from preflight.outputs.history_text import for_page
+
+    text = page.render(loaded.report, str(source), None, *for_page(source))
     if out is None:
         _emit(text)
         return 0

@@ -15,21 +15,24 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import traceback
 from contextlib import ExitStack
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from preflight.base import safefile
 from preflight.base.errors import UsageError, signal_name
 from preflight.base.signals import interrupting
-from preflight.outputs import last_report, metrics, run_record
+from preflight.base.findings import Status
+from preflight.outputs import history, history_judge, last_report, metrics, run_record
 from preflight.pipeline import plan as pipeline, report as reports
 from preflight.pipeline import lock
 from preflight.pipeline.lock import LockHeld, run_lock
 
 if TYPE_CHECKING:
     from preflight.outputs.console import Console
+    from preflight.pipeline.expectations import DriftExpect
     from preflight.pipeline.settings import Settings
 
 # Past the checks' own deadlines: reading the node's shape, starting and ending the ranks, writing the verdict.
@@ -87,8 +90,44 @@ def run(s: Settings, console: Console, if_idle: bool = False, if_locked: str = "
             _tell_kept(kept, result, console)
             earlier = reports.earlier_success(before) or (metrics.previous_success(textfile) if textfile else None)
             result.last_success_at = result.finished_at if result.verdict == reports.Verdict.PASS else earlier
-            write(result, textfile, report_path, console, record, earlier)
+            kept_history = None
+            if report_path is not None:
+                kept_history = Keep(history.path_for(report_path), s.history_days, s.history_runs)
+                if not judge_history(result, kept_history.path, the_plan.profile.drift if the_plan.profile else None, s, console):
+                    kept_history = None  # said once: a history that cannot be read is not written to either
+            write(result, textfile, report_path, console, record, earlier, kept_history)
     return result
+
+
+class Keep(NamedTuple):
+    """Where a run's history goes, and how much of it is kept (Settings)."""
+
+    path: Path
+    days: float
+    runs: int
+
+
+def judge_history(result: reports.Report, db: Path, expect: DriftExpect | None, s: Settings, console: Console) -> bool:
+    """The run's ``history`` result (drift, lemons: outputs/history_judge.py), the report's
+    ``history``, judged before the report is written and printed where it says more than PASS.
+    A history that cannot be read is said in one line and a SKIP, and the run is then not added
+    to it (False): the verdict never waits on it, nor on a fault of the judging itself."""
+    since = result.finished_at - timedelta(days=s.lemon_days)
+    try:
+        past = history.read(db, since=since, per_figure=(expect.recent + expect.earlier - 1) if expect else 0) or history.History([], [])
+        result.history = history_judge.of_report(result, past, expect, s.lemon_fails, s.lemon_days)
+    except history.HistoryError as e:
+        console.error(f"history not kept: {e}; drift and lemons not judged, this run not added")
+        result.history = reports.Result(check=history.CHECK, status=Status.SKIP, summary=f"history not kept: {e}")
+        return False
+    except Exception as e:  # a bug here must not cost the run its verdict, whose checks all ran
+        console.error(f"history not judged: preflight broke judging it ({e!r}); this run not added")
+        result.history = reports.Result(check=history.CHECK, status=Status.SKIP, summary=f"history not judged: {e!r}",
+                                        details={"traceback": traceback.format_exc()})
+        return False
+    if result.history.status != Status.PASS:
+        console.finish(result.history)
+    return True
 
 
 def begin(report: Path, started_at: datetime, deadline: datetime, console: Console) -> Path | None:
@@ -129,7 +168,7 @@ def _age(when: object, now: datetime) -> str:
 
 
 def write(result: reports.Report, textfile: Path | None, report_path: Path | None, console: Console,
-          record: Path | None = None, earlier_success: datetime | None = None) -> None:
+          record: Path | None = None, earlier_success: datetime | None = None, kept: Keep | None = None) -> None:
     """The textfile, then the report, each with the verdict the console prints last.
 
     The textfile is written first beside its name and put in place only once the
@@ -140,7 +179,8 @@ def write(result: reports.Report, textfile: Path | None, report_path: Path | Non
     So a textfile that cannot be written makes the report an ERROR; and a report
     that cannot be written turns the textfile into that ERROR (or, where even
     that fails, removes it). Once the report is written, the record of the run's
-    start is removed: the report now speaks for that run."""
+    start is removed: the report now speaks for that run. Then the run joins the node's
+    history (``kept``), which may fail with one line and changes nothing written before it."""
     passed = result.verdict == reports.Verdict.PASS
     staged: list[safefile.Staged] = []
     if textfile is not None:
@@ -156,6 +196,13 @@ def write(result: reports.Report, textfile: Path | None, report_path: Path | Non
         _put("the metrics", textfile, lambda _: s.commit(), result, console, earlier_success)  # type: ignore[arg-type]
     if record is not None and report_path is not None:
         _settle(record)
+    if kept is not None:
+        try:
+            history.append(kept.path, result, kept.days, kept.runs)
+        except history.HistoryError as e:
+            console.error(f"history not kept: {e}; the report is written")
+        except Exception as e:  # the report is written: a bug in the history must not turn it into exit 3
+            console.error(f"history not kept: preflight broke adding this run ({e!r}); the report is written")
 
 
 def _put(what: str, path: Path, put: Callable[[Path], object], result: reports.Report, console: Console, earlier_success: datetime | None) -> bool:

@@ -129,7 +129,8 @@ def measurement_families(r: Report) -> Iterator[Metric]:
         seen.add(key)
         families.setdefault(name, Metric(name, doc, "gauge")).add_sample(name, labels, value)
 
-    for c in r.checks:
+    # The history's figures (failures in the window, each figure's drift ratio) are the run's own, as a check's.
+    for c in [*r.checks, *([r.history] if r.history else [])]:
         for m in c.measurements:
             add(f"{PREFIX}{m.name}_{m.unit}", f"{m.name} in {m.unit}, measured by the {c.check} check.", m.labels, m.value)
             if m.floor is not None:

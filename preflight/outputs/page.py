@@ -20,6 +20,7 @@ from preflight.outputs import page_layout, page_svg, page_traces
 from preflight.outputs.page_svg import COLOURS, esc, fmt
 
 if TYPE_CHECKING:
+    from preflight.outputs.history import History
     from preflight.outputs.last_report import Standing
     from preflight.pipeline.report import Report
 
@@ -44,11 +45,12 @@ td.time{white-space:nowrap}
 STATUS_CLASS = {"PASS": "PASS", "WARN": "WARN", "FAIL": "FAIL", "ERROR": "ERROR", "SKIP": "SKIP"}
 
 
-def render(report: Report, source: str, standing: Standing | None = None) -> str:
+def render(report: Report, source: str, standing: Standing | None = None, trends: History | None = None, trends_said: str = "") -> str:
     """The whole page for ``report``; ``source`` says where the report was read; ``standing``
-    (serve's) what the report vouches for now, where that is no longer its verdict."""
-    parts = [_banner(report, source, standing), _problems(report), _checks(report), _figures(report), _p2p(report),
-             _layout(report), _traces(report), _group(report)]
+    (serve's) what the report vouches for now, where that is no longer its verdict; ``trends``
+    the node's history beside the report (outputs/history.py), or ``trends_said`` why there is none."""
+    parts = [_banner(report, source, standing), _problems(report), _checks(report), _figures(report), _trends(trends, trends_said),
+             _p2p(report), _layout(report), _traces(report), _group(report)]
     title = f"preflight {report.verdict.value.upper()}: {report.hostname}"
     return _document(title, "".join(p for p in parts if p) + "</main>")
 
@@ -136,6 +138,27 @@ def _figures(r: Report) -> str:
         title = g.name.replace("_", " ") + (f" ({g.variant})" if g.variant else "") + (f", measured by {g.carried}" if g.carried else "")
         out.append(f'<h3>{esc(g.check)}: {esc(title)}</h3><div class="scroll">{page_svg.bars(g)}</div>')
     return "".join(out) + "</section>"
+
+
+def _trends(h: History | None, said: str) -> str:
+    """Each figure over the runs the history holds, a sparkline scaled to its own range, its first
+    and last value and its floor; the drift itself, where there is one, is among the problems."""
+    from preflight.outputs.history_text import sparkline
+    from preflight.base.units import fmt_value
+
+    if h is None or not h.series:
+        return f"<section><h2>Trends</h2><p>{esc(said)}</p></section>" if said else ""
+    rows = []
+    for s in h.series:
+        values = [v for _, v in s.points]
+        labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+        bound = fmt_value(s.floor, s.unit) if s.floor is not None else ""
+        rows.append(f"<tr><td>{esc(s.check)}</td><td>{esc(s.name)}{f' <span class=muted>{esc(labels)}</span>' if labels else ''}</td>"
+                    f"<td style=\"font-family:monospace\">{esc(sparkline(values))}</td><td>{esc(fmt_value(values[0], s.unit))} &rarr; "
+                    f"{esc(fmt_value(values[-1], s.unit))}</td><td>{esc(bound)}</td></tr>")
+    return (f"<section><h2>Trends over the last {len(h.runs)} runs</h2><p class=\"muted\">From the node's history "
+            "(<code>preflight history</code>), oldest to newest, each figure scaled to its own range.</p>"
+            f'<div class="scroll"><table><tr><th>check</th><th>figure</th><th>trend</th><th>first &rarr; last</th><th>floor</th></tr>{"".join(rows)}</table></div></section>')
 
 
 def _p2p(r: Report) -> str:

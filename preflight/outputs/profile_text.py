@@ -43,6 +43,10 @@ def describe(p: ResolvedProfile) -> str:
         out.append(f"  topology expectations:\n    {links[t.nvlink]}" + (f"\n      source: {t.nvlink_source}" if t.nvlink_source else ""))
         out.append(f"    GPUs on at most {t.numa_warn_above} NUMA node(s) without a warning{fail}\n      source: {t.numa_source}")
         out.append(f"    a NIC at PIX/PXB beside every GPU: {'yes, on nodes with NICs' if t.nic_per_gpu else 'not required'}" + (f"\n      source: {t.nic_source}" if t.nic_source else ""))
+    if d := p.drift:
+        out.append(f"  drift (against the node's own history): WARN where a figure's median over the last {d.recent} runs is more than "
+                   f"{d.fraction:.0%} under its median over up to {d.earlier} runs before them (at least {d.earlier_min}), "
+                   f"still above its floor\n      source: {d.source}")
     return "\n".join(out) + "\n"
 
 

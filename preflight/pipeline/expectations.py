@@ -1,6 +1,6 @@
 """What a profile expects of each check, one table each ([gpu], [topology],
 [nccl], [bandwidth], [train], [rdma], [fabric], [burnin], [memtest],
-[outliers]): the sizes a check runs at and the limits it judges by, each with
+[outliers], [drift]): the sizes a check runs at and the limits it judges by, each with
 the source its number came from. preflight.pipeline.profiles holds the
 profile itself, its floors, and how a profile is found and resolved.
 """
@@ -342,3 +342,23 @@ class FabricExpect(BaseModel):
     nvswitch_source: str = Field(min_length=1)
     gpu_fabric_state: bool
     state_source: str = Field(min_length=1)
+
+
+class DriftExpect(BaseModel):
+    """When a figure has slid under its own past (preflight.outputs.history_judge): the median
+    of the last ``recent`` runs more than ``fraction`` under the median of up to ``earlier`` runs
+    before them (at least ``earlier_min``), while still above its floor, WARNs "drifting"."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    recent: int = Field(default=5, ge=1, le=1000)
+    earlier: int = Field(default=30, ge=1, le=10000)
+    earlier_min: int = Field(default=5, ge=1, le=10000)
+    fraction: float = Field(gt=0, lt=1)
+    source: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _enough(self) -> DriftExpect:
+        if self.earlier_min > self.earlier:
+            raise ValueError(f"earlier_min {self.earlier_min} must be at most earlier {self.earlier}")
+        return self

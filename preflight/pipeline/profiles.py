@@ -26,7 +26,7 @@ from pydantic import (
 )
 
 from preflight.pipeline import levels as levels_mod, tomlfile
-from preflight.pipeline.expectations import (BandwidthExpect, BurninExpect, FabricExpect, GpuExpect, MemtestExpect, NcclExpect,
+from preflight.pipeline.expectations import (BandwidthExpect, BurninExpect, DriftExpect, FabricExpect, GpuExpect, MemtestExpect, NcclExpect,
                                               OutlierExpect, RdmaExpect, TopologyExpect, TrainExpect)
 from preflight.base.errors import UsageError
 from preflight.readers.nvml import BROKEN, Inventory, Shared
@@ -86,6 +86,7 @@ class Profile(BaseModel):
     fabric: FabricExpect | None = None  # None: no NVSwitch on this SKU
     burnin: BurninExpect | None = None
     memtest: MemtestExpect | None = None
+    drift: DriftExpect | None = None  # None: no figure is judged against its own history
 
     @property
     def has_gpus(self) -> bool:
@@ -194,6 +195,7 @@ class ResolvedProfile(BaseModel):
     fabric: FabricExpect | None = None
     burnin: BurninExpect | None = None
     memtest: MemtestExpect | None = None
+    drift: DriftExpect | None = None  # None: no figure is judged against its own history
     chosen_because: str  # "--profile cpu" or the detection that picked it
 
     @property
@@ -296,6 +298,7 @@ def resolve(
         fabric=profile.fabric,
         burnin=profile.burnin,
         memtest=profile.memtest,
+        drift=profile.drift,
         chosen_because=chosen_because,
     )
 

@@ -96,6 +96,10 @@ class Report(BaseModel):
     # How many GPUs the node gave the run and how they are joined, and how each was learnt.
     shape: NodeShape | None = None
     checks: list[Result]
+    # The node against its own past (outputs/history_judge.py): drift and lemons, judged from the
+    # history beside the report before this report was written; None where the run keeps none.
+    # Not a check: no run carries it forward, and it never changes the verdict, only the action.
+    history: Result | None = None
 
     # What to do about the node (preflight.base.actions), derived from the checks, so a result
     # carried from an earlier run counts as it stands: the highest of the checks' actions.
@@ -121,7 +125,8 @@ class Report(BaseModel):
         return self._next()[1]
 
     def _next(self) -> tuple[Next, str | None]:
-        return decide([(c.next, c.check) for c in self.checks])
+        # The history's result (drift, a lemon) counts as a check's, though it is none.
+        return decide([(c.next, c.check) for c in [*self.checks, *([self.history] if self.history else [])]])
 
 
 def verdict_of(results: list[Result], interrupted: int | None = None) -> Verdict:

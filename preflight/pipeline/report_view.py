@@ -84,23 +84,27 @@ class ReportView(NamedTuple):
     checks: list[CheckView]
     last_success_at: datetime | None = None
     shape: ShapeView | None = None  # shape.gpus is what the scheduler's views are held to
+    history: CheckView | None = None  # Report.history: drift and lemons, which count toward the action as a check
 
-    # Report's computed action fields, derived the same way (actions.decide).
+    # Report's computed action fields, derived the same way (actions.decide), the history's result with the checks.
+    def _decided(self) -> tuple[Next, str | None]:
+        return decide([(c.next, c.check) for c in [*self.checks, *([self.history] if self.history else [])]])
+
     @property
     def action(self) -> Action:
-        return decide([(c.next, c.check) for c in self.checks])[0].action
+        return self._decided()[0].action
 
     @property
     def domain(self) -> Domain:
-        return decide([(c.next, c.check) for c in self.checks])[0].domain
+        return self._decided()[0].domain
 
     @property
     def action_source(self) -> str:
-        return decide([(c.next, c.check) for c in self.checks])[0].source
+        return self._decided()[0].source
 
     @property
     def action_check(self) -> str | None:
-        return decide([(c.next, c.check) for c in self.checks])[1]
+        return self._decided()[1]
 
 
 class Declined(Exception):
@@ -121,8 +125,9 @@ def view(data: bytes) -> ReportView | None:
         return None
     checks = [_check_view(c) for c in r["checks"]]
     shape = ShapeView(r["shape"]["gpus"]) if r["shape"] is not None else None
+    history = _check_view(r["history"]) if r["history"] is not None else None
     return ReportView(Verdict(r["verdict"]), r["profile"], r["boot_id"], r["started_at"], r["finished_at"], r["interrupted_by_signal"], checks,
-                      r["last_success_at"], shape)
+                      r["last_success_at"], shape, history)
 
 
 # ---- JSON as both parsers read it alike --------------------------------------------
@@ -383,5 +388,6 @@ REPORT = {
     "group": (_opt(_model(GROUP_RECORD, _ranks_in_the_group)), None),
     "shape": (_opt(_model(NODE_SHAPE)), None),
     "checks": (_list(_model(RESULT)), _REQUIRED),
+    "history": (_opt(_model(RESULT)), None),
 }
 _REPORT = _model(REPORT)

@@ -91,6 +91,14 @@ class _Common(BaseModel):
     # Pin every GPU's VBIOS and InfoROM image (the firmware check), as nvidia-smi -q prints them.
     vbios_version: str | None = Field(default=None, pattern=r"^[0-9A-Fa-f]{2}(\.[0-9A-Fa-f]{2}){4}$")
     inforom_version: str | None = Field(default=None, pattern=r"^[A-Z0-9]+\.[0-9]{4}\.[0-9]{2}\.[0-9]{2}$")
+    # The node's history, history.db beside the report (outputs/history.py): runs older than
+    # history_days, and past the newest history_runs, are dropped as each run is added.
+    history_days: float = Field(default=90.0, gt=0, le=36500, allow_inf_nan=False)
+    history_runs: int = Field(default=10000, ge=1, le=1_000_000)
+    # A lemon (outputs/history_judge.py): lemon_fails failed runs within lemon_days make the
+    # node's action `service`, even when the latest run passes.
+    lemon_fails: int = Field(default=3, ge=1, le=1000)
+    lemon_days: float = Field(default=7.0, gt=0, le=3650, allow_inf_nan=False)
 
     @field_validator("python")
     @classmethod

@@ -237,7 +237,7 @@ def test_a_crash_mid_run_leaves_the_previous_report_intact(tmp_path):
     p = run_preflight(["run", "--profile", "crash", "--report", str(report)], env=env)
     assert p.returncode == -signal.SIGKILL
     # The report is untouched, and beside it the record of the run that died: the pass no longer vouches.
-    assert report.read_text() == before and sorted(os.listdir(out)) == ["report.json", "report.json.started"]
+    assert report.read_text() == before and sorted(os.listdir(out)) == ["history.db", "report.json", "report.json.started"]  # the first run's history
     st = run_preflight(["status", "--report", str(report)])
     assert st.returncode == 1 and st.stdout.startswith("NOT vouched: a run started at ") and "did not finish" in st.stdout
 

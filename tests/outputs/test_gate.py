@@ -366,3 +366,26 @@ def test_whether_a_run_holds_the_lock_is_read_from_the_kernel_without_touching_i
         holder.wait()
     assert lock.held(path) is False
     assert lock.held(path, locks=str(tmp_path / "no-such-table")) is None
+
+
+def test_a_fault_in_judging_the_history_costs_the_run_neither_its_verdict_nor_its_history_file(tmp_path, monkeypatch):
+    """The checks all ran: a bug in the history's judge is one line and a SKIP, and the run
+    is not added to a history it could not judge (the report is still written)."""
+    import io
+
+    from conftest import REPORTS
+
+    from preflight.outputs import gate, history_judge
+    from preflight.outputs.console import Console
+    from preflight.pipeline.settings import Settings
+
+    def broken(*_: object, **__: object):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(history_judge, "of_report", broken)
+    report = Report.model_validate_json((REPORTS / "cpu-pass.json").read_text())
+    out = io.StringIO()
+    assert gate.judge_history(report, tmp_path / "history.db", None, Settings(), Console(stream=out)) is False
+    assert report.history.status == "SKIP" and "ZeroDivisionError('a bug')" in report.history.summary and report.verdict == "pass"
+    assert out.getvalue().count("\n") == 1 and "history not judged: preflight broke judging it (ZeroDivisionError('a bug'))" in out.getvalue()
+    assert report.action == "none" and not (tmp_path / "history.db").exists()

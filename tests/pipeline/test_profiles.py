@@ -324,3 +324,30 @@ def test_a_train_cap_under_its_least_count_is_refused(tmp_path):
     path.write_text(text)
     with pytest.raises(UsageError, match=r"max_compute_steps \(10\) must not be below compute_steps \(20\): compute_steps always runs"):
         profiles.load(path)
+
+
+def test_every_builtin_profile_judges_drift_with_a_cited_rule():
+    for name, path in profiles.available(None).items():
+        d = profiles.load(path).drift
+        assert d is not None and 0 < d.fraction < 1 and d.recent + d.earlier_min <= d.recent + d.earlier and d.source.strip(), name
+
+
+@pytest.mark.parametrize("table, message", [
+    ("[drift]\nfraction = 0.05\n", r"drift.source: required key is missing"),
+    ('[drift]\nfraction = 1.5\nsource = "s"\n', r"drift.fraction: Input should be less than 1"),
+    ('[drift]\nfraction = 0.05\nearlier = 3\nsource = "s"\n', r"earlier_min 5 must be at most earlier 3"),
+])
+def test_a_bad_drift_table_names_what_is_wrong(tmp_path, table, message):
+    path = tmp_path / "x.toml"
+    path.write_text('name = "x"\ndescription = "d"\nchecks = ["shm"]\n\n' + table)
+    with pytest.raises(UsageError, match=message):
+        profiles.load(path)
+
+
+def test_show_profile_gives_the_drift_rule_and_its_source():
+    from preflight.outputs.profile_text import describe
+
+    path = profiles.find("cpu", None)
+    text = describe(profiles.resolve(profiles.load(path), path, {}, "--profile cpu"))
+    assert "  drift (against the node's own history): WARN where a figure's median over the last 5 runs is more than 30% under" in text
+    assert "      source: 2-core CI VM run to run (2026-11-22)" in text

@@ -1,0 +1,97 @@
+"""Drift and lemons judged from recorded histories (outputs/history_judge.py): pure, no file."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from preflight.base.actions import Action
+from preflight.outputs import history_judge as judge
+from preflight.outputs.history import History, Run, Series
+from preflight.pipeline.expectations import DriftExpect
+
+T0 = datetime(2026, 11, 20, tzinfo=timezone.utc)
+RULE = DriftExpect(recent=5, earlier=30, earlier_min=5, fraction=0.05, source="the test's rule")
+GB = 1e9
+
+
+def runs(n: int, failed: dict[int, list[str]] | None = None, hours: float = 1.0) -> list[Run]:
+    return [Run(i, T0 + timedelta(hours=hours * i), T0 + timedelta(hours=hours * i), "fail" if (failed or {}).get(i) else "pass",
+                "standard", "cpu", "none", (failed or {}).get(i, [])) for i in range(1, n + 1)]
+
+
+def past(values: list[float], floor: float | None = 2 * GB, ceiling: float | None = None) -> History:
+    s = Series("bandwidth", "memcpy_bandwidth", {"rank": "0"}, "bytes_per_second", floor, ceiling, list(enumerate(values, start=1)))
+    return History(runs(len(values)), [s])
+
+
+def this_run(value: float, floor: float | None = 2 * GB, ceiling: float | None = None) -> list[tuple]:
+    return [("bandwidth", "memcpy_bandwidth", '{"rank":"0"}', "bytes_per_second", floor, ceiling, value)]
+
+
+def result(values: list[float], now: float, rule: DriftExpect | None = RULE, floor: float | None = 2 * GB, **kw):
+    return judge.judge(this_run(now, floor, kw.get("ceiling")), [], T0 + timedelta(days=30), past(values, floor, kw.get("ceiling")), rule, "cpu", 3, 7)
+
+
+def test_ten_runs_sliding_step_by_step_warn_drifting_naming_the_figure_both_levels_and_the_run_it_started():
+    # Five runs at 9 GB/s, then 8.5, 8, 7.5, 7 and this run's 6.5: every one above the 2 GB/s floor.
+    r = result([9 * GB] * 5 + [8.5 * GB, 8 * GB, 7.5 * GB, 7 * GB], 6.5 * GB)
+    assert r.status == "WARN" and r.action == Action.WATCH
+    (d,) = r.details["drifting"]
+    assert d["figure"] == "memcpy_bandwidth" and d["labels"] == {"rank": "0"} and d["since_run"] == 6
+    assert d["recent"] == 7.5 * GB and d["earlier"] == 9 * GB
+    assert r.summary.startswith("bandwidth memcpy_bandwidth{rank=0} drifting: 7.5 GB/s over the last 5 runs, 16.7% under its earlier 9 GB/s, since run 6 of 2026-11-20T06:00:00+00:00; floor 2 GB/s")
+    assert "profile cpu [drift]: the test's rule" in r.cause
+    ratio = next(m for m in r.measurements if m.name == "history_drift")
+    assert ratio.unit == "ratio" and ratio.labels == {"rank": "0", "check": "bandwidth", "figure": "memcpy_bandwidth"}
+    assert abs(ratio.value - 7.5 / 9) < 1e-9
+
+
+def test_within_the_fraction_is_no_drift_and_still_gives_its_ratio():
+    r = result([9 * GB] * 5 + [8.8 * GB] * 4, 8.7 * GB)
+    assert r.status == "PASS" and r.details["drifting"] == [] and r.action == Action.NONE
+    assert [round(m.value, 3) for m in r.measurements if m.name == "history_drift"] == [round(8.8 / 9, 3)]
+
+
+def test_too_few_runs_judge_nothing():
+    r = result([9 * GB] * 8, 1 * GB * 3)  # nine runs: five recent need five before them
+    assert r.status == "PASS" and not [m for m in r.measurements if m.name == "history_drift"]
+
+
+def test_a_figure_under_its_floor_is_the_check_s_fail_not_a_drift():
+    r = result([9 * GB] * 5 + [8 * GB] * 4, 1.5 * GB)
+    assert r.status == "PASS" and r.details["drifting"] == []
+
+
+def test_a_figure_with_a_ceiling_or_no_floor_is_not_judged():
+    assert not [m for m in result([0.001] * 9, 0.01, floor=None, ceiling=0.02).measurements if m.name == "history_drift"]
+    assert not [m for m in result([9 * GB] * 9, 1 * GB, floor=None).measurements if m.name == "history_drift"]
+
+
+def test_a_profile_without_a_drift_table_says_so():
+    r = result([9 * GB] * 5 + [5 * GB] * 4, 5 * GB, rule=None)
+    assert r.status == "PASS" and "drift not judged: the profile has no [drift] table" in r.summary
+
+
+def test_noise_in_this_run_still_dates_the_drift_from_the_first_recent_run_under_the_threshold():
+    # This run reads back over the earlier level; the recent median is still 10% under it.
+    r = result([9 * GB] * 10 + [9 * GB, 8 * GB, 8 * GB, 8.1 * GB], 9.5 * GB)
+    (d,) = r.details["drifting"]
+    assert d["since_run"] == 12 and d["recent"] == 8.1 * GB
+
+
+def test_three_fails_in_a_week_make_a_passing_node_s_action_service():
+    week = runs(7, failed={2: ["shm"], 4: ["bandwidth"], 6: ["bandwidth"]}, hours=24)
+    r = judge.judge([], [], T0 + timedelta(days=7, hours=1), History(week, []), RULE, "cpu", 3, 7)
+    assert r.status == "WARN" and r.action == Action.SERVICE and r.domain == "node"
+    assert r.summary == "a lemon: failed 3 times in 7 days: shm, bandwidth, bandwidth"
+    assert r.action_source.startswith("a lemon: failed 3 times in 7 days: shm, bandwidth, bandwidth (lemon_fails 3, lemon_days 7)")
+    assert next(m for m in r.measurements if m.name == "history_failed").value == 3
+
+
+def test_fails_outside_the_window_or_too_few_are_no_lemon():
+    week = runs(10, failed={1: ["shm"], 8: ["bandwidth"], 10: ["nccl"]}, hours=24)  # the first is 9 days old
+    r = judge.judge([], [], T0 + timedelta(days=10), History(week, []), RULE, "cpu", 3, 7)
+    assert r.status == "PASS" and r.action == Action.NONE and r.details["failures"] == 2
+    # This run's own failure is the third.
+    r = judge.judge([], ["shm", "nccl"], T0 + timedelta(days=10), History(week, []), RULE, "cpu", 3, 7)
+    assert r.action == Action.SERVICE and r.summary.endswith("bandwidth, nccl, shm+nccl")
