@@ -98,7 +98,8 @@ def test_a_run_under_way_leaves_the_last_pass_standing_and_a_killed_one_leaves_t
     assert after["status"].returncode == 1 and re.fullmatch(rf"NOT vouched: {died} \(\d+ s ago\); the last run that finished passed \(\d+ s ago\)\n", after["status"].stdout)
     assert after["npd"].returncode == 1 and after["npd"].stdout.startswith(died) and len(after["npd"].stdout.encode()) <= 80
     assert after["slurm"].returncode == 1 and after["slurm"].stdout.startswith(f"not vouched: {died}")
-    assert f"'Reason=preflight: {died}; the last run that finished passed'" in after["slurm"].stdout  # no age: the reason stays put
+    # No age: the reason stays put. A run that died decides no check: preflight's own trouble, drained for a person.
+    assert f"'Reason=preflight [software] drain: {died}; the last run that finished passed'" in after["slurm"].stdout
     assert after["kube"].returncode == 1 and f"NOT vouched ({died}" in after["kube"].stdout and '"preflight/result": "fail"' in after["kube"].stdout
     assert report.read_bytes() == before  # the killed run wrote nothing over the last report
     # The next run starts clean: its report settles the record, and the node is vouched again.
