@@ -151,6 +151,9 @@ def kube_label(
         "--taint-cap", metavar="SHARE", help="Add no taint while this share of the cluster's nodes (at least one) already carry preflight's: "
         "a bad floor or driver rollout must not take the cluster out. Needs nodes: list.",
     )] = 0.1,
+    textfile_dir: Annotated[Optional[Path], typer.Option(
+        "--textfile-dir", metavar="DIR", help="Also write preflight-kube.prom here each round for node_exporter: whether the cap holds a taint back, and the counts.",
+    )] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the PATCH it would send and change nothing; with no cluster to read the node from, the most it would send.")] = False,
     config: ConfigOpt = None,
     # `kubectl proxy` or a test server instead of the in-cluster API server: not in --help.
@@ -167,4 +170,4 @@ def kube_label(
     def judge():  # noqa: ANN202
         return plain.standing(report, config, max_age)[1]
 
-    return kube.main(node, taint, every, dry_run, api_server, judge, _console(), _emit, taint_cap)
+    return kube.main(node, taint, every, dry_run, api_server, judge, _console(), _emit, taint_cap, textfile_dir)

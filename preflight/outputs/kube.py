@@ -28,9 +28,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from preflight.base import safefile
 from preflight.base.actions import Action, Domain, Next, highest
 from preflight.base.errors import Interrupted, UsageError
 from preflight.base.signals import interrupting
+from preflight.outputs import kube_cap
 from preflight.outputs.last_report import Standing
 
 LABEL = "preflight/result"
@@ -92,6 +94,8 @@ class Change:
     patch: dict[str, Any] | None  # None: the node already says it
     what: tuple[str, ...] = ()  # the changes, in words (and a taint the cap held back)
     standing: Standing | None = None  # as judged against the node (scheduler_view), where it was read
+    held: bool = False  # a taint this round would add was held back (the cap, or a node list it could not read)
+    counted: kube_cap.Count | None = None  # the cap's count, where a taint was weighed
 
 
 def decide(st: Standing, node: Node, taint: bool, capped: str | None = None) -> Change:
@@ -222,20 +226,16 @@ def _http_error(e: urllib.error.HTTPError, method: str, name: str | None) -> Kub
     return KubeError(f"{fix} ({e.code} {e.reason}{said})", e.code)
 
 
-def past_cap(api: Api, name: str, share: float) -> str | None:
-    """Why no further node may be tainted now, or None: the nodes other than ``name`` that carry
-    our taint already, against ``share`` of the cluster's nodes (at least one). Where the list
-    cannot be read the cap cannot be kept, so nothing is tainted either."""
+def past_cap(api: Api, share: float) -> tuple[str | None, kube_cap.Count | None]:
+    """Why no further node may be tainted now (or None), and the count it rests on: the nodes
+    that carry our taint already against ``share`` of the cluster's nodes (at least one). Where
+    the list cannot be read the cap cannot be kept, so nothing is tainted either."""
     try:
         nodes = api.list_nodes()
     except KubeError as e:
-        return f"not tainted: the nodes preflight has tainted could not be counted for the cap ({e})"
-    tainted = sum(1 for n in nodes if n.ours_tainted())
-    allowed = max(1, int(share * len(nodes)))
-    if tainted < allowed:
-        return None
-    return (f"would taint: {tainted} of {len(nodes)} nodes already tainted by preflight, past the cap "
-            f"({share:.0%} of the nodes, at least 1: --taint-cap)")
+        return f"not tainted: the nodes preflight has tainted could not be counted for the cap ({e})", None
+    c = kube_cap.count(sum(1 for n in nodes if n.ours_tainted()), len(nodes), share)
+    return (kube_cap.would_taint(c, share) if c.full else None), c
 
 
 def apply(api: Api, st: Standing, name: str, taint: bool, dry_run: bool = False, attempts: int = ATTEMPTS, cap: float = TAINT_CAP) -> Change:
@@ -244,8 +244,9 @@ def apply(api: Api, st: Standing, name: str, taint: bool, dry_run: bool = False,
     node = api.get_node(name)
     st = scheduler_view(st, node)
     change = decide(st, node, taint)
-    if change.patch and "spec" in change.patch and not node.ours_tainted() and (why := past_cap(api, name, cap)):
-        change = decide(st, node, taint, capped=why)
+    if change.patch and "spec" in change.patch and not node.ours_tainted():
+        why, counted = past_cap(api, cap)
+        change = replace(decide(st, node, taint, capped=why) if why else change, counted=counted, held=why is not None)
     change = replace(change, standing=st)
     if dry_run or change.patch is None:
         return change
@@ -265,6 +266,8 @@ class Round:
     error: bool = False
     wrote: bool = False
     key: tuple[object, ...] = ()  # the outcome: a log line is repeated only when it changes
+    held: bool = False  # a taint held back this round (Change.held)
+    counted: kube_cap.Count | None = None
 
 
 def run_round(api: Api | None, judge: Callable[[], Standing], name: str, taint: bool, dry_run: bool = False, no_api: str = "",
@@ -290,7 +293,8 @@ def run_round(api: Api | None, judge: Callable[[], Standing], name: str, taint: 
     line = f"{name}: {'vouched' if st.vouched else 'NOT vouched'} ({st.reason}); {did}"
     if dry_run and change.patch is not None:
         line += (f" (node not read: {unread}; this is the most it would change)" if unread else "") + "\n" + request(name, change.patch)
-    return Round(bool(st.vouched), line, wrote=change.patch is not None and not dry_run, key=(st.vouched, change.label, unread))
+    return Round(bool(st.vouched), line, wrote=change.patch is not None and not dry_run, key=(st.vouched, change.label, unread, change.held),
+                 held=change.held, counted=change.counted)
 
 
 def keep_applying(one: Callable[[], Round], every: float, say: Callable[[Round], None]) -> None:
@@ -306,7 +310,8 @@ def keep_applying(one: Callable[[], Round], every: float, say: Callable[[Round],
 
 
 def main(node: str | None, taint: bool, every: float | None, dry_run: bool, api_server: str | None,
-         judge: Callable[[], Standing], console: Any, emit: Callable[[str], None], cap: float = TAINT_CAP) -> int:
+         judge: Callable[[], Standing], console: Any, emit: Callable[[str], None], cap: float = TAINT_CAP,
+         textfile_dir: Path | None = None) -> int:
     """`preflight kube-label` once its flags are read (``judge``: the last report's standing now):
     one round, exit 0 vouched and 1 not, or with ``every`` a round every so often until SIGTERM, exit 0."""
     name = node or os.environ.get("NODE_NAME")
@@ -321,6 +326,10 @@ def main(node: str | None, taint: bool, every: float | None, dry_run: bool, api_
         raise UsageError(f"--every {every:g}: give a number of seconds above 0, at most 86400 (a day), e.g. 60")
     if api_server is not None and not api_server.startswith(("http://", "https://")):
         raise UsageError(f"--api-server {api_server}: give a URL, e.g. http://127.0.0.1:8001 for `kubectl proxy`")
+    if textfile_dir is not None:  # refused before the API server is asked anything
+        if not textfile_dir.is_dir():
+            raise UsageError(f"--textfile-dir {textfile_dir} is not a directory; point it at node_exporter's --collector.textfile.directory")
+        safefile.check(textfile_dir / kube_cap.TEXTFILE, f"--textfile-dir {textfile_dir}", kube_cap.TEXTFILE)
     no_api = ""
     if api_server:
         api: Api | None = Api(api_server)
@@ -336,13 +345,22 @@ def main(node: str | None, taint: bool, every: float | None, dry_run: bool, api_
         else:
             emit(r.line + "\n")
 
+    def one(judged: Callable[[], Standing]) -> Round:
+        r = run_round(api, judged, name, taint, dry_run, no_api, cap)
+        if textfile_dir is not None and not dry_run and not r.error:  # an error leaves the last round's word
+            try:
+                safefile.write_atomic(textfile_dir / kube_cap.TEXTFILE, kube_cap.textfile(name, r.held, r.counted))
+            except OSError as e:
+                console.error(f"could not write {textfile_dir / kube_cap.TEXTFILE}: {e.strerror or e}")
+        return r
+
     if every is None:
-        r = run_round(api, lambda: st, name, taint, dry_run, no_api, cap)
+        r = one(lambda: st)
         say(r)
         return 0 if r.vouched else 1
     try:
         with interrupting():
-            keep_applying(lambda: run_round(api, judge, name, taint, dry_run, no_api, cap), every, say)
+            keep_applying(lambda: one(judge), every, say)
     except Interrupted:
         pass  # SIGTERM from the kubelet: a clean stop
     return 0

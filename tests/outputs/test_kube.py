@@ -157,6 +157,21 @@ def test_no_taint_past_the_share_of_the_cluster_preflight_may_hold_and_one_withi
         assert api.nodes["gpu-node-17"]["spec"]["taints"] == [*OTHER_TAINTS, OUR_TAINT]
 
 
+def test_the_textfile_says_a_held_taint_each_round_and_its_lifting(reports: dict[str, Path], tmp_path: Path) -> None:
+    # As the DaemonSet runs it, with node_exporter's textfile directory: the alert in
+    # examples/prometheus/preflight-kube-rules.yml reads what it writes.
+    with fakes.FakeKubeApi(cluster(tainted=1, total=10)) as api:
+        done = kube_label(api, reports["fail"], "--taint", "--textfile-dir", str(tmp_path))
+        assert done.returncode == 1 and "would taint: 1 of 10 nodes already tainted by preflight, past the cap" in done.stdout
+        text = (tmp_path / "preflight-kube.prom").read_text()
+        assert 'preflight_kube_taint_held{node="gpu-node-17"} 1' in text and 'preflight_kube_tainted_by_preflight{node="gpu-node-17"} 1' in text
+        assert api.nodes["gpu-node-17"]["spec"]["taints"] == OTHER_TAINTS
+        api.nodes["gpu-node-100"]["spec"]["taints"] = OTHER_TAINTS  # that node is mended: the cap has room again
+        again = kube_label(api, reports["fail"], "--taint", "--textfile-dir", str(tmp_path))
+        assert again.returncode == 1 and api.nodes["gpu-node-17"]["spec"]["taints"] == [*OTHER_TAINTS, OUR_TAINT]
+        assert 'preflight_kube_taint_held{node="gpu-node-17"} 0' in (tmp_path / "preflight-kube.prom").read_text()
+
+
 def test_a_node_list_it_may_not_read_keeps_the_taint_off_and_says_why() -> None:
     with fakes.FakeKubeApi(cluster(tainted=0, total=3)) as api:
         api.list_fail = 403
@@ -445,6 +460,7 @@ def test_no_api_server_is_one_line_and_exit_1(reports: dict[str, Path]) -> None:
     (["--node", "n", "--api-server", "127.0.0.1:8001"], {}, "--api-server 127.0.0.1:8001: give a URL"),
     (["--node", "n", "--taint-cap", "0"], {}, "--taint-cap 0: give the share of the cluster's nodes preflight may have tainted at once"),
     (["--node", "n", "--taint-cap", "1.5"], {}, "--taint-cap 1.5: give the share"),
+    (["--node", "n", "--api-server", "http://127.0.0.1:9", "--textfile-dir", "/nonexistent/dir"], {}, "--textfile-dir /nonexistent/dir is not a directory"),
 ])
 def test_usage_errors_exit_2_with_one_line(args: list[str], env: dict[str, str], said: str) -> None:
     done = subprocess.run([*fakes.PREFLIGHT, "kube-label", *args], env=kube_env(**env), capture_output=True, text=True, timeout=60)

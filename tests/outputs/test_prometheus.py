@@ -276,3 +276,25 @@ def test_the_drain_cap_alert_reads_the_series_slurm_healthcheck_writes():
     assert written["preflight_slurm_drain_held"].labels == {"node": "gpu-b"} and written["preflight_slurm_drain_held"].value == 1
     assert written["preflight_slurm_drained_by_preflight"].labels == {"node": "gpu-b", "partition": "gpu"}
     assert "preflight_slurm_drain_held" in (EXAMPLES / "preflight-slurm-rules.yml").read_text()
+
+
+@promtool
+def test_the_taint_cap_alert_fires_on_a_held_taint_and_on_nothing_else():
+    p = run("promtool", "check", "rules", "preflight-kube-rules.yml")
+    assert p.returncode == 0 and "SUCCESS: 1 rules found" in p.stdout, p.stdout + p.stderr
+    p = run("promtool", "test", "rules", "preflight-kube-rules.test.yml")
+    assert p.returncode == 0 and "SUCCESS" in p.stdout, p.stdout + p.stderr
+
+
+@promtool
+def test_the_taint_cap_alert_reads_the_series_kube_label_writes():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from preflight.outputs import kube_cap
+
+    text = kube_cap.textfile("gpu-b", True, kube_cap.count(1, 4, 0.1))
+    assert subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60).returncode == 0
+    written = {s.name: s for f in text_string_to_metric_families(text) for s in f.samples}
+    assert written["preflight_kube_taint_held"].labels == {"node": "gpu-b"} and written["preflight_kube_taint_held"].value == 1
+    assert (written["preflight_kube_tainted_by_preflight"].value, written["preflight_kube_cluster_nodes"].value, written["preflight_kube_taint_allowed"].value) == (1, 4, 1)
+    assert "preflight_kube_taint_held" in (EXAMPLES / "preflight-kube-rules.yml").read_text()
