@@ -146,13 +146,22 @@ def _no_age(text: str) -> str:
     return re.sub(r" [(][^()]* ago[)]", "", text).replace("\n", " ")
 
 
+def _results(report: Report | ReportView | None) -> list:
+    """The report's results that decide an action: its checks and its history's (drift, a lemon)."""
+    if report is None:
+        return []
+    return [*report.checks, *([report.history] if report.history is not None else [])]
+
+
 def report_cause(st: Standing, report: Report | ReportView | None) -> Cause:
     """Why a report that does not vouch keeps the node out: the run's action (Report.action) and
-    the check that decided it, where a check failed; else NO_VERDICT and the standing's words."""
-    if report is not None and str(report.verdict) != "pass" and report.action_check is not None:
+    the result that decided it, a check's or the history's (drift, a lemon), where the run failed
+    in this boot; else NO_VERDICT and the standing's words (a report of an earlier boot says
+    nothing of this one, as `status` and kube-label take it)."""
+    if report is not None and str(report.verdict) != "pass" and report.action_check is not None and st.current_boot is not False:
         nxt = Next(Step(str(report.action)), Domain(str(report.domain)), report.action_source)
-        c = next(c for c in report.checks if c.check == report.action_check)
-        if str(c.status) in ("FAIL", "ERROR"):
+        c = next((c for c in _results(report) if c.check == report.action_check), None)
+        if c is not None and (str(c.status) in ("FAIL", "ERROR") or c is report.history):
             return Cause(nxt, f"{c.check} {c.status}: {c.summary}")
         return Cause(nxt, _no_age(st.reason))
     return Cause(NO_VERDICT, _no_age(st.reason))
@@ -177,7 +186,9 @@ def passes(check: str, report: Report | ReportView | None, gres_ok: bool) -> str
     """None where ``check`` passes now; else what its result is."""
     if check == slurm_gres.CHECK:
         return None if gres_ok else "still differs"
-    found = [str(c.status) for c in (report.checks if report is not None else []) if c.check == check]
+    found = [str(c.status) for c in _results(report) if c.check == check]
+    if not found and check == "history":
+        return None  # no drift, no lemon: the history asks for nothing now
     if not found:
         return "not in this report (the run left it out)"
     return None if found[0] in ("PASS", "WARN") else found[0]

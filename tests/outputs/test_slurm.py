@@ -387,3 +387,23 @@ def view_shape(gpus: int):  # noqa: ANN201
 def test_a_textfile_dir_that_is_not_there_is_refused_before_slurmctld_is_asked(tmp_path):
     p, calls = healthcheck(tmp_path, "shm-64m-fail", "idle", "--textfile-dir", str(tmp_path / "missing"))
     assert p.returncode == 2 and "--textfile-dir" in p.stderr and "not a directory" in p.stderr and calls == []
+
+
+LEMON = {"check": "history", "status": "WARN", "summary": "failed 3 times in 7 days: shm, shm, shm",
+         "action": "service", "domain": "node", "action_source": "3 failed runs within 7 days (lemon_fails, lemon_days)"}
+
+
+def test_a_failing_lemon_is_drained_for_service_naming_the_history_not_a_crash(tmp_path):
+    # The history's result decides the run's action without being one of its checks.
+    p, calls = healthcheck(tmp_path, "shm-64m-fail", "idle", history=LEMON)
+    assert p.returncode == 1, p.stderr
+    reason = "Reason=preflight [node] service: history WARN: failed 3 times in 7 days: shm, shm, shm"
+    assert calls[-1] == ["update", "NodeName=gpu-01", "State=DRAIN", reason]
+    p, _ = healthcheck(tmp_path / "dry", "shm-64m-fail", "idle", "--dry-run", history=LEMON)
+    assert p.returncode == 1 and "service: history WARN" in p.stdout, p.stderr
+
+
+def test_a_lemon_drain_is_lifted_once_the_history_asks_nothing_and_the_run_passes(tmp_path):
+    p, calls = healthcheck(tmp_path, "cpu-pass", "drained-lemon")
+    assert p.returncode == 0, p.stderr
+    assert calls[-1] == ["update", "NodeName=gpu-01", "State=RESUME"]
