@@ -174,6 +174,12 @@ def _trusted(path: Path, create: bool) -> str | None:
                 who = f"is {safefile.owner(d.st_uid)}'s" if d.st_uid not in mine else "can be written by other users"
                 raise HistoryError(f"{place.directory} {who}, and SQLite opens {place.name} and its -wal file by name there: "
                                    "keep the report in a directory only root can change")
+            # SQLite opens the path again by name, so every directory above must be as safe: one
+            # another user can rename (theirs, or writable and not sticky) lets them swap in a tree
+            # of their own between this check and the open, and steer root's writes.
+            if why := safefile.steerable(place.directory):
+                raise HistoryError(f"{why}, and SQLite opens {place.directory / place.name} by name: another user could swap a "
+                                   "directory on the way; keep the report in a directory only root can change")
             for name in (place.name, *(place.name + s for s in _SIDE_FILES)):
                 try:
                     st = os.stat(name, dir_fd=place.dir_fd, follow_symlinks=False)

@@ -234,3 +234,16 @@ def test_a_full_disk_is_one_line(tmp_path):
 def test_a_read_only_filesystem_is_one_line(tmp_path):
     out = in_small_tmpfs(tmp_path, f"mount -o remount,ro {tmp_path}/d").splitlines()
     assert out[0] == "written" and out[1].startswith("said: ") and "read" in out[1].lower(), out
+
+
+def test_a_directory_above_that_another_user_can_rename_is_refused(tmp_path):
+    # SQLite opens the database by name after the check: a directory on the way that another
+    # user owns (or may write, unsticky) could be swapped for one of theirs in between.
+    above = tmp_path / "shared"
+    above.mkdir()
+    os.chown(above, 65534, 65534)  # nobody's: they may rename what is in it
+    report = above / "rep" / "report.json"
+    report.parent.mkdir()
+    with pytest.raises(history.HistoryError, match=r"shared is nobody's, and SQLite opens .*history.db by name: another user could swap"):
+        history.append(report.parent / "history.db", cpu_pass(), 90, 100)
+    assert not (report.parent / "history.db").exists()
