@@ -242,7 +242,11 @@ def append(path: Path, report: Report, keep_days: float, keep_runs: int) -> int:
                 con.execute(statement)
             con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             run_id = _insert(con, report)
-            cutoff = _ts(report.finished_at) - keep_days * 86400
+            # Aged from the history's own timeline: a boot whose clock is ahead until NTP sets it
+            # must not age out every run before it.
+            newest_before = con.execute("SELECT max(finished_at) FROM runs WHERE id < ?", (run_id,)).fetchone()[0]
+            now = _ts(report.finished_at) if newest_before is None else min(_ts(report.finished_at), newest_before + 86400)
+            cutoff = now - keep_days * 86400
             con.execute("DELETE FROM runs WHERE finished_at < ? OR id <= (SELECT id FROM runs ORDER BY id DESC LIMIT 1 OFFSET ?)", (cutoff, keep_runs))
             oldest = con.execute("SELECT min(id) FROM runs").fetchone()[0]
             con.execute("DELETE FROM results WHERE run_id < ?", (oldest,))

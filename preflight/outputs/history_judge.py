@@ -93,12 +93,23 @@ def with_this_run(past: History, report_figures: list[tuple[str, str, str, str, 
 
 
 def lemon(runs: list[Run], this_failed: list[str], finished: datetime, fails: int, days: float) -> tuple[int, str | None]:
-    """How many runs within ``days`` of ``finished`` failed a check of their own (this one
-    included), and the lemon's words where that is ``fails`` or more."""
+    """How many times within ``days`` of ``finished`` the node began to fail a check of its own
+    (this run included), and the lemon's words where that is ``fails`` or more.
+
+    A failure counts where the run before it passed: a lemon fails, passes and fails again.
+    One fault that stays (the gate, then every hourly recheck, failing on it) is one failure,
+    not one a run, or a single bad setting would send healthy hardware to service within hours.
+    A failure that is the job's (fix-job) says nothing of the node. Runs dated after this one
+    (a clock that was ahead) are not counted."""
     since = finished - timedelta(days=days)
-    failed = [r.failed for r in runs if r.finished_at >= since and r.failed]
-    if this_failed:
-        failed.append(this_failed)
+    ordered = sorted((r for r in runs if r.finished_at <= finished), key=lambda r: r.finished_at)
+    marks = [(r.finished_at, r.failed if r.action != "fix-job" else []) for r in ordered]
+    marks.append((finished, this_failed))
+    failed, before = [], False
+    for at, checks in marks:
+        if checks and not before and at >= since:
+            failed.append(checks)
+        before = bool(checks)
     if len(failed) < fails:
         return len(failed), None
     return len(failed), f"failed {len(failed)} times in {days:g} days: " + ", ".join("+".join(f) for f in failed)

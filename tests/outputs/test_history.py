@@ -73,12 +73,16 @@ def test_runs_past_the_count_or_the_age_are_dropped_with_their_figures(tmp_path)
         history.append(db, later(base, i), keep_days=90, keep_runs=4)
     h = history.read(db)
     assert [r.id for r in h.runs] == [3, 4, 5, 6] and all([p for p, _ in s.points] == [3, 4, 5, 6] for s in h.series)
-    history.append(db, later(base, 24 * 30), keep_days=7, keep_runs=4)  # a month on: the rest is older than 7 days
+    # A month on, the rest is older than 7 days. Aged from the history's own timeline (a clock
+    # ahead at boot must not age everything out), the month is counted from the run after.
+    history.append(db, later(base, 24 * 30), keep_days=7, keep_runs=4)
+    assert [r.id for r in history.read(db).runs] == [4, 5, 6, 7]
+    history.append(db, later(base, 24 * 30 + 1), keep_days=7, keep_runs=4)
     h = history.read(db)
-    assert [r.id for r in h.runs] == [7] and all(len(s.points) == 1 for s in h.series)
+    assert [r.id for r in h.runs] == [7, 8] and all(len(s.points) == 2 for s in h.series)
     with sqlite3.connect(db) as con:
-        assert con.execute("SELECT count(*) FROM results").fetchone()[0] == 4
-        assert con.execute("SELECT count(*) FROM readings").fetchone()[0] == 33
+        assert con.execute("SELECT count(*) FROM results").fetchone()[0] == 8
+        assert con.execute("SELECT count(*) FROM readings").fetchone()[0] == 66
 
 
 def test_since_last_check_and_figure_pick_what_is_read(tmp_path):
@@ -247,3 +251,12 @@ def test_a_directory_above_that_another_user_can_rename_is_refused(tmp_path):
     with pytest.raises(history.HistoryError, match=r"shared is nobody's, and SQLite opens .*history.db by name: another user could swap"):
         history.append(report.parent / "history.db", cpu_pass(), 90, 100)
     assert not (report.parent / "history.db").exists()
+
+
+def test_a_clock_ahead_at_boot_does_not_age_out_the_history(tmp_path):
+    db = tmp_path / "history.db"
+    r = cpu_pass()
+    for hours in range(3):
+        history.append(db, later(r, hours), keep_days=90, keep_runs=100)
+    history.append(db, later(r, 24 * 365), keep_days=90, keep_runs=100)  # a year ahead, until NTP sets it
+    assert len(history.read(db).runs) == 4

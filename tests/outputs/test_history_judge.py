@@ -89,9 +89,25 @@ def test_three_fails_in_a_week_make_a_passing_node_s_action_service():
 
 
 def test_fails_outside_the_window_or_too_few_are_no_lemon():
-    week = runs(10, failed={1: ["shm"], 8: ["bandwidth"], 10: ["nccl"]}, hours=24)  # the first is 9 days old
+    week = runs(10, failed={1: ["shm"], 6: ["bandwidth"], 8: ["nccl"]}, hours=24)  # the first is 9 days old
     r = judge.judge([], [], T0 + timedelta(days=10), History(week, []), RULE, "cpu", 3, 7)
     assert r.status == "PASS" and r.action == Action.NONE and r.details["failures"] == 2
-    # This run's own failure is the third.
+    # This run's own failure, after runs 9 and 10 passed, is the third.
     r = judge.judge([], ["shm", "nccl"], T0 + timedelta(days=10), History(week, []), RULE, "cpu", 3, 7)
     assert r.action == Action.SERVICE and r.summary.endswith("bandwidth, nccl, shm+nccl")
+
+
+def test_one_fault_that_stays_is_one_failure_not_one_a_run():
+    # The boot gate and every hourly recheck failing on the same setting: one failure, no lemon.
+    stays = runs(5, failed={i: ["firmware"] for i in range(1, 6)})
+    r = judge.judge([], ["firmware"], T0 + timedelta(hours=6), History(stays, []), RULE, "cpu", 3, 7)
+    assert r.action == Action.NONE and r.details["failures"] == 1
+
+
+def test_the_jobs_fault_and_runs_dated_after_this_one_are_not_the_nodes():
+    jobs = runs(6, failed={1: ["shm"], 3: ["shm"], 5: ["shm"]})
+    jobs = [r if not r.failed else Run(r.id, r.started_at, r.finished_at, r.verdict, r.level, r.profile, "fix-job", r.failed) for r in jobs]
+    assert judge.judge([], [], T0 + timedelta(hours=7), History(jobs, []), RULE, "cpu", 3, 7).details["failures"] == 0
+    ahead = runs(6, failed={2: ["shm"], 4: ["shm"], 6: ["shm"]})  # a clock that was a day ahead wrote them
+    ahead = [Run(r.id, r.started_at + timedelta(days=1), r.finished_at + timedelta(days=1), r.verdict, r.level, r.profile, r.action, r.failed) for r in ahead]
+    assert judge.judge([], [], T0 + timedelta(hours=7), History(ahead, []), RULE, "cpu", 3, 7).details["failures"] == 0
