@@ -150,6 +150,11 @@ def judge_xid(events: list[xid.XidEvent], inv: Inventory, forgeable: bool = Fals
                      "imitate this line: `journalctl -k -b | grep NVRM` on the host tells")
             act = Next(Action.WATCH, act.domain, f"{act.source}; read through syslog(2), where another user may have written it: watched")
         action = info.action + ("; the event stays in the kernel log, so this check fails until the node reboots" if status == FAIL else "")
+        if status == FAIL and act.action in (Action.FIX_JOB, Action.DRAIN, Action.RESET_GPU) and code not in (63, 154):
+            # What the catalog asks may mend the GPU, but preflight reads Xids since boot: after a reset
+            # this check would fail again, and automation would reset for ever. Only a reboot clears it.
+            # Not Xid 63 (NVML's remap state clears it after a reset) nor 154 (the driver logs the recovery's end).
+            act = Next(Action.REBOOT, act.domain, f"{act.source}; read since boot, the event fails this check until the node reboots")
         out.append(Finding(status, f"{label} on {gpu}", f"{label} on {gpu}{times}: {info.meaning}{doubt}", action, act=act))
     return out
 
