@@ -13,7 +13,7 @@ from enum import Enum
 
 from pydantic import BaseModel, Field, field_validator
 
-from preflight.base.actions import Next, default_for
+from preflight.base.actions import LADDER, Action, Next, default_for
 
 
 class Status(str, Enum):
@@ -82,7 +82,12 @@ class Finding:
 
     @property
     def next(self) -> Next:
-        return self.act or default_for(self.status)
+        """Its action; a warning's at most fix-job: the node keeps taking jobs, so no automation
+        may take it out for one (a setup that warns on the host would otherwise drain a vouched node)."""
+        n = self.act or default_for(self.status)
+        if self.status == Status.WARN and LADDER.index(n.action) > LADDER.index(Action.FIX_JOB):
+            return Next(Action.WATCH, n.domain, f"{n.source}; a warning: watched, the node keeps its jobs")
+        return n
 
 
 SEVERITY = [Status.PASS, Status.SKIP, Status.WARN, Status.FAIL, Status.ERROR]

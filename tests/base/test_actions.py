@@ -42,7 +42,7 @@ def test_the_drain_reason_starts_with_the_domain_then_the_action():
 
 def test_a_result_takes_the_highest_of_its_findings_actions_with_its_source():
     job = Finding(Status.FAIL, "shm small", "64 MiB", "--shm-size", act=Next(Action.FIX_JOB, Domain.JOB, "a container's /dev/shm"))
-    gone = Finding(Status.WARN, "a GPU gone", "fell off", "RMA", act=Next(Action.SERVICE, Domain.NODE, "Xid 79"))
+    gone = Finding(Status.FAIL, "a GPU gone", "fell off", "RMA", act=Next(Action.SERVICE, Domain.NODE, "Xid 79"))
     r = Probe().conclude([job, gone], "fine")
     assert (r.status, r.action, r.domain, r.action_source) == (Status.FAIL, Action.SERVICE, Domain.NODE, "Xid 79")
     plain = Probe().conclude([Finding(Status.FAIL, "slow", "slow", "look")], "fine")
@@ -74,3 +74,13 @@ def test_the_reports_action_is_its_checks_highest_and_names_the_check():
 def test_a_report_with_nothing_to_do_names_no_check():
     r = _report(Result(check="shm", status=Status.PASS, summary="ok"), Result(check="rdma", status=Status.SKIP, summary="no NIC"))
     assert (r.action, r.action_check) == (Action.NONE, None)
+
+
+def test_a_warning_never_asks_more_than_fix_job_whatever_its_finding_names():
+    # /dev/shm on ramfs on the host warns; the node's setup would be a drain, but the node is vouched.
+    ramfs = Finding(Status.WARN, "/dev/shm is ramfs", "no size", "mount a tmpfs", act=Next(Action.DRAIN, Domain.SOFTWARE, "the host's /dev/shm"))
+    assert (ramfs.next.action, ramfs.next.domain) == (Action.WATCH, Domain.SOFTWARE) and "the node keeps its jobs" in ramfs.next.source
+    jobs = Finding(Status.WARN, "NCCL_SHM_DISABLE=1", "env", "unset it", act=Next(Action.FIX_JOB, Domain.JOB, "the job's environment"))
+    assert jobs.next.action is Action.FIX_JOB
+    r = Probe().conclude([ramfs], "fine")
+    assert (r.status, r.action) == (Status.WARN, Action.WATCH)
