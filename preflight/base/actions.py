@@ -18,6 +18,7 @@ software's, then the job's: the more a fault costs to leave, the more it decides
 
 from __future__ import annotations
 
+import math
 from enum import Enum
 from typing import NamedTuple
 
@@ -100,6 +101,13 @@ def decide(by_check: list[tuple[Next, str]]) -> tuple[Next, str | None]:
     if best is None or best.action == Action.NONE:
         return NOTHING, None
     return best, next(check for n, check in by_check if n is best)
+
+
+def cap_allows(share: float, nodes: int) -> int:
+    """How many of ``nodes`` preflight may hold out of service at once (Slurm's drains, Kubernetes'
+    taints): ``share`` of them, at least one, so a small pool can still drain a bad node. The
+    epsilon keeps 0.3 x 10 at 3, as a person reads it, not 2 (float rounding)."""
+    return max(1, math.floor(share * nodes + 1e-9))
 
 
 def drain_prefix(n: Next) -> str:

@@ -63,15 +63,23 @@ class Node:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Node:
         meta, spec = data.get("metadata") or {}, data.get("spec") or {}
-        advertised = ((data.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE)
+        allocatable = (data.get("status") or {}).get("allocatable") or {}
+        advertised = allocatable.get(GPU_RESOURCE)
         try:
             gpus = int(str(advertised)) if advertised is not None else None
         except ValueError:
             gpus = None  # a quantity with a suffix is no GPU count a device plugin writes
+        if gpus == 0 and any(str(k).startswith("nvidia.com/mig-") for k in allocatable):
+            gpus = None  # MIG's mixed strategy gives its slices instead: no whole-GPU count to hold it to
         return cls(meta.get("resourceVersion"), dict(meta.get("labels") or {}), list(spec.get("taints") or []), gpus)
 
     def ours_tainted(self) -> bool:
         return any(t.get("key") == TAINT_KEY for t in self.taints)
+
+    def gpu_node(self) -> bool:
+        """One preflight runs on: the NVIDIA device plugin advertises GPUs there, or GPU feature
+        discovery labels it (control-plane and CPU nodes are never preflight's to taint)."""
+        return self.allocatable_gpus is not None or self.labels.get("nvidia.com/gpu.present") == "true"
 
 
 def scheduler_view(st: Standing, node: Node) -> Standing:
@@ -228,13 +236,14 @@ def _http_error(e: urllib.error.HTTPError, method: str, name: str | None) -> Kub
 
 def past_cap(api: Api, share: float) -> tuple[str | None, kube_cap.Count | None]:
     """Why no further node may be tainted now (or None), and the count it rests on: the nodes
-    that carry our taint already against ``share`` of the cluster's nodes (at least one). Where
+    that carry our taint already against ``share`` of the cluster's GPU nodes (at least one). Where
     the list cannot be read the cap cannot be kept, so nothing is tainted either."""
     try:
         nodes = api.list_nodes()
     except KubeError as e:
         return f"not tainted: the nodes preflight has tainted could not be counted for the cap ({e})", None
-    c = kube_cap.count(sum(1 for n in nodes if n.ours_tainted()), len(nodes), share)
+    gpu_nodes = [n for n in nodes if n.gpu_node() or n.ours_tainted()]
+    c = kube_cap.count(sum(1 for n in gpu_nodes if n.ours_tainted()), len(gpu_nodes), share)
     return (kube_cap.would_taint(c, share) if c.full else None), c
 
 
@@ -242,7 +251,7 @@ def apply(api: Api, st: Standing, name: str, taint: bool, dry_run: bool = False,
     """GET the node, decide, PATCH only what differs; read again if someone wrote in between.
     A taint this round would add is first held to the cap (the node list)."""
     node = api.get_node(name)
-    st = scheduler_view(st, node)
+    report_said, st = st, scheduler_view(st, node)
     change = decide(st, node, taint)
     if change.patch and "spec" in change.patch and not node.ours_tainted():
         why, counted = past_cap(api, cap)
@@ -254,7 +263,7 @@ def apply(api: Api, st: Standing, name: str, taint: bool, dry_run: bool = False,
         api.patch_node(name, change.patch)
     except KubeError as e:
         if e.status == 409 and attempts > 1:
-            return apply(api, st, name, taint, dry_run, attempts - 1, cap)
+            return apply(api, report_said, name, taint, dry_run, attempts - 1, cap)  # viewed against the fresh copy
         raise
     return change
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from preflight.base.actions import cap_allows
+
 TEXTFILE = "preflight-kube.prom"  # beside run's preflight.prom in node_exporter's textfile directory
 
 
@@ -26,7 +28,7 @@ class Count(NamedTuple):
 
 
 def count(tainted: int, nodes: int, share: float) -> Count:
-    return Count(tainted, nodes, max(1, int(share * nodes)))
+    return Count(tainted, nodes, cap_allows(share, nodes))
 
 
 def would_taint(c: Count, share: float) -> str:

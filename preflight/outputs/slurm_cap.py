@@ -14,8 +14,9 @@ same second each see it before the others' drains (slurm.conf.snippet: CYCLE).
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
+
+from preflight.base.actions import cap_allows
 
 DEFAULT_SHARE = 0.10
 # `sinfo -h -N -p PARTS -o FORMAT`: one line per node and partition, the reason last (it may hold '|').
@@ -48,8 +49,8 @@ def parse_sinfo(text: str) -> list[Row]:
 
 
 def allowed(share: float, nodes: int) -> int:
-    """How many of a partition's nodes preflight may hold drained: the share, at least one."""
-    return max(1, math.floor(share * nodes + 1e-9))
+    """How many of a partition's nodes preflight may hold drained: the share, at least one (as kube-label's taints)."""
+    return cap_allows(share, nodes)
 
 
 def counts(node: str, partitions: list[str], rows: list[Row], share: float, ours) -> list[Count]:  # noqa: ANN001

@@ -20,7 +20,7 @@ import yaml
 import fakes
 from conftest import clean_env
 from preflight.base.actions import Action, Domain, Next
-from preflight.outputs import kube
+from preflight.outputs import kube, kube_cap
 from preflight.base.errors import UsageError
 from preflight.outputs.last_report import Standing
 from preflight.pipeline.report import DEFAULT_REPORT_PATH
@@ -170,6 +170,35 @@ def test_the_textfile_says_a_held_taint_each_round_and_its_lifting(reports: dict
         again = kube_label(api, reports["fail"], "--taint", "--textfile-dir", str(tmp_path))
         assert again.returncode == 1 and api.nodes["gpu-node-17"]["spec"]["taints"] == [*OTHER_TAINTS, OUR_TAINT]
         assert 'preflight_kube_taint_held{node="gpu-node-17"} 0' in (tmp_path / "preflight-kube.prom").read_text()
+
+
+def test_the_cap_counts_gpu_nodes_only() -> None:
+    # Ten GPU nodes (one tainted) and thirty CPU and control-plane nodes: 10% of the cluster would be 4
+    # taints, every GPU node but six; of the GPU nodes it is one, held already.
+    nodes = cluster(tainted=1, total=10)
+    for i in range(30):
+        cpu = copy.deepcopy(GPU_NODE)
+        cpu["metadata"].update(name=f"cpu-{i}", labels={"kubernetes.io/hostname": f"cpu-{i}"})
+        nodes[f"cpu-{i}"] = cpu
+    with fakes.FakeKubeApi(nodes) as api:
+        change = kube.apply(kube.Api(api.url), FAILED, "gpu-node-17", taint=True)
+        assert "would taint: 1 of 10 nodes already tainted by preflight, past the cap" in " ".join(change.what)
+        assert change.counted == kube_cap.Count(1, 10, 1)
+
+
+def test_mig_slices_in_place_of_whole_gpus_are_not_held_to_the_count() -> None:
+    mig = node_json(label="pass")
+    mig["status"] = {"allocatable": {"nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "56"}}
+    assert kube.scheduler_view(PASSED._replace(gpus=8), kube.Node.from_json(mig)) == PASSED._replace(gpus=8)
+
+
+def test_a_conflict_retried_says_the_device_plugins_shortfall_once() -> None:
+    short = node_json(label="pass")
+    short["status"] = {"allocatable": {"nvidia.com/gpu": "7"}}
+    with fakes.FakeKubeApi({"gpu-node-17": short}) as api:
+        api.conflicts = 1
+        change = kube.apply(kube.Api(api.url), PASSED._replace(gpus=8), "gpu-node-17", taint=False)
+        assert change.standing is not None and change.standing.reason.count("device plugin advertises") == 1
 
 
 def test_a_node_list_it_may_not_read_keeps_the_taint_off_and_says_why() -> None:
