@@ -277,8 +277,9 @@ def judge(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurement]]:
             Status.FAIL, f"the container's memory limit leaves {fmt_bytes(max(0, f.cgroup_headroom_bytes))}, below the {fmt_bytes(floor)} floor",
             "pages in /dev/shm are charged to the container's memory cgroup, so a segment of the floor's size would be OOM-killed",
             "raise the container's memory limit by at least the /dev/shm floor",
-            # The limit is the job's (a pod's resources, docker --memory), wherever preflight runs under it.
-            act=Next(Action.FIX_JOB, Domain.JOB, "the memory cgroup's limit is what the job or its container was started with"),
+            # In a container the limit is what it was started with (a pod's resources, docker --memory);
+            # on the host it is the unit's or the slice's preflight runs in: the node's configuration.
+            act=owner(f),
         ))
     if f.segment_bytes:
         if f.segment_error and not f.write_error:

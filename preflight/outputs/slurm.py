@@ -200,6 +200,11 @@ def decide(st: Standing, node: Node, report: Report | ReportView | None = None) 
     gres, note = gres_cause(node, report)
     said = st.reason + (f"; {note}" if note else "")
     causes = ([] if st.vouched else [report_cause(st, report)]) + ([gres] if gres else [])
+    if jobs := [c for c in causes if c.next.action == Step.FIX_JOB]:
+        # The job's fault (a container's /dev/shm, its environment): the node is fine, and a drain
+        # would also spend the partition's cap on what no hardware or setup of the node can mend.
+        causes = [c for c in causes if c not in jobs]
+        said += f"; the fault is the job's ({jobs[0].text}: fix-job), not the node's: not drained for it"
     if not causes:
         if node.drained and node.ours:
             check = node.drained_for

@@ -347,9 +347,11 @@ def test_nccl_shm_disable_is_the_jobs_setting_unless_the_hosts_nccl_conf_sets_it
     assert boxed.next.domain.value == "job"
 
 
-def test_a_container_memory_limit_below_the_floor_is_the_jobs():
-    (f,), _ = judge(healthy(cgroup_headroom_bytes=100 * MiB, segment_bytes=0), GiB)
+def test_a_memory_limit_below_the_floor_is_the_containers_in_one_and_the_nodes_on_the_host():
+    (f,), _ = judge(healthy(cgroup_headroom_bytes=100 * MiB, segment_bytes=0, container="Docker (/.dockerenv)"), GiB)
     assert f.status is Status.FAIL and (f.next.action.value, f.next.domain.value) == ("fix-job", "job")
+    (f,), _ = judge(healthy(cgroup_headroom_bytes=100 * MiB, segment_bytes=0), GiB)  # the unit's or slice's limit
+    assert (f.next.action.value, f.next.domain.value) == ("drain", "software")
 
 
 @needs_root

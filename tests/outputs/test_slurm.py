@@ -407,3 +407,12 @@ def test_a_lemon_drain_is_lifted_once_the_history_asks_nothing_and_the_run_passe
     p, calls = healthcheck(tmp_path, "cpu-pass", "drained-lemon")
     assert p.returncode == 0, p.stderr
     assert calls[-1] == ["update", "NodeName=gpu-01", "State=RESUME"]
+
+
+def test_the_jobs_fault_drains_nothing_and_spends_no_cap():
+    jobs = reported("shm-64m-fail", {"action": "fix-job", "domain": "job", "action_source": "in a container (Docker (/.dockerenv))"})
+    action = slurm.decide(FAIL, node("idle"), jobs)
+    assert action.verb == "none" and "the fault is the job's (shm FAIL: /dev/shm is 64 MiB, below the 1 GiB floor: fix-job)" in action.why
+    # A drain of ours for it stays until the check passes: the node is not vouched meanwhile.
+    held = slurm.decide(FAIL, slurm.Node("gpu-01", "IDLE+DRAIN", f"preflight [job] fix-job: {SHM}"), jobs)
+    assert held.verb == "none" and "which does not pass yet" in held.why
