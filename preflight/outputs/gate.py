@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from preflight.base import safefile
-from preflight.base.errors import UsageError, signal_name
+from preflight.base.errors import Interrupted, UsageError, signal_name
 from preflight.base.signals import interrupting
 from preflight.base.findings import Status
 from preflight.outputs import history, history_judge, last_report, metrics, run_record
@@ -90,12 +90,22 @@ def run(s: Settings, console: Console, if_idle: bool = False, if_locked: str = "
             _tell_kept(kept, result, console)
             earlier = reports.earlier_success(before) or (metrics.previous_success(textfile) if textfile else None)
             result.last_success_at = result.finished_at if result.verdict == reports.Verdict.PASS else earlier
-            kept_history = None
+            kept_history, cut = None, None
             if report_path is not None:
                 kept_history = Keep(history.path_for(report_path), s.history_days, s.history_runs)
-                if not judge_history(result, kept_history.path, the_plan.profile.drift if the_plan.profile else None, s, console):
+                try:
+                    judged = judge_history(result, kept_history.path, the_plan.profile.drift if the_plan.profile else None, s, console)
+                except Interrupted as sig:
+                    # Every check ran: the report is written first, then the signal ends the run (a wait
+                    # on a locked history must not cost the node its verdict).
+                    cut, judged = sig, False
+                    result.history = reports.Result(check=history.CHECK, status=Status.SKIP,
+                                                    summary=f"history not judged: interrupted by {signal_name(sig.signum)}")
+                if not judged:
                     kept_history = None  # said once: a history that cannot be read is not written to either
             write(result, textfile, report_path, console, record, earlier, kept_history)
+            if cut is not None:
+                raise cut
     return result
 
 

@@ -7,6 +7,7 @@ every run does, conftest.lock_held)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -21,6 +22,7 @@ from datetime import datetime
 from pathlib import Path
 
 import fakes
+import pytest
 from conftest import clean_env, lock_held, needs_root, report_file, run_preflight
 from preflight.gpuwork.launch import marked
 from preflight.outputs import last_report, run_record
@@ -393,3 +395,24 @@ def test_a_fault_in_judging_the_history_costs_the_run_neither_its_verdict_nor_it
     assert report.history.status == "SKIP" and "ZeroDivisionError('a bug')" in report.history.summary and report.verdict == "pass"
     assert out.getvalue().count("\n") == 1 and "history not judged: preflight broke judging it (ZeroDivisionError('a bug'))" in out.getvalue()
     assert report.action == "none" and not (tmp_path / "history.db").exists()
+
+
+def test_a_signal_while_the_history_is_judged_still_writes_the_report(tmp_path, monkeypatch):
+    # Every check ran; SQLite may wait seconds on a locked history, and a SIGTERM then must not
+    # cost the node its verdict: the report is written, then the run ends as interrupted.
+    from preflight.base.errors import Interrupted
+    from preflight.outputs import gate, history
+    from preflight.outputs.console import Console
+    from preflight.pipeline.settings import Settings
+
+    def stopped(*_: object, **__: object):
+        raise Interrupted(15)
+
+    monkeypatch.setattr(history, "read", stopped)
+    report = tmp_path / "report.json"
+    s = Settings(profile="cpu", only=["shm"], report=report, lock_file=tmp_path / "lock")
+    with pytest.raises(Interrupted):
+        gate.run(s, Console(stream=io.StringIO()))
+    written = Report.model_validate_json(report.read_bytes())
+    assert written.verdict == "pass" and written.history.status == "SKIP" and written.history.summary == "history not judged: interrupted by SIGTERM"
+    assert not (tmp_path / "history.db").exists()
