@@ -28,7 +28,9 @@ HELD = "in every reading"
 # What each kind of fault asks of a fleet's automation (preflight/base/actions.py), where the
 # status's default (a FAIL drains for a person) says less than is known.
 GONE = Next(Action.SERVICE, Domain.NODE, "a GPU the node has lost to NVML or the PCI bus: reseat or replace")
-RESET_FIXES = Next(Action.RESET_GPU, Domain.NODE, "a GPU reset completes it (nvidia-smi -r): pending remaps, retired pages, a GPU lost to NVML")
+RESET_FIXES = Next(Action.RESET_GPU, Domain.NODE, "a GPU reset completes it (nvidia-smi -r): pending remaps, retired pages")
+# nvidia-smi -r cannot reach a GPU NVML has lost (as Xid 79's catalog bucket, RESTART_BM, says of one off the bus).
+LOST = Next(Action.REBOOT, Domain.NODE, "a GPU lost to NVML: a reset cannot reach it, only a reboot brings it back")
 WORN_OUT = Next(Action.SERVICE, Domain.NODE, "hardware beyond its own repair: out of spare rows, a PCIe link below the slot's, mixed boards")
 SETUP = Next(Action.DRAIN, Domain.SOFTWARE, "the node's setup (driver, MIG, compute mode, the site's pins): fix it before a job runs")  # the live check's clocks events: what held through its window of NVML readings
 
@@ -53,7 +55,7 @@ def judge_count(inv: Inventory, shape: NodeShape | None) -> list[Finding]:
         where = nvml.short_pci(lost.pci_bus_id) if lost.pci_bus_id else "PCI address unknown"
         hint = f"; on the PCI bus but not answering NVML: {', '.join(silent)}" if silent and not lost.pci_bus_id else ""
         cause = f"NVML cannot reach GPU {lost.index} ({where}): {lost.error}{hint}"
-        out.append(Finding(FAIL, f"GPU {lost.index} ({where}) is lost", cause, RESET.format(i=lost.index) + "; if it stays lost, " + DRAIN, act=RESET_FIXES))
+        out.append(Finding(FAIL, f"GPU {lost.index} ({where}) is lost", cause, RESET.format(i=lost.index) + "; if it stays lost, " + DRAIN, act=LOST))
     seen = len(inv.gpus) + len(inv.lost)
     fix = "look for 'fallen off the bus' in `preflight xid`; reseat or replace the GPU; " + DRAIN
     if shape is not None and seen < shape.gpus:

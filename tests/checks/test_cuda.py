@@ -201,6 +201,7 @@ def test_a_lost_gpu_is_named_with_reset_or_drain():
     f = facts("h100-sxm-gpu-lost.json", init=None)
     fails = only(judged(f))
     assert fails[0].summary == "GPU 4 (0000:9d:00.0) is lost"
+    assert (fails[0].next.action.value, fails[0].next.domain.value) == ("reboot", "node")  # nvidia-smi -r cannot reach it
     assert "nvidia-smi -r -i 4" in fails[0].remedy and "drain" in fails[0].remedy
 
 
