@@ -198,16 +198,22 @@ def _on_the_gpu(n: Next) -> Next:
     return Next(max(n.action, Action.DRAIN, key=LADDER.index), Domain.NODE, f"{n.source}; in preflight's own burn-in, the GPU's fault")
 
 
-def judge_xid(new: list[dict]) -> list[Finding]:
+def judge_xid(new: list[dict], forgeable: bool = False) -> list[Finding]:
     """Any new Xid fails: the burn-in is a known-good application, so even a code the catalog
     blames on the application (RESTART_APP; its workflows: "if known good APP ... REPORT_ISSUE")
-    is the GPU's. The action is the highest the codes' catalog buckets ask, at least a drain."""
+    is the GPU's. The action is the highest the codes' catalog buckets ask, at least a drain.
+    ``forgeable``: the log was read through syslog(2), where another user's message may imitate
+    a driver's line (as the cuda check says): still a FAIL, but a drain for a person to look at,
+    never a reboot or an RMA on the word of a line anyone could have written."""
     if not new:
         return []
     codes = ", ".join(sorted({f"Xid {e['code']} on {e['pci'] or 'an unknown GPU'}" for e in new}))
     infos = [ev.info for e in new for ev in (xid.parse(e["raw"]) or [None]) if ev is not None]
     infos += [xid.explain("xid", e["code"]) for e in new if not xid.parse(e["raw"])]
     asked = [_on_the_gpu(i.act) for i in infos]
+    if forgeable:
+        asked = [Next(Action.DRAIN, Domain.SOFTWARE, f"{n.source}; read through syslog(2), where another user may have written it")
+                 for n in asked]
     return [Finding(FAIL, f"new Xid during burn-in: {codes}", "the kernel logged " + "; ".join(e["raw"].strip() for e in new[:3]) + " while the burn-in ran",
                     "look the codes up with `preflight xid`; " + DIAG, act=highest(asked))]
 
@@ -251,7 +257,7 @@ def judge_unwatched(f: BurninFacts) -> list[Finding]:
 
 def judge(f: BurninFacts, figs: dict[int, dict], expect: BurninExpect, band: OutlierExpect | None) -> list[Finding]:
     return (ranks.judge_run(f, "the burn-in", ranks.by_hand(f, "burnin.py"), judge_wrong(f))
-            + judge_nvml(figs, expect) + judge_xid(f.new_xids) + judge_outliers(f, figs, band) + judge_unwatched(f))
+            + judge_nvml(figs, expect) + judge_xid(f.new_xids, forgeable=f.xid_note == xid.SYSLOG_NOTE) + judge_outliers(f, figs, band) + judge_unwatched(f))
 
 
 def measurements(f: BurninFacts, figs: dict[int, dict], band: OutlierExpect | None) -> list[Measurement]:
