@@ -127,7 +127,7 @@ def _report(ms: list[Measurement]):
         check, measurements = "bandwidth", ms
 
     class R:
-        checks = [C]
+        checks, history = [C], None  # a report's results: its checks, and the history's (none here)
     return R
 
 
