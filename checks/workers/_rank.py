@@ -80,6 +80,19 @@ def redirect_output(out: str | None, rank: int) -> None:
     os.close(fd)
 
 
+def exit_now(code: int | None) -> None:
+    """End the worker with ``code`` once its output is out, without the interpreter's teardown:
+    there torch's C++ threads (gloo's, the store's) can meet a destructor and abort the process
+    ("terminate called without an active exception", SIGABRT: one run in six on a loaded 2-core
+    machine), which would read as a rank that failed after it had said it was done."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code if isinstance(code, int) else 0)
+
+
 def write_report(out: str | None, rank: int, report: dict) -> None:
     """Atomic, so the agent may read rank{N}.json at any moment, even after a kill."""
     if out is None:

@@ -635,4 +635,4 @@ def _median_rate(r: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _rank.exit_now(main())

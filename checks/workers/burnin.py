@@ -126,4 +126,4 @@ def _checksum(torch, t) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _rank.exit_now(main())

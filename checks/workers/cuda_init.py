@@ -196,4 +196,4 @@ def _write(out: str | None, rank: int, report: dict) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _rank.exit_now(main())

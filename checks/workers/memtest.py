@@ -125,4 +125,4 @@ def _pattern(torch, name: str, bit: int | None, lo: int, hi: int, seed: int, dev
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _rank.exit_now(main())

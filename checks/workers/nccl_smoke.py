@@ -238,4 +238,4 @@ class Ops:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _rank.exit_now(main())

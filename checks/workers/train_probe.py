@@ -421,4 +421,4 @@ def _gpt(torch, vocab: int, d: int, heads: int, layers: int, seq: int):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _rank.exit_now(main())
