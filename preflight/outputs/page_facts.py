@@ -124,7 +124,7 @@ def problems(report: Report) -> list[Problem]:
     """Every check that did not pass, failures first, each with its cause and fix."""
     order = {Status.FAIL: 0, Status.ERROR: 1, Status.WARN: 2}
     # The history's drift or lemon (Report.history) is a problem like a check's WARN.
-    bad = [c for c in [*report.checks, *([report.history] if report.history else [])] if c.status in order]
+    bad = [c for c in report.results if c.status in order]
     bad.sort(key=lambda c: order[c.status])
     return [Problem(c.check, str(c.status.value), c.summary, c.cause, c.remedy, carried(c), f"{c.action} ({c.domain})") for c in bad]
 

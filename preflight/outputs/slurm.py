@@ -146,13 +146,6 @@ def _no_age(text: str) -> str:
     return re.sub(r" [(][^()]* ago[)]", "", text).replace("\n", " ")
 
 
-def _results(report: Report | ReportView | None) -> list:
-    """The report's results that decide an action: its checks and its history's (drift, a lemon)."""
-    if report is None:
-        return []
-    return [*report.checks, *([report.history] if report.history is not None else [])]
-
-
 def report_cause(st: Standing, report: Report | ReportView | None) -> Cause:
     """Why a report that does not vouch keeps the node out: the run's action (Report.action) and
     the result that decided it, a check's or the history's (drift, a lemon), where the run failed
@@ -160,7 +153,7 @@ def report_cause(st: Standing, report: Report | ReportView | None) -> Cause:
     nothing of this one, as `status` and kube-label take it)."""
     if report is not None and str(report.verdict) != "pass" and report.action_check is not None and st.current_boot is not False:
         nxt = Next(Step(str(report.action)), Domain(str(report.domain)), report.action_source)
-        c = next((c for c in _results(report) if c.check == report.action_check), None)
+        c = next((c for c in report.results if c.check == report.action_check), None)
         if c is not None and (str(c.status) in ("FAIL", "ERROR") or c is report.history):
             return Cause(nxt, f"{c.check} {c.status}: {c.summary}")
         return Cause(nxt, _no_age(st.reason))
@@ -186,7 +179,7 @@ def passes(check: str, report: Report | ReportView | None, gres_ok: bool) -> str
     """None where ``check`` passes now; else what its result is."""
     if check == slurm_gres.CHECK:
         return None if gres_ok else "still differs"
-    found = [str(c.status) for c in _results(report) if c.check == check]
+    found = [str(c.status) for c in (report.results if report is not None else []) if c.check == check]
     if not found and check == "history":
         return None  # no drift, no lemon: the history asks for nothing now
     if not found:

@@ -124,9 +124,13 @@ class Report(BaseModel):
         """The check whose finding decided the action; None where nothing asks for one."""
         return self._next()[1]
 
+    @property
+    def results(self) -> list[Result]:
+        """The results that decide an action: the checks', and the history's (drift, a lemon), though it is no check."""
+        return [*self.checks, *([self.history] if self.history else [])]
+
     def _next(self) -> tuple[Next, str | None]:
-        # The history's result (drift, a lemon) counts as a check's, though it is none.
-        return decide([(c.next, c.check) for c in [*self.checks, *([self.history] if self.history else [])]])
+        return decide([(c.next, c.check) for c in self.results])
 
 
 def verdict_of(results: list[Result], interrupted: int | None = None) -> Verdict:

@@ -87,8 +87,13 @@ class ReportView(NamedTuple):
     history: CheckView | None = None  # Report.history: drift and lemons, which count toward the action as a check
 
     # Report's computed action fields, derived the same way (actions.decide), the history's result with the checks.
+    @property
+    def results(self) -> list[CheckView]:
+        """As Report.results: the checks', and the history's."""
+        return [*self.checks, *([self.history] if self.history else [])]
+
     def _decided(self) -> tuple[Next, str | None]:
-        return decide([(c.next, c.check) for c in [*self.checks, *([self.history] if self.history else [])]])
+        return decide([(c.next, c.check) for c in self.results])
 
     @property
     def action(self) -> Action:
