@@ -11,6 +11,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 import fakes
@@ -259,3 +260,18 @@ def assert_index_facts(got: dict, name: str) -> None:
     for key in ("numa_nodes", "cpu_groups", "spans_numa", "nearest_nics"):
         assert got[key] == want[key], key
     assert got["notes"] == []
+
+
+def world_processes() -> list[psutil.Process]:
+    """Ranks of a shared launch (checks/workers/world.py) still alive anywhere on this machine."""
+    from preflight.gpuwork import launch
+
+    driver = str(launch.WORKERS_DIR / "world.py")
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and driver in (p.info["cmdline"] or []):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found

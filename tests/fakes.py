@@ -556,9 +556,11 @@ def nvml_readings(monkeypatch, *readings) -> list[float]:
     asked: list[float] = []
     real = nvml.inventory
 
-    def inventory(fake=None, timeout: float = 20.0):
+    def inventory(fake=None, timeout: float = 20.0, started=None):
         if fake is not None:
             return real(fake, timeout)
+        if started is not None:
+            started.stop()  # this machine's own NVML, begun ahead of the plan: these readings stand for it
         asked.append(timeout)
         return readings[min(len(asked), len(readings)) - 1]
     monkeypatch.setattr(nvml, "inventory", inventory)

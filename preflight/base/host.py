@@ -121,9 +121,14 @@ class Host:
     def run(self, argv: Sequence[str], timeout: float, cwd: str | None = None) -> Completed:
         """Run a command in its own session; past the deadline kill its whole group.
 
-        Every tool preflight runs goes through here: in the C locale with no terminal
-        (tooltext.environment), its output decoded as UTF-8 (a bad byte becomes U+FFFD)
+        Every tool preflight runs goes through here (or ``start``): in the C locale with no
+        terminal (tooltext.environment), its output decoded as UTF-8 (a bad byte becomes U+FFFD)
         and cleaned of terminal control sequences (tooltext.clean) before a reader sees it."""
+        return self.start(argv, cwd).finish(timeout)
+
+    def start(self, argv: Sequence[str], cwd: str | None = None) -> Started:
+        """``run`` in two halves: the command starts now, and ``finish`` waits for it under its
+        deadline, so other work goes on meanwhile. Whoever starts one must finish or stop it."""
         proc = subprocess.Popen(
             list(argv),
             cwd=cwd,
@@ -133,9 +138,21 @@ class Host:
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
+        return Started(tuple(argv), proc)
+
+
+class Started:
+    """A command ``Host.start`` began: ``finish`` reads its answer, ``stop`` ends it unread."""
+
+    def __init__(self, argv: tuple[str, ...], proc: subprocess.Popen):
+        self.argv, self.proc = argv, proc
+
+    def finish(self, timeout: float) -> Completed:
+        """Its answer, waited for up to ``timeout`` seconds from now; past that its whole group is killed."""
+        proc = self.proc
         try:
             out, err = proc.communicate(timeout=timeout)
-            return Completed(tuple(argv), proc.returncode, _text(out), _text(err), False)
+            return Completed(self.argv, proc.returncode, _text(out), _text(err), False)
         except BaseException as e:
             stop(proc)  # the deadline, or a signal or error in this process: the child goes too
             if not isinstance(e, subprocess.TimeoutExpired):
@@ -148,7 +165,19 @@ class Host:
                     if stream:
                         stream.close()
                 out = err = b""
-            return Completed(tuple(argv), None, _text(out), _text(err), True)
+            return Completed(self.argv, None, _text(out), _text(err), True)
+
+    def stop(self) -> None:
+        """End it, and everything below it, without reading its answer."""
+        if self.proc.poll() is None:
+            stop(self.proc, grace=0.5)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream:
+                stream.close()
+        try:
+            self.proc.wait(timeout=2)  # reaped: no zombie left behind
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def _text(data: bytes | None) -> str:

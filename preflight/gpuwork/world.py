@@ -259,11 +259,17 @@ class Worlds:
 
     def prestart(self, python: str, nproc: int, rdzv_port: int) -> None:
         """Start this node's launch now, before the check that needs it: the torch imports
-        then overlap the checks that come first. A launch that cannot start says why at
-        that check's stage, where ``stage`` tries again."""
+        then overlap the checks that come first. One already started for the same interpreter,
+        ranks and port (the run's head start, pipeline/head_start.py) is kept; any other ends
+        first. A launch that cannot start says why at that check's stage, where ``stage`` tries again."""
+        key = Key(python, nproc, rdzv_port, None)
+        have = self._by_place.get(False)
+        if have is not None and have.key == key and have.stages == 0 and have.usable():
+            return
+        self._close_all()
         worker = launch.Worker("world.py", nproc=nproc, rdzv_port=rdzv_port)
         try:
-            self._by_place[False] = World(self.launches + 1, Key(python, nproc, rdzv_port, None), worker)
+            self._by_place[False] = World(self.launches + 1, key, worker)
         except (launch.LaunchError, OSError):
             return
         self.launches += 1

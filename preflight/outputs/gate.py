@@ -26,7 +26,9 @@ from preflight.base.errors import Interrupted, UsageError, signal_name
 from preflight.base.signals import interrupting
 from preflight.base.findings import Status
 from preflight.outputs import history, history_judge, last_report, metrics, run_record
-from preflight.pipeline import plan as pipeline, report as reports
+from preflight.gpuwork import world
+from preflight.readers import nvml
+from preflight.pipeline import head_start, plan as pipeline, report as reports
 from preflight.pipeline import lock
 from preflight.pipeline.lock import LockHeld, run_lock
 
@@ -49,63 +51,79 @@ def run(s: Settings, console: Console, if_idle: bool = False, if_locked: str = "
         # Asked before the plan reads NVML: a run that holds the lock now may be loading the GPUs
         # while the plan reads them, and may be gone by the time this run takes the lock.
         other_run = lock.held(s.lock_file) is not False
-        the_plan = pipeline.plan(s)  # may ask NVML (bounded), so it runs under the handlers too
         python = str(s.python) if s.python is not None else sys.executable
-        if os.geteuid() == 0 and (who := safefile.steerable(shutil.which(python) or python)):
-            # Said, not refused: a team's training venv is common, and refusing would fail the gate.
-            console.line(f"preflight: warning: the workers' Python {python} runs as root, and another user decides what it does: {who}")
-        if if_idle and (held := pipeline.gpus_busy(s, the_plan.inventory)):
-            console.note(f"not run: {held}; the last report stands")
-            return None
-        with ExitStack() as locked:
-            def waiting(who: str) -> None:
-                # The NVML facts read so far are of a node another run was using (its processes,
-                # its clocks): the checks read the node again once that run is done.
-                if the_plan.inventory:
-                    the_plan.inventory.forget()
-                console.note(f"waiting for {who} to release {s.lock_file}")
-            try:
-                locked.enter_context(run_lock(s.lock_file, s.lock_timeout, waiting))
-                if other_run and the_plan.inventory:
-                    the_plan.inventory.forget()  # read while another run held the node: read it again
-            except LockHeld as e:
-                if if_locked != "skip":
-                    raise
-                # Said even with -q: this run judged nothing, and whoever reads its output must know.
-                console.line(f"preflight: not run: another preflight run ({e.holder}) still holds {s.lock_file} after {s.lock_timeout:g} s; "
-                             "the last report stands, and that run writes its own verdict")
-                return None
-            # From now, not from the plan: the wait for the lock (up to --lock-timeout) is not the run's.
-            deadline = datetime.now(timezone.utc) + timedelta(seconds=pipeline.seconds_at_most(the_plan, s) + SLACK_SECONDS)
-            record = begin(s.report, the_plan.started_at, deadline, console) if s.report is not None else None
-            try:
-                result = pipeline.execute(the_plan, s, console)
-            except UsageError:
-                if record is not None:
-                    _settle(record)  # bad input found late (one line, exit 2): nothing was looked at, nothing is left
+        reading, worlds = nvml.Shared(s.nvml_fake), world.Worlds()
+        try:
+            if head_start.reads_nvml(s):
+                reading.begin()  # NVML's child answers while the ranks start and the plan loads the checks
+            if not if_idle and not other_run and (n := head_start.ranks(s)):
+                worlds.prestart(python, n, s.rdzv_port)  # the ranks import torch while the plan reads NVML
+            return _planned(s, console, if_idle, if_locked, other_run, reading, worlds, report_path, textfile)
+        finally:
+            worlds.close()  # what started ahead of the plan ends with the run, however it ends
+            reading.close()
+
+
+def _planned(s: Settings, console: Console, if_idle: bool, if_locked: str, other_run: bool, reading: nvml.Shared,
+             worlds: world.Worlds, report_path: Path | None, textfile: Path | None) -> reports.Report | None:
+    """``run`` from the plan on, with what started ahead of it: NVML's reading, the ranks' launch."""
+    the_plan = pipeline.plan(s, reading)  # may ask NVML (bounded), so it runs under the handlers too
+    python = str(s.python) if s.python is not None else sys.executable
+    if os.geteuid() == 0 and (who := safefile.steerable(shutil.which(python) or python)):
+        # Said, not refused: a team's training venv is common, and refusing would fail the gate.
+        console.line(f"preflight: warning: the workers' Python {python} runs as root, and another user decides what it does: {who}")
+    if if_idle and (held := pipeline.gpus_busy(s, the_plan.inventory)):
+        console.note(f"not run: {held}; the last report stands")
+        return None
+    with ExitStack() as locked:
+        def waiting(who: str) -> None:
+            # The NVML facts read so far are of a node another run was using (its processes,
+            # its clocks): the checks read the node again once that run is done.
+            if the_plan.inventory:
+                the_plan.inventory.forget()
+            console.note(f"waiting for {who} to release {s.lock_file}")
+        try:
+            locked.enter_context(run_lock(s.lock_file, s.lock_timeout, waiting))
+            if other_run and the_plan.inventory:
+                the_plan.inventory.forget()  # read while another run held the node: read it again
+        except LockHeld as e:
+            if if_locked != "skip":
                 raise
-            result.level, result.level_chosen_because = the_plan.level, the_plan.level_chosen_because
-            before = reports.read_previous(report_path)
-            kept = reports.carry_forward(result, before, the_plan.profile.checks if the_plan.profile else [], across_nodes=the_plan.group is not None)
-            _tell_kept(kept, result, console)
-            earlier = reports.earlier_success(before) or (metrics.previous_success(textfile) if textfile else None)
-            result.last_success_at = result.finished_at if result.verdict == reports.Verdict.PASS else earlier
-            kept_history, cut = None, None
-            if report_path is not None:
-                kept_history = Keep(history.path_for(report_path), s.history_days, s.history_runs)
-                try:
-                    judged = judge_history(result, kept_history.path, the_plan.profile.drift if the_plan.profile else None, s, console)
-                except Interrupted as sig:
-                    # Every check ran: the report is written first, then the signal ends the run (a wait
-                    # on a locked history must not cost the node its verdict).
-                    cut, judged = sig, False
-                    result.history = reports.Result(check=history.CHECK, status=Status.SKIP,
-                                                    summary=f"history not judged: interrupted by {signal_name(sig.signum)}")
-                if not judged:
-                    kept_history = None  # said once: a history that cannot be read is not written to either
-            write(result, textfile, report_path, console, record, earlier, kept_history)
-            if cut is not None:
-                raise cut
+            # Said even with -q: this run judged nothing, and whoever reads its output must know.
+            console.line(f"preflight: not run: another preflight run ({e.holder}) still holds {s.lock_file} after {s.lock_timeout:g} s; "
+                         "the last report stands, and that run writes its own verdict")
+            return None
+        # From now, not from the plan: the wait for the lock (up to --lock-timeout) is not the run's.
+        deadline = datetime.now(timezone.utc) + timedelta(seconds=pipeline.seconds_at_most(the_plan, s) + SLACK_SECONDS)
+        record = begin(s.report, the_plan.started_at, deadline, console) if s.report is not None else None
+        try:
+            result = pipeline.execute(the_plan, s, console, worlds=worlds)
+        except UsageError:
+            if record is not None:
+                _settle(record)  # bad input found late (one line, exit 2): nothing was looked at, nothing is left
+            raise
+        result.level, result.level_chosen_because = the_plan.level, the_plan.level_chosen_because
+        before = reports.read_previous(report_path)
+        kept = reports.carry_forward(result, before, the_plan.profile.checks if the_plan.profile else [], across_nodes=the_plan.group is not None)
+        _tell_kept(kept, result, console)
+        earlier = reports.earlier_success(before) or (metrics.previous_success(textfile) if textfile else None)
+        result.last_success_at = result.finished_at if result.verdict == reports.Verdict.PASS else earlier
+        kept_history, cut = None, None
+        if report_path is not None:
+            kept_history = Keep(history.path_for(report_path), s.history_days, s.history_runs)
+            try:
+                judged = judge_history(result, kept_history.path, the_plan.profile.drift if the_plan.profile else None, s, console)
+            except Interrupted as sig:
+                # Every check ran: the report is written first, then the signal ends the run (a wait
+                # on a locked history must not cost the node its verdict).
+                cut, judged = sig, False
+                result.history = reports.Result(check=history.CHECK, status=Status.SKIP,
+                                                summary=f"history not judged: interrupted by {signal_name(sig.signum)}")
+            if not judged:
+                kept_history = None  # said once: a history that cannot be read is not written to either
+        write(result, textfile, report_path, console, record, earlier, kept_history)
+        if cut is not None:
+            raise cut
     return result
 
 

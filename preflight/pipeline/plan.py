@@ -82,7 +82,8 @@ def gpus_busy(settings: Settings, inventory: nvml.Shared | None = None) -> str |
         return None
 
 
-def plan(settings: Settings) -> Plan:
+def plan(settings: Settings, reading: nvml.Shared | None = None) -> Plan:
+    """``reading``: the run's NVML inventory, perhaps begun already (its child answering meanwhile)."""
     check_inputs(settings)
     # These may come from flags, PREFLIGHT_ONLY/SKIP or the config file: name all three.
     registry.check_names(settings.only, "only (--only, PREFLIGHT_ONLY or config):")
@@ -91,7 +92,9 @@ def plan(settings: Settings) -> Plan:
     if both:
         raise UsageError(f"only and skip both name {', '.join(both)}; name each check in one of them")
     started_at, started = datetime.now(timezone.utc), time.monotonic()
-    inventory = nvml.Shared(settings.nvml_fake)
+    inventory = reading if reading is not None else nvml.Shared(settings.nvml_fake)
+    if inventory.pending:
+        registry.preload()  # while NVML's child answers, not after
     try:
         profile = resolve_profile(settings, inventory)
     except DetectionFailed as e:
@@ -226,7 +229,10 @@ def _detection_result(e: DetectionFailed, seconds: float) -> Result:
     )
 
 
-def execute(plan: Plan, settings: Settings, console: Display, host: Host | None = None) -> Report:
+def execute(plan: Plan, settings: Settings, console: Display, host: Host | None = None, worlds: world.Worlds | None = None) -> Report:
+    """Run the plan's checks into a Report. ``worlds``: the run's launches, one perhaps
+    started ahead of the plan (pipeline/head_start.py); kept where the checks want it,
+    and closed, whatever happened, before this returns."""
     host = host or Host()
     started = plan.started_at
     interrupted = None
@@ -247,7 +253,7 @@ def execute(plan: Plan, settings: Settings, console: Display, host: Host | None 
                 reading = nvml_settle.wait(reading, nvml_settle.LIMIT_SECONDS, said)
             except Interrupted as sig:  # up to ~20 s: the report still says every check was cut short
                 interrupted = sig.signum
-        ctx = Context(profile=plan.profile, settings=settings, host=host, progress=console.progress, worlds=world.Worlds(),
+        ctx = Context(profile=plan.profile, settings=settings, host=host, progress=console.progress, worlds=worlds if worlds is not None else world.Worlds(),
                       shared_inventory=reading)
         if plan.profile.has_gpus:
             ctx.shape = node_shape = read_shape(settings, host, reading)
@@ -261,6 +267,8 @@ def execute(plan: Plan, settings: Settings, console: Display, host: Host | None 
             wanted = next((n for c in plan.checks if (n := c.ranks_wanted(ctx))), None)
             if wanted:
                 ctx.worlds.prestart(str(settings.python) if settings.python else sys.executable, wanted, settings.rdzv_port)
+            else:
+                ctx.worlds.close()  # a head start the plan does not want: its ranks hold no GPU yet
         try:
             outcome = run_checks(
                 plan.checks,

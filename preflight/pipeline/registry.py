@@ -16,6 +16,7 @@ from preflight.pipeline.check import Check, Context, Result
 from preflight.base.errors import UsageError
 
 GROUP = "preflight.checks"
+DIST = "gpu-preflight"  # the distribution whose checks are built in (pyproject.toml)
 
 
 # One scan per import path: each reads the metadata of every installed distribution,
@@ -36,6 +37,18 @@ def _entry_points() -> dict[str, EntryPoint]:
 
 def names() -> list[str]:
     return sorted(_entry_points())
+
+
+def preload() -> None:
+    """Import the built-in checks' modules now, while the run waits on something else (NVML's
+    child): ``load`` then finds them imported. A plugin's code runs only where a run loads it,
+    and a module that fails here fails again there, where its stand-in says why."""
+    for ep in _entry_points().values():
+        if ep.dist is not None and ep.dist.name == DIST:
+            try:
+                ep.load()
+            except Exception:  # noqa: BLE001 - said by load(), at the check's turn
+                pass
 
 
 class BrokenPlugin(Check):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -22,6 +22,9 @@ from preflight.base.errors import UsageError
 
 # The remedies live beside the code that picks them, in the child.
 from preflight.readers.nvml_query import BROKEN, MISMATCH, NO_ACCESS, NO_DRIVER  # noqa: F401
+
+if TYPE_CHECKING:
+    from preflight.base.host import Started
 
 
 class NvmlUnavailable(Exception):
@@ -192,11 +195,12 @@ def FakeNvml(path: Path) -> Inventory:  # noqa: N802 - reads like the class it s
         raise UsageError(f"--nvml-fake {path}: field {where}: {err['msg']}") from None
 
 
-def inventory(fake: Path | None = None, timeout: float = 20.0) -> Inventory:
-    """Every GPU's facts, from NVML in a child process (or from the fake file)."""
+def inventory(fake: Path | None = None, timeout: float = 20.0, started: Started | None = None) -> Inventory:
+    """Every GPU's facts, from NVML in a child process (or from the fake file).
+    ``started``: that child, begun earlier (``Shared.begin``)."""
     if fake is not None:
         return FakeNvml(fake)
-    answer = _ask("inventory", timeout)
+    answer = _answer(started or _start("inventory"), timeout)
     try:
         return Inventory.model_validate(answer)
     except ValidationError as e:  # our own child disagreeing with our model: a bug, say so plainly
@@ -208,20 +212,37 @@ class Shared:
     failure) for every later one. Each read costs a child and its 0.4 s window of clock
     readings, and checks that judge one node must judge one reading of it. A failure is
     kept too: NVML that did not answer at detection is not asked again for each check's
-    whole deadline, and each check still gets its cause. ``forget`` drops the reading
-    where the node may have changed since (another run held it meanwhile). ``facts``:
-    a reading already made (a report built from recorded facts, or one a check waited
-    for); ``given`` says so, and nothing reads this node's NVML again to replace it."""
+    whole deadline, and each check still gets its cause. ``begin`` starts the child ahead
+    of the first ask, so the run's other work goes on while NVML answers. ``forget`` drops
+    the reading where the node may have changed since (another run held it meanwhile).
+    ``facts``: a reading already made (a report built from recorded facts, or one a check
+    waited for); ``given`` says so, and nothing reads this node's NVML again to replace it.
+    Whoever begins a reading closes it (``close``), read or not: no child outlives the run."""
 
     def __init__(self, fake: Path | None = None, facts: Inventory | None = None):
         self.fake = fake
         self.given = facts is not None
         self._got: Inventory | NvmlUnavailable | None = facts
+        self._started: Started | None = None
+
+    def begin(self) -> None:
+        """Start NVML's child now, where nothing is read yet (a fake file is read at ``get``)."""
+        if self._got is None and self._started is None and self.fake is None:
+            try:
+                self._started = _start("inventory")
+            except OSError:
+                pass  # ``get`` starts it again and says why it cannot
+
+    @property
+    def pending(self) -> bool:
+        """Whether a child begun is still to be read."""
+        return self._started is not None
 
     def get(self, timeout: float = 20.0) -> Inventory:
         if self._got is None:
+            started, self._started = self._started, None
             try:
-                self._got = inventory(self.fake, timeout)
+                self._got = inventory(self.fake, timeout, started)
             except NvmlUnavailable as e:
                 self._got = e
         if isinstance(self._got, NvmlUnavailable):
@@ -229,7 +250,14 @@ class Shared:
         return self._got
 
     def forget(self) -> None:
+        self.close()
         self._got = None
+
+    def close(self) -> None:
+        """End a child begun and not yet read."""
+        started, self._started = self._started, None
+        if started is not None:
+            started.stop()
 
 
 def pcie_links(timeout: float = 10.0) -> dict[str, PcieLink]:
@@ -241,11 +269,20 @@ def pcie_links(timeout: float = 10.0) -> dict[str, PcieLink]:
 
 
 def _ask(what: str, timeout: float) -> Any:
+    return _answer(_start(what), timeout)
+
+
+def _start(what: str) -> Started:
+    """nvml_query's child for ``what``, started: its answer is read by ``_answer``."""
     from preflight.base.host import Host
 
     # cwd "/": `python -m` puts the working directory first on sys.path, and a
     # pynvml.py lying there must not run as root.
-    done = Host().run([sys.executable, "-m", "preflight.readers.nvml_query", what], timeout, cwd="/")
+    return Host().start([sys.executable, "-m", "preflight.readers.nvml_query", what], cwd="/")
+
+
+def _answer(started: Started, timeout: float) -> Any:
+    done = started.finish(timeout)
     if done.timed_out:
         raise NvmlUnavailable(f"NVML did not answer within {timeout:g} s: the driver is wedged", BROKEN)
     try:

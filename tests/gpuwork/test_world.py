@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import clean_env, run_preflight
+from conftest import clean_env, run_preflight, world_processes
 from preflight.gpuwork import launch, ranks
 from preflight.gpuwork.world import Worlds
 from preflight.readers import nccl_log
@@ -23,18 +23,6 @@ from preflight.pipeline.report import Report
 
 DRIVER = launch.WORKERS_DIR / "world.py"
 NVML = Path(__file__).parents[1] / "fixtures" / "nvml"
-
-
-def world_processes() -> list[psutil.Process]:
-    """Ranks of a shared launch still alive anywhere on this machine."""
-    found = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        try:
-            if p.info["status"] != psutil.STATUS_ZOMBIE and str(DRIVER) in (p.info["cmdline"] or []):
-                found.append(p)
-        except psutil.Error:
-            continue
-    return found
 
 
 def ranks_of(check) -> list[dict]:

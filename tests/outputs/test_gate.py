@@ -338,8 +338,8 @@ def test_a_run_whose_nvml_reading_another_run_held_the_node_through_reads_it_aga
     try:
         assert holder.stdout.readline() == "held\n"
 
-        def planned_as_the_holder_lets_go(s):
-            made = plan(s)
+        def planned_as_the_holder_lets_go(s, reading=None):
+            made = plan(s, reading)
             holder.stdin.close()  # its run is done just as this one's plan is
             holder.wait()
             said.append("released")

@@ -81,10 +81,31 @@ def test_a_wedged_driver_cannot_hang_the_agent(fake_nvml):
 
 
 
+def test_a_reading_begun_ahead_is_the_one_read_and_one_never_read_leaves_no_child(fake_nvml, monkeypatch):
+    asked = []
+    start = nvml._start
+    monkeypatch.setattr(nvml, "_start", lambda what: asked.append(what) or start(what))
+    fake_nvml("", FIXTURES / "h100-sxm-8x-healthy.json")
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    shared = nvml.Shared()
+    shared.begin()
+    shared.begin()  # once
+    assert shared.pending and asked == ["inventory"]
+    assert len(shared.get().gpus) == 8 and not shared.pending and asked == ["inventory"]
+    fake_nvml("hang")  # a wedged driver: the run ends before anything reads it
+    shared.forget()
+    shared.begin()
+    assert shared.pending
+    shared.close()
+    assert not shared.pending and {p.pid for p in psutil.Process().children(recursive=True)} <= before
+    nvml.Shared(Path("/x.json")).begin()  # a fake file is read where it is asked for: no child
+    assert asked == ["inventory", "inventory"]
+
+
 def test_a_shared_reading_asks_nvml_once_and_gives_every_caller_the_same_facts_or_failure(fake_nvml, monkeypatch):
     asked = []
-    ask = nvml._ask
-    monkeypatch.setattr(nvml, "_ask", lambda what, timeout: asked.append(what) or ask(what, timeout))
+    start = nvml._start
+    monkeypatch.setattr(nvml, "_start", lambda what: asked.append(what) or start(what))
     fake_nvml("nodriver")
     shared = nvml.Shared()
     for _ in range(3):
