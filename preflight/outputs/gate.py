@@ -26,8 +26,6 @@ from preflight.base.errors import Interrupted, UsageError, signal_name
 from preflight.base.signals import interrupting
 from preflight.base.findings import Status
 from preflight.outputs import history, history_judge, last_report, metrics, run_record
-from preflight.gpuwork import world
-from preflight.readers import nvml
 from preflight.pipeline import head_start, plan as pipeline, report as reports
 from preflight.pipeline import lock
 from preflight.pipeline.lock import LockHeld, run_lock
@@ -48,30 +46,26 @@ def run(s: Settings, console: Console, if_idle: bool = False, if_locked: str = "
     report_path = safefile.check(s.report, f"report {s.report}") if s.report is not None else None
     textfile = metrics.check_textfile_dir(s.textfile_dir) if s.textfile_dir is not None else None
     with interrupting():  # the runner stops the running check's workers and still writes the report
-        # Asked before the plan reads NVML: a run that holds the lock now may be loading the GPUs
+        pipeline.check_inputs(s)  # the workers' interpreter is known good before anything runs it
+        python = str(s.python) if s.python is not None else sys.executable
+        if os.geteuid() == 0 and (who := safefile.steerable(shutil.which(python) or python)):
+            # Said, not refused: a team's training venv is common, and refusing would fail the gate.
+            console.line(f"preflight: warning: the workers' Python {python} runs as root, and another user decides what it does: {who}")
+        # Asked before NVML is read: a run that holds the lock now may be loading the GPUs
         # while the plan reads them, and may be gone by the time this run takes the lock.
         other_run = lock.held(s.lock_file) is not False
-        python = str(s.python) if s.python is not None else sys.executable
-        reading, worlds = nvml.Shared(s.nvml_fake), world.Worlds()
+        ahead = head_start.HeadStart(s)
         try:
-            if head_start.reads_nvml(s):
-                reading.begin()  # NVML's child answers while the ranks start and the plan loads the checks
-            if not if_idle and not other_run and (n := head_start.ranks(s)):
-                worlds.prestart(python, n, s.rdzv_port)  # the ranks import torch while the plan reads NVML
-            return _planned(s, console, if_idle, if_locked, other_run, reading, worlds, report_path, textfile)
+            ahead.begin(s, python, ranks_too=not if_idle and not other_run)
+            return _planned(s, console, if_idle, if_locked, other_run, ahead, report_path, textfile)
         finally:
-            worlds.close()  # what started ahead of the plan ends with the run, however it ends
-            reading.close()
+            ahead.close()  # what started ahead of the plan ends with the run, however it ends
 
 
-def _planned(s: Settings, console: Console, if_idle: bool, if_locked: str, other_run: bool, reading: nvml.Shared,
-             worlds: world.Worlds, report_path: Path | None, textfile: Path | None) -> reports.Report | None:
-    """``run`` from the plan on, with what started ahead of it: NVML's reading, the ranks' launch."""
-    the_plan = pipeline.plan(s, reading)  # may ask NVML (bounded), so it runs under the handlers too
-    python = str(s.python) if s.python is not None else sys.executable
-    if os.geteuid() == 0 and (who := safefile.steerable(shutil.which(python) or python)):
-        # Said, not refused: a team's training venv is common, and refusing would fail the gate.
-        console.line(f"preflight: warning: the workers' Python {python} runs as root, and another user decides what it does: {who}")
+def _planned(s: Settings, console: Console, if_idle: bool, if_locked: str, other_run: bool, ahead: head_start.HeadStart,
+             report_path: Path | None, textfile: Path | None) -> reports.Report | None:
+    """``run`` from the plan on, with what started ahead of it (NVML's reading, perhaps the lock and the ranks)."""
+    the_plan = pipeline.plan(s, ahead.reading)  # may ask NVML (bounded), so it runs under the handlers too
     if if_idle and (held := pipeline.gpus_busy(s, the_plan.inventory)):
         console.note(f"not run: {held}; the last report stands")
         return None
@@ -83,7 +77,8 @@ def _planned(s: Settings, console: Console, if_idle: bool, if_locked: str, other
                 the_plan.inventory.forget()
             console.note(f"waiting for {who} to release {s.lock_file}")
         try:
-            locked.enter_context(run_lock(s.lock_file, s.lock_timeout, waiting))
+            if not ahead.locked:  # else held since before the plan, which read NVML under it
+                locked.enter_context(run_lock(s.lock_file, s.lock_timeout, waiting))
             if other_run and the_plan.inventory:
                 the_plan.inventory.forget()  # read while another run held the node: read it again
         except LockHeld as e:
@@ -97,7 +92,7 @@ def _planned(s: Settings, console: Console, if_idle: bool, if_locked: str, other
         deadline = datetime.now(timezone.utc) + timedelta(seconds=pipeline.seconds_at_most(the_plan, s) + SLACK_SECONDS)
         record = begin(s.report, the_plan.started_at, deadline, console) if s.report is not None else None
         try:
-            result = pipeline.execute(the_plan, s, console, worlds=worlds)
+            result = pipeline.execute(the_plan, s, console, worlds=ahead.worlds)
         except UsageError:
             if record is not None:
                 _settle(record)  # bad input found late (one line, exit 2): nothing was looked at, nothing is left

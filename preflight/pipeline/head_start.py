@@ -1,61 +1,75 @@
-"""The ranks' launch started before the plan reads NVML: a head start for the torch imports.
+"""What a run starts before its plan: NVML's reading and the ranks' launch.
 
-A launch of ranks begins with torchrun's and every rank's torch import, seconds on a
-GPU node, which a bare torchrun pays from its first instant. The plan reads NVML first
-(a child of about 0.6 s on an H200) and then the node's shape; a launch started only
-after them adds both to the run. So where the launch the plan will want can be told
-from what is at hand before NVML answers (the settings, a profile named by the person,
-the GPUs that sysfs and /dev show: the count the shape takes where NVML is silent), the
-run starts it first, and execute adopts it where the plan wants that very launch (same
-interpreter, ranks and port: gpuwork.world.Worlds.prestart) or ends it and starts its own.
+The plan reads NVML first (a child of about 0.6 s on an H200), and a launch of ranks
+begins with torchrun's and every rank's torch import, seconds on a GPU node, which a
+bare torchrun pays from its first instant. Started only after the plan, both add to
+the run. So the run begins NVML's child at once where it will read NVML, and starts
+the launch of ranks where the one the plan will want can be told from what is at hand
+before NVML answers: the settings, a profile named by the person (its checks asked
+through a provisional Context, as execute asks them), and the GPUs that sysfs and /dev
+show, the count the shape takes where NVML is silent. execute adopts that launch where
+the plan wants it (same interpreter, ranks and port: gpuwork.world.Worlds.prestart) and
+ends it otherwise.
 
-The ranks import torch and wait for a stage: no CUDA work, so no GPU is touched before
-the run holds its lock. Nothing starts early where the guess could touch what the person
-did not ask for: a run across nodes, a level a budget picks, a periodic recheck
-(--if-idle must see the GPUs idle first), a fake NVML (a test's stand-in GPUs), another
-run holding the lock (the caller asks), or a selection of checks none of which starts ranks.
+The launch starts only under the run lock, taken now where it is free (held, the run
+waits for it after the plan as before and starts nothing early): the lock is inherited
+by everything the run starts, and no other run's GPUs see this one's ranks. Its ranks
+import torch and wait for a stage: no CUDA work before a check's. Nothing starts early
+for a run across nodes, a level a budget picks, a periodic recheck (--if-idle must see
+the GPUs idle first), a fake NVML (a test's stand-in GPUs), or a selection of checks
+none of which has ranks.
 """
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+
 from preflight.base.errors import UsageError
 from preflight.base.host import Host
-from preflight.pipeline import levels, profiles, registry, shape
-from preflight.pipeline.check import Check
+from preflight.gpuwork import multinode, world
+from preflight.pipeline import levels, plan as planning, profiles, registry, shape
+from preflight.pipeline.check import Check, Context
+from preflight.pipeline.lock import LockHeld, run_lock
 from preflight.pipeline.settings import Settings
+from preflight.readers import nvml
 
 
-def ranks(settings: Settings, host: Host | None = None) -> int | None:
-    """The local ranks of the launch this run's plan will want, as Context.ranks will count
-    them, where that can be told before the plan; None where it cannot, or none is wanted."""
-    if settings.nnodes > 1 or settings.budget is not None or settings.nvml_fake is not None:
-        return None
-    level = settings.level or levels.DEFAULT
-    if level == "quick":
-        return None  # no torch and no GPU work (the cuda check starts no ranks there)
-    if settings.only and not any(_starts_ranks(name) for name in settings.only):
-        return None
-    asked = settings.nproc_per_node
-    if settings.profile != "auto":
-        try:
-            profile = profiles.load(profiles.find(settings.profile, settings.profiles_dir))
-            at_level = levels.checks_at(profile.levels, profile.checks, level, profile.name)
-        except (UsageError, OSError, ValueError):
-            return None  # the plan says what is wrong with it, in one line
-        if not any(_starts_ranks(name) for name in at_level if name not in settings.skip):
-            return None
-        named = profile.nccl.ranks if profile.nccl else None
-        if not profile.has_gpus:
-            return asked or named or 1
-        if asked or named:
-            return asked or named
-    gpus = shape.gather(host or Host(), None, settings.node_gpus, "not read yet").gpus
-    return asked or gpus or None
+class HeadStart:
+    """The run's NVML reading, launches and, where it took it early, its lock: begun by
+    ``begin``, handed to the plan and execute, ended by ``close`` however the run ends."""
+
+    def __init__(self, settings: Settings):
+        self.reading = nvml.Shared(settings.nvml_fake)
+        self.worlds = world.Worlds()
+        self.locked = False  # the run lock is held from here to ``close``
+        self._lock = ExitStack()
+
+    def begin(self, settings: Settings, python: str, ranks_too: bool, host: Host | None = None) -> None:
+        """NVML's child, and with ``ranks_too`` (no --if-idle, no other run seen holding the
+        lock) the ranks' launch under the run lock, where either is wanted."""
+        n = ranks(settings, host) if ranks_too else None
+        if n:
+            try:
+                self._lock.enter_context(run_lock(settings.lock_file, 0))
+                self.locked = True
+            except LockHeld:
+                pass  # taken meanwhile: this run waits for it after the plan, as it would have
+        if reads_nvml(settings):
+            self.reading.begin()  # it answers while the ranks start and the plan loads the checks
+        if self.locked and n:
+            self.worlds.prestart(python, n, settings.rdzv_port)
+
+    def close(self) -> None:
+        """The ranks, then NVML's child, then the lock: nothing of the run outlives its lock."""
+        with ExitStack() as stack:  # each step runs whatever the one before raised (a second signal)
+            stack.callback(self._lock.close)
+            stack.callback(self.reading.close)
+            stack.callback(self.worlds.close)
 
 
 def reads_nvml(settings: Settings) -> bool:
     """Whether the plan or the run reads this node's NVML: a profile found by it (auto) or one
-    with GPUs. Where it does, the run begins the reading first (nvml.Shared.begin)."""
+    with GPUs."""
     if settings.nvml_fake is not None:
         return False  # a fake file is read where it is asked for
     if settings.profile == "auto":
@@ -66,7 +80,44 @@ def reads_nvml(settings: Settings) -> bool:
         return False  # the plan says what is wrong with it
 
 
-def _starts_ranks(name: str) -> bool:
+def ranks(settings: Settings, host: Host | None = None) -> int | None:
+    """The local ranks of the launch this run's plan will want (execute's ``ranks_wanted`` of
+    its first check that has ranks), where that can be told before the plan; None where it
+    cannot, or none is wanted."""
+    try:
+        group = multinode.of(settings.nnodes, settings.node_rank, settings.rdzv_endpoint, settings.rdzv_id)
+    except UsageError:
+        return None  # the plan says why
+    if group is not None or settings.budget is not None or settings.nvml_fake is not None:
+        return None
+    level = settings.level or levels.DEFAULT
+    if level == "quick":
+        return None  # no torch and no GPU work (the cuda check starts no ranks there)
+    host = host or Host()
+    if settings.profile == "auto":
+        # The profile is NVML's to find: one rank per GPU sysfs and /dev show, or the person's count.
+        candidates = settings.only or registry.names()
+        if not any(_has_ranks(name) for name in candidates if name not in settings.skip):
+            return None
+        return settings.nproc_per_node or shape.gather(host, None, settings.node_gpus, "not read yet").gpus or None
+    try:
+        profile = planning.resolve_profile(settings)  # a named profile: no NVML asked
+        selected = planning.select(profile, level, settings)
+    except (UsageError, OSError, ValueError):
+        return None  # the plan says what is wrong with it, in one line
+    ctx = Context(profile=profile, settings=settings, host=host)
+    if profile.has_gpus:
+        ctx.shape = shape.gather(host, None, settings.node_gpus, "not read yet")
+    for name in selected:
+        try:
+            if wanted := registry.load(name).ranks_wanted(ctx):
+                return wanted
+        except Exception:  # noqa: BLE001 - a broken check is the plan's to report
+            return None
+    return None
+
+
+def _has_ranks(name: str) -> bool:
     """Whether the check ``name`` has ranks of the shared launch (cuda, nccl, bandwidth, train, ...)."""
     try:
         return type(registry.load(name)).ranks_wanted is not Check.ranks_wanted

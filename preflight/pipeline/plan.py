@@ -111,7 +111,7 @@ def plan(settings: Settings, reading: nvml.Shared | None = None) -> Plan:
         if all(c in profile.checks for c in outside):
             raise UsageError(f"only {', '.join(outside)}: not at level {level} ({why}) of profile {profile.name}, whose checks there are {', '.join(at_level)}; name a deeper level with --level")
         raise UsageError(f"only {', '.join(outside)}: not in profile {profile.name} (its checks: {', '.join(profile.checks)})")
-    selected = [c for c in at_level if (not settings.only or c in settings.only) and c not in settings.skip]
+    selected = select(profile, level, settings)
     if not selected:
         # A gate that checks nothing must not pass: this is a config mistake.
         at = "" if at_level == profile.checks else f" at level {level}"
@@ -141,6 +141,12 @@ def plan(settings: Settings, reading: nvml.Shared | None = None) -> Plan:
     _known_floors(profile, checks)
     group, side = _group(settings, selected)
     return Plan(profile, checks, started_at=started_at, group=group, side=side, level=level, level_chosen_because=why, inventory=inventory)
+
+
+def select(profile: ResolvedProfile, level: str, settings: Settings) -> list[str]:
+    """The profile's checks at ``level`` that --only and --skip leave, in the profile's order."""
+    at_level = levels.checks_at(profile.levels, profile.checks, level, profile.name)
+    return [c for c in at_level if (not settings.only or c in settings.only) and c not in settings.skip]
 
 
 def seconds_at_most(plan: Plan, settings: Settings) -> float:
