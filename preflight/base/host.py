@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 
-from preflight.base import tooltext
+from preflight.base import tether, tooltext
 from preflight.base.units import parse_cpulist
 
 
@@ -126,10 +126,13 @@ class Host:
         and cleaned of terminal control sequences (tooltext.clean) before a reader sees it."""
         return self.start(argv, cwd).finish(timeout)
 
-    def start(self, argv: Sequence[str], cwd: str | None = None) -> Started:
+    def start(self, argv: Sequence[str], cwd: str | None = None, tethered: bool = False) -> Started:
         """``run`` in two halves: the command starts now, and ``finish`` waits for it under its
-        deadline, so other work goes on meanwhile. Whoever starts one must finish or stop it."""
-        proc = subprocess.Popen(
+        deadline, so other work goes on meanwhile. Whoever starts one must finish or stop it.
+        ``tethered``: it dies with this process too (base/tether.py), for a child begun well
+        before it is read, which a SIGKILLed agent would otherwise leave behind."""
+        spawn = tether.popen if tethered else subprocess.Popen
+        proc = spawn(
             list(argv),
             cwd=cwd,
             env=tooltext.environment(os.environ),

@@ -57,7 +57,7 @@ def run(s: Settings, console: Console, if_idle: bool = False, if_locked: str = "
         ahead = head_start.HeadStart(s)
         try:
             ahead.begin(s, python, ranks_too=not if_idle and not other_run)
-            return _planned(s, console, if_idle, if_locked, other_run, ahead, report_path, textfile)
+            return _planned(s, console, if_idle, if_locked, other_run or ahead.found_held, ahead, report_path, textfile)
         finally:
             ahead.close()  # what started ahead of the plan ends with the run, however it ends
 

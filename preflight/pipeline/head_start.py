@@ -42,6 +42,7 @@ class HeadStart:
         self.reading = nvml.Shared(settings.nvml_fake)
         self.worlds = world.Worlds()
         self.locked = False  # the run lock is held from here to ``close``
+        self.found_held = False  # another run took the lock between the run's look and the head start
         self._lock = ExitStack()
 
     def begin(self, settings: Settings, python: str, ranks_too: bool, host: Host | None = None) -> None:
@@ -53,7 +54,7 @@ class HeadStart:
                 self._lock.enter_context(run_lock(settings.lock_file, 0))
                 self.locked = True
             except LockHeld:
-                pass  # taken meanwhile: this run waits for it after the plan, as it would have
+                self.found_held = True  # taken meanwhile: this run waits for it after the plan, as it would have
         if reads_nvml(settings):
             self.reading.begin()  # it answers while the ranks start and the plan loads the checks
         if self.locked and n:

@@ -104,7 +104,9 @@ def _open(path: Path, d: int) -> int:
             raise _refuse(path, f"cannot open ({e.strerror}); choose a path you can write (--lock-file)") from None
         st = os.fstat(fd)
         why = ("is not a regular file" if not stat.S_ISREG(st.st_mode)
-               else f"is {safefile.owner(st.st_uid)}'s, who could hold it and stop every run" if st.st_uid != os.geteuid() else None)
+               else f"is {safefile.owner(st.st_uid)}'s, who could hold it and stop every run" if st.st_uid != os.geteuid()
+               # A name another user linked to a file of ours: the holder's pid would be written over that file.
+               else f"has {st.st_nlink} names (hard links), one of which another user may have made" if st.st_nlink != 1 else None)
         if why:
             os.close(fd)
             raise _refuse(path, f"{why}; remove it, or choose another --lock-file in a directory only you can write")
@@ -146,8 +148,9 @@ def _still_named(d: int, name: str, fd: int) -> bool:
 
 
 def held(path: Path, locks: str = "/proc/locks") -> bool | None:
-    """Whether a run holds the lock at ``path`` now, from the kernel's table of locks: nothing
-    is opened, made or locked (a run that holds it never sees this look). None: unknown."""
+    """Whether a run holds the lock at ``path`` now, from the kernel's table of locks and the
+    pid its holder wrote: the file is only read, never made or locked (a run that holds it
+    never sees this look). None: unknown."""
     try:
         st = os.stat(path, follow_symlinks=False)
         with open(locks) as f:
@@ -156,11 +159,33 @@ def held(path: Path, locks: str = "/proc/locks") -> bool | None:
         return False if not path.exists() else None
     except OSError:
         return None
-    # "1: FLOCK  ADVISORY  WRITE 19790 fe:00:2148151 0 EOF": the device in hex, the inode in decimal.
-    # Matched on the inode alone: on btrfs the device the kernel prints is not stat's. A lock on
-    # another file of that inode number only costs this run one more NVML reading.
-    return any(len(row) > 5 and row[1] == "FLOCK" and row[5].rsplit(":", 1)[-1] == str(st.st_ino)
-               for row in (line.split() for line in table.splitlines()))
+    # "1: FLOCK  ADVISORY  WRITE 19790 fe:00:2148151 0 EOF": the pid, the device in hex, the inode
+    # in decimal. Matched on the inode, as on btrfs the device the kernel prints is not stat's, and
+    # on the pid the holder wrote into the file: anyone may flock a file of theirs (or of sysfs)
+    # that has the same inode number on another filesystem, which would make every run wait.
+    pids = [row[4] for row in (line.split() for line in table.splitlines())
+            if len(row) > 5 and row[1] == "FLOCK" and row[5].rsplit(":", 1)[-1] == str(st.st_ino)]
+    if not pids:
+        return False
+    recorded = _recorded_pid(path)
+    return recorded is None or str(recorded) in pids
+
+
+def _recorded_pid(path: Path) -> int | None:
+    """The pid the lock's last holder wrote into it (run_lock), or None where it cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        text = os.pread(fd, PID_WIDTH + 1, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return int(text) if text.isdigit() else None
 
 
 @contextmanager

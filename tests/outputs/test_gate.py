@@ -25,6 +25,7 @@ import fakes
 import pytest
 from conftest import clean_env, lock_held, needs_root, report_file, run_preflight
 from preflight.gpuwork.launch import marked
+from preflight.base.errors import UsageError
 from preflight.outputs import last_report, run_record
 from preflight.pipeline.report import Report
 
@@ -372,6 +373,40 @@ def test_whether_a_run_holds_the_lock_is_read_from_the_kernel_without_touching_i
         holder.wait()
     assert lock.held(path) is False
     assert lock.held(path, locks=str(tmp_path / "no-such-table")) is None
+
+
+def test_a_lock_of_another_file_with_the_same_inode_number_is_not_a_run(tmp_path):
+    """Anyone may flock a file of theirs, or of sysfs, whose inode number is the lock's on
+    another filesystem: /proc/locks shows the number alone. The holder's pid, which a run writes
+    into the lock, tells the two apart, so no user can make every run wait and read NVML twice."""
+    from preflight.pipeline import lock
+
+    path = tmp_path / "preflight.lock"
+    with lock.run_lock(path, 0):
+        pass  # this process's pid is in it now, as the last holder's
+    other = tmp_path / "other"
+    other.write_text("")
+    table = tmp_path / "locks"
+    ino = path.stat().st_ino
+    table.write_text(f"1: FLOCK  ADVISORY  WRITE 999999 00:15:{ino} 0 EOF\n")  # another pid, another device
+    assert lock.held(path, locks=str(table)) is False
+    table.write_text(f"1: FLOCK  ADVISORY  WRITE {os.getpid()} fe:00:{ino} 0 EOF\n")
+    assert lock.held(path, locks=str(table)) is True
+
+
+def test_a_lock_file_with_a_second_name_is_refused_and_nothing_is_written_through_it(tmp_path):
+    """Where hard links to others' files are allowed (fs.protected_hardlinks=0), another user can
+    make the lock's name a second name of a file of root's: the pid would be written over it."""
+    from preflight.pipeline import lock
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious data\n")
+    victim.chmod(0o600)
+    os.link(victim, tmp_path / "preflight.lock")
+    with pytest.raises(UsageError, match=r"has 2 names \(hard links\)"):
+        with lock.run_lock(tmp_path / "preflight.lock", 0):
+            pass
+    assert victim.read_bytes() == b"precious data\n"
 
 
 def test_a_fault_in_judging_the_history_costs_the_run_neither_its_verdict_nor_its_history_file(tmp_path, monkeypatch):

@@ -2,6 +2,8 @@
 (causes, remedies, deadline, every fact), and FakeNvml from JSON files."""
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -100,6 +102,19 @@ def test_a_reading_begun_ahead_is_the_one_read_and_one_never_read_leaves_no_chil
     assert not shared.pending and {p.pid for p in psutil.Process().children(recursive=True)} <= before
     nvml.Shared(Path("/x.json")).begin()  # a fake file is read where it is asked for: no child
     assert asked == ["inventory", "inventory"]
+
+
+def test_a_reading_begun_ahead_dies_with_an_agent_killed_before_it_read_it(fake_nvml, tmp_path):
+    fake_nvml("hang")  # a wedged driver: the child would wait for ever
+    agent = subprocess.Popen([sys.executable, "-c", "import os, signal\nfrom preflight.readers import nvml\nr = nvml.Shared()\nr.begin()\n"
+                              "print(r._started.proc.pid, flush=True)\nos.kill(os.getpid(), signal.SIGKILL)\n"],
+                             stdout=subprocess.PIPE, text=True)
+    child = int(agent.stdout.readline())
+    agent.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
+        time.sleep(0.05)
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
 
 
 def test_a_shared_reading_asks_nvml_once_and_gives_every_caller_the_same_facts_or_failure(fake_nvml, monkeypatch):
