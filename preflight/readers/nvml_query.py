@@ -57,6 +57,11 @@ RECOVERY_FIELD = 230
 RECOVERY_ACTIONS = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p", 4: "drain_and_reset",
                     5: "recover_imex_domain", 6: "bus_reset", 7: "system_reboot"}
 RECOVERY_ASK = "nvmlDeviceGetFieldValues(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)"  # its key in `unanswered`
+# Code 5 changed meaning: NVML's change log adds NVML_GPU_RECOVERY_ACTION_RECOVER_IMEX_DOMAIN "between
+# v590 and v595" and BUS_RESET (6) "between v610 and v615", while nvidia-ml-py of the generations
+# before 595 names 5 NVML_GPU_RECOVERY_ACTION_GPU_RESET_BUS (its 2025 pynvml.py, NVLink max 18).
+# So a driver before 595 saying 5 asks for a bus reset. ref. docs.nvidia.com/deploy/nvml-api/change-log.html
+RECOVERY_5_BEFORE, RECOVERY_5_OLD = 595, "bus_reset"
 # A field's own nvmlReturn that means the driver does not know the field (NVML_ERROR_INVALID_ARGUMENT,
 # NVML_ERROR_NOT_SUPPORTED): a driver older than it. Unknown, as _optional reads "not supported".
 FIELD_ABSENT = (2, 3)
@@ -295,7 +300,17 @@ def _recovery_action(pynvml: Any, h: Any, unanswered: dict[str, str]) -> str | N
     if code not in RECOVERY_ACTIONS:  # an action newer than this code: said, not guessed
         unanswered[RECOVERY_ASK] = f"recovery action {code}, which this preflight does not know"
         return None
+    if code == 5 and _driver_major(pynvml) < RECOVERY_5_BEFORE:
+        return RECOVERY_5_OLD
     return RECOVERY_ACTIONS[code]
+
+
+def _driver_major(pynvml: Any) -> int:
+    """The driver's major version (580 of 580.159.04); 0 where it cannot be read."""
+    try:
+        return int(_text(pynvml.nvmlSystemGetDriverVersion()).split(".")[0])
+    except Exception:  # noqa: BLE001 - unread: taken as before any change of meaning
+        return 0
 
 
 def _bytes(v: Any) -> int | None:

@@ -336,6 +336,18 @@ def test_a_recovery_code_newer_than_preflight_is_said_not_guessed(fake_nvml, tmp
     assert g.recovery_action is None and g.unanswered == {nvml_query.RECOVERY_ASK: "recovery action 9, which this preflight does not know"}
 
 
+@pytest.mark.parametrize("driver, meant", [("580.159.04", "bus_reset"), ("590.48.01", "bus_reset"), ("595.10", "recover_imex_domain"), ("615.71", "recover_imex_domain")])
+def test_recovery_code_5_is_read_as_the_driver_s_generation_means_it(fake_nvml, tmp_path, driver, meant):
+    """5 was GPU_RESET_BUS in the nvidia-ml-py of drivers before 595, RECOVER_IMEX_DOMAIN from 595 on."""
+    data = json.loads((FIXTURES / "h100-sxm-gpu2-recovery-reset.json").read_text())
+    data["driver_version"] = driver
+    data["gpus"][2]["recovery_code"] = 5
+    (tmp_path / "facts.json").write_text(json.dumps(data))
+    fake_nvml(facts=tmp_path / "facts.json")
+    g = nvml.inventory().gpus[2]
+    assert g.recovery_action == meant and g.unanswered == {}
+
+
 def test_a_field_value_call_that_raises_is_unanswered_under_the_field(fake_nvml):
     fake_nvml("oops:nvmlDeviceGetFieldValues", FIXTURES / "h100-sxm-gpu2-recovery-reset.json")
     gpus = nvml.inventory().gpus
