@@ -259,6 +259,13 @@ def test_the_gate_stays_passed_and_waits_for_the_nvidia_daemons_without_needing_
     assert ("Unit", "Requires") not in s
 
 
+def test_the_gate_waits_for_the_network_it_judges_and_pulls_it_in():
+    # After= alone orders nothing unless some unit wants network-online.target.
+    s = settings(UNITS / "preflight.service")
+    assert "network-online.target" in " ".join(s[("Unit", "Wants")]).split()
+    assert "network-online.target" in " ".join(s[("Unit", "After")]).split()
+
+
 def test_the_timer_reruns_a_light_recheck_when_the_gpus_are_idle():
     timer = settings(UNITS / "preflight-recheck.timer")
     target = timer.get(("Timer", "Unit"), ["preflight-recheck.service"])[0]

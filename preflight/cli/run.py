@@ -93,11 +93,12 @@ def calibrate(
     python: Annotated[Optional[Path], typer.Option("--python", metavar="PATH", help="Interpreter for GPU workers. [default: preflight's own]")] = None,
     nproc_per_node: Annotated[Optional[int], typer.Option("--nproc-per-node", metavar="N", help="Ranks torchrun starts. [default: one per GPU]")] = None,
     nvml_fake: FakeOpt = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only problems and what was written.")] = False,
 ) -> int:
     """Measure this known-good node --repeats times (checks through bandwidth and train) and write site floors at --fraction of its weakest figures."""
     from preflight.outputs import calibrate as cal
 
-    console = _console()
+    console = _console(quiet)
     cal.check_fraction(fraction)
     cal.check_repeats(repeats)
     cal.check_output(output, force)

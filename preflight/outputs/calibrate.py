@@ -240,6 +240,9 @@ def check_output(path: Path, force: bool) -> Path:
     return safefile.check(path, f"--output {path}", "floors.toml")
 
 
+LEVEL_BECAUSE = "the boot gate's level, which calibrate measures whatever the config asks for"
+
+
 def run(s: Settings, output: Path, fraction: float, repeats: int, console: Console) -> int:
     """Measure this node ``repeats`` times and write its floors to ``output``: the exit code.
     The inputs were checked first (check_fraction, check_repeats, check_output)."""
@@ -251,10 +254,11 @@ def run(s: Settings, output: Path, fraction: float, repeats: int, console: Conso
         s.level, s.budget = "standard", None
         s.only = checks_up_to(resolved.checks, resolved.name)
         other_run = lock.held(s.lock_file) is not False  # before the plan reads NVML: as gate.run
-        first = pipeline.plan(s)
+        # The level is calibrate's own choice, not one the person asked for: the plan says so.
+        first = dataclasses.replace(pipeline.plan(s), level_chosen_because=LEVEL_BECAUSE)
         # The checks before the measuring ones vouch for the node once; the figures need every run.
         s.only = [c for c in s.only if c in CHECKS]
-        again = pipeline.plan(s)
+        again = dataclasses.replace(pipeline.plan(s), level_chosen_because=LEVEL_BECAUSE)
         # One lock over every run: a recheck timer's run in between would disturb the figures.
         def waiting(who: str) -> None:
             if first.inventory:  # NVML's facts of a node another run was using: read again once it is done
@@ -290,5 +294,5 @@ def run(s: Settings, output: Path, fraction: float, repeats: int, console: Conso
         return 1
     whole_node = tuple(name for r in runs[0] for name in registry.load(r.check).whole_node)
     safefile.write_atomic(output, render(found, fraction, result.hostname, resolved.name, result.finished_at, result.shape, whole_node))
-    console.note(f"wrote {len(found)} floors to {output} ({fraction:g} x this node's weakest figures over {repeats} runs); use it with --config {output}")
+    console.line(f"wrote {len(found)} floors to {output} ({fraction:g} x this node's weakest figures over {repeats} runs); use it with --config {output}")
     return 0

@@ -5,6 +5,7 @@ input, and one real calibration of this machine that five runs then pass."""
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from datetime import datetime, timezone
 from pathlib import Path
@@ -240,8 +241,11 @@ def test_floors_from_three_runs_pass_five_runs_that_follow(tmp_path):
     p = run_preflight(["calibrate", "--profile", "cpu", "--repeats", "3", "--fraction", FRACTION, "-o", str(out)], timeout=900)
     assert p.returncode == 0, p.stderr
     assert f"wrote 10 floors to {out} ({FRACTION} x this node's weakest figures over 3 runs)" in p.stderr
-    # shm and nccl vouch once; bandwidth and train measure in every run.
-    assert [p.stderr.count(f"[PASS] {c}") for c in ("shm", "nccl", "bandwidth", "train")] == [1, 1, 3, 3], p.stderr
+    # The level is calibrate's choice, not the person's: nothing says it was asked for.
+    assert "level standard: the boot gate's level, which calibrate measures" in p.stderr and "asked for" not in p.stderr, p.stderr
+    # shm and nccl vouch once; bandwidth and train measure in every run (a WARN on this loaded
+    # 2-core machine, a figure that did not converge, is still a run that measured).
+    assert [len(re.findall(rf"\[(?:PASS|WARN)\] {c}\b", p.stderr)) for c in ("shm", "nccl", "bandwidth", "train")] == [1, 1, 3, 3], p.stderr
     floors = tomllib.loads(out.read_text())["floors"]
     assert set(floors) == {"memcpy_bandwidth", "allreduce_bus_bandwidth", "allgather_bus_bandwidth", "reducescatter_bus_bandwidth", "allreduce_latency", "allreduce_latency_p99",
                            "gemm_throughput", "train_step_duration", "train_step_duration_max", "train_tokens_throughput"}  # no MFU: the cpu profile has no peak
@@ -259,6 +263,13 @@ def test_floors_from_three_runs_pass_five_runs_that_follow(tmp_path):
         assert r.returncode == 0, f"run {i + 1} of 5 failed the floors calibrated a moment before: {r.stderr}"
     judged = {m.name: m.floor for c in Report.model_validate_json(report.read_text()).checks for m in c.measurements}
     assert judged["memcpy_bandwidth"] == memcpy["value"]  # judged against the calibrated floors, not the profile's
+
+
+def test_quiet_says_only_what_was_written(tmp_path):
+    out = tmp_path / "floors.toml"
+    p = run_preflight(["calibrate", "-q", "--profile", "cpu", "--repeats", "2", "--fraction", FRACTION, "-o", str(out)], timeout=900)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.strip().splitlines() == [f"wrote 10 floors to {out} ({FRACTION} x this node's weakest figures over 2 runs); use it with --config {out}"]
 
 
 def test_a_floor_every_later_run_would_refuse_is_not_written():
