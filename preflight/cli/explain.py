@@ -141,6 +141,8 @@ def topology(
         else:
             text, data, failed = topology_text.explain_host(s, note=_console().note)
     except topology_text.Unreadable as e:
+        if e.shown:  # the CPUs, NUMA nodes and NICs, read all the same
+            _emit(json.dumps(e.shown[1], indent=2) + "\n" if json_out else e.shown[0])
         _console().error(str(e))
         return 1
     _emit(json.dumps(data, indent=2) + "\n" if json_out else text)

@@ -20,14 +20,19 @@ from preflight.pipeline.profiles import ResolvedProfile
 from preflight.pipeline.settings import Settings
 from preflight.pipeline.shape import NodeShape
 from preflight.readers import capture, nvml, topo
-from preflight.readers.layout import TopologyFacts, gpu_numa, nvlink_count
+from preflight.readers.layout import TopologyFacts, gpu_numa, machine_cpus, nics, nvlink_count
 from preflight.readers.topo import NEAR, Topo
 
 FAIL = Status.FAIL
 
 
 class Unreadable(Exception):
-    """This machine's layout cannot be read; the message says why and what to do instead."""
+    """This machine's layout cannot be read; the message says why and what to do instead.
+    ``shown``: what could be read all the same (text, JSON): the CPUs, NUMA nodes and NICs."""
+
+    def __init__(self, message: str, shown: tuple[str, dict] | None = None):
+        super().__init__(message)
+        self.shown = shown
 
 
 def explain_capture(path: Path, settings: Settings, profile_named: bool) -> tuple[str, dict, bool]:
@@ -51,7 +56,12 @@ def explain_host(settings: Settings, note: Callable[[str], None]) -> tuple[str, 
     try:
         facts = from_host(host, settings)
     except nvml.NvmlUnavailable as e:
-        raise Unreadable(f"{e.cause}; {e.remedy}; to explain a saved capture use --from FILE") from None
+        # No GPU to lay out: the CPUs, NUMA nodes and NICs still are. A profile without GPUs
+        # asks for nothing more; any other (auto, a GPU profile) cannot be judged here.
+        text, data = cpu_layout(host, e.cause)
+        if settings.profile != "auto" and not pipeline.resolve_profile(settings).has_gpus:
+            return text, {**data, "profile": settings.profile}, False
+        raise Unreadable(f"{e.cause}; {e.remedy}; to explain a saved capture use --from FILE", (text, data)) from None
     if facts.matrix is None:
         raise Unreadable(f"cannot read this machine's GPU topology: {facts.matrix_error}; to explain a saved capture use --from FILE")
     resolved = None
@@ -61,6 +71,24 @@ def explain_host(settings: Settings, note: Callable[[str], None]) -> tuple[str, 
         note(f"judging without a profile: {e.cause}")
     fake = str(settings.nvml_fake) if settings.nvml_fake is not None else None
     return explain(facts, resolved, live=True, fake=fake, shape=pipeline.read_shape(settings, host))
+
+
+def cpu_layout(host: Host, no_gpu: str) -> tuple[str, dict]:
+    """This machine's CPUs, NUMA nodes and RDMA NICs, read from sysfs and its cpuset, where NVML
+    shows no GPU (``no_gpu`` says why): (text for a person, JSON for a machine)."""
+    cpus, found = machine_cpus(host), nics(host)
+    quota = f", a cgroup quota of {cpus.quota:g} CPUs" if cpus.quota is not None else ""
+    lines = [f"no GPU to lay out: {no_gpu}",
+             f"CPUs online {cpus.online}; this process may use {cpus.allowed} ({cpus.usable():g} usable{quota})"]
+    lines += [f"[NUMA node {node}  CPUs {cpu_list}]" for node, cpu_list in cpus.nodes.items()] or ["NUMA: sysfs lists no node"]
+    for n in found:
+        ports = ", ".join(f"port {p.port} {p.state}" + (f" {p.rate}" if p.rate else "") for p in n.ports) or "no port"
+        where = f"NUMA node {n.numa_node}" if n.numa_node is not None else "NUMA unknown"
+        lines.append(f"  NIC {n.name} ({where}{', ' + '/'.join(n.netdevs) if n.netdevs else ''}): {ports}")
+    if not found:
+        lines.append("  no RDMA NIC (/sys/class/infiniband)")
+    data = {"gpus": [], "no_gpu": no_gpu, "machine": {"cpus": cpus.model_dump(mode="json"), "nics": [n.model_dump(mode="json") for n in found]}}
+    return "\n".join(lines) + "\n", data
 
 
 def explain(facts: TopologyFacts, profile: ResolvedProfile | None, live: bool, fake: str | None = None,

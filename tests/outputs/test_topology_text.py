@@ -7,6 +7,8 @@ import subprocess
 
 import fakes
 import pytest
+
+from preflight.base.host import Host
 from conftest import no_driver
 from preflight.outputs import topology_text as tt
 from topology_cases import FIXTURES, SPLIT, TOPO
@@ -60,8 +62,47 @@ def test_a_node_whose_profile_cannot_be_picked_is_noted_and_judged_without_one(t
 
 @no_driver
 def test_this_machine_without_a_driver_is_unreadable_and_points_at_a_capture():
-    with pytest.raises(tt.Unreadable, match="to explain a saved capture use --from FILE$"):
+    with pytest.raises(tt.Unreadable, match="to explain a saved capture use --from FILE$") as e:
         tt.explain_host(Settings(), lambda _: None)
+    text, data = e.value.shown  # the CPUs and NUMA nodes are shown all the same
+    assert text.startswith("no GPU to lay out: no NVIDIA driver") and "[NUMA node 0  CPUs " in text
+    assert data["gpus"] == [] and data["machine"]["cpus"]["nodes"]
+
+
+@no_driver
+def test_without_a_gpu_the_cpu_profile_shows_the_cpu_and_numa_layout_and_passes():
+    text, data, failed = tt.explain_host(Settings(profile="cpu"), lambda _: None)
+    assert not failed and data["profile"] == "cpu"
+    assert f"CPUs online {data['machine']['cpus']['online']}; this process may use " in text and "[NUMA node 0  CPUs " in text
+
+
+def test_the_cpu_layout_names_each_numa_node_its_cpus_the_quota_and_each_nic(tmp_path):
+    root = tmp_path / "root"
+    for node, cpus in (("0", "0-47,96-143"), ("1", "48-95,144-191")):
+        (root / f"sys/devices/system/node/node{node}").mkdir(parents=True)
+        (root / f"sys/devices/system/node/node{node}/cpulist").write_text(cpus + "\n")
+    (root / "sys/devices/system/cpu").mkdir(parents=True)
+    (root / "sys/devices/system/cpu/online").write_text("0-191\n")
+    port = root / "sys/class/infiniband/mlx5_0/ports/1"
+    port.mkdir(parents=True)
+    (port / "state").write_text("4: ACTIVE\n")
+    (port / "rate").write_text("400 Gb/sec (4X NDR)\n")
+    dev = root / "sys/devices/pci0000:00/0000:1a:00.0"
+    dev.mkdir(parents=True)
+    (dev / "numa_node").write_text("0\n")
+    (root / "sys/class/infiniband/mlx5_0/device").symlink_to(dev)
+    proc = root / "proc/self"
+    proc.mkdir(parents=True)
+    (proc / "status").write_text("Cpus_allowed_list:\t0-191\n")
+    text, data = tt.cpu_layout(Host(root), "no NVIDIA driver")
+    assert text.splitlines() == [
+        "no GPU to lay out: no NVIDIA driver",
+        "CPUs online 0-191; this process may use 0-191 (192 usable)",
+        "[NUMA node 0  CPUs 0-47,96-143]",
+        "[NUMA node 1  CPUs 48-95,144-191]",
+        "  NIC mlx5_0 (NUMA node 0): port 1 ACTIVE 400 Gb/sec (4X NDR)",
+    ]
+    assert [n["name"] for n in data["machine"]["nics"]] == ["mlx5_0"]
 
 
 def test_the_same_capture_prints_the_same_text_in_every_process():
