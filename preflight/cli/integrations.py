@@ -104,7 +104,7 @@ def slurm_healthcheck(
     Exit 0 vouched, 1 not vouched or Slurm could not be told."""
     from preflight.base.errors import UsageError
     from preflight.base.host import Host
-    from preflight.outputs import slurm
+    from preflight.outputs import slurm, slurm_cap
 
     where = "--node" if node else "SLURMD_NODENAME" if os.environ.get("SLURMD_NODENAME") else "this host's short name"
     name = slurm.one_node(node or slurm.node_name(), where)
@@ -135,7 +135,18 @@ def slurm_healthcheck(
         from preflight.outputs.slurm_cap import textfile
 
         safefile.write_atomic(textfile_dir / TEXTFILE, textfile(name, action.held, list(action.counted)))
+    if loaded.report is not None and (action.held is not None or loaded.report.held_back is not None):
+        _say_held_back(report, config, loaded.report.started_at, slurm_cap.would_drain(action.held, share()) if action.held else None)
     return 0 if st.vouched else 1
+
+
+def _say_held_back(report: Optional[Path], config: Optional[Path], judged, said: Optional[str]) -> None:  # noqa: ANN001
+    """The report that asked for the drain says the cap held it back (outputs/held_back.py), or no longer."""
+    from preflight.outputs import held_back
+
+    why = held_back.record(plain.report_path(report, config), judged, said, "slurm-healthcheck", _settings(config).lock_file)
+    if why:
+        _console().note(f"the report does not say it: {why}")
 
 
 @_exit_codes

@@ -86,20 +86,25 @@ def stdout_gone() -> None:
 def standing(report: Path | None, config: Path | None, max_age: float | None) -> tuple[Loaded, Standing]:
     """The last report and what it says about this node now (never runs a check)."""
     from preflight.outputs import last_report
-    from preflight.pipeline import settings_view
-    from preflight.pipeline.report_view import DEFAULT_REPORT_PATH
 
     if max_age is not None and not 0 < max_age < math.inf:
         raise UsageError(f"--max-age {max_age:g}: give a number of seconds above 0, e.g. 86400 for a day")
+    loaded = last_report.load_view(report_path(report, config))
+    return loaded, last_report.standing(loaded, last_report.this_boot(), last_report.now(), max_age, last_report.booted_at())
+
+
+def report_path(report: Path | None, config: Path | None) -> Path:
+    """The report the readers read: --report, else the config's, else the default."""
+    from preflight.pipeline import settings_view
+    from preflight.pipeline.report_view import DEFAULT_REPORT_PATH
+
     try:
         path = settings_view.report_path(report, config)
     except settings_view.Unsure:
         from preflight.pipeline import settings
 
         path = settings.load({"report": report}, config=config).report
-    path = path or DEFAULT_REPORT_PATH
-    loaded = last_report.load_view(path)
-    return loaded, last_report.standing(loaded, last_report.this_boot(), last_report.now(), max_age, last_report.booted_at())
+    return path or DEFAULT_REPORT_PATH
 
 
 def npd_line(reason: str, limit: int = 80) -> str:
@@ -120,6 +125,7 @@ def status(report: Path | None, npd: bool, max_age: float | None, config: Path |
     # automation that reads the line switches on its first words.
     act = st.action if str(st.action.action) != "none" else None
     todo = f"[{act.domain}] {act.action}: " if act else ""
+    held = r.held_back if r is not None and r.held_back is not None and st.vouched is False else None  # a scheduler's hold on what it asks
     if npd:
         emit(npd_line(todo + st.reason))
         return {True: 0, False: 1, None: 2}[st.vouched]
@@ -129,11 +135,13 @@ def status(report: Path | None, npd: bool, max_age: float | None, config: Path |
                          "action_source": act.source if act else None, "action_check": st.check,
                          "verdict": str(r.verdict) if r else None, "profile": r.profile if r else None,
                          "current_boot": st.current_boot, "age_seconds": st.age_seconds,
-                         "run_under_way_since": st.under_way.isoformat() if st.under_way else None}, indent=2) + "\n")
+                         "run_under_way_since": st.under_way.isoformat() if st.under_way else None,
+                         "held_back": {"by": held.by, "said": held.said, "at": held.at.isoformat()} if held else None}, indent=2) + "\n")
     else:
         # A run under way leaves the last verdict standing until it writes its own: said, after it.
         running = f"; a run started at {last_report.utc(st.under_way)} is under way" if st.under_way else ""
-        emit({True: "vouched", False: "NOT vouched", None: "unknown"}[st.vouched] + f": {todo}{st.reason}{running}\n")
+        hold = f"\nheld back by {held.by} at {last_report.utc(held.at)}: {held.said}" if held else ""
+        emit({True: "vouched", False: "NOT vouched", None: "unknown"}[st.vouched] + f": {todo}{st.reason}{running}{hold}\n")
     return 0 if st.vouched else 1
 
 

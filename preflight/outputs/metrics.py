@@ -74,6 +74,9 @@ def report_families(r: Report) -> Iterator[Metric]:
     for d in Domain:
         domain.add_metric([d.value], float(r.domain == d))
     yield from (action, domain)
+    if r.held_back is not None:  # serve's scrape of a report a scheduler integration wrote into (outputs/held_back.py)
+        yield gauge("held_back", "1 where a scheduler integration held back what the last run asks (slurm-healthcheck past its cap "
+                    "on drains), labelled by the tool; absent otherwise.", 1.0, {"by": r.held_back.by})
     passed = GaugeMetricFamily(PREFIX + "check_passed", "1 if the check passed (PASS or WARN), 0 if it failed, errored or was skipped.", labels=["check"])
     status = GaugeMetricFamily(PREFIX + "check_status", "The check's status, one-hot over PASS, WARN, FAIL, SKIP and ERROR.", labels=["check", "status"])
     duration = GaugeMetricFamily(PREFIX + "check_duration_seconds", "How long the check took.", labels=["check"])

@@ -86,6 +86,8 @@ def _banner(r: Report, source: str, standing: Standing | None = None) -> str:
         kind, head, line = "unvouched", "NOT VOUCHED", f"not vouched now: {standing.reason}; this report passed"
     if str(r.action) != "none":  # what a fleet's automation acts on, in the words it reads (the JSON's action)
         line += f"; action: {r.action} ({r.domain}, from {r.action_check}: {r.action_source})"
+    if r.held_back is not None:
+        line += f"; held back by {r.held_back.by} at {r.held_back.at.isoformat(timespec='seconds')}: {r.held_back.said}"
     bits = [f"profile {r.profile or 'none'}", f"level {r.level or 'standard'}", f"finished {r.finished_at.isoformat(timespec='seconds')}",
             f"{r.duration_seconds:.1f} s", f"preflight {r.version}"]
     bits += [f"{k} {v}" for k, v in sorted(r.versions.items())]

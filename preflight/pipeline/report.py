@@ -62,6 +62,14 @@ class GroupRecord(BaseModel):
         return self
 
 
+class HeldBack(BaseModel):
+    """What a scheduler integration did not do for this report, and why, in its words."""
+
+    by: str  # the tool: "slurm-healthcheck"
+    said: str  # "would drain: 2 of 10 nodes already drained by preflight, past the cap (...)"
+    at: datetime
+
+
 class Report(BaseModel):
     model_config = ConfigDict(validate_assignment=True)
 
@@ -100,6 +108,10 @@ class Report(BaseModel):
     # history beside the report before this report was written; None where the run keeps none.
     # Not a check: no run carries it forward, and it never changes the verdict, only the action.
     history: Result | None = None
+    # A scheduler integration that held back what this report asks for (slurm-healthcheck past its
+    # cap on drains): written into this report by that tool (outputs/held_back.py); a new run's
+    # report has none until the tool holds back again.
+    held_back: HeldBack | None = None
 
     # What to do about the node (preflight.base.actions), derived from the checks, so a result
     # carried from an earlier run counts as it stands: the highest of the checks' actions.

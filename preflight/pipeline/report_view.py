@@ -72,6 +72,14 @@ class ShapeView(NamedTuple):
     gpus: int  # shape.NodeShape.gpus: how many GPUs the node gave the run
 
 
+class HeldBackView(NamedTuple):
+    """Report.held_back, as `status` reads it."""
+
+    by: str
+    said: str
+    at: datetime
+
+
 class ReportView(NamedTuple):
     """What `standing` and `status` read of a report, under the Report model's names."""
 
@@ -85,6 +93,7 @@ class ReportView(NamedTuple):
     last_success_at: datetime | None = None
     shape: ShapeView | None = None  # shape.gpus is what the scheduler's views are held to
     history: CheckView | None = None  # Report.history: drift and lemons, which count toward the action as a check
+    held_back: HeldBackView | None = None  # Report.held_back: what a scheduler integration held back
 
     # Report's computed action fields, derived the same way (actions.decide), the history's result with the checks.
     @property
@@ -131,8 +140,9 @@ def view(data: bytes) -> ReportView | None:
     checks = [_check_view(c) for c in r["checks"]]
     shape = ShapeView(r["shape"]["gpus"]) if r["shape"] is not None else None
     history = _check_view(r["history"]) if r["history"] is not None else None
+    held = HeldBackView(r["held_back"]["by"], r["held_back"]["said"], r["held_back"]["at"]) if r["held_back"] is not None else None
     return ReportView(Verdict(r["verdict"]), r["profile"], r["boot_id"], r["started_at"], r["finished_at"], r["interrupted_by_signal"], checks,
-                      r["last_success_at"], shape, history)
+                      r["last_success_at"], shape, history, held)
 
 
 # ---- JSON as both parsers read it alike --------------------------------------------
@@ -370,6 +380,11 @@ GROUP_RECORD = {
     "missing": (_list(_int()), []),
     "meeting_error": (_opt(_str), None),
 }
+HELD_BACK = {
+    "by": (_str, _REQUIRED),
+    "said": (_str, _REQUIRED),
+    "at": (_datetime, _REQUIRED),
+}
 REPORT = {
     "schema_version": (_int(lo=1, hi=1), 1),  # the Report model's SCHEMA_VERSION
     "tool": (_str, "preflight"),
@@ -394,5 +409,6 @@ REPORT = {
     "shape": (_opt(_model(NODE_SHAPE)), None),
     "checks": (_list(_model(RESULT)), _REQUIRED),
     "history": (_opt(_model(RESULT)), None),
+    "held_back": (_opt(_model(HELD_BACK)), None),
 }
 _REPORT = _model(REPORT)

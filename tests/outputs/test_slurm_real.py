@@ -63,7 +63,7 @@ class Cluster:
         self.report = root / "report.json"
         self.token = uuid.uuid4().hex
         self.conf = root / "slurm.conf"
-        self.env = {"PATH": SBIN, "HOME": str(root), "SLURM_CONF": str(self.conf), TOKEN: self.token}
+        self.env = {"PATH": SBIN, "HOME": str(root), "SLURM_CONF": str(self.conf), TOKEN: self.token, "PREFLIGHT_LOCK_FILE": str(self.lock)}
         self.daemons: dict[str, subprocess.Popen] = {}
         self.boot_state: tuple[str, str] | None = None  # the node as slurmd registered it
 
@@ -427,6 +427,10 @@ def test_past_the_cap_a_node_is_not_drained_and_the_output_says_so(partition):
     p = fleet.healthcheck("--textfile-dir", str(fleet.root), node="gpu-b")
     assert p.returncode == 1 and "would drain: 1 of 4 nodes already drained by preflight, past the cap" in p.stdout, p.stdout + p.stderr
     assert not fleet.drained("gpu-b")
+    # The report that asked for the drain says so, where `status`, the page and serve's metrics read it.
+    held = json.loads(fleet.report.read_text())["held_back"]
+    assert held["by"] == "slurm-healthcheck" and held["said"].startswith("would drain: 1 of 4 nodes already drained by preflight, past the cap")
+    assert "held back by slurm-healthcheck" in fleet.run(str(PREFLIGHT), "status", "--report", str(fleet.report), check=False).stdout
     # What node_exporter reads and PreflightDrainCapReached (examples/prometheus/preflight-slurm-rules.yml) fires on.
     prom = (fleet.root / "preflight-slurm.prom").read_text()
     assert 'preflight_slurm_drain_held{node="gpu-b"} 1' in prom and 'preflight_slurm_drained_by_preflight{node="gpu-b",partition="test"} 1' in prom
@@ -435,8 +439,10 @@ def test_past_the_cap_a_node_is_not_drained_and_the_output_says_so(partition):
     p = fleet.healthcheck("--drain-cap", "0.5", "--textfile-dir", str(fleet.root), node="gpu-b")
     assert "draining gpu-b" in p.stdout and fleet.reason("gpu-b") == FAILED, p.stdout + p.stderr
     assert 'preflight_slurm_drain_held{node="gpu-b"} 0' in (fleet.root / "preflight-slurm.prom").read_text()
+    assert json.loads(fleet.report.read_text())["held_back"] is None  # drained: nothing held back now
     p = fleet.healthcheck("--drain-cap", "0.5", node="gpu-c")
     assert "would drain: 2 of 4 nodes already drained by preflight, past the cap" in p.stdout and not fleet.drained("gpu-c")
+    assert json.loads(fleet.report.read_text())["held_back"]["said"].startswith("would drain: 2 of 4")
 
 
 # --- the prolog: never a drain for preflight's own reasons ----------------------------------

@@ -19,7 +19,7 @@ from preflight.pipeline import report_view
 from preflight.pipeline.check import Result
 from preflight.base.findings import Measurement, Status
 from preflight.outputs.last_report import State, load, load_view, standing
-from preflight.pipeline.report import GroupNode, GroupRecord, Report, Verdict
+from preflight.pipeline.report import HeldBack, GroupNode, GroupRecord, Report, Verdict
 from preflight.pipeline.shape import NodeShape
 
 FIXTURES = sorted(REPORTS.glob("*.json"))
@@ -243,8 +243,9 @@ MODELS = {
         "verdict": "Verdict", "exit_code": "int", "keep_going": "bool = default", "interrupted_by_signal": "int | None = default",
         "versions": "dict[str, str] = default", "last_success_at": "datetime | None = default",
         "group": "pipeline.report.GroupRecord | None = default", "shape": "pipeline.shape.NodeShape | None = default", "checks": "list[pipeline.check.Result]",
-        "history": "pipeline.check.Result | None = default",
+        "history": "pipeline.check.Result | None = default", "held_back": "pipeline.report.HeldBack | None = default",
     }),
+    HeldBack: (report_view.HELD_BACK, {"by": "str", "said": "str", "at": "datetime"}),
     Result: (report_view.RESULT, {
         "check": "str", "status": "Status", "summary": "str", "cause": "str | None = default", "remedy": "str | None = default",
         "measurements": "list[base.findings.Measurement] = default", "details": "dict[str, Any] = default",
