@@ -654,7 +654,7 @@ class FakeKubeApi:
 
     ``nodes`` holds Node objects as the API serves them. A PATCH is recorded
     (content type, body) and applied as the real server applies a strategic
-    merge patch to a Node: labels merge (null deletes), spec.taints is an
+    merge patch to a Node: labels and annotations merge (null deletes), spec.taints is an
     atomic list and is replaced whole, a resourceVersion in the patch that is
     not the node's is refused with 409, and every write bumps it.
     ``fail = 403`` answers everything with that status (its Status message is
@@ -731,12 +731,13 @@ class FakeKubeApi:
             self.conflicts = max(0, self.conflicts - 1)
             node["metadata"]["resourceVersion"] = str(int(node["metadata"]["resourceVersion"]) + 1)
             return 409, _status(409, f'Operation cannot be fulfilled on nodes "{name}": the object has been modified; please apply your changes to the latest version and try again')
-        labels = node["metadata"].setdefault("labels", {})
-        for key, value in meta.get("labels", {}).items():
-            if value is None:
-                labels.pop(key, None)
-            else:
-                labels[key] = value
+        for kind in ("labels", "annotations"):  # both merge as the API server merges them: null deletes
+            held = node["metadata"].setdefault(kind, {})
+            for key, value in meta.get(kind, {}).items():
+                if value is None:
+                    held.pop(key, None)
+                else:
+                    held[key] = value
         if "taints" in patch.get("spec", {}):
             node.setdefault("spec", {})["taints"] = patch["spec"]["taints"]
         node["metadata"]["resourceVersion"] = str(int(node["metadata"]["resourceVersion"]) + 1)

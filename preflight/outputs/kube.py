@@ -24,7 +24,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,9 @@ GPU_RESOURCE = "nvidia.com/gpu"  # what the NVIDIA device plugin advertises
 TAINT_CAP = 0.1  # the share of the cluster's nodes preflight may have tainted at once (at least one node)
 TAINT_KEY = "preflight/failed"
 TAINT = {"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}
+# The node's own record of a taint the cap held back ("would taint: ..."), where `kubectl describe
+# node` shows it: kube-label's DaemonSet mounts the report read-only, so it cannot say it there.
+HELD_ANNOTATION = "preflight/held-back"
 TIMEOUT = 10.0
 ATTEMPTS = 3  # a 409 means the node changed between our GET and PATCH: read it again
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -59,6 +62,7 @@ class Node:
     labels: dict[str, str]
     taints: list[dict[str, Any]]
     allocatable_gpus: int | None = None  # status.allocatable["nvidia.com/gpu"]; None where none is advertised
+    annotations: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Node:
@@ -71,7 +75,8 @@ class Node:
             gpus = None  # a quantity with a suffix is no GPU count a device plugin writes
         if gpus == 0 and any(str(k).startswith("nvidia.com/mig-") for k in allocatable):
             gpus = None  # MIG's mixed strategy gives its slices instead: no whole-GPU count to hold it to
-        return cls(meta.get("resourceVersion"), dict(meta.get("labels") or {}), list(spec.get("taints") or []), gpus)
+        return cls(meta.get("resourceVersion"), dict(meta.get("labels") or {}), list(spec.get("taints") or []), gpus,
+                   dict(meta.get("annotations") or {}))
 
     def ours_tainted(self) -> bool:
         return any(t.get("key") == TAINT_KEY for t in self.taints)
@@ -139,6 +144,11 @@ def decide(st: Standing, node: Node, taint: bool, capped: str | None = None) -> 
         patch.setdefault("metadata", {})["resourceVersion"] = node.resource_version
         patch["spec"] = {"taints": taints}
         what.append(said)
+    held = capped if capped and not ours and not st.vouched and not jobs and taint else None
+    if node.annotations.get(HELD_ANNOTATION) != held:
+        patch.setdefault("metadata", {})["annotations"] = {HELD_ANNOTATION: held}  # None deletes it
+        if held is None:
+            what.append(f"remove annotation {HELD_ANNOTATION}")
     return Change(want, patch or None, tuple(what))
 
 

@@ -146,9 +146,13 @@ def cluster(tainted: int, total: int) -> dict[str, dict[str, Any]]:
 def test_no_taint_past_the_share_of_the_cluster_preflight_may_hold_and_one_within_it() -> None:
     with fakes.FakeKubeApi(cluster(tainted=1, total=10)) as api:
         change = kube.apply(kube.Api(api.url), FAILED, "gpu-node-17", taint=True)
-        assert change.patch == {"metadata": {"labels": {"preflight/result": "fail"}}}  # labelled, not tainted
-        assert "would taint: 1 of 10 nodes already tainted by preflight, past the cap (10% of the nodes, at least 1: --taint-cap)" in change.what
+        held = "would taint: 1 of 10 nodes already tainted by preflight, past the cap (10% of the nodes, at least 1: --taint-cap)"
+        # Labelled, not tainted, and the node says why where `kubectl describe node` shows it.
+        assert change.patch == {"metadata": {"labels": {"preflight/result": "fail"}, "annotations": {"preflight/held-back": held}}}
+        assert held in change.what
         assert api.nodes["gpu-node-17"]["spec"]["taints"] == OTHER_TAINTS
+        assert api.nodes["gpu-node-17"]["metadata"]["annotations"] == {"preflight/held-back": held}
+        assert kube.apply(kube.Api(api.url), FAILED, "gpu-node-17", taint=True).patch is None  # said once, not at every round
     with fakes.FakeKubeApi(cluster(tainted=1, total=20)) as api:
         kube.apply(kube.Api(api.url), FAILED, "gpu-node-17", taint=True)
         assert api.nodes["gpu-node-17"]["spec"]["taints"] == [*OTHER_TAINTS, OUR_TAINT]
@@ -169,6 +173,7 @@ def test_the_textfile_says_a_held_taint_each_round_and_its_lifting(reports: dict
         api.nodes["gpu-node-100"]["spec"]["taints"] = OTHER_TAINTS  # that node is mended: the cap has room again
         again = kube_label(api, reports["fail"], "--taint", "--textfile-dir", str(tmp_path))
         assert again.returncode == 1 and api.nodes["gpu-node-17"]["spec"]["taints"] == [*OTHER_TAINTS, OUR_TAINT]
+        assert "preflight/held-back" not in api.nodes["gpu-node-17"]["metadata"]["annotations"]  # tainted now: nothing held back
         assert 'preflight_kube_taint_held{node="gpu-node-17"} 0' in (tmp_path / "preflight-kube.prom").read_text()
 
 
