@@ -15,15 +15,9 @@ database and creates its -wal and -shm files itself, by name, following links. S
 the directory must be one only root (or this user) can change (a sticky /tmp is
 not: another user could plant history.db-wal there), every one of those names
 that exists must be a regular file no other user could have written, never a
-link, and the database is created by us (O_EXCL|O_NOFOLLOW) before SQLite opens it.
-
-It is made 0644, as the report beside it is: the same figures, and `preflight serve`
-(systemd's DynamicUser, on a read-only /var/lib) draws the page's trends from it.
-Such a reader cannot make the -shm file WAL mode reads through; where no run is
-writing (no -wal file), the database file alone is the whole history, read as
-immutable, and a run that wrote meanwhile makes that reading an error to retry
-(``_snapshot``). Any trouble is a ``HistoryError`` with one line: the verdict
-never waits on the history.
+link, and the database is created 0600 by us (O_EXCL|O_NOFOLLOW) before SQLite
+opens it. Any trouble is a ``HistoryError`` with one line: the verdict never
+waits on the history.
 """
 
 from __future__ import annotations
@@ -35,7 +29,7 @@ import stat
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from preflight.base import safefile
@@ -48,7 +42,6 @@ CHECK = "history"  # the run's own result about its history: never recorded as a
 WAIT_SECONDS = 5.0  # a database another process holds locked longer is said and skipped
 SCHEMA_VERSION = 1
 _SIDE_FILES = ("-wal", "-shm", "-journal")
-MODE = 0o644  # as the report: see the module's docstring
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -202,13 +195,9 @@ def _trusted(path: Path, create: bool) -> str | None:
             if place.st is None:
                 if not create:
                     return None
-                fd = os.open(place.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, MODE, dir_fd=place.dir_fd)
-                os.fchmod(fd, MODE)  # the umask does not choose it; SQLite gives its -wal and -shm the same
+                fd = os.open(place.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=place.dir_fd)
+                os.fchmod(fd, 0o600)  # the umask does not choose it
                 os.close(fd)
-            elif create and stat.S_IMODE(place.st.st_mode) != MODE:
-                # One made 0600 by an earlier preflight: serve could not read its trends. No name on the
-                # way can be swapped (proven above), and it is a regular file of ours.
-                os.chmod(place.name, MODE, dir_fd=place.dir_fd)
             return str(place.directory / place.name)
     except HistoryError:
         raise
@@ -217,39 +206,10 @@ def _trusted(path: Path, create: bool) -> str | None:
 
 
 def _connect(db: str, readonly: bool) -> sqlite3.Connection:
-    mode = "ro" if readonly else "rw"  # never "rwc": the file was made and proven by _trusted
+    mode = "ro" if readonly else "rw"  # never "rwc": the file was made (0600) and proven by _trusted
     con = sqlite3.connect(f"file:{quote(db)}?mode={mode}", uri=True, timeout=WAIT_SECONDS, isolation_level=None)
     con.execute(f"PRAGMA busy_timeout = {int(WAIT_SECONDS * 1000)}")
     return con
-
-
-def _snapshot(db: str) -> tuple[sqlite3.Connection, Callable[[], None]]:
-    """A read-only connection inside one snapshot (BEGIN), and what to call once the reading
-    is done: it raises HistoryError where the reading may not be one state of the history."""
-    con = _connect(db, readonly=True)
-    try:
-        con.execute("BEGIN")  # one snapshot: a run committed meanwhile is not half read
-        con.execute("SELECT count(*) FROM sqlite_master").fetchone()  # WAL mode opens its -shm here
-        return con, lambda: None
-    except sqlite3.OperationalError:
-        con.close()
-        if os.access(os.path.dirname(db), os.W_OK) or os.path.lexists(db + "-wal"):
-            raise  # not the reader who cannot make -shm where no run writes: the error is the history's
-    # A reader who cannot write beside the database (serve's own user), and no run writing:
-    # the file holds every committed run. Read as immutable, it must not change meanwhile.
-    before = _stamp(db)
-    con = sqlite3.connect(f"file:{quote(db)}?mode=ro&immutable=1", uri=True, isolation_level=None)
-    con.execute("BEGIN")
-
-    def unchanged() -> None:
-        if _stamp(db) != before or os.path.lexists(db + "-wal"):
-            raise HistoryError(f"{db}: a run wrote it while it was read (without its -wal, by a user who cannot write beside it); read it again")
-    return con, unchanged
-
-
-def _stamp(db: str) -> tuple[int, int, int]:
-    st = os.stat(db)
-    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _said(e: BaseException, db: Path) -> HistoryError:
@@ -327,8 +287,9 @@ def read(path: Path, since: datetime | None = None, last: int | None = None, che
     if db is None:
         return None
     try:
-        con, unchanged = _snapshot(db)
+        con = _connect(db, readonly=True)
         try:
+            con.execute("BEGIN")  # one snapshot: a run committed meanwhile is not half read
             if not con.execute("SELECT 1 FROM sqlite_master WHERE name='runs'").fetchone():
                 return History([], [])
             where, args = _which(since, last)
@@ -366,7 +327,6 @@ def read(path: Path, since: datetime | None = None, last: int | None = None, che
                 if run_id in by_id:
                     by_id[run_id].statuses[name] = status
             con.execute("COMMIT")
-            unchanged()
             return History(runs, sorted((s for s in series.values() if s.points), key=lambda s: s.key))
         finally:
             con.close()

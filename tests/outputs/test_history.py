@@ -4,19 +4,17 @@ the paths root refuses, and a database that is corrupt, locked, full, read-only 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from conftest import NOBODY_PYTHON, REPORTS, as_nobody, needs_nobody, needs_root
+from conftest import REPORTS, needs_root
 
 from preflight.base.findings import Status
 from preflight.outputs import history
@@ -36,7 +34,7 @@ def test_a_run_is_one_row_with_its_checks_and_every_figure_it_measured(tmp_path)
     db = tmp_path / "history.db"
     r = cpu_pass()
     assert history.append(db, r, keep_days=90, keep_runs=100) == 1
-    assert (db.stat().st_mode & 0o777) == 0o644  # as the report: serve, another user, draws the page's trends from it
+    assert (db.stat().st_mode & 0o777) == 0o600
     with sqlite3.connect(db) as con:
         assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     h = history.read(db)
@@ -262,70 +260,3 @@ def test_a_clock_ahead_at_boot_does_not_age_out_the_history(tmp_path):
         history.append(db, later(r, hours), keep_days=90, keep_runs=100)
     history.append(db, later(r, 24 * 365), keep_days=90, keep_runs=100)  # a year ahead, until NTP sets it
     assert len(history.read(db).runs) == 4
-
-
-def test_a_history_made_0600_by_an_earlier_preflight_is_made_readable_at_the_next_run(tmp_path):
-    db = tmp_path / "history.db"
-    history.append(db, cpu_pass(), 90, 100)
-    db.chmod(0o600)
-    history.append(db, later(cpu_pass(), 1), 90, 100)
-    assert (db.stat().st_mode & 0o777) == 0o644 and len(history.read(db).runs) == 2
-
-
-@pytest.fixture
-def beside_root() -> Path:
-    """A root-owned 0755 directory under /tmp that user nobody can reach but not write, with a
-    copy of the preflight package nobody can import (this checkout may sit where it cannot)."""
-    base = Path(tempfile.mkdtemp(prefix="preflight-history-", dir="/tmp"))
-    base.chmod(0o755)
-    shutil.copytree(Path(history.__file__).parents[1], base / "code" / "preflight", ignore=shutil.ignore_patterns("__pycache__"))
-    (base / "state").mkdir(mode=0o755)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
-
-
-def nobody_code(base: Path, then: str) -> str:
-    """Python for user nobody: ``then`` with ``history`` imported and ``db`` the database under ``base``."""
-    return (f"import sys; sys.path.insert(0, {str(base / 'code')!r})\nfrom pathlib import Path\nfrom preflight.outputs import history\n"
-            f"db = Path({str(base / 'state' / 'history.db')!r})\n{then}\n")
-
-
-def nobody_reads(base: Path) -> subprocess.CompletedProcess:
-    return as_nobody(NOBODY_PYTHON, "-c", nobody_code(base, "h = history.read(db); print(len(h.runs), len(h.series))"))
-
-
-@needs_nobody
-def test_a_user_who_cannot_write_beside_the_history_reads_it_as_serve_does(beside_root):
-    """serve runs as a DynamicUser on a read-only /var/lib: it cannot make the -shm file a WAL
-    reader needs. Between runs it reads the file alone; while a run holds the database open,
-    it reads through the run's -wal and -shm."""
-    db = beside_root / "state" / "history.db"
-    history.append(db, cpu_pass(), 90, 100)
-    history.append(db, later(cpu_pass(), 1), 90, 100)
-    p = nobody_reads(beside_root)
-    assert p.returncode == 0 and p.stdout.split() == ["2", "33"], p.stderr
-    assert sorted(os.listdir(db.parent)) == ["history.db"]  # it made nothing beside it
-    with sqlite3.connect(db) as writer:  # a run at work: its -wal and -shm are there
-        writer.execute("SELECT count(*) FROM runs").fetchone()
-        assert (db.parent / "history.db-wal").exists()
-        p = nobody_reads(beside_root)
-        assert p.returncode == 0 and p.stdout.split() == ["2", "33"], p.stderr
-
-
-@needs_nobody
-def test_a_run_written_while_such_a_user_reads_makes_the_reading_an_error_to_retry(beside_root):
-    db = beside_root / "state" / "history.db"
-    history.append(db, cpu_pass(), 90, 100)
-    then = ("con, unchanged = history._snapshot(str(db))\nprint('open', flush=True)\nsys.stdin.readline()\n"
-            "try:\n    unchanged()\n    print('same')\nexcept history.HistoryError as e:\n    print('said:', e)")
-    reader = subprocess.Popen(["runuser", "-u", "nobody", "--", NOBODY_PYTHON, "-c", nobody_code(beside_root, then)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert reader.stdout.readline() == "open\n", reader.stderr.read()
-        history.append(db, later(cpu_pass(), 1), 90, 100)  # a run, committed and checkpointed meanwhile
-        out, err = reader.communicate("\n", timeout=60)
-    finally:
-        if reader.poll() is None:
-            reader.kill()
-    assert out.startswith("said: ") and "a run wrote it while it was read" in out and "read it again" in out, (out, err)
-
