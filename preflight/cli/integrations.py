@@ -3,6 +3,7 @@
 
 # No `from __future__ import annotations`: see preflight/cli/common.py.
 import os
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -140,7 +141,7 @@ def slurm_healthcheck(
     return 0 if st.vouched else 1
 
 
-def _say_held_back(report: Optional[Path], config: Optional[Path], judged, said: Optional[str]) -> None:  # noqa: ANN001
+def _say_held_back(report: Optional[Path], config: Optional[Path], judged: datetime, said: Optional[str]) -> None:
     """The report that asked for the drain says the cap held it back (outputs/held_back.py), or no longer."""
     from preflight.outputs import held_back
 

@@ -125,7 +125,7 @@ def status(report: Path | None, npd: bool, max_age: float | None, config: Path |
     # automation that reads the line switches on its first words.
     act = st.action if str(st.action.action) != "none" else None
     todo = f"[{act.domain}] {act.action}: " if act else ""
-    held = r.held_back if r is not None and r.held_back is not None and st.vouched is False else None  # a scheduler's hold on what it asks
+    held = r.held_back if r is not None else None  # a scheduler integration's hold on what the report asks
     if npd:
         emit(npd_line(todo + st.reason))
         return {True: 0, False: 1, None: 2}[st.vouched]

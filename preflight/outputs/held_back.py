@@ -20,6 +20,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from preflight.base import safefile
+from preflight.base.errors import UsageError
 from preflight.pipeline.lock import LockHeld, run_lock
 from preflight.pipeline.report import HeldBack, Report
 
@@ -50,6 +51,8 @@ def record(report: Path, judged: datetime, said: str | None, by: str, lock_file:
             safefile.write_atomic(report, r.model_dump_json(indent=2) + "\n")
             return None
     except LockHeld:
-        return f"{report}: a run holds {lock_file} and writes a new report; the next health check speaks to it"
+        return f"{report}: another preflight holds {lock_file} (a run writing a new report, or another health check); the next health check speaks to it"
+    except UsageError as e:  # a lock file run would refuse too: said, and the health check's exit stands
+        return str(e)
     except OSError as e:
         return f"{report}: {e.strerror or e}"

@@ -78,15 +78,15 @@ def cpu_layout(host: Host, no_gpu: str) -> tuple[str, dict]:
     shows no GPU (``no_gpu`` says why): (text for a person, JSON for a machine)."""
     cpus, found = machine_cpus(host), nics(host)
     quota = f", a cgroup quota of {cpus.quota:g} CPUs" if cpus.quota is not None else ""
-    lines = [f"no GPU to lay out: {no_gpu}",
+    lines = [f"no GPU layout: NVML says {no_gpu}",
              f"CPUs online {cpus.online}; this process may use {cpus.allowed} ({cpus.usable():g} usable{quota})"]
     lines += [f"[NUMA node {node}  CPUs {cpu_list}]" for node, cpu_list in cpus.nodes.items()] or ["NUMA: sysfs lists no node"]
     for n in found:
         ports = ", ".join(f"port {p.port} {p.state}" + (f" {p.rate}" if p.rate else "") for p in n.ports) or "no port"
         where = f"NUMA node {n.numa_node}" if n.numa_node is not None else "NUMA unknown"
-        lines.append(f"  NIC {n.name} ({where}{', ' + '/'.join(n.netdevs) if n.netdevs else ''}): {ports}")
+        lines.append(f"NIC {n.name} ({where}{', ' + '/'.join(n.netdevs) if n.netdevs else ''}): {ports}")
     if not found:
-        lines.append("  no RDMA NIC (/sys/class/infiniband)")
+        lines.append("NICs: no RDMA NIC (/sys/class/infiniband)")
     data = {"gpus": [], "no_gpu": no_gpu, "machine": {"cpus": cpus.model_dump(mode="json"), "nics": [n.model_dump(mode="json") for n in found]}}
     return "\n".join(lines) + "\n", data
 

@@ -168,7 +168,24 @@ def held(path: Path, locks: str = "/proc/locks") -> bool | None:
     if not pids:
         return False
     recorded = _recorded_pid(path)
-    return recorded is None or str(recorded) in pids
+    # A pid unsaid (a full /run) or said in another pid namespace: the holder's open files tell.
+    return recorded is None or str(recorded) in pids or any(_has_open(pid, st) for pid in pids)
+
+
+def _has_open(pid: str, st: os.stat_result) -> bool:
+    """Whether process ``pid`` has the file ``st`` open (its /proc fd table; unreadable: no)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            t = os.stat(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if (t.st_dev, t.st_ino) == (st.st_dev, st.st_ino):
+            return True
+    return False
 
 
 def _recorded_pid(path: Path) -> int | None:

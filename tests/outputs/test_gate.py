@@ -384,14 +384,34 @@ def test_a_lock_of_another_file_with_the_same_inode_number_is_not_a_run(tmp_path
     path = tmp_path / "preflight.lock"
     with lock.run_lock(path, 0):
         pass  # this process's pid is in it now, as the last holder's
-    other = tmp_path / "other"
-    other.write_text("")
-    table = tmp_path / "locks"
+    table = tmp_path / "locks"  # /proc/locks as the kernel would show the other lock
     ino = path.stat().st_ino
-    table.write_text(f"1: FLOCK  ADVISORY  WRITE 999999 00:15:{ino} 0 EOF\n")  # another pid, another device
-    assert lock.held(path, locks=str(table)) is False
+    stranger = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        table.write_text(f"1: FLOCK  ADVISORY  WRITE {stranger.pid} 00:15:{ino} 0 EOF\n")  # its own file, the same number
+        assert lock.held(path, locks=str(table)) is False
+    finally:
+        stranger.communicate(b"", timeout=30)
     table.write_text(f"1: FLOCK  ADVISORY  WRITE {os.getpid()} fe:00:{ino} 0 EOF\n")
     assert lock.held(path, locks=str(table)) is True
+
+
+def test_a_holder_whose_pid_the_lock_does_not_say_still_holds_it(tmp_path):
+    """A pid unsaid (/run full when the holder took it) or said in another pid namespace: the
+    holder's open files say it holds the lock, so the run reads NVML again once it is free."""
+    from conftest import HOLD_LOCK
+    from preflight.pipeline import lock
+
+    path = tmp_path / "preflight.lock"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with open(path, "r+b") as f:
+            f.write(b"1         \n")  # not the holder's pid
+        assert lock.held(path) is True
+    finally:
+        holder.stdin.close()
+        holder.wait()
 
 
 def test_a_lock_file_with_a_second_name_is_refused_and_nothing_is_written_through_it(tmp_path):

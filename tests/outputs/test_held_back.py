@@ -39,7 +39,7 @@ def test_a_newer_report_or_a_run_under_way_is_left_alone(tmp_path):
     assert why is not None and "a newer run's report since" in why and judged(path).held_back is None
     with lock_held(tmp_path / "lock"):
         why = held_back.record(path, judged(path).started_at, SAID, "slurm-healthcheck", tmp_path / "lock")
-    assert why is not None and "a run holds" in why and judged(path).held_back is None
+    assert why is not None and "another preflight holds" in why and judged(path).held_back is None
 
 
 def test_status_the_page_and_serve_s_metrics_say_it(tmp_path):
@@ -53,3 +53,13 @@ def test_status_the_page_and_serve_s_metrics_say_it(tmp_path):
     assert f"held back by slurm-healthcheck at {r.held_back.at.isoformat(timespec='seconds')}: {SAID}" in page.render(r, str(path))
     assert 'preflight_held_back{by="slurm-healthcheck"} 1.0' in metrics.render_report(r).decode()
     assert "preflight_held_back" not in metrics.render_report(r.model_copy(update={"held_back": None})).decode()
+
+
+def test_a_lock_file_a_run_would_refuse_is_said_and_nothing_is_written(tmp_path):
+    path = report_file(tmp_path / "report.json", "shm-64m-fail")
+    victim = tmp_path / "victim"
+    victim.write_text("")
+    victim.chmod(0o600)
+    (tmp_path / "lock").hardlink_to(victim)  # two names: refused as `preflight run` refuses it
+    why = held_back.record(path, judged(path).started_at, SAID, "slurm-healthcheck", tmp_path / "lock")
+    assert why is not None and "has 2 names" in why and judged(path).held_back is None

@@ -65,7 +65,7 @@ def test_this_machine_without_a_driver_is_unreadable_and_points_at_a_capture():
     with pytest.raises(tt.Unreadable, match="to explain a saved capture use --from FILE$") as e:
         tt.explain_host(Settings(), lambda _: None)
     text, data = e.value.shown  # the CPUs and NUMA nodes are shown all the same
-    assert text.startswith("no GPU to lay out: no NVIDIA driver") and "[NUMA node 0  CPUs " in text
+    assert text.startswith("no GPU layout: NVML says no NVIDIA driver") and "[NUMA node 0  CPUs " in text
     assert data["gpus"] == [] and data["machine"]["cpus"]["nodes"]
 
 
@@ -96,11 +96,11 @@ def test_the_cpu_layout_names_each_numa_node_its_cpus_the_quota_and_each_nic(tmp
     (proc / "status").write_text("Cpus_allowed_list:\t0-191\n")
     text, data = tt.cpu_layout(Host(root), "no NVIDIA driver")
     assert text.splitlines() == [
-        "no GPU to lay out: no NVIDIA driver",
+        "no GPU layout: NVML says no NVIDIA driver",
         "CPUs online 0-191; this process may use 0-191 (192 usable)",
         "[NUMA node 0  CPUs 0-47,96-143]",
         "[NUMA node 1  CPUs 48-95,144-191]",
-        "  NIC mlx5_0 (NUMA node 0): port 1 ACTIVE 400 Gb/sec (4X NDR)",
+        "NIC mlx5_0 (NUMA node 0): port 1 ACTIVE 400 Gb/sec (4X NDR)",
     ]
     assert [n["name"] for n in data["machine"]["nics"]] == ["mlx5_0"]
 

@@ -106,10 +106,14 @@ def test_a_reading_begun_ahead_is_the_one_read_and_one_never_read_leaves_no_chil
 
 def test_a_reading_begun_ahead_dies_with_an_agent_killed_before_it_read_it(fake_nvml, tmp_path):
     fake_nvml("hang")  # a wedged driver: the child would wait for ever
-    agent = subprocess.Popen([sys.executable, "-c", "import os, signal\nfrom preflight.readers import nvml\nr = nvml.Shared()\nr.begin()\n"
-                              "print(r._started.proc.pid, flush=True)\nos.kill(os.getpid(), signal.SIGKILL)\n"],
-                             stdout=subprocess.PIPE, text=True)
+    agent = subprocess.Popen([sys.executable, "-c", "import os, signal, sys\nfrom preflight.readers import nvml\nr = nvml.Shared()\nr.begin()\n"
+                              "print(r._started.proc.pid, flush=True)\nsys.stdin.readline()\nos.kill(os.getpid(), signal.SIGKILL)\n"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     child = int(agent.stdout.readline())
+    time.sleep(1)
+    assert psutil.Process(child).status() != psutil.STATUS_ZOMBIE  # begun, and waiting on the wedged driver
+    agent.stdin.write("\n")
+    agent.stdin.flush()
     agent.wait(timeout=30)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
