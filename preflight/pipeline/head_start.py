@@ -27,9 +27,10 @@ from contextlib import ExitStack
 from preflight.base.errors import UsageError
 from preflight.base.host import Host
 from preflight.gpuwork import multinode, world
-from preflight.pipeline import levels, plan as planning, profiles, registry, shape
+from preflight.pipeline import levels, plan as planning, registry, shape
 from preflight.pipeline.check import Check, Context
 from preflight.pipeline.lock import LockHeld, run_lock
+from preflight.pipeline.profiles import ResolvedProfile
 from preflight.pipeline.settings import Settings
 from preflight.readers import nvml
 
@@ -75,10 +76,8 @@ def reads_nvml(settings: Settings) -> bool:
         return False  # a fake file is read where it is asked for
     if settings.profile == "auto":
         return True
-    try:
-        return profiles.load(profiles.find(settings.profile, settings.profiles_dir)).has_gpus
-    except (UsageError, OSError, ValueError):
-        return False  # the plan says what is wrong with it
+    named = _named(settings)
+    return named is not None and named.has_gpus
 
 
 def ranks(settings: Settings, host: Host | None = None) -> int | None:
@@ -101,10 +100,12 @@ def ranks(settings: Settings, host: Host | None = None) -> int | None:
         if not any(_has_ranks(name) for name in candidates if name not in settings.skip):
             return None
         return settings.nproc_per_node or shape.gather(host, None, settings.node_gpus, "not read yet").gpus or None
+    profile = _named(settings)
+    if profile is None:
+        return None
     try:
-        profile = planning.resolve_profile(settings)  # a named profile: no NVML asked
         selected = planning.select(profile, level, settings)
-    except (UsageError, OSError, ValueError):
+    except UsageError:
         return None  # the plan says what is wrong with it, in one line
     ctx = Context(profile=profile, settings=settings, host=host)
     if profile.has_gpus:
@@ -116,6 +117,14 @@ def ranks(settings: Settings, host: Host | None = None) -> int | None:
         except Exception:  # noqa: BLE001 - a broken check is the plan's to report
             return None
     return None
+
+
+def _named(settings: Settings) -> ResolvedProfile | None:
+    """The profile the person named (no NVML asked), or None where the plan must say what is wrong with it."""
+    try:
+        return planning.resolve_profile(settings)
+    except (UsageError, OSError, ValueError):
+        return None
 
 
 def _has_ranks(name: str) -> bool:
