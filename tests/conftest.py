@@ -134,6 +134,28 @@ def report_file(path: Path, fixture: str, boot: str | None = "this", age: float 
     return path
 
 
+def recorded_run(hours_ago: float, memcpy: float | None = None, failed: tuple[str, ...] | list[str] = ()):
+    """The recorded cpu run (tests/fixtures/reports/cpu-pass.json) as if it finished ``hours_ago``,
+    with both ranks' memcpy at ``memcpy`` and ``failed`` checks failed: a past run for a history."""
+    from datetime import datetime, timedelta, timezone
+
+    from preflight.base.findings import Status
+    from preflight.pipeline.report import Report, Verdict
+
+    r = Report.model_validate_json((REPORTS / "cpu-pass.json").read_text())
+    finished = datetime.now(timezone.utc) - timedelta(hours=hours_ago)
+    r.started_at, r.finished_at = finished - timedelta(seconds=r.duration_seconds), finished
+    for c in r.checks:
+        if c.check in failed:
+            c.status = Status.FAIL
+        for m in c.measurements:
+            if m.name == "memcpy_bandwidth" and memcpy is not None:
+                m.value = memcpy
+    if failed:
+        r.verdict = Verdict.FAIL
+    return r
+
+
 def run_record_file(report: Path, started_at, alive: bool, deadline_after: float = 3600.0) -> Path:
     """The record (preflight/outputs/run_record.py) of a run that started at ``started_at``, beside
     ``report``: this test process's own (alive), or a real process's that wrote it and exited (gone)."""

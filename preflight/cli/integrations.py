@@ -77,9 +77,9 @@ def report(
     if loaded.report is None:
         fix = "; if it was cut short, write it again with `preflight run --report PATH`" if loaded.error and loaded.error.startswith("not a preflight report") else ""
         raise UsageError(f"{loaded.error}{fix}")
-    from preflight.outputs.history_text import for_page
+    from preflight.outputs import trends
 
-    text = page.render(loaded.report, str(source), None, *for_page(source))
+    text = page.render(loaded.report, str(source), None, *trends.for_page(source))
     if out is None:
         _emit(text)
         return 0

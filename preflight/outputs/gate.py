@@ -25,7 +25,7 @@ from preflight.base import safefile
 from preflight.base.errors import Interrupted, UsageError, signal_name
 from preflight.base.signals import interrupting
 from preflight.base.findings import Status
-from preflight.outputs import history, history_judge, last_report, metrics, run_record
+from preflight.outputs import history, history_judge, last_report, metrics, run_record, trends
 from preflight.pipeline import head_start, plan as pipeline, report as reports
 from preflight.pipeline import lock
 from preflight.pipeline.lock import LockHeld, run_lock
@@ -224,8 +224,16 @@ def write(result: reports.Report, textfile: Path | None, report_path: Path | Non
             history.append(kept.path, result, kept.days, kept.runs)
         except history.HistoryError as e:
             console.error(f"history not kept: {e}; the report is written")
+            return
         except Exception as e:  # the report is written: a bug in the history must not turn it into exit 3
             console.error(f"history not kept: preflight broke adding this run ({e!r}); the report is written")
+            return
+        try:
+            trends.write(kept.path)  # for the page's readers, who cannot open history.db
+        except (history.HistoryError, OSError) as e:
+            console.error(f"the page's trends not written: {getattr(e, 'strerror', None) or e}; the report and history are")
+        except Exception as e:
+            console.error(f"the page's trends not written: preflight broke writing them ({e!r}); the report and history are")
 
 
 def _put(what: str, path: Path, put: Callable[[Path], object], result: reports.Report, console: Console, earlier_success: datetime | None) -> bool:

@@ -14,9 +14,7 @@ from datetime import datetime, timedelta, timezone
 
 from preflight.base.errors import UsageError
 from preflight.base.units import fmt_value
-from pathlib import Path
 
-from preflight.outputs import history
 from preflight.outputs.history import History, Series
 
 BARS = "▁▂▃▄▅▆▇█"
@@ -78,10 +76,3 @@ def as_json(h: History, db: str) -> str:
                      "values": [{"run": run_id, "value": v} for run_id, v in s.points]} for s in h.series],
     }, indent=2) + "\n"
 
-
-def for_page(report: Path, last: int = 30) -> tuple[History | None, str]:
-    """The last runs of the history beside ``report`` for its page, or why there are none to draw."""
-    try:
-        return history.read(history.path_for(report), last=last), ""
-    except history.HistoryError as e:
-        return None, f"history not read: {e}"

@@ -158,8 +158,10 @@ def _trends(h: History | None, said: str) -> str:
         rows.append(f"<tr><td>{esc(s.check)}</td><td>{esc(s.name)}{f' <span class=muted>{esc(labels)}</span>' if labels else ''}</td>"
                     f"<td style=\"font-family:monospace\">{esc(sparkline(values))}</td><td>{esc(fmt_value(values[0], s.unit))} &rarr; "
                     f"{esc(fmt_value(values[-1], s.unit))}</td><td>{esc(bound)}</td></tr>")
-    return (f"<section><h2>Trends over the last {len(h.runs)} runs</h2><p class=\"muted\">From the node's history "
-            "(<code>preflight history</code>), oldest to newest, each figure scaled to its own range.</p>"
+    span = "the last run" if len(h.runs) == 1 else f"the last {len(h.runs)} runs"
+    newest = f", the newest finished {h.runs[-1].finished_at:%Y-%m-%d %H:%M} UTC" if h.runs else ""
+    return (f"<section><h2>Trends over {span}</h2><p class=\"muted\">From the node's history "
+            f"(<code>preflight history</code>), oldest to newest{esc(newest)}, each figure scaled to its own range.</p>"
             f'<div class="scroll"><table><tr><th>check</th><th>figure</th><th>trend</th><th>first &rarr; last</th><th>floor</th></tr>{"".join(rows)}</table></div></section>')
 
 

@@ -39,11 +39,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 
-from preflight.outputs import last_report, page
+from preflight.outputs import last_report, page, trends
 from preflight.base.errors import UsageError
 from preflight.outputs import metrics as metrics_mod
 from preflight.outputs.metrics import ReportCollector, StandingCollector
-from preflight.outputs.history_text import for_page
 
 # The classic text format every Prometheus since 2.0 reads (the names are all legacy-valid).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -202,8 +201,9 @@ class Server(ThreadingMixIn, HTTPServer):
             now = last_report.standing(loaded, last_report.this_boot(), last_report.now(), booted=last_report.booted_at())
             # The page shows the standing only on a pass that no longer vouches (its reason, which may
             # count seconds): that alone is its key, so a FAIL's page is rendered once.
-            key = now.reason if loaded.report.verdict.value == "pass" and not now.vouched else None
-            return 200, self._once("page", loaded.report, key, lambda: page.render(loaded.report, str(self.report), now, *for_page(self.report)).encode())
+            # trends.json is written just after the report: its identity is in the key too.
+            key = (now.reason if loaded.report.verdict.value == "pass" and not now.vouched else None, trends.identity(self.report))
+            return 200, self._once("page", loaded.report, key, lambda: page.render(loaded.report, str(self.report), now, *trends.for_page(self.report)).encode())
         except Exception as e:  # a bug in drawing must not cost the scrape or the thread
             self._fault(f"cannot render {self.report} as a page: {e!r}")
             return 500, page.unavailable("invalid", "the report cannot be drawn as a page; /report has it as written").encode()

@@ -10,33 +10,14 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from conftest import REPORTS, clean_env, fast_profile, run_preflight
+from conftest import clean_env, fast_profile, recorded_run, run_preflight
 
-from preflight.base.findings import Status
 from preflight.outputs import history
-from preflight.pipeline.report import Report, Verdict
+from preflight.pipeline.report import Report
 
 GB = 1e9
-
-
-def recorded(hours_ago: float, memcpy: float | None = None, failed: list[str] = ()) -> Report:
-    """The recorded cpu run (tests/fixtures/reports/cpu-pass.json) as if it finished ``hours_ago``,
-    with both ranks' memcpy at ``memcpy`` and ``failed`` checks failed."""
-    r = Report.model_validate_json((REPORTS / "cpu-pass.json").read_text())
-    finished = datetime.now(timezone.utc) - timedelta(hours=hours_ago)
-    r.started_at, r.finished_at = finished - timedelta(seconds=r.duration_seconds), finished
-    for c in r.checks:
-        if c.check in failed:
-            c.status = Status.FAIL
-        for m in c.measurements:
-            if m.name == "memcpy_bandwidth" and memcpy is not None:
-                m.value = memcpy
-    if failed:
-        r.verdict = Verdict.FAIL
-    return r
 
 
 def run(tmp_path: Path, env: dict[str, str], *args: str, profile: str = "cpu"):
@@ -53,7 +34,7 @@ def test_ten_runs_with_memcpy_slowed_step_by_step_end_in_a_drift_warn_naming_the
     env = fast_profile(tmp_path, "bandwidth", 120.0, edits={"value = 2e9\n": "value = 1e7\n"})  # [floors.memcpy_bandwidth]
     db = tmp_path / "history.db"
     for i, memcpy in enumerate([9, 9, 9, 9, 9, 8, 7, 6, 5]):
-        history.append(db, recorded(10 - i, memcpy * GB), 90, 10000)
+        history.append(db, recorded_run(10 - i, memcpy * GB), 90, 10000)
     textfile = tmp_path / "textfile"
     textfile.mkdir()
     p = run(tmp_path, {**env, "PREFLIGHT_WORKER_FAULT": "*:slow=0.5s@memcpy"}, "--only", "bandwidth", "--textfile-dir", str(textfile), profile="cpu-fast")
@@ -89,7 +70,7 @@ def test_three_fails_in_a_week_of_recorded_runs_make_a_passing_node_s_action_ser
     env = clean_env()
     db = tmp_path / "history.db"
     for hours_ago, failed in [(160, []), (140, ["shm"]), (100, []), (80, ["bandwidth"]), (50, []), (20, ["bandwidth"]), (2, [])]:
-        history.append(db, recorded(hours_ago, failed=failed), 90, 10000)
+        history.append(db, recorded_run(hours_ago, failed=failed), 90, 10000)
     textfile = tmp_path / "textfile"
     textfile.mkdir()
     p = run(tmp_path, env, "--only", "shm", "--textfile-dir", str(textfile))

@@ -1,0 +1,126 @@
+"""trends.json: the page's trends where an unprivileged reader (serve's DynamicUser) can read them,
+while history.db stays root's alone. Written by real `preflight run`s; read as user nobody by a
+forked process that dropped root, so the code read is this checkout's."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import clean_env, recorded_run, run_preflight
+from test_serve import get, serving
+
+from preflight.outputs import history, trends
+from preflight.pipeline.report import Report
+
+NOBODY = 65534
+
+
+@pytest.fixture
+def shared() -> Path:
+    """A directory like /var/lib/preflight: root's, 0755, so other users can read what is 0644 in it."""
+    d = Path(tempfile.mkdtemp(prefix="preflight-trends-", dir="/tmp"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def run(d: Path, *args: str):
+    env = {**clean_env(), "PREFLIGHT_LOCK_FILE": str(d / "preflight.lock")}
+    return run_preflight(["run", "--profile", "cpu", "--only", "shm", "-q", "--report", str(d / "report.json"), *args], env=env, timeout=200)
+
+
+def as_user(uid: int, fn) -> dict:
+    """``fn()``'s JSON-able answer, from a forked child that gave up root for ``uid`` first."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            os.write(w, json.dumps(fn()).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    return json.loads(data)
+
+
+def test_a_run_writes_the_last_runs_beside_its_report_and_a_reader_without_root_draws_them(shared):
+    for hours_ago in (40, 30, 20):
+        history.append(shared / "history.db", recorded_run(hours_ago), 90, 10000)
+    os.chmod(shared / "history.db", 0o600)
+    p = run(shared)
+    assert p.returncode == 0, p.stderr
+    st = os.stat(shared / "trends.json")
+    assert stat.S_IMODE(st.st_mode) == 0o644 and st.st_uid == 0
+    assert stat.S_IMODE(os.stat(shared / "history.db").st_mode) == 0o600  # the database stays root's alone
+    written = trends.read(shared / "report.json")
+    kept = history.read(shared / "history.db", last=trends.RUNS)
+    assert written == kept and len(written.runs) == 4 and written.runs[-1].statuses == {"shm": "PASS"}
+    assert any(s.check == "shm" for s in written.series)
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as user nobody")
+
+    def page() -> dict:
+        h, said = trends.for_page(shared / "report.json")
+        try:
+            history.read(shared / "history.db")
+            db = "read"
+        except history.HistoryError as e:
+            db = str(e)
+        return {"runs": len(h.runs) if h else None, "said": said, "db": db}
+
+    seen = as_user(NOBODY, page)
+    assert seen["runs"] == 4 and seen["said"] == "", seen  # the trends, though history.db is closed to this user
+    assert "unable to open" in seen["db"], seen
+
+
+def test_serve_draws_the_trends_and_draws_them_again_when_a_run_rewrites_them(shared):
+    assert run(shared).returncode == 0
+    with serving(shared / "report.json") as (url, _):
+        assert "<h2>Trends over the last run</h2>" in get(url + "/")[2]
+        assert run(shared).returncode == 0
+        assert "<h2>Trends over the last 2 runs</h2>" in get(url + "/")[2]
+
+
+def test_without_trends_json_the_page_reads_history_db_as_before(shared):
+    for hours_ago in (3, 2, 1):
+        history.append(shared / "history.db", recorded_run(hours_ago), 90, 10000)
+    h, said = trends.for_page(shared / "report.json")
+    assert said == "" and h is not None and len(h.runs) == 3
+
+
+@pytest.mark.parametrize("content, words", [
+    (b"{not json", "is not what a run writes"),
+    (b'{"runs": [{"id": 1}], "figures": []}', "is not what a run writes"),
+])
+def test_a_damaged_trends_file_is_one_line_on_the_page(shared, content, words):
+    (shared / "trends.json").write_bytes(content)
+    h, said = trends.for_page(shared / "report.json")
+    assert h is None and said.startswith(f"trends not read: {shared / 'trends.json'} {words}") and "\n" not in said
+
+
+def test_a_trends_file_another_user_could_have_written_is_not_drawn(shared):
+    (shared / "trends.json").write_text(json.dumps({"runs": [], "figures": []}))
+    os.chown(shared / "trends.json", NOBODY, NOBODY)
+    h, said = trends.for_page(shared / "report.json")
+    assert h is None and said == f"trends not read: {shared / 'trends.json'} could have been written by another user (or is not a regular file): not read"
+
+
+def test_trends_that_cannot_be_written_are_said_in_one_line_and_change_no_verdict(shared):
+    (shared / "trends.json").mkdir()
+    p = run(shared)
+    assert p.returncode == 0 and Report.model_validate_json((shared / "report.json").read_text()).verdict == "pass"
+    assert "the page's trends not written: " in p.stderr and "the report and history are" in p.stderr, p.stderr
+    assert len(history.read(shared / "history.db").runs) == 1
