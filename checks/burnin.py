@@ -67,6 +67,7 @@ class RankReport(ranks.RankReport):
 
 class BurninFacts(ranks.RunFacts):
     uuids: dict[int, str] = Field(default_factory=dict)
+    buses: dict[int, str] = Field(default_factory=dict)  # nvidia-smi index -> PCI bus id, for a rank whose torch does not say its own
     traces: list[nvml.GpuTrace] = Field(default_factory=list)
     nvml_note: str | None = None  # why there is no trace
     new_xids: list[dict] = Field(default_factory=list)
@@ -198,13 +199,45 @@ def _on_the_gpu(n: Next) -> Next:
     return Next(max(n.action, Action.DRAIN, key=LADDER.index), Domain.NODE, f"{n.source}; in preflight's own burn-in, the GPU's fault")
 
 
-def judge_xid(new: list[dict], forgeable: bool = False) -> list[Finding]:
-    """Any new Xid fails: the burn-in is a known-good application, so even a code the catalog
-    blames on the application (RESTART_APP; its workflows: "if known good APP ... REPORT_ISSUE")
-    is the GPU's. The action is the highest the codes' catalog buckets ask, at least a drain.
-    ``forgeable``: the log was read through syslog(2), where another user's message may imitate
-    a driver's line (as the cuda check says): still a FAIL, but a drain for a person to look at,
-    never a reboot or an RMA on the word of a line anyone could have written."""
+def burned_gpus(f: BurninFacts) -> set[str] | None:
+    """The PCI slots (domain:bus:device, as Xid lines name them) of the GPUs the ranks loaded;
+    None where any rank's is unknown (its torch does not say and no inventory names its index)."""
+    out = set()
+    for o in f.ranks:
+        bus = o.report.pci_bus_id if o.report is not None else None
+        bus = bus or f.buses.get(ranks.gpu_index(o.gpu))  # type: ignore[arg-type]
+        if not bus:
+            return None
+        out.add(nvml.slot(bus))
+    return out or None
+
+
+def judge_xid(new: list[dict], forgeable: bool = False, burned: set[str] | None = None) -> list[Finding]:
+    """Any new Xid on a GPU the burn-in loaded fails: the burn-in is a known-good application, so
+    even a code the catalog blames on the application (RESTART_APP; its workflows: "if known good
+    APP ... REPORT_ISSUE") is the GPU's. The action is the highest the codes' catalog buckets ask,
+    at least a drain. ``forgeable``: the log was read through syslog(2), where another user's
+    message may imitate a driver's line (as the cuda check says): still a FAIL, but a drain for a
+    person to look at, never a reboot or an RMA on the word of a line anyone could have written.
+    ``burned``: the GPUs loaded, where known. An Xid on another GPU (a job's on a shared node,
+    or a burn-in limited by CUDA_VISIBLE_DEVICES) is not the burn-in's to judge: a WARN naming
+    it, for the cuda check's catalog judge of every run. One with no GPU named stays a FAIL."""
+    elsewhere = [e for e in new if burned is not None and e["pci"] and e["pci"] not in burned]
+    return _xid_on(elsewhere, burned or set()) + _xid_under_load([e for e in new if e not in elsewhere], forgeable)
+
+
+def _xid_on(elsewhere: list[dict], burned: set[str]) -> list[Finding]:
+    if not elsewhere:
+        return []
+    codes = ", ".join(sorted({f"Xid {e['code']} on {e['pci']}" for e in elsewhere}))
+    return [Finding(WARN, f"new Xid during burn-in on a GPU it did not load: {codes}",
+                    f"the burn-in loaded {', '.join(sorted(burned))}; the kernel logged " + "; ".join(e["raw"].strip() for e in elsewhere[:3])
+                    + " for another GPU, whose work (another job's, on a shared node) preflight did not run",
+                    "the cuda check judges every Xid since boot by NVIDIA's catalog; `preflight xid` explains the code; "
+                    f"to load that GPU too, run `{RERUN}` with it visible")]
+
+
+def _xid_under_load(new: list[dict], forgeable: bool) -> list[Finding]:
     if not new:
         return []
     codes = ", ".join(sorted({f"Xid {e['code']} on {e['pci'] or 'an unknown GPU'}" for e in new}))
@@ -257,7 +290,7 @@ def judge_unwatched(f: BurninFacts) -> list[Finding]:
 
 def judge(f: BurninFacts, figs: dict[int, dict], expect: BurninExpect, band: OutlierExpect | None) -> list[Finding]:
     return (ranks.judge_run(f, "the burn-in", ranks.by_hand(f, "burnin.py"), judge_wrong(f))
-            + judge_nvml(figs, expect) + judge_xid(f.new_xids, forgeable=f.xid_note == xid.SYSLOG_NOTE) + judge_outliers(f, figs, band) + judge_unwatched(f))
+            + judge_nvml(figs, expect) + judge_xid(f.new_xids, f.xid_note == xid.SYSLOG_NOTE, burned_gpus(f)) + judge_outliers(f, figs, band) + judge_unwatched(f))
 
 
 def measurements(f: BurninFacts, figs: dict[int, dict], band: OutlierExpect | None) -> list[Measurement]:
@@ -305,7 +338,7 @@ def kernel_log_sources(where: str, unread: dict[str, str]) -> Sources:
 
 def gather(ctx: Context, nproc: int, expect: BurninExpect, backend: str) -> BurninFacts:
     python = str(ctx.settings.python) if ctx.settings.python else sys.executable
-    facts = BurninFacts(python=python, backend=backend, nproc=nproc, uuids=ranks.gpu_uuids(ctx.results))
+    facts = BurninFacts(python=python, backend=backend, nproc=nproc, uuids=ranks.gpu_uuids(ctx.results), buses=ranks.gpu_buses(ctx.results))
     left = ranks.time_left(ctx.deadline)
     burst_timeout = min(60.0, max(5.0, left / 4))
     seconds = burn_seconds(expect.seconds, left)

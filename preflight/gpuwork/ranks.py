@@ -139,18 +139,25 @@ def by_hand(f: RunFacts, script: str) -> str:
     return f"run it by hand to see more: {f.python} -m torch.distributed.run --nproc-per-node {f.nproc} {launch.WORKERS_DIR / script}{extra}"
 
 
+def _inventory(results: dict) -> list[dict]:
+    """The GPUs of the cuda check's NVML inventory, when it ran."""
+    cuda = results.get("cuda")
+    return ((cuda.details.get("inventory") or {}).get("gpus") or []) if cuda else []
+
+
 def gpu_uuids(results: dict) -> dict[int, str]:
     """nvidia-smi index -> GPU UUID, from the cuda check's inventory when it ran."""
-    cuda = results.get("cuda")
-    gpus = ((cuda.details.get("inventory") or {}).get("gpus") or []) if cuda else []
-    return {g["index"]: g["uuid"] for g in gpus if "index" in g and "uuid" in g}
+    return {g["index"]: g["uuid"] for g in _inventory(results) if "index" in g and "uuid" in g}
+
+
+def gpu_buses(results: dict) -> dict[int, str]:
+    """nvidia-smi index -> PCI bus id as NVML prints it, from the cuda check's inventory when it ran."""
+    return {g["index"]: g["pci_bus_id"] for g in _inventory(results) if "index" in g and g.get("pci_bus_id")}
 
 
 def compute_modes(results: dict) -> dict[int, str | None] | None:
     """nvidia-smi index -> NVML's compute mode, from the cuda check's inventory; None where it did not run."""
-    cuda = results.get("cuda")
-    gpus = ((cuda.details.get("inventory") or {}).get("gpus") or []) if cuda else []
-    return {g["index"]: g.get("compute_mode") for g in gpus if "index" in g} or None
+    return {g["index"]: g.get("compute_mode") for g in _inventory(results) if "index" in g} or None
 
 
 def labels(rank: int, gpu: str | None, uuids: dict[int, str]) -> dict[str, str]:

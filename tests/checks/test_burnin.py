@@ -188,6 +188,34 @@ def test_a_new_xid_during_the_burn_takes_the_highest_catalog_action_and_at_least
     assert found.next.source.startswith("NVIDIA Xid catalog (2026-11-22): Xid 13 RESTART_APP")
 
 
+def test_an_xid_on_a_gpu_the_burn_did_not_load_warns_and_one_on_a_loaded_gpu_still_fails():
+    # Two of a node's GPUs burned (0000:18:00, 0000:19:00); another job's GPU logs an Xid meanwhile.
+    f = healthy(n=2)
+    other = {"code": 13, "pci": "0000:c1:00", "raw": "NVRM: Xid (PCI:0000:c1:00): 13, Graphics SM Warp Exception"}
+    f.new_xids = [other]
+    (found,) = judged(f)
+    assert (found.status, found.summary) == (Status.WARN, "new Xid during burn-in on a GPU it did not load: Xid 13 on 0000:c1:00")
+    assert found.cause.startswith("the burn-in loaded 0000:18:00, 0000:19:00; the kernel logged NVRM: Xid (PCI:0000:c1:00): 13")
+    assert found.next.action == Action.WATCH
+    f.new_xids = [other, {"code": 79, "pci": "0000:19:00", "raw": "NVRM: Xid (PCI:0000:19:00): 79, GPU has fallen off the bus."}]
+    assert [(x.status, x.summary) for x in judged(f)] == [(Status.WARN, "new Xid during burn-in on a GPU it did not load: Xid 13 on 0000:c1:00"),
+                                                         (Status.FAIL, "new Xid during burn-in: Xid 79 on 0000:19:00")]
+
+
+def test_which_gpus_burned_comes_from_the_ranks_else_the_inventory_and_unknown_judges_every_xid():
+    f = facts([rank_report(0, pci_bus_id=None), rank_report(1, pci_bus_id=None)], [trace(0), trace(1)])
+    other = {"code": 13, "pci": "0000:c1:00", "raw": "NVRM: Xid (PCI:0000:c1:00): 13, Graphics SM Warp Exception"}
+    f.new_xids = [other]
+    assert burnin.burned_gpus(f) is None  # an older torch says no bus id, and no inventory: every Xid is the burn's
+    assert [x.status for x in judged(f)] == [Status.FAIL]
+    f.buses = {0: "00000000:18:00.0", 1: "00000000:C1:00.0"}  # the cuda check's NVML inventory, by nvidia-smi index
+    assert burnin.burned_gpus(f) == {"0000:18:00", "0000:c1:00"}
+    assert [x.status for x in judged(f)] == [Status.FAIL]  # GPU 1 is the one that burned
+    f.new_xids = [{**other, "pci": None, "raw": "NVRM: Xid 13"}]  # no GPU named: it may be a loaded one
+    f.buses = {0: "00000000:18:00.0", 1: "00000000:19:00.0"}
+    assert [x.status for x in judged(f)] == [Status.FAIL]
+
+
 def test_an_xid_read_through_syslog_still_fails_but_asks_only_a_drain_for_a_person():
     # Through syslog(2) another user's message may imitate the driver's line: no reboot or RMA on its word.
     f = healthy(n=1)
