@@ -103,6 +103,13 @@ def decide(by_check: list[tuple[Next, str]]) -> tuple[Next, str | None]:
     return best, next(check for n, check in by_check if n is best)
 
 
+def takes_out(n: Next) -> bool:
+    """Whether ``n`` asks that the node take no jobs (a drain or more). A passing run can ask it
+    only through its history: a lemon (outputs/history_judge.py) is `service` though it passed,
+    and the schedulers' integrations take it out as they would a failure (within the cap)."""
+    return LADDER.index(n.action) >= LADDER.index(Action.DRAIN)
+
+
 def cap_allows(share: float, nodes: int) -> int:
     """How many of ``nodes`` preflight may hold out of service at once (Slurm's drains, Kubernetes'
     taints): ``share`` of them, at least one, so a small pool can still drain a bad node. The

@@ -164,5 +164,7 @@ def judge(report_checks_figures: list[tuple[str, str, str, str, float | None, fl
 
 
 def of_report(report, past: History, expect: DriftExpect | None, fails: int, days: float) -> Result:  # noqa: ANN001
-    """``judge`` for a Report not yet written."""
-    return judge(figures_of(report), failed_of(report), report.finished_at, past, expect, report.profile or "?", fails, days)
+    """``judge`` for a Report not yet written. Its action so far is its checks' (the history's
+    result is not in it yet): a failure that is the job's counts toward no lemon, as in ``lemon``."""
+    failed = [] if str(report.action) == "fix-job" else failed_of(report)
+    return judge(figures_of(report), failed, report.finished_at, past, expect, report.profile or "?", fails, days)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from preflight.base import safefile
-from preflight.base.actions import Action, Domain, Next, highest
+from preflight.base.actions import Action, Domain, Next, highest, takes_out
 from preflight.base.errors import Interrupted, UsageError
 from preflight.base.signals import interrupting
 from preflight.outputs import kube_cap
@@ -132,10 +132,12 @@ def decide(st: Standing, node: Node, taint: bool, capped: str | None = None) -> 
     ours = [{k: t.get(k) for k in TAINT} for t in node.taints if t.get("key") == TAINT_KEY]
     others = [t for t in node.taints if t.get("key") != TAINT_KEY]
     jobs = st.action.action == Action.FIX_JOB
+    # Out of service: not vouched, or vouched but asking a drain or more (a lemon: history_judge).
+    out = not st.vouched or takes_out(st.action)
     taints = None
-    if (st.vouched or jobs) and ours:
+    if (not out or jobs) and ours:
         taints, said = others, f"remove taint {TAINT_KEY}" + (" (the fault is the job's: fix-job)" if jobs and not st.vouched else "")
-    elif not st.vouched and not jobs and taint and ours != [TAINT]:
+    elif out and not jobs and taint and ours != [TAINT]:
         if capped and not ours:
             what.append(capped)
         else:
@@ -144,7 +146,7 @@ def decide(st: Standing, node: Node, taint: bool, capped: str | None = None) -> 
         patch.setdefault("metadata", {})["resourceVersion"] = node.resource_version
         patch["spec"] = {"taints": taints}
         what.append(said)
-    held = capped if capped and not ours and not st.vouched and not jobs and taint else None
+    held = capped if capped and not ours and out and not jobs and taint else None
     if node.annotations.get(HELD_ANNOTATION) != held:
         patch.setdefault("metadata", {})["annotations"] = {HELD_ANNOTATION: held}  # None deletes it
         if held is None:
@@ -161,7 +163,7 @@ UNREAD_TAINTS = {"...": "the node's other taints, as read, unchanged"}
 def decide_unread(st: Standing, taint: bool) -> Change:
     """The most a round could change on a node it could not read: the node is taken to say nothing
     of ours yet, and on a pass to carry our taint (the one thing a pass may have to take away)."""
-    return decide(st, Node(UNREAD_VERSION, {}, [UNREAD_TAINTS, *([TAINT] if st.vouched else [])]), taint)
+    return decide(st, Node(UNREAD_VERSION, {}, [UNREAD_TAINTS, *([TAINT] if st.vouched and not takes_out(st.action) else [])]), taint)
 
 
 def request(name: str, patch: dict[str, Any]) -> str:

@@ -8,7 +8,9 @@ automation switches on the prefix) and names the check that drained it. It
 resumes the node only from a drain of its own (a reason starting
 ``preflight``, the older ``preflight:`` form too), and only once that check
 passes in the report: a quick run that left the check out does not lift it.
-A node an admin drained for maintenance is left exactly as it is. It also
+A node an admin drained for maintenance is left exactly as it is. A passing
+node its history calls a lemon (action `service`: history_judge) is drained as
+a failure is, and resumed once its history asks nothing. It also
 compares Slurm's Gres with the node's GPUs (slurm_gres), and drains no more
 than a share of a partition (slurm_cap). slurmd also runs it once when it
 starts, before it registers: a node whose boot gate failed comes up drained
@@ -28,7 +30,7 @@ from typing import NamedTuple
 
 from typing import TYPE_CHECKING, Callable
 
-from preflight.base.actions import Action as Step, Domain, Next, drain_prefix, highest
+from preflight.base.actions import Action as Step, Domain, Next, drain_prefix, highest, takes_out
 from preflight.base.errors import UsageError
 from preflight.base.host import Host
 from preflight.outputs import slurm_cap, slurm_gres
@@ -160,6 +162,16 @@ def report_cause(st: Standing, report: Report | ReportView | None) -> Cause:
     return Cause(NO_VERDICT, _no_age(st.reason))
 
 
+def lemon_cause(st: Standing, report: Report | ReportView | None) -> Cause | None:
+    """A passing node its history calls a lemon (K failures in D days, history_judge): the run
+    passed, but its action asks for service, so it is drained as a failure would be; it is
+    resumed once the history no longer asks it (``passes``)."""
+    if report is None or not st.vouched or report.history is None or report.action_check != report.history.check:
+        return None
+    nxt = Next(Step(str(report.action)), Domain(str(report.domain)), report.action_source)
+    return Cause(nxt, f"{report.history.check} {report.history.status}: {report.history.summary}") if takes_out(nxt) else None
+
+
 def gres_cause(node: Node, report: Report | ReportView | None) -> tuple[Cause | None, str | None]:
     """A Gres that differs from the node's GPUs (slurm_gres), and a note where it cannot be read."""
     shape = report.shape if report is not None else None
@@ -192,7 +204,7 @@ def decide(st: Standing, node: Node, report: Report | ReportView | None = None) 
     our own, and only once the check that drained it passes."""
     gres, note = gres_cause(node, report)
     said = st.reason + (f"; {note}" if note else "")
-    causes = ([] if st.vouched else [report_cause(st, report)]) + ([gres] if gres else [])
+    causes = ([] if st.vouched else [report_cause(st, report)]) + [c for c in (lemon_cause(st, report), gres) if c]
     if jobs := [c for c in causes if c.next.action == Step.FIX_JOB]:
         # The job's fault (a container's /dev/shm, its environment): the node is fine, and a drain
         # would also spend the partition's cap on what no hardware or setup of the node can mend.
@@ -288,11 +300,12 @@ def cases(st: Standing, name: str, report: Report | ReportView | None = None) ->
     need slurmctld: not judged here.)"""
     earlier = f"{drain_prefix(NO_VERDICT)}: an earlier failure"
     nodes = [("not drained", Node(name, "IDLE", None))]
-    if st.vouched:
+    cause = report_cause(st, report) if not st.vouched else lemon_cause(st, report)
+    if cause is None:
         nodes.append(("drained by preflight", Node(name, "IDLE+DRAIN", earlier)))
     else:
         nodes += [("drained by preflight for another cause", Node(name, "IDLE+DRAIN", earlier)),
-                  ("drained by preflight for this cause", Node(name, "IDLE+DRAIN", reason_for(report_cause(st, report))))]
+                  ("drained by preflight for this cause", Node(name, "IDLE+DRAIN", reason_for(cause)))]
     nodes.append(("drained by someone else", Node(name, "IDLE+DRAIN", "maintenance")))
     return [(case, decide(st, n, report)) for case, n in nodes]
 

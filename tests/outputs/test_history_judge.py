@@ -111,3 +111,17 @@ def test_the_jobs_fault_and_runs_dated_after_this_one_are_not_the_nodes():
     ahead = runs(6, failed={2: ["shm"], 4: ["shm"], 6: ["shm"]})  # a clock that was a day ahead wrote them
     ahead = [Run(r.id, r.started_at + timedelta(days=1), r.finished_at + timedelta(days=1), r.verdict, r.level, r.profile, r.action, r.failed) for r in ahead]
     assert judge.judge([], [], T0 + timedelta(hours=7), History(ahead, []), RULE, "cpu", 3, 7).details["failures"] == 0
+
+
+def test_this_runs_own_failure_counts_toward_a_lemon_unless_it_is_the_jobs():
+    from conftest import recorded_run
+
+    two = runs(4, failed={1: ["shm"], 3: ["bandwidth"]})
+    report = recorded_run(0, failed=["shm"])
+    report.finished_at = T0 + timedelta(hours=5)
+    assert judge.of_report(report, History(two, []), RULE, 3, 7).action == Action.SERVICE  # the node's third failure
+    shm = next(c for c in report.checks if c.check == "shm")
+    shm.action, shm.domain, shm.action_source = "fix-job", "job", "in a container: its /dev/shm is what the job was started with"
+    assert report.action == Action.FIX_JOB
+    r = judge.of_report(report, History(two, []), RULE, 3, 7)
+    assert r.action == Action.NONE and r.details["failures"] == 2  # a container's /dev/shm says nothing of the node

@@ -118,6 +118,24 @@ def test_the_jobs_fault_is_labelled_but_never_tainted_and_lifts_our_taint() -> N
     assert "remove taint preflight/failed (the fault is the job's: fix-job)" in change.what
 
 
+LEMON = PASSED._replace(action=Next(Action.SERVICE, Domain.NODE, "a lemon: failed 3 times in 7 days: shm, bandwidth, bandwidth"), check="history")
+
+
+def test_a_passing_lemon_says_pass_and_service_and_is_tainted_until_its_history_asks_nothing() -> None:
+    change = kube.decide(LEMON, node(label="pass"), taint=True)
+    assert change.patch == {"metadata": {"labels": {"preflight/action": "service"}, "resourceVersion": "81734"},
+                            "spec": {"taints": [*OTHER_TAINTS, OUR_TAINT]}}
+    assert kube.decide(LEMON, node(label="pass"), taint=False).patch == {"metadata": {"labels": {"preflight/action": "service"}}}
+    labelled = node_json(label="pass", ours=OUR_TAINT)
+    labelled["metadata"]["labels"]["preflight/action"] = "service"
+    assert kube.decide(LEMON, kube.Node.from_json(labelled), taint=True).patch is None  # it already says so
+    lifted = kube.decide(PASSED, kube.Node.from_json(labelled), taint=True)  # the failures aged out of the window
+    assert lifted.patch is not None and lifted.patch["spec"]["taints"] == OTHER_TAINTS and "remove taint preflight/failed" in lifted.what
+    # A drift's watch is no reason to take the node out.
+    drifting = PASSED._replace(action=Next(Action.WATCH, Domain.NODE, "drifting"), check="history")
+    assert "spec" not in (kube.decide(drifting, node(label="pass"), taint=True).patch or {})
+
+
 def test_a_device_plugin_advertising_fewer_gpus_than_the_run_found_fails_the_node() -> None:
     short = node_json(label="pass")
     short["status"] = {"allocatable": {"cpu": "224", "nvidia.com/gpu": "7"}}

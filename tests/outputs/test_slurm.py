@@ -409,6 +409,18 @@ def test_a_lemon_drain_is_lifted_once_the_history_asks_nothing_and_the_run_passe
     assert calls[-1] == ["update", "NodeName=gpu-01", "State=RESUME"]
 
 
+def test_a_passing_lemon_is_drained_for_service_and_stays_so_while_its_history_asks_it(tmp_path):
+    # The latest run passed, but the node failed 3 times in 7 days: its action is service, so Slurm takes it out.
+    p, calls = healthcheck(tmp_path, "cpu-pass", "idle", history=LEMON)
+    reason = "Reason=preflight [node] service: history WARN: failed 3 times in 7 days: shm, shm, shm"
+    assert calls[-1] == ["update", "NodeName=gpu-01", "State=DRAIN", reason], p.stdout + p.stderr
+    assert "but history WARN: failed 3 times in 7 days" in p.stdout and "draining gpu-01" in p.stdout
+    p, calls = healthcheck(tmp_path / "drained", "cpu-pass", "drained-lemon", history=LEMON)
+    assert [c[0] for c in calls] == ["show"] and p.stdout.endswith("gpu-01 already drained by preflight\n"), p.stdout  # not resumed: still a lemon
+    p, _ = healthcheck(tmp_path / "dry", "cpu-pass", "idle", "--dry-run", history=LEMON)
+    assert "would run: scontrol update NodeName=gpu-01 State=DRAIN 'Reason=preflight [node] service: history WARN" in p.stdout, p.stdout
+
+
 def test_the_jobs_fault_drains_nothing_and_spends_no_cap():
     jobs = reported("shm-64m-fail", {"action": "fix-job", "domain": "job", "action_source": "in a container (Docker (/.dockerenv))"})
     action = slurm.decide(FAIL, node("idle"), jobs)
