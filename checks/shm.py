@@ -57,12 +57,17 @@ class ShmFacts:
     # How this process is known to run in a container (readers/container.py), or None: then
     # /dev/shm, its mount and the memory limit are what the container was started with.
     container: str | None = None
+    host_ipc: bool | None = None  # in the host's IPC namespace (--ipc=host, hostIPC): /dev/shm is the host's
 
 
 def owner(f: ShmFacts) -> Next:
     """Whose a /dev/shm that is too small, read-only or not a tmpfs is: a container's is
     what its job was started with (Docker's --shm-size, a pod's emptyDir), the job's to
-    fix, and the node takes other jobs; the host's is the node's configuration."""
+    fix, and the node takes other jobs; the host's is the node's configuration, and so is the
+    /dev/shm of a container that shares the host's IPC namespace (it is the host's, mounted in)."""
+    if f.container and f.host_ipc:
+        return Next(Action.DRAIN, Domain.SOFTWARE, f"in a container ({f.container}) that shares the host's IPC namespace "
+                    "(--ipc=host, hostIPC): its /dev/shm is the host's, the node's configuration")
     if f.container:
         return Next(Action.FIX_JOB, Domain.JOB, f"in a container ({f.container}): its /dev/shm is what the job was started with")
     return Next(Action.DRAIN, Domain.SOFTWARE, "the host's /dev/shm is the node's configuration")
@@ -83,7 +88,7 @@ def gather(host: Host, segment_bytes: int, deadline: float = math.inf, backs: in
     proves the backing, so ``backs`` itself is written."""
     path = host.path(SHM)
     facts = ShmFacts(path=SHM, exists=path.is_dir(), shm_disabled_by=_shm_disabled_by(host), other_jobs=jobs.others(host),
-                     container=container.detect(host))
+                     container=container.detect(host), host_ipc=container.host_ipc(host))
     backs = max(segment_bytes, backs or 0)
     if facts.other_jobs:
         segment_bytes, backs = min(segment_bytes, SHARED_SEGMENT), min(backs, SHARED_SEGMENT)

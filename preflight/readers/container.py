@@ -9,6 +9,7 @@ hostnames would call a systemd service a container.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -19,6 +20,21 @@ _MARKS = (
     ("/.dockerenv", "Docker (/.dockerenv)"),
     ("/run/.containerenv", "Podman (/run/.containerenv)"),
 )
+
+
+# PROC_IPC_INIT_INO (include/linux/proc_ns.h, fixed since Linux 3.8): the inode of the initial,
+# the host's, IPC namespace, which every namespace created later differs from.
+INIT_IPC_INO = 0xEFFFFFFF
+
+
+def host_ipc(host: Host) -> bool | None:
+    """Whether this process shares the host's IPC namespace (docker --ipc=host, a pod's hostIPC);
+    None where that cannot be read (a recorded tree holds no /proc/self/ns). Such a container's
+    /dev/shm is the host's own (Docker, Podman and containerd mount it in): the node's to fix."""
+    try:
+        return os.stat(host.path("/proc/self/ns/ipc")).st_ino == INIT_IPC_INO
+    except OSError:
+        return None
 
 
 def detect(host: Host) -> str | None:

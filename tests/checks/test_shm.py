@@ -15,7 +15,7 @@ import fakes
 from preflight.base.findings import Status
 from preflight.checks import shm
 from preflight.checks.shm import ShmFacts, judge
-from preflight.readers import memory
+from preflight.readers import container, memory
 from preflight.readers.shm_mount import Mount
 from preflight.base.host import Host
 from preflight.base.units import fmt_bytes
@@ -289,12 +289,13 @@ def test_standard_writes_a_small_segment_and_full_the_floors_size():
     assert set(os.listdir("/dev/shm")) == before
 
 
-def in_private_shm(setup: str, args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def in_private_shm(setup: str, args: str, env: dict | None = None, ipc: bool = False) -> subprocess.CompletedProcess:
     """Run preflight in its own mount namespace after ``setup`` remounts /dev/shm, and in a PID
     namespace of its own: it sees the Slurm jobs ``setup`` starts, not those running elsewhere
-    on this machine (another test's cluster), which would make any /dev/shm a shared one."""
+    on this machine (another test's cluster), which would make any /dev/shm a shared one.
+    ``ipc``: in an IPC namespace of its own too, as a container is unless started with --ipc=host."""
     cmd = f"{setup} && exec {' '.join(map(shlex.quote, fakes.PREFLIGHT))} {args}"
-    return subprocess.run(["unshare", "--mount", "--pid", "--fork", "--mount-proc", "sh", "-c", cmd],
+    return subprocess.run(["unshare", "--mount", "--pid", *(["--ipc"] if ipc else []), "--fork", "--mount-proc", "sh", "-c", cmd],
                           capture_output=True, text=True, timeout=120, env=env)
 
 
@@ -321,11 +322,24 @@ def test_a_containers_64m_dev_shm_is_the_jobs_to_fix():
     # As Podman starts a container, its /run holds .containerenv (this machine may be a Docker
     # container already: then /.dockerenv says so first).
     setup = "mount -t tmpfs -o size=64m tmpfs /dev/shm && mount -t tmpfs tmpfs /run && touch /run/.containerenv"
-    p = in_private_shm(setup, "run --profile cpu --only shm --json")
+    p = in_private_shm(setup, "run --profile cpu --only shm --json", ipc=True)
     assert p.returncode == 1, p.stderr
     report = Report.model_validate_json(p.stdout)
     assert (report.action.value, report.domain.value, report.action_check) == ("fix-job", "job", "shm")
     assert report.action_source.startswith("in a container (") and "its /dev/shm is what the job was started with" in report.action_source
+
+
+@needs_root
+@pytest.mark.skipif(os.stat("/proc/self/ns/ipc").st_ino != container.INIT_IPC_INO, reason="this machine is not in the host's IPC namespace itself")
+def test_a_container_started_with_ipc_host_has_the_hosts_dev_shm_and_a_small_one_is_the_nodes():
+    # docker run --ipc=host (a pod's hostIPC): the container shares the host's IPC namespace,
+    # and the runtime mounts the host's /dev/shm in: its size is the node's configuration.
+    setup = "mount -t tmpfs -o size=64m tmpfs /dev/shm && mount -t tmpfs tmpfs /run && touch /run/.containerenv"
+    p = in_private_shm(setup, "run --profile cpu --only shm --json")
+    assert p.returncode == 1, p.stderr
+    report = Report.model_validate_json(p.stdout)
+    assert (report.action.value, report.domain.value) == ("drain", "software")
+    assert "shares the host's IPC namespace (--ipc=host, hostIPC): its /dev/shm is the host's" in report.action_source
 
 
 def test_the_same_small_dev_shm_on_the_host_is_the_nodes_configuration(tmp_path):
