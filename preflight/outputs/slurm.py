@@ -173,10 +173,13 @@ def lemon_cause(st: Standing, report: Report | ReportView | None) -> Cause | Non
 
 
 def gres_cause(node: Node, report: Report | ReportView | None) -> tuple[Cause | None, str | None]:
-    """A Gres that differs from the node's GPUs (slurm_gres), and a note where it cannot be read."""
+    """A Gres that differs from the node's GPUs (slurm_gres), and a note where it cannot be read.
+    The node's, not the run's: a run in a job's container given some of them (a partial
+    allocation) saw fewer, and Slurm's Gres names the whole node's."""
     shape = report.shape if report is not None else None
+    present = (shape.host_gpus if shape.host_gpus is not None else shape.gpus) if shape is not None else None
     try:
-        found = slurm_gres.judge(node.gres, shape.gpus if shape is not None else None)
+        found = slurm_gres.judge(node.gres, present)
     except slurm_gres.GresError as e:
         return None, f"{e}: Slurm's GPUs not compared"
     return (Cause(*found) if found else None), None

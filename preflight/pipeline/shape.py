@@ -64,6 +64,13 @@ class NodeShape(BaseModel):
     pinned: int | None = None  # the site's `[node] gpus`
     notes: list[str] = []
 
+    @property
+    def host_gpus(self) -> int:
+        """The node's GPUs, not only those given to this process: a run in a job's container
+        (pyxis, a pod given 4 of 8) sees its own, while the bus lists the host's. What Slurm's
+        Gres is held to (outputs/slurm_gres.py): ShapeView.host_gpus is the same sum."""
+        return max(self.gpus, len(self.pci_gpus or []))
+
     def describe(self) -> str:
         """'8 GPUs joined by NVSwitch, 12 RDMA NICs': one line for people."""
         gpus = f"{self.gpus} GPU{'s' if self.gpus != 1 else ''}"

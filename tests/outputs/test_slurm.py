@@ -194,6 +194,19 @@ def test_slurms_gres_against_the_nodes_gpus_through_the_command(tmp_path):
     assert len(calls) == 1 and "draining" not in p.stdout
 
 
+def test_a_report_from_a_job_given_some_of_the_gpus_is_held_to_the_nodes_gres_by_the_bus(tmp_path):
+    # Run in a job's container given 4 of the 8 (pyxis mounts only the allocated GPUs' device
+    # nodes): the run saw 4, the bus lists the host's 8, and Gres=gpu:h100:8 is right.
+    bus = [f"0000:{b:02x}:00.0" for b in (0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb)]
+    partial = {"gpus": 4, "gpus_from": "the PCI bus and /dev/nvidia{0-3}", "pci_gpus": bus, "device_nodes": [0, 1, 2, 3],
+               "notes": ["4 of the host's 8 GPUs have no device node here (not given to this container)"]}
+    p, calls = healthcheck(tmp_path, "cpu-pass", "idle", shape=partial)
+    assert p.returncode == 0 and len(calls) == 1 and "draining" not in p.stdout, p.stdout + p.stderr
+    # A GPU gone from the bus too is the node's loss, whatever the run was given.
+    p, calls = healthcheck(tmp_path / "lost", "cpu-pass", "idle", shape={**partial, "pci_gpus": bus[:7]})
+    assert calls[1][3] == "Reason=preflight [node] service: slurm-gres FAIL: Slurm's Gres says 8 GPUs, the node has 7", p.stdout
+
+
 def test_past_the_cap_the_command_drains_nothing_and_says_would_drain(tmp_path):
     p, calls = healthcheck(tmp_path, "shm-64m-fail", "idle", "--textfile-dir", str(tmp_path), sinfo="sinfo-gpu-1-of-4-drained.txt")
     assert p.returncode == 1 and calls == [["show", "node", "gpu-01"]], p.stdout + p.stderr

@@ -44,6 +44,7 @@ def test_a_container_given_two_gpus_counts_two_and_names_their_slots(root):
     node = shape.gather(Host(root), first(2))
     assert (node.gpus, node.slots, node.pci_gpus) == (2, SLOTS[:2], SLOTS)
     assert node.notes == ["6 of the host's 8 GPUs have no device node here (not given to this container)"]
+    assert node.host_gpus == 8  # the node's, which Slurm's Gres names
 
 
 def test_a_container_whose_driver_does_not_say_which_node_is_which_counts_its_nodes(root):
