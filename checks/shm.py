@@ -58,18 +58,24 @@ class ShmFacts:
     # /dev/shm, its mount and the memory limit are what the container was started with.
     container: str | None = None
     host_ipc: bool | None = None  # in the host's IPC namespace (--ipc=host, hostIPC): /dev/shm is the host's
+    slurm_node: bool = False  # root's slurmd runs beside this process: a container that is a Slurm node (soperator)
 
 
-def owner(f: ShmFacts) -> Next:
-    """Whose a /dev/shm that is too small, read-only or not a tmpfs is: a container's is
-    what its job was started with (Docker's --shm-size, a pod's emptyDir), the job's to
-    fix, and the node takes other jobs; the host's is the node's configuration, and so is the
-    /dev/shm of a container that shares the host's IPC namespace (it is the host's, mounted in)."""
-    if f.container and f.host_ipc:
+def owner(f: ShmFacts, shm: bool = True) -> Next:
+    """Whose a /dev/shm that is too small, read-only or not a tmpfs is (``shm``; else the
+    memory limit's): a container's is what its job was started with (Docker's --shm-size, a
+    pod's emptyDir), the job's to fix, and the node takes other jobs; the host's is the node's
+    configuration, and so is the /dev/shm of a container that shares the host's IPC namespace
+    (the host's, mounted in; its memory limit is still the container's), and both of a
+    container that is itself the Slurm node."""
+    if f.container and f.host_ipc and shm:
         return Next(Action.DRAIN, Domain.SOFTWARE, f"in a container ({f.container}) that shares the host's IPC namespace "
                     "(--ipc=host, hostIPC): its /dev/shm is the host's, the node's configuration")
+    if f.container and f.slurm_node:
+        return Next(Action.DRAIN, Domain.SOFTWARE, f"in a container ({f.container}) that runs slurmd, a Slurm node in a pod (as soperator's): "
+                    f"its {'/dev/shm' if shm else 'memory limit'} is every job's here, the node's configuration")
     if f.container:
-        return Next(Action.FIX_JOB, Domain.JOB, f"in a container ({f.container}): its /dev/shm is what the job was started with")
+        return Next(Action.FIX_JOB, Domain.JOB, f"in a container ({f.container}): its {'/dev/shm' if shm else 'memory limit'} is what the job was started with")
     return Next(Action.DRAIN, Domain.SOFTWARE, "the host's /dev/shm is the node's configuration")
 
 
@@ -87,8 +93,9 @@ def gather(host: Host, segment_bytes: int, deadline: float = math.inf, backs: in
     kernel gives no figure for memory (neither MemAvailable nor a cgroup limit), only a write
     proves the backing, so ``backs`` itself is written."""
     path = host.path(SHM)
+    boxed = container.detect(host)
     facts = ShmFacts(path=SHM, exists=path.is_dir(), shm_disabled_by=_shm_disabled_by(host), other_jobs=jobs.others(host),
-                     container=container.detect(host), host_ipc=container.host_ipc(host))
+                     container=boxed, host_ipc=container.host_ipc(host), slurm_node=bool(boxed) and jobs.slurmd_here(host))
     backs = max(segment_bytes, backs or 0)
     if facts.other_jobs:
         segment_bytes, backs = min(segment_bytes, SHARED_SEGMENT), min(backs, SHARED_SEGMENT)
@@ -284,7 +291,7 @@ def judge(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurement]]:
             "raise the container's memory limit by at least the /dev/shm floor",
             # In a container the limit is what it was started with (a pod's resources, docker --memory);
             # on the host it is the unit's or the slice's preflight runs in: the node's configuration.
-            act=owner(f),
+            act=owner(f, shm=False),
         ))
     if f.segment_bytes:
         if f.segment_error and not f.write_error:

@@ -29,30 +29,44 @@ def job_of(comm: str, cmdline: bytes) -> str | None:
     return found.group(1).decode() if found else None
 
 
-def running(host: Host) -> list[str]:
-    """Ids of the Slurm jobs with a step on this node, lowest first."""
-    jobs: set[str] = set()
+def _root_processes(host: Host, name: str):
+    """(its /proc directory, comm) of each of root's processes named ``name``."""
     try:
         entries = list(os.scandir(host.path("/proc")))
     except OSError:
-        return []
+        return
     for e in entries:
         if not e.name.isdigit():
             continue
         try:
             with open(os.path.join(e.path, "comm"), "rb") as f:
                 comm = f.read(64).decode(errors="replace")
-            if comm.strip() != "slurmstepd":
+            if comm.strip() != name or not _roots(e.path, recorded=host.root != Path("/")):
                 continue
-            if not _roots(e.path, recorded=host.root != Path("/")):
-                continue
-            with open(os.path.join(e.path, "cmdline"), "rb") as f:
-                job = job_of(comm, f.read(256))
         except OSError:  # gone since the listing, or not ours to read
+            continue
+        yield e.path, comm
+
+
+def running(host: Host) -> list[str]:
+    """Ids of the Slurm jobs with a step on this node, lowest first."""
+    jobs: set[str] = set()
+    for proc, comm in _root_processes(host, "slurmstepd"):
+        try:
+            with open(os.path.join(proc, "cmdline"), "rb") as f:
+                job = job_of(comm, f.read(256))
+        except OSError:
             continue
         if job is not None:
             jobs.add(job)
     return sorted(jobs, key=int)
+
+
+def slurmd_here(host: Host) -> bool:
+    """Whether root's slurmd runs where this process can see it: in a container, that
+    container is a Slurm node (soperator's worker pods run slurmd, and every job, inside
+    one), so its /dev/shm is every job's here, the node's configuration."""
+    return next(_root_processes(host, "slurmd"), None) is not None
 
 
 def _roots(proc: str, recorded: bool) -> bool:

@@ -368,6 +368,21 @@ def test_a_memory_limit_below_the_floor_is_the_containers_in_one_and_the_nodes_o
     assert (f.next.action.value, f.next.domain.value) == ("drain", "software")
 
 
+def test_whose_a_containers_small_dev_shm_and_memory_limit_are_by_how_the_container_was_started():
+    small = {"size_bytes": 64 * MiB, "free_bytes": 64 * MiB, "segment_bytes": 0, "container": "Docker (/.dockerenv)"}
+    tight = {"cgroup_headroom_bytes": 100 * MiB, "segment_bytes": 0, "container": "Docker (/.dockerenv)"}
+    whose = {}
+    for how, extra in (("own", {}), ("ipc=host", {"host_ipc": True}), ("slurmd", {"slurm_node": True})):
+        (shm_f,), _ = judge(healthy(**small, **extra), GiB)
+        (mem_f,), _ = judge(healthy(**tight, **extra), GiB)
+        whose[how] = (shm_f.next.action.value, mem_f.next.action.value)
+    # --ipc=host mounts the host's /dev/shm in, but the memory limit is still the container's;
+    # a container that runs slurmd (soperator's worker pod) is the node, both are its configuration.
+    assert whose == {"own": ("fix-job", "fix-job"), "ipc=host": ("drain", "fix-job"), "slurmd": ("drain", "drain")}
+    (f,), _ = judge(healthy(**tight, slurm_node=True), GiB)
+    assert f.next.source == "in a container (Docker (/.dockerenv)) that runs slurmd, a Slurm node in a pod (as soperator's): its memory limit is every job's here, the node's configuration"
+
+
 @needs_root
 def test_read_only_dev_shm_fails():
     p = in_private_shm("mount -t tmpfs -o ro,size=2g tmpfs /dev/shm", "run --profile cpu --only shm --json")

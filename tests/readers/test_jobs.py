@@ -95,3 +95,31 @@ def _cmdlines() -> list[bytes]:
         except OSError:
             pass
     return out
+
+
+def test_roots_slurmd_says_this_is_a_slurm_node_and_another_users_does_not():
+    # In a PID namespace of its own, as a pod sees only its own processes: a slurmd (a copy of
+    # sleep, which the kernel names after its file) started by root, then by user nobody.
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("runuser"):
+        import pytest
+
+        pytest.skip("needs root, unshare and runuser")
+    import sys
+
+    d = Path(tempfile.mkdtemp(prefix="preflight-slurmd-", dir="/tmp"))
+    try:
+        d.chmod(0o755)
+        shutil.copy("/bin/sleep", d / "slurmd")
+        (d / "slurmd").chmod(0o755)
+        code = "from preflight.base.host import Host; from preflight.readers import jobs; print(jobs.slurmd_here(Host()))"
+        seen = {}
+        for who, start in (("none", ""), ("root", f"{d}/slurmd 60 & "), ("nobody", f"runuser -u nobody -- {d}/slurmd 60 & ")):
+            # Wait for the copy to run under its name (comm), then ask; at most 30 s.
+            wait = "i=0; until grep -qsx slurmd /proc/[0-9]*/comm || [ $i -ge 600 ]; do sleep 0.05; i=$((i+1)); done; " if start else ""
+            script = f"{start}{wait}{sys.executable} -c '{code}'; kill $! 2>/dev/null; true"
+            done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", script], capture_output=True, text=True,
+                                  timeout=60, start_new_session=True)
+            seen[who] = done.stdout.strip()
+        assert seen == {"none": "False", "root": "True", "nobody": "False"}, seen
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
