@@ -206,9 +206,10 @@ def burned_gpus(f: BurninFacts) -> set[str] | None:
     for o in f.ranks:
         bus = o.report.pci_bus_id if o.report is not None else None
         bus = bus or f.buses.get(ranks.gpu_index(o.gpu))  # type: ignore[arg-type]
-        if not bus:
+        slot = nvml.slot(bus) if bus else ""
+        if not slot:  # unknown, or a form without a function part: then every Xid is the burn's
             return None
-        out.add(nvml.slot(bus))
+        out.add(slot)
     return out or None
 
 

@@ -173,8 +173,8 @@ def kube_label(
 ) -> int:
     """Kubernetes: label this node preflight/result=pass|fail (and preflight/action while the report asks for
     one) from the last report, failing it too where the device plugin advertises fewer GPUs than the run
-    found; with --taint, also taint it while not vouched, unless the fault is the job's or the cap is
-    reached. Only its own labels and taint are touched. Never runs a check.
+    found; with --taint, also taint it while not vouched (or a lemon: its history asks service),
+    unless the fault is the job's or the cap is reached. Only its own labels and taint are touched. Never runs a check.
 
     Exit 0 vouched, 1 not vouched or the API server could not be told."""
     from preflight.outputs import kube

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from preflight.base import safefile
+from preflight.base.actions import Next, decide
 
 if TYPE_CHECKING:
     from preflight.pipeline.report import Report
@@ -51,7 +52,7 @@ CREATE TABLE IF NOT EXISTS runs (
     verdict TEXT NOT NULL,
     level TEXT,
     profile TEXT,
-    action TEXT,
+    action TEXT,  -- what the run's checks asked (not its history's: a lemon is judged from these rows)
     domain TEXT,
     action_check TEXT,
     failed TEXT NOT NULL  -- the checks this run itself failed, comma-separated ('' for none)
@@ -97,9 +98,10 @@ class Run:
     verdict: str
     level: str | None
     profile: str | None
-    action: str | None
+    action: str | None  # what its checks asked (checks_action)
     failed: list[str]
     statuses: dict[str, str] = field(default_factory=dict)
+    domain: str | None = None  # its checks' action's: a lemon counts the node's failures alone
 
 
 @dataclass
@@ -261,10 +263,18 @@ def append(path: Path, report: Report, keep_days: float, keep_runs: int) -> int:
         raise _said(e, path) from None
 
 
+def checks_action(r: Report) -> tuple[Next, str | None]:
+    """What the run's checks asked, without its history's result: a lemon's `service` is a
+    judgement over these rows, and stored as a run's own it would count the job's faults of
+    every later run toward the next lemon (history_judge.lemon)."""
+    return decide([(c.next, c.check) for c in r.checks])
+
+
 def _insert(con: sqlite3.Connection, r: Report) -> int:
+    asked, check = checks_action(r)
     cur = con.execute(
         "INSERT INTO runs (started_at, finished_at, verdict, level, profile, action, domain, action_check, failed) VALUES (?,?,?,?,?,?,?,?,?)",
-        (_ts(r.started_at), _ts(r.finished_at), str(r.verdict.value), r.level, r.profile, str(r.action), str(r.domain), r.action_check, ",".join(failed_of(r))))
+        (_ts(r.started_at), _ts(r.finished_at), str(r.verdict.value), r.level, r.profile, str(asked.action), str(asked.domain), check, ",".join(failed_of(r))))
     run_id = int(cur.lastrowid or 0)
     con.executemany("INSERT OR REPLACE INTO results (run_id, check_name, status, carried) VALUES (?,?,?,?)",
                     [(run_id, c.check, str(c.status), int("carried_from" in c.details)) for c in r.checks])
@@ -318,9 +328,9 @@ def read(path: Path, since: datetime | None = None, last: int | None = None, che
                 if per_figure is not None:
                     del s.points[:-per_figure]
             low = min(wanted, default=0)
-            runs = [Run(i, _dt(st), _dt(f), v, lv, p, a, [x for x in fl.split(",") if x])
-                    for i, st, f, v, lv, p, a, fl in con.execute(
-                        "SELECT id, started_at, finished_at, verdict, level, profile, action, failed FROM runs WHERE id >= ? ORDER BY id", (low,))
+            runs = [Run(i, _dt(st), _dt(f), v, lv, p, a, [x for x in fl.split(",") if x], domain=dm)
+                    for i, st, f, v, lv, p, a, fl, dm in con.execute(
+                        "SELECT id, started_at, finished_at, verdict, level, profile, action, failed, domain FROM runs WHERE id >= ? ORDER BY id", (low,))
                     if i in wanted]
             by_id = {r.id: r for r in runs}
             for run_id, name, status in con.execute("SELECT run_id, check_name, status FROM results WHERE run_id >= ?", (low,)):

@@ -33,7 +33,7 @@ from datetime import datetime, timedelta
 from preflight.base.actions import Action, Domain, Next, highest
 from preflight.base.findings import Measurement, Status
 from preflight.base.units import fmt_value as human
-from preflight.outputs.history import CHECK, History, Run, Series, figures_of, failed_of
+from preflight.outputs.history import CHECK, History, Run, Series, checks_action, figures_of, failed_of
 from preflight.pipeline.check import Result
 from preflight.pipeline.expectations import DriftExpect
 
@@ -99,11 +99,13 @@ def lemon(runs: list[Run], this_failed: list[str], finished: datetime, fails: in
     A failure counts where the run before it passed: a lemon fails, passes and fails again.
     One fault that stays (the gate, then every hourly recheck, failing on it) is one failure,
     not one a run, or a single bad setting would send healthy hardware to service within hours.
-    A failure that is the job's (fix-job) says nothing of the node. Runs dated after this one
-    (a clock that was ahead) are not counted."""
+    Only a failure in the node's own domain counts: one that is the job's (fix-job) says
+    nothing of the node, and a software one (a driver, a setting: a host /dev/shm a job filled)
+    recurring is a drain each time, never hardware to send for service. Runs dated after this
+    one (a clock that was ahead) are not counted."""
     since = finished - timedelta(days=days)
     ordered = sorted((r for r in runs if r.finished_at <= finished), key=lambda r: r.finished_at)
-    marks = [(r.finished_at, r.failed if r.action != "fix-job" else []) for r in ordered]
+    marks = [(r.finished_at, r.failed if _the_nodes(r.action, r.domain) else []) for r in ordered]
     marks.append((finished, this_failed))
     failed, before = [], False
     for at, checks in marks:
@@ -113,6 +115,11 @@ def lemon(runs: list[Run], this_failed: list[str], finished: datetime, fails: in
     if len(failed) < fails:
         return len(failed), None
     return len(failed), f"failed {len(failed)} times in {days:g} days: " + ", ".join("+".join(f) for f in failed)
+
+
+def _the_nodes(action: str | None, domain: str | None) -> bool:
+    """Whether a run's failures (its checks' action and domain) say something of the hardware."""
+    return action != "fix-job" and domain in (None, "node")
 
 
 def judge(report_checks_figures: list[tuple[str, str, str, str, float | None, float | None, float]], this_failed: list[str],
@@ -164,7 +171,8 @@ def judge(report_checks_figures: list[tuple[str, str, str, str, float | None, fl
 
 
 def of_report(report, past: History, expect: DriftExpect | None, fails: int, days: float) -> Result:  # noqa: ANN001
-    """``judge`` for a Report not yet written. Its action so far is its checks' (the history's
-    result is not in it yet): a failure that is the job's counts toward no lemon, as in ``lemon``."""
-    failed = [] if str(report.action) == "fix-job" else failed_of(report)
+    """``judge`` for a Report not yet written: its failures count as in ``lemon``, by what its
+    checks asked."""
+    asked, _ = checks_action(report)
+    failed = failed_of(report) if _the_nodes(str(asked.action), str(asked.domain)) else []
     return judge(figures_of(report), failed, report.finished_at, past, expect, report.profile or "?", fails, days)

@@ -71,7 +71,7 @@ def as_json(h: History, db: str) -> str:
     return json.dumps({
         "history": db,
         "runs": [{"id": r.id, "started_at": r.started_at.isoformat(), "finished_at": r.finished_at.isoformat(), "verdict": r.verdict,
-                  "level": r.level, "profile": r.profile, "action": r.action, "failed": r.failed, "checks": r.statuses} for r in h.runs],
+                  "level": r.level, "profile": r.profile, "action": r.action, "domain": r.domain, "failed": r.failed, "checks": r.statuses} for r in h.runs],
         "figures": [{"check": s.check, "name": s.name, "labels": s.labels, "unit": s.unit, "floor": s.floor, "ceiling": s.ceiling,
                      "values": [{"run": run_id, "value": v} for run_id, v in s.points]} for s in h.series],
     }, indent=2) + "\n"

@@ -37,6 +37,7 @@ from preflight.outputs.last_report import Standing
 
 LABEL = "preflight/result"
 ACTION_LABEL = "preflight/action"
+HISTORY = "history"  # outputs/history.CHECK: the result a lemon is (without importing sqlite3 here)
 GPU_RESOURCE = "nvidia.com/gpu"  # what the NVIDIA device plugin advertises
 TAINT_CAP = 0.1  # the share of the cluster's nodes preflight may have tainted at once (at least one node)
 TAINT_KEY = "preflight/failed"
@@ -113,8 +114,9 @@ class Change:
 
 def decide(st: Standing, node: Node, taint: bool, capped: str | None = None) -> Change:
     """What to change so the node says what the report says; nothing when it already does.
-    A vouched node loses our taint even without --taint: it must not say "failed"; so does one
-    whose fault is the job's (fix-job: the node is fine). ``capped``: why no taint may be added
+    A vouched node loses our taint even without --taint: it must not say "failed" (unless its
+    history calls it a lemon: then it is labelled pass, action service, and tainted as a failure
+    is); so does one whose fault is the job's (fix-job: the node is fine). ``capped``: why no taint may be added
     now (the cap on tainted nodes), said instead."""
     want = "pass" if st.vouched else "fail"
     patch: dict[str, Any] = {}
@@ -132,8 +134,9 @@ def decide(st: Standing, node: Node, taint: bool, capped: str | None = None) -> 
     ours = [{k: t.get(k) for k in TAINT} for t in node.taints if t.get("key") == TAINT_KEY]
     others = [t for t in node.taints if t.get("key") != TAINT_KEY]
     jobs = st.action.action == Action.FIX_JOB
-    # Out of service: not vouched, or vouched but asking a drain or more (a lemon: history_judge).
-    out = not st.vouched or takes_out(st.action)
+    # Out of service: not vouched, or vouched but a lemon (the history asks service:
+    # history_judge), the one thing on a pass that takes a node out, as slurm.lemon_cause.
+    out = not st.vouched or lemon(st)
     taints = None
     if (not out or jobs) and ours:
         taints, said = others, f"remove taint {TAINT_KEY}" + (" (the fault is the job's: fix-job)" if jobs and not st.vouched else "")
@@ -163,7 +166,12 @@ UNREAD_TAINTS = {"...": "the node's other taints, as read, unchanged"}
 def decide_unread(st: Standing, taint: bool) -> Change:
     """The most a round could change on a node it could not read: the node is taken to say nothing
     of ours yet, and on a pass to carry our taint (the one thing a pass may have to take away)."""
-    return decide(st, Node(UNREAD_VERSION, {}, [UNREAD_TAINTS, *([TAINT] if st.vouched and not takes_out(st.action) else [])]), taint)
+    return decide(st, Node(UNREAD_VERSION, {}, [UNREAD_TAINTS, *([TAINT] if st.vouched and not lemon(st) else [])]), taint)
+
+
+def lemon(st: Standing) -> bool:
+    """A pass its history calls a lemon: tainted as a failure is (within the cap)."""
+    return bool(st.vouched) and st.check == HISTORY and takes_out(st.action)
 
 
 def request(name: str, patch: dict[str, Any]) -> str:

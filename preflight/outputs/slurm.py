@@ -43,7 +43,9 @@ if TYPE_CHECKING:
 PREFIX = "preflight"  # every reason of ours starts so: "preflight [node] drain: ...", and the older "preflight: ..."
 _OURS = re.compile(r"preflight(?: \[[a-z]+\] [a-z-]+)?: ")
 # The check a reason names: "<check> FAIL: ..." right after the prefix, as reason_for writes it.
-_NAMES_CHECK = re.compile(r"preflight(?: \[[a-z]+\] [a-z-]+)?: (\S+) (?:FAIL|ERROR): ")
+# WARN: a lemon's drain names the history, whose result is a WARN (lemon_cause); a run whose
+# history was skipped then keeps the drain (passes: SKIP) rather than lift and drain again.
+_NAMES_CHECK = re.compile(r"preflight(?: \[[a-z]+\] [a-z-]+)?: (\S+) (?:FAIL|ERROR|WARN): ")
 # A verdict that does not vouch with no failed check to name (no report, a stale pass, a run
 # that died): the node is not known bad, preflight's own machinery has not vouched for it.
 NO_VERDICT = Next(Step.DRAIN, Domain.SOFTWARE, "no verdict vouches for the node now")

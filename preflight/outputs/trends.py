@@ -56,24 +56,27 @@ def read(report: Path) -> History | None:
     if data is None:
         if not os.path.lexists(path):
             return None
-        raise history.HistoryError(f"{path} could have been written by another user (or is not a regular file): not read")
+        raise history.HistoryError(f"{path} could have been written by another user, or is not a regular file this user may read: not read")
     if len(data) > MAX_BYTES:
         raise history.HistoryError(f"{path} is over {MAX_BYTES >> 20} MiB: no run wrote it")
     try:
         return from_json(json.loads(data))
-    except (ValueError, TypeError, KeyError, AttributeError) as e:
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError, RecursionError) as e:
         raise history.HistoryError(f"{path} is not what a run writes ({e!r}): the next run writes it again") from None
 
 
 def from_json(doc: dict) -> History:
     """The inverse of history_text.as_json."""
     runs = [Run(int(r["id"]), datetime.fromisoformat(r["started_at"]), datetime.fromisoformat(r["finished_at"]), str(r["verdict"]),
-                r["level"], r["profile"], r["action"], [str(c) for c in r["failed"]], {str(k): str(v) for k, v in r["checks"].items()})
+                r["level"], r["profile"], r["action"], [str(c) for c in r["failed"]], {str(k): str(v) for k, v in r["checks"].items()},
+                r.get("domain"))
             for r in doc["runs"]]
     series = [Series(str(f["check"]), str(f["name"]), {str(k): str(v) for k, v in f["labels"].items()}, str(f["unit"]),
                      None if f["floor"] is None else float(f["floor"]), None if f["ceiling"] is None else float(f["ceiling"]),
                      [(int(v["run"]), float(v["value"])) for v in f["values"]])
               for f in doc["figures"]]
+    if any(not s.points for s in series):
+        raise ValueError("a figure with no values")
     return History(runs, series)
 
 

@@ -139,7 +139,7 @@ def view(data: bytes) -> ReportView | None:
     except (Declined, ValueError, RecursionError):
         return None
     checks = [_check_view(c) for c in r["checks"]]
-    shape = ShapeView(r["shape"]["gpus"], max(r["shape"]["gpus"], len(r["shape"]["pci_gpus"] or []))) if r["shape"] is not None else None
+    shape = ShapeView(r["shape"]["gpus"], r["shape"]["host_gpus"]) if r["shape"] is not None else None
     history = _check_view(r["history"]) if r["history"] is not None else None
     held = HeldBackView(r["held_back"]["by"], r["held_back"]["said"], r["held_back"]["at"]) if r["held_back"] is not None else None
     return ReportView(Verdict(r["verdict"]), r["profile"], r["boot_id"], r["started_at"], r["finished_at"], r["interrupted_by_signal"], checks,
@@ -358,6 +358,7 @@ NODE_SHAPE = {
     "nics_from": (_str, "sysfs /sys/class/infiniband"),
     "pinned": (_opt(_int()), None),
     "notes": (_list(_str), []),
+    "host_gpus": (_opt(_int()), None),
 }
 GROUP_NODE = {
     "node_rank": (_int(lo=0), _REQUIRED),

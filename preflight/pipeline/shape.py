@@ -63,13 +63,11 @@ class NodeShape(BaseModel):
     nics_from: str = "sysfs /sys/class/infiniband"
     pinned: int | None = None  # the site's `[node] gpus`
     notes: list[str] = []
-
-    @property
-    def host_gpus(self) -> int:
-        """The node's GPUs, not only those given to this process: a run in a job's container
-        (pyxis, a pod given 4 of 8) sees its own, while the bus lists the host's. What Slurm's
-        Gres is held to (outputs/slurm_gres.py): ShapeView.host_gpus is the same sum."""
-        return max(self.gpus, len(self.pci_gpus or []))
+    # The node's GPUs where this process was given fewer: the driver names a device minor for
+    # every GPU on the bus but /dev here holds only some (a job's container: pyxis, a pod given
+    # 4 of 8). What Slurm's Gres is held to (outputs/slurm.py). None: ``gpus`` is the node's. A GPU
+    # the driver does not hold (excluded, bound to vfio-pci) has no minor and is never counted.
+    host_gpus: int | None = None
 
     def describe(self) -> str:
         """'8 GPUs joined by NVSwitch, 12 RDMA NICs': one line for people."""
@@ -165,6 +163,7 @@ def judge_shape(
 ) -> NodeShape:
     notes: list[str] = []
     usable, gpus_from = _usable(pci, nodes, minors, notes)
+    given_fewer = bool(pci.gpus) and usable is not None and all(bus in minors for bus in pci.gpus) and len(usable) < len(pci.gpus)
     seen = len(inventory.gpus) + len(inventory.lost) if inventory else None
     if inventory is None:
         notes.append(f"NVML did not answer{': ' + why_no_nvml if why_no_nvml else ''}")
@@ -184,6 +183,7 @@ def judge_shape(
         gpus=count, gpus_from=gpus_from, slots=[s for s in usable or [] if not s.startswith("?")],
         pci_gpus=pci.gpus, device_nodes=nodes, nvml_gpus=seen, fabric=fabric, fabric_from=fabric_from,
         nvswitches=pci.nvswitches, nics=nics, pinned=pinned, notes=notes,
+        host_gpus=len(pci.gpus) if given_fewer and count < len(pci.gpus) else None,
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 from preflight.base.host import Host
@@ -29,7 +30,7 @@ def job_of(comm: str, cmdline: bytes) -> str | None:
     return found.group(1).decode() if found else None
 
 
-def _root_processes(host: Host, name: str):
+def _root_processes(host: Host, name: str) -> Iterator[tuple[str, str]]:
     """(its /proc directory, comm) of each of root's processes named ``name``."""
     try:
         entries = list(os.scandir(host.path("/proc")))
@@ -63,10 +64,22 @@ def running(host: Host) -> list[str]:
 
 
 def slurmd_here(host: Host) -> bool:
-    """Whether root's slurmd runs where this process can see it: in a container, that
-    container is a Slurm node (soperator's worker pods run slurmd, and every job, inside
-    one), so its /dev/shm is every job's here, the node's configuration."""
-    return next(_root_processes(host, "slurmd"), None) is not None
+    """Whether root's slurmd runs in this process's own mount namespace: in a container, that
+    container is then a Slurm node (soperator's worker pods run slurmd, and every job, inside
+    one), so its /dev/shm is every job's here, the node's configuration. Seeing one is not
+    enough: a container given the host's PIDs (hostPID, --pid=host) sees the host's slurmd and
+    every pod's processes, and any root pod may name a process slurmd. Unreadable: False."""
+    try:
+        mine = os.stat(host.path("/proc/self/ns/mnt")).st_ino
+    except OSError:
+        return False
+    for proc, _ in _root_processes(host, "slurmd"):
+        try:
+            if os.stat(os.path.join(proc, "ns", "mnt")).st_ino == mine:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def _roots(proc: str, recorded: bool) -> bool:

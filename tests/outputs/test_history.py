@@ -260,3 +260,17 @@ def test_a_clock_ahead_at_boot_does_not_age_out_the_history(tmp_path):
         history.append(db, later(r, hours), keep_days=90, keep_runs=100)
     history.append(db, later(r, 24 * 365), keep_days=90, keep_runs=100)  # a year ahead, until NTP sets it
     assert len(history.read(db).runs) == 4
+
+
+def test_a_run_is_stored_with_what_its_checks_asked_not_its_historys_lemon(tmp_path):
+    # A lemon's service is a judgement over the stored runs; stored as the run's own it would
+    # count a later run's job faults (stored service, not fix-job) toward the next lemon.
+    from preflight.pipeline.report import Result
+
+    r = cpu_pass()
+    r.history = Result(check="history", status=Status.WARN, summary="a lemon", action="service", domain="node", action_source="a lemon")
+    assert str(r.action) == "service"
+    db = tmp_path / "history.db"
+    history.append(db, r, keep_days=90, keep_runs=100)
+    (run,) = history.read(db).runs
+    assert (run.action, run.domain) == ("none", "node")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 from preflight.base.actions import Action
@@ -125,3 +126,13 @@ def test_this_runs_own_failure_counts_toward_a_lemon_unless_it_is_the_jobs():
     assert report.action == Action.FIX_JOB
     r = judge.of_report(report, History(two, []), RULE, 3, 7)
     assert r.action == Action.NONE and r.details["failures"] == 2  # a container's /dev/shm says nothing of the node
+
+
+def test_a_software_fault_that_recurs_is_no_lemon():
+    # A host /dev/shm a job keeps filling (the node's setting: drain, software) fails, passes, fails:
+    # each is a drain, none sends the hardware for service.
+    soft = runs(6, failed={1: ["shm"], 3: ["shm"], 5: ["shm"]})
+    soft = [replace(r, action="drain", domain="software") if r.failed else r for r in soft]
+    assert judge.judge([], [], T0 + timedelta(hours=7), History(soft, []), RULE, "cpu", 3, 7).details["failures"] == 0
+    hard = [replace(r, domain="node") for r in soft]
+    assert judge.judge([], [], T0 + timedelta(hours=7), History(hard, []), RULE, "cpu", 3, 7).action == Action.SERVICE

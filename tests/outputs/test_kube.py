@@ -134,6 +134,9 @@ def test_a_passing_lemon_says_pass_and_service_and_is_tainted_until_its_history_
     # A drift's watch is no reason to take the node out.
     drifting = PASSED._replace(action=Next(Action.WATCH, Domain.NODE, "drifting"), check="history")
     assert "spec" not in (kube.decide(drifting, node(label="pass"), taint=True).patch or {})
+    # Only the history's lemon takes a pass out: a plugin's WARN that names a drain does not.
+    plugin = PASSED._replace(action=Next(Action.DRAIN, Domain.NODE, "a plugin's warning"), check="site-nic")
+    assert "spec" not in (kube.decide(plugin, node(label="pass"), taint=True).patch or {})
 
 
 def test_a_device_plugin_advertising_fewer_gpus_than_the_run_found_fails_the_node() -> None:

@@ -198,12 +198,12 @@ def test_a_report_from_a_job_given_some_of_the_gpus_is_held_to_the_nodes_gres_by
     # Run in a job's container given 4 of the 8 (pyxis mounts only the allocated GPUs' device
     # nodes): the run saw 4, the bus lists the host's 8, and Gres=gpu:h100:8 is right.
     bus = [f"0000:{b:02x}:00.0" for b in (0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb)]
-    partial = {"gpus": 4, "gpus_from": "the PCI bus and /dev/nvidia{0-3}", "pci_gpus": bus, "device_nodes": [0, 1, 2, 3],
+    partial = {"gpus": 4, "gpus_from": "the PCI bus and /dev/nvidia{0-3}", "pci_gpus": bus, "device_nodes": [0, 1, 2, 3], "host_gpus": 8,
                "notes": ["4 of the host's 8 GPUs have no device node here (not given to this container)"]}
     p, calls = healthcheck(tmp_path, "cpu-pass", "idle", shape=partial)
     assert p.returncode == 0 and len(calls) == 1 and "draining" not in p.stdout, p.stdout + p.stderr
     # A GPU gone from the bus too is the node's loss, whatever the run was given.
-    p, calls = healthcheck(tmp_path / "lost", "cpu-pass", "idle", shape={**partial, "pci_gpus": bus[:7]})
+    p, calls = healthcheck(tmp_path / "lost", "cpu-pass", "idle", shape={**partial, "pci_gpus": bus[:7], "host_gpus": 7})
     assert calls[1][3] == "Reason=preflight [node] service: slurm-gres FAIL: Slurm's Gres says 8 GPUs, the node has 7", p.stdout
 
 
@@ -414,6 +414,14 @@ def test_a_failing_lemon_is_drained_for_service_naming_the_history_not_a_crash(t
     assert calls[-1] == ["update", "NodeName=gpu-01", "State=DRAIN", reason]
     p, _ = healthcheck(tmp_path / "dry", "shm-64m-fail", "idle", "--dry-run", history=LEMON)
     assert p.returncode == 1 and "service: history WARN" in p.stdout, p.stderr
+
+
+def test_a_lemon_drain_stays_while_a_run_could_not_judge_its_history(tmp_path):
+    # History locked past its deadline: the run passes, but says nothing of the lemon either way.
+    skipped = {"check": "history", "status": "SKIP", "summary": "history not kept: locked by another process for over 5 s"}
+    p, calls = healthcheck(tmp_path, "cpu-pass", "drained-lemon", history=skipped)
+    assert [c[0] for c in calls] == ["show"], p.stdout
+    assert "stays drained: preflight drained it for history, which does not pass yet: SKIP" in p.stdout, p.stdout
 
 
 def test_a_lemon_drain_is_lifted_once_the_history_asks_nothing_and_the_run_passes(tmp_path):

@@ -45,6 +45,10 @@ def test_a_container_given_two_gpus_counts_two_and_names_their_slots(root):
     assert (node.gpus, node.slots, node.pci_gpus) == (2, SLOTS[:2], SLOTS)
     assert node.notes == ["6 of the host's 8 GPUs have no device node here (not given to this container)"]
     assert node.host_gpus == 8  # the node's, which Slurm's Gres names
+    # A GPU the driver does not hold (NVreg_ExcludedGpus, bound to vfio-pci) has no minor: never the node's count.
+    (root / "proc/driver/nvidia/gpus" / SLOTS[7]).rename(root / "excluded")
+    (root / "dev/nvidia1").unlink()
+    assert shape.gather(Host(root), first(1)).host_gpus is None
 
 
 def test_a_container_whose_driver_does_not_say_which_node_is_which_counts_its_nodes(root):

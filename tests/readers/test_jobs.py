@@ -113,13 +113,16 @@ def test_roots_slurmd_says_this_is_a_slurm_node_and_another_users_does_not():
         (d / "slurmd").chmod(0o755)
         code = "from preflight.base.host import Host; from preflight.readers import jobs; print(jobs.slurmd_here(Host()))"
         seen = {}
-        for who, start in (("none", ""), ("root", f"{d}/slurmd 60 & "), ("nobody", f"runuser -u nobody -- {d}/slurmd 60 & ")):
+        # "elsewhere": root's slurmd in a mount namespace of its own, as a container given the
+        # host's PIDs (hostPID) sees the host's slurmd or another pod's: not this container's node.
+        for who, start in (("none", ""), ("root", f"{d}/slurmd 60 & "), ("nobody", f"runuser -u nobody -- {d}/slurmd 60 & "),
+                           ("elsewhere", f"unshare --mount {d}/slurmd 60 & ")):
             # Wait for the copy to run under its name (comm), then ask; at most 30 s.
             wait = "i=0; until grep -qsx slurmd /proc/[0-9]*/comm || [ $i -ge 600 ]; do sleep 0.05; i=$((i+1)); done; " if start else ""
             script = f"{start}{wait}{sys.executable} -c '{code}'; kill $! 2>/dev/null; true"
             done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", script], capture_output=True, text=True,
                                   timeout=60, start_new_session=True)
             seen[who] = done.stdout.strip()
-        assert seen == {"none": "False", "root": "True", "nobody": "False"}, seen
+        assert seen == {"none": "False", "root": "True", "nobody": "False", "elsewhere": "False"}, seen
     finally:
         shutil.rmtree(d, ignore_errors=True)
