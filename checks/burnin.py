@@ -23,9 +23,8 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from preflight.base.actions import LADDER, Action, Domain, Next, highest
 from preflight.base.findings import Finding, Measurement, Status
-from preflight.checkkit import outliers
+from preflight.checkkit import burnin_xid, outliers
 from preflight.checkkit.figures import Figure
 from preflight.checkkit.sources import Sources, one_fact
 from preflight.gpuwork import launch, ranks
@@ -193,65 +192,6 @@ def judge_nvml(figs: dict[int, dict], expect: BurninExpect) -> list[Finding]:
     return out
 
 
-def _on_the_gpu(n: Next) -> Next:
-    if LADDER.index(n.action) >= LADDER.index(Action.DRAIN) and n.domain == Domain.NODE:
-        return n
-    return Next(max(n.action, Action.DRAIN, key=LADDER.index), Domain.NODE, f"{n.source}; in preflight's own burn-in, the GPU's fault")
-
-
-def burned_gpus(f: BurninFacts) -> set[str] | None:
-    """The PCI slots (domain:bus:device, as Xid lines name them) of the GPUs the ranks loaded;
-    None where any rank's is unknown (its torch does not say and no inventory names its index)."""
-    out = set()
-    for o in f.ranks:
-        bus = o.report.pci_bus_id if o.report is not None else None
-        bus = bus or f.buses.get(ranks.gpu_index(o.gpu))  # type: ignore[arg-type]
-        slot = nvml.slot(bus) if bus else ""
-        if not slot:  # unknown, or a form without a function part: then every Xid is the burn's
-            return None
-        out.add(slot)
-    return out or None
-
-
-def judge_xid(new: list[dict], forgeable: bool = False, burned: set[str] | None = None) -> list[Finding]:
-    """Any new Xid on a GPU the burn-in loaded fails: the burn-in is a known-good application, so
-    even a code the catalog blames on the application (RESTART_APP; its workflows: "if known good
-    APP ... REPORT_ISSUE") is the GPU's. The action is the highest the codes' catalog buckets ask,
-    at least a drain. ``forgeable``: the log was read through syslog(2), where another user's
-    message may imitate a driver's line (as the cuda check says): still a FAIL, but a drain for a
-    person to look at, never a reboot or an RMA on the word of a line anyone could have written.
-    ``burned``: the GPUs loaded, where known. An Xid on another GPU (a job's on a shared node,
-    or a burn-in limited by CUDA_VISIBLE_DEVICES) is not the burn-in's to judge: a WARN naming
-    it, for the cuda check's catalog judge of every run. One with no GPU named stays a FAIL."""
-    elsewhere = [e for e in new if burned is not None and e["pci"] and e["pci"] not in burned]
-    return _xid_on(elsewhere, burned or set()) + _xid_under_load([e for e in new if e not in elsewhere], forgeable)
-
-
-def _xid_on(elsewhere: list[dict], burned: set[str]) -> list[Finding]:
-    if not elsewhere:
-        return []
-    codes = ", ".join(sorted({f"Xid {e['code']} on {e['pci']}" for e in elsewhere}))
-    return [Finding(WARN, f"new Xid during burn-in on a GPU it did not load: {codes}",
-                    f"the burn-in loaded {', '.join(sorted(burned))}; the kernel logged " + "; ".join(e["raw"].strip() for e in elsewhere[:3])
-                    + " for another GPU, whose work (another job's, on a shared node) preflight did not run",
-                    "the cuda check judges every Xid since boot by NVIDIA's catalog; `preflight xid` explains the code; "
-                    f"to load that GPU too, run `{RERUN}` with it visible")]
-
-
-def _xid_under_load(new: list[dict], forgeable: bool) -> list[Finding]:
-    if not new:
-        return []
-    codes = ", ".join(sorted({f"Xid {e['code']} on {e['pci'] or 'an unknown GPU'}" for e in new}))
-    infos = [ev.info for e in new for ev in (xid.parse(e["raw"]) or [None]) if ev is not None]
-    infos += [xid.explain("xid", e["code"]) for e in new if not xid.parse(e["raw"])]
-    asked = [_on_the_gpu(i.act) for i in infos]
-    if forgeable:
-        asked = [Next(Action.DRAIN, Domain.SOFTWARE, f"{n.source}; read through syslog(2), where another user may have written it")
-                 for n in asked]
-    return [Finding(FAIL, f"new Xid during burn-in: {codes}", "the kernel logged " + "; ".join(e["raw"].strip() for e in new[:3]) + " while the burn-in ran",
-                    "look the codes up with `preflight xid`; " + DIAG, act=highest(asked))]
-
-
 # (figure key, its name: its band's and its shortfall metric's, unit, scale). Not temperature:
 # a ratio of Celsius values means nothing, and GPUs at different places in a chassis's
 # airflow run 10-15 C apart under the same load; a GPU too hot shows as thermal slowdown.
@@ -291,7 +231,7 @@ def judge_unwatched(f: BurninFacts) -> list[Finding]:
 
 def judge(f: BurninFacts, figs: dict[int, dict], expect: BurninExpect, band: OutlierExpect | None) -> list[Finding]:
     return (ranks.judge_run(f, "the burn-in", ranks.by_hand(f, "burnin.py"), judge_wrong(f))
-            + judge_nvml(figs, expect) + judge_xid(f.new_xids, f.xid_note == xid.SYSLOG_NOTE, burned_gpus(f)) + judge_outliers(f, figs, band) + judge_unwatched(f))
+            + judge_nvml(figs, expect) + burnin_xid.judge(f.new_xids, f.xid_note == xid.SYSLOG_NOTE, burnin_xid.burned_gpus(f.ranks, f.buses), DIAG, RERUN) + judge_outliers(f, figs, band) + judge_unwatched(f))
 
 
 def measurements(f: BurninFacts, figs: dict[int, dict], band: OutlierExpect | None) -> list[Measurement]:

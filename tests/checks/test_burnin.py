@@ -12,6 +12,7 @@ import pytest
 import fakes
 from conftest import clean_env, make_ctx, run_preflight
 
+from preflight.checkkit import burnin_xid
 from preflight.checks import burnin
 from preflight.base.actions import Action, Domain
 from preflight.base.findings import Status
@@ -206,10 +207,10 @@ def test_which_gpus_burned_comes_from_the_ranks_else_the_inventory_and_unknown_j
     f = facts([rank_report(0, pci_bus_id=None), rank_report(1, pci_bus_id=None)], [trace(0), trace(1)])
     other = {"code": 13, "pci": "0000:c1:00", "raw": "NVRM: Xid (PCI:0000:c1:00): 13, Graphics SM Warp Exception"}
     f.new_xids = [other]
-    assert burnin.burned_gpus(f) is None  # an older torch says no bus id, and no inventory: every Xid is the burn's
+    assert burnin_xid.burned_gpus(f.ranks, f.buses) is None  # an older torch says no bus id, and no inventory: every Xid is the burn's
     assert [x.status for x in judged(f)] == [Status.FAIL]
     f.buses = {0: "00000000:18:00.0", 1: "00000000:C1:00.0"}  # the cuda check's NVML inventory, by nvidia-smi index
-    assert burnin.burned_gpus(f) == {"0000:18:00", "0000:c1:00"}
+    assert burnin_xid.burned_gpus(f.ranks, f.buses) == {"0000:18:00", "0000:c1:00"}
     assert [x.status for x in judged(f)] == [Status.FAIL]  # GPU 1 is the one that burned
     f.new_xids = [{**other, "pci": None, "raw": "NVRM: Xid 13"}]  # no GPU named: it may be a loaded one
     f.buses = {0: "00000000:18:00.0", 1: "00000000:19:00.0"}

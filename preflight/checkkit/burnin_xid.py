@@ -1,0 +1,77 @@
+"""The burnin check's judge of the Xids the kernel logged while it ran (checks/burnin.py).
+
+The burn-in is a known-good application, so an Xid on a GPU it loaded is the GPU's fault
+whatever the catalog blames; one on a GPU it did not load (another job's on a shared
+node, a burn limited by CUDA_VISIBLE_DEVICES) is not its to judge.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from preflight.base.actions import LADDER, Action, Domain, Next, highest
+from preflight.base.findings import Finding, Status
+from preflight.gpuwork import ranks
+from preflight.readers import nvml, xid
+
+if TYPE_CHECKING:
+    from preflight.gpuwork.ranks import RankOutcome
+
+
+def _on_the_gpu(n: Next) -> Next:
+    if LADDER.index(n.action) >= LADDER.index(Action.DRAIN) and n.domain == Domain.NODE:
+        return n
+    return Next(max(n.action, Action.DRAIN, key=LADDER.index), Domain.NODE, f"{n.source}; in preflight's own burn-in, the GPU's fault")
+
+
+def burned_gpus(outcomes: list[RankOutcome], buses: dict[int, str]) -> set[str] | None:
+    """The PCI slots (domain:bus:device, as Xid lines name them) of the GPUs the ranks loaded,
+    from each rank's own report, else ``buses`` (the cuda check's inventory by nvidia-smi index);
+    None where any rank's is unknown."""
+    out = set()
+    for o in outcomes:
+        bus = o.report.pci_bus_id if o.report is not None else None
+        bus = bus or buses.get(ranks.gpu_index(o.gpu))  # type: ignore[arg-type]
+        slot = nvml.slot(bus) if bus else ""
+        if not slot:  # unknown, or a form without a function part: then every Xid is the burn's
+            return None
+        out.add(slot)
+    return out or None
+
+
+def judge(new: list[dict], forgeable: bool, burned: set[str] | None, diag: str, rerun: str) -> list[Finding]:
+    """Any new Xid on a GPU the burn-in loaded fails (even a code the catalog blames on the
+    application, RESTART_APP: its workflows say "if known good APP ... REPORT_ISSUE"), with the
+    highest action the codes' catalog buckets ask, at least a drain. ``forgeable``: the log was
+    read through syslog(2), where another user's message may imitate a driver's line (as the cuda
+    check says): still a FAIL, but a drain for a person to look at, never a reboot or an RMA on
+    the word of a line anyone could have written. ``burned``: the GPUs loaded, where known; an
+    Xid on another is a WARN naming it, for the cuda check's catalog judge of every run. One with
+    no GPU named stays a FAIL."""
+    elsewhere = [e for e in new if burned is not None and e["pci"] and e["pci"] not in burned]
+    return _elsewhere(elsewhere, burned or set(), rerun) + _under_load([e for e in new if e not in elsewhere], forgeable, diag)
+
+
+def _elsewhere(found: list[dict], burned: set[str], rerun: str) -> list[Finding]:
+    if not found:
+        return []
+    codes = ", ".join(sorted({f"Xid {e['code']} on {e['pci']}" for e in found}))
+    return [Finding(Status.WARN, f"new Xid during burn-in on a GPU it did not load: {codes}",
+                    f"the burn-in loaded {', '.join(sorted(burned))}; the kernel logged " + "; ".join(e["raw"].strip() for e in found[:3])
+                    + " for another GPU, whose work (another job's, on a shared node) preflight did not run",
+                    "the cuda check judges every Xid since boot by NVIDIA's catalog; `preflight xid` explains the code; "
+                    f"to load that GPU too, run `{rerun}` with it visible")]
+
+
+def _under_load(new: list[dict], forgeable: bool, diag: str) -> list[Finding]:
+    if not new:
+        return []
+    codes = ", ".join(sorted({f"Xid {e['code']} on {e['pci'] or 'an unknown GPU'}" for e in new}))
+    infos = [ev.info for e in new for ev in (xid.parse(e["raw"]) or [None]) if ev is not None]
+    infos += [xid.explain("xid", e["code"]) for e in new if not xid.parse(e["raw"])]
+    asked = [_on_the_gpu(i.act) for i in infos]
+    if forgeable:
+        asked = [Next(Action.DRAIN, Domain.SOFTWARE, f"{n.source}; read through syslog(2), where another user may have written it")
+                 for n in asked]
+    return [Finding(Status.FAIL, f"new Xid during burn-in: {codes}", "the kernel logged " + "; ".join(e["raw"].strip() for e in new[:3])
+                    + " while the burn-in ran", "look the codes up with `preflight xid`; " + diag, act=highest(asked))]
