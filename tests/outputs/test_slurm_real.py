@@ -364,6 +364,22 @@ def test_a_drain_is_lifted_only_once_the_check_that_drained_it_passes(cluster):
             resume(cluster)
 
 
+def test_a_passing_lemon_is_drained_for_service_and_resumed_once_its_history_asks_nothing(cluster):
+    from test_slurm import LEMON
+
+    report_file(cluster.report, "cpu-pass", history=LEMON)  # the run passed; the node failed 3 times this week
+    try:
+        p = cluster.healthcheck()
+        reason = "preflight [node] service: history WARN: failed 3 times in 7 days: shm, shm, shm"
+        assert cluster.state() == ("drained", reason), p.stdout + p.stderr
+        report_file(cluster.report, "cpu-pass")  # the failures aged out of the window: the history asks nothing
+        p = cluster.healthcheck()
+        assert p.returncode == 0 and "resuming" in p.stdout and "drain" not in cluster.state()[0], p.stdout + p.stderr
+    finally:
+        if "drain" in cluster.state()[0]:
+            resume(cluster)
+
+
 def test_a_drain_of_an_older_preflight_is_still_its_own(cluster):
     old = "preflight: shm FAIL: /dev/shm is 64 MiB, below the 1 GiB floor"
     cluster.run("scontrol", "update", f"NodeName={cluster.node}", "State=DRAIN", f"Reason={old}")
