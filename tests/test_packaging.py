@@ -78,8 +78,9 @@ def venv(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return venv
 
 
-def test_the_distribution_is_not_pypis_preflight() -> None:
-    """PyPI's `preflight` is a 2015 Django deploy checker: nothing here may install it."""
+def test_nothing_installs_preflight_or_gpu_preflight_from_an_index() -> None:
+    """PyPI's `preflight` is a 2015 Django deploy checker, and nothing is published under
+    `gpu-preflight` yet: no install line here may name either (a wheel file or a path may)."""
     assert re.search(r'^name = "gpu-preflight"$', (ROOT / "pyproject.toml").read_text(), re.M)
     install = re.compile(r"pip\S* install\b([^\n&;|#(`]*)")
 
@@ -87,7 +88,7 @@ def test_the_distribution_is_not_pypis_preflight() -> None:
         for m in install.finditer(line):
             for token in m.group(1).split():
                 name = re.match(r"[A-Za-z0-9._-]+", token.strip("'\""))
-                if not token.startswith("-") and name and name.group(0).lower() == "preflight":
+                if not token.startswith("-") and name and name.group(0).lower() in ("preflight", "gpu-preflight", "gpu_preflight"):
                     return True
         return False
 
@@ -99,7 +100,7 @@ def test_the_distribution_is_not_pypis_preflight() -> None:
                 for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
                     if names_bare(line):
                         offenders.append(f"{p.relative_to(ROOT)}:{n}: {line.strip()}")
-    assert not offenders, "install lines naming PyPI's `preflight`:\n" + "\n".join(offenders)
+    assert not offenders, "install lines naming `preflight` or `gpu-preflight` on an index:\n" + "\n".join(offenders)
 
 
 def test_sdist_holds_the_source_the_wheel_is_built_from(dist: Path) -> None:
@@ -157,3 +158,27 @@ def test_version_says_where_the_units_and_examples_are(venv: Path, tmp_path: Pat
     assert str(files).startswith(str(venv))
     assert (files / "systemd" / "preflight.service").is_file()
     assert (files / "examples" / "prometheus" / "preflight-rules.yml").is_file()
+
+
+def test_the_containerfile_builds_the_daemonsets_image_from_the_wheel_this_checkout_makes(dist: Path) -> None:
+    """examples/kubernetes/Containerfile: every file it copies exists (the wheel as the build
+    names it), it installs the wheel it copied, and daemonset.yaml runs the image it tags."""
+    from preflight import __version__
+
+    text = (ROOT / "examples" / "kubernetes" / "Containerfile").read_text()
+    wheel = _one(dist, "gpu_preflight-*.whl")
+    assert wheel.name == f"gpu_preflight-{__version__}-py3-none-any.whl"
+    copies = re.findall(r"^COPY\s+(\S+)\s+(\S+)$", text, re.M)
+    assert copies, "the Containerfile copies nothing: the test is broken"
+    for src, dest in copies:
+        if src.startswith("dist/"):
+            assert src == f"dist/{wheel.name}", f"COPY {src}: the wheel this checkout builds is {wheel.name}"
+            assert f"pip install --no-cache-dir {dest.rstrip('/')}/{wheel.name}" in text, "the wheel copied is the one installed"
+        else:
+            assert (ROOT / src).exists(), f"COPY {src}: no such file in the repository"
+    tag = re.search(r"podman build -f examples/kubernetes/Containerfile -t (\S+) \.$", text, re.M)
+    assert tag and tag.group(1).endswith(f":{__version__}"), "the header's build line tags the image with the version"
+    assert f"pip wheel --no-deps -w dist .      # makes dist/{wheel.name}" in text
+    manifest = (ROOT / "examples" / "kubernetes" / "daemonset.yaml").read_text()
+    assert re.findall(r"^\s+image: (\S+)$", manifest, re.M) == [tag.group(1)], "daemonset.yaml runs the image the Containerfile builds"
+    assert re.search(r"^FROM \$\{CUDA_BASE\}$", text, re.M) and "ARG CUDA_BASE=nvcr.io/nvidia/cuda:" in text
