@@ -43,3 +43,75 @@ def test_architecture_draws_every_room_and_module_of_the_tree() -> None:
     modules += [f"workers/{p.name}" for p in (ROOT / "checks" / "workers").glob("*.py") if p.name != "__init__.py"]
     unnamed = [m for m in sorted(modules) if m not in text]
     assert not unnamed, f"ARCHITECTURE.md does not say what these modules are for: {unnamed}"
+
+
+def test_the_checks_and_floors_reference_is_what_the_code_writes() -> None:
+    """docs/reference.md is generated (preflight/outputs/reference.py): a profile's floor or a
+    check's description changed without writing it again fails here, naming the command."""
+    from preflight.outputs import reference
+
+    written = (ROOT / "docs" / "reference.md").read_text()
+    assert written == reference.render(), "docs/reference.md is stale: python -m preflight.outputs.reference docs/reference.md"
+    assert "| `shm_min_bytes` | at least | 17179869184 bytes (16 GiB) |" in written  # a floor, with its unit in words
+
+
+# --- the docs' commands and links ---------------------------------------------------------------
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+_FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+_ENDS = {"|", "||", "&&", ";", ">", ">>", "2>", "2>&1", "&", "<"}
+
+
+def _commands(text: str) -> list[list[str]]:
+    """Every `preflight ...` command line in the shell blocks of ``text``, as its words up to
+    the first pipe, redirection or `&&`; a leading `$ `, `sudo`, `env` or VAR=value is dropped."""
+    import shlex
+
+    out = []
+    for lang, body in _FENCE.findall(text):
+        if lang not in ("", "sh", "bash", "console", "shell"):
+            continue
+        for line in body.replace("\\\n", " ").splitlines():
+            try:
+                words = shlex.split(line.strip().removeprefix("$ "), comments=True)
+            except ValueError:
+                continue
+            while words and (words[0] in ("sudo", "env", "exec", "time") or re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0])):
+                words = words[1:]
+            if not words or not (words[0] == "preflight" or words[0].endswith("/preflight")):
+                continue
+            cut = next((i for i, w in enumerate(words) if w in _ENDS or w.startswith((">", "2>"))), len(words))
+            out.append(words[1:cut])
+    return out
+
+
+def test_every_preflight_command_in_the_docs_names_a_command_and_flags_that_exist() -> None:
+    """Each command in README's and docs/'s shell blocks, given to the CLI itself with --help
+    (which touches no GPU or cluster): a command or a flag that no longer exists fails here."""
+    from typer.testing import CliRunner
+
+    from preflight.cli.app import app
+
+    runner, bad, seen = CliRunner(), [], 0
+    for doc in DOCS:
+        for words in _commands(doc.read_text()):
+            if not words or words[0].startswith("-"):
+                continue  # `preflight --help`, `preflight` alone: the app's own
+            seen += 1
+            done = runner.invoke(app, [*words, "--help"])
+            if done.exit_code != 0:
+                bad.append(f"{doc.relative_to(ROOT)}: preflight {' '.join(words)}: {(done.output.strip().splitlines() or [''])[-1]}")
+    assert seen > 20, "the docs' shell blocks hold almost no preflight command: the parser is broken"
+    assert not bad, "\n".join(bad)
+
+
+def test_every_relative_link_in_the_docs_resolves() -> None:
+    bad = []
+    for doc in DOCS:
+        for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            path = target.split("#", 1)[0]
+            if path and not (doc.parent / path).exists():
+                bad.append(f"{doc.relative_to(ROOT)}: {target}")
+    assert not bad, "links to nothing:\n" + "\n".join(bad)

@@ -105,6 +105,11 @@ def _moved(e: Exception) -> ModuleNotFoundError | None:
     return moved
 
 
+def builtin() -> list[Check]:
+    """The checks this distribution itself provides, cheapest first: a site's plugins left out."""
+    return sorted((load(n) for n, ep in _entry_points().items() if ep.dist is not None and ep.dist.name == DIST), key=lambda c: (c.order, c.name))
+
+
 def installed(order: list[str] | None = None) -> list[Check]:
     """Every installed check, cheapest first; given ``order`` (a profile's
     checks), those of them installed, in that order."""
