@@ -103,6 +103,38 @@ def test_a_node_kept_out_of_its_group_is_shown_failed_with_why(tmp_path: Path):
     assert "64 MiB" in got.dom
 
 
+# README's picture of a verdict: docs/page.png is this test's screenshot.
+
+DOCS_PNG = Path(__file__).parents[2] / "docs" / "page.png"
+DOCS_SIZE = (1280, 720)  # the banner, the problem with its cause and fix, the timeline and the table
+
+
+def test_readme_s_picture_of_the_page_is_the_page_rendered_now(tmp_path: Path):
+    """The page of the recorded tests/fixtures/reports/shm-64m-fail.json, rendered by Chromium with
+    --screenshot into tmp_path, is a PNG of the size of the committed docs/page.png (pixels are not
+    compared: fonts differ from one machine to the next). The report is named by its path from
+    the repository's root, as the banner shows it, so the picture holds no local path.
+
+    To make docs/page.png again, from the repository's root (not a PREFLIGHT_* name: the tests
+    clear those):
+    DOCS_PAGE_PNG=docs/page.png python -m pytest tests/outputs/test_page_browser.py -k readme
+    """
+    page = tmp_path / "shm-64m-fail.html"
+    root = DOCS_PNG.parents[1]
+    subprocess.run([sys.executable, "-m", "preflight", "report", "tests/fixtures/reports/shm-64m-fail.json", "--html", str(page)],
+                   check=True, capture_output=True, timeout=60, cwd=root)
+    got = look(page, tmp_path, width=DOCS_SIZE[0], height=DOCS_SIZE[1])
+    assert got.console == [] and got.requests == [], (got.console, got.requests)
+    assert png_size(got.png) == DOCS_SIZE
+    assert png_pixel(got.png, 5, 5) == RED
+    keep = os.environ.get("DOCS_PAGE_PNG")
+    if keep:
+        Path(keep).write_bytes(got.png)
+    committed = DOCS_PNG.read_bytes()
+    assert png_size(committed) == DOCS_SIZE, "docs/page.png is not the size this test renders: make it again (see the docstring)"
+    assert len(committed) < 300_000, f"docs/page.png is {len(committed)} bytes: keep README's picture small"
+
+
 # The harness itself: a page that does reach out is caught, both ways.
 
 
