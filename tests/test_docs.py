@@ -1,10 +1,14 @@
-"""docs/ARCHITECTURE.md is read by someone holding only this repository: every
-file it names must be in it."""
+"""The documentation as a reader holds it: docs/ARCHITECTURE.md names only files this
+repository has; docs/reference.md is what the code writes; every `preflight` command in
+README's and docs/'s shell blocks exists with its flags, and every relative link resolves;
+README stays short and links to every page of docs/, each of which starts with its title."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SKIP = {".git", ".venv", "build", "dist", "__pycache__"}
@@ -115,3 +119,28 @@ def test_every_relative_link_in_the_docs_resolves() -> None:
             if path and not (doc.parent / path).exists():
                 bad.append(f"{doc.relative_to(ROOT)}: {target}")
     assert not bad, "links to nothing:\n" + "\n".join(bad)
+
+
+# --- README is the way in; docs/ holds a page per task ------------------------------------------
+
+PAGES = ["boot-gate.md", "slurm.md", "kubernetes.md", "prometheus.md", "checks.md", "configuration.md", "explain.md",
+         "many-nodes.md", "gpu-kit.md", "writing-a-check.md", "actions-and-history.md", "upgrade.md",
+         "verdict.md", "development.md", "reference.md", "ARCHITECTURE.md"]
+
+
+def test_readme_is_short_enough_to_find_the_deploy_pages_in() -> None:
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 250, f"README.md is {len(lines)} lines: move the detail into a page of docs/"
+
+
+def test_readme_links_to_every_page_of_the_docs() -> None:
+    links = set(re.findall(r"\]\(docs/([^)#\s]+)(?:#[^)]*)?\)", (ROOT / "README.md").read_text()))
+    assert not set(PAGES) - links, f"README.md does not link to {sorted(set(PAGES) - links)}"
+    unlisted = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name not in PAGES)
+    assert not unlisted, f"docs/ has pages this test (and so README) does not name: {unlisted}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_each_docs_page_exists_and_starts_with_its_title(page: str) -> None:
+    text = (ROOT / "docs" / page).read_text()
+    assert re.match(r"# \S", text), f"docs/{page} does not start with a `# ` title"

@@ -393,7 +393,7 @@ def test_the_slurm_conf_snippet_points_at_the_shipped_programs() -> None:
 # must accept each of them as written.
 
 MULTINODE_JOB = K8S / "multinode-job.yaml"
-README = EXAMPLES.parent / "README.md"
+DOCS = EXAMPLES.parent / "docs"
 
 
 def option(args: list[str], name: str) -> str | None:
@@ -573,22 +573,19 @@ def test_the_pairwise_sbatch_runs_a_valid_pairwise(recorders: Path, tmp_path: Pa
     parse(args)
 
 
-def readme_section(title: str) -> str:
-    text = README.read_text()
-    start = text.index(f"\n## {title}\n")
-    end = text.find("\n## ", start + 1)
-    return text[start:end if end > 0 else None]
-
-
-# Many nodes' prose names subcommands and placeholders (`preflight run --nnodes N`); Deploy's gives whole lines.
-@pytest.mark.parametrize("title, at_least, prose", [("Many nodes", 4, False), ("Deploy on a GPU node", 8, True)])
-def test_every_preflight_command_in_the_readmes_how_to_sections_is_valid(title: str, at_least: int, prose: bool) -> None:
-    section = readme_section(title)
+# many-nodes.md's prose names subcommands and placeholders (`preflight run --nnodes N`); the deploy pages' give whole lines.
+@pytest.mark.parametrize("page, at_least, prose", [
+    ("many-nodes.md", 4, False), ("boot-gate.md", 8, True), ("slurm.md", 10, True), ("kubernetes.md", 4, True),
+    ("prometheus.md", 3, True), ("upgrade.md", 4, True),
+])
+def test_every_preflight_command_in_the_how_to_pages_is_valid(page: str, at_least: int, prose: bool) -> None:
+    section = (DOCS / page).read_text()
     found = []
     for block in re.findall(r"```sh\n(.*?)```", section, re.DOTALL):
         for line in block.replace("\\\n", " ").splitlines():
             words = shlex.split(line, comments=True)
-            if "preflight" in words and words[0] not in ("cd", "systemctl", "journalctl"):  # the command, not the unit or the checkout
+            # the command, not the unit, the checkout or the namespace (`kubectl -n preflight`)
+            if "preflight" in words and words[0] not in ("cd", "systemctl", "journalctl", "kubectl"):
                 found.append(words[words.index("preflight") + 1:])
     if prose:  # the command lines the prose gives in `code`, which a reader copies as well
         found += [shlex.split(span.replace("\n", " "))[1:] for span in re.findall(r"`(preflight [^`]+)`", section)]

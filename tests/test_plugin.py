@@ -1,7 +1,7 @@
 """A check from another distribution, installed by pip, runs through the real CLI.
 
-The package is README's own example ("Writing a check"): its pyproject.toml and
-module are taken from README's code blocks, so the example cannot drift from
+The package is the documentation's own example (docs/writing-a-check.md): its
+pyproject.toml and module are taken from that page's code blocks, so the example cannot drift from
 what works. It is built and installed with pip into a directory of its own
 (no network: --no-index, --no-build-isolation), beside a second package whose
 check fails to import, and `preflight` sees both through PYTHONPATH, as any
@@ -32,12 +32,13 @@ ROOT = Path(__file__).resolve().parents[1]
 BROKEN = "brokensite"  # the check whose module cannot import
 
 
-def readme_example() -> tuple[str, str, str]:
-    """README's "Writing a check": the package's pyproject.toml, its module, the profile's lines."""
-    section = (ROOT / "README.md").read_text().split("### Writing a check\n", 1)[1]
+def page_example() -> tuple[str, str, str]:
+    """docs/writing-a-check.md, up to its next section: the package's pyproject.toml, its module,
+    the profile's lines."""
+    section = (ROOT / "docs" / "writing-a-check.md").read_text().split("# Writing a check\n", 1)[1]
     section = re.split(r"\n#{2,3} ", section, maxsplit=1)[0]
     blocks = re.findall(r"```(\w+)\n(.*?)```", section, re.S)
-    assert [lang for lang, _ in blocks] == ["toml", "python", "toml"], "README's Writing a check changed its blocks"
+    assert [lang for lang, _ in blocks] == ["toml", "python", "toml"], "docs/writing-a-check.md changed its blocks"
     return blocks[0][1], blocks[1][1], blocks[2][1]
 
 
@@ -76,7 +77,7 @@ def _package(where: Path, pyproject: str, module: str, text: str) -> Path:
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Site:
     pytest.importorskip("setuptools", reason="pip builds the plugin with this environment's setuptools (--no-build-isolation)")
-    pyproject, code, profile_lines = readme_example()
+    pyproject, code, profile_lines = page_example()
     (name, target), = tomllib.loads(pyproject)["project"]["entry-points"]["preflight.checks"].items()
     top = tmp_path_factory.mktemp("plugin")
     good = _package(top / "site-checks", pyproject, target.split(":")[0], code)
@@ -89,12 +90,12 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Site:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
-    # README's way: a site profile of the built-in's name, with the check in its
-    # `checks` and its standard and full levels, and README's floor table (the
+    # The page's way: a site profile of the built-in's name, with the check in its
+    # `checks` and its standard and full levels, and the page's floor table (the
     # check that cannot import listed too).
     floor = re.search(r"^\[floors\.\w+\]\n(?:\w+ = .*\n)+", profile_lines, re.M)
-    assert floor, "README's profile lines hold no [floors.NAME] table"
-    assert "[levels.standard] and [levels.full]" in profile_lines, "README no longer says which levels to add the check to"
+    assert floor, "docs/writing-a-check.md's profile lines hold no [floors.NAME] table"
+    assert "[levels.standard] and [levels.full]" in profile_lines, "docs/writing-a-check.md no longer says which levels to add the check to"
     text, n = re.subn(r'^checks = \[(.*"train".*)\]$', rf'checks = [\1, "{name}", "{BROKEN}"]', CPU_TOML.read_text(), flags=re.M)
     assert n == 3, "cpu.toml's checks lines changed (checks, [levels.standard], [levels.full]): the site profile was not written"
     profiles = top / "profiles"
@@ -105,7 +106,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Site:
     env = {**clean_env(), "PYTHONPATH": str(installed), "PREFLIGHT_PROFILES_DIR": str(profiles),
            "PREFLIGHT_LOCK_FILE": str(top / "preflight.lock"), "SCRATCH": str(scratch)}
     description = re.search(r'^    description = "(.*)"$', code, re.M)
-    assert description, "README's check has no description line"
+    assert description, "docs/writing-a-check.md's check has no description line"
     return Site(name, description.group(1), env, scratch)
 
 

@@ -145,8 +145,8 @@ def test_seconds_past_a_day_or_infinite_are_refused(tmp_path, args, words):
 
 # --- a document that quotes NCCL lines is not a log ----------------------------------------
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/ARCHITECTURE.md"])
+@pytest.mark.parametrize("doc", ["README.md", "docs/ARCHITECTURE.md", "docs/explain.md"])
 @pytest.mark.parametrize("args", [["explain"], ["nccl-log"], ["xid", "--from"], ["topology", "--from"]], ids=lambda a: a[0])
 def test_a_document_that_quotes_captures_is_not_read_as_one(doc, args):
-    p = run_preflight([*args, str(ROOT / doc)], timeout=60)  # before: README "FAIL /dev/shm is too small", exit 1
+    p = run_preflight([*args, str(ROOT / doc)], timeout=60)  # before: README (now docs/explain.md) "FAIL /dev/shm is too small", exit 1
     one_line_exit_2(p, f"{ROOT / doc}: is a document (Markdown) that quotes captures, not a capture")

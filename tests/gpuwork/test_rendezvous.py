@@ -104,7 +104,7 @@ def test_another_network_namespace_is_refused(tmp_path: Path) -> None:
 
 @netns.needs_netns
 def test_a_peer_of_a_group_that_learns_its_id_still_cannot_run_code_on_its_nodes(tmp_path: Path) -> None:
-    """The exposure a group keeps (README, "Many nodes"): a third host on the group's network
+    """The exposure a group keeps (docs/many-nodes.md): a third host on the group's network
     that knows the group's id (here it reads it off the agents' command lines) reads the
     per-run word at the meeting point and writes torchrun's store. It may disturb the run;
     it must not run code: torchrun's static rendezvous unpickles nothing on any node."""

@@ -2,7 +2,7 @@
 # The shipped units under a real systemd, on a machine where systemd is not PID 1
 # (a container, a CI VM): systemd boots as PID 1 of its own PID, mount and network
 # namespaces, with the units from systemd/, a stand-in job launcher behind the
-# drop-in, and preflight installed as README's "Deploy on a GPU node" says.
+# drop-in, and preflight installed as docs/boot-gate.md says.
 # It then checks what a person would: the gate passes and the launcher starts
 # after it; the hardened exporter (DynamicUser, MemoryDenyWriteExecute, syscall
 # filter) serves the report; the recheck (quick) keeps the gate's nccl, bandwidth and train;
@@ -43,7 +43,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "== install (README step 1) into $OPT"
+echo "== install (docs/boot-gate.md step 1) into $OPT"
 /usr/bin/python3 -m venv "$OPT" && "$OPT/bin/pip" install -q "$ROOT" >/dev/null 2>&1  # the system python: a venv links to its base, which must be outside /root and /home too
 
 echo "== units"

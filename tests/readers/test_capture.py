@@ -62,7 +62,9 @@ def test_a_device_is_refused_unopened_for_reading_forever():
 
 
 def test_the_project_s_own_documents_are_documents():
-    for doc in ("README.md", "docs/ARCHITECTURE.md"):
+    docs = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))]
+    assert "docs/explain.md" in docs and "docs/ARCHITECTURE.md" in docs
+    for doc in docs:
         assert capture.document((ROOT / doc).read_text()), doc
 
 

@@ -535,8 +535,8 @@ def test_every_recorded_kernel_log_is_one(path):
 def test_read_file_refuses_a_file_with_no_kernel_log_line(tmp_path):
     pyproject = Path(__file__).parents[2] / "pyproject.toml"
     assert "holds no kernel log lines (dmesg, journalctl, syslog or /dev/kmsg)" in usage_error(pyproject)
-    readme = Path(__file__).parents[2] / "README.md"  # it quotes Xid lines: a document, not a log
-    assert "is a document (Markdown) that quotes captures, not a capture" in usage_error(readme)
+    for doc in ("README.md", "docs/explain.md"):  # docs/explain.md quotes Xid lines: a document, not a log
+        assert "is a document (Markdown) that quotes captures, not a capture" in usage_error(Path(__file__).parents[2] / doc)
     (tmp_path / "empty.log").write_text("")
     assert "is empty: it holds no kernel log lines" in usage_error(tmp_path / "empty.log")
     (tmp_path / "blank.log").write_text("\n\n")
