@@ -47,7 +47,8 @@ from preflight.pipeline.profiles import ResolvedFloor
 from preflight.pipeline.expectations import BandwidthExpect, OutlierExpect
 from preflight.base.units import fmt_value
 from preflight.checkkit import transports
-from preflight.readers import nccl_env, nvml, nccl_log as nccl_lines
+from preflight.readers.nccl import nccl_env, nccl_log as nccl_lines
+from preflight.readers.nvidia import nvml
 
 # Kept importable from here: tests/perf/time_model.py and plugins read the step plan and
 # nccl-tests' factor from the check that runs them.

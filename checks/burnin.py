@@ -5,7 +5,7 @@ wrong once the GPU is hot, memory errors under traffic.
 
 Each rank (checks/workers/burnin.py) runs GEMM bursts checked bit for bit
 against a reference product, and large copies, for the profile's time; the
-agent samples NVML beside it (preflight/readers/nvml.py Sampler: SM clock,
+agent samples NVML beside it (preflight/readers/nvidia/nvml.py Sampler: SM clock,
 power, temperature, clocks-event reasons, volatile uncorrectable ECC before
 and after) and reads the kernel log's Xids before and after. The judges are
 pure functions of those facts: a wrong result, a new uncorrectable ECC error
@@ -30,8 +30,9 @@ from preflight.checkkit.sources import Sources, one_fact
 from preflight.gpuwork import launch, ranks
 from preflight.pipeline.check import Check, Context, Result
 from preflight.pipeline.expectations import BurninExpect, OutlierExpect
-from preflight.readers import nvml, xid
-from preflight.readers.nvml_query import CLOCKS_EVENTS
+from preflight.readers.nvidia import nvml
+from preflight.readers.kernel import xid
+from preflight.readers.nvidia.nvml_query import CLOCKS_EVENTS
 
 FAIL, WARN = Status.FAIL, Status.WARN
 # The reasons that mean the GPU was held down by heat or by the power brake (nvml.h):

@@ -30,11 +30,12 @@ from preflight.checkkit.gpu_health import DRAIN, RESET, judge_inventory, prohibi
 from preflight.checkkit.sources import Sources, one_fact
 from preflight.gpuwork import interpreter, launch
 from preflight.gpuwork.cuda_init import InitOutcome, InitReport, loaded_links, run_init
-from preflight.readers import nvml, xid
+from preflight.readers.nvidia import nvml
+from preflight.readers.kernel import xid
 from preflight.pipeline.check import Check, Context, Result, Waiting
 from preflight.base.actions import Action, Next
 from preflight.base.findings import Finding, Measurement, Status, worst
-from preflight.readers.nvml import Inventory, PcieLink
+from preflight.readers.nvidia.nvml import Inventory, PcieLink
 from preflight.pipeline.expectations import GpuExpect
 from preflight.pipeline.shape import NodeShape
 

@@ -30,8 +30,8 @@ from preflight.checkkit.sources import Sources
 from preflight.pipeline.check import Check, Context, Result
 from preflight.pipeline.expectations import FabricExpect
 from preflight.pipeline.shape import FABRIC_WORDS, NodeShape
-from preflight.readers import nvml
-from preflight.readers.nvml import Gpu, Inventory
+from preflight.readers.nvidia import nvml
+from preflight.readers.nvidia.nvml import Gpu, Inventory
 
 FAIL, WARN = Status.FAIL, Status.WARN
 UNIT = "nvidia-fabricmanager"

@@ -26,8 +26,8 @@ from preflight.base.host import Host, read_stripped
 from preflight.base.units import format_cpulist
 from preflight.checkkit.sources import Sources
 from preflight.pipeline.check import Check, Context, Result, Waiting
-from preflight.readers import nvml
-from preflight.readers.nvml import MISMATCH, Inventory
+from preflight.readers.nvidia import nvml
+from preflight.readers.nvidia.nvml import MISMATCH, Inventory
 from preflight.readers.torch_build import ASK_TORCH, TORCH_TIMEOUT, TorchCuda, ask_torch, torch_version_file  # noqa: F401 (the check's names)
 
 FAIL, WARN = Status.FAIL, Status.WARN

@@ -24,7 +24,7 @@ from preflight.checkkit import transports
 from preflight.checkkit.placement import linked_pairs
 from preflight.checkkit.transports import p2p_for_shape
 from preflight.gpuwork import launch, meeting, ranks
-from preflight.readers import nccl_env, nccl_log, nccl_net
+from preflight.readers.nccl import nccl_env, nccl_log, nccl_net
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.findings import Finding, Measurement, Status, worst
 from preflight.base.host import Host

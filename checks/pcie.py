@@ -11,7 +11,7 @@ Three platform settings cut the fast paths without any error:
   lets the host's own devices DMA untranslated.
 - A switch's upstream link trained narrower or slower than both ends allow
   halves what every GPU and NIC below it can move.
-The facts come from sysfs (preflight.readers.pcie); the judges are pure.
+The facts come from sysfs (preflight.readers.machine.pcie); the judges are pure.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from preflight.base.findings import Finding, Status, worst
 from preflight.checkkit.sources import Sources
 from preflight.pipeline.check import Check, Context, Result
 from preflight.pipeline.shape import pci_nvidia
-from preflight.readers import pcie
-from preflight.readers.pcie import Endpoint, PcieFacts
+from preflight.readers.machine import pcie
+from preflight.readers.machine.pcie import Endpoint, PcieFacts
 
 FAIL, WARN, SKIP = Status.FAIL, Status.WARN, Status.SKIP
 REDIRECT = ("ReqRedir", "CmpltRedir", "EgressCtrl")  # each sends or blocks peer traffic past the switch

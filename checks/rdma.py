@@ -6,7 +6,7 @@ without nvidia-peermem or dma-buf NCCL stages every inter-node byte through
 host memory (a 2-node all_reduce fell from ~180 to ~10 GB/s, NVIDIA/nccl#1676);
 a port that trained at HDR instead of NDR halves its rail; a link that counts
 symbol errors or goes down and up again stalls or kills the job's collectives.
-preflight/readers/ibports.py reads sysfs twice, a few seconds apart (the first
+preflight/readers/machine/ibports.py reads sysfs twice, a few seconds apart (the first
 read as the run begins, so the wait runs beside the checks before this one); the
 judges here are pure.
 """
@@ -23,8 +23,8 @@ from preflight.base.host import Host
 from preflight.pipeline.check import Check, Context, Result
 from preflight.pipeline.expectations import RdmaExpect
 from preflight.pipeline.shape import pci_nvidia
-from preflight.readers import ibports
-from preflight.readers.ibports import ERROR_COUNTERS, FirstRead, Port, RdmaFacts
+from preflight.readers.machine import ibports
+from preflight.readers.machine.ibports import ERROR_COUNTERS, FirstRead, Port, RdmaFacts
 
 FAIL, WARN = Status.FAIL, Status.WARN
 NO_DEVICE = "no InfiniBand/RoCE device in /sys/class/infiniband"

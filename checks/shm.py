@@ -12,8 +12,9 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 
-from preflight.readers import container, jobs, memory, nccl_env
-from preflight.readers.shm_mount import Mount, largest_files, mount_of, parse_mountinfo, touch_segment
+from preflight.readers.system import container, jobs, memory
+from preflight.readers.nccl import nccl_env
+from preflight.readers.system.shm_mount import Mount, largest_files, mount_of, parse_mountinfo, touch_segment
 from preflight.pipeline import floor_bounds
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.actions import Action, Domain, Next
@@ -54,7 +55,7 @@ class ShmFacts:
     # Slurm jobs running here besides the one this run serves (a prolog's SLURM_JOB_ID): the
     # space and inodes in use may be theirs, so they are reported, not judged.
     other_jobs: list[str] = field(default_factory=list)
-    # How this process is known to run in a container (readers/container.py), or None: then
+    # How this process is known to run in a container (readers/system/container.py), or None: then
     # /dev/shm, its mount and the memory limit are what the container was started with.
     container: str | None = None
     host_ipc: bool | None = None  # in the host's IPC namespace (--ipc=host, hostIPC): /dev/shm is the host's

@@ -26,11 +26,13 @@ from preflight.pipeline.check import Check, Context, Result
 from preflight.pipeline.expectations import TopologyExpect
 from preflight.pipeline.settings import Settings
 from preflight.pipeline.shape import NodeShape
-from preflight.readers import layout, nvml, topo_derived
-from preflight.readers.layout import (NVIDIA_SMI_TIMEOUT, TopologyFacts, gpu_count, gpu_numa, numa_span, numa_unknown,
+from preflight.readers.machine import layout
+from preflight.readers.nvidia import nvml
+from preflight.readers.machine import topo_derived
+from preflight.readers.machine.layout import (NVIDIA_SMI_TIMEOUT, TopologyFacts, gpu_count, gpu_numa, numa_span, numa_unknown,
                                       nvlink_count, rank_gpus)
-from preflight.readers.nvml import Inventory
-from preflight.readers.topo import NEAR, Topo
+from preflight.readers.nvidia.nvml import Inventory
+from preflight.readers.nvidia.topo import NEAR, Topo
 
 FAIL, WARN = Status.FAIL, Status.WARN
 PIN = "bind each rank to its GPU's NUMA node (the advice, details.advice in the report, has the exact command)"

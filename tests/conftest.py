@@ -122,7 +122,7 @@ def report_file(path: Path, fixture: str, boot: str | None = "this", age: float 
     import json
     from datetime import datetime, timedelta, timezone
 
-    from preflight.outputs.last_report import this_boot
+    from preflight.outputs.record.last_report import this_boot
 
     data = json.loads((REPORTS / f"{fixture}.json").read_text())
     finished = datetime.now(timezone.utc) - timedelta(seconds=age)
@@ -157,11 +157,11 @@ def recorded_run(hours_ago: float, memcpy: float | None = None, failed: tuple[st
 
 
 def run_record_file(report: Path, started_at, alive: bool, deadline_after: float = 3600.0) -> Path:
-    """The record (preflight/outputs/run_record.py) of a run that started at ``started_at``, beside
+    """The record (preflight/outputs/record/run_record.py) of a run that started at ``started_at``, beside
     ``report``: this test process's own (alive), or a real process's that wrote it and exited (gone)."""
     from datetime import timedelta
 
-    from preflight.outputs import last_report, run_record
+    from preflight.outputs.record import last_report, run_record
 
     deadline = started_at + timedelta(seconds=deadline_after)
     if alive:

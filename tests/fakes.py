@@ -283,7 +283,7 @@ FAKES = [
 FAKE_PYNVML = """
 # A stand-in for nvidia-ml-py, driven by FAKE_NVML (a failure mode) and
 # FAKE_NVML_FACTS (the FakeNvml JSON whose facts it serves), so the real
-# adapter in preflight/readers/nvml.py runs against known answers.
+# adapter in preflight/readers/nvidia/nvml.py runs against known answers.
 import ctypes, json, os, signal, time
 
 class NVMLError(Exception):
@@ -551,7 +551,7 @@ def nvml_readings(monkeypatch, *readings) -> list[float]:
     """readers/nvml.inventory for real NVML answers ``readings`` (Inventory objects) in turn, the
     last one thereafter: a node whose state moves between reads, such as a fabric still
     registering its GPUs. Returns the timeouts the reads were given, one per read."""
-    from preflight.readers import nvml
+    from preflight.readers.nvidia import nvml
 
     asked: list[float] = []
     real = nvml.inventory
@@ -829,7 +829,7 @@ NVIDIA_PROPRIETARY_VERSION = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  53
 
 def rdma_host(root: Path, ports: dict[str, dict[int, str]] | None = None, modules: tuple[str, ...] = (),
               memory_peers: bool = False, osrelease: str | None = None, nvidia_version: str | None = None) -> Path:
-    """A host root for preflight.readers.nccl_net.gather: /sys/class/infiniband/<dev>/ports/<n>/state
+    """A host root for preflight.readers.nccl.nccl_net.gather: /sys/class/infiniband/<dev>/ports/<n>/state
     (``{"mlx5_0": {1: "4: ACTIVE"}}``, the kernel's own wording), /sys/module/<name> for each
     loaded module, nv_peer_mem's /sys/kernel/mm/memory_peers/nv_mem/version,
     /proc/sys/kernel/osrelease and /proc/driver/nvidia/version."""

@@ -158,7 +158,7 @@ def main() -> int:
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=1777", "tmpfs", str(args.tree / "dev" / "shm")], check=True)
 
     from preflight.base.host import Host
-    from preflight.outputs.console import Console
+    from preflight.outputs.exporters.console import Console
     from preflight.pipeline import plan as plan_mod
     from preflight.pipeline import settings as settings_mod
 

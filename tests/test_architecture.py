@@ -283,6 +283,51 @@ def test_each_room_imports_only_what_its_rule_allows():
     assert not found, "imports the rooms' rules forbid:\n" + "\n".join(found)
 
 
+def sub_room_edges(root: Path) -> dict[str, set[tuple[str, str]]]:
+    """Within each room, which of its sub-rooms (its packages; "" the modules at its top)
+    imports which other."""
+    known = module_files(root)
+    edges: dict[str, set[tuple[str, str]]] = {}
+
+    def sub(module: str) -> str:
+        parts = module.split(".")
+        return parts[2] if len(parts) > 3 or (len(parts) == 3 and known[module].name == "__init__.py") else ""
+
+    for module, path in known.items():
+        room = room_of(module)
+        if room not in ROOMS:
+            continue
+        for imp in imports_of(module, path, root, known):
+            if room_of(imp.target) == room and imp.target in known and sub(module) != sub(imp.target):
+                edges.setdefault(room, set()).add((sub(module), sub(imp.target)))
+    return edges
+
+
+def test_the_sub_rooms_of_a_room_import_one_way():
+    """readers/ and outputs/ are grouped in packages (docs/ARCHITECTURE.md): between two of
+    them imports go one way only, and no chain of them comes back (the top's modules count
+    as one more)."""
+    for room, edges in sub_room_edges(ROOT).items():
+        graph: dict[str, set[str]] = {}
+        for a, b in edges:
+            graph.setdefault(a, set()).add(b)
+        state: dict[str, int] = {}
+
+        def visit(node: str, path: list[str]) -> None:
+            state[node] = 1
+            for nxt in sorted(graph.get(node, ())):
+                if state.get(nxt) == 1:
+                    pytest.fail(f"{room}: the sub-rooms import in a circle: {' -> '.join([*path, node, nxt][path.index(nxt) if nxt in path else 0:]) or nxt}")
+                if state.get(nxt) is None:
+                    visit(nxt, [*path, node])
+            state[node] = 2
+
+        for node in sorted(graph):
+            if state.get(node) is None:
+                visit(node, [])
+    assert ("machine", "nvidia") in sub_room_edges(ROOT)["readers"], "the graph saw no sub-room import: the test is broken"
+
+
 def test_preflight_holds_only_its_face_main_and_the_rooms():
     found = layout_breaks(ROOT)
     assert not found, "\n".join(found)

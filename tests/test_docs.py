@@ -42,7 +42,11 @@ def test_architecture_draws_every_room_and_module_of_the_tree() -> None:
     assert rooms, "no room found under preflight/: the test is broken"
     unheaded = [r for r in rooms if not re.search(rf"^### {r}: preflight/{r}/", text, re.M)]
     assert not unheaded, f"ARCHITECTURE.md has no section for the rooms {unheaded}"
-    modules = [f"{p.parent.name}/{p.name}" for r in rooms for p in (ROOT / "preflight" / r).glob("*.py") if p.name != "__init__.py"]
+    subrooms = sorted(p.parent.relative_to(ROOT / "preflight").as_posix() for r in rooms for p in (ROOT / "preflight" / r).glob("*/__init__.py"))
+    unheaded = [s for s in subrooms if not re.search(rf"^#### {s}: preflight/{s}/", text, re.M)]
+    assert not unheaded, f"ARCHITECTURE.md has no section for the sub-rooms {unheaded}"
+    modules = [p.relative_to(ROOT / "preflight").as_posix() for r in rooms for p in (ROOT / "preflight" / r).rglob("*.py")
+               if p.name != "__init__.py" and "__pycache__" not in p.parts]
     modules += [f"checks/{p.name}" for p in (ROOT / "checks").glob("*.py") if p.name != "__init__.py"]
     modules += [f"workers/{p.name}" for p in (ROOT / "checks" / "workers").glob("*.py") if p.name != "__init__.py"]
     unnamed = [m for m in sorted(modules) if m not in text]

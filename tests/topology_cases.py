@@ -12,7 +12,7 @@ import pytest
 from recorded_node import header_as_580 as driver_580  # noqa: F401 (the topology tests' name for it)
 
 from preflight.base.host import Host
-from preflight.readers import layout
+from preflight.readers.machine import layout
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TREE = FIXTURES / "sysfs" / "hgx-h100"

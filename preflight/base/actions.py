@@ -105,7 +105,7 @@ def decide(by_check: list[tuple[Next, str]]) -> tuple[Next, str | None]:
 
 def takes_out(n: Next) -> bool:
     """Whether ``n`` asks that the node take no jobs (a drain or more). A passing run can ask it
-    only through its history: a lemon (outputs/history_judge.py) is `service` though it passed,
+    only through its history: a lemon (outputs/record/history_judge.py) is `service` though it passed,
     and the schedulers' integrations take it out as they would a failure (within the cap)."""
     return LADDER.index(n.action) >= LADDER.index(Action.DRAIN)
 

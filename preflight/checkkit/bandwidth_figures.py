@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 from preflight.checkkit import figures as figs_mod
 from preflight.gpuwork import ranks
 from preflight.pipeline.check import Result
-from preflight.readers import nccl_log as nccl_lines
+from preflight.readers.nccl import nccl_log as nccl_lines
 
 BPS, SECONDS = "bytes_per_second", "seconds"
 

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 from preflight.base.actions import LADDER, Action, Domain, Next, highest
 from preflight.base.findings import Finding, Status
 from preflight.gpuwork import ranks
-from preflight.readers import nvml, xid
+from preflight.readers.nvidia import nvml
+from preflight.readers.kernel import xid
 
 if TYPE_CHECKING:
     from preflight.gpuwork.ranks import RankOutcome

@@ -6,7 +6,7 @@ NVLinks, memory size and the recovery action the driver reports.
 
 Shared by the cuda check (NVML's inventory, the PCIe links read under the
 cuda_init worker's load) and `preflight explain` of a saved `nvidia-smi -q`
-(outputs/explain_nvsmi.py): one judge, two readers.
+(outputs/explain/explain_nvsmi.py): one judge, two readers.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from preflight.base.actions import Action, Domain, Next
 from preflight.base.findings import Finding, Status
 from preflight.pipeline.expectations import GpuExpect
 from preflight.pipeline.shape import NodeShape
-from preflight.readers import nvml
-from preflight.readers.nvml import Gpu, Inventory, PcieLink
-from preflight.readers.nvml_query import RECOVERY_ASK, RECOVERY_FIELD
+from preflight.readers.nvidia import nvml
+from preflight.readers.nvidia.nvml import Gpu, Inventory, PcieLink
+from preflight.readers.nvidia.nvml_query import RECOVERY_ASK, RECOVERY_FIELD
 
 DRAIN = "drain the node and run `dcgmi diag -r 3` on it; open an RMA if the fault returns"
 RESET = "reset the GPU (`nvidia-smi -r -i {i}`, with no process on it) or reboot the node"

@@ -31,8 +31,8 @@ from pydantic import BaseModel
 from preflight.base.findings import Finding, Status
 from preflight.base.units import fmt_value
 from preflight.pipeline.profiles import ResolvedFloor
-from preflight.readers import nccl_env
-from preflight.readers.nccl_log import Summary
+from preflight.readers.nccl import nccl_env
+from preflight.readers.nccl.nccl_log import Summary
 
 NVLS_FLOOR = "allreduce_bus_bandwidth"  # the profile's all_reduce floor: NVLS's where the profile has a ring one too
 RING_FLOOR = "allreduce_bus_bandwidth_ring"

@@ -1,4 +1,4 @@
-"""The checks' side of the fabric wait (preflight/readers/nvml_settle.py): the run waits once,
+"""The checks' side of the fabric wait (preflight/readers/nvidia/nvml_settle.py): the run waits once,
 before the node's shape is read; a check that judges the fabric (fabric, topology's NVLinks)
 asks again here, within its own deadline, where the run could not (facts handed to a Context
 without a plan, as a test or the report builder does) and says in its details how long the run
@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 
 from preflight.pipeline.check import Context
-from preflight.readers import nvml_settle
-from preflight.readers.nvml_settle import EVERY_SECONDS, LIMIT_SECONDS, READ_TIMEOUT, Settled, Waited, in_progress, settle  # noqa: F401 (the checks' names)
+from preflight.readers.nvidia import nvml_settle
+from preflight.readers.nvidia.nvml_settle import EVERY_SECONDS, LIMIT_SECONDS, READ_TIMEOUT, Settled, Waited, in_progress, settle  # noqa: F401 (the checks' names)
 
 # Left before the check's deadline for what it does after: host.RESERVE_SECONDS (3 s) for the fallback and
 # the judges, and 3 s for a tool (nvidia-smi topo -m, systemctl), each of which answers in well under that.

@@ -15,7 +15,7 @@ from preflight.base.findings import Finding, Status
 from preflight.gpuwork import ranks
 from preflight.pipeline.expectations import NcclExpect
 from preflight.pipeline.shape import FABRIC_WORDS, NodeShape
-from preflight.readers import nccl_env, nccl_log
+from preflight.readers.nccl import nccl_env, nccl_log
 
 FAIL, WARN = Status.FAIL, Status.WARN
 REMEDY = (

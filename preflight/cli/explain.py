@@ -64,7 +64,7 @@ def detect(config: ConfigOpt = None, json_out: JsonOpt = False, nvml_fake: FakeO
     from preflight.base.host import Host
     from preflight.outputs import detect_text
     from preflight.pipeline import plan as pipeline, profiles, shape
-    from preflight.readers import nvml
+    from preflight.readers.nvidia import nvml
 
     def failed(error: str, cause: Optional[str] = None, fix: Optional[str] = None) -> None:
         if json_out:
@@ -101,8 +101,8 @@ def xid(
 
     Exit 1 when a fatal event is listed, so scripts can act on it; 2 when --from FILE holds no kernel log lines."""
     from preflight.base.host import Host
-    from preflight.outputs import xid_text
-    from preflight.readers import xid as xids
+    from preflight.outputs.explain import xid_text
+    from preflight.readers.kernel import xid as xids
 
     if from_file is not None:
         text, source = xids.read_file(from_file), str(from_file)
@@ -132,7 +132,7 @@ def topology(
     """How GPUs, NICs and CPUs are laid out, what is wrong with it, and how to pin each rank.
 
     Exit 1 when a finding fails the profile, or this machine's layout cannot be read."""
-    from preflight.outputs import topology_text
+    from preflight.outputs.explain import topology_text
 
     s = _settings(config, profile=profile, nvml_fake=nvml_fake)
     try:
@@ -158,10 +158,10 @@ def nccl_log(
 
     Exit 1 when the log shows a known NCCL failure (a warning, such as a CollNet fallback, exits 0),
     2 when the file holds no NCCL output."""
-    from preflight.outputs import nccl_log_text
-    from preflight.outputs.explain_nccl_log import NO_NCCL
+    from preflight.outputs.explain import nccl_log_text
+    from preflight.outputs.explain.explain_nccl_log import NO_NCCL
     from preflight.readers import capture
-    from preflight.readers import nccl_log as nccl
+    from preflight.readers.nccl import nccl_log as nccl
 
     text = capture.read_text(file, nccl.MAX_BYTES, "pass one rank's log, or an excerpt (grep -e NCCL -e Watchdog)", option=None)
     log = nccl.parse(text)
@@ -181,7 +181,7 @@ def explain(
     """Say what a saved capture is, and what is wrong in it: each finding with its cause and fix.
 
     Exit 1 when a finding fails, 2 when the file is of no kind preflight knows."""
-    from preflight.outputs import explain_file, explained
+    from preflight.outputs.explain import explain_file, explained
 
     s = _settings(config, profile=profile)
     found = explain_file.explain(file, s, profile_named=profile is not None)

@@ -23,7 +23,7 @@ def history(
     """The verdict timeline and each figure's trend (a sparkline a figure; the values in --json), from the
     history every `preflight run --report` adds to. Never runs a check. Exit 0, 2 for a history it cannot read."""
     from preflight.base.errors import UsageError
-    from preflight.outputs import history as store, history_text
+    from preflight.outputs.record import history as store, history_text
     from preflight.pipeline.report import DEFAULT_REPORT_PATH
 
     db = store.path_for(report or _settings(config).report or DEFAULT_REPORT_PATH)

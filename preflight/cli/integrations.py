@@ -40,7 +40,7 @@ def serve(
     """Serve the last report: / (the page `preflight report --html` writes), /metrics for Prometheus,
     /report (JSON), /healthz. A request never runs a check."""
     from preflight.base.signals import interrupting
-    from preflight.outputs import serve as server_mod
+    from preflight.outputs.exporters import serve as server_mod
     from preflight.pipeline.report import DEFAULT_REPORT_PATH
 
     s = _settings(config, listen=listen, report=report)
@@ -67,7 +67,8 @@ def report(
     went, per-GPU figures against their floors, the P2P heatmap, the layout, the train and burn-in traces
     and the group. It loads nothing from anywhere: it opens on an air-gapped node. Never runs a check."""
     from preflight.base.errors import UsageError
-    from preflight.outputs import last_report, page
+    from preflight.outputs.record import last_report
+    from preflight.outputs.html import page
     from preflight.base import safefile
     from preflight.pipeline.report import DEFAULT_REPORT_PATH
 
@@ -77,7 +78,7 @@ def report(
     if loaded.report is None:
         fix = "; if it was cut short, write it again with `preflight run --report PATH`" if loaded.error and loaded.error.startswith("not a preflight report") else ""
         raise UsageError(f"{loaded.error}{fix}")
-    from preflight.outputs import trends
+    from preflight.outputs.record import trends
 
     text = page.render(loaded.report, str(source), None, *trends.for_page(source))
     if out is None:
@@ -105,7 +106,7 @@ def slurm_healthcheck(
     Exit 0 vouched, 1 not vouched or Slurm could not be told."""
     from preflight.base.errors import UsageError
     from preflight.base.host import Host
-    from preflight.outputs import slurm, slurm_cap
+    from preflight.outputs.schedulers import slurm, slurm_cap
 
     where = "--node" if node else "SLURMD_NODENAME" if os.environ.get("SLURMD_NODENAME") else "this host's short name"
     name = slurm.one_node(node or slurm.node_name(), where)
@@ -121,7 +122,7 @@ def slurm_healthcheck(
         return 0 if st.vouched else 1
     if textfile_dir is not None:  # refused before slurmctld is asked anything
         from preflight.base import safefile
-        from preflight.outputs.slurm_cap import TEXTFILE
+        from preflight.outputs.schedulers.slurm_cap import TEXTFILE
 
         if not textfile_dir.is_dir():
             raise UsageError(f"--textfile-dir {textfile_dir} is not a directory; point it at node_exporter's --collector.textfile.directory")
@@ -133,7 +134,7 @@ def slurm_healthcheck(
         return 1
     _emit(action.why + "\n")
     if textfile_dir is not None:
-        from preflight.outputs.slurm_cap import textfile
+        from preflight.outputs.schedulers.slurm_cap import textfile
 
         safefile.write_atomic(textfile_dir / TEXTFILE, textfile(name, action.held, list(action.counted)))
     if loaded.report is not None and (action.held is not None or loaded.report.held_back is not None):
@@ -142,8 +143,8 @@ def slurm_healthcheck(
 
 
 def _say_held_back(report: Optional[Path], config: Optional[Path], judged: datetime, said: Optional[str]) -> None:
-    """The report that asked for the drain says the cap held it back (outputs/held_back.py), or no longer."""
-    from preflight.outputs import held_back
+    """The report that asked for the drain says the cap held it back (outputs/schedulers/held_back.py), or no longer."""
+    from preflight.outputs.schedulers import held_back
 
     why = held_back.record(plain.report_path(report, config), judged, said, "slurm-healthcheck", _settings(config).lock_file)
     if why:
@@ -177,7 +178,7 @@ def kube_label(
     unless the fault is the job's or the cap is reached. Only its own labels and taint are touched. Never runs a check.
 
     Exit 0 vouched, 1 not vouched or the API server could not be told."""
-    from preflight.outputs import kube
+    from preflight.outputs.schedulers import kube
 
     def judge():  # noqa: ANN202
         return plain.standing(report, config, max_age)[1]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from preflight.base.errors import Interrupted, UsageError
 
 if TYPE_CHECKING:
-    from preflight.outputs.last_report import Loaded, Standing
+    from preflight.outputs.record.last_report import Loaded, Standing
 
 
 def guarded(command: Callable[..., int], *args: object, **kwargs: object) -> int:
@@ -64,7 +64,7 @@ def guarded(command: Callable[..., int], *args: object, **kwargs: object) -> int
 def console(quiet: bool = False, verbose: bool = False):  # noqa: ANN202
     """Lines for people, on stderr. Imported when needed: it loads rich, which
     would cost `status` and `version` their start-up."""
-    from preflight.outputs.console import Console
+    from preflight.outputs.exporters.console import Console
 
     return Console(quiet=quiet, verbose=verbose)
 
@@ -85,7 +85,7 @@ def stdout_gone() -> None:
 
 def standing(report: Path | None, config: Path | None, max_age: float | None) -> tuple[Loaded, Standing]:
     """The last report and what it says about this node now (never runs a check)."""
-    from preflight.outputs import last_report
+    from preflight.outputs.record import last_report
 
     if max_age is not None and not 0 < max_age < math.inf:
         raise UsageError(f"--max-age {max_age:g}: give a number of seconds above 0, e.g. 86400 for a day")
@@ -117,7 +117,7 @@ def npd_line(reason: str, limit: int = 80) -> str:
 
 def status(report: Path | None, npd: bool, max_age: float | None, config: Path | None, json_out: bool) -> int:
     """`preflight status`: exit 0 vouched, 1 not; with --npd, 2 where no report is usable."""
-    from preflight.outputs import last_report
+    from preflight.outputs.record import last_report
 
     loaded, st = standing(report, config, max_age)
     r = loaded.report

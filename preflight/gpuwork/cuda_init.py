@@ -19,8 +19,8 @@ from pydantic import BaseModel, ValidationError
 from preflight.base.progress import Progress
 from preflight.gpuwork import interpreter as interpreter_mod, launch
 from preflight.gpuwork.world import Worlds
-from preflight.readers import nvml
-from preflight.readers.nvml import Gpu, Inventory, PcieLink
+from preflight.readers.nvidia import nvml
+from preflight.readers.nvidia.nvml import Gpu, Inventory, PcieLink
 
 LOAD_SECONDS = 30.0  # the most the worker loads the links; it stops once NVML has read them
 

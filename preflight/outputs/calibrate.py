@@ -31,10 +31,10 @@ from preflight.pipeline import lock
 from preflight.pipeline.lock import run_lock
 from preflight.pipeline.report import Report
 from preflight.pipeline.shape import NodeShape
-from preflight.readers import nvml
+from preflight.readers.nvidia import nvml
 
 if TYPE_CHECKING:
-    from preflight.outputs.console import Console
+    from preflight.outputs.exporters.console import Console
     from preflight.pipeline.settings import Settings
 
 CHECKS = ("bandwidth", "train")  # the checks whose figures become floors

@@ -8,7 +8,7 @@ import json
 
 from preflight.pipeline.profiles import DetectionFailed
 from preflight.pipeline.shape import NodeShape
-from preflight.readers import nvml
+from preflight.readers.nvidia import nvml
 
 
 def to_json(inventory: nvml.Inventory, name: str | None, why: str, node: NodeShape, no_pick: DetectionFailed | None) -> str:

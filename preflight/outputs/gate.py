@@ -25,13 +25,14 @@ from preflight.base import safefile
 from preflight.base.errors import Interrupted, UsageError, signal_name
 from preflight.base.signals import interrupting
 from preflight.base.findings import Status
-from preflight.outputs import history, history_judge, last_report, metrics, run_record, trends
+from preflight.outputs.record import history, history_judge, last_report, run_record, trends
+from preflight.outputs.exporters import metrics
 from preflight.pipeline import head_start, plan as pipeline, report as reports
 from preflight.pipeline import lock
 from preflight.pipeline.lock import LockHeld, run_lock
 
 if TYPE_CHECKING:
-    from preflight.outputs.console import Console
+    from preflight.outputs.exporters.console import Console
     from preflight.pipeline.expectations import DriftExpect
     from preflight.pipeline.settings import Settings
 
@@ -131,7 +132,7 @@ class Keep(NamedTuple):
 
 
 def judge_history(result: reports.Report, db: Path, expect: DriftExpect | None, s: Settings, console: Console) -> bool:
-    """The run's ``history`` result (drift, lemons: outputs/history_judge.py), the report's
+    """The run's ``history`` result (drift, lemons: outputs/record/history_judge.py), the report's
     ``history``, judged before the report is written and printed where it says more than PASS.
     A history that cannot be read is said in one line and a SKIP, and the run is then not added
     to it (False): the verdict never waits on it, nor on a fault of the judging itself."""

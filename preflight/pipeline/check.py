@@ -21,7 +21,7 @@ from preflight.base.findings import SEVERITY, Finding, Measurement, Status, wors
 from preflight.base.progress import Progress
 from preflight.pipeline.floor_bounds import Sane
 from preflight.gpuwork.world import Worlds
-from preflight.readers import nvml
+from preflight.readers.nvidia import nvml
 
 if TYPE_CHECKING:
     from preflight.base.host import Host

@@ -125,7 +125,7 @@ class NcclExpect(BaseModel):
     # "fail" where the GPUs have NVLink, "warn" where P2P over PCIe is a bonus.
     p2p: Literal["fail", "warn", "any"] = "any"
     p2p_source: str | None = None
-    # What channels between nodes must use (preflight.readers.nccl_net): "ib_gdrdma" where
+    # What channels between nodes must use (preflight.readers.nccl.nccl_net): "ib_gdrdma" where
     # the SKU ships with a NIC per GPU and GPUDirect RDMA, "ib" where an RDMA
     # network is enough, "any" where sockets are fine (report only).
     network: Literal["ib_gdrdma", "ib", "any"] = "any"
@@ -345,7 +345,7 @@ class FabricExpect(BaseModel):
 
 
 class DriftExpect(BaseModel):
-    """When a figure has slid under its own past (preflight.outputs.history_judge): the median
+    """When a figure has slid under its own past (preflight.outputs.record.history_judge): the median
     of the last ``recent`` runs more than ``fraction`` under the median of up to ``earlier`` runs
     before them (at least ``earlier_min``), while still above its floor, WARNs "drifting"."""
 

@@ -32,7 +32,7 @@ from preflight.pipeline.check import Check, Context
 from preflight.pipeline.lock import LockHeld, run_lock
 from preflight.pipeline.profiles import ResolvedProfile
 from preflight.pipeline.settings import Settings
-from preflight.readers import nvml
+from preflight.readers.nvidia import nvml
 
 
 class HeadStart:

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 
 from preflight import __version__
 from preflight.gpuwork import meeting, multinode, world
-from preflight.readers import nvml, nvml_settle
+from preflight.readers.nvidia import nvml, nvml_settle
 from preflight.pipeline import floor_bounds, levels, profiles, registry, shape
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.findings import Status
@@ -151,7 +151,7 @@ def select(profile: ResolvedProfile, level: str, settings: Settings) -> list[str
 
 def seconds_at_most(plan: Plan, settings: Settings) -> float:
     """The longest the plan's checks may take, each to its deadline, and a group's
-    meetings: a run not done by then is not coming back (outputs/run_record.py)."""
+    meetings: a run not done by then is not coming back (outputs/record/run_record.py)."""
     if plan.profile is None:
         return 0.0
     checks = sum(min(plan.profile.timeouts.get(c.name, c.timeout_seconds), MAX_TIMEOUT) for c in plan.checks)
@@ -214,7 +214,7 @@ def read_shape(settings: Settings, host: Host, reading: nvml.Shared | None = Non
 
 
 class Display(Protocol):
-    """Where a run shows itself while it goes (preflight.outputs.console.Console
+    """Where a run shows itself while it goes (preflight.outputs.exporters.console.Console
     for a person): the pipeline tells it, and never imports an output."""
 
     progress: Progress

@@ -29,7 +29,7 @@ from preflight.pipeline import levels as levels_mod, tomlfile
 from preflight.pipeline.expectations import (BandwidthExpect, BurninExpect, DriftExpect, FabricExpect, GpuExpect, MemtestExpect, NcclExpect,
                                               OutlierExpect, RdmaExpect, TopologyExpect, TrainExpect)
 from preflight.base.errors import UsageError
-from preflight.readers.nvml import BROKEN, Inventory, Shared
+from preflight.readers.nvidia.nvml import BROKEN, Inventory, Shared
 
 BUILTIN_DIR = Path(__file__).parent / "profiles"
 
@@ -347,7 +347,7 @@ def pick(gpus: list[tuple[str, str | None]], profiles: dict[str, Profile]) -> tu
 def detect(site_dir: Path | None, fake: Path | None = None, reading: Shared | None = None) -> tuple[str, str]:
     """Pick a profile from what NVML (or the ``--nvml-fake`` file) reports: (name, why).
     ``reading``: the run's NVML inventory, which the checks then judge."""
-    from preflight.readers import nvml
+    from preflight.readers.nvidia import nvml
 
     try:
         inventory = (reading or nvml.Shared(fake)).get()

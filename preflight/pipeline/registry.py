@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import pkgutil
+import re
 import sys
 from importlib.metadata import EntryPoint, entry_points
 
@@ -89,18 +90,21 @@ def load(name: str) -> Check:
 
 
 def _moved(e: Exception) -> ModuleNotFoundError | None:
-    """The error again, naming where the module lives now, when a plugin
-    imports one of preflight's modules from its place before 0.2.0."""
+    """The error again, naming where the module lives now, when a plugin imports one of
+    preflight's modules from an older place: preflight/ itself before 0.2.0, or the top of
+    readers/ or outputs/ before they were grouped in packages."""
     missing = e.name if isinstance(e, ModuleNotFoundError) else None
-    if not missing or not missing.startswith("preflight.") or missing.count(".") != 1:
+    if type(e) is ImportError and e.name and (named := re.match(r"cannot import name '(\w+)'", str(e))):
+        missing = f"{e.name}.{named.group(1)}"  # `from preflight.readers import nvml`: the module is no longer there
+    if not missing or not missing.startswith("preflight.") or missing.count(".") > 2:
         return None
-    # Until 0.2.0 every module sat in preflight/ itself; now each is in one of its subpackages.
-    leaf = missing.split(".", 1)[1]
-    rooms = [m.name for m in pkgutil.iter_modules(preflight.__path__) if m.ispkg]
-    now = [f"preflight.{room}.{leaf}" for room in rooms if importlib.util.find_spec(f"preflight.{room}.{leaf}") is not None]
+    leaf = missing.rsplit(".", 1)[1]
+    now = sorted(m.name for m in pkgutil.walk_packages(preflight.__path__, "preflight.", onerror=lambda _: None)
+                 if m.name.rsplit(".", 1)[1] == leaf and m.name != missing and not m.ispkg)
     if not now:
         return None
-    moved = ModuleNotFoundError(f"{e}: preflight 0.2.0 moved it to {now[0]}; change the plugin's import", name=missing)
+    said = str(e) if isinstance(e, ModuleNotFoundError) else f"No module named {missing!r}"
+    moved = ModuleNotFoundError(f"{said}: preflight moved it to {now[0]}; change the plugin's import", name=missing)
     moved.__cause__ = e
     return moved
 

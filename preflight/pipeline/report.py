@@ -104,12 +104,12 @@ class Report(BaseModel):
     # How many GPUs the node gave the run and how they are joined, and how each was learnt.
     shape: NodeShape | None = None
     checks: list[Result]
-    # The node against its own past (outputs/history_judge.py): drift and lemons, judged from the
+    # The node against its own past (outputs/record/history_judge.py): drift and lemons, judged from the
     # history beside the report before this report was written; None where the run keeps none.
     # Not a check: no run carries it forward, and it never changes the verdict, only the action.
     history: Result | None = None
     # A scheduler integration that held back what this report asks for (slurm-healthcheck past its
-    # cap on drains): written into this report by that tool (outputs/held_back.py); a new run's
+    # cap on drains): written into this report by that tool (outputs/schedulers/held_back.py); a new run's
     # report has none until the tool holds back again.
     held_back: HeldBack | None = None
 

@@ -81,7 +81,7 @@ class _Common(BaseModel):
     # node_exporter's --collector.textfile.directory: `run` writes preflight.prom there.
     textfile_dir: Path | None = None
     # slurm-healthcheck drains no node while this share of a partition (at least one node) is
-    # drained by preflight already: a bad floor or rollout must not empty a partition (outputs/slurm_cap.py).
+    # drained by preflight already: a bad floor or rollout must not empty a partition (outputs/schedulers/slurm_cap.py).
     slurm_drain_cap: float = Field(default=0.10, gt=0, le=1, allow_inf_nan=False)
     # Where `preflight serve` listens. Loopback unless the site chooses otherwise:
     # the report names the node's faults, which is not for every network to read.
@@ -91,11 +91,11 @@ class _Common(BaseModel):
     # Pin every GPU's VBIOS and InfoROM image (the firmware check), as nvidia-smi -q prints them.
     vbios_version: str | None = Field(default=None, pattern=r"^[0-9A-Fa-f]{2}(\.[0-9A-Fa-f]{2}){4}$")
     inforom_version: str | None = Field(default=None, pattern=r"^[A-Z0-9]+\.[0-9]{4}\.[0-9]{2}\.[0-9]{2}$")
-    # The node's history, history.db beside the report (outputs/history.py): runs older than
+    # The node's history, history.db beside the report (outputs/record/history.py): runs older than
     # history_days, and past the newest history_runs, are dropped as each run is added.
     history_days: float = Field(default=90.0, gt=0, le=36500, allow_inf_nan=False)
     history_runs: int = Field(default=10000, ge=1, le=1_000_000)
-    # A lemon (outputs/history_judge.py): lemon_fails failed runs within lemon_days make the
+    # A lemon (outputs/record/history_judge.py): lemon_fails failed runs within lemon_days make the
     # node's action `service`, even when the latest run passes.
     lemon_fails: int = Field(default=3, ge=1, le=1000)
     lemon_days: float = Field(default=7.0, gt=0, le=3650, allow_inf_nan=False)

@@ -25,7 +25,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from preflight.base.host import Host, read_stripped
-from preflight.readers.nvml import Inventory
+from preflight.readers.nvidia.nvml import Inventory
 from preflight.base.units import format_cpulist
 
 Fabric = Literal["single", "nvswitch", "nvlink", "pcie", "unknown"]
@@ -65,7 +65,7 @@ class NodeShape(BaseModel):
     notes: list[str] = []
     # The node's GPUs where this process was given fewer: the driver names a device minor for
     # every GPU on the bus but /dev here holds only some (a job's container: pyxis, a pod given
-    # 4 of 8). What Slurm's Gres is held to (outputs/slurm.py). None: ``gpus`` is the node's. A GPU
+    # 4 of 8). What Slurm's Gres is held to (outputs/schedulers/slurm.py). None: ``gpus`` is the node's. A GPU
     # the driver does not hold (excluded, bound to vfio-pci) has no minor and is never counted.
     host_gpus: int | None = None
 

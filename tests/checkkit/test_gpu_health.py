@@ -13,8 +13,8 @@ from preflight.base.findings import Status
 from preflight.base.host import Host
 from preflight.checkkit import gpu_health
 from preflight.pipeline import profiles, shape
-from preflight.readers.nvml import FakeNvml, Gpu, Inventory, PcieLink
-from preflight.readers.nvml_query import RECOVERY_ACTIONS
+from preflight.readers.nvidia.nvml import FakeNvml, Gpu, Inventory, PcieLink
+from preflight.readers.nvidia.nvml_query import RECOVERY_ACTIONS
 
 H100 = profiles.load(profiles.BUILTIN_DIR / "h100-sxm.toml")
 NVML = FIXTURES / "nvml"

@@ -13,7 +13,7 @@ from preflight.checkkit import nvls
 from preflight.checks import bandwidth
 from preflight.checkkit.bandwidth_figures import Figure
 from preflight.pipeline import profiles
-from preflight.readers import nccl_log
+from preflight.readers.nccl import nccl_log
 
 NCCL = Path(__file__).parents[1] / "fixtures" / "nccl"
 

@@ -15,7 +15,7 @@ from topology_cases import edit, gathered, host, matrix, root  # noqa: F401 (roo
 from preflight.base.findings import Status
 from preflight.base.host import Host
 from preflight.pipeline.check import Result
-from preflight.readers import topo
+from preflight.readers.nvidia import topo
 
 
 def test_advice_follows_cuda_visible_devices_by_index_and_uuid(root):

@@ -12,8 +12,8 @@ from preflight.pipeline import profiles
 from preflight.pipeline.check import Context
 from preflight.pipeline.settings import Settings
 from preflight.base.host import Host
-from preflight.readers import nvml
-from preflight.readers.nvml import FakeNvml
+from preflight.readers.nvidia import nvml
+from preflight.readers.nvidia.nvml import FakeNvml
 
 NVML = Path(__file__).parents[1] / "fixtures" / "nvml"
 IN_PROGRESS = FakeNvml(NVML / "h100-sxm-gpu5-fabric-in-progress.json")

@@ -11,7 +11,7 @@ from preflight.checkkit import transports
 from preflight.gpuwork import ranks
 from preflight.pipeline.expectations import NcclExpect
 from preflight.pipeline.shape import NodeShape
-from preflight.readers import nccl_log
+from preflight.readers.nccl import nccl_log
 
 WANT_P2P = NcclExpect(init_source="test", p2p="fail", p2p_source="test: GPUs joined by NVLink")
 

@@ -15,13 +15,13 @@ from preflight.pipeline.check import Result
 from preflight.base.findings import Status
 from preflight.pipeline.profiles import ResolvedFloor
 from preflight.pipeline.expectations import BandwidthExpect, NcclExpect
-from preflight.readers import nccl_log
+from preflight.readers.nccl import nccl_log
 from pathlib import Path
 
 from preflight.base.host import Host
 from preflight.pipeline import profiles
 from preflight.pipeline.shape import NodeShape
-from preflight.readers.nvml import FakeNvml
+from preflight.readers.nvidia.nvml import FakeNvml
 
 FAIL, WARN = Status.FAIL, Status.WARN
 BPS, SECONDS = "bytes_per_second", "seconds"

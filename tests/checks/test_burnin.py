@@ -18,7 +18,8 @@ from preflight.base.actions import Action, Domain
 from preflight.base.findings import Status
 from preflight.base.host import Host
 from preflight.pipeline.expectations import BurninExpect, OutlierExpect
-from preflight.readers import nvml, xid
+from preflight.readers.nvidia import nvml
+from preflight.readers.kernel import xid
 
 NVML = Path(__file__).parents[1] / "fixtures" / "nvml"
 EXPECT = BurninExpect(seconds=300, seconds_source="test", sizes_source="test", clock_floor_mhz=1590, clock_source="H100 SXM base clock")

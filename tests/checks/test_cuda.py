@@ -16,14 +16,15 @@ from preflight.checkkit import gpu_health
 from preflight.checks import cuda
 from preflight.gpuwork.cuda_init import InitOutcome, InitReport
 
-from preflight.readers import nvml, xid
+from preflight.readers.nvidia import nvml
+from preflight.readers.kernel import xid
 from preflight.pipeline import profiles, shape
 from preflight.pipeline.check import Context
 from preflight.pipeline.settings import Settings
 from preflight.base.actions import Action, Domain
 from preflight.base.findings import Status
 from preflight.base.host import Host
-from preflight.readers.nvml import FakeNvml, PcieLink
+from preflight.readers.nvidia.nvml import FakeNvml, PcieLink
 from preflight.pipeline.shape import NodeShape
 
 H100 = profiles.load(profiles.BUILTIN_DIR / "h100-sxm.toml")
@@ -435,7 +436,7 @@ def test_no_torch_import_in_the_agent():
 
 @pytest.mark.gpu
 def test_cuda_init_on_every_real_gpu():
-    from preflight.readers import nvml
+    from preflight.readers.nvidia import nvml
 
     inv = nvml.inventory()
     outcome, loaded = cuda.run_init(sys.executable, timeout=120, read_links=True)
@@ -450,7 +451,7 @@ def test_cuda_init_in_the_shared_launch_leaves_each_rank_its_own_gpu():
     # One rank per GPU, as the run starts them: each probes and loads only its own, so
     # on a node in EXCLUSIVE_PROCESS mode the next stage's ranks can still take theirs.
     from preflight.gpuwork.world import Worlds
-    from preflight.readers import nvml
+    from preflight.readers.nvidia import nvml
 
     inv = nvml.inventory()
     worlds = Worlds()

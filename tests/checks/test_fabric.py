@@ -22,8 +22,8 @@ from preflight.base.host import Host
 from preflight.pipeline import profiles, shape
 from preflight.pipeline.check import Context
 from preflight.pipeline.settings import Settings
-from preflight.readers import nvml
-from preflight.readers.nvml import FakeNvml
+from preflight.readers.nvidia import nvml
+from preflight.readers.nvidia.nvml import FakeNvml
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 NVML, TREE = FIXTURES / "nvml", FIXTURES / "sysfs" / "hgx-h100"

@@ -12,7 +12,7 @@ from preflight.checks import nccl
 from preflight.checkkit.placement import linked_pairs
 from preflight.checks.nccl import NcclFacts, OpResult, RankOutcome, RankReport
 
-from preflight.readers import nccl_env, nccl_log
+from preflight.readers.nccl import nccl_env, nccl_log
 from preflight.pipeline.check import Result
 from preflight.base.findings import Status
 from preflight.base.host import Host
@@ -773,7 +773,7 @@ def test_of_two_ranks_that_raised_the_earlier_error_leads_whichever_exit_torchru
 
 def test_across_nodes_sockets_on_an_ib_profile_fail_naming_the_cause():
     # A group run's facts (2 nodes, one GPU each): this node has rank 0; NCCL's log says sockets because IB was disabled.
-    from preflight.readers import nccl_net
+    from preflight.readers.nccl import nccl_net
 
     path = next((FIXTURES / "nccl" / "net-logs").glob("net-socket-ib-disabled-no-device_*.log"))
     text = path.read_text()

@@ -10,7 +10,7 @@ from preflight.checkkit import bandwidth_figures
 from preflight.checkkit.bandwidth_figures import BandwidthFacts, StepResult
 from preflight.checks.workers import _rank
 from preflight.gpuwork import ranks
-from preflight.outputs import metrics
+from preflight.outputs.exporters import metrics
 from preflight.pipeline.expectations import OutlierExpect, TrainExpect
 
 FAIL, WARN = Status.FAIL, Status.WARN

@@ -16,9 +16,9 @@ from preflight.base.host import Host
 from preflight.checks import pcie as check
 from preflight.pipeline.report import Report
 from preflight.pipeline.shape import pci_nvidia
-from preflight.readers import pcie
-from preflight.readers.layout import PciLink
-from preflight.readers.pcie import Acs, Bridge, Endpoint, PcieFacts
+from preflight.readers.machine import pcie
+from preflight.readers.machine.layout import PciLink
+from preflight.readers.machine.pcie import Acs, Bridge, Endpoint, PcieFacts
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "pcie"
 FAIL, WARN = Status.FAIL, Status.WARN

@@ -18,8 +18,8 @@ from preflight.pipeline import profiles
 from preflight.pipeline.check import Context
 from preflight.pipeline.settings import Settings
 from preflight.pipeline.shape import NodeShape
-from preflight.readers import ibports
-from preflight.readers.ibports import Port, RdmaFacts
+from preflight.readers.machine import ibports
+from preflight.readers.machine.ibports import Port, RdmaFacts
 
 FAIL, WARN, PASS, SKIP = Status.FAIL, Status.WARN, Status.PASS, Status.SKIP
 TREE = Path(__file__).parents[1] / "fixtures" / "sysfs" / "hgx-h100"

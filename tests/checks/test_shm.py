@@ -15,8 +15,8 @@ import fakes
 from preflight.base.findings import Status
 from preflight.checks import shm
 from preflight.checks.shm import ShmFacts, judge
-from preflight.readers import container, memory
-from preflight.readers.shm_mount import Mount
+from preflight.readers.system import container, memory
+from preflight.readers.system.shm_mount import Mount
 from preflight.base.host import Host
 from preflight.base.units import fmt_bytes
 from preflight.pipeline.report import Report

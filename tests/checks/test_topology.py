@@ -11,7 +11,7 @@ import fakes
 import psutil
 import pytest
 from preflight.checks import topology as t
-from preflight.readers import layout
+from preflight.readers.machine import layout
 from topology_cases import (FIXTURES, HEALTHY, ONE_NODE, PCI_GROUPS, SPLIT, TOPO, TREE, edit, gathered, h200_vm, host, matrix, pci_tree,  # noqa: F401
                             root, unreadable_smi)
 
@@ -19,7 +19,7 @@ AFFINITY = FIXTURES / "nvml" / "h100-sxm-8x-affinity.json"
 H200_NVML = FIXTURES / "nvml" / "h200-1x-vm.json"
 
 from preflight.pipeline import profiles
-from preflight.readers import topo
+from preflight.readers.nvidia import topo
 from preflight.pipeline.check import Context
 from preflight.base.findings import Status
 from preflight.base.host import Host
@@ -641,7 +641,7 @@ def test_nvlinks_read_while_the_fabric_registers_are_judged_on_the_settled_readi
     yet up, at the run's reading; registered with 18 links up when NVML is read again."""
     from preflight.checkkit import settle
     from preflight.pipeline.shape import NodeShape
-    from preflight.readers.nvml import FakeNvml
+    from preflight.readers.nvidia.nvml import FakeNvml
 
     data = json.loads(AFFINITY.read_text())
     data["gpus"][5].update({"nvlinks_active": 0, "nvlink_remote": None, "fabric": {"state": "in_progress"}})
@@ -664,7 +664,7 @@ def test_a_hung_nvidia_smi_after_a_long_settle_wait_ends_inside_the_deadline_on_
     matrix built from NVML and sysfs, never "did not finish": a reader's trouble is not the node's."""
     from preflight.pipeline import runner
     from preflight.pipeline.shape import NodeShape
-    from preflight.readers.nvml import FakeNvml
+    from preflight.readers.nvidia.nvml import FakeNvml
 
     data = json.loads(AFFINITY.read_text())
     data["gpus"][5]["fabric"] = {"state": "in_progress"}

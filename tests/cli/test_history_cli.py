@@ -14,7 +14,7 @@ from pathlib import Path
 
 from conftest import clean_env, fast_profile, recorded_run, run_preflight
 
-from preflight.outputs import history
+from preflight.outputs.record import history
 from preflight.pipeline.report import Report
 
 GB = 1e9

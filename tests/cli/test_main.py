@@ -123,7 +123,7 @@ def test_each_answer_is_the_typer_apps(tmp_path):
 
 # What `status` and `version` must not load: each alone costs them more than they may take.
 HEAVY = ("typer", "pydantic", "pydantic_core", "pydantic_settings", "rich", "torch", "psutil", "importlib.metadata", "email",
-         "preflight.cli.app", "preflight.cli.common", "preflight.pipeline.settings", "preflight.pipeline.report", "preflight.pipeline.check", "preflight.outputs.console")
+         "preflight.cli.app", "preflight.cli.common", "preflight.pipeline.settings", "preflight.pipeline.report", "preflight.pipeline.check", "preflight.outputs.exporters.console")
 # --help goes through Typer, in plain text: no Rich, no pydantic.
 HEAVY_HELP = ("pydantic", "pydantic_core", "rich", "markdown_it", "pygments", "torch", "psutil", "preflight.pipeline.settings", "preflight.pipeline.report")
 

@@ -11,7 +11,7 @@ import cuda_facts
 from cuda_facts import NVML, facts, loaded_reading, python_script
 
 from preflight.gpuwork import cuda_init as cuda
-from preflight.readers.nvml import FakeNvml
+from preflight.readers.nvidia.nvml import FakeNvml
 
 
 def test_uuids_match_nvml_s_whatever_order_cuda_counts_in():

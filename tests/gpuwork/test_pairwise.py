@@ -21,7 +21,7 @@ import pytest
 from conftest import CPU_TOML, REPORTS, clean_env, workers_left
 
 from preflight.gpuwork import pairwise
-from preflight.outputs.console import Console
+from preflight.outputs.exporters.console import Console
 from preflight.base.errors import UsageError
 from preflight.gpuwork.pairwise import Host, Pair, Side
 
@@ -369,7 +369,7 @@ def test_a_command_that_cannot_start_is_a_failing_side():
 
 def test_sigterm_stops_every_pair_in_flight_and_exits_143(tmp_path, node):
     d = node(pf0={"hang": True}, pf1={"hang": True}, pf2={"hang": True}, pf3={"hang": True})
-    code = (f"import io, sys; from pathlib import Path; from preflight.gpuwork import pairwise; from preflight.outputs.console import Console\n"
+    code = (f"import io, sys; from pathlib import Path; from preflight.gpuwork import pairwise; from preflight.outputs.exporters.console import Console\n"
             f"sys.exit(pairwise.main(Path({str(hosts_file(tmp_path, 4))!r}), 'fake-node {{host}}', 'preflight', 'cpu', 29500, 120, 0.5, False, Console()))")
     p = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True, env={**clean_env(), "PATH": os.environ["PATH"]})
     try:

@@ -18,7 +18,7 @@ import pytest
 from conftest import clean_env, run_preflight, world_processes
 from preflight.gpuwork import launch, ranks
 from preflight.gpuwork.world import Worlds
-from preflight.readers import nccl_log
+from preflight.readers.nccl import nccl_log
 from preflight.pipeline.report import Report
 
 DRIVER = launch.WORKERS_DIR / "world.py"

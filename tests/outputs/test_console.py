@@ -12,11 +12,11 @@ import fakes
 import pytest
 from conftest import clean_env
 
-from preflight.outputs import console as console_mod
+from preflight.outputs.exporters import console as console_mod
 from preflight.base import progress as progress_mod
 from preflight.pipeline.check import Result
 from preflight.base.findings import Status
-from preflight.outputs.console import Console
+from preflight.outputs.exporters.console import Console
 
 
 class Terminal(io.StringIO):

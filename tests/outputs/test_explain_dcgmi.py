@@ -7,7 +7,7 @@ import pytest
 from conftest import FIXTURES
 
 from preflight.base.errors import UsageError
-from preflight.outputs import explain_dcgmi
+from preflight.outputs.explain import explain_dcgmi
 
 NVSMI = FIXTURES / "nvsmi"
 

@@ -6,9 +6,9 @@ from conftest import FIXTURES
 
 from preflight.base.errors import UsageError
 from preflight.checks import shm
-from preflight.outputs import explain_df
+from preflight.outputs.explain import explain_df
 from preflight.pipeline import profiles
-from preflight.readers.shm_mount import Mount
+from preflight.readers.system.shm_mount import Mount
 
 HERE = FIXTURES / "df"
 MiB, GiB = 2**20, 2**30

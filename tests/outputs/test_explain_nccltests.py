@@ -9,8 +9,8 @@ import pytest
 from conftest import FIXTURES
 
 from preflight.base.errors import UsageError
-from preflight.outputs import explain_nccltests
-from preflight.readers import nccltests
+from preflight.outputs.explain import explain_nccltests
+from preflight.readers.nccl import nccltests
 from preflight.pipeline import profiles
 
 

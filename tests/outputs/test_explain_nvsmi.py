@@ -8,7 +8,7 @@ import pytest
 from conftest import FIXTURES
 
 from preflight.base.errors import UsageError
-from preflight.outputs import explain_nvsmi
+from preflight.outputs.explain import explain_nvsmi
 from preflight.pipeline import profiles
 
 NVSMI = FIXTURES / "nvsmi"
@@ -186,6 +186,6 @@ def test_parse_errors_name_the_file():
 
 
 def test_dcgmi_parse_errors_name_the_file():
-    from preflight.outputs import explain_dcgmi
+    from preflight.outputs.explain import explain_dcgmi
     with pytest.raises(UsageError, match=r"^diag\.txt: no dcgmi diag result"):
         explain_dcgmi.explain("+----+\n| nothing |\n", "diag.txt", None)

@@ -5,8 +5,8 @@ import pytest
 from conftest import FIXTURES
 
 from preflight.base.errors import UsageError
-from preflight.outputs import explain_pcie_notice
-from preflight.outputs.explained import render
+from preflight.outputs.explain import explain_pcie_notice
+from preflight.outputs.explain.explained import render
 
 HERE = FIXTURES / "pcie_notice"
 

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from preflight.base.errors import UsageError
 from preflight.cli.app import app
-from preflight.outputs import explain_topology
+from preflight.outputs.explain import explain_topology
 from preflight.pipeline import profiles
 
 SEVERITY = {"FAIL": "fail", "ERROR": "fail", "WARN": "warn"}

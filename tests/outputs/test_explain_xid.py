@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 
 from preflight.base.errors import UsageError
 from preflight.cli.app import app
-from preflight.outputs import explain_xid, xid_text
-from preflight.outputs.explained import render
-from preflight.readers import xid
+from preflight.outputs.explain import explain_xid, xid_text
+from preflight.outputs.explain.explained import render
+from preflight.readers.kernel import xid
 
 XID = FIXTURES / "xid"
 PCIE = FIXTURES / "pcie_notice" / "pcie_01_dmesg-limited-by-16GTs-x16_h100-capable-32GTs_ELIDED.txt"

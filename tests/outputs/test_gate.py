@@ -26,7 +26,7 @@ import pytest
 from conftest import clean_env, lock_held, needs_root, report_file, run_preflight
 from preflight.gpuwork.launch import marked
 from preflight.base.errors import UsageError
-from preflight.outputs import last_report, run_record
+from preflight.outputs.record import last_report, run_record
 from preflight.pipeline.report import Report
 
 MARK = "PREFLIGHT_TEST_GATE"  # carried by everything a run here starts, so the test ends what a killed agent leaves
@@ -298,7 +298,7 @@ def test_a_run_that_waited_for_the_lock_reads_nvml_again_once_the_holder_lets_go
     the GPUs, its clocks under its load): the checks judge one reading taken after it."""
     from conftest import HOLD_LOCK
     from preflight.outputs import gate
-    from preflight.readers import nvml
+    from preflight.readers.nvidia import nvml
 
     said: list[str] = []
     inventory, take_lock = nvml.inventory, gate.run_lock
@@ -329,7 +329,7 @@ def test_a_run_whose_nvml_reading_another_run_held_the_node_through_reads_it_aga
     free when asked, so nothing waited, yet the reading is of that run's node."""
     from conftest import HOLD_LOCK
     from preflight.outputs import gate
-    from preflight.readers import nvml
+    from preflight.readers.nvidia import nvml
 
     said: list[str] = []
     inventory, plan = nvml.inventory, gate.pipeline.plan
@@ -436,8 +436,9 @@ def test_a_fault_in_judging_the_history_costs_the_run_neither_its_verdict_nor_it
 
     from conftest import REPORTS
 
-    from preflight.outputs import gate, history_judge
-    from preflight.outputs.console import Console
+    from preflight.outputs import gate
+    from preflight.outputs.record import history_judge
+    from preflight.outputs.exporters.console import Console
     from preflight.pipeline.settings import Settings
 
     def broken(*_: object, **__: object):
@@ -456,8 +457,9 @@ def test_a_signal_while_the_history_is_judged_still_writes_the_report(tmp_path, 
     # Every check ran; SQLite may wait seconds on a locked history, and a SIGTERM then must not
     # cost the node its verdict: the report is written, then the run ends as interrupted.
     from preflight.base.errors import Interrupted
-    from preflight.outputs import gate, history
-    from preflight.outputs.console import Console
+    from preflight.outputs import gate
+    from preflight.outputs.record import history
+    from preflight.outputs.exporters.console import Console
     from preflight.pipeline.settings import Settings
 
     def stopped(*_: object, **__: object):

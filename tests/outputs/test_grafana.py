@@ -20,8 +20,8 @@ import pytest
 
 from conftest import report_file
 from preflight.gpuwork.launch import free_port
-from preflight.outputs import metrics
-from preflight.outputs.last_report import load
+from preflight.outputs.exporters import metrics
+from preflight.outputs.record.last_report import load
 from test_prometheus import prometheus, prometheus_scraping, query, wait_for
 
 DASHBOARD = Path(__file__).parents[2] / "examples" / "grafana" / "preflight-fleet.json"

@@ -1,5 +1,5 @@
 """What a scheduler integration held back, written into the report it judged
-(preflight/outputs/held_back.py), and where readers show it: status, the page, the metrics."""
+(preflight/outputs/schedulers/held_back.py), and where readers show it: status, the page, the metrics."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import subprocess
 
 import fakes
 from conftest import lock_held, report_file
-from preflight.outputs import held_back, metrics, page
+from preflight.outputs.schedulers import held_back
+from preflight.outputs.exporters import metrics
+from preflight.outputs.html import page
 from preflight.pipeline.report import Report
 
 SAID = "would drain: 1 of 4 nodes already drained by preflight, past the cap (10% of partition gpu, at least 1 node; --drain-cap)"

@@ -1,4 +1,4 @@
-"""The history store (outputs/history.py) on real SQLite files: what a run leaves, retention,
+"""The history store (outputs/record/history.py) on real SQLite files: what a run leaves, retention,
 the paths root refuses, and a database that is corrupt, locked, full, read-only or killed mid-write."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from conftest import REPORTS, needs_root
 
 from preflight.base.findings import Status
-from preflight.outputs import history
+from preflight.outputs.record import history
 from preflight.pipeline.report import Report
 
 

@@ -1,4 +1,4 @@
-"""Drift and lemons judged from recorded histories (outputs/history_judge.py): pure, no file."""
+"""Drift and lemons judged from recorded histories (outputs/record/history_judge.py): pure, no file."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 from preflight.base.actions import Action
-from preflight.outputs import history_judge as judge
-from preflight.outputs.history import History, Run, Series
+from preflight.outputs.record import history_judge as judge
+from preflight.outputs.record.history import History, Run, Series
 from preflight.pipeline.expectations import DriftExpect
 
 T0 = datetime(2026, 11, 20, tzinfo=timezone.utc)

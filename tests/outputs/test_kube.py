@@ -20,9 +20,9 @@ import yaml
 import fakes
 from conftest import clean_env
 from preflight.base.actions import Action, Domain, Next
-from preflight.outputs import kube, kube_cap
+from preflight.outputs.schedulers import kube, kube_cap
 from preflight.base.errors import UsageError
-from preflight.outputs.last_report import Standing
+from preflight.outputs.record.last_report import Standing
 from preflight.pipeline.report import DEFAULT_REPORT_PATH
 from test_systemd import parse_command_line
 

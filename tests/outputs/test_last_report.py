@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from conftest import REPORTS, report_file, run_preflight, run_record_file
-from preflight.outputs import last_report
-from preflight.outputs.last_report import State, load, standing
-from preflight.outputs.run_record import Started
+from preflight.outputs.record import last_report
+from preflight.outputs.record.last_report import State, load, standing
+from preflight.outputs.record.run_record import Started
 
 BOOT = "9cf6e1ac-c217-4d2f-bda9-3b4a7183a613"  # the boot the fixtures were recorded in
 
@@ -89,7 +89,7 @@ def test_a_failure_found_before_the_interruption_is_the_reason():
     assert st.vouched is False and st.reason.startswith("shm FAIL: /dev/shm is 64 MiB")
 
 
-# A run that started after the report (outputs/run_record.py): under way, the last verdict
+# A run that started after the report (outputs/record/run_record.py): under way, the last verdict
 # stands; gone without writing its report, the node is not vouched.
 
 
@@ -165,7 +165,7 @@ def test_a_dead_run_with_no_report_is_not_vouched_rather_than_unknown(tmp_path):
 
 
 def test_serve_exports_a_dead_run_as_not_vouched():
-    from preflight.outputs.metrics import ReportCollector, render
+    from preflight.outputs.exporters.metrics import ReportCollector, render
 
     loaded, start = with_run("cpu-pass", alive=False)
     text = render(ReportCollector(lambda: loaded, live=lambda: (BOOT, start + timedelta(seconds=60), None))).decode()

@@ -13,8 +13,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import REPORTS, needs_root, report_file, run_preflight
-from preflight.outputs import metrics
-from preflight.outputs.last_report import Loaded, State, load
+from preflight.outputs.exporters import metrics
+from preflight.outputs.record.last_report import Loaded, State, load
 
 promtool = pytest.mark.skipif(not shutil.which("promtool"), reason="promtool is not installed (Debian package prometheus)")
 FIXTURES = ["cpu-pass", "shm-64m-fail", "h100-fake-hw-slowdown", "group-pass-node0", "group-pass-node1", "group-keptout-node0"]

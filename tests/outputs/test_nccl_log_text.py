@@ -8,9 +8,9 @@ import pytest
 from conftest import FIXTURES, run_preflight
 from conftest import nccl_fixture_text as fixture
 
-from preflight.outputs.nccl_log_text import render, to_json
-from preflight.readers import nccl_log
-from preflight.readers.nccl_log import NcclLog, parse
+from preflight.outputs.explain.nccl_log_text import render, to_json
+from preflight.readers.nccl import nccl_log
+from preflight.readers.nccl.nccl_log import NcclLog, parse
 
 NCCL = FIXTURES / "nccl"
 

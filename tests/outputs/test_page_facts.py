@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from preflight.base.findings import Measurement, Status
-from preflight.outputs import page_facts as facts
+from preflight.outputs.html import page_facts as facts
 from preflight.pipeline.check import Result
 from preflight.pipeline.report import Report
 
@@ -160,7 +160,7 @@ def test_a_ring_follows_the_checks_verdict_after_its_second_reading():
 
 
 def test_one_gpu_has_no_pair_and_the_page_says_so():
-    from preflight.outputs import page
+    from preflight.outputs.html import page
 
     r = recorded("h100-fake-hw-slowdown")
     r.checks[0].details["inventory"]["gpus"] = r.checks[0].details["inventory"]["gpus"][:1]
@@ -170,7 +170,7 @@ def test_one_gpu_has_no_pair_and_the_page_says_so():
 
 
 def test_an_interrupted_run_is_its_first_problem_and_the_page_says_interrupted_not_broken():
-    from preflight.outputs import page
+    from preflight.outputs.html import page
     from preflight.pipeline.report import carry_forward
     from preflight.pipeline.runner import cut_short
 

@@ -10,7 +10,7 @@ import importlib.util
 import pytest
 from conftest import REPORTS
 
-from preflight.outputs import page_facts, page_layout, page_traces
+from preflight.outputs.html import page_facts, page_layout, page_traces
 from preflight.pipeline.report import Report
 
 FIXTURE = REPORTS / "h100-8x-built.json"

@@ -7,9 +7,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from preflight.outputs import page_layout
+from preflight.outputs.html import page_layout
 from preflight.pipeline.report import Report
-from preflight.readers import topo
+from preflight.readers.nvidia import topo
 
 HERE = Path(__file__).parent.parent / "fixtures"
 

@@ -1,4 +1,4 @@
-"""The report page's traces (preflight/outputs/page_traces.py) on recorded
+"""The report page's traces (preflight/outputs/html/page_traces.py) on recorded
 reports, and on reports changed as a real run would change them (a diverged
 loss, NVML samples NVML did not always answer)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from preflight.base.findings import Status
-from preflight.outputs import page_traces
+from preflight.outputs.html import page_traces
 from preflight.pipeline.check import Result
 from preflight.pipeline.report import Report
 
@@ -36,7 +36,7 @@ def test_burnin_traces_read_the_sampled_series():
 
 
 def test_a_diverged_loss_leaves_its_steps_out_and_the_page_still_draws():
-    from preflight.outputs import page
+    from preflight.outputs.html import page
 
     r = recorded("cpu-pass")
     train = next(c for c in r.checks if c.check == "train")

@@ -269,7 +269,7 @@ def test_the_drain_cap_alert_fires_on_a_held_drain_and_on_nothing_else():
 def test_the_drain_cap_alert_reads_the_series_slurm_healthcheck_writes():
     from prometheus_client.parser import text_string_to_metric_families
 
-    from preflight.outputs import slurm_cap
+    from preflight.outputs.schedulers import slurm_cap
 
     held = slurm_cap.Count("gpu", 1, 4, 1)
     written = {s.name: s for f in text_string_to_metric_families(slurm_cap.textfile("gpu-b", held, [held])) for s in f.samples}
@@ -290,7 +290,7 @@ def test_the_taint_cap_alert_fires_on_a_held_taint_and_on_nothing_else():
 def test_the_taint_cap_alert_reads_the_series_kube_label_writes():
     from prometheus_client.parser import text_string_to_metric_families
 
-    from preflight.outputs import kube_cap
+    from preflight.outputs.schedulers import kube_cap
 
     text = kube_cap.textfile("gpu-b", True, kube_cap.count(1, 4, 0.1))
     assert subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60).returncode == 0

@@ -1,4 +1,4 @@
-"""The record of a run that started (preflight/outputs/run_record.py): what its reader
+"""The record of a run that started (preflight/outputs/record/run_record.py): what its reader
 finds of the run it names, with real processes: this one, one that exited, a zombie,
 a pid seen from another pid namespace; and records no run of ours wrote."""
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import needs_root, run_record_file
-from preflight.outputs import last_report, run_record
+from preflight.outputs.record import last_report, run_record
 
 
 def now() -> datetime:

@@ -22,7 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import fakes
 from conftest import clean_env, report_file, run_record_file
-from preflight.outputs import page, serve
+from preflight.outputs.html import page
+from preflight.outputs.exporters import serve
 from preflight.gpuwork.launch import free_port
 
 promtool = pytest.mark.skipif(not shutil.which("promtool"), reason="promtool is not installed (Debian package prometheus)")
@@ -142,7 +143,7 @@ def test_a_report_that_is_json_but_damaged_is_invalid_and_metrics_still_answer(t
 
 def test_a_report_that_parsed_but_cannot_be_rendered_is_invalid_not_a_dropped_scrape(tmp_path, capfd):
     # Built around the model, as a future or broken writer might: exposition itself raises.
-    from preflight.outputs.last_report import load
+    from preflight.outputs.record.last_report import load
 
     loaded = load(report_file(tmp_path / "report.json", "cpu-pass"))
     shm = loaded.report.checks[0]
@@ -161,7 +162,7 @@ def test_a_report_that_parsed_but_cannot_be_rendered_is_invalid_not_a_dropped_sc
 def test_a_report_is_rendered_once_and_the_clock_at_each_scrape(tmp_path, monkeypatch):
     """A scrape of an unchanged report renders nothing of it again (a big report took
     milliseconds each time); its age and the standing still move with every scrape."""
-    from preflight.outputs import metrics
+    from preflight.outputs.exporters import metrics
 
     renders = {"metrics": 0, "page": 0}
     real_metrics, real_page = metrics.render_report, page.render
@@ -264,7 +265,7 @@ def test_every_answer_carries_the_pages_policy_and_nosniff_and_names_no_version(
 def test_a_run_that_died_after_the_report_is_not_vouched_on_the_page_or_in_the_metrics(tmp_path):
     from datetime import datetime, timedelta, timezone
 
-    from preflight.outputs.last_report import utc
+    from preflight.outputs.record.last_report import utc
 
     report = report_file(tmp_path / "report.json", "cpu-pass", age=600)
     started = datetime.now(timezone.utc) - timedelta(seconds=60)

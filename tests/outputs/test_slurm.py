@@ -14,8 +14,8 @@ import pytest
 
 import fakes
 from conftest import FIXTURES, clean_env, report_file, run_preflight
-from preflight.outputs import slurm
-from preflight.outputs.last_report import Standing
+from preflight.outputs.schedulers import slurm
+from preflight.outputs.record.last_report import Standing
 from preflight.pipeline.report_view import view
 
 NODES = FIXTURES / "slurm"
@@ -142,7 +142,7 @@ def test_a_drain_is_lifted_only_once_the_check_that_drained_it_passes():
 def test_a_too_old_pass_drains_with_a_reason_that_does_not_change_as_it_ages(tmp_path):
     from datetime import timedelta
 
-    from preflight.outputs.last_report import load, standing
+    from preflight.outputs.record.last_report import load, standing
 
     loaded = load(report_file(tmp_path / "r.json", "cpu-pass"))
     end = loaded.report.finished_at

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import FIXTURES
 
-from preflight.outputs import slurm, slurm_cap
+from preflight.outputs.schedulers import slurm, slurm_cap
 
 SINFO = FIXTURES / "slurm"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from preflight.base.actions import Action, Domain
-from preflight.outputs import slurm_gres
+from preflight.outputs.schedulers import slurm_gres
 
 
 @pytest.mark.parametrize(("gres", "gpus"), [

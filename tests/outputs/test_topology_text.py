@@ -10,7 +10,7 @@ import pytest
 
 from preflight.base.host import Host
 from conftest import no_driver
-from preflight.outputs import topology_text as tt
+from preflight.outputs.explain import topology_text as tt
 from topology_cases import FIXTURES, SPLIT, TOPO
 
 from preflight.base.errors import UsageError

@@ -17,7 +17,7 @@ from conftest import clean_env, recorded_run, run_preflight
 from test_serve import get, serving
 
 from preflight.base import safefile
-from preflight.outputs import history, history_text, trends
+from preflight.outputs.record import history, history_text, trends
 from preflight.pipeline.report import Report
 
 NOBODY = 65534

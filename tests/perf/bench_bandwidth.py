@@ -30,7 +30,7 @@ from pathlib import Path
 from preflight.checkkit import bandwidth_figures
 
 from preflight.gpuwork import launch
-from preflight.readers import nccltests
+from preflight.readers.nccl import nccltests
 
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 # Large messages, as the target asks: 256 MiB copies (a 512 MiB footprint,

@@ -25,7 +25,8 @@ import fakes  # noqa: E402
 import timing  # noqa: E402
 from preflight.gpuwork import cuda_init  # noqa: E402
 
-from preflight.readers import nvml, xid  # noqa: E402
+from preflight.readers.nvidia import nvml  # noqa: E402
+from preflight.readers.kernel import xid  # noqa: E402
 from preflight.base.host import Host  # noqa: E402
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 5

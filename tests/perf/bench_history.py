@@ -24,7 +24,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from preflight.outputs import history
+from preflight.outputs.record import history
 from preflight.pipeline.report import Report
 
 REPORTS = Path(__file__).parents[1] / "fixtures" / "reports"

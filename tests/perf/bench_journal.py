@@ -1,4 +1,4 @@
-"""What reading the journal costs the Xid scan (readers/journal.py): `journalctl -k -b
+"""What reading the journal costs the Xid scan (readers/kernel/journal.py): `journalctl -k -b
 -o json` is read where /dev/kmsg fails, and beside it wherever the ring has wrapped
 (on a long-running node, at every run), within the scan's 10 s.
 
@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from preflight.readers import journal, xid
+from preflight.readers.kernel import journal, xid
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 ENTRIES = 50_000
@@ -40,7 +40,7 @@ def main() -> None:
         rows.append(json.dumps({**ENTRY, "__MONOTONIC_TIMESTAMP": usec, "_SOURCE_MONOTONIC_TIMESTAMP": usec, "MESSAGE": msg}))
     out = "\n".join(rows) + "\n"
     text = journal.lines(out) or ""
-    keep = lambda line: bool(xid._MARK.search(line) and xid.parse(line))  # noqa: E731 - as readers/xid.py picks them
+    keep = lambda line: bool(xid._MARK.search(line) and xid.parse(line))  # noqa: E731 - as readers/kernel/xid.py picks them
     print(f"{ENTRIES} messages, {len(out) / 2**20:.1f} MiB of JSON: lines() {best(lambda: journal.lines(out)):.2f} s, "
           f"older driver lines {best(lambda: journal.before(text, 10**12, keep)):.2f} s "
           f"({len(journal.before(text, 10**12, keep))} found)")

@@ -19,8 +19,8 @@ sys.path.insert(0, str(HERE))  # timing
 
 import timing  # noqa: E402
 
-from preflight.outputs import nccl_log_text  # noqa: E402
-from preflight.readers import nccl_log  # noqa: E402
+from preflight.outputs.explain import nccl_log_text  # noqa: E402
+from preflight.readers.nccl import nccl_log  # noqa: E402
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 UNIT = "".join(p.read_text() for p in sorted((HERE.parent / "fixtures" / "nccl").glob("*.log")))

@@ -7,7 +7,7 @@ a burst of load falls on both:
 
 - "fake file": `--nvml-fake` (FakeNvml), the facts from JSON; it starts no
   child, so its time shows everything but NVML's own cost;
-- "NVML child": the real child (preflight.readers.nvml_query) over the stand-in
+- "NVML child": the real child (preflight.readers.nvidia.nvml_query) over the stand-in
   nvidia-ml-py of tests/fakes.py serving the same facts, as a GPU node's run
   starts it (its 0.4 s window included; NVML init itself costs more on a GPU).
 

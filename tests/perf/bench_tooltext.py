@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from preflight.base import tooltext
-from preflight.readers import xid
+from preflight.readers.kernel import xid
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 FIXTURES = Path(__file__).parents[1] / "fixtures"

@@ -29,7 +29,9 @@ import timing  # noqa: E402
 from preflight.checkkit import placement  # noqa: E402
 from preflight.checks import topology  # noqa: E402
 
-from preflight.readers import layout, nvml, topo, topo_derived  # noqa: E402
+from preflight.readers.machine import layout  # noqa: E402
+from preflight.readers.nvidia import nvml, topo  # noqa: E402
+from preflight.readers.machine import topo_derived  # noqa: E402
 from preflight.base.host import Host  # noqa: E402
 from preflight.pipeline.settings import Settings  # noqa: E402
 

@@ -244,7 +244,7 @@ def project(n: int, c: dict[str, Cost], profile) -> list[tuple[str, float]]:
     rows.append(("train", sum(t for _, t in tparts) + c["train_rest"].seconds))
     rows += tparts
     # The H200 run's plan read the inventory twice (profiles.detect, then plan.read_shape, as the
-    # code did until issue 34); the run now reads it once (readers/nvml.py Shared).
+    # code did until issue 34); the run now reads it once (readers/nvidia/nvml.py Shared).
     rows.append(("the plan's NVML inventory, the launch's end, the report", max(0.0, c["run_overhead"].seconds - c["nvml_inventory"].seconds)))
     return rows
 

@@ -17,7 +17,7 @@ from preflight.pipeline.check import Check, Context, Result, Status
 from preflight.pipeline.plan import Plan, execute
 from preflight.pipeline.report import Report
 from preflight.pipeline.settings import Settings
-from preflight.readers import nvml
+from preflight.readers.nvidia import nvml
 
 NVML = Path(__file__).parents[1] / "fixtures" / "nvml"
 HEALTHY = NVML / "h100-sxm-8x-healthy.json"
@@ -176,8 +176,8 @@ def test_a_fabric_still_registering_is_waited_for_once_before_the_shape_and_ever
     (first, and at quick the one that would stop the run) judges the settled node, as every check does."""
     import json
 
-    from preflight.readers import nvml_settle
-    from preflight.readers.nvml import FakeNvml
+    from preflight.readers.nvidia import nvml_settle
+    from preflight.readers.nvidia.nvml import FakeNvml
 
     affinity = NVML / "h100-sxm-8x-affinity.json"
     data = json.loads(affinity.read_text())
@@ -203,7 +203,7 @@ def test_a_signal_while_the_run_waits_for_the_fabric_still_writes_the_report_wit
     import json
 
     from preflight.base.errors import Interrupted
-    from preflight.readers.nvml import FakeNvml
+    from preflight.readers.nvidia.nvml import FakeNvml
 
     data = json.loads((NVML / "h100-sxm-8x-affinity.json").read_text())
     for g in data["gpus"]:

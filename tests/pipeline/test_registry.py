@@ -40,7 +40,20 @@ def test_a_plugin_written_for_the_flat_layout_is_told_where_its_import_went(tmp_
     monkeypatch.syspath_prepend(str(tmp_path))
     r = run_checks([registry.load("oldstyle")], make_ctx()).results[0]
     assert r.status is Status.ERROR
-    assert "No module named 'preflight.check': preflight 0.2.0 moved it to preflight.pipeline.check" in r.summary
+    assert "No module named 'preflight.check': preflight moved it to preflight.pipeline.check" in r.summary
+
+
+def test_a_plugin_reading_nvml_from_the_top_of_readers_is_told_its_package(tmp_path, monkeypatch):
+    # readers/ and outputs/ were grouped in packages: preflight.readers.nvml is preflight.readers.nvidia.nvml now.
+    dist = tmp_path / "nvml_checks-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: nvml-checks\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[preflight.checks]\nreadsnvml = nvml_checks:Reads\n")
+    (tmp_path / "nvml_checks.py").write_text("from preflight.readers import nvml\nfrom preflight.readers.nvml import Inventory\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    r = run_checks([registry.load("readsnvml")], make_ctx()).results[0]
+    assert r.status is Status.ERROR
+    assert "No module named 'preflight.readers.nvml': preflight moved it to preflight.readers.nvidia.nvml" in r.summary, r.summary
 
 
 def test_a_plugin_whose_name_disagrees_with_its_entry_point_is_an_error(plugin):

@@ -18,7 +18,7 @@ from preflight.base import actions
 from preflight.pipeline import report_view
 from preflight.pipeline.check import Result
 from preflight.base.findings import Measurement, Status
-from preflight.outputs.last_report import State, load, load_view, standing
+from preflight.outputs.record.last_report import State, load, load_view, standing
 from preflight.pipeline.report import HeldBack, GroupNode, GroupRecord, Report, Verdict
 from preflight.pipeline.shape import NodeShape
 

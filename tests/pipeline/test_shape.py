@@ -8,7 +8,7 @@ import pytest
 
 from preflight.pipeline import profiles, shape
 from preflight.base.host import Host
-from preflight.readers.nvml import FakeNvml
+from preflight.readers.nvidia.nvml import FakeNvml
 from preflight.pipeline.shape import NodeShape, PciNvidia
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"

@@ -1,5 +1,5 @@
 from preflight.base.host import Host
-from preflight.readers import container
+from preflight.readers.system import container
 
 
 def test_the_runtimes_own_marks_say_container(tmp_path):

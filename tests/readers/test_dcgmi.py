@@ -5,7 +5,7 @@ import pytest
 from conftest import FIXTURES
 
 from preflight.base.errors import UsageError
-from preflight.readers import dcgmi, nvsmi
+from preflight.readers.nvidia import dcgmi, nvsmi
 
 NVSMI = FIXTURES / "nvsmi"
 THERMAL = ("GPU 0 Thermal violations totaling 13.3 seconds started at 9.7 seconds into the test for GPU 0 Verify that the "

@@ -6,7 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from preflight.readers import dcgmi, df, nccl_log, nccltests, nvsmi, pcie, pcie_notice, topo, xid
+from preflight.readers.nvidia import dcgmi, nvsmi, topo
+from preflight.readers import df
+from preflight.readers.nccl import nccl_log, nccltests
+from preflight.readers.machine import pcie
+from preflight.readers.kernel import pcie_notice, xid
 
 FIX = Path(__file__).parents[1] / "fixtures"
 

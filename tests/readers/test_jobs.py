@@ -14,7 +14,7 @@ from pathlib import Path
 from pathlib import Path
 
 from preflight.base.host import Host
-from preflight.readers import jobs
+from preflight.readers.system import jobs
 
 TWO_JOBS = Path(__file__).parents[1] / "fixtures" / "proc" / "slurm-22.05-two-jobs"
 

@@ -12,8 +12,8 @@ import pytest
 from preflight.base import tooltext
 from preflight.base.host import Host
 from preflight.base.units import parse_cpulist
-from preflight.readers import layout as t
-from preflight.readers import topo
+from preflight.readers.machine import layout as t
+from preflight.readers.nvidia import topo
 from topology_cases import H200_TOPO, edit, gathered, host, root  # noqa: F401 (root: a fixture)
 
 
@@ -83,7 +83,7 @@ def test_a_real_nvidia_smi_answers_in_what_a_full_settle_wait_leaves():
     check; nvidia-smi topo -m is given that less host.RESERVE_SECONDS, and must still answer in
     it, so a node that settled is judged on its own matrix, not the one built from NVML."""
     from preflight.checkkit import settle
-    from preflight.readers import nvml
+    from preflight.readers.nvidia import nvml
 
     inventory = nvml.inventory()  # the run's reading, taken before topology's turn
     started = time.monotonic()

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from preflight.base.host import Host
-from preflight.readers import memory
+from preflight.readers.system import memory
 
 GiB, MiB = 2**30, 2**20
 

@@ -9,7 +9,7 @@ from conftest import nccl_fixture_text as fixture
 
 import pytest
 
-from preflight.readers.nccl_log import parse
+from preflight.readers.nccl.nccl_log import parse
 
 NCCL = FIXTURES / "nccl"
 EXPECTED = json.loads((NCCL / "expected.json").read_text())

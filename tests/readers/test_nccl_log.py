@@ -9,10 +9,10 @@ import pytest
 from conftest import FIXTURES
 from conftest import nccl_fixture_text as fixture
 
-from preflight.outputs import nccl_log_text
-from preflight.outputs.nccl_log_text import render, to_json
-from preflight.readers import nccl_log
-from preflight.readers.nccl_log import Channel, NcclLog, parse
+from preflight.outputs.explain import nccl_log_text
+from preflight.outputs.explain.nccl_log_text import render, to_json
+from preflight.readers.nccl import nccl_log
+from preflight.readers.nccl.nccl_log import Channel, NcclLog, parse
 
 NCCL = FIXTURES / "nccl"
 EXPECTED = json.loads((NCCL / "expected.json").read_text())

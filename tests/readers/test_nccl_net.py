@@ -9,8 +9,8 @@ from pydantic import ValidationError
 from preflight.pipeline import expectations, profiles
 from preflight.base.findings import Status
 from preflight.base.host import Host
-from preflight.readers.nccl_log import parse
-from preflight.readers.nccl_net import NetFacts, gather, judge, network
+from preflight.readers.nccl.nccl_log import parse
+from preflight.readers.nccl.nccl_net import NetFacts, gather, judge, network
 
 NET = FIXTURES / "nccl" / "net-logs"
 NODE1 = set(range(8, 16))  # the ib-gdrdma capture is the second node of 2x8 H100

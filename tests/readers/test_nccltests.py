@@ -10,7 +10,7 @@ from conftest import FIXTURES
 from preflight.checkkit import bandwidth_figures
 
 from preflight.base.errors import UsageError
-from preflight.readers import nccltests
+from preflight.readers.nccl import nccltests
 
 TABLES = sorted((FIXTURES / "nccltests").glob("*.txt"))
 

@@ -11,9 +11,9 @@ import fakes
 import psutil
 import pytest
 
-from preflight.readers import nvml, nvml_query
+from preflight.readers.nvidia import nvml, nvml_query
 from preflight.base.errors import UsageError
-from preflight.readers.nvml import FakeNvml, NvmlUnavailable
+from preflight.readers.nvidia.nvml import FakeNvml, NvmlUnavailable
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "nvml"
 ALL = sorted(FIXTURES.glob("*.json"))

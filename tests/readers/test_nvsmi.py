@@ -5,7 +5,7 @@ import pytest
 from conftest import FIXTURES
 
 from preflight.base.errors import UsageError
-from preflight.readers import dcgmi, nvsmi
+from preflight.readers.nvidia import dcgmi, nvsmi
 
 NVSMI = FIXTURES / "nvsmi"
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 
-from preflight.readers import pcie_notice
+from preflight.readers.kernel import pcie_notice
 
 HERE = FIXTURES / "pcie_notice"
 STAS00 = HERE / "pcie_01_dmesg-limited-by-16GTs-x16_h100-capable-32GTs_ELIDED.txt"

@@ -8,7 +8,7 @@ from pathlib import Path
 from conftest import FIXTURES, needs_root
 
 import fakes
-from preflight.readers import shm_mount
+from preflight.readers.system import shm_mount
 
 MiB = 2**20
 
@@ -50,7 +50,7 @@ def test_touch_segment_reports_enospc_instead_of_sigbus():
     # A small private tmpfs: the write must fail with ENOSPC, and the process
     # that asked must survive to say so (an mmap'd write would die of SIGBUS).
     code = (
-        "from pathlib import Path; from preflight.readers.shm_mount import touch_segment; "
+        "from pathlib import Path; from preflight.readers.system.shm_mount import touch_segment; "
         "print(touch_segment(Path('/dev/shm'), 128 << 20)[0]); import os; print(os.listdir('/dev/shm'))"
     )
     p = subprocess.run(

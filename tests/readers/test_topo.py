@@ -8,7 +8,7 @@ import pytest
 from conftest import GPU_KEYS, assert_index_facts
 from topology_cases import ALL_TOPO, H200_TOPO, driver_580
 
-from preflight.readers.topo import TopoParseError, looks_like, parse
+from preflight.readers.nvidia.topo import TopoParseError, looks_like, parse
 
 TOPO = Path(__file__).parents[1] / "fixtures" / "topo"
 EXPECTED = json.loads((TOPO / "expected.json").read_text())
@@ -318,7 +318,7 @@ def test_empty_cells_in_every_driver_layout_are_unknown(text, want, note):
 def test_empty_cells_never_make_the_judge_invent_a_finding():
     """GPU2 and GPU3 say nothing about their CPUs and NUMA node: no NUMA finding and no CPU split is drawn from them."""
     from preflight.checks.topology import GENERIC, judge
-    from preflight.readers.layout import TopologyFacts
+    from preflight.readers.machine.layout import TopologyFacts
 
     text = handmade("H1").replace("\t\t1\t\tN/A", "\t\t\t\tN/A")
     facts = TopologyFacts(matrix=parse(text), matrix_source="h1")

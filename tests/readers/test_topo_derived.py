@@ -10,7 +10,9 @@ import time
 from pathlib import Path
 
 from preflight.base.host import Host
-from preflight.readers import layout, topo, topo_derived
+from preflight.readers.machine import layout
+from preflight.readers.nvidia import topo
+from preflight.readers.machine import topo_derived
 from topology_cases import FIXTURES, HEALTHY, SPLIT, pci_tree, root, unreadable_smi  # noqa: F401 (root: a fixture)
 
 AFFINITY = FIXTURES / "nvml" / "h100-sxm-8x-affinity.json"

@@ -14,10 +14,10 @@ import pytest
 from conftest import FIXTURES
 
 from preflight.base.actions import LADDER, Action, Domain, Next
-from preflight.readers import journal, xid, xid_catalog
+from preflight.readers.kernel import journal, xid, xid_catalog
 from preflight.base.errors import UsageError
 from preflight.base.host import Completed, Host
-from preflight.readers.xid import (
+from preflight.readers.kernel.xid import (
     KernelLogUnavailable,
     XidEvent,
     explain,

@@ -1,0 +1,1 @@
+"""Explanations of saved captures and logs: `preflight explain`, `xid`, `nccl-log`, `topology`."""

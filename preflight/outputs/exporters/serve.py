@@ -1,0 +1,319 @@
+"""`preflight serve`: the last report over HTTP, for Prometheus and for people.
+
+  /         the report as a page for people (outputs/html/page.py)
+  /metrics  the report as metrics from the file on disk (a scrape never
+            starts GPU work): the report's own families rendered once per
+            report, what changes with the clock (vouched, age) and serve's
+            own process metrics at each scrape
+  /report   the report JSON as written
+  /healthz  200 while serve is up; says what state the report is in
+
+Threads and memory are bounded. The main thread accepts connections and
+reads their requests without blocking; only a connection whose whole request
+has arrived goes to one of at most ``WORKERS`` handler threads, which render
+the answer and leave it in the kernel's send buffer. So clients that connect
+and send nothing, or trickle a byte at a time, or never read the answer,
+cost a file descriptor each, never a thread, and cannot hold up a scrape.
+At most ``MAX_WAITING`` connections wait (the oldest is dropped past that),
+each for at most ``CLIENT_TIMEOUT`` seconds in all; a burst beyond that
+queues in the kernel's listen backlog.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import ipaddress
+import json
+import socket
+import selectors
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from dataclasses import dataclass, field
+from pathlib import Path
+from socketserver import TCPServer, ThreadingMixIn
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+
+from preflight.outputs.record import last_report, trends
+from preflight.outputs.html import page
+from preflight.base.errors import UsageError
+from preflight.outputs.exporters import metrics as metrics_mod
+from preflight.outputs.exporters.metrics import ReportCollector, StandingCollector
+
+# The classic text format every Prometheus since 2.0 reads (the names are all legacy-valid).
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+HTML = "text/html; charset=utf-8"
+WORKERS = 8
+MAX_WAITING = 256
+MAX_REQUEST = 16 * 1024  # a scrape's request is a few hundred bytes
+CLIENT_TIMEOUT = 5.0
+BACKLOG = 128
+WHERE = "listen (--listen, PREFLIGHT_LISTEN or config)"
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``127.0.0.1:9842``, ``[::1]:9842``, ``0.0.0.0:9842`` -> (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"{WHERE} {text!r}: give ADDRESS:PORT with a port from 1 to 65535, e.g. 127.0.0.1:9842")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not host:
+        raise UsageError(f"{WHERE} {text!r}: name the address; 0.0.0.0:{port} listens on every interface, 127.0.0.1:{port} on loopback only")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise UsageError(f"{WHERE} {text!r}: {host!r} is not an IP address; give one of this node's addresses, e.g. 127.0.0.1") from None
+    return host, int(port)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: Server
+    timeout = CLIENT_TIMEOUT  # bounds writing the answer (sendall's total time)
+
+    def setup(self) -> None:
+        super().setup()
+        # The request was read by the main thread: the handler never waits on the client for it.
+        self.rfile.close()
+        self.rfile = io.BytesIO(self.server._heads.pop(self.connection, b""))
+    # HTTP/1.0: one request per connection, so an idle keep-alive never holds a worker.
+    server_version = "preflight"
+
+    def version_string(self) -> str:
+        # http.server appends "Python/3.x": a version tells a scanner which flaws to try.
+        return self.server_version
+
+    def end_headers(self) -> None:
+        # On every answer, http.server's own errors (400, 501) included: each is of the type it
+        # says, never sniffed (a report's text taken for HTML would run), and the page's policy
+        # binds as a header too, before its meta tag is parsed.
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Content-Security-Policy", page.POLICY)
+        super().end_headers()
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            self._send(200, self.server.metrics(), CONTENT_TYPE)
+        elif path == "/report":
+            loaded = self.server.load()
+            if loaded.report is None:
+                self._send(503, _json({"state": str(loaded.state), "error": loaded.error}), "application/json")
+            else:
+                self._send(200, loaded.raw, "application/json")
+        elif path == "/healthz":
+            loaded = self.server.load()
+            self._send(200, f"ok; report {loaded.state}{': ' + loaded.error if loaded.error else ''}\n".encode(), "text/plain; charset=utf-8")
+        elif path == "/":
+            loaded = self.server.load()
+            if loaded.report is None:
+                self._send(503, page.unavailable(str(loaded.state), loaded.error).encode(), HTML)
+            else:
+                self._send(*self.server.page(loaded), HTML)
+        else:
+            self._send(404, b"not found; try /, /metrics, /report or /healthz\n", "text/plain; charset=utf-8")
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self.do_GET()
+
+    def _send(self, code: int, body: bytes, ctype: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass  # a line per scrape would flood the journal
+
+
+def _json(data: dict[str, Any]) -> bytes:
+    return json.dumps(data).encode() + b"\n"
+
+
+@dataclass
+class _Waiting:
+    addr: Any
+    since: float  # time.monotonic() of the accept: the whole request must arrive within CLIENT_TIMEOUT
+    head: bytearray = field(default_factory=bytearray)
+
+
+class Server(ThreadingMixIn, HTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    request_queue_size = BACKLOG
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], report: Path):
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self.report = report
+        self._said = ""  # the last render fault logged
+        self.load = last_report.Cached(report)
+        self.process = CollectorRegistry(auto_describe=False)
+        ProcessCollector(registry=self.process)  # process_resident_memory_bytes, open fds: serve's own health
+        # A report is rendered once, not at each scrape (a big one takes milliseconds a scrape would
+        # wait for): what was rendered, and from which report object (Cached gives a new one per change).
+        self._rendered: dict[str, tuple[Any, Any, bytes]] = {}
+        self._render_lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(WORKERS)
+        self._heads: dict[socket.socket, bytes] = {}  # each request as the main thread read it, for its handler
+        self._stopping = threading.Event()
+        super().__init__(address, _Handler)
+
+    @staticmethod
+    def _standing(loaded: last_report.Loaded) -> bytes:
+        """What a scrape renders each time: the standing of ``loaded`` (vouched, age: they
+        change with the clock). The report's own families come from ``_once``."""
+        live = ReportCollector(lambda: loaded, live=lambda: (last_report.this_boot(), last_report.now(), last_report.booted_at()))
+        return metrics_mod.render(StandingCollector(live))
+
+    def _once(self, what: str, report: Any, key: Any, make: Callable[[], bytes]) -> bytes:
+        """``make()`` for this report object and ``key``, rendered once and kept until either changes."""
+        with self._render_lock:
+            held = self._rendered.get(what)
+            if held is not None and held[0] is report and held[1] == key:
+                return held[2]
+        body = make()  # outside the lock: a render never holds up a scrape of the one before
+        with self._render_lock:
+            self._rendered[what] = (report, key, body)
+        return body
+
+    def metrics(self) -> bytes:
+        loaded = self.load()  # once: the standing and the report's families are of the same report
+        try:
+            own = b"" if loaded.report is None else self._once("metrics", loaded.report, None, lambda: metrics_mod.render_report(loaded.report))
+            return self._standing(loaded) + own + generate_latest(self.process)
+        except Exception as e:  # the model lets nothing through that breaks this; a future writer might
+            self._fault(f"cannot render {self.report} as metrics: {e!r}")
+            # A report that parsed but cannot be rendered: invalid, never a dropped scrape.
+            invalid = last_report.Loaded(last_report.State.INVALID, error="the report cannot be rendered as metrics")
+            return self._standing(invalid) + generate_latest(self.process)
+
+    def page(self, loaded: last_report.Loaded) -> tuple[int, bytes]:
+        """`/`: the page, with what the report vouches for now (the rule /metrics' preflight_vouched
+        applies), or, where a report the model took cannot be drawn, why, as metrics() does."""
+        try:
+            now = last_report.standing(loaded, last_report.this_boot(), last_report.now(), booted=last_report.booted_at())
+            # The page shows the standing only on a pass that no longer vouches (its reason, which may
+            # count seconds): that alone is its key, so a FAIL's page is rendered once.
+            # trends.json is written just after the report: its identity is in the key too.
+            key = (now.reason if loaded.report.verdict.value == "pass" and not now.vouched else None, trends.identity(self.report))
+            return 200, self._once("page", loaded.report, key, lambda: page.render(loaded.report, str(self.report), now, *trends.for_page(self.report)).encode())
+        except Exception as e:  # a bug in drawing must not cost the scrape or the thread
+            self._fault(f"cannot render {self.report} as a page: {e!r}")
+            return 500, page.unavailable("invalid", "the report cannot be drawn as a page; /report has it as written").encode()
+
+    def _fault(self, what: str) -> None:
+        said = f"preflight serve: {what}\n"
+        if said != self._said:  # once per fault, not once per request
+            self._said = said
+            sys.stderr.write(said)
+
+    def server_bind(self) -> None:
+        # TCPServer's bind: HTTPServer's also looks up this host's FQDN, a DNS wait at boot.
+        TCPServer.server_bind(self)
+        self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
+
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        """Accept connections and read their requests in this thread, without blocking;
+        hand a connection to a worker once its whole request is here. Runs until
+        stop() (serve's SIGTERM handler calls it), within one poll_interval."""
+        waiting: dict[socket.socket, _Waiting] = {}
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.socket, selectors.EVENT_READ)
+            try:
+                while not self._stopping.is_set():
+                    for key, _ in sel.select(poll_interval):
+                        if key.fileobj is self.socket:
+                            self._accept(sel, waiting)
+                        elif key.fileobj in waiting:  # else dropped earlier in this round to make room
+                            self._read(sel, waiting, key.fileobj)  # type: ignore[arg-type]
+                    stale = time.monotonic() - CLIENT_TIMEOUT
+                    for conn in [c for c, w in waiting.items() if w.since < stale]:
+                        self._drop(sel, waiting, conn)
+            finally:
+                for conn in list(waiting):
+                    self._drop(sel, waiting, conn)
+        # Let answers already being written finish: a scrape cut off by a restart reads as the exporter failing.
+        until = time.monotonic() + CLIENT_TIMEOUT
+        for _ in range(WORKERS):
+            if not self._slots.acquire(timeout=max(0.0, until - time.monotonic())):
+                break
+
+    def stop(self) -> None:
+        """Safe from a signal handler: serve_forever notices at its next poll."""
+        self._stopping.set()
+
+    def _accept(self, sel: selectors.BaseSelector, waiting: dict[socket.socket, _Waiting]) -> None:
+        try:
+            conn, addr = self.socket.accept()
+        except OSError:
+            return  # the client gave up before we got to it
+        if len(waiting) >= MAX_WAITING:
+            self._drop(sel, waiting, next(iter(waiting)))  # the oldest: dicts keep insertion order
+        conn.setblocking(False)
+        # Room for a whole answer in the kernel: a client that does not read cannot hold a worker.
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+        sel.register(conn, selectors.EVENT_READ)
+        waiting[conn] = _Waiting(addr, time.monotonic())
+
+    def _read(self, sel: selectors.BaseSelector, waiting: dict[socket.socket, _Waiting], conn: socket.socket) -> None:
+        w = waiting[conn]
+        try:
+            chunk = conn.recv(4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        w.head += chunk
+        if not chunk or len(w.head) > MAX_REQUEST:
+            self._drop(sel, waiting, conn)  # closed, reset, or not a scrape
+            return
+        if b"\r\n\r\n" not in w.head:
+            return  # a request trickling in waits here, in no thread, until CLIENT_TIMEOUT
+        sel.unregister(conn)
+        del waiting[conn]
+        conn.setblocking(True)
+        self._heads[conn] = bytes(w.head)
+        self.process_request(conn, w.addr)
+
+    def _drop(self, sel: selectors.BaseSelector, waiting: dict[socket.socket, _Waiting], conn: socket.socket) -> None:
+        sel.unregister(conn)
+        del waiting[conn]
+        self.shutdown_request(conn)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self._slots.acquire()  # workers only render and write into the kernel's buffer: milliseconds
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._heads.pop(request, None)
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._heads.pop(request, None)
+            self._slots.release()
+
+
+def bind(listen: str, report: Path) -> Server:
+    host, port = parse_listen(listen)
+    try:
+        return Server((host, port), report)
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            raise UsageError(f"{WHERE} {listen}: port {port} is in use (another `preflight serve`? see `ss -ltnp 'sport = :{port}'`); stop it or choose another port") from None
+        if e.errno == errno.EACCES:
+            raise UsageError(f"{WHERE} {listen}: not allowed to bind port {port} (ports below 1024 need root); choose a port above 1024") from None
+        if e.errno == errno.EADDRNOTAVAIL:
+            raise UsageError(f"{WHERE} {listen}: {host} is not an address of this node; give one of its addresses, or 127.0.0.1") from None
+        raise UsageError(f"{WHERE} {listen}: cannot listen there ({e.strerror or e})") from None
