@@ -167,7 +167,7 @@ def run_record_file(report: Path, started_at, alive: bool, deadline_after: float
     if alive:
         text = run_record.render(started_at, deadline, last_report.this_boot())
     else:
-        code = ("import sys; from datetime import datetime; from preflight.outputs import last_report, run_record; "
+        code = ("import sys; from datetime import datetime; from preflight.outputs.record import last_report, run_record; "
                 "print(run_record.render(datetime.fromisoformat(sys.argv[1]), datetime.fromisoformat(sys.argv[2]), last_report.this_boot()), end='')")
         text = subprocess.run([sys.executable, "-c", code, started_at.isoformat(), deadline.isoformat()],
                               capture_output=True, text=True, check=True, timeout=60).stdout  # reaped: its pid is gone

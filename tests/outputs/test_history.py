@@ -171,7 +171,7 @@ WRITER = textwrap.dedent("""
     import sys
     from datetime import timedelta
     from pathlib import Path
-    from preflight.outputs import history
+    from preflight.outputs.record import history
     from preflight.pipeline.report import Report
     r = Report.model_validate_json(Path(sys.argv[2]).read_text())
     for i in range(100000):
@@ -207,7 +207,7 @@ def test_a_writer_killed_by_sigkill_mid_write_leaves_a_readable_database_of_whol
 PROBE = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from preflight.outputs import history
+    from preflight.outputs.record import history
     from preflight.pipeline.report import Report
     try:
         history.append(Path(sys.argv[1]), Report.model_validate_json(Path(sys.argv[2]).read_text()), 90, 100)

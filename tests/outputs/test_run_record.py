@@ -43,7 +43,7 @@ def test_a_run_whose_process_is_gone_is_read_back_dead(tmp_path):
 def test_a_zombie_has_ended(tmp_path):
     # Killed, not yet reaped by its parent: the pid still answers, the run is over.
     report = tmp_path / "report.json"
-    code = ("import sys; from datetime import datetime, timezone; from preflight.outputs import run_record; "
+    code = ("import sys; from datetime import datetime, timezone; from preflight.outputs.record import run_record; "
             "t = datetime.now(timezone.utc); open(sys.argv[1], 'w').write(run_record.render(t, t, None))")
     child = subprocess.Popen([sys.executable, "-c", code, str(run_record.path_for(report))])
     try:
@@ -71,7 +71,7 @@ def test_from_another_pid_namespace_it_cannot_tell(tmp_path):
     # A pod reading the host's report: the pid means another process there, or none. The deadline decides.
     report = tmp_path / "report.json"
     run_record_file(report, now(), alive=True)
-    code = f"from pathlib import Path; from preflight.outputs import run_record; print(run_record.read(Path({str(report)!r})).alive)"
+    code = f"from pathlib import Path; from preflight.outputs.record import run_record; print(run_record.read(Path({str(report)!r})).alive)"
     p = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and p.stdout.strip() == "None", p.stderr
 
@@ -93,7 +93,7 @@ def test_where_proc_hides_the_run_a_dead_one_is_still_told_from_a_live_one():
         report.write_text("{}")
         report.chmod(0o644)
         # run_record is standard library only, as `status` needs it: any python nobody may run reads it from the checkout.
-        load = f"import sys; sys.path.insert(0, {str(Path(run_record.__file__).parents[2])!r}); from preflight.outputs import run_record"
+        load = f"import sys; sys.path.insert(0, {str(Path(run_record.__file__).parents[3])!r}); from preflight.outputs.record import run_record"
         code = f"{load}; from pathlib import Path; print(run_record.read(Path({str(report)!r})).alive)"
         python = next((p for p in (sys.executable, "/usr/bin/python3") if subprocess.run(
             ["runuser", "-u", "nobody", "--", p, "-c", load], capture_output=True).returncode == 0), None)

@@ -263,7 +263,7 @@ MODELS = {
         "device_nodes": "list[int] | None = default", "nvml_gpus": "int | None = default",
         "fabric": "Literal['single', 'nvswitch', 'nvlink', 'pcie', 'unknown'] = default", "fabric_from": "str = default",
         "nvswitches": "int = default", "nics": "list[str] = default", "nics_from": "str = default",
-        "pinned": "int | None = default", "notes": "list[str] = default",
+        "pinned": "int | None = default", "notes": "list[str] = default", "host_gpus": "int | None = default",
     }),
     GroupRecord: (report_view.GROUP_RECORD, {
         "nnodes": "int [Ge(ge=1), Le(le=4096)]", "node_rank": "int [Ge(ge=0)]", "endpoint": "str", "rdzv_id": "str",

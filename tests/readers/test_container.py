@@ -31,6 +31,6 @@ def test_the_hosts_ipc_namespace_is_told_by_its_fixed_inode(tmp_path):
     assert container.host_ipc(Host(tmp_path, environ={})) is None  # a recorded tree has no /proc/self/ns: unknown
     if os.geteuid() == 0 and here:
         # A new IPC namespace, as a container without --ipc=host has: not the host's.
-        code = "from preflight.base.host import Host; from preflight.readers import container; print(container.host_ipc(Host()))"
+        code = "from preflight.base.host import Host; from preflight.readers.system import container; print(container.host_ipc(Host()))"
         done = subprocess.run(["unshare", "--ipc", sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         assert done.stdout.strip() == "False", done.stderr

@@ -111,7 +111,7 @@ def test_roots_slurmd_says_this_is_a_slurm_node_and_another_users_does_not():
         d.chmod(0o755)
         shutil.copy("/bin/sleep", d / "slurmd")
         (d / "slurmd").chmod(0o755)
-        code = "from preflight.base.host import Host; from preflight.readers import jobs; print(jobs.slurmd_here(Host()))"
+        code = "from preflight.base.host import Host; from preflight.readers.system import jobs; print(jobs.slurmd_here(Host()))"
         seen = {}
         # "elsewhere": root's slurmd in a mount namespace of its own, as a container given the
         # host's PIDs (hostPID) sees the host's slurmd or another pod's: not this container's node.

@@ -106,7 +106,7 @@ def test_a_reading_begun_ahead_is_the_one_read_and_one_never_read_leaves_no_chil
 
 def test_a_reading_begun_ahead_dies_with_an_agent_killed_before_it_read_it(fake_nvml, tmp_path):
     fake_nvml("hang")  # a wedged driver: the child would wait for ever
-    agent = subprocess.Popen([sys.executable, "-c", "import os, signal, sys\nfrom preflight.readers import nvml\nr = nvml.Shared()\nr.begin()\n"
+    agent = subprocess.Popen([sys.executable, "-c", "import os, signal, sys\nfrom preflight.readers.nvidia import nvml\nr = nvml.Shared()\nr.begin()\n"
                               "print(r._started.proc.pid, flush=True)\nsys.stdin.readline()\nos.kill(os.getpid(), signal.SIGKILL)\n"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     child = int(agent.stdout.readline())
