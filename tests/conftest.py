@@ -17,7 +17,7 @@ import pytest
 import fakes
 from preflight.checks import shm
 from preflight.pipeline import settings as settings_mod
-from preflight.pipeline import settings_view
+from preflight.pipeline import report_view, settings_view
 from preflight.pipeline.check import Context
 from preflight.base.host import Host
 from preflight.pipeline.profiles import ResolvedFloor, ResolvedProfile
@@ -37,15 +37,27 @@ no_driver = pytest.mark.skipif(Path("/dev/nvidiactl").exists(), reason="this mac
 needs_root = pytest.mark.skipif(not _can_unshare(), reason="needs root and `unshare -m` for a private mount namespace")
 
 
+# What the autouse fixture sets and clean_env keeps: a test's own lock file and report.
+KEPT = ("PREFLIGHT_LOCK_FILE", "PREFLIGHT_REPORT")
+
+
 @pytest.fixture(autouse=True)
 def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """No PREFLIGHT_* from the caller, no site config, a private lock file."""
+    """No PREFLIGHT_* from the caller, no site config, a private lock file, and a private
+    report: `run` with no --report writes PREFLIGHT_REPORT, never the real default
+    (/var/lib/preflight as root, ~/.local/state otherwise), in this process or a child.
+    A test that takes PREFLIGHT_REPORT away still finds the default in a folder of its own
+    (root's state directory moved here, in this process only; anyone else's from XDG_STATE_HOME, children too)."""
     for key in list(os.environ):
         if key.startswith("PREFLIGHT_"):
             monkeypatch.delenv(key)
     monkeypatch.setattr(settings_mod, "DEFAULT_CONFIG", Path("/nonexistent/preflight/config.toml"))
     monkeypatch.setattr(settings_view, "DEFAULT_CONFIG", Path("/nonexistent/preflight/config.toml"))  # status's reader of it
     monkeypatch.setenv("PREFLIGHT_LOCK_FILE", str(tmp_path_factory.mktemp("lock") / "preflight.lock"))
+    state = tmp_path_factory.mktemp("state")
+    monkeypatch.setenv("PREFLIGHT_REPORT", str(state / "report.json"))
+    monkeypatch.setattr(report_view, "ROOT_STATE_DIR", state / "root")
+    monkeypatch.setenv("XDG_STATE_HOME", str(state / "xdg"))
 
 
 @pytest.fixture
@@ -81,16 +93,18 @@ def nccl_fixture_text(prefix: str) -> str:
 def run_preflight(args: list[str], env: dict[str, str] | None = None, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
     """`python -m preflight ARGS` as a real process, as a person or systemd runs it."""
     if env is None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PREFLIGHT_") or k == "PREFLIGHT_LOCK_FILE"}
+        env = clean_env()
     return subprocess.run([*fakes.PREFLIGHT, *args], env=env, capture_output=True, text=True, timeout=timeout, **kw)
 
 
 CPU_TOML = Path(__file__).parents[1] / "preflight" / "pipeline" / "profiles" / "cpu.toml"
 
 
-def clean_env() -> dict[str, str]:
-    """This process's environment without PREFLIGHT_* settings (the lock file kept)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("PREFLIGHT_") or k == "PREFLIGHT_LOCK_FILE"}
+def clean_env(report: bool = True) -> dict[str, str]:
+    """This process's environment without PREFLIGHT_* settings (the test's lock file and report
+    kept). ``report=False`` leaves out PREFLIGHT_REPORT too, for a run whose report a config file
+    names (the variable would win over it) or that writes none (--scratch, a group run)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("PREFLIGHT_") or k in KEPT and (report or k != "PREFLIGHT_REPORT")}
 
 
 def fast_profile(tmp_path: Path, check: str, deadline: float, edits: dict[str, str] | None = None) -> dict[str, str]:

@@ -601,8 +601,9 @@ def write_profile(directory: Path, name: str, checks: list[str], extra: str = ""
 
 
 def plugin_env(root: Path) -> dict[str, str]:
-    """Environment for a real `preflight` subprocess that sees the fakes."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFLIGHT_")}
+    """Environment for a real `preflight` subprocess that sees the fakes (the test's
+    PREFLIGHT_REPORT kept: a run writes there, not the real default)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFLIGHT_") or k == "PREFLIGHT_REPORT"}
     env["PYTHONPATH"] = os.pathsep.join([str(root), str(HERE), env.get("PYTHONPATH", "")])
     env["PREFLIGHT_PROFILES_DIR"] = str(root / "profiles")
     env["PREFLIGHT_LOCK_FILE"] = str(root / "preflight.lock")

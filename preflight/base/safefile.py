@@ -290,36 +290,75 @@ def read_own(path: Path | str, limit: int = 64 << 20) -> bytes | None:
         return None
 
 
-def check(path: Path, what: str, example: str = "report.json") -> Path:
+def make_dirs(path: Path | str, mode: int) -> None:
+    """``path`` a directory: made where missing, with each missing directory above it, each
+    ``mode`` exactly (not the umask's), in its parent as ``locate`` reaches it, so never
+    through a link another user could have made. Raises Untrusted for such a link (at the
+    name too), FileExistsError where something other than a directory holds a name, and
+    OSError as mkdir raises it, ``filename`` the directory it could not make."""
+    p = Path(path)
+    try:
+        place = locate(p)
+    except FileNotFoundError:
+        if p.parent == p:
+            raise
+        make_dirs(p.parent, mode)
+        place = locate(p)
+    with place:
+        if why := place.planted:
+            raise Untrusted(f"{p} is a symlink another user could have made ({why}); preflight follows no such link", str(p))
+        if place.st is not None:
+            if not stat.S_ISDIR(place.st.st_mode):
+                raise FileExistsError(errno.EEXIST, "exists and is not a directory", str(p))
+            return
+        try:
+            os.mkdir(place.name, mode, dir_fd=place.dir_fd)
+        except FileExistsError:
+            return  # made meanwhile by another run: what it is, the caller looks at
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, str(p)) from None
+        fd = os.open(place.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=place.dir_fd)
+        try:
+            os.fchmod(fd, mode)  # by descriptor: the umask does not choose it
+        finally:
+            os.close(fd)
+
+
+def check(path: Path, what: str, example: str = "report.json", fix: str | None = None) -> Path:
     """Refuse, before anything runs, a file path that could not be written: one
-    line naming ``what`` (e.g. ``report PATH``) and the fix. Trying to create a
-    file is the only honest test: root passes os.access() on a read-only mount."""
+    line naming ``what`` (e.g. ``report PATH``) and the fix (``fix`` in place of
+    each refusal's own, where given). Trying to create a file is the only honest
+    test: root passes os.access() on a read-only mount."""
     parent = path.parent if str(path.parent) else Path(".")
+
+    def refused(why: str, own: str) -> UsageError:
+        return UsageError(f"{what}: {why}; {fix or own}")
+
     try:
         place = locate(path)
     except Untrusted as e:
-        raise UsageError(f"{what}: {e.strerror}") from None
+        raise UsageError(f"{what}: {e.strerror}" + (f"; {fix}" if fix else "")) from None
     except FileNotFoundError:
-        raise UsageError(f"{what}: directory {parent} does not exist; create it (mkdir -p {parent}) or choose another path") from None
+        raise refused(f"directory {parent} does not exist", f"create it (mkdir -p {parent}) or choose another path") from None
     except NotADirectoryError as e:
-        raise UsageError(f"{what}: {e.filename} is not a directory; choose another path") from None
+        raise refused(f"{e.filename} is not a directory", "choose another path") from None
     except OSError as e:
-        raise UsageError(f"{what}: cannot reach it ({e.strerror or e}); choose another path") from None
+        raise refused(f"cannot reach it ({e.strerror or e})", "choose another path") from None
     with place:
         st = place.st
         if st is not None and stat.S_ISDIR(st.st_mode):
-            raise UsageError(f"{what}: is a directory; give a file path such as {path / example}")
+            raise refused("is a directory", f"give a file path such as {path / example}")
         if st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISLNK(st.st_mode):
-            raise UsageError(f"{what}: is not a regular file (a device, pipe or socket would be replaced); give a file path")
+            raise refused("is not a regular file (a device, pipe or socket would be replaced)", "give a file path")
         euid = os.geteuid()
         if st is not None and euid != 0 and st.st_uid != euid:
             dir_st = os.fstat(place.dir_fd)
             if dir_st.st_mode & stat.S_ISVTX and dir_st.st_uid != euid:
-                raise UsageError(f"{what}: is {owner(st.st_uid)}'s, in a sticky directory where only they may replace it; choose another path")
+                raise refused(f"is {owner(st.st_uid)}'s, in a sticky directory where only they may replace it", "choose another path")
         try:
             tmp, fd = create_temp(place.dir_fd, "", prefix="preflight-probe")
             os.close(fd)
             os.unlink(tmp, dir_fd=place.dir_fd)
         except OSError as e:
-            raise UsageError(f"{what}: cannot write in {place.directory} ({e.strerror or e}); choose a writable directory") from None
+            raise refused(f"cannot write in {place.directory} ({e.strerror or e})", "choose a writable directory") from None
     return path

@@ -13,7 +13,7 @@ DEFAULT_LAST = 30  # runs shown when --since does not say: a terminal's worth of
 
 @_exit_codes
 def history(
-    report: Annotated[Optional[Path], typer.Option("--report", metavar="FILE", help="The report whose history.db (beside it) to read. [default: --report in the config, else /var/lib/preflight/report.json]")] = None,
+    report: Annotated[Optional[Path], typer.Option("--report", metavar="FILE", help="The report whose history.db (beside it) to read. [default: the settings' report, else the one `run` writes by default: /var/lib/preflight/report.json as root, else $XDG_STATE_HOME/preflight/report.json (~/.local/state/...)]")] = None,
     check: Annotated[Optional[str], typer.Option("--check", metavar="CHECK", help="Only this check's figures.")] = None,
     figure: Annotated[Optional[str], typer.Option("--figure", metavar="NAME", help="Only figures of this name (memcpy_bandwidth, gemm_throughput, ...).")] = None,
     since: Annotated[Optional[str], typer.Option("--since", metavar="WHEN", help=f"Runs since then: 7d, 24h, 90m ago, or a date or time (UTC). [default: the last {DEFAULT_LAST} runs]")] = None,
@@ -21,12 +21,12 @@ def history(
     json_out: JsonOpt = False,
 ) -> int:
     """The verdict timeline and each figure's trend (a sparkline a figure; the values in --json), from the
-    history every `preflight run --report` adds to. Never runs a check. Exit 0, 2 for a history it cannot read."""
+    history every `preflight run` that writes a report adds to. Never runs a check. Exit 0, 2 for a history it cannot read."""
     from preflight.base.errors import UsageError
     from preflight.outputs.record import history as store, history_text
-    from preflight.pipeline.report import DEFAULT_REPORT_PATH
+    from preflight.pipeline.report_view import default_report_path
 
-    db = store.path_for(report or _settings(config).report or DEFAULT_REPORT_PATH)
+    db = store.path_for(report or _settings(config).report or default_report_path())
     start = history_text.parse_since(since) if since is not None else None
     try:
         h = store.read(db, since=start, last=None if start else DEFAULT_LAST, check=check, figure=figure)
@@ -35,7 +35,8 @@ def history(
     if h is None:
         h = store.History([], [])
         if not json_out:
-            _emit(f"no history at {db}: `preflight run --report {db.parent / 'report.json'}` starts it\n")
+            how = "preflight run" if db.parent == default_report_path().parent else f"preflight run --report {db.parent / 'report.json'}"
+            _emit(f"no history at {db}: `{how}` starts it\n")
             return 0
     _emit(history_text.as_json(h, str(db)) if json_out else "\n".join(history_text.text(h, str(db))) + "\n")
     return 0

@@ -12,7 +12,7 @@ import typer
 from preflight.cli import plain
 from preflight.cli.common import ConfigOpt, JsonOpt, _console, _emit, _exit_codes, _settings
 
-ReportOpt = Annotated[Optional[Path], typer.Option("--report", metavar="FILE", help="The report `preflight run --report` wrote. [default: /var/lib/preflight/report.json]")]
+ReportOpt = Annotated[Optional[Path], typer.Option("--report", metavar="FILE", help="The report `preflight run` wrote. [default: the settings' report, else the one `run` writes by default: /var/lib/preflight/report.json as root, else $XDG_STATE_HOME/preflight/report.json (~/.local/state/...)]")]
 MaxAgeOpt = Annotated[Optional[float], typer.Option("--max-age", metavar="SECONDS", help="Seconds after which a pass no longer vouches for the node. [default: no limit; a pass before the last reboot never does]")]
 
 
@@ -41,10 +41,10 @@ def serve(
     /report (JSON), /healthz. A request never runs a check."""
     from preflight.base.signals import interrupting
     from preflight.outputs.exporters import serve as server_mod
-    from preflight.pipeline.report import DEFAULT_REPORT_PATH
+    from preflight.pipeline.report_view import default_report_path
 
     s = _settings(config, listen=listen, report=report)
-    path = s.report or DEFAULT_REPORT_PATH
+    path = s.report or default_report_path()
     server = server_mod.bind(s.listen, path)
     _console().note(f"serving {path} at http://{s.listen}/ (the page; also /metrics, /report, /healthz)")
     # SIGTERM from systemd asks the loop to stop between connections: an exception
@@ -59,7 +59,7 @@ def serve(
 
 @_exit_codes
 def report(
-    path: Annotated[Optional[Path], typer.Argument(metavar="REPORT", help="A report (JSON) `preflight run --report` wrote. [default: the last report: --report in the config, else /var/lib/preflight/report.json]")] = None,
+    path: Annotated[Optional[Path], typer.Argument(metavar="REPORT", help="A report (JSON) `preflight run` wrote. [default: the last report: the settings' report, else the one `run` writes by default: /var/lib/preflight/report.json as root, else $XDG_STATE_HOME/preflight/report.json (~/.local/state/...)]")] = None,
     html: Annotated[Path, typer.Option("--html", metavar="FILE", help="Write the page (HTML) here, atomically; `-` for stdout.")] = ...,  # type: ignore[assignment]
     config: ConfigOpt = None,
 ) -> int:
@@ -70,9 +70,9 @@ def report(
     from preflight.outputs.record import last_report
     from preflight.outputs.html import page
     from preflight.base import safefile
-    from preflight.pipeline.report import DEFAULT_REPORT_PATH
+    from preflight.pipeline.report_view import default_report_path
 
-    source = path or _settings(config).report or DEFAULT_REPORT_PATH
+    source = path or _settings(config).report or default_report_path()
     out = None if str(html) == "-" else safefile.check(html, f"--html {html}", "report.html")
     loaded = last_report.load(source)
     if loaded.report is None:

@@ -16,12 +16,12 @@ def run(
     profile: ProfileOpt = None,
     level: Annotated[Optional[str], typer.Option("--level", metavar="LEVEL", help="How deep to look: quick (no torch, no GPU work: seconds, for prologs and rechecks), standard (the boot gate), full (standard plus the long checks). [default: standard]")] = None,
     # Text, not float: the settings refuse a bad value in one line, as for every other source.
-    budget: Annotated[Optional[str], typer.Option("--budget", metavar="SECONDS", help="Run the deepest level expected to take at most this long (from this node's last --report, else the profile's estimates); up to --level if given.")] = None,
+    budget: Annotated[Optional[str], typer.Option("--budget", metavar="SECONDS", help="Run the deepest level expected to take at most this long (from this node's last report, else the profile's estimates); up to --level if given.")] = None,
     only: Annotated[Optional[list[str]], typer.Option("--only", metavar="CHECK", help="Run only these checks of the level (repeat, or comma-separate).")] = None,
     skip: Annotated[Optional[list[str]], typer.Option("--skip", metavar="CHECK", help="Leave out these checks.")] = None,
     keep_going: Annotated[Optional[bool], typer.Option("--keep-going/--fail-fast", help="Run every check even after a failure. [default: fail-fast]")] = None,
     json_out: JsonOpt = False,
-    report: Annotated[Optional[Path], typer.Option("--report", metavar="FILE", help="Write the JSON report here, atomically.")] = None,
+    report: Annotated[Optional[Path], typer.Option("--report", metavar="FILE", help="Write the JSON report here, atomically. [default: the settings' report, else /var/lib/preflight/report.json as root, else $XDG_STATE_HOME/preflight/report.json (~/.local/state/...), where `status`, `report` and `history` read; none with --scratch or across nodes]")] = None,
     textfile_dir: Annotated[Optional[Path], typer.Option("--textfile-dir", metavar="DIR", help="Write preflight.prom here, atomically, for node_exporter's textfile collector.")] = None,
     if_idle: Annotated[bool, typer.Option("--if-idle", help="Do nothing (exit 0, last report kept) while a process holds a GPU: for periodic rechecks.")] = False,
     if_locked: Annotated[Optional[str], typer.Option("--if-locked", metavar="ACTION", help="When another run still holds the lock after --lock-timeout: error (exit 2), or skip (exit 0, nothing written: the last report stands and that run writes its own verdict; for the Slurm prolog). [default: error]")] = None,
@@ -39,7 +39,7 @@ def run(
     rdzv_endpoint: Annotated[Optional[str], typer.Option("--rdzv-endpoint", metavar="HOST:PORT", help="HOST:PORT of node rank 0, the same on every node (PORT+1 is used too).")] = None,
     rdzv_id: Annotated[Optional[str], typer.Option("--rdzv-id", metavar="ID", help="The group's id, the same on every node. [default: preflight]")] = None,
     rdzv_timeout: Annotated[Optional[float], typer.Option("--rdzv-timeout", metavar="SECONDS", help="Seconds to wait for every node to arrive. [default: 300]")] = None,
-    scratch: Annotated[bool, typer.Option("--scratch", help="Not this node's gate (pairwise, a trial): write neither the configured report nor textfile.")] = False,
+    scratch: Annotated[bool, typer.Option("--scratch", help="Not this node's gate (pairwise, a trial): write no report (neither the configured nor the default one) and no textfile.")] = False,
     multi_node: Annotated[bool, typer.Option("--multi-node", help="Take --nnodes, --node-rank and the endpoint from Slurm (srun -N N --ntasks-per-node=1).")] = False,
     nvml_fake: FakeOpt = None,
 ) -> int:

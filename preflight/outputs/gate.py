@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import sys
 import traceback
 from contextlib import ExitStack
@@ -44,7 +45,10 @@ def run(s: Settings, console: Console, if_idle: bool = False, if_locked: str = "
     """The run's report, written; None when nothing ran and the last report stands:
     ``if_idle`` found a GPU held, or with ``if_locked="skip"`` another run still held
     the lock after ``s.lock_timeout``. Raises UsageError before any check for bad input."""
-    report_path = safefile.check(s.report, f"report {s.report}") if s.report is not None else None
+    if s.report is None:
+        report_path = None
+    else:
+        report_path = default_report(s.report) if s.report_is_default else safefile.check(s.report, f"report {s.report}")
     textfile = metrics.check_textfile_dir(s.textfile_dir) if s.textfile_dir is not None else None
     with interrupting():  # the runner stops the running check's workers and still writes the report
         pipeline.check_inputs(s)  # the workers' interpreter is known good before anything runs it
@@ -61,6 +65,30 @@ def run(s: Settings, console: Console, if_idle: bool = False, if_locked: str = "
             return _planned(s, console, if_idle, if_locked, other_run or ahead.found_held, ahead, report_path, textfile)
         finally:
             ahead.close()  # what started ahead of the plan ends with the run, however it ends
+
+
+def default_report(path: Path) -> Path:
+    """``path``, the default report (report_view.default_report_path: no --report, none configured),
+    proven writable as ``safefile.check`` proves a given one. Its directory is made where missing
+    (root's 0755, for serve's user to read; anyone else's 0700, as the XDG spec asks), each part
+    reached without a link another user could have made, and refused where another user owns
+    it or may write in it, as the lock's is. One line and exit 2 where it cannot be written."""
+    what, fix = f"report {path} (the default: no --report given)", "give --report FILE, or --scratch to write no report"
+    mine = os.geteuid()
+    try:
+        safefile.make_dirs(path.parent, 0o755 if mine == 0 else 0o700)
+        st = os.stat(path.parent)
+    except safefile.Untrusted as e:
+        raise UsageError(f"{what}: {e.strerror}; {fix}") from None
+    except OSError as e:
+        raise UsageError(f"{what}: cannot make {e.filename or path.parent} ({e.strerror or e}); {fix}") from None
+    if st.st_uid not in (0, mine):
+        raise UsageError(f"{what}: its directory {path.parent} is {safefile.owner(st.st_uid)}'s, who could replace the report; "
+                         f"remove it (preflight makes it anew), or {fix}")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UsageError(f"{what}: other users can write its directory {path.parent} (mode {stat.S_IMODE(st.st_mode):04o}), "
+                         f"so they could replace the report; chmod go-w {path.parent}, or {fix}")
+    return safefile.check(path, what, fix=fix)
 
 
 def _planned(s: Settings, console: Console, if_idle: bool, if_locked: str, other_run: bool, ahead: head_start.HeadStart,

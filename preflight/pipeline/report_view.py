@@ -17,19 +17,44 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from datetime import datetime, timedelta, timezone
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 from preflight.base.actions import NOTHING, Action, Domain, Next, decide, default_for
 
-# Where the systemd units write and `serve` reads; a manual run writes only with --report.
-DEFAULT_REPORT_PATH = Path("/var/lib/preflight/report.json")
+# Root's state: the systemd units' StateDirectory, and where `run` as root writes its report by default.
+ROOT_STATE_DIR = Path("/var/lib/preflight")
+DEFAULT_REPORT_PATH = ROOT_STATE_DIR / "report.json"
 # The most nodes one group may have (--nnodes); readers of a report rely on it too:
 # serve renders a series per node.
 MAX_NODES = 4096
+
+
+def default_report_path(environ: Mapping[str, str] | None = None, euid: int | None = None) -> Path:
+    """The report `run` writes and every reader reads when neither a flag nor the settings name one.
+    Root: DEFAULT_REPORT_PATH, the node's own. Anyone else: their own state directory, as the
+    XDG Base Directory spec puts it: ``$XDG_STATE_HOME/preflight/report.json`` where that is
+    an absolute path (a relative one is invalid and ignored), else ``~/.local/state/preflight/report.json``."""
+    euid = os.geteuid() if euid is None else euid
+    if euid == 0:
+        return ROOT_STATE_DIR / "report.json"  # DEFAULT_REPORT_PATH; read here, where the tests move it
+    environ = os.environ if environ is None else environ
+    state = environ.get("XDG_STATE_HOME", "")
+    if state.startswith("/"):
+        return Path(state) / "preflight" / "report.json"
+    home = environ.get("HOME", "")
+    if not home.startswith("/"):
+        import pwd  # as os.path.expanduser does, for this user rather than the process's HOME
+
+        try:
+            home = pwd.getpwuid(euid).pw_dir
+        except KeyError:
+            home = "/"
+    return Path(home) / ".local" / "state" / "preflight" / "report.json"
 
 
 class Verdict(str, Enum):

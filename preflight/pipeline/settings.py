@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource
 from preflight.pipeline import levels, lock, tomlfile
 from preflight.base.errors import UsageError
 from preflight.pipeline.profiles import FloorValue, SiteFloor
-from preflight.pipeline.report_view import MAX_NODES
+from preflight.pipeline.report_view import MAX_NODES, default_report_path
 
 DEFAULT_CONFIG = Path("/etc/preflight/config.toml")
 # The most GPUs one node can hold: more than any board's slots (HGX: 8,
@@ -199,11 +199,18 @@ class Settings(_Common, BaseSettings):
     # Private, so no environment variable can set them: only the config file sets floors.
     _config: Path | None = PrivateAttr(default=None)
     _floor_overrides: dict[str, SiteFloor] = PrivateAttr(default_factory=dict)
+    _report_is_default: bool = PrivateAttr(default=False)
 
     @property
     def config(self) -> Path | None:
         """The config file that was read, for the report."""
         return self._config
+
+    @property
+    def report_is_default(self) -> bool:
+        """``report`` is the default (report_view.default_report_path), which `run` writes where
+        neither --report nor the settings name one: outputs_of sets it."""
+        return self._report_is_default
 
     @property
     def floor_overrides(self) -> dict[str, SiteFloor]:
@@ -296,16 +303,21 @@ def unknown_env(environ: dict[str, str] | None = None) -> list[str]:
 
 def outputs_of(s: Settings, report: Path | None, textfile_dir: Path | None, scratch: bool) -> str | None:
     """Which report and textfile this run writes (``report`` and ``textfile_dir``:
-    what its command line gave). The configured ones are the node's gate, which
-    neither a scratch run (a pairwise side, a trial) nor a group run may replace:
-    one failing node fails the whole group, and every reader of the gate would
-    then refuse the good nodes too. Returns what to tell the user, if anything."""
+    what its command line gave). A single-node run with no report given or
+    configured writes the default one (report_view.default_report_path), where
+    `status`, `serve`, `report` and `history` read by default. The configured
+    ones, and the default, are the node's gate, which neither a scratch run (a
+    pairwise side, a trial) nor a group run may replace: one failing node fails
+    the whole group, and every reader of the gate would then refuse the good
+    nodes too. Returns what to tell the user, if anything."""
     if scratch:
         if report is not None or textfile_dir is not None:
             raise UsageError("--scratch writes no report and no textfile; leave out --report and --textfile-dir")
         s.report = s.textfile_dir = None
         return None
     if s.nnodes == 1:
+        if s.report is None:
+            s.report, s._report_is_default = default_report_path(), True
         return None
     dropped = [f"{what} {path}" for what, path, given in (("report", s.report, report), ("textfile dir", s.textfile_dir, textfile_dir)) if path is not None and given is None]
     s.report, s.textfile_dir = report, textfile_dir

@@ -123,18 +123,20 @@ def test_a_site_floor_override_is_applied(tmp_path):
 
 
 def test_fail_fast_keep_going_timeout_and_error_through_the_cli(plugin):
+    # Each run a trial of its own (--scratch): a report, the default one too, would keep
+    # for the next run what it skips (report.carry_forward: the FAIL of `failing` below).
     fakes.write_profile(plugin / "profiles", "fakes", ["passing", "failing", "warning"])
-    r = invoke("run", "--profile", "fakes", "--json")
+    r = invoke("run", "--profile", "fakes", "--json", "--scratch")
     assert r.exit_code == 1
     assert [c.status for c in Report.model_validate_json(r.stdout).checks] == ["PASS", "FAIL", "SKIP"]
-    r = invoke("run", "--profile", "fakes", "--json", "--keep-going")
+    r = invoke("run", "--profile", "fakes", "--json", "--keep-going", "--scratch")
     assert [c.status for c in Report.model_validate_json(r.stdout).checks] == ["PASS", "FAIL", "WARN"]
-    r = invoke("run", "--profile", "fakes", "--json", "--skip", "failing")
+    r = invoke("run", "--profile", "fakes", "--json", "--skip", "failing", "--scratch")
     assert r.exit_code == 0
     assert [c.check for c in Report.model_validate_json(r.stdout).checks] == ["passing", "warning"]
 
     fakes.write_profile(plugin / "profiles", "raises", ["raising"])
-    r = invoke("run", "--profile", "raises", "--json")
+    r = invoke("run", "--profile", "raises", "--json", "--scratch")
     assert r.exit_code == 3  # the tool broke, not the node: still not a pass
     (c,) = Report.model_validate_json(r.stdout).checks
     assert c.status == "ERROR" and "boom inside the check" in c.details["traceback"]
@@ -494,7 +496,7 @@ def test_a_closed_stderr_or_a_reader_that_left_does_not_change_the_verdict(tmp_p
 
 def test_sigterm_while_nvml_hangs_leaves_no_child_and_says_so(tmp_path):
     env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("PREFLIGHT_")},
+        **clean_env(),
         "PYTHONPATH": str(fakes.install_fake_pynvml(tmp_path / "nvml")),
         "FAKE_NVML": "hang",
         "PREFLIGHT_LOCK_FILE": str(tmp_path / "lock"),
@@ -852,7 +854,8 @@ def test_scratch_leaves_the_configured_report_and_textfile_alone(tmp_path):
     (tmp_path / "prom").mkdir()
     config = tmp_path / "config.toml"
     config.write_text(f'report = "{tmp_path / "report.json"}"\ntextfile_dir = "{tmp_path / "prom"}"\n')
-    r = run_preflight(["run", "--profile", "cpu", "--only", "shm", "--config", str(config), "--scratch", "--json", "--lock-file", str(tmp_path / "l")])
+    r = run_preflight(["run", "--profile", "cpu", "--only", "shm", "--config", str(config), "--scratch", "--json", "--lock-file", str(tmp_path / "l")],
+                      env=clean_env(report=False))  # the config's report, which PREFLIGHT_REPORT would replace
     assert r.returncode == 0 and json.loads(r.stdout)["checks"][0]["check"] == "shm"
     assert not (tmp_path / "report.json").exists() and list((tmp_path / "prom").iterdir()) == []
     both = run_preflight(["run", "--profile", "cpu", "--scratch", "--report", str(tmp_path / "r.json")])
@@ -870,7 +873,7 @@ def test_a_group_run_leaves_the_gates_configured_report_and_textfile_alone(tmp_p
     nobody = free_port()  # node rank 0's meeting point that nobody serves: this node fails fast
     group = ["run", "--profile", "cpu", "--only", "shm,nccl", "--lock-file", str(tmp_path / "l"),
              "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", f"127.0.0.1:{nobody}", "--rdzv-timeout", "5"]
-    from_config = run_preflight([*group, "--config", str(config)])
+    from_config = run_preflight([*group, "--config", str(config)], env=clean_env(report=False))  # the config's report, not PREFLIGHT_REPORT
     assert from_config.returncode == 1
     assert f"does not write the node's own report {gate} or textfile dir {tmp_path / 'prom'} (from config or environment)" in from_config.stderr
     from_env = run_preflight([*group, "--report", str(tmp_path / "group.json")],

@@ -32,7 +32,7 @@ def test_a_report_becomes_one_self_contained_page(tmp_path: Path):
 def test_without_a_path_it_reads_the_last_report_the_config_names(tmp_path: Path):
     config = tmp_path / "config.toml"
     config.write_text(f'report = "{REPORTS / "shm-64m-fail.json"}"\n')
-    done = run_preflight(["report", "--config", str(config), "--html", "-"])
+    done = run_preflight(["report", "--config", str(config), "--html", "-"], env=clean_env(report=False))  # the config's, not PREFLIGHT_REPORT
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("<!DOCTYPE html>") and "/dev/shm is 64 MiB" in done.stdout
 

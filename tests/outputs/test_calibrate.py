@@ -269,7 +269,11 @@ def test_quiet_says_only_what_was_written(tmp_path):
     out = tmp_path / "floors.toml"
     p = run_preflight(["calibrate", "-q", "--profile", "cpu", "--repeats", "2", "--fraction", FRACTION, "-o", str(out)], timeout=900)
     assert p.returncode == 0, p.stderr
-    assert p.stderr.strip().splitlines() == [f"wrote 10 floors to {out} ({FRACTION} x this node's weakest figures over 2 runs); use it with --config {out}"]
+    lines = p.stderr.strip().splitlines()
+    assert lines[-1] == f"wrote 10 floors to {out} ({FRACTION} x this node's weakest figures over 2 runs); use it with --config {out}"
+    # Nothing else but a warning a loaded machine may earn (an outlier rank), which -q still says.
+    blocks = [line for line in lines[:-1] if not line.startswith(" ")]
+    assert all(line.startswith("[WARN] ") for line in blocks), p.stderr
 
 
 def test_a_floor_every_later_run_would_refuse_is_not_written():

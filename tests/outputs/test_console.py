@@ -190,7 +190,7 @@ def test_a_real_run_on_a_terminal_shows_stages_and_a_moving_clock_then_only_resu
     sock = tmp_path / "tmux.sock"
     tmux = ["tmux", "-S", str(sock), "-f", "/dev/null"]
     env = {**clean_env(), "NO_COLOR": "1"}
-    cmd = " ".join(shlex.quote(w) for w in ["env", *(f"{k}={v}" for k, v in env.items() if k in ("PREFLIGHT_LOCK_FILE", "NO_COLOR", "TMPDIR")),
+    cmd = " ".join(shlex.quote(w) for w in ["env", *(f"{k}={v}" for k, v in env.items() if k in ("PREFLIGHT_LOCK_FILE", "PREFLIGHT_REPORT", "NO_COLOR", "TMPDIR")),
                                              *fakes.PREFLIGHT, "run", "--profile", "cpu", "--only", "bandwidth"])  # fmt: skip
     # The pane stays after the run so its last screen can be read; the server is killed after.
     subprocess.run([*tmux, "new-session", "-d", "-x", "160", "-y", "50", "-c", os.getcwd(), f"{cmd}; echo EXIT=$?; sleep 120"], check=True, timeout=10)

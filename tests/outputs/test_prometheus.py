@@ -223,7 +223,10 @@ def textfiles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for verdict, extra, code in (("pass", [], 0), ("fail", ["--config", str(site)], 1)):
         dirs[verdict] = d / verdict
         dirs[verdict].mkdir()
-        done = run_preflight(["run", "--profile", "cpu", "--only", "shm", "-q", "--textfile-dir", str(dirs[verdict]), *extra], timeout=120)
+        # A report of each run's own, named: this module-wide fixture runs before the autouse
+        # _isolated gives a test its own PREFLIGHT_REPORT, and the real default is not the test's.
+        done = run_preflight(["run", "--profile", "cpu", "--only", "shm", "-q", "--textfile-dir", str(dirs[verdict]),
+                              "--report", str(d / f"{verdict}.json"), *extra], timeout=120)
         assert done.returncode == code, done.stderr
     return dirs
 

@@ -59,7 +59,7 @@ def main() -> None:
         per = ", ".join(f"GPU {d.index} {d.seconds * 1000:.0f}ms" for d in r.devices) or r.error
         init = f"{r.init_seconds}s" if r.init_seconds is not None else "not reached"
         print(f"  worker: import torch {r.import_seconds}s, CUDA init {init}; {per}")
-    args = [sys.executable, "-m", "preflight", "run", "--profile", "h100-sxm", "--only", "cuda", "-q", "--lock-file", str(tmp / "lock")]
+    args = [sys.executable, "-m", "preflight", "run", "--profile", "h100-sxm", "--only", "cuda", "-q", "--scratch", "--lock-file", str(tmp / "lock")]
     if not REAL:
         args += ["--nvml-fake", str(FACTS)]
     os.environ.clear()

@@ -48,7 +48,7 @@ def smoke() -> None:
 
 
 def preflight_run() -> None:
-    p = subprocess.run([sys.executable, "-m", "preflight", "run", "--profile", "cpu", "--only", "nccl"], env=ENV, capture_output=True, timeout=120)
+    p = subprocess.run([sys.executable, "-m", "preflight", "run", "--profile", "cpu", "--only", "nccl", "--scratch"], env=ENV, capture_output=True, timeout=120)
     assert p.returncode == 0, p.stderr
 
 

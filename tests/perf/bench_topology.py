@@ -72,7 +72,7 @@ def main() -> None:
     timed("matrix from NVML and sysfs (recorded HGX tree)", lambda: topo_derived.complete(Host(TREE), unread))
     built = topo_derived.complete(Host(TREE), unread)
     timed("judges + advice on that matrix", lambda: (topology.judge(built, expect, 12), placement.advise(built)))
-    args = [sys.executable, "-m", "preflight", "run", "--profile", "h100-sxm", "--only", "topology", "-q", "--lock-file", str(tmp / "lock")]
+    args = [sys.executable, "-m", "preflight", "run", "--profile", "h100-sxm", "--only", "topology", "-q", "--scratch", "--lock-file", str(tmp / "lock")]
     if not REAL:
         args += ["--nvml-fake", str(FACTS)]
     timed("preflight run --only topology (whole process)", lambda: subprocess.run(args, capture_output=True))

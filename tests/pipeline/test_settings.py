@@ -13,7 +13,8 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def test_defaults():
+def test_defaults(monkeypatch):
+    monkeypatch.delenv("PREFLIGHT_REPORT")  # the tests' own (conftest): here, no report is set at all
     s = settings.load({})
     assert (s.profile, s.only, s.keep_going, s.report, s.lock_timeout) == ("auto", [], False, None, 60.0)
     assert s.config is None
@@ -137,9 +138,10 @@ def test_unknown_preflight_env_vars_are_reported():
     assert settings.unknown_env(env) == ["PREFLIGHT_PROFLE"]
 
 
-def test_the_example_config_is_valid_as_shipped():
+def test_the_example_config_is_valid_as_shipped(monkeypatch):
     from pathlib import Path
 
+    monkeypatch.delenv("PREFLIGHT_REPORT")  # the tests' own (conftest) would win over the file's
     example = Path(__file__).parents[2] / "examples" / "config.toml"
     s = settings.load({}, config=example)
     assert (s.profile, s.keep_going, s.lock_timeout) == ("auto", False, 60.0)

@@ -1,7 +1,7 @@
 """The last report on disk, and what it vouches for now.
 
 `serve`, `status`, `status --npd`, `slurm-healthcheck` and `kube-label` never
-run a check: they read the report the last `preflight run --report` wrote and
+run a check: they read the report the last `preflight run` wrote and
 judge it here, in one place, so they cannot disagree. A report vouches for the
 node only if it passed, in this boot (a pass before the last reboot says
 nothing about the GPUs now), and, where the caller sets a limit, recently;
@@ -25,7 +25,7 @@ from preflight.base.actions import NOTHING, Next
 from preflight.base.errors import signal_name
 from preflight.outputs.record import run_record
 from preflight.outputs.record.run_record import Started
-from preflight.pipeline.report_view import VOUCHING, ReportView, Verdict, view
+from preflight.pipeline.report_view import VOUCHING, ReportView, Verdict, default_report_path, view
 
 if TYPE_CHECKING:
     from preflight.pipeline.report import Report
@@ -36,7 +36,7 @@ MAX_BYTES = 16 * 2**20
 
 class State(str, Enum):
     OK = "ok"
-    MISSING = "missing"  # preflight has not run with --report here (or the path is wrong)
+    MISSING = "missing"  # preflight has not run here (or the path is wrong)
     UNREADABLE = "unreadable"  # permissions, I/O error, a directory
     INVALID = "invalid"  # not JSON, not a preflight report, or a newer schema
 
@@ -82,7 +82,8 @@ def _read(path: Path) -> bytes | Loaded:
                 return Loaded(State.UNREADABLE, error=f"cannot read the report {path}: not a regular file")
             data = f.read(MAX_BYTES + 1)
     except FileNotFoundError:
-        return Loaded(State.MISSING, error=f"no report at {path}: preflight has not run here with --report {path}")
+        how = "(`preflight run` writes it there)" if path == default_report_path() else f"with --report {path}"
+        return Loaded(State.MISSING, error=f"no report at {path}: preflight has not run here {how}")
     except OSError as e:
         return Loaded(State.UNREADABLE, error=f"cannot read the report {path}: {e.strerror or e}")
     except ValueError as e:  # a NUL in the path, from a config file or variable

@@ -1,0 +1,234 @@
+"""The report where the user will look: `preflight run` with no --report writes the
+default (report_view.default_report_path: root's /var/lib/preflight/report.json,
+anyone else's under $XDG_STATE_HOME or ~/.local/state), and `status`, `report`,
+`history` and `serve` read it with no path given. Its directory is made where
+missing, never through a link another user planted (outputs/gate.default_report);
+where it cannot be written the run is refused in one line, exit 2, before any check.
+
+conftest's `_isolated` points PREFLIGHT_REPORT at a folder of the test's own, so no
+other test writes the real default; the tests here take it away to reach the default
+itself: in this process (root's default moved into the test's folder, XDG_STATE_HOME
+there for anyone else), and as root for real, in a mount namespace of its own with a
+tmpfs over /var/lib."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import clean_env, needs_root
+from typer.testing import CliRunner
+
+import fakes
+from preflight.base import safefile
+from preflight.base.errors import UsageError
+from preflight.cli.app import app
+from preflight.outputs import gate
+from preflight.pipeline import report_view
+from preflight.pipeline.report_view import DEFAULT_REPORT_PATH, default_report_path
+
+NOBODY = pwd.getpwnam("nobody").pw_uid
+
+
+# ---- where it is -----------------------------------------------------------------------
+
+
+def test_root_writes_the_nodes_own_report(monkeypatch):
+    real = Path("/var/lib/preflight/report.json")
+    assert DEFAULT_REPORT_PATH == real and default_report_path({}, euid=0) != real  # conftest moved root's state for this process
+    monkeypatch.setattr(report_view, "ROOT_STATE_DIR", Path("/var/lib/preflight"))  # only asked here, never written
+    assert default_report_path({"XDG_STATE_HOME": "/x", "HOME": "/root"}, euid=0) == real
+    assert default_report_path({}, euid=0) == real
+
+
+def test_anyone_else_writes_in_their_own_state_directory():
+    assert default_report_path({"XDG_STATE_HOME": "/srv/state", "HOME": "/home/ann"}, euid=1000) == Path("/srv/state/preflight/report.json")
+    assert default_report_path({"HOME": "/home/ann"}, euid=1000) == Path("/home/ann/.local/state/preflight/report.json")
+    # The XDG spec: a relative XDG_STATE_HOME is invalid and ignored, as an empty one is.
+    for bad in ("state", "", "~/state"):
+        assert default_report_path({"XDG_STATE_HOME": bad, "HOME": "/home/ann"}, euid=1000) == Path("/home/ann/.local/state/preflight/report.json")
+    # No usable HOME: the user's home from the password database, as expanduser reads it.
+    assert default_report_path({}, euid=NOBODY) == Path(pwd.getpwuid(NOBODY).pw_dir) / ".local" / "state" / "preflight" / "report.json"
+    assert default_report_path({"HOME": "relative"}, euid=NOBODY) == default_report_path({}, euid=NOBODY)
+
+
+# ---- its directory, made safely ----------------------------------------------------------
+
+
+def test_missing_directories_are_made_with_the_mode_asked_not_the_umasks(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    old = os.umask(0o077)
+    try:
+        safefile.make_dirs(home / ".local" / "state" / "preflight", 0o700)
+        safefile.make_dirs(tmp_path / "lib" / "preflight", 0o755)
+    finally:
+        os.umask(old)
+    for d in (home / ".local", home / ".local" / "state", home / ".local" / "state" / "preflight"):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
+    assert stat.S_IMODE((tmp_path / "lib" / "preflight").stat().st_mode) == 0o755
+    safefile.make_dirs(home / ".local" / "state" / "preflight", 0o755)  # already there: left as it is
+    assert stat.S_IMODE((home / ".local" / "state" / "preflight").stat().st_mode) == 0o700
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a link to nobody")
+def test_a_link_another_user_planted_is_never_followed(tmp_path):
+    sticky = tmp_path / "shared"
+    sticky.mkdir(mode=0o1777)
+    sticky.chmod(0o1777)
+    target = tmp_path / "roots"
+    target.mkdir(mode=0o700)
+    (sticky / "state").symlink_to(target)
+    os.lchown(sticky / "state", NOBODY, NOBODY)
+    with pytest.raises(safefile.Untrusted, match="another user could have made"):
+        safefile.make_dirs(sticky / "state" / "preflight", 0o700)
+    with pytest.raises(safefile.Untrusted, match="another user could have made"):
+        safefile.make_dirs(sticky / "state", 0o700)
+    assert list(target.iterdir()) == []
+    (tmp_path / "file").write_text("")
+    with pytest.raises(FileExistsError):
+        safefile.make_dirs(tmp_path / "file", 0o700)
+
+
+def test_the_default_is_made_for_a_user_who_is_not_root_0700(tmp_path, monkeypatch):
+    # gate.default_report as a user would run it: their euid, their HOME, no XDG_STATE_HOME.
+    monkeypatch.delenv("XDG_STATE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    real = os.geteuid()
+    monkeypatch.setattr(os, "geteuid", lambda: 1000 if real == 0 else real)
+    path = default_report_path()
+    assert path == tmp_path / "home" / ".local" / "state" / "preflight" / "report.json"
+    assert gate.default_report(path) == path
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700 and not path.exists()
+    assert os.listdir(path.parent) == []  # the probe file is gone
+
+
+def test_roots_default_directory_is_made_0755_for_serves_user_to_read(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("root's default")
+    path = default_report_path()  # conftest's stand-in for /var/lib/preflight/report.json
+    assert path == report_view.ROOT_STATE_DIR / "report.json" and not path.parent.exists()
+    assert gate.default_report(path) == path
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o755 and path.parent.stat().st_uid == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the directory to nobody")
+def test_a_default_directory_another_user_owns_or_may_write_is_refused(tmp_path):
+    path = tmp_path / "state" / "preflight" / "report.json"
+    path.parent.mkdir(parents=True)
+    os.chown(path.parent, NOBODY, NOBODY)
+    with pytest.raises(UsageError) as e:
+        gate.default_report(path)
+    assert f"its directory {path.parent} is nobody's, who could replace the report" in str(e.value)
+    assert "give --report FILE, or --scratch to write no report" in str(e.value)
+    os.chown(path.parent, 0, 0)
+    path.parent.chmod(0o777)
+    with pytest.raises(UsageError, match=r"other users can write its directory .* \(mode 0777\).*chmod go-w"):
+        gate.default_report(path)
+
+
+def test_a_default_that_cannot_be_made_says_so_and_what_to_do(tmp_path):
+    (tmp_path / "state").write_text("a file where the directory would go")
+    path = tmp_path / "state" / "preflight" / "report.json"
+    with pytest.raises(UsageError) as e:
+        gate.default_report(path)
+    said = str(e.value)
+    assert said.startswith(f"report {path} (the default: no --report given): ") and "\n" not in said
+    assert said.endswith("give --report FILE, or --scratch to write no report"), said
+
+
+# ---- run, then status, report --html and history, with no path given ------------------------
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def test_run_then_status_report_and_history_need_no_path(tmp_path, monkeypatch):
+    monkeypatch.delenv("PREFLIGHT_REPORT")
+    path = default_report_path()  # root's stand-in (conftest) or, for anyone else, under XDG_STATE_HOME
+    assert not path.parent.exists()
+    run = invoke("run", "--profile", "cpu", "--only", "shm")
+    assert run.exit_code == 0, run.output
+    assert path.is_file() and (path.parent / "history.db").is_file()
+    status = invoke("status")
+    assert status.exit_code == 0 and status.stdout.startswith("vouched: "), status.output
+    page = tmp_path / "report.html"
+    html = invoke("report", "--html", str(page))
+    assert html.exit_code == 0, html.output
+    assert page.read_text().startswith("<!DOCTYPE html>") and str(path) in page.read_text()
+    history = invoke("history")
+    assert history.exit_code == 0 and history.stdout.startswith(f"1 run(s) in {path.parent / 'history.db'}, "), history.output
+
+
+def test_scratch_writes_no_default_and_makes_no_directory(tmp_path, monkeypatch):
+    monkeypatch.delenv("PREFLIGHT_REPORT")
+    path = default_report_path()
+    run = invoke("run", "--profile", "cpu", "--only", "shm", "--scratch", "--json")
+    assert run.exit_code == 0, run.output
+    assert not path.parent.exists()
+    status = invoke("status")
+    assert status.exit_code == 1 and f"no report at {path}: preflight has not run here (`preflight run` writes it there)" in status.stdout
+
+
+def test_a_default_that_cannot_be_written_refuses_the_run_before_any_check(tmp_path, monkeypatch):
+    monkeypatch.delenv("PREFLIGHT_REPORT")
+    path = default_report_path()
+    path.parent.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.write_text("")  # where the directory would go
+    run = invoke("run", "--profile", "cpu", "--only", "shm")
+    assert run.exit_code == 2, run.output
+    (line,) = run.stderr.strip().splitlines()
+    assert line.startswith(f"preflight: error: report {path} (the default: no --report given): ") and "--report FILE" in line
+    assert "[PASS]" not in run.stderr and "shm" not in run.stderr
+
+
+def test_a_group_run_writes_no_default(tmp_path, monkeypatch):
+    # The node's own report is its gate: a whole group fails with one bad node.
+    from preflight.pipeline import settings
+
+    monkeypatch.delenv("PREFLIGHT_REPORT")
+    s = settings.load({"nnodes": 2, "node_rank": 1, "rdzv_endpoint": "127.0.0.1:1"})
+    assert settings.outputs_of(s, None, None, False) is None and s.report is None and not s.report_is_default
+    s = settings.load({})
+    assert settings.outputs_of(s, None, None, False) is None and s.report == default_report_path() and s.report_is_default
+    given = settings.load({"report": tmp_path / "r.json"})
+    assert settings.outputs_of(given, tmp_path / "r.json", None, False) is None and not given.report_is_default
+
+
+# ---- as root, for real: /var/lib/preflight in a mount namespace of the test's own ------------
+
+
+@needs_root
+def test_as_root_the_first_run_makes_var_lib_preflight_and_every_reader_finds_it(tmp_path):
+    env = {**clean_env(report=False), "TMPDIR": str(tmp_path)}
+    page = tmp_path / "node.html"
+    pf = " ".join(fakes.PREFLIGHT)
+    # A tmpfs over /var/lib, seen by this namespace alone: the real /var/lib/preflight is never touched.
+    script = f"""set -e
+mount -t tmpfs -o mode=0755 tmpfs /var/lib
+{pf} run --profile cpu --only shm -q
+stat -c '%a %U' /var/lib/preflight
+test -f /var/lib/preflight/report.json && test -f /var/lib/preflight/history.db
+{pf} status
+{pf} report --html {page}
+{pf} history
+mount -o remount,ro /var/lib
+{pf} run --profile cpu --only shm -q && exit 9 || echo "read-only: exit $?"
+"""
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout.splitlines()
+    assert out[0] == "755 root", done.stdout
+    assert out[1].startswith("vouched: "), done.stdout
+    assert "/var/lib/preflight/history.db" in done.stdout and out[-1] == "read-only: exit 2", done.stdout
+    assert page.read_text().startswith("<!DOCTYPE html>") and "/var/lib/preflight/report.json" in page.read_text()
+    refused = done.stderr.strip().splitlines()[-1]
+    assert refused.startswith("preflight: error: report /var/lib/preflight/report.json (the default: no --report given): cannot write in "), done.stderr
+    assert "(Read-only file system); give --report FILE, or --scratch to write no report" in refused, refused
