@@ -287,17 +287,19 @@ def _insert(con: sqlite3.Connection, r: Report) -> int:
 
 
 def read(path: Path, since: datetime | None = None, last: int | None = None, check: str | None = None,
-         figure: str | None = None, per_figure: int | None = None) -> History | None:
+         figure: str | None = None, per_figure: int | None = None, writer: bool = False) -> History | None:
     """The runs finished at or after ``since`` and the ``last`` runs (either, or all where
     both are None), oldest first, with the figures they measured (of ``check``, named
     ``figure``, where given). With ``per_figure``, each figure's last that many readings
     instead, whichever runs they were in (a lighter run between measures fewer figures), and
-    those runs too. None where there is no history yet. Raises HistoryError."""
+    those runs too. None where there is no history yet. Raises HistoryError. ``writer``: the run
+    that just wrote it reads it back (trends.py): a read-write connection, whose close folds the
+    WAL back and removes it and the -shm, as a read-only one cannot."""
     db = _trusted(path, create=False)
     if db is None:
         return None
     try:
-        con = _connect(db, readonly=True)
+        con = _connect(db, readonly=not writer)
         try:
             con.execute("BEGIN")  # one snapshot: a run committed meanwhile is not half read
             if not con.execute("SELECT 1 FROM sqlite_master WHERE name='runs'").fetchone():

@@ -35,7 +35,7 @@ def path_for(report: Path) -> Path:
 def write(db: Path) -> None:
     """The last RUNS runs of the history at ``db`` into trends.json beside it. Raises
     HistoryError (the history) or OSError (the file); the old file is then left as it was."""
-    h = history.read(db, last=RUNS) or History([], [])
+    h = history.read(db, last=RUNS, writer=True) or History([], [])
     safefile.write_atomic(db.parent / FILENAME, history_text.as_json(h, str(db)), 0o644)
 
 
