@@ -219,8 +219,9 @@ def test_a_real_run_on_a_terminal_shows_stages_and_a_moving_clock_then_only_resu
                          "all_gather 8 MiB  2 ranks", "latency 4 KiB  2 ranks", "importing torch  2 ranks"}, stages  # fmt: skip
     assert len({m["clock"] for m in seen}) >= 2, seen  # the clock moved between two captures
     lines = [line.rstrip() for line in pane.splitlines() if line.strip()]
-    assert "EXIT=0" in lines and any(line.startswith("[PASS] bandwidth (") for line in lines)
-    assert any(line.startswith("preflight: PASS (profile cpu; 1 pass)") for line in lines)
+    # bandwidth measures: on a machine loaded by other work a figure may not settle, a WARN (never a FAIL).
+    assert "EXIT=0" in lines and any(line.startswith(("[PASS] bandwidth (", "[WARN] bandwidth (")) for line in lines), pane
+    assert any(line.startswith(("preflight: PASS (profile cpu; 1 pass)", "preflight: PASS (profile cpu; 1 warn)")) for line in lines), pane
     assert not [line for line in lines if LIVE.match(line) or any(stage in line for stage in stages)], pane  # nothing left of the live line
     colours = [p for sgr in re.findall(r"\x1b\[([0-9;]*)m", styled) for p in sgr.split(";") if p in {*map(str, range(30, 39)), *map(str, range(90, 98))}]
     assert not colours, "NO_COLOR: no colour on the terminal"
