@@ -41,10 +41,10 @@ def serve(
     /report (JSON), /healthz. A request never runs a check."""
     from preflight.base.signals import interrupting
     from preflight.outputs.exporters import serve as server_mod
-    from preflight.pipeline.report_view import default_report_path
+    from preflight.pipeline.report_view import reader_report_path
 
     s = _settings(config, listen=listen, report=report)
-    path = s.report or default_report_path()
+    path = s.report or reader_report_path()
     server = server_mod.bind(s.listen, path)
     _console().note(f"serving {path} at http://{s.listen}/ (the page; also /metrics, /report, /healthz)")
     # SIGTERM from systemd asks the loop to stop between connections: an exception
@@ -70,9 +70,9 @@ def report(
     from preflight.outputs.record import last_report
     from preflight.outputs.html import page
     from preflight.base import safefile
-    from preflight.pipeline.report_view import default_report_path
+    from preflight.pipeline.report_view import reader_report_path
 
-    source = path or _settings(config).report or default_report_path()
+    source = path or _settings(config).report or reader_report_path()
     out = None if str(html) == "-" else safefile.check(html, f"--html {html}", "report.html")
     loaded = last_report.load(source)
     if loaded.report is None:

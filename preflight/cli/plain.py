@@ -95,9 +95,9 @@ def standing(report: Path | None, config: Path | None, max_age: float | None) ->
 
 def report_path(report: Path | None, config: Path | None) -> Path:
     """The report the readers read: --report, else the config's, else the default (root's
-    /var/lib/preflight/report.json, anyone else's in their own state directory)."""
+    /var/lib/preflight/report.json; anyone else's own, else the node's: report_view.reader_report_path)."""
     from preflight.pipeline import settings_view
-    from preflight.pipeline.report_view import default_report_path
+    from preflight.pipeline.report_view import reader_report_path
 
     try:
         path = settings_view.report_path(report, config)
@@ -105,7 +105,7 @@ def report_path(report: Path | None, config: Path | None) -> Path:
         from preflight.pipeline import settings
 
         path = settings.load({"report": report}, config=config).report
-    return path or default_report_path()
+    return path or reader_report_path()
 
 
 def npd_line(reason: str, limit: int = 80) -> str:

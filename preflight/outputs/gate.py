@@ -45,10 +45,16 @@ def run(s: Settings, console: Console, if_idle: bool = False, if_locked: str = "
     """The run's report, written; None when nothing ran and the last report stands:
     ``if_idle`` found a GPU held, or with ``if_locked="skip"`` another run still held
     the lock after ``s.lock_timeout``. Raises UsageError before any check for bad input."""
-    if s.report is None:
-        report_path = None
-    else:
-        report_path = default_report(s.report) if s.report_is_default else safefile.check(s.report, f"report {s.report}")
+    report_path = None
+    if s.report is not None and not s.report_is_default:
+        report_path = safefile.check(s.report, f"report {s.report}")
+    elif s.report is not None:
+        try:
+            report_path = default_report(s.report)
+        except UsageError as e:
+            # Nobody asked for this file: a home that cannot be written (a pod's arbitrary user, a
+            # read-only root) is no fault of the node's, and the run's verdict still stands.
+            console.line(f"preflight: warning: {e}; this run writes no report")
     textfile = metrics.check_textfile_dir(s.textfile_dir) if s.textfile_dir is not None else None
     with interrupting():  # the runner stops the running check's workers and still writes the report
         pipeline.check_inputs(s)  # the workers' interpreter is known good before anything runs it
@@ -75,6 +81,10 @@ def default_report(path: Path) -> Path:
     it or may write in it, as the lock's is. One line and exit 2 where it cannot be written."""
     what, fix = f"report {path} (the default: no --report given)", "give --report FILE, or --scratch to write no report"
     mine = os.geteuid()
+    if shared := network_fs(path.parent):
+        # A home on NFS is every node's: each would write the same report, status would read another
+        # node's, and SQLite's WAL (history.db) does not work over a network filesystem.
+        raise UsageError(f"{what}: {path.parent} is on {shared}, shared between nodes; give --report FILE on a local disk, or --scratch")
     try:
         safefile.make_dirs(path.parent, 0o755 if mine == 0 else 0o700)
         st = os.stat(path.parent)
@@ -91,10 +101,45 @@ def default_report(path: Path) -> Path:
     return safefile.check(path, what, fix=fix)
 
 
+# Filesystems one node's state must not live on (/proc/self/mountinfo's type field).
+NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "lustre", "gpfs", "beegfs", "ceph", "glusterfs", "fuse.sshfs", "fuse.glusterfs", "9p", "afs")
+
+
+def network_fs(directory: Path, mountinfo: str | None = None) -> str | None:
+    """The network filesystem ``directory`` (or its nearest existing parent) is on, or None;
+    ``mountinfo``: /proc/self/mountinfo's text, read where not given."""
+    from preflight.readers.system import shm_mount
+
+    here = directory
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    try:
+        mounts = shm_mount.parse_mountinfo(mountinfo if mountinfo is not None else Path("/proc/self/mountinfo").read_text())
+    except OSError:
+        return None
+    found = shm_mount.mount_of(os.path.realpath(here), mounts)
+    return found.fstype if found is not None and found.fstype in NETWORK_FS else None
+
+
+def _node_profile_kept(report_path: Path, the_plan: pipeline.Plan) -> str | None:
+    """Why a run writing the default report must leave it alone: it holds a verdict of another
+    profile (the node's gate's h100-sxm, and this a `--profile cpu` dry run by hand), which this
+    run's verdict would replace and so vouch for the node on checks it never ran."""
+    loaded = last_report.load_view(report_path)
+    theirs = loaded.report.profile if loaded.report is not None else None
+    ours = the_plan.profile.name if the_plan.profile is not None else None
+    if theirs and ours and theirs != ours:
+        return f"{report_path} holds this node's profile {theirs} verdict, which a run of profile {ours} does not replace; give --report FILE to keep this one"
+    return None
+
+
 def _planned(s: Settings, console: Console, if_idle: bool, if_locked: str, other_run: bool, ahead: head_start.HeadStart,
              report_path: Path | None, textfile: Path | None) -> reports.Report | None:
     """``run`` from the plan on, with what started ahead of it (NVML's reading, perhaps the lock and the ranks)."""
     the_plan = pipeline.plan(s, ahead.reading)  # may ask NVML (bounded), so it runs under the handlers too
+    if report_path is not None and s.report_is_default and (kept := _node_profile_kept(report_path, the_plan)):
+        console.line(f"preflight: {kept}")
+        report_path = None
     if if_idle and (held := pipeline.gpus_busy(s, the_plan.inventory)):
         console.note(f"not run: {held}; the last report stands")
         return None

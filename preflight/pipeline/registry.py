@@ -98,9 +98,12 @@ def _moved(e: Exception) -> ModuleNotFoundError | None:
         missing = f"{e.name}.{named.group(1)}"  # `from preflight.readers import nvml`: the module is no longer there
     if not missing or not missing.startswith("preflight.") or missing.count(".") > 2:
         return None
-    leaf = missing.rsplit(".", 1)[1]
-    now = sorted(m.name for m in pkgutil.walk_packages(preflight.__path__, "preflight.", onerror=lambda _: None)
-                 if m.name.rsplit(".", 1)[1] == leaf and m.name != missing and not m.ispkg)
+    parent, leaf = missing.rsplit(".", 1)
+    found = [m.name for m in pkgutil.walk_packages(preflight.__path__, "preflight.", onerror=lambda _: None)
+             if m.name.rsplit(".", 1)[1] == leaf and m.name != missing and not m.ispkg]
+    # Where it went from its old place: under the same package first (outputs.history is
+    # outputs.record.history, not cli.history), then anywhere.
+    now = sorted(found, key=lambda name: (not name.startswith(parent + "."), name))
     if not now:
         return None
     said = str(e) if isinstance(e, ModuleNotFoundError) else f"No module named {missing!r}"

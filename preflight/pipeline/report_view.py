@@ -57,6 +57,19 @@ def default_report_path(environ: Mapping[str, str] | None = None, euid: int | No
     return Path(home) / ".local" / "state" / "preflight" / "report.json"
 
 
+def reader_report_path(environ: Mapping[str, str] | None = None, euid: int | None = None) -> Path:
+    """The report a reader (status, serve, report, history, slurm-healthcheck, kube-label) reads
+    when neither a flag nor the settings name one: the user's own default where they have one,
+    else the node's, which the systemd units and every root run write. kube-label and
+    node-problem-detector run as nobody, and an admin asks `preflight status` without sudo:
+    each reads the node's verdict, never a missing report of their own."""
+    own = default_report_path(environ, euid)
+    node = ROOT_STATE_DIR / "report.json"
+    if own == node or own.exists() or not node.exists():
+        return own
+    return node
+
+
 class Verdict(str, Enum):
     PASS = "pass"  # warnings allowed
     FAIL = "fail"  # a check failed: drain the node

@@ -316,6 +316,9 @@ def outputs_of(s: Settings, report: Path | None, textfile_dir: Path | None, scra
         s.report = s.textfile_dir = None
         return None
     if s.nnodes == 1:
+        if s.report is None and s.nvml_fake is not None:
+            # Fake NVML facts are a test's node, not this one: its verdict must not become the node's.
+            return "a run on fake NVML facts (--nvml-fake) writes no default report; give --report FILE to keep its verdict"
         if s.report is None:
             s.report, s._report_is_default = default_report_path(), True
         return None

@@ -60,7 +60,7 @@ def main() -> int:
         bin_dir = fakes.nvidia_smi(tmp / "bin", TOPO)
         base = {k: v for k, v in os.environ.items() if not k.startswith("PREFLIGHT_")}
         base |= {"PATH": f"{bin_dir}:{base['PATH']}", "PREFLIGHT_LOCK_FILE": str(tmp / "lock"), "FAKE_NVML_FACTS": str(FACTS)}
-        run = [*fakes.PREFLIGHT, "run", "--profile", "auto", "--level", "quick", "--keep-going", "--skip", "shm"]
+        run = [*fakes.PREFLIGHT, "run", "--profile", "auto", "--level", "quick", "--keep-going", "--skip", "shm", "--scratch"]
         ways = {
             "fake file (--nvml-fake)": (["--nvml-fake", str(FACTS)], str(tmp / "hook")),
             "NVML child (stand-in nvidia-ml-py)": ([], f"{tmp / 'hook'}:{pynvml_dir}"),

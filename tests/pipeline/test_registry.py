@@ -54,6 +54,9 @@ def test_a_plugin_reading_nvml_from_the_top_of_readers_is_told_its_package(tmp_p
     r = run_checks([registry.load("readsnvml")], make_ctx()).results[0]
     assert r.status is Status.ERROR
     assert "No module named 'preflight.readers.nvml': preflight moved it to preflight.readers.nvidia.nvml" in r.summary, r.summary
+    # A name two modules share (cli/history.py, outputs/record/history.py): the one under the old package.
+    moved = registry._moved(ImportError("cannot import name 'history' from 'preflight.outputs'", name="preflight.outputs"))
+    assert moved is not None and "preflight moved it to preflight.outputs.record.history;" in str(moved)
 
 
 def test_a_plugin_whose_name_disagrees_with_its_entry_point_is_an_error(plugin):

@@ -1,1 +1,1 @@
-"""What sysfs and /proc say of this machine: PCIe paths, RDMA ports, memory, /dev/shm's mount, the layout, containers, Slurm jobs."""
+"""What this process is given: the memory the kernel and its cgroup would still give, /dev/shm's mount, whether it runs in a container, the Slurm jobs beside it."""
