@@ -93,8 +93,11 @@ def test_the_commented_taint_option_is_valid_when_uncommented() -> None:
     assert re.search(r"^\s*# - --taint$", text, re.MULTILINE)
     enabled = re.sub(r"^(\s*)# - --taint$", r"\1- --taint", text, flags=re.MULTILINE)
     (args,) = [a for d in yaml.safe_load_all(enabled) for c in containers(d) if (a := preflight_args(c.get("command", []))) is not None]
-    assert args == ["kube-label", "--every=60", "--taint"]
+    assert args == ["kube-label", "--every=60", "--report=/var/lib/preflight/report.json", "--taint"]
     parse(args)
+    # kube-label runs as nobody, whose own default is not the node's: the report it names is the one mounted.
+    mounts = [m["mountPath"] for d in yaml.safe_load_all(text) for c in containers(d) for m in c.get("volumeMounts", [])]
+    assert "/var/lib/preflight" in mounts, mounts
 
 
 def test_the_cluster_role_grants_exactly_get_list_and_patch_on_nodes() -> None:
