@@ -41,10 +41,10 @@ def serve(
     /report (JSON), /healthz. A request never runs a check."""
     from preflight.base.signals import interrupting
     from preflight.outputs.exporters import serve as server_mod
-    from preflight.pipeline.report_view import reader_report_path
+    from preflight.pipeline.report_view import node_report_path
 
     s = _settings(config, listen=listen, report=report)
-    path = s.report or reader_report_path()
+    path = s.report or node_report_path()  # serve speaks for the node, whoever runs it
     server = server_mod.bind(s.listen, path)
     _console().note(f"serving {path} at http://{s.listen}/ (the page; also /metrics, /report, /healthz)")
     # SIGTERM from systemd asks the loop to stop between connections: an exception
@@ -112,7 +112,7 @@ def slurm_healthcheck(
     name = slurm.one_node(node or slurm.node_name(), where)
     if drain_cap is not None and not 0 < drain_cap <= 1:
         raise UsageError(f"--drain-cap {drain_cap:g}: give a share of a partition's nodes above 0 and at most 1, e.g. 0.1 for 10%")
-    loaded, st = plain.standing(report, config, max_age)
+    loaded, st = plain.standing(report, config, max_age, node=True)
 
     def share() -> float:  # read only where a drain is to be counted: the settings cost pydantic's import
         return drain_cap if drain_cap is not None else _settings(config).slurm_drain_cap
@@ -146,7 +146,7 @@ def _say_held_back(report: Optional[Path], config: Optional[Path], judged: datet
     """The report that asked for the drain says the cap held it back (outputs/schedulers/held_back.py), or no longer."""
     from preflight.outputs.schedulers import held_back
 
-    why = held_back.record(plain.report_path(report, config), judged, said, "slurm-healthcheck", _settings(config).lock_file)
+    why = held_back.record(plain.report_path(report, config, node=True), judged, said, "slurm-healthcheck", _settings(config).lock_file)
     if why:
         _console().note(f"the report does not say it: {why}")
 
@@ -181,6 +181,6 @@ def kube_label(
     from preflight.outputs.schedulers import kube
 
     def judge():  # noqa: ANN202
-        return plain.standing(report, config, max_age)[1]
+        return plain.standing(report, config, max_age, node=True)[1]
 
     return kube.main(node, taint, every, dry_run, api_server, judge, _console(), _emit, taint_cap, textfile_dir)

@@ -83,21 +83,23 @@ def stdout_gone() -> None:
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
 
 
-def standing(report: Path | None, config: Path | None, max_age: float | None) -> tuple[Loaded, Standing]:
-    """The last report and what it says about this node now (never runs a check)."""
+def standing(report: Path | None, config: Path | None, max_age: float | None, node: bool = False) -> tuple[Loaded, Standing]:
+    """The last report and what it says about this node now (never runs a check); ``node``: for a
+    reader that acts for the node (see report_path)."""
     from preflight.outputs.record import last_report
 
     if max_age is not None and not 0 < max_age < math.inf:
         raise UsageError(f"--max-age {max_age:g}: give a number of seconds above 0, e.g. 86400 for a day")
-    loaded = last_report.load_view(report_path(report, config))
+    loaded = last_report.load_view(report_path(report, config, node))
     return loaded, last_report.standing(loaded, last_report.this_boot(), last_report.now(), max_age, last_report.booted_at())
 
 
-def report_path(report: Path | None, config: Path | None) -> Path:
-    """The report the readers read: --report, else the config's, else the default (root's
-    /var/lib/preflight/report.json; anyone else's own, else the node's: report_view.reader_report_path)."""
+def report_path(report: Path | None, config: Path | None, node: bool = False) -> Path:
+    """The report the readers read: --report, else the config's, else the default: for a reader
+    that acts for the node (``node``: slurm-healthcheck, kube-label, `status --npd`) the node's
+    own whoever runs it, for a person's the user's own where they have one (report_view)."""
     from preflight.pipeline import settings_view
-    from preflight.pipeline.report_view import reader_report_path
+    from preflight.pipeline.report_view import node_report_path, reader_report_path
 
     try:
         path = settings_view.report_path(report, config)
@@ -105,7 +107,7 @@ def report_path(report: Path | None, config: Path | None) -> Path:
         from preflight.pipeline import settings
 
         path = settings.load({"report": report}, config=config).report
-    return path or reader_report_path()
+    return path or (node_report_path() if node else reader_report_path())
 
 
 def npd_line(reason: str, limit: int = 80) -> str:
@@ -120,7 +122,7 @@ def status(report: Path | None, npd: bool, max_age: float | None, config: Path |
     """`preflight status`: exit 0 vouched, 1 not; with --npd, 2 where no report is usable."""
     from preflight.outputs.record import last_report
 
-    loaded, st = standing(report, config, max_age)
+    loaded, st = standing(report, config, max_age, node=npd)
     r = loaded.report
     # What the report asks be done (preflight/base/actions.py), while it speaks for this boot:
     # automation that reads the line switches on its first words.

@@ -98,6 +98,8 @@ def default_report(path: Path) -> Path:
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise UsageError(f"{what}: other users can write its directory {path.parent} (mode {stat.S_IMODE(st.st_mode):04o}), "
                          f"so they could replace the report; chmod go-w {path.parent}, or {fix}")
+    if why := safefile.steerable(path.parent):  # one who can rename a directory above could swap in their own
+        raise UsageError(f"{what}: {why}, and another user could swap a directory on the way to it; {fix}")
     return safefile.check(path, what, fix=fix)
 
 

@@ -57,17 +57,34 @@ def default_report_path(environ: Mapping[str, str] | None = None, euid: int | No
     return Path(home) / ".local" / "state" / "preflight" / "report.json"
 
 
+def node_report_path() -> Path:
+    """The node's own report, whoever asks: what the systemd units and every root run write, and
+    what the readers that act for the node (slurm-healthcheck, kube-label, serve, `status --npd`)
+    read when nothing names one; never a user's own, which the user could write."""
+    return ROOT_STATE_DIR / "report.json"
+
+
 def reader_report_path(environ: Mapping[str, str] | None = None, euid: int | None = None) -> Path:
-    """The report a reader (status, serve, report, history, slurm-healthcheck, kube-label) reads
-    when neither a flag nor the settings name one: the user's own default where they have one,
-    else the node's, which the systemd units and every root run write. kube-label and
-    node-problem-detector run as nobody, and an admin asks `preflight status` without sudo:
-    each reads the node's verdict, never a missing report of their own."""
-    own = default_report_path(environ, euid)
-    node = ROOT_STATE_DIR / "report.json"
-    if own == node or own.exists() or not node.exists():
+    """The report a person's reader (status, report, history) reads when neither a flag nor the
+    settings name one: the user's own default where they have one that no other user could
+    have written, else the node's. An admin asking `preflight status` without sudo, with no
+    report of their own, reads the node's verdict."""
+    euid = os.geteuid() if euid is None else euid
+    own, node = default_report_path(environ, euid), node_report_path()
+    if own == node or _own(own, euid) or not node.exists():
         return own
     return node
+
+
+def _own(path: Path, euid: int) -> bool:
+    """``path`` is there, and neither it nor its directory is another user's or writable by others."""
+    try:
+        for st in (os.stat(path), os.stat(path.parent)):
+            if st.st_uid != euid or st.st_mode & 0o022:
+                return False
+    except OSError:
+        return False
+    return True
 
 
 class Verdict(str, Enum):

@@ -134,6 +134,17 @@ def test_a_default_directory_another_user_owns_or_may_write_is_refused(tmp_path)
         gate.default_report(path)
 
 
+def test_a_default_under_a_directory_another_user_could_rename_is_refused(tmp_path):
+    # Who can rename a directory on the way could swap in a tree of their own after the check.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # writable by all, not sticky
+    path = shared / "home" / "preflight" / "report.json"
+    with pytest.raises(UsageError) as e:
+        gate.default_report(path)
+    assert "another user could swap a directory on the way to it; give --report FILE, or --scratch to write no report" in str(e.value)
+
+
 def test_a_default_that_cannot_be_made_says_so_and_what_to_do(tmp_path):
     (tmp_path / "state").write_text("a file where the directory would go")
     path = tmp_path / "state" / "preflight" / "report.json"
@@ -285,5 +296,26 @@ def test_a_reader_without_a_report_of_its_own_reads_the_nodes(tmp_path):
     assert report_view.reader_report_path(env, 65534) == node
     own.parent.mkdir(parents=True)
     own.write_text("{}")
+    assert report_view.reader_report_path(env, 65534) == node  # there, but not theirs: another user could have written it
+    os.chown(own, 65534, 65534)
+    os.chown(own.parent, 65534, 65534)
     assert report_view.reader_report_path(env, 65534) == own  # their own run's, once they have one
     assert report_view.reader_report_path(env, 0) == node
+    assert report_view.node_report_path() == node  # what the readers that act for the node read, whoever runs them
+
+
+def test_the_readers_that_act_for_the_node_read_the_nodes_report_whoever_runs_them(tmp_path, monkeypatch):
+    # slurm-healthcheck, kube-label, serve and `status --npd` drain, label or vouch for the node: a
+    # report a user keeps of their own (a dry run by hand) must never be what they act on.
+    from preflight.cli import plain
+    from preflight.pipeline import report_view
+
+    monkeypatch.delenv("PREFLIGHT_REPORT")
+    monkeypatch.setattr(report_view.os, "geteuid", lambda: 65534)
+    own = report_view.default_report_path()
+    own.parent.mkdir(parents=True)
+    own.write_text("{}")
+    os.chown(own, 65534, 65534)
+    os.chown(own.parent, 65534, 65534)
+    assert plain.report_path(None, None) == own  # a person's `status`: their own
+    assert plain.report_path(None, None, node=True) == report_view.node_report_path()
