@@ -78,7 +78,9 @@ def default_report(path: Path) -> Path:
     proven writable as ``safefile.check`` proves a given one. Its directory is made where missing
     (root's 0755, for serve's user to read; anyone else's 0700, as the XDG spec asks), each part
     reached without a link another user could have made, and refused where another user owns
-    it or may write in it, as the lock's is. One line and exit 2 where it cannot be written."""
+    it or may write in it, as the lock's is, or under a directory another user could rename, or on
+    a network filesystem. Raises UsageError (one line) where it cannot be written: `run` says
+    so and goes on without a report, as nobody asked for this one."""
     what, fix = f"report {path} (the default: no --report given)", "give --report FILE, or --scratch to write no report"
     mine = os.geteuid()
     if shared := network_fs(path.parent):
