@@ -1,6 +1,7 @@
 """`preflight history`: the node's own past, as the runs beside its report left it."""
 
 # No `from __future__ import annotations`: see preflight/cli/common.py.
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -31,7 +32,9 @@ def history(
     try:
         h = store.read(db, since=start, last=None if start else DEFAULT_LAST, check=check, figure=figure)
     except store.HistoryError as e:
-        raise UsageError(f"history: {e}") from None
+        # The node's history is root's alone (0600: outputs/record/history.py); its trends are not.
+        alone = f"; the node's history is root's alone: run it as root, or read {db.parent / 'trends.json'}" if os.geteuid() != 0 and not os.access(db, os.R_OK) else ""
+        raise UsageError(f"history: {e}{alone}") from None
     if h is None:
         h = store.History([], [])
         if not json_out:

@@ -104,3 +104,49 @@ def test_a_corrupt_history_is_one_line_and_the_run_passes_with_its_report(tmp_pa
 def test_history_with_no_database_says_so(tmp_path):
     p = run_preflight(["history", "--report", str(tmp_path / "report.json")], env=clean_env())
     assert p.returncode == 0 and p.stdout.startswith(f"no history at {tmp_path / 'history.db'}") and not list(tmp_path.iterdir())
+
+
+def test_a_user_who_may_not_read_the_nodes_history_is_told_how_to(tmp_path):
+    # The node's history.db is root's alone (0600); an admin without sudo is told to run as root or read
+    # the trends beside it. Asked from a forked child that gave up root, so this checkout's code answers.
+    import os
+
+    import pytest
+    from typer.testing import CliRunner
+
+    from preflight.cli.app import app
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as another user")
+    import shutil
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="preflight-history-", dir="/tmp"))  # reachable by nobody, as /var/lib/preflight is
+    d.chmod(0o755)
+    history.append(d / "history.db", recorded_run(1), 90, 10000)
+    # As root first, a read and a refusal (a corrupt file), so whatever either imports is loaded:
+    # the child runs as nobody, who may not reach this interpreter's standard library.
+    CliRunner().invoke(app, ["history", "--report", str(d / "report.json")])
+    (d / "bad").mkdir()
+    (d / "bad" / "history.db").write_text("not a database")
+    CliRunner().invoke(app, ["history", "--report", str(d / "bad" / "report.json")])
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setresgid(65534, 65534, 65534)
+            os.setresuid(65534, 65534, 65534)
+            done = CliRunner().invoke(app, ["history", "--report", str(d / "report.json")])
+            import traceback
+
+            os.write(w, f"{done.exit_code}\n{done.output}{''.join(traceback.format_exception(done.exception)) if done.exception else ''}".encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        code, _, said = f.read().partition("\n")
+    os.waitpid(pid, 0)
+    shutil.rmtree(d, ignore_errors=True)
+    assert code == "2" and f"the node's history is root's alone: run it as root, or read {d / 'trends.json'}" in said, said
