@@ -207,13 +207,50 @@ def as_nobody(*cmd: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(["runuser", "-u", "nobody", "--", *cmd], capture_output=True, text=True, timeout=60, **kw)
 
 
+def as_user(uid: int, fn):  # noqa: ANN001, ANN201
+    """``fn()``'s JSON-able answer, from a forked child that gave up root for ``uid`` first: this
+    checkout's code, already imported, run as another user (who may not reach this venv). An
+    exception in the child comes back as {"error": its repr}."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            try:
+                answer = fn()
+            except BaseException as e:  # said to the parent, not lost with the child
+                answer = {"error": repr(e)}
+            os.write(w, json.dumps(answer).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    return json.loads(data)
+
+
+def _reachable(kind: str, mode: int) -> Iterator[Path]:
+    """A fresh directory of root's in /tmp with ``mode``, which user nobody can reach."""
+    d = Path(tempfile.mkdtemp(prefix=f"preflight-{kind}-", dir="/tmp"))
+    d.chmod(mode)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    """A directory like /var/lib/preflight: root's, 0755, so other users can read what is 0644 in it."""
+    yield from _reachable("shared", 0o755)
+
+
 @pytest.fixture
 def sticky() -> Iterator[Path]:
     """A fresh directory like /tmp (root's, 1777) that user nobody can reach."""
-    d = Path(tempfile.mkdtemp(prefix="preflight-sticky-", dir="/tmp"))
-    d.chmod(0o1777)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+    yield from _reachable("sticky", 0o1777)
 
 
 

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from conftest import clean_env, fast_profile, recorded_run, run_preflight
+from conftest import as_user, clean_env, fast_profile, recorded_run, run_preflight, shared  # noqa: F401 (shared: a fixture)
 
 from preflight.outputs.record import history
 from preflight.pipeline.report import Report
@@ -106,7 +106,7 @@ def test_history_with_no_database_says_so(tmp_path):
     assert p.returncode == 0 and p.stdout.startswith(f"no history at {tmp_path / 'history.db'}") and not list(tmp_path.iterdir())
 
 
-def test_a_user_who_may_not_read_the_nodes_history_is_told_how_to(tmp_path):
+def test_a_user_who_may_not_read_the_nodes_history_is_told_how_to(shared):
     # The node's history.db is root's alone (0600); an admin without sudo is told to run as root or read
     # the trends beside it. Asked from a forked child that gave up root, so this checkout's code answers.
     import os
@@ -118,11 +118,7 @@ def test_a_user_who_may_not_read_the_nodes_history_is_told_how_to(tmp_path):
 
     if os.geteuid() != 0:
         pytest.skip("needs root to act as another user")
-    import shutil
-    import tempfile
-
-    d = Path(tempfile.mkdtemp(prefix="preflight-history-", dir="/tmp"))  # reachable by nobody, as /var/lib/preflight is
-    d.chmod(0o755)
+    d = shared  # reachable by nobody, as /var/lib/preflight is
     history.append(d / "history.db", recorded_run(1), 90, 10000)
     # As root first, a read and a refusal (a corrupt file), so whatever either imports is loaded:
     # the child runs as nobody, who may not reach this interpreter's standard library.
@@ -130,23 +126,10 @@ def test_a_user_who_may_not_read_the_nodes_history_is_told_how_to(tmp_path):
     (d / "bad").mkdir()
     (d / "bad" / "history.db").write_text("not a database")
     CliRunner().invoke(app, ["history", "--report", str(d / "bad" / "report.json")])
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setresgid(65534, 65534, 65534)
-            os.setresuid(65534, 65534, 65534)
-            done = CliRunner().invoke(app, ["history", "--report", str(d / "report.json")])
-            import traceback
 
-            os.write(w, f"{done.exit_code}\n{done.output}{''.join(traceback.format_exception(done.exception)) if done.exception else ''}".encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r) as f:
-        code, _, said = f.read().partition("\n")
-    os.waitpid(pid, 0)
-    shutil.rmtree(d, ignore_errors=True)
-    assert code == "2" and f"the node's history is root's alone: run it as root, or read {d / 'trends.json'}" in said, said
+    def asked() -> dict:
+        done = CliRunner().invoke(app, ["history", "--report", str(d / "report.json")])
+        return {"code": done.exit_code, "said": done.output + (repr(done.exception) if done.exception else "")}
+
+    seen = as_user(65534, asked)
+    assert seen.get("code") == 2 and f"the node's history is root's alone: run it as root, or read {d / 'trends.json'}" in seen["said"], seen

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import clean_env, recorded_run, run_preflight
+from conftest import as_user, clean_env, recorded_run, run_preflight, shared  # noqa: F401 (shared: a fixture)
 from test_serve import get, serving
 
 from preflight.base import safefile
@@ -23,42 +21,9 @@ from preflight.pipeline.report import Report
 NOBODY = 65534
 
 
-@pytest.fixture
-def shared() -> Path:
-    """A directory like /var/lib/preflight: root's, 0755, so other users can read what is 0644 in it."""
-    d = Path(tempfile.mkdtemp(prefix="preflight-trends-", dir="/tmp"))
-    d.chmod(0o755)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
 def run(d: Path, *args: str):
     env = {**clean_env(), "PREFLIGHT_LOCK_FILE": str(d / "preflight.lock")}
     return run_preflight(["run", "--profile", "cpu", "--only", "shm", "-q", "--report", str(d / "report.json"), *args], env=env, timeout=200)
-
-
-def as_user(uid: int, fn) -> dict:
-    """``fn()``'s JSON-able answer, from a forked child that gave up root for ``uid`` first."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            os.close(r)
-            os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
-            try:
-                answer = fn()
-            except BaseException as e:  # said to the parent, not lost with the child
-                answer = {"error": repr(e)}
-            os.write(w, json.dumps(answer).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    return json.loads(data)
 
 
 def test_a_run_writes_the_last_runs_beside_its_report_and_a_reader_without_root_draws_them(shared):

@@ -30,14 +30,20 @@ def test_a_plugin_that_does_not_import_becomes_an_error_result(plugin):
     assert "fakes_missing_module" in r.details["traceback"]
 
 
+def installed(where, monkeypatch, module: str, entry: str, source: str) -> None:  # noqa: ANN001
+    """A plugin distribution on sys.path: ``module``.py with ``source``, its check under ``entry``."""
+    dist = where / f"{module}-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module.replace('_', '-')}\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(f"[preflight.checks]\n{entry}\n")
+    (where / f"{module}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(where))
+
+
 def test_a_plugin_written_for_the_flat_layout_is_told_where_its_import_went(tmp_path, monkeypatch):
     # Until 0.2.0 the interface was preflight.check; such a plugin is an ERROR whose cause names the new place.
-    dist = tmp_path / "old_checks-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: old-checks\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[preflight.checks]\noldstyle = old_checks:Old\n")
-    (tmp_path / "old_checks.py").write_text("from preflight.check import Check\n\nclass Old(Check):\n    name = 'oldstyle'\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    installed(tmp_path, monkeypatch, "old_checks", "oldstyle = old_checks:Old",
+              "from preflight.check import Check\n\nclass Old(Check):\n    name = 'oldstyle'\n")
     r = run_checks([registry.load("oldstyle")], make_ctx()).results[0]
     assert r.status is Status.ERROR
     assert "No module named 'preflight.check': preflight moved it to preflight.pipeline.check" in r.summary
@@ -45,12 +51,8 @@ def test_a_plugin_written_for_the_flat_layout_is_told_where_its_import_went(tmp_
 
 def test_a_plugin_reading_nvml_from_the_top_of_readers_is_told_its_package(tmp_path, monkeypatch):
     # readers/ and outputs/ were grouped in packages: preflight.readers.nvml is preflight.readers.nvidia.nvml now.
-    dist = tmp_path / "nvml_checks-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: nvml-checks\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[preflight.checks]\nreadsnvml = nvml_checks:Reads\n")
-    (tmp_path / "nvml_checks.py").write_text("from preflight.readers import nvml\nfrom preflight.readers.nvml import Inventory\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    installed(tmp_path, monkeypatch, "nvml_checks", "readsnvml = nvml_checks:Reads",
+              "from preflight.readers import nvml\nfrom preflight.readers.nvml import Inventory\n")
     r = run_checks([registry.load("readsnvml")], make_ctx()).results[0]
     assert r.status is Status.ERROR
     assert "No module named 'preflight.readers.nvml': preflight moved it to preflight.readers.nvidia.nvml" in r.summary, r.summary
