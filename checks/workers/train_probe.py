@@ -13,8 +13,10 @@ slower than the SKU can do.
 Plain torch: embedding, causal attention with scaled_dot_product_attention,
 MLP, RMSNorm, a head tied to the embedding; bf16 autocast on GPU, fp32 on
 CPU; synthetic tokens from a fixed seed (each rank its own fixed batch, the
-same every step, so the loss must fall); DistributedDataParallel (NCCL, or
-gloo on CPU); AdamW. Each timed figure (the steps, the compute passes, the
+same every step, so the loss must fall); data parallel as
+DistributedDataParallel does it, gradients all-reduced in buckets during
+backward (NCCL, or gloo on CPU), and AdamW's foreach update (_dataparallel.py:
+torch's own classes import torch._dynamo, seconds a launch). Each timed figure (the steps, the compute passes, the
 GEMM) runs its least count, then more until the 95% interval of its statistic
 is within --tolerance or a cap is reached (_converge.py); every rank runs as
 many as the rank that needs most, decided between repeats: a rank that stopped
@@ -36,6 +38,7 @@ import sys
 import time
 
 import _converge
+import _dataparallel
 import _rank
 
 STAGES = ("agreement", "warmup", "steps", "compute", "checksum", "gemm")
@@ -93,10 +96,10 @@ def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
     _rank.init_group(dist, args.backend, device, args.timeout)
     report["init_seconds"] = round(time.perf_counter() - t, 4)
 
-    report["stage"] = "build"  # memory fit, model, DDP's broadcast: seconds on a big model
+    report["stage"] = "build"  # memory fit, model, rank 0's parameters broadcast: seconds on a big model
     save()
-    # Each part's seconds on this rank, the build split in two (DDP's and AdamW's first construction
-    # in a process imports torch._dynamo, a cost of its own): what the check's time is made of.
+    # Each part's seconds on this rank, the build split in two (the model, then the data-parallel
+    # setup: rank 0's parameters broadcast, the buckets, AdamW's state): what the check's time is made of.
     phases = report["phases"]
     probe = Probe(torch, dist, F, device, me, args, phases)
     report.update(params=probe.params, tokens_per_step=probe.batch * args.seq * me.world_size, shrunk=probe.shrunk,
@@ -132,7 +135,7 @@ class Probe:
         self.layers, self.batch, self.shrunk = args.layers, args.batch, None
         if self.cuda:
             self._fit_memory()
-        torch.manual_seed(args.seed)  # every rank builds the same model (DDP broadcasts rank 0's anyway)
+        torch.manual_seed(args.seed)  # every rank builds the same model (rank 0's is broadcast anyway)
         # Built where it runs (torch >= 2.0): a few hundred million parameters built on the CPU cost seconds.
         with device if hasattr(device, "__enter__") else contextlib.nullcontext():
             self.model = _gpt(torch, args.vocab, args.d_model, args.heads, self.layers, args.seq).to(device)
@@ -141,9 +144,11 @@ class Probe:
         self.tokens = torch.randint(0, args.vocab, (self.batch, args.seq + 1), generator=g).to(device)
         phases["model"] = round(time.perf_counter() - t, 4)
         t = time.perf_counter()
-        self.ddp = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=[device.index] if self.cuda else None)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=args.lr)
-        phases["ddp"] = round(time.perf_counter() - t, 4)  # with AdamW's: the first of either in a process imports torch._dynamo
+        finish = lambda work, what: _rank.finish(torch, work, args.timeout, what, self.cuda)  # noqa: E731
+        self.grads = _dataparallel.GradSync(torch, dist, list(self.model.parameters()), me.world_size, finish)
+        self.grads.broadcast()
+        self.opt = _dataparallel.AdamW(torch, self.model.parameters(), lr=args.lr)
+        phases["data_parallel"] = round(time.perf_counter() - t, 4)
 
     def _fit_memory(self) -> None:
         """Fewer sequences per step (then fewer layers) until the probe fits in half
@@ -151,7 +156,7 @@ class Probe:
         free = int(self.torch.cuda.mem_get_info(self.device)[0])
         a = self.args
         batch, layers = fit_model(free, a.batch, a.layers, a.d_model, a.seq, a.vocab)
-        # Every rank must build the same model and batch (DDP): the smallest any rank can hold.
+        # Every rank must build the same model and batch (the gradients are all-reduced): the smallest any rank can hold.
         agreed = self.torch.tensor([batch, layers], dtype=self.torch.int64, device=self.device)
         self._collective(lambda: self.dist.all_reduce(agreed, op=self.dist.ReduceOp.MIN, async_op=True), "agreeing on the model's size")
         self.batch, self.layers = int(agreed[0]), int(agreed[1])
@@ -166,7 +171,7 @@ class Probe:
 
     def _sync(self, what: str = "the queued GPU work") -> None:
         """Until the GPU has done what is queued, within --timeout: the gradient all-reduce
-        DDP queued is in it, so a peer that stopped surfaces here as a TimeoutError."""
+        the step queued is in it, so a peer that stopped surfaces here as a TimeoutError."""
         if self.cuda:
             _rank.wait_for_gpu(self.torch, self.args.timeout, what)
 
@@ -212,11 +217,12 @@ class Probe:
     def _step(self, report: dict, kind: str | None, timed: bool) -> float:
         self._sync()
         t = time.perf_counter()
-        self.opt.zero_grad(set_to_none=True)
-        loss = self._loss(self.ddp, self.tokens)
+        self.grads.zero()
+        loss = self._loss(self.model, self.tokens)
         if kind == "nan" and timed:
             loss = loss * float("nan")  # the fault: one rank's loss, and through the all-reduce every gradient
         loss.backward()
+        self.grads.wait()
         if kind == "slow":
             self._slow(t)
         self.opt.step()
@@ -232,7 +238,7 @@ class Probe:
             report["losses"].append(value if math.isfinite(value) else str(value))
             report["step_seconds"].append(round(seconds, 6))
         else:
-            report["warmup_seconds"].append(round(seconds, 6))  # the first pays what a process pays once (kernels loaded, DDP's buckets)
+            report["warmup_seconds"].append(round(seconds, 6))  # the first pays what a process pays once (kernels loaded)
         return value
 
     def compute(self, report: dict, kind: str | None, save) -> None:
@@ -243,8 +249,8 @@ class Probe:
         def once(i: int) -> float:
             self._sync()
             t = time.perf_counter()
-            with self.ddp.no_sync():
-                loss = self._loss(self.ddp, self.tokens)
+            with self.grads.no_sync():
+                loss = self._loss(self.model, self.tokens)
                 loss.backward()
             if kind == "slow":
                 self._slow(t)  # after the whole pass: a GPU this many times slower at everything
@@ -254,7 +260,7 @@ class Probe:
 
         a = self.args
         report["compute_seconds"] = self._repeat(report, "compute", once, a.compute_steps, a.max_compute_steps, warmup=a.compute_warmup, q=0.25)
-        self.opt.zero_grad(set_to_none=True)  # these gradients were never meant to be applied
+        self.grads.zero()  # these gradients were never meant to be applied
 
     def checksum(self, report: dict, kind: str | None, save) -> None:
         """After the all-reduced optimizer steps every rank must hold the same bits."""

@@ -41,6 +41,9 @@ GPUS = (1, 2, 4, 8)
 GOAL_8_GPUS = 45.0  # issue 34: the standard level on 8 GPUs within 45 s
 REPO = Path(__file__).resolve().parents[2]
 NODE = REPO / "tests" / "fixtures" / "node" / "h200-1x-vm"
+# DDP's construction on one H200, timed by itself, twice (torch._dynamo's import, which the
+# 0.2.0 probe paid and the probe no longer does: checks/workers/_dataparallel.py).
+DDP_PROBE = REPO / "tests" / "fixtures" / "time_model" / "h200-1x-vm-2026-11-27" / "3-ddpprobe.txt"
 MEASURED = REPO / "tests" / "fixtures" / "time_model" / "costs-ci-vm.json"
 DOC = REPO / "docs" / "ARCHITECTURE.md"
 BEGIN, END = "<!-- time-model:begin -->", "<!-- time-model:end -->"
@@ -70,10 +73,12 @@ def _rank0(check: dict) -> dict:
     return check["details"]["ranks"][0]["report"]
 
 
-def costs_from_reports(standard: dict, quick: dict, bare_seconds: list[float], ran, where: str = "h200-1x-vm") -> dict[str, Cost]:
+def costs_from_reports(standard: dict, quick: dict, bare_seconds: list[float], ran, ddp_seconds: list[float], where: str = "h200-1x-vm") -> dict[str, Cost]:
     """Every cost the real H200 run gives, derived from its two reports' durations and
     details and the bare torchruns timed beside them (SOURCE.md); ``ran``: the profile
-    the run used (its warm-up counts and GEMM burst)."""
+    the run used (its warm-up counts and GEMM burst); ``ddp_seconds``: DDP's first
+    construction in a process timed alone on the same kind of machine (its torch._dynamo
+    import), which that run's probe paid and today's does not."""
     std = f"{where} report-standard-keep-going.json"
     qk = f"{where} report-quick-keep-going.json"
     cuda = _check(standard, "cuda")["details"]["init"]
@@ -127,15 +132,22 @@ def costs_from_reports(standard: dict, quick: dict, bare_seconds: list[float], r
     gemm_warm = (tr.get("gemm_warmup") or {}).get("seconds", 0.0)  # the 0.2.0 worker had no GEMM warm-up
     timed = ((ran.train.warmup_steps + obs["step_seconds"]) * tr_step + (1 + obs["compute_seconds"]) * tr_comp
              + gemm_warm + obs["gemm_seconds"] * ran.train.gemm_burst * tr_gemm)
-    c["train_fixed"] = Cost(tr["seconds"] - timed, f"{std}: train worker seconds less its timed phases (model build, first passes, checksums)", "report")
+    c["ddp_construct"] = Cost(statistics.median(ddp_seconds), f"3-ddpprobe.txt: DDP's first construction, {', '.join(f'{s:g}' for s in ddp_seconds)} s", "report")
+    c["train_fixed"] = Cost(tr["seconds"] - timed - c["ddp_construct"].seconds,
+                            f"{std}: train worker seconds less its timed phases and `ddp_construct` (model build, first passes, checksums)", "report")
     return c
+
+
+def ddp_probe_seconds(path: Path = DDP_PROBE) -> list[float]:
+    """The serial runs' "DDP construct" seconds in 3-ddpprobe.txt."""
+    return [float(line.split()[3]) for line in path.read_text().splitlines() if line.split()[:3] == ["serial", "DDP", "construct"]]
 
 
 def reports_costs(node: Path = NODE) -> dict[str, Cost]:
     """``costs_from_reports`` of the recorded H200 node (bare torchrun 10.7 s and 11.2 s, SOURCE.md)."""
     load = lambda name: json.loads((node / name).read_text())  # noqa: E731
     ran = profiles.load(profiles.find("h200-sxm", None))
-    return costs_from_reports(load("report-standard-keep-going.json"), load("report-quick-keep-going.json"), [10.7, 11.2], ran)
+    return costs_from_reports(load("report-standard-keep-going.json"), load("report-quick-keep-going.json"), [10.7, 11.2], ran, ddp_probe_seconds())
 
 
 def merge(report: dict[str, Cost], measured: dict[str, Cost], gpu: bool) -> dict[str, Cost]:
