@@ -80,7 +80,8 @@ class RankReport(ranks.RankReport):
     gemm_seconds: list[float] = Field(default_factory=list)
     gemm_warmup: dict | None = None  # matmuls and seconds run untimed before the first timed burst
     warmup_seconds: list[float] = Field(default_factory=list)  # the untimed steps: the first pays the process's one-time costs
-    phases: dict[str, float] = Field(default_factory=dict)  # seconds of each part on this rank: model, ddp, then each stage
+    phases: dict[str, float] = Field(default_factory=dict)  # seconds of each part on this rank: model, data_parallel, then each stage
+    dynamo_imported: bool | None = None  # whether the probe's torch imported torch._dynamo after all (seconds a launch)
     params: int | None = None
     tokens_per_step: int | None = None
     model: dict = Field(default_factory=dict)

@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     me, report, save, fault = _rank.begin(args.out, "steps", reading=args.reading, backend=args.backend, device=args.device, losses=[],
                                           step_seconds=[], compute_seconds=[], gemm_seconds=[], params=None, logits_checksum=None,
                                           logits_checksums=None, param_checksums=None, nonfinite_step=None, shrunk=None, tokens_per_step=None,
-                                          warmup_seconds=[], phases={})
+                                          warmup_seconds=[], phases={}, dynamo_imported=None)
     return _rank.guarded(lambda: run(args, me, report, save, fault), report, save)
 
 
@@ -114,7 +114,9 @@ def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
         getattr(probe, stage)(report, kind, save)
         phases[stage] = round(time.perf_counter() - t, 4)
         save()
-    report.update(stage="done", seconds=round(time.perf_counter() - t0, 4))
+    # Nothing here should import torch._dynamo (seconds a launch: _dataparallel.py); a torch that
+    # starts doing so on its own path shows here, and in the phase that paid it.
+    report.update(stage="done", seconds=round(time.perf_counter() - t0, 4), dynamo_imported="torch._dynamo" in sys.modules)
     save()
     if args.out is None:
         s = sorted(report["step_seconds"])

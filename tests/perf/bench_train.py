@@ -5,7 +5,7 @@ that only imports torch and joins a process group.
 Prints: the two baselines, `preflight run --profile cpu --only train`, the
 whole `preflight run --profile cpu` (shm, nccl, bandwidth, train), the
 train check's own time from its report, and where the probe's time went on
-its slowest rank (each part's seconds: model, ddp, each stage; the warm-up
+its slowest rank (each part's seconds: model, data_parallel, each stage; the warm-up
 steps), each a median over the runs.
 Run: python tests/perf/bench_train.py [N]
 """

@@ -48,7 +48,7 @@ MEASURED = REPO / "tests" / "fixtures" / "time_model" / "costs-ci-vm.json"
 DOC = REPO / "docs" / "ARCHITECTURE.md"
 BEGIN, END = "<!-- time-model:begin -->", "<!-- time-model:end -->"
 GIB = 1 << 30
-FP32 = 4  # DDP all-reduces fp32 gradients; autocast computes in bf16 but keeps fp32 parameters
+FP32 = 4  # the probe all-reduces fp32 gradients; autocast computes in bf16 but keeps fp32 parameters
 # Not in any report of ours: NCCL's own "Init timings" line on 8x H100, NCCL 2.22.3,
 # total 2.45-2.46 s on every rank (https://github.com/NVIDIA/nccl/issues/534, 2024-07-22).
 NCCL_INIT_8 = 2.46
