@@ -264,8 +264,9 @@ def test_a_rank_whose_results_go_wrong_mid_burn_fails_the_full_level(tmp_path):
     p = run_preflight(["run", "--profile", "cpu", "--level", "full", "--only", "burnin", "--json"], env=env)
     assert p.returncode == 1, p.stderr
     result = json.loads(p.stdout)["checks"][0]
-    assert result["status"] == "FAIL" and result["summary"].startswith("rank 1 computes wrong results under load (from 2.")
     wrong = result["details"]["ranks"][1]["report"]["wrong"][0]
+    # The first wrong burst is named by when it came (2 s or later, as the fault asks: "2 s" itself where it came on the dot).
+    assert result["status"] == "FAIL" and result["summary"].startswith(f"rank 1 computes wrong results under load (from {wrong['at_seconds']:g} s, burst {wrong['burst']})")
     assert wrong["at_seconds"] >= 2.0 and not result["details"]["ranks"][0]["report"]["wrong"]
 
 
