@@ -14,8 +14,9 @@ the same gradients, reduced by NCCL all-reduces of DDP's first-iteration
 buckets while backward runs, and the same foreach AdamW kernels that
 torch.optim uses by default on CUDA. Two differences, both small: DDP
 rebuilds its buckets in the order gradients became ready after its first
-step (here they keep registration order, reversed, as DDP's first step has
-them: the last bucket still holds the tied embedding, ready last), and the
+step (here they keep the reversed registration order of DDP's first step;
+for the probe's GPT that holds back two buckets of 20, which wait for the
+embedding's gradient, ready last), and the
 gradients live in the buckets (DDP's gradient_as_bucket_view=True) rather
 than being copied into them and back (its default): one fewer copy of the
 gradients a step, well under 1% of a 41 ms step on an H200.
@@ -54,7 +55,7 @@ class GradSync:
 
     Each parameter's ``.grad`` is a view into its bucket's flat tensor (as DDP's
     gradient_as_bucket_view=True), so autograd accumulates straight into it. When a
-    bucket's last gradient is in, the bucket is divided by the world size and
+    bucket's last gradient is in, the bucket is scaled by 1/world size and
     all-reduced asynchronously while backward goes on. Buckets are launched in
     order only, so every rank issues the same collectives in the same order.
     ``wait()`` after backward makes the optimizer's stream wait for them, as DDP's
