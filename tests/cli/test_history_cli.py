@@ -109,15 +109,10 @@ def test_history_with_no_database_says_so(tmp_path):
 def test_a_user_who_may_not_read_the_nodes_history_is_told_how_to(shared):
     # The node's history.db is root's alone (0600); an admin without sudo is told to run as root or read
     # the trends beside it. Asked from a forked child that gave up root, so this checkout's code answers.
-    import os
-
-    import pytest
     from typer.testing import CliRunner
 
     from preflight.cli.app import app
 
-    if os.geteuid() != 0:
-        pytest.skip("needs root to act as another user")
     d = shared  # reachable by nobody, as /var/lib/preflight is
     history.append(d / "history.db", recorded_run(1), 90, 10000)
     # As root first, a read and a refusal (a corrupt file), so whatever either imports is loaded:
