@@ -9,13 +9,13 @@ it started: tests/perf/timing.py):
   agent_start         `preflight run --level quick` less its report's duration (start-up, plan, report)
   shm_small           that run's shm check (the quick level's segment)
 and on a GPU node (torch sees CUDA) also:
-  nvml_inventory, topology, firmware_rest   the same quick run's cuda, topology and firmware checks
+  topology, firmware  the same quick run's topology and firmware checks
   cuda_context        the first CUDA tensor of a fresh process
   pinned_alloc        the profile's host_bytes of pinned host memory
   h2d_copy, d2h_copy  a GiB's share of a pinned copy of host_bytes (median of 10)
   hbm_copy_step       the profile's copy_bytes copied on the GPU, warm-up and repeats
   nccl_init_1         a one-rank NCCL group's init and first all_reduce
-What this machine cannot measure comes from the H200 run's reports (each cited);
+What this machine cannot measure comes from the H200 run's reports (time_model.RUN, each cited);
 on CPU a cost both give keeps the larger (time_model.merge).
 
     python tests/perf/bench_time_model.py [--rounds 3] [--profile h200-sxm] [--record PATH]
@@ -122,9 +122,8 @@ def measure(rounds: int, profile: str, gpu: bool) -> dict[str, tm.Cost]:
             took = {c["check"]: c["duration_seconds"] for c in r["checks"]}
             add("shm_small", took["shm"])
             if gpu:
-                add("nvml_inventory", took["cuda"])
                 add("topology", took["topology"])
-                add("firmware_rest", max(0.0, took["firmware"] - took["cuda"]))
+                add("firmware", took["firmware"])
                 _, p = run([PY, "-c", GPU_PROBE, str(prof.bandwidth.host_bytes), str(prof.bandwidth.copy_bytes)])
                 for k, v in json.loads(p.stdout.strip().splitlines()[-1]).items():
                     if k != "import":

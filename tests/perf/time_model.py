@@ -3,22 +3,25 @@ for the nodes no one can run here, projected from per-step costs and the
 code's own plan.
 
 Costs come from two places, each cited: what tests/perf/bench_time_model.py
-measured on the machine at hand (tests/fixtures/time_model/), and the real
-H200 run (tests/fixtures/node/h200-1x-vm: its reports' durations and
-details). How often each cost is paid comes from the code: the bandwidth
+measured on the machine at hand (tests/fixtures/time_model/), and the newest
+real GPU run of the code (tests/fixtures/time_model/h200-1x-vm-2026-11-27, call
+7: one H200, its standard and quick reports' durations and details, and the
+bare torchruns timed beside them). How often each cost is paid comes from the code: the bandwidth
 steps from `checks/bandwidth.py` `steps_for`, every size, repeat, cap and
 floor from the profile (`preflight.pipeline.profiles`), the collectives' bus
 factors from `checks/bandwidth.py` `bus_factor`. No number the code owns is
 restated here.
 
-The flow modelled is the run after issue 34's levers: the ranks' launch starts
-with the run, and the checks that need no ranks (topology, pcie, rdma,
-fabric, firmware, shm, with one NVML inventory) run while the ranks import
-torch; rdma's interval between its counter reads overlaps that work; cuda's
-rank stage waits for the ranks then; firmware takes the torch facts from the
-ranks; shm writes a small segment; P2P is measured from local rank 0 over all
-GPUs (n-1 contexts opened once, then every ordered pair one at a time); the
-pinned host buffers are made before the h2d/d2h turns.
+The flow modelled is the run after issue 34's levers, which call 7 ran but for
+the last: the ranks' launch starts with the run, and the checks that need no
+ranks (topology, pcie, rdma, fabric, firmware, shm, judging the plan's one NVML
+inventory) run while the ranks import torch; rdma's interval between its
+counter reads overlaps that work; cuda's rank stage waits for the ranks then;
+firmware takes the torch facts from the ranks; shm writes a small segment; P2P
+is measured from local rank 0 over all GPUs (n-1 contexts opened once, then
+every ordered pair one at a time); the pinned host buffers are made before the
+h2d/d2h turns; the train probe's data parallelism no longer imports
+torch._dynamo (call 7's paid it: its `ddp` phase, taken out here).
 
 Pure: `costs_from_reports`, `merge`, `project`, `bare` and `table` are
 functions of their arguments (tests/test_time_model.py holds the table in
@@ -40,10 +43,10 @@ from preflight.pipeline import profiles
 GPUS = (1, 2, 4, 8)
 GOAL_8_GPUS = 45.0  # issue 34: the standard level on 8 GPUs within 45 s
 REPO = Path(__file__).resolve().parents[2]
-NODE = REPO / "tests" / "fixtures" / "node" / "h200-1x-vm"
-# DDP's construction on one H200, timed by itself, twice (torch._dynamo's import, which the
-# 0.2.0 probe paid and the probe no longer does: checks/workers/_dataparallel.py).
-DDP_PROBE = REPO / "tests" / "fixtures" / "time_model" / "h200-1x-vm-2026-11-27" / "3-ddpprobe.txt"
+# The newest real GPU run of the code, as the GPU kit wrote it: call 7's standard and quick
+# reports and its bench's verdict (the bare torchruns timed beside them). SOURCE.md says what ran.
+RUN = REPO / "tests" / "fixtures" / "time_model" / "h200-1x-vm-2026-11-27"
+RUN_FILES = {"standard": "7-standard.json", "quick": "7-quick.json", "verdict": "7-verdict.json"}
 MEASURED = REPO / "tests" / "fixtures" / "time_model" / "costs-ci-vm.json"
 DOC = REPO / "docs" / "ARCHITECTURE.md"
 BEGIN, END = "<!-- time-model:begin -->", "<!-- time-model:end -->"
@@ -73,14 +76,11 @@ def _rank0(check: dict) -> dict:
     return check["details"]["ranks"][0]["report"]
 
 
-def costs_from_reports(standard: dict, quick: dict, bare_seconds: list[float], ran, ddp_seconds: list[float], where: str = "h200-1x-vm") -> dict[str, Cost]:
+def costs_from_reports(standard: dict, quick: dict, bare_seconds: list[float], ran, where: str = RUN.name) -> dict[str, Cost]:
     """Every cost the real H200 run gives, derived from its two reports' durations and
     details and the bare torchruns timed beside them (SOURCE.md); ``ran``: the profile
-    the run used (its warm-up counts and GEMM burst); ``ddp_seconds``: DDP's first
-    construction in a process timed alone on the same kind of machine (its torch._dynamo
-    import), which that run's probe paid and today's does not."""
-    std = f"{where} report-standard-keep-going.json"
-    qk = f"{where} report-quick-keep-going.json"
+    the run used (its warm-up counts and GEMM burst)."""
+    std, qk, verdict = (f"{where} {RUN_FILES[k]}" for k in ("standard", "quick", "verdict"))
     cuda = _check(standard, "cuda")["details"]["init"]
     rank = cuda["report"]
     launch = cuda["seconds"] - rank["import_seconds"] - rank["init_seconds"] - rank["seconds"]
@@ -97,16 +97,15 @@ def costs_from_reports(standard: dict, quick: dict, bare_seconds: list[float], r
     tr_check = _check(standard, "train")
     tr = _rank0(tr_check)
     tr_step, tr_comp, tr_gemm = (statistics.median(tr[k]) for k in ("step_seconds", "compute_seconds", "gemm_seconds"))
+    longer = lambda name: max(_check(r, name)["duration_seconds"] for r in (standard, quick))  # noqa: E731
     c = {
         "torchrun_overhead": Cost(launch, f"{std}: cuda details.init.seconds less the rank's import, init and stage seconds (torchrun's own start)", "report"),
         "torch_import": Cost(rank["import_seconds"], f"{std}: cuda details.init.report.import_seconds", "report"),
         "cuda_init_stage": Cost(rank["init_seconds"] + rank["seconds"], f"{std}: cuda_init's init_seconds + seconds (device probe, PCIe load)", "report"),
         "cuda_context": Cost(max(d["seconds"] for d in rank["devices"]),
                              f"{std}: cuda_init's device probe (a context and a checked matmul): a context costs no more", "report"),
-        "nvml_inventory": Cost(_check(quick, "cuda")["duration_seconds"], f"{qk}: cuda at quick (the NVML child and the kernel log)", "report"),
-        "topology": Cost(max(_check(r, "topology")["duration_seconds"] for r in (standard, quick)), f"{std}, {qk}: topology, the longer", "report"),
-        "firmware_rest": Cost(max(_check(quick, "firmware")["duration_seconds"] - _check(quick, "cuda")["duration_seconds"], _check(standard, "fabric")["duration_seconds"]),
-                              f"{qk}: firmware less its own NVML child (one inventory a run), at least fabric's {std} time", "report"),
+        "topology": Cost(longer("topology"), f"{std}, {qk}: topology, the longer", "report"),
+        "firmware": Cost(longer("firmware"), f"{std}, {qk}: firmware, the longer (it judges the plan's NVML inventory and the ranks' torch facts)", "report"),
         "shm_small": Cost(_check(quick, "shm")["duration_seconds"], f"{qk}: shm writing its quick segment", "report"),
         "nccl_init_1": Cost(nccl["init_seconds"], f"{std}: nccl rank 0 init_seconds (1 GPU)", "report"),
         "nccl_init_8": Cost(NCCL_INIT_8, NCCL_INIT_8_SOURCE, "public"),
@@ -124,30 +123,26 @@ def costs_from_reports(standard: dict, quick: dict, bare_seconds: list[float], r
         "train_observed": Cost(0.0, json.dumps({k: len(tr[k]) for k in ("step_seconds", "compute_seconds", "gemm_seconds")}), "report"),
         "train_rest": Cost(tr_check["duration_seconds"] - tr["seconds"], f"{std}: train's duration less the worker's seconds (the judging)", "report"),
         "run_overhead": Cost(standard["duration_seconds"] - sum(x["duration_seconds"] for x in standard["checks"]),
-                             f"{std}: the run's duration less its checks' (plan, shape, the launch's end, the report)", "report"),
-        "bare_torchrun_1": Cost(statistics.median(bare_seconds), f"{where} SOURCE.md: a bare torchrun, {', '.join(f'{s:g}' for s in bare_seconds)} s", "report"),
+                             f"{std}: the run's duration less its checks' (the plan with its one NVML inventory, the launch's end, the report)", "report"),
+        "bare_torchrun_1": Cost(statistics.median(bare_seconds), f"{verdict}: a bare torchrun, {', '.join(f'{s:g}' for s in bare_seconds)} s", "report"),
+        # The run's probe built torch's DistributedDataParallel, whose constructor imports torch._dynamo
+        # (with triton and sympy); the probe's own data parallelism since does not (checks/workers/_dataparallel.py).
+        "ddp_construct": Cost(tr["phases"].get("ddp", 0.0), f"{std}: train rank 0's `ddp` phase (DDP's construction, torch._dynamo's import), which the probe no longer pays", "report"),
     }
     # What a 1-GPU run spends in the fixed parts of the probe: the worker's seconds less the timed phases.
     obs = json.loads(c["train_observed"].source)
-    gemm_warm = (tr.get("gemm_warmup") or {}).get("seconds", 0.0)  # the 0.2.0 worker had no GEMM warm-up
     timed = ((ran.train.warmup_steps + obs["step_seconds"]) * tr_step + (1 + obs["compute_seconds"]) * tr_comp
-             + gemm_warm + obs["gemm_seconds"] * ran.train.gemm_burst * tr_gemm)
-    c["ddp_construct"] = Cost(statistics.median(ddp_seconds), f"3-ddpprobe.txt: DDP's first construction, {', '.join(f'{s:g}' for s in ddp_seconds)} s", "report")
+             + tr["gemm_warmup"]["seconds"] + obs["gemm_seconds"] * ran.train.gemm_burst * tr_gemm)
     c["train_fixed"] = Cost(tr["seconds"] - timed - c["ddp_construct"].seconds,
                             f"{std}: train worker seconds less its timed phases and `ddp_construct` (model build, first passes, checksums)", "report")
     return c
 
 
-def ddp_probe_seconds(path: Path = DDP_PROBE) -> list[float]:
-    """The serial runs' "DDP construct" seconds in 3-ddpprobe.txt."""
-    return [float(line.split()[3]) for line in path.read_text().splitlines() if line.split()[:3] == ["serial", "DDP", "construct"]]
-
-
-def reports_costs(node: Path = NODE) -> dict[str, Cost]:
-    """``costs_from_reports`` of the recorded H200 node (bare torchrun 10.7 s and 11.2 s, SOURCE.md)."""
-    load = lambda name: json.loads((node / name).read_text())  # noqa: E731
+def reports_costs(run: Path = RUN) -> dict[str, Cost]:
+    """``costs_from_reports`` of the recorded H200 run (SOURCE.md beside it)."""
+    load = lambda key: json.loads((run / RUN_FILES[key]).read_text())  # noqa: E731
     ran = profiles.load(profiles.find("h200-sxm", None))
-    return costs_from_reports(load("report-standard-keep-going.json"), load("report-quick-keep-going.json"), [10.7, 11.2], ran, ddp_probe_seconds())
+    return costs_from_reports(load("standard"), load("quick"), load("verdict")["seconds"]["bare torchrun"], ran)
 
 
 def merge(report: dict[str, Cost], measured: dict[str, Cost], gpu: bool) -> dict[str, Cost]:
@@ -209,12 +204,11 @@ def project(n: int, c: dict[str, Cost], profile) -> list[tuple[str, float]]:
     Terms whose name starts with "  " run inside the row above them, which holds their sum or maximum."""
     bw, tr, rd = profile.bandwidth, profile.train, profile.rdma
     launch = c["torchrun_overhead"].seconds + c["torch_import"].seconds + c["cuda_init_stage"].seconds
-    # The quick level's checks are those that need no ranks; past cuda's NVML inventory, firmware
-    # (which shares it) and shm, each reads a tool's output or sysfs: counted as topology's time.
+    # The quick level's checks are those that need no ranks; past cuda, which judges the plan's
+    # NVML inventory (read before the ranks start, inside run_overhead), firmware and shm, each
+    # reads a tool's output or sysfs: counted as topology's time.
     readers = [name for name in profile.levels.quick.checks if name not in ("cuda", "firmware", "shm")]
-    # The run's one NVML inventory is the plan's (detection, the shape), read before the ranks
-    # start and inside run_overhead: the checks judge it without a read of their own.
-    agent = len(readers) * c["topology"].seconds + c["firmware_rest"].seconds + c["shm_small"].seconds
+    agent = len(readers) * c["topology"].seconds + c["firmware"].seconds + c["shm_small"].seconds
     interval = rd.interval_seconds if rd else 0.0
     rows = [("agent start (python, preflight, the plan)", c["agent_start"].seconds),
             ("first phase: the longest of", max(launch, agent, interval)),
@@ -255,9 +249,7 @@ def project(n: int, c: dict[str, Cost], profile) -> list[tuple[str, float]]:
               ("  train: GEMM warm-up and bursts", tr.gemm_warmup_seconds + _repeated(tr.gemm_burst * c["train_gemm"].seconds, tr.gemm_repeats, k["gemm"], tr.max_seconds))]
     rows.append(("train", sum(t for _, t in tparts) + c["train_rest"].seconds))
     rows += tparts
-    # The H200 run's plan read the inventory twice (profiles.detect, then plan.read_shape, as the
-    # code did until issue 34); the run now reads it once (readers/nvidia/nvml.py Shared).
-    rows.append(("the plan's NVML inventory, the launch's end, the report", max(0.0, c["run_overhead"].seconds - c["nvml_inventory"].seconds)))
+    rows.append(("the plan's NVML inventory, the launch's end, the report", c["run_overhead"].seconds))
     return rows
 
 
@@ -268,7 +260,7 @@ USES = {
     "agent start (python, preflight, the plan)": ["agent_start"],
     "first phase: the longest of": ["the three rows below, side by side"],
     "  the ranks' launch: torchrun, torch import, cuda_init": ["torchrun_overhead", "torch_import", "cuda_init_stage"],
-    "  checks without ranks: topology, pcie, rdma, fabric, firmware, shm (the plan's NVML reading shared)": ["topology", "firmware_rest", "shm_small", "profile: [levels.quick]"],
+    "  checks without ranks: topology, pcie, rdma, fabric, firmware, shm (the plan's NVML reading shared)": ["topology", "firmware", "shm_small", "profile: [levels.quick]"],
     "  rdma's interval between counter reads": ["profile: [rdma] interval_seconds"],
     "nccl: init and the smoke ops": ["nccl_init_1", "nccl_init_8", "nccl_rest"],
     "bandwidth": ["the rows below", "bandwidth_rest", "code: steps_for"],
@@ -284,7 +276,7 @@ USES = {
     "  train: steps, gradients all-reduced at the ring floor": ["train_step", "train_params", "profile: allreduce_bus_bandwidth_ring, warmup_steps, steps", "code: train_counts"],
     "  train: compute passes": ["train_compute", "profile: compute_steps", "code: train_counts"],
     "  train: GEMM warm-up and bursts": ["train_gemm", "profile: gemm_warmup_seconds, gemm_burst, gemm_repeats", "code: train_counts"],
-    "the plan's NVML inventory, the launch's end, the report": ["run_overhead", "nvml_inventory (one read of the two the run made then)"],
+    "the plan's NVML inventory, the launch's end, the report": ["run_overhead"],
     "a bare torchrun": ["torchrun_overhead", "torch_import", "cuda_context", "nccl_init_1", "nccl_init_8", "bare_torchrun_1"],
 }
 
@@ -319,6 +311,11 @@ def table(c: dict[str, Cost], report: dict[str, Cost], profile) -> str:
     lines.append("| **total** | " + " | ".join(f"**{tot[n]:.1f}**" for n in GPUS) + " | the rows not indented |")
     lines.append("| a bare torchrun | " + " | ".join(f"{b[n]:.1f}" for n in GPUS) + f" | {_made_of('a bare torchrun', c)} |")
     lines.append("| ratio | " + " | ".join(f"{tot[n] / b[n]:.2f}x" for n in GPUS) + " | total over a bare torchrun |")
+    # The launch rows above keep this machine's slower torchrun and torch import (merge): longer on
+    # both sides of the ratio, which reads lower for it. The GPU run's own costs, where it gave one:
+    own = {**c, **report}
+    ratio = (total(project(n, own, profile)) / bare(n, own, report) for n in GPUS)
+    lines.append("| ratio on the GPU run's own costs | " + " | ".join(f"{x:.2f}x" for x in ratio) + " | the same, each cost the report gives taken from it |")
     return "\n".join(lines)
 
 
