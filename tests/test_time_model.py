@@ -36,9 +36,9 @@ def test_the_8_gpu_projection_is_within_45_s_and_each_gpu_count_adds_time(board)
 
 
 def test_a_plan_that_copies_more_moves_the_projection_past_45_s():
-    """The goal bites: 24x the P2P bytes (every ordered pair's copies) is past it."""
+    """The goal bites: 20x the P2P bytes (every ordered pair's copies) is past it."""
     c, _, profile = tm.model()
-    bigger = profile.model_copy(update={"bandwidth": profile.bandwidth.model_copy(update={"p2p_bytes": 24 * profile.bandwidth.p2p_bytes})})
+    bigger = profile.model_copy(update={"bandwidth": profile.bandwidth.model_copy(update={"p2p_bytes": 20 * profile.bandwidth.p2p_bytes})})
     assert tm.total(tm.project(8, c, profile)) <= tm.GOAL_8_GPUS < tm.total(tm.project(8, c, bigger))
 
 
@@ -61,8 +61,9 @@ def test_the_costs_are_what_the_h200_reports_say():
     # The run's 17.446 s less its checks' 16.750 s: the plan with its one NVML inventory, the launch's end, the report.
     assert c["run_overhead"].seconds == pytest.approx(0.6961, abs=1e-3)
     assert c["bare_torchrun_1"].seconds == pytest.approx((8.128 + 8.211) / 2)
-    # Of that probe's 8.98 s, the timed phases took about 3.7 s and DDP's construction (its `ddp` phase:
-    # torch._dynamo's import) 3.31 s, which the probe no longer pays: about 2 s is fixed.
+    # Of that probe's 8.98 s, the timed phases took about 3.6 s (the GEMM warm-up as the profile's 0.5 s)
+    # and DDP's construction (its `ddp` phase: torch._dynamo's import) 3.31 s, which the probe no
+    # longer pays: about 2 s is fixed.
     assert c["ddp_construct"].seconds == pytest.approx(3.3105)
     assert 1.8 < c["train_fixed"].seconds < 2.1
     assert all(v.how in ("report", "public") and v.source for v in c.values())

@@ -6,7 +6,7 @@ deadline, past which, and on SIGTERM or SIGINT, it is ended with every process
 it started: tests/perf/timing.py):
   torch_import        `python -c "import torch"` less `python -c pass`
   torchrun_overhead   a torchrun of one rank that imports nothing (the launcher's own start and the rank's)
-  agent_start         `preflight run --level quick` less its report's duration (start-up, plan, report)
+  agent_start         `preflight run --level quick` less its report's duration (start-up before the plan, the exit)
   shm_small           that run's shm check (the quick level's segment)
 and on a GPU node (torch sees CUDA) also:
   topology, firmware  the same quick run's topology and firmware checks

@@ -99,7 +99,9 @@ def costs_from_reports(standard: dict, quick: dict, bare_seconds: list[float], r
     tr_step, tr_comp, tr_gemm = (statistics.median(tr[k]) for k in ("step_seconds", "compute_seconds", "gemm_seconds"))
     longer = lambda name: max(_check(r, name)["duration_seconds"] for r in (standard, quick))  # noqa: E731
     c = {
-        "torchrun_overhead": Cost(launch, f"{std}: cuda details.init.seconds less the rank's import, init and stage seconds (torchrun's own start)", "report"),
+        # Timed from cuda's rank stage: the launch began ahead of it (the head start), by the plan and the
+        # checks beside it, so this is what torchrun's own start left to wait for, not all of it.
+        "torchrun_overhead": Cost(launch, f"{std}: cuda details.init.seconds less the rank's import, init and stage seconds (torchrun's start, less the head start's lead)", "report"),
         "torch_import": Cost(rank["import_seconds"], f"{std}: cuda details.init.report.import_seconds", "report"),
         "cuda_init_stage": Cost(rank["init_seconds"] + rank["seconds"], f"{std}: cuda_init's init_seconds + seconds (device probe, PCIe load)", "report"),
         "cuda_context": Cost(max(d["seconds"] for d in rank["devices"]),
@@ -129,10 +131,11 @@ def costs_from_reports(standard: dict, quick: dict, bare_seconds: list[float], r
         # (with triton and sympy); the probe's own data parallelism since does not (checks/workers/_dataparallel.py).
         "ddp_construct": Cost(tr["phases"].get("ddp", 0.0), f"{std}: train rank 0's `ddp` phase (DDP's construction, torch._dynamo's import), which the probe no longer pays", "report"),
     }
-    # What a 1-GPU run spends in the fixed parts of the probe: the worker's seconds less the timed phases.
+    # What a 1-GPU run spends in the fixed parts of the probe: the worker's seconds less the timed phases,
+    # the GEMM warm-up as project() counts it (the profile's seconds; the last burst past them stays here).
     obs = json.loads(c["train_observed"].source)
     timed = ((ran.train.warmup_steps + obs["step_seconds"]) * tr_step + (1 + obs["compute_seconds"]) * tr_comp
-             + tr["gemm_warmup"]["seconds"] + obs["gemm_seconds"] * ran.train.gemm_burst * tr_gemm)
+             + ran.train.gemm_warmup_seconds + obs["gemm_seconds"] * ran.train.gemm_burst * tr_gemm)
     c["train_fixed"] = Cost(tr["seconds"] - timed - c["ddp_construct"].seconds,
                             f"{std}: train worker seconds less its timed phases and `ddp_construct` (model build, first passes, checksums)", "report")
     return c
@@ -210,7 +213,7 @@ def project(n: int, c: dict[str, Cost], profile) -> list[tuple[str, float]]:
     readers = [name for name in profile.levels.quick.checks if name not in ("cuda", "firmware", "shm")]
     agent = len(readers) * c["topology"].seconds + c["firmware"].seconds + c["shm_small"].seconds
     interval = rd.interval_seconds if rd else 0.0
-    rows = [("agent start (python, preflight, the plan)", c["agent_start"].seconds),
+    rows = [("agent start (python, preflight, before the plan)", c["agent_start"].seconds),
             ("first phase: the longest of", max(launch, agent, interval)),
             ("  the ranks' launch: torchrun, torch import, cuda_init", launch),
             ("  checks without ranks: topology, pcie, rdma, fabric, firmware, shm (the plan's NVML reading shared)", agent),
@@ -257,7 +260,7 @@ _COLL = ["turn_overhead", "profile: allreduce_bus_bandwidth_ring, collective_byt
 _LAT = ["turn_overhead", "profile: allreduce_latency (ceiling), latency_iters"]
 # What each row is made of: a cost (measured, report or public) or the plan it takes from the code.
 USES = {
-    "agent start (python, preflight, the plan)": ["agent_start"],
+    "agent start (python, preflight, before the plan)": ["agent_start"],
     "first phase: the longest of": ["the three rows below, side by side"],
     "  the ranks' launch: torchrun, torch import, cuda_init": ["torchrun_overhead", "torch_import", "cuda_init_stage"],
     "  checks without ranks: topology, pcie, rdma, fabric, firmware, shm (the plan's NVML reading shared)": ["topology", "firmware", "shm_small", "profile: [levels.quick]"],
@@ -291,7 +294,8 @@ def total(rows: list[tuple[str, float]]) -> float:
 
 def bare(n: int, c: dict[str, Cost], report: dict[str, Cost]) -> float:
     """A bare torchrun on n GPUs (torch import, an NCCL group, one all_reduce, exit): the
-    launch, NCCL's init, and the rest the H200's bare run took past those (its exit)."""
+    launch, NCCL's init, and the rest the H200's bare run took past those (its exit, and
+    the head start's lead, which the run's launch figure leaves out)."""
     rest = report["bare_torchrun_1"].seconds - sum(report[k].seconds for k in ("torchrun_overhead", "torch_import", "cuda_context", "nccl_init_1"))
     return c["torchrun_overhead"].seconds + c["torch_import"].seconds + c["cuda_context"].seconds + nccl_init(n, c) + rest
 
