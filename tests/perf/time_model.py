@@ -6,11 +6,11 @@ Costs come from two places, each cited: what tests/perf/bench_time_model.py
 measured on the machine at hand (tests/fixtures/time_model/), and the newest
 real GPU run of the code (tests/fixtures/time_model/h200-1x-vm-2026-11-27, call
 7: one H200, its standard and quick reports' durations and details, and the
-bare torchruns timed beside them). How often each cost is paid comes from the code: the bandwidth
-steps from `checks/bandwidth.py` `steps_for`, every size, repeat, cap and
-floor from the profile (`preflight.pipeline.profiles`), the collectives' bus
-factors from `checks/bandwidth.py` `bus_factor`. No number the code owns is
-restated here.
+bare torchruns timed beside them). How often each cost is paid comes from the
+code: the bandwidth steps from `checks/bandwidth.py` `steps_for`, every size,
+repeat, cap and floor from the profile (`preflight.pipeline.profiles`), the
+collectives' bus factors from `checks/bandwidth.py` `bus_factor`. No number
+the code owns is restated here.
 
 The flow modelled is the run after issue 34's levers, which call 7 ran but for
 the last: the ranks' launch starts with the run, and the checks that need no
