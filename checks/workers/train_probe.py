@@ -17,8 +17,9 @@ same every step, so the loss must fall); data parallel as
 DistributedDataParallel does it, gradients all-reduced in buckets during
 backward (NCCL, or gloo on CPU), and AdamW's foreach update (_dataparallel.py:
 torch's own classes import torch._dynamo, seconds a launch). Each timed
-figure (the steps, the compute passes, the GEMM) runs its least count, then more until the 95% interval of its statistic
-is within --tolerance or a cap is reached (_converge.py); every rank runs as
+figure (the steps, the compute passes, the GEMM) runs its least count, then
+more until the 95% interval of its statistic is within --tolerance or a cap
+is reached (_converge.py); every rank runs as
 many as the rank that needs most, decided between repeats: a rank that stopped
 early would leave its peers waiting in the gradient all-reduce. The rank
 writes rank{N}.json after every stage. By hand:
