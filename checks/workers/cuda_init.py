@@ -29,8 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="directory for rank0.json (default: print to stdout)")
     parser.add_argument("--size", type=int, default=512, help="matmul size N (N x N)")
     parser.add_argument("--load-seconds", type=float, default=0.0, help="copy to every GPU until --stop appears, this long at most")
-    parser.add_argument("--stop", help="end the load early once this file exists")
+    parser.add_argument("--stop", help="end the load early once this file exists (a relative name: in --out, the agent's private directory)")
     args = parser.parse_args(argv)
+    if args.stop and args.out and not os.path.isabs(args.stop):
+        args.stop = os.path.join(args.out, args.stop)
     rank, ranks = 0, 1  # a process of its own probes every device
     if _rank.WORLD["active"]:
         # A stage of a shared launch: each rank probes only the devices it owns (see owned).

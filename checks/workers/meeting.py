@@ -34,7 +34,20 @@ import time
 import _rank
 
 POLL = 0.1
+POST_LIMIT = 64 << 10  # bytes of one node's post: a few hundred are enough; the store is open to the network
 PHASES = ["nccl", "bandwidth", "after", "bye"]
+
+
+def _post(raw: bytes) -> dict:
+    """A node's post as JSON; one too large or not a JSON object (anyone who reaches the store
+    could have put it there) is read as that node being out, and why."""
+    if len(raw) > POST_LIMIT:
+        return {"ok": False, "why": f"its post was {len(raw)} bytes, more than the {POST_LIMIT} a node's post may be: not read"}
+    try:
+        post = json.loads(raw or b"{}")
+    except ValueError:
+        post = None
+    return post if isinstance(post, dict) else {"ok": False, "why": "its post was not a JSON object: not read"}
 
 
 def main() -> int:
@@ -102,11 +115,11 @@ def main() -> int:
                 if r in nodes:
                     continue
                 if store.check([key(r)]):
-                    nodes[r] = {"phase": args.phase, **json.loads(store.get(key(r)) or b"{}")}
+                    nodes[r] = {"phase": args.phase, **_post(store.get(key(r)))}
                     continue
                 for ph in later:
                     if store.check([f"{args.id}/{ph}/{r}"]):  # moved on without us
-                        post = json.loads(store.get(f"{args.id}/{ph}/{r}") or b"{}")
+                        post = _post(store.get(f"{args.id}/{ph}/{r}"))
                         nodes[r] = {**post, "phase": ph, "ok": False, "why": post.get("why") or f"it went on to the {ph} meeting without this one"}
                         break
             out = any(not n.get("ok", True) for n in nodes.values())

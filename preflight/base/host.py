@@ -126,13 +126,12 @@ class Host:
         and cleaned of terminal control sequences (tooltext.clean) before a reader sees it."""
         return self.start(argv, cwd).finish(timeout)
 
-    def start(self, argv: Sequence[str], cwd: str | None = None, tethered: bool = False) -> Started:
+    def start(self, argv: Sequence[str], cwd: str | None = None) -> Started:
         """``run`` in two halves: the command starts now, and ``finish`` waits for it under its
         deadline, so other work goes on meanwhile. Whoever starts one must finish or stop it.
-        ``tethered``: it dies with this process too (base/tether.py), for a child begun well
-        before it is read, which a SIGKILLed agent would otherwise leave behind."""
-        spawn = tether.popen if tethered else subprocess.Popen
-        proc = spawn(
+        Every command is tethered: it dies with this process too (base/tether.py), since a
+        SIGKILLed agent runs no deadline, and a tool hung on a wedged driver would stay."""
+        proc = tether.popen(
             list(argv),
             cwd=cwd,
             env=tooltext.environment(os.environ),
@@ -211,7 +210,7 @@ def stop(proc: subprocess.Popen, grace: float = 2.0) -> None:
     except ProcessLookupError:
         pass
     proc.poll()
-    kill_processes(p.pid for p in below)
+    kill_processes(below)
 
 
 def become_subreaper() -> None:
@@ -235,21 +234,26 @@ def descendants() -> set[int]:
         return set()
 
 
-def kill_processes(pids: Iterable[int]) -> list[int]:
+def kill_processes(pids: Iterable[int | psutil.Process]) -> list[int]:
     """Kill these processes and the groups they lead; return the PIDs killed.
 
     A check that timed out may have left children in sessions of their own
-    (launched workers); killing by group takes their children too.
+    (launched workers); killing by group takes their children too. Given as
+    psutil.Process objects seen earlier, a process is killed only while it is
+    the one seen (its start time unchanged): a pid freed and reused since is
+    another user's process, never touched.
     """
     procs = []
     for pid in pids:
         try:
-            procs.append(psutil.Process(pid))
+            procs.append(pid if isinstance(pid, psutil.Process) else psutil.Process(pid))
         except psutil.NoSuchProcess:
             continue
     own_group = os.getpgrp()
     for p in procs:
         try:
+            if not p.is_running():  # ended, and its pid perhaps another process's now
+                continue
             pgid = os.getpgid(p.pid)
             if pgid != own_group and pgid == p.pid:
                 os.killpg(pgid, signal.SIGKILL)

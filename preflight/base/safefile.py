@@ -248,15 +248,20 @@ def remove(path: Path | str) -> None:
 
 def steerable(path: Path | str) -> str | None:
     """Why another user could change what ``path`` runs (it, or a directory on the way to
-    it, is theirs or writable by others), or None. For a program root runs: its owner decides
-    what root does."""
+    it, is theirs or writable by others, or a link on the way is one they could re-aim), or
+    None. For a program root runs, a file root reads its orders from, or a directory root
+    works in: their owners decide what root does."""
     given, real = Path(os.path.abspath(path)), Path(os.path.realpath(path))
     # Both ways: a venv's bin/python is a link out of the venv, whose site-packages it imports.
     for p in dict.fromkeys([given, *given.parents, real, *real.parents]):
-        if p == given and os.path.islink(p):
-            continue  # a link's own mode means nothing, and its directory is looked at next
         try:
-            st = os.stat(p)
+            st = os.lstat(p)
+            if stat.S_ISLNK(st.st_mode):
+                # A link's mode means nothing, but whoever could re-aim it (its owner, or one who may
+                # replace it in its directory) decides what the path reaches from then on.
+                if why := replaceable(st, os.stat(p.parent)):
+                    return f"{p} is a symlink another user could re-aim ({why})"
+                st = os.stat(p)
         except OSError:
             return None  # not there: running it says so
         if st.st_uid not in (0, os.geteuid()):

@@ -10,9 +10,7 @@ The cuda check (checks/cuda.py) gathers through here and judges the outcome.
 from __future__ import annotations
 
 import signal
-import tempfile
 import time
-from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
@@ -23,6 +21,7 @@ from preflight.readers.nvidia import nvml
 from preflight.readers.nvidia.nvml import Gpu, Inventory, PcieLink
 
 LOAD_SECONDS = 30.0  # the most the worker loads the links; it stops once NVML has read them
+STOP = "stop"  # the file in the launch's directory that ends the load
 
 
 class DeviceReport(BaseModel):
@@ -94,34 +93,34 @@ def run_init(python: str, timeout: float, read_links: bool, progress: Progress |
     Given the run's ``worlds``, it is the first stage of the launch of ``nproc``
     ranks the later checks share (each rank probes its own GPU: ``merge``); else a process of its own."""
     loaded, unread = None, None if read_links else "not read: the NVML facts are not this node's (--nvml-fake)"
-    with tempfile.TemporaryDirectory(prefix="preflight-cuda-") as tmp:
-        stop = Path(tmp) / "stop"
-        args = ["--load-seconds", str(LOAD_SECONDS), "--stop", str(stop)]
-        try:
-            if worlds is not None:
-                running = worlds.stage(python, launch.Worker("cuda_init.py", args, nproc=nproc, rdzv_port=rdzv_port), timeout, progress)
-            else:
-                running = launch.start(python, launch.Worker("cuda_init.py", args), timeout, progress)
-        except launch.LaunchError as e:
-            ended = f"could not be started: {e.cause}"
-            return InitOutcome(python=python, ended=ended, returncode=None, timed_out=False, seconds=0.0), None
-        except OSError as e:
-            ended = f"could not be started: {e.strerror or e}"
-            return InitOutcome(python=python, ended=ended, returncode=None, timed_out=False, seconds=0.0), None
-        ranks = range(nproc if worlds is not None else 1)
-        try:
-            while running.alive() and time.monotonic() < running.deadline:
-                if loading([running.report(k) for k in ranks]):
-                    if read_links:
-                        try:
-                            loaded = nvml.pcie_links(timeout=min(10.0, max(1.0, running.deadline - time.monotonic())))
-                        except nvml.NvmlUnavailable as e:
-                            unread = f"NVML could not read the links under load: {e.cause}"  # the inventory already spoke
-                    break
-                time.sleep(0.02)
-        finally:
-            stop.touch()  # also after an error here: the worker must not load on
-            done = running.wait()
+    # The stop file goes in the launch's own directory (--out): private to root, unlike $TMPDIR's
+    # top level, where a name another user chose could be where root touches it.
+    args = ["--load-seconds", str(LOAD_SECONDS), "--stop", STOP]
+    try:
+        if worlds is not None:
+            running = worlds.stage(python, launch.Worker("cuda_init.py", args, nproc=nproc, rdzv_port=rdzv_port), timeout, progress)
+        else:
+            running = launch.start(python, launch.Worker("cuda_init.py", args), timeout, progress)
+    except launch.LaunchError as e:
+        ended = f"could not be started: {e.cause}"
+        return InitOutcome(python=python, ended=ended, returncode=None, timed_out=False, seconds=0.0), None
+    except OSError as e:
+        ended = f"could not be started: {e.strerror or e}"
+        return InitOutcome(python=python, ended=ended, returncode=None, timed_out=False, seconds=0.0), None
+    ranks = range(nproc if worlds is not None else 1)
+    try:
+        while running.alive() and time.monotonic() < running.deadline:
+            if loading([running.report(k) for k in ranks]):
+                if read_links:
+                    try:
+                        loaded = nvml.pcie_links(timeout=min(10.0, max(1.0, running.deadline - time.monotonic())))
+                    except nvml.NvmlUnavailable as e:
+                        unread = f"NVML could not read the links under load: {e.cause}"  # the inventory already spoke
+                break
+            time.sleep(0.02)
+    finally:
+        (running.out_dir / STOP).touch()  # also after an error here: the worker must not load on
+        done = running.wait()
     outcome = InitOutcome(
         python=python,
         ended=done.how_it_ended,

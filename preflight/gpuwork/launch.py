@@ -265,7 +265,7 @@ class Running:
             left = marked(self.token)
             if not left:
                 return []
-            host.kill_processes(p.pid for p in left)
+            host.kill_processes(left)
         return [f"pid {p.pid} ({_name(p)})" for p in marked(self.token)]
 
     def launcher_log(self, n: int = 200) -> list[str]:

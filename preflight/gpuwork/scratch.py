@@ -4,8 +4,8 @@ swept once a killed run left them.
 Each holds a launch's rank reports and logs (gpuwork/launch.py). The agent
 flock's an ``owner.lock`` inside for as long as the directory is in use, so the
 next launch can tell a killed run's directory (lock free) from a live one's and
-remove it. A TMPDIR another user could swap the directory in (theirs, or
-writable by others and not sticky) is refused.
+remove it. A TMPDIR another user could swap the directory in (theirs, writable by others and
+not sticky, or below a directory or link of theirs) is refused.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+
+from preflight.base import safefile
 
 PREFIX = "preflight-worker-"
 OWNER = "owner.lock"  # flock'ed by the agent while the directory is in use
@@ -32,7 +34,7 @@ def make(error: type[Exception]) -> tuple[Path, int]:
     # Python's tempfile quietly falls back to /tmp when $TMPDIR is unusable; the
     # job would not, so neither does the check: the setting is named instead.
     where = os.environ.get("TMPDIR") or None
-    if (why := _unsafe_parent(where or tempfile.gettempdir())) is not None:
+    if (why := unsafe_parent(where or tempfile.gettempdir())) is not None:
         raise error(why, "point TMPDIR at a directory of root's (or yours), or a sticky one such as /tmp")
     try:
         # Made under a name no sweep looks at, locked, and only then given a name of its own: a
@@ -74,17 +76,14 @@ def _unusable(where: str | None, e: OSError) -> tuple[str, str]:
             "point TMPDIR at a writable directory on a local disk with free space (or unset it)")
 
 
-def _unsafe_parent(where: str) -> str | None:
-    """Why the workers' folder may not go in ``where``: another user could rename it away and
-    put one of theirs, full of links, in its place (a sticky directory forbids that)."""
-    try:
-        st = os.stat(where)
-    except OSError:
+def unsafe_parent(where: str) -> str | None:
+    """Why the workers' folder may not go in ``where``: another user could rename it, or a
+    directory above it, away and put one of theirs, full of links, in its place (a sticky
+    directory forbids that), or re-aim a link on the way."""
+    if not os.path.exists(where):
         return None  # mkdtemp says what is wrong with it
-    if st.st_uid not in (0, os.geteuid()):
-        return f"TMPDIR={where} belongs to another user (uid {st.st_uid}), who could replace the workers' folder"
-    if st.st_mode & 0o022 and not st.st_mode & 0o1000:
-        return f"TMPDIR={where} is writable by other users and not sticky: they could replace the workers' folder"
+    if why := safefile.steerable(where):
+        return f"TMPDIR={where} could be replaced under the workers by another user: {why}"
     return None
 
 

@@ -37,7 +37,7 @@ import psutil
 
 from preflight import __version__
 from preflight.base import tether
-from preflight.gpuwork import launch
+from preflight.gpuwork import launch, scratch
 from preflight.base import safefile
 from preflight.base.errors import UsageError
 from preflight.gpuwork.selftest_report import (
@@ -207,6 +207,10 @@ def check_inputs(stages: list[str] | None, budget: float | None, out: Path | Non
         raise UsageError(f"--budget {budget:g}: give seconds above 0, e.g. 540")
     if out is not None:
         safefile.check(out, f"--out {out}", "selftest.json")
+    # The stages' runs start in a folder there, with it as their working directory (what
+    # `python -m` imports first): one another user could swap would run their code as root.
+    if why := scratch.unsafe_parent(os.environ.get("TMPDIR") or tempfile.gettempdir()):
+        raise UsageError(f"{why}; point TMPDIR at a directory of root's (or yours), or a sticky one such as /tmp")
     return [s for s in STAGES if s in chosen] if chosen else list(STAGES)
 
 

@@ -1,7 +1,11 @@
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import psutil
 
+from preflight.base import host
 from preflight.base.host import Host
 
 
@@ -49,3 +53,37 @@ def test_run_gives_tools_the_c_locale_and_no_terminal(monkeypatch):
 def test_run_hands_readers_text_without_terminal_control_sequences():
     done = Host().run(["printf", "\\t\\033[4mGPU0\\tCPU Affinity\\033[0m\\r\\nGPU0\\t X \\t0-15\\n\\033[31merr\\033[0m\\n\\377"], timeout=10)
     assert done.stdout == "\tGPU0\tCPU Affinity\nGPU0\t X \t0-15\nerr\n\ufffd"
+
+
+def test_a_process_seen_earlier_whose_pid_was_reused_is_never_killed():
+    # The process looked at before has ended and its pid now names another process (here: the
+    # same pid, told apart by its start time, as psutil tells them): that one is left alone.
+    other = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        seen = psutil.Process(other.pid)
+        seen._ident = (other.pid, seen.create_time() - 100.0)  # how psutil knows a process: pid and start time
+        assert not seen.is_running()
+        host.kill_processes([seen])
+        assert other.poll() is None
+        host.kill_processes([psutil.Process(other.pid)])  # seen now: killed, with its group (and reaped)
+        other.wait(5)
+        assert not psutil.pid_exists(other.pid)
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_tool_dies_with_a_killed_agent_though_its_deadline_is_far(tmp_path):
+    # SIGKILL (the OOM killer) runs no deadline: a tool hung on a wedged driver would stay for ever.
+    agent = (f"import sys; sys.path.insert(0, {str(Path(host.__file__).parents[2])!r})\n"
+             "from preflight.base.host import Host\n"
+             "started = Host().start(['sh', '-c', 'echo $$; exec sleep 60'])\n"
+             "print(started.proc.stdout.readline().decode().strip(), flush=True)\n"
+             "started.finish(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", agent], stdout=subprocess.PIPE, text=True)
+    tool = int(proc.stdout.readline())
+    assert psutil.pid_exists(tool)
+    proc.kill()
+    proc.wait()
+    time.sleep(1.0)
+    assert not psutil.pid_exists(tool) or psutil.Process(tool).status() == psutil.STATUS_ZOMBIE

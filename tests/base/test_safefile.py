@@ -219,3 +219,19 @@ def test_a_venv_another_user_owns_is_steerable_though_its_python_links_out_of_it
     assert safefile.steerable(venv / "bin" / "python") is None
     os.chown(venv, 65534, 65534)
     assert safefile.steerable(venv / "bin" / "python") == f"{venv} is nobody's"
+
+
+@needs_root
+def test_a_link_another_user_could_re_aim_is_steerable_though_it_reaches_root_s_files(tmp_path):
+    # nobody's link in a sticky directory, to root's /usr/bin: the target is sound today, but its
+    # owner can point it elsewhere between the check and any later use of the path.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    plink = shared / "plink"
+    plink.symlink_to(Path(sys.executable).parent)
+    python = plink / Path(sys.executable).name
+    assert safefile.steerable(python) is None  # root's link: only root re-aims it
+    os.chown(plink, 65534, 65534, follow_symlinks=False)
+    assert safefile.steerable(python) == f"{plink} is a symlink another user could re-aim (it is nobody's)"
+    assert safefile.steerable(plink) == f"{plink} is a symlink another user could re-aim (it is nobody's)"

@@ -39,7 +39,7 @@ def test_pcie_is_read_while_the_worker_loads_and_only_then_kept(tmp_path, monkey
     monkeypatch.setenv("FAKE_NVML_FACTS", str(NVML / "h100-sxm-pcie-x8.json"))
     python = python_script(tmp_path, (
         'printf \'{"python": "x", "stage": "load"}\' > "$3/.tmp" && mv "$3/.tmp" "$3/rank0.json"\n'
-        'while [ ! -e "$7" ]; do sleep 0.02; done\n'
+        'while [ ! -e "$3/$7" ]; do sleep 0.02; done\n'
         # It loaded two GPUs only (as under CUDA_VISIBLE_DEVICES=0,2).
         f'printf \'{{"python": "x", "stage": "done", "load_end": "{load_end}", "pci_bus_ids": ["00000000:1b:00.0", "00000000:52:00.0"]}}\' > "$3/.tmp" && mv "$3/.tmp" "$3/rank0.json"\n'
     ))

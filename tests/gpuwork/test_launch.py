@@ -12,6 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from conftest import needs_root
 from preflight.gpuwork import launch
 
 RANKS = str(Path(__file__).parents[1] / "fixtures" / "workers" / "ranks.py")  # absolute: WORKERS_DIR / it is it
@@ -99,10 +100,34 @@ def test_a_tmpdir_another_user_could_swap_the_folder_in_is_refused(tmp_path, mon
     monkeypatch.setenv("TMPDIR", str(loose))
     with pytest.raises(launch.LaunchError) as e:
         launch.start(sys.executable, launch.Worker(RANKS), timeout=5)
-    assert f"TMPDIR={loose} is writable by other users and not sticky" in e.value.cause
+    assert e.value.cause == f"TMPDIR={loose} could be replaced under the workers by another user: {loose} is writable by every user"
     assert not any(loose.iterdir())
     loose.chmod(0o1777)  # sticky, as /tmp: fine
     launch.start(sys.executable, launch.Worker(RANKS), timeout=5).wait()
+
+
+@needs_root
+def test_a_tmpdir_below_another_user_s_directory_is_refused(tmp_path, monkeypatch):
+    # root's own tmp, but in a home another user owns: they rename tmp away and put one of
+    # theirs there, whose worker folder holds launcher.log -> a file of root's.
+    home = tmp_path / "alice"
+    (home / "tmp").mkdir(parents=True)
+    os.chown(home, 65534, 65534)
+    monkeypatch.setenv("TMPDIR", str(home / "tmp"))
+    with pytest.raises(launch.LaunchError) as e:
+        launch.start(sys.executable, launch.Worker(RANKS), timeout=5)
+    assert e.value.cause == f"TMPDIR={home / 'tmp'} could be replaced under the workers by another user: {home} is nobody's"
+    assert not any((home / "tmp").iterdir())
+    # A link to root's directory, its own in a sticky one: the link's owner could re-aim it.
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o1777)
+    shared.chmod(0o1777)
+    (shared / "tmp").symlink_to(tmp_path)
+    os.chown(shared / "tmp", 65534, 65534, follow_symlinks=False)
+    monkeypatch.setenv("TMPDIR", str(shared / "tmp"))
+    with pytest.raises(launch.LaunchError) as e:
+        launch.start(sys.executable, launch.Worker(RANKS), timeout=5)
+    assert e.value.cause.endswith(f"{shared / 'tmp'} is a symlink another user could re-aim (it is nobody's)")
 
 
 def test_no_private_directory_is_left_behind(monkeypatch, tmp_path):

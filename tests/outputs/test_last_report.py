@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPORTS, report_file, run_preflight, run_record_file
+from conftest import REPORTS, needs_root, report_file, run_preflight, run_record_file
 from preflight.outputs.record import last_report
 from preflight.outputs.record.last_report import State, load, standing
 from preflight.outputs.record.run_record import Started
@@ -218,6 +218,32 @@ def test_a_fifo_in_place_of_the_report_is_unreadable_at_once(tmp_path):
 def test_a_nul_in_the_report_path_is_unreadable_not_a_crash():
     loaded = last_report.load_view(Path("/tmp/a\x00b.json"))
     assert loaded.state == State.UNREADABLE and "null byte" in loaded.error
+
+
+@needs_root
+def test_a_report_another_user_could_have_written_vouches_for_nothing(tmp_path):
+    # nobody's PASS, stamped with this boot's id (anyone can read it), in a shared sticky
+    # directory before root's first run: it must neither vouch for the node nor drain it.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    planted = report_file(shared / "report.json", "cpu-pass", age=30)
+    assert load(planted).state == State.OK  # root's own file there is read
+    os.chown(planted, 65534, 65534)
+    for read in (load, last_report.load_view):
+        loaded = read(planted)
+        assert loaded.state == State.UNREADABLE and loaded.error.startswith(f"not trusted: the report {planted} could have been written by another user (it is nobody's)")
+        assert standing(loaded, last_report.this_boot(), last_report.now()).vouched is None
+    code, out = status("--report", str(planted))
+    assert code != 0 and not out.startswith("vouched")
+    os.chown(planted, 0, 0)
+    planted.chmod(0o666)  # root's, but anyone may rewrite it
+    assert load(planted).error.startswith(f"not trusted: the report {planted} could have been written by another user (other users can write it)")
+    # A link to root's report, made by another user: not followed.
+    link = shared / "link.json"
+    link.symlink_to(report_file(tmp_path / "root.json", "cpu-pass"))
+    os.chown(link, 65534, 65534, follow_symlinks=False)
+    assert load(link).error.startswith(f"not trusted: the report {link} is a symlink another user could have made")
 
 
 def test_the_cache_sees_a_replaced_report(tmp_path):

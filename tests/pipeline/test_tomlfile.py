@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import needs_root
 from preflight.base.errors import UsageError
 from preflight.pipeline import tomlfile
 
@@ -35,3 +36,20 @@ def test_a_fifo_is_judged_by_what_was_opened_and_never_blocks(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(UsageError, match="is not a regular file"):
         tomlfile.load(fifo, "config")
+
+
+@needs_root
+def test_as_root_a_file_another_user_could_change_is_refused(tmp_path):
+    # A config sets the interpreter root runs and every floor: nobody's file, or root's in
+    # nobody's directory, would let nobody steer the gate.
+    conf = tmp_path / "config.toml"
+    conf.write_text('python = "/usr/bin/python3"\n')
+    assert tomlfile.load(conf, "config")[0] == {"python": "/usr/bin/python3"}
+    os.chown(conf, 65534, 65534)
+    with pytest.raises(UsageError) as e:
+        tomlfile.load(conf, "config")
+    assert str(e.value).startswith(f"config file {conf}: another user could change it ({conf} is nobody's); as root preflight reads only")
+    os.chown(conf, 0, 0)
+    os.chown(tmp_path, 65534, 65534)
+    with pytest.raises(UsageError, match=f"profile file {conf}: another user could change it \\({tmp_path} is nobody's\\)"):
+        tomlfile.load(conf, "profile")

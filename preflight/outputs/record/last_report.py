@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from preflight.base.actions import NOTHING, Next
+from preflight.base import safefile
 from preflight.base.errors import signal_name
 from preflight.outputs.record import run_record
 from preflight.outputs.record.run_record import Started
@@ -74,16 +75,31 @@ def load_view(path: Path) -> Loaded:
 
 def _read(path: Path) -> bytes | Loaded:
     try:
-        # O_NONBLOCK: a FIFO at the report's path must not hang status or a scrape
-        # waiting for a writer; only a regular file is read.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        # Reached as safefile walks a path (a link only where no other user could have made
+        # it), and opened O_NONBLOCK: a FIFO at the report's path must not hang status or a
+        # scrape waiting for a writer; only a regular file is read.
+        with safefile.locate(path) as place:
+            if place.st is None:
+                raise FileNotFoundError(path)
+            if why := place.planted:
+                return Loaded(State.UNREADABLE, error=f"not trusted: the report {path} is a symlink another user could have made ({why}); give the real path")
+            fd = os.open(place.name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=place.dir_fd)
+            directory = os.fstat(place.dir_fd)
         with open(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
                 return Loaded(State.UNREADABLE, error=f"cannot read the report {path}: not a regular file")
+            # A report another user could have written (a PASS stamped with this boot's id, in a
+            # shared directory before the first run) would vouch for the node, or drain it.
+            if why := ("other users can write it" if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) else None) or safefile.replaceable(st, directory):
+                return Loaded(State.UNREADABLE, error=f"not trusted: the report {path} could have been written by another user ({why}); "
+                                                      "let `preflight run` write it in a directory only root (or you) can change")
             data = f.read(MAX_BYTES + 1)
     except FileNotFoundError:
         how = "(`preflight run` writes it there)" if path == default_report_path() else f"with --report {path}"
         return Loaded(State.MISSING, error=f"no report at {path}: preflight has not run here {how}")
+    except safefile.Untrusted as e:
+        return Loaded(State.UNREADABLE, error=f"not trusted: the report {path}: {e.strerror}")
     except OSError as e:
         return Loaded(State.UNREADABLE, error=f"cannot read the report {path}: {e.strerror or e}")
     except ValueError as e:  # a NUL in the path, from a config file or variable

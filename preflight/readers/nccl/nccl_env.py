@@ -9,10 +9,14 @@ file, then the system's (https://docs.nvidia.com/deeplearning/nccl/user-guide/do
 from __future__ import annotations
 
 import os
+import pwd
+import stat
 
 from preflight.base.host import Host
+from preflight.readers import capture
 
 ENVIRONMENT = "the environment"
+CONF_LIMIT = 1 << 20  # bytes read of a config file: NCCL's are a few lines
 
 # Debugging switches that cost real speed when left set: name -> (is it on?, what it costs).
 SWITCHES = {
@@ -24,7 +28,15 @@ SWITCHES = {
 
 
 def conf_files(host: Host) -> list[str]:
-    user = host.environ.get("NCCL_CONF_FILE") or os.path.expanduser("~/.nccl.conf")
+    """NCCL_CONF_FILE, else ~/.nccl.conf of the user NCCL runs as, then /etc/nccl.conf. The home
+    directory is the password database's, as NCCL finds it (getpwuid), not $HOME: root started
+    with another user's HOME (`sudo -E`, `su -m`) reads no file of theirs."""
+    user = host.environ.get("NCCL_CONF_FILE")
+    if not user:
+        try:
+            user = os.path.join(pwd.getpwuid(os.getuid()).pw_dir, ".nccl.conf")
+        except KeyError:
+            return ["/etc/nccl.conf"]
     return [user, "/etc/nccl.conf"]
 
 
@@ -35,15 +47,26 @@ def read(host: Host) -> dict[str, list[tuple[str, str]]]:
         if key.startswith(("NCCL_", "GLOO_")):
             found.setdefault(key, []).append((value, ENVIRONMENT))
     for conf in conf_files(host):
-        try:
-            text = host.read_text(conf)
-        except (OSError, UnicodeDecodeError):
-            continue
-        for line in text.splitlines():
+        for line in _text(host, conf).splitlines():
             key, sep, value = line.split("#", 1)[0].partition("=")
             if sep and key.strip().startswith("NCCL_"):
                 found.setdefault(key.strip(), []).append((value.strip(), conf))
     return found
+
+
+def _text(host: Host, conf: str) -> str:
+    """A config file's text: a regular file's first CONF_LIMIT bytes, opened without blocking,
+    so a FIFO or a device put at its name can neither hang the run nor fill its memory ("" then)."""
+    try:
+        fd, st = capture.open_nonblocking(host.path(conf))
+    except OSError:
+        return ""
+    try:
+        return capture.read_regular(fd, CONF_LIMIT).decode(errors="replace") if stat.S_ISREG(st.st_mode) else ""
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
 
 
 def effective(found: dict[str, list[tuple[str, str]]]) -> dict[str, tuple[str, str]]:

@@ -278,7 +278,7 @@ def _start(what: str) -> Started:
 
     # cwd "/": `python -m` puts the working directory first on sys.path, and a
     # pynvml.py lying there must not run as root.
-    return Host().start([sys.executable, "-m", "preflight.readers.nvidia.nvml_query", what], cwd="/", tethered=True)
+    return Host().start([sys.executable, "-m", "preflight.readers.nvidia.nvml_query", what], cwd="/")
 
 
 def _answer(started: Started, timeout: float) -> Any:

@@ -1,0 +1,42 @@
+"""NCCL's settings as NCCL sees them: what a config file another user could put in the way does."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import threading
+import time
+from pathlib import Path
+
+from preflight.base.host import Host
+from preflight.readers.nccl import nccl_env
+
+
+def test_a_fifo_or_a_device_at_the_config_file_s_name_is_read_as_no_file_at_once(tmp_path: Path):
+    # A FIFO nobody writes would block open() and read() for ever; /dev/zero would fill memory.
+    os.mkfifo(tmp_path / "fifo.conf")
+    (tmp_path / "zero.conf").symlink_to("/dev/zero")
+    for name in ("fifo.conf", "zero.conf"):
+        host = Host(tmp_path, environ={"NCCL_CONF_FILE": f"/{name}", "NCCL_DEBUG": "WARN"})
+        got: dict = {}
+        reader = threading.Thread(target=lambda: got.update(nccl_env.read(host)), daemon=True)
+        started = time.monotonic()
+        reader.start()
+        reader.join(10)
+        assert not reader.is_alive() and time.monotonic() - started < 5
+        assert got == {"NCCL_CONF_FILE": [(f"/{name}", nccl_env.ENVIRONMENT)], "NCCL_DEBUG": [("WARN", nccl_env.ENVIRONMENT)]}
+
+
+def test_the_user_file_is_the_home_nccl_finds_not_home_from_the_environment(tmp_path: Path, monkeypatch):
+    # root run with another user's HOME (sudo -E): NCCL reads root's ~/.nccl.conf, so the check does too.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".nccl.conf").write_text("NCCL_SHM_DISABLE=1\n")
+    user, system = nccl_env.conf_files(Host(environ={}))
+    assert user == os.path.join(pwd.getpwuid(os.getuid()).pw_dir, ".nccl.conf")
+    assert not user.startswith(str(tmp_path)) and system == "/etc/nccl.conf"
+
+
+def test_a_large_config_file_is_read_up_to_its_limit(tmp_path: Path):
+    (tmp_path / "big.conf").write_text("NCCL_P2P_LEVEL=NVL\n" + "#" * (2 * nccl_env.CONF_LIMIT) + "\nNCCL_SHM_DISABLE=1\n")
+    found = nccl_env.read(Host(tmp_path, environ={"NCCL_CONF_FILE": "/big.conf"}))
+    assert {k: v for k, v in found.items() if k != "NCCL_CONF_FILE"} == {"NCCL_P2P_LEVEL": [("NVL", "/big.conf")]}
