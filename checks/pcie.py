@@ -66,8 +66,10 @@ def shared_switch_ports(a: Endpoint, b: Endpoint) -> list[str]:
 
 
 def judge_acs(facts: PcieFacts) -> tuple[list[Finding], str | None]:
-    """Findings, and the reason ACS went unjudged (None: judged)."""
-    pairs = list(combinations(facts.gpus, 2)) + [(g, n) for g in facts.gpus for n in facts.nics]
+    """Findings, and the reason ACS went unjudged (None: judged). Only pairs with peer traffic:
+    two GPUs (P2P), or a GPU and an RDMA NIC (GPUDirect RDMA); a management NIC under a GPU's
+    switch moves its traffic to host memory, where ACS redirect costs it nothing."""
+    pairs = list(combinations(facts.gpus, 2)) + [(g, n) for g in facts.gpus for n in facts.nics if n.rdma]
     between: dict[str, list[str]] = {}
     for a, b in pairs:
         for port in shared_switch_ports(a, b):

@@ -168,6 +168,14 @@ def slow_symbol_errors(p: Port, expect: RdmaExpect, interval: float) -> float | 
     return rate if 0 < grew and rate <= expect.symbol_errors_per_second else None
 
 
+UNJUDGED_AT_CEILING = ("port_xmit_discards", "symbol_error")
+
+
+def at_ceiling(p: Port) -> list[str]:
+    """The port's error counters that have stopped at their ceiling: growth there cannot be seen."""
+    return [n for n, v in p.counters.items() if n in ERROR_COUNTERS and v >= (1 << ERROR_COUNTERS[n]) - 1]
+
+
 def states(p: Port) -> list[str]:
     """The states the port was seen in, in order: the run's early read (where it was dropped), the two reads."""
     seen = [s or "unreadable" for s in (p.state_early, p.state, p.state_later) if s is not None]
@@ -240,8 +248,10 @@ def judge_counters(facts: RdmaFacts, expect: RdmaExpect) -> list[Finding]:
             out.append(Finding(WARN, f"{p.where}: port_xmit_discards +{discards} in {secs}",
                                f"{p.where} dropped {discards} packets on send in {secs}: congestion, or a peer that stopped taking traffic",
                                "check the fabric's congestion and the peer port (`perfquery` on the switch side)"))
-        # Discards count congestion, not the cable: a full counter says nothing about the link.
-        stuck = [n for n, v in p.counters.items() if v >= (1 << ERROR_COUNTERS[n]) - 1 and n not in grew and n != "port_xmit_discards"]
+        # Discards count congestion, not the cable, and symbol_error the raw bit errors FEC corrects
+        # (a healthy PAM4 link at the profile's rate fills 16 bits in hours or days): a full
+        # counter of either says nothing about the link (details.at_ceiling).
+        stuck = [n for n in at_ceiling(p) if n not in grew and n not in UNJUDGED_AT_CEILING]
         if stuck:
             out.append(Finding(WARN, f"{p.where}: {', '.join(stuck)} at the counter's ceiling",
                                f"{', '.join(f'{n} = {p.counters[n]}' for n in stuck)} on {p.where}: the counter stops at its ceiling, "
@@ -343,6 +353,7 @@ class Rdma(Check):
         details["since_boot"] = since_boot(facts)
         details["slow_symbol_errors"] = {p.where: f"{r:.3g}/s, within {expect.symbol_errors_per_second:g}/s" for p in facts.ports
                                          if (r := slow_symbol_errors(p, expect, seconds(p, facts))) is not None}
+        details["at_ceiling"] = {p.where: full for p in facts.ports if (full := at_ceiling(p))}  # growth unseen there
         details["compute_ports"] = {"chosen_by": chosen_by(facts), "ports": [p.where for p in facts.ports if compute(p, expect, facts)]}
         details["other_ports"] = other_ports(facts, expect)  # down or slower, but no compute port: not judged
         if not gpus or not expect.gpudirect:

@@ -131,7 +131,7 @@ class Host:
         deadline, so other work goes on meanwhile. Whoever starts one must finish or stop it.
         Every command is tethered: it dies with this process too (base/tether.py), since a
         SIGKILLed agent runs no deadline, and a tool hung on a wedged driver would stay."""
-        proc = tether.popen(
+        proc = tether.popen_tool(
             list(argv),
             cwd=cwd,
             env=tooltext.environment(os.environ),

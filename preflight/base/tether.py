@@ -160,6 +160,42 @@ def popen(argv: list[str], *, private_net: bool = False, report: str | None = No
     return _spawner.popen([*wrapped, "--", exe, *argv[1:]], kwargs)
 
 
+def popen_tool(argv: list[str], **kwargs):
+    """``subprocess.Popen(argv, **kwargs)`` for a tool (nvidia-smi, lspci, journalctl): tethered
+    as ``popen``'s children are, but without the trampoline. The spawner's fork sets the
+    parent-death signal before the exec, so a tool costs no interpreter's start, and a
+    command that cannot be run raises OSError here, as Popen's own. Before the signal is set
+    the agent may already be gone: the child checks its parent after, and exits if so."""
+    prctl = _prctl()
+    me = os.getpid()
+
+    def tie() -> None:  # in the child, between fork and exec: no imports, no locks
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
+        if os.getppid() != me:
+            os._exit(EXIT_ORPHANED)
+
+    env = kwargs.get("env")
+    kwargs["env"] = {**(env if env is not None else os.environ), AGENT_ENV: agent_mark(me)}
+    kwargs["pass_fds"] = tuple(sorted({*kwargs.get("pass_fds", ()), *_held}))
+    return _spawner.popen(list(argv), {**kwargs, "preexec_fn": tie})
+
+
+_libc_prctl: list = []
+
+
+def _prctl():
+    """libc's prctl, looked up once, before any fork (None where there is none: not Linux)."""
+    if not _libc_prctl:
+        try:
+            import ctypes
+
+            _libc_prctl.append(ctypes.CDLL(None, use_errno=True).prctl)
+        except (OSError, AttributeError):
+            _libc_prctl.append(None)
+    return _libc_prctl[0]
+
+
 def isolation(report: str) -> dict | None:
     """What the trampoline wrote to ``report``: {"network": "private"} or {"network": "host",
     "why": ...}; None before it has run."""

@@ -84,6 +84,17 @@ def test_only_the_ports_where_the_paths_part_are_judged():
     assert "d1 (ACSCtl ReqRedir+ CmpltRedir+) between GPU g1 and GPU g2" in found[0].cause
 
 
+def test_acs_between_a_gpu_and_a_management_nic_is_no_fault_but_an_rdma_nic_s_is():
+    # One GPU, and under its switch a NIC: a management port moves no peer traffic to the GPU.
+    bridges = {b: Bridge(bdf=b, acs=Acs(cap=0x7F, ctl=ctl, source="config space")) for b, ctl in [("rp", 0x1D), ("up", 0), ("d1", 0x0C), ("d2", 0)]}
+    nic = Endpoint(kind="NIC", name="eno1", bdf="n1", bridges=["rp", "up", "d2"])
+    f = PcieFacts(gpus=[gpu("g1", ["rp", "up", "d1"])], nics=[nic], bridges=bridges)
+    assert check.judge_acs(f) == ([], None)
+    f.nics[0] = nic.model_copy(update={"name": "mlx5_0", "rdma": True})  # GPUDirect RDMA crosses d1
+    found, _ = check.judge_acs(f)
+    assert [x.status for x in found] == [FAIL] and "between GPU g1 and NIC mlx5_0" in found[0].cause
+
+
 def test_devices_under_different_root_ports_share_no_switch_port():
     a, b = gpu("g1", ["rp1", "up1", "d1"]), gpu("g2", ["rp2", "up2", "d2"])
     assert check.shared_switch_ports(a, b) == []

@@ -329,6 +329,15 @@ def test_a_cpu_quota_counts_even_when_the_cpuset_is_whole(root):
     assert [x.summary for x in starved] == ["5.0 vCPUs per GPU, 12 needed"] and "CPU quota grants 40 CPUs' time" in starved[0].cause
 
 
+def test_a_pod_given_the_rest_of_the_leanest_host_passes_at_the_profiles_floor(root):
+    # Azure ND96 (12 vCPUs a GPU) less what the kubelet keeps: a CPU quota of 94 for 8 GPUs.
+    edit(root, "sys/fs/cgroup/system.slice/cpu.max", "9400000 100000")
+    floor = H100.floors["vcpus_per_gpu"].value
+    assert floor == 11 and [x for x in judged(gathered(host(root)), floor=floor) if x.status == FAIL] == []
+    edit(root, "sys/fs/cgroup/system.slice/cpu.max", "8700000 100000")  # 10.9 a GPU: starved
+    assert [x.summary for x in judged(gathered(host(root)), floor=floor) if x.status == FAIL] == ["10.9 vCPUs per GPU, 11 needed"]
+
+
 def test_measurements_carry_the_floor_and_dcgm_labels(root):
     values = {(m.name, m.labels.get("gpu")): m for m in t.measurements(gathered(host(root)), 12)}
     assert values[("vcpus_per_gpu", None)].value == 28 and values[("vcpus_per_gpu", None)].floor == 12
@@ -573,6 +582,15 @@ def test_a_one_gpu_h100_pcie_without_bridges_passes(tmp_path):
     ctx, r = run_shaped(host(vm_root(tmp_path, 1, switches=False), cut_matrix(two, 1), tmp=tmp_path), nvml_file, profile=pcie)
     assert ctx.shape.fabric == "single"
     assert failed_parts(r) == {}, r.cause
+
+
+@pytest.mark.parametrize("name", ["a100-pcie", "h100-pcie", "h100-nvl"])
+def test_pcie_boards_on_both_sockets_of_a_two_socket_host_are_the_design_not_a_finding(name):
+    # The della 2x A100 PCIe capture the profiles cite: GPU 0 on NUMA 0, GPU 1 on NUMA 1.
+    f = t.TopologyFacts(matrix=topo.parse((TOPO / "08_a100-pcie-2x_no-nvlink_SYS_split-numa-0-1_2mlx5.txt").read_text()))
+    expect = resolved(name).topology
+    assert t.numa_span(f) == 2 and t.judge_numa(f, expect) == []
+    assert expect.numa_warn_above == 2  # more (SNC or NPS on, not the host's design) warns: test_an_hgx_h100_with_snc_on_...
 
 
 def test_a_node_without_nics_says_so_once_as_its_shape_unless_the_site_pins_multi_node(tmp_path):

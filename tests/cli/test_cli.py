@@ -768,7 +768,7 @@ def test_topology_live_judges_this_machines_real_cpus(tmp_path, monkeypatch):
     data = json.loads(r.stdout)
     usable = len(os.sched_getaffinity(0))
     starved = [f for f in data["findings"] if f["part"] == "cpus" and f["status"] == "FAIL"]
-    assert r.exit_code == 1 and starved[0]["summary"] == f"{usable / 8:.1f} vCPUs per GPU, 12 needed"
+    assert r.exit_code == 1 and starved[0]["summary"] == f"{usable / 8:.1f} vCPUs per GPU, 11 needed"
     assert data["machine"]["cpus"]["allowed"] and len(data["machine"]["gpus"]) == 8
     assert {"part": "source", "status": "FAIL"}.items() <= next(f for f in data["findings"] if f["part"] == "source").items()
     config = tmp_path / "config.toml"
