@@ -82,7 +82,7 @@ def judge_links(facts: TopologyFacts, expect: TopologyExpect, shape: NodeShape |
                                "run `nvidia-smi topo -m` and `nvidia-smi nvlink -s` by hand; update nvidia-ml-py to the driver's generation"))
         m = None
     if m is not None and mode in ("mesh", "peers"):
-        out += _left_out(m, every_pair=mode == "mesh")
+        out += _left_out(m, every_pair=mode == "mesh", elsewhere=bridged_elsewhere(facts))
     if m is not None and mode == "all":
         short = {k: v for k, v in m.links.items() if nvlink_count(v) < want}
         n = len(m.gpus)
@@ -111,6 +111,8 @@ def judge_links(facts: TopologyFacts, expect: TopologyExpect, shape: NodeShape |
             peers = {j: m.link(g, j) for j in range(len(m.gpus)) if j != g and nvlink_count(m.link(g, j))}
             best = max(peers.items(), key=lambda kv: nvlink_count(kv[1]), default=None)
             if best is None:
+                if g in bridged_elsewhere(facts):
+                    continue
                 out.append(Finding(FAIL, f"GPU {g} has no NVLink peer", f"GPU {g} has no NVLink to any GPU (NV{want} bridge to its pair expected): "
                                    "the bridge is missing or unseated", "reseat or replace the NVLink bridge of this GPU pair; " + _NVLINK_REMEDY))
             elif nvlink_count(best[1]) < want and g < best[0]:
@@ -125,11 +127,23 @@ def judge_links(facts: TopologyFacts, expect: TopologyExpect, shape: NodeShape |
     return out
 
 
-def _left_out(m: Topo, every_pair: bool) -> list[Finding]:
+def bridged_elsewhere(facts: TopologyFacts) -> dict[int, list[str]]:
+    """GPU index -> the bus ids of GPUs outside this view (another pod's or job's) that its active
+    NVLinks reach, as NVML says: such a GPU has its bridge, to a partner it was not given with."""
+    ours = {p.pci.lower() for p in facts.gpus}
+    out = {}
+    for p in facts.gpus:
+        if away := sorted(bus for bus in (p.nvlink_peers or {}) if bus.lower() not in ours):
+            out[p.index] = away
+    return out
+
+
+def _left_out(m: Topo, every_pair: bool, elsewhere: dict[int, list[str]]) -> list[Finding]:
     """On a node whose GPUs NVLink joins: a GPU with no NVLink peer at all, or
-    (``every_pair``) a pair with none between them."""
+    (``every_pair``) a pair with none between them. A GPU whose links reach only GPUs
+    outside this view (``elsewhere``) is left out by whoever chose the GPUs, not by a fault."""
     n = len(m.gpus)
-    lone = [g for g in range(n) if not any(nvlink_count(m.link(g, j)) for j in range(n) if j != g)]
+    lone = [g for g in range(n) if not any(nvlink_count(m.link(g, j)) for j in range(n) if j != g) and g not in elsewhere]
     out = [Finding(FAIL, f"GPU {g} has no NVLink peer", f"GPU {g} has no NVLink to any GPU while the node's other GPUs are joined by NVLink: "
                    "its bridge is missing or unseated, or its links are down", "reseat or replace the NVLink bridge of this GPU; " + _NVLINK_REMEDY)
            for g in lone if len(lone) < n]
@@ -150,7 +164,9 @@ def judge_numa(facts: TopologyFacts, expect: TopologyExpect) -> list[Finding]:
     out = []
     unknown = [i for i in range(n) if numa_unknown(facts, i)]
     several = (facts.cpus is not None and len(facts.cpus.nodes) > 1) or bool(facts.matrix and facts.matrix.spans_numa)
-    if unknown and several:
+    # A VM's guest sees the NUMA layout its hypervisor chose to show: a GPU passed through without
+    # a proximity node is no fault of the node, and no tenant can change it. The advice says it.
+    if unknown and several and not (facts.live and facts.hypervisor):
         who = name_list([str(i) for i in unknown])
         if facts.live:
             cause = f"neither the kernel (numa_node -1) nor {'NVML' if facts.matrix_source == topo_derived.SOURCE else 'nvidia-smi'} knows the NUMA node of GPU {who} on a machine with several"
@@ -270,7 +286,11 @@ def judge_agreement(facts: TopologyFacts) -> list[Finding]:
         said = []
         if g.numa_node is not None and t.numa_nodes is not None and t.numa_nodes != [g.numa_node]:
             said.append(f"NUMA node: nvidia-smi {t.numa_affinity}, sysfs {g.numa_node}")
-        if g.local_cpus and t.cpus is not None and set(parse_cpulist(g.local_cpus)) != set(t.cpus):
+        # nvidia-smi prints the affinity cut to the CPUs the caller may use (a Slurm job's or a pod's
+        # cpuset: `srun -c32` reads "0-15,56-71", rapidsai/dask-cuda#1381); the kernel's, the whole node's.
+        local = set(parse_cpulist(g.local_cpus)) if g.local_cpus else None
+        allowed = set(parse_cpulist(facts.cpus.allowed)) if facts.cpus is not None and facts.cpus.allowed else None
+        if local is not None and t.cpus is not None and set(t.cpus) not in (local, local & allowed if allowed else local):
             said.append(f"CPUs: nvidia-smi {t.cpu_affinity}, sysfs {g.local_cpus}")
         if said:
             out.append(Finding(WARN, f"nvidia-smi and sysfs disagree about GPU {g.index}", f"GPU {g.index} ({g.pci}): {'; '.join(said)}",

@@ -139,6 +139,15 @@ def test_where_nvidia_smi_and_sysfs_disagree_it_says_so(root):
     assert "NUMA node: nvidia-smi 0, sysfs 1" in disagree[4].cause and "CPUs: nvidia-smi 0-191, sysfs 56-111,168-223" in disagree[4].cause
 
 
+def test_nvidia_smi_s_affinity_cut_to_the_job_s_cpuset_agrees_with_the_kernel(root):
+    # Inside `srun -c32` nvidia-smi prints each GPU's CPUs within the job's cpuset (dask-cuda#1381).
+    edit(root, "proc/self/status", "Cpus_allowed_list:\t0-15,56-71")
+    cut = SPLIT.read_text().replace("0-55,112-167", "0-15").replace("56-111,168-223", "56-71")
+    assert not [x for x in judged(gathered(host(root, cut))) if "disagree" in x.summary]
+    wrong = cut.replace("56-71", "0-15")  # GPU 4-7 on the other socket's CPUs: a real disagreement
+    assert [x.summary for x in judged(gathered(host(root, wrong))) if "disagree" in x.summary][:1] == ["nvidia-smi and sysfs disagree about GPU 4"]
+
+
 def test_a_gpu_whose_numa_node_nobody_knows_is_named(root):
     edit(root, "sys/bus/pci/devices/0000:c3:00.0/numa_node", "-1")
     text = SPLIT.read_text().replace("GPU5\tNV18", "GPU5\tNV18", 1)
@@ -147,6 +156,22 @@ def test_a_gpu_whose_numa_node_nobody_knows_is_named(root):
     f = gathered(host(root, "\n".join(lines) + "\n"))
     unknown = [x for x in judged(f) if "unknown" in x.summary]
     assert [x.summary for x in unknown] == ["NUMA node of GPU 5 unknown"] and unknown[0].status == WARN
+    assert f.hypervisor is False  # bare metal: the BIOS should say, and can be made to
+
+
+def test_in_a_vm_a_gpu_whose_numa_node_nobody_knows_is_the_hypervisor_s_choice_not_a_finding(root):
+    # A cloud VM with two vNUMA nodes whose passed-through GPUs carry no proximity node.
+    (root / "proc" / "cpuinfo").write_text("processor\t: 0\nflags\t\t: fpu vme sse sse2 hypervisor avx\n")
+    for bus in ("1b", "43", "52", "61", "9d", "c3", "d1", "df"):
+        path = root / f"sys/bus/pci/devices/0000:{bus}:00.0/numa_node"
+        if path.exists():
+            edit(root, f"sys/bus/pci/devices/0000:{bus}:00.0/numa_node", "-1")
+    text = SPLIT.read_text()
+    lines = [line.replace("\t0\t\tN/A", "\tN/A\t\tN/A").replace("\t1\t\tN/A", "\tN/A\t\tN/A") for line in text.splitlines()]
+    f = gathered(host(root, "\n".join(lines) + "\n"))
+    assert f.hypervisor is True and layout.gpu_numa(f, 5) is None
+    assert [x for x in judged(f) if "unknown" in x.summary] == []
+    assert "unknown" in t.advise(f).summary
 
 
 # ---- judging: links ---------------------------------------------------------------
@@ -232,6 +257,18 @@ def test_a_missing_bridge_names_both_gpus_of_the_pair():
     found = t.judge(nvl_facts({"0-1": "NV12"}), NVL.topology, None)["nvlink"]
     assert [x.summary for x in found] == ["GPU 2 has no NVLink peer", "GPU 3 has no NVLink peer"]
     assert "bridge" in found[0].remedy
+
+
+def test_a_gpu_bridged_to_a_partner_outside_the_pod_is_no_missing_bridge():
+    # A pod given GPUs 0-2 of an 8x H100 NVL node: GPU 2's bridge partner went to another pod.
+    # NVML still reads its 12 links active, their far end a GPU this pod does not see.
+    gpus = [layout.GpuPlace(index=i, pci=f"0000:{0x1b + i:02x}:00.0", uuid=f"GPU-{i}", nvlinks_active=12) for i in range(3)]
+    gpus[2].nvlink_peers = {"0000:9a:00.0": 12}
+    f = t.TopologyFacts(matrix=topo.parse(matrix(3, {"0-1": "NV12"}, [0, 0, 0])), gpus=gpus)
+    assert t.judge(f, NVL.topology, None)["nvlink"] == []
+    assert t.bridged_elsewhere(f) == {2: ["0000:9a:00.0"]}
+    gpus[2].nvlink_peers = None  # NVML names no far end: its bridge is missing
+    assert [x.summary for x in t.judge(f, NVL.topology, None)["nvlink"]] == ["GPU 2 has no NVLink peer"]
 
 
 def test_a_pair_bridged_with_fewer_links_fails_once_naming_the_pair():

@@ -100,6 +100,7 @@ class TopologyFacts(BaseModel):
     torch_numa_binding: bool | None = None  # the installed torchrun has --numa-binding
     numactl: bool | None = None  # numactl is installed here; None: a capture from elsewhere
     not_run: dict[str, str] = {}  # tool -> why it was not started (too little time left): its fact is unknown
+    hypervisor: bool | None = None  # a virtual machine (the CPU's hypervisor flag, /sys/hypervisor); None: a capture
 
     @property
     def live(self) -> bool:
@@ -259,7 +260,23 @@ def gather(host: Host, nvml_fake: Path | None, python: str, deadline: float, smi
         torch_numa_binding=binding,
         numactl=shutil.which("numactl", path=host.environ.get("PATH", os.defpath)) is not None,
         not_run=not_run,
+        hypervisor=under_hypervisor(host),
     )
+
+
+def under_hypervisor(host: Host) -> bool:
+    """Whether this machine is a virtual machine: x86's CPUID hypervisor bit (a "hypervisor" flag
+    in /proc/cpuinfo), or Xen's /sys/hypervisor/type. Its hardware layout is then the host's to set."""
+    try:
+        if read_stripped(host.path("/sys/hypervisor/type")):
+            return True
+        with open(host.path("/proc/cpuinfo"), "rb") as f:
+            for line in f:
+                if line.startswith(b"flags"):
+                    return b"hypervisor" in line.split(b":", 1)[-1].split()
+    except OSError:
+        pass
+    return False
 
 
 def no_time(deadline: float) -> str:
