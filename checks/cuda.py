@@ -101,6 +101,14 @@ def kernel_log_sources(where: str, unread: dict[str, str]) -> Sources:
     return one_fact("kernel log", None if where.startswith("unavailable") else where, unread)
 
 
+def xid_unjudged(facts: CudaFacts) -> str | None:
+    """Why Xid errors since boot went unjudged (no kernel log source could be read here), or None."""
+    if not facts.kernel_log.startswith("unavailable"):
+        return None
+    return (f"not judged: the kernel log could not be read ({facts.kernel_log}); give preflight CAP_SYSLOG "
+            "(or kernel.dmesg_restrict=0), or check `preflight xid` by hand")
+
+
 def launch_ranks(ctx: Context) -> int:
     """The ranks of the launch cuda_init starts: the one the nccl, bandwidth and train checks will share."""
     return ctx.ranks(ctx.profile.nccl.ranks if ctx.profile.nccl else None)
@@ -247,10 +255,9 @@ def judge_init(init: InitOutcome | None, inv: Inventory) -> list[Finding]:
 def judge(facts: CudaFacts, shape: NodeShape | None, expect: GpuExpect | None, driver_pin: str | None) -> dict[str, list[Finding]]:
     """Findings by part, so a report says which part failed."""
     inv = facts.inventory
+    # A kernel log this process may not read (a container without CAP_SYSLOG, dmesg_restrict) is
+    # the reader's trouble, not the node's: the part is not judged (xid_unjudged), and says why.
     xids = judge_xid(facts.xid_events, inv, forgeable=facts.kernel_log_note == xid.SYSLOG_NOTE)
-    if facts.kernel_log.startswith("unavailable"):
-        cause = f"the kernel log could not be read, so Xid errors since boot are unknown: {facts.kernel_log}"
-        xids.append(Finding(WARN, "Xid scan impossible", cause, "run preflight as root (or set kernel.dmesg_restrict=0), or check `preflight xid` by hand"))
     parts = {
         "inventory": judge_inventory(inv, shape, expect, driver_pin, facts.pcie_loaded),
         "xid": xids,
@@ -338,6 +345,8 @@ class Cuda(Check):
         details["parts"] = {name: worst(found) for name, found in parts.items()}
         if facts.init is None:
             details["parts"]["cuda_init"] = f"not run: {facts.init_skipped}"
+        if unjudged := xid_unjudged(facts):
+            details["parts"]["xid"] = unjudged
         details["pcie_generation"] = pcie_generation(facts)
         details["recovery_action"] = recovery_actions(facts.inventory)  # by GPU index; where unknown, why
         if facts.init and facts.init.report:
@@ -350,6 +359,7 @@ class Cuda(Check):
         details.update(sources.details())
         lines += [line] if (line := sources.line()) else []
         lines += [f"kernel log: {facts.kernel_log_note}"] if facts.kernel_log_note else []
+        lines += [f"Xid errors since boot: {unjudged}"] if unjudged else []
         result = self.conclude(findings, summary(facts, ctx.shape), measurements=measurements(facts, ctx.profile.gpu, ctx.shape) + sources.measurements(),
                                details=details, lines=lines)
         passed = [name for name, found in parts.items() if not any(f.status == FAIL for f in found) and not (name == "cuda_init" and facts.init is None)]

@@ -592,6 +592,8 @@ def test_the_gpu_operator_gate_sees_every_gpu_without_holding_one_and_writes_the
         assert params["report"] == DEFAULT_REPORT_PATH and params["if_idle"] is True
         assert params["textfile_dir"] == Path("/var/lib/preflight/textfile")  # where the systemd units put it
         assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+        # Every capability dropped but the kernel log's: the Xids since boot are judged.
+        assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYSLOG"]}
     assert parse_command_line(gate["args"])["skip"] in (None, [], ())  # the gate runs every check
     assert parse_command_line(gate["args"])["level"] == "standard" and parse_command_line(recheck["args"])["level"] == "quick"
     assert "preflight status --report=/var/lib/preflight/report.json" in recheck["command"][2]
