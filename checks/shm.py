@@ -337,6 +337,24 @@ def backed_by(f: ShmFacts) -> str | None:
     return None
 
 
+FLOOR_GPUS = 8  # a GPU profile's cited floor is for a node of 8 GPUs' ranks (its source: an all-GPU NCCL job)
+LEAST = 1 << 30  # NGC's single-process minimum (cpu.toml's floor): a scaled floor never goes below it
+
+
+def floor_for(ctx: Context) -> tuple[int, str | None]:
+    """The floor in bytes this run is judged by, and how it was scaled (None: as given). A GPU
+    profile's own floor holds 8 ranks' NCCL segments and DataLoader batches: a run of fewer
+    ranks (a pod given 1 or 2 of the node's GPUs) needs that share, never under LEAST. A site's
+    floor (config, calibrate) is the site's number for its nodes, and is kept as it is."""
+    f = ctx.profile.floors["shm_min_bytes"]
+    value = int(f.value)
+    ranks = ctx.ranks(None) if ctx.profile.has_gpus and ctx.shape is not None else FLOOR_GPUS
+    if not getattr(f, "origin", "profile").startswith("profile") or ranks >= FLOOR_GPUS or value <= LEAST:
+        return value, None
+    scaled = max(LEAST, value * ranks // FLOOR_GPUS)
+    return scaled, f"the profile's {fmt_bytes(value)} for {FLOOR_GPUS} GPUs' ranks, this run's {ranks}"
+
+
 class Shm(Check):
     name = "shm"
     description = "/dev/shm is a tmpfs, big enough, writable, backed by memory; NCCL_SHM_DISABLE is not set"
@@ -348,7 +366,7 @@ class Shm(Check):
     beside_ranks = True  # reads the node: runs while the ranks import torch
 
     def run(self, ctx: Context) -> Result:
-        floor = int(ctx.floor("shm_min_bytes"))
+        floor, scaled = floor_for(ctx)
         small = min(floor, PROOF_SEGMENT)
         if ctx.settings.level == "full":
             # Where time is the point (a burn-in's minutes), the floor's whole size is written too: the
@@ -372,6 +390,8 @@ class Shm(Check):
         if facts.segment_skipped:
             segment = f"; no segment written: {facts.segment_skipped}"
         ok = f"{facts.path}: {size}{segment}"
+        if scaled:
+            ok += f"; floor {fmt_bytes(floor)}: {scaled}"
         if why := beside(facts):
             ok += f"; the free space is not judged: {why}"
         return self.conclude(findings, ok, measurements=measurements, details=asdict(facts))

@@ -92,7 +92,9 @@ def test_the_h200_vm_passes_the_standard_levels_reading_checks_with_no_warn(tmp_
     assert findings(report) == []
     shm = by_name(report)["shm"]
     assert shm["status"] == "PASS" and shm["details"]["segment_bytes"] == 64 << 20
-    assert "; memory for the 16 GiB floor: " in shm["summary"]
+    # One GPU: its share of the profile's 8-GPU floor, said where it is read.
+    assert "; memory for the 2 GiB floor: " in shm["summary"]
+    assert shm["summary"].endswith("; floor 2 GiB: the profile's 16 GiB for 8 GPUs' ranks, this run's 1")
 
 
 def test_the_hgx_h100_with_a_driver_580_header_passes_the_quick_level_with_no_warn(tmp_path):

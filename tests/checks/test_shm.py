@@ -19,7 +19,9 @@ from preflight.readers.system import container, memory
 from preflight.readers.system.shm_mount import Mount
 from preflight.base.host import Host
 from preflight.base.units import fmt_bytes
+from preflight.pipeline.check import Context
 from preflight.pipeline.report import Report
+from preflight.pipeline.settings import Settings
 
 GiB, MiB = 2**30, 2**20
 
@@ -495,3 +497,33 @@ def test_on_a_gpu_node_the_standard_level_writes_64_mib_against_the_profiles_flo
     assert r.status is Status.PASS and r.details["segment_bytes"] == 64 * MiB < floor, r.summary
     assert f"; memory for the {fmt_bytes(floor)} floor: " in r.summary
     print(f"shm at standard: {r.duration_seconds:.3f} s ({r.details['segment_seconds']:.3f} s writing 64 MiB); {r.summary}")
+
+
+# ---- the floor a run of fewer GPUs is judged by ------------------------------------------------
+
+
+def _h100_ctx(gpus: int, site: dict | None = None) -> Context:
+    from preflight.pipeline import profiles
+    from preflight.pipeline.shape import NodeShape
+
+    path = profiles.find("h100-sxm", Path("/nonexistent"))
+    profile = profiles.resolve(profiles.load(path), path, site or {}, "--profile h100-sxm")
+    shape = NodeShape(gpus=gpus, gpus_from="test", fabric="nvswitch" if gpus > 1 else "single", fabric_from="test")
+    return Context(profile=profile, settings=Settings(), host=Host(), shape=shape)
+
+
+@pytest.mark.parametrize("gpus, floor", [(8, 16 * GiB), (4, 8 * GiB), (2, 4 * GiB), (1, 2 * GiB)])
+def test_a_pod_given_fewer_of_the_node_s_gpus_needs_its_share_of_the_8_gpu_floor(gpus, floor):
+    # A 1-GPU pod with an 8 GiB /dev/shm is healthy: the 16 GiB floor holds 8 ranks' segments and batches.
+    got, scaled = shm.floor_for(_h100_ctx(gpus))
+    assert got == floor
+    assert (scaled is None) == (gpus == 8)
+    if scaled:
+        assert scaled == f"the profile's 16 GiB for 8 GPUs' ranks, this run's {gpus}"
+
+
+def test_a_site_s_own_floor_is_never_scaled():
+    from preflight.pipeline.profiles import SiteFloor
+
+    site = {"shm_min_bytes": SiteFloor(12 * GiB, "config /etc/preflight/config.toml line 3")}
+    assert shm.floor_for(_h100_ctx(1, site)) == (12 * GiB, None)
