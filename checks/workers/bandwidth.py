@@ -113,7 +113,13 @@ def run(args, me: _rank.Rank, steps: list[str], report: dict, save, fault: _rank
         report["doing"] = {**(report.get("doing") or {}), **facts} if facts else None
         save()
 
-    bench = Bench(torch, dist, device, me, args, note)
+    def waiting(where: str | None) -> None:
+        """Where the rank waits for its peers (None: it does not), so the agent tells a rank hung
+        there, waiting for another, from the one it waits for."""
+        report["waiting"] = where
+        save()
+
+    bench = Bench(torch, dist, device, me, args, note, waiting)
     report["cache_bytes"] = bench.cache
     for name in steps:
         report.update(stage=name, doing=None)
@@ -139,9 +145,9 @@ def run(args, me: _rank.Rank, steps: list[str], report: dict, save, fault: _rank
 class Bench:
     """One method per step; each returns result dicts with every timed repeat."""
 
-    def __init__(self, torch, dist, device, me: _rank.Rank, args, note=lambda **facts: None):
+    def __init__(self, torch, dist, device, me: _rank.Rank, args, note=lambda **facts: None, waiting=lambda where: None):
         self.torch, self.dist, self.device, self.me, self.args = torch, dist, device, me, args
-        self.note = note
+        self.note, self.waiting = note, waiting
         self.cuda = device.type == "cuda"
         self.slow = False
         self.factor: float | None = None  # slow=F's F
@@ -227,15 +233,22 @@ class Bench:
         """Each local rank measures alone while the others wait at a barrier."""
         out: list[dict] = []
         for turn in range(self.me.local_world_size):
-            self._sync(turn=True)
+            self._turn_barrier()
             if turn == self.me.local_rank:
                 self.note(alone=True)
                 self.alone = True
                 out = measure()
                 self.alone = False
                 self.note()
-        self._sync(turn=True)
+        self._turn_barrier()
         return out
+
+    def _turn_barrier(self) -> None:
+        """The barrier between turns, whose deadline is a whole turn's (longer than the check may
+        have left): said while the rank is in it, a rank that waits here is told from the one it waits for."""
+        self.waiting("the barrier between turns")
+        self._sync(turn=True)
+        self.waiting(None)
 
 
 

@@ -8,6 +8,7 @@ or raises into preflight's exit codes, on either path.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -41,6 +42,15 @@ def guarded(command: Callable[..., int], *args: object, **kwargs: object) -> int
     except UsageError as e:
         console().error(str(e))
         return 2
+    except OSError as e:
+        if e.errno == errno.ENAMETOOLONG:  # a path given (a flag, a variable, a config) the kernel will not take
+            console().error(f"{e.filename or 'a path'}: {e.strerror}; give a shorter path")
+            return 2
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO) and not e.filename:  # where stdout goes is full or failing
+            stdout_gone()  # the interpreter's last flush must not fail again, and turn the exit code into 120
+            console().error(f"cannot write the output: {e.strerror}; free space where it goes (or send it elsewhere)")
+            return 2
+        return _broke(e)
     except BaseException as e:
         # DetectionFailed comes from a module only a command that can raise it
         # imports: importing it here would cost every command its start-up.
@@ -53,12 +63,16 @@ def guarded(command: Callable[..., int], *args: object, **kwargs: object) -> int
             return 128 + e.signum
         if not isinstance(e, Exception):
             raise
-        # The tool broke: one line, and the traceback for a bug report.
-        import traceback
+        return _broke(e)
 
-        console().error(f"internal error: {type(e).__name__}: {e} (a bug in preflight; traceback follows)")
-        traceback.print_exc(file=sys.stderr)
-        return 3
+
+def _broke(e: Exception) -> int:
+    """The tool broke: one line, and the traceback for a bug report."""
+    import traceback
+
+    console().error(f"internal error: {type(e).__name__}: {e} (a bug in preflight; traceback follows)")
+    traceback.print_exception(e, file=sys.stderr)
+    return 3
 
 
 def console(quiet: bool = False, verbose: bool = False):  # noqa: ANN202

@@ -13,6 +13,7 @@ import os
 import re
 import shlex
 import shutil
+import stat
 import statistics
 import subprocess
 import tempfile
@@ -29,6 +30,7 @@ from preflight.base.host import stop
 from preflight.base.signals import interrupting
 from preflight.gpuwork.multinode import expand_hostlist
 from preflight.base.units import fmt_rate, fmt_value
+from preflight.readers import capture
 
 SSH = "ssh -o BatchMode=yes -o ConnectTimeout=10 {host}"
 SRUN = "srun --nodes=1 --ntasks=1 --overlap --nodelist={host}"
@@ -70,18 +72,33 @@ class Pair:
 # ---- pure: hosts, judging, the schedule ----------------------------------------
 
 
+HOSTS_LIMIT = 1 << 20  # bytes of a --hosts file: tens of thousands of hosts
+
+
 def read_hosts(path: Path) -> list[Host]:
     """One host per line, ``NAME [ADDRESS]``; ``#`` starts a comment."""
+    fix = "give a text file with one host per line: NAME [ADDRESS]"
     try:
-        lines = path.read_text().splitlines()
+        # A regular file only, opened without blocking and read up to a cap: a FIFO would hang, /dev/zero never end.
+        fd, st = capture.open_nonblocking(path)
+        try:
+            if not stat.S_ISREG(st.st_mode):
+                raise UsageError(f"--hosts {path}: not a regular file; {fix}")
+            data = capture.read_regular(fd, HOSTS_LIMIT + 1)
+        finally:
+            os.close(fd)
+        if len(data) > HOSTS_LIMIT:
+            raise UsageError(f"--hosts {path}: larger than {HOSTS_LIMIT >> 20} MiB; {fix}")
+        lines = data.decode().splitlines()
     except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"--hosts {path}: cannot read it ({getattr(e, 'strerror', None) or e}); give a text file with one host per line: NAME [ADDRESS]") from None
+        raise UsageError(f"--hosts {path}: cannot read it ({getattr(e, 'strerror', None) or e}); {fix}") from None
     hosts: dict[str, tuple[int, Host]] = {}
     for n, raw in enumerate(lines, 1):
         if not (words := raw.split("#", 1)[0].split()):
             continue
         if len(words) > 2 or not NAME.fullmatch(words[0]) or not ADDR.fullmatch(words[-1]):
-            raise UsageError(f"--hosts {path} line {n}: {raw.strip()!r} is not NAME [ADDRESS]; write one host per line, e.g. `gpu01 10.0.0.1`")
+            shown = raw.strip() if len(raw.strip()) <= 80 else raw.strip()[:77] + "..."
+            raise UsageError(f"--hosts {path} line {n}: {shown!r} is not NAME [ADDRESS]; write one host per line, e.g. `gpu01 10.0.0.1`")
         if words[0] in hosts:
             raise UsageError(f"--hosts {path} line {n}: {words[0]} again (first on line {hosts[words[0]][0]}); list each host once")
         hosts[words[0]] = (n, Host(words[0], words[-1]))

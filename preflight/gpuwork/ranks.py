@@ -55,6 +55,9 @@ class RankReport(BaseModel):
     init_seconds: float | None = None
     seconds: float | None = None
     traceback: list[str] = Field(default_factory=list)
+    # Where the rank waits for its peers (bandwidth's barrier between turns); None: it does not.
+    # A rank hung there is the symptom of the one it waits for.
+    waiting: str | None = None
 
     def progress(self) -> int:
         """Steps finished: where in its plan the rank stopped."""
@@ -350,6 +353,11 @@ def _judge_ranks(f: RunFacts, by_hand: str, said: tuple[str, str, str] | None) -
             else:
                 others = "another rank failed" if any(x.report and x.report.error or x.exit for x in f.ranks) else "the other ranks finished"
                 how = "at the deadline" if f.timed_out else f"once it made no progress after {others}" if f.settled else f"when torchrun ended ({f.ended})"
+                if r.waiting and any(not (x.report and (x.report.waiting or x.report.stage == "done")) for x in f.ranks if x is not o):
+                    # Waiting at a barrier for a peer that is not: a symptom, said after the cause.
+                    head = f"{o.who} waited {stage_words(r)} at {r.waiting}"
+                    culprits.append((head, f"{head} for the rank(s) that never came, and was stopped {how}", o.rank, "waited", r.progress()))
+                    continue
                 head = f"{o.who} hung {stage_words(r)}"
                 culprits.append((head, f"{head} and was stopped {how}: last log line: {o.last_line}", o.rank, o.exit, r.progress()))
     failed.sort(key=lambda t: t[0])

@@ -38,9 +38,13 @@ def _floor_value(v: Any) -> float:
     """A number, finite and >= 0: a quoted "1G" or a `true` must not become a floor."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ValueError(f"a floor must be a number, not {type(v).__name__} {v!r}")
-    if not math.isfinite(v) or v < 0:
+    try:
+        f = float(v)  # an integer past a float's range (1 and 400 zeros) is no finite number either
+    except OverflowError:
+        raise ValueError(f"a floor must be a finite number >= 0, not an integer of {len(str(abs(v)))} digits") from None
+    if not math.isfinite(f) or f < 0:
         raise ValueError(f"a floor must be a finite number >= 0, not {v!r}")
-    return float(v)
+    return f
 
 
 FloorValue = Annotated[float, BeforeValidator(_floor_value)]

@@ -115,9 +115,17 @@ def _int(lo: int, hi: float = math.inf) -> Check:
     return check
 
 
+def _finite(v: float) -> bool:
+    """A finite float, or an integer within a float's range (1 and 400 zeros is neither)."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
 def _number(lo: float, hi: float, above: bool = False) -> Check:
     def check(v: Any) -> float:
-        if type(v) not in (int, float) or not math.isfinite(v) or not lo <= v <= hi or (above and v == lo):
+        if type(v) not in (int, float) or not _finite(v) or not lo <= v <= hi or (above and v == lo):
             raise Unsure
         return v
 

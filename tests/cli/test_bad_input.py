@@ -6,6 +6,7 @@ the right finding. Issue 32's list, item by item."""
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -150,3 +151,26 @@ def test_seconds_past_a_day_or_infinite_are_refused(tmp_path, args, words):
 def test_a_document_that_quotes_captures_is_not_read_as_one(doc, args):
     p = run_preflight([*args, str(ROOT / doc)], timeout=60)  # before: README (now docs/explain.md) "FAIL /dev/shm is too small", exit 1
     one_line_exit_2(p, f"{ROOT / doc}: is a document (Markdown) that quotes captures, not a capture")
+
+
+# --- a path the kernel will not take, a full disk where the output goes, an integer past a float ---
+
+
+def test_a_path_too_long_for_the_kernel_is_one_line_and_nothing_is_written(tmp_path):
+    long = "/tmp/" + "x" * 300
+    one_line_exit_2(run_refused(tmp_path, "--level", "quick", "--textfile-dir", long), "File name too long; give a shorter path")
+    one_line_exit_2(run_preflight(["list"], env={**clean_env(), "PREFLIGHT_PROFILES_DIR": long}, timeout=60), "File name too long")
+
+
+def test_a_full_disk_where_stdout_goes_is_one_line_not_a_traceback():
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([*fakes.PREFLIGHT, "list", "--json"], env=clean_env(), stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+    one_line_exit_2(p, "cannot write the output: No space left on device")
+
+
+def test_an_integer_floor_past_a_float_s_range_is_one_line(tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text("[floors]\nshm_min_bytes = 1" + "0" * 400 + "\n")
+    one_line_exit_2(run_refused(tmp_path, "--config", str(config)), "a floor must be a finite number >= 0, not an integer of 401 digits")
+    config.write_text("lock_timeout = 1" + "0" * 400 + "\n")
+    one_line_exit_2(run_preflight(["status", "--config", str(config)], timeout=60), f"config {config} line 1: lock_timeout")

@@ -66,12 +66,23 @@ def test_a_hosts_file_gives_names_and_addresses_in_order(tmp_path):
         ("gpu01\n# gpu02\ngpu03\ngpu01 10.0.0.9\n", r"hosts line 4: gpu01 again \(first on line 1\); list each host once"),
         ("# only one\ngpu01\n", r"hosts: 1 host\(s\); pairwise needs at least 2, one per line: NAME \[ADDRESS\]"),
         ("", r"hosts: 0 host\(s\); pairwise needs at least 2"),
+        ("gpu01\ngpu02 10.0.0.2 " + "x" * 100000 + "\n", r"hosts line 2: 'gpu02 10\.0\.0\.2 x{62}\.\.\.' is not NAME \[ADDRESS\]"),  # one line, not 100 kB
     ],
 )
 def test_a_bad_hosts_file_is_one_line_naming_the_file_the_line_and_the_fix(tmp_path, text, words):
     f = write(tmp_path / "hosts", text)
     with pytest.raises(UsageError, match=f"^--hosts {tmp_path}/{words}"):
         pairwise.read_hosts(f)
+
+
+def test_a_hosts_file_that_would_hang_or_never_end_is_refused_at_once(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    for name in ("fifo", "zero"):
+        started = time.monotonic()
+        with pytest.raises(UsageError, match=f"^--hosts {tmp_path}/{name}: not a regular file; give a text file"):
+            pairwise.read_hosts(tmp_path / name)
+        assert time.monotonic() - started < 5
 
 
 def test_a_missing_hosts_file_says_so(tmp_path):

@@ -100,3 +100,13 @@ def test_trends_that_cannot_be_written_are_said_in_one_line_and_change_no_verdic
     assert p.returncode == 0 and Report.model_validate_json((shared / "report.json").read_text()).verdict == "pass"
     assert "the page's trends not written: " in p.stderr and "the report and history are" in p.stderr, p.stderr
     assert len(history.read(shared / "history.db").runs) == 1
+
+
+@pytest.mark.parametrize("since", ["1000000d", "100000000h", "99999999999d"])
+def test_a_span_further_back_than_a_date_goes_is_one_line(since):
+    from preflight.base.errors import UsageError
+    from preflight.outputs.record import history_text
+
+    with pytest.raises(UsageError, match=f"^--since '{since}': further back than a date can go; give a span of years at most"):
+        history_text.parse_since(since)
+    assert history_text.parse_since("3650d").year >= 2010

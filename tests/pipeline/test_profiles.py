@@ -49,6 +49,10 @@ def test_site_profile_overrides_a_builtin_of_the_same_name(tmp_path):
             'name = "x"\ndescription = "d"\nchecks = ["shm"]\n\n[floors.shm_min_bytes]\nvalue = inf\nunit = "bytes"\nsource = "s"\n',
             r"line 6: floors.shm_min_bytes.value: Value error, a floor must be a finite number",
         ),
+        (
+            'name = "x"\ndescription = "d"\nchecks = ["shm"]\n\n[floors.shm_min_bytes]\nvalue = 1' + "0" * 400 + '\nunit = "bytes"\nsource = "s"\n',
+            r"line 6: floors.shm_min_bytes.value: Value error, a floor must be a finite number >= 0, not an integer of 401 digits",
+        ),
         ('name = "x"\ndescription = "d"\nchecks = ["shm"]\n[timeouts]\nshm = inf\n', r"line 5: timeouts.shm: Input should be a finite number"),
         ('name = "x"\ndescription = "d"\nchecks = ["shm"]\n[timeouts]\nshm = 1e12\n', r"line 5: timeouts.shm: Input should be less than or equal to 86400"),
         (

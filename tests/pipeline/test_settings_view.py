@@ -38,6 +38,8 @@ CONFIGS = [
     "[floors]\nshm_min_bytes = -1\n",
     "[floors]\nshm_min_bytes = true\n",
     "[floors]\nshm_min_bytes = nan\n",
+    "[floors]\nshm_min_bytes = 1" + "0" * 400 + "\n",
+    "lock_timeout = 1" + "0" * 400 + "\n",
     "[floors.x]\nunit = \"bytes\"\n",
     "[floors.x]\nvalue = 1\nunits = \"bytes\"\n",
     '[floors.x]\nvalue = 1\nsource = ""\n',

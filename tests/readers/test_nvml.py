@@ -357,3 +357,45 @@ def test_a_field_value_call_that_raises_is_unanswered_under_the_field(fake_nvml)
     gpus = nvml.inventory().gpus
     assert len(gpus) == 8 and all(g.recovery_action is None for g in gpus)
     assert gpus[0].unanswered == {nvml_query.RECOVERY_ASK: "ValueError: invalid literal for int() with base 10: 'N/A'"}
+
+
+# ---- a --nvml-fake file that is no node's facts ---------------------------------------------------
+
+
+def test_a_fake_file_that_would_hang_or_fill_memory_is_refused_at_once(tmp_path):
+    import os
+    import threading
+
+    from preflight.base.errors import UsageError
+
+    os.mkfifo(tmp_path / "fifo.json")
+    (tmp_path / "zero.json").symlink_to("/dev/zero")
+    for name in ("fifo.json", "zero.json"):
+        box: dict = {}
+
+        def read(name=name):
+            try:
+                nvml.FakeNvml(tmp_path / name)
+            except UsageError as e:
+                box["said"] = str(e)
+
+        t = threading.Thread(target=read, daemon=True)
+        t.start()
+        t.join(10)
+        assert not t.is_alive() and box["said"] == f"--nvml-fake {tmp_path / name}: not a regular file; pass a JSON file"
+
+
+@pytest.mark.parametrize("text, said", [
+    (b"\xff\xfe{}", "not valid JSON"),
+    (b"[" * 100000, "not valid JSON"),
+    (b'{"driver_version": "580", "gpus": [], "x": 1' + b"0" * 400 + b"}", "field x: an integer beyond 64 bits; NVML gives no such value"),
+    (b'{"driver_version": "' + b"5" * 5000 + b'", "gpus": []}', "field driver_version: a string of 5000 characters; NVML gives no such value"),
+])
+def test_a_fake_file_no_driver_could_write_is_one_line_never_a_traceback(tmp_path, text, said):
+    from preflight.base.errors import UsageError
+
+    path = tmp_path / "fake.json"
+    path.write_bytes(text)
+    with pytest.raises(UsageError) as e:
+        nvml.FakeNvml(path)
+    assert str(e.value).startswith(f"--nvml-fake {path}: ") and said in str(e.value) and "\n" not in str(e.value)

@@ -26,7 +26,10 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     """``7d``, ``24h``, ``90m`` (ago), or a date or time in ISO 8601 (UTC unless it says)."""
     now = now or datetime.now(timezone.utc)
     if m := _SPAN.match(text.strip().lower()):
-        return now - timedelta(seconds=float(m.group(1)) * _SECONDS[m.group(2)])
+        try:
+            return now - timedelta(seconds=float(m.group(1)) * _SECONDS[m.group(2)])
+        except OverflowError:  # before year 1: the whole history is asked for, in words a person gives
+            raise UsageError(f"--since {text!r}: further back than a date can go; give a span of years at most, e.g. 3650d") from None
     try:
         t = datetime.fromisoformat(text.strip())
     except ValueError:

@@ -11,6 +11,8 @@ on a wedged driver nvmlInit can block forever, and the agent must not.
 from __future__ import annotations
 
 import json
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -19,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from preflight.base.findings import Finding, Status
 from preflight.base.errors import UsageError
+from preflight.readers import capture
 
 # The remedies live beside the code that picks them, in the child.
 from preflight.readers.nvidia.nvml_query import BROKEN, MISMATCH, NO_ACCESS, NO_DRIVER  # noqa: F401
@@ -175,16 +178,51 @@ def slot(bus_id: str) -> str:
     return short_pci(bus_id).rpartition(".")[0]
 
 
+FAKE_LIMIT = 16 << 20  # bytes of a --nvml-fake file: a node's facts are a few KiB
+
+
+def _beyond_nvml(data: Any, where: str = "") -> str | None:
+    """Where a fake file holds what NVML never reports: an integer past 64 bits (NVML's widest),
+    a string past 4 KiB. Such a value would break the checks' arithmetic, not judge a node."""
+    if isinstance(data, bool):
+        return None
+    if isinstance(data, int) and not -(1 << 63) <= data < 1 << 64:
+        return f"field {where or 'the top level'}: an integer beyond 64 bits"
+    if isinstance(data, float) and data != data or isinstance(data, float) and abs(data) == float("inf"):
+        return f"field {where or 'the top level'}: not a finite number"
+    if isinstance(data, str) and len(data) > 4096:
+        return f"field {where or 'the top level'}: a string of {len(data)} characters"
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    for key, value in items:
+        if why := _beyond_nvml(value, f"{where}.{key}" if where else str(key)):
+            return why
+    return None
+
+
 def FakeNvml(path: Path) -> Inventory:  # noqa: N802 - reads like the class it stands in for
     """The facts of a recorded or invented node, from a JSON file (``--nvml-fake``)."""
     try:
-        text = path.read_text()
+        # Opened without blocking, a regular file only, and read up to a cap: a FIFO would hang the
+        # run, /dev/zero fill its memory.
+        fd, st = capture.open_nonblocking(path)
+        try:
+            if not stat.S_ISREG(st.st_mode):
+                raise UsageError(f"--nvml-fake {path}: not a regular file; pass a JSON file")
+            text = capture.read_regular(fd, FAKE_LIMIT + 1)
+        finally:
+            os.close(fd)
     except OSError as e:
-        raise UsageError(f"--nvml-fake {path}: cannot read it ({e.strerror}); pass an existing JSON file") from None
+        raise UsageError(f"--nvml-fake {path}: cannot read it ({e.strerror or e}); pass an existing JSON file") from None
+    if len(text) > FAKE_LIMIT:
+        raise UsageError(f"--nvml-fake {path}: larger than {FAKE_LIMIT >> 20} MiB; a node's facts are a few KiB")
     try:
         data = json.loads(text)
-    except ValueError as e:
+    except ValueError as e:  # UnicodeDecodeError too
         raise UsageError(f"--nvml-fake {path}: not valid JSON: {e}") from None
+    except RecursionError:
+        raise UsageError(f"--nvml-fake {path}: not valid JSON: nested too deep") from None
+    if why := _beyond_nvml(data):
+        raise UsageError(f"--nvml-fake {path}: {why}; NVML gives no such value")
     if isinstance(data, dict):
         data["source"] = f"fake {path}"  # whatever the file says: fake facts must never pass for NVML's
     try:
