@@ -36,7 +36,7 @@ SETUP = Next(Action.DRAIN, Domain.SOFTWARE, "the node's setup (driver, MIG, comp
 
 
 def _version(v: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in v.split(".") if p.isdigit())
+    return tuple(int(p) for p in v.split(".") if p.isdigit() and len(p) <= 18)  # longer: no driver's number
 
 
 def who(g: Gpu) -> str:

@@ -10,6 +10,8 @@ Heavy modules are imported inside commands so `preflight --help` stays fast;
 """
 
 # No `from __future__ import annotations`: see preflight/cli/common.py.
+import sys
+
 import typer
 
 from preflight.cli import explain, history, integrations, multinode, plain, run
@@ -57,4 +59,38 @@ app.command(short_help="Versions of preflight and what it runs on.")(version)
 
 
 def main() -> None:
+    argv = sys.argv[1:]
+    if any(t.strip() == "" or t.endswith("=") for t in argv) and (name := _empty_value(argv)):
+        # A path option reads "" as the current directory (--textfile-dir "" would write preflight.prom there).
+        plain.console().error(f"{name}: an empty value; give one, or leave the option out")
+        sys.exit(2)
     app()
+
+
+def _empty_value(argv: list[str]) -> str | None:
+    """The first option of the command given an empty value (``--report ""``, ``--report=``)."""
+    from typer.main import get_command
+
+    command = get_command(app)
+    sub = getattr(command, "commands", {}).get(argv[0]) if argv else None
+    valued = {o for p in getattr(sub, "params", []) if not getattr(p, "is_flag", True) for o in getattr(p, "opts", [])}
+    for i, token in enumerate(argv[1:], 1):
+        name, eq, value = token.partition("=")
+        if name in valued and (value.strip() == "" if eq else i + 1 < len(argv) and argv[i + 1].strip() == ""):
+            return name
+    return None
+
+
+def _one_line(self, file=None) -> None:  # noqa: ANN001 - Typer's UsageError.show
+    """A usage error as every other bad input is told: one line, naming the fix (Typer's own
+    prints the usage and a hint above it)."""
+    where = f"; see `{self.ctx.command_path} -h`" if getattr(self, "ctx", None) is not None else ""
+    plain.console().error(f"{self.format_message()}{where}")
+
+
+try:
+    from typer._click.exceptions import UsageError as _TyperUsageError
+
+    _TyperUsageError.show = _one_line
+except ImportError:  # a Typer laid out otherwise: its own usage lines, exit 2 all the same
+    pass

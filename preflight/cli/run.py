@@ -121,4 +121,9 @@ def selftest(
     Exit 0 every stage that ran passed, 1 one failed (or, with --strict, was skipped)."""
     from preflight.gpuwork import selftest as kit
 
+    if profile is not None and profile != "auto":
+        # Found as `run` finds it (the settings' profiles_dir), before six stages each refuse it.
+        from preflight.pipeline import profiles, settings as settings_mod
+
+        profiles.find(profile, settings_mod.load({}).profiles_dir)
     return kit.main(stage, profile, out, budget, strict)

@@ -90,7 +90,8 @@ def value_bytes(text: str, block: int | None, si: bool = False) -> int | None:
     number, power = (text[:-1], text[-1].upper()) if text[-1].isalpha() else (text, "")
     base = 1000 if si else 1024
     scale = base ** (_POWERS.index(power) + 1) if power else (block or 1)
-    return round(float(number.replace(",", ".")) * scale)
+    value = float(number.replace(",", ".")) * scale
+    return round(value) if value < 2**64 else None  # past any disk (or inf): no size df prints
 
 
 def _header(lines: list[str]) -> tuple[int, re.Match[str]] | None:
@@ -134,7 +135,7 @@ def parse(text: str) -> DfOutput:
     layout = size if block is not None else ("human-si" if si else "human" if head is not None else "no header")
     rows = [Row(line=n, filesystem=r["fs"], type=r["type"], size_bytes=value_bytes(r["size"], block, si),
                 used_bytes=value_bytes(r["used"], block, si), avail_bytes=value_bytes(r["avail"], block, si),
-                use_percent=int(r["pct"][:-1]) if r["pct"] != "-" else None, mounted_on=r["mnt"], size_text=r["size"])
+                use_percent=int(r["pct"][:-1]) if r["pct"] != "-" and len(r["pct"]) <= 5 else None, mounted_on=r["mnt"], size_text=r["size"])
             for n, r in found]
     return DfOutput(layout=layout, block_bytes=block, rows=rows)
 

@@ -174,3 +174,41 @@ def test_an_integer_floor_past_a_float_s_range_is_one_line(tmp_path):
     one_line_exit_2(run_refused(tmp_path, "--config", str(config)), "a floor must be a finite number >= 0, not an integer of 401 digits")
     config.write_text("lock_timeout = 1" + "0" * 400 + "\n")
     one_line_exit_2(run_preflight(["status", "--config", str(config)], timeout=60), f"config {config} line 1: lock_timeout")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["run", "--profile", "cpu", "--textfile-dir", ""], "--textfile-dir: an empty value; give one, or leave the option out"),
+    (["run", "--profile", "cpu", "--report="], "--report: an empty value"),
+    (["selftest", "--stage", ""], "--stage: an empty value"),
+    (["run", "--nproc-per-node", "abc"], "Invalid value for '--nproc-per-node'"),  # Typer's own, on one line
+    (["run", "--if-idel"], "No such option: --if-idel"),
+    (["selftest", "--profile", "nosuch"], "unknown profile 'nosuch'"),
+])
+def test_an_empty_or_unparsable_option_is_one_line_before_anything_runs(tmp_path, args, words):
+    # An empty path would read as the current directory: `--textfile-dir ""` wrote preflight.prom there.
+    p = run_preflight(args, timeout=60, cwd=tmp_path)
+    one_line_exit_2(p, words)
+    assert list(tmp_path.iterdir()) == []
+
+
+NVSMI = ROOT / "tests" / "fixtures" / "nvsmi" / "q_08_a100-sxm4-80gb_driver555_full-q_GPU1-of-4_clean-baseline_no-timestamp-line.txt"
+
+
+@pytest.mark.parametrize("fixture, old, new", [
+    (NVSMI, "Total                             : 81920 MiB", "Total                             : -5 MiB"),
+    (NVSMI, "DRAM Uncorrectable            : 0", "DRAM Uncorrectable            : -1"),
+    (NVSMI, "DRAM Uncorrectable            : 0", "DRAM Uncorrectable            : " + "9" * 5000),
+    (NVSMI, "Driver Version                            : 555.42.02", "Driver Version                            : 555." + "4" * 5000),
+    (ROOT / "tests/fixtures/nccltests/02_a100-sxm4-80gb-x8_all_reduce_perf_single-process-g8_thanos.txt", "           8             2     float",
+     "           " + "8" * 5000 + "             2     float"),
+    (ROOT / "tests/fixtures/df/shm_02_df-k_gh200-container_handmade.txt", "4186993664", "4" * 400),
+])
+def test_a_capture_with_a_number_no_tool_prints_is_explained_or_refused_in_one_line(tmp_path, fixture, old, new):
+    text = fixture.read_text()
+    assert old in text
+    capture = tmp_path / "capture.txt"
+    capture.write_text(text.replace(old, new, 1))
+    p = run_preflight(["explain", str(capture), *(["--profile", "a100-sxm4-80gb"] if fixture == NVSMI else [])], timeout=60)
+    assert p.returncode in (0, 1, 2) and "Traceback" not in p.stderr, p.stderr[-3000:]
+    if p.returncode == 2:
+        one_line_exit_2(p, str(capture))

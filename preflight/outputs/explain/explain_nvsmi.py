@@ -28,6 +28,8 @@ import dataclasses
 import re
 from typing import Any
 
+from pydantic import ValidationError
+
 from collections import Counter
 
 from preflight.base.errors import UsageError
@@ -47,13 +49,13 @@ _COUNTS = re.compile(r"\(\d+ uncorrectable, \d+ correctable rows remapped\)")
 def explain(text: str, source: str, profile: ResolvedProfile | None = None) -> Explained:
     try:
         capture = nvsmi.parse(text)
+        gpus = [to_gpu(i, g) for i, g in enumerate(capture.gpus)]
     except UsageError as e:
         raise UsageError(f"{source}: {e}") from None
     expect = profile.gpu if profile else None
     if expect is not None and capture.driver_version is None:
         # A fragment without its header: the driver floor cannot be judged, the rest can.
         expect = expect.model_copy(update={"driver_min": ""})
-    gpus = [to_gpu(i, g) for i, g in enumerate(capture.gpus)]
     names = [_name(g, i, len(capture.gpus)) for i, g in enumerate(capture.gpus)]
     seen = [corroborated(g) for g in capture.gpus]
     loaded = {gpu.pci_bus_id: link for gpu, g in zip(gpus, capture.gpus) if (link := under_load(g)[0])}
@@ -99,6 +101,14 @@ def to_gpu(index: int, g: nvsmi.SmiGpu) -> nvml.Gpu:
     remap = None if rows.pending is None and rows.failure is None else nvml.RemappedRows(
         correctable=rows.correctable or 0, uncorrectable=rows.uncorrectable or 0, pending=bool(rows.pending), failure=bool(rows.failure))
     events = g.events_active if corroborated(g)[0] else [e for e in g.events_active if e not in _SNAPSHOT]
+    try:
+        return _gpu(index, g, remap, events)
+    except (ValidationError, ValueError) as e:  # a count below 0, a size past 64 bits: no value nvidia-smi prints
+        where = ".".join(str(x) for x in e.errors()[0]["loc"]) if isinstance(e, ValidationError) else str(e)
+        raise UsageError(f"GPU {index}'s {where} holds a value no nvidia-smi prints; is the capture edited or cut?") from None
+
+
+def _gpu(index: int, g, remap, events) -> nvml.Gpu:  # noqa: ANN001 - the capture's block and what was made of it above
     return nvml.Gpu(
         index=index,
         name=g.product_name or "unknown GPU",

@@ -209,9 +209,10 @@ def _row(m: re.Match, cols: _Columns | None, number: int) -> Row | None:
         if len(rest) not in (width, 2 * width):
             return None
         blocks = [_timing(rest[i : i + 4], cols) for i in range(0, len(rest), width)]
+        size, count = int(m[1]), int(m[2])  # thousands of digits: int() refuses, and the row is garbled
     except (ValueError, IndexError):
         return None
-    return Row(size=int(m[1]), count=int(m[2]), type=m[3], redop=redop, root=root, out_of_place=blocks[0],
+    return Row(size=size, count=count, type=m[3], redop=redop, root=root, out_of_place=blocks[0],
                in_place=blocks[1] if len(blocks) > 1 else None, line=number)
 
 

@@ -299,7 +299,7 @@ def _text(value: str | None) -> str | None:
 
 
 def _int(value: str | None) -> int | None:
-    m = re.match(r"^x?(-?\d+)\s*(x|%|MHz|MiB|C|bank\(s\))?$", _text(value) or "")  # "16x", "x16", "0 %", "382 MHz"
+    m = re.match(r"^x?(-?\d{1,19})\s*(x|%|MHz|MiB|C|bank\(s\))?$", _text(value) or "")  # "16x", "x16", "0 %", "382 MHz"; longer: no answer
     return int(m[1]) if m else None
 
 
