@@ -29,7 +29,7 @@ import sys
 from typing import ClassVar
 
 from preflight.checkkit import figures as figs_mod
-from preflight.checkkit import confirm
+from preflight.checkkit import confirm, host_link
 from preflight.checkkit import nvls as nvls_mod
 from preflight.checkkit import outliers
 from preflight.checkkit.bandwidth_figures import (
@@ -166,6 +166,16 @@ def compute_modes(ctx: Context) -> dict[int, str | None]:
     return {g.index: g.compute_mode for g in inv.gpus}
 
 
+def node_inventory(ctx: Context) -> nvml.Inventory | None:
+    """The run's NVML facts where the profile scales a floor by them (its SKU's PCIe link); None otherwise or where NVML is silent."""
+    if ctx.profile.gpu is None or ctx.profile.gpu.pcie_gen is None:
+        return None
+    try:
+        return ctx.inventory(timeout=min(10.0, ranks.time_left(ctx.deadline)))
+    except nvml.NvmlUnavailable:
+        return None
+
+
 def binding(ctx: Context) -> dict[str, dict]:
     """local rank -> {node, cpus}: the topology check's advice, as nvbandwidth binds each GPU's host buffers."""
     topo = ctx.results.get("topology")
@@ -281,6 +291,7 @@ class Bandwidth(Check):
         figs = figures(facts)
         all_nvlink = bool(ctx.shape and ctx.shape.fabric == "nvswitch")
         floors, unjudged = shape.fitting_floors(dict(ctx.profile.floors), self.whole_node, ctx.shape, nproc, expect.ranks)
+        floors, host_line = host_link.fit(floors, ctx.profile.gpu, node_inventory(ctx))  # a host of older or narrower slots
         # Across nodes the inter-node floors judge the collectives; alone, they judge nothing.
         for name in (WHOLE_NODE if ctx.meeting else INTERNODE_FLOORS):
             floors.pop(name, None)
@@ -332,6 +343,6 @@ class Bandwidth(Check):
         result = self.conclude(findings, summary(facts, figs), measurements=measurements(figs, floors, ctx.profile.outliers, kinds, all_nvlink), details=details)
         result.lines = lines(figs, floors) + time_line(facts)
         result.lines += settled.lines + [t.replace("time:", "time, second reading:", 1) for t in (time_line(again) if again else [])]
-        result.lines += nvls_lines + shape.unjudged_lines(unjudged) + ([facts.left_out] if facts.left_out else []) + foreign_line(facts)
+        result.lines += ([f"host copies: {host_line}"] if host_line else []) + nvls_lines + shape.unjudged_lines(unjudged) + ([facts.left_out] if facts.left_out else []) + foreign_line(facts)
         return result
 

@@ -30,6 +30,11 @@ class GpuExpect(BaseModel):
     whole_gpus: bool = True  # MIG must be off: the job wants whole GPUs
     memory_min_bytes: int = Field(default=0, ge=0, le=1 << 44)  # NVML memory total at least this
     memory_source: str | None = None
+    # The PCIe generation of the SKU's host interface: its h2d and d2h floors are measured over an
+    # x16 link of it, and a host whose slots give less is held to that share (checkkit/host_link.py).
+    # None: no PCIe host link to scale by (GB10's C2C), or the floors stand as given.
+    pcie_gen: int | None = Field(default=None, ge=1, le=6)
+    pcie_source: str | None = None
 
     @model_validator(mode="after")
     def _cited(self) -> GpuExpect:
@@ -37,6 +42,8 @@ class GpuExpect(BaseModel):
             raise ValueError("nvlinks needs nvlinks_source: where the link count came from")
         if self.memory_min_bytes and not self.memory_source:
             raise ValueError("memory_min_bytes needs memory_source")
+        if self.pcie_gen and not self.pcie_source:
+            raise ValueError("pcie_gen needs pcie_source")
         return self
 
 
