@@ -69,6 +69,16 @@ def plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return root
 
 
+def tmpdir_in_nobodys_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, str]:
+    """TMPDIR set to root's own tmp in a home nobody owns, who could rename tmp away and put one of
+    theirs in its place; the directory, and the refusal preflight must give (gpuwork/scratch.py)."""
+    home = tmp_path / "alice"
+    (home / "tmp").mkdir(parents=True)
+    os.chown(home, 65534, 65534)
+    monkeypatch.setenv("TMPDIR", str(home / "tmp"))
+    return home / "tmp", f"TMPDIR={home / 'tmp'} could be replaced under the workers by another user: {home} is nobody's"
+
+
 def make_ctx(floors: dict[str, float] | None = None, host: Host | None = None) -> Context:
     profile = ResolvedProfile(
         name="test",

@@ -13,7 +13,6 @@ import os
 import re
 import shlex
 import shutil
-import stat
 import statistics
 import subprocess
 import tempfile
@@ -79,19 +78,14 @@ def read_hosts(path: Path) -> list[Host]:
     """One host per line, ``NAME [ADDRESS]``; ``#`` starts a comment."""
     fix = "give a text file with one host per line: NAME [ADDRESS]"
     try:
-        # A regular file only, opened without blocking and read up to a cap: a FIFO would hang, /dev/zero never end.
-        fd, st = capture.open_nonblocking(path)
-        try:
-            if not stat.S_ISREG(st.st_mode):
-                raise UsageError(f"--hosts {path}: not a regular file; {fix}")
-            data = capture.read_regular(fd, HOSTS_LIMIT + 1)
-        finally:
-            os.close(fd)
-        if len(data) > HOSTS_LIMIT:
-            raise UsageError(f"--hosts {path}: larger than {HOSTS_LIMIT >> 20} MiB; {fix}")
-        lines = data.decode().splitlines()
+        data = capture.read_file(path, HOSTS_LIMIT + 1)  # a FIFO would hang, /dev/zero never end
+        lines = data.decode().splitlines() if data is not None else []
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"--hosts {path}: cannot read it ({getattr(e, 'strerror', None) or e}); {fix}") from None
+    if data is None:
+        raise UsageError(f"--hosts {path}: not a regular file; {fix}")
+    if len(data) > HOSTS_LIMIT:
+        raise UsageError(f"--hosts {path}: larger than {HOSTS_LIMIT >> 20} MiB; {fix}")
     hosts: dict[str, tuple[int, Host]] = {}
     for n, raw in enumerate(lines, 1):
         if not (words := raw.split("#", 1)[0].split()):

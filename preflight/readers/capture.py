@@ -47,6 +47,17 @@ def read_regular(fd: int, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def read_file(path: Path | str, limit: int) -> bytes | None:
+    """At most ``limit`` bytes of the regular file at ``path``, opened without blocking; None where
+    something else is there (a FIFO would hang the reader, a device never end). OSError as open
+    or read raises it. For the small files a setting names (--nvml-fake, --hosts, nccl.conf)."""
+    fd, st = open_nonblocking(path)
+    try:
+        return read_regular(fd, limit) if stat.S_ISREG(st.st_mode) else None
+    finally:
+        os.close(fd)
+
+
 def read_text(path: Path | str, limit: int, too_big: str, option: str | None = "--from") -> str:
     """The file's text, read in at most ``limit`` bytes.
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import needs_root
+from conftest import needs_root, tmpdir_in_nobodys_home
 from preflight.gpuwork import launch
 
 RANKS = str(Path(__file__).parents[1] / "fixtures" / "workers" / "ranks.py")  # absolute: WORKERS_DIR / it is it
@@ -110,14 +110,10 @@ def test_a_tmpdir_another_user_could_swap_the_folder_in_is_refused(tmp_path, mon
 def test_a_tmpdir_below_another_user_s_directory_is_refused(tmp_path, monkeypatch):
     # root's own tmp, but in a home another user owns: they rename tmp away and put one of
     # theirs there, whose worker folder holds launcher.log -> a file of root's.
-    home = tmp_path / "alice"
-    (home / "tmp").mkdir(parents=True)
-    os.chown(home, 65534, 65534)
-    monkeypatch.setenv("TMPDIR", str(home / "tmp"))
+    tmp, refusal = tmpdir_in_nobodys_home(tmp_path, monkeypatch)
     with pytest.raises(launch.LaunchError) as e:
         launch.start(sys.executable, launch.Worker(RANKS), timeout=5)
-    assert e.value.cause == f"TMPDIR={home / 'tmp'} could be replaced under the workers by another user: {home} is nobody's"
-    assert not any((home / "tmp").iterdir())
+    assert e.value.cause == refusal and not any(tmp.iterdir())
     # A link to root's directory, its own in a sticky one: the link's owner could re-aim it.
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o1777)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import pwd
-import stat
 
 from preflight.base.host import Host
 from preflight.readers import capture
@@ -58,15 +57,10 @@ def _text(host: Host, conf: str) -> str:
     """A config file's text: a regular file's first CONF_LIMIT bytes, opened without blocking,
     so a FIFO or a device put at its name can neither hang the run nor fill its memory ("" then)."""
     try:
-        fd, st = capture.open_nonblocking(host.path(conf))
+        data = capture.read_file(host.path(conf), CONF_LIMIT)
     except OSError:
         return ""
-    try:
-        return capture.read_regular(fd, CONF_LIMIT).decode(errors="replace") if stat.S_ISREG(st.st_mode) else ""
-    except OSError:
-        return ""
-    finally:
-        os.close(fd)
+    return data.decode(errors="replace") if data is not None else ""
 
 
 def effective(found: dict[str, list[tuple[str, str]]]) -> dict[str, tuple[str, str]]:

@@ -11,8 +11,6 @@ on a wedged driver nvmlInit can block forever, and the agent must not.
 from __future__ import annotations
 
 import json
-import os
-import stat
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -202,17 +200,11 @@ def _beyond_nvml(data: Any, where: str = "") -> str | None:
 def FakeNvml(path: Path) -> Inventory:  # noqa: N802 - reads like the class it stands in for
     """The facts of a recorded or invented node, from a JSON file (``--nvml-fake``)."""
     try:
-        # Opened without blocking, a regular file only, and read up to a cap: a FIFO would hang the
-        # run, /dev/zero fill its memory.
-        fd, st = capture.open_nonblocking(path)
-        try:
-            if not stat.S_ISREG(st.st_mode):
-                raise UsageError(f"--nvml-fake {path}: not a regular file; pass a JSON file")
-            text = capture.read_regular(fd, FAKE_LIMIT + 1)
-        finally:
-            os.close(fd)
+        text = capture.read_file(path, FAKE_LIMIT + 1)  # a FIFO would hang the run, /dev/zero fill its memory
     except OSError as e:
         raise UsageError(f"--nvml-fake {path}: cannot read it ({e.strerror or e}); pass an existing JSON file") from None
+    if text is None:
+        raise UsageError(f"--nvml-fake {path}: not a regular file; pass a JSON file")
     if len(text) > FAKE_LIMIT:
         raise UsageError(f"--nvml-fake {path}: larger than {FAKE_LIMIT >> 20} MiB; a node's facts are a few KiB")
     try:
