@@ -48,6 +48,7 @@ from preflight.pipeline.expectations import BandwidthExpect, OutlierExpect
 from preflight.base.units import fmt_value
 from preflight.checkkit import transports
 from preflight.readers.nccl import nccl_env, nccl_log as nccl_lines
+from preflight.readers.machine import layout
 from preflight.readers.nvidia import nvml
 
 # Kept importable from here: tests/perf/time_model.py and plugins read the step plan and
@@ -291,7 +292,8 @@ class Bandwidth(Check):
         figs = figures(facts)
         all_nvlink = bool(ctx.shape and ctx.shape.fabric == "nvswitch")
         floors, unjudged = shape.fitting_floors(dict(ctx.profile.floors), self.whole_node, ctx.shape, nproc, expect.ranks)
-        floors, host_line = host_link.fit(floors, ctx.profile.gpu, node_inventory(ctx))  # a host of older or narrower slots
+        # A host of older or narrower slots than the SKU's (never a VM's, whose links the hypervisor reports).
+        floors, host_line = host_link.fit(floors, ctx.profile.gpu, node_inventory(ctx), layout.under_hypervisor(ctx.host))
         # Across nodes the inter-node floors judge the collectives; alone, they judge nothing.
         for name in (WHOLE_NODE if ctx.meeting else INTERNODE_FLOORS):
             floors.pop(name, None)

@@ -337,22 +337,22 @@ def backed_by(f: ShmFacts) -> str | None:
     return None
 
 
-FLOOR_GPUS = 8  # a GPU profile's cited floor is for a node of 8 GPUs' ranks (its source: an all-GPU NCCL job)
 LEAST = 1 << 30  # NGC's single-process minimum (cpu.toml's floor): a scaled floor never goes below it
 
 
 def floor_for(ctx: Context) -> tuple[int, str | None]:
-    """The floor in bytes this run is judged by, and how it was scaled (None: as given). A GPU
-    profile's own floor holds 8 ranks' NCCL segments and DataLoader batches: a run of fewer
-    ranks (a pod given 1 or 2 of the node's GPUs) needs that share, never under LEAST. A site's
-    floor (config, calibrate) is the site's number for its nodes, and is kept as it is."""
+    """The floor in bytes this run is judged by, and how it was scaled (None: as given). A
+    profile's floor that provides for N GPUs' ranks (``for_gpus``: an 8-GPU node's NCCL segments
+    and DataLoader batches) holds a node that gives the run fewer GPUs (a pod given 1 or 2 of
+    them) to that share, never under LEAST. A site's floor (config, calibrate) is the site's
+    number for its nodes, and is kept as it is."""
     f = ctx.profile.floors["shm_min_bytes"]
-    value = int(f.value)
-    ranks = ctx.ranks(None) if ctx.profile.has_gpus and ctx.shape is not None else FLOOR_GPUS
-    if not getattr(f, "origin", "profile").startswith("profile") or ranks >= FLOOR_GPUS or value <= LEAST:
+    value, of = int(f.value), getattr(f, "for_gpus", None)
+    gpus = ctx.shape.gpus if ctx.shape is not None and ctx.profile.has_gpus else None
+    if of is None or not gpus or gpus >= of or not getattr(f, "origin", "profile").startswith("profile") or value <= LEAST:
         return value, None
-    scaled = max(LEAST, value * ranks // FLOOR_GPUS)
-    return scaled, f"the profile's {fmt_bytes(value)} for {FLOOR_GPUS} GPUs' ranks, this run's {ranks}"
+    scaled = max(LEAST, value * gpus // of)
+    return scaled, f"the profile's {fmt_bytes(value)} for {of} GPUs' ranks, this node gives the run {gpus}"
 
 
 class Shm(Check):

@@ -133,6 +133,10 @@ def bridged_elsewhere(facts: TopologyFacts) -> dict[int, list[str]]:
     ours = {p.pci.lower() for p in facts.gpus}
     out = {}
     for p in facts.gpus:
+        # Only links NVML says end at a GPU: where it cannot tell a GPU from an NVSwitch, the
+        # peers it lists may be switches, and a GPU cut off from its fabric must still fail.
+        if not (p.nvlink_remote or {}).get("gpu") or "switch" in (p.nvlink_remote or {}):
+            continue
         if away := sorted(bus for bus in (p.nvlink_peers or {}) if bus.lower() not in ours):
             out[p.index] = away
     return out

@@ -94,7 +94,7 @@ def test_the_h200_vm_passes_the_standard_levels_reading_checks_with_no_warn(tmp_
     assert shm["status"] == "PASS" and shm["details"]["segment_bytes"] == 64 << 20
     # One GPU: its share of the profile's 8-GPU floor, said where it is read.
     assert "; memory for the 2 GiB floor: " in shm["summary"]
-    assert shm["summary"].endswith("; floor 2 GiB: the profile's 16 GiB for 8 GPUs' ranks, this run's 1")
+    assert shm["summary"].endswith("; floor 2 GiB: the profile's 16 GiB for 8 GPUs' ranks, this node gives the run 1")
 
 
 def test_the_hgx_h100_with_a_driver_580_header_passes_the_quick_level_with_no_warn(tmp_path):

@@ -45,7 +45,7 @@ def _post(raw: bytes) -> dict:
         return {"ok": False, "why": f"its post was {len(raw)} bytes, more than the {POST_LIMIT} a node's post may be: not read"}
     try:
         post = json.loads(raw or b"{}")
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested thousands deep
         post = None
     return post if isinstance(post, dict) else {"ok": False, "why": "its post was not a JSON object: not read"}
 

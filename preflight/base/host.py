@@ -228,8 +228,14 @@ def become_subreaper() -> None:
 
 def descendants() -> set[int]:
     """PIDs of every process below this one, whatever session it started."""
+    return {p.pid for p in descendant_processes()}
+
+
+def descendant_processes() -> set[psutil.Process]:
+    """Every process below this one, as psutil knows it (pid and start time: two sets taken apart
+    in time differ by a pid reused between them), whatever session it started."""
     try:
-        return {p.pid for p in psutil.Process().children(recursive=True)}
+        return set(psutil.Process().children(recursive=True))
     except psutil.Error:
         return set()
 

@@ -266,7 +266,9 @@ def steerable(path: Path | str) -> str | None:
             return None  # not there: running it says so
         if st.st_uid not in (0, os.geteuid()):
             return f"{p} is {owner(st.st_uid)}'s"
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
+        # Group write by root's own group (gid 0, as /etc/preflight 0775 root:root) gives no one else a say.
+        writers = stat.S_IWOTH | (stat.S_IWGRP if st.st_gid != 0 else 0)
+        if st.st_mode & writers and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
             return f"{p} is writable by {'its group' if not st.st_mode & stat.S_IWOTH else 'every user'}"
     return None
 

@@ -11,6 +11,11 @@ host can give, and those floors are scaled by the ratio of the two links' line
 rates. A link that trained below that maximum is a fault the cuda and topology
 checks name, and its copies are held to the unscaled floor. A site's own floor
 (config, calibrate) was measured on the site's hosts and is never scaled.
+
+Only where the host's design is plain: every GPU's maximum link the same (one
+floor judges them all: one GPU in a narrower slot must not lower the bar of
+the seven beside it), at least Gen3 x8 (less is no training host's slot), and
+not in a virtual machine (whose links are the hypervisor's to report).
 """
 
 from __future__ import annotations
@@ -30,21 +35,27 @@ def rate(gen: int, width: int) -> float:
     return LANE_GBPS.get(gen, LANE_GBPS[max(LANE_GBPS)]) * width
 
 
+LEAST = (3, 8)  # the oldest, narrowest host link scaled to; below it the floor stands
+
+
 def host_link(inventory: Inventory | None) -> tuple[int, int] | None:
-    """The slowest (generation, width) NVML says any GPU and its slot can do; None where a GPU's is unknown."""
+    """The (generation, width) NVML says every GPU and its slot can do; None where a GPU's is
+    unknown, or where they differ."""
     if inventory is None or not inventory.gpus:
         return None
-    links = [(g.pcie.gen_max, g.pcie.width_max) for g in inventory.gpus if g.pcie and g.pcie.gen_max and g.pcie.width_max]
-    if len(links) < len(inventory.gpus):
+    links = {(g.pcie.gen_max, g.pcie.width_max) for g in inventory.gpus if g.pcie and g.pcie.gen_max and g.pcie.width_max}
+    if len(links) != 1 or sum(1 for g in inventory.gpus if g.pcie and g.pcie.gen_max and g.pcie.width_max) < len(inventory.gpus):
         return None
-    return min(links, key=lambda link: rate(*link))  # type: ignore[arg-type]
+    return links.pop()  # type: ignore[return-value]
 
 
-def fit(floors: dict[str, ResolvedFloor], expect: GpuExpect | None, inventory: Inventory | None) -> tuple[dict[str, ResolvedFloor], str | None]:
+def fit(floors: dict[str, ResolvedFloor], expect: GpuExpect | None, inventory: Inventory | None,
+        virtual: bool = False) -> tuple[dict[str, ResolvedFloor], str | None]:
     """``floors`` with the profile's h2d and d2h floors scaled to this host's link, and a line
-    saying so (None: nothing scaled, the host gives the SKU's whole link or its link is unknown)."""
+    saying so (None: nothing scaled: the host gives the SKU's whole link, its link is unknown,
+    uneven or below LEAST, or ``virtual``, a virtual machine's)."""
     link = host_link(inventory)
-    if expect is None or expect.pcie_gen is None or link is None:
+    if expect is None or expect.pcie_gen is None or link is None or virtual or link[0] < LEAST[0] or link[1] < LEAST[1]:
         return floors, None
     factor = rate(*link) / rate(expect.pcie_gen, 16)
     scaled = {name: f for name in HOST_COPIES if (f := floors.get(name)) is not None and f.origin.startswith("profile")}

@@ -29,9 +29,11 @@ def guarded(command: Callable[..., int], *args: object, **kwargs: object) -> int
     """What a command returns, or the exit code for what it raised: 2 bad input,
     1 no profile found, 128+N a signal (141: stdout's reader went away), 3 a bug
     (with the traceback)."""
+    if sys.stdout is not None and not isinstance(sys.stdout, _Watched):  # None when started with stdout closed (`>&-`)
+        sys.stdout = _Watched(sys.stdout)
     try:
         code = command(*args, **kwargs)
-        if sys.stdout is not None:  # None when started with stdout closed (`>&-`)
+        if sys.stdout is not None:
             sys.stdout.flush()  # here, not at exit: a reader gone by then is handled below too
         return code
     except BrokenPipeError:
@@ -42,13 +44,13 @@ def guarded(command: Callable[..., int], *args: object, **kwargs: object) -> int
     except UsageError as e:
         console().error(str(e))
         return 2
+    except StdoutFailed as e:  # where stdout goes is full or failing (`> /dev/full`, a quota)
+        stdout_gone()  # the interpreter's last flush must not fail again, and turn the exit code into 120
+        console().error(f"cannot write the output: {e.strerror}; free space where it goes (or send it elsewhere)")
+        return 2
     except OSError as e:
         if e.errno == errno.ENAMETOOLONG:  # a path given (a flag, a variable, a config) the kernel will not take
             console().error(f"{e.filename or 'a path'}: {e.strerror}; give a shorter path")
-            return 2
-        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO) and not e.filename:  # where stdout goes is full or failing
-            stdout_gone()  # the interpreter's last flush must not fail again, and turn the exit code into 120
-            console().error(f"cannot write the output: {e.strerror}; free space where it goes (or send it elsewhere)")
             return 2
         return _broke(e)
     except BaseException as e:
@@ -64,6 +66,37 @@ def guarded(command: Callable[..., int], *args: object, **kwargs: object) -> int
         if not isinstance(e, Exception):
             raise
         return _broke(e)
+
+
+class StdoutFailed(OSError):
+    """Writing to stdout failed: the disk under a redirect is full, or the device errs."""
+
+
+class _Watched:
+    """stdout, whose write errors say they are stdout's: a full disk under `> out.json` is the
+    person's to fix (exit 2), while the same errno from a file a command writes is not this."""
+
+    def __init__(self, stream):  # noqa: ANN001 - sys.stdout, whatever class it is
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise StdoutFailed(e.errno, e.strerror) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise StdoutFailed(e.errno, e.strerror) from None
+
+    def __getattr__(self, name: str):  # noqa: ANN204 - fileno, isatty, encoding, buffer: the stream's own
+        return getattr(self._stream, name)
 
 
 def _broke(e: Exception) -> int:

@@ -65,6 +65,9 @@ class Floor(BaseModel):
     # a per-GPU figure, true on any node of the model.
     gpus: int | None = Field(default=None, ge=1, le=256)
     fabric: Literal["nvswitch", "nvlink", "pcie"] | None = None
+    # The GPUs whose ranks the value provides for (shm_min_bytes: an 8-GPU node's segments and
+    # batches): a run on fewer of them is held to its share (checks/shm.py). None: as given.
+    for_gpus: int | None = Field(default=None, ge=1, le=256)
 
 
 class Profile(BaseModel):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from preflight.pipeline.check import Check, Context, Result, Status, Waiting
 from preflight.base.errors import Interrupted, signal_name
-from preflight.base.host import become_subreaper, descendants, kill_processes
+from preflight.base.host import become_subreaper, descendant_processes, kill_processes
 
 
 MAX_TIMEOUT = 86400.0  # a plugin's own timeout_seconds is capped like a profile's
@@ -117,7 +117,7 @@ def _timed_run(check: Check, ctx: Context, timeout: float, body: Callable[[], Re
 
 
 def run_check(check: Check, ctx: Context, timeout: float, body: Callable[[], Result | Waiting] | None = None, whole: float | None = None) -> Result | Waiting:
-    before = descendants()
+    before = descendant_processes()
     started = time.monotonic()
     ctx.deadline = started + timeout
     try:
@@ -127,9 +127,9 @@ def run_check(check: Check, ctx: Context, timeout: float, body: Callable[[], Res
         # launch of ranks waiting for the next check's stage (one still busy in a stage dies).
         # The processes are listed before the launch's: a rank torchrun starts in between (it
         # starts them while the checks that need no ranks run) is in neither, never a stray.
-        now = descendants()
+        now = descendant_processes()
         spare = ctx.worlds.after_check() if ctx.worlds is not None else set()
-        strays = kill_processes(now - before - spare)
+        strays = kill_processes(p for p in now - before if p.pid not in spare)  # the processes seen: never a pid reused since
     if isinstance(result, Waiting):
         return result
     if strays:

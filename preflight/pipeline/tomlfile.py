@@ -21,6 +21,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 MAX_BYTES = 1 << 20  # far beyond any real config or profile
+# The profiles installed with preflight: whoever owns them owns its code too, so refusing them adds nothing.
+SHIPPED = Path(__file__).parent / "profiles"
 _HEADER = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
 _KEY = re.compile(r"^\s*(\"[^\"]*\"|'[^']*'|[A-Za-z0-9_.\-\" ]+?)\s*=")
 
@@ -48,7 +50,7 @@ def load(path: Path, what: str) -> tuple[dict[str, Any], str]:
         raise UsageError(f"{what} file {path} is over {MAX_BYTES // 1024} KiB; a {what} file is at most that")
     # A config or profile sets floors, paths and the interpreter root runs: one another user
     # could edit or swap would steer the gate.
-    if os.geteuid() == 0 and (why := safefile.steerable(path)):
+    if os.geteuid() == 0 and Path(os.path.abspath(path)).parent != SHIPPED and (why := safefile.steerable(path)):
         raise UsageError(f"{what} file {path}: another user could change it ({why}); as root preflight reads only "
                          f"{what} files only root can change: chown root and chmod go-w it and the directories above it")
     try:
@@ -57,6 +59,8 @@ def load(path: Path, what: str) -> tuple[dict[str, Any], str]:
     except UnicodeDecodeError:
         raise UsageError(f"{what} file {path} is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"{what} file {path}: invalid TOML: {e}") from None
+    except ValueError as e:  # an integer of thousands of digits: int() refuses it inside tomllib
         raise UsageError(f"{what} file {path}: invalid TOML: {e}") from None
     except RecursionError:  # tomllib recurses once per level of nesting
         raise UsageError(too_deep(what, path)) from None

@@ -41,12 +41,21 @@ def test_the_sku_s_whole_link_or_an_unknown_one_leaves_the_floors_as_they_are(na
     assert host_link.fit(dict(p.floors), p.gpu, node(gen, width)) == (dict(p.floors), None)
 
 
-def test_the_slowest_gpu_s_link_decides_and_a_narrow_slot_counts_as_well_as_an_old_one():
+def test_a_narrow_slot_counts_as_well_as_an_old_one():
     p = profile("a100-sxm4-80gb")
-    inv = node(4)
-    inv.gpus[3] = inv.gpus[3].model_copy(update={"pcie": inv.gpus[3].pcie.model_copy(update={"width_max": 8})})
-    floors, said = host_link.fit(dict(p.floors), p.gpu, inv)
+    floors, said = host_link.fit(dict(p.floors), p.gpu, node(4, 8))
     assert "Gen4 x8" in said and floors["h2d_bandwidth"].value == pytest.approx(p.floors["h2d_bandwidth"].value / 2)
+
+
+def test_gpus_of_uneven_links_a_link_below_gen3_x8_or_a_vm_keep_the_sku_s_floor():
+    # One GPU in a narrower slot must not lower the bar of the seven beside it.
+    p = profile("h100-pcie")
+    uneven = node(4)
+    uneven.gpus[3] = uneven.gpus[3].model_copy(update={"pcie": uneven.gpus[3].pcie.model_copy(update={"width_max": 8})})
+    assert host_link.fit(dict(p.floors), p.gpu, uneven) == (dict(p.floors), None)
+    assert host_link.fit(dict(p.floors), p.gpu, node(1, 1)) == (dict(p.floors), None)  # an emulated port's Gen1 x1
+    assert host_link.fit(dict(p.floors), p.gpu, node(3, 4)) == (dict(p.floors), None)
+    assert host_link.fit(dict(p.floors), p.gpu, node(4), virtual=True) == (dict(p.floors), None)
 
 
 def test_a_site_s_own_floor_is_never_scaled():

@@ -666,6 +666,7 @@ def test_no_readable_kernel_log_leaves_xids_unjudged_and_names_every_source(tmp_
     r = cuda.Cuda().run(ctx)
     assert r.details["parts"]["xid"].startswith("not judged: the kernel log could not be read") and "sources" not in r.details
     assert any(line.startswith("Xid errors since boot: not judged") for line in r.lines)
+    assert r.summary.endswith("(inventory passed)"), r.summary  # not judged is not passed
     assert {m.labels["tool"]: m.labels["fallback"] for m in r.measurements if m.name == "tool_unreadable"} == {
         str(tmp_path / "root" / "dev" / "kmsg"): "none", "journalctl": "none", "dmesg": "none"}
 

@@ -27,5 +27,5 @@ def test_a_post_too_large_to_be_a_node_s_is_not_read_and_the_node_counts_as_out(
 
 
 def test_a_post_that_is_no_json_object_counts_as_out():
-    for raw in (b"[1, 2]", b"not json", b'"ok"', b"\xff\xfe"):
+    for raw in (b"[1, 2]", b"not json", b'"ok"', b"\xff\xfe", b"[" * 40000):
         assert worker._post(raw) == {"ok": False, "why": "its post was not a JSON object: not read"}

@@ -519,7 +519,19 @@ def test_a_pod_given_fewer_of_the_node_s_gpus_needs_its_share_of_the_8_gpu_floor
     assert got == floor
     assert (scaled is None) == (gpus == 8)
     if scaled:
-        assert scaled == f"the profile's 16 GiB for 8 GPUs' ranks, this run's {gpus}"
+        assert scaled == f"the profile's 16 GiB for 8 GPUs' ranks, this node gives the run {gpus}"
+
+
+def test_ranks_asked_of_a_whole_node_or_a_one_gpu_profile_s_floor_are_not_scaled():
+    # --nproc-per-node 1 on all 8 GPUs: the node's /dev/shm still serves 8 GPUs' jobs.
+    ctx = _h100_ctx(8)
+    ctx.settings = Settings(nproc_per_node=1)
+    assert shm.floor_for(ctx) == (16 * GiB, None)
+    from preflight.pipeline import profiles
+
+    path = profiles.find("gb10", Path("/nonexistent"))  # DGX Spark: its 2 GiB is for its one GPU already
+    gb10 = profiles.resolve(profiles.load(path), path, {}, "--profile gb10")
+    assert shm.floor_for(Context(profile=gb10, settings=Settings(), host=Host(), shape=_h100_ctx(1).shape)) == (2 * GiB, None)
 
 
 def test_a_site_s_own_floor_is_never_scaled():

@@ -263,11 +263,13 @@ def test_a_gpu_bridged_to_a_partner_outside_the_pod_is_no_missing_bridge():
     # A pod given GPUs 0-2 of an 8x H100 NVL node: GPU 2's bridge partner went to another pod.
     # NVML still reads its 12 links active, their far end a GPU this pod does not see.
     gpus = [layout.GpuPlace(index=i, pci=f"0000:{0x1b + i:02x}:00.0", uuid=f"GPU-{i}", nvlinks_active=12) for i in range(3)]
-    gpus[2].nvlink_peers = {"0000:9a:00.0": 12}
+    gpus[2].nvlink_peers, gpus[2].nvlink_remote = {"0000:9a:00.0": 12}, {"gpu": 12}
     f = t.TopologyFacts(matrix=topo.parse(matrix(3, {"0-1": "NV12"}, [0, 0, 0])), gpus=gpus)
     assert t.judge(f, NVL.topology, None)["nvlink"] == []
     assert t.bridged_elsewhere(f) == {2: ["0000:9a:00.0"]}
-    gpus[2].nvlink_peers = None  # NVML names no far end: its bridge is missing
+    gpus[2].nvlink_remote = {"unknown": 12}  # NVML cannot say a GPU is there: the peer may be a switch
+    assert [x.summary for x in t.judge(f, NVL.topology, None)["nvlink"]] == ["GPU 2 has no NVLink peer"]
+    gpus[2].nvlink_peers, gpus[2].nvlink_remote = None, None  # NVML names no far end: its bridge is missing
     assert [x.summary for x in t.judge(f, NVL.topology, None)["nvlink"]] == ["GPU 2 has no NVLink peer"]
 
 

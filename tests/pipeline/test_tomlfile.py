@@ -53,3 +53,22 @@ def test_as_root_a_file_another_user_could_change_is_refused(tmp_path):
     os.chown(tmp_path, 65534, 65534)
     with pytest.raises(UsageError, match=f"profile file {conf}: another user could change it \\({tmp_path} is nobody's\\)"):
         tomlfile.load(conf, "profile")
+
+
+def test_an_integer_of_thousands_of_digits_is_one_line(tmp_path):
+    # tomllib raises a plain ValueError for it (Python's int() digit limit), not a TOMLDecodeError.
+    conf = tmp_path / "config.toml"
+    conf.write_text("[floors]\nshm_min_bytes = 1" + "0" * 5000 + "\n")
+    with pytest.raises(UsageError, match=f"^config file {conf}: invalid TOML: "):
+        tomlfile.load(conf, "config")
+
+
+@needs_root
+def test_as_root_a_file_only_root_s_group_may_write_is_read(tmp_path):
+    conf = tmp_path / "config.toml"
+    conf.write_text('profile = "cpu"\n')
+    conf.chmod(0o664)  # root:root, as /etc/preflight files often are
+    assert tomlfile.load(conf, "config")[0] == {"profile": "cpu"}
+    os.chown(conf, 0, 65534)  # the group of nobody: its members could rewrite it
+    with pytest.raises(UsageError, match="is writable by its group"):
+        tomlfile.load(conf, "config")
