@@ -256,6 +256,7 @@ def kill_processes(pids: Iterable[int | psutil.Process]) -> list[int]:
         except psutil.NoSuchProcess:
             continue
     own_group = os.getpgrp()
+    killed = []
     for p in procs:
         try:
             if not p.is_running():  # ended, and its pid perhaps another process's now
@@ -265,10 +266,11 @@ def kill_processes(pids: Iterable[int | psutil.Process]) -> list[int]:
                 os.killpg(pgid, signal.SIGKILL)
             else:
                 p.kill()
+            killed.append(p)
         except (ProcessLookupError, psutil.Error):
             pass
-    _wait_dead(procs, timeout=5.0)
-    return [p.pid for p in procs]
+    _wait_dead(killed, timeout=5.0)
+    return [p.pid for p in killed]
 
 
 def _wait_dead(procs: list[psutil.Process], timeout: float) -> None:

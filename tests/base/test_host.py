@@ -63,8 +63,7 @@ def test_a_process_seen_earlier_whose_pid_was_reused_is_never_killed():
         seen = psutil.Process(other.pid)
         seen._ident = (other.pid, seen.create_time() - 100.0)  # how psutil knows a process: pid and start time
         assert not seen.is_running()
-        host.kill_processes([seen])
-        assert other.poll() is None
+        assert host.kill_processes([seen]) == [] and other.poll() is None
         host.kill_processes([psutil.Process(other.pid)])  # seen now: killed, with its group (and reaped)
         other.wait(5)
         assert not psutil.pid_exists(other.pid)
