@@ -85,7 +85,7 @@ def _one_line(self, file=None) -> None:  # noqa: ANN001 - Typer's UsageError.sho
     """A usage error as every other bad input is told: one line, naming the fix (Typer's own
     prints the usage and a hint above it)."""
     where = f"; see `{self.ctx.command_path} -h`" if getattr(self, "ctx", None) is not None else ""
-    plain.console().error(f"{self.format_message()}{where}")
+    plain.console().error(f"{self.format_message().rstrip('.')}{where}")
 
 
 try:
