@@ -347,9 +347,9 @@ def floor_for(ctx: Context) -> tuple[int, str | None]:
     them) to that share, never under LEAST. A site's floor (config, calibrate) is the site's
     number for its nodes, and is kept as it is."""
     f = ctx.profile.floors["shm_min_bytes"]
-    value, of = int(f.value), getattr(f, "for_gpus", None)
+    value, of = int(f.value), f.for_gpus
     gpus = ctx.shape.gpus if ctx.shape is not None and ctx.profile.has_gpus else None
-    if of is None or not gpus or gpus >= of or not getattr(f, "origin", "profile").startswith("profile") or value <= LEAST:
+    if of is None or not gpus or gpus >= of or not f.from_profile or value <= LEAST:
         return value, None
     scaled = max(LEAST, value * gpus // of)
     return scaled, f"the profile's {fmt_bytes(value)} for {of} GPUs' ranks, this node gives the run {gpus}"

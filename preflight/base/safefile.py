@@ -273,28 +273,63 @@ def steerable(path: Path | str) -> str | None:
     return None
 
 
+class LinkAtName(Untrusted):
+    """A link at the name itself that another user could have made: never followed to read."""
+
+    def __init__(self, path: str, why: str):
+        super().__init__(f"{path} is a symlink another user could have made ({why})", path)
+        self.why = why
+
+
+class NotRegular(OSError):
+    """Something other than a regular file at the name (a directory, a FIFO, a device): not opened."""
+
+
+def open_own(path: Path | str) -> tuple[int, str | None]:
+    """The regular file at ``path`` opened for reading, reached as ``locate`` walks it, and why
+    another user could have written it or put it there (None: only root or this user could).
+    The caller closes the descriptor. Raises FileNotFoundError where nothing is there, NotRegular
+    for anything else (never opened: a FIFO would hang the reader), LinkAtName or Untrusted for a
+    link another user could have made, OSError as open raises it."""
+    with locate(path) as place:
+        if place.st is None:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), os.fspath(path))
+        if why := place.planted:
+            raise LinkAtName(os.fspath(path), why)
+        if not stat.S_ISREG(place.st.st_mode):
+            raise NotRegular(errno.EINVAL, "not a regular file", os.fspath(path))
+        fd = os.open(place.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=place.dir_fd)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):  # swapped since it was looked at
+                raise NotRegular(errno.EINVAL, "not a regular file", os.fspath(path))
+            foreign = "other users can write it" if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) else replaceable(st, os.fstat(place.dir_fd))
+        except BaseException:
+            os.close(fd)
+            raise
+    return fd, foreign
+
+
 def read_own(path: Path | str, limit: int = 64 << 20) -> bytes | None:
     """The file at ``path`` if no other user could have written it or put it
     there (root's or this user's, not writable by others, in a directory others
     cannot change); else None. For what a run reads back of its own past output."""
     try:
-        with locate(path) as place:
-            if place.st is None or not stat.S_ISREG(place.st.st_mode) or place.planted:
-                return None
-            fd = os.open(place.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=place.dir_fd)
-            try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode) or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or replaceable(st, os.fstat(place.dir_fd)):
-                    return None
-                chunks, left = [], limit
-                while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
-                    chunks.append(chunk)
-                    left -= len(chunk)
-                return b"".join(chunks)
-            finally:
-                os.close(fd)
+        fd, foreign = open_own(path)
     except OSError:
         return None
+    try:
+        if foreign:
+            return None
+        chunks, left = [], limit
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def make_dirs(path: Path | str, mode: int) -> None:

@@ -155,9 +155,14 @@ def popen(argv: list[str], *, private_net: bool = False, report: str | None = No
         wrapped += ["--net", "private"]
     if report:
         wrapped += ["--report", report]
-    kwargs["env"] = {**(env if env is not None else os.environ), AGENT_ENV: agent_mark(me)}
-    kwargs["pass_fds"] = tuple(sorted({*kwargs.get("pass_fds", ()), *_held}))
-    return _spawner.popen([*wrapped, "--", exe, *argv[1:]], kwargs)
+    return _spawner.popen([*wrapped, "--", exe, *argv[1:]], _marked(kwargs, me))
+
+
+def _marked(kwargs: dict, me: int) -> dict:
+    """Popen's arguments for a tethered child: the agent's mark in its environment, the held descriptors passed."""
+    env = kwargs.get("env")
+    return {**kwargs, "env": {**(env if env is not None else os.environ), AGENT_ENV: agent_mark(me)},
+            "pass_fds": tuple(sorted({*kwargs.get("pass_fds", ()), *_held}))}
 
 
 def popen_tool(argv: list[str], **kwargs):
@@ -175,10 +180,7 @@ def popen_tool(argv: list[str], **kwargs):
         if os.getppid() != me:
             os._exit(EXIT_ORPHANED)
 
-    env = kwargs.get("env")
-    kwargs["env"] = {**(env if env is not None else os.environ), AGENT_ENV: agent_mark(me)}
-    kwargs["pass_fds"] = tuple(sorted({*kwargs.get("pass_fds", ()), *_held}))
-    return _spawner.popen(list(argv), {**kwargs, "preexec_fn": tie})
+    return _spawner.popen(list(argv), {**_marked(kwargs, me), "preexec_fn": tie})
 
 
 _libc_prctl: list = []

@@ -58,7 +58,7 @@ def fit(floors: dict[str, ResolvedFloor], expect: GpuExpect | None, inventory: I
     if expect is None or expect.pcie_gen is None or link is None or virtual or link[0] < LEAST[0] or link[1] < LEAST[1]:
         return floors, None
     factor = rate(*link) / rate(expect.pcie_gen, 16)
-    scaled = {name: f for name in HOST_COPIES if (f := floors.get(name)) is not None and f.origin.startswith("profile")}
+    scaled = {name: f for name in HOST_COPIES if (f := floors.get(name)) is not None and f.from_profile}
     if factor >= 1 or not scaled:
         return floors, None
     gen, width = link

@@ -132,7 +132,7 @@ def fit(floors: dict[str, ResolvedFloor], nvls: Nvls) -> dict[str, ResolvedFloor
     ring = out.pop(RING_FLOOR, None)
     top = out.get(NVLS_FLOOR)
     # A site's own all_reduce floor (config) was set for its node as it runs, NVLS or not: it stands.
-    if ring is not None and top is not None and top.origin.startswith("profile") and nvls.on is not True:
+    if ring is not None and top is not None and top.from_profile and nvls.on is not True:
         out[NVLS_FLOOR] = ring
     return out
 
@@ -143,7 +143,7 @@ def explain(values: list[float], floors: dict[str, ResolvedFloor], nvls: Nvls) -
     answering, or NCCL saying only that NVLS is available, a WARN naming both causes, since
     the judge lacks the fact that tells a healthy ring from a degraded NVLS. Under the ring floor the floors' own FAIL (NVLink, NVSwitch) stands."""
     top, ring = floors.get(NVLS_FLOOR), floors.get(RING_FLOOR)
-    if not values or top is None or ring is None or nvls.on is True or not top.origin.startswith("profile"):
+    if not values or top is None or ring is None or nvls.on is True or not top.from_profile:
         return [], []
     low = min(values)
     if not ring.value <= low < top.value:

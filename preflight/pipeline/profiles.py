@@ -183,6 +183,11 @@ class SiteFloor(NamedTuple):
 class ResolvedFloor(Floor):
     origin: str  # "profile /…/cpu.toml" or "config /etc/preflight/config.toml line 7"
 
+    @property
+    def from_profile(self) -> bool:
+        """The profile's own cited floor, not a site's (config, calibrate): the one a check may fit to the node."""
+        return self.origin.startswith("profile")
+
 
 class ResolvedProfile(BaseModel):
     name: str

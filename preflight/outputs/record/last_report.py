@@ -15,7 +15,6 @@ form preflight writes (report_view), so `status` starts fast.
 from __future__ import annotations
 
 import os
-import stat
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
@@ -75,26 +74,20 @@ def load_view(path: Path) -> Loaded:
 
 def _read(path: Path) -> bytes | Loaded:
     try:
-        # Reached as safefile walks a path (a link only where no other user could have made
-        # it), and opened O_NONBLOCK: a FIFO at the report's path must not hang status or a
-        # scrape waiting for a writer; only a regular file is read.
-        with safefile.locate(path) as place:
-            if place.st is None:
-                raise FileNotFoundError(path)
-            if why := place.planted:
-                return Loaded(State.UNREADABLE, error=f"not trusted: the report {path} is a symlink another user could have made ({why}); give the real path")
-            fd = os.open(place.name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=place.dir_fd)
-            directory = os.fstat(place.dir_fd)
+        # Reached as safefile walks a path (a link only where no other user could have made it),
+        # a regular file only: a FIFO at the report's path must not hang status or a scrape.
+        fd, foreign = safefile.open_own(path)
         with open(fd, "rb") as f:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return Loaded(State.UNREADABLE, error=f"cannot read the report {path}: not a regular file")
             # A report another user could have written (a PASS stamped with this boot's id, in a
             # shared directory before the first run) would vouch for the node, or drain it.
-            if why := ("other users can write it" if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) else None) or safefile.replaceable(st, directory):
-                return Loaded(State.UNREADABLE, error=f"not trusted: the report {path} could have been written by another user ({why}); "
+            if foreign:
+                return Loaded(State.UNREADABLE, error=f"not trusted: the report {path} could have been written by another user ({foreign}); "
                                                       "let `preflight run` write it in a directory only root (or you) can change")
             data = f.read(MAX_BYTES + 1)
+    except safefile.NotRegular:
+        return Loaded(State.UNREADABLE, error=f"cannot read the report {path}: not a regular file")
+    except safefile.LinkAtName as e:
+        return Loaded(State.UNREADABLE, error=f"not trusted: the report {path} is a symlink another user could have made ({e.why}); give the real path")
     except FileNotFoundError:
         how = "(`preflight run` writes it there)" if path == default_report_path() else f"with --report {path}"
         return Loaded(State.MISSING, error=f"no report at {path}: preflight has not run here {how}")
