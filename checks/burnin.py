@@ -31,8 +31,8 @@ from preflight.gpuwork import launch, ranks
 from preflight.pipeline.check import Check, Context, Result
 from preflight.pipeline.expectations import BurninExpect, OutlierExpect
 from preflight.readers.nvidia import nvml
-from preflight.readers.kernel import xid
-from preflight.readers.nvidia.nvml_query import CLOCKS_EVENTS
+from preflight.readers.kernel import log_sources, xid
+from preflight.readers.nvidia.nvml_inventory import CLOCKS_EVENTS
 
 FAIL, WARN = Status.FAIL, Status.WARN
 # The reasons that mean the GPU was held down by heat or by the power brake (nvml.h):
@@ -232,7 +232,7 @@ def judge_unwatched(f: BurninFacts) -> list[Finding]:
 
 def judge(f: BurninFacts, figs: dict[int, dict], expect: BurninExpect, band: OutlierExpect | None) -> list[Finding]:
     return (ranks.judge_run(f, "the burn-in", ranks.by_hand(f, "burnin.py"), judge_wrong(f))
-            + judge_nvml(figs, expect) + burnin_xid.judge(f.new_xids, f.xid_note == xid.SYSLOG_NOTE, burnin_xid.burned_gpus(f.ranks, f.buses), DIAG, RERUN) + judge_outliers(f, figs, band) + judge_unwatched(f))
+            + judge_nvml(figs, expect) + burnin_xid.judge(f.new_xids, f.xid_note == log_sources.SYSLOG_NOTE, burnin_xid.burned_gpus(f.ranks, f.buses), DIAG, RERUN) + judge_outliers(f, figs, band) + judge_unwatched(f))
 
 
 def measurements(f: BurninFacts, figs: dict[int, dict], band: OutlierExpect | None) -> list[Measurement]:
@@ -264,8 +264,8 @@ def burn_seconds(asked: float, left: float) -> float:
 def xid_counts(ctx: Context, facts: BurninFacts) -> tuple[list[xid.XidEvent] | None, str]:
     """The kernel log's events and where they were read (or why not); the sources that could not be read go to ``facts``."""
     try:
-        log = xid.read_log(ctx.host, timeout=10.0)
-    except xid.KernelLogUnavailable as e:
+        log = log_sources.read_log(ctx.host, timeout=10.0)
+    except log_sources.KernelLogUnavailable as e:
         facts.xid_unread.update(e.unread)
         return None, f"{XID_UNJUDGED}kernel log unreadable: {e}"
     facts.xid_unread.update(log.unread)

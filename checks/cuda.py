@@ -31,7 +31,7 @@ from preflight.checkkit.sources import Sources, one_fact
 from preflight.gpuwork import interpreter, launch
 from preflight.gpuwork.cuda_init import InitOutcome, InitReport, loaded_links, run_init
 from preflight.readers.nvidia import nvml
-from preflight.readers.kernel import xid
+from preflight.readers.kernel import log_sources, xid
 from preflight.pipeline.check import Check, Context, Result, Waiting
 from preflight.base.actions import Action, Next
 from preflight.base.findings import Finding, Measurement, Status, worst
@@ -68,9 +68,9 @@ def gather(ctx: Context) -> CudaFacts:
     inventory = ctx.inventory(timeout=min(20.0, _left(ctx)))
     ctx.progress.stage("reading the kernel log")
     try:
-        log = xid.read_log(ctx.host, timeout=min(10.0, _left(ctx)))
+        log = log_sources.read_log(ctx.host, timeout=min(10.0, _left(ctx)))
         events, kernel_log, unread, note = xid.parse(log.text), log.source, log.unread, log.note
-    except xid.KernelLogUnavailable as e:
+    except log_sources.KernelLogUnavailable as e:
         events, kernel_log, unread, note = [], f"unavailable: {e}", e.unread, None
     facts = CudaFacts(inventory=inventory, xid_events=events, kernel_log=kernel_log, kernel_log_unread=unread, kernel_log_note=note)
     if ctx.settings.level == "quick":  # no torch, no GPU work: a prolog's seconds, a busy node's recheck
@@ -257,7 +257,7 @@ def judge(facts: CudaFacts, shape: NodeShape | None, expect: GpuExpect | None, d
     inv = facts.inventory
     # A kernel log this process may not read (a container without CAP_SYSLOG, dmesg_restrict) is
     # the reader's trouble, not the node's: the part is not judged (xid_unjudged), and says why.
-    xids = judge_xid(facts.xid_events, inv, forgeable=facts.kernel_log_note == xid.SYSLOG_NOTE)
+    xids = judge_xid(facts.xid_events, inv, forgeable=facts.kernel_log_note == log_sources.SYSLOG_NOTE)
     parts = {
         "inventory": judge_inventory(inv, shape, expect, driver_pin, facts.pcie_loaded),
         "xid": xids,

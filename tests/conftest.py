@@ -17,7 +17,7 @@ import pytest
 import fakes
 from preflight.checks import shm
 from preflight.pipeline import settings as settings_mod
-from preflight.pipeline import report_view, settings_view
+from preflight.pipeline import report_paths, settings_view
 from preflight.pipeline.check import Context
 from preflight.base.host import Host
 from preflight.pipeline.profiles import ResolvedFloor, ResolvedProfile
@@ -56,7 +56,7 @@ def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPath
     monkeypatch.setenv("PREFLIGHT_LOCK_FILE", str(tmp_path_factory.mktemp("lock") / "preflight.lock"))
     state = tmp_path_factory.mktemp("state")
     monkeypatch.setenv("PREFLIGHT_REPORT", str(state / "report.json"))
-    monkeypatch.setattr(report_view, "ROOT_STATE_DIR", state / "root")
+    monkeypatch.setattr(report_paths, "ROOT_STATE_DIR", state / "root")
     monkeypatch.setenv("XDG_STATE_HOME", str(state / "xdg"))
 
 

@@ -26,6 +26,9 @@ writes rank{N}.json after every stage. By hand:
 
     torchrun --nproc-per-node 8 train_probe.py
     torchrun --nproc-per-node 2 train_probe.py --backend gloo --device cpu --layers 2 --d-model 64
+
+The model (the GPT, the memory it needs, the bit checksum) is _probe_model.py's
+and the GEMM stage _probe_gemm.py's; Probe here runs the stages.
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ import time
 
 import _converge
 import _dataparallel
+import _probe_gemm
 import _rank
+from _probe_model import bits_checksum, gpt, fit_model
 
 STAGES = ("agreement", "warmup", "steps", "compute", "checksum", "gemm")
 SLOW = 3.0  # the slow fault makes each of its compute passes last this many times longer (slow=F: F times as long)
@@ -128,7 +133,7 @@ def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
     return 0
 
 
-class Probe:
+class Probe(_probe_gemm.Gemm):
     def __init__(self, torch, dist, F, device, me: _rank.Rank, args, phases: dict):
         self.torch, self.dist, self.F, self.device, self.me, self.args = torch, dist, F, device, me, args
         t = time.perf_counter()
@@ -141,7 +146,7 @@ class Probe:
         torch.manual_seed(args.seed)  # every rank builds the same model (rank 0's is broadcast anyway)
         # Built where it runs (torch >= 2.0): a few hundred million parameters built on the CPU cost seconds.
         with device if hasattr(device, "__enter__") else contextlib.nullcontext():
-            self.model = _gpt(torch, args.vocab, args.d_model, args.heads, self.layers, args.seq).to(device)
+            self.model = gpt(torch, args.vocab, args.d_model, args.heads, self.layers, args.seq).to(device)
         self.params = sum(p.numel() for p in self.model.parameters())
         g = torch.Generator().manual_seed(args.seed + 1 + me.rank)  # each rank its own fixed batch
         self.tokens = torch.randint(0, args.vocab, (self.batch, args.seq + 1), generator=g).to(device)
@@ -196,7 +201,7 @@ class Probe:
         self.model.train()
         if kind == "wrong":
             logits[0, 0, 0] += 1.0  # one value off: what silent data corruption looks like
-        mine = _bits_checksum(torch, [logits], lambda: self._sync("the logits' checksum"))
+        mine = bits_checksum(torch, [logits], lambda: self._sync("the logits' checksum"))
         report["logits_checksum"] = str(mine)
         report["logits_checksums"] = [str(c) for c in self._gather(mine)]
 
@@ -270,56 +275,7 @@ class Probe:
         if kind == "wrong":
             with self.torch.no_grad():
                 next(self.model.parameters()).view(-1)[0] += 1e-3  # the fault: a rank whose weights drifted
-        report["param_checksums"] = [str(c) for c in self._gather(_bits_checksum(self.torch, list(self.model.parameters()), lambda: self._sync("the parameters' checksum")))]
-
-    def gemm(self, report: dict, kind: str | None, save) -> None:
-        """n x n x n matmul on normal random data, bf16 on GPU (fp32 on CPU): each repeat a
-        burst of back-to-back matmuls long enough (about 100 ms on an H100) that a
-        power cap or power brake shows, as MAMF's loops do; the per-matmul time reported.
-
-        Normal data, as a plain loop's torch.randn and as a job's weights and activations:
-        a GEMM's power depends on the bits it multiplies (Horace He, "Strangely, matrix
-        multiplications on GPUs run faster when given predictable data", 2024: an A100 at
-        its cap read 15% more on zeros than on randn), so the burn-in's inputs in [1, 2)
-        read higher at the same cap (the H200 in tests/fixtures/node/h200-1x-vm: 755 TFLOP/s
-        there, 674 here). The untimed bursts before the first timed one run until the power
-        limiter has settled the clocks: a GPU under a GEMM boosts for its first ~0.1 s (that
-        H200: 741 TFLOP/s in its first burst after two warm-up matmuls, 629-678 in the
-        nine after), and a statistic over both regimes mixes them (there one burst in ten;
-        more with fewer repeats or a longer boost). The output is allocated once, outside
-        the timed loop, as the burn-in's."""
-        torch, n, burst = self.torch, self.args.gemm_n, self.args.gemm_burst
-        dtype = torch.bfloat16 if self.cuda else torch.float32
-        a = torch.randn(n, n, device=self.device, dtype=dtype)
-        b = torch.randn(n, n, device=self.device, dtype=dtype)
-        out = torch.empty_like(a)
-        warm, t = 0, time.perf_counter()
-        while warm < 2 or time.perf_counter() - t < self.args.gemm_warmup_seconds:
-            for _ in range(burst if warm else 2):
-                torch.matmul(a, b, out=out)
-            warm += burst if warm else 2
-            self._sync()
-        report["gemm_warmup"] = {"matmuls": warm, "seconds": round(time.perf_counter() - t, 4)}
-
-        def once(i: int) -> float:
-            self._sync()
-            t = time.perf_counter()
-            if self.cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-            for _ in range(burst):
-                torch.matmul(a, b, out=out)
-            if kind == "slow":
-                self._slow(t)
-            if self.cuda:
-                end.record()
-                _rank.spin(end.query, self.args.timeout, "a GEMM burst")
-                seconds = start.elapsed_time(end) / 1e3
-            else:
-                seconds = time.perf_counter() - t
-            return round(seconds / burst, 9)
-
-        report["gemm_seconds"] = self._repeat(report, "gemm", once, self.args.gemm_repeats, self.args.max_gemm_repeats)
+        report["param_checksums"] = [str(c) for c in self._gather(bits_checksum(self.torch, list(self.model.parameters()), lambda: self._sync("the parameters' checksum")))]
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -347,86 +303,6 @@ class Probe:
         out = [self.torch.zeros_like(t) for _ in range(self.me.world_size)]
         self._collective(lambda: self.dist.all_gather(out, t, async_op=True), "gathering every rank's checksum")
         return [int(x.item()) for x in out]
-
-
-def probe_bytes(batch: int, layers: int, d: int, seq: int, vocab: int) -> int:
-    """Memory the probe needs: activations kept for backward, 56 x seq x d bytes per
-    layer and sequence (Korthikanti et al. 2022 count 34 for pure bf16; the fp32
-    residual stream and norms here measured 1.5x that), the logits at the
-    loss's peak (16 bytes a vocab entry: bf16, the fp32 copy and its gradient),
-    and 16 bytes a parameter (fp32 weights and gradients, AdamW's two moments)."""
-    params = 12 * layers * d * d + vocab * d
-    return batch * seq * (56 * d * layers + 16 * vocab) + 16 * params
-
-
-def fit_model(free: int, batch: int, layers: int, d: int, seq: int, vocab: int) -> tuple[int, int]:
-    """Halve the batch, then the layers, until the probe fits in half of ``free``; (1, 1) at least."""
-    while (batch > 1 or layers > 1) and probe_bytes(batch, layers, d, seq, vocab) > free / 2:
-        if batch > 1:
-            batch //= 2
-        else:
-            layers //= 2
-    return batch, layers
-
-
-def _bits_checksum(torch, tensors, sync=lambda: None) -> int:
-    """A sum of every value's bit pattern (as int32 words), mod 2^61: one flipped bit anywhere changes it.
-    ``sync`` waits for the sums with a deadline before item() reads them."""
-    sums = []
-    for x in tensors:
-        flat = x.detach().float().contiguous().view(-1).view(torch.int32).to(torch.int64)
-        weights = torch.arange(flat.numel(), device=flat.device, dtype=torch.int64) % 1000003 + 1  # never 0: every position counts
-        sums.append((flat * weights).sum())
-    sync()
-    total = 0
-    for s in sums:
-        total = (total + int(s.item())) % (2**61 - 1)
-    return total
-
-
-def _gpt(torch, vocab: int, d: int, heads: int, layers: int, seq: int):
-    nn, F = torch.nn, torch.nn.functional
-
-    class RMSNorm(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.weight = nn.Parameter(torch.ones(d))
-
-        def forward(self, x):
-            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.n1, self.n2 = RMSNorm(), RMSNorm()
-            self.qkv = nn.Linear(d, 3 * d, bias=False)
-            self.proj = nn.Linear(d, d, bias=False)
-            self.up = nn.Linear(d, 4 * d, bias=False)
-            self.down = nn.Linear(4 * d, d, bias=False)
-
-        def forward(self, x):
-            b, t, _ = x.shape
-            q, k, v = self.qkv(self.n1(x)).view(b, t, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
-            return x + self.down(F.gelu(self.up(self.n2(x))))
-
-    class GPT(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embed = nn.Embedding(vocab, d)
-            nn.init.normal_(self.embed.weight, std=0.02)  # GPT-2's: logits start near uniform, loss near ln(vocab)
-            self.pos = nn.Parameter(torch.zeros(seq, d))
-            self.blocks = nn.ModuleList(Block() for _ in range(layers))
-            self.norm = RMSNorm()
-
-        def forward(self, idx):
-            x = self.embed(idx) + self.pos[: idx.size(1)]
-            for block in self.blocks:
-                x = block(x)
-            return self.norm(x) @ self.embed.weight.t()  # the head tied to the embedding
-
-    return GPT()
 
 
 if __name__ == "__main__":

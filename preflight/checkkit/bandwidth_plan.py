@@ -26,7 +26,7 @@ class CopyPlan(NamedTuple):
 def p2p_plan(n: int) -> CopyPlan:
     """The p2p step on n GPUs: local rank 0 opens a context on each other GPU and makes every
     buffer (once), then times each ordered pair alone, the other ranks at a barrier per pair
-    (checks/workers/bandwidth.py pairs() lists them; a test holds the two alike)."""
+    (checks/workers/_bw_copies.py pairs() lists them; a test holds the two alike)."""
     if n < 2:
         return CopyPlan(0, 0, 0, 0, 0)
     return CopyPlan(timed=n * (n - 1), contexts=n - 1, allocations=1, barriers=n * (n - 1) + 2, foreign_contexts=n - 1)

@@ -13,7 +13,7 @@ from preflight.base.actions import LADDER, Action, Domain, Next, highest
 from preflight.base.findings import Finding, Status
 from preflight.gpuwork import ranks
 from preflight.readers.nvidia import nvml
-from preflight.readers.kernel import xid
+from preflight.readers.kernel import xid, xid_meaning
 
 if TYPE_CHECKING:
     from preflight.gpuwork.ranks import RankOutcome
@@ -69,7 +69,7 @@ def _under_load(new: list[dict], forgeable: bool, diag: str) -> list[Finding]:
         return []
     codes = ", ".join(sorted({f"Xid {e['code']} on {e['pci'] or 'an unknown GPU'}" for e in new}))
     infos = [ev.info for e in new for ev in (xid.parse(e["raw"]) or [None]) if ev is not None]
-    infos += [xid.explain("xid", e["code"]) for e in new if not xid.parse(e["raw"])]
+    infos += [xid_meaning.explain("xid", e["code"]) for e in new if not xid.parse(e["raw"])]
     asked = [_on_the_gpu(i.act) for i in infos]
     if forgeable:
         asked = [Next(Action.DRAIN, Domain.SOFTWARE, f"{n.source}; read through syslog(2), where another user may have written it")

@@ -19,7 +19,7 @@ from preflight.pipeline.expectations import GpuExpect
 from preflight.pipeline.shape import NodeShape
 from preflight.readers.nvidia import nvml
 from preflight.readers.nvidia.nvml import Gpu, Inventory, PcieLink
-from preflight.readers.nvidia.nvml_query import RECOVERY_ASK, RECOVERY_FIELD
+from preflight.readers.nvidia.nvml_inventory import RECOVERY_ASK, RECOVERY_FIELD
 
 DRAIN = "drain the node and run `dcgmi diag -r 3` on it; open an RMA if the fault returns"
 RESET = "reset the GPU (`nvidia-smi -r -i {i}`, with no process on it) or reboot the node"

@@ -102,15 +102,15 @@ def xid(
     Exit 1 when a fatal event is listed, so scripts can act on it; 2 when --from FILE holds no kernel log lines."""
     from preflight.base.host import Host
     from preflight.outputs.explain import xid_text
-    from preflight.readers.kernel import xid as xids
+    from preflight.readers.kernel import log_sources, xid as xids
 
     if from_file is not None:
         text, source = xids.read_file(from_file), str(from_file)
     else:
         try:
-            log = xids.read_log(Host(), timeout=10.0)
+            log = log_sources.read_log(Host(), timeout=10.0)
             text, source = log.text, log.source + (f" ({log.note})" if log.note else "")
-        except xids.KernelLogUnavailable as e:  # this machine's doing, not bad input: exit 1
+        except log_sources.KernelLogUnavailable as e:  # this machine's doing, not bad input: exit 1
             _console().error(f"cannot read the kernel log: {e}; run as root, or save `dmesg` to a file and use --from FILE")
             return 1
     rows = xid_text.rows(xids.parse(text))

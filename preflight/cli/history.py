@@ -25,7 +25,7 @@ def history(
     history every `preflight run` that writes a report adds to. Never runs a check. Exit 0, 2 for a history it cannot read."""
     from preflight.base.errors import UsageError
     from preflight.outputs.record import history as store, history_text
-    from preflight.pipeline.report_view import default_report_path, reader_report_path
+    from preflight.pipeline.report_paths import default_report_path, reader_report_path
 
     db = store.path_for(report or _settings(config).report or reader_report_path())
     start = history_text.parse_since(since) if since is not None else None

@@ -41,7 +41,7 @@ def serve(
     /report (JSON), /healthz. A request never runs a check."""
     from preflight.base.signals import interrupting
     from preflight.outputs.exporters import serve as server_mod
-    from preflight.pipeline.report_view import node_report_path
+    from preflight.pipeline.report_paths import node_report_path
 
     s = _settings(config, listen=listen, report=report)
     path = s.report or node_report_path()  # serve speaks for the node, whoever runs it
@@ -70,7 +70,7 @@ def report(
     from preflight.outputs.record import last_report
     from preflight.outputs.html import page
     from preflight.base import safefile
-    from preflight.pipeline.report_view import reader_report_path
+    from preflight.pipeline.report_paths import reader_report_path
 
     source = path or _settings(config).report or reader_report_path()
     out = None if str(html) == "-" else safefile.check(html, f"--html {html}", "report.html")

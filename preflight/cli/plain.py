@@ -144,9 +144,9 @@ def standing(report: Path | None, config: Path | None, max_age: float | None, no
 def report_path(report: Path | None, config: Path | None, node: bool = False) -> Path:
     """The report the readers read: --report, else the config's, else the default: for a reader
     that acts for the node (``node``: slurm-healthcheck, kube-label, `status --npd`) the node's
-    own whoever runs it, for a person's the user's own where they have one (report_view)."""
+    own whoever runs it, for a person's the user's own where they have one (report_paths)."""
     from preflight.pipeline import settings_view
-    from preflight.pipeline.report_view import node_report_path, reader_report_path
+    from preflight.pipeline.report_paths import node_report_path, reader_report_path
 
     try:
         path = settings_view.report_path(report, config)

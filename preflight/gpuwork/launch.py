@@ -21,6 +21,9 @@ below it (torchrun starts each rank in a session of its own). Every process
 started carries a token in its environment; after any outcome the launcher
 looks for that token and reports what it could not kill. A private directory
 a killed run left in TMPDIR is removed by the next launch.
+
+What the ranks and torchrun leave behind is read by gpuwork/launch_output.py;
+the processes a launch started are found by gpuwork/processes.py.
 """
 
 from __future__ import annotations
@@ -29,10 +32,8 @@ import atexit
 import importlib.util
 import json
 import os
-import re
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -41,18 +42,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from preflight.base import host, tether
 from preflight.gpuwork import scratch
+from preflight.gpuwork.launch_output import LOG_TAIL_LINES, Finished, read_out, read_report, tail_lines, torchrun_exits, torchrun_root_cause
+from preflight.gpuwork.processes import TOKEN_ENV, marked, port_holder, process_name
 from preflight.base.progress import Progress, stage_of
 
 # checks/ installs as preflight.checks; the workers are plain files beside it,
 # run by path so an interpreter without preflight installed can run them.
 WORKERS_DIR = Path(importlib.util.find_spec("preflight.checks").submodule_search_locations[0]) / "workers"  # type: ignore[union-attr,index]
-LOG_TAIL_LINES = 20
-TEXT_LIMIT = 4 << 20  # the most read back of any one log a worker leaves (NCCL's INFO logs)
-TOKEN_ENV = "PREFLIGHT_LAUNCH_TOKEN"
 POLL = 0.05
 
 
@@ -87,36 +85,6 @@ class Worker:
     group: Group | None = None  # across nodes instead of one node alone
 
 
-@dataclass(frozen=True)
-class Finished:
-    returncode: int | None  # None: killed at the deadline or once settled
-    timed_out: bool
-    seconds: float
-    reports: dict[int, Any]  # rank -> what it wrote
-    unreadable: dict[int, str]  # rank -> why its file could not be read
-    log_tail: list[str]  # the launcher's (torchrun's, or the plain worker's) output
-    settled: bool = False  # ended early: the caller saw every rank finished or stuck
-    rank_logs: dict[int, list[str]] = field(default_factory=dict)  # rank -> last lines of its output
-    rank_exits: dict[int, int] = field(default_factory=dict)  # from torchrun's summary; negative: signal
-    root_cause: int | None = None  # the rank torchrun saw fail first
-    texts: dict[str, str] = field(default_factory=dict)  # other *.log files the ranks left, by name
-    leftover: list[str] = field(default_factory=list)  # processes that outlived the sweep
-    endpoint: str | None = None
-    world: dict[str, Any] | None = None  # run as a stage of a shared launch: which launch, which stage (gpuwork/world.py)
-    isolation: dict[str, Any] | None = None  # where the ranks' sockets lived (tether.isolation)
-
-    @property
-    def how_it_ended(self) -> str:
-        """"exit 1", "killed by SIGSEGV", "killed at the deadline after 60 s": for causes."""
-        if self.timed_out:
-            return f"killed at the deadline after {self.seconds:.0f} s"
-        if self.settled:
-            return f"stopped after {self.seconds:.0f} s, once no rank made progress"
-        return exit_words(self.returncode)
-
-    def last_line(self, rank: int) -> str:
-        lines = self.rank_logs.get(rank) or []
-        return lines[-1] if lines else "none"
 
 
 class Running:
@@ -266,11 +234,11 @@ class Running:
             if not left:
                 return []
             host.kill_processes(left)
-        return [f"pid {p.pid} ({_name(p)})" for p in marked(self.token)]
+        return [f"pid {p.pid} ({process_name(p)})" for p in marked(self.token)]
 
     def launcher_log(self, n: int = 200) -> list[str]:
         """The last lines torchrun (or the plain worker) printed."""
-        return _tail(self._log, n)
+        return tail_lines(self._log, n)
 
     def _collect(self, timed_out: bool, early: bool, leftover: list[str]) -> Finished:
         log_tail = self.launcher_log()
@@ -299,37 +267,6 @@ def watch(going: Callable[[], bool], deadline: float, settled: Callable[[], bool
             return False, True
         time.sleep(poll)
     return False, False
-
-
-def read_report(out_dir: Path, rank: int) -> Any:
-    """What ``rank`` has written to ``out_dir`` so far (atomically, so whole or absent), or None."""
-    return read_json(out_dir / f"rank{rank}.json")
-
-
-def read_json(path: Path) -> Any:
-    """A file a rank wrote atomically: whole, or None while absent or unreadable."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def read_out(out_dir: Path) -> dict[str, dict]:
-    """What the ranks left in ``out_dir``: each rank's report (or why it is unreadable),
-    the last lines of each rank's log, and any other log by name (NCCL's)."""
-    reports, unreadable, rank_logs, texts = {}, {}, {}, {}
-    for path in sorted(out_dir.iterdir()):
-        rank = path.stem.removeprefix("rank")
-        if path.suffix == ".json" and rank.isdigit():
-            try:
-                reports[int(rank)] = json.loads(path.read_text())
-            except (OSError, ValueError) as e:
-                unreadable[int(rank)] = f"{path.name} is not JSON ({e})"
-        elif path.suffix == ".log" and rank.isdigit():
-            rank_logs[int(rank)] = _tail(path)
-        elif path.suffix == ".log":
-            texts[path.name] = _read_tail(path, TEXT_LIMIT)
-    return {"reports": reports, "unreadable": unreadable, "rank_logs": rank_logs, "texts": texts}
 
 
 # Private directories of workers still running: removed at exit, since an
@@ -365,80 +302,6 @@ def check_port_free(port: int) -> None:
             s.bind(("", port))
         except OSError as e:
             raise LaunchError(
-                f"the rendezvous port 127.0.0.1:{port} is taken{_holder(port)} ({e.strerror or e}): torchrun's store cannot listen there",
+                f"the rendezvous port 127.0.0.1:{port} is taken{port_holder(port)} ({e.strerror or e}): torchrun's store cannot listen there",
                 "stop that process, or choose another port (rdzv_port in the config, 0 for a free one)",
             ) from None
-
-
-def _holder(port: int) -> str:
-    try:
-        for c in psutil.net_connections("tcp"):
-            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
-                return f" by pid {c.pid} ({_name(psutil.Process(c.pid))})"
-    except (psutil.Error, OSError):
-        pass
-    return ""
-
-
-# torchrun's failure summary:  "  rank      : 1 (local_rank: 1)" then "  exitcode  : -9 (pid: 8084)"
-# Keyed by local rank where torchrun says it: each node reads only its own ranks.
-_SUMMARY = re.compile(r"^\s*rank\s*:\s*(\d+)(?:\s*\(local_rank:\s*(\d+)\))?.*?^\s*exitcode\s*:\s*(-?\d+)", re.M | re.S)
-
-
-def torchrun_exits(lines: list[str]) -> dict[int, int]:
-    """rank -> exit code from torchrun's ChildFailedError summary (negative: killed by that signal)."""
-    return {int(local or rank): int(code) for rank, local, code in _SUMMARY.findall("\n".join(lines))}
-
-
-def torchrun_root_cause(lines: list[str]) -> int | None:
-    """The rank under torchrun's "Root Cause (first observed failure)"."""
-    text = "\n".join(lines)
-    at = text.find("Root Cause")
-    found = _SUMMARY.search(text, at) if at >= 0 else None
-    return int(found.group(2) or found.group(1)) if found else None
-
-
-def exit_words(code: int | None) -> str:
-    """"exit 1", "killed by SIGKILL"."""
-    if code is not None and code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit {code}"
-
-
-def marked(token: str, env: str = TOKEN_ENV) -> list[psutil.Process]:
-    """Live processes whose environment carries ``env=token``: everything a launch
-    (or `preflight selftest`'s stage) started, sessions of their own included."""
-    found = []
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE and p.environ().get(env) == token:
-                found.append(p)
-        except (psutil.Error, OSError):
-            continue
-    return found
-
-
-def _name(p: psutil.Process) -> str:
-    """The command line, short and on one line, for a cause."""
-    try:
-        words = " ".join(" ".join(p.cmdline()[:3]).split())
-        return (words[:80] + "...") if len(words) > 80 else words or p.name()
-    except psutil.Error:
-        return "?"
-
-
-def _read_tail(path: Path, limit: int) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - limit))
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _tail(log: Path, n: int = LOG_TAIL_LINES) -> list[str]:
-    lines = _read_tail(log, 64 * 1024).splitlines()
-    return [line for line in lines if line.strip()][-n:]

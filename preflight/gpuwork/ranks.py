@@ -16,7 +16,7 @@ from typing import Callable, ClassVar
 
 from pydantic import BaseModel, Field, SerializeAsAny, ValidationError
 
-from preflight.gpuwork import interpreter as interpreter_mod, launch
+from preflight.gpuwork import interpreter as interpreter_mod, launch, launch_output
 from preflight.gpuwork.world import Worlds
 from preflight.base.findings import Finding, Status
 from preflight.base.progress import Progress
@@ -224,7 +224,7 @@ def waited_out(nproc: int, op_timeout: float) -> Callable[[launch.Running], bool
 
 
 def collect(f: RunFacts, worker: launch.Worker, model: type[RankReport], env: dict[str, str], left: float, settled, progress: Progress | None = None,
-            worlds: Worlds | None = None) -> launch.Finished | None:
+            worlds: Worlds | None = None) -> launch_output.Finished | None:
     """Run ``worker`` under ``f.python`` within ``left`` seconds and fill ``f``
     with how each rank ended; None (and ``f.launch_error``) if it never started.
     ``progress`` (the Context's) shows the ranks' stages while they run. Given the
@@ -245,7 +245,7 @@ def collect(f: RunFacts, worker: launch.Worker, model: type[RankReport], env: di
     for r in range(f.nproc):
         outcome = RankOutcome(rank=r, gpu=gpu_of(r, env, f.backend), last_line=done.last_line(r))
         if r in done.rank_exits:
-            outcome.exit = launch.exit_words(done.rank_exits[r])
+            outcome.exit = launch_output.exit_words(done.rank_exits[r])
         if r in done.reports:
             try:
                 outcome.report = model.model_validate(done.reports[r])

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from preflight.base import safefile
+from preflight.base import pathtrust
 
 PREFIX = "preflight-worker-"
 OWNER = "owner.lock"  # flock'ed by the agent while the directory is in use
@@ -82,7 +82,7 @@ def unsafe_parent(where: str) -> str | None:
     directory forbids that), or re-aim a link on the way."""
     if not os.path.exists(where):
         return None  # mkdtemp says what is wrong with it
-    if why := safefile.steerable(where):
+    if why := pathtrust.steerable(where):
         return f"TMPDIR={where} could be replaced under the workers by another user: {why}"
     return None
 

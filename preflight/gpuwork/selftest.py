@@ -37,7 +37,7 @@ import psutil
 
 from preflight import __version__
 from preflight.base import tether
-from preflight.gpuwork import launch, scratch
+from preflight.gpuwork import processes, scratch
 from preflight.base import safefile
 from preflight.base.errors import UsageError
 from preflight.gpuwork.selftest_report import (
@@ -152,7 +152,7 @@ def _stop_group(proc: subprocess.Popen) -> None:
 
 def _sweep(token: str) -> int:
     """SIGKILL every process whose environment carries ``token``; how many there were."""
-    found = launch.marked(token, TOKEN_ENV)
+    found = processes.marked(token, TOKEN_ENV)
     for p in found:
         try:
             p.kill()

@@ -6,7 +6,7 @@ once (checks/workers/world.py under torchrun, through launch.py) and each
 check runs its worker there as a stage: cuda_init, then the NCCL smoke test,
 the bandwidth probe and the training probe. A stage looks to its check as a
 launch of its own did: its own folder of rank reports and logs, its own
-deadline, a ``launch.Finished`` at the end, and the same judges read it.
+deadline, a ``launch_output.Finished`` at the end, and the same judges read it.
 
 NCCL reads its debug settings once per process, so each rank writes one
 NCCL log for the whole launch (checks/workers/world.py sets it up before any
@@ -37,7 +37,7 @@ from typing import Any
 import psutil
 
 from preflight.base.progress import Progress, stage_of
-from preflight.gpuwork import launch
+from preflight.gpuwork import launch, launch_output
 
 CLOSE_GRACE = 5.0  # seconds the ranks get to exit once told to; then they are killed
 NCCL_LOG_LIMIT = 64 << 20  # the most of one rank's NCCL log a stage's folder gets (INFO lines: kilobytes a stage)
@@ -75,7 +75,7 @@ class World:
         rank has written one; None while any is still importing."""
         said = {}
         for rank in range(self.key.nproc):
-            report = launch.read_json(self.running.out_dir / f"ready.rank{rank}.json")
+            report = launch_output.read_json(self.running.out_dir / f"ready.rank{rank}.json")
             if not isinstance(report, dict):
                 return None
             said[rank] = report
@@ -175,7 +175,7 @@ class Stage:
             progress.follow(self.stage)
 
     def report(self, rank: int = 0) -> Any:
-        return launch.read_report(self.out_dir, rank)
+        return launch_output.read_report(self.out_dir, rank)
 
     def stage(self) -> str:
         return stage_of([self.report(r) for r in range(self._nproc)], self._nproc)
@@ -193,7 +193,7 @@ class Stage:
                 return None
         return codes
 
-    def wait(self, settled: Callable[[Stage], bool] | None = None) -> launch.Finished:
+    def wait(self, settled: Callable[[Stage], bool] | None = None) -> launch_output.Finished:
         """Until every rank has ended the stage, the launch dies, the deadline passes, or
         ``settled(self)`` says no rank will progress; in all but a clean end the launch is ended."""
         try:
@@ -214,19 +214,19 @@ class Stage:
             returncode = None
         else:
             returncode = self.world.running.proc.poll()
-        return launch.Finished(
+        return launch_output.Finished(
             returncode=returncode,
             timed_out=timed_out,
             seconds=time.monotonic() - self._started,
-            log_tail=log_tail[-launch.LOG_TAIL_LINES:],
+            log_tail=log_tail[-launch_output.LOG_TAIL_LINES:],
             settled=early,
-            rank_exits=launch.torchrun_exits(log_tail) if codes is None else {},
-            root_cause=launch.torchrun_root_cause(log_tail) if codes is None else None,
+            rank_exits=launch_output.torchrun_exits(log_tail) if codes is None else {},
+            root_cause=launch_output.torchrun_root_cause(log_tail) if codes is None else None,
             leftover=leftover,
             endpoint=self.endpoint,
             world={"launch": self.world.number, "stage": self.k, "ended_it": not clean},
             isolation=self.world.running.isolation(),
-            **launch.read_out(self.out_dir),
+            **launch_output.read_out(self.out_dir),
         )
 
 

@@ -22,7 +22,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
-from preflight.base import safefile
+from preflight.base import pathtrust, safefile
 from preflight.base.errors import Interrupted, UsageError, signal_name
 from preflight.base.signals import interrupting
 from preflight.base.findings import Status
@@ -59,7 +59,7 @@ def run(s: Settings, console: Console, if_idle: bool = False, if_locked: str = "
     with interrupting():  # the runner stops the running check's workers and still writes the report
         pipeline.check_inputs(s)  # the workers' interpreter is known good before anything runs it
         python = str(s.python) if s.python is not None else sys.executable
-        if os.geteuid() == 0 and (who := safefile.steerable(shutil.which(python) or python)):
+        if os.geteuid() == 0 and (who := pathtrust.steerable(shutil.which(python) or python)):
             # Said, not refused: a team's training venv is common, and refusing would fail the gate.
             console.line(f"preflight: warning: the workers' Python {python} runs as root, and another user decides what it does: {who}")
         # Asked before NVML is read: a run that holds the lock now may be loading the GPUs
@@ -74,7 +74,7 @@ def run(s: Settings, console: Console, if_idle: bool = False, if_locked: str = "
 
 
 def default_report(path: Path) -> Path:
-    """``path``, the default report (report_view.default_report_path: no --report, none configured),
+    """``path``, the default report (report_paths.default_report_path: no --report, none configured),
     proven writable as ``safefile.check`` proves a given one. Its directory is made where missing
     (root's 0755, for serve's user to read; anyone else's 0700, as the XDG spec asks), each part
     reached without a link another user could have made, and refused where another user owns
@@ -90,17 +90,17 @@ def default_report(path: Path) -> Path:
     try:
         safefile.make_dirs(path.parent, 0o755 if mine == 0 else 0o700)
         st = os.stat(path.parent)
-    except safefile.Untrusted as e:
+    except pathtrust.Untrusted as e:
         raise UsageError(f"{what}: {e.strerror}; {fix}") from None
     except OSError as e:
         raise UsageError(f"{what}: cannot make {e.filename or path.parent} ({e.strerror or e}); {fix}") from None
     if st.st_uid not in (0, mine):
-        raise UsageError(f"{what}: its directory {path.parent} is {safefile.owner(st.st_uid)}'s, who could replace the report; "
+        raise UsageError(f"{what}: its directory {path.parent} is {pathtrust.owner(st.st_uid)}'s, who could replace the report; "
                          f"remove it (preflight makes it anew), or {fix}")
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise UsageError(f"{what}: other users can write its directory {path.parent} (mode {stat.S_IMODE(st.st_mode):04o}), "
                          f"so they could replace the report; chmod go-w {path.parent}, or {fix}")
-    if why := safefile.steerable(path.parent):  # one who can rename a directory above could swap in their own
+    if why := pathtrust.steerable(path.parent):  # one who can rename a directory above could swap in their own
         raise UsageError(f"{what}: {why}, and another user could swap a directory on the way to it; {fix}")
     return safefile.check(path, what, fix=fix)
 

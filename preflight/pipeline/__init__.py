@@ -4,7 +4,8 @@ settings (+ settings_view, the same file read without pydantic), profiles
 (+ profiles/*.toml), shape (the node's own shape), check (the interface every
 check implements), registry (checks from the `preflight.checks` entry
 points), plan (settings -> plan -> execute), runner (ordered, fail-fast, with
-deadlines), report (+ report_view, the lean reader), lock, tomlfile.
+deadlines), report (+ report_view, the lean reader, report_schema, its field tables,
+and report_paths, where the report is), lock, tomlfile.
 
 Imports: preflight.base, preflight.readers, preflight.gpuwork and the
 package's __version__; never a check by name, an output or the CLI.

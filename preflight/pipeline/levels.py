@@ -24,7 +24,7 @@ from typing import NamedTuple, Protocol, Sequence
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from preflight.base.errors import UsageError
-from preflight.pipeline.report_view import LEVELS
+from preflight.pipeline.report_schema import LEVELS
 
 DEFAULT = "standard"
 _WHERE_LEVEL = "(--level, PREFLIGHT_LEVEL or config)"

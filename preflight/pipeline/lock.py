@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from preflight.base import safefile, tether
+from preflight.base import pathtrust, safefile, tether
 from preflight.base.errors import UsageError
 
 ROOT_DIR = Path("/run/preflight")
@@ -57,7 +57,7 @@ def _directory(path: Path) -> int:
     fix = ("remove it (preflight makes it anew) or give --lock-file" if default
            else f"give --lock-file in a directory only you can write, such as the default {default_path()}")
     try:
-        with safefile.locate(path.parent, follow_last=False) as place:
+        with pathtrust.locate(path.parent, follow_last=False) as place:
             if place.st is None:
                 try:  # root's is 0755 for anyone to see who holds it; a user's own, theirs alone
                     os.mkdir(place.name, 0o755 if os.geteuid() == 0 else 0o700, dir_fd=place.dir_fd)
@@ -65,8 +65,8 @@ def _directory(path: Path) -> int:
                     pass
             elif stat.S_ISLNK(place.st.st_mode):
                 raise _refuse(path, f"its directory {path.parent} is a symlink, and the lock is never reached through one; {fix}")
-            fd = os.open(place.name, safefile.DIR_FLAGS, dir_fd=place.dir_fd)
-    except safefile.Untrusted as e:
+            fd = os.open(place.name, pathtrust.DIR_FLAGS, dir_fd=place.dir_fd)
+    except pathtrust.Untrusted as e:
         raise _refuse(path, f"{e.strerror}; {fix}") from None
     except OSError as e:
         where = e.filename if e.errno == errno.ENOENT and e.filename else path.parent
@@ -75,7 +75,7 @@ def _directory(path: Path) -> int:
     st = os.fstat(fd)
     why = None
     if st.st_uid not in (0, os.geteuid()):
-        why = f"its directory {path.parent} is {safefile.owner(st.st_uid)}'s, who could replace the lock"
+        why = f"its directory {path.parent} is {pathtrust.owner(st.st_uid)}'s, who could replace the lock"
     elif st.st_mode & _OTHERS and (default or not st.st_mode & stat.S_ISVTX):
         # Sticky (/tmp): others cannot replace our file there, and one of theirs is refused below.
         why = f"other users can write its directory {path.parent} (mode {stat.S_IMODE(st.st_mode):04o}), so they could replace the lock"
@@ -88,7 +88,7 @@ def _directory(path: Path) -> int:
 def _open(path: Path, d: int) -> int:
     """The lock file, ours and 0600, opened read-write without following a link."""
     flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    for _ in range(safefile.MAX_STEPS):
+    for _ in range(pathtrust.MAX_STEPS):
         try:
             fd = os.open(path.name, flags, dir_fd=d)
         except FileNotFoundError:
@@ -104,7 +104,7 @@ def _open(path: Path, d: int) -> int:
             raise _refuse(path, f"cannot open ({e.strerror}); choose a path you can write (--lock-file)") from None
         st = os.fstat(fd)
         why = ("is not a regular file" if not stat.S_ISREG(st.st_mode)
-               else f"is {safefile.owner(st.st_uid)}'s, who could hold it and stop every run" if st.st_uid != os.geteuid()
+               else f"is {pathtrust.owner(st.st_uid)}'s, who could hold it and stop every run" if st.st_uid != os.geteuid()
                # A name another user linked to a file of ours: the holder's pid would be written over that file.
                else f"has {st.st_nlink} names (hard links), one of which another user may have made" if st.st_nlink != 1 else None)
         if why:

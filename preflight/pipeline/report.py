@@ -19,7 +19,8 @@ from preflight.base.findings import Measurement, Status
 from preflight.base import safefile
 
 # Defined beside the reader that needs no pydantic (status); re-exported here.
-from preflight.pipeline.report_view import DEFAULT_REPORT_PATH, MAX_NODES, Verdict  # noqa: F401
+from preflight.pipeline.report_paths import DEFAULT_REPORT_PATH  # noqa: F401
+from preflight.pipeline.report_schema import MAX_NODES, Verdict  # noqa: F401
 from preflight.pipeline.shape import NodeShape
 
 SCHEMA_VERSION = 1

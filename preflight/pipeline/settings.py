@@ -18,7 +18,8 @@ from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource
 from preflight.pipeline import levels, lock, tomlfile
 from preflight.base.errors import UsageError
 from preflight.pipeline.profiles import FloorValue, SiteFloor
-from preflight.pipeline.report_view import MAX_NODES, default_report_path
+from preflight.pipeline.report_paths import default_report_path
+from preflight.pipeline.report_schema import MAX_NODES
 
 DEFAULT_CONFIG = Path("/etc/preflight/config.toml")
 # The most GPUs one node can hold: more than any board's slots (HGX: 8,
@@ -208,7 +209,7 @@ class Settings(_Common, BaseSettings):
 
     @property
     def report_is_default(self) -> bool:
-        """``report`` is the default (report_view.default_report_path), which `run` writes where
+        """``report`` is the default (report_paths.default_report_path), which `run` writes where
         neither --report nor the settings name one: outputs_of sets it."""
         return self._report_is_default
 
@@ -304,7 +305,7 @@ def unknown_env(environ: dict[str, str] | None = None) -> list[str]:
 def outputs_of(s: Settings, report: Path | None, textfile_dir: Path | None, scratch: bool) -> str | None:
     """Which report and textfile this run writes (``report`` and ``textfile_dir``:
     what its command line gave). A single-node run with no report given or
-    configured writes the default one (report_view.default_report_path), where
+    configured writes the default one (report_paths.default_report_path), where
     `status`, `serve`, `report` and `history` read by default. The configured
     ones, and the default, are the node's gate, which neither a scratch run (a
     pairwise side, a trial) nor a group run may replace: one failing node fails

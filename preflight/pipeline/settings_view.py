@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
-from preflight.pipeline.report_view import LEVELS, MAX_NODES, Declined, one_of
+from preflight.pipeline.report_schema import LEVELS, MAX_NODES, Declined, one_of
 from preflight.readers import capture
 
 # As in settings.py and tomlfile.py, which import pydantic; the tests hold them equal.

@@ -1,6 +1,7 @@
-"""The bandwidth worker's own pure parts (checks/workers/bandwidth.py), run
-without torch: how it shrinks sizes that do not fit, how many buffer sets it
-rotates through, and how it reads a CPU list. Its timing runs for real in
+"""The bandwidth worker's own parts (checks/workers/bandwidth.py and the
+_bw_*.py beside it), run in this process: how it shrinks sizes that do not fit
+(_bw_bench.py), and its copy steps' plan (_bw_copies.py) on torch for N GPUs.
+How it reads the machine is test_bw_machine.py's; its timing runs for real in
 test_bandwidth.py."""
 
 from __future__ import annotations
@@ -17,61 +18,30 @@ _spec = importlib.util.spec_from_file_location("bandwidth_worker", launch.WORKER
 worker = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(worker)
 
+import _bw_bench  # noqa: E402 - the worker's siblings, as it imports them (bare, from WORKERS_DIR)
+import _bw_copies  # noqa: E402
+
 GIB, MIB = 1 << 30, 1 << 20
 
 
 def test_a_size_that_fits_is_used_as_asked():
-    assert worker.fit("hbm_copy", GIB, 2, 80 * GIB, "cuda:0") == (GIB, None)
+    assert _bw_bench.fit("hbm_copy", GIB, 2, 80 * GIB, "cuda:0") == (GIB, None)
 
 
 def test_a_size_past_the_free_memory_is_clamped_and_says_so():
     # 4 GiB x 2 (src + dst) x 2 sets = 16 GiB needed; 10 GiB free, 70% usable -> 1.75 GiB buffers
-    nbytes, said = worker.fit("hbm_copy", 4 * GIB, 2, 10 * GIB, "cuda:3")
+    nbytes, said = _bw_bench.fit("hbm_copy", 4 * GIB, 2, 10 * GIB, "cuda:3")
     assert nbytes == int(0.7 * 10 * GIB / 4) // MIB * MIB and nbytes % MIB == 0
     assert said == "hbm_copy: 4.00 GiB asked, 1.75 GiB used: 10.00 GiB free on cuda:3"
 
 
 def test_memory_too_small_for_even_a_mebibyte_is_an_error_naming_the_device():
     with pytest.raises(MemoryError, match=r"all_reduce: 0.00 GiB free on cuda:1, not enough"):
-        worker.fit("all_reduce", GIB, 1, 2 * MIB, "cuda:1")
+        _bw_bench.fit("all_reduce", GIB, 1, 2 * MIB, "cuda:1")
 
 
 def test_unknown_free_memory_uses_the_size_asked():
-    assert worker.fit("memcpy", 64 * MIB + 3, 2, None, "this host") == (64 * MIB, None)
-
-
-def test_cpulists_read_as_the_kernel_writes_them():
-    assert worker._cpulist("0-3,8,10-11") == {0, 1, 2, 3, 8, 10, 11}
-
-
-def test_no_binding_asked_means_none_done():
-    assert worker.bind(None) is None and worker.bind({"node": 0, "cpus": None}) is None
-
-
-def test_binding_to_cpus_this_process_may_use(monkeypatch):
-    seen = {}
-    monkeypatch.setattr(worker.os, "sched_setaffinity", lambda pid, cpus: seen.update(cpus=cpus))
-    monkeypatch.setattr(worker, "_prefer_node", lambda node: f"preferred node {node}")
-    assert worker.bind({"node": 1, "cpus": "4-5"}) == {"node": 1, "cpus": "4-5", "memory": "preferred node 1", "error": None}
-    assert seen["cpus"] == {4, 5}
-
-
-def test_a_binding_the_kernel_refuses_is_reported_not_raised(monkeypatch):
-    def refuse(pid, cpus):
-        raise OSError(22, "Invalid argument")
-
-    monkeypatch.setattr(worker.os, "sched_setaffinity", refuse)
-    got = worker.bind({"node": 1, "cpus": "4096"})
-    assert got["error"] == "sched_setaffinity(4096): Invalid argument" and got["memory"] is None
-
-
-def test_the_largest_cpu_cache_is_the_last_level(monkeypatch, tmp_path):
-    sizes = {"index0": "48K", "index2": "2048K", "index3": "107520K"}
-    for name, size in sizes.items():
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "size").write_text(size + "\n")
-    monkeypatch.setattr(worker.glob, "glob", lambda pattern: [str(tmp_path / n / "size") for n in sizes])
-    assert worker._cpu_cache() == 107520 * 1024
+    assert _bw_bench.fit("memcpy", 64 * MIB + 3, 2, None, "this host") == (64 * MIB, None)
 
 
 # ---- the copy steps' plan, on torch for N GPUs (tests/fakes.py: no multi-GPU machine here) ----
@@ -102,8 +72,8 @@ def p2p_on(n: int, local_rank: int = 0, **kw) -> tuple[list[dict], FakeTorch, ob
 
 def test_local_rank_0_times_every_ordered_pair_from_its_one_process():
     results, torch, b = p2p_on(4)
-    assert [(r["src"], r["peer"]) for r in results] == worker.pairs(4)
-    assert sorted(worker.pairs(4)) == [(a, c) for a in range(4) for c in range(4) if a != c]
+    assert [(r["src"], r["peer"]) for r in results] == _bw_copies.pairs(4)
+    assert sorted(_bw_copies.pairs(4)) == [(a, c) for a in range(4) for c in range(4) if a != c]
     assert {r["peer_pci_bus_id"] for r in results} == {f"00000000:{0x18 + i:02x}:00.0" for i in range(4)}
     assert all(r["src_pci_bus_id"] == f"00000000:{0x18 + r['src']:02x}:00.0" and r["peer_access"] is True for r in results)
 
@@ -126,7 +96,7 @@ def test_each_copy_and_its_events_run_on_the_source_gpu():
     results, torch, _ = p2p_on(3)
     copies = [(e[1], e[2]) for e in torch.log if e[0] == "copy"]
     per_pair = ARGS["warmup"] + ARGS["repeats"]  # every repeat alike here: converged at the least repeats
-    assert copies == [pair for pair in worker.pairs(3) for _ in range(per_pair)]
+    assert copies == [pair for pair in _bw_copies.pairs(3) for _ in range(per_pair)]
     assert all(len(r["seconds"]) == ARGS["repeats"] and r["stopped"] == "converged" for r in results)
 
 
@@ -147,7 +117,7 @@ def test_by_hand_each_pair_has_its_own_line_entry():
 def test_the_check_s_plan_counts_what_the_worker_runs():
     for n in (1, 2, 3, 8):
         plan = bandwidth_plan.p2p_plan(n)
-        assert plan.timed == len(worker.pairs(n)) == len(set(worker.pairs(n))) == n * (n - 1)
+        assert plan.timed == len(_bw_copies.pairs(n)) == len(set(_bw_copies.pairs(n))) == n * (n - 1)
         assert plan.contexts == plan.foreign_contexts == max(0, n - 1)
     results, torch, _ = p2p_on(8)
     assert len(results) == 56 and len([e for e in torch.log if e == ("barrier",)]) == bandwidth_plan.p2p_plan(8).barriers
@@ -163,7 +133,7 @@ def test_every_pair_reaches_the_judges_as_its_own_figure():
                           results=[StepResult(**x) for x in results] if r == 0 else []) for r in range(4)]
     f = BandwidthFacts(python="py", backend="nccl", nproc=4, ranks=[ranks.RankOutcome(rank=r, gpu=f"GPU {r}", report=reports[r]) for r in range(4)])
     figs = [g for g in bandwidth_figures.figures(f) if g.name == "p2p_bandwidth"]
-    assert len(figs) == 12 and {(g.labels["gpu"], g.labels["peer_gpu"]) for g in figs} == {(str(a), str(c)) for a, c in worker.pairs(4)}
+    assert len(figs) == 12 and {(g.labels["gpu"], g.labels["peer_gpu"]) for g in figs} == {(str(a), str(c)) for a, c in _bw_copies.pairs(4)}
     by_pair = {(g.labels["gpu"], g.labels["peer_gpu"]): g for g in figs}
     assert by_pair[("2", "3")].value == pytest.approx(40 * GB) and by_pair[("3", "2")].value == pytest.approx(300 * GB)
     assert by_pair[("2", "3")].rank == 2 and by_pair[("2", "3")].where == "GPU 2 -> GPU 3"

@@ -19,7 +19,7 @@ from preflight.base.findings import Status
 from preflight.base.host import Host
 from preflight.pipeline.expectations import BurninExpect, OutlierExpect
 from preflight.readers.nvidia import nvml
-from preflight.readers.kernel import xid
+from preflight.readers.kernel import log_sources
 
 NVML = Path(__file__).parents[1] / "fixtures" / "nvml"
 EXPECT = BurninExpect(seconds=300, seconds_source="test", sizes_source="test", clock_floor_mhz=1590, clock_source="H100 SXM base clock")
@@ -222,7 +222,7 @@ def test_an_xid_read_through_syslog_still_fails_but_asks_only_a_drain_for_a_pers
     # Through syslog(2) another user's message may imitate the driver's line: no reboot or RMA on its word.
     f = healthy(n=1)
     f.new_xids = [{"code": 79, "pci": "0000:18:00", "raw": "NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus."}]
-    f.xid_note = xid.SYSLOG_NOTE
+    f.xid_note = log_sources.SYSLOG_NOTE
     (found,) = judged(f)
     assert (found.status, found.next.action, found.next.domain) == (Status.FAIL, Action.DRAIN, Domain.SOFTWARE)
     assert "read through syslog(2)" in found.next.source

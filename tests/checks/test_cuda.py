@@ -17,7 +17,7 @@ from preflight.checks import cuda
 from preflight.gpuwork.cuda_init import InitOutcome, InitReport
 
 from preflight.readers.nvidia import nvml
-from preflight.readers.kernel import xid
+from preflight.readers.kernel import log_sources, xid
 from preflight.pipeline import profiles, shape
 from preflight.pipeline.check import Context
 from preflight.pipeline.settings import Settings
@@ -238,7 +238,7 @@ def test_a_fatal_xid_read_only_through_syslog2_warns_as_another_user_could_have_
     """No /dev/kmsg and no journal (a container), dmesg through syslog(2): a message's end is lost,
     so a user's newline makes a line that reads as the driver's. Not enough to drain a node."""
     line = "[  219.470994] NVRM: Xid (PCI:0000:9d:00): 79, pid=1234, name=python, GPU has fallen off the bus.\n"
-    f = facts("h100-sxm-8x-healthy.json", xid_events=xid.parse(line), kernel_log_note=xid.SYSLOG_NOTE)
+    f = facts("h100-sxm-8x-healthy.json", xid_events=xid.parse(line), kernel_log_note=log_sources.SYSLOG_NOTE)
     (warn,) = judged(f)
     assert warn.status == Status.WARN and warn.summary == "Xid 79 on GPU 4 (0000:9d:00)"
     assert "syslog(2)" in warn.cause and "journalctl -k -b" in warn.cause
@@ -344,7 +344,7 @@ def test_a_run_with_several_xids_takes_the_highest_action():
 
 def test_an_xid_the_judge_only_warns_of_asks_no_more_than_a_watch():
     line = "[  219.470994] NVRM: Xid (PCI:0000:9d:00): 79, pid=1234, name=python, GPU has fallen off the bus.\n"
-    (forged,) = xid_findings(line, kernel_log_note=xid.SYSLOG_NOTE)
+    (forged,) = xid_findings(line, kernel_log_note=log_sources.SYSLOG_NOTE)
     assert (forged.status, forged.next.action) == (Status.WARN, Action.WATCH) and "syslog(2)" in forged.next.source
     line = "NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: New row marked for remapping, reset gpu to activate.\n"
     pending = facts("a100-sxm4-8x-remap-pending.json", init=None, xid_events=xid.parse(line))

@@ -4,14 +4,18 @@ workers write, no processes. The real run (slow=2 on one cpu rank) is in test_ba
 
 from __future__ import annotations
 
+import sys
+
 from preflight.base.findings import Measurement, Status
 from preflight.checks import bandwidth, train
-from preflight.checkkit import bandwidth_figures
+from preflight.checkkit import bandwidth_figures, train_figures
 from preflight.checkkit.bandwidth_figures import BandwidthFacts, StepResult
-from preflight.checks.workers import _rank
-from preflight.gpuwork import ranks
+from preflight.gpuwork import launch, ranks
 from preflight.outputs.exporters import metrics
 from preflight.pipeline.expectations import OutlierExpect, TrainExpect
+
+sys.path.insert(0, str(launch.WORKERS_DIR))  # as torchrun runs the workers: _rank imports its siblings by bare name
+from preflight.checks.workers import _rank  # noqa: E402
 
 FAIL, WARN = Status.FAIL, Status.WARN
 PY = "/opt/venv/bin/python"
@@ -131,18 +135,18 @@ def _report(ms: list[Measurement]):
     return R
 
 
-def train_facts(compute: dict[int, float], gemm: dict[int, float]) -> train.TrainFacts:
+def train_facts(compute: dict[int, float], gemm: dict[int, float]) -> train_figures.TrainFacts:
     """8 GPU ranks: 400 ms of own compute and 1.5 ms GEMMs unless given."""
     def rep(r: int):
-        return rank_report(train, r, 8, losses=[10.4, 9.8, 9.1], step_seconds=[0.5] * 3, compute_seconds=[compute.get(r, 0.40)] * 3,
+        return rank_report(train_figures, r, 8, losses=[10.4, 9.8, 9.1], step_seconds=[0.5] * 3, compute_seconds=[compute.get(r, 0.40)] * 3,
                            gemm_seconds=[gemm.get(r, 0.0015)] * 3, logits_checksum="1", param_checksums=["2"] * 8)
     outcomes = [ranks.RankOutcome(rank=r, report=rep(r), gpu=f"GPU {r}", last_line="") for r in range(8)]
-    return train.TrainFacts(python=PY, backend="nccl", nproc=8, ended="exit 0", returncode=0, seconds=30.0, ranks=outcomes)
+    return train_figures.TrainFacts(python=PY, backend="nccl", nproc=8, ended="exit 0", returncode=0, seconds=30.0, ranks=outcomes)
 
 
 def test_a_rank_slower_at_its_own_compute_is_named_by_the_median_and_the_straggler_ratio_still_judges():
     ex = TrainExpect(sizes_source="t", straggler_source="t", straggler_max=1.15, gemm_n=8192)
-    figs = train.figures(train_facts({3: 0.52}, {6: 0.0015 / 0.85}), ex)
+    figs = train_figures.figures(train_facts({3: 0.52}, {6: 0.0015 / 0.85}), ex)
     found = train.judge_outliers(figs, BAND)
     assert sorted((f.status.value, f.summary) for f in found) == [
         ("FAIL", "rank 3 (GPU 3) own forward+backward time (first quartile) 520 ms, 30% over the node's median 400 ms"),
@@ -157,7 +161,7 @@ def test_a_rank_slower_at_its_own_compute_is_named_by_the_median_and_the_straggl
 def test_a_warned_outlier_s_fix_line_names_its_first_cause_whole():
     # train's causes start "clocks held down (power brake, thermal or HW slowdown: `nvidia-smi -q -d PERFORMANCE,CLOCK`), ...":
     # cut at the first ", " the line read "check clocks held down (power brake".
-    figs = train.figures(train_facts({}, {6: 0.0015 / 0.85}), TrainExpect(sizes_source="t", straggler_source="t"))
+    figs = train_figures.figures(train_facts({}, {6: 0.0015 / 0.85}), TrainExpect(sizes_source="t", straggler_source="t"))
     (warn,) = train.judge_outliers(figs, BAND)
     assert warn.status == WARN
     assert warn.remedy.endswith("if it stays behind its peers, check clocks held down (power brake, thermal or HW slowdown: "
@@ -166,7 +170,7 @@ def test_a_warned_outlier_s_fix_line_names_its_first_cause_whole():
 
 def test_a_band_of_its_own_for_one_figure():
     wide = OutlierExpect(warn=0.10, fail=0.20, source="s", figures={"train_compute_duration": {"warn": 0.4, "fail": 0.6, "source": "noisy cores"}})
-    figs = train.figures(train_facts({3: 0.52}, {}), TrainExpect(sizes_source="t", straggler_source="t"))
+    figs = train_figures.figures(train_facts({3: 0.52}, {}), TrainExpect(sizes_source="t", straggler_source="t"))
     assert train.judge_outliers(figs, wide) == []
 
 

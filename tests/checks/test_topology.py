@@ -11,6 +11,7 @@ import fakes
 import psutil
 import pytest
 from preflight.checks import topology as t
+from preflight.checkkit import nvlink_pairs, topology_judges
 from preflight.readers.machine import layout
 from topology_cases import (FIXTURES, HEALTHY, ONE_NODE, PCI_GROUPS, SPLIT, TOPO, TREE, edit, gathered, h200_vm, host, matrix, pci_tree,  # noqa: F401
                             root, unreadable_smi)
@@ -266,7 +267,7 @@ def test_a_gpu_bridged_to_a_partner_outside_the_pod_is_no_missing_bridge():
     gpus[2].nvlink_peers, gpus[2].nvlink_remote = {"0000:9a:00.0": 12}, {"gpu": 12}
     f = t.TopologyFacts(matrix=topo.parse(matrix(3, {"0-1": "NV12"}, [0, 0, 0])), gpus=gpus)
     assert t.judge(f, NVL.topology, None)["nvlink"] == []
-    assert t.bridged_elsewhere(f) == {2: ["0000:9a:00.0"]}
+    assert nvlink_pairs.bridged_elsewhere(f) == {2: ["0000:9a:00.0"]}
     gpus[2].nvlink_remote = {"unknown": 12}  # NVML cannot say a GPU is there: the peer may be a switch
     assert [x.summary for x in t.judge(f, NVL.topology, None)["nvlink"]] == ["GPU 2 has no NVLink peer"]
     gpus[2].nvlink_peers, gpus[2].nvlink_remote = None, None  # NVML names no far end: its bridge is missing
@@ -628,7 +629,7 @@ def test_pcie_boards_on_both_sockets_of_a_two_socket_host_are_the_design_not_a_f
     # The della 2x A100 PCIe capture the profiles cite: GPU 0 on NUMA 0, GPU 1 on NUMA 1.
     f = t.TopologyFacts(matrix=topo.parse((TOPO / "08_a100-pcie-2x_no-nvlink_SYS_split-numa-0-1_2mlx5.txt").read_text()))
     expect = resolved(name).topology
-    assert t.numa_span(f) == 2 and t.judge_numa(f, expect) == []
+    assert t.numa_span(f) == 2 and topology_judges.judge_numa(f, expect) == []
     assert expect.numa_warn_above == 2  # more (SNC or NPS on, not the host's design) warns: test_an_hgx_h100_with_snc_on_...
 
 

@@ -160,7 +160,7 @@ def test_train_on_every_gpu_of_this_node(tmp_path):
     print(p.stderr, f"check took {took:.1f} s")
     assert r.details["parts"]["run"] == "PASS" and r.details["parts"]["loss"] == "PASS" and r.details["parts"]["agreement"] == "PASS", (r.cause, p.stderr)
     assert {"gemm_throughput", "train_step_duration", "train_mfu"} <= {m.name for m in r.measurements}
-    # Where the check's time went on each rank, for the time model (checks/train.py plan): the parts' seconds, the warm-up steps'.
+    # Where the check's time went on each rank, for the time model (checkkit/train_plan.py's plan): the parts' seconds, the warm-up steps'.
     for o in r.details["ranks"]:
         rep = o["report"]
         print(f"rank {o['rank']}: phases {rep['phases']} s; warm-up steps {rep['warmup_seconds']} s; repeats: steps {len(rep['step_seconds'])}, "

@@ -1,11 +1,11 @@
-"""The train probe's plan (checks/train.py `plan`): the counts the worker runs, which the
+"""The train probe's plan (checkkit/train_plan.py `plan`): the counts the worker runs, which the
 time model multiplies by measured costs, and the least counts the profiles give it."""
 
 from __future__ import annotations
 
 import pytest
 
-from preflight.checkkit import figures
+from preflight.checkkit import figures, train_plan
 from preflight.checks import train
 from preflight.pipeline import profiles
 
@@ -22,13 +22,13 @@ def expect(name: str):
 @pytest.mark.parametrize("name", GPU_PROFILES + ["cpu"])
 def test_the_gemm_starts_at_the_least_count_whose_median_has_an_interval(name):
     # Fewer bursts cannot say how sure the median is; more at least, before the rule is asked, buy nothing a quiet GPU needs.
-    least = train.plan(expect(name)).gemm_repeats
+    least = train_plan.plan(expect(name)).gemm_repeats
     assert figures.interval_ranks(least) is not None and figures.interval_ranks(least - 1) is None
 
 
 def test_the_plan_is_the_profiles_counts():
     e = expect("h200-sxm")
-    p = train.plan(e)
+    p = train_plan.plan(e)
     assert (p.warmup_steps, p.steps, p.max_steps) == (e.warmup_steps, e.steps, e.max_steps) == (3, 10, 30)
     assert (p.compute_warmup, p.compute_steps, p.max_compute_steps) == (1, 3, 20)
     assert (p.gemm_burst, p.gemm_repeats, p.max_gemm_repeats, p.gemm_warmup_seconds) == (50, 6, 30, 0.5)
@@ -38,7 +38,7 @@ def test_the_plan_is_the_profiles_counts():
 @pytest.mark.parametrize("name", GPU_PROFILES + ["cpu"])
 def test_the_worker_is_given_every_count_of_the_plan(name):
     e = expect(name)
-    p = train.plan(e)
+    p = train_plan.plan(e)
     args = train.worker_args(e, "gloo", 20.0)
     given = dict(zip(args[::2], args[1::2]))
     for field, flag in [("warmup_steps", "--warmup-steps"), ("steps", "--steps"), ("max_steps", "--max-steps"), ("compute_warmup", "--compute-warmup"),
@@ -51,12 +51,12 @@ def test_the_worker_is_given_every_count_of_the_plan(name):
 
 def test_a_quiet_figure_stops_where_its_statistic_first_has_an_interval():
     # The steps' least (10) is past the median's 6; the own passes' first quartile needs 13 whatever their least (3).
-    assert train.plan(expect("h200-sxm")).quiet() == {"steps": 10, "compute": 13, "gemm": 6}
-    assert train.plan(expect("cpu")).quiet() == {"steps": 8, "compute": 20, "gemm": 6}
+    assert train_plan.plan(expect("h200-sxm")).quiet() == {"steps": 10, "compute": 13, "gemm": 6}
+    assert train_plan.plan(expect("cpu")).quiet() == {"steps": 8, "compute": 20, "gemm": 6}
 
 
 def test_the_h200s_timed_parts_by_the_plan():
-    s = train.plan(expect("h200-sxm")).seconds(STEP, COMPUTE, MATMUL)
+    s = train_plan.plan(expect("h200-sxm")).seconds(STEP, COMPUTE, MATMUL)
     burst = 50 * MATMUL  # 81.6 ms
     assert s["warmup"] == pytest.approx(3 * STEP)
     assert s["steps"] == pytest.approx(10 * STEP)
@@ -67,8 +67,8 @@ def test_the_h200s_timed_parts_by_the_plan():
 
 
 def test_a_figure_stops_at_its_time_cap_but_never_before_its_least_count():
-    cpu = train.plan(expect("cpu"))  # max_seconds 0.1: the least counts fill it
+    cpu = train_plan.plan(expect("cpu"))  # max_seconds 0.1: the least counts fill it
     s = cpu.seconds(0.02, 0.014, 0.0003)
     assert s["steps"] == pytest.approx(8 * 0.02) and s["compute"] == pytest.approx(21 * 0.014) and s["gemm"] == pytest.approx(6 * 50 * 0.0003)
-    slow = train.plan(expect("h200-sxm")).seconds(0.5, 0.5, 0.001)  # steps past the 3 s cap after 6: the least 10 still run
+    slow = train_plan.plan(expect("h200-sxm")).seconds(0.5, 0.5, 0.001)  # steps past the 3 s cap after 6: the least 10 still run
     assert slow["steps"] == pytest.approx(10 * 0.5) and slow["compute"] == pytest.approx(0.5 + 5 * 0.5)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 from preflight.checks import train
-from preflight.checks.train import RankReport, TrainFacts
+from preflight.checkkit import train_figures
+from preflight.checkkit.train_figures import RankReport, TrainFacts
 
 from preflight.pipeline import profiles
 from preflight.gpuwork import ranks
@@ -24,7 +25,7 @@ def straggler_of(passes: dict[str, list[float]], expect=CPU):
     reps = [RankReport(rank=int(r), local_rank=int(r), world_size=len(passes), host="ci", pid=1, python="py", backend="gloo", device="cpu", stage="done", compute_seconds=s[: expect.compute_steps])
             for r, s in passes.items()]  # fmt: skip
     f = TrainFacts(python="py", backend="gloo", nproc=len(reps), ranks=[ranks.RankOutcome(rank=r.rank, gpu=None, report=r) for r in reps])
-    figs = train.figures(f, expect)
+    figs = train_figures.figures(f, expect)
     return next(g for g in figs if g.key == "train_straggler_ratio"), train.judge_straggler(figs, expect)
 
 

@@ -10,7 +10,7 @@ import pytest
 import cuda_facts
 from cuda_facts import NVML, facts, loaded_reading, python_script
 
-from preflight.gpuwork import cuda_init as cuda
+from preflight.gpuwork import cuda_init as cuda, launch_output
 from preflight.readers.nvidia.nvml import FakeNvml
 
 
@@ -132,7 +132,7 @@ def test_a_rank_that_crashed_names_its_gpu_not_the_one_torchrun_stopped_mid_prob
     # Every rank probes at once: rank 3 segfaults on GPU 3 and torchrun sends the others
     # SIGTERM, rank 0 still in its probe of GPU 0. torchrun's own summary says which died of its own.
     log = (cuda_facts.INIT / "torchrun-4-ranks-rank3-sigsegv.txt").read_text().splitlines()
-    exits, root = cuda.launch.torchrun_exits(log), cuda.launch.torchrun_root_cause(log)
+    exits, root = launch_output.torchrun_exits(log), launch_output.torchrun_root_cause(log)
     assert exits == {0: -15, 1: -15, 2: -15, 3: -11} and root == 3
     merged = cuda.merge(_mid_probe((0, 3)), exits, root)
     assert merged["unfinished"] == [3] and merged["current"] == 3

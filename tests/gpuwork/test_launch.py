@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from conftest import needs_root, tmpdir_in_nobodys_home
-from preflight.gpuwork import launch
+from preflight.gpuwork import launch, launch_output, processes
 
 RANKS = str(Path(__file__).parents[1] / "fixtures" / "workers" / "ranks.py")  # absolute: WORKERS_DIR / it is it
 
@@ -23,14 +23,14 @@ def marked_alive(running: launch.Running) -> list[int]:
     found = []
     for p in psutil.process_iter(["pid"]):
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(launch.TOKEN_ENV) == running.token:
+            if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(processes.TOKEN_ENV) == running.token:
                 found.append(p.pid)
         except psutil.Error:
             continue
     return found
 
 
-def run(worker: launch.Worker, timeout: float, settled=None) -> tuple[launch.Finished, list[int]]:
+def run(worker: launch.Worker, timeout: float, settled=None) -> tuple[launch_output.Finished, list[int]]:
     running = launch.start(sys.executable, worker, timeout)
     done = running.wait(settled)
     return done, marked_alive(running)
@@ -55,7 +55,7 @@ def test_a_rank_that_exits_or_is_killed_is_named_by_torchrun_s_summary():
     done, left = run(launch.Worker(RANKS, ["--rank", "1", "--do", "exit:3"], nproc=2), 60)
     assert done.returncode != 0 and done.rank_exits.get(1) == 3 and not left
     done, left = run(launch.Worker(RANKS, ["--rank", "1", "--do", "kill"], nproc=2), 60)
-    assert done.rank_exits.get(1) == -9 and launch.exit_words(done.rank_exits[1]) == "killed by SIGKILL"
+    assert done.rank_exits.get(1) == -9 and launch_output.exit_words(done.rank_exits[1]) == "killed by SIGKILL"
     assert not left
 
 
@@ -132,16 +132,6 @@ def test_no_private_directory_is_left_behind(monkeypatch, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_torchrun_summary_parsing():
-    lines = [
-        "Failures:", "[1]:", "  time      : 2026-11-22_01:34:44", "  rank      : 1 (local_rank: 1)",
-        "  exitcode  : -9 (pid: 8084)", "Root Cause (first observed failure):", "[0]:",
-        "  rank      : 0 (local_rank: 0)", "  exitcode  : 1 (pid: 8083)",
-    ]  # fmt: skip
-    assert launch.torchrun_exits(lines) == {1: -9, 0: 1}
-    assert launch.torchrun_exits(["no summary here"]) == {}
-
-
 def test_a_port_in_time_wait_after_a_killed_run_is_free_again():
     # A server socket that accepted a connection and closed first leaves TIME_WAIT behind.
     with socket.socket() as srv:
@@ -154,12 +144,6 @@ def test_a_port_in_time_wait_after_a_killed_run_is_free_again():
         conn.close()
         cli.close()
     launch.check_port_free(port)  # no LaunchError: torchrun's store binds with SO_REUSEADDR too
-
-
-def test_torchrun_root_cause_is_read():
-    lines = ["Root Cause (first observed failure):", "[1]:", "  rank      : 1 (local_rank: 1)", "  exitcode  : -9 (pid: 1)"]
-    assert launch.torchrun_root_cause(["[0]:", "  rank      : 0 (local_rank: 0)", "  exitcode  : 1 (pid: 2)", *lines]) == 1
-    assert launch.torchrun_root_cause(["nothing"]) is None
 
 
 def test_a_worker_imports_its_sibling_modules_even_under_pythonsafepath(monkeypatch, tmp_path):

@@ -1,5 +1,5 @@
 """The report where the user will look: `preflight run` with no --report writes the
-default (report_view.default_report_path: root's /var/lib/preflight/report.json,
+default (report_paths.default_report_path: root's /var/lib/preflight/report.json,
 anyone else's under $XDG_STATE_HOME or ~/.local/state), and `status`, `report`,
 `history` and `serve` read it with no path given. Its directory is made where
 missing, never through a link another user planted (outputs/gate.default_report);
@@ -26,12 +26,12 @@ from conftest import clean_env, needs_root
 from typer.testing import CliRunner
 
 import fakes
-from preflight.base import safefile
+from preflight.base import pathtrust, safefile
 from preflight.base.errors import UsageError
 from preflight.cli.app import app
 from preflight.outputs import gate
-from preflight.pipeline import report_view
-from preflight.pipeline.report_view import DEFAULT_REPORT_PATH, default_report_path
+from preflight.pipeline import report_paths
+from preflight.pipeline.report_paths import DEFAULT_REPORT_PATH, default_report_path
 
 NOBODY = pwd.getpwnam("nobody").pw_uid
 
@@ -42,7 +42,7 @@ NOBODY = pwd.getpwnam("nobody").pw_uid
 def test_root_writes_the_nodes_own_report(monkeypatch):
     real = Path("/var/lib/preflight/report.json")
     assert DEFAULT_REPORT_PATH == real and default_report_path({}, euid=0) != real  # conftest moved root's state for this process
-    monkeypatch.setattr(report_view, "ROOT_STATE_DIR", Path("/var/lib/preflight"))  # only asked here, never written
+    monkeypatch.setattr(report_paths, "ROOT_STATE_DIR", Path("/var/lib/preflight"))  # only asked here, never written
     assert default_report_path({"XDG_STATE_HOME": "/x", "HOME": "/root"}, euid=0) == real
     assert default_report_path({}, euid=0) == real
 
@@ -86,9 +86,9 @@ def test_a_link_another_user_planted_is_never_followed(tmp_path):
     target.mkdir(mode=0o700)
     (sticky / "state").symlink_to(target)
     os.lchown(sticky / "state", NOBODY, NOBODY)
-    with pytest.raises(safefile.Untrusted, match="another user could have made"):
+    with pytest.raises(pathtrust.Untrusted, match="another user could have made"):
         safefile.make_dirs(sticky / "state" / "preflight", 0o700)
-    with pytest.raises(safefile.Untrusted, match="another user could have made"):
+    with pytest.raises(pathtrust.Untrusted, match="another user could have made"):
         safefile.make_dirs(sticky / "state", 0o700)
     assert list(target.iterdir()) == []
     (tmp_path / "file").write_text("")
@@ -114,7 +114,7 @@ def test_roots_default_directory_is_made_0755_for_serves_user_to_read(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("root's default")
     path = default_report_path()  # conftest's stand-in for /var/lib/preflight/report.json
-    assert path == report_view.ROOT_STATE_DIR / "report.json" and not path.parent.exists()
+    assert path == report_paths.ROOT_STATE_DIR / "report.json" and not path.parent.exists()
     assert gate.default_report(path) == path
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o755 and path.parent.stat().st_uid == 0
 
@@ -285,37 +285,37 @@ mount -o remount,ro /var/lib
 def test_a_reader_without_a_report_of_its_own_reads_the_nodes(tmp_path):
     # kube-label and node-problem-detector run as nobody, an admin asks `preflight status` without
     # sudo: with no report of their own, each reads the node's (what the units and root runs write).
-    from preflight.pipeline import report_view
+    from preflight.pipeline import report_paths
 
     env = {"XDG_STATE_HOME": str(tmp_path / "xdg"), "HOME": str(tmp_path / "home")}
-    node = report_view.ROOT_STATE_DIR / "report.json"
+    node = report_paths.ROOT_STATE_DIR / "report.json"
     own = tmp_path / "xdg" / "preflight" / "report.json"
-    assert report_view.reader_report_path(env, 65534) == own  # neither exists: the user's own, where their run would write
+    assert report_paths.reader_report_path(env, 65534) == own  # neither exists: the user's own, where their run would write
     node.parent.mkdir(parents=True, exist_ok=True)
     node.write_text("{}")
-    assert report_view.reader_report_path(env, 65534) == node
+    assert report_paths.reader_report_path(env, 65534) == node
     own.parent.mkdir(parents=True)
     own.write_text("{}")
-    assert report_view.reader_report_path(env, 65534) == node  # there, but not theirs: another user could have written it
+    assert report_paths.reader_report_path(env, 65534) == node  # there, but not theirs: another user could have written it
     os.chown(own, 65534, 65534)
     os.chown(own.parent, 65534, 65534)
-    assert report_view.reader_report_path(env, 65534) == own  # their own run's, once they have one
-    assert report_view.reader_report_path(env, 0) == node
-    assert report_view.node_report_path() == node  # what the readers that act for the node read, whoever runs them
+    assert report_paths.reader_report_path(env, 65534) == own  # their own run's, once they have one
+    assert report_paths.reader_report_path(env, 0) == node
+    assert report_paths.node_report_path() == node  # what the readers that act for the node read, whoever runs them
 
 
 def test_the_readers_that_act_for_the_node_read_the_nodes_report_whoever_runs_them(tmp_path, monkeypatch):
     # slurm-healthcheck, kube-label, serve and `status --npd` drain, label or vouch for the node: a
     # report a user keeps of their own (a dry run by hand) must never be what they act on.
     from preflight.cli import plain
-    from preflight.pipeline import report_view
+    from preflight.pipeline import report_paths
 
     monkeypatch.delenv("PREFLIGHT_REPORT")
-    monkeypatch.setattr(report_view.os, "geteuid", lambda: 65534)
-    own = report_view.default_report_path()
+    monkeypatch.setattr(report_paths.os, "geteuid", lambda: 65534)
+    own = report_paths.default_report_path()
     own.parent.mkdir(parents=True)
     own.write_text("{}")
     os.chown(own, 65534, 65534)
     os.chown(own.parent, 65534, 65534)
     assert plain.report_path(None, None) == own  # a person's `status`: their own
-    assert plain.report_path(None, None, node=True) == report_view.node_report_path()
+    assert plain.report_path(None, None, node=True) == report_paths.node_report_path()

@@ -24,7 +24,7 @@ from pathlib import Path
 import fakes
 import pytest
 from conftest import clean_env, lock_held, needs_root, report_file, run_preflight
-from preflight.gpuwork.launch import marked
+from preflight.gpuwork.processes import marked
 from preflight.base.errors import UsageError
 from preflight.outputs.record import last_report, run_record
 from preflight.pipeline.report import Report

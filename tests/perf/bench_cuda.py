@@ -26,7 +26,7 @@ import timing  # noqa: E402
 from preflight.gpuwork import cuda_init  # noqa: E402
 
 from preflight.readers.nvidia import nvml  # noqa: E402
-from preflight.readers.kernel import xid  # noqa: E402
+from preflight.readers.kernel import log_sources, xid  # noqa: E402
 from preflight.base.host import Host  # noqa: E402
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 5
@@ -47,7 +47,7 @@ def main() -> None:
         os.environ["FAKE_NVML_FACTS"] = str(FACTS)
     timed("NVML inventory (child process)", lambda: nvml.inventory())
     timed("NVML PCIe link read (child process)", lambda: nvml.pcie_links())
-    timed("kernel log read + Xid parse", lambda: xid.parse(xid.read_kernel_log(Host(), 10)[0]))
+    timed("kernel log read + Xid parse", lambda: xid.parse(log_sources.read_kernel_log(Host(), 10)[0]))
     outcome = {}
 
     def init() -> None:

@@ -1,7 +1,7 @@
 """The quick level on the 8-GPU H100 facts, and how many NVML inventories it reads.
 
 Each inventory is a child process (python start, nvidia-ml-py, NVML init) and a
-0.4 s window of clock readings (nvml_query.CLOCK_SAMPLES): a run that reads it
+0.4 s window of clock readings (nvml_inventory.CLOCK_SAMPLES): a run that reads it
 once per check pays that several times. Two ways, interleaved round by round so
 a burst of load falls on both:
 

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from preflight.checks.bandwidth import bus_factor, steps_for
 from preflight.checks.bandwidth import p2p_plan as bandwidth_p2p_plan
-from preflight.checks.train import plan as train_plan
+from preflight.checkkit.train_plan import plan as train_plan
 from preflight.pipeline import profiles
 
 GPUS = (1, 2, 4, 8)
@@ -178,7 +178,7 @@ def p2p_plan(n: int) -> tuple[int, int]:
 
 
 def train_counts(expect, observed: dict[str, int]) -> dict[str, int]:
-    """How many steps, compute passes and GEMM bursts the probe times (checks/train.py's plan):
+    """How many steps, compute passes and GEMM bursts the probe times (checkkit/train_plan.py's plan):
     its least counts, or as many as the H200 run needed to converge, within the caps."""
     p = train_plan(expect)
     return {"steps": min(p.max_steps, max(p.steps, observed["step_seconds"])),

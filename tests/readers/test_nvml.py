@@ -11,7 +11,7 @@ import fakes
 import psutil
 import pytest
 
-from preflight.readers.nvidia import nvml, nvml_query
+from preflight.readers.nvidia import nvml, nvml_inventory
 from preflight.base.errors import UsageError
 from preflight.readers.nvidia.nvml import FakeNvml, NvmlUnavailable
 
@@ -327,7 +327,7 @@ def test_a_driver_older_than_the_recovery_field_leaves_it_unknown_and_records_no
 def test_a_recovery_field_nvml_does_not_answer_is_unanswered_and_the_rest_stands(fake_nvml):
     fake_nvml(facts=FIXTURES / "h100-sxm-gpu3-recovery-unanswered.json")
     gpus = nvml.inventory().gpus
-    assert gpus[3].recovery_action is None and gpus[3].unanswered == {nvml_query.RECOVERY_ASK: "Unknown Error"}
+    assert gpus[3].recovery_action is None and gpus[3].unanswered == {nvml_inventory.RECOVERY_ASK: "Unknown Error"}
     assert gpus[3].ecc_uncorrectable_volatile == 0 and gpus[2].recovery_action == "none"
 
 
@@ -337,7 +337,7 @@ def test_a_recovery_code_newer_than_preflight_is_said_not_guessed(fake_nvml, tmp
     (tmp_path / "facts.json").write_text(json.dumps(data))
     fake_nvml(facts=tmp_path / "facts.json")
     g = nvml.inventory().gpus[2]
-    assert g.recovery_action is None and g.unanswered == {nvml_query.RECOVERY_ASK: "recovery action 9, which this preflight does not know"}
+    assert g.recovery_action is None and g.unanswered == {nvml_inventory.RECOVERY_ASK: "recovery action 9, which this preflight does not know"}
 
 
 @pytest.mark.parametrize("driver, meant", [("580.159.04", "bus_reset"), ("590.48.01", "bus_reset"), ("595.10", "recover_imex_domain"), ("615.71", "recover_imex_domain")])
@@ -356,7 +356,7 @@ def test_a_field_value_call_that_raises_is_unanswered_under_the_field(fake_nvml)
     fake_nvml("oops:nvmlDeviceGetFieldValues", FIXTURES / "h100-sxm-gpu2-recovery-reset.json")
     gpus = nvml.inventory().gpus
     assert len(gpus) == 8 and all(g.recovery_action is None for g in gpus)
-    assert gpus[0].unanswered == {nvml_query.RECOVERY_ASK: "ValueError: invalid literal for int() with base 10: 'N/A'"}
+    assert gpus[0].unanswered == {nvml_inventory.RECOVERY_ASK: "ValueError: invalid literal for int() with base 10: 'N/A'"}
 
 
 # ---- a --nvml-fake file that is no node's facts ---------------------------------------------------

@@ -1,30 +1,27 @@
-"""Xid / SXid parsing on recorded kernel logs, the code table, and reading the
-kernel log: the real /dev/kmsg of this machine, a test root, and the fallbacks."""
+"""Xid / SXid parsing on recorded kernel logs, `--from FILE` and what a kernel log line is,
+and a user's text inside a kernel message (readers/kernel/xid.py). The code table is
+test_xid_meaning.py; reading the node's kernel log is test_log_sources.py."""
 
 import json
 import os
 import random
 import stat
 import threading
-import time
 from pathlib import Path
 
 import fakes
 import pytest
 from conftest import FIXTURES
 
-from preflight.base.actions import LADDER, Action, Domain, Next
-from preflight.readers.kernel import journal, xid, xid_catalog
+from preflight.readers.kernel import journal, log_sources, xid
 from preflight.base.errors import UsageError
-from preflight.base.host import Completed, Host
+from preflight.base.host import Host
 from preflight.readers.kernel.xid import (
-    KernelLogUnavailable,
     XidEvent,
-    explain,
     parse,
     read_file,
-    read_kernel_log,
 )
+from preflight.readers.kernel.xid_meaning import explain
 
 XID = FIXTURES / "xid"
 JSON_LOG = FIXTURES / "journal" / "journalctl-json_xid79_xid13-bytes_forged-newline-cr-vt_handmade.txt"
@@ -195,256 +192,6 @@ def test_events_go_into_a_json_report():
     assert {e.info.model_dump()["severity"] for e in found} == {"fatal"}
 
 
-# --- the code table -------------------------------------------------------------
-
-@pytest.mark.parametrize("code, severity", [
-    (13, "app"), (31, "app"), (43, "app"), (45, "app"), (69, "app"), (92, "app"), (94, "app"),
-    (46, "fatal"), (48, "fatal"), (63, "fatal"), (64, "fatal"), (74, "fatal"), (79, "fatal"), (95, "fatal"),
-    (109, "fatal"), (110, "fatal"), (119, "fatal"), (120, "fatal"), (140, "fatal"), (143, "fatal"),
-    (144, "fatal"), (150, "fatal"), (158, "fatal"),
-])
-def test_severity_follows_the_catalog(code, severity):
-    info = explain("xid", code)
-    assert info.severity == severity and info.meaning and info.action
-
-
-def test_fatal_actions_say_reset_reboot_or_drain():
-    for code in (46, 48, 63, 64, 74, 79, 95, 109, 119, 140, 143, 145):
-        assert explain("xid", code).action.startswith(("reset the GPU", "reboot the node", "drain the node"))
-
-
-def test_unknown_codes_warn_and_point_at_the_catalog():
-    info = explain("xid", 999)
-    assert info.severity == "app"
-    assert info.meaning.startswith("unknown Xid 999: look it up in NVIDIA's Xid catalog")
-
-
-@pytest.mark.parametrize("target, severity", [
-    ("0x0 (None)", "info"), ("0x3 (Drain P2P)", "app"), ("0x1 (GPU Reset Required)", "fatal"),
-    ("0x2 (Node Reboot Required)", "fatal"), ("0x4 (Drain and Reset)", "fatal"), ("", "fatal"),
-])
-def test_xid_154_is_judged_by_the_action_it_names(target, severity):
-    message = f"GPU recovery action changed from 0x1 (GPU Reset Required) to {target}" if target else "garbled"
-    assert explain("xid", 154, message).severity == severity
-
-
-def test_init_failure_is_fatal():
-    assert explain("init_failed", None).severity == "fatal"
-
-
-# --- the catalog's buckets and the action each asks --------------------------------
-
-CITED = "NVIDIA Xid catalog (2026-11-22): Xid "
-# Every immediate bucket the catalog's "Xids" sheet names, as it spells them.
-IMMEDIATE = {"RESTART_APP", "RESET_GPU", "RESTART_BM", "RESTART_VM", "CHECK_MECHANICALS", "CONTACT_SUPPORT", "IGNORE",
-             "UPDATE_SWFW", "CHECK_UVM", "XID_154", "WORKFLOW_XID_45", "WORKFLOW_XID_48", "WORKFLOW_NVLINK_ERR",
-             "WORKFLOW_NVLINK5_ERR"}
-
-
-@pytest.mark.parametrize("name", sorted(p.name for p in XID.glob("*.txt")))
-def test_every_event_in_the_fixtures_gets_its_catalog_bucket_and_an_action(name):
-    for e in events(name):
-        info = e.info
-        assert info.act.source and info.act.source != "not judged", (name, e.line)
-        if e.kind in ("xid", "fell_off_bus"):
-            code = 79 if e.kind == "fell_off_bus" else e.code
-            assert info.bucket in IMMEDIATE, (name, e.line, code, info.bucket)  # never "unknown" for a fixture's code
-            assert info.investigate and info.investigate != xid_catalog.UNKNOWN
-            assert info.act.source.startswith(f"{CITED}{code} {info.bucket}")
-        else:  # an SXid or a failed initialisation is no Xid: no bucket, and the action says where it comes from
-            assert info.bucket is None and info.act.source
-
-
-def test_the_catalog_rows_cover_every_code_it_lists_and_name_only_its_buckets():
-    assert sorted(xid_catalog.BUCKETS) == list(range(1, 173))
-    named = {b for b, _ in xid_catalog.BUCKETS.values()}
-    assert named == IMMEDIATE | {"unknown"}
-    assert xid_catalog.buckets(162) == ("unknown", "unknown") == xid_catalog.buckets(999) == xid_catalog.buckets(None)
-    assert xid_catalog.buckets(45) == ("WORKFLOW_XID_45", "Solo: RESTART_FM Not Solo: IGNORE (follow other Xid)")
-    assert xid_catalog.buckets(142) == ("CONTACT_SUPPORT", None)  # the row leaves the investigatory bucket empty
-
-
-def test_every_code_preflight_explains_has_its_catalog_bucket():
-    for code in xid._TABLE:
-        assert explain("xid", code).bucket in IMMEDIATE, code
-
-
-@pytest.mark.parametrize("code, bucket, investigate, action, domain", [
-    (79, "RESTART_BM", "CONTACT_SUPPORT", Action.REBOOT, Domain.NODE),
-    (48, "WORKFLOW_XID_48", "WORKFLOW_XID_48", Action.RESET_GPU, Domain.NODE),
-    (54, "CHECK_MECHANICALS", "CONTACT_SUPPORT", Action.SERVICE, Domain.NODE),
-    (74, "WORKFLOW_NVLINK_ERR", "CONTACT_SUPPORT", Action.RESET_GPU, Domain.NODE),
-    (109, "RESET_GPU", "CONTACT_SUPPORT", Action.RESET_GPU, Domain.NODE),
-    (151, "RESTART_VM", "CONTACT_SUPPORT", Action.REBOOT, Domain.NODE),
-    (13, "RESTART_APP", "WORKFLOW_XID_13", Action.FIX_JOB, Domain.JOB),
-    (31, "RESTART_APP", "WORKFLOW_XID_31", Action.FIX_JOB, Domain.JOB),
-    (94, "RESTART_APP", "IGNORE (sympathetic)", Action.FIX_JOB, Domain.JOB),
-    (43, "IGNORE", "CONTACT_SUPPORT", Action.WATCH, Domain.NODE),
-    (45, "WORKFLOW_XID_45", "Solo: RESTART_FM Not Solo: IGNORE (follow other Xid)", Action.WATCH, Domain.NODE),
-    (63, "IGNORE", "IGNORE", Action.RESET_GPU, Domain.NODE),  # the departure: "reset gpu to activate"
-])
-def test_each_code_takes_its_buckets_action_citing_code_bucket_and_date(code, bucket, investigate, action, domain):
-    info = explain("xid", code)
-    assert (info.bucket, info.investigate, info.act.action, info.act.domain) == (bucket, investigate, action, domain)
-    assert info.act.source.startswith(f"NVIDIA Xid catalog (2026-11-22): Xid {code} {bucket}")
-
-
-@pytest.mark.parametrize("target, action", [
-    ("0x0 (None)", Action.NONE), ("0x3 (Drain P2P)", Action.WATCH), ("0x1 (GPU Reset Required)", Action.RESET_GPU),
-    ("0x2 (Node Reboot Required)", Action.REBOOT), ("0x4 (Drain and Reset)", Action.RESET_GPU), ("", Action.DRAIN),
-])
-def test_xid_154_acts_on_the_recovery_action_it_prints(target, action):
-    message = f"GPU recovery action changed from 0x1 (GPU Reset Required) to {target}" if target else "garbled"
-    info = explain("xid", 154, message)
-    assert (info.bucket, info.act.action, info.act.domain) == ("XID_154", action, Domain.NODE)
-    assert info.act.source.startswith("NVIDIA Xid catalog (2026-11-22): Xid 154 XID_154")
-
-
-def test_nvlink5_xids_act_on_the_fatal_or_non_fatal_they_print():
-    fatal = explain("xid", 144, "SAW_MVB Fatal XC0 i0 Link -1 (0x00000021 0x00000002 ...)")
-    nonfatal = explain("xid", 145, "RLW_REMAP Nonfatal XC0 i0 Link 02")
-    assert (fatal.act.action, nonfatal.act.action) == (Action.RESET_GPU, Action.WATCH)
-
-
-def test_a_code_the_catalog_lists_unused_is_watched_not_serviced_as_preflight_only_warns():
-    info = explain("xid", 3)  # an older driver's code: "Unused" on Ampere and newer, CONTACT_SUPPORT
-    assert (info.severity, info.bucket, info.investigate) == ("app", "CONTACT_SUPPORT", "N/A; Unused")
-    assert info.act.action == Action.WATCH and "only warns" in info.act.source
-    unknown = explain("xid", 165)  # listed, with prose where the bucket goes
-    assert (unknown.bucket, unknown.act.action) == ("unknown", Action.WATCH)
-    assert unknown.act.source.startswith("NVIDIA Xid catalog (2026-11-22): Xid 165 unknown")
-
-
-def test_the_action_never_contradicts_the_severity():
-    """A warning never takes the node out of service; a failure always does; information asks nothing."""
-    fix_job, drain = LADDER.index(Action.FIX_JOB), LADDER.index(Action.DRAIN)
-    messages = ["", "Nonfatal", "GPU recovery action changed from 0x0 (None) to 0x3 (Drain P2P)"]
-    for code in [*range(1, 200), None]:
-        for message in messages:
-            info = explain("xid", code, message)
-            rank = LADDER.index(info.act.action)
-            assert {"app": rank <= fix_job, "fatal": rank >= drain, "info": info.act.action == Action.NONE}[info.severity], (code, message)
-
-
-def test_sxids_and_failed_initialisation_act_on_what_they_print():
-    assert explain("sxid", 24007, "Fatal, Link 10 ...").act.action == Action.REBOOT
-    assert explain("sxid", 20009, "Non-fatal, Link 04 ...").act.action == Action.WATCH
-    assert explain("sxid", 26006, "SOE HALTED").act.action == Action.WATCH
-    assert explain("init_failed", None).act == Next(Action.REBOOT, Domain.NODE, explain("init_failed", None).act.source)
-
-
-
-# --- reading the kernel log -----------------------------------------------------
-
-def test_the_real_dev_kmsg_is_read_quickly_and_parses():
-    start = time.monotonic()
-    try:
-        text, source = read_kernel_log(Host(), timeout=10)
-    except KernelLogUnavailable as e:  # a container without CAP_SYSLOG and no journal
-        assert time.monotonic() - start < 11
-        pytest.skip(f"no kernel log readable here: {e.cause}")
-    assert time.monotonic() - start < 5
-    assert source in ("/dev/kmsg", "/dev/kmsg + " + " ".join(xid.JOURNALCTL), " ".join(xid.JOURNALCTL), " ".join(xid.DMESG))
-    assert text.strip()
-    parse(text)
-
-
-class FakeHost(Host):
-    """A test root, and commands answered from a table instead of run."""
-
-    def __init__(self, root: Path, answers: dict[str, Completed | Exception]):
-        super().__init__(root=root, environ={})
-        self.answers, self.asked = answers, []
-
-    def run(self, argv, timeout, cwd=None):
-        name = Path(argv[0]).name  # the command as found on PATH
-        self.asked.append((name, timeout))
-        answer = self.answers[name]
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
-
-def ok(stdout: str) -> Completed:
-    return Completed((), 0, stdout, "", False)
-
-
-def test_kmsg_under_a_test_root(tmp_path):
-    (tmp_path / "dev").mkdir()
-    (tmp_path / "dev" / "kmsg").write_text((XID / "kmsg_xid79_fell-off-bus_xid154_sxid_handmade.txt").read_text())
-    # Its first record is #1201: the ring has wrapped, so the journal is asked for what it lost.
-    text, source = read_kernel_log(FakeHost(tmp_path, {"journalctl": FileNotFoundError(2, "No such file or directory")}), timeout=5)
-    assert source == str(tmp_path / "dev" / "kmsg")
-    assert [e.code for e in parse(text)] == [79, None, 154, 24007]
-
-
-def test_without_kmsg_journalctl_is_asked_with_the_time_left(tmp_path):
-    host = FakeHost(tmp_path, {"journalctl": ok(JSON_LOG.read_text())})
-    text, source = read_kernel_log(host, timeout=5)
-    assert source == "journalctl -k -b --no-pager -o json"
-    assert [e.code for e in parse(text)] == [79, 13]
-    assert host.asked[0][0] == "journalctl" and 0 < host.asked[0][1] <= 5
-
-
-def test_an_empty_journal_is_not_a_clean_node(tmp_path):
-    host = FakeHost(tmp_path, {"journalctl": ok("-- No entries --\n"), "dmesg": ok("[ 1.0] NVRM: loading\n")})
-    text, source = read_kernel_log(host, timeout=5)
-    assert source == "dmesg" and "NVRM" in text
-
-
-def test_nothing_readable_names_every_source(tmp_path):
-    host = FakeHost(tmp_path, {
-        "journalctl": FileNotFoundError(2, "No such file or directory"),
-        "dmesg": Completed((), 1, "", "dmesg: read kernel buffer failed: Operation not permitted\n", False),
-    })
-    with pytest.raises(KernelLogUnavailable) as raised:
-        read_kernel_log(host, timeout=5)
-    cause = raised.value.cause
-    assert "kmsg: No such file or directory" in cause
-    assert "journalctl: No such file or directory" in cause
-    assert "dmesg: dmesg: read kernel buffer failed: Operation not permitted" in cause
-
-
-def test_an_empty_kmsg_falls_back_to_the_journal(tmp_path):
-    (tmp_path / "dev").mkdir()
-    (tmp_path / "dev" / "kmsg").write_text("")
-    host = FakeHost(tmp_path, {"journalctl": ok('{"__MONOTONIC_TIMESTAMP":"1000000","MESSAGE":"Linux version"}\n')})
-    assert read_kernel_log(host, timeout=5)[1].startswith("journalctl")
-
-
-def test_a_command_past_its_deadline_is_a_failure(tmp_path):
-    late = Completed((), None, "", "", True)
-    with pytest.raises(KernelLogUnavailable, match="journalctl: timed out; dmesg: timed out"):
-        read_kernel_log(FakeHost(tmp_path, {"journalctl": late, "dmesg": late}), timeout=5)
-
-
-def test_kmsg_reading_survives_overwritten_records(tmp_path, monkeypatch):
-    (tmp_path / "dev").mkdir()
-    (tmp_path / "dev" / "kmsg").write_text("")  # opened for real, then read through the fake below
-    replies = [b"4,1,100,-;NVRM: Xid (PCI:0000:01:00): 13, a\n", BrokenPipeError(),
-               b"4,9,900,-;NVRM: Xid (PCI:0000:01:00): 79, b\n", BlockingIOError()]
-
-    def read(fd, n):
-        reply = replies.pop(0)
-        if isinstance(reply, Exception):
-            raise reply
-        return reply
-
-    monkeypatch.setattr(xid.os, "read", read)
-    text, _ = read_kernel_log(FakeHost(tmp_path, {"journalctl": FileNotFoundError(2, "No such file or directory")}), timeout=5)
-    assert [e.code for e in parse(text)] == [13, 79]
-
-
-def test_kmsg_that_never_ends_stops_at_the_deadline(tmp_path, monkeypatch):
-    (tmp_path / "dev").mkdir()
-    (tmp_path / "dev" / "kmsg").write_text("")
-    monkeypatch.setattr(xid.os, "read", lambda fd, n: b"4,1,1,-;endless\n")
-    start = time.monotonic()
-    with pytest.raises(KernelLogUnavailable, match="deadline"):
-        read_kernel_log(FakeHost(tmp_path, {}), timeout=0.3)
-    assert time.monotonic() - start < 2
-
-
 # --- --from FILE -----------------------------------------------------------------
 
 def usage_error(path) -> str:
@@ -563,52 +310,6 @@ def test_driver_text_quoted_inside_another_message_is_no_event():
     assert [e.code for e in xid.parse("\n".join(real))] == [79] * 7
 
 
-# ---- journalctl's output unreadable: dmesg answers, and the log says who did ---------------------------
-
-LOG = XID / "03_xid79_one-liner_no-pid_NVSentinel-155-comment.txt"
-BAD = [pytest.param(dict(prints=out), id=kind) for kind, out in fakes.BAD_OUTPUT.items()] + [
-    pytest.param(dict(prints=b"", exit_code=1), id="exit-1-silent"), pytest.param(dict(hang=True), id="hang")]
-
-
-@pytest.mark.parametrize("bad", BAD)
-def test_an_unreadable_journalctl_hands_over_to_dmesg_within_the_deadline(tmp_path, bad):
-    bin_dir = fakes.tool(tmp_path / "bin", "journalctl", **bad)
-    fakes.tool(bin_dir, "dmesg", prints=LOG)
-    started = time.monotonic()
-    log = xid.read_log(Host(tmp_path / "root", environ={"PATH": str(bin_dir)}), timeout=4)
-    assert time.monotonic() - started < 4 + 3  # journalctl had half, and the kill's grace
-    assert log.source == "dmesg" and [e.code for e in parse(log.text)] == [79]
-    assert set(log.unread) == {str(tmp_path / "root" / "dev" / "kmsg"), "journalctl"}
-    assert log.unread["journalctl"] == {"nothing": "printed nothing", "garbage": "printed no kernel log line (garbage, or not a kernel log)",
-                                        "binary": "printed no kernel log line (garbage, or not a kernel log)",
-                                        "exit-1-silent": "exit 1", "hang": "timed out"}[_id(bad)]
-
-
-def _id(bad: dict) -> str:
-    if bad.get("hang"):
-        return "hang"
-    if bad.get("exit_code"):
-        return "exit-1-silent"
-    return next(k for k, v in fakes.BAD_OUTPUT.items() if v == bad["prints"])
-
-
-def test_garbage_from_every_source_is_no_clean_log(tmp_path):
-    bin_dir = fakes.tool(tmp_path / "bin", "journalctl", prints=fakes.BAD_OUTPUT["garbage"])
-    fakes.tool(bin_dir, "dmesg", prints=fakes.BAD_OUTPUT["binary"])
-    with pytest.raises(KernelLogUnavailable) as raised:
-        xid.read_log(Host(tmp_path / "root", environ={"PATH": str(bin_dir)}), timeout=4)
-    assert set(raised.value.unread) == {str(tmp_path / "root" / "dev" / "kmsg"), "journalctl", "dmesg"}
-    assert "dmesg: printed no kernel log line" in raised.value.cause
-
-
-def test_a_coloured_dmesg_reads_as_a_plain_one(tmp_path):
-    coloured = b"".join(b"\x1b[32m" + line[:14] + b"\x1b[0m" + line[14:] for line in LOG.read_bytes().splitlines(keepends=True))
-    bin_dir = fakes.tool(tmp_path / "bin", "journalctl", prints=b"", exit_code=1)
-    fakes.tool(bin_dir, "dmesg", prints=coloured)
-    log = xid.read_log(Host(tmp_path / "root", environ={"PATH": str(bin_dir)}), timeout=4)
-    assert parse(log.text) == parse(LOG.read_text())
-
-
 # ---- a user's text inside a kernel message: CR, other line separators, continuation lines ------------
 
 FORGED = "NVRM: Xid (PCI:0000:5d:00): 48, pid=0, DBE (0x1)"
@@ -625,7 +326,7 @@ def test_a_cr_inside_a_message_is_content_not_a_rewritten_line(tmp_path):
     assert [e.code for e in parse(read_file(saved))] == [79]  # xid --from, explain
     bin_dir = fakes.tool(tmp_path / "bin", "journalctl", prints=b"", exit_code=1)
     fakes.tool(bin_dir, "dmesg", prints=cap.encode())
-    log = xid.read_log(Host(tmp_path / "root", environ={"PATH": str(bin_dir)}), timeout=4)
+    log = log_sources.read_log(Host(tmp_path / "root", environ={"PATH": str(bin_dir)}), timeout=4)
     assert log.source == "dmesg" and [e.code for e in parse(log.text)] == [79]
 
 
@@ -657,15 +358,15 @@ def test_an_indented_continuation_line_is_not_the_drivers():
 def test_the_journal_keeps_each_message_whole():
     # journalctl -o json: a message counts only where MESSAGE itself starts with the driver's
     # text; one given as an array of bytes (a control character in it) is read too.
-    text = xid.journal.lines(JSON_LOG.read_text())
+    text = journal.lines(JSON_LOG.read_text())
     found = parse(text)
     assert [(e.code, e.pci, e.uptime) for e in found] == [(79, "0000:3b:00", 219.470994), (13, "0000:cb:00", 1399.9999)]
-    assert xid.journal.lines(fakes.BAD_OUTPUT["garbage"].decode()) is None
+    assert journal.lines(fakes.BAD_OUTPUT["garbage"].decode()) is None
 
 
 def test_the_journal_answers_through_a_stand_in_journalctl(tmp_path):
     bin_dir = fakes.tool(tmp_path / "bin", "journalctl", prints=JSON_LOG)
-    log = xid.read_log(Host(tmp_path / "root", environ={"PATH": str(bin_dir)}), timeout=4)
+    log = log_sources.read_log(Host(tmp_path / "root", environ={"PATH": str(bin_dir)}), timeout=4)
     assert log.source == "journalctl -k -b --no-pager -o json" and [e.code for e in parse(log.text)] == [79, 13]
 
 
@@ -674,127 +375,6 @@ def test_dmesg_through_syslog_says_message_boundaries_are_lost(tmp_path):
     # message. The event still counts; the log says why it may not be the driver's.
     bin_dir = fakes.tool(tmp_path / "bin", "journalctl", prints=b"", exit_code=1)
     fakes.tool(bin_dir, "dmesg", prints=b"[ 1234.567890] tmpfs: Unknown parameter 'y\n[ 1234.567890] " + FORGED.encode() + b"'\n")
-    log = xid.read_log(Host(tmp_path / "root", environ={"PATH": str(bin_dir)}), timeout=4)
+    log = log_sources.read_log(Host(tmp_path / "root", environ={"PATH": str(bin_dir)}), timeout=4)
     assert [e.code for e in parse(log.text)] == [48]
-    assert log.note == xid.SYSLOG_NOTE
-
-
-# ---- printk.time=0: dmesg prints no stamp ---------------------------------------------------------------
-
-def test_control_characters_a_user_put_in_dmesg_leave_it_a_kernel_log(tmp_path):
-    bin_dir = fakes.tool(tmp_path / "bin", "journalctl", prints=b"", exit_code=1)
-    fakes.tool(bin_dir, "dmesg", prints=b"[ 1.0] tmpfs: Unknown parameter 'y\x01\x0b\x1b\x7f'\n[ 2.0] NVRM: loading\n")
-    log = xid.read_log(Host(tmp_path / "root", environ={"PATH": str(bin_dir)}), timeout=4)
-    assert log.source == "dmesg" and parse(log.text) == []
-
-
-def test_a_dmesg_without_time_stamps_is_a_kernel_log(tmp_path):
-    bin_dir = fakes.tool(tmp_path / "bin", "journalctl", prints=b"", exit_code=1)
-    fakes.tool(bin_dir, "dmesg", prints=b"Linux version 6.8.0-49-generic (buildd@lcy02-amd64-103)\n"
-                                         b"Command line: BOOT_IMAGE=/vmlinuz root=/dev/vda1 printk.time=0\n")
-    log = xid.read_log(Host(tmp_path / "root", environ={"PATH": str(bin_dir)}), timeout=4)
-    assert log.source == "dmesg" and parse(log.text) == []
-
-
-# ---- a ring that wrapped: the journal holds what it lost ---------------------------------------------------
-
-KMSG = XID / "kmsg_xid79_fell-off-bus_xid154_sxid_handmade.txt"  # its first record is #1201, 5.12 s after boot
-WRAPPED = FIXTURES / "journal" / "journalctl-json_ring-wrapped_xid48-at-3s_xid79-also-in-ring_handmade.txt"
-
-
-def _kmsg_root(tmp_path: Path, text: str) -> Path:
-    (tmp_path / "root" / "dev").mkdir(parents=True)
-    (tmp_path / "root" / "dev" / "kmsg").write_text(text)
-    return tmp_path / "root"
-
-
-def test_a_wrapped_ring_adds_the_journals_older_events_once(tmp_path):
-    bin_dir = fakes.tool(tmp_path / "bin", "journalctl", prints=WRAPPED)
-    log = xid.read_log(Host(_kmsg_root(tmp_path, KMSG.read_text()), environ={"PATH": str(bin_dir)}), timeout=4)
-    assert [(e.code, e.uptime) for e in parse(log.text)] == [(48, 3.0), (79, 219.470994), (None, 219.471002), (154, 219.47105), (24007, 301.0)]
-    assert log.source == str(tmp_path / "root" / "dev" / "kmsg") + " + journalctl -k -b --no-pager -o json"
-    assert "ring had wrapped" in log.note and "#1201" in log.note and "1 driver line" in log.note
-
-
-def test_a_wrapped_ring_without_a_journal_says_what_cannot_be_seen(tmp_path):
-    log = xid.read_log(Host(_kmsg_root(tmp_path, KMSG.read_text()), environ={"PATH": str(tmp_path / "none")}), timeout=4)
-    assert [e.code for e in parse(log.text)] == [79, None, 154, 24007]
-    assert log.source == str(tmp_path / "root" / "dev" / "kmsg")
-    assert "ring had wrapped" in log.note and "cannot be seen" in log.note and "journalctl -k -b --no-pager -o json: " in log.note
-    assert log.unread == {}  # a node without a journal is no reader's trouble
-
-
-def test_a_ring_from_boot_asks_no_journal(tmp_path):
-    whole = "6,0,0,-;Linux version 6.8.0\n" + KMSG.read_text()
-    log = read_kernel_log(FakeHost(_kmsg_root(tmp_path, whole), {}), timeout=5)  # FakeHost answers no command
-    assert [e.code for e in parse(log[0])] == [79, None, 154, 24007]
-
-
-def _recording_journalctl(directory: Path, answer: Path, early: str) -> Path:
-    """A journalctl that logs its arguments and prints ``answer``, or ``early`` for the
-    around-boot question (its --until is the margin after boot)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    exe = directory / "journalctl"
-    exe.write_text(f'#!/bin/sh\necho "$*" >> {directory}/args\n'
-                   f'case "$*" in *"--until @1054000"*) printf %s \'{early}\';; *) cat {answer};; esac\n')
-    exe.chmod(0o755)
-    return directory
-
-
-def test_a_wrapped_ring_asks_the_journal_only_for_what_the_ring_lost(tmp_path):
-    """A node up for months keeps a big journal: only the messages up to the ring's first record
-    (5.12 s after a boot at 1000000, 15 hours' margin for a clock ahead at boot) are asked for, then the hours around boot."""
-    root = _kmsg_root(tmp_path, KMSG.read_text())
-    (root / "proc").mkdir()
-    (root / "proc" / "stat").write_text("cpu 1 2 3\nbtime 1000000\n")
-    first_minute = '{"_SOURCE_MONOTONIC_TIMESTAMP":"0","MESSAGE":"Linux version 6.8.0"}\n'
-    bin_dir = _recording_journalctl(tmp_path / "bin", WRAPPED, first_minute)
-    log = xid.read_log(Host(root, environ={"PATH": str(bin_dir)}), timeout=4)
-    assert (bin_dir / "args").read_text().splitlines() == ["-k -b --no-pager -o json --until @1054005", "-k -b --no-pager -o json --until @1054000"]
-    assert [e.code for e in parse(log.text)] == [48, 79, None, 154, 24007] and "reach" not in log.note and "around boot" not in log.note
-
-
-def test_a_journal_vacuumed_since_boot_says_older_events_cannot_be_seen(tmp_path):
-    root = _kmsg_root(tmp_path, KMSG.read_text())
-    (root / "proc").mkdir()
-    (root / "proc" / "stat").write_text("btime 1000000\n")
-    bin_dir = _recording_journalctl(tmp_path / "bin", WRAPPED, "")  # nothing from around boot
-    log = xid.read_log(Host(root, environ={"PATH": str(bin_dir)}), timeout=4)
-    assert "holds no kernel message from around boot" in log.note and "cannot be seen" in log.note
-
-
-def test_a_backspace_run_in_a_journal_message_cannot_erase_its_prefix(tmp_path):
-    """Any user can get a message of their own text into the kernel log (a failed mount's
-    options); the JSON gives its raw bytes, and backspaces would erase the time stamp and
-    "tmpfs: Unknown parameter '" in front of a forged driver line."""
-    forged = "'" + "\b" * 60 + "NVRM: Xid (PCI:0000:5d:00): 79, pid=0, GPU has fallen off the bus."
-    row = json.dumps({"_SOURCE_MONOTONIC_TIMESTAMP": "12345678", "MESSAGE": f"tmpfs: Unknown parameter {forged}"})
-    text = journal.lines(row + "\n")
-    assert "\\x08" in text and "\b" not in text
-    assert parse(text) == []
-    host = FakeHost(tmp_path, {"journalctl": ok(row + "\n" + '{"_SOURCE_MONOTONIC_TIMESTAMP":"1000","MESSAGE":"Linux version 6.8.0"}\n')})
-    assert parse(xid.read_log(host, timeout=5).text) == []
-
-
-def test_a_journal_message_that_comes_as_bytes_is_not_skipped_by_the_driver_prefilter(tmp_path):
-    """An Xid line names its process, whose name any user sets: a control character in it makes
-    journald give MESSAGE as an array of bytes, where "NVRM: " is not text a prefilter finds."""
-    real = "NVRM: Xid (PCI:0000:5d:00): 48, pid=4242, name=py\x01thon, Ch 00000010, DBE (0x1)"
-    row = json.dumps({"_SOURCE_MONOTONIC_TIMESTAMP": "3000000", "MESSAGE": list(real.encode())})
-    text = journal.lines(row + "\n", xid._MARK)
-    assert [e.code for e in parse(text)] == [48]
-
-
-def test_a_journal_read_cut_short_by_the_deadline_is_no_log_at_all():
-    rows = "".join(json.dumps({"_SOURCE_MONOTONIC_TIMESTAMP": str(i), "MESSAGE": "x"}) + "\n" for i in range(5000))
-    with pytest.raises(journal.CutShort):
-        journal.lines(rows, None, deadline=time.monotonic() - 1)
-
-
-def test_an_impossible_boot_time_asks_the_journal_everything_rather_than_raise(tmp_path):
-    root = _kmsg_root(tmp_path, KMSG.read_text())
-    (root / "proc").mkdir()
-    (root / "proc" / "stat").write_text("btime nan\n")
-    bin_dir = _recording_journalctl(tmp_path / "bin", WRAPPED, "")
-    log = xid.read_log(Host(root, environ={"PATH": str(bin_dir)}), timeout=4)
-    assert (bin_dir / "args").read_text().splitlines() == ["-k -b --no-pager -o json"] and 48 in [e.code for e in parse(log.text)]
+    assert log.note == log_sources.SYSLOG_NOTE

@@ -1,6 +1,6 @@
 """`preflight explain` of a kernel log: its NVIDIA Xid / SXid events (what
 `preflight xid --from` lists), each with its meaning and action from the Xid
-catalog (readers/kernel/xid.py), and any PCIe "limited by" notice in the same log,
+catalog (readers/kernel/xid_meaning.py), and any PCIe "limited by" notice in the same log,
 judged as explain_pcie_notice judges it.
 
 A fatal event fails (the node must not take a job); an application-level one

@@ -13,7 +13,8 @@ from preflight.base.errors import UsageError
 from preflight.base.findings import Finding, Status
 from preflight.base.host import Host
 from preflight.checkkit.placement import Advice, advise
-from preflight.checks.topology import GENERIC, Topology, gather, judge, name_list, sources
+from preflight.checkkit.topology_judges import name_list
+from preflight.checks.topology import GENERIC, Topology, gather, judge, sources
 from preflight.pipeline import plan as pipeline
 from preflight.pipeline import profiles
 from preflight.pipeline.profiles import ResolvedProfile

@@ -31,7 +31,7 @@ from preflight.base import safefile
 from preflight.base.errors import UsageError
 from preflight.outputs.record.last_report import Loaded, State, standing
 from preflight.pipeline.report import GroupRecord, Report, Verdict
-from preflight.pipeline.report_view import LEVELS
+from preflight.pipeline.report_schema import LEVELS
 
 PREFIX = "preflight_"
 TEXTFILE = "preflight.prom"

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from preflight.base import safefile
+from preflight.base import pathtrust
 from preflight.base.actions import Next, decide
 
 if TYPE_CHECKING:
@@ -170,16 +170,16 @@ def _trusted(path: Path, create: bool) -> str | None:
     there is none and ``create`` is false. Raises HistoryError."""
     mine = (0, os.geteuid())
     try:
-        with safefile.locate(path, follow_last=False) as place:  # a link at the name is refused, never followed
+        with pathtrust.locate(path, follow_last=False) as place:  # a link at the name is refused, never followed
             d = os.fstat(place.dir_fd)
             if d.st_uid not in mine or d.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-                who = f"is {safefile.owner(d.st_uid)}'s" if d.st_uid not in mine else "can be written by other users"
+                who = f"is {pathtrust.owner(d.st_uid)}'s" if d.st_uid not in mine else "can be written by other users"
                 raise HistoryError(f"{place.directory} {who}, and SQLite opens {place.name} and its -wal file by name there: "
                                    "keep the report in a directory only root can change")
             # SQLite opens the path again by name, so every directory above must be as safe: one
             # another user can rename (theirs, or writable and not sticky) lets them swap in a tree
             # of their own between this check and the open, and steer root's writes.
-            if why := safefile.steerable(place.directory):
+            if why := pathtrust.steerable(place.directory):
                 raise HistoryError(f"{why}, and SQLite opens {place.directory / place.name} by name: another user could swap a "
                                    "directory on the way; keep the report in a directory only root can change")
             for name in (place.name, *(place.name + s for s in _SIDE_FILES)):
@@ -192,7 +192,7 @@ def _trusted(path: Path, create: bool) -> str | None:
                 if not stat.S_ISREG(st.st_mode):
                     raise HistoryError(f"{place.directory / name} is not a regular file")
                 if st.st_uid not in mine or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-                    who = f"is {safefile.owner(st.st_uid)}'s" if st.st_uid not in mine else "is writable by other users"
+                    who = f"is {pathtrust.owner(st.st_uid)}'s" if st.st_uid not in mine else "is writable by other users"
                     raise HistoryError(f"{place.directory / name} {who}: another user could have written it; move it aside")
             if place.st is None:
                 if not create:

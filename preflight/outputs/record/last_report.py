@@ -21,11 +21,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from preflight.base.actions import NOTHING, Next
-from preflight.base import safefile
+from preflight.base import pathtrust, safefile
 from preflight.base.errors import signal_name
 from preflight.outputs.record import run_record
 from preflight.outputs.record.run_record import Started
-from preflight.pipeline.report_view import VOUCHING, ReportView, Verdict, default_report_path, view
+from preflight.pipeline.report_paths import default_report_path
+from preflight.pipeline.report_schema import VOUCHING, Verdict
+from preflight.pipeline.report_view import ReportView, view
 
 if TYPE_CHECKING:
     from preflight.pipeline.report import Report
@@ -91,7 +93,7 @@ def _read(path: Path) -> bytes | Loaded:
     except FileNotFoundError:
         how = "(`preflight run` writes it there)" if path == default_report_path() else f"with --report {path}"
         return Loaded(State.MISSING, error=f"no report at {path}: preflight has not run here {how}")
-    except safefile.Untrusted as e:
+    except pathtrust.Untrusted as e:
         return Loaded(State.UNREADABLE, error=f"not trusted: the report {path}: {e.strerror}")
     except OSError as e:
         return Loaded(State.UNREADABLE, error=f"cannot read the report {path}: {e.strerror or e}")

@@ -1,5 +1,5 @@
 """The kernel's messages as the systemd journal holds them, and where /dev/kmsg's ring
-begins, for the Xid scan (readers/kernel/xid.py).
+begins, for the Xid scan (readers/kernel/log_sources.py).
 
 `journalctl -k -b -o json` prints one JSON object per message, its MESSAGE whole: a
 newline a message holds stays inside it, where the short formats print the rest as

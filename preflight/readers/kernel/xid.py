@@ -1,62 +1,26 @@
-"""NVIDIA Xid / SXid events in the kernel log since boot, and what each one means.
+"""Xid events in a kernel log's text: the event (``XidEvent``), ``parse`` for the Xid, SXid,
+fallen-off-the-bus and failed-initialisation lines under any log prefix, and whether a text
+or a saved file (`xid --from`, `explain`) is a kernel log at all.
 
-Meanings, severities and actions follow NVIDIA's Xid catalog, its "Description"
-and "Resolution Bucket (Immediate Action)" columns:
-https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html
-(retrieved 2026-11-22). Each event carries its code's catalog buckets and the action
-they ask on preflight's ladder (``XidInfo.act``, readers/kernel/xid_catalog.py). The bucket decides the severity: RESET_GPU,
-RESTART_BM, RESTART_VM, CHECK_MECHANICALS, CONTACT_SUPPORT and the WORKFLOW_XID_48 /
-NVLINK workflows are "fatal" (the node must not take a job); RESTART_APP, IGNORE
-and WORKFLOW_XID_45 are "app" (a warning). Two deliberate departures: Xid 63
-(catalog: IGNORE) is fatal because the driver's own line says "reset gpu to
-activate" and a gate should not hand out a GPU with a pending remap; Xid 154
-and 144-150 are judged from the text they print. SXid lines print "Fatal" or
-"Non-fatal" themselves (NVIDIA Fabric Manager user guide, SXid tables).
+What each event means is readers/kernel/xid_meaning.py; reading the node's own kernel log
+(/dev/kmsg, journalctl, dmesg) is readers/kernel/log_sources.py.
 """
 
 from __future__ import annotations
 
-import errno
-import math
-import os
 import re
-import shutil
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, field_serializer
+from pydantic import BaseModel, ConfigDict
 
-from preflight.base.actions import Action, Domain, Next
 from preflight.readers import capture
-from preflight.readers.kernel import journal, xid_catalog
+from preflight.readers.kernel.xid_meaning import XidInfo, explain
 from preflight.base import tooltext
 from preflight.base.errors import UsageError
 
-if TYPE_CHECKING:
-    from preflight.base.host import Host
-
 Kind = Literal["xid", "sxid", "fell_off_bus", "init_failed"]
-Severity = Literal["fatal", "app", "info"]
-CATALOG = "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html"
 MAX_FILE_BYTES = 64 * 2**20
-
-
-class XidInfo(BaseModel):
-    model_config = ConfigDict(frozen=True)
-    meaning: str
-    severity: Severity
-    action: str  # what to do, for a person
-    # The catalog's "Resolution Bucket (Immediate Action)" and "(Investigatory Action)": "unknown"
-    # where it names none, None for an event that is no Xid (an SXid, a failed initialisation).
-    bucket: str | None = None
-    investigate: str | None = None
-    act: Next  # what automation does, whose fault it is, and where that comes from
-
-    @field_serializer("act")
-    def _act(self, n: Next) -> dict[str, str]:
-        """By name, as the report says an action (a NamedTuple would dump as a bare list)."""
-        return {"action": n.action.value, "domain": n.domain.value, "source": n.source}
 
 
 class XidEvent(BaseModel):
@@ -79,111 +43,6 @@ class XidEvent(BaseModel):
     @property
     def info(self) -> XidInfo:
         return explain(self.kind, self.code, self.message)
-
-
-# --- what each code means ------------------------------------------------------
-
-RESET = ("reset the GPU (nvidia-smi -r) before the next job; reboot the node if the reset fails, "
-         "and drain it for hardware inspection (RMA) if the error comes back")
-REBOOT = "reboot the node (power cycle it); drain it for hardware inspection (RMA) if the error comes back"
-RMA = "drain the node for hardware inspection (RMA)"
-APP = "restart the application; if a known-good application hits it again, treat the GPU as suspect"
-FOLLOW = "a consequence of another error: act on the Xid logged just before it"
-
-_TABLE: dict[int, tuple[str, Severity, str]] = {
-    8: ("GPU stopped processing", "app", APP),
-    11: ("invalid or corrupted push buffer stream", "app", APP),
-    13: ("graphics engine exception", "app", APP),
-    31: ("GPU memory page fault (MMU fault)", "app", APP),
-    32: ("invalid or corrupted push buffer stream", "app", APP),
-    43: ("GPU stopped processing (reset channel verification error)", "app", FOLLOW),
-    45: ("preemptive cleanup, due to previous errors", "app", FOLLOW),
-    46: ("GPU stopped processing (timeout)", "fatal", RESET),
-    48: ("double-bit ECC error (DBE)", "fatal", RESET + "; check the SRAM DBE threshold (nvidia-smi -q -d ECC)"),
-    54: ("auxiliary power is not connected to the GPU board", "fatal", RMA + ": check its power connectors"),
-    62: ("internal micro-controller halt", "fatal", RESET),
-    63: ("GPU memory row remapping / page retirement pending: active only after a GPU reset", "fatal", RESET),
-    64: ("GPU memory remapping or page retirement failed", "fatal", RMA + ": failing memory could not be retired"),
-    69: ("graphics engine class error", "app", APP),
-    74: ("NVLink error", "fatal", RESET + "; nvidia-smi nvlink -e shows the link errors"),
-    79: ("GPU has fallen off the bus", "fatal", REBOOT),
-    92: ("high single-bit ECC error rate (a precursor of double-bit errors)", "app",
-         "keep running; drain for hardware inspection (RMA) if double-bit errors follow"),
-    94: ("contained memory error: only the application that hit it was stopped", "app", APP),
-    95: ("uncontained memory error", "fatal", RESET),
-    109: ("context switch timeout", "fatal", RESET),
-    110: ("security fault", "fatal", RESET),
-    119: ("GSP RPC timeout", "fatal", RESET + "; if many nodes see it after a driver change, suspect the driver"),
-    120: ("GSP error", "fatal", RESET + "; if many nodes see it after a driver change, suspect the driver"),
-    121: ("C2C (chip-to-chip) link error", "app", "watch for repeats; drain for hardware inspection if they continue"),
-    136: ("NVLink link training failed", "fatal", RESET),
-    137: ("NVLink privilege error (an illegal peer-to-peer access by an application)", "app", APP),
-    140: ("unrecovered ECC error", "fatal", RESET),
-    143: ("GPU initialization error", "fatal", RESET),
-    151: ("key rotation error (confidential computing)", "fatal", REBOOT),
-    155: ("NVLink software-defined error", "fatal", RESET),
-    156: ("resource retirement event", "fatal", RESET),
-    157: ("resource retirement failure: no spare resources left", "app", RMA + " when convenient"),
-    158: ("GPU fatal timeout", "fatal", RESET),
-}
-for _code, _unit in zip(range(144, 151), ("SAW", "RLW", "TLW", "TREX", "NVLPW_CTRL", "NETIR", "MSE")):
-    _TABLE[_code] = (f"NVLink 5 {_unit} error", "fatal", RESET)
-
-_RECOVERY = re.compile(r"to 0x[0-9a-f]+ \(([^)]*)\)", re.IGNORECASE)  # Xid 154's target action
-_NONFATAL = re.compile(r"\bnon-?fatal\b", re.IGNORECASE)
-
-
-def explain(kind: str, code: int | None, message: str = "") -> XidInfo:
-    """Meaning, severity, action and catalog buckets of one event; never raises."""
-    if kind == "fell_off_bus":
-        kind, code = "xid", 79
-    if kind == "init_failed":
-        return XidInfo(meaning="the GPU failed to initialise (RmInitAdapter failed)", severity="fatal", action=REBOOT,
-                       act=Next(Action.REBOOT, Domain.NODE, "the driver could not initialise the GPU (RmInitAdapter "
-                                "failed), which no reset of a GPU it never attached can clear: reboot"))
-    if kind == "sxid":
-        return _sxid(code, message)
-    bucket, investigate = xid_catalog.buckets(code)
-    if code == 154:  # "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"
-        target = (m.group(1) if (m := _RECOVERY.search(message)) else "").lower()
-        meaning = f"the driver asks for a recovery action: {target or 'not printed'}"
-        if target == "none":
-            severity, action = "info", "nothing: the recovery is complete"
-        elif target == "drain p2p":
-            severity, action = "app", "let peer-to-peer work drain, then reset the GPU"
-        else:
-            severity, action = "fatal", REBOOT if "reboot" in target else RESET
-        return XidInfo(meaning=meaning, severity=severity, action=action, bucket=bucket, investigate=investigate,
-                       act=xid_catalog.act(code, bucket, severity, message, target))
-    if code is None or code not in _TABLE:
-        # A gate warns on what it cannot explain, rather than letting it pass unseen.
-        return XidInfo(meaning=f"unknown Xid {code}: look it up in NVIDIA's Xid catalog ({CATALOG})",
-                       severity="app", action="look the code up before the next job", bucket=bucket,
-                       investigate=investigate, act=xid_catalog.act(code, bucket, "app", message))
-    meaning, severity, action = _TABLE[code]
-    if 144 <= code <= 150 and _NONFATAL.search(message):  # "145, RLW_REMAP Nonfatal XC0 i0 Link 02"
-        severity, action = "app", "watch for repeats on the same link (nvidia-smi nvlink -e)"
-    return XidInfo(meaning=meaning, severity=severity, action=action, bucket=bucket, investigate=investigate,
-                   act=xid_catalog.act(code, bucket, severity, message))
-
-
-_FM_GUIDE = "NVIDIA Fabric Manager user guide, SXid tables"
-
-
-def _sxid(code: int | None, message: str) -> XidInfo:
-    """An NVSwitch SXid: not in the Xid catalog; the line says itself whether it is fatal."""
-    if _NONFATAL.search(message):
-        return XidInfo(meaning=f"NVSwitch SXid {code}, non-fatal: the switch recovered", severity="app",
-                       action="watch for repeats on the same link (nvidia-smi nvlink -e)",
-                       act=Next(Action.WATCH, Domain.NODE, f"{_FM_GUIDE}: SXid {code} printed Non-fatal, the switch recovered"))
-    if re.match(r"\s*Fatal\b", message):
-        return XidInfo(meaning=f"NVSwitch SXid {code}, fatal", severity="fatal",
-                       action="reboot the node (it resets the NVSwitches and GPUs); " + RMA + " if it comes back",
-                       act=Next(Action.REBOOT, Domain.NODE, f"{_FM_GUIDE}: SXid {code} printed Fatal; a reboot resets the NVSwitches and GPUs"))
-    return XidInfo(meaning=f"NVSwitch SXid {code} (fatal or not is not printed): look it up in the "
-                   "SXid tables of NVIDIA's Fabric Manager user guide", severity="app",
-                   action="look up the SXid before the next job",
-                   act=Next(Action.WATCH, Domain.NODE, f"{_FM_GUIDE}: SXid {code} printed neither Fatal nor Non-fatal: watched until looked up"))
 
 
 # --- parsing ---------------------------------------------------------------------
@@ -316,203 +175,6 @@ def parse(text: str) -> list[XidEvent]:
         attempts = max(gpu.pop("rm"), gpu.pop("nv"))
         events.append(XidEvent(kind="init_failed", code=None, pci=pci, count=attempts, **gpu))
     return sorted(events, key=lambda e: e.line)
-
-
-# --- reading -----------------------------------------------------------------------
-
-class KernelLogUnavailable(Exception):
-    """No source of the kernel log could be read; ``cause`` says why, per source."""
-
-    def __init__(self, cause: str, unread: dict[str, str] | None = None):
-        super().__init__(cause)
-        self.cause = cause
-        self.unread = unread or {}  # each source, and why it gave nothing a reader could use
-
-
-JOURNALCTL = journal.JOURNALCTL
-DMESG = ("dmesg",)
-SYSLOG_NOTE = ("dmesg read the kernel log through syslog(2) (this process cannot read /dev/kmsg), which loses where a "
-               "message ends: the text after a newline inside a message reads as a line of its own")
-
-
-def _read_kmsg(path: Path, deadline: float) -> str:
-    # Non-blocking, so the end of the buffer is EAGAIN rather than a wait for
-    # the next record. Each read() returns one whole record; EPIPE says the
-    # kernel overwrote records we had not read yet, and the next read goes on
-    # from the oldest one left.
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    chunks: list[bytes] = []
-    try:
-        while time.monotonic() < deadline:
-            try:
-                chunk = os.read(fd, 16384)  # larger than any record (8 KiB at most)
-            except BlockingIOError:
-                return b"".join(chunks).decode("utf-8", errors="replace")
-            except BrokenPipeError:
-                continue
-            if not chunk:  # a regular file under a test root ends this way
-                return b"".join(chunks).decode("utf-8", errors="replace")
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    raise TimeoutError(errno.ETIMEDOUT, "the deadline passed before the end of the log")
-
-
-def _has_lines(out: str) -> bool:
-    return any(line.strip() and not line.startswith("-- ") for line in out.split("\n"))  # "-- No entries --"
-
-
-def _text(out: str) -> bool:
-    """Not a binary: no NUL. The kernel logs C strings, so no message holds one; other control
-    characters a user put in a message (dmesg prints some raw) must not make the log unreadable."""
-    return "\x00" not in out
-
-
-class KernelLog(BaseModel):
-    text: str
-    source: str  # where it was read: /dev/kmsg, the command that printed it, or both joined by " + "
-    unread: dict[str, str] = {}  # each source tried before, and why it gave nothing a reader could use
-    note: str | None = None  # what this reading could not see, or how it was pieced together
-
-
-def read_kernel_log(host: Host, timeout: float) -> tuple[str, str]:
-    """(the kernel log since boot, where it came from), within ``timeout`` seconds."""
-    log = read_log(host, timeout)
-    return log.text, log.source
-
-
-def _run(host: Host, argv: tuple[str, ...], timeout: float):
-    # Looked up on the host's PATH only: a command the host does not have is not there, and
-    # the agent's own PATH (a recorded node's replay, a test) must not answer for it.
-    exe = shutil.which(argv[0], path=host.environ.get("PATH", os.defpath))
-    if exe is None:
-        raise FileNotFoundError(errno.ENOENT, f"{argv[0]} is not on PATH")
-    return host.run([exe, *argv[1:]], timeout=timeout)
-
-
-def _journal(host: Host, timeout: float, extra: tuple[str, ...] = (), mark: re.Pattern | None = None) -> tuple[str | None, str]:
-    """The journal's kernel messages as dmesg lines (journal.lines), or None and why not;
-    ``extra`` arguments for journalctl, ``mark`` as journal.lines takes it."""
-    if timeout <= 0:
-        return None, "no time left"
-    deadline = time.monotonic() + timeout
-    try:
-        done = _run(host, (*JOURNALCTL, *extra), timeout)
-    except OSError as e:
-        return None, str(e.strerror or e)
-    # journalctl without read access to the journal exits 0 and prints nothing of the
-    # kernel's: an empty log is a failure to read, never a clean node. Nor is a text with no
-    # message in it (garbage, a binary, another program's words).
-    if done.timed_out:
-        return None, "timed out"
-    if done.returncode != 0:
-        return None, (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-    if not _has_lines(done.stdout):
-        return None, (done.stderr.strip().splitlines() or ["printed nothing"])[-1]
-    try:
-        # Decoding gets a moment past the command's own deadline: journalctl may have used all of it.
-        text = journal.lines(done.stdout, mark, deadline + DECODE_GRACE)
-    except journal.CutShort as e:
-        return None, str(e)
-    if mark is not None and not text:
-        return "", ""  # read, and no driver line in it
-    return (text, "") if text else (None, "printed no kernel log line (garbage, or not a kernel log)")
-
-
-DECODE_GRACE = 2.0  # seconds
-
-
-def _booted(host: Host) -> float | None:
-    """When this machine booted, seconds since the epoch (btime in /proc/stat)."""
-    try:
-        for line in host.read_text("/proc/stat").splitlines():
-            if line.startswith("btime "):
-                value = float(line.split()[1])
-                return value if math.isfinite(value) and value > 0 else None
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _wrapped(host: Host, kmsg: str, source: str, deadline: float) -> KernelLog:
-    """/dev/kmsg's text, with the journal's driver events older than the ring's first record
-    where the ring has wrapped since boot (see readers/kernel/journal.py)."""
-    first = journal.first_record(kmsg)
-    if first is None or first[0] == 0:
-        return KernelLog(text=kmsg, source=source)
-    seq, usec = first
-    lost = f"the kernel ring had wrapped since boot (its oldest record is #{seq}, {usec / 1e6:.0f} s after boot)"
-    # Only what the ring lost, and only rows that name the driver: a node up for months keeps a
-    # big journal, and this runs at every level.
-    booted = _booted(host)
-    older, why = _journal(host, deadline - time.monotonic(), journal.until(booted, usec) if booted else (), _MARK)
-    if older is None:
-        # A note, not an unread source: most nodes keep no journal of the kernel (or no journalctl
-        # in a container), and a ring that wrapped on a long-running node is no one's fault.
-        return KernelLog(text=kmsg, source=source, note=(
-            f"{lost} and the journal could not be read ({' '.join(JOURNALCTL)}: {why}): "
-            "driver events older than that cannot be seen here"))
-    events = journal.before(older, usec, lambda line: bool(_MARK.search(line) and parse(line)))
-    said = f"{lost}: the journal gave the {len(events)} driver line(s) older than it"
-    if booted is not None:
-        early, why = _journal(host, deadline - time.monotonic(), journal.until(booted, JOURNAL_FROM_BOOT * 1e6))
-        if early is None and why in ("printed nothing", "-- No entries --"):
-            # A journal vacuumed since boot (or one that never kept the kernel's first messages)
-            # says nothing of what the ring lost before its own first entry.
-            said += "; the journal itself holds no kernel message from around boot: driver events older than both cannot be seen here"
-        elif early is None:
-            said += f"; whether the journal reaches back to boot is unknown ({why})"
-    return KernelLog(text="\n".join(events + [kmsg]), source=f"{source} + {' '.join(JOURNALCTL)}", note=said)
-
-
-JOURNAL_FROM_BOOT = 0.0  # seconds after boot: journal.until's margin makes it the hours around boot
-
-
-def read_log(host: Host, timeout: float) -> KernelLog:
-    """The kernel log since boot from the first source that gives one, within ``timeout``
-    seconds, with what each source tried before it could not give; KernelLogUnavailable
-    naming every source where none can."""
-    deadline = time.monotonic() + timeout
-    kmsg = host.path("/dev/kmsg")
-    kmsg_denied = True
-    try:
-        text = _read_kmsg(kmsg, deadline)
-        if _has_lines(text):
-            return _wrapped(host, text, str(kmsg), deadline)
-        unread = {str(kmsg): "empty"}  # a sandbox's stand-in; a booted kernel has logged something
-        kmsg_denied = False
-    except OSError as e:
-        unread = {str(kmsg): str(e.strerror or e)}
-    # A command that hangs may take only half of what is left: the next source still has its turn.
-    text, unread["journalctl"] = _journal(host, (deadline - time.monotonic()) / 2)
-    if text is not None:
-        del unread["journalctl"]
-        return KernelLog(text=text, source=" ".join(JOURNALCTL), unread=unread)
-    left = deadline - time.monotonic()
-    name = DMESG[0]
-    if left <= 0:
-        unread[name] = "no time left"
-        raise KernelLogUnavailable("; ".join(f"{where}: {why}" for where, why in unread.items()), unread)
-    try:
-        done = _run(host, DMESG, left)
-    except OSError as e:
-        unread[name] = str(e.strerror or e)
-    else:
-        # dmesg's own output is a kernel log whatever its lines look like: under printk.time=0
-        # a line has no time stamp, and a log without a driver line has no mark either. Only
-        # what no kernel prints (a binary) is refused.
-        if done.returncode == 0 and not done.timed_out and _has_lines(done.stdout) and _text(done.stdout):
-            return KernelLog(text=done.stdout, source=" ".join(DMESG), unread=unread,
-                             note=SYSLOG_NOTE if kmsg_denied else None)
-        if done.timed_out:
-            unread[name] = "timed out"
-        elif done.returncode != 0:
-            unread[name] = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-        elif not _has_lines(done.stdout):
-            unread[name] = (done.stderr.strip().splitlines() or ["printed nothing"])[-1]
-        else:
-            unread[name] = "printed no kernel log line (garbage, or not a kernel log)"
-    raise KernelLogUnavailable("; ".join(f"{where}: {why}" for where, why in unread.items()), unread)
 
 
 # A kernel log line, in each form parse() reads: the driver's own text with any

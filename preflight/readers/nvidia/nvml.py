@@ -91,7 +91,7 @@ class Gpu(_Facts):
     retired_pages_pending: bool | None = None  # pre-Ampere; Ampere and later remap rows
     remapped_rows: RemappedRows | None = None
     pcie: PcieLink = PcieLink()
-    # Names from nvml_query.CLOCKS_EVENTS: active in every reading of a short
+    # Names from nvml_inventory.CLOCKS_EVENTS: active in every reading of a short
     # window (persistent), and active in some readings only (transient).
     # Facts of one reading (FakeNvml files written before the window) read as
     # no transient event: every event they name counts as persistent, as it did.
@@ -119,9 +119,9 @@ class Gpu(_Facts):
     nvlink_peers: dict[BusId, Annotated[int, Field(ge=1)]] | None = None
     # None: NVML has no fabric state for this GPU (before Hopper, or a driver without the call).
     fabric: GpuFabric | None = None
-    # What the driver says the GPU needs to recover (nvml_query.RECOVERY_ACTIONS: NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+    # What the driver says the GPU needs to recover (nvml_inventory.RECOVERY_ACTIONS: NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
     # through nvmlDeviceGetFieldValues); None where NVML did not say (a driver older than the field, facts
-    # recorded before it was read; why, where NVML said, in `unanswered` under nvml_query.RECOVERY_ASK).
+    # recorded before it was read; why, where NVML said, in `unanswered` under nvml_inventory.RECOVERY_ASK).
     recovery_action: Literal["none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset",
                              "recover_imex_domain", "bus_reset", "system_reboot"] | None = None
     processes: list[GpuProcess] | None = None  # compute processes on the GPU now; None: NVML did not say

@@ -30,7 +30,7 @@ _ELISION = re.compile(r"^\s*(\[\s*(\.\.\.|…)\s*\]|\.\.\.|…)\s*$")
 _KV = re.compile(r"^(?P<key>[^:\s][^:]*?)\s*:(?: (?P<value>.*))?$")
 
 HEADER = {"Timestamp": "timestamp", "Driver Version": "driver_version", "CUDA Version": "cuda_version", "Attached GPUs": "attached_gpus"}
-# Printed name -> NVML's name (preflight/readers/nvidia/nvml_query.py CLOCKS_EVENTS), so the cuda judge reads them.
+# Printed name -> NVML's name (preflight/readers/nvidia/nvml_inventory.py CLOCKS_EVENTS), so the cuda judge reads them.
 REASONS = {
     "Idle": "gpu_idle", "Applications Clocks Setting": "applications_clocks_setting", "User Defined Clocks": "applications_clocks_setting",
     "SW Power Cap": "sw_power_cap", "HW Slowdown": "hw_slowdown", "Sync Boost": "sync_boost",

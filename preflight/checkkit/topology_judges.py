@@ -1,0 +1,174 @@
+"""The topology check's judges of the layout around the GPUs, pure functions of
+readers/machine/layout.py's facts: the NUMA nodes the GPUs span, a NIC beside
+each GPU, vCPUs per GPU and the NUMA nodes the cpuset leaves out, nvidia-smi
+against sysfs, and PCIe link width. The NVLinks are judged in
+checkkit/nvlink_pairs.py; checks/topology.py gathers the parts.
+"""
+
+from __future__ import annotations
+
+from preflight.base.findings import Finding, Status
+from preflight.base.units import format_cpulist, parse_cpulist
+from preflight.pipeline.expectations import TopologyExpect
+from preflight.pipeline.shape import NodeShape
+from preflight.readers.machine import topo_derived
+from preflight.readers.machine.layout import TopologyFacts, gpu_count, gpu_numa, numa_span, numa_unknown, rank_gpus
+from preflight.readers.nvidia.topo import NEAR
+
+FAIL, WARN = Status.FAIL, Status.WARN
+PIN = "bind each rank to its GPU's NUMA node (the advice, details.advice in the report, has the exact command)"
+
+
+def name_list(items: list[str], most: int = 6) -> str:
+    return ", ".join(items[:most]) + (f" and {len(items) - most} more" if len(items) > most else "")
+
+
+def judge_numa(facts: TopologyFacts, expect: TopologyExpect) -> list[Finding]:
+    n = gpu_count(facts)
+    known = {i: node for i in range(n) if (node := gpu_numa(facts, i)) is not None}
+    out = []
+    unknown = [i for i in range(n) if numa_unknown(facts, i)]
+    several = (facts.cpus is not None and len(facts.cpus.nodes) > 1) or bool(facts.matrix and facts.matrix.spans_numa)
+    # A VM's guest sees the NUMA layout its hypervisor chose to show: a GPU passed through without
+    # a proximity node is no fault of the node, and no tenant can change it. The advice says it.
+    if unknown and several and not (facts.live and facts.hypervisor):
+        who = name_list([str(i) for i in unknown])
+        if facts.live:
+            cause = f"neither the kernel (numa_node -1) nor {'NVML' if facts.matrix_source == topo_derived.SOURCE else 'nvidia-smi'} knows the NUMA node of GPU {who} on a machine with several"
+            remedy = "enable NUMA reporting in the BIOS (ACPI SRAT / PCIe proximity); meanwhile bind their ranks by the CPU lists in the advice"
+        else:
+            cause = f"the capture does not say which NUMA node GPU {who} sits on (no NUMA column, or N/A), and its GPUs use different CPUs"
+            remedy = "read /sys/bus/pci/devices/<GPU>/numa_node on the node, or capture `nvidia-smi topo -m` with a newer driver"
+        out.append(Finding(WARN, f"NUMA node of GPU {who} unknown", cause + ": nothing can pin their ranks to the right socket", remedy))
+    span = numa_span(facts)
+    limit = expect.numa_fail_above
+    status = FAIL if limit is not None and span > limit else WARN if span > expect.numa_warn_above else None
+    if status is not None:
+        if known and (not unknown or facts.matrix is None):
+            split = "; ".join(f"node {node}: GPU {format_cpulist([i for i, x in known.items() if x == node])}" for node in sorted(set(known.values())))
+        else:  # the CPU sets stand for the sockets
+            m = facts.matrix
+            split = "; ".join(f"CPUs {g}: GPU {format_cpulist([x.index for x in m.gpus if x.cpu_affinity == g])}" for g in m.cpu_groups)  # type: ignore[union-attr]
+        allowed = limit if status == FAIL else expect.numa_warn_above
+        out.append(Finding(status, f"GPUs span {span} NUMA nodes ({split})",
+                           f"the GPUs sit on {span} NUMA nodes ({split}), more than the {allowed} expected: a rank left "
+                           "unpinned runs its NCCL proxy threads and data loader on whichever socket the scheduler picks, and its "
+                           "host<->device copies then cross the socket interconnect (UPI/xGMI)",
+                           PIN if status == WARN else "set the BIOS NUMA mode (NPS/SNC) to the fleet's; meanwhile " + PIN))
+    return out
+
+
+def judge_nics(facts: TopologyFacts, expect: TopologyExpect, shape: NodeShape | None = None, multi_node: bool = False) -> list[Finding]:
+    """A NIC at PIX/PXB beside every GPU, on a model built for multi-node jobs.
+    On a live node it applies where the node has NICs at all: a node with none
+    (a single-node VM) says so once, in its shape, unless the site pins
+    multi-node use; one GPU has no GPU-to-NIC layout to get wrong."""
+    m = facts.matrix
+    if not expect.nic_per_gpu or m is None:
+        return []
+    if shape is not None and not multi_node and (shape.gpus <= 1 or not (m.nics or facts.nics)):
+        return []
+    if topo_derived.NICS in facts.unanswered:
+        return [Finding(WARN, "GPU-NIC distance unknown", facts.unanswered[topo_derived.NICS] + ": whether each GPU has a NIC at PIX/PXB was not judged",
+                        "run `nvidia-smi topo -m` by hand and read each GPU's row for a NIC at PIX or PXB")]
+    remedy = "check that the NICs are seated and their driver (mlx5_core, mlx5_ib) is loaded (`ibv_devinfo`); a node built for multi-node jobs needs one NIC beside each GPU"
+    if not m.nics:
+        return [Finding(FAIL, "no NIC in the GPU topology", f"{'`nvidia-smi topo -m`' if facts.matrix_source != topo_derived.SOURCE else 'sysfs (/sys/class/infiniband)'} lists no NIC: multi-node traffic would leave through "
+                        "the host's other network at a fraction of the speed, without GPUDirect RDMA", remedy)]
+    out = []
+    # The matrix names RDMA devices (mlx5_0) or, on some drivers, netdevs (ibp24s0): look up both.
+    ports = {name: nic.ports for nic in facts.nics for name in (nic.name, *nic.netdevs)}
+    if facts.live:
+        near_all = {n for g in m.gpus for n in m.nearest_nics.get(str(g.index), []) if g.nics[n] in NEAR}
+        unseen = sorted(near_all - set(ports))
+        if unseen:
+            out.append(Finding(WARN, f"state of NIC {name_list(unseen)} unknown",
+                               f"`nvidia-smi topo -m` lists {name_list(unseen)} beside GPUs, but /sys/class/infiniband has no RDMA device of that name, "
+                               "so whether its port is up is unknown", "check that mlx5_ib (or the NIC's RDMA driver) is loaded: `ibv_devinfo`, `ibstat`"))
+    for g in m.gpus:
+        near = [n for n, link in g.nics.items() if link in NEAR]
+        if not near:
+            best = m.nearest_nics.get(str(g.index), [])
+            out.append(Finding(FAIL, f"GPU {g.index} has no NIC at PIX/PXB",
+                               f"GPU {g.index}'s nearest NIC is {'/'.join(best) or 'none'} at {g.nics.get(best[0], '?') if best else '-'}: "
+                               "NCCL uses GPUDirect RDMA only up to PXB by default (NCCL_NET_GDR_LEVEL), so its traffic is staged through host memory",
+                               remedy))
+            continue
+        # NCCL gives each GPU its nearest NIC: if all of those are down, the
+        # GPU's traffic moves to a NIC another GPU already uses.
+        nearest = [n for n in m.nearest_nics.get(str(g.index), []) if ports.get(n)]
+        if nearest and not any(p.state == "ACTIVE" for n in nearest for p in ports[n]):
+            states = ", ".join(f"{n} port {p.port} {p.state}" for n in nearest for p in ports[n])
+            out.append(Finding(FAIL, f"GPU {g.index}'s NIC is down", f"the NIC nearest GPU {g.index} has no active port ({states})",
+                               "check the cable and the switch port (`ibstat`, `ibv_devinfo`); until then this GPU's traffic shares another GPU's NIC"))
+    return out
+
+
+def judge_cpus(facts: TopologyFacts, floor: float | None) -> list[Finding]:
+    c = facts.cpus
+    # A shared node may show every GPU but give this job a few (CUDA_VISIBLE_DEVICES): count those.
+    n = len(rank_gpus(facts, gpu_count(facts)))
+    if c is None or not n:
+        return []
+    out = []
+    per_gpu = c.usable() / n
+    online, allowed = parse_cpulist(c.online), set(parse_cpulist(c.allowed)) & set(parse_cpulist(c.online))
+    if floor is not None and per_gpu < floor:
+        why = [f"{len(online)} CPUs online"]
+        if len(allowed) < len(online):
+            why.append(f"this process's cpuset allows {len(allowed)} ({format_cpulist(allowed)})")
+        if c.quota is not None and c.quota < len(allowed):
+            why.append(f"the cgroup's CPU quota grants {c.quota:g} CPUs' time")
+        out.append(Finding(FAIL, f"{per_gpu:.1f} vCPUs per GPU, {floor:g} needed",
+                           f"{c.usable():g} usable vCPUs for {n} {'visible ' if facts.cuda_visible_devices else ''}GPUs ({'; '.join(why)}): NCCL runs a busy proxy thread per rank and "
+                           "each rank needs its own host loop and data loader, so starved ranks stall the GPUs",
+                           "give the job more CPUs (container cpuset/CPU limit), or use a host with more cores per GPU"))
+    for node, cpus in c.nodes.items():
+        gpus = [i for i in range(n) if gpu_numa(facts, i) == int(node)]
+        if gpus and not (set(parse_cpulist(cpus)) & allowed):
+            out.append(Finding(WARN, f"no allowed CPU on NUMA node {node}",
+                               f"GPU {format_cpulist(gpus)} sit on NUMA node {node}, but this process's cpuset has none of its CPUs ({cpus}): "
+                               "their ranks must run across the socket interconnect",
+                               "widen the container's cpuset to include CPUs of every GPU's NUMA node"))
+    return out
+
+
+def judge_agreement(facts: TopologyFacts) -> list[Finding]:
+    """Where nvidia-smi and the kernel disagree, the pinning advice may be wrong."""
+    m = facts.matrix
+    if m is None or not facts.gpus or facts.matrix_source == topo_derived.SOURCE:  # built from the very facts it would be held to
+        return []
+    out = []
+    if len(m.gpus) != len(facts.gpus):
+        # GPU n of the matrix is NVML's GPU n only when both list the same GPUs.
+        return [Finding(FAIL, "nvidia-smi and NVML count different GPUs",
+                        f"`nvidia-smi topo -m` shows {len(m.gpus)} GPUs, NVML {len(facts.gpus)}: the layout cannot be matched to the GPUs",
+                        "run `nvidia-smi -L` and `preflight detect`; a GPU may have dropped off between the two reads")]
+    for g in facts.gpus:
+        if g.index >= len(m.gpus):
+            continue
+        t = m.gpus[g.index]
+        said = []
+        if g.numa_node is not None and t.numa_nodes is not None and t.numa_nodes != [g.numa_node]:
+            said.append(f"NUMA node: nvidia-smi {t.numa_affinity}, sysfs {g.numa_node}")
+        # nvidia-smi prints the affinity cut to the CPUs the caller may use (a Slurm job's or a pod's
+        # cpuset: `srun -c32` reads "0-15,56-71", rapidsai/dask-cuda#1381); the kernel's, the whole node's.
+        local = set(parse_cpulist(g.local_cpus)) if g.local_cpus else None
+        allowed = set(parse_cpulist(facts.cpus.allowed)) if facts.cpus is not None and facts.cpus.allowed else None
+        if local is not None and t.cpus is not None and set(t.cpus) not in (local, local & allowed if allowed else local):
+            said.append(f"CPUs: nvidia-smi {t.cpu_affinity}, sysfs {g.local_cpus}")
+        if said:
+            out.append(Finding(WARN, f"nvidia-smi and sysfs disagree about GPU {g.index}", f"GPU {g.index} ({g.pci}): {'; '.join(said)}",
+                               "the advice follows sysfs (the kernel's view); update the driver, and check the BIOS NUMA settings"))
+    return out
+
+
+def judge_pcie(facts: TopologyFacts) -> list[Finding]:
+    """Width from sysfs (links do not narrow to save power; speed does, so it is not judged)."""
+    out = []
+    for what, link, status in [(f"GPU {g.index} ({g.pci})", g.link, FAIL) for g in facts.gpus] + [(f"NIC {n.name} ({n.pci})", n.link, WARN) for n in facts.nics]:
+        if link and link.width and link.max_width and link.width < link.max_width:
+            out.append(Finding(status, f"{what.split(' (')[0]} PCIe link x{link.width} of x{link.max_width}",
+                               f"{what}'s PCIe link trained at x{link.width} of x{link.max_width} (sysfs current_link_width): it moves at most "
+                               f"{link.width / link.max_width:.0%} of its bandwidth", "reseat the card or its riser; check the slot with `lspci -vv`"))
+    return out
