@@ -26,6 +26,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
+# Every process this test session starts inherits this mark (launches pass the agent's
+# environment on to their ranks), so a scan for what a test left running counts this
+# session's processes only: another run of this checkout's tests beside it is not a stray.
+SESSION_MARK = "PFTEST_SESSION"
+os.environ[SESSION_MARK] = f"{os.getpid()}-{os.urandom(4).hex()}"
+
 
 def _can_unshare() -> bool:
     if os.geteuid() != 0 or not shutil.which("unshare"):
@@ -349,14 +355,16 @@ def assert_index_facts(got: dict, name: str) -> None:
 
 
 def world_processes() -> list[psutil.Process]:
-    """Ranks of a shared launch (checks/workers/world.py) still alive anywhere on this machine."""
+    """Ranks of a shared launch (checks/workers/world.py) this test session started, still alive
+    anywhere on this machine (orphans included: they keep the session's mark in their environment)."""
     from preflight.gpuwork import launch
 
     driver = str(launch.WORKERS_DIR / "world.py")
     found = []
     for p in psutil.process_iter(["cmdline", "status"]):
         try:
-            if p.info["status"] != psutil.STATUS_ZOMBIE and driver in (p.info["cmdline"] or []):
+            if (p.info["status"] != psutil.STATUS_ZOMBIE and driver in (p.info["cmdline"] or [])
+                    and p.environ().get(SESSION_MARK) == os.environ[SESSION_MARK]):
                 found.append(p)
         except psutil.Error:
             continue

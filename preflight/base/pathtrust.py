@@ -6,8 +6,9 @@ followed only where no other user could have made it, the rule the kernel
 applies in sticky world-writable directories (fs.protected_symlinks), made
 stricter for root: the link is root's (or this user's) and sits in a directory
 only root (or this user) can change, or a sticky one. Any other link in the
-directory part of a path is refused; one at the end is replaced, never
-followed, so what it points at is never touched.
+directory part of a path is refused; one at the end is left unfollowed
+(``Place.planted`` says why), so safefile replaces it and what it points at
+is never touched.
 
 Every step is taken relative to the directory reached before (``dir_fd``), so
 nothing can be swapped in between the looking and the writing (base/safefile.py

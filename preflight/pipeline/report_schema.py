@@ -45,7 +45,7 @@ class Declined(Exception):
 
 # ---- the model's field types, strictly -------------------------------------------
 
-_INT64 = 2**63
+INT64 = 2**63
 Check = Callable[[Any], Any]
 _REQUIRED = object()
 
@@ -56,7 +56,7 @@ def _str(v: Any) -> str:
     return v
 
 
-def _int(lo: int = -_INT64, hi: int = _INT64 - 1) -> Check:
+def _int(lo: int = -INT64, hi: int = INT64 - 1) -> Check:
     def check(v: Any) -> int:
         if type(v) is not int or not lo <= v <= hi:
             raise Declined
@@ -264,4 +264,4 @@ REPORT = {
     "history": (_opt(_model(RESULT)), None),
     "held_back": (_opt(_model(HELD_BACK)), None),
 }
-_REPORT = _model(REPORT)
+check_report = _model(REPORT)  # a whole report document, checked field by field

@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from preflight.base.actions import NOTHING, Action, Domain, Next, decide, default_for
-from preflight.pipeline.report_schema import _INT64, _REPORT, Declined, Verdict
+from preflight.pipeline.report_schema import INT64, Declined, Verdict, check_report
 
 
 # NamedTuples, not dataclasses: importing dataclasses (and inspect with it) costs
@@ -107,7 +107,7 @@ def view(data: bytes) -> ReportView | None:
         doc = json.loads(text, object_pairs_hook=_object, parse_constant=_decline, parse_int=_int_literal, parse_float=_float_literal)
         if _deeper_than(doc, _MAX_DEPTH):
             return None
-        r = _REPORT(doc)
+        r = check_report(doc)
     except (Declined, ValueError, RecursionError):
         return None
     checks = [_check_view(c) for c in r["checks"]]
@@ -152,7 +152,7 @@ def _decline(_: str) -> Any:
 
 def _int_literal(s: str) -> int:
     v = int(s)
-    if not -_INT64 <= v < _INT64:
+    if not -INT64 <= v < INT64:
         raise Declined
     return v
 

@@ -40,7 +40,7 @@ def main() -> None:
         rows.append(json.dumps({**ENTRY, "__MONOTONIC_TIMESTAMP": usec, "_SOURCE_MONOTONIC_TIMESTAMP": usec, "MESSAGE": msg}))
     out = "\n".join(rows) + "\n"
     text = journal.lines(out) or ""
-    keep = lambda line: bool(xid._MARK.search(line) and xid.parse(line))  # noqa: E731 - as readers/kernel/log_sources.py picks them
+    keep = lambda line: bool(xid.DRIVER_MARK.search(line) and xid.parse(line))  # noqa: E731 - as readers/kernel/log_sources.py picks them
     print(f"{ENTRIES} messages, {len(out) / 2**20:.1f} MiB of JSON: lines() {best(lambda: journal.lines(out)):.2f} s, "
           f"older driver lines {best(lambda: journal.before(text, 10**12, keep)):.2f} s "
           f"({len(journal.before(text, 10**12, keep))} found)")

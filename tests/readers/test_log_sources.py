@@ -277,7 +277,7 @@ def test_a_journal_message_that_comes_as_bytes_is_not_skipped_by_the_driver_pref
     journald give MESSAGE as an array of bytes, where "NVRM: " is not text a prefilter finds."""
     real = "NVRM: Xid (PCI:0000:5d:00): 48, pid=4242, name=py\x01thon, Ch 00000010, DBE (0x1)"
     row = json.dumps({"_SOURCE_MONOTONIC_TIMESTAMP": "3000000", "MESSAGE": list(real.encode())})
-    text = journal.lines(row + "\n", xid._MARK)
+    text = journal.lines(row + "\n", xid.DRIVER_MARK)
     assert [e.code for e in parse(text)] == [48]
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 
 from preflight.readers.kernel import journal
-from preflight.readers.kernel.xid import _MARK, parse
+from preflight.readers.kernel.xid import DRIVER_MARK, parse
 
 if TYPE_CHECKING:
     from preflight.base.host import Host
@@ -148,14 +148,14 @@ def _wrapped(host: Host, kmsg: str, source: str, deadline: float) -> KernelLog:
     # Only what the ring lost, and only rows that name the driver: a node up for months keeps a
     # big journal, and this runs at every level.
     booted = _booted(host)
-    older, why = _journal(host, deadline - time.monotonic(), journal.until(booted, usec) if booted else (), _MARK)
+    older, why = _journal(host, deadline - time.monotonic(), journal.until(booted, usec) if booted else (), DRIVER_MARK)
     if older is None:
         # A note, not an unread source: most nodes keep no journal of the kernel (or no journalctl
         # in a container), and a ring that wrapped on a long-running node is no one's fault.
         return KernelLog(text=kmsg, source=source, note=(
             f"{lost} and the journal could not be read ({' '.join(JOURNALCTL)}: {why}): "
             "driver events older than that cannot be seen here"))
-    events = journal.before(older, usec, lambda line: bool(_MARK.search(line) and parse(line)))
+    events = journal.before(older, usec, lambda line: bool(DRIVER_MARK.search(line) and parse(line)))
     said = f"{lost}: the journal gave the {len(events)} driver line(s) older than it"
     if booted is not None:
         early, why = _journal(host, deadline - time.monotonic(), journal.until(booted, JOURNAL_FROM_BOOT * 1e6))

@@ -51,7 +51,7 @@ class XidEvent(BaseModel):
 # prefix (dmesg, dmesg -T, syslog, journalctl in any locale, /dev/kmsg) works;
 # the prefix is only read for the time stamps.
 _PCI = r"(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
-_MARK = re.compile(r"NVRM: |nvidia-nvswitch\d+: SXid")
+DRIVER_MARK = re.compile(r"NVRM: |nvidia-nvswitch\d+: SXid")
 _XID = re.compile(r"NVRM: Xid \((?P<raw>(?:PCI:)?(?P<pci>" + _PCI + r")[^)]*)\): "
                   r"(?P<code>\d{1,6})\b,?\s*(?P<rest>.*)")
 _PID = re.compile(r"pid=(?:'?<unknown>'?|(?P<pid>\d{1,10})\b),?\s*")
@@ -139,7 +139,7 @@ def parse(text: str) -> list[XidEvent]:
     init: dict[str | None, dict] = {}  # per GPU: the first line, and attempts counted both ways
     for number, line in enumerate(text.split("\n"), start=1):
         line = line.rstrip("\r")
-        mark = _MARK.search(line)
+        mark = DRIVER_MARK.search(line)
         if not mark or not _only_stamps(line[: mark.start()]):
             continue
         body = line[mark.start():]
@@ -193,7 +193,7 @@ _KERNEL_LINE = re.compile(
 def kernel_lines(text: str) -> int:
     """How many lines of ``text`` a kernel log holds: none means it is not one."""
     text = tooltext.clean(text)  # a capture with terminal escapes reads as the same capture without
-    return sum(1 for line in text.split("\n") if _MARK.search(line) or _KMSG.match(line) or _KERNEL_LINE.match(line))
+    return sum(1 for line in text.split("\n") if DRIVER_MARK.search(line) or _KMSG.match(line) or _KERNEL_LINE.match(line))
 
 
 def has_driver_lines(text: str) -> bool:
@@ -202,7 +202,7 @@ def has_driver_lines(text: str) -> bool:
     text = tooltext.clean(text)  # a capture with terminal escapes reads as the same capture without
     if "NVRM" not in text and "SXid" not in text:
         return False
-    return any(_MARK.search(line) for line in text.split("\n") if "NVRM" in line or "SXid" in line)
+    return any(DRIVER_MARK.search(line) for line in text.split("\n") if "NVRM" in line or "SXid" in line)
 
 
 def looks_like(text: str) -> bool:
