@@ -39,7 +39,7 @@ from preflight.checkkit.bandwidth_plan import (
     exclusive_gpus, foreign_contexts, foreign_line, seconds_skipped, steps_again, steps_for, time_line,
 )
 from preflight.checkkit.placement import linked_pairs, numa_nodes
-from preflight.gpuwork import launch, meeting, ranks
+from preflight.gpuwork import launch, meeting, ranks, ranks_judge
 from preflight.pipeline import floor_bounds, shape
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.findings import Finding, Measurement, Status, worst
@@ -49,7 +49,7 @@ from preflight.base.units import fmt_value
 from preflight.checkkit import transports
 from preflight.readers.nccl import nccl_env, nccl_log as nccl_lines
 from preflight.readers.machine import layout
-from preflight.readers.nvidia import nvml
+from preflight.readers.nvidia import nvml, nvml_facts
 
 # Kept importable from here: tests/perf/time_model.py and plugins read the step plan and
 # nccl-tests' factor from the check that runs them.
@@ -140,7 +140,7 @@ def judge_setup(f: BandwidthFacts) -> list[Finding]:
 def judge(f: BandwidthFacts, figs: list[Figure], floors: dict[str, ResolvedFloor], expect: BandwidthExpect,
           nvlink_pairs: set[frozenset[int]], all_nvlink: bool) -> dict[str, list[Finding]]:
     return {
-        "run": ranks.judge_run(f, "the bandwidth worker", by_hand(f)),
+        "run": ranks_judge.judge_run(f, "the bandwidth worker", by_hand(f)),
         "floors": judge_floors(figs, floors, expect.margin),
         "peer_access": judge_peer_access(f, nvlink_pairs, all_nvlink),
         "setup": judge_setup(f),
@@ -167,7 +167,7 @@ def compute_modes(ctx: Context) -> dict[int, str | None]:
     return {g.index: g.compute_mode for g in inv.gpus}
 
 
-def node_inventory(ctx: Context) -> nvml.Inventory | None:
+def node_inventory(ctx: Context) -> nvml_facts.Inventory | None:
     """The run's NVML facts where the profile scales a floor by them (its SKU's PCIe link); None otherwise or where NVML is silent."""
     if ctx.profile.gpu is None or ctx.profile.gpu.pcie_gen is None:
         return None

@@ -27,10 +27,10 @@ from preflight.base.findings import Finding, Measurement, Status
 from preflight.checkkit import burnin_xid, outliers
 from preflight.checkkit.figures import Figure
 from preflight.checkkit.sources import Sources, one_fact
-from preflight.gpuwork import launch, ranks
+from preflight.gpuwork import launch, ranks, ranks_judge
 from preflight.pipeline.check import Check, Context, Result
 from preflight.pipeline.expectations import BurninExpect, OutlierExpect
-from preflight.readers.nvidia import nvml
+from preflight.readers.nvidia import nvml, nvml_facts
 from preflight.readers.kernel import log_sources, xid
 from preflight.readers.nvidia.nvml_inventory import CLOCKS_EVENTS
 
@@ -68,7 +68,7 @@ class RankReport(ranks.RankReport):
 class BurninFacts(ranks.RunFacts):
     uuids: dict[int, str] = Field(default_factory=dict)
     buses: dict[int, str] = Field(default_factory=dict)  # nvidia-smi index -> PCI bus id, for a rank whose torch does not say its own
-    traces: list[nvml.GpuTrace] = Field(default_factory=list)
+    traces: list[nvml_facts.GpuTrace] = Field(default_factory=list)
     nvml_note: str | None = None  # why there is no trace
     new_xids: list[dict] = Field(default_factory=list)
     xid_log: str | None = None  # where the Xids came from, or why they could not be read
@@ -99,7 +99,7 @@ def rank_figures(f: BurninFacts) -> dict[int, dict]:
     return out
 
 
-def trace_summary(t: nvml.GpuTrace, started: float | None, seconds: float | None) -> dict:
+def trace_summary(t: nvml_facts.GpuTrace, started: float | None, seconds: float | None) -> dict:
     """Min and median SM clock, max temperature, median and max power, and the share of samples
     in each throttle reason, over the samples taken while the load ran."""
     # Only samples taken while the load ran: an idle GPU's low clock is not a sag. A rank with
@@ -231,7 +231,7 @@ def judge_unwatched(f: BurninFacts) -> list[Finding]:
 
 
 def judge(f: BurninFacts, figs: dict[int, dict], expect: BurninExpect, band: OutlierExpect | None) -> list[Finding]:
-    return (ranks.judge_run(f, "the burn-in", ranks.by_hand(f, "burnin.py"), judge_wrong(f))
+    return (ranks_judge.judge_run(f, "the burn-in", ranks.by_hand(f, "burnin.py"), judge_wrong(f))
             + judge_nvml(figs, expect) + burnin_xid.judge(f.new_xids, f.xid_note == log_sources.SYSLOG_NOTE, burnin_xid.burned_gpus(f.ranks, f.buses), DIAG, RERUN) + judge_outliers(f, figs, band) + judge_unwatched(f))
 
 

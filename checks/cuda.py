@@ -30,12 +30,12 @@ from preflight.checkkit.gpu_health import DRAIN, RESET, judge_inventory, prohibi
 from preflight.checkkit.sources import Sources, one_fact
 from preflight.gpuwork import interpreter, launch
 from preflight.gpuwork.cuda_init import InitOutcome, InitReport, loaded_links, run_init
-from preflight.readers.nvidia import nvml
+from preflight.readers.nvidia import nvml, nvml_facts
 from preflight.readers.kernel import log_sources, xid
 from preflight.pipeline.check import Check, Context, Result, Waiting
 from preflight.base.actions import Action, Next
 from preflight.base.findings import Finding, Measurement, Status, worst
-from preflight.readers.nvidia.nvml import Inventory, PcieLink
+from preflight.readers.nvidia.nvml_facts import Inventory, PcieLink
 from preflight.pipeline.expectations import GpuExpect
 from preflight.pipeline.shape import NodeShape
 
@@ -126,7 +126,7 @@ def judge_xid(events: list[xid.XidEvent], inv: Inventory, forgeable: bool = Fals
     the log came through syslog(2), where a message's end is lost and any user's message can
     hold a line that reads as the driver's: a fatal event there WARNs (NVML's own facts, judged
     apart, still FAIL a lost GPU, ECC errors or a pending remap)."""
-    by_slot = {nvml.slot(g.pci_bus_id): g for g in inv.gpus}  # kernel lines print "0000:10:1c"
+    by_slot = {nvml_facts.slot(g.pci_bus_id): g for g in inv.gpus}  # kernel lines print "0000:10:1c"
     groups: dict[tuple[str, int | None, str | None], list[xid.XidEvent]] = {}
     for e in events:
         groups.setdefault((e.kind, e.code, e.pci), []).append(e)
@@ -188,13 +188,13 @@ def _gpu_of(cuda_index: int, r: InitReport, inv: Inventory) -> tuple[str, str]:
     """(who, index for nvidia-smi -i) of a CUDA device: by PCI address, since
     CUDA_VISIBLE_DEVICES can renumber; by index only where nothing can."""
     bus = r.pci_bus_ids[cuda_index] if cuda_index < len(r.pci_bus_ids) else None
-    by_bus = {nvml.short_pci(g.pci_bus_id): g for g in inv.gpus}
-    g = by_bus.get(nvml.short_pci(bus)) if bus else None
+    by_bus = {nvml_facts.short_pci(g.pci_bus_id): g for g in inv.gpus}
+    g = by_bus.get(nvml_facts.short_pci(bus)) if bus else None
     if g is None and bus is None and r.cuda_visible_devices is None:
         g = next((x for x in inv.gpus if x.index == cuda_index), None)
     if g is not None:
         return who(g), str(g.index)
-    return f"CUDA device {cuda_index}" + (f" ({nvml.short_pci(bus)})" if bus else ""), "N"
+    return f"CUDA device {cuda_index}" + (f" ({nvml_facts.short_pci(bus)})" if bus else ""), "N"
 
 
 def judge_init(init: InitOutcome | None, inv: Inventory) -> list[Finding]:

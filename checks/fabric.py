@@ -30,8 +30,8 @@ from preflight.checkkit.sources import Sources
 from preflight.pipeline.check import Check, Context, Result
 from preflight.pipeline.expectations import FabricExpect
 from preflight.pipeline.shape import FABRIC_WORDS, NodeShape
-from preflight.readers.nvidia import nvml
-from preflight.readers.nvidia.nvml import Gpu, Inventory
+from preflight.readers.nvidia import nvml, nvml_facts
+from preflight.readers.nvidia.nvml_facts import Gpu, Inventory
 
 FAIL, WARN = Status.FAIL, Status.WARN
 UNIT = "nvidia-fabricmanager"
@@ -207,7 +207,7 @@ def judge_gpus(inv: Inventory) -> tuple[list[Finding], str | None]:
         stuck = [g for g in known if g.fabric and g.fabric.state == state]
         if stuck:
             out.append(Finding(FAIL, f"{_gpus(stuck)}: fabric registration {words}",
-                               f"NVML reports the fabric state of {_gpus(stuck)} ({', '.join(nvml.short_pci(g.pci_bus_id) for g in stuck)}) "
+                               f"NVML reports the fabric state of {_gpus(stuck)} ({', '.join(nvml_facts.short_pci(g.pci_bus_id) for g in stuck)}) "
                                f"{state.upper()}, not COMPLETED: CUDA on {'them' if len(stuck) > 1 else 'it'} fails with "
                                "'system not yet initialized' until the fabric manager registers it",
                                START_FM.format(driver=inv.driver_version) + ("; right after boot, wait for it and run again" if state == "in_progress" else "")))
@@ -215,7 +215,7 @@ def judge_gpus(inv: Inventory) -> tuple[list[Finding], str | None]:
     for g in failed:
         assert g.fabric is not None
         out.append(Finding(FAIL, f"GPU {g.index}: fabric registration failed ({g.fabric.status})",
-                           f"NVML reports GPU {g.index} ({nvml.short_pci(g.pci_bus_id)}) fabric state COMPLETED with status "
+                           f"NVML reports GPU {g.index} ({nvml_facts.short_pci(g.pci_bus_id)}) fabric state COMPLETED with status "
                            f"'{g.fabric.status}': it has no NVLink peer access",
                            "read the fabric manager's log (/var/log/fabricmanager.log); stop GPU clients, reset the GPUs and NVSwitches "
                            "(`nvidia-smi -r`) and restart nvidia-fabricmanager; if it fails again, drain the node"))

@@ -27,7 +27,8 @@ from preflight.base.units import format_cpulist
 from preflight.checkkit.sources import Sources
 from preflight.pipeline.check import Check, Context, Result, Waiting
 from preflight.readers.nvidia import nvml
-from preflight.readers.nvidia.nvml import MISMATCH, Inventory
+from preflight.readers.nvidia.nvml import MISMATCH
+from preflight.readers.nvidia.nvml_facts import Inventory
 from preflight.readers.torch_build import ASK_TORCH, TORCH_TIMEOUT, TorchCuda, ask_torch, torch_version_file  # noqa: F401 (the check's names)
 
 FAIL, WARN = Status.FAIL, Status.WARN

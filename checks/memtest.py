@@ -19,7 +19,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from preflight.base.findings import Finding, Measurement, Status
-from preflight.gpuwork import launch, ranks
+from preflight.gpuwork import launch, ranks, ranks_judge
 from preflight.pipeline.check import Check, Context, Result
 from preflight.pipeline.expectations import MemtestExpect
 
@@ -95,7 +95,7 @@ def foreign_contexts(f: MemtestFacts) -> dict[str, str]:
 
 
 def judge(f: MemtestFacts, expect: MemtestExpect) -> list[Finding]:
-    return ranks.judge_run(f, "the memory test", ranks.by_hand(f, "memtest.py"), judge_mismatches(f)) + judge_coverage(f, expect)
+    return ranks_judge.judge_run(f, "the memory test", ranks.by_hand(f, "memtest.py"), judge_mismatches(f)) + judge_coverage(f, expect)
 
 
 def measurements(f: MemtestFacts) -> list[Measurement]:

@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 from preflight.checkkit import transports
 from preflight.checkkit.placement import linked_pairs
 from preflight.checkkit.transports import p2p_for_shape
-from preflight.gpuwork import launch, meeting, ranks
+from preflight.gpuwork import launch, meeting, ranks, ranks_judge
 from preflight.readers.nccl import nccl_env, nccl_log, nccl_net
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.findings import Finding, Measurement, Status, worst
@@ -183,7 +183,7 @@ def judge_run(f: NcclFacts) -> list[Finding]:
     # A warning (a CollNet fallback) does not stop a run: the first failure NCCL logged is what to name.
     if f.nccl and (p := next((p for p in f.nccl.problems if p.severity == "fail"), None)):
         said = (p.title, p.text, p.fix)
-    return ranks.judge_run(f, "the NCCL smoke test", _by_hand(f), _judge_answers(f), said)
+    return ranks_judge.judge_run(f, "the NCCL smoke test", _by_hand(f), _judge_answers(f), said)
 
 
 def _judge_answers(f: NcclFacts) -> list[Finding]:

@@ -32,7 +32,7 @@ from preflight.readers.machine import layout
 from preflight.readers.nvidia import nvml
 from preflight.readers.machine import topo_derived
 from preflight.readers.machine.layout import NVIDIA_SMI_TIMEOUT, TopologyFacts, gpu_count, numa_span, nvlink_count
-from preflight.readers.nvidia.nvml import Inventory
+from preflight.readers.nvidia.nvml_facts import Inventory
 
 
 FAIL, WARN = Status.FAIL, Status.WARN

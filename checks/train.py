@@ -26,7 +26,7 @@ from preflight.checkkit import confirm
 from preflight.checkkit import outliers
 from preflight.checkkit.train_figures import FLOPS, MEMBERS, REASONS, WORDS, RankReport, TrainFacts, figures
 from preflight.checkkit.train_plan import plan
-from preflight.gpuwork import launch, ranks
+from preflight.gpuwork import launch, ranks, ranks_judge
 from preflight.pipeline import floor_bounds, shape
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.findings import Finding, Status, worst
@@ -151,7 +151,7 @@ def judge_setup(f: TrainFacts) -> list[Finding]:
 
 def judge(f: TrainFacts, figs: list[Figure], expect: TrainExpect, floors: dict[str, ResolvedFloor]) -> dict[str, list[Finding]]:
     return {
-        "run": ranks.judge_run(f, "the training probe", ranks.by_hand(f, "train_probe.py")),
+        "run": ranks_judge.judge_run(f, "the training probe", ranks.by_hand(f, "train_probe.py")),
         "loss": judge_loss(f),
         "agreement": judge_agreement(f),
         "speed": judge_speed(figs, expect, floors),

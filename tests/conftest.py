@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import fakes
-from preflight.checks import shm
+from preflight.checkkit import shm_judges
 from preflight.pipeline import settings as settings_mod
 from preflight.pipeline import report_paths, settings_view
 from preflight.pipeline.check import Context
@@ -292,9 +292,9 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                               env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 1, done.stderr
     # The node's own gate writes it on the host: its small /dev/shm is the node's configuration
-    # (checks/shm.py's owner). Where this machine is itself a container, the run said the job's.
+    # (checkkit/shm_judges.py's owner). Where this machine is itself a container, the run said the job's.
     fail = json.loads((d / "fail.json").read_text())
-    host = shm.owner(shm.ShmFacts(path="/dev/shm", exists=True))
+    host = shm_judges.owner(shm_judges.ShmFacts(path="/dev/shm", exists=True))
     fail["checks"][0].update(action=host.action.value, domain=host.domain.value, action_source=host.source)
     (d / "fail.json").write_text(json.dumps(fail))
     return {"pass": d / "pass.json", "fail": d / "fail.json"}

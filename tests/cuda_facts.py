@@ -8,7 +8,8 @@ from pathlib import Path
 from preflight.checks import cuda
 from preflight.gpuwork import interpreter
 from preflight.gpuwork.cuda_init import InitOutcome, InitReport
-from preflight.readers.nvidia.nvml import FakeNvml, PcieLink
+from preflight.readers.nvidia.nvml import FakeNvml
+from preflight.readers.nvidia.nvml_facts import PcieLink
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NVML = FIXTURES / "nvml"

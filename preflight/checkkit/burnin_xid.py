@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from preflight.base.actions import LADDER, Action, Domain, Next, highest
 from preflight.base.findings import Finding, Status
 from preflight.gpuwork import ranks
-from preflight.readers.nvidia import nvml
+from preflight.readers.nvidia import nvml_facts
 from preflight.readers.kernel import xid, xid_meaning
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ def burned_gpus(outcomes: list[RankOutcome], buses: dict[int, str]) -> set[str] 
     for o in outcomes:
         bus = o.report.pci_bus_id if o.report is not None else None
         bus = bus or buses.get(ranks.gpu_index(o.gpu))  # type: ignore[arg-type]
-        slot = nvml.slot(bus) if bus else ""
+        slot = nvml_facts.slot(bus) if bus else ""
         if not slot:  # unknown, or a form without a function part: then every Xid is the burn's
             return None
         out.add(slot)

@@ -17,8 +17,8 @@ from preflight.base.actions import Action, Domain, Next
 from preflight.base.findings import Finding, Status
 from preflight.pipeline.expectations import GpuExpect
 from preflight.pipeline.shape import NodeShape
-from preflight.readers.nvidia import nvml
-from preflight.readers.nvidia.nvml import Gpu, Inventory, PcieLink
+from preflight.readers.nvidia import nvml_facts
+from preflight.readers.nvidia.nvml_facts import Gpu, Inventory, PcieLink
 from preflight.readers.nvidia.nvml_inventory import RECOVERY_ASK, RECOVERY_FIELD
 
 DRAIN = "drain the node and run `dcgmi diag -r 3` on it; open an RMA if the fault returns"
@@ -41,7 +41,7 @@ def _version(v: str) -> tuple[int, ...]:
 
 def who(g: Gpu) -> str:
     """How every finding names a GPU; `preflight explain` swaps it for the name its capture prints."""
-    return f"GPU {g.index} ({nvml.short_pci(g.pci_bus_id)})"
+    return f"GPU {g.index} ({nvml_facts.short_pci(g.pci_bus_id)})"
 
 
 def judge_count(inv: Inventory, shape: NodeShape | None) -> list[Finding]:
@@ -49,10 +49,10 @@ def judge_count(inv: Inventory, shape: NodeShape | None) -> list[Finding]:
     The count comes from the node (the PCI bus, its device nodes), never from the
     profile: a container is not failed for the host's GPUs it was not given."""
     out: list[Finding] = []
-    known = {nvml.short_pci(g.pci_bus_id) for g in [*inv.gpus, *inv.lost] if g.pci_bus_id}
+    known = {nvml_facts.short_pci(g.pci_bus_id) for g in [*inv.gpus, *inv.lost] if g.pci_bus_id}
     silent = [bus for bus in (shape.slots if shape else []) if bus not in known]  # ours, on the bus, unknown to NVML
     for lost in inv.lost:
-        where = nvml.short_pci(lost.pci_bus_id) if lost.pci_bus_id else "PCI address unknown"
+        where = nvml_facts.short_pci(lost.pci_bus_id) if lost.pci_bus_id else "PCI address unknown"
         hint = f"; on the PCI bus but not answering NVML: {', '.join(silent)}" if silent and not lost.pci_bus_id else ""
         cause = f"NVML cannot reach GPU {lost.index} ({where}): {lost.error}{hint}"
         out.append(Finding(FAIL, f"GPU {lost.index} ({where}) is lost", cause, RESET.format(i=lost.index) + "; if it stays lost, " + DRAIN, act=LOST))

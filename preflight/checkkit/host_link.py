@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from preflight.pipeline.expectations import GpuExpect
 from preflight.pipeline.profiles import ResolvedFloor
-from preflight.readers.nvidia.nvml import Inventory
+from preflight.readers.nvidia.nvml_facts import Inventory
 
 # GB/s a lane carries after line encoding: 8b/10b up to Gen2, 128b/130b for Gen3-5,
 # FLIT mode (242/256) for Gen6 (PCI-SIG's base specifications).

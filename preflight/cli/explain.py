@@ -35,13 +35,13 @@ def show_profile(
     json_out: JsonOpt = False,
 ) -> int:
     """The resolved profile: checks, expected GPUs, and every floor with where its value came from."""
-    from preflight.pipeline import plan as pipeline, profiles
+    from preflight.pipeline import plan as pipeline, profile_detect, profiles
     from preflight.outputs import profile_text
 
     s = _settings(config, profile=name)
     try:
         p = pipeline.resolve_profile(s)
-    except profiles.NvmlUnreadable as e:
+    except profile_detect.NvmlUnreadable as e:
         if name is not None:  # `show-profile auto` asked for detection: its failure is the answer
             raise
         # Nothing asked for detection: the person wants to read a profile, and this names them.
@@ -63,7 +63,7 @@ def detect(config: ConfigOpt = None, json_out: JsonOpt = False, nvml_fake: FakeO
     set when it exits non-zero. Exit 1 when there is no driver or `auto` picks no profile, 2 on bad input."""
     from preflight.base.host import Host
     from preflight.outputs import detect_text
-    from preflight.pipeline import plan as pipeline, profiles, shape
+    from preflight.pipeline import plan as pipeline, profile_detect, shape
     from preflight.readers.nvidia import nvml
 
     def failed(error: str, cause: Optional[str] = None, fix: Optional[str] = None) -> None:
@@ -75,8 +75,8 @@ def detect(config: ConfigOpt = None, json_out: JsonOpt = False, nvml_fake: FakeO
         pipeline.check_inputs(s)
         inventory = nvml.inventory(s.nvml_fake)
         try:
-            (name, why), no_pick = profiles.choose(inventory, s.profiles_dir), None
-        except profiles.DetectionFailed as e:
+            (name, why), no_pick = profile_detect.choose(inventory, s.profiles_dir), None
+        except profile_detect.DetectionFailed as e:
             name, why, no_pick = None, f"{e.cause}; {e.remedy}", e
         node = shape.gather(Host(), inventory, s.node_gpus)
     except UsageError as e:
@@ -84,7 +84,7 @@ def detect(config: ConfigOpt = None, json_out: JsonOpt = False, nvml_fake: FakeO
         raise
     except nvml.NvmlUnavailable as e:
         failed(f"{e.cause}; {e.remedy}", e.cause, e.remedy)
-        raise profiles.DetectionFailed(e.cause, e.remedy) from None
+        raise profile_detect.DetectionFailed(e.cause, e.remedy) from None
     if json_out:
         _emit(detect_text.to_json(inventory, name, why, node, no_pick))
     else:

@@ -56,8 +56,8 @@ def guarded(command: Callable[..., int], *args: object, **kwargs: object) -> int
     except BaseException as e:
         # DetectionFailed comes from a module only a command that can raise it
         # imports: importing it here would cost every command its start-up.
-        profiles = sys.modules.get("preflight.pipeline.profiles")
-        if profiles is not None and isinstance(e, profiles.DetectionFailed):  # `auto` found no driver or no profile: a finding, not bad input
+        profile_detect = sys.modules.get("preflight.pipeline.profile_detect")
+        if profile_detect is not None and isinstance(e, profile_detect.DetectionFailed):  # `auto` found no driver or no profile: a finding, not bad input
             console().error(f"{e.cause}; {e.remedy}")
             return 1
         if isinstance(e, Interrupted):  # outside a check (detection, lock wait): nothing ran, nothing written

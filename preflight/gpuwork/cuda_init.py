@@ -17,8 +17,8 @@ from pydantic import BaseModel, ValidationError
 from preflight.base.progress import Progress
 from preflight.gpuwork import interpreter as interpreter_mod, launch
 from preflight.gpuwork.world import Worlds
-from preflight.readers.nvidia import nvml
-from preflight.readers.nvidia.nvml import Gpu, Inventory, PcieLink
+from preflight.readers.nvidia import nvml, nvml_facts
+from preflight.readers.nvidia.nvml_facts import Gpu, Inventory, PcieLink
 
 LOAD_SECONDS = 30.0  # the most the worker loads the links; it stops once NVML has read them
 STOP = "stop"  # the file in the launch's directory that ends the load
@@ -225,8 +225,8 @@ def loaded_links(init: InitOutcome | None, loaded: dict[str, PcieLink] | None, i
     gpus, why = nvml_gpus(r, inv)
     if gpus is None:
         return None, f"the CUDA devices the worker loaded cannot be matched to NVML's GPUs: {why}"
-    read = {nvml.short_pci(bus): link for bus, link in loaded.items()}
-    return {g.pci_bus_id: read[nvml.short_pci(g.pci_bus_id)] for g in gpus if nvml.short_pci(g.pci_bus_id) in read}, None
+    read = {nvml_facts.short_pci(bus): link for bus, link in loaded.items()}
+    return {g.pci_bus_id: read[nvml_facts.short_pci(g.pci_bus_id)] for g in gpus if nvml_facts.short_pci(g.pci_bus_id) in read}, None
 
 
 def nvml_gpus(r: InitReport, inv: Inventory) -> tuple[list[Gpu] | None, str]:
@@ -234,8 +234,8 @@ def nvml_gpus(r: InitReport, inv: Inventory) -> tuple[list[Gpu] | None, str]:
     properties), else by UUID, else by position: under CUDA_DEVICE_ORDER=PCI_BUS_ID
     with every GPU visible, CUDA's device N is the Nth GPU in PCI bus order."""
     n = r.device_count if r.device_count is not None else len(r.pci_bus_ids)
-    by_bus = {nvml.short_pci(g.pci_bus_id): g for g in inv.gpus}
-    if len(r.pci_bus_ids) == n and (found := _every([nvml.short_pci(b) for b in r.pci_bus_ids if b], by_bus, n)):
+    by_bus = {nvml_facts.short_pci(g.pci_bus_id): g for g in inv.gpus}
+    if len(r.pci_bus_ids) == n and (found := _every([nvml_facts.short_pci(b) for b in r.pci_bus_ids if b], by_bus, n)):
         return found, ""
     by_uuid = {_bare_uuid(g.uuid): g for g in inv.gpus}
     if len(r.uuids) == n and (found := _every([_bare_uuid(u) for u in r.uuids if u], by_uuid, n)):
@@ -248,7 +248,7 @@ def nvml_gpus(r: InitReport, inv: Inventory) -> tuple[list[Gpu] | None, str]:
         return None, f"{torch}, and CUDA_VISIBLE_DEVICES={r.cuda_visible_devices} renumbers the devices"
     if n != len(inv.gpus):
         return None, f"{torch}, and CUDA sees {n} devices where NVML lists {len(inv.gpus)}"
-    return sorted(inv.gpus, key=lambda g: nvml.short_pci(g.pci_bus_id)), ""
+    return sorted(inv.gpus, key=lambda g: nvml_facts.short_pci(g.pci_bus_id)), ""
 
 
 def _every(keys: list[str], table: dict[str, Gpu], n: int) -> list[Gpu] | None:

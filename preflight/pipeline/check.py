@@ -21,7 +21,7 @@ from preflight.base.findings import SEVERITY, Finding, Measurement, Status, wors
 from preflight.base.progress import Progress
 from preflight.pipeline.floor_bounds import Sane
 from preflight.gpuwork.world import Worlds
-from preflight.readers.nvidia import nvml
+from preflight.readers.nvidia import nvml, nvml_facts
 
 if TYPE_CHECKING:
     from preflight.base.host import Host
@@ -103,7 +103,7 @@ class Context:
     # None: one of its own, made at the first check that asks.
     shared_inventory: nvml.Shared | None = None
 
-    def inventory(self, timeout: float = 20.0) -> nvml.Inventory:
+    def inventory(self, timeout: float = 20.0) -> nvml_facts.Inventory:
         """The NVML facts every check of this run judges: read once, by whoever asks first
         (``timeout`` bounds that read). Raises NvmlUnavailable, the same cause to each."""
         if self.shared_inventory is None:

@@ -16,13 +16,14 @@ from datetime import datetime, timezone
 from preflight import __version__
 from preflight.gpuwork import meeting, multinode, world
 from preflight.readers.nvidia import nvml, nvml_settle
-from preflight.pipeline import floor_bounds, levels, profiles, registry, shape
+from preflight.pipeline import floor_bounds, levels, profile_detect, profiles, registry, shape
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.findings import Status
 from preflight.base.errors import UsageError
 from preflight.base.host import Host
 from preflight.base.progress import Progress
-from preflight.pipeline.profiles import DetectionFailed, ResolvedProfile
+from preflight.pipeline.profile_detect import DetectionFailed
+from preflight.pipeline.profiles import ResolvedProfile
 from preflight.pipeline.report import Report, exit_code_of, read_previous, verdict_of, versions_of
 from preflight.pipeline.runner import MAX_TIMEOUT, run_checks
 from preflight.base.errors import Interrupted
@@ -52,7 +53,7 @@ def resolve_profile(settings: Settings, inventory: nvml.Shared | None = None) ->
     Raises DetectionFailed when `auto` finds no driver or no matching profile.
     """
     if settings.profile == "auto":
-        name, why = profiles.detect(settings.profiles_dir, settings.nvml_fake, inventory)
+        name, why = profile_detect.detect(settings.profiles_dir, settings.nvml_fake, inventory)
     else:
         name, why = settings.profile, f"--profile {settings.profile}"
     path = profiles.find(name, settings.profiles_dir)

@@ -6,7 +6,7 @@ profile serves 1-, 2-, 4- and 8-GPU nodes of its model (preflight.pipeline.shape
 the shape). A floor measured on one shape of node (a collective's busbw on 8
 GPUs joined by NVSwitch) says so, and judges only nodes of that shape. A site config may override any floor; the
 resolved profile remembers where each value came from, so `show-profile`
-can answer "why 1 GiB?".
+can answer "why 1 GiB?". Which profile `auto` picks is preflight.pipeline.profile_detect's.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from preflight.pipeline import levels as levels_mod, tomlfile
 from preflight.pipeline.expectations import (BandwidthExpect, BurninExpect, DriftExpect, FabricExpect, GpuExpect, MemtestExpect, NcclExpect,
                                               OutlierExpect, RdmaExpect, TopologyExpect, TrainExpect)
 from preflight.base.errors import UsageError
-from preflight.readers.nvidia.nvml import BROKEN, Inventory, Shared
 
 BUILTIN_DIR = Path(__file__).parent / "profiles"
 
@@ -215,19 +214,6 @@ class ResolvedProfile(BaseModel):
         return self.gpu is not None
 
 
-class DetectionFailed(Exception):
-    """`auto` could not pick a profile; the run FAILs with this cause and remedy."""
-
-    def __init__(self, cause: str, remedy: str):
-        super().__init__(cause)
-        self.cause = cause
-        self.remedy = remedy
-
-
-class NvmlUnreadable(DetectionFailed):
-    """`auto` could not ask NVML at all (no driver, or it did not answer): there was no GPU to pick by."""
-
-
 def available(site_dir: Path | None) -> dict[str, Path]:
     """Profile name -> file; a site profile of the same name wins over a built-in."""
     found = {p.stem: p for p in sorted(BUILTIN_DIR.glob("*.toml"))}
@@ -314,67 +300,3 @@ def resolve(
         chosen_because=chosen_because,
     )
 
-
-def pick(gpus: list[tuple[str, str | None]], profiles: dict[str, Profile]) -> tuple[str, str]:
-    """The profile that fits every GPU, and why (pure, for tests).
-
-    ``gpus`` holds (NVML product name, PCI device id or None). A profile fits
-    when one of its ``match`` patterns is in the name and, where both sides
-    know it, the device id is one it lists: the name selects, the id confirms
-    (an "NVIDIA H200 NVL" must not run under the H200 SXM's floors). The
-    longest matching pattern wins, so "H100 NVL" beats "H100".
-    """
-    if not gpus:
-        raise DetectionFailed(
-            "the NVIDIA driver is loaded but NVML reports no GPU",
-            "check `nvidia-smi`, the PCI devices (`lspci -d 10de:`) and `preflight xid` for errors; "
-            "drain the node until the GPUs are back",
-        )
-    if len(set(gpus)) > 1:
-        kinds = sorted(f"{name} ({device or 'device id unknown'})" for name, device in set(gpus))
-        raise DetectionFailed(
-            f"mixed GPU models on one node: {', '.join(kinds)}",
-            "pass --profile explicitly if this mix is intended; otherwise drain the node",
-        )
-    gpu, device = gpus[0]
-    best: tuple[int, str, str] | None = None
-    for name, profile in profiles.items():
-        ids = profile.gpu.pci_device_ids if profile.gpu else []
-        if device and ids and device not in ids:
-            continue
-        for pattern in profile.match:
-            if pattern.lower() in gpu.lower() and (best is None or len(pattern) > best[0]):
-                best = (len(pattern), name, pattern)
-    if best is None:
-        raise DetectionFailed(
-            f"no profile matches GPU model {gpu!r} (PCI device id {device or 'unknown'})",
-            "pass --profile NAME (see 'preflight show-profile'), or add a profile for this SKU "
-            "to /etc/preflight/profiles/",
-        )
-    _, chosen, pattern = best
-    confirmed = f" and PCI device id {device}" if device and profiles[chosen].gpu and profiles[chosen].gpu.pci_device_ids else ""
-    return chosen, f"auto: {len(gpus)} x {gpu} matched profile {chosen} by name {pattern!r}{confirmed}"
-
-
-def detect(site_dir: Path | None, fake: Path | None = None, reading: Shared | None = None) -> tuple[str, str]:
-    """Pick a profile from what NVML (or the ``--nvml-fake`` file) reports: (name, why).
-    ``reading``: the run's NVML inventory, which the checks then judge."""
-    from preflight.readers.nvidia import nvml
-
-    try:
-        inventory = (reading or nvml.Shared(fake)).get()
-    except nvml.NvmlUnavailable as e:
-        raise NvmlUnreadable(e.cause, e.remedy) from None
-    return choose(inventory, site_dir)
-
-
-def choose(inventory: Inventory, site_dir: Path | None) -> tuple[str, str]:
-    if not inventory.gpus and inventory.lost:
-        lost = inventory.lost[0]
-        raise DetectionFailed(
-            f"NVML counts {len(inventory.lost)} GPU(s) but cannot reach any: GPU {lost.index} "
-            f"({lost.pci_bus_id or 'PCI address unknown'}): {lost.error}",
-            BROKEN,
-        )
-    profiles = {name: load(path) for name, path in available(site_dir).items()}
-    return pick([(g.name, g.pci_device_id) for g in inventory.gpus], profiles)

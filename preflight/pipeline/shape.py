@@ -25,7 +25,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from preflight.base.host import Host, read_stripped
-from preflight.readers.nvidia.nvml import Inventory
+from preflight.readers.nvidia.nvml_facts import Inventory
 from preflight.base.units import format_cpulist
 
 Fabric = Literal["single", "nvswitch", "nvlink", "pcie", "unknown"]

@@ -13,7 +13,8 @@ from preflight.base.findings import Status
 from preflight.base.host import Host
 from preflight.checkkit import gpu_health
 from preflight.pipeline import profiles, shape
-from preflight.readers.nvidia.nvml import FakeNvml, Gpu, Inventory, PcieLink
+from preflight.readers.nvidia.nvml import FakeNvml
+from preflight.readers.nvidia.nvml_facts import Gpu, Inventory, PcieLink
 from preflight.readers.nvidia.nvml_inventory import RECOVERY_ACTIONS
 
 H100 = profiles.load(profiles.BUILTIN_DIR / "h100-sxm.toml")

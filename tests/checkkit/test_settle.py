@@ -12,7 +12,7 @@ from preflight.pipeline import profiles
 from preflight.pipeline.check import Context
 from preflight.pipeline.settings import Settings
 from preflight.base.host import Host
-from preflight.readers.nvidia import nvml
+from preflight.readers.nvidia import nvml, nvml_facts
 from preflight.readers.nvidia.nvml import FakeNvml
 
 NVML = Path(__file__).parents[1] / "fixtures" / "nvml"
@@ -139,7 +139,7 @@ def test_the_loop_reads_real_nvml_again_until_registration_is_done():
     """On a real node: a first reading with GPU 0 marked registering, NVML read again for real.
     A settled node answers at the first read again (no GPU in progress, or no fabric state at all)."""
     real = nvml.inventory()
-    g0 = real.gpus[0].model_copy(update={"fabric": nvml.GpuFabric(state="in_progress")})
+    g0 = real.gpus[0].model_copy(update={"fabric": nvml_facts.GpuFabric(state="in_progress")})
     first = real.model_copy(update={"gpus": [g0, *real.gpus[1:]]})
     started = time.monotonic()
     out = settle.settle(first, lambda t: nvml.inventory(None, t), 10)

@@ -18,7 +18,7 @@ from preflight.base.actions import Action, Domain
 from preflight.base.findings import Status
 from preflight.base.host import Host
 from preflight.pipeline.expectations import BurninExpect, OutlierExpect
-from preflight.readers.nvidia import nvml
+from preflight.readers.nvidia import nvml, nvml_facts
 from preflight.readers.kernel import log_sources
 
 NVML = Path(__file__).parents[1] / "fixtures" / "nvml"
@@ -38,14 +38,14 @@ def rank_report(rank: int, **kw) -> dict:
     return {**base, **kw}
 
 
-def trace(rank: int, clock=1980, temp=70, power=650.0, reasons=(CAP,), ecc=(0, 0), n=10, top=1980) -> nvml.GpuTrace:
+def trace(rank: int, clock=1980, temp=70, power=650.0, reasons=(CAP,), ecc=(0, 0), n=10, top=1980) -> nvml_facts.GpuTrace:
     """``n`` samples over the burn, the reasons taking turns, one sample before the load (idle, which must not count)."""
     samples = [(T0 - 5, 345, 70.0, 35, 0x1)] + [(T0 + 30 * i, clock, power, temp, reasons[i % len(reasons)]) for i in range(n)]
-    return nvml.GpuTrace(index=rank, pci_bus_id=f"00000000:{0x18 + rank:02X}:00.0", samples=samples, ecc_before=ecc[0], ecc_after=ecc[1],
+    return nvml_facts.GpuTrace(index=rank, pci_bus_id=f"00000000:{0x18 + rank:02X}:00.0", samples=samples, ecc_before=ecc[0], ecc_after=ecc[1],
                          max_sm_clock_mhz=top)
 
 
-def facts(reports: list[dict], traces: list[nvml.GpuTrace], **kw) -> burnin.BurninFacts:
+def facts(reports: list[dict], traces: list[nvml_facts.GpuTrace], **kw) -> burnin.BurninFacts:
     f = burnin.BurninFacts(python="py", backend="nccl", nproc=len(reports), ended="exit 0", returncode=0, traces=traces, **kw)
     for r in reports:
         f.ranks.append(burnin.ranks.RankOutcome(rank=r["rank"], gpu=f"GPU {r['rank']}", report=burnin.RankReport.model_validate(r)))

@@ -16,7 +16,7 @@ from preflight.checkkit import gpu_health
 from preflight.checks import cuda
 from preflight.gpuwork.cuda_init import InitOutcome, InitReport
 
-from preflight.readers.nvidia import nvml
+from preflight.readers.nvidia import nvml, nvml_facts
 from preflight.readers.kernel import log_sources, xid
 from preflight.pipeline import profiles, shape
 from preflight.pipeline.check import Context
@@ -24,7 +24,8 @@ from preflight.pipeline.settings import Settings
 from preflight.base.actions import Action, Domain
 from preflight.base.findings import Status
 from preflight.base.host import Host
-from preflight.readers.nvidia.nvml import FakeNvml, PcieLink
+from preflight.readers.nvidia.nvml import FakeNvml
+from preflight.readers.nvidia.nvml_facts import PcieLink
 from preflight.pipeline.shape import NodeShape
 
 H100 = profiles.load(profiles.BUILTIN_DIR / "h100-sxm.toml")
@@ -87,7 +88,7 @@ def test_a_healthy_h100_sxm_node_of_any_size_passes(n):
     # The 8-GPU facts cut to n GPUs, as a 1-GPU VM, a partition, or a pod given n GPUs reports them.
     whole = facts("h100-sxm-8x-healthy.json").inventory
     inv = whole.model_copy(update={"gpus": whole.gpus[:n]})
-    node = shape.judge_shape(shape.PciNvidia(gpus=[nvml.short_pci(g.pci_bus_id) for g in inv.gpus], nvswitches=4 if n > 1 else 0), None, {}, [], inv)
+    node = shape.judge_shape(shape.PciNvidia(gpus=[nvml_facts.short_pci(g.pci_bus_id) for g in inv.gpus], nvswitches=4 if n > 1 else 0), None, {}, [], inv)
     report = InitReport.model_validate_json((INIT / "healthy-8x.json").read_text())
     report = report.model_copy(update={"devices": report.devices[:n], "pci_bus_ids": report.pci_bus_ids[:n], "device_count": n})
     init = InitOutcome(python=report.python, ended="exit 0", returncode=0, timed_out=False, seconds=1.0, report=report)
@@ -249,7 +250,7 @@ def test_xid63_after_the_remap_was_activated_only_warns():
     pending = facts("a100-sxm4-8x-remap-pending.json", init=None, xid_events=xid.parse(line))
     assert any(x.status == Status.FAIL and x.summary.startswith("Xid 63") for x in judged(pending, A100))
     inv = pending.inventory
-    activated = nvml.RemappedRows(correctable=1, uncorrectable=0, pending=False, failure=False)
+    activated = nvml_facts.RemappedRows(correctable=1, uncorrectable=0, pending=False, failure=False)
     gpus = [g.model_copy(update={"remapped_rows": activated}) for g in inv.gpus]
     done = pending.model_copy(update={"inventory": inv.model_copy(update={"gpus": gpus})})
     assert [(x.status, x.summary) for x in judged(done, A100)] == [(Status.WARN, "Xid 63 on GPU 2 (0000:10:1c)")]
@@ -350,7 +351,7 @@ def test_an_xid_the_judge_only_warns_of_asks_no_more_than_a_watch():
     pending = facts("a100-sxm4-8x-remap-pending.json", init=None, xid_events=xid.parse(line))
     (fail,) = [x for x in judged(pending, A100) if x.summary.startswith("Xid 63")]
     assert fail.next.action == Action.RESET_GPU and "reset gpu to activate" in fail.next.source
-    activated = nvml.RemappedRows(correctable=1, uncorrectable=0, pending=False, failure=False)
+    activated = nvml_facts.RemappedRows(correctable=1, uncorrectable=0, pending=False, failure=False)
     gpus = [g.model_copy(update={"remapped_rows": activated}) for g in pending.inventory.gpus]
     done = pending.model_copy(update={"inventory": pending.inventory.model_copy(update={"gpus": gpus})})
     (warn,) = judged(done, A100)
@@ -637,7 +638,7 @@ def test_a_fake_prohibited_node_fails_naming_the_mode_and_tries_no_cuda_init(tmp
     (c,) = Report.model_validate_json(report.read_text()).checks
     assert c.details["parts"]["inventory"] == "FAIL" and c.details["init"] is None
     assert c.details["parts"]["cuda_init"] == "not run: NVML reports compute mode PROHIBITED on " + ", ".join(
-        f"GPU {g.index} ({nvml.short_pci(g.pci_bus_id)})" for g in FakeNvml(NVML / "h100-sxm-8x-prohibited.json").gpus)
+        f"GPU {g.index} ({nvml_facts.short_pci(g.pci_bus_id)})" for g in FakeNvml(NVML / "h100-sxm-8x-prohibited.json").gpus)
     assert "compute mode PROHIBITED" in c.summary and "`nvidia-smi -i 0 -c DEFAULT`" in c.remedy
 
 

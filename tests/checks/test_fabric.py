@@ -22,7 +22,7 @@ from preflight.base.host import Host
 from preflight.pipeline import profiles, shape
 from preflight.pipeline.check import Context
 from preflight.pipeline.settings import Settings
-from preflight.readers.nvidia import nvml
+from preflight.readers.nvidia import nvml, nvml_facts
 from preflight.readers.nvidia.nvml import FakeNvml
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
@@ -130,7 +130,7 @@ def test_one_gpu_still_registering_is_named_with_its_address():
 
 def test_a_completed_registration_that_failed_names_nvml_s_status():
     inv = FakeNvml(NVML / "h100-sxm-8x-fabric-completed.json")
-    g = inv.gpus[2].model_copy(update={"fabric": nvml.GpuFabric(state="completed", status="Insufficient Resources")})
+    g = inv.gpus[2].model_copy(update={"fabric": nvml_facts.GpuFabric(state="completed", status="Insufficient Resources")})
     inv = inv.model_copy(update={"gpus": [*inv.gpus[:2], g, *inv.gpus[3:]]})
     found, _ = fabric.judge_gpus(inv)
     assert [(f.status, f.summary) for f in found] == [(FAIL, "GPU 2: fabric registration failed (Insufficient Resources)")]
@@ -305,7 +305,7 @@ def test_nvml_s_fabric_state_arrives_through_the_nvml_child(tmp_path, monkeypatc
     monkeypatch.setenv("PYTHONPATH", str(fakes.install_fake_pynvml(tmp_path / "nvml")))
     monkeypatch.setenv("FAKE_NVML_FACTS", str(NVML / "h100-sxm-gpu5-fabric-in-progress.json"))
     inv = nvml.inventory()
-    assert inv.gpus[5].fabric == nvml.GpuFabric(state="in_progress") and inv.gpus[0].fabric == nvml.GpuFabric(state="completed")
+    assert inv.gpus[5].fabric == nvml_facts.GpuFabric(state="in_progress") and inv.gpus[0].fabric == nvml_facts.GpuFabric(state="completed")
     assert inv.gpus[0].inforom_image == "G520.0200.00.05" and inv.gpus[0].unanswered == {}
     monkeypatch.setenv("FAKE_NVML_FACTS", str(NVML / "a100-sxm4-8x-firmware.json"))
     assert nvml.inventory().gpus[0].fabric is None  # A100: "not supported"
@@ -336,7 +336,7 @@ def test_a_failed_registration_s_status_is_nvml_s_error_string(tmp_path, monkeyp
     (tmp_path / "f.json").write_text(json.dumps(facts))
     monkeypatch.setenv("PYTHONPATH", str(fakes.install_fake_pynvml(tmp_path / "nvml")))
     monkeypatch.setenv("FAKE_NVML_FACTS", str(tmp_path / "f.json"))
-    assert nvml.inventory().gpus[3].fabric == nvml.GpuFabric(state="completed", status="Insufficient Resources")
+    assert nvml.inventory().gpus[3].fabric == nvml_facts.GpuFabric(state="completed", status="Insufficient Resources")
 
 
 # ---- the CLI ------------------------------------------------------------------------

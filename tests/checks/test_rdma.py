@@ -13,6 +13,7 @@ import pytest
 
 from preflight.base.findings import Status
 from preflight.base.host import Host
+from preflight.checkkit import rdma_judges, rdma_ports
 from preflight.checks import rdma as r
 from preflight.pipeline import profiles
 from preflight.pipeline.check import Context
@@ -93,13 +94,13 @@ def test_a_port_in_init_points_at_the_subnet_manager():
 def test_a_storage_ethernet_port_down_is_reported_not_judged():
     # It was a WARN: a port no job uses says nothing about the job (an uncabled spare is normal).
     f = facts(port(), port("mlx5_4", state="DOWN", phys="Disabled", layer="Ethernet", rate="200 Gb/sec (4X HDR)"))
-    assert found(f) == [] and r.other_ports(f, H100.rdma) == ["mlx5_4 port 1 (Ethernet) DOWN (physical state Disabled)"]
+    assert found(f) == [] and rdma_judges.other_ports(f, H100.rdma) == ["mlx5_4 port 1 (Ethernet) DOWN (physical state Disabled)"]
 
 
 def test_an_infiniband_storage_port_away_from_the_gpus_is_no_compute_port():
     storage = port("mlx5_10", rate="200 Gb/sec (4X HDR)").model_copy(update={"near_gpu": False})
     f = facts(port().model_copy(update={"near_gpu": True}), storage)
-    assert found(f) == [] and r.other_ports(f, H100.rdma) == ["mlx5_10 port 1 (InfiniBand) at 200 Gb/sec (4X HDR)"]
+    assert found(f) == [] and rdma_judges.other_ports(f, H100.rdma) == ["mlx5_10 port 1 (InfiniBand) at 200 Gb/sec (4X HDR)"]
     near = storage.model_copy(update={"near_gpu": True})  # beside a GPU: a rail, held to the rate
     assert [x.summary for x in found(facts(port(), near))] == ["mlx5_10 port 1 at 200 Gb/sec (4X HDR), 400 Gb/sec expected"]
 
@@ -108,7 +109,7 @@ def test_an_infiniband_storage_port_away_from_the_gpus_is_no_compute_port():
 def test_the_unused_second_port_of_a_dual_port_card_passes_on_pcie_profiles(profile):
     spare = port(state="DOWN", phys="Polling").model_copy(update={"port": 2})
     f = facts(port(), spare)
-    assert found(f, expect=resolved(profile).rdma) == [] and r.other_ports(f, resolved(profile).rdma) == [
+    assert found(f, expect=resolved(profile).rdma) == [] and rdma_judges.other_ports(f, resolved(profile).rdma) == [
         "mlx5_0 port 2 (InfiniBand) DOWN (physical state Polling)"]
     # Both ports down is a cable fault on the card, not a spare.
     assert [x.summary for x in found(facts(port(state="DOWN", phys="Polling"), spare), expect=resolved(profile).rdma)] == [
@@ -126,7 +127,7 @@ def test_the_unused_second_port_of_a_dual_port_card_passes_on_pcie_profiles(prof
 ])
 def test_nccl_ib_hca_syntax(spec, named):
     ports = [("mlx5_0", 1), ("mlx5_0", 2), ("mlx5_1", 1), ("mlx5_10", 1)]
-    assert {f"{d}:{p}" for d, p in ports if r.hca_names(spec)(d, p)} == named
+    assert {f"{d}:{p}" for d, p in ports if rdma_ports.hca_names(spec)(d, p)} == named
 
 
 def test_nccl_ib_hca_decides_the_compute_ports():
@@ -154,7 +155,7 @@ def test_a_few_symbol_errors_on_a_pam4_link_are_no_fault_but_are_reported():
     quiet = {n: 0 for n in ibports.ERROR_COUNTERS}
     f = facts(port("mlx5_2", first={**quiet, "symbol_error": 12}, later={**quiet, "symbol_error": 15}))
     assert found(f) == []
-    assert r.slow_symbol_errors(f.ports[0], H100.rdma, 3.0) == 1.0
+    assert rdma_judges.slow_symbol_errors(f.ports[0], H100.rdma, 3.0) == 1.0
     fast = facts(port("mlx5_2", first={**quiet, "symbol_error": 12}, later={**quiet, "symbol_error": 43}))
     assert [(x.status, x.summary) for x in found(fast)] == [(FAIL, "mlx5_2 port 1: symbol_error +31 in 3 s")]
 
@@ -181,7 +182,7 @@ def test_symbol_error_at_its_ceiling_is_no_warning_on_a_healthy_link():
     # fills the 16-bit counter in under four days, and every run after would warn.
     f = facts(port(first={"symbol_error": 65535, "link_downed": 1}))
     assert found(f) == []
-    assert r.at_ceiling(f.ports[0]) == ["symbol_error"]
+    assert rdma_judges.at_ceiling(f.ports[0]) == ["symbol_error"]
 
 
 def test_transmit_discards_at_their_ceiling_are_no_warning():
@@ -269,14 +270,14 @@ def test_nics_beside_the_gpus_are_the_compute_ports_in_a_recorded_tree(tmp_path)
     h = Host(root)
     from preflight.pipeline.shape import pci_nvidia
     f = ibports.gather(h, 0, lambda s: None, pci_nvidia(h).gpus)
-    assert r.judge_ports(f, H100.rdma) == []
-    assert r.other_ports(f, H100.rdma) == ["mlx5_10 port 1 (InfiniBand) at 200 Gb/sec (4X HDR)",
+    assert rdma_judges.judge_ports(f, H100.rdma) == []
+    assert rdma_judges.other_ports(f, H100.rdma) == ["mlx5_10 port 1 (InfiniBand) at 200 Gb/sec (4X HDR)",
                                            "mlx5_11 port 1 (InfiniBand) DOWN (physical state LinkUp)",
                                            "mlx5_4 port 1 (InfiniBand) at 200 Gb/sec (4X HDR)", "mlx5_5 port 1 (InfiniBand) at 200 Gb/sec (4X HDR)"]
-    assert r.chosen_by(f) == "the profile's link_layer and a PCIe switch shared with a GPU"
+    assert rdma_ports.chosen_by(f) == "the profile's link_layer and a PCIe switch shared with a GPU"
     edit(root, f"{IB}/mlx5_0/ports/1/rate", "200 Gb/sec (4X HDR)")
     f = ibports.gather(h, 0, lambda s: None, pci_nvidia(h).gpus)
-    assert [x.summary for x in r.judge_ports(f, H100.rdma)] == ["mlx5_0 port 1 at 200 Gb/sec (4X HDR), 400 Gb/sec expected"]
+    assert [x.summary for x in rdma_judges.judge_ports(f, H100.rdma)] == ["mlx5_0 port 1 at 200 Gb/sec (4X HDR), 400 Gb/sec expected"]
 
 
 def test_peermem_seen_in_proc_modules_alone(root):
@@ -502,14 +503,14 @@ def test_state_and_rate_are_judged_from_the_second_read():
 
 def test_a_port_that_leaves_active_while_watched_still_flaps():
     dropped = port().model_copy(update={"state_later": "INIT"})
-    assert [x.summary for x in r.judge_counters(facts(dropped), H100.rdma)] == ["mlx5_0 port 1 flapping: ACTIVE -> INIT"]
+    assert [x.summary for x in rdma_judges.judge_counters(facts(dropped), H100.rdma)] == ["mlx5_0 port 1 flapping: ACTIVE -> INIT"]
     went_down = port().model_copy(update={"state_later": "DOWN"})
-    assert [x.summary for x in r.judge_counters(facts(went_down), H100.rdma)] == ["mlx5_0 port 1 flapping: ACTIVE -> DOWN"]
+    assert [x.summary for x in rdma_judges.judge_counters(facts(went_down), H100.rdma)] == ["mlx5_0 port 1 flapping: ACTIVE -> DOWN"]
     lost_early = port(state="DOWN", phys="Polling").model_copy(update={"state_early": "ACTIVE", "state_later": "DOWN"})
-    out = r.judge_counters(facts(lost_early), H100.rdma)
+    out = rdma_judges.judge_counters(facts(lost_early), H100.rdma)
     assert [x.summary for x in out] == ["mlx5_0 port 1 flapping: ACTIVE -> DOWN"] and "since the run began" in out[0].cause
     bounced = port(state="INIT").model_copy(update={"state_early": "ACTIVE", "state_later": "ACTIVE"})
-    out = r.judge_counters(facts(bounced), H100.rdma)
+    out = rdma_judges.judge_counters(facts(bounced), H100.rdma)
     assert [x.summary for x in out] == ["mlx5_0 port 1 flapping: ACTIVE -> INIT -> ACTIVE"] and "since the run began" in out[0].cause
 
 
@@ -519,16 +520,16 @@ def test_a_port_climbing_from_down_to_active_is_coming_up_not_flapping():
     between the reads was once expected to flap: that was a wrong expectation (a climb that never
     leaves ACTIVE is a port coming up); its end state is what judge_ports judges."""
     down_up = port(state="DOWN", phys="Polling").model_copy(update={"state_later": "ACTIVE"})
-    assert r.judge_counters(facts(down_up), H100.rdma) == [] and found(facts(down_up)) == []
-    assert r.came_up(down_up) == "DOWN -> ACTIVE"
+    assert rdma_judges.judge_counters(facts(down_up), H100.rdma) == [] and found(facts(down_up)) == []
+    assert rdma_judges.came_up(down_up) == "DOWN -> ACTIVE"
     climbed = port(state="INIT").model_copy(update={"state_early": "DOWN", "state_later": "ACTIVE"})
-    assert found(facts(climbed)) == [] and r.came_up(climbed) == "DOWN -> INIT -> ACTIVE"
+    assert found(facts(climbed)) == [] and rdma_judges.came_up(climbed) == "DOWN -> INIT -> ACTIVE"
     sm_at_work = port(state="ARMED").model_copy(update={"state_early": "INIT", "state_later": "INIT"})
-    assert r.judge_counters(facts(sm_at_work), H100.rdma) == []  # not a flap; INIT at the end is judge_ports' FAIL
-    assert [x.summary for x in r.judge_ports(facts(sm_at_work), H100.rdma)] == ["mlx5_0 port 1 INIT"]
+    assert rdma_judges.judge_counters(facts(sm_at_work), H100.rdma) == []  # not a flap; INIT at the end is judge_ports' FAIL
+    assert [x.summary for x in rdma_judges.judge_ports(facts(sm_at_work), H100.rdma)] == ["mlx5_0 port 1 INIT"]
     # A link that went down and came back while up is still a flap, coming up or not.
     downed = port(state="INIT", first={"link_downed": 0}, later={"link_downed": 1}).model_copy(update={"state_later": "ACTIVE"})
-    assert [x.summary for x in r.judge_counters(facts(downed), H100.rdma)] == ["mlx5_0 port 1 flapping: link_downed +1 in 3 s"]
+    assert [x.summary for x in rdma_judges.judge_counters(facts(downed), H100.rdma)] == ["mlx5_0 port 1 flapping: link_downed +1 in 3 s"]
 
 
 def test_a_port_that_came_up_while_watched_is_said_in_details_and_lines(root):
@@ -617,11 +618,11 @@ def test_a_port_that_moved_down_a_step_while_watched_is_said_as_changed_never_as
     # INIT -> DOWN as the subnet manager retrains a link at boot is no flap (it never was ACTIVE),
     # but it did not come up either: said as it is, and judged by where it ended.
     retrained = port(state="INIT").model_copy(update={"state_later": "DOWN"})
-    assert r.came_up(retrained) is None and r.changed(retrained) == "INIT -> DOWN"
-    assert r.judge_counters(facts(retrained), H100.rdma) == []
+    assert rdma_judges.came_up(retrained) is None and rdma_judges.changed(retrained) == "INIT -> DOWN"
+    assert rdma_judges.judge_counters(facts(retrained), H100.rdma) == []
     lost = port(state="DOWN").model_copy(update={"state_early": "ARMED", "state_later": "ACTIVE"})
-    assert r.came_up(lost) is None and r.changed(lost) == "ARMED -> DOWN -> ACTIVE"
+    assert rdma_judges.came_up(lost) is None and rdma_judges.changed(lost) == "ARMED -> DOWN -> ACTIVE"
     sm_at_work = port(state="ARMED").model_copy(update={"state_early": "INIT", "state_later": "INIT"})
-    assert r.came_up(sm_at_work) is None and r.changed(sm_at_work) == "INIT -> ARMED -> INIT"
+    assert rdma_judges.came_up(sm_at_work) is None and rdma_judges.changed(sm_at_work) == "INIT -> ARMED -> INIT"
     climbed = port(state="INIT").model_copy(update={"state_early": "DOWN", "state_later": "ACTIVE"})
-    assert r.came_up(climbed) == "DOWN -> INIT -> ACTIVE" and r.changed(climbed) is None
+    assert rdma_judges.came_up(climbed) == "DOWN -> INIT -> ACTIVE" and rdma_judges.changed(climbed) is None

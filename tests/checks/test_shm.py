@@ -13,8 +13,9 @@ from conftest import FIXTURES, make_ctx, needs_root
 
 import fakes
 from preflight.base.findings import Status
+from preflight.checkkit import shm_judges
+from preflight.checkkit.shm_judges import ShmFacts, judge
 from preflight.checks import shm
-from preflight.checks.shm import ShmFacts, judge
 from preflight.readers.system import container, memory
 from preflight.readers.system.shm_mount import Mount
 from preflight.base.host import Host
@@ -125,8 +126,8 @@ def test_beside_another_job_the_free_space_and_inodes_are_reported_not_judged():
     assert findings == []
     free = next(m for m in ms if m.name == "shm_free")
     assert free.value == 736 * MiB and free.floor is None  # no floor: no metric says it is past one
-    assert shm.beside(facts) == "Slurm job 41 runs on this node"
-    assert shm.beside(healthy(other_jobs=["41", "57"])) == "Slurm jobs 41, 57 run on this node"
+    assert shm_judges.beside(facts) == "Slurm job 41 runs on this node"
+    assert shm_judges.beside(healthy(other_jobs=["41", "57"])) == "Slurm jobs 41, 57 run on this node"
     # The same facts with no other job here: leftovers, judged.
     (f,), _ = judge(healthy(size_bytes=1536 * MiB, free_bytes=736 * MiB, largest_files=[("job-a", 800 * MiB)], segment_bytes=0), GiB)
     assert f.status is Status.FAIL and f.summary == "only 736 MiB of /dev/shm is free, below the 1 GiB floor"

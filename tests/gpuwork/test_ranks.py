@@ -1,6 +1,6 @@
 """The shared torchrun run logic (preflight/gpuwork/ranks.py): when a failed run has
-settled, and the words for where a rank stopped. How ranks are blamed is
-tested through the checks that use it (tests/checks/test_nccl_judge.py)."""
+settled, and the words for a rank (its GPU, the rerun hint). How ranks are blamed:
+tests/gpuwork/test_ranks_judge.py."""
 
 from __future__ import annotations
 
@@ -144,13 +144,6 @@ def test_a_local_rank_is_nvidia_smi_s_gpu_unless_cuda_visible_devices_renumbers(
     assert ranks.gpu_index("GPU 6") == 6 and ranks.gpu_index("CUDA device 0") is None and ranks.gpu_index(None) is None
 
 
-def test_where_a_rank_stopped_counts_its_steps_from_one():
-    base = dict(rank=0, local_rank=0, world_size=2, host="n", pid=1, python="p", backend="gloo", device="cpu")
-    assert ranks.stage_words(ranks.RankReport(stage="init", **base)) == "in init_process_group"
-    assert ranks.stage_words(ranks.RankReport(stage="all_gather", **base)) == "in all_gather (step 1)"
-    assert ranks.stage_words(None) == ""
-
-
 def test_the_rerun_hint_is_the_torchrun_command_the_check_ran():
     f = ranks.RunFacts(python="/opt/venv/bin/python", backend="gloo", nproc=2)
     hint = ranks.by_hand(f, "bandwidth.py")
@@ -167,23 +160,3 @@ def test_a_rank_inside_its_own_wait_is_not_taken_for_hung_before_that_wait_s_dea
     running.reports[2] = {**ERR, "error": "TimeoutError: training step 3 not done after 4 s: a peer stopped, or this GPU hangs"}
     assert at(clock, rule, running, 4.2) is False  # rank 1 silent 4.2 s: it may still be in a wait of its own
     assert at(clock, rule, running, 4.0 + ranks.STUCK) is True
-
-
-def _rank_at(rank: int, stage: str, waiting: str | None = None) -> ranks.RankOutcome:
-    report = ranks.RankReport(rank=rank, local_rank=rank, world_size=2, host="h", pid=100 + rank, python="python",
-                              stage=stage, backend="gloo", device="cpu", waiting=waiting)
-    return ranks.RankOutcome(rank=rank, gpu=None, report=report, last_line=f"rank {rank}'s last line")
-
-
-def test_a_rank_waiting_at_a_barrier_for_a_hung_peer_is_the_symptom_not_the_cause():
-    # bandwidth's memcpy, one rank at a time: rank 1 stopped before its turn, rank 0 waits at the
-    # barrier between turns (whose deadline is longer than the check's), and the deadline ends both.
-    f = ranks.RunFacts(python="python", backend="gloo", nproc=2, timed_out=True, ended="killed at the deadline",
-                       ranks=[_rank_at(0, "memcpy", waiting="the barrier between turns"), _rank_at(1, "memcpy")])
-    (found,) = ranks.judge_run(f, "the bandwidth worker", "by hand")
-    assert found.summary == "rank 1 hung in memcpy (step 1)"
-    assert found.cause.startswith("rank 1 hung in memcpy (step 1) and was stopped at the deadline: last log line: rank 1's last line; ")
-    assert "rank 0 waited in memcpy (step 1) at the barrier between turns for the rank(s) that never came" in found.cause
-    # Every rank waiting (no peer to wait for): each is hung, as before.
-    f.ranks[1] = _rank_at(1, "memcpy", waiting="the barrier between turns")
-    assert ranks.judge_run(f, "the bandwidth worker", "by hand")[0].summary == "rank 0 hung in memcpy (step 1)"

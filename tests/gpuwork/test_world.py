@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from conftest import clean_env, run_preflight, world_processes
-from preflight.gpuwork import launch, ranks
+from preflight.gpuwork import launch, ranks, ranks_judge
 from preflight.gpuwork.world import Worlds
 from preflight.readers.nccl import nccl_log
 from preflight.pipeline.report import Report
@@ -191,7 +191,7 @@ def test_a_third_party_worker_runs_as_a_stage_of_the_same_launch(tmp_path):
                        launch.Worker(str(script), ["--value", "10"], nproc=2)):
             f = ranks.RunFacts(python=sys.executable, backend="gloo", nproc=2)
             done.append(ranks.collect(f, worker, ranks.RankReport, {}, 120, None, worlds=worlds))
-            assert ranks.judge_run(f, "the stage", "by hand") == []
+            assert ranks_judge.judge_run(f, "the stage", "by hand") == []
         assert [d.world for d in done] == [{"launch": 1, "stage": 1, "ended_it": False}, {"launch": 1, "stage": 2, "ended_it": False}]
         assert [done[1].reports[r]["total"] for r in (0, 1)] == [21.0, 21.0]  # 10 + 11 on both ranks
         assert {done[0].reports[r]["pid"] for r in (0, 1)} == {done[1].reports[r]["pid"] for r in (0, 1)}
@@ -248,7 +248,7 @@ def test_each_stage_gets_the_nccl_lines_its_own_collectives_wrote(tmp_path):
                 "nccl_smoke.py", ["--backend", "gloo", "--device", "cpu", "--large-bytes", "65536"], nproc=2)
             f = ranks.RunFacts(python=sys.executable, backend="gloo", nproc=2)
             done.append(ranks.collect(f, worker, ranks.RankReport, {}, 120, None, worlds=worlds))
-            assert ranks.judge_run(f, "the stage", "by hand") == []
+            assert ranks_judge.judge_run(f, "the stage", "by hand") == []
         assert [d.world["launch"] for d in done] == [1, 1, 1]
         for r in (0, 1):
             assert done[0].reports[r]["debug"] == "INFO" and done[0].reports[r]["debug_file"].endswith(f"nccl.rank{r}.log")
@@ -271,7 +271,7 @@ def test_a_stage_past_its_deadline_ends_the_launch_and_names_the_hung_rank():
         f = ranks.RunFacts(python=sys.executable, backend="gloo", nproc=2)
         done = ranks.collect(f, worker, ranks.RankReport, {}, 15, None, worlds=worlds)
         assert done.timed_out and done.world["ended_it"] and done.seconds < 25
-        assert ranks.judge_run(f, "the stage", "by hand")[0].summary == "rank 1 never reported"
+        assert ranks_judge.judge_run(f, "the stage", "by hand")[0].summary == "rank 1 never reported"
         assert world_processes() == []
     finally:
         worlds.close()
@@ -318,7 +318,7 @@ def test_a_launch_across_nodes_starts_only_once_this_nodes_idle_launch_is_gone(m
         for g in (None, group, None):
             f = ranks.RunFacts(python=sys.executable, backend="gloo", nproc=2)
             done.append(ranks.collect(f, launch.Worker("nccl_smoke.py", smoke, nproc=2, group=g), ranks.RankReport, {}, 120, None, worlds=worlds))
-            assert ranks.judge_run(f, "the stage", "by hand") == []
+            assert ranks_judge.judge_run(f, "the stage", "by hand") == []
             earlier.append(worlds.after_check())  # the idle launch's processes: torchrun and its ranks
         assert all(earlier) and running_at_start == [set(), set(), set()]
         assert [d.world["launch"] for d in done] == [1, 2, 3]  # back on this node alone: a fresh launch

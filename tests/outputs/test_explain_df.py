@@ -5,7 +5,7 @@ import pytest
 from conftest import FIXTURES
 
 from preflight.base.errors import UsageError
-from preflight.checks import shm
+from preflight.checkkit import shm_judges
 from preflight.outputs.explain import explain_df
 from preflight.pipeline import profiles
 from preflight.readers.system.shm_mount import Mount
@@ -40,8 +40,8 @@ def test_dockers_64m_fails_with_the_shm_checks_words_against_the_generic_floor()
 
 def test_one_judge_two_readers_the_df_finding_is_the_checks_finding():
     e = explained("shm_01_")
-    facts = shm.ShmFacts(path="/dev/shm", exists=True, mount=Mount("/dev/shm", "tmpfs", "shm", []), size_bytes=64 * MiB, free_bytes=64 * MiB)
-    (live,), _ = shm.judge(facts, GiB)
+    facts = shm_judges.ShmFacts(path="/dev/shm", exists=True, mount=Mount("/dev/shm", "tmpfs", "shm", []), size_bytes=64 * MiB, free_bytes=64 * MiB)
+    (live,), _ = shm_judges.judge(facts, GiB)
     assert (e.findings[0].summary, e.findings[0].cause, e.findings[0].fix) == (live.summary, live.cause, live.remedy)
 
 

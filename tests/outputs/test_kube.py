@@ -1,5 +1,6 @@
-"""`preflight kube-label`: the pure decision on recorded nodes, then the real
-command against FakeKubeApi with report files a real `preflight run` wrote."""
+"""`preflight kube-label`: the decision held to a cluster (the cap, the node as read), the
+API client, then the real command against FakeKubeApi with report files a real `preflight run`
+wrote. The pure decision on recorded nodes: tests/outputs/test_kube_decide.py."""
 
 from __future__ import annotations
 
@@ -19,140 +20,14 @@ import yaml
 
 import fakes
 from conftest import clean_env
-from preflight.base.actions import Action, Domain, Next
-from preflight.outputs.schedulers import kube, kube_cap
+from preflight.outputs.schedulers import kube, kube_api, kube_cap
 from preflight.base.errors import UsageError
-from preflight.outputs.record.last_report import Standing
 from preflight.pipeline.report import DEFAULT_REPORT_PATH
+from test_kube_decide import FAILED, GPU_NODE, OTHER_TAINTS, OUR_TAINT, PASSED, node_json
 from test_systemd import parse_command_line
 
-# What `preflight status` said of real reports (a pass, an shm failure, none at all).
-PASSED = Standing(True, "passed 12 s ago, profile cpu", True, 12.0)
-FAILED = Standing(False, "shm FAIL: /dev/shm is 64 MiB, below the 1 GiB floor (3 s ago)", True, 3.0)
-NO_REPORT = Standing(None, "no report at /var/lib/preflight/report.json: preflight has not run here with --report /var/lib/preflight/report.json")
 
-# A GPU node as `kubectl get node -o json` shows it, trimmed: labels and taints that are not ours.
-GPU_NODE: dict[str, Any] = {
-    "kind": "Node",
-    "apiVersion": "v1",
-    "metadata": {
-        "name": "gpu-node-17",
-        "resourceVersion": "81734",
-        "labels": {
-            "kubernetes.io/hostname": "gpu-node-17",
-            "kubernetes.io/os": "linux",
-            "nvidia.com/gpu.present": "true",
-            "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
-        },
-    },
-    "spec": {
-        "podCIDR": "10.244.17.0/24",
-        "taints": [
-            {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
-            {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute", "timeAdded": "2025-01-08T10:12:03Z"},
-        ],
-    },
-}
-OTHER_TAINTS = copy.deepcopy(GPU_NODE["spec"]["taints"])
-OUR_TAINT = {"key": "preflight/failed", "value": "true", "effect": "NoSchedule"}
-
-
-def node_json(label: str | None = None, ours: dict[str, Any] | None = None, taints: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    data = copy.deepcopy(GPU_NODE)
-    if label is not None:
-        data["metadata"]["labels"]["preflight/result"] = label
-    if taints is not None:
-        data["spec"]["taints"] = taints
-    if ours is not None:
-        data["spec"]["taints"].insert(1, ours)
-    return data
-
-
-def node(**kw: Any) -> kube.Node:
-    return kube.Node.from_json(node_json(**kw))
-
-
-# --- the decision ------------------------------------------------------------
-
-
-def test_a_pass_labels_an_unlabelled_node_and_nothing_else() -> None:
-    change = kube.decide(PASSED, node(), taint=True)
-    assert change.patch == {"metadata": {"labels": {"preflight/result": "pass"}}}
-    assert change.what == ("label preflight/result=pass",)
-
-
-def test_a_fail_with_taint_labels_and_taints_keeping_every_other_taint() -> None:
-    change = kube.decide(FAILED, node(label="pass"), taint=True)
-    assert change.patch == {
-        # resourceVersion: the API server refuses the whole-list write if the node changed since the GET
-        "metadata": {"labels": {"preflight/result": "fail"}, "resourceVersion": "81734"},
-        "spec": {"taints": [*OTHER_TAINTS, OUR_TAINT]},
-    }
-
-
-def test_a_fail_without_taint_only_labels() -> None:
-    change = kube.decide(FAILED, node(label="pass"), taint=False)
-    assert change.patch == {"metadata": {"labels": {"preflight/result": "fail"}}}
-
-
-JOBS = FAILED._replace(action=Next(Action.FIX_JOB, Domain.JOB, "in a container (Docker (/.dockerenv)): its /dev/shm is what the job was started with"),
-                       check="shm")
-RESET = FAILED._replace(action=Next(Action.RESET_GPU, Domain.NODE, "NVIDIA Xid catalog (2026-11-22): Xid 48 WORKFLOW_XID_48"), check="cuda")
-
-
-def test_the_action_is_a_label_beside_the_result_and_leaves_with_the_pass() -> None:
-    change = kube.decide(RESET, node(label="pass"), taint=False)
-    assert change.patch == {"metadata": {"labels": {"preflight/result": "fail", "preflight/action": "reset-gpu"}}}
-    labelled = node_json(label="fail")
-    labelled["metadata"]["labels"]["preflight/action"] = "reset-gpu"
-    change = kube.decide(PASSED, kube.Node.from_json(labelled), taint=False)
-    assert change.patch == {"metadata": {"labels": {"preflight/result": "pass", "preflight/action": None}}}  # null deletes it
-    assert change.what == ("label preflight/result=pass", "remove label preflight/action")
-
-
-def test_the_jobs_fault_is_labelled_but_never_tainted_and_lifts_our_taint() -> None:
-    change = kube.decide(JOBS, node(label="pass"), taint=True)
-    assert change.patch == {"metadata": {"labels": {"preflight/result": "fail", "preflight/action": "fix-job"}}}
-    change = kube.decide(JOBS, node(label="fail", ours=OUR_TAINT), taint=True)
-    assert change.patch is not None and change.patch["spec"]["taints"] == OTHER_TAINTS
-    assert "remove taint preflight/failed (the fault is the job's: fix-job)" in change.what
-
-
-LEMON = PASSED._replace(action=Next(Action.SERVICE, Domain.NODE, "a lemon: failed 3 times in 7 days: shm, bandwidth, bandwidth"), check="history")
-
-
-def test_a_passing_lemon_says_pass_and_service_and_is_tainted_until_its_history_asks_nothing() -> None:
-    change = kube.decide(LEMON, node(label="pass"), taint=True)
-    assert change.patch == {"metadata": {"labels": {"preflight/action": "service"}, "resourceVersion": "81734"},
-                            "spec": {"taints": [*OTHER_TAINTS, OUR_TAINT]}}
-    assert kube.decide(LEMON, node(label="pass"), taint=False).patch == {"metadata": {"labels": {"preflight/action": "service"}}}
-    labelled = node_json(label="pass", ours=OUR_TAINT)
-    labelled["metadata"]["labels"]["preflight/action"] = "service"
-    assert kube.decide(LEMON, kube.Node.from_json(labelled), taint=True).patch is None  # it already says so
-    lifted = kube.decide(PASSED, kube.Node.from_json(labelled), taint=True)  # the failures aged out of the window
-    assert lifted.patch is not None and lifted.patch["spec"]["taints"] == OTHER_TAINTS and "remove taint preflight/failed" in lifted.what
-    # A drift's watch is no reason to take the node out.
-    drifting = PASSED._replace(action=Next(Action.WATCH, Domain.NODE, "drifting"), check="history")
-    assert "spec" not in (kube.decide(drifting, node(label="pass"), taint=True).patch or {})
-    # Only the history's lemon takes a pass out: a plugin's WARN that names a drain does not.
-    plugin = PASSED._replace(action=Next(Action.DRAIN, Domain.NODE, "a plugin's warning"), check="site-nic")
-    assert "spec" not in (kube.decide(plugin, node(label="pass"), taint=True).patch or {})
-
-
-def test_a_device_plugin_advertising_fewer_gpus_than_the_run_found_fails_the_node() -> None:
-    short = node_json(label="pass")
-    short["status"] = {"allocatable": {"cpu": "224", "nvidia.com/gpu": "7"}}
-    st = kube.scheduler_view(PASSED._replace(gpus=8), kube.Node.from_json(short))
-    assert st.vouched is False and st.reason == "device plugin advertises 7 of 8 GPUs (nvidia.com/gpu allocatable)"
-    assert (st.action.action, st.action.domain, st.check) == (Action.DRAIN, Domain.SOFTWARE, "kube-label")
-    # A reset the report asks for stays the higher action; the reason names both.
-    st = kube.scheduler_view(RESET._replace(gpus=8), kube.Node.from_json(short))
-    assert st.action is RESET.action and st.reason.startswith("device plugin advertises 7 of 8 GPUs") and "shm FAIL" in st.reason
-    for advertised in ("8", "16", None):  # all of them, time-slicing's replicas, or another way of giving GPUs
-        fine = node_json(label="pass")
-        fine["status"] = {"allocatable": {"nvidia.com/gpu": advertised} if advertised else {}}
-        assert kube.scheduler_view(PASSED._replace(gpus=8), kube.Node.from_json(fine)) == PASSED._replace(gpus=8)
-    assert kube.scheduler_view(PASSED, kube.Node.from_json(short)) == PASSED  # a report without a shape (cpu) is not held to it
+# --- the decision held to the cluster and the node as read ---------------------------
 
 
 def cluster(tainted: int, total: int) -> dict[str, dict[str, Any]]:
@@ -166,19 +41,19 @@ def cluster(tainted: int, total: int) -> dict[str, dict[str, Any]]:
 
 def test_no_taint_past_the_share_of_the_cluster_preflight_may_hold_and_one_within_it() -> None:
     with fakes.FakeKubeApi(cluster(tainted=1, total=10)) as api:
-        change = kube.apply(kube.Api(api.url), FAILED, "gpu-node-17", taint=True)
+        change = kube.apply(kube_api.Api(api.url), FAILED, "gpu-node-17", taint=True)
         held = "would taint: 1 of 10 nodes already tainted by preflight, past the cap (10% of the nodes, at least 1: --taint-cap)"
         # Labelled, not tainted, and the node says why where `kubectl describe node` shows it.
         assert change.patch == {"metadata": {"labels": {"preflight/result": "fail"}, "annotations": {"preflight/held-back": held}}}
         assert held in change.what
         assert api.nodes["gpu-node-17"]["spec"]["taints"] == OTHER_TAINTS
         assert api.nodes["gpu-node-17"]["metadata"]["annotations"] == {"preflight/held-back": held}
-        assert kube.apply(kube.Api(api.url), FAILED, "gpu-node-17", taint=True).patch is None  # said once, not at every round
+        assert kube.apply(kube_api.Api(api.url), FAILED, "gpu-node-17", taint=True).patch is None  # said once, not at every round
     with fakes.FakeKubeApi(cluster(tainted=1, total=20)) as api:
-        kube.apply(kube.Api(api.url), FAILED, "gpu-node-17", taint=True)
+        kube.apply(kube_api.Api(api.url), FAILED, "gpu-node-17", taint=True)
         assert api.nodes["gpu-node-17"]["spec"]["taints"] == [*OTHER_TAINTS, OUR_TAINT]
     with fakes.FakeKubeApi(cluster(tainted=1, total=10)) as api:  # a site that allows more
-        kube.apply(kube.Api(api.url), FAILED, "gpu-node-17", taint=True, cap=0.5)
+        kube.apply(kube_api.Api(api.url), FAILED, "gpu-node-17", taint=True, cap=0.5)
         assert api.nodes["gpu-node-17"]["spec"]["taints"] == [*OTHER_TAINTS, OUR_TAINT]
 
 
@@ -207,15 +82,9 @@ def test_the_cap_counts_gpu_nodes_only() -> None:
         cpu["metadata"].update(name=f"cpu-{i}", labels={"kubernetes.io/hostname": f"cpu-{i}"})
         nodes[f"cpu-{i}"] = cpu
     with fakes.FakeKubeApi(nodes) as api:
-        change = kube.apply(kube.Api(api.url), FAILED, "gpu-node-17", taint=True)
+        change = kube.apply(kube_api.Api(api.url), FAILED, "gpu-node-17", taint=True)
         assert "would taint: 1 of 10 nodes already tainted by preflight, past the cap" in " ".join(change.what)
         assert change.counted == kube_cap.Count(1, 10, 1)
-
-
-def test_mig_slices_in_place_of_whole_gpus_are_not_held_to_the_count() -> None:
-    mig = node_json(label="pass")
-    mig["status"] = {"allocatable": {"nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "56"}}
-    assert kube.scheduler_view(PASSED._replace(gpus=8), kube.Node.from_json(mig)) == PASSED._replace(gpus=8)
 
 
 def test_a_conflict_retried_says_the_device_plugins_shortfall_once() -> None:
@@ -223,14 +92,14 @@ def test_a_conflict_retried_says_the_device_plugins_shortfall_once() -> None:
     short["status"] = {"allocatable": {"nvidia.com/gpu": "7"}}
     with fakes.FakeKubeApi({"gpu-node-17": short}) as api:
         api.conflicts = 1
-        change = kube.apply(kube.Api(api.url), PASSED._replace(gpus=8), "gpu-node-17", taint=False)
+        change = kube.apply(kube_api.Api(api.url), PASSED._replace(gpus=8), "gpu-node-17", taint=False)
         assert change.standing is not None and change.standing.reason.count("device plugin advertises") == 1
 
 
 def test_a_node_list_it_may_not_read_keeps_the_taint_off_and_says_why() -> None:
     with fakes.FakeKubeApi(cluster(tainted=0, total=3)) as api:
         api.list_fail = 403
-        change = kube.apply(kube.Api(api.url), FAILED, "gpu-node-17", taint=True)
+        change = kube.apply(kube_api.Api(api.url), FAILED, "gpu-node-17", taint=True)
         assert api.nodes["gpu-node-17"]["spec"]["taints"] == OTHER_TAINTS
         (said,) = [w for w in change.what if w.startswith("not tainted")]
         assert "could not be counted for the cap" in said and "not allowed to get the node list" in said and "nodes: get, list, patch" in said
@@ -251,90 +120,20 @@ def test_the_scheduler_view_through_the_cli(reports: dict[str, Path], tmp_path: 
         assert api.nodes["gpu-node-17"]["spec"]["taints"] == [*OTHER_TAINTS, OUR_TAINT]
 
 
-def test_no_usable_report_is_not_vouched() -> None:
-    change = kube.decide(NO_REPORT, node(), taint=True)
-    assert change.label == "fail"
-    assert change.patch is not None and change.patch["spec"]["taints"] == [*OTHER_TAINTS, OUR_TAINT]
-
-
-def test_a_pass_removes_our_taint_and_leaves_the_others_in_order() -> None:
-    change = kube.decide(PASSED, node(label="fail", ours=OUR_TAINT), taint=True)
-    assert change.patch == {
-        "metadata": {"labels": {"preflight/result": "pass"}, "resourceVersion": "81734"},
-        "spec": {"taints": OTHER_TAINTS},
-    }
-    assert change.what == ("label preflight/result=pass", "remove taint preflight/failed")
-
-
-def test_a_pass_removes_our_taint_even_without_taint_mode() -> None:
-    # Tainting was switched off while the node was failing: a vouched node must not stay "failed".
-    change = kube.decide(PASSED, node(label="pass", ours=OUR_TAINT), taint=False)
-    assert change.patch == {"metadata": {"resourceVersion": "81734"}, "spec": {"taints": OTHER_TAINTS}}
-
-
-def test_a_fail_without_taint_mode_leaves_an_existing_taint_of_ours() -> None:
-    assert kube.decide(FAILED, node(label="fail", ours=OUR_TAINT), taint=False).patch is None
-
-
-def test_our_key_with_another_effect_is_set_back_to_ours() -> None:
-    odd = {"key": "preflight/failed", "value": "yes", "effect": "NoExecute", "timeAdded": "2025-01-08T10:12:03Z"}
-    change = kube.decide(FAILED, node(label="fail", ours=odd), taint=True)
-    assert change.patch is not None and change.patch["spec"]["taints"] == [*OTHER_TAINTS, OUR_TAINT]
-
-
-@pytest.mark.parametrize(("st", "label", "ours", "taint"), [
-    (PASSED, "pass", None, True),
-    (PASSED, "pass", None, False),
-    (FAILED, "fail", OUR_TAINT, True),
-    (FAILED, "fail", None, False),
-    (NO_REPORT, "fail", OUR_TAINT, True),
-])
-def test_a_node_that_already_says_it_gets_no_patch(st: Standing, label: str, ours: dict[str, Any] | None, taint: bool) -> None:
-    assert kube.decide(st, node(label=label, ours=ours), taint).patch is None
-
-
-def test_a_node_without_taints_is_not_given_an_empty_list() -> None:
-    change = kube.decide(PASSED, node(taints=[]), taint=True)
-    assert "spec" not in (change.patch or {})
-
-
-def test_other_labels_are_never_in_the_patch() -> None:
-    for st in (PASSED, FAILED, NO_REPORT):
-        for taint in (True, False):
-            patch = kube.decide(st, node(label="stale", ours=OUR_TAINT), taint).patch or {}
-            assert set(patch.get("metadata", {}).get("labels", {})) <= {"preflight/result"}
-            kept = [t for t in patch.get("spec", {}).get("taints", OTHER_TAINTS) if t["key"] != "preflight/failed"]
-            assert kept == OTHER_TAINTS
-
-
-def test_unread_the_change_is_the_most_a_round_could_send() -> None:
-    # A dry run with no node to read: labels merge, so the label is exact; the taint list is the node's own.
-    unread = [{"...": "the node's other taints, as read, unchanged"}]
-    failed = kube.decide_unread(FAILED, taint=True)
-    assert failed.what == ("label preflight/result=fail", "taint preflight/failed=true:NoSchedule")
-    assert failed.patch == {"metadata": {"labels": {"preflight/result": "fail"}, "resourceVersion": "<the node's, as read>"},
-                            "spec": {"taints": [*unread, OUR_TAINT]}}
-    assert kube.decide_unread(FAILED, taint=False).patch == {"metadata": {"labels": {"preflight/result": "fail"}}}
-    for taint in (True, False):  # a pass takes our taint away with or without --taint
-        passed = kube.decide_unread(PASSED, taint)
-        assert passed.what == ("label preflight/result=pass", "remove taint preflight/failed")
-        assert passed.patch and passed.patch["spec"] == {"taints": unread}
-
-
 # --- the API client ------------------------------------------------------------
 
 
 def test_in_cluster_config_from_the_kubelets_environment() -> None:
-    assert kube.Api.in_cluster({"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}).base == "https://10.96.0.1:443"
-    assert kube.Api.in_cluster({"KUBERNETES_SERVICE_HOST": "fd00:10:96::1", "KUBERNETES_SERVICE_PORT": "6443"}).base == "https://[fd00:10:96::1]:6443"
+    assert kube_api.Api.in_cluster({"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}).base == "https://10.96.0.1:443"
+    assert kube_api.Api.in_cluster({"KUBERNETES_SERVICE_HOST": "fd00:10:96::1", "KUBERNETES_SERVICE_PORT": "6443"}).base == "https://[fd00:10:96::1]:6443"
     with pytest.raises(UsageError, match="KUBERNETES_SERVICE_HOST is not set"):
-        kube.Api.in_cluster({})
+        kube_api.Api.in_cluster({})
 
 
 def test_a_conflict_reads_the_node_again_and_patches_the_fresh_copy() -> None:
     with fakes.FakeKubeApi({"gpu-node-17": node_json(label="pass")}) as api:
         api.conflicts = 1  # another controller wrote between our GET and PATCH
-        change = kube.apply(kube.Api(api.url), FAILED, "gpu-node-17", taint=True)
+        change = kube.apply(kube_api.Api(api.url), FAILED, "gpu-node-17", taint=True)
         assert change.what == ("label preflight/result=fail", "taint preflight/failed=true:NoSchedule")
         assert api.count("GET", "gpu-node-17") == 2 and len(api.patches) == 2
         assert api.patches[1][1]["metadata"]["resourceVersion"] == "81735"  # the fresh copy's
@@ -345,8 +144,8 @@ def test_an_api_server_that_does_not_answer_is_a_timeout_line() -> None:
     with fakes.FakeKubeApi({"gpu-node-17": node_json()}) as api:
         api.stall = 20.0
         started = time.monotonic()
-        with pytest.raises(kube.KubeError, match=r"did not answer GET within 0.3 s"):
-            kube.Api(api.url, timeout=0.3).get_node("gpu-node-17")
+        with pytest.raises(kube_api.KubeError, match=r"did not answer GET within 0.3 s"):
+            kube_api.Api(api.url, timeout=0.3).get_node("gpu-node-17")
         assert time.monotonic() - started < 10  # its own deadline, not the server's 20 s (loose: a busy machine stalls too)
 
 
@@ -366,16 +165,16 @@ def test_in_cluster_https_sends_the_token_read_afresh_each_time(tls_pair: tuple[
     sa.mkdir()
     shutil.copy(tls_pair[0], sa / "ca.crt")
     (sa / "token").write_text("first-token\n")
-    monkeypatch.setattr(kube, "SA_DIR", sa)
+    monkeypatch.setattr(kube_api, "SA_DIR", sa)
     with fakes.FakeKubeApi({"gpu-node-17": node_json()}, tls=tls_pair) as api:
         port = api.url.rsplit(":", 1)[1]
-        client = kube.Api.in_cluster({"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": port})
+        client = kube_api.Api.in_cluster({"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": port})
         kube.apply(client, PASSED, "gpu-node-17", taint=False)
         (sa / "token").write_text("rotated-token\n")  # the kubelet rotates it under a running pod
         client.get_node("gpu-node-17")
         assert [auth for _, _, auth in api.requests] == ["Bearer first-token", "Bearer first-token", "Bearer rotated-token"]
         shutil.copy(Path(__file__), sa / "ca.crt")  # not a certificate
-        with pytest.raises(kube.KubeError, match="cannot load the cluster CA"):
+        with pytest.raises(kube_api.KubeError, match="cannot load the cluster CA"):
             client.get_node("gpu-node-17")
 
 
@@ -386,8 +185,8 @@ def test_a_certificate_from_another_ca_is_refused(tls_pair: tuple[Path, Path], t
                     "-keyout", str(other / "key.pem"), "-out", str(other / "ca.crt")], check=True, capture_output=True)
     (other / "token").write_text("t")
     with fakes.FakeKubeApi({"gpu-node-17": node_json()}, tls=tls_pair) as api:
-        with pytest.raises(kube.KubeError, match=r"TLS with the API server at https://127.0.0.1:\d+ failed .*CERTIFICATE_VERIFY_FAILED"):
-            kube.Api(api.url, sa_dir=other).get_node("gpu-node-17")
+        with pytest.raises(kube_api.KubeError, match=r"TLS with the API server at https://127.0.0.1:\d+ failed .*CERTIFICATE_VERIFY_FAILED"):
+            kube_api.Api(api.url, sa_dir=other).get_node("gpu-node-17")
 
 
 # --- the command, end to end -------------------------------------------------------

@@ -11,7 +11,7 @@ import fakes
 import psutil
 import pytest
 
-from preflight.readers.nvidia import nvml, nvml_inventory
+from preflight.readers.nvidia import nvml, nvml_facts, nvml_inventory
 from preflight.base.errors import UsageError
 from preflight.readers.nvidia.nvml import FakeNvml, NvmlUnavailable
 
@@ -43,7 +43,7 @@ def test_a_gpu_lost_mid_query_is_named_by_its_pci_address(fake_nvml):
     fake_nvml(facts=FIXTURES / "h100-sxm-gpu-lost.json")
     inv = nvml.inventory()
     assert [g.index for g in inv.gpus] == [0, 1, 2, 3, 5, 6, 7]
-    assert inv.lost == [nvml.LostGpu(index=4, pci_bus_id="00000000:9D:00.0", error="GPU is lost")]
+    assert inv.lost == [nvml_facts.LostGpu(index=4, pci_bus_id="00000000:9D:00.0", error="GPU is lost")]
 
 
 def test_device_ids_and_versions_are_decoded(fake_nvml):
@@ -51,7 +51,7 @@ def test_device_ids_and_versions_are_decoded(fake_nvml):
     inv = nvml.inventory()
     assert inv.driver_version == "550.54.15" and inv.cuda_driver_version == "12.4"
     assert inv.gpus[0].pci_device_id == "0x2330" and inv.gpus[0].pci_bus_id == "00000000:1B:00.0"
-    assert nvml.pcie_links()["00000000:1B:00.0"] == nvml.PcieLink(gen=5, width=16, gen_max=5, width_max=16)
+    assert nvml.pcie_links()["00000000:1B:00.0"] == nvml_facts.PcieLink(gen=5, width=16, gen_max=5, width_max=16)
 
 
 @pytest.mark.parametrize(
@@ -185,11 +185,6 @@ def test_a_typo_in_a_fact_is_an_error_not_a_healthy_gpu(tmp_path):
 def test_a_missing_fake_file_says_so(tmp_path):
     with pytest.raises(UsageError, match=r"--nvml-fake .*missing.json: cannot read it"):
         FakeNvml(tmp_path / "missing.json")
-
-
-def test_short_pci_matches_sysfs_form():
-    assert nvml.short_pci("00000000:1B:00.0") == "0000:1b:00.0"
-    assert nvml.short_pci("00000019:01:00.0") == "0019:01:00.0"
 
 
 def test_busy_names_each_gpu_a_job_holds_and_its_pids():

@@ -1,5 +1,5 @@
 """`preflight explain` of `df` output: /dev/shm's size, judged by the shm check's
-own judge (checks/shm.py judge_space, and judge_mount where `df -T` printed the
+own judge (checkkit/shm_judges.py judge_space, and judge_mount where `df -T` printed the
 filesystem type) against the profile's shm_min_bytes floor.
 
 Without --profile the floor is the generic one, profile cpu's: the smallest a
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from preflight.base.errors import UsageError
 from preflight.base.units import fmt_bytes
-from preflight.checks import shm
+from preflight.checkkit import shm_judges
 from preflight.outputs.explain.explained import Explained, Item, items
 from preflight.pipeline import profiles
 from preflight.pipeline.profiles import ResolvedProfile
@@ -42,12 +42,12 @@ def floor_of(profile: ResolvedProfile | None) -> tuple[float, dict]:
     }
 
 
-def shm_facts(row: Row) -> shm.ShmFacts:
+def shm_facts(row: Row) -> shm_judges.ShmFacts:
     """The row as the shm check's facts. df prints a tmpfs mounted with size=0 (no limit) as size 0,
     Use% "-", as statvfs reports 0 blocks: no size, as the check reads it."""
     unlimited = row.size_bytes == 0 and row.use_percent is None
     mount = Mount(mount_point=row.mounted_on, fstype=row.type, source=row.filesystem, options=[]) if row.type else None
-    return shm.ShmFacts(path=row.mounted_on, exists=True, mount=mount,
+    return shm_judges.ShmFacts(path=row.mounted_on, exists=True, mount=mount,
                         size_bytes=None if unlimited else row.size_bytes, free_bytes=None if unlimited else row.avail_bytes)
 
 
@@ -80,8 +80,8 @@ def explain(text: str, source: str, profile: ResolvedProfile | None) -> Explaine
         raise UsageError(f"{source}: {NO_ROW if out.rows or df.looks_like(text) else NOT_DF}")
     floor, said = floor_of(profile)
     facts = shm_facts(row)
-    found = shm.judge_mount(facts) if facts.mount else []
-    space, _ = shm.judge_space(facts, floor)
+    found = shm_judges.judge_mount(facts) if facts.mount else []
+    space, _ = shm_judges.judge_space(facts, floor)
     findings = items(found + space) + rounding(out, row, floor)
     size = f"{fmt_bytes(facts.size_bytes)}" if facts.size_bytes is not None else "not limited (size=0)"
     free = f", {fmt_bytes(facts.free_bytes)} free" if facts.free_bytes is not None else ""

@@ -27,7 +27,7 @@ from preflight.checks import bandwidth
 from preflight.checks.nccl import judge_env
 from preflight.outputs.explain.explain_nccl_log import problem_items
 from preflight.outputs.explain.explained import Explained, Item, items
-from preflight.pipeline import profiles, shape
+from preflight.pipeline import profile_detect, profiles, shape
 from preflight.pipeline.profiles import ResolvedProfile
 from preflight.readers.nccl import nccl_env, nccltests
 from preflight.readers.nccl.nccltests import Row, Table
@@ -84,8 +84,8 @@ def pick_profile(t: Table, given: ResolvedProfile | None) -> tuple[ResolvedProfi
         return None, f"the output names several GPU models ({', '.join(t.gpus)}); pass --profile NAME"
     known = {name: profiles.load(path) for name, path in profiles.available(None).items()}
     try:
-        name, _ = profiles.pick([(t.gpus[0], None)], known)
-    except profiles.DetectionFailed as e:
+        name, _ = profile_detect.pick([(t.gpus[0], None)], known)
+    except profile_detect.DetectionFailed as e:
         return None, f"{e.cause}; pass --profile NAME"
     why = f"the header's GPU model {t.gpus[0]!r} matched profile {name}"
     return profiles.resolve(known[name], profiles.find(name, None), {}, why), why

@@ -2,7 +2,7 @@
 judge (checkkit/gpu_health.py: one judge, two readers), so a pasted capture and a live run say the same
 about the same GPU.
 
-Each GPU block becomes the `nvml.Gpu` NVML would have answered, and the whole
+Each GPU block becomes the `nvml_facts.Gpu` NVML would have answered, and the whole
 capture an `Inventory` for `judge_inventory`. Two things differ from a live run:
 
 - One snapshot is one reading, and a healthy GPU sets HW Slowdown for a moment
@@ -36,7 +36,7 @@ from preflight.base.errors import UsageError
 from preflight.checkkit import gpu_health
 from preflight.outputs.explain.explained import Explained, Item, items
 from preflight.pipeline.profiles import ResolvedProfile
-from preflight.readers.nvidia import nvml, nvsmi
+from preflight.readers.nvidia import nvml_facts, nvsmi
 
 KIND, TITLE = "nvidia-smi-q", "nvidia-smi -q"
 _WORKING = ("P0", "P1", "P2")  # the performance states a GPU holds under load (P8 and above: idle)
@@ -59,7 +59,7 @@ def explain(text: str, source: str, profile: ResolvedProfile | None = None) -> E
     names = [_name(g, i, len(capture.gpus)) for i, g in enumerate(capture.gpus)]
     seen = [corroborated(g) for g in capture.gpus]
     loaded = {gpu.pci_bus_id: link for gpu, g in zip(gpus, capture.gpus) if (link := under_load(g)[0])}
-    inventory = nvml.Inventory(driver_version=capture.driver_version or "", cuda_driver_version=capture.cuda_version,
+    inventory = nvml_facts.Inventory(driver_version=capture.driver_version or "", cuda_driver_version=capture.cuda_version,
                                gpus=gpus, source=f"nvidia-smi -q {source}")
     models, mixed_unjudged = _models(capture.gpus, names)
     found: list[Item] = items(gpu_health.judge_models(models)) if models else []
@@ -93,12 +93,12 @@ def explain(text: str, source: str, profile: ResolvedProfile | None = None) -> E
     return Explained(kind=KIND, title=TITLE, source=source, findings=found, facts=facts)
 
 
-def to_gpu(index: int, g: nvsmi.SmiGpu) -> nvml.Gpu:
+def to_gpu(index: int, g: nvsmi.SmiGpu) -> nvml_facts.Gpu:
     """The facts NVML would have given for this block; None where the capture has none."""
     rows = g.remapped_rows
     # The judge reads pending and failure; an unknown one stands in as False (not judged, and
     # unjudged() says so), unknown counts as 0 (the explainer rewrites them in the cause).
-    remap = None if rows.pending is None and rows.failure is None else nvml.RemappedRows(
+    remap = None if rows.pending is None and rows.failure is None else nvml_facts.RemappedRows(
         correctable=rows.correctable or 0, uncorrectable=rows.uncorrectable or 0, pending=bool(rows.pending), failure=bool(rows.failure))
     events = g.events_active if corroborated(g)[0] else [e for e in g.events_active if e not in _SNAPSHOT]
     try:
@@ -108,8 +108,8 @@ def to_gpu(index: int, g: nvsmi.SmiGpu) -> nvml.Gpu:
         raise UsageError(f"GPU {index}'s {where} holds a value no nvidia-smi prints; is the capture edited or cut?") from None
 
 
-def _gpu(index: int, g, remap, events) -> nvml.Gpu:  # noqa: ANN001 - the capture's block and what was made of it above
-    return nvml.Gpu(
+def _gpu(index: int, g, remap, events) -> nvml_facts.Gpu:  # noqa: ANN001 - the capture's block and what was made of it above
+    return nvml_facts.Gpu(
         index=index,
         name=g.product_name or "unknown GPU",
         uuid=g.uuid or "",
@@ -124,7 +124,7 @@ def _gpu(index: int, g, remap, events) -> nvml.Gpu:  # noqa: ANN001 - the captur
         ecc_uncorrectable_aggregate=g.ecc.aggregate_uncorrectable,
         retired_pages_pending=g.retired_pages.pending,
         remapped_rows=remap,
-        pcie=nvml.PcieLink(gen=_lane(g.pcie.gen_current), width=_lane(g.pcie.width_current),
+        pcie=nvml_facts.PcieLink(gen=_lane(g.pcie.gen_current), width=_lane(g.pcie.width_current),
                            gen_max=_lane(g.pcie.gen_max), width_max=_lane(g.pcie.width_max)),
         clocks_events=events if g.clocks_events else None,
         clocks_events_transient=[] if g.clocks_events else None,
@@ -134,7 +134,7 @@ def _gpu(index: int, g, remap, events) -> nvml.Gpu:  # noqa: ANN001 - the captur
     )
 
 
-def under_load(g: nvsmi.SmiGpu) -> tuple[nvml.PcieLink | None, str]:
+def under_load(g: nvsmi.SmiGpu) -> tuple[nvml_facts.PcieLink | None, str]:
     """The link as the judge's loaded reading where the capture shows the GPU at work, and why (not)."""
     state, idle, util = g.performance_state, g.clocks_events.get("gpu_idle"), g.utilization_gpu_pct
     seen = ", ".join(x for x in (state, f"{util} % utilization" if util is not None else None, "Idle reason active" if idle else None) if x)
@@ -144,7 +144,7 @@ def under_load(g: nvsmi.SmiGpu) -> tuple[nvml.PcieLink | None, str]:
         return None, seen
     if util == 0 or (util is None and idle is None):
         return None, seen + ("" if util == 0 else ", neither utilization nor the Idle reason printed")
-    return nvml.PcieLink(gen=_lane(g.pcie.gen_current), width=_lane(g.pcie.width_current)), seen
+    return nvml_facts.PcieLink(gen=_lane(g.pcie.gen_current), width=_lane(g.pcie.width_current)), seen
 
 
 def corroborated(g: nvsmi.SmiGpu) -> tuple[bool, str]:
@@ -231,7 +231,7 @@ def _name(g: nvsmi.SmiGpu, i: int, count: int) -> str:
     return f"GPU {g.bus_id}" if g.bus_id else ("the GPU" if count == 1 else f"GPU #{i + 1} of the fragment")
 
 
-def _rename(text: str, gpu: nvml.Gpu, name: str, bus: str | None) -> str:
+def _rename(text: str, gpu: nvml_facts.Gpu, name: str, bus: str | None) -> str:
     text = text.replace(gpu_health.who(gpu), name)
     return re.sub(rf"(?<=-i ){gpu.index}\b", bus or "N", text)
 

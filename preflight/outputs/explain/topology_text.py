@@ -16,7 +16,7 @@ from preflight.checkkit.placement import Advice, advise
 from preflight.checkkit.topology_judges import name_list
 from preflight.checks.topology import GENERIC, Topology, gather, judge, sources
 from preflight.pipeline import plan as pipeline
-from preflight.pipeline import profiles
+from preflight.pipeline import profile_detect
 from preflight.pipeline.profiles import ResolvedProfile
 from preflight.pipeline.settings import Settings
 from preflight.pipeline.shape import NodeShape
@@ -69,7 +69,7 @@ def explain_host(settings: Settings, note: Callable[[str], None]) -> tuple[str, 
     resolved = None
     try:
         resolved = pipeline.resolve_profile(settings)
-    except profiles.DetectionFailed as e:
+    except profile_detect.DetectionFailed as e:
         note(f"judging without a profile: {e.cause}")
     fake = str(settings.nvml_fake) if settings.nvml_fake is not None else None
     return explain(facts, resolved, live=True, fake=fake, shape=pipeline.read_shape(settings, host))

@@ -20,8 +20,8 @@ from pydantic import BaseModel
 
 from preflight.base.host import Host, read_stripped, tool_time
 from preflight.base.units import format_cpulist, parse_cpulist
-from preflight.readers.nvidia import nvml, topo
-from preflight.readers.nvidia.nvml import Inventory
+from preflight.readers.nvidia import nvml, nvml_facts, topo
+from preflight.readers.nvidia.nvml_facts import Inventory
 from preflight.readers.nvidia.topo import Topo, TopoParseError
 
 NVIDIA_SMI_TIMEOUT = 15.0  # topo -m answers in well under a second; a wedged driver never does
@@ -48,7 +48,7 @@ class GpuPlace(BaseModel):
     link: PciLink | None = None
     nvlinks_active: int | None = None  # NVML; None: unknown
     nvlinks_down: list[int] = []
-    # NVML's word on where the GPU sits and what its links reach (nvml.Gpu's fields of the
+    # NVML's word on where the GPU sits and what its links reach (nvml_facts.Gpu's fields of the
     # same names, bus ids in sysfs form): readers.topo_derived builds the matrix from them
     # where `nvidia-smi topo -m` cannot be read.
     cpu_affinity: str | None = None
@@ -134,13 +134,13 @@ def _numa_node(dev: Path) -> int | None:
 def gpu_places(host: Host, inventory: Inventory) -> list[GpuPlace]:
     out = []
     for g in inventory.gpus:
-        pci = nvml.short_pci(g.pci_bus_id)
+        pci = nvml_facts.short_pci(g.pci_bus_id)
         dev = host.path(f"/sys/bus/pci/devices/{pci}")
         out.append(GpuPlace(index=g.index, pci=pci, uuid=g.uuid, numa_node=_numa_node(dev),
                             local_cpus=read_stripped(dev / "local_cpulist"), link=pci_link(dev),
                             nvlinks_active=g.nvlinks_active, nvlinks_down=g.nvlinks_down,
                             cpu_affinity=g.cpu_affinity, numa_affinity=g.numa_affinity, gpu_numa_id=g.gpu_numa_id, nvlink_remote=g.nvlink_remote,
-                            nvlink_peers={nvml.short_pci(bus): n for bus, n in g.nvlink_peers.items()} if g.nvlink_peers else None))
+                            nvlink_peers={nvml_facts.short_pci(bus): n for bus, n in g.nvlink_peers.items()} if g.nvlink_peers else None))
     return out
 
 
@@ -230,7 +230,7 @@ def torch_numa_binding(python: str, timeout: float = TORCHRUN_TIMEOUT) -> bool |
 
 
 def gather(host: Host, nvml_fake: Path | None, python: str, deadline: float, smi_timeout: float = NVIDIA_SMI_TIMEOUT,
-           inventory: nvml.Inventory | None = None) -> TopologyFacts:
+           inventory: nvml_facts.Inventory | None = None) -> TopologyFacts:
     """This machine's layout; ``python`` is the interpreter whose torchrun the
     job uses; ``inventory``: NVML's facts already read this run (else read here).
     Raises NvmlUnavailable when NVML cannot answer at all."""

@@ -1,8 +1,8 @@
 """The NVML seam: with the child it runs (nvml_query.py), the only code that
 talks to nvidia-ml-py (`import pynvml`).
 
-It exposes only the facts checks use (an ``Inventory``), turns NVML's errors
-into a cause and a remedy a person can act on, and offers ``FakeNvml``: the
+It exposes only the facts checks use (an ``Inventory``, modelled in nvml_facts.py),
+turns NVML's errors into a cause and a remedy a person can act on, and offers ``FakeNvml``: the
 same facts read from a JSON file, for tests and demos on machines without a
 GPU. NVML runs in a child process (preflight/readers/nvidia/nvml_query.py) with a deadline:
 on a wedged driver nvmlInit can block forever, and the agent must not.
@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ValidationError
 
 from preflight.base.findings import Finding, Status
 from preflight.base.errors import UsageError
 from preflight.readers import capture
+from preflight.readers.nvidia.nvml_facts import GpuTrace, Inventory, PcieLink
 
 # The remedies live beside the code that picks them, in the child.
 from preflight.readers.nvidia.nvml_query import BROKEN, MISMATCH, NO_ACCESS, NO_DRIVER  # noqa: F401
@@ -33,147 +34,6 @@ class NvmlUnavailable(Exception):
         super().__init__(cause)
         self.cause = cause
         self.remedy = remedy
-
-
-class _Facts(BaseModel):
-    # A fake file with a typo ("ecc_uncorectable_volatile") must be an error,
-    # not a silently healthy GPU.
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-# NVML prints "00000000:1B:00.0"; sysfs and lspci "0000:1b:00.0". Both are accepted.
-BusId = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")]
-
-
-class PcieLink(_Facts):
-    gen: int | None = Field(default=None, ge=1)
-    width: int | None = Field(default=None, ge=1)
-    gen_max: int | None = Field(default=None, ge=1)  # the most this GPU *and* its slot can do
-    width_max: int | None = Field(default=None, ge=1)
-
-
-class RemappedRows(_Facts):
-    correctable: int = Field(ge=0)
-    uncorrectable: int = Field(ge=0)
-    pending: bool
-    failure: bool
-
-
-class GpuFabric(_Facts):
-    """The GPU's registration with the NVSwitch fabric (nvmlDeviceGetGpuFabricInfo, Hopper and newer)."""
-
-    # nvml.h NVML_GPU_FABRIC_STATE_*: the fabric manager has not started on this GPU,
-    # is at it, or is done; "status" says how it ended (meaningful once completed).
-    state: Literal["not_supported", "not_started", "in_progress", "completed"]
-    status: str = "success"  # NVML's error string where registration failed
-
-
-class Gpu(_Facts):
-    """One GPU as NVML sees it; None where the GPU or driver does not say."""
-
-    index: int = Field(ge=0)
-    name: str
-    uuid: str
-    pci_bus_id: BusId
-    pci_device_id: str | None = Field(default=None, pattern=r"^0x[0-9a-f]{4}$")
-    serial: str | None = None
-    vbios: str | None = None
-    inforom_image: str | None = None  # nvmlDeviceGetInforomImageVersion, "G520.0200.00.05"
-    persistence_mode: bool | None = None
-    mig_mode: bool | None = None
-    # nvmlDeviceGetComputeMode: "exclusive_process" lets one process hold a context on the GPU,
-    # "prohibited" none; None where NVML did not say (facts recorded before it was read).
-    compute_mode: Literal["default", "exclusive_thread", "prohibited", "exclusive_process"] | None = None
-    memory_total_bytes: int | None = Field(default=None, ge=0)
-    ecc_mode: bool | None = None
-    ecc_uncorrectable_volatile: int | None = Field(default=None, ge=0)
-    ecc_uncorrectable_aggregate: int | None = Field(default=None, ge=0)
-    retired_pages_pending: bool | None = None  # pre-Ampere; Ampere and later remap rows
-    remapped_rows: RemappedRows | None = None
-    pcie: PcieLink = PcieLink()
-    # Names from nvml_inventory.CLOCKS_EVENTS: active in every reading of a short
-    # window (persistent), and active in some readings only (transient).
-    # Facts of one reading (FakeNvml files written before the window) read as
-    # no transient event: every event they name counts as persistent, as it did.
-    clocks_events: list[str] | None = None
-    clocks_events_transient: list[str] | None = None
-    temperature_c: int | None = None
-    power_limit_w: float | None = Field(default=None, ge=0)
-    power_default_limit_w: float | None = Field(default=None, ge=0)
-    nvlinks_active: int | None = Field(default=None, ge=0)
-    # Link indices present but inactive, listed only where at least one link is
-    # active: a GPU whose every link is inactive has no NVLink partner (nvlinks_active 0).
-    nvlinks_down: list[int] = Field(default_factory=list)
-    # Active links by what is at their far end: "switch" (NVSwitch, {"switch": 18}
-    # on HGX), "gpu" (a bridge or a direct link), "ibmnpu", "unknown" (NVML did not
-    # say); None where no link is active or nvidia-ml-py cannot ask.
-    nvlink_remote: dict[str, Annotated[int, Field(ge=1)]] | None = None
-    # Where the GPU sits and which GPUs its links reach, as NVML says: the facts
-    # `nvidia-smi topo -m` prints, for when its matrix cannot be read. None where
-    # NVML did not say (a driver without the call, a fake file written before them).
-    cpu_affinity: str | None = None  # CPU list of the GPU's NUMA node, nvmlDeviceGetCpuAffinityWithinScope
-    numa_affinity: list[Annotated[int, Field(ge=0)]] | None = None  # nvmlDeviceGetMemoryAffinity, NUMA-node scope
-    gpu_numa_id: int | None = Field(default=None, ge=0)  # nvmlDeviceGetNumaNodeId: a GPU that is a NUMA node of its own
-    # Active links whose far end is a GPU, by that GPU's PCI bus id as NVML prints it
-    # (nvmlDeviceGetNvLinkRemotePciInfo_v2); None where no link ends at a GPU, or NVML cannot say.
-    nvlink_peers: dict[BusId, Annotated[int, Field(ge=1)]] | None = None
-    # None: NVML has no fabric state for this GPU (before Hopper, or a driver without the call).
-    fabric: GpuFabric | None = None
-    # What the driver says the GPU needs to recover (nvml_inventory.RECOVERY_ACTIONS: NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
-    # through nvmlDeviceGetFieldValues); None where NVML did not say (a driver older than the field, facts
-    # recorded before it was read; why, where NVML said, in `unanswered` under nvml_inventory.RECOVERY_ASK).
-    recovery_action: Literal["none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset",
-                             "recover_imex_domain", "bus_reset", "system_reboot"] | None = None
-    processes: list[GpuProcess] | None = None  # compute processes on the GPU now; None: NVML did not say
-    # NVML calls that failed with anything but "not supported" -> the error: unknown is not healthy.
-    unanswered: dict[str, str] = Field(default_factory=dict)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _one_reading(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("clocks_events") is not None and data.get("clocks_events_transient") is None:
-            data = {**data, "clocks_events_transient": []}
-        return data
-
-
-class GpuProcess(_Facts):
-    pid: int = Field(ge=0)
-    used_memory_bytes: int | None = Field(default=None, ge=0)
-
-
-class LostGpu(_Facts):
-    """A GPU the driver counts but cannot talk to (fell off the bus, Unknown Error)."""
-
-    index: int = Field(ge=0)
-    pci_bus_id: BusId | None = None
-    error: str
-
-
-class Inventory(_Facts):
-    driver_version: str
-    cuda_driver_version: str | None = None  # "12.4": the newest CUDA the driver supports
-    gpus: list[Gpu]
-    lost: list[LostGpu] = Field(default_factory=list)
-    source: str = "NVML"
-
-    @model_validator(mode="after")
-    def _one_entry_per_index(self) -> Inventory:
-        indices = [g.index for g in self.gpus] + [g.index for g in self.lost]
-        dup = sorted({i for i in indices if indices.count(i) > 1})
-        if dup:
-            raise ValueError(f"GPU index {dup[0]} is listed more than once")
-        return self
-
-
-def short_pci(bus_id: str) -> str:
-    """``00000000:18:00.0`` -> ``0000:18:00.0``: the form sysfs and lspci use."""
-    domain, _, rest = bus_id.lower().partition(":")
-    return f"{int(domain, 16):04x}:{rest}" if rest else bus_id.lower()
-
-
-def slot(bus_id: str) -> str:
-    """``00000000:18:00.0`` -> ``0000:18:00``: the form kernel Xid lines print."""
-    return short_pci(bus_id).rpartition(".")[0]
 
 
 FAKE_LIMIT = 16 << 20  # bytes of a --nvml-fake file: a node's facts are a few KiB
@@ -323,19 +183,6 @@ def _answer(started: Started, timeout: float) -> Any:
     if "failed" in answer:
         raise NvmlUnavailable(answer["failed"]["cause"], answer["failed"]["remedy"])
     return answer["facts"]
-
-
-class GpuTrace(_Facts):
-    """One GPU's NVML samples through a load (nvml_query._samples)."""
-
-    index: int
-    pci_bus_id: str
-    # (time.time(), SM clock MHz, power W, temperature C, clocks-event reason bits); None where NVML did not say
-    samples: list[tuple[float, int | None, float | None, int | None, int | None]]
-    ecc_before: int | None = None  # volatile uncorrectable ECC errors
-    ecc_after: int | None = None
-    max_sm_clock_mhz: int | None = None  # the GPU's own top SM clock: the burn-in's clock floor is a share of it
-    unanswered: dict[str, str] = Field(default_factory=dict)
 
 
 class Sampler:

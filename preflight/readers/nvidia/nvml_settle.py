@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from preflight.readers.nvidia import nvml
-from preflight.readers.nvidia.nvml import Inventory
+from preflight.readers.nvidia.nvml_facts import Inventory
 
 # How long a run waits for registration to complete: the boot gate this is for saw
 # IN_PROGRESS at 0.5 s and COMPLETED by 10 s (issue 34's review); 20 s gives that twice

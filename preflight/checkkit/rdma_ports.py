@@ -1,0 +1,69 @@
+"""Which RDMA ports carry the job's traffic (the rdma check's compute ports):
+those NCCL_IB_HCA names, as NCCL reads it (`hca_names`), where it is set;
+else those of the profile's link layer, beside a GPU where sysfs tells, that
+are no dual-port card's unused port (`spare`); `chosen_by` says which rule
+chose them. The judges in checkkit/rdma_judges.py hold only these ports to
+the SKU's state and rate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from preflight.pipeline.expectations import RdmaExpect
+from preflight.readers.machine.ibports import Port, RdmaFacts
+
+
+def hca_names(spec: str) -> Callable[[str, int], bool]:
+    """NCCL_IB_HCA as NCCL reads it: a comma list of dev[:port], each a prefix of the
+    device name unless the list starts with "="; a leading "^" excludes those listed
+    (NCCL env docs, NCCL_IB_HCA)."""
+    text = spec.strip()
+    exclude = text.startswith("^")
+    text = text[1:] if exclude else text
+    exact = text.startswith("=")
+    text = text[1:] if exact else text
+    items = []
+    for item in filter(None, (i.strip() for i in text.split(","))):
+        dev, _, port = item.partition(":")
+        items.append((dev, int(port) if port.isdigit() else None))
+
+    def listed(dev: str, port: int) -> bool:
+        return any((dev == d if exact else dev.startswith(d)) and p in (None, port) for d, p in items)
+    return lambda dev, port: listed(dev, port) != exclude
+
+
+UNCABLED = ("Polling", "Disabled")
+
+
+def _card(p: Port) -> str:
+    """The adapter a port is on: its PCI address without the function (a dual-port card
+    shows as two functions, or as one device with two ports)."""
+    return p.pci.rsplit(".", 1)[0] if p.pci else p.device
+
+
+def spare(port: Port, facts: RdmaFacts) -> bool:
+    """An uncabled or disabled port on a card whose other port runs: the dual-port
+    card's unused port, which no job uses unless NCCL_IB_HCA names it."""
+    return port.phys_state in UNCABLED and any(o is not port and _card(o) == _card(port) and o.state_now == "ACTIVE" for o in facts.ports)
+
+
+def compute(port: Port, expect: RdmaExpect, facts: RdmaFacts | None = None) -> bool:
+    """Whether the port carries the job's traffic: named in NCCL_IB_HCA where that is set;
+    else of the profile's link layer, not a card's spare port and, where sysfs tells,
+    beside a GPU (a storage port sits elsewhere)."""
+    if facts is not None and facts.ib_hca is not None:
+        return hca_names(facts.ib_hca[0])(port.device, port.port)
+    if expect.link_layer != "any" and port.link_layer != expect.link_layer:
+        return False
+    if facts is not None and spare(port, facts):
+        return False
+    return port.near_gpu is not False
+
+
+def chosen_by(facts: RdmaFacts) -> str:
+    if facts.ib_hca is not None:
+        return f"NCCL_IB_HCA={facts.ib_hca[0]} ({facts.ib_hca[1]})"
+    if any(p.near_gpu is not None for p in facts.ports):
+        return "the profile's link_layer and a PCIe switch shared with a GPU"
+    return "the profile's link_layer (sysfs does not show which NICs sit beside the GPUs)"
