@@ -1,7 +1,7 @@
 """From settings to a Report: what `preflight run` is made of.
 
 settings (+ settings_view, the same file read without pydantic), profiles
-(+ profiles/*.toml), shape (the node's own shape), check (the interface every
+(+ profiles/*.toml, and profile_detect, which one `auto` picks), shape (the node's own shape), check (the interface every
 check implements), registry (checks from the `preflight.checks` entry
 points), plan (settings -> plan -> execute), runner (ordered, fail-fast, with
 deadlines), report (+ report_view, the lean reader, report_schema, its field tables,

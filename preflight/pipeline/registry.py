@@ -6,11 +6,13 @@ third-party plugin would be, so this module never imports a check by name.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import pkgutil
 import re
 import sys
 from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 
 import preflight
 from preflight.pipeline.check import Check, Context, Result
@@ -89,18 +91,27 @@ def load(name: str) -> Check:
         return BrokenPlugin(name, _moved(e) or e)
 
 
-def _moved(e: Exception) -> ModuleNotFoundError | None:
-    """The error again, naming where the module lives now, when a plugin imports one of
-    preflight's modules from an older place: preflight/ itself before 0.2.0, or the top of
-    readers/ or outputs/ before they were grouped in packages."""
+def _moved(e: Exception) -> ImportError | None:
+    """The error again, naming where the module or name lives now, when a plugin imports
+    one of preflight's modules from an older place (preflight/ itself before 0.2.0, or the
+    top of readers/ or outputs/ before they were grouped in packages), or a name from the
+    module it was split out of (`from preflight.gpuwork.ranks import judge_run`)."""
     missing = e.name if isinstance(e, ModuleNotFoundError) else None
-    if type(e) is ImportError and e.name and (named := re.match(r"cannot import name '(\w+)'", str(e))):
+    named = re.match(r"cannot import name '(\w+)'", str(e)) if type(e) is ImportError and e.name else None
+    if named:
         missing = f"{e.name}.{named.group(1)}"  # `from preflight.readers import nvml`: the module is no longer there
+    moved = _module_moved(e, missing)
+    if moved is None and named and (home := _defined_in(str(e.name), named.group(1))):
+        moved = ImportError(f"{e}: preflight moved it to {home}; change the plugin's import", name=e.name)
+        moved.__cause__ = e
+    return moved
+
+
+def _module_moved(e: Exception, missing: str | None) -> ModuleNotFoundError | None:
     if not missing or not missing.startswith("preflight.") or missing.count(".") > 2:
         return None
     parent, leaf = missing.rsplit(".", 1)
-    found = [m.name for m in pkgutil.walk_packages(preflight.__path__, "preflight.", onerror=lambda _: None)
-             if m.name.rsplit(".", 1)[1] == leaf and m.name != missing and not m.ispkg]
+    found = [m.name for m in _modules() if m.name.rsplit(".", 1)[1] == leaf and m.name != missing and not m.ispkg]
     # Where it went from its old place: under the same package first (outputs.history is
     # outputs.record.history, not cli.history), then anywhere.
     now = sorted(found, key=lambda name: (not name.startswith(parent + "."), name))
@@ -110,6 +121,47 @@ def _moved(e: Exception) -> ModuleNotFoundError | None:
     moved = ModuleNotFoundError(f"{said}: preflight moved it to {now[0]}; change the plugin's import", name=missing)
     moved.__cause__ = e
     return moved
+
+
+def _modules() -> list[pkgutil.ModuleInfo]:
+    return list(pkgutil.walk_packages(preflight.__path__, "preflight.", onerror=lambda _: None))
+
+
+def _defined_in(module: str, name: str) -> str | None:
+    """The module of preflight that defines ``name`` at its top level now that ``module`` does
+    not, one of the same package first: read from the source, nothing imported (only an import
+    that failed comes here)."""
+    if not module.startswith("preflight.") or not name.isidentifier() or name.startswith("_"):
+        return None
+    package = module.rsplit(".", 1)[0]
+    homes = []
+    for m in _modules():
+        if m.ispkg or m.name == module:
+            continue
+        spec = m.module_finder.find_spec(m.name.rsplit(".", 1)[1])  # type: ignore[call-arg]
+        if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+            continue
+        try:
+            tree = ast.parse(Path(spec.origin).read_text())
+        except (OSError, SyntaxError, ValueError):
+            continue
+        if name in _top_level(tree):
+            homes.append(m.name)
+    homes.sort(key=lambda home: (home.rsplit(".", 1)[0] != package, home))
+    return homes[0] if homes else None
+
+
+def _top_level(tree: ast.Module) -> set[str]:
+    """The names a module defines itself (not those it imports)."""
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
 
 
 def builtin() -> list[Check]:

@@ -61,6 +61,17 @@ def test_a_plugin_reading_nvml_from_the_top_of_readers_is_told_its_package(tmp_p
     assert moved is not None and "preflight moved it to preflight.outputs.record.history;" in str(moved)
 
 
+def test_a_plugin_importing_a_name_from_the_module_it_was_split_out_of_is_told_its_new_module(tmp_path, monkeypatch):
+    # writing-a-check.md once said `ranks.judge_run`: the judge now has a module of its own.
+    installed(tmp_path, monkeypatch, "judging_checks", "judges = judging_checks:Judges",
+              "from preflight.gpuwork.ranks import judge_run\n")
+    r = run_checks([registry.load("judges")], make_ctx()).results[0]
+    assert r.status is Status.ERROR
+    assert "cannot import name 'judge_run'" in r.summary and "preflight moved it to preflight.gpuwork.ranks_judge;" in r.summary, r.summary
+    # A name no module of preflight defines is the plain error, with no guess.
+    assert registry._moved(ImportError("cannot import name 'no_such_thing' from 'preflight.gpuwork.ranks'", name="preflight.gpuwork.ranks")) is None
+
+
 def test_a_plugin_whose_name_disagrees_with_its_entry_point_is_an_error(plugin):
     r = run_checks([registry.load("misnamed")], make_ctx()).results[0]
     assert r.status is Status.ERROR and "must agree" in r.summary
