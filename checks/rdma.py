@@ -132,13 +132,18 @@ class Rdma(Check):
         details["at_ceiling"] = {p.where: full for p in facts.ports if (full := at_ceiling(p))}  # growth unseen there
         details["compute_ports"] = {"chosen_by": chosen_by(facts), "ports": [p.where for p in facts.ports if compute(p, expect, facts)]}
         details["other_ports"] = other_ports(facts, expect)  # down or slower, but no compute port: not judged
+        judged = bool(gpus and expect.gpudirect and details["compute_ports"]["ports"])
         if not gpus or not expect.gpudirect:
             details["gpudirect"] = "not judged: " + ("no GPU on this node" if not gpus else f"profile {ctx.profile.name} does not expect GPUDirect RDMA")
+        elif not judged:  # judge_gpudirect looked at nothing: the summary must not vouch for it
+            details["gpudirect"] = f"not judged: no port carries the job's traffic ({expect.link_layer} expected; details.compute_ports)"
         findings = [f for found in parts.values() for f in found]
         up = sum(p.state_now == "ACTIVE" for p in facts.ports)
         ok = f"{up}/{len(facts.ports)} RDMA ports ACTIVE, no error counter grew in {facts.interval_seconds:g} s"
-        if gpus and expect.gpudirect:
+        if judged:
             ok += "; GPUDirect RDMA by " + ("nvidia-peermem" if facts.peermem or facts.memory_peers else "dma-buf")
+        elif gpus and expect.gpudirect:
+            ok += "; no port carries the job's traffic (details.compute_ports): GPUDirect RDMA not judged"
         if details["slow_symbol_errors"]:
             ok += f"; symbol_error grew on {len(details['slow_symbol_errors'])} port(s) within {expect.symbol_errors_per_second:g}/s (details.slow_symbol_errors)"
         if details["since_boot"]:

@@ -57,6 +57,12 @@ def build(node: Path, tree: Path, facts: dict) -> Path:
         shutil.copytree(HERE / "fixtures" / facts["tree"], tree, symlinks=True, dirs_exist_ok=True)
     for rel, text in facts["files"].items():
         _write(tree / rel, text)
+    for rel, target in facts.get("links", {}).items():  # sysfs's links (an RDMA device's `device`)
+        link = tree / rel
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(target)
     bin_dir = tree / "recorded-bin"
     for tool, answers in facts["tools"].items():
         _stand_in(bin_dir, tool, {args: node / capture for args, capture in answers.items()})
@@ -135,7 +141,211 @@ HGX_H100 = {
                  "fm-active.txt": lambda: "active\n"},
 }
 
-NODES = {"h200-1x-vm": H200_VM, "hgx-h100-8x": HGX_H100}
+
+# ---- node shapes built around a real `nvidia-smi topo -m` capture ------------------------------
+#
+# Each of the nodes below is a healthy node of the shape one capture of tests/fixtures/topo shows
+# (its INDEX.md and SOURCE.md say which machine printed it): that capture served byte for byte by the
+# `nvidia-smi topo -m` stand-in, the NVML facts a healthy node of that model and driver gives
+# (tests/fixtures/nvml/<name>.json), and the few files of /proc and /sys the checks read, written
+# here in the kernel's formats. tests/fixtures/node-shapes/SOURCE.md says where every value comes
+# from: the capture, the profile, a cited public capture, or "made for this test". The PCI entries
+# are flat directories, as in the two nodes above: the pcie check finds no bridge above them and
+# SKIPs, as it does for those.
+
+TOPO = HERE / "fixtures" / "topo"
+GEN4, GEN5 = "16.0 GT/s PCIe", "32.0 GT/s PCIe"
+# A port's PMA counters after some traffic: data moved, no error (as tests/fixtures/sysfs/make_hgx_h100.py writes them).
+PORT_COUNTERS = {"symbol_error": 0, "link_error_recovery": 0, "link_downed": 0, "port_rcv_errors": 0,
+                 "port_rcv_remote_physical_errors": 0, "local_link_integrity_errors": 0,
+                 "excessive_buffer_overrun_errors": 0, "port_xmit_discards": 0,
+                 "port_rcv_data": 1843392910, "port_xmit_data": 1843385322, "port_rcv_packets": 5512306, "port_xmit_packets": 5512290}
+ACTIVE, DOWN = ("4: ACTIVE", "5: LinkUp"), ("1: DOWN", "3: Disabled")  # sysfs `state`, `phys_state`
+
+
+def pci_device(addr: str, vendor: str, device: str, klass: str, node: int, cpus: str,
+               speed: str | None = None, width: int | None = None) -> dict[str, str]:
+    """A PCI device's sysfs entry, as the checks read it: ids, class, NUMA node (-1: the firmware
+    names none), local CPUs, and its link (current at the max) where it has one."""
+    d = f"sys/bus/pci/devices/{addr}"
+    out = {f"{d}/vendor": f"{vendor}\n", f"{d}/device": f"{device}\n", f"{d}/class": f"{klass}\n",
+           f"{d}/numa_node": f"{node}\n", f"{d}/local_cpulist": f"{cpus}\n"}
+    if speed and width:
+        out |= {f"{d}/current_link_speed": f"{speed}\n", f"{d}/max_link_speed": f"{speed}\n",
+                f"{d}/current_link_width": f"{width}\n", f"{d}/max_link_width": f"{width}\n"}
+    return out
+
+
+def rdma_device(name: str, addr: str, netdev: str, state: tuple[str, str], rate: str, layer: str) -> tuple[dict[str, str], dict[str, str]]:
+    """An RDMA device with one port (/sys/class/infiniband/NAME, Linux
+    Documentation/ABI/stable/sysfs-class-infiniband) and its netdev under the PCI device:
+    (files, links)."""
+    ib = f"sys/class/infiniband/{name}/ports/1"
+    files = {f"{ib}/state": f"{state[0]}\n", f"{ib}/phys_state": f"{state[1]}\n", f"{ib}/rate": f"{rate}\n",
+             f"{ib}/link_layer": f"{layer}\n", f"sys/bus/pci/devices/{addr}/net/{netdev}/operstate": "up\n" if state == ACTIVE else "down\n"}
+    files |= {f"{ib}/counters/{counter}": f"{value}\n" for counter, value in PORT_COUNTERS.items()}
+    return files, {f"sys/class/infiniband/{name}/device": f"../../../bus/pci/devices/{addr}"}
+
+
+def host_files(cpus: str, nodes: dict[int, str], mem_kib: tuple[int, int, int], shm_line: str, driver_line: str,
+               kernel: str, boot: str, gpus: list[str], model: str) -> dict[str, str]:
+    """What every node here shares the shape of: its CPUs and NUMA nodes (sysfs), this process's
+    cpuset and cgroup, /proc/meminfo (MemTotal, MemFree, MemAvailable in kB), its /dev/shm mount,
+    the driver's version banner and device nodes (a minor per GPU, in PCI order), the kernel's
+    release, and a clean boot's kernel log in /dev/kmsg's record format (kernel
+    Documentation/ABI/testing/dev-kmsg): the kernel's banner and the driver's load line."""
+    total, free, available = mem_kib
+    out = {
+        "sys/devices/system/cpu/online": f"{cpus}\n",
+        **{f"sys/devices/system/node/node{n}/cpulist": f"{c}\n" for n, c in nodes.items()},
+        "proc/self/status": f"Name:\tpreflight\nCpus_allowed_list:\t{cpus}\n",
+        "proc/self/cgroup": "0::/\n",
+        "proc/meminfo": f"MemTotal:       {total} kB\nMemFree:        {free} kB\nMemAvailable:   {available} kB\n",
+        "proc/self/mountinfo": ("22 1 0:21 / /proc rw,nosuid,nodev,noexec,relatime shared:5 - proc proc rw\n"
+                                "23 1 0:22 / /sys rw,nosuid,nodev,noexec,relatime shared:6 - sysfs sysfs rw\n" + shm_line),
+        "proc/driver/nvidia/version": driver_line,
+        "proc/sys/kernel/osrelease": f"{kernel}\n",
+        "dev/nvidiactl": "",
+    }
+    boot_log = [(6, 0, f"Linux version {kernel} {boot}")]
+    if "Open Kernel Module" not in driver_line:  # the proprietary module taints the kernel; the open one (Dual MIT/GPL) does not
+        boot_log.append((4, 4210511, "nvidia: module license 'NVIDIA' taints kernel."))
+    boot_log.append((6, 4387120, f"NVRM: loading {driver_line.split(': ', 1)[1].splitlines()[0].strip()}"))
+    out["dev/kmsg"] = "".join(f"{level},{seq},{usec},-;{text}\n" for seq, (level, usec, text) in enumerate(boot_log))
+    for minor, addr in enumerate(gpus):
+        out[f"dev/nvidia{minor}"] = ""
+        out[f"proc/driver/nvidia/gpus/{addr}/information"] = (f"Model: \t\t {model}\nBus Location: \t {addr}\n"
+                                                              f"Device Minor: \t {minor}\nGPU Excluded:\t No\n")
+    return out
+
+
+def joined(parts: list[tuple[dict[str, str], dict[str, str]] | dict[str, str]]) -> tuple[dict[str, str], dict[str, str]]:
+    """Files and links of several parts, joined."""
+    files: dict[str, str] = {}
+    links: dict[str, str] = {}
+    for part in parts:
+        more_files, more_links = part if isinstance(part, tuple) else (part, {})
+        files |= more_files
+        links |= more_links
+    return files, links
+
+
+# 2 x A100 PCIe 40GB on a two-socket host, one GPU and one InfiniBand NIC per NUMA node: Princeton
+# Della's della-i14g20 (tests/fixtures/topo/08), bare metal. CPUs 0-63 and 64-127 as the capture's
+# CPU Affinity column; PCI addresses made for this test, each NIC on its GPU's NUMA node behind
+# another host bridge (the capture's NODE). Driver R525: the capture's header has no GPU NUMA ID
+# column, which drivers from ~545 print.
+_A100_GPUS = ["0000:21:00.0", "0000:a1:00.0"]
+_A100_FILES, _A100_LINKS = joined([
+    host_files("0-127", {0: "0-63", 1: "64-127"}, (528012424, 519874120, 521305868),
+               "24 21 0:23 / /dev/shm rw,nosuid,nodev shared:4 - tmpfs tmpfs rw,seclabel\n",
+               "NVRM version: NVIDIA UNIX x86_64 Kernel Module  525.85.12  Sat Jan 28 02:10:06 UTC 2023\n"
+               "GCC version:  gcc version 8.5.0 20210514 (Red Hat 8.5.0-10) (GCC) \n",
+               "4.18.0-425.3.1.el8.x86_64", "(mockbuild@x86-vm-07.build.eng.bos.redhat.com) #1 SMP",
+               _A100_GPUS, "NVIDIA A100-PCIE-40GB"),
+    pci_device("0000:21:00.0", "0x10de", "0x20f1", "0x030200", 0, "0-63", GEN4, 16),
+    pci_device("0000:a1:00.0", "0x10de", "0x20f1", "0x030200", 1, "64-127", GEN4, 16),
+    pci_device("0000:41:00.0", "0x15b3", "0x101b", "0x020700", 0, "0-63", GEN4, 16),
+    pci_device("0000:c1:00.0", "0x15b3", "0x101b", "0x020700", 1, "64-127", GEN4, 16),
+    rdma_device("mlx5_0", "0000:41:00.0", "ibp65s0", ACTIVE, "100 Gb/sec (2X HDR)", "InfiniBand"),
+    rdma_device("mlx5_1", "0000:c1:00.0", "ibp193s0", ACTIVE, "100 Gb/sec (2X HDR)", "InfiniBand"),
+])
+A100_PCIE_2X = {
+    "nvml": "a100-pcie-2x.json",
+    "profile": "a100-pcie",
+    "shm_size": 264006212 * 1024,  # the kernel's default tmpfs: half of MemTotal
+    "files": _A100_FILES,
+    "links": _A100_LINKS,
+    "tools": {"nvidia-smi": {"topo -m": "topo-m.txt"}},
+    "captures": {"topo-m.txt": lambda: (TOPO / "08_a100-pcie-2x_no-nvlink_SYS_split-numa-0-1_2mlx5.txt").read_text()},
+}
+
+# DGX Spark: one GB10 (000F:01:00.0, the bus id every public `nvidia-smi` of a Spark prints), 20
+# CPUs on one NUMA node, and the ConnectX-7's four RDMA devices of tests/fixtures/topo/24 (each
+# QSFP port is two PCIe functions, one in domain 0000, one in domain 0002: the udev names say
+# where), RoCE, with one QSFP port cabled (both its halves ACTIVE at 200 Gb/s) and the other
+# unplugged (DOWN, Disabled), as `ibstat` printed them on a Dell Pro Max GB10
+# (geerlingguy/sbc-reviews#92). Driver 580: its `topo -m` header as driver 580 prints it.
+_GB10_GPU = "000f:01:00.0"
+_GB10_FILES, _GB10_LINKS = joined([
+    host_files("0-19", {0: "0-19"}, (125489508, 117236012, 119008644),
+               "27 23 0:26 / /dev/shm rw,nosuid,nodev shared:4 - tmpfs tmpfs rw,inode64\n",
+               "NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  580.126.09  Release Build  (dvs-builder@U22-I3-AM04-20-1)  Thu Jan 15 21:06:41 UTC 2026\n"
+               "GCC version:  gcc version 13.3.0 (Ubuntu 13.3.0-6ubuntu2~24.04) \n",
+               "6.17.0-1008-nvidia", "(buildd@bos03-arm64-041) #8-Ubuntu SMP PREEMPT_DYNAMIC",
+               [_GB10_GPU], "NVIDIA GB10"),
+    pci_device(_GB10_GPU, "0x10de", "0x2e12", "0x030000", 0, "0-19"),
+    *(pci_device(addr, "0x15b3", "0x1021", "0x020000", 0, "0-19", GEN5, 4)
+      for addr in ("0000:01:00.0", "0000:01:00.1", "0002:01:00.0", "0002:01:00.1")),
+    rdma_device("rocep1s0f0", "0000:01:00.0", "enp1s0f0np0", ACTIVE, "200 Gb/sec (4X HDR)", "Ethernet"),
+    rdma_device("rocep1s0f1", "0000:01:00.1", "enp1s0f1np1", DOWN, "40 Gb/sec (4X QDR)", "Ethernet"),
+    rdma_device("roceP2p1s0f0", "0002:01:00.0", "enP2p1s0f0np0", ACTIVE, "200 Gb/sec (4X HDR)", "Ethernet"),
+    rdma_device("roceP2p1s0f1", "0002:01:00.1", "enP2p1s0f1np1", DOWN, "40 Gb/sec (4X QDR)", "Ethernet"),
+])
+GB10_1X = {
+    "nvml": "gb10-1x.json",
+    "profile": "gb10",
+    "shm_size": 62744752 * 1024,  # the kernel's default tmpfs: half of MemTotal's pages
+    "files": _GB10_FILES,
+    "links": _GB10_LINKS,
+    "tools": {"nvidia-smi": {"topo -m": "topo-m-580.txt"}},
+    "captures": {"topo-m-580.txt": lambda: header_as_580((TOPO / "24_dgx-spark-gb10_1gpu_4-roce-nics_rocep-names_gpu-numa-id.txt").read_text())},
+}
+
+# 8 x H100 SXM on one NUMA node: the host of tests/fixtures/topo/02 boots with numa=off (its
+# /etc/default/grub, printed beside the matrix in the same notes), so the kernel keeps one node for
+# CPUs 0-191 and the devices' numa_node reads -1 (no firmware proximity is parsed). Twelve
+# ConnectX NICs named as the capture's NIC Legend, eight beside a GPU (PIX) and two dual-port cards
+# (mlx5_3/4, mlx5_9/10: the capture's NIC pairs at PIX); RoCE (the same notes run NCCL with
+# NCCL_IB_GID_INDEX=3, a RoCE v2 GID), every port ACTIVE. The GPUs, NVSwitches and NIC addresses
+# are made for this test (the DGX H100's GPU bus ids, NICs in PCI order so the kernel's names come
+# out as the capture's); the hgx-h100 sysfs tree is not reused: its two NUMA nodes and its NIC
+# layout are tests/fixtures/topo/03's, not this capture's. NVML: the healthy HGX node on driver 570,
+# fabric registered; systemd says the fabric manager is active.
+_H100_GPUS = ["0000:1b:00.0", "0000:43:00.0", "0000:52:00.0", "0000:61:00.0", "0000:9d:00.0", "0000:c3:00.0", "0000:d1:00.0", "0000:df:00.0"]
+# RDMA device -> (PCI address, netdev, rate): the capture's NIC order is PCI order
+_H100_NICS = {
+    "mlx5_0": ("0000:18:00.0", "enp24s0np0", "400 Gb/sec (4X NDR)"),  # PIX to GPU0
+    "mlx5_1": ("0000:40:00.0", "enp64s0np0", "400 Gb/sec (4X NDR)"),  # GPU1
+    "mlx5_2": ("0000:4f:00.0", "enp79s0np0", "400 Gb/sec (4X NDR)"),  # GPU2
+    "mlx5_3": ("0000:54:00.0", "enp84s0f0np0", "200 Gb/sec (4X HDR)"),  # dual-port card
+    "mlx5_4": ("0000:54:00.1", "enp84s0f1np1", "200 Gb/sec (4X HDR)"),
+    "mlx5_5": ("0000:5e:00.0", "enp94s0np0", "400 Gb/sec (4X NDR)"),  # GPU3
+    "mlx5_6": ("0000:9a:00.0", "enp154s0np0", "400 Gb/sec (4X NDR)"),  # GPU4
+    "mlx5_7": ("0000:c0:00.0", "enp192s0np0", "400 Gb/sec (4X NDR)"),  # GPU5
+    "mlx5_8": ("0000:ce:00.0", "enp206s0np0", "400 Gb/sec (4X NDR)"),  # GPU6
+    "mlx5_9": ("0000:d5:00.0", "enp213s0f0np0", "200 Gb/sec (4X HDR)"),  # dual-port card
+    "mlx5_10": ("0000:d5:00.1", "enp213s0f1np1", "200 Gb/sec (4X HDR)"),
+    "mlx5_11": ("0000:dc:00.0", "enp220s0np0", "400 Gb/sec (4X NDR)"),  # GPU7
+}
+_H100_1NUMA_FILES, _H100_1NUMA_LINKS = joined([
+    host_files("0-191", {0: "0-191"}, (2113362216, 2090000000, 2095000000),
+               "24 98 0:23 / /dev/shm rw,nosuid,nodev shared:4 - tmpfs tmpfs rw,seclabel,inode64\n",
+               "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.133.20  Release Build  (dvs-builder@U16-I3-B03-4-3)  Fri Mar 14 13:22:30 UTC 2025\n"
+               "GCC version:  gcc version 11.5.0 20240719 (Red Hat 11.5.0-2) (GCC) \n",
+               "5.14.0-503.14.1.el9_5.x86_64", "(mockbuild@x64-builder02.almalinux.org) #1 SMP PREEMPT_DYNAMIC",
+               _H100_GPUS, "NVIDIA H100 80GB HBM3"),
+    {"proc/cmdline": "BOOT_IMAGE=(hd0,gpt2)/vmlinuz-5.14.0-503.14.1.el9_5.x86_64 root=/dev/mapper/rootvg-lvroot ro "
+                     "ipv6.disable=1 selinux=0 audit=1 tsx=auto slab_nomerge numa=off rd.driver.blacklist=nouveau\n"},
+    *(pci_device(addr, "0x10de", "0x2330", "0x030200", -1, "0-191", GEN5, 16) for addr in _H100_GPUS),
+    # the board's four NVSwitches, NVIDIA bridges (class 0x0680): the only facts of theirs the fabric check reads
+    *(pci_device(f"0000:0{bus}:00.0", "0x10de", "0x22a3", "0x068000", -1, "0-191") for bus in (5, 6, 7, 8)),
+    *(pci_device(addr, "0x15b3", "0x1021", "0x020000", -1, "0-191", GEN5, 16) for addr, _, _ in _H100_NICS.values()),
+    *(rdma_device(name, addr, netdev, ACTIVE, rate, "Ethernet") for name, (addr, netdev, rate) in _H100_NICS.items()),
+])
+H100_SXM_8X_1NUMA = {
+    "nvml": "h100-sxm-8x-1numa.json",
+    "profile": "h100-sxm",
+    "shm_size": 1056681108 * 1024,  # the kernel's default tmpfs: half of MemTotal
+    "files": _H100_1NUMA_FILES,
+    "links": _H100_1NUMA_LINKS,
+    "tools": {"nvidia-smi": {"topo -m": "topo-m.txt"}, "systemctl": {"is-active nvidia-fabricmanager": "fm-active.txt"}},
+    "captures": {"topo-m.txt": lambda: (TOPO / "02_h100-sxm-8x_nv18_12nic_single-numa-0-191_gpu-numa-id.txt").read_text(),
+                 "fm-active.txt": lambda: "active\n"},
+}
+
+NODES = {"h200-1x-vm": H200_VM, "hgx-h100-8x": HGX_H100, "a100-pcie-2x": A100_PCIE_2X, "gb10-1x": GB10_1X,
+         "h100-sxm-8x-1numa": H100_SXM_8X_1NUMA}
 
 
 def main() -> int:

@@ -8,7 +8,10 @@ it (shm: a tmpfs larger than RAM, the VM's own default). A correct preflight
 passes it at every level with no WARN; the only FAIL a replay may show is
 that its NVML facts are a recording ("NVML facts are FAKE", the `source`
 part). The same holds for the recorded 8 x H100 HGX with its `topo -m` header
-as driver 580 prints it.
+as driver 580 prints it, and for the node shapes built around a real `topo -m`
+capture of tests/fixtures/topo (2 x A100 PCIe on two sockets, a DGX Spark, 8 x
+H100 SXM on one NUMA node): each is a healthy node of its shape, its facts cited
+in tests/fixtures/node-shapes/SOURCE.md.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ REPLAY = HERE / "recorded_node.py"
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the replay mounts a tmpfs in a private mount namespace (unshare -m): root only")
 
 READING = "topology,pcie,rdma,fabric,firmware,shm"  # the standard level's checks that start no GPU work
+QUICK = ["cuda", "topology", "pcie", "rdma", "fabric", "firmware", "shm"]  # the quick level's checks, in order
 
 
 def replay(node: str, tmp_path: Path, level: str, only: str = "", config: str = "") -> dict:
@@ -112,3 +116,109 @@ def test_the_hgx_h100_with_a_driver_580_header_passes_the_quick_level_with_no_wa
 def test_the_hgx_h100_passes_the_standard_levels_reading_checks_with_no_warn(tmp_path):
     report = replay("hgx-h100-8x", tmp_path, "standard", only=READING)
     assert findings(report) == []
+
+
+# ---- node shapes around a real `nvidia-smi topo -m` capture (tests/fixtures/node-shapes/SOURCE.md) ----
+# Their PCI entries are flat, as the two nodes' above: no bridge shows above a GPU, so pcie SKIPs.
+
+
+def _placement(matrix: dict) -> list[tuple]:
+    return [(g["cpu_affinity"], g["numa_affinity"], g["gpu_numa_id"]) for g in matrix["gpus"]]
+
+
+def test_two_a100_pcie_on_two_sockets_pass_the_quick_level_with_no_warn(tmp_path):
+    report = replay("a100-pcie-2x", tmp_path, "quick")
+    assert findings(report) == []
+    checks = by_name(report)
+    assert [c["check"] for c in report["checks"]] == QUICK
+    shape = report["shape"]
+    assert (shape["gpus"], shape["fabric"], shape["nics"]) == (2, "pcie", ["mlx5_0", "mlx5_1"])
+    assert checks["fabric"]["status"] == "SKIP" and "not built on an NVSwitch board" in checks["fabric"]["summary"]
+    assert checks["pcie"]["status"] == "SKIP" and "not visible" in checks["pcie"]["summary"]
+    # della-i14g20's matrix (topo/08): one GPU per socket, SYS between them, an mlx5 beside each
+    matrix = checks["topology"]["details"]["matrix"]
+    assert matrix is not None, checks["topology"]["details"].get("matrix_error")
+    assert _placement(matrix) == [("0-63", "0", None), ("64-127", "1", None)]
+    assert matrix["links"] == {"0-1": "SYS"} and matrix["nics"] == ["mlx5_0", "mlx5_1"]
+    # two NUMA nodes is this board's design (a100-pcie's numa_warn_above = 2): no finding, and the advice pins each rank
+    assert checks["topology"]["details"]["parts"]["numa"] == "PASS" and checks["topology"]["details"]["advice"]["bind"] is True
+    assert checks["rdma"]["status"] == "PASS" and checks["rdma"]["summary"].startswith("2/2 RDMA ports ACTIVE")
+    assert checks["rdma"]["details"]["compute_ports"]["ports"] == ["mlx5_0 port 1", "mlx5_1 port 1"]
+    shm = checks["shm"]
+    assert shm["status"] == "PASS" and shm["details"]["size_bytes"] == 264006212 * 1024
+
+
+def test_two_a100_pcie_on_two_sockets_pass_the_standard_levels_reading_checks_with_no_warn(tmp_path):
+    report = replay("a100-pcie-2x", tmp_path, "standard", only=READING)
+    assert findings(report) == []
+    shm = by_name(report)["shm"]
+    assert shm["status"] == "PASS" and shm["details"]["segment_bytes"] == 64 << 20
+    assert shm["summary"].endswith("; floor 4 GiB: the profile's 16 GiB for 8 GPUs' ranks, this node gives the run 2")
+
+
+def test_the_dgx_spark_passes_the_quick_level_with_no_warn(tmp_path):
+    report = replay("gb10-1x", tmp_path, "quick")
+    assert findings(report) == []
+    checks = by_name(report)
+    assert [c["check"] for c in report["checks"]] == QUICK
+    shape = report["shape"]
+    assert (shape["gpus"], shape["fabric"], shape["slots"]) == (1, "single", ["000f:01:00.0"])
+    # NVML says nothing of GB10's memory, ECC or power cap (unified memory): unknown, never a finding
+    assert checks["cuda"]["details"]["parts"]["inventory"] == "PASS"
+    assert checks["fabric"]["status"] == "SKIP" and "not built on an NVSwitch board" in checks["fabric"]["summary"]
+    # topo/24 with its header as driver 580 prints it: one GPU on CPUs 0-19, four RoCE devices by their udev names
+    matrix = checks["topology"]["details"]["matrix"]
+    assert matrix is not None, checks["topology"]["details"].get("matrix_error")
+    assert _placement(matrix) == [("0-19", "0", None)] and matrix["links"] == {}
+    assert matrix["nics"] == ["rocep1s0f0", "rocep1s0f1", "roceP2p1s0f0", "roceP2p1s0f1"]
+    # one QSFP port cabled (its two halves ACTIVE), the other unplugged: RoCE ports are no compute port of the gb10
+    # profile, so the unplugged pair is reported, not judged, and GPUDirect RDMA is not asked for
+    rdma = checks["rdma"]
+    assert rdma["status"] == "PASS" and rdma["summary"].startswith("2/4 RDMA ports ACTIVE")
+    assert rdma["details"]["compute_ports"]["ports"] == []
+    assert sorted(rdma["details"]["other_ports"]) == ["roceP2p1s0f1 port 1 (Ethernet) DOWN (physical state Disabled)",
+                                                      "rocep1s0f1 port 1 (Ethernet) DOWN (physical state Disabled)"]
+    assert rdma["details"]["gpudirect"] == "not judged: profile gb10 does not expect GPUDirect RDMA"
+    shm = checks["shm"]
+    assert shm["status"] == "PASS" and shm["details"]["size_bytes"] == 62744752 * 1024
+
+
+def test_the_dgx_spark_passes_the_standard_levels_reading_checks_with_no_warn(tmp_path):
+    report = replay("gb10-1x", tmp_path, "standard", only=READING)
+    assert findings(report) == []
+    shm = by_name(report)["shm"]
+    # gb10's 2 GiB floor is for its one GPU already: not scaled
+    assert shm["status"] == "PASS" and "; memory for the 2 GiB floor: " in shm["summary"] and "; floor " not in shm["summary"]
+
+
+def test_eight_h100_sxm_on_one_numa_node_pass_the_quick_level_with_no_warn(tmp_path):
+    report = replay("h100-sxm-8x-1numa", tmp_path, "quick")
+    assert findings(report) == []
+    checks = by_name(report)
+    assert [c["check"] for c in report["checks"]] == QUICK
+    shape = report["shape"]
+    assert (shape["gpus"], shape["fabric"], shape["nvswitches"], len(shape["nics"])) == (8, "nvswitch", 4, 12)
+    # topo/02: every pair NV18, every GPU on CPUs 0-191 and NUMA node 0 (numa=off), its own NIC at PIX
+    matrix = checks["topology"]["details"]["matrix"]
+    assert matrix is not None, checks["topology"]["details"].get("matrix_error")
+    assert set(matrix["links"].values()) == {"NV18"} and len(matrix["links"]) == 28
+    assert _placement(matrix) == [("0-191", "0", None)] * 8
+    assert matrix["nearest_nics"] == {"0": ["mlx5_0"], "1": ["mlx5_1"], "2": ["mlx5_2"], "3": ["mlx5_5"],
+                                      "4": ["mlx5_6"], "5": ["mlx5_7"], "6": ["mlx5_8"], "7": ["mlx5_11"]}
+    topology = checks["topology"]["details"]
+    assert all(topology["parts"][p] == "PASS" for p in ("nvlink", "numa", "nics", "cpus", "agreement"))
+    assert topology["advice"]["bind"] is False  # one NUMA node: nothing to pin
+    fabric = checks["fabric"]["details"]
+    assert fabric["parts"] == {"gpus": "PASS", "nvswitches": "PASS", "manager": "PASS", "source": "FAIL"}
+    assert checks["rdma"]["status"] == "PASS" and checks["rdma"]["summary"].startswith("12/12 RDMA ports ACTIVE")
+    # RoCE where the profile expects InfiniBand: no compute port, so GPUDirect RDMA is neither judged nor claimed.
+    assert "GPUDirect RDMA not judged" in checks["rdma"]["summary"] and "GPUDirect RDMA by" not in checks["rdma"]["summary"]
+    assert checks["rdma"]["details"]["gpudirect"].startswith("not judged: no port carries the job's traffic")
+    assert checks["shm"]["status"] == "PASS"
+
+
+def test_eight_h100_sxm_on_one_numa_node_pass_the_standard_levels_reading_checks_with_no_warn(tmp_path):
+    report = replay("h100-sxm-8x-1numa", tmp_path, "standard", only=READING)
+    assert findings(report) == []
+    shm = by_name(report)["shm"]
+    assert shm["status"] == "PASS" and "; memory for the 16 GiB floor: " in shm["summary"]

@@ -280,6 +280,21 @@ def test_nics_beside_the_gpus_are_the_compute_ports_in_a_recorded_tree(tmp_path)
     assert [x.summary for x in rdma_judges.judge_ports(f, H100.rdma)] == ["mlx5_0 port 1 at 200 Gb/sec (4X HDR), 400 Gb/sec expected"]
 
 
+def test_ports_of_another_link_layer_leave_gpudirect_unjudged_and_unclaimed(root):
+    # RoCE where the profile expects InfiniBand: no port carries the job's traffic as the profile
+    # knows it, so nothing vouches for GPUDirect RDMA, even where it could not work.
+    for dev in (root / IB).iterdir():
+        edit(root, f"{IB}/{dev.name}/ports/1/link_layer", "Ethernet")
+    shutil.rmtree(root / "sys/module/nvidia_peermem")
+    edit(root, "proc/modules", "")
+    res = run(root)
+    assert res.status == PASS, res.cause
+    assert "GPUDirect RDMA by" not in res.summary
+    assert res.summary.endswith("; no port carries the job's traffic (details.compute_ports): GPUDirect RDMA not judged"), res.summary
+    assert res.details["compute_ports"]["ports"] == []
+    assert res.details["gpudirect"].startswith("not judged: no port carries the job's traffic (InfiniBand expected")
+
+
 def test_peermem_seen_in_proc_modules_alone(root):
     shutil.rmtree(root / "sys/module/nvidia_peermem")
     assert ibports.gather(Host(root), 3, lambda s: None).peermem == ["nvidia_peermem"]
