@@ -168,7 +168,7 @@ def judge_manager(m: Manager, inv: Inventory, registered: bool, gpus_judged: boo
         # A completed registration proves a manager programmed the switches; in a shared-NVSwitch
         # VM it runs on the host, so not seeing it here is no fault.
         return [], None, (f"nvidia-fabricmanager not seen here ({m.how}), but every GPU's fabric registration completed: "
-                          "a fabric manager (on the host, where this is a VM) did its work")
+                          "a fabric manager (on the host, where this is a VM or a container) did its work")
     if no_switch:
         return [], f"{no_switch}; the fabric manager runs where the switches are", None
     fix = START_FM.format(driver=inv.driver_version)

@@ -33,9 +33,11 @@ def _write(path: Path, text: str) -> None:
     path.write_text(text)
 
 
-def _stand_in(bin_dir: Path, name: str, answers: dict[str, Path]) -> None:
-    """``name`` on PATH answering each recorded argument string with its capture, bytes untouched."""
-    cases = "".join(f'  "{args}") exec cat "{capture}";;\n' for args, capture in answers.items())
+def _stand_in(bin_dir: Path, name: str, answers: dict[str, Path | tuple[Path, int]]) -> None:
+    """``name`` on PATH answering each recorded argument string with its capture, bytes untouched;
+    a (capture, status) answer is a tool that failed there: the capture on stderr, that exit status."""
+    cases = "".join(f'  "{args}") exec cat "{capture}";;\n' if isinstance(capture, Path) else
+                    f'  "{args}") cat "{capture[0]}" >&2; exit {capture[1]};;\n' for args, capture in answers.items())
     _write(bin_dir / name, f'#!/bin/sh\ncase "$*" in\n{cases}  *) echo "recorded {name}: \'$*\' was not recorded" >&2; exit 64;;\nesac\n')
     (bin_dir / name).chmod(0o755)
 
@@ -49,6 +51,60 @@ def header_as_580(capture: str) -> str:
     lead = head[: len(head) - len(head.lstrip("\t "))]
     lines[at] = f"{lead}\x1b[4m{head[len(lead):]}\x1b[0m"
     return "\n".join(lines)
+
+
+def _cpu_set(text: str) -> set[int]:
+    out: set[int] = set()
+    for part in filter(None, text.split(",")):
+        lo, _, hi = part.partition("-")
+        out |= set(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def _cpu_list(cpus: set[int]) -> str:
+    runs: list[list[int]] = []
+    for c in sorted(cpus):
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(f"{lo}-{hi}" if hi > lo else f"{lo}" for lo, hi in runs)
+
+
+def cut_topo(capture: str, gpus: list[int], nics: list[int], cpuset: str) -> str:
+    """A `topo -m` capture as a process given some of the node's GPUs and NICs sees it: the rows
+    and columns of those GPUs and NICs kept (numbered from 0 again, in order, the NIC Legend too),
+    every other cell as it was, tabs and empty cells included; and each GPU's CPU Affinity cut to
+    ``cpuset``, the caller's, as nvidia-smi prints it inside one (rapidsai/dask-cuda#1381: inside
+    `srun -c32` on a two-socket node GPUs 0-3 read "0-15,56-71", the job's CPUs, and GPUs 4-7,
+    on the socket the job has no CPU of, an empty cell)."""
+    lines = capture.split("\n")
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("GPU0"))
+    head = lines[at]
+    lead = head[: len(head) - len(head.lstrip("\t "))]
+    names = head[len(lead):].split("\t")
+    devices = [n for n in names if n[:3] in ("GPU", "NIC") and n[3:].isdigit()]
+    keep = [devices.index(f"GPU{g}") for g in gpus] + [devices.index(f"NIC{n}") for n in nics]
+    rename = {devices[k]: f"{devices[k][:3]}{i if devices[k].startswith('GPU') else i - len(gpus)}" for i, k in enumerate(keep)}
+    allowed = _cpu_set(cpuset)
+    out = lines[:at] + [lead + "\t".join([rename[devices[k]] for k in keep] + names[len(devices):])]
+    for line in lines[at + 1:]:
+        cells = line.split("\t")
+        if cells[0] in devices:  # a row of the matrix: its label, a cell per device, then the affinity columns
+            if cells[0] not in rename:
+                continue
+            tail = cells[1 + len(devices):]
+            if cells[0].startswith("GPU") and tail and tail[0]:
+                tail[0] = _cpu_list(_cpu_set(tail[0]) & allowed)
+            out.append("\t".join([rename[cells[0]]] + [cells[1 + k] for k in keep] + tail))
+            continue
+        legend = line.strip().split(":", 1)[0]
+        if legend.startswith("NIC") and legend[3:].isdigit() and legend in devices:  # "  NIC0: mlx5_0"
+            if legend in rename:
+                out.append(line.replace(legend + ":", rename[legend] + ":", 1))
+            continue
+        out.append(line)
+    return "\n".join(out)
 
 
 def build(node: Path, tree: Path, facts: dict) -> Path:
@@ -65,7 +121,8 @@ def build(node: Path, tree: Path, facts: dict) -> Path:
         link.symlink_to(target)
     bin_dir = tree / "recorded-bin"
     for tool, answers in facts["tools"].items():
-        _stand_in(bin_dir, tool, {args: node / capture for args, capture in answers.items()})
+        _stand_in(bin_dir, tool, {args: node / capture if isinstance(capture, str) else (node / capture[0], capture[1])
+                                  for args, capture in answers.items()})
     (tree / "dev" / "shm").mkdir(parents=True, exist_ok=True)
     return bin_dir
 
@@ -344,8 +401,110 @@ H100_SXM_8X_1NUMA = {
                  "fm-active.txt": lambda: "active\n"},
 }
 
+# A Kubernetes pod given 2 of an HGX H100 8-GPU board's GPUs by the NVIDIA device plugin, as the pod
+# sees it: containerd with the NVIDIA Container Toolkit's hook (libnvidia-container), cgroup v2 in its
+# own cgroup namespace. The board is tests/fixtures/topo/03's, laid out as the hgx-h100 sysfs tree
+# writes it (make_hgx_h100.py: two NUMA nodes, GPUs 1b/43/52/61 on node 0, twelve ConnectX-7); the
+# pod holds its GPU 0 and 1 (1b, 43: device minors 0 and 1) and their NICs mlx5_0 and mlx5_1 (PIX to
+# them), 24 CPUs of node 0 (the static CPU manager's whole cores) and a 16Gi memory-backed emptyDir
+# at /dev/shm. What a pod sees of the host: sysfs's whole PCI bus (every GPU, NVSwitch and NIC of
+# the board), the NUMA nodes, /proc/meminfo and /proc/modules; of the rest only its own: /dev holds
+# its two GPUs' nodes, /proc/driver/nvidia a tmpfs with the driver's version and its two GPUs'
+# entries (libnvidia-container's mount_procfs, mount_procfs_gpu), /sys/class/infiniband the RDMA
+# devices moved into its network namespace (RDMA netns exclusive mode), /sys/fs/cgroup its own
+# cgroup. No /dev/kmsg (not among a container's devices) and no CAP_SYSLOG: dmesg is refused, the
+# Xid scan is not judged. No systemd, and the fabric manager runs on the host: every GPU's fabric
+# registration completed says it did its work. tests/fixtures/node-shapes/SOURCE.md cites each fact.
+_HGX_NODE_CPUS = {0: "0-55,112-167", 1: "56-111,168-223"}
+_HGX_GPUS = {"0000:1b:00.0": 0, "0000:43:00.0": 0, "0000:52:00.0": 0, "0000:61:00.0": 0,
+             "0000:9d:00.0": 1, "0000:c3:00.0": 1, "0000:d1:00.0": 1, "0000:df:00.0": 1}
+# RDMA device -> (PCI address, NUMA node, PCI class): the hgx-h100 tree's (make_hgx_h100.py NICS)
+_HGX_NICS = {
+    "mlx5_0": ("0000:18:00.0", 0, "0x020700"), "mlx5_1": ("0000:40:00.0", 0, "0x020700"),
+    "mlx5_2": ("0000:4f:00.0", 0, "0x020700"), "mlx5_3": ("0000:5e:00.0", 0, "0x020700"),
+    "mlx5_4": ("0000:29:00.0", 0, "0x020000"), "mlx5_5": ("0000:29:00.1", 0, "0x020000"),
+    "mlx5_6": ("0000:9a:00.0", 1, "0x020700"), "mlx5_7": ("0000:c0:00.0", 1, "0x020700"),
+    "mlx5_8": ("0000:ce:00.0", 1, "0x020700"), "mlx5_9": ("0000:dc:00.0", 1, "0x020700"),
+    "mlx5_10": ("0000:aa:00.0", 1, "0x020000"), "mlx5_11": ("0000:aa:00.1", 1, "0x020000"),
+}
+_POD_GPUS = ["0000:1b:00.0", "0000:43:00.0"]
+_POD_CPUSET = "1-12,113-124"  # 12 cores of node 0 and their hyperthread siblings (CPU n and n+112)
+_POD_UID = "6b0f6c7e-3d2a-4c55-9a0e-5f2d8c41a7b3"
+_POD_SANDBOX = "/var/lib/containerd/io.containerd.grpc.v1.cri/sandboxes/3f9d0e6b8a4c"
+_SNAPSHOTS = "/var/lib/containerd/io.containerd.snapshotter.v1.overlayfs/snapshots"
+_POD_MOUNTINFO = (
+    f"1813 1602 0:412 / / rw,relatime master:981 - overlay overlay rw,lowerdir={_SNAPSHOTS}/4127/fs:{_SNAPSHOTS}/4126/fs:"
+    f"{_SNAPSHOTS}/4125/fs,upperdir={_SNAPSHOTS}/4391/fs,workdir={_SNAPSHOTS}/4391/work\n"
+    "1814 1813 0:415 / /proc rw,nosuid,nodev,noexec,relatime - proc proc rw\n"
+    "1815 1813 0:416 / /dev rw,nosuid - tmpfs tmpfs rw,size=65536k,mode=755,inode64\n"
+    "1816 1815 0:417 / /dev/pts rw,nosuid,noexec,relatime - devpts devpts rw,gid=5,mode=620,ptmxmode=666\n"
+    "1817 1815 0:401 / /dev/mqueue rw,nosuid,nodev,noexec,relatime - mqueue mqueue rw\n"
+    "1818 1813 0:404 / /sys ro,nosuid,nodev,noexec,relatime - sysfs sysfs ro\n"
+    "1819 1818 0:30 / /sys/fs/cgroup ro,nosuid,nodev,noexec,relatime - cgroup2 cgroup rw,nsdelegate,memory_recursiveprot\n"
+    "1820 1815 0:398 / /dev/shm rw,relatime - tmpfs tmpfs rw,size=16777216k,inode64\n"
+    f"1821 1813 259:2 /var/lib/kubelet/pods/{_POD_UID}/etc-hosts /etc/hosts rw,relatime - ext4 /dev/nvme0n1p2 rw\n"
+    f"1822 1815 259:2 /var/lib/kubelet/pods/{_POD_UID}/containers/trainer/5c2e91d0 /dev/termination-log rw,relatime - ext4 /dev/nvme0n1p2 rw\n"
+    f"1823 1813 259:2 {_POD_SANDBOX}/hostname /etc/hostname rw,relatime - ext4 /dev/nvme0n1p2 rw\n"
+    f"1824 1813 259:2 {_POD_SANDBOX}/resolv.conf /etc/resolv.conf rw,relatime - ext4 /dev/nvme0n1p2 rw\n"
+    "1825 1813 0:397 / /run/secrets/kubernetes.io/serviceaccount ro,relatime - tmpfs tmpfs rw,size=419430400k,inode64\n"
+    "1826 1814 0:418 / /proc/driver/nvidia rw,nosuid,nodev,noexec,relatime - tmpfs tmpfs rw,mode=555,inode64\n"
+    "1827 1815 0:5 /nvidiactl /dev/nvidiactl ro,nosuid,noexec,relatime - devtmpfs udev rw,size=1056681108k,nr_inodes=264170277,mode=755,inode64\n"
+    "1828 1815 0:5 /nvidia-uvm /dev/nvidia-uvm ro,nosuid,noexec,relatime - devtmpfs udev rw,size=1056681108k,nr_inodes=264170277,mode=755,inode64\n"
+    "1829 1815 0:5 /nvidia0 /dev/nvidia0 ro,nosuid,noexec,relatime - devtmpfs udev rw,size=1056681108k,nr_inodes=264170277,mode=755,inode64\n"
+    "1830 1826 0:22 /driver/nvidia/gpus/0000:1b:00.0 /proc/driver/nvidia/gpus/0000:1b:00.0 ro,nosuid,nodev,noexec,relatime - proc proc rw\n"
+    "1831 1815 0:5 /nvidia1 /dev/nvidia1 ro,nosuid,noexec,relatime - devtmpfs udev rw,size=1056681108k,nr_inodes=264170277,mode=755,inode64\n"
+    "1832 1826 0:22 /driver/nvidia/gpus/0000:43:00.0 /proc/driver/nvidia/gpus/0000:43:00.0 ro,nosuid,nodev,noexec,relatime - proc proc rw\n"
+)
+_POD_FILES, _POD_LINKS = joined([
+    # the host's share: its CPUs and NUMA nodes, meminfo, the driver, the kernel; the pod's two GPUs' device nodes and entries
+    host_files("0-223", _HGX_NODE_CPUS, (2113362216, 2031847204, 2072950112),
+               "", "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.133.20  Release Build  (dvs-builder@U16-I3-B03-4-3)  Fri Mar 14 13:22:30 UTC 2025\n"
+               "GCC version:  gcc version 11.4.0 (Ubuntu 11.4.0-1ubuntu1~22.04) \n",
+               "5.15.0-105-generic", "(buildd@lcy02-amd64-007) #115-Ubuntu SMP", _POD_GPUS, "NVIDIA H100 80GB HBM3"),
+    {   # the pod's own: its cpuset, its mounts, its cgroup (the namespace's root: its container's cgroup)
+        "proc/self/status": f"Name:\tpreflight\nCpus_allowed_list:\t{_POD_CPUSET}\nMems_allowed_list:\t0-1\n",
+        "proc/self/mountinfo": _POD_MOUNTINFO,
+        "dev/nvidia-uvm": "",
+        "sys/fs/cgroup/cgroup.controllers": "cpuset cpu io memory hugetlb pids rdma misc\n",
+        "sys/fs/cgroup/cpu.max": "2400000 100000\n",
+        "sys/fs/cgroup/cpuset.cpus.effective": f"{_POD_CPUSET}\n",
+        "sys/fs/cgroup/cpuset.mems.effective": "0-1\n",
+        "sys/fs/cgroup/memory.max": f"{400 << 30}\n",
+        "sys/fs/cgroup/memory.current": f"{3 << 30}\n",
+        "sys/fs/cgroup/memory.stat": (f"anon {1 << 30}\nfile {2 << 30}\nkernel {64 << 20}\nshmem 0\n"
+                                      f"active_anon {1 << 30}\ninactive_anon 0\nactive_file {512 << 20}\ninactive_file {1536 << 20}\n"),
+        # the host's modules (/proc/modules is not namespaced): the open driver, no peer-memory module: GPUDirect RDMA by dma-buf
+        "proc/modules": ("nvidia_uvm 2076672 4 - Live 0x0000000000000000 (OE)\n"
+                         "nvidia 11718656 310 nvidia_uvm, Live 0x0000000000000000 (OE)\n"
+                         "mlx5_ib 483328 0 - Live 0x0000000000000000 (OE)\n"
+                         "ib_core 499712 9 mlx5_ib, Live 0x0000000000000000 (OE)\n"),
+        "sys/module/nvidia/version": "570.133.20\n",
+        # the board's four NVSwitches (class 0x0680): the only facts of theirs the fabric check reads
+        **{f"sys/bus/pci/devices/0000:0{bus}:00.0/{name}": value
+           for bus in (5, 6, 7, 8) for name, value in (("vendor", "0x10de\n"), ("class", "0x068000\n"))},
+    },
+    *(pci_device(addr, "0x10de", "0x2330", "0x030200", node, _HGX_NODE_CPUS[node], GEN5, 16) for addr, node in _HGX_GPUS.items()),
+    *(pci_device(addr, "0x15b3", "0x1021", klass, node, _HGX_NODE_CPUS[node], GEN5, 16) for addr, node, klass in _HGX_NICS.values()),
+    rdma_device("mlx5_0", "0000:18:00.0", "ibp24s0", ACTIVE, "400 Gb/sec (4X NDR)", "InfiniBand"),
+    rdma_device("mlx5_1", "0000:40:00.0", "ibp64s0", ACTIVE, "400 Gb/sec (4X NDR)", "InfiniBand"),
+])
+del _POD_FILES["dev/kmsg"]  # a container's /dev has no kmsg (containerd's default devices)
+H100_SXM_POD_2OF8 = {
+    "nvml": "h100-sxm-pod-2of8.json",
+    "profile": "h100-sxm",
+    "shm_size": 16 << 30,  # the emptyDir's sizeLimit: 16Gi
+    "files": _POD_FILES,
+    "links": _POD_LINKS,
+    "environ": {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443", "HOSTNAME": "trainer-0",
+                "NVIDIA_VISIBLE_DEVICES": "GPU-5c1b0c7e-8f2a-4d3b-9e6a-000000000000,GPU-5c1b0c7e-8f2a-4d3b-9e6a-000000000001"},
+    "tools": {"nvidia-smi": {"topo -m": "topo-m-580.txt"}, "dmesg": {"": ("dmesg-denied.txt", 1)}},
+    "captures": {"topo-m-580.txt": lambda: header_as_580(cut_topo((TOPO / "03_h100-sxm-8x_nv18_12nic_2numa_no-leading-tab-header.txt").read_text(),
+                                                                  gpus=[0, 1], nics=[0, 1], cpuset=_POD_CPUSET)),
+                 "dmesg-denied.txt": lambda: "dmesg: read kernel buffer failed: Operation not permitted\n"},
+}
+
 NODES = {"h200-1x-vm": H200_VM, "hgx-h100-8x": HGX_H100, "a100-pcie-2x": A100_PCIE_2X, "gb10-1x": GB10_1X,
-         "h100-sxm-8x-1numa": H100_SXM_8X_1NUMA}
+         "h100-sxm-8x-1numa": H100_SXM_8X_1NUMA, "h100-sxm-pod-2of8": H100_SXM_POD_2OF8}
 
 
 def main() -> int:
@@ -376,7 +535,7 @@ def main() -> int:
              "nvml_fake": HERE / "fixtures" / "nvml" / facts["nvml"]}
     if args.only:
         flags["only"] = args.only
-    environ = {"PATH": str(bin_dir)}
+    environ = {"PATH": str(bin_dir), **facts.get("environ", {})}  # a pod's: what the kubelet and the device plugin set
     settings = settings_mod.load(flags, args.config, environ={})
     planned = plan_mod.plan(settings)
     report = plan_mod.execute(planned, settings, Console(quiet=True, stream=sys.stderr), Host(args.tree, environ=environ))

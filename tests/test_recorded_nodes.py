@@ -10,8 +10,9 @@ that its NVML facts are a recording ("NVML facts are FAKE", the `source`
 part). The same holds for the recorded 8 x H100 HGX with its `topo -m` header
 as driver 580 prints it, and for the node shapes built around a real `topo -m`
 capture of tests/fixtures/topo (2 x A100 PCIe on two sockets, a DGX Spark, 8 x
-H100 SXM on one NUMA node): each is a healthy node of its shape, its facts cited
-in tests/fixtures/node-shapes/SOURCE.md.
+H100 SXM on one NUMA node, a Kubernetes pod given 2 of an HGX H100 board's 8
+GPUs): each is a healthy node of its shape, its facts cited in
+tests/fixtures/node-shapes/SOURCE.md.
 """
 
 from __future__ import annotations
@@ -222,3 +223,68 @@ def test_eight_h100_sxm_on_one_numa_node_pass_the_standard_levels_reading_checks
     assert findings(report) == []
     shm = by_name(report)["shm"]
     assert shm["status"] == "PASS" and "; memory for the 16 GiB floor: " in shm["summary"]
+
+
+# A Kubernetes pod given 2 of the HGX H100's 8 GPUs (tests/fixtures/node-shapes/SOURCE.md): the run's shape is the pod's,
+# what the kernel shows of the host (the PCI bus, the NUMA nodes, /proc/meminfo) is the host's.
+
+
+def test_a_pod_given_two_of_eight_h100_sxm_passes_the_quick_level_with_no_warn(tmp_path):
+    report = replay("h100-sxm-pod-2of8", tmp_path, "quick")
+    assert findings(report) == []
+    checks = by_name(report)
+    assert [c["check"] for c in report["checks"]] == QUICK
+    # two GPUs (their /dev nodes), joined by the NVSwitches their NVLinks end at, beside the two NICs given to the pod;
+    # sysfs shows the whole board's PCI bus: all eight GPUs and the four NVSwitches
+    shape = report["shape"]
+    assert (shape["gpus"], shape["fabric"], shape["nics"], shape["device_nodes"]) == (2, "nvswitch", ["mlx5_0", "mlx5_1"], [0, 1])
+    assert len(shape["pci_gpus"]) == 8 and shape["nvswitches"] == 4 and shape["nvml_gpus"] == 2
+    # the container hook lists the given GPUs' driver entries alone: the pod's own slots, for pcie and rdma
+    assert shape["slots"] == ["0000:1b:00.0", "0000:43:00.0"]
+    assert shape["notes"] == ["6 of the host's 8 GPUs are not given to this container"]
+    # topo/03 cut to the pod's GPUs and NICs, its header as driver 580 prints it, CPU Affinity cut to the pod's cpuset
+    topology = checks["topology"]["details"]
+    matrix = topology["matrix"]
+    assert matrix is not None, topology.get("matrix_error")
+    assert matrix["links"] == {"0-1": "NV18"} and matrix["nics"] == ["mlx5_0", "mlx5_1"]
+    assert _placement(matrix) == [("1-12,113-124", "0", None)] * 2
+    assert matrix["nearest_nics"] == {"0": ["mlx5_0"], "1": ["mlx5_1"]}
+    assert all(topology["parts"][p] == "PASS" for p in ("matrix", "nvlink", "numa", "nics", "cpus", "pcie", "agreement"))
+    # 24 CPUs of the cpuset, a 24-CPU quota: 12 vCPUs for each of the run's 2 GPUs, the floor 11
+    assert (topology["cpus"]["allowed"], topology["cpus"]["quota"]) == ("1-12,113-124", 24.0)
+    vcpus = next(m for m in checks["topology"]["measurements"] if m["name"] == "vcpus_per_gpu")
+    assert (vcpus["value"], vcpus["floor"]) == (12.0, 11.0)
+    # The pod's sysfs shows the board's whole PCI bus, so its four NVSwitches are counted against the board's four
+    # (a missing one would cut this pod's NVLinks too); the manager runs on the host, its work seen in the GPUs' registration.
+    fabric = checks["fabric"]["details"]
+    assert fabric["parts"] == {"gpus": "PASS", "nvswitches": "PASS", "manager": "PASS", "source": "FAIL"}
+    assert fabric["nvswitches"] == 4 and "nvswitches" not in fabric["not_judged"]
+    assert fabric["manager"]["state"] == "unknown" and "every GPU's fabric registration completed" in fabric["notes"]["manager"]
+    # its two InfiniBand NDR ports, GPUDirect RDMA by dma-buf (the open driver on Linux 5.15, no peer-memory module)
+    rdma = checks["rdma"]
+    assert rdma["status"] == "PASS" and rdma["summary"].startswith("2/2 RDMA ports ACTIVE")
+    assert rdma["details"]["compute_ports"]["ports"] == ["mlx5_0 port 1", "mlx5_1 port 1"]
+    assert rdma["summary"].endswith("GPUDirect RDMA by dma-buf")
+    # no kernel log a pod may read: the Xid scan is said not judged, never a finding
+    assert checks["cuda"]["details"]["parts"]["inventory"] == "PASS"
+    assert checks["cuda"]["details"]["parts"]["xid"].startswith("not judged: the kernel log could not be read")
+    # /dev/shm: the 16Gi memory-backed emptyDir, in a pod (KUBERNETES_SERVICE_HOST), held to 2 GPUs' share of the 16 GiB floor
+    shm = checks["shm"]
+    assert shm["status"] == "PASS" and shm["details"]["size_bytes"] == 16 << 30
+    assert shm["details"]["container"] == "a Kubernetes pod (KUBERNETES_SERVICE_HOST is set)"
+    assert (shm["details"]["mount"]["fstype"], shm["details"]["mount"]["mount_point"]) == ("tmpfs", "/dev/shm")
+    assert next(m for m in shm["measurements"] if m["name"] == "shm_size")["floor"] == 4 << 30
+    assert shm["summary"].endswith("; floor 4 GiB: the profile's 16 GiB for 8 GPUs' ranks, this node gives the run 2")
+
+
+def test_a_pod_given_two_of_eight_h100_sxm_passes_the_standard_levels_reading_checks_with_no_warn(tmp_path):
+    report = replay("h100-sxm-pod-2of8", tmp_path, "standard", only=READING)
+    assert findings(report) == []
+    checks = by_name(report)
+    assert all(checks["topology"]["details"]["parts"][p] == "PASS" for p in ("nvlink", "numa", "nics", "cpus", "agreement"))
+    assert checks["fabric"]["details"]["parts"]["nvswitches"] == "PASS"
+    # the figures must back the 4 GiB floor before the small segment is written: the memory limit's headroom does
+    shm = checks["shm"]
+    assert shm["status"] == "PASS" and shm["details"]["segment_bytes"] == 64 << 20
+    assert "; memory for the 4 GiB floor: the memory limit's headroom (" in shm["summary"]
+    assert shm["summary"].endswith("; floor 4 GiB: the profile's 16 GiB for 8 GPUs' ranks, this node gives the run 2")

@@ -206,6 +206,11 @@ def _usable(pci: PciNvidia, nodes: list[int] | None, minors: dict[str, int], not
         if len(mine) < len(pci.gpus):
             notes.append(f"{len(pci.gpus) - len(mine)} of the host's {len(pci.gpus)} GPUs have no device node here (not given to this container)")
         return mine, f"the PCI bus and /dev/nvidia{_minor_list(nodes)}"
+    if mapped and sorted(mapped.values()) == sorted(nodes):
+        # The NVIDIA container hook mounts the driver's entries of the given GPUs alone
+        # (/proc/driver/nvidia/gpus), each with its device node: those slots are this container's.
+        notes.append(f"{len(pci.gpus) - len(mapped)} of the host's {len(pci.gpus)} GPUs are not given to this container")
+        return [bus for bus in pci.gpus if bus in mapped], f"the PCI bus, the driver's entries of the given GPUs and /dev/nvidia{_minor_list(nodes)}"
     if len(nodes) >= len(pci.gpus):
         return list(pci.gpus), "the PCI bus (sysfs), each with a device node"
     notes.append(f"the PCI bus lists {len(pci.gpus)} GPUs, /dev has {len(nodes)} device nodes; the driver does not say which is which")

@@ -88,6 +88,8 @@ print(json.dumps({
     "dynamo_before_ddp": dynamo_before,
 }), flush=True)
 dist.destroy_process_group()
+import os
+os._exit(0)  # as a worker ends (_rank.exit_now): torch's C++ threads can abort the interpreter's teardown (SIGABRT)
 """
 
 
@@ -107,6 +109,8 @@ except RuntimeError as e:
     said = str(e)
 print(json.dumps({"said": said}), flush=True)
 dist.destroy_process_group()
+import os
+os._exit(0)  # as a worker ends (_rank.exit_now)
 """
 
 
@@ -121,7 +125,7 @@ def run_ranks(tmp_path: Path, script: str = RANK) -> list[dict]:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
-    assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(f"rank {r} exit {p.returncode}: {e[-3000:]}" for r, (p, (_, e)) in enumerate(zip(procs, outs)))
     return [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
 
 

@@ -51,6 +51,24 @@ def test_a_container_given_two_gpus_counts_two_and_names_their_slots(root):
     assert shape.gather(Host(root), first(1)).host_gpus is None
 
 
+def test_a_container_whose_driver_lists_only_its_gpus_names_their_slots(root):
+    # The NVIDIA container hook mounts /proc/driver/nvidia/gpus with the given GPUs' entries alone.
+    for minor, slot in enumerate(SLOTS):
+        if minor >= 2:
+            (root / f"dev/nvidia{minor}").unlink()
+            shutil.rmtree(root / "proc/driver/nvidia/gpus" / slot)
+    node = shape.gather(Host(root), first(2))
+    assert (node.gpus, node.slots) == (2, SLOTS[:2])
+    assert node.gpus_from == "the PCI bus, the driver's entries of the given GPUs and /dev/nvidia{0-1}"
+    assert node.notes == ["6 of the host's 8 GPUs are not given to this container"]
+    assert node.host_gpus is None  # whether the driver holds the other six, this container cannot see
+    # Entries whose minors are not the device nodes here say nothing of which is which.
+    (root / "dev/nvidia1").unlink()
+    (root / "dev/nvidia5").touch()
+    node = shape.gather(Host(root), first(2))
+    assert node.slots == [] and "the driver does not say which is which" in node.notes[0]
+
+
 def test_a_container_whose_driver_does_not_say_which_node_is_which_counts_its_nodes(root):
     shutil.rmtree(root / "proc/driver")
     for minor in range(4, 8):
