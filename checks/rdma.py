@@ -136,7 +136,7 @@ class Rdma(Check):
         if not gpus or not expect.gpudirect:
             details["gpudirect"] = "not judged: " + ("no GPU on this node" if not gpus else f"profile {ctx.profile.name} does not expect GPUDirect RDMA")
         elif not judged:  # judge_gpudirect looked at nothing: the summary must not vouch for it
-            details["gpudirect"] = f"not judged: no port carries the job's traffic ({expect.link_layer} expected; details.compute_ports)"
+            details["gpudirect"] = f"not judged: no port carries the job's traffic (chosen by {details['compute_ports']['chosen_by']})"
         findings = [f for found in parts.values() for f in found]
         up = sum(p.state_now == "ACTIVE" for p in facts.ports)
         ok = f"{up}/{len(facts.ports)} RDMA ports ACTIVE, no error counter grew in {facts.interval_seconds:g} s"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import pkgutil
 import re
 import sys
@@ -97,7 +98,8 @@ def _moved(e: Exception) -> ImportError | None:
     top of readers/ or outputs/ before they were grouped in packages), or a name from the
     module it was split out of (`from preflight.gpuwork.ranks import judge_run`)."""
     missing = e.name if isinstance(e, ModuleNotFoundError) else None
-    named = re.match(r"cannot import name '(\w+)'", str(e)) if type(e) is ImportError and e.name else None
+    # Not "from partially initialized module": a circular import, nothing moved.
+    named = re.match(r"cannot import name '(\w+)' from '[\w.]+'", str(e)) if type(e) is ImportError and e.name else None
     if named:
         missing = f"{e.name}.{named.group(1)}"  # `from preflight.readers import nvml`: the module is no longer there
     moved = _module_moved(e, missing)
@@ -128,15 +130,16 @@ def _modules() -> list[pkgutil.ModuleInfo]:
 
 
 def _defined_in(module: str, name: str) -> str | None:
-    """The module of preflight that defines ``name`` at its top level now that ``module`` does
-    not, one of the same package first: read from the source, nothing imported (only an import
-    that failed comes here)."""
+    """The module a split left ``name`` in: of ``module``'s package, defining it at its top level,
+    and sharing the start of ``module``'s name (ranks -> ranks_judge, profiles -> profile_detect);
+    read from the source, nothing imported (only an import that failed comes here). None where no
+    one module is that: a wrong guess would send the plugin's author to an unrelated function."""
     if not module.startswith("preflight.") or not name.isidentifier() or name.startswith("_"):
         return None
-    package = module.rsplit(".", 1)[0]
+    package, leaf = module.rsplit(".", 1)
     homes = []
     for m in _modules():
-        if m.ispkg or m.name == module:
+        if m.ispkg or m.name == module or m.name.rsplit(".", 1)[0] != package:
             continue
         spec = m.module_finder.find_spec(m.name.rsplit(".", 1)[1])  # type: ignore[call-arg]
         if spec is None or not spec.origin or not spec.origin.endswith(".py"):
@@ -147,8 +150,10 @@ def _defined_in(module: str, name: str) -> str | None:
             continue
         if name in _top_level(tree):
             homes.append(m.name)
-    homes.sort(key=lambda home: (home.rsplit(".", 1)[0] != package, home))
-    return homes[0] if homes else None
+    shared = {home: len(os.path.commonprefix([leaf, home.rsplit(".", 1)[1]])) for home in homes}
+    best = max(shared.values(), default=0)
+    picks = [home for home, n in shared.items() if n == best]
+    return picks[0] if best and len(picks) == 1 else None
 
 
 def _top_level(tree: ast.Module) -> set[str]:

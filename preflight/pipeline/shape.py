@@ -66,7 +66,7 @@ class NodeShape(BaseModel):
     # The node's GPUs where this process was given fewer: the driver names a device minor for
     # every GPU on the bus but /dev here holds only some (a job's container: pyxis, a pod given
     # 4 of 8). What Slurm's Gres is held to (outputs/schedulers/slurm.py). None: ``gpus`` is the node's. A GPU
-    # the driver does not hold (excluded, bound to vfio-pci) has no minor and is never counted.
+    # the driver does not hold (bound to vfio-pci: no entry; NVreg_ExcludedGpus: its entry says so) is never counted.
     host_gpus: int | None = None
 
     def describe(self) -> str:
@@ -121,8 +121,10 @@ def device_nodes(host: Host) -> list[int] | None:
     return minors
 
 
-def driver_minors(host: Host) -> dict[str, int]:
-    """PCI address -> device minor, from the driver's own /proc/driver/nvidia/gpus/*/information."""
+def driver_minors(host: Host, excluded: bool = False) -> dict[str, int]:
+    """PCI address -> device minor, from the driver's own /proc/driver/nvidia/gpus/*/information:
+    of the GPUs it holds, or (``excluded``) of those NVreg_ExcludedGpus keeps from it, which keep
+    their entry and minor ("GPU Excluded: Yes", open-gpu-kernel-modules nv-procfs.c)."""
     root = host.path("/proc/driver/nvidia/gpus")
     out = {}
     try:
@@ -130,8 +132,9 @@ def driver_minors(host: Host) -> dict[str, int]:
     except OSError:
         return {}
     for entry in entries:
-        m = re.search(r"^Device Minor:\s*([0-9]+)", read_stripped(entry / "information") or "", re.M)
-        if m:
+        text = read_stripped(entry / "information") or ""
+        m = re.search(r"^Device Minor:\s*([0-9]+)", text, re.M)
+        if m and bool(re.search(r"^GPU Excluded:\s*Yes", text, re.M)) == excluded:
             out[entry.name.lower()] = int(m.group(1))
     return out
 
@@ -146,7 +149,8 @@ def rdma_nics(host: Host) -> list[str]:
 
 def gather(host: Host, inventory: Inventory | None, pinned: int | None = None, why_no_nvml: str | None = None) -> NodeShape:
     """Read the shape; ``inventory`` None when NVML did not answer (``why_no_nvml``)."""
-    return judge_shape(pci_nvidia(host), device_nodes(host), driver_minors(host), rdma_nics(host), inventory, pinned, why_no_nvml)
+    return judge_shape(pci_nvidia(host), device_nodes(host), driver_minors(host), rdma_nics(host), inventory, pinned, why_no_nvml,
+                       excluded=driver_minors(host, excluded=True))
 
 
 # ---- reading the facts (pure) --------------------------------------------------
@@ -160,8 +164,16 @@ def judge_shape(
     inventory: Inventory | None,
     pinned: int | None = None,
     why_no_nvml: str | None = None,
+    excluded: dict[str, int] | None = None,
 ) -> NodeShape:
     notes: list[str] = []
+    if excluded:
+        # Kept from the driver on purpose (NVreg_ExcludedGpus): not this node's GPUs, even with a device node made by hand.
+        notes.append(f"{len(excluded)} GPU(s) excluded from the driver (NVreg_ExcludedGpus), not counted: {', '.join(sorted(excluded))}")
+        if pci.gpus:
+            pci = pci.model_copy(update={"gpus": [bus for bus in pci.gpus if bus not in excluded]})
+        if nodes is not None:
+            nodes = [n for n in nodes if n not in excluded.values()]
     usable, gpus_from = _usable(pci, nodes, minors, notes)
     given_fewer = bool(pci.gpus) and usable is not None and all(bus in minors for bus in pci.gpus) and len(usable) < len(pci.gpus)
     seen = len(inventory.gpus) + len(inventory.lost) if inventory else None

@@ -292,7 +292,7 @@ def test_ports_of_another_link_layer_leave_gpudirect_unjudged_and_unclaimed(root
     assert "GPUDirect RDMA by" not in res.summary
     assert res.summary.endswith("; no port carries the job's traffic (details.compute_ports): GPUDirect RDMA not judged"), res.summary
     assert res.details["compute_ports"]["ports"] == []
-    assert res.details["gpudirect"].startswith("not judged: no port carries the job's traffic (InfiniBand expected")
+    assert res.details["gpudirect"] == f"not judged: no port carries the job's traffic (chosen by {res.details['compute_ports']['chosen_by']})"
 
 
 def test_peermem_seen_in_proc_modules_alone(root):

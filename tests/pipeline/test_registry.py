@@ -72,6 +72,26 @@ def test_a_plugin_importing_a_name_from_the_module_it_was_split_out_of_is_told_i
     assert registry._moved(ImportError("cannot import name 'no_such_thing' from 'preflight.gpuwork.ranks'", name="preflight.gpuwork.ranks")) is None
 
 
+def moved_to(name: str, module: str) -> str | None:
+    said = registry._moved(ImportError(f"cannot import name '{name}' from '{module}' (/somewhere/{module}.py)", name=module))
+    return str(said).split("preflight moved it to ")[1].split(";")[0] if said else None
+
+
+def test_a_moved_name_is_sent_to_the_module_split_out_of_its_old_one_or_nowhere():
+    # pipeline/levels.py defines a `choose` and a `pick` of its own: the split-out module is the one named.
+    assert moved_to("choose", "preflight.pipeline.profiles") == "preflight.pipeline.profile_detect"
+    assert moved_to("pick", "preflight.pipeline.profiles") == "preflight.pipeline.profile_detect"
+    assert moved_to("Gpu", "preflight.readers.nvidia.nvml") == "preflight.readers.nvidia.nvml_facts"
+    assert moved_to("Node", "preflight.outputs.schedulers.kube") == "preflight.outputs.schedulers.kube_decide"
+    # Names that never lived there, defined elsewhere, are no move: no guess.
+    assert moved_to("explain", "preflight.gpuwork.ranks") is None
+    assert moved_to("gather", "preflight.pipeline.shape") is None
+    # A circular import says "partially initialized module": nothing moved.
+    circular = ImportError("cannot import name 'judge_run' from partially initialized module 'preflight.gpuwork.ranks' "
+                           "(most likely due to a circular import) (/x/ranks.py)", name="preflight.gpuwork.ranks")
+    assert registry._moved(circular) is None
+
+
 def test_a_plugin_whose_name_disagrees_with_its_entry_point_is_an_error(plugin):
     r = run_checks([registry.load("misnamed")], make_ctx()).results[0]
     assert r.status is Status.ERROR and "must agree" in r.summary

@@ -51,6 +51,17 @@ def test_a_container_given_two_gpus_counts_two_and_names_their_slots(root):
     assert shape.gather(Host(root), first(1)).host_gpus is None
 
 
+def test_a_gpu_excluded_from_the_driver_is_never_counted_even_with_a_device_node(root):
+    # NVreg_ExcludedGpus keeps the GPU's entry and minor ("GPU Excluded: Yes"); a device node made
+    # by hand (the CUDA install guide's mknod loop) must not make it one of the node's GPUs.
+    info = root / "proc/driver/nvidia/gpus" / SLOTS[7] / "information"
+    info.write_text(info.read_text().replace("GPU Excluded:\t No", "GPU Excluded:\t Yes"))
+    node = shape.gather(Host(root), first(7))
+    assert (node.gpus, node.slots) == (7, SLOTS[:7])
+    assert node.notes == [f"1 GPU(s) excluded from the driver (NVreg_ExcludedGpus), not counted: {SLOTS[7]}"]
+    assert node.host_gpus is None and node.pci_gpus == SLOTS[:7]
+
+
 def test_a_container_whose_driver_lists_only_its_gpus_names_their_slots(root):
     # The NVIDIA container hook mounts /proc/driver/nvidia/gpus with the given GPUs' entries alone.
     for minor, slot in enumerate(SLOTS):
