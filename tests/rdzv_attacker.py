@@ -23,6 +23,7 @@ import pickle
 import pwd
 import signal
 import socket
+import threading
 import time
 
 from torch.distributed import TCPStore
@@ -152,12 +153,25 @@ def main() -> int:
     until = time.monotonic() + args.limit
     stop: list[int] = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))  # the test is done: write the log whole, then go
+    # /proc is watched all along, apart from the attacks: a store that answers slowly (or any
+    # listener of the host's that the agent's /proc/PID/net/tcp lists) must not hold the watch
+    # up while a short launch comes and goes.
+    found: set[tuple[str, int]] = set()
+    ids: set[str] = set()
+
+    def watch() -> None:
+        while time.monotonic() < until and not stop:
+            now, more = targets(args.addr, args.under)
+            found.update(now)
+            ids.update(more)
+            time.sleep(0.02)
+
+    threading.Thread(target=watch, daemon=True).start()
     while time.monotonic() < until and not stop:
-        found, ids = targets(args.addr, args.under)
-        log["ids"] = sorted(set(log["ids"]) | ids)
+        log["ids"] = sorted(set(log["ids"]) | set(ids))
         # Again and again: a group's store is up only while a group check runs, and the
         # per-run word is known only once the meeting point has been read.
-        for target in sorted(found):
+        for target in sorted(set(found)):
             attack(*target, set(log["ids"]), args.mark, log)
         time.sleep(0.05)
     for key in ("seen", "secrets", "connected", "refused", "stored", "errors"):
