@@ -121,22 +121,22 @@ def device_nodes(host: Host) -> list[int] | None:
     return minors
 
 
-def driver_minors(host: Host, excluded: bool = False) -> dict[str, int]:
+def driver_minors(host: Host) -> tuple[dict[str, int], dict[str, int]]:
     """PCI address -> device minor, from the driver's own /proc/driver/nvidia/gpus/*/information:
-    of the GPUs it holds, or (``excluded``) of those NVreg_ExcludedGpus keeps from it, which keep
-    their entry and minor ("GPU Excluded: Yes", open-gpu-kernel-modules nv-procfs.c)."""
+    of the GPUs it holds, and of those NVreg_ExcludedGpus keeps from it, which keep their entry
+    and minor ("GPU Excluded: Yes", open-gpu-kernel-modules nv-procfs.c)."""
     root = host.path("/proc/driver/nvidia/gpus")
-    out = {}
+    held: dict[str, int] = {}
+    excluded: dict[str, int] = {}
     try:
         entries = list(root.iterdir())
     except OSError:
-        return {}
+        return held, excluded
     for entry in entries:
         text = read_stripped(entry / "information") or ""
-        m = re.search(r"^Device Minor:\s*([0-9]+)", text, re.M)
-        if m and bool(re.search(r"^GPU Excluded:\s*Yes", text, re.M)) == excluded:
-            out[entry.name.lower()] = int(m.group(1))
-    return out
+        if m := re.search(r"^Device Minor:\s*([0-9]+)", text, re.M):
+            (excluded if re.search(r"^GPU Excluded:\s*Yes", text, re.M) else held)[entry.name.lower()] = int(m.group(1))
+    return held, excluded
 
 
 def rdma_nics(host: Host) -> list[str]:
@@ -149,8 +149,8 @@ def rdma_nics(host: Host) -> list[str]:
 
 def gather(host: Host, inventory: Inventory | None, pinned: int | None = None, why_no_nvml: str | None = None) -> NodeShape:
     """Read the shape; ``inventory`` None when NVML did not answer (``why_no_nvml``)."""
-    return judge_shape(pci_nvidia(host), device_nodes(host), driver_minors(host), rdma_nics(host), inventory, pinned, why_no_nvml,
-                       excluded=driver_minors(host, excluded=True))
+    held, excluded = driver_minors(host)
+    return judge_shape(pci_nvidia(host), device_nodes(host), held, rdma_nics(host), inventory, pinned, why_no_nvml, excluded=excluded)
 
 
 # ---- reading the facts (pure) --------------------------------------------------
