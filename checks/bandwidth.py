@@ -248,7 +248,7 @@ def lines(figs: list[Figure], floors: dict[str, ResolvedFloor]) -> list[str]:
     return figs_mod.lines(figs, floors, WORDS)
 
 
-def summary(f: BandwidthFacts, figs: list[Figure]) -> str:
+def summary(f: BandwidthFacts, figs: list[Figure], floors: dict[str, ResolvedFloor] | None = None) -> str:
     if not figs:
         return f"{ranks.count(f)}: no figure measured"
     parts = []
@@ -258,7 +258,8 @@ def summary(f: BandwidthFacts, figs: list[Figure]) -> str:
         if group:
             value = max(g.value for g in group) if group[0].unit == SECONDS else min(g.value for g in group)
             parts.append(f"{WORDS[name].replace(' bus bandwidth', ' busbw')} {fmt_value(value, group[0].unit)}")
-    return f"{ranks.count(f)}, every figure within its floor: " + ", ".join(parts) + figs_mod.unsure_note(figs, WORDS)
+    held = "every figure within its floor" if floors is None or any(g.key in floors for g in figs) else "no floor for these figures (reported, and held to the node's own)"
+    return f"{ranks.count(f)}, {held}: " + ", ".join(parts) + figs_mod.unsure_note(figs, WORDS)
 
 
 class Bandwidth(Check):
@@ -273,7 +274,9 @@ class Bandwidth(Check):
 
     def required_floors(self, profile) -> tuple[str, ...]:
         """What a profile running this check must define: the per-device copies' floors."""
-        return ("hbm_copy_bandwidth", "h2d_bandwidth", "d2h_bandwidth") if profile.has_gpus else ("memcpy_bandwidth",)
+        if not profile.has_gpus:
+            return ("memcpy_bandwidth",)
+        return ("hbm_copy_bandwidth", "h2d_bandwidth", "d2h_bandwidth") if profile.gpu.model_floors else ()
 
     def applies(self, ctx: Context) -> str | None:
         if ctx.profile.bandwidth is None:
@@ -342,7 +345,7 @@ class Bandwidth(Check):
         details["foreign_contexts"] = (again and foreign_contexts(again)) or foreign_contexts(facts)
         details["outliers"] = outliers.statuses(figs, ctx.profile.outliers, MEMBERS, cohort(kinds, all_nvlink), [g for g in first if g.key in redone] if redone else None)
         findings = [x for found in parts.values() for x in found]
-        result = self.conclude(findings, summary(facts, figs), measurements=measurements(figs, floors, ctx.profile.outliers, kinds, all_nvlink), details=details)
+        result = self.conclude(findings, summary(facts, figs, floors), measurements=measurements(figs, floors, ctx.profile.outliers, kinds, all_nvlink), details=details)
         result.lines = lines(figs, floors) + time_line(facts)
         result.lines += settled.lines + [t.replace("time:", "time, second reading:", 1) for t in (time_line(again) if again else [])]
         result.lines += ([f"host copies: {host_line}"] if host_line else []) + nvls_lines + shape.unjudged_lines(unjudged) + ([facts.left_out] if facts.left_out else []) + foreign_line(facts)

@@ -26,7 +26,7 @@ from collections import Counter
 
 from pydantic import BaseModel
 
-from preflight.checkkit.gpu_health import DRAIN, RESET, judge_inventory, prohibited, recovery_actions, who
+from preflight.checkkit.gpu_health import DRAIN, RESET, judge_inventory, node_nvlinks, prohibited, recovery_actions, who
 from preflight.checkkit.sources import Sources, one_fact
 from preflight.gpuwork import interpreter, launch
 from preflight.gpuwork.cuda_init import InitOutcome, InitReport, loaded_links, run_init
@@ -280,6 +280,7 @@ def measurements(facts: CudaFacts, expect: GpuExpect | None = None, shape: NodeS
         if index != "N":
             init[int(index)] = d.seconds
     joined = shape is not None and shape.fabric in ("nvswitch", "nvlink")
+    expect = node_nvlinks(expect, facts.inventory, shape.fabric if shape else "unknown")
     for g in facts.inventory.gpus:
         labels = {"gpu": str(g.index), "UUID": g.uuid}  # dcgm-exporter's label names, so joins work
         # A GPU with no NVLink peer is not held to the SKU's link count (see gpu_health._judge_nvlinks).

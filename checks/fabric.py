@@ -229,6 +229,8 @@ def judge_gpus(inv: Inventory) -> tuple[list[Finding], str | None]:
 
 def judge_switches(shape: NodeShape, expect: FabricExpect) -> tuple[list[Finding], str | None]:
     """NVSwitch chips on the PCI bus against the board's count, where the bus shows the whole board."""
+    if expect.nvswitches is None or expect.board_gpus is None:
+        return [], f"no board count of NVSwitches for this GPU model ({expect.nvswitch_source})"
     if shape.pci_gpus is None:
         return [], "sysfs lists no PCI device here (a sandbox that hides the bus)"
     if len(shape.pci_gpus) != expect.board_gpus:

@@ -258,7 +258,7 @@ def judge(facts: FirmwareFacts, vbios_pin: str | None = None, inforom_pin: str |
         ("vbios", judge_uniform("VBIOS", {g.index: g.vbios for g in gpus}, vbios_pin, "vbios_version")),
         ("inforom", judge_uniform("InfoROM image", {g.index: g.inforom_image for g in gpus}, inforom_pin, "inforom_version")),
         ("cuda", judge_cuda(facts.inventory, facts.torch, facts.torch_skipped)),
-        # No NVSwitch is not applicable, not unjudged: the fabric check counts the switches a profile expects.
+        # No NVSwitch is not applicable, not unjudged: the fabric check counts the switches a profile expects (where one names its board).
         ("nvswitch", judge_uniform("NVSwitch BIOS", facts.nvswitch_bios, None, None, switches, "NVSwitches", "NVSwitch", NVSWITCH_PROC)),
     ):
         if part == "nvswitch" and not facts.nvswitch_bios:

@@ -35,6 +35,7 @@ class RankReport(ranks.RankReport):
     buffer_bytes: int | None = None
     free_bytes: int | None = None
     total_bytes: int | None = None  # the GPU's memory; None on the host
+    fraction: float | None = None  # of the free memory, as the worker took it (less on a GPU with the host's memory)
     contexts_elsewhere: list[int] = Field(default_factory=list)  # other GPUs (local ranks) this rank's process holds a context on
     patterns: list[dict] = Field(default_factory=list)  # {name, passes, seconds, mismatched_words}
     mismatches: list[dict] = Field(default_factory=list)  # {pattern, offset, wrote, read}: the first few
@@ -76,9 +77,9 @@ def judge_coverage(f: MemtestFacts, expect: MemtestExpect) -> list[Finding]:
         words = "; ".join(f"{who}: {', '.join(names)}" for who, names in cut.items())
         out.append(Finding(WARN, "memory test cut short by its time cap", f"patterns not reached within [memtest] seconds = {expect.seconds:g}: {words}",
                            "raise [memtest] seconds in the profile, or lower [memtest] fraction"))
-    # Half of what the profile's fraction of a whole GPU would be: another process holds the rest.
+    # Half of what the fraction the worker took of a whole GPU would be: another process holds the rest.
     small = {o.gpu or o.who: o.report for o in f.ranks if isinstance(o.report, RankReport) and o.report.total_bytes and o.report.buffer_bytes is not None
-             and o.report.buffer_bytes < expect.fraction * o.report.total_bytes / 2}
+             and o.report.buffer_bytes < (o.report.fraction or expect.fraction) * o.report.total_bytes / 2}
     if small:
         words = "; ".join(f"{who}: {_size(r.buffer_bytes)} of {_size(r.total_bytes)} ({_size(r.free_bytes or 0)} free)" for who, r in small.items())
         out.append(Finding(WARN, f"memory test covered under half of {', '.join(small)}'s memory", f"too little was free to test: {words}",

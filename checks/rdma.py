@@ -32,7 +32,7 @@ from preflight.readers.machine.ibports import FirstRead, RdmaFacts
 
 NO_DEVICE = "no InfiniBand/RoCE device in /sys/class/infiniband"
 # Where no profile says more: every port judged for state and counters, no rate, no GPUDirect.
-GENERIC = RdmaExpect(link_layer="any", interval_source="default: 3 s between the two reads of the counters")
+ANY_SKU = RdmaExpect(link_layer="any", interval_source="default: 3 s between the two reads of the counters")
 
 
 def judge(facts: RdmaFacts, expect: RdmaExpect, gpus: int) -> dict[str, list[Finding]]:
@@ -116,7 +116,7 @@ class Rdma(Check):
             ctx.readings[self.name] = EarlyRead(ctx.host)
 
     def run(self, ctx: Context) -> Result:
-        expect = ctx.profile.rdma or GENERIC
+        expect = ctx.profile.rdma or ANY_SKU
         early = ctx.readings.pop(self.name, None)  # one run of the check per first read
         first = early.wait(ctx.deadline - 1) if isinstance(early, EarlyRead) else None
         gpus_at = list(ctx.shape.slots) if ctx.shape and ctx.shape.slots else (pci_nvidia(ctx.host).gpus or [])

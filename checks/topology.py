@@ -76,7 +76,7 @@ def judge(facts: TopologyFacts, expect: TopologyExpect, vcpu_floor: float | None
 # ---- the check ---------------------------------------------------------------------
 
 # With no profile (`preflight topology --from` a capture): only what needs no SKU.
-GENERIC = TopologyExpect(numa_warn_above=1, numa_source="any SKU: GPUs on one NUMA node need no per-rank pinning")
+ANY_SKU = TopologyExpect(numa_warn_above=1, numa_source="any SKU: GPUs on one NUMA node need no per-rank pinning")
 
 
 def measurements(facts: TopologyFacts, vcpu_floor: float | None, expect: TopologyExpect | None = None, shape: NodeShape | None = None) -> list[Measurement]:

@@ -220,7 +220,7 @@ class Train(Check):
     whole_node: ClassVar[tuple[str, ...]] = tuple(name for name in FLOORS if name != "gemm_throughput")  # GEMM is per GPU
 
     def required_floors(self, profile) -> tuple[str, ...]:
-        return ("gemm_throughput",) if profile.has_gpus else ()
+        return ("gemm_throughput",) if profile.has_gpus and profile.gpu.model_floors else ()
 
     def applies(self, ctx: Context) -> str | None:
         if ctx.profile.train is None:

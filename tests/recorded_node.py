@@ -2,7 +2,7 @@
 root tree the checks read through their Host, with the node's own tool output
 served by stand-ins on PATH, byte for byte.
 
-    python tests/recorded_node.py NODE TREE --level quick [--only a,b] [--shm-size BYTES] [--config FILE]
+    python tests/recorded_node.py NODE TREE --level quick [--only a,b] [--shm-size BYTES] [--config FILE] [--profile NAME]
 
 builds TREE from what NODE recorded (NODES below: tests/fixtures/node/<name>/'s
 captures, a recorded sysfs tree, the node's NVML facts in tests/fixtures/nvml/), mounts a real tmpfs of the
@@ -515,6 +515,7 @@ def main() -> int:
     p.add_argument("--only", default="")
     p.add_argument("--config", type=Path)
     p.add_argument("--shm-size", type=int)
+    p.add_argument("--profile", help="judge by this profile, not the node's own (generic: as `auto` where no profile names the model)")
     args = p.parse_args()
     facts = NODES[args.node]
     captures = HERE / "fixtures" / "node" / args.node
@@ -531,7 +532,7 @@ def main() -> int:
     from preflight.pipeline import plan as plan_mod
     from preflight.pipeline import settings as settings_mod
 
-    flags = {"profile": facts["profile"], "level": args.level, "keep_going": True,
+    flags = {"profile": args.profile or facts["profile"], "level": args.level, "keep_going": True,
              "nvml_fake": HERE / "fixtures" / "nvml" / facts["nvml"]}
     if args.only:
         flags["only"] = args.only

@@ -12,7 +12,9 @@ as driver 580 prints it, and for the node shapes built around a real `topo -m`
 capture of tests/fixtures/topo (2 x A100 PCIe on two sockets, a DGX Spark, 8 x
 H100 SXM on one NUMA node, a Kubernetes pod given 2 of an HGX H100 board's 8
 GPUs): each is a healthy node of its shape, its facts cited in
-tests/fixtures/node-shapes/SOURCE.md.
+tests/fixtures/node-shapes/SOURCE.md. Each passes under profile generic too,
+which `auto` runs where no profile names the GPU model: a healthy node of a
+model we hold no profile for is a node of one of these shapes.
 """
 
 from __future__ import annotations
@@ -34,10 +36,12 @@ READING = "topology,pcie,rdma,fabric,firmware,shm"  # the standard level's check
 QUICK = ["cuda", "topology", "pcie", "rdma", "fabric", "firmware", "shm"]  # the quick level's checks, in order
 
 
-def replay(node: str, tmp_path: Path, level: str, only: str = "", config: str = "") -> dict:
+def replay(node: str, tmp_path: Path, level: str, only: str = "", config: str = "", profile: str = "") -> dict:
     cmd = ["unshare", "-m", sys.executable, str(REPLAY), node, str(tmp_path / "tree"), "--level", level]
     if only:
         cmd += ["--only", only]
+    if profile:
+        cmd += ["--profile", profile]
     if config:
         (tmp_path / "site.toml").write_text(config)
         cmd += ["--config", str(tmp_path / "site.toml")]
@@ -288,3 +292,25 @@ def test_a_pod_given_two_of_eight_h100_sxm_passes_the_standard_levels_reading_ch
     assert shm["status"] == "PASS" and shm["details"]["segment_bytes"] == 64 << 20
     assert "; memory for the 4 GiB floor: the memory limit's headroom (" in shm["summary"]
     assert shm["summary"].endswith("; floor 4 GiB: the profile's 16 GiB for 8 GPUs' ranks, this node gives the run 2")
+
+
+# ---- every node again under profile generic, as `auto` runs a model no profile names ----
+
+
+@pytest.mark.parametrize("node", ["h200-1x-vm", "hgx-h100-8x", "a100-pcie-2x", "gb10-1x", "h100-sxm-8x-1numa", "h100-sxm-pod-2of8"])
+def test_every_recorded_healthy_node_passes_the_quick_level_under_generic_with_no_warn(tmp_path, node):
+    report = replay(node, tmp_path, "quick", profile="generic")
+    assert report["profile"] == "generic"
+    assert findings(report) == []
+    assert [c["check"] for c in report["checks"]] == QUICK
+
+
+def test_the_hgx_h100_under_generic_holds_its_gpus_to_their_peers_links_and_leaves_the_switch_count_unjudged(tmp_path):
+    assert findings(replay("hgx-h100-8x", tmp_path / "standard", "standard", only=READING, profile="generic")) == []
+    report = replay("hgx-h100-8x", tmp_path / "quick", "quick", profile="generic")
+    checks = by_name(report)
+    fabric = checks["fabric"]["details"]
+    assert (fabric["parts"]["gpus"], fabric["parts"]["manager"], fabric["parts"]["nvswitches"]) == ("PASS", "PASS", "SKIP")
+    assert fabric["not_judged"]["nvswitches"].startswith("no board count of NVSwitches for this GPU model")
+    links = [m for m in checks["cuda"]["measurements"] if m["name"] == "gpu_nvlinks_active"]
+    assert len(links) == 8 and {(m["value"], m["floor"]) for m in links} == {(18, 18)}

@@ -26,6 +26,7 @@ import _rank
 
 CHUNK_WORDS = 32 << 20  # 256 MiB of int64 a chunk: the compare's bool temporary is 32 MiB
 MAX_MISMATCHES = 8  # offsets kept per pattern
+UNIFIED_FRACTION = 0.5  # of the free memory, on a GPU with no memory of its own (gb10.toml's [memtest])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,7 +55,11 @@ def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
     gpu = device.type == "cuda"
     if gpu:
         free, total = torch.cuda.mem_get_info(device)
-        size = int(free * args.fraction) - 2 * CHUNK_WORDS * 8  # room for a chunk's generated pattern and its compare
+        # A GPU on the host's own memory (GB10 and its kin) counts the host's free memory as its
+        # own: past half of it, the OOM killer may pick the agent or a daemon (profile gb10).
+        fraction = min(args.fraction, UNIFIED_FRACTION) if torch.cuda.get_device_properties(device).is_integrated else args.fraction
+        size = int(free * fraction) - 2 * CHUNK_WORDS * 8  # room for a chunk's generated pattern and its compare
+        report.update(fraction=fraction)
         # The other GPUs this process holds a context on (bandwidth's P2P copies, local rank 0 only,
         # in a launch shared by several stages): their free memory is that much less for their own rank.
         report.update(free_bytes=free, total_bytes=total, contexts_elsewhere=sorted(_rank.WORLD.get("contexts_elsewhere", ())))

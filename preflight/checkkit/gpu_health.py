@@ -88,16 +88,30 @@ def judge_inventory(
             if dev and expect.pci_device_ids and dev not in expect.pci_device_ids:
                 cause = f"PCI device id {dev} ({name}) is not one of the profile's {', '.join(expect.pci_device_ids)}"
                 out.append(Finding(FAIL, f"{name} is not this profile's GPU", cause, "run with the profile for this GPU (`preflight detect` names it)", act=SETUP))
-        if _version(inv.driver_version) < _version(expect.driver_min):
+        if expect.driver_min and _version(inv.driver_version) < _version(expect.driver_min):
             cause = f"driver {inv.driver_version} is older than {expect.driver_min}, the first that supports this GPU ({expect.driver_source})"
             out.append(Finding(FAIL, f"driver {inv.driver_version} is too old", cause, f"install driver {expect.driver_min} or newer and reboot", act=SETUP))
     if driver_pin and inv.driver_version != driver_pin:
         cause = f"the site config pins driver {driver_pin}; this node runs {inv.driver_version}"
         out.append(Finding(FAIL, f"driver {inv.driver_version}, site pins {driver_pin}", cause, f"install driver {driver_pin}, or change driver_version in the config", act=SETUP))
     fabric = shape.fabric if shape else "unknown"
+    expect = node_nvlinks(expect, inv, fabric)
     for g in inv.gpus:
         out += judge_gpu(g, expect, (loaded or {}).get(g.pci_bus_id), fabric, held)
     return out
+
+
+def node_nvlinks(expect: GpuExpect | None, inv: Inventory, fabric: str) -> GpuExpect | None:
+    """``expect`` with the link count of the node's own best GPU, where the profile names no
+    SKU count (``nvlinks_from_node``) and the node joins its GPUs by NVLink: the GPUs of one
+    board are built alike, so one with fewer active links than its peers has lost some."""
+    if expect is None or not expect.nvlinks_from_node or expect.nvlinks or fabric not in ("nvswitch", "nvlink"):
+        return expect
+    best = max(inv.gpus, key=lambda g: g.nvlinks_active or 0, default=None)
+    if best is None or not best.nvlinks_active:
+        return expect
+    said = f"the most any GPU of this node has ({who(best)}: {best.nvlinks_active}); the profile names no count for this model"
+    return expect.model_copy(update={"nvlinks": best.nvlinks_active, "nvlinks_source": said})
 
 
 def judge_models(models: Counter[tuple[str, str | None]]) -> list[Finding]:
@@ -114,7 +128,7 @@ def judge_gpu(g: Gpu, expect: GpuExpect | None, loaded: PcieLink | None = None, 
     if g.ecc_uncorrectable_volatile:
         cause = f"{name} has {g.ecc_uncorrectable_volatile} uncorrectable (volatile) ECC errors since the driver loaded: its memory returned wrong data"
         out.append(Finding(FAIL, f"{name}: uncorrectable ECC errors", cause, f"{reset}; {DRAIN}", act=RESET_FIXES))
-    if g.ecc_mode is False:
+    if g.ecc_mode is False and g.ecc_default is not False:  # off as the card ships (a workstation card's default) is no change to flag
         out.append(Finding(WARN, f"{name}: ECC is off", f"ECC is disabled on {name}: memory errors go undetected", f"`nvidia-smi -i {g.index} -e 1` and reboot"))
     rows = g.remapped_rows
     if rows and rows.failure:
@@ -217,7 +231,8 @@ def _judge_nvlinks(g: Gpu, expect: GpuExpect, fabric: str) -> list[Finding]:
     if g.nvlinks_active >= expect.nvlinks or (g.nvlinks_active == 0 and not joined):
         return []
     down = f" (down: link {', '.join(map(str, g.nvlinks_down))})" if g.nvlinks_down else ""
-    cause = f"{name} has {g.nvlinks_active} active NVLinks{down}, the SKU has {expect.nvlinks} ({expect.nvlinks_source})"
+    held_to = "its peers have" if expect.nvlinks_from_node else "the SKU has"
+    cause = f"{name} has {g.nvlinks_active} active NVLinks{down}, {held_to} {expect.nvlinks} ({expect.nvlinks_source})"
     remedy = f"check nvidia-fabricmanager and `nvidia-smi nvlink -s -i {g.index}`; {RESET.format(i=g.index)}; {DRAIN}"
     return [Finding(FAIL, f"{name}: {g.nvlinks_active} of {expect.nvlinks} NVLinks active", cause, remedy)]
 

@@ -55,8 +55,10 @@ def profile_section(p: Profile) -> list[str]:
             out.append(f"| `{name}` | {'at least' if f.bound == 'min' else 'at most'} | {value} | {shape or 'any node'} | {_cell(f.source)} |")
         out.append("")
     if g := p.gpu:
-        out.append(f"GPU: PCI device ids {', '.join(g.pci_device_ids) or 'any'}; driver at least {g.driver_min} ({_cell(g.driver_source)}); "
-                   f"{g.nvlinks} NVLinks per GPU; MIG {'off' if g.whole_gpus else 'allowed'}.")
+        driver = f"at least {g.driver_min}" if g.driver_min else "any that loads the GPU"
+        links = "as many NVLinks per GPU as the node's best GPU" if g.nvlinks_from_node else f"{g.nvlinks} NVLinks per GPU"
+        out.append(f"GPU: PCI device ids {', '.join(g.pci_device_ids) or 'any'}; driver {driver} ({_cell(g.driver_source)}); "
+                   f"{links}; MIG {'off' if g.whole_gpus else 'allowed'}.")
         out.append("")
     if d := p.drift:
         out.append(f"Drift: WARN where a figure's median over the last {d.recent} runs is over {d.fraction:.0%} under its median over up to "

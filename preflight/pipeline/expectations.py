@@ -23,10 +23,19 @@ class GpuExpect(BaseModel):
     # PCI device ids ("0x2330") that confirm the product name where names are
     # shared between boards (H200 SXM vs H200 NVL). Empty: the name decides.
     pci_device_ids: list[Annotated[str, Field(pattern=r"^0x[0-9a-f]{4}$")]] = Field(default_factory=list)
-    driver_min: str = Field(pattern=_VERSION)  # oldest driver branch that supports the SKU
+    # The oldest driver branch that supports the SKU. None: no SKU to name one for (generic):
+    # the driver that loaded the GPU and answers NVML is the only floor, and the source says so.
+    driver_min: str | None = Field(default=None, pattern=_VERSION)
     driver_source: str = Field(min_length=1)
     nvlinks: int = Field(default=0, ge=0, le=64)  # active NVLink links per GPU; 0: none expected
     nvlinks_source: str | None = None
+    # No SKU count (generic): where the node joins its GPUs by NVLink, every GPU is held to
+    # the most any GPU of the node has.
+    nvlinks_from_node: bool = False
+    # False (generic): the profile describes no one GPU model, so it holds no model's floor
+    # (HBM copy, host copies, GEMM) and no check may ask it for one; the figures are measured
+    # and held to the node's own GPUs ([outliers]) and to whatever floors the site adds.
+    model_floors: bool = True
     whole_gpus: bool = True  # MIG must be off: the job wants whole GPUs
     memory_min_bytes: int = Field(default=0, ge=0, le=1 << 44)  # NVML memory total at least this
     memory_source: str | None = None
@@ -44,6 +53,8 @@ class GpuExpect(BaseModel):
             raise ValueError("memory_min_bytes needs memory_source")
         if self.pcie_gen and not self.pcie_source:
             raise ValueError("pcie_gen needs pcie_source")
+        if self.nvlinks_from_node and self.nvlinks:
+            raise ValueError("nvlinks_from_node holds each GPU to the node's own count: set it or nvlinks, not both")
         return self
 
 
@@ -344,11 +355,19 @@ class FabricExpect(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    nvswitches: int = Field(ge=1, le=64)
-    board_gpus: int = Field(ge=2, le=256)  # the GPUs of the board that count is for
+    # None (generic): no SKU's board to count the switches of; the manager and the GPUs'
+    # registration are still judged.
+    nvswitches: int | None = Field(default=None, ge=1, le=64)
+    board_gpus: int | None = Field(default=None, ge=2, le=256)  # the GPUs of the board that count is for
     nvswitch_source: str = Field(min_length=1)
     gpu_fabric_state: bool
     state_source: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _both(self) -> FabricExpect:
+        if (self.nvswitches is None) != (self.board_gpus is None):
+            raise ValueError("nvswitches and board_gpus go together: the count of switches is for a board of that many GPUs")
+        return self
 
 
 class DriftExpect(BaseModel):

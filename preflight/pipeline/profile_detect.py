@@ -21,6 +21,20 @@ class DetectionFailed(Exception):
         self.remedy = remedy
 
 
+# What `auto` runs where no profile names the node's GPU model: every judgement that needs no
+# SKU (the GPUs' health, the node's own layout, NCCL, each GPU against its peers), no floor of
+# the model. A healthy node of a model no profile knows passes; a site that wants such a node
+# to fail names its profile (`--profile`), which then holds the node's GPUs to its PCI ids.
+GENERIC = "generic"
+GENERIC_WHY = (f"so profile {GENERIC}: what needs no SKU is judged, no floor of the model is; add a profile for the model "
+               "(`preflight calibrate` on a healthy node measures its floors)")
+
+
+def generic_why(refused: str | None = None) -> str:
+    """Why `generic` judges: no profile names the model, or (``refused``) one does, but not its PCI device id."""
+    return f"{refused or 'no profile names this model'}, {GENERIC_WHY}"
+
+
 class NvmlUnreadable(DetectionFailed):
     """`auto` could not ask NVML at all (no driver, or it did not answer): there was no GPU to pick by."""
 
@@ -48,13 +62,18 @@ def pick(gpus: list[tuple[str, str | None]], profiles: dict[str, Profile]) -> tu
         )
     gpu, device = gpus[0]
     best: tuple[int, str, str] | None = None
+    refused = []  # profiles whose pattern names the GPU but whose PCI ids are not its
     for name, profile in profiles.items():
         ids = profile.gpu.pci_device_ids if profile.gpu else []
+        named = [pattern for pattern in profile.match if pattern.lower() in gpu.lower()]
         if device and ids and device not in ids:
+            refused += [f"profile {name} names {gpu!r} ({named[0]!r}) but not PCI device id {device} ({', '.join(ids)})"] if named else []
             continue
-        for pattern in profile.match:
-            if pattern.lower() in gpu.lower() and (best is None or len(pattern) > best[0]):
+        for pattern in named:
+            if best is None or len(pattern) > best[0]:
                 best = (len(pattern), name, pattern)
+    if best is None and GENERIC in profiles:
+        return GENERIC, f"auto: {len(gpus)} x {gpu} (PCI device id {device or 'unknown'}): {generic_why('; '.join(refused) or None)}"
     if best is None:
         raise DetectionFailed(
             f"no profile matches GPU model {gpu!r} (PCI device id {device or 'unknown'})",

@@ -70,6 +70,13 @@ def test_warnings_persistence_ecc_off_power_cap():
     assert [f.summary.split(": ", 1)[1] for f in warns] == ["ECC is off", "persistence mode off", "power capped"]
 
 
+def test_ecc_off_warns_where_the_card_ships_with_it_on_or_nvml_does_not_say_but_not_where_it_ships_off():
+    # A workstation card (RTX A6000's kind) ships with ECC off: as sold, not changed by anyone.
+    g = inventory("h100-sxm-8x-healthy.json").gpus[0].model_copy(update={"ecc_mode": False})
+    said = {default: [f.summary for f in gpu_health.judge_gpu(g.model_copy(update={"ecc_default": default}), H100.gpu)] for default in (True, None, False)}
+    assert said == {True: ["GPU 0 (0000:1b:00.0): ECC is off"], None: ["GPU 0 (0000:1b:00.0): ECC is off"], False: []}
+
+
 def test_a_missing_nvlink_fails_naming_the_link():
     g = inventory("h100-sxm-8x-healthy.json").gpus[3]
     (fail,) = gpu_health.judge_gpu(g.model_copy(update={"nvlinks_active": 17, "nvlinks_down": [5]}), H100.gpu, fabric="nvswitch")

@@ -64,6 +64,13 @@ def test_a_gpu_of_which_too_little_was_free_to_test_warns_instead_of_passing():
     assert found[0].cause == "too little was free to test: GPU 1: 0 MiB of 80.0 GiB (512 MiB free)"
 
 
+def test_a_gpu_on_the_hosts_memory_tested_at_the_half_its_worker_took_is_covered():
+    # A unified-memory GPU (GB10's kin, under generic's 0.9): its worker took half of the 100 GiB free.
+    took = {"total_bytes": 120 << 30, "free_bytes": 100 << 30, "buffer_bytes": 50 << 30, "fraction": 0.5}
+    assert memtest.judge(facts({}, took), EXPECT) == []
+    assert [x.summary for x in memtest.judge(facts({}, {**took, "fraction": None}), EXPECT)] == ["memory test covered under half of GPU 1's memory"]
+
+
 def test_memtest_runs_over_the_cpu_profiles_host_buffers(tmp_path):
     p = run_preflight(["run", "--profile", "cpu", "--level", "full", "--only", "memtest", "--json"], env={**clean_env(), "PREFLIGHT_LOCK_FILE": str(tmp_path / "lock")})
     assert p.returncode == 0, p.stderr

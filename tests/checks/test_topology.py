@@ -281,7 +281,7 @@ def test_a_pair_bridged_with_fewer_links_fails_once_naming_the_pair():
 
 def test_gpus_with_an_unknown_numa_node_are_never_called_one_node():
     half = t.TopologyFacts(matrix=topo.parse(matrix(2, {"0-1": "SYS"}, [0, None], cpus=["0-63", "64-127"])))
-    found = t.judge(half, t.GENERIC, None)["numa"]
+    found = t.judge(half, t.ANY_SKU, None)["numa"]
     assert [x.summary for x in found] == ["NUMA node of GPU 1 unknown", "GPUs span 2 NUMA nodes (CPUs 0-63: GPU 0; CPUs 64-127: GPU 1)"]
     assert "capture does not say" in found[0].cause  # a capture: the kernel was never asked
     advice = t.advise(half)
@@ -293,7 +293,7 @@ def test_gpus_with_an_unknown_numa_node_are_never_called_one_node():
 
 def test_gpus_affine_to_the_same_two_nodes_are_not_split():
     both = t.TopologyFacts(matrix=topo.parse(matrix(2, {"0-1": "NV4"}, ["0-1", "0-1"], cpus=["0-23", "0-23"])))
-    assert both.matrix.spans_numa is False and t.judge(both, t.GENERIC, None)["numa"] == []
+    assert both.matrix.spans_numa is False and t.judge(both, t.ANY_SKU, None)["numa"] == []
     assert t.advise(both).summary == "every GPU is affine to the same NUMA nodes: no per-rank binding needed"
 
 

@@ -74,7 +74,7 @@ def test_auto_without_a_driver_fails_with_the_cause_and_the_dry_run_hint(tmp_pat
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--profile", "h900"], "unknown profile 'h900'; choose one of: auto, a100-pcie, a100-sxm4-80gb, cpu, gb10, h100-nvl"),
+        (["--profile", "h900"], "unknown profile 'h900'; choose one of: auto, a100-pcie, a100-sxm4-80gb, cpu, gb10, generic, h100-nvl"),
         (["--profile", "cpu", "--only", "nosuch"], "only (--only, PREFLIGHT_ONLY or config): nosuch: no such check; installed checks:"),
         (["--profile", "cpu", "--skip", "nosuch"], "skip (--skip, PREFLIGHT_SKIP or config): nosuch: no such check"),
         (["--profile", "cpu", "--only", "shm", "--skip", "shm"], "only and skip both name shm"),
@@ -398,7 +398,7 @@ def test_show_profile_without_a_name_or_a_driver_asks_for_a_name_and_lists_them(
     r = invoke("show-profile")
     assert r.exit_code == 2 and r.stdout == "" and r.stderr.count("\n") == 1
     assert "no profile named, and `auto` has no GPU to pick by here (no NVIDIA driver" in r.stderr
-    assert "name one: preflight show-profile NAME, with NAME one of a100-pcie, a100-sxm4-80gb, cpu, gb10, h100-nvl" in r.stderr
+    assert "name one: preflight show-profile NAME, with NAME one of a100-pcie, a100-sxm4-80gb, cpu, gb10, generic, h100-nvl" in r.stderr
 
 
 def test_show_profile_without_a_name_still_picks_by_gpu_where_nvml_answers(monkeypatch):

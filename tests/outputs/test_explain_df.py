@@ -1,5 +1,5 @@
 """`preflight explain` of `df` output: /dev/shm judged by the shm check's own
-judge against the profile's floor, or the generic floor where none is named."""
+judge against the profile's floor, or the least floor any built-in sets where none is named."""
 
 import pytest
 from conftest import FIXTURES
@@ -33,7 +33,7 @@ def test_dockers_64m_fails_with_the_shm_checks_words_against_the_generic_floor()
     assert "--shm-size=1g" in fail.fix and "--ipc=host" in fail.fix and "medium: Memory" in fail.fix
     assert info.severity == "info" and info.summary == "/dev/shm: 64 MiB, 64 MiB free (shm); the floor is 1 GiB"
     assert e.facts["floor_profile"] == "cpu" and e.facts["floor_bytes"] == GiB
-    assert e.facts["floor_from"].startswith("no --profile given: the generic floor, profile cpu's")
+    assert e.facts["floor_from"].startswith("no --profile given: the least floor, profile cpu's")
     assert "NGC" in e.facts["floor_source"]
     assert e.facts["shm"]["size_bytes"] == 64 * MiB and e.facts["layout"] == "human" and len(e.facts["rows"]) == 10
 

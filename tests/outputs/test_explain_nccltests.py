@@ -200,3 +200,13 @@ def test_rows_past_the_cap_are_said_in_the_facts():
 def test_the_floor_names_its_profile_not_a_path_on_this_machine():
     fail = next(i for i in explain("16_").findings if i.severity == "fail")
     assert "profile h100-sxm)" in fail.cause and ".toml" not in fail.cause and "/preflight/" not in fail.cause
+
+
+def test_a_model_no_profile_names_is_judged_by_generic_which_holds_no_floor_and_says_why():
+    head = "".join(f"#  Rank  {r} Group  0 Pid 4{r} on    node001 device  {r} [0x{r + 1:02x}] NVIDIA L40S\n" for r in range(4))
+    rows = "".join(f"  {s}  {s // 4}  float  sum  -1  {s / 20e3:.1f}  20.00  30.00  0  {s / 20e3:.1f}  20.00  30.00  0\n" for s in (1 << 30, 2 << 30))
+    e = explain_nccltests.explain(head + rows, "l40s.txt", None)
+    assert e.facts["judged"]["verdict"] == "not judged" and not e.failed
+    assert e.facts["judged"]["reason"] == ("profile generic has no allreduce_bus_bandwidth floor (the header's GPU model 'NVIDIA L40S': "
+                                           "no profile names this model, so profile generic: what needs no SKU is judged, no floor of the model "
+                                           "is; add a profile for the model (`preflight calibrate` on a healthy node measures its floors))")

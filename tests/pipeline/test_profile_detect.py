@@ -69,10 +69,49 @@ def test_builtin_profiles_pick_every_sku_by_its_nvml_name(name, device, expected
     assert profile_detect.pick([(name, device)], builtin)[0] == expected
 
 
-def test_builtin_profiles_refuse_a_sku_they_do_not_describe():
+# Models no built-in profile names, as NVML and pci.ids name them: each runs under generic,
+# never under another SKU's floors (H200 NVL shares "H200" with the SXM board's pattern).
+UNKNOWN_MODELS = [
+    ("NVIDIA L40S", "0x26b9"),
+    ("NVIDIA B200", "0x2901"),
+    ("Tesla T4", "0x1eb8"),
+]
+
+
+@pytest.mark.parametrize("name, device", UNKNOWN_MODELS)
+def test_builtin_profiles_run_a_sku_they_do_not_describe_under_generic_and_say_so(name, device):
     builtin = {n: profiles.load(p) for n, p in profiles.available(None).items()}
-    with pytest.raises(DetectionFailed, match="no profile matches"):
-        profile_detect.pick([("NVIDIA H200 NVL", "0x233b")], builtin)
+    chosen, why = profile_detect.pick([(name, device)] * 4, builtin)
+    assert chosen == "generic"
+    assert why == (f"auto: 4 x {name} (PCI device id {device}): no profile names this model, so profile generic: what needs no SKU "
+                   "is judged, no floor of the model is; add a profile for the model (`preflight calibrate` on a healthy node measures its floors)")
+
+
+def test_a_model_a_profile_names_but_not_its_pci_id_runs_under_generic_naming_that_profile():
+    builtin = {n: profiles.load(p) for n, p in profiles.available(None).items()}
+    chosen, why = profile_detect.pick([("NVIDIA H200 NVL", "0x233b")] * 2, builtin)
+    assert chosen == "generic"
+    assert why.startswith("auto: 2 x NVIDIA H200 NVL (PCI device id 0x233b): profile h200-sxm names 'NVIDIA H200 NVL' ('NVIDIA H200') "
+                          "but not PCI device id 0x233b (0x2335), so profile generic: what needs no SKU is judged")
+
+
+def test_generic_is_never_picked_by_name_and_mixed_models_still_fail():
+    builtin = {n: profiles.load(p) for n, p in profiles.available(None).items()}
+    assert builtin["generic"].match == []
+    assert profile_detect.pick([("NVIDIA H100 80GB HBM3", "0x2330")], builtin)[0] == "h100-sxm"
+    with pytest.raises(DetectionFailed, match="mixed GPU models"):
+        profile_detect.pick([("NVIDIA L40S", "0x26b9"), ("NVIDIA B200", "0x2901")], builtin)
+    with pytest.raises(DetectionFailed, match="NVML reports no GPU"):
+        profile_detect.pick([], builtin)
+
+
+def test_a_site_generic_profile_is_the_one_auto_falls_back_to(tmp_path):
+    text = profiles.find("generic", None).read_text().replace("[floors.vcpus_per_gpu]\n", "[floors.vcpus_per_gpu]\n# the site's own\n")
+    text = text.replace("value = 3\n", "value = 6\n", 1)
+    (tmp_path / "generic.toml").write_text(text)
+    found = {n: profiles.load(p) for n, p in profiles.available(tmp_path).items()}
+    assert profile_detect.pick([("NVIDIA L40S", "0x26b9")], found)[0] == "generic"
+    assert found["generic"].floors["vcpus_per_gpu"].value == 6
 
 
 @no_driver

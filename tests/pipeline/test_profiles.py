@@ -23,7 +23,7 @@ def test_every_builtin_profile_is_valid_and_cited():
 
 
 def test_unknown_profile_names_the_choices():
-    with pytest.raises(UsageError, match=r"unknown profile 'h900'; choose one of: auto, a100-pcie, a100-sxm4-80gb, cpu, gb10, h100-nvl, h100-pcie, h100-sxm, h200-sxm"):
+    with pytest.raises(UsageError, match=r"unknown profile 'h900'; choose one of: auto, a100-pcie, a100-sxm4-80gb, cpu, gb10, generic, h100-nvl, h100-pcie, h100-sxm, h200-sxm"):
         profiles.find("h900", None)
 
 
@@ -148,6 +148,9 @@ def test_every_gpu_profile_with_bandwidth_cites_its_sizes_and_floors():
         if "bandwidth" not in p.checks:
             continue
         assert p.bandwidth and p.bandwidth.sizes_source.strip(), name
+        if p.gpu and not p.gpu.model_floors:  # generic: no model, no floor of one; its figures are held to the node's own GPUs
+            assert not any(f.endswith(("_bandwidth", "_latency", "_throughput")) for f in p.floors) and p.outliers, name
+            continue
         needed = ("hbm_copy_bandwidth", "h2d_bandwidth", "d2h_bandwidth") if p.has_gpus else ("memcpy_bandwidth",)
         assert all(f in p.floors and p.floors[f].unit == "bytes_per_second" for f in needed), name
         assert all(p.floors[f].bound == "max" and p.floors[f].unit == "seconds" for f in p.floors if "latency" in f), name
@@ -280,3 +283,20 @@ def test_show_profile_gives_the_drift_rule_and_its_source():
     text = describe(profiles.resolve(profiles.load(path), path, {}, "--profile cpu"))
     assert "  drift (against the node's own history): WARN where a figure's median over the last 5 runs is more than 30% under" in text
     assert "      source: 2-core CI VM run to run (2026-11-22)" in text
+
+
+@pytest.mark.parametrize("name", sorted(profiles.available(None)))
+def test_every_builtin_profile_plans_every_level_it_has(tmp_path, name):
+    """What `preflight run --profile NAME --level L` checks before anything runs (the floors
+    each check needs, the order): a built-in profile that fails it exits 2 on every node."""
+    from preflight.pipeline import plan as plan_mod
+    from preflight.pipeline import settings as settings_mod
+
+    p = profiles.load(profiles.find(name, None))
+    fake = FIXTURES / "nvml" / "h100-sxm-8x-healthy.json"
+    for level in ("quick", "standard", "full"):
+        if getattr(p.levels, level, None) is None:
+            continue
+        flags = {"profile": name, "level": level, "report": tmp_path / "report.json", **({"nvml_fake": fake} if p.has_gpus else {})}
+        planned = plan_mod.plan(settings_mod.load(flags, None, environ={}))
+        assert [c.name for c in planned.checks] == getattr(p.levels, level).checks, (name, level)

@@ -39,6 +39,16 @@ def test_the_adapter_reads_every_fact_the_fake_file_holds(fake_nvml, path):
     assert nvml.inventory().model_dump(exclude={"source"}) == FakeNvml(path).model_dump(exclude={"source"})
 
 
+def test_the_ecc_mode_a_card_ships_with_is_read_where_nvml_says_it(fake_nvml, tmp_path):
+    # A workstation card: ECC off, as it ships; the first GPU's driver says nothing of its default.
+    data = json.loads((FIXTURES / "l40s-2x.json").read_text())
+    data["gpus"][0].update(ecc_mode=False, ecc_default=None)
+    data["gpus"][1].update(ecc_mode=False, ecc_default=False)
+    (tmp_path / "workstation.json").write_text(json.dumps(data))
+    fake_nvml(facts=tmp_path / "workstation.json")
+    assert [(g.ecc_mode, g.ecc_default) for g in nvml.inventory().gpus] == [(False, None), (False, False)]
+
+
 def test_a_gpu_lost_mid_query_is_named_by_its_pci_address(fake_nvml):
     fake_nvml(facts=FIXTURES / "h100-sxm-gpu-lost.json")
     inv = nvml.inventory()

@@ -317,13 +317,13 @@ def test_empty_cells_in_every_driver_layout_are_unknown(text, want, note):
 
 def test_empty_cells_never_make_the_judge_invent_a_finding():
     """GPU2 and GPU3 say nothing about their CPUs and NUMA node: no NUMA finding and no CPU split is drawn from them."""
-    from preflight.checks.topology import GENERIC, judge
+    from preflight.checks.topology import ANY_SKU, judge
     from preflight.readers.machine.layout import TopologyFacts
 
     text = handmade("H1").replace("\t\t1\t\tN/A", "\t\t\t\tN/A")
     facts = TopologyFacts(matrix=parse(text), matrix_source="h1")
     assert facts.matrix.spans_numa is None and facts.matrix.cpu_groups == ["0-23"]
-    found = [f for part in judge(facts, GENERIC, None, None).values() for f in part]
+    found = [f for part in judge(facts, ANY_SKU, None, None).values() for f in part]
     assert not [f for f in found if "NUMA" in f.summary or "CPU" in f.summary], [f.summary for f in found]
 
 

@@ -2,7 +2,7 @@
 own judge (checkkit/shm_judges.py judge_space, and judge_mount where `df -T` printed the
 filesystem type) against the profile's shm_min_bytes floor.
 
-Without --profile the floor is the generic one, profile cpu's: the smallest a
+Without --profile the floor is the least one, profile cpu's: the smallest a
 built-in profile sets (NGC's --shm-size=1g). A GPU profile sets more (16 GiB
 on the 8-GPU SKUs), and a df capture does not say which GPU the node has, so
 the answer says which floor it used and --profile gives the SKU's.
@@ -22,7 +22,7 @@ from preflight.readers.system.shm_mount import Mount
 
 KIND, TITLE = "df", "df output"
 FLOOR = "shm_min_bytes"
-GENERIC = "cpu"  # the profile whose floor holds where no profile is named: the smallest any built-in sets
+LEAST = "cpu"  # the profile whose floor holds where no profile is named: the smallest any built-in sets
 NO_ROW = "the df output has no /dev/shm row; run `df -h /dev/shm`"
 NOT_DF = "holds no df output (no `Filesystem ... Mounted on` header); run `df -h /dev/shm`"
 
@@ -33,12 +33,12 @@ def floor_of(profile: ResolvedProfile | None) -> tuple[float, dict]:
         f = profile.floors[FLOOR]
         return f.value, {"floor_profile": profile.name, "floor_from": f"profile {profile.name} ({f.origin})", "floor_source": f.source}
     why = "no --profile given" if profile is None else f"profile {profile.name} sets no {FLOOR}"
-    generic = profiles.load(profiles.find(GENERIC, None)).floors[FLOOR]
-    return generic.value, {
-        "floor_profile": GENERIC,
-        "floor_from": f"{why}: the generic floor, profile {GENERIC}'s, the smallest a built-in profile sets; "
+    least = profiles.load(profiles.find(LEAST, None)).floors[FLOOR]
+    return least.value, {
+        "floor_profile": LEAST,
+        "floor_from": f"{why}: the least floor, profile {LEAST}'s, the smallest a built-in profile sets; "
                       "a GPU profile sets more (pass --profile for the node's GPU)",
-        "floor_source": generic.source,
+        "floor_source": least.source,
     }
 
 

@@ -87,7 +87,7 @@ def pick_profile(t: Table, given: ResolvedProfile | None) -> tuple[ResolvedProfi
         name, _ = profile_detect.pick([(t.gpus[0], None)], known)
     except profile_detect.DetectionFailed as e:
         return None, f"{e.cause}; pass --profile NAME"
-    why = f"the header's GPU model {t.gpus[0]!r} matched profile {name}"
+    why = f"the header's GPU model {t.gpus[0]!r}" + (f": {profile_detect.generic_why()}" if name == profile_detect.GENERIC else f" matched profile {name}")
     return profiles.resolve(known[name], profiles.find(name, None), {}, why), why
 
 
@@ -117,7 +117,7 @@ def judge_floor(t: Table, p: ResolvedProfile | None, why: str) -> tuple[list[Ite
     name = bandwidth_figures.INTERNODE[name] if nodes > 1 else name
     floor = p.floors.get(name)
     if floor is None:
-        return unjudged(f"profile {p.name} has no {name} floor")
+        return unjudged(f"profile {p.name} has no {name} floor" + (f" ({why})" if p.name == profile_detect.GENERIC else ""))
     node = shape.NodeShape(gpus=per_node, gpus_from="the output's ranks", fabric="unknown", fabric_from="not in the output")
     # The output does not say how the GPUs are joined: a floor's fabric is taken as the node's, since
     # the profiles cite whole-node floors only for their SXM models' full NVSwitch boards.

@@ -55,7 +55,7 @@ def explain(text: str, source: str, profile: ResolvedProfile | None = None) -> E
     expect = profile.gpu if profile else None
     if expect is not None and capture.driver_version is None:
         # A fragment without its header: the driver floor cannot be judged, the rest can.
-        expect = expect.model_copy(update={"driver_min": ""})
+        expect = expect.model_copy(update={"driver_min": None})
     names = [_name(g, i, len(capture.gpus)) for i, g in enumerate(capture.gpus)]
     seen = [corroborated(g) for g in capture.gpus]
     loaded = {gpu.pci_bus_id: link for gpu, g in zip(gpus, capture.gpus) if (link := under_load(g)[0])}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from preflight.base.errors import UsageError
 from preflight.checkkit.placement import advise
-from preflight.checks.topology import GENERIC, judge
+from preflight.checks.topology import ANY_SKU, judge
 from preflight.outputs.explain import topology_text
 from preflight.outputs.explain.explained import Explained, items
 from preflight.pipeline.profiles import ResolvedProfile
@@ -41,6 +41,6 @@ def explain(text: str, source: str, profile: ResolvedProfile | None) -> Explaine
     except topo.TopoParseError as e:
         raise UsageError(f"{source}: {e}; {UNEDITED}") from None
     floor = profile.floors["vcpus_per_gpu"].value if profile and "vcpus_per_gpu" in profile.floors else None
-    parts = judge(facts, (profile.topology if profile else None) or GENERIC, floor, None)
+    parts = judge(facts, (profile.topology if profile else None) or ANY_SKU, floor, None)
     return Explained(kind=KIND, title=TITLE, source=source,
                      findings=[i for found in parts.values() for i in items(found)], facts=_facts(facts, profile))

@@ -14,7 +14,7 @@ from preflight.base.findings import Finding, Status
 from preflight.base.host import Host
 from preflight.checkkit.placement import Advice, advise
 from preflight.checkkit.topology_judges import name_list
-from preflight.checks.topology import GENERIC, Topology, gather, judge, sources
+from preflight.checks.topology import ANY_SKU, Topology, gather, judge, sources
 from preflight.pipeline import plan as pipeline
 from preflight.pipeline import profile_detect
 from preflight.pipeline.profiles import ResolvedProfile
@@ -100,7 +100,7 @@ def explain(facts: TopologyFacts, profile: ResolvedProfile | None, live: bool, f
     --nvml-fake file, which, as in a run, fails closed; ``shape`` is this
     node's (None for a saved capture)."""
     floor = profile.floors["vcpus_per_gpu"].value if profile and "vcpus_per_gpu" in profile.floors else None
-    parts = judge(facts, (profile.topology if profile else None) or GENERIC, floor, shape)
+    parts = judge(facts, (profile.topology if profile else None) or ANY_SKU, floor, shape)
     if fake is not None:
         parts["source"] = [nvml.fake_finding(fake)]
     advice = advise(facts)

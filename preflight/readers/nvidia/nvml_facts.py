@@ -61,6 +61,9 @@ class Gpu(_Facts):
     compute_mode: Literal["default", "exclusive_thread", "prohibited", "exclusive_process"] | None = None
     memory_total_bytes: int | None = Field(default=None, ge=0)
     ecc_mode: bool | None = None
+    # The board's ECC mode as it ships (nvmlDeviceGetDefaultEccMode): workstation cards ship with
+    # ECC off, and off is then how the card was sold, not a setting someone changed.
+    ecc_default: bool | None = None
     ecc_uncorrectable_volatile: int | None = Field(default=None, ge=0)
     ecc_uncorrectable_aggregate: int | None = Field(default=None, ge=0)
     retired_pages_pending: bool | None = None  # pre-Ampere; Ampere and later remap rows

@@ -151,6 +151,8 @@ def _gpu(pynvml: Any, i: int, h: Any, bus: str, device_id: int) -> dict[str, Any
         "compute_mode": COMPUTE_MODES.get(opt("nvmlDeviceGetComputeMode")),
         "memory_total_bytes": memory.total if memory else None,
         "ecc_mode": _flag(ecc[0]) if ecc else None,
+        # Asked quietly: a driver that cannot say leaves the default unknown, never a failed query.
+        "ecc_default": _flag(optional(pynvml, "nvmlDeviceGetDefaultEccMode", h)),
         "ecc_uncorrectable_volatile": opt("nvmlDeviceGetTotalEccErrors", 1, 0),  # UNCORRECTED, VOLATILE
         "ecc_uncorrectable_aggregate": opt("nvmlDeviceGetTotalEccErrors", 1, 1),  # UNCORRECTED, AGGREGATE
         "retired_pages_pending": _flag(opt("nvmlDeviceGetRetiredPagesPendingStatus")),
