@@ -33,7 +33,7 @@ from preflight.checkkit import confirm, host_link
 from preflight.checkkit import nvls as nvls_mod
 from preflight.checkkit import outliers
 from preflight.checkkit.bandwidth_figures import (
-    BPS, MEMBERS, REASONS, SECONDS, WORDS, BandwidthFacts, Figure, RankReport, cohort, figures, link_kinds, source, who,
+    BPS, COLLECTIVE, INTERNODE, MEMBERS, PER_DEVICE, REASONS, SECONDS, WORDS, BandwidthFacts, Figure, RankReport, cohort, figures, link_kinds, source, who,
 )
 from preflight.checkkit.bandwidth_plan import (
     exclusive_gpus, foreign_contexts, foreign_line, seconds_skipped, steps_again, steps_for, time_line,
@@ -118,10 +118,14 @@ def judge_peer_access(f: BandwidthFacts, nvlink_pairs: set[frozenset[int]], all_
     return [Finding(FAIL, f"no peer access between NVLink GPUs ({bad[0]})", cause, remedy)]
 
 
-def judge_setup(f: BandwidthFacts) -> list[Finding]:
-    """Sizes clamped to the memory free now, and ranks that could not be bound to their NUMA node."""
+def judge_setup(f: BandwidthFacts, floors: dict[str, ResolvedFloor] | None = None) -> list[Finding]:
+    """Sizes clamped to the memory free now, where a floor judges the figure (``floors``; None:
+    every figure), and ranks that could not be bound to their NUMA node. A figure no floor judges
+    may run smaller, as on a card of a few GiB under generic: it is only reported."""
     out = []
-    clamped = sorted({res.clamped for o in f.ranks if isinstance(o.report, RankReport) for res in o.report.results if res.clamped})
+    judged = (lambda step: True) if floors is None else (
+        lambda step: any(n in floors for n in (PER_DEVICE.get(step), COLLECTIVE.get(step), INTERNODE.get(COLLECTIVE.get(step, ""))) if n))
+    clamped = sorted({res.clamped for o in f.ranks if isinstance(o.report, RankReport) for res in o.report.results if res.clamped and judged(res.step)})
     if clamped:
         cause = "the profile's sizes did not fit in the memory free now, so these ran smaller and their figures may read low: " + "; ".join(clamped[:6])
         remedy = "find what holds the memory (`nvidia-smi`, other jobs) before trusting the node; or lower the sizes in the profile's [bandwidth]"
@@ -143,7 +147,7 @@ def judge(f: BandwidthFacts, figs: list[Figure], floors: dict[str, ResolvedFloor
         "run": ranks_judge.judge_run(f, "the bandwidth worker", by_hand(f)),
         "floors": judge_floors(figs, floors, expect.margin),
         "peer_access": judge_peer_access(f, nvlink_pairs, all_nvlink),
-        "setup": judge_setup(f),
+        "setup": judge_setup(f, floors),
     }
 
 

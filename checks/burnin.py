@@ -178,7 +178,7 @@ def judge_nvml(figs: dict[int, dict], expect: BurninExpect) -> list[Finding]:
             out.append(Finding(FAIL, f"{who}: {fig['ecc_new']} new uncorrectable ECC error(s) during burn-in",
                                f"{who}'s volatile uncorrectable ECC count rose from {fig['ecc_before']} by {fig['ecc_new']} under load",
                                "drain the node; reset the GPU (`nvidia-smi -r`) and check row remapping (`nvidia-smi -q -d ROW_REMAPPER`); RMA if it recurs"))
-        held = {k: v for k, v in (fig.get("throttle_share") or {}).items() if v > expect.throttle_fraction}
+        held = {k: v for k, v in (fig.get("throttle_share") or {}).items() if k in expect.throttle_reasons and v > expect.throttle_fraction}
         if held:
             words = ", ".join(f"{k} in {v:.0%} of samples" for k, v in held.items())
             out.append(Finding(FAIL, f"{who} throttled under sustained load ({', '.join(held)})",

@@ -236,7 +236,8 @@ def judge_switches(shape: NodeShape, expect: FabricExpect) -> tuple[list[Finding
     if len(shape.pci_gpus) != expect.board_gpus:
         return [], f"the count of {expect.nvswitches} is for the {expect.board_gpus}-GPU board; this PCI bus shows {len(shape.pci_gpus)} GPUs"
     if shape.nvswitches == 0:
-        return [], ("no NVSwitch on this PCI bus: a VM whose switches the host keeps (shared NVSwitch virtualization); "
+        return [], ("no NVSwitch on this PCI bus: a VM whose switches the host keeps (shared NVSwitch virtualization), or a board "
+                    "whose switches are managed off the host's bus; "
                     "the GPUs' own fabric state stands for them")
     if shape.nvswitches < expect.nvswitches:
         return [Finding(FAIL, f"{shape.nvswitches} of {expect.nvswitches} NVSwitches on the PCI bus",
@@ -270,7 +271,8 @@ def judge(facts: FabricFacts, shape: NodeShape, expect: FabricExpect) -> tuple[d
     parts["nvswitches"], why = judge_switches(shape, expect)
     if why:
         unjudged["nvswitches"] = why
-    no_switch = ("no NVSwitch on this PCI bus: a VM whose host keeps the switches (shared NVSwitch virtualization)"
+    no_switch = ("no NVSwitch on this PCI bus: a VM whose host keeps the switches (shared NVSwitch virtualization), or a board "
+                 "whose switches are managed off the host's bus"
                  if shape.pci_gpus is not None and shape.nvswitches == 0 else None)
     parts["manager"], why, note = judge_manager(facts.manager, facts.inventory, registered, "gpus" not in unjudged, no_switch)
     if why:

@@ -100,6 +100,20 @@ def make_ctx(floors: dict[str, float] | None = None, host: Host | None = None) -
     return Context(profile=profile, settings=settings_mod.Settings(), host=host or Host())
 
 
+def load_worker(name: str):
+    """checks/workers/NAME.py as a module, as torchrun runs it: its siblings (_rank...) imported bare, from beside it."""
+    import importlib.util
+
+    from preflight.gpuwork import launch
+
+    if str(launch.WORKERS_DIR) not in sys.path:
+        sys.path.insert(0, str(launch.WORKERS_DIR))
+    spec = importlib.util.spec_from_file_location(f"{name}_worker", launch.WORKERS_DIR / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def nccl_fixture_text(prefix: str) -> str:
     """The recorded NCCL log (tests/fixtures/nccl) whose name starts with ``prefix``."""
     (path,) = (FIXTURES / "nccl").glob(prefix + "*.log")

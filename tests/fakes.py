@@ -449,7 +449,7 @@ nvmlDeviceGetMigMode = lambda h: [int(_fact(h, "mig_mode")), int(_fact(h, "mig_m
 nvmlDeviceGetComputeMode = lambda h: {"default": 0, "exclusive_thread": 1, "prohibited": 2, "exclusive_process": 3}[_given(h, "compute_mode")]
 nvmlDeviceGetMemoryInfo = lambda h: _Memory(_fact(h, "memory_total_bytes"))
 nvmlDeviceGetEccMode = lambda h: [int(_fact(h, "ecc_mode")), int(_fact(h, "ecc_mode"))]
-nvmlDeviceGetDefaultEccMode = lambda h: int(_given(h, "ecc_default"))
+nvmlDeviceGetDefaultEccMode = lambda h: [int(_given(h, "ecc_default"))]  # nvidia-ml-py: [state]
 nvmlDeviceGetTotalEccErrors = lambda h, kind, counter: _fact(
     h, "ecc_uncorrectable_volatile" if counter == 0 else "ecc_uncorrectable_aggregate")
 nvmlDeviceGetRetiredPagesPendingStatus = lambda h: int(_fact(h, "retired_pages_pending"))

@@ -47,6 +47,15 @@ def main(argv: list[str] | None = None) -> int:
     return _rank.guarded(lambda: run(args, me, report, save, fault), report, save)
 
 
+def gemm_dtype(capability: tuple[int, int] | None) -> str:
+    """The GEMMs' torch dtype: bf16 where the tensor cores do it (compute capability 8.0 on);
+    an older GPU, which only a profile of no SKU (generic) sends here, does fp16 (sums of 8192
+    products of numbers under 2 stay under 32768, within its range); the CPU (None) fp32."""
+    if capability is None:
+        return "float32"
+    return "bfloat16" if tuple(capability) >= (8, 0) else "float16"
+
+
 def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
     t0 = time.perf_counter()
     started = _rank.start_torch(args.device, me.local_rank, report, save)
@@ -56,9 +65,7 @@ def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
     report["stage"] = "build"
     save()
     gpu = device.type == "cuda"
-    # bf16 where the tensor cores do it (compute capability 8.0 on); an older GPU, which only a
-    # profile of no SKU (generic) sends here, does fp16: sums of 8192 products under 4 stay within its range.
-    dtype = (torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else torch.float16) if gpu else torch.float32
+    dtype = getattr(torch, gemm_dtype(torch.cuda.get_device_capability(device) if gpu else None))
     gen = torch.Generator(device="cpu").manual_seed(args.seed)
     # Inputs in [1, 2): no zeros, no denormals, every product term matters.
     a = (torch.rand(args.gemm_n, args.gemm_n, generator=gen) + 1).to(device, dtype)

@@ -46,6 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     return _rank.guarded(lambda: run(args, me, report, save, fault), report, save)
 
 
+def fraction_of_free(asked: float, integrated: bool) -> float:
+    """How much of the free memory to test. A GPU on the host's own memory (GB10 and its kin)
+    counts the host's free memory as its own: past half of it, the OOM killer may pick the agent
+    or a daemon (profile gb10), so it gets at most half, whatever the profile asks."""
+    return min(asked, UNIFIED_FRACTION) if integrated else asked
+
+
 def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
     t0 = time.perf_counter()
     started = _rank.start_torch(args.device, me.local_rank, report, save)
@@ -55,9 +62,7 @@ def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
     gpu = device.type == "cuda"
     if gpu:
         free, total = torch.cuda.mem_get_info(device)
-        # A GPU on the host's own memory (GB10 and its kin) counts the host's free memory as its
-        # own: past half of it, the OOM killer may pick the agent or a daemon (profile gb10).
-        fraction = min(args.fraction, UNIFIED_FRACTION) if torch.cuda.get_device_properties(device).is_integrated else args.fraction
+        fraction = fraction_of_free(args.fraction, torch.cuda.get_device_properties(device).is_integrated)
         size = int(free * fraction) - 2 * CHUNK_WORDS * 8  # room for a chunk's generated pattern and its compare
         report.update(fraction=fraction)
         # The other GPUs this process holds a context on (bandwidth's P2P copies, local rank 0 only,

@@ -102,16 +102,24 @@ def judge_inventory(
 
 
 def node_nvlinks(expect: GpuExpect | None, inv: Inventory, fabric: str) -> GpuExpect | None:
-    """``expect`` with the link count of the node's own best GPU, where the profile names no
-    SKU count (``nvlinks_from_node``) and the node joins its GPUs by NVLink: the GPUs of one
-    board are built alike, so one with fewer active links than its peers has lost some."""
+    """``expect`` with a link count the node itself gives, where the profile names no SKU count
+    (``nvlinks_from_node``). On an NVSwitch every GPU has the same links, so one with fewer than
+    the node's best has lost some. GPUs joined directly may differ by design (a cube mesh gives
+    some GPUs more links than others): there the count most of them have, where most agree."""
     if expect is None or not expect.nvlinks_from_node or expect.nvlinks or fabric not in ("nvswitch", "nvlink"):
         return expect
-    best = max(inv.gpus, key=lambda g: g.nvlinks_active or 0, default=None)
-    if best is None or not best.nvlinks_active:
+    counts = Counter(g.nvlinks_active for g in inv.gpus if g.nvlinks_active is not None)
+    if fabric == "nvswitch":
+        n = max(counts, default=0)
+        best = next((g for g in inv.gpus if g.nvlinks_active == n), None)
+        said = f"the most any GPU of this node has ({who(best)}: {n})" if best else ""
+    else:
+        n, held = counts.most_common(1)[0] if counts else (0, 0)
+        n = n if held * 2 > len(inv.gpus) else 0
+        said = f"the count {held} of the node's {len(inv.gpus)} GPUs have"
+    if not n:
         return expect
-    said = f"the most any GPU of this node has ({who(best)}: {best.nvlinks_active}); the profile names no count for this model"
-    return expect.model_copy(update={"nvlinks": best.nvlinks_active, "nvlinks_source": said})
+    return expect.model_copy(update={"nvlinks": n, "nvlinks_source": f"{said}; the profile names no count for this model"})
 
 
 def judge_models(models: Counter[tuple[str, str | None]]) -> list[Finding]:

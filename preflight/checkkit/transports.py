@@ -27,7 +27,12 @@ REMEDY = (
 def p2p_for_shape(expect: NcclExpect, shape: NodeShape | None) -> NcclExpect:
     """The profile's "P2P or fail" is for GPUs joined by NVLink. On a node whose
     GPUs are joined by PCIe only (a VM slice, bridge-less cards), P2P is a bonus
-    that ACS, an IOMMU or the hypervisor may forbid: a fallback warns."""
+    that ACS, an IOMMU or the hypervisor may forbid: a fallback warns. On an
+    NVSwitch it fails, whatever a profile of no one board (generic) says."""
+    if shape is not None and shape.fabric == "nvswitch" and expect.p2p != "fail":
+        # Every pair on an NVSwitch is joined by NVLink, whether or not the topology matrix could be read.
+        why = f"this node's GPUs are {FABRIC_WORDS[shape.fabric]} ({shape.fabric_from}): every pair is joined by NVLink"
+        return expect.model_copy(update={"p2p": "fail", "p2p_source": why})
     if expect.p2p != "fail" or shape is None or shape.fabric in ("nvswitch", "nvlink", "unknown"):
         return expect
     why = f"this node's GPUs are {FABRIC_WORDS[shape.fabric]} ({shape.fabric_from}): P2P over PCIe is not promised"

@@ -55,6 +55,8 @@ class GpuExpect(BaseModel):
             raise ValueError("pcie_gen needs pcie_source")
         if self.nvlinks_from_node and self.nvlinks:
             raise ValueError("nvlinks_from_node holds each GPU to the node's own count: set it or nvlinks, not both")
+        if self.model_floors and self.driver_min is None:
+            raise ValueError("driver_min is needed where the profile describes a GPU model (only model_floors = false goes without)")
         return self
 
 
@@ -291,6 +293,10 @@ class BurninExpect(BaseModel):
     clock_floor_fraction: float | None = Field(default=None, ge=0.1, le=1)
     # Thermal or power-brake throttling in more than this fraction of the samples is sustained.
     throttle_fraction: float = Field(default=0.1, ge=0, lt=1)
+    # Which of NVML's clocks-event reasons count as throttling (checks/burnin.py THROTTLE names them
+    # all); a profile of cards that sit at their thermal target by design (generic) leaves out SW thermal.
+    throttle_reasons: list[Literal["hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"]] = Field(
+        default_factory=lambda: ["hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"], min_length=1)
     clock_source: str | None = None
 
     @model_validator(mode="after")

@@ -65,7 +65,9 @@ def pick(gpus: list[tuple[str, str | None]], profiles: dict[str, Profile]) -> tu
     refused = []  # profiles whose pattern names the GPU but whose PCI ids are not its
     for name, profile in profiles.items():
         ids = profile.gpu.pci_device_ids if profile.gpu else []
-        named = [pattern for pattern in profile.match if pattern.lower() in gpu.lower()]
+        # Without an id to confirm it, a pattern must end the name: "NVIDIA H200" is in "NVIDIA H200 NVL".
+        unconfirmed = not device and ids
+        named = [pattern for pattern in profile.match if pattern.lower() in gpu.lower() and not (unconfirmed and not gpu.lower().endswith(pattern.lower()))]
         if device and ids and device not in ids:
             refused += [f"profile {name} names {gpu!r} ({named[0]!r}) but not PCI device id {device} ({', '.join(ids)})"] if named else []
             continue

@@ -122,6 +122,8 @@ class Profile(BaseModel):
     @model_validator(mode="after")
     def _gpu_table(self) -> Profile:
         gpus = self.has_gpus
+        if self.fabric is not None and self.fabric.nvswitches is None and (self.gpu is None or self.gpu.model_floors):
+            raise ValueError("[fabric] nvswitches and board_gpus are needed where the profile describes a GPU model (only model_floors = false goes without)")
         if gpus and "topology" in self.checks:
             if self.topology is None:
                 raise ValueError("checks lists topology but the [topology] table is missing")

@@ -360,6 +360,20 @@ def test_a_clamped_step_warns_with_what_was_clamped():
     assert clamp in x.cause and "nvidia-smi" in x.remedy
 
 
+def test_a_clamp_warns_only_where_a_floor_judges_the_figure():
+    # A card of a few GiB under generic, which holds no floor of its model: the smaller copy is only reported.
+    clamp = "hbm_copy: 1 GiB asked, 512 MiB used: 2 GiB free on cuda:0"
+    f = per_rank(1, lambda r: [step("hbm_copy", bytes=GIB // 2, moved_bytes=GIB, seconds=[0.1], clamped=clamp)])
+    assert bandwidth.judge_setup(f, {}) == []
+    assert [x.summary for x in bandwidth.judge_setup(f, {"hbm_copy_bandwidth": floor(1e12)})] == ["buffer sizes clamped to free memory"]
+
+
+def test_with_no_floor_the_summary_says_the_figures_are_held_to_the_node_s_own():
+    figs = h2d_on_8({})
+    assert "every figure within its floor" in bandwidth.summary(per_rank(1, lambda r: []), figs, {"h2d_bandwidth": floor(48 * GB)})
+    assert ", no floor for these figures (reported, and held to the node's own): host->device copy 55.0 GB/s" in bandwidth.summary(per_rank(1, lambda r: []), figs, {})
+
+
 def test_a_gpu_rank_without_numa_advice_warns_that_host_copies_may_read_low():
     f = per_rank(2, lambda r: [step("h2d", bytes=GIB, moved_bytes=GIB, seconds=[0.01])])
     f.ranks[1].report.binding = None

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import fakes
-from conftest import clean_env, make_ctx, run_preflight
+from conftest import clean_env, load_worker, make_ctx, run_preflight
 
 from preflight.checkkit import burnin_xid
 from preflight.checks import burnin
@@ -107,6 +107,20 @@ def test_sustained_thermal_or_power_brake_throttling_fails_and_a_moment_of_it_do
     found = judged(f, band=None)
     assert len(found) == 1 and found[0].summary == "GPU 2 throttled under sustained load (hw_thermal_slowdown)"
     assert "hw_thermal_slowdown in 50% of samples" in found[0].cause  # GPU 3's 5% brake is under the 10% allowed
+
+
+def test_under_generic_a_card_held_at_its_thermal_target_passes_and_hardware_slowdown_still_fails():
+    # A workstation card with a blower: SW thermal slowdown in every sample under load, as it is built to run; no clock floor.
+    from preflight.pipeline import profiles
+
+    generic = profiles.load(profiles.find("generic", None)).burnin
+    sw_thermal = 0x20
+    f = healthy(gpu1={"reasons": (sw_thermal,), "clock": 1100}, gpu2={"reasons": (sw_thermal,), "clock": 1100},
+                gpu3={"reasons": (sw_thermal,), "clock": 1100}, gpu0={"reasons": (sw_thermal,), "clock": 1100})
+    assert burnin.judge(f, burnin.rank_figures(f), generic, None) == []
+    assert [x.summary for x in burnin.judge(f, burnin.rank_figures(f), EXPECT, None)][0] == "GPU 0 throttled under sustained load (sw_thermal_slowdown)"
+    hot = healthy(gpu2={"reasons": (THERMAL, CAP)})
+    assert [x.summary for x in burnin.judge(hot, burnin.rank_figures(hot), generic, None)] == ["GPU 2 throttled under sustained load (hw_thermal_slowdown)"]
 
 
 def test_a_new_uncorrectable_ecc_error_fails():
@@ -289,3 +303,8 @@ def test_the_xid_reading_names_an_unreadable_journalctl_and_reads_dmesg(tmp_path
     sources = burnin.kernel_log_sources(where, facts.xid_unread)
     assert sources.details()["sources"] == {"kernel log": "dmesg"}
     assert {m.labels["tool"]: m.labels["fallback"] for m in sources.measurements()}["journalctl"] == "dmesg"
+
+
+@pytest.mark.parametrize("capability, dtype", [((9, 0), "bfloat16"), ((8, 0), "bfloat16"), ((12, 1), "bfloat16"), ((7, 5), "float16"), ((7, 0), "float16"), (None, "float32")])
+def test_the_burn_in_gemms_are_bf16_from_ampere_on_fp16_before_and_fp32_on_the_cpu(capability, dtype):
+    assert load_worker("burnin").gemm_dtype(capability) == dtype

@@ -4,7 +4,7 @@ profile's host buffers through the CLI, healthy and with a flipped bit."""
 
 import json
 
-from conftest import clean_env, fast_profile, run_preflight, workers_left
+from conftest import clean_env, fast_profile, load_worker, run_preflight, workers_left
 
 from preflight.base.findings import Status
 from preflight.checks import memtest
@@ -100,3 +100,8 @@ def test_a_rank_hung_in_memtest_is_named_once_its_peer_finished_not_at_the_deadl
     assert "once it made no progress after the other ranks finished" in result["cause"], result["cause"]
     assert result["details"]["timed_out"] is False and result["duration_seconds"] < 90
     assert not workers_left(tmp_path)
+
+
+def test_a_gpu_on_the_hosts_memory_is_tested_over_at_most_half_its_free_memory_whatever_the_profile_asks():
+    worker = load_worker("memtest")
+    assert (worker.fraction_of_free(0.9, True), worker.fraction_of_free(0.3, True), worker.fraction_of_free(0.9, False)) == (0.5, 0.3, 0.9)

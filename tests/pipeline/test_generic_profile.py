@@ -62,6 +62,24 @@ def test_a_gpu_with_no_link_fails_where_the_node_joins_its_gpus_by_nvlink(fabric
     assert found == (["GPU 6 (0000:d1:00.0): 0 of 18 NVLinks active"] if fails else [])
 
 
+def with_links(counts: list[int | None]) -> cuda.CudaFacts:
+    f = facts("h100-sxm-8x-healthy.json", init=None)  # NVML's facts alone: the GPUs cut to len(counts)
+    gpus = [g.model_copy(update={"nvlinks_active": n, "nvlinks_down": []}) for g, n in zip(f.inventory.gpus, counts)]
+    return f.model_copy(update={"inventory": f.inventory.model_copy(update={"gpus": gpus})})
+
+
+def test_gpus_joined_directly_are_held_to_the_count_most_of_them_have_where_most_agree():
+    node = lambda n: HGX8.model_copy(update={"fabric": "nvlink", "gpus": n, "pci_gpus": [str(i) for i in range(n)]})  # noqa: E731
+    # A cube mesh gives some GPUs more links than others by design (4, 4, 5, 5): no count most agree on, nothing judged.
+    assert judged(with_links([4, 4, 5, 5]), node(4)) == []
+    # Two bridged cards and a third without its bridge: held to the two's 4.
+    (x,) = judged(with_links([4, 4, 0]), node(3))
+    assert x.summary == "GPU 2 (0000:52:00.0): 0 of 4 NVLinks active"
+    assert "its peers have 4 (the count 2 of the node's 3 GPUs have; the profile names no count for this model)" in x.cause
+    # NVML silent on every GPU (a VM that hides NVLink): nothing to hold them to.
+    assert judged(with_links([None] * 8), HGX8.model_copy(update={"fabric": "nvlink"})) == []
+
+
 def test_fabric_judges_the_manager_and_the_registration_but_not_a_board_it_does_not_know():
     inv = FakeNvml(NVML / "h100-sxm-8x-fabric-completed.json")
     running = fabric.Manager(state="running", how="systemd unit nvidia-fabricmanager active")
@@ -74,10 +92,18 @@ def test_fabric_judges_the_manager_and_the_registration_but_not_a_board_it_does_
     assert [x.status for x in parts["gpus"]] == [Status.FAIL]
 
 
-def test_fabric_expect_takes_a_switch_count_only_with_the_board_it_is_for(tmp_path):
-    text = profiles.find("generic", None).read_text().replace('nvswitch_source = "', 'nvswitches = 4\nnvswitch_source = "', 1)
-    (tmp_path / "generic.toml").write_text(text)
-    with pytest.raises(profiles.UsageError, match="nvswitches and board_gpus go together"):
+@pytest.mark.parametrize("old, new, message", [
+    ('nvswitch_source = "', 'nvswitches = 4\nnvswitch_source = "', "nvswitches and board_gpus go together"),
+    ("nvlinks_from_node = true\n", "nvlinks_from_node = true\nnvlinks = 18\n", "set it or nvlinks, not both"),
+    # What generic may go without, a profile of one model may not: a forgotten key must not drop its judgement.
+    ("model_floors = false\n", "", "driver_min is needed where the profile describes a GPU model"),
+    ("model_floors = false\n", 'model_floors = true\ndriver_min = "535.54.03"\n', r"\[fabric\] nvswitches and board_gpus are needed where the profile describes a GPU model"),
+])
+def test_what_only_a_profile_of_no_model_may_leave_out_exits_2_naming_it_elsewhere(tmp_path, old, new, message):
+    text = profiles.find("generic", None).read_text()
+    assert text.count(old) == 1
+    (tmp_path / "generic.toml").write_text(text.replace(old, new))
+    with pytest.raises(profiles.UsageError, match=message):
         profiles.load(tmp_path / "generic.toml")
 
 

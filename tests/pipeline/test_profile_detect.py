@@ -36,6 +36,9 @@ def test_the_device_id_confirms_the_name():
     with pytest.raises(DetectionFailed, match=r"no profile matches GPU model 'NVIDIA H200 NVL' \(PCI device id 0x233b\)"):
         profile_detect.pick([("NVIDIA H200 NVL", "0x233b")], CANDIDATES)
     assert profile_detect.pick([("NVIDIA H200", None)], CANDIDATES)[0] == "h200-sxm"  # the name alone, when the id is unknown
+    # ... but then the pattern must end the name: an nccl-tests header names no id, and the H200 NVL is not the SXM board.
+    with pytest.raises(DetectionFailed, match="no profile matches GPU model 'NVIDIA H200 NVL' \\(PCI device id unknown\\)"):
+        profile_detect.pick([("NVIDIA H200 NVL", None)], CANDIDATES)
 
 
 @pytest.mark.parametrize(

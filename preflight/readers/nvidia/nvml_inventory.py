@@ -151,8 +151,7 @@ def _gpu(pynvml: Any, i: int, h: Any, bus: str, device_id: int) -> dict[str, Any
         "compute_mode": COMPUTE_MODES.get(opt("nvmlDeviceGetComputeMode")),
         "memory_total_bytes": memory.total if memory else None,
         "ecc_mode": _flag(ecc[0]) if ecc else None,
-        # Asked quietly: a driver that cannot say leaves the default unknown, never a failed query.
-        "ecc_default": _flag(optional(pynvml, "nvmlDeviceGetDefaultEccMode", h)),
+        "ecc_default": _ecc_default(pynvml, h),
         "ecc_uncorrectable_volatile": opt("nvmlDeviceGetTotalEccErrors", 1, 0),  # UNCORRECTED, VOLATILE
         "ecc_uncorrectable_aggregate": opt("nvmlDeviceGetTotalEccErrors", 1, 1),  # UNCORRECTED, AGGREGATE
         "retired_pages_pending": _flag(opt("nvmlDeviceGetRetiredPagesPendingStatus")),
@@ -222,6 +221,13 @@ def _rows(rows: Any) -> dict[str, Any] | None:
 
 def _maybe_text(v: Any) -> str | None:
     return None if v is None else as_text(v)
+
+
+def _ecc_default(pynvml: Any, h: Any) -> bool | None:
+    """The ECC mode the board ships with. Asked quietly: a driver that cannot say leaves it unknown,
+    never a failed query. nvidia-ml-py answers a one-item list ([state]), as it does the current mode's pair."""
+    v = optional(pynvml, "nvmlDeviceGetDefaultEccMode", h)
+    return _flag(v[0] if isinstance(v, (list, tuple)) and v else v if isinstance(v, int) else None)
 
 
 def _flag(v: Any) -> bool | None:
