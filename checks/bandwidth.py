@@ -237,7 +237,7 @@ def judge_transports(f: BandwidthFacts, ctx: Context) -> list[Finding]:
     topology = ctx.results.get("topology")
     expect = transports.p2p_for_shape(ctx.profile.nccl, ctx.shape)
     return transports.judge(f.nccl, f.ranks, nccl_env.read(ctx.host), expect, linked_pairs(topology, ("NV",)) or set(), linked_pairs(topology, ("PIX", "PXB")),
-                            during=" in the large collectives")
+                            during=" in the large collectives", by_design=transports.without_p2p_here(ctx))
 
 
 # ---- reporting ------------------------------------------------------------------

@@ -216,9 +216,10 @@ def judge_timing(f: NcclFacts, expect: NcclExpect) -> list[Finding]:
     return [Finding(WARN, f"slow {f.backend.upper()} init ({slowest:.1f} s)", cause, remedy)]
 
 
-def judge_transports(f: NcclFacts, expect: NcclExpect, nvlink_pairs: set[frozenset[int]], switch_pairs: set[frozenset[int]] | None = None) -> list[Finding]:
+def judge_transports(f: NcclFacts, expect: NcclExpect, nvlink_pairs: set[frozenset[int]], switch_pairs: set[frozenset[int]] | None = None,
+                     by_design: set[frozenset[int]] | None = None) -> list[Finding]:
     """The smoke test's channels (checkkit/transports.py)."""
-    return transports.judge(f.nccl, f.ranks, f.env, expect, nvlink_pairs, switch_pairs)
+    return transports.judge(f.nccl, f.ranks, f.env, expect, nvlink_pairs, switch_pairs, by_design=by_design)
 
 
 def judge_log(f: NcclFacts, run_failed: bool) -> list[Finding]:
@@ -232,13 +233,14 @@ def judge_log(f: NcclFacts, run_failed: bool) -> list[Finding]:
     return out
 
 
-def judge(f: NcclFacts, expect: NcclExpect, nvlink_pairs: set[frozenset[int]], switch_pairs: set[frozenset[int]] | None = None) -> dict[str, list[Finding]]:
+def judge(f: NcclFacts, expect: NcclExpect, nvlink_pairs: set[frozenset[int]], switch_pairs: set[frozenset[int]] | None = None,
+          by_design: set[frozenset[int]] | None = None) -> dict[str, list[Finding]]:
     run = judge_run(f)
     return {
         "environment": judge_env(f.env) + judge_ifnames(f.env, f.interfaces),
         "run": run,
         "timing": judge_timing(f, expect),
-        "transports": judge_transports(f, expect, nvlink_pairs, switch_pairs),
+        "transports": judge_transports(f, expect, nvlink_pairs, switch_pairs, by_design),
         "log": judge_log(f, any(x.status == FAIL for x in run)),
     }
 
@@ -322,7 +324,8 @@ class Nccl(Check):
         nproc = ctx.ranks(expect.ranks)
         facts = gather(ctx, nproc, expect, backend)
         expect = p2p_for_shape(expect, ctx.shape)
-        parts = judge(facts, expect, linked_pairs(ctx.results.get("topology"), ("NV",)) or set(), linked_pairs(ctx.results.get("topology"), ("PIX", "PXB")))
+        parts = judge(facts, expect, linked_pairs(ctx.results.get("topology"), ("NV",)) or set(), linked_pairs(ctx.results.get("topology"), ("PIX", "PXB")),
+                      transports.without_p2p_here(ctx))
         parts["network"], network = judge_network(facts, expect)
         details = facts.model_dump(mode="json", exclude={"nccl"})
         if network is not None:

@@ -450,6 +450,15 @@ nvmlDeviceGetComputeMode = lambda h: {"default": 0, "exclusive_thread": 1, "proh
 nvmlDeviceGetMemoryInfo = lambda h: _Memory(_fact(h, "memory_total_bytes"))
 nvmlDeviceGetEccMode = lambda h: [int(_fact(h, "ecc_mode")), int(_fact(h, "ecc_mode"))]
 nvmlDeviceGetDefaultEccMode = lambda h: [int(_given(h, "ecc_default"))]  # nvidia-ml-py: [state]
+
+
+def nvmlDeviceGetP2PStatus(h1, h2, index):
+    # The file's p2p_read of GPU h1 for h2's bus id (index READ only); not listed: NVML's "not supported".
+    said = (DEVICES[h1].get("p2p_read") or {}).get(DEVICES[h2]["pci_bus_id"])
+    if index != 0 or said is None:
+        raise NVMLError_NotSupported("Not Supported")
+    return ["ok", "chipset_not_supported", "gpu_not_supported", "topology_not_supported", "disabled_by_regkey", "not_supported", "unknown"].index(said)
+
 nvmlDeviceGetTotalEccErrors = lambda h, kind, counter: _fact(
     h, "ecc_uncorrectable_volatile" if counter == 0 else "ecc_uncorrectable_aggregate")
 nvmlDeviceGetRetiredPagesPendingStatus = lambda h: int(_fact(h, "retired_pages_pending"))

@@ -9,13 +9,17 @@ NCCL lines show (preflight/gpuwork/world.py gives each stage its own lines).
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 
 from preflight.base.findings import Finding, Status
 from preflight.gpuwork import ranks
+from preflight.pipeline.check import Context
 from preflight.pipeline.expectations import NcclExpect
 from preflight.pipeline.shape import FABRIC_WORDS, NodeShape
 from preflight.readers.nccl import nccl_env, nccl_log
+from preflight.readers.nvidia import nvml
+from preflight.readers.nvidia.nvml_facts import Inventory
 
 FAIL, WARN = Status.FAIL, Status.WARN
 REMEDY = (
@@ -39,14 +43,35 @@ def p2p_for_shape(expect: NcclExpect, shape: NodeShape | None) -> NcclExpect:
     return expect.model_copy(update={"p2p": "warn", "p2p_source": why})
 
 
+def without_p2p_here(ctx: Context) -> set[frozenset[int]]:
+    """without_p2p of the run's NVML facts; none where NVML is silent (the cuda check says why)."""
+    if not ctx.profile.has_gpus:
+        return set()
+    try:
+        return without_p2p(ctx.inventory(timeout=min(10.0, max(1.0, ctx.deadline - time.monotonic()))))
+    except nvml.NvmlUnavailable:
+        return set()
+
+
+def without_p2p(inventory: Inventory | None) -> set[frozenset[int]]:
+    """GPU pairs (nvidia-smi indices) NVML says cannot do P2P over PCIe by the GPU's design
+    (NVML_P2P_STATUS_GPU_NOT_SUPPORTED: GeForce cards, `nvidia-smi topo -p2p r` GNS): NCCL's
+    SHM between them is how such a node works, never a finding."""
+    index = {g.pci_bus_id.lower(): g.index for g in inventory.gpus} if inventory else {}
+    return {frozenset((g.index, index[bus.lower()])) for g in (inventory.gpus if inventory else []) for bus, said in (g.p2p_read or {}).items()
+            if said == "gpu_not_supported" and bus.lower() in index}
+
+
 def judge(log: nccl_log.NcclLog | None, outcomes: list[ranks.RankOutcome], env: dict[str, list[tuple[str, str]]], expect: NcclExpect,
-          nvlink_pairs: set[frozenset[int]], switch_pairs: set[frozenset[int]] | None = None, during: str = "") -> list[Finding]:
+          nvlink_pairs: set[frozenset[int]], switch_pairs: set[frozenset[int]] | None = None, during: str = "",
+          by_design: set[frozenset[int]] | None = None) -> list[Finding]:
     """Two ranks on this node should talk P2P (or NVLS). SHM between GPUs with
     NVLink fails; elsewhere it earns the profile's ``p2p`` status, but where
     the topology is known only for GPUs under one PCIe switch (``switch_pairs``:
     PIX/PXB), since NCCL's default P2P level stops at PXB on purpose. A network
     between two ranks of one node always fails. ``during`` names the collectives
-    in the summary (" in the large collectives"); ``env`` is NCCL's settings (nccl_env)."""
+    in the summary (" in the large collectives"); ``env`` is NCCL's settings (nccl_env);
+    ``by_design``: pairs whose GPUs cannot do P2P over PCIe at all (without_p2p)."""
     if log is None:
         return []
     # NCCL's log numbers ranks across the whole group; a node's outcomes know both numbers.
@@ -65,6 +90,8 @@ def judge(log: nccl_log.NcclLog | None, outcomes: list[ranks.RankOutcome], env: 
         nvlinked = ga is not None and gb is not None and frozenset((ga, gb)) in nvlink_pairs
         if "NET" in kinds:
             by_status[FAIL].append(pair)
+        elif not nvlinked and ga is not None and gb is not None and frozenset((ga, gb)) in (by_design or set()):
+            continue
         elif nvlinked or expect.p2p == "fail":
             by_status[FAIL].append(pair)
         elif expect.p2p == "warn" and (switch_pairs is None or (ga is not None and gb is not None and frozenset((ga, gb)) in switch_pairs)):

@@ -4,7 +4,7 @@ on recorded NCCL logs. The nccl check's own cases are in tests/checks/test_nccl_
 
 from __future__ import annotations
 
-from conftest import nccl_fixture_text
+from conftest import FIXTURES, nccl_fixture_text
 
 from preflight.base.findings import Status
 from preflight.checkkit import transports
@@ -12,6 +12,7 @@ from preflight.gpuwork import ranks
 from preflight.pipeline.expectations import NcclExpect
 from preflight.pipeline.shape import NodeShape
 from preflight.readers.nccl import nccl_log
+from preflight.readers.nvidia.nvml import FakeNvml
 
 WANT_P2P = NcclExpect(init_source="test", p2p="fail", p2p_source="test: GPUs joined by NVLink")
 
@@ -36,3 +37,19 @@ def test_on_gpus_joined_by_pcie_only_a_fallback_warns():
     (x,) = transports.judge(nccl_log.parse(nccl_fixture_text("02")), two_ranks(), {}, expect, set())
     assert x.status is Status.WARN
     assert transports.p2p_for_shape(WANT_P2P, NodeShape(gpus=8, gpus_from="test", fabric="nvswitch", fabric_from="test")) == WANT_P2P
+
+
+def test_gpus_that_cannot_do_p2p_by_design_go_through_host_memory_with_no_finding():
+    # Two GeForce cards (`nvidia-smi topo -p2p r` prints GNS between them, noonghunna/club-3090#1130):
+    # NVML says the GPU does not support P2P, so NCCL's SHM is how this node works, under any profile.
+    inv = FakeNvml(FIXTURES / "nvml" / "l40s-2x.json")
+    gpus = [g.model_copy(update={"p2p_read": {other.pci_bus_id: "gpu_not_supported"}}) for g, other in zip(inv.gpus, reversed(inv.gpus))]
+    consumer = inv.model_copy(update={"gpus": gpus})
+    assert transports.without_p2p(consumer) == {frozenset((0, 1))}
+    log = nccl_log.parse(nccl_fixture_text("02"))
+    warn = transports.p2p_for_shape(WANT_P2P, NodeShape(gpus=2, gpus_from="test", fabric="pcie", fabric_from="test"))
+    assert transports.judge(log, two_ranks(), {}, warn, set(), by_design=transports.without_p2p(consumer)) == []
+    # Where P2P is merely off (ACS, the chipset), the fallback is still said; between NVLink peers it still fails.
+    chipset = inv.model_copy(update={"gpus": [g.model_copy(update={"p2p_read": {o.pci_bus_id: "chipset_not_supported"}}) for g, o in zip(inv.gpus, reversed(inv.gpus))]})
+    assert [x.status for x in transports.judge(log, two_ranks(), {}, warn, set(), by_design=transports.without_p2p(chipset))] == [Status.WARN]
+    assert [x.status for x in transports.judge(log, two_ranks(), {}, warn, {frozenset((0, 1))}, by_design={frozenset((0, 1))})] == [Status.FAIL]

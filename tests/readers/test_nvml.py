@@ -49,6 +49,19 @@ def test_the_ecc_mode_a_card_ships_with_is_read_where_nvml_says_it(fake_nvml, tm
     assert [(g.ecc_mode, g.ecc_default) for g in nvml.inventory().gpus] == [(False, None), (False, False)]
 
 
+def test_whether_each_gpu_may_read_the_others_memory_is_read_as_nvml_says_it(fake_nvml, tmp_path):
+    # Two GeForce cards: `nvidia-smi topo -p2p r` prints GNS between them (noonghunna/club-3090#1130).
+    data = json.loads((FIXTURES / "l40s-2x.json").read_text())
+    buses = [g["pci_bus_id"] for g in data["gpus"]]
+    data["gpus"][0]["p2p_read"] = {buses[1]: "gpu_not_supported"}
+    data["gpus"][1]["p2p_read"] = {buses[0]: "gpu_not_supported"}
+    (tmp_path / "consumer.json").write_text(json.dumps(data))
+    fake_nvml(facts=tmp_path / "consumer.json")
+    assert [g.p2p_read for g in nvml.inventory().gpus] == [{buses[1]: "gpu_not_supported"}, {buses[0]: "gpu_not_supported"}]
+    fake_nvml(facts=FIXTURES / "l40s-2x.json")  # a driver that does not say: unknown, not a failed query
+    assert [(g.p2p_read, g.unanswered) for g in nvml.inventory().gpus] == [(None, {}), (None, {})]
+
+
 def test_a_gpu_lost_mid_query_is_named_by_its_pci_address(fake_nvml):
     fake_nvml(facts=FIXTURES / "h100-sxm-gpu-lost.json")
     inv = nvml.inventory()

@@ -18,6 +18,7 @@ class _Facts(BaseModel):
 
 # NVML prints "00000000:1B:00.0"; sysfs and lspci "0000:1b:00.0". Both are accepted.
 BusId = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")]
+P2pStatus = Literal["ok", "chipset_not_supported", "gpu_not_supported", "topology_not_supported", "disabled_by_regkey", "not_supported", "unknown"]
 
 
 class PcieLink(_Facts):
@@ -95,6 +96,10 @@ class Gpu(_Facts):
     # Active links whose far end is a GPU, by that GPU's PCI bus id as NVML prints it
     # (nvmlDeviceGetNvLinkRemotePciInfo_v2); None where no link ends at a GPU, or NVML cannot say.
     nvlink_peers: dict[BusId, Annotated[int, Field(ge=1)]] | None = None
+    # Whether this GPU may read another's memory over PCIe, by the other's PCI bus id, as NVML
+    # says (nvmlDeviceGetP2PStatus, READ; nvml_topology.P2P_STATUS); None where NVML did not say.
+    # "gpu_not_supported" is the product's design (GeForce cards: `nvidia-smi topo -p2p r` GNS).
+    p2p_read: dict[BusId, P2pStatus] | None = None
     # None: NVML has no fabric state for this GPU (before Hopper, or a driver without the call).
     fabric: GpuFabric | None = None
     # What the driver says the GPU needs to recover (nvml_inventory.RECOVERY_ACTIONS: NVML_FI_DEV_GET_GPU_RECOVERY_ACTION

@@ -12,7 +12,7 @@ from functools import reduce
 from typing import Any
 
 from preflight.readers.nvidia.nvml_calls import as_text, optional
-from preflight.readers.nvidia.nvml_topology import read_fabric, read_nvlinks, read_placement
+from preflight.readers.nvidia.nvml_topology import read_fabric, read_nvlinks, read_p2p, read_placement
 
 # nvml.h's clocks-event (formerly throttle) reason bits, by the name a report shows.
 CLOCKS_EVENTS = {
@@ -73,6 +73,7 @@ def read_inventory(pynvml: Any) -> dict[str, Any]:
         except pynvml.NVMLError as e:
             # GPU_IS_LOST, Unknown Error, handle not found: name the slot when we got that far.
             facts["lost"].append({"index": i, "pci_bus_id": bus, "error": str(e)})
+    read_p2p(pynvml, facts["gpus"], handles)
     _sample_clocks(pynvml, facts, handles)
     return facts
 
@@ -164,6 +165,7 @@ def _gpu(pynvml: Any, i: int, h: Any, bus: str, device_id: int) -> dict[str, Any
         "power_default_limit_w": default_power / 1000 if default_power is not None else None,
         **read_nvlinks(pynvml, h, unanswered),
         **read_placement(pynvml, h),
+        "p2p_read": None,  # across the GPUs, once every handle is in: read_p2p
         "fabric": read_fabric(pynvml, h, unanswered),
         "recovery_action": _recovery_action(pynvml, h, unanswered),
         "processes": [{"pid": p.pid, "used_memory_bytes": _bytes(getattr(p, "usedGpuMemory", None))} for p in procs] if procs is not None else None,

@@ -141,3 +141,28 @@ def _ranges(items: list[int]) -> str:
         else:
             out.append(str(x))
     return ",".join(out)
+
+
+# nvml.h nvmlGpuP2PStatus_t, in order; a code outside it reads as "unknown".
+P2P_STATUS = ("ok", "chipset_not_supported", "gpu_not_supported", "topology_not_supported", "disabled_by_regkey", "not_supported", "unknown")
+P2P_CAPS_INDEX_READ = 0  # nvml.h NVML_P2P_CAPS_INDEX_READ (nvidia-ml-py spells it a one-item tuple)
+
+
+def read_p2p(pynvml: Any, gpus: list[dict[str, Any]], handles: list[Any]) -> None:
+    """Each GPU's ``p2p_read``: whether it may read each other GPU's memory, as NVML says. Asked
+    quietly: a driver that cannot say leaves it unknown, never a failed query."""
+    if len(gpus) < 2 or not hasattr(pynvml, "nvmlDeviceGetP2PStatus"):
+        return
+    for g, h in zip(gpus, handles):
+        said = {}
+        for other, o in zip(gpus, handles):
+            if other is g:
+                continue
+            try:
+                code = optional(pynvml, "nvmlDeviceGetP2PStatus", h, o, P2P_CAPS_INDEX_READ)
+            except pynvml.NVMLError:  # lost since its facts were read: the clock window names it lost
+                code = None
+            if isinstance(code, int):
+                said[other["pci_bus_id"]] = P2P_STATUS[code] if 0 <= code < len(P2P_STATUS) else "unknown"
+        g["p2p_read"] = said or None
+
