@@ -165,11 +165,16 @@ def exit_code_of(verdict: Verdict, interrupted: int | None = None) -> int:
 
 
 def versions_of(results: list[Result]) -> dict[str, str]:
-    """The driver and CUDA version NVML gave the cuda check, and the torch the workers imported."""
+    """The driver and CUDA version NVML gave the cuda check, the torch the workers imported, and
+    the GPU model NVML names (``gpu``: what the fleet rules compare a node with; " + " between
+    several): one profile (generic) may judge many models."""
     out: dict[str, str] = {}
     for r in results:
         # The cuda check's versions once CUDA init ran; its NVML inventory alone when init never did.
         said = {**(r.details.get("inventory") or {}), **(r.details.get("versions") or {})}
+        models = sorted({str(g["name"]) for g in said.get("gpus") or [] if isinstance(g, dict) and g.get("name")})
+        if models and "gpu" not in out:
+            out["gpu"] = " + ".join(models)
         said.setdefault("driver", said.get("driver_version"))
         said.setdefault("cuda_driver", said.get("cuda_driver_version"))
         for key, field in (("driver", "driver"), ("cuda", "cuda_driver"), ("torch", "torch")):

@@ -59,7 +59,7 @@ def test_no_family_says_its_unit_twice(fixture):
 def test_the_run_families_a_dashboard_reads():
     fam = families(text_of("cpu-pass"))
     (info,) = fam["preflight_info"]
-    assert info.value == 1 and info.labels == {"version": "0.1.0", "profile": "cpu", "driver_version": "", "cuda_version": "", "torch_version": "2.13.0+cpu"}
+    assert info.value == 1 and info.labels == {"version": "0.1.0", "profile": "cpu", "driver_version": "", "cuda_version": "", "torch_version": "2.13.0+cpu", "gpu_model": ""}
     assert fam["preflight_run_passed"][0].value == 1
     assert fam["preflight_run_exit_code"][0].value == 0
     assert fam["preflight_run_timestamp_seconds"][0].value > 1.7e9
@@ -119,6 +119,8 @@ def test_gpu_figures_carry_dcgm_exporters_labels():
     assert len(temps) == 8 and temps[0].labels == {"gpu": "0", "UUID": "GPU-5c1b0c7e-8f2a-4d3b-9e6a-000000000000"}
     (info,) = fam["preflight_info"]
     assert (info.labels["driver_version"], info.labels["cuda_version"], info.labels["profile"]) == ("550.54.15", "12.4", "h100-sxm")
+    # The model the fleet rules compare a node with: profile generic judges many under one name.
+    assert info.labels["gpu_model"] == "NVIDIA H100 80GB HBM3"
 
 
 def test_a_repeated_label_set_is_exported_once():

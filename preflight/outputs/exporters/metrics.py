@@ -30,12 +30,12 @@ from preflight.base.findings import Status
 from preflight.base import safefile
 from preflight.base.errors import UsageError
 from preflight.outputs.record.last_report import Loaded, State, standing
-from preflight.pipeline.report import GroupRecord, Report, Verdict
+from preflight.pipeline.report import GroupRecord, Report, Verdict, versions_of
 from preflight.pipeline.report_schema import LEVELS
 
 PREFIX = "preflight_"
 TEXTFILE = "preflight.prom"
-INFO_LABELS = ("version", "profile", "driver_version", "cuda_version", "torch_version")
+INFO_LABELS = ("version", "profile", "driver_version", "cuda_version", "torch_version", "gpu_model")
 
 
 def gauge(name: str, doc: str, value: float | None = None, labels: dict[str, str] | None = None) -> GaugeMetricFamily:
@@ -51,9 +51,9 @@ def _ts(t: datetime) -> float:
 
 def report_families(r: Report) -> Iterator[Metric]:
     """Everything one report says, as metric families."""
-    v = r.versions
-    yield gauge("info", "preflight's version, the profile it judged against, and the versions the checks saw (always 1).", 1,
-                dict(zip(INFO_LABELS, (r.version, r.profile or "", v.get("driver", ""), v.get("cuda", ""), v.get("torch", "")))))
+    v = {**versions_of(r.checks), **r.versions}  # a report written before a version was kept (the GPU model) says it in its checks
+    yield gauge("info", "preflight's version, the profile it judged against, the versions and the GPU model the checks saw (always 1).", 1,
+                dict(zip(INFO_LABELS, (r.version, r.profile or "", v.get("driver", ""), v.get("cuda", ""), v.get("torch", ""), v.get("gpu", "")))))
     yield gauge("run_passed", "1 if the last run's verdict was pass (warnings allowed), else 0.", float(r.verdict == Verdict.PASS))
     yield gauge("run_exit_code", "Exit code of the last run: 0 pass, 1 a check failed, 3 preflight broke, 128+N a signal.", r.exit_code)
     yield gauge("run_timestamp_seconds", "When the last run finished, seconds since the epoch.", _ts(r.finished_at))
