@@ -454,6 +454,9 @@ nvmlDeviceGetDefaultEccMode = lambda h: [int(_given(h, "ecc_default"))]  # nvidi
 
 def nvmlDeviceGetP2PStatus(h1, h2, index):
     # The file's p2p_read of GPU h1 for h2's bus id (index READ only); not listed: NVML's "not supported".
+    for h in (h1, h2):
+        if h in LOST:
+            raise NVMLError_GpuIsLost(LOST[h]["error"])
     said = (DEVICES[h1].get("p2p_read") or {}).get(DEVICES[h2]["pci_bus_id"])
     if index != 0 or said is None:
         raise NVMLError_NotSupported("Not Supported")

@@ -12,9 +12,10 @@ as driver 580 prints it, and for the node shapes built around a real `topo -m`
 capture of tests/fixtures/topo (2 x A100 PCIe on two sockets, a DGX Spark, 8 x
 H100 SXM on one NUMA node, a Kubernetes pod given 2 of an HGX H100 board's 8
 GPUs): each is a healthy node of its shape, its facts cited in
-tests/fixtures/node-shapes/SOURCE.md. Each passes under profile generic too,
-which `auto` runs where no profile names the GPU model: a healthy node of a
-model we hold no profile for is a node of one of these shapes.
+tests/fixtures/node-shapes/SOURCE.md. Each passes the quick level under profile
+generic too, which `auto` runs where no profile names the GPU model: a healthy
+node of a model we hold no profile for is a node of one of these shapes (the
+standard level's GPU work under generic is judged in tests/pipeline/test_generic_profile.py).
 """
 
 from __future__ import annotations

@@ -90,10 +90,10 @@ def judge(log: nccl_log.NcclLog | None, outcomes: list[ranks.RankOutcome], env: 
         nvlinked = ga is not None and gb is not None and frozenset((ga, gb)) in nvlink_pairs
         if "NET" in kinds:
             by_status[FAIL].append(pair)
-        elif not nvlinked and ga is not None and gb is not None and frozenset((ga, gb)) in (by_design or set()):
-            continue
         elif nvlinked or expect.p2p == "fail":
             by_status[FAIL].append(pair)
+        elif ga is not None and gb is not None and frozenset((ga, gb)) in (by_design or set()):
+            continue  # the GPUs cannot do P2P over PCIe: host memory is this node's way, not a fallback
         elif expect.p2p == "warn" and (switch_pairs is None or (ga is not None and gb is not None and frozenset((ga, gb)) in switch_pairs)):
             by_status[WARN].append(pair)
     switches = [f"{name}={value}" for name, value, _, _ in nccl_env.switches_on(env) if name != "NCCL_IB_DISABLE"]

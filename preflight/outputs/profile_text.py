@@ -32,7 +32,7 @@ def describe(p: ResolvedProfile) -> str:
     if g := p.gpu:
         out.append(f"  GPU expectations:\n    PCI device ids: {', '.join(g.pci_device_ids) or 'any'}")
         out.append(f"    driver {f'at least {g.driver_min}' if g.driver_min else '(any that loads the GPU)'}\n      source: {g.driver_source}")
-        links = "as many as the node's best GPU has, where NVLink joins its GPUs" if g.nvlinks_from_node else g.nvlinks
+        links = "the node's own count, where NVLink joins its GPUs (NVSwitch: its best GPU's; direct links: most GPUs')" if g.nvlinks_from_node else g.nvlinks
         out.append(f"    NVLinks per GPU: {links}" + (f"\n      source: {g.nvlinks_source}" if g.nvlinks_source else ""))
         if g.memory_min_bytes:
             out.append(f"    memory at least {fmt_bytes(g.memory_min_bytes)}\n      source: {g.memory_source}")

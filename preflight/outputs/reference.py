@@ -56,7 +56,7 @@ def profile_section(p: Profile) -> list[str]:
         out.append("")
     if g := p.gpu:
         driver = f"at least {g.driver_min}" if g.driver_min else "any that loads the GPU"
-        links = "as many NVLinks per GPU as the node's best GPU" if g.nvlinks_from_node else f"{g.nvlinks} NVLinks per GPU"
+        links = "NVLinks per GPU as the node's own GPUs have them (NVSwitch: its best GPU's count; direct links: most GPUs')" if g.nvlinks_from_node else f"{g.nvlinks} NVLinks per GPU"
         out.append(f"GPU: PCI device ids {', '.join(g.pci_device_ids) or 'any'}; driver {driver} ({_cell(g.driver_source)}); "
                    f"{links}; MIG {'off' if g.whole_gpus else 'allowed'}.")
         out.append("")

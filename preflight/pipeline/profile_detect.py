@@ -74,6 +74,13 @@ def pick(gpus: list[tuple[str, str | None]], profiles: dict[str, Profile]) -> tu
         for pattern in named:
             if best is None or len(pattern) > best[0]:
                 best = (len(pattern), name, pattern)
+    if best is None and device:
+        # A driver older than the GPU names it "NVIDIA Graphics Device": its id still says which it is,
+        # and that profile's driver floor then names the fault, where generic would pass it.
+        listed = sorted(name for name, p in profiles.items() if p.gpu and device in p.gpu.pci_device_ids)
+        if len(listed) == 1:
+            return listed[0], (f"auto: {len(gpus)} x {gpu} matched profile {listed[0]} by PCI device id {device} "
+                               "(no pattern names it: a driver older than this GPU names it so)")
     if best is None and GENERIC in profiles:
         return GENERIC, f"auto: {len(gpus)} x {gpu} (PCI device id {device or 'unknown'}): {generic_why('; '.join(refused) or None)}"
     if best is None:

@@ -53,3 +53,5 @@ def test_gpus_that_cannot_do_p2p_by_design_go_through_host_memory_with_no_findin
     chipset = inv.model_copy(update={"gpus": [g.model_copy(update={"p2p_read": {o.pci_bus_id: "chipset_not_supported"}}) for g, o in zip(inv.gpus, reversed(inv.gpus))]})
     assert [x.status for x in transports.judge(log, two_ranks(), {}, warn, set(), by_design=transports.without_p2p(chipset))] == [Status.WARN]
     assert [x.status for x in transports.judge(log, two_ranks(), {}, warn, {frozenset((0, 1))}, by_design={frozenset((0, 1))})] == [Status.FAIL]
+    # ... and where the node or the profile wants P2P (an NVSwitch, an SXM board), NVML's word does not excuse it.
+    assert [x.status for x in transports.judge(log, two_ranks(), {}, WANT_P2P, set(), by_design={frozenset((0, 1))})] == [Status.FAIL]

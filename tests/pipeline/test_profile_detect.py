@@ -98,6 +98,12 @@ def test_a_model_a_profile_names_but_not_its_pci_id_runs_under_generic_naming_th
                           "but not PCI device id 0x233b (0x2335), so profile generic: what needs no SKU is judged")
 
 
+def test_a_gpu_a_driver_too_old_to_name_is_picked_by_its_pci_id_so_its_driver_floor_judges():
+    builtin = {n: profiles.load(p) for n, p in profiles.available(None).items()}
+    chosen, why = profile_detect.pick([("NVIDIA Graphics Device", "0x2330")] * 8, builtin)
+    assert chosen == "h100-sxm" and "matched profile h100-sxm by PCI device id 0x2330" in why
+
+
 def test_generic_is_never_picked_by_name_and_mixed_models_still_fail():
     builtin = {n: profiles.load(p) for n, p in profiles.available(None).items()}
     assert builtin["generic"].match == []
