@@ -118,14 +118,19 @@ def judge_peer_access(f: BandwidthFacts, nvlink_pairs: set[frozenset[int]], all_
     return [Finding(FAIL, f"no peer access between NVLink GPUs ({bad[0]})", cause, remedy)]
 
 
+def _figure_names(step: str) -> list[str]:
+    """The figures a worker step gives, by their floors' names (a collective's on one node and across nodes)."""
+    name = PER_DEVICE.get(step) or COLLECTIVE.get(step)
+    return [name, INTERNODE[name]] if name in INTERNODE else [name] if name else []
+
+
 def judge_setup(f: BandwidthFacts, floors: dict[str, ResolvedFloor] | None = None) -> list[Finding]:
     """Sizes clamped to the memory free now, where a floor judges the figure (``floors``; None:
     every figure), and ranks that could not be bound to their NUMA node. A figure no floor judges
     may run smaller, as on a card of a few GiB under generic: it is only reported."""
     out = []
-    judged = (lambda step: True) if floors is None else (
-        lambda step: any(n in floors for n in (PER_DEVICE.get(step), COLLECTIVE.get(step), INTERNODE.get(COLLECTIVE.get(step, ""))) if n))
-    clamped = sorted({res.clamped for o in f.ranks if isinstance(o.report, RankReport) for res in o.report.results if res.clamped and judged(res.step)})
+    clamped = sorted({res.clamped for o in f.ranks if isinstance(o.report, RankReport) for res in o.report.results
+                      if res.clamped and (floors is None or any(name in floors for name in _figure_names(res.step)))})
     if clamped:
         cause = "the profile's sizes did not fit in the memory free now, so these ran smaller and their figures may read low: " + "; ".join(clamped[:6])
         remedy = "find what holds the memory (`nvidia-smi`, other jobs) before trusting the node; or lower the sizes in the profile's [bandwidth]"

@@ -9,7 +9,6 @@ NCCL lines show (preflight/gpuwork/world.py gives each stage its own lines).
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 
 from preflight.base.findings import Finding, Status
@@ -48,7 +47,7 @@ def without_p2p_here(ctx: Context) -> set[frozenset[int]]:
     if not ctx.profile.has_gpus:
         return set()
     try:
-        return without_p2p(ctx.inventory(timeout=min(10.0, max(1.0, ctx.deadline - time.monotonic()))))
+        return without_p2p(ctx.inventory(timeout=min(10.0, ranks.time_left(ctx.deadline))))
     except nvml.NvmlUnavailable:
         return set()
 

@@ -69,7 +69,8 @@ def pick(gpus: list[tuple[str, str | None]], profiles: dict[str, Profile]) -> tu
         unconfirmed = not device and ids
         named = [pattern for pattern in profile.match if pattern.lower() in gpu.lower() and not (unconfirmed and not gpu.lower().endswith(pattern.lower()))]
         if device and ids and device not in ids:
-            refused += [f"profile {name} names {gpu!r} ({named[0]!r}) but not PCI device id {device} ({', '.join(ids)})"] if named else []
+            if named:
+                refused.append(f"profile {name} names {gpu!r} ({named[0]!r}) but not PCI device id {device} ({', '.join(ids)})")
             continue
         for pattern in named:
             if best is None or len(pattern) > best[0]:
