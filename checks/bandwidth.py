@@ -44,7 +44,7 @@ from preflight.pipeline import floor_bounds, shape
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.findings import Finding, Measurement, Status, worst
 from preflight.pipeline.profiles import ResolvedFloor
-from preflight.pipeline.expectations import BandwidthExpect, OutlierExpect
+from preflight.pipeline.load_expectations import BandwidthExpect, OutlierExpect
 from preflight.base.units import fmt_value
 from preflight.checkkit import transports
 from preflight.readers.nccl import nccl_env, nccl_log as nccl_lines

@@ -29,7 +29,7 @@ from preflight.checkkit.figures import Figure
 from preflight.checkkit.sources import Sources, one_fact
 from preflight.gpuwork import launch, ranks, ranks_judge
 from preflight.pipeline.check import Check, Context, Result
-from preflight.pipeline.expectations import BurninExpect, OutlierExpect
+from preflight.pipeline.load_expectations import BurninExpect, OutlierExpect
 from preflight.readers.nvidia import nvml, nvml_facts
 from preflight.readers.kernel import log_sources, xid
 from preflight.readers.nvidia.nvml_inventory import CLOCKS_EVENTS

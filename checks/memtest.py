@@ -21,7 +21,7 @@ from pydantic import Field
 from preflight.base.findings import Finding, Measurement, Status
 from preflight.gpuwork import launch, ranks, ranks_judge
 from preflight.pipeline.check import Check, Context, Result
-from preflight.pipeline.expectations import MemtestExpect
+from preflight.pipeline.load_expectations import MemtestExpect
 
 FAIL, WARN = Status.FAIL, Status.WARN
 PATTERNS = ("address", "walking_ones", "random")

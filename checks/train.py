@@ -32,7 +32,7 @@ from preflight.pipeline.check import Check, Context, Result
 from preflight.base.findings import Finding, Status, worst
 from preflight.checkkit.figures import Figure
 from preflight.pipeline.profiles import ResolvedFloor
-from preflight.pipeline.expectations import OutlierExpect, TrainExpect
+from preflight.pipeline.load_expectations import OutlierExpect, TrainExpect
 from preflight.base.units import fmt_seconds, fmt_value
 
 FAIL, WARN = Status.FAIL, Status.WARN

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from preflight.checkkit.bandwidth_figures import COLLECTIVE, PER_DEVICE, BandwidthFacts, RankReport, Setup, who
-from preflight.pipeline.expectations import BandwidthExpect
+from preflight.pipeline.load_expectations import BandwidthExpect
 
 
 class CopyPlan(NamedTuple):

@@ -23,7 +23,7 @@ from preflight.checkkit import figures as figs_mod
 from preflight.checkkit.figures import Figure
 
 if TYPE_CHECKING:
-    from preflight.pipeline.expectations import OutlierExpect
+    from preflight.pipeline.load_expectations import OutlierExpect
 
 
 class Band(Protocol):

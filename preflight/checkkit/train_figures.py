@@ -14,7 +14,7 @@ from pydantic import Field
 from preflight.checkkit import figures as figs_mod
 from preflight.checkkit.figures import Figure, median, quantile
 from preflight.gpuwork import ranks
-from preflight.pipeline.expectations import TrainExpect
+from preflight.pipeline.load_expectations import TrainExpect
 
 FLOPS = "flops_per_second"
 

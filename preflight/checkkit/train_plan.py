@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from preflight.checkkit import figures as figs_mod
-from preflight.pipeline.expectations import TrainExpect
+from preflight.pipeline.load_expectations import TrainExpect
 
 # One untimed own forward+backward pass before the timed ones: the no_sync path's first run.
 COMPUTE_WARMUP = 1

@@ -26,8 +26,8 @@ from pydantic import (
 )
 
 from preflight.pipeline import levels as levels_mod, tomlfile
-from preflight.pipeline.expectations import (BandwidthExpect, BurninExpect, DriftExpect, FabricExpect, GpuExpect, MemtestExpect, NcclExpect,
-                                              OutlierExpect, RdmaExpect, TopologyExpect, TrainExpect)
+from preflight.pipeline.expectations import DriftExpect, FabricExpect, GpuExpect, NcclExpect, RdmaExpect, TopologyExpect
+from preflight.pipeline.load_expectations import BandwidthExpect, BurninExpect, MemtestExpect, OutlierExpect, TrainExpect
 from preflight.base.errors import UsageError
 
 BUILTIN_DIR = Path(__file__).parent / "profiles"

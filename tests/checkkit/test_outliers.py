@@ -7,7 +7,7 @@ import pytest
 from preflight.base.findings import Status
 from preflight.checkkit import outliers
 from preflight.checkkit.figures import Figure
-from preflight.pipeline.expectations import OutlierBand, OutlierExpect
+from preflight.pipeline.load_expectations import OutlierBand, OutlierExpect
 
 BAND = OutlierBand(warn=0.10, fail=0.20, source="test")
 

@@ -14,7 +14,8 @@ from preflight.gpuwork import ranks
 from preflight.pipeline.check import Result
 from preflight.base.findings import Status
 from preflight.pipeline.profiles import ResolvedFloor
-from preflight.pipeline.expectations import BandwidthExpect, NcclExpect
+from preflight.pipeline.expectations import NcclExpect
+from preflight.pipeline.load_expectations import BandwidthExpect
 from preflight.readers.nccl import nccl_log
 from pathlib import Path
 

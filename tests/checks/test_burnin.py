@@ -17,7 +17,7 @@ from preflight.checks import burnin
 from preflight.base.actions import Action, Domain
 from preflight.base.findings import Status
 from preflight.base.host import Host
-from preflight.pipeline.expectations import BurninExpect, OutlierExpect
+from preflight.pipeline.load_expectations import BurninExpect, OutlierExpect
 from preflight.readers.nvidia import nvml, nvml_facts
 from preflight.readers.kernel import log_sources
 

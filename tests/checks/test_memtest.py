@@ -9,7 +9,7 @@ from conftest import clean_env, fast_profile, load_worker, run_preflight, worker
 from preflight.base.findings import Status
 from preflight.checks import memtest
 from preflight.gpuwork import ranks
-from preflight.pipeline.expectations import MemtestExpect
+from preflight.pipeline.load_expectations import MemtestExpect
 
 EXPECT = MemtestExpect(seconds=120, source="test")
 PATTERNS = [{"name": "address", "passes": 1, "seconds": 0.5, "mismatched_words": 0}, {"name": "walking_ones", "passes": 64, "seconds": 9.0, "mismatched_words": 0},

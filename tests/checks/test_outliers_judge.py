@@ -12,7 +12,7 @@ from preflight.checkkit import bandwidth_figures, train_figures
 from preflight.checkkit.bandwidth_figures import BandwidthFacts, StepResult
 from preflight.gpuwork import launch, ranks
 from preflight.outputs.exporters import metrics
-from preflight.pipeline.expectations import OutlierExpect, TrainExpect
+from preflight.pipeline.load_expectations import OutlierExpect, TrainExpect
 
 sys.path.insert(0, str(launch.WORKERS_DIR))  # as torchrun runs the workers: _rank imports its siblings by bare name
 from preflight.checks.workers import _rank  # noqa: E402

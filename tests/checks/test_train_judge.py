@@ -15,7 +15,7 @@ from preflight.checkkit import figures as figs_mod
 from preflight.gpuwork import ranks
 from preflight.base.findings import Status
 from preflight.pipeline.profiles import ResolvedFloor
-from preflight.pipeline.expectations import TrainExpect
+from preflight.pipeline.load_expectations import TrainExpect
 
 FAIL, WARN = Status.FAIL, Status.WARN
 FLOPS, SECONDS, RATIO = "flops_per_second", "seconds", "ratio"
