@@ -8,8 +8,8 @@ python, before or without preflight's own dependencies):
 shortened: a site profile of the same name replaces the built-in one
 (PREFLIGHT_PROFILES_DIR), which is how a site changes those durations.
 
-`summary` reads what run.sh left in OUT (quick.json, standard.json, full.json:
-preflight's reports; reference.json: tests/gpu/reference.py's plain loop;
+`summary` reads what run.sh left in OUT (quick.json, standard.json, full.json,
+generic.json (the standard level under the generic profile): preflight's reports; reference.json: tests/gpu/reference.py's plain loop;
 steps.tsv: each step's budget, seconds and exit code) and prints, and writes
 to OUT/acceptance.json: each step's time, the bare torchrun beside the quick
 and standard levels (verdict.json, the verdict step's bench, where there is
@@ -27,7 +27,9 @@ import statistics
 import sys
 from pathlib import Path
 
-LEVELS = (("quick", "quick.json"), ("standard", "standard.json"), ("full (burnin, memtest)", "full.json"))
+LEVELS = (("quick", "quick.json"), ("standard", "standard.json"), ("full (burnin, memtest)", "full.json"),
+          ("standard, profile generic", "generic.json"))
+GENERIC = "standard, profile generic"
 # preflight's figure (check, measurement) beside the plain loop's key in reference.json
 # and whether the two measure the same thing (then they should agree within AGREE).
 BESIDE = (
@@ -114,7 +116,7 @@ def summary(out: Path) -> tuple[dict, list[str]]:
 
     lines.append("== time to a verdict beside a bare torchrun (torch import, NCCL group, one all_reduce)")
     bench = _load(out / "verdict.json")  # the verdict step (tests/perf/bench_time_to_verdict.py); older kits timed each in its own step
-    walls = {key: steps.get(key, {}).get("seconds") for key in ("quick", "standard", "full")}
+    walls = {key: steps.get(key, {}).get("seconds") for key in ("quick", "standard", "full", "generic")}
     if bench:
         doc["time_to_verdict"] = bench
         secs = bench.get("seconds") or {}  # only the runs that succeeded (a bare torchrun) or gave a verdict (a level)
@@ -126,7 +128,7 @@ def summary(out: Path) -> tuple[dict, list[str]]:
         bare = [s["seconds"] for s in runs.values() if s["rc"] == 0]
     doc["bare_torchrun_seconds"] = bare
     lines.append(f"  bare torchrun: {', '.join(f'{x:.1f} s' for x in bare) or 'no run succeeded'}")
-    for (level, _), key in zip(LEVELS, ("quick", "standard", "full")):
+    for (level, _), key in zip(LEVELS, ("quick", "standard", "full", "generic"), strict=True):
         r, wall = reports[level], walls[key]
         took = r.get("duration_seconds") if r else None
         if wall is not None or took is not None:
@@ -165,8 +167,10 @@ def summary(out: Path) -> tuple[dict, list[str]]:
             continue
         doc["levels"][level] = r.get("verdict")
         bad = [c for c in r.get("checks", []) if c.get("status") in ("WARN", "FAIL", "ERROR")]
-        ok = ok and r.get("verdict") == "pass" and not bad
-        lines.append(f"  {level}: verdict {r.get('verdict')}, {len(bad)} WARN/FAIL/ERROR")
+        ran_as = level != GENERIC or r.get("profile") == "generic"  # a report of another profile proves nothing of generic
+        ok = ok and ran_as and r.get("verdict") == "pass" and not bad
+        lines.append(f"  {level}: verdict {r.get('verdict')}, {len(bad)} WARN/FAIL/ERROR"
+                     + ("" if ran_as else f", but it ran under profile {r.get('profile')!r}"))
         for c in bad:
             doc["findings"].append({"level": level, "check": c["check"], "status": c["status"], "summary": c.get("summary")})
             lines.append(f"    {c['status']} {c['check']}: {c.get('summary')}")

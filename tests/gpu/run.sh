@@ -22,10 +22,11 @@
 #              NCCL group, one all_reduce), the quick and the standard level (--keep-going), interleaved,
 #              twice, with each check's share
 #   full       the full level's burnin and memtest, shortened by a site profile (45 s, 30 s)
+#   generic    the standard level under --profile generic: what a GPU model no profile names gets
 #   pytest     pytest -m gpu
 #   summary    tests/gpu/kit.py summary: times, ratios to the plain loop, the acceptance
 # Results in $OUT (default: a fresh /tmp/preflight-gpu.XXXXXX, 0700): kit.log (all of it), steps.tsv, captures/, reference.json,
-# verdict.json, quick.json, standard.json, full.json (+ .log), pytest-gpu.log, acceptance.json.
+# verdict.json, quick.json, standard.json, full.json, generic.json (+ .log), pytest-gpu.log, acceptance.json.
 #
 # Exit: the summary's (0: PASS at every level with no WARN), else 1.
 set -uo pipefail
@@ -111,19 +112,23 @@ else
   out=$(mktemp -d /tmp/preflight-gpu.XXXXXX) || exit 3
 fi
 mkdir "$out/captures" || exit 3
-steps=" ${STEPS:-setup captures reference verdict full pytest} summary "
+steps=" ${STEPS:-setup captures reference verdict full generic pytest} summary "
 
 # Seconds each step may take, its children's kill grace included: they add up to
 # at most 480 (tests/gpu/test_kit.py holds them to it), so the whole kit ends
 # within 8 minutes whatever hangs.
 B_SETUP=20
 B_CAPTURES=35
-B_REFERENCE=45
+# The plain loop took 15 s on the H200 (2026-11-27, call 5).
+B_REFERENCE=35
 # Two rounds of a bare torchrun, standard and quick: 112 s on the H200 before issue 34 (10.9 + 41.0 + 3.5 s a round),
 # 59-76 s on an H200 after it (2026-11-27: 8-10 + 17-24 + 1.3-2.3 s a round), plus two torch imports (the GPU
 # count, the quick level's import probe); a round that would not fit is not started.
 B_VERDICT=130
-B_FULL=120
+# 45 s of burn-in and 30 s of memtest, each a launch of its own: 67 s on the H200 (call 5).
+B_FULL=95
+# One standard run: 15-18 s on the H200 after issue 34 (a bare torchrun's 8 s, then the checks).
+B_GENERIC=35
 # pytest -m gpu: twelve tests, six of them a launch of ranks each (torchrun and a torch import, ~9 s on the H200):
 # 87 s there (2026-11-27), collection included (pyproject's norecursedirs keeps it out of the recorded sysfs trees).
 B_PYTEST=110
@@ -131,8 +136,8 @@ B_SUMMARY=10
 
 exec > >(tee -a "$out/kit.log") 2>&1
 echo "run.sh: budgets (s): setup $B_SETUP, captures $B_CAPTURES, reference $B_REFERENCE, verdict $B_VERDICT," \
-  "full $B_FULL, pytest $B_PYTEST, summary $B_SUMMARY;" \
-  "total $((B_SETUP + B_CAPTURES + B_REFERENCE + B_VERDICT + B_FULL + B_PYTEST + B_SUMMARY))"
+  "full $B_FULL, generic $B_GENERIC, pytest $B_PYTEST, summary $B_SUMMARY;" \
+  "total $((B_SETUP + B_CAPTURES + B_REFERENCE + B_VERDICT + B_FULL + B_GENERIC + B_PYTEST + B_SUMMARY))"
 : > "$out/steps.tsv"
 
 # within SECONDS CMD...: CMD under a deadline; SIGTERM at SECONDS - 2, SIGKILL 2 s later.
@@ -224,6 +229,13 @@ do_full() {
     --keep-going --json --scratch > "$out/full.json" 2> "$out/full.log"
 }
 
+# Every model no profile names runs under generic (the report's profile_chosen_because says so):
+# on a model that has a profile, generic's own judgement of a healthy node is seen here too.
+do_generic() {
+  within "$1" python3 -m preflight run --profile generic --level standard --keep-going --json --scratch \
+    > "$out/generic.json" 2> "$out/generic.log"
+}
+
 do_pytest() {
   python3 -c 'import pytest' 2>/dev/null || { echo "run.sh: pytest is not installed here"; return 5; }
   within "$1" python3 -m pytest -c "$repo/pyproject.toml" --rootdir "$repo" -m gpu -q -rA -p no:cacheprovider \
@@ -250,6 +262,7 @@ step captures "$B_CAPTURES" do_captures
 step reference "$B_REFERENCE" do_reference
 step verdict "$B_VERDICT" do_verdict
 step full "$B_FULL" do_full
+step generic "$B_GENERIC" do_generic
 step pytest "$B_PYTEST" do_pytest
 step summary "$B_SUMMARY" do_summary
 rc=$(awk -F'\t' '$1 == "summary" { print $4 }' "$out/steps.tsv")

@@ -40,7 +40,7 @@ def test_run_sh_is_valid_bash_and_passes_shellcheck_where_installed():
 
 def test_the_step_budgets_add_up_to_at_most_8_minutes_and_every_step_has_one():
     b = budgets()
-    assert set(b) == {"SETUP", "CAPTURES", "REFERENCE", "VERDICT", "FULL", "PYTEST", "SUMMARY"}
+    assert set(b) == {"SETUP", "CAPTURES", "REFERENCE", "VERDICT", "FULL", "GENERIC", "PYTEST", "SUMMARY"}
     assert sum(b.values()) <= 480, b
     text = RUN.read_text()
     for name in b:
@@ -63,6 +63,15 @@ def kit_env(tmp_path: Path) -> dict:
     bin_dir.mkdir()
     (bin_dir / "python3").symlink_to(sys.executable)
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path / "out")}
+
+
+def venv_python3(tmp_path: Path) -> None:
+    """kit_env's python3 as this interpreter itself (its venv, with torch and preflight), not a
+    link to it, which would leave the venv behind: for the steps that run preflight."""
+    python3 = tmp_path / "bin" / "python3"
+    python3.unlink()
+    python3.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    python3.chmod(0o755)
 
 
 def test_the_captures_step_bundles_what_this_machine_has_bytes_untouched(tmp_path):
@@ -144,14 +153,21 @@ def test_the_summary_of_the_h200_node_as_0_2_0_saw_it_lists_every_warn_and_fail_
 
 def test_the_summary_accepts_only_a_pass_at_every_level_with_no_warn(tmp_path):
     out = node_out(tmp_path)
-    for name in ("quick.json", "standard.json", "full.json"):
+    shutil.copy(out / "standard.json", out / "generic.json")
+    for name in ("quick.json", "standard.json", "full.json", "generic.json"):
         doc = json.loads((out / name).read_text())
         for c in doc["checks"]:
             c["status"] = "SKIP" if c["status"] == "SKIP" else "PASS"
         doc["verdict"] = "pass"
+        doc["profile"] = "generic" if name == "generic.json" else doc["profile"]
         (out / name).write_text(json.dumps(doc))
     assert kit.main(["summary", str(out)]) == 0
     assert json.loads((out / "acceptance.json").read_text())["accepted"] is True
+    generic = json.loads((out / "generic.json").read_text())
+    (out / "generic.json").write_text(json.dumps({**generic, "profile": "h200-sxm"}))  # a pass under another profile proves nothing of generic
+    doc, lines = kit.summary(out)
+    assert doc["accepted"] is False and "  standard, profile generic: verdict pass, 0 WARN/FAIL/ERROR, but it ran under profile 'h200-sxm'" in lines
+    (out / "generic.json").write_text(json.dumps(generic))
     (out / "full.json").unlink()  # a level that left no report is no pass
     doc, lines = kit.summary(out)
     assert doc["accepted"] is False and "  full (burnin, memtest): no report" in lines
@@ -177,11 +193,7 @@ def test_the_summary_takes_the_bare_torchrun_and_the_levels_walls_from_the_verdi
 def test_the_verdict_step_runs_the_bench_and_leaves_the_levels_reports_for_the_summary(tmp_path):
     """One real round on this machine's CPUs (gloo, the cpu profile): the kit's glue, not its figures."""
     env = {**kit_env(tmp_path), "STEPS": "verdict", "PROFILE": "cpu", "VERDICT_ROUNDS": "1"}
-    # This interpreter itself (its venv, with torch and preflight), not a link to it, which would leave the venv behind.
-    python3 = tmp_path / "bin" / "python3"
-    python3.unlink()
-    python3.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
-    python3.chmod(0o755)
+    venv_python3(tmp_path)
     p = subprocess.run(["bash", str(RUN)], env=env, capture_output=True, text=True, timeout=300)
     out = tmp_path / "out"
     assert [row.split("\t")[0] for row in (out / "steps.tsv").read_text().splitlines()] == ["verdict", "summary"], p.stdout
@@ -193,6 +205,19 @@ def test_the_verdict_step_runs_the_bench_and_leaves_the_levels_reports_for_the_s
     acceptance = json.loads((out / "acceptance.json").read_text())
     assert acceptance["bare_torchrun_seconds"] == bench["seconds"]["bare torchrun"] and acceptance["time_to_verdict"] == bench
     assert "where the standard run's time goes" in p.stdout and "standard, each check's share (median of 1 rounds)" in p.stdout
+
+
+def test_the_generic_step_runs_the_standard_level_under_the_generic_profile_for_the_summary(tmp_path):
+    """This machine has no GPU: generic FAILs it, and the summary says so; the kit's glue, not a GPU's verdict."""
+    env = {**kit_env(tmp_path), "STEPS": "generic"}
+    venv_python3(tmp_path)
+    p = subprocess.run(["bash", str(RUN)], env=env, capture_output=True, text=True, timeout=120)
+    out = tmp_path / "out"
+    assert [row.split("\t")[0] for row in (out / "steps.tsv").read_text().splitlines()] == ["generic", "summary"], p.stdout
+    report = json.loads((out / "generic.json").read_text())
+    assert (report["profile"], report["level"], report["keep_going"]) == ("generic", "standard", True)
+    assert "== generic (budget 35 s)" in p.stdout and "  standard, profile generic: verdict fail" in p.stdout
+    assert "FAIL cuda: no NVIDIA driver" in p.stdout and p.returncode == 1
 
 
 def as_nobody(path: Path) -> Path:
