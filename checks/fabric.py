@@ -312,6 +312,8 @@ class Fabric(Check):
             return f"profile {ctx.profile.name}: this GPU is not built on an NVSwitch board (PCIe card or NVLink bridges): no fabric manager"
         if ctx.shape is None:
             return "the node's shape was not read: whether its GPUs sit on an NVSwitch is unknown"
+        if not ctx.shape.gpus:
+            return f"this node gives the run no GPU ({ctx.shape.gpus_from}): no NVSwitch, no fabric manager"
         if ctx.shape.fabric != "nvswitch":
             return f"this node's GPUs are {FABRIC_WORDS[ctx.shape.fabric]} ({ctx.shape.fabric_from}): no NVSwitch, no fabric manager"
         return None

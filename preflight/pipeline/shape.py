@@ -236,7 +236,7 @@ def _minor_list(nodes: list[int]) -> str:
 def fabric_of(inventory: Inventory | None, nvswitches: int, count: int) -> tuple[Fabric, str]:
     """How the GPUs are joined, and how that was learnt."""
     if count <= 1:
-        return "single", "one GPU: nothing to join"
+        return "single", "one GPU: nothing to join" if count else "no GPU: nothing to join"
     remote = {}
     for g in inventory.gpus if inventory else []:
         for kind, n in (g.nvlink_remote or {}).items():

@@ -182,6 +182,13 @@ def test_nodes_without_nvswitch_skip_saying_how_their_gpus_are_joined(fabric_of,
     assert words in fabric.Fabric().applies(ctx_for(H100, n))
 
 
+def test_a_node_that_gives_the_run_no_gpu_skips_saying_so_not_one_gpu():
+    gpus_from = "nothing: the PCI bus lists no NVIDIA GPU and /dev has no nvidia device node, and NVML is silent"
+    n = shape.NodeShape(gpus=0, gpus_from=gpus_from, fabric=shape.fabric_of(None, 0, 0)[0], fabric_from=shape.fabric_of(None, 0, 0)[1])
+    assert fabric.Fabric().applies(ctx_for(H100, n)) == f"this node gives the run no GPU ({gpus_from}): no NVSwitch, no fabric manager"
+    assert n.fabric_from == "no GPU: nothing to join"
+
+
 def test_pcie_profiles_and_cpu_skip_with_the_reason():
     n = shape.NodeShape(gpus=2, gpus_from="t", fabric="pcie")
     assert "not built on an NVSwitch board" in fabric.Fabric().applies(ctx_for(resolved("h100-pcie"), n))
