@@ -50,7 +50,7 @@ def targets(addr: str | None, under: str) -> tuple[set[tuple[str, int]], set[str
                 argv = [a.decode(errors="replace") for a in f.read().split(b"\0")]
         except OSError:
             continue
-        if not any("torch.distributed.run" in a or a.endswith(("world.py", "meeting.py")) or a == "preflight" for a in argv):
+        if not any("torch.distributed.run" in a or a.endswith(("_torchrun.py", "world.py", "meeting.py")) or a == "preflight" for a in argv):
             continue
         if not any(under in a for a in argv):
             continue

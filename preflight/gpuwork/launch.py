@@ -148,14 +148,16 @@ class Running:
             # the kernel refuses a namespace, a taken port is torchrun's own error).
             port = worker.rdzv_port or free_port()
             self.endpoint = f"127.0.0.1:{port}"
-            # torchrun's default (static) rendezvous: a store on loopback, ranks assigned in
-            # JSON. The c10d one unpickles what its store holds, and any local user could
-            # write there. The ranks' sockets stay on loopback too (inside the launch's own
-            # network, the only interface there is): a job's interface names are judged by
-            # the nccl check before the launch, against the node's interfaces.
+            # torchrun's static rendezvous, ranks assigned in JSON (the c10d one unpickles what
+            # its store holds, and any local user could write there), through _torchrun.py: its
+            # store listens on 127.0.0.1 alone, where torchrun's own would listen on every
+            # interface, reachable from other hosts wherever the launch gets no network of its
+            # own. The ranks' sockets stay on loopback too (inside the launch's own network,
+            # the only interface there is): a job's interface names are judged by the nccl
+            # check before the launch, against the node's interfaces.
             argv[1:1] = [
-                "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(worker.nproc),
-                "--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--master-port", str(port), "--node-rank", "0",
+                str(WORKERS_DIR / "_torchrun.py"), "--nnodes", "1", "--nproc-per-node", str(worker.nproc),
+                "--rdzv-backend", "preflight-loopback", "--rdzv-endpoint", self.endpoint,
                 "--max-restarts", "0", "--monitor-interval", "0.1",
             ]  # fmt: skip
             env.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")

@@ -111,7 +111,7 @@ def test_under_a_python_wrapper_that_does_not_exec_the_run_passes_and_nothing_ou
             assert agent.poll() is None and time.monotonic() < until, (tmp_path / "agent.log").read_text()
             time.sleep(0.05)
         procs = the_runs_processes(tmp_path)
-        ranks = [p for p in procs if "torch.distributed.run" not in " ".join(p.cmdline())]
+        ranks = [p for p in procs if not any(a.endswith("_torchrun.py") or a == "torch.distributed.run" for a in p.cmdline())]
         agent.send_signal(signal.SIGKILL)
         agent.wait(10)
         time.sleep(1.0)

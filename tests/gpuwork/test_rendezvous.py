@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -133,3 +134,29 @@ def test_a_peer_of_a_group_that_learns_its_id_still_cannot_run_code_on_its_nodes
     assert log["secrets"], f"the attacker never read the meeting point: {log}"
     assert any(s.endswith(":29500") for s in log["stored"]), f"the attack never reached torchrun's store: {log}"
     assert not (tmp_path / "pwned").exists(), f"a node unpickled the attacker's object: {log}"
+
+
+@netns.needs_netns
+@pytest.mark.skipif(not shutil.which("setpriv"), reason="util-linux's setpriv drops the capability")
+def test_where_the_launch_gets_no_network_of_its_own_another_host_still_cannot_reach_its_store(tmp_path: Path) -> None:
+    """A container without CAP_SYS_ADMIN (the Kubernetes examples drop every capability): the
+    launch runs on the host's network, and torchrun's own store would listen on every
+    interface, where another host could write the keys the ranks read and fail the node."""
+    net = netns.make(2)
+    try:
+        run_host, other = net.hosts
+        attacker, out = start_attacker(tmp_path, other.argv(), addr=run_host.addr)
+        try:
+            env = {**clean_env(), "TMPDIR": str(tmp_path / "tmp")}
+            no_sys_admin = ["setpriv", "--inh-caps=-sys_admin", "--bounding-set=-sys_admin"]
+            done = subprocess.run(run_host.argv(*no_sys_admin, *PREFLIGHT, *run_args(tmp_path)), env=env, capture_output=True, text=True, timeout=600)
+        finally:
+            log = stop_attacker(attacker, out)
+    finally:
+        net.cleanup()
+    assert done.returncode == 0, done.stderr
+    nccl = next(c for c in json.loads((tmp_path / "report.json").read_text())["checks"] if c["check"] == "nccl")
+    assert nccl["details"]["isolation"]["network"] == "host", nccl["details"]["isolation"]
+    assert log["seen"], log  # it aimed at the run's ports, at the run host's address
+    assert log["connected"] == [], f"reached the run's store from another host: {log}"
+    assert not (tmp_path / "pwned").exists()
