@@ -112,7 +112,7 @@ def reference(gpu: bool, nproc: int, tmp: Path) -> dict[str, float]:
         row = nccltests.parse(out).rows[-1]
         busbw = row.out_of_place.busbw_gbps * 1e9
     else:
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), str(tmp / "ref_allreduce.py"), str(sizes["collective"]), str(REPEATS), dev]
+        argv = [sys.executable, "-m", "torch.distributed.run", "--master-port", str(launch.free_port()), "--nproc-per-node", str(nproc), str(tmp / "ref_allreduce.py"), str(sizes["collective"]), str(REPEATS), dev]
         out = subprocess.run(argv, check=True, capture_output=True, text=True, cwd=tmp).stdout
         busbw = float(out.strip().splitlines()[-1])
     return {"copy": copy, "all_reduce": busbw}

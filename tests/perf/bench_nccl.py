@@ -37,7 +37,7 @@ ENV = {**os.environ, "PREFLIGHT_LOCK_FILE": os.path.join(tempfile.gettempdir(), 
 
 
 def minimal(script: Path) -> None:
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", str(script)]
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(launch.free_port()), str(script)]
     subprocess.run(argv, check=True, capture_output=True, timeout=120)
 
 

@@ -42,6 +42,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import time_model as tm  # noqa: E402
 import timing  # noqa: E402
 
+from preflight.gpuwork import launch  # noqa: E402
+
 PY = sys.executable
 DEADLINE = 120.0  # any one child: far past what each takes, short of a hung one
 
@@ -112,7 +114,7 @@ def measure(rounds: int, profile: str, gpu: bool) -> dict[str, tm.Cost]:
             py, _ = run([PY, "-c", "pass"])
             imp, _ = run([PY, "-c", "import torch"])
             add("torch_import", imp - py)
-            tr, _ = run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", str(d / "noop.py")])
+            tr, _ = run([PY, "-m", "torch.distributed.run", "--master-port", str(launch.free_port()), "--nproc-per-node", "1", str(d / "noop.py")])
             add("torchrun_overhead", tr)
             report = d / f"quick{i}.json"
             wall, _ = run([PY, "-m", "preflight", "run", "--profile", "auto" if gpu else "cpu", "--level", "quick", "--keep-going", "-q",
@@ -129,7 +131,7 @@ def measure(rounds: int, profile: str, gpu: bool) -> dict[str, tm.Cost]:
                     if k != "import":
                         add(k, v)
                 (d / "nccl.py").write_text(NCCL_PROBE)
-                _, p = run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", str(d / "nccl.py")])
+                _, p = run([PY, "-m", "torch.distributed.run", "--master-port", str(launch.free_port()), "--nproc-per-node", "1", str(d / "nccl.py")])
                 add("nccl_init_1", json.loads(p.stdout.strip().splitlines()[-1])["nccl_init_1"])
             print(f"round {i + 1}/{rounds}: " + ", ".join(f"{k} {v[-1]:.3f}" for k, v in samples.items()), flush=True)
     return {k: tm.Cost(round(statistics.median(v), 4), f"{where} ({', '.join(f'{x:.3f}' for x in v)} s)", "measured")

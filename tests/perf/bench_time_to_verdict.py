@@ -43,6 +43,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 import timing  # noqa: E402
 
+from preflight.gpuwork import launch  # noqa: E402
+
 PY = sys.executable
 BARE = Path(__file__).resolve().parents[1] / "gpu" / "bare.py"
 CPU_RANKS = 2  # the cpu profile's gloo ranks ([nccl] ranks in cpu.toml)
@@ -120,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         env["PREFLIGHT_LOCK_FILE"] = str(Path(tmp) / "lock")
         run = [PY, "-m", "preflight", "run", "--profile", profile, "--keep-going", "--scratch", "--json", "-q"]
         cases = {
-            "bare torchrun": [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks), str(BARE)],
+            # torchrun's static rendezvous (its own default) on a free port: --standalone's c10d one
+            # unpickles what its store holds, and a bench runs as root on the node.
+            "bare torchrun": [PY, "-m", "torch.distributed.run", "--master-port", str(launch.free_port()), "--nproc-per-node", str(ranks), str(BARE)],
             # quick before standard: a standard run that hangs until the budget's end still leaves quick's report
             "quick": [*run, "--level", "quick"],
             "standard": [*run, "--level", "standard"],

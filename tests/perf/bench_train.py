@@ -24,6 +24,8 @@ sys.path.insert(0, str(HERE))
 
 import timing  # noqa: E402
 
+from preflight.gpuwork import launch  # noqa: E402
+
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 BARE_RANK = "import torch, torch.distributed as dist\ndist.init_process_group('gloo')\ndist.destroy_process_group()\n"
 ENV = {**os.environ, "PREFLIGHT_LOCK_FILE": os.path.join(tempfile.gettempdir(), "bench-train.lock")}
@@ -53,7 +55,7 @@ def main() -> None:
         print(f"{'':<52} {'median':>10} {'min':>10} {'max':>10}   (n={N})")
         timing.timed('python -c "import torch"', lambda: subprocess.run([sys.executable, "-c", "import torch"], check=True, capture_output=True), N)
         timing.timed("torchrun, 2 gloo ranks: import torch + init", lambda: subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(rank)], check=True, capture_output=True, cwd=tmp), N)
+            [sys.executable, "-m", "torch.distributed.run", "--master-port", str(launch.free_port()), "--nproc-per-node", "2", str(rank)], check=True, capture_output=True, cwd=tmp), N)
         timing.timed("preflight run --profile cpu --only train", lambda: run("--only", "train"), N)
         own.clear()
         timing.timed("preflight run --profile cpu (shm, nccl, bandwidth, train)", lambda: run(), N)

@@ -17,6 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from preflight.gpuwork.launch import free_port
+
 PERF = Path(__file__).parent
 DEADLINE = 15  # past torchrun's start of its rank (about 2 s on the loaded 2-core CI VM), far short of the rank's sleep
 SLEEP = 600
@@ -73,7 +75,7 @@ time.sleep(float(sys.argv[2]))
 
 def launch(tmp_path: Path, rank: str = RANK) -> list[str]:
     (tmp_path / "rank.py").write_text(rank)
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+    return [sys.executable, "-m", "torch.distributed.run", "--master-port", str(free_port()), "--nproc-per-node", "1",
             str(tmp_path / "rank.py"), str(tmp_path / "rank.pid"), str(SLEEP)]
 
 
