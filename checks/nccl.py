@@ -29,6 +29,8 @@ from preflight.pipeline.check import Check, Context, Result
 from preflight.base.findings import Finding, Measurement, Status, worst
 from preflight.base.host import Host
 from preflight.pipeline.expectations import NcclExpect
+from preflight.pipeline.shape import NodeShape, rdma_nics
+from preflight.readers.machine.topo_derived import LINKS
 from preflight.base.units import fmt_bytes, fmt_value
 
 FAIL, WARN = Status.FAIL, Status.WARN
@@ -63,6 +65,7 @@ RankOutcome = ranks.RankOutcome
 
 class NcclFacts(ranks.RunFacts):
     env: dict[str, list[tuple[str, str]]] = Field(default_factory=dict)  # NCCL_*/GLOO_* -> [(value, where)]
+    rdma: list[str] | None = None  # the node's RDMA devices (/sys/class/infiniband); None: not read
     interfaces: dict[str, list[str] | None] | None = None  # name -> addresses (None: unknown); None: not read
     nccl: nccl_log.NcclLog | None = None
     # Across nodes: what the network judge needs (the log's own words, IB devices, peermem).
@@ -91,7 +94,8 @@ def interfaces(host: Host) -> dict[str, list[str] | None] | None:
 def gather(ctx: Context, nproc: int, expect: NcclExpect, backend: str) -> NcclFacts:
     host = ctx.host
     python = str(ctx.settings.python) if ctx.settings.python else sys.executable
-    facts = NcclFacts(python=python, backend=backend, nproc=nproc, env=nccl_env.read(host), interfaces=interfaces(host))
+    facts = NcclFacts(python=python, backend=backend, nproc=nproc, env=nccl_env.read(host), interfaces=interfaces(host),
+                      rdma=ctx.shape.nics if ctx.shape is not None else rdma_nics(host))
     if bad := judge_ifnames(facts.env, facts.interfaces):
         facts.not_started = bad[0].cause  # a bad interface name fails every rank: say so before launching
         return facts
@@ -125,11 +129,93 @@ def judge_network(f: NcclFacts, expect: NcclExpect) -> tuple[list[Finding], dict
 # ---- judging ---------------------------------------------------------------
 
 
-def judge_env(env: dict[str, list[tuple[str, str]]]) -> list[Finding]:
-    return [
-        Finding(WARN, f"{name}={value} is set", f"{name}={value} in {where} {cost}", f"unset {name} (a debugging switch) in {where}")
-        for name, value, where, cost in nccl_env.switches_on(env)
-    ]
+# The GPU pairs a node needs P2P between: NVLink, and PCIe under its switches (PIX, PXB). NCCL's own
+# default level reaches them on every host (PXB on Intel and ARM, SYS on AMD), and the transports
+# judge holds the node to them; paths through the CPU (PHB, SYS) NCCL's default itself cuts on Intel.
+P2P_NEEDED = {"NVL": "joined by NVLink", "PIX": "under one PCIe switch (PIX)", "PXB": "across PCIe switches (PXB)"}
+# `nvidia-smi topo -m`'s words -> NCCL's path type: NODE (across host bridges within one NUMA node) is NCCL's PHB.
+SMI_PATHS = {"PIX": "PIX", "PXB": "PXB", "PHB": "PHB", "NODE": "PHB", "SYS": "SYS"}
+ORDER = "NCCL's order: LOC < NVL < PIX < PXB < PHB < SYS"
+
+
+def gpu_pairs(topology: Result | None, shape: NodeShape | None = None) -> dict[frozenset[int], str] | None:
+    """NCCL's path type (nccl_env.P2P_LEVELS) between each GPU pair, from the topology check's matrix;
+    on an NVSwitch board every pair is NVLink whether or not a matrix was read. None: not known."""
+    matrix = topology.details.get("matrix") if topology else None
+    # A matrix built without NVML's word on the links holds no NVLink, known or not: no pair's path is known.
+    if matrix and LINKS not in (topology.details.get("unanswered") or {}):  # type: ignore[union-attr]
+        out = {}
+        for key, kind in (matrix.get("links") or {}).items():
+            a, _, b = key.partition("-")
+            path = "NVL" if str(kind).startswith("NV") else SMI_PATHS.get(str(kind))
+            if a.isdigit() and b.isdigit() and path:
+                out[frozenset((int(a), int(b)))] = path
+        return out
+    if shape is not None and shape.gpus <= 1:
+        return {}
+    if shape is not None and shape.fabric == "nvswitch":
+        return {frozenset((a, b)): "NVL" for a in range(shape.gpus) for b in range(a + 1, shape.gpus)}
+    return None
+
+
+def _pair_list(pairs: list[tuple[frozenset[int], str]]) -> str:
+    shown = [f"GPU {min(p)} and GPU {max(p)} ({kind})" for p, kind in pairs[:4]]
+    return ", ".join(shown) + (f" and {len(pairs) - 4} more" if len(pairs) > 4 else "")
+
+
+def _env(env: dict[str, list[tuple[str, str]]], pairs: dict[frozenset[int], str] | None, rdma: list[str] | None,
+         spans_nodes: bool) -> tuple[list[Finding], dict[str, str]]:
+    """(findings, switch -> why it costs this node nothing) of the debugging switches set."""
+    out, costless = [], {}
+    for name, value, where, cost in nccl_env.switches_on(env):
+        setting = f"{name}={value} ({where})"
+        if name == "NCCL_IB_DISABLE" and rdma is not None and not rdma:
+            costless[name] = f"{setting}: this node has no RDMA device (/sys/class/infiniband lists none), so there is no InfiniBand/RoCE to turn off"
+            continue
+        if name == "NCCL_IB_DISABLE" and rdma and not spans_nodes:
+            # NCCL moves data within a node by P2P and shared memory; this run's ranks even load no network.
+            costless[name] = (f"{setting}: this run is one node, where NCCL moves data by P2P and shared memory, not the network; "
+                              f"a job spanning nodes would use TCP sockets instead of {', '.join(rdma)} (the site pins no multi-node use: "
+                              "[node] multi_node, and the profile expects no NIC beside each GPU)")
+            continue
+        if name == "NCCL_IB_DISABLE" and rdma:
+            cost = f"turns off InfiniBand/RoCE ({', '.join(rdma)}): traffic between nodes falls back to TCP sockets, an order of magnitude slower"
+        if name == "NCCL_P2P_LEVEL":
+            level = nccl_env.p2p_level(value)
+            if pairs is not None:
+                cut = sorted(((p, kind) for p, kind in pairs.items() if kind in P2P_NEEDED and nccl_env.p2p_cuts(level, kind)),
+                             key=lambda t: sorted(t[0]))
+                if not cut:
+                    costless[name] = f"{setting} allows P2P up to {level} ({ORDER}): no NVLink or PCIe-switch pair of this node's GPUs is farther"
+                    continue
+                cost = (f"caps the distance at which NCCL uses P2P at {level} ({ORDER}): {len(cut)} GPU pair(s) this node joins nearer "
+                        f"than that lose P2P and go through host memory: {_pair_list(cut)}")
+            else:
+                kinds = [words for kind, words in P2P_NEEDED.items() if nccl_env.p2p_cuts(level, kind)]
+                if not kinds:
+                    costless[name] = (f"{setting} allows P2P up to {level} ({ORDER}), past NVLink and PCIe switches: it cuts only paths "
+                                      "through the CPU, where NCCL's own default stops on Intel and ARM hosts")
+                    continue
+                cost = (f"caps the distance at which NCCL uses P2P at {level} ({ORDER}): GPU pairs {' or '.join(kinds)} go through "
+                        "host memory (which pairs this node has was not read: the topology check's matrix)")
+        out.append(Finding(WARN, f"{name}={value} is set", f"{name}={value} in {where} {cost}", f"unset {name} (a debugging switch) in {where}"))
+    return out, costless
+
+
+def judge_env(env: dict[str, list[tuple[str, str]]], pairs: dict[frozenset[int], str] | None = None, rdma: list[str] | None = None,
+              spans_nodes: bool = True) -> list[Finding]:
+    """The debugging switches that cost this node speed. ``pairs``: NCCL's path type between each GPU
+    pair the ranks use (gpu_pairs; None: unknown): NCCL_P2P_LEVEL warns where it cuts a pair the node
+    needs P2P for (P2P_NEEDED), or, unknown, where its level is nearer than PXB. ``rdma``: the node's
+    RDMA devices (None: unknown); ``spans_nodes``: the node serves jobs across nodes. NCCL_IB_DISABLE
+    warns only where both hold, or where the devices are unknown."""
+    return _env(env, pairs, rdma, spans_nodes)[0]
+
+
+def env_without_cost(env: dict[str, list[tuple[str, str]]], pairs: dict[frozenset[int], str] | None = None,
+                     rdma: list[str] | None = None, spans_nodes: bool = True) -> dict[str, str]:
+    """The debugging switches set that cost this node nothing, each with why: for the details."""
+    return _env(env, pairs, rdma, spans_nodes)[1]
 
 
 def _ifname_matches(spec: str, names: list[str], exact_only: bool) -> tuple[list[str], list[str]]:
@@ -233,11 +319,22 @@ def judge_log(f: NcclFacts, run_failed: bool) -> list[Finding]:
     return out
 
 
+def ranks_pairs(f: NcclFacts, pairs: dict[frozenset[int], str] | None, by_design: set[frozenset[int]] | None = None) -> dict[frozenset[int], str] | None:
+    """``pairs`` cut to the GPUs the ranks used, where they are known, less the pairs that cannot do
+    P2P over PCIe by the GPUs' design (a level cuts nothing there)."""
+    if pairs is None:
+        return None
+    used = {i for o in f.ranks if (i := ranks.gpu_index(o.gpu)) is not None}
+    return {p: kind for p, kind in pairs.items() if (not used or p <= used) and p not in (by_design or set())}
+
+
 def judge(f: NcclFacts, expect: NcclExpect, nvlink_pairs: set[frozenset[int]], switch_pairs: set[frozenset[int]] | None = None,
-          by_design: set[frozenset[int]] | None = None) -> dict[str, list[Finding]]:
+          by_design: set[frozenset[int]] | None = None, pairs: dict[frozenset[int], str] | None = None,
+          spans_nodes: bool = True) -> dict[str, list[Finding]]:
+    """``pairs``: NCCL's path type between GPU pairs (gpu_pairs); ``spans_nodes``: this node serves jobs across nodes."""
     run = judge_run(f)
     return {
-        "environment": judge_env(f.env) + judge_ifnames(f.env, f.interfaces),
+        "environment": judge_env(f.env, ranks_pairs(f, pairs, by_design), f.rdma, spans_nodes) + judge_ifnames(f.env, f.interfaces),
         "run": run,
         "timing": judge_timing(f, expect),
         "transports": judge_transports(f, expect, nvlink_pairs, switch_pairs, by_design),
@@ -324,10 +421,18 @@ class Nccl(Check):
         nproc = ctx.ranks(expect.ranks)
         facts = gather(ctx, nproc, expect, backend)
         expect = p2p_for_shape(expect, ctx.shape)
-        parts = judge(facts, expect, linked_pairs(ctx.results.get("topology"), ("NV",)) or set(), linked_pairs(ctx.results.get("topology"), ("PIX", "PXB")),
-                      transports.without_p2p_here(ctx))
+        topology = ctx.results.get("topology")
+        by_design = transports.without_p2p_here(ctx)
+        # A node serves jobs across nodes where this run spans nodes, the site pins it, or its model is built for them
+        # (a NIC beside each GPU: the topology check judges its NICs by the same rule).
+        spans_nodes = (ctx.meeting is not None or ctx.settings.nnodes > 1 or ctx.settings.node_multi_node
+                       or bool(ctx.profile.topology and ctx.profile.topology.nic_per_gpu))
+        pairs = gpu_pairs(topology, ctx.shape)
+        parts = judge(facts, expect, linked_pairs(topology, ("NV",)) or set(), linked_pairs(topology, ("PIX", "PXB")), by_design, pairs, spans_nodes)
         parts["network"], network = judge_network(facts, expect)
         details = facts.model_dump(mode="json", exclude={"nccl"})
+        if costless := env_without_cost(facts.env, ranks_pairs(facts, pairs, by_design), facts.rdma, spans_nodes):
+            details["settings_without_cost"] = costless
         if network is not None:
             details["network"] = network
         details["parts"] = {name: worst(found) for name, found in parts.items()}

@@ -28,7 +28,15 @@ from preflight.readers.machine import pcie
 from preflight.readers.machine.pcie import Endpoint, PcieFacts
 
 FAIL, WARN, SKIP = Status.FAIL, Status.WARN, Status.SKIP
-REDIRECT = ("ReqRedir", "CmpltRedir", "EgressCtrl")  # each sends or blocks peer traffic past the switch
+# The ACS Control bits that route peer traffic away from the switch where two paths part (PCIe base
+# spec, ACS Control Register): P2P Request Redirect and Completion Redirect send it up to the root
+# complex, Egress Control redirects or blocks what its vector names. The others leave P2P across the
+# switch alone: Source Validation checks a request's Requester ID against the port's bus range,
+# Upstream Forwarding only forwards TLPs that something below already redirected back to the port's
+# own link, Translation Blocking and Direct Translated P2P concern ATS-translated requests. The
+# kernel's documented fix for P2P under an IOMMU, pci=disable_acs_redir=<ports>, clears exactly
+# RR, CR and EC (drivers/pci/pci.c pci_disable_acs_redir) and leaves SrcValid and UpstreamFwd on.
+REDIRECT = ("ReqRedir", "CmpltRedir", "EgressCtrl")
 NOT_VISIBLE = "bridges on the path are not visible (virtual machine or passthrough): ACS and switch links are the host's to check"
 NCCL_ACS = "NCCL troubleshooting, \"PCI Access Control Services (ACS)\""
 FIX_ACS = ("disable ACS on those ports: in the BIOS (PCIe ACS / ACS Control: disabled), or at each boot before jobs start "
@@ -65,19 +73,37 @@ def shared_switch_ports(a: Endpoint, b: Endpoint) -> list[str]:
     return pa[k:k + 1] + pb[k:k + 1] if k else []
 
 
-def judge_acs(facts: PcieFacts) -> tuple[list[Finding], str | None]:
-    """Findings, and the reason ACS went unjudged (None: judged). Only pairs with peer traffic:
-    two GPUs (P2P), or a GPU and an RDMA NIC (GPUDirect RDMA); a management NIC under a GPU's
-    switch moves its traffic to host memory, where ACS redirect costs it nothing."""
+def peer_ports(facts: PcieFacts) -> dict[str, list[str]]:
+    """Switch port -> the device pairs whose peer traffic turns around there. Only pairs with peer
+    traffic: two GPUs (P2P), or a GPU and an RDMA NIC (GPUDirect RDMA); a management NIC under a
+    GPU's switch moves its traffic to host memory, where ACS redirect costs it nothing."""
     pairs = list(combinations(facts.gpus, 2)) + [(g, n) for g in facts.gpus for n in facts.nics if n.rdma]
     between: dict[str, list[str]] = {}
     for a, b in pairs:
         for port in shared_switch_ports(a, b):
             between.setdefault(port, []).append(f"{a.label()} and {b.label()}")
+    return between
+
+
+def acs_without_redirect(facts: PcieFacts) -> dict[str, str]:
+    """Switch ports between peers with ACS bits on but no redirect (SrcValid+, UpstreamFwd+): port ->
+    its ACSCtl. Peer traffic still crosses the switch there; said in the details, never a finding."""
+    out = {}
+    for port in peer_ports(facts):
+        acs = facts.bridges[port].acs
+        if acs is not None and (on := acs.on()) and not any(bit in on for bit in REDIRECT):
+            out[port] = "ACSCtl " + " ".join(b + "+" for b in on)
+    return out
+
+
+def judge_acs(facts: PcieFacts) -> tuple[list[Finding], str | None]:
+    """Findings, and the reason ACS went unjudged (None: judged): a redirect bit (REDIRECT) on a
+    switch port where two peers' paths part. Other ACS bits leave P2P across the switch alone."""
+    between = peer_ports(facts)
     if not between:
         return [], None
     unread = [facts.bridges[p] for p in between if facts.bridges[p].acs_unread]
-    redirect, validate = [], []
+    redirect = []
     for port, where in between.items():
         acs = facts.bridges[port].acs
         if acs is None:
@@ -85,16 +111,11 @@ def judge_acs(facts: PcieFacts) -> tuple[list[Finding], str | None]:
         on = acs.on()
         if any(bit in on for bit in REDIRECT):
             redirect.append(f"{port} (ACSCtl {' '.join(b + '+' for b in on)}) between {where[0]}" + (f" (+{len(where) - 1} more pairs)" if len(where) > 1 else ""))
-        elif "SrcValid" in on:
-            validate.append(port)
     out = []
     if redirect:
         out.append(Finding(FAIL, f"ACS redirects peer traffic on {len(redirect)} switch port{'s' if len(redirect) > 1 else ''} between GPUs/NICs",
                            f"ACS Request/Completion Redirect is on at {names(redirect, 3)}: P2P and GPUDirect RDMA traffic is forced up "
                            f"to the root complex instead of across the switch, so NCCL runs slow or hangs ({NCCL_ACS})", FIX_ACS))
-    if validate:
-        out.append(Finding(WARN, f"ACS Source Validation is on at {len(validate)} switch port{'s' if len(validate) > 1 else ''} between GPUs/NICs",
-                           f"ACSCtl SrcValid+ at {names(validate)}: no redirect, but it is the mark of ACS being enabled on this fabric ({NCCL_ACS})", FIX_ACS))
     why = None
     if unread:
         why = f"ACS not read on {len(unread)} switch port{'s' if len(unread) > 1 else ''} ({names([b.bdf for b in unread])}): {unread[0].acs_unread}"
@@ -262,6 +283,8 @@ class Pcie(Check):
         details = facts.model_dump(mode="json")
         details["parts"] = {part: ("SKIP" if part in unjudged else worst(found)) for part, found in parts.items()}
         details["unjudged"] = unjudged
+        if on := acs_without_redirect(facts):
+            details["acs_without_redirect"] = on  # SrcValid/UpstreamFwd alone: P2P still turns at the switch
         findings = [f for found in parts.values() for f in found]
         acs = "ACS not judged" if "acs" in unjudged else "no ACS redirect on shared switch ports"
         iommu = "IOMMU not judged" if "iommu" in unjudged else "IOMMU off" if not facts.iommu_groups else "IOMMU in passthrough"

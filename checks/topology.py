@@ -22,7 +22,7 @@ from preflight.checkkit import settle
 from preflight.checkkit.nvlink_pairs import judge_links, link_mode
 from preflight.checkkit.placement import advise
 from preflight.checkkit.sources import Sources
-from preflight.checkkit.topology_judges import judge_agreement, judge_cpus, judge_nics, judge_numa, judge_pcie
+from preflight.checkkit.topology_judges import judge_agreement, judge_cpus, judge_nics, judge_numa, judge_pcie, pcie_held
 from preflight.pipeline import floor_bounds
 from preflight.pipeline.check import Check, Context, Result
 from preflight.pipeline.expectations import TopologyExpect
@@ -143,6 +143,8 @@ class Topology(Check):
             result.lines.append(line)
         if said:
             result.lines.append(f"NVLink judged after waiting: {said}")
+        # A link its slot holds narrower than the card is the design: said, so a reader need not wonder.
+        result.lines.extend(pcie_held(facts))
         return result
 
 

@@ -12,7 +12,7 @@ from preflight.base.units import format_cpulist, parse_cpulist
 from preflight.pipeline.expectations import TopologyExpect
 from preflight.pipeline.shape import NodeShape
 from preflight.readers.machine import topo_derived
-from preflight.readers.machine.layout import TopologyFacts, gpu_count, gpu_numa, numa_span, numa_unknown, rank_gpus
+from preflight.readers.machine.layout import PciLink, TopologyFacts, gpu_count, gpu_numa, numa_span, numa_unknown, rank_gpus
 from preflight.readers.nvidia.topo import NEAR
 
 FAIL, WARN = Status.FAIL, Status.WARN
@@ -107,7 +107,8 @@ def judge_nics(facts: TopologyFacts, expect: TopologyExpect, shape: NodeShape | 
 def judge_cpus(facts: TopologyFacts, floor: float | None) -> list[Finding]:
     c = facts.cpus
     # A shared node may show every GPU but give this job a few (CUDA_VISIBLE_DEVICES): count those.
-    n = len(rank_gpus(facts, gpu_count(facts)))
+    used = rank_gpus(facts, gpu_count(facts))
+    n = len(used)
     if c is None or not n:
         return []
     out = []
@@ -124,7 +125,9 @@ def judge_cpus(facts: TopologyFacts, floor: float | None) -> list[Finding]:
                            "each rank needs its own host loop and data loader, so starved ranks stall the GPUs",
                            "give the job more CPUs (container cpuset/CPU limit), or use a host with more cores per GPU"))
     for node, cpus in c.nodes.items():
-        gpus = [i for i in range(n) if gpu_numa(facts, i) == int(node)]
+        # The GPUs the ranks use (CUDA_VISIBLE_DEVICES): a job given GPUs 4-7 and the CPUs of their
+        # node needs none of the other node's, where GPUs 0-3 sit unused.
+        gpus = [i for i in used if gpu_numa(facts, i) == int(node)]
         if gpus and not (set(parse_cpulist(cpus)) & allowed):
             out.append(Finding(WARN, f"no allowed CPU on NUMA node {node}",
                                f"GPU {format_cpulist(gpus)} sit on NUMA node {node}, but this process's cpuset has none of its CPUs ({cpus}): "
@@ -163,12 +166,67 @@ def judge_agreement(facts: TopologyFacts) -> list[Finding]:
     return out
 
 
+DEVICE = "the device"
+
+
+def link_ends(link: PciLink, nvml_width_max: int | None = None) -> list[tuple[str, int]]:
+    """What each known end of ``link`` allows: (who, max width), the device first.
+
+    sysfs max_link_width is the device's own capability (LnkCap), not its slot's: an x16 card in
+    a slot wired x8 (a board splitting its lanes x8/x8, a riser, a root port with two lanes) trains
+    x8 by design. A link trains to the narrower of its two ends, so the port above the device counts,
+    and for a GPU NVML's maximum (the card's and its slot's, nvml.h). A bound narrower than the link
+    already trained is not this link's other end (a VM's virtual root port advertising x1): left out."""
+    out = [(DEVICE, link.max_width)] if link.max_width else []
+    for who, other in ((f"its port {link.port}", link.port_max_width), ("NVML's maximum for the GPU and its slot", nvml_width_max)):
+        if other and (not link.width or other >= link.width):
+            out.append((who, other))
+    return out
+
+
+def link_bound(link: PciLink, nvml_width_max: int | None = None) -> tuple[int | None, str | None]:
+    """The widest ``link`` can train, and what other than the device holds it there (None: the device,
+    or no end known). Where only the device is known (no port in sight: a VM), its own maximum."""
+    ends = link_ends(link, nvml_width_max)
+    if not ends:
+        return None, None
+    who, bound = min(ends, key=lambda e: e[1])  # the device first: it wins a tie
+    return bound, None if who == DEVICE else who
+
+
+def _pcie_links(facts: TopologyFacts) -> list[tuple[str, str | None, PciLink, int | None, Status]]:
+    """(who, PCI address, link, NVML's maximum, the status a narrow link earns) of each GPU and NIC with a link."""
+    return ([(f"GPU {g.index}", g.pci, g.link, g.nvml_width_max, FAIL) for g in facts.gpus if g.link] +
+            [(f"NIC {n.name}", n.pci, n.link, None, WARN) for n in facts.nics if n.link])
+
+
 def judge_pcie(facts: TopologyFacts) -> list[Finding]:
-    """Width from sysfs (links do not narrow to save power; speed does, so it is not judged)."""
+    """Width from sysfs, against what both ends of the link allow (link_ends): a link below that
+    trained short. Speed is not judged: an idle link drops to 2.5 GT/s to save power (links do not
+    narrow to save it)."""
     out = []
-    for what, link, status in [(f"GPU {g.index} ({g.pci})", g.link, FAIL) for g in facts.gpus] + [(f"NIC {n.name} ({n.pci})", n.link, WARN) for n in facts.nics]:
-        if link and link.width and link.max_width and link.width < link.max_width:
-            out.append(Finding(status, f"{what.split(' (')[0]} PCIe link x{link.width} of x{link.max_width}",
-                               f"{what}'s PCIe link trained at x{link.width} of x{link.max_width} (sysfs current_link_width): it moves at most "
-                               f"{link.width / link.max_width:.0%} of its bandwidth", "reseat the card or its riser; check the slot with `lspci -vv`"))
+    for who, pci, link, nvml_max, status in _pcie_links(facts):
+        bound, _ = link_bound(link, nvml_max)
+        if not (link.width and bound and link.width < bound):
+            continue
+        ends = link_ends(link, nvml_max)
+        said = ", ".join(f"{end} x{width}" for end, width in ends)
+        if len(ends) == 1:  # the device alone: nothing says what its slot is wired for
+            said += "; no port above it is in sight (a VM shows none), so a slot wired narrower could not be told"
+        check = " and ".join(f"`lspci -vv -s {a}`" for a in (pci, link.port) if a)
+        out.append(Finding(status, f"{who} PCIe link x{link.width} of x{bound}",
+                           f"{who} ({pci})'s PCIe link trained at x{link.width}, held to x{bound}, the narrower of what its ends allow "
+                           f"({said}; sysfs current_link_width against max_link_width): it moves at most {link.width / bound:.0%} of its bandwidth",
+                           f"reseat the card or its riser; check the slot: LnkSta against LnkCap in {check or '`lspci -vv`'}"))
+    return out
+
+
+def pcie_held(facts: TopologyFacts) -> list[str]:
+    """Links narrower than their device allows because the other end is (the design, no finding):
+    what each was held to, for the check's lines."""
+    out = []
+    for who, _, link, nvml_max, _ in _pcie_links(facts):
+        bound, by = link_bound(link, nvml_max)
+        if by is not None and link.width and bound and link.max_width and link.width >= bound:
+            out.append(f"{who} PCIe x{link.width}: held to x{bound} by {by} (the device allows x{link.max_width})")
     return out

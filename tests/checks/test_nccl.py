@@ -18,6 +18,7 @@ import fakes
 import pytest
 from conftest import fast_profile, needs_root, run_preflight, workers_left
 
+from preflight.gpuwork.launch import free_port
 from preflight.pipeline.report import Report
 
 DEADLINE = 45.0  # the fast profile's nccl timeout
@@ -240,10 +241,13 @@ def test_more_ranks_than_gpus_is_refused_before_anything_runs(tmp_path):
 
 
 def test_debugging_switches_warn_naming_their_cost(fast, tmp_path):
-    p, report, _ = run_nccl({**fast, "NCCL_P2P_DISABLE": "1"}, tmp_path)
+    # NCCL_P2P_LEVEL=SYS allows every path, and NCCL_IB_DISABLE costs a one-node run of the cpu profile nothing:
+    # neither is a finding, the second is said in the details.
+    p, report, _ = run_nccl({**fast, "NCCL_P2P_DISABLE": "1", "NCCL_P2P_LEVEL": "SYS", "NCCL_IB_DISABLE": "1"}, tmp_path)
     r = nccl_result(report)
-    assert p.returncode == 0 and r.status == "WARN" and r.summary.startswith("NCCL_P2P_DISABLE=1 is set")
+    assert p.returncode == 0 and r.status == "WARN" and r.summary == "NCCL_P2P_DISABLE=1 is set"
     assert "staged through host memory" in r.cause and r.details["parts"]["run"] == "PASS"
+    assert list(r.details["settings_without_cost"]) == ["NCCL_IB_DISABLE"]
 
 
 # --- the worker by hand ----------------------------------------------------------
@@ -251,7 +255,7 @@ def test_debugging_switches_warn_naming_their_cost(fast, tmp_path):
 
 def test_the_worker_runs_by_hand_under_torchrun(tmp_path):
     script = Path(__file__).parents[2] / "checks" / "workers" / "nccl_smoke.py"
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", str(script),
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()), str(script),
             "--backend", "gloo", "--device", "cpu", "--large-bytes", str(1 << 20)]  # fmt: skip
     p = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert p.returncode == 0, p.stderr

@@ -102,15 +102,80 @@ def test_an_empty_value_is_nothing(name):
     assert nccl.judge_env({name: [("", ENV)]}) == []
 
 
-def test_p2p_level_warns_whatever_its_value():
+def test_p2p_level_nearer_than_pcie_switches_warns_where_the_pairs_are_unknown():
     (f,) = nccl.judge_env({"NCCL_P2P_LEVEL": [("NVL", ENV)]})
     assert f.status is WARN and f.summary == "NCCL_P2P_LEVEL=NVL is set"
     assert "caps the distance" in f.cause and "unset NCCL_P2P_LEVEL" in f.remedy
+    assert "GPU pairs under one PCIe switch (PIX) or across PCIe switches (PXB) go through host memory" in f.cause
+
+
+@pytest.mark.parametrize("value", ["SYS", "4", "5"])
+def test_p2p_level_sys_allows_every_path_and_is_nothing(value):
+    # SYS: P2P even across the SMP interconnect between NUMA nodes, the widest level (old numbering: 4 and up).
+    assert nccl.judge_env({"NCCL_P2P_LEVEL": [(value, "/etc/nccl.conf")]}) == []
+    assert nccl.judge_env({"NCCL_P2P_LEVEL": [(value, ENV)]}, pairs={frozenset((0, 1)): "SYS"}) == []
+
+
+@pytest.mark.parametrize("value", ["PXB", "PHB", "3"])
+def test_p2p_level_past_the_pcie_switches_cuts_only_paths_through_the_cpu_and_is_nothing(value):
+    env = {"NCCL_P2P_LEVEL": [(value, ENV)]}
+    assert nccl.judge_env(env) == []
+    assert "cuts only paths through the CPU" in nccl.env_without_cost(env)["NCCL_P2P_LEVEL"]
+
+
+def test_p2p_level_names_the_pairs_of_this_node_it_cuts():
+    pairs = {frozenset((0, 1)): "NVL", frozenset((0, 2)): "PIX", frozenset((1, 2)): "PXB", frozenset((0, 3)): "SYS"}
+    (f,) = nccl.judge_env({"NCCL_P2P_LEVEL": [("NVL", "/etc/nccl.conf")]}, pairs=pairs)
+    assert f.status is WARN and "2 GPU pair(s)" in f.cause and "GPU 0 and GPU 2 (PIX), GPU 1 and GPU 2 (PXB)" in f.cause
+    assert "GPU 0 and GPU 1" not in f.cause and "GPU 0 and GPU 3" not in f.cause  # NVLink kept; SYS not the node's need
+    (off,) = nccl.judge_env({"NCCL_P2P_LEVEL": [("LOC", ENV)]}, pairs=pairs)
+    assert "GPU 0 and GPU 1 (NVL)" in off.cause  # LOC turns P2P off, NVLink too
+
+
+def test_p2p_level_that_cuts_no_pair_of_this_node_is_nothing_and_says_why():
+    nvswitch = {frozenset((a, b)): "NVL" for a in range(8) for b in range(a + 1, 8)}
+    env = {"NCCL_P2P_LEVEL": [("NVL", ENV)]}
+    assert nccl.judge_env(env, pairs=nvswitch) == []
+    assert "no NVLink or PCIe-switch pair of this node's GPUs is farther" in nccl.env_without_cost(env, pairs=nvswitch)["NCCL_P2P_LEVEL"]
+
+
+def test_p2p_level_is_judged_on_the_pairs_the_ranks_use():
+    # Two ranks on GPUs 0 and 1 (NVLink); GPUs 2 and 3 behind a PCIe switch are another job's.
+    pairs = {frozenset((0, 1)): "NVL", frozenset((2, 3)): "PIX"}
+    f = healthy(env={"NCCL_P2P_LEVEL": [("NVL", ENV)]})
+    assert nccl.judge(f, expect(), set(), pairs=pairs)["environment"] == []
+    assert [x.summary for x in nccl.judge(f, expect(), set(), pairs={frozenset((0, 1)): "PIX"})["environment"]] == ["NCCL_P2P_LEVEL=NVL is set"]
+
+
+def test_the_pairs_are_read_from_the_topology_check_s_matrix():
+    links = {"0-1": "NV18", "0-2": "PIX", "0-3": "NODE", "1-2": "SYS", "1-3": "PHB"}
+    topology = Result(check="topology", status=Status.PASS, summary="ok", details={"matrix": {"links": links}})
+    assert nccl.gpu_pairs(topology) == {frozenset((0, 1)): "NVL", frozenset((0, 2)): "PIX", frozenset((0, 3)): "PHB",
+                                        frozenset((1, 2)): "SYS", frozenset((1, 3)): "PHB"}
+    assert nccl.gpu_pairs(None) is None
 
 
 def test_ib_disable_warns_about_sockets_between_nodes():
-    (f,) = nccl.judge_env({"NCCL_IB_DISABLE": [("1", ENV)]})
+    (f,) = nccl.judge_env({"NCCL_IB_DISABLE": [("1", ENV)]})  # the node's RDMA devices unknown (a saved log)
     assert f.status is WARN and "TCP sockets" in f.cause
+    (f,) = nccl.judge_env({"NCCL_IB_DISABLE": [("1", ENV)]}, rdma=["mlx5_0", "mlx5_1"], spans_nodes=True)
+    assert f.status is WARN and "InfiniBand/RoCE (mlx5_0, mlx5_1)" in f.cause and "TCP sockets" in f.cause
+
+
+def test_ib_disable_on_a_node_without_rdma_devices_is_nothing():
+    env = {"NCCL_IB_DISABLE": [("1", ENV)]}
+    assert nccl.judge_env(env, rdma=[], spans_nodes=True) == []
+    assert "no RDMA device" in nccl.env_without_cost(env, rdma=[])["NCCL_IB_DISABLE"]
+
+
+def test_ib_disable_in_a_one_node_run_is_nothing_where_the_node_serves_no_multi_node_jobs():
+    # Within one node NCCL moves data by P2P and shared memory; the setting matters only to a job spanning nodes.
+    env = {"NCCL_IB_DISABLE": [("1", "/etc/nccl.conf")]}
+    assert nccl.judge_env(env, rdma=["mlx5_0"], spans_nodes=False) == []
+    assert "this run is one node" in nccl.env_without_cost(env, rdma=["mlx5_0"], spans_nodes=False)["NCCL_IB_DISABLE"]
+    f = healthy(env=env, rdma=["mlx5_0"])
+    assert nccl.judge(f, expect(), set(), spans_nodes=False)["environment"] == []
+    assert [x.summary for x in nccl.judge(f, expect(), set(), spans_nodes=True)["environment"]] == ["NCCL_IB_DISABLE=1 is set"]
 
 
 def test_unrelated_settings_are_nothing():

@@ -66,9 +66,29 @@ def test_acs_on_the_shared_root_port_alone_is_no_fault():
     assert check.judge_acs(facts()) == ([], None)
 
 
-def test_source_validation_alone_warns():
-    found, _ = check.judge_acs(facts(ctl_between=0x01))
-    assert [f.status for f in found] == [WARN] and "SrcValid+ at d1" in found[0].cause
+def test_source_validation_alone_is_no_finding_and_is_reported_in_the_details():
+    # SrcValid checks a request's Requester ID; it routes nothing away from the switch, so P2P still turns there.
+    f = facts(ctl_between=0x01)
+    assert check.judge_acs(f) == ([], None)
+    assert check.acs_without_redirect(f) == {"d1": "ACSCtl SrcValid+"}
+
+
+def test_ports_left_by_disable_acs_redir_with_source_validation_and_upstream_forwarding_are_no_finding():
+    # pci=disable_acs_redir=<ports> clears ReqRedir, CmpltRedir and EgressCtrl (drivers/pci/pci.c
+    # pci_disable_acs_redir) and leaves SrcValid and UpstreamFwd on: P2P between the GPUs crosses the switch.
+    sv_uf = (1 << pcie.ACS_BITS["SrcValid"]) | (1 << pcie.ACS_BITS["UpstreamFwd"])
+    f = facts(cmdline="BOOT_IMAGE=/vmlinuz ro pci=disable_acs_redir=0000:17:00.0;0000:17:01.0")
+    for port in ("d1", "d2"):
+        f.bridges[port] = Bridge(bdf=port, acs=Acs(cap=0x7F, ctl=sv_uf, source="config space"))
+    parts, unjudged = check.judge(f)
+    assert parts["acs"] == [] and "acs" not in unjudged
+    assert check.acs_without_redirect(f) == {"d1": "ACSCtl SrcValid+ UpstreamFwd+", "d2": "ACSCtl SrcValid+ UpstreamFwd+"}
+
+
+@pytest.mark.parametrize("bit", ["ReqRedir", "CmpltRedir", "EgressCtrl"])
+def test_each_redirect_bit_beside_source_validation_still_fails(bit):
+    found, _ = check.judge_acs(facts(ctl_between=1 << pcie.ACS_BITS["SrcValid"] | 1 << pcie.ACS_BITS[bit]))
+    assert [x.status for x in found] == [FAIL] and f"d1 (ACSCtl SrcValid+ {bit}+)" in found[0].cause
 
 
 def test_only_the_ports_where_the_paths_part_are_judged():
@@ -258,6 +278,22 @@ def test_a_256_byte_config_space_read_as_root_is_a_bridge_without_acs(tree):
     bridge = f.bridges["0000:12:01.0"]
     assert bridge.acs_unread is None and bridge.no_acs and "no extended configuration space, so no ACS capability" in bridge.no_acs
     assert "shown to root only" in check.judge(gathered(root, as_root=False))[1]["acs"]
+
+
+def test_a_host_booted_with_disable_acs_redir_passes_and_says_where_acs_is_on(tree):
+    root = tree("pass")
+    sv_uf = (1 << pcie.ACS_BITS["SrcValid"]) | (1 << pcie.ACS_BITS["UpstreamFwd"])
+    ports = ["0000:12:00.0", "0000:12:01.0"]  # the upper switch's ports where GPU 0000:1b:00.0's and 0000:43:00.0's paths part
+    for port in ports:
+        config = next((root / "sys/devices").rglob(f"{port}/config"))
+        data = bytearray(config.read_bytes())
+        data[0x148 + 6:0x148 + 8] = sv_uf.to_bytes(2, "little")  # ACS Control, as the kernel left it
+        config.write_bytes(bytes(data))
+    (root / "proc/cmdline").write_text(f"BOOT_IMAGE=/vmlinuz ro intel_iommu=on iommu=pt pci=disable_acs_redir={';'.join(ports)}\n")
+    r = check.Pcie().run(make_ctx(host=Host(root, environ={"PATH": ""})))
+    assert r.status == Status.PASS, (r.summary, r.cause)
+    assert "no ACS redirect on shared switch ports" in r.summary
+    assert r.details["acs_without_redirect"] == dict.fromkeys(ports, "ACSCtl SrcValid+ UpstreamFwd+")
 
 
 def test_lspci_that_cannot_be_started_leaves_acs_unjudged_saying_so(tree, tmp_path):

@@ -363,6 +363,23 @@ def test_vcpus_are_counted_for_the_gpus_the_job_can_see(root):
     assert [x for x in judged(gathered(host(root, CUDA_VISIBLE_DEVICES="0,1"))) if x.status == FAIL] == []
 
 
+@pytest.mark.parametrize("visible", ["4,5,6,7", ",".join(f"GPU-5c1b0c7e-8f2a-4d3b-9e6a-00000000000{i}" for i in range(4, 8))],
+                         ids=["indices", "uuids"])
+def test_a_job_given_the_gpus_and_cpus_of_one_numa_node_lacks_no_cpu(root, visible):
+    # A Slurm step given GPUs 4-7 (NUMA node 1) and 48 CPUs of node 1: GPUs 0-3 sit on node 0, unused.
+    edit(root, "proc/self/status", "Cpus_allowed_list:\t56-79,168-191")
+    f = gathered(host(root, CUDA_VISIBLE_DEVICES=visible))
+    assert [(x.status, x.summary) for x in judged(f)] == []
+    assert t.advise(f).summary.startswith("every GPU is on NUMA node 1")
+
+
+def test_a_job_whose_visible_gpus_sit_on_the_node_its_cpuset_lacks_still_warns(root):
+    edit(root, "proc/self/status", "Cpus_allowed_list:\t56-79,168-191")
+    found = judged(gathered(host(root, CUDA_VISIBLE_DEVICES="2,3,4,5")))
+    assert [(x.status, x.summary) for x in found] == [(WARN, "no allowed CPU on NUMA node 0")]
+    assert found[0].cause.startswith("GPU 2-3 sit on NUMA node 0, but this process's cpuset has none of its CPUs")
+
+
 def test_a_cpu_quota_counts_even_when_the_cpuset_is_whole(root):
     edit(root, "sys/fs/cgroup/system.slice/cpu.max", "4000000 100000")
     starved = [x for x in judged(gathered(host(root))) if x.status == FAIL]
@@ -394,6 +411,61 @@ def test_a_gpu_link_at_x8_fails_and_a_nic_link_at_x8_warns(root):
     found = {x.summary: x for x in judged(gathered(host(root)))}
     assert found["GPU 2 PCIe link x8 of x16"].status == FAIL and "50%" in found["GPU 2 PCIe link x8 of x16"].cause
     assert found["NIC mlx5_3 PCIe link x8 of x16"].status == WARN
+
+
+def port_of(root: Path, device: str) -> Path:
+    """The port above ``device`` in a tree pci_tree laid out (a switch's downstream port)."""
+    return (root / "sys/bus/pci/devices" / device).resolve().parent
+
+
+def test_a_gpu_and_a_nic_in_slots_wired_x8_run_x8_by_design_and_say_so(root):
+    # x16 cards in slots whose ports have eight lanes (a board splitting its lanes x8/x8, a riser):
+    # the device's max_link_width is its own LnkCap, the link trains to the narrower end.
+    pci_tree(root)
+    for device in ("0000:52:00.0", "0000:5e:00.0"):  # GPU 2, NIC mlx5_3
+        edit(root, f"sys/bus/pci/devices/{device}/current_link_width", "8")
+        edit(root, str((port_of(root, device) / "max_link_width").relative_to(root)), "8")
+    f = gathered(host(root))
+    assert f.gpus[2].link.port == port_of(root, "0000:52:00.0").name and f.gpus[2].link.port_max_width == 8
+    assert t.judge(f, H100.topology, 12)["pcie"] == []
+    assert topology_judges.pcie_held(f) == [
+        f"GPU 2 PCIe x8: held to x8 by its port {port_of(root, '0000:52:00.0').name} (the device allows x16)",
+        f"NIC mlx5_3 PCIe x8: held to x8 by its port {port_of(root, '0000:5e:00.0').name} (the device allows x16)"]
+
+
+def test_a_link_below_what_both_its_ends_allow_still_fails_naming_the_bound(root):
+    pci_tree(root)
+    port = port_of(root, "0000:52:00.0")
+    edit(root, "sys/bus/pci/devices/0000:52:00.0/current_link_width", "4")
+    edit(root, str((port / "max_link_width").relative_to(root)), "8")
+    (found,) = t.judge(gathered(host(root)), H100.topology, 12)["pcie"]
+    assert (found.status, found.summary) == (FAIL, "GPU 2 PCIe link x4 of x8")
+    assert f"held to x8, the narrower of what its ends allow (the device x16, its port {port.name} x8" in found.cause and "50%" in found.cause
+    assert f"`lspci -vv -s 0000:52:00.0` and `lspci -vv -s {port.name}`" in found.remedy
+
+
+def test_a_port_narrower_than_the_link_it_trained_is_not_its_other_end(root):
+    # A VM's virtual root port advertising x1: the link could not have trained x8 through it.
+    pci_tree(root)
+    edit(root, "sys/bus/pci/devices/0000:52:00.0/current_link_width", "8")
+    edit(root, str((port_of(root, "0000:52:00.0") / "max_link_width").relative_to(root)), "1")
+    (found,) = t.judge(gathered(host(root)), H100.topology, 12)["pcie"]
+    assert (found.status, found.summary) == (FAIL, "GPU 2 PCIe link x8 of x16")
+
+
+def test_nvml_s_maximum_for_the_gpu_and_its_slot_holds_the_link_where_no_port_is_in_sight():
+    # nvml.h: nvmlDeviceGetMaxPcieLinkWidth is "possible with this device and system" (an x16 GPU in an x8 slot: 8).
+    link = layout.PciLink(speed="16.0 GT/s PCIe", width=8, max_speed="16.0 GT/s PCIe", max_width=16)
+    gpu = layout.GpuPlace(index=0, pci="0000:21:00.0", uuid="GPU-0", link=link)
+    assert [x.summary for x in topology_judges.judge_pcie(t.TopologyFacts(gpus=[gpu]))] == ["GPU 0 PCIe link x8 of x16"]
+    assert "no port above it is in sight" in topology_judges.judge_pcie(t.TopologyFacts(gpus=[gpu]))[0].cause
+    slot8 = gpu.model_copy(update={"nvml_width_max": 8})
+    assert topology_judges.judge_pcie(t.TopologyFacts(gpus=[slot8])) == []
+    assert topology_judges.pcie_held(t.TopologyFacts(gpus=[slot8])) == [
+        "GPU 0 PCIe x8: held to x8 by NVML's maximum for the GPU and its slot (the device allows x16)"]
+    # x4 in that x8 slot trained short of both
+    short = slot8.model_copy(update={"link": link.model_copy(update={"width": 4})})
+    assert [(x.status, x.summary) for x in topology_judges.judge_pcie(t.TopologyFacts(gpus=[short]))] == [(FAIL, "GPU 0 PCIe link x4 of x8")]
 
 
 # ---- the check, as the runner calls it ---------------------------------------------

@@ -12,6 +12,7 @@ import pytest
 from preflight.base import tooltext
 from preflight.base.host import Host
 from preflight.base.units import parse_cpulist
+from preflight.checkkit.topology_judges import judge_pcie, pcie_held
 from preflight.readers.machine import layout as t
 from preflight.readers.nvidia import topo
 from topology_cases import H200_TOPO, edit, gathered, host, root  # noqa: F401 (root: a fixture)
@@ -28,6 +29,47 @@ def test_gather_reads_gpus_nics_numa_and_cpus_from_the_recorded_tree(root):
     assert len(nics) == 12 and nics["mlx5_0"].pci == "0000:18:00.0" and nics["mlx5_0"].netdevs == ["ibp24s0"]
     assert nics["mlx5_6"].numa_node == 1 and nics["mlx5_6"].ports == [t.IbPort(port=1, state="ACTIVE", rate="400 Gb/sec (4X NDR)", link_layer="InfiniBand")]
     assert nics["mlx5_4"].ports[0].link_layer == "Ethernet"
+
+
+def gx10_second_nic(tmp: Path) -> Path:
+    """The ASUS Ascent GX10's second ConnectX-7 halves (0002:01:00.0/.1, RoCE), as sysfs shows them: each
+    function's LnkCap x4 Gen5, trained x2 because the root port above them, 0002:00:00.0, has two lanes
+    (NVIDIA developer forum, "ASUS Ascent GX10 - Second ConnectX-7 PCIe slot wired at Gen5 x2 instead of x4")."""
+    root = tmp / "gx10"
+    port = root / "sys/devices/pci0002:00/0002:00:00.0"
+    for d, width, most in [(port, 2, 2), *((port / f"0002:01:00.{fn}", 2, 4) for fn in (0, 1))]:
+        d.mkdir(parents=True, exist_ok=True)
+        for name, value in [("current_link_speed", "32.0 GT/s PCIe"), ("current_link_width", width),
+                            ("max_link_speed", "32.0 GT/s PCIe"), ("max_link_width", most)]:
+            (d / name).write_text(f"{value}\n")
+    for fn, name in ((0, "roceP2p1s0f0"), (1, "roceP2p1s0f1")):
+        for link, target in ((f"sys/bus/pci/devices/0002:01:00.{fn}", f"../../../devices/pci0002:00/0002:00:00.0/0002:01:00.{fn}"),
+                             (f"sys/class/infiniband/{name}/device", f"../../../bus/pci/devices/0002:01:00.{fn}")):
+            (root / link).parent.mkdir(parents=True, exist_ok=True)
+            (root / link).symlink_to(target)
+    # a device straight on a root bus, as a VM shows its passed-through GPU: no port above it
+    vm = root / "sys/devices/pci0000:00/0000:00:06.0"
+    vm.mkdir(parents=True)
+    (vm / "max_link_width").write_text("16\n")
+    (root / "sys/bus/pci/devices/0000:00:06.0").symlink_to("../../../devices/pci0000:00/0000:00:06.0")
+    return root
+
+
+def test_a_nic_link_carries_the_port_above_it_and_is_held_to_that_port_s_two_lanes(tmp_path):
+    root = gx10_second_nic(tmp_path)
+    nics = t.nics(Host(root))
+    assert [(n.name, n.link.width, n.link.max_width, n.link.port, n.link.port_max_width) for n in nics] == [
+        ("roceP2p1s0f0", 2, 4, "0002:00:00.0", 2), ("roceP2p1s0f1", 2, 4, "0002:00:00.0", 2)]
+    facts = t.TopologyFacts(nics=nics)
+    assert judge_pcie(facts) == []  # x2 is all the slot has: no WARN
+    assert pcie_held(facts) == [f"NIC {n} PCIe x2: held to x2 by its port 0002:00:00.0 (the device allows x4)" for n in ("roceP2p1s0f0", "roceP2p1s0f1")]
+
+
+def test_a_device_on_a_root_bus_has_no_port_to_read(tmp_path):
+    root = gx10_second_nic(tmp_path)
+    assert t.upstream_port(root / "sys/bus/pci/devices/0000:00:06.0") is None
+    assert t.device_link(root / "sys/bus/pci/devices/0000:00:06.0") == t.PciLink(max_width=16)
+    assert t.upstream_port(root / "sys/bus/pci/devices/0002:01:00.1").name == "0002:00:00.0"
 
 
 def test_gather_on_this_machine_counts_its_real_cpus_and_nodes():

@@ -40,3 +40,17 @@ def test_a_large_config_file_is_read_up_to_its_limit(tmp_path: Path):
     (tmp_path / "big.conf").write_text("NCCL_P2P_LEVEL=NVL\n" + "#" * (2 * nccl_env.CONF_LIMIT) + "\nNCCL_SHM_DISABLE=1\n")
     found = nccl_env.read(Host(tmp_path, environ={"NCCL_CONF_FILE": "/big.conf"}))
     assert {k: v for k, v in found.items() if k != "NCCL_CONF_FILE"} == {"NCCL_P2P_LEVEL": [("NVL", "/big.conf")]}
+
+
+def test_p2p_level_is_read_as_nccl_reads_it():
+    # ncclGetLevel: the exact word (strcmp), else the old numbers 0 LOC, 1 PIX, 2 PXB, 3 PHB, 4 and up SYS; anything else is ignored.
+    read = {v: nccl_env.p2p_level(v) for v in ("NVL", "PIX", "PHB", "SYS", "0", "1", "2", "3", "4", "7", "nvl", "everything")}
+    assert read == {"NVL": "NVL", "PIX": "PIX", "PHB": "PHB", "SYS": "SYS", "0": "LOC", "1": "PIX", "2": "PXB", "3": "PHB",
+                    "4": "SYS", "7": "SYS", "nvl": None, "everything": None}
+
+
+def test_p2p_level_sys_or_a_word_nccl_ignores_is_no_switch_left_on():
+    found = {"NCCL_P2P_LEVEL": [("SYS", "/etc/nccl.conf")], "NCCL_IB_DISABLE": [("1", nccl_env.ENVIRONMENT)]}
+    assert [name for name, *_ in nccl_env.switches_on(found)] == ["NCCL_IB_DISABLE"]
+    assert nccl_env.switches_on({"NCCL_P2P_LEVEL": [("nvl", nccl_env.ENVIRONMENT)]}) == []
+    assert [name for name, *_ in nccl_env.switches_on({"NCCL_P2P_LEVEL": [("PHB", nccl_env.ENVIRONMENT)]})] == ["NCCL_P2P_LEVEL"]

@@ -24,6 +24,8 @@ from preflight.readers.nvidia import nvml, nvml_facts, topo
 from preflight.readers.nvidia.nvml_facts import Inventory
 from preflight.readers.nvidia.topo import Topo, TopoParseError
 
+# A PCI address as sysfs names it; VMD domains have five hex digits (10000:e0:01.0).
+BDF = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 NVIDIA_SMI_TIMEOUT = 15.0  # topo -m answers in well under a second; a wedged driver never does
 TORCHRUN_TIMEOUT = 10.0  # another interpreter asked where its torch is: a Python start, no torch import
 TORCHRUN_LOOKUP = "torchrun --numa-binding lookup"
@@ -35,8 +37,15 @@ TORCHRUN_LOOKUP = "torchrun --numa-binding lookup"
 class PciLink(BaseModel):
     speed: str | None = None  # "32.0 GT/s PCIe", as the kernel prints it
     width: int | None = None
-    max_speed: str | None = None
+    max_speed: str | None = None  # sysfs max_link_*: the device's own capability (LnkCap), not its slot's
     max_width: int | None = None
+    # The other end of the link: the port above the device (a root port or a switch's downstream
+    # port, its PCI address) and its own max_link_*. A link trains to the narrower and slower of
+    # its two ends, so an x16 card in a slot wired x8 runs x8 by design. None: sysfs shows no
+    # port above the device (a VM's GPU on the root bus), or the port gives no link files.
+    port: str | None = None
+    port_max_speed: str | None = None
+    port_max_width: int | None = None
 
 
 class GpuPlace(BaseModel):
@@ -46,6 +55,9 @@ class GpuPlace(BaseModel):
     numa_node: int | None = None  # sysfs; None: the kernel does not know (-1) or no file
     local_cpus: str | None = None  # sysfs local_cpulist
     link: PciLink | None = None
+    # NVML's maximum link width, "possible with this device and system" (nvml.h,
+    # nvmlDeviceGetMaxPcieLinkWidth): the card's and its slot's, where sysfs shows no port.
+    nvml_width_max: int | None = None
     nvlinks_active: int | None = None  # NVML; None: unknown
     nvlinks_down: list[int] = []
     # NVML's word on where the GPU sits and what its links reach (nvml_facts.Gpu's fields of the
@@ -126,6 +138,29 @@ def pci_link(dev: Path) -> PciLink | None:
                    max_speed=raw["max_link_speed"], max_width=_int(raw["max_link_width"]))
 
 
+def upstream_port(dev: Path) -> Path | None:
+    """The port above a PCI device: the parent of its resolved /sys/devices entry, where that is a PCI
+    address (a root port or a switch's downstream port); None where the device sits on a root bus
+    (pci0000:00: a VM's passed-through GPU) or its entry is no link into /sys/devices."""
+    try:
+        parent = dev.resolve(strict=True).parent
+    except OSError:
+        return None
+    return parent if BDF.match(parent.name) else None
+
+
+def device_link(dev: Path) -> PciLink | None:
+    """A GPU's or NIC's link, with the max_link_* of the port at its other end where sysfs shows one."""
+    link = pci_link(dev)
+    port = upstream_port(dev)
+    if link is None or port is None:
+        return link
+    above = pci_link(port)
+    if above is None or (above.max_width is None and above.max_speed is None):
+        return link
+    return link.model_copy(update={"port": port.name, "port_max_speed": above.max_speed, "port_max_width": above.max_width})
+
+
 def _numa_node(dev: Path) -> int | None:
     node = _int(read_stripped(dev / "numa_node"))
     return node if node is not None and node >= 0 else None  # -1: the firmware did not say
@@ -137,7 +172,8 @@ def gpu_places(host: Host, inventory: Inventory) -> list[GpuPlace]:
         pci = nvml_facts.short_pci(g.pci_bus_id)
         dev = host.path(f"/sys/bus/pci/devices/{pci}")
         out.append(GpuPlace(index=g.index, pci=pci, uuid=g.uuid, numa_node=_numa_node(dev),
-                            local_cpus=read_stripped(dev / "local_cpulist"), link=pci_link(dev),
+                            local_cpus=read_stripped(dev / "local_cpulist"), link=device_link(dev),
+                            nvml_width_max=g.pcie.width_max if g.pcie else None,
                             nvlinks_active=g.nvlinks_active, nvlinks_down=g.nvlinks_down,
                             cpu_affinity=g.cpu_affinity, numa_affinity=g.numa_affinity, gpu_numa_id=g.gpu_numa_id, nvlink_remote=g.nvlink_remote,
                             nvlink_peers={nvml_facts.short_pci(bus): n for bus, n in g.nvlink_peers.items()} if g.nvlink_peers else None))
@@ -157,7 +193,7 @@ def nics(host: Host) -> list[Nic]:
                                 rate=read_stripped(p / "rate"), link_layer=read_stripped(p / "link_layer")))
         netdevs = sorted(n.name for n in (dev / "net").iterdir()) if (dev / "net").is_dir() else []
         pci = dev.resolve().name if dev.exists() else None
-        out.append(Nic(name=entry.name, pci=pci, numa_node=_numa_node(dev), netdevs=netdevs, ports=ports, link=pci_link(dev)))
+        out.append(Nic(name=entry.name, pci=pci, numa_node=_numa_node(dev), netdevs=netdevs, ports=ports, link=device_link(dev)))
     return out
 
 

@@ -23,10 +23,8 @@ from pydantic import BaseModel
 
 from preflight.base import tooltext
 from preflight.base.host import Host, read_stripped
-from preflight.readers.machine.layout import PciLink, pci_link
+from preflight.readers.machine.layout import BDF, PciLink, pci_link
 
-# A PCI address as sysfs names it; VMD domains have five hex digits (10000:e0:01.0).
-BDF = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 ACS_ID = 0x000D  # PCIe extended capability ID of Access Control Services
 PCIE_ID = 0x10  # capability ID of the PCI Express capability (in the first 256 bytes)
 # Device/Port Type, bits 7:4 of the PCI Express Capabilities register (PCIe base spec 7.5.3.2).

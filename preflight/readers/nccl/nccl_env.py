@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 
 from preflight.base.host import Host
 from preflight.readers import capture
@@ -17,12 +18,37 @@ from preflight.readers import capture
 ENVIRONMENT = "the environment"
 CONF_LIMIT = 1 << 20  # bytes read of a config file: NCCL's are a few lines
 
+# NCCL_P2P_LEVEL's words, nearest first, as NCCL orders its path types (topoPathTypeStr up to
+# PATH_SYS; NVB, C2C, PXN and P2C only in newer versions): NCCL uses P2P between two GPUs whose
+# path is this level or nearer. SYS, the widest, reaches across the SMP interconnect between NUMA
+# nodes: it cuts nothing. NCCL matches the word exactly (strcmp), and takes the old numbers 0-4+.
+P2P_LEVELS = ("LOC", "NVL", "NVB", "C2C", "PIX", "PXB", "PXN", "P2C", "PHB", "SYS")
+P2P_OLD_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS")  # ncclGetLevel's levelsOldToNew; 4 and up: SYS
+
+
+def p2p_level(value: str) -> str | None:
+    """The level NCCL reads from an NCCL_P2P_LEVEL value; None where NCCL ignores it (its default then)."""
+    value = value.strip()
+    if value in P2P_LEVELS:
+        return value
+    if value[:1].isdigit():  # NCCL reads the leading number (strtol)
+        return P2P_OLD_LEVELS[min(int(re.match(r"[0-9]+", value).group()), len(P2P_OLD_LEVELS) - 1)]  # type: ignore[union-attr]
+    return None
+
+
+def p2p_cuts(level: str | None, kind: str) -> bool:
+    """Whether a P2P level cuts a pair at ``kind`` (a P2P_LEVELS word)."""
+    return level is not None and P2P_LEVELS.index(kind) > P2P_LEVELS.index(level)
+
+
 # Debugging switches that cost real speed when left set: name -> (is it on?, what it costs).
 SWITCHES = {
     "NCCL_SHM_DISABLE": (lambda v: v != "0", "turns off NCCL's shared-memory transport: GPUs without P2P fall back to sockets, which made one real job's NCCL 14x slower"),
     "NCCL_P2P_DISABLE": (lambda v: v != "0", "turns off P2P over NVLink and PCIe: GPU-to-GPU traffic is staged through host memory at a fraction of NVLink's bandwidth"),
     "NCCL_IB_DISABLE": (lambda v: v != "0", "turns off InfiniBand/RoCE: traffic between nodes falls back to TCP sockets, an order of magnitude slower"),
-    "NCCL_P2P_LEVEL": (lambda v: True, "caps the distance at which NCCL uses P2P: GPU pairs beyond it go through host memory (LOC or 0 turns P2P off)"),
+    # SYS (or an old 4 and up) allows every path, and a word NCCL does not know leaves its default: neither cuts anything.
+    "NCCL_P2P_LEVEL": (lambda v: p2p_cuts(p2p_level(v), "SYS"),
+                       "caps the distance at which NCCL uses P2P: GPU pairs beyond it go through host memory (LOC or 0 turns P2P off)"),
 }
 
 
