@@ -5,7 +5,10 @@ was built with.
 
 GPUs of one board on different VBIOS or InfoROM versions are the odd-one-out
 faults: a GPU left behind by a partial firmware update clocks, throttles or
-fails differently from its peers. A torch built for a newer CUDA major than
+fails differently from its peers. One board is one PCI subsystem (vendor and
+device id, from sysfs): two board partners' cards of one GPU model (an ASUS
+and an MSI RTX 4090), or PCIe cards from two OEM lots, ship their own VBIOS
+builds, so versions are compared within a board, never across boards. A torch built for a newer CUDA major than
 the driver supports fails at init ("driver version is insufficient"); within
 one major version it runs under minor-version compatibility, which is how
 PyTorch's own wheels are meant to run (a cu128 wheel on a 12.4 driver).
@@ -28,7 +31,7 @@ from preflight.checkkit.sources import Sources
 from preflight.pipeline.check import Check, Context, Result, Waiting
 from preflight.readers.nvidia import nvml
 from preflight.readers.nvidia.nvml import MISMATCH
-from preflight.readers.nvidia.nvml_facts import Inventory
+from preflight.readers.nvidia.nvml_facts import Inventory, short_pci
 from preflight.readers.torch_build import ASK_TORCH, TORCH_TIMEOUT, TorchCuda, ask_torch, torch_version_file  # noqa: F401 (the check's names)
 
 FAIL, WARN = Status.FAIL, Status.WARN
@@ -51,6 +54,10 @@ class FirmwareFacts(BaseModel):
     # empty with nvswitch_absent saying why on a node without NVSwitch.
     nvswitch_bios: dict[str, str | None] = {}
     nvswitch_absent: str | None = None
+    # GPU index -> its board, the PCI subsystem "vendor:device" sysfs gives ("1043:889d"); None
+    # where it could not be read, and boards_unread says why.
+    boards: dict[int, str | None] = {}
+    boards_unread: dict[int, str] = {}
 
 
 # ---- gathering -------------------------------------------------------------
@@ -106,6 +113,33 @@ def nvswitch_bios(host: Host) -> tuple[dict[str, str | None], str | None]:
     return out, None
 
 
+PCI_DEVICES = "/sys/bus/pci/devices"
+_PCI_ID = re.compile(r"0x[0-9a-f]{4}")
+
+
+def boards(host: Host, inventory: Inventory) -> tuple[dict[int, str | None], dict[int, str]]:
+    """Each GPU's board: the PCI subsystem vendor and device ids of its function in sysfs
+    (what NVML calls pciSubSystemId and `nvidia-smi -q` prints as Sub System Id), as
+    "vendor:device"; None with why where they cannot be read. Trusted only where the function's
+    own ids are NVIDIA's and NVML's device id for that GPU: an address that names another device
+    (facts recorded elsewhere, --nvml-fake) says nothing about the GPU's board."""
+    out: dict[int, str | None] = {}
+    why: dict[int, str] = {}
+    for g in inventory.gpus:
+        # The kernel caches these ids at enumeration: reading them never reaches a wedged GPU.
+        at = f"{PCI_DEVICES}/{short_pci(g.pci_bus_id)}"
+        ids = {n: (read_stripped(host.path(f"{at}/{n}")) or "").lower() for n in ("vendor", "device", "subsystem_vendor", "subsystem_device")}
+        out[g.index] = None
+        bad = [n for n, v in ids.items() if not _PCI_ID.fullmatch(v)]
+        if bad:
+            why[g.index] = f"{at}/{bad[0]} " + ("unreadable" if not ids[bad[0]] else f"holds {ids[bad[0]][:20]!r}")
+        elif ids["vendor"] != "0x10de" or (g.pci_device_id and ids["device"] != g.pci_device_id):
+            why[g.index] = f"{at} is {ids['vendor']}:{ids['device']}, not NVML's GPU 0x10de:{g.pci_device_id or '?'}"
+        else:
+            out[g.index] = f"{ids['subsystem_vendor'][2:]}:{ids['subsystem_device'][2:]}"
+    return out, why
+
+
 def gather(ctx: Context) -> FirmwareFacts:
     """Raises NvmlUnavailable when NVML cannot answer at all."""
     inventory = ctx.inventory(timeout=20.0)
@@ -113,6 +147,9 @@ def gather(ctx: Context) -> FirmwareFacts:
     facts = FirmwareFacts(inventory=inventory, kernel_driver=driver, kernel_driver_error=why, unread=unread)
     if source:
         facts.sources["kernel module version"] = source
+    facts.boards, facts.boards_unread = boards(ctx.host, inventory)
+    if any(facts.boards.values()):
+        facts.sources["GPU boards"] = f"{PCI_DEVICES}/<bus id>/subsystem_vendor, subsystem_device"
     facts.nvswitch_bios, facts.nvswitch_absent = nvswitch_bios(ctx.host)
     if ctx.settings.level == "quick":
         facts.torch_skipped = QUICK
@@ -165,11 +202,34 @@ def switches(keys) -> str:
     return f"NVSwitch {', '.join(sorted(keys))}"
 
 
+def _split(what: str, said: dict, name: Callable, noun: str, status: Status, fix: str, board: str | None = None,
+           why: str = "") -> Finding:
+    """The finding for members on more than one version: the odd ones named against the
+    majority's version, or every group where there is no majority. ``board`` names the board
+    they share where the node has more than one; ``why`` is added to the cause."""
+    counts = Counter(said.values()).most_common()
+    top, n = counts[0]
+    of = f" of board {board}" if board else ""
+    if n == counts[1][1]:  # no majority: name every group
+        groups = "; ".join(f"{name([i for i, v in said.items() if v == ver])} on {ver}" for ver, _ in counts)
+        return Finding(status, f"{noun}{of} on {len(counts)} {what} versions",
+                       f"the node's {noun}{of} run different {what} versions with no majority: {groups}{why}", fix)
+    odd = sorted(i for i, v in said.items() if v != top)
+    found = ", ".join(f"{name([i])} {said[i]}" for i in odd)
+    return Finding(status, f"{name(odd)} on another {what} than the other {n}{of}",
+                   f"{found}; the other {n} {noun}{of} run {what} {top}: a part left behind by a partial firmware update "
+                   f"behaves differently from its peers (the odd-one-out faults){why}", fix)
+
+
 def judge_uniform(what: str, values: dict, pin: str | None, pin_key: str | None, name: Callable = gpus, noun: str = "GPUs",
-                  one: str = "GPU", source: str = "NVML") -> tuple[list[Finding], str | None]:
-    """One version across the members (GPUs by index, or NVSwitches by PCI address) and the
-    pin: findings, and why not judged (or None). ``name`` names a set of members, ``noun``
-    and ``one`` say what they are, ``source`` where the versions come from."""
+                  one: str = "GPU", source: str = "NVML", boards: dict | None = None, boards_why: str | None = None,
+                  one_board: bool = False) -> tuple[list[Finding], str | None]:
+    """One version across the members of each board (GPUs by index, or NVSwitches by PCI
+    address) and the pin: findings, and why not judged (or None). ``name`` names a set of
+    members, ``noun`` and ``one`` say what they are, ``source`` where the versions come from.
+    ``boards`` maps each member to its board (the PCI subsystem ids; None where unread, and
+    ``boards_why`` says why); ``one_board``: the members share one board by construction
+    (the NVSwitches of an HGX baseboard)."""
     said = {i: v for i, v in values.items() if v is not None}
     if not said:
         return [], f"{source} gives no {what} version for any {one}"
@@ -179,7 +239,6 @@ def judge_uniform(what: str, values: dict, pin: str | None, pin_key: str | None,
         out.append(Finding(WARN, f"{name(silent)}: {what} version unknown",
                            f"{source} gives no {what} version for {name(silent)} while it does for the others",
                            "compare `nvidia-smi -q` across the GPUs; look for Xid errors (`preflight xid`)"))
-    counts = Counter(said.values()).most_common()
     if pin is not None:
         odd = {i: v for i, v in said.items() if v != pin}
         if odd:
@@ -188,20 +247,48 @@ def judge_uniform(what: str, values: dict, pin: str | None, pin_key: str | None,
                                f"the site config pins {what} {pin} ({pin_key}); found {found}",
                                f"{FLASH}; or change {pin_key} in the config"))
         return out, None
-    if len(counts) == 1:
+    if len(set(said.values())) == 1:
         return out, None
-    top, n = counts[0]
-    if n == counts[1][1]:  # no majority: name every group
-        groups = "; ".join(f"{name([i for i, v in said.items() if v == ver])} on {ver}" for ver, _ in counts)
-        out.append(Finding(FAIL, f"{noun} on {len(counts)} {what} versions",
-                           f"the node's {noun} run different {what} versions with no majority: {groups}", FLASH))
+    if one_board:
+        out.append(_split(what, said, name, noun, FAIL, FLASH))
         return out, None
-    odd = sorted(i for i, v in said.items() if v != top)
-    found = ", ".join(f"{name([i])} {said[i]}" for i in odd)
-    out.append(Finding(FAIL, f"{name(odd)} on another {what} than the other {n}",
-                       f"{found}; the other {n} {noun} run {what} {top}: a part left behind by a partial firmware update "
-                       "behaves differently from its peers (the odd-one-out faults)", FLASH))
+    known = boards or {}
+    if all(known.get(i) for i in said):
+        # Within a board only: each maker (or OEM lot) ships its own build for its board, so
+        # versions that differ between boards are how the cards were sold (judge notes them).
+        by_board: dict[str, dict] = {}
+        for i, v in said.items():
+            by_board.setdefault(known[i], {})[i] = v
+        for board, members in sorted(by_board.items()):
+            if len(set(members.values())) > 1:
+                out.append(_split(what, members, name, noun, FAIL, FLASH, board if len(by_board) > 1 else None))
+        return out, None
+    # Which board each GPU is could not be read: a partial update and two boards' own builds look
+    # alike here. A FAIL would drain a healthy node of two board partners' cards, silence would
+    # pass a GPU left behind: WARN, naming the GPUs and how to tell the two apart.
+    unread = sorted(i for i in said if not known.get(i))
+    why = (f"; which board each {one} is could not be read ({boards_why or f'no PCI subsystem ids for {name(unread)}'}), and boards "
+           f"from different makers or OEM lots ship their own {what} builds, so a {one} left behind and two boards look alike here")
+    fix = (f"compare the boards (`lspci -nn -v -s <bus id>`, its Subsystem line): {noun} of one board on different {what} versions "
+           "were left behind by a partial firmware update (update them with the vendor's firmware package, nvfwupd on HGX/DGX, "
+           "or the OEM's bundle, then cold-reboot); different boards' builds are no fault")
+    out.append(_split(what, said, name, noun, WARN, fix, why=why))
     return out, None
+
+
+def across_boards(what: str, values: dict, boards: dict) -> str | None:
+    """Where the GPUs run several versions of ``what`` and each board one: said, not judged."""
+    said = {i: v for i, v in values.items() if v is not None}
+    if len(set(said.values())) < 2 or not all(boards.get(i) for i in said):
+        return None
+    groups = {}
+    for i, v in said.items():
+        groups.setdefault((boards[i], v), []).append(i)
+    if len({b for b, _ in groups}) != len(groups):
+        return None  # a board on two versions: judge_uniform's finding
+    each = "; ".join(f"{gpus(members)} (board {b}) on {v}" for (b, v), members in sorted(groups.items(), key=lambda kv: min(kv[1])))
+    return (f"{each}: compared within a board (PCI subsystem ids, sysfs), since each board's maker ships its own {what} build "
+            "for it; no board runs two")
 
 
 def judge_driver(facts: FirmwareFacts) -> tuple[list[Finding], str | None]:
@@ -253,21 +340,30 @@ def judge(facts: FirmwareFacts, vbios_pin: str | None = None, inforom_pin: str |
     gpus = facts.inventory.gpus
     parts: dict[str, list[Finding]] = {}
     unjudged: dict[str, str] = {}
+    first = sorted(facts.boards_unread.items())[:1]
+    more = len(facts.boards_unread) - 1
+    unread = (f"GPU {first[0][0]}: {first[0][1]}" + (f", and {more} more GPUs (details.boards_unread)" if more > 0 else "")) if first else None
+    versions = {"vbios": ("VBIOS", {g.index: g.vbios for g in gpus}, vbios_pin, "vbios_version"),
+                "inforom": ("InfoROM image", {g.index: g.inforom_image for g in gpus}, inforom_pin, "inforom_version")}
     for part, found in (
         ("driver", judge_driver(facts)),
-        ("vbios", judge_uniform("VBIOS", {g.index: g.vbios for g in gpus}, vbios_pin, "vbios_version")),
-        ("inforom", judge_uniform("InfoROM image", {g.index: g.inforom_image for g in gpus}, inforom_pin, "inforom_version")),
+        *((part, judge_uniform(*args, boards=facts.boards, boards_why=unread)) for part, args in versions.items()),
         ("cuda", judge_cuda(facts.inventory, facts.torch, facts.torch_skipped)),
         # No NVSwitch is not applicable, not unjudged: the fabric check counts the switches a profile expects (where one names its board).
-        ("nvswitch", judge_uniform("NVSwitch BIOS", facts.nvswitch_bios, None, None, switches, "NVSwitches", "NVSwitch", NVSWITCH_PROC)),
+        # The NVSwitches all sit on the one HGX baseboard: one BIOS across them, whoever made it.
+        ("nvswitch", judge_uniform("NVSwitch BIOS", facts.nvswitch_bios, None, None, switches, "NVSwitches", "NVSwitch", NVSWITCH_PROC,
+                                   one_board=True)),
     ):
         if part == "nvswitch" and not facts.nvswitch_bios:
             continue
         parts[part], why = found
         if why:
             unjudged[part] = why
-    note = compat_note(facts.inventory, facts.torch) if "cuda" not in unjudged else None
-    return parts, unjudged, ({"cuda": note} if note else {})
+    notes = {part: note for part, (what, values, pin, _) in versions.items()
+             if pin is None and (note := across_boards(what, values, facts.boards))}
+    if (note := compat_note(facts.inventory, facts.torch) if "cuda" not in unjudged else None):
+        notes["cuda"] = note
+    return parts, unjudged, notes
 
 
 # ---- the check ---------------------------------------------------------------
@@ -275,7 +371,7 @@ def judge(facts: FirmwareFacts, vbios_pin: str | None = None, inforom_pin: str |
 
 class Firmware(Check):
     name = "firmware"
-    description = "one VBIOS and InfoROM version across the GPUs (and the site's pin), one BIOS across the NVSwitches, the driver loaded, torch's CUDA runtime within the driver's"
+    description = "one VBIOS and InfoROM version across the GPUs of each board (and the site's pin), one BIOS across the NVSwitches, the driver loaded, torch's CUDA runtime within the driver's"
     timeout_seconds = 90.0
     order = 26
     beside_ranks = True  # reads the node: runs while the ranks import torch
@@ -308,7 +404,9 @@ class Firmware(Check):
         inv = facts.inventory
         details = {"driver": inv.driver_version, "kernel_driver": facts.kernel_driver, "cuda_driver": inv.cuda_driver_version,
                    "torch": facts.torch.model_dump() if facts.torch else None,
-                   "gpus": {str(g.index): {"vbios": g.vbios, "inforom_image": g.inforom_image} for g in inv.gpus},
+                   "gpus": {str(g.index): {"vbios": g.vbios, "inforom_image": g.inforom_image, "board": facts.boards.get(g.index)}
+                            for g in inv.gpus},
+                   **({"boards_unread": {str(i): why for i, why in facts.boards_unread.items()}} if facts.boards_unread else {}),
                    "nvswitch_bios": facts.nvswitch_bios or facts.nvswitch_absent,
                    "parts": {name: worst(found) for name, found in parts.items()}, "not_judged": unjudged, "notes": notes}
         sources = Sources()
@@ -323,8 +421,8 @@ class Firmware(Check):
         vbios = sorted({g.vbios for g in inv.gpus if g.vbios})
         inforom = sorted({g.inforom_image for g in inv.gpus if g.inforom_image})
         ok = (f"driver {inv.driver_version} (CUDA {inv.cuda_driver_version}) on {len(inv.gpus)} GPUs"
-              + (f", VBIOS {vbios[0]}" if "vbios" not in unjudged and vbios else "")
-              + (f", InfoROM {inforom[0]}" if "inforom" not in unjudged and inforom else "")
+              + (f", VBIOS {' and '.join(vbios)}" if "vbios" not in unjudged and vbios else "")
+              + (f", InfoROM {' and '.join(inforom)}" if "inforom" not in unjudged and inforom else "")
               + (f", {len(facts.nvswitch_bios)} NVSwitches on BIOS {sorted({v for v in facts.nvswitch_bios.values() if v})[0]}"
                  if "nvswitch" not in unjudged and any(facts.nvswitch_bios.values()) else "")
               + (f"; torch {facts.torch.torch} built for CUDA {facts.torch.cuda}" if "cuda" not in unjudged and facts.torch else ""))

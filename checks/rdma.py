@@ -22,7 +22,7 @@ from collections.abc import Callable
 from preflight.base.findings import Finding, Measurement, worst
 from preflight.base.host import Host
 from preflight.checkkit.rdma_judges import (at_ceiling, came_up, changed, judge_counters, judge_gpudirect, judge_ports, other_ports,
-                                            seconds, slow_symbol_errors)
+                                            rate_basis, rate_floor, seconds, slow_symbol_errors)
 from preflight.checkkit.rdma_ports import chosen_by, compute
 from preflight.pipeline.check import Check, Context, Result
 from preflight.pipeline.expectations import RdmaExpect
@@ -45,7 +45,7 @@ def measurements(facts: RdmaFacts, expect: RdmaExpect) -> list[Measurement]:
         labels = {"device": p.device, "port": str(p.port)}
         if p.gbps is not None:
             out.append(Measurement(name="rdma_port_rate", unit="gbit_per_second", value=p.gbps, labels=labels,
-                                   floor=expect.rate_gbps if compute(p, expect, facts) else None))
+                                   floor=rate_floor(p, facts, expect) if compute(p, expect, facts) else None))
         for n, v in p.counters.items():
             out.append(Measurement(name=f"rdma_{n}", unit="count", value=p.counters_later.get(n, v), labels=labels))
     return out
@@ -92,7 +92,8 @@ def has_devices(host: Host) -> bool:
 
 class Rdma(Check):
     name = "rdma"
-    description = "RDMA NICs: GPUDirect RDMA possible (nvidia-peermem or dma-buf), ports ACTIVE at the SKU's rate, no error counter growing"
+    description = ("RDMA NICs: GPUDirect RDMA possible (nvidia-peermem or dma-buf), compute ports ACTIVE and none slower than its peers "
+                   "(or the site's rate), no error counter growing")
     timeout_seconds = 30.0
     order = 23
     beside_ranks = True  # reads the node: runs while the ranks import torch
@@ -132,6 +133,7 @@ class Rdma(Check):
         details["at_ceiling"] = {p.where: full for p in facts.ports if (full := at_ceiling(p))}  # growth unseen there
         details["compute_ports"] = {"chosen_by": chosen_by(facts), "ports": [p.where for p in facts.ports if compute(p, expect, facts)]}
         details["other_ports"] = other_ports(facts, expect)  # down or slower, but no compute port: not judged
+        details["rate"] = rate_basis(facts, expect)  # what the compute ports' rate was held to
         judged = bool(gpus and expect.gpudirect and details["compute_ports"]["ports"])
         if not gpus or not expect.gpudirect:
             details["gpudirect"] = "not judged: " + ("no GPU on this node" if not gpus else f"profile {ctx.profile.name} does not expect GPUDirect RDMA")
@@ -149,6 +151,10 @@ class Rdma(Check):
         if details["since_boot"]:
             ok += f"; {len(details['since_boot'])} counts since boot, not growing (details.since_boot)"
         lines = []
+        if details["rate"]["below_reference"] and not expect.rate_gbps:
+            # The site's fabric, not a fault: said where a person reads it, never a WARN. Where the
+            # site set its own rate the ports were judged by it, and details.rate says the rest.
+            lines.append(details["rate"]["below_reference"])
         if rising := {p.where: seen for p in facts.ports if (seen := came_up(p))}:
             details["came_up"] = rising  # ports brought up while watched: no flap, judged by the state they ended in
             lines.append("came up while watched, not a flap: " + "; ".join(f"{where} {seen}" for where, seen in rising.items()))

@@ -1,7 +1,9 @@
 """The rdma check's judges, pure functions of readers/machine/ibports.py's
 facts against the profile's `[rdma]`: GPUDirect RDMA possible
-(`judge_gpudirect`), the compute ports ACTIVE at the SKU's rate
-(`judge_ports`; the other ports reported only, `other_ports`), and error
+(`judge_gpudirect`), the compute ports ACTIVE, none slower than the node's
+fastest compute port of its link layer nor than a site's rate (`judge_ports`;
+the rate they were held to, and whether they run below the reference design's,
+`rate_basis`; the other ports reported only, `other_ports`), and error
 counters that grew between the two reads or sit at their ceiling, and ports
 that flapped (`judge_counters`), beside what a port's states while watched
 say (`states`, `flapped`, `came_up`, `changed`). Which ports are compute
@@ -54,13 +56,31 @@ def judge_gpudirect(facts: RdmaFacts, expect: RdmaExpect, gpus: int) -> list[Fin
                     fix)]
 
 
+def fastest(facts: RdmaFacts, expect: RdmaExpect) -> dict[str | None, Port]:
+    """The node's fastest ACTIVE compute port of each link layer. One node's compute ports are
+    cabled alike (a rail each), so the fastest says what the fabric gives this node, whatever
+    the site chose (NDR, NDR200 on split cables, HDR100); a port not ACTIVE has no rate to go by."""
+    out: dict[str | None, Port] = {}
+    for p in facts.ports:
+        if p.state_now == "ACTIVE" and p.gbps is not None and compute(p, expect, facts):
+            top = out.get(p.link_layer)
+            if top is None or p.gbps > top.gbps:  # type: ignore[operator]
+                out[p.link_layer] = p
+    return out
+
+
 def judge_ports(facts: RdmaFacts, expect: RdmaExpect) -> list[Finding]:
     """State and rate as the second read found them: a port the subnet manager brings up while
-    the node settles is judged once it is up, not by how it stood as the run began."""
+    the node settles is judged once it is up, not by how it stood as the run began. A compute
+    port's rate is held to the site's (rate_gbps, where a site profile sets it) and to the node's
+    fastest compute port of its link layer: a port that trained at 2X of 4X is a fault on any fabric,
+    while every port at 200 Gb/sec on a board whose reference design runs 400 is the site's cabling."""
     out = []
+    tops = fastest(facts, expect)
     for p in facts.ports:
         if not compute(p, expect, facts):
             continue  # an uncabled spare or storage port says nothing about the job: other_ports() reports it
+        top = tops.get(p.link_layer)
         if p.state_now != "ACTIVE":
             if p.state_now in ("INIT", "ARMED"):
                 cause = (f"{p.where} ({p.link_layer}) is {p.state_now} with the link {p.phys_state or 'up'}: the cable is fine but no "
@@ -73,21 +93,61 @@ def judge_ports(facts: RdmaFacts, expect: RdmaExpect) -> list[Finding]:
             out.append(Finding(FAIL, f"{p.where} {p.state_now or 'unreadable'}", cause, fix))
         elif expect.rate_gbps and p.gbps is not None and p.gbps < expect.rate_gbps:
             out.append(Finding(FAIL, f"{p.where} at {p.rate_now}, {expect.rate_gbps:g} Gb/sec expected",
-                               f"{p.where} trained at {p.rate_now}, below the {expect.rate_gbps:g} Gb/sec this SKU's compute NICs run at: "
-                               "a degraded cable or transceiver, lanes down, or a slower switch port; this rail carries less than its share",
-                               LINK_FIX))
+                               f"{p.where} trained at {p.rate_now}, below the {expect.rate_gbps:g} Gb/sec the site's profile holds its compute "
+                               f"ports to ({expect.rate_source}): a degraded cable or transceiver, lanes down, or a slower switch port; "
+                               "this rail carries less than its share", LINK_FIX))
+        elif top is not None and p.gbps is not None and p.gbps < top.gbps:  # type: ignore[operator]
+            out.append(Finding(FAIL, f"{p.where} at {p.rate_now}, below {top.where}'s {top.rate_now}",
+                               f"{p.where} trained at {p.rate_now}, slower than {top.where} at {top.rate_now}, the node's fastest "
+                               f"{p.link_layer} compute port: one node's rails are cabled alike, so this one trained down (a degraded cable "
+                               "or transceiver, lanes down) or sits on a slower switch port, and carries less than its share while "
+                               "NCCL's rings run at the slowest rail's pace", LINK_FIX))
+    return out
+
+
+def rate_floor(p: Port, facts: RdmaFacts, expect: RdmaExpect) -> float | None:
+    """The rate a compute port was held to: the site's and its link layer's fastest port's, the higher."""
+    top = fastest(facts, expect).get(p.link_layer)
+    bounds = [b for b in (expect.rate_gbps, top.gbps if top is not None else None) if b]
+    return max(bounds) if bounds else None
+
+
+def rate_basis(facts: RdmaFacts, expect: RdmaExpect) -> dict[str, str | None]:
+    """What the compute ports' rate was held to, for details; ``below_reference`` where the node's
+    fastest compute ports run below the reference design's rate: said, never judged (a site on
+    NDR200 or HDR100 cabled it so; a port slower than its peers is judge_ports' FAIL)."""
+    tops = fastest(facts, expect)
+    peers = "; ".join(f"{layer}: {t.where} at {t.rate_now}" for layer, t in sorted(tops.items(), key=lambda kv: str(kv[0])))
+    out: dict[str, str | None] = {
+        "floor": (f"{expect.rate_gbps:g} Gb/sec, the site's ({expect.rate_source})" if expect.rate_gbps
+                  else "none: how fast the fabric runs is the site's choice (a site profile's [rdma] rate_gbps sets one)"),
+        "peers": f"each compute port held to the node's fastest of its link layer ({peers})" if peers else None,
+        "reference": (f"{expect.reference_rate_gbps:g} Gb/sec, not a floor ({expect.reference_rate_source})"
+                      if expect.reference_rate_gbps else None),
+        "below_reference": None,
+    }
+    ref = expect.reference_rate_gbps
+    if ref and tops and all(t.gbps is not None and t.gbps < ref for t in tops.values()):
+        rates = " and ".join(sorted({str(t.rate_now) for t in tops.values()}))
+        out["below_reference"] = (f"compute ports at {rates}, below the reference design's {ref:g} Gb/sec: the site's fabric "
+                                  "(NDR200, HDR100 or the like), not a fault; the ports are held to each other"
+                                  + (f" and to the site's {expect.rate_gbps:g} Gb/sec" if expect.rate_gbps else
+                                     " (a site profile's [rdma] rate_gbps holds them to a rate)"))
     return out
 
 
 def other_ports(facts: RdmaFacts, expect: RdmaExpect) -> list[str]:
-    """Ports that are no compute port and are down or below the compute rate: reported only."""
+    """Ports that are no compute port and are down or below the compute rate (the site's, else
+    the node's fastest compute port's): reported only."""
     out = []
+    tops = [t.gbps for t in fastest(facts, expect).values() if t.gbps is not None]
+    bound = expect.rate_gbps or (max(tops) if tops else None)
     for p in facts.ports:
         if compute(p, expect, facts):
             continue
         if p.state_now != "ACTIVE":
             out.append(f"{p.where} ({p.link_layer}) {p.state_now or 'unreadable'} (physical state {p.phys_state or 'unknown'})")
-        elif expect.rate_gbps and p.gbps is not None and p.gbps < expect.rate_gbps:
+        elif bound and p.gbps is not None and p.gbps < bound:
             out.append(f"{p.where} ({p.link_layer}) at {p.rate_now}")
     return out
 

@@ -105,9 +105,16 @@ class RdmaExpect(BaseModel):
     # unset, and only those beside a GPU where sysfs tells): their state and rate
     # FAIL; another port down or slower is only reported (details.other_ports).
     link_layer: Literal["InfiniBand", "Ethernet", "any"] = "InfiniBand"
-    # The rate each compute port must run at, in Gb/s (sysfs "400 Gb/sec (4X NDR)"); None: not judged.
+    # The rate a site holds each compute port to, in Gb/s (sysfs "400 Gb/sec (4X NDR)"). How fast
+    # the fabric runs is the site's choice, not the GPU model's (NDR, NDR200 on split cables,
+    # HDR100), so no built-in profile sets it: a site profile does. None: no rate floor; the
+    # compute ports are still held to the node's fastest compute port of their link layer.
     rate_gbps: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     rate_source: str | None = None
+    # The rate the SKU's reference design cables its compute NICs at (DGX H100: NDR, 400 Gb/s):
+    # never a floor; where the node's compute ports all run below it the result says so.
+    reference_rate_gbps: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    reference_rate_source: str | None = None
     # Seconds between the two reads of the error counters.
     interval_seconds: float = Field(default=3.0, gt=0, le=60, allow_inf_nan=False)
     interval_source: str = Field(min_length=1)
@@ -124,6 +131,8 @@ class RdmaExpect(BaseModel):
             raise ValueError("gpudirect = true needs gpudirect_source")
         if self.rate_gbps is not None and not self.rate_source:
             raise ValueError("rate_gbps needs rate_source")
+        if self.reference_rate_gbps is not None and not self.reference_rate_source:
+            raise ValueError("reference_rate_gbps needs reference_rate_source")
         return self
 
 

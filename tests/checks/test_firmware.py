@@ -25,12 +25,17 @@ from preflight.readers.nvidia.nvml import FakeNvml
 
 NVML = Path(__file__).parents[1] / "fixtures" / "nvml"
 NVSWITCH = Path(__file__).parents[1] / "fixtures" / "nvswitch"
+BOARDS = Path(__file__).parents[1] / "fixtures" / "firmware"
 FAIL, WARN, SKIP = Status.FAIL, Status.WARN, Status.SKIP
 TORCH_124 = firmware.TorchCuda(torch="2.4.1+cu124", cuda="12.4")
 
 
-def facts(name: str, torch=TORCH_124, kernel: str | None = "550.54.15") -> firmware.FirmwareFacts:
-    return firmware.FirmwareFacts(inventory=FakeNvml(NVML / name), kernel_driver=kernel, torch=torch)
+def facts(name: str, torch=TORCH_124, kernel: str | None = "550.54.15", boards: str | None = "hgx-h100-one-board") -> firmware.FirmwareFacts:
+    """The NVML facts of ``name``, with each GPU's board read from the recorded tree ``boards``
+    (tests/fixtures/firmware; None: no tree, so no board is known)."""
+    inventory = FakeNvml(NVML / name)
+    known, unread = firmware.boards(Host(BOARDS / boards if boards else BOARDS / "none"), inventory)
+    return firmware.FirmwareFacts(inventory=inventory, kernel_driver=kernel, torch=torch, boards=known, boards_unread=unread)
 
 
 def judged(f: firmware.FirmwareFacts, **pins):
@@ -87,6 +92,68 @@ def test_an_nvswitch_whose_bios_the_driver_cannot_say_warns_and_no_nvswitch_is_n
     assert f.nvswitch_bios == {} and "absent" in f.nvswitch_absent
     parts, unjudged, _ = firmware.judge(f)
     assert "nvswitch" not in parts and "nvswitch" not in unjudged
+
+
+def rtx4090_pair(tmp_path: Path, vbios: tuple[str, str]) -> Path:
+    """Two GeForce RTX 4090 (one NVML name, one PCI device id) at l40s-2x.json's slots, on ``vbios``."""
+    data = json.loads((NVML / "l40s-2x.json").read_text())
+    for g, v in zip(data["gpus"], vbios):
+        g.update(name="NVIDIA GeForce RTX 4090", pci_device_id="0x2684", vbios=v, memory_total_bytes=25757220864, power_limit_w=450.0,
+                 power_default_limit_w=450.0)
+    path = tmp_path / "rtx4090-2x.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_gpu_boards_are_read_from_sysfs_and_trusted_only_for_nvmls_gpu():
+    inv = FakeNvml(NVML / "h100-sxm-gpu6-vbios-odd.json")
+    assert firmware.boards(Host(BOARDS / "hgx-h100-one-board"), inv) == ({i: "10de:16c1" for i in range(8)}, {})
+    # The RTX 4090 tree at the H100s' addresses: nothing there is NVML's GPU, so no board is known.
+    known, why = firmware.boards(Host(BOARDS / "rtx4090-two-boards"), inv)
+    assert set(known.values()) == {None} and why[0] == "/sys/bus/pci/devices/0000:1b:00.0/vendor unreadable"
+    l40s = FakeNvml(NVML / "l40s-2x.json")  # device 0x26b9 where sysfs says 0x2684
+    assert firmware.boards(Host(BOARDS / "rtx4090-two-boards"), l40s)[1][0] == (
+        "/sys/bus/pci/devices/0000:21:00.0 is 0x10de:0x2684, not NVML's GPU 0x10de:0x26b9")
+
+
+def test_two_boards_of_one_model_on_their_makers_own_vbios_pass_and_say_so(tmp_path):
+    """Two healthy RTX 4090 of two boards (the PCI subsystem ids in sysfs differ), each on the
+    VBIOS its maker ships: no finding; the versions are said, board by board, in details and lines."""
+    fake = rtx4090_pair(tmp_path, ("95.02.18.80.87", "95.02.18.80.5F"))
+    ctx = Context(profile=H100, settings=Settings(nvml_fake=fake, level="quick"), host=Host(BOARDS / "rtx4090-two-boards"),
+                  deadline=time.monotonic() + 30)
+    r = firmware.Firmware().run(ctx)
+    assert r.details["parts"]["vbios"] == Status.PASS and [p for p, s in r.details["parts"].items() if s != Status.PASS] == ["source"]
+    note = ("GPU 0 (board 1043:889d) on 95.02.18.80.87; GPU 1 (board 1043:88e2) on 95.02.18.80.5F: compared within a board "
+            "(PCI subsystem ids, sysfs), since each board's maker ships its own VBIOS build for it; no board runs two")
+    assert r.details["notes"]["vbios"] == note and f"vbios: {note}" in r.lines
+    assert r.details["gpus"]["1"]["board"] == "1043:88e2" and r.details["sources"]["GPU boards"].startswith("/sys/bus/pci/devices/")
+    # Four PCIe cards of two OEM lots: the lots' boards differ, so their VBIOS may.
+    lots = {0: "95.02.3C.00.A1", 1: "95.02.3C.00.A1", 2: "95.02.3C.00.A1", 3: "95.02.18.80.87"}
+    boards = {0: "10de:16c1", 1: "10de:16c1", 2: "10de:16c1", 3: "10de:16c0"}
+    assert firmware.judge_uniform("VBIOS", lots, None, "vbios_version", boards=boards) == ([], None)
+
+
+def test_a_gpu_of_one_board_left_behind_still_fails_on_a_node_of_two_boards():
+    values = {0: "95.02.3C.00.A1", 1: "95.02.3C.00.A1", 2: "95.02.3C.00.9F", 3: "95.02.18.80.87"}
+    boards = {0: "10de:16c1", 1: "10de:16c1", 2: "10de:16c1", 3: "10de:16c0"}
+    (f,), _ = firmware.judge_uniform("VBIOS", values, None, "vbios_version", boards=boards)
+    assert (f.status, f.summary) == (FAIL, "GPU 2 on another VBIOS than the other 2 of board 10de:16c1")
+    assert "GPU 2 95.02.3C.00.9F; the other 2 GPUs of board 10de:16c1 run VBIOS 95.02.3C.00.A1" in f.cause and "nvfwupd" in f.remedy
+
+
+def test_gpus_on_two_vbios_whose_boards_cannot_be_read_warn_never_fail():
+    """Without the subsystem ids a GPU left behind and two makers' boards look alike: a WARN that
+    names the GPUs, says why the boards are unknown and how to tell them apart; never a FAIL (a
+    healthy node of two board partners' cards must not be drained)."""
+    (f,), _ = judged(facts("h100-sxm-gpu6-vbios-odd.json", boards=None))
+    assert (f.status, f.summary) == (WARN, "GPU 6 on another VBIOS than the other 7")
+    assert "GPU 6 96.00.74.00.0D; the other 7 GPUs run VBIOS 96.00.A5.00.01" in f.cause
+    assert ("which board each GPU is could not be read (GPU 0: /sys/bus/pci/devices/0000:1b:00.0/vendor unreadable, "
+            "and 7 more GPUs (details.boards_unread))") in f.cause
+    assert "lspci -nn -v -s" in f.remedy and "drain" not in f.remedy
+    found, _ = firmware.judge_uniform("VBIOS", {0: "95.02.18.80.87", 1: "95.02.18.80.5F"}, None, "vbios_version")
+    assert [(x.status, x.summary) for x in found] == [(WARN, "GPUs on 2 VBIOS versions")]
 
 
 def test_missing_nvml_answers_skip_that_part_with_the_reason():
@@ -174,8 +241,27 @@ def test_preflight_run_only_firmware_names_the_odd_gpu(tmp_path):
                        "--nvml-fake", str(NVML / "h100-sxm-gpu6-vbios-odd.json")])
     assert p.returncode == 1, p.stderr
     (r,) = json.loads(report.read_text())["checks"]
-    assert r["status"] == "FAIL" and r["details"]["parts"]["vbios"] == "FAIL" and r["details"]["parts"]["cuda"] == "PASS"
+    # The fake facts' bus ids name no GPU of this machine, so no GPU's board is known: the odd
+    # VBIOS is a WARN (it was a FAIL, judged without the boards; the run still FAILs on the fake
+    # facts). With the board's sysfs in place it FAILs: the next test.
+    assert r["status"] == "FAIL" and r["details"]["parts"]["vbios"] == "WARN" and r["details"]["parts"]["cuda"] == "PASS"
     assert "GPU 6 96.00.74.00.0D" in r["cause"] and r["details"]["torch"]["cuda"] == "12.4"
+
+
+@needs_root
+def test_preflight_run_only_firmware_fails_the_odd_gpu_of_one_board(tmp_path):
+    """The HGX H100 board's PCI ids (tests/fixtures/firmware/hgx-h100-one-board) mounted over
+    /sys/bus/pci/devices in a private mount namespace: eight GPUs of one board, GPU 6 on another VBIOS."""
+    report = tmp_path / "r.json"
+    python = python_script(tmp_path, 'echo \'{"torch": "2.4.1+cu124", "cuda": "12.4"}\'\n')
+    cmd = (f"mount --bind {BOARDS / 'hgx-h100-one-board/sys/bus/pci/devices'} /sys/bus/pci/devices && exec {' '.join(fakes.PREFLIGHT)} run "
+           f"--profile h100-sxm --only firmware --report {report} --python {python} --lock-file {tmp_path / 'lock'} "
+           f"--nvml-fake {NVML / 'h100-sxm-gpu6-vbios-odd.json'}")
+    p = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1, p.stderr
+    (r,) = json.loads(report.read_text())["checks"]
+    assert r["details"]["parts"]["vbios"] == "FAIL" and r["summary"].startswith("GPU 6 on another VBIOS than the other 7"), r["summary"]
+    assert r["details"]["gpus"]["6"]["board"] == "10de:16c1"
 
 
 def test_firmware_takes_torch_from_the_runs_ranks_rather_than_import_it_again(tmp_path):

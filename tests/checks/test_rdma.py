@@ -36,6 +36,18 @@ H100 = resolved("h100-sxm")
 
 
 @pytest.fixture
+def ndr_site(tmp_path) -> profiles.ResolvedProfile:
+    """A site's own h100-sxm (/etc/preflight/profiles/h100-sxm.toml replaces the built-in) that
+    holds its compute ports to its NDR fabric's 400 Gb/s."""
+    text = (profiles.BUILTIN_DIR / "h100-sxm.toml").read_text()
+    text = text.replace("[rdma]\n", '[rdma]\nrate_gbps = 400\nrate_source = "our fabric: NDR, 400 Gb/s per rail"\n', 1)
+    path = tmp_path / "site" / "h100-sxm.toml"
+    path.parent.mkdir()
+    path.write_text(text)
+    return profiles.resolve(profiles.load(path), path, {}, "--profile h100-sxm")
+
+
+@pytest.fixture
 def root(tmp_path) -> Path:
     dest = tmp_path / "root"
     shutil.copytree(TREE, dest, symlinks=True)
@@ -101,8 +113,8 @@ def test_an_infiniband_storage_port_away_from_the_gpus_is_no_compute_port():
     storage = port("mlx5_10", rate="200 Gb/sec (4X HDR)").model_copy(update={"near_gpu": False})
     f = facts(port().model_copy(update={"near_gpu": True}), storage)
     assert found(f) == [] and rdma_judges.other_ports(f, H100.rdma) == ["mlx5_10 port 1 (InfiniBand) at 200 Gb/sec (4X HDR)"]
-    near = storage.model_copy(update={"near_gpu": True})  # beside a GPU: a rail, held to the rate
-    assert [x.summary for x in found(facts(port(), near))] == ["mlx5_10 port 1 at 200 Gb/sec (4X HDR), 400 Gb/sec expected"]
+    near = storage.model_copy(update={"near_gpu": True})  # beside a GPU: a rail, held to its peers' rate
+    assert [x.summary for x in found(facts(port(), near))] == ["mlx5_10 port 1 at 200 Gb/sec (4X HDR), below mlx5_0 port 1's 400 Gb/sec (4X NDR)"]
 
 
 @pytest.mark.parametrize("profile", ["a100-pcie", "h100-pcie", "h100-nvl"])
@@ -137,9 +149,55 @@ def test_nccl_ib_hca_decides_the_compute_ports():
     assert found(facts(port(), down, ib_hca=("^mlx5_1", "/etc/nccl.conf"))) == []
 
 
-def test_a_compute_port_below_the_profiles_rate_fails():
-    out = found(facts(port(), port("mlx5_7", rate="200 Gb/sec (4X HDR)")))
+def test_a_compute_port_below_the_sites_rate_fails(ndr_site):
+    # It held to the built-in profile's rate, which is now the reference design's and no floor
+    # (test_an_ndr200_fabric_...): the same judgement stands where a site profile sets the rate.
+    out = found(facts(port(), port("mlx5_7", rate="200 Gb/sec (4X HDR)")), expect=ndr_site.rdma)
     assert [(x.status, x.summary) for x in out] == [(FAIL, "mlx5_7 port 1 at 200 Gb/sec (4X HDR), 400 Gb/sec expected")]
+    assert "the site's profile holds its compute ports to (our fabric: NDR, 400 Gb/s per rail)" in out[0].cause
+
+
+def test_a_site_on_ndr_fails_every_port_that_trained_at_ndr200(ndr_site):
+    """The site's own rate judges as the built-in profiles once did: all eight at 2X NDR fail there."""
+    out = found(facts(*[port(f"mlx5_{i}", rate="200 Gb/sec (2X NDR)") for i in range(8)]), expect=ndr_site.rdma)
+    assert [x.summary for x in out] == [f"mlx5_{i} port 1 at 200 Gb/sec (2X NDR), 400 Gb/sec expected" for i in range(8)]
+
+
+@pytest.mark.parametrize("profile, rate, reference", [("h100-sxm", "200 Gb/sec (2X NDR)", 400), ("h200-sxm", "200 Gb/sec (2X NDR)", 400),
+                                                      ("a100-sxm4-80gb", "100 Gb/sec (2X HDR)", 200)])
+def test_an_ndr200_or_hdr100_fabric_passes_and_is_said_below_the_reference_design(profile, rate, reference):
+    """An HGX board cabled NDR200 (one leg of a 2x200G split cable per NIC) or HDR100: every compute
+    port agrees at the site's rate, so nothing is wrong; the result says the rate, never a WARN."""
+    expect = resolved(profile).rdma
+    f = facts(*[port(f"mlx5_{i}", rate=rate) for i in range(8)])
+    assert found(f, expect=expect) == []
+    basis = rdma_judges.rate_basis(f, expect)
+    assert basis["below_reference"] == (f"compute ports at {rate}, below the reference design's {reference} Gb/sec: the site's fabric "
+                                        "(NDR200, HDR100 or the like), not a fault; the ports are held to each other "
+                                        "(a site profile's [rdma] rate_gbps holds them to a rate)")
+    assert basis["floor"].startswith("none: ") and basis["reference"].startswith(f"{reference} Gb/sec, not a floor (DGX ")
+    assert found(facts(*[port(f"mlx5_{i}") for i in range(8)])) == [] and rdma_judges.rate_basis(facts(port()), H100.rdma)["below_reference"] is None
+
+
+def test_a_compute_port_slower_than_its_peers_fails_naming_both_rates():
+    """A port that trained at 2X of 4X (a bad cable) is a fault on any fabric: held to the node's fastest compute port."""
+    rails = [port(f"mlx5_{i}") for i in range(7)] + [port("mlx5_7", rate="200 Gb/sec (2X NDR)")]
+    out = found(facts(*rails))
+    assert [(x.status, x.summary) for x in out] == [(FAIL, "mlx5_7 port 1 at 200 Gb/sec (2X NDR), below mlx5_0 port 1's 400 Gb/sec (4X NDR)")]
+    assert "the node's fastest InfiniBand compute port" in out[0].cause and "reseat or replace the cable" in out[0].remedy
+    # On an NDR200 fabric the same fault is one port at 1X of 2X.
+    ndr200 = [port(f"mlx5_{i}", rate="200 Gb/sec (2X NDR)") for i in range(7)] + [port("mlx5_7", rate="100 Gb/sec (1X NDR)")]
+    assert [x.summary for x in found(facts(*ndr200))] == ["mlx5_7 port 1 at 100 Gb/sec (1X NDR), below mlx5_0 port 1's 200 Gb/sec (2X NDR)"]
+    # The profiles without a reference rate (PCIe boards) hold their compute ports to each other too.
+    assert [x.summary for x in found(facts(*rails), expect=resolved("h100-pcie").rdma)] == [out[0].summary]
+
+
+def test_ports_are_held_to_peers_of_their_own_link_layer_only():
+    """NCCL_IB_HCA may name InfiniBand rails and a RoCE port: a 200 GbE port is no slower rail than a 400 Gb/s IB one."""
+    roce = port("mlx5_8", rate="200 Gb/sec (4X HDR)", layer="Ethernet")
+    assert found(facts(port(), port("mlx5_1"), roce, ib_hca=("mlx5", "the environment"))) == []
+    down = port("mlx5_1", state="DOWN", phys="Polling", rate="10 Gb/sec (4X SDR)")  # a port down has no rate to be the fastest by
+    assert [x.summary for x in found(facts(down, port("mlx5_2", rate="200 Gb/sec (2X NDR)")))] == ["mlx5_1 port 1 DOWN"]
 
 
 def test_symbol_errors_growing_between_the_reads_fail_with_the_delta():
@@ -256,6 +314,35 @@ def test_the_healthy_tree_passes_with_peermem():
     assert res.details["parts"] == {"gpudirect": "PASS", "ports": "PASS", "counters": "PASS"}
 
 
+COMPUTE = ("mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_6", "mlx5_7", "mlx5_8", "mlx5_9")
+
+
+def test_the_hgx_tree_on_an_ndr200_fabric_passes_and_says_so(root):
+    """The HGX H100 tree with every compute port on one leg of a 2x200G split cable, as a site on
+    NDR200 cables it: PASS with no WARN, and the rate below the reference design said in a line."""
+    for dev in COMPUTE:
+        edit(root, f"{IB}/{dev}/ports/1/rate", "200 Gb/sec (2X NDR)")
+    res = run(root)
+    assert res.status == PASS, (res.summary, res.cause)
+    note = ("compute ports at 200 Gb/sec (2X NDR), below the reference design's 400 Gb/sec: the site's fabric (NDR200, HDR100 or the like), "
+            "not a fault; the ports are held to each other (a site profile's [rdma] rate_gbps holds them to a rate)")
+    assert note in res.lines and res.details["rate"]["below_reference"] == note
+    rates = {m.labels["device"]: (m.value, m.floor) for m in res.measurements if m.name == "rdma_port_rate"}
+    assert rates["mlx5_0"] == (200, 200)
+    # One of them at 1X: the bad cable, named with its peer's rate.
+    edit(root, f"{IB}/mlx5_6/ports/1/rate", "100 Gb/sec (1X NDR)")
+    res = run(root)
+    assert res.status == FAIL and res.summary == "mlx5_6 port 1 at 100 Gb/sec (1X NDR), below mlx5_0 port 1's 200 Gb/sec (2X NDR)", res.summary
+
+
+def test_a_site_profile_s_rate_fails_the_ndr200_tree(root, ndr_site):
+    for dev in COMPUTE:
+        edit(root, f"{IB}/{dev}/ports/1/rate", "200 Gb/sec (2X NDR)")
+    res = run(root, profile=ndr_site)
+    assert res.status == FAIL and res.summary == "mlx5_0 port 1 at 200 Gb/sec (2X NDR), 400 Gb/sec expected (+7 more)", res.summary
+    assert res.details["rate"]["floor"] == "400 Gb/sec, the site's (our fabric: NDR, 400 Gb/s per rail)"
+
+
 def test_nics_beside_the_gpus_are_the_compute_ports_in_a_recorded_tree(tmp_path):
     """The HGX tree with resolved PCI paths (tests/fixtures/pcie/pass): mlx5_4/5/10/11 sit under
     their own root ports (storage), the other eight share a switch with a GPU."""
@@ -277,7 +364,7 @@ def test_nics_beside_the_gpus_are_the_compute_ports_in_a_recorded_tree(tmp_path)
     assert rdma_ports.chosen_by(f) == "the profile's link_layer and a PCIe switch shared with a GPU"
     edit(root, f"{IB}/mlx5_0/ports/1/rate", "200 Gb/sec (4X HDR)")
     f = ibports.gather(h, 0, lambda s: None, pci_nvidia(h).gpus)
-    assert [x.summary for x in rdma_judges.judge_ports(f, H100.rdma)] == ["mlx5_0 port 1 at 200 Gb/sec (4X HDR), 400 Gb/sec expected"]
+    assert [x.summary for x in rdma_judges.judge_ports(f, H100.rdma)] == ["mlx5_0 port 1 at 200 Gb/sec (4X HDR), below mlx5_1 port 1's 400 Gb/sec (4X NDR)"]
 
 
 def test_ports_of_another_link_layer_leave_gpudirect_unjudged_and_unclaimed(root):
@@ -508,12 +595,13 @@ def test_a_real_h100_nodes_port_whose_errors_grow_between_the_reads_fails(tmp_pa
 # ---- a node still settling: ports the subnet manager brings up as the run begins ----------
 
 
-def test_state_and_rate_are_judged_from_the_second_read():
+def test_state_and_rate_are_judged_from_the_second_read(ndr_site):
     came_up = port(state="INIT").model_copy(update={"state_later": "ACTIVE"})
     retrained = port(rate="200 Gb/sec (4X HDR)").model_copy(update={"rate_later": "400 Gb/sec (4X NDR)"})
     assert found(facts(came_up, retrained)) == []
     slowed = port().model_copy(update={"rate_later": "200 Gb/sec (4X HDR)"})
-    assert [x.summary for x in found(facts(slowed))] == ["mlx5_0 port 1 at 200 Gb/sec (4X HDR), 400 Gb/sec expected"]
+    assert [x.summary for x in found(facts(slowed), expect=ndr_site.rdma)] == ["mlx5_0 port 1 at 200 Gb/sec (4X HDR), 400 Gb/sec expected"]
+    assert [x.summary for x in found(facts(slowed, port("mlx5_1")))] == ["mlx5_0 port 1 at 200 Gb/sec (4X HDR), below mlx5_1 port 1's 400 Gb/sec (4X NDR)"]
 
 
 def test_a_port_that_leaves_active_while_watched_still_flaps():

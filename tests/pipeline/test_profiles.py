@@ -164,6 +164,28 @@ def test_every_gpu_profile_cites_its_expectations():
             assert all(f.source for f in p.floors.values()), name
 
 
+def test_no_builtin_profile_holds_rdma_ports_to_a_rate_only_to_its_reference_design():
+    """How fast the fabric runs is the site's choice (an HGX H100 on NDR200 is healthy): a built-in
+    profile's rate is the reference design's, cited and never a floor; a site profile sets rate_gbps."""
+    for name, path in profiles.available(None).items():
+        rdma = profiles.load(path).rdma
+        assert rdma is None or rdma.rate_gbps is None, name
+    designs = {name: profiles.load(profiles.find(name, None)).rdma for name in ("h100-sxm", "h200-sxm", "a100-sxm4-80gb")}
+    assert {name: r.reference_rate_gbps for name, r in designs.items() if r} == {"h100-sxm": 400, "h200-sxm": 400, "a100-sxm4-80gb": 200}
+    assert all(r and r.reference_rate_source and r.reference_rate_source.startswith("DGX ") for r in designs.values())
+
+
+@pytest.mark.parametrize("table, message", [
+    ('[rdma]\ninterval_source = "s"\nreference_rate_gbps = 400\n', r"reference_rate_gbps needs reference_rate_source"),
+    ('[rdma]\ninterval_source = "s"\nrate_gbps = 200\n', r"rate_gbps needs rate_source"),
+])
+def test_an_rdma_rate_without_its_source_is_refused(tmp_path, table, message):
+    path = tmp_path / "x.toml"
+    path.write_text('name = "x"\ndescription = "d"\nchecks = ["shm"]\n\n' + table)
+    with pytest.raises(UsageError, match=message):
+        profiles.load(path)
+
+
 TRAIN = 'name = "x"\ndescription = "d"\nchecks = ["train"]\n'
 
 
