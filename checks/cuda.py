@@ -33,11 +33,11 @@ from preflight.gpuwork.cuda_init import InitOutcome, InitReport, loaded_links, r
 from preflight.readers.nvidia import nvml, nvml_facts
 from preflight.readers.kernel import log_sources, xid
 from preflight.pipeline.check import Check, Context, Result, Waiting
-from preflight.base.actions import Action, Next
+from preflight.base.actions import Action, Domain, Next
 from preflight.base.findings import Finding, Measurement, Status, worst
-from preflight.readers.nvidia.nvml_facts import Inventory, PcieLink
+from preflight.readers.nvidia.nvml_facts import Gpu, Inventory, PcieLink
 from preflight.pipeline.expectations import GpuExpect
-from preflight.pipeline.shape import NodeShape
+from preflight.pipeline.shape import NodeShape, cuda_visible
 
 MARGIN = 5.0  # seconds kept from the check's deadline to judge and report a hung worker
 
@@ -121,25 +121,37 @@ def _left(ctx: Context) -> float:
 # ---- judging ---------------------------------------------------------------
 
 
+def _groups(events: list[xid.XidEvent]) -> dict[tuple[str, int | None, str | None], list[xid.XidEvent]]:
+    """Events by (kind, code, GPU), in the log's order."""
+    groups: dict[tuple[str, int | None, str | None], list[xid.XidEvent]] = {}
+    for e in events:
+        groups.setdefault((e.kind, e.code, e.pci), []).append(e)
+    return groups
+
+
+def _named(kind: str, code: int | None, pci: str | None, inv: Inventory) -> tuple[str, str, Gpu | None]:
+    """(label, GPU) as a finding names an event: "Xid 13", "GPU 0 (0000:1b:00)"."""
+    g = next((g for g in inv.gpus if nvml_facts.slot(g.pci_bus_id) == pci), None)  # kernel lines print "0000:10:1c"
+    gpu = f"GPU {g.index} ({pci})" if g else (pci or "an unknown GPU")
+    return {"xid": f"Xid {code}", "sxid": f"SXid {code}"}.get(kind, kind.replace("_", " ")), gpu, g
+
+
 def judge_xid(events: list[xid.XidEvent], inv: Inventory, forgeable: bool = False) -> list[Finding]:
     """One finding per (kind, code, GPU): the worst of its events, and how often. ``forgeable``:
     the log came through syslog(2), where a message's end is lost and any user's message can
     hold a line that reads as the driver's: a fatal event there WARNs (NVML's own facts, judged
-    apart, still FAIL a lost GPU, ECC errors or a pending remap)."""
-    by_slot = {nvml_facts.slot(g.pci_bus_id): g for g in inv.gpus}  # kernel lines print "0000:10:1c"
-    groups: dict[tuple[str, int | None, str | None], list[xid.XidEvent]] = {}
-    for e in events:
-        groups.setdefault((e.kind, e.code, e.pci), []).append(e)
+    apart, still FAIL a lost GPU, ECC errors or a pending remap). A job's own Xids (xid.the_jobs:
+    an illegal address, a page fault, the channel resets that follow them) are no finding of the
+    node: ``job_xids`` says them where a person reads."""
+    jobs = {id(e) for e in xid.the_jobs(events)}
     rank = {"info": 0, "app": 1, "fatal": 2}
     out = []
-    for (kind, code, pci), group in groups.items():
+    for (kind, code, pci), group in _groups([e for e in events if id(e) not in jobs]).items():
         # Xid 154 announces the recovery action now needed: the last one counts.
         info = group[-1].info if code == 154 else max((e.info for e in group), key=lambda i: rank[i.severity])
         if info.severity == "info":
             continue
-        g = by_slot.get(pci or "")
-        gpu = f"GPU {g.index} ({pci})" if g else (pci or "an unknown GPU")
-        label = {"xid": f"Xid {code}", "sxid": f"SXid {code}"}.get(kind, kind.replace("_", " "))
+        label, gpu, g = _named(kind, code, pci, inv)
         status = FAIL if info.severity == "fatal" else WARN
         # Done only where NVML says so; unknown is not done.
         remap_done = g is not None and (
@@ -165,6 +177,21 @@ def judge_xid(events: list[xid.XidEvent], inv: Inventory, forgeable: bool = Fals
             # Not Xid 63 (NVML's remap state clears it after a reset) nor 154 (the driver logs the recovery's end).
             act = Next(Action.REBOOT, act.domain, f"{act.source}; read since boot, the event fails this check until the node reboots")
         out.append(Finding(status, f"{label} on {gpu}", f"{label} on {gpu}{times}: {info.meaning}{doubt}", action, act=act))
+    return out
+
+
+def job_xids(events: list[xid.XidEvent], inv: Inventory) -> list[str]:
+    """The Xids since boot that were a job's own (xid.the_jobs), one line per (code, GPU): for
+    the report's details and the lines a person reads, never a finding of the node."""
+    out = []
+    for (kind, code, pci), group in _groups(xid.the_jobs(events)).items():
+        label, gpu, _ = _named(kind, code, pci, inv)
+        n = sum(e.count for e in group)
+        times = f" ({n} times since boot)" if n > 1 else ""
+        procs = sorted({f"pid {e.pid}" + (f" ({e.name})" if e.name else "") for e in group if e.pid is not None})
+        info = group[-1].info
+        why = info.act.source if info.act.domain == Domain.JOB else "it follows the job's own Xid on this GPU"
+        out.append(f"{label} on {gpu}{times}{', ' + ', '.join(procs) if procs else ''}: {info.meaning}: the job's, not the node's ({why})")
     return out
 
 
@@ -235,10 +262,19 @@ def judge_init(init: InitOutcome | None, inv: Inventory) -> list[Finding]:
                 return [Finding(FAIL, f"CUDA init failed: {cause.split(':')[0]}", f"{cause}: {error}", remedy)]
         return [Finding(FAIL, "CUDA init failed", f"torch.cuda.init() failed: {error}", RESET.format(i="N") + "; " + DRAIN)]
     out = []
-    if r.device_count is not None and r.device_count != len(inv.gpus):
-        hidden = f" (CUDA_VISIBLE_DEVICES={r.cuda_visible_devices})" if r.cuda_visible_devices is not None else ""
-        cause = f"torch.cuda.device_count() is {r.device_count} but NVML lists {len(inv.gpus)} GPUs{hidden}"
+    if r.device_count is not None and r.cuda_visible_devices is None and r.device_count != len(inv.gpus):
+        cause = f"torch.cuda.device_count() is {r.device_count} but NVML lists {len(inv.gpus)} GPUs"
         out.append(Finding(FAIL, f"CUDA sees {r.device_count} GPUs, NVML {len(inv.gpus)}", cause, "unset CUDA_VISIBLE_DEVICES for preflight; otherwise " + DRAIN))
+    elif r.device_count is not None and r.cuda_visible_devices is not None:
+        # A scheduler's CUDA_VISIBLE_DEVICES (a Slurm step given GPUs 4-7) hides the rest from CUDA, and the
+        # launch sized to what it names (shape.py): CUDA is held to that, read as CUDA reads it.
+        vis = cuda_visible(r.cuda_visible_devices, [g.uuid for g in sorted(inv.gpus, key=lambda g: nvml_facts.short_pci(g.pci_bus_id))])
+        if r.device_count != vis.count:
+            stop = f"; CUDA stops at {vis.stop}" if vis.stop else ""
+            cause = (f"torch.cuda.device_count() is {r.device_count} but CUDA_VISIBLE_DEVICES={r.cuda_visible_devices} names "
+                     f"{vis.count} of the {len(inv.gpus)} GPUs NVML lists{stop}")
+            out.append(Finding(FAIL, f"CUDA sees {r.device_count} GPUs, CUDA_VISIBLE_DEVICES names {vis.count}", cause,
+                               "check that CUDA_VISIBLE_DEVICES names the GPUs this job was given; otherwise " + DRAIN))
     for d in r.devices:
         who, i = _gpu_of(d.index, r, inv)
         if d.error:
@@ -361,6 +397,9 @@ class Cuda(Check):
         lines += [line] if (line := sources.line()) else []
         lines += [f"kernel log: {facts.kernel_log_note}"] if facts.kernel_log_note else []
         lines += [f"Xid errors since boot: {unjudged}"] if unjudged else []
+        # A job's own Xids stay in the kernel log until a reboot: said, not held against the node.
+        details["xid_jobs"] = job_xids(facts.xid_events, facts.inventory)
+        lines += [f"a job's own Xid since boot, not the node's: {line}" for line in details["xid_jobs"]]
         result = self.conclude(findings, summary(facts, ctx.shape), measurements=measurements(facts, ctx.profile.gpu, ctx.shape) + sources.measurements(),
                                details=details, lines=lines)
         passed = [name for name, found in parts.items() if not any(f.status == FAIL for f in found)

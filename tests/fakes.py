@@ -301,6 +301,9 @@ FACTS = json.load(open(os.environ["FAKE_NVML_FACTS"])) if os.environ.get("FAKE_N
     "driver_version": "550.54.15", "cuda_driver_version": "12.4", "gpus": [], "lost": []}
 DEVICES = {g["index"]: g for g in FACTS["gpus"]}
 LOST = {g["index"]: g for g in FACTS.get("lost", [])}
+# GPUs NVML counts but refuses this process (a job's device cgroup): their handle lookup
+# answers NO_PERMISSION, as nvmlDeviceGetHandleByIndex_v2 does there.
+REFUSED = {g["index"]: g for g in FACTS.get("refused", [])}
 BITS = {"gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4, "hw_slowdown": 0x8, "sync_boost": 0x10,
         "sw_thermal_slowdown": 0x20, "hw_thermal_slowdown": 0x40, "hw_power_brake_slowdown": 0x80, "display_clock_setting": 0x100}
 KIND, _, CALLS = MODE.partition(":")
@@ -331,9 +334,11 @@ def nvmlSystemGetCudaDriverVersion_v2():
     return int(major) * 1000 + int(minor) * 10
 
 def nvmlDeviceGetCount():
-    return len(DEVICES) + len(LOST)
+    return len(DEVICES) + len(LOST) + len(REFUSED)
 
 def nvmlDeviceGetHandleByIndex(i):
+    if i in REFUSED:
+        raise NVMLError_NoPermission(REFUSED[i]["error"])
     if i in LOST and LOST[i]["pci_bus_id"] is None:
         raise NVMLError_GpuIsLost(LOST[i]["error"])
     return i

@@ -12,20 +12,29 @@ Sources, most trusted first:
 - the GPU device nodes this process may open (/dev/nvidiaN): a container
   given 2 of the host's 8 GPUs sees all 8 in sysfs but only its own nodes,
   matched to PCI slots by the driver's "Device Minor" (/proc/driver/nvidia);
-- NVML: the GPUs it lists, and where each active NVLink ends.
+  a Slurm job under ConstrainDevices sees all 8 nodes but its device cgroup
+  lets it open only its own (``may_open``);
+- NVML: the GPUs it lists (not those it refuses this process: NO_PERMISSION),
+  and where each active NVLink ends;
+- CUDA_VISIBLE_DEVICES, read as CUDA reads it (``cuda_visible``): a Slurm step
+  given GPUs 4-7 of a node without a device cgroup may open all 8, but CUDA,
+  and so the run's ranks, see 4.
 Where sysfs lists no PCI device at all (gVisor-style sandboxes) the count
 comes from the device nodes and NVML, and the shape says so.
 """
 
 from __future__ import annotations
 
+import os
 import re
-from typing import Literal
+import stat
+from pathlib import Path
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel
 
 from preflight.base.host import Host, read_stripped
-from preflight.readers.nvidia.nvml_facts import Inventory
+from preflight.readers.nvidia.nvml_facts import Inventory, short_pci
 from preflight.base.units import format_cpulist
 
 Fabric = Literal["single", "nvswitch", "nvlink", "pcie", "unknown"]
@@ -121,6 +130,28 @@ def device_nodes(host: Host) -> list[int] | None:
     return minors
 
 
+def may_open(path: Path) -> bool:
+    """Whether this process may open the GPU device node at ``path`` for reading and writing, as
+    NVML and CUDA do. access(2) runs the kernel's device-cgroup check (inode_permission calls
+    devcgroup_inode_permission for a character device, for root too: a cgroup v1 devices.list or
+    a v2 device program, as Slurm's ConstrainDevices and container runtimes set) without the
+    driver's open, which would bring up a GPU whose persistence mode is off and can block on a
+    wedged driver in this process, which must never hang. A path that is no character device
+    (a recorded tree's stand-in) has no device to refuse."""
+    try:
+        if not stat.S_ISCHR(os.stat(path).st_mode):
+            return True
+    except OSError:
+        return True  # gone since /dev was listed: the listing stands, and NVML will say
+    return os.access(path, os.R_OK | os.W_OK)
+
+
+def refused_nodes(host: Host, nodes: list[int] | None) -> list[int]:
+    """Minors of the /dev/nvidiaN listed here that this process may not open (``may_open``)."""
+    dev = host.path("/dev")
+    return [m for m in nodes or [] if not may_open(dev / f"nvidia{m}")]
+
+
 def driver_minors(host: Host) -> tuple[dict[str, int], dict[str, int]]:
     """PCI address -> device minor, from the driver's own /proc/driver/nvidia/gpus/*/information:
     of the GPUs it holds, and of those NVreg_ExcludedGpus keeps from it, which keep their entry
@@ -150,7 +181,9 @@ def rdma_nics(host: Host) -> list[str]:
 def gather(host: Host, inventory: Inventory | None, pinned: int | None = None, why_no_nvml: str | None = None) -> NodeShape:
     """Read the shape; ``inventory`` None when NVML did not answer (``why_no_nvml``)."""
     held, excluded = driver_minors(host)
-    return judge_shape(pci_nvidia(host), device_nodes(host), held, rdma_nics(host), inventory, pinned, why_no_nvml, excluded=excluded)
+    nodes = device_nodes(host)
+    return judge_shape(pci_nvidia(host), nodes, held, rdma_nics(host), inventory, pinned, why_no_nvml, excluded=excluded,
+                       refused=refused_nodes(host, nodes), cuda_visible=host.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
 # ---- reading the facts (pure) --------------------------------------------------
@@ -165,7 +198,11 @@ def judge_shape(
     pinned: int | None = None,
     why_no_nvml: str | None = None,
     excluded: dict[str, int] | None = None,
+    refused: list[int] | None = None,
+    cuda_visible: str | None = None,
 ) -> NodeShape:
+    """``refused``: minors of device nodes listed here that this process may not open (``may_open``);
+    ``cuda_visible``: CUDA_VISIBLE_DEVICES as this process has it, None where unset."""
     notes: list[str] = []
     if excluded:
         # Kept from the driver on purpose (NVreg_ExcludedGpus): not this node's GPUs, even with a device node made by hand.
@@ -174,9 +211,17 @@ def judge_shape(
             pci = pci.model_copy(update={"gpus": [bus for bus in pci.gpus if bus not in excluded]})
         if nodes is not None:
             nodes = [n for n in nodes if n not in excluded.values()]
-    usable, gpus_from = _usable(pci, nodes, minors, notes)
+    refused = [n for n in refused or [] if nodes is not None and n in nodes]
+    if refused:
+        # A device cgroup (Slurm's ConstrainDevices, a runtime's device rules) refuses open() but hides
+        # no node: what this process may not open is not given to it, and no GPU of it is missing.
+        notes.append(f"{len(refused)} GPU device node(s) here this process may not open (/dev/nvidia{_minor_list(refused)}: "
+                     "a device cgroup, as a Slurm job's ConstrainDevices): not given to this run")
+        nodes = [n for n in nodes or [] if n not in refused]
+    usable, gpus_from = _usable(pci, nodes, minors, notes, refused)
     given_fewer = bool(pci.gpus) and usable is not None and all(bus in minors for bus in pci.gpus) and len(usable) < len(pci.gpus)
     seen = len(inventory.gpus) + len(inventory.lost) if inventory else None
+    host_gpus = len(pci.gpus) if given_fewer else None  # the node's, where this process is given fewer (Slurm's Gres is the node's)
     if inventory is None:
         notes.append(f"NVML did not answer{': ' + why_no_nvml if why_no_nvml else ''}")
     if usable is None:
@@ -186,20 +231,110 @@ def judge_shape(
         # NVML reaches GPUs the bus does not list here (a VM or sandbox that hides them): NVML's word stands.
         notes.append(f"NVML lists {seen} GPUs, more than the {len(usable)} {gpus_from} shows")
         count, gpus_from = seen, f"NVML ({gpus_from} shows {len(usable)})"
+    elif inventory is not None and inventory.refused and seen is not None and seen < len(usable) <= seen + len(inventory.refused):
+        # NVML counts every GPU but refuses this process those it may not open (NO_PERMISSION, nvml.h):
+        # the ones it refuses are not given to this run, never lost, whatever /dev let this process see.
+        known = {short_pci(g.pci_bus_id) for g in [*inventory.gpus, *inventory.lost] if g.pci_bus_id}
+        notes.append(f"NVML refuses this process {len(inventory.refused)} GPU(s) (NVML index "
+                     f"{', '.join(str(g.index) for g in inventory.refused)}: {inventory.refused[0].error}): not given to this run")
+        count, gpus_from = seen, f"NVML ({gpus_from} shows {len(usable)}, of which NVML refuses {len(inventory.refused)})"
+        host_gpus = host_gpus or len(usable)
+        usable = [s for s in usable if s in known]
     else:
         count = len(usable)
+    host_gpus = host_gpus if host_gpus is not None and count < host_gpus else None
+    slots = [s for s in usable or [] if not s.startswith("?")]
+    if cuda_visible is not None:
+        count, slots, gpus_from, host_gpus = _cuda_visible_shape(cuda_visible, count, slots, usable, gpus_from, host_gpus, inventory, seen, notes)
     if inventory is not None and inventory.source != "NVML":
         gpus_from += f"; NVML facts from {inventory.source}"
     fabric, fabric_from = fabric_of(inventory, pci.nvswitches, count)
     return NodeShape(
-        gpus=count, gpus_from=gpus_from, slots=[s for s in usable or [] if not s.startswith("?")],
+        gpus=count, gpus_from=gpus_from, slots=slots,
         pci_gpus=pci.gpus, device_nodes=nodes, nvml_gpus=seen, fabric=fabric, fabric_from=fabric_from,
-        nvswitches=pci.nvswitches, nics=nics, pinned=pinned, notes=notes,
-        host_gpus=len(pci.gpus) if given_fewer and count < len(pci.gpus) else None,
+        nvswitches=pci.nvswitches, nics=nics, pinned=pinned, notes=notes, host_gpus=host_gpus,
     )
 
 
-def _usable(pci: PciNvidia, nodes: list[int] | None, minors: dict[str, int], notes: list[str]) -> tuple[list[str] | None, str]:
+class Visible(NamedTuple):
+    """What CUDA_VISIBLE_DEVICES leaves CUDA (``cuda_visible``)."""
+
+    picked: list[int]  # positions in CUDA's enumeration without it, in the variable's order
+    unplaced: int  # entries CUDA takes whose GPU cannot be told here: a UUID with no NVML to match, a MIG instance
+    stop: str | None  # the entry CUDA stops at, and why; None where it reads every entry
+
+    @property
+    def count(self) -> int:
+        return len(self.picked) + self.unplaced
+
+
+def cuda_visible(value: str, uuids: list[str | None]) -> Visible:
+    """The devices CUDA shows under CUDA_VISIBLE_DEVICES=``value``, of the GPUs it enumerates
+    without it (``uuids``: each one's NVML UUID, "GPU-...", in CUDA's order; None where not known).
+    As the CUDA Programming Guide's "CUDA Environment Variables" says CUDA reads it: a comma-separated
+    list of indices or UUIDs ("GPU-" followed by enough of the UUID to name one GPU; "MIG-" a MIG
+    instance), enumerated in the list's order; where an entry is invalid, only the devices before
+    it are visible. So an empty value (or Slurm's "NoDevFiles") shows none. A GPU named twice is
+    taken as invalid there too: CUDA cannot show one GPU as two devices."""
+    picked: list[int] = []
+    unplaced = 0
+    known = bool(uuids) and all(u is not None for u in uuids)
+    for raw in value.split(","):
+        item = raw.strip()
+        prefix = item[:4].lower()
+        if re.fullmatch(r"[0-9]{1,9}", item):
+            i = int(item)
+            if i >= len(uuids):
+                return Visible(picked, unplaced, f"{item!r}: there is no GPU {i} among the {len(uuids)} it would show")
+        elif prefix == "gpu-" and known:
+            match = [k for k, u in enumerate(uuids) if u is not None and u.lower().startswith(item.lower())]
+            if len(match) != 1:
+                return Visible(picked, unplaced, f"{item!r}: {'no GPU here has' if not match else f'{len(match)} GPUs here have'} that UUID")
+            i = match[0]
+        elif prefix in ("gpu-", "mig-") and len(item) > 4:
+            unplaced += 1  # valid or not, nothing here can tell: CUDA's own count will say
+            continue
+        else:
+            return Visible(picked, unplaced, f"{item!r}: not a GPU index or UUID" if item else "an empty entry")
+        if i in picked:
+            return Visible(picked, unplaced, f"{item!r}: GPU {i} named twice")
+        picked.append(i)
+    return Visible(picked, unplaced, None)
+
+
+def _cuda_visible_shape(value: str, count: int, slots: list[str], usable: list[str] | None, gpus_from: str, host_gpus: int | None,
+                        inventory: Inventory | None, seen: int | None, notes: list[str]) -> tuple[int, list[str], str, int | None]:
+    """(count, slots, gpus_from, host_gpus) of the GPUs CUDA_VISIBLE_DEVICES=``value`` leaves this
+    run of the ``count`` it may open: the ranks and CUDA's count are held to those."""
+    if inventory is not None and seen is not None and seen < count:
+        # NVML misses some of the GPUs this process may open: the count judge fails on that, and
+        # indices past the missing GPU would name others than the scheduler meant.
+        notes.append(f"CUDA_VISIBLE_DEVICES={value} not applied: NVML sees {seen} of the {count} GPUs this process may open")
+        return count, slots, gpus_from, host_gpus
+    # What CUDA enumerates without the variable, in PCI bus order (the launch's CUDA_DEVICE_ORDER=PCI_BUS_ID).
+    whole = bool(usable) and count == len(usable or []) and all(not s.startswith("?") for s in usable or [])
+    if inventory is not None and inventory.gpus:
+        gpus = sorted(inventory.gpus, key=lambda g: short_pci(g.pci_bus_id))
+        if whole:
+            gpus = [g for g in gpus if short_pci(g.pci_bus_id) in set(usable or [])]
+        order: list[tuple[str | None, str | None]] = [(short_pci(g.pci_bus_id), g.uuid) for g in gpus]
+    elif whole:
+        order = [(s, None) for s in usable or []]
+    else:
+        order = [(None, None)] * count
+    vis = cuda_visible(value, [u for _, u in order])
+    if vis.count == count and vis.stop is None:
+        return count, slots, gpus_from, host_gpus
+    named = [order[i][0] for i in vis.picked]
+    mine = [s for s in named if s] if not vis.unplaced and all(named) else []
+    stop = f"; CUDA stops at {vis.stop}, so no entry after it counts" if vis.stop else ""
+    notes.append(f"CUDA_VISIBLE_DEVICES={value} gives this run {vis.count} of the {count} GPUs this process may open"
+                 + (f": {', '.join(mine)}" if mine else "") + stop)
+    return vis.count, mine, f"CUDA_VISIBLE_DEVICES={value} ({vis.count} of the {count} GPUs from {gpus_from})", host_gpus if host_gpus is not None else count
+
+
+def _usable(pci: PciNvidia, nodes: list[int] | None, minors: dict[str, int], notes: list[str],
+            refused: list[int] | None = None) -> tuple[list[str] | None, str]:
     """The GPUs this process may use (PCI addresses; "?N" where only a device node
     names one), and how that was learnt; None where neither source says."""
     if pci.gpus is None:
@@ -215,8 +350,9 @@ def _usable(pci: PciNvidia, nodes: list[int] | None, minors: dict[str, int], not
     mapped = {bus: minors[bus] for bus in pci.gpus if bus in minors}
     if len(mapped) == len(pci.gpus):
         mine = [bus for bus in pci.gpus if mapped[bus] in nodes]
-        if len(mine) < len(pci.gpus):
-            notes.append(f"{len(pci.gpus) - len(mine)} of the host's {len(pci.gpus)} GPUs have no device node here (not given to this container)")
+        absent = [bus for bus in pci.gpus if mapped[bus] not in nodes and mapped[bus] not in (refused or [])]  # refused: said apart
+        if absent:
+            notes.append(f"{len(absent)} of the host's {len(pci.gpus)} GPUs have no device node here (not given to this container)")
         return mine, f"the PCI bus and /dev/nvidia{_minor_list(nodes)}"
     if mapped and sorted(mapped.values()) == sorted(nodes):
         # The NVIDIA container hook mounts the driver's entries of the given GPUs alone

@@ -14,7 +14,7 @@ from preflight.base.host import Host
 from preflight.checkkit import gpu_health
 from preflight.pipeline import profiles, shape
 from preflight.readers.nvidia.nvml import FakeNvml
-from preflight.readers.nvidia.nvml_facts import Gpu, Inventory, PcieLink
+from preflight.readers.nvidia.nvml_facts import Gpu, Inventory, LostGpu, PcieLink
 from preflight.readers.nvidia.nvml_inventory import RECOVERY_ACTIONS
 
 H100 = profiles.load(profiles.BUILTIN_DIR / "h100-sxm.toml")
@@ -102,6 +102,31 @@ def test_a_container_given_two_of_eight_gpus_is_not_failed_for_the_hosts_other_s
     one = whole.model_copy(update={"gpus": whole.gpus[1:2]})
     (fail,) = gpu_health.judge_count(one, shape.gather(Host(root), one))
     assert fail.summary == "1 of 2 GPUs visible" and "on the PCI bus but not in NVML: 0000:1b:00.0" in fail.cause
+
+
+def test_a_slurm_job_under_a_device_cgroup_is_judged_on_the_gpus_it_was_given(tmp_path, monkeypatch):
+    # `srun --gres=gpu:2` with ConstrainDevices=yes: /dev lists all 8 nodes, the cgroup lets it open two.
+    root = tmp_path / "root"
+    shutil.copytree(TREE, root, symlinks=True)
+    monkeypatch.setattr(shape, "may_open", lambda path: path.name in ("nvidia0", "nvidia1"))
+    whole = inventory("h100-sxm-8x-healthy.json")
+    two = whole.model_copy(update={"gpus": whole.gpus[:2]})  # NVML lists the two it may open...
+    assert gpu_health.judge_count(two, shape.gather(Host(root), two)) == []
+    refused = inventory("h100-sxm-8x-slurm-2-given.json")  # ... or counts 8 and refuses six (NO_PERMISSION)
+    assert gpu_health.judge_count(refused, shape.gather(Host(root), refused)) == []
+    # One of its own two really lost (GPU_IS_LOST) still fails, and asks the reboot only that mends.
+    lost = refused.model_copy(update={"gpus": refused.gpus[:1], "lost": [LostGpu(index=1, pci_bus_id="00000000:43:00.0", error="GPU is lost")]})
+    (fail,) = gpu_health.judge_count(lost, shape.gather(Host(root), lost))
+    assert fail.summary == "GPU 1 (0000:43:00.0) is lost" and fail.next.action == Action.REBOOT
+
+
+def test_a_gpu_gone_from_nvml_fails_under_cuda_visible_devices_too():
+    # A Slurm step given GPUs 4-7; the GPU at 0000:c3:00.0, one of them, fell off the bus.
+    seven = inventory("h100-sxm-7of8.json")
+    (fail,) = gpu_health.judge_count(seven, shape.gather(Host(TREE, environ={"CUDA_VISIBLE_DEVICES": "4,5,6,7"}), seven))
+    assert fail.summary == "7 of 8 GPUs visible" and "on the PCI bus but not in NVML: 0000:c3:00.0" in fail.cause
+    healthy = inventory("h100-sxm-8x-healthy.json")
+    assert gpu_health.judge_count(healthy, shape.gather(Host(TREE, environ={"CUDA_VISIBLE_DEVICES": "4,5,6,7"}), healthy)) == []
 
 
 # ---- the driver's recovery action (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) ----------------------------

@@ -219,13 +219,48 @@ def test_driver_below_the_profile_minimum_or_off_the_site_pin_fails():
     assert judged(f, pin="550.54.15") == []
 
 
-def test_fatal_xid_fails_application_xid_warns():
+def test_fatal_xid_fails_and_the_jobs_own_xid_is_said_not_judged():
+    # Was: Xid 13 (RESTART_APP) a WARN of the node. The catalog puts it in the job's domain.
     events = xid.parse((FIXTURES / "xid" / "05_dmesg-ctime_xid13-SM-exceptions_xid109-CTX-SWITCH-TIMEOUT_nvidia-peermem_gpud-46.txt").read_text())
     f = facts("h100-sxm-8x-healthy.json", xid_events=events)
-    found = {(x.status, x.summary.split(" on ")[0]) for x in judged(f)}
-    assert (Status.WARN, "Xid 13") in found
-    xid13 = next(x for x in judged(f) if x.summary.startswith("Xid 13"))
-    assert "3 times since boot" in xid13.cause
+    assert [(x.status, x.summary.split(" on ")[0]) for x in judged(f)] == [(Status.FAIL, "Xid 109")]
+    (xid13,) = cuda.job_xids(events, f.inventory)
+    assert xid13.startswith("Xid 13 on 0000:cb:00 (3 times since boot): graphics engine exception: the job's, not the node's")
+
+
+# A healthy node after one job hit an illegal address (Xid 13, then its page fault, 31) and was
+# cancelled (43, 45): the lines stay in the kernel log until a reboot.
+JOB_FAULT = (
+    "[ 1234.567890] NVRM: Xid (PCI:0000:1b:00): 13, pid=4242, name=python, Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address\n"
+    "[ 1234.567891] NVRM: Xid (PCI:0000:1b:00): 31, pid=4242, name=python, Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f12_34560000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ\n"
+    "[ 1300.000001] NVRM: Xid (PCI:0000:1b:00): 43, pid=4242, name=python, Ch 00000008\n"
+    "[ 1300.000002] NVRM: Xid (PCI:0000:1b:00): 45, pid=4242, name=python, Ch 00000008\n"
+)
+
+
+def test_a_jobs_own_xids_since_boot_leave_a_healthy_node_passing_and_are_said_in_its_lines():
+    f = facts("h100-sxm-8x-healthy.json", init=None, xid_events=xid.parse(JOB_FAULT))
+    assert judged(f) == []
+    ctx = Context(profile=H100, settings=Settings(), host=Host(), shape=HGX8)
+    r = cuda.Cuda().judged(ctx, f)
+    assert r.status == Status.PASS and r.details["parts"]["xid"] == Status.PASS
+    said = [line for line in r.lines if line.startswith("a job's own Xid since boot, not the node's: ")]
+    assert [line.split(": ")[1].split(",")[0] for line in said] == ["Xid 13 on GPU 0 (0000:1b:00)", "Xid 31 on GPU 0 (0000:1b:00)",
+                                                                   "Xid 43 on GPU 0 (0000:1b:00)", "Xid 45 on GPU 0 (0000:1b:00)"]
+    assert all("pid 4242 (python)" in line for line in said) and len(r.details["xid_jobs"]) == 4
+
+
+def test_a_channel_reset_that_follows_no_jobs_xid_is_still_the_nodes():
+    # Xid 43 and 45 are the job's only after its own Xid on that GPU, from that process.
+    other_gpu = JOB_FAULT.replace("0000:1b:00): 43", "0000:43:00): 43")
+    other_pid = JOB_FAULT.replace("45, pid=4242", "45, pid=777")
+    assert [x.summary for x in xid_findings(other_gpu)] == ["Xid 43 on GPU 1 (0000:43:00)"]
+    assert [x.summary for x in xid_findings(other_pid)] == ["Xid 45 on GPU 0 (0000:1b:00)"]
+    alone = "NVRM: Xid (PCI:0000:1b:00): 43, pid=4242, name=python, Ch 00000008\n"
+    assert [(x.status, x.next.domain) for x in xid_findings(alone)] == [(Status.WARN, Domain.NODE)]
+    # A node's own Xid beside a job's keeps its finding.
+    found = xid_findings(JOB_FAULT + "NVRM: Xid (PCI:0000:1b:00): 48, An uncorrectable double bit error (DBE) has been detected\n")
+    assert [(x.status, x.summary) for x in found] == [(Status.FAIL, "Xid 48 on GPU 0 (0000:1b:00)")]
 
 
 def test_xid_on_a_known_gpu_names_its_index():
@@ -274,8 +309,9 @@ def test_an_unreadable_kernel_log_leaves_the_xids_unjudged_saying_why_never_a_wa
         ("fabric-manager-down", "CUDA init failed: the NVSwitch fabric is not up", "nvidia-fabricmanager"),
         ("hung-on-3", "CUDA init hung on GPU 3 (0000:61:00.0)", "nvidia-smi -r -i 3"),
         ("wrong-matmul-on-6", "GPU 6 (0000:d1:00.0) computes wrong results", "dcgmi diag"),
-        ("cuda-visible-4", "CUDA sees 4 GPUs, NVML 8", "unset CUDA_VISIBLE_DEVICES"),
-        ("visible-4-7-nan-on-cuda1", "CUDA sees 4 GPUs, NVML 8", "unset CUDA_VISIBLE_DEVICES"),
+        # CUDA device 1 is NVML's GPU 5 here (CUDA_VISIBLE_DEVICES=4,5,6,7): the PCI address decides, not the index.
+        # Was led by "CUDA sees 4 GPUs, NVML 8": the four the variable names are what CUDA should see.
+        ("visible-4-7-nan-on-cuda1", "GPU 5 (0000:c3:00.0) computes wrong results", "dcgmi diag"),
     ],
 )
 def test_cuda_init_failures_name_cause_and_remedy(report, summary, remedy):
@@ -285,11 +321,41 @@ def test_cuda_init_failures_name_cause_and_remedy(report, summary, remedy):
     fails = only(judged(f))
     assert fails[0].summary == summary
     assert remedy in fails[0].remedy
-    if report == "cuda-visible-4":
-        assert "CUDA_VISIBLE_DEVICES=0,1,2,3" in fails[0].cause
-    if report.startswith("visible-4-7"):
-        # CUDA device 1 is NVML's GPU 5 here: the PCI address decides, not the index.
-        assert fails[1].summary == "GPU 5 (0000:c3:00.0) computes wrong results"
+    assert len(fails) == 1
+
+
+def visible(cvd: str, count: int, first: int = 0) -> cuda.CudaFacts:
+    """The healthy node's worker run under CUDA_VISIBLE_DEVICES=``cvd``, CUDA showing ``count`` devices: NVML's GPUs from ``first``."""
+    f = facts("h100-sxm-8x-healthy.json")
+    r = f.init.report
+    r = r.model_copy(update={"cuda_visible_devices": cvd, "device_count": count, "devices": [d.model_copy(update={"index": i}) for i, d in enumerate(r.devices[first:first + count])],
+                             "pci_bus_ids": r.pci_bus_ids[first:first + count]})
+    return f.model_copy(update={"init": f.init.model_copy(update={"report": r})})
+
+
+@pytest.mark.parametrize("cvd, count, first", [
+    ("0,1,2,3", 4, 0),  # tests/fixtures/cuda_init/cuda-visible-4.json's; was "CUDA sees 4 GPUs, NVML 8", a FAIL that drained
+    ("4,5,6,7", 4, 4),  # a Slurm step given GPUs 4-7 of a node without a device cgroup
+    ("GPU-5c1b0c7e-8f2a-4d3b-9e6a-000000000004,GPU-5c1b0c7e-8f2a-4d3b-9e6a-000000000005", 2, 4),  # Slurm 25.11 writes UUIDs
+    ("GPU-5c1b0c7e-8f2a-4d3b-9e6a-000000000006", 1, 6),
+    ("6,7,-1,0", 2, 6),  # CUDA stops at the first invalid entry
+])
+def test_cuda_showing_the_gpus_cuda_visible_devices_names_passes(cvd, count, first):
+    assert judged(visible(cvd, count, first)) == []
+
+
+def test_cuda_showing_other_than_cuda_visible_devices_names_still_fails():
+    (fail,) = only(judged(visible("4,5,6,7", 3, 4)))
+    assert fail.summary == "CUDA sees 3 GPUs, CUDA_VISIBLE_DEVICES names 4"
+    assert "CUDA_VISIBLE_DEVICES=4,5,6,7 names 4 of the 8 GPUs NVML lists" in fail.cause and "dcgmi diag" in fail.remedy
+    (fail,) = only(judged(visible("4,5,-1,6", 3, 4)))
+    assert fail.summary == "CUDA sees 3 GPUs, CUDA_VISIBLE_DEVICES names 2" and "CUDA stops at '-1'" in fail.cause
+    (fail,) = only(judged(visible("GPU-5c1b0c7e-8f2a-4d3b-9e6a-00000000000", 1, 0)))  # a prefix that names every GPU
+    assert fail.summary == "CUDA sees 1 GPUs, CUDA_VISIBLE_DEVICES names 0"
+    # Unset, CUDA is held to every GPU NVML lists, as before.
+    unset = visible("x", 4, 0)
+    unset.init.report.cuda_visible_devices = None
+    assert [x.summary for x in only(judged(unset))] == ["CUDA sees 4 GPUs, NVML 8"]
 
 
 def test_a_run_on_fake_facts_never_passes():
@@ -322,13 +388,22 @@ def xid_findings(log: str, **kw):
      Status.FAIL, Action.REBOOT, Domain.NODE, "48 WORKFLOW_XID_48"),
     ("NVRM: Xid (PCI:0000:9d:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
      Status.FAIL, Action.RESET_GPU, Domain.NODE, "154 XID_154"),
-    ("NVRM: Xid (PCI:0000:9d:00): 13, Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address", Status.WARN, Action.FIX_JOB, Domain.JOB, "13 RESTART_APP"),
-    ("NVRM: Xid (PCI:0000:9d:00): 31, pid=1942, name=llama-bench, Ch 00000008, intr 00000000. MMU Fault", Status.WARN, Action.FIX_JOB, Domain.JOB, "31 RESTART_APP"),
 ])
 def test_each_xid_finding_carries_its_catalog_action(line, status, action, domain, bucket):
     (found,) = xid_findings(line + "\n")
     assert (found.status, found.next.action, found.next.domain) == (status, action, domain)
     assert found.next.source.startswith(f"NVIDIA Xid catalog (2026-11-22): Xid {bucket}")
+
+
+@pytest.mark.parametrize("line, bucket", [
+    # Were WARN findings (fix-job, job): the catalog's RESTART_APP is the job's, and the node is fine.
+    ("NVRM: Xid (PCI:0000:9d:00): 13, Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address", "13 RESTART_APP"),
+    ("NVRM: Xid (PCI:0000:9d:00): 31, pid=1942, name=llama-bench, Ch 00000008, intr 00000000. MMU Fault", "31 RESTART_APP"),
+])
+def test_an_xid_the_catalog_lays_to_the_job_is_no_finding_and_carries_its_catalog_source(line, bucket):
+    assert xid_findings(line + "\n") == []
+    (said,) = cuda.job_xids(xid.parse(line + "\n"), facts("h100-sxm-8x-healthy.json").inventory)
+    assert "GPU 4 (0000:9d:00)" in said and f"NVIDIA Xid catalog (2026-11-22): Xid {bucket}" in said
 
 
 def test_a_run_with_several_xids_takes_the_highest_action():
@@ -339,8 +414,9 @@ def test_a_run_with_several_xids_takes_the_highest_action():
     assert (r.status, r.action, r.domain) == (Status.FAIL, Action.REBOOT, Domain.NODE)
     # Xid 48 asks a reboot too here (its reset would not clear this since-boot check): the first of equals names it.
     assert r.action_source.startswith("NVIDIA Xid catalog (2026-11-22): Xid 48 WORKFLOW_XID_48") and "until the node reboots" in r.action_source
+    # Was WARN (fix-job, job): a job's own Xid is no finding of the node.
     app_only = cuda.Cuda().conclude(xid_findings("NVRM: Xid (PCI:0000:9d:00): 13, Graphics SM Warp Exception\n"), "ok")
-    assert (app_only.status, app_only.action, app_only.domain) == (Status.WARN, Action.FIX_JOB, Domain.JOB)
+    assert (app_only.status, app_only.action) == (Status.PASS, Action.NONE)
 
 
 def test_an_xid_the_judge_only_warns_of_asks_no_more_than_a_watch():

@@ -62,6 +62,85 @@ def test_a_gpu_excluded_from_the_driver_is_never_counted_even_with_a_device_node
     assert node.host_gpus is None and node.pci_gpus == SLOTS[:7]
 
 
+def job_cgroup(monkeypatch, given: range) -> None:
+    """A Slurm job's device cgroup (ConstrainDevices): every /dev/nvidiaN is listed, only ``given`` may be opened."""
+    monkeypatch.setattr(shape, "may_open", lambda path: path.name in {f"nvidia{m}" for m in given})
+
+
+def test_a_slurm_job_whose_device_cgroup_refuses_six_nodes_is_given_two(root, monkeypatch):
+    # `srun --gres=gpu:2` under ConstrainDevices=yes: the cgroup refuses open(), it hides no node.
+    job_cgroup(monkeypatch, range(2))
+    node = shape.gather(Host(root), first(2))
+    assert (node.gpus, node.slots, node.device_nodes) == (2, SLOTS[:2], [0, 1])
+    assert node.gpus_from == "the PCI bus and /dev/nvidia{0-1}"
+    assert node.notes == ["6 GPU device node(s) here this process may not open (/dev/nvidia{2-7}: a device cgroup, "
+                          "as a Slurm job's ConstrainDevices): not given to this run"]
+    assert node.host_gpus == 8  # Slurm's Gres is the node's
+
+
+def test_gpus_nvml_refuses_this_process_are_not_given_to_the_run(root):
+    # nvmlDeviceGetCount_v2 counts all 8; the handles of the six outside the job answer NO_PERMISSION.
+    refused = FakeNvml(FIXTURES / "nvml" / "h100-sxm-8x-slurm-2-given.json").model_copy(update={"source": "NVML"})
+    node = shape.gather(Host(root), refused)
+    assert (node.gpus, node.slots, node.host_gpus) == (2, SLOTS[:2], 8)
+    assert node.notes == ["NVML refuses this process 6 GPU(s) (NVML index 2, 3, 4, 5, 6, 7: Insufficient Permissions): not given to this run"]
+
+
+def test_the_device_cgroup_is_asked_without_opening_the_gpu():
+    # A recorded tree's stand-in is no device: nothing to refuse. A character device this process
+    # may use reads as openable, through access(2), which runs the device cgroup's check.
+    assert shape.may_open(TREE / "dev" / "nvidia0") and shape.may_open(Path("/dev/null"))
+    assert shape.refused_nodes(Host(TREE), [0, 1]) == []
+
+
+def test_cuda_visible_devices_gives_the_run_the_gpus_it_names(root):
+    # A Slurm step given GPUs 4-7 of a node without a device cgroup: it may open all 8, CUDA shows 4.
+    for cvd in ("4,5,6,7", ",".join(g.uuid for g in HEALTHY.gpus[4:]), "GPU-5c1b0c7e-8f2a-4d3b-9e6a-000000000004,5,6,7"):
+        node = shape.gather(Host(root, environ={"CUDA_VISIBLE_DEVICES": cvd}), HEALTHY)
+        assert (node.gpus, node.slots, node.host_gpus, node.fabric) == (4, SLOTS[4:], 8, "nvswitch"), cvd
+        assert node.gpus_from == f"CUDA_VISIBLE_DEVICES={cvd} (4 of the 8 GPUs from the PCI bus and /dev/nvidia{{0-7}})"
+        assert node.notes == [f"CUDA_VISIBLE_DEVICES={cvd} gives this run 4 of the 8 GPUs this process may open: {', '.join(SLOTS[4:])}"]
+    # The launch sizes to them: one rank per GPU CUDA will show.
+    h100 = profiles.resolve(profiles.load(profiles.find("h100-sxm", None)), Path("h100-sxm.toml"), {}, "t")
+    from preflight.pipeline.check import Context
+    from preflight.pipeline.settings import Settings
+    assert Context(profile=h100, settings=Settings(), host=Host(root), shape=node).ranks(None) == 4
+    # Before NVML is read (the launch's head start): indices by PCI order, UUIDs counted.
+    early = shape.gather(Host(root, environ={"CUDA_VISIBLE_DEVICES": "GPU-5c1b0c7e,GPU-9"}), None, why_no_nvml="not read yet")
+    assert early.gpus == 2 and early.slots == []
+
+
+@pytest.mark.parametrize("cvd, gpus, stop", [
+    ("0,2,-1,1", 2, "CUDA stops at '-1': not a GPU index or UUID"),  # the CUDA guide's own example
+    ("", 0, "CUDA stops at an empty entry"),
+    ("NoDevFiles", 0, "CUDA stops at 'NoDevFiles': not a GPU index or UUID"),
+    ("3,3", 1, "CUDA stops at '3': GPU 3 named twice"),
+    ("7,8", 1, "CUDA stops at '8': there is no GPU 8 among the 8 it would show"),
+    ("GPU-5c1b0c7e-8f2a-4d3b-9e6a-00000000000", 0, "CUDA stops at 'GPU-5c1b0c7e-8f2a-4d3b-9e6a-00000000000': 8 GPUs here have that UUID"),
+    ("0,1,2,3,4,5,6,7", 8, None),
+])
+def test_cuda_visible_devices_is_read_as_cuda_reads_it(root, cvd, gpus, stop):
+    node = shape.gather(Host(root, environ={"CUDA_VISIBLE_DEVICES": cvd}), HEALTHY)
+    assert node.gpus == gpus
+    assert stop is None and node.notes == [] or stop in node.notes[0]
+
+
+def test_cuda_visible_devices_under_a_device_cgroup_counts_from_the_gpus_given(root, monkeypatch):
+    # Under ConstrainDevices CUDA enumerates the job's own GPUs only, from 0.
+    job_cgroup(monkeypatch, range(4, 8))
+    inv = HEALTHY.model_copy(update={"gpus": HEALTHY.gpus[4:]})
+    node = shape.gather(Host(root, environ={"CUDA_VISIBLE_DEVICES": "0,1"}), inv)
+    assert (node.gpus, node.slots, node.host_gpus) == (2, SLOTS[4:6], 8)
+
+
+def test_a_gpu_missing_from_nvml_is_still_counted_whatever_cuda_visible_devices_names(root):
+    # The GPU at 0000:c3:00.0 fell off the bus: sysfs and /dev still list it, NVML does not. Indices
+    # past it would name other GPUs than the scheduler meant, and the count judge must see 8.
+    seven = FakeNvml(FIXTURES / "nvml" / "h100-sxm-7of8.json")
+    node = shape.gather(Host(root, environ={"CUDA_VISIBLE_DEVICES": "4,5,6,7"}), seven)
+    assert node.gpus == 8 and "CUDA_VISIBLE_DEVICES=4,5,6,7 not applied: NVML sees 7 of the 8 GPUs this process may open" in node.notes
+
+
 def test_a_container_whose_driver_lists_only_its_gpus_names_their_slots(root):
     # The NVIDIA container hook mounts /proc/driver/nvidia/gpus with the given GPUs' entries alone.
     for minor, slot in enumerate(SLOTS):

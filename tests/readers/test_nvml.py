@@ -69,6 +69,27 @@ def test_a_gpu_lost_mid_query_is_named_by_its_pci_address(fake_nvml):
     assert inv.lost == [nvml_facts.LostGpu(index=4, pci_bus_id="00000000:9D:00.0", error="GPU is lost")]
 
 
+def test_a_gpu_nvml_refuses_this_process_is_not_given_to_the_run_never_lost(fake_nvml):
+    # A Slurm job's device cgroup (ConstrainDevices): NVML counts all 8, hands over the 2 given.
+    fake_nvml(facts=FIXTURES / "h100-sxm-8x-slurm-2-given.json")
+    inv = nvml.inventory()
+    assert [g.index for g in inv.gpus] == [0, 1] and inv.lost == []
+    assert [(g.index, g.error) for g in inv.refused] == [(i, "Insufficient Permissions") for i in range(2, 8)]
+
+
+def test_no_permission_is_told_by_nvidia_ml_pys_class_or_by_its_code():
+    from types import SimpleNamespace
+
+    from preflight.readers.nvidia.nvml_inventory import no_permission
+
+    class NVMLError(Exception):  # nvidia-ml-py's errors carry NVML's code in ``value``
+        def __init__(self, value):
+            self.value = value
+
+    assert no_permission(SimpleNamespace(NVML_ERROR_NO_PERMISSION=4), NVMLError(4))
+    assert not no_permission(SimpleNamespace(NVML_ERROR_NO_PERMISSION=4), NVMLError(15))  # NVML_ERROR_GPU_IS_LOST: lost
+
+
 def test_device_ids_and_versions_are_decoded(fake_nvml):
     fake_nvml(facts=FIXTURES / "h100-sxm-8x-healthy.json")
     inv = nvml.inventory()

@@ -132,16 +132,26 @@ class LostGpu(_Facts):
     error: str
 
 
+class RefusedGpu(_Facts):
+    """A GPU NVML counts but will not hand this process (nvmlDeviceGetHandleByIndex answered
+    NVML_ERROR_NO_PERMISSION): not given to this run, as under a Slurm job's device cgroup
+    (ConstrainDevices), where nvmlDeviceGetCount_v2 still counts every GPU of the node."""
+
+    index: int = Field(ge=0)
+    error: str
+
+
 class Inventory(_Facts):
     driver_version: str
     cuda_driver_version: str | None = None  # "12.4": the newest CUDA the driver supports
     gpus: list[Gpu]
     lost: list[LostGpu] = Field(default_factory=list)
+    refused: list[RefusedGpu] = Field(default_factory=list)  # not this run's: never lost, never counted
     source: str = "NVML"
 
     @model_validator(mode="after")
     def _one_entry_per_index(self) -> Inventory:
-        indices = [g.index for g in self.gpus] + [g.index for g in self.lost]
+        indices = [g.index for g in self.gpus] + [g.index for g in self.lost] + [g.index for g in self.refused]
         dup = sorted({i for i in indices if indices.count(i) > 1})
         if dup:
             raise ValueError(f"GPU index {dup[0]} is listed more than once")

@@ -60,12 +60,23 @@ def read_inventory(pynvml: Any) -> dict[str, Any]:
         "cuda_driver_version": f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else None,
         "gpus": [],
         "lost": [],
+        "refused": [],
     }
     handles = []
     for i in range(pynvml.nvmlDeviceGetCount()):
         bus = None
         try:
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        except pynvml.NVMLError as e:
+            if no_permission(pynvml, e):
+                # nvmlDeviceGetCount_v2 counts every GPU "even if nvmlDeviceGetHandleByIndex_v2 returns
+                # NVML_ERROR_NO_PERMISSION" (nvml.h): one this process may not open (a job's device
+                # cgroup) is not given to this run. Not lost: a lost GPU answers GPU_IS_LOST.
+                facts["refused"].append({"index": i, "error": str(e)})
+            else:
+                facts["lost"].append({"index": i, "pci_bus_id": None, "error": str(e)})
+            continue
+        try:
             pci = pynvml.nvmlDeviceGetPciInfo(h)
             bus = as_text(pci.busId)
             facts["gpus"].append(_gpu(pynvml, i, h, bus, pci.pciDeviceId))
@@ -76,6 +87,12 @@ def read_inventory(pynvml: Any) -> dict[str, Any]:
     read_p2p(pynvml, facts["gpus"], handles)
     _sample_clocks(pynvml, facts, handles)
     return facts
+
+
+def no_permission(pynvml: Any, e: Exception) -> bool:
+    """Whether ``e`` is NVML_ERROR_NO_PERMISSION: by nvidia-ml-py's class for it, or its code (4, nvml.h)."""
+    cls = getattr(pynvml, "NVMLError_NoPermission", None)
+    return (isinstance(cls, type) and isinstance(e, cls)) or getattr(e, "value", None) == getattr(pynvml, "NVML_ERROR_NO_PERMISSION", 4)
 
 
 def _sample_clocks(pynvml: Any, facts: dict[str, Any], handles: list[Any]) -> None:
