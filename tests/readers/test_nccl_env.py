@@ -54,3 +54,20 @@ def test_p2p_level_sys_or_a_word_nccl_ignores_is_no_switch_left_on():
     assert [name for name, *_ in nccl_env.switches_on(found)] == ["NCCL_IB_DISABLE"]
     assert nccl_env.switches_on({"NCCL_P2P_LEVEL": [("nvl", nccl_env.ENVIRONMENT)]}) == []
     assert [name for name, *_ in nccl_env.switches_on({"NCCL_P2P_LEVEL": [("PHB", nccl_env.ENVIRONMENT)]})] == ["NCCL_P2P_LEVEL"]
+
+
+def test_a_config_file_is_read_as_nccls_setenvfile_reads_it(tmp_path: Path):
+    """misc/param.cc's setEnvFile keeps each name and value as written: what NCCL ignores is no setting,
+    and what NCCL takes whole is judged whole."""
+    (tmp_path / "nccl.conf").write_text(
+        "# NCCL_SHM_DISABLE=1\n"            # a comment line: nothing
+        "NCCL_P2P_DISABLE = 1\n"           # sets "NCCL_P2P_DISABLE ", which NCCL never reads
+        "  NCCL_IB_DISABLE=1\n"            # an indented name: the same
+        "NCCL_SOCKET_IFNAME=ib0 # IPoIB\n"  # NCCL looks for an interface "ib0 # IPoIB"
+        "NCCL_DEBUG=WARN=1\n"              # the value is all after the first =
+        "no equals sign\n"
+    )
+    found = nccl_env.read(Host(tmp_path, environ={"NCCL_CONF_FILE": "/nccl.conf"}))
+    assert found == {"NCCL_P2P_DISABLE ": [(" 1", "/nccl.conf")], "NCCL_SOCKET_IFNAME": [("ib0 # IPoIB", "/nccl.conf")],
+                     "NCCL_DEBUG": [("WARN=1", "/nccl.conf")], "NCCL_CONF_FILE": [("/nccl.conf", nccl_env.ENVIRONMENT)]}
+    assert nccl_env.switches_on(found) == []  # P2P is not disabled: NCCL reads no "NCCL_P2P_DISABLE"

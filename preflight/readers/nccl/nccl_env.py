@@ -72,11 +72,26 @@ def read(host: Host) -> dict[str, list[tuple[str, str]]]:
         if key.startswith(("NCCL_", "GLOO_")):
             found.setdefault(key, []).append((value, ENVIRONMENT))
     for conf in conf_files(host):
-        for line in _text(host, conf).splitlines():
-            key, sep, value = line.split("#", 1)[0].partition("=")
-            if sep and key.strip().startswith("NCCL_"):
-                found.setdefault(key.strip(), []).append((value.strip(), conf))
+        for name, value in conf_lines(_text(host, conf)):
+            if name.startswith("NCCL_"):
+                found.setdefault(name, []).append((value, conf))
     return found
+
+
+def conf_lines(text: str) -> list[tuple[str, str]]:
+    """(name, value) of each line as NCCL's setEnvFile (misc/param.cc) sets it: a line that begins
+    with # is skipped, the name is everything before the first =, the value everything after, up to
+    the newline, each kept as it is. "NCCL_SOCKET_IFNAME = ib0" sets a variable named with a space,
+    which NCCL never reads, and "=ib0 # IPoIB" names an interface "ib0 # IPoIB": stripping either
+    would judge a setting NCCL ignores, or pass one that fails every job."""
+    out = []
+    for line in text.split("\n"):
+        if line.startswith("#"):
+            continue
+        name, sep, value = line.partition("=")
+        if sep and name:
+            out.append((name, value))
+    return out
 
 
 def _text(host: Host, conf: str) -> str:
