@@ -95,7 +95,8 @@ def read_text(path: Path | str, limit: int, too_big: str, option: str | None = "
         raise UsageError(f"{label}: is not text (a compressed or binary file?); decompress it first")
     # As a tool's output reaches a reader through Host.run: a capture saved with its terminal escapes
     # (driver 580's underlined topo -m header, a colourised log) reads as the same capture without.
-    text = tooltext.clean(data.decode("utf-8", errors="replace"))
+    # utf-8-sig: a byte-order mark (PowerShell's Out-File, Notepad) would otherwise hide the first line's start.
+    text = tooltext.clean(data.decode("utf-8-sig", errors="replace"))
     if document(text):
         raise UsageError(f"{label}: is a document (Markdown) that quotes captures, not a capture; save the tool's own output to a file and pass that")
     return text

@@ -144,3 +144,14 @@ def test_de_indented_and_grepped_sections_look_like_nvidia_smi():
     assert nvsmi.looks_like("Clocks Event Reasons\n    Idle                              : Active\n")
     assert nvsmi.looks_like("    Remapped Rows                         : N/A\n")
     assert not nvsmi.looks_like("Clocks\nGraphics: 1 MHz\n")  # a section name and nothing of nvidia-smi's shape under it
+
+
+@pytest.mark.parametrize("line, want", [
+    ("Driver Version                            : 580.95.05", ("Driver Version", "580.95.05")),
+    ("Clocks Event Reasons", None), ("FB Memory Usage :", ("FB Memory Usage", None)),
+    ("Timestamp : Sat Nov 28 19:32:16 2026", ("Timestamp", "Sat Nov 28 19:32:16 2026")),
+    ("GPU 00000000:10:1C.0", None), (": value", None),
+    ("a" + " " * 20000 + "b", None),  # split, not backtracked: a long line of spaces costs one pass
+])
+def test_a_line_is_split_into_key_and_value_at_its_first_colon_before_a_space(line, want):
+    assert nvsmi._key_value(line) == want

@@ -241,6 +241,10 @@ KERNEL_LINES = [
     "[  130.456250] [ T1946] usb 1-1: new high-speed USB device number 2",  # dmesg, printk caller tag
     "<6>[    0.050716] CPU topo: Max. logical packages:   1",  # dmesg -r
     "kern  :info  : [    0.050716] CPU topo: Max. logical packages:   1",  # dmesg -x
+    "kern  :info  : 2026-11-28T03:29:55,205429+00:00 eth0: renamed from p0-df58c2",  # dmesg -x --time-format=iso (this machine's)
+    "2026-11-28T03:29:55,205429+00:00 eth0: renamed from p0-df58c2",  # dmesg --time-format=iso (this machine's)
+    "kern  :info  : eth0: renamed from p0-df58c2",  # dmesg -x -t (this machine's)
+    "1725018005.123456 node1 kernel: nvidia: loading out-of-tree module taints kernel.",  # journalctl -o short-unix
     "[Mon Nov 23 20:46:24 2026] CPU topo: Max. logical packages:   1",  # dmesg -T (this machine's)
     "6,57,50716,-;CPU topo: Max. logical packages:   1",  # /dev/kmsg (this machine's)
     "Dec  2 11:38:27 worker4 kernel: [  199.234935] pci 0000:0a:00.0: enabling device",  # syslog (xid/15's prefix)
@@ -391,3 +395,25 @@ def test_the_jobs_are_the_catalogs_restart_app_xids_and_the_resets_that_follow_t
     )
     assert [(e.code, e.line) for e in xid.the_jobs(log)] == [(31, 2), (43, 3), (45, 5)]
     assert xid.the_jobs(parse("nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error\n")) == []
+
+
+def test_dmesg_x_with_iso_stamps_reads_the_event_and_its_time():
+    # util-linux writes `-x`'s facility and level before the `--time-format=iso` stamp: a prefix
+    # read in one order only left the line a message of someone else's, and a GPU gone read as clean.
+    events = parse(read_file(XID / "dmesg-x-iso_xid79_fell-off-bus_handmade-prefix.txt"))
+    assert [(e.kind, e.code, e.pci, e.time) for e in events] == [
+        ("xid", 79, "0000:44:00", "2024-08-30T11:43:09,123456+00:00"),
+        ("fell_off_bus", None, "0000:44:00", "2024-08-30T11:43:10,000001+00:00")]
+
+
+def test_dmesg_x_t_and_short_unix_times_are_the_times_printed():
+    forged = "NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus."
+    assert parse("kern  :warn  : [Fri Aug 30 11:43:09 2024] " + forged)[0].time == "Fri Aug 30 11:43:09 2024"
+    assert parse("1725018189.123456 node1 kernel: " + forged)[0].time == "1725018189.123456"
+
+
+def test_a_capture_saved_with_a_byte_order_mark_reads_its_first_line(tmp_path):
+    # PowerShell's Out-File and Notepad write one; a capture is handed over, not printed by the tool.
+    saved = tmp_path / "xid.log"
+    saved.write_bytes(b"\xef\xbb\xbf" + (XID / "03_xid79_one-liner_no-pid_NVSentinel-155-comment.txt").read_bytes())
+    assert [(e.code, e.pci) for e in parse(read_file(saved))] == [(79, "0000:44:00")]

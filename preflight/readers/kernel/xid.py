@@ -74,6 +74,7 @@ _CLOCK = re.compile(r"\d:\d\d")
 
 _DMESG_T = re.compile(r"\[[^\]\n]{1,64}\]")
 _DMESG_X = re.compile(r"^[a-z]+\s*:\s*[a-z]+\s*:(?:\s|$)")  # `dmesg -x`: "kern  :warn  : "
+_EPOCH = re.compile(r"\d{9,11}\.\d{1,9}")  # journalctl -o short-unix: seconds since 1970
 _ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[,.]\d+)?(?:[+-]\d\d:?\d\d|Z)?(?:\s|$)")  # dmesg --time-format=iso
 # syslog's and journalctl's "<time> <host> kernel: ": a few words (time, host), none quoted and
 # none a label of its own ("tmpfs:"), then "kernel:" as a word.
@@ -100,10 +101,11 @@ def _only_stamps(prefix: str) -> bool:
     elif m := _SYSLOG.match(p):
         p = p[m.end():]
     p = _CALLER.sub("", _UPTIME.sub("", p, count=1)).strip()
-    if m := _ISO.match(p):
-        p = p[m.end():].strip()
-    if m := _DMESG_X.match(p):
-        p = p[m.end():]
+    # dmesg's own fields, in whichever order its flags print them: `-x --time-format=iso` writes
+    # "kern  :warn  : 2024-08-30T11:43:09,123456+00:00 ", facility and level before the stamp.
+    for field in (_DMESG_X, _ISO, _DMESG_X):
+        if m := field.match(p):
+            p = p[m.end():].strip()
     if p.startswith("[") and (m := _DMESG_T.match(p)):
         p = p[m.end():]
     return not p.strip()
@@ -123,6 +125,8 @@ def _stamps(prefix: str) -> tuple[str | None, float | None]:
         uptime = float(m["sec"])
         prefix = prefix[: m.start()] + prefix[m.end():]
     prefix = _CALLER.sub("", prefix).strip()
+    if m := _DMESG_X.match(prefix):  # dmesg -x: "kern  :warn  : " before the time
+        prefix = prefix[m.end():].strip()
     if m := re.match(r"\[(.+?)\]", prefix):  # dmesg -T: "[Fri Aug 30 11:43:09 2024]"
         return m.group(1), uptime
     if "kernel:" in prefix:  # "<time> <host> kernel:"; month names may be in any language
@@ -130,7 +134,7 @@ def _stamps(prefix: str) -> tuple[str | None, float | None]:
         parts = prefix.rsplit(None, 1)
         if len(parts) == 2 and not _CLOCK.search(parts[1]):
             prefix = parts[0]  # drop the host name
-    return (prefix if _CLOCK.search(prefix) else None), uptime
+    return (prefix if _CLOCK.search(prefix) or _EPOCH.fullmatch(prefix) else None), uptime
 
 
 def parse(text: str) -> list[XidEvent]:
@@ -209,10 +213,16 @@ def the_jobs(events: list[XidEvent]) -> list[XidEvent]:
 # short-monotonic), dmesg -T's bracketed clock, and syslog or journalctl's
 # "<time> <host> kernel: ". Other daemons' syslog lines are not the kernel's, and
 # an NCCL or application log's "[2026-03-18 11:13:09]" is not dmesg -T's stamp.
+# dmesg -x's "facility:level:" as util-linux names them (lib/... facility_names, level_names).
+_FACILITY_LEVEL = (r"(?:kern|user|mail|daemon|auth|syslog|lpr|news|uucp|cron|authpriv|ftp|res\d*|local[0-7])\s*:"
+                   r"\s*(?:emerg|alert|crit|err|warn|notice|info|debug)\s*:\s")
 _KERNEL_LINE = re.compile(
     r"^(?:<\d+>|[a-z]+\s*:\s*[a-z]+\s*:\s)?\[\s*\d+\.\d+\]"  # dmesg
     r"|^\[[^\]\n]{0,40}\d:\d\d:\d\d \d{4}\]"  # dmesg -T: "[Fri Aug 30 11:43:09 2024]", the year last
+    r"|^(?:" + _FACILITY_LEVEL + r")?\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d"  # dmesg --time-format=iso, with -x or not
+    r"|^" + _FACILITY_LEVEL + r"\S"  # dmesg -x -t: no time at all
     r"|^[^\n]{0,80}?\d:\d\d(?::\d\d)?\S*\s+(?:\S+\s+)?kernel: "  # syslog, journalctl
+    r"|^\d{9,11}\.\d{1,9}\s+\S+\s+kernel: "  # journalctl -o short-unix
 )
 
 

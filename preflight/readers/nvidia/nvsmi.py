@@ -25,9 +25,17 @@ _BANNER = re.compile(r"^\s*=+\s*NVSMI LOG\s*=+\s*$")
 # "GPU 00000000:10:1C.0"; drivers of 2011 printed "GPU 0:2:0".
 _GPU = re.compile(r"^\s*GPU\s+(?P<bus>[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{1,2}:[0-9A-Fa-f]{1,2}(?:\.[0-7])?)\s*$")
 _ELISION = re.compile(r"^\s*(\[\s*(\.\.\.|…)\s*\]|\.\.\.|…)\s*$")
-# A key never holds a colon; a value may ("19:32:16", a bus id). The colon must be
-# followed by a space or the line's end, so "GPU 0000:10:1C.0" is no key.
-_KV = re.compile(r"^(?P<key>[^:\s][^:]*?)\s*:(?: (?P<value>.*))?$")
+
+
+def _key_value(line: str) -> tuple[str, str | None] | None:
+    """(key, value) of a stripped line; value None for a section's name; None for no key. A key
+    never holds a colon; a value may ("19:32:16", a bus id). The colon must be followed by a space
+    or the line's end, so "GPU 0000:10:1C.0" is no key. Split, not a regular expression: a lazy
+    key before optional spaces backtracks quadratically on a long line of spaces."""
+    key, sep, rest = line.partition(":")
+    if not sep or not key or (rest and rest[0] != " "):
+        return None
+    return key.rstrip(), (rest[1:] if rest else None)
 
 HEADER = {"Timestamp": "timestamp", "Driver Version": "driver_version", "CUDA Version": "cuda_version", "Attached GPUs": "attached_gpus"}
 # Printed name -> NVML's name (preflight/readers/nvidia/nvml_inventory.py CLOCKS_EVENTS), so the cuda judge reads them.
@@ -214,9 +222,9 @@ def parse(text: str) -> SmiCapture:
         indent = _indent(line)
         while stack and stack[-1][0] >= indent:
             stack.pop()
-        kv = _KV.match(line.strip())
-        key = (kv["key"] if kv else line).strip()
-        value = ((kv["value"] or "").strip()) if kv else None
+        kv = _key_value(line.strip())
+        key = (kv[0] if kv else line).strip()
+        value = ((kv[1] or "").strip()) if kv else None
         parents = [name for _, name in stack]
         stack.append((indent, key))
         if value is None:
