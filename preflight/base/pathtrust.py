@@ -159,10 +159,34 @@ def steerable(path: Path | str) -> str | None:
                 st = os.stat(p)
         except OSError:
             return None  # not there: running it says so
-        if st.st_uid not in (0, os.geteuid()):
-            return f"{p} is {owner(st.st_uid)}'s"
-        # Group write by root's own group (gid 0, as /etc/preflight 0775 root:root) gives no one else a say.
-        writers = stat.S_IWOTH | (stat.S_IWGRP if st.st_gid != 0 else 0)
-        if st.st_mode & writers and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
-            return f"{p} is writable by {'its group' if not st.st_mode & stat.S_IWOTH else 'every user'}"
+        if why := others_say(p, st):
+            return why
     return None
+
+
+def others_say(p: Path | str, st: os.stat_result) -> str | None:
+    """Why another user has a say in the file or directory ``st`` is (theirs, or writable by
+    others; a sticky directory's entries are its owners' alone), or None."""
+    if st.st_uid not in (0, os.geteuid()):
+        return f"{p} is {owner(st.st_uid)}'s"
+    # Group write by root's own group (gid 0, as /etc/preflight 0775 root:root) gives no one else a say.
+    writers = stat.S_IWOTH | (stat.S_IWGRP if st.st_gid != 0 else 0)
+    if st.st_mode & writers and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
+        return f"{p} is writable by {'its group' if not st.st_mode & stat.S_IWOTH else 'every user'}"
+    return None
+
+
+def read_steerable(path: Path | str, opened: os.stat_result) -> str | None:
+    """``steerable`` for a file already opened and read, ``opened`` its fstat: the file read
+    must be one no other user has a say in, and ``path`` must still name it. Judging the path
+    alone after the read would judge whatever is there now: a file another user put at the
+    name and took away once it was read reads as nothing there, which steerable lets pass."""
+    if why := others_say(path, opened):
+        return why
+    try:
+        now = os.stat(path)
+    except OSError:
+        return f"{path} was removed or made unreadable while it was read"
+    if (now.st_dev, now.st_ino) != (opened.st_dev, opened.st_ino):
+        return f"{path} was replaced while it was read"
+    return steerable(path)

@@ -50,7 +50,7 @@ def load(path: Path, what: str) -> tuple[dict[str, Any], str]:
         raise UsageError(f"{what} file {path} is over {MAX_BYTES // 1024} KiB; a {what} file is at most that")
     # A config or profile sets floors, paths and the interpreter root runs: one another user
     # could edit or swap would steer the gate.
-    if os.geteuid() == 0 and Path(os.path.abspath(path)).parent != SHIPPED and (why := pathtrust.steerable(path)):
+    if os.geteuid() == 0 and Path(os.path.abspath(path)).parent != SHIPPED and (why := pathtrust.read_steerable(path, st)):
         raise UsageError(f"{what} file {path}: another user could change it ({why}); as root preflight reads only "
                          f"{what} files only root can change: chown root and chmod go-w it and the directories above it")
     try:

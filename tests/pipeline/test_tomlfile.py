@@ -72,3 +72,37 @@ def test_as_root_a_file_only_root_s_group_may_write_is_read(tmp_path):
     os.chown(conf, 0, 65534)  # the group of nobody: its members could rewrite it
     with pytest.raises(UsageError, match="is writable by its group"):
         tomlfile.load(conf, "config")
+
+
+@needs_root
+def test_as_root_a_file_taken_away_or_swapped_once_read_is_judged_as_the_file_read(tmp_path, monkeypatch):
+    # Another user keeps a config of theirs at a name root reads in a sticky shared directory and
+    # removes it the moment root has read it (inotify's IN_CLOSE_NOWRITE): a path judged after the
+    # read named nothing, which let their settings through (the python root then runs, included).
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o1777)
+    shared.chmod(0o1777)
+    conf = shared / "config.toml"
+    conf.write_text('python = "/tmp/evil-python"\n')
+    os.chown(conf, 65534, 65534)
+    read = tomlfile.capture.read_regular
+
+    def read_then(action):
+        def reader(fd, limit):
+            data = read(fd, limit)
+            action()
+            return data
+        return reader
+
+    monkeypatch.setattr(tomlfile.capture, "read_regular", read_then(conf.unlink))
+    with pytest.raises(UsageError, match=rf"another user could change it \({conf} is nobody's\)"):
+        tomlfile.load(conf, "config")
+    # Root's own file, swapped for another root's file while it was read: the name no longer says what was read.
+    conf.write_text('python = "/usr/bin/python3"\n')
+    other = shared / "other.toml"
+    other.write_text('python = "/usr/bin/python3"\n')
+    monkeypatch.setattr(tomlfile.capture, "read_regular", read_then(lambda: os.replace(other, conf)))
+    with pytest.raises(UsageError, match=rf"another user could change it \({conf} was replaced while it was read\)"):
+        tomlfile.load(conf, "config")
+    monkeypatch.setattr(tomlfile.capture, "read_regular", read)
+    assert tomlfile.load(conf, "config")[0] == {"python": "/usr/bin/python3"}
