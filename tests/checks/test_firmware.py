@@ -56,14 +56,6 @@ def test_the_odd_vbios_is_named_with_the_majority_s_version():
     assert "GPU 6 96.00.74.00.0D; the other 7 GPUs run VBIOS 96.00.A5.00.01" in f.cause and "nvfwupd" in f.remedy
 
 
-def test_a_split_with_no_majority_names_every_group():
-    inv = FakeNvml(NVML / "h100-sxm-8x-fabric-completed.json")
-    values = {g.index: "G520.0200.00.05" if g.index < 4 else "G520.0200.00.03" for g in inv.gpus}
-    (f,), _ = firmware.judge_uniform("InfoROM image", values, None, "inforom_version")
-    assert f.summary == "GPUs on 2 InfoROM image versions"
-    assert "GPU 0-3 on G520.0200.00.05; GPU 4-7 on G520.0200.00.03" in f.cause
-
-
 def test_a_site_pin_fails_every_gpu_off_it_even_when_they_agree():
     found, _ = judged(facts("h100-sxm-8x-fabric-completed.json"), vbios_pin="96.00.A5.00.03")
     assert [(f.status, f.summary) for f in found] == [(FAIL, "VBIOS not the site's 96.00.A5.00.03 on GPU 0-7")]
@@ -105,17 +97,6 @@ def rtx4090_pair(tmp_path: Path, vbios: tuple[str, str]) -> Path:
     return path
 
 
-def test_gpu_boards_are_read_from_sysfs_and_trusted_only_for_nvmls_gpu():
-    inv = FakeNvml(NVML / "h100-sxm-gpu6-vbios-odd.json")
-    assert firmware.boards(Host(BOARDS / "hgx-h100-one-board"), inv) == ({i: "10de:16c1" for i in range(8)}, {})
-    # The RTX 4090 tree at the H100s' addresses: nothing there is NVML's GPU, so no board is known.
-    known, why = firmware.boards(Host(BOARDS / "rtx4090-two-boards"), inv)
-    assert set(known.values()) == {None} and why[0] == "/sys/bus/pci/devices/0000:1b:00.0/vendor unreadable"
-    l40s = FakeNvml(NVML / "l40s-2x.json")  # device 0x26b9 where sysfs says 0x2684
-    assert firmware.boards(Host(BOARDS / "rtx4090-two-boards"), l40s)[1][0] == (
-        "/sys/bus/pci/devices/0000:21:00.0 is 0x10de:0x2684, not NVML's GPU 0x10de:0x26b9")
-
-
 def test_two_boards_of_one_model_on_their_makers_own_vbios_pass_and_say_so(tmp_path):
     """Two healthy RTX 4090 of two boards (the PCI subsystem ids in sysfs differ), each on the
     VBIOS its maker ships: no finding; the versions are said, board by board, in details and lines."""
@@ -132,14 +113,6 @@ def test_two_boards_of_one_model_on_their_makers_own_vbios_pass_and_say_so(tmp_p
     lots = {0: "95.02.3C.00.A1", 1: "95.02.3C.00.A1", 2: "95.02.3C.00.A1", 3: "95.02.18.80.87"}
     boards = {0: "10de:16c1", 1: "10de:16c1", 2: "10de:16c1", 3: "10de:16c0"}
     assert firmware.judge_uniform("VBIOS", lots, None, "vbios_version", boards=boards) == ([], None)
-
-
-def test_a_gpu_of_one_board_left_behind_still_fails_on_a_node_of_two_boards():
-    values = {0: "95.02.3C.00.A1", 1: "95.02.3C.00.A1", 2: "95.02.3C.00.9F", 3: "95.02.18.80.87"}
-    boards = {0: "10de:16c1", 1: "10de:16c1", 2: "10de:16c1", 3: "10de:16c0"}
-    (f,), _ = firmware.judge_uniform("VBIOS", values, None, "vbios_version", boards=boards)
-    assert (f.status, f.summary) == (FAIL, "GPU 2 on another VBIOS than the other 2 of board 10de:16c1")
-    assert "GPU 2 95.02.3C.00.9F; the other 2 GPUs of board 10de:16c1 run VBIOS 95.02.3C.00.A1" in f.cause and "nvfwupd" in f.remedy
 
 
 def test_gpus_on_two_vbios_whose_boards_cannot_be_read_warn_never_fail():

@@ -23,8 +23,8 @@ from __future__ import annotations
 from preflight.base.units import fmt_bytes, fmt_value
 from preflight.checkkit.figures import Figure
 from preflight.checkkit import bandwidth_figures
+from preflight.checkkit.nccl_settings import judge_env
 from preflight.checks import bandwidth
-from preflight.checks.nccl import judge_env
 from preflight.outputs.explain.explain_nccl_log import problem_items
 from preflight.outputs.explain.explained import Explained, Item, items
 from preflight.pipeline import profile_detect, profiles, shape

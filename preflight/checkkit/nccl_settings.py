@@ -1,0 +1,161 @@
+"""The NCCL (and gloo) settings of a node's environment, judged: the nccl check's
+environment part, shared with `explain` of nccl-tests output.
+
+`judge_env` holds the debugging switches set (nccl_env.switches_on) to what they
+cost this node: NCCL_P2P_LEVEL by the GPU pairs it cuts (`gpu_pairs`, from the
+topology check's matrix or the node's shape; `ranks_pairs`, those the ranks
+used), NCCL_IB_DISABLE only on a node with RDMA devices serving jobs across
+nodes; `env_without_cost` says why each other switch set costs nothing.
+`judge_ifnames` holds NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME to the node's
+interfaces, before anything is launched.
+"""
+
+from __future__ import annotations
+
+from preflight.base.findings import Finding, Status
+from preflight.gpuwork import ranks
+from preflight.pipeline.check import Result
+from preflight.pipeline.shape import NodeShape
+from preflight.readers.machine.topo_derived import LINKS
+from preflight.readers.nccl import nccl_env
+
+FAIL, WARN = Status.FAIL, Status.WARN
+
+
+# The GPU pairs a node needs P2P between: NVLink, and PCIe under its switches (PIX, PXB). NCCL's own
+# default level reaches them on every host (PXB on Intel and ARM, SYS on AMD), and the transports
+# judge holds the node to them; paths through the CPU (PHB, SYS) NCCL's default itself cuts on Intel.
+P2P_NEEDED = {"NVL": "joined by NVLink", "PIX": "under one PCIe switch (PIX)", "PXB": "across PCIe switches (PXB)"}
+# `nvidia-smi topo -m`'s words -> NCCL's path type: NODE (across host bridges within one NUMA node) is NCCL's PHB.
+SMI_PATHS = {"PIX": "PIX", "PXB": "PXB", "PHB": "PHB", "NODE": "PHB", "SYS": "SYS"}
+ORDER = "NCCL's order: LOC < NVL < PIX < PXB < PHB < SYS"
+
+
+def gpu_pairs(topology: Result | None, shape: NodeShape | None = None) -> dict[frozenset[int], str] | None:
+    """NCCL's path type (nccl_env.P2P_LEVELS) between each GPU pair, from the topology check's matrix;
+    on an NVSwitch board every pair is NVLink whether or not a matrix was read. None: not known."""
+    matrix = topology.details.get("matrix") if topology else None
+    # A matrix built without NVML's word on the links holds no NVLink, known or not: no pair's path is known.
+    if matrix and LINKS not in (topology.details.get("unanswered") or {}):  # type: ignore[union-attr]
+        out = {}
+        for key, kind in (matrix.get("links") or {}).items():
+            a, _, b = key.partition("-")
+            path = "NVL" if str(kind).startswith("NV") else SMI_PATHS.get(str(kind))
+            if a.isdigit() and b.isdigit() and path:
+                out[frozenset((int(a), int(b)))] = path
+        return out
+    if shape is not None and shape.gpus <= 1:
+        return {}
+    if shape is not None and shape.fabric == "nvswitch":
+        return {frozenset((a, b)): "NVL" for a in range(shape.gpus) for b in range(a + 1, shape.gpus)}
+    return None
+
+
+def _pair_list(pairs: list[tuple[frozenset[int], str]]) -> str:
+    shown = [f"GPU {min(p)} and GPU {max(p)} ({kind})" for p, kind in pairs[:4]]
+    return ", ".join(shown) + (f" and {len(pairs) - 4} more" if len(pairs) > 4 else "")
+
+
+def _env(env: dict[str, list[tuple[str, str]]], pairs: dict[frozenset[int], str] | None, rdma: list[str] | None,
+         spans_nodes: bool) -> tuple[list[Finding], dict[str, str]]:
+    """(findings, switch -> why it costs this node nothing) of the debugging switches set."""
+    out, costless = [], {}
+    for name, value, where, cost in nccl_env.switches_on(env):
+        setting = f"{name}={value} ({where})"
+        if name == "NCCL_IB_DISABLE" and rdma is not None and not rdma:
+            costless[name] = f"{setting}: this node has no RDMA device (/sys/class/infiniband lists none), so there is no InfiniBand/RoCE to turn off"
+            continue
+        if name == "NCCL_IB_DISABLE" and rdma and not spans_nodes:
+            # NCCL moves data within a node by P2P and shared memory; this run's ranks even load no network.
+            costless[name] = (f"{setting}: this run is one node, where NCCL moves data by P2P and shared memory, not the network; "
+                              f"a job spanning nodes would use TCP sockets instead of {', '.join(rdma)} (the site pins no multi-node use: "
+                              "[node] multi_node, and the profile expects no NIC beside each GPU)")
+            continue
+        if name == "NCCL_IB_DISABLE" and rdma:
+            cost = f"turns off InfiniBand/RoCE ({', '.join(rdma)}): traffic between nodes falls back to TCP sockets, an order of magnitude slower"
+        if name == "NCCL_P2P_LEVEL":
+            level = nccl_env.p2p_level(value)
+            if pairs is not None:
+                cut = sorted(((p, kind) for p, kind in pairs.items() if kind in P2P_NEEDED and nccl_env.p2p_cuts(level, kind)),
+                             key=lambda t: sorted(t[0]))
+                if not cut:
+                    costless[name] = f"{setting} allows P2P up to {level} ({ORDER}): no NVLink or PCIe-switch pair of this node's GPUs is farther"
+                    continue
+                cost = (f"caps the distance at which NCCL uses P2P at {level} ({ORDER}): {len(cut)} GPU pair(s) this node joins nearer "
+                        f"than that lose P2P and go through host memory: {_pair_list(cut)}")
+            else:
+                kinds = [words for kind, words in P2P_NEEDED.items() if nccl_env.p2p_cuts(level, kind)]
+                if not kinds:
+                    costless[name] = (f"{setting} allows P2P up to {level} ({ORDER}), past NVLink and PCIe switches: it cuts only paths "
+                                      "through the CPU, where NCCL's own default stops on Intel and ARM hosts")
+                    continue
+                cost = (f"caps the distance at which NCCL uses P2P at {level} ({ORDER}): GPU pairs {' or '.join(kinds)} go through "
+                        "host memory (which pairs this node has was not read: the topology check's matrix)")
+        out.append(Finding(WARN, f"{name}={value} is set", f"{name}={value} in {where} {cost}", f"unset {name} (a debugging switch) in {where}"))
+    return out, costless
+
+
+def judge_env(env: dict[str, list[tuple[str, str]]], pairs: dict[frozenset[int], str] | None = None, rdma: list[str] | None = None,
+              spans_nodes: bool = True) -> list[Finding]:
+    """The debugging switches that cost this node speed. ``pairs``: NCCL's path type between each GPU
+    pair the ranks use (gpu_pairs; None: unknown): NCCL_P2P_LEVEL warns where it cuts a pair the node
+    needs P2P for (P2P_NEEDED), or, unknown, where its level is nearer than PXB. ``rdma``: the node's
+    RDMA devices (None: unknown); ``spans_nodes``: the node serves jobs across nodes. NCCL_IB_DISABLE
+    warns only where both hold, or where the devices are unknown."""
+    return _env(env, pairs, rdma, spans_nodes)[0]
+
+
+def env_without_cost(env: dict[str, list[tuple[str, str]]], pairs: dict[frozenset[int], str] | None = None,
+                     rdma: list[str] | None = None, spans_nodes: bool = True) -> dict[str, str]:
+    """The debugging switches set that cost this node nothing, each with why: for the details."""
+    return _env(env, pairs, rdma, spans_nodes)[1]
+
+
+def ranks_pairs(f: ranks.RunFacts, pairs: dict[frozenset[int], str] | None, by_design: set[frozenset[int]] | None = None) -> dict[frozenset[int], str] | None:
+    """``pairs`` cut to the GPUs the ranks used, where they are known, less the pairs that cannot do
+    P2P over PCIe by the GPUs' design (a level cuts nothing there)."""
+    if pairs is None:
+        return None
+    used = {i for o in f.ranks if (i := ranks.gpu_index(o.gpu)) is not None}
+    return {p: kind for p, kind in pairs.items() if (not used or p <= used) and p not in (by_design or set())}
+
+
+def _ifname_matches(spec: str, names: list[str], exact_only: bool) -> tuple[list[str], list[str]]:
+    """(the interfaces a *_SOCKET_IFNAME value selects, the entries that select none).
+    NCCL's form: "^" excludes, "=" matches exactly, otherwise prefixes; gloo's: exact names."""
+    body = spec.strip()
+    exclude = body.startswith("^") and not exact_only
+    body = body[1:] if exclude else body
+    exact = exact_only or body.startswith("=")
+    entries = [e.strip() for e in body.removeprefix("=").split(",") if e.strip()]
+    hit = lambda e, n: n == e if exact else n.startswith(e)  # noqa: E731
+    if exclude:
+        return [n for n in names if not any(hit(e, n) for e in entries)], []
+    return [n for n in names if any(hit(e, n) for e in entries)], [e for e in entries if not any(hit(e, n) for n in names)]
+
+
+def judge_ifnames(env: dict[str, list[tuple[str, str]]], nics: dict[str, list[str] | None] | None) -> list[Finding]:
+    """A *_SOCKET_IFNAME that selects no usable interface fails every rank at init, after a wait.
+    NCCL uses every interface its list matches and ignores values under two
+    characters (ncclFindInterfaces); gloo wants each name it is given to exist."""
+    if nics is None:
+        return []
+    out = []
+    known = ", ".join(sorted(nics)) or "none"
+    for name, exact_only in (("NCCL_SOCKET_IFNAME", False), ("GLOO_SOCKET_IFNAME", True)):
+        value, where = nccl_env.effective(env).get(name, (None, None))
+        if value is None or len(value.strip()) < (1 if exact_only else 2):
+            continue
+        chosen, unmatched = _ifname_matches(value, sorted(nics), exact_only)
+        fix = f"set {name} to an interface this node has ({known}), or unset it"
+        if not chosen or (exact_only and unmatched):
+            missing = ", ".join(unmatched) or value
+            cause = f"{name}={value} (in {where}) names no interface on this node ({missing}); it has {known}: every rank would fail to open its sockets"
+            out.append(Finding(FAIL, f"{name} names a missing interface", cause, fix))
+        elif all(nics[n] == [] for n in chosen):
+            cause = f"{name}={value} (in {where}) selects {', '.join(chosen)}, which has no IP address: ranks cannot bind a socket there"
+            out.append(Finding(FAIL, f"{name} selects an interface without an address", cause, fix))
+        elif unmatched:
+            cause = f"{name}={value} (in {where}): {', '.join(unmatched)} match no interface on this node; NCCL uses {', '.join(chosen)}"
+            out.append(Finding(WARN, f"{name} names an interface this node lacks", cause, f"drop {', '.join(unmatched)} from {name} if the fleet no longer has it"))
+    return out
