@@ -7,6 +7,7 @@ as UsageError before a single check runs or a single file is written.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from preflight.readers.nvidia import nvml, nvml_settle
 from preflight.pipeline import floor_bounds, levels, profile_detect, profiles, registry, shape
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.findings import Status
+from preflight.base import pathtrust
 from preflight.base.errors import UsageError
 from preflight.base.host import Host
 from preflight.base.progress import Progress
@@ -73,6 +75,16 @@ def check_inputs(settings: Settings) -> None:
         nvml.FakeNvml(settings.nvml_fake)  # a malformed file names its field and exits 2
 
 
+def check_python_trusted(settings: Settings) -> None:
+    """As root, the workers' Python must be one no other user can change, unless the site
+    accepts it (python_of_another_user): its owner would decide what root runs on the node."""
+    python = str(settings.python) if settings.python is not None else sys.executable
+    if os.geteuid() == 0 and not settings.python_of_another_user and (who := pathtrust.steerable(shutil.which(python) or python)):
+        raise UsageError(f"the workers' Python {python} would run as root, and another user decides what it does ({who}): "
+                         "give root a Python no other user can change (chown root and chmod go-w it and the directories "
+                         "above it), or set python_of_another_user = true in the config to run it anyway")
+
+
 def gpus_busy(settings: Settings, inventory: nvml.Shared | None = None) -> str | None:
     """Why a recheck must not run now (a job holds a GPU), or None. A node whose
     NVML does not answer is not busy: the run goes ahead and names the fault.
@@ -86,6 +98,7 @@ def gpus_busy(settings: Settings, inventory: nvml.Shared | None = None) -> str |
 def plan(settings: Settings, reading: nvml.Shared | None = None) -> Plan:
     """``reading``: the run's NVML inventory, perhaps begun already (its child answering meanwhile)."""
     check_inputs(settings)
+    check_python_trusted(settings)  # the plan's checks run it
     # These may come from flags, PREFLIGHT_ONLY/SKIP or the config file: name all three.
     registry.check_names(settings.only, "only (--only, PREFLIGHT_ONLY or config):")
     registry.check_names(settings.skip, "skip (--skip, PREFLIGHT_SKIP or config):")

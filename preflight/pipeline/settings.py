@@ -66,6 +66,9 @@ class _Common(BaseModel):
     # The interpreter that runs GPU workers: the training environment's own, so
     # preflight validates the torch, CUDA runtime and NCCL the job will use.
     python: Path | None = None
+    # As root, a workers' Python another user owns or can change (a team's venv) is refused: that user
+    # would decide what root runs on the node. A site that accepts it says so here, and each run warns.
+    python_of_another_user: bool = False
     # Local ranks for torchrun workers; default: one per GPU (the profile's [nccl] ranks without GPUs).
     nproc_per_node: int | None = Field(default=None, ge=1, le=256)
     # torchrun's rendezvous port on 127.0.0.1 (a firewall may want it fixed); 0: a free one.

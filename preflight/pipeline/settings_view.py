@@ -204,6 +204,7 @@ _CONFIG = {
     "lock_timeout": _number(0, 86400),
     "profiles_dir": _text,
     "python": _python,
+    "python_of_another_user": _bool,
     "nproc_per_node": _int(1, MAX_GPUS),
     "rdzv_port": _int(0, 65535),
     "nnodes": _int(1, MAX_NODES),

@@ -269,17 +269,28 @@ def test_if_locked_takes_error_or_skip_only(tmp_path):
 
 
 @needs_root
-def test_a_python_another_user_can_change_is_said(tmp_path):
+def test_a_python_another_user_can_change_is_refused_unless_the_site_accepts_it(tmp_path):
     # Root runs it: whoever owns it, or can write where it lies, decides what root does.
     venv = tmp_path / "team-venv"
     venv.mkdir()
     python = venv / "python"
-    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    ran = tmp_path / "ran-as-root"
+    python.write_text(f'#!/bin/sh\ntouch "{ran}"\nexec "{sys.executable}" "$@"\n')
     python.chmod(0o755)
     os.chown(python, 65534, 65534)
-    p = run_preflight(["run", "--profile", "cpu", "--only", "shm", "--python", str(python), "--report", str(tmp_path / "r.json")])
+    args = ["run", "--profile", "cpu", "--only", "shm,nccl", "--python", str(python), "--report", str(tmp_path / "r.json")]
+    p = run_preflight(args)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert (f"preflight: error: the workers' Python {python} would run as root, and another user decides what it does ({python} is nobody's): "
+            "give root a Python no other user can change") in p.stderr
+    assert "set python_of_another_user = true in the config" in p.stderr
+    assert not ran.exists() and not (tmp_path / "r.json").exists()  # nothing ran it, nothing written
+    conf = tmp_path / "config.toml"
+    conf.write_text("python_of_another_user = true\n")
+    p = run_preflight([*args, "--config", str(conf)])
     assert p.returncode == 0, p.stderr
     assert f"preflight: warning: the workers' Python {python} runs as root, and another user decides what it does: {python} is nobody's" in p.stderr
+    assert ran.exists()
 
 
 def quick_cuda_run(tmp_path: Path, lock: Path):
