@@ -22,7 +22,7 @@ UNGATED = {"slurmd.service.d", "kubelet.service.d"}
 GATED = [p for p in DROP_INS if p.parent.name not in UNGATED]
 SLURMD = UNITS / "drop-ins" / "slurmd.service.d" / "preflight.conf"
 KUBELET = UNITS / "drop-ins" / "kubelet.service.d" / "preflight.conf"
-SHIPPED = sorted([*UNITS.glob("*.service"), *UNITS.glob("*.timer")])
+SHIPPED = sorted([*UNITS.glob("*.service"), *UNITS.glob("*.timer"), *UNITS.glob("*.socket")])
 PREFLIGHT = Path(sys.executable).parent / "preflight"
 INSTALLED_AS = "/usr/local/bin/preflight"
 
@@ -313,3 +313,13 @@ def test_the_exporter_is_confined_and_listens_on_loopback():
     # and serve's own default is loopback.
     assert args[1] == "serve" and "--listen" not in args and ("Service", "Environment") not in s
     assert "network-online.target" in s[("Unit", "After")][-1].split()
+
+
+def test_the_exporters_port_is_held_by_a_socket_unit_on_loopback_from_boot():
+    # systemd binds it at sockets.target, before any user's process, and keeps it across serve's
+    # restarts: no other user can take the port first and answer scrapes in serve's name.
+    sock = settings(UNITS / "preflight-exporter.socket")
+    assert sock[("Socket", "ListenStream")] == ["127.0.0.1:9842"] and sock[("Socket", "Accept")] == ["no"]
+    assert sock[("Install", "WantedBy")] == ["sockets.target"]
+    service = settings(UNITS / "preflight-exporter.service")
+    assert "preflight-exporter.socket" in service[("Unit", "Requires")] and "preflight-exporter.socket" in service[("Unit", "After")]

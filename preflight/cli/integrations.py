@@ -46,7 +46,9 @@ def serve(
     s = _settings(config, listen=listen, report=report)
     path = s.report or node_report_path()  # serve speaks for the node, whoever runs it
     server = server_mod.bind(s.listen, path)
-    _console().note(f"serving {path} at http://{s.listen}/ (the page; also /metrics, /report, /healthz)")
+    host, port = server.server_address[:2]
+    where = f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    _console().note(f"serving {path} at http://{where}/ (the page; also /metrics, /report, /healthz)")
     # SIGTERM from systemd asks the loop to stop between connections: an exception
     # raised wherever the main thread happens to be could cut a hand-off in half.
     try:

@@ -17,6 +17,7 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -368,6 +369,73 @@ def test_listen_comes_from_the_environment_as_the_unit_sets_it(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0, proc.communicate()[1]
+
+
+needs_activate = pytest.mark.skipif(not shutil.which("systemd-socket-activate"), reason="systemd-socket-activate is not installed (Debian package systemd)")
+
+
+@needs_activate
+def test_serve_answers_on_the_socket_systemd_passes_and_binds_none_of_its_own(tmp_path):
+    # As preflight-exporter.socket hands it over: systemd holds the port from boot, so no other
+    # user can take it first. The setting `listen` (here PREFLIGHT_LISTEN) is a serve started by hand's.
+    port, other = free_port(), free_port()
+    env = {**clean_env(), "PREFLIGHT_LISTEN": f"127.0.0.1:{other}"}
+    proc = subprocess.Popen(["systemd-socket-activate", "-l", f"127.0.0.1:{port}", *fakes.PREFLIGHT, "serve", "--report", str(tmp_path / "r.json")],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        for _ in range(300):
+            try:
+                assert get(f"http://127.0.0.1:{port}/healthz", timeout=1)[0] == 200
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise AssertionError("serve did not answer on the socket systemd passed")
+        with pytest.raises(OSError):
+            get(f"http://127.0.0.1:{other}/healthz", timeout=1)
+        listening = [c for c in psutil.Process(proc.pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+        assert [(c.laddr.ip, c.laddr.port) for c in listening] == [("127.0.0.1", port)]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=10)
+    err = proc.stderr.read()
+    assert code == 0, err
+    assert f"serving {tmp_path / 'r.json'} at http://127.0.0.1:{port}/" in err
+
+
+@needs_activate
+def test_a_socket_unit_with_two_addresses_is_refused_in_one_line(tmp_path):
+    a, b = free_port(), free_port()
+    proc = subprocess.Popen(["systemd-socket-activate", "-l", f"127.0.0.1:{a}", "-l", f"127.0.0.1:{b}", *fakes.PREFLIGHT, "serve",
+                             "--report", str(tmp_path / "r.json")], env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        # systemd-socket-activate starts the program at the first connection, as a socket unit does.
+        for _ in range(300):
+            try:
+                socket.create_connection(("127.0.0.1", a), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    said = [line for line in err.splitlines() if line.startswith("preflight")]  # beside systemd-socket-activate's own lines
+    assert proc.returncode == 2 and len(said) == 1, err
+    assert "preflight: error: serve: systemd passed 2 sockets (LISTEN_FDS); the socket unit must listen on one address: one ListenStream=" in err
+
+
+def test_the_socket_systemd_passed_is_not_passed_on(monkeypatch):
+    # sd_listen_fds clears the variables: a child must not take descriptor 3 for its own.
+    monkeypatch.setenv("LISTEN_PID", str(os.getpid()))
+    monkeypatch.setenv("LISTEN_FDS", "2")
+    monkeypatch.setenv("LISTEN_FDNAMES", "a:b")
+    with pytest.raises(serve.UsageError):
+        serve.passed_socket()
+    assert not {"LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"} & set(os.environ)
+    monkeypatch.setenv("LISTEN_PID", "1")  # another process's: none passed to this one
+    assert serve.passed_socket() is None
 
 
 def threads_of(pid: int) -> int:

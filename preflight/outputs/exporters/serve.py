@@ -25,6 +25,7 @@ import errno
 import io
 import ipaddress
 import json
+import os
 import socket
 import selectors
 import sys
@@ -150,8 +151,9 @@ class Server(ThreadingMixIn, HTTPServer):
     request_queue_size = BACKLOG
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], report: Path):
-        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+    def __init__(self, address: tuple[str, int], report: Path, given: socket.socket | None = None):
+        """``given``: a listening socket systemd passed (socket activation), served instead of binding ``address``."""
+        self.address_family = given.family if given is not None else socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.report = report
         self._said = ""  # the last render fault logged
         self.load = last_report.Cached(report)
@@ -164,7 +166,12 @@ class Server(ThreadingMixIn, HTTPServer):
         self._slots = threading.BoundedSemaphore(WORKERS)
         self._heads: dict[socket.socket, bytes] = {}  # each request as the main thread read it, for its handler
         self._stopping = threading.Event()
-        super().__init__(address, _Handler)
+        super().__init__(address, _Handler, bind_and_activate=given is None)
+        if given is not None:
+            self.socket.close()
+            self.socket = given
+            self.server_address = given.getsockname()
+            self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
 
     @staticmethod
     def _standing(loaded: last_report.Loaded) -> bytes:
@@ -305,7 +312,40 @@ class Server(ThreadingMixIn, HTTPServer):
             self._slots.release()
 
 
+LISTEN_VARS = ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES")
+SD_LISTEN_FDS_START = 3  # sd_listen_fds(3): the first socket systemd passes
+
+
+def passed_socket() -> socket.socket | None:
+    """The listening socket systemd passed this process (preflight-exporter.socket): LISTEN_PID
+    names this process and LISTEN_FDS is 1, the socket at descriptor 3; None where none was passed.
+    systemd holds the port from early boot, before any user's process, so no other user can take it
+    first and answer scrapes in serve's name. The variables are cleared, as sd_listen_fds does: a
+    child must not take the descriptor for its own."""
+    if os.environ.get("LISTEN_PID") != str(os.getpid()):
+        return None
+    fds = os.environ.get("LISTEN_FDS", "")
+    for name in LISTEN_VARS:
+        os.environ.pop(name, None)
+    if fds != "1":
+        raise UsageError(f"serve: systemd passed {fds or 'no'} sockets (LISTEN_FDS); the socket unit must listen on one address: one ListenStream=")
+    try:
+        given = socket.socket(fileno=SD_LISTEN_FDS_START)
+    except OSError as e:
+        raise UsageError(f"serve: the socket systemd passed cannot be used ({e.strerror or e})") from None
+    if (given.family not in (socket.AF_INET, socket.AF_INET6) or given.type != socket.SOCK_STREAM
+            or not given.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)):
+        given.detach()
+        raise UsageError(f"serve: the socket systemd passed is not a listening TCP socket; the socket unit needs ListenStream=ADDRESS:PORT")
+    given.set_inheritable(False)
+    return given
+
+
 def bind(listen: str, report: Path) -> Server:
+    """The server on the socket systemd passed, where it passed one (``listen`` is then the
+    socket unit's ListenStream=, not this setting), else bound to ``listen``."""
+    if (given := passed_socket()) is not None:
+        return Server(given.getsockname()[:2], report, given)
     host, port = parse_listen(listen)
     try:
         return Server((host, port), report)
