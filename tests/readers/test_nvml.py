@@ -165,6 +165,21 @@ def test_a_reading_begun_ahead_dies_with_an_agent_killed_before_it_read_it(fake_
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
 
 
+def test_a_sampler_dies_with_an_agent_killed_the_moment_it_started_it(fake_nvml):
+    # The agent is SIGKILLed before the sampler's interpreter has imported anything: a signal the
+    # child set for itself after its imports would come too late, and a wedged driver would hold it.
+    fake_nvml("hang")
+    agent = subprocess.Popen([sys.executable, "-c", "import os, signal\nfrom preflight.readers.nvidia import nvml\n"
+                              "s = nvml.Sampler(0.1, 600)\nprint(s.proc.pid, flush=True)\nos.kill(os.getpid(), signal.SIGKILL)\n"],
+                             stdout=subprocess.PIPE, text=True)
+    child = int(agent.stdout.readline())
+    agent.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
+        time.sleep(0.05)
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+
+
 def test_a_shared_reading_asks_nvml_once_and_gives_every_caller_the_same_facts_or_failure(fake_nvml, monkeypatch):
     asked = []
     start = nvml._start

@@ -193,9 +193,14 @@ class Sampler:
     def __init__(self, period: float, most: float):
         import subprocess
 
+        from preflight.base import tether
+
         self.most = most
-        self.proc = subprocess.Popen([sys.executable, "-m", "preflight.readers.nvidia.nvml_query", "sample", f"{period:g}", f"{most:g}"], cwd="/",
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        # Tethered as every tool is (forked by the agent's spawner thread, the parent-death signal
+        # set before the exec): a sampler stuck in a wedged driver dies with the agent, whichever
+        # thread of it asked, and from its first instruction on, not only once its imports are done.
+        self.proc = tether.popen_tool([sys.executable, "-m", "preflight.readers.nvidia.nvml_query", "sample", f"{period:g}", f"{most:g}"], cwd="/",
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
     def stop(self, timeout: float = 20.0) -> list[GpuTrace]:
         import subprocess

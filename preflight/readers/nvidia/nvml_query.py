@@ -95,8 +95,11 @@ def _line(answer: dict[str, Any]) -> str:
 
 if __name__ == "__main__":
     # A wedged driver can hold this query for good: it must not outlive the agent that asked.
-    from preflight.base.tether import die_with_parent
+    from preflight.base.tether import EXIT_ORPHANED, die_with_parent
 
-    die_with_parent(os.getppid())
+    # Its parent is the agent's spawner (tether.popen_tool), whose fork set the signal and checked
+    # the agent before the exec; set again for a query started any other way.
+    if not die_with_parent(os.getppid()):
+        sys.exit(EXIT_ORPHANED)
     print(_line(_child(*(sys.argv[1:] or ["inventory"]))))
     sys.exit(0)
