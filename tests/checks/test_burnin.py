@@ -205,17 +205,28 @@ def test_a_new_xid_during_the_burn_takes_the_highest_catalog_action_and_at_least
 
 
 def test_an_xid_on_a_gpu_the_burn_did_not_load_warns_and_one_on_a_loaded_gpu_still_fails():
-    # Two of a node's GPUs burned (0000:18:00, 0000:19:00); another job's GPU logs an Xid meanwhile.
+    # Two of a node's GPUs burned (0000:18:00, 0000:19:00); another GPU logs a node-domain Xid meanwhile.
     f = healthy(n=2)
-    other = {"code": 13, "pci": "0000:c1:00", "raw": "NVRM: Xid (PCI:0000:c1:00): 13, Graphics SM Warp Exception"}
+    other = {"code": 48, "pci": "0000:c1:00", "raw": "NVRM: Xid (PCI:0000:c1:00): 48, pid=1234, DBE (double bit error) ECC error"}
     f.new_xids = [other]
     (found,) = judged(f)
-    assert (found.status, found.summary) == (Status.WARN, "new Xid during burn-in on a GPU it did not load: Xid 13 on 0000:c1:00")
-    assert found.cause.startswith("the burn-in loaded 0000:18:00, 0000:19:00; the kernel logged NVRM: Xid (PCI:0000:c1:00): 13")
+    assert (found.status, found.summary) == (Status.WARN, "new Xid during burn-in on a GPU it did not load: Xid 48 on 0000:c1:00")
+    assert found.cause.startswith("the burn-in loaded 0000:18:00, 0000:19:00; the kernel logged NVRM: Xid (PCI:0000:c1:00): 48")
     assert found.next.action == Action.WATCH
     f.new_xids = [other, {"code": 79, "pci": "0000:19:00", "raw": "NVRM: Xid (PCI:0000:19:00): 79, GPU has fallen off the bus."}]
-    assert [(x.status, x.summary) for x in judged(f)] == [(Status.WARN, "new Xid during burn-in on a GPU it did not load: Xid 13 on 0000:c1:00"),
+    assert [(x.status, x.summary) for x in judged(f)] == [(Status.WARN, "new Xid during burn-in on a GPU it did not load: Xid 48 on 0000:c1:00"),
                                                          (Status.FAIL, "new Xid during burn-in: Xid 79 on 0000:19:00")]
+
+
+def test_another_jobs_own_xid_on_a_gpu_the_burn_did_not_load_is_no_finding():
+    # Its bad address (13) and the reset that ends it (43) are that job's, as the cuda check tells them.
+    f = healthy(n=2)
+    f.new_xids = [{"code": 13, "pci": "0000:c1:00", "raw": "NVRM: Xid (PCI:0000:c1:00): 13, pid=4242, name=python, Graphics SM Warp Exception"},
+                  {"code": 43, "pci": "0000:c1:00", "raw": "NVRM: Xid (PCI:0000:c1:00): 43, pid=4242, name=python, Ch 00000010"}]
+    assert judged(f) == []
+    f.new_xids[0]["pci"] = f.new_xids[1]["pci"] = "0000:19:00"  # on a GPU the known-good burn loaded: the GPU's fault
+    (found,) = judged(f)
+    assert found.status == Status.FAIL and found.next.action == Action.DRAIN
 
 
 def test_which_gpus_burned_comes_from_the_ranks_else_the_inventory_and_unknown_judges_every_xid():
