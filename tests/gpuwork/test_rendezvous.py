@@ -79,26 +79,30 @@ def test_a_local_user_cannot_reach_or_write_the_rendezvous(tmp_path: Path) -> No
     assert f"127.0.0.1:{master}" in " ".join(log["refused"]), log
 
 
-@netns.needs_netns
-def test_another_network_namespace_is_refused(tmp_path: Path) -> None:
-    """Two hosts on a bridge: the run on the first, the attacker on the second, aiming at
-    every port the run's processes listen on, at the first host's address."""
+def attacked_from_another_host(tmp_path: Path, wrap: list[str] = []) -> tuple[subprocess.CompletedProcess, dict, str]:
+    """Two hosts on a bridge: the run on the first (under ``wrap``), the attacker on the second,
+    aiming at every port the run's processes listen on, at the first host's address. The run,
+    the attacker's log, and the first host's address."""
     net = netns.make(2)
     try:
         run_host, other = net.hosts
         attacker, out = start_attacker(tmp_path, other.argv(), addr=run_host.addr)
         try:
             env = {**clean_env(), "TMPDIR": str(tmp_path / "tmp")}
-            from fakes import PREFLIGHT
-
-            done = subprocess.run(run_host.argv(*PREFLIGHT, *run_args(tmp_path)), env=env, capture_output=True, text=True, timeout=600)
+            done = subprocess.run(run_host.argv(*wrap, *PREFLIGHT, *run_args(tmp_path)), env=env, capture_output=True, text=True, timeout=600)
         finally:
             log = stop_attacker(attacker, out)
     finally:
         net.cleanup()
+    return done, log, run_host.addr
+
+
+@netns.needs_netns
+def test_another_network_namespace_is_refused(tmp_path: Path) -> None:
+    done, log, addr = attacked_from_another_host(tmp_path)
     assert done.returncode == 0, done.stderr
     assert log["seen"], log
-    assert all(s.startswith(run_host.addr) for s in log["seen"]), log
+    assert all(s.startswith(addr) for s in log["seen"]), log
     assert log["connected"] == [], f"reached the run from another namespace: {log}"
     assert not (tmp_path / "pwned").exists()
 
@@ -142,18 +146,7 @@ def test_where_the_launch_gets_no_network_of_its_own_another_host_still_cannot_r
     """A container without CAP_SYS_ADMIN (the Kubernetes examples drop every capability): the
     launch runs on the host's network, and torchrun's own store would listen on every
     interface, where another host could write the keys the ranks read and fail the node."""
-    net = netns.make(2)
-    try:
-        run_host, other = net.hosts
-        attacker, out = start_attacker(tmp_path, other.argv(), addr=run_host.addr)
-        try:
-            env = {**clean_env(), "TMPDIR": str(tmp_path / "tmp")}
-            no_sys_admin = ["setpriv", "--inh-caps=-sys_admin", "--bounding-set=-sys_admin"]
-            done = subprocess.run(run_host.argv(*no_sys_admin, *PREFLIGHT, *run_args(tmp_path)), env=env, capture_output=True, text=True, timeout=600)
-        finally:
-            log = stop_attacker(attacker, out)
-    finally:
-        net.cleanup()
+    done, log, _ = attacked_from_another_host(tmp_path, ["setpriv", "--inh-caps=-sys_admin", "--bounding-set=-sys_admin"])
     assert done.returncode == 0, done.stderr
     nccl = next(c for c in json.loads((tmp_path / "report.json").read_text())["checks"] if c["check"] == "nccl")
     assert nccl["details"]["isolation"]["network"] == "host", nccl["details"]["isolation"]

@@ -352,20 +352,24 @@ def test_a_bad_listen_address_is_refused_in_one_line(tmp_path, listen, words):
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and words in p.stderr
 
 
+def answers(port: int, otherwise: str) -> None:
+    """Waits until serve's /healthz answers on 127.0.0.1:``port`` (its start), else fails saying ``otherwise``."""
+    for _ in range(300):
+        try:
+            assert get(f"http://127.0.0.1:{port}/healthz", timeout=1)[0] == 200
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(otherwise)
+
+
 def test_listen_comes_from_the_environment_as_the_unit_sets_it(tmp_path):
     port = free_port()
     env = {**clean_env(), "PREFLIGHT_LISTEN": f"127.0.0.1:{port}"}
     proc = subprocess.Popen([*fakes.PREFLIGHT, "serve", "--report", str(tmp_path / "r.json")], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        for _ in range(300):
-            try:
-                assert get(f"http://127.0.0.1:{port}/healthz", timeout=1)[0] == 200
-                break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            raise AssertionError("serve did not listen where PREFLIGHT_LISTEN said")
+        answers(port, "serve did not listen where PREFLIGHT_LISTEN said")
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0, proc.communicate()[1]
@@ -383,14 +387,7 @@ def test_serve_answers_on_the_socket_systemd_passes_and_binds_none_of_its_own(tm
     proc = subprocess.Popen(["systemd-socket-activate", "-l", f"127.0.0.1:{port}", *fakes.PREFLIGHT, "serve", "--report", str(tmp_path / "r.json")],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        for _ in range(300):
-            try:
-                assert get(f"http://127.0.0.1:{port}/healthz", timeout=1)[0] == 200
-                break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            raise AssertionError("serve did not answer on the socket systemd passed")
+        answers(port, "serve did not answer on the socket systemd passed")
         with pytest.raises(OSError):
             get(f"http://127.0.0.1:{other}/healthz", timeout=1)
         listening = [c for c in psutil.Process(proc.pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN]
