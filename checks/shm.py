@@ -28,7 +28,7 @@ SHM = "/dev/shm"
 
 
 def _shm_disabled_by(host: Host) -> list[str]:
-    return [where for value, where in nccl_env.read(host).get("NCCL_SHM_DISABLE", []) if value.strip() == "1"]
+    return [where for value, where in nccl_env.read(host).get("NCCL_SHM_DISABLE", []) if value and nccl_env.nccl_int(value) == 1]
 
 
 SHARED_SEGMENT = 1 << 20  # bytes written while other jobs run here: writable, without taking their space

@@ -62,7 +62,11 @@ def judge_count(inv: Inventory, shape: NodeShape | None) -> list[Finding]:
         named = f"; on the PCI bus but not in NVML: {', '.join(silent)}" if silent else ""
         cause = f"NVML sees {seen} GPUs, this node gives the run {shape.gpus} ({shape.gpus_from}){named}"
         out.append(Finding(FAIL, f"{seen} of {shape.gpus} GPUs visible", cause, fix, act=GONE))
-    if shape is not None and shape.pinned is not None and seen < shape.pinned:
+    # The pin is the node's count: a GPU NVML counts but refuses this process (not given to this
+    # job, under a device cgroup) is the node's all the same.
+    node_seen = seen + len(inv.refused)
+    if shape is not None and shape.pinned is not None and node_seen < shape.pinned:
+        seen = node_seen
         cause = f"NVML sees {seen} GPUs, the site pins {shape.pinned} ([node] gpus, --node-gpus or PREFLIGHT_NODE_GPUS); the node shows {shape.gpus} ({shape.gpus_from})"
         out.append(Finding(FAIL, f"{seen} of {shape.pinned} pinned GPUs visible", cause, fix + "; if this node is meant to have fewer, change the pin", act=GONE))
     return out

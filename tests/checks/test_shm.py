@@ -256,7 +256,8 @@ def test_nccl_shm_disable_warns_with_the_cost():
 
 def test_nccl_shm_disable_found_in_env_and_nccl_conf(tmp_path):
     (tmp_path / "etc").mkdir()
-    (tmp_path / "etc" / "nccl.conf").write_text("# site\nNCCL_DEBUG=WARN\nNCCL_SHM_DISABLE = 1  # debugging\n")
+    # As NCCL reads the file: the name up to "=" as written, the value by strtol ("1  # debugging" is 1).
+    (tmp_path / "etc" / "nccl.conf").write_text("# site\nNCCL_DEBUG=WARN\nNCCL_SHM_DISABLE=1  # debugging\n")
     host = Host(root=tmp_path, environ={"NCCL_SHM_DISABLE": "1", "NCCL_CONF_FILE": "/nonexistent.conf"})
     assert shm._shm_disabled_by(host) == ["the environment", "/etc/nccl.conf"]
     assert shm._shm_disabled_by(Host(root=tmp_path, environ={"NCCL_SHM_DISABLE": "0", "NCCL_CONF_FILE": "/x"})) == ["/etc/nccl.conf"]

@@ -71,3 +71,13 @@ def test_a_config_file_is_read_as_nccls_setenvfile_reads_it(tmp_path: Path):
     assert found == {"NCCL_P2P_DISABLE ": [(" 1", "/nccl.conf")], "NCCL_SOCKET_IFNAME": [("ib0 # IPoIB", "/nccl.conf")],
                      "NCCL_DEBUG": [("WARN=1", "/nccl.conf")], "NCCL_CONF_FILE": [("/nccl.conf", nccl_env.ENVIRONMENT)]}
     assert nccl_env.switches_on(found) == []  # P2P is not disabled: NCCL reads no "NCCL_P2P_DISABLE"
+
+
+def test_an_integer_switch_is_read_as_nccls_strtol_reads_it():
+    # NCCL reads NCCL_*_DISABLE with strtol(value, NULL, 0), and takes SHM and P2P off only at exactly 1.
+    def on(name, value):
+        return [n for n, *_ in nccl_env.switches_on({name: [(value, "/etc/nccl.conf")]})]
+    assert on("NCCL_P2P_DISABLE", "0 # keep P2P on") == [] and on("NCCL_P2P_DISABLE", "1 # debugging") == ["NCCL_P2P_DISABLE"]
+    assert on("NCCL_SHM_DISABLE", "2") == [] and on("NCCL_SHM_DISABLE", "0x1") == ["NCCL_SHM_DISABLE"]
+    assert on("NCCL_IB_DISABLE", "2") == ["NCCL_IB_DISABLE"] and on("NCCL_IB_DISABLE", "no") == []
+    assert nccl_env.p2p_level("SYS\r") is None and nccl_env.p2p_level("PIX") == "PIX"  # a CRLF file's word is no word NCCL knows

@@ -27,8 +27,8 @@ P2P_OLD_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS")  # ncclGetLevel's levelsOld
 
 
 def p2p_level(value: str) -> str | None:
-    """The level NCCL reads from an NCCL_P2P_LEVEL value; None where NCCL ignores it (its default then)."""
-    value = value.strip()
+    """The level NCCL reads from an NCCL_P2P_LEVEL value; None where NCCL ignores it (its default then).
+    As NCCL compares it (ncclGetLevel): the word exactly, else a number where the value starts with a digit."""
     if value in P2P_LEVELS:
         return value
     if value[:1].isdigit():  # NCCL reads the leading number (strtol)
@@ -41,11 +41,31 @@ def p2p_cuts(level: str | None, kind: str) -> bool:
     return level is not None and P2P_LEVELS.index(kind) > P2P_LEVELS.index(level)
 
 
-# Debugging switches that cost real speed when left set: name -> (is it on?, what it costs).
+_STRTOL = re.compile(r"[ \t\n\v\f\r]*([+-]?)(0[xX](?=[0-9a-fA-F])|0|)([0-9a-fA-F]*)")
+
+
+def nccl_int(value: str) -> int:
+    """An integer setting as NCCL reads it: strtol(value, NULL, 0) (ncclLoadParam, ncclGetLevel):
+    leading space skipped, 0x for hex, a leading 0 for octal, the digits up to the first other
+    character, 0 where there are none. "1 # debugging" is 1, "0 # keep it on" is 0, "yes" is 0."""
+    sign, base_mark, digits = _STRTOL.match(value).groups()  # type: ignore[union-attr]
+    base = 16 if base_mark[:2].lower() == "0x" else 8 if base_mark == "0" else 10
+    valid = "0123456789abcdef"[:base]
+    taken = ""
+    for c in digits.lower():
+        if c not in valid:
+            break
+        taken += c
+    number = int(taken, base) if taken else 0
+    return -number if sign == "-" else number
+
+
+# Debugging switches that cost real speed when left set: name -> (is it on, as NCCL reads it?, what it costs).
+# SHM and P2P turn off only at exactly 1 (ncclParamShmDisable() == 1; ncclGetLevel's disable == 1), IB at any other than 0.
 SWITCHES = {
-    "NCCL_SHM_DISABLE": (lambda v: v != "0", "turns off NCCL's shared-memory transport: GPUs without P2P fall back to sockets, which made one real job's NCCL 14x slower"),
-    "NCCL_P2P_DISABLE": (lambda v: v != "0", "turns off P2P over NVLink and PCIe: GPU-to-GPU traffic is staged through host memory at a fraction of NVLink's bandwidth"),
-    "NCCL_IB_DISABLE": (lambda v: v != "0", "turns off InfiniBand/RoCE: traffic between nodes falls back to TCP sockets, an order of magnitude slower"),
+    "NCCL_SHM_DISABLE": (lambda v: nccl_int(v) == 1, "turns off NCCL's shared-memory transport: GPUs without P2P fall back to sockets, which made one real job's NCCL 14x slower"),
+    "NCCL_P2P_DISABLE": (lambda v: nccl_int(v) == 1, "turns off P2P over NVLink and PCIe: GPU-to-GPU traffic is staged through host memory at a fraction of NVLink's bandwidth"),
+    "NCCL_IB_DISABLE": (lambda v: nccl_int(v) != 0, "turns off InfiniBand/RoCE: traffic between nodes falls back to TCP sockets, an order of magnitude slower"),
     # SYS (or an old 4 and up) allows every path, and a word NCCL does not know leaves its default: neither cuts anything.
     "NCCL_P2P_LEVEL": (lambda v: p2p_cuts(p2p_level(v), "SYS"),
                        "caps the distance at which NCCL uses P2P: GPU pairs beyond it go through host memory (LOC or 0 turns P2P off)"),
@@ -113,6 +133,6 @@ def switches_on(found: dict[str, list[tuple[str, str]]]) -> list[tuple[str, str,
     """(name, value, where, cost) of each debugging switch NCCL will apply; NCCL ignores an empty value."""
     out = []
     for name, (value, where) in effective(found).items():
-        if name in SWITCHES and value.strip() and SWITCHES[name][0](value.strip()):
+        if name in SWITCHES and value and SWITCHES[name][0](value):
             out.append((name, value, where, SWITCHES[name][1]))
     return sorted(out, key=lambda t: list(SWITCHES).index(t[0]))
