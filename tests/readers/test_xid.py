@@ -264,6 +264,8 @@ NOT_KERNEL_LINES = [
     "node17:1234:1234 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.17<0>",
     '{"driver_version": "550.54.15", "gpus": []}',
     "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity",
+    "2026-03-18T11:13:09.123Z INFO train.py step 100 loss 2.31",  # an application's ISO stamp
+    "2026-03-18T11:13:09+0000 node17 sshd[812]: Accepted publickey for root",  # journalctl short-iso, not the kernel's
 ]
 
 

@@ -219,7 +219,9 @@ _FACILITY_LEVEL = (r"(?:kern|user|mail|daemon|auth|syslog|lpr|news|uucp|cron|aut
 _KERNEL_LINE = re.compile(
     r"^(?:<\d+>|[a-z]+\s*:\s*[a-z]+\s*:\s)?\[\s*\d+\.\d+\]"  # dmesg
     r"|^\[[^\]\n]{0,40}\d:\d\d:\d\d \d{4}\]"  # dmesg -T: "[Fri Aug 30 11:43:09 2024]", the year last
-    r"|^(?:" + _FACILITY_LEVEL + r")?\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d"  # dmesg --time-format=iso, with -x or not
+    # dmesg --time-format=iso, with -x or not: microseconds after a comma and the zone as +hh:mm, as
+    # util-linux prints them; an application's ISO stamp ("...09.123Z INFO") is no kernel line.
+    r"|^(?:" + _FACILITY_LEVEL + r")?\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d,\d{6}[+-]\d\d:\d\d "
     r"|^" + _FACILITY_LEVEL + r"\S"  # dmesg -x -t: no time at all
     r"|^[^\n]{0,80}?\d:\d\d(?::\d\d)?\S*\s+(?:\S+\s+)?kernel: "  # syslog, journalctl
     r"|^\d{9,11}\.\d{1,9}\s+\S+\s+kernel: "  # journalctl -o short-unix
