@@ -22,6 +22,7 @@ import errno
 import os
 import pwd
 import stat
+import struct
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -147,8 +148,10 @@ def steerable(path: Path | str) -> str | None:
     None. For a program root runs, a file root reads its orders from, or a directory root
     works in: their owners decide what root does."""
     given, real = Path(os.path.abspath(path)), Path(os.path.realpath(path))
-    # Both ways: a venv's bin/python is a link out of the venv, whose site-packages it imports.
-    for p in dict.fromkeys([given, *given.parents, real, *real.parents]):
+    # Both ways: a venv's bin/python is a link out of the venv, whose site-packages it imports;
+    # and every link on the way between, whose owner could re-aim it after this look.
+    chain = link_chain(given)
+    for p in dict.fromkeys([q for c in [*chain, real] for q in (c, *c.parents)]):
         try:
             st = os.lstat(p)
             if stat.S_ISLNK(st.st_mode):
@@ -164,15 +167,54 @@ def steerable(path: Path | str) -> str | None:
     return None
 
 
+def link_chain(path: Path) -> list[Path]:
+    """``path`` and each path its last name's links lead to, one link at a time (at most MAX_STEPS)."""
+    chain, p = [path], path
+    for _ in range(MAX_STEPS):
+        try:
+            if not stat.S_ISLNK(os.lstat(p).st_mode):
+                break
+            p = Path(os.path.normpath(os.path.join(p.parent, os.readlink(p))))
+        except OSError:
+            break
+        chain.append(p)
+    return chain
+
+
 def others_say(p: Path | str, st: os.stat_result) -> str | None:
     """Why another user has a say in the file or directory ``st`` is (theirs, or writable by
-    others; a sticky directory's entries are its owners' alone), or None."""
+    others, by its mode or an ACL; a sticky directory's entries are its owners' alone), or None."""
     if st.st_uid not in (0, os.geteuid()):
         return f"{p} is {owner(st.st_uid)}'s"
+    if stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX:
+        return None
     # Group write by root's own group (gid 0, as /etc/preflight 0775 root:root) gives no one else a say.
     writers = stat.S_IWOTH | (stat.S_IWGRP if st.st_gid != 0 else 0)
-    if st.st_mode & writers and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
+    if st.st_mode & writers:
         return f"{p} is writable by {'its group' if not st.st_mode & stat.S_IWOTH else 'every user'}"
+    return acl_writers(p)
+
+
+_ACL_USER, _ACL_GROUP, _ACL_MASK = 0x02, 0x08, 0x10  # linux/posix_acl_xattr.h's tags
+_ACL_WRITE = 0x02
+
+
+def acl_writers(p: Path | str) -> str | None:
+    """Why a POSIX ACL lets a named user or group write ``p`` (setfacl -m u:alice:rw), or None.
+    Where an ACL has such entries the mode's group bits are its mask, so they say nothing of who
+    is named: the entries themselves are read (system.posix_acl_access: a 4-byte header, then
+    entries of tag, permissions and id)."""
+    try:
+        raw = os.getxattr(p, "system.posix_acl_access")
+    except OSError:
+        return None  # no ACL, or a filesystem without them: the mode said it all
+    entries = [struct.unpack_from("<HHI", raw, at) for at in range(4, len(raw) - 7, 8)]
+    mask = next((perm for tag, perm, _ in entries if tag == _ACL_MASK), 0o7)
+    for tag, perm, ident in entries:
+        if tag in (_ACL_USER, _ACL_GROUP) and perm & mask & _ACL_WRITE and not (tag == _ACL_USER and ident in (0, os.geteuid())) \
+                and not (tag == _ACL_GROUP and ident == 0):
+            who = f"user {owner(ident)}" if tag == _ACL_USER else f"group {ident}"
+            return f"{p} is writable by {who} through an ACL"
     return None
 
 
@@ -190,3 +232,21 @@ def read_steerable(path: Path | str, opened: os.stat_result) -> str | None:
     if (now.st_dev, now.st_ino) != (opened.st_dev, opened.st_ino):
         return f"{path} was replaced while it was read"
     return steerable(path)
+
+
+def interpreter_steerable(python: Path | str) -> str | None:
+    """``steerable`` for a Python interpreter root runs, and for what it reads before any code of
+    preflight's runs: its venv's pyvenv.cfg, and the directories it imports from, site-packages
+    among them, whose .pth files it executes at start-up. Found by their places, never by asking
+    the interpreter, which would run those .pth files first."""
+    if why := steerable(python):
+        return why
+    roots = dict.fromkeys(Path(p).parent.parent for p in (os.path.abspath(python), os.path.realpath(python)))
+    for root in roots:
+        places = [root / "pyvenv.cfg"]
+        for pattern in ("lib*/python3*", "lib*/python3*/site-packages", "lib*/python3*/dist-packages", "local/lib*/python3*/dist-packages"):
+            places += sorted(root.glob(pattern))
+        for place in places:
+            if os.path.lexists(place) and (why := steerable(place)):
+                return why
+    return None

@@ -13,7 +13,6 @@ written through a link another user could have planted (base/safefile.py).
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import sys
 import traceback
@@ -58,9 +57,8 @@ def run(s: Settings, console: Console, if_idle: bool = False, if_locked: str = "
     textfile = metrics.check_textfile_dir(s.textfile_dir) if s.textfile_dir is not None else None
     with interrupting():  # the runner stops the running check's workers and still writes the report
         pipeline.check_inputs(s)  # the workers' interpreter is known good before anything runs it
-        pipeline.check_python_trusted(s)  # and no other user's: the head start below runs it
         python = str(s.python) if s.python is not None else sys.executable
-        if os.geteuid() == 0 and (who := pathtrust.steerable(shutil.which(python) or python)):  # the site accepts it (python_of_another_user)
+        if who := pipeline.check_python_trusted(s):  # no other user's unless the site accepts it: the head start below runs it
             console.line(f"preflight: warning: the workers' Python {python} runs as root, and another user decides what it does: {who}")
         # Asked before NVML is read: a run that holds the lock now may be loading the GPUs
         # while the plan reads them, and may be gone by the time this run takes the lock.

@@ -75,14 +75,17 @@ def check_inputs(settings: Settings) -> None:
         nvml.FakeNvml(settings.nvml_fake)  # a malformed file names its field and exits 2
 
 
-def check_python_trusted(settings: Settings) -> None:
+def check_python_trusted(settings: Settings) -> str | None:
     """As root, the workers' Python must be one no other user can change, unless the site
-    accepts it (python_of_another_user): its owner would decide what root runs on the node."""
+    accepts it (python_of_another_user): its owner would decide what root runs on the node.
+    Returns why another user has a say in it where the site accepted that, else None."""
     python = str(settings.python) if settings.python is not None else sys.executable
-    if os.geteuid() == 0 and not settings.python_of_another_user and (who := pathtrust.steerable(shutil.which(python) or python)):
+    who = pathtrust.interpreter_steerable(shutil.which(python) or python) if os.geteuid() == 0 else None
+    if who and not settings.python_of_another_user:
         raise UsageError(f"the workers' Python {python} would run as root, and another user decides what it does ({who}): "
                          "give root a Python no other user can change (chown root and chmod go-w it and the directories "
                          "above it), or set python_of_another_user = true in the config to run it anyway")
+    return who
 
 
 def gpus_busy(settings: Settings, inventory: nvml.Shared | None = None) -> str | None:

@@ -36,3 +36,62 @@ def test_a_link_another_user_could_re_aim_is_steerable_though_it_reaches_root_s_
     os.chown(plink, 65534, 65534, follow_symlinks=False)
     assert pathtrust.steerable(python) == f"{plink} is a symlink another user could re-aim (it is nobody's)"
     assert pathtrust.steerable(plink) == f"{plink} is a symlink another user could re-aim (it is nobody's)"
+
+
+@needs_root
+def test_a_link_in_the_middle_of_a_chain_another_user_could_re_aim_is_steerable(tmp_path):
+    # root's link, in root's directory, to another user's link to root's interpreter: whoever owns
+    # the link in the middle can re-aim it between the look and the exec.
+    theirs = tmp_path / "alice"
+    theirs.mkdir()
+    (theirs / "py").symlink_to(sys.executable)
+    os.chown(theirs, 65534, 65534)
+    os.lchown(theirs / "py", 65534, 65534)
+    mine = tmp_path / "root-bin"
+    mine.mkdir()
+    (mine / "python").symlink_to(theirs / "py")
+    why = pathtrust.steerable(mine / "python")
+    assert why is not None and str(theirs) in why
+
+
+@needs_root
+def test_an_interpreter_whose_site_packages_another_user_owns_is_steerable(tmp_path):
+    # Root's bin/python and pyvenv.cfg, another user's site-packages: a .pth there runs at start-up, as root.
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    (venv / "pyvenv.cfg").write_text(f"home = {Path(sys.executable).parent}\n")
+    site = venv / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    assert pathtrust.interpreter_steerable(venv / "bin" / "python") is None
+    os.chown(site, 65534, 65534)
+    assert pathtrust.interpreter_steerable(venv / "bin" / "python") == f"{site} is nobody's"
+    os.chown(site, 0, 0)
+    os.chown(venv / "pyvenv.cfg", 65534, 65534)
+    assert pathtrust.interpreter_steerable(venv / "bin" / "python") == f"{venv / 'pyvenv.cfg'} is nobody's"
+
+
+def _acl(*entries: tuple[int, int, int]) -> bytes:
+    import struct
+
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+
+
+@needs_root
+def test_a_file_an_acl_lets_another_user_write_is_steerable(tmp_path):
+    # `setfacl -m u:nobody:rw config.toml`: the mode's group bits become the ACL's mask, and with
+    # root's group they read as root's own say; the ACL's named entry is another user's.
+    conf = tmp_path / "config.toml"
+    conf.write_text("")
+    conf.chmod(0o660)
+    user_obj, group_obj, mask, other = (0x01, 6, 0xFFFFFFFF), (0x04, 4, 0xFFFFFFFF), (0x10, 6, 0xFFFFFFFF), (0x20, 4, 0xFFFFFFFF)
+    try:
+        os.setxattr(conf, "system.posix_acl_access", _acl(user_obj, (0x02, 6, 65534), group_obj, mask, other))
+    except OSError as e:
+        import pytest
+
+        pytest.skip(f"this filesystem keeps no POSIX ACL ({e.strerror})")
+    assert pathtrust.steerable(conf) == f"{conf} is writable by user nobody through an ACL"
+    # A mask without write leaves the named user reading only.
+    os.setxattr(conf, "system.posix_acl_access", _acl(user_obj, (0x02, 6, 65534), group_obj, (0x10, 4, 0xFFFFFFFF), other))
+    assert pathtrust.steerable(conf) is None
