@@ -16,6 +16,7 @@ Standard library and torch only: it runs under the training environment's interp
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 
@@ -24,6 +25,8 @@ from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
 from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous, create_rdzv_handler
 
 BACKEND = "preflight-loopback"
+ENDPOINT_ENV = "PREFLIGHT_ENDPOINT_FILE"  # preflight/gpuwork/launch.py's: where the port bound is written
+_bound: list[socket.socket] = []  # the listener main() bound for an endpoint of port 0
 
 
 class LoopbackRendezvous(StaticTCPRendezvous):
@@ -34,11 +37,7 @@ class LoopbackRendezvous(StaticTCPRendezvous):
 
     def next_rendezvous(self):
         if self._store is None:
-            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            # As the store would bind it itself: a TIME_WAIT left by a killed run is no obstacle.
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listener.bind(("127.0.0.1", self.master_port))
-            listener.listen(socket.SOMAXCONN)
+            listener = _bound[0] if _bound and _bound[0].getsockname()[1] == self.master_port else _listen(self.master_port)
             self._listener = listener  # the store serves on its descriptor: it must stay open
             try:
                 self._store = TCPStore("127.0.0.1", self.master_port, self.world_size, True, self.timeout,
@@ -52,6 +51,30 @@ class LoopbackRendezvous(StaticTCPRendezvous):
         if self._store is not mine:  # a torch that no longer keeps its store in _store made one on every interface
             raise RuntimeError("torch's static rendezvous made its own store: the loopback-only store was not used")
         return info
+
+
+def _listen(port: int) -> socket.socket:
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # As the store would bind it itself: a TIME_WAIT left by a killed run is no obstacle.
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen(socket.SOMAXCONN)
+    return listener
+
+
+def _bind_free(argv: list[str]) -> list[str]:
+    """``argv`` with an --rdzv-endpoint of port 0 made the port bound here now, held for the store
+    and written where the agent reads it: no port lies free between its choosing and its binding."""
+    if "--rdzv-endpoint" not in argv or not argv[argv.index("--rdzv-endpoint") + 1].endswith(":0"):
+        return argv
+    at = argv.index("--rdzv-endpoint") + 1
+    _bound.append(_listen(0))
+    port = _bound[0].getsockname()[1]
+    if where := os.environ.get(ENDPOINT_ENV):
+        with open(where + ".tmp", "w") as f:
+            f.write(str(port))
+        os.replace(where + ".tmp", where)
+    return [*argv[:at], f"127.0.0.1:{port}", *argv[at + 1:]]
 
 
 def _create(params):
@@ -68,7 +91,7 @@ def main() -> None:
     from torch.distributed.run import main as torchrun
 
     rendezvous_handler_registry.register(BACKEND, _create)
-    torchrun(sys.argv[1:])
+    torchrun(_bind_free(sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ from preflight.base.progress import Progress, stage_of
 # run by path so an interpreter without preflight installed can run them.
 WORKERS_DIR = Path(importlib.util.find_spec("preflight.checks").submodule_search_locations[0]) / "workers"  # type: ignore[union-attr,index]
 POLL = 0.05
+ENDPOINT_ENV = "PREFLIGHT_ENDPOINT_FILE"  # where _torchrun.py writes the port it bound (checks/workers/_torchrun.py)
 
 
 class LaunchError(Exception):
@@ -106,7 +107,7 @@ class Running:
         self._log = self._dir / "launcher.log"
         self._isolation = self._dir / "isolation.json"
         self.token = secrets.token_hex(8)
-        self.endpoint = None
+        self._endpoint: str | None = None
         env = {
             **os.environ,
             **worker.env,
@@ -123,7 +124,7 @@ class Running:
         private_net = False
         if worker.nproc is not None and worker.group is not None:
             g = worker.group
-            self.endpoint = g.endpoint
+            self._endpoint = g.endpoint
             # torchrun's static rendezvous across nodes too: every node knows its rank, node
             # rank 0 hosts the store, and nothing any peer writes there is unpickled (the c10d
             # rendezvous unpickles its state: whoever reached the port ran code as root on
@@ -144,10 +145,11 @@ class Running:
                     env.setdefault(name, g.ifname)
         elif worker.nproc is not None:
             # The port is taken inside the launch's own network, where nothing else listens: a
-            # port a job's torchrun holds on the host is no obstacle (on the host's network, where
-            # the kernel refuses a namespace, a taken port is torchrun's own error).
-            port = worker.rdzv_port or free_port()
-            self.endpoint = f"127.0.0.1:{port}"
+            # port a job's torchrun holds on the host is no obstacle. Port 0: _torchrun.py binds a
+            # free one itself and says which (endpoint), so none lies free between a choosing and
+            # a binding, where on the host's network (no namespace) another user could take it.
+            self._endpoint = f"127.0.0.1:{worker.rdzv_port}"
+            env[ENDPOINT_ENV] = str(self._dir / "endpoint")
             # torchrun's static rendezvous, ranks assigned in JSON (the c10d one unpickles what
             # its store holds, and any local user could write there), through _torchrun.py: its
             # store listens on 127.0.0.1 alone, where torchrun's own would listen on every
@@ -157,7 +159,7 @@ class Running:
             # check before the launch, against the node's interfaces.
             argv[1:1] = [
                 str(WORKERS_DIR / "_torchrun.py"), "--nnodes", "1", "--nproc-per-node", str(worker.nproc),
-                "--rdzv-backend", "preflight-loopback", "--rdzv-endpoint", self.endpoint,
+                "--rdzv-backend", "preflight-loopback", "--rdzv-endpoint", self._endpoint,
                 "--max-restarts", "0", "--monitor-interval", "0.1",
             ]  # fmt: skip
             env.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
@@ -178,6 +180,17 @@ class Running:
             raise
         if progress is not None:
             progress.follow(self.stage)
+
+    @property
+    def endpoint(self) -> str | None:
+        """Where torchrun's store listens (HOST:PORT); on one node with no port set, the one
+        _torchrun.py bound, once it has (until then "127.0.0.1:0")."""
+        if self._endpoint is not None and self._endpoint.endswith(":0"):
+            try:
+                return f"127.0.0.1:{int((self._dir / 'endpoint').read_text())}"
+            except (OSError, ValueError):
+                pass
+        return self._endpoint
 
     def isolation(self) -> dict | None:
         """Where the launch's sockets live: {"network": "private"}, or "host" and why."""
