@@ -2,7 +2,7 @@
 (gloo without a GPU), one all_reduce checked, the group destroyed. run.sh times
 `torchrun` of this beside `preflight run --level quick` and the standard level.
 
-    python3 -m torch.distributed.run --master-port PORT --nproc-per-node 1 tests/gpu/bare.py
+    python3 checks/workers/_torchrun.py --nnodes 1 --rdzv-backend preflight-loopback --rdzv-endpoint 127.0.0.1:0 --nproc-per-node 1 tests/gpu/bare.py
 """
 
 import os

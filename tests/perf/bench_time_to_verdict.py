@@ -122,9 +122,12 @@ def main(argv: list[str] | None = None) -> int:
         env["PREFLIGHT_LOCK_FILE"] = str(Path(tmp) / "lock")
         run = [PY, "-m", "preflight", "run", "--profile", profile, "--keep-going", "--scratch", "--json", "-q"]
         cases = {
-            # torchrun's static rendezvous (its own default) on a free port: --standalone's c10d one
-            # unpickles what its store holds, and a bench runs as root on the node.
-            "bare torchrun": [PY, "-m", "torch.distributed.run", "--master-port", str(launch.free_port()), "--nproc-per-node", str(ranks), str(BARE)],
+            # torchrun's own main and static rendezvous, its store on 127.0.0.1 alone on a port it binds
+            # (checks/workers/_torchrun.py, as preflight's launches): a bench runs as root on the node,
+            # --standalone's c10d rendezvous unpickles what its store holds, and the plain static one
+            # listens on every interface.
+            "bare torchrun": [PY, str(launch.WORKERS_DIR / "_torchrun.py"), "--nnodes", "1", "--rdzv-backend", "preflight-loopback",
+                              "--rdzv-endpoint", "127.0.0.1:0", "--nproc-per-node", str(ranks), str(BARE)],
             # quick before standard: a standard run that hangs until the budget's end still leaves quick's report
             "quick": [*run, "--level", "quick"],
             "standard": [*run, "--level", "standard"],
