@@ -39,7 +39,7 @@ from preflight.base.findings import Finding, Measurement, Status, worst
 from preflight.readers.nvidia.nvml_facts import Inventory, PcieLink
 from preflight.pipeline.expectations import GpuExpect
 from preflight.pipeline.shape import NodeShape
-from preflight.pipeline.visible_gpus import cuda_visible
+from preflight.readers.nvidia.visible_devices import cuda_visible
 
 MARGIN = 5.0  # seconds kept from the check's deadline to judge and report a hung worker
 
@@ -198,7 +198,7 @@ def judge_init(init: InitOutcome | None, inv: Inventory) -> list[Finding]:
         # launch sized to what it names (shape.py): CUDA is held to that, read as CUDA reads it.
         vis = cuda_visible(r.cuda_visible_devices, [g.uuid for g in sorted(inv.gpus, key=lambda g: nvml_facts.short_pci(g.pci_bus_id))])
         if r.device_count != vis.count:
-            stop = f"; CUDA stops at {vis.stop}" if vis.stop else ""
+            stop = f"; {vis.stop}" if vis.stop else ""
             cause = (f"torch.cuda.device_count() is {r.device_count} but CUDA_VISIBLE_DEVICES={r.cuda_visible_devices} names "
                      f"{vis.count} of the {len(inv.gpus)} GPUs NVML lists{stop}")
             out.append(Finding(FAIL, f"CUDA sees {r.device_count} GPUs, CUDA_VISIBLE_DEVICES names {vis.count}", cause,

@@ -12,7 +12,7 @@ from preflight.base.units import format_cpulist, parse_cpulist
 from preflight.pipeline.expectations import TopologyExpect
 from preflight.pipeline.shape import NodeShape
 from preflight.readers.machine import topo_derived
-from preflight.readers.machine.layout import PciLink, TopologyFacts, gpu_count, gpu_numa, numa_span, numa_unknown, rank_gpus
+from preflight.readers.machine.layout import PciLink, TopologyFacts, gpu_count, gpu_indices, gpu_numa, numa_span, numa_unknown, rank_gpus
 from preflight.readers.nvidia.topo import NEAR
 
 FAIL, WARN = Status.FAIL, Status.WARN
@@ -24,10 +24,10 @@ def name_list(items: list[str], most: int = 6) -> str:
 
 
 def judge_numa(facts: TopologyFacts, expect: TopologyExpect) -> list[Finding]:
-    n = gpu_count(facts)
-    known = {i: node for i in range(n) if (node := gpu_numa(facts, i)) is not None}
+    present = gpu_indices(facts)  # NVML's numbers: under a device cgroup, GPUs 4-7 may be all there are
+    known = {i: node for i in present if (node := gpu_numa(facts, i)) is not None}
     out = []
-    unknown = [i for i in range(n) if numa_unknown(facts, i)]
+    unknown = [i for i in present if numa_unknown(facts, i)]
     several = (facts.cpus is not None and len(facts.cpus.nodes) > 1) or bool(facts.matrix and facts.matrix.spans_numa)
     # A VM's guest sees the NUMA layout its hypervisor chose to show: a GPU passed through without
     # a proximity node is no fault of the node, and no tenant can change it. The advice says it.

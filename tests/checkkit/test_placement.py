@@ -22,9 +22,9 @@ def test_advice_follows_cuda_visible_devices_by_index_and_uuid(root):
     f = gathered(host(root, CUDA_VISIBLE_DEVICES="4,5"))
     assert [(r.local_rank, r.gpu, r.numa_node) for r in t.advise(f).ranks] == [(0, 4, 1), (1, 5, 1)]
     uuid = f.gpus[6].uuid
-    f = gathered(host(root, CUDA_VISIBLE_DEVICES=f"{uuid},0"))
+    f = gathered(host(root, CUDA_VISIBLE_DEVICES=f"{uuid},{f.gpus[0].uuid}"))
     assert [r.gpu for r in t.advise(f).ranks] == [6, 0]
-    # CUDA stops at the first entry it cannot resolve; an ambiguous UUID prefix is one
+    # CUDA stops at the first entry it cannot resolve: an ambiguous UUID prefix, or one of another kind than the first
     f = gathered(host(root, CUDA_VISIBLE_DEVICES=f"1,{uuid[:-1]},0"))
     assert [r.gpu for r in t.advise(f).ranks] == [1]
     for hidden in ("", "-1", "MIG-4b3e6b3a-0000", "\u00b2"):  # empty hides every GPU; CUDA stops at -1; no whole GPU; not a digit

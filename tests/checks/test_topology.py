@@ -380,6 +380,18 @@ def test_a_job_whose_visible_gpus_sit_on_the_node_its_cpuset_lacks_still_warns(r
     assert found[0].cause.startswith("GPU 2-3 sit on NUMA node 0, but this process's cpuset has none of its CPUs")
 
 
+def test_a_job_whose_nvml_lists_gpus_4_to_7_alone_is_judged_on_those(root):
+    # Under a device cgroup NVML may answer for the job's own GPUs only, keeping the node's numbers:
+    # GPUs 4-7 (NUMA node 1), no nvidia-smi matrix. Positions 0-3 are no GPUs of this job's.
+    f = gathered(host(root))
+    job = f.model_copy(update={"gpus": f.gpus[4:], "matrix": None, "matrix_error": "nvidia-smi topo -m did not answer"})
+    assert [x.summary for x in judged(job) if "NUMA" in x.summary or "CPU" in x.summary] == []
+    edit(root, "proc/self/status", "Cpus_allowed_list:\t0-55,112-167")  # the cpuset of node 0, where none of its GPUs sits
+    starved = gathered(host(root))
+    job = starved.model_copy(update={"gpus": starved.gpus[4:], "matrix": None, "matrix_error": "nvidia-smi topo -m did not answer"})
+    assert [(x.status, x.summary) for x in judged(job) if "CPU" in x.summary] == [(WARN, "no allowed CPU on NUMA node 1")]
+
+
 def test_a_cpu_quota_counts_even_when_the_cpuset_is_whole(root):
     edit(root, "sys/fs/cgroup/system.slice/cpu.max", "4000000 100000")
     starved = [x for x in judged(gathered(host(root))) if x.status == FAIL]

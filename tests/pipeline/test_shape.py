@@ -95,7 +95,7 @@ def test_the_device_cgroup_is_asked_without_opening_the_gpu():
 
 def test_cuda_visible_devices_gives_the_run_the_gpus_it_names(root):
     # A Slurm step given GPUs 4-7 of a node without a device cgroup: it may open all 8, CUDA shows 4.
-    for cvd in ("4,5,6,7", ",".join(g.uuid for g in HEALTHY.gpus[4:]), "GPU-5c1b0c7e-8f2a-4d3b-9e6a-000000000004,5,6,7"):
+    for cvd in ("4,5,6,7", ",".join(g.uuid for g in HEALTHY.gpus[4:])):
         node = shape.gather(Host(root, environ={"CUDA_VISIBLE_DEVICES": cvd}), HEALTHY)
         assert (node.gpus, node.slots, node.host_gpus, node.fabric) == (4, SLOTS[4:], 8, "nvswitch"), cvd
         assert node.gpus_from == f"CUDA_VISIBLE_DEVICES={cvd} (4 of the 8 GPUs from the PCI bus and /dev/nvidia{{0-7}})"
@@ -105,6 +105,9 @@ def test_cuda_visible_devices_gives_the_run_the_gpus_it_names(root):
     from preflight.pipeline.check import Context
     from preflight.pipeline.settings import Settings
     assert Context(profile=h100, settings=Settings(), host=Host(root), shape=node).ranks(None) == 4
+    # The first entry says what the list holds (torch's model of CUDA's reading): indices after a UUID are not read.
+    mixed = shape.gather(Host(root, environ={"CUDA_VISIBLE_DEVICES": "GPU-5c1b0c7e-8f2a-4d3b-9e6a-000000000004,5,6,7"}), HEALTHY)
+    assert mixed.gpus == 1 and "CUDA stops at '5': not a GPU- entry like the first" in mixed.notes[0]
     # Before NVML is read (the launch's head start): indices by PCI order, UUIDs counted.
     early = shape.gather(Host(root, environ={"CUDA_VISIBLE_DEVICES": "GPU-5c1b0c7e,GPU-9"}), None, why_no_nvml="not read yet")
     assert early.gpus == 2 and early.slots == []
@@ -114,7 +117,7 @@ def test_cuda_visible_devices_gives_the_run_the_gpus_it_names(root):
     ("0,2,-1,1", 2, "CUDA stops at '-1': not a GPU index or UUID"),  # the CUDA guide's own example
     ("", 0, "CUDA stops at an empty entry"),
     ("NoDevFiles", 0, "CUDA stops at 'NoDevFiles': not a GPU index or UUID"),
-    ("3,3", 1, "CUDA stops at '3': GPU 3 named twice"),
+    ("3,3", 0, "'3' names GPU 3 a second time, and CUDA then shows no GPU"),  # torch's model of CUDA: a repeat empties the list
     ("7,8", 1, "CUDA stops at '8': there is no GPU 8 among the 8 it would show"),
     ("GPU-5c1b0c7e-8f2a-4d3b-9e6a-00000000000", 0, "CUDA stops at 'GPU-5c1b0c7e-8f2a-4d3b-9e6a-00000000000': 8 GPUs here have that UUID"),
     ("0,1,2,3,4,5,6,7", 8, None),

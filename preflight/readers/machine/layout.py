@@ -19,6 +19,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from preflight.base.host import Host, read_stripped, tool_time
+from preflight.readers.nvidia.visible_devices import cuda_visible
 from preflight.base.units import format_cpulist, parse_cpulist
 from preflight.readers.nvidia import nvml, nvml_facts, topo
 from preflight.readers.nvidia.nvml_facts import Inventory
@@ -359,7 +360,16 @@ def socket_groups(facts: TopologyFacts) -> int:
 
 def numa_span(facts: TopologyFacts) -> int:
     """NUMA nodes the GPUs sit on; where their numbers are missing, the disjoint CPU sets stand for them."""
-    return max(len({node for i in range(gpu_count(facts)) if (node := gpu_numa(facts, i)) is not None}), socket_groups(facts))
+    return max(len({node for i in gpu_indices(facts) if (node := gpu_numa(facts, i)) is not None}), socket_groups(facts))
+
+
+def gpu_indices(facts: TopologyFacts) -> list[int]:
+    """The GPUs' indices in CUDA's order (PCI bus order, the launch's CUDA_DEVICE_ORDER), as NVML
+    numbers them: under a device cgroup NVML may list GPUs 4-7 alone. Without NVML's word, the
+    matrix's GPUs by position."""
+    if facts.gpus:
+        return [g.index for g in sorted(facts.gpus, key=lambda g: g.pci.lower())]
+    return list(range(len(facts.matrix.gpus) if facts.matrix else 0))
 
 
 def rank_gpus(facts: TopologyFacts, n: int) -> list[int]:
@@ -367,16 +377,8 @@ def rank_gpus(facts: TopologyFacts, n: int) -> list[int]:
 
     Unset, every GPU in PCI order: what CUDA_DEVICE_ORDER=PCI_BUS_ID gives,
     and what the default FASTEST_FIRST gives on a node of identical GPUs."""
-    visible = facts.cuda_visible_devices
-    if visible is None:
-        return list(range(n))
-    out = []
-    for item in (v.strip() for v in visible.split(",")):
-        if re.fullmatch(r"[0-9]+", item) and int(item) < n:
-            out.append(int(item))
-            continue
-        match = [g.index for g in facts.gpus if item.startswith("GPU-") and g.uuid.startswith(item)]
-        if len(match) != 1:
-            break  # CUDA stops at the first entry it cannot resolve (-1, a MIG or unknown UUID), and so do we
-        out.append(match[0])
-    return out
+    present = gpu_indices(facts) or list(range(n))
+    if facts.cuda_visible_devices is None:
+        return present
+    uuids: list[str | None] = [g.uuid for g in sorted(facts.gpus, key=lambda g: g.pci.lower())] if facts.gpus else [None] * len(present)
+    return [present[i] for i in cuda_visible(facts.cuda_visible_devices, uuids).picked]
