@@ -48,7 +48,8 @@ def serve(
     server = server_mod.bind(s.listen, path)
     host, port = server.server_address[:2]
     where = f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
-    _console().note(f"serving {path} at http://{where}/ (the page; also /metrics, /report, /healthz)")
+    passed = " on the socket systemd passed (its ListenStream=; `listen` applies to a serve started by hand)" if server.passed else ""
+    _console().note(f"serving {path} at http://{where}/{passed} (the page; also /metrics, /report, /healthz)")
     # SIGTERM from systemd asks the loop to stop between connections: an exception
     # raised wherever the main thread happens to be could cut a hand-off in half.
     try:

@@ -397,7 +397,7 @@ def test_serve_answers_on_the_socket_systemd_passes_and_binds_none_of_its_own(tm
         code = proc.wait(timeout=10)
     err = proc.stderr.read()
     assert code == 0, err
-    assert f"serving {tmp_path / 'r.json'} at http://127.0.0.1:{port}/" in err
+    assert f"serving {tmp_path / 'r.json'} at http://127.0.0.1:{port}/ on the socket systemd passed (its ListenStream=; `listen` applies to a serve started by hand)" in err
 
 
 @needs_activate

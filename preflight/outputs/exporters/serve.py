@@ -167,6 +167,7 @@ class Server(ThreadingMixIn, HTTPServer):
         self._heads: dict[socket.socket, bytes] = {}  # each request as the main thread read it, for its handler
         self._stopping = threading.Event()
         super().__init__(address, _Handler, bind_and_activate=given is None)
+        self.passed = given is not None  # systemd's socket, not one bound here
         if given is not None:
             self.socket.close()
             self.socket = given
