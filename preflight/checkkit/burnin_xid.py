@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from preflight.base.actions import LADDER, Action, Domain, Next, highest
 from preflight.base.findings import Finding, Status
+from preflight.checkkit import cuda_xid
 from preflight.gpuwork import ranks
 from preflight.readers.nvidia import nvml_facts
 from preflight.readers.kernel import xid, xid_meaning
@@ -48,7 +49,7 @@ def judge(new: list[dict], forgeable: bool, burned: set[str] | None, diag: str, 
     check says): still a FAIL, but a drain for a person to look at, never a reboot or an RMA on
     the word of a line anyone could have written. ``burned``: the GPUs loaded, where known; an
     Xid on another is a WARN naming it, for the cuda check's catalog judge of every run, unless it
-    is that other job's own (xid.the_jobs: a code the catalog lays to the application, and the
+    is that other job's own (cuda_xid.the_jobs: a code the catalog lays to the application, and the
     resets that follow it), which is no finding of the node's. One with no GPU named stays a FAIL."""
     elsewhere = [e for e in new if burned is not None and e["pci"] and e["pci"] not in burned]
     return _elsewhere(_not_the_jobs(elsewhere), burned or set(), rerun) + _under_load([e for e in new if e not in elsewhere], forgeable, diag)
@@ -57,7 +58,7 @@ def judge(new: list[dict], forgeable: bool, burned: set[str] | None, diag: str, 
 def _not_the_jobs(found: list[dict]) -> list[dict]:
     """``found`` less the Xids that are another job's own, as the cuda check tells them."""
     events = [(e, ev) for e in found for ev in xid.parse(e["raw"])[:1]]
-    jobs = {id(ev) for ev in xid.the_jobs([ev for _, ev in events])}
+    jobs = {id(ev) for ev in cuda_xid.the_jobs([ev for _, ev in events])}
     theirs = {id(e) for e, ev in events if id(ev) in jobs}
     return [e for e in found if id(e) not in theirs]
 

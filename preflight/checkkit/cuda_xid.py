@@ -4,7 +4,7 @@ One finding per (kind, code, GPU), with its event's catalog action; where the
 judge knows better than the catalog (Xid 63 after NVML says the remap is
 active, a log read through syslog(2) that another user may have written to, an
 event that only a reboot clears from a since-boot read) the action is said so.
-A job's own Xids (xid.the_jobs) are no finding of the node: ``job_xids`` says
+A job's own Xids (``the_jobs``) are no finding of the node: ``job_xids`` says
 them for the details and the lines. checkkit/burnin_xid.py judges the Xids
 logged during a burn-in.
 """
@@ -18,6 +18,31 @@ from preflight.readers.nvidia import nvml_facts
 from preflight.readers.nvidia.nvml_facts import Gpu, Inventory
 
 FAIL, WARN = Status.FAIL, Status.WARN
+
+
+# Xids that only follow another error: 45 is the catalog's "Not Solo: IGNORE (follow the other
+# Xid)", 43 the channel reset that ends the process which hit the error ("act on the Xid logged
+# just before it", xid_meaning.FOLLOW). A job's own 13 or 31 is followed by both once it is cancelled.
+FOLLOWERS = (43, 45)
+
+
+def the_jobs(events: list[xid.XidEvent]) -> list[xid.XidEvent]:
+    """The events of ``events`` that are a job's own, not the node's: an Xid whose catalog action
+    is the job's (RESTART_APP: fix-job, in the job's domain: "RESET_GPU or RESTART_BM is not deemed
+    necessary"), and an Xid 43 or 45 that follows one of those on the same GPU from the same
+    process (where both lines print a pid). They stay in the kernel log until a reboot, so a node
+    judged by them would warn on every run after one job's bad address."""
+    out: list[xid.XidEvent] = []
+    jobs: list[xid.XidEvent] = []
+    for e in events:
+        if e.kind != "xid":
+            continue
+        if e.info.act.domain == Domain.JOB:
+            out.append(e)
+            jobs.append(e)
+        elif e.code in FOLLOWERS and any(j.pci == e.pci and (j.pid is None or e.pid is None or j.pid == e.pid) for j in jobs):
+            out.append(e)
+    return out
 
 
 def _groups(events: list[xid.XidEvent]) -> dict[tuple[str, int | None, str | None], list[xid.XidEvent]]:
@@ -39,10 +64,10 @@ def judge_xid(events: list[xid.XidEvent], inv: Inventory, forgeable: bool = Fals
     """One finding per (kind, code, GPU): the worst of its events, and how often. ``forgeable``:
     the log came through syslog(2), where a message's end is lost and any user's message can
     hold a line that reads as the driver's: a fatal event there WARNs (NVML's own facts, judged
-    apart, still FAIL a lost GPU, ECC errors or a pending remap). A job's own Xids (xid.the_jobs:
+    apart, still FAIL a lost GPU, ECC errors or a pending remap). A job's own Xids (``the_jobs``:
     an illegal address, a page fault, the channel resets that follow them) are no finding of the
     node: ``job_xids`` says them where a person reads."""
-    jobs = {id(e) for e in xid.the_jobs(events)}
+    jobs = {id(e) for e in the_jobs(events)}
     rank = {"info": 0, "app": 1, "fatal": 2}
     out = []
     for (kind, code, pci), group in _groups([e for e in events if id(e) not in jobs]).items():
@@ -80,10 +105,10 @@ def judge_xid(events: list[xid.XidEvent], inv: Inventory, forgeable: bool = Fals
 
 
 def job_xids(events: list[xid.XidEvent], inv: Inventory) -> list[str]:
-    """The Xids since boot that were a job's own (xid.the_jobs), one line per (code, GPU): for
+    """The Xids since boot that were a job's own (``the_jobs``), one line per (code, GPU): for
     the report's details and the lines a person reads, never a finding of the node."""
     out = []
-    for (kind, code, pci), group in _groups(xid.the_jobs(events)).items():
+    for (kind, code, pci), group in _groups(the_jobs(events)).items():
         label, gpu, _ = _named(kind, code, pci, inv)
         n = sum(e.count for e in group)
         times = f" ({n} times since boot)" if n > 1 else ""

@@ -386,19 +386,6 @@ def test_dmesg_through_syslog_says_message_boundaries_are_lost(tmp_path):
     assert log.note == log_sources.SYSLOG_NOTE
 
 
-def test_the_jobs_are_the_catalogs_restart_app_xids_and_the_resets_that_follow_them():
-    log = parse(
-        "NVRM: Xid (PCI:0000:1b:00): 43, pid=9, name=python, Ch 00000008\n"  # before any job's Xid: the node's
-        "NVRM: Xid (PCI:0000:1b:00): 31, pid=4242, name=python, Ch 00000008, intr 00000000. MMU Fault\n"
-        "NVRM: Xid (PCI:0000:1b:00): 43, pid=4242, name=python, Ch 00000008\n"
-        "NVRM: Xid (PCI:0000:43:00): 45, pid=4242, name=python, Ch 00000008\n"  # another GPU: not this fault's
-        "NVRM: Xid (PCI:0000:1b:00): 45, pid='<unknown>', name=<unknown>, Ch 00000008\n"  # no pid printed: this GPU's fault
-        "NVRM: Xid (PCI:0000:1b:00): 79, pid=4242, name=python, GPU has fallen off the bus.\n"  # never a job's
-    )
-    assert [(e.code, e.line) for e in xid.the_jobs(log)] == [(31, 2), (43, 3), (45, 5)]
-    assert xid.the_jobs(parse("nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error\n")) == []
-
-
 def test_dmesg_x_with_iso_stamps_reads_the_event_and_its_time():
     # util-linux writes `-x`'s facility and level before the `--time-format=iso` stamp: a prefix
     # read in one order only left the line a message of someone else's, and a GPU gone read as clean.

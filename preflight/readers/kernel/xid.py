@@ -17,7 +17,6 @@ from pydantic import BaseModel, ConfigDict
 from preflight.readers import capture
 from preflight.readers.kernel.xid_meaning import XidInfo, explain
 from preflight.base import tooltext
-from preflight.base.actions import Domain
 from preflight.base.errors import UsageError
 
 Kind = Literal["xid", "sxid", "fell_off_bus", "init_failed"]
@@ -180,31 +179,6 @@ def parse(text: str) -> list[XidEvent]:
         attempts = max(gpu.pop("rm"), gpu.pop("nv"))
         events.append(XidEvent(kind="init_failed", code=None, pci=pci, count=attempts, **gpu))
     return sorted(events, key=lambda e: e.line)
-
-
-# Xids that only follow another error: 45 is the catalog's "Not Solo: IGNORE (follow the other
-# Xid)", 43 the channel reset that ends the process which hit the error ("act on the Xid logged
-# just before it", xid_meaning.FOLLOW). A job's own 13 or 31 is followed by both once it is cancelled.
-FOLLOWERS = (43, 45)
-
-
-def the_jobs(events: list[XidEvent]) -> list[XidEvent]:
-    """The events of ``events`` that are a job's own, not the node's: an Xid whose catalog action
-    is the job's (RESTART_APP: fix-job, in the job's domain: "RESET_GPU or RESTART_BM is not deemed
-    necessary"), and an Xid 43 or 45 that follows one of those on the same GPU from the same
-    process (where both lines print a pid). They stay in the kernel log until a reboot, so a node
-    judged by them would warn on every run after one job's bad address."""
-    out: list[XidEvent] = []
-    jobs: list[XidEvent] = []
-    for e in events:
-        if e.kind != "xid":
-            continue
-        if e.info.act.domain == Domain.JOB:
-            out.append(e)
-            jobs.append(e)
-        elif e.code in FOLLOWERS and any(j.pci == e.pci and (j.pid is None or e.pid is None or j.pid == e.pid) for j in jobs):
-            out.append(e)
-    return out
 
 
 # A kernel log line, in each form parse() reads: the driver's own text with any
