@@ -591,6 +591,7 @@ XID_EXPECTED = {
     "05_": ["xid13:app", "xid13:app", "xid13:app", "xid109:fatal"],
     "15_": ["init_failed:fatal", "xid48:fatal", "xid64:fatal"],
     "dmesg-caller-tag": ["xid31:app", "xid154:fatal"],
+    "dmesg-x-iso": ["xid79:fatal", "fell_off_bus:fatal"],
     "fell-off-bus": ["fell_off_bus:fatal", "fell_off_bus:fatal"],
     "garbage": [],
     "journalctl-localized": ["xid48:fatal", "xid145:app", "xid144:fatal"],
