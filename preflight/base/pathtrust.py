@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import os
 import pwd
+import re
 import stat
 import struct
 from collections import deque
@@ -150,8 +151,9 @@ def steerable(path: Path | str) -> str | None:
     given, real = Path(os.path.abspath(path)), Path(os.path.realpath(path))
     # Both ways: a venv's bin/python is a link out of the venv, whose site-packages it imports;
     # and every link on the way between, whose owner could re-aim it after this look.
-    chain = link_chain(given)
-    for p in dict.fromkeys([q for c in [*chain, real] for q in (c, *c.parents)]):
+    ends = list(dict.fromkeys([given, *given.parents, real, *real.parents]))
+    between = [q for c in link_chain(given) for q in (c, *c.parents) if q not in ends]
+    for p in dict.fromkeys([*ends, *between]):
         try:
             st = os.lstat(p)
             if stat.S_ISLNK(st.st_mode):
@@ -161,20 +163,24 @@ def steerable(path: Path | str) -> str | None:
                     return f"{p} is a symlink another user could re-aim ({why})"
                 st = os.stat(p)
         except OSError:
-            return None  # not there: running it says so
+            if p in ends:
+                return None  # not there: running it says so
+            continue  # a step of the chain gone meanwhile: its ends are judged all the same
         if why := others_say(p, st):
             return why
     return None
 
 
 def link_chain(path: Path) -> list[Path]:
-    """``path`` and each path its last name's links lead to, one link at a time (at most MAX_STEPS)."""
+    """``path`` and each path its last name's links lead to, one link at a time (at most MAX_STEPS),
+    each made absolute from the real directory the link sits in (a ".." in a link is taken from
+    there, as the kernel takes it, not from the way the link was reached)."""
     chain, p = [path], path
     for _ in range(MAX_STEPS):
         try:
             if not stat.S_ISLNK(os.lstat(p).st_mode):
                 break
-            p = Path(os.path.normpath(os.path.join(p.parent, os.readlink(p))))
+            p = Path(os.path.normpath(os.path.join(os.path.realpath(p.parent), os.readlink(p))))
         except OSError:
             break
         chain.append(p)
@@ -236,17 +242,35 @@ def read_steerable(path: Path | str, opened: os.stat_result) -> str | None:
 
 def interpreter_steerable(python: Path | str) -> str | None:
     """``steerable`` for a Python interpreter root runs, and for what it reads before any code of
-    preflight's runs: its venv's pyvenv.cfg, and the directories it imports from, site-packages
-    among them, whose .pth files it executes at start-up. Found by their places, never by asking
-    the interpreter, which would run those .pth files first."""
+    preflight's runs: its venv's pyvenv.cfg, its standard library, and the site directories it
+    imports from, whose .pth files it executes at start-up (the base interpreter's only where the
+    venv includes them, include-system-site-packages; Debian's dist-packages and /usr/local's).
+    Found by their places, never by asking the interpreter, which would run those .pth files first."""
     if why := steerable(python):
         return why
-    roots = dict.fromkeys(Path(p).parent.parent for p in (os.path.abspath(python), os.path.realpath(python)))
-    for root in roots:
-        places = [root / "pyvenv.cfg"]
-        for pattern in ("lib*/python3*", "lib*/python3*/site-packages", "lib*/python3*/dist-packages", "local/lib*/python3*/dist-packages"):
-            places += sorted(root.glob(pattern))
-        for place in places:
-            if os.path.lexists(place) and (why := steerable(place)):
-                return why
+    given, real = Path(os.path.abspath(python)), Path(os.path.realpath(python))
+    # The version where the file names it (python3.11), else every python3.N the prefix holds.
+    version = real.name if re.fullmatch(r"python3\.[0-9]+", real.name) else "python3.*"
+    venv, base = given.parent.parent, real.parent.parent
+    places: list[Path] = []
+    system_site = True
+    if os.path.lexists(venv / "pyvenv.cfg"):
+        if why := steerable(venv / "pyvenv.cfg"):
+            return why
+        try:
+            cfg = (venv / "pyvenv.cfg").read_text(errors="replace")[:65536]
+        except OSError:
+            cfg = ""
+        system_site = bool(re.search(r"^\s*include-system-site-packages\s*=\s*true\s*$", cfg, re.M | re.I))
+        places += sorted(venv.glob(f"lib*/{version}/site-packages"))
+    places += sorted(base.glob(f"lib*/{version}"))
+    if not os.environ.get("PYTHONNOUSERSITE"):
+        # The user site of $HOME, which root keeps under `sudo -E`: another user's ~/.local then.
+        places += sorted(Path(os.path.expanduser("~")).glob(f".local/lib/{version}/site-packages"))
+    if system_site:
+        for pattern in (f"lib*/{version}/site-packages", f"lib*/{version}/dist-packages", "lib*/python3/dist-packages", f"local/lib*/{version}/dist-packages"):
+            places += sorted(base.glob(pattern))
+    for place in dict.fromkeys(places):
+        if why := steerable(place):
+            return why
     return None

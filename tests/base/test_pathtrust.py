@@ -95,3 +95,52 @@ def test_a_file_an_acl_lets_another_user_write_is_steerable(tmp_path):
     # A mask without write leaves the named user reading only.
     os.setxattr(conf, "system.posix_acl_access", _acl(user_obj, (0x02, 6, 65534), group_obj, (0x10, 4, 0xFFFFFFFF), other))
     assert pathtrust.steerable(conf) is None
+
+
+
+@needs_root
+def test_a_relative_link_reached_through_another_link_still_has_its_real_directory_judged(tmp_path):
+    # tools -> real/a/b, real/a/b/python -> ../py: the ".." is real/a's, which every user may write.
+    a = tmp_path / "real" / "a"
+    (a / "b").mkdir(parents=True)
+    (a / "py").symlink_to(sys.executable)
+    (a / "b" / "python").symlink_to("../py")
+    (tmp_path / "tools").symlink_to(a / "b")
+    a.chmod(0o777)
+    why = pathtrust.steerable(tmp_path / "tools" / "python")
+    assert why == f"{a / 'py'} is a symlink another user could re-aim (other users can write its directory)"
+
+
+@needs_root
+def test_the_base_interpreters_site_packages_count_only_where_the_venv_includes_them(tmp_path):
+    base = tmp_path / "base"
+    (base / "bin").mkdir(parents=True)
+    (base / "bin" / "python3.11").write_bytes(b"")  # judged by its place, never run
+    theirs = base / "lib" / "python3.11" / "site-packages"
+    theirs.mkdir(parents=True)
+    os.chown(theirs, 65534, 65534)
+    (base / "lib" / "python3.12" / "site-packages").mkdir(parents=True)  # another version's: never imported
+    os.chown(base / "lib" / "python3.12" / "site-packages", 65534, 65534)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(base / "bin" / "python3.11")
+    (venv / "pyvenv.cfg").write_text(f"home = {base / 'bin'}\ninclude-system-site-packages = false\n")
+    assert pathtrust.interpreter_steerable(venv / "bin" / "python") is None
+    (venv / "pyvenv.cfg").write_text(f"home = {base / 'bin'}\ninclude-system-site-packages = true\n")
+    assert pathtrust.interpreter_steerable(venv / "bin" / "python") == f"{theirs} is nobody's"
+
+
+
+@needs_root
+def test_the_user_site_of_another_users_home_counts(tmp_path, monkeypatch):
+    # `sudo -E`: root keeps alice's HOME, and Python imports (and runs the .pth files of) her ~/.local.
+    home = tmp_path / "alice"
+    site = home / ".local" / "lib" / Path(os.path.realpath(sys.executable)).name / "site-packages"
+    site.mkdir(parents=True)
+    os.chown(site, 65534, 65534)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("PYTHONNOUSERSITE", raising=False)
+    why = pathtrust.interpreter_steerable(sys.executable)
+    assert why is not None and "nobody" in why
+    monkeypatch.setenv("PYTHONNOUSERSITE", "1")
+    assert pathtrust.interpreter_steerable(sys.executable) is None
