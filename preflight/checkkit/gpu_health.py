@@ -62,9 +62,12 @@ def judge_count(inv: Inventory, shape: NodeShape | None) -> list[Finding]:
         named = f"; on the PCI bus but not in NVML: {', '.join(silent)}" if silent else ""
         cause = f"NVML sees {seen} GPUs, this node gives the run {shape.gpus} ({shape.gpus_from}){named}"
         out.append(Finding(FAIL, f"{seen} of {shape.gpus} GPUs visible", cause, fix, act=GONE))
-    # The pin is the node's count: a GPU NVML counts but refuses this process (not given to this
-    # job, under a device cgroup) is the node's all the same.
-    node_seen = seen + len(inv.refused)
+    # The pin is the node's count: a GPU not given to this run is the node's all the same. Where NVML
+    # counts and refuses such GPUs (a device cgroup), NVML's count says the node's, a GPU gone from
+    # the driver included; where it lists the given ones alone, the PCI bus does (host_gpus: the
+    # node's, where the run is given fewer).
+    not_given = len(inv.refused) if inv.refused else (shape.host_gpus - shape.gpus if shape is not None and shape.host_gpus else 0)
+    node_seen = seen + not_given
     if shape is not None and shape.pinned is not None and node_seen < shape.pinned:
         seen = node_seen
         cause = f"NVML sees {seen} GPUs, the site pins {shape.pinned} ([node] gpus, --node-gpus or PREFLIGHT_NODE_GPUS); the node shows {shape.gpus} ({shape.gpus_from})"

@@ -114,9 +114,11 @@ def test_a_slurm_job_under_a_device_cgroup_is_judged_on_the_gpus_it_was_given(tm
     assert gpu_health.judge_count(two, shape.gather(Host(root), two)) == []
     refused = inventory("h100-sxm-8x-slurm-2-given.json")  # ... or counts 8 and refuses six (NO_PERMISSION)
     assert gpu_health.judge_count(refused, shape.gather(Host(root), refused)) == []
-    # A site's pin is the node's count: the six the job was not given are the node's all the same.
+    # A site's pin is the node's count: the six the job was not given are the node's all the same,
+    # whether NVML refuses them or lists only the two.
     pinned = shape.gather(Host(root), refused).model_copy(update={"pinned": 8})
     assert gpu_health.judge_count(refused, pinned) == []
+    assert gpu_health.judge_count(two, shape.gather(Host(root), two).model_copy(update={"pinned": 8})) == []
     assert [x.summary for x in gpu_health.judge_count(refused.model_copy(update={"refused": refused.refused[1:]}), pinned)] == [
         "7 of 8 pinned GPUs visible"]
     # One of its own two really lost (GPU_IS_LOST) still fails, and asks the reboot only that mends.
