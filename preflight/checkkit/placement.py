@@ -10,7 +10,7 @@ from pydantic import BaseModel
 from preflight.base.host import Host
 from preflight.base.units import format_cpulist, parse_cpulist
 from preflight.pipeline.check import Result
-from preflight.readers.machine.layout import TopologyFacts, gpu_count, gpu_numa, machine_cpus, numa_unknown, rank_gpus, socket_groups
+from preflight.readers.machine.layout import TopologyFacts, gpu_count, gpu_numa, machine_cpus, matrix_gpu, numa_unknown, rank_gpus, socket_groups
 from preflight.readers.machine.topo_derived import LINKS
 
 
@@ -32,19 +32,19 @@ class Advice(BaseModel):
 
 
 def _rank(facts: TopologyFacts, r: int, gpu: int, allowed: set[int] | None) -> RankAdvice:
-    m = facts.matrix
+    m, row = facts.matrix, matrix_gpu(facts, gpu)
     node = gpu_numa(facts, gpu)
     cpus = None
     if node is not None and facts.cpus and str(node) in facts.cpus.nodes:
         cpus = set(parse_cpulist(facts.cpus.nodes[str(node)]))
-    elif m and gpu < len(m.gpus) and m.gpus[gpu].cpus:
-        cpus = set(m.gpus[gpu].cpus)
+    elif row is not None and row.cpus:
+        cpus = set(row.cpus)
     if cpus is not None and allowed is not None:
         cpus &= allowed
-    near = m.nearest_nics.get(str(gpu), []) if m and gpu < len(m.gpus) else []
+    near = m.nearest_nics.get(str(gpu), []) if m and row is not None else []
     return RankAdvice(
         local_rank=r, gpu=gpu, numa_node=node, cpus=format_cpulist(cpus) if cpus else None,
-        nic=",".join(near) or None, nic_link=m.gpus[gpu].nics[near[0]] if near and m else None,
+        nic=",".join(near) or None, nic_link=row.nics[near[0]] if near and row is not None else None,
         numactl=f"numactl --cpunodebind={node} --membind={node}" if node is not None else None,
     )
 

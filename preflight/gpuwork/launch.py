@@ -187,7 +187,7 @@ class Running:
         _torchrun.py bound, once it has (until then "127.0.0.1:0")."""
         if self._endpoint is not None and self._endpoint.endswith(":0"):
             try:
-                return f"127.0.0.1:{int((self._dir / 'endpoint').read_text())}"
+                self._endpoint = f"127.0.0.1:{int((self._dir / 'endpoint').read_text())}"  # kept: the directory goes with the launch
             except (OSError, ValueError):
                 pass
         return self._endpoint

@@ -165,7 +165,6 @@ class Stage:
         self._nproc = worker.nproc or 1
         self.out_dir = world.running.out_dir / f"stage{k}"
         self.out_dir.mkdir()
-        self.endpoint = world.running.endpoint
         self._progress = progress
         self._started = time.monotonic()
         self.deadline = self._started + timeout
@@ -223,7 +222,7 @@ class Stage:
             rank_exits=launch_output.torchrun_exits(log_tail) if codes is None else {},
             root_cause=launch_output.torchrun_root_cause(log_tail) if codes is None else None,
             leftover=leftover,
-            endpoint=self.endpoint,
+            endpoint=self.world.running.endpoint,  # read at the end: _torchrun.py says its port once it has bound it
             world={"launch": self.world.number, "stage": self.k, "ended_it": not clean},
             isolation=self.world.running.isolation(),
             **launch_output.read_out(self.out_dir),

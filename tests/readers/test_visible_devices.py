@@ -24,6 +24,7 @@ UUIDS = [f"GPU-{i}aaaaaaa-0000-0000-0000-00000000000{i}" for i in range(4)]
     ("", [], 0, True),
     ("NoDevFiles", [], 0, True),
     ("4", [], 0, True),  # no GPU 4 among the 4
+    ("0,9,0", [], 0, True),  # the repeat is read before the cut at the GPUs there are: none
 ])
 def test_the_devices_cuda_shows(value, picked, unplaced, stopped):
     vis = cuda_visible(value, UUIDS)

@@ -23,7 +23,7 @@ from preflight.readers.nvidia.visible_devices import cuda_visible
 from preflight.base.units import format_cpulist, parse_cpulist
 from preflight.readers.nvidia import nvml, nvml_facts, topo
 from preflight.readers.nvidia.nvml_facts import Inventory
-from preflight.readers.nvidia.topo import Topo, TopoParseError
+from preflight.readers.nvidia.topo import Topo, TopoGpu, TopoParseError
 
 # A PCI address as sysfs names it; VMD domains have five hex digits (10000:e0:01.0).
 BDF = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -334,10 +334,15 @@ def gpu_numa(facts: TopologyFacts, index: int) -> int | None:
     for g in facts.gpus:
         if g.index == index and g.numa_node is not None:
             return g.numa_node
-    m = facts.matrix
-    if m and index < len(m.gpus) and m.gpus[index].numa_nodes and len(m.gpus[index].numa_nodes) == 1:
-        return m.gpus[index].numa_nodes[0]
+    t = matrix_gpu(facts, index)
+    if t is not None and t.numa_nodes and len(t.numa_nodes) == 1:
+        return t.numa_nodes[0]
     return None
+
+
+def matrix_gpu(facts: TopologyFacts, index: int) -> TopoGpu | None:
+    """nvidia-smi's row for GPU ``index`` (by the GPUn it prints, NVML's number), or None."""
+    return next((t for t in facts.matrix.gpus if t.index == index), None) if facts.matrix else None
 
 
 def gpu_count(facts: TopologyFacts) -> int:
@@ -348,8 +353,8 @@ def numa_unknown(facts: TopologyFacts, index: int) -> bool:
     """Nobody says where GPU ``index`` sits (a GPU affine to several nodes, "0-1", is known)."""
     if gpu_numa(facts, index) is not None:
         return False
-    m = facts.matrix
-    return not (m and index < len(m.gpus) and m.gpus[index].numa_nodes)
+    t = matrix_gpu(facts, index)
+    return not (t is not None and t.numa_nodes)
 
 
 def socket_groups(facts: TopologyFacts) -> int:

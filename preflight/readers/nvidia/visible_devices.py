@@ -60,14 +60,21 @@ def cuda_visible(value: str, uuids: list[str | None]) -> Visible:
                 return Visible([], 0, f"{item!r} names GPU {match[0]} a second time, and CUDA then shows no GPU")
             picked.append(match[0])
         return Visible(picked, 0, stop)
-    picked = []
+    # As torch orders it: the list read whole first (a repeat empties it, a non-number ends it),
+    # then cut at the first index past the GPUs there are.
+    listed: list[tuple[str, int]] = []
+    stop = None
     for item in value.split(","):
         i = _strtoul(item.strip())
-        if i in picked:
+        if i in [n for _, n in listed]:
             return Visible([], 0, f"{item!r} names GPU {i} a second time, and CUDA then shows no GPU")
         if i < 0:
-            return Visible(picked, 0, _stops(item, "not a GPU index or UUID") if item.strip() else "CUDA stops at an empty entry, so no entry after it counts")
+            stop = _stops(item, "not a GPU index or UUID") if item.strip() else "CUDA stops at an empty entry, so no entry after it counts"
+            break
+        listed.append((item, i))
+    picked = []
+    for item, i in listed:
         if i >= len(uuids):
             return Visible(picked, 0, _stops(item, f"there is no GPU {i} among the {len(uuids)} it would show"))
         picked.append(i)
-    return Visible(picked, 0, None)
+    return Visible(picked, 0, stop)
