@@ -8,6 +8,8 @@ the SKU's state and rate.
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Callable
 
 from preflight.pipeline.expectations import RdmaExpect
@@ -17,20 +19,30 @@ from preflight.readers.machine.ibports import Port, RdmaFacts
 def hca_names(spec: str) -> Callable[[str, int], bool]:
     """NCCL_IB_HCA as NCCL reads it: a comma list of dev[:port], each a prefix of the
     device name unless the list starts with "="; a leading "^" excludes those listed
-    (NCCL env docs, NCCL_IB_HCA)."""
-    text = spec.strip()
-    exclude = text.startswith("^")
-    text = text[1:] if exclude else text
+    (NCCL env docs, NCCL_IB_HCA). As its parseStringList and matchIfList take them: nothing
+    stripped (" mlx5_1" names no device), the port read as atoi reads it, an item with no
+    name skipped, and a list of none matching every device."""
+    exclude = spec.startswith("^")
+    text = spec[1:] if exclude else spec
     exact = text.startswith("=")
     text = text[1:] if exact else text
     items = []
-    for item in filter(None, (i.strip() for i in text.split(","))):
-        dev, _, port = item.partition(":")
-        items.append((dev, int(port) if port.isdigit() else None))
+    for item in text.split(","):
+        dev, colon, port = item.partition(":")
+        if dev:
+            items.append((dev, _atoi(port) if colon else None))
 
     def listed(dev: str, port: int) -> bool:
+        if not items:
+            return True
         return any((dev == d if exact else dev.startswith(d)) and p in (None, port) for d, p in items)
     return lambda dev, port: listed(dev, port) != exclude
+
+
+def _atoi(text: str) -> int:
+    """C's atoi: leading space, a sign, the digits up to the first other character; 0 where none."""
+    m = re.match(r"\s*([+-]?[0-9]+)", text)
+    return int(m.group(1)) if m else 0
 
 
 UNCABLED = ("Polling", "Disabled")

@@ -136,6 +136,11 @@ def test_the_unused_second_port_of_a_dual_port_card_passes_on_pcie_profiles(prof
     ("^mlx5_1", {"mlx5_0:1", "mlx5_0:2"}),
     ("^=mlx5_1", {"mlx5_0:1", "mlx5_0:2", "mlx5_10:1"}),
     ("^mlx5_0:2", {"mlx5_0:1", "mlx5_1:1", "mlx5_10:1"}),
+    # As NCCL's parseStringList reads it: nothing stripped, so " mlx5_1" names no device...
+    ("mlx5_0, mlx5_1", {"mlx5_0:1", "mlx5_0:2"}),
+    (" ^mlx5_1", set()),  # ... and " ^" is no exclusion: a name no device starts with
+    ("mlx5_0:2x", {"mlx5_0:2"}),  # the port by atoi
+    ("", {"mlx5_0:1", "mlx5_0:2", "mlx5_1:1", "mlx5_10:1"}),  # a list of none: every device
 ])
 def test_nccl_ib_hca_syntax(spec, named):
     ports = [("mlx5_0", 1), ("mlx5_0", 2), ("mlx5_1", 1), ("mlx5_10", 1)]
