@@ -248,6 +248,7 @@ def run(s: Settings, output: Path, fraction: float, repeats: int, console: Conso
     The inputs were checked first (check_fraction, check_repeats, check_output)."""
     runs = []
     with interrupting():  # the runner stops the running check's workers; no floors are written then
+        pipeline.check_python_trusted(s)  # every run below starts it, as root: no other user's
         resolved = pipeline.resolve_profile(s)
         s.keep_going = False
         # Floors come from the boot gate's checks as the gate runs them, whatever level the config asks for.

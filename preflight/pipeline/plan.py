@@ -101,7 +101,6 @@ def gpus_busy(settings: Settings, inventory: nvml.Shared | None = None) -> str |
 def plan(settings: Settings, reading: nvml.Shared | None = None) -> Plan:
     """``reading``: the run's NVML inventory, perhaps begun already (its child answering meanwhile)."""
     check_inputs(settings)
-    check_python_trusted(settings)  # the plan's checks run it
     # These may come from flags, PREFLIGHT_ONLY/SKIP or the config file: name all three.
     registry.check_names(settings.only, "only (--only, PREFLIGHT_ONLY or config):")
     registry.check_names(settings.skip, "skip (--skip, PREFLIGHT_SKIP or config):")

@@ -6,6 +6,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import needs_root
 from preflight.base import pathtrust
 
@@ -88,8 +90,6 @@ def test_a_file_an_acl_lets_another_user_write_is_steerable(tmp_path):
     try:
         os.setxattr(conf, "system.posix_acl_access", _acl(user_obj, (0x02, 6, 65534), group_obj, mask, other))
     except OSError as e:
-        import pytest
-
         pytest.skip(f"this filesystem keeps no POSIX ACL ({e.strerror})")
     assert pathtrust.steerable(conf) == f"{conf} is writable by user nobody through an ACL"
     # A mask without write leaves the named user reading only.

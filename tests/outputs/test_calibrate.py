@@ -287,3 +287,21 @@ def test_a_floor_every_later_run_would_refuse_is_not_written():
     assert why is not None and why.startswith("train_mfu 0.004 ratio") and "this node measured 0.008 ratio, x 0.5" in why
     fine = {"train_mfu": {"value": 0.2, "unit": "ratio", "bound": "min", "measured": 0.4}}
     assert unusable(fine, {"train_mfu": BY_UNIT["ratio"]}, 0.5) is None
+
+
+def test_as_root_a_python_another_user_can_change_is_refused_before_any_run(tmp_path):
+    import os
+    import sys
+
+    if os.geteuid() != 0:
+        pytest.skip("the refusal is root's")
+    venv = tmp_path / "team-venv"
+    venv.mkdir()
+    python, ran = venv / "python", tmp_path / "ran-as-root"
+    python.write_text(f'#!/bin/sh\ntouch "{ran}"\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    os.chown(python, 65534, 65534)
+    out = tmp_path / "floors.toml"
+    p = run_preflight(["calibrate", "--profile", "cpu", "--python", str(python), "-o", str(out)], timeout=120)
+    assert p.returncode == 2 and "another user decides what it does" in p.stderr, p.stderr
+    assert not ran.exists() and not out.exists()
