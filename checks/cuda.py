@@ -27,7 +27,7 @@ from collections import Counter
 
 from pydantic import BaseModel
 
-from preflight.checkkit.cuda_xid import job_xids, judge_xid
+from preflight.checkkit.cuda_xid import elsewhere_xids, job_xids, judge_xid
 from preflight.checkkit.gpu_health import DRAIN, RESET, judge_inventory, node_nvlinks, prohibited, recovery_actions, who
 from preflight.checkkit.sources import Sources, one_fact
 from preflight.gpuwork import interpreter, launch
@@ -221,7 +221,9 @@ def judge(facts: CudaFacts, shape: NodeShape | None, expect: GpuExpect | None, d
     inv = facts.inventory
     # A kernel log this process may not read (a container without CAP_SYSLOG, dmesg_restrict) is
     # the reader's trouble, not the node's: the part is not judged (xid_unjudged), and says why.
-    xids = judge_xid(facts.xid_events, inv, forgeable=facts.kernel_log_note == log_sources.SYSLOG_NOTE)
+    # The kernel log is the host's: a GPU given to another pod or job is judged by the run that holds it.
+    xids = judge_xid(facts.xid_events, inv, forgeable=facts.kernel_log_note == log_sources.SYSLOG_NOTE,
+                     not_given=shape.not_given() if shape else None)
     parts = {
         "inventory": judge_inventory(inv, shape, expect, driver_pin, facts.pcie_loaded),
         "xid": xids,
@@ -326,8 +328,11 @@ class Cuda(Check):
         lines += [f"kernel log: {facts.kernel_log_note}"] if facts.kernel_log_note else []
         lines += [f"Xid errors since boot: {unjudged}"] if unjudged else []
         # A job's own Xids stay in the kernel log until a reboot: said, not held against the node.
-        details["xid_jobs"] = job_xids(facts.xid_events, facts.inventory)
+        not_given = ctx.shape.not_given() if ctx.shape else set()
+        details["xid_jobs"] = job_xids(facts.xid_events, facts.inventory, not_given)
         lines += [f"a job's own Xid since boot, not the node's: {line}" for line in details["xid_jobs"]]
+        details["xid_elsewhere"] = elsewhere_xids(facts.xid_events, facts.inventory, not_given)
+        lines += [f"Xid since boot not judged here: {line}" for line in details["xid_elsewhere"]]
         result = self.conclude(findings, summary(facts, ctx.shape), measurements=measurements(facts, ctx.profile.gpu, ctx.shape) + sources.measurements(),
                                details=details, lines=lines)
         passed = [name for name, found in parts.items() if not any(f.status == FAIL for f in found)

@@ -70,7 +70,7 @@ def _elsewhere(found: list[dict], burned: set[str], rerun: str) -> list[Finding]
     return [Finding(Status.WARN, f"new Xid during burn-in on a GPU it did not load: {codes}",
                     f"the burn-in loaded {', '.join(sorted(burned))}; the kernel logged " + "; ".join(e["raw"].strip() for e in found[:3])
                     + " for another GPU, whose work (another job's, on a shared node) preflight did not run",
-                    "the cuda check judges every Xid since boot by NVIDIA's catalog; `preflight xid` explains the code; "
+                    "the cuda check of the run that holds that GPU judges its Xids since boot by NVIDIA's catalog; `preflight xid` explains the code; "
                     f"to load that GPU too, run `{rerun}` with it visible")]
 
 

@@ -5,15 +5,18 @@ judge knows better than the catalog (Xid 63 after NVML says the remap is
 active, a log read through syslog(2) that another user may have written to, an
 event that only a reboot clears from a since-boot read) the action is said so.
 A job's own Xids (``the_jobs``) are no finding of the node: ``job_xids`` says
-them for the details and the lines. checkkit/burnin_xid.py judges the Xids
-logged during a burn-in.
+them for the details and the lines. Nor is an event on a GPU not given to this
+run (a pod's or a job's share of the node, ``NodeShape.not_given``): the kernel
+log is the host's, so another tenant's GPU's Xids are in it, and the run that
+holds that GPU fails on them; ``elsewhere_xids`` says them. checkkit/burnin_xid.py
+judges the Xids logged during a burn-in.
 """
 
 from __future__ import annotations
 
 from preflight.base.actions import Action, Domain, Next
 from preflight.base.findings import Finding, Status
-from preflight.readers.kernel import xid
+from preflight.readers.kernel import xid, xid_meaning
 from preflight.readers.nvidia import nvml_facts
 from preflight.readers.nvidia.nvml_facts import Gpu, Inventory
 
@@ -53,6 +56,13 @@ def _groups(events: list[xid.XidEvent]) -> dict[tuple[str, int | None, str | Non
     return groups
 
 
+def _worst(code: int | None, group: list[xid.XidEvent]) -> xid_meaning.XidInfo:
+    """The meaning a group of events is judged by: its worst, but for Xid 154, which announces
+    the recovery action now needed, its last."""
+    rank = {"info": 0, "app": 1, "fatal": 2}
+    return group[-1].info if code == 154 else max((e.info for e in group), key=lambda i: rank[i.severity])
+
+
 def _named(kind: str, code: int | None, pci: str | None, inv: Inventory) -> tuple[str, str, Gpu | None]:
     """(label, GPU) as a finding names an event: "Xid 13", "GPU 0 (0000:1b:00)"."""
     g = next((g for g in inv.gpus if nvml_facts.slot(g.pci_bus_id) == pci), None)  # kernel lines print "0000:10:1c"
@@ -60,19 +70,23 @@ def _named(kind: str, code: int | None, pci: str | None, inv: Inventory) -> tupl
     return {"xid": f"Xid {code}", "sxid": f"SXid {code}"}.get(kind, kind.replace("_", " ")), gpu, g
 
 
-def judge_xid(events: list[xid.XidEvent], inv: Inventory, forgeable: bool = False) -> list[Finding]:
+def _elsewhere(events: list[xid.XidEvent], not_given: set[str]) -> list[xid.XidEvent]:
+    """The events of ``events`` on a GPU not given to this run (an SXid names an NVSwitch, never one)."""
+    return [e for e in events if e.kind != "sxid" and e.pci in not_given]
+
+
+def judge_xid(events: list[xid.XidEvent], inv: Inventory, forgeable: bool = False, not_given: set[str] | None = None) -> list[Finding]:
     """One finding per (kind, code, GPU): the worst of its events, and how often. ``forgeable``:
     the log came through syslog(2), where a message's end is lost and any user's message can
     hold a line that reads as the driver's: a fatal event there WARNs (NVML's own facts, judged
     apart, still FAIL a lost GPU, ECC errors or a pending remap). A job's own Xids (``the_jobs``:
     an illegal address, a page fault, the channel resets that follow them) are no finding of the
-    node: ``job_xids`` says them where a person reads."""
-    jobs = {id(e) for e in the_jobs(events)}
-    rank = {"info": 0, "app": 1, "fatal": 2}
+    node: ``job_xids`` says them where a person reads. Nor are events on the GPUs ``not_given`` to
+    this run (their slots): ``elsewhere_xids`` says them."""
+    jobs = {id(e) for e in the_jobs(events)} | {id(e) for e in _elsewhere(events, not_given or set())}
     out = []
     for (kind, code, pci), group in _groups([e for e in events if id(e) not in jobs]).items():
-        # Xid 154 announces the recovery action now needed: the last one counts.
-        info = group[-1].info if code == 154 else max((e.info for e in group), key=lambda i: rank[i.severity])
+        info = _worst(code, group)
         if info.severity == "info":
             continue
         label, gpu, g = _named(kind, code, pci, inv)
@@ -104,11 +118,13 @@ def judge_xid(events: list[xid.XidEvent], inv: Inventory, forgeable: bool = Fals
     return out
 
 
-def job_xids(events: list[xid.XidEvent], inv: Inventory) -> list[str]:
+def job_xids(events: list[xid.XidEvent], inv: Inventory, not_given: set[str] | None = None) -> list[str]:
     """The Xids since boot that were a job's own (``the_jobs``), one line per (code, GPU): for
-    the report's details and the lines a person reads, never a finding of the node."""
+    the report's details and the lines a person reads, never a finding of the node. Those on a
+    GPU ``not_given`` to this run are ``elsewhere_xids``'s."""
     out = []
-    for (kind, code, pci), group in _groups(the_jobs(events)).items():
+    elsewhere = {id(e) for e in _elsewhere(events, not_given or set())}
+    for (kind, code, pci), group in _groups([e for e in the_jobs(events) if id(e) not in elsewhere]).items():
         label, gpu, _ = _named(kind, code, pci, inv)
         n = sum(e.count for e in group)
         times = f" ({n} times since boot)" if n > 1 else ""
@@ -116,4 +132,21 @@ def job_xids(events: list[xid.XidEvent], inv: Inventory) -> list[str]:
         info = group[-1].info
         why = info.act.source if info.act.domain == Domain.JOB else "it follows the job's own Xid on this GPU"
         out.append(f"{label} on {gpu}{times}{', ' + ', '.join(procs) if procs else ''}: {info.meaning}: the job's, not the node's ({why})")
+    return out
+
+
+def elsewhere_xids(events: list[xid.XidEvent], inv: Inventory, not_given: set[str]) -> list[str]:
+    """The events since boot on GPUs not given to this run (``not_given``: their slots), one line
+    per (kind, code, GPU) that is more than information: for the details and the lines a person
+    reads, never a finding of this run, whose GPUs they are not."""
+    out = []
+    jobs = {id(e) for e in the_jobs(events)}  # another job's own Xid on its own GPU: nobody's to act on
+    for (kind, code, pci), group in _groups([e for e in _elsewhere(events, not_given) if id(e) not in jobs]).items():
+        info = _worst(code, group)
+        if info.severity == "info":
+            continue
+        label, gpu, _ = _named(kind, code, pci, inv)
+        n = sum(e.count for e in group)
+        times = f" ({n} times since boot)" if n > 1 else ""
+        out.append(f"{label} on {gpu}{times}: {info.meaning}: on a GPU not given to this run, judged by the run that holds it")
     return out

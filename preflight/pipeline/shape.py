@@ -34,7 +34,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from preflight.base.host import Host, read_stripped
-from preflight.readers.nvidia.nvml_facts import Inventory, short_pci
+from preflight.readers.nvidia.nvml_facts import Inventory, short_pci, slot
 from preflight.base.units import format_cpulist
 from preflight.pipeline.visible_gpus import cuda_visible_shape
 
@@ -78,6 +78,15 @@ class NodeShape(BaseModel):
     # 4 of 8). What Slurm's Gres is held to (outputs/schedulers/slurm.py). None: ``gpus`` is the node's. A GPU
     # the driver does not hold (bound to vfio-pci: no entry; NVreg_ExcludedGpus: its entry says so) is never counted.
     host_gpus: int | None = None
+
+    def not_given(self) -> set[str]:
+        """The slots, as kernel Xid lines print them ("0000:1b:00"), of the GPUs on this node's bus
+        that are not given to this run: a pod's or a job's share of the node, CUDA_VISIBLE_DEVICES.
+        Empty where the run has every GPU, or where the slots of its own are not all known: a GPU
+        is never called another's unless this run's are each named."""
+        if not self.pci_gpus or len(self.slots) != self.gpus or self.gpus >= len(self.pci_gpus):
+            return set()
+        return {slot(bus) for bus in self.pci_gpus} - {slot(bus) for bus in self.slots}
 
     def describe(self) -> str:
         """'8 GPUs joined by NVSwitch, 12 RDMA NICs': one line for people."""

@@ -270,6 +270,69 @@ def test_xid_on_a_known_gpu_names_its_index():
     assert fail.status == Status.FAIL and fail.summary == "Xid 79 on GPU 4 (0000:9d:00)"
 
 
+# The kernel log is the host's: a pod or job given GPUs 0-3 of eight reads the Xids of GPUs 4-7 too.
+OTHERS = ("NVRM: Xid (PCI:0000:9d:00): 79, pid=1234, name=python, GPU has fallen off the bus.\n"
+          "NVRM: Xid (PCI:0000:c3:00): 48, An uncorrectable double bit error (DBE) has been detected\n"
+          "NVRM: Xid (PCI:0000:d1:00): 13, pid=99, name=python, Graphics SM Warp Exception\n")
+
+
+def given_four(how: str, f: cuda.CudaFacts) -> tuple[NodeShape, cuda.CudaFacts]:
+    """A run given GPUs 0-3 of the healthy 8x board the way ``how`` gives them: its shape, and
+    ``f`` with the inventory NVML then gives."""
+    inv, buses = f.inventory, [nvml_facts.short_pci(g.pci_bus_id) for g in f.inventory.gpus]
+    minors, pci = {bus: i for i, bus in enumerate(buses)}, shape.PciNvidia(gpus=buses, nvswitches=4)
+    if how == "container":  # the NVIDIA hook mounts the given GPUs' driver entries and device nodes alone
+        inv = inv.model_copy(update={"gpus": inv.gpus[:4]})
+        node = shape.judge_shape(pci, [0, 1, 2, 3], dict(list(minors.items())[:4]), [], inv)
+    elif how == "cgroup":  # Slurm's ConstrainDevices: every node listed, four refused, by the cgroup and by NVML
+        refused = [nvml_facts.RefusedGpu(index=i, error="Insufficient Permissions") for i in range(4, 8)]
+        inv = inv.model_copy(update={"gpus": inv.gpus[:4], "refused": refused})
+        node = shape.judge_shape(pci, list(range(8)), minors, [], inv, refused=[4, 5, 6, 7])
+    else:  # a Slurm step without a device cgroup: it may open all eight, CUDA sees four
+        node = shape.judge_shape(pci, list(range(8)), minors, [], inv, cuda_visible="0,1,2,3")
+    return node, f.model_copy(update={"inventory": inv})
+
+
+@pytest.mark.parametrize("how", ["container", "cgroup", "CUDA_VISIBLE_DEVICES"])
+def test_xids_on_gpus_given_to_another_run_are_said_not_judged(how):
+    """Was: Xid 79 and 48 on GPUs 4 and 5, which another pod or job holds, FAILed this run with a
+    reboot, though its four GPUs were healthy."""
+    node, f = given_four(how, facts("h100-sxm-8x-healthy.json", init=None, xid_events=xid.parse(OTHERS)))
+    assert node.gpus == 4 and node.not_given() == {"0000:9d:00", "0000:c3:00", "0000:d1:00", "0000:df:00"}
+    assert judged(f, node=node) == []
+    r = cuda.Cuda().judged(Context(profile=H100, settings=Settings(), host=Host(), shape=node), f)
+    assert r.status == Status.PASS and r.details["parts"]["xid"] == Status.PASS
+    said = [line for line in r.lines if line.startswith("Xid since boot not judged here: ")]
+    # NVML names GPUs 4 and 5 where it lists them (CUDA_VISIBLE_DEVICES hides them from CUDA alone).
+    named = how == "CUDA_VISIBLE_DEVICES"
+    assert [line.split(": ")[1] for line in said] == ["Xid 79 on GPU 4 (0000:9d:00)" if named else "Xid 79 on 0000:9d:00",
+                                                     "Xid 48 on GPU 5 (0000:c3:00)" if named else "Xid 48 on 0000:c3:00"]
+    assert all(line.endswith("on a GPU not given to this run, judged by the run that holds it") for line in said)
+    assert r.details["xid_elsewhere"] == [line.removeprefix("Xid since boot not judged here: ") for line in said]
+    assert r.details["xid_jobs"] == []  # another job's own Xid 13 is neither this run's nor said as its job's
+
+
+def test_an_xid_on_a_gpu_given_to_this_run_still_fails_beside_another_runs():
+    mine = "NVRM: Xid (PCI:0000:43:00): 79, pid=1234, name=python, GPU has fallen off the bus.\n"
+    node, f = given_four("cgroup", facts("h100-sxm-8x-healthy.json", init=None, xid_events=xid.parse(OTHERS + mine)))
+    assert [(x.status, x.summary) for x in judged(f, node=node)] == [(Status.FAIL, "Xid 79 on GPU 1 (0000:43:00)")]
+
+
+def test_xids_are_all_judged_where_the_run_has_every_gpu_or_its_own_are_not_each_named():
+    f = facts("h100-sxm-8x-healthy.json", init=None, xid_events=xid.parse(OTHERS))
+    buses = [nvml_facts.short_pci(g.pci_bus_id) for g in f.inventory.gpus]
+    whole = shape.judge_shape(shape.PciNvidia(gpus=buses, nvswitches=4), list(range(8)), {b: i for i, b in enumerate(buses)}, [], f.inventory)
+    # The bus lists eight, /dev four, and the driver names no minor: which four are this run's is unknown.
+    unnamed = shape.judge_shape(shape.PciNvidia(gpus=buses, nvswitches=4), [0, 1, 2, 3], {}, [], f.inventory.model_copy(update={"gpus": f.inventory.gpus[:4]}))
+    for node in (whole, unnamed, None):
+        assert node is None or node.not_given() == set()
+        assert [x.summary for x in only(judged(f, node=node))] == ["Xid 79 on GPU 4 (0000:9d:00)", "Xid 48 on GPU 5 (0000:c3:00)"]
+    # A slot the bus does not list (a log from another boot, a GPU gone from sysfs) is still judged.
+    node, gone = given_four("cgroup", facts("h100-sxm-8x-healthy.json", init=None,
+                                            xid_events=xid.parse("NVRM: Xid (PCI:0000:ee:00): 79, GPU has fallen off the bus.\n")))
+    assert [x.summary for x in only(judged(gone, node=node))] == ["Xid 79 on 0000:ee:00"]
+
+
 def test_a_fatal_xid_read_only_through_syslog2_warns_as_another_user_could_have_written_it():
     """No /dev/kmsg and no journal (a container), dmesg through syslog(2): a message's end is lost,
     so a user's newline makes a line that reads as the driver's. Not enough to drain a node."""
