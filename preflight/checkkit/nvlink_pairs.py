@@ -47,8 +47,10 @@ def judge_links(facts: TopologyFacts, expect: TopologyExpect, shape: NodeShape |
             out.append(Finding(WARN, "NVLink pairs unknown", facts.unanswered[topo_derived.LINKS] + ": NVLink between the GPUs was not judged",
                                "run `nvidia-smi topo -m` and `nvidia-smi nvlink -s` by hand; update nvidia-ml-py to the driver's generation"))
         m = None
+    # Bridges join two cards: of an odd number, one is out by design. Never on an NVSwitch, whose GPUs all reach it.
+    odd_out = mode == "pairs" or (mode == "peers" and shape is not None and shape.fabric == "nvlink")
     if m is not None and mode in ("mesh", "peers"):
-        out += _left_out(m, every_pair=mode == "mesh", elsewhere=bridged_elsewhere(facts))
+        out += _left_out(m, every_pair=mode == "mesh", elsewhere=bridged_elsewhere(facts), odd=odd_out and odd_card_out(m, facts))
     if m is not None and mode == "all":
         short = {k: v for k, v in m.links.items() if nvlink_count(v) < want}
         n = len(m.gpus)
@@ -77,7 +79,7 @@ def judge_links(facts: TopologyFacts, expect: TopologyExpect, shape: NodeShape |
             peers = {j: m.link(g, j) for j in range(len(m.gpus)) if j != g and nvlink_count(m.link(g, j))}
             best = max(peers.items(), key=lambda kv: nvlink_count(kv[1]), default=None)
             if best is None:
-                if g in bridged_elsewhere(facts):
+                if g in bridged_elsewhere(facts) or odd_card_out(m, facts):
                     continue
                 out.append(Finding(FAIL, f"GPU {g} has no NVLink peer", f"GPU {g} has no NVLink to any GPU (NV{want} bridge to its pair expected): "
                                    "the bridge is missing or unseated", "reseat or replace the NVLink bridge of this GPU pair; " + _NVLINK_REMEDY))
@@ -108,15 +110,32 @@ def bridged_elsewhere(facts: TopologyFacts) -> dict[int, list[str]]:
     return out
 
 
-def _left_out(m: Topo, every_pair: bool, elsewhere: dict[int, list[str]]) -> list[Finding]:
+def odd_card_out(m: Topo, facts: TopologyFacts) -> bool:
+    """Whether the GPUs with no NVLink peer here are the one an odd number of bridged cards
+    leaves out: every other GPU is bridged to exactly one peer and, where NVML counts them, carries
+    all its active links to it (on a board of direct links a GPU reaches several), the card out
+    has no active link (one whose links end somewhere unseen is no card without a bridge), and no
+    more are left out than the count's parity forces (3 cards, one pair: one; two pairs of four: none)."""
+    n = len(m.gpus)
+    peers = {g: [j for j in range(n) if j != g and nvlink_count(m.link(g, j))] for g in range(n)}
+    lone = [g for g in range(n) if not peers[g]]
+    active = {p.index: p.nvlinks_active for p in facts.gpus}
+    paired = all(len(peers[g]) == 1 and active.get(g) in (None, nvlink_count(m.link(g, peers[g][0])))
+                 for g in range(n) if peers[g])
+    unbridged = all(not active.get(g) for g in lone)
+    return paired and unbridged and 0 < len(lone) <= n % 2
+
+
+def _left_out(m: Topo, every_pair: bool, elsewhere: dict[int, list[str]], odd: bool = False) -> list[Finding]:
     """On a node whose GPUs NVLink joins: a GPU with no NVLink peer at all, or
     (``every_pair``) a pair with none between them. A GPU whose links reach only GPUs
-    outside this view (``elsewhere``) is left out by whoever chose the GPUs, not by a fault."""
+    outside this view (``elsewhere``) is left out by whoever chose the GPUs, not by a fault;
+    nor is the odd card out of bridged pairs (``odd``: ``odd_card_out``)."""
     n = len(m.gpus)
     lone = [g for g in range(n) if not any(nvlink_count(m.link(g, j)) for j in range(n) if j != g) and g not in elsewhere]
     out = [Finding(FAIL, f"GPU {g} has no NVLink peer", f"GPU {g} has no NVLink to any GPU while the node's other GPUs are joined by NVLink: "
                    "its bridge is missing or unseated, or its links are down", "reseat or replace the NVLink bridge of this GPU; " + _NVLINK_REMEDY)
-           for g in lone if len(lone) < n]
+           for g in lone if len(lone) < n and not odd]
     if every_pair:
         pairs = [f"GPU {a}-GPU {b} {m.link(a, b)}" for a in range(n) for b in range(a + 1, n) if a not in lone and b not in lone and not nvlink_count(m.link(a, b))]
         if pairs:

@@ -22,6 +22,7 @@ H200_NVML = FIXTURES / "nvml" / "h200-1x-vm.json"
 from preflight.pipeline import profiles
 from preflight.readers.nvidia import topo
 from preflight.pipeline.check import Context
+from preflight.pipeline.shape import NodeShape
 from preflight.base.findings import Status
 from preflight.base.host import Host
 from preflight.pipeline.settings import Settings
@@ -272,6 +273,46 @@ def test_a_gpu_bridged_to_a_partner_outside_the_pod_is_no_missing_bridge():
     assert [x.summary for x in t.judge(f, NVL.topology, None)["nvlink"]] == ["GPU 2 has no NVLink peer"]
     gpus[2].nvlink_peers, gpus[2].nvlink_remote = None, None  # NVML names no far end: its bridge is missing
     assert [x.summary for x in t.judge(f, NVL.topology, None)["nvlink"]] == ["GPU 2 has no NVLink peer"]
+
+
+def odd_facts(n: int, links: dict[str, str], active: list[int] | None = None) -> t.TopologyFacts:
+    gpus = [layout.GpuPlace(index=i, pci=f"0000:{0x1b + i:02x}:00.0", uuid=f"GPU-{i}", nvlinks_active=active[i] if active else None) for i in range(n)]
+    return t.TopologyFacts(matrix=topo.parse(matrix(n, links, [0] * n)), gpus=gpus)
+
+
+BRIDGED = NodeShape(gpus=3, gpus_from="test", fabric="nvlink", fabric_from="NVML: active NVLinks end at another GPU")
+
+
+def test_the_odd_card_out_of_bridged_pairs_is_no_missing_bridge():
+    """Was: three cards, two of them bridged, FAILed "GPU 2 has no NVLink peer": a bridge joins
+    two cards, so one of an odd number is out by design."""
+    three = odd_facts(3, {"0-1": "NV12"}, active=[12, 12, 0])
+    assert t.judge(three, NVL.topology, None, BRIDGED)["nvlink"] == []
+    assert t.judge(three, NVL.topology, None, None)["nvlink"] == []  # a saved capture, under the profile's "pairs"
+    # A PCIe profile that promises no bridges, on a node that has some: the same.
+    assert t.judge(three, resolved("a100-pcie").topology, None, BRIDGED)["nvlink"] == []
+    five = odd_facts(5, {"0-1": "NV12", "2-3": "NV12"})
+    assert t.judge(five, NVL.topology, None, BRIDGED.model_copy(update={"gpus": 5}))["nvlink"] == []
+
+
+def test_more_cards_left_out_than_an_odd_count_forces_still_fail():
+    five = odd_facts(5, {"0-1": "NV12"})
+    found = t.judge(five, NVL.topology, None, BRIDGED.model_copy(update={"gpus": 5}))["nvlink"]
+    assert [x.summary for x in found] == ["GPU 2 has no NVLink peer", "GPU 3 has no NVLink peer", "GPU 4 has no NVLink peer"]
+    four = odd_facts(4, {"0-1": "NV12"})
+    found = t.judge(four, resolved("a100-pcie").topology, None, BRIDGED.model_copy(update={"gpus": 4}))["nvlink"]
+    assert [x.summary for x in found] == ["GPU 2 has no NVLink peer", "GPU 3 has no NVLink peer"]
+
+
+def test_a_lone_gpu_beside_gpus_joined_otherwise_than_by_one_bridge_still_fails():
+    # On an NVSwitch every GPU reaches the switch: a GPU without a peer lost its links, whatever the count.
+    three = odd_facts(3, {"0-1": "NV18"})
+    switch = BRIDGED.model_copy(update={"fabric": "nvswitch"})
+    assert [x.summary for x in t.judge(three, resolved("generic").topology, None, switch)["nvlink"]] == ["GPU 2 has no NVLink peer"]
+    # Three GPUs of a 4-GPU board of direct links (NV4 a pair): GPUs 0 and 1 carry 8 more links
+    # than they give each other, to GPUs outside this view: no bridged pair, and GPU 2 lost its own.
+    mesh = odd_facts(3, {"0-1": "NV4"}, active=[12, 12, 0])
+    assert [x.summary for x in t.judge(mesh, resolved("generic").topology, None, BRIDGED)["nvlink"]] == ["GPU 2 has no NVLink peer"]
 
 
 def test_a_pair_bridged_with_fewer_links_fails_once_naming_the_pair():
