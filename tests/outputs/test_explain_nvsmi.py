@@ -189,3 +189,15 @@ def test_dcgmi_parse_errors_name_the_file():
     from preflight.outputs.explain import explain_dcgmi
     with pytest.raises(UsageError, match=r"^diag\.txt: no dcgmi diag result"):
         explain_dcgmi.explain("+----+\n| nothing |\n", "diag.txt", None)
+
+
+def test_a_mig_gpu_pasted_without_its_gpu_line_fails_on_mig_alone_never_on_a_mig_devices_memory():
+    """Was: each MIG Device's `FB Memory Usage` read as a GPU's, so the paste held three GPUs, two of
+    40448 MiB: "less memory than the SKU" beside the MIG finding."""
+    (path,) = NVSMI.glob("q_hand_h100-580_MIG-on_*")
+    lines = path.read_text().splitlines()
+    block = lines[lines.index("GPU 00000000:18:00.0") + 1:lines.index("GPU 00000000:2A:00.0")]
+    for text in (path.read_text(), "\n".join(block) + "\n"):
+        e = explain_nvsmi.explain(text, path.name, profile("h100-sxm"))
+        assert {s for _, _, s in seen(e)} <= {"GPU 00000000:18:00.0: MIG enabled", "GPU 00000000:2A:00.0: MIG enabled"}
+        assert all(sev == "fail" for sev, _, _ in seen(e)) and seen(e)

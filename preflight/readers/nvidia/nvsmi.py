@@ -11,6 +11,14 @@ indentation only, and each fact is found by its key and the section just above
 it, never by column or line number. A key whose name says what it is (`Pending
 Page Blacklist`, `HW Slowdown`) is taken even when a grep dropped its section;
 an ambiguous one (`Pending`, `Max`) is not.
+
+A GPU's block also holds blocks of other things that print the GPU's own key
+names: a `MIG Device` with MIG on (its own `FB Memory Usage` and `BAR1 Memory
+Usage` until a driver renamed them `Shared ...`), a process of `Processes`, a
+`vGPU ID` of `nvidia-smi vgpu -q`. A fact is the GPU's only where every section
+above it nests as in the GPU's own tree (_WITHIN), so a key in any such block,
+whatever its name, is none of the GPU's; a paste cut short above a section
+still reads.
 """
 
 from __future__ import annotations
@@ -48,6 +56,15 @@ REASONS = {
 _REASON_SECTIONS = {"Clocks Event Reasons", "Clocks Throttle Reasons", "Clocks Reasons"}
 _ECC = {"SRAM Correctable", "SRAM Uncorrectable", "SRAM Uncorrectable Parity", "SRAM Uncorrectable SEC-DED", "DRAM Correctable", "DRAM Uncorrectable"}
 _POWER = {"Power Readings", "GPU Power Readings"}
+# The sections that sit inside another in the GPU's own tree, and what they sit in; every
+# other section sits at the GPU's top. Where a section holding a key sits elsewhere (FB
+# Memory Usage inside a MIG Device), the key is not the GPU's.
+_WITHIN: dict[str, set[str]] = {
+    "GPU Link Info": {"PCI"}, "PCIe Generation": {"GPU Link Info"}, "Link Width": {"GPU Link Info"},
+    "Volatile": {"ECC Errors"}, "Aggregate": {"ECC Errors"},
+    "Single Bit": {"Volatile", "Aggregate"}, "Double Bit": {"Volatile", "Aggregate"},  # drivers before ~450
+    "HW Slowdown": _REASON_SECTIONS,  # `HW Slowdown : Active` and, under it, HW Thermal and HW Power Brake
+}
 # field id -> (the section right above the key (None: none), its keys, taken with no section above it)
 _FIELDS: dict[str, tuple[set, set[str], bool]] = {
     "gpu.product_name": ({None}, {"Product Name"}, True),
@@ -226,12 +243,12 @@ def parse(text: str) -> SmiCapture:
         key = (kv[0] if kv else line).strip()
         value = ((kv[1] or "").strip()) if kv else None
         parents = [name for _, name in stack]
+        if not parents and key in HEADER and value is not None:
+            header[HEADER[key]] = value  # no section: a GPU block pasted without its GPU line is not under it
+            continue
         stack.append((indent, key))
         if value is None:
             continue  # a section's name: it only places the lines below it
-        if not parents and key in HEADER:
-            header[HEADER[key]] = value
-            continue
         field = _field(parents, key, value)
         if field is None:
             continue
@@ -247,7 +264,15 @@ def parse(text: str) -> SmiCapture:
                       gpus=[_gpu(b) for b in blocks], elided=elided)
 
 
+def _gpu_level(parents: list[str]) -> bool:
+    """Whether the sections above a key nest as in the GPU's own tree, or as its lower end where a
+    paste starts inside it: `MIG Device`, `FB Memory Usage` is a GPU instance's memory, not the GPU's."""
+    return all(outer in _WITHIN.get(inner, ()) for outer, inner in zip(parents, parents[1:]))
+
+
 def _field(parents: list[str], key: str, value: str | None) -> str | None:
+    if not _gpu_level(parents):
+        return None  # a block of something else inside the GPU's: a MIG device, a process, a vGPU
     parent = parents[-1] if parents else None
     if key in REASONS and (_REASON_SECTIONS & set(parents) or (value or "").lower() in ("active", "not active")):
         return "reasons." + REASONS[key]
