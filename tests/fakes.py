@@ -279,7 +279,8 @@ FAKES = [
 # (facts recorded before it read as an nvidia-ml-py without the call); a GPU
 # without inforom_image or fabric answers those calls "not supported" (fabric
 # status: NVML's error string, served through nvmlErrorString); the recovery action is a
-# field value of nvmlDeviceGetFieldValues, "not supported" where the facts name none.
+# field value of nvmlDeviceGetFieldValues, "not supported" where the facts name none; so is
+# the count of NVLinks present (NVML_FI_DEV_NVLINK_LINK_COUNT), a GPU's "nvlink_count" where named.
 FAKE_PYNVML = """
 # A stand-in for nvidia-ml-py, driven by FAKE_NVML (a failure mode) and
 # FAKE_NVML_FACTS (the FakeNvml JSON whose facts it serves), so the real
@@ -436,6 +437,8 @@ def nvmlDeviceGetFieldValues(h, fieldIds):
             v.nvmlReturn = _error_code(failed)
         elif field == 230 and code is not None:
             v.valueType, v.value.uiVal = 1, code  # NVML_VALUE_TYPE_UNSIGNED_INT
+        elif field == 91 and g.get("nvlink_count") is not None:  # NVML_FI_DEV_NVLINK_LINK_COUNT
+            v.valueType, v.value.uiVal = 1, g["nvlink_count"]
         else:
             v.nvmlReturn = 3
     return values

@@ -282,6 +282,25 @@ def test_with_one_link_up_the_inactive_ones_are_down_and_the_far_ends_counted(fa
     assert gpus[0].nvlink_remote == {"switch": 18}
 
 
+def test_links_past_the_count_the_driver_says_are_present_are_no_links_down(fake_nvml, tmp_path):
+    """A board that keeps fewer links than its die (an export part's 8 of 18, NVSwitch to every
+    peer): NVML_FI_DEV_NVLINK_LINK_COUNT says 8, so links 8-17 answering "inactive" are none of
+    its own, where they had read as ten links down on every GPU. Within the count, one down stays."""
+    data = json.loads((FIXTURES / "h100-sxm-8x-healthy.json").read_text())
+    for i, g in enumerate(data["gpus"]):
+        g.update(nvlinks_active=8, nvlinks_down=list(range(8, 18)), nvlink_remote={"switch": 8}, nvlink_count=8)
+    data["gpus"][5].update(nvlinks_active=7, nvlinks_down=[3, *range(8, 18)], nvlink_remote={"switch": 7})
+    (tmp_path / "facts.json").write_text(json.dumps(data))
+    fake_nvml(facts=tmp_path / "facts.json")  # the fake serves 18 states, links 8-17 inactive, and the count
+    gpus = nvml.inventory().gpus
+    assert [(g.nvlinks_active, g.nvlinks_down) for g in gpus] == [(8, [])] * 5 + [(7, [3])] + [(8, [])] * 2
+    assert all(g.unanswered == {} for g in gpus)
+    for g in data["gpus"]:
+        del g["nvlink_count"]  # a driver that does not say: every link NVML names is asked, as before
+    (tmp_path / "facts.json").write_text(json.dumps(data))
+    assert nvml.inventory().gpus[0].nvlinks_down == list(range(8, 18))
+
+
 def test_an_nvidia_ml_py_without_the_remote_type_call_leaves_it_unknown(fake_nvml, tmp_path):
     data = json.loads((FIXTURES / "h100-sxm-8x-healthy.json").read_text())
     for g in data["gpus"]:

@@ -11,7 +11,7 @@ import time
 from functools import reduce
 from typing import Any
 
-from preflight.readers.nvidia.nvml_calls import as_text, optional
+from preflight.readers.nvidia.nvml_calls import as_text, field_number, optional
 from preflight.readers.nvidia.nvml_topology import read_fabric, read_nvlinks, read_p2p, read_placement
 
 # nvml.h's clocks-event (formerly throttle) reason bits, by the name a report shows.
@@ -46,12 +46,6 @@ RECOVERY_ASK = "nvmlDeviceGetFieldValues(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)"  
 # before 595 names 5 NVML_GPU_RECOVERY_ACTION_GPU_RESET_BUS (its 2025 pynvml.py, NVLink max 18).
 # So a driver before 595 saying 5 asks for a bus reset. ref. docs.nvidia.com/deploy/nvml-api/change-log.html
 RECOVERY_5_BEFORE, RECOVERY_5_OLD = 595, "bus_reset"
-# A field's own nvmlReturn that means the driver does not know the field (NVML_ERROR_INVALID_ARGUMENT,
-# NVML_ERROR_NOT_SUPPORTED): a driver older than it. Unknown, as optional reads "not supported".
-FIELD_ABSENT = (2, 3)
-# nvml.h nvmlValueType_t -> the member of nvmlValue_t that holds the number.
-FIELD_VALUE = {1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
-
 
 def read_inventory(pynvml: Any) -> dict[str, Any]:
     cuda = optional(pynvml, "nvmlSystemGetCudaDriverVersion_v2") or optional(pynvml, "nvmlSystemGetCudaDriverVersion")
@@ -192,24 +186,11 @@ def _gpu(pynvml: Any, i: int, h: Any, bus: str, device_id: int) -> dict[str, Any
 
 def _recovery_action(pynvml: Any, h: Any, unanswered: dict[str, str]) -> str | None:
     """What the driver says this GPU needs to recover (a name of RECOVERY_ACTIONS), or None where
-    it does not say. The call succeeds whatever the field; each field carries its own nvmlReturn."""
-    asked: dict[str, str] = {}
+    it does not say."""
     field = getattr(pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", RECOVERY_FIELD)
-    values = optional(pynvml, "nvmlDeviceGetFieldValues", h, [field], unanswered=asked)
-    if asked:  # keyed by the field, not the call: other fields may be read through it one day
-        unanswered[RECOVERY_ASK] = next(iter(asked.values()))
-    if not values:
+    code = field_number(pynvml, h, field, RECOVERY_ASK, unanswered)
+    if code is None:
         return None
-    v = values[0]
-    if v.nvmlReturn in FIELD_ABSENT:
-        return None
-    if v.nvmlReturn:
-        try:
-            unanswered[RECOVERY_ASK] = as_text(pynvml.nvmlErrorString(v.nvmlReturn))
-        except Exception:  # noqa: BLE001 - the code still says it failed
-            unanswered[RECOVERY_ASK] = f"NVML error {v.nvmlReturn}"
-        return None
-    code = int(getattr(v.value, FIELD_VALUE.get(v.valueType, "uiVal")))
     if code not in RECOVERY_ACTIONS:  # an action newer than this code: said, not guessed
         unanswered[RECOVERY_ASK] = f"recovery action {code}, which this preflight does not know"
         return None

@@ -8,9 +8,13 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from preflight.readers.nvidia.nvml_calls import as_text, optional
+from preflight.readers.nvidia.nvml_calls import as_text, field_number, optional
 
 NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS
+# nvml.h: NVML_FI_DEV_NVLINK_LINK_COUNT, "Number of NVLinks present on the device" (NCCL's
+# nvmlwrap.h carries the same id). A board with fewer links than its die (an export part that
+# keeps 8 of 18) has no links past that count to be down; DCGM and UCC ask only that many.
+NVLINK_COUNT_FIELD = 91
 # nvml.h's nvmlNvLinkDeviceType_t: what sits at the far end of an active link.
 NVLINK_REMOTE = {0: "gpu", 1: "ibmnpu", 2: "switch"}  # NVML_NVLINK_DEVICE_TYPE_GPU, _IBMNPU, _SWITCH; 0xFF: unknown
 AFFINITY_SCOPE_NODE = 0  # nvml.h NVML_AFFINITY_SCOPE_NODE: the NUMA node, as `nvidia-smi topo -m` prints it
@@ -45,7 +49,10 @@ def read_nvlinks(pynvml: Any, h: Any, unanswered: dict[str, str]) -> dict[str, A
     unknown = {"nvlinks_active": None, "nvlinks_down": [], "nvlink_remote": None, "nvlink_peers": None}
     if not hasattr(pynvml, "nvmlDeviceGetNvLinkState"):
         return unknown
-    states = {link: optional(pynvml, "nvmlDeviceGetNvLinkState", h, link, unanswered=unanswered) for link in range(NVLINK_MAX_LINKS)}
+    # Unread, the count is every link NVML can name, as before it was asked; nothing to say.
+    count = field_number(pynvml, h, NVLINK_COUNT_FIELD, "nvmlDeviceGetFieldValues(NVML_FI_DEV_NVLINK_LINK_COUNT)", {})
+    links = range(min(count, NVLINK_MAX_LINKS) if count else NVLINK_MAX_LINKS)
+    states = {link: optional(pynvml, "nvmlDeviceGetNvLinkState", h, link, unanswered=unanswered) for link in links}
     present = {link: state for link, state in states.items() if state is not None}  # None: no such link
     if not present:  # not one link answered: unknown (a PCIe board, or a VM that hides NVLink), not "0 up"
         return unknown
