@@ -33,11 +33,12 @@ from preflight.checkkit import confirm, host_link
 from preflight.checkkit import nvls as nvls_mod
 from preflight.checkkit import outliers
 from preflight.checkkit.bandwidth_figures import (
-    BPS, COLLECTIVE, INTERNODE, MEMBERS, PER_DEVICE, REASONS, SECONDS, WORDS, BandwidthFacts, Figure, RankReport, cohort, figures, link_kinds, source, who,
+    BPS, COLLECTIVE, INTERNODE, MEMBERS, PER_DEVICE, REASONS, SECONDS, WORDS, BandwidthFacts, Figure, RankReport, figures, source, who,
 )
 from preflight.checkkit.bandwidth_plan import (
     exclusive_gpus, foreign_contexts, foreign_line, seconds_skipped, steps_again, steps_for, time_line,
 )
+from preflight.checkkit.p2p_cohorts import cohort, link_kinds
 from preflight.checkkit.placement import linked_pairs, numa_nodes
 from preflight.gpuwork import launch, meeting, ranks, ranks_judge
 from preflight.pipeline import floor_bounds, shape

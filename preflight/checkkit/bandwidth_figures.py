@@ -18,7 +18,6 @@ from pydantic import BaseModel, Field
 
 from preflight.checkkit import figures as figs_mod
 from preflight.gpuwork import ranks
-from preflight.pipeline.check import Result
 from preflight.readers.nccl import nccl_log as nccl_lines
 
 BPS, SECONDS = "bytes_per_second", "seconds"
@@ -137,6 +136,13 @@ class BandwidthFacts(ranks.RunFacts):
 Figure, median, quantile, spread = figs_mod.Figure, figs_mod.median, figs_mod.quantile, figs_mod.spread
 
 
+class PairFigure(Figure):
+    """A P2P pair's figure, with whether CUDA gave the pair peer access (False: the copy went
+    through host memory). Only the judge reads it: the figure's labels and dump are a Figure's."""
+
+    peer_access: bool | None = Field(default=None, exclude=True)
+
+
 # ---- arithmetic (nccl-tests' definitions) ---------------------------------------
 
 
@@ -221,8 +227,10 @@ def _device_figure(f: BandwidthFacts, r: int, res: StepResult, gpu: dict[int, st
         peer = gpu.get(res.peer) or f"local rank {res.peer}"  # one node: the peer is a local rank
         labels["peer_gpu"] = peer.removeprefix("GPU ")
         where = f"{where} -> {peer}"
-    return Figure(name=name, unit=BPS, value=res.moved_bytes / med, where=where, labels=labels, bytes=res.bytes,  # type: ignore[operator]
-                  repeats=len(res.seconds), spread=spread(res.seconds), rank=r, **figs_mod.sureness(res.seconds, res.tolerance, res.stopped))
+    kind = Figure if res.peer is None else PairFigure
+    extra = {} if res.peer is None else {"peer_access": res.peer_access}
+    return kind(name=name, unit=BPS, value=res.moved_bytes / med, where=where, labels=labels, bytes=res.bytes,  # type: ignore[operator]
+                repeats=len(res.seconds), spread=spread(res.seconds), rank=r, **extra, **figs_mod.sureness(res.seconds, res.tolerance, res.stopped))
 
 
 def who(r: int, gpu: dict[int, str | None]) -> str:
@@ -234,27 +242,3 @@ def who(r: int, gpu: dict[int, str | None]) -> str:
 
 # Per GPU, per pair or per rank: each is also judged against the node's own median (checkkit/outliers.py).
 MEMBERS = tuple(PER_DEVICE.values())
-
-
-def link_kinds(topology: Result | None) -> dict[frozenset[int], str]:
-    """GPU pair -> its `nvidia-smi topo -m` link ("NV18", "PIX", "SYS"), from the topology check."""
-    matrix = topology.details.get("matrix") if topology else None
-    out = {}
-    for key, kind in ((matrix or {}).get("links") or {}).items():
-        a, _, b = str(key).partition("-")
-        if a.isdigit() and b.isdigit():
-            out[frozenset((int(a), int(b)))] = str(kind)
-    return out
-
-
-def cohort(kinds: dict[frozenset[int], str], all_nvlink: bool):
-    """Which P2P pairs share a median: those over the same kind of link (an NVLink pair is
-    not slow next to a pair that crosses the CPUs' interconnect). A pair whose link is not
-    known is judged only on an NVSwitch board, where every pair's path is alike."""
-    def of(g: Figure) -> str | None:
-        if g.key != "p2p_bandwidth":
-            return ""
-        a, b = ranks.gpu_index(f"GPU {g.labels.get('gpu')}"), ranks.gpu_index(f"GPU {g.labels.get('peer_gpu')}")
-        kind = kinds.get(frozenset((a, b))) if a is not None and b is not None else None
-        return kind or ("NVSwitch" if all_nvlink else None)
-    return of

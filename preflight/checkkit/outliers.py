@@ -73,7 +73,7 @@ def failing(figs: list[Figure], expect: OutlierExpect | None, keys: tuple[str, .
     (checkkit/confirm.py), as a figure beyond its floor is."""
     if expect is None:
         return []
-    return [key for key, groups in _groups(figs, keys, cohort).items()
+    return [key for key, groups in _groups(figs, keys, cohort, expect).items()
             if any(o.status == Status.FAIL for _, group in groups for o, _ in _found(group, expect.band(key)))]
 
 
@@ -125,7 +125,7 @@ def _judged(figs: list[Figure], expect: OutlierExpect, keys: tuple[str, ...], co
     """Name -> (its groups, its outliers worst first as (Outlier, Figure, words), the members past
     the FAIL band on one reading only): what ``judge`` words and ``statuses`` records."""
     out = {}
-    for key, groups in _groups(figs, keys, cohort).items():
+    for key, groups in _groups(figs, keys, cohort, expect).items():
         band = expect.band(key)
         found = [(o, g, _among(c, len(group)) if len(groups) > 1 else "") for c, group in groups for o, g in _found(group, band)]
         once: set[str] = set()
@@ -156,7 +156,7 @@ def measurements(figs: list[Figure], expect: OutlierExpect | None, keys: tuple[s
     if expect is None:
         return []
     out = []
-    for key, groups in _groups(figs, keys, cohort).items():
+    for key, groups in _groups(figs, keys, cohort, expect).items():
         band = expect.band(key)
         for _, group in groups:
             if len(group) < 2:
@@ -184,7 +184,7 @@ def bands(expect: OutlierExpect | None, keys: tuple[str, ...]) -> dict[str, dict
 def _fails(figs: list[Figure], expect: OutlierExpect, keys: tuple[str, ...], cohort) -> dict[str, dict[str, Outlier]]:
     """Name -> member -> its outlier past the FAIL band, on one reading; every name judged is a key."""
     out: dict[str, dict[str, Outlier]] = {}
-    for key, groups in _groups(figs, keys, cohort).items():
+    for key, groups in _groups(figs, keys, cohort, expect).items():
         out[key] = {o.where: o for _, group in groups for o, _ in _found(group, expect.band(key)) if o.status == Status.FAIL}
     return out
 
@@ -233,8 +233,12 @@ def _higher(g: Figure) -> bool:
     return g.unit != figs_mod.SECONDS  # a rate: more is better; a time: less is
 
 
-def _groups(figs: list[Figure], keys: tuple[str, ...], cohort) -> dict[str, list[tuple[str, list[Figure]]]]:
-    """Figure name -> its (cohort, members) groups, each judged against its own median."""
+def _groups(figs: list[Figure], keys: tuple[str, ...], cohort, expect: OutlierExpect) -> dict[str, list[tuple[str, list[Figure]]]]:
+    """Figure name -> its (cohort, members) groups, each judged against its own median. A
+    cohort with a ``split`` (bandwidth_figures.PairCohort) parts a group further where it
+    needs the whole group to tell (near and far pairs where the link kind cannot), given the
+    name's WARN band."""
+    split = getattr(cohort, "split", None)
     by: dict[tuple[str, str], list[Figure]] = defaultdict(list)
     for g in figs:
         if g.key in keys:
@@ -243,7 +247,7 @@ def _groups(figs: list[Figure], keys: tuple[str, ...], cohort) -> dict[str, list
                 by[(g.key, c)].append(g)
     out: dict[str, list[tuple[str, list[Figure]]]] = defaultdict(list)
     for (key, c), group in by.items():
-        out[key].append((c, group))
+        out[key].extend(split(c, group, expect.band(key).warn) if split else [(c, group)])
     return out
 
 
@@ -254,7 +258,9 @@ def _found(group: list[Figure], band: Band) -> list[tuple[Outlier, Figure]]:
 
 
 def _among(cohort: str, n: int) -> str:
-    return f" (the median of the {n} over {cohort} links)" if cohort else f" (the median of {n})"
+    if not cohort:
+        return f" (the median of {n})"
+    return f" (the median of the {n} over {cohort})" if " links" in cohort else f" (the median of the {n} over {cohort} links)"
 
 
 def _text(o: Outlier, g: Figure) -> str:
