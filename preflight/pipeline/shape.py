@@ -241,9 +241,11 @@ def judge_shape(
         # NVML reaches GPUs the bus does not list here (a VM or sandbox that hides them): NVML's word stands.
         notes.append(f"NVML lists {seen} GPUs, more than the {len(usable)} {gpus_from} shows")
         count, gpus_from = seen, f"NVML ({gpus_from} shows {len(usable)})"
-    elif inventory is not None and inventory.refused and seen is not None and seen < len(usable) <= seen + len(inventory.refused):
+    elif inventory is not None and inventory.refused and seen is not None and seen < len(usable) <= seen + len(inventory.refused) - len(refused):
         # NVML counts every GPU but refuses this process those it may not open (NO_PERMISSION, nvml.h):
         # the ones it refuses are not given to this run, never lost, whatever /dev let this process see.
+        # Those whose device nodes the cgroup refuses are already out of ``usable``: their refusal by
+        # NVML explains no GPU missing from it (one of the run's own that fell off the bus).
         known = {short_pci(g.pci_bus_id) for g in [*inventory.gpus, *inventory.lost] if g.pci_bus_id}
         notes.append(f"NVML refuses this process {len(inventory.refused)} GPU(s) (NVML index "
                      f"{', '.join(str(g.index) for g in inventory.refused)}: {inventory.refused[0].error}): not given to this run")

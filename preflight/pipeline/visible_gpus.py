@@ -22,15 +22,16 @@ def cuda_visible_shape(value: str, count: int, slots: list[str], usable: list[st
         # indices past the missing GPU would name others than the scheduler meant.
         notes.append(f"CUDA_VISIBLE_DEVICES={value} not applied: NVML sees {seen} of the {count} GPUs this process may open")
         return count, slots, gpus_from, host_gpus
-    # What CUDA enumerates without the variable, in PCI bus order (the launch's CUDA_DEVICE_ORDER=PCI_BUS_ID).
+    # What CUDA enumerates without the variable, in PCI bus order (the launch's CUDA_DEVICE_ORDER=PCI_BUS_ID),
+    # a GPU NVML lost in its place: left out, every index past it would name the next GPU.
     whole = bool(usable) and count == len(usable or []) and all(not s.startswith("?") for s in usable or [])
-    if inventory is not None and inventory.gpus:
-        gpus = sorted(inventory.gpus, key=lambda g: short_pci(g.pci_bus_id))
-        if whole:
-            gpus = [g for g in gpus if short_pci(g.pci_bus_id) in set(usable or [])]
-        order: list[tuple[str | None, str | None]] = [(short_pci(g.pci_bus_id), g.uuid) for g in gpus]
-    elif whole:
-        order = [(s, None) for s in usable or []]
+    uuid_of = {short_pci(g.pci_bus_id): g.uuid for g in inventory.gpus} if inventory is not None else {}
+    order: list[tuple[str | None, str | None]]
+    if whole:
+        order = [(s, uuid_of.get(s)) for s in usable or []]
+    elif inventory is not None and inventory.gpus and all(lost.pci_bus_id for lost in inventory.lost):
+        order = sorted([*uuid_of.items(), *((short_pci(lost.pci_bus_id), None) for lost in inventory.lost if lost.pci_bus_id)],
+                       key=lambda bus_uuid: bus_uuid[0])
     else:
         order = [(None, None)] * count
     vis = cuda_visible(value, [u for _, u in order])

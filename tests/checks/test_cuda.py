@@ -318,6 +318,20 @@ def test_an_xid_on_a_gpu_given_to_this_run_still_fails_beside_another_runs():
     assert [(x.status, x.summary) for x in judged(f, node=node)] == [(Status.FAIL, "Xid 79 on GPU 1 (0000:43:00)")]
 
 
+def test_an_xid_on_a_gpu_of_this_run_nvml_no_longer_lists_still_fails():
+    # The job's GPU 2 fell off the bus and NVML lists it no more; NVML refuses 4-7, whose device
+    # nodes the cgroup refuses: GPU 2 is the run's own and missing, never another job's.
+    off = "NVRM: Xid (PCI:0000:52:00): 79, pid=1234, name=python, GPU has fallen off the bus.\n"
+    f = facts("h100-sxm-8x-healthy.json", init=None, xid_events=xid.parse(off))
+    buses = [nvml_facts.short_pci(g.pci_bus_id) for g in f.inventory.gpus]
+    refused = [nvml_facts.RefusedGpu(index=i, error="Insufficient Permissions") for i in range(4, 8)]
+    f = f.model_copy(update={"inventory": f.inventory.model_copy(update={"gpus": [f.inventory.gpus[i] for i in (0, 1, 3)], "refused": refused})})
+    node = shape.judge_shape(shape.PciNvidia(gpus=buses, nvswitches=4), list(range(8)), {b: i for i, b in enumerate(buses)}, [], f.inventory,
+                             refused=[4, 5, 6, 7])
+    assert node.gpus == 4 and "0000:52:00" not in node.not_given()
+    assert ("Xid 79 on 0000:52:00", Status.FAIL) in [(x.summary, x.status) for x in judged(f, node=node)]
+
+
 def test_xids_are_all_judged_where_the_run_has_every_gpu_or_its_own_are_not_each_named():
     f = facts("h100-sxm-8x-healthy.json", init=None, xid_events=xid.parse(OTHERS))
     buses = [nvml_facts.short_pci(g.pci_bus_id) for g in f.inventory.gpus]

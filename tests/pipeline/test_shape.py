@@ -86,6 +86,22 @@ def test_gpus_nvml_refuses_this_process_are_not_given_to_the_run(root):
     assert node.notes == ["NVML refuses this process 6 GPU(s) (NVML index 2, 3, 4, 5, 6, 7: Insufficient Permissions): not given to this run"]
 
 
+def test_a_gpu_of_the_job_that_nvml_no_longer_lists_is_missing_not_one_nvml_refuses():
+    """Was: under ConstrainDevices with GPUs 0-3 given, NVML's refusal of 4-7 (whose device nodes
+    the cgroup already refused) was taken to explain GPU 2 gone from NVML too: the run counted 3
+    GPUs, and GPU 2's slot read as another job's."""
+    from preflight.readers.nvidia.nvml_facts import RefusedGpu
+    refused = [RefusedGpu(index=i, error="Insufficient Permissions") for i in range(4, 8)]
+    inv = HEALTHY.model_copy(update={"gpus": [HEALTHY.gpus[i] for i in (0, 1, 3)], "refused": refused})
+    minors = {slot: i for i, slot in enumerate(SLOTS)}
+    node = shape.judge_shape(shape.PciNvidia(gpus=SLOTS), list(range(8)), minors, [], inv, refused=[4, 5, 6, 7])
+    assert (node.gpus, node.slots, node.nvml_gpus) == (4, SLOTS[:4], 3)  # the cuda check FAILs GPU 2's slot as missing
+    assert node.not_given() == {s.rpartition(".")[0] for s in SLOTS[4:]}
+    # The cgroup unseen (a recorded tree): NVML's refusals are what tells the job's share.
+    blind = shape.judge_shape(shape.PciNvidia(gpus=SLOTS), list(range(8)), minors, [], inv.model_copy(update={"gpus": HEALTHY.gpus[:4]}))
+    assert (blind.gpus, blind.slots) == (4, SLOTS[:4])
+
+
 def test_the_device_cgroup_is_asked_without_opening_the_gpu():
     # A recorded tree's stand-in is no device: nothing to refuse. A character device this process
     # may use reads as openable, through access(2), which runs the device cgroup's check.
@@ -111,6 +127,22 @@ def test_cuda_visible_devices_gives_the_run_the_gpus_it_names(root):
     # Before NVML is read (the launch's head start): indices by PCI order, UUIDs counted.
     early = shape.gather(Host(root, environ={"CUDA_VISIBLE_DEVICES": "GPU-5c1b0c7e,GPU-9"}), None, why_no_nvml="not read yet")
     assert early.gpus == 2 and early.slots == []
+
+
+def test_cuda_visible_devices_names_a_lost_gpu_in_its_place():
+    """Was: with GPU 2 lost, CUDA_VISIBLE_DEVICES=0,1,2,3 was read over the GPUs NVML could talk
+    to, so index 2 named GPU 3 and the run's slots took GPU 4's: its Xids judged, GPU 2's not."""
+    from preflight.readers.nvidia.nvml_facts import LostGpu
+    lost = HEALTHY.model_copy(update={"gpus": [g for g in HEALTHY.gpus if g.index != 2],
+                                      "lost": [LostGpu(index=2, pci_bus_id="00000000:52:00.0", error="GPU is lost")]})
+    minors = {slot: i for i, slot in enumerate(SLOTS)}
+    for usable in (list(range(8)), [0, 1, 2, 3, 4, 5, 6]):  # every device node, or one gone: the bus order, or NVML's
+        pci = shape.PciNvidia(gpus=SLOTS if len(usable) == 8 else SLOTS[:7])
+        node = shape.judge_shape(pci, usable, minors, [], lost, cuda_visible="0,1,2,3")
+        assert (node.gpus, node.slots) == (4, SLOTS[:4]), usable
+    nameless = lost.model_copy(update={"lost": [LostGpu(index=2, error="GPU is lost")]})  # where it sat is unknown: no slots
+    node = shape.judge_shape(shape.PciNvidia(gpus=None), list(range(8)), {}, [], nameless, cuda_visible="0,1,2,3")
+    assert (node.gpus, node.slots, node.not_given()) == (4, [], set())
 
 
 @pytest.mark.parametrize("cvd, gpus, stop", [
