@@ -47,10 +47,13 @@ def judge_links(facts: TopologyFacts, expect: TopologyExpect, shape: NodeShape |
             out.append(Finding(WARN, "NVLink pairs unknown", facts.unanswered[topo_derived.LINKS] + ": NVLink between the GPUs was not judged",
                                "run `nvidia-smi topo -m` and `nvidia-smi nvlink -s` by hand; update nvidia-ml-py to the driver's generation"))
         m = None
-    # Bridges join two cards: of an odd number, one is out by design. Never on an NVSwitch, whose GPUs all reach it.
-    odd_out = mode == "pairs" or (mode == "peers" and shape is not None and shape.fabric == "nvlink")
+    # Bridges join two cards: of an odd number, one is out by design. Never on an NVSwitch, whose GPUs
+    # all reach it, nor in a share of the node (3 of 4 bridged cards), whose odd count is the scheduler's.
+    whole = shape is None or (shape.host_gpus is None and len(shape.pci_gpus or []) in (0, shape.gpus))
+    bridged = mode == "pairs" or (mode == "peers" and shape is not None and shape.fabric == "nvlink")
+    odd = m is not None and whole and bridged and odd_card_out(m, facts)
     if m is not None and mode in ("mesh", "peers"):
-        out += _left_out(m, every_pair=mode == "mesh", elsewhere=bridged_elsewhere(facts), odd=odd_out and odd_card_out(m, facts))
+        out += _left_out(m, every_pair=mode == "mesh", elsewhere=bridged_elsewhere(facts), odd=odd)
     if m is not None and mode == "all":
         short = {k: v for k, v in m.links.items() if nvlink_count(v) < want}
         n = len(m.gpus)
@@ -79,7 +82,7 @@ def judge_links(facts: TopologyFacts, expect: TopologyExpect, shape: NodeShape |
             peers = {j: m.link(g, j) for j in range(len(m.gpus)) if j != g and nvlink_count(m.link(g, j))}
             best = max(peers.items(), key=lambda kv: nvlink_count(kv[1]), default=None)
             if best is None:
-                if g in bridged_elsewhere(facts) or odd_card_out(m, facts):
+                if g in bridged_elsewhere(facts) or odd:
                     continue
                 out.append(Finding(FAIL, f"GPU {g} has no NVLink peer", f"GPU {g} has no NVLink to any GPU (NV{want} bridge to its pair expected): "
                                    "the bridge is missing or unseated", "reseat or replace the NVLink bridge of this GPU pair; " + _NVLINK_REMEDY))

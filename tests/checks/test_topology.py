@@ -304,6 +304,18 @@ def test_more_cards_left_out_than_an_odd_count_forces_still_fail():
     assert [x.summary for x in found] == ["GPU 2 has no NVLink peer", "GPU 3 has no NVLink peer"]
 
 
+def test_a_share_of_the_node_with_an_odd_count_still_fails_a_missing_bridge():
+    # A pod given 3 of a node's 4 bridged cards (0-1, 2-3): GPU 2's bridge is missing, its links
+    # all inactive. Its odd count is the scheduler's, not the bridges': the card out is a fault.
+    three = odd_facts(3, {"0-1": "NV12"}, active=[12, 12, 0])
+    pod = BRIDGED.model_copy(update={"pci_gpus": [f"0000:{0x1b + i:02x}:00.0" for i in range(4)]})
+    assert [x.summary for x in t.judge(three, NVL.topology, None, pod)["nvlink"]] == ["GPU 2 has no NVLink peer"]
+    job = BRIDGED.model_copy(update={"host_gpus": 4})  # a job's share under a device cgroup or CUDA_VISIBLE_DEVICES
+    assert [x.summary for x in t.judge(three, resolved("a100-pcie").topology, None, job)["nvlink"]] == ["GPU 2 has no NVLink peer"]
+    whole = BRIDGED.model_copy(update={"pci_gpus": [f"0000:{0x1b + i:02x}:00.0" for i in range(3)]})
+    assert t.judge(three, NVL.topology, None, whole)["nvlink"] == []
+
+
 def test_a_lone_gpu_beside_gpus_joined_otherwise_than_by_one_bridge_still_fails():
     # On an NVSwitch every GPU reaches the switch: a GPU without a peer lost its links, whatever the count.
     three = odd_facts(3, {"0-1": "NV18"})
