@@ -95,8 +95,8 @@ def judge_floors(figs: list[Figure], floors: dict[str, ResolvedFloor], margin: f
 
 
 def judge_outliers(figs: list[Figure], expect: OutlierExpect | None, kinds: dict[frozenset[int], str], all_nvlink: bool,
-                   first: list[Figure] | None = None, why: str | None = None) -> list[Finding]:
-    return outliers.judge(figs, expect, MEMBERS, WORDS, REASONS, RERUN, cohort(kinds, all_nvlink), first, why)
+                   first: list[Figure] | None = None, why: str | None = None, vm: bool = False) -> list[Finding]:
+    return outliers.judge(figs, expect, MEMBERS, WORDS, REASONS, RERUN, cohort(kinds, all_nvlink, vm), first, why)
 
 
 def judge_peer_access(f: BandwidthFacts, nvlink_pairs: set[frozenset[int]], all_nvlink: bool) -> list[Finding]:
@@ -250,8 +250,8 @@ def judge_transports(f: BandwidthFacts, ctx: Context) -> list[Finding]:
 
 
 def measurements(figs: list[Figure], floors: dict[str, ResolvedFloor], expect: OutlierExpect | None = None,
-                 kinds: dict[frozenset[int], str] | None = None, all_nvlink: bool = False) -> list[Measurement]:
-    return figs_mod.measurements(figs, floors) + outliers.measurements(figs, expect, MEMBERS, cohort(kinds or {}, all_nvlink))
+                 kinds: dict[frozenset[int], str] | None = None, all_nvlink: bool = False, vm: bool = False) -> list[Measurement]:
+    return figs_mod.measurements(figs, floors) + outliers.measurements(figs, expect, MEMBERS, cohort(kinds or {}, all_nvlink, vm))
 
 
 def lines(figs: list[Figure], floors: dict[str, ResolvedFloor]) -> list[str]:
@@ -306,7 +306,8 @@ class Bandwidth(Check):
         all_nvlink = bool(ctx.shape and ctx.shape.fabric == "nvswitch")
         floors, unjudged = shape.fitting_floors(dict(ctx.profile.floors), self.whole_node, ctx.shape, nproc, expect.ranks)
         # A host of older or narrower slots than the SKU's (never a VM's, whose links the hypervisor reports).
-        floors, host_line = host_link.fit(floors, ctx.profile.gpu, node_inventory(ctx), layout.under_hypervisor(ctx.host))
+        vm = layout.under_hypervisor(ctx.host)  # a VM's matrix may hide the host's PCIe tree (p2p_cohorts.PairCohort)
+        floors, host_line = host_link.fit(floors, ctx.profile.gpu, node_inventory(ctx), vm)
         # Across nodes the inter-node floors judge the collectives; alone, they judge nothing.
         for name in (WHOLE_NODE if ctx.meeting else INTERNODE_FLOORS):
             floors.pop(name, None)
@@ -319,7 +320,7 @@ class Bandwidth(Check):
         # against the node's median, run again, once (preflight/checkkit/confirm.py).
         kinds = link_kinds(ctx.results.get("topology"))
         again, again_figs, again_parts, redo, why = None, None, None, [], None
-        odd = outliers.failing(figs, ctx.profile.outliers, MEMBERS, cohort(kinds, all_nvlink))
+        odd = outliers.failing(figs, ctx.profile.outliers, MEMBERS, cohort(kinds, all_nvlink, vm))
         missed = list(dict.fromkeys(confirm.missed(figs, floors) + odd))
         if missed:
             redo = steps_again(missed, facts.steps)
@@ -341,7 +342,7 @@ class Bandwidth(Check):
         redone = {g.key for g in again_figs or []} & set(odd)
         parts["nvls"], nvls_lines = nvls_mod.explain([g.value for g in figs if g.key == "allreduce_bus_bandwidth"], both, nvls)
         parts["outliers"] = judge_outliers(figs, ctx.profile.outliers, kinds, all_nvlink, [g for g in first if g.key in redone] if redone else None,
-                                           why if odd and not redone else None)
+                                           why if odd and not redone else None, vm)
         details = facts.model_dump(mode="json")
         details["parts"] = {name: worst(found) for name, found in parts.items()}
         details["confirm"] = confirm.details(settled, 2 if again else 1, redo if again else [], why)
@@ -353,9 +354,9 @@ class Bandwidth(Check):
         details["full_node"] = nproc == ((ctx.shape.gpus if ctx.shape else 0) or expect.ranks)
         details["outlier_bands"] = outliers.bands(ctx.profile.outliers, MEMBERS)
         details["foreign_contexts"] = (again and foreign_contexts(again)) or foreign_contexts(facts)
-        details["outliers"] = outliers.statuses(figs, ctx.profile.outliers, MEMBERS, cohort(kinds, all_nvlink), [g for g in first if g.key in redone] if redone else None)
+        details["outliers"] = outliers.statuses(figs, ctx.profile.outliers, MEMBERS, cohort(kinds, all_nvlink, vm), [g for g in first if g.key in redone] if redone else None)
         findings = [x for found in parts.values() for x in found]
-        result = self.conclude(findings, summary(facts, figs, floors), measurements=measurements(figs, floors, ctx.profile.outliers, kinds, all_nvlink), details=details)
+        result = self.conclude(findings, summary(facts, figs, floors), measurements=measurements(figs, floors, ctx.profile.outliers, kinds, all_nvlink, vm), details=details)
         result.lines = lines(figs, floors) + time_line(facts)
         result.lines += settled.lines + [t.replace("time:", "time, second reading:", 1) for t in (time_line(again) if again else [])]
         result.lines += ([f"host copies: {host_line}"] if host_line else []) + nvls_lines + shape.unjudged_lines(unjudged) + ([facts.left_out] if facts.left_out else []) + foreign_line(facts)

@@ -73,8 +73,8 @@ def failing(figs: list[Figure], expect: OutlierExpect | None, keys: tuple[str, .
     (checkkit/confirm.py), as a figure beyond its floor is."""
     if expect is None:
         return []
-    return [key for key, groups in _groups(figs, keys, cohort, expect).items()
-            if any(o.status == Status.FAIL for _, group in groups for o, _ in _found(group, expect.band(key)))]
+    return [key for key, parts in _groups(figs, keys, cohort, expect).items()
+            if any(o.status == Status.FAIL for part in parts for o, *_ in _found_in(part, expect.band(key)))]
 
 
 def judge(figs: list[Figure], expect: OutlierExpect | None, keys: tuple[str, ...], words: dict[str, str], reasons: dict[str, str], rerun: str,
@@ -93,7 +93,7 @@ def judge(figs: list[Figure], expect: OutlierExpect | None, keys: tuple[str, ...
         return []
     out = []
     again = _fails(first, expect, keys, cohort) if first is not None else {}
-    for key, (groups, found, once) in _judged(figs, expect, keys, cohort, again).items():
+    for key, (parts, found, once) in _judged(figs, expect, keys, cohort, again).items():
         band = expect.band(key)
         what = words.get(key, key)
         for status in (Status.FAIL, Status.WARN):
@@ -105,7 +105,7 @@ def judge(figs: list[Figure], expect: OutlierExpect | None, keys: tuple[str, ...
             head = f"{g.where} {what} {_text(o, g)}" + (" (past the FAIL band on one reading of two: transient)" if g.where in once else "")
             shown = "; ".join(f"{g.where}: {_text(o, g)}{among}{figs_mod.unsure_text(g)}" for o, g, among in hit[:8])
             more = f"; and {len(hit) - 8} more" if len(hit) > 8 else ""
-            of = sum(len(group) for _, group in groups)
+            of = sum(len(part.members) for part in parts)
             once = ", or past the FAIL band on one of two readings," if status == Status.WARN and key in again else ""
             cause = (f"{what} more than {limit:.0%} worse than the median of the node's own {of} figures{once} on {len(hit)} of them "
                      f"(WARN past {band.warn:.0%}, FAIL past {band.fail:.0%}: {band.source}): {shown}{more}. "
@@ -125,15 +125,15 @@ def _judged(figs: list[Figure], expect: OutlierExpect, keys: tuple[str, ...], co
     """Name -> (its groups, its outliers worst first as (Outlier, Figure, words), the members past
     the FAIL band on one reading only): what ``judge`` words and ``statuses`` records."""
     out = {}
-    for key, groups in _groups(figs, keys, cohort, expect).items():
+    for key, parts in _groups(figs, keys, cohort, expect).items():
         band = expect.band(key)
-        found = [(o, g, _among(c, len(group)) if len(groups) > 1 else "") for c, group in groups for o, g in _found(group, band)]
+        found = [(o, g, _among(name, n) if len(parts) > 1 else "") for part in parts for o, g, name, n in _found_in(part, band)]
         once: set[str] = set()
         if key in again:
-            medians = {g.where: statistics.median(m.value for m in group) for _, group in groups for g in group}
+            medians = {g.where: statistics.median(m.value for m in part.members) for part in parts for g in part.members}
             found, once = _confirmed(found, again[key], key, figs, medians)
         found.sort(key=lambda ogc: ogc[0].off, reverse=True)
-        out[key] = (groups, found, once)
+        out[key] = (parts, found, once)
     return out
 
 
@@ -156,9 +156,9 @@ def measurements(figs: list[Figure], expect: OutlierExpect | None, keys: tuple[s
     if expect is None:
         return []
     out = []
-    for key, groups in _groups(figs, keys, cohort, expect).items():
+    for key, parts in _groups(figs, keys, cohort, expect).items():
         band = expect.band(key)
-        for _, group in groups:
+        for group in (part.members for part in parts):
             if len(group) < 2:
                 continue
             med = statistics.median(g.value for g in group)
@@ -184,8 +184,8 @@ def bands(expect: OutlierExpect | None, keys: tuple[str, ...]) -> dict[str, dict
 def _fails(figs: list[Figure], expect: OutlierExpect, keys: tuple[str, ...], cohort) -> dict[str, dict[str, Outlier]]:
     """Name -> member -> its outlier past the FAIL band, on one reading; every name judged is a key."""
     out: dict[str, dict[str, Outlier]] = {}
-    for key, groups in _groups(figs, keys, cohort, expect).items():
-        out[key] = {o.where: o for _, group in groups for o, _ in _found(group, expect.band(key)) if o.status == Status.FAIL}
+    for key, parts in _groups(figs, keys, cohort, expect).items():
+        out[key] = {o.where: o for part in parts for o, *_ in _found_in(part, expect.band(key)) if o.status == Status.FAIL}
     return out
 
 
@@ -233,11 +233,23 @@ def _higher(g: Figure) -> bool:
     return g.unit != figs_mod.SECONDS  # a rate: more is better; a time: less is
 
 
-def _groups(figs: list[Figure], keys: tuple[str, ...], cohort, expect: OutlierExpect) -> dict[str, list[tuple[str, list[Figure]]]]:
-    """Figure name -> its (cohort, members) groups, each judged against its own median. A
-    cohort with a ``split`` (bandwidth_figures.PairCohort) parts a group further where it
-    needs the whole group to tell (near and far pairs where the link kind cannot), given the
-    name's WARN band."""
+@dataclass(frozen=True)
+class Part:
+    """Members judged against their own median. ``name``: what the median is over ("NV18
+    links"; "" where a name has one group). A part split from a larger group by the figures'
+    own shape (``whole``, named ``whole_name``; itself where not split) only clears the
+    whole's findings: ``_found_in``."""
+
+    name: str
+    members: list[Figure]
+    whole: list[Figure]
+    whole_name: str
+
+
+def _groups(figs: list[Figure], keys: tuple[str, ...], cohort, expect: OutlierExpect) -> dict[str, list[Part]]:
+    """Figure name -> its parts, each judged against its own median. A cohort with a ``split``
+    (p2p_cohorts.PairCohort) parts a group further where it needs the whole group to tell
+    (near and far pairs where the link kind cannot), given the name's WARN band: a list of Part."""
     split = getattr(cohort, "split", None)
     by: dict[tuple[str, str], list[Figure]] = defaultdict(list)
     for g in figs:
@@ -245,9 +257,25 @@ def _groups(figs: list[Figure], keys: tuple[str, ...], cohort, expect: OutlierEx
             c = cohort(g) if cohort else ""
             if c is not None:
                 by[(g.key, c)].append(g)
-    out: dict[str, list[tuple[str, list[Figure]]]] = defaultdict(list)
+    out: dict[str, list[Part]] = defaultdict(list)
     for (key, c), group in by.items():
-        out[key].extend(split(c, group, expect.band(key).warn) if split else [(c, group)])
+        out[key].extend(split(c, group, expect.band(key).warn) if split else [Part(c, group, group, c)])
+    return out
+
+
+def _found_in(part: Part, band: Band) -> list[tuple[Outlier, Figure, str, int]]:
+    """``part``'s outliers, each with the name and size of the group its median is of. A part split
+    from a larger group never adds a finding: a member counts only where the whole group's median
+    finds it too, and then as the milder of its two readings (a split spares far pairs the near
+    ones' median; it must not hold near pairs of two speeds to one median of their own)."""
+    found = _found(part.members, band)
+    if part.whole is part.members:
+        return [(o, g, part.name, len(part.members)) for o, g in found]
+    whole = {o.where: o for o, _ in _found(part.whole, band)}
+    out = []
+    for o, g in found:
+        if (w := whole.get(o.where)) is not None:
+            out.append((o, g, part.name, len(part.members)) if o.off <= w.off else (w, g, part.whole_name, len(part.whole)))
     return out
 
 
@@ -258,9 +286,7 @@ def _found(group: list[Figure], band: Band) -> list[tuple[Outlier, Figure]]:
 
 
 def _among(cohort: str, n: int) -> str:
-    if not cohort:
-        return f" (the median of {n})"
-    return f" (the median of the {n} over {cohort})" if " links" in cohort else f" (the median of the {n} over {cohort} links)"
+    return f" (the median of the {n} over {cohort})" if cohort else f" (the median of {n})"
 
 
 def _text(o: Outlier, g: Figure) -> str:

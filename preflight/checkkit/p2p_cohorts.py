@@ -6,9 +6,11 @@ tell pairs apart (a VM's matrix), those on the same side of the node's near/far 
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 
 from preflight.checkkit.figures import Figure
+from preflight.checkkit.outliers import Part
 from preflight.gpuwork import ranks
 from preflight.pipeline.check import Result
 
@@ -24,17 +26,17 @@ def link_kinds(topology: Result | None) -> dict[frozenset[int], str]:
     return out
 
 
-def cohort(kinds: dict[frozenset[int], str], all_nvlink: bool) -> PairCohort:
+def cohort(kinds: dict[frozenset[int], str], all_nvlink: bool, vm: bool = False) -> PairCohort:
     """Which P2P pairs share a median: those over the same kind of link (an NVLink pair is
     not slow next to a pair that crosses the CPUs' interconnect). A pair whose link is not
-    known is judged only on an NVSwitch board, where every pair's path is alike. Where the
-    kind cannot tell pairs apart (a VM's matrix), PairCohort.split splits them further."""
-    return PairCohort(kinds, all_nvlink)
+    known is judged only on an NVSwitch board, where every pair's path is alike. In a VM
+    (``vm``), whose matrix may hide the host's PCIe tree, PairCohort.split splits further."""
+    return PairCohort(kinds, all_nvlink, vm)
 
 
 class PairCohort:
     """The P2P pairs' cohorts (checkkit/outliers.py calls it on each figure, then ``split``
-    on each group).
+    on each group). A cohort's name is the words a finding says its median is over.
 
     A VM hides the host's PCIe tree: its `nvidia-smi topo -m` says one kind for every pair
     (PHB on one NUMA node where the host has two: NVIDIA/nccl#1674), while the copies it
@@ -44,54 +46,59 @@ class PairCohort:
     of three, 21.8-22.7 across, NVIDIA/nvbandwidth#50) to 2.4x (27.1 GB/s with peer access,
     11.3 through host memory in a Proxmox guest, noonghunna/club-3090#890). Held to one
     median, the far pairs read as outliers wherever the near ones are the majority (GPUs
-    6 + 2 or 3 + 1 across the host's groups; with even groups the far pairs are the majority
-    and hold the median). So where every pair not over NVLink is of one kind, its group is
+    6 + 2 across the host's groups; with even groups the far pairs are the majority and hold
+    the median). So in a VM where every pair not over NVLink is of one kind, its group is
     split by what the node does say, then by the near/far shape:
 
     - by peer access (CUDA's word per pair): a copy through host memory is not held to
       copies over P2P;
-    - into the pairs inside and across GPU groups, where the copies fall into two modes
-      more than the WARN band apart and the faster mode (or the slower) joins the GPUs into
-      two groups or more, each of two GPUs or more: pairs inside one group and pairs across
-      groups are then judged each against their own median (repeated inside each part, for
-      a tree of switches and sockets).
+    - into the pairs inside and across GPU groups (``_gpu_groups``), where the pairs above
+      some cut join the GPUs into two groups or more, each of two GPUs or more, and the
+      pairs inside run faster than those across by more than the WARN band: each part is
+      then judged against its own median (and split again, for a tree of switches and
+      sockets).
+
+    A near/far part only clears findings, never adds one: checkkit/outliers.py names a member
+    of a part only where the median of its peer-access class finds it too.
 
     What stays caught: a GPU whose link trained down slows all of its pairs, which leaves it
-    a group of one, so no split (and its host copies, judged per GPU, show it too); a slow
-    pair inside a group is held to the median of the pairs inside groups. Where the kinds
-    differ (bare metal) nothing is split: a pair slower than its kind's peers, peer access
-    lost included, is judged against them as before.
+    a group of one, so no split; a slow pair inside a group is held to the pairs inside
+    groups. On bare metal, whose matrix names each pair's path, nothing is split: there a
+    pair slower than its kind's peers, peer access lost included, is a fault.
 
     What this cannot tell apart, so it judges as before: a lone GPU far from the rest with
     peer access everywhere (3 + 1) is shaped like a GPU whose own link is slow; half its
     pairs near and half far put the far ones under the median by (n - f) / (n + f), 9-11%
-    with the A6000's figures: a WARN at most, a FAIL only where far copies run under 2/3 of
-    near ones. And a switch whose uplink trained down is shaped like a healthy far group:
-    the host copies of the GPUs behind it (h2d, d2h, judged per GPU) tell that one."""
+    with the A6000's figures: a WARN, a FAIL only where far copies run under 2/3 of near
+    ones. And a VM's host switch whose uplink trained down is shaped like a healthy far
+    group: no P2P figure tells that one."""
 
-    def __init__(self, kinds: dict[frozenset[int], str], all_nvlink: bool):
+    def __init__(self, kinds: dict[frozenset[int], str], all_nvlink: bool, vm: bool = False):
         self.kinds, self.all_nvlink = kinds, all_nvlink
         plain = {kind for kind in kinds.values() if not kind.startswith("NV")}
-        self.hidden = next(iter(plain)) if len(plain) == 1 else None  # the one kind that cannot tell pairs apart
+        # The one kind that cannot tell a VM's pairs apart, as a cohort names it.
+        self.hidden = f"{next(iter(plain))} links" if vm and len(plain) == 1 else None
 
     def __call__(self, g: Figure) -> str | None:
         if g.key != "p2p_bandwidth":
             return ""
         pair = _pair(g)
         kind = self.kinds.get(frozenset(pair)) if pair else None
-        return kind or ("NVSwitch" if self.all_nvlink else None)
+        return f"{kind} links" if kind else ("NVSwitch links" if self.all_nvlink else None)
 
-    def split(self, name: str, group: list[Figure], warn: float) -> list[tuple[str, list[Figure]]]:
-        """``group`` (the figures of one cohort ``name``) as the parts judged apart."""
+    def split(self, name: str, group: list[Figure], warn: float) -> list[Part]:
+        """``group`` (the figures of one cohort ``name``) as the parts judged apart: by peer access,
+        each class whole as a link kind is; then by the near/far shape, each part of a class only
+        clearing that class's findings (outliers.Part)."""
         if name != self.hidden or not group or group[0].key != "p2p_bandwidth" or any(_pair(g) is None for g in group):
-            return [(name, group)]
+            return [Part(name, group, group, name)]
         by_access: dict[bool | None, list[Figure]] = defaultdict(list)
         for g in group:
             by_access[getattr(g, "peer_access", None)].append(g)
         out = []
         for access, members in by_access.items():
-            words = [] if len(by_access) == 1 else [_ACCESS[access]]
-            out += _near_far(name, words, members, warn, depth=3)
+            cls = name if len(by_access) == 1 else f"{name}, {_ACCESS[access]}"
+            out += [Part(part, inside, members, cls) for part, inside in _near_far(cls, members, warn, depth=3)]
         return out
 
 
@@ -103,40 +110,43 @@ def _pair(g: Figure) -> tuple[int, int] | None:
     return (a, b) if a is not None and b is not None else None
 
 
-def _name(kind: str, words: list[str]) -> str:
-    return f"{kind} links, {', '.join(words)}" if words else kind
-
-
-def _near_far(kind: str, words: list[str], members: list[Figure], warn: float, depth: int) -> list[tuple[str, list[Figure]]]:
-    """``members`` split into the pairs inside and across GPU groups where they have the near/far
-    shape (PairCohort), each part split again down to ``depth``; else whole."""
+def _near_far(name: str, members: list[Figure], warn: float, depth: int) -> list[tuple[str, list[Figure]]]:
+    """``members`` (named ``name``) split into the pairs inside and across GPU groups where they
+    have the near/far shape (PairCohort), each part split again down to ``depth``; else whole."""
     groups = _gpu_groups(members, warn) if depth > 0 and len(members) >= 4 else None
     if groups is None:
-        return [(_name(kind, words), members)]
+        return [(name, members)]
     of = {gpu: i for i, grp in enumerate(groups) for gpu in grp}
     inside = [g for g in members if of[_pair(g)[0]] == of[_pair(g)[1]]]  # type: ignore[index]
     across = [g for g in members if of[_pair(g)[0]] != of[_pair(g)[1]]]  # type: ignore[index]
     said = " ".join("{" + ",".join(map(str, sorted(grp))) + "}" for grp in groups)
-    return (_near_far(kind, words + [f"inside GPU groups {said}"], inside, warn, depth - 1)
-            + _near_far(kind, words + [f"across GPU groups {said}"], across, warn, depth - 1))
+    return (_near_far(f"{name}, inside GPU groups {said}", inside, warn, depth - 1)
+            + _near_far(f"{name}, across GPU groups {said}", across, warn, depth - 1))
 
 
 def _gpu_groups(members: list[Figure], warn: float) -> list[set[int]] | None:
-    """The GPU groups ``members`` fall into, or None where they have no near/far shape. Tried at
-    each gap between the sorted figures wider than ``warn``, widest first: the pairs above the gap
-    (or below it) join their GPUs; the shape holds where that leaves two groups or more, each of
-    two GPUs or more (the pairs across groups are then all on the other side of the gap)."""
-    values = sorted(g.value for g in members)
-    gaps = sorted(((hi / lo, lo, hi) for lo, hi in zip(values, values[1:]) if lo > 0 and hi / lo > 1 + warn), reverse=True)
+    """The GPU groups ``members`` fall into, or None where they have no near/far shape. Each cut
+    between two distinct figures is tried: the pairs at or above it join their GPUs (union-find);
+    the shape holds where that leaves two groups or more, each of two GPUs or more (so every pair
+    across groups is below the cut), and the pairs inside groups run faster than those across by
+    more than ``warn``, median to median (one near copy a little slow between the modes moves no
+    cut that counts). Of the cuts that hold, the one with the widest such gap."""
+    values = sorted({g.value for g in members})
     gpus = {gpu for g in members for gpu in _pair(g)}  # type: ignore[union-attr]
-    for _, lo, hi in gaps:
-        for side in ([g for g in members if g.value >= hi], [g for g in members if g.value <= lo]):
-            groups = _joined(gpus, [_pair(g) for g in side])  # type: ignore[misc]
-            if len(groups) >= 2 and all(len(grp) >= 2 for grp in groups):
-                inside = [g for g in members if any(set(_pair(g)) <= grp for grp in groups)]  # type: ignore[arg-type]
-                if inside and len(inside) < len(members):
-                    return groups
-    return None
+    best: tuple[float, list[set[int]]] | None = None
+    for cut in values[1:]:
+        groups = _joined(gpus, [_pair(g) for g in members if g.value >= cut])  # type: ignore[misc]
+        if len(groups) < 2 or any(len(grp) < 2 for grp in groups):
+            continue
+        of = {gpu: i for i, grp in enumerate(groups) for gpu in grp}
+        inside = [g.value for g in members if of[_pair(g)[0]] == of[_pair(g)[1]]]  # type: ignore[index]
+        across = [g.value for g in members if of[_pair(g)[0]] != of[_pair(g)[1]]]  # type: ignore[index]
+        if not inside or not across or not statistics.median(across) > 0:
+            continue
+        gap = statistics.median(inside) / statistics.median(across)
+        if gap > 1 + warn and (best is None or gap > best[0]):
+            best = (gap, groups)
+    return best[1] if best else None
 
 
 def _joined(gpus: set[int], pairs: list[tuple[int, int]]) -> list[set[int]]:
