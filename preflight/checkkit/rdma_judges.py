@@ -138,7 +138,8 @@ def rate_basis(facts: RdmaFacts, expect: RdmaExpect) -> dict[str, str | None]:
 
 def other_ports(facts: RdmaFacts, expect: RdmaExpect) -> list[str]:
     """Ports that are no compute port and are down or below the compute rate (the site's, else
-    the node's fastest compute port's): reported only."""
+    the node's fastest compute port's), or whose counters a compute port's would be judged by:
+    reported only."""
     out = []
     tops = [t.gbps for t in fastest(facts, expect).values() if t.gbps is not None]
     bound = expect.rate_gbps or (max(tops) if tops else None)
@@ -149,6 +150,7 @@ def other_ports(facts: RdmaFacts, expect: RdmaExpect) -> list[str]:
             out.append(f"{p.where} ({p.link_layer}) {p.state_now or 'unreadable'} (physical state {p.phys_state or 'unknown'})")
         elif bound and p.gbps is not None and p.gbps < bound:
             out.append(f"{p.where} ({p.link_layer}) at {p.rate_now}")
+        out += [f"{p.where} ({p.link_layer}): {f.summary.removeprefix(p.where).lstrip(': ')}" for f in _counter_findings(p, facts, expect)]
     return out
 
 
@@ -208,43 +210,49 @@ def seconds(p: Port, facts: RdmaFacts) -> float:
 
 
 def judge_counters(facts: RdmaFacts, expect: RdmaExpect) -> list[Finding]:
-    """Growth between the two reads: FAIL (WARN for discards, which congestion causes too;
-    symbol errors only past the profile's rate). Counts since boot that did not grow are
-    no finding, unless a counter sits at its ceiling, where growth could not be seen."""
+    """Growth between the two reads on the compute ports: FAIL (WARN for discards, which
+    congestion causes too; symbol errors only past the profile's rate). Counts since boot that
+    did not grow are no finding, unless a counter sits at its ceiling, where growth could not be
+    seen. A port no job uses (a storage or management link bouncing in a switch's maintenance)
+    says nothing about the job: ``other_ports`` reports it."""
+    return [f for p in facts.ports if compute(p, expect, facts) for f in _counter_findings(p, facts, expect)]
+
+
+def _counter_findings(p: Port, facts: RdmaFacts, expect: RdmaExpect) -> list[Finding]:
+    """What ``p``'s state and counters between the two reads would say of a compute port."""
     out = []
-    for p in facts.ports:
-        watched = seconds(p, facts)
-        secs = f"{watched:g} s"
-        if flapped(p):
-            seen = " -> ".join(states(p))
-            out.append(Finding(FAIL, f"{p.where} flapping: {seen}",
-                               f"{p.where} went {seen} within {secs}" + (" and since the run began" if p.state_early is not None else ""), LINK_FIX))
-        grew = {n: p.counters_later[n] - v for n, v in p.counters.items() if n in p.counters_later and p.counters_later[n] > v}
-        if grew.get("link_downed"):
-            out.append(Finding(FAIL, f"{p.where} flapping: link_downed +{grew.pop('link_downed')} in {secs}",
-                               f"{p.where}'s link went down and came back while it was watched (link_downed grew from "
-                               f"{p.counters['link_downed']} to {p.counters_later['link_downed']} in {secs}): every flap drops the job's connections",
-                               LINK_FIX))
-        discards = grew.pop("port_xmit_discards", 0)
-        if slow_symbol_errors(p, expect, watched) is not None:
-            grew.pop("symbol_error")  # raw bit errors at a rate FEC corrects: details.slow_symbol_errors
-        if grew:
-            said = ", ".join(f"{n} +{d}" for n, d in grew.items())
-            rate = (f"; symbol_error at {grew['symbol_error'] / max(watched, 1e-3):.3g}/s, past {expect.symbol_errors_per_second:g}/s "
-                    f"({expect.symbol_source})") if "symbol_error" in grew else ""
-            out.append(Finding(FAIL, f"{p.where}: {said} in {secs}",
-                               f"error counters of {p.where} grew while it was watched ({said} in {secs}{rate}): the link is corrupting "
-                               "traffic now, and NCCL's retries stall or time out", LINK_FIX))
-        if discards:
-            out.append(Finding(WARN, f"{p.where}: port_xmit_discards +{discards} in {secs}",
-                               f"{p.where} dropped {discards} packets on send in {secs}: congestion, or a peer that stopped taking traffic",
-                               "check the fabric's congestion and the peer port (`perfquery` on the switch side)"))
-        # Discards count congestion, not the cable, and symbol_error the raw bit errors FEC corrects
-        # (a healthy PAM4 link at the profile's rate fills 16 bits in hours or days): a full
-        # counter of either says nothing about the link (details.at_ceiling).
-        stuck = [n for n in at_ceiling(p) if n not in grew and n not in UNJUDGED_AT_CEILING]
-        if stuck:
-            out.append(Finding(WARN, f"{p.where}: {', '.join(stuck)} at the counter's ceiling",
-                               f"{', '.join(f'{n} = {p.counters[n]}' for n in stuck)} on {p.where}: the counter stops at its ceiling, "
-                               "so growth cannot be seen", "clear the port's counters (`perfquery -x`) and run again"))
+    watched = seconds(p, facts)
+    secs = f"{watched:g} s"
+    if flapped(p):
+        seen = " -> ".join(states(p))
+        out.append(Finding(FAIL, f"{p.where} flapping: {seen}",
+                           f"{p.where} went {seen} within {secs}" + (" and since the run began" if p.state_early is not None else ""), LINK_FIX))
+    grew = {n: p.counters_later[n] - v for n, v in p.counters.items() if n in p.counters_later and p.counters_later[n] > v}
+    if grew.get("link_downed"):
+        out.append(Finding(FAIL, f"{p.where} flapping: link_downed +{grew.pop('link_downed')} in {secs}",
+                           f"{p.where}'s link went down and came back while it was watched (link_downed grew from "
+                           f"{p.counters['link_downed']} to {p.counters_later['link_downed']} in {secs}): every flap drops the job's connections",
+                           LINK_FIX))
+    discards = grew.pop("port_xmit_discards", 0)
+    if slow_symbol_errors(p, expect, watched) is not None:
+        grew.pop("symbol_error")  # raw bit errors at a rate FEC corrects: details.slow_symbol_errors
+    if grew:
+        said = ", ".join(f"{n} +{d}" for n, d in grew.items())
+        rate = (f"; symbol_error at {grew['symbol_error'] / max(watched, 1e-3):.3g}/s, past {expect.symbol_errors_per_second:g}/s "
+                f"({expect.symbol_source})") if "symbol_error" in grew else ""
+        out.append(Finding(FAIL, f"{p.where}: {said} in {secs}",
+                           f"error counters of {p.where} grew while it was watched ({said} in {secs}{rate}): the link is corrupting "
+                           "traffic now, and NCCL's retries stall or time out", LINK_FIX))
+    if discards:
+        out.append(Finding(WARN, f"{p.where}: port_xmit_discards +{discards} in {secs}",
+                           f"{p.where} dropped {discards} packets on send in {secs}: congestion, or a peer that stopped taking traffic",
+                           "check the fabric's congestion and the peer port (`perfquery` on the switch side)"))
+    # Discards count congestion, not the cable, and symbol_error the raw bit errors FEC corrects
+    # (a healthy PAM4 link at the profile's rate fills 16 bits in hours or days): a full
+    # counter of either says nothing about the link (details.at_ceiling).
+    stuck = [n for n in at_ceiling(p) if n not in grew and n not in UNJUDGED_AT_CEILING]
+    if stuck:
+        out.append(Finding(WARN, f"{p.where}: {', '.join(stuck)} at the counter's ceiling",
+                           f"{', '.join(f'{n} = {p.counters[n]}' for n in stuck)} on {p.where}: the counter stops at its ceiling, "
+                           "so growth cannot be seen", "clear the port's counters (`perfquery -x`) and run again"))
     return out

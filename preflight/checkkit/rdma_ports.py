@@ -16,12 +16,8 @@ from preflight.pipeline.expectations import RdmaExpect
 from preflight.readers.machine.ibports import Port, RdmaFacts
 
 
-def hca_names(spec: str) -> Callable[[str, int], bool]:
-    """NCCL_IB_HCA as NCCL reads it: a comma list of dev[:port], each a prefix of the
-    device name unless the list starts with "="; a leading "^" excludes those listed
-    (NCCL env docs, NCCL_IB_HCA). As its parseStringList and matchIfList take them: nothing
-    stripped (" mlx5_1" names no device), the port read as atoi reads it, an item with no
-    name skipped, and a list of none matching every device."""
+def _items(spec: str) -> tuple[bool, bool, list[tuple[str, int | None]]]:
+    """NCCL_IB_HCA read into (exclude, exact, [(device, port or None)]), as ``hca_names`` says."""
     exclude = spec.startswith("^")
     text = spec[1:] if exclude else spec
     exact = text.startswith("=")
@@ -31,12 +27,29 @@ def hca_names(spec: str) -> Callable[[str, int], bool]:
         dev, colon, port = item.partition(":")
         if dev:
             items.append((dev, _atoi(port) if colon else None))
+    return exclude, exact, items
+
+
+def hca_names(spec: str) -> Callable[[str, int], bool]:
+    """NCCL_IB_HCA as NCCL reads it: a comma list of dev[:port], each a prefix of the
+    device name unless the list starts with "="; a leading "^" excludes those listed
+    (NCCL env docs, NCCL_IB_HCA). As its parseStringList and matchIfList take them: nothing
+    stripped (" mlx5_1" names no device), the port read as atoi reads it, an item with no
+    name skipped, and a list of none matching every device."""
+    exclude, exact, items = _items(spec)
 
     def listed(dev: str, port: int) -> bool:
         if not items:
             return True
         return any((dev == d if exact else dev.startswith(d)) and p in (None, port) for d, p in items)
     return lambda dev, port: listed(dev, port) != exclude
+
+
+def hca_named(spec: str) -> Callable[[str, int], bool]:
+    """Whether NCCL_IB_HCA names the port itself: its whole device name in a list that is no
+    exclusion (a prefix such as "mlx5", or "^mlx5_4", names every port it happens to catch)."""
+    exclude, _, items = _items(spec)
+    return lambda dev, port: not exclude and any(dev == d and p in (None, port) for d, p in items)
 
 
 def _atoi(text: str) -> int:
@@ -61,11 +74,17 @@ def spare(port: Port, facts: RdmaFacts) -> bool:
 
 
 def compute(port: Port, expect: RdmaExpect, facts: RdmaFacts | None = None) -> bool:
-    """Whether the port carries the job's traffic: named in NCCL_IB_HCA where that is set;
-    else of the profile's link layer, not a card's spare port and, where sysfs tells,
-    beside a GPU (a storage port sits elsewhere)."""
+    """Whether the port carries the job's traffic: where NCCL_IB_HCA is set, one it matches and
+    either names itself or that is no card's spare port and, where sysfs tells, beside a GPU;
+    else of the profile's link layer, not a card's spare port and, where sysfs tells, beside a
+    GPU (a storage port sits elsewhere). NCCL skips a port that is not ACTIVE before it reads
+    the list (NVIDIA/nccl src/transport/net_ib/init.cc), so a prefix ("mlx5") that also catches
+    a storage card's port or an unused one names no port the job would lose."""
     if facts is not None and facts.ib_hca is not None:
-        return hca_names(facts.ib_hca[0])(port.device, port.port)
+        spec = facts.ib_hca[0]
+        if not hca_names(spec)(port.device, port.port):
+            return False
+        return hca_named(spec)(port.device, port.port) or (not spare(port, facts) and port.near_gpu is not False)
     if expect.link_layer != "any" and port.link_layer != expect.link_layer:
         return False
     if facts is not None and spare(port, facts):

@@ -154,6 +154,25 @@ def test_nccl_ib_hca_decides_the_compute_ports():
     assert found(facts(port(), down, ib_hca=("^mlx5_1", "/etc/nccl.conf"))) == []
 
 
+def test_a_prefix_in_nccl_ib_hca_names_no_storage_or_spare_port_the_job_would_lose():
+    """Was: NCCL_IB_HCA=mlx5 (common in job scripts) made the storage card's uncabled port, or an
+    HDR storage port away from the GPUs, a compute port: FAIL "DOWN", FAIL "below 400". NCCL skips
+    a port that is not ACTIVE before it reads the list (nccl src/transport/net_ib/init.cc), and a
+    storage port beside no GPU is no rail of the job's."""
+    rails = [port(f"mlx5_{i}").model_copy(update={"near_gpu": True}) for i in range(2)]
+    storage = port("mlx5_8", rate="200 Gb/sec (4X HDR)").model_copy(update={"near_gpu": False})
+    uncabled = port("mlx5_9", state="DOWN", phys="Disabled", layer="Ethernet").model_copy(update={"near_gpu": False})
+    spare = port("mlx5_0", state="DOWN", phys="Polling").model_copy(update={"port": 2, "near_gpu": True})
+    prefix = ("mlx5", "the environment")
+    assert found(facts(*rails, storage, uncabled, spare, ib_hca=prefix)) == []
+    # A rail beside a GPU that the prefix catches is still the job's: down, it FAILs.
+    down = port("mlx5_1", state="DOWN", phys="LinkUp").model_copy(update={"near_gpu": True})
+    assert [x.summary for x in found(facts(rails[0], down, storage, ib_hca=prefix))] == ["mlx5_1 port 1 DOWN"]
+    # A port the list names itself is held to it wherever it sits.
+    assert [x.summary for x in found(facts(*rails, uncabled, ib_hca=("mlx5_0,mlx5_1,mlx5_9", "the environment")))] == ["mlx5_9 port 1 DOWN"]
+    assert [x.summary for x in found(facts(*rails, spare, ib_hca=("=mlx5_0:2", "/etc/nccl.conf")))] == ["mlx5_0 port 2 DOWN"]
+
+
 def test_a_compute_port_below_the_sites_rate_fails(ndr_site):
     # It held to the built-in profile's rate, which is now the reference design's and no floor
     # (test_an_ndr200_fabric_...): the same judgement stands where a site profile sets the rate.
@@ -232,6 +251,23 @@ def test_link_downed_growing_is_a_flapping_link():
 def test_counts_since_boot_that_do_not_grow_are_no_finding_but_are_reported():
     f = facts(port(first={"symbol_error": 4000, "link_downed": 2}))
     assert found(f) == [] and r.since_boot(f) == ["mlx5_0 port 1 symbol_error 4000", "mlx5_0 port 1 link_downed 2"]
+
+
+def test_a_storage_port_that_flaps_or_whose_counters_sit_at_their_ceiling_is_reported_not_judged():
+    """Was: a storage or management Ethernet port bouncing while watched (a switch's maintenance, a
+    bond reconfigured) FAILed "flapping", and one whose link_downed sat at 255 WARNed, though the
+    rdma check calls the port no job's."""
+    bounced = port("mlx5_4", layer="Ethernet", rate="200 Gb/sec (4X HDR)").model_copy(update={"state_later": "DOWN"})
+    full = port("mlx5_5", layer="Ethernet", rate="200 Gb/sec (4X HDR)", first={"link_downed": 255})
+    f = facts(port(), bounced, full)
+    assert found(f) == []
+    assert rdma_judges.other_ports(f, H100.rdma) == ["mlx5_4 port 1 (Ethernet) DOWN (physical state LinkUp)",
+                                                     "mlx5_4 port 1 (Ethernet): flapping: ACTIVE -> DOWN",
+                                                     "mlx5_5 port 1 (Ethernet) at 200 Gb/sec (4X HDR)",
+                                                     "mlx5_5 port 1 (Ethernet): link_downed at the counter's ceiling"]
+    # The same on a compute port stays a finding.
+    rail = port("mlx5_1").model_copy(update={"state_later": "DOWN"})
+    assert ("mlx5_1 port 1 flapping: ACTIVE -> DOWN", FAIL) in [(x.summary, x.status) for x in found(facts(port(), rail))]
 
 
 def test_a_counter_stuck_at_its_ceiling_warns_since_growth_is_invisible():
@@ -583,7 +619,9 @@ def test_a_real_h100_nodes_ports_are_up_and_its_counters_at_their_ceiling_warn()
     growth there cannot be seen, which is a WARN with the way to clear them, never a pass in silence."""
     res = run(GPUD_H100, gpus=0)
     assert res.status == WARN and res.details["parts"] == {"gpudirect": "PASS", "ports": "PASS", "counters": "WARN"}, (res.summary, res.cause)
-    assert res.summary == "mlx5_0 port 1: excessive_buffer_overrun_errors at the counter's ceiling (+8 more)"
+    assert res.summary == "mlx5_0 port 1: excessive_buffer_overrun_errors at the counter's ceiling (+7 more)"
+    # The bond's counter too, reported only: it is no compute port (it was the eighth more).
+    assert "mlx5_bond_0 port 1 (Ethernet): excessive_buffer_overrun_errors at the counter's ceiling" in res.details["other_ports"]
     assert "link_downed = 255, excessive_buffer_overrun_errors = 15 on mlx5_1 port 1" in res.cause and "perfquery -x" in res.remedy
     assert "mlx5_7 port 1 port_rcv_errors 14" in res.details["since_boot"]
     assert "link_downed" in res.details["at_ceiling"]["mlx5_1 port 1"] and len(res.details["at_ceiling"]) == 9
