@@ -49,7 +49,9 @@ def gather(host: Host, segment_bytes: int, deadline: float = math.inf, backs: in
         segment_bytes, backs = min(segment_bytes, SHARED_SEGMENT), min(backs, SHARED_SEGMENT)
     meminfo = memory.meminfo(host)
     facts.mem_total_bytes, facts.mem_available_bytes = meminfo.get("MemTotal"), meminfo.get("MemAvailable")
-    facts.cgroup_headroom_bytes = memory.cgroup_headroom(host)
+    limit = memory.cgroup_limit(host)
+    facts.cgroup_headroom_bytes = limit[0] if limit else None
+    facts.limit_of_job = memory.slurm_job(limit[1]) if limit else None
     if facts.mem_available_bytes is None and facts.cgroup_headroom_bytes is None:
         segment_bytes = backs
     if not facts.exists:

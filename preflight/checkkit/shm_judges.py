@@ -52,6 +52,7 @@ class ShmFacts:
     container: str | None = None
     host_ipc: bool | None = None  # in the host's IPC namespace (--ipc=host, hostIPC): /dev/shm is the host's
     slurm_node: bool = False  # root's slurmd runs beside this process: a container that is a Slurm node (soperator)
+    limit_of_job: str | None = None  # the Slurm job whose cgroup sets the memory limit (its --mem), where one does
 
 
 def owner(f: ShmFacts, shm: bool = True) -> Next:
@@ -69,7 +70,10 @@ def owner(f: ShmFacts, shm: bool = True) -> Next:
                     f"its {'/dev/shm' if shm else 'memory limit'} is every job's here, the node's configuration")
     if f.container:
         return Next(Action.FIX_JOB, Domain.JOB, f"in a container ({f.container}): its {'/dev/shm' if shm else 'memory limit'} is what the job was started with")
-    return Next(Action.DRAIN, Domain.SOFTWARE, "the host's /dev/shm is the node's configuration")
+    if f.limit_of_job and not shm:
+        return Next(Action.FIX_JOB, Domain.JOB, f"the memory limit is Slurm job {f.limit_of_job}'s cgroup: what the job asked for (--mem)")
+    return Next(Action.DRAIN, Domain.SOFTWARE, "the host's /dev/shm is the node's configuration" if shm else
+                "the memory limit is that of the unit or slice preflight runs in: the node's configuration")
 
 
 def fix_size(floor: float) -> str:
@@ -211,10 +215,12 @@ def judge(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurement]]:
             act=owner(f) if f.write_error in ("read-only", "permission denied") else None,
         ))
     if f.cgroup_headroom_bytes is not None and f.cgroup_headroom_bytes < floor:
+        whose = "the container's" if f.container else f"Slurm job {f.limit_of_job}'s" if f.limit_of_job else "the memory cgroup's"
+        raise_it = "ask the job for more memory (--mem) by" if f.limit_of_job and not f.container else "raise the limit by"
         found.append(Finding(
-            Status.FAIL, f"the container's memory limit leaves {fmt_bytes(max(0, f.cgroup_headroom_bytes))}, below the {fmt_bytes(floor)} floor",
-            "pages in /dev/shm are charged to the container's memory cgroup, so a segment of the floor's size would be OOM-killed",
-            "raise the container's memory limit by at least the /dev/shm floor",
+            Status.FAIL, f"{whose} memory limit leaves {fmt_bytes(max(0, f.cgroup_headroom_bytes))}, below the {fmt_bytes(floor)} floor",
+            f"pages in /dev/shm are charged to {whose} memory cgroup, so a segment of the floor's size would be OOM-killed",
+            f"{raise_it} at least the /dev/shm floor",
             # In a container the limit is what it was started with (a pod's resources, docker --memory);
             # on the host it is the unit's or the slice's preflight runs in: the node's configuration.
             act=owner(f, shm=False),

@@ -12,6 +12,7 @@ import pytest
 from conftest import FIXTURES, make_ctx, needs_root
 
 import fakes
+from preflight.base.actions import Action
 from preflight.base.findings import Status
 from preflight.checkkit import shm_judges
 from preflight.checkkit.shm_judges import ShmFacts, judge
@@ -25,6 +26,7 @@ from preflight.pipeline.report import Report
 from preflight.pipeline.settings import Settings
 
 GiB, MiB = 2**30, 2**20
+UNIT = Path("/sys/fs/cgroup/system.slice/preflight.service")  # a cgroup no Slurm job's: the node's unit
 
 
 def healthy(**kw) -> ShmFacts:
@@ -189,11 +191,26 @@ def test_too_little_memory_to_back_the_floor_fails_whatever_the_size_says():
     assert "MemAvailable" in f.cause and "125.8 GiB" in f.cause and "ipcs -m" in f.remedy
 
 
+def test_a_slurm_jobs_memory_request_short_of_the_floor_is_the_jobs_to_fix_not_a_drain():
+    """Was: run inside a job step (or a prolog in the job's cgroup, PrologFlags=Contain) whose --mem
+    left too little room, "the container's memory limit" FAILed with a drain: the node was blamed
+    for what the job asked for."""
+    facts = healthy(cgroup_headroom_bytes=int(1.5 * GiB), limit_of_job="4242")
+    (fail,) = [x for x in judge(facts, 2 * GiB)[0] if x.status is Status.FAIL]
+    assert fail.summary == "Slurm job 4242's memory limit leaves 1.5 GiB, below the 2 GiB floor"
+    assert fail.act.action is Action.FIX_JOB and "--mem" in fail.remedy and "--mem" in fail.act.source
+    unit = healthy(cgroup_headroom_bytes=int(1.5 * GiB))  # the unit's or slice's limit: the node's
+    (fail,) = [x for x in judge(unit, 2 * GiB)[0] if x.status is Status.FAIL]
+    assert fail.summary.startswith("the memory cgroup's memory limit leaves") and fail.act.action is Action.DRAIN
+    assert [memory.slurm_job(Path(p)) for p in ("/sys/fs/cgroup/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0",
+                                                "/sys/fs/cgroup/memory/slurm/uid_1000/job_77/step_extern", "/sys/fs/cgroup/system.slice")] == ["4242", "77", None]
+
+
 def test_no_segment_is_written_past_the_hosts_memavailable_under_a_cgroup_limit_either(monkeypatch):
     """A job step or pod with room under its limit on a host short of memory: writing would push
     the host into swap or its OOM killer, which may take a neighbour's job. Not written, and said."""
     monkeypatch.setattr(memory, "meminfo", lambda host: {"MemTotal": 64 * GiB, "MemAvailable": 10 * MiB})
-    monkeypatch.setattr(memory, "cgroup_headroom", lambda host: 8 * GiB)
+    monkeypatch.setattr(memory, "cgroup_limit", lambda host: (8 * GiB, UNIT))
     facts = shm.gather(Host(), 64 * MiB)
     assert facts.segment_bytes == 0 and "MemAvailable (10 MiB) could not back a 64 MiB segment" in facts.segment_skipped
     (warn,) = judge(facts, 64 * MiB)[0]  # the host's figure is not judged under a limit, but the proof is missing
@@ -216,7 +233,7 @@ def test_available_memory_is_not_judged_beside_other_jobs_nor_twice_with_the_fre
 
 def test_no_segment_is_written_where_memory_cannot_back_it(monkeypatch):
     monkeypatch.setattr(memory, "meminfo", lambda host: {"MemTotal": 64 * GiB, "MemAvailable": 10 * MiB})
-    monkeypatch.setattr(memory, "cgroup_headroom", lambda host: None)
+    monkeypatch.setattr(memory, "cgroup_limit", lambda host: None)
     facts = shm.gather(Host(), 64 * MiB)
     assert facts.mem_available_bytes == 10 * MiB and facts.segment_bytes == 0 and facts.segment_error is None
 
@@ -226,12 +243,12 @@ def test_below_full_the_figures_must_hold_the_floor_before_the_small_segment_is_
     MemAvailable each hold the floor, as the floor's own write asked: the host short of the floor
     under a limit with room is the same warning the 1 GiB write gave, not a pass on 64 MiB."""
     monkeypatch.setattr(memory, "meminfo", lambda host: {"MemTotal": 64 * GiB, "MemAvailable": 512 * MiB})
-    monkeypatch.setattr(memory, "cgroup_headroom", lambda host: 8 * GiB)
+    monkeypatch.setattr(memory, "cgroup_limit", lambda host: (8 * GiB, UNIT))
     facts = shm.gather(Host(), 64 * MiB, backs=GiB)
     assert facts.segment_bytes == 0 and "MemAvailable (512 MiB) could not back a 1 GiB segment" in facts.segment_skipped
     (warn,) = judge(facts, GiB)[0]
     assert warn.status is Status.WARN and "not proven" in warn.summary
-    monkeypatch.setattr(memory, "cgroup_headroom", lambda host: 512 * MiB)  # the limit itself short: FAIL, nothing written
+    monkeypatch.setattr(memory, "cgroup_limit", lambda host: (512 * MiB, UNIT))  # the limit itself short: FAIL, nothing written
     facts = shm.gather(Host(), 64 * MiB, backs=GiB)
     assert facts.segment_bytes == 0 and facts.segment_skipped is None
     (fail,) = judge(facts, GiB)[0]
@@ -241,7 +258,7 @@ def test_below_full_the_figures_must_hold_the_floor_before_the_small_segment_is_
 def test_where_no_figure_says_what_memory_backs_the_floors_size_is_written(monkeypatch):
     # No MemAvailable and no cgroup limit: only a write of the whole proves the backing.
     monkeypatch.setattr(memory, "meminfo", lambda host: {})
-    monkeypatch.setattr(memory, "cgroup_headroom", lambda host: None)
+    monkeypatch.setattr(memory, "cgroup_limit", lambda host: None)
     facts = shm.gather(Host(), 64 * MiB, backs=128 * MiB)
     assert facts.segment_bytes == 128 * MiB and facts.segment_error is None, facts
 

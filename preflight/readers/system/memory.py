@@ -7,6 +7,7 @@ whatever the tmpfs's size says. These are the figures that say so at once.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from preflight.base.host import Host
@@ -41,7 +42,21 @@ def _inactive_file(level: Path, v2: bool) -> int:
 
 
 def cgroup_headroom(host: Host) -> int | None:
-    """Bytes this process's memory cgroup may still charge; None if unlimited or unknown.
+    """Bytes this process's memory cgroup may still charge; None if unlimited or unknown
+    (``cgroup_limit``)."""
+    found = cgroup_limit(host)
+    return found[0] if found else None
+
+
+def slurm_job(level: Path) -> str | None:
+    """The Slurm job whose cgroup ``level`` is, or is under ("job_1234": slurmd's cgroup plugins
+    name each job's directory so, v1 and v2 alike), or None."""
+    return next((part.removeprefix("job_") for part in level.parts if re.fullmatch(r"job_[0-9]+", part)), None)
+
+
+def cgroup_limit(host: Host) -> tuple[int, Path] | None:
+    """(bytes this process's memory cgroup may still charge, the cgroup whose limit binds
+    tightest); None if unlimited or unknown.
 
     Pages written to /dev/shm are charged to the writer's memory cgroup, and
     every ancestor's limit applies too, so the tightest level along the path
@@ -52,7 +67,7 @@ def cgroup_headroom(host: Host) -> int | None:
     """
     for v2, levels in host.cgroup_levels("memory"):
         limit_name, usage_name = ("memory.max", "memory.current") if v2 else ("memory.limit_in_bytes", "memory.usage_in_bytes")
-        headroom = None
+        tightest: tuple[int, Path] | None = None
         for level in levels:
             try:
                 limit = (level / limit_name).read_text().strip()
@@ -62,7 +77,8 @@ def cgroup_headroom(host: Host) -> int | None:
             usage = max(0, usage - _inactive_file(level, v2))
             if limit != "max" and int(limit) < UNLIMITED:
                 room = int(limit) - usage
-                headroom = room if headroom is None else min(headroom, room)
-        if headroom is not None:
-            return headroom
+                if tightest is None or room < tightest[0]:
+                    tightest = (room, level)
+        if tightest is not None:
+            return tightest
     return None
