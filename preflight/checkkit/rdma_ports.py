@@ -68,23 +68,30 @@ def _card(p: Port) -> str:
 
 
 def spare(port: Port, facts: RdmaFacts) -> bool:
-    """An uncabled or disabled port on a card whose other port runs: the dual-port
-    card's unused port, which no job uses unless NCCL_IB_HCA names it."""
-    return port.phys_state in UNCABLED and any(o is not port and _card(o) == _card(port) and o.state_now == "ACTIVE" for o in facts.ports)
+    """An uncabled or disabled port on a card whose other port runs, and that has not been up
+    since the counters began (its link_downed 0, where read): the dual-port card's unused port,
+    which no job uses unless NCCL_IB_HCA names it. One that went down since is a cable pulled
+    from a card whose two ports both carried rails."""
+    never_up = port.counters.get("link_downed", 0) == 0
+    return never_up and port.phys_state in UNCABLED and any(o is not port and _card(o) == _card(port) and o.state_now == "ACTIVE" for o in facts.ports)
 
 
 def compute(port: Port, expect: RdmaExpect, facts: RdmaFacts | None = None) -> bool:
     """Whether the port carries the job's traffic: where NCCL_IB_HCA is set, one it matches and
     either names itself or that is no card's spare port and, where sysfs tells, beside a GPU;
     else of the profile's link layer, not a card's spare port and, where sysfs tells, beside a
-    GPU (a storage port sits elsewhere). NCCL skips a port that is not ACTIVE before it reads
-    the list (NVIDIA/nccl src/transport/net_ib/init.cc), so a prefix ("mlx5") that also catches
-    a storage card's port or an unused one names no port the job would lose."""
+    GPU (a storage port sits elsewhere). A prefix ("mlx5") also catches a storage card's ports
+    and a dual-port card's unused one: NCCL skips a port that is not ACTIVE before it reads the
+    list (NVIDIA/nccl src/transport/net_ib/init.cc), and pairs each GPU with the NICs nearest
+    it, so neither is a rail whose loss or pace the job would feel."""
     if facts is not None and facts.ib_hca is not None:
         spec = facts.ib_hca[0]
         if not hca_names(spec)(port.device, port.port):
             return False
-        return hca_named(spec)(port.device, port.port) or (not spare(port, facts) and port.near_gpu is not False)
+        if hca_named(spec)(port.device, port.port):
+            return True
+        # Only matched (a prefix, an exclusion): held as a rail where it could be one.
+        return not spare(port, facts) and port.near_gpu is not False
     if expect.link_layer != "any" and port.link_layer != expect.link_layer:
         return False
     if facts is not None and spare(port, facts):

@@ -173,6 +173,34 @@ def test_a_prefix_in_nccl_ib_hca_names_no_storage_or_spare_port_the_job_would_lo
     assert [x.summary for x in found(facts(*rails, spare, ib_hca=("=mlx5_0:2", "/etc/nccl.conf")))] == ["mlx5_0 port 2 DOWN"]
 
 
+def test_on_a_board_without_pcie_switches_every_port_may_be_a_rail(tmp_path):
+    """GPUs and NICs each under a root port of their own (a switchless PCIe server): no NIC can
+    share a switch with a GPU, so where each sits tells nothing. It read as 'beside no GPU' for
+    every NIC, and a rail down passed, under NCCL_IB_HCA=mlx5 and without it."""
+    devs = tmp_path / "sys/devices/pci0000:00"
+    (tmp_path / "sys/bus/pci/devices").mkdir(parents=True)
+    for bdf, name in (("0000:00:01.0/0000:01:00.0", "0000:01:00.0"), ("0000:00:02.0/0000:02:00.0", "0000:02:00.0")):
+        (devs / bdf).mkdir(parents=True)
+        (tmp_path / "sys/bus/pci/devices" / name).symlink_to(devs / bdf)
+    (tmp_path / IB / "mlx5_0").mkdir(parents=True)
+    (tmp_path / IB / "mlx5_0/device").symlink_to(devs / "0000:00:02.0/0000:02:00.0")
+    rail = port("mlx5_0", state="DOWN", phys="Polling")
+    ibports.near_gpus(Host(tmp_path), [rail], ["0000:01:00.0"])
+    assert (rail.pci, rail.near_gpu) == ("0000:02:00.0", None)
+    for hca in (None, ("mlx5", "the environment")):
+        assert [x.summary for x in found(facts(port("mlx5_1"), rail, ib_hca=hca))] == ["mlx5_0 port 1 DOWN"], hca
+
+
+def test_a_dual_port_cards_port_that_was_up_since_boot_is_a_pulled_cable_not_a_spare():
+    # Both ports of one card carry rails; one cable is pulled: its link_downed counts the fall.
+    up = port("mlx5_0").model_copy(update={"pci": "0000:02:00.0"})
+    pulled = port("mlx5_1", state="DOWN", phys="Polling", first={"link_downed": 1}).model_copy(update={"pci": "0000:02:00.1"})
+    for hca in (None, ("mlx5", "the environment")):
+        assert [x.summary for x in found(facts(up, pulled, ib_hca=hca))] == ["mlx5_1 port 1 DOWN"], hca
+    never = pulled.model_copy(update={"counters": {**pulled.counters, "link_downed": 0}, "counters_later": {**pulled.counters, "link_downed": 0}})
+    assert found(facts(up, never)) == []  # never up since the counters began: the card's unused port
+
+
 def test_a_compute_port_below_the_sites_rate_fails(ndr_site):
     # It held to the built-in profile's rate, which is now the reference design's and no floor
     # (test_an_ndr200_fabric_...): the same judgement stands where a site profile sets the rate.

@@ -213,17 +213,19 @@ def _kept(first: FirstRead, host: Host) -> tuple[list[Port], dict[tuple[str, int
 def near_gpus(host: Host, ports: list[Port], gpus: list[str]) -> None:
     """Set each port's PCI address and whether it shares a PCIe switch with a GPU: both
     paths pass one bridge below the root port. That is a NIC NCCL pairs with a GPU for
-    GPUDirect RDMA; one alone under its root port is storage or management."""
-    paths = [p for p in (bridges_above(host, g) for g in gpus) if p]
+    GPUDirect RDMA; one alone under its root port is storage or management. Where no GPU
+    sits behind a switch (GPUs and NICs each on a root port of their own: a switchless
+    PCIe server, a VM's q35 tree), no NIC can share one with a GPU: proximity is not told."""
+    switched = [p for p in (bridges_above(host, g) for g in gpus) if p and len(p) >= 2]
     for port in ports:
         try:
             port.pci = host.path(f"/sys/class/infiniband/{port.device}/device").resolve(strict=True).name
         except OSError:
             continue
         mine = bridges_above(host, port.pci)
-        if mine is None or not paths:
-            continue  # a VM, or no GPU placed: proximity cannot be told
-        port.near_gpu = any(len(mine) >= 2 and len(g) >= 2 and mine[:2] == g[:2] for g in paths)
+        if mine is None or not switched:
+            continue  # a VM, no GPU placed, or no GPU behind a switch: proximity cannot be told
+        port.near_gpu = len(mine) >= 2 and any(mine[:2] == g[:2] for g in switched)
 
 
 def _modules(host: Host) -> set[str]:
