@@ -62,6 +62,8 @@ def owner(f: ShmFacts, shm: bool = True) -> Next:
     configuration, and so is the /dev/shm of a container that shares the host's IPC namespace
     (the host's, mounted in; its memory limit is still the container's), and both of a
     container that is itself the Slurm node."""
+    if f.limit_of_job and not shm:  # a job's --mem binds, in a container or not (pyxis, soperator's slurmd pod)
+        return Next(Action.FIX_JOB, Domain.JOB, f"the memory limit is Slurm job {f.limit_of_job}'s cgroup: what the job asked for (--mem)")
     if f.container and f.host_ipc and shm:
         return Next(Action.DRAIN, Domain.SOFTWARE, f"in a container ({f.container}) that shares the host's IPC namespace "
                     "(--ipc=host, hostIPC): its /dev/shm is the host's, the node's configuration")
@@ -70,8 +72,6 @@ def owner(f: ShmFacts, shm: bool = True) -> Next:
                     f"its {'/dev/shm' if shm else 'memory limit'} is every job's here, the node's configuration")
     if f.container:
         return Next(Action.FIX_JOB, Domain.JOB, f"in a container ({f.container}): its {'/dev/shm' if shm else 'memory limit'} is what the job was started with")
-    if f.limit_of_job and not shm:
-        return Next(Action.FIX_JOB, Domain.JOB, f"the memory limit is Slurm job {f.limit_of_job}'s cgroup: what the job asked for (--mem)")
     return Next(Action.DRAIN, Domain.SOFTWARE, "the host's /dev/shm is the node's configuration" if shm else
                 "the memory limit is that of the unit or slice preflight runs in: the node's configuration")
 
@@ -215,8 +215,8 @@ def judge(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurement]]:
             act=owner(f) if f.write_error in ("read-only", "permission denied") else None,
         ))
     if f.cgroup_headroom_bytes is not None and f.cgroup_headroom_bytes < floor:
-        whose = "the container's" if f.container else f"Slurm job {f.limit_of_job}'s" if f.limit_of_job else "the memory cgroup's"
-        raise_it = "ask the job for more memory (--mem) by" if f.limit_of_job and not f.container else "raise the limit by"
+        whose = f"Slurm job {f.limit_of_job}'s" if f.limit_of_job else "the container's" if f.container else "the memory cgroup's"
+        raise_it = "ask the job for more memory (--mem) by" if f.limit_of_job else "raise the limit by"
         found.append(Finding(
             Status.FAIL, f"{whose} memory limit leaves {fmt_bytes(max(0, f.cgroup_headroom_bytes))}, below the {fmt_bytes(floor)} floor",
             f"pages in /dev/shm are charged to {whose} memory cgroup, so a segment of the floor's size would be OOM-killed",

@@ -199,11 +199,16 @@ def test_a_slurm_jobs_memory_request_short_of_the_floor_is_the_jobs_to_fix_not_a
     (fail,) = [x for x in judge(facts, 2 * GiB)[0] if x.status is Status.FAIL]
     assert fail.summary == "Slurm job 4242's memory limit leaves 1.5 GiB, below the 2 GiB floor"
     assert fail.act.action is Action.FIX_JOB and "--mem" in fail.remedy and "--mem" in fail.act.source
+    # A container inside the job (pyxis), or soperator's pod that runs slurmd: the job's --mem still binds.
+    for boxed in (healthy(cgroup_headroom_bytes=int(1.5 * GiB), limit_of_job="4242", container="pyxis"),
+                  healthy(cgroup_headroom_bytes=int(1.5 * GiB), limit_of_job="4242", container="kubernetes", slurm_node=True)):
+        (fail,) = [x for x in judge(boxed, 2 * GiB)[0] if x.status is Status.FAIL]
+        assert fail.summary.startswith("Slurm job 4242's memory limit") and fail.act.action is Action.FIX_JOB
     unit = healthy(cgroup_headroom_bytes=int(1.5 * GiB))  # the unit's or slice's limit: the node's
     (fail,) = [x for x in judge(unit, 2 * GiB)[0] if x.status is Status.FAIL]
     assert fail.summary.startswith("the memory cgroup's memory limit leaves") and fail.act.action is Action.DRAIN
-    assert [memory.slurm_job(Path(p)) for p in ("/sys/fs/cgroup/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0",
-                                                "/sys/fs/cgroup/memory/slurm/uid_1000/job_77/step_extern", "/sys/fs/cgroup/system.slice")] == ["4242", "77", None]
+    assert [memory.slurm_job(Path(p)) for p in ("/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0",
+                                                "/slurm/uid_1000/job_77/step_extern", "/system.slice")] == ["4242", "77", None]
 
 
 def test_no_segment_is_written_past_the_hosts_memavailable_under_a_cgroup_limit_either(monkeypatch):

@@ -58,3 +58,25 @@ def test_cgroup_v1_headroom_and_unlimited(tmp_path):
     assert memory.cgroup_headroom(_tree(tmp_path / "a", files)) == 3 * GiB
     files["sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes"] = "9223372036854771712"
     assert memory.cgroup_headroom(_tree(tmp_path / "b", files)) is None
+
+
+def test_the_cgroup_that_binds_is_named_by_its_path_in_the_hierarchy_and_its_slurm_job(tmp_path):
+    """The shm check lays a limit a Slurm job's cgroup sets on the job (its --mem): the job is read
+    from the cgroup's path in the hierarchy, never from where the tree happens to be mounted."""
+    root = tmp_path / "job_7" / "root"  # a recorded tree under a directory that reads as a job's
+    host = _tree(root, {
+        "proc/self/cgroup": "0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0\n",
+        "sys/fs/cgroup/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0/memory.max": "max",
+        "sys/fs/cgroup/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0/memory.current": str(3 * GiB),
+        "sys/fs/cgroup/system.slice/slurmstepd.scope/job_4242/memory.max": str(4 * GiB),
+        "sys/fs/cgroup/system.slice/slurmstepd.scope/job_4242/memory.current": str(3 * GiB),
+    })
+    room, cgroup = memory.cgroup_limit(host)
+    assert (room, cgroup, memory.slurm_job(cgroup)) == (GiB, Path("/system.slice/slurmstepd.scope/job_4242"), "4242")
+    unit = _tree(tmp_path / "job_8" / "root", {
+        "proc/self/cgroup": "0::/system.slice/preflight.service\n",
+        "sys/fs/cgroup/system.slice/preflight.service/memory.max": str(4 * GiB),
+        "sys/fs/cgroup/system.slice/preflight.service/memory.current": str(GiB),
+    })
+    room, cgroup = memory.cgroup_limit(unit)
+    assert (room, memory.slurm_job(cgroup)) == (3 * GiB, None)

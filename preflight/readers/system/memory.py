@@ -48,15 +48,16 @@ def cgroup_headroom(host: Host) -> int | None:
     return found[0] if found else None
 
 
-def slurm_job(level: Path) -> str | None:
-    """The Slurm job whose cgroup ``level`` is, or is under ("job_1234": slurmd's cgroup plugins
-    name each job's directory so, v1 and v2 alike), or None."""
-    return next((part.removeprefix("job_") for part in level.parts if re.fullmatch(r"job_[0-9]+", part)), None)
+def slurm_job(cgroup: Path) -> str | None:
+    """The Slurm job whose cgroup ``cgroup`` is, or is under ("job_1234": slurmd's cgroup plugins
+    name each job's directory so, v1 and v2 alike), or None. ``cgroup``: its path in the hierarchy
+    (``cgroup_limit``'s), so no directory above the hierarchy's mount is read as a job's."""
+    return next((part.removeprefix("job_") for part in cgroup.parts if re.fullmatch(r"job_[0-9]+", part)), None)
 
 
 def cgroup_limit(host: Host) -> tuple[int, Path] | None:
-    """(bytes this process's memory cgroup may still charge, the cgroup whose limit binds
-    tightest); None if unlimited or unknown.
+    """(bytes this process's memory cgroup may still charge, the path in the hierarchy of the
+    cgroup whose limit binds tightest: "/" its root); None if unlimited or unknown.
 
     Pages written to /dev/shm are charged to the writer's memory cgroup, and
     every ancestor's limit applies too, so the tightest level along the path
@@ -78,7 +79,7 @@ def cgroup_limit(host: Host) -> tuple[int, Path] | None:
             if limit != "max" and int(limit) < UNLIMITED:
                 room = int(limit) - usage
                 if tightest is None or room < tightest[0]:
-                    tightest = (room, level)
+                    tightest = (room, Path("/") / level.relative_to(levels[-1]))  # levels[-1]: the hierarchy's mount
         if tightest is not None:
             return tightest
     return None
