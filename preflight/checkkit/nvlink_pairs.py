@@ -48,10 +48,10 @@ def judge_links(facts: TopologyFacts, expect: TopologyExpect, shape: NodeShape |
                                "run `nvidia-smi topo -m` and `nvidia-smi nvlink -s` by hand; update nvidia-ml-py to the driver's generation"))
         m = None
     # Bridges join two cards: of an odd number, one is out by design. Never on an NVSwitch, whose GPUs
-    # all reach it, nor in a share of the node (3 of 4 bridged cards), whose odd count is the scheduler's.
-    whole = shape is None or (shape.host_gpus is None and len(shape.pci_gpus or []) in (0, shape.gpus))
+    # all reach it. In a share of the node the count that says so is the node's, not the share's
+    # (3 of 4 bridged cards: none out by design; 3 of 5: the share may hold the one).
     bridged = mode == "pairs" or (mode == "peers" and shape is not None and shape.fabric == "nvlink")
-    odd = m is not None and whole and bridged and odd_card_out(m, facts)
+    odd = m is not None and bridged and odd_card_out(m, facts, _cards(shape, len(m.gpus)) % 2)
     if m is not None and mode in ("mesh", "peers"):
         out += _left_out(m, every_pair=mode == "mesh", elsewhere=bridged_elsewhere(facts), odd=odd)
     if m is not None and mode == "all":
@@ -113,12 +113,20 @@ def bridged_elsewhere(facts: TopologyFacts) -> dict[int, list[str]]:
     return out
 
 
-def odd_card_out(m: Topo, facts: TopologyFacts) -> bool:
+def _cards(shape: NodeShape | None, seen: int) -> int:
+    """The node's GPU cards: its own count where this run was given a share of them, else ``seen``."""
+    if shape is None:
+        return seen
+    return shape.host_gpus or max(len(shape.pci_gpus or []), seen)
+
+
+def odd_card_out(m: Topo, facts: TopologyFacts, by_design: int) -> bool:
     """Whether the GPUs with no NVLink peer here are the one an odd number of bridged cards
     leaves out: every other GPU is bridged to exactly one peer and, where NVML counts them, carries
     all its active links to it (on a board of direct links a GPU reaches several), the card out
     has no active link (one whose links end somewhere unseen is no card without a bridge), and no
-    more are left out than the count's parity forces (3 cards, one pair: one; two pairs of four: none)."""
+    more are left out than ``by_design``, the node's count's parity (3 cards, one pair: one; two
+    pairs of four: none)."""
     n = len(m.gpus)
     peers = {g: [j for j in range(n) if j != g and nvlink_count(m.link(g, j))] for g in range(n)}
     lone = [g for g in range(n) if not peers[g]]
@@ -126,7 +134,7 @@ def odd_card_out(m: Topo, facts: TopologyFacts) -> bool:
     paired = all(len(peers[g]) == 1 and active.get(g) in (None, nvlink_count(m.link(g, peers[g][0])))
                  for g in range(n) if peers[g])
     unbridged = all(not active.get(g) for g in lone)
-    return paired and unbridged and 0 < len(lone) <= n % 2
+    return paired and unbridged and 0 < len(lone) <= by_design
 
 
 def _left_out(m: Topo, every_pair: bool, elsewhere: dict[int, list[str]], odd: bool = False) -> list[Finding]:

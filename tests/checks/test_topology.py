@@ -314,6 +314,10 @@ def test_a_share_of_the_node_with_an_odd_count_still_fails_a_missing_bridge():
     assert [x.summary for x in t.judge(three, resolved("a100-pcie").topology, None, job)["nvlink"]] == ["GPU 2 has no NVLink peer"]
     whole = BRIDGED.model_copy(update={"pci_gpus": [f"0000:{0x1b + i:02x}:00.0" for i in range(3)]})
     assert t.judge(three, NVL.topology, None, whole)["nvlink"] == []
+    # 3 of a node's 5 cards (0-1 and 2-3 bridged, 4 out by design): a pod given 0, 1 and 4 holds the one.
+    of_five = BRIDGED.model_copy(update={"pci_gpus": [f"0000:{0x1b + i:02x}:00.0" for i in range(5)]})
+    assert t.judge(three, NVL.topology, None, of_five)["nvlink"] == []
+    assert t.judge(three, NVL.topology, None, job.model_copy(update={"host_gpus": 5}))["nvlink"] == []
 
 
 def test_a_lone_gpu_beside_gpus_joined_otherwise_than_by_one_bridge_still_fails():
