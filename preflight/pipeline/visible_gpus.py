@@ -34,6 +34,9 @@ def cuda_visible_shape(value: str, count: int, slots: list[str], usable: list[st
                        key=lambda bus_uuid: bus_uuid[0])
     else:
         order = [(None, None)] * count
+    if value.startswith(("GPU-", "MIG-")) and any(u for _, u in order):
+        # Named by UUID, a place in the order is no index: a lost GPU, whose UUID NVML no longer gives, names nothing.
+        order = [o for o in order if o[1] is not None]
     vis = cuda_visible(value, [u for _, u in order])
     if vis.count == count and vis.stop is None:
         return count, slots, gpus_from, host_gpus

@@ -140,6 +140,11 @@ def test_cuda_visible_devices_names_a_lost_gpu_in_its_place():
         pci = shape.PciNvidia(gpus=SLOTS if len(usable) == 8 else SLOTS[:7])
         node = shape.judge_shape(pci, usable, minors, [], lost, cuda_visible="0,1,2,3")
         assert (node.gpus, node.slots) == (4, SLOTS[:4]), usable
+    by_uuid = ",".join(g.uuid for g in HEALTHY.gpus[4:6])  # named by UUID, the lost GPU is in no one's way
+    for usable in (list(range(8)), [0, 1, 2, 3, 4, 5, 6]):
+        pci = shape.PciNvidia(gpus=SLOTS if len(usable) == 8 else SLOTS[:7])
+        node = shape.judge_shape(pci, usable, minors, [], lost, cuda_visible=by_uuid)
+        assert (node.gpus, node.slots) == (2, SLOTS[4:6]), usable
     nameless = lost.model_copy(update={"lost": [LostGpu(index=2, error="GPU is lost")]})  # where it sat is unknown: no slots
     node = shape.judge_shape(shape.PciNvidia(gpus=None), list(range(8)), {}, [], nameless, cuda_visible="0,1,2,3")
     assert (node.gpus, node.slots, node.not_given()) == (4, [], set())
