@@ -122,7 +122,7 @@ def judge(figs: list[Figure], expect: OutlierExpect | None, keys: tuple[str, ...
 
 
 def _judged(figs: list[Figure], expect: OutlierExpect, keys: tuple[str, ...], cohort, again: dict[str, dict[str, Outlier]]) -> dict:
-    """Name -> (its groups, its outliers worst first as (Outlier, Figure, words), the members past
+    """Name -> (its parts, its outliers worst first as (Outlier, Figure, words), the members past
     the FAIL band on one reading only): what ``judge`` words and ``statuses`` records."""
     out = {}
     for key, parts in _groups(figs, keys, cohort, expect).items():
@@ -158,14 +158,18 @@ def measurements(figs: list[Figure], expect: OutlierExpect | None, keys: tuple[s
     out = []
     for key, parts in _groups(figs, keys, cohort, expect).items():
         band = expect.band(key)
-        for group in (part.members for part in parts):
+        for part in parts:
+            group = part.members
             if len(group) < 2:
                 continue
             med = statistics.median(g.value for g in group)
             if not med > 0:
                 continue
+            whole = statistics.median(g.value for g in part.whole) if part.split else None
             for g in group:
                 off = worse_by(g.value, med, _higher(g))
+                if whole is not None and whole > 0 and not part.past_every_part(g):
+                    off = min(off, worse_by(g.value, whole, _higher(g)))  # as _found_in reads it
                 out.append(Measurement(name=f"{g.name}_median_shortfall", unit="ratio", value=round(off, 6), labels=g.labels, ceiling=band.fail))
     return out
 
@@ -237,13 +241,23 @@ def _higher(g: Figure) -> bool:
 class Part:
     """Members judged against their own median. ``name``: what the median is over ("NV18
     links"; "" where a name has one group). A part split from a larger group by the figures'
-    own shape (``whole``, named ``whole_name``; itself where not split) only clears the
-    whole's findings: ``_found_in``."""
+    own shape (``whole``, named ``whole_name``; ``members`` itself where not split) only clears
+    the whole's findings, but for a member worse than ``slowest``, the worst median of the
+    whole's parts: ``_found_in``."""
 
     name: str
     members: list[Figure]
     whole: list[Figure]
     whole_name: str
+    slowest: float | None = None
+
+    @property
+    def split(self) -> bool:
+        return self.whole is not self.members
+
+    def past_every_part(self, g: Figure) -> bool:
+        """Worse than the median of every part of the whole (a near pair slower than the far ones)."""
+        return self.slowest is not None and worse_by(g.value, self.slowest, _higher(g)) > 0
 
 
 def _groups(figs: list[Figure], keys: tuple[str, ...], cohort, expect: OutlierExpect) -> dict[str, list[Part]]:
@@ -265,16 +279,20 @@ def _groups(figs: list[Figure], keys: tuple[str, ...], cohort, expect: OutlierEx
 
 def _found_in(part: Part, band: Band) -> list[tuple[Outlier, Figure, str, int]]:
     """``part``'s outliers, each with the name and size of the group its median is of. A part split
-    from a larger group never adds a finding: a member counts only where the whole group's median
-    finds it too, and then as the milder of its two readings (a split spares far pairs the near
-    ones' median; it must not hold near pairs of two speeds to one median of their own)."""
+    from a larger group adds no finding the whole's median does not make, and takes the milder of
+    the two readings (a split spares far pairs the near ones' median; it must not hold near pairs
+    of two speeds to one median of their own); but a member worse than every part's median, a near
+    pair slower than the far ones, is read against its own part."""
     found = _found(part.members, band)
-    if part.whole is part.members:
+    if not part.split:
         return [(o, g, part.name, len(part.members)) for o, g in found]
     whole = {o.where: o for o, _ in _found(part.whole, band)}
     out = []
     for o, g in found:
-        if (w := whole.get(o.where)) is not None:
+        w = whole.get(o.where)
+        if part.past_every_part(g):  # slower than even the far pairs: its own part's reading
+            out.append((o, g, part.name, len(part.members)))
+        elif w is not None:  # the milder reading
             out.append((o, g, part.name, len(part.members)) if o.off <= w.off else (w, g, part.whole_name, len(part.whole)))
     return out
 

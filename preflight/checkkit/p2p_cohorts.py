@@ -59,7 +59,8 @@ class PairCohort:
       sockets).
 
     A near/far part only clears findings, never adds one: checkkit/outliers.py names a member
-    of a part only where the median of its peer-access class finds it too.
+    of a part only where the median of its peer-access class finds it too, or where it is slower
+    than every part's median (a near pair slower than the far ones).
 
     What stays caught: a GPU whose link trained down slows all of its pairs, which leaves it
     a group of one, so no split; a slow pair inside a group is held to the pairs inside
@@ -98,7 +99,12 @@ class PairCohort:
         out = []
         for access, members in by_access.items():
             cls = name if len(by_access) == 1 else f"{name}, {_ACCESS[access]}"
-            out += [Part(part, inside, members, cls) for part, inside in _near_far(cls, members, warn, depth=3)]
+            parts = _near_far(cls, members, warn, depth=3)
+            if len(parts) == 1:
+                out.append(Part(cls, members, members, cls))  # one access class, judged whole as a link kind is
+                continue
+            slowest = min(statistics.median(g.value for g in of_part) for _, of_part in parts)
+            out += [Part(part_name, of_part, members, cls, slowest) for part_name, of_part in parts]
         return out
 
 

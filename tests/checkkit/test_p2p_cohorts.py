@@ -144,6 +144,20 @@ def test_a_lone_far_gpu_with_peer_access_everywhere_is_never_failed():
 # ---- what must still be caught --------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("slow", [19.0, 17.0])
+def test_a_near_pair_slower_than_the_far_ones_is_failed_where_the_far_pairs_hold_the_median(slow):
+    # A 4 + 4 guest, near 26 GB/s and far 20: the far pairs are 32 of 56 and hold the class's median,
+    # which finds a near pair at 19 (27% under its peers) 5% low. Slower than every part's median,
+    # it is read against the near pairs: FAIL, and its exported shortfall says the same.
+    near = lambda a, b: slow if {a, b} == {0, 1} else 26.0  # noqa: E731
+    figs, found = judged(p2p_facts(8, grouped([{0, 1, 2, 3}, {4, 5, 6, 7}], near, lambda a, b: 20.0)), all_phb(8))
+    (f,) = found
+    assert f.status == FAIL and f.summary.startswith("GPU 0 -> GPU 1 ") and "on 2 of them" in f.cause
+    shortfall = {(m.labels["gpu"], m.labels["peer_gpu"]): m.value for m in bandwidth.measurements(figs, {}, BAND, all_phb(8), vm=True)
+                 if m.name == "p2p_bandwidth_median_shortfall"}
+    assert shortfall[("0", "1")] > BAND.fail and max(v for k, v in shortfall.items() if k not in {("0", "1"), ("1", "0")}) < BAND.warn
+
+
 def test_a_gpu_whose_link_trained_down_is_still_failed_in_the_vm():
     # The 6 + 2 guest with GPU 2's link at half its width: each of its copies at half its peers'.
     groups = [set(range(6)), {6, 7}]
