@@ -13,7 +13,7 @@ ports: checkkit/rdma_ports.py; checks/rdma.py gathers and joins the parts.
 from __future__ import annotations
 
 from preflight.base.findings import Finding, Status
-from preflight.checkkit.rdma_ports import compute
+from preflight.checkkit.rdma_ports import UNCABLED, compute, held
 from preflight.pipeline.expectations import RdmaExpect
 from preflight.readers.machine.ibports import ERROR_COUNTERS, Port, RdmaFacts
 
@@ -24,9 +24,17 @@ LINK_FIX = ("check the cable and transceiver and the switch port (`ibstat`, `mlx
 
 def judge_gpudirect(facts: RdmaFacts, expect: RdmaExpect, gpus: int) -> list[Finding]:
     """GPUDirect RDMA needs nvidia-peermem (or MLNX_OFED's nv_peer_mem) or dma-buf
-    (the open GPU kernel modules on Linux >= 5.12, NCCL_DMABUF_ENABLE not 0)."""
-    if not expect.gpudirect or not gpus or not any(compute(p, expect, facts) for p in facts.ports):
+    (the open GPU kernel modules on Linux >= 5.12, NCCL_DMABUF_ENABLE not 0). Where no compute
+    port is surely a rail (rdma_ports.held), its absence WARNs: the ports may all be storage."""
+    rails = [p for p in facts.ports if compute(p, expect, facts)]
+    if not expect.gpudirect or not gpus or not rails:
         return []
+    found = _gpudirect(facts)
+    return found if any(held(p, facts) for p in rails) else unsure(found, rails[0], facts)
+
+
+def _gpudirect(facts: RdmaFacts) -> list[Finding]:
+    """What keeps GPUDirect RDMA from the compute ports, if anything."""
     if facts.peermem or facts.memory_peers:
         return []
     dmabuf = facts.dmabuf_capable()
@@ -80,28 +88,47 @@ def judge_ports(facts: RdmaFacts, expect: RdmaExpect) -> list[Finding]:
     for p in facts.ports:
         if not compute(p, expect, facts):
             continue  # an uncabled spare or storage port says nothing about the job: other_ports() reports it
-        top = tops.get(p.link_layer)
-        if p.state_now != "ACTIVE":
-            if p.state_now in ("INIT", "ARMED"):
-                cause = (f"{p.where} ({p.link_layer}) is {p.state_now} with the link {p.phys_state or 'up'}: the cable is fine but no "
-                         "subnet manager has configured the port, so it carries no traffic")
-                fix = "check that a subnet manager (opensm, UFM, the switch's SM) runs and reaches this port (`sminfo`, `ibstat`)"
-            else:
-                cause = f"{p.where} ({p.link_layer}) is {p.state_now or 'unreadable'} (physical state {p.phys_state or 'unknown'})"
-                fix = ("the port is administratively disabled: enable it (`ibportstate`, `ip link set ... up`)" if p.phys_state == "Disabled"
-                       else LINK_FIX)
-            out.append(Finding(FAIL, f"{p.where} {p.state_now or 'unreadable'}", cause, fix))
-        elif expect.rate_gbps and p.gbps is not None and p.gbps < expect.rate_gbps:
-            out.append(Finding(FAIL, f"{p.where} at {p.rate_now}, {expect.rate_gbps:g} Gb/sec expected",
-                               f"{p.where} trained at {p.rate_now}, below the {expect.rate_gbps:g} Gb/sec the site's profile holds its compute "
-                               f"ports to ({expect.rate_source}): a degraded cable or transceiver, lanes down, or a slower switch port; "
-                               "this rail carries less than its share", LINK_FIX))
-        elif top is not None and p.gbps is not None and p.gbps < top.gbps:  # type: ignore[operator]
-            out.append(Finding(FAIL, f"{p.where} at {p.rate_now}, below {top.where}'s {top.rate_now}",
-                               f"{p.where} trained at {p.rate_now}, slower than {top.where} at {top.rate_now}, the node's fastest "
-                               f"{p.link_layer} compute port: one node's rails are cabled alike, so this one trained down (a degraded cable "
-                               "or transceiver, lanes down) or sits on a slower switch port, and carries less than its share while "
-                               "NCCL's rings run at the slowest rail's pace", LINK_FIX))
+        out += unsure(_port_findings(p, tops.get(p.link_layer), expect), p, facts)
+    return out
+
+
+def unsure(found: list[Finding], p: Port, facts: RdmaFacts) -> list[Finding]:
+    """``found`` on port ``p``, its FAILs WARNs where the tree cannot say the port is a rail (rdma_ports.held)."""
+    if held(p, facts):
+        return found
+    note = (f"; whether {p.where} carries the job's traffic is not known here ({facts.roles_unknown}): it may be a storage "
+            "port, so this warns; name the rails in NCCL_IB_HCA to hold them to it")
+    return [Finding(WARN, f.summary, f.cause + note, f.remedy) if f.status == FAIL else f for f in found]
+
+
+def _port_findings(p: Port, top: Port | None, expect: RdmaExpect) -> list[Finding]:
+    """A compute port's state and rate against the site's rate and ``top``, its link layer's fastest."""
+    out = []
+    if p.state_now != "ACTIVE":
+        if p.state_now in ("INIT", "ARMED"):
+            cause = (f"{p.where} ({p.link_layer}) is {p.state_now} with the link {p.phys_state or 'up'}: the cable is fine but no "
+                     "subnet manager has configured the port, so it carries no traffic")
+            fix = "check that a subnet manager (opensm, UFM, the switch's SM) runs and reaches this port (`sminfo`, `ibstat`)"
+        else:
+            cause = f"{p.where} ({p.link_layer}) is {p.state_now or 'unreadable'} (physical state {p.phys_state or 'unknown'})"
+            fix = ("the port is administratively disabled: enable it (`ibportstate`, `ip link set ... up`)" if p.phys_state == "Disabled"
+                   else LINK_FIX)
+            if p.counters.get("link_downed", 0) > 0 and p.phys_state in UNCABLED:
+                # Went down since its counters were cleared: not read as a dual-port card's unused port (rdma_ports.spare).
+                fix += ("; a port left unused on purpose reads as its card's spare once its counters are cleared "
+                        "(`perfquery -x` on the port, or a driver reload)")
+        out.append(Finding(FAIL, f"{p.where} {p.state_now or 'unreadable'}", cause, fix))
+    elif expect.rate_gbps and p.gbps is not None and p.gbps < expect.rate_gbps:
+        out.append(Finding(FAIL, f"{p.where} at {p.rate_now}, {expect.rate_gbps:g} Gb/sec expected",
+                           f"{p.where} trained at {p.rate_now}, below the {expect.rate_gbps:g} Gb/sec the site's profile holds its compute "
+                           f"ports to ({expect.rate_source}): a degraded cable or transceiver, lanes down, or a slower switch port; "
+                           "this rail carries less than its share", LINK_FIX))
+    elif top is not None and p.gbps is not None and p.gbps < top.gbps:  # type: ignore[operator]
+        out.append(Finding(FAIL, f"{p.where} at {p.rate_now}, below {top.where}'s {top.rate_now}",
+                           f"{p.where} trained at {p.rate_now}, slower than {top.where} at {top.rate_now}, the node's fastest "
+                           f"{p.link_layer} compute port: one node's rails are cabled alike, so this one trained down (a degraded cable "
+                           "or transceiver, lanes down) or sits on a slower switch port, and carries less than its share while "
+                           "NCCL's rings run at the slowest rail's pace", LINK_FIX))
     return out
 
 
@@ -215,7 +242,7 @@ def judge_counters(facts: RdmaFacts, expect: RdmaExpect) -> list[Finding]:
     did not grow are no finding, unless a counter sits at its ceiling, where growth could not be
     seen. A port no job uses (a storage or management link bouncing in a switch's maintenance)
     says nothing about the job: ``other_ports`` reports it."""
-    return [f for p in facts.ports if compute(p, expect, facts) for f in _counter_findings(p, facts, expect)]
+    return [f for p in facts.ports if compute(p, expect, facts) for f in unsure(_counter_findings(p, facts, expect), p, facts)]
 
 
 def _counter_findings(p: Port, facts: RdmaFacts, expect: RdmaExpect) -> list[Finding]:

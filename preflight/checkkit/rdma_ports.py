@@ -68,10 +68,11 @@ def _card(p: Port) -> str:
 
 
 def spare(port: Port, facts: RdmaFacts) -> bool:
-    """An uncabled or disabled port on a card whose other port runs, and that has not been up
-    since the counters began (its link_downed 0, where read): the dual-port card's unused port,
-    which no job uses unless NCCL_IB_HCA names it. One that went down since is a cable pulled
-    from a card whose two ports both carried rails."""
+    """An uncabled or disabled port on a card whose other port runs, and that has not gone down
+    since its counters were last cleared (link_downed 0, where read; a driver reload or
+    `perfquery -x` clears them): the dual-port card's unused port, which no job uses unless
+    NCCL_IB_HCA names it. One that went down since is a cable pulled from a card whose two ports
+    both carried rails (rdma_judges says how to clear a port left unused on purpose)."""
     never_up = port.counters.get("link_downed", 0) == 0
     return never_up and port.phys_state in UNCABLED and any(o is not port and _card(o) == _card(port) and o.state_now == "ACTIVE" for o in facts.ports)
 
@@ -83,7 +84,7 @@ def compute(port: Port, expect: RdmaExpect, facts: RdmaFacts | None = None) -> b
     GPU (a storage port sits elsewhere). A prefix ("mlx5") also catches a storage card's ports
     and a dual-port card's unused one: NCCL skips a port that is not ACTIVE before it reads the
     list (NVIDIA/nccl src/transport/net_ib/init.cc), and pairs each GPU with the NICs nearest
-    it, so neither is a rail whose loss or pace the job would feel."""
+    it, so neither is held to the rails. Where the tree cannot tell (``held``), every port is."""
     if facts is not None and facts.ib_hca is not None:
         spec = facts.ib_hca[0]
         if not hca_names(spec)(port.device, port.port):
@@ -99,9 +100,22 @@ def compute(port: Port, expect: RdmaExpect, facts: RdmaFacts | None = None) -> b
     return port.near_gpu is not False
 
 
+def held(port: Port, facts: RdmaFacts) -> bool:
+    """Whether a compute port's faults FAIL. Where the PCIe tree cannot tell a rail from a storage
+    port (``facts.roles_unknown``), every port of the link layer is a compute port, so that a rail
+    down is seen; but one NCCL_IB_HCA does not name by its whole name may be storage, and its
+    faults WARN: a gate never fails a node on a port it cannot say the job uses."""
+    if facts.roles_unknown is None:
+        return True
+    return facts.ib_hca is not None and hca_named(facts.ib_hca[0])(port.device, port.port)
+
+
 def chosen_by(facts: RdmaFacts) -> str:
     if facts.ib_hca is not None:
         return f"NCCL_IB_HCA={facts.ib_hca[0]} ({facts.ib_hca[1]})"
     if any(p.near_gpu is not None for p in facts.ports):
         return "the profile's link_layer and a PCIe switch shared with a GPU"
+    if facts.roles_unknown:
+        return (f"the profile's link_layer ({facts.roles_unknown}, so the PCIe tree cannot tell a rail from a storage port: "
+                "their faults WARN; NCCL_IB_HCA naming the rails makes them FAIL)")
     return "the profile's link_layer (sysfs does not show which NICs sit beside the GPUs)"

@@ -173,22 +173,40 @@ def test_a_prefix_in_nccl_ib_hca_names_no_storage_or_spare_port_the_job_would_lo
     assert [x.summary for x in found(facts(*rails, spare, ib_hca=("=mlx5_0:2", "/etc/nccl.conf")))] == ["mlx5_0 port 2 DOWN"]
 
 
-def test_on_a_board_without_pcie_switches_every_port_may_be_a_rail(tmp_path):
-    """GPUs and NICs each under a root port of their own (a switchless PCIe server): no NIC can
-    share a switch with a GPU, so where each sits tells nothing. It read as 'beside no GPU' for
-    every NIC, and a rail down passed, under NCCL_IB_HCA=mlx5 and without it."""
-    devs = tmp_path / "sys/devices/pci0000:00"
-    (tmp_path / "sys/bus/pci/devices").mkdir(parents=True)
-    for bdf, name in (("0000:00:01.0/0000:01:00.0", "0000:01:00.0"), ("0000:00:02.0/0000:02:00.0", "0000:02:00.0")):
-        (devs / bdf).mkdir(parents=True)
-        (tmp_path / "sys/bus/pci/devices" / name).symlink_to(devs / bdf)
-    (tmp_path / IB / "mlx5_0").mkdir(parents=True)
-    (tmp_path / IB / "mlx5_0/device").symlink_to(devs / "0000:00:02.0/0000:02:00.0")
-    rail = port("mlx5_0", state="DOWN", phys="Polling")
-    ibports.near_gpus(Host(tmp_path), [rail], ["0000:01:00.0"])
-    assert (rail.pci, rail.near_gpu) == ("0000:02:00.0", None)
+def pcie_tree(root: Path, devices: dict[str, str]) -> None:
+    """A PCIe tree under ``root``: each device's bus id -> its path of bridges below the root complex."""
+    (root / "sys/bus/pci/devices").mkdir(parents=True, exist_ok=True)
+    for bdf, path in devices.items():
+        (root / "sys/devices/pci0000:00" / path).mkdir(parents=True)
+        (root / "sys/bus/pci/devices" / bdf).symlink_to(root / "sys/devices/pci0000:00" / path)
+
+
+@pytest.mark.parametrize("layout, why", [
+    # GPUs and NICs each under a root port of their own: a switchless server, a Grace board.
+    ({"0000:01:00.0": "0000:00:01.0/0000:01:00.0", "0000:02:00.0": "0000:00:02.0/0000:02:00.0", "0000:03:00.0": "0000:00:03.0/0000:03:00.0"},
+     "no GPU sits behind a PCIe switch"),
+    # GPUs behind a switch, every NIC on a root port: a dual-root PCIe server.
+    ({"0000:01:00.0": "0000:00:01.0/0000:10:00.0/0000:11:00.0/0000:01:00.0", "0000:02:00.0": "0000:00:02.0/0000:02:00.0",
+      "0000:03:00.0": "0000:00:03.0/0000:03:00.0"}, "no NIC shares a PCIe switch with a GPU"),
+])
+def test_where_the_pcie_tree_cannot_tell_a_rail_from_storage_every_port_is_judged_and_warns(tmp_path, layout, why):
+    """It read as 'beside no GPU' for every NIC, so a rail down passed unseen. Now every port of the
+    link layer is judged, and warns: the tree cannot say which is a storage port, and a gate never
+    fails a node on a port it cannot say the job uses. NCCL_IB_HCA naming the rails makes them FAIL."""
+    pcie_tree(tmp_path, layout)
+    for dev, bdf in (("mlx5_0", "0000:02:00.0"), ("mlx5_1", "0000:03:00.0")):
+        (tmp_path / IB / dev).mkdir(parents=True)
+        (tmp_path / IB / dev / "device").symlink_to(tmp_path / "sys/bus/pci/devices" / bdf)
+    rail, storage = port("mlx5_0", state="DOWN", phys="Polling"), port("mlx5_1", rate="200 Gb/sec (4X HDR)")
+    assert ibports.near_gpus(Host(tmp_path), [rail, storage], ["0000:01:00.0"]) == why
+    assert (rail.near_gpu, storage.near_gpu) == (None, None)
     for hca in (None, ("mlx5", "the environment")):
-        assert [x.summary for x in found(facts(port("mlx5_1"), rail, ib_hca=hca))] == ["mlx5_0 port 1 DOWN"], hca
+        out = found(facts(rail, storage, ib_hca=hca, roles_unknown=why, peermem=[]))
+        assert [(x.status, x.summary) for x in out] == [(WARN, "GPUDirect RDMA not possible: no nvidia-peermem, no dma-buf"),
+                                                        (WARN, "mlx5_0 port 1 DOWN")], hca
+        assert why in out[1].cause and "NCCL_IB_HCA" in out[1].cause
+    named = found(facts(rail, storage, ib_hca=("mlx5_0", "the environment"), roles_unknown=why))
+    assert [(x.status, x.summary) for x in named] == [(FAIL, "mlx5_0 port 1 DOWN")]
 
 
 def test_a_dual_port_cards_port_that_was_up_since_boot_is_a_pulled_cable_not_a_spare():

@@ -101,6 +101,7 @@ class RdmaFacts(BaseModel):
     nvidia_open: bool | None = None  # the open GPU kernel modules; None: no NVIDIA driver seen
     dmabuf_setting: tuple[str, str] | None = None  # NCCL_DMABUF_ENABLE's (value, where) as NCCL reads it
     ib_hca: tuple[str, str] | None = None  # NCCL_IB_HCA's (value, where): the devices NCCL is told to use
+    roles_unknown: str | None = None  # why the PCIe tree cannot tell a rail from a storage port (near_gpus)
 
     def dmabuf_capable(self) -> bool | None:
         return dmabuf_possible(self.kernel, self.nvidia_open)
@@ -210,22 +211,32 @@ def _kept(first: FirstRead, host: Host) -> tuple[list[Port], dict[tuple[str, int
     return ports, at, now.unread, moved
 
 
-def near_gpus(host: Host, ports: list[Port], gpus: list[str]) -> None:
+def near_gpus(host: Host, ports: list[Port], gpus: list[str]) -> str | None:
     """Set each port's PCI address and whether it shares a PCIe switch with a GPU: both
     paths pass one bridge below the root port. That is a NIC NCCL pairs with a GPU for
-    GPUDirect RDMA; one alone under its root port is storage or management. Where no GPU
-    sits behind a switch (GPUs and NICs each on a root port of their own: a switchless
-    PCIe server, a VM's q35 tree), no NIC can share one with a GPU: proximity is not told."""
-    switched = [p for p in (bridges_above(host, g) for g in gpus) if p and len(p) >= 2]
+    GPUDirect RDMA; one alone under its root port is storage or management. Where the GPUs
+    are placed but no NIC shares a switch with one (GPUs on root ports of their own, as a
+    switchless server or a Grace board has them; or NICs that all hang off root ports), the
+    tree cannot tell a rail from a storage port: every port is left unknown, and the reason is
+    returned (RdmaFacts.roles_unknown); None where it could tell, or no GPU was placed (a VM)."""
+    paths = [p for p in (bridges_above(host, g) for g in gpus) if p]
+    switched = [p for p in paths if len(p) >= 2]
+    told = []
     for port in ports:
         try:
             port.pci = host.path(f"/sys/class/infiniband/{port.device}/device").resolve(strict=True).name
         except OSError:
             continue
         mine = bridges_above(host, port.pci)
-        if mine is None or not switched:
-            continue  # a VM, no GPU placed, or no GPU behind a switch: proximity cannot be told
-        port.near_gpu = len(mine) >= 2 and any(mine[:2] == g[:2] for g in switched)
+        if mine is None or not paths:
+            continue  # a VM, or no GPU placed: proximity cannot be told
+        port.near_gpu = bool(switched) and len(mine) >= 2 and any(mine[:2] == g[:2] for g in switched)
+        told.append(port)
+    if not told or any(p.near_gpu for p in told):
+        return None
+    for port in told:
+        port.near_gpu = None
+    return "no GPU sits behind a PCIe switch" if not switched else "no NIC shares a PCIe switch with a GPU"
 
 
 def _modules(host: Host) -> set[str]:
@@ -254,7 +265,7 @@ def gather(host: Host, interval: float, wait: Callable[[float], None] = time.sle
         ports, at, unread, moved = _kept(first, host)
         said = (f"as the run began, but at the check's turn for the ports that moved since ({'; '.join(moved)} since the run began)"
                 if moved else "as the run began")
-    near_gpus(host, ports, gpus or [])
+    roles_unknown = near_gpus(host, ports, gpus or [])
     waited: dict[tuple[str, int], float] = {}
     if ports:
         started = time.monotonic()
@@ -284,4 +295,4 @@ def gather(host: Host, interval: float, wait: Callable[[float], None] = time.sle
         kernel=read_stripped(host.path("/proc/sys/kernel/osrelease")),
         driver=read_stripped(host.path("/sys/module/nvidia/version")),
         nvidia_open=None if version is None else "Open Kernel Module" in version,
-        dmabuf_setting=setting, ib_hca=nccl.get("NCCL_IB_HCA"))
+        dmabuf_setting=setting, ib_hca=nccl.get("NCCL_IB_HCA"), roles_unknown=roles_unknown)
