@@ -126,10 +126,12 @@ def odd_card_out(m: Topo, facts: TopologyFacts, by_design: int) -> bool:
     all its active links to it (on a board of direct links a GPU reaches several), the card out
     has no active link (one whose links end somewhere unseen is no card without a bridge), and no
     more are left out than ``by_design``, the node's count's parity (3 cards, one pair: one; two
-    pairs of four: none)."""
+    pairs of four: none). A GPU bridged to one outside this view (``bridged_elsewhere``) is none
+    of them: its bridge is there."""
     n = len(m.gpus)
     peers = {g: [j for j in range(n) if j != g and nvlink_count(m.link(g, j))] for g in range(n)}
-    lone = [g for g in range(n) if not peers[g]]
+    elsewhere = bridged_elsewhere(facts)
+    lone = [g for g in range(n) if not peers[g] and g not in elsewhere]
     active = {p.index: p.nvlinks_active for p in facts.gpus}
     paired = all(len(peers[g]) == 1 and active.get(g) in (None, nvlink_count(m.link(g, peers[g][0])))
                  for g in range(n) if peers[g])

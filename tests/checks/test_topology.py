@@ -318,6 +318,15 @@ def test_a_share_of_the_node_with_an_odd_count_still_fails_a_missing_bridge():
     of_five = BRIDGED.model_copy(update={"pci_gpus": [f"0000:{0x1b + i:02x}:00.0" for i in range(5)]})
     assert t.judge(three, NVL.topology, None, of_five)["nvlink"] == []
     assert t.judge(three, NVL.topology, None, job.model_copy(update={"host_gpus": 5}))["nvlink"] == []
+    # 0, 2 and 4 of the 5: GPUs 0 and 1 here are bridged to partners outside the pod, GPU 2 is the one out.
+    gpus = [layout.GpuPlace(index=i, pci=f"0000:{0x1b + 2 * i:02x}:00.0", uuid=f"GPU-{i}", nvlinks_active=a) for i, a in enumerate((12, 12, 0))]
+    for g, partner in ((gpus[0], "0000:1c:00.0"), (gpus[1], "0000:1e:00.0")):
+        g.nvlink_peers, g.nvlink_remote = {partner: 12}, {"gpu": 12}
+    spread = t.TopologyFacts(matrix=topo.parse(matrix(3, {}, [0] * 3)), gpus=gpus)
+    assert t.judge(spread, NVL.topology, None, of_five)["nvlink"] == []
+    # On a node of an even count no card is out by design: the GPU without a bridge is a fault.
+    four = BRIDGED.model_copy(update={"pci_gpus": [f"0000:{0x1b + i:02x}:00.0" for i in range(4)]})
+    assert [x.summary for x in t.judge(spread, NVL.topology, None, four)["nvlink"]] == ["GPU 2 has no NVLink peer"]
 
 
 def test_a_lone_gpu_beside_gpus_joined_otherwise_than_by_one_bridge_still_fails():
