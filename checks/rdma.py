@@ -23,7 +23,7 @@ from preflight.base.findings import Finding, Measurement, worst
 from preflight.base.host import Host
 from preflight.checkkit.rdma_judges import (at_ceiling, came_up, changed, judge_counters, judge_gpudirect, judge_ports, other_ports,
                                             rate_basis, rate_floor, seconds, slow_symbol_errors)
-from preflight.checkkit.rdma_ports import chosen_by, compute
+from preflight.checkkit.rdma_ports import chosen_by, compute, held
 from preflight.pipeline.check import Check, Context, Result
 from preflight.pipeline.expectations import RdmaExpect
 from preflight.pipeline.shape import pci_nvidia
@@ -45,7 +45,7 @@ def measurements(facts: RdmaFacts, expect: RdmaExpect) -> list[Measurement]:
         labels = {"device": p.device, "port": str(p.port)}
         if p.gbps is not None:
             out.append(Measurement(name="rdma_port_rate", unit="gbit_per_second", value=p.gbps, labels=labels,
-                                   floor=rate_floor(p, facts, expect) if compute(p, expect, facts) else None))
+                                   floor=rate_floor(p, facts, expect) if compute(p, expect, facts) and held(p, facts) else None))
         for n, v in p.counters.items():
             out.append(Measurement(name=f"rdma_{n}", unit="count", value=p.counters_later.get(n, v), labels=labels))
     return out

@@ -12,8 +12,10 @@ ports: checkkit/rdma_ports.py; checks/rdma.py gathers and joins the parts.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from preflight.base.findings import Finding, Status
-from preflight.checkkit.rdma_ports import UNCABLED, compute, held
+from preflight.checkkit.rdma_ports import compute, held
 from preflight.pipeline.expectations import RdmaExpect
 from preflight.readers.machine.ibports import ERROR_COUNTERS, Port, RdmaFacts
 
@@ -30,7 +32,7 @@ def judge_gpudirect(facts: RdmaFacts, expect: RdmaExpect, gpus: int) -> list[Fin
     if not expect.gpudirect or not gpus or not rails:
         return []
     found = _gpudirect(facts)
-    return found if any(held(p, facts) for p in rails) else unsure(found, rails[0], facts)
+    return found if any(held(p, facts) for p in rails) else unsure(found, None, facts)
 
 
 def _gpudirect(facts: RdmaFacts) -> list[Finding]:
@@ -69,8 +71,11 @@ def fastest(facts: RdmaFacts, expect: RdmaExpect) -> dict[str | None, Port]:
     cabled alike (a rail each), so the fastest says what the fabric gives this node, whatever
     the site chose (NDR, NDR200 on split cables, HDR100); a port not ACTIVE has no rate to go by."""
     out: dict[str | None, Port] = {}
-    for p in facts.ports:
-        if p.state_now == "ACTIVE" and p.gbps is not None and compute(p, expect, facts):
+    ours = [p for p in facts.ports if compute(p, expect, facts)]
+    # Where some are surely rails (rdma_ports.held), a port that may be storage sets no pace for them.
+    pacers = [p for p in ours if held(p, facts)] or ours
+    for p in pacers:
+        if p.state_now == "ACTIVE" and p.gbps is not None:
             top = out.get(p.link_layer)
             if top is None or p.gbps > top.gbps:  # type: ignore[operator]
                 out[p.link_layer] = p
@@ -88,21 +93,26 @@ def judge_ports(facts: RdmaFacts, expect: RdmaExpect) -> list[Finding]:
     for p in facts.ports:
         if not compute(p, expect, facts):
             continue  # an uncabled spare or storage port says nothing about the job: other_ports() reports it
-        out += unsure(_port_findings(p, tops.get(p.link_layer), expect), p, facts)
+        cleared = p.model_copy(update={"counters": {**p.counters, "link_downed": 0}})
+        clearable = p.counters.get("link_downed", 0) > 0 and not compute(cleared, expect, facts)
+        out += unsure(_port_findings(p, tops.get(p.link_layer), expect, clearable), p, facts)
     return out
 
 
-def unsure(found: list[Finding], p: Port, facts: RdmaFacts) -> list[Finding]:
-    """``found`` on port ``p``, its FAILs WARNs where the tree cannot say the port is a rail (rdma_ports.held)."""
-    if held(p, facts):
+def unsure(found: list[Finding], p: Port | None, facts: RdmaFacts) -> list[Finding]:
+    """``found`` on port ``p`` (None: on all the compute ports), its FAILs WARNs where the tree cannot
+    say the port is a rail (rdma_ports.held)."""
+    if p is not None and held(p, facts):
         return found
-    note = (f"; whether {p.where} carries the job's traffic is not known here ({facts.roles_unknown}): it may be a storage "
-            "port, so this warns; name the rails in NCCL_IB_HCA to hold them to it")
-    return [Finding(WARN, f.summary, f.cause + note, f.remedy) if f.status == FAIL else f for f in found]
+    which = f"{p.where} carries" if p is not None else "any of these ports carries"
+    note = (f"; whether {which} the job's traffic is not known here ({facts.roles_unknown}): it may be storage, "
+            "so this warns; name the rails in NCCL_IB_HCA to hold them to it")
+    return [replace(f, status=WARN, cause=f.cause + note) if f.status == FAIL else f for f in found]
 
 
-def _port_findings(p: Port, top: Port | None, expect: RdmaExpect) -> list[Finding]:
-    """A compute port's state and rate against the site's rate and ``top``, its link layer's fastest."""
+def _port_findings(p: Port, top: Port | None, expect: RdmaExpect, clearable: bool = False) -> list[Finding]:
+    """A compute port's state and rate against the site's rate and ``top``, its link layer's fastest.
+    ``clearable``: the port would be its card's unused spare but for a fall its counters keep."""
     out = []
     if p.state_now != "ACTIVE":
         if p.state_now in ("INIT", "ARMED"):
@@ -113,8 +123,7 @@ def _port_findings(p: Port, top: Port | None, expect: RdmaExpect) -> list[Findin
             cause = f"{p.where} ({p.link_layer}) is {p.state_now or 'unreadable'} (physical state {p.phys_state or 'unknown'})"
             fix = ("the port is administratively disabled: enable it (`ibportstate`, `ip link set ... up`)" if p.phys_state == "Disabled"
                    else LINK_FIX)
-            if p.counters.get("link_downed", 0) > 0 and p.phys_state in UNCABLED:
-                # Went down since its counters were cleared: not read as a dual-port card's unused port (rdma_ports.spare).
+            if clearable:  # went down since its counters were cleared: not read as its card's unused port (rdma_ports.spare)
                 fix += ("; a port left unused on purpose reads as its card's spare once its counters are cleared "
                         "(`perfquery -x` on the port, or a driver reload)")
         out.append(Finding(FAIL, f"{p.where} {p.state_now or 'unreadable'}", cause, fix))

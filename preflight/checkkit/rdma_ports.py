@@ -112,7 +112,9 @@ def held(port: Port, facts: RdmaFacts) -> bool:
 
 def chosen_by(facts: RdmaFacts) -> str:
     if facts.ib_hca is not None:
-        return f"NCCL_IB_HCA={facts.ib_hca[0]} ({facts.ib_hca[1]})"
+        unsure = (f"; {facts.roles_unknown}, so the faults of a port it does not name by its whole name WARN"
+                  if facts.roles_unknown else "")
+        return f"NCCL_IB_HCA={facts.ib_hca[0]} ({facts.ib_hca[1]}){unsure}"
     if any(p.near_gpu is not None for p in facts.ports):
         return "the profile's link_layer and a PCIe switch shared with a GPU"
     if facts.roles_unknown:

@@ -209,6 +209,21 @@ def test_where_the_pcie_tree_cannot_tell_a_rail_from_storage_every_port_is_judge
     assert [(x.status, x.summary) for x in named] == [(FAIL, "mlx5_0 port 1 DOWN")]
 
 
+def test_where_the_tree_cannot_tell_a_port_that_may_be_storage_sets_no_pace_for_the_named_rails():
+    """NCCL_IB_HCA=mlx5_0,mlx5_1 (prefixes: mlx5_1 also catches mlx5_10) on a switchless node: the
+    named rails at 200 Gb/s were held to mlx5_10's 400, a port the check itself says may be storage."""
+    why = "no GPU sits behind a PCIe switch"
+    rails = [port(f"mlx5_{i}", rate="200 Gb/sec (4X HDR)") for i in range(2)]
+    storage = port("mlx5_10", rate="400 Gb/sec (4X NDR)")
+    f = facts(*rails, storage, ib_hca=("mlx5_0,mlx5_1", "the environment"), roles_unknown=why)
+    assert found(f) == []
+    rate = {m.labels["device"]: m.floor for m in r.measurements(f, H100.rdma) if m.name == "rdma_port_rate"}
+    assert rate == {"mlx5_0": 200.0, "mlx5_1": 200.0, "mlx5_10": None}  # no floor the check does not fail on
+    slow = facts(rails[0], port("mlx5_1", rate="100 Gb/sec (2X HDR)"), storage, ib_hca=("mlx5_0,mlx5_1", "the environment"), roles_unknown=why)
+    assert [(x.status, x.summary) for x in found(slow)] == [(FAIL, "mlx5_1 port 1 at 100 Gb/sec (2X HDR), below mlx5_0 port 1's 200 Gb/sec (4X HDR)")]
+    assert why in rdma_ports.chosen_by(slow)
+
+
 def test_a_dual_port_cards_port_that_was_up_since_boot_is_a_pulled_cable_not_a_spare():
     # Both ports of one card carry rails; one cable is pulled: its link_downed counts the fall.
     up = port("mlx5_0").model_copy(update={"pci": "0000:02:00.0"})
@@ -217,6 +232,11 @@ def test_a_dual_port_cards_port_that_was_up_since_boot_is_a_pulled_cable_not_a_s
         assert [x.summary for x in found(facts(up, pulled, ib_hca=hca))] == ["mlx5_1 port 1 DOWN"], hca
     never = pulled.model_copy(update={"counters": {**pulled.counters, "link_downed": 0}, "counters_later": {**pulled.counters, "link_downed": 0}})
     assert found(facts(up, never)) == []  # never up since the counters began: the card's unused port
+    (f,) = found(facts(up, pulled))
+    assert "reads as its card's spare once its counters are cleared" in f.remedy  # a port left unused on purpose
+    alone = pulled.model_copy(update={"pci": "0000:05:00.0"})  # a card of its own: clearing changes nothing, so it is not said
+    (f,) = found(facts(up, alone))
+    assert f.summary == "mlx5_1 port 1 DOWN" and "its card's spare" not in f.remedy
 
 
 def test_a_compute_port_below_the_sites_rate_fails(ndr_site):
