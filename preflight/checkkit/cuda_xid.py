@@ -63,6 +63,12 @@ def _worst(code: int | None, group: list[xid.XidEvent]) -> xid_meaning.XidInfo:
     return group[-1].info if code == 154 else max((e.info for e in group), key=lambda i: rank[i.severity])
 
 
+def _times(group: list[xid.XidEvent]) -> str:
+    """' (3 times since boot)' where a group's events came more than once, else ''."""
+    n = sum(e.count for e in group)
+    return f" ({n} times since boot)" if n > 1 else ""
+
+
 def _named(kind: str, code: int | None, pci: str | None, inv: Inventory) -> tuple[str, str, Gpu | None]:
     """(label, GPU) as a finding names an event: "Xid 13", "GPU 0 (0000:1b:00)"."""
     g = next((g for g in inv.gpus if nvml_facts.slot(g.pci_bus_id) == pci), None)  # kernel lines print "0000:10:1c"
@@ -100,8 +106,7 @@ def judge_xid(events: list[xid.XidEvent], inv: Inventory, forgeable: bool = Fals
         if kind == "xid" and code == 63 and remap_done:
             status = WARN  # NVML's remap state is the truth: a reset since has activated it
             act = Next(Action.WATCH, act.domain, f"{act.source}; NVML says the remap is active since (a reset has run)")
-        n = sum(e.count for e in group)
-        times = f" ({n} times since boot)" if n > 1 else ""
+        times = _times(group)
         doubt = ""
         if forgeable and status == FAIL:
             status = WARN
@@ -126,8 +131,7 @@ def job_xids(events: list[xid.XidEvent], inv: Inventory, not_given: set[str] | N
     elsewhere = {id(e) for e in _elsewhere(events, not_given or set())}
     for (kind, code, pci), group in _groups([e for e in the_jobs(events) if id(e) not in elsewhere]).items():
         label, gpu, _ = _named(kind, code, pci, inv)
-        n = sum(e.count for e in group)
-        times = f" ({n} times since boot)" if n > 1 else ""
+        times = _times(group)
         procs = sorted({f"pid {e.pid}" + (f" ({e.name})" if e.name else "") for e in group if e.pid is not None})
         info = group[-1].info
         why = info.act.source if info.act.domain == Domain.JOB else "it follows the job's own Xid on this GPU"
@@ -146,7 +150,6 @@ def elsewhere_xids(events: list[xid.XidEvent], inv: Inventory, not_given: set[st
         if info.severity == "info":
             continue
         label, gpu, _ = _named(kind, code, pci, inv)
-        n = sum(e.count for e in group)
-        times = f" ({n} times since boot)" if n > 1 else ""
+        times = _times(group)
         out.append(f"{label} on {gpu}{times}: {info.meaning}: on a GPU not given to this run, judged by the run that holds it")
     return out

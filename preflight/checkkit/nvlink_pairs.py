@@ -40,6 +40,7 @@ def judge_links(facts: TopologyFacts, expect: TopologyExpect, shape: NodeShape |
     m, want = facts.matrix, expect.nvlink_width
     out = []
     down = {g.index: g.nvlinks_down for g in facts.gpus if g.nvlinks_down}
+    elsewhere = bridged_elsewhere(facts)
     mode = link_mode(expect, shape)
     if topo_derived.LINKS in facts.unanswered:
         # No source says which GPUs the links join: nothing to hold the node to, and nothing to clear it by.
@@ -51,9 +52,9 @@ def judge_links(facts: TopologyFacts, expect: TopologyExpect, shape: NodeShape |
     # all reach it. In a share of the node the count that says so is the node's, not the share's
     # (3 of 4 bridged cards: none out by design; 3 of 5: the share may hold the one).
     bridged = mode == "pairs" or (mode == "peers" and shape is not None and shape.fabric == "nvlink")
-    odd = m is not None and bridged and odd_card_out(m, facts, _cards(shape, len(m.gpus)) % 2)
+    odd = m is not None and bridged and odd_card_out(m, facts, _cards(shape, len(m.gpus)) % 2, elsewhere)
     if m is not None and mode in ("mesh", "peers"):
-        out += _left_out(m, every_pair=mode == "mesh", elsewhere=bridged_elsewhere(facts), odd=odd)
+        out += _left_out(m, every_pair=mode == "mesh", elsewhere=elsewhere, odd=odd)
     if m is not None and mode == "all":
         short = {k: v for k, v in m.links.items() if nvlink_count(v) < want}
         n = len(m.gpus)
@@ -82,7 +83,7 @@ def judge_links(facts: TopologyFacts, expect: TopologyExpect, shape: NodeShape |
             peers = {j: m.link(g, j) for j in range(len(m.gpus)) if j != g and nvlink_count(m.link(g, j))}
             best = max(peers.items(), key=lambda kv: nvlink_count(kv[1]), default=None)
             if best is None:
-                if g in bridged_elsewhere(facts) or odd:
+                if g in elsewhere or odd:
                     continue
                 out.append(Finding(FAIL, f"GPU {g} has no NVLink peer", f"GPU {g} has no NVLink to any GPU (NV{want} bridge to its pair expected): "
                                    "the bridge is missing or unseated", "reseat or replace the NVLink bridge of this GPU pair; " + _NVLINK_REMEDY))
@@ -120,17 +121,16 @@ def _cards(shape: NodeShape | None, seen: int) -> int:
     return shape.host_gpus or max(len(shape.pci_gpus or []), seen)
 
 
-def odd_card_out(m: Topo, facts: TopologyFacts, by_design: int) -> bool:
+def odd_card_out(m: Topo, facts: TopologyFacts, by_design: int, elsewhere: dict[int, list[str]]) -> bool:
     """Whether the GPUs with no NVLink peer here are the one an odd number of bridged cards
     leaves out: every other GPU is bridged to exactly one peer and, where NVML counts them, carries
     all its active links to it (on a board of direct links a GPU reaches several), the card out
     has no active link (one whose links end somewhere unseen is no card without a bridge), and no
     more are left out than ``by_design``, the node's count's parity (3 cards, one pair: one; two
-    pairs of four: none). A GPU bridged to one outside this view (``bridged_elsewhere``) is none
-    of them: its bridge is there."""
+    pairs of four: none). A GPU bridged to one outside this view (``elsewhere``: ``bridged_elsewhere``)
+    is none of them: its bridge is there."""
     n = len(m.gpus)
     peers = {g: [j for j in range(n) if j != g and nvlink_count(m.link(g, j))] for g in range(n)}
-    elsewhere = bridged_elsewhere(facts)
     lone = [g for g in range(n) if not peers[g] and g not in elsewhere]
     active = {p.index: p.nvlinks_active for p in facts.gpus}
     paired = all(len(peers[g]) == 1 and active.get(g) in (None, nvlink_count(m.link(g, peers[g][0])))

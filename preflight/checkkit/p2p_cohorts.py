@@ -122,9 +122,7 @@ def _near_far(name: str, members: list[Figure], warn: float, depth: int) -> list
     groups = _gpu_groups(members, warn) if depth > 0 and len(members) >= 4 else None
     if groups is None:
         return [(name, members)]
-    of = {gpu: i for i, grp in enumerate(groups) for gpu in grp}
-    inside = [g for g in members if of[_pair(g)[0]] == of[_pair(g)[1]]]  # type: ignore[index]
-    across = [g for g in members if of[_pair(g)[0]] != of[_pair(g)[1]]]  # type: ignore[index]
+    inside, across = _inside_across(members, groups)
     said = " ".join("{" + ",".join(map(str, sorted(grp))) + "}" for grp in groups)
     return (_near_far(f"{name}, inside GPU groups {said}", inside, warn, depth - 1)
             + _near_far(f"{name}, across GPU groups {said}", across, warn, depth - 1))
@@ -144,15 +142,20 @@ def _gpu_groups(members: list[Figure], warn: float) -> list[set[int]] | None:
         groups = _joined(gpus, [_pair(g) for g in members if g.value >= cut])  # type: ignore[misc]
         if len(groups) < 2 or any(len(grp) < 2 for grp in groups):
             continue
-        of = {gpu: i for i, grp in enumerate(groups) for gpu in grp}
-        inside = [g.value for g in members if of[_pair(g)[0]] == of[_pair(g)[1]]]  # type: ignore[index]
-        across = [g.value for g in members if of[_pair(g)[0]] != of[_pair(g)[1]]]  # type: ignore[index]
-        if not inside or not across or not statistics.median(across) > 0:
+        inside, across = _inside_across(members, groups)
+        if not inside or not across or not statistics.median(g.value for g in across) > 0:
             continue
-        gap = statistics.median(inside) / statistics.median(across)
+        gap = statistics.median(g.value for g in inside) / statistics.median(g.value for g in across)
         if gap > 1 + warn and (best is None or gap > best[0]):
             best = (gap, groups)
     return best[1] if best else None
+
+
+def _inside_across(members: list[Figure], groups: list[set[int]]) -> tuple[list[Figure], list[Figure]]:
+    """``members``, the pairs inside one of ``groups`` and the pairs across two."""
+    of = {gpu: i for i, grp in enumerate(groups) for gpu in grp}
+    near = [of[_pair(g)[0]] == of[_pair(g)[1]] for g in members]  # type: ignore[index]
+    return [g for g, n in zip(members, near) if n], [g for g, n in zip(members, near) if not n]
 
 
 def _joined(gpus: set[int], pairs: list[tuple[int, int]]) -> list[set[int]]:

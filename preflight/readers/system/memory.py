@@ -41,13 +41,6 @@ def _inactive_file(level: Path, v2: bool) -> int:
     return 0
 
 
-def cgroup_headroom(host: Host) -> int | None:
-    """Bytes this process's memory cgroup may still charge; None if unlimited or unknown
-    (``cgroup_limit``)."""
-    found = cgroup_limit(host)
-    return found[0] if found else None
-
-
 def slurm_job(cgroup: Path) -> str | None:
     """The Slurm job whose cgroup ``cgroup`` is, or is under ("job_1234": slurmd's cgroup plugins
     name each job's directory so, v1 and v2 alike), or None. ``cgroup``: its path in the hierarchy
