@@ -73,7 +73,7 @@ def read_text(path: Path | str, limit: int, too_big: str, option: str | None = "
     try:
         fd, st = open_nonblocking(path)
     except FileNotFoundError:
-        raise UsageError(f"{label}: no such file") from None
+        raise UsageError(f"{label}: no such file; check the path (a capture is the tool's output saved to a file)") from None
     except OSError as e:
         raise UsageError(f"{label}: cannot be read ({e.strerror or e})") from None
     try:
