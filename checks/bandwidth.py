@@ -95,8 +95,9 @@ def judge_floors(figs: list[Figure], floors: dict[str, ResolvedFloor], margin: f
 
 
 def judge_outliers(figs: list[Figure], expect: OutlierExpect | None, kinds: dict[frozenset[int], str], all_nvlink: bool,
-                   first: list[Figure] | None = None, why: str | None = None, vm: bool = False) -> list[Finding]:
-    return outliers.judge(figs, expect, MEMBERS, WORDS, REASONS, RERUN, cohort(kinds, all_nvlink, vm), first, why)
+                   first: list[Figure] | None = None, why: str | None = None, vm: bool = False, one_node: bool = False) -> list[Finding]:
+    """``one_node``: the guest of a VM shows one NUMA node, so its host copies may split by the host's sockets (p2p_cohorts.host_parts)."""
+    return outliers.judge(figs, expect, MEMBERS, WORDS, REASONS, RERUN, cohort(kinds, all_nvlink, vm, one_node), first, why)
 
 
 def judge_peer_access(f: BandwidthFacts, nvlink_pairs: set[frozenset[int]], all_nvlink: bool) -> list[Finding]:
@@ -250,8 +251,8 @@ def judge_transports(f: BandwidthFacts, ctx: Context) -> list[Finding]:
 
 
 def measurements(figs: list[Figure], floors: dict[str, ResolvedFloor], expect: OutlierExpect | None = None,
-                 kinds: dict[frozenset[int], str] | None = None, all_nvlink: bool = False, vm: bool = False) -> list[Measurement]:
-    return figs_mod.measurements(figs, floors) + outliers.measurements(figs, expect, MEMBERS, cohort(kinds or {}, all_nvlink, vm))
+                 kinds: dict[frozenset[int], str] | None = None, all_nvlink: bool = False, vm: bool = False, one_node: bool = False) -> list[Measurement]:
+    return figs_mod.measurements(figs, floors) + outliers.measurements(figs, expect, MEMBERS, cohort(kinds or {}, all_nvlink, vm, one_node))
 
 
 def lines(figs: list[Figure], floors: dict[str, ResolvedFloor]) -> list[str]:
@@ -319,8 +320,9 @@ class Bandwidth(Check):
         # Confirm before FAIL: the steps whose figures missed a floor, or were past the FAIL band
         # against the node's median, run again, once (preflight/checkkit/confirm.py).
         kinds = link_kinds(ctx.results.get("topology"))
+        one_node = facts.numa_nodes == 1  # with vm: the guest cannot bind a rank near its GPU's host socket
         again, again_figs, again_parts, redo, why = None, None, None, [], None
-        odd = outliers.failing(figs, ctx.profile.outliers, MEMBERS, cohort(kinds, all_nvlink, vm))
+        odd = outliers.failing(figs, ctx.profile.outliers, MEMBERS, cohort(kinds, all_nvlink, vm, one_node))
         missed = list(dict.fromkeys(confirm.missed(figs, floors) + odd))
         if missed:
             redo = steps_again(missed, facts.steps)
@@ -342,7 +344,7 @@ class Bandwidth(Check):
         redone = {g.key for g in again_figs or []} & set(odd)
         parts["nvls"], nvls_lines = nvls_mod.explain([g.value for g in figs if g.key == "allreduce_bus_bandwidth"], both, nvls)
         parts["outliers"] = judge_outliers(figs, ctx.profile.outliers, kinds, all_nvlink, [g for g in first if g.key in redone] if redone else None,
-                                           why if odd and not redone else None, vm)
+                                           why if odd and not redone else None, vm, one_node)
         details = facts.model_dump(mode="json")
         details["parts"] = {name: worst(found) for name, found in parts.items()}
         details["confirm"] = confirm.details(settled, 2 if again else 1, redo if again else [], why)
@@ -354,9 +356,9 @@ class Bandwidth(Check):
         details["full_node"] = nproc == ((ctx.shape.gpus if ctx.shape else 0) or expect.ranks)
         details["outlier_bands"] = outliers.bands(ctx.profile.outliers, MEMBERS)
         details["foreign_contexts"] = (again and foreign_contexts(again)) or foreign_contexts(facts)
-        details["outliers"] = outliers.statuses(figs, ctx.profile.outliers, MEMBERS, cohort(kinds, all_nvlink, vm), [g for g in first if g.key in redone] if redone else None)
+        details["outliers"] = outliers.statuses(figs, ctx.profile.outliers, MEMBERS, cohort(kinds, all_nvlink, vm, one_node), [g for g in first if g.key in redone] if redone else None)
         findings = [x for found in parts.values() for x in found]
-        result = self.conclude(findings, summary(facts, figs, floors), measurements=measurements(figs, floors, ctx.profile.outliers, kinds, all_nvlink, vm), details=details)
+        result = self.conclude(findings, summary(facts, figs, floors), measurements=measurements(figs, floors, ctx.profile.outliers, kinds, all_nvlink, vm, one_node), details=details)
         result.lines = lines(figs, floors) + time_line(facts)
         result.lines += settled.lines + [t.replace("time:", "time, second reading:", 1) for t in (time_line(again) if again else [])]
         result.lines += ([f"host copies: {host_line}"] if host_line else []) + nvls_lines + shape.unjudged_lines(unjudged) + ([facts.left_out] if facts.left_out else []) + foreign_line(facts)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
+from preflight.checkkit import figures as figs_mod
 from preflight.checkkit.figures import Figure
 from preflight.checkkit.outliers import Part
 from preflight.gpuwork import ranks
@@ -26,12 +27,13 @@ def link_kinds(topology: Result | None) -> dict[frozenset[int], str]:
     return out
 
 
-def cohort(kinds: dict[frozenset[int], str], all_nvlink: bool, vm: bool = False) -> PairCohort:
+def cohort(kinds: dict[frozenset[int], str], all_nvlink: bool, vm: bool = False, one_node: bool = False) -> PairCohort:
     """Which P2P pairs share a median: those over the same kind of link (an NVLink pair is
     not slow next to a pair that crosses the CPUs' interconnect). A pair whose link is not
     known is judged only on an NVSwitch board, where every pair's path is alike. In a VM
-    (``vm``), whose matrix may hide the host's PCIe tree, PairCohort.split splits further."""
-    return PairCohort(kinds, all_nvlink, vm)
+    (``vm``), whose matrix may hide the host's PCIe tree, PairCohort.split splits further;
+    in a VM whose guest shows one NUMA node (``one_node``), the host copies too (HOST_COPIES)."""
+    return PairCohort(kinds, all_nvlink, vm, vm and one_node)
 
 
 class PairCohort:
@@ -74,8 +76,8 @@ class PairCohort:
     ones. And a VM's host switch whose uplink trained down is shaped like a healthy far
     group: no P2P figure tells that one."""
 
-    def __init__(self, kinds: dict[frozenset[int], str], all_nvlink: bool, vm: bool = False):
-        self.kinds, self.all_nvlink = kinds, all_nvlink
+    def __init__(self, kinds: dict[frozenset[int], str], all_nvlink: bool, vm: bool = False, host_split: bool = False):
+        self.kinds, self.all_nvlink, self.host_split = kinds, all_nvlink, host_split
         plain = {kind for kind in kinds.values() if not kind.startswith("NV")}
         # The one kind that cannot tell a VM's pairs apart, as a cohort names it.
         self.hidden = f"{next(iter(plain))} links" if vm and len(plain) == 1 else None
@@ -90,7 +92,9 @@ class PairCohort:
     def split(self, name: str, group: list[Figure], warn: float) -> list[Part]:
         """``group`` (the figures of one cohort ``name``) as the parts judged apart: by peer access,
         each class whole as a link kind is; then by the near/far shape, each part of a class only
-        clearing that class's findings (outliers.Part)."""
+        clearing that class's findings (outliers.Part). Host copies: host_parts."""
+        if self.host_split and group and group[0].key in HOST_COPIES:
+            return host_parts(name, group, warn)
         if name != self.hidden or not group or group[0].key != "p2p_bandwidth" or any(_pair(g) is None for g in group):
             return [Part(name, group, group, name)]
         by_access: dict[bool | None, list[Figure]] = defaultdict(list)
@@ -174,3 +178,61 @@ def _joined(gpus: set[int], pairs: list[tuple[int, int]]) -> list[set[int]]:
     for gpu in gpus:
         groups[find(gpu)].add(gpu)
     return sorted(groups.values(), key=min)
+
+
+# ---- host copies in a VM whose guest shows one NUMA node --------------------------------------
+
+HOST_COPIES = ("h2d_bandwidth", "d2h_bandwidth")
+
+
+def host_parts(name: str, group: list[Figure], warn: float) -> list[Part]:
+    """One host-copy figure's GPUs (h2d or d2h, one figure a GPU) as the parts judged apart, where
+    they fall into a near and a far group (HostSplit); else whole."""
+    cut = _host_cut(group, warn)
+    if cut is None:
+        return [Part(name, group, group, name)]
+    near, far = cut
+    medians = (statistics.median(g.value for g in near), statistics.median(g.value for g in far))
+    slowest = min(medians) if group[0].unit != figs_mod.SECONDS else max(medians)
+    return [Part(f"{_gpus(near)}, the nearer group", near, group, name, slowest),
+            Part(f"{_gpus(far)}, the farther group", far, group, name, slowest)]
+
+
+def _gpus(part: list[Figure]) -> str:
+    """"GPUs 0,1,2,3": the part's GPUs in order."""
+    labels = sorted((g.labels.get("gpu", "?") for g in part), key=lambda x: (not x.isdigit(), int(x) if x.isdigit() else 0, x))
+    return "GPUs " + ",".join(labels)
+
+
+def _host_cut(group: list[Figure], warn: float) -> tuple[list[Figure], list[Figure]] | None:
+    """HostSplit: a guest that shows one NUMA node cannot bind a rank near its GPU, while the host
+    puts the VM's memory on its sockets as it chooses (Akamai's 8-GPU instances showed "one NUMA
+    node" and "no GPU-to-socket affinity" over a dual-socket host: techdocs.akamai.com/cloud-
+    computing/docs/virtual-numa-topology; libvirt's defaults gave guests "a flat single-NUMA machine
+    sitting on top of a multi-NUMA server": cloudrift.ai/blog/benchmarking-vcpu-numa-libvirt-settings).
+    A copy whose host memory sits on the other socket runs slower by the host's own design: pinned
+    H2D 12.15 GB/s local against 3.78 across QPI on a P100 host (mpicbg-scicomp/gearshifft#82),
+    none across xGMI where PCIe Gen4 is the bottleneck (ROCm/rocm_bandwidth_test#129). Held to one
+    median, the far GPUs read as outliers. So the figures, sorted, are cut where two neighbours lie
+    furthest apart, each side holding two GPUs or more, and only where those two neighbours differ
+    by more than the WARN band: a gap between two groups, not one slow GPU beside a healthy one
+    (whose medians alone could differ that much). Each part then only clears the whole's findings
+    (outliers.Part): a GPU slower than the far group's median is read against its own group.
+
+    What stays caught: one GPU whose link trained down is a group of one, so no cut; a GPU slow
+    among its own group is held to that group; the floors judge every figure as before. What this
+    cannot tell from the host's layout: two GPUs or more slow together (a shared switch's uplink):
+    only their floor judges them. Bare metal, and a guest with NUMA nodes to bind to, never split."""
+    if len(group) < 4:
+        return None
+    higher = group[0].unit != figs_mod.SECONDS
+    ordered = sorted(group, key=lambda g: g.value, reverse=higher)  # best first
+    best: tuple[float, int] | None = None
+    for k in range(2, len(ordered) - 1):  # two GPUs or more on each side
+        a, b = ordered[k - 1].value, ordered[k].value  # the near side's slowest, the far side's fastest
+        if not (a > 0 and b > 0):
+            continue
+        step = a / b if higher else b / a
+        if step > 1 + warn and (best is None or step > best[0]):
+            best = (step, k)
+    return (ordered[:best[1]], ordered[best[1]:]) if best else None

@@ -12,7 +12,8 @@ from preflight.base.units import format_cpulist, parse_cpulist
 from preflight.pipeline.expectations import TopologyExpect
 from preflight.pipeline.shape import NodeShape
 from preflight.readers.machine import topo_derived
-from preflight.readers.machine.layout import PciLink, TopologyFacts, gpu_count, gpu_indices, gpu_numa, numa_span, numa_unknown, rank_gpus
+from preflight.readers.machine.layout import (PciLink, TopologyFacts, gpu_count, gpu_indices, gpu_numa, numa_span, numa_unknown, rank_gpus,
+                                              socket_span)
 from preflight.readers.nvidia.topo import NEAR
 
 FAIL, WARN = Status.FAIL, Status.WARN
@@ -42,7 +43,16 @@ def judge_numa(facts: TopologyFacts, expect: TopologyExpect) -> list[Finding]:
         out.append(Finding(WARN, f"NUMA node of GPU {who} unknown", cause + ": nothing can pin their ranks to the right socket", remedy))
     span = numa_span(facts)
     limit = expect.numa_fail_above
-    status = FAIL if limit is not None and span > limit else WARN if span > expect.numa_warn_above else None
+    # The WARN counts sockets where sysfs says which socket each node is on. NPS2/NPS4 (AMD) and
+    # SNC2/3/4 (Intel) split one socket into several NUMA nodes without moving a GPU off it: NVIDIA's
+    # DGX A100 ships NPS4 (its GPUs on nodes 1, 3, 5, 7: NVIDIA/nccl#1505), Xeon 6900P boots SNC3 by
+    # default (phoronix.com/review/xeon-6980p-snc3-hex), Dell's EPYC GPU servers support NVIDIA GPUs
+    # only on CPUs that support NPS4 (XC6515 manual, "Optimal NPS configuration"), and a rank bound to
+    # its GPU's node (the advice) pays nothing for it. A site that pins its fleet's NPS/SNC mode sets
+    # numa_fail_above, which counts NUMA nodes.
+    sockets = socket_span(facts)
+    spread = sockets if sockets is not None else span
+    status = FAIL if limit is not None and span > limit else WARN if spread > expect.numa_warn_above else None
     if status is not None:
         if known and (not unknown or facts.matrix is None):
             split = "; ".join(f"node {node}: GPU {format_cpulist([i for i, x in known.items() if x == node])}" for node in sorted(set(known.values())))
@@ -50,8 +60,9 @@ def judge_numa(facts: TopologyFacts, expect: TopologyExpect) -> list[Finding]:
             m = facts.matrix
             split = "; ".join(f"CPUs {g}: GPU {format_cpulist([x.index for x in m.gpus if x.cpu_affinity == g])}" for g in m.cpu_groups)  # type: ignore[union-attr]
         allowed = limit if status == FAIL else expect.numa_warn_above
-        out.append(Finding(status, f"GPUs span {span} NUMA nodes ({split})",
-                           f"the GPUs sit on {span} NUMA nodes ({split}), more than the {allowed} expected: a rank left "
+        where = f"{span} NUMA nodes" if status == FAIL or sockets is None else f"{sockets} sockets"
+        out.append(Finding(status, f"GPUs span {where} ({split})",
+                           f"the GPUs sit on {where} ({split}), more than the {allowed} expected: a rank left "
                            "unpinned runs its NCCL proxy threads and data loader on whichever socket the scheduler picks, and its "
                            "host<->device copies then cross the socket interconnect (UPI/xGMI)",
                            PIN if status == WARN else "set the BIOS NUMA mode (NPS/SNC) to the fleet's; meanwhile " + PIN))

@@ -201,3 +201,9 @@ def test_a_mig_gpu_pasted_without_its_gpu_line_fails_on_mig_alone_never_on_a_mig
         e = explain_nvsmi.explain(text, path.name, profile("h100-sxm"))
         assert {s for _, _, s in seen(e)} <= {"GPU 00000000:18:00.0: MIG enabled", "GPU 00000000:2A:00.0: MIG enabled"}
         assert all(sev == "fail" for sev, _, _ in seen(e)) and seen(e)
+
+
+def test_a_driver_610_capture_s_power_cap_is_judged_from_its_ceiling_sub_section():
+    e = explain("q_hand_h100-610_")
+    assert seen(e) == [("warn", "00000000:06:00.0", "GPU 00000000:06:00.0: power capped")]
+    assert "500 W, below its default 700 W" in e.findings[0].cause

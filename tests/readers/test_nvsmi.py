@@ -224,3 +224,41 @@ def test_de_indented_and_grepped_sections_look_like_nvidia_smi():
 ])
 def test_a_line_is_split_into_key_and_value_at_its_first_colon_before_a_space(line, want):
     assert nvsmi._key_value(line) == want
+
+
+# --- driver 610: the power limits in a `GPU Ceiling Power Limit` sub-section ---------------
+# NVIDIA's nvidia-smi documentation of that driver places Current / Requested / Default Power
+# Limit under `GPU Ceiling Power Limit` (and the Base Power trio under `GPU Base Power`) inside
+# `GPU Power Readings`; the fixture's sources are in tests/fixtures/nvsmi/SOURCE.md.
+
+def test_driver_610_power_limits_are_read_from_the_gpu_ceiling_power_limit_sub_section():
+    c = parse("q_hand_h100-610_")
+    assert c.driver_version == "610.43.03"
+    assert [(g.bus_id, g.power_draw_w, g.power_limit_w, g.power_default_limit_w) for g in c.gpus] == [
+        ("00000000:06:00.0", 78.83, 500.0, 700.0), ("00000000:2A:00.0", 80.12, 700.0, 700.0)]
+    assert all("power" not in g.not_printed for g in c.gpus)
+
+
+def test_a_module_s_or_base_power_s_limits_are_never_the_gpu_s():
+    # Module Power Readings prints the same key names (N/A here); GPU Base Power its own trio.
+    text = ("GPU 00000000:06:00.0\n    Product Name : NVIDIA H100\n    GPU Power Readings\n        GPU Base Power\n            Current Base Power : 300.00 W\n"
+            "    Module Power Readings\n        Current Power Limit : 900.00 W\n        Default Power Limit : 1000.00 W\n")
+    (g,) = nvsmi.parse(text).gpus
+    assert (g.power_limit_w, g.power_default_limit_w) == (None, None)
+
+
+def test_older_layouts_keep_their_power_limits_beside_the_ceiling_one():
+    # 595's flat `GPU Power Readings` (public capture in stackhpc/ansible-slurm-appliance#975) still reads.
+    text = ("GPU 00000000:06:00.0\n    GPU Power Readings\n        Average Power Draw : 78.83 W\n"
+            "        Current Power Limit : 500.00 W\n        Requested Power Limit : 700.00 W\n        Default Power Limit : 700.00 W\n")
+    (g,) = nvsmi.parse(text).gpus
+    assert (g.power_draw_w, g.power_limit_w, g.power_default_limit_w) == (78.83, 500.0, 700.0)
+
+
+def test_a_grep_of_the_ceiling_sub_section_is_a_capture_and_reads_the_limits():
+    # `nvidia-smi -q | grep -A3 "GPU Ceiling Power Limit"`: no GPU line, no header.
+    text = ("        GPU Ceiling Power Limit\n            Current Power Limit                        : 500.00 W\n"
+            "            Requested Power Limit                      : 500.00 W\n            Default Power Limit                        : 700.00 W\n")
+    assert nvsmi.looks_like(text)
+    (g,) = nvsmi.parse(text).gpus
+    assert (g.power_limit_w, g.power_default_limit_w) == (500.0, 700.0)

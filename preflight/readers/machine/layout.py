@@ -92,6 +92,9 @@ class Cpus(BaseModel):
     nodes: dict[str, str]  # NUMA node -> its CPU list
     allowed: str  # this process's cpuset (sched_getaffinity)
     quota: float | None = None  # CPUs' worth of time the cgroup grants (cpu.max); None: no limit
+    # NUMA node -> the socket (physical package) its CPUs are on; a node whose socket sysfs does not
+    # say is left out. NPS2/NPS4 and SNC2/3/4 split one socket into several nodes (topology_judges).
+    packages: dict[str, str] = {}
 
     def usable(self) -> float:
         n = len(set(parse_cpulist(self.allowed)) & set(parse_cpulist(self.online)))
@@ -222,7 +225,12 @@ def machine_cpus(host: Host) -> Cpus:
         if text := read_stripped(d / "cpulist"):  # a memory-only node (CXL, HBM) has an empty list
             nodes[d.name[4:]] = text
     online = read_stripped(host.path("/sys/devices/system/cpu/online")) or format_cpulist(host.allowed_cpus())
-    return Cpus(online=online, nodes=nodes, allowed=format_cpulist(host.allowed_cpus()), quota=cpu_quota(host))
+    packages = {}
+    for node, cpus in nodes.items():
+        first = parse_cpulist(cpus)[:1]
+        if first and (pkg := read_stripped(host.path(f"/sys/devices/system/cpu/cpu{first[0]}/topology/physical_package_id"))):
+            packages[node] = pkg
+    return Cpus(online=online, nodes=nodes, allowed=format_cpulist(host.allowed_cpus()), quota=cpu_quota(host), packages=packages)
 
 
 def run_matrix(host: Host, timeout: float) -> tuple[Topo | None, str | None]:
@@ -366,6 +374,16 @@ def socket_groups(facts: TopologyFacts) -> int:
 def numa_span(facts: TopologyFacts) -> int:
     """NUMA nodes the GPUs sit on; where their numbers are missing, the disjoint CPU sets stand for them."""
     return max(len({node for i in gpu_indices(facts) if (node := gpu_numa(facts, i)) is not None}), socket_groups(facts))
+
+
+def socket_span(facts: TopologyFacts) -> int | None:
+    """Sockets the GPUs sit on, by their NUMA nodes' physical packages (sysfs); None where a GPU's
+    node is unknown or its socket is (a saved capture, a memory-only node): the node count then stands."""
+    packages = facts.cpus.packages if facts.cpus is not None else {}
+    nodes = [gpu_numa(facts, i) for i in gpu_indices(facts)]
+    if not nodes or any(n is None or str(n) not in packages for n in nodes):
+        return None
+    return len({packages[str(n)] for n in nodes})
 
 
 def gpu_indices(facts: TopologyFacts) -> list[int]:

@@ -4,7 +4,8 @@ The layout is a tree drawn by indentation (4 spaces a level) of `key : value`
 lines and section names. Drivers differ in the padding (the colon at column 36
 before ~450, 42 after), in names (`Clocks Throttle Reasons` became `Clocks Event
 Reasons`; ECC counters went from Single/Double Bit totals to SRAM/DRAM lines;
-`Power Limit` became `Current Power Limit`), and people paste it de-indented,
+`Power Limit` became `Current Power Limit`, which driver 610 moved under `GPU
+Ceiling Power Limit`), and people paste it de-indented,
 cut to the sections they ran (`-q -d ECC`), grepped down to a few lines, or with
 `[...]` where they left something out. So the tree is rebuilt from relative
 indentation only, and each fact is found by its key and the section just above
@@ -56,6 +57,10 @@ REASONS = {
 _REASON_SECTIONS = {"Clocks Event Reasons", "Clocks Throttle Reasons", "Clocks Reasons"}
 _ECC = {"SRAM Correctable", "SRAM Uncorrectable", "SRAM Uncorrectable Parity", "SRAM Uncorrectable SEC-DED", "DRAM Correctable", "DRAM Uncorrectable"}
 _POWER = {"Power Readings", "GPU Power Readings"}
+# Driver 610 moved the GPU's limits one level down, under `GPU Ceiling Power Limit` inside
+# `GPU Power Readings`, beside a `GPU Base Power` trio of its own names (NVIDIA's nvidia-smi
+# documentation of that driver); `Module Power Readings` prints the same key names for the module.
+_CEILING = "GPU Ceiling Power Limit"
 # The sections that sit inside another in the GPU's own tree, and what they sit in; every
 # other section sits at the GPU's top. Where a section holding a key sits elsewhere (FB
 # Memory Usage inside a MIG Device), the key is not the GPU's.
@@ -64,6 +69,7 @@ _WITHIN: dict[str, set[str]] = {
     "Volatile": {"ECC Errors"}, "Aggregate": {"ECC Errors"},
     "Single Bit": {"Volatile", "Aggregate"}, "Double Bit": {"Volatile", "Aggregate"},  # drivers before ~450
     "HW Slowdown": _REASON_SECTIONS,  # `HW Slowdown : Active` and, under it, HW Thermal and HW Power Brake
+    _CEILING: _POWER, "GPU Base Power": _POWER,
 }
 # field id -> (the section right above the key (None: none), its keys, taken with no section above it)
 _FIELDS: dict[str, tuple[set, set[str], bool]] = {
@@ -100,9 +106,9 @@ _FIELDS: dict[str, tuple[set, set[str], bool]] = {
     "clocks.graphics_max": ({"Max Clocks"}, {"Graphics"}, False),
     "power.draw": (_POWER, {"Power Draw"}, False),
     "power.draw_average": (_POWER, {"Average Power Draw"}, False),
-    "power.limit": (_POWER, {"Current Power Limit", "Enforced Power Limit"}, False),
+    "power.limit": (_POWER | {_CEILING}, {"Current Power Limit", "Enforced Power Limit"}, False),
     "power.limit_old": (_POWER, {"Power Limit"}, False),
-    "power.default_limit": (_POWER, {"Default Power Limit"}, False),
+    "power.default_limit": (_POWER | {_CEILING}, {"Default Power Limit"}, False),
 }
 # The groups of facts a judge rule reads: a group with no line at all in the capture is "not printed".
 GROUPS = ("ecc", "retired", "remap", "pcie", "reasons", "perf", "clocks", "power")
@@ -187,7 +193,7 @@ _KNOWN_KEY = re.compile(r"^\s*(%s)\s+:(\s|$)" % "|".join(re.escape(k) for k in [
     "Persistence Mode", "Remapped Rows", "Pending Page Blacklist", "Remapping Failure Occurred", *_ECC,
     "Single Bit ECC", "Double Bit ECC", "Correctable Error", "Uncorrectable Error"]))
 _SECTIONS = {*_REASON_SECTIONS, "ECC Errors", "Volatile", "Aggregate", "Retired Pages", "Remapped Rows", "GPU Link Info",
-             "PCIe Generation", "Link Width", "Clocks", "Max Clocks", "FB Memory Usage", "Utilization", *_POWER}
+             "PCIe Generation", "Link Width", "Clocks", "Max Clocks", "FB Memory Usage", "Utilization", *_POWER, _CEILING}
 
 
 def looks_like(text: str) -> bool:
