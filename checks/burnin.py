@@ -8,7 +8,8 @@ against a reference product, and large copies, for the profile's time; the
 agent samples NVML beside it (preflight/readers/nvidia/nvml.py Sampler: SM clock,
 power, temperature, clocks-event reasons, volatile uncorrectable ECC before
 and after) and reads the kernel log's Xids before and after. The judges are
-pure functions of those facts: a wrong result, a new uncorrectable ECC error
+pure functions of those facts: a wrong result (against the GPU's own reference,
+and its reference against its identical peers'), a new uncorrectable ECC error
 or Xid, thermal or power-brake throttling in more than the profile's share of
 the samples, a median SM clock under the profile's floor, or a GPU that is an
 outlier against the node's median (preflight/checkkit/outliers.py).
@@ -19,12 +20,14 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from collections import Counter
 from typing import ClassVar
 
 from pydantic import Field
 
 from preflight.base.findings import Finding, Measurement, Status
 from preflight.checkkit import burnin_xid, outliers
+from preflight.checkkit.burnin_traces import thinned, trace_summary
 from preflight.checkkit.figures import Figure
 from preflight.checkkit.sources import Sources, one_fact
 from preflight.gpuwork import launch, ranks, ranks_judge
@@ -32,12 +35,8 @@ from preflight.pipeline.check import Check, Context, Result
 from preflight.pipeline.load_expectations import BurninExpect, OutlierExpect
 from preflight.readers.nvidia import nvml, nvml_facts
 from preflight.readers.kernel import log_sources, xid
-from preflight.readers.nvidia.nvml_inventory import CLOCKS_EVENTS
 
 FAIL, WARN = Status.FAIL, Status.WARN
-# The reasons that mean the GPU was held down by heat or by the power brake (nvml.h):
-# a power cap (sw_power_cap) under a full GEMM load is the GPU at its limit, not a fault.
-THROTTLE = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
 NO_NVML = "no NVML on a profile without GPUs: clocks, power, temperature, throttling, ECC and Xids are not sampled"
 DIAG = "drain the node; run `dcgmi diag -r 3` (or `-r 4`) on that GPU and check `preflight xid`"
 
@@ -60,6 +59,7 @@ class RankReport(ranks.RankReport):
     burn_started_at: float | None = None  # time.time(): the NVML samples before it are not under load
     burn_seconds: float | None = None
     reference_checksum: str | None = None
+    sm_count: int | None = None  # the GPU's multiprocessors: references are compared among GPUs of one name and SM count
 
     def progress(self) -> int:
         return self.bursts
@@ -99,30 +99,9 @@ def rank_figures(f: BurninFacts) -> dict[int, dict]:
     return out
 
 
-def trace_summary(t: nvml_facts.GpuTrace, started: float | None, seconds: float | None) -> dict:
-    """Min and median SM clock, max temperature, median and max power, and the share of samples
-    in each throttle reason, over the samples taken while the load ran."""
-    # Only samples taken while the load ran: an idle GPU's low clock is not a sag. A rank with
-    # no burn window (it died before its first burst) has none.
-    under = [s for s in t.samples if started is not None and seconds is not None and started <= s[0] <= started + seconds]
-    clocks = [s[1] for s in under if s[1] is not None]
-    power = [s[2] for s in under if s[2] is not None]
-    temps = [s[3] for s in under if s[3] is not None]
-    reasons = [s[4] for s in under if s[4] is not None]
-    share = {name: sum(1 for bits in reasons if bits & CLOCKS_EVENTS[name]) / len(reasons) for name in THROTTLE} if reasons else {}
-    new_ecc = t.ecc_after - t.ecc_before if t.ecc_after is not None and t.ecc_before is not None else None
-    return {"samples": len(under), "clock_min_mhz": min(clocks, default=None), "clock_median_mhz": statistics.median(clocks) if clocks else None,
-            "temperature_max_c": max(temps, default=None), "power_median_w": statistics.median(power) if power else None,
-            "power_max_w": max(power, default=None), "throttle_share": share, "ecc_new": new_ecc, "ecc_before": t.ecc_before,
-            "clock_max_mhz": t.max_sm_clock_mhz, "nvml_unanswered": t.unanswered}
-
-
-SERIES_POINTS = 240  # per GPU in the report: a 5-minute burn sampled each second, thinned to a picture's worth
-
-
 def series(f: BurninFacts) -> dict[str, dict[str, list]]:
     """Each GPU's samples under load as time series (seconds into its burn), for the report
-    page's traces: SM clock in Hz, power in W, temperature in C; None where NVML did not say."""
+    page's traces (burnin_traces.thinned)."""
     by_bus = {t.pci_bus_id.lower(): t for t in f.traces}
     by_index = {t.index: t for t in f.traces}
     out = {}
@@ -135,21 +114,8 @@ def series(f: BurninFacts) -> dict[str, dict[str, list]]:
         trace = by_bus.get((r.pci_bus_id or "").lower()) or by_index.get(ranks.gpu_index(o.gpu))  # type: ignore[arg-type]
         if trace is None or seconds is None:
             continue
-        start = r.burn_started_at
-        under = [s for s in trace.samples if start <= s[0] <= start + seconds]
-        step = -(-len(under) // SERIES_POINTS) or 1
-        # Thinned a window at a time keeping each window's worst (lowest clock, highest power and heat), so a dip survives.
-        windows = [under[i:i + step] for i in range(0, len(under), step)]
-        out[o.gpu or o.who] = {"t": [round(w[0][0] - start, 3) for w in windows],
-                               "clock_hz": [_worst(min, [s[1] for s in w], 1e6) for w in windows],
-                               "power_w": [_worst(max, [s[2] for s in w]) for w in windows],
-                               "temperature_c": [_worst(max, [s[3] for s in w]) for w in windows]}
+        out[o.gpu or o.who] = thinned(trace, r.burn_started_at, seconds)
     return out
-
-
-def _worst(pick, values: list, scale: float = 1.0) -> float | None:  # noqa: ANN001
-    said = [v for v in values if v is not None]
-    return pick(said) * scale if said else None
 
 
 # ---- judging ------------------------------------------------------------------------
@@ -167,6 +133,35 @@ def judge_wrong(f: BurninFacts) -> list[Finding]:
                  f"{rep.wrong_bursts} of {rep.bursts} bursts were wrong: the same inputs on the same GPU must give the same bits")
         remedy = DIAG if o.gpu else "drain the host; run a verifying CPU stress test on it (`stress-ng --matrix 0 --verify`) and check its memory (memtest86+)"
         out.append(Finding(FAIL, f"{o.gpu or o.who} computes wrong results under load (from {first['at_seconds']:g} s, burst {first['burst']})", cause, remedy))
+    return out
+
+
+def judge_reference(f: BurninFacts) -> list[Finding]:
+    """The reference product, computed once at the start, against the other GPUs' of the same
+    name and SM count: a GPU that computes the same wrong bits every time agrees with itself,
+    so only its peers can tell. Identical GPUs give identical bits (cuBLAS "Results
+    reproducibility": the same architecture and SM count, one toolkit); the train check holds
+    its logits to the same rule. Only GPU ranks: a CPU library may take another path on
+    another buffer's alignment."""
+    by_name: dict[tuple, dict[int, ranks.RankOutcome]] = {}
+    for o in f.ranks:
+        r = o.report
+        if isinstance(r, RankReport) and r.reference_checksum and r.device == "cuda" and r.gpu_name and r.sm_count:
+            by_name.setdefault((r.gpu_name, r.sm_count), {})[o.rank] = o
+    out = []
+    for group in by_name.values():
+        counts = Counter(o.report.reference_checksum for o in group.values())  # type: ignore[union-attr]
+        if len(counts) < 2:
+            continue
+        (common, n), (_, m) = counts.most_common(2)
+        odd = [o for o in group.values() if n == m or o.report.reference_checksum != common]  # type: ignore[union-attr]
+        sums = ", ".join(f"{o.gpu or o.who} {o.report.reference_checksum}" for o in odd)  # type: ignore[union-attr]
+        names = ", ".join(o.gpu or o.who for o in odd)
+        head = (f"{names} compute{'s' if len(odd) == 1 else ''} a different GEMM result than {'its' if len(odd) == 1 else 'their'} peers" if n > m
+                else f"GPUs disagree on the same GEMM: {names}")
+        peers = f"than the other {n} (checksum {common})" if n > m else "and no majority agrees"
+        out.append(Finding(FAIL, head, f"the same seeded reference product gave different bits on {sums} {peers}: a GPU that computes the same wrong "
+                                       "answer every time passes its own bursts, but identical GPUs must give identical bits", DIAG))
     return out
 
 
@@ -231,7 +226,7 @@ def judge_unwatched(f: BurninFacts) -> list[Finding]:
 
 
 def judge(f: BurninFacts, figs: dict[int, dict], expect: BurninExpect, band: OutlierExpect | None) -> list[Finding]:
-    return (ranks_judge.judge_run(f, "the burn-in", ranks.by_hand(f, "burnin.py"), judge_wrong(f))
+    return (ranks_judge.judge_run(f, "the burn-in", ranks.by_hand(f, "burnin.py"), judge_wrong(f) + judge_reference(f))
             + judge_nvml(figs, expect) + burnin_xid.judge(f.new_xids, f.xid_note == log_sources.SYSLOG_NOTE, burnin_xid.burned_gpus(f.ranks, f.buses), DIAG, RERUN) + judge_outliers(f, figs, band) + judge_unwatched(f))
 
 
@@ -309,14 +304,14 @@ def gather(ctx: Context, nproc: int, expect: BurninExpect, backend: str) -> Burn
                 facts.nvml_note = f"NVML sampling failed: {e.cause}"
     if before is not None:
         after, where = xid_counts(ctx, facts)
+        new = burnin_xid.new_xids(before, after, where == facts.xid_log) if after is not None else None
         if after is None:
             facts.xid_log = where
-        elif where != facts.xid_log:
-            # Lines are compared as printed: from two sources every old Xid would read as new.
-            facts.xid_log = f"{XID_UNJUDGED}the kernel log was read from {facts.xid_log} before the burn-in and from {where} after"
+        elif new is None:
+            facts.xid_log = (f"{XID_UNJUDGED}the kernel log was read from {facts.xid_log} before the burn-in and from {where} after, "
+                             "and a line without a time stamp cannot be matched across them")
         else:
-            seen = {e.raw for e in before}
-            facts.new_xids = [{"code": e.code, "pci": e.pci, "raw": e.raw} for e in after if e.raw not in seen and e.kind == "xid"]
+            facts.xid_log, facts.new_xids = where, new
     return facts
 
 

@@ -80,7 +80,10 @@ def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
 
     kind = fault.at("burnin")
     wrong_after = fault.value("burnin", 0.0) if kind == "wrong" else None  # the fault's results go wrong this many seconds in
-    report.update(stage="burnin", reference_checksum=_checksum(torch, reference), burn_started_at=time.time())
+    # The SM count beside the checksum: cuBLAS gives the same bits only on the same architecture and SM count
+    # (its "Results reproducibility"), so the check compares references only among GPUs alike in both.
+    sm_count = torch.cuda.get_device_properties(device).multi_processor_count if gpu else None
+    report.update(stage="burnin", reference_checksum=_checksum(torch, reference), sm_count=sm_count, burn_started_at=time.time())
     save()
     start = time.perf_counter()
     saved = start

@@ -19,6 +19,7 @@ said so. By hand:
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 
@@ -53,6 +54,28 @@ def fraction_of_free(asked: float, integrated: bool) -> float:
     return min(asked, UNIFIED_FRACTION) if integrated else asked
 
 
+def free_to_test(cuda_free: int, integrated: bool, meminfo: str | None) -> int:
+    """The free memory the test sizes its buffer by. On a GPU with the host's memory (GB10),
+    cudaMemGetInfo's free leaves out what the kernel would reclaim for an allocation (the
+    page cache, buffers): NVIDIA's DGX Spark known issues ("Guidance for reporting memory
+    resources with unified memory architecture") and its llama.cpp change (ggml-org/llama.cpp
+    PR 17368) take /proc/meminfo's MemAvailable instead, and a healthy idle GB10 holds most
+    of its memory as page cache (gpud PR 1170: 7.4 GiB free of 120 GiB, 6.4 GiB used). So
+    there the larger of the two; a discrete GPU's own memory is cudaMemGetInfo's alone."""
+    if not integrated or not meminfo:
+        return cuda_free
+    m = re.search(r"^MemAvailable:\s+(\d+) kB", meminfo, re.M)
+    return max(cuda_free, int(m[1]) * 1024) if m else cuda_free
+
+
+def _meminfo() -> str | None:
+    try:
+        with open("/proc/meminfo") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
 def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
     t0 = time.perf_counter()
     started = _rank.start_torch(args.device, me.local_rank, report, save)
@@ -61,8 +84,10 @@ def run(args, me: _rank.Rank, report: dict, save, fault: _rank.Fault) -> int:
     torch, _dist, device = started
     gpu = device.type == "cuda"
     if gpu:
-        free, total = torch.cuda.mem_get_info(device)
-        fraction = fraction_of_free(args.fraction, torch.cuda.get_device_properties(device).is_integrated)
+        cuda_free, total = torch.cuda.mem_get_info(device)
+        integrated = bool(torch.cuda.get_device_properties(device).is_integrated)
+        free = free_to_test(cuda_free, integrated, _meminfo() if integrated else None)
+        fraction = fraction_of_free(args.fraction, integrated)
         size = int(free * fraction) - 2 * CHUNK_WORDS * 8  # room for a chunk's generated pattern and its compare
         report.update(fraction=fraction)
         # The other GPUs this process holds a context on (bandwidth's P2P copies, local rank 0 only,

@@ -1,4 +1,5 @@
-"""The burnin check's judge of the Xids the kernel logged while it ran (checks/burnin.py).
+"""The burnin check's judge of the Xids the kernel logged while it ran (checks/burnin.py),
+told from those logged before it by ``new_xids``.
 
 The burn-in is a known-good application, so an Xid on a GPU it loaded is the GPU's fault
 whatever the catalog blames; one on a GPU it did not load (another job's on a shared
@@ -24,6 +25,23 @@ def _on_the_gpu(n: Next) -> Next:
     if LADDER.index(n.action) >= LADDER.index(Action.DRAIN) and n.domain == Domain.NODE:
         return n
     return Next(max(n.action, Action.DRAIN, key=LADDER.index), Domain.NODE, f"{n.source}; in preflight's own burn-in, the GPU's fault")
+
+
+def new_xids(before: list[xid.XidEvent], after: list[xid.XidEvent], same_source: bool) -> list[dict] | None:
+    """The Xids read after the burn that were not there before it. One event is one (code, GPU,
+    microsecond since boot) however it was printed: a wrapped /dev/kmsg ring that moves on during
+    the burn hands its oldest records to the journal (readers/kernel/log_sources.py _wrapped),
+    whose lines read otherwise, so compared as printed an old Xid read as new (and a ring that
+    first wrapped during the burn left every Xid unjudged). Without a time stamp (printk.time=0)
+    the whole line is the event; from two sources such a line cannot be matched: None."""
+    if not same_source and any(e.uptime is None for e in before + after):
+        return None
+    seen = {_event(e) for e in before}
+    return [{"code": e.code, "pci": e.pci, "raw": e.raw} for e in after if e.kind == "xid" and _event(e) not in seen]
+
+
+def _event(e: xid.XidEvent) -> tuple:
+    return (e.kind, e.code, e.pci, round(e.uptime * 1e6)) if e.uptime is not None else (e.raw,)
 
 
 def burned_gpus(outcomes: list[RankOutcome], buses: dict[int, str]) -> set[str] | None:

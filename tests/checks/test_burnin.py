@@ -12,7 +12,7 @@ import pytest
 import fakes
 from conftest import clean_env, load_worker, make_ctx, run_preflight
 
-from preflight.checkkit import burnin_xid
+from preflight.checkkit import burnin_traces, burnin_xid
 from preflight.checks import burnin
 from preflight.base.actions import Action, Domain
 from preflight.base.findings import Status
@@ -83,13 +83,13 @@ def test_the_series_for_the_report_page_are_the_samples_under_load_thinned():
     assert set(got) == {"GPU 0", "GPU 1"}
     assert got["GPU 0"]["t"][0] == 0 and len(got["GPU 0"]["t"]) == 10  # the idle sample before the burn is left out
     assert got["GPU 0"]["clock_hz"][0] == 1980e6 and got["GPU 0"]["temperature_c"][0] == 70 and got["GPU 0"]["power_w"][0] == 650.0
-    assert 200 <= len(got["GPU 1"]["t"]) <= burnin.SERIES_POINTS and got["GPU 1"]["t"] == sorted(got["GPU 1"]["t"])
+    assert 200 <= len(got["GPU 1"]["t"]) <= burnin_traces.SERIES_POINTS and got["GPU 1"]["t"] == sorted(got["GPU 1"]["t"])
     # A dip of one sample survives the thinning, and a rank that hung mid-burn keeps its trace up to its last burst.
     f.traces[1].samples[501] = (f.traces[1].samples[501][0], 700, 650.0, 70, CAP)
     f.ranks[1].report.burn_seconds = None
     f.ranks[1].report.burst_at = [0.0, 30.0 * 600]
     got = burnin.series(f)
-    assert min(got["GPU 1"]["clock_hz"]) == 700e6 and 100 <= len(got["GPU 1"]["t"]) <= burnin.SERIES_POINTS
+    assert min(got["GPU 1"]["clock_hz"]) == 700e6 and 100 <= len(got["GPU 1"]["t"]) <= burnin_traces.SERIES_POINTS
     assert max(got["GPU 1"]["t"]) <= 30.0 * 600
 
 
@@ -100,6 +100,32 @@ def test_a_wrong_result_names_the_rank_the_burst_and_when():
     assert [x.status for x in found] == [Status.FAIL]
     assert found[0].summary == "GPU 1 computes wrong results under load (from 2.02 s, burst 39)"
     assert "burst 39 (2.02 s into the burn-in)" in found[0].cause and "19 of 3 bursts" not in found[0].summary
+
+
+def test_a_gpu_whose_reference_product_differs_from_its_peers_fails_though_it_agrees_with_itself():
+    """A GPU that computes the same wrong bits every time passes each burst against its own
+    reference: only the other GPUs' references can tell (identical GPUs give identical bits:
+    cuBLAS "Results reproducibility")."""
+    h100 = {"gpu_name": "NVIDIA H100 80GB HBM3", "sm_count": 132, "reference_checksum": "00001a2b3c4d"}
+    reports = [rank_report(r, **h100) for r in range(4)]
+    reports[2]["reference_checksum"] = "00001a2b3c4e"
+    found = judged(facts(reports, [trace(r) for r in range(4)]))
+    assert [(x.summary, x.status) for x in found] == [("GPU 2 computes a different GEMM result than its peers", Status.FAIL)]
+    assert "GPU 2 00001a2b3c4e than the other 3 (checksum 00001a2b3c4d)" in found[0].cause and "dcgmi diag" in found[0].remedy
+    # Two GPUs that disagree: which is wrong cannot be told, so both are named.
+    two = [rank_report(0, **h100), rank_report(1, **{**h100, "reference_checksum": "00001a2b3c4e"})]
+    assert [x.summary for x in judged(facts(two, [trace(0), trace(1)]))] == ["GPUs disagree on the same GEMM: GPU 0, GPU 1"]
+    # Agreeing GPUs, GPUs of different models (another SM count: other bits, no fault) and CPU ranks say nothing.
+    assert judged(facts([rank_report(r, **h100) for r in range(4)], [trace(r) for r in range(4)])) == []
+    mixed = [rank_report(0, **h100), rank_report(1, gpu_name="NVIDIA H100 PCIe", sm_count=114, reference_checksum="00001a2b3c4e")]
+    assert judged(facts(mixed, [trace(0), trace(1)])) == []
+    # MIG instances of one board (one name here, other SM counts), or a worker that did not say its SM count: not compared.
+    mig = [rank_report(0, **h100), rank_report(1, **{**h100, "sm_count": 42, "reference_checksum": "00001a2b3c4e"})]
+    assert judged(facts(mig, [trace(0), trace(1)])) == []
+    unsaid = [rank_report(r, **{**h100, "sm_count": None, "reference_checksum": f"00001a2b3c4{r}"}) for r in range(3)]
+    assert judged(facts(unsaid, [trace(r) for r in range(3)])) == []
+    cpu = [rank_report(r, device="cpu", gpu_name=None, reference_checksum=f"00000000000{r}") for r in range(2)]
+    assert burnin.judge_reference(facts(cpu, [])) == []
 
 
 def test_sustained_thermal_or_power_brake_throttling_fails_and_a_moment_of_it_does_not():

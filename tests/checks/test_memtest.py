@@ -105,3 +105,41 @@ def test_a_rank_hung_in_memtest_is_named_once_its_peer_finished_not_at_the_deadl
 def test_a_gpu_on_the_hosts_memory_is_tested_over_at_most_half_its_free_memory_whatever_the_profile_asks():
     worker = load_worker("memtest")
     assert (worker.fraction_of_free(0.9, True), worker.fraction_of_free(0.3, True), worker.fraction_of_free(0.9, False)) == (0.5, 0.3, 0.9)
+
+
+# /proc/meminfo of a healthy, idle GB10 (128 GB LPDDR5X), its memory mostly page cache: the
+# figures of gpud's capture of one (leptonai/gpud PR 1170: total 128501256192 bytes, used 6.4 GiB,
+# free 7.4 GiB) with the rest cached and so available, as the kernel reclaims it for an allocation.
+GB10_MEMINFO = """MemTotal:       125489508 kB
+MemFree:          7789944 kB
+MemAvailable:   117695912 kB
+Buffers:           512300 kB
+Cached:         109904012 kB
+SwapTotal:       16777212 kB
+SwapFree:        16777212 kB
+"""
+
+
+def test_a_unified_memory_gpu_whose_memory_is_page_cache_is_sized_by_what_the_host_can_give_and_passes():
+    """cudaMemGetInfo's free on GB10 leaves out the page cache the kernel would reclaim (NVIDIA's
+    DGX Spark known issues; llama.cpp PR 17368 takes MemAvailable): sized by it, an idle node's
+    test covered under a quarter of its memory and warned "run on an idle node"."""
+    worker = load_worker("memtest")
+    cuda_free, total = 7976902656, 128501256192  # as free as the OS says: the page cache not counted
+    free = worker.free_to_test(cuda_free, True, GB10_MEMINFO)
+    assert free == 117695912 * 1024
+    fraction = worker.fraction_of_free(0.5, True)
+    buffer = int(free * fraction) - 2 * worker.CHUNK_WORDS * 8
+    gb10 = {"total_bytes": total, "free_bytes": free, "buffer_bytes": buffer, "fraction": fraction}
+    assert memtest.judge(facts(gb10), EXPECT) == []
+    # Sized by cudaMemGetInfo's free alone (as before), the same idle node warned.
+    before = {**gb10, "free_bytes": cuda_free, "buffer_bytes": int(cuda_free * fraction) - 2 * worker.CHUNK_WORDS * 8}
+    assert [x.summary for x in memtest.judge(facts(before), EXPECT)] == ["memory test covered under half of GPU 0's memory"]
+    # A discrete GPU's memory is its own: the host's page cache says nothing of it; no meminfo, nothing to add.
+    assert worker.free_to_test(cuda_free, False, GB10_MEMINFO) == cuda_free
+    assert worker.free_to_test(cuda_free, True, None) == cuda_free == worker.free_to_test(cuda_free, True, "MemTotal: 1 kB\n")
+    # What a process really holds still shows: MemAvailable low too, the test small, the WARN kept.
+    held = GB10_MEMINFO.replace("117695912", "9000000")
+    free = worker.free_to_test(cuda_free, True, held)
+    small = {"total_bytes": total, "free_bytes": free, "buffer_bytes": int(free * fraction) - 2 * worker.CHUNK_WORDS * 8, "fraction": fraction}
+    assert [x.summary for x in memtest.judge(facts(small), EXPECT)] == ["memory test covered under half of GPU 0's memory"]
