@@ -60,8 +60,14 @@ def _env(env: dict[str, list[tuple[str, str]]], pairs: dict[frozenset[int], str]
          spans_nodes: bool) -> tuple[list[Finding], dict[str, str]]:
     """(findings, switch -> why it costs this node nothing) of the debugging switches set."""
     out, costless = [], {}
-    for name, value, where, cost in nccl_env.switches_on(env):
+    on = nccl_env.switches_on(env)
+    for name, value, where, cost in on:
         setting = f"{name}={value} ({where})"
+        if name == "NCCL_SHM_DISABLE" and pairs is not None and not _shm_needed(on, pairs):
+            # NCCL tries P2P first and takes SHM only for a pair P2P cannot join (transport.cc's order).
+            costless[name] = (f"{setting}: NCCL uses shared memory only between GPUs it cannot join by P2P, and "
+                              + ("this run has one GPU" if not pairs else "every pair of this node's GPUs is joined by NVLink"))
+            continue
         if name == "NCCL_IB_DISABLE" and rdma is not None and not rdma:
             costless[name] = f"{setting}: this node has no RDMA device (/sys/class/infiniband lists none), so there is no InfiniBand/RoCE to turn off"
             continue
@@ -73,6 +79,15 @@ def _env(env: dict[str, list[tuple[str, str]]], pairs: dict[frozenset[int], str]
             continue
         if name == "NCCL_IB_DISABLE" and rdma:
             cost = f"turns off InfiniBand/RoCE ({', '.join(rdma)}): traffic between nodes falls back to TCP sockets, an order of magnitude slower"
+        # NCCL reads NCCL_P2P_DISABLE=1 as level LOC (ncclGetLevel: disable == 1 sets PATH_LOC): it costs what
+        # NCCL_P2P_LEVEL=LOC costs, nothing where no pair of the node's GPUs needs P2P (one GPU, GeForce pairs).
+        if name == "NCCL_P2P_DISABLE" and pairs is not None:
+            cut = sorted(((p, kind) for p, kind in pairs.items() if kind in P2P_NEEDED), key=lambda t: sorted(t[0]))
+            if not cut:
+                costless[name] = f"{setting} turns P2P off, and no pair of this node's GPUs needs it (none joined by NVLink or a PCIe switch)"
+                continue
+            cost = (f"turns P2P off: {len(cut)} GPU pair(s) this node joins by NVLink or a PCIe switch go through host memory: "
+                    f"{_pair_list(cut)}")
         if name == "NCCL_P2P_LEVEL":
             level = nccl_env.p2p_level(value)
             if pairs is not None:
@@ -95,11 +110,20 @@ def _env(env: dict[str, list[tuple[str, str]]], pairs: dict[frozenset[int], str]
     return out, costless
 
 
+def _shm_needed(on: list[tuple[str, str, str, str]], pairs: dict[frozenset[int], str]) -> bool:
+    """Whether NCCL may take its SHM transport between a pair of ``pairs``: any pair not joined by
+    NVLink (a path through the CPU, GPUs that cannot do P2P by design, and under a PCIe switch
+    too, where ACS, an IOMMU or a hypervisor can forbid P2P) or one a P2P switch set cuts."""
+    levels = [nccl_env.p2p_level(value) if name == "NCCL_P2P_LEVEL" else "LOC" for name, value, _, _ in on
+              if name in ("NCCL_P2P_LEVEL", "NCCL_P2P_DISABLE")]
+    return any(kind != "NVL" or any(nccl_env.p2p_cuts(level, kind) for level in levels) for kind in pairs.values())
+
+
 def judge_env(env: dict[str, list[tuple[str, str]]], pairs: dict[frozenset[int], str] | None = None, rdma: list[str] | None = None,
               spans_nodes: bool = True) -> list[Finding]:
     """The debugging switches that cost this node speed. ``pairs``: NCCL's path type between each GPU
-    pair the ranks use (gpu_pairs; None: unknown): NCCL_P2P_LEVEL warns where it cuts a pair the node
-    needs P2P for (P2P_NEEDED), or, unknown, where its level is nearer than PXB. ``rdma``: the node's
+    pair the ranks use (gpu_pairs; None: unknown): NCCL_P2P_LEVEL (and NCCL_P2P_DISABLE, level LOC) warns
+    where it cuts a pair the node needs P2P for (P2P_NEEDED), or, unknown, where its level is nearer than PXB. ``rdma``: the node's
     RDMA devices (None: unknown); ``spans_nodes``: the node serves jobs across nodes. NCCL_IB_DISABLE
     warns only where both hold, or where the devices are unknown."""
     return _env(env, pairs, rdma, spans_nodes)[0]
@@ -111,13 +135,16 @@ def env_without_cost(env: dict[str, list[tuple[str, str]]], pairs: dict[frozense
     return _env(env, pairs, rdma, spans_nodes)[1]
 
 
+BY_DESIGN = "GNS"  # the kind of a pair that cannot do P2P by the GPUs' design (transports.without_p2p): no NCCL path
+
+
 def ranks_pairs(f: ranks.RunFacts, pairs: dict[frozenset[int], str] | None, by_design: set[frozenset[int]] | None = None) -> dict[frozenset[int], str] | None:
-    """``pairs`` cut to the GPUs the ranks used, where they are known, less the pairs that cannot do
-    P2P over PCIe by the GPUs' design (a level cuts nothing there)."""
+    """``pairs`` cut to the GPUs the ranks used, where they are known; the pairs that cannot do P2P
+    over PCIe by the GPUs' design are BY_DESIGN (a level cuts nothing there, and they need SHM)."""
     if pairs is None:
         return None
     used = {i for o in f.ranks if (i := ranks.gpu_index(o.gpu)) is not None}
-    return {p: kind for p, kind in pairs.items() if (not used or p <= used) and p not in (by_design or set())}
+    return {p: BY_DESIGN if p in (by_design or set()) else kind for p, kind in pairs.items() if not used or p <= used}
 
 
 def _ifname_matches(spec: str, names: list[str], exact_only: bool) -> tuple[list[str], list[str]]:

@@ -16,10 +16,15 @@ when its graph search found no NVLS channels (src/init.cc: "if
 (graphs[NCCL_ALGO_NVLS]->nChannels == 0) comm->nvlsSupport =
 comm->nvlsChannels = 0;"), before it prints "%d coll channels, %d collnet
 channels, %d nvls channels, ..." (src/init.cc, NVIDIA/nccl 5067397). So the
-fact comes, first, from the bandwidth stage's own NCCL lines: K nvls channels,
-K above 0, NVLS ran for its collectives; 0, or "not available", it did not.
-Then the environment NCCL runs under (a setting NCCL obeys), then the nccl
-check's "NVLS multicast support is (not) available" line. Where "available"
+fact comes, first, from a setting that leaves NVLS out of the all_reduce
+(NCCL_ALGO, NCCL_NVLS_ENABLE=0): NCCL sets its NVLS channels up whatever
+NCCL_ALGO says (ncclNvlsInit counts them from NCCL_NVLS_ENABLE and multicast
+alone) and NCCL_ALGO only zeroes the tuner's bandwidth for the algorithms it
+leaves out (src/graph/tuning.cc ncclTopoTuneModel), so under NCCL_ALGO=Ring
+the log still says "16 nvls channels" while the all_reduce runs rings. Then the
+bandwidth stage's own NCCL lines: K nvls channels, K above 0, NVLS ran for its
+collectives; 0, or "not available", it did not. Then the nccl check's "NVLS
+multicast support is (not) available" line. Where "available"
 is all any source said, NVLS may or may not have run: a busbw between the
 ring and the NVLS floors names both causes, never NVLink alone.
 """
@@ -85,18 +90,23 @@ def from_env(env: dict[str, list[tuple[str, str]]]) -> Nvls | None:
 
 
 def allows_nvls(algo: str) -> bool:
-    """Whether NCCL_ALGO lets the all_reduce use NVLS: a list ("Ring,Tree"), an exclusion
-    ("^NVLS"), or per collective since NCCL 2.24 ("allreduce:ring;allgather:ring")."""
-    v = algo.strip().lower()
-    if ":" in v:
-        per = dict(part.split(":", 1) for part in v.split(";") if ":" in part)
-        if "allreduce" not in per:
-            return True  # the all_reduce is left to NCCL
-        v = per["allreduce"].strip()
-    names = [n.strip() for n in v.lstrip("^").split(",")]
-    if v.startswith("^"):
-        return "nvls" not in names
-    return any(n.startswith("nvls") for n in names)
+    """Whether NCCL_ALGO lets the one-node all_reduce use NVLS, read as NCCL's parseList
+    (src/graph/tuning.cc) reads it: ";"-separated entries, the first of which may have no
+    "function:" prefix and then sets every collective; each later entry for allreduce sets
+    it anew; a list ("Ring,Tree") enables only those, "^" every algorithm but those. Names
+    match whole, case aside: NVLSTree is another algorithm, off on one node (tuning.cc)."""
+    allowed = True
+    for entry in (e for e in algo.split(";") if e):
+        parts = [p for p in entry.split(":") if p]  # strtok: the prefix, then the list
+        if not parts:
+            continue
+        prefix, names = (None, parts[0]) if len(parts) == 1 else (parts[0], parts[1])
+        if prefix is not None and prefix.strip().lower() != "allreduce":
+            continue  # another collective's entry
+        excluded = names.startswith("^")
+        listed = {n.strip().lower() for n in names.removeprefix("^").split(",") if n.strip()}
+        allowed = ("nvls" not in listed) if excluded else ("nvls" in listed)
+    return allowed
 
 
 def from_log(nccl_details: dict | None) -> Nvls | None:
@@ -112,10 +122,11 @@ def from_log(nccl_details: dict | None) -> Nvls | None:
 
 def decide(env: dict[str, list[tuple[str, str]]], nccl_details: dict | None, stage_log: Summary | None = None,
            stage_world: dict | None = None) -> Nvls:
-    """What the bandwidth stage's communicator set up first: its own NCCL lines, or the nccl
-    check's where it reused that stage's communicator (``stage_world``: its launch and stage);
-    then the environment (NCCL obeys it whatever the hardware offers); then the nccl check's NVLS line."""
-    found = from_stage(stage_log) or from_shared(nccl_details, stage_world) or from_env(env) or from_log(nccl_details)
+    """A setting that leaves NVLS out of the all_reduce first (NCCL obeys it, and still sets NVLS
+    channels up under NCCL_ALGO: the module's docstring); then what the bandwidth stage's
+    communicator set up: its own NCCL lines, or the nccl check's where it reused that stage's
+    communicator (``stage_world``: its launch and stage); then the nccl check's NVLS line."""
+    found = from_env(env) or from_stage(stage_log) or from_shared(nccl_details, stage_world) or from_log(nccl_details)
     if found is None and stage_log is not None and stage_log.nvls:
         found = Nvls(on=None, available=True, source="NCCL's log of the bandwidth stage: NVLS multicast support is available")
     if found is not None:

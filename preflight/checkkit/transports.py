@@ -52,13 +52,31 @@ def without_p2p_here(ctx: Context) -> set[frozenset[int]]:
         return set()
 
 
+# NVIDIA's driver refuses P2P over PCIe between GeForce cards whatever the platform (a patched driver,
+# tinygrad/open-gpu-kernel-modules, is what enables it), and NVML words the refusal per driver:
+# GNS (2x RTX 5090: noonghunna/club-3090#1130) or CNS (RTX 3090 pairs without a bridge, an 8x
+# RTX 5090 server, RTX 5080 with a 5070 Ti: public `nvidia-smi topo -p2p r` captures; 8x RTX 3090
+# "CANNOT Access Peer": NVIDIA/nccl#1127). NCCL gives a pair P2P only where NVML says OK
+# (src/graph/paths.cc ncclTopoCheckP2p).
+BY_DESIGN = ("gpu_not_supported",)
+GEFORCE_BY_DESIGN = ("gpu_not_supported", "chipset_not_supported")
+
+
 def without_p2p(inventory: Inventory | None) -> set[frozenset[int]]:
     """GPU pairs (nvidia-smi indices) NVML says cannot do P2P over PCIe by the GPU's design
-    (NVML_P2P_STATUS_GPU_NOT_SUPPORTED: GeForce cards, `nvidia-smi topo -p2p r` GNS): NCCL's
-    SHM between them is how such a node works, never a finding."""
-    index = {g.pci_bus_id.lower(): g.index for g in inventory.gpus} if inventory else {}
-    return {frozenset((g.index, index[bus.lower()])) for g in (inventory.gpus if inventory else []) for bus, said in (g.p2p_read or {}).items()
-            if said == "gpu_not_supported" and bus.lower() in index}
+    (NVML_P2P_STATUS_GPU_NOT_SUPPORTED, `nvidia-smi topo -p2p r` GNS; between GeForce cards
+    also CNS, BY_DESIGN's comment): NCCL's SHM between them is how such a node works, never a
+    finding. CNS between other GPUs (ACS, an IOMMU, a hypervisor) stays the fallback it is."""
+    gpus = inventory.gpus if inventory else []
+    index = {g.pci_bus_id.lower(): g for g in gpus}
+    out = set()
+    for g in gpus:
+        for bus, said in (g.p2p_read or {}).items():
+            other = index.get(bus.lower())
+            geforce = other is not None and "GeForce" in g.name and "GeForce" in other.name
+            if other is not None and said in (GEFORCE_BY_DESIGN if geforce else BY_DESIGN):
+                out.add(frozenset((g.index, other.index)))
+    return out
 
 
 def judge(log: nccl_log.NcclLog | None, outcomes: list[ranks.RankOutcome], env: dict[str, list[tuple[str, str]]], expect: NcclExpect,

@@ -36,6 +36,40 @@ def test_p2p_disable_only_in_a_conf_file_warns_naming_the_file():
     assert "unset NCCL_P2P_DISABLE" in f.remedy and "/etc/nccl.conf" in f.remedy
 
 
+def test_p2p_disable_costs_what_p2p_level_loc_costs():
+    # NCCL reads NCCL_P2P_DISABLE=1 as level LOC (src/graph/paths.cc ncclGetLevel). A site-wide
+    # /etc/nccl.conf on a one-GPU node, or on GPUs that cannot do P2P by design, cuts nothing.
+    env = {"NCCL_P2P_DISABLE": [("1", "/etc/nccl.conf")]}
+    assert nccl.judge_env(env, pairs={}) == [] == nccl.judge_env({"NCCL_P2P_LEVEL": [("LOC", "/etc/nccl.conf")]}, pairs={})
+    assert "no pair of this node's GPUs needs it" in nccl.env_without_cost(env, pairs={})["NCCL_P2P_DISABLE"]
+    assert nccl.judge_env(env, pairs={frozenset((0, 1)): "SYS"}) == []
+    # Where a pair needs P2P it warns, naming the pairs.
+    (f,) = nccl.judge_env(env, pairs={frozenset((0, 1)): "NVL", frozenset((0, 2)): "SYS"})
+    assert f.status is WARN and f.summary == "NCCL_P2P_DISABLE=1 is set"
+    assert "1 GPU pair(s)" in f.cause and "GPU 0 and GPU 1 (NVL)" in f.cause and "GPU 0 and GPU 2" not in f.cause
+
+
+def test_shm_disable_costs_nothing_where_every_pair_is_joined_by_p2p():
+    # NCCL takes SHM only for a pair P2P cannot join (it tries P2P first): on an NVSwitch board, or with one GPU,
+    # a site's NCCL_SHM_DISABLE=1 (a workaround for a small /dev/shm) moves nothing to sockets.
+    env = {"NCCL_SHM_DISABLE": [("1", ENV)]}
+    nvswitch = {frozenset((a, b)): "NVL" for a in range(8) for b in range(a + 1, 8)}
+    assert nccl.judge_env(env, pairs=nvswitch) == [] == nccl.judge_env(env, pairs={})
+    assert "joined by NVLink" in nccl.env_without_cost(env, pairs=nvswitch)["NCCL_SHM_DISABLE"]
+    assert "one GPU" in nccl.env_without_cost(env, pairs={})["NCCL_SHM_DISABLE"]
+    # A pair through the CPU, one that cannot do P2P by design, or one under a PCIe switch (where ACS, an IOMMU
+    # or a hypervisor can forbid P2P) may use SHM: there it costs.
+    for kind in ("SYS", "PIX", nccl.BY_DESIGN):
+        (f,) = nccl.judge_env(env, pairs={frozenset((0, 1)): "NVL", frozenset((0, 2)): kind})
+        assert f.summary == "NCCL_SHM_DISABLE=1 is set" and "14x" in f.cause
+    # So it does where P2P is switched off too (E14: both set, the ranks talk over a socket).
+    both = {**env, "NCCL_P2P_DISABLE": [("1", ENV)]}
+    assert [f.summary for f in nccl.judge_env(both, pairs=nvswitch)] == ["NCCL_SHM_DISABLE=1 is set", "NCCL_P2P_DISABLE=1 is set"]
+    assert [f.summary for f in nccl.judge_env({**env, "NCCL_P2P_LEVEL": [("LOC", ENV)]}, pairs=nvswitch)][0] == "NCCL_SHM_DISABLE=1 is set"
+    assert nccl.judge_env(env) != []  # the pairs unknown: as before
+    assert nccl.judge_env({"NCCL_P2P_LEVEL": [("NVL", ENV)]}, pairs={frozenset((0, 1)): nccl.BY_DESIGN}) == []  # no P2P to cut
+
+
 @pytest.mark.parametrize("name", ["NCCL_SHM_DISABLE", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE"])
 def test_a_disable_switch_set_to_0_is_nothing(name):
     assert nccl.judge_env({name: [("0", ENV)]}) == []

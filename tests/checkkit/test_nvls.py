@@ -140,9 +140,32 @@ def test_the_bandwidth_stage_s_nvls_channels_decide_before_the_nccl_check_s_line
     assert ran.on is True and "16 nvls channels" in ran.source
 
 
-def test_the_bandwidth_stage_s_lines_come_before_the_settings():
-    # What the communicator set up is what ran; a setting is what it was told.
-    assert nvls.decide({"NCCL_ALGO": [("Ring", "environment")]}, None, stage(NVLS_RUN)).on is True
+def test_an_nccl_algo_without_nvls_wins_over_the_stage_s_nvls_channels():
+    # NCCL sets its NVLS channels up whatever NCCL_ALGO says (src/transport/nvls.cc ncclNvlsInit,
+    # src/init.cc) and NCCL_ALGO only zeroes the tuner's bandwidth of the algorithms it leaves out
+    # (src/graph/tuning.cc): under NCCL_ALGO=Ring the log says "16 nvls channels" and rings ran.
+    fact = nvls.decide({"NCCL_ALGO": [("Ring", "/etc/nccl.conf")]}, None, stage(NVLS_RUN))
+    assert fact.on is False and fact.source == "NCCL_ALGO=Ring in /etc/nccl.conf leaves NVLS out of the all_reduce"
+    # A healthy 8x H100 at the rings' ~368 GB/s passes against the ring floor, saying so.
+    found, lines = judged(368 * GB, fact)
+    assert found == [] and "is what NCCL's rings give" in lines[0]
+    # An NCCL_ALGO that allows NVLS leaves the stage's channels to answer.
+    assert nvls.decide({"NCCL_ALGO": [("NVLS,Ring", "environment")]}, None, stage(NVLS_RUN)).on is True
+
+
+@pytest.mark.parametrize("algo, allowed", [
+    ("Ring;allgather:NVLS", False),  # the first entry, without a prefix, sets every collective (tuning.cc parseList)
+    ("^NVLS;allreduce:NVLS,Ring", True),  # a later allreduce entry sets it anew
+    ("NVLS;allreduce:Ring", False),
+    ("NVLSTree", False),  # another algorithm, off on one node (tuning.cc)
+    ("nvls", True),
+    ("allreduce:^tree", True),
+])
+def test_nccl_algo_is_read_as_nccl_parses_it(algo, allowed):
+    assert nvls.allows_nvls(algo) is allowed
+
+
+def test_the_bandwidth_stage_s_lines_come_before_the_nccl_check_s():
     # A stage whose lines say nothing of NVLS (the 4x A100's transport lines) leaves the settings to answer.
     silent = stage("09_nccl2.28.9-cuda12.9_4xa100-vastai_grep-transport-lines_P2P-CUMEM-read-on-NVLink-pairs_SHM-direct-direct-across_prefix-stripped.log")
     assert silent.nvls is None and silent.nvls_channels is None

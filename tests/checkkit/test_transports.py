@@ -55,3 +55,20 @@ def test_gpus_that_cannot_do_p2p_by_design_go_through_host_memory_with_no_findin
     assert [x.status for x in transports.judge(log, two_ranks(), {}, warn, {frozenset((0, 1))}, by_design={frozenset((0, 1))})] == [Status.FAIL]
     # ... and where the node or the profile wants P2P (an NVSwitch, an SXM board), NVML's word does not excuse it.
     assert [x.status for x in transports.judge(log, two_ranks(), {}, WANT_P2P, set(), by_design={frozenset((0, 1))})] == [Status.FAIL]
+
+
+def test_geforce_cards_whose_driver_words_the_refusal_cns_go_through_host_memory_with_no_finding():
+    # NVIDIA's driver refuses P2P between GeForce cards; some drivers say CNS, not GNS (an 8x RTX 5090
+    # server, RTX 3090 pairs without a bridge): two 4090s under one PCIe switch are no fallback.
+    inv = FakeNvml(FIXTURES / "nvml" / "l40s-2x.json")
+    cns = {"chipset_not_supported"}
+    geforce = inv.model_copy(update={"gpus": [g.model_copy(update={"name": "NVIDIA GeForce RTX 4090", "p2p_read": {o.pci_bus_id: "chipset_not_supported"}})
+                                              for g, o in zip(inv.gpus, reversed(inv.gpus))]})
+    assert transports.without_p2p(geforce) == {frozenset((0, 1))}
+    log = nccl_log.parse(nccl_fixture_text("02"))
+    warn = transports.p2p_for_shape(WANT_P2P, NodeShape(gpus=2, gpus_from="test", fabric="pcie", fabric_from="test"))
+    assert transports.judge(log, two_ranks(), {}, warn, set(), {frozenset((0, 1))}, by_design=transports.without_p2p(geforce)) == []
+    # A data-center card's CNS (ACS, an IOMMU, a hypervisor) is still said.
+    l40s = inv.model_copy(update={"gpus": [g.model_copy(update={"p2p_read": {o.pci_bus_id: s for s in cns}}) for g, o in zip(inv.gpus, reversed(inv.gpus))]})
+    assert transports.without_p2p(l40s) == set()
+

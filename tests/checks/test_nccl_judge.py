@@ -80,6 +80,16 @@ def test_p2p_level_is_judged_on_the_pairs_the_ranks_use():
     assert [x.summary for x in nccl.judge(f, expect(), set(), pairs={frozenset((0, 1)): "PIX"})["environment"]] == ["NCCL_P2P_LEVEL=NVL is set"]
 
 
+def test_a_site_wide_p2p_disable_on_a_one_gpu_node_is_nothing():
+    # /etc/nccl.conf's NCCL_P2P_DISABLE=1 (a fleet of consumer cards sets it everywhere) on a node with one GPU:
+    # NCCL reads it as NCCL_P2P_LEVEL=LOC (src/graph/paths.cc ncclGetLevel), and there is no pair to cut.
+    from preflight.checkkit.nccl_settings import gpu_pairs
+    from preflight.pipeline.shape import NodeShape
+    one = NodeShape(gpus=1, gpus_from="test", fabric="single", fabric_from="test")
+    f = facts([outcome(0, report(0, world=1))], env={"NCCL_P2P_DISABLE": [("1", "/etc/nccl.conf")]})
+    assert nccl.judge(f, expect(), set(), pairs=gpu_pairs(None, one), spans_nodes=False)["environment"] == []
+
+
 def test_ib_disable_in_a_one_node_run_is_nothing_where_the_node_serves_no_multi_node_jobs():
     # Within one node NCCL moves data by P2P and shared memory; the setting matters only to a job spanning nodes.
     env = {"NCCL_IB_DISABLE": [("1", "/etc/nccl.conf")]}
@@ -107,6 +117,15 @@ def test_fixture_09_shm_between_nvlink_islands_fails_where_the_profile_wants_p2p
     assert "rank 0 (GPU 0) -> rank 1" not in x.cause and "rank 2 (GPU 2) -> rank 3" not in x.cause
     assert "every GPU pair has NVLink" in x.cause  # the profile's source
     assert "NCCL_P2P_DISABLE" in x.remedy and "nvidia-smi nvlink" in x.remedy
+
+
+def test_nccl_2_30_shm_fallback_between_nvlink_gpus_fails():
+    # NCCL 2.30 prints "via SHM/direct" (src/transport/shm.cc, v2.30.7-1): still a fallback from NVLink.
+    text = ("h:1:2 [0] NCCL INFO NCCL version 2.30.7+cuda13.0\n"
+            "h:1:2 [0] NCCL INFO Channel 00 : 0[0] -> 1[1] via SHM/direct\n"
+            "h:1:3 [1] NCCL INFO Channel 00 : 1[1] -> 0[0] via SHM/direct\n")
+    (x,) = nccl.judge_transports(healthy(nccl=nccl_log.parse(text)), expect(p2p="any"), {frozenset({0, 1})})
+    assert x.status is FAIL and "rank 0 (GPU 0) -> rank 1 (GPU 1) via SHM/direct" in x.cause
 
 
 def test_fixture_09_with_p2p_warn_warns():

@@ -95,3 +95,25 @@ def test_collnet_fallback_says_what_the_job_lost_and_what_to_check():
 def test_every_other_known_problem_is_a_failure():
     severities = {p.category: p.severity for name in LOGS for p in parse((NCCL / name).read_text()).problems}
     assert len(severities) >= 5 and set(severities.values()) == {"fail"}
+
+
+@pytest.mark.parametrize("line, found", [
+    # NCCL 2.26-2.28 (src/misc/socket.cc) at INFO: a connect refused and retried is NCCL coping, not a failure.
+    ("h:1:2 [1] misc/socket.cc:587 NCCL INFO socketPollConnect: connect to 10.0.0.2<43121> returned Connection refused, "
+     "retrying (1/34) after sleep for 100 msec", []),
+    ("h:1:2 [0] NCCL INFO socketFinalizeAccept: didn't receive a valid magic from 10.0.0.9<51234>", []),
+    # Out of retries, NCCL WARNs: that is the failure.
+    ("h:1:2 [1] misc/socket.cc:582 NCCL WARN socketPollConnect: connect to 10.0.0.2<43121> returned Connection refused, "
+     "exceeded error retry count after 35 attempts", ["socket"]),
+    ("h:1:2 [0] misc/socket.cc:71 NCCL WARN socketProgress: Connection closed by remote peer h2<42362>", ["socket"]),
+    # NCCL 2.29+ (src/os/linux.cc): the same words under ncclOsSocket* names, and its WARN format's "(function)".
+    ("h:1:2 [1] os/linux.cc:293 NCCL INFO ncclOsSocketPollConnect: connect to 10.0.0.2<43121> returned Connection refused, "
+     "retrying (2/34) after sleep for 200 msec", []),
+    ("h:1:2 [1] os/linux.cc:362 (ncclOsSocketProgressOpt) NCCL WARN ncclOsSocketProgressOpt: Call to recv from "
+     "10.0.0.2<43121> failed : Connection reset by peer", ["socket"]),
+    ("h:1:2 [1] os/linux.cc:328 (ncclOsSocketPollConnect) NCCL WARN ncclOsSocketPollConnect to 10.0.0.2<43121> failed "
+     "with error Connection refused", ["socket"]),
+])
+def test_a_socket_connect_nccl_retries_is_no_problem_until_it_gives_up(line, found):
+    assert [p.category for p in parse(line + "\n").problems] == found
+

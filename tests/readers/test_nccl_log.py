@@ -101,6 +101,7 @@ CHANNELS = [
     ("Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read", (0, 0, 0, 1, 1, None, "P2P", None, False), None),
     ("Channel 07/0 : 7[7] -> 6[6] via P2P/direct pointer/read", (7, 7, 7, 6, 6, None, "P2P", None, False), None),
     ("Channel 02 : 1[1] -> 2[2] via SHM/direct/direct", (2, 1, 1, 2, 2, None, "SHM", None, False), None),
+    ("Channel 02 : 1[1] -> 2[2] via SHM/direct", (2, 1, 1, 2, 2, None, "SHM", None, False), None),  # NCCL 2.30 (src/transport/shm.cc)
     ("Channel 03/0 : 15[7] -> 6[6] [send] via NET/Socket/3", (3, 15, 7, 6, 6, "send", "NET", "Socket", False), None),
     ("Channel 01/0 : 13[5] -> 4[4] [receive] via NET/IB/3", (1, 13, 5, 4, 4, "receive", "NET", "IB", False), None),
     ("Channel 00/0 : 1[1] -> 9[1] [send] via NET/IB/0(8)/GDRDMA", (0, 1, 1, 9, 1, "send", "NET", "IB", True), None),  # PXN

@@ -130,9 +130,17 @@ _SIGS: dict[str, _Sig] = {
         "warn"),
     # https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-socket-ifname and the
     # "IP Network Interfaces" part of https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html
+    # Since 2.29 the socket calls live in src/os/linux.cc and their WARNs name ncclOsSocket* functions
+    # ("ncclOsSocketProgressOpt: Call to recv from <addr> failed", "ncclOsSocketPollConnect to <addr>
+    # failed"). Two INFO lines under such a name are NCCL coping, not failing (src/misc/socket.cc 2.26-2.28,
+    # src/os/linux.cc since 2.29): "<fn>: connect to <addr> returned <err>, retrying (N/M) after sleep"
+    # (a peer not listening yet; a connect that runs out of retries WARNs "exceeded error retry count"),
+    # and "socketFinalizeAccept: didn't receive a valid magic" (a stray connection, dropped).
     "socket": _Sig(
         ("ocket", "Connection closed", "interface found"),
-        r"\b(?:ncclS|s)ocket[A-Z]\w*: |socket\.cc:\d+ -> \d|[Nn]et : Connection closed by remote peer"
+        r"\b(?:ncclS|ncclOsS|s)ocket[A-Z]\w*: (?!.*, retrying \(\d|didn't receive a valid magic)"
+        r"|\b(?:ncclOsS|s)ocketPollConnect to \S+ failed|socket\.cc:\d+ -> \d"
+        r"|[Nn]et : Connection closed by remote peer"
         r"|no socket interface found|NET/Socket ?: ?no interface found",
         "a socket connection between ranks failed",
         "NCCL's TCP traffic (bootstrap, or the Socket transport) failed: a peer process died first (the usual "

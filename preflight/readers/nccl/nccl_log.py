@@ -9,7 +9,7 @@ pid=..., ip=...) ", torch's "[rank1]:", mpirun's "[56] ". A line the source
 cut or interleaved with another is skipped, never completed by guessing: a
 channel line counts only when its transport is one NCCL prints, whole.
 
-Line formats follow NCCL's sources: transport/p2p.cc, shm.cc, net.cc
+Line formats follow NCCL's sources: transport/p2p.cc, shm.cc ("via SHM/direct" since 2.30), net.cc
 ("Channel %02d/%d : %d[%d] -> %d[%d] [send] via NET/%s/%d(%d)/GDRDMA(PCI)/Shared"),
 and older releases that printed "Channel %02d :" (2.7-2.8), "Ring %02d :"
 (2.6 and before), and the GPU's PCI bus id in the brackets (up to ~2.17).
@@ -100,7 +100,9 @@ _KNOWN = {
     # "common device" (two ranks on one GPU) up to 2.7; the intermediate GPU of "indirect" in brackets
     # as the ends are: a device number, or before ~2.18 a PCI bus id in hex ("indirect/2[1b000]").
     "P2P": re.compile(r"P2P/(?:IPC|CUMEM|MNNVL|direct pointer|common device|indirect/\d+\[[0-9a-fA-F]+\])(?:/read)?(?:/CE)?"),
-    "SHM": re.compile(r"SHM/(?:direct|CE)/(?:direct|CE)"),
+    # "SHM/<send>/<recv>" (each "direct" or "CE") up to 2.29; NCCL 2.30 dropped the CE path and prints
+    # "SHM/direct" alone (src/transport/shm.cc, v2.30.7-1).
+    "SHM": re.compile(r"SHM/(?:direct|CE)(?:/(?:direct|CE))?"),
     "NET": re.compile(_NET_T),
     "COLLNET": re.compile("COLL" + _NET_T),
 }
