@@ -76,6 +76,19 @@ def owner(f: ShmFacts, shm: bool = True) -> Next:
                 "the memory limit is that of the unit or slice preflight runs in: the node's configuration")
 
 
+# Memory the node has, held by processes and tmpfs files: software, whoever filled it (any user can
+# fill the host's /dev/shm). A drain each time, never a hardware failure the history counts
+# towards a lemon (history_judge.lemon): a user filling it between rechecks must not send a
+# healthy node to service.
+HELD = Next(Action.DRAIN, Domain.SOFTWARE, "what holds the memory is processes and files (a job's stale segments), software, not the node's hardware")
+
+
+def _filled(f: ShmFacts) -> Next:
+    """Whose a full /dev/shm is: a container's own is its job's (owner); the host's is software."""
+    mine = owner(f)
+    return mine if mine.domain == Domain.JOB else HELD
+
+
 def fix_size(floor: float) -> str:
     return FIX_SIZE.format(floor=fmt_bytes(floor), gib=max(1, int(-(-floor // 2**30))))
 
@@ -139,7 +152,7 @@ def judge_space(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurem
             found.append(Finding(
                 Status.FAIL, f"only {fmt_bytes(f.free_bytes)} of {f.path} is free, below the {fmt_bytes(floor)} floor",
                 f"{fmt_bytes(f.size_bytes - f.free_bytes)} of {f.path} is in use" + (f"; largest files: {stale}" if stale else ""),
-                f"remove stale segments left by crashed jobs (`ls -laS {f.path}`), or make /dev/shm bigger",
+                f"remove stale segments left by crashed jobs (`ls -laS {f.path}`), or make /dev/shm bigger", act=_filled(f),
             ))
     return found, measurements
 
@@ -175,6 +188,7 @@ def judge_memory(f: ShmFacts, floor: float, space_short: bool = False) -> tuple[
         "so a segment of the floor's size would push the node into swap or the OOM killer, whatever the tmpfs's size says",
         "free memory: stop what holds it (`ps aux --sort=-rss | head`), remove stale files from /dev/shm and other "
         "tmpfs mounts (`df -t tmpfs`) and stale SysV segments (`ipcs -m`, `ipcrm`); or give the node more memory",
+        act=HELD if f.mem_total_bytes is not None and f.mem_total_bytes >= floor else None,
     )], measurements
 
 

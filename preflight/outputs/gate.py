@@ -124,7 +124,7 @@ def network_fs(directory: Path, mountinfo: str | None = None) -> str | None:
 
 
 def _node_profile_kept(report_path: Path, the_plan: pipeline.Plan) -> str | None:
-    """Why a run writing the default report must leave it alone: it holds a verdict of another
+    """Why a run writing the node's report (the default, or the config's) must leave it alone: it holds a verdict of another
     profile (the node's gate's h100-sxm, and this a `--profile cpu` dry run by hand), which this
     run's verdict would replace and so vouch for the node on checks it never ran."""
     loaded = last_report.load_view(report_path)
@@ -139,7 +139,9 @@ def _planned(s: Settings, console: Console, if_idle: bool, if_locked: str, other
              report_path: Path | None, textfile: Path | None) -> reports.Report | None:
     """``run`` from the plan on, with what started ahead of it (NVML's reading, perhaps the lock and the ranks)."""
     the_plan = pipeline.plan(s, ahead.reading)  # may ask NVML (bounded), so it runs under the handlers too
-    if report_path is not None and s.report_is_default and (kept := _node_profile_kept(report_path, the_plan)):
+    if report_path is not None and s.report_of_node and (kept := _node_profile_kept(report_path, the_plan)):
+        # The node's metrics too, where the config names them: they would say this run's verdict.
+        textfile = None if s.textfile_of_node else textfile
         console.line(f"preflight: {kept}")
         report_path = None
     if if_idle and (held := pipeline.gpus_busy(s, the_plan.inventory)):
@@ -166,7 +168,9 @@ def _planned(s: Settings, console: Console, if_idle: bool, if_locked: str, other
             return None
         # From now, not from the plan: the wait for the lock (up to --lock-timeout) is not the run's.
         deadline = datetime.now(timezone.utc) + timedelta(seconds=pipeline.seconds_at_most(the_plan, s) + SLACK_SECONDS)
-        record = begin(s.report, the_plan.started_at, deadline, console) if s.report is not None else None
+        # Only beside a report this run will write: a record no report settles would say, once this
+        # run is gone, that a run died after the report, and leave the node not vouched (drained).
+        record = begin(report_path, the_plan.started_at, deadline, console) if report_path is not None else None
         try:
             result = pipeline.execute(the_plan, s, console, worlds=ahead.worlds)
         except UsageError:

@@ -204,6 +204,7 @@ class Settings(_Common, BaseSettings):
     _config: Path | None = PrivateAttr(default=None)
     _floor_overrides: dict[str, SiteFloor] = PrivateAttr(default_factory=dict)
     _report_is_default: bool = PrivateAttr(default=False)
+    _outputs_of_node: tuple[bool, bool] = PrivateAttr(default=(False, False))
 
     @property
     def config(self) -> Path | None:
@@ -215,6 +216,17 @@ class Settings(_Common, BaseSettings):
         """``report`` is the default (report_paths.default_report_path), which `run` writes where
         neither --report nor the settings name one: outputs_of sets it."""
         return self._report_is_default
+
+    @property
+    def report_of_node(self) -> bool:
+        """``report`` is the node's own: the default, or one the config or environment names (the
+        site's gate's), not one this command line gave: outputs_of sets it."""
+        return self._outputs_of_node[0]
+
+    @property
+    def textfile_of_node(self) -> bool:
+        """``textfile_dir`` is the node's own: named by the config or environment, not this command line."""
+        return self._outputs_of_node[1]
 
     @property
     def floor_overrides(self) -> dict[str, SiteFloor]:
@@ -325,6 +337,7 @@ def outputs_of(s: Settings, report: Path | None, textfile_dir: Path | None, scra
             return "a run on fake NVML facts (--nvml-fake) writes no default report; give --report FILE to keep its verdict"
         if s.report is None:
             s.report, s._report_is_default = default_report_path(), True
+        s._outputs_of_node = (report is None, s.textfile_dir is not None and textfile_dir is None)
         return None
     dropped = [f"{what} {path}" for what, path, given in (("report", s.report, report), ("textfile dir", s.textfile_dir, textfile_dir)) if path is not None and given is None]
     s.report, s.textfile_dir = report, textfile_dir

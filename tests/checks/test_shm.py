@@ -73,6 +73,24 @@ def test_full_tmpfs_fails_and_names_the_largest_files():
     assert "nccl-LEFTOVER (30 GiB)" in f.cause and "stale segments" in f.remedy
 
 
+def test_a_filled_or_memory_short_host_shm_is_software_that_no_lemon_counts():
+    """Was: the free-space FAIL took the default act, a drain in the node's domain, so any user
+    who filled the host's /dev/shm before three hourly rechecks (deleting it between) made the
+    history call a healthy node a lemon, and slurm-healthcheck sent it for hardware service."""
+    from preflight.base.actions import Domain
+
+    (full,), _ = judge(healthy(free_bytes=100 * MiB, segment_bytes=0), GiB)
+    assert (full.next.action, full.next.domain) == (Action.DRAIN, Domain.SOFTWARE)
+    (short,), _ = judge(healthy(mem_available_bytes=512 * MiB, segment_bytes=0), GiB)
+    assert (short.next.action, short.next.domain) == (Action.DRAIN, Domain.SOFTWARE)
+    # A node with less memory than the floor in all holds no files to blame: the node's own.
+    (small,), _ = judge(healthy(mem_total_bytes=768 * MiB, mem_available_bytes=512 * MiB, segment_bytes=0), GiB)
+    assert small.next.domain == Domain.NODE
+    # A container's own /dev/shm, filled, is its job's.
+    (job,), _ = judge(healthy(free_bytes=100 * MiB, segment_bytes=0, container="docker"), GiB)
+    assert job.next.action == Action.FIX_JOB
+
+
 def test_disk_backed_dev_shm_fails():
     facts = healthy(mount=Mount("/dev/shm", "ext4", "/dev/vda", ["rw"]))
     (f,), _ = judge(facts, GiB)

@@ -217,6 +217,53 @@ def test_a_run_of_another_profile_leaves_the_nodes_report_alone(tmp_path, monkey
     assert f"preflight: {path} holds this node's profile h100-sxm verdict, which a run of profile cpu does not replace; give --report FILE to keep this one" in run.stderr
 
 
+def test_a_run_of_another_profile_leaves_the_report_and_metrics_the_config_names_alone(tmp_path, monkeypatch):
+    """Was: with the example config's `report = "/var/lib/preflight/report.json"`, a `--profile cpu`
+    run by hand replaced the gate's h100-sxm FAIL with a cpu PASS, and `status` vouched for the node.
+    The config's (or the environment's) report and textfile are the node's, as the default is."""
+    from conftest import report_file
+
+    monkeypatch.delenv("PREFLIGHT_REPORT")
+    node = tmp_path / "node"
+    (node / "textfile").mkdir(parents=True, mode=0o700)
+    node.chmod(0o700)
+    path, prom = node / "report.json", node / "textfile" / "preflight.prom"
+    report_file(path, "shm-64m-fail", profile="h100-sxm")
+    prom.write_text("preflight_run_passed 0\n")
+    config = tmp_path / "config.toml"
+    config.write_text(f'report = "{path}"\ntextfile_dir = "{prom.parent}"\n')
+    before = path.read_bytes()
+    run = invoke("run", "--config", str(config), "--profile", "cpu", "--only", "shm")
+    assert run.exit_code == 0, run.output
+    assert path.read_bytes() == before and prom.read_text() == "preflight_run_passed 0\n"
+    assert f"preflight: {path} holds this node's profile h100-sxm verdict, which a run of profile cpu does not replace" in run.stderr
+    assert invoke("status", "--report", str(path)).exit_code == 1
+    monkeypatch.setenv("PREFLIGHT_REPORT", str(path))  # the environment's is the node's too
+    assert invoke("run", "--profile", "cpu", "--only", "shm").exit_code == 0 and path.read_bytes() == before
+    monkeypatch.delenv("PREFLIGHT_REPORT")
+    # Named on the command line, it is this run's to write.
+    assert invoke("run", "--config", str(config), "--profile", "cpu", "--only", "shm", "--report", str(path)).exit_code == 0
+    assert path.read_bytes() != before and "preflight_run_passed 1" in prom.read_text()
+
+
+def test_a_run_that_leaves_the_nodes_report_alone_leaves_no_record_of_a_run_either(tmp_path, monkeypatch):
+    # The gate's pass stands; a `--profile cpu` run by hand writes no report there, so it must not
+    # leave REPORT.started either: once it exited, every reader would take it for a run that died
+    # after the pass, and slurm-healthcheck would drain (kube-label taint) a healthy node.
+    from conftest import report_file
+    from preflight.outputs.record import run_record
+
+    monkeypatch.delenv("PREFLIGHT_REPORT")
+    path = default_report_path()
+    path.parent.mkdir(parents=True, mode=0o700)
+    report_file(path, "cpu-pass", profile="h100-sxm")
+    run = invoke("run", "--profile", "cpu", "--only", "shm")
+    assert run.exit_code == 0, run.output
+    assert not run_record.path_for(path).exists()
+    status = invoke("status")
+    assert status.exit_code == 0 and status.stdout.startswith("vouched: passed") and "under way" not in status.stdout
+
+
 def test_a_run_on_fake_nvml_facts_writes_no_default(tmp_path, monkeypatch):
     from preflight.pipeline import settings
 

@@ -42,6 +42,24 @@ def test_a_failed_report_names_the_first_failing_check_and_its_summary():
     assert st.reason == "shm FAIL: /dev/shm is 64 MiB, below the 1 GiB floor (2.0 h ago)"
 
 
+def test_the_reason_is_one_printable_line_whatever_a_summary_quotes(tmp_path):
+    # A group run's nccl summary names a peer by what it posted at the meeting, which any host that
+    # reaches the store can write (gpuwork/meeting.py); status, NPD, slurm-healthcheck and kube-label
+    # print the reason to root's terminal or a log, so no escape sequence or newline may pass.
+    hostile = "node 1 (gpu-7\x1b]0;owned\x07\x1b[2J\x9b1;1H\nvouched: passed) kept out of the group"
+    report = report_file(tmp_path / "report.json", "shm-64m-fail")
+    data = json.loads(report.read_text())
+    data["checks"][0]["summary"] = hostile
+    report.write_text(json.dumps(data))
+    for loaded in (last_report.load(report), last_report.load_view(report)):
+        st = standing(loaded, last_report.this_boot(), last_report.now())
+        assert st.vouched is False
+        assert not re.search(r"[\x00-\x1f\x7f-\x9f]", st.reason), st.reason
+        assert "gpu-7\\x1b]0;owned\\x07\\x1b[2J\\x9b1;1H vouched" in st.reason
+    code, out = status("--report", str(report))
+    assert code == 1 and "\x1b" not in out and out.count("\n") == 1
+
+
 def test_max_age_retires_an_old_pass():
     assert judged("cpu-pass", after=100, max_age=3600).vouched is True
     st = judged("cpu-pass", after=7200, max_age=3600)

@@ -463,6 +463,59 @@ def test_silent_connections_cost_no_thread_and_never_hold_up_a_scrape(tmp_path):
     assert fds < serve.MAX_WAITING + 32
 
 
+def big_report(path: Path) -> Path:
+    """A report bigger than any send buffer (a many-GPU node's traceback or figures can be: MAX_BYTES is 16 MiB)."""
+    report_file(path, "cpu-pass")
+    data = json.loads(path.read_text())
+    data["checks"][0]["details"]["padding"] = "x" * (12 << 20)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_clients_that_never_read_a_big_answer_hold_no_worker_and_never_hold_up_a_scrape(tmp_path):
+    # Each asks for /report and never reads: an answer past the kernel's send buffer used to be
+    # written by the worker, which then waited CLIENT_TIMEOUT for the client; WORKERS of them
+    # stopped every scrape that long, again and again.
+    report = big_report(tmp_path / "report.json")
+    with serving(report) as (base, proc):
+        port = int(base.rsplit(":", 1)[1])
+        stuck = []
+        for _ in range(2 * serve.WORKERS):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)  # reads nothing, and lets little in
+            s.connect(("127.0.0.1", port))
+            s.sendall(b"GET /report HTTP/1.0\r\n\r\n")
+            stuck.append(s)
+        try:
+            time.sleep(0.5)
+            started = time.monotonic()
+            code, _, text = get(base + "/metrics", timeout=60)
+            waited = time.monotonic() - started
+            threads = threads_of(proc.pid)
+        finally:
+            for s in stuck:
+                s.close()
+    assert code == 200 and "preflight_run_passed 1.0" in text
+    assert waited < 1.0, f"a scrape waited {waited:.1f} s behind clients that do not read"
+    assert threads <= serve.WORKERS + 2
+
+
+def test_a_big_answer_reaches_a_client_that_reads_it_slowly(tmp_path):
+    report = big_report(tmp_path / "report.json")
+    with serving(report) as (base, proc):
+        port = int(base.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(b"GET /report HTTP/1.0\r\n\r\n")
+            time.sleep(0.5)  # nothing read while serve goes on with other connections
+            assert get(base + "/healthz")[0] == 200
+            got = bytearray()
+            while chunk := s.recv(1 << 20):
+                got += chunk
+    head, _, body = bytes(got).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200") and b"Content-Length: %d" % len(body) in head
+    assert body == report.read_bytes()
+
+
 def test_parse_listen_accepts_ipv6_in_brackets():
     assert serve.parse_listen("[::1]:9842") == ("::1", 9842)
     assert serve.parse_listen("0.0.0.0:9842") == ("0.0.0.0", 9842)

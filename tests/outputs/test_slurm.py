@@ -151,6 +151,17 @@ def test_a_too_old_pass_drains_with_a_reason_that_does_not_change_as_it_ages(tmp
     assert reasons == {"preflight [software] drain: last pass is older than the 3600 s allowed; run preflight again"}
 
 
+def test_the_drain_reason_and_the_output_carry_no_control_character_a_summary_quoted(tmp_path):
+    # A summary may quote what another host posted (a group peer's name, gpuwork/meeting.py): it
+    # must not reach Slurm's Reason (sinfo -R on an admin's terminal) or root's terminal raw.
+    hostile = "node 1 (gpu-7\x1b]0;owned\x07\x1b[2J) kept out\tof the group"
+    p, calls = healthcheck(tmp_path, "shm-64m-fail", "idle", checks=[{**json.loads((REPORTS / "shm-64m-fail.json").read_text())["checks"][0], "summary": hostile}])
+    assert p.returncode == 1 and "draining gpu-01" in p.stdout
+    reason = calls[1][3]
+    assert reason == "Reason=preflight [node] drain: shm FAIL: node 1 (gpu-7\\x1b]0;owned\\x07\\x1b[2J) kept out of the group"
+    assert not any(ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 for ch in p.stdout.replace("\n", ""))
+
+
 def test_a_long_reason_is_cut_for_sinfo():
     long = Standing(False, "cuda FAIL: " + "GPU-3-x-" * 40, True, 1.0)
     reason = slurm.reason_for(slurm.report_cause(long, None))

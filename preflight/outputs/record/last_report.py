@@ -184,10 +184,30 @@ def booted_at() -> datetime | None:
 PASSED_BEFORE = "; the last run that finished passed ({})"
 
 
+# Control characters, C1 included, shown as escapes: a reason quotes a check's summary, which may
+# carry what another host posted (a group peer's name at the meeting), and `status`, NPD,
+# slurm-healthcheck (and Slurm's drain reason) and kube-label print it on one line to root's
+# terminal or a log: an escape sequence must not rewrite the screen, nor a newline forge a line.
+# Line breaks and tabs are a space, as the reason always had them.
+_CONTROLS = {c: " " if chr(c) in "\n\r\t" else repr(chr(c))[1:-1] for c in [*range(0x00, 0x20), *range(0x7F, 0xA0)]}
+
+
+def printable(text: str) -> str:
+    """``text`` on one line: line breaks and tabs a space, every other control character shown as
+    its escape (ESC as \\x1b)."""
+    return text.translate(_CONTROLS)
+
+
 def standing(loaded: Loaded, boot_id: str | None, now: datetime, max_age: float | None = None, booted: datetime | None = None) -> Standing:
     """Judge the last report, and the record of a run that started after it: the one
     rule every reader of it applies. Without a boot id on either side, a report
-    that finished (or a run that started) before ``booted`` is of an earlier boot."""
+    that finished (or a run that started) before ``booted`` is of an earlier boot.
+    The reason is one printable line (``printable``)."""
+    st = _standing(loaded, boot_id, now, max_age, booted)
+    return st._replace(reason=printable(st.reason))
+
+
+def _standing(loaded: Loaded, boot_id: str | None, now: datetime, max_age: float | None = None, booted: datetime | None = None) -> Standing:
     r = loaded.report
     run = _newer_run(loaded.started, r, boot_id, booted)
     dead = run is not None and not (run.alive or (run.alive is None and now < run.deadline))

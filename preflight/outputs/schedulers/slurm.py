@@ -34,7 +34,7 @@ from preflight.base.actions import Action as Step, Domain, Next, drain_prefix, h
 from preflight.base.errors import UsageError
 from preflight.base.host import Host
 from preflight.outputs.schedulers import slurm_cap, slurm_gres
-from preflight.outputs.record.last_report import Standing
+from preflight.outputs.record.last_report import Standing, printable
 
 if TYPE_CHECKING:
     from preflight.pipeline.report import Report
@@ -159,7 +159,7 @@ def report_cause(st: Standing, report: Report | ReportView | None) -> Cause:
         nxt = Next(Step(str(report.action)), Domain(str(report.domain)), report.action_source)
         c = next((c for c in report.results if c.check == report.action_check), None)
         if c is not None and (str(c.status) in ("FAIL", "ERROR") or c is report.history):
-            return Cause(nxt, f"{c.check} {c.status}: {c.summary}")
+            return Cause(nxt, printable(f"{c.check} {c.status}: {c.summary}"))
         return Cause(nxt, _no_age(st.reason))
     return Cause(NO_VERDICT, _no_age(st.reason))
 
@@ -171,7 +171,7 @@ def lemon_cause(st: Standing, report: Report | ReportView | None) -> Cause | Non
     if report is None or not st.vouched or report.history is None or report.action_check != report.history.check:
         return None
     nxt = Next(Step(str(report.action)), Domain(str(report.domain)), report.action_source)
-    return Cause(nxt, f"{report.history.check} {report.history.status}: {report.history.summary}") if takes_out(nxt) else None
+    return Cause(nxt, printable(f"{report.history.check} {report.history.status}: {report.history.summary}")) if takes_out(nxt) else None
 
 
 def gres_cause(node: Node, report: Report | ReportView | None) -> tuple[Cause | None, str | None]:
@@ -188,7 +188,8 @@ def gres_cause(node: Node, report: Report | ReportView | None) -> tuple[Cause | 
 
 
 def reason_for(cause: Cause) -> str:
-    text = f"{drain_prefix(cause.next)}: {cause.text}".replace("\n", " ")
+    # One printable line: a summary may quote what another host posted (last_report.printable).
+    text = printable(f"{drain_prefix(cause.next)}: {cause.text}".replace("\n", " "))
     return text if len(text) <= REASON_MAX else text[: REASON_MAX - 3].rstrip() + "..."
 
 
