@@ -31,7 +31,8 @@ from preflight.pipeline.shape import NodeShape
 from preflight.readers.machine import layout
 from preflight.readers.nvidia import nvml
 from preflight.readers.machine import topo_derived
-from preflight.readers.machine.layout import NVIDIA_SMI_TIMEOUT, TopologyFacts, gpu_count, numa_span, nvlink_count
+from preflight.readers.machine.layout import NVIDIA_SMI_TIMEOUT, TopologyFacts
+from preflight.readers.machine.layout_queries import gpu_count, numa_span, nvlink_count
 from preflight.readers.nvidia.nvml_facts import Inventory
 
 

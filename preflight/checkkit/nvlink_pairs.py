@@ -15,7 +15,8 @@ from preflight.checkkit.topology_judges import name_list
 from preflight.pipeline.expectations import TopologyExpect
 from preflight.pipeline.shape import NodeShape
 from preflight.readers.machine import topo_derived
-from preflight.readers.machine.layout import TopologyFacts, gpu_count, nvlink_count
+from preflight.readers.machine.layout import TopologyFacts
+from preflight.readers.machine.layout_queries import gpu_count, nvlink_count
 from preflight.readers.nvidia.topo import Topo
 
 FAIL, WARN = Status.FAIL, Status.WARN

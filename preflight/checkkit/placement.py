@@ -10,7 +10,8 @@ from pydantic import BaseModel
 from preflight.base.host import Host
 from preflight.base.units import format_cpulist, parse_cpulist
 from preflight.pipeline.check import Result
-from preflight.readers.machine.layout import TopologyFacts, gpu_count, gpu_numa, machine_cpus, matrix_gpu, numa_unknown, rank_gpus, socket_groups
+from preflight.readers.machine.layout import TopologyFacts, machine_cpus
+from preflight.readers.machine.layout_queries import gpu_count, gpu_numa, matrix_gpu, numa_unknown, rank_gpus, socket_groups
 from preflight.readers.machine.topo_derived import LINKS
 
 

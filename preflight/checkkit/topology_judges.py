@@ -12,8 +12,8 @@ from preflight.base.units import format_cpulist, parse_cpulist
 from preflight.pipeline.expectations import TopologyExpect
 from preflight.pipeline.shape import NodeShape
 from preflight.readers.machine import topo_derived
-from preflight.readers.machine.layout import (PciLink, TopologyFacts, gpu_count, gpu_indices, gpu_numa, numa_span, numa_unknown, rank_gpus,
-                                              socket_span)
+from preflight.readers.machine.layout import PciLink, TopologyFacts
+from preflight.readers.machine.layout_queries import gpu_count, gpu_indices, gpu_numa, numa_span, numa_unknown, rank_gpus, socket_span
 from preflight.readers.nvidia.topo import NEAR
 
 FAIL, WARN = Status.FAIL, Status.WARN

@@ -12,7 +12,7 @@ import psutil
 import pytest
 from preflight.checks import topology as t
 from preflight.checkkit import nvlink_pairs, topology_judges
-from preflight.readers.machine import layout
+from preflight.readers.machine import layout, layout_queries
 from topology_cases import (FIXTURES, HEALTHY, ONE_NODE, PCI_GROUPS, SPLIT, TOPO, TREE, edit, gathered, h200_vm, host, matrix, pci_tree,  # noqa: F401
                             root, unreadable_smi)
 
@@ -131,7 +131,7 @@ def test_an_hgx_h100_with_snc_or_nps_on_is_healthy_where_sysfs_puts_its_nodes_on
     second (topology_judges.judge_numa cites why this is a supported, default or shipped setting)."""
     f = gathered(host(sockets(root, SNC_SOCKETS), snc_on(root)))
     assert f.cpus.packages == {"0": "0", "1": "1", "2": "0", "3": "1"}
-    assert layout.numa_span(f) == 4 and layout.socket_span(f) == 2
+    assert layout_queries.numa_span(f) == 4 and layout_queries.socket_span(f) == 2
     assert judged(f) == []
     advice = t.advise(f)  # each rank still bound to its own GPU's node
     assert advice.bind and [r.numa_node for r in advice.ranks] == [0, 0, 2, 2, 1, 1, 3, 3]
@@ -153,7 +153,7 @@ def test_gpus_split_across_sockets_where_the_board_puts_them_on_one_still_warn(r
     assert warn.status == WARN and warn.summary == "GPUs span 2 sockets (node 0: GPU 0-3; node 1: GPU 4-7)"
     assert "more than the 1 expected" in warn.cause
     snc = gathered(host(sockets(root, {0: 0, 56: 0})))  # nodes 0 and 1 both on socket 0
-    assert layout.socket_span(snc) == 1 and t.judge(snc, one, 12)["numa"] == []
+    assert layout_queries.socket_span(snc) == 1 and t.judge(snc, one, 12)["numa"] == []
 
 
 def single_socket(root: Path) -> Path:
@@ -220,7 +220,7 @@ def test_in_a_vm_a_gpu_whose_numa_node_nobody_knows_is_the_hypervisor_s_choice_n
     text = SPLIT.read_text()
     lines = [line.replace("\t0\t\tN/A", "\tN/A\t\tN/A").replace("\t1\t\tN/A", "\tN/A\t\tN/A") for line in text.splitlines()]
     f = gathered(host(root, "\n".join(lines) + "\n"))
-    assert f.hypervisor is True and layout.gpu_numa(f, 5) is None
+    assert f.hypervisor is True and layout_queries.gpu_numa(f, 5) is None
     assert [x for x in judged(f) if "unknown" in x.summary] == []
     assert "unknown" in t.advise(f).summary
 

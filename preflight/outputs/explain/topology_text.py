@@ -22,7 +22,8 @@ from preflight.pipeline.settings import Settings
 from preflight.pipeline.shape import NodeShape
 from preflight.readers import capture
 from preflight.readers.nvidia import nvml, topo
-from preflight.readers.machine.layout import TopologyFacts, gpu_numa, machine_cpus, nics, nvlink_count
+from preflight.readers.machine.layout import TopologyFacts, machine_cpus, nics
+from preflight.readers.machine.layout_queries import gpu_numa, nvlink_count
 from preflight.readers.nvidia.topo import NEAR, Topo
 
 FAIL = Status.FAIL

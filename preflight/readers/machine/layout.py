@@ -19,11 +19,10 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from preflight.base.host import Host, read_stripped, tool_time
-from preflight.readers.nvidia.visible_devices import cuda_visible
 from preflight.base.units import format_cpulist, parse_cpulist
 from preflight.readers.nvidia import nvml, nvml_facts, topo
 from preflight.readers.nvidia.nvml_facts import Inventory
-from preflight.readers.nvidia.topo import Topo, TopoGpu, TopoParseError
+from preflight.readers.nvidia.topo import Topo, TopoParseError
 
 # A PCI address as sysfs names it; VMD domains have five hex digits (10000:e0:01.0).
 BDF = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -327,81 +326,3 @@ def under_hypervisor(host: Host) -> bool:
 def no_time(deadline: float) -> str:
     return (f"{max(0.0, deadline - time.monotonic()):.1f} s were left before the check's deadline, kept for "
             "the facts from NVML and sysfs and the judges")
-
-
-# ---- what the facts say, asked by the judges and the advice alike ---------------------
-
-
-def nvlink_count(link: str) -> int:
-    """NVLinks in a `topo -m` cell: NV18 -> 18; any other link (SYS, PIX, ...) 0."""
-    return int(link[2:]) if link.startswith("NV") else 0
-
-
-def gpu_numa(facts: TopologyFacts, index: int) -> int | None:
-    """The NUMA node of GPU ``index``: the kernel's word first, then nvidia-smi's."""
-    for g in facts.gpus:
-        if g.index == index and g.numa_node is not None:
-            return g.numa_node
-    t = matrix_gpu(facts, index)
-    if t is not None and t.numa_nodes and len(t.numa_nodes) == 1:
-        return t.numa_nodes[0]
-    return None
-
-
-def matrix_gpu(facts: TopologyFacts, index: int) -> TopoGpu | None:
-    """nvidia-smi's row for GPU ``index`` (by the GPUn it prints, NVML's number), or None."""
-    return next((t for t in facts.matrix.gpus if t.index == index), None) if facts.matrix else None
-
-
-def gpu_count(facts: TopologyFacts) -> int:
-    return len(facts.gpus) or (len(facts.matrix.gpus) if facts.matrix else 0)
-
-
-def numa_unknown(facts: TopologyFacts, index: int) -> bool:
-    """Nobody says where GPU ``index`` sits (a GPU affine to several nodes, "0-1", is known)."""
-    if gpu_numa(facts, index) is not None:
-        return False
-    t = matrix_gpu(facts, index)
-    return not (t is not None and t.numa_nodes)
-
-
-def socket_groups(facts: TopologyFacts) -> int:
-    """How many disjoint CPU sets the GPUs' affinities form: sockets, where NUMA numbers are missing."""
-    m = facts.matrix
-    return len(m.cpu_groups) if m and m.spans_numa and all(g.cpus for g in m.gpus) else 0
-
-
-def numa_span(facts: TopologyFacts) -> int:
-    """NUMA nodes the GPUs sit on; where their numbers are missing, the disjoint CPU sets stand for them."""
-    return max(len({node for i in gpu_indices(facts) if (node := gpu_numa(facts, i)) is not None}), socket_groups(facts))
-
-
-def socket_span(facts: TopologyFacts) -> int | None:
-    """Sockets the GPUs sit on, by their NUMA nodes' physical packages (sysfs); None where a GPU's
-    node is unknown or its socket is (a saved capture, a memory-only node): the node count then stands."""
-    packages = facts.cpus.packages if facts.cpus is not None else {}
-    nodes = [gpu_numa(facts, i) for i in gpu_indices(facts)]
-    if not nodes or any(n is None or str(n) not in packages for n in nodes):
-        return None
-    return len({packages[str(n)] for n in nodes})
-
-
-def gpu_indices(facts: TopologyFacts) -> list[int]:
-    """The GPUs' indices in CUDA's order (PCI bus order, the launch's CUDA_DEVICE_ORDER), as NVML
-    numbers them: under a device cgroup NVML may list GPUs 4-7 alone. Without NVML's word, the
-    matrix's GPUs by position."""
-    if facts.gpus:
-        return [g.index for g in sorted(facts.gpus, key=lambda g: g.pci.lower())]
-    return list(range(len(facts.matrix.gpus) if facts.matrix else 0))
-
-
-def rank_gpus(facts: TopologyFacts, n: int) -> list[int]:
-    """GPU index of each local rank: torch's cuda:r is the r-th visible GPU.
-
-    Unset, every GPU in PCI order: what CUDA_DEVICE_ORDER=PCI_BUS_ID gives,
-    and what the default FASTEST_FIRST gives on a node of identical GPUs."""
-    present = gpu_indices(facts) or list(range(n))
-    if facts.cuda_visible_devices is None:
-        return present
-    uuids: list[str | None] = [g.uuid for g in sorted(facts.gpus, key=lambda g: g.pci.lower())] if facts.gpus else [None] * len(present)
-    return [present[i] for i in cuda_visible(facts.cuda_visible_devices, uuids).picked]

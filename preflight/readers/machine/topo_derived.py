@@ -30,7 +30,7 @@ def complete(host: Host, facts: TopologyFacts) -> TopologyFacts:
     NVML and sysfs (``matrix_source`` says which, ``answered``/``unanswered`` each fact)."""
     if facts.matrix is not None:
         answered = dict.fromkeys((LINKS, CPUS, NICS), facts.matrix_source)
-        # The kernel's word on a GPU's NUMA node comes first (layout.gpu_numa), the matrix's where it has none.
+        # The kernel's word on a GPU's NUMA node comes first (layout_queries.gpu_numa), the matrix's where it has none.
         placed = [g.numa_node is not None for g in facts.gpus]
         answered[NUMA] = "; ".join((["sysfs numa_node"] if any(placed) else []) + ([facts.matrix_source] if not all(placed) else []))
         return facts.model_copy(update={"answered": answered})
