@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import fakes
 from conftest import clean_env, report_file, run_record_file
 from preflight.outputs.html import page
-from preflight.outputs.exporters import serve
+from preflight.outputs.exporters import serve, serve_loop
 from preflight.gpuwork.launch import free_port
 
 promtool = pytest.mark.skipif(not shutil.which("promtool"), reason="promtool is not installed (Debian package prometheus)")
@@ -447,10 +447,10 @@ def test_silent_connections_cost_no_thread_and_never_hold_up_a_scrape(tmp_path):
     with serving(report) as (base, proc):
         port = int(base.rsplit(":", 1)[1])
         # More than serve keeps waiting: the oldest are dropped, nothing grows.
-        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(serve.MAX_WAITING + 44)]
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(serve_loop.MAX_WAITING + 44)]
         try:
             time.sleep(0.5)
-            assert threads_of(proc.pid) <= serve.WORKERS + 2
+            assert threads_of(proc.pid) <= serve_loop.WORKERS + 2
             started = time.monotonic()
             code, _, text = get(base + "/metrics", timeout=60)
             waited = time.monotonic() - started
@@ -459,8 +459,8 @@ def test_silent_connections_cost_no_thread_and_never_hold_up_a_scrape(tmp_path):
             for s in idle:
                 s.close()
     assert code == 200 and "preflight_run_passed 1.0" in text
-    assert waited < serve.CLIENT_TIMEOUT  # answered at once, not after the silent ones time out
-    assert fds < serve.MAX_WAITING + 32
+    assert waited < serve_loop.CLIENT_TIMEOUT  # answered at once, not after the silent ones time out
+    assert fds < serve_loop.MAX_WAITING + 32
 
 
 def big_report(path: Path) -> Path:
@@ -480,7 +480,7 @@ def test_clients_that_never_read_a_big_answer_hold_no_worker_and_never_hold_up_a
     with serving(report) as (base, proc):
         port = int(base.rsplit(":", 1)[1])
         stuck = []
-        for _ in range(2 * serve.WORKERS):
+        for _ in range(2 * serve_loop.WORKERS):
             s = socket.socket()
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)  # reads nothing, and lets little in
             s.connect(("127.0.0.1", port))
@@ -497,7 +497,7 @@ def test_clients_that_never_read_a_big_answer_hold_no_worker_and_never_hold_up_a
                 s.close()
     assert code == 200 and "preflight_run_passed 1.0" in text
     assert waited < 1.0, f"a scrape waited {waited:.1f} s behind clients that do not read"
-    assert threads <= serve.WORKERS + 2
+    assert threads <= serve_loop.WORKERS + 2
 
 
 def test_a_big_answer_reaches_a_client_that_reads_it_slowly(tmp_path):
@@ -525,7 +525,7 @@ def test_clients_that_trickle_their_request_hold_no_worker(tmp_path):
     report = report_file(tmp_path / "report.json", "cpu-pass")
     with serving(report) as (base, proc):
         port = int(base.rsplit(":", 1)[1])
-        slow = [socket.create_connection(("127.0.0.1", port)) for _ in range(3 * serve.WORKERS)]
+        slow = [socket.create_connection(("127.0.0.1", port)) for _ in range(3 * serve_loop.WORKERS)]
         for s in slow:
             s.sendall(b"G")  # then a byte now and then, never the end of the request
         started = time.monotonic()
@@ -537,20 +537,20 @@ def test_clients_that_trickle_their_request_hold_no_worker(tmp_path):
         waited = time.monotonic() - started - 0.9
         threads = threads_of(proc.pid)
         # Each trickler is cut off CLIENT_TIMEOUT after it connected, in all.
-        slow[0].settimeout(3 * serve.CLIENT_TIMEOUT)
-        cut = slow[0].recv(100) == b"" and time.monotonic() - started < 2 * serve.CLIENT_TIMEOUT
+        slow[0].settimeout(3 * serve_loop.CLIENT_TIMEOUT)
+        cut = slow[0].recv(100) == b"" and time.monotonic() - started < 2 * serve_loop.CLIENT_TIMEOUT
         for s in slow:
             s.close()
     # Not held up by the tricklers: with them on workers it would wait their CLIENT_TIMEOUT at least.
-    assert code == 200 and "preflight_run_passed 1.0" in text and waited < serve.CLIENT_TIMEOUT
-    assert threads <= serve.WORKERS + 2 and cut
+    assert code == 200 and "preflight_run_passed 1.0" in text and waited < serve_loop.CLIENT_TIMEOUT
+    assert threads <= serve_loop.WORKERS + 2 and cut
 
 
 def test_a_full_waiting_list_under_a_burst_of_ready_requests_keeps_serving(tmp_path, monkeypatch):
     # A connection dropped to make room may be in the same select round as its own request: it must be skipped.
     import threading
 
-    monkeypatch.setattr(serve, "MAX_WAITING", 1)
+    monkeypatch.setattr(serve_loop, "MAX_WAITING", 1)
     port = free_port()
     server = serve.bind(f"127.0.0.1:{port}", report_file(tmp_path / "report.json", "cpu-pass"))
     loop = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
