@@ -225,9 +225,11 @@ def judge_unwatched(f: BurninFacts) -> list[Finding]:
     return out
 
 
-def judge(f: BurninFacts, figs: dict[int, dict], expect: BurninExpect, band: OutlierExpect | None) -> list[Finding]:
+def judge(f: BurninFacts, figs: dict[int, dict], expect: BurninExpect, band: OutlierExpect | None,
+          not_given: set[str] | frozenset[str] = frozenset()) -> list[Finding]:
+    """``not_given``: the slots of the node's GPUs not given to this run (NodeShape.not_given)."""
     return (ranks_judge.judge_run(f, "the burn-in", ranks.by_hand(f, "burnin.py"), judge_wrong(f) + judge_reference(f))
-            + judge_nvml(figs, expect) + burnin_xid.judge(f.new_xids, f.xid_note == log_sources.SYSLOG_NOTE, burnin_xid.burned_gpus(f.ranks, f.buses), DIAG, RERUN) + judge_outliers(f, figs, band) + judge_unwatched(f))
+            + judge_nvml(figs, expect) + burnin_xid.judge(f.new_xids, f.xid_note == log_sources.SYSLOG_NOTE, burnin_xid.burned_gpus(f.ranks, f.buses), DIAG, RERUN, not_given) + judge_outliers(f, figs, band) + judge_unwatched(f))
 
 
 def measurements(f: BurninFacts, figs: dict[int, dict], band: OutlierExpect | None) -> list[Measurement]:
@@ -350,7 +352,8 @@ class Burnin(Check):
         backend = "nccl" if ctx.profile.has_gpus else "gloo"
         facts = gather(ctx, ctx.ranks(expect.ranks), expect, backend)
         figs = rank_figures(facts)
-        findings = judge(facts, figs, expect, ctx.profile.outliers)
+        not_given = ctx.shape.not_given() if ctx.shape else set()
+        findings = judge(facts, figs, expect, ctx.profile.outliers, not_given)
         details = facts.model_dump(mode="json", exclude={"traces"})
         details["traces"] = {str(r): {k: v for k, v in fig.items() if k not in ("who",)} for r, fig in figs.items()}
         details["series"] = series(facts)
@@ -358,7 +361,10 @@ class Burnin(Check):
         details["nvml"] = facts.nvml_note or f"{len(facts.traces)} GPU(s) sampled every {expect.sample_seconds:g} s"
         details["outliers_judged"] = "against the node's median" if ctx.profile.outliers else f"profile {ctx.profile.name} has no [outliers] band: not judged"
         details["outliers"] = outliers.statuses(outlier_figures(facts, figs), ctx.profile.outliers, tuple(WORDS))
+        details["xid_elsewhere"] = theirs = burnin_xid.given_elsewhere(facts.new_xids, burnin_xid.burned_gpus(facts.ranks, facts.buses), not_given)
         sources = kernel_log_sources(facts.xid_log or "", facts.xid_unread)
         details.update(sources.details())
+        lines = [line] if (line := sources.line()) else []
+        lines += [f"Xid {e['code']} on {e['pci']} during the burn-in: a GPU not given to this run, judged by the run that holds it" for e in theirs]
         return self.conclude(findings, summary(facts, figs), measurements=measurements(facts, figs, ctx.profile.outliers) + sources.measurements(),
-                             details=details, lines=[line] if (line := sources.line()) else [])
+                             details=details, lines=lines)

@@ -59,7 +59,8 @@ def burned_gpus(outcomes: list[RankOutcome], buses: dict[int, str]) -> set[str] 
     return out or None
 
 
-def judge(new: list[dict], forgeable: bool, burned: set[str] | None, diag: str, rerun: str) -> list[Finding]:
+def judge(new: list[dict], forgeable: bool, burned: set[str] | None, diag: str, rerun: str,
+          not_given: set[str] | frozenset[str] = frozenset()) -> list[Finding]:
     """Any new Xid on a GPU the burn-in loaded fails (even a code the catalog blames on the
     application, RESTART_APP: its workflows say "if known good APP ... REPORT_ISSUE"), with the
     highest action the codes' catalog buckets ask, at least a drain. ``forgeable``: the log was
@@ -68,9 +69,17 @@ def judge(new: list[dict], forgeable: bool, burned: set[str] | None, diag: str, 
     the word of a line anyone could have written. ``burned``: the GPUs loaded, where known; an
     Xid on another is a WARN naming it, for the cuda check's catalog judge of every run, unless it
     is that other job's own (cuda_xid.the_jobs: a code the catalog lays to the application, and the
-    resets that follow it), which is no finding of the node's. One with no GPU named stays a FAIL."""
+    resets that follow it), which is no finding of the node's, nor is one on a GPU not given to this
+    run at all (``not_given``: another pod's or job's, NodeShape.not_given), as the cuda check holds:
+    the run that holds it judges it (``given_elsewhere`` says them). One with no GPU named stays a FAIL."""
     elsewhere = [e for e in new if burned is not None and e["pci"] and e["pci"] not in burned]
-    return _elsewhere(_not_the_jobs(elsewhere), burned or set(), rerun) + _under_load([e for e in new if e not in elsewhere], forgeable, diag)
+    ours = [e for e in elsewhere if e["pci"] not in not_given]
+    return _elsewhere(_not_the_jobs(ours), burned or set(), rerun) + _under_load([e for e in new if e not in elsewhere], forgeable, diag)
+
+
+def given_elsewhere(new: list[dict], burned: set[str] | None, not_given: set[str] | frozenset[str]) -> list[dict]:
+    """The new Xids on GPUs the burn did not load that are not this run's at all (``not_given``): said, not judged."""
+    return [e for e in new if burned is not None and e["pci"] and e["pci"] not in burned and e["pci"] in not_given]
 
 
 def _not_the_jobs(found: list[dict]) -> list[dict]:

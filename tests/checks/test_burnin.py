@@ -244,6 +244,20 @@ def test_an_xid_on_a_gpu_the_burn_did_not_load_warns_and_one_on_a_loaded_gpu_sti
                                                          (Status.FAIL, "new Xid during burn-in: Xid 79 on 0000:19:00")]
 
 
+def test_an_xid_on_a_gpu_not_given_to_the_run_is_said_not_judged():
+    """Was: a pod given 2 of 8 GPUs WARNed its full level on another pod's DBE (Xid 48) logged
+    while it burned; the cuda check already leaves that GPU's Xids to the run that holds it."""
+    f = healthy(n=2)
+    other = {"code": 48, "pci": "0000:c1:00", "raw": "NVRM: Xid (PCI:0000:c1:00): 48, pid=1234, DBE (double bit error) ECC error"}
+    f.new_xids = [other]
+    assert burnin.judge(f, burnin.rank_figures(f), EXPECT, BAND, {"0000:c1:00", "0000:c2:00"}) == []
+    assert burnin_xid.given_elsewhere(f.new_xids, burnin_xid.burned_gpus(f.ranks, f.buses), {"0000:c1:00"}) == [other]
+    # One on a GPU the burn loaded still fails, whatever the others are.
+    f.new_xids = [other, {"code": 79, "pci": "0000:19:00", "raw": "NVRM: Xid (PCI:0000:19:00): 79, GPU has fallen off the bus."}]
+    assert [(x.status, x.summary) for x in burnin.judge(f, burnin.rank_figures(f), EXPECT, BAND, {"0000:c1:00"})] == [
+        (Status.FAIL, "new Xid during burn-in: Xid 79 on 0000:19:00")]
+
+
 def test_another_jobs_own_xid_on_a_gpu_the_burn_did_not_load_is_no_finding():
     # Its bad address (13) and the reset that ends it (43) are that job's, as the cuda check tells them.
     f = healthy(n=2)
