@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from preflight.base.findings import Finding, Status
-from preflight.checkkit.rdma_ports import UNCABLED, cabled_peers, compute, held
+from preflight.checkkit.rdma_ports import compute, held
 from preflight.pipeline.expectations import RdmaExpect
 from preflight.readers.machine.ibports import ERROR_COUNTERS, Port, RdmaFacts
 
@@ -95,8 +95,7 @@ def judge_ports(facts: RdmaFacts, expect: RdmaExpect) -> list[Finding]:
             continue  # an uncabled spare or storage port says nothing about the job: other_ports() reports it
         cleared = p.model_copy(update={"counters": {**p.counters, "link_downed": 0}})
         clearable = p.counters.get("link_downed", 0) > 0 and not compute(cleared, expect, facts)
-        peers = cabled_peers(p, facts) if p.phys_state in UNCABLED else 0
-        out += unsure(_port_findings(p, tops.get(p.link_layer), expect, clearable, peers), p, facts)
+        out += unsure(_port_findings(p, tops.get(p.link_layer), expect, clearable), p, facts)
     return out
 
 
@@ -111,10 +110,9 @@ def unsure(found: list[Finding], p: Port | None, facts: RdmaFacts) -> list[Findi
     return [replace(f, status=WARN, cause=f.cause + note) if f.status == FAIL else f for f in found]
 
 
-def _port_findings(p: Port, top: Port | None, expect: RdmaExpect, clearable: bool = False, peers: int = 0) -> list[Finding]:
+def _port_findings(p: Port, top: Port | None, expect: RdmaExpect, clearable: bool = False) -> list[Finding]:
     """A compute port's state and rate against the site's rate and ``top``, its link layer's fastest.
-    ``clearable``: the port would be its card's unused spare but for a fall its counters keep;
-    ``peers``: the cards beside the GPUs, cabled on every port, that make it no spare (rdma_ports.cabled_peers)."""
+    ``clearable``: the port would be its card's unused spare but for a fall its counters keep."""
     out = []
     if p.state_now != "ACTIVE":
         if p.state_now in ("INIT", "ARMED"):
@@ -125,9 +123,6 @@ def _port_findings(p: Port, top: Port | None, expect: RdmaExpect, clearable: boo
             cause = f"{p.where} ({p.link_layer}) is {p.state_now or 'unreadable'} (physical state {p.phys_state or 'unknown'})"
             fix = ("the port is administratively disabled: enable it (`ibportstate`, `ip link set ... up`)" if p.phys_state == "Disabled"
                    else LINK_FIX)
-            if peers:
-                cause += (f"; the node's {peers} other cards beside its GPUs run every port, and one node's rail cards are "
-                          "cabled alike: a rail whose cable is out, not its card's unused port")
             if clearable:  # went down since its counters were cleared: not read as its card's unused port (rdma_ports.spare)
                 fix += ("; a port left unused on purpose reads as its card's spare once its counters are cleared "
                         "(`perfquery -x` on the port, or a driver reload)")

@@ -72,27 +72,9 @@ def spare(port: Port, facts: RdmaFacts) -> bool:
     since its counters were last cleared (link_downed 0, where read; a driver reload or
     `perfquery -x` clears them): the dual-port card's unused port, which no job uses unless
     NCCL_IB_HCA names it. One that went down since is a cable pulled from a card whose two ports
-    both carried rails (rdma_judges says how to clear a port left unused on purpose); so is one
-    whose card's peers beside the GPUs run every port (`cabled_peers`), whenever it fell."""
+    both carried rails (rdma_judges says how to clear a port left unused on purpose)."""
     never_up = port.counters.get("link_downed", 0) == 0
-    return (never_up and port.phys_state in UNCABLED and not cabled_peers(port, facts)
-            and any(o is not port and _card(o) == _card(port) and o.state_now == "ACTIVE" for o in facts.ports))
-
-
-def cabled_peers(port: Port, facts: RdmaFacts) -> int:
-    """How many other multi-port cards of the port's link layer beside a GPU run every port, where
-    at least two do and none beside a GPU leaves one unused; else 0. A node's rail cards are cabled
-    alike, so a port its card's peers all use is a rail whose cable was pulled (before boot too,
-    where no counter saw it fall), not its card's spare. With one peer, or a peer of its own with
-    an unused port, the node's design cannot be told from its fault: the port stays a spare."""
-    if port.near_gpu is not True:
-        return 0
-    cards: dict[str, list[Port]] = {}
-    for p in facts.ports:
-        if p.near_gpu is True and p.link_layer == port.link_layer:
-            cards.setdefault(_card(p), []).append(p)
-    peers = [ps for card, ps in cards.items() if card != _card(port) and len(ps) > 1]
-    return len(peers) if len(peers) >= 2 and all(p.state_now == "ACTIVE" for ps in peers for p in ps) else 0
+    return never_up and port.phys_state in UNCABLED and any(o is not port and _card(o) == _card(port) and o.state_now == "ACTIVE" for o in facts.ports)
 
 
 def compute(port: Port, expect: RdmaExpect, facts: RdmaFacts | None = None) -> bool:

@@ -838,26 +838,3 @@ def test_a_port_that_moved_down_a_step_while_watched_is_said_as_changed_never_as
     assert rdma_judges.came_up(sm_at_work) is None and rdma_judges.changed(sm_at_work) == "INIT -> ARMED -> INIT"
     climbed = port(state="INIT").model_copy(update={"state_early": "DOWN", "state_later": "ACTIVE"})
     assert rdma_judges.came_up(climbed) == "DOWN -> INIT -> ACTIVE" and rdma_judges.changed(climbed) is None
-
-
-def test_a_rail_cable_pulled_before_boot_is_no_spare_where_the_nodes_other_rail_cards_run_both_ports():
-    """Was: four dual-port cards beside the GPUs, both ports of each a rail; one cable pulled before
-    boot (link_downed 0) read as that card's unused spare, and the node passed with a rail missing.
-    The node's other cards are cabled on every port, so the port is a rail."""
-    def card(n: int, second: str = "ACTIVE") -> list[Port]:
-        one = port(f"mlx5_{2 * n}").model_copy(update={"pci": f"0000:{n + 1:02x}:00.0", "near_gpu": True})
-        two = port(f"mlx5_{2 * n + 1}", state=second, phys="LinkUp" if second == "ACTIVE" else "Polling")
-        return [one, two.model_copy(update={"pci": f"0000:{n + 1:02x}:00.1", "near_gpu": True})]
-    ports = [p for n in range(3) for p in card(n)] + card(3, second="DOWN")
-    for hca in (None, ("mlx5", "the environment")):
-        (f,) = found(facts(*ports, ib_hca=hca))
-        assert (f.status, f.summary) == (FAIL, "mlx5_7 port 1 DOWN"), hca
-        assert "3 other cards beside its GPUs run every port" in f.cause and "counters are cleared" not in f.remedy
-    # Every card's second port unused: the node's design, each a spare.
-    assert found(facts(*[p for n in range(4) for p in card(n, second="DOWN")])) == []
-    # One peer only, or a peer with an unused port of its own: design and fault look alike; it stays a spare.
-    assert found(facts(*card(0), *card(1, second="DOWN"))) == []
-    assert found(facts(*card(0), *card(1), *card(2, second="DOWN"), *card(3, second="DOWN"))) == []
-    # Cards whose place the tree does not tell are no peers: a storage card's unused port stays a spare.
-    unplaced = [p.model_copy(update={"near_gpu": None}) for p in ports]
-    assert found(facts(*unplaced)) == []
