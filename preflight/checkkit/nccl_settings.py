@@ -79,15 +79,19 @@ def _env(env: dict[str, list[tuple[str, str]]], pairs: dict[frozenset[int], str]
             continue
         if name == "NCCL_IB_DISABLE" and rdma:
             cost = f"turns off InfiniBand/RoCE ({', '.join(rdma)}): traffic between nodes falls back to TCP sockets, an order of magnitude slower"
-        # NCCL reads NCCL_P2P_DISABLE=1 as level LOC (ncclGetLevel: disable == 1 sets PATH_LOC): it costs what
-        # NCCL_P2P_LEVEL=LOC costs, nothing where no pair of the node's GPUs needs P2P (one GPU, GeForce pairs).
+        # NCCL reads NCCL_P2P_DISABLE=1 as level LOC (ncclGetLevel: disable == 1 sets PATH_LOC): it cuts every
+        # pair that could do P2P. Nothing where the run has one GPU or its pairs cannot do P2P by design
+        # (GeForce); a pair through the CPU (PHB, SYS) is cut too, since NCCL's default level stays SYS on
+        # AMD hosts (src/graph/paths.cc ncclTopoCheckP2p lowers it for Intel, ARM and Zhaoxin CPUs alone).
         if name == "NCCL_P2P_DISABLE" and pairs is not None:
-            cut = sorted(((p, kind) for p, kind in pairs.items() if kind in P2P_NEEDED), key=lambda t: sorted(t[0]))
+            cut = sorted(((p, kind) for p, kind in pairs.items() if kind != BY_DESIGN), key=lambda t: sorted(t[0]))
             if not cut:
-                costless[name] = f"{setting} turns P2P off, and no pair of this node's GPUs needs it (none joined by NVLink or a PCIe switch)"
+                costless[name] = (f"{setting} turns P2P off, and no pair of this node's GPUs could use it "
+                                  + ("(this run has one GPU)" if not pairs else "(they cannot do P2P by design)"))
                 continue
-            cost = (f"turns P2P off: {len(cut)} GPU pair(s) this node joins by NVLink or a PCIe switch go through host memory: "
-                    f"{_pair_list(cut)}")
+            near = [c for c in cut if c[1] in P2P_NEEDED]
+            cost = (f"turns P2P off: {len(cut)} GPU pair(s) of this node go through host memory"
+                    + (f", {len(near)} of them joined by NVLink or a PCIe switch: {_pair_list(near)}" if near else f": {_pair_list(cut)}"))
         if name == "NCCL_P2P_LEVEL":
             level = nccl_env.p2p_level(value)
             if pairs is not None:

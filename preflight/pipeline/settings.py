@@ -205,6 +205,7 @@ class Settings(_Common, BaseSettings):
     _floor_overrides: dict[str, SiteFloor] = PrivateAttr(default_factory=dict)
     _report_is_default: bool = PrivateAttr(default=False)
     _outputs_of_node: tuple[bool, bool] = PrivateAttr(default=(False, False))
+    _profile_given: bool = PrivateAttr(default=False)
 
     @property
     def config(self) -> Path | None:
@@ -222,6 +223,12 @@ class Settings(_Common, BaseSettings):
         """``report`` is the node's own: the default, or one the config or environment names (the
         site's gate's), not one this command line gave: outputs_of sets it."""
         return self._outputs_of_node[0]
+
+    @property
+    def profile_given(self) -> bool:
+        """``profile`` was given on this command line (--profile): a person's choice for this run,
+        not the node's own (its config, environment or `auto`), which the gate runs by."""
+        return self._profile_given
 
     @property
     def textfile_of_node(self) -> bool:
@@ -290,6 +297,7 @@ def load(flags: dict[str, Any], config: Path | None = None, environ: dict[str, s
     finally:
         _file_data.reset(token)
     settings._config, settings._floor_overrides = path, origins
+    settings._profile_given = "profile" in given
     if settings.node_rank >= settings.nnodes:
         rank, nodes = _origin("node_rank", given, environ, path, data), _origin("nnodes", given, environ, path, data)
         raise UsageError(f"node_rank {settings.node_rank} ({rank}) is not below nnodes {settings.nnodes} ({nodes}): a group of N nodes "

@@ -41,12 +41,16 @@ def test_p2p_disable_costs_what_p2p_level_loc_costs():
     # /etc/nccl.conf on a one-GPU node, or on GPUs that cannot do P2P by design, cuts nothing.
     env = {"NCCL_P2P_DISABLE": [("1", "/etc/nccl.conf")]}
     assert nccl.judge_env(env, pairs={}) == [] == nccl.judge_env({"NCCL_P2P_LEVEL": [("LOC", "/etc/nccl.conf")]}, pairs={})
-    assert "no pair of this node's GPUs needs it" in nccl.env_without_cost(env, pairs={})["NCCL_P2P_DISABLE"]
-    assert nccl.judge_env(env, pairs={frozenset((0, 1)): "SYS"}) == []
-    # Where a pair needs P2P it warns, naming the pairs.
+    assert "this run has one GPU" in nccl.env_without_cost(env, pairs={})["NCCL_P2P_DISABLE"]
+    geforce = {frozenset((0, 1)): nccl.BY_DESIGN}
+    assert nccl.judge_env(env, pairs=geforce) == [] and "cannot do P2P by design" in nccl.env_without_cost(env, pairs=geforce)["NCCL_P2P_DISABLE"]
+    # A pair through the CPU is cut too: NCCL's default level stays SYS on AMD hosts (paths.cc ncclTopoCheckP2p).
+    (amd,) = nccl.judge_env(env, pairs={frozenset((0, 1)): "SYS", frozenset((0, 2)): "PHB"})
+    assert amd.status is WARN and "2 GPU pair(s) of this node go through host memory" in amd.cause
+    # Where a pair is joined nearer, it warns naming those pairs.
     (f,) = nccl.judge_env(env, pairs={frozenset((0, 1)): "NVL", frozenset((0, 2)): "SYS"})
     assert f.status is WARN and f.summary == "NCCL_P2P_DISABLE=1 is set"
-    assert "1 GPU pair(s)" in f.cause and "GPU 0 and GPU 1 (NVL)" in f.cause and "GPU 0 and GPU 2" not in f.cause
+    assert "2 GPU pair(s)" in f.cause and "1 of them joined by NVLink or a PCIe switch: GPU 0 and GPU 1 (NVL)" in f.cause
 
 
 def test_shm_disable_costs_nothing_where_every_pair_is_joined_by_p2p():

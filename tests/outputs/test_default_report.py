@@ -14,6 +14,7 @@ tmpfs over /var/lib."""
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import stat
@@ -244,6 +245,24 @@ def test_a_run_of_another_profile_leaves_the_report_and_metrics_the_config_names
     # Named on the command line, it is this run's to write.
     assert invoke("run", "--config", str(config), "--profile", "cpu", "--only", "shm", "--report", str(path)).exit_code == 0
     assert path.read_bytes() != before and "preflight_run_passed 1" in prom.read_text()
+
+
+def test_the_nodes_own_profile_changed_still_writes_the_nodes_report(tmp_path, monkeypatch):
+    """The guard above is for a profile given on the command line: where the node's own profile
+    changed (the site edited its config; `auto` picks another after a new GPU or an upgrade), the
+    gate's run must replace the old profile's verdict, or a FAIL of the new one would go unseen."""
+    from conftest import report_file
+
+    monkeypatch.delenv("PREFLIGHT_REPORT")
+    node = tmp_path / "node"
+    node.mkdir(mode=0o700)
+    path = node / "report.json"
+    report_file(path, "cpu-pass", profile="h100-sxm")
+    config = tmp_path / "config.toml"
+    config.write_text(f'report = "{path}"\nprofile = "cpu"\n')
+    run = invoke("run", "--config", str(config), "--only", "shm")
+    assert run.exit_code == 0, run.output
+    assert json.loads(path.read_text())["profile"] == "cpu" and "does not replace" not in run.stderr
 
 
 def test_a_run_that_leaves_the_nodes_report_alone_leaves_no_record_of_a_run_either(tmp_path, monkeypatch):

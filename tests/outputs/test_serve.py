@@ -500,6 +500,41 @@ def test_clients_that_never_read_a_big_answer_hold_no_worker_and_never_hold_up_a
     assert threads <= serve_loop.WORKERS + 2
 
 
+def test_an_answer_a_client_never_reads_is_reset_not_left_in_the_kernel(tmp_path):
+    """Was: at CLIENT_TIMEOUT the connection was shut down and closed, an orphan the kernel kept,
+    with a 2 MiB send buffer of the answer, for as long as the client held its end: any local user
+    could pin the node's TCP memory (shared with NCCL's sockets) past every cap in serve. Now an
+    answer not taken in time is reset, and the kernel frees it."""
+    report = big_report(tmp_path / "report.json")
+    with serving(report) as (base, _):
+        port = int(base.rsplit(":", 1)[1])
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)  # lets little in, and reads nothing for now
+            s.connect(("127.0.0.1", port))
+            s.sendall(b"GET /report HTTP/1.0\r\n\r\n")
+            time.sleep(serve_loop.CLIENT_TIMEOUT + 3)
+            s.settimeout(10)
+            got, reset = bytearray(), False
+            try:
+                while chunk := s.recv(1 << 20):
+                    got += chunk
+            except ConnectionResetError:
+                reset = True
+    assert reset and len(got) < len(report.read_bytes()), f"{len(got)} bytes then {'a reset' if reset else 'the end'}"
+
+
+def test_an_http_0_9_request_gets_no_body_without_the_headers(tmp_path):
+    # HTTP/0.9 has no headers: the page's Content-Security-Policy and nosniff could not go with it.
+    with serving(report_file(tmp_path / "report.json", "cpu-pass")) as (base, _):
+        port = int(base.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(b"GET /\r\n\r\n")
+            got = bytearray()
+            while chunk := s.recv(1 << 16):
+                got += chunk
+        assert bytes(got) == b"" and get(base + "/healthz")[0] == 200
+
+
 def test_a_big_answer_reaches_a_client_that_reads_it_slowly(tmp_path):
     report = big_report(tmp_path / "report.json")
     with serving(report) as (base, proc):

@@ -100,6 +100,8 @@ class _Handler(LoopHandler):
         self.do_GET()
 
     def _send(self, code: int, body: bytes, ctype: str) -> None:
+        if self.request_version == "HTTP/0.9":
+            return  # no headers in HTTP/0.9: no Content-Security-Policy or nosniff to go with a body, so none is sent
         self.send_response(code)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))

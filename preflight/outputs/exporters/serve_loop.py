@@ -15,9 +15,12 @@ a burst beyond that queues in the kernel's listen backlog.
 
 from __future__ import annotations
 
+import fcntl
 import io
 import selectors
 import socket
+import struct
+import termios
 import threading
 import time
 from collections import deque
@@ -67,6 +70,15 @@ class _Waiting:
 class _Writing:
     since: float  # time.monotonic() of the hand-back: the client must read the whole answer within CLIENT_TIMEOUT
     parts: deque[memoryview]
+    sent: bool = False  # every byte is in the kernel: the loop waits for the client to close its end (LoopServer._sent)
+
+
+def _unsent(conn: socket.socket) -> int:
+    """Bytes of the answer the client has not yet acknowledged (SIOCOUTQ); 1 where the kernel cannot say."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(conn.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+    except OSError:
+        return 1
 
 
 class LoopServer(ThreadingMixIn, HTTPServer):
@@ -119,13 +131,13 @@ class LoopServer(ThreadingMixIn, HTTPServer):
                 # Let answers already being rendered or written finish: a scrape cut off by a
                 # restart reads as the exporter failing.
                 until = time.monotonic() + CLIENT_TIMEOUT
-                while (self._busy or self._answers or writing) and time.monotonic() < until:
+                while (self._busy or self._answers or any(not w.sent for w in writing.values())) and time.monotonic() < until:
                     self._round(sel, waiting, writing, min(poll_interval, 0.05))
             finally:
                 for conn in list(waiting):
                     self._drop(sel, waiting, conn)
                 for conn in list(writing):
-                    self._drop(sel, writing, conn)
+                    self._drop(sel, writing, conn, reset=True)
 
     def _round(self, sel: selectors.BaseSelector, waiting: dict[socket.socket, _Waiting],
                writing: dict[socket.socket, _Writing], poll_interval: float) -> None:
@@ -137,11 +149,12 @@ class LoopServer(ThreadingMixIn, HTTPServer):
             elif key.fileobj in waiting:  # else dropped earlier in this round to make room
                 self._read(sel, waiting, key.fileobj)  # type: ignore[arg-type]
             elif key.fileobj in writing:
-                self._write(sel, writing, key.fileobj)  # type: ignore[arg-type]
+                conn: socket.socket = key.fileobj  # type: ignore[assignment]
+                (self._closing if writing[conn].sent else self._write)(sel, writing, conn)
         stale = time.monotonic() - CLIENT_TIMEOUT
         for held in (waiting, writing):
             for conn in [c for c, w in held.items() if w.since < stale]:
-                self._drop(sel, held, conn)
+                self._drop(sel, held, conn, reset=held is writing)
 
     def stop(self) -> None:
         """Safe from a signal handler: serve_forever notices at its next poll."""
@@ -155,10 +168,8 @@ class LoopServer(ThreadingMixIn, HTTPServer):
         if len(waiting) + len(writing) >= MAX_WAITING:
             # The oldest: dicts keep insertion order. A waiting one first: its answer costs nothing yet.
             held = waiting if waiting else writing
-            self._drop(sel, held, next(iter(held)))
+            self._drop(sel, held, next(iter(held)), reset=held is writing)
         conn.setblocking(False)
-        # Room for a whole answer in the kernel: a client that does not read cannot hold a worker.
-        conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
         sel.register(conn, selectors.EVENT_READ)
         waiting[conn] = _Waiting(addr, time.monotonic())
 
@@ -182,9 +193,16 @@ class LoopServer(ThreadingMixIn, HTTPServer):
         self._heads[conn] = bytes(w.head)
         self.process_request(conn, w.addr)
 
-    def _drop(self, sel: selectors.BaseSelector, held: dict[socket.socket, Any], conn: socket.socket) -> None:
+    def _drop(self, sel: selectors.BaseSelector, held: dict[socket.socket, Any], conn: socket.socket, reset: bool = False) -> None:
+        """Close ``conn``. ``reset``: an answer the client was given time to read: where some is still
+        unacknowledged, the connection is reset, so the kernel frees it now rather than keeping it,
+        orphaned and past every cap here, for a client that never reads (any local user can open such)."""
         sel.unregister(conn)
         del held[conn]
+        if reset and _unsent(conn):
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+            return
         self.shutdown_request(conn)
 
     def _take_answers(self, sel: selectors.BaseSelector, writing: dict[socket.socket, _Writing]) -> None:
@@ -212,8 +230,31 @@ class LoopServer(ThreadingMixIn, HTTPServer):
         except BlockingIOError:
             return
         except OSError:
-            pass  # the client went away: nothing more to write
-        self._drop(sel, writing, conn)  # all written (or never will be): shut down and closed
+            self._drop(sel, writing, conn)  # the client went away: nothing more to write
+            return
+        self._sent(sel, writing, conn)
+
+    def _sent(self, sel: selectors.BaseSelector, writing: dict[socket.socket, _Writing], conn: socket.socket) -> None:
+        """The whole answer is in the kernel: end this side (a FIN after the data) and wait, reading,
+        for the client to close its own. The connection stays counted and timed, so an answer a
+        client never takes is reset at CLIENT_TIMEOUT, not left in the kernel (_drop)."""
+        try:
+            conn.shutdown(socket.SHUT_WR)
+        except OSError:
+            self._drop(sel, writing, conn)
+            return
+        writing[conn].sent = True
+        sel.modify(conn, selectors.EVENT_READ)
+
+    def _closing(self, sel: selectors.BaseSelector, writing: dict[socket.socket, _Writing], conn: socket.socket) -> None:
+        try:
+            if conn.recv(4096):
+                return  # anything more the client sends is not read: HTTP/1.0, one request a connection
+        except BlockingIOError:
+            return
+        except OSError:
+            pass
+        self._drop(sel, writing, conn)  # the client closed its end: it has the answer
 
     def process_request(self, request: Any, client_address: Any) -> None:
         self._slots.acquire()  # workers only parse and render: milliseconds
