@@ -34,7 +34,7 @@ from preflight.gpuwork import launch, ranks, ranks_judge
 from preflight.pipeline.check import Check, Context, Result
 from preflight.pipeline.load_expectations import BurninExpect, OutlierExpect
 from preflight.readers.nvidia import nvml, nvml_facts
-from preflight.readers.kernel import log_sources, xid
+from preflight.readers.kernel import journal, log_sources, xid
 
 FAIL, WARN = Status.FAIL, Status.WARN
 NO_NVML = "no NVML on a profile without GPUs: clocks, power, temperature, throttling, ECC and Xids are not sampled"
@@ -258,16 +258,28 @@ def burn_seconds(asked: float, left: float) -> float:
     return round(min(asked, max(1.0, left - BURN_MARGIN)), 1)
 
 
-def xid_counts(ctx: Context, facts: BurninFacts) -> tuple[list[xid.XidEvent] | None, str]:
-    """The kernel log's events and where they were read (or why not); the sources that could not be read go to ``facts``."""
+def xid_counts(ctx: Context, facts: BurninFacts) -> tuple[list[xid.XidEvent] | None, str, tuple[int, int] | None]:
+    """The kernel log's events, where they were read (or why not) and the span of /dev/kmsg
+    records read (journal.record_span); the sources that could not be read go to ``facts``."""
     try:
         log = log_sources.read_log(ctx.host, timeout=10.0)
     except log_sources.KernelLogUnavailable as e:
         facts.xid_unread.update(e.unread)
-        return None, f"{XID_UNJUDGED}kernel log unreadable: {e}"
+        return None, f"{XID_UNJUDGED}kernel log unreadable: {e}", None
     facts.xid_unread.update(log.unread)
     facts.xid_note = log.note or facts.xid_note
-    return xid.parse(log.text), log.source
+    return xid.parse(log.text), log.source, journal.record_span(log.text)
+
+
+def lost_meanwhile(before: tuple[int, int] | None, after: tuple[int, int] | None, where: str) -> str | None:
+    """Why the Xids logged during the burn cannot all be seen: the ring read after it (from /dev/kmsg
+    alone, no journal filling in what it lost) begins past the newest record read before it, so the
+    records between, the burn's own among them, are gone (a kernel that logged that much, or any
+    user flooding it through messages it logs for them); None where nothing between was lost."""
+    if before is None or after is None or "journalctl" in where or after[0] <= before[1] + 1:
+        return None
+    return (f"{XID_UNJUDGED}the kernel ring moved past the records logged during the burn-in (the newest before it was "
+            f"#{before[1]}, the oldest after it #{after[0]}) and no journal holds them: an Xid logged meanwhile cannot be seen")
 
 
 def kernel_log_sources(where: str, unread: dict[str, str]) -> Sources:
@@ -289,7 +301,7 @@ def gather(ctx: Context, nproc: int, expect: BurninExpect, backend: str) -> Burn
     worker = launch.Worker("burnin.py", args, nproc=nproc, rdzv_port=ctx.settings.rdzv_port)
     before, sampler = None, None
     if ctx.profile.has_gpus:
-        before, facts.xid_log = xid_counts(ctx, facts)
+        before, facts.xid_log, span = xid_counts(ctx, facts)
         try:
             sampler = nvml.Sampler(expect.sample_seconds, left)
         except OSError as e:
@@ -305,10 +317,12 @@ def gather(ctx: Context, nproc: int, expect: BurninExpect, backend: str) -> Burn
             except nvml.NvmlUnavailable as e:
                 facts.nvml_note = f"NVML sampling failed: {e.cause}"
     if before is not None:
-        after, where = xid_counts(ctx, facts)
+        after, where, span_after = xid_counts(ctx, facts)
         new = burnin_xid.new_xids(before, after, where == facts.xid_log) if after is not None else None
         if after is None:
             facts.xid_log = where
+        elif lost := lost_meanwhile(span, span_after, where):
+            facts.xid_log = lost
         elif new is None:
             facts.xid_log = (f"{XID_UNJUDGED}the kernel log was read from {facts.xid_log} before the burn-in and from {where} after, "
                              "and a line without a time stamp cannot be matched across them")

@@ -105,6 +105,12 @@ def first_record(kmsg: str) -> tuple[int, int] | None:
     return (int(m["seq"]), int(m["usec"])) if m else None
 
 
+def record_span(text: str) -> tuple[int, int] | None:
+    """(first, last) sequence numbers of the /dev/kmsg records in ``text``, or None where it holds none."""
+    seqs = [int(m["seq"]) for line in text.split("\n") if (m := _RECORD.match(line))]
+    return (seqs[0], max(seqs)) if seqs else None
+
+
 def before(journal: str, usec: int, keep) -> list[str]:
     """The journal's lines (from ``lines``) older than ``usec`` for which ``keep(line)`` holds:
     what the ring lost, each event once (the ring holds every message from ``usec`` on)."""
