@@ -56,6 +56,9 @@ def test_the_reason_is_one_printable_line_whatever_a_summary_quotes(tmp_path):
         assert st.vouched is False
         assert not re.search(r"[\x00-\x1f\x7f-\x9f]", st.reason), st.reason
         assert "gpu-7\\x1b]0;owned\\x07\\x1b[2J\\x9b1;1H vouched" in st.reason
+    # Nor a line separator or a bidirectional override, which break or reorder what a reader sees.
+    assert last_report.printable("gpu-7\u2028vouched\u202edelliaf") == "gpu-7\\u2028vouched\\u202edelliaf"
+    assert last_report.printable("GPU 0 (NVIDIA H100 80GB HBM3) é") == "GPU 0 (NVIDIA H100 80GB HBM3) é"
     code, out = status("--report", str(report))
     assert code == 1 and "\x1b" not in out and out.count("\n") == 1
 

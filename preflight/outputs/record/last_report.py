@@ -184,18 +184,16 @@ def booted_at() -> datetime | None:
 PASSED_BEFORE = "; the last run that finished passed ({})"
 
 
-# Control characters, C1 included, shown as escapes: a reason quotes a check's summary, which may
-# carry what another host posted (a group peer's name at the meeting), and `status`, NPD,
-# slurm-healthcheck (and Slurm's drain reason) and kube-label print it on one line to root's
-# terminal or a log: an escape sequence must not rewrite the screen, nor a newline forge a line.
-# Line breaks and tabs are a space, as the reason always had them.
-_CONTROLS = {c: " " if chr(c) in "\n\r\t" else repr(chr(c))[1:-1] for c in [*range(0x00, 0x20), *range(0x7F, 0xA0)]}
-
-
+# Characters that are not printable shown as escapes (control characters, C1 included, and the
+# line and paragraph separators and bidirectional overrides, which reorder or break what a reader
+# sees): a reason quotes a check's summary, which may carry what another host posted (a group
+# peer's name at the meeting), and `status`, NPD, slurm-healthcheck (and Slurm's drain reason) and
+# kube-label print it on one line to root's terminal or a log: an escape sequence must not rewrite
+# the screen, nor a newline forge a line. Line breaks and tabs are a space, as the reason always had them.
 def printable(text: str) -> str:
-    """``text`` on one line: line breaks and tabs a space, every other control character shown as
-    its escape (ESC as \\x1b)."""
-    return text.translate(_CONTROLS)
+    """``text`` on one line: line breaks and tabs a space, every other character str.isprintable
+    refuses shown as its escape (ESC as \\x1b, U+202E as \\u202e)."""
+    return "".join(" " if c in "\n\r\t" else c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def standing(loaded: Loaded, boot_id: str | None, now: datetime, max_age: float | None = None, booted: datetime | None = None) -> Standing:
