@@ -74,6 +74,7 @@ class BurninFacts(ranks.RunFacts):
     xid_log: str | None = None  # where the Xids came from, or why they could not be read
     xid_unread: dict[str, str] = Field(default_factory=dict)  # each kernel-log source that could not be read, and why
     xid_note: str | None = None  # what the kernel log's reading could not see (a wrapped ring, no journal), or how it pieced it
+    xid_gap: str | None = None  # why Xids logged during the burn may be missing: the ring moved past them (lost_meanwhile)
     shortened: str | None = None  # why the burn ran shorter than the profile asks
 
 
@@ -222,6 +223,10 @@ def judge_unwatched(f: BurninFacts) -> list[Finding]:
     if f.xid_log and f.xid_log.startswith(XID_UNJUDGED):
         out.append(Finding(WARN, "Xids during burn-in not judged", f.xid_log,
                            "give the run read access to the kernel log (dmesg, journalctl or /dev/kmsg) and run the burn-in again"))
+    if f.xid_gap:
+        out.append(Finding(WARN, "Xids during burn-in not all seen", f.xid_gap,
+                           "keep the kernel's messages in the journal (systemd-journald), or a larger ring (the log_buf_len= boot "
+                           "parameter), find what filled it (`dmesg | tail`), and run the burn-in again"))
     return out
 
 
@@ -278,8 +283,8 @@ def lost_meanwhile(before: tuple[int, int] | None, after: tuple[int, int] | None
     user flooding it through messages it logs for them); None where nothing between was lost."""
     if before is None or after is None or "journalctl" in where or after[0] <= before[1] + 1:
         return None
-    return (f"{XID_UNJUDGED}the kernel ring moved past the records logged during the burn-in (the newest before it was "
-            f"#{before[1]}, the oldest after it #{after[0]}) and no journal holds them: an Xid logged meanwhile cannot be seen")
+    return (f"the kernel ring moved past records logged during the burn-in (the newest before it was #{before[1]}, the oldest "
+            f"after it #{after[0]}) and no journal holds them: an Xid logged then is not seen")
 
 
 def kernel_log_sources(where: str, unread: dict[str, str]) -> Sources:
@@ -321,13 +326,13 @@ def gather(ctx: Context, nproc: int, expect: BurninExpect, backend: str) -> Burn
         new = burnin_xid.new_xids(before, after, where == facts.xid_log) if after is not None else None
         if after is None:
             facts.xid_log = where
-        elif lost := lost_meanwhile(span, span_after, where):
-            facts.xid_log = lost
         elif new is None:
             facts.xid_log = (f"{XID_UNJUDGED}the kernel log was read from {facts.xid_log} before the burn-in and from {where} after, "
                              "and a line without a time stamp cannot be matched across them")
         else:
-            facts.xid_log, facts.new_xids = where, new
+            # What the ring still holds is judged, and what it lost is said: a GPU failing under load
+            # is just what floods the ring, and its Xid must still FAIL where it can be seen.
+            facts.xid_log, facts.new_xids, facts.xid_gap = where, new, lost_meanwhile(span, span_after, where)
     return facts
 
 

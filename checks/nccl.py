@@ -21,11 +21,12 @@ import psutil
 from pydantic import BaseModel, Field
 
 from preflight.checkkit import transports
-from preflight.checkkit.nccl_settings import env_without_cost, gpu_pairs, judge_env, judge_ifnames, ranks_pairs
+from preflight.checkkit.nccl_settings import env_without_cost, gpu_pairs, judge_env, judge_ifnames, ranks_pairs, reaches_cpu
 from preflight.checkkit.placement import linked_pairs
 from preflight.checkkit.transports import p2p_for_shape
 from preflight.gpuwork import launch, meeting, ranks, ranks_judge
 from preflight.readers.nccl import nccl_env, nccl_log, nccl_net
+from preflight.readers.system.cpu_vendor import cpu_vendor
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.findings import Finding, Measurement, Status, worst
 from preflight.base.host import Host
@@ -66,6 +67,7 @@ RankOutcome = ranks.RankOutcome
 class NcclFacts(ranks.RunFacts):
     env: dict[str, list[tuple[str, str]]] = Field(default_factory=dict)  # NCCL_*/GLOO_* -> [(value, where)]
     rdma: list[str] | None = None  # the node's RDMA devices (/sys/class/infiniband); None: not read
+    cpu_vendor: str | None = None  # x86's vendor_id: NCCL's default P2P level depends on it (nccl_settings.reaches_cpu)
     interfaces: dict[str, list[str] | None] | None = None  # name -> addresses (None: unknown); None: not read
     nccl: nccl_log.NcclLog | None = None
     # Across nodes: what the network judge needs (the log's own words, IB devices, peermem).
@@ -95,7 +97,7 @@ def gather(ctx: Context, nproc: int, expect: NcclExpect, backend: str) -> NcclFa
     host = ctx.host
     python = str(ctx.settings.python) if ctx.settings.python else sys.executable
     facts = NcclFacts(python=python, backend=backend, nproc=nproc, env=nccl_env.read(host), interfaces=interfaces(host),
-                      rdma=ctx.shape.nics if ctx.shape is not None else rdma_nics(host))
+                      rdma=ctx.shape.nics if ctx.shape is not None else rdma_nics(host), cpu_vendor=cpu_vendor(host))
     if bad := judge_ifnames(facts.env, facts.interfaces):
         facts.not_started = bad[0].cause  # a bad interface name fails every rank: say so before launching
         return facts
@@ -189,13 +191,19 @@ def judge_log(f: NcclFacts, run_failed: bool) -> list[Finding]:
     return out
 
 
+def cpu_too(f: NcclFacts) -> bool:
+    """Whether NCCL's default P2P level reaches this node's pairs through the CPU: its CPU, the GPUs
+    one node of the run holds (NCCL counts its own node's) and NCCL's version (nccl_settings.reaches_cpu)."""
+    return reaches_cpu(f.cpu_vendor, f.nproc, f.nccl.version if f.nccl else None)
+
+
 def judge(f: NcclFacts, expect: NcclExpect, nvlink_pairs: set[frozenset[int]], switch_pairs: set[frozenset[int]] | None = None,
           by_design: set[frozenset[int]] | None = None, pairs: dict[frozenset[int], str] | None = None,
           spans_nodes: bool = True) -> dict[str, list[Finding]]:
     """``pairs``: NCCL's path type between GPU pairs (gpu_pairs); ``spans_nodes``: this node serves jobs across nodes."""
     run = judge_run(f)
     return {
-        "environment": judge_env(f.env, ranks_pairs(f, pairs, by_design), f.rdma, spans_nodes) + judge_ifnames(f.env, f.interfaces),
+        "environment": judge_env(f.env, ranks_pairs(f, pairs, by_design), f.rdma, spans_nodes, cpu_too(f)) + judge_ifnames(f.env, f.interfaces),
         "run": run,
         "timing": judge_timing(f, expect),
         "transports": judge_transports(f, expect, nvlink_pairs, switch_pairs, by_design),
@@ -292,7 +300,7 @@ class Nccl(Check):
         parts = judge(facts, expect, linked_pairs(topology, ("NV",)) or set(), linked_pairs(topology, ("PIX", "PXB")), by_design, pairs, spans_nodes)
         parts["network"], network = judge_network(facts, expect)
         details = facts.model_dump(mode="json", exclude={"nccl"})
-        if costless := env_without_cost(facts.env, ranks_pairs(facts, pairs, by_design), facts.rdma, spans_nodes):
+        if costless := env_without_cost(facts.env, ranks_pairs(facts, pairs, by_design), facts.rdma, spans_nodes, cpu_too(facts)):
             details["settings_without_cost"] = costless
         if network is not None:
             details["network"] = network

@@ -31,6 +31,17 @@ SMI_PATHS = {"PIX": "PIX", "PXB": "PXB", "PHB": "PHB", "NODE": "PHB", "SYS": "SY
 ORDER = "NCCL's order: LOC < NVL < PIX < PXB < PHB < SYS"
 
 
+def reaches_cpu(vendor: str | None, gpus: int, version: str | None) -> bool:
+    """Whether NCCL's own default P2P level reaches pairs through the CPU (PHB, SYS), so that a switch
+    cutting them costs this node P2P. NVIDIA/nccl src/graph/paths.cc ncclTopoCheckP2p: from 2.23 the
+    default is PXB, but SYS on an AMD x86 host with two GPUs or fewer; before 2.23 it was SYS, but PXB
+    on ARM, Intel and Zhaoxin hosts. ``version`` unknown: read as the newer rule."""
+    if vendor != "AuthenticAMD":
+        return False
+    older = version is not None and tuple(int(x) for x in version.split("+")[0].split(".")[:2]) < (2, 23)
+    return older or gpus <= 2
+
+
 def gpu_pairs(topology: Result | None, shape: NodeShape | None = None) -> dict[frozenset[int], str] | None:
     """NCCL's path type (nccl_env.P2P_LEVELS) between each GPU pair, from the topology check's matrix;
     on an NVSwitch board every pair is NVLink whether or not a matrix was read. None: not known."""
@@ -57,9 +68,11 @@ def _pair_list(pairs: list[tuple[frozenset[int], str]]) -> str:
 
 
 def _env(env: dict[str, list[tuple[str, str]]], pairs: dict[frozenset[int], str] | None, rdma: list[str] | None,
-         spans_nodes: bool) -> tuple[list[Finding], dict[str, str]]:
-    """(findings, switch -> why it costs this node nothing) of the debugging switches set."""
+         spans_nodes: bool, cpu_too: bool = False) -> tuple[list[Finding], dict[str, str]]:
+    """(findings, switch -> why it costs this node nothing) of the debugging switches set. ``cpu_too``:
+    NCCL's default P2P level reaches pairs through the CPU here (reaches_cpu)."""
     out, costless = [], {}
+    needed = {**P2P_NEEDED, **({"PHB": "through a host bridge (PHB)", "SYS": "across the CPUs (SYS)"} if cpu_too else {})}
     on = nccl_env.switches_on(env)
     for name, value, where, cost in on:
         setting = f"{name}={value} ({where})"
@@ -79,26 +92,23 @@ def _env(env: dict[str, list[tuple[str, str]]], pairs: dict[frozenset[int], str]
             continue
         if name == "NCCL_IB_DISABLE" and rdma:
             cost = f"turns off InfiniBand/RoCE ({', '.join(rdma)}): traffic between nodes falls back to TCP sockets, an order of magnitude slower"
-        # NCCL reads NCCL_P2P_DISABLE=1 as level LOC (ncclGetLevel: disable == 1 sets PATH_LOC): it cuts every
-        # pair that could do P2P. Nothing where the run has one GPU or its pairs cannot do P2P by design
-        # (GeForce); a pair through the CPU (PHB, SYS) is cut too, since NCCL's default level stays SYS on
-        # AMD hosts (src/graph/paths.cc ncclTopoCheckP2p lowers it for Intel, ARM and Zhaoxin CPUs alone).
+        # NCCL reads NCCL_P2P_DISABLE=1 as level LOC (ncclGetLevel: disable == 1 sets PATH_LOC): it costs
+        # what NCCL_P2P_LEVEL=LOC costs, the pairs NCCL's own default would join by P2P (``needed``).
         if name == "NCCL_P2P_DISABLE" and pairs is not None:
-            cut = sorted(((p, kind) for p, kind in pairs.items() if kind != BY_DESIGN), key=lambda t: sorted(t[0]))
+            cut = sorted(((p, kind) for p, kind in pairs.items() if kind in needed), key=lambda t: sorted(t[0]))
             if not cut:
-                costless[name] = (f"{setting} turns P2P off, and no pair of this node's GPUs could use it "
-                                  + ("(this run has one GPU)" if not pairs else "(they cannot do P2P by design)"))
+                costless[name] = (f"{setting} turns P2P off, and no pair of this node's GPUs would use it: "
+                                  + ("this run has one GPU" if not pairs else "none is " + " or ".join(needed.values())))
                 continue
-            near = [c for c in cut if c[1] in P2P_NEEDED]
-            cost = (f"turns P2P off: {len(cut)} GPU pair(s) of this node go through host memory"
-                    + (f", {len(near)} of them joined by NVLink or a PCIe switch: {_pair_list(near)}" if near else f": {_pair_list(cut)}"))
+            cost = f"turns P2P off: {len(cut)} GPU pair(s) NCCL would join by P2P go through host memory: {_pair_list(cut)}"
         if name == "NCCL_P2P_LEVEL":
             level = nccl_env.p2p_level(value)
             if pairs is not None:
-                cut = sorted(((p, kind) for p, kind in pairs.items() if kind in P2P_NEEDED and nccl_env.p2p_cuts(level, kind)),
+                cut = sorted(((p, kind) for p, kind in pairs.items() if kind in needed and nccl_env.p2p_cuts(level, kind)),
                              key=lambda t: sorted(t[0]))
                 if not cut:
-                    costless[name] = f"{setting} allows P2P up to {level} ({ORDER}): no NVLink or PCIe-switch pair of this node's GPUs is farther"
+                    which = "pair of this node's GPUs that NCCL would join by P2P" if cpu_too else "NVLink or PCIe-switch pair of this node's GPUs"
+                    costless[name] = f"{setting} allows P2P up to {level} ({ORDER}): no {which} is farther"
                     continue
                 cost = (f"caps the distance at which NCCL uses P2P at {level} ({ORDER}): {len(cut)} GPU pair(s) this node joins nearer "
                         f"than that lose P2P and go through host memory: {_pair_list(cut)}")
@@ -124,19 +134,20 @@ def _shm_needed(on: list[tuple[str, str, str, str]], pairs: dict[frozenset[int],
 
 
 def judge_env(env: dict[str, list[tuple[str, str]]], pairs: dict[frozenset[int], str] | None = None, rdma: list[str] | None = None,
-              spans_nodes: bool = True) -> list[Finding]:
+              spans_nodes: bool = True, cpu_too: bool = False) -> list[Finding]:
     """The debugging switches that cost this node speed. ``pairs``: NCCL's path type between each GPU
     pair the ranks use (gpu_pairs; None: unknown): NCCL_P2P_LEVEL (and NCCL_P2P_DISABLE, level LOC) warns
-    where it cuts a pair the node needs P2P for (P2P_NEEDED), or, unknown, where its level is nearer than PXB. ``rdma``: the node's
-    RDMA devices (None: unknown); ``spans_nodes``: the node serves jobs across nodes. NCCL_IB_DISABLE
-    warns only where both hold, or where the devices are unknown."""
-    return _env(env, pairs, rdma, spans_nodes)[0]
+    where it cuts a pair NCCL's default would join by P2P (P2P_NEEDED, and PHB/SYS where ``cpu_too``:
+    reaches_cpu), or, unknown, where its level is nearer than PXB. ``rdma``: the node's RDMA devices
+    (None: unknown); ``spans_nodes``: the node serves jobs across nodes. NCCL_IB_DISABLE warns only
+    where both hold, or where the devices are unknown."""
+    return _env(env, pairs, rdma, spans_nodes, cpu_too)[0]
 
 
 def env_without_cost(env: dict[str, list[tuple[str, str]]], pairs: dict[frozenset[int], str] | None = None,
-                     rdma: list[str] | None = None, spans_nodes: bool = True) -> dict[str, str]:
+                     rdma: list[str] | None = None, spans_nodes: bool = True, cpu_too: bool = False) -> dict[str, str]:
     """The debugging switches set that cost this node nothing, each with why: for the details."""
-    return _env(env, pairs, rdma, spans_nodes)[1]
+    return _env(env, pairs, rdma, spans_nodes, cpu_too)[1]
 
 
 BY_DESIGN = "GNS"  # the kind of a pair that cannot do P2P by the GPUs' design (transports.without_p2p): no NCCL path

@@ -139,9 +139,11 @@ def _planned(s: Settings, console: Console, if_idle: bool, if_locked: str, other
              report_path: Path | None, textfile: Path | None) -> reports.Report | None:
     """``run`` from the plan on, with what started ahead of it (NVML's reading, perhaps the lock and the ranks)."""
     the_plan = pipeline.plan(s, ahead.reading)  # may ask NVML (bounded), so it runs under the handlers too
-    # Only for a profile given on this command line: the node's own (its config's, the environment's,
-    # `auto`'s) may change (a site's edit, a new GPU, an upgrade), and the gate's verdict must follow it.
-    if report_path is not None and s.report_of_node and s.profile_given and (kept := _node_profile_kept(report_path, the_plan)):
+    # For a profile chosen for this run, or one without GPUs: the node's own (its config's, `auto`'s) may
+    # change (a site's edit, a new GPU, an upgrade), and the gate's verdict must follow it; a profile
+    # that judges no GPU never stands in for one that does.
+    gpuless = the_plan.profile is not None and not the_plan.profile.has_gpus
+    if report_path is not None and s.report_of_node and (s.profile_given or gpuless) and (kept := _node_profile_kept(report_path, the_plan)):
         # The node's metrics too, where the config names them: they would say this run's verdict.
         textfile = None if s.textfile_of_node else textfile
         console.line(f"preflight: {kept}")

@@ -226,8 +226,8 @@ class Settings(_Common, BaseSettings):
 
     @property
     def profile_given(self) -> bool:
-        """``profile`` was given on this command line (--profile): a person's choice for this run,
-        not the node's own (its config, environment or `auto`), which the gate runs by."""
+        """``profile`` was chosen for this run (--profile, PREFLIGHT_PROFILE, a --config that sets it):
+        not the node's own (its config where it lies, or `auto`), which the gate runs by."""
         return self._profile_given
 
     @property
@@ -297,7 +297,9 @@ def load(flags: dict[str, Any], config: Path | None = None, environ: dict[str, s
     finally:
         _file_data.reset(token)
     settings._config, settings._floor_overrides = path, origins
-    settings._profile_given = "profile" in given
+    # A choice for this run: --profile, PREFLIGHT_PROFILE, or a config named on the command line (a trial
+    # config); the node's own comes from its config where it lies (or PREFLIGHT_CONFIG) or from `auto`.
+    settings._profile_given = "profile" in given or ENV_PREFIX + "PROFILE" in environ or (config is not None and "profile" in data)
     if settings.node_rank >= settings.nnodes:
         rank, nodes = _origin("node_rank", given, environ, path, data), _origin("nnodes", given, environ, path, data)
         raise UsageError(f"node_rank {settings.node_rank} ({rank}) is not below nnodes {settings.nnodes} ({nodes}): a group of N nodes "

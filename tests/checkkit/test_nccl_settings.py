@@ -40,17 +40,46 @@ def test_p2p_disable_costs_what_p2p_level_loc_costs():
     # NCCL reads NCCL_P2P_DISABLE=1 as level LOC (src/graph/paths.cc ncclGetLevel). A site-wide
     # /etc/nccl.conf on a one-GPU node, or on GPUs that cannot do P2P by design, cuts nothing.
     env = {"NCCL_P2P_DISABLE": [("1", "/etc/nccl.conf")]}
-    assert nccl.judge_env(env, pairs={}) == [] == nccl.judge_env({"NCCL_P2P_LEVEL": [("LOC", "/etc/nccl.conf")]}, pairs={})
+    loc = {"NCCL_P2P_LEVEL": [("LOC", "/etc/nccl.conf")]}
+    assert nccl.judge_env(env, pairs={}) == [] == nccl.judge_env(loc, pairs={})
     assert "this run has one GPU" in nccl.env_without_cost(env, pairs={})["NCCL_P2P_DISABLE"]
-    geforce = {frozenset((0, 1)): nccl.BY_DESIGN}
-    assert nccl.judge_env(env, pairs=geforce) == [] and "cannot do P2P by design" in nccl.env_without_cost(env, pairs=geforce)["NCCL_P2P_DISABLE"]
-    # A pair through the CPU is cut too: NCCL's default level stays SYS on AMD hosts (paths.cc ncclTopoCheckP2p).
-    (amd,) = nccl.judge_env(env, pairs={frozenset((0, 1)): "SYS", frozenset((0, 2)): "PHB"})
-    assert amd.status is WARN and "2 GPU pair(s) of this node go through host memory" in amd.cause
+    assert nccl.judge_env(env, pairs={frozenset((0, 1)): nccl.BY_DESIGN}) == []
+    # Pairs through the CPU: NCCL's default stops at PXB on Intel and ARM (and on AMD past two GPUs
+    # since 2.23), so the switch cuts nothing there, and both switches say so alike.
+    cpu = {frozenset((0, 1)): "SYS", frozenset((0, 2)): "PHB"}
+    assert nccl.judge_env(env, pairs=cpu) == [] == nccl.judge_env(loc, pairs=cpu)
+    # Where NCCL's default reaches them (an AMD host with two GPUs), both warn.
+    for switch in (env, loc):
+        (f,) = nccl.judge_env(switch, pairs=cpu, cpu_too=True)
+        assert f.status is WARN and "GPU 0 and GPU 1 (SYS)" in f.cause, switch
     # Where a pair is joined nearer, it warns naming those pairs.
     (f,) = nccl.judge_env(env, pairs={frozenset((0, 1)): "NVL", frozenset((0, 2)): "SYS"})
     assert f.status is WARN and f.summary == "NCCL_P2P_DISABLE=1 is set"
-    assert "2 GPU pair(s)" in f.cause and "1 of them joined by NVLink or a PCIe switch: GPU 0 and GPU 1 (NVL)" in f.cause
+    assert "1 GPU pair(s)" in f.cause and "GPU 0 and GPU 1 (NVL)" in f.cause and "GPU 0 and GPU 2" not in f.cause
+
+
+@pytest.mark.parametrize("vendor, gpus, version, reaches", [
+    ("AuthenticAMD", 2, "2.27.5", True),  # from 2.23: SYS on AMD x86 with two GPUs or fewer
+    ("AuthenticAMD", 8, "2.27.5+cuda12.9", False),  # ... PXB past that
+    ("AuthenticAMD", 8, "2.21.5", True),  # before 2.23: SYS but on ARM, Intel and Zhaoxin
+    ("AuthenticAMD", 8, None, False),  # version unknown: the newer rule
+    ("GenuineIntel", 2, "2.21.5", False),
+    (None, 2, "2.27.5", False),  # ARM names no vendor_id
+])
+def test_nccls_default_p2p_level_through_the_cpu(vendor, gpus, version, reaches):
+    # NVIDIA/nccl src/graph/paths.cc ncclTopoCheckP2p, v2.22.3-1 and v2.23.4-1 on.
+    assert nccl.reaches_cpu(vendor, gpus, version) is reaches
+
+
+def test_the_cpu_vendor_is_read_from_proc_cpuinfo(tmp_path):
+    from preflight.readers.system.cpu_vendor import cpu_vendor
+
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "cpuinfo").write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n")
+    assert cpu_vendor(Host(tmp_path)) == "AuthenticAMD"
+    (tmp_path / "proc" / "cpuinfo").write_text("processor\t: 0\nBogoMIPS\t: 50.00\nCPU implementer\t: 0x41\n")  # ARM
+    assert cpu_vendor(Host(tmp_path)) is None
+    assert cpu_vendor(Host(tmp_path / "none")) is None
 
 
 def test_shm_disable_costs_nothing_where_every_pair_is_joined_by_p2p():

@@ -356,25 +356,31 @@ def test_the_xid_reading_names_an_unreadable_journalctl_and_reads_dmesg(tmp_path
     assert {m.labels["tool"]: m.labels["fallback"] for m in sources.measurements()}["journalctl"] == "dmesg"
 
 
-def test_a_ring_that_moved_past_the_burn_with_no_journal_leaves_its_xids_unjudged(tmp_path):
+def test_a_ring_that_moved_past_the_burn_with_no_journal_warns_and_still_judges_what_it_holds(tmp_path):
     """Was: any user can fill the kernel ring (a failed mount in a user namespace logs its options),
     and a real Xid logged during the burn was then gone from /dev/kmsg by the second read: with no
-    journal to fill in, the burn passed with no word of it. Now the gap in the records is seen."""
+    journal to fill in, the burn passed with no word of it. Now the gap in the records is said (a
+    WARN), and an Xid the ring still holds FAILs as ever (a failing GPU is what floods the ring)."""
     kmsg = tmp_path / "root" / "dev" / "kmsg"
     kmsg.parent.mkdir(parents=True)
     ctx = make_ctx(host=Host(tmp_path / "root", environ={"PATH": str(tmp_path / "none")}))  # no journalctl, no dmesg
     facts = burnin.BurninFacts(python="python", backend="nccl", nproc=1)
     kmsg.write_text("".join(f"6,{n},{n * 1000},-;tmpfs: Bad value for 'size'\n" for n in range(1201, 1211)))
-    _, where, before = burnin.xid_counts(ctx, facts)
-    assert before == (1201, 1210) and where == str(kmsg)
-    kmsg.write_text("".join(f"6,{n},{n * 1000},-;tmpfs: Bad value for 'size'\n" for n in range(5000, 5010)))  # #1211-#4999 lost
-    _, where, after = burnin.xid_counts(ctx, facts)
-    facts.xid_log = burnin.lost_meanwhile(before, after, where)
-    assert "#1210" in facts.xid_log and "#5000" in facts.xid_log
-    assert [(x.status, x.summary) for x in burnin.judge_unwatched(facts)] == [(Status.WARN, "Xids during burn-in not judged")]
+    before, where, span = burnin.xid_counts(ctx, facts)
+    assert span == (1201, 1210) and where == str(kmsg)
+    xid79 = "3,5010,5010000,-;NVRM: Xid (PCI:0000:18:00): 79, pid=1234, GPU has fallen off the bus.\n"
+    kmsg.write_text("".join(f"6,{n},{n * 1000},-;tmpfs: Bad value for 'size'\n" for n in range(5000, 5010)) + xid79)  # #1211-#4999 lost
+    after, where, span_after = burnin.xid_counts(ctx, facts)
+    facts.xid_gap = burnin.lost_meanwhile(span, span_after, where)
+    facts.new_xids = burnin_xid.new_xids(before, after, True)
+    assert "#1210" in facts.xid_gap and "#5000" in facts.xid_gap
+    f = healthy(n=1)
+    f.xid_gap, f.new_xids = facts.xid_gap, facts.new_xids
+    assert [(x.status, x.summary) for x in judged(f)] == [(Status.FAIL, "new Xid during burn-in: Xid 79 on 0000:18:00"),
+                                                         (Status.WARN, "Xids during burn-in not all seen")]
     # Nothing lost between the reads, or a journal that gave what the ring lost: judged as ever.
-    assert burnin.lost_meanwhile(before, (1201, 1300), where) is None and burnin.lost_meanwhile(before, (1211, 1300), where) is None
-    assert burnin.lost_meanwhile(before, after, where + " + journalctl -k -b --no-pager -o json") is None
+    assert burnin.lost_meanwhile(span, (1201, 1300), where) is None and burnin.lost_meanwhile(span, (1211, 1300), where) is None
+    assert burnin.lost_meanwhile(span, span_after, where + " + journalctl -k -b --no-pager -o json") is None
 
 
 @pytest.mark.parametrize("capability, dtype", [((9, 0), "bfloat16"), ((8, 0), "bfloat16"), ((12, 1), "bfloat16"), ((7, 5), "float16"), ((7, 0), "float16"), (None, "float32")])

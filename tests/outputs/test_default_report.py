@@ -248,22 +248,38 @@ def test_a_run_of_another_profile_leaves_the_report_and_metrics_the_config_names
 
 
 def test_the_nodes_own_profile_changed_still_writes_the_nodes_report(tmp_path, monkeypatch):
-    """The guard above is for a profile given on the command line: where the node's own profile
-    changed (the site edited its config; `auto` picks another after a new GPU or an upgrade), the
-    gate's run must replace the old profile's verdict, or a FAIL of the new one would go unseen."""
+    """The guard above is for a profile chosen for this run: where the node's own profile changed
+    (the site edited its config; `auto` picks another after a new GPU or an upgrade), the gate's run
+    must replace the old profile's verdict, or a FAIL of the new one would go unseen. A profile
+    chosen for the run (--profile, PREFLIGHT_PROFILE, a --config naming one) or one that judges no
+    GPU never replaces it."""
     from conftest import report_file
 
     monkeypatch.delenv("PREFLIGHT_REPORT")
+    monkeypatch.delenv("PREFLIGHT_PROFILE", raising=False)
     node = tmp_path / "node"
     node.mkdir(mode=0o700)
     path = node / "report.json"
-    report_file(path, "cpu-pass", profile="h100-sxm")
+    report_file(path, "cpu-pass", profile="h200-sxm")
     config = tmp_path / "config.toml"
-    config.write_text(f'report = "{path}"\nprofile = "cpu"\n')
-    run = invoke("run", "--config", str(config), "--only", "shm")
+    config.write_text(f'report = "{path}"\n')
+    monkeypatch.setenv("PREFLIGHT_CONFIG", str(config))  # the node's own config, wherever the site keeps it
+    before = path.read_bytes()
+    for chosen, env in ((["--profile", "h100-sxm"], {}), ([], {"PREFLIGHT_PROFILE": "h100-sxm"})):
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        assert invoke("run", *chosen, "--only", "shm").exit_code == 0 and path.read_bytes() == before, (chosen, env)
+        for k in env:
+            monkeypatch.delenv(k)
+    trial = tmp_path / "trial.toml"
+    trial.write_text(f'report = "{path}"\nprofile = "h100-sxm"\n')
+    assert invoke("run", "--config", str(trial), "--only", "shm").exit_code == 0 and path.read_bytes() == before
+    config.write_text(f'report = "{path}"\nprofile = "cpu"\n')  # the node's config, but a profile that judges no GPU
+    assert invoke("run", "--only", "shm").exit_code == 0 and path.read_bytes() == before
+    config.write_text(f'report = "{path}"\nprofile = "h100-sxm"\n')  # the site moved its node to another GPU profile
+    run = invoke("run", "--only", "shm")
     assert run.exit_code == 0, run.output
-    assert json.loads(path.read_text())["profile"] == "cpu" and "does not replace" not in run.stderr
-
+    assert json.loads(path.read_text())["profile"] == "h100-sxm" and "does not replace" not in run.stderr
 
 def test_a_run_that_leaves_the_nodes_report_alone_leaves_no_record_of_a_run_either(tmp_path, monkeypatch):
     # The gate's pass stands; a `--profile cpu` run by hand writes no report there, so it must not

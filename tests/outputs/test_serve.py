@@ -4,6 +4,7 @@ and a load balancer's health probe get, and how it refuses bad input."""
 from __future__ import annotations
 
 import email
+from collections.abc import Callable
 import http.client
 import json
 import os
@@ -463,11 +464,11 @@ def test_silent_connections_cost_no_thread_and_never_hold_up_a_scrape(tmp_path):
     assert fds < serve_loop.MAX_WAITING + 32
 
 
-def big_report(path: Path) -> Path:
+def big_report(path: Path, size: int = 12 << 20) -> Path:
     """A report bigger than any send buffer (a many-GPU node's traceback or figures can be: MAX_BYTES is 16 MiB)."""
     report_file(path, "cpu-pass")
     data = json.loads(path.read_text())
-    data["checks"][0]["details"]["padding"] = "x" * (12 << 20)
+    data["checks"][0]["details"]["padding"] = "x" * size
     path.write_text(json.dumps(data))
     return path
 
@@ -533,6 +534,51 @@ def test_an_http_0_9_request_gets_no_body_without_the_headers(tmp_path):
             while chunk := s.recv(1 << 16):
                 got += chunk
         assert bytes(got) == b"" and get(base + "/healthz")[0] == 200
+
+
+def read_slowly(s: socket.socket, rate: float, stop_after: Callable[[], None] | None = None) -> tuple[bytes, BaseException | None]:
+    """Read ``s`` to its end at about ``rate`` bytes a second; ``stop_after`` is called once, after the first read."""
+    got, error = bytearray(), None
+    s.settimeout(20)
+    try:
+        while chunk := s.recv(16 << 10):
+            got += chunk
+            if stop_after is not None:
+                stop_after()
+                stop_after = None
+            time.sleep(len(chunk) / rate)
+    except OSError as e:
+        error = e
+    return bytes(got), error
+
+
+def test_a_slow_but_steady_reader_gets_the_whole_answer_past_the_client_timeout(tmp_path):
+    # Was: the client had CLIENT_TIMEOUT from the hand-back to take the whole answer, and was reset
+    # mid-answer past it however steadily it read.
+    report = big_report(tmp_path / "report.json", 1 << 20)
+    with serving(report) as (base, _):
+        port = int(base.rsplit(":", 1)[1])
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)  # before connecting: the window stays small
+            s.connect(("127.0.0.1", port))
+            s.sendall(b"GET /report HTTP/1.0\r\n\r\n")
+            got, error = read_slowly(s, (1 << 20) / (serve_loop.CLIENT_TIMEOUT + 2))
+    assert error is None and got.partition(b"\r\n\r\n")[2] == report.read_bytes()
+
+
+def test_a_stop_lets_an_answer_being_read_finish(tmp_path):
+    # Was: a SIGTERM (a restart, an upgrade) reset every answer not yet acknowledged once all of it
+    # was in the kernel: a scrape cut off by a restart reads as the exporter failing.
+    report = big_report(tmp_path / "report.json", 2 << 20)
+    with serving(report) as (base, proc):
+        port = int(base.rsplit(":", 1)[1])
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)
+            s.connect(("127.0.0.1", port))
+            s.sendall(b"GET /report HTTP/1.0\r\n\r\n")
+            got, error = read_slowly(s, 2 << 20, lambda: proc.send_signal(signal.SIGTERM))
+        assert proc.wait(timeout=15) == 0
+    assert error is None and got.partition(b"\r\n\r\n")[2] == report.read_bytes()
 
 
 def test_a_big_answer_reaches_a_client_that_reads_it_slowly(tmp_path):

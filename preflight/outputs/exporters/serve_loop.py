@@ -33,6 +33,9 @@ WORKERS = 8
 MAX_WAITING = 256
 MAX_REQUEST = 16 * 1024  # a scrape's request is a few hundred bytes
 CLIENT_TIMEOUT = 5.0
+# However steadily a client reads, no answer takes longer: one that reads a byte at a time holds a
+# slot (of MAX_WAITING) no longer than this. A scrape of the largest report takes milliseconds.
+ANSWER_SECONDS = 60.0
 BACKLOG = 128
 
 
@@ -68,9 +71,11 @@ class _Waiting:
 
 @dataclass
 class _Writing:
-    since: float  # time.monotonic() of the hand-back: the client must read the whole answer within CLIENT_TIMEOUT
+    since: float  # time.monotonic() of the client's last progress: it may go CLIENT_TIMEOUT without reading any
     parts: deque[memoryview]
+    began: float = field(default_factory=time.monotonic)  # the hand-back: the whole answer within ANSWER_SECONDS
     sent: bool = False  # every byte is in the kernel: the loop waits for the client to close its end (LoopServer._sent)
+    unsent: int = -1  # once sent, what the kernel held unacknowledged at the last look (_unsent)
 
 
 def _unsent(conn: socket.socket) -> int:
@@ -131,7 +136,7 @@ class LoopServer(ThreadingMixIn, HTTPServer):
                 # Let answers already being rendered or written finish: a scrape cut off by a
                 # restart reads as the exporter failing.
                 until = time.monotonic() + CLIENT_TIMEOUT
-                while (self._busy or self._answers or any(not w.sent for w in writing.values())) and time.monotonic() < until:
+                while (self._busy or self._answers or any(not w.sent or _unsent(c) for c, w in writing.items())) and time.monotonic() < until:
                     self._round(sel, waiting, writing, min(poll_interval, 0.05))
             finally:
                 for conn in list(waiting):
@@ -151,9 +156,16 @@ class LoopServer(ThreadingMixIn, HTTPServer):
             elif key.fileobj in writing:
                 conn: socket.socket = key.fileobj  # type: ignore[assignment]
                 (self._closing if writing[conn].sent else self._write)(sel, writing, conn)
-        stale = time.monotonic() - CLIENT_TIMEOUT
+        now = time.monotonic()
+        for c, w in writing.items():
+            if w.sent:  # the client's progress once all is in the kernel: what it has acknowledged since
+                left = _unsent(c)
+                if w.unsent < 0 or left < w.unsent:
+                    w.since = now
+                w.unsent = left
+        stale = now - CLIENT_TIMEOUT
         for held in (waiting, writing):
-            for conn in [c for c, w in held.items() if w.since < stale]:
+            for conn in [c for c, w in held.items() if w.since < stale or (held is writing and now - w.began > ANSWER_SECONDS)]:
                 self._drop(sel, held, conn, reset=held is writing)
 
     def stop(self) -> None:
@@ -219,10 +231,13 @@ class LoopServer(ThreadingMixIn, HTTPServer):
             self._write(sel, writing, conn)  # most answers fit the send buffer: written at once
 
     def _write(self, sel: selectors.BaseSelector, writing: dict[socket.socket, _Writing], conn: socket.socket) -> None:
-        parts = writing[conn].parts
+        w = writing[conn]
+        parts = w.parts
         try:
             while parts:
                 sent = conn.send(parts[0])
+                if sent:
+                    w.since = time.monotonic()  # the client reads: a slow but steady reader is never cut off
                 if sent < len(parts[0]):
                     parts[0] = parts[0][sent:]
                     return  # the rest when the client has read some
