@@ -194,7 +194,9 @@ def judge_log(f: NcclFacts, run_failed: bool) -> list[Finding]:
 def cpu_too(f: NcclFacts) -> bool:
     """Whether NCCL's default P2P level reaches this node's pairs through the CPU: its CPU, the GPUs
     one node of the run holds (NCCL counts its own node's) and NCCL's version (nccl_settings.reaches_cpu)."""
-    return reaches_cpu(f.cpu_vendor, f.nproc, f.nccl.version if f.nccl else None)
+    reports = [o.report for o in f.ranks if o.report]
+    version = (f.nccl.version if f.nccl else None) or next((r.nccl_version for r in reports if r.nccl_version), None)
+    return reaches_cpu(f.cpu_vendor, f.nproc, version)
 
 
 def judge(f: NcclFacts, expect: NcclExpect, nvlink_pairs: set[frozenset[int]], switch_pairs: set[frozenset[int]] | None = None,

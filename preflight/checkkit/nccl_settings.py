@@ -31,15 +31,20 @@ SMI_PATHS = {"PIX": "PIX", "PXB": "PXB", "PHB": "PHB", "NODE": "PHB", "SYS": "SY
 ORDER = "NCCL's order: LOC < NVL < PIX < PXB < PHB < SYS"
 
 
+# Hosts whose CPU NCCL before 2.23 kept P2P off (PXB) on: ARM, and x86 by vendor_id (Intel, Zhaoxin's two).
+PXB_BEFORE_2_23 = ("ARM", "GenuineIntel", "CentaurHauls", "Shanghai")
+
+
 def reaches_cpu(vendor: str | None, gpus: int, version: str | None) -> bool:
     """Whether NCCL's own default P2P level reaches pairs through the CPU (PHB, SYS), so that a switch
     cutting them costs this node P2P. NVIDIA/nccl src/graph/paths.cc ncclTopoCheckP2p: from 2.23 the
     default is PXB, but SYS on an AMD x86 host with two GPUs or fewer; before 2.23 it was SYS, but PXB
-    on ARM, Intel and Zhaoxin hosts. ``version`` unknown: read as the newer rule."""
-    if vendor != "AuthenticAMD":
-        return False
+    on ARM, Intel and Zhaoxin hosts (any other vendor, Hygon's or POWER, kept SYS). ``version``
+    unknown: the newer rule; ``vendor`` unknown: no (cpu_vendor.py)."""
     older = version is not None and tuple(int(x) for x in version.split("+")[0].split(".")[:2]) < (2, 23)
-    return older or gpus <= 2
+    if older:
+        return vendor is not None and vendor not in PXB_BEFORE_2_23
+    return vendor == "AuthenticAMD" and gpus <= 2
 
 
 def gpu_pairs(topology: Result | None, shape: NodeShape | None = None) -> dict[frozenset[int], str] | None:
@@ -113,10 +118,10 @@ def _env(env: dict[str, list[tuple[str, str]]], pairs: dict[frozenset[int], str]
                 cost = (f"caps the distance at which NCCL uses P2P at {level} ({ORDER}): {len(cut)} GPU pair(s) this node joins nearer "
                         f"than that lose P2P and go through host memory: {_pair_list(cut)}")
             else:
-                kinds = [words for kind, words in P2P_NEEDED.items() if nccl_env.p2p_cuts(level, kind)]
+                kinds = [words for kind, words in needed.items() if nccl_env.p2p_cuts(level, kind)]
                 if not kinds:
                     costless[name] = (f"{setting} allows P2P up to {level} ({ORDER}), past NVLink and PCIe switches: it cuts only paths "
-                                      "through the CPU, where NCCL's own default stops on Intel and ARM hosts")
+                                      "through the CPU, where NCCL's own default stops on this host (reaches_cpu)")
                     continue
                 cost = (f"caps the distance at which NCCL uses P2P at {level} ({ORDER}): GPU pairs {' or '.join(kinds)} go through "
                         "host memory (which pairs this node has was not read: the topology check's matrix)")

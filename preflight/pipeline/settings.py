@@ -299,7 +299,10 @@ def load(flags: dict[str, Any], config: Path | None = None, environ: dict[str, s
     settings._config, settings._floor_overrides = path, origins
     # A choice for this run: --profile, PREFLIGHT_PROFILE, or a config named on the command line (a trial
     # config); the node's own comes from its config where it lies (or PREFLIGHT_CONFIG) or from `auto`.
-    settings._profile_given = "profile" in given or ENV_PREFIX + "PROFILE" in environ or (config is not None and "profile" in data)
+    # `auto` named anywhere is the node's own: what it picks is the node's. The environment is read as
+    # pydantic-settings reads it, its names in any case.
+    named_in_env = any(k.upper() == ENV_PREFIX + "PROFILE" for k in environ)
+    settings._profile_given = settings.profile != "auto" and ("profile" in given or named_in_env or (config is not None and "profile" in data))
     if settings.node_rank >= settings.nnodes:
         rank, nodes = _origin("node_rank", given, environ, path, data), _origin("nnodes", given, environ, path, data)
         raise UsageError(f"node_rank {settings.node_rank} ({rank}) is not below nnodes {settings.nnodes} ({nodes}): a group of N nodes "

@@ -64,11 +64,23 @@ def test_p2p_disable_costs_what_p2p_level_loc_costs():
     ("AuthenticAMD", 8, "2.21.5", True),  # before 2.23: SYS but on ARM, Intel and Zhaoxin
     ("AuthenticAMD", 8, None, False),  # version unknown: the newer rule
     ("GenuineIntel", 2, "2.21.5", False),
-    (None, 2, "2.27.5", False),  # ARM names no vendor_id
+    ("Shanghai", 4, "2.21.5", False),  # Zhaoxin
+    ("HygonGenuine", 4, "2.21.5", True),  # a vendor NCCL did not lower the level for
+    ("HygonGenuine", 2, "2.27.5", False),  # from 2.23: AMD's alone
+    ("POWER", 4, "2.21.5", True),
+    ("ARM", 2, "2.21.5", False),
+    (None, 2, "2.21.5", False),  # unknown: no cost claimed
 ])
 def test_nccls_default_p2p_level_through_the_cpu(vendor, gpus, version, reaches):
     # NVIDIA/nccl src/graph/paths.cc ncclTopoCheckP2p, v2.22.3-1 and v2.23.4-1 on.
     assert nccl.reaches_cpu(vendor, gpus, version) is reaches
+
+
+def test_a_p2p_level_with_the_pairs_unknown_is_judged_by_where_nccls_default_stops():
+    env = {"NCCL_P2P_LEVEL": [("PXB", ENV)]}
+    assert nccl.judge_env(env) == [] and "stops on this host" in nccl.env_without_cost(env)["NCCL_P2P_LEVEL"]
+    (f,) = nccl.judge_env(env, cpu_too=True)  # an AMD host with two GPUs: NCCL's default reaches SYS
+    assert f.status is WARN and "through a host bridge (PHB)" in f.cause
 
 
 def test_the_cpu_vendor_is_read_from_proc_cpuinfo(tmp_path):
@@ -77,8 +89,12 @@ def test_the_cpu_vendor_is_read_from_proc_cpuinfo(tmp_path):
     (tmp_path / "proc").mkdir()
     (tmp_path / "proc" / "cpuinfo").write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n")
     assert cpu_vendor(Host(tmp_path)) == "AuthenticAMD"
-    (tmp_path / "proc" / "cpuinfo").write_text("processor\t: 0\nBogoMIPS\t: 50.00\nCPU implementer\t: 0x41\n")  # ARM
-    assert cpu_vendor(Host(tmp_path)) is None
+    (tmp_path / "proc" / "cpuinfo").write_text("processor\t: 0\nvendor_id\t:   Shanghai  \n")  # Zhaoxin's, spaced
+    assert cpu_vendor(Host(tmp_path)) == "Shanghai"
+    (tmp_path / "proc" / "cpuinfo").write_text("processor\t: 0\nBogoMIPS\t: 50.00\nCPU implementer\t: 0x41\n")
+    assert cpu_vendor(Host(tmp_path)) == "ARM"
+    (tmp_path / "proc" / "cpuinfo").write_text("processor\t: 0\ncpu\t\t: POWER9 (raw), altivec supported\n")
+    assert cpu_vendor(Host(tmp_path)) == "POWER"
     assert cpu_vendor(Host(tmp_path / "none")) is None
 
 

@@ -281,6 +281,19 @@ def test_the_nodes_own_profile_changed_still_writes_the_nodes_report(tmp_path, m
     assert run.exit_code == 0, run.output
     assert json.loads(path.read_text())["profile"] == "h100-sxm" and "does not replace" not in run.stderr
 
+
+def test_which_profile_is_chosen_for_a_run_is_read_as_the_settings_read_it(monkeypatch):
+    from preflight.pipeline import settings
+
+    monkeypatch.delenv("PREFLIGHT_PROFILE", raising=False)
+    monkeypatch.setenv("preflight_profile", "h100-sxm")  # any case, as pydantic-settings reads it
+    s = settings.load({})
+    assert s.profile == "h100-sxm" and s.profile_given
+    monkeypatch.setenv("preflight_profile", "auto")  # `auto`, wherever it is named, is the node's own
+    assert not settings.load({}).profile_given and not settings.load({"profile": "auto"}).profile_given
+    monkeypatch.delenv("preflight_profile")
+    assert settings.load({"profile": "cpu"}).profile_given and not settings.load({}).profile_given
+
 def test_a_run_that_leaves_the_nodes_report_alone_leaves_no_record_of_a_run_either(tmp_path, monkeypatch):
     # The gate's pass stands; a `--profile cpu` run by hand writes no report there, so it must not
     # leave REPORT.started either: once it exited, every reader would take it for a run that died

@@ -8,9 +8,11 @@ reads, without blocking (an answer larger than the kernel's send buffer, a big r
 /report or page, never waits in a worker for a client that does not read). So clients that
 connect and send nothing, or trickle a byte at a time, or never read the answer, cost a file
 descriptor each, never a thread, and cannot hold up a scrape. At most ``MAX_WAITING``
-connections wait or are being answered (the oldest waiting is dropped past that), each for
-at most ``CLIENT_TIMEOUT`` seconds to send its request and as long again to read its answer;
-a burst beyond that queues in the kernel's listen backlog.
+connections wait or are being answered (past that the oldest waiting is dropped, else the
+oldest being answered), each for at most ``CLIENT_TIMEOUT`` seconds to send its request; an
+answer's client may go ``CLIENT_TIMEOUT`` without taking any of it and has ``ANSWER_SECONDS``
+in all, and is reset past either, so the kernel keeps no answer for it; a burst beyond that
+queues in the kernel's listen backlog.
 """
 
 from __future__ import annotations
