@@ -29,12 +29,11 @@ from preflight.base.findings import Finding, Measurement, Status
 from preflight.checkkit import burnin_xid, outliers
 from preflight.checkkit.burnin_traces import thinned, trace_summary
 from preflight.checkkit.figures import Figure
-from preflight.checkkit.sources import Sources, one_fact
 from preflight.gpuwork import launch, ranks, ranks_judge
 from preflight.pipeline.check import Check, Context, Result
 from preflight.pipeline.load_expectations import BurninExpect, OutlierExpect
 from preflight.readers.nvidia import nvml, nvml_facts
-from preflight.readers.kernel import journal, log_sources, xid
+from preflight.readers.kernel import log_sources
 
 FAIL, WARN = Status.FAIL, Status.WARN
 NO_NVML = "no NVML on a profile without GPUs: clocks, power, temperature, throttling, ECC and Xids are not sampled"
@@ -220,7 +219,7 @@ def judge_unwatched(f: BurninFacts) -> list[Finding]:
     if f.shortened:
         out.append(Finding(WARN, "burn-in shortened to fit the check's deadline", f.shortened,
                            "raise [timeouts] burnin (in a site profile of the same name) above [burnin] seconds plus a minute"))
-    if f.xid_log and f.xid_log.startswith(XID_UNJUDGED):
+    if f.xid_log and f.xid_log.startswith(burnin_xid.XID_UNJUDGED):
         out.append(Finding(WARN, "Xids during burn-in not judged", f.xid_log,
                            "give the run read access to the kernel log (dmesg, journalctl or /dev/kmsg) and run the burn-in again"))
     if f.xid_gap:
@@ -252,7 +251,6 @@ def measurements(f: BurninFacts, figs: dict[int, dict], band: OutlierExpect | No
 # ---- gathering -------------------------------------------------------------------------
 
 
-XID_UNJUDGED = "not judged: "
 # What the check needs beside the burn itself: the launch or stage start, the reference
 # product, the last burst past the time, and the NVML sampler's stop.
 BURN_MARGIN = 60.0
@@ -261,35 +259,6 @@ BURN_MARGIN = 60.0
 def burn_seconds(asked: float, left: float) -> float:
     """The burn's length: as asked, unless the check's deadline leaves less room."""
     return round(min(asked, max(1.0, left - BURN_MARGIN)), 1)
-
-
-def xid_counts(ctx: Context, facts: BurninFacts) -> tuple[list[xid.XidEvent] | None, str, tuple[int, int] | None]:
-    """The kernel log's events, where they were read (or why not) and the span of /dev/kmsg
-    records read (journal.record_span); the sources that could not be read go to ``facts``."""
-    try:
-        log = log_sources.read_log(ctx.host, timeout=10.0)
-    except log_sources.KernelLogUnavailable as e:
-        facts.xid_unread.update(e.unread)
-        return None, f"{XID_UNJUDGED}kernel log unreadable: {e}", None
-    facts.xid_unread.update(log.unread)
-    facts.xid_note = log.note or facts.xid_note
-    return xid.parse(log.text), log.source, journal.record_span(log.text)
-
-
-def lost_meanwhile(before: tuple[int, int] | None, after: tuple[int, int] | None, where: str) -> str | None:
-    """Why the Xids logged during the burn cannot all be seen: the ring read after it (from /dev/kmsg
-    alone, no journal filling in what it lost) begins past the newest record read before it, so the
-    records between, the burn's own among them, are gone (a kernel that logged that much, or any
-    user flooding it through messages it logs for them); None where nothing between was lost."""
-    if before is None or after is None or "journalctl" in where or after[0] <= before[1] + 1:
-        return None
-    return (f"the kernel ring moved past records logged during the burn-in (the newest before it was #{before[1]}, the oldest "
-            f"after it #{after[0]}) and no journal holds them: an Xid logged then is not seen")
-
-
-def kernel_log_sources(where: str, unread: dict[str, str]) -> Sources:
-    """Which source gave the kernel log (``where``, else why none did) and which could not, for details and the metric."""
-    return one_fact("kernel log", where if where and not where.startswith(XID_UNJUDGED) else None, unread)
 
 
 def gather(ctx: Context, nproc: int, expect: BurninExpect, backend: str) -> BurninFacts:
@@ -306,7 +275,7 @@ def gather(ctx: Context, nproc: int, expect: BurninExpect, backend: str) -> Burn
     worker = launch.Worker("burnin.py", args, nproc=nproc, rdzv_port=ctx.settings.rdzv_port)
     before, sampler = None, None
     if ctx.profile.has_gpus:
-        before, facts.xid_log, span = xid_counts(ctx, facts)
+        before, facts.xid_log, span = burnin_xid.xid_counts(ctx.host, facts)
         try:
             sampler = nvml.Sampler(expect.sample_seconds, left)
         except OSError as e:
@@ -322,17 +291,17 @@ def gather(ctx: Context, nproc: int, expect: BurninExpect, backend: str) -> Burn
             except nvml.NvmlUnavailable as e:
                 facts.nvml_note = f"NVML sampling failed: {e.cause}"
     if before is not None:
-        after, where, span_after = xid_counts(ctx, facts)
+        after, where, span_after = burnin_xid.xid_counts(ctx.host, facts)
         new = burnin_xid.new_xids(before, after, where == facts.xid_log) if after is not None else None
         if after is None:
             facts.xid_log = where
         elif new is None:
-            facts.xid_log = (f"{XID_UNJUDGED}the kernel log was read from {facts.xid_log} before the burn-in and from {where} after, "
+            facts.xid_log = (f"{burnin_xid.XID_UNJUDGED}the kernel log was read from {facts.xid_log} before the burn-in and from {where} after, "
                              "and a line without a time stamp cannot be matched across them")
         else:
             # What the ring still holds is judged, and what it lost is said: a GPU failing under load
             # is just what floods the ring, and its Xid must still FAIL where it can be seen.
-            facts.xid_log, facts.new_xids, facts.xid_gap = where, new, lost_meanwhile(span, span_after, where)
+            facts.xid_log, facts.new_xids, facts.xid_gap = where, new, burnin_xid.lost_meanwhile(span, span_after, where)
     return facts
 
 
@@ -381,7 +350,7 @@ class Burnin(Check):
         details["outliers_judged"] = "against the node's median" if ctx.profile.outliers else f"profile {ctx.profile.name} has no [outliers] band: not judged"
         details["outliers"] = outliers.statuses(outlier_figures(facts, figs), ctx.profile.outliers, tuple(WORDS))
         details["xid_elsewhere"] = theirs = burnin_xid.given_elsewhere(facts.new_xids, burnin_xid.burned_gpus(facts.ranks, facts.buses), not_given)
-        sources = kernel_log_sources(facts.xid_log or "", facts.xid_unread)
+        sources = burnin_xid.kernel_log_sources(facts.xid_log or "", facts.xid_unread)
         details.update(sources.details())
         lines = [line] if (line := sources.line()) else []
         lines += [f"Xid {e['code']} on {e['pci']} during the burn-in: a GPU not given to this run, judged by the run that holds it" for e in theirs]

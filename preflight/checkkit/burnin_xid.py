@@ -8,14 +8,16 @@ node, a burn limited by CUDA_VISIBLE_DEVICES) is not its to judge.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from preflight.base.actions import LADDER, Action, Domain, Next, highest
 from preflight.base.findings import Finding, Status
+from preflight.base.host import Host
 from preflight.checkkit import cuda_xid
+from preflight.checkkit.sources import Sources, one_fact
 from preflight.gpuwork import ranks
 from preflight.readers.nvidia import nvml_facts
-from preflight.readers.kernel import xid, xid_meaning
+from preflight.readers.kernel import journal, log_sources, xid, xid_meaning
 
 if TYPE_CHECKING:
     from preflight.gpuwork.ranks import RankOutcome
@@ -113,3 +115,39 @@ def _under_load(new: list[dict], forgeable: bool, diag: str) -> list[Finding]:
                  for n in asked]
     return [Finding(Status.FAIL, f"new Xid during burn-in: {codes}", "the kernel logged " + "; ".join(e["raw"].strip() for e in new[:3])
                     + " while the burn-in ran", "look the codes up with `preflight xid`; " + diag, act=highest(asked))]
+
+
+# ---- reading the kernel log before and after the burn ------------------------------------
+
+
+XID_UNJUDGED = "not judged: "
+
+
+def xid_counts(host: Host, facts: Any) -> tuple[list[xid.XidEvent] | None, str, tuple[int, int] | None]:
+    """The kernel log's events, where they were read (or why not) and the span of /dev/kmsg
+    records read (journal.record_span); the sources that could not be read, and the reading's note,
+    go to ``facts`` (the check's BurninFacts: xid_unread, xid_note)."""
+    try:
+        log = log_sources.read_log(host, timeout=10.0)
+    except log_sources.KernelLogUnavailable as e:
+        facts.xid_unread.update(e.unread)
+        return None, f"{XID_UNJUDGED}kernel log unreadable: {e}", None
+    facts.xid_unread.update(log.unread)
+    facts.xid_note = log.note or facts.xid_note
+    return xid.parse(log.text), log.source, journal.record_span(log.text)
+
+
+def lost_meanwhile(before: tuple[int, int] | None, after: tuple[int, int] | None, where: str) -> str | None:
+    """Why the Xids logged during the burn cannot all be seen: the ring read after it (from /dev/kmsg
+    alone, no journal filling in what it lost) begins past the newest record read before it, so the
+    records between, the burn's own among them, are gone (a kernel that logged that much, or any
+    user flooding it through messages it logs for them); None where nothing between was lost."""
+    if before is None or after is None or "journalctl" in where or after[0] <= before[1] + 1:
+        return None
+    return (f"the kernel ring moved past records logged during the burn-in (the newest before it was #{before[1]}, the oldest "
+            f"after it #{after[0]}) and no journal holds them: an Xid logged then is not seen")
+
+
+def kernel_log_sources(where: str, unread: dict[str, str]) -> Sources:
+    """Which source gave the kernel log (``where``, else why none did) and which could not, for details and the metric."""
+    return one_fact("kernel log", where if where and not where.startswith(XID_UNJUDGED) else None, unread)

@@ -203,7 +203,7 @@ def test_a_rank_that_died_before_its_burn_is_not_judged_by_its_idle_samples():
 
 def test_a_burn_nvml_or_the_kernel_log_could_not_watch_warns_that_it_was_not_judged():
     f = healthy(n=1)
-    f.nvml_note, f.xid_log = "NVML sampling failed: NVML did not answer", burnin.XID_UNJUDGED + "kernel log unreadable: no dmesg"
+    f.nvml_note, f.xid_log = "NVML sampling failed: NVML did not answer", burnin_xid.XID_UNJUDGED + "kernel log unreadable: no dmesg"
     assert [(x.summary, x.status) for x in judged(f)] == [("burn-in ran unwatched by NVML: clocks, power, throttling and ECC not judged", Status.WARN),
                                                           ("Xids during burn-in not judged", Status.WARN)]
     f = healthy(n=1)
@@ -348,10 +348,10 @@ def test_the_xid_reading_names_an_unreadable_journalctl_and_reads_dmesg(tmp_path
     bin_dir = fakes.tool(tmp_path / "bin", "journalctl", prints=fakes.BAD_OUTPUT["binary"])
     fakes.tool(bin_dir, "dmesg", prints=Path(__file__).parents[1] / "fixtures" / "xid" / "no-gpu-event_dmesg_dev-machine-boot.txt")
     facts = burnin.BurninFacts(python="python", backend="nccl", nproc=1)
-    events, where, _ = burnin.xid_counts(make_ctx(host=Host(tmp_path / "root", environ={"PATH": str(bin_dir)})), facts)
+    events, where, _ = burnin_xid.xid_counts(Host(tmp_path / "root", environ={"PATH": str(bin_dir)}), facts)
     assert events == [] and where == "dmesg"
     assert facts.xid_unread["journalctl"] == "printed no kernel log line (garbage, or not a kernel log)"
-    sources = burnin.kernel_log_sources(where, facts.xid_unread)
+    sources = burnin_xid.kernel_log_sources(where, facts.xid_unread)
     assert sources.details()["sources"] == {"kernel log": "dmesg"}
     assert {m.labels["tool"]: m.labels["fallback"] for m in sources.measurements()}["journalctl"] == "dmesg"
 
@@ -366,12 +366,12 @@ def test_a_ring_that_moved_past_the_burn_with_no_journal_warns_and_still_judges_
     ctx = make_ctx(host=Host(tmp_path / "root", environ={"PATH": str(tmp_path / "none")}))  # no journalctl, no dmesg
     facts = burnin.BurninFacts(python="python", backend="nccl", nproc=1)
     kmsg.write_text("".join(f"6,{n},{n * 1000},-;tmpfs: Bad value for 'size'\n" for n in range(1201, 1211)))
-    before, where, span = burnin.xid_counts(ctx, facts)
+    before, where, span = burnin_xid.xid_counts(ctx.host, facts)
     assert span == (1201, 1210) and where == str(kmsg)
     xid79 = "3,5010,5010000,-;NVRM: Xid (PCI:0000:18:00): 79, pid=1234, GPU has fallen off the bus.\n"
     kmsg.write_text("".join(f"6,{n},{n * 1000},-;tmpfs: Bad value for 'size'\n" for n in range(5000, 5010)) + xid79)  # #1211-#4999 lost
-    after, where, span_after = burnin.xid_counts(ctx, facts)
-    facts.xid_gap = burnin.lost_meanwhile(span, span_after, where)
+    after, where, span_after = burnin_xid.xid_counts(ctx.host, facts)
+    facts.xid_gap = burnin_xid.lost_meanwhile(span, span_after, where)
     facts.new_xids = burnin_xid.new_xids(before, after, True)
     assert "#1210" in facts.xid_gap and "#5000" in facts.xid_gap
     f = healthy(n=1)
@@ -379,8 +379,8 @@ def test_a_ring_that_moved_past_the_burn_with_no_journal_warns_and_still_judges_
     assert [(x.status, x.summary) for x in judged(f)] == [(Status.FAIL, "new Xid during burn-in: Xid 79 on 0000:18:00"),
                                                          (Status.WARN, "Xids during burn-in not all seen")]
     # Nothing lost between the reads, or a journal that gave what the ring lost: judged as ever.
-    assert burnin.lost_meanwhile(span, (1201, 1300), where) is None and burnin.lost_meanwhile(span, (1211, 1300), where) is None
-    assert burnin.lost_meanwhile(span, span_after, where + " + journalctl -k -b --no-pager -o json") is None
+    assert burnin_xid.lost_meanwhile(span, (1201, 1300), where) is None and burnin_xid.lost_meanwhile(span, (1211, 1300), where) is None
+    assert burnin_xid.lost_meanwhile(span, span_after, where + " + journalctl -k -b --no-pager -o json") is None
 
 
 @pytest.mark.parametrize("capability, dtype", [((9, 0), "bfloat16"), ((8, 0), "bfloat16"), ((12, 1), "bfloat16"), ((7, 5), "float16"), ((7, 0), "float16"), (None, "float32")])
