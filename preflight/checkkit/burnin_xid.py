@@ -75,7 +75,8 @@ def judge(new: list[dict], forgeable: bool, burned: set[str] | None, diag: str, 
     run at all (``not_given``: another pod's or job's, NodeShape.not_given), as the cuda check holds:
     the run that holds it judges it (``given_elsewhere`` says them). One with no GPU named stays a FAIL."""
     elsewhere = [e for e in new if burned is not None and e["pci"] and e["pci"] not in burned]
-    ours = [e for e in elsewhere if e["pci"] not in not_given]
+    theirs = given_elsewhere(new, burned, not_given)
+    ours = [e for e in elsewhere if e not in theirs]
     return _elsewhere(_not_the_jobs(ours), burned or set(), rerun) + _under_load([e for e in new if e not in elsewhere], forgeable, diag)
 
 
@@ -142,7 +143,7 @@ def lost_meanwhile(before: tuple[int, int] | None, after: tuple[int, int] | None
     alone, no journal filling in what it lost) begins past the newest record read before it, so the
     records between, the burn's own among them, are gone (a kernel that logged that much, or any
     user flooding it through messages it logs for them); None where nothing between was lost."""
-    if before is None or after is None or "journalctl" in where or after[0] <= before[1] + 1:
+    if before is None or after is None or log_sources.JOURNALCTL[0] in where or after[0] <= before[1] + 1:
         return None
     return (f"the kernel ring moved past records logged during the burn-in (the newest before it was #{before[1]}, the oldest "
             f"after it #{after[0]}) and no journal holds them: an Xid logged then is not seen")

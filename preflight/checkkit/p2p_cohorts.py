@@ -9,7 +9,6 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from preflight.checkkit import figures as figs_mod
 from preflight.checkkit.figures import Figure
 from preflight.checkkit.outliers import Part
 from preflight.gpuwork import ranks
@@ -192,8 +191,7 @@ def host_parts(name: str, group: list[Figure], warn: float) -> list[Part]:
     if cut is None:
         return [Part(name, group, group, name)]
     near, far = cut
-    medians = (statistics.median(g.value for g in near), statistics.median(g.value for g in far))
-    slowest = min(medians) if group[0].unit != figs_mod.SECONDS else max(medians)
+    slowest = min(statistics.median(g.value for g in near), statistics.median(g.value for g in far))  # rates: more is better
     return [Part(f"{_gpus(near)}, the nearer group", near, group, name, slowest),
             Part(f"{_gpus(far)}, the farther group", far, group, name, slowest)]
 
@@ -225,14 +223,13 @@ def _host_cut(group: list[Figure], warn: float) -> tuple[list[Figure], list[Figu
     only their floor judges them. Bare metal, and a guest with NUMA nodes to bind to, never split."""
     if len(group) < 4:
         return None
-    higher = group[0].unit != figs_mod.SECONDS
-    ordered = sorted(group, key=lambda g: g.value, reverse=higher)  # best first
+    ordered = sorted(group, key=lambda g: g.value, reverse=True)  # best first: HOST_COPIES are rates
     best: tuple[float, int] | None = None
     for k in range(2, len(ordered) - 1):  # two GPUs or more on each side
         a, b = ordered[k - 1].value, ordered[k].value  # the near side's slowest, the far side's fastest
         if not (a > 0 and b > 0):
             continue
-        step = a / b if higher else b / a
+        step = a / b
         if step > 1 + warn and (best is None or step > best[0]):
             best = (step, k)
     return (ordered[:best[1]], ordered[best[1]:]) if best else None

@@ -189,7 +189,7 @@ def gres_cause(node: Node, report: Report | ReportView | None) -> tuple[Cause | 
 
 def reason_for(cause: Cause) -> str:
     # One printable line: a summary may quote what another host posted (last_report.printable).
-    text = printable(f"{drain_prefix(cause.next)}: {cause.text}".replace("\n", " "))
+    text = printable(f"{drain_prefix(cause.next)}: {cause.text}")
     return text if len(text) <= REASON_MAX else text[: REASON_MAX - 3].rstrip() + "..."
 
 
