@@ -21,7 +21,7 @@ import psutil
 from pydantic import BaseModel, Field
 
 from preflight.checkkit import transports
-from preflight.checkkit.nccl_settings import env_without_cost, gpu_pairs, judge_env, judge_ifnames, ranks_pairs, reaches_cpu
+from preflight.checkkit.nccl_settings import env_without_cost, gpu_pairs, judge_env, judge_ifnames, layout_of, ranks_pairs, reaches_cpu
 from preflight.checkkit.placement import linked_pairs
 from preflight.checkkit.transports import p2p_for_shape
 from preflight.gpuwork import launch, meeting, ranks, ranks_judge
@@ -292,7 +292,7 @@ class Nccl(Check):
         nproc = ctx.ranks(expect.ranks)
         facts = gather(ctx, nproc, expect, backend)
         expect = p2p_for_shape(expect, ctx.shape)
-        topology = ctx.results.get("topology")
+        topology = layout_of(ctx)
         by_design = transports.without_p2p_here(ctx)
         # A node serves jobs across nodes where this run spans nodes, the site pins it, or its model is built for them
         # (a NIC beside each GPU: the topology check judges its NICs by the same rule).

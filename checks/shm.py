@@ -18,7 +18,7 @@ from dataclasses import asdict
 from preflight.checkkit.shm_judges import ShmFacts, backed_by, beside, judge
 from preflight.readers.system import container, jobs, memory
 from preflight.readers.nccl import nccl_env
-from preflight.readers.system.shm_mount import largest_files, mount_of, parse_mountinfo, touch_segment
+from preflight.readers.system.shm_mount import largest_files, local_users, mount_of, parse_mountinfo, touch_segment
 from preflight.pipeline import floor_bounds
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.host import Host
@@ -76,6 +76,12 @@ def gather(host: Host, segment_bytes: int, deadline: float = math.inf, backs: in
         facts.write_error = "permission denied"
         return facts
     facts.largest_files = largest_files(path)
+    if facts.largest_files:
+        try:
+            users = local_users(host.read_text("/etc/passwd"))
+            facts.users = {f.uid: users[f.uid] for f in facts.largest_files if f.uid in users}
+        except OSError:
+            pass  # owners said by uid
     too_small = facts.free_bytes is not None and facts.free_bytes < backs
     on_disk = facts.mount is not None and facts.mount.fstype not in ("tmpfs", "ramfs", "devtmpfs")
     if segment_bytes <= 0 or too_small or on_disk:

@@ -13,10 +13,13 @@ interfaces, before anything is launched.
 from __future__ import annotations
 
 from preflight.base.findings import Finding, Status
+from preflight.base.host import tool_time
 from preflight.gpuwork import ranks
-from preflight.pipeline.check import Result
+from preflight.pipeline.check import Context, Result
 from preflight.pipeline.shape import NodeShape
+from preflight.readers.machine import layout, topo_derived
 from preflight.readers.machine.topo_derived import LINKS
+from preflight.readers.nvidia import nvml
 from preflight.readers.nccl import nccl_env
 
 FAIL, WARN = Status.FAIL, Status.WARN
@@ -65,6 +68,36 @@ def gpu_pairs(topology: Result | None, shape: NodeShape | None = None) -> dict[f
     if shape is not None and shape.fabric == "nvswitch":
         return {frozenset((a, b)): "NVL" for a in range(shape.gpus) for b in range(a + 1, shape.gpus)}
     return None
+
+
+def layout_of(ctx: Context) -> Result | None:
+    """The topology check's result where it ran; else (not run, or skipped), on a node of two GPUs or more, the
+    matrix read now (`nvidia-smi topo -m`, or NVML and sysfs where that cannot be read) as that check's details
+    hold it, never reported. Without it (`--only nccl`, a profile with no [topology]) every pair NCCL joins
+    through host memory would read as a fallback, cross-socket pairs too, which NCCL never joins by P2P on
+    its own. None: no matrix from either (the pairs stay unknown, judged as before)."""
+    topology = ctx.results.get("topology")
+    if topology is not None and topology.status != Status.SKIP:
+        return topology  # its reading, matrix or none: read again it would take as long and say the same
+    if not ctx.profile.has_gpus or (ctx.shape is not None and ctx.shape.gpus <= 1):
+        return None
+    try:
+        inventory = ctx.inventory(timeout=min(10.0, max(1.0, ranks.time_left(ctx.deadline))))
+    except nvml.NvmlUnavailable:
+        return None
+    if (smi := tool_time(ctx.deadline, layout.NVIDIA_SMI_TIMEOUT)) is None:
+        matrix, error = None, "`nvidia-smi topo -m` not run: too little of the check's time left"
+    else:
+        matrix, error = layout.run_matrix(ctx.host, smi)
+    try:
+        facts = topo_derived.complete(ctx.host, layout.TopologyFacts(matrix=matrix, matrix_error=error, gpus=layout.gpu_places(ctx.host, inventory),
+                                                                     cpus=layout.machine_cpus(ctx.host)))
+    except OSError:
+        return None  # sysfs unreadable: the pairs stay unknown rather than the check an ERROR
+    if facts.matrix is None:
+        return None
+    details = {"matrix": facts.matrix.model_dump(mode="json"), "unanswered": facts.unanswered}
+    return Result(check="topology", status=Status.SKIP, summary="the GPUs' matrix, read by the nccl check", details=details)
 
 
 def _pair_list(pairs: list[tuple[frozenset[int], str]]) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from preflight.readers.nccl import nccl_env
-from preflight.readers.system.shm_mount import Mount
+from preflight.readers.system.shm_mount import Mount, ShmFile
 from preflight.base.actions import Action, Domain, Next
 from preflight.base.findings import Finding, Measurement, Status
 from preflight.base.units import fmt_bytes
@@ -42,7 +42,8 @@ class ShmFacts:
     segment_skipped: str | None = None  # why no segment was written where one was asked for
     segment_error: str | None = None
     segment_seconds: float | None = None
-    largest_files: list[tuple[str, int]] = field(default_factory=list)
+    largest_files: list[ShmFile] = field(default_factory=list)
+    users: dict[int, str] = field(default_factory=dict)  # uid -> name, of the local accounts (/etc/passwd)
     shm_disabled_by: list[str] = field(default_factory=list)  # "environment", "/etc/nccl.conf"
     # Slurm jobs running here besides the one this run serves (a prolog's SLURM_JOB_ID): the
     # space and inodes in use may be theirs, so they are reported, not judged.
@@ -148,13 +149,20 @@ def judge_space(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurem
     elif f.free_bytes is not None:
         measurements.append(Measurement(name="shm_free", unit="bytes", value=f.free_bytes, floor=floor))
         if f.size_bytes is not None and f.size_bytes >= floor > f.free_bytes:
-            stale = ", ".join(f"{name} ({fmt_bytes(size)})" for name, size in f.largest_files)
+            stale = ", ".join(f"{x.name} ({fmt_bytes(x.bytes)}{_owned_by(f, x.uid)})" for x in f.largest_files)
             found.append(Finding(
                 Status.FAIL, f"only {fmt_bytes(f.free_bytes)} of {f.path} is free, below the {fmt_bytes(floor)} floor",
                 f"{fmt_bytes(f.size_bytes - f.free_bytes)} of {f.path} is in use" + (f"; largest files: {stale}" if stale else ""),
                 f"remove stale segments left by crashed jobs (`ls -laS {f.path}`), or make /dev/shm bigger", act=_filled(f),
             ))
     return found, measurements
+
+
+def _owned_by(f: ShmFacts, uid: int | None) -> str:
+    """Whose a file is, in words: the user who filled /dev/shm is the cause a person acts on."""
+    if uid is None:
+        return ""
+    return f", owner {f.users.get(uid) or f'uid {uid}'}"
 
 
 def judge_memory(f: ShmFacts, floor: float, space_short: bool = False) -> tuple[list[Finding], list[Measurement]]:

@@ -1,13 +1,21 @@
 """The nccl check's judges, on recorded facts: rank reports built by hand (the
 shape checks/workers/nccl_smoke.py writes), real NCCL_DEBUG=INFO logs from
-tests/fixtures/nccl/, no processes."""
+tests/fixtures/nccl/, no processes but a stand-in `nvidia-smi topo -m` printing a capture."""
 
 from __future__ import annotations
 
+import time
+
+import fakes
 import pytest
 from conftest import FIXTURES, make_ctx
+from preflight.base.host import Host
 from preflight.checks import nccl
+from preflight.checkkit.nccl_settings import gpu_pairs, layout_of
 from preflight.checkkit.placement import linked_pairs
+from preflight.pipeline import profiles
+from preflight.pipeline.check import Context
+from preflight.pipeline.settings import Settings
 from preflight.checks.nccl import NcclFacts, OpResult, RankOutcome, RankReport
 
 from preflight.readers.nccl import nccl_env, nccl_log
@@ -660,3 +668,50 @@ def test_the_details_carry_nccl_s_nvls_channels_for_the_bandwidth_check(monkeypa
     ctx.profile = profiles.resolve(profiles.load(path), path, {}, "test")
     r = nccl.Nccl().run(ctx)
     assert r.details["nccl_log"]["nvls_channels"] == 0 and r.details["world"]["launch"] == 1
+
+
+# --- the GPU pairs where the topology check did not run (`--only nccl`) -----------------
+
+A100_PCIE = FIXTURES / "nvml" / "a100-pcie-2x.json"
+SPLIT_TOPO = FIXTURES / "topo" / "08_a100-pcie-2x_no-nvlink_SYS_split-numa-0-1_2mlx5.txt"
+
+
+def pcie_ctx(tmp_path, capture=SPLIT_TOPO):
+    """The a100-pcie profile on the two cards NVML's recording holds, `nvidia-smi topo -m` printing ``capture``."""
+    path = fakes.nvidia_smi(tmp_path / "bin", capture)
+    profile = profiles.resolve(profiles.load(profiles.BUILTIN_DIR / "a100-pcie.toml"), profiles.BUILTIN_DIR / "a100-pcie.toml", {}, "--profile a100-pcie")
+    return Context(profile=profile, settings=Settings(nvml_fake=A100_PCIE), host=Host(environ={"PATH": str(path)}), deadline=time.monotonic() + 60)
+
+
+SHM_PAIR = "NCCL INFO Channel 00 : 0[0] -> 1[1] via SHM/direct/direct\nNCCL INFO Channel 00 : 1[1] -> 0[0] via SHM/direct/direct\n"
+
+
+def test_without_the_topology_check_the_matrix_is_read_so_a_cross_socket_pair_on_shm_is_no_fallback(tmp_path):
+    # Two A100 PCIe cards on two sockets (SYS): NCCL joins them through host memory by its own default
+    # level on an Intel host. With `--only nccl` no topology result says so; every SHM pair warned.
+    ctx = pcie_ctx(tmp_path)
+    layout = layout_of(ctx)
+    assert gpu_pairs(layout) == {frozenset({0, 1}): "SYS"}
+    f = facts([outcome(0, report(0)), outcome(1, report(1))], nccl=nccl_log.parse(SHM_PAIR))
+    assert nccl.judge_transports(f, expect(p2p="warn"), linked_pairs(layout, ("NV",)) or set(), linked_pairs(layout, ("PIX", "PXB"))) == []
+    # Nothing known of the pairs, as before: each SHM pair is a fallback.
+    assert [x.status for x in nccl.judge_transports(f, expect(p2p="warn"), set(), None)] == [WARN]
+
+
+def test_without_the_topology_check_a_pair_under_one_switch_on_shm_still_warns(tmp_path):
+    capture = tmp_path / "topo.txt"
+    capture.write_text(SPLIT_TOPO.read_text().replace("GPU0\t X \tSYS", "GPU0\t X \tPIX").replace("GPU1\tSYS\t X ", "GPU1\tPIX\t X "))
+    layout = layout_of(pcie_ctx(tmp_path, capture))
+    assert gpu_pairs(layout) == {frozenset({0, 1}): "PIX"}
+    f = facts([outcome(0, report(0)), outcome(1, report(1))], nccl=nccl_log.parse(SHM_PAIR))
+    (x,) = nccl.judge_transports(f, expect(p2p="warn"), linked_pairs(layout, ("NV",)) or set(), linked_pairs(layout, ("PIX", "PXB")))
+    assert x.status is WARN and "rank 0 (GPU 0) -> rank 1 (GPU 1) via SHM/direct/direct" in x.cause
+
+
+def test_the_topology_check_s_own_reading_is_not_read_again(tmp_path):
+    ctx = pcie_ctx(tmp_path / "none")  # an nvidia-smi that would fail the test if run: it is not
+    done = Result(check="topology", status=Status.WARN, summary="GPU layout not judged", details={"matrix": None})
+    ctx.results["topology"] = done
+    assert layout_of(ctx) is done
+    ctx.results["topology"] = Result(check="topology", status=Status.SKIP, summary="profile has no [topology] table")
+    assert layout_of(ctx).details["matrix"]["links"] == {"0-1": "SYS"}

@@ -3,6 +3,7 @@ and on real tmpfs mounts in a private mount namespace."""
 
 import json
 import os
+import re
 import shlex
 import subprocess
 from dataclasses import replace
@@ -18,7 +19,7 @@ from preflight.checkkit import shm_judges
 from preflight.checkkit.shm_judges import ShmFacts, judge
 from preflight.checks import shm
 from preflight.readers.system import container, memory
-from preflight.readers.system.shm_mount import Mount
+from preflight.readers.system.shm_mount import Mount, ShmFile
 from preflight.base.host import Host
 from preflight.base.units import fmt_bytes
 from preflight.pipeline.check import Context
@@ -66,11 +67,23 @@ def test_docker_default_64m_from_a_real_container_fails_naming_size_and_fix():
     assert "--shm-size=1g" in f.remedy and "medium: Memory" in f.remedy
 
 
-def test_full_tmpfs_fails_and_names_the_largest_files():
-    facts = healthy(free_bytes=100 * MiB, largest_files=[("nccl-LEFTOVER", 30 * GiB)], segment_bytes=0)
+def test_full_tmpfs_fails_and_names_the_largest_files_and_their_owners():
+    files = [ShmFile("nccl-LEFTOVER", 30 * GiB, 1001), ShmFile("psm_x", GiB, 123456), ShmFile("old", MiB)]
+    facts = healthy(free_bytes=100 * MiB, largest_files=files, users={1001: "alice"}, segment_bytes=0)
     (f,), _ = judge(facts, GiB)
     assert f.status is Status.FAIL and "only 100 MiB of /dev/shm is free" in f.summary
-    assert "nccl-LEFTOVER (30 GiB)" in f.cause and "stale segments" in f.remedy
+    assert "nccl-LEFTOVER (30 GiB, owner alice), psm_x (1 GiB, owner uid 123456), old (1 MiB)" in f.cause and "stale segments" in f.remedy
+
+
+@needs_root
+def test_a_full_dev_shm_names_who_filled_it():
+    # Any user can fill the host's /dev/shm: the drain is right (a job's segments would not fit), and
+    # its cause says whose files hold the space, read from /etc/passwd (no directory service asked).
+    setup = ("mount -t tmpfs -o size=1200m tmpfs /dev/shm && fallocate -l 1100m /dev/shm/leftover "
+             "&& chown nobody /dev/shm/leftover")
+    p = in_private_shm(setup, "run --profile cpu --only shm")
+    assert p.returncode == 1, p.stderr
+    assert re.search(r"largest files: leftover \([0-9.]+ GiB, owner nobody\)", p.stderr), p.stderr
 
 
 def test_a_filled_or_memory_short_host_shm_is_software_that_no_lemon_counts():
@@ -140,7 +153,7 @@ def test_unknown_filesystem_warns_rather_than_claiming_tmpfs():
 # --- a node jobs share: what the node offers, not what the other jobs use ------------
 
 def test_beside_another_job_the_free_space_and_inodes_are_reported_not_judged():
-    facts = healthy(size_bytes=1536 * MiB, free_bytes=736 * MiB, free_inodes=0, largest_files=[("job-a", 800 * MiB)],
+    facts = healthy(size_bytes=1536 * MiB, free_bytes=736 * MiB, free_inodes=0, largest_files=[ShmFile("job-a", 800 * MiB)],
                     segment_bytes=MiB, other_jobs=["41"])
     findings, ms = judge(facts, GiB)
     assert findings == []
@@ -149,7 +162,7 @@ def test_beside_another_job_the_free_space_and_inodes_are_reported_not_judged():
     assert shm_judges.beside(facts) == "Slurm job 41 runs on this node"
     assert shm_judges.beside(healthy(other_jobs=["41", "57"])) == "Slurm jobs 41, 57 run on this node"
     # The same facts with no other job here: leftovers, judged.
-    (f,), _ = judge(healthy(size_bytes=1536 * MiB, free_bytes=736 * MiB, largest_files=[("job-a", 800 * MiB)], segment_bytes=0), GiB)
+    (f,), _ = judge(healthy(size_bytes=1536 * MiB, free_bytes=736 * MiB, largest_files=[ShmFile("job-a", 800 * MiB)], segment_bytes=0), GiB)
     assert f.status is Status.FAIL and f.summary == "only 736 MiB of /dev/shm is free, below the 1 GiB floor"
 
 
@@ -442,7 +455,7 @@ def test_nearly_full_dev_shm_fails_naming_the_leftover():
     assert p.returncode == 1
     (r,) = Report.model_validate_json(p.stdout).checks
     assert "of /dev/shm is free, below the 1 GiB floor" in r.summary
-    assert "nccl-stale-segment (700 MiB)" in r.cause
+    assert "nccl-stale-segment (700 MiB, owner root)" in r.cause
 
 
 @needs_root
@@ -460,7 +473,7 @@ def test_another_jobs_files_are_not_judged_as_the_nodes_and_not_taken_from(tmp_p
     p = in_private_shm(setup, "run --profile cpu --level quick --json", env={**os.environ, "SLURM_JOB_ID": "41"})
     assert p.returncode == 1, p.stderr
     (r,) = Report.model_validate_json(p.stdout).checks
-    assert r.summary == "only 736 MiB of /dev/shm is free, below the 1 GiB floor" and "job-41-data (800 MiB)" in r.cause
+    assert r.summary == "only 736 MiB of /dev/shm is free, below the 1 GiB floor" and "job-41-data (800 MiB, owner root)" in r.cause
 
 
 @needs_root

@@ -1,6 +1,7 @@
 """/dev/shm's mount from recorded mountinfo captures (tests/fixtures/mountinfo), and a
 segment written for real: on this machine's /dev/shm and on a small private tmpfs."""
 
+import os
 import shlex
 import subprocess
 from pathlib import Path
@@ -59,3 +60,16 @@ def test_touch_segment_reports_enospc_instead_of_sigbus():
     )
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines() == ["could not reserve and write 128 MiB: No space left on device", "[]"]
+
+
+def test_largest_files_say_their_owners_and_passwd_names_them(tmp_path):
+    (tmp_path / "big").write_bytes(b"x" * 65536)
+    (tmp_path / "small").write_bytes(b"x")
+    os.chown(tmp_path / "big", 65534, 65534)
+    (tmp_path / "sub").mkdir()  # a directory is no segment
+    files = shm_mount.largest_files(tmp_path)
+    assert [(f.name, f.uid) for f in files] == [("big", 65534), ("small", os.getuid())]
+    assert files[0].bytes >= 65536
+    passwd = "root:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n# a comment\nbroken-line\n"
+    assert shm_mount.local_users(passwd) == {0: "root", 65534: "nobody"}
+    assert shm_mount.local_users("e\x1b[2Jvil:x:7:7::/:/bin/sh\n") == {7: "e\\x1b[2Jvil"}  # a name fit for a terminal

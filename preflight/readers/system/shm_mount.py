@@ -1,5 +1,5 @@
 """/dev/shm as the node has it: the mount that holds it (/proc/self/mountinfo),
-the largest files in it, and whether a segment in it can really be written.
+the largest files in it and their owners, and whether a segment in it can really be written.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from preflight.base.units import fmt_bytes
 
@@ -58,10 +59,16 @@ def mount_of(path: str, mounts: list[Mount]) -> Mount | None:
 SCAN_MOST, SCAN_SECONDS = 10_000, 0.5  # any user can fill /dev/shm with millions of empty files
 
 
-def largest_files(directory: Path, n: int = 3) -> list[tuple[str, int]]:
-    """The largest files among the first SCAN_MOST looked at within SCAN_SECONDS: names for
-    the cause of a full /dev/shm, never a listing that takes the quick level's whole budget."""
-    sizes = []
+class ShmFile(NamedTuple):
+    name: str  # printable: control characters escaped
+    bytes: int  # the memory it holds (blocks, not its apparent size)
+    uid: int | None = None  # its owner, where the file said
+
+
+def largest_files(directory: Path, n: int = 3) -> list[ShmFile]:
+    """The largest files among the first SCAN_MOST looked at within SCAN_SECONDS, with their owners:
+    names for the cause of a full /dev/shm, never a listing that takes the quick level's whole budget."""
+    files = []
     until = time.monotonic() + SCAN_SECONDS
     try:
         with os.scandir(directory) as entries:
@@ -70,12 +77,25 @@ def largest_files(directory: Path, n: int = 3) -> list[tuple[str, int]]:
                     break
                 try:
                     if entry.is_file(follow_symlinks=False):
-                        sizes.append((_printable(entry.name), entry.stat(follow_symlinks=False).st_blocks * 512))
+                        st = entry.stat(follow_symlinks=False)
+                        files.append(ShmFile(_printable(entry.name), st.st_blocks * 512, st.st_uid))
                 except OSError:
                     continue
     except OSError:
         return []
-    return sorted(sizes, key=lambda kv: kv[1], reverse=True)[:n]
+    return sorted(files, key=lambda f: f.bytes, reverse=True)[:n]
+
+
+def local_users(passwd: str) -> dict[int, str]:
+    """uid -> name from /etc/passwd's text. Read as a file, not through NSS: a directory service
+    (sssd, LDAP) that does not answer would hang the check on a name that only words its cause."""
+    out: dict[int, str] = {}
+    for line in passwd.splitlines():
+        name, _, rest = line.partition(":")
+        fields = rest.split(":")
+        if len(fields) >= 2 and fields[1].isdigit():
+            out.setdefault(int(fields[1]), _printable(name))
+    return out
 
 
 def _printable(name: str) -> str:
