@@ -32,7 +32,7 @@ from preflight.readers.machine import layout
 from preflight.readers.nvidia import nvml
 from preflight.readers.machine import topo_derived
 from preflight.readers.machine.layout import NVIDIA_SMI_TIMEOUT, TopologyFacts
-from preflight.readers.machine.layout_queries import gpu_count, numa_span, nvlink_count
+from preflight.readers.machine.layout_queries import gpu_count, matrix_position, numa_span, nvlink_count, rank_gpus
 from preflight.readers.nvidia.nvml_facts import Inventory
 
 
@@ -82,7 +82,7 @@ ANY_SKU = TopologyExpect(numa_warn_above=1, numa_source="any SKU: GPUs on one NU
 
 def measurements(facts: TopologyFacts, vcpu_floor: float | None, expect: TopologyExpect | None = None, shape: NodeShape | None = None) -> list[Measurement]:
     out = []
-    n = gpu_count(facts)
+    n = len(rank_gpus(facts, gpu_count(facts)))  # as judge_cpus counts: the GPUs the job's ranks see
     if facts.cpus is not None:
         out.append(Measurement(name="usable", unit="cpus", value=facts.cpus.usable()))
         if n:
@@ -91,8 +91,8 @@ def measurements(facts: TopologyFacts, vcpu_floor: float | None, expect: Topolog
         out.append(Measurement(name="gpu_numa", unit="nodes", value=span, ceiling=expect.numa_fail_above if expect else None))
     m = facts.matrix if topo_derived.LINKS not in facts.unanswered else None
     for g in facts.gpus:
-        if m and g.index < len(m.gpus) and len(m.gpus) > 1:
-            width = min(nvlink_count(m.link(g.index, j)) for j in range(len(m.gpus)) if j != g.index)
+        if m and (k := matrix_position(facts, g.index)) is not None and len(m.gpus) > 1:
+            width = min(nvlink_count(m.link(k, j)) for j in range(len(m.gpus)) if j != k)
             # NVSwitch boards join every pair at the same width; a bridged pair says nothing of the others.
             floor = expect.nvlink_width if expect and link_mode(expect, shape) == "all" else None
             out.append(Measurement(name="gpu_nvlink_peer_min", unit="links", value=width, labels={"gpu": str(g.index), "UUID": g.uuid}, floor=floor))
@@ -138,7 +138,7 @@ class Topology(Check):
         findings = [f for found in parts.values() for f in found]
         ok = f"{ctx.shape.describe() if ctx.shape else f'{gpu_count(facts)} GPUs'}; {advice.summary}"
         if facts.cpus:
-            ok += f"; {facts.cpus.usable() / max(1, gpu_count(facts)):.1f} vCPUs per GPU"
+            ok += f"; {facts.cpus.usable() / max(1, len(rank_gpus(facts, gpu_count(facts)))):.1f} vCPUs per GPU"
         result = self.conclude(findings, ok, measurements=measurements(facts, floor, ctx.profile.topology, ctx.shape) + src.measurements(), details=details)
         if line := src.line():
             result.lines.append(line)

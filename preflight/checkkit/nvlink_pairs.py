@@ -16,7 +16,7 @@ from preflight.pipeline.expectations import TopologyExpect
 from preflight.pipeline.shape import NodeShape
 from preflight.readers.machine import topo_derived
 from preflight.readers.machine.layout import TopologyFacts
-from preflight.readers.machine.layout_queries import gpu_count, nvlink_count
+from preflight.readers.machine.layout_queries import gpu_count, matrix_position, nvlink_count
 from preflight.readers.nvidia.topo import Topo
 
 FAIL, WARN = Status.FAIL, Status.WARN
@@ -40,8 +40,9 @@ def link_mode(expect: TopologyExpect, shape: NodeShape | None) -> str:
 def judge_links(facts: TopologyFacts, expect: TopologyExpect, shape: NodeShape | None = None) -> list[Finding]:
     m, want = facts.matrix, expect.nvlink_width
     out = []
-    down = {g.index: g.nvlinks_down for g in facts.gpus if g.nvlinks_down}
-    elsewhere = bridged_elsewhere(facts)
+    # The matrix's rows, not NVML's numbers, where they differ (a device cgroup: layout_queries.matrix_position).
+    down = {row(facts, g.index): g.nvlinks_down for g in facts.gpus if g.nvlinks_down}
+    elsewhere = {row(facts, i): away for i, away in bridged_elsewhere(facts).items()}
     mode = link_mode(expect, shape)
     if topo_derived.LINKS in facts.unanswered:
         # No source says which GPUs the links join: nothing to hold the node to, and nothing to clear it by.
@@ -115,6 +116,12 @@ def bridged_elsewhere(facts: TopologyFacts) -> dict[int, list[str]]:
     return out
 
 
+def row(facts: TopologyFacts, index: int) -> int:
+    """The matrix row of NVML's GPU ``index``; its own number where the matrix has no row for it."""
+    pos = matrix_position(facts, index)
+    return index if pos is None else pos
+
+
 def _cards(shape: NodeShape | None, seen: int) -> int:
     """The node's GPU cards: its own count where this run was given a share of them, else ``seen``."""
     if shape is None:
@@ -133,7 +140,7 @@ def odd_card_out(m: Topo, facts: TopologyFacts, by_design: int, elsewhere: dict[
     n = len(m.gpus)
     peers = {g: [j for j in range(n) if j != g and nvlink_count(m.link(g, j))] for g in range(n)}
     lone = [g for g in range(n) if not peers[g] and g not in elsewhere]
-    active = {p.index: p.nvlinks_active for p in facts.gpus}
+    active = {row(facts, p.index): p.nvlinks_active for p in facts.gpus}
     paired = all(len(peers[g]) == 1 and active.get(g) in (None, nvlink_count(m.link(g, peers[g][0])))
                  for g in range(n) if peers[g])
     unbridged = all(not active.get(g) for g in lone)

@@ -42,7 +42,7 @@ def _rank(facts: TopologyFacts, r: int, gpu: int, allowed: set[int] | None) -> R
         cpus = set(row.cpus)
     if cpus is not None and allowed is not None:
         cpus &= allowed
-    near = m.nearest_nics.get(str(gpu), []) if m and row is not None else []
+    near = m.nearest_nics.get(str(row.index), []) if m and row is not None else []  # the matrix's row, not NVML's number
     return RankAdvice(
         local_rank=r, gpu=gpu, numa_node=node, cpus=format_cpulist(cpus) if cpus else None,
         nic=",".join(near) or None, nic_link=row.nics[near[0]] if near and row is not None else None,

@@ -13,7 +13,7 @@ from preflight.pipeline.expectations import TopologyExpect
 from preflight.pipeline.shape import NodeShape
 from preflight.readers.machine import topo_derived
 from preflight.readers.machine.layout import PciLink, TopologyFacts
-from preflight.readers.machine.layout_queries import gpu_count, gpu_indices, gpu_numa, numa_span, numa_unknown, rank_gpus, socket_span
+from preflight.readers.machine.layout_queries import gpu_count, gpu_indices, gpu_numa, matrix_gpu, numa_span, numa_unknown, rank_gpus, socket_span
 from preflight.readers.nvidia.topo import NEAR
 
 FAIL, WARN = Status.FAIL, Status.WARN
@@ -52,7 +52,10 @@ def judge_numa(facts: TopologyFacts, expect: TopologyExpect) -> list[Finding]:
     # numa_fail_above, which counts NUMA nodes.
     sockets = socket_span(facts)
     spread = sockets if sockets is not None else span
-    status = FAIL if limit is not None and span > limit else WARN if spread > expect.numa_warn_above else None
+    # A Grace superchip (GH200, GB200) wires each GPU to its own CPU by NVLink-C2C, its memory a NUMA
+    # node of its own (GPU NUMA ID): a node of four GH200 spans four sockets by construction (Alps'
+    # quad GH200 node, arXiv:2408.11556), and no BIOS setting moves a GPU. A site's pin still holds.
+    status = FAIL if limit is not None and span > limit else WARN if spread > expect.numa_warn_above and not superchips(facts) else None
     if status is not None:
         if known and (not unknown or facts.matrix is None):
             split = "; ".join(f"node {node}: GPU {format_cpulist([i for i, x in known.items() if x == node])}" for node in sorted(set(known.values())))
@@ -67,6 +70,15 @@ def judge_numa(facts: TopologyFacts, expect: TopologyExpect) -> list[Finding]:
                            "host<->device copies then cross the socket interconnect (UPI/xGMI)",
                            PIN if status == WARN else "set the BIOS NUMA mode (NPS/SNC) to the fleet's; meanwhile " + PIN))
     return out
+
+
+def superchips(facts: TopologyFacts) -> bool:
+    """Every GPU is a NUMA node of its own (NVML's or nvidia-smi's GPU NUMA ID): Grace superchips."""
+    if facts.gpus:
+        ids = [g.gpu_numa_id if g.gpu_numa_id is not None else getattr(matrix_gpu(facts, g.index), "gpu_numa_id", None) for g in facts.gpus]
+    else:
+        ids = [t.gpu_numa_id for t in facts.matrix.gpus] if facts.matrix else []
+    return bool(ids) and all(i is not None for i in ids)
 
 
 def judge_nics(facts: TopologyFacts, expect: TopologyExpect, shape: NodeShape | None = None, multi_node: bool = False) -> list[Finding]:
@@ -96,9 +108,14 @@ def judge_nics(facts: TopologyFacts, expect: TopologyExpect, shape: NodeShape | 
             out.append(Finding(WARN, f"state of NIC {name_list(unseen)} unknown",
                                f"`nvidia-smi topo -m` lists {name_list(unseen)} beside GPUs, but /sys/class/infiniband has no RDMA device of that name, "
                                "so whether its port is up is unknown", "check that mlx5_ib (or the NIC's RDMA driver) is loaded: `ibv_devinfo`, `ibstat`"))
+    # A VM's guest sees the PCI tree its hypervisor chose to show: one that shows no GPU a NIC behind
+    # its switch has not replicated the host's switches (each device on its own virtual root port or
+    # bus), so nvidia-smi's NODE/SYS there is a guess by NUMA node, no tenant can change it, and the
+    # provider gives NCCL the host's tree another way (NCCL_TOPO_FILE: NVIDIA/nccl#1464, #1843).
+    hidden = bool(facts.live and facts.hypervisor) and not any(link in NEAR for g in m.gpus for link in g.nics.values())
     for g in m.gpus:
         near = [n for n, link in g.nics.items() if link in NEAR]
-        if not near:
+        if not near and not hidden:
             best = m.nearest_nics.get(str(g.index), [])
             out.append(Finding(FAIL, f"GPU {g.index} has no NIC at PIX/PXB",
                                f"GPU {g.index}'s nearest NIC is {'/'.join(best) or 'none'} at {g.nics.get(best[0], '?') if best else '-'}: "
@@ -159,9 +176,8 @@ def judge_agreement(facts: TopologyFacts) -> list[Finding]:
                         f"`nvidia-smi topo -m` shows {len(m.gpus)} GPUs, NVML {len(facts.gpus)}: the layout cannot be matched to the GPUs",
                         "run `nvidia-smi -L` and `preflight detect`; a GPU may have dropped off between the two reads")]
     for g in facts.gpus:
-        if g.index >= len(m.gpus):
+        if (t := matrix_gpu(facts, g.index)) is None:
             continue
-        t = m.gpus[g.index]
         said = []
         if g.numa_node is not None and t.numa_nodes is not None and t.numa_nodes != [g.numa_node]:
             said.append(f"NUMA node: nvidia-smi {t.numa_affinity}, sysfs {g.numa_node}")

@@ -378,6 +378,31 @@ def test_a_share_of_the_node_with_an_odd_count_still_fails_a_missing_bridge():
     assert [x.summary for x in t.judge(spread, NVL.topology, None, four)["nvlink"]] == ["GPU 2 has no NVLink peer"]
 
 
+def cgroup_share(matrix_links: dict[str, str]) -> t.TopologyFacts:
+    """A Slurm job under ConstrainDevices given GPUs 1 and 2 of a two-socket node of four H100 NVL
+    bridged 0-1 and 2-3: NVML keeps the node's numbers (1 and 2; 0 and 3 refused), nvidia-smi in the
+    job's cgroup prints the two it may open as GPU0 and GPU1 (layout_queries.matrix_position)."""
+    bus, numa, partner = ["0000:1b:00.0", "0000:1c:00.0", "0000:9a:00.0", "0000:9b:00.0"], [0, 0, 1, 1], {1: 0, 2: 3}
+    gpus = [layout.GpuPlace(index=i, pci=bus[i], uuid=f"GPU-{i}", numa_node=numa[i], nvlinks_active=12,
+                            nvlink_peers={bus[partner[i]]: 12}, nvlink_remote={"gpu": 12}) for i in (1, 2)]
+    cpus = layout.Cpus(online="0-63", nodes={"0": "0-31", "1": "32-63"}, allowed="0-63", packages={"0": "0", "1": "1"})
+    return t.TopologyFacts(matrix=topo.parse(matrix(2, matrix_links, [0, 1], cpus=["0-31", "32-63"])), gpus=gpus, cpus=cpus, hypervisor=False)
+
+
+def test_a_device_cgroup_s_share_is_matched_to_the_matrix_by_pci_order_not_nvml_s_number():
+    """Was: FAIL "GPU 0 has no NVLink peer" (matrix row 0 is NVML's GPU 1, whose partner went
+    to another job, read as NVML's GPU 0) and WARN "nvidia-smi and sysfs disagree about GPU 1"
+    (NVML's GPU 1 held to matrix row 1, which is NVML's GPU 2, on the other socket)."""
+    f = cgroup_share({"0-1": "SYS"})
+    job = NodeShape(gpus=2, gpus_from="test", fabric="nvlink", fabric_from="NVML: active NVLinks end at another GPU", host_gpus=4)
+    assert judged(f, NVL, None) == []
+    assert [x for found in t.judge(f, NVL.topology, None, job).values() for x in found] == []
+    assert [layout_queries.matrix_gpu(f, i).numa_nodes for i in (1, 2)] == [[0], [1]]
+    # A link NVML reports down is named by the matrix's row, where the other findings name it.
+    f.gpus[1] = f.gpus[1].model_copy(update={"nvlinks_down": [3]})
+    assert [x.summary for x in t.judge(f, NVL.topology, None, job)["nvlink"]] == ["GPU 1: NVLink 3 down"]
+
+
 def test_a_lone_gpu_beside_gpus_joined_otherwise_than_by_one_bridge_still_fails():
     # On an NVSwitch every GPU reaches the switch: a GPU without a peer lost its links, whatever the count.
     three = odd_facts(3, {"0-1": "NV18"})
@@ -392,6 +417,31 @@ def test_a_lone_gpu_beside_gpus_joined_otherwise_than_by_one_bridge_still_fails(
 def test_a_pair_bridged_with_fewer_links_fails_once_naming_the_pair():
     found = t.judge(nvl_facts({"0-1": "NV12", "2-3": "NV8"}), NVL.topology, None)["nvlink"]
     assert [x.summary for x in found] == ["GPU 2-GPU 3 bridged at NV8, NV12 expected"]
+
+
+def quad_gh200(gpu_numa_ids: list[int | None]) -> t.TopologyFacts:
+    """Hand-made from the quad GH200 node of Alps as arXiv:2408.11556 describes it: four superchips,
+    each Grace (72 cores) a socket and NUMA node 0-3, each Hopper's HBM a NUMA node of its own (4, 12,
+    20, 28), the GPUs joined all to all by NVLink (18 links over three peers: NV6)."""
+    cpus = [f"{72 * i}-{72 * i + 71}" for i in range(4)]
+    gid = ["N/A" if x is None else str(x) for x in gpu_numa_ids]
+    rows = ["\t" + "\t".join(f"GPU{i}" for i in range(4)) + "\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID"]
+    rows += [f"GPU{a}\t" + "\t".join(" X " if a == b else "NV6" for b in range(4)) + f"\t{cpus[a]}\t{a}\t\t{gid[a]}" for a in range(4)]
+    gpus = [layout.GpuPlace(index=i, pci=f"000{i}:01:00.0", uuid=f"GPU-{i}", numa_node=i, local_cpus=cpus[i], nvlinks_active=18,
+                            gpu_numa_id=gpu_numa_ids[i]) for i in range(4)]
+    machine = layout.Cpus(online="0-287", nodes={str(i): cpus[i] for i in range(4)}, allowed="0-287", packages={str(i): str(i) for i in range(4)})
+    return t.TopologyFacts(matrix=topo.parse("\n".join(rows) + "\n"), gpus=gpus, cpus=machine, hypervisor=False)
+
+
+def test_grace_superchips_span_as_many_sockets_as_they_are_by_construction():
+    """Was: WARN "GPUs span 4 sockets" on every healthy quad GH200 node under the generic profile."""
+    generic = resolved("generic").topology
+    superchips = quad_gh200([4, 12, 20, 28])
+    assert t.judge(superchips, generic, None)["numa"] == []
+    assert t.judge(t.TopologyFacts(matrix=superchips.matrix), generic, None)["numa"] == []  # a saved capture says it in GPU NUMA ID
+    assert t.advise(superchips).bind is True  # the advice still binds each rank to its Grace
+    # Four x86 sockets with a GPU each (no GPU NUMA ID): more sockets than the profile's two still warn.
+    assert [x.summary.split(" (")[0] for x in t.judge(quad_gh200([None] * 4), generic, None)["numa"]] == ["GPUs span 4 sockets"]
 
 
 def test_gpus_with_an_unknown_numa_node_are_never_called_one_node():
@@ -428,6 +478,30 @@ def test_a_gpu_with_no_nic_at_pix_or_pxb_fails(root):
     found = [x for x in judged(gathered(host(root, text))) if x.status == FAIL]
     assert [x.summary for x in found] == ["GPU 3 has no NIC at PIX/PXB"]
     assert "NCCL_NET_GDR_LEVEL" in found[0].cause
+
+
+def test_in_a_vm_that_shows_no_gpu_a_nic_behind_its_switch_the_distance_is_the_hypervisor_s(root):
+    """Was: eight FAILs "GPU n has no NIC at PIX/PXB" on a cloud VM whose hypervisor puts each
+    passed-through GPU and NIC on its own virtual port, so nvidia-smi reads NODE/SYS by NUMA node
+    (NVIDIA/nccl#1464); the provider gives NCCL the host's tree in NCCL_TOPO_FILE. A NIC's down
+    port is still the node's, and on bare metal the same matrix still fails."""
+    text = SPLIT.read_text().replace("PIX", "NODE").replace("PXB", "NODE")
+    bare = [x.summary for x in judged(gathered(host(root, text))) if x.status == FAIL]
+    assert len(bare) == 8 and bare[0] == "GPU 0 has no NIC at PIX/PXB"
+    (root / "proc" / "cpuinfo").write_text("processor\t: 0\nflags\t\t: fpu vme sse sse2 hypervisor avx\n")
+    vm = gathered(host(root, text))
+    assert vm.hypervisor is True and judged(vm) == []
+    edit(root, "sys/class/infiniband/mlx5_6/ports/1/state", "1: DOWN")
+    assert [x.summary for x in judged(gathered(host(root, text)))] == []  # NODE to every NIC of its socket: three others stay up
+    for nic in ("mlx5_6", "mlx5_7", "mlx5_8", "mlx5_9", "mlx5_10", "mlx5_11"):
+        if (root / f"sys/class/infiniband/{nic}/ports/1/state").exists():
+            edit(root, f"sys/class/infiniband/{nic}/ports/1/state", "1: DOWN")
+    assert "GPU 4's NIC is down" in [x.summary for x in judged(gathered(host(root, text)))]
+    # Where the hypervisor does show the switches (some GPU has its NIC at PIX), a GPU without one fails.
+    shown = SPLIT.read_text()
+    for nic in ("NIC2", "NIC3"):
+        shown = set_link(shown, "GPU3", nic, "NODE")
+    assert [x.summary for x in judged(gathered(host(root, shown))) if x.status == FAIL and "PIX" in x.summary] == ["GPU 3 has no NIC at PIX/PXB"]
 
 
 def test_a_node_without_nics_fails_a_multi_node_profile(root):
@@ -475,7 +549,10 @@ def test_vcpus_are_counted_for_the_gpus_the_job_can_see(root):
     two = [x for x in judged(gathered(host(root, CUDA_VISIBLE_DEVICES="0,1"))) if x.status == FAIL]
     assert [x.summary for x in two] == ["8.0 vCPUs per GPU, 12 needed"] and "16 usable vCPUs for 2 visible GPUs" in two[0].cause
     edit(root, "proc/self/status", "Cpus_allowed_list:\t0-31")
-    assert [x for x in judged(gathered(host(root, CUDA_VISIBLE_DEVICES="0,1"))) if x.status == FAIL] == []
+    f = gathered(host(root, CUDA_VISIBLE_DEVICES="0,1"))
+    assert [x for x in judged(f) if x.status == FAIL] == []
+    # The figure is the one judged: was 4.0 (32 CPUs over all 8 GPUs) under its floor of 12, for PromQL's `< floor` to find.
+    assert [(m.value, m.floor) for m in t.measurements(f, 12) if m.name == "vcpus_per_gpu"] == [(16.0, 12)]
 
 
 @pytest.mark.parametrize("visible", ["4,5,6,7", ",".join(f"GPU-5c1b0c7e-8f2a-4d3b-9e6a-00000000000{i}" for i in range(4, 8))],

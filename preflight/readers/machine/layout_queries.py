@@ -26,8 +26,25 @@ def gpu_numa(facts: TopologyFacts, index: int) -> int | None:
 
 
 def matrix_gpu(facts: TopologyFacts, index: int) -> TopoGpu | None:
-    """nvidia-smi's row for GPU ``index`` (by the GPUn it prints, NVML's number), or None."""
-    return next((t for t in facts.matrix.gpus if t.index == index), None) if facts.matrix else None
+    """nvidia-smi's row for NVML's GPU ``index`` (``matrix_position``), or None."""
+    pos = matrix_position(facts, index)
+    return facts.matrix.gpus[pos] if facts.matrix and pos is not None else None
+
+
+def matrix_position(facts: TopologyFacts, index: int) -> int | None:
+    """The matrix row (its GPUn) of NVML's GPU ``index``. Under a device cgroup (Slurm's
+    ConstrainDevices) NVML keeps the node's numbers (GPUs 4-7 answer, 0-3 are refused, nvml.h on
+    nvmlDeviceGetCount_v2) while nvidia-smi numbers the GPUs it may open from 0, in PCI order
+    (`nvidia-smi -L` in a job's cgroup prints its one GPU as GPU 0: NVIDIA/deepops#1102,
+    guilbaults/slurm-job-exporter#63). Where the two list the same number of GPUs, row k is the
+    k-th in PCI order; else NVML's number, where the matrix has that row."""
+    m = facts.matrix
+    if m is None:
+        return None
+    order = gpu_indices(facts) if facts.gpus else []
+    if order and len(order) == len(m.gpus):
+        return order.index(index) if index in order else None
+    return index if 0 <= index < len(m.gpus) else None
 
 
 def gpu_count(facts: TopologyFacts) -> int:
