@@ -29,7 +29,7 @@ import sys
 from typing import ClassVar
 
 from preflight.checkkit import figures as figs_mod
-from preflight.checkkit import confirm, host_link
+from preflight.checkkit import confirm, host_link, network_link
 from preflight.checkkit import nvls as nvls_mod
 from preflight.checkkit import outliers
 from preflight.checkkit.bandwidth_figures import (
@@ -309,6 +309,8 @@ class Bandwidth(Check):
         # A host of older or narrower slots than the SKU's (never a VM's, whose links the hypervisor reports).
         vm = layout.under_hypervisor(ctx.host)  # a VM's matrix may hide the host's PCIe tree (p2p_cohorts.PairCohort)
         floors, host_line = host_link.fit(floors, ctx.profile.gpu, node_inventory(ctx), vm)
+        # Across nodes: the NICs' floors at the rate the site cabled them (the rdma check's reading).
+        floors, net_line = network_link.fit(floors, ctx.results.get("rdma"), ctx.profile.rdma.reference_rate_gbps if ctx.profile.rdma else None)
         # Across nodes the inter-node floors judge the collectives; alone, they judge nothing.
         for name in (WHOLE_NODE if ctx.meeting else INTERNODE_FLOORS):
             floors.pop(name, None)
@@ -361,6 +363,6 @@ class Bandwidth(Check):
         result = self.conclude(findings, summary(facts, figs, floors), measurements=measurements(figs, floors, ctx.profile.outliers, kinds, all_nvlink, vm, one_node), details=details)
         result.lines = lines(figs, floors) + time_line(facts)
         result.lines += settled.lines + [t.replace("time:", "time, second reading:", 1) for t in (time_line(again) if again else [])]
-        result.lines += ([f"host copies: {host_line}"] if host_line else []) + nvls_lines + shape.unjudged_lines(unjudged) + ([facts.left_out] if facts.left_out else []) + foreign_line(facts)
+        result.lines += ([f"host copies: {host_line}"] if host_line else []) + ([f"inter-node: {net_line}"] if net_line and ctx.meeting else []) + nvls_lines + shape.unjudged_lines(unjudged) + ([facts.left_out] if facts.left_out else []) + foreign_line(facts)
         return result
 

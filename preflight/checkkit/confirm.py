@@ -6,8 +6,10 @@ Draining a healthy node for it is the false alarm that gets a gate switched
 off, so such a figure is measured again, once, in the same run (the worker
 launched again with ``--reading 2``), and judged against the same floor:
 
-- beyond it on both readings: FAIL, "confirmed", with both figures;
-- beyond it on one reading only: WARN, "transient", with both figures;
+- beyond it on both readings: FAIL, "confirmed", with both figures; for a figure
+  of each GPU, pair or rank, the same one beyond it both times (``_twice``);
+- beyond it on one reading only, or by different GPUs on each: WARN, "transient",
+  with both figures;
 - not measured again (a hard fault in the run, a run across nodes, no time
   left before the check's deadline): the FAIL stays, "not confirmed", with why.
 
@@ -84,7 +86,7 @@ def settle(first: list[Figure], second: list[Figure] | None, floors: dict[str, R
                 found = [_mark(f, " (not confirmed)", f"; not confirmed: {reason}") for f in found]
                 out.readings.append(_reading(key, UNCONFIRMED, one, two or None, reason))
                 out.lines.append(f"{what}: {UNCONFIRMED} ({reason}): {_worst_text(one or two, floor)}")
-        elif key in bad1 and key in bad2:
+        elif key in bad1 and key in bad2 and _twice(one, two, floor):
             both = f"first reading: {_missed_text(one, floor)}; second reading: {_missed_text(two, floor)}"
             found = [_mark(f, f" (confirmed: {_worst_text(one, floor)}, then {_worst_text(two, floor)})", f"; confirmed by measuring again in the same run: {both}")
                      for f in judge(two)]
@@ -92,7 +94,8 @@ def settle(first: list[Figure], second: list[Figure] | None, floors: dict[str, R
             out.lines.append(f"{what}: {CONFIRMED}: first reading {_worst_text(one, floor)}, second {_worst_text(two, floor)}{_bound_text(floor)}")
         elif key in bad1 or key in bad2:
             assert floor is not None  # only names with a floor are missed
-            found = [_transient(what, floor, one, two, key in bad1, rerun)]
+            # Missed on one reading only, or on both but never by the same GPU, pair or rank.
+            found = [_transient(what, floor, one, two, key in bad1, rerun, elsewhere=key in bad1 and key in bad2)]
             out.readings.append(_reading(key, TRANSIENT, one, two))
             out.lines.append(f"{what}: {TRANSIENT}: first reading {_worst_text(one, floor)}, second {_worst_text(two, floor)}{_bound_text(floor)}")
         else:
@@ -154,7 +157,25 @@ def _bound_text(floor: ResolvedFloor | None) -> str:
     return f"; {'ceiling' if floor.bound == 'max' else 'floor'} {fmt_value(floor.value, floor.unit)}"
 
 
-def _transient(what: str, floor: ResolvedFloor, one: list[Figure], two: list[Figure], first_missed: bool, rerun: str) -> Finding:
+def _member(g: Figure) -> tuple:
+    """Which GPU, pair or rank a figure is of, by its labels; () for a figure of the whole node
+    (a collective, a latency, the training step: no gpu or rank label), which is one member
+    whichever rank its words name as the slowest."""
+    return tuple(sorted(g.labels.items())) if {"gpu", "rank", "UUID"} & g.labels.keys() else ()
+
+
+def _twice(one: list[Figure], two: list[Figure], floor: ResolvedFloor | None) -> bool:
+    """Whether one member missed the floor on both readings. As the node's median judges its
+    outliers (checkkit/outliers.py), a FAIL is confirmed by the same GPU, pair or rank: with 8
+    host copies or 56 pairs, a passing load that pulls GPU 2 under the floor on the first
+    reading and GPU 6 on the second confirms no fault of either."""
+    def missing(figs: list[Figure]) -> set[tuple]:
+        return {_member(g) for g in figs if floor is not None and beyond(g.value, floor, 0.0)}
+
+    return bool(missing(one) & missing(two))
+
+
+def _transient(what: str, floor: ResolvedFloor, one: list[Figure], two: list[Figure], first_missed: bool, rerun: str, elsewhere: bool = False) -> Finding:
     bound = "ceiling" if floor.bound == "max" else "floor"
     limit = fmt_value(floor.value, floor.unit)
     bad = _worst(one if first_missed else two, floor)
@@ -162,8 +183,10 @@ def _transient(what: str, floor: ResolvedFloor, one: list[Figure], two: list[Fig
     other = next((g for g in (two if first_missed else one) if g.where == bad.where and g.labels == bad.labels), None) or _worst(two if first_missed else one, floor)
     v1, v2 = (bad, other) if first_missed else (other, bad)
     head = f"{what} transient on {bad.where}: {fmt_value(v1.value, v1.unit)}, then {fmt_value(v2.value, v2.unit)} ({bound} {limit})"
-    cause = (f"{what} was {'over' if floor.bound == 'max' else 'under'} the {limit} {bound} ({floor.source}; {floor.origin}) on the "
-             f"{'first' if first_missed else 'second'} of two readings in this run only: first reading: {_missed_text(one, floor)}; second reading: {_missed_text(two, floor)}")
+    when = ("on both readings in this run, but by no GPU, pair or rank on both" if elsewhere
+            else f"on the {'first' if first_missed else 'second'} of two readings in this run only")
+    cause = (f"{what} was {'over' if floor.bound == 'max' else 'under'} the {limit} {bound} ({floor.source}; {floor.origin}) {when}: "
+             f"first reading: {_missed_text(one, floor)}; second reading: {_missed_text(two, floor)}")
     remedy = (f"a figure that misses its {bound} once and clears it when measured again points to a passing load (another process, "
               f"a clock or power change) more than to the node: watch it, and drain the node if it recurs (`{rerun}`)")
     return Finding(WARN, head, cause, remedy)

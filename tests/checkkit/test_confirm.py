@@ -166,3 +166,25 @@ def test_details_keep_the_launches_and_both_readings():
     s = settle(memcpy(9.2, 1.1), memcpy(3.5, 3.9))
     d = confirm.details(s, 2, ["memcpy"], None)
     assert d["launches"] == 2 and d["remeasured"] == ["memcpy"] and d["why_not"] is None and d["readings"][0]["verdict"] == "transient"
+
+
+def test_beyond_the_floor_on_both_readings_but_by_different_members_is_transient_not_confirmed():
+    """8 host copies of a healthy node: a passing load (a storage transfer on the PCIe switch)
+    pulls rank 0 under the floor on the first reading and rank 1 on the second. No member missed
+    twice, so nothing is confirmed: WARN transient, as the node's median rules its outliers."""
+    s = settle(memcpy(1.1, 9.2), memcpy(9.0, 1.3))
+    f = only(s, "memcpy_bandwidth")
+    assert f.status == WARN, f.summary
+    assert f.summary == "host memcpy transient on rank 0: 1.1 GB/s, then 9 GB/s (floor 2 GB/s)"
+    assert "on both readings in this run, but by no GPU, pair or rank on both: first reading: 1.1 GB/s on rank 0; second reading: 1.3 GB/s on rank 1" in f.cause
+    assert s.readings[0]["verdict"] == "transient"
+    # The same member under it twice is confirmed, whatever else moved.
+    assert only(settle(memcpy(1.1, 1.5), memcpy(9.0, 1.3)), "memcpy_bandwidth").status == FAIL
+
+
+def test_a_node_figure_whose_slowest_rank_moves_is_still_confirmed():
+    """A latency or a collective is the node's: over its ceiling on both readings is confirmed,
+    whichever rank its words name as the slowest."""
+    other = [Figure(name="allreduce_latency", unit="seconds", value=0.05, where="slowest of 2 ranks: rank 0", labels={"stat": "p50"})]
+    f = only(settle(latency(0.03), other), "allreduce_latency")
+    assert f.status == FAIL and "(confirmed:" in f.summary

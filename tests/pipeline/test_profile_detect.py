@@ -63,6 +63,10 @@ BUILTIN_NAMES = [
     ("NVIDIA A100 80GB PCIe", "0x20b5", "a100-pcie"),
     ("NVIDIA A100-PCIE-40GB", "0x20f1", "a100-pcie"),
     ("NVIDIA GB10", None, "gb10"),
+    # Drivers before R470 print no "NVIDIA " prefix; R450 named the 80GB SXM board "A100-SXM-80GB"
+    # (the profiles' match comments): the same boards, the same profiles.
+    ("A100-SXM-80GB", "0x20b2", "a100-sxm4-80gb"),
+    ("A100-PCIE-40GB", "0x20f1", "a100-pcie"),
 ]
 
 
@@ -78,6 +82,13 @@ UNKNOWN_MODELS = [
     ("NVIDIA L40S", "0x26b9"),
     ("NVIDIA B200", "0x2901"),
     ("Tesla T4", "0x1eb8"),
+    # Look-alikes of the profiled boards (ids as the profiles' pci.ids comments give them): the
+    # export H800 and A800, the 40GB and 64GB A100 SXM boards, with and without the "NVIDIA " prefix.
+    ("NVIDIA H800 80GB HBM3", "0x2324"),
+    ("NVIDIA A100-SXM4-40GB", "0x20b0"),
+    ("A100-SXM4-40GB", "0x20b0"),
+    ("NVIDIA A100-SXM-64GB", "0x20b3"),
+    ("NVIDIA A800-SXM4-80GB", "0x20f3"),
 ]
 
 
