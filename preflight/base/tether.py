@@ -29,8 +29,10 @@ child, so the lock stays held while anything the run started still lives.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import sys
 
 AGENT_ENV = "PREFLIGHT_AGENT"  # "PID:STARTTIME" of the agent that started this process
@@ -180,7 +182,20 @@ def popen_tool(argv: list[str], **kwargs):
         if os.getppid() != me:
             os._exit(EXIT_ORPHANED)
 
-    return _spawner.popen(list(argv), {**_marked(kwargs, me), "preexec_fn": tie})
+    return _spawner.popen([_absolute(argv[0], kwargs.get("env")), *argv[1:]], {**_marked(kwargs, me), "preexec_fn": tie})
+
+
+def _absolute(name: str, env: dict | None) -> str:
+    """``name`` as exec would find it, by a path from the root: a tool found only through an
+    empty or relative entry of PATH (``:/usr/bin``, ``.``) is a file in the working directory,
+    a directory such as /tmp where anyone may have put a `journalctl` of theirs for root to run."""
+    found = name if os.sep in name else shutil.which(name, path=(env if env is not None else os.environ).get("PATH", os.defpath))
+    if found is None:
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", name)
+    if not os.path.isabs(found):
+        raise PermissionError(errno.EACCES, f"{found} is a path in the working directory (an empty or relative entry of PATH): "
+                              "preflight runs no tool from there", name)
+    return found
 
 
 _libc_prctl: list = []

@@ -169,23 +169,58 @@ def held(path: Path, locks: str = "/proc/locks") -> bool | None:
         return False
     recorded = _recorded_pid(path)
     # A pid unsaid (a full /run) or said in another pid namespace: the holder's open files tell.
-    return recorded is None or str(recorded) in pids or any(_has_open(pid, st) for pid in pids)
+    if recorded is None or str(recorded) in pids:
+        return True
+    return any(_has_open(pid, st, os.path.realpath(path)) for pid in pids)
 
 
-def _has_open(pid: str, st: os.stat_result) -> bool:
-    """Whether process ``pid`` has the file ``st`` open (its /proc fd table; unreadable: no)."""
+def _has_open(pid: str, st: os.stat_result, where: str) -> bool:
+    """Whether process ``pid`` has the file ``st`` open, from its /proc fd table (unreadable: no).
+    Read from fdinfo (the inode number and the mount of each descriptor, that mount's device from
+    the process's mountinfo), never by a stat of /proc/PID/fd/N: that asks the file's own
+    filesystem, and a user's FUSE file there that never answers left the run stuck in the kernel,
+    where not even SIGKILL ends it. A kernel whose fdinfo gives no inode (before 5.14) is asked
+    where each descriptor leads (readlink: the name the kernel keeps), ``where`` the lock's own."""
     try:
-        fds = os.listdir(f"/proc/{pid}/fd")
+        fds = os.listdir(f"/proc/{pid}/fdinfo")
     except OSError:
         return False
+    devices: dict[bytes, bytes] | None = None
     for fd in fds:
         try:
-            t = os.stat(f"/proc/{pid}/fd/{fd}")
+            with open(f"/proc/{pid}/fdinfo/{fd}", "rb") as f:
+                info = {k.strip(): v.strip() for k, _, v in (line.partition(b":") for line in f.read(4096).splitlines())}
         except OSError:
             continue
-        if (t.st_dev, t.st_ino) == (st.st_dev, st.st_ino):
+        if b"ino" not in info:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == where:
+                    return True
+            except OSError:
+                pass
+            continue
+        if info[b"ino"] != str(st.st_ino).encode():
+            continue
+        if devices is None:
+            devices = _mount_devices(pid)
+        device = devices.get(info.get(b"mnt_id", b""))
+        # The mount's device as mountinfo says it (a bind mount in a container's namespace: the
+        # same); a mount not found there: the inode alone. Only a hint either way: a run that
+        # finds the lock taken after all waits for it (head_start).
+        if device is None or device == f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}".encode():
             return True
     return False
+
+
+def _mount_devices(pid: str) -> dict[bytes, bytes]:
+    """Each mount id of the process's mount namespace and its device ("major:minor"), from
+    /proc/PID/mountinfo; empty where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/mountinfo", "rb") as f:
+            rows = [line.split() for line in f.read(1 << 22).splitlines()]
+    except OSError:
+        return {}
+    return {row[0]: row[2] for row in rows if len(row) > 2}
 
 
 def _recorded_pid(path: Path) -> int | None:

@@ -86,3 +86,27 @@ def test_a_tool_dies_with_a_killed_agent_though_its_deadline_is_far(tmp_path):
     proc.wait()
     time.sleep(1.0)
     assert not psutil.pid_exists(tool) or psutil.Process(tool).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_tool_found_in_the_working_directory_through_an_empty_path_entry_is_never_run(tmp_path, monkeypatch):
+    # PATH=":/usr/bin" (or "." in it) makes the working directory, a /tmp where anyone may have put
+    # a `journalctl` of theirs, the first place a tool is looked up: root ran nobody's file there.
+    import shutil
+
+    import pytest
+
+    planted = tmp_path / "journalctl"
+    ran = tmp_path / "ran"
+    planted.write_text(f"#!/bin/sh\ntouch {ran}\n")
+    planted.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    for path in (f":{Path(sys.executable).parent}:/usr/bin:/bin", f".:/usr/bin:/bin"):
+        monkeypatch.setenv("PATH", path)
+        exe = shutil.which("journalctl", path=path)  # as the readers look a tool up
+        with pytest.raises(PermissionError, match="working directory"):
+            Host().run([exe, "-k"], timeout=10)
+        with pytest.raises(PermissionError, match="working directory"):
+            Host().run(["journalctl", "-k"], timeout=10)
+        assert not ran.exists()
+    # A tool given by its full path, or found in a PATH entry that is one, runs as before.
+    assert Host().run([str(planted)], timeout=10).returncode == 0 and ran.exists()

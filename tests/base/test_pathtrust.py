@@ -144,3 +144,87 @@ def test_the_user_site_of_another_users_home_counts(tmp_path, monkeypatch):
     assert why is not None and "nobody" in why
     monkeypatch.setenv("PYTHONNOUSERSITE", "1")
     assert pathtrust.interpreter_steerable(sys.executable) is None
+
+
+@needs_root
+def test_a_venv_of_copies_has_the_standard_library_of_its_home_judged(tmp_path):
+    # `python -m venv --copies`: bin/python is a file of root's, no link leads out of the venv, yet
+    # Python takes its standard library (os.py, a sitecustomize.py) from pyvenv.cfg's home's prefix:
+    # where another user owns that, they decide what root runs at start-up.
+    base = tmp_path / "base"
+    (base / "bin").mkdir(parents=True)
+    (base / "bin" / "python3.11").write_bytes(b"")
+    stdlib = base / "lib" / "python3.11"
+    stdlib.mkdir(parents=True)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_bytes(b"")  # a copy, judged by its place, never run
+    (venv / "bin" / "python").chmod(0o755)
+    (venv / "pyvenv.cfg").write_text(f"home = {base / 'bin'}\ninclude-system-site-packages = false\n")
+    assert pathtrust.interpreter_steerable(venv / "bin" / "python") is None
+    os.chown(stdlib, 65534, 65534)
+    assert pathtrust.interpreter_steerable(venv / "bin" / "python") == f"{stdlib} is nobody's"
+    os.chown(stdlib, 0, 0)
+    os.chown(base / "bin", 65534, 65534)
+    assert pathtrust.interpreter_steerable(venv / "bin" / "python") == f"{base / 'bin'} is nobody's"
+
+
+@needs_root
+def test_an_import_directory_others_may_add_to_is_steerable_though_sticky_or_root_s(tmp_path):
+    # A sticky bit keeps other users from replacing root's entries, not from adding their own:
+    # nobody's pfatk.pth in a 1777 site-packages ran as root in every worker. So did a .pth file of
+    # theirs left in root's own 0755 site-packages.
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    (venv / "pyvenv.cfg").write_text(f"home = {Path(sys.executable).parent}\n")
+    site = venv / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    (site / "root.pth").write_text("/opt/lib\n")
+    assert pathtrust.interpreter_steerable(venv / "bin" / "python") is None
+    site.chmod(0o1777)
+    why = pathtrust.interpreter_steerable(venv / "bin" / "python")
+    assert why == f"{site} is writable by every user, who may add a .pth file, a module or a pyvenv.cfg Python reads there"
+    site.chmod(0o755)
+    (site / "theirs.pth").write_text("import os\n")
+    os.chown(site / "theirs.pth", 65534, 65534)
+    assert pathtrust.interpreter_steerable(venv / "bin" / "python") == f"{site / 'theirs.pth'} is nobody's"
+    (site / "theirs.pth").unlink()
+    (site / "sitecustomize.py").write_text("")
+    (site / "sitecustomize.py").chmod(0o666)
+    assert pathtrust.interpreter_steerable(venv / "bin" / "python") == f"{site / 'sitecustomize.py'} is writable by every user"
+
+
+@needs_root
+def test_a_directory_others_may_add_a_pyvenv_cfg_to_beside_the_interpreter_is_steerable(tmp_path):
+    # Python reads a pyvenv.cfg beside its executable or one level up, and takes its standard library
+    # from the home it names: in a sticky bin/ every user may add one (nobody's home = their stdlib ran
+    # as root), though no entry of root's there can be replaced.
+    prefix = tmp_path / "prefix"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin" / "python3.11").write_bytes(b"")  # a copy, judged by its place, never run
+    (prefix / "bin" / "python3.11").chmod(0o755)
+    assert pathtrust.interpreter_steerable(prefix / "bin" / "python3.11") is None
+    (prefix / "bin").chmod(0o1777)
+    why = pathtrust.interpreter_steerable(prefix / "bin" / "python3.11")
+    assert why == f"{prefix / 'bin'} is writable by every user, who may add a .pth file, a module or a pyvenv.cfg Python reads there"
+
+
+@needs_root
+def test_a_wrapper_script_is_judged_by_the_interpreter_its_shebang_names(tmp_path):
+    # --python a root-owned script whose #! line names another user's interpreter: the kernel runs
+    # theirs (nobody's sitecustomize.py ran as root), though the script itself is root's.
+    theirs = tmp_path / "alice" / "bin"
+    theirs.mkdir(parents=True)
+    (theirs / "python3.11").write_bytes(b"")
+    (theirs / "python3.11").chmod(0o755)
+    wrapper = tmp_path / "root-bin" / "python"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f"#!{theirs / 'python3.11'}\n")
+    wrapper.chmod(0o755)
+    assert pathtrust.interpreter_steerable(wrapper) is None
+    os.chown(theirs, 65534, 65534)
+    assert pathtrust.interpreter_steerable(wrapper) == f"{theirs} is nobody's"
+    wrapper.write_text("#!/usr/bin/env -S python3.11 -u\n")  # through env: the one PATH finds
+    env_found = pathtrust.interpreter_steerable(wrapper)
+    assert env_found is None or "nobody" not in env_found

@@ -2,9 +2,13 @@
 `preflight topology --from`, as findings, and the same refusal of a damaged matrix."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
-from conftest import assert_index_facts
+import fakes
+from conftest import FIXTURES, assert_index_facts, needs_root
 from topology_cases import SPLIT, TOPO
 from typer.testing import CliRunner
 
@@ -68,3 +72,19 @@ def test_a_damaged_matrix_is_refused_in_the_topology_commands_words(tmp_path, te
         explain_topology.explain(path.read_text(), str(path), None)
     r = cli("topology", "--from", str(path))
     assert r.exit_code == 2 and r.stderr == f"preflight: error: --from {e.value}\n"
+
+
+@needs_root
+def test_as_root_a_python_another_user_can_change_is_refused_before_the_layout_asks_it(tmp_path):
+    # The layout asks the workers' torchrun whether it binds NUMA (--python's, from the config or
+    # PREFLIGHT_PYTHON): as root, that interpreter is judged as `run` judges it, before it runs.
+    python = tmp_path / "python"
+    ran = tmp_path / "ran-as-root"
+    python.write_text(f'#!/bin/sh\ntouch "{ran}"\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    os.chown(python, 65534, 65534)
+    env = {**os.environ, "PREFLIGHT_PYTHON": str(python), "PREFLIGHT_NVML_FAKE": str(FIXTURES / "nvml" / "h100-sxm-8x-healthy.json")}
+    p = subprocess.run([*fakes.PREFLIGHT, "topology"], capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert f"the workers' Python {python} would run as root, and another user decides what it does" in p.stderr
+    assert not ran.exists()

@@ -273,3 +273,32 @@ def test_the_lock_stays_held_while_a_launch_of_the_run_lives(tmp_path):
         child.wait()
     with run_lock(path, 5):
         pass
+
+
+def test_held_tells_a_holder_from_its_descriptors_without_a_stat_through_them(tmp_path, monkeypatch):
+    # A holder whose pid the file does not name (another pid namespace) is found by the files it
+    # holds open. Never by stat()ing /proc/PID/fd/N: that asks each file's own filesystem, and a
+    # user's FUSE file (user_allow_other) that never answers left every `preflight run` stuck in
+    # the kernel before its first check, where not even SIGKILL ended it, once that user flocked a
+    # file of theirs with the lock's inode number.
+    path = tmp_path / "preflight.lock"
+    p = hold(path, 30)
+    try:
+        os.pwrite(os.open(path, os.O_WRONLY), f"{1:<{lock.PID_WIDTH}}\n".encode(), 0)  # pid 1: not the holder
+        real_stat = os.stat
+
+        def no_stat_through_fds(target, *args, **kwargs):
+            assert not (str(target).startswith("/proc/") and "/fd/" in str(target)), f"stat through {target}"
+            return real_stat(target, *args, **kwargs)
+
+        monkeypatch.setattr(os, "stat", no_stat_through_fds)
+        assert lock.held(path) is True
+        other = tmp_path / "other"
+        other.write_text("")
+        monkeypatch.setattr(lock, "_recorded_pid", lambda _: 1)
+        assert lock.held(other) is False  # not locked at all
+    finally:
+        p.kill()
+        p.wait()
+    monkeypatch.undo()
+    assert lock.held(path) is False

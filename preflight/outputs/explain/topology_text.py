@@ -55,6 +55,8 @@ def explain_host(settings: Settings, note: Callable[[str], None]) -> tuple[str, 
     Raises Unreadable when NVML cannot answer; where `nvidia-smi topo -m` cannot, the
     layout comes from NVML and sysfs, and the text says so."""
     pipeline.check_inputs(settings)
+    if settings.python is not None:
+        pipeline.check_python_trusted(settings)  # the layout asks its torchrun, as root: no other user's
     host = Host()
     try:
         facts = from_host(host, settings)
