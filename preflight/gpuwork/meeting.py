@@ -10,6 +10,7 @@ ones that never came, the ones that stopped answering.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import socket
 import time
@@ -95,7 +96,7 @@ class Meeting:
             return Gathered(phase, error=f"the meeting could not start: {getattr(e, 'cause', None) or e}")
         rep = done.reports.get(0) or {}
         error = rep.get("error")
-        self.secret = self.secret or rep.get("secret")
+        self.secret = self.secret or secret_of(rep.get("secret"))
         if rep.get("error_kind") == "no_torch":
             error = f"this node cannot meet the group: torch is not importable by {self.python} ({error}); point --python at the training environment's interpreter"
         g = Gathered(phase, {int(r): n for r, n in (rep.get("nodes") or {}).items()}, list(rep.get("missing") or []), error, round(time.monotonic() - started, 3))
@@ -198,6 +199,14 @@ def after_timeout(ctx: Any) -> float:
 def _said(m: Meeting, g: Gathered) -> dict[str, Any]:
     return {"phase": g.phase, "seconds": g.seconds, "error": g.error, "missing": [m.who(r) for r in g.missing],
             "nodes": {str(r): {k: v for k, v in n.items() if k in ("ok", "why", "host", "addr")} for r, n in sorted(g.nodes.items())}}
+
+
+def secret_of(said: Any) -> str | None:
+    """Node rank 0's secret as the meeting point's store gave it, where it has the shape rank 0 makes
+    (token_hex(16)). Anyone who reaches the store may have written it: a forged one leaves this node
+    out of the group's launch (a FAIL), and one with a NUL byte, taken as it came, broke the launch
+    itself (an ERROR, exit 3)."""
+    return said if isinstance(said, str) and re.fullmatch(r"[0-9a-f]{32}", said) else None
 
 
 def torchrun_group(ctx: Any, check: str, left: float) -> launch.Group | None:

@@ -113,3 +113,9 @@ def test_this_node_is_never_among_the_missing_of_its_own_record():
     m.final = meeting.Gathered("nccl", error="could not reach node rank 0's meeting point 10.0.0.1:29501")
     record = meeting.finish(SimpleNamespace(meeting=m, settings=SimpleNamespace(rdzv_timeout=10)), [])
     assert record["missing"] == [0] and not record["passed"] and record["meeting_error"].startswith("could not reach")
+
+
+def test_rank_0_s_secret_is_taken_from_the_store_only_in_the_shape_rank_0_makes():
+    assert meeting.secret_of("0f" * 16) == "0f" * 16
+    for forged in ("ab\x00cd" * 6, "x" * 32, "0f" * 17, "", None, 42, ["0f" * 16]):
+        assert meeting.secret_of(forged) is None  # a NUL byte in the group's id broke the launch: an ERROR, exit 3
