@@ -186,6 +186,16 @@ def first_cause(reasons: str) -> str:
     return reasons
 
 
+def scale_floors(floors: dict[str, ResolvedFloor], names: tuple[str, ...], factor: float, said: str) -> dict[str, ResolvedFloor] | None:
+    """``floors`` with the profile's own floors of ``names`` times ``factor`` (below 1: the node's design
+    gives less than the reference's), each source saying why; None where nothing is scaled. A site's
+    own floor (config, calibrate) was measured on its own nodes and is never scaled."""
+    scaled = {name: f for name in names if (f := floors.get(name)) is not None and f.from_profile}
+    if factor >= 1 or not scaled:
+        return None
+    return {**floors, **{name: f.model_copy(update={"value": f.value * factor, "source": f"{f.source}; {said}"}) for name, f in scaled.items()}}
+
+
 def beyond(value: float, floor: ResolvedFloor, margin: float) -> bool:
     """Under the floor (over the ceiling), or within ``margin`` of it."""
     if floor.bound == "max":

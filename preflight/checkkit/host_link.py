@@ -20,6 +20,7 @@ not in a virtual machine (whose links are the hypervisor's to report).
 
 from __future__ import annotations
 
+from preflight.checkkit.figures import scale_floors
 from preflight.pipeline.expectations import GpuExpect
 from preflight.pipeline.profiles import ResolvedFloor
 from preflight.readers.nvidia.nvml_facts import Inventory
@@ -58,13 +59,9 @@ def fit(floors: dict[str, ResolvedFloor], expect: GpuExpect | None, inventory: I
     if expect is None or expect.pcie_gen is None or link is None or virtual or link[0] < LEAST[0] or link[1] < LEAST[1]:
         return floors, None
     factor = rate(*link) / rate(expect.pcie_gen, 16)
-    scaled = {name: f for name in HOST_COPIES if (f := floors.get(name)) is not None and f.from_profile}
-    if factor >= 1 or not scaled:
-        return floors, None
     gen, width = link
+    named = [n.split("_")[0] for n in HOST_COPIES if n in floors and floors[n].from_profile]
     said = (f"this host's PCIe link is Gen{gen} x{width} (NVML's maximum for GPU and slot), the SKU's Gen{expect.pcie_gen} x16: "
-            f"{' and '.join(n.split('_')[0] for n in scaled)} floors x{factor:.2f}")
-    out = dict(floors)
-    for name, f in scaled.items():
-        out[name] = f.model_copy(update={"value": f.value * factor, "source": f"{f.source}; {said}"})
-    return out, said
+            f"{' and '.join(named)} floors x{factor:.2f}")
+    scaled = scale_floors(floors, HOST_COPIES, factor, said)
+    return (floors, None) if scaled is None else (scaled, said)

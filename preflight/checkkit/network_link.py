@@ -13,6 +13,7 @@ than its peers is the rdma check's FAIL.
 from __future__ import annotations
 
 from preflight.checkkit.bandwidth_figures import INTERNODE, WORDS
+from preflight.checkkit.figures import scale_floors
 from preflight.pipeline.check import Result
 from preflight.pipeline.profiles import ResolvedFloor
 
@@ -30,13 +31,9 @@ def fit(floors: dict[str, ResolvedFloor], rdma: Result | None, reference_gbps: f
         return floors, None
     # The compute ports' rates (the rdma check gives a floor to those it holds: its measurements).
     rates = [m.value for m in rdma.measurements if m.name == "rdma_port_rate" and m.floor is not None and m.value > 0]  # type: ignore[union-attr]
-    scaled = {name: f for name in BUS_FLOORS if (f := floors.get(name)) is not None and f.from_profile}
     factor = max(rates) / reference_gbps if rates else 1.0
-    if factor >= 1 or not scaled:
-        return floors, None
-    said = (f"this node's compute ports run at {max(rates):g} Gb/s, the reference design's at {reference_gbps:g} (the rdma check: "
-            f"the site's fabric): {', '.join(WORDS[n] for n in scaled)} floor{'s' if len(scaled) > 1 else ''} x{factor:.2f}")
-    out = dict(floors)
-    for name, f in scaled.items():
-        out[name] = f.model_copy(update={"value": f.value * factor, "source": f"{f.source}; {said}"})
-    return out, said
+    named = [WORDS[n] for n in BUS_FLOORS if n in floors and floors[n].from_profile]
+    said = (f"this node's compute ports run at {max(rates, default=0):g} Gb/s, the reference design's at {reference_gbps:g} (the rdma check: "
+            f"the site's fabric): {', '.join(named)} floor{'s' if len(named) > 1 else ''} x{factor:.2f}")
+    scaled = scale_floors(floors, BUS_FLOORS, factor, said)
+    return (floors, None) if scaled is None else (scaled, said)

@@ -56,15 +56,21 @@ def test_a_link_in_the_middle_of_a_chain_another_user_could_re_aim_is_steerable(
     assert why is not None and str(theirs) in why
 
 
-@needs_root
-def test_an_interpreter_whose_site_packages_another_user_owns_is_steerable(tmp_path):
-    # Root's bin/python and pyvenv.cfg, another user's site-packages: a .pth there runs at start-up, as root.
+def root_venv(tmp_path: Path) -> tuple[Path, Path]:
+    """Root's venv over this interpreter, as `python -m venv` lays one out: (the venv, its site-packages)."""
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").symlink_to(sys.executable)
     (venv / "pyvenv.cfg").write_text(f"home = {Path(sys.executable).parent}\n")
     site = venv / "lib" / "python3.11" / "site-packages"
     site.mkdir(parents=True)
+    return venv, site
+
+
+@needs_root
+def test_an_interpreter_whose_site_packages_another_user_owns_is_steerable(tmp_path):
+    # Root's bin/python and pyvenv.cfg, another user's site-packages: a .pth there runs at start-up, as root.
+    venv, site = root_venv(tmp_path)
     assert pathtrust.interpreter_steerable(venv / "bin" / "python") is None
     os.chown(site, 65534, 65534)
     assert pathtrust.interpreter_steerable(venv / "bin" / "python") == f"{site} is nobody's"
@@ -174,12 +180,7 @@ def test_an_import_directory_others_may_add_to_is_steerable_though_sticky_or_roo
     # A sticky bit keeps other users from replacing root's entries, not from adding their own:
     # nobody's pfatk.pth in a 1777 site-packages ran as root in every worker. So did a .pth file of
     # theirs left in root's own 0755 site-packages.
-    venv = tmp_path / "venv"
-    (venv / "bin").mkdir(parents=True)
-    (venv / "bin" / "python").symlink_to(sys.executable)
-    (venv / "pyvenv.cfg").write_text(f"home = {Path(sys.executable).parent}\n")
-    site = venv / "lib" / "python3.11" / "site-packages"
-    site.mkdir(parents=True)
+    venv, site = root_venv(tmp_path)
     (site / "root.pth").write_text("/opt/lib\n")
     assert pathtrust.interpreter_steerable(venv / "bin" / "python") is None
     site.chmod(0o1777)
