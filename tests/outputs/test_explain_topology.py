@@ -88,3 +88,12 @@ def test_as_root_a_python_another_user_can_change_is_refused_before_the_layout_a
     assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
     assert f"the workers' Python {python} would run as root, and another user decides what it does" in p.stderr
     assert not ran.exists()
+
+
+def test_a_matrix_pasted_through_github_with_its_header_underline_half_left_is_explained_as_topology():
+    # sglang issue 26039 (tests/fixtures/topo/SOURCE.md, escapes-lost/): "[4mGPU0 ... GPU NUMA ID[0m".
+    from preflight.outputs.explain import kinds
+    (path,) = (TOPO / "escapes-lost").glob("E1_*.txt")
+    assert kinds.guess(path.read_text()) == "topology"
+    e = explain_topology.explain(path.read_text(), str(path), None)
+    assert e.kind == "topology" and len(e.facts["gpus"]) == 8

@@ -126,3 +126,10 @@ def test_roots_slurmd_says_this_is_a_slurm_node_and_another_users_does_not():
         assert seen == {"none": "False", "root": "True", "nobody": "False", "elsewhere": "False"}, seen
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_the_step_manager_step_of_slurm_24_05_names_its_job():
+    # Slurm 24.05+ (src/slurmd/slurmstepd/slurmstepd.c, _set_job_log_prefix): the stepd that is the
+    # job's step manager (--stepmgr, SlurmctldParameters=enable_stepmgr) titles itself "[%s stepmgr]".
+    assert jobs.job_of("slurmstepd\n", b"slurmstepd: [41.extern stepmgr]\x00") == "41"
+    assert jobs.job_of("slurmstepd\n", b"slurmstepd: [41.0 stepmgr]\x00\x00") == "41"

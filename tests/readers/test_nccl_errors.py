@@ -117,3 +117,55 @@ def test_every_other_known_problem_is_a_failure():
 def test_a_socket_connect_nccl_retries_is_no_problem_until_it_gives_up(line, found):
     assert [p.category for p in parse(line + "\n").problems] == found
 
+
+
+@pytest.mark.parametrize("line, found", [
+    # INFO lines NCCL prints while coping, verbatim formats from its sources: none is a failure of the node.
+    # src/misc/socket.cc v2.30.7-1: a connection that never sent the magic (a port scanner, a health probe) is dropped.
+    ("h:1:2 [0] NCCL INFO socketFinalizeAccept: handshake receive from 10.0.0.9<51234> failed, discarding peer connection", []),
+    ("h:1:2 [0] NCCL INFO socketFinalizeAccept: peer 10.0.0.9<51234> closed before magic handshake, discarding", []),
+    # src/misc/socket.cc 2.19-2.28, src/os/linux.cc 2.29+: the application aborted the communicator on purpose.
+    ("h:1:2 [0] NCCL INFO socketProgressOpt: abort called", []),
+    ("h:1:2 [0] NCCL INFO ncclOsSocketProgressOpt: abort called", []),
+    # src/misc/ibvwrap.cc 2.26+: a QP transition retried (NCCL_IB_MQP_RETRY_CNT); only the WARN after the last try fails.
+    ("h:1:2 [0] NCCL INFO Call to ibv_modify_qp failed with 110 Connection timed out, on dev mlx5_0:1, curr state INIT, "
+     "next state RTR, retrying 1/34 after 100 msec of sleep", []),
+    ("h:1:2 [0] misc/ibvwrap.cc:376 NCCL WARN Call to ibv_modify_qp failed with 110 Connection timed out, on dev mlx5_0:1, "
+     "curr state INIT, next state RTR", ["ib_verbs"]),
+    # src/include/checks.h CUDACHECKIGNORE (all releases): NCCL reports a CUDA error it clears and ignores, at INFO.
+    ("h:1:2 [0] NCCL INFO enqueue.cc:893 Cuda failure 'invalid argument'", []),
+    ("h:1:2 [0] NCCL INFO dev_runtime.cc:197 Cuda failure 'invalid argument'", []),
+    ("h:1:2 [0] include/checks.h:20 NCCL WARN Cuda failure 'out of memory'", ["unhandled_cuda_error"]),
+])
+def test_what_nccl_logs_at_info_while_it_copes_is_no_problem(line, found):
+    assert [p.category for p in parse(line + "\n").problems] == found
+
+
+# NVIDIA/Fuser#3055 (turn 3, NCCL 2.23.4, mpirun -np 4, ncclCommAbort at teardown), lines as posted: after the
+# application aborts its communicators, each thread blocked in a socket returns ncclInternalError (3) from
+# socketProgressOpt's "abort called" (INFO of the NET subsystem, not shown by default) up its call chain.
+_ABORTED = """\
+dgx1v-loki-23:5890:6275 [0] NCCL INFO comm 0x7f00faaa5c00 rank 0 nranks 4 cudaDev 0 busId 6000 - Abort COMPLETE
+dgx1v-loki-23:5890:6279 [0] NCCL INFO misc/socket.cc:47 -> 3
+dgx1v-loki-23:5890:6279 [0] NCCL INFO misc/socket.cc:58 -> 3
+dgx1v-loki-23:5890:6279 [0] NCCL INFO misc/socket.cc:781 -> 3
+dgx1v-loki-23:5890:6080 [0] NCCL INFO misc/socket.cc:832 -> 3
+dgx1v-loki-23:5891:6280 [1] NCCL INFO misc/socket.cc:47 -> 3
+dgx1v-loki-23:5893:6277 [3] NCCL INFO comm 0x7fe3d6f51880 rank 3 nranks 4 cudaDev 3 busId b000 - Abort COMPLETE
+"""
+
+
+def test_the_socket_return_chain_of_a_communicator_the_application_aborted_is_no_problem():
+    assert parse(_ABORTED).problems == []
+
+
+def test_a_socket_failure_nccl_warned_of_is_a_problem_even_in_a_log_that_aborts():
+    # A real failure WARNs first (misc/socket.cc's "socketProgress: Connection closed by remote peer"), then aborts.
+    text = ("h:1:2 [0] misc/socket.cc:49 NCCL WARN socketProgress: Connection closed by remote peer h2<42362>\n"
+            "h:1:2 [0] NCCL INFO misc/socket.cc:749 -> 6\n" + _ABORTED)
+    assert [p.category for p in parse(text).problems] == ["socket"]
+
+
+def test_a_socket_return_chain_without_an_abort_is_still_a_problem():
+    text = "".join(line + "\n" for line in _ABORTED.splitlines() if "Abort COMPLETE" not in line)
+    assert [p.category for p in parse(text).problems] == ["socket"]

@@ -302,3 +302,17 @@ def test_nvls_channels_say_whether_nccl_set_nvls_up():
     assert s.nvls_channels == 0 and s.transports == ["SHM"] and s.peers == {"0->1": ["SHM/direct/direct"], "1->0": ["SHM/direct/direct"]}
     h800 = nccl_log.parse((FIXTURES / "nccl" / "05_nccl2.18.3_8xH800-single-process_nccl-tests-header_NET-Socket_NVLS-available_P2P-direct-pointer.log").read_text())
     assert h800.nvls is True and h800.nvls_channels is None  # available, and no line says what NCCL set up
+
+
+@pytest.mark.parametrize("line", [
+    # NCCL 2.30 (src/debug.cc v2.30.7-1) names the function after file:line: "[%d] %s:%d (%s) NCCL WARN %s".
+    "node-7:4242:4250 [3] transport/shm.cc:96 (shmSendSetup) NCCL WARN Error while creating shared memory segment",
+    "[2026-03-18 11:13:09] node-7:4242:4250 [3] transport/shm.cc:96 (shmSendSetup) NCCL WARN Error while creating "
+    "shared memory segment",
+    # Up to 2.29: "[%d] %s:%d NCCL WARN %s".
+    "node-7:4242:4250 [3] transport/shm.cc:96 NCCL WARN Error while creating shared memory segment",
+])
+def test_a_warn_line_gives_its_host_pid_device_and_place_in_every_releases_layout(line):
+    (w,) = parse(line + "\n").warnings
+    assert (w.host, w.pid, w.dev, w.where) == ("node-7", 4242, 3, "transport/shm.cc:96")
+    assert w.message == "Error while creating shared memory segment"

@@ -230,3 +230,41 @@ def test_hgx_profiles_expect_gdrdma_and_carry_internode_floors(name):
     assert p.nccl.network == "ib_gdrdma" and p.nccl.network_source
     assert p.floors["internode_allreduce_bus_bandwidth"].unit == "bytes_per_second"
     assert p.floors["internode_allreduce_latency"].bound == "max"
+
+
+# --- NCCL_NET_GDR_READ=0: sends staged by the site's choice, receives still GPUDirect -------------
+
+def _gdr_read_off_log() -> str:
+    # Hand-made from NCCL's formats (src/transport/net.cc v2.30.7-1, "[send] via NET/%s/%d%s%s%s"): with
+    # NCCL_NET_GDR_READ=0 (src/graph/paths.cc ncclTopoCheckGdr: "if (gdrReadParam == 0) return") the send
+    # side stages through host memory and prints no /GDRDMA; the receive side still writes into the GPU.
+    return "\n".join([
+        "n1:10:10 [0] NCCL INFO NCCL_NET_GDR_READ set by environment to 0.",
+        "n1:10:10 [0] NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/IB/0",
+        "n1:10:10 [0] NCCL INFO Channel 00/0 : 8[0] -> 0[0] [receive] via NET/IB/0/GDRDMA",
+        "n2:20:20 [0] NCCL INFO Channel 00/0 : 8[0] -> 0[0] [send] via NET/IB/0",
+        "n2:20:20 [0] NCCL INFO Channel 00/0 : 0[0] -> 8[0] [receive] via NET/IB/0/GDRDMA",
+    ]) + "\n"
+
+
+@pytest.mark.parametrize("where", ["log", "env"])
+def test_sends_without_gdrdma_under_nccl_net_gdr_read_0_are_the_sites_choice_not_a_finding(where):
+    text = _gdr_read_off_log()
+    if where == "env":
+        text = text.split("\n", 1)[1]
+    facts = NetFacts(env={"NCCL_NET_GDR_READ": "0"} if where == "env" else {}, peermem=["nvidia_peermem"])
+    for local in ({0}, None):
+        found, details = judge(parse(text), facts, "ib_gdrdma", local, text)
+        assert found == [] and all(p["gdrdma"] for p in details["peers"].values()), (local, details)
+
+
+def test_receives_without_gdrdma_still_fail_under_nccl_net_gdr_read_0():
+    text = _gdr_read_off_log().replace("[receive] via NET/IB/0/GDRDMA", "[receive] via NET/IB/0")
+    (f,), details = judge(parse(text), NetFacts(), "ib_gdrdma", None, text)
+    assert f.status == Status.FAIL and details["peers"]["0->8"]["gdrdma"] is False
+
+
+def test_sends_without_gdrdma_fail_where_gdr_read_is_not_off():
+    text = _gdr_read_off_log().split("\n", 1)[1]
+    (f,), details = judge(parse(text), NetFacts(), "ib_gdrdma", None, text)
+    assert f.status == Status.FAIL and details["peers"]["0->8"]["gdrdma"] is False

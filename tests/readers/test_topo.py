@@ -420,3 +420,29 @@ def test_every_capture_with_a_driver_580_header_reads_as_the_original(path):
     assert underlined != text and "\x1b[4m" in underlined
     assert _read(underlined) == _read(text)
     assert looks_like(underlined) == looks_like(text)
+
+
+def test_a_header_underline_whose_esc_bytes_a_web_page_dropped_reads_as_the_underline():
+    # sglang issue 26039: driver 590's ESC[4m ... ESC[0m around the header, pasted into GitHub, which
+    # dropped each ESC and left "[4mGPU0 ... GPU NUMA ID[0m". Before, the GPU0 row was taken for the header.
+    (path,) = (TOPO / "escapes-lost").glob("E1_*.txt")
+    text = path.read_text()
+    assert "\t[4mGPU0\t" in text and "GPU NUMA ID[0m\n" in text  # as stored
+    assert looks_like(text)
+    t = parse(text)
+    assert len(t.gpus) == 8 and set(t.links.values()) == {"NV18"} and t.notes == []
+    assert t.nics == [f"mlx5_{n}" for n in range(10, 18)] + ["mlx5_bond_0"]
+    assert [g.cpu_affinity for g in t.gpus] == ["0-63,128-191"] * 4 + ["64-127,192-255"] * 4
+    assert t.numa_nodes == [0, 1] and t.spans_numa is True
+    assert t.nearest_nics == {str(i): [f"mlx5_1{i}"] for i in range(8)}
+    # The same capture with the ESC bytes it had reads the same.
+    assert parse(text.replace("[4m", "\x1b[4m").replace("[0m", "\x1b[0m")) == t
+
+
+@pytest.mark.parametrize("line", [
+    "[4mGPU0\tGPU1\tCPU Affinity",  # one end only: not the underline's remains
+    "GPU0\t X \t[4m0-7[0m",  # not a header line
+])
+def test_a_bracket_m_that_is_not_a_lost_header_underline_stays(line):
+    from preflight.readers.nvidia.topo import _readable
+    assert _readable(line + "\n") == line + "\n"

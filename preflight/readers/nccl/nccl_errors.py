@@ -44,6 +44,8 @@ class _Sig:
     cause: str
     fix: str
     severity: Literal["fail", "warn"] = "fail"
+    # A line that matches ``pattern`` and this is NCCL coping, at INFO, in the same words: not the problem.
+    unless: str | None = None
 
 
 _SHM_FIX = ("give /dev/shm more space: `docker run --shm-size=1g` (or --ipc=host); in Kubernetes mount an emptyDir "
@@ -95,7 +97,10 @@ _SIGS: dict[str, _Sig] = {
         "must be unlimited (Docker --ulimit memlock=-1; /etc/security/limits.conf on hosts, and check it under "
         "mpirun/srun too); in Kubernetes give the pod the RDMA device (RDMA device plugin resource, IPC_LOCK); "
         "choose the HCAs with NCCL_IB_HCA and, on RoCE, NCCL_IB_GID_INDEX (see `show_gids`); run ib_write_bw "
-        "between the nodes"),
+        "between the nodes",
+        # src/misc/ibvwrap.cc since 2.26: each retried QP transition is an INFO "..., retrying 1/34 after 100 msec
+        # of sleep"; only the WARN after the last try (same words, no "retrying") is the failure.
+        unless=r"NCCL INFO .*Call to ibv_\w+ failed.*, retrying \d+/\d+ after"),
     # https://github.com/NVIDIA/nccl/issues/426 and /902 (maintainer: error 12 is a timeout).
     "ib_completion": _Sig(
         ("Got completion",),
@@ -138,7 +143,10 @@ _SIGS: dict[str, _Sig] = {
     # and "socketFinalizeAccept: didn't receive a valid magic" (a stray connection, dropped).
     "socket": _Sig(
         ("ocket", "Connection closed", "interface found"),
-        r"\b(?:ncclS|ncclOsS|s)ocket[A-Z]\w*: (?!.*, retrying \(\d|didn't receive a valid magic)"
+        r"\b(?:ncclS|ncclOsS|s)ocket[A-Z]\w*: (?!.*, retrying \(\d|didn't receive a valid magic"
+        # 2.30 (src/misc/socket.cc) drops a connection that never sent the magic (a port scanner, a probe) in
+        # these words at INFO; "abort called" (2.19+) is the application aborting the communicator on purpose.
+        r"|handshake receive from \S+ failed, discarding|peer \S+ closed before magic handshake|abort called\s*$)"
         r"|\b(?:ncclOsS|s)ocketPollConnect to \S+ failed|socket\.cc:\d+ -> \d"
         r"|[Nn]et : Connection closed by remote peer"
         r"|no socket interface found|NET/Socket ?: ?no interface found",
@@ -159,7 +167,10 @@ _SIGS: dict[str, _Sig] = {
         "(the job left no room for NCCL's buffers), invalid device or argument (a device mapping mismatch), "
         "or a GPU fault",
         "read the \"Cuda failure\" WARN; for out of memory leave GPU memory free for NCCL; otherwise look "
-        "for Xid errors on the node (`preflight xid`) and run `preflight run`"),
+        "for Xid errors on the node (`preflight xid`) and run `preflight run`",
+        # CUDACHECKIGNORE/CUCHECKIGNORE (src/include/checks.h, every release): an error NCCL clears and
+        # ignores (cudaIpcCloseMemHandle, cuMemUnmap at teardown) is logged at INFO as "Cuda failure '...'".
+        unless=r"NCCL INFO .*\bCuda failure\b"),
     "unhandled_system_error": _Sig(
         ("system error", "SystemError"),
         r"unhandled system error|ncclSystemError",
@@ -207,7 +218,16 @@ _SIGS: dict[str, _Sig] = {
         "--pid PID` on a hung rank shows where it is stuck; `preflight run` on its node"),
 }
 _SIG_RE = {name: re.compile(s.pattern) for name, s in _SIGS.items()}
+_UNLESS = {name: re.compile(s.unless) for name, s in _SIGS.items() if s.unless}
 _NEEDLES = [(n, name) for name, s in _SIGS.items() for n in s.needles]
+# The application aborted a communicator (ncclCommAbort: torch's destroy_process_group and its error handling
+# do): init.cc's "... - Abort COMPLETE" (INIT, shown by default) and socketProgressOpt's "abort called" (NET).
+# Each thread that was blocked in a socket then returns ncclInternalError (3) up its call chain, at INFO
+# ("misc/socket.cc:47 -> 3", NVIDIA/Fuser#3055): the abort's echo, no failure of its own. A real socket
+# failure WARNs first, in words of its own, and stays a problem.
+ABORTED = "_aborted"
+_NEEDLES += [("Abort COMPLETE", ABORTED), ("abort called", ABORTED)]
+_CHAIN = re.compile(r"NCCL INFO \S*socket\.cc:\d+ -> 3\s*$")
 
 # torch's watchdog line: the op's arguments and how long it ran, and which rank printed it.
 _WATCHDOG = re.compile(r"WorkNCCL\((?P<args>.*?)\) ran for (?P<ran>\d+) milliseconds")
@@ -230,10 +250,14 @@ def flagged(text: str, lines: list[str]) -> dict[int, set[str]]:
 def record(found: dict[str, dict], line: str, number: int, names: set[str]) -> None:
     """Count the known errors this line shows into ``found`` (category -> first line, its text, count, ranks);
     ``names`` are the categories whose needles the line holds (from ``flagged``)."""
+    if ABORTED in names:
+        found.setdefault(ABORTED, {"line": number})
     for name in _SIGS:  # in table order, so one line counts the same way every time
-        if name in names and _SIG_RE[name].search(line):
-            hit = found.setdefault(name, {"line": number, "text": line.strip()[:500], "count": 0, "ranks": []})
+        if name in names and _SIG_RE[name].search(line) and not (name in _UNLESS and _UNLESS[name].search(line)):
+            hit = found.setdefault(name, {"line": number, "text": line.strip()[:500], "count": 0, "ranks": [], "chains": 0})
             hit["count"] += 1
+            if name == "socket" and _CHAIN.search(line):
+                hit["chains"] += 1
             if name == "watchdog_timeout":
                 if "args" not in hit:
                     hit["args"] = dict(re.findall(r"(\w+)(?:\(ms\))?=([^,]+)", m["args"])) if (m := _WATCHDOG.search(line)) else {}
@@ -245,6 +269,8 @@ def problems(found: dict[str, dict], nranks: int | None) -> list[Problem]:
     """One Problem per category ``record`` found, in the order they appear in the log."""
     if "shm_no_space" in found:
         found.pop("shm_create", None)  # "Error while creating" is how the same failure ends
+    if found.pop(ABORTED, None) and "socket" in found and found["socket"]["chains"] == found["socket"]["count"]:
+        found.pop("socket")  # only the return chain of an abort the application asked for (ABORTED above)
     out = []
     for name, hit in found.items():
         sig = _SIGS[name]

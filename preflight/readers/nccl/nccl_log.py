@@ -110,6 +110,7 @@ _KNOWN = {
 _SHM_WORDS = ("direct shared memory", "shared memory")
 _OTHER = re.compile(r"[A-Z][A-Za-z0-9_]*(?:/[\w .()\[\]-]+)*")  # a kind this parser does not know yet
 _WHERE = re.compile(r"[\w./-]+:\d+")
+_FUNC = re.compile(r"\(\S+\)")  # NCCL 2.30's WARN prefix names the function after file:line: "shm.cc:96 (shmSendSetup)"
 _DEVTOK = re.compile(r"\[(\d{1,4})\]")
 _HOSTTOK = re.compile(r"([^\s\[\]():]+):(\d{1,10}):\d{1,10}$")
 # NCCL_VERSION_STRING is "2.21.5+cuda12.4" (the macro names when a build did not expand them); a suffix
@@ -176,6 +177,8 @@ def _warn(line: str, number: int) -> Warn:
     """Read from the right, so whatever prefix precedes "host:pid:tid [dev] file:line" is ignored."""
     at = line.find("NCCL WARN")
     head = line[:at].split()
+    if head and _FUNC.fullmatch(head[-1]):
+        head.pop()
     where = head.pop() if head and _WHERE.fullmatch(head[-1]) else None
     dev = int(m[1]) if head and (m := _DEVTOK.fullmatch(head[-1])) else None
     host = pid = None

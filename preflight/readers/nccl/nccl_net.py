@@ -33,9 +33,11 @@ from pydantic import BaseModel
 
 from preflight.base.findings import Finding, Status
 from preflight.base.host import Host, read_stripped
+from preflight.readers.nccl.nccl_env import nccl_int
 from preflight.readers.nccl.nccl_log import Channel, NcclLog
 
-ENV_VARS = ("NCCL_IB_DISABLE", "NCCL_NET", "NCCL_NET_PLUGIN", "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "NCCL_NET_GDR_LEVEL")
+ENV_VARS = ("NCCL_IB_DISABLE", "NCCL_NET", "NCCL_NET_PLUGIN", "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "NCCL_NET_GDR_LEVEL",
+            "NCCL_NET_GDR_READ")
 # What NCCL tests (src/transport/net_ib/gdr.cc): nv_peer_mem registers memory_peers/nv_mem*; NCCL >= 2.23
 # also accepts /sys/module/nvidia_peermem, which NCCL <= 2.22.3 misses (NVIDIA/nccl#1676).
 PEERMEM = ("nvidia_peermem", "nv_peer_mem")
@@ -235,10 +237,16 @@ def judge(log: NcclLog, facts: NetFacts, expect: str, local_ranks: set[int] | No
     if not cross:
         return [], {"judged": False, "expect": expect, "peers": {},
                     "summary": "no NCCL channel crosses nodes in the log (one node, or NCCL_DEBUG below INFO): nothing to judge"}
+    # NCCL_NET_GDR_READ=0 turns GPUDirect off for sends only (src/graph/paths.cc, ncclTopoCheckGdr: "if
+    # (gdrReadParam == 0) return" for reads): a site's choice, whose send lines print no /GDRDMA while the
+    # receives still write into the GPU. Such a send is no sign of a node without GPUDirect RDMA.
+    read = _who("NCCL_NET_GDR_READ", log, facts)[0]
+    read_off = read is not None and read.strip() != "" and nccl_int(read) == 0
     table = {}
     for (a, b), chans in sorted(cross.items()):
         transports = list(dict.fromkeys(c.transport for c in chans))
-        table[f"{a}->{b}"] = {"network": network(chans[0].net), "gdrdma": all(c.gdr for c in chans), "transport": ", ".join(transports)}
+        gdr = all(c.gdr or (read_off and c.direction == "send") for c in chans)
+        table[f"{a}->{b}"] = {"network": network(chans[0].net), "gdrdma": gdr, "transport": ", ".join(transports)}
     details: dict = {"judged": True, "expect": expect, "summary": _summary(table), "peers": table, "causes": []}
     if expect == "any":
         return [], details

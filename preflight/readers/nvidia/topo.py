@@ -33,6 +33,17 @@ _LEGEND = re.compile(r"^\s*(NIC[0-9]+)\s*:\s*(\S+)\s*$")
 _HEADER = re.compile(r"^\s*GPU0(\s|$)")
 _FIRST_ROW = re.compile(r"^GPU0[\t ]+X(\s|$)")
 LOOKS_LINES = 200  # looks_like reads this many lines: a matrix sits near the top of what was pasted
+# Driver 580+ underlines the header (ESC[4m ... ESC[0m) even into a pipe. A paste through a page
+# that drops the ESC byte (GitHub issues: sglang's check_env output, tests/fixtures/topo/escapes-lost)
+# leaves "[4mGPU0 ... GPU NUMA ID[0m"; on a header line, and only with both ends there, it is that underline.
+_LOST_SGR = re.compile(r"^([\t ]*)\[[0-9;]{0,8}m(GPU0(?:\s[^\n]*?)?)\[[0-9;]{0,8}m([\t ]*)$", re.M)
+
+
+def _readable(text: str) -> str:
+    """``text`` as a terminal showed it: control sequences gone (tooltext.clean), and a header's
+    underline whose ESC bytes a paste lost taken for the underline it was."""
+    text = tooltext.clean(text)
+    return _LOST_SGR.sub(r"\1\2\3", text) if "m" in text and "[" in text else text
 
 
 class TopoParseError(ValueError):
@@ -114,7 +125,7 @@ class Topo(BaseModel):
 def looks_like(text: str) -> bool:
     """Whether ``text`` holds a `nvidia-smi topo -m` matrix, damaged or not: a header line that
     starts with GPU0 and, next, the GPU0 row with X on its diagonal."""
-    text = tooltext.clean(text)  # a capture with terminal escapes reads as the same capture without
+    text = _readable(text)  # a capture with terminal escapes reads as the same capture without
     lines = text.split("\n", LOOKS_LINES)[:LOOKS_LINES]
     for i, line in enumerate(lines[:-1]):
         if _HEADER.match(line) and _FIRST_ROW.match(lines[i + 1]):
@@ -189,7 +200,7 @@ def _gpu_affinity(tail: list[str], columns: list[str], row: str, lineno: int, la
 
 def parse(text: str) -> Topo:
     """The matrix in ``text``; raises TopoParseError on anything it cannot vouch for."""
-    text = tooltext.clean(text)  # a capture with terminal escapes reads as the same capture without
+    text = _readable(text)  # a capture with terminal escapes reads as the same capture without
     if not text.strip():
         raise TopoParseError(None, "the text is empty: no `nvidia-smi topo -m` matrix in it")
     if "\0" in text:

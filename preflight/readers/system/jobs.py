@@ -16,9 +16,10 @@ from pathlib import Path
 
 from preflight.base.host import Host
 
-# "slurmstepd: [41.batch]", "[41.0]", "[41.extern]", "[41.interactive]"; the title is
-# written over argv, so whatever follows it (NULs, spaces) is padding.
-TITLE = re.compile(rb"slurmstepd: \[(\d+)\.[^\]\s]+\]")
+# "slurmstepd: [41.batch]", "[41.0]", "[41.extern]", "[41.interactive]", and since Slurm 24.05 the
+# job's step manager "[41.extern stepmgr]" (slurmstepd.c, _set_job_log_prefix: "[%s%s]" with
+# " stepmgr"); the title is written over argv, so whatever follows it (NULs, spaces) is padding.
+TITLE = re.compile(rb"slurmstepd: \[(\d+)\.[^\]\s]+(?: stepmgr)?\]")
 
 
 def job_of(comm: str, cmdline: bytes) -> str | None:
