@@ -130,6 +130,12 @@ _INIT_CAUSES = [
     ("unknown error", "CUDA could not initialise a GPU (`CUDA unknown error`)",
      "check CUDA_VISIBLE_DEVICES; compare `cat /proc/driver/nvidia/version` with `nvidia-smi` (a kernel module/driver "
      "mismatch after an upgrade needs a reboot); reset the GPUs (`nvidia-smi -r`) or reboot; if it persists, " + DRAIN),
+    # cudaErrorSystemDriverMismatch (803): the libcuda the job loads is not the loaded module's own.
+    ("unsupported display driver / cuda driver combination",
+     "the CUDA driver library does not match the loaded kernel module: libcuda from another driver (an upgrade without "
+     "a reboot, a container that brings its own), or cuda-compat on a driver branch it does not support",
+     "compare `cat /proc/driver/nvidia/version` with the libcuda.so the job loads (`ldconfig -p | grep libcuda`, "
+     "LD_LIBRARY_PATH); reboot after a driver upgrade, or remove cuda-compat from LD_LIBRARY_PATH"),
     ("no cuda-capable device", "CUDA finds no usable GPU",
      "check CUDA_VISIBLE_DEVICES and the permissions on /dev/nvidia*; in a container, pass the GPUs (--gpus all / the NVIDIA runtime)"),
     ("driver version is insufficient", "the driver is older than the CUDA runtime torch was built with",
@@ -282,7 +288,9 @@ def summary(facts: CudaFacts, shape: NodeShape | None = None) -> str:
     cuda = f"; CUDA init on every GPU in {facts.init.seconds:.1f} s (torch {r.torch_version}, CUDA {r.cuda_runtime}, NCCL {r.nccl_version})" if facts.init and r else ""
     joined = f" ({shape.describe()})" if shape else ""
     skipped = f"; CUDA init not run: {facts.init_skipped}" if facts.init is None and facts.init_skipped else ""
-    return f"{gpus}{joined}, driver {inv.driver_version} (CUDA {inv.cuda_driver_version}){cuda}; no fatal Xid since boot{skipped}"
+    # A log no source could read shows no Xid: the summary must not vouch for it (xid_unjudged says why).
+    xids = "Xid errors since boot not judged (kernel log unreadable)" if xid_unjudged(facts) else "no fatal Xid since boot"
+    return f"{gpus}{joined}, driver {inv.driver_version} (CUDA {inv.cuda_driver_version}){cuda}; {xids}{skipped}"
 
 
 class Cuda(Check):

@@ -294,7 +294,7 @@ class NVMLLibraryMismatchError(Exception):  # not an NVMLError, as in nvidia-ml-
     pass
 
 for _name in ("LibraryNotFound", "DriverNotLoaded", "NoPermission", "GpuIsLost", "Unknown",
-              "NotSupported", "LibRmVersionMismatch", "InvalidArgument"):
+              "NotSupported", "LibRmVersionMismatch", "InvalidArgument", "CorruptedInforom"):
     globals()["NVMLError_" + _name] = type("NVMLError_" + _name, (NVMLError,), {})
 
 MODE = os.environ.get("FAKE_NVML", "")
@@ -452,6 +452,11 @@ nvmlDeviceGetUUID = lambda h: _fact(h, "uuid")
 nvmlDeviceGetSerial = lambda h: _fact(h, "serial")
 nvmlDeviceGetVbiosVersion = lambda h: _fact(h, "vbios")
 nvmlDeviceGetInforomImageVersion = lambda h: _given(h, "inforom_image")
+
+def nvmlDeviceValidateInforom(h):
+    # As nvidia-ml-py: None when the checksums hold; "inforom_valid" false: NVML_ERROR_CORRUPTED_INFOROM.
+    if not _given(h, "inforom_valid"):
+        raise NVMLError_CorruptedInforom("Corrupted infoROM")
 nvmlDeviceGetPersistenceMode = lambda h: int(_fact(h, "persistence_mode"))
 nvmlDeviceGetMigMode = lambda h: [int(_fact(h, "mig_mode")), int(_fact(h, "mig_mode"))]
 nvmlDeviceGetComputeMode = lambda h: {"default": 0, "exclusive_thread": 1, "prohibited": 2, "exclusive_process": 3}[_given(h, "compute_mode")]

@@ -99,7 +99,8 @@ def judge_uniform(what: str, values: dict, pin: str | None, pin_key: str | None,
                            f"{source} gives no {what} version for {name(silent)} while it does for the others",
                            "compare `nvidia-smi -q` across the GPUs; look for Xid errors (`preflight xid`)"))
     if pin is not None:
-        odd = {i: v for i, v in said.items() if v != pin}
+        # Hex digits: the site's "96.00.a5.00.01" (settings accept either case) is NVML's "96.00.A5.00.01".
+        odd = {i: v for i, v in said.items() if v.upper() != pin.upper()}
         if odd:
             found = ", ".join(f"{name([i for i in odd if odd[i] == v])} {v}" for v in sorted(set(odd.values())))
             out.append(Finding(FAIL, f"{what} not the site's {pin} on {name(odd)}",

@@ -151,6 +151,10 @@ def judge_gpu(g: Gpu, expect: GpuExpect | None, loaded: PcieLink | None = None, 
     elif rows and rows.pending:
         cause = f"{name} has a memory row remap pending ({rows.uncorrectable} uncorrectable, {rows.correctable} correctable rows remapped): the faulty row is still in use"
         out.append(Finding(FAIL, f"{name}: row remap pending", cause, f"{reset}: a reset activates the remap (reset required)", act=RESET_FIXES))
+    if g.inforom_valid is False:
+        cause = (f"NVML reports {name}'s InfoROM corrupted (nvmlDeviceValidateInforom: NVML_ERROR_CORRUPTED_INFOROM): the store of "
+                 "its ECC error counts, retired pages and settings cannot be trusted")
+        out.append(Finding(FAIL, f"{name}: InfoROM corrupted", cause, "drain the node and have the GPU's InfoROM restored or the GPU replaced (RMA)", act=WORN_OUT))
     if g.retired_pages_pending:
         out.append(Finding(FAIL, f"{name}: page retirement pending", f"{name} has retired memory pages waiting for a reset", f"{reset}: a reset completes the retirement (reset required)", act=RESET_FIXES))
     out += judge_link(g, loaded)

@@ -39,3 +39,12 @@ def test_a_gpu_of_one_board_left_behind_still_fails_on_a_node_of_two_boards():
     (f,), _ = firmware.judge_uniform("VBIOS", values, None, "vbios_version", boards=boards)
     assert (f.status, f.summary) == (FAIL, "GPU 2 on another VBIOS than the other 2 of board 10de:16c1")
     assert "GPU 2 95.02.3C.00.9F; the other 2 GPUs of board 10de:16c1 run VBIOS 95.02.3C.00.A1" in f.cause and "nvfwupd" in f.remedy
+
+
+def test_a_site_pin_written_in_lowercase_hex_holds_the_vbios_nvml_prints_in_uppercase():
+    # settings.py accepts vbios_version in either case ("96.00.a5.00.01"); NVML prints the same
+    # hex digits in uppercase. The same version in another case is no GPU off the pin.
+    values = {i: "96.00.A5.00.01" for i in range(8)}
+    assert firmware.judge_uniform("VBIOS", values, "96.00.a5.00.01", "vbios_version") == ([], None)
+    (f,), _ = firmware.judge_uniform("VBIOS", values, "96.00.a5.00.03", "vbios_version")
+    assert f.summary == "VBIOS not the site's 96.00.a5.00.03 on GPU 0-7"

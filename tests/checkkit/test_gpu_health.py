@@ -77,6 +77,16 @@ def test_ecc_off_warns_where_the_card_ships_with_it_on_or_nvml_does_not_say_but_
     assert said == {True: ["GPU 0 (0000:1b:00.0): ECC is off"], None: ["GPU 0 (0000:1b:00.0): ECC is off"], False: []}
 
 
+def test_a_corrupted_inforom_fails_naming_the_gpu_and_an_unknown_one_is_no_finding():
+    g = inventory("h100-sxm-8x-healthy.json").gpus[3]
+    (fail,) = gpu_health.judge_gpu(g.model_copy(update={"inforom_valid": False}), H100.gpu)
+    assert (fail.status, fail.summary) == (Status.FAIL, "GPU 3 (0000:61:00.0): InfoROM corrupted")
+    assert "nvmlDeviceValidateInforom" in fail.cause and "RMA" in fail.remedy
+    assert fail.next.action == Action.SERVICE
+    assert gpu_health.judge_gpu(g.model_copy(update={"inforom_valid": None}), H100.gpu) == []
+    assert gpu_health.judge_gpu(g.model_copy(update={"inforom_valid": True}), H100.gpu) == []
+
+
 def test_a_missing_nvlink_fails_naming_the_link():
     g = inventory("h100-sxm-8x-healthy.json").gpus[3]
     (fail,) = gpu_health.judge_gpu(g.model_copy(update={"nvlinks_active": 17, "nvlinks_down": [5]}), H100.gpu, fabric="nvswitch")

@@ -379,6 +379,15 @@ def test_an_unreadable_kernel_log_leaves_the_xids_unjudged_saying_why_never_a_wa
     assert cuda.xid_unjudged(facts("h100-sxm-8x-healthy.json", init=None)) is None
 
 
+def test_a_summary_never_vouches_for_xids_the_kernel_log_did_not_show():
+    # Was "...; no fatal Xid since boot" on a PASS whose kernel log no source could read: the line a
+    # person reads first claimed a clean log preflight never saw (an Xid 79 there would read the same).
+    f = facts("h100-sxm-8x-healthy.json", init=None).model_copy(update={"kernel_log": "unavailable: permission denied"})
+    assert "no fatal Xid" not in cuda.summary(f)
+    assert "Xid errors since boot not judged (kernel log unreadable)" in cuda.summary(f)
+    assert cuda.summary(facts("h100-sxm-8x-healthy.json", init=None)).endswith("; no fatal Xid since boot")
+
+
 @pytest.mark.parametrize(
     "report, summary, remedy",
     [
@@ -399,6 +408,21 @@ def test_cuda_init_failures_name_cause_and_remedy(report, summary, remedy):
     assert fails[0].summary == summary
     assert remedy in fails[0].remedy
     assert len(fails) == 1
+
+
+def test_error_803_names_a_cuda_library_that_does_not_match_the_kernel_module():
+    # torch's words for cudaErrorSystemDriverMismatch (803), as users paste them (e.g. NVIDIA/nvidia-docker#1256,
+    # llm-d/llm-d#706): libcuda from another driver than the loaded module, or cuda-compat on a branch it does not
+    # support. Was the generic "CUDA init failed" with a GPU reset and dcgmi diag: hardware blamed for a library.
+    f = facts("h100-sxm-8x-healthy.json", init="unknown-error")
+    error = ("RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before calling "
+             "NumCudaDevices() that might have already set an error? Error 803: system has unsupported display driver / "
+             "cuda driver combination")
+    f.init.report.error = error
+    (fail,) = only(judged(f))
+    assert fail.summary == "CUDA init failed: the CUDA driver library does not match the loaded kernel module"
+    assert "Error 803" in fail.cause and "cuda-compat" in fail.remedy and "/proc/driver/nvidia/version" in fail.remedy
+    assert "dcgmi" not in fail.remedy
 
 
 def visible(cvd: str, count: int, first: int = 0) -> cuda.CudaFacts:

@@ -77,6 +77,33 @@ def test_a_gpu_nvml_refuses_this_process_is_not_given_to_the_run_never_lost(fake
     assert [(g.index, g.error) for g in inv.refused] == [(i, "Insufficient Permissions") for i in range(2, 8)]
 
 
+def test_the_burn_ins_sampler_watches_the_gpus_given_and_passes_over_those_nvml_refuses(fake_nvml):
+    # The same Slurm job: the sampler asked for every handle NVML counts and died on GPU 2's
+    # NO_PERMISSION ("NVML failed: Insufficient Permissions"), so the burn-in of a healthy node
+    # ran unwatched and said so. The inventory already reads such a GPU as not this run's.
+    fake_nvml(facts=FIXTURES / "h100-sxm-8x-slurm-2-given.json")
+    sampler = nvml.Sampler(period=0.05, most=30)
+    time.sleep(0.3)
+    traces = sampler.stop()
+    assert [(t.index, t.pci_bus_id) for t in traces] == [(g.index, g.pci_bus_id) for g in FakeNvml(
+        FIXTURES / "h100-sxm-8x-slurm-2-given.json").gpus]
+    assert all(t.samples and t.ecc_before == 0 for t in traces)
+
+
+def test_a_corrupted_inforom_is_read_where_nvml_says_so(fake_nvml, tmp_path):
+    # nvmlDeviceValidateInforom answers NVML_ERROR_CORRUPTED_INFOROM where the InfoROM's checksums
+    # fail (nvidia-smi's "WARNING: infoROM is corrupted at gpu ..."); a driver that cannot say: unknown.
+    data = json.loads((FIXTURES / "h100-sxm-8x-healthy.json").read_text())
+    for g in data["gpus"]:
+        g["inforom_valid"] = g["index"] != 3
+    data["gpus"][5]["inforom_valid"] = None
+    (tmp_path / "inforom.json").write_text(json.dumps(data))
+    fake_nvml(facts=tmp_path / "inforom.json")
+    inv = nvml.inventory()
+    assert [g.inforom_valid for g in inv.gpus] == [True, True, True, False, True, None, True, True]
+    assert all(g.unanswered == {} for g in inv.gpus)  # a finding of its own, never a failed query
+
+
 def test_no_permission_is_told_by_nvidia_ml_pys_class_or_by_its_code():
     from types import SimpleNamespace
 

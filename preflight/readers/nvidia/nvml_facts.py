@@ -55,6 +55,9 @@ class Gpu(_Facts):
     serial: str | None = None
     vbios: str | None = None
     inforom_image: str | None = None  # nvmlDeviceGetInforomImageVersion, "G520.0200.00.05"
+    # Whether the InfoROM's checksums hold (nvmlDeviceValidateInforom): False where NVML answers
+    # NVML_ERROR_CORRUPTED_INFOROM; None where it cannot say (a vGPU guest, facts recorded before it was read).
+    inforom_valid: bool | None = None
     persistence_mode: bool | None = None
     mig_mode: bool | None = None
     # nvmlDeviceGetComputeMode: "exclusive_process" lets one process hold a context on the GPU,

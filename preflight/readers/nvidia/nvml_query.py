@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from preflight.readers.nvidia.nvml_calls import as_text, optional
-from preflight.readers.nvidia.nvml_inventory import CLOCKS_EVENTS, read_inventory, read_pcie, read_reasons
+from preflight.readers.nvidia.nvml_inventory import CLOCKS_EVENTS, no_permission, read_inventory, read_pcie, read_reasons
 
 NO_DRIVER = "install or load the NVIDIA driver (`nvidia-smi` must answer); on a machine with no GPU use --profile cpu for a dry run"
 BROKEN = "look for Xid errors (`preflight xid`); reset the GPU (`nvidia-smi -r -i N`) or reboot, and drain the node until NVML answers"
@@ -64,7 +64,12 @@ def _samples(pynvml: Any, period: float, most: float) -> dict[str, Any]:
 
     gpus = []
     for i in range(pynvml.nvmlDeviceGetCount()):
-        h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        try:
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        except pynvml.NVMLError as e:
+            if no_permission(pynvml, e):
+                continue  # not given to this run (a job's device cgroup), as the inventory reads it: not its burn
+            raise
         gpus.append((h, {"index": i, "pci_bus_id": as_text(pynvml.nvmlDeviceGetPciInfo(h).busId), "samples": [], "unanswered": {},
                          "ecc_before": None, "ecc_after": None, "max_sm_clock_mhz": None}))
     for h, g in gpus:
