@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from preflight.base.errors import UsageError
+from preflight.cli import plain
 from preflight.cli.common import PROFILE_HELP, ConfigOpt, FakeOpt, JsonOpt, ProfileOpt, _console, _emit, _exit_codes, _settings
 
 
@@ -143,7 +144,7 @@ def topology(
     except topology_text.Unreadable as e:
         if e.shown:  # the CPUs, NUMA nodes and NICs, read all the same
             _emit(json.dumps(e.shown[1], indent=2) + "\n" if json_out else e.shown[0])
-        _console().error(str(e))
+        _console().error(plain.one_line(str(e)))
         return 1
     _emit(json.dumps(data, indent=2) + "\n" if json_out else text)
     return 1 if failed else 0

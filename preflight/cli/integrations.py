@@ -3,6 +3,7 @@
 
 # No `from __future__ import annotations`: see preflight/cli/common.py.
 import os
+import re
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Optional
@@ -183,7 +184,24 @@ def kube_label(
     Exit 0 vouched, 1 not vouched or the API server could not be told."""
     from preflight.outputs.schedulers import kube
 
+    _kube_node_name(node)
+
     def judge():  # noqa: ANN202
         return plain.standing(report, config, max_age, node=True)[1]
 
     return kube.main(node, taint, every, dry_run, api_server, judge, _console(), _emit, taint_cap, textfile_dir)
+
+
+# A Kubernetes node's name is a DNS subdomain (RFC 1123): what the API server can hold.
+_KUBE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def _kube_node_name(node: Optional[str]) -> None:
+    """Refuse a --node or NODE_NAME no node can have: it would be previewed as a PATCH (exit 0 with
+    --dry-run) or sent to the API server, whose 404 reads as a cluster that could not be told."""
+    from preflight.base.errors import UsageError
+
+    where, name = ("--node", node) if node else ("NODE_NAME", os.environ.get("NODE_NAME"))
+    if name and (len(name) > 253 or not _KUBE_NAME.fullmatch(name)):
+        raise UsageError(f"{where} {name[:80]!r}: not a Kubernetes node name; give this node's own, as `kubectl get nodes` "
+                         "prints it (lowercase letters, digits, '-' and '.', at most 253)")

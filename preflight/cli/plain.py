@@ -42,7 +42,7 @@ def guarded(command: Callable[..., int], *args: object, **kwargs: object) -> int
         stdout_gone()
         return 128 + signal.SIGPIPE
     except UsageError as e:
-        console().error(str(e))
+        console().error(one_line(str(e)))
         return 2
     except StdoutFailed as e:  # where stdout goes is full or failing (`> /dev/full`, a quota)
         stdout_gone()  # the interpreter's last flush must not fail again, and turn the exit code into 120
@@ -50,7 +50,7 @@ def guarded(command: Callable[..., int], *args: object, **kwargs: object) -> int
         return 2
     except OSError as e:
         if e.errno == errno.ENAMETOOLONG:  # a path given (a flag, a variable, a config) the kernel will not take
-            console().error(f"{e.filename or 'a path'}: {e.strerror}; give a shorter path")
+            console().error(one_line(f"{e.filename or 'a path'}: {e.strerror}; give a shorter path"))
             return 2
         return _broke(e)
     except BaseException as e:
@@ -58,7 +58,7 @@ def guarded(command: Callable[..., int], *args: object, **kwargs: object) -> int
         # imports: importing it here would cost every command its start-up.
         profile_detect = sys.modules.get("preflight.pipeline.profile_detect")
         if profile_detect is not None and isinstance(e, profile_detect.DetectionFailed):  # `auto` found no driver or no profile: a finding, not bad input
-            console().error(f"{e.cause}; {e.remedy}")
+            console().error(one_line(f"{e.cause}; {e.remedy}"))
             return 1
         if isinstance(e, Interrupted):  # outside a check (detection, lock wait): nothing ran, nothing written
             console().error(f"interrupted by signal {e.signum} before any check ran; no report written")
@@ -66,6 +66,12 @@ def guarded(command: Callable[..., int], *args: object, **kwargs: object) -> int
         if not isinstance(e, Exception):
             raise
         return _broke(e)
+
+
+def one_line(text: str) -> str:
+    """An error as one line: a value the person gave (a path, a check name) may hold a line
+    break, which would split the error into lines a log reader takes for separate ones."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 class StdoutFailed(OSError):

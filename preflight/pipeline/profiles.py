@@ -227,7 +227,8 @@ def available(site_dir: Path | None) -> dict[str, Path]:
 def load(path: Path) -> Profile:
     data, text = tomlfile.load(path, "profile")
     try:
-        profile = Profile.model_validate(data)
+        # Strictly, as TOML is typed: `seconds = true` or `ranks = true` would read as 1, `seconds = "12"` as 12.
+        profile = Profile.model_validate(data, strict=True)
     except ValidationError as e:
         raise UsageError(tomlfile.validation_message(e, path, text, "profile")) from None
     if profile.name != path.stem:

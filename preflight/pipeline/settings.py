@@ -170,6 +170,16 @@ class ConfigFile(_Common):
     floors: dict[str, SiteFloorValue] = Field(default_factory=dict)
     node: NodeTable = Field(default_factory=NodeTable)
 
+    @field_validator("nproc_per_node", "rdzv_port", "nnodes", "node_rank", "rdzv_timeout", "slurm_drain_cap",
+                     "history_days", "history_runs", "lemon_fails", "lemon_days", mode="before")
+    @classmethod
+    def _a_number(cls, v: Any) -> Any:
+        # `slurm_drain_cap = true` would read as 1.0 (no cap), `history_days = true` as a day of history
+        # kept, `nnodes = "2"` as a number: TOML writes numbers bare.
+        if isinstance(v, (bool, str)):
+            raise ValueError(f"must be a number, written without quotes, not {v!r}")
+        return v
+
 
 _file_data: ContextVar[dict[str, Any]] = ContextVar("preflight_config_file", default={})
 
@@ -325,8 +335,9 @@ def _origin(field: str, given: dict[str, Any], environ: dict[str, str], path: Pa
 def unknown_env(environ: dict[str, str] | None = None) -> list[str]:
     """PREFLIGHT_* variables that set nothing: a typo silently ignored is worse than a warning."""
     environ = os.environ if environ is None else environ
-    # PREFLIGHT_WORKER_FAULT is the workers' test-only fault knob (checks/workers/_rank.py).
-    known = {ENV_PREFIX + f.upper() for f in Settings.model_fields} | {ENV_PREFIX + "CONFIG", ENV_PREFIX + "WORKER_FAULT"}
+    # PREFLIGHT_WORKER_FAULT is the workers' test-only fault knob (checks/workers/_rank.py); PREFLIGHT_AGENT and
+    # PREFLIGHT_LAUNCHER_PID are what preflight/base/tether.py gives every process it starts (selftest's stages too).
+    known = {ENV_PREFIX + f.upper() for f in Settings.model_fields} | {ENV_PREFIX + n for n in ("CONFIG", "WORKER_FAULT", "AGENT", "LAUNCHER_PID")}
     return sorted(k for k in environ if k.upper().startswith(ENV_PREFIX) and k.upper() not in known)
 
 

@@ -75,7 +75,7 @@ def read_text(path: Path | str, limit: int, too_big: str, option: str | None = "
     except FileNotFoundError:
         raise UsageError(f"{label}: no such file; check the path (a capture is the tool's output saved to a file)") from None
     except OSError as e:
-        raise UsageError(f"{label}: cannot be read ({e.strerror or e})") from None
+        raise UsageError(_unreadable(label, e)) from None
     try:
         if stat.S_ISDIR(st.st_mode):
             raise UsageError(f"{label}: is a directory; give the file itself")
@@ -86,20 +86,34 @@ def read_text(path: Path | str, limit: int, too_big: str, option: str | None = "
         else:
             raise UsageError(f"{label}: is not a regular file; save the output to a file first")
     except OSError as e:
-        raise UsageError(f"{label}: cannot be read ({e.strerror or e})") from None
+        raise UsageError(_unreadable(label, e)) from None
     finally:
         os.close(fd)
     if len(data) > limit:
         raise UsageError(f"{label}: larger than {_size(limit)}; {too_big}")
-    if b"\0" in data[:65536]:
+    # Windows PowerShell 5.1's `>` (Out-File's default "Unicode") saves UTF-16LE with its byte-order
+    # mark: every other byte of it is NUL, yet it is text. Only a BOM says so; NUL bytes without one are binary.
+    utf16 = data[:2] in (b"\xff\xfe", b"\xfe\xff")
+    if not utf16 and b"\0" in data[:65536]:
         raise UsageError(f"{label}: is not text (a compressed or binary file?); decompress it first")
     # As a tool's output reaches a reader through Host.run: a capture saved with its terminal escapes
     # (driver 580's underlined topo -m header, a colourised log) reads as the same capture without.
-    # utf-8-sig: a byte-order mark (PowerShell's Out-File, Notepad) would otherwise hide the first line's start.
-    text = tooltext.clean(data.decode("utf-8-sig", errors="replace"))
+    # utf-8-sig: a byte-order mark (Notepad, PowerShell 7's utf8BOM) would otherwise hide the first line's start.
+    text = tooltext.clean(data.decode("utf-16" if utf16 else "utf-8-sig", errors="replace"))
+    if utf16 and "\0" in text[:65536]:
+        raise UsageError(f"{label}: is not text (a compressed or binary file?); decompress it first")
     if document(text):
         raise UsageError(f"{label}: is a document (Markdown) that quotes captures, not a capture; save the tool's own output to a file and pass that")
     return text
+
+
+def _unreadable(label: str, e: OSError) -> str:
+    """Why ``label`` could not be opened or read, and what to do about it."""
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return f"{label}: cannot be read ({e.strerror}); run as a user who may read it (root), or pass a copy you can read"
+    if e.errno == errno.ENXIO:  # open() of a Unix socket
+        return f"{label}: is a socket, not a file; save the output to a file first"
+    return f"{label}: cannot be read ({e.strerror or e}); save the output to a file you can read and pass that"
 
 
 def _read_pipe(fd: int, limit: int, label: str) -> bytes:

@@ -118,6 +118,17 @@ def test_slurm_healthcheck_takes_one_node_name_and_never_calls_scontrol_otherwis
     assert not log.exists()
 
 
+
+@pytest.mark.parametrize("name", ["gpu-01\nother", "GPU-01", "../nodes", "gpu 01", "x" * 254])
+def test_kube_label_takes_a_kubernetes_node_name_only(tmp_path, name):
+    # Before: --dry-run previewed a PATCH of /api/v1/nodes/gpu-01%0Aother and exit 0; for real, the API
+    # server's 404 read as a cluster that could not be told (exit 1).
+    shown = repr(name[:80])
+    p = run_preflight(["kube-label", "--dry-run", "--node", name, "--report", str(tmp_path / "none.json")], timeout=60)
+    one_line_exit_2(p, f"--node {shown}: not a Kubernetes node name")
+    p = run_preflight(["kube-label", "--dry-run", "--report", str(tmp_path / "none.json")], env={**clean_env(), "NODE_NAME": name}, timeout=60)
+    one_line_exit_2(p, f"NODE_NAME {shown}: not a Kubernetes node name")
+
 # --- integers past any sense ---------------------------------------------------------------
 
 def test_a_node_rank_past_the_group_is_refused_from_flag_config_and_environment(tmp_path):
@@ -212,3 +223,39 @@ def test_a_capture_with_a_number_no_tool_prints_is_explained_or_refused_in_one_l
     assert p.returncode in (0, 1, 2) and "Traceback" not in p.stderr, p.stderr[-3000:]
     if p.returncode == 2:
         one_line_exit_2(p, str(capture))
+
+
+@pytest.mark.parametrize("args, words", [
+    (["run", "--profile", "cpu", "--only", "shm\nnccl"], "shm\\nnccl: no such check"),
+    (["run", "--profile", "cpu", "--python", "{tmp}/py\nthon"], "py\\nthon"),
+    (["explain", "{tmp}/cap\nture"], "cap\\nture: no such file"),
+    (["nccl-log", "{tmp}/cap\nture"], "cap\\nture: no such file"),
+    (["status", "--config", "{tmp}/con\nfig.toml"], "con\\nfig.toml"),
+])
+def test_a_line_break_in_a_value_is_told_on_one_line(tmp_path, args, words):
+    # Before: the error broke where the value did, two or three lines a log reader takes for separate ones.
+    p = run_preflight([a.replace("{tmp}", str(tmp_path)) for a in args], timeout=60, cwd=tmp_path)
+    one_line_exit_2(p, words)
+
+
+
+def test_selftest_refuses_a_profile_it_cannot_read_before_any_stage(tmp_path):
+    # Before: only the name was looked up; the inventory ran, then five stages each failed on the file (exit 1).
+    (tmp_path / "broken.toml").write_text('name = "broken"\n')
+    env = {**clean_env(), "PREFLIGHT_PROFILES_DIR": str(tmp_path)}
+    p = run_preflight(["selftest", "--profile", "broken", "--stage", "cuda"], env=env, timeout=120)
+    one_line_exit_2(p, "profile ", "broken.toml: description: required key is missing")
+    assert p.stdout == ""
+
+
+
+@pytest.mark.parametrize("command", [["run", "--profile", "cpu", "--only", "shm", "--scratch"], ["calibrate", "--profile", "cpu", "-o", "{tmp}/floors.toml"]])
+def test_a_file_that_is_no_lock_is_not_taken_as_the_lock(tmp_path, command):
+    # Before: `--lock-file /etc/preflight/config.toml` (or PREFLIGHT_LOCK_FILE) wrote the run's pid over the config.
+    config = tmp_path / "config.toml"
+    config.write_text('profile = "cpu"\nkeep_going = true\n')
+    args = [a.replace("{tmp}", str(tmp_path)) for a in command]
+    p = run_preflight(args, env={**clean_env(), "PREFLIGHT_LOCK_FILE": str(config)}, timeout=120)
+    one_line_exit_2(p, f"lock file {config}: holds 34 bytes, so it is no lock preflight made")
+    assert config.read_text() == 'profile = "cpu"\nkeep_going = true\n'
+    assert not (tmp_path / "floors.toml").exists()

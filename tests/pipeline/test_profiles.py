@@ -72,6 +72,21 @@ def test_bad_profile_files_name_file_line_and_key(tmp_path, text, message):
         profiles.load(path)
 
 
+
+@pytest.mark.parametrize("old, new, message", [
+    ("seconds = 1\n", "seconds = true\n", r"line 14: levels.quick.seconds: Input should be a valid number"),
+    ("ranks = 2\n", "ranks = true\n", r"nccl.ranks: Input should be a valid integer"),
+    ("seconds = 12\n", 'seconds = "12"\n', r"line 20: levels.standard.seconds: Input should be a valid number"),
+])
+def test_a_profile_s_numbers_must_be_toml_numbers(tmp_path, old, new, message):
+    # Before: `seconds = true` read as 1 second and `ranks = true` as one rank, `seconds = "12"` as 12.
+    text = (profiles.BUILTIN_DIR / "cpu.toml").read_text()
+    assert text.count(old) >= 1
+    path = tmp_path / "cpu.toml"
+    path.write_text(text.replace(old, new, 1))
+    with pytest.raises(UsageError, match=message):
+        profiles.load(path)
+
 def test_site_overrides_replace_values_and_record_their_origin():
     path = profiles.find("cpu", None)
     r = profiles.resolve(profiles.load(path), path, {"shm_min_bytes": SiteFloor(2.0**31, "config /etc/x.toml line 3")}, "--profile cpu")

@@ -138,6 +138,14 @@ def test_unknown_preflight_env_vars_are_reported():
     assert settings.unknown_env(env) == ["PREFLIGHT_PROFLE"]
 
 
+
+def test_what_the_tether_gives_its_children_is_no_unknown_setting():
+    from preflight.base import tether
+
+    # Before: each selftest stage's `preflight run` warned "PREFLIGHT_AGENT is not a preflight setting".
+    env = {tether.AGENT_ENV: "1:2", tether.LAUNCHER_ENV: "3", "PREFLIGHT_PROFLE": "cpu"}
+    assert settings.unknown_env(env) == ["PREFLIGHT_PROFLE"]
+
 def test_the_example_config_is_valid_as_shipped(monkeypatch):
     from pathlib import Path
 
@@ -183,6 +191,20 @@ def test_config_values_are_taken_strictly(tmp_path):
     with pytest.raises(UsageError, match=r"line 1: lock_timeout: Input should be a valid number"):
         settings.load({}, config=write(tmp_path, 'lock_timeout = "inf"\n'))
 
+
+
+@pytest.mark.parametrize("line", ["slurm_drain_cap = true", "history_days = true", "lemon_fails = true", "nnodes = \"2\"",
+                                  "rdzv_timeout = \"30\"", "nproc_per_node = true", "history_runs = \"5\""])
+def test_config_numbers_are_taken_strictly(tmp_path, line):
+    # Before: `slurm_drain_cap = true` read as 1.0, no cap at all; `history_days = true` kept a day of history.
+    key = line.split()[0]
+    with pytest.raises(UsageError, match=rf"line 1: {key}: Value error, must be a number, written without quotes"):
+        settings.load({}, config=write(tmp_path, line + "\n"))
+
+
+def test_config_numbers_written_as_numbers_still_load(tmp_path):
+    s = settings.load({}, config=write(tmp_path, "slurm_drain_cap = 0.2\nhistory_days = 30\nlemon_fails = 5\nrdzv_timeout = 60\n"))
+    assert (s.slurm_drain_cap, s.history_days, s.lemon_fails, s.rdzv_timeout) == (0.2, 30.0, 5, 60.0)
 
 def test_non_regular_or_huge_config_files_are_refused_without_reading(tmp_path):
     fifo = tmp_path / "fifo.toml"

@@ -264,7 +264,9 @@ def test_the_view_knows_every_key_of_the_config_file():
     validators = {m.__name__: {k: v.info.fields for k, v in m.__pydantic_decorators__.field_validators.items()} for m in models}
     paths = ("profile", "report", "lock_file", "profiles_dir", "python", "textfile_dir", "listen")
     common = {"_absolute": ("python",), "_split_lists": ("only", "skip"), "_paths": paths}
-    assert validators == {"ConfigFile": common, "FloorTable": {}, "NodeTable": {}, "Settings": common}
+    # The config's numbers are TOML numbers, never a bool or a string: the view's _int and _number take no other type.
+    numbers = ("nproc_per_node", "rdzv_port", "nnodes", "node_rank", "rdzv_timeout", "slurm_drain_cap", "history_days", "history_runs", "lemon_fails", "lemon_days")
+    assert validators == {"ConfigFile": {**common, "_a_number": numbers}, "FloorTable": {}, "NodeTable": {}, "Settings": common}
     assert all(not m.__pydantic_decorators__.model_validators for m in models)
     # The environment's text settings are exactly those the loader only refuses blank.
     assert set(settings_view._ENV_TEXT) == set(paths) - {"python"}

@@ -61,6 +61,30 @@ def test_a_device_is_refused_unopened_for_reading_forever():
         read("/dev/zero")
 
 
+def test_a_file_it_may_not_read_says_how_to_read_it(tmp_path, monkeypatch):
+    # Before: "cannot be read (Permission denied)" and no way forward (a person's 0600 copy of a root log).
+    def denied(*_a, **_k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(capture.os, "open", denied)
+    with pytest.raises(UsageError, match=r"cannot be read \(Permission denied\); run as a user who may read it \(root\), or pass a copy you can read$"):
+        read(tmp_path / "log")
+
+
+def test_a_socket_is_named_a_socket(tmp_path):
+    import socket
+
+    # Before: "cannot be read (No such device or address)", ENXIO's words for what open() does to a socket.
+    sock = socket.socket(socket.AF_UNIX)
+    path = tmp_path / "s"
+    try:
+        sock.bind(str(path))
+        with pytest.raises(UsageError, match=r"/s: is a socket, not a file; save the output to a file first$"):
+            read(path)
+    finally:
+        sock.close()
+
+
 def test_the_project_s_own_documents_are_documents():
     docs = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))]
     assert "docs/explain.md" in docs and "docs/ARCHITECTURE.md" in docs
@@ -85,3 +109,20 @@ def test_a_capture_saved_with_terminal_escapes_reads_as_the_same_capture_without
     saved.write_bytes(("\t\x1b[4m" + plain.lstrip("\t").replace("\n", "\x1b[0m\r\n", 1)).encode())
     assert saved.read_text() != plain
     assert read(saved) == plain
+
+
+@pytest.mark.parametrize("encoding, bom", [("utf-16-le", b"\xff\xfe"), ("utf-16-be", b"\xfe\xff")])
+def test_a_capture_saved_as_utf16_with_its_byte_order_mark_reads_as_the_same_text(tmp_path, encoding, bom):
+    # Windows PowerShell 5.1's `>` (Out-File, "Unicode" by default) writes UTF-16LE with a BOM: a capture
+    # saved so on a laptop (`ssh node nvidia-smi topo -m > topo.txt`) is text, not a binary file.
+    text = (FIXTURES / "topo" / "02_h100-sxm-8x_nv18_12nic_single-numa-0-191_gpu-numa-id.txt").read_text()
+    saved = tmp_path / "topo.txt"
+    saved.write_bytes(bom + text.encode(encoding))
+    assert capture.read_text(saved, 1 << 20, "x") == text
+
+
+def test_nul_bytes_without_a_utf16_byte_order_mark_are_still_not_text(tmp_path):
+    saved = tmp_path / "x.gz"
+    saved.write_bytes(b"\xff\xfa\x00\x01" * 100)
+    with pytest.raises(UsageError, match="is not text"):
+        capture.read_text(saved, 1 << 20, "x")
