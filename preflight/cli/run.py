@@ -2,6 +2,7 @@
 
 # No `from __future__ import annotations`: see preflight/cli/common.py.
 import os
+import stat
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -44,29 +45,52 @@ def run(
     nvml_fake: FakeOpt = None,
 ) -> int:
     """Run the profile's checks of a level in order and print the verdict."""
-    from preflight.outputs import gate
-    from preflight.pipeline import settings as settings_mod
+    from preflight.readers.nvidia import nvml_child
 
-    if if_locked not in (None, "error", "skip"):
-        raise UsageError(f"--if-locked {if_locked!r}: say error (exit 2 when another run holds the lock) or skip (exit 0, the last report stands)")
-    console = _console(quiet, verbose)
-    s = _settings(
-        config, profile=profile, level=level, budget=budget, only=only, skip=skip, keep_going=keep_going,
-        report=report, textfile_dir=textfile_dir, lock_file=lock_file, lock_timeout=lock_timeout, python=python, nvml_fake=nvml_fake,
-        nproc_per_node=nproc_per_node, rdzv_port=rdzv_port, rdzv_timeout=rdzv_timeout, node_gpus=node_gpus,
-        **_group_flags(multi_node, nnodes, node_rank, rdzv_endpoint, rdzv_id),
-    )
-    if said := settings_mod.outputs_of(s, report, textfile_dir, scratch):
-        console.note(said)
-    for name in settings_mod.unknown_env():
-        console.note(f"warning: {name} is not a preflight setting and is ignored")
-    result = gate.run(s, console, if_idle, if_locked or "error")
+    early = nvml_child.early(profile, nvml_fake)  # NVML answers while the rest of preflight is imported
+    try:
+        from preflight.outputs import gate
+        from preflight.pipeline import settings as settings_mod
+
+        if if_locked not in (None, "error", "skip"):
+            raise UsageError(f"--if-locked {if_locked!r}: say error (exit 2 when another run holds the lock) or skip (exit 0, the last report stands)")
+        console = _console(quiet, verbose)
+        s = _settings(
+            config, profile=profile, level=level, budget=budget, only=only, skip=skip, keep_going=keep_going,
+            report=report, textfile_dir=textfile_dir, lock_file=lock_file, lock_timeout=lock_timeout, python=python, nvml_fake=nvml_fake,
+            nproc_per_node=nproc_per_node, rdzv_port=rdzv_port, rdzv_timeout=rdzv_timeout, node_gpus=node_gpus,
+            **_group_flags(multi_node, nnodes, node_rank, rdzv_endpoint, rdzv_id),
+        )
+        if said := settings_mod.outputs_of(s, report, textfile_dir, scratch):
+            console.note(said)
+        for name in settings_mod.unknown_env():
+            console.note(f"warning: {name} is not a preflight setting and is ignored")
+        _no_other_file_as_lock(s.lock_file)
+    except BaseException:
+        if early is not None:
+            early.stop()  # bad input: nothing the run began outlives it
+        raise
+    result = gate.run(s, console, if_idle, if_locked or "error", early)
     if result is None:
         return 0
     console.summary(result)
     if json_out:
         _emit(result.model_dump_json(indent=2) + "\n")
     return result.exit_code
+
+
+def _no_other_file_as_lock(path: Path) -> None:
+    """Refuse a lock file that holds more than a lock ever does (its holder's pid, pipeline/lock.py):
+    taking it writes that pid over the file, and a config or report named by mistake would be lost."""
+    from preflight.pipeline import lock
+
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return  # none yet (lock.py makes it), or one lock.py refuses in its own words
+    if stat.S_ISREG(st.st_mode) and st.st_size > lock.PID_WIDTH + 1:
+        raise UsageError(f"lock file {path}: holds {st.st_size} bytes, so it is no lock preflight made, and taking it would "
+                         "overwrite them; choose another --lock-file (or remove that file if it is an old lock)")
 
 
 def _group_flags(multi_node: bool, nnodes: Optional[int], node_rank: Optional[int], endpoint: Optional[str], rdzv_id: Optional[str]) -> dict[str, object]:
@@ -103,6 +127,7 @@ def calibrate(
     cal.check_repeats(repeats)
     cal.check_output(output, force)
     s = _settings(config, profile=profile, python=python, nproc_per_node=nproc_per_node, nvml_fake=nvml_fake)
+    _no_other_file_as_lock(s.lock_file)
     return cal.run(s, output, fraction, repeats, console)
 
 
@@ -122,8 +147,8 @@ def selftest(
     from preflight.gpuwork import selftest as kit
 
     if profile is not None and profile != "auto":
-        # Found as `run` finds it (the settings' profiles_dir), before six stages each refuse it.
+        # Found and read as `run` reads it (the settings' profiles_dir), before six stages each refuse it.
         from preflight.pipeline import profiles, settings as settings_mod
 
-        profiles.find(profile, settings_mod.load({}).profiles_dir)
+        profiles.load(profiles.find(profile, settings_mod.load({}).profiles_dir))
     return kit.main(stage, profile, out, budget, strict)

@@ -40,10 +40,19 @@ if TYPE_CHECKING:
 SLACK_SECONDS = 120.0
 
 
-def run(s: Settings, console: Console, if_idle: bool = False, if_locked: str = "error") -> reports.Report | None:
+def run(s: Settings, console: Console, if_idle: bool = False, if_locked: str = "error", early: Started | None = None) -> reports.Report | None:
     """The run's report, written; None when nothing ran and the last report stands:
     ``if_idle`` found a GPU held, or with ``if_locked="skip"`` another run still held
-    the lock after ``s.lock_timeout``. Raises UsageError before any check for bad input."""
+    the lock after ``s.lock_timeout``. Raises UsageError before any check for bad input.
+    ``early``: NVML's child the CLI began first (nvml_child.early), this run's from here on."""
+    ahead = head_start.HeadStart(s, early)
+    try:
+        return _gated(s, console, if_idle, if_locked, ahead)
+    finally:
+        ahead.close()  # what started ahead of the plan ends with the run, however it ends (bad input too)
+
+
+def _gated(s: Settings, console: Console, if_idle: bool, if_locked: str, ahead: head_start.HeadStart) -> reports.Report | None:
     report_path = None
     if s.report is not None and not s.report_is_default:
         report_path = safefile.check(s.report, f"report {s.report}")
@@ -63,12 +72,11 @@ def run(s: Settings, console: Console, if_idle: bool = False, if_locked: str = "
         # Asked before NVML is read: a run that holds the lock now may be loading the GPUs
         # while the plan reads them, and may be gone by the time this run takes the lock.
         other_run = lock.held(s.lock_file) is not False
-        ahead = head_start.HeadStart(s)
         try:
             ahead.begin(s, python, ranks_too=not if_idle and not other_run)
             return _planned(s, console, if_idle, if_locked, other_run or ahead.found_held, ahead, report_path, textfile)
         finally:
-            ahead.close()  # what started ahead of the plan ends with the run, however it ends
+            ahead.close()  # under the handlers: a second signal still ends the ranks first
 
 
 def default_report(path: Path) -> Path:

@@ -1,6 +1,7 @@
 """What a run starts before its plan: NVML's reading and the ranks' launch.
 
-The plan reads NVML first (a child of about 0.6 s on an H200), and a launch of ranks
+The plan reads NVML first (a child of about 0.6 s on an H200; `preflight run` begins it as its
+first act where it surely will read it, readers/nvidia/nvml_child.early), and a launch of ranks
 begins with torchrun's and every rank's torch import, seconds on a GPU node, which a
 bare torchrun pays from its first instant. Started only after the plan, both add to
 the run. So the run begins NVML's child at once where it will read NVML, and starts
@@ -25,7 +26,7 @@ from __future__ import annotations
 from contextlib import ExitStack
 
 from preflight.base.errors import UsageError
-from preflight.base.host import Host
+from preflight.base.host import Host, Started
 from preflight.gpuwork import multinode, world
 from preflight.pipeline import levels, plan as planning, registry, shape
 from preflight.pipeline.check import Check, Context
@@ -39,8 +40,9 @@ class HeadStart:
     """The run's NVML reading, launches and, where it took it early, its lock: begun by
     ``begin``, handed to the plan and execute, ended by ``close`` however the run ends."""
 
-    def __init__(self, settings: Settings):
-        self.reading = nvml.Shared(settings.nvml_fake)
+    def __init__(self, settings: Settings, early: Started | None = None):
+        """``early``: NVML's child the CLI began before the settings were read (nvml_child.early)."""
+        self.reading = nvml.Shared(settings.nvml_fake, started=early)
         self.worlds = world.Worlds()
         self.locked = False  # the run lock is held from here to ``close``
         self.found_held = False  # another run took the lock between the run's look and the head start
@@ -57,7 +59,9 @@ class HeadStart:
             except LockHeld:
                 self.found_held = True  # taken meanwhile: this run waits for it after the plan, as it would have
         if reads_nvml(settings):
-            self.reading.begin()  # it answers while the ranks start and the plan loads the checks
+            self.reading.begin()  # it answers while the ranks start and the plan loads the checks (begun already where early)
+        elif self.reading.pending:
+            self.reading.close()  # begun early for a profile the config names, which reads no NVML
         if self.locked and n:
             self.worlds.prestart(python, n, settings.rdzv_port)
 

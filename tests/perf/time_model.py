@@ -4,16 +4,16 @@ code's own plan.
 
 Costs come from two places, each cited: what tests/perf/bench_time_model.py
 measured on the machine at hand (tests/fixtures/time_model/), and the newest
-real GPU run of the code (tests/fixtures/time_model/h200-1x-vm-2026-11-27, call
-7: one H200, its standard and quick reports' durations and details, and the
+real GPU run of the code (tests/fixtures/time_model/h200-1x-vm-2026-11-28, call
+4: one H200, its standard and quick reports' durations and details, and the
 bare torchruns timed beside them). How often each cost is paid comes from the
 code: the bandwidth steps from `checks/bandwidth.py` `steps_for`, every size,
 repeat, cap and floor from the profile (`preflight.pipeline.profiles`), the
 collectives' bus factors from `checks/bandwidth.py` `bus_factor`. No number
 the code owns is restated here.
 
-The flow modelled is the run after issue 34's levers, which call 7 ran but for
-the last: the ranks' launch starts with the run, and the checks that need no
+The flow modelled is the run after issue 34's levers, all of which call 4 ran
+(NVML's child begun by the CLI first among them): the ranks' launch starts with the run, and the checks that need no
 ranks (topology, pcie, rdma, fabric, firmware, shm, judging the plan's one NVML
 inventory) run while the ranks import torch; rdma's interval between its
 counter reads overlaps that work; cuda's rank stage waits for the ranks then;
@@ -21,7 +21,7 @@ firmware takes the torch facts from the ranks; shm writes a small segment; P2P
 is measured from local rank 0 over all GPUs (n-1 contexts opened once, then
 every ordered pair one at a time); the pinned host buffers are made before the
 h2d/d2h turns; the train probe's data parallelism no longer imports
-torch._dynamo (call 7's paid it: its `ddp` phase, taken out here).
+torch._dynamo (`ddp_construct`: 0 s in call 4's report; the 2026-11-27 run paid 3.3 s).
 
 Pure: `costs_from_reports`, `merge`, `project`, `bare` and `table` are
 functions of their arguments (tests/test_time_model.py holds the table in
@@ -43,10 +43,10 @@ from preflight.pipeline import profiles
 GPUS = (1, 2, 4, 8)
 GOAL_8_GPUS = 45.0  # issue 34: the standard level on 8 GPUs within 45 s
 REPO = Path(__file__).resolve().parents[2]
-# The newest real GPU run of the code, as the GPU kit wrote it: call 7's standard and quick
+# The newest real GPU run of the code, as the GPU kit wrote it: call 4's standard and quick
 # reports and its bench's verdict (the bare torchruns timed beside them). SOURCE.md says what ran.
-RUN = REPO / "tests" / "fixtures" / "time_model" / "h200-1x-vm-2026-11-27"
-RUN_FILES = {"standard": "7-standard.json", "quick": "7-quick.json", "verdict": "7-verdict.json"}
+RUN = REPO / "tests" / "fixtures" / "time_model" / "h200-1x-vm-2026-11-28"
+RUN_FILES = {"standard": "4-standard.json", "quick": "4-quick.json", "verdict": "4-verdict.json"}
 MEASURED = REPO / "tests" / "fixtures" / "time_model" / "costs-ci-vm.json"
 DOC = REPO / "docs" / "ARCHITECTURE.md"
 BEGIN, END = "<!-- time-model:begin -->", "<!-- time-model:end -->"

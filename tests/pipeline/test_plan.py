@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import fakes
+import psutil
 import pytest
 from conftest import make_ctx
 from typer.testing import CliRunner
@@ -18,6 +19,7 @@ from preflight.pipeline.plan import Plan, execute
 from preflight.pipeline.report import Report
 from preflight.pipeline.settings import Settings
 from preflight.readers.nvidia import nvml
+from preflight.readers.nvidia import nvml_child as child_module
 
 NVML = Path(__file__).parents[1] / "fixtures" / "nvml"
 HEALTHY = NVML / "h100-sxm-8x-healthy.json"
@@ -28,7 +30,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """How many times this process read the inventory (the fake file or NVML), and how many
     NVML children it started for one: each is counted, then done as it would have been."""
     calls = {"inventory": 0, "child": 0}
-    inventory, start = nvml.inventory, nvml._start
+    inventory, start = nvml.inventory, child_module.start
 
     def counting_inventory(*a, **kw):
         calls["inventory"] += 1
@@ -39,7 +41,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
         return start(what)
 
     monkeypatch.setattr(nvml, "inventory", counting_inventory)
-    monkeypatch.setattr(nvml, "_start", counting_start)
+    monkeypatch.setattr(child_module, "start", counting_start)  # the CLI's early child and every later one
     return calls
 
 
@@ -226,3 +228,25 @@ def test_a_signal_while_the_run_waits_for_the_fabric_still_writes_the_report_wit
     rep = Report.model_validate_json(report.read_text())
     assert rep.interrupted_by_signal == 15 and [(c.check, c.status) for c in rep.checks] == [("cuda", "SKIP"), ("fabric", "SKIP")]
     assert all(c.details == {"interrupted_by_signal": 15} for c in rep.checks)
+
+
+def test_bad_input_after_the_early_nvml_child_leaves_no_child(tmp_path, counted, nvml_child):
+    """`preflight run` starts NVML's child before its settings are read: one they refuse (exit 2,
+    one line) still ends it, here one that would hang as a wedged driver does."""
+    nvml_child(mode="hang")
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    r = CliRunner().invoke(app, ["run", "--level", "quick", "--if-locked", "bogus", "--report", str(tmp_path / "r.json")])
+    assert r.exit_code == 2 and "--if-locked 'bogus'" in r.output
+    assert counted["child"] == 1
+    assert {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE} <= before
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_an_early_child_for_a_profile_without_gpus_named_in_the_config_is_ended_unread(tmp_path, counted, nvml_child):
+    nvml_child(mode="hang")  # never read: the cpu profile reads no NVML
+    config = tmp_path / "config.toml"
+    config.write_text('profile = "cpu"\n')
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    rep = run(tmp_path, "--config", str(config), "--level", "quick", "--only", "shm", exit_codes=(0,))
+    assert rep.profile == "cpu" and counted["child"] == 1
+    assert {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE} <= before

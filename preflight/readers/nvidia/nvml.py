@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from preflight.base.findings import Finding, Status
 from preflight.base.errors import UsageError
 from preflight.readers import capture
+from preflight.readers.nvidia import nvml_child
 from preflight.readers.nvidia.nvml_facts import GpuTrace, Inventory, PcieLink
 
 # The remedies live beside the code that picks them, in the child.
@@ -109,11 +110,16 @@ class Shared:
     waited for); ``given`` says so, and nothing reads this node's NVML again to replace it.
     Whoever begins a reading closes it (``close``), read or not: no child outlives the run."""
 
-    def __init__(self, fake: Path | None = None, facts: Inventory | None = None):
+    def __init__(self, fake: Path | None = None, facts: Inventory | None = None, started: Started | None = None):
+        """``started``: the inventory's child begun before the run knew its settings (nvml_child.early),
+        taken as this reading's own: read at the first ask, or ended by ``close`` unread."""
         self.fake = fake
         self.given = facts is not None
         self._got: Inventory | NvmlUnavailable | None = facts
-        self._started: Started | None = None
+        self._started: Started | None = started
+        if fake is not None and started is not None:
+            started.stop()  # a fake file is read where it is asked for, never this node's NVML
+            self._started = None
 
     def begin(self) -> None:
         """Start NVML's child now, where nothing is read yet (a fake file is read at ``get``)."""
@@ -164,11 +170,7 @@ def _ask(what: str, timeout: float) -> Any:
 
 def _start(what: str) -> Started:
     """nvml_query's child for ``what``, started: its answer is read by ``_answer``."""
-    from preflight.base.host import Host
-
-    # cwd "/": `python -m` puts the working directory first on sys.path, and a
-    # pynvml.py lying there must not run as root.
-    return Host().start([sys.executable, "-m", "preflight.readers.nvidia.nvml_query", what], cwd="/")
+    return nvml_child.start(what)
 
 
 def _answer(started: Started, timeout: float) -> Any:
