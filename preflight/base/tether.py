@@ -189,7 +189,10 @@ def _absolute(name: str, env: dict | None) -> str:
     """``name`` as exec would find it, by a path from the root: a tool found only through an
     empty or relative entry of PATH (``:/usr/bin``, ``.``) is a file in the working directory,
     a directory such as /tmp where anyone may have put a `journalctl` of theirs for root to run."""
-    found = name if os.sep in name else shutil.which(name, path=(env if env is not None else os.environ).get("PATH", os.defpath))
+    # Only the entries that are paths from the root are searched: a relative one ahead of /usr/bin holding
+    # a file of the tool's name would otherwise stop the search there and cost the node its real tool.
+    path = (env if env is not None else os.environ).get("PATH", os.defpath)
+    found = name if os.sep in name else shutil.which(name, path=os.pathsep.join(p for p in path.split(os.pathsep) if os.path.isabs(p)))
     if found is None:
         raise FileNotFoundError(errno.ENOENT, "No such file or directory", name)
     if not os.path.isabs(found):

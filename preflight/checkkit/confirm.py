@@ -157,20 +157,23 @@ def _bound_text(floor: ResolvedFloor | None) -> str:
     return f"; {'ceiling' if floor.bound == 'max' else 'floor'} {fmt_value(floor.value, floor.unit)}"
 
 
-def _member(g: Figure) -> tuple:
-    """Which GPU, pair or rank a figure is of, by its labels; () for a figure of the whole node
-    (a collective, a latency, the training step: no gpu or rank label), which is one member
-    whichever rank its words name as the slowest."""
-    return tuple(sorted(g.labels.items())) if {"gpu", "rank", "UUID"} & g.labels.keys() else ()
+def _members(g: Figure) -> set[tuple]:
+    """Which GPU, pair or rank a figure is of, by its labels, and for a pair each of its two GPUs;
+    {()} for a figure of the whole node (a collective, a latency, the training step: no gpu or rank
+    label), which is one member whichever rank its words name as the slowest."""
+    if not {"gpu", "rank", "UUID"} & g.labels.keys():
+        return {()}
+    return {tuple(sorted(g.labels.items()))} | {(("gpu", g.labels[k]),) for k in ("gpu", "peer_gpu") if k in g.labels}
 
 
 def _twice(one: list[Figure], two: list[Figure], floor: ResolvedFloor | None) -> bool:
     """Whether one member missed the floor on both readings. As the node's median judges its
     outliers (checkkit/outliers.py), a FAIL is confirmed by the same GPU, pair or rank: with 8
     host copies or 56 pairs, a passing load that pulls GPU 2 under the floor on the first
-    reading and GPU 6 on the second confirms no fault of either."""
+    reading and GPU 6 on the second confirms no fault of either. A GPU in missed pairs on both
+    readings, whichever its peers (a degraded NVLink of GPU 3: 3->1 then 3->5), is that member."""
     def missing(figs: list[Figure]) -> set[tuple]:
-        return {_member(g) for g in figs if floor is not None and beyond(g.value, floor, 0.0)}
+        return {m for g in figs if floor is not None and beyond(g.value, floor, 0.0) for m in _members(g)}
 
     return bool(missing(one) & missing(two))
 

@@ -45,9 +45,13 @@ def run(
     nvml_fake: FakeOpt = None,
 ) -> int:
     """Run the profile's checks of a level in order and print the verdict."""
+    from preflight.pipeline import lock
     from preflight.readers.nvidia import nvml_child
 
-    early = nvml_child.early(profile, nvml_fake)  # NVML answers while the rest of preflight is imported
+    # NVML answers while the rest of preflight is imported; begun only while no other run holds the node,
+    # whose load a reading taken now would see, and which the gate then would not know to read again.
+    early_lock = lock.named(lock_file)
+    early = nvml_child.early(profile, nvml_fake) if lock.held(early_lock) is False else None
     try:
         from preflight.outputs import gate
         from preflight.pipeline import settings as settings_mod
@@ -66,6 +70,9 @@ def run(
         for name in settings_mod.unknown_env():
             console.note(f"warning: {name} is not a preflight setting and is ignored")
         _no_other_file_as_lock(s.lock_file)
+        if early is not None and s.lock_file != early_lock:
+            early.stop()  # the config names another lock, not asked yet: the head start reads NVML after it is
+            early = None
     except BaseException:
         if early is not None:
             early.stop()  # bad input: nothing the run began outlives it

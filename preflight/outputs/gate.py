@@ -69,8 +69,8 @@ def _gated(s: Settings, console: Console, if_idle: bool, if_locked: str, ahead: 
         python = str(s.python) if s.python is not None else sys.executable
         if who := pipeline.check_python_trusted(s):  # no other user's unless the site accepts it: the head start below runs it
             console.line(f"preflight: warning: the workers' Python {python} runs as root, and another user decides what it does: {who}")
-        # Asked before NVML is read: a run that holds the lock now may be loading the GPUs
-        # while the plan reads them, and may be gone by the time this run takes the lock.
+        # Asked before NVML is read (the CLI's early reading asked it first): a run that holds the lock
+        # now may be loading the GPUs while the plan reads them, and may be gone by the time this run takes the lock.
         other_run = lock.held(s.lock_file) is not False
         try:
             ahead.begin(s, python, ranks_too=not if_idle and not other_run)

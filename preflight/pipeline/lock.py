@@ -46,6 +46,17 @@ def default_path(euid: int | None = None, environ: Mapping[str, str] | None = No
     return Path("/tmp") / f"preflight-{euid}" / NAME
 
 
+def named(flag: Path | None, environ: Mapping[str, str] | None = None) -> Path:
+    """The lock's path as the flag or the environment names it, before the settings are read (a
+    config file may name another): ``--lock-file``, else PREFLIGHT_LOCK_FILE in any case, as
+    pydantic-settings matches it, else ``default_path``."""
+    if flag is not None:
+        return flag
+    env = os.environ if environ is None else environ
+    given = next((v for k, v in env.items() if k.upper() == "PREFLIGHT_LOCK_FILE" and v), None)
+    return Path(given) if given else default_path(environ=env)
+
+
 def _refuse(path: Path, why: str) -> UsageError:
     return UsageError(f"lock file {path}: {why}")
 

@@ -224,11 +224,24 @@ def available(site_dir: Path | None) -> dict[str, Path]:
     return found
 
 
+def _whole_floats_as_ints(data: Any) -> Any:
+    """TOML's floats that are whole numbers as ints, all through ``data``: strict validation takes an int
+    where a float is wanted, never a float where an int is, and lax validation took 80e9 for 80000000000."""
+    if isinstance(data, dict):
+        return {k: _whole_floats_as_ints(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_whole_floats_as_ints(v) for v in data]
+    if isinstance(data, float) and data.is_integer():
+        return int(data)
+    return data
+
+
 def load(path: Path) -> Profile:
     data, text = tomlfile.load(path, "profile")
     try:
         # Strictly, as TOML is typed: `seconds = true` or `ranks = true` would read as 1, `seconds = "12"` as 12.
-        profile = Profile.model_validate(data, strict=True)
+        # A whole number written as a float (`memory_min_bytes = 80e9`) is still that number.
+        profile = Profile.model_validate(_whole_floats_as_ints(data), strict=True)
     except ValidationError as e:
         raise UsageError(tomlfile.validation_message(e, path, text, "profile")) from None
     if profile.name != path.stem:

@@ -182,6 +182,26 @@ def test_beyond_the_floor_on_both_readings_but_by_different_members_is_transient
     assert only(settle(memcpy(1.1, 1.5), memcpy(9.0, 1.3)), "memcpy_bandwidth").status == FAIL
 
 
+def test_a_gpu_under_the_floor_in_other_pairs_on_each_reading_is_confirmed():
+    """GPU 3's NVLink degraded, every pair of it at the floor: 3->1 and 3->2 under it on the first
+    reading, 3->5 and 3->6 on the second. The same GPU missed twice, whichever its peers: FAIL."""
+    floor = {"p2p_bandwidth": ResolvedFloor(value=300 * GB, unit=BPS, bound="min", source="test: NVLink P2P floor", origin="profile test")}
+
+    def pairs(*peers: int) -> list[Figure]:
+        return [Figure(name="p2p_bandwidth", unit=BPS, value=(290 if p in peers else 330) * GB, where=f"GPU 3 -> GPU {p}",
+                       labels={"gpu": "3", "UUID": "GPU-3", "peer_gpu": str(p)}) for p in (0, 1, 2, 4, 5, 6, 7)]
+
+    def judged(figs: list[Figure]) -> list[Finding]:
+        return figs_mod.judge_floors(figs, floor, 0.05, {"p2p_bandwidth": "P2P copy"}, {}, RERUN)
+
+    s = confirm.settle(pairs(1, 2), pairs(5, 6), floor, judged, {"p2p_bandwidth": "P2P copy"}, RERUN, None)
+    assert [f.status for f in s.findings["p2p_bandwidth"]] == [FAIL] and s.readings[0]["verdict"] == "confirmed"
+    # Two GPUs of a healthy node, each under it once, still confirm nothing.
+    other = [g.model_copy(update={"labels": {**g.labels, "gpu": "6", "UUID": "GPU-6"}, "where": g.where.replace("GPU 3", "GPU 6")}) for g in pairs(5)]
+    other = [g.model_copy(update={"value": 290 * GB if g.labels["peer_gpu"] == "0" else 330 * GB}) for g in other]
+    assert confirm.settle(pairs(1), other, floor, judged, {"p2p_bandwidth": "P2P copy"}, RERUN, None).readings[0]["verdict"] == "transient"
+
+
 def test_a_node_figure_whose_slowest_rank_moves_is_still_confirmed():
     """A latency or a collective is the node's: over its ceiling on both readings is confirmed,
     whichever rank its words name as the slowest."""

@@ -4,6 +4,9 @@ NVML's entry points wrapped to count what each run read)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import fakes
@@ -18,6 +21,7 @@ from preflight.pipeline.check import Check, Context, Result, Status
 from preflight.pipeline.plan import Plan, execute
 from preflight.pipeline.report import Report
 from preflight.pipeline.settings import Settings
+from preflight.pipeline import lock
 from preflight.readers.nvidia import nvml
 from preflight.readers.nvidia import nvml_child as child_module
 
@@ -235,7 +239,8 @@ def test_bad_input_after_the_early_nvml_child_leaves_no_child(tmp_path, counted,
     one line) still ends it, here one that would hang as a wedged driver does."""
     nvml_child(mode="hang")
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    r = CliRunner().invoke(app, ["run", "--level", "quick", "--if-locked", "bogus", "--report", str(tmp_path / "r.json")])
+    r = CliRunner().invoke(app, ["run", "--level", "quick", "--if-locked", "bogus", "--report", str(tmp_path / "r.json"),
+                                 "--lock-file", str(tmp_path / "preflight.lock")])  # no other run's: the child starts early
     assert r.exit_code == 2 and "--if-locked 'bogus'" in r.output
     assert counted["child"] == 1
     assert {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE} <= before
@@ -247,6 +252,45 @@ def test_an_early_child_for_a_profile_without_gpus_named_in_the_config_is_ended_
     config = tmp_path / "config.toml"
     config.write_text('profile = "cpu"\n')
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    rep = run(tmp_path, "--config", str(config), "--level", "quick", "--only", "shm", exit_codes=(0,))
+    rep = run(tmp_path, "--config", str(config), "--level", "quick", "--only", "shm", "--lock-file", str(tmp_path / "preflight.lock"), exit_codes=(0,))
     assert rep.profile == "cpu" and counted["child"] == 1
+    assert {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE} <= before
+
+
+def test_no_early_nvml_child_while_another_run_holds_the_node(tmp_path, counted, nvml_child, monkeypatch):
+    """A reading begun while another run loads the GPUs would see its load, and the gate, finding the
+    lock free a moment later, would keep it: the CLI begins NVML's child early only where the lock is free."""
+    nvml_child(HEALTHY)
+    calls = []
+    early = child_module.early
+    monkeypatch.setattr(child_module, "early", lambda *a, **kw: calls.append(a) or early(*a, **kw))
+    path = tmp_path / "preflight.lock"
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time\nf = open(sys.argv[1], 'w')\n"
+                               "fcntl.flock(f, fcntl.LOCK_EX)\nf.write(str(os.getpid()).rjust(10) + '\\n'); f.flush()\nprint('held', flush=True)\ntime.sleep(60)",
+                               str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        os.chmod(path, 0o600)
+        r = CliRunner().invoke(app, ["run", "--level", "quick", "--lock-file", str(path), "--lock-timeout", "0.2", "--if-locked", "skip", "--scratch"])
+        assert r.exit_code == 0 and "still holds" in r.output, r.output
+        assert calls == []
+        holder.kill()
+        holder.wait()
+        rep = run(tmp_path, "--level", "quick", "--lock-file", str(path), "--python", str(failing_python(tmp_path)), "--only", "cuda", exit_codes=(0, 1))
+        assert len(calls) == 1 and rep.checks[0].details["inventory"]["source"] == "NVML"
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_an_early_child_is_ended_where_the_config_names_another_lock(tmp_path, counted, nvml_child, monkeypatch):
+    nvml_child(HEALTHY)
+    monkeypatch.delenv("PREFLIGHT_LOCK_FILE")  # conftest's, which would name the lock before the config could
+    monkeypatch.setattr(lock, "default_path", lambda **kw: tmp_path / "default.lock")  # free, whatever else runs here
+    config = tmp_path / "config.toml"
+    config.write_text(f'lock_file = "{tmp_path / "site.lock"}"\n')
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    rep = run(tmp_path, "--config", str(config), "--level", "quick", "--python", str(failing_python(tmp_path)), "--only", "cuda", exit_codes=(0, 1))
+    # The early child asked a lock that is not this run's: ended, and NVML read after the run's own was asked.
+    assert counted["child"] == 2 and rep.checks[0].details["inventory"]["source"] == "NVML"
     assert {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE} <= before

@@ -87,6 +87,19 @@ def test_a_profile_s_numbers_must_be_toml_numbers(tmp_path, old, new, message):
     with pytest.raises(UsageError, match=message):
         profiles.load(path)
 
+def test_a_whole_number_written_as_a_float_still_loads_where_a_count_is_wanted(tmp_path):
+    # Lax validation took `copy_bytes = 1.073741824e9` (a site profile's way of writing 1 GiB); strict
+    # validation alone refused it and, at the boot gate, would have blocked a node on its upgrade.
+    text = (profiles.BUILTIN_DIR / "a100-pcie.toml").read_text()
+    path = tmp_path / "a100-pcie.toml"
+    path.write_text(text.replace("copy_bytes = 1073741824", "copy_bytes = 1.073741824e9", 1))
+    assert "1.073741824e9" in path.read_text()
+    assert profiles.load(path).bandwidth.copy_bytes == 1073741824
+    path.write_text(text.replace("copy_bytes = 1073741824", "copy_bytes = 1.5", 1))
+    with pytest.raises(UsageError, match="copy_bytes"):
+        profiles.load(path)  # a fraction is no count
+
+
 def test_site_overrides_replace_values_and_record_their_origin():
     path = profiles.find("cpu", None)
     r = profiles.resolve(profiles.load(path), path, {"shm_min_bytes": SiteFloor(2.0**31, "config /etc/x.toml line 3")}, "--profile cpu")
