@@ -21,8 +21,6 @@ from __future__ import annotations
 import errno
 import os
 import pwd
-import re
-import shutil
 import stat
 import struct
 from collections import deque
@@ -239,97 +237,3 @@ def read_steerable(path: Path | str, opened: os.stat_result) -> str | None:
     if (now.st_dev, now.st_ino) != (opened.st_dev, opened.st_ino):
         return f"{path} was replaced while it was read"
     return steerable(path)
-
-
-def interpreter_steerable(python: Path | str, _depth: int = 0) -> str | None:
-    """``steerable`` for a Python interpreter root runs, and for what it reads before any code of
-    preflight's runs: its venv's pyvenv.cfg, its standard library, and the site directories it
-    imports from, whose .pth files it executes at start-up (the base interpreter's only where the
-    venv includes them, include-system-site-packages; Debian's dist-packages and /usr/local's).
-    Found by their places, never by asking the interpreter, which would run those .pth files first."""
-    if why := steerable(python):
-        return why
-    if (interpreter := _shebang(python)) is not None:
-        # A script (a wrapper of the training environment's python): the kernel runs the
-        # interpreter its #! line names, whose owner decides what root runs.
-        return interpreter_steerable(interpreter, _depth + 1) if _depth < 4 else f"{python}: #! lines nested too deep to follow"  # the kernel's own limit
-    given, real = Path(os.path.abspath(python)), Path(os.path.realpath(python))
-    # The version where the file names it (python3.11), else every python3.N the prefix holds.
-    version = real.name if re.fullmatch(r"python3\.[0-9]+", real.name) else "python3.*"
-    venv, base = given.parent.parent, real.parent.parent
-    bases = [base]
-    places: list[Path] = []
-    system_site = True
-    if os.path.lexists(venv / "pyvenv.cfg"):
-        if why := steerable(venv / "pyvenv.cfg"):
-            return why
-        try:
-            cfg = (venv / "pyvenv.cfg").read_text(errors="replace")[:65536]
-        except OSError:
-            cfg = ""
-        system_site = bool(re.search(r"^\s*include-system-site-packages\s*=\s*true\s*$", cfg, re.M | re.I))
-        places += sorted(venv.glob(f"lib*/{version}/site-packages"))
-        # The venv's `home` is where Python looks for its standard library (getpath), whatever
-        # bin/python is: a copy (`venv --copies`) never leads there by a link, and its base
-        # install's owner would write the os.py and sitecustomize root imports first.
-        if (home := re.search(r"^\s*home\s*=\s*(.+?)\s*$", cfg, re.M)) and home[1].startswith("/"):
-            if why := steerable(home[1]):
-                return why
-            bases.append(Path(os.path.realpath(home[1])).parent)
-    bases = list(dict.fromkeys(bases))
-    places += [p for b in bases for p in sorted(b.glob(f"lib*/{version}"))]
-    if not os.environ.get("PYTHONNOUSERSITE"):
-        # The user site of $HOME, which root keeps under `sudo -E`: another user's ~/.local then.
-        places += sorted(Path(os.path.expanduser("~")).glob(f".local/lib/{version}/site-packages"))
-    if system_site:
-        for pattern in (f"lib*/{version}/site-packages", f"lib*/{version}/dist-packages", "lib*/python3/dist-packages", f"local/lib*/{version}/dist-packages"):
-            places += [p for b in bases for p in sorted(b.glob(pattern))]
-    for place in dict.fromkeys(places):
-        if why := steerable(place) or _open_to_additions(place):
-            return why
-    # Python looks for a pyvenv.cfg beside the interpreter and one level up (getpath) before any
-    # site directory: one another user adds there names the standard library it then imports.
-    for place in (given.parent, given.parent.parent):
-        if not os.path.lexists(place / "pyvenv.cfg") and (why := _open_to_additions(place)):
-            return why
-    return None
-
-
-def _shebang(path: Path | str) -> str | None:
-    """The interpreter a script's #! line names (through /usr/bin/env: the program it finds on
-    PATH), or None where ``path`` is no script."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(256)
-    except OSError:
-        return None
-    if not head.startswith(b"#!"):
-        return None
-    words = head[2:].split(b"\n", 1)[0].decode(errors="replace").split()
-    if not words:
-        return None
-    if os.path.basename(words[0]) == "env" and len(words) > 1:
-        name = next((w for w in words[1:] if not w.startswith("-") and "=" not in w), None)
-        return (shutil.which(name) or name) if name else None
-    return words[0]
-
-
-def _open_to_additions(place: Path) -> str | None:
-    """Why another user could add what Python runs from the import directory ``place``: it lets
-    them create names there (a sticky bit keeps them from replacing root's entries, never from
-    adding a .pth file or a sitecustomize.py of their own), or a .pth file or a sitecustomize.py
-    there, each run at start-up, is one they have a say in."""
-    try:
-        st = os.stat(place)
-    except OSError:
-        return None
-    writers = stat.S_IWOTH | (stat.S_IWGRP if st.st_gid != 0 else 0)
-    if st.st_mode & writers:
-        who = "every user" if st.st_mode & stat.S_IWOTH else "its group"
-        return f"{place} is writable by {who}, who may add a .pth file, a module or a pyvenv.cfg Python reads there"
-    if why := acl_writers(place):
-        return why
-    for name in [*sorted(p.name for p in place.glob("*.pth")), "sitecustomize.py", "usercustomize.py"]:
-        if os.path.lexists(place / name) and (why := steerable(place / name)):
-            return why
-    return None

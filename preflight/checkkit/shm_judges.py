@@ -149,13 +149,23 @@ def judge_space(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurem
     elif f.free_bytes is not None:
         measurements.append(Measurement(name="shm_free", unit="bytes", value=f.free_bytes, floor=floor))
         if f.size_bytes is not None and f.size_bytes >= floor > f.free_bytes:
-            stale = ", ".join(f"{x.name} ({fmt_bytes(x.bytes)}{_owned_by(f, x.uid)})" for x in f.largest_files)
+            # Each name quoted: any user chooses it, and "job (8 GiB, owner daemon), x" must not read as two files.
+            stale = ", ".join(f"{_quoted(x.name)} ({fmt_bytes(x.bytes)}{_owned_by(f, x.uid)})" for x in f.largest_files)
+            used = f.size_bytes - f.free_bytes
+            # What the listed files do not hold (subdirectories, smaller files, past the scan) is said too,
+            # so the cause never rests on files that hold little of it.
+            rest = used - sum(x.bytes for x in f.largest_files)
+            elsewhere = f"; {fmt_bytes(rest)} of it in other files or subdirectories" if stale and rest >= 2**20 else ""
             found.append(Finding(
                 Status.FAIL, f"only {fmt_bytes(f.free_bytes)} of {f.path} is free, below the {fmt_bytes(floor)} floor",
-                f"{fmt_bytes(f.size_bytes - f.free_bytes)} of {f.path} is in use" + (f"; largest files: {stale}" if stale else ""),
+                f"{fmt_bytes(used)} of {f.path} is in use" + (f"; largest files: {stale}" if stale else "") + elsewhere,
                 f"remove stale segments left by crashed jobs (`ls -laS {f.path}`), or make /dev/shm bigger", act=_filled(f),
             ))
     return found, measurements
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '\\"') + '"'
 
 
 def _owned_by(f: ShmFacts, uid: int | None) -> str:

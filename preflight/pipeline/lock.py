@@ -203,23 +203,25 @@ def _has_open(pid: str, st: os.stat_result, where: str) -> bool:
                 info = {k.strip(): v.strip() for k, _, v in (line.partition(b":") for line in f.read(4096).splitlines())}
         except OSError:
             continue
-        if b"ino" not in info:
-            try:
-                if os.readlink(f"/proc/{pid}/fd/{fd}") == where:
-                    return True
-            except OSError:
-                pass
+        if b"ino" in info and info[b"ino"] != str(st.st_ino).encode():
             continue
-        if info[b"ino"] != str(st.st_ino).encode():
-            continue
-        if devices is None:
+        if devices is None and b"ino" in info:
             devices = _mount_devices(pid)
-        device = devices.get(info.get(b"mnt_id", b""))
-        # The mount's device as mountinfo says it (a bind mount in a container's namespace: the
-        # same); a mount not found there: the inode alone. Only a hint either way: a run that
+        device = devices.get(info.get(b"mnt_id", b"")) if devices is not None else None
+        # The mount's device as mountinfo says it (a bind mount in a container's namespace: the same).
+        if device is not None:
+            if device == f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}".encode():
+                return True
+            continue
+        # No inode in fdinfo (a kernel before 5.14), or a mount not in the holder's mountinfo (one it
+        # detached: any user can, in a namespace of theirs, holding a file of the lock's inode number):
+        # the name the kernel keeps for the descriptor decides. Only a hint either way: a run that
         # finds the lock taken after all waits for it (head_start).
-        if device is None or device == f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}".encode():
-            return True
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == where:
+                return True
+        except OSError:
+            pass
     return False
 
 

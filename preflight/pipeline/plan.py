@@ -20,7 +20,7 @@ from preflight.readers.nvidia import nvml, nvml_settle
 from preflight.pipeline import floor_bounds, levels, profile_detect, profiles, registry, shape
 from preflight.pipeline.check import Check, Context, Result
 from preflight.base.findings import Status
-from preflight.base import pathtrust
+from preflight.base import interpreter_trust
 from preflight.base.errors import UsageError
 from preflight.base.host import Host
 from preflight.base.progress import Progress
@@ -80,7 +80,7 @@ def check_python_trusted(settings: Settings) -> str | None:
     accepts it (python_of_another_user): its owner would decide what root runs on the node.
     Returns why another user has a say in it where the site accepted that, else None."""
     python = str(settings.python) if settings.python is not None else sys.executable
-    who = pathtrust.interpreter_steerable(shutil.which(python) or python) if os.geteuid() == 0 else None
+    who = interpreter_trust.interpreter_steerable(shutil.which(python) or python) if os.geteuid() == 0 else None
     if who and not settings.python_of_another_user:
         raise UsageError(f"the workers' Python {python} would run as root, and another user decides what it does ({who}): "
                          "give root a Python no other user can change (chown root and chmod go-w it and the directories "

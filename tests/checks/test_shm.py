@@ -72,7 +72,17 @@ def test_full_tmpfs_fails_and_names_the_largest_files_and_their_owners():
     facts = healthy(free_bytes=100 * MiB, largest_files=files, users={1001: "alice"}, segment_bytes=0)
     (f,), _ = judge(facts, GiB)
     assert f.status is Status.FAIL and "only 100 MiB of /dev/shm is free" in f.summary
-    assert "nccl-LEFTOVER (30 GiB, owner alice), psm_x (1 GiB, owner uid 123456), old (1 MiB)" in f.cause and "stale segments" in f.remedy
+    assert '"nccl-LEFTOVER" (30 GiB, owner alice), "psm_x" (1 GiB, owner uid 123456), "old" (1 MiB)' in f.cause and "stale segments" in f.remedy
+
+
+def test_a_full_tmpfs_cause_cannot_be_made_to_blame_another_user():
+    """Any user names their files: one called `job (8.0 GiB, owner daemon), x` read as daemon's 8 GiB, and
+    50 MB in a subdirectory the scan never enters went unsaid while root was pointed at daemon's files."""
+    files = [ShmFile("job (8.0 GiB, owner daemon), x", 8 * 1024, 65534), ShmFile("torch_12345", 4096, 1)]
+    facts = healthy(size_bytes=GiB + 60 * MiB, free_bytes=GiB - 50 * MiB, largest_files=files, users={65534: "nobody", 1: "daemon"}, segment_bytes=0)
+    (f,), _ = judge(facts, GiB)
+    assert '"job (8.0 GiB, owner daemon), x" (8 KiB, owner nobody), "torch_12345" (4 KiB, owner daemon)' in f.cause
+    assert "of it in other files or subdirectories" in f.cause
 
 
 @needs_root
@@ -83,7 +93,7 @@ def test_a_full_dev_shm_names_who_filled_it():
              "&& chown nobody /dev/shm/leftover")
     p = in_private_shm(setup, "run --profile cpu --only shm")
     assert p.returncode == 1, p.stderr
-    assert re.search(r"largest files: leftover \([0-9.]+ GiB, owner nobody\)", p.stderr), p.stderr
+    assert re.search(r'largest files: "leftover" \([0-9.]+ GiB, owner nobody\)', p.stderr), p.stderr
 
 
 def test_a_filled_or_memory_short_host_shm_is_software_that_no_lemon_counts():
@@ -455,7 +465,7 @@ def test_nearly_full_dev_shm_fails_naming_the_leftover():
     assert p.returncode == 1
     (r,) = Report.model_validate_json(p.stdout).checks
     assert "of /dev/shm is free, below the 1 GiB floor" in r.summary
-    assert "nccl-stale-segment (700 MiB, owner root)" in r.cause
+    assert '"nccl-stale-segment" (700 MiB, owner root)' in r.cause
 
 
 @needs_root
@@ -473,7 +483,7 @@ def test_another_jobs_files_are_not_judged_as_the_nodes_and_not_taken_from(tmp_p
     p = in_private_shm(setup, "run --profile cpu --level quick --json", env={**os.environ, "SLURM_JOB_ID": "41"})
     assert p.returncode == 1, p.stderr
     (r,) = Report.model_validate_json(p.stdout).checks
-    assert r.summary == "only 736 MiB of /dev/shm is free, below the 1 GiB floor" and "job-41-data (800 MiB, owner root)" in r.cause
+    assert r.summary == "only 736 MiB of /dev/shm is free, below the 1 GiB floor" and '"job-41-data" (800 MiB, owner root)' in r.cause
 
 
 @needs_root

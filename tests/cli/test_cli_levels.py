@@ -232,5 +232,5 @@ def test_the_recorded_reports_are_what_the_budget_tests_assume():
 def test_show_profile_lists_each_levels_checks_and_estimate_with_its_source():
     r = CliRunner().invoke(app, ["show-profile", "h100-sxm"])
     assert r.exit_code == 0, r.output
-    assert "    quick: cuda, topology, pcie, rdma, fabric, firmware, shm; about 4 s\n      source: measured: the quick level took 1.25-1.28 s wall" in r.stdout
+    assert "    quick: cuda, topology, pcie, rdma, fabric, firmware, shm; about 4 s\n      source: measured: the quick level took 1.04-1.15 s wall" in r.stdout
     assert "    full: cuda, topology, pcie, rdma, fabric, firmware, shm, nccl, bandwidth, train, burnin, memtest; about 447 s\n      source: standard's 27 s (the time model) plus the burn-in's 300 s" in r.stdout

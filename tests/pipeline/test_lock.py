@@ -302,3 +302,26 @@ def test_held_tells_a_holder_from_its_descriptors_without_a_stat_through_them(tm
         p.wait()
     monkeypatch.undo()
     assert lock.held(path) is False
+
+
+def test_a_file_of_the_locks_inode_number_on_a_mount_its_holder_detached_is_no_holder(tmp_path, monkeypatch):
+    # Any user can, in a namespace of theirs, flock a file with the lock's inode number on a tmpfs and
+    # detach that mount: its descriptor's mount is then in no mountinfo. Matched on the inode alone, it
+    # made every run take the lock for held by another run (no head start, NVML read twice).
+    path = tmp_path / "preflight.lock"
+    path.write_text(f"{1:<{lock.PID_WIDTH}}\n")  # pid 1: not the holder, as in another pid namespace
+    decoy = tmp_path / "decoy"
+    p = hold(decoy, 30)
+    try:
+        real_stat = os.stat
+        seen = real_stat(decoy)
+
+        def same_inode(target, *args, **kwargs):  # the lock file, with the decoy's inode number
+            return seen if str(target) == str(path) else real_stat(target, *args, **kwargs)
+
+        monkeypatch.setattr(os, "stat", same_inode)
+        monkeypatch.setattr(lock, "_mount_devices", lambda pid: {})  # the holder's mount detached: unseen
+        assert lock.held(path) is False
+    finally:
+        p.kill()
+        p.wait()
