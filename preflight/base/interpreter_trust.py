@@ -14,7 +14,9 @@ its shell and its own file only: what it execs is its text's to say.
 from __future__ import annotations
 
 import os
+import ast
 import re
+import shlex
 import shutil
 import stat
 from pathlib import Path
@@ -23,7 +25,8 @@ from preflight.base.pathtrust import acl_writers, steerable
 
 MAX_SHEBANGS = 4  # the kernel's own limit on nested interpreters (BINPRM_MAX_RECURSION)
 # What an `env` line may set that decides what Python imports or the loader maps, paths all.
-PATH_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONSTARTUP", "PYTHONPYCACHEPREFIX", "LD_PRELOAD", "LD_LIBRARY_PATH")
+PATH_VARIABLES = ("PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONSTARTUP", "PYTHONPYCACHEPREFIX", "LD_PRELOAD", "LD_LIBRARY_PATH")
+SEARCHED = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH")  # directories searched by name, where an added file is found
 ENV_VALUED = ("-u", "--unset", "-C", "--chdir", "-P", "-a", "--argv0")  # GNU and BSD env's options that take a value
 
 
@@ -107,7 +110,7 @@ def shebang_of(line: str) -> tuple[str, dict[str, str]] | None:
         w = words.pop(0)
         if w in ("-S", "--split-string") or w.startswith(("-S", "--split-string=")):
             rest = w.partition("=")[2] if w.startswith("--split-string=") else w[2:] if w.startswith("-S") and w != "-S" else ""
-            words = (rest.split() if rest else []) + (" ".join(words).split() if words else [])
+            words = _split(" ".join([rest, *words]))
         elif " " in w and not name:
             return w, assigned  # no -S: env looks for a program of that whole name, which is none
         elif w in ENV_VALUED:
@@ -122,18 +125,30 @@ def shebang_of(line: str) -> tuple[str, dict[str, str]] | None:
             break
     if name is None:
         return interpreter, assigned  # env alone prints the environment: no interpreter but env itself
-    return (shutil.which(name) or name), assigned
+    # env looks the program up on the PATH its line sets, where it sets one.
+    return (shutil.which(name, path=assigned.get("PATH")) or name), assigned
+
+
+def _split(text: str) -> list[str]:
+    """env -S's words: quotes as the shell takes them (`env -S "python3" -u` runs python3)."""
+    try:
+        return shlex.split(text)
+    except ValueError:
+        return text.split()
 
 
 def _assigned_steerable(script: Path | str, assigned: dict[str, str]) -> str | None:
     """Why another user decides a path the #! line's env sets for the interpreter, or None."""
     for key in PATH_VARIABLES:
         for entry in re.split(r"[:\s]+", assigned.get(key, "")):
-            if not entry:
+            # A variable env -S expands (${HOME}/lib) is not known here; a library named bare in
+            # LD_PRELOAD is looked up in the loader's own directories, not the working directory.
+            if not entry or "$" in entry or (key == "LD_PRELOAD" and "/" not in entry):
                 continue
             if not entry.startswith("/"):
                 return f"{script}'s #! line sets {key} to a path from the working directory ({entry})"
-            if why := steerable(entry):
+            # A directory searched for programs, modules or libraries is another user's where they may add to it.
+            if why := steerable(entry) or (key in SEARCHED and _others_may_add(Path(entry))):
                 return f"{script}'s #! line sets {key}: {why}"
     return None
 
@@ -144,15 +159,7 @@ def _open_to_additions(place: Path) -> str | None:
     adding a .pth file or a sitecustomize.py of their own), a .pth file or a sitecustomize.py
     there, each run at start-up, is one they have a say in, or a .pth file's path line puts a
     directory of theirs on sys.path (`pip install -e` of another user's checkout)."""
-    try:
-        st = os.stat(place)
-    except OSError:
-        return None
-    writers = stat.S_IWOTH | (stat.S_IWGRP if st.st_gid != 0 else 0)
-    if st.st_mode & writers:
-        who = "every user" if st.st_mode & stat.S_IWOTH else "its group"
-        return f"{place} is writable by {who}, who may add a .pth file, a module or a pyvenv.cfg Python reads there"
-    if why := acl_writers(place):
+    if why := _others_may_add(place):
         return why
     pths = sorted(p.name for p in place.glob("*.pth"))
     for name in [*pths, "sitecustomize.py", "usercustomize.py"]:
@@ -161,6 +168,43 @@ def _open_to_additions(place: Path) -> str | None:
     for name in pths:
         if why := _pth_paths_steerable(place, name):
             return why
+    for finder in sorted(place.glob("__editable__*_finder.py")):
+        if why := _finder_steerable(finder):
+            return why
+    return None
+
+
+def _others_may_add(place: Path) -> str | None:
+    """Why another user may create names in the directory ``place``, sticky or not, or None."""
+    try:
+        st = os.stat(place)
+    except OSError:
+        return None
+    writers = stat.S_IWOTH | (stat.S_IWGRP if st.st_gid != 0 else 0)
+    if st.st_mode & writers:
+        who = "every user" if st.st_mode & stat.S_IWOTH else "its group"
+        return f"{place} is writable by {who}, who may add a .pth file, a module or a pyvenv.cfg Python reads there"
+    return acl_writers(place)
+
+
+def _finder_steerable(finder: Path) -> str | None:
+    """Why another user decides a package an editable install's finder imports from (setuptools 64
+    and on: a .pth line `import __editable___X_finder` and, in the finder, ``MAPPING`` from each
+    package to the checkout's directory, which a path line would have named), or None."""
+    try:
+        tree = ast.parse(finder.read_text(errors="replace")[:1 << 20])
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+        if isinstance(target, ast.Name) and target.id == "MAPPING" and node.value is not None:
+            try:
+                mapping = ast.literal_eval(node.value)
+            except ValueError:
+                return None
+            for directory in (mapping.values() if isinstance(mapping, dict) else []):
+                if isinstance(directory, str) and (why := steerable(directory)):
+                    return f"{finder} imports from {directory}: {why}"
     return None
 
 

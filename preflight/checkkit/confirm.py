@@ -23,6 +23,8 @@ and passes them here as ``hard``. Pure functions, tested on recorded figures.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
@@ -157,23 +159,25 @@ def _bound_text(floor: ResolvedFloor | None) -> str:
     return f"; {'ceiling' if floor.bound == 'max' else 'floor'} {fmt_value(floor.value, floor.unit)}"
 
 
-def _members(g: Figure) -> set[tuple]:
-    """Which GPU, pair or rank a figure is of, by its labels, and for a pair each of its two GPUs;
-    {()} for a figure of the whole node (a collective, a latency, the training step: no gpu or rank
-    label), which is one member whichever rank its words name as the slowest."""
-    if not {"gpu", "rank", "UUID"} & g.labels.keys():
-        return {()}
-    return {tuple(sorted(g.labels.items()))} | {(("gpu", g.labels[k]),) for k in ("gpu", "peer_gpu") if k in g.labels}
+def _member(g: Figure) -> tuple:
+    """Which GPU, pair or rank a figure is of, by its labels; () for a figure of the whole node
+    (a collective, a latency, the training step: no gpu or rank label), which is one member
+    whichever rank its words name as the slowest."""
+    return tuple(sorted(g.labels.items())) if {"gpu", "rank", "UUID"} & g.labels.keys() else ()
 
 
 def _twice(one: list[Figure], two: list[Figure], floor: ResolvedFloor | None) -> bool:
     """Whether one member missed the floor on both readings. As the node's median judges its
     outliers (checkkit/outliers.py), a FAIL is confirmed by the same GPU, pair or rank: with 8
     host copies or 56 pairs, a passing load that pulls GPU 2 under the floor on the first
-    reading and GPU 6 on the second confirms no fault of either. A GPU in missed pairs on both
-    readings, whichever its peers (a degraded NVLink of GPU 3: 3->1 then 3->5), is that member."""
+    reading and GPU 6 on the second confirms no fault of either. A GPU in two missed pairs or more
+    of each reading, whichever its peers (a degraded NVLink of GPU 3: 3->1 and 3->2, then 3->5 and
+    3->6), is that member; one missed pair names neither of its GPUs (a load on GPU 2, then on
+    GPU 6, misses 2->0 and 6->0: GPU 0 is no fault of its own)."""
     def missing(figs: list[Figure]) -> set[tuple]:
-        return {m for g in figs if floor is not None and beyond(g.value, floor, 0.0) for m in _members(g)}
+        missed = [g for g in figs if floor is not None and beyond(g.value, floor, 0.0)]
+        in_pairs = Counter(g.labels[k] for g in missed if "peer_gpu" in g.labels for k in ("gpu", "peer_gpu") if k in g.labels)
+        return {_member(g) for g in missed} | {(("gpu", gpu),) for gpu, n in in_pairs.items() if n >= 2}
 
     return bool(missing(one) & missing(two))
 

@@ -8,6 +8,7 @@ them all against a floor in bytes. checks/shm.py gathers the facts.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from preflight.readers.nccl import nccl_env
@@ -165,7 +166,7 @@ def judge_space(f: ShmFacts, floor: float) -> tuple[list[Finding], list[Measurem
 
 
 def _quoted(name: str) -> str:
-    return '"' + name.replace('"', '\\"') + '"'
+    return json.dumps(name, ensure_ascii=False)  # a backslash escaped too: no name can close its quotes
 
 
 def _owned_by(f: ShmFacts, uid: int | None) -> str:

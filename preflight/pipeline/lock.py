@@ -209,14 +209,15 @@ def _has_open(pid: str, st: os.stat_result, where: str) -> bool:
             devices = _mount_devices(pid)
         device = devices.get(info.get(b"mnt_id", b"")) if devices is not None else None
         # The mount's device as mountinfo says it (a bind mount in a container's namespace: the same).
-        if device is not None:
+        # A mount not in the holder's mountinfo is one it detached, which any user can, in a namespace of
+        # theirs, holding a file of the lock's inode number there (and of the lock's name from that
+        # mount's root): no holder of this lock. Only a hint either way: a run that finds the lock taken
+        # after all waits for it (head_start).
+        if b"ino" in info:
             if device == f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}".encode():
                 return True
             continue
-        # No inode in fdinfo (a kernel before 5.14), or a mount not in the holder's mountinfo (one it
-        # detached: any user can, in a namespace of theirs, holding a file of the lock's inode number):
-        # the name the kernel keeps for the descriptor decides. Only a hint either way: a run that
-        # finds the lock taken after all waits for it (head_start).
+        # No inode in fdinfo (a kernel before 5.14): the name the kernel keeps for the descriptor decides.
         try:
             if os.readlink(f"/proc/{pid}/fd/{fd}") == where:
                 return True

@@ -161,6 +161,7 @@ def test_env_s_options_and_the_program_it_runs_are_read_as_env_reads_them():
         ("#!/opt/x/python3 -E", ("/opt/x/python3", {})),
     ):
         assert interpreter_trust.shebang_of(line) == expected, line
+    assert interpreter_trust.shebang_of('#!/usr/bin/env -S "/opt/x/python3" -u') == ("/opt/x/python3", {})  # quotes as the shell takes them
 
 
 @needs_root
@@ -175,8 +176,35 @@ def test_what_a_wrapper_s_env_line_sets_for_python_is_judged(tmp_path):
     assert interpreter_trust.interpreter_steerable(wrapper) is None
     os.chown(theirs, 65534, 65534)
     assert interpreter_trust.interpreter_steerable(wrapper) == f"{wrapper}'s #! line sets PYTHONPATH: {theirs} is nobody's"
-    wrapper.write_text(f"#!/usr/bin/env -S LD_PRELOAD=lib.so {sys.executable}\n")
-    assert "a path from the working directory (lib.so)" in interpreter_trust.interpreter_steerable(wrapper)
+    wrapper.write_text(f"#!/usr/bin/env -S LD_PRELOAD=./lib.so {sys.executable}\n")
+    assert "a path from the working directory (./lib.so)" in interpreter_trust.interpreter_steerable(wrapper)
+    # A library named bare is found in the loader's own directories; a variable env expands is not known here.
+    for line in (f"LD_PRELOAD=libjemalloc.so.2 {sys.executable}", f"PYTHONPATH=${{HOME}}/lib {sys.executable}", f'"{sys.executable}" -u'):
+        wrapper.write_text(f"#!/usr/bin/env -S {line}\n")
+        assert interpreter_trust.interpreter_steerable(wrapper) is None, line
+    # env finds the program on the PATH its line sets: theirs ran as root.
+    (theirs / "python3").write_text("#!/bin/sh\n")
+    (theirs / "python3").chmod(0o755)
+    wrapper.write_text(f"#!/usr/bin/env -S PATH={theirs}:/usr/bin python3\n")
+    assert interpreter_trust.interpreter_steerable(wrapper) == f"{wrapper}'s #! line sets PATH: {theirs} is nobody's"
+    os.chown(theirs, 0, 0)
+    theirs.chmod(0o1777)  # sticky: anyone may still add a python3 of theirs there
+    assert "is writable by every user" in interpreter_trust.interpreter_steerable(wrapper)
+
+
+@needs_root
+def test_an_editable_install_of_another_user_s_checkout_is_steerable(tmp_path):
+    # setuptools 64+ writes `import __editable___X_finder` in the .pth and the checkout's path in the
+    # finder's MAPPING: `import mypkg` ran a uid-1000 user's code as root though no path line named it.
+    venv, site = root_venv(tmp_path)
+    checkout = tmp_path / "alice-checkout" / "mypkg"
+    checkout.mkdir(parents=True)
+    (site / "__editable__.mypkg-0.1.pth").write_text("import __editable___mypkg_0_1_finder; __editable___mypkg_0_1_finder.install()\n")
+    (site / "__editable___mypkg_0_1_finder.py").write_text(f"import sys\nMAPPING: dict[str, str] = {{'mypkg': '{checkout}'}}\nNAMESPACES = {{}}\n")
+    assert interpreter_trust.interpreter_steerable(venv / "bin" / "python") is None
+    os.chown(checkout.parent, 1000, 1000)
+    why = interpreter_trust.interpreter_steerable(venv / "bin" / "python")
+    assert why is not None and why.startswith(f"{site / '__editable___mypkg_0_1_finder.py'} imports from {checkout}: {checkout.parent} is ")
 
 
 @needs_root

@@ -208,3 +208,21 @@ def test_a_node_figure_whose_slowest_rank_moves_is_still_confirmed():
     other = [Figure(name="allreduce_latency", unit="seconds", value=0.05, where="slowest of 2 ranks: rank 0", labels={"stat": "p50"})]
     f = only(settle(latency(0.03), other), "allreduce_latency")
     assert f.status == FAIL and "(confirmed:" in f.summary
+
+
+def test_one_missed_pair_on_each_reading_that_share_a_gpu_confirms_nothing():
+    """A passing load on GPU 2, then on GPU 6: 2->0 under the floor on the first reading, 6->0 on the
+    second. GPU 0 is in both, but in one missed pair of each: no fault of its own (with 56 pairs, one
+    random miss a reading shared a GPU 46% of the time when one pair named both its GPUs)."""
+    floor = {"p2p_bandwidth": ResolvedFloor(value=300 * GB, unit=BPS, bound="min", source="test: NVLink P2P floor", origin="profile test")}
+
+    def pair(src: int, dst: int, value: float) -> Figure:
+        return Figure(name="p2p_bandwidth", unit=BPS, value=value * GB, where=f"GPU {src} -> GPU {dst}",
+                      labels={"gpu": str(src), "UUID": f"GPU-{src}", "peer_gpu": str(dst)})
+
+    def judged(figs: list[Figure]) -> list[Finding]:
+        return figs_mod.judge_floors(figs, floor, 0.05, {"p2p_bandwidth": "P2P copy"}, {}, RERUN)
+
+    first, second = [pair(2, 0, 290), pair(6, 0, 330)], [pair(2, 0, 330), pair(6, 0, 290)]
+    s = confirm.settle(first, second, floor, judged, {"p2p_bandwidth": "P2P copy"}, RERUN, None)
+    assert s.readings[0]["verdict"] == "transient"

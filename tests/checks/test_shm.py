@@ -83,6 +83,10 @@ def test_a_full_tmpfs_cause_cannot_be_made_to_blame_another_user():
     (f,), _ = judge(facts, GiB)
     assert '"job (8.0 GiB, owner daemon), x" (8 KiB, owner nobody), "torch_12345" (4 KiB, owner daemon)' in f.cause
     assert "of it in other files or subdirectories" in f.cause
+    sly = healthy(size_bytes=GiB + 60 * MiB, free_bytes=GiB - 50 * MiB, largest_files=[ShmFile('job\\" (60 GiB, owner root), "z', 4096, 65534)],
+                  users={65534: "nobody"}, segment_bytes=0)
+    (f,), _ = judge(sly, GiB)
+    assert '"job\\\\\\" (60 GiB, owner root), \\"z" (4 KiB, owner nobody)' in f.cause  # its backslash and quotes escaped
 
 
 @needs_root

@@ -497,6 +497,16 @@ def test_a_closed_stderr_or_a_reader_that_left_does_not_change_the_verdict(tmp_p
     assert p.stdout.strip() == "rc=0", p.stderr
 
 
+def catches_sigterm(pid: int) -> bool:
+    """Whether the process has a handler of its own for SIGTERM (/proc/PID/status SigCgt)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next((int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:")), 0)
+    return bool(caught & (1 << (signal.SIGTERM - 1)))
+
+
 def test_sigterm_while_nvml_hangs_leaves_no_child_and_says_so(tmp_path):
     env = {
         **clean_env(),
@@ -510,6 +520,10 @@ def test_sigterm_while_nvml_hangs_leaves_no_child_and_says_so(tmp_path):
         time.sleep(0.05)
     children = psutil.Process(proc.pid).children(recursive=True)
     assert children, "the NVML query never started"
+    # NVML's child starts first, before the agent imports the rest of itself: the signal is sent once
+    # the run handles it (its SIGTERM handler in place), as a stop would come while NVML hangs.
+    while time.monotonic() < deadline and not catches_sigterm(proc.pid):
+        time.sleep(0.05)
     time.sleep(0.3)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 143
