@@ -106,6 +106,7 @@ def shebang_of(line: str) -> tuple[str, dict[str, str]] | None:
     if os.path.basename(interpreter) != "env":
         return interpreter, {}
     words, assigned, name = [argument.strip()], {}, None
+    environ = dict(os.environ)
     while words:
         w = words.pop(0)
         if w in ("-S", "--split-string") or w.startswith(("-S", "--split-string=")):
@@ -119,7 +120,8 @@ def shebang_of(line: str) -> tuple[str, dict[str, str]] | None:
             continue  # -i, -0, -v, --unset=NAME, -uNAME, -CDIR: nothing to judge
         elif "=" in w:
             key, _, value = w.partition("=")
-            assigned[key] = value
+            # env -S expands ${NAME} from the environment the program inherits, the line's own settings in it.
+            assigned[key] = environ[key] = re.sub(r"\$\{(\w+)\}", lambda m: environ.get(m[1], ""), value)
         else:
             name = w
             break
@@ -141,9 +143,9 @@ def _assigned_steerable(script: Path | str, assigned: dict[str, str]) -> str | N
     """Why another user decides a path the #! line's env sets for the interpreter, or None."""
     for key in PATH_VARIABLES:
         for entry in re.split(r"[:\s]+", assigned.get(key, "")):
-            # A variable env -S expands (${HOME}/lib) is not known here; a library named bare in
-            # LD_PRELOAD is looked up in the loader's own directories, not the working directory.
-            if not entry or "$" in entry or (key == "LD_PRELOAD" and "/" not in entry):
+            # A library named bare in LD_PRELOAD is looked up in the loader's own directories, not the
+            # working directory; ${NAME} is expanded as env expands it (shebang_of).
+            if not entry or (key == "LD_PRELOAD" and "/" not in entry):
                 continue
             if not entry.startswith("/"):
                 return f"{script}'s #! line sets {key} to a path from the working directory ({entry})"
@@ -162,14 +164,15 @@ def _open_to_additions(place: Path) -> str | None:
     if why := _others_may_add(place):
         return why
     pths = sorted(p.name for p in place.glob("*.pth"))
-    for name in [*pths, "sitecustomize.py", "usercustomize.py"]:
+    finders = sorted(p.name for p in place.glob("__editable__*_finder.py"))
+    for name in [*pths, *finders, "sitecustomize.py", "usercustomize.py"]:
         if os.path.lexists(place / name) and (why := steerable(place / name)):
             return why
     for name in pths:
         if why := _pth_paths_steerable(place, name):
             return why
-    for finder in sorted(place.glob("__editable__*_finder.py")):
-        if why := _finder_steerable(finder):
+    for name in finders:
+        if why := _finder_steerable(place / name):
             return why
     return None
 
@@ -193,15 +196,15 @@ def _finder_steerable(finder: Path) -> str | None:
     package to the checkout's directory, which a path line would have named), or None."""
     try:
         tree = ast.parse(finder.read_text(errors="replace")[:1 << 20])
-    except (OSError, SyntaxError, ValueError):
-        return None
+    except (OSError, SyntaxError, ValueError, MemoryError, RecursionError):
+        return f"{finder} cannot be read as an editable install's finder, so what it imports is unknown"
     for node in tree.body:
         target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
         if isinstance(target, ast.Name) and target.id == "MAPPING" and node.value is not None:
             try:
                 mapping = ast.literal_eval(node.value)
-            except ValueError:
-                return None
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                return f"{finder}'s MAPPING is no literal mapping, so what it imports is unknown"
             for directory in (mapping.values() if isinstance(mapping, dict) else []):
                 if isinstance(directory, str) and (why := steerable(directory)):
                     return f"{finder} imports from {directory}: {why}"

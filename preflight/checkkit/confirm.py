@@ -23,8 +23,6 @@ and passes them here as ``hard``. Pure functions, tested on recorded figures.
 
 from __future__ import annotations
 
-from collections import Counter
-
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
@@ -170,14 +168,18 @@ def _twice(one: list[Figure], two: list[Figure], floor: ResolvedFloor | None) ->
     """Whether one member missed the floor on both readings. As the node's median judges its
     outliers (checkkit/outliers.py), a FAIL is confirmed by the same GPU, pair or rank: with 8
     host copies or 56 pairs, a passing load that pulls GPU 2 under the floor on the first
-    reading and GPU 6 on the second confirms no fault of either. A GPU in two missed pairs or more
-    of each reading, whichever its peers (a degraded NVLink of GPU 3: 3->1 and 3->2, then 3->5 and
-    3->6), is that member; one missed pair names neither of its GPUs (a load on GPU 2, then on
-    GPU 6, misses 2->0 and 6->0: GPU 0 is no fault of its own)."""
+    reading and GPU 6 on the second confirms no fault of either. A GPU missing it with two peers
+    or more in each reading, whichever they are (a degraded NVLink of GPU 3: 3->1 and 3->2, then
+    3->5 and 3->6), is that member; one missed pair, in either direction or both, names neither of
+    its GPUs (a load on GPU 2, then on GPU 6, misses 2<->0 and 6<->0: GPU 0 is no fault of its own)."""
     def missing(figs: list[Figure]) -> set[tuple]:
         missed = [g for g in figs if floor is not None and beyond(g.value, floor, 0.0)]
-        in_pairs = Counter(g.labels[k] for g in missed if "peer_gpu" in g.labels for k in ("gpu", "peer_gpu") if k in g.labels)
-        return {_member(g) for g in missed} | {(("gpu", gpu),) for gpu, n in in_pairs.items() if n >= 2}
+        peers: dict[str, set[str]] = {}
+        for g in missed:
+            if "gpu" in g.labels and "peer_gpu" in g.labels:
+                peers.setdefault(g.labels["gpu"], set()).add(g.labels["peer_gpu"])
+                peers.setdefault(g.labels["peer_gpu"], set()).add(g.labels["gpu"])
+        return {_member(g) for g in missed} | {(("gpu", gpu),) for gpu, seen in peers.items() if len(seen) >= 2}
 
     return bool(missing(one) & missing(two))
 

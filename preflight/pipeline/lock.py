@@ -182,21 +182,23 @@ def held(path: Path, locks: str = "/proc/locks") -> bool | None:
     # A pid unsaid (a full /run) or said in another pid namespace: the holder's open files tell.
     if recorded is None or str(recorded) in pids:
         return True
-    return any(_has_open(pid, st, os.path.realpath(path)) for pid in pids)
+    devices = {f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}".encode(), *_own_mount_device(path)}
+    return any(_has_open(pid, st, os.path.realpath(path), devices) for pid in pids)
 
 
-def _has_open(pid: str, st: os.stat_result, where: str) -> bool:
+def _has_open(pid: str, st: os.stat_result, where: str, devices: set[bytes]) -> bool:
     """Whether process ``pid`` has the file ``st`` open, from its /proc fd table (unreadable: no).
     Read from fdinfo (the inode number and the mount of each descriptor, that mount's device from
     the process's mountinfo), never by a stat of /proc/PID/fd/N: that asks the file's own
     filesystem, and a user's FUSE file there that never answers left the run stuck in the kernel,
     where not even SIGKILL ends it. A kernel whose fdinfo gives no inode (before 5.14) is asked
-    where each descriptor leads (readlink: the name the kernel keeps), ``where`` the lock's own."""
+    where each descriptor leads (readlink: the name the kernel keeps), ``where`` the lock's own.
+    ``devices``: the lock's device as stat and as this process's mountinfo say it."""
     try:
         fds = os.listdir(f"/proc/{pid}/fdinfo")
     except OSError:
         return False
-    devices: dict[bytes, bytes] | None = None
+    mounts: dict[bytes, bytes] | None = None
     for fd in fds:
         try:
             with open(f"/proc/{pid}/fdinfo/{fd}", "rb") as f:
@@ -205,16 +207,16 @@ def _has_open(pid: str, st: os.stat_result, where: str) -> bool:
             continue
         if b"ino" in info and info[b"ino"] != str(st.st_ino).encode():
             continue
-        if devices is None and b"ino" in info:
-            devices = _mount_devices(pid)
-        device = devices.get(info.get(b"mnt_id", b"")) if devices is not None else None
+        if mounts is None and b"ino" in info:
+            mounts = _mount_devices(pid)
+        device = mounts.get(info.get(b"mnt_id", b"")) if mounts is not None else None
         # The mount's device as mountinfo says it (a bind mount in a container's namespace: the same).
         # A mount not in the holder's mountinfo is one it detached, which any user can, in a namespace of
         # theirs, holding a file of the lock's inode number there (and of the lock's name from that
         # mount's root): no holder of this lock. Only a hint either way: a run that finds the lock taken
         # after all waits for it (head_start).
         if b"ino" in info:
-            if device == f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}".encode():
+            if device in devices:
                 return True
             continue
         # No inode in fdinfo (a kernel before 5.14): the name the kernel keeps for the descriptor decides.
@@ -224,6 +226,24 @@ def _has_open(pid: str, st: os.stat_result, where: str) -> bool:
         except OSError:
             pass
     return False
+
+
+def _own_mount_device(path: Path) -> list[bytes]:
+    """The device of the mount this process reaches ``path`` through, as its mountinfo says it: on
+    btrfs a file's st_dev is its subvolume's, which no mountinfo shows. Empty where it cannot be read."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return []
+    try:
+        with open(f"/proc/self/fdinfo/{fd}", "rb") as f:
+            mnt = next((v.strip() for k, _, v in (line.partition(b":") for line in f.read(4096).splitlines()) if k.strip() == b"mnt_id"), None)
+    except OSError:
+        mnt = None
+    finally:
+        os.close(fd)
+    device = _mount_devices("self").get(mnt) if mnt is not None else None
+    return [device] if device else []
 
 
 def _mount_devices(pid: str) -> dict[bytes, bytes]:

@@ -182,6 +182,13 @@ def test_what_a_wrapper_s_env_line_sets_for_python_is_judged(tmp_path):
     for line in (f"LD_PRELOAD=libjemalloc.so.2 {sys.executable}", f"PYTHONPATH=${{HOME}}/lib {sys.executable}", f'"{sys.executable}" -u'):
         wrapper.write_text(f"#!/usr/bin/env -S {line}\n")
         assert interpreter_trust.interpreter_steerable(wrapper) is None, line
+    # ${HOME} is expanded as env expands it: under `sudo -E` another user's home chose the modules.
+    wrapper.write_text(f"#!/usr/bin/env -S PYTHONPATH=${{HOME}}/lib {sys.executable}\n")
+    (theirs / "lib").mkdir()
+    os.chown(theirs / "lib", 65534, 65534)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HOME", str(theirs))
+        assert interpreter_trust.interpreter_steerable(wrapper) == f"{wrapper}'s #! line sets PYTHONPATH: {theirs / 'lib'} is nobody's"
     # env finds the program on the PATH its line sets: theirs ran as root.
     (theirs / "python3").write_text("#!/bin/sh\n")
     (theirs / "python3").chmod(0o755)
@@ -205,6 +212,12 @@ def test_an_editable_install_of_another_user_s_checkout_is_steerable(tmp_path):
     os.chown(checkout.parent, 1000, 1000)
     why = interpreter_trust.interpreter_steerable(venv / "bin" / "python")
     assert why is not None and why.startswith(f"{site / '__editable___mypkg_0_1_finder.py'} imports from {checkout}: {checkout.parent} is ")
+    # A finder no literal reads is unknown, never a traceback; one of another user's is theirs.
+    for text in ("MAPPING = {{}}\n", "MAPPING = {[]: 1}\n", "MAPPING = " + "-" * 100000 + "1\n"):
+        (site / "__editable___mypkg_0_1_finder.py").write_text(text)
+        assert "what it imports is unknown" in interpreter_trust.interpreter_steerable(venv / "bin" / "python"), text[:20]
+    os.chown(site / "__editable___mypkg_0_1_finder.py", 65534, 65534)
+    assert interpreter_trust.interpreter_steerable(venv / "bin" / "python") == f"{site / '__editable___mypkg_0_1_finder.py'} is nobody's"
 
 
 @needs_root

@@ -226,3 +226,10 @@ def test_one_missed_pair_on_each_reading_that_share_a_gpu_confirms_nothing():
     first, second = [pair(2, 0, 290), pair(6, 0, 330)], [pair(2, 0, 330), pair(6, 0, 290)]
     s = confirm.settle(first, second, floor, judged, {"p2p_bandwidth": "P2P copy"}, RERUN, None)
     assert s.readings[0]["verdict"] == "transient"
+    # Both directions of each pair: GPU 0 is still in one missed pair a reading (2<->0, then 6<->0).
+    first = [pair(2, 0, 290), pair(0, 2, 290), pair(6, 0, 330), pair(0, 6, 330)]
+    second = [pair(2, 0, 330), pair(0, 2, 330), pair(6, 0, 290), pair(0, 6, 290)]
+    assert confirm.settle(first, second, floor, judged, {"p2p_bandwidth": "P2P copy"}, RERUN, None).readings[0]["verdict"] == "transient"
+    # One degraded link, both directions missed on both readings: that pair is confirmed.
+    link = [pair(3, 5, 290), pair(5, 3, 290), pair(3, 4, 330)]
+    assert confirm.settle(link, link, floor, judged, {"p2p_bandwidth": "P2P copy"}, RERUN, None).readings[0]["verdict"] == "confirmed"

@@ -325,3 +325,26 @@ def test_a_file_of_the_locks_inode_number_on_a_mount_its_holder_detached_is_no_h
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_holder_is_found_where_the_lock_s_st_dev_is_no_mount_s_device(tmp_path, monkeypatch):
+    # On btrfs a file's st_dev is its subvolume's, which no mountinfo shows: the lock's device is also
+    # taken as this process's own mountinfo says it, so a holder in another pid namespace is still seen.
+    path = tmp_path / "preflight.lock"
+    p = hold(path, 30)
+    try:
+        os.pwrite(os.open(path, os.O_WRONLY), f"{1:<{lock.PID_WIDTH}}\n".encode(), 0)  # pid 1: not the holder
+        real_stat = os.stat
+        subvolume = os.makedev(0, 4242)
+
+        def btrfs(target, *args, **kwargs):
+            st = real_stat(target, *args, **kwargs)
+            if str(target) != str(path):
+                return st
+            return os.stat_result((st.st_mode, st.st_ino, subvolume, *st[3:10]))
+
+        monkeypatch.setattr(os, "stat", btrfs)
+        assert lock.held(path) is True
+    finally:
+        p.kill()
+        p.wait()
