@@ -200,10 +200,7 @@ def _has_open(pid: str, st: os.stat_result, where: str, devices: set[bytes]) -> 
         return False
     mounts: dict[bytes, bytes] | None = None
     for fd in fds:
-        try:
-            with open(f"/proc/{pid}/fdinfo/{fd}", "rb") as f:
-                info = {k.strip(): v.strip() for k, _, v in (line.partition(b":") for line in f.read(4096).splitlines())}
-        except OSError:
+        if (info := _fdinfo(pid, fd)) is None:
             continue
         if b"ino" in info and info[b"ino"] != str(st.st_ino).encode():
             continue
@@ -236,14 +233,20 @@ def _own_mount_device(path: Path) -> list[bytes]:
     except OSError:
         return []
     try:
-        with open(f"/proc/self/fdinfo/{fd}", "rb") as f:
-            mnt = next((v.strip() for k, _, v in (line.partition(b":") for line in f.read(4096).splitlines()) if k.strip() == b"mnt_id"), None)
-    except OSError:
-        mnt = None
+        mnt = (_fdinfo("self", str(fd)) or {}).get(b"mnt_id")
     finally:
         os.close(fd)
     device = _mount_devices("self").get(mnt) if mnt is not None else None
     return [device] if device else []
+
+
+def _fdinfo(pid: str, fd: str) -> dict[bytes, bytes] | None:
+    """/proc/PID/fdinfo/FD's fields (pos, flags, mnt_id, ino, ...), or None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/fdinfo/{fd}", "rb") as f:
+            return {k.strip(): v.strip() for k, _, v in (line.partition(b":") for line in f.read(4096).splitlines())}
+    except OSError:
+        return None
 
 
 def _mount_devices(pid: str) -> dict[bytes, bytes]:

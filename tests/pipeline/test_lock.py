@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,20 @@ def hold(path, seconds):
     p = subprocess.Popen([sys.executable, "-c", HOLD, str(path), str(seconds)], stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline() == "held\n"
     return p
+
+
+@contextmanager
+def held_unnamed(path):
+    """Another run holding the lock, the pid in the file not its own (another pid namespace's)."""
+    p = hold(path, 30)
+    try:
+        fd = os.open(path, os.O_WRONLY)
+        os.pwrite(fd, f"{1:<{lock.PID_WIDTH}}\n".encode(), 0)  # pid 1: not the holder
+        os.close(fd)
+        yield p
+    finally:
+        p.kill()
+        p.wait()
 
 
 def secret(path: Path) -> Path:
@@ -282,9 +297,7 @@ def test_held_tells_a_holder_from_its_descriptors_without_a_stat_through_them(tm
     # the kernel before its first check, where not even SIGKILL ended it, once that user flocked a
     # file of theirs with the lock's inode number.
     path = tmp_path / "preflight.lock"
-    p = hold(path, 30)
-    try:
-        os.pwrite(os.open(path, os.O_WRONLY), f"{1:<{lock.PID_WIDTH}}\n".encode(), 0)  # pid 1: not the holder
+    with held_unnamed(path):
         real_stat = os.stat
 
         def no_stat_through_fds(target, *args, **kwargs):
@@ -297,9 +310,6 @@ def test_held_tells_a_holder_from_its_descriptors_without_a_stat_through_them(tm
         other.write_text("")
         monkeypatch.setattr(lock, "_recorded_pid", lambda _: 1)
         assert lock.held(other) is False  # not locked at all
-    finally:
-        p.kill()
-        p.wait()
     monkeypatch.undo()
     assert lock.held(path) is False
 
@@ -331,9 +341,7 @@ def test_a_holder_is_found_where_the_lock_s_st_dev_is_no_mount_s_device(tmp_path
     # On btrfs a file's st_dev is its subvolume's, which no mountinfo shows: the lock's device is also
     # taken as this process's own mountinfo says it, so a holder in another pid namespace is still seen.
     path = tmp_path / "preflight.lock"
-    p = hold(path, 30)
-    try:
-        os.pwrite(os.open(path, os.O_WRONLY), f"{1:<{lock.PID_WIDTH}}\n".encode(), 0)  # pid 1: not the holder
+    with held_unnamed(path):
         real_stat = os.stat
         subvolume = os.makedev(0, 4242)
 
@@ -345,6 +353,3 @@ def test_a_holder_is_found_where_the_lock_s_st_dev_is_no_mount_s_device(tmp_path
 
         monkeypatch.setattr(os, "stat", btrfs)
         assert lock.held(path) is True
-    finally:
-        p.kill()
-        p.wait()
