@@ -240,6 +240,11 @@ def test_the_worker_runs_by_hand_with_torchrun(tmp_path):
 
 
 def test_fewer_or_more_ranks_than_the_node_s_are_not_held_to_its_collective_floors(fast, tmp_path):
+    # Which floors hold, not how three ranks on two cores compare: the profile's [outliers] (a band
+    # made for two ranks) is left out, or a CPU hog beside the run makes one rank the node's outlier.
+    profile = Path(fast["PREFLIGHT_PROFILES_DIR"]) / "cpu-fast.toml"
+    text = profile.read_text()
+    profile.write_text(text[:text.index("[outliers]\n")] + text[text.index("# The burn-in (full level only)"):])
     p, report, _ = run_bandwidth(fast, tmp_path, "--nproc-per-node", "3")
     r = result(report)
     assert p.returncode == 0 and r.status == "PASS", p.stderr
